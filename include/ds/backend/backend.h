@@ -1,0 +1,127 @@
+#pragma once
+// The one kernel interface. Ops (src/ops) validate arguments, allocate outputs and record autograd
+// history; the kernels behind them live in a Backend chosen by the tensor's device. The CPU backend
+// is always built; the CUDA backend is built with -DDS_WITH_CUDA=ON and is otherwise a stub whose
+// lookup throws a clear error (src/backend/no_cuda.cpp). A new op adds a method here, so every
+// backend must say something about it.
+//
+// Unless a method says otherwise, tensors passed to kernels are contiguous fp32 and already
+// shape-checked by the op; the op layer upcasts 16-bit inputs where a kernel has no 16-bit path.
+#include <cstdint>
+#include <string>
+
+#include "ds/core/allocator.h"
+#include "ds/core/tensor.h"
+
+namespace ds::backend {
+
+enum class BinaryOp : uint8_t {
+  add, sub, mul, div,
+  gelu_backward,  // out = a * gelu'(b)   (a = upstream gradient, b = gelu input)
+  silu_backward,  // out = a * silu'(b)
+};
+
+enum class UnaryOp : uint8_t {
+  neg, exp, log, sqrt, tanh, square,
+  add_scalar,  // x + s
+  mul_scalar,  // x * s
+  pow_scalar,  // x ^ s
+  gelu,        // tanh approximation, as GPT-2
+  silu,
+};
+
+enum class ReduceOp : uint8_t { sum, max };
+
+// C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b] for b in [0, batch); row-major.
+// A is (M, K) after op, B is (K, N) after op, C is (M, N). Strides between batch items in elements.
+struct Gemm {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  const void* a = nullptr;
+  int64_t lda = 0, stride_a = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0, stride_b = 0;
+  void* c = nullptr;
+  int64_t ldc = 0, stride_c = 0;
+  int64_t batch = 1;
+  DType dtype = DType::f32;  // of A and B; C is fp32 unless dtype == f32 (then fp32 too)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Allocator& allocator() = 0;
+  // A short description of the matrix-multiply path in use (printed at start-up).
+  virtual std::string gemm_info() = 0;
+  // Whether this backend has a kernel for op at dtype (ggml's supports_op): callers ask instead of
+  // failing obscurely deep inside a kernel.
+  virtual bool supports(const std::string& op, DType dtype) const = 0;
+
+  // ---- memory ----
+  // dst = src elementwise; same shape, any strides for both, converts dtype.
+  virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+  virtual void fill(const Tensor& dst, double value) = 0;  // contiguous dst, any dtype
+  // y += alpha * x in place; y and x contiguous, same numel, any float dtypes (computed in fp32).
+  virtual void axpy(const Tensor& y, const Tensor& x, float alpha) = 0;
+
+  // ---- linear algebra ----
+  virtual void gemm(const Gemm& g) = 0;
+
+  // ---- elementwise ----
+  // a and b are broadcast views of out's shape (stride 0 on broadcast dims); out contiguous.
+  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  virtual void unary(UnaryOp op, const Tensor& x, const Tensor& out, float scalar = 0.0f) = 0;
+
+  // ---- reductions: x is contiguous and read as (outer, reduced, inner); out is (outer, inner) ----
+  virtual void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t reduced, int64_t inner,
+                      const Tensor& out) = 0;
+
+  // ---- neural-network kernels (rows = all leading dims flattened, C = last dim) ----
+  virtual void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
+                                  const Tensor& y, const Tensor& mean, const Tensor& rstd) = 0;
+  // dw and db are accumulated into (+=); db may be undefined (no bias).
+  virtual void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
+                                   const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                                   const Tensor& dw, const Tensor& db) = 0;
+  virtual void rms_norm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
+                                const Tensor& rstd) = 0;
+  virtual void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
+                                 const Tensor& rstd, const Tensor& dx, const Tensor& dw) = 0;
+  virtual void softmax_forward(const Tensor& x, const Tensor& y) = 0;  // over the last dim
+  virtual void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
+  // Causal attention, q/k/v/out (B, NH, T, hd). lse (B, NH, T) keeps each row's log-sum-exp so that
+  // backward recomputes the scores one (T, T) block per head at a time instead of storing them.
+  virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                                 const Tensor& out, const Tensor& lse) = 0;
+  virtual void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const Tensor& out, const Tensor& lse,
+                                  float scale, const Tensor& dq, const Tensor& dk,
+                                  const Tensor& dv) = 0;
+  // Rotary embedding on x (B, NH, T, hd), positions pos0 .. pos0+T-1, rotating pairs (i, i+hd/2)
+  // (the LLaMA / Hugging Face "rotate_half" convention). inverse rotates by -angle (the backward).
+  virtual void rope(const Tensor& x, int64_t pos0, float theta, bool inverse, const Tensor& out) = 0;
+  // out (N, C) = weight[ids]; ids int32 or int64 (N).
+  virtual void embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& out) = 0;
+  // dweight (V, C) += scatter of dout rows by ids (deterministic order).
+  virtual void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& dweight) = 0;
+  // losses (N) = lse - logit[target] (0 where target == ignore_index); lse (N) saved for backward.
+  virtual void cross_entropy_forward(const Tensor& logits, const Tensor& targets,
+                                     int64_t ignore_index, const Tensor& losses,
+                                     const Tensor& lse) = 0;
+  // dlogits = (softmax(logits) - onehot(target)) * scale per row (0 for ignored rows).
+  virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets,
+                                      int64_t ignore_index, const Tensor& lse, float scale,
+                                      const Tensor& dlogits) = 0;
+  // out = x * mask / (1 - p) with mask[i] = uniform(seed, stream, base + i) >= p. x/out any float.
+  virtual void dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t base,
+                       const Tensor& out) = 0;
+};
+
+Backend& get(Device device);
+Backend& cpu();
+// CUDA: the real backend when built with DS_WITH_CUDA, otherwise throws "[cuda] built without ...".
+Backend& cuda(int index);
+
+}  // namespace ds::backend

@@ -1,0 +1,86 @@
+#pragma once
+// Differentiable tensor ops. Each validates its arguments (errors start with "[op_name]"), runs the
+// kernel of the tensors' backend, and records a backward node when grad mode is on and an input
+// requires grad. Shapes in comments use the project's letters: B batch, T time, C channels,
+// NH heads, hd head size, V vocabulary, N rows.
+//
+// Floating inputs may be fp32, bf16 or fp16; ops whose kernels compute in fp32 upcast 16-bit inputs
+// and return the input's dtype. Binary ops need both inputs in one dtype.
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "ds/core/tensor.h"
+
+namespace ds::ops {
+
+// ---- elementwise, with NumPy broadcasting ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, float s);
+Tensor mul(const Tensor& a, float s);
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor square(const Tensor& x);
+Tensor pow(const Tensor& x, float exponent);
+Shape broadcast_shapes(const Shape& a, const Shape& b);
+Tensor broadcast_to(const Tensor& x, const Shape& shape);  // a view; backward sums
+
+// ---- reductions ----
+Tensor sum(const Tensor& x);  // all elements -> scalar (shape {})
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+Tensor mean(const Tensor& x);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+Tensor max(const Tensor& x, int64_t dim, bool keepdim = false);  // values; gradient to the argmax
+
+// ---- shape (views where possible) ----
+Tensor reshape(const Tensor& x, const Shape& shape);  // one dim may be -1
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end);  // [start, end)
+Tensor concat(const std::vector<Tensor>& xs, int64_t dim);
+Tensor contiguous(const Tensor& x);  // differentiable copy when not contiguous
+Tensor cast(const Tensor& x, DType dtype);  // differentiable dtype conversion
+
+// ---- linear algebra ----
+// (..., M, K) @ (..., K, N) -> (..., M, N); batch dims broadcast; 1-D operands as in NumPy are
+// not supported (reshape first).
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x (..., in) @ w(out, in)^T + b(out) -> (..., out); b may be undefined.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = {});
+
+// ---- neural-network ops ----
+Tensor embedding(const Tensor& weight, const Tensor& ids);  // (V, C), ids (...) int -> (..., C)
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps = 1e-5f);
+Tensor rms_norm(const Tensor& x, const Tensor& w, float eps = 1e-6f);
+Tensor gelu(const Tensor& x);  // tanh approximation (GPT-2's "gelu_new")
+Tensor silu(const Tensor& x);
+Tensor swiglu(const Tensor& gate, const Tensor& up);  // silu(gate) * up
+Tensor softmax(const Tensor& x);                      // over the last dim
+// q, k, v (B, NH, T, hd) -> (B, NH, T, hd), causal, scale 1/sqrt(hd). Holds one (T, T) score block
+// per head per thread at a time; backward recomputes scores from the saved log-sum-exp.
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v);
+// x (B, NH, T, hd): rotary position embedding for positions pos0 .. pos0+T-1.
+Tensor rope(const Tensor& x, float theta = 10000.0f, int64_t pos0 = 0);
+// Inverted dropout; masks come from the process-wide counter stream (ds/core/rng.h), so they are
+// reproducible and independent of the rank. Identity when !training or p == 0.
+Tensor dropout(const Tensor& x, float p, bool training);
+// logits (N, V), targets (N) int32/int64 -> scalar mean loss over targets != ignore_index.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+
+// ---- in place, never recorded (optimizers, gradient bookkeeping) ----
+void add_(const Tensor& dst, const Tensor& src, float alpha = 1.0f);  // dst += alpha * src
+void mul_(const Tensor& dst, float s);
+void fill_(const Tensor& dst, double value);
+
+// ---- hooks ----
+// Identity in forward; calls fn once, the first time a gradient flows back through it in a
+// backward pass (module backward hooks hang on this).
+Tensor backward_hook(const Tensor& x, std::function<void()> fn);
+
+}  // namespace ds::ops

@@ -1,0 +1,68 @@
+#include "ds/autograd/checkpoint.h"
+
+#include "ds/autograd/engine.h"
+#include "ds/autograd/grad_mode.h"
+#include "ds/autograd/node.h"
+#include "ds/core/error.h"
+#include "ds/core/rng.h"
+
+namespace ds::autograd {
+namespace {
+
+class CheckpointNode final : public Node {
+ public:
+  CheckpointNode(std::function<Tensor(const Tensor&)> fn, Tensor input, rng::DropoutState rng)
+      : fn_(std::move(fn)), input_(std::move(input)), rng_(rng) {}
+  const char* name() const override { return "CheckpointBackward"; }
+
+  std::vector<Tensor> apply(const Tensor& grad_output) override {
+    DS_CHECK(fn_, "[checkpoint] backward through a checkpointed segment a second time");
+    Tensor x = input_.detach();
+    if (is_floating(x.dtype())) x.set_requires_grad(true);
+    // Replay the random stream so dropout draws the same masks as the first forward.
+    const rng::DropoutState now = rng::dropout_state();
+    rng::dropout_state() = rng_;
+    Tensor y;
+    try {
+      GradModeGuard grad_on(true);
+      y = fn_(x);
+    } catch (...) {
+      rng::dropout_state() = now;
+      throw;
+    }
+    rng::dropout_state() = now;
+    if (y.requires_grad()) backward({y}, {grad_output});
+    return {x.requires_grad() ? x.grad() : Tensor()};
+  }
+  void release_saved() override {
+    fn_ = nullptr;
+    input_ = Tensor();
+  }
+
+ private:
+  std::function<Tensor(const Tensor&)> fn_;
+  Tensor input_;
+  rng::DropoutState rng_;
+};
+
+}  // namespace
+
+Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x) {
+  if (!is_grad_enabled()) return fn(x);
+  const rng::DropoutState rng_before = rng::dropout_state();
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    y = fn(x);
+  }
+  // The output needs a gradient whenever the segment holds parameters, which cannot be seen
+  // under no_grad; so it is always recorded, with an edge to x only if x needs one.
+  auto node = std::make_shared<CheckpointNode>(fn, x.detach(), rng_before);
+  node->next_edges = {gradient_edge(x)};
+  Tensor out = y.detach();
+  out.impl()->grad_fn = std::move(node);
+  out.impl()->requires_grad = true;
+  return out;
+}
+
+}  // namespace ds::autograd

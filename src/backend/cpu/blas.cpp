@@ -1,0 +1,188 @@
+// GEMM on the CPU through a BLAS loaded at run time.
+//
+// Why dlopen: Debian's OpenBLAS (DYNAMIC_ARCH) does not recognise some current CPUs and silently
+// falls back to generic kernels five times slower (reference/machine.md, "the BLAS trap"). It reads
+// OPENBLAS_CORETYPE once, when the library initialises, so a program that links it cannot fix this
+// from main(). Loading it ourselves lets us pick the core from cpuid first (unless the user already
+// set OPENBLAS_CORETYPE), then report exactly which path is in use.
+#include <dlfcn.h>
+#include <omp.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "ds/core/error.h"
+
+namespace ds::backend {
+namespace {
+
+// CBLAS enum values (cblas.h), declared here so we do not need the header of one BLAS vendor.
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+
+using SgemmFn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int,
+                         float, float*, int);
+using SbgemmFn = void (*)(int, int, int, int, int, int, float, const uint16_t*, int,
+                          const uint16_t*, int, float, float*, int);
+using SetThreadsFn = void (*)(int);
+using CharFn = char* (*)();
+
+struct Blas {
+  SgemmFn sgemm = nullptr;
+  SbgemmFn sbgemm = nullptr;
+  SetThreadsFn set_threads = nullptr;
+  std::string library;
+  std::string core;
+  std::string core_origin;
+  std::string config;
+};
+
+const char* core_for_this_cpu(std::string* reason) {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl")) {
+    if (__builtin_cpu_supports("avx512bf16")) {
+      *reason = "avx512f+avx512bf16";
+      return "Cooperlake";
+    }
+    *reason = "avx512f";
+    return "SkylakeX";
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    *reason = "avx2+fma";
+    return "Haswell";
+  }
+  return nullptr;
+}
+
+Blas load_blas() {
+  Blas b;
+  std::string reason;
+  if (std::getenv("OPENBLAS_CORETYPE")) {
+    b.core_origin = "from OPENBLAS_CORETYPE";
+  } else if (const char* core = core_for_this_cpu(&reason)) {
+    setenv("OPENBLAS_CORETYPE", core, 0);
+    b.core_origin = "chosen by deepspeed.cpp from cpuid: " + reason;
+  } else {
+    b.core_origin = "detected by OpenBLAS";
+  }
+  std::vector<std::string> candidates;
+  if (const char* lib = std::getenv("DS_BLAS_LIBRARY")) candidates.emplace_back(lib);
+  candidates.insert(candidates.end(), {"libopenblas.so.0", "libopenblas.so", "libblas.so.3"});
+  for (const auto& name : candidates) {
+    void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) continue;
+    auto sg = reinterpret_cast<SgemmFn>(dlsym(h, "cblas_sgemm"));
+    if (!sg) continue;
+    b.sgemm = sg;
+    b.sbgemm = reinterpret_cast<SbgemmFn>(dlsym(h, "cblas_sbgemm"));
+    b.set_threads = reinterpret_cast<SetThreadsFn>(dlsym(h, "openblas_set_num_threads"));
+    if (auto core = reinterpret_cast<CharFn>(dlsym(h, "openblas_get_corename"))) b.core = core();
+    if (auto cfg = reinterpret_cast<CharFn>(dlsym(h, "openblas_get_config"))) b.config = cfg();
+    b.library = name;
+    break;
+  }
+  return b;
+}
+
+const Blas& blas() {
+  static const Blas b = load_blas();
+  return b;
+}
+
+// Used only when no BLAS could be loaded: correct, cache-blocked, parallel, and much slower.
+void fallback_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+#pragma omp parallel for schedule(static) if (m * n * k > 32768 && !omp_in_parallel())
+  for (int64_t i = 0; i < m; ++i) {
+    float* ci = c + i * ldc;
+    for (int64_t j = 0; j < n; ++j) ci[j] = beta == 0.0f ? 0.0f : beta * ci[j];
+    for (int64_t p = 0; p < k; ++p) {
+      const float av = alpha * (ta ? a[p * lda + i] : a[i * lda + p]);
+      if (!tb) {
+        const float* bp = b + p * ldb;
+        for (int64_t j = 0; j < n; ++j) ci[j] += av * bp[j];
+      } else {
+        for (int64_t j = 0; j < n; ++j) ci[j] += av * b[j * ldb + p];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void set_blas_threads(int n) {
+  if (blas().set_threads) blas().set_threads(n);
+}
+
+void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const auto& bl = blas();
+  if (!bl.sgemm) return fallback_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  bl.sgemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, static_cast<int>(m),
+           static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
+           static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+std::string CpuBackend::gemm_info() {
+  const auto& bl = blas();
+  if (!bl.sgemm)
+    return "portable fallback GEMM (no BLAS found; install libopenblas0-openmp: expect ~5-10x "
+           "slower training)";
+  std::string s = fmt::format("{} ({}), core {} ({}), {} threads", bl.library,
+                              bl.config.empty() ? "cblas" : bl.config, bl.core, bl.core_origin,
+                              omp_get_max_threads());
+  s += bl.sbgemm ? "; bf16 GEMM: cblas_sbgemm" : "; bf16 GEMM: converted to fp32 (no cblas_sbgemm)";
+  return s;
+}
+
+void CpuBackend::gemm(const Gemm& g) {
+  const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+  const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
+  auto* c = static_cast<float*>(g.c);
+  const bool use_sbgemm = g.dtype == DType::bf16 && blas().sbgemm;
+  if (g.dtype != DType::f32 && !use_sbgemm) {
+    // 16-bit operands without a 16-bit GEMM: convert each batch item to fp32 and run sgemm.
+    std::vector<float> a32(static_cast<size_t>((a_rows - 1) * g.lda + a_cols));
+    std::vector<float> b32(static_cast<size_t>((b_rows - 1) * g.ldb + b_cols));
+    const size_t esz = dtype_size(g.dtype);
+    for (int64_t i = 0; i < g.batch; ++i) {
+      convert(static_cast<const char*>(g.a) + i * g.stride_a * esz, g.dtype, a32.data(), DType::f32,
+              a32.size());
+      convert(static_cast<const char*>(g.b) + i * g.stride_b * esz, g.dtype, b32.data(), DType::f32,
+              b32.size());
+      sgemm(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, a32.data(), g.lda, b32.data(), g.ldb,
+            g.beta, c + i * g.stride_c, g.ldc);
+    }
+    return;
+  }
+  auto one = [&](int64_t i) {
+    if (use_sbgemm) {
+      const auto* a = static_cast<const uint16_t*>(g.a) + i * g.stride_a;
+      const auto* b = static_cast<const uint16_t*>(g.b) + i * g.stride_b;
+      blas().sbgemm(kRowMajor, g.trans_a ? kTrans : kNoTrans, g.trans_b ? kTrans : kNoTrans,
+                    static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), g.alpha, a,
+                    static_cast<int>(g.lda), b, static_cast<int>(g.ldb), g.beta,
+                    c + i * g.stride_c, static_cast<int>(g.ldc));
+    } else {
+      const auto* a = static_cast<const float*>(g.a) + i * g.stride_a;
+      const auto* b = static_cast<const float*>(g.b) + i * g.stride_b;
+      sgemm(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, a, g.lda, b, g.ldb, g.beta,
+            c + i * g.stride_c, g.ldc);
+    }
+  };
+  // Many small products: one per thread, each single-threaded. Few large ones: BLAS threads.
+  const bool small = g.m * g.n * g.k < (1 << 18);
+  if (g.batch > 1 && small && !omp_in_parallel()) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < g.batch; ++i) one(i);
+  } else {
+    for (int64_t i = 0; i < g.batch; ++i) one(i);
+  }
+}
+
+}  // namespace ds::backend

@@ -1,0 +1,57 @@
+#pragma once
+// The CPU backend: OpenMP threads, a runtime-loaded BLAS for GEMM (blas.cpp), our own kernels for
+// the rest (elementwise.cpp, nn_kernels.cpp). Internal header.
+#include "ds/backend/backend.h"
+
+namespace ds::backend {
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  Allocator& allocator() override { return cpu_allocator(); }
+  std::string gemm_info() override;
+  bool supports(const std::string& op, DType dtype) const override;
+
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void fill(const Tensor& dst, double value) override;
+  void axpy(const Tensor& y, const Tensor& x, float alpha) override;
+  void gemm(const Gemm& g) override;
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void unary(UnaryOp op, const Tensor& x, const Tensor& out, float scalar) override;
+  void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t reduced, int64_t inner,
+              const Tensor& out) override;
+
+  void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
+                          const Tensor& y, const Tensor& mean, const Tensor& rstd) override;
+  void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                           const Tensor& rstd, const Tensor& dx, const Tensor& dw,
+                           const Tensor& db) override;
+  void rms_norm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
+                        const Tensor& rstd) override;
+  void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                         const Tensor& dx, const Tensor& dw) override;
+  void softmax_forward(const Tensor& x, const Tensor& y) override;
+  void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                         const Tensor& out, const Tensor& lse) override;
+  void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& out, const Tensor& lse, float scale, const Tensor& dq,
+                          const Tensor& dk, const Tensor& dv) override;
+  void rope(const Tensor& x, int64_t pos0, float theta, bool inverse, const Tensor& out) override;
+  void embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& out) override;
+  void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& dweight) override;
+  void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                             const Tensor& losses, const Tensor& lse) override;
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                              const Tensor& lse, float scale, const Tensor& dlogits) override;
+  void dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t base,
+               const Tensor& out) override;
+};
+
+// Single-precision GEMM through the loaded BLAS (row-major), usable by other CPU kernels (attention
+// calls it per head from inside a parallel region; the BLAS then runs single-threaded).
+void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+           int64_t ldc);
+
+}  // namespace ds::backend

@@ -1,0 +1,303 @@
+// CPU kernels: copies, fills, elementwise arithmetic with broadcasting, reductions.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/fast_math.h"
+#include "ds/core/error.h"
+#include "ds/core/parallel.h"
+
+namespace ds::backend {
+namespace {
+
+constexpr int64_t kGrain = 1 << 14;  // elements per thread below which threading costs more
+
+void require_f32(const Tensor& t, const char* op) {
+  DS_CHECK(t.dtype() == DType::f32, "[cpu:{}] kernel takes fp32, got {}", op, dtype_name(t.dtype()));
+}
+
+// Iterates the multi-index of `shape` in row-major order over all dims but the last, calling
+// fn(outer_linear_index, offset_in_a, offset_in_b) once per row. Offsets use the given strides.
+template <class Fn>
+void for_each_row(const Shape& shape, const Shape& sa, const Shape& sb, int64_t row_begin,
+                  int64_t row_end, Fn fn) {
+  const size_t nd = shape.size();
+  if (nd <= 1) {
+    for (int64_t r = row_begin; r < row_end; ++r) fn(r, 0, 0);
+    return;
+  }
+  std::vector<int64_t> idx(nd - 1, 0);
+  int64_t rem = row_begin;
+  int64_t oa = 0, ob = 0;
+  for (size_t d = nd - 1; d-- > 0;) {
+    idx[d] = rem % shape[d];
+    rem /= shape[d];
+    oa += idx[d] * sa[d];
+    ob += idx[d] * sb[d];
+  }
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    fn(r, oa, ob);
+    for (size_t d = nd - 1; d-- > 0;) {
+      ++idx[d];
+      oa += sa[d];
+      ob += sb[d];
+      if (idx[d] < shape[d]) break;
+      oa -= sa[d] * shape[d];
+      ob -= sb[d] * shape[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+template <class F>
+inline void binary_row(F f, const float* a, int64_t sa, const float* b, int64_t sb, float* o,
+                       int64_t n) {
+  if (sa == 1 && sb == 1) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i]);
+  } else if (sa == 1 && sb == 0) {
+    const float bv = b[0];
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], bv);
+  } else if (sa == 0 && sb == 1) {
+    const float av = a[0];
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) o[i] = f(av, b[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) o[i] = f(a[i * sa], b[i * sb]);
+  }
+}
+
+template <class F>
+void run_binary(F f, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const Shape& shape = out.shape();
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* po = out.data<float>();
+  const int64_t cols = shape.empty() ? 1 : shape.back();
+  const int64_t rows = n / cols;
+  const int64_t la = shape.empty() ? 0 : a.strides().back();
+  const int64_t lb = shape.empty() ? 0 : b.strides().back();
+  parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
+               [&](int64_t r0, int64_t r1) {
+                 for_each_row(shape, a.strides(), b.strides(), r0, r1,
+                              [&](int64_t r, int64_t oa, int64_t ob) {
+                                binary_row(f, pa + oa, la, pb + ob, lb, po + r * cols, cols);
+                              });
+               });
+}
+
+template <class F>
+void run_unary(F f, const float* x, float* o, int64_t n) {
+  parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) o[i] = f(x[i]);
+  });
+}
+
+}  // namespace
+
+bool CpuBackend::supports(const std::string& op, DType dtype) const {
+  if (op == "copy" || op == "fill" || op == "axpy") return true;
+  if (op == "gemm") return is_floating(dtype);
+  return dtype == DType::f32;  // every other kernel computes in fp32; ops upcast 16-bit inputs
+}
+
+void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
+  DS_CHECK(src.numel() == dst.numel(), "[cpu:copy] {} elements into {}", src.numel(), dst.numel());
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  if (src.is_contiguous() && dst.is_contiguous()) {
+    const char* s = static_cast<const char*>(src.raw_data());
+    char* d = static_cast<char*>(dst.raw_data());
+    const size_t ss = dtype_size(src.dtype()), ds_ = dtype_size(dst.dtype());
+    parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+      convert(s + b * ss, src.dtype(), d + b * ds_, dst.dtype(), static_cast<size_t>(e - b));
+    });
+    return;
+  }
+  // Strided: walk rows of the source's shape; each row is gathered into a contiguous scratch and
+  // converted into the destination row (also strided in general).
+  DS_CHECK(src.shape() == dst.shape() || dst.is_contiguous(),
+           "[cpu:copy] strided copy needs equal shapes, got {} and {}", shape_str(src.shape()),
+           shape_str(dst.shape()));
+  const Shape& shape = src.shape();
+  const int64_t cols = shape.empty() ? 1 : shape.back();
+  const int64_t rows = n / cols;
+  const Shape dst_strides = dst.shape() == src.shape() ? dst.strides() : contiguous_strides(shape);
+  const int64_t ls = shape.empty() ? 1 : src.strides().back();
+  const int64_t ld = shape.empty() ? 1 : dst_strides.back();
+  const size_t ss = dtype_size(src.dtype()), dsz = dtype_size(dst.dtype());
+  const char* s = static_cast<const char*>(src.raw_data());
+  char* d = static_cast<char*>(dst.raw_data());
+  parallel_for(rows, std::max<int64_t>(1, (1 << 14) / cols), [&](int64_t r0, int64_t r1) {
+    std::vector<char> in(static_cast<size_t>(cols) * ss), outb(static_cast<size_t>(cols) * dsz);
+    for_each_row(shape, src.strides(), dst_strides, r0, r1, [&](int64_t, int64_t os, int64_t od) {
+      const char* srow = s + os * static_cast<int64_t>(ss);
+      char* drow = d + od * static_cast<int64_t>(dsz);
+      if (ls == 1 && ld == 1) {
+        convert(srow, src.dtype(), drow, dst.dtype(), static_cast<size_t>(cols));
+        return;
+      }
+      for (int64_t i = 0; i < cols; ++i)
+        std::memcpy(in.data() + i * ss, srow + i * ls * static_cast<int64_t>(ss), ss);
+      convert(in.data(), src.dtype(), outb.data(), dst.dtype(), static_cast<size_t>(cols));
+      for (int64_t i = 0; i < cols; ++i)
+        std::memcpy(drow + i * ld * static_cast<int64_t>(dsz), outb.data() + i * dsz, dsz);
+    });
+  });
+}
+
+void CpuBackend::fill(const Tensor& dst, double value) {
+  DS_CHECK(dst.is_contiguous(), "[cpu:fill] needs a contiguous tensor");
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  if (value == 0.0) {
+    char* d = static_cast<char*>(dst.raw_data());
+    const size_t es = dtype_size(dst.dtype());
+    parallel_for(n, 1 << 18, [&](int64_t b, int64_t e) {
+      std::memset(d + b * es, 0, static_cast<size_t>(e - b) * es);
+    });
+    return;
+  }
+  // Fill a small pattern block in the target dtype, then replicate it.
+  const int64_t block = std::min<int64_t>(n, 4096);
+  std::vector<double> vals(static_cast<size_t>(block), value);
+  std::vector<float> f(vals.begin(), vals.end());
+  std::vector<int64_t> iv(static_cast<size_t>(block), static_cast<int64_t>(value));
+  char* d = static_cast<char*>(dst.raw_data());
+  const size_t es = dtype_size(dst.dtype());
+  if (dst.dtype() == DType::i32 || dst.dtype() == DType::i64)
+    convert(iv.data(), DType::i64, d, dst.dtype(), static_cast<size_t>(block));
+  else
+    convert(f.data(), DType::f32, d, dst.dtype(), static_cast<size_t>(block));
+  for (int64_t off = block; off < n; off += block)
+    std::memcpy(d + off * es, d, static_cast<size_t>(std::min(block, n - off)) * es);
+}
+
+void CpuBackend::axpy(const Tensor& y, const Tensor& x, float alpha) {
+  DS_CHECK(y.numel() == x.numel() && y.is_contiguous() && x.is_contiguous(),
+           "[cpu:axpy] needs contiguous tensors of equal size ({} vs {})", y.numel(), x.numel());
+  const int64_t n = y.numel();
+  if (y.dtype() == DType::f32 && x.dtype() == DType::f32) {
+    float* py = y.data<float>();
+    const float* px = x.data<float>();
+    parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+#pragma omp simd
+      for (int64_t i = b; i < e; ++i) py[i] += alpha * px[i];
+    });
+    return;
+  }
+  // Mixed or 16-bit: convert chunks to fp32, add, convert back.
+  char* py = static_cast<char*>(y.raw_data());
+  const char* px = static_cast<const char*>(x.raw_data());
+  const size_t ys = dtype_size(y.dtype()), xs = dtype_size(x.dtype());
+  parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+    constexpr int64_t kChunk = 2048;
+    float fy[kChunk], fx[kChunk];
+    for (int64_t i = b; i < e; i += kChunk) {
+      const int64_t m = std::min(kChunk, e - i);
+      convert(py + i * ys, y.dtype(), fy, DType::f32, static_cast<size_t>(m));
+      convert(px + i * xs, x.dtype(), fx, DType::f32, static_cast<size_t>(m));
+      for (int64_t j = 0; j < m; ++j) fy[j] += alpha * fx[j];
+      convert(fy, DType::f32, py + i * ys, y.dtype(), static_cast<size_t>(m));
+    }
+  });
+}
+
+void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  require_f32(a, "binary");
+  require_f32(b, "binary");
+  require_f32(out, "binary");
+  switch (op) {
+    case BinaryOp::add: return run_binary([](float x, float y) { return x + y; }, a, b, out);
+    case BinaryOp::sub: return run_binary([](float x, float y) { return x - y; }, a, b, out);
+    case BinaryOp::mul: return run_binary([](float x, float y) { return x * y; }, a, b, out);
+    case BinaryOp::div: return run_binary([](float x, float y) { return x / y; }, a, b, out);
+    case BinaryOp::gelu_backward:
+      return run_binary([](float g, float x) { return g * fm::gelu_grad(x); }, a, b, out);
+    case BinaryOp::silu_backward:
+      return run_binary([](float g, float x) { return g * fm::silu_grad(x); }, a, b, out);
+  }
+}
+
+void CpuBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, float s) {
+  require_f32(x, "unary");
+  require_f32(out, "unary");
+  DS_CHECK(x.is_contiguous() && out.is_contiguous(), "[cpu:unary] needs contiguous tensors");
+  const float* px = x.data<float>();
+  float* po = out.data<float>();
+  const int64_t n = x.numel();
+  switch (op) {
+    case UnaryOp::neg: return run_unary([](float v) { return -v; }, px, po, n);
+    case UnaryOp::exp: return run_unary([](float v) { return std::exp(v); }, px, po, n);
+    case UnaryOp::log: return run_unary([](float v) { return std::log(v); }, px, po, n);
+    case UnaryOp::sqrt: return run_unary([](float v) { return std::sqrt(v); }, px, po, n);
+    case UnaryOp::tanh: return run_unary([](float v) { return std::tanh(v); }, px, po, n);
+    case UnaryOp::square: return run_unary([](float v) { return v * v; }, px, po, n);
+    case UnaryOp::add_scalar: return run_unary([s](float v) { return v + s; }, px, po, n);
+    case UnaryOp::mul_scalar: return run_unary([s](float v) { return v * s; }, px, po, n);
+    case UnaryOp::pow_scalar: return run_unary([s](float v) { return std::pow(v, s); }, px, po, n);
+    case UnaryOp::gelu: return run_unary([](float v) { return fm::gelu(v); }, px, po, n);
+    case UnaryOp::silu: return run_unary([](float v) { return fm::silu(v); }, px, po, n);
+  }
+}
+
+void CpuBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t red, int64_t inner,
+                        const Tensor& out) {
+  require_f32(x, "reduce");
+  require_f32(out, "reduce");
+  const float* px = x.data<float>();
+  float* po = out.data<float>();
+  const bool is_sum = op == ReduceOp::sum;
+  if (inner == 1) {
+    // Rows: fixed-order accumulation in double (deterministic and accurate for long rows).
+    parallel_for(outer, std::max<int64_t>(1, kGrain / std::max<int64_t>(red, 1)),
+                 [&](int64_t b, int64_t e) {
+                   for (int64_t o = b; o < e; ++o) {
+                     const float* row = px + o * red;
+                     if (is_sum) {
+                       double acc = 0.0;
+                       for (int64_t r = 0; r < red; ++r) acc += row[r];
+                       po[o] = static_cast<float>(acc);
+                     } else {
+                       float m = -std::numeric_limits<float>::infinity();
+                       for (int64_t r = 0; r < red; ++r) m = std::max(m, row[r]);
+                       po[o] = m;
+                     }
+                   }
+                 });
+    return;
+  }
+  // Columns: each (outer, inner-chunk) accumulates rows in order; parallel over outer * chunks.
+  const int64_t chunk = 256;
+  const int64_t nchunks = (inner + chunk - 1) / chunk;
+  parallel_for(outer * nchunks, 1, [&](int64_t b, int64_t e) {
+    std::vector<double> acc(static_cast<size_t>(chunk));
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t o = t / nchunks, c0 = (t % nchunks) * chunk;
+      const int64_t c1 = std::min(inner, c0 + chunk);
+      const float* base = px + o * red * inner;
+      for (int64_t c = c0; c < c1; ++c)
+        acc[static_cast<size_t>(c - c0)] = is_sum ? 0.0 : -std::numeric_limits<double>::infinity();
+      for (int64_t r = 0; r < red; ++r) {
+        const float* row = base + r * inner;
+        if (is_sum) {
+          for (int64_t c = c0; c < c1; ++c) acc[static_cast<size_t>(c - c0)] += row[c];
+        } else {
+          for (int64_t c = c0; c < c1; ++c)
+            acc[static_cast<size_t>(c - c0)] = std::max<double>(acc[static_cast<size_t>(c - c0)], row[c]);
+        }
+      }
+      for (int64_t c = c0; c < c1; ++c) po[o * inner + c] = static_cast<float>(acc[static_cast<size_t>(c - c0)]);
+    }
+  });
+}
+
+}  // namespace ds::backend
