@@ -1,0 +1,37 @@
+#pragma once
+// Flat parameter and gradient buffers (llm.c's one allocation with an offset table).
+//
+// flatten_parameters() copies every parameter of a module (in named_parameters() order) into one
+// contiguous buffer and makes each parameter a view at its offset; gradients get the same layout in
+// a second buffer, and each parameter's .grad becomes a view into it. Zeroing all gradients is then
+// one memset, a ZeRO partition is a range of offsets, and a checkpoint is one write.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ds/core/tensor.h"
+#include "ds/nn/module.h"
+
+namespace ds::nn {
+
+struct FlatEntry {
+  std::string name;
+  Shape shape;
+  int64_t offset = 0;  // elements from the start of the flat buffer
+  int64_t numel = 0;
+};
+
+struct FlatParameters {
+  Tensor params;  // (padded_numel,) in `dtype`
+  Tensor grads;   // (padded_numel,) in `grad_dtype`
+  std::vector<FlatEntry> entries;
+  int64_t numel = 0;         // sum of parameter sizes
+  int64_t padded_numel = 0;  // numel rounded up to a multiple of `multiple_of`
+};
+
+// multiple_of: the padded size is a multiple of it (ZeRO passes ranks x alignment). The padding is
+// zero-filled. Parameters keep their TensorImpl (hooks, names), only their storage moves.
+FlatParameters flatten_parameters(Module& module, DType dtype = DType::f32,
+                                  DType grad_dtype = DType::f32, int64_t multiple_of = 1);
+
+}  // namespace ds::nn

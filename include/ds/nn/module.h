@@ -1,0 +1,98 @@
+#pragma once
+// nn::Module: a named tree of modules owning parameters and buffers, with hooks.
+//
+// Parameters are registered once (in the constructor) and reached through the registry at the
+// moment of use. Their TensorImpl never changes, but its storage may: nn::flatten_parameters()
+// moves every parameter into one flat buffer (each becomes a view at an offset), and ZeRO-3
+// releases and re-gathers storage between uses. Hooks, names and the optimizer's view of the
+// parameter survive both.
+//
+// Hooks (the points ZeRO and activation checkpointing hang on):
+//   forward pre-hook   before forward(input)
+//   forward hook       after forward, with input and output
+//   backward pre-hook  when the first gradient reaches the module's output in a backward pass
+//   backward hook      when the module's backward is done: the gradient w.r.t. its input is
+//                      computed (or, when the input needs none, at the end of the backward pass)
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ds/core/tensor.h"
+
+namespace ds::nn {
+
+class Module {
+ public:
+  explicit Module(std::string type_name) : type_name_(std::move(type_name)) {}
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Runs the hooks around forward(x); with gradient checkpointing on, forward runs without keeping
+  // activations and is recomputed during backward.
+  Tensor operator()(const Tensor& x);
+  virtual Tensor forward(const Tensor& x);
+
+  const std::string& type_name() const { return type_name_; }
+
+  // ---- the tree ----
+  // Parameters in registration order, submodules' after the module's own, prefixed "a.b.name".
+  // A tensor registered in two places (tied weights) is listed once, under its first name.
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  std::vector<std::pair<std::string, Tensor>> named_buffers() const;
+  // This module ("") and every descendant, pre-order.
+  std::vector<std::pair<std::string, Module*>> named_modules() const;
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const { return children_; }
+  int64_t num_parameters() const;
+  Tensor parameter(const std::string& name) const;  // own parameter by local name
+
+  void train(bool on = true);
+  bool is_training() const { return training_; }
+  void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
+  bool gradient_checkpointing() const { return checkpointing_; }
+  void zero_grad();  // zeroes existing gradients in place (keeps flat-buffer views)
+
+  // ---- hooks ----
+  using ForwardPreHook = std::function<void(Module&, const Tensor& input)>;
+  using ForwardHook = std::function<void(Module&, const Tensor& input, const Tensor& output)>;
+  using BackwardHook = std::function<void(Module&)>;
+  int register_forward_pre_hook(ForwardPreHook hook);
+  int register_forward_hook(ForwardHook hook);
+  int register_backward_pre_hook(BackwardHook hook);
+  int register_backward_hook(BackwardHook hook);
+  void remove_hook(int handle);
+
+ protected:
+  Tensor register_parameter(const std::string& name, Tensor t);  // sets requires_grad and name
+  Tensor register_buffer(const std::string& name, Tensor t);
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
+    children_.emplace_back(name, m);
+    return m;
+  }
+
+ private:
+  void collect_parameters(const std::string& prefix,
+                          std::vector<std::pair<std::string, Tensor>>& out,
+                          std::vector<const TensorImpl*>& seen) const;
+  void run_backward_hooks();
+  void run_backward_pre_hooks();
+
+  std::string type_name_;
+  std::vector<std::pair<std::string, Tensor>> params_;
+  std::vector<std::pair<std::string, Tensor>> buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+  bool checkpointing_ = false;
+
+  int next_hook_ = 0;
+  std::vector<std::pair<int, ForwardPreHook>> forward_pre_hooks_;
+  std::vector<std::pair<int, ForwardHook>> forward_hooks_;
+  std::vector<std::pair<int, BackwardHook>> backward_pre_hooks_;
+  std::vector<std::pair<int, BackwardHook>> backward_hooks_;
+};
+
+}  // namespace ds::nn
