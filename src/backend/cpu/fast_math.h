@@ -2,21 +2,49 @@
 // Vectorisable elementary functions for CPU kernels. glibc's expf/tanhf are scalar calls that stop
 // the loop from vectorising; GELU and softmax over (B*T, 4C) and (B*T, V) tensors would then
 // dominate a training step. These are plain arithmetic that GCC turns into AVX2/AVX-512 code inside
-// `#pragma omp simd` loops. Accuracy: relative error below 2e-7 for exp over the float range that
-// does not overflow (checked in tests/test_ops_cpu.cpp against std::exp).
+// `#pragma omp simd` loops.
+//
+// Why the bit tricks: under GCC's default -ftrapping-math a float comparison may raise an FP
+// exception, so GCC will not if-convert `x < a ? a : x` and a loop containing one is not vectorised
+// at all (GCC 12: every function here compiled to scalar code with branches when written with float
+// compares). Clamps and selects are therefore done on the bit patterns with integer compares, which
+// cannot trap. tests/test_ops_cpu.cpp checks the accuracy claims below.
+//
+// Accuracy: exp has relative error below 1e-7 wherever the result is a normal float,
+// x in [-87.3, 88.72]; larger x gives +inf, smaller x gives exp(-87.3) ~ 1.2e-38 (clamped, never a
+// denormal, whose arithmetic is slow: kernels that need exact zeros for masked entries write
+// them); NaN gives NaN. tanh has absolute error below 3e-7.
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
+#include <limits>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 namespace ds::backend::fm {
 
+namespace detail {
+inline uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
+inline float from_bits(uint32_t u) { return std::bit_cast<float>(u); }
+// All ones where cond holds: a lane mask for select().
+inline uint32_t mask(bool cond) { return 0u - static_cast<uint32_t>(cond); }
+inline float select(uint32_t m, float a, float b) { return from_bits((bits(a) & m) | (bits(b) & ~m)); }
+}  // namespace detail
+
 #pragma omp declare simd
 inline float exp(float x) {
+  using namespace detail;
   // exp(x) = 2^n * exp(r), n = round(x / ln2), r = x - n ln2 in [-ln2/2, ln2/2].
-  x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;  // Cody-Waite ln2 split
-  // Minimax-style Taylor polynomial of degree 7 on the reduced range.
+  // Clamp x to [-87.3, 89] on the bits: for negative floats the unsigned pattern grows with the
+  // magnitude, so an unsigned min clamps each sign's side. That keeps n in [-126, 128].
+  const uint32_t u = bits(x);
+  const uint32_t c = (u >> 31) ? std::min(u, 0xc2ae999au /* -87.3f */) : std::min(u, 0x42b20000u /* 89.0f */);
+  const float xc = from_bits(c);
+  const float n = std::nearbyint(xc * 1.44269504088896341f);
+  const float r = xc - n * 0.693145751953125f - n * 1.428606765330187e-06f;  // Cody-Waite ln2 split
+  // Taylor polynomial of degree 7 on the reduced range (truncation error < 6e-9).
   float p = 1.0f / 5040.0f;
   p = p * r + 1.0f / 720.0f;
   p = p * r + 1.0f / 120.0f;
@@ -25,22 +53,29 @@ inline float exp(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return p * scale;
+  // 2^n as two normal factors 2^(n/2) 2^(n - n/2): a single 2^128 would be +inf, making results
+  // between 2^127.5 and FLT_MAX overflow early; x > 88.72 still overflows to +inf as it should.
+  const int32_t ni = static_cast<int32_t>(n);
+  const int32_t n1 = ni >> 1, n2 = ni - n1;
+  const float y = p * from_bits(static_cast<uint32_t>(n1 + 127) << 23) *
+                  from_bits(static_cast<uint32_t>(n2 + 127) << 23);
+  // NaN in, NaN out (the clamp turned it into a number).
+  return select(mask((u & 0x7fffffffu) > 0x7f800000u), x, y);
 }
 
 #pragma omp declare simd
 inline float tanh(float x) {
+  using namespace detail;
   // tanh(x) = 1 - 2 / (exp(2x) + 1); for small |x| use the odd series to keep relative accuracy.
-  // Branch-free so that the loop stays vectorised: both forms are computed and one is selected.
-  const float ax = x < 0 ? -x : x;
+  // Branch-free: both forms are computed and one is selected.
+  const uint32_t u = bits(x);
+  const float ax = from_bits(u & 0x7fffffffu);
   const float x2 = x * x;
   const float series =
       x * (1.0f + x2 * (-1.0f / 3.0f + x2 * (2.0f / 15.0f + x2 * (-17.0f / 315.0f))));
-  const float t = 1.0f - 2.0f / (exp(2.0f * ax) + 1.0f);
-  return ax < 0.0625f ? series : (x < 0 ? -t : t);
+  const float t = 1.0f - 2.0f / (exp(2.0f * ax) + 1.0f);  // tanh(|x|) >= 0
+  const float signed_t = from_bits(bits(t) | (u & 0x80000000u));
+  return select(mask((u & 0x7fffffffu) < 0x3d800000u /* 0.0625f */), series, signed_t);
 }
 
 // GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
@@ -70,6 +105,31 @@ inline float silu(float x) { return x * sigmoid(x); }
 inline float silu_grad(float x) {
   const float s = sigmoid(x);
   return s * (1.0f + x * (1.0f - s));
+}
+
+// max(x[0, n)), -inf for n == 0. GCC does not vectorise a float max reduction written in C++
+// (`std::max` is a compare and select: see above), and a scalar max is a 4-cycle dependency chain
+// per element, as slow as the exp that follows it in a softmax; so this one is written with AVX.
+// NaNs are not propagated (callers see them through the exp that follows).
+inline float max_of(const float* x, int64_t n) {
+  int64_t i = 0;
+  float m = -std::numeric_limits<float>::infinity();
+#if defined(__AVX__)
+  __m256 a0 = _mm256_set1_ps(m), a1 = a0, a2 = a0, a3 = a0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_max_ps(a0, _mm256_loadu_ps(x + i));
+    a1 = _mm256_max_ps(a1, _mm256_loadu_ps(x + i + 8));
+    a2 = _mm256_max_ps(a2, _mm256_loadu_ps(x + i + 16));
+    a3 = _mm256_max_ps(a3, _mm256_loadu_ps(x + i + 24));
+  }
+  for (; i + 8 <= n; i += 8) a0 = _mm256_max_ps(a0, _mm256_loadu_ps(x + i));
+  const __m256 a = _mm256_max_ps(_mm256_max_ps(a0, a1), _mm256_max_ps(a2, a3));
+  const __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 h2 = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  m = _mm_cvtss_f32(_mm_max_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+#endif
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
 }
 
 }  // namespace ds::backend::fm

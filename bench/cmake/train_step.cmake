@@ -1,0 +1,2 @@
+add_executable(bench_train_step ${CMAKE_CURRENT_SOURCE_DIR}/bench_train_step.cpp)
+target_link_libraries(bench_train_step PRIVATE deepspeed)

@@ -1,0 +1,132 @@
+#pragma once
+// GPT-style language models in two layouts (GPT-2 and LLaMA), configured by GPTConfig (presets by
+// name, or a JSON file). Parameter names follow Hugging Face so that checkpoints can be imported:
+//
+//   gpt2:  wte.weight, wpe.weight, h.{i}.ln_1.{weight,bias}, h.{i}.attn.c_attn.{weight,bias},
+//          h.{i}.attn.c_proj.{weight,bias}, h.{i}.ln_2.{weight,bias}, h.{i}.mlp.c_fc.{weight,bias},
+//          h.{i}.mlp.c_proj.{weight,bias}, ln_f.{weight,bias}; the LM head is tied to wte.
+//   llama: embed_tokens.weight, layers.{i}.input_layernorm.weight,
+//          layers.{i}.self_attn.{q,k,v,o}_proj.weight, layers.{i}.post_attention_layernorm.weight,
+//          layers.{i}.mlp.{gate,up,down}_proj.weight, norm.weight, lm_head.weight.
+//
+// Our Linear weights are (out, in) like torch.nn.Linear. Hugging Face's GPT-2 uses Conv1D, whose
+// weights are stored (in, out): an importer transposes c_attn, c_proj and c_fc weights.
+// docs/models.md has the presets, the initialisation and how parity with PyTorch is checked.
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "ds/nn/layers.h"
+#include "ds/nn/module.h"
+
+namespace ds::models {
+
+struct GPTConfig {
+  nn::Layout layout = nn::Layout::gpt2;
+  int64_t vocab_size = 50257;  // V
+  int64_t block_size = 1024;   // maximum sequence length T
+  int64_t n_layer = 12;        // L
+  int64_t n_head = 12;         // NH
+  int64_t n_embd = 768;        // C
+  // MLP hidden width; 0 = the layout's default: 4C for gpt2; for llama 2/3 * 4C rounded up to a
+  // multiple of ffn_multiple_of (LLaMA's rule: C 4096 -> 11008).
+  int64_t ffn_hidden = 0;
+  int64_t ffn_multiple_of = 256;
+  float norm_eps = 1e-5f;       // 1e-5 gpt2 (LayerNorm), 1e-6 llama (RMSNorm)
+  float rope_theta = 10000.0f;  // llama
+  float dropout = 0.0f;         // embeddings, attention output, MLP output (training only)
+  bool bias = true;             // Linear (and gpt2 LayerNorm) biases; llama: false
+  bool tie_embeddings = true;   // LM head shares the token embedding; llama: false
+  uint64_t seed = 0;            // parameter initialisation
+
+  // The defaults of a layout (gpt2 = GPT-2 124M; llama = the same shape with LLaMA's choices).
+  static GPTConfig defaults(nn::Layout layout);
+  // "tiny", "gpt2"/"gpt2-124m", "gpt2-350m"/"gpt2-medium", "gpt2-774m"/"gpt2-large",
+  // "gpt2-1.5b"/"gpt2-xl", "llama-tiny", "test-gpt2", "test-llama". Throws listing the names.
+  static GPTConfig preset(const std::string& name);
+  static std::vector<std::string> preset_names();
+
+  // JSON with the field names above; "layout" is "gpt2" or "llama". Fields not given take the
+  // layout's defaults, or those of "preset" when the object names one ({"preset": "tiny",
+  // "dropout": 0.1}). Unknown keys are errors (a typo must not silently train another model).
+  static GPTConfig from_json(const nlohmann::json& j);
+  static GPTConfig from_json_string(const std::string& text);
+  static GPTConfig load(const std::string& path);  // a model JSON file
+  nlohmann::json to_json() const;
+  std::string to_json_string() const;
+
+  // Throws "[model] ..." naming the first bad field.
+  void validate() const;
+  int64_t head_dim() const { return n_embd / n_head; }
+  int64_t resolved_ffn_hidden() const;
+  nn::BlockConfig block_config() const;
+  // Parameter count from the shapes alone (no model built); tied weights counted once.
+  int64_t num_parameters() const;
+};
+
+// How one parameter is initialised.
+struct ParamInit {
+  enum Kind { normal, zeros, ones } kind = normal;
+  float std = 0.02f;
+};
+
+class GPT : public nn::Module {
+ public:
+  // Validates, builds and (unless init is false) initialises from config.seed. init = false leaves
+  // parameters zero (norm weights one): for a model whose weights are loaded next, or whose shards
+  // are initialised with init_values().
+  explicit GPT(GPTConfig config, bool init = true);
+
+  const GPTConfig& config() const { return config_; }
+
+  // ids (B, T) int32/int64, T <= block_size -> logits (B, T, V). Runs the module hooks.
+  Tensor forward(const Tensor& ids) override;
+  Tensor logits(const Tensor& ids) { return (*this)(ids); }
+  // Mean cross entropy over targets != -100; ids and targets (B, T). Logits are reshaped (B*T, V).
+  Tensor loss(const Tensor& ids, const Tensor& targets);
+
+  // Checkpoint every Block (recomputed in backward). Hides Module::set_gradient_checkpointing,
+  // which would checkpoint the whole model as one segment and save nothing.
+  void set_gradient_checkpointing(bool on);
+  const std::vector<std::shared_ptr<nn::Block>>& blocks() const { return blocks_; }
+
+  // Training FLOPs per token at sequence length seq_len (0 = block_size):
+  //   6 * N                  forward + backward of every weight matmul (N = num_parameters(); the
+  //                          tied wte counts once, for the LM head; wpe's lookup is counted though
+  //                          free, a < 1% overestimate)
+  // + 12 * L * C * seq_len   attention scores and weighted sum (QK^T and AV: 2 matmuls x 2 FLOPs
+  //                          x 3 for backward), over the full T x T as in PaLM / nanoGPT; a causal
+  //                          kernel does about half of it.
+  double flops_per_token(int64_t seq_len = 0) const;
+
+  // Autoregressive sampling under no_grad, no KV cache (every step reruns the cropped context).
+  // prompt (B, T0) int -> (B, T0 + max_new_tokens) int64. top_k 1 = greedy; top_k 0 = the whole
+  // distribution; otherwise the k most likely tokens. Draws come from (seed, step, row), so a
+  // given seed gives the same text on any number of processes. Eval mode is used and restored.
+  Tensor generate(const Tensor& prompt, int64_t max_new_tokens, int64_t top_k = 1,
+                  uint64_t seed = 0, float temperature = 1.0f);
+
+  // ---- initialisation ----
+  // One entry per named_parameters() entry: GPT-2: Linear and Embedding weights N(0, 0.02),
+  // attn.c_proj and mlp.c_proj weights N(0, 0.02 / sqrt(2 L)), biases 0, norm weights 1; llama:
+  // N(0, 0.02) for every matrix, norms 1.
+  std::vector<ParamInit> init_plan() const;
+  // Element `index` of parameter number `param_index` is rng::normal(seed, param_index, index)
+  // scaled by std (or the constant): a pure function, so a rank holding only a shard initialises
+  // exactly the values the full model would have. Fills out[0 .. n) with elements begin .. begin+n.
+  static void init_values(const ParamInit& init, uint64_t seed, uint64_t param_index, int64_t begin,
+                          int64_t n, float* out);
+  void init_weights();  // (re)initialise every parameter from config().seed
+
+ private:
+  GPTConfig config_;
+  std::shared_ptr<nn::Embedding> tok_emb_, pos_emb_;  // wte / embed_tokens; wpe (gpt2 only)
+  std::vector<std::shared_ptr<nn::Block>> blocks_;
+  std::shared_ptr<nn::Module> norm_f_;   // ln_f / norm
+  std::shared_ptr<nn::Linear> lm_head_;  // shares wte's weight when tied
+  Tensor positions_;                     // (block_size) int64: 0 .. block_size-1, sliced for wpe
+};
+
+}  // namespace ds::models

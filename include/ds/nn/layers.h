@@ -1,0 +1,167 @@
+#pragma once
+// Transformer layers as nn::Modules: Linear, Embedding, LayerNorm, RMSNorm, the two MLPs (GPT-2's
+// GELU MLP and LLaMA's SwiGLU), causal self-attention in both layouts, and the pre-norm residual
+// Block that composes them.
+//
+// Every layer holds the Tensor handles returned by register_parameter and reaches the data through
+// them at the moment of use: flatten_parameters() and ZeRO-3 change a parameter's storage, never
+// its TensorImpl, so the handles stay valid while raw pointers would not.
+//
+// Submodules are called through Module::operator() (never forward() directly) so that their hooks
+// run: ZeRO-3 gathers a module's parameters in its forward pre-hook.
+//
+// Parameters are created zero-filled (norm weights one); models::GPT initialises them. Layer
+// parameter names follow Hugging Face (see docs/models.md).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "ds/nn/module.h"
+
+namespace ds::nn {
+
+// Which transformer family a block follows.
+//   gpt2:  LayerNorm, fused c_attn (3C) + c_proj, GELU MLP (c_fc, c_proj), learned positions.
+//   llama: RMSNorm, q/k/v/o_proj + rotary embeddings, SwiGLU MLP (gate/up/down_proj), no biases.
+enum class Layout { gpt2, llama };
+const char* layout_name(Layout l);               // "gpt2", "llama"
+Layout layout_from_name(std::string_view name);  // throws "[model] unknown layout ..."
+
+// What a Block needs to know (models::GPTConfig::block_config() fills it).
+struct BlockConfig {
+  Layout layout = Layout::gpt2;
+  int64_t n_embd = 0;      // C
+  int64_t n_head = 0;      // NH; head size hd = C / NH
+  int64_t ffn_hidden = 0;  // hidden width of the MLP (resolved: never 0 here)
+  float norm_eps = 1e-5f;
+  float rope_theta = 10000.0f;  // llama only
+  float dropout = 0.0f;         // after attention and MLP outputs, in training
+  bool bias = true;             // biases in Linear layers (and, for gpt2, in LayerNorms)
+};
+
+// y = x @ W^T + b with W (out, in) like torch.nn.Linear. (Hugging Face's GPT-2 stores its Conv1D
+// weights transposed, (in, out); a checkpoint importer must transpose c_attn/c_proj/c_fc.)
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  // A Linear over an existing weight (tied weights: the LM head reusing the token embedding).
+  // The weight is registered here too; named_parameters() lists it once, under its first owner.
+  explicit Linear(Tensor weight, Tensor bias = {});
+  Tensor forward(const Tensor& x) override;  // (..., in) -> (..., out)
+
+  const Tensor& weight() const { return weight_; }  // (out, in)
+  const Tensor& bias() const { return bias_; }      // (out) or undefined
+  int64_t in_features() const { return weight_.size(1); }
+  int64_t out_features() const { return weight_.size(0); }
+
+ private:
+  Tensor weight_, bias_;
+};
+
+// out = weight[ids]: ids (...) int32/int64 -> (..., C). The input needs no gradient; the module's
+// backward hook then fires at the end of the backward pass (see Module).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  Tensor forward(const Tensor& ids) override;
+  const Tensor& weight() const { return weight_; }  // (V, C)
+
+ private:
+  Tensor weight_;
+};
+
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, float eps = 1e-5f, bool bias = true);
+  Tensor forward(const Tensor& x) override;  // (..., C) -> (..., C)
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }  // undefined when bias = false
+
+ private:
+  Tensor weight_, bias_;
+  float eps_;
+};
+
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(int64_t dim, float eps = 1e-6f);
+  Tensor forward(const Tensor& x) override;  // (..., C) -> (..., C)
+  const Tensor& weight() const { return weight_; }
+
+ private:
+  Tensor weight_;
+  float eps_;
+};
+
+// GPT-2 MLP: c_proj(gelu(c_fc(x))), hidden = ffn_hidden (4C by default), then dropout.
+class MLP : public Module {
+ public:
+  explicit MLP(const BlockConfig& cfg);
+  Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
+
+ private:
+  std::shared_ptr<Linear> c_fc_, c_proj_;
+  float dropout_;
+};
+
+// LLaMA MLP: down_proj(silu(gate_proj(x)) * up_proj(x)), then dropout.
+class SwiGLUMLP : public Module {
+ public:
+  explicit SwiGLUMLP(const BlockConfig& cfg);
+  Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
+
+ private:
+  std::shared_ptr<Linear> gate_proj_, up_proj_, down_proj_;
+  float dropout_;
+};
+
+// Causal multi-head self-attention, scale 1/sqrt(hd).
+//   gpt2:  qkv = c_attn(x) (B, T, 3C) split as [q | k | v], each head a contiguous hd slice;
+//          y = c_proj(attention).
+//   llama: q/k/v_proj (no bias by default), RoPE on q and k (positions 0..T-1, rotate_half pairs
+//          (i, i + hd/2) as Hugging Face), y = o_proj(attention).
+// Dropout applies to the output projection (GPT-2's resid_dropout). Dropout on the attention
+// probabilities (GPT-2's attn_dropout) is not supported: the fused kernel never forms them.
+class CausalSelfAttention : public Module {
+ public:
+  explicit CausalSelfAttention(const BlockConfig& cfg);
+  Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
+
+ private:
+  Layout layout_;
+  int64_t n_embd_, n_head_;
+  float rope_theta_, dropout_;
+  std::shared_ptr<Linear> c_attn_, c_proj_;                    // gpt2
+  std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;  // llama
+};
+
+// An indexed list of modules, named "0", "1", ... (Hugging Face's h.{i} / layers.{i}).
+class ModuleList : public Module {
+ public:
+  ModuleList() : Module("ModuleList") {}
+  template <class M>
+  std::shared_ptr<M> append(std::shared_ptr<M> m) {
+    return register_module(std::to_string(size_++), std::move(m));
+  }
+  int64_t size() const { return size_; }
+
+ private:
+  int64_t size_ = 0;
+};
+
+// Pre-norm residual block:
+//   x = x + attn(norm_1(x));  x = x + mlp(norm_2(x))
+// Names: gpt2 ln_1 / attn / ln_2 / mlp; llama input_layernorm / self_attn /
+// post_attention_layernorm / mlp. With gradient checkpointing on (Module), the whole block is
+// recomputed in backward.
+class Block : public Module {
+ public:
+  explicit Block(const BlockConfig& cfg);
+  Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
+
+ private:
+  std::shared_ptr<Module> norm_1_, attn_, norm_2_, mlp_;
+};
+
+}  // namespace ds::nn

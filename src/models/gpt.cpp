@@ -1,0 +1,455 @@
+#include "ds/models/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <sstream>
+
+#include "ds/autograd/grad_mode.h"
+#include "ds/core/error.h"
+#include "ds/core/parallel.h"
+#include "ds/core/rng.h"
+#include "ds/ops/ops.h"
+
+namespace ds::models {
+
+using nn::Layout;
+
+// ---- configuration ----
+
+GPTConfig GPTConfig::defaults(Layout layout) {
+  GPTConfig c;
+  c.layout = layout;
+  if (layout == Layout::llama) {
+    c.norm_eps = 1e-6f;
+    c.bias = false;
+    c.tie_embeddings = false;
+  }
+  return c;
+}
+
+namespace {
+
+struct Preset {
+  const char* name;
+  Layout layout;
+  int64_t n_layer, n_head, n_embd, vocab_size, block_size;
+};
+
+// The GPT-2 family uses OpenAI's vocabulary and context; "tiny" is the benchmark model of
+// reference/machine.md (16.1M parameters). llama-tiny keeps the GPT-2 vocabulary so that it trains
+// on the project's tokenizer and data.
+constexpr Preset kPresets[] = {
+    {"tiny", Layout::gpt2, 4, 4, 256, 50257, 256},
+    {"gpt2", Layout::gpt2, 12, 12, 768, 50257, 1024},
+    {"gpt2-124m", Layout::gpt2, 12, 12, 768, 50257, 1024},
+    {"gpt2-350m", Layout::gpt2, 24, 16, 1024, 50257, 1024},
+    {"gpt2-medium", Layout::gpt2, 24, 16, 1024, 50257, 1024},
+    {"gpt2-774m", Layout::gpt2, 36, 20, 1280, 50257, 1024},
+    {"gpt2-large", Layout::gpt2, 36, 20, 1280, 50257, 1024},
+    {"gpt2-1.5b", Layout::gpt2, 48, 25, 1600, 50257, 1024},
+    {"gpt2-xl", Layout::gpt2, 48, 25, 1600, 50257, 1024},
+    {"llama-tiny", Layout::llama, 4, 4, 256, 50257, 256},
+    {"test-gpt2", Layout::gpt2, 2, 4, 32, 64, 16},
+    {"test-llama", Layout::llama, 2, 4, 32, 64, 16},
+};
+
+}  // namespace
+
+std::vector<std::string> GPTConfig::preset_names() {
+  std::vector<std::string> out;
+  for (const auto& p : kPresets) out.emplace_back(p.name);
+  return out;
+}
+
+GPTConfig GPTConfig::preset(const std::string& name) {
+  for (const auto& p : kPresets) {
+    if (name != p.name) continue;
+    GPTConfig c = defaults(p.layout);
+    c.n_layer = p.n_layer;
+    c.n_head = p.n_head;
+    c.n_embd = p.n_embd;
+    c.vocab_size = p.vocab_size;
+    c.block_size = p.block_size;
+    // test-llama exercises LLaMA's rounding rule at a small size: 2/3 * 4 * 32 = 85 -> 96.
+    if (name == "test-llama") c.ffn_multiple_of = 16;
+    return c;
+  }
+  std::string names;
+  for (const auto& p : kPresets) names += std::string(names.empty() ? "" : ", ") + p.name;
+  DS_THROW("[model] unknown model preset '{}' (known: {}); or give a model JSON file", name, names);
+}
+
+int64_t GPTConfig::resolved_ffn_hidden() const {
+  if (ffn_hidden > 0) return ffn_hidden;
+  if (layout == Layout::gpt2) return 4 * n_embd;
+  const int64_t h = 2 * (4 * n_embd) / 3;  // LLaMA: int(2 * hidden / 3), then round up
+  return (h + ffn_multiple_of - 1) / ffn_multiple_of * ffn_multiple_of;
+}
+
+void GPTConfig::validate() const {
+  DS_CHECK(vocab_size > 0, "[model] vocab_size must be positive, got {}", vocab_size);
+  DS_CHECK(block_size > 0, "[model] block_size must be positive, got {}", block_size);
+  DS_CHECK(n_layer > 0, "[model] n_layer must be positive, got {}", n_layer);
+  DS_CHECK(n_head > 0, "[model] n_head must be positive, got {}", n_head);
+  DS_CHECK(n_embd > 0, "[model] n_embd must be positive, got {}", n_embd);
+  DS_CHECK(n_embd % n_head == 0, "[model] n_embd {} not divisible by n_head {}", n_embd, n_head);
+  DS_CHECK(layout != Layout::llama || head_dim() % 2 == 0,
+           "[model] rotary embeddings need an even head size, got n_embd {} / n_head {} = {}",
+           n_embd, n_head, head_dim());
+  DS_CHECK(ffn_hidden >= 0, "[model] ffn_hidden must be >= 0 (0 = default), got {}", ffn_hidden);
+  DS_CHECK(ffn_multiple_of > 0, "[model] ffn_multiple_of must be positive, got {}",
+           ffn_multiple_of);
+  DS_CHECK(norm_eps > 0.0f, "[model] norm_eps must be positive, got {}", norm_eps);
+  DS_CHECK(rope_theta > 0.0f, "[model] rope_theta must be positive, got {}", rope_theta);
+  DS_CHECK(dropout >= 0.0f && dropout < 1.0f, "[model] dropout must be in [0, 1), got {}", dropout);
+}
+
+nn::BlockConfig GPTConfig::block_config() const {
+  nn::BlockConfig b;
+  b.layout = layout;
+  b.n_embd = n_embd;
+  b.n_head = n_head;
+  b.ffn_hidden = resolved_ffn_hidden();
+  b.norm_eps = norm_eps;
+  b.rope_theta = rope_theta;
+  b.dropout = dropout;
+  b.bias = bias;
+  return b;
+}
+
+int64_t GPTConfig::num_parameters() const {
+  const int64_t C = n_embd, H = resolved_ffn_hidden(), V = vocab_size, b = bias ? 1 : 0;
+  int64_t per_layer = 0, total = V * C;
+  if (layout == Layout::gpt2) {
+    total += block_size * C;                      // wpe
+    per_layer = 2 * (C + b * C)                   // ln_1, ln_2
+                + 3 * C * C + b * 3 * C           // c_attn
+                + C * C + b * C                   // attn.c_proj
+                + H * C + b * H + H * C + b * C;  // c_fc, mlp.c_proj
+    total += C + b * C;                           // ln_f
+  } else {
+    per_layer = 2 * C                           // input / post-attention norms
+                + 4 * C * C + b * 4 * C         // q, k, v, o
+                + 3 * H * C + b * (2 * H + C);  // gate, up, down
+    total += C;                                 // norm
+  }
+  total += n_layer * per_layer;
+  if (!tie_embeddings) total += V * C;  // lm_head (never a bias)
+  return total;
+}
+
+// ---- JSON ----
+
+nlohmann::json GPTConfig::to_json() const {
+  return nlohmann::json{{"layout", nn::layout_name(layout)},
+                        {"vocab_size", vocab_size},
+                        {"block_size", block_size},
+                        {"n_layer", n_layer},
+                        {"n_head", n_head},
+                        {"n_embd", n_embd},
+                        {"ffn_hidden", ffn_hidden},
+                        {"ffn_multiple_of", ffn_multiple_of},
+                        {"norm_eps", norm_eps},
+                        {"rope_theta", rope_theta},
+                        {"dropout", dropout},
+                        {"bias", bias},
+                        {"tie_embeddings", tie_embeddings},
+                        {"seed", seed}};
+}
+
+std::string GPTConfig::to_json_string() const {
+  return to_json().dump(2);
+}
+
+namespace {
+
+using Setter = void (*)(GPTConfig&, const nlohmann::json&);
+// clang-format off
+#define DS_FIELD(name, type) \
+  { #name, [](GPTConfig& c, const nlohmann::json& v) { c.name = v.get<type>(); } }
+// clang-format on
+// One entry per JSON key (to_json() writes the same names).
+const std::map<std::string, Setter>& config_fields() {
+  static const std::map<std::string, Setter> fields = {
+      {"layout",
+       [](GPTConfig& c, const nlohmann::json& v) {
+         c.layout = nn::layout_from_name(v.get<std::string>());
+       }},
+      DS_FIELD(vocab_size, int64_t),
+      DS_FIELD(block_size, int64_t),
+      DS_FIELD(n_layer, int64_t),
+      DS_FIELD(n_head, int64_t),
+      DS_FIELD(n_embd, int64_t),
+      DS_FIELD(ffn_hidden, int64_t),
+      DS_FIELD(ffn_multiple_of, int64_t),
+      DS_FIELD(norm_eps, float),
+      DS_FIELD(rope_theta, float),
+      DS_FIELD(dropout, float),
+      DS_FIELD(bias, bool),
+      DS_FIELD(tie_embeddings, bool),
+      DS_FIELD(seed, uint64_t),
+  };
+  return fields;
+}
+#undef DS_FIELD
+
+}  // namespace
+
+GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
+  DS_CHECK(j.is_object(), "[model] a model config must be a JSON object, got {}", j.type_name());
+  GPTConfig c;
+  const auto& fields = config_fields();
+  try {
+    if (j.contains("preset")) {
+      c = preset(j.at("preset").get<std::string>());
+    } else if (j.contains("layout")) {
+      c = defaults(nn::layout_from_name(j.at("layout").get<std::string>()));
+    }
+    for (const auto& [key, v] : j.items()) {
+      if (key == "preset") continue;
+      auto it = fields.find(key);
+      if (it == fields.end()) {
+        std::string known = "preset";
+        for (const auto& [name, set] : fields) known += ", " + name;
+        DS_THROW("[model] unknown key '{}' in the model config (known: {})", key, known);
+      }
+      try {
+        it->second(c, v);
+      } catch (const nlohmann::json::exception& e) {
+        DS_THROW("[model] bad value for '{}' in the model config: {}", key, e.what());
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    DS_THROW("[model] bad value in the model config: {}", e.what());
+  }
+  c.validate();
+  return c;
+}
+
+GPTConfig GPTConfig::from_json_string(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text, nullptr, true, /*ignore_comments=*/true);
+  } catch (const nlohmann::json::exception& e) {
+    DS_THROW("[model] the model config is not valid JSON: {}", e.what());
+  }
+  return from_json(j);
+}
+
+GPTConfig GPTConfig::load(const std::string& path) {
+  std::ifstream f(path);
+  DS_CHECK(f.good(), "[model] cannot open model config '{}'", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  try {
+    return from_json_string(ss.str());
+  } catch (const Error& e) {
+    DS_THROW("{} (in {})", e.what(), path);
+  }
+}
+
+// ---- the model ----
+
+GPT::GPT(GPTConfig config, bool init) : Module("GPT"), config_(std::move(config)) {
+  config_.validate();
+  const GPTConfig& c = config_;
+  const nn::BlockConfig bc = c.block_config();
+  const bool gpt2 = c.layout == Layout::gpt2;
+  tok_emb_ = register_module(gpt2 ? "wte" : "embed_tokens",
+                             std::make_shared<nn::Embedding>(c.vocab_size, c.n_embd));
+  if (gpt2)
+    pos_emb_ = register_module("wpe", std::make_shared<nn::Embedding>(c.block_size, c.n_embd));
+  auto list = register_module(gpt2 ? "h" : "layers", std::make_shared<nn::ModuleList>());
+  for (int64_t i = 0; i < c.n_layer; ++i)
+    blocks_.push_back(list->append(std::make_shared<nn::Block>(bc)));
+  if (gpt2)
+    norm_f_ =
+        register_module("ln_f", std::make_shared<nn::LayerNorm>(c.n_embd, c.norm_eps, c.bias));
+  else
+    norm_f_ = register_module("norm", std::make_shared<nn::RMSNorm>(c.n_embd, c.norm_eps));
+  // A tied head is a Linear over wte's weight: named_parameters() lists the weight once (as
+  // wte.weight), while the head stays a module of its own whose hooks ZeRO-3 can use.
+  lm_head_ = register_module(
+      "lm_head", c.tie_embeddings ? std::make_shared<nn::Linear>(tok_emb_->weight())
+                                  : std::make_shared<nn::Linear>(c.n_embd, c.vocab_size, false));
+  positions_ = Tensor::arange(c.block_size, DType::i64);
+  if (init) init_weights();
+}
+
+Tensor GPT::forward(const Tensor& ids) {
+  DS_CHECK(
+      ids.defined() && ids.dim() == 2 && (ids.dtype() == DType::i32 || ids.dtype() == DType::i64),
+      "[model] token ids must be a (B, T) int32/int64 tensor, got {} {}",
+      ids.defined() ? shape_str(ids.shape()) : "undefined",
+      ids.defined() ? dtype_name(ids.dtype()) : "");
+  const int64_t T = ids.size(1);
+  DS_CHECK(T >= 1 && T <= config_.block_size,
+           "[model] sequence length {} outside [1, block_size {}]", T, config_.block_size);
+  Tensor x = (*tok_emb_)(ids);                                                  // (B, T, C)
+  if (pos_emb_) x = ops::add(x, (*pos_emb_)(ops::slice(positions_, 0, 0, T)));  // + (T, C)
+  x = ops::dropout(x, config_.dropout, is_training());
+  for (auto& block : blocks_) x = (*block)(x);  // (B, T, C)
+  x = (*norm_f_)(x);
+  return (*lm_head_)(x);  // (B, T, V)
+}
+
+Tensor GPT::loss(const Tensor& ids, const Tensor& targets) {
+  DS_CHECK(targets.defined() && targets.shape() == ids.shape(),
+           "[model] targets {} must have the shape of the ids {}",
+           targets.defined() ? shape_str(targets.shape()) : "undefined", shape_str(ids.shape()));
+  const int64_t N = ids.numel();
+  Tensor lg = logits(ids);  // (B, T, V)
+  return ops::cross_entropy(ops::reshape(lg, {N, config_.vocab_size}), ops::reshape(targets, {N}),
+                            -100);
+}
+
+void GPT::set_gradient_checkpointing(bool on) {
+  for (auto& b : blocks_) b->set_gradient_checkpointing(on);
+}
+
+double GPT::flops_per_token(int64_t seq_len) const {
+  const double T = static_cast<double>(seq_len > 0 ? seq_len : config_.block_size);
+  return 6.0 * static_cast<double>(num_parameters()) +
+         12.0 * static_cast<double>(config_.n_layer) * static_cast<double>(config_.n_embd) * T;
+}
+
+Tensor GPT::generate(const Tensor& prompt, int64_t max_new_tokens, int64_t top_k, uint64_t seed,
+                     float temperature) {
+  DS_CHECK(prompt.defined() && prompt.dim() == 2 && prompt.size(1) >= 1,
+           "[generate] prompt must be (B, T0) token ids with T0 >= 1");
+  DS_CHECK(max_new_tokens >= 0 && top_k >= 0 && temperature > 0.0f,
+           "[generate] need max_new_tokens >= 0, top_k >= 0 and temperature > 0 (got {}, {}, {})",
+           max_new_tokens, top_k, temperature);
+  autograd::NoGradGuard no_grad;
+  struct TrainRestore {  // eval mode (no dropout) while sampling, restored even on error
+    GPT& m;
+    bool was;
+    ~TrainRestore() { m.train(was); }
+  } restore{*this, is_training()};
+  train(false);
+
+  const int64_t B = prompt.size(0), T0 = prompt.size(1), V = config_.vocab_size;
+  const int64_t total = T0 + max_new_tokens;
+  std::vector<std::vector<int64_t>> seqs(static_cast<size_t>(B));
+  const std::vector<int64_t> p = prompt.to_int_vector();
+  for (int64_t b = 0; b < B; ++b)
+    seqs[static_cast<size_t>(b)].assign(p.begin() + b * T0, p.begin() + (b + 1) * T0);
+
+  std::vector<int64_t> order(static_cast<size_t>(V));
+  std::vector<double> probs(static_cast<size_t>(V));
+  for (int64_t step = 0; step < max_new_tokens; ++step) {
+    const int64_t len = T0 + step, ctx = std::min(len, config_.block_size);
+    std::vector<int64_t> window;
+    window.reserve(static_cast<size_t>(B * ctx));
+    for (const auto& s : seqs) window.insert(window.end(), s.end() - ctx, s.end());
+    Tensor lg = logits(Tensor::from_ints(window, {B, ctx}));                      // (B, ctx, V)
+    const std::vector<float> last = ops::slice(lg, 1, ctx - 1, ctx).to_vector();  // (B, 1, V)
+    for (int64_t b = 0; b < B; ++b) {
+      const float* row = last.data() + b * V;
+      std::iota(order.begin(), order.end(), 0);
+      // Most likely first; ties by the lower id, so the choice never depends on the sort.
+      auto better = [row](int64_t a, int64_t c) {
+        return row[a] > row[c] || (row[a] == row[c] && a < c);
+      };
+      int64_t next;
+      if (top_k == 1) {
+        next = *std::min_element(order.begin(), order.end(), better);
+      } else {
+        const int64_t k = top_k == 0 ? V : std::min(top_k, V);
+        std::partial_sort(order.begin(), order.begin() + k, order.end(), better);
+        const double mx = row[order[0]];
+        double z = 0.0;
+        for (int64_t i = 0; i < k; ++i) {
+          probs[static_cast<size_t>(i)] =
+              std::exp((row[order[static_cast<size_t>(i)]] - mx) / temperature);
+          z += probs[static_cast<size_t>(i)];
+        }
+        const double u = rng::uniform01(rng::hash3(seed, static_cast<uint64_t>(step),
+                                                   static_cast<uint64_t>(b))) *
+                         z;
+        double acc = 0.0;
+        next = order[static_cast<size_t>(k - 1)];
+        for (int64_t i = 0; i < k; ++i) {
+          acc += probs[static_cast<size_t>(i)];
+          if (u < acc) {
+            next = order[static_cast<size_t>(i)];
+            break;
+          }
+        }
+      }
+      seqs[static_cast<size_t>(b)].push_back(next);
+    }
+  }
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(B * total));
+  for (const auto& s : seqs) out.insert(out.end(), s.begin(), s.end());
+  return Tensor::from_ints(out, {B, total});
+}
+
+// ---- initialisation ----
+
+std::vector<ParamInit> GPT::init_plan() const {
+  const float base = 0.02f;
+  // GPT-2 scales the residual projections by 1/sqrt(2L): each block adds two of them to the
+  // residual stream, so its variance stays independent of depth.
+  const float resid = base / std::sqrt(2.0f * static_cast<float>(config_.n_layer));
+  std::map<const TensorImpl*, ParamInit> by_param;
+  auto set = [&](const Tensor& t, ParamInit init) {
+    if (t.defined()) by_param.emplace(t.impl(), init);  // first owner wins (tied weights)
+  };
+  for (const auto& [path, m] : named_modules()) {
+    if (auto* lin = dynamic_cast<const nn::Linear*>(m)) {
+      const bool is_resid = config_.layout == Layout::gpt2 && path.size() >= 6 &&
+                            path.compare(path.size() - 6, 6, "c_proj") == 0;
+      set(lin->weight(), {ParamInit::normal, is_resid ? resid : base});
+      set(lin->bias(), {ParamInit::zeros, 0.0f});
+    } else if (auto* emb = dynamic_cast<const nn::Embedding*>(m)) {
+      set(emb->weight(), {ParamInit::normal, base});
+    } else if (auto* ln = dynamic_cast<const nn::LayerNorm*>(m)) {
+      set(ln->weight(), {ParamInit::ones, 0.0f});
+      set(ln->bias(), {ParamInit::zeros, 0.0f});
+    } else if (auto* rms = dynamic_cast<const nn::RMSNorm*>(m)) {
+      set(rms->weight(), {ParamInit::ones, 0.0f});
+    }
+  }
+  std::vector<ParamInit> plan;
+  for (const auto& [name, p] : named_parameters()) {
+    auto it = by_param.find(p.impl());
+    DS_CHECK(it != by_param.end(), "[model] no initialisation rule for parameter '{}'", name);
+    plan.push_back(it->second);
+  }
+  return plan;
+}
+
+void GPT::init_values(const ParamInit& init, uint64_t seed, uint64_t param_index, int64_t begin,
+                      int64_t n, float* out) {
+  if (init.kind != ParamInit::normal) {
+    std::fill(out, out + n, init.kind == ParamInit::ones ? 1.0f : 0.0f);
+    return;
+  }
+  parallel_for(n, 1 << 14, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i)
+      out[i] = init.std * rng::normal(seed, param_index, static_cast<uint64_t>(begin + i));
+  });
+}
+
+void GPT::init_weights() {
+  const auto named = named_parameters();
+  const auto plan = init_plan();
+  for (size_t i = 0; i < named.size(); ++i) {
+    const Tensor& p = named[i].second;
+    if (p.dtype() == DType::f32 && p.is_contiguous()) {
+      init_values(plan[i], config_.seed, i, 0, p.numel(), p.data<float>());
+    } else {
+      Tensor tmp = Tensor::empty(p.shape());
+      init_values(plan[i], config_.seed, i, 0, p.numel(), tmp.data<float>());
+      p.copy_from(tmp);
+    }
+  }
+}
+
+}  // namespace ds::models

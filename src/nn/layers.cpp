@@ -1,0 +1,174 @@
+#include "ds/nn/layers.h"
+
+#include <cmath>
+
+#include "ds/core/error.h"
+#include "ds/ops/ops.h"
+
+namespace ds::nn {
+
+const char* layout_name(Layout l) {
+  return l == Layout::gpt2 ? "gpt2" : "llama";
+}
+
+Layout layout_from_name(std::string_view name) {
+  if (name == "gpt2") return Layout::gpt2;
+  if (name == "llama") return Layout::llama;
+  DS_THROW("[model] unknown layout '{}' (expected \"gpt2\" or \"llama\")", name);
+}
+
+// ---- Linear ----
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias) : Module("Linear") {
+  DS_CHECK(in_features > 0 && out_features > 0, "[linear] sizes must be positive, got in {} out {}",
+           in_features, out_features);
+  weight_ = register_parameter("weight", Tensor::zeros({out_features, in_features}));
+  if (bias) bias_ = register_parameter("bias", Tensor::zeros({out_features}));
+}
+
+Linear::Linear(Tensor weight, Tensor bias) : Module("Linear") {
+  DS_CHECK(weight.defined() && weight.dim() == 2, "[linear] a tied weight must be 2-d (out, in)");
+  weight_ = register_parameter("weight", std::move(weight));
+  if (bias.defined()) bias_ = register_parameter("bias", std::move(bias));
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  return ops::linear(x, weight_, bias_);
+}
+
+// ---- Embedding ----
+
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim) : Module("Embedding") {
+  DS_CHECK(num_embeddings > 0 && embedding_dim > 0,
+           "[embedding] sizes must be positive, got {} x {}", num_embeddings, embedding_dim);
+  weight_ = register_parameter("weight", Tensor::zeros({num_embeddings, embedding_dim}));
+}
+
+Tensor Embedding::forward(const Tensor& ids) {
+  return ops::embedding(weight_, ids);
+}
+
+// ---- norms ----
+
+LayerNorm::LayerNorm(int64_t dim, float eps, bool bias) : Module("LayerNorm"), eps_(eps) {
+  weight_ = register_parameter("weight", Tensor::ones({dim}));
+  if (bias) bias_ = register_parameter("bias", Tensor::zeros({dim}));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+  return ops::layer_norm(x, weight_, bias_, eps_);
+}
+
+RMSNorm::RMSNorm(int64_t dim, float eps) : Module("RMSNorm"), eps_(eps) {
+  weight_ = register_parameter("weight", Tensor::ones({dim}));
+}
+
+Tensor RMSNorm::forward(const Tensor& x) {
+  return ops::rms_norm(x, weight_, eps_);
+}
+
+// ---- MLPs ----
+
+MLP::MLP(const BlockConfig& cfg) : Module("MLP"), dropout_(cfg.dropout) {
+  c_fc_ = register_module("c_fc", std::make_shared<Linear>(cfg.n_embd, cfg.ffn_hidden, cfg.bias));
+  c_proj_ =
+      register_module("c_proj", std::make_shared<Linear>(cfg.ffn_hidden, cfg.n_embd, cfg.bias));
+}
+
+Tensor MLP::forward(const Tensor& x) {
+  Tensor h = ops::gelu((*c_fc_)(x));  // (B, T, H)
+  return ops::dropout((*c_proj_)(h), dropout_, is_training());
+}
+
+SwiGLUMLP::SwiGLUMLP(const BlockConfig& cfg) : Module("SwiGLUMLP"), dropout_(cfg.dropout) {
+  gate_proj_ =
+      register_module("gate_proj", std::make_shared<Linear>(cfg.n_embd, cfg.ffn_hidden, cfg.bias));
+  up_proj_ =
+      register_module("up_proj", std::make_shared<Linear>(cfg.n_embd, cfg.ffn_hidden, cfg.bias));
+  down_proj_ =
+      register_module("down_proj", std::make_shared<Linear>(cfg.ffn_hidden, cfg.n_embd, cfg.bias));
+}
+
+Tensor SwiGLUMLP::forward(const Tensor& x) {
+  Tensor h = ops::swiglu((*gate_proj_)(x), (*up_proj_)(x));  // (B, T, H)
+  return ops::dropout((*down_proj_)(h), dropout_, is_training());
+}
+
+// ---- attention ----
+
+CausalSelfAttention::CausalSelfAttention(const BlockConfig& cfg)
+    : Module("CausalSelfAttention"),
+      layout_(cfg.layout),
+      n_embd_(cfg.n_embd),
+      n_head_(cfg.n_head),
+      rope_theta_(cfg.rope_theta),
+      dropout_(cfg.dropout) {
+  DS_CHECK(n_head_ > 0 && n_embd_ % n_head_ == 0,
+           "[attention] n_embd {} not divisible by n_head {}", n_embd_, n_head_);
+  const int64_t C = n_embd_;
+  if (layout_ == Layout::gpt2) {
+    c_attn_ = register_module("c_attn", std::make_shared<Linear>(C, 3 * C, cfg.bias));
+    c_proj_ = register_module("c_proj", std::make_shared<Linear>(C, C, cfg.bias));
+  } else {
+    q_proj_ = register_module("q_proj", std::make_shared<Linear>(C, C, cfg.bias));
+    k_proj_ = register_module("k_proj", std::make_shared<Linear>(C, C, cfg.bias));
+    v_proj_ = register_module("v_proj", std::make_shared<Linear>(C, C, cfg.bias));
+    o_proj_ = register_module("o_proj", std::make_shared<Linear>(C, C, cfg.bias));
+  }
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  DS_CHECK(x.dim() == 3 && x.size(2) == n_embd_, "[attention] expected input (B, T, {}), got {}",
+           n_embd_, shape_str(x.shape()));
+  const int64_t B = x.size(0), T = x.size(1), C = n_embd_, NH = n_head_, hd = C / NH;
+  Tensor q, k, v;  // (B, NH, T, hd)
+  if (layout_ == Layout::gpt2) {
+    Tensor qkv = (*c_attn_)(x);                  // (B, T, 3C)
+    qkv = ops::reshape(qkv, {B, T, 3, NH, hd});  // (B, T, 3, NH, hd)
+    // One copy to (3, B, NH, T, hd) makes q, k and v contiguous slices that the attention kernel
+    // reads in place; backward sums the three slice gradients into one buffer of that shape.
+    qkv = ops::contiguous(ops::permute(qkv, {2, 0, 3, 1, 4}));  // (3, B, NH, T, hd)
+    q = ops::reshape(ops::slice(qkv, 0, 0, 1), {B, NH, T, hd});
+    k = ops::reshape(ops::slice(qkv, 0, 1, 2), {B, NH, T, hd});
+    v = ops::reshape(ops::slice(qkv, 0, 2, 3), {B, NH, T, hd});
+  } else {
+    auto heads = [&](Linear& proj) {  // (B, T, C) -> (B, NH, T, hd)
+      return ops::contiguous(ops::transpose(ops::reshape(proj(x), {B, T, NH, hd}), 1, 2));
+    };
+    q = ops::rope(heads(*q_proj_), rope_theta_);
+    k = ops::rope(heads(*k_proj_), rope_theta_);
+    v = heads(*v_proj_);
+  }
+  Tensor y = ops::causal_attention(q, k, v);                              // (B, NH, T, hd)
+  y = ops::reshape(ops::contiguous(ops::transpose(y, 1, 2)), {B, T, C});  // (B, T, C)
+  y = layout_ == Layout::gpt2 ? (*c_proj_)(y) : (*o_proj_)(y);
+  return ops::dropout(y, dropout_, is_training());
+}
+
+// ---- block ----
+
+Block::Block(const BlockConfig& cfg) : Module("Block") {
+  DS_CHECK(cfg.ffn_hidden > 0, "[block] ffn_hidden must be resolved (> 0), got {}", cfg.ffn_hidden);
+  if (cfg.layout == Layout::gpt2) {
+    norm_1_ =
+        register_module("ln_1", std::make_shared<LayerNorm>(cfg.n_embd, cfg.norm_eps, cfg.bias));
+    attn_ = register_module("attn", std::make_shared<CausalSelfAttention>(cfg));
+    norm_2_ =
+        register_module("ln_2", std::make_shared<LayerNorm>(cfg.n_embd, cfg.norm_eps, cfg.bias));
+    mlp_ = register_module("mlp", std::make_shared<MLP>(cfg));
+  } else {
+    norm_1_ =
+        register_module("input_layernorm", std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
+    attn_ = register_module("self_attn", std::make_shared<CausalSelfAttention>(cfg));
+    norm_2_ = register_module("post_attention_layernorm",
+                              std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
+    mlp_ = register_module("mlp", std::make_shared<SwiGLUMLP>(cfg));
+  }
+}
+
+Tensor Block::forward(const Tensor& x) {
+  Tensor h = ops::add(x, (*attn_)((*norm_1_)(x)));  // (B, T, C)
+  return ops::add(h, (*mlp_)((*norm_2_)(h)));       // (B, T, C)
+}
+
+}  // namespace ds::nn

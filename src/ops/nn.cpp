@@ -1,0 +1,343 @@
+// Neural-network ops: embedding, normalisation, activations, softmax, attention, rotary embedding,
+// dropout and cross-entropy. Each validates its arguments, runs the fp32 kernel of the tensors'
+// backend (16-bit inputs are upcast, results returned in the input dtype) and records its backward.
+// Backward closures save detached fp32 copies of what they need, never the op's own output with
+// its history.
+#include <cmath>
+
+#include "ds/autograd/grad_mode.h"
+#include "ds/autograd/node.h"
+#include "ds/core/rng.h"
+#include "ds/ops/ops.h"
+#include "ops/op_util.h"
+
+namespace ds::ops {
+using backend::BinaryOp;
+using backend::UnaryOp;
+using detail::as_dtype;
+using detail::be;
+using detail::f32c;
+
+namespace {
+
+bool wants_grad(std::initializer_list<Tensor> inputs) {
+  return autograd::is_grad_enabled() && autograd::any_requires_grad(inputs);
+}
+
+bool needs(const Tensor& t) { return t.defined() && t.requires_grad(); }
+
+void check_index(const Tensor& ids, const char* op, const char* what) {
+  DS_CHECK(ids.defined(), "[{}] undefined {}", op, what);
+  DS_CHECK(ids.dtype() == DType::i32 || ids.dtype() == DType::i64,
+           "[{}] {} must be int32 or int64, got {}", op, what, dtype_name(ids.dtype()));
+}
+
+// Rows of a (..., C) tensor.
+int64_t rows_of(const Tensor& x) { return x.dim() == 0 ? 1 : x.numel() / std::max<int64_t>(x.size(-1), 1); }
+
+Tensor empty_f32(const Shape& s, const Tensor& like) { return Tensor::empty(s, DType::f32, like.device()); }
+
+void check_norm_args(const Tensor& x, const Tensor& w, const Tensor& b, const char* op) {
+  detail::check_float(x, op);
+  detail::check_float(w, op);
+  DS_CHECK(x.dim() >= 1, "[{}] input must have at least one dim", op);
+  const int64_t C = x.size(-1);
+  DS_CHECK(w.dim() == 1 && w.size(0) == C, "[{}] weight {} does not match the last dim of {}", op,
+           shape_str(w.shape()), shape_str(x.shape()));
+  detail::check_same_device(x, w, op);
+  if (b.defined()) {
+    detail::check_float(b, op);
+    DS_CHECK(b.dim() == 1 && b.size(0) == C, "[{}] bias {} does not match the last dim of {}", op,
+             shape_str(b.shape()), shape_str(x.shape()));
+    detail::check_same_device(x, b, op);
+  }
+}
+
+// A unary activation whose backward is a BinaryOp of (upstream gradient, saved input).
+Tensor activation(UnaryOp fwd, BinaryOp bwd, const char* name, const Tensor& x) {
+  detail::check_float(x, name);
+  Tensor fx = f32c(x);
+  Tensor y = empty_f32(x.shape(), x);
+  be(x).unary(fwd, fx, y, 0.0f);
+  Tensor out = as_dtype(y, x.dtype());
+  if (!wants_grad({x})) return out;
+  Tensor sx = fx.detach();
+  const DType dt = x.dtype();
+  return autograd::record(out, name, {x}, [sx, bwd, dt](const Tensor& g) -> std::vector<Tensor> {
+    Tensor gc = f32c(g);
+    Tensor dx = empty_f32(sx.shape(), sx);
+    be(sx).binary(bwd, gc, sx, dx);
+    return {as_dtype(dx, dt)};
+  });
+}
+
+}  // namespace
+
+// ---- embedding ----
+
+Tensor embedding(const Tensor& weight, const Tensor& ids) {
+  detail::check_float(weight, "embedding");
+  check_index(ids, "embedding", "ids");
+  DS_CHECK(weight.dim() == 2, "[embedding] weight must be (V, C), got {}", shape_str(weight.shape()));
+  detail::check_same_device(weight, ids, "embedding");
+  const int64_t V = weight.size(0), C = weight.size(1);
+  Tensor idc = ids.contiguous();
+  if (idc.device().is_cpu()) {
+    const bool i64 = idc.dtype() == DType::i64;
+    const int64_t N = idc.numel();
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t id = i64 ? idc.data<int64_t>()[n] : idc.data<int32_t>()[n];
+      DS_CHECK(id >= 0 && id < V, "[embedding] id {} (at position {}) is out of range for vocabulary size {}",
+               id, n, V);
+    }
+  }
+  Shape os = ids.shape();
+  os.push_back(C);
+  Tensor y = empty_f32(os, weight);
+  be(weight).embedding_forward(f32c(weight), idc, y);
+  Tensor out = as_dtype(y, weight.dtype());
+  if (!wants_grad({weight})) return out;
+  const DType wd = weight.dtype();
+  const Tensor sid = idc.detach();
+  return autograd::record(out, "EmbeddingBackward", {weight}, [sid, V, C, wd](const Tensor& g) -> std::vector<Tensor> {
+    Tensor dw = Tensor::zeros({V, C}, DType::f32, g.device());
+    be(g).embedding_backward(f32c(g), sid, dw);
+    return {as_dtype(dw, wd)};
+  });
+}
+
+// ---- normalisation ----
+
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
+  check_norm_args(x, w, b, "layer_norm");
+  const int64_t C = x.size(-1), rows = rows_of(x);
+  Tensor fx = f32c(x), fw = f32c(w), fb = b.defined() ? f32c(b) : Tensor();
+  Tensor y = empty_f32(x.shape(), x);
+  Tensor mean = empty_f32({rows}, x), rstd = empty_f32({rows}, x);  // (rows)
+  be(x).layer_norm_forward(fx, fw, fb, eps, y, mean, rstd);
+  Tensor out = as_dtype(y, x.dtype());
+  if (!wants_grad({x, w, b})) return out;
+  const Tensor sx = fx.detach(), sw = fw.detach();
+  const bool has_b = b.defined();
+  const DType xd = x.dtype(), wd = w.dtype(), bd = has_b ? b.dtype() : DType::f32;
+  return autograd::record(out, "LayerNormBackward", {x, w, b},
+                          [=](const Tensor& g) -> std::vector<Tensor> {
+                            Tensor dx = empty_f32(sx.shape(), sx);
+                            Tensor dw = Tensor::zeros({C}, DType::f32, sx.device());
+                            Tensor db = has_b ? Tensor::zeros({C}, DType::f32, sx.device()) : Tensor();
+                            be(sx).layer_norm_backward(f32c(g), sx, sw, mean, rstd, dx, dw, db);
+                            return {as_dtype(dx, xd), as_dtype(dw, wd), has_b ? as_dtype(db, bd) : Tensor()};
+                          });
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) {
+  check_norm_args(x, w, Tensor(), "rms_norm");
+  const int64_t C = x.size(-1), rows = rows_of(x);
+  Tensor fx = f32c(x), fw = f32c(w);
+  Tensor y = empty_f32(x.shape(), x);
+  Tensor rstd = empty_f32({rows}, x);  // (rows)
+  be(x).rms_norm_forward(fx, fw, eps, y, rstd);
+  Tensor out = as_dtype(y, x.dtype());
+  if (!wants_grad({x, w})) return out;
+  const Tensor sx = fx.detach(), sw = fw.detach();
+  const DType xd = x.dtype(), wd = w.dtype();
+  return autograd::record(out, "RMSNormBackward", {x, w}, [=](const Tensor& g) -> std::vector<Tensor> {
+    Tensor dx = empty_f32(sx.shape(), sx);
+    Tensor dw = Tensor::zeros({C}, DType::f32, sx.device());
+    be(sx).rms_norm_backward(f32c(g), sx, sw, rstd, dx, dw);
+    return {as_dtype(dx, xd), as_dtype(dw, wd)};
+  });
+}
+
+// ---- activations ----
+
+Tensor gelu(const Tensor& x) { return activation(UnaryOp::gelu, BinaryOp::gelu_backward, "gelu", x); }
+Tensor silu(const Tensor& x) { return activation(UnaryOp::silu, BinaryOp::silu_backward, "silu", x); }
+
+Tensor swiglu(const Tensor& gate, const Tensor& up) {
+  detail::check_float(gate, "swiglu");
+  detail::check_float(up, "swiglu");
+  detail::check_same_device(gate, up, "swiglu");
+  DS_CHECK(gate.shape() == up.shape(), "[swiglu] gate {} and up {} must have the same shape",
+           shape_str(gate.shape()), shape_str(up.shape()));
+  DS_CHECK(gate.dtype() == up.dtype(), "[swiglu] dtypes differ: {} and {}", dtype_name(gate.dtype()),
+           dtype_name(up.dtype()));
+  Tensor fg = f32c(gate), fu = f32c(up);
+  Tensor s = empty_f32(gate.shape(), gate);  // silu(gate)
+  be(gate).unary(UnaryOp::silu, fg, s, 0.0f);
+  Tensor y = empty_f32(gate.shape(), gate);
+  be(gate).binary(BinaryOp::mul, s, fu, y);
+  Tensor out = as_dtype(y, gate.dtype());
+  if (!wants_grad({gate, up})) return out;
+  const Tensor sg = fg.detach(), su = fu.detach();
+  const bool ng = gate.requires_grad(), nu = up.requires_grad();
+  const DType dt = gate.dtype();
+  return autograd::record(out, "SwiGLUBackward", {gate, up}, [=](const Tensor& g) -> std::vector<Tensor> {
+    Tensor gc = f32c(g);
+    Tensor dgate, dup;
+    if (ng) {  // dgate = g * up * silu'(gate)
+      Tensor gu = empty_f32(sg.shape(), sg);
+      be(sg).binary(BinaryOp::mul, gc, su, gu);
+      Tensor d = empty_f32(sg.shape(), sg);
+      be(sg).binary(BinaryOp::silu_backward, gu, sg, d);
+      dgate = as_dtype(d, dt);
+    }
+    if (nu) {  // dup = g * silu(gate), recomputed rather than saved
+      Tensor sv = empty_f32(sg.shape(), sg);
+      be(sg).unary(UnaryOp::silu, sg, sv, 0.0f);
+      Tensor d = empty_f32(sg.shape(), sg);
+      be(sg).binary(BinaryOp::mul, gc, sv, d);
+      dup = as_dtype(d, dt);
+    }
+    return {dgate, dup};
+  });
+}
+
+// ---- softmax ----
+
+Tensor softmax(const Tensor& x) {
+  detail::check_float(x, "softmax");
+  DS_CHECK(x.dim() >= 1, "[softmax] input must have at least one dim");
+  Tensor fx = f32c(x);
+  Tensor y = empty_f32(x.shape(), x);
+  be(x).softmax_forward(fx, y);
+  Tensor out = as_dtype(y, x.dtype());
+  if (!wants_grad({x})) return out;
+  const Tensor sy = y.detach();
+  const DType dt = x.dtype();
+  return autograd::record(out, "SoftmaxBackward", {x}, [sy, dt](const Tensor& g) -> std::vector<Tensor> {
+    Tensor dx = empty_f32(sy.shape(), sy);
+    be(sy).softmax_backward(sy, f32c(g), dx);
+    return {as_dtype(dx, dt)};
+  });
+}
+
+// ---- attention ----
+
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  for (const Tensor* t : {&q, &k, &v}) detail::check_float(*t, "causal_attention");
+  DS_CHECK(q.dim() == 4, "[causal_attention] q must be (B, NH, T, hd), got {}", shape_str(q.shape()));
+  DS_CHECK(k.shape() == q.shape() && v.shape() == q.shape(),
+           "[causal_attention] q, k, v shapes differ: {}, {}, {}", shape_str(q.shape()),
+           shape_str(k.shape()), shape_str(v.shape()));
+  DS_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), "[causal_attention] q, k, v dtypes differ");
+  detail::check_same_device(q, k, "causal_attention");
+  detail::check_same_device(q, v, "causal_attention");
+  const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), hd = q.size(3);
+  DS_CHECK(hd > 0, "[causal_attention] head size must be positive");
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  Tensor fq = f32c(q), fk = f32c(k), fv = f32c(v);
+  Tensor o = empty_f32(q.shape(), q);  // (B, NH, T, hd)
+  Tensor lse = empty_f32({B, NH, T}, q);
+  be(q).attention_forward(fq, fk, fv, scale, o, lse);
+  Tensor out = as_dtype(o, q.dtype());
+  if (!wants_grad({q, k, v})) return out;
+  const Tensor sq = fq.detach(), sk = fk.detach(), sv = fv.detach(), so = o.detach();
+  const DType dt = q.dtype();
+  const bool nq = q.requires_grad(), nk = k.requires_grad(), nv = v.requires_grad();
+  return autograd::record(out, "CausalAttentionBackward", {q, k, v}, [=](const Tensor& g) -> std::vector<Tensor> {
+    Tensor dq = empty_f32(sq.shape(), sq), dk = empty_f32(sq.shape(), sq), dv = empty_f32(sq.shape(), sq);
+    be(sq).attention_backward(f32c(g), sq, sk, sv, so, lse, scale, dq, dk, dv);
+    return {nq ? as_dtype(dq, dt) : Tensor(), nk ? as_dtype(dk, dt) : Tensor(), nv ? as_dtype(dv, dt) : Tensor()};
+  });
+}
+
+// ---- rotary embedding ----
+
+Tensor rope(const Tensor& x, float theta, int64_t pos0) {
+  detail::check_float(x, "rope");
+  DS_CHECK(x.dim() == 4, "[rope] x must be (B, NH, T, hd), got {}", shape_str(x.shape()));
+  DS_CHECK(x.size(3) % 2 == 0, "[rope] head size {} must be even (pairs (i, i + hd/2) rotate)", x.size(3));
+  DS_CHECK(theta > 0.0f, "[rope] theta must be positive, got {}", theta);
+  DS_CHECK(pos0 >= 0, "[rope] pos0 must be non-negative, got {}", pos0);
+  Tensor fx = f32c(x);
+  Tensor y = empty_f32(x.shape(), x);
+  be(x).rope(fx, pos0, theta, /*inverse=*/false, y);
+  Tensor out = as_dtype(y, x.dtype());
+  if (!wants_grad({x})) return out;
+  const DType dt = x.dtype();
+  // A rotation is orthogonal: its gradient is the inverse rotation of the upstream gradient.
+  return autograd::record(out, "RopeBackward", {x}, [theta, pos0, dt](const Tensor& g) -> std::vector<Tensor> {
+    Tensor gc = f32c(g);
+    Tensor dx = empty_f32(gc.shape(), gc);
+    be(gc).rope(gc, pos0, theta, /*inverse=*/true, dx);
+    return {as_dtype(dx, dt)};
+  });
+}
+
+// ---- dropout ----
+
+Tensor dropout(const Tensor& x, float p, bool training) {
+  detail::check_float(x, "dropout");
+  DS_CHECK(p >= 0.0f && p < 1.0f, "[dropout] p = {} must be in [0, 1)", p);
+  if (!training || p == 0.0f) return x;
+  // One counter stream per call; the index within it is the element's global position, with the
+  // batch offset of this rank's first sample, so the mask of a sample does not depend on which
+  // rank (or how many) processes it.
+  auto& st = rng::dropout_state();
+  const uint64_t seed = st.seed, stream = st.offset;
+  st.offset += 1;
+  const int64_t n = x.numel();
+  const int64_t per_sample = x.dim() >= 1 && x.size(0) > 0 ? n / x.size(0) : n;
+  const uint64_t base = st.sample_base * static_cast<uint64_t>(per_sample);
+  Tensor xc = x.contiguous();
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  be(x).dropout(xc, p, seed, stream, base, out);
+  if (!wants_grad({x})) return out;
+  return autograd::record(out, "DropoutBackward", {x}, [=](const Tensor& g) -> std::vector<Tensor> {
+    // Same (seed, stream, base): the mask is recomputed, not stored.
+    Tensor gc = g.contiguous();
+    Tensor dx = Tensor::empty(gc.shape(), gc.dtype(), gc.device());
+    be(gc).dropout(gc, p, seed, stream, base, dx);
+    return {dx};
+  });
+}
+
+// ---- cross-entropy ----
+
+// Mean over targets != ignore_index. When every target is ignored the loss is 0 and the gradient
+// is zero (PyTorch returns NaN there; a batch of padding should not poison training).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  detail::check_float(logits, "cross_entropy");
+  check_index(targets, "cross_entropy", "targets");
+  detail::check_same_device(logits, targets, "cross_entropy");
+  DS_CHECK(logits.dim() >= 2, "[cross_entropy] logits must be (N, V), got {}", shape_str(logits.shape()));
+  const Shape lead(logits.shape().begin(), logits.shape().end() - 1);
+  DS_CHECK(targets.shape() == lead, "[cross_entropy] targets {} do not match logits {} (expected {})",
+           shape_str(targets.shape()), shape_str(logits.shape()), shape_str(lead));
+  const int64_t V = logits.size(-1), N = shape_numel(lead);
+  DS_CHECK(V > 0, "[cross_entropy] logits have no classes");
+  Tensor tc = targets.contiguous();
+  int64_t count = 0;
+  {
+    const std::vector<int64_t> t = tc.to_int_vector();
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t v = t[static_cast<size_t>(n)];
+      if (v == ignore_index) continue;
+      DS_CHECK(v >= 0 && v < V, "[cross_entropy] target {} (at position {}) is out of range for {} classes "
+               "(ignore_index is {})", v, n, V, ignore_index);
+      ++count;
+    }
+  }
+  Tensor fl = f32c(logits);
+  Tensor losses = empty_f32({N}, logits), lse = empty_f32({N}, logits);  // (N)
+  be(logits).cross_entropy_forward(fl, tc, ignore_index, losses, lse);
+  double total = 0.0;  // fixed order, double: deterministic and exact enough for any N
+  {
+    const std::vector<float> lv = losses.to_vector();
+    for (float l : lv) total += l;
+  }
+  const float loss = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.0f;
+  Tensor out = Tensor::full({}, loss, logits.dtype(), logits.device());
+  if (!wants_grad({logits})) return out;
+  const Tensor sl = fl.detach();
+  const DType dt = logits.dtype();
+  return autograd::record(out, "CrossEntropyBackward", {logits}, [=](const Tensor& g) -> std::vector<Tensor> {
+    const float scale = count > 0 ? g.item() / static_cast<float>(count) : 0.0f;
+    Tensor d = empty_f32(sl.shape(), sl);
+    be(sl).cross_entropy_backward(sl, tc, ignore_index, lse, scale, d);
+    return {as_dtype(d, dt)};
+  });
+}
+
+}  // namespace ds::ops

@@ -1,0 +1,381 @@
+// Optimizer objects: state ownership, step counting, hyper-parameters, checkpoint state, factory.
+#include "ds/optim/optimizer.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstring>
+
+#include "ds/core/allocator.h"
+#include "optim_internal.h"
+
+namespace ds::optim {
+
+// ---- Optimizer ----------------------------------------------------------------------------------
+
+Optimizer::~Optimizer() = default;
+
+void Optimizer::BufferDeleter::operator()(float* p) const {
+  cpu_allocator().deallocate(p, static_cast<size_t>(numel) * sizeof(float));
+}
+
+void Optimizer::init_state(int64_t n) {
+  DS_CHECK(n >= 0, "[optim] {}: negative element count {}", name(), n);
+  if (n_ >= 0) {
+    DS_CHECK(n == n_,
+             "[optim] {}: state was sized for {} elements, now asked for {}; one optimizer "
+             "updates one flat range (create another optimizer for another range)",
+             name(), n_, n);
+    return;
+  }
+  n_ = n;
+  on_init_state();
+}
+
+void Optimizer::allocate_buffers(int count) {
+  while (bufs_.size() < static_cast<size_t>(count)) {
+    const size_t bytes = static_cast<size_t>(n_) * sizeof(float);
+    auto* p = static_cast<float*>(cpu_allocator().allocate(bytes));  // 64-byte aligned
+    std::unique_ptr<float[], BufferDeleter> buf(p, BufferDeleter{n_});
+    // Zero tile by tile on the threads that will update those tiles (first touch places the
+    // pages; the same static tile split is used by every step).
+    detail::for_each_tile_range(n_, [&](int64_t b, int64_t e) {
+      std::memset(p + b, 0, static_cast<size_t>(e - b) * sizeof(float));
+    });
+    bufs_.push_back(std::move(buf));
+  }
+}
+
+void Optimizer::step(float* params, const float* grads, int64_t n, float grad_scale, void* out16,
+                     DType out16_dtype) {
+  init_state(n);
+  ++step_count_;
+  try {
+    do_step(params, grads, grad_scale, out16, out16_dtype);
+  } catch (...) {
+    --step_count_;  // a rejected step (bad arguments) did not happen
+    throw;
+  }
+}
+
+void Optimizer::set_step_count(int64_t s) {
+  DS_CHECK(s >= 0, "[optim] {}: step count must be >= 0, got {}", name(), s);
+  step_count_ = s;
+}
+
+std::pair<float, float> Optimizer::betas() const {
+  DS_THROW("[optim] {} has no betas; use momentum()", name());
+}
+
+void Optimizer::set_betas(float, float) {
+  DS_THROW("[optim] {} has no betas; use set_momentum()", name());
+}
+
+void Optimizer::set_segments(std::span<const Segment>) {}
+
+std::map<std::string, double> Optimizer::scalar_state() const {
+  return {{"step", static_cast<double>(step_count_)}};
+}
+
+void Optimizer::load_scalar_state(const std::map<std::string, double>& s) {
+  for (const auto& [key, value] : s) {
+    DS_CHECK(key == "step", "[optim] {}: unknown optimizer state key '{}' in checkpoint", name(),
+             key);
+    DS_CHECK(value >= 0 && value == std::floor(value),
+             "[optim] {}: checkpoint step {} is not a non-negative integer", name(), value);
+    step_count_ = static_cast<int64_t>(value);
+  }
+}
+
+namespace {
+
+// Splits a checkpoint's scalars into the ones `known` handles (applied via set) and the rest,
+// which go to the base class (only "step" is valid there).
+template <class Set>
+std::map<std::string, double> take_known(const std::map<std::string, double>& s,
+                                         std::initializer_list<const char*> known, Set&& set) {
+  std::map<std::string, double> rest;
+  for (const auto& [key, value] : s) {
+    bool mine = false;
+    for (const char* k : known) mine = mine || key == k;
+    if (mine)
+      set(key, value);
+    else
+      rest.emplace(key, value);
+  }
+  return rest;
+}
+
+float as_float(double v) {
+  return static_cast<float>(v);
+}
+
+}  // namespace
+
+// ---- Adam ---------------------------------------------------------------------------------------
+
+Adam::Adam(const AdamConfig& c, bool force_adamw) : c_(c), named_adamw_(force_adamw) {
+  if (force_adamw) c_.adam_w_mode = true;
+  check_config(c_);
+}
+
+void Adam::set_lr(float lr) {
+  AdamConfig c = c_;
+  c.lr = lr;
+  check_config(c);
+  c_ = c;
+}
+
+void Adam::set_weight_decay(float wd) {
+  AdamConfig c = c_;
+  c.weight_decay = wd;
+  check_config(c);
+  c_ = c;
+}
+
+void Adam::set_betas(float beta1, float beta2) {
+  AdamConfig c = c_;
+  c.beta1 = beta1;
+  c.beta2 = beta2;
+  check_config(c);
+  c_ = c;
+}
+
+void Adam::do_step(float* params, const float* grads, float grad_scale, void* out16,
+                   DType out16_dtype) {
+  adam_update(params, grads, buffer(0), buffer(1), n_, step_count_, c_, grad_scale, out16,
+              out16_dtype);
+}
+
+std::vector<StateBuffer> Adam::state_buffers() {
+  if (n_ < 0) return {};
+  return {{"exp_avg", buffer(0), n_}, {"exp_avg_sq", buffer(1), n_}};
+}
+
+std::map<std::string, double> Adam::scalar_state() const {
+  auto s = Optimizer::scalar_state();
+  s["lr"] = c_.lr;
+  s["beta1"] = c_.beta1;
+  s["beta2"] = c_.beta2;
+  s["eps"] = c_.eps;
+  s["weight_decay"] = c_.weight_decay;
+  return s;
+}
+
+void Adam::load_scalar_state(const std::map<std::string, double>& s) {
+  AdamConfig c = c_;
+  auto rest = take_known(s, {"lr", "beta1", "beta2", "eps", "weight_decay"},
+                         [&](const std::string& k, double v) {
+                           if (k == "lr") c.lr = as_float(v);
+                           if (k == "beta1") c.beta1 = as_float(v);
+                           if (k == "beta2") c.beta2 = as_float(v);
+                           if (k == "eps") c.eps = as_float(v);
+                           if (k == "weight_decay") c.weight_decay = as_float(v);
+                         });
+  check_config(c);
+  Optimizer::load_scalar_state(rest);
+  c_ = c;
+}
+
+// ---- Lamb ---------------------------------------------------------------------------------------
+
+Lamb::Lamb(const LambConfig& c) : c_(c) {
+  check_config(c_);
+}
+
+void Lamb::set_lr(float lr) {
+  LambConfig c = c_;
+  c.lr = lr;
+  check_config(c);
+  c_ = c;
+}
+
+void Lamb::set_weight_decay(float wd) {
+  LambConfig c = c_;
+  c.weight_decay = wd;
+  check_config(c);
+  c_ = c;
+}
+
+void Lamb::set_betas(float beta1, float beta2) {
+  LambConfig c = c_;
+  c.beta1 = beta1;
+  c.beta2 = beta2;
+  check_config(c);
+  c_ = c;
+}
+
+void Lamb::set_segments(std::span<const Segment> segments) {
+  segments_.assign(segments.begin(), segments.end());
+}
+
+void Lamb::set_norm_reducer(std::function<void(double*, int64_t)> reducer) {
+  reducer_ = std::move(reducer);
+}
+
+void Lamb::do_step(float* params, const float* grads, float grad_scale, void* out16,
+                   DType out16_dtype) {
+  const size_t count = segments_.empty() ? 1 : segments_.size();
+  sums_.assign(2 * count, 0.0);
+  coeffs_.resize(count);
+  lamb_moments(params, grads, buffer(0), buffer(1), n_, segments_, step_count_, c_, grad_scale,
+               sums_.data(), sums_.data() + count);
+  if (reducer_) reducer_(sums_.data(), static_cast<int64_t>(sums_.size()));
+  for (size_t s = 0; s < count; ++s) coeffs_[s] = lamb_trust_ratio(sums_[s], sums_[count + s], c_);
+  lamb_apply(params, buffer(0), buffer(1), n_, segments_, step_count_, c_, coeffs_.data(), out16,
+             out16_dtype);
+}
+
+std::vector<StateBuffer> Lamb::state_buffers() {
+  if (n_ < 0) return {};
+  return {{"exp_avg", buffer(0), n_}, {"exp_avg_sq", buffer(1), n_}};
+}
+
+std::map<std::string, double> Lamb::scalar_state() const {
+  auto s = Optimizer::scalar_state();
+  s["lr"] = c_.lr;
+  s["beta1"] = c_.beta1;
+  s["beta2"] = c_.beta2;
+  s["eps"] = c_.eps;
+  s["weight_decay"] = c_.weight_decay;
+  s["max_coeff"] = c_.max_coeff;
+  s["min_coeff"] = c_.min_coeff;
+  return s;
+}
+
+void Lamb::load_scalar_state(const std::map<std::string, double>& s) {
+  LambConfig c = c_;
+  auto rest =
+      take_known(s, {"lr", "beta1", "beta2", "eps", "weight_decay", "max_coeff", "min_coeff"},
+                 [&](const std::string& k, double v) {
+                   if (k == "lr") c.lr = as_float(v);
+                   if (k == "beta1") c.beta1 = as_float(v);
+                   if (k == "beta2") c.beta2 = as_float(v);
+                   if (k == "eps") c.eps = as_float(v);
+                   if (k == "weight_decay") c.weight_decay = as_float(v);
+                   if (k == "max_coeff") c.max_coeff = as_float(v);
+                   if (k == "min_coeff") c.min_coeff = as_float(v);
+                 });
+  check_config(c);
+  Optimizer::load_scalar_state(rest);
+  c_ = c;
+}
+
+// ---- SGD ----------------------------------------------------------------------------------------
+
+Sgd::Sgd(const SgdConfig& c) : c_(c) {
+  check_config(c_);
+}
+
+void Sgd::on_init_state() {
+  if (c_.momentum != 0) allocate_buffers(1);
+}
+
+void Sgd::set_lr(float lr) {
+  SgdConfig c = c_;
+  c.lr = lr;
+  check_config(c);
+  c_ = c;
+}
+
+void Sgd::set_weight_decay(float wd) {
+  SgdConfig c = c_;
+  c.weight_decay = wd;
+  check_config(c);
+  c_ = c;
+}
+
+void Sgd::set_momentum(float m) {
+  SgdConfig c = c_;
+  c.momentum = m;
+  check_config(c);
+  c_ = c;
+  if (m != 0 && n_ >= 0) allocate_buffers(1);
+}
+
+void Sgd::do_step(float* params, const float* grads, float grad_scale, void* out16,
+                  DType out16_dtype) {
+  const bool uses_buffer = c_.momentum != 0;
+  sgd_update(params, grads, uses_buffer ? buffer(0) : nullptr, n_, !momentum_started_, c_,
+             grad_scale, out16, out16_dtype);
+  momentum_started_ = momentum_started_ || uses_buffer;
+}
+
+std::vector<StateBuffer> Sgd::state_buffers() {
+  if (n_ < 0 || !has_buffer(0)) return {};
+  return {{"momentum_buffer", buffer(0), n_}};
+}
+
+std::map<std::string, double> Sgd::scalar_state() const {
+  auto s = Optimizer::scalar_state();
+  s["lr"] = c_.lr;
+  s["momentum"] = c_.momentum;
+  s["dampening"] = c_.dampening;
+  s["weight_decay"] = c_.weight_decay;
+  s["momentum_started"] = momentum_started_ ? 1.0 : 0.0;
+  return s;
+}
+
+void Sgd::load_scalar_state(const std::map<std::string, double>& s) {
+  SgdConfig c = c_;
+  bool started = momentum_started_;
+  auto rest = take_known(s, {"lr", "momentum", "dampening", "weight_decay", "momentum_started"},
+                         [&](const std::string& k, double v) {
+                           if (k == "lr") c.lr = as_float(v);
+                           if (k == "momentum") c.momentum = as_float(v);
+                           if (k == "dampening") c.dampening = as_float(v);
+                           if (k == "weight_decay") c.weight_decay = as_float(v);
+                           if (k == "momentum_started") started = v != 0;
+                         });
+  check_config(c);
+  Optimizer::load_scalar_state(rest);
+  c_ = c;
+  momentum_started_ = started;
+  if (c_.momentum != 0 && n_ >= 0) allocate_buffers(1);
+}
+
+// ---- factory ------------------------------------------------------------------------------------
+
+std::unique_ptr<Optimizer> make_optimizer(std::string_view type, const OptimizerParams& p) {
+  std::string t(type);
+  for (char& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (t == "adam" || t == "adamw") {
+    AdamConfig c;
+    c.lr = p.lr;
+    c.beta1 = p.beta1;
+    c.beta2 = p.beta2;
+    c.eps = p.eps;
+    c.weight_decay = p.weight_decay;
+    c.bias_correction = p.bias_correction;
+    c.adam_w_mode = p.adam_w_mode;
+    return std::make_unique<Adam>(c, /*force_adamw=*/t == "adamw");
+  }
+  if (t == "lamb") {
+    LambConfig c;
+    c.lr = p.lr;
+    c.beta1 = p.beta1;
+    c.beta2 = p.beta2;
+    c.eps = p.eps;
+    c.weight_decay = p.weight_decay;
+    c.max_coeff = p.max_coeff;
+    c.min_coeff = p.min_coeff;
+    c.bias_correction = p.bias_correction;
+    c.eps_inside_sqrt = p.eps_inside_sqrt;
+    c.legacy_bias_correction = p.lamb_legacy_bias_correction;
+    return std::make_unique<Lamb>(c);
+  }
+  if (t == "sgd") {
+    SgdConfig c;
+    c.lr = p.lr;
+    c.momentum = p.momentum;
+    c.dampening = p.dampening;
+    c.weight_decay = p.weight_decay;
+    c.nesterov = p.nesterov;
+    return std::make_unique<Sgd>(c);
+  }
+  DS_THROW(
+      "[optim] optimizer type '{}' is not implemented; supported: Adam, AdamW, Lamb, SGD "
+      "(case-insensitive)",
+      type);
+}
+
+}  // namespace ds::optim

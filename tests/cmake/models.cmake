@@ -1,0 +1,5 @@
+# Layers, models, the safetensors format and parity with PyTorch (tests/fixtures/parity, written by
+# tools/gen_parity_fixture.py).
+ds_add_test(test_safetensors LABELS core SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_safetensors.cpp)
+ds_add_test(test_parity LABELS parity SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_parity.cpp)
+ds_add_test(test_nn LABELS core SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_nn.cpp)

@@ -1,0 +1,136 @@
+// Finite-difference gradient checks of the neural-network ops (src/ops/nn.cpp): every op, every
+// differentiable input.
+#include "gradcheck.h"
+
+using namespace ds;
+using ds::testing::gradcheck;
+using ds::testing::GradcheckOptions;
+using ds::testing::randn;
+using V = std::vector<Tensor>;
+
+namespace {
+Tensor leaf(const Shape& s, uint64_t seed, float scale = 1.0f) {
+  Tensor t = randn(s, seed, scale);
+  t.set_requires_grad(true);
+  return t;
+}
+// Weights near 1 so that normalised outputs are not dominated by a near-zero scale.
+Tensor leaf_near_one(const Shape& s, uint64_t seed) {
+  Tensor t = ds::testing::uniform(s, seed, 0.5f, 1.5f);
+  t.set_requires_grad(true);
+  return t;
+}
+}  // namespace
+
+TEST(GradcheckNN, LayerNorm) {
+  gradcheck([](const V& x) { return ops::layer_norm(x[0], x[1], x[2]); },
+            {leaf({2, 3, 8}, 1), leaf_near_one({8}, 2), leaf({8}, 3)});
+  // No bias.
+  gradcheck([](const V& x) { return ops::layer_norm(x[0], x[1], Tensor()); },
+            {leaf({5, 7}, 4), leaf_near_one({7}, 5)});
+}
+
+TEST(GradcheckNN, RmsNorm) {
+  gradcheck([](const V& x) { return ops::rms_norm(x[0], x[1]); }, {leaf({3, 4, 6}, 6), leaf_near_one({6}, 7)});
+}
+
+TEST(GradcheckNN, Activations) {
+  gradcheck([](const V& x) { return ops::gelu(x[0]); }, {leaf({4, 9}, 8, 2.0f)});
+  gradcheck([](const V& x) { return ops::silu(x[0]); }, {leaf({4, 9}, 9, 2.0f)});
+  gradcheck([](const V& x) { return ops::swiglu(x[0], x[1]); }, {leaf({3, 8}, 10, 2.0f), leaf({3, 8}, 11)});
+}
+
+TEST(GradcheckNN, Softmax) {
+  gradcheck([](const V& x) { return ops::softmax(x[0]); }, {leaf({3, 7}, 12, 2.0f)});
+  gradcheck([](const V& x) { return ops::softmax(x[0]); }, {leaf({2, 2, 5}, 13)});
+}
+
+TEST(GradcheckNN, CausalAttentionTwoHeads) {
+  // B=2, NH=2, T=6, hd=4: every q, k and v element checked.
+  GradcheckOptions opt;
+  opt.max_elements = 96;
+  gradcheck([](const V& x) { return ops::causal_attention(x[0], x[1], x[2]); },
+            {leaf({2, 2, 6, 4}, 14), leaf({2, 2, 6, 4}, 15), leaf({2, 2, 6, 4}, 16)}, opt);
+}
+
+TEST(GradcheckNN, CausalAttentionSeveralRowBlocks) {
+  // T=70 crosses the kernel's 64-row block boundary (a full block and a partial one), so the
+  // accumulation of dK and dV across query blocks is exercised.
+  gradcheck([](const V& x) { return ops::causal_attention(x[0], x[1], x[2]); },
+            {leaf({1, 2, 70, 3}, 17), leaf({1, 2, 70, 3}, 18), leaf({1, 2, 70, 3}, 19)});
+}
+
+TEST(GradcheckNN, CausalAttentionSingleInputNeedsGrad) {
+  Tensor q = randn({1, 2, 5, 4}, 20), k = leaf({1, 2, 5, 4}, 21), v = randn({1, 2, 5, 4}, 22);
+  gradcheck([](const V& x) { return ops::causal_attention(x[0], x[1], x[2]); }, {q, k, v});
+}
+
+TEST(GradcheckNN, Rope) {
+  gradcheck([](const V& x) { return ops::rope(x[0]); }, {leaf({1, 2, 5, 8}, 23)});
+  gradcheck([](const V& x) { return ops::rope(x[0], 500.0f, 7); }, {leaf({2, 1, 3, 6}, 24)});
+}
+
+TEST(GradcheckNN, DropoutReusesTheMaskInBackward) {
+  // Every evaluation starts from the same dropout state, so the forward mask is fixed; the
+  // analytic gradient is right only if backward recomputes exactly that mask.
+  const rng::DropoutState saved = rng::dropout_state();
+  const rng::DropoutState fixed{1234, 17, 0};
+  gradcheck(
+      [&](const V& x) {
+        rng::dropout_state() = fixed;
+        return ops::dropout(x[0], 0.3f, true);
+      },
+      {leaf({4, 16}, 25)});
+  // And directly: d(out)/d(x) is mask / (1 - p), zero exactly where the output was dropped.
+  rng::dropout_state() = fixed;
+  Tensor x = ds::testing::uniform({8, 32}, 26, 1.0f, 2.0f);  // nonzero everywhere
+  x.set_requires_grad(true);
+  Tensor y = ops::dropout(x, 0.3f, true);
+  ops::sum(y).backward();
+  const auto yv = y.to_vector(), gv = x.grad().to_vector();
+  int dropped = 0;
+  for (size_t i = 0; i < yv.size(); ++i) {
+    if (yv[i] == 0.0f) {
+      ++dropped;
+      EXPECT_EQ(gv[i], 0.0f) << i;
+    } else {
+      EXPECT_FLOAT_EQ(gv[i], 1.0f / 0.7f) << i;
+    }
+  }
+  EXPECT_GT(dropped, 0);
+  rng::dropout_state() = saved;
+}
+
+TEST(GradcheckNN, CrossEntropyWithIgnoredTargets) {
+  for (DType idt : {DType::i64, DType::i32}) {
+    Tensor targets = Tensor::from_ints({2, -100, 0, 5, -100, 1}, {6}, idt);
+    gradcheck([&](const V& x) { return ops::cross_entropy(x[0], targets); }, {leaf({6, 6}, 27, 2.0f)});
+  }
+  // A custom ignore_index and (B, T, V) logits.
+  Tensor t2 = Tensor::from_ints({3, 0, 7, 7, 1, 2}, {2, 3});
+  gradcheck([&](const V& x) { return ops::cross_entropy(x[0], t2, 7); }, {leaf({2, 3, 5}, 28)});
+}
+
+TEST(GradcheckNN, EmbeddingWithRepeatedIds) {
+  for (DType idt : {DType::i64, DType::i32}) {
+    Tensor ids = Tensor::from_ints({1, 3, 1, 0, 1, 4}, {2, 3}, idt);
+    gradcheck([&](const V& x) { return ops::embedding(x[0], ids); }, {leaf({5, 3}, 29)});
+  }
+}
+
+TEST(GradcheckNN, ComposedBlock) {
+  // A miniature pre-norm attention block wiring several of the ops together.
+  // Layer norm over C = 4 followed by two more nonlinear ops is strongly curved: at the default
+  // h = 1e-2 the central difference itself is off by ~6% at some elements, so use a smaller step.
+  GradcheckOptions opt;
+  opt.h = 3e-3f;
+  gradcheck(
+      [](const V& x) {
+        Tensor h = ops::layer_norm(x[0], x[1], x[2]);               // (B, T, C) = (1, 5, 4)
+        Tensor q = ops::reshape(h, {1, 5, 2, 2});                    // (B, T, NH, hd)
+        q = ops::contiguous(ops::transpose(q, 1, 2));                // (B, NH, T, hd)
+        Tensor a = ops::causal_attention(ops::rope(q), q, q);
+        return ops::gelu(a);
+      },
+      {leaf({1, 5, 4}, 30), leaf_near_one({4}, 31), leaf({4}, 32)}, opt);
+}
