@@ -110,7 +110,7 @@ void adam_torch_style(float* p, const float* g, float* m, float* v, float* denom
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   int64_t n = 124439808;  // GPT-2 small (124M parameters)
   int threads = 2, reps = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -189,4 +189,13 @@ int main(int argc, char** argv) {
   std::printf("BENCH adam_torch_style_passes n=%lld ms=%.2f speedup=%.2f\n",
               static_cast<long long>(n), torch_ms, torch_ms / adam_ms);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_adam: %s\n", e.what());
+    return 1;
+  }
 }
