@@ -1,0 +1,148 @@
+// ds_prepare: tokenize text files with GPT-2's tokenizer into token shards for training.
+//
+//   scripts/fetch_data.sh
+//   ds_prepare --tokenizer .cache/data/gpt2 --output data/sotu --val_from_year 2001
+//   .cache/data/sotu
+//
+// See docs/data.md for the shard format and ds/data/prepare.h for the rules.
+#include <unistd.h>
+
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include "ds/core/error.h"
+#include "ds/data/prepare.h"
+
+namespace {
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  int u = 0;
+  while (b >= 1000 && u < 4) b /= 1000, ++u;
+  return fmt::format("{:.1f} {}", b, units[u]);
+}
+
+std::string human_count(double n) {
+  if (n >= 1e9) return fmt::format("{:.2f}G", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.2f}M", n / 1e6);
+  if (n >= 1e3) return fmt::format("{:.1f}k", n / 1e3);
+  return fmt::format("{:.0f}", n);
+}
+
+// A progress bar redrawn in place on a terminal; on a pipe or file, a plain line every 10%.
+class ProgressPrinter {
+ public:
+  ProgressPrinter() : tty_(::isatty(STDERR_FILENO) == 1) {}
+
+  void operator()(const ds::data::PrepareProgress& p) {
+    const double frac = p.bytes_total ? static_cast<double>(p.bytes_done) / p.bytes_total : 1.0;
+    const double tps = p.seconds > 0 ? p.tokens / p.seconds : 0;
+    const double eta = frac > 0 ? p.seconds * (1 - frac) / frac : 0;
+    if (tty_) {
+      constexpr int kWidth = 30;
+      const int filled = static_cast<int>(frac * kWidth);
+      fmt::print(stderr, "\r[{}{}] {:5.1f}%  {}/{} files  {} tokens  {} tok/s  ETA {:.0f}s   ",
+                 std::string(filled, '#'), std::string(kWidth - filled, '.'), 100 * frac,
+                 p.files_done, p.files_total, human_count(p.tokens), human_count(tps), eta);
+      std::fflush(stderr);
+      if (p.files_done == p.files_total && !ended_) {
+        ended_ = true;
+        fmt::print(stderr, "\n");
+      }
+    } else {
+      const int decile = static_cast<int>(frac * 10);
+      if (decile > last_decile_) {
+        last_decile_ = decile;
+        fmt::print(stderr, "ds_prepare: {:3.0f}%  {}/{} files  {} tokens  {} tok/s\n", 100 * frac,
+                   p.files_done, p.files_total, human_count(p.tokens), human_count(tps));
+      }
+    }
+  }
+
+ private:
+  bool tty_;
+  bool ended_ = false;
+  int last_decile_ = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ds::data::PrepareOptions o;
+  CLI::App app{
+      "Tokenize text files with the GPT-2 tokenizer into token shards (train/val) plus a "
+      "meta.json.\nEach file is one document, preceded by <|endoftext|>. Files are taken in "
+      "sorted path order.\nExample:\n  ds_prepare --tokenizer .cache/data/gpt2 --output "
+      "data/sotu --val_from_year 2001 .cache/data/sotu",
+      "ds_prepare"};
+  std::vector<std::string> inputs;
+  std::string tokenizer, output;
+  double val_fraction = 0.1;
+  int val_from_year = 0;
+  bool quiet = false;
+  app.add_option("inputs", inputs, "Text files or folders (searched recursively)")->required();
+  app.add_option("--tokenizer", tokenizer,
+                 "Folder holding encoder.json and vocab.bpe (scripts/fetch_data.sh puts them in "
+                 ".cache/data/gpt2)")
+      ->required();
+  app.add_option("--output", output, "Output folder for the shards and meta.json")->required();
+  auto* frac_opt = app.add_option("--val_fraction", val_fraction,
+                                  "Last fraction of files (in path order) used for validation; "
+                                  "the default rule when no other is given")
+                       ->capture_default_str()
+                       ->check(CLI::Range(0.0, 1.0));
+  auto* year_opt = app.add_option("--val_from_year", val_from_year,
+                                  "Files whose name starts with a year >= this go to validation "
+                                  "(SOTU: 2001)");
+  auto* glob_opt =
+      app.add_option("--val_files", o.val_files,
+                     "Glob (on file name or relative path) selecting validation files");
+  frac_opt->excludes(year_opt)->excludes(glob_opt);
+  year_opt->excludes(glob_opt);
+  app.add_option("--shard_tokens", o.shard_tokens,
+                 "Split each split into files of at most this many tokens (0: one file per split)")
+      ->capture_default_str();
+  app.add_option("--threads", o.threads, "Tokenizer threads (0: all hardware threads)")
+      ->capture_default_str();
+  app.add_option("--ext", o.extension, "In folders, take only files ending so ('' for all)")
+      ->capture_default_str();
+  app.add_flag("--split_on_eot", o.split_on_eot,
+               "Treat the literal text <|endoftext|> inside files as a document separator");
+  app.add_flag("-q,--quiet", quiet, "No progress output");
+  CLI11_PARSE(app, argc, argv);
+
+  for (const auto& in : inputs) o.inputs.emplace_back(in);
+  o.tokenizer_dir = tokenizer;
+  o.output_dir = output;
+  if (frac_opt->count()) o.val_fraction = val_fraction;
+  if (year_opt->count()) o.val_from_year = val_from_year;
+  ProgressPrinter printer;
+  if (!quiet) o.on_progress = [&](const ds::data::PrepareProgress& p) { printer(p); };
+
+  try {
+    const ds::data::PrepareReport r = ds::data::prepare_corpus(o);
+    const double tps = r.seconds > 0 ? (r.train.tokens + r.val.tokens) / r.seconds : 0;
+    fmt::print("ds_prepare: split rule: {}\n", r.split_rule);
+    for (const auto& [name, s] : {std::pair{"train", &r.train}, std::pair{"val", &r.val}}) {
+      if (s->tokens == 0) {
+        fmt::print("ds_prepare: {:5}: empty (no files)\n", name);
+        continue;
+      }
+      fmt::print("ds_prepare: {:5}: {} tokens, {} documents, {} source files -> {}\n", name,
+                 s->tokens, s->documents, s->source_files, fmt::join(s->files, ", "));
+    }
+    fmt::print("ds_prepare: {} in {:.2f}s on {} threads: {} tokens/s ({}/s)\n",
+               human_bytes(r.bytes), r.seconds, r.threads, human_count(tps),
+               human_bytes(r.seconds > 0 ? r.bytes / r.seconds : 0));
+    fmt::print("ds_prepare: wrote {}\n", r.meta.string());
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "ds_prepare: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
