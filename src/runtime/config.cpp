@@ -1,0 +1,922 @@
+// DeepSpeed config: the sections and their keys (§1), the batch rules (§2), the cross-section
+// checks, and the effective-config report. The order of steps is in parse_root().
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+
+#include "config_internal.h"
+#include "ds/core/error.h"
+#include "ds/runtime/config.h"
+
+namespace ds::runtime {
+
+using detail::above;
+using detail::any_value;
+using detail::at_least;
+using detail::between;
+using detail::json;
+using detail::ParseState;
+using detail::Range;
+using detail::Section;
+
+std::string_view origin_name(Origin o) {
+  switch (o) {
+    case Origin::Default:
+      return "default";
+    case Origin::File:
+      return "file";
+    case Origin::Auto:
+      return "auto";
+    case Origin::Derived:
+      return "derived";
+  }
+  return "?";
+}
+
+namespace {
+
+struct OptimizerName {
+  OptimizerType type;
+  const char* name;
+};
+constexpr OptimizerName kOptimizers[] = {
+    {OptimizerType::Adam, "Adam"},
+    {OptimizerType::AdamW, "AdamW"},
+    {OptimizerType::Lamb, "Lamb"},
+    {OptimizerType::SGD, "SGD"},
+    {OptimizerType::Adagrad, "Adagrad"},
+    {OptimizerType::Lion, "Lion"},
+    {OptimizerType::OneBitAdam, "OneBitAdam"},
+    {OptimizerType::ZeroOneAdam, "ZeroOneAdam"},
+    {OptimizerType::OneBitLamb, "OneBitLamb"},
+    {OptimizerType::MuAdam, "MuAdam"},
+    {OptimizerType::MuAdamW, "MuAdamW"},
+    {OptimizerType::MuSGD, "MuSGD"},
+};
+
+struct SchedulerName {
+  SchedulerType type;
+  const char* name;
+};
+constexpr SchedulerName kSchedulers[] = {
+    {SchedulerType::WarmupLR, "WarmupLR"},
+    {SchedulerType::WarmupDecayLR, "WarmupDecayLR"},
+    {SchedulerType::WarmupCosineLR, "WarmupCosineLR"},
+    {SchedulerType::OneCycle, "OneCycle"},
+    {SchedulerType::LRRangeTest, "LRRangeTest"},
+};
+
+const std::vector<std::string> kDTypeNames = {"fp32", "fp16", "bf16"};
+
+ds::DType dtype_of(const std::string& s) {
+  return s == "fp16" ? ds::DType::f16 : s == "bf16" ? ds::DType::bf16 : ds::DType::f32;
+}
+
+const char* dtype_label(ds::DType t) {
+  return t == ds::DType::f16 ? "fp16" : t == ds::DType::bf16 ? "bf16" : "fp32";
+}
+
+// ---- sections -------------------------------------------------------------------------------
+
+void read_fp16(Section s, FP16Config& c) {
+  c.enabled = s.boolean("enabled", false);
+  c.loss_scale = s.number("loss_scale", 0.0, at_least(0));
+  c.initial_scale_power = static_cast<int>(s.integer("initial_scale_power", 16, between(0, 64)));
+  c.loss_scale_window = s.integer("loss_scale_window", 1000, at_least(1));
+  // Any count beyond 2^31 never runs out in practice; clamp rather than refuse.
+  c.hysteresis = static_cast<int>(
+      std::min<int64_t>(s.integer("hysteresis", 2, at_least(1)), std::numeric_limits<int>::max()));
+  c.consecutive_hysteresis = s.boolean("consecutive_hysteresis", false);
+  c.min_loss_scale = s.number("min_loss_scale", 1.0, above(0));
+  c.auto_cast = s.boolean("auto_cast", false);
+  s.todo("auto_cast", "fp16 autocast of the model's inputs");
+  c.fp16_master_weights_and_grads = s.boolean("fp16_master_weights_and_grads", false);
+  s.todo("fp16_master_weights_and_grads", "fp16 master weights and gradients");
+  s.finish();
+}
+
+void read_bf16(Section s, BF16Config& c) {
+  c.enabled = s.boolean("enabled", false);
+  c.immediate_grad_update = s.boolean("immediate_grad_update", true);
+  s.todo("immediate_grad_update", "deferred bf16 gradient updates");
+  s.finish();
+}
+
+void read_optimizer(Section s, OptimizerConfig& c, ParseState& st) {
+  if (!s.present()) {
+    s.declare("type");
+    return;
+  }
+  std::vector<std::string> names;
+  for (auto& o : kOptimizers) names.emplace_back(o.name);
+  auto type = s.opt_choice("type", names, /*ci=*/true);
+  DS_CHECK(type.has_value(),
+           "[config] optimizer.type is missing in {}: give one of Adam, AdamW, Lamb, SGD, Adagrad, "
+           "Lion (or remove the optimizer section to let the program choose)",
+           st.source);
+  for (auto& o : kOptimizers)
+    if (*type == o.name) c.type = o.type;
+  c.legacy_fusion = s.boolean("legacy_fusion", false);
+  s.todo("legacy_fusion", "legacy optimizer fusion");
+
+  Section p = s.child("params");
+  if (const json* mg = p.raw_value("max_grad_norm"))
+    DS_THROW(
+        "[config] optimizer.params.max_grad_norm = {} is not allowed in {}: DeepSpeed clips "
+        "gradients itself; use the top-level \"gradient_clipping\": {} instead",
+        detail::json_show(*mg), st.source, detail::json_show(*mg));
+
+  const Range any = any_value();
+  const Range beta = between(0, 1);
+  const Range nonneg = at_least(0);
+  auto adam_like = [&] {
+    c.lr = p.number("lr", 1e-3, nonneg);
+    c.betas = p.number_pair("betas", {0.9, 0.999}, beta);
+    c.eps = p.number("eps", 1e-8, nonneg);
+    c.weight_decay = p.number("weight_decay", 0.0, nonneg);
+    c.bias_correction = p.boolean("bias_correction", true);
+  };
+  auto no_amsgrad = [&] {
+    if (p.boolean("amsgrad", false))
+      DS_THROW(
+          "[config] optimizer.params.amsgrad = true is not supported in {} (DeepSpeed's fused "
+          "and CPU optimizers refuse it too): remove it",
+          st.source);
+  };
+  auto one_bit_extras = [&](std::initializer_list<const char*> keys) {
+    c.cuda_aware = p.boolean("cuda_aware", false);
+    c.comm_backend_name = p.string("comm_backend_name", "nccl");
+    for (const char* k : keys) {
+      json v = p.any(k, nullptr);
+      if (!v.is_null()) c.extra_params[k] = v;
+    }
+  };
+  switch (c.type) {
+    case OptimizerType::Adam:
+    case OptimizerType::AdamW:
+    case OptimizerType::OneBitAdam:
+    case OptimizerType::ZeroOneAdam:
+    case OptimizerType::MuAdam:
+    case OptimizerType::MuAdamW: {
+      adam_like();
+      const bool adamw = c.type == OptimizerType::AdamW || c.type == OptimizerType::MuAdamW;
+      c.adam_w_mode = p.boolean("adam_w_mode", true);
+      if (adamw && !c.adam_w_mode) {
+        st.warn(
+            fmt::format("[config] optimizer.params.adam_w_mode = false is ignored for type {} "
+                        "(AdamW always decouples weight decay; use \"type\": \"Adam\" with "
+                        "\"adam_w_mode\": false for L2 regularisation)",
+                        *type));
+        c.adam_w_mode = true;
+      }
+      c.torch_adam = p.boolean("torch_adam", false);
+      c.fp32_optimizer_states = p.boolean("fp32_optimizer_states", true);
+      p.boolean("set_grad_none", true);  // a PyTorch memory knob; meaningless here
+      no_amsgrad();
+      if (c.type == OptimizerType::OneBitAdam) {
+        c.freeze_step = p.integer("freeze_step", 100000, nonneg);
+        one_bit_extras({});
+      } else if (c.type == OptimizerType::ZeroOneAdam) {
+        one_bit_extras(
+            {"var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper"});
+      }
+      break;
+    }
+    case OptimizerType::Lamb:
+    case OptimizerType::OneBitLamb:
+      adam_like();
+      c.max_coeff = p.number("max_coeff", 10.0, nonneg);
+      c.min_coeff = p.number("min_coeff", 0.01, nonneg);
+      p.boolean("eps_inside_sqrt", false);
+      p.todo("eps_inside_sqrt", "Lamb's eps inside the square root");
+      no_amsgrad();
+      if (c.type == OptimizerType::OneBitLamb) {
+        c.freeze_step = p.integer("freeze_step", 100000, nonneg);
+        one_bit_extras({"coeff_beta", "factor_max", "factor_min", "factor_threshold"});
+      }
+      break;
+    case OptimizerType::SGD:
+    case OptimizerType::MuSGD:
+      c.lr = p.number("lr", 1e-3, nonneg);
+      c.momentum = p.number("momentum", 0.0, nonneg);
+      c.dampening = p.number("dampening", 0.0, any);
+      c.weight_decay = p.number("weight_decay", 0.0, nonneg);
+      c.nesterov = p.boolean("nesterov", false);
+      if (c.nesterov && (c.momentum <= 0 || c.dampening != 0))
+        DS_THROW(
+            "[config] optimizer.params.nesterov = true needs momentum > 0 and dampening 0 in "
+            "{} (got momentum {}, dampening {})",
+            st.source, c.momentum, c.dampening);
+      break;
+    case OptimizerType::Adagrad:
+      c.lr = p.number("lr", 1e-2, nonneg);
+      c.eps = p.number("eps", 1e-10, nonneg);
+      c.weight_decay = p.number("weight_decay", 0.0, nonneg);
+      c.lr_decay = p.number("lr_decay", 0.0, nonneg);
+      c.initial_accumulator_value = p.number("initial_accumulator_value", 0.0, nonneg);
+      c.fp32_optimizer_states = p.boolean("fp32_optimizer_states", true);
+      no_amsgrad();
+      break;
+    case OptimizerType::Lion:
+      c.lr = p.number("lr", 1e-3, nonneg);
+      c.betas = p.number_pair("betas", {0.9, 0.999}, beta);
+      c.weight_decay = p.number("weight_decay", 0.0, nonneg);
+      c.fp32_optimizer_states = p.boolean("fp32_optimizer_states", true);
+      p.boolean("set_grad_none", true);
+      break;
+    case OptimizerType::None:
+      break;
+  }
+  switch (c.type) {
+    case OptimizerType::OneBitAdam:
+    case OptimizerType::ZeroOneAdam:
+    case OptimizerType::OneBitLamb:
+      st.warn(
+          fmt::format("[config] optimizer.type = \"{}\": 1-bit compressed communication is not "
+                      "implemented in deepspeed.cpp yet; the type is accepted and its "
+                      "compression settings are ignored",
+                      *type));
+      break;
+    case OptimizerType::MuAdam:
+    case OptimizerType::MuAdamW:
+    case OptimizerType::MuSGD:
+      st.warn(
+          fmt::format("[config] optimizer.type = \"{}\": muP scaling is not implemented in "
+                      "deepspeed.cpp yet; the type is accepted and the muP width scaling "
+                      "ignored",
+                      *type));
+      break;
+    default:
+      break;
+  }
+  p.finish();
+  s.finish();
+}
+
+// Shared by WarmupLR and WarmupDecayLR.
+template <class P>
+void read_warmup(Section& p, P& w) {
+  w.warmup_min_lr = p.number("warmup_min_lr", 0.0, at_least(0));
+  w.warmup_max_lr = p.number("warmup_max_lr", 1e-3, at_least(0));
+  w.warmup_num_steps = p.integer("warmup_num_steps", 1000, at_least(0));
+  w.warmup_type = p.choice("warmup_type", "log", {"log", "linear"}) == "log" ? WarmupType::Log
+                                                                             : WarmupType::Linear;
+}
+
+int64_t required_steps(Section& p, const char* key, const char* type, ParseState& st) {
+  auto v = p.opt_integer(key, at_least(1));
+  DS_CHECK(v.has_value(), "[config] scheduler.params.{} is required for {} in {}", key, type,
+           st.source);
+  return *v;
+}
+
+void read_scheduler(Section s, SchedulerConfig& c, const OptimizerConfig& opt, ParseState& st) {
+  if (!s.present()) {
+    s.declare("type");
+    return;
+  }
+  std::vector<std::string> names;
+  for (auto& n : kSchedulers) names.emplace_back(n.name);
+  auto type = s.opt_choice("type", names, /*ci=*/true);
+  DS_CHECK(type.has_value(), "[config] scheduler.type is missing in {}: give one of {}", st.source,
+           fmt::join(names, ", "));
+  for (auto& n : kSchedulers)
+    if (*type == n.name) c.type = n.type;
+  Section p = s.child("params");
+  c.last_batch_iteration = p.integer("last_batch_iteration", -1, at_least(-1));
+  switch (c.type) {
+    case SchedulerType::WarmupLR: {
+      WarmupLRParams w;
+      read_warmup(p, w);
+      c.params = w;
+      break;
+    }
+    case SchedulerType::WarmupDecayLR: {
+      WarmupDecayLRParams w;
+      w.total_num_steps = required_steps(p, "total_num_steps", "WarmupDecayLR", st);
+      read_warmup(p, w);
+      if (w.total_num_steps < std::max<int64_t>(2, w.warmup_num_steps))
+        st.warn(
+            fmt::format("[config] scheduler.params.total_num_steps {} is less than "
+                        "warmup_num_steps {}: the lr decays to 0 right after warm-up",
+                        w.total_num_steps, w.warmup_num_steps));
+      c.params = w;
+      break;
+    }
+    case SchedulerType::WarmupCosineLR: {
+      WarmupCosineLRParams w;
+      w.total_num_steps = required_steps(p, "total_num_steps", "WarmupCosineLR", st);
+      w.warmup_min_ratio = p.number("warmup_min_ratio", 0.0, between(0, 1));
+      w.warmup_num_steps = p.integer("warmup_num_steps", 1000, at_least(0));
+      w.cos_min_ratio = p.number("cos_min_ratio", 1e-4, between(0, 1));
+      w.warmup_type = p.choice("warmup_type", "log", {"log", "linear"}) == "log"
+                          ? WarmupType::Log
+                          : WarmupType::Linear;
+      if (w.total_num_steps < std::max<int64_t>(2, w.warmup_num_steps))
+        st.warn(
+            fmt::format("[config] scheduler.params.total_num_steps {} is less than "
+                        "warmup_num_steps {}: the lr holds cos_min_ratio right after warm-up",
+                        w.total_num_steps, w.warmup_num_steps));
+      c.params = w;
+      break;
+    }
+    case SchedulerType::OneCycle: {
+      OneCycleParams o;
+      auto min_lr = p.opt_number("cycle_min_lr", at_least(0));
+      auto max_lr = p.opt_number("cycle_max_lr", at_least(0));
+      DS_CHECK(min_lr && max_lr,
+               "[config] scheduler.params.cycle_min_lr and cycle_max_lr are required for OneCycle "
+               "in {}",
+               st.source);
+      o.cycle_min_lr = *min_lr;
+      o.cycle_max_lr = *max_lr;
+      o.decay_lr_rate = p.number("decay_lr_rate", 0.0, at_least(0));
+      o.cycle_first_step_size = p.integer("cycle_first_step_size", 2000, at_least(1));
+      auto second = p.opt_integer("cycle_second_step_size", at_least(1));
+      o.cycle_second_step_size = second.value_or(o.cycle_first_step_size);
+      if (!second)
+        st.update("scheduler.params.cycle_second_step_size", o.cycle_second_step_size,
+                  Origin::Derived, "= cycle_first_step_size");
+      o.cycle_first_stair_count = p.integer("cycle_first_stair_count", 0, at_least(0));
+      o.cycle_second_stair_count = p.opt_integer("cycle_second_stair_count", at_least(0))
+                                       .value_or(o.cycle_first_stair_count);
+      o.decay_step_size = p.integer("decay_step_size", 0, at_least(0));
+      o.cycle_momentum = p.boolean("cycle_momentum", true);
+      o.cycle_min_mom = p.number("cycle_min_mom", 0.8, between(0, 1));
+      o.cycle_max_mom = p.number("cycle_max_mom", 0.9, between(0, 1));
+      o.decay_mom_rate = p.number("decay_mom_rate", 0.0, any_value());
+      if (o.cycle_momentum &&
+          (opt.type == OptimizerType::SGD || opt.type == OptimizerType::Adagrad ||
+           opt.type == OptimizerType::MuSGD)) {
+        st.warn(
+            fmt::format("[config] scheduler.params.cycle_momentum is disabled: optimizer {} "
+                        "has no betas",
+                        optimizer_type_name(opt.type)));
+        o.cycle_momentum = false;
+        st.update("scheduler.params.cycle_momentum", false, Origin::Derived,
+                  "optimizer has no betas");
+      }
+      c.params = o;
+      break;
+    }
+    case SchedulerType::LRRangeTest: {
+      LRRangeTestParams r;
+      r.lr_range_test_min_lr = p.number("lr_range_test_min_lr", 1e-3, at_least(0));
+      r.lr_range_test_step_size = p.integer("lr_range_test_step_size", 2000, at_least(1));
+      r.lr_range_test_step_rate = p.number("lr_range_test_step_rate", 1.0, at_least(0));
+      r.lr_range_test_staircase = p.boolean("lr_range_test_staircase", false);
+      c.params = r;
+      break;
+    }
+    case SchedulerType::None:
+      break;
+  }
+  p.finish();
+  s.finish();
+}
+
+OffloadDevice read_device(Section& s) {
+  auto d = s.choice("device", "none", {"none", "cpu", "nvme"});
+  return d == "cpu" ? OffloadDevice::CPU : d == "nvme" ? OffloadDevice::NVMe : OffloadDevice::None;
+}
+
+void read_zero(Section s, ZeroConfig& z, ParseState& st) {
+  const Range nonneg = at_least(0);
+  z.stage = static_cast<int>(s.integer("stage", 0, between(0, 3)));
+  z.contiguous_gradients = s.boolean("contiguous_gradients", true);
+  z.reduce_scatter = s.boolean("reduce_scatter", true);
+  z.reduce_bucket_size = s.integer("reduce_bucket_size", 500000000, nonneg);
+  z.use_multi_rank_bucket_allreduce = s.boolean("use_multi_rank_bucket_allreduce", true);
+  z.allgather_partitions = s.boolean("allgather_partitions", true);
+  z.allgather_bucket_size = s.integer("allgather_bucket_size", 500000000, nonneg);
+  auto overlap = s.opt_boolean("overlap_comm");
+  z.overlap_comm = overlap.value_or(z.stage == 3);
+  if (!overlap)
+    st.update("zero_optimization.overlap_comm", z.overlap_comm, Origin::Default,
+              "true for stage 3, false otherwise");
+  z.load_from_fp32_weights = s.boolean("load_from_fp32_weights", true);
+  z.elastic_checkpoint = s.boolean("elastic_checkpoint", false);
+  s.todo("elastic_checkpoint", "elastic checkpoints");
+
+  {
+    Section o = s.child("offload_optimizer");
+    auto& c = z.offload_optimizer;
+    c.device = read_device(o);
+    c.nvme_path = o.opt_string("nvme_path").value_or("");
+    c.buffer_count = o.integer("buffer_count", 4, nonneg);
+    c.pin_memory = o.boolean("pin_memory", false);
+    c.pipeline_read = o.boolean("pipeline_read", false);
+    o.todo("pipeline_read", "pipelined NVMe reads");
+    c.pipeline_write = o.boolean("pipeline_write", false);
+    o.todo("pipeline_write", "pipelined NVMe writes");
+    c.fast_init = o.boolean("fast_init", false);
+    o.todo("fast_init", "fast NVMe optimizer initialisation");
+    c.ratio = o.number("ratio", 1.0, between(0, 1));
+    o.todo("ratio", "partial optimizer offload");
+    o.finish();
+  }
+  {
+    Section o = s.child("offload_param");
+    auto& c = z.offload_param;
+    c.device = read_device(o);
+    c.nvme_path = o.opt_string("nvme_path").value_or("");
+    c.buffer_count = o.integer("buffer_count", 5, nonneg);
+    c.buffer_size = o.integer("buffer_size", 100000000, nonneg);
+    c.max_in_cpu = o.integer("max_in_cpu", 1000000000, nonneg);
+    c.pin_memory = o.boolean("pin_memory", false);
+    o.finish();
+  }
+  z.sub_group_size = s.integer("sub_group_size", 1000000000, nonneg);
+  z.stage3_prefetch_bucket_size = s.integer("stage3_prefetch_bucket_size", 50000000, nonneg);
+  z.stage3_param_persistence_threshold =
+      s.integer("stage3_param_persistence_threshold", 100000, nonneg);
+  z.stage3_model_persistence_threshold =
+      s.integer("stage3_model_persistence_threshold", INT64_MAX, nonneg);
+  s.todo("stage3_model_persistence_threshold", "a model-wide persistence budget");
+  z.stage3_max_live_parameters = s.integer("stage3_max_live_parameters", 1000000000, nonneg);
+  z.stage3_max_reuse_distance = s.integer("stage3_max_reuse_distance", 1000000000, nonneg);
+  z.stage3_gather_16bit_weights_on_model_save =
+      s.boolean("stage3_gather_16bit_weights_on_model_save", false);
+  z.stage3_module_granularity_threshold =
+      s.integer("stage3_module_granularity_threshold", 0, nonneg);
+  s.todo("stage3_module_granularity_threshold", "module-granularity prefetch grouping");
+  z.stage3_use_all_reduce_for_fetch_params =
+      s.boolean("stage3_use_all_reduce_for_fetch_params", false);
+  s.todo("stage3_use_all_reduce_for_fetch_params", "all-reduce based parameter fetching");
+  z.ignore_unused_parameters = s.boolean("ignore_unused_parameters", true);
+  z.legacy_stage1 = s.boolean("legacy_stage1", false);
+  s.todo("legacy_stage1", "the legacy stage-1 implementation");
+  z.round_robin_gradients = s.boolean("round_robin_gradients", false);
+  s.todo("round_robin_gradients", "round-robin gradient partitioning");
+  z.zero_hpz_partition_size = s.integer("zero_hpz_partition_size", 1, nonneg);
+  s.todo("zero_hpz_partition_size", "ZeRO++ hierarchical partitioning (hpZ)");
+  z.zero_quantized_weights = s.boolean("zero_quantized_weights", false);
+  s.todo("zero_quantized_weights", "ZeRO++ quantized weights (qwZ)");
+  z.zero_quantized_nontrainable_weights = s.boolean("zero_quantized_nontrainable_weights", false);
+  s.todo("zero_quantized_nontrainable_weights", "ZeRO++ quantized non-trainable weights");
+  z.zero_quantized_gradients = s.boolean("zero_quantized_gradients", false);
+  s.todo("zero_quantized_gradients", "ZeRO++ quantized gradients (qgZ)");
+  z.zeropp_loco_param = s.any("zeropp_loco_param", nullptr);
+  s.todo("zeropp_loco_param", "ZeRO++ LoCo error feedback");
+  z.mics_shard_size = s.integer("mics_shard_size", -1, at_least(-1));
+  s.todo("mics_shard_size", "MiCS sharding");
+  z.mics_hierarchical_params_gather = s.boolean("mics_hierarchical_params_gather", false);
+  s.todo("mics_hierarchical_params_gather", "MiCS hierarchical gathering");
+  z.memory_efficient_linear = s.boolean("memory_efficient_linear", true);
+  s.todo("memory_efficient_linear", "a PyTorch-specific linear-layer hook");
+  z.pipeline_loading_checkpoint = s.boolean("pipeline_loading_checkpoint", false);
+  s.todo("pipeline_loading_checkpoint", "pipelined checkpoint loading");
+  z.override_module_apply = s.boolean("override_module_apply", true);
+  s.todo("override_module_apply", "a PyTorch-specific module.apply override");
+  z.log_trace_cache_warnings = s.boolean("log_trace_cache_warnings", false);
+  s.todo("log_trace_cache_warnings", "PyTorch trace-cache warnings");
+  // Names that normalisation already mapped; offered in "did you mean" for typos of them.
+  s.add_aliases({"cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory",
+                 "stage3_gather_fp16_weights_on_model_save", "prefetch_bucket_size",
+                 "param_persistence_threshold", "model_persistence_threshold",
+                 "max_live_parameters", "max_reuse_distance", "gather_16bit_weights_on_model_save",
+                 "module_granularity_threshold", "use_all_reduce_for_fetch_params"});
+  s.finish();
+}
+
+void read_aio(Section s, AioConfig& a) {
+  a.block_size = s.integer("block_size", 1048576, at_least(1));
+  a.queue_depth = s.integer("queue_depth", 8, at_least(1));
+  a.intra_op_parallelism = s.integer("intra_op_parallelism", 1, at_least(1));
+  a.single_submit = s.boolean("single_submit", false);
+  a.overlap_events = s.boolean("overlap_events", true);
+  a.use_gds = s.boolean("use_gds", false);
+  s.todo("use_gds", "GPUDirect Storage");
+  s.add_aliases({"thread_count"});
+  s.finish();
+}
+
+void read_activation_checkpointing(Section s, ActivationCheckpointingConfig& a) {
+  a.partition_activations = s.boolean("partition_activations", false);
+  s.todo("partition_activations", "partitioning checkpointed activations across ranks");
+  a.cpu_checkpointing = s.boolean("cpu_checkpointing", false);
+  s.todo("cpu_checkpointing", "offloading checkpointed activations to CPU memory");
+  a.contiguous_memory_optimization = s.boolean("contiguous_memory_optimization", false);
+  s.todo("contiguous_memory_optimization", "contiguous checkpoint buffers");
+  a.number_checkpoints = s.opt_integer("number_checkpoints", at_least(1));
+  a.synchronize_checkpoint_boundary = s.boolean("synchronize_checkpoint_boundary", false);
+  a.profile = s.boolean("profile", false);
+  s.todo("profile", "activation checkpointing profiling");
+  s.finish();
+}
+
+void read_checkpoint(Section s, CheckpointConfig& c) {
+  auto mode = s.choice("tag_validation", "Warn", {"Warn", "Ignore", "Fail"}, /*ci=*/true);
+  c.tag_validation = mode == "Fail"     ? TagValidation::Fail
+                     : mode == "Ignore" ? TagValidation::Ignore
+                                        : TagValidation::Warn;
+  c.load_universal = s.boolean("load_universal", false);
+  c.use_node_local_storage = s.boolean("use_node_local_storage", false);
+  s.todo("use_node_local_storage", "node-local checkpoint storage");
+  Section pw = s.child("parallel_write");
+  c.parallel_write_pipeline_stage = pw.boolean("pipeline_stage", false);
+  pw.todo("pipeline_stage", "pipeline-parallel checkpoint writing");
+  pw.finish();
+  s.finish();
+}
+
+void read_file_monitor(Section s, FileMonitorConfig& m, const char* todo_what) {
+  m.enabled = s.boolean("enabled", false);
+  if (todo_what) s.todo("enabled", todo_what);
+  m.output_path = s.string("output_path", "");
+  m.job_name = s.string("job_name", "DeepSpeedJobName");
+  s.finish();
+}
+
+void read_wandb(Section s, WandbConfig& w) {
+  w.enabled = s.boolean("enabled", false);
+  s.todo("enabled", "Weights & Biases logging");
+  w.group = s.opt_string("group");
+  w.team = s.opt_string("team");
+  w.project = s.string("project", "deepspeed");
+  s.finish();
+}
+
+void read_comet(Section s, CometConfig& c) {
+  c.enabled = s.boolean("enabled", false);
+  s.todo("enabled", "Comet logging");
+  c.samples_log_interval = s.integer("samples_log_interval", 100, at_least(1));
+  c.project = s.opt_string("project");
+  c.workspace = s.opt_string("workspace");
+  c.api_key = s.opt_string("api_key");
+  c.experiment_name = s.opt_string("experiment_name");
+  c.experiment_key = s.opt_string("experiment_key");
+  c.online = s.opt_boolean("online");
+  c.mode = s.opt_string("mode");
+  s.finish();
+}
+
+void read_flops_profiler(Section s, FlopsProfilerConfig& f) {
+  f.enabled = s.boolean("enabled", false);
+  s.todo("enabled", "the flops profiler");
+  f.recompute_fwd_factor = s.number("recompute_fwd_factor", 0.0, at_least(0));
+  f.profile_step = s.integer("profile_step", 1, at_least(1));
+  f.module_depth = s.integer("module_depth", -1, at_least(-1));
+  f.top_modules = s.integer("top_modules", 1, at_least(0));
+  f.detailed = s.boolean("detailed", true);
+  f.output_file = s.opt_string("output_file");
+  s.finish();
+}
+
+void read_comms_logger(Section s, CommsLoggerConfig& c) {
+  c.enabled = s.boolean("enabled", false);
+  c.verbose = s.boolean("verbose", false);
+  c.prof_all = s.boolean("prof_all", true);
+  c.prof_ops = s.string_list("prof_ops");
+  c.debug = s.boolean("debug", false);
+  s.finish();
+}
+
+// DeepSpeed sections this project does not model key by key: accepted verbatim, with a warning
+// when the section would do something (present, non-empty and not "enabled": false).
+struct OpaqueSection {
+  const char* key;
+  const char* what;
+};
+constexpr OpaqueSection kOpaqueSections[] = {
+    {"amp", "NVIDIA Apex AMP (use fp16 or bf16)"},
+    {"sparse_attention", "sparse attention"},
+    {"elasticity", "elastic training"},
+    {"autotuning", "the autotuner"},
+    {"compression_training", "compression training"},
+    {"data_efficiency", "data efficiency (curriculum learning, random-LTD)"},
+    {"curriculum_learning", "legacy curriculum learning"},
+    {"pipeline", "pipeline parallelism"},
+    {"nebula", "Nebula checkpointing"},
+    {"weight_quantization", "weight quantization"},
+    {"compile", "torch.compile integration"},
+    {"timers", "DeepSpeed's throughput timers"},
+    {"tensor_parallel", "tensor parallelism"},
+    {"hybrid_engine", "the RLHF hybrid engine"},
+    {"eigenvalue", "eigenvalue computation"},
+    {"progressive_layer_drop", "progressive layer drop"},
+    {"quantize_training", "quantization-aware training"},
+};
+
+bool section_active(const json& v) {
+  if (v.is_null()) return false;
+  if (v.is_boolean()) return v.get<bool>();
+  if (!v.is_object()) return true;
+  if (v.empty()) return false;
+  auto e = v.find("enabled");
+  return !(e != v.end() && e->is_boolean() && !e->get<bool>());
+}
+
+void report_unknown(const ParseState& st) {
+  if (st.unknown.empty()) return;
+  std::vector<std::pair<std::string, std::string>> lines;  // (path, hint)
+  for (const auto& u : st.unknown) {
+    const std::string path = u.section.empty() ? u.key : u.section + "." + u.key;
+    std::vector<std::string> candidates = u.candidates;
+    candidates.insert(candidates.end(), u.aliases.begin(), u.aliases.end());
+    std::string hint;
+    if (auto near = detail::nearest_key(u.key, candidates)) {
+      hint = fmt::format("did you mean '{}'?", u.section.empty() ? *near : u.section + "." + *near);
+    } else {
+      // A valid key in the wrong section ("hysteresis" at the top level) is a common slip.
+      for (const auto& e : st.effective) {
+        auto dot = e.path.rfind('.');
+        std::string leaf = dot == std::string::npos ? e.path : e.path.substr(dot + 1);
+        if (leaf == u.key && e.path != path) {
+          hint = fmt::format("did you mean '{}'? ('{}' belongs there)", e.path, u.key);
+          break;
+        }
+      }
+      if (hint.empty()) {
+        std::vector<std::string> valid = u.candidates;
+        std::sort(valid.begin(), valid.end());
+        hint = fmt::format("valid keys {} are {}",
+                           u.section.empty() ? "at the top level" : "in " + u.section,
+                           fmt::join(valid, ", "));
+      }
+    }
+    lines.emplace_back(path, hint);
+  }
+  if (lines.size() == 1)
+    DS_THROW("[config] unknown key '{}' in {}: {}", lines[0].first, st.source, lines[0].second);
+  std::string all;
+  for (const auto& [path, hint] : lines) all += fmt::format("\n  unknown key '{}': {}", path, hint);
+  DS_THROW("[config] {} unknown keys in {}:{}", lines.size(), st.source, all);
+}
+
+// §2: derive the missing batch values, then check positivity and the invariant.
+void derive_batch(std::optional<int64_t> tb, std::optional<int64_t> mb, std::optional<int64_t> gas,
+                  int n, BatchConfig& b, ParseState& st) {
+  std::vector<std::string> given;
+  if (tb) given.push_back(fmt::format("train_batch_size={}", *tb));
+  if (mb) given.push_back(fmt::format("train_micro_batch_size_per_gpu={}", *mb));
+  if (gas) given.push_back(fmt::format("gradient_accumulation_steps={}", *gas));
+  std::string given_text = given.empty() ? "none" : fmt::format("{}", fmt::join(given, ", "));
+  if (!st.auto_dropped.empty())
+    given_text +=
+        fmt::format("; \"auto\" with no trainer value: {}", fmt::join(st.auto_dropped, ", "));
+
+  std::vector<std::string> derived;
+  auto derive = [&](const char* key, int64_t v, std::string how) {
+    derived.push_back(fmt::format("{}={} ({})", key, v, how));
+    st.update(key, v, Origin::Derived, how);
+  };
+  if (tb && mb && gas) {
+  } else if (tb && mb) {
+    gas = *tb / *mb / n;
+    derive("gradient_accumulation_steps", *gas, fmt::format("= {} // {} // {} ranks", *tb, *mb, n));
+  } else if (tb && gas) {
+    mb = *tb / n / *gas;
+    derive("train_micro_batch_size_per_gpu", *mb,
+           fmt::format("= {} // {} ranks // {}", *tb, n, *gas));
+  } else if (mb && gas) {
+    tb = *mb * *gas * n;
+    derive("train_batch_size", *tb, fmt::format("= {} * {} * {} ranks", *mb, *gas, n));
+  } else if (tb) {
+    gas = 1;
+    derive("gradient_accumulation_steps", 1, "= 1 when only train_batch_size is given");
+    mb = *tb / n;
+    derive("train_micro_batch_size_per_gpu", *mb, fmt::format("= {} // {} ranks", *tb, n));
+  } else if (mb) {
+    gas = 1;
+    derive("gradient_accumulation_steps", 1,
+           "= 1 when only train_micro_batch_size_per_gpu is given");
+    tb = *mb * n;
+    derive("train_batch_size", *tb, fmt::format("= {} * {} ranks", *mb, n));
+  } else {
+    DS_THROW(
+        "[config] Either train_batch_size or train_micro_batch_size_per_gpu needs to be "
+        "provided (in {}; given: {}; world size {})",
+        st.source, given_text, n);
+  }
+  const std::string context =
+      fmt::format("given: {}{}; world size N={} data-parallel ranks", given_text,
+                  derived.empty() ? "" : fmt::format("; derived: {}", fmt::join(derived, ", ")), n);
+  DS_CHECK(*tb > 0, "[config] Train batch size: {} has to be greater than 0 ({}; {})", *tb,
+           st.source, context);
+  DS_CHECK(*mb > 0, "[config] Micro batch size per gpu: {} has to be greater than 0 ({}; {})", *mb,
+           st.source, context);
+  DS_CHECK(*gas > 0, "[config] Gradient accumulation steps: {} has to be greater than 0 ({}; {})",
+           *gas, st.source, context);
+  DS_CHECK(*tb == *mb * *gas * n,
+           "[config] Check batch related parameters. train_batch_size is not equal to "
+           "micro_batch_per_gpu * gradient_acc_step * world_size {} != {} * {} * {} ({}; {})",
+           *tb, *mb, *gas, n, st.source, context);
+  b.train_batch_size = *tb;
+  b.train_micro_batch_size_per_gpu = *mb;
+  b.gradient_accumulation_steps = *gas;
+  b.world_size = n;
+}
+
+void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
+  DS_CHECK(!(cfg.fp16.enabled && cfg.bf16.enabled),
+           "[config] fp16.enabled and bf16.enabled are both true in {}: bfloat16 and fp16 modes "
+           "cannot be simultaneously enabled; keep one",
+           st.source);
+
+  if (cfg.fp16.enabled && cfg.fp16.dynamic() &&
+      cfg.fp16.min_loss_scale > std::ldexp(1.0, cfg.fp16.initial_scale_power))
+    DS_THROW(
+        "[config] fp16.min_loss_scale = {} is larger than the initial scale 2^{} in {}: lower "
+        "min_loss_scale or raise initial_scale_power",
+        cfg.fp16.min_loss_scale, cfg.fp16.initial_scale_power, st.source);
+
+  auto& z = cfg.zero_optimization;
+  const auto t = cfg.optimizer.type;
+  if (z.stage > 0 && t != OptimizerType::None && t != OptimizerType::Adam &&
+      t != OptimizerType::AdamW && t != OptimizerType::Adagrad && t != OptimizerType::Lion &&
+      !cfg.zero_allow_untested_optimizer)
+    DS_THROW(
+        "[config] optimizer {} is not supported with ZeRO (stage {}) in {}: ZeRO supports "
+        "Adam, AdamW, Adagrad and Lion; set \"zero_allow_untested_optimizer\": true to run it "
+        "anyway",
+        optimizer_type_name(t), z.stage, st.source);
+
+  if (z.offload_optimizer.ratio < 1.0 && z.stage != 3)
+    DS_THROW(
+        "[config] zero_optimization.offload_optimizer.ratio = {} needs stage 3 (stage is {}) "
+        "in {}: partial offloading is only supported for ZeRO stage 3",
+        z.offload_optimizer.ratio, z.stage, st.source);
+  for (auto [name, dev, path] :
+       {std::tuple{"offload_optimizer", z.offload_optimizer.device, &z.offload_optimizer.nvme_path},
+        std::tuple{"offload_param", z.offload_param.device, &z.offload_param.nvme_path}}) {
+    if (dev != OffloadDevice::NVMe) continue;
+    DS_CHECK(!path->empty(),
+             "[config] zero_optimization.{}.nvme_path is required when device is \"nvme\" in {}",
+             name, st.source);
+    st.warn(
+        fmt::format("[config] zero_optimization.{}.device = \"nvme\": NVMe offload "
+                    "(ZeRO-Infinity) is not implemented in deepspeed.cpp yet; the key is "
+                    "accepted and ignored",
+                    name));
+  }
+  if (z.offload_optimizer.device != OffloadDevice::None && z.stage == 0)
+    st.warn("[config] zero_optimization.offload_optimizer has no effect at stage 0");
+  if (z.offload_param.device != OffloadDevice::None && z.stage != 3)
+    st.warn(
+        fmt::format("[config] zero_optimization.offload_param has no effect below stage 3 "
+                    "(stage is {})",
+                    z.stage));
+}
+
+}  // namespace
+
+std::string_view optimizer_type_name(OptimizerType t) {
+  if (t == OptimizerType::None) return "none";
+  for (auto& o : kOptimizers)
+    if (o.type == t) return o.name;
+  return "?";
+}
+
+std::string_view scheduler_type_name(SchedulerType t) {
+  if (t == SchedulerType::None) return "none";
+  for (auto& s : kSchedulers)
+    if (s.type == t) return s.name;
+  return "?";
+}
+
+std::string_view offload_device_name(OffloadDevice d) {
+  return d == OffloadDevice::CPU ? "cpu" : d == OffloadDevice::NVMe ? "nvme" : "none";
+}
+
+const ConfigValue* DeepSpeedConfig::find(std::string_view path) const {
+  for (const auto& e : effective)
+    if (e.path == path) return &e;
+  return nullptr;
+}
+
+DeepSpeedConfig parse_config_json(const nlohmann::json& input, const ConfigContext& ctx) {
+  ParseState st;
+  st.source = ctx.source_name.empty() ? "<json>" : ctx.source_name;
+  DS_CHECK(input.is_object(), "[config] {}: a DeepSpeed config must be a JSON object, got {}",
+           st.source, detail::json_kind(input));
+  DS_CHECK(ctx.world_size >= 1, "[config] world size must be >= 1, got {}", ctx.world_size);
+  json root = input;  // the rewrites below must not touch the caller's object
+
+  detail::normalize_deprecated(root, st);
+  detail::resolve_auto(root, ctx, st);
+
+  DeepSpeedConfig cfg;
+  cfg.source = st.source;
+  Section top(st, &root, "");
+
+  auto tb = top.opt_integer("train_batch_size", at_least(1));
+  auto mb = top.opt_integer("train_micro_batch_size_per_gpu", at_least(1));
+  auto gas = top.opt_integer("gradient_accumulation_steps", at_least(1));
+
+  cfg.steps_per_print = top.integer("steps_per_print", 10, at_least(1));
+  cfg.wall_clock_breakdown = top.boolean("wall_clock_breakdown", false);
+  cfg.gradient_clipping = top.number("gradient_clipping", 0.0, at_least(0));
+  cfg.prescale_gradients = top.boolean("prescale_gradients", false);
+  cfg.gradient_predivide_factor = top.number("gradient_predivide_factor", 1.0, above(0));
+  auto comm = top.opt_choice("communication_data_type", kDTypeNames);
+  cfg.zero_allow_untested_optimizer = top.boolean("zero_allow_untested_optimizer", false);
+  cfg.zero_force_ds_cpu_optimizer = top.boolean("zero_force_ds_cpu_optimizer", true);
+  cfg.memory_breakdown = top.boolean("memory_breakdown", false);
+  cfg.dump_state = top.boolean("dump_state", false);
+
+  read_fp16(top.child("fp16"), cfg.fp16);
+  read_bf16(top.child("bf16"), cfg.bf16);
+  top.add_aliases({"bfloat16"});
+  {
+    Section dt = top.child("data_types");
+    auto acc = dt.opt_choice("grad_accum_dtype", kDTypeNames);
+    if (acc) cfg.data_types.grad_accum_dtype = dtype_of(*acc);
+    dt.finish();
+  }
+  read_optimizer(top.child("optimizer"), cfg.optimizer, st);
+  read_scheduler(top.child("scheduler"), cfg.scheduler, cfg.optimizer, st);
+  read_zero(top.child("zero_optimization"), cfg.zero_optimization, st);
+  read_aio(top.child("aio"), cfg.aio);
+  read_activation_checkpointing(top.child("activation_checkpointing"),
+                                cfg.activation_checkpointing);
+  read_checkpoint(top.child("checkpoint"), cfg.checkpoint);
+  read_file_monitor(top.child("tensorboard"), cfg.tensorboard, "TensorBoard logging");
+  read_file_monitor(top.child("csv_monitor"), cfg.csv_monitor, nullptr);
+  read_wandb(top.child("wandb"), cfg.wandb);
+  read_comet(top.child("comet"), cfg.comet);
+  read_flops_profiler(top.child("flops_profiler"), cfg.flops_profiler);
+  read_comms_logger(top.child("comms_logger"), cfg.comms_logger);
+
+  // Top-level switches of DeepSpeed features this project does not implement.
+  top.boolean("sparse_gradients", false);
+  top.todo("sparse_gradients", "sparse embedding gradients");
+  top.boolean("disable_allgather", false);
+  top.todo("disable_allgather", "disabling the parameter all-gather");
+  top.opt_integer("vocabulary_size", at_least(1));
+  top.boolean("dataloader_drop_last", false);
+  top.todo("dataloader_drop_last", "DeepSpeed's data loader");
+  top.boolean("graph_harvesting", false);
+  top.todo("graph_harvesting", "CUDA graph harvesting");
+  top.choice("seq_parallel_communication_data_type", "fp32", kDTypeNames);
+  top.todo("seq_parallel_communication_data_type", "sequence parallelism");
+  top.boolean("use_data_before_expert_parallelism", false);
+  top.todo("use_data_before_expert_parallelism", "expert parallelism");
+  top.declare("allgather_size");  // old form only; not a value of ours, so not in the report
+  if (top.raw_value("allgather_size"))
+    st.warn(
+        "[config] allgather_size only applies to the old \"zero_optimization\": true form; "
+        "use zero_optimization.allgather_bucket_size");
+  for (const auto& o : kOpaqueSections) {
+    top.declare(o.key);
+    const json* v = top.raw_value(o.key);
+    if (!v) continue;  // absent: nothing to report, the section is simply off
+    st.record(o.key, *v, Origin::File, "accepted verbatim, not interpreted");
+    if (section_active(*v))
+      st.warn(
+          fmt::format("[config] {}: {} is not implemented in deepspeed.cpp yet; the section "
+                      "is accepted and ignored",
+                      o.key, o.what));
+  }
+  top.finish();
+  report_unknown(st);
+
+  derive_batch(tb, mb, gas, ctx.world_size, cfg.batch, st);
+
+  cfg.communication_data_type = comm ? dtype_of(*comm) : cfg.training_dtype();
+  if (!comm)
+    st.update("communication_data_type", dtype_label(cfg.communication_data_type), Origin::Derived,
+              "the training dtype");
+  cross_checks(cfg, st);
+
+  cfg.warnings = std::move(st.warnings);
+  cfg.effective = std::move(st.effective);
+  return cfg;
+}
+
+DeepSpeedConfig parse_config(const std::string& path_or_json, const ConfigContext& ctx) {
+  std::string source;
+  json root = load_config_json(path_or_json, &source);
+  ConfigContext c = ctx;
+  if (source != "<json string>" || c.source_name.empty()) c.source_name = source;
+  return parse_config_json(root, c);
+}
+
+std::string format_effective_config(const DeepSpeedConfig& cfg) {
+  size_t path_w = 0, value_w = 0;
+  std::vector<std::string> values;
+  values.reserve(cfg.effective.size());
+  for (const auto& e : cfg.effective) {
+    values.push_back(detail::json_show(e.value));
+    path_w = std::max(path_w, e.path.size());
+    value_w = std::max(value_w, values.back().size());
+  }
+  path_w = std::min<size_t>(path_w, 60);
+  value_w = std::min<size_t>(value_w, 24);
+  std::string out =
+      fmt::format("DeepSpeed config {} (world size {}):\n", cfg.source, cfg.batch.world_size);
+  out += fmt::format("  {:<{}}  {:<{}}  {}\n", "key", path_w, "value", value_w, "origin");
+  for (size_t i = 0; i < cfg.effective.size(); ++i) {
+    const auto& e = cfg.effective[i];
+    out += fmt::format("  {:<{}}  {:<{}}  {}{}\n", e.path, path_w, values[i], value_w,
+                       origin_name(e.origin), e.note.empty() ? "" : " (" + e.note + ")");
+  }
+  return out;
+}
+
+void print_config_warnings(const DeepSpeedConfig& cfg, std::FILE* out) {
+  for (const auto& w : cfg.warnings) std::fprintf(out, "%s\n", w.c_str());
+}
+
+}  // namespace ds::runtime

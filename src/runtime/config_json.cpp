@@ -1,0 +1,251 @@
+// Lenient JSON loading for DeepSpeed configs (comments, trailing commas) and the small text helpers
+// the parser's messages need (edit distance, value display).
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "config_internal.h"
+#include "ds/core/error.h"
+
+namespace ds::runtime {
+
+using detail::json;
+
+std::string strip_trailing_commas(std::string_view text) {
+  // A small scanner that knows strings (with escapes) and both comment forms, so a comma inside
+  // either is never touched. A comma is dropped when the next significant character closes an
+  // object or array.
+  std::string out;
+  out.reserve(text.size());
+  const size_t n = text.size();
+  auto skip_blank_and_comments = [&](size_t j) {
+    while (j < n) {
+      if (std::isspace(static_cast<unsigned char>(text[j]))) {
+        ++j;
+      } else if (text[j] == '/' && j + 1 < n && text[j + 1] == '/') {
+        while (j < n && text[j] != '\n') ++j;
+      } else if (text[j] == '/' && j + 1 < n && text[j + 1] == '*') {
+        size_t end = text.find("*/", j + 2);
+        j = end == std::string_view::npos ? n : end + 2;
+      } else {
+        break;
+      }
+    }
+    return j;
+  };
+  size_t i = 0;
+  while (i < n) {
+    char c = text[i];
+    if (c == '"') {
+      size_t j = i + 1;
+      while (j < n && text[j] != '"') j += (text[j] == '\\') ? 2 : 1;
+      j = std::min(j + 1, n);
+      out.append(text.substr(i, j - i));
+      i = j;
+    } else if (c == '/' && i + 1 < n && (text[i + 1] == '/' || text[i + 1] == '*')) {
+      size_t j = text[i + 1] == '/' ? text.find('\n', i) : text.find("*/", i + 2);
+      j = j == std::string_view::npos ? n : (text[i + 1] == '/' ? j : j + 2);
+      out.append(text.substr(i, j - i));
+      i = j;
+    } else if (c == ',') {
+      size_t j = skip_blank_and_comments(i + 1);
+      if (j < n && (text[j] == '}' || text[j] == ']')) {
+        out.push_back(' ');  // keep byte offsets so syntax-error columns stay right
+      } else {
+        out.push_back(',');
+      }
+      ++i;
+    } else {
+      out.push_back(c);
+      ++i;
+    }
+  }
+  return out;
+}
+
+namespace {
+
+bool looks_like_json_text(const std::string& s) {
+  for (char c : s) {
+    if (std::isspace(static_cast<unsigned char>(c))) continue;
+    return c == '{';
+  }
+  return false;
+}
+
+// Line and column (1-based) of a byte offset, for syntax errors.
+std::pair<size_t, size_t> line_col(std::string_view text, size_t offset) {
+  size_t line = 1, col = 1;
+  for (size_t i = 0; i < offset && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return {line, col};
+}
+
+}  // namespace
+
+json load_config_json(const std::string& path_or_json, std::string* source) {
+  std::string text;
+  std::string name;
+  if (looks_like_json_text(path_or_json)) {
+    text = path_or_json;
+    name = "<json string>";
+  } else {
+    name = path_or_json;
+    std::error_code ec;
+    DS_CHECK(
+        std::filesystem::is_regular_file(path_or_json, ec),
+        "[config] cannot read DeepSpeed config '{}': no such file (a config given inline must be "
+        "a JSON object starting with '{{')",
+        path_or_json);
+    std::ifstream in(path_or_json, std::ios::binary);
+    DS_CHECK(in.good(), "[config] cannot open DeepSpeed config '{}' for reading", path_or_json);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  if (source) *source = name;
+  std::string cleaned = strip_trailing_commas(text);
+  // DeepSpeed refuses a key given twice in one object; nlohmann would silently keep the last.
+  // The callback tracks, per open object, its keys so far and the key being read (for the path).
+  struct Level {
+    std::vector<std::string> keys;
+    std::string current;
+  };
+  std::vector<Level> objects;
+  auto reject_duplicates = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) {
+      objects.emplace_back();
+    } else if (event == json::parse_event_t::object_end) {
+      if (!objects.empty()) objects.pop_back();
+    } else if (event == json::parse_event_t::key && !objects.empty()) {
+      auto key = parsed.get<std::string>();
+      auto& level = objects.back();
+      if (std::find(level.keys.begin(), level.keys.end(), key) != level.keys.end()) {
+        std::string path;
+        for (size_t i = 0; i + 1 < objects.size(); ++i) path += objects[i].current + ".";
+        DS_THROW("[config] {}: key '{}' appears twice in the same object; keep one", name,
+                 path + key);
+      }
+      level.keys.push_back(key);
+      level.current = key;
+    }
+    return true;
+  };
+  json root;
+  try {
+    root = json::parse(cleaned, reject_duplicates, /*allow_exceptions=*/true,
+                       /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    auto [line, col] = line_col(cleaned, e.byte > 0 ? e.byte - 1 : 0);
+    std::string what = e.what();
+    // nlohmann's message starts with "[json.exception.parse_error.101] parse error at ...": keep
+    // the part that explains the problem.
+    auto pos = what.find("syntax error");
+    if (pos != std::string::npos) what = what.substr(pos);
+    DS_THROW("[config] {}: invalid JSON at line {}, column {}: {}", name, line, col, what);
+  }
+  DS_CHECK(root.is_object(), "[config] {}: a DeepSpeed config must be a JSON object, got {}", name,
+           detail::json_kind(root));
+  return root;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  // Optimal string alignment: insertions, deletions, substitutions and adjacent transpositions.
+  const size_t n = a.size(), m = b.size();
+  std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
+  for (size_t i = 0; i <= n; ++i) d[i][0] = i;
+  for (size_t j = 0; j <= m; ++j) d[0][j] = j;
+  for (size_t i = 1; i <= n; ++i) {
+    for (size_t j = 1; j <= m; ++j) {
+      size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[n][m];
+}
+
+namespace detail {
+
+std::optional<std::string> nearest_key(std::string_view key,
+                                       const std::vector<std::string>& candidates) {
+  auto lower = [](std::string_view s) {
+    std::string r(s);
+    for (auto& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return r;
+  };
+  const std::string k = lower(key);
+  std::optional<std::string> best;
+  size_t best_d = SIZE_MAX;
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(k, lower(c));
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  // A typo changes a few characters; longer keys tolerate more. Anything further is noise.
+  const size_t limit = std::max<size_t>(2, k.size() / 4);
+  if (best && best_d <= limit) return best;
+  return std::nullopt;
+}
+
+std::string json_kind(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+      return "an integer";
+    case json::value_t::number_float:
+      return "a number";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    default:
+      return "a value";
+  }
+}
+
+std::string json_show(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+bool Range::contains(double v) const {
+  if (std::isnan(v)) return false;
+  if (lo_open ? !(v > lo) : !(v >= lo)) return false;
+  if (hi_open ? !(v < hi) : !(v <= hi)) return false;
+  return true;
+}
+
+std::string Range::describe(bool integer) const {
+  const char* what = integer ? "an integer" : "a number";
+  auto num = [](double x) { return fmt::format("{}", x); };
+  const bool has_lo = std::isfinite(lo), has_hi = std::isfinite(hi);
+  if (has_lo && has_hi)
+    return fmt::format("{} in {}{}, {}{}", what, lo_open ? "(" : "[", num(lo), num(hi),
+                       hi_open ? ")" : "]");
+  if (has_lo) return fmt::format("{} {} {}", what, lo_open ? ">" : ">=", num(lo));
+  if (has_hi) return fmt::format("{} {} {}", what, hi_open ? "<" : "<=", num(hi));
+  return what;
+}
+
+}  // namespace detail
+}  // namespace ds::runtime

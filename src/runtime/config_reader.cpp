@@ -1,0 +1,348 @@
+// The Section reader: per-key validation with messages that name the JSON path, the value and what
+// is allowed, and the bookkeeping behind the effective-config report.
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+#include "config_internal.h"
+#include "ds/core/error.h"
+
+namespace ds::runtime::detail {
+
+void ParseState::record(const std::string& path, json value, Origin origin, std::string note) {
+  if (note.empty()) note = note_for(path);
+  auto it = index.find(path);
+  if (it != index.end()) {
+    effective[it->second] = ConfigValue{path, std::move(value), origin, std::move(note)};
+    return;
+  }
+  index.emplace(path, effective.size());
+  effective.push_back(ConfigValue{path, std::move(value), origin, std::move(note)});
+}
+
+void ParseState::update(const std::string& path, json value, Origin origin, std::string note) {
+  record(path, std::move(value), origin, std::move(note));
+}
+
+std::string ParseState::note_for(const std::string& path) const {
+  // The longest recorded prefix wins: a note on "bf16" covers "bf16.enabled".
+  std::string p = path;
+  while (true) {
+    auto it = notes.find(p);
+    if (it != notes.end()) return it->second;
+    auto dot = p.rfind('.');
+    if (dot == std::string::npos) return {};
+    p.resize(dot);
+  }
+}
+
+void ParseState::warn(std::string message) {
+  if (std::find(warnings.begin(), warnings.end(), message) == warnings.end())
+    warnings.push_back(std::move(message));
+}
+
+Section::Section(ParseState& st, const json* obj, std::string path)
+    : st_(st), obj_(obj), path_(std::move(path)) {}
+
+std::string Section::key_path(std::string_view key) const {
+  return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
+}
+
+bool Section::has(std::string_view key) const {
+  return obj_ && obj_->contains(key);
+}
+
+const json* Section::raw_value(std::string_view key) const {
+  if (!obj_) return nullptr;
+  auto it = obj_->find(key);
+  return it == obj_->end() ? nullptr : &*it;
+}
+
+const json* Section::lookup(std::string_view key) {
+  declare(key);
+  return raw_value(key);
+}
+
+void Section::declare(std::string_view key) {
+  if (std::find(known_.begin(), known_.end(), key) == known_.end()) known_.emplace_back(key);
+}
+
+void Section::add_aliases(std::initializer_list<std::string_view> names) {
+  for (auto n : names) aliases_.emplace_back(n);
+}
+
+void Section::type_error(std::string_view key, const json& v, std::string_view expected) const {
+  DS_THROW("[config] {}: expected {}, got {} ({}) in {}", key_path(key), expected, json_show(v),
+           json_kind(v), st_.source);
+}
+
+void Section::range_error(std::string_view key, const json& v, std::string_view allowed) const {
+  DS_THROW("[config] {} = {} is not allowed in {}: allowed is {}", key_path(key), json_show(v),
+           st_.source, allowed);
+}
+
+void Section::reject_auto(std::string_view key, const json& v) const {
+  if (!(v.is_string() && v.get<std::string>() == "auto")) return;
+  const std::string p = key_path(key);
+  auto hint = st_.auto_hints.find(p);
+  if (hint != st_.auto_hints.end())
+    DS_THROW("[config] {} is \"auto\" in {} but nothing resolved it: {}", p, st_.source,
+             hint->second);
+  DS_THROW(
+      "[config] {} is \"auto\" in {}, but deepspeed.cpp has no source for this key: write "
+      "a value",
+      p, st_.source);
+}
+
+void Section::record(std::string_view key, const json* given, json effective, json def) {
+  const std::string p = key_path(key);
+  defaults_[std::string(key)] = std::move(def);
+  Origin origin = Origin::Default;
+  if (given) origin = st_.auto_filled.count(p) ? Origin::Auto : Origin::File;
+  st_.record(p, std::move(effective), origin);
+}
+
+std::optional<int64_t> Section::as_integer(std::string_view key, const json& v,
+                                           const Range& r) const {
+  reject_auto(key, v);
+  int64_t out = 0;
+  if (v.is_number_unsigned()) {
+    auto u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX)) range_error(key, v, r.describe(true));
+    out = static_cast<int64_t>(u);
+  } else if (v.is_number_integer()) {
+    out = v.get<int64_t>();
+  } else if (v.is_number_float()) {
+    // DeepSpeed configs commonly write sizes as 5e8: accept floats with an integral value.
+    double d = v.get<double>();
+    if (!std::isfinite(d) || std::floor(d) != d || std::fabs(d) > 9.2e18)
+      type_error(key, v, r.describe(true));
+    out = static_cast<int64_t>(d);
+  } else {
+    type_error(key, v, r.describe(true));
+  }
+  if (!r.contains(static_cast<double>(out))) range_error(key, v, r.describe(true));
+  return out;
+}
+
+double Section::as_number(std::string_view key, const json& v, const Range& r) const {
+  reject_auto(key, v);
+  if (!v.is_number()) type_error(key, v, r.describe(false));
+  double d = v.get<double>();
+  if (!r.contains(d)) range_error(key, v, r.describe(false));
+  return d;
+}
+
+bool Section::boolean(std::string_view key, bool def) {
+  auto v = opt_boolean(key);
+  defaults_[std::string(key)] = def;
+  if (!v) st_.record(key_path(key), def, Origin::Default);
+  return v.value_or(def);
+}
+
+std::optional<bool> Section::opt_boolean(std::string_view key) {
+  const json* v = lookup(key);
+  if (!v || v->is_null()) {
+    defaults_[std::string(key)] = nullptr;
+    st_.record(key_path(key), nullptr, v ? Origin::File : Origin::Default);
+    return std::nullopt;
+  }
+  reject_auto(key, *v);
+  if (!v->is_boolean()) type_error(key, *v, "true or false");
+  record(key, v, *v, nullptr);
+  return v->get<bool>();
+}
+
+int64_t Section::integer(std::string_view key, int64_t def, Range r) {
+  auto v = opt_integer(key, r);
+  defaults_[std::string(key)] = def;
+  if (!v) st_.record(key_path(key), def, Origin::Default);
+  return v.value_or(def);
+}
+
+std::optional<int64_t> Section::opt_integer(std::string_view key, Range r) {
+  const json* v = lookup(key);
+  if (!v || v->is_null()) {
+    defaults_[std::string(key)] = nullptr;
+    st_.record(key_path(key), nullptr, v ? Origin::File : Origin::Default);
+    return std::nullopt;
+  }
+  auto out = as_integer(key, *v, r);
+  record(key, v, *out, nullptr);
+  return out;
+}
+
+double Section::number(std::string_view key, double def, Range r) {
+  auto v = opt_number(key, r);
+  defaults_[std::string(key)] = def;
+  if (!v) st_.record(key_path(key), def, Origin::Default);
+  return v.value_or(def);
+}
+
+std::optional<double> Section::opt_number(std::string_view key, Range r) {
+  const json* v = lookup(key);
+  if (!v || v->is_null()) {
+    defaults_[std::string(key)] = nullptr;
+    st_.record(key_path(key), nullptr, v ? Origin::File : Origin::Default);
+    return std::nullopt;
+  }
+  double d = as_number(key, *v, r);
+  record(key, v, d, nullptr);
+  return d;
+}
+
+std::string Section::string(std::string_view key, std::string def) {
+  auto v = opt_string(key);
+  defaults_[std::string(key)] = def;
+  if (!v) st_.record(key_path(key), def, Origin::Default);
+  return v.value_or(def);
+}
+
+std::optional<std::string> Section::opt_string(std::string_view key) {
+  const json* v = lookup(key);
+  if (!v || v->is_null()) {
+    defaults_[std::string(key)] = nullptr;
+    st_.record(key_path(key), nullptr, v ? Origin::File : Origin::Default);
+    return std::nullopt;
+  }
+  reject_auto(key, *v);
+  if (!v->is_string()) type_error(key, *v, "a string");
+  record(key, v, *v, nullptr);
+  return v->get<std::string>();
+}
+
+namespace {
+bool iequal(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+std::string quoted_list(const std::vector<std::string>& xs) {
+  std::string out;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (i) out += i + 1 == xs.size() ? " or " : ", ";
+    out += "\"" + xs[i] + "\"";
+  }
+  return out;
+}
+}  // namespace
+
+std::optional<std::string> Section::opt_choice(std::string_view key,
+                                               const std::vector<std::string>& allowed, bool ci) {
+  const json* v = lookup(key);
+  if (!v || v->is_null()) {
+    defaults_[std::string(key)] = nullptr;
+    st_.record(key_path(key), nullptr, v ? Origin::File : Origin::Default);
+    return std::nullopt;
+  }
+  reject_auto(key, *v);
+  if (!v->is_string()) type_error(key, *v, "one of " + quoted_list(allowed));
+  const auto s = v->get<std::string>();
+  for (const auto& a : allowed) {
+    if (ci ? iequal(a, s) : a == s) {
+      record(key, v, a, nullptr);
+      return a;
+    }
+  }
+  std::string hint;
+  if (auto near = nearest_key(s, allowed)) hint = fmt::format(" (did you mean \"{}\"?)", *near);
+  DS_THROW("[config] {} = {} is not allowed in {}: allowed is one of {}{}", key_path(key),
+           json_show(*v), st_.source, quoted_list(allowed), hint);
+}
+
+std::string Section::choice(std::string_view key, const std::string& def,
+                            const std::vector<std::string>& allowed, bool ci) {
+  auto v = opt_choice(key, allowed, ci);
+  defaults_[std::string(key)] = def;
+  if (!v) st_.record(key_path(key), def, Origin::Default);
+  return v.value_or(def);
+}
+
+std::array<double, 2> Section::number_pair(std::string_view key, std::array<double, 2> def,
+                                           Range r) {
+  const json* v = lookup(key);
+  defaults_[std::string(key)] = json::array({def[0], def[1]});
+  if (!v || v->is_null()) {
+    st_.record(key_path(key), json::array({def[0], def[1]}), Origin::Default);
+    return def;
+  }
+  reject_auto(key, *v);
+  const std::string expected = "a list of two numbers, each " + r.describe(false);
+  if (!v->is_array() || v->size() != 2) type_error(key, *v, expected);
+  std::array<double, 2> out{};
+  for (size_t i = 0; i < 2; ++i) {
+    const json& e = (*v)[i];
+    reject_auto(key, e);
+    if (!e.is_number()) type_error(key, *v, expected);
+    out[i] = e.get<double>();
+    if (!r.contains(out[i])) range_error(key, *v, expected);
+  }
+  record(key, v, json::array({out[0], out[1]}), json::array({def[0], def[1]}));
+  return out;
+}
+
+std::vector<std::string> Section::string_list(std::string_view key) {
+  const json* v = lookup(key);
+  defaults_[std::string(key)] = json::array();
+  if (!v || v->is_null()) {
+    st_.record(key_path(key), json::array(), Origin::Default);
+    return {};
+  }
+  reject_auto(key, *v);
+  if (!v->is_array()) type_error(key, *v, "a list of strings");
+  std::vector<std::string> out;
+  for (const auto& e : *v) {
+    if (!e.is_string()) type_error(key, *v, "a list of strings");
+    out.push_back(e.get<std::string>());
+  }
+  record(key, v, *v, json::array());
+  return out;
+}
+
+json Section::any(std::string_view key, json def) {
+  const json* v = lookup(key);
+  defaults_[std::string(key)] = def;
+  if (!v) {
+    st_.record(key_path(key), def, Origin::Default);
+    return def;
+  }
+  reject_auto(key, *v);
+  record(key, v, *v, def);
+  return *v;
+}
+
+Section Section::child(std::string_view key) {
+  const json* v = lookup(key);
+  if (v && v->is_null()) v = nullptr;
+  if (v) {
+    reject_auto(key, *v);
+    if (!v->is_object()) type_error(key, *v, "an object");
+  }
+  return Section(st_, v, key_path(key));
+}
+
+void Section::todo(std::string_view key, std::string_view what) {
+  const json* v = raw_value(key);
+  if (!v) return;
+  auto d = defaults_.find(key);
+  if (d != defaults_.end() && *v == d->second) return;
+  // A float written for an integer default (5e8 vs 500000000) compares unequal as JSON.
+  if (d != defaults_.end() && v->is_number() && d->second.is_number() &&
+      v->get<double>() == d->second.get<double>())
+    return;
+  st_.warn(
+      fmt::format("[config] {} = {}: {} is not implemented in deepspeed.cpp yet; the key is "
+                  "accepted and ignored",
+                  key_path(key), json_show(*v), what));
+}
+
+void Section::finish() {
+  if (!obj_) return;
+  for (const auto& item : obj_->items()) {
+    if (std::find(known_.begin(), known_.end(), item.key()) != known_.end()) continue;
+    st_.unknown.push_back(UnknownKey{path_, item.key(), known_, aliases_});
+  }
+}
+
+}  // namespace ds::runtime::detail
