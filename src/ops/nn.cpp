@@ -24,8 +24,6 @@ bool wants_grad(std::initializer_list<Tensor> inputs) {
   return autograd::is_grad_enabled() && autograd::any_requires_grad(inputs);
 }
 
-bool needs(const Tensor& t) { return t.defined() && t.requires_grad(); }
-
 void check_index(const Tensor& ids, const char* op, const char* what) {
   DS_CHECK(ids.defined(), "[{}] undefined {}", op, what);
   DS_CHECK(ids.dtype() == DType::i32 || ids.dtype() == DType::i64,
@@ -54,7 +52,7 @@ void check_norm_args(const Tensor& x, const Tensor& w, const Tensor& b, const ch
 }
 
 // A unary activation whose backward is a BinaryOp of (upstream gradient, saved input).
-Tensor activation(UnaryOp fwd, BinaryOp bwd, const char* name, const Tensor& x) {
+Tensor activation(UnaryOp fwd, BinaryOp bwd, const char* name, const char* node_name, const Tensor& x) {
   detail::check_float(x, name);
   Tensor fx = f32c(x);
   Tensor y = empty_f32(x.shape(), x);
@@ -63,7 +61,7 @@ Tensor activation(UnaryOp fwd, BinaryOp bwd, const char* name, const Tensor& x) 
   if (!wants_grad({x})) return out;
   Tensor sx = fx.detach();
   const DType dt = x.dtype();
-  return autograd::record(out, name, {x}, [sx, bwd, dt](const Tensor& g) -> std::vector<Tensor> {
+  return autograd::record(out, node_name, {x}, [sx, bwd, dt](const Tensor& g) -> std::vector<Tensor> {
     Tensor gc = f32c(g);
     Tensor dx = empty_f32(sx.shape(), sx);
     be(sx).binary(bwd, gc, sx, dx);
@@ -82,11 +80,12 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   detail::check_same_device(weight, ids, "embedding");
   const int64_t V = weight.size(0), C = weight.size(1);
   Tensor idc = ids.contiguous();
-  if (idc.device().is_cpu()) {
+  if (idc.device().is_cpu()) {  // device ids are checked by that backend's kernel
     const bool i64 = idc.dtype() == DType::i64;
+    const void* p = idc.raw_data();
     const int64_t N = idc.numel();
     for (int64_t n = 0; n < N; ++n) {
-      const int64_t id = i64 ? idc.data<int64_t>()[n] : idc.data<int32_t>()[n];
+      const int64_t id = i64 ? static_cast<const int64_t*>(p)[n] : static_cast<const int32_t*>(p)[n];
       DS_CHECK(id >= 0 && id < V, "[embedding] id {} (at position {}) is out of range for vocabulary size {}",
                id, n, V);
     }
@@ -151,8 +150,12 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) {
 
 // ---- activations ----
 
-Tensor gelu(const Tensor& x) { return activation(UnaryOp::gelu, BinaryOp::gelu_backward, "gelu", x); }
-Tensor silu(const Tensor& x) { return activation(UnaryOp::silu, BinaryOp::silu_backward, "silu", x); }
+Tensor gelu(const Tensor& x) {
+  return activation(UnaryOp::gelu, BinaryOp::gelu_backward, "gelu", "GeluBackward", x);
+}
+Tensor silu(const Tensor& x) {
+  return activation(UnaryOp::silu, BinaryOp::silu_backward, "silu", "SiluBackward", x);
+}
 
 Tensor swiglu(const Tensor& gate, const Tensor& up) {
   detail::check_float(gate, "swiglu");

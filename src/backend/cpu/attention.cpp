@@ -40,6 +40,82 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const char* op
            shape_str(k.shape()), shape_str(v.shape()));
 }
 
+// ---- one (batch, head) pair; row helpers over restrict pointers so that GCC vectorises them ----
+
+// Row i of a block: s (n) holds scale * q.k for keys 0..n-1, of which 0..valid-1 are visible.
+// Overwrites s with the softmax (zeros past valid) and returns the log-sum-exp.
+float causal_softmax_row(float* __restrict s, int64_t valid, int64_t n) {
+  const float mx = fm::max_of(s, valid);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < valid; ++j) {
+    s[j] = fm::exp(s[j] - mx);
+    sum += s[j];
+  }
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (int64_t j = 0; j < valid; ++j) s[j] *= inv;
+  std::fill(s + valid, s + n, 0.0f);
+  return mx + std::log(sum);
+}
+
+// s (n): scores -> P = exp(s - lse), zeros past valid.
+void recompute_p_row(float* __restrict s, int64_t valid, int64_t n, float lse) {
+#pragma omp simd
+  for (int64_t j = 0; j < valid; ++j) s[j] = fm::exp(s[j] - lse);
+  std::fill(s + valid, s + n, 0.0f);
+}
+
+// dp (n): dP -> dS = P * (dP - D) with D = dO_i . O_i (which equals sum_j P_ij dP_ij).
+void softmax_grad_row(const float* __restrict p, const float* __restrict o, const float* __restrict g,
+                      int64_t hd, int64_t valid, int64_t n, float* __restrict dp) {
+  float D = 0.0f;
+#pragma omp simd reduction(+ : D)
+  for (int64_t c = 0; c < hd; ++c) D += g[c] * o[c];
+#pragma omp simd
+  for (int64_t j = 0; j < valid; ++j) dp[j] = p[j] * (dp[j] - D);
+  std::fill(dp + valid, dp + n, 0.0f);
+}
+
+// Q, K, V, O (T, hd); L (T); P scratch (kBlock, T).
+void forward_head(const float* Q, const float* K, const float* V, int64_t T, int64_t hd, float scale,
+                  float* O, float* L, float* P) {
+  const int64_t ldp = T;
+  for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
+    const int64_t r1 = std::min(T, r0 + kBlock), m = r1 - r0, n = r1;
+    // S (m, n) = scale * Q[r0:r1] K[0:n]^T
+    sgemm(false, true, m, n, hd, scale, Q + r0 * hd, hd, K, hd, 0.0f, P, ldp);
+    for (int64_t i = 0; i < m; ++i) L[r0 + i] = causal_softmax_row(P + i * ldp, r0 + i + 1, n);
+    // O[r0:r1] = P V[0:n]
+    sgemm(false, false, m, hd, n, 1.0f, P, ldp, V, hd, 0.0f, O + r0 * hd, hd);
+  }
+}
+
+// All (T, hd) but L (T); P and dP scratch (kBlock, T) each.
+void backward_head(const float* dO, const float* Q, const float* K, const float* V, const float* O,
+                   const float* L, int64_t T, int64_t hd, float scale, float* dQ, float* dK, float* dV,
+                   float* P, float* dP) {
+  const int64_t ldp = T;
+  // dK and dV accumulate over query blocks.
+  std::fill(dK, dK + T * hd, 0.0f);
+  std::fill(dV, dV + T * hd, 0.0f);
+  for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
+    const int64_t r1 = std::min(T, r0 + kBlock), m = r1 - r0, n = r1;
+    // Recompute P (m, n) = exp(scale * Q K^T - lse), zero above the diagonal.
+    sgemm(false, true, m, n, hd, scale, Q + r0 * hd, hd, K, hd, 0.0f, P, ldp);
+    for (int64_t i = 0; i < m; ++i) recompute_p_row(P + i * ldp, r0 + i + 1, n, L[r0 + i]);
+    // dV[0:n] += P^T dO[r0:r1]
+    sgemm(true, false, n, hd, m, 1.0f, P, ldp, dO + r0 * hd, hd, 1.0f, dV, hd);
+    // dP (m, n) = dO[r0:r1] V[0:n]^T, then dS in place
+    sgemm(false, true, m, n, hd, 1.0f, dO + r0 * hd, hd, V, hd, 0.0f, dP, ldp);
+    for (int64_t i = 0; i < m; ++i)
+      softmax_grad_row(P + i * ldp, O + (r0 + i) * hd, dO + (r0 + i) * hd, hd, r0 + i + 1, n, dP + i * ldp);
+    // dQ[r0:r1] = scale dS K[0:n];  dK[0:n] += scale dS^T Q[r0:r1]
+    sgemm(false, false, m, hd, n, scale, dP, ldp, K, hd, 0.0f, dQ + r0 * hd, hd);
+    sgemm(true, false, n, hd, m, scale, dP, ldp, Q + r0 * hd, hd, 1.0f, dK, hd);
+  }
+}
+
 }  // namespace
 
 void CpuBackend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
@@ -54,42 +130,13 @@ void CpuBackend::attention_forward(const Tensor& q, const Tensor& k, const Tenso
   const float* pv = v.data<float>();
   float* po = out.data<float>();
   float* pl = lse.data<float>();
-  const int64_t ldp = T;
-
 #pragma omp parallel if (worth_threads(BH, T, hd))
   {
     std::vector<float> pbuf(static_cast<size_t>(std::min(kBlock, T) * T));  // (kBlock, T) scores / P
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < BH; ++bh) {
-      const float* Q = pq + bh * T * hd;  // (T, hd)
-      const float* K = pk + bh * T * hd;
-      const float* Vh = pv + bh * T * hd;
-      float* O = po + bh * T * hd;
-      float* L = pl + bh * T;  // (T)
-      for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
-        const int64_t r1 = std::min(T, r0 + kBlock), m = r1 - r0, n = r1;
-        float* P = pbuf.data();  // (m, n) with row stride ldp
-        // S = scale * Q[r0:r1] K[0:n]^T
-        sgemm(false, true, m, n, hd, scale, Q + r0 * hd, hd, K, hd, 0.0f, P, ldp);
-        for (int64_t i = 0; i < m; ++i) {
-          float* s = P + i * ldp;
-          const int64_t valid = r0 + i + 1;  // keys 0 .. r0 + i
-          const float mx = fm::max_of(s, valid);
-          float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t j = 0; j < valid; ++j) {
-            s[j] = fm::exp(s[j] - mx);
-            sum += s[j];
-          }
-          const float inv = 1.0f / sum;
-#pragma omp simd
-          for (int64_t j = 0; j < valid; ++j) s[j] *= inv;
-          std::fill(s + valid, s + n, 0.0f);
-          L[r0 + i] = mx + std::log(sum);
-        }
-        // O[r0:r1] = P V[0:n]
-        sgemm(false, false, m, hd, n, 1.0f, P, ldp, Vh, hd, 0.0f, O + r0 * hd, hd);
-      }
+      const int64_t off = bh * T * hd;
+      forward_head(pq + off, pk + off, pv + off, T, hd, scale, po + off, pl + bh * T, pbuf.data());
     }
   }
 }
@@ -99,12 +146,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& q, const T
                                     float scale, const Tensor& dq, const Tensor& dk,
                                     const Tensor& dv) {
   check_qkv(q, k, v, "attention_backward");
-  require_f32(dout, "attention_backward");
-  require_f32(out, "attention_backward");
-  require_f32(lse, "attention_backward");
-  require_f32(dq, "attention_backward");
-  require_f32(dk, "attention_backward");
-  require_f32(dv, "attention_backward");
+  for (const Tensor* t : {&dout, &out, &lse, &dq, &dk, &dv}) require_f32(*t, "attention_backward");
   const int64_t BH = q.size(0) * q.size(1), T = q.size(2), hd = q.size(3);
   if (BH == 0 || T == 0) return;
   const float* pdo = dout.data<float>();
@@ -116,62 +158,15 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& q, const T
   float* pdq = dq.data<float>();
   float* pdk = dk.data<float>();
   float* pdv = dv.data<float>();
-  const int64_t ldp = T;
-
 #pragma omp parallel if (worth_threads(BH, T, hd))
   {
     const size_t blk = static_cast<size_t>(std::min(kBlock, T) * T);
     std::vector<float> pbuf(blk), dpbuf(blk);  // (kBlock, T) each: P and dP / dS
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < BH; ++bh) {
-      const float* Q = pq + bh * T * hd;  // (T, hd)
-      const float* K = pk + bh * T * hd;
-      const float* Vh = pv + bh * T * hd;
-      const float* O = po + bh * T * hd;
-      const float* dO = pdo + bh * T * hd;
-      const float* L = pl + bh * T;
-      float* dQ = pdq + bh * T * hd;
-      float* dK = pdk + bh * T * hd;
-      float* dV = pdv + bh * T * hd;
-      // dK and dV accumulate over query blocks.
-      std::fill(dK, dK + T * hd, 0.0f);
-      std::fill(dV, dV + T * hd, 0.0f);
-      for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
-        const int64_t r1 = std::min(T, r0 + kBlock), m = r1 - r0, n = r1;
-        float* P = pbuf.data();    // (m, n), row stride ldp
-        float* dP = dpbuf.data();  // (m, n), row stride ldp
-        // Recompute P = exp(scale * Q K^T - lse), zero above the diagonal.
-        sgemm(false, true, m, n, hd, scale, Q + r0 * hd, hd, K, hd, 0.0f, P, ldp);
-        for (int64_t i = 0; i < m; ++i) {
-          float* s = P + i * ldp;
-          const int64_t valid = r0 + i + 1;
-          const float l = L[r0 + i];
-#pragma omp simd
-          for (int64_t j = 0; j < valid; ++j) s[j] = fm::exp(s[j] - l);
-          std::fill(s + valid, s + n, 0.0f);
-        }
-        // dV[0:n] += P^T dO[r0:r1]
-        sgemm(true, false, n, hd, m, 1.0f, P, ldp, dO + r0 * hd, hd, 1.0f, dV, hd);
-        // dP = dO[r0:r1] V[0:n]^T
-        sgemm(false, true, m, n, hd, 1.0f, dO + r0 * hd, hd, Vh, hd, 0.0f, dP, ldp);
-        // dS = P * (dP - D), D_i = dO_i . O_i (= sum_j P_ij dP_ij)
-        for (int64_t i = 0; i < m; ++i) {
-          const float* o = O + (r0 + i) * hd;
-          const float* g = dO + (r0 + i) * hd;
-          float D = 0.0f;
-#pragma omp simd reduction(+ : D)
-          for (int64_t c = 0; c < hd; ++c) D += g[c] * o[c];
-          const float* p = P + i * ldp;
-          float* ds = dP + i * ldp;
-          const int64_t valid = r0 + i + 1;
-#pragma omp simd
-          for (int64_t j = 0; j < valid; ++j) ds[j] = p[j] * (ds[j] - D);
-          std::fill(ds + valid, ds + n, 0.0f);
-        }
-        // dQ[r0:r1] = scale dS K[0:n];  dK[0:n] += scale dS^T Q[r0:r1]
-        sgemm(false, false, m, hd, n, scale, dP, ldp, K, hd, 0.0f, dQ + r0 * hd, hd);
-        sgemm(true, false, n, hd, m, scale, dP, ldp, Q + r0 * hd, hd, 1.0f, dK, hd);
-      }
+      const int64_t off = bh * T * hd;
+      backward_head(pdo + off, pq + off, pk + off, pv + off, po + off, pl + bh * T, T, hd, scale,
+                    pdq + off, pdk + off, pdv + off, pbuf.data(), dpbuf.data());
     }
   }
 }

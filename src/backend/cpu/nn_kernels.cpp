@@ -7,8 +7,11 @@
 // chunk order. Rows are short enough (C <= a few thousand) to sit in L1 between the passes of a
 // kernel, so memory traffic is one read of each input and one write of each output; the exception
 // is cross-entropy, whose 50257-wide rows are processed in L1-sized chunks with an online max.
-// Nothing inside a parallel region throws (an exception cannot leave an OpenMP region); arguments
-// are checked before it.
+//
+// The per-row work is in plain functions over restrict pointers (the *_row helpers): written
+// inline in the parallel lambdas, whose captures are references, GCC left some of these loops
+// scalar. Nothing inside a parallel region throws (an exception cannot leave an OpenMP region);
+// arguments are checked before it.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -32,43 +35,253 @@ constexpr uint32_t kNegInfBits = 0xff800000u;
 // weight gradients are bitwise reproducible on any machine; 64 keeps the partials small
 // (64 x C floats) and leaves enough chunks for any realistic core count.
 constexpr int64_t kReduceChunks = 64;
+// Cross-entropy works on a row in chunks of this many floats (8 KB: stays in L1 between passes).
+constexpr int64_t kCeChunk = 2048;
 
 void require_f32(const Tensor& t, const char* op) {
-  DS_CHECK(t.dtype() == DType::f32 && t.is_contiguous(), "[cpu:{}] kernel takes contiguous fp32, got {}{}",
-           op, dtype_name(t.dtype()), t.is_contiguous() ? "" : " (strided)");
-}
-
-// Rows for a row kernel over x (..., C): grain so that one task is at least ~16K elements.
-int64_t row_grain(int64_t C) { return std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(C, 1)); }
-
-inline float row_max(const float* x, int64_t n) { return fm::max_of(x, n); }
-
-inline float row_sum(const float* x, int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += x[i];
-  return s;
-}
-
-// Sums partials (nchunks, C) in chunk order into out (C) (+=). Parallel over C.
-void add_partials(const float* partials, int64_t nchunks, int64_t C, float* out) {
-  parallel_for(C, 256, [&](int64_t c0, int64_t c1) {
-    for (int64_t k = 0; k < nchunks; ++k) {
-      const float* p = partials + k * C;
-#pragma omp simd
-      for (int64_t c = c0; c < c1; ++c) out[c] += p[c];
-    }
-  });
-}
-
-int64_t index_at(const void* ids, bool i64, int64_t n) {
-  return i64 ? static_cast<const int64_t*>(ids)[n] : static_cast<const int32_t*>(ids)[n];
+  DS_CHECK(t.dtype() == DType::f32 && t.is_contiguous(),
+           "[cpu:{}] kernel takes contiguous fp32, got {}{}", op, dtype_name(t.dtype()),
+           t.is_contiguous() ? "" : " (strided)");
 }
 
 void check_ids(const Tensor& ids, const char* op) {
   DS_CHECK(ids.dtype() == DType::i32 || ids.dtype() == DType::i64,
            "[cpu:{}] ids must be int32 or int64, got {}", op, dtype_name(ids.dtype()));
   DS_CHECK(ids.is_contiguous(), "[cpu:{}] ids must be contiguous", op);
+}
+
+// Checks every id is in [0, V) (or equal to `allowed`, the ignore index, when given).
+void check_id_range(const Tensor& ids, int64_t V, const char* op, const char* what,
+                    const int64_t* allowed = nullptr) {
+  const int64_t n = ids.numel();
+  const bool i64 = ids.dtype() == DType::i64;
+  const void* p = ids.raw_data();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = i64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
+    if (allowed && id == *allowed) continue;
+    DS_CHECK(id >= 0 && id < V, "[cpu:{}] {} {} out of range for size {}", op, what, id, V);
+  }
+}
+
+inline int64_t index_at(const void* ids, bool i64, int64_t n) {
+  return i64 ? static_cast<const int64_t*>(ids)[n] : static_cast<const int32_t*>(ids)[n];
+}
+
+// Rows per task for a row kernel over (rows, C): at least ~16K elements per task.
+int64_t row_grain(int64_t C) { return std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(C, 1)); }
+
+// ---- per-row helpers ----
+
+inline float row_sum(const float* __restrict x, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += x[i];
+  return s;
+}
+
+void ln_forward_row(const float* __restrict x, const float* __restrict w, const float* __restrict b,
+                    float eps, int64_t C, float* __restrict y, float* mean, float* rstd) {
+  // Two passes over an L1-resident row: the centred variance avoids E[x^2] - E[x]^2 cancellation.
+  const float mu = row_sum(x, C) / static_cast<float>(C);
+  float var = 0.0f;
+#pragma omp simd reduction(+ : var)
+  for (int64_t i = 0; i < C; ++i) var += (x[i] - mu) * (x[i] - mu);
+  const float rs = 1.0f / std::sqrt(var / static_cast<float>(C) + eps);
+  if (b) {
+#pragma omp simd
+    for (int64_t i = 0; i < C; ++i) y[i] = (x[i] - mu) * rs * w[i] + b[i];
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < C; ++i) y[i] = (x[i] - mu) * rs * w[i];
+  }
+  *mean = mu;
+  *rstd = rs;
+}
+
+// Adds the row's dw (and db unless null) terms into dwp / dbp.
+void ln_backward_row(const float* __restrict g, const float* __restrict x, const float* __restrict w,
+                     float mu, float rs, int64_t C, float* __restrict dx, float* __restrict dwp,
+                     float* __restrict dbp) {
+  // dx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat)), xhat = (x - mu) * rstd.
+  float s1 = 0.0f, s2 = 0.0f;
+#pragma omp simd reduction(+ : s1, s2)
+  for (int64_t i = 0; i < C; ++i) {
+    const float xh = (x[i] - mu) * rs;
+    const float gw = g[i] * w[i];
+    s1 += gw;
+    s2 += gw * xh;
+    dwp[i] += g[i] * xh;
+  }
+  if (dbp) {
+#pragma omp simd
+    for (int64_t i = 0; i < C; ++i) dbp[i] += g[i];
+  }
+  const float m1 = s1 / static_cast<float>(C), m2 = s2 / static_cast<float>(C);
+#pragma omp simd
+  for (int64_t i = 0; i < C; ++i) dx[i] = rs * (g[i] * w[i] - m1 - (x[i] - mu) * rs * m2);
+}
+
+float rms_forward_row(const float* __restrict x, const float* __restrict w, float eps, int64_t C,
+                      float* __restrict y) {
+  float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t i = 0; i < C; ++i) ss += x[i] * x[i];
+  const float rs = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < C; ++i) y[i] = x[i] * rs * w[i];
+  return rs;
+}
+
+// Adds the row's dw terms into dwp.
+void rms_backward_row(const float* __restrict g, const float* __restrict x, const float* __restrict w,
+                      float rs, int64_t C, float* __restrict dx, float* __restrict dwp) {
+  // dx = rstd * g*w - x * rstd^3 * mean(g*w*x)
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < C; ++i) {
+    s += g[i] * w[i] * x[i];
+    dwp[i] += g[i] * x[i] * rs;
+  }
+  const float c3 = rs * rs * rs * s / static_cast<float>(C);
+#pragma omp simd
+  for (int64_t i = 0; i < C; ++i) dx[i] = rs * g[i] * w[i] - x[i] * c3;
+}
+
+void softmax_forward_row(const float* __restrict x, int64_t C, float* __restrict y) {
+  const float m = fm::max_of(x, C);
+  if (m == kNegInf) {  // a fully masked row: define as zeros rather than NaN
+    std::fill(y, y + C, 0.0f);
+    return;
+  }
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < C; ++i) {
+    // fm::exp clamps its argument, so exp(-inf) would come out as ~1e-38 instead of 0: masked
+    // entries are zeroed explicitly (a bit compare: see fast_math.h on float compares).
+    const float e = fm::detail::select(fm::detail::mask(fm::detail::bits(x[i]) == kNegInfBits), 0.0f,
+                                       fm::exp(x[i] - m));
+    y[i] = e;
+    s += e;
+  }
+  const float inv = 1.0f / s;
+#pragma omp simd
+  for (int64_t i = 0; i < C; ++i) y[i] *= inv;
+}
+
+void softmax_backward_row(const float* __restrict y, const float* __restrict g, int64_t C,
+                          float* __restrict dx) {
+  float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+  for (int64_t i = 0; i < C; ++i) dot += y[i] * g[i];
+#pragma omp simd
+  for (int64_t i = 0; i < C; ++i) dx[i] = y[i] * (g[i] - dot);
+}
+
+// out may alias x: both halves are read before either is written. Not restrict for that reason.
+void rope_row(const float* x, const float* __restrict c, const float* __restrict s, int64_t half,
+              float* out) {
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half];
+    out[i] = a * c[i] - b * s[i];
+    out[i + half] = b * c[i] + a * s[i];
+  }
+}
+
+constexpr int64_t kPrefetchBlock = 256;  // floats of the current chunk per 16 prefetched lines
+
+inline float sum_exp(const float* __restrict x, int64_t n, float m) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += fm::exp(x[i] - m);
+  return s;
+}
+
+// log(sum(exp(x))) of one row, reading it once from memory: each chunk's max (first read), then
+// the chunk's sum of exp from L1, rescaling the running sum when the max grows. One exp per element.
+float logsumexp_row(const float* __restrict x, int64_t V) {
+  float m = kNegInf, s = 0.0f;
+  for (int64_t c0 = 0; c0 < V; c0 += kCeChunk) {
+    const int64_t len = std::min(kCeChunk, V - c0);
+    const float* xc = x + c0;
+    const float cm = fm::max_of(xc, len);
+    if (cm == kNegInf) continue;  // every logit of this chunk is -inf: contributes nothing
+    if (cm > m) {
+      s = m == kNegInf ? 0.0f : s * fm::exp(m - cm);
+      m = cm;
+    }
+    // The exp pass is compute-bound and the max pass memory-bound: prefetching the next chunk
+    // during this one overlaps the two instead of alternating between them.
+    for (int64_t b0 = 0; b0 < len; b0 += kPrefetchBlock) {
+      for (int64_t l = 0; l < kPrefetchBlock; l += 16) __builtin_prefetch(xc + kCeChunk + b0 + l);
+      s += sum_exp(xc + b0, std::min(kPrefetchBlock, len - b0), m);
+    }
+  }
+  return m + std::log(s);
+}
+
+// out[i] = exp(x[i] - lse) * scale for one chunk.
+void softmax_scaled_chunk(const float* __restrict x, int64_t n, float lse, float scale,
+                          float* __restrict out) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = fm::exp(x[i] - lse) * scale;
+}
+
+// Floats from p to the next 32-byte boundary (p is at least 4-byte aligned).
+inline int64_t floats_to_alignment(const float* p) {
+  return static_cast<int64_t>(((32 - (reinterpret_cast<uintptr_t>(p) & 31)) & 31) / 4);
+}
+
+// dst[0, n) = src[0, n) with streaming (non-temporal) stores; dst must be 32-byte aligned. The
+// (N, V) logits gradient is far larger than any cache: ordinary stores would first read every
+// line they write (read-for-ownership), streaming stores do not.
+inline void stream_copy(float* __restrict dst, const float* __restrict src, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+}
+
+// (softmax(x) - onehot(t)) * scale for one row of V logits, streamed to d; zeros when ignored.
+void cross_entropy_grad_row(const float* __restrict x, int64_t V, int64_t t, bool ignored, float lse,
+                            float scale, float* __restrict d, float* __restrict buf /* (kCeChunk) */) {
+  // A scalar head up to the 32-byte boundary, then chunks computed into buf (vectorised) and
+  // streamed out. The one-hot term goes into buf, so no streamed element is ever read back.
+  const int64_t head = std::min(V, floats_to_alignment(d));
+  for (int64_t i = 0; i < head; ++i)
+    d[i] = ignored ? 0.0f : fm::exp(x[i] - lse) * scale - (i == t ? scale : 0.0f);
+  for (int64_t c0 = head; c0 < V; c0 += kCeChunk) {
+    const int64_t len = std::min(kCeChunk, V - c0);
+    if (ignored) {
+      std::fill(buf, buf + len, 0.0f);
+    } else {
+      softmax_scaled_chunk(x + c0, len, lse, scale, buf);
+      if (t >= c0 && t < c0 + len) buf[t - c0] -= scale;
+    }
+    stream_copy(d + c0, buf, len);
+  }
+}
+
+// out[i] = x[i] * keep(index0 + i) / (1 - p) for a chunk.
+void dropout_chunk(const float* __restrict x, int64_t n, uint64_t seed, uint64_t stream,
+                   uint64_t index0, uint64_t threshold, float keep_scale, float* __restrict out) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const bool keep = (rng::hash3(seed, stream, index0 + static_cast<uint64_t>(i)) >> 40) >= threshold;
+    out[i] = fm::detail::select(fm::detail::mask(keep), x[i] * keep_scale, 0.0f);
+  }
+}
+
+// dst (C) += src (C) over a column slice.
+inline void add_row(float* __restrict dst, const float* __restrict src, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+// out (C) += sum over k of partials (nchunks, C), added in chunk order. Parallel over C.
+void add_partials(const float* partials, int64_t nchunks, int64_t C, float* out) {
+  parallel_for(C, 256, [&](int64_t c0, int64_t c1) {
+    for (int64_t k = 0; k < nchunks; ++k) add_row(out + c0, partials + k * C + c0, c1 - c0);
+  });
 }
 
 }  // namespace
@@ -78,9 +291,7 @@ void check_ids(const Tensor& ids, const char* op) {
 
 void CpuBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
                                     const Tensor& y, const Tensor& mean, const Tensor& rstd) {
-  require_f32(x, "layer_norm");
-  require_f32(w, "layer_norm");
-  require_f32(y, "layer_norm");
+  for (const Tensor* t : {&x, &w, &y, &mean, &rstd}) require_f32(*t, "layer_norm");
   if (b.defined()) require_f32(b, "layer_norm");
   const int64_t C = x.size(-1), rows = x.numel() / std::max<int64_t>(C, 1);
   const float* px = x.data<float>();
@@ -90,35 +301,14 @@ void CpuBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Tens
   float* pm = mean.data<float>();  // (rows)
   float* pr = rstd.data<float>();  // (rows)
   parallel_for(rows, row_grain(C), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = px + r * C;
-      float* yr = py + r * C;
-      // Two passes over an L1-resident row: the centred variance avoids E[x^2] - E[x]^2 cancellation.
-      const float mu = row_sum(xr, C) / static_cast<float>(C);
-      float var = 0.0f;
-#pragma omp simd reduction(+ : var)
-      for (int64_t i = 0; i < C; ++i) var += (xr[i] - mu) * (xr[i] - mu);
-      const float rs = 1.0f / std::sqrt(var / static_cast<float>(C) + eps);
-      if (pb) {
-#pragma omp simd
-        for (int64_t i = 0; i < C; ++i) yr[i] = (xr[i] - mu) * rs * pw[i] + pb[i];
-      } else {
-#pragma omp simd
-        for (int64_t i = 0; i < C; ++i) yr[i] = (xr[i] - mu) * rs * pw[i];
-      }
-      pm[r] = mu;
-      pr[r] = rs;
-    }
+    for (int64_t r = r0; r < r1; ++r) ln_forward_row(px + r * C, pw, pb, eps, C, py + r * C, pm + r, pr + r);
   });
 }
 
 void CpuBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
                                      const Tensor& mean, const Tensor& rstd, const Tensor& dx,
                                      const Tensor& dw, const Tensor& db) {
-  require_f32(dy, "layer_norm_backward");
-  require_f32(x, "layer_norm_backward");
-  require_f32(dx, "layer_norm_backward");
-  require_f32(dw, "layer_norm_backward");
+  for (const Tensor* t : {&dy, &x, &w, &mean, &rstd, &dx, &dw}) require_f32(*t, "layer_norm_backward");
   if (db.defined()) require_f32(db, "layer_norm_backward");
   const int64_t C = x.size(-1), rows = x.numel() / std::max<int64_t>(C, 1);
   if (rows == 0) return;
@@ -129,49 +319,15 @@ void CpuBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Te
   const float* pr = rstd.data<float>();
   float* pdx = dx.data<float>();
   const bool has_b = db.defined();
-  // Partials: (nchunks, C) for dw, then (nchunks, C) for db.
   const int64_t nchunks = std::min(rows, kReduceChunks);
-  std::vector<float> part(static_cast<size_t>(nchunks * C * (has_b ? 2 : 1)));
+  // (nchunks, C) partial dw, then (nchunks, C) partial db
+  std::vector<float> part(static_cast<size_t>(nchunks * C * (has_b ? 2 : 1)), 0.0f);
   parallel_for(nchunks, 1, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       float* dwp = part.data() + k * C;
       float* dbp = has_b ? part.data() + (nchunks + k) * C : nullptr;
-      std::fill(dwp, dwp + C, 0.0f);
-      if (dbp) std::fill(dbp, dbp + C, 0.0f);
-      for (int64_t r = rows * k / nchunks; r < rows * (k + 1) / nchunks; ++r) {
-        const float* g = pdy + r * C;
-        const float* xr = px + r * C;
-        float* dxr = pdx + r * C;
-        const float mu = pm[r], rs = pr[r];
-        // dx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat)), xhat = (x - mu) * rstd.
-        float s1 = 0.0f, s2 = 0.0f;
-        if (dbp) {
-#pragma omp simd reduction(+ : s1, s2)
-          for (int64_t i = 0; i < C; ++i) {
-            const float xh = (xr[i] - mu) * rs;
-            const float gw = g[i] * pw[i];
-            s1 += gw;
-            s2 += gw * xh;
-            dwp[i] += g[i] * xh;
-            dbp[i] += g[i];
-          }
-        } else {
-#pragma omp simd reduction(+ : s1, s2)
-          for (int64_t i = 0; i < C; ++i) {
-            const float xh = (xr[i] - mu) * rs;
-            const float gw = g[i] * pw[i];
-            s1 += gw;
-            s2 += gw * xh;
-            dwp[i] += g[i] * xh;
-          }
-        }
-        const float m1 = s1 / static_cast<float>(C), m2 = s2 / static_cast<float>(C);
-#pragma omp simd
-        for (int64_t i = 0; i < C; ++i) {
-          const float xh = (xr[i] - mu) * rs;
-          dxr[i] = rs * (g[i] * pw[i] - m1 - xh * m2);
-        }
-      }
+      for (int64_t r = rows * k / nchunks; r < rows * (k + 1) / nchunks; ++r)
+        ln_backward_row(pdy + r * C, px + r * C, pw, pm[r], pr[r], C, pdx + r * C, dwp, dbp);
     }
   });
   add_partials(part.data(), nchunks, C, dw.data<float>());
@@ -183,35 +339,20 @@ void CpuBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Te
 
 void CpuBackend::rms_norm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
                                   const Tensor& rstd) {
-  require_f32(x, "rms_norm");
-  require_f32(w, "rms_norm");
-  require_f32(y, "rms_norm");
+  for (const Tensor* t : {&x, &w, &y, &rstd}) require_f32(*t, "rms_norm");
   const int64_t C = x.size(-1), rows = x.numel() / std::max<int64_t>(C, 1);
   const float* px = x.data<float>();
   const float* pw = w.data<float>();
   float* py = y.data<float>();
   float* pr = rstd.data<float>();  // (rows)
   parallel_for(rows, row_grain(C), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = px + r * C;
-      float* yr = py + r * C;
-      float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t i = 0; i < C; ++i) ss += xr[i] * xr[i];
-      const float rs = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
-#pragma omp simd
-      for (int64_t i = 0; i < C; ++i) yr[i] = xr[i] * rs * pw[i];
-      pr[r] = rs;
-    }
+    for (int64_t r = r0; r < r1; ++r) pr[r] = rms_forward_row(px + r * C, pw, eps, C, py + r * C);
   });
 }
 
 void CpuBackend::rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
                                    const Tensor& rstd, const Tensor& dx, const Tensor& dw) {
-  require_f32(dy, "rms_norm_backward");
-  require_f32(x, "rms_norm_backward");
-  require_f32(dx, "rms_norm_backward");
-  require_f32(dw, "rms_norm_backward");
+  for (const Tensor* t : {&dy, &x, &w, &rstd, &dx, &dw}) require_f32(*t, "rms_norm_backward");
   const int64_t C = x.size(-1), rows = x.numel() / std::max<int64_t>(C, 1);
   if (rows == 0) return;
   const float* pdy = dy.data<float>();
@@ -220,28 +361,11 @@ void CpuBackend::rms_norm_backward(const Tensor& dy, const Tensor& x, const Tens
   const float* pr = rstd.data<float>();
   float* pdx = dx.data<float>();
   const int64_t nchunks = std::min(rows, kReduceChunks);
-  std::vector<float> part(static_cast<size_t>(nchunks * C));  // (nchunks, C) partial dw
+  std::vector<float> part(static_cast<size_t>(nchunks * C), 0.0f);  // (nchunks, C) partial dw
   parallel_for(nchunks, 1, [&](int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; ++k) {
-      float* dwp = part.data() + k * C;
-      std::fill(dwp, dwp + C, 0.0f);
-      for (int64_t r = rows * k / nchunks; r < rows * (k + 1) / nchunks; ++r) {
-        const float* g = pdy + r * C;
-        const float* xr = px + r * C;
-        float* dxr = pdx + r * C;
-        const float rs = pr[r];
-        // dx = rstd * g*w - x * rstd^3 * mean(g*w*x)
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int64_t i = 0; i < C; ++i) {
-          s += g[i] * pw[i] * xr[i];
-          dwp[i] += g[i] * xr[i] * rs;
-        }
-        const float c3 = rs * rs * rs * s / static_cast<float>(C);
-#pragma omp simd
-        for (int64_t i = 0; i < C; ++i) dxr[i] = rs * g[i] * pw[i] - xr[i] * c3;
-      }
-    }
+    for (int64_t k = k0; k < k1; ++k)
+      for (int64_t r = rows * k / nchunks; r < rows * (k + 1) / nchunks; ++r)
+        rms_backward_row(pdy + r * C, px + r * C, pw, pr[r], C, pdx + r * C, part.data() + k * C);
   });
   add_partials(part.data(), nchunks, C, dw.data<float>());
 }
@@ -256,50 +380,18 @@ void CpuBackend::softmax_forward(const Tensor& x, const Tensor& y) {
   const float* px = x.data<float>();
   float* py = y.data<float>();
   parallel_for(rows, row_grain(C), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = px + r * C;
-      float* yr = py + r * C;
-      const float m = row_max(xr, C);
-      if (m == kNegInf) {  // a fully masked row: define as zeros rather than NaN
-        std::fill(yr, yr + C, 0.0f);
-        continue;
-      }
-      float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-      for (int64_t i = 0; i < C; ++i) {
-        // fm::exp clamps its argument, so exp(-inf) would come out as ~1e-38 instead of 0: masked
-        // entries are zeroed explicitly (a bit compare: see fast_math.h on float compares).
-        const float e = fm::detail::select(fm::detail::mask(fm::detail::bits(xr[i]) == kNegInfBits), 0.0f,
-                                           fm::exp(xr[i] - m));
-        yr[i] = e;
-        s += e;
-      }
-      const float inv = 1.0f / s;
-#pragma omp simd
-      for (int64_t i = 0; i < C; ++i) yr[i] *= inv;
-    }
+    for (int64_t r = r0; r < r1; ++r) softmax_forward_row(px + r * C, C, py + r * C);
   });
 }
 
 void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
-  require_f32(y, "softmax_backward");
-  require_f32(dy, "softmax_backward");
-  require_f32(dx, "softmax_backward");
+  for (const Tensor* t : {&y, &dy, &dx}) require_f32(*t, "softmax_backward");
   const int64_t C = y.size(-1), rows = y.numel() / std::max<int64_t>(C, 1);
   const float* py = y.data<float>();
   const float* pg = dy.data<float>();
   float* pdx = dx.data<float>();
   parallel_for(rows, row_grain(C), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* yr = py + r * C;
-      const float* g = pg + r * C;
-      float* d = pdx + r * C;
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t i = 0; i < C; ++i) dot += yr[i] * g[i];
-#pragma omp simd
-      for (int64_t i = 0; i < C; ++i) d[i] = yr[i] * (g[i] - dot);
-    }
+    for (int64_t r = r0; r < r1; ++r) softmax_backward_row(py + r * C, pg + r * C, C, pdx + r * C);
   });
 }
 
@@ -315,29 +407,20 @@ void CpuBackend::rope(const Tensor& x, int64_t pos0, float theta, bool inverse, 
   const int64_t rows = x.numel() / std::max<int64_t>(hd, 1);  // B * NH * T
   // (T, hd/2) tables, angles in double so that long positions keep their precision.
   std::vector<float> cos_t(static_cast<size_t>(T * half)), sin_t(static_cast<size_t>(T * half));
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < half; ++i) {
-      const double inv_freq = std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+  for (int64_t i = 0; i < half; ++i) {
+    const double inv_freq = std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+    for (int64_t t = 0; t < T; ++t) {
       const double a = static_cast<double>(pos0 + t) * inv_freq;
       cos_t[static_cast<size_t>(t * half + i)] = static_cast<float>(std::cos(a));
       sin_t[static_cast<size_t>(t * half + i)] = static_cast<float>(inverse ? -std::sin(a) : std::sin(a));
     }
+  }
   const float* px = x.data<float>();
   float* po = out.data<float>();
   parallel_for(rows, row_grain(hd), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t t = r % T;
-      const float* c = cos_t.data() + t * half;
-      const float* s = sin_t.data() + t * half;
-      const float* xr = px + r * hd;
-      float* o = po + r * hd;
-      // Reads both halves before writing, so out may alias x.
-#pragma omp simd
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = xr[i], b = xr[i + half];
-        o[i] = a * c[i] - b * s[i];
-        o[i + half] = b * c[i] + a * s[i];
-      }
+      rope_row(px + r * hd, cos_t.data() + t * half, sin_t.data() + t * half, half, po + r * hd);
     }
   });
 }
@@ -350,14 +433,11 @@ void CpuBackend::embedding_forward(const Tensor& weight, const Tensor& ids, cons
   require_f32(out, "embedding");
   check_ids(ids, "embedding");
   const int64_t V = weight.size(0), C = weight.size(1), N = ids.numel();
+  check_id_range(ids, V, "embedding", "id");
   const bool i64 = ids.dtype() == DType::i64;
   const void* pid = ids.raw_data();
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t id = index_at(pid, i64, n);
-    DS_CHECK(id >= 0 && id < V, "[cpu:embedding] id {} out of range for vocabulary size {}", id, V);
-  }
   const float* pw = weight.data<float>();
-  float* po = out.data<float>();
+  float* po = out.data<float>();  // (N, C)
   parallel_for(N, row_grain(C), [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n)
       std::memcpy(po + n * C, pw + index_at(pid, i64, n) * C, static_cast<size_t>(C) * sizeof(float));
@@ -369,97 +449,44 @@ void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, const
   require_f32(dweight, "embedding_backward");
   check_ids(ids, "embedding_backward");
   const int64_t V = dweight.size(0), C = dweight.size(1), N = ids.numel();
+  check_id_range(ids, V, "embedding_backward", "id");
   const bool i64 = ids.dtype() == DType::i64;
   const void* pid = ids.raw_data();
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t id = index_at(pid, i64, n);
-    DS_CHECK(id >= 0 && id < V, "[cpu:embedding_backward] id {} out of range for vocabulary size {}", id, V);
-  }
-  const float* pg = dout.data<float>();
-  float* pw = dweight.data<float>();
+  const float* pg = dout.data<float>();  // (N, C)
+  float* pw = dweight.data<float>();     // (V, C)
   // Deterministic scatter without atomics: threads own column slices of dweight and add the rows
   // in input order, so a repeated id always accumulates in the same order.
   constexpr int64_t kCols = 64;
   const int64_t nslices = (C + kCols - 1) / kCols;
   parallel_for(nslices, 1, [&](int64_t s0, int64_t s1) {
     const int64_t c0 = s0 * kCols, c1 = std::min(C, s1 * kCols);
-    for (int64_t n = 0; n < N; ++n) {
-      float* dst = pw + index_at(pid, i64, n) * C;
-      const float* src = pg + n * C;
-#pragma omp simd
-      for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
-    }
+    for (int64_t n = 0; n < N; ++n) add_row(pw + index_at(pid, i64, n) * C + c0, pg + n * C + c0, c1 - c0);
   });
 }
 
 // ---------------------------------------------------------------------------------------------
 // Cross-entropy. Rows are (N, V) logits; V is large (50257 for GPT-2), so one row is ~200 KB and
-// the whole (2048, V) tensor is ~400 MB: these kernels are bound by memory bandwidth and must
-// touch each logit once. Forward walks a row in L1-sized chunks: the chunk's max (first read, from
-// memory), then the sum of exp over the chunk (second read, from L1), rescaling the running sum
-// when the max grows: one exp per logit and one trip to memory.
-
-namespace {
-constexpr int64_t kCeChunk = 2048;  // floats: 8 KB, stays in L1 between the two chunk passes
-
-void check_targets(const Tensor& targets, int64_t N, const char* op) {
-  check_ids(targets, op);
-  DS_CHECK(targets.numel() == N, "[cpu:{}] {} targets for {} rows", op, targets.numel(), N);
-}
-
-// Floats from p to the next 32-byte boundary (p is at least 4-byte aligned).
-inline int64_t floats_to_alignment(const float* p) {
-  return static_cast<int64_t>(((32 - (reinterpret_cast<uintptr_t>(p) & 31)) & 31) / 4);
-}
-
-// dst[0, n) = src[0, n) with streaming (non-temporal) stores; dst must be 32-byte aligned. The
-// (N, V) logits gradient is far larger than any cache: ordinary stores would first read every
-// line they write (read-for-ownership), streaming stores do not.
-inline void stream_copy(float* dst, const float* src, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
-  for (; i < n; ++i) dst[i] = src[i];
-}
-}  // namespace
+// the whole (2048, V) tensor is ~400 MB: both kernels make a single pass over the logits (forward:
+// one read; backward: one read and one streamed write).
 
 void CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targets,
                                        int64_t ignore_index, const Tensor& losses, const Tensor& lse) {
-  require_f32(logits, "cross_entropy");
-  require_f32(losses, "cross_entropy");
-  require_f32(lse, "cross_entropy");
+  for (const Tensor* t : {&logits, &losses, &lse}) require_f32(*t, "cross_entropy");
+  check_ids(targets, "cross_entropy");
   const int64_t V = logits.size(-1), N = logits.numel() / std::max<int64_t>(V, 1);
-  check_targets(targets, N, "cross_entropy");
+  DS_CHECK(targets.numel() == N, "[cpu:cross_entropy] {} targets for {} rows", targets.numel(), N);
+  check_id_range(targets, V, "cross_entropy", "target", &ignore_index);
   const bool i64 = targets.dtype() == DType::i64;
   const void* pt = targets.raw_data();
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t t = index_at(pt, i64, n);
-    DS_CHECK(t == ignore_index || (t >= 0 && t < V),
-             "[cpu:cross_entropy] target {} out of range for {} classes", t, V);
-  }
   const float* px = logits.data<float>();
   float* pl = losses.data<float>();  // (N)
   float* ps = lse.data<float>();     // (N)
   parallel_for(N, 1, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const float* row = px + n * V;
-      float m = kNegInf, s = 0.0f;
-      for (int64_t c0 = 0; c0 < V; c0 += kCeChunk) {
-        const int64_t len = std::min(kCeChunk, V - c0);
-        const float* xc = row + c0;
-        const float cm = row_max(xc, len);
-        if (cm == kNegInf) continue;  // every logit of this chunk is -inf: contributes nothing
-        if (cm > m) {
-          s = m == kNegInf ? 0.0f : s * fm::exp(m - cm);
-          m = cm;
-        }
-        float cs = 0.0f;
-#pragma omp simd reduction(+ : cs)
-        for (int64_t i = 0; i < len; ++i) cs += fm::exp(xc[i] - m);
-        s += cs;
-      }
-      const float l = m + std::log(s);
-      ps[n] = l;
+      const float l = logsumexp_row(row, V);
       const int64_t t = index_at(pt, i64, n);
+      ps[n] = l;
       pl[n] = t == ignore_index ? 0.0f : l - row[t];
     }
   });
@@ -468,48 +495,28 @@ void CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targe
 void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                         int64_t ignore_index, const Tensor& lse, float scale,
                                         const Tensor& dlogits) {
-  require_f32(logits, "cross_entropy_backward");
-  require_f32(lse, "cross_entropy_backward");
-  require_f32(dlogits, "cross_entropy_backward");
+  for (const Tensor* t : {&logits, &lse, &dlogits}) require_f32(*t, "cross_entropy_backward");
+  check_ids(targets, "cross_entropy_backward");
   const int64_t V = logits.size(-1), N = logits.numel() / std::max<int64_t>(V, 1);
-  check_targets(targets, N, "cross_entropy_backward");
+  DS_CHECK(targets.numel() == N, "[cpu:cross_entropy_backward] {} targets for {} rows", targets.numel(), N);
+  check_id_range(targets, V, "cross_entropy_backward", "target", &ignore_index);
   const bool i64 = targets.dtype() == DType::i64;
   const void* pt = targets.raw_data();
   const float* px = logits.data<float>();
   const float* ps = lse.data<float>();
-  float* pd = dlogits.data<float>();
+  float* pd = dlogits.data<float>();  // (N, V)
   parallel_for(N, 1, [&](int64_t n0, int64_t n1) {
-    alignas(32) float buf[kCeChunk];  // one chunk of the row's gradient, computed in L1
+    alignas(32) float buf[kCeChunk];  // one chunk of a row's gradient, computed in L1
     for (int64_t n = n0; n < n1; ++n) {
-      const float* row = px + n * V;
-      float* d = pd + n * V;  // (V)
       const int64_t t = index_at(pt, i64, n);
-      const bool ignored = t == ignore_index;
-      const float l = ps[n];
-      auto grad = [&](int64_t i) { return ignored ? 0.0f : fm::exp(row[i] - l) * scale - (i == t ? scale : 0.0f); };
-      // A scalar head up to the 32-byte boundary, then chunks computed into buf (vectorised) and
-      // streamed out. The one-hot term goes into buf, so no streamed element is read back.
-      const int64_t head = std::min(V, floats_to_alignment(d));
-      for (int64_t i = 0; i < head; ++i) d[i] = grad(i);
-      for (int64_t c0 = head; c0 < V; c0 += kCeChunk) {
-        const int64_t len = std::min(kCeChunk, V - c0);
-        const float* xc = row + c0;
-        if (ignored) {
-          std::fill(buf, buf + len, 0.0f);
-        } else {
-#pragma omp simd
-          for (int64_t i = 0; i < len; ++i) buf[i] = fm::exp(xc[i] - l) * scale;
-          if (t >= c0 && t < c0 + len) buf[t - c0] -= scale;
-        }
-        stream_copy(d + c0, buf, len);
-      }
+      cross_entropy_grad_row(px + n * V, V, t, t == ignore_index, ps[n], scale, pd + n * V, buf);
     }
     _mm_sfence();  // streaming stores are weakly ordered: drain them before the region's barrier
   });
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dropout: mask[i] = uniform(seed, stream, base + i) >= p, out = x * mask / (1 - p).
+// Dropout: mask[i] = rng::uniform01(hash3(seed, stream, base + i)) >= p, out = x * mask / (1 - p).
 
 void CpuBackend::dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t base,
                          const Tensor& out) {
@@ -519,34 +526,29 @@ void CpuBackend::dropout(const Tensor& x, float p, uint64_t seed, uint64_t strea
   DS_CHECK(p >= 0.0f && p < 1.0f, "[cpu:dropout] p = {} must be in [0, 1)", p);
   const int64_t n = x.numel();
   const float keep_scale = 1.0f / (1.0f - p);
-  // rng::uniform01(h) = (h >> 40) / 2^24 exactly, so uniform01(h) >= p  <=>  (h >> 40) >= ceil(p 2^24).
+  // uniform01(h) = (h >> 40) / 2^24 exactly, so uniform01(h) >= p  <=>  (h >> 40) >= ceil(p 2^24).
   // The integer form keeps the loop vectorised (a float compare would not be; see fast_math.h).
   const uint64_t threshold = static_cast<uint64_t>(std::ceil(static_cast<double>(p) * 16777216.0));
-  auto apply = [=](const float* xi, float* o, int64_t b, int64_t e) {
-#pragma omp simd
-    for (int64_t i = b; i < e; ++i) {
-      const bool keep = (rng::hash3(seed, stream, base + static_cast<uint64_t>(i)) >> 40) >= threshold;
-      o[i - b] = fm::detail::select(fm::detail::mask(keep), xi[i - b] * keep_scale, 0.0f);
-    }
-  };
   if (x.dtype() == DType::f32 && out.dtype() == DType::f32) {
     const float* px = x.data<float>();
     float* po = out.data<float>();
-    parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) { apply(px + b, po + b, b, e); });
+    parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) {
+      dropout_chunk(px + b, e - b, seed, stream, base + static_cast<uint64_t>(b), threshold, keep_scale, po + b);
+    });
     return;
   }
   // 16-bit: convert chunks to fp32 and back.
   const char* px = static_cast<const char*>(x.raw_data());
   char* po = static_cast<char*>(out.raw_data());
-  const size_t xs = dtype_size(x.dtype()), os = dtype_size(out.dtype());
+  const int64_t xs = static_cast<int64_t>(dtype_size(x.dtype())), os = static_cast<int64_t>(dtype_size(out.dtype()));
   parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) {
     constexpr int64_t kChunk = 2048;
     float fx[kChunk], fo[kChunk];
     for (int64_t i = b; i < e; i += kChunk) {
       const int64_t m = std::min(kChunk, e - i);
-      convert(px + i * static_cast<int64_t>(xs), x.dtype(), fx, DType::f32, static_cast<size_t>(m));
-      apply(fx, fo, i, i + m);
-      convert(fo, DType::f32, po + i * static_cast<int64_t>(os), out.dtype(), static_cast<size_t>(m));
+      convert(px + i * xs, x.dtype(), fx, DType::f32, static_cast<size_t>(m));
+      dropout_chunk(fx, m, seed, stream, base + static_cast<uint64_t>(i), threshold, keep_scale, fo);
+      convert(fo, DType::f32, po + i * os, out.dtype(), static_cast<size_t>(m));
     }
   });
 }
