@@ -4,7 +4,8 @@
 
 namespace ds::nn {
 
-FlatParameters flatten_parameters(Module& module, DType dtype, DType grad_dtype, int64_t multiple_of) {
+FlatParameters flatten_parameters(Module& module, DType dtype, DType grad_dtype, int64_t multiple_of,
+                                  bool with_grads) {
   DS_CHECK(multiple_of >= 1, "[flatten] multiple_of must be >= 1, got {}", multiple_of);
   FlatParameters flat;
   auto named = module.named_parameters();
@@ -15,11 +16,14 @@ FlatParameters flatten_parameters(Module& module, DType dtype, DType grad_dtype,
   flat.padded_numel = (flat.numel + multiple_of - 1) / multiple_of * multiple_of;
   const Device dev = named.empty() ? kCPU : named.front().second.device();
   auto pstore = Storage::allocate(static_cast<size_t>(flat.padded_numel) * dtype_size(dtype), dev);
-  auto gstore = Storage::allocate(static_cast<size_t>(flat.padded_numel) * dtype_size(grad_dtype), dev);
   flat.params = Tensor::from_storage(pstore, {flat.padded_numel}, dtype);
-  flat.grads = Tensor::from_storage(gstore, {flat.padded_numel}, grad_dtype);
   flat.params.zero_();
-  flat.grads.zero_();
+  std::shared_ptr<Storage> gstore;
+  if (with_grads) {
+    gstore = Storage::allocate(static_cast<size_t>(flat.padded_numel) * dtype_size(grad_dtype), dev);
+    flat.grads = Tensor::from_storage(gstore, {flat.padded_numel}, grad_dtype);
+    flat.grads.zero_();
+  }
   for (size_t i = 0; i < named.size(); ++i) {
     const Tensor& p = named[i].second;
     const FlatEntry& e = flat.entries[i];
@@ -32,10 +36,11 @@ FlatParameters flatten_parameters(Module& module, DType dtype, DType grad_dtype,
     impl->offset = 0;
     impl->strides = contiguous_strides(p.shape());
     impl->dtype = dtype;
-    impl->grad = Tensor::from_storage(
-        Storage::view(gstore, static_cast<size_t>(e.offset) * dtype_size(grad_dtype),
-                      static_cast<size_t>(e.numel) * dtype_size(grad_dtype)),
-        p.shape(), grad_dtype);
+    impl->grad = !with_grads ? Tensor()
+                             : Tensor::from_storage(
+                                   Storage::view(gstore, static_cast<size_t>(e.offset) * dtype_size(grad_dtype),
+                                                 static_cast<size_t>(e.numel) * dtype_size(grad_dtype)),
+                                   p.shape(), grad_dtype);
   }
   return flat;
 }

@@ -16,10 +16,12 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "ds/comm/group.h"
 #include "ds/core/error.h"
 #include "ds/core/rng.h"
 #include "ds/core/safetensors.h"
@@ -34,11 +36,6 @@ namespace {
 
 constexpr int kFormatVersion = 1;
 constexpr const char* kModelFile = "mp_rank_00_model_states.safetensors";
-
-std::string optim_file_name(DType training) {
-  return std::string(training == DType::bf16 ? "bf16_" : "") +
-         "zero_pp_rank_0_mp_rank_00_optim_states.safetensors";
-}
 
 std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
 
@@ -93,98 +90,141 @@ nlohmann::json parse_metadata(const safetensors::Reader& r, const std::string& k
 
 }  // namespace
 
+namespace {
+
+std::string shard_file_name(DType training, int rank) {
+  return std::string(training == DType::bf16 ? "bf16_" : "") +
+         fmt::format("zero_pp_rank_{}_mp_rank_00_optim_states.safetensors", rank);
+}
+
+bool is_shard_file(const std::string& name, DType training) {
+  const std::string prefix = std::string(training == DType::bf16 ? "bf16_" : "") + "zero_pp_rank_";
+  return name.rfind(prefix, 0) == 0 && name.find("_optim_states.safetensors") != std::string::npos;
+}
+
+}  // namespace
+
 void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_in,
                              const nlohmann::json& client_state) {
   const fs::path dir(dir_in);
   const std::string tag = tag_in.empty() ? fmt::format("global_step{}", global_steps_) : tag_in;
   DS_CHECK(tag.find('/') == std::string::npos && tag != "." && tag != "..",
            "[checkpoint] tag '{}' must be a plain folder name", tag);
+  const int rank = group_->rank(), n = group_->size();
+  const fs::path tmp = dir / fmt::format(".{}.tmp", tag);
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  DS_CHECK(!ec, "[checkpoint] cannot create {}: {}", dir.string(), ec.message());
-  const fs::path tmp = dir / fmt::format(".{}.tmp.{}", tag, ::getpid());
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  DS_CHECK(!ec, "[checkpoint] cannot create {}: {}", tmp.string(), ec.message());
+  if (rank == 0) {
+    fs::create_directories(dir, ec);
+    DS_CHECK(!ec, "[checkpoint] cannot create {}: {}", dir.string(), ec.message());
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp, ec);
+    DS_CHECK(!ec, "[checkpoint] cannot create {}: {}", tmp.string(), ec.message());
+  }
+  group_->barrier("checkpoint " + tag + ": folder created");
 
   try {
-    // Model states: every parameter by name in the training dtype, plus the engine state.
-    nlohmann::json engine_state = {
-        {"format_version", kFormatVersion},
-        {"global_steps", global_steps_},
-        {"global_samples", global_samples_},
-        {"skipped_steps", skipped_steps_},
-        {"micro_steps", micro_steps_},
-        {"consecutive_skips", consecutive_skips_},
-        {"lr_scheduler", scheduler_.state_dict()},
-        {"loss_scaler", scaler_.state_dict()},
-        {"dropout_rng", {{"seed", rng::dropout_state().seed}, {"offset", rng::dropout_state().offset}}},
-        {"world_size", config_.batch.world_size},
-        {"zero_stage", config_.zero_optimization.stage},
-        {"dtype", dtype_name(training_dtype())},
-        {"grad_dtype", dtype_name(grad_dtype())},
-        {"ds_config_source", config_.source},
-        {"client_state", client_state},
-    };
-    std::vector<std::pair<std::string, Tensor>> weights;
-    for (auto& [name, p] : model_->named_parameters()) weights.emplace_back(name, p);
-    safetensors::save((tmp / kModelFile).string(), weights, {{"ds_engine", engine_state.dump()}});
-
-    // Optimizer states: fp32 master and moments over the unpadded range, in flat-buffer order.
-    const int64_t n = flat_.numel;
-    auto unpadded = [n](const Tensor& t) { return Tensor::from_storage(t.storage(), {n}, DType::f32, t.storage_offset()); };
-    std::vector<std::pair<std::string, Tensor>> states = {{"fp32_master", unpadded(master_)}};
-    for (const auto& sb : optimizer_->state_buffers()) {
-      auto st = Storage::external(sb.data, static_cast<size_t>(sb.numel) * sizeof(float), kCPU);
-      states.emplace_back(sb.name, Tensor::from_storage(st, {n}, DType::f32));
+    if (rank == 0) {
+      // Model states: every parameter by name in the training dtype, plus the engine state.
+      nlohmann::json engine_state = {
+          {"format_version", kFormatVersion},
+          {"global_steps", global_steps_},
+          {"global_samples", global_samples_},
+          {"skipped_steps", skipped_steps_},
+          {"micro_steps", micro_steps_},
+          {"consecutive_skips", consecutive_skips_},
+          {"lr_scheduler", scheduler_.state_dict()},
+          {"loss_scaler", scaler_.state_dict()},
+          {"dropout_rng", {{"seed", rng::dropout_state().seed}, {"offset", rng::dropout_state().offset}}},
+          {"world_size", n},
+          {"zero_stage", stage_},
+          {"dtype", dtype_name(training_dtype())},
+          {"grad_dtype", dtype_name(grad_dtype())},
+          {"ds_config_source", config_.source},
+          {"client_state", client_state},
+      };
+      std::vector<std::pair<std::string, Tensor>> weights;
+      for (auto& [name, p] : model_->named_parameters()) weights.emplace_back(name, p);
+      safetensors::save((tmp / kModelFile).string(), weights, {{"ds_engine", engine_state.dump()}});
     }
-    nlohmann::json names = nlohmann::json::array(), shapes = nlohmann::json::array(),
-                   offsets = nlohmann::json::array();
-    for (const auto& e : flat_.entries) {
-      names.push_back(e.name);
-      shapes.push_back(e.shape);
-      offsets.push_back(e.offset);
-    }
-    nlohmann::json opt_state = {
-        {"format_version", kFormatVersion},
-        {"optimizer", optimizer_->name()},
-        {"scalar_state", optimizer_->scalar_state()},
-        {"param_names", names},
-        {"param_shapes", shapes},
-        {"param_offsets", offsets},
-        {"numel", n},
-        {"padding", flat_.padded_numel - n},
-        {"partition_count", 1},
-        {"rank", options_.rank},
-    };
-    const std::string optim_file = optim_file_name(training_dtype());
-    safetensors::save((tmp / optim_file).string(), states, {{"ds_optimizer", opt_state.dump()}});
 
-    nlohmann::json sums = nlohmann::json::object();
-    for (const std::string f : {std::string(kModelFile), optim_file}) {
-      uint64_t size = 0;
-      const uint64_t h = file_xxh64(tmp / f, &size);
-      sums[f] = {{"bytes", size}, {"xxh64", hex64(h)}};
+    // Optimizer shard: this rank's range of the fp32 master weights and moments, padding stripped.
+    // Stage 0 ranks all hold the same full state: rank 0 writes it once.
+    const bool sharded = opt_numel_ != plan_.padded_numel;
+    if (sharded || rank == 0) {
+      const int64_t lo = opt_begin_, hi = std::min(opt_begin_ + opt_numel_, flat_.numel);
+      const int64_t count = std::max<int64_t>(0, hi - lo);
+      auto head = [count](const Tensor& t) {
+        return Tensor::from_storage(t.storage(), {count}, DType::f32, t.storage_offset());
+      };
+      std::vector<std::pair<std::string, Tensor>> states = {{"fp32_master", head(master_)}};
+      for (const auto& sb : optimizer_->state_buffers()) {
+        auto st = Storage::external(sb.data, static_cast<size_t>(sb.numel) * sizeof(float), kCPU);
+        states.emplace_back(sb.name, Tensor::from_storage(st, {count}, DType::f32));
+      }
+      nlohmann::json names = nlohmann::json::array(), shapes = nlohmann::json::array(),
+                     offsets = nlohmann::json::array();
+      for (const auto& e : flat_.entries) {
+        names.push_back(e.name);
+        shapes.push_back(e.shape);
+        offsets.push_back(e.offset);
+      }
+      nlohmann::json opt_state = {
+          {"format_version", kFormatVersion},
+          {"optimizer", optimizer_->name()},
+          {"scalar_state", optimizer_->scalar_state()},
+          {"param_names", names},
+          {"param_shapes", shapes},
+          {"param_offsets", offsets},
+          {"numel", flat_.numel},
+          {"padding", plan_.padded_numel - flat_.numel},
+          {"range_begin", lo},
+          {"range_end", lo + count},
+          {"partition_count", sharded ? n : 1},
+          {"zero_stage", stage_},
+          {"rank", rank},
+      };
+      safetensors::save((tmp / shard_file_name(training_dtype(), sharded ? rank : 0)).string(), states,
+                        {{"ds_optimizer", opt_state.dump()}});
     }
-    data::write_file_atomic(tmp / "checksums.json", sums.dump(2) + "\n");
-    fsync_dir(tmp);
-
-    // Swap the complete folder into place; an older folder of the same tag goes only after.
-    const fs::path final_dir = dir / tag;
-    const fs::path old = dir / fmt::format(".{}.old.{}", tag, ::getpid());
-    if (fs::exists(final_dir)) fs::rename(final_dir, old);
-    fs::rename(tmp, final_dir);
-    fsync_dir(dir);
-    fs::remove_all(old, ec);
-    data::write_file_atomic(dir / "latest", tag + "\n");
-  } catch (const fs::filesystem_error& e) {
+  } catch (const std::exception& e) {
+    // Other ranks are about to wait at the next barrier: end the job instead of letting them hang.
+    const std::string why = fmt::format("[checkpoint] rank {} failed writing {}: {} (is the disk full "
+                                        "or the folder read-only?)", rank, (dir / tag).string(), e.what());
+    if (n > 1) comm::abort_job(1, why);
     fs::remove_all(tmp, ec);
-    DS_THROW("[checkpoint] writing {} failed: {} (is the disk full or the folder read-only?)",
-             (dir / tag).string(), e.what());
-  } catch (...) {
-    fs::remove_all(tmp, ec);
-    throw;
+    throw Error(why);
   }
+  group_->barrier("checkpoint " + tag + ": files written");
+
+  if (rank == 0) {
+    try {
+      nlohmann::json sums = nlohmann::json::object();
+      for (const auto& entry : fs::directory_iterator(tmp)) {
+        const std::string f = entry.path().filename().string();
+        uint64_t size = 0;
+        const uint64_t h = file_xxh64(entry.path(), &size);
+        sums[f] = {{"bytes", size}, {"xxh64", hex64(h)}};
+      }
+      data::write_file_atomic(tmp / "checksums.json", sums.dump(2) + "\n");
+      fsync_dir(tmp);
+      // Swap the complete folder into place; an older folder of the same tag goes only after.
+      const fs::path final_dir = dir / tag;
+      const fs::path old = dir / fmt::format(".{}.old", tag);
+      fs::remove_all(old, ec);
+      if (fs::exists(final_dir)) fs::rename(final_dir, old);
+      fs::rename(tmp, final_dir);
+      fsync_dir(dir);
+      fs::remove_all(old, ec);
+      data::write_file_atomic(dir / "latest", tag + "\n");
+    } catch (const std::exception& e) {
+      const std::string why = fmt::format("[checkpoint] finishing {} failed: {} (is the disk full?)",
+                                          (dir / tag).string(), e.what());
+      if (n > 1) comm::abort_job(1, why);
+      fs::remove_all(tmp, ec);
+      throw Error(why);
+    }
+  }
+  group_->barrier("checkpoint " + tag + ": latest written");
 }
 
 nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::string& tag_in) {
@@ -201,7 +241,6 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
   const fs::path ck = dir / tag;
   DS_CHECK(fs::is_directory(ck), "[checkpoint] checkpoint folder {} does not exist", ck.string());
 
-  // Integrity first: every file present, of the recorded size and checksum.
   const fs::path sums_path = ck / "checksums.json";
   DS_CHECK(fs::exists(sums_path), "[checkpoint] {} is missing: the checkpoint is incomplete", sums_path.string());
   nlohmann::json sums;
@@ -210,17 +249,9 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
   } catch (const std::exception& e) {
     DS_THROW("[checkpoint] {} is corrupted ({})", sums_path.string(), e.what());
   }
-  const std::string optim_file = optim_file_name(training_dtype());
-  for (const std::string f : {std::string(kModelFile), optim_file}) {
+  auto verify = [&](const std::string& f) {
     const fs::path p = ck / f;
-    if (!sums.contains(f)) {
-      // The other precision's optimizer file name: say so instead of "missing".
-      DS_CHECK(f != optim_file || !fs::exists(ck / optim_file_name(training_dtype() == DType::bf16 ? DType::f32 : DType::bf16)),
-               "[checkpoint] {} was written by a {} run; this run trains in {} (DeepSpeed names the "
-               "bf16 optimizer file differently). Resume with the same precision",
-               ck.string(), training_dtype() == DType::bf16 ? "non-bf16" : "bf16", dtype_name(training_dtype()));
-      DS_THROW("[checkpoint] {} does not list {}", sums_path.string(), f);
-    }
+    DS_CHECK(sums.contains(f), "[checkpoint] {} does not list {}", sums_path.string(), f);
     DS_CHECK(fs::exists(p), "[checkpoint] {} is missing", p.string());
     uint64_t size = 0;
     const uint64_t h = file_xxh64(p, &size);
@@ -230,9 +261,23 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
     DS_CHECK(hex64(h) == sums[f].at("xxh64").get<std::string>(),
              "[checkpoint] {} is corrupted: checksum {} differs from the recorded {}", p.string(),
              hex64(h), sums[f].at("xxh64").get<std::string>());
+  };
+  std::vector<std::string> shard_files;
+  for (auto it = sums.begin(); it != sums.end(); ++it)
+    if (is_shard_file(it.key(), training_dtype())) shard_files.push_back(it.key());
+  if (shard_files.empty()) {
+    const DType other = training_dtype() == DType::bf16 ? DType::f32 : DType::bf16;
+    bool other_found = false;
+    for (auto it = sums.begin(); it != sums.end(); ++it) other_found = other_found || is_shard_file(it.key(), other);
+    DS_CHECK(!other_found,
+             "[checkpoint] {} was written by a {} run; this run trains in {} (DeepSpeed names the "
+             "bf16 optimizer files differently). Resume with the same precision",
+             ck.string(), training_dtype() == DType::bf16 ? "non-bf16" : "bf16", dtype_name(training_dtype()));
+    DS_THROW("[checkpoint] {} holds no optimizer shard (zero_pp_rank_*_optim_states.safetensors)", ck.string());
   }
 
-  // Model weights: exactly our names, shapes and dtypes.
+  // Model weights: exactly our names and shapes.
+  verify(kModelFile);
   safetensors::Reader model_file((ck / kModelFile).string());
   const nlohmann::json engine_state = parse_metadata(model_file, "ds_engine");
   auto params = model_->named_parameters();
@@ -243,46 +288,72 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
       continue;
     }
     const auto& e = model_file.entry(name);
-    if (e.shape != p.shape()) problems.push_back(fmt::format("{}: shape {} in the file, {} in the model", name, shape_str(e.shape), shape_str(p.shape())));
+    if (e.shape != p.shape())
+      problems.push_back(fmt::format("{}: shape {} in the file, {} in the model", name, shape_str(e.shape), shape_str(p.shape())));
   }
   for (const auto& name : model_file.names()) {
     bool known = false;
-    for (auto& [n, p] : params) known = known || n == name;
+    for (auto& [n2, p] : params) known = known || n2 == name;
     if (!known) problems.push_back("unexpected " + name);
   }
   DS_CHECK(problems.empty(), "[checkpoint] {} does not match this model: {}", (ck / kModelFile).string(),
            fmt::join(problems, "; "));
 
-  // Optimizer file: the same flat layout.
-  safetensors::Reader opt_file((ck / optim_file).string());
-  const nlohmann::json opt_state = parse_metadata(opt_file, "ds_optimizer");
-  DS_CHECK(opt_state.at("numel").get<int64_t>() == flat_.numel &&
-               opt_state.at("param_names").size() == flat_.entries.size(),
-           "[checkpoint] {} holds {} parameters ({} elements); this model has {} ({} elements)",
-           (ck / optim_file).string(), opt_state.at("param_names").size(), opt_state.at("numel").get<int64_t>(),
-           flat_.entries.size(), flat_.numel);
-  for (size_t i = 0; i < flat_.entries.size(); ++i) {
-    DS_CHECK(opt_state["param_names"][i].get<std::string>() == flat_.entries[i].name &&
-                 opt_state["param_shapes"][i].get<Shape>() == flat_.entries[i].shape,
-             "[checkpoint] {}: parameter {} is {} {} in the file but {} {} in the model",
-             (ck / optim_file).string(), i, opt_state["param_names"][i].get<std::string>(),
-             shape_str(opt_state["param_shapes"][i].get<Shape>()), flat_.entries[i].name,
-             shape_str(flat_.entries[i].shape));
+  // Optimizer shards: whatever world size and stage wrote them, take the elements of our range.
+  const int64_t lo = opt_begin_, hi = std::min(opt_begin_ + opt_numel_, flat_.numel);
+  auto states = optimizer_->state_buffers();
+  struct Piece {
+    std::unique_ptr<safetensors::Reader> file;
+    int64_t begin, end;
+  };
+  std::vector<Piece> pieces;
+  nlohmann::json scalar_state;
+  int64_t covered = 0;
+  for (const auto& f : shard_files) {
+    const std::string path = (ck / f).string();
+    auto reader = std::make_unique<safetensors::Reader>(path);
+    const nlohmann::json meta = parse_metadata(*reader, "ds_optimizer");
+    DS_CHECK(meta.at("numel").get<int64_t>() == flat_.numel && meta.at("param_names").size() == flat_.entries.size(),
+             "[checkpoint] {} holds {} parameters ({} elements); this model has {} ({} elements)", path,
+             meta.at("param_names").size(), meta.at("numel").get<int64_t>(), flat_.entries.size(), flat_.numel);
+    for (size_t i = 0; i < flat_.entries.size(); ++i)
+      DS_CHECK(meta["param_names"][i].get<std::string>() == flat_.entries[i].name &&
+                   meta["param_shapes"][i].get<Shape>() == flat_.entries[i].shape,
+               "[checkpoint] {}: parameter {} is {} {} in the file but {} {} in the model", path, i,
+               meta["param_names"][i].get<std::string>(), shape_str(meta["param_shapes"][i].get<Shape>()),
+               flat_.entries[i].name, shape_str(flat_.entries[i].shape));
+    DS_CHECK(meta.at("optimizer").get<std::string>() == optimizer_->name(),
+             "[checkpoint] {} was written with the {} optimizer; this run uses {}", path,
+             meta.at("optimizer").get<std::string>(), optimizer_->name());
+    scalar_state = meta.at("scalar_state");
+    const int64_t b = meta.at("range_begin").get<int64_t>(), e = meta.at("range_end").get<int64_t>();
+    if (std::max(b, lo) >= std::min(e, hi)) continue;
+    verify(f);
+    covered += std::min(e, hi) - std::max(b, lo);
+    pieces.push_back({std::move(reader), b, e});
   }
-  DS_CHECK(opt_state.at("optimizer").get<std::string>() == optimizer_->name(),
-           "[checkpoint] {} was written with the {} optimizer; this run uses {}",
-           (ck / optim_file).string(), opt_state.at("optimizer").get<std::string>(), optimizer_->name());
+  DS_CHECK(covered == std::max<int64_t>(0, hi - lo),
+           "[checkpoint] the optimizer shards in {} do not cover elements [{}, {}) of this rank; a "
+           "shard file is missing", ck.string(), lo, hi);
 
   // Everything verified: now restore. Weights, then master (which in fp32 training is the weights).
   for (auto& [name, p] : params) model_file.read_into(name, p);
-  const int64_t n = flat_.numel;
-  opt_file.read_into("fp32_master", Tensor::from_storage(master_.storage(), {n}, DType::f32, master_.storage_offset()));
-  for (const auto& sb : optimizer_->state_buffers()) {
-    DS_CHECK(opt_file.contains(sb.name), "[checkpoint] {} has no optimizer state '{}'", (ck / optim_file).string(), sb.name);
-    auto st = Storage::external(sb.data, static_cast<size_t>(sb.numel) * sizeof(float), kCPU);
-    opt_file.read_into(sb.name, Tensor::from_storage(st, {n}, DType::f32));
+  master_.zero_();
+  for (const auto& sb : states) std::fill(sb.data, sb.data + sb.numel, 0.0f);
+  for (const auto& pc : pieces) {
+    const int64_t a = std::max(pc.begin, lo), z = std::min(pc.end, hi);
+    auto copy = [&](const std::string& name, float* dst) {
+      DS_CHECK(pc.file->contains(name), "[checkpoint] {} has no optimizer state '{}'", pc.file->path(), name);
+      const auto& entry = pc.file->entry(name);
+      DS_CHECK(entry.supported && entry.dtype == DType::f32, "[checkpoint] {}: '{}' is not fp32",
+               pc.file->path(), name);
+      const float* src = reinterpret_cast<const float*>(pc.file->data_of(entry));
+      std::memcpy(dst + (a - lo), src + (a - pc.begin), static_cast<size_t>(z - a) * sizeof(float));
+    };
+    copy("fp32_master", master_.data<float>());
+    for (const auto& sb : states) copy(sb.name, sb.data);
   }
-  optimizer_->load_scalar_state(opt_state.at("scalar_state").get<std::map<std::string, double>>());
+  optimizer_->load_scalar_state(scalar_state.get<std::map<std::string, double>>());
 
   global_steps_ = engine_state.at("global_steps").get<int64_t>();
   global_samples_ = engine_state.at("global_samples").get<int64_t>();

@@ -74,35 +74,88 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
       scaler_(LossScaler::from_config(config_.fp16)),
       last_grad_norm_(std::numeric_limits<double>::quiet_NaN()) {
   DS_CHECK(model_, "[engine] initialize() needs a model");
-  DS_CHECK(config_.batch.world_size == 1,
-           "[engine] world size {} requested, but this build trains on one process; multi-process "
-           "ZeRO needs the comm layer (launch with a single rank for now)",
-           config_.batch.world_size);
+  group_ = options_.group ? options_.group : comm::world();
+  const int n = group_->size();
+  DS_CHECK(config_.batch.world_size == n,
+           "[engine] the config's batch sizes were resolved for {} ranks but the job has {}; pass "
+           "ConfigContext::world_size = {} when parsing",
+           config_.batch.world_size, n, n);
+  stage_ = config_.zero_optimization.stage;
+  DS_CHECK(stage_ <= 2 || n == 1,
+           "[engine] ZeRO stage 3 (parameter partitioning) across {} ranks is not implemented yet; "
+           "use stage 2, which shards gradients and optimizer states the same way, or run one rank",
+           n);
   if (!options_.loss_fn) options_.loss_fn = default_loss_fn();
-  scaler_.set_rank(options_.rank);
+  scaler_.set_rank(group_->rank());
   scaler_.set_log_sink([this](const std::string& m) { log(m); });
 
   const DType train = config_.training_dtype();
   const DType grads = resolve_grad_dtype(config_);
+  grad_dtype_ = grads;
+  const int64_t multiple = zero::padding_multiple(n);
+  const bool full_grads = stage_ < 2;
   // Flatten in fp32 first: that buffer becomes the master copy (or the parameters themselves in
   // fp32 training). For 16-bit training flatten again in the training dtype: same order and
   // offsets, values rounded to nearest even, parameters rebound to the 16-bit buffer.
-  nn::FlatParameters f32 = nn::flatten_parameters(*model_, DType::f32, grads);
+  nn::FlatParameters f32 = nn::flatten_parameters(*model_, DType::f32, grads, multiple, full_grads);
+  plan_ = zero::plan_partitions(f32.numel, n);
+  DS_CHECK(plan_.padded_numel == f32.padded_numel, "[engine] internal: padding plan disagrees");
+  const bool sharded = stage_ >= 1 && n > 1;
+  opt_begin_ = sharded ? plan_.begin(group_->rank()) : 0;
+  opt_numel_ = sharded ? plan_.partition_numel : plan_.padded_numel;
+  auto range = [&](const Tensor& t) {
+    return Tensor::from_storage(t.storage(), {opt_numel_}, t.dtype(), t.storage_offset() + opt_begin_);
+  };
   if (train == DType::f32) {
     flat_ = std::move(f32);
-    master_ = flat_.params;
+    master_ = range(flat_.params);
   } else {
-    master_ = f32.params;
-    flat_ = nn::flatten_parameters(*model_, train, grads);
+    // Only this rank's range of the fp32 copy is kept as master weights.
+    master_ = range(f32.params).clone();
+    f32 = {};
+    flat_ = nn::flatten_parameters(*model_, train, grads, multiple, full_grads);
   }
-  if (grads != DType::f32) grads32_ = Tensor::zeros({flat_.padded_numel});
+  if (!full_grads) grads_part_ = Tensor::zeros({opt_numel_}, grads);
+  if (grads != DType::f32) grads32_ = Tensor::zeros({opt_numel_});
 
-  optimizer_ =
-      optim::make_optimizer(optimizer_name(config_.optimizer), optimizer_params(config_.optimizer));
+  // Every rank starts from rank 0's weights (initialisation is rank-independent already; this
+  // also covers models initialised by the caller).
+  if (n > 1) group_->broadcast(flat_.params, 0, "initial weights");
+
+  optimizer_ = optim::make_optimizer(optimizer_name(config_.optimizer), optimizer_params(config_.optimizer));
   std::vector<optim::Segment> segments;
-  for (const auto& e : flat_.entries) segments.push_back({e.offset, e.numel});
+  for (const auto& e : flat_.entries) {
+    const int64_t b = std::max<int64_t>(e.offset, opt_begin_);
+    const int64_t en = std::min<int64_t>(e.offset + e.numel, opt_begin_ + opt_numel_);
+    if (b < en) segments.push_back({b - opt_begin_, en - b});
+  }
+  DS_CHECK(!sharded || optimizer_->name() != std::string("Lamb"),
+           "[engine] Lamb under ZeRO needs its per-tensor norms reduced across ranks, which is not "
+           "wired yet; use Adam/AdamW, or ZeRO stage 0");
   optimizer_->set_segments(segments);
-  optimizer_->init_state(flat_.padded_numel);
+  optimizer_->init_state(opt_numel_);
+
+  // Gradient reduction: how gradients are averaged, and the bucket plan hung on the hooks.
+  const double predivide = config_.gradient_predivide_factor;
+  if (config_.prescale_gradients) {
+    comm_prescale_ = static_cast<float>(1.0 / n);
+    grad_post_scale_ = 1.0;
+  } else {
+    comm_prescale_ = static_cast<float>(1.0 / predivide);
+    grad_post_scale_ = predivide / n;
+  }
+  if (n > 1 || stage_ == 2) {
+    const auto bucket_numel = std::max<int64_t>(1, static_cast<int64_t>(config_.zero_optimization.reduce_bucket_size));
+    buckets_ = zero::plan_buckets(flat_.entries, plan_.padded_numel, bucket_numel);
+    param_buckets_.assign(flat_.entries.size(), {});
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      for (int i : buckets_[b].params) param_buckets_[static_cast<size_t>(i)].push_back(static_cast<int>(b));
+    bucket_pending_.assign(buckets_.size(), 0);
+    bucket_staging_.assign(buckets_.size(), Tensor());
+    auto named = model_->named_parameters();
+    for (size_t i = 0; i < named.size(); ++i)
+      named[i].second.add_grad_ready_hook([this, i](const Tensor& p) { on_grad_ready(static_cast<int>(i), p); });
+  }
 }
 
 Engine::~Engine() = default;
@@ -110,7 +163,7 @@ Engine::~Engine() = default;
 void Engine::log(const std::string& line) const {
   if (options_.log) {
     options_.log(line);
-  } else if (options_.rank == 0) {
+  } else if (group_->rank() == 0) {
     std::fprintf(stderr, "%s\n", line.c_str());
   }
 }
@@ -132,28 +185,104 @@ Tensor Engine::eval_loss(const Tensor& inputs, const Tensor& targets) {
 void Engine::backward(const Tensor& loss) {
   DS_CHECK(loss.defined() && loss.numel() == 1, "[engine] backward() needs the scalar loss");
   const double gas = static_cast<double>(config_.batch.gradient_accumulation_steps);
+  // Stage 2 reduces every micro-step (each rank keeps only its partition); stage 0 reduces on the
+  // boundary micro-step, overlapped with its backward; stage 1 reduce-scatters in step().
+  reducing_ = !buckets_.empty() && (stage_ == 2 || (stage_ == 0 && is_gradient_accumulation_boundary()));
+  if (reducing_)
+    for (size_t b = 0; b < buckets_.size(); ++b) bucket_pending_[b] = static_cast<int>(buckets_[b].params.size());
   Tensor scaled = ops::mul(loss.dtype() == DType::f32 ? loss : ops::cast(loss, DType::f32),
                            static_cast<float>(scaler_.scale() / gas));
   scaled.backward();
+  if (reducing_) {
+    // Buckets with no parameters (all padding) or parameters that got no gradient.
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      if (bucket_pending_[b] > 0) {
+        bucket_pending_[b] = 0;
+        launch_bucket(static_cast<int>(b));
+      }
+    finish_reductions();
+    reducing_ = false;
+  }
+}
+
+void Engine::on_grad_ready(int i, const Tensor& p) {
+  if (!reducing_) return;
+  const auto& e = flat_.entries[static_cast<size_t>(i)];
+  if (stage_ == 2) {
+    // Copy this parameter's gradient into each bucket it overlaps, then drop it: after this hook
+    // the rank holds no full-size gradient of the parameter.
+    Tensor g = p.grad().contiguous();
+    for (int b : param_buckets_[static_cast<size_t>(i)]) {
+      const auto& bk = buckets_[static_cast<size_t>(b)];
+      Tensor& staging = bucket_staging_[static_cast<size_t>(b)];
+      if (!staging.defined()) staging = Tensor::zeros({bk.end - bk.begin}, g.dtype());
+      const int64_t lo = std::max(bk.begin, e.offset), hi = std::min(bk.end, e.offset + e.numel);
+      Tensor::from_storage(staging.storage(), {hi - lo}, staging.dtype(), staging.storage_offset() + lo - bk.begin)
+          .copy_from(Tensor::from_storage(g.storage(), {hi - lo}, g.dtype(), g.storage_offset() + lo - e.offset));
+    }
+    p.set_grad({});
+  }
+  for (int b : param_buckets_[static_cast<size_t>(i)])
+    if (--bucket_pending_[static_cast<size_t>(b)] == 0) launch_bucket(b);
+}
+
+void Engine::launch_bucket(int b) {
+  const auto& bk = buckets_[static_cast<size_t>(b)];
+  Tensor buf;
+  if (stage_ == 2) {
+    Tensor& staging = bucket_staging_[static_cast<size_t>(b)];
+    if (!staging.defined()) staging = Tensor::zeros({bk.end - bk.begin}, grad_dtype());
+    buf = staging;
+  } else {
+    buf = Tensor::from_storage(flat_.grads.storage(), {bk.end - bk.begin}, flat_.grads.dtype(),
+                               flat_.grads.storage_offset() + bk.begin);
+  }
+  if (group_->size() == 1) {
+    in_flight_.emplace_back(b, comm::Work());
+    return;
+  }
+  if (comm_prescale_ != 1.0f) ops::mul_(buf, comm_prescale_);
+  in_flight_.emplace_back(
+      b, group_->all_reduce_async(buf, comm::ReduceOp::sum, fmt::format("step {} bucket {}", global_steps_ + 1, b)));
+}
+
+void Engine::finish_reductions() {
+  for (auto& [b, work] : in_flight_) {
+    work.wait();
+    if (stage_ != 2) continue;
+    // Keep only this rank's part of the reduced bucket.
+    const auto& bk = buckets_[static_cast<size_t>(b)];
+    Tensor& staging = bucket_staging_[static_cast<size_t>(b)];
+    const int64_t lo = std::max(bk.begin, opt_begin_), hi = std::min(bk.end, opt_begin_ + opt_numel_);
+    if (lo < hi) {
+      ops::add_(Tensor::from_storage(grads_part_.storage(), {hi - lo}, grads_part_.dtype(),
+                                     grads_part_.storage_offset() + lo - opt_begin_),
+                Tensor::from_storage(staging.storage(), {hi - lo}, staging.dtype(),
+                                     staging.storage_offset() + lo - bk.begin));
+    }
+    staging = Tensor();
+  }
+  in_flight_.clear();
 }
 
 bool Engine::is_gradient_accumulation_boundary() const {
   return (micro_steps_ + 1) % config_.batch.gradient_accumulation_steps == 0;
 }
 
-double Engine::get_lr() const {
-  return scheduler_.get_lr();
+double Engine::get_lr() const { return scheduler_.get_lr(); }
+
+Tensor Engine::optimizer_grads() {
+  Tensor g = stage_ == 2 ? grads_part_
+                         : Tensor::from_storage(flat_.grads.storage(), {opt_numel_}, flat_.grads.dtype(),
+                                                flat_.grads.storage_offset() + opt_begin_);
+  if (g.dtype() == DType::f32) return g;
+  grads32_.copy_from(g);
+  return grads32_;
 }
 
-const float* Engine::grads_fp32() const {
-  return flat_.grads.dtype() == DType::f32 ? flat_.grads.data<float>() : grads32_.data<float>();
-}
-
-double Engine::grad_norm_squared() {
-  if (flat_.grads.dtype() != DType::f32) grads32_.copy_from(flat_.grads);
-  const float* g = grads_fp32();
-  const int64_t n = flat_.padded_numel;
-  // Fixed tiles summed in order: the same value for any thread count.
+namespace {
+// Sum of squares in fixed tiles summed in order: the same value for any thread count.
+double sum_of_squares(const float* g, int64_t n) {
   constexpr int64_t kTile = 1 << 16;
   const int64_t tiles = (n + kTile - 1) / kTile;
   std::vector<double> partial(static_cast<size_t>(tiles), 0.0);
@@ -169,9 +298,11 @@ double Engine::grad_norm_squared() {
   for (double p : partial) total += p;
   return total;
 }
+}  // namespace
 
 void Engine::zero_grads() {
-  flat_.grads.zero_();
+  if (flat_.grads.defined()) flat_.grads.zero_();
+  if (grads_part_.defined()) grads_part_.zero_();
 }
 
 bool Engine::step() {
@@ -180,8 +311,26 @@ bool Engine::step() {
   global_samples_ += config_.batch.train_micro_batch_size_per_gpu * config_.batch.world_size;
   if (!boundary) return false;
 
+  const int n = group_->size();
+  const std::string ctx = fmt::format("step {}", global_steps_ + 1);
+  if (stage_ == 1 && n > 1) {
+    // Each rank receives the sum of its partition (in place inside the full gradient buffer).
+    if (comm_prescale_ != 1.0f) ops::mul_(flat_.grads, comm_prescale_);
+    Tensor mine = Tensor::from_storage(flat_.grads.storage(), {opt_numel_}, flat_.grads.dtype(),
+                                       flat_.grads.storage_offset() + opt_begin_);
+    group_->reduce_scatter(flat_.grads, mine, comm::ReduceOp::sum, ctx + " gradients");
+  }
+  Tensor g = optimizer_grads();
+  double sq = sum_of_squares(g.data<float>(), opt_numel_);
+  if (stage_ >= 1 && n > 1) {
+    // Global norm over the partitions; inf/NaN on any rank reaches every rank through the sum.
+    float part = static_cast<float>(sq);
+    group_->all_reduce(&part, 1, DType::f32, comm::ReduceOp::sum, ctx + " gradient norm");
+    sq = part;
+  }
   const double scale = scaler_.scale();
-  const double norm_scaled = std::sqrt(grad_norm_squared());
+  // The buffers hold prescale * sum over ranks; the average is that times grad_post_scale_.
+  const double norm_scaled = std::sqrt(sq) * grad_post_scale_;
   const bool overflow = !std::isfinite(norm_scaled);
   last_grad_norm_ = norm_scaled / scale;
   ++global_steps_;
@@ -191,8 +340,7 @@ bool Engine::step() {
     skip = scaler_.update(overflow).skip_step;  // logs OVERFLOW and throws at the minimum scale
   } else if (overflow) {
     skip = true;
-    log(
-        fmt::format("[engine] step {}: the gradient norm is not finite (inf/NaN in the gradients); "
+    log(fmt::format("[engine] step {}: the gradient norm is not finite (inf/NaN in the gradients); "
                     "skipping this step",
                     global_steps_));
   } else if (config_.fp16.enabled) {
@@ -211,15 +359,20 @@ bool Engine::step() {
   }
   consecutive_skips_ = 0;
 
-  // Unscale and clip in one factor (reference §5).
-  const ClipCoefficient clip =
-      unscale_and_clip_coefficient(norm_scaled, scale, config_.gradient_clipping);
+  // Unscale, average and clip in one factor (reference §5).
+  const ClipCoefficient clip = unscale_and_clip_coefficient(norm_scaled, scale, config_.gradient_clipping);
   optimizer_->set_lr(static_cast<float>(scheduler_.get_lr()));
   if (auto beta1 = scheduler_.get_beta1()) optimizer_->set_momentum(static_cast<float>(*beta1));
   const bool sixteen = flat_.params.dtype() != DType::f32;
-  optimizer_->step(master_.data<float>(), grads_fp32(), flat_.padded_numel,
-                   static_cast<float>(clip.factor), sixteen ? flat_.params.raw_data() : nullptr,
+  void* out16 = sixteen ? static_cast<char*>(flat_.params.raw_data()) + opt_begin_ * 2 : nullptr;
+  optimizer_->step(master_.data<float>(), g.data<float>(), opt_numel_,
+                   static_cast<float>(clip.factor * grad_post_scale_), out16,
                    sixteen ? flat_.params.dtype() : DType::bf16);
+  if (stage_ >= 1 && n > 1) {
+    Tensor mine = Tensor::from_storage(flat_.params.storage(), {opt_numel_}, flat_.params.dtype(),
+                                       flat_.params.storage_offset() + opt_begin_);
+    group_->all_gather(mine, flat_.params, ctx + " parameters");
+  }
   scheduler_.step();
   zero_grads();
   return true;
@@ -228,8 +381,8 @@ bool Engine::step() {
 MemoryBudget Engine::memory_budget() const {
   MemoryBudget b;
   b.params = static_cast<int64_t>(flat_.params.nbytes());
-  b.grads = static_cast<int64_t>(flat_.grads.nbytes()) +
-            (grads32_.defined() ? static_cast<int64_t>(grads32_.nbytes()) : 0);
+  b.grads = static_cast<int64_t>(flat_.grads.defined() ? flat_.grads.nbytes() : grads_part_.nbytes());
+  b.scratch = grads32_.defined() ? static_cast<int64_t>(grads32_.nbytes()) : 0;
   b.master_weights =
       flat_.params.dtype() == DType::f32 ? 0 : static_cast<int64_t>(master_.nbytes());
   b.optimizer_states = optimizer_->state_numel() * optimizer_->state_floats_per_param() *
@@ -244,6 +397,8 @@ std::unique_ptr<Engine> initialize(std::shared_ptr<nn::Module> model, DeepSpeedC
 
 std::unique_ptr<Engine> initialize(std::shared_ptr<nn::Module> model,
                                    const std::string& config_path_or_json, InitOptions options) {
+  if (!options.group) options.group = comm::world();
+  options.ctx.world_size = options.group->size();
   DeepSpeedConfig cfg = parse_config(config_path_or_json, options.ctx);
   return initialize(std::move(model), std::move(cfg), std::move(options));
 }

@@ -56,8 +56,10 @@ class Reader {
   // Copies the tensor into dst (same shape; dtype converted, e.g. a BF16 file into fp32 weights).
   void read_into(const std::string& name, const Tensor& dst) const;
 
- private:
+  // The entry's bytes inside the mapped file (valid while the Reader lives).
   const uint8_t* data_of(const Entry& e) const;
+
+ private:
 
   std::string path_;
   std::shared_ptr<void> map_;  // the mapping; unmapped when the last owner goes

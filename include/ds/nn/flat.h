@@ -31,7 +31,10 @@ struct FlatParameters {
 
 // multiple_of: the padded size is a multiple of it (ZeRO passes ranks x alignment). The padding is
 // zero-filled. Parameters keep their TensorImpl (hooks, names), only their storage moves.
+// with_grads = false leaves gradients alone (ZeRO-2 keeps only a partition of them; `grads` is then
+// undefined).
 FlatParameters flatten_parameters(Module& module, DType dtype = DType::f32,
-                                  DType grad_dtype = DType::f32, int64_t multiple_of = 1);
+                                  DType grad_dtype = DType::f32, int64_t multiple_of = 1,
+                                  bool with_grads = true);
 
 }  // namespace ds::nn

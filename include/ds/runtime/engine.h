@@ -22,8 +22,18 @@
 //   lr (and OneCycle's beta1) from the schedule; the schedule steps only on applied steps.
 // A skipped step still counts in global_steps (as in DeepSpeed) and in skipped_steps.
 //
-// This engine runs one data-parallel rank group of size 1; ZeRO stages > 0 are accepted (their
-// arithmetic is the identity at world size 1) and partition across ranks once the comm layer lands.
+// Data parallelism and ZeRO (reference §6) over a comm::Group of N ranks:
+//   stage 0  every rank holds everything; at the accumulation boundary gradients are all-reduced in
+//            buckets of reduce_bucket_size elements as backward produces them (overlapped);
+//   stage 1  the flat buffer is padded and cut into N contiguous partitions; fp32 master weights and
+//            moments exist only for the rank's partition; gradients are reduce-scattered at the
+//            boundary; updated partitions are all-gathered;
+//   stage 2  as 1, and each rank keeps gradients only for its partition: every micro-step's
+//            gradients are reduced bucket by bucket during backward and the parameter's own
+//            gradient is dropped as soon as it is copied into its bucket.
+// Stage 3 (parameter partitioning) runs only on one rank for now (it is the identity there).
+// Gradients are averaged over ranks; gradient_predivide_factor / prescale_gradients choose where
+// the division happens (before the reduction or folded into the optimizer's gradient scale).
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -33,8 +43,10 @@
 
 #include "ds/core/tensor.h"
 #include "ds/nn/flat.h"
+#include "ds/comm/group.h"
 #include "ds/nn/module.h"
 #include "ds/optim/optimizer.h"
+#include "ds/zero/partition.h"
 #include "ds/runtime/config.h"
 #include "ds/runtime/loss_scaler.h"
 #include "ds/runtime/lr_schedule.h"
@@ -48,7 +60,8 @@ struct InitOptions {
   ConfigContext ctx;  // world size, the trainer's arguments ("auto"), the model's hidden size
   // Default: the model's loss(inputs, targets) when it is a models::GPT.
   LossFn loss_fn;
-  int rank = 0;
+  // The data-parallel group; default comm::world() (MPI under mpirun, else a size-1 group).
+  std::shared_ptr<comm::Group> group;
   // Consecutive skipped steps (overflow or non-finite gradients) after which step() throws.
   int max_consecutive_skips = 50;
   // Receives the engine's log lines (OVERFLOW messages, skips); default: stderr on rank 0.
@@ -61,6 +74,7 @@ struct MemoryBudget {
   int64_t grads = 0;              // gradient buffer (accumulation dtype)
   int64_t master_weights = 0;     // fp32 copy under bf16/fp16 (0 in fp32: params are the master)
   int64_t optimizer_states = 0;   // moments
+  int64_t scratch = 0;            // fp32 copy of 16-bit gradients for the optimizer (not model state)
   int64_t total() const { return params + grads + master_weights + optimizer_states; }
 };
 
@@ -99,10 +113,13 @@ class Engine {
   const Tensor& master_weights() const { return master_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
   DType training_dtype() const { return config_.training_dtype(); }
-  DType grad_dtype() const { return flat_.grads.dtype(); }
+  DType grad_dtype() const { return grad_dtype_; }
   MemoryBudget memory_budget() const;
-  int rank() const { return options_.rank; }
-  int world_size() const { return config_.batch.world_size; }
+  int rank() const { return group_->rank(); }
+  int world_size() const { return group_->size(); }
+  int zero_stage() const { return stage_; }
+  const zero::PartitionPlan& partition_plan() const { return plan_; }
+  comm::Group& group() { return *group_; }
 
   // ---- checkpoints (layout: reference/deepspeed-behaviour.md §8; docs/checkpoints.md) ----
   // Writes dir/<tag>/ atomically (a temporary folder renamed into place), then dir/latest.
@@ -116,17 +133,36 @@ class Engine {
 
  private:
   friend class CheckpointIO;
-  double grad_norm_squared();  // over the fp32 gradients (converted into grads32_ if 16-bit)
-  const float* grads_fp32() const;
+  void on_grad_ready(int param_index, const Tensor& param);
+  void launch_bucket(int bucket);
+  void finish_reductions();  // waits for in-flight buckets; stage 2 adds them to its partition
+  Tensor optimizer_grads();   // this rank's gradient range, as fp32 (converted if 16-bit)
   void zero_grads();
   void log(const std::string& line) const;
 
   std::shared_ptr<nn::Module> model_;
   DeepSpeedConfig config_;
   InitOptions options_;
-  nn::FlatParameters flat_;  // params in the training dtype, grads in the accumulation dtype
-  Tensor master_;            // (padded_numel,) fp32; aliases flat_.params in fp32 training
-  Tensor grads32_;           // (padded_numel,) fp32 scratch when grads are 16-bit
+  std::shared_ptr<comm::Group> group_;
+  int stage_ = 0;
+  DType grad_dtype_ = DType::f32;
+  zero::PartitionPlan plan_;
+  // params (padded_numel,) in the training dtype on every rank; grads (padded_numel,) in the
+  // accumulation dtype for stages 0-1, undefined for stage 2.
+  nn::FlatParameters flat_;
+  int64_t opt_begin_ = 0, opt_numel_ = 0;  // the range of the flat buffer this rank optimises
+  Tensor master_;      // (opt_numel_,) fp32; a view of flat_.params in fp32 training
+  Tensor grads_part_;  // stage 2: (opt_numel_,) accumulated gradients of this rank's partition
+  Tensor grads32_;     // (opt_numel_,) fp32 scratch when gradients are 16-bit
+  // Gradient reduction during backward.
+  std::vector<zero::Bucket> buckets_;
+  std::vector<std::vector<int>> param_buckets_;  // for each flat entry, the buckets it writes
+  std::vector<int> bucket_pending_;              // parameters not yet ready, per bucket
+  std::vector<Tensor> bucket_staging_;           // stage 2: a bucket's gradients until reduced
+  std::vector<std::pair<int, comm::Work>> in_flight_;
+  bool reducing_ = false;     // this backward reduces gradients bucket by bucket
+  float comm_prescale_ = 1.0f;  // applied to gradients before a reduction
+  double grad_post_scale_ = 1.0;  // folded into the optimizer's gradient scale after it
   std::unique_ptr<optim::Optimizer> optimizer_;  // owns the moments, over [0, padded_numel)
   LRScheduler scheduler_;
   LossScaler scaler_;

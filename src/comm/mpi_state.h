@@ -1,0 +1,125 @@
+#pragma once
+// The MPI backend's per-group state: the communicators, the shared-memory arrival board and data
+// window, and the communication thread that executes the group's operations in issue order.
+// Built only with DS_WITH_MPI (src/comm/mpi.cpp, src/comm/shm.cpp).
+// The C API only: OpenMPI's deprecated C++ bindings would otherwise come along.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <map>
+#include <thread>
+
+#include "comm/internal.h"
+
+namespace ds::comm::detail {
+
+// Exit status of a job ended because a deadline expired (as timeout(1)).
+inline constexpr int kTimeoutExitCode = 124;
+
+// One node-local rank's slot of the arrival board, in an MPI-3 shared-memory window. Written by its
+// owner only (issued/kind by the caller thread, completed/barrier by the communication thread), read
+// by every rank of the node when a deadline expires and, for `barrier`, by the shared-memory
+// collectives. Separate cache lines so the polling of one does not slow the writing of the other.
+struct BoardSlot {
+  alignas(64) std::atomic<uint64_t> issued{0};  // last collective sequence number issued
+  std::atomic<uint32_t> issued_kind{0};          // its OpKind
+  std::atomic<int32_t> pid{0};
+  std::atomic<uint64_t> completed{0};  // every collective <= this has completed here
+  alignas(64) std::atomic<uint64_t> barrier{0};  // shared-memory barrier generation
+  char pad[56];
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory flags need lock-free atomics");
+
+// An operation posted to MPI and not yet complete.
+struct Active {
+  std::shared_ptr<WorkState> w;
+  std::vector<MPI_Request> reqs;
+  std::function<void()> finish;  // after all requests complete (copies, count checks); may throw
+};
+
+class GroupState : public WorkOwner, public std::enable_shared_from_this<GroupState> {
+ public:
+  // Collective over comm (takes ownership of it).
+  GroupState(MPI_Comm comm, std::string name);
+  ~GroupState() override;
+
+  void start_thread();
+  // Queue an operation (validated by Group::issue); deadline = now + timeout.
+  Work submit(Group::Op op, double timeout_s, std::function<void()> blocking = {});
+  // Drain every queued and posted operation (each bounded by its deadline), then stop the thread.
+  void shutdown();
+  // Free the windows and communicators (collective over the group; at finalize, creation order).
+  void free_mpi();
+  std::string on_timeout(const WorkState& w) override;
+
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+  std::string name;
+  std::vector<int> world_ranks;  // group rank -> world rank
+  MPI_Comm node_comm = MPI_COMM_NULL;
+  int node_rank = 0, node_size = 1, nodes = 1;
+  std::vector<int> node_of_group;  // group rank -> node-local rank, -1 on another node
+  std::vector<int> group_of_node;  // node-local rank -> group rank
+  bool single_node = true;
+  bool shm = false;  // the shared-memory collectives are on (single node, not disabled)
+
+  std::atomic<bool> broken{false};
+
+ private:
+  friend struct ShmOps;
+  void loop();
+  void execute(const std::shared_ptr<WorkState>& w, std::function<void()>& blocking);
+  void post(const std::shared_ptr<WorkState>& w);
+  bool poll_active();  // true when something completed
+  void complete(const std::shared_ptr<WorkState>& w, std::string err = {}, bool timeout = false);
+  void fail_all();
+  void check_deadlines();
+  std::string arrival_report(uint64_t seq, OpKind kind) const;
+  std::string broken_message() const;
+
+  // shared-memory collectives (shm.cpp)
+ public:
+  void shm_run(WorkState& w);
+  void shm_barrier(WorkState& w);
+  char* region(int node_rank, int parity, int which) const;  // which: 0 input, 1 result
+  size_t slot_bytes = 0;
+  // Spin until pred() holds, progressing posted MPI requests, honouring w's deadline.
+  void spin_until(WorkState& w, const std::function<bool()>& pred);
+
+ private:
+  MPI_Win board_win_ = MPI_WIN_NULL, data_win_ = MPI_WIN_NULL;
+  std::vector<BoardSlot*> board_;  // by node-local rank
+  std::vector<char*> data_;        // by node-local rank
+  uint64_t interval_ = 0;          // shared-memory barriers passed (communication thread only)
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  struct Queued {
+    std::shared_ptr<WorkState> w;
+    std::function<void()> blocking;  // split: runs on the thread, blocking MPI
+  };
+  std::deque<Queued> queue_;
+  std::map<uint64_t, std::shared_ptr<WorkState>> inflight_;  // collectives issued, not complete
+  uint64_t next_seq_ = 0;
+  bool stop_ = false, stopped_ = false, freed_ = false;
+  std::vector<Active> active_;  // communication thread only
+  std::thread thread_;
+
+  mutable std::mutex timeout_mu_;
+  std::string broken_msg_;
+  const WorkState* broken_by_ = nullptr;  // identity only, never dereferenced
+};
+
+// MPI datatype and op for a dtype / reduction (custom ops for 16-bit types and NaN-aware max).
+MPI_Datatype mpi_type(DType t);
+MPI_Op mpi_op(DType t, ReduceOp op);
+void check_mpi(int rc, const char* what);
+
+// End the job now on every rank (MPI_Abort, or _Exit without MPI).
+[[noreturn]] void abort_now(int code);
+
+}  // namespace ds::comm::detail

@@ -1,0 +1,14 @@
+# ZeRO across ranks: test_zero under mpirun with 2 and 4 ranks (oversubscribed on CI's 2 cores),
+# and once plainly (a size-1 world: the partition arithmetic and the stage logic at N = 1).
+add_executable(test_zero ${CMAKE_CURRENT_SOURCE_DIR}/test_zero.cpp)
+target_link_libraries(test_zero PRIVATE deepspeed GTest::gtest GTest::gtest_main)
+add_test(NAME test_zero COMMAND test_zero)
+set_tests_properties(test_zero PROPERTIES LABELS "zero;zero_memory" TIMEOUT 600)
+if(DS_HAVE_MPI)
+  foreach(np 2 4)
+    add_test(NAME test_zero_np${np} COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np}
+      --oversubscribe --allow-run-as-root $<TARGET_FILE:test_zero>)
+    set_tests_properties(test_zero_np${np} PROPERTIES LABELS "distributed;zero;zero_memory" TIMEOUT 900
+      ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;DS_COMM_TIMEOUT=120;OMP_NUM_THREADS=1")
+  endforeach()
+endif()
