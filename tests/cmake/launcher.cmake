@@ -1,0 +1,17 @@
+# The `deepspeed` launcher (tools/deepspeed.cpp, tools/launcher/). The test compiles the launcher's
+# sources itself for the pure functions and runs the built tool (ds_launcher) end to end with the
+# local and the openmpi launcher (OpenMPI's mpirun must be installed). Label: launcher.
+#
+# Not ds_add_test: like the tool, the test needs only fmt and GoogleTest, not libdeepspeed, so the
+# launcher builds and is tested even while a library layer is mid-change.
+add_executable(test_launcher
+  ${CMAKE_CURRENT_SOURCE_DIR}/test_launcher.cpp
+  ${PROJECT_SOURCE_DIR}/tools/launcher/plan.cpp
+  ${PROJECT_SOURCE_DIR}/tools/launcher/run.cpp)
+target_include_directories(test_launcher PRIVATE ${PROJECT_SOURCE_DIR}/include
+  ${PROJECT_SOURCE_DIR}/tools/launcher)
+target_link_libraries(test_launcher PRIVATE fmt::fmt GTest::gtest GTest::gtest_main)
+target_compile_definitions(test_launcher PRIVATE DS_LAUNCHER_EXE="$<TARGET_FILE:ds_launcher>")
+add_dependencies(test_launcher ds_launcher)
+add_test(NAME test_launcher COMMAND test_launcher)
+set_tests_properties(test_launcher PROPERTIES LABELS launcher TIMEOUT 300)
