@@ -11,18 +11,28 @@
 
 namespace ds::comm {
 
-const char* reduce_op_name(ReduceOp op) { return op == ReduceOp::sum ? "sum" : "max"; }
+const char* reduce_op_name(ReduceOp op) {
+  return op == ReduceOp::sum ? "sum" : "max";
+}
 
 const char* op_name(OpKind op) {
   switch (op) {
-    case OpKind::all_reduce: return "all_reduce";
-    case OpKind::reduce_scatter: return "reduce_scatter";
-    case OpKind::all_gather: return "all_gather";
-    case OpKind::broadcast: return "broadcast";
-    case OpKind::barrier: return "barrier";
-    case OpKind::send: return "send";
-    case OpKind::recv: return "recv";
-    case OpKind::split: return "split";
+    case OpKind::all_reduce:
+      return "all_reduce";
+    case OpKind::reduce_scatter:
+      return "reduce_scatter";
+    case OpKind::all_gather:
+      return "all_gather";
+    case OpKind::broadcast:
+      return "broadcast";
+    case OpKind::barrier:
+      return "barrier";
+    case OpKind::send:
+      return "send";
+    case OpKind::recv:
+      return "recv";
+    case OpKind::split:
+      return "split";
   }
   return "?";
 }
@@ -104,7 +114,8 @@ std::string WorkState::describe() const {
   if (!op.context.empty()) s += fmt::format(" [{}]", op.context);
   switch (op.kind) {
     case OpKind::barrier:
-    case OpKind::split: break;
+    case OpKind::split:
+      break;
     case OpKind::all_reduce:
     case OpKind::reduce_scatter:
       s += fmt::format(" ({} {} {})", format_bytes(op.bytes()), dtype_name(op.dtype),
@@ -115,14 +126,15 @@ std::string WorkState::describe() const {
                        op.peer);
       break;
     case OpKind::send:
-      s += fmt::format(" ({} {} to rank {} tag {})", format_bytes(op.bytes()),
-                       dtype_name(op.dtype), op.peer, op.tag);
+      s += fmt::format(" ({} {} to rank {} tag {})", format_bytes(op.bytes()), dtype_name(op.dtype),
+                       op.peer, op.tag);
       break;
     case OpKind::recv:
       s += fmt::format(" ({} {} from rank {} tag {})", format_bytes(op.bytes()),
                        dtype_name(op.dtype), op.peer, op.tag);
       break;
-    default: s += fmt::format(" ({} {})", format_bytes(op.bytes()), dtype_name(op.dtype));
+    default:
+      s += fmt::format(" ({} {})", format_bytes(op.bytes()), dtype_name(op.dtype));
   }
   return s + " on group " + group_name;
 }
@@ -155,9 +167,9 @@ void Work::wait() const {
   if (!s.cv.wait_until(lk, s.deadline, [&] { return s.done; })) {
     lk.unlock();
     std::shared_ptr<detail::WorkOwner> owner = s.owner.lock();
-    throw TimeoutError(owner ? owner->on_timeout(s)
-                             : fmt::format("[comm] {} did not complete before its deadline",
-                                           s.describe()));
+    throw TimeoutError(
+        owner ? owner->on_timeout(s)
+              : fmt::format("[comm] {} did not complete before its deadline", s.describe()));
   }
   if (!s.error.empty()) {
     if (s.timed_out) throw TimeoutError(s.error);
@@ -165,11 +177,14 @@ void Work::wait() const {
   }
 }
 
-uint64_t Work::sequence() const { return state_ ? state_->seq : 0; }
+uint64_t Work::sequence() const {
+  return state_ ? state_->seq : 0;
+}
 
 // ---- Group: argument checks shared by every backend ----
 
-Group::Group(std::string name) : name_(std::move(name)), timeout_s_(detail::default_timeout_seconds()) {}
+Group::Group(std::string name)
+    : name_(std::move(name)), timeout_s_(detail::default_timeout_seconds()) {}
 
 void Group::set_timeout(double seconds) {
   DS_CHECK(seconds > 0, "[comm] timeout must be positive, got {}", seconds);
@@ -187,45 +202,66 @@ Work Group::issue(Op op) {
       DS_CHECK(op.count == 0 || (op.in && op.out), "[comm] {}: null buffer", what);
       break;
     case OpKind::broadcast:
-      DS_CHECK(op.peer >= 0 && op.peer < size(), "[comm] broadcast: root {} outside group {} of size {}",
-               op.peer, name(), size());
+      DS_CHECK(op.peer >= 0 && op.peer < size(),
+               "[comm] broadcast: root {} outside group {} of size {}", op.peer, name(), size());
       break;
     case OpKind::send:
     case OpKind::recv:
       DS_CHECK(op.peer >= 0 && op.peer < size(), "[comm] {}: rank {} outside group {} of size {}",
                what, op.peer, name(), size());
-      DS_CHECK(op.tag >= 0 && op.tag <= 32767, "[comm] {}: tag {} outside [0, 32767]", what, op.tag);
+      DS_CHECK(op.tag >= 0 && op.tag <= 32767, "[comm] {}: tag {} outside [0, 32767]", what,
+               op.tag);
       break;
-    default: break;
+    default:
+      break;
   }
   return start(std::move(op));
 }
 
 Work Group::all_reduce_async(void* buf, size_t count, DType dtype, ReduceOp op,
                              std::string_view context) {
-  Op o{.kind = OpKind::all_reduce, .in = buf, .out = buf, .count = count, .dtype = dtype,
-       .reduce = op, .context = std::string(context)};
+  Op o{.kind = OpKind::all_reduce,
+       .in = buf,
+       .out = buf,
+       .count = count,
+       .dtype = dtype,
+       .reduce = op,
+       .context = std::string(context)};
   return issue(std::move(o));
 }
 
 Work Group::reduce_scatter_async(const void* in, void* out, size_t chunk, DType dtype, ReduceOp op,
                                  std::string_view context) {
-  Op o{.kind = OpKind::reduce_scatter, .in = in, .out = out, .count = chunk, .dtype = dtype,
-       .reduce = op, .context = std::string(context)};
+  Op o{.kind = OpKind::reduce_scatter,
+       .in = in,
+       .out = out,
+       .count = chunk,
+       .dtype = dtype,
+       .reduce = op,
+       .context = std::string(context)};
   return issue(std::move(o));
 }
 
 Work Group::all_gather_async(const void* in, void* out, size_t chunk, DType dtype,
                              std::string_view context) {
-  Op o{.kind = OpKind::all_gather, .in = in, .out = out, .count = chunk, .dtype = dtype,
+  Op o{.kind = OpKind::all_gather,
+       .in = in,
+       .out = out,
+       .count = chunk,
+       .dtype = dtype,
        .context = std::string(context)};
   return issue(std::move(o));
 }
 
 Work Group::broadcast_async(void* buf, size_t count, DType dtype, int root,
                             std::string_view context) {
-  Op o{.kind = OpKind::broadcast, .in = buf, .out = buf, .count = count, .dtype = dtype,
-       .peer = root, .context = std::string(context)};
+  Op o{.kind = OpKind::broadcast,
+       .in = buf,
+       .out = buf,
+       .count = count,
+       .dtype = dtype,
+       .peer = root,
+       .context = std::string(context)};
   return issue(std::move(o));
 }
 
@@ -236,14 +272,24 @@ Work Group::barrier_async(std::string_view context) {
 
 Work Group::send_async(const void* buf, size_t count, DType dtype, int dst, int tag,
                        std::string_view context) {
-  Op o{.kind = OpKind::send, .in = buf, .count = count, .dtype = dtype, .peer = dst, .tag = tag,
+  Op o{.kind = OpKind::send,
+       .in = buf,
+       .count = count,
+       .dtype = dtype,
+       .peer = dst,
+       .tag = tag,
        .context = std::string(context)};
   return issue(std::move(o));
 }
 
 Work Group::recv_async(void* buf, size_t count, DType dtype, int src, int tag,
                        std::string_view context) {
-  Op o{.kind = OpKind::recv, .out = buf, .count = count, .dtype = dtype, .peer = src, .tag = tag,
+  Op o{.kind = OpKind::recv,
+       .out = buf,
+       .count = count,
+       .dtype = dtype,
+       .peer = src,
+       .tag = tag,
        .context = std::string(context)};
   return issue(std::move(o));
 }
@@ -264,9 +310,14 @@ void check_tensor(const Tensor& t, const char* op, const char* which) {
 
 Work Group::all_reduce_async(const Tensor& t, ReduceOp op, std::string_view context) {
   check_tensor(t, "all_reduce", "the");
-  Op o{.kind = OpKind::all_reduce, .in = t.raw_data(), .out = t.raw_data(),
-       .count = static_cast<size_t>(t.numel()), .dtype = t.dtype(), .reduce = op,
-       .context = std::string(context), .keep_alive = {t}};
+  Op o{.kind = OpKind::all_reduce,
+       .in = t.raw_data(),
+       .out = t.raw_data(),
+       .count = static_cast<size_t>(t.numel()),
+       .dtype = t.dtype(),
+       .reduce = op,
+       .context = std::string(context),
+       .keep_alive = {t}};
   return issue(std::move(o));
 }
 
@@ -279,9 +330,14 @@ Work Group::reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp o
   DS_CHECK(in.numel() == out.numel() * size(),
            "[comm] reduce_scatter: input has {} elements, expected output {} x group size {} = {}",
            in.numel(), out.numel(), size(), out.numel() * size());
-  Op o{.kind = OpKind::reduce_scatter, .in = in.raw_data(), .out = out.raw_data(),
-       .count = static_cast<size_t>(out.numel()), .dtype = out.dtype(), .reduce = op,
-       .context = std::string(context), .keep_alive = {in, out}};
+  Op o{.kind = OpKind::reduce_scatter,
+       .in = in.raw_data(),
+       .out = out.raw_data(),
+       .count = static_cast<size_t>(out.numel()),
+       .dtype = out.dtype(),
+       .reduce = op,
+       .context = std::string(context),
+       .keep_alive = {in, out}};
   return issue(std::move(o));
 }
 
@@ -293,32 +349,51 @@ Work Group::all_gather_async(const Tensor& in, const Tensor& out, std::string_vi
   DS_CHECK(out.numel() == in.numel() * size(),
            "[comm] all_gather: output has {} elements, expected input {} x group size {} = {}",
            out.numel(), in.numel(), size(), in.numel() * size());
-  Op o{.kind = OpKind::all_gather, .in = in.raw_data(), .out = out.raw_data(),
-       .count = static_cast<size_t>(in.numel()), .dtype = in.dtype(),
-       .context = std::string(context), .keep_alive = {in, out}};
+  Op o{.kind = OpKind::all_gather,
+       .in = in.raw_data(),
+       .out = out.raw_data(),
+       .count = static_cast<size_t>(in.numel()),
+       .dtype = in.dtype(),
+       .context = std::string(context),
+       .keep_alive = {in, out}};
   return issue(std::move(o));
 }
 
 Work Group::broadcast_async(const Tensor& t, int root, std::string_view context) {
   check_tensor(t, "broadcast", "the");
-  Op o{.kind = OpKind::broadcast, .in = t.raw_data(), .out = t.raw_data(),
-       .count = static_cast<size_t>(t.numel()), .dtype = t.dtype(), .peer = root,
-       .context = std::string(context), .keep_alive = {t}};
+  Op o{.kind = OpKind::broadcast,
+       .in = t.raw_data(),
+       .out = t.raw_data(),
+       .count = static_cast<size_t>(t.numel()),
+       .dtype = t.dtype(),
+       .peer = root,
+       .context = std::string(context),
+       .keep_alive = {t}};
   return issue(std::move(o));
 }
 
 Work Group::send_async(const Tensor& t, int dst, int tag, std::string_view context) {
   check_tensor(t, "send", "the");
-  Op o{.kind = OpKind::send, .in = t.raw_data(), .count = static_cast<size_t>(t.numel()),
-       .dtype = t.dtype(), .peer = dst, .tag = tag, .context = std::string(context),
+  Op o{.kind = OpKind::send,
+       .in = t.raw_data(),
+       .count = static_cast<size_t>(t.numel()),
+       .dtype = t.dtype(),
+       .peer = dst,
+       .tag = tag,
+       .context = std::string(context),
        .keep_alive = {t}};
   return issue(std::move(o));
 }
 
 Work Group::recv_async(const Tensor& t, int src, int tag, std::string_view context) {
   check_tensor(t, "recv", "the");
-  Op o{.kind = OpKind::recv, .out = t.raw_data(), .count = static_cast<size_t>(t.numel()),
-       .dtype = t.dtype(), .peer = src, .tag = tag, .context = std::string(context),
+  Op o{.kind = OpKind::recv,
+       .out = t.raw_data(),
+       .count = static_cast<size_t>(t.numel()),
+       .dtype = t.dtype(),
+       .peer = src,
+       .tag = tag,
+       .context = std::string(context),
        .keep_alive = {t}};
   return issue(std::move(o));
 }
@@ -336,9 +411,10 @@ struct SingleState : detail::WorkOwner {
   std::map<int, std::deque<std::shared_ptr<detail::WorkState>>> waiting;  // tag -> recvs
 
   std::string on_timeout(const detail::WorkState& w) override {
-    return fmt::format("[comm] {} did not complete within its deadline: a size-1 group can only "
-                       "receive what it sent to itself, and no matching send (tag {}) was issued",
-                       w.describe(), w.op.tag);
+    return fmt::format(
+        "[comm] {} did not complete within its deadline: a size-1 group can only "
+        "receive what it sent to itself, and no matching send (tag {}) was issued",
+        w.describe(), w.op.tag);
   }
 };
 
@@ -351,7 +427,10 @@ class SingleProcessGroup final : public Group {
   int size() const override { return 1; }
   int world_rank(int r) const override { return r; }
   Capabilities capabilities() const override {
-    return Capabilities{.backend = "single", .async = false, .shared_memory = false, .nodes = 1,
+    return Capabilities{.backend = "single",
+                        .async = false,
+                        .shared_memory = false,
+                        .nodes = 1,
                         .dtypes = {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64}};
   }
   std::shared_ptr<Group> split(int color, int key) override {
@@ -409,12 +488,14 @@ class SingleProcessGroup final : public Group {
         }
         std::vector<char> msg = std::move(q.front());
         q.pop_front();
-        DS_CHECK(msg.size() == nbytes, "[comm] recv on group {}: expected {} bytes, tag {} brought {}",
-                 name(), nbytes, op.tag, msg.size());
+        DS_CHECK(msg.size() == nbytes,
+                 "[comm] recv on group {}: expected {} bytes, tag {} brought {}", name(), nbytes,
+                 op.tag, msg.size());
         if (nbytes) std::memcpy(op.out, msg.data(), nbytes);
         break;
       }
-      default: break;  // all_reduce, broadcast, barrier: the data is already the result
+      default:
+        break;  // all_reduce, broadcast, barrier: the data is already the result
     }
     const bool collective = op.kind != OpKind::send && op.kind != OpKind::recv;
     Work w = detail::completed_work(std::move(op), name(), 1, collective ? ++seq_ : 0);
@@ -434,7 +515,9 @@ std::shared_ptr<Group> single_process_group() {
 
 namespace detail {
 // Used by the backends' init_from_environment when not launched under MPI.
-std::shared_ptr<Group> make_single_world() { return std::make_shared<SingleProcessGroup>("world"); }
+std::shared_ptr<Group> make_single_world() {
+  return std::make_shared<SingleProcessGroup>("world");
+}
 }  // namespace detail
 
 }  // namespace ds::comm

@@ -12,13 +12,17 @@ namespace ds::comm {
 double bus_factor(OpKind op, int n) {
   if (n <= 1) return 0.0;
   switch (op) {
-    case OpKind::all_reduce: return 2.0 * (n - 1) / n;
+    case OpKind::all_reduce:
+      return 2.0 * (n - 1) / n;
     case OpKind::reduce_scatter:
-    case OpKind::all_gather: return double(n - 1) / n;
+    case OpKind::all_gather:
+      return double(n - 1) / n;
     case OpKind::broadcast:
     case OpKind::send:
-    case OpKind::recv: return 1.0;
-    default: return 0.0;
+    case OpKind::recv:
+      return 1.0;
+    default:
+      return 0.0;
   }
 }
 
@@ -80,14 +84,15 @@ std::string CommsLogger::table() const {
     entries = entries_;
     factors = bus_factor_;
   }
-  std::string out = fmt::format("{:<15} {:>12} {:>8} {:>12} {:>10} {:>10} {:>11} {:>11}\n", "op",
-                                "msg size", "count", "total ms", "avg ms", "max ms",
-                                "algbw GB/s", "busbw GB/s");
+  std::string out =
+      fmt::format("{:<15} {:>12} {:>8} {:>12} {:>10} {:>10} {:>11} {:>11}\n", "op", "msg size",
+                  "count", "total ms", "avg ms", "max ms", "algbw GB/s", "busbw GB/s");
   auto row = [&](const std::string& op, const std::string& size, const Entry& e, double f) {
     const double algbw = e.seconds > 0 ? e.bytes / e.seconds / 1e9 : 0.0;
-    out += fmt::format("{:<15} {:>12} {:>8} {:>12.3f} {:>10.3f} {:>10.3f} {:>11.2f} {:>11.2f}\n", op,
-                       size, e.count, e.seconds * 1e3, e.count ? e.seconds * 1e3 / e.count : 0.0,
-                       e.max_seconds * 1e3, algbw, algbw * f);
+    out +=
+        fmt::format("{:<15} {:>12} {:>8} {:>12.3f} {:>10.3f} {:>10.3f} {:>11.2f} {:>11.2f}\n", op,
+                    size, e.count, e.seconds * 1e3, e.count ? e.seconds * 1e3 / e.count : 0.0,
+                    e.max_seconds * 1e3, algbw, algbw * f);
   };
   std::map<OpKind, Entry> totals;
   for (const auto& [key, e] : entries) {

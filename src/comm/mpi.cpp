@@ -75,26 +75,36 @@ Clock::duration seconds_to_duration(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
-// Back-off for polling loops: spin briefly, then yield the core (ranks may outnumber cores), then
-// sleep once it is clear that a peer is late, so a waiting rank costs almost no CPU.
+// Back-off for polling loops: spin briefly, then yield the core (ranks may outnumber cores, and the
+// caller's computation shares it), then sleep once it is clear that a peer is late, so that a rank
+// waiting for a slow peer costs almost no CPU. Time-based, so that long transfers that need
+// frequent progress calls (MPI's) keep being polled while they move data.
 class Backoff {
  public:
   void pause() {
-    ++n_;
     if (n_ < 64) {
+      ++n_;
 #if defined(__x86_64__)
       __builtin_ia32_pause();
 #endif
-    } else if (n_ < 20000) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(n_ < 40000 ? 50 : 500));
+      if (n_ == 64) since_ = Clock::now();
+      return;
     }
+    const auto waited = Clock::now() - since_;
+    if (waited < std::chrono::milliseconds(50))
+      std::this_thread::yield();
+    else if (waited < std::chrono::seconds(1))
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
-  void reset() { n_ = 0; }
+  void reset() {
+    n_ = 0;
+  }
 
  private:
-  uint64_t n_ = 0;
+  int n_ = 0;
+  Clock::time_point since_;
 };
 
 }  // namespace
@@ -109,21 +119,29 @@ void check_mpi(int rc, const char* what) {
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::f32: return MPI_FLOAT;
+    case DType::f32:
+      return MPI_FLOAT;
     case DType::bf16:
-    case DType::f16: return MPI_UINT16_T;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
+    case DType::f16:
+      return MPI_UINT16_T;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
   }
   return MPI_BYTE;
 }
 
 MPI_Op mpi_op(DType t, ReduceOp op) {
   switch (t) {
-    case DType::f32: return op == ReduceOp::sum ? MPI_SUM : g_f32_max;
-    case DType::bf16: return op == ReduceOp::sum ? g_bf16_sum : g_bf16_max;
-    case DType::f16: return op == ReduceOp::sum ? g_f16_sum : g_f16_max;
-    default: return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
+    case DType::f32:
+      return op == ReduceOp::sum ? MPI_SUM : g_f32_max;
+    case DType::bf16:
+      return op == ReduceOp::sum ? g_bf16_sum : g_bf16_max;
+    case DType::f16:
+      return op == ReduceOp::sum ? g_f16_sum : g_f16_max;
+    default:
+      return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
   }
 }
 
@@ -194,7 +212,7 @@ GroupState::GroupState(MPI_Comm c, std::string n) : comm(c), name(std::move(n)) 
   MPI_Allreduce(&want, &all, 1, MPI_INT, MPI_MIN, comm);
   shm = all == 1 && size > 1;
   if (shm) {
-    slot_bytes = 1u << 20;
+    slot_bytes = 2u << 20;
     if (std::string s = env("DS_COMM_SHM_SLOT_KIB"); !s.empty()) slot_bytes = std::stoul(s) << 10;
     // Every rank must use the same slot size: take rank 0's.
     // Pieces are at least 32 elements of 8 bytes per rank, and whole pages.
@@ -244,7 +262,8 @@ Work GroupState::submit(Group::Op op, double timeout_s, std::function<void()> bl
     if (collective) w->seq = ++next_seq_;
     if (broken) {
       // Still numbered, so that the message says which call came after the failure.
-      w->finish(fmt::format("[comm] {} not started: {}", w->describe(), broken_message()), true);
+      w->finish(fmt::format("[comm] {} not started: {}", w->describe(), broken_message()),
+                broken_by_timeout_);
       return Work(w);
     }
     if (collective) {
@@ -274,7 +293,7 @@ void GroupState::loop() {
       }
     }
     if (broken) {
-      if (q.w) complete(q.w, broken_message(), true);
+      if (q.w) complete(q.w, broken_message(), broken_by_timeout_);
       fail_all();
       continue;
     }
@@ -286,9 +305,30 @@ void GroupState::loop() {
     if (poll_active()) {
       backoff.reset();
     } else {
-      check_deadlines();
+      try {
+        check_peers(nullptr);
+      } catch (const std::exception&) {
+        // The group is broken; the loop fails everything on its next turn.
+      }
       backoff.pause();
     }
+  }
+}
+
+bool GroupState::use_shm(const Group::Op& op) const {
+  if (!shm) return false;
+  switch (op.kind) {
+    case OpKind::all_reduce:
+    case OpKind::reduce_scatter:
+    case OpKind::barrier:
+      return true;
+    // OpenMPI copies large messages once, straight between the processes (CMA); ours copies
+    // twice, through the window. Measured (bench_comm): MPI wins all_gather at every size and
+    // broadcast below 16 MiB.
+    case OpKind::broadcast:
+      return op.bytes() >= kShmBroadcastMin;
+    default:
+      return false;
   }
 }
 
@@ -298,7 +338,7 @@ void GroupState::execute(const std::shared_ptr<WorkState>& w, std::function<void
     if (blocking) {
       blocking();
       complete(w);
-    } else if (shm && w->op.kind != OpKind::send && w->op.kind != OpKind::recv) {
+    } else if (use_shm(w->op)) {
       shm_run(*w);
       complete(w);
     } else {
@@ -331,7 +371,7 @@ void GroupState::post(const std::shared_ptr<WorkState>& w) {
   Group::Op& op = w->op;
   const size_t es = dtype_size(op.dtype);
   MPI_Datatype type = mpi_type(op.dtype);
-  Active a{w, {}, {}};
+  Active a{w, MPI_REQUEST_NULL, {}};
   MPI_Request r = MPI_REQUEST_NULL;
   switch (op.kind) {
     case OpKind::all_reduce:
@@ -344,9 +384,9 @@ void GroupState::post(const std::shared_ptr<WorkState>& w) {
       if (overlaps(op.in, op.count * size * es, op.out, op.count * es)) {
         // MPI forbids aliasing; a copy of the input keeps it simple (the shared-memory path
         // handles the in-place case without one).
-        auto tmp = std::make_shared<std::vector<char>>(static_cast<const char*>(op.in),
-                                                       static_cast<const char*>(op.in) +
-                                                           op.count * size * es);
+        auto tmp = std::make_shared<std::vector<char>>(
+            static_cast<const char*>(op.in),
+            static_cast<const char*>(op.in) + op.count * size * es);
         in = tmp->data();
         a.finish = [tmp] {};
       }
@@ -361,8 +401,8 @@ void GroupState::post(const std::shared_ptr<WorkState>& w) {
       if (in == static_cast<char*>(op.out) + rank * op.count * es) {
         in = MPI_IN_PLACE;
       } else if (overlaps(op.in, op.count * es, op.out, op.count * size * es)) {
-        auto tmp = std::make_shared<std::vector<char>>(static_cast<const char*>(op.in),
-                                                       static_cast<const char*>(op.in) + op.count * es);
+        auto tmp = std::make_shared<std::vector<char>>(
+            static_cast<const char*>(op.in), static_cast<const char*>(op.in) + op.count * es);
         in = tmp->data();
         a.finish = [tmp] {};
       }
@@ -372,7 +412,9 @@ void GroupState::post(const std::shared_ptr<WorkState>& w) {
     case OpKind::broadcast:
       check_mpi(MPI_Ibcast(op.out, int_count(op.count, *w), type, op.peer, comm, &r), "MPI_Ibcast");
       break;
-    case OpKind::barrier: check_mpi(MPI_Ibarrier(comm, &r), "MPI_Ibarrier"); break;
+    case OpKind::barrier:
+      check_mpi(MPI_Ibarrier(comm, &r), "MPI_Ibarrier");
+      break;
     case OpKind::send:
       check_mpi(MPI_Isend(op.in, int_count(op.count, *w), type, op.peer, op.tag, comm, &r),
                 "MPI_Isend");
@@ -382,9 +424,10 @@ void GroupState::post(const std::shared_ptr<WorkState>& w) {
                 "MPI_Irecv");
       break;
     }
-    case OpKind::split: DS_THROW("[comm] split is not posted");
+    case OpKind::split:
+      DS_THROW("[comm] split is not posted");
   }
-  a.reqs.push_back(r);
+  a.req = r;
   active_.push_back(std::move(a));
 }
 
@@ -393,16 +436,20 @@ bool GroupState::poll_active() {
   for (size_t i = 0; i < active_.size();) {
     Active& a = active_[i];
     int flag = 0;
-    std::vector<MPI_Status> st(a.reqs.size());
-    const int rc = MPI_Testall(static_cast<int>(a.reqs.size()), a.reqs.data(), &flag, st.data());
+    MPI_Status st;
+    const int rc = MPI_Test(&a.req, &flag, &st);
     if (rc != MPI_SUCCESS) {
       std::shared_ptr<WorkState> w = a.w;
       active_.erase(active_.begin() + i);
+      std::string err;
       try {
         check_mpi(rc, op_name(w->op.kind));
       } catch (const std::exception& e) {
-        complete(w, e.what());
+        err = fmt::format("[comm] {}: {}", w->describe(), e.what());
       }
+      // A collective that failed half-way leaves the ranks out of step: end the job.
+      if (w->seq) err = break_group(w.get(), err, false);
+      complete(w, err);
       any = true;
       continue;
     }
@@ -417,7 +464,7 @@ bool GroupState::poll_active() {
     try {
       if (done.w->op.kind == OpKind::recv) {
         int got = 0;
-        MPI_Get_count(&st[0], mpi_type(done.w->op.dtype), &got);
+        MPI_Get_count(&st, mpi_type(done.w->op.dtype), &got);
         DS_CHECK(static_cast<size_t>(got) == done.w->op.count,
                  "[comm] {}: the matching send carried {} elements", done.w->describe(), got);
       }
@@ -444,30 +491,21 @@ void GroupState::fail_all() {
   const std::string msg = broken_message();
   std::vector<Active> act;
   act.swap(active_);  // MPI requests abandoned: the job is about to be aborted
-  for (Active& a : act) complete(a.w, msg, true);
+  for (Active& a : act) complete(a.w, msg, broken_by_timeout_);
   std::deque<Queued> q;
   {
     std::lock_guard lk(mu_);
     q.swap(queue_);
   }
-  for (Queued& e : q) complete(e.w, msg, true);
-}
-
-void GroupState::check_deadlines() {
-  const Clock::time_point now = Clock::now();
-  for (const Active& a : active_)
-    if (now > a.w->deadline) {
-      on_timeout(*a.w);  // nobody may be waiting on it: report and break from here
-      return;
-    }
+  for (Queued& e : q) complete(e.w, msg, broken_by_timeout_);
 }
 
 void GroupState::spin_until(WorkState& w, const std::function<bool()>& pred) {
   Backoff backoff;
   for (uint64_t i = 0; !pred(); ++i) {
     if ((i & 63) == 63) {
-      if (broken) throw TimeoutError(broken_message());
-      if (Clock::now() > w.deadline) throw TimeoutError(on_timeout(w));
+      if (broken) DS_THROW("{}", broken_message());
+      check_peers(&w);
       if (!active_.empty() && poll_active()) backoff.reset();
     }
     backoff.pause();
@@ -481,7 +519,13 @@ void GroupState::shutdown() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) {
+    // A broken group's thread may sit in a blocking MPI call forever; the job is being aborted.
+    if (broken)
+      thread_.detach();
+    else
+      thread_.join();
+  }
   std::lock_guard lk(mu_);
   stopped_ = true;
 }
@@ -512,7 +556,8 @@ std::string GroupState::arrival_report(uint64_t seq, OpKind kind) const {
   const Runtime& R = rt();
   auto who = [&](int r) {
     const int wr = world_ranks[r];
-    std::string s = wr == r ? fmt::format("rank {}", r) : fmt::format("rank {} (world rank {})", r, wr);
+    std::string s =
+        wr == r ? fmt::format("rank {}", r) : fmt::format("rank {} (world rank {})", r, wr);
     return s;
   };
   std::vector<int> missing, arrived, elsewhere;
@@ -530,17 +575,20 @@ std::string GroupState::arrival_report(uint64_t seq, OpKind kind) const {
     if (issued < seq) {
       missing.push_back(r);
       const bool alive = pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH);
-      std::string host = static_cast<size_t>(world_ranks[r]) < R.hosts.size() ? R.hosts[world_ranks[r]] : "?";
-      details += fmt::format("\n[comm]   {} did not arrive: its last collective on this group is {} "
-                             "(pid {} on {}, {})",
-                             who(r), issued ? fmt::format("#{} {}", issued, op_name(k)) : "none",
-                             pid, host, alive ? "still running" : "exited");
+      std::string host =
+          static_cast<size_t>(world_ranks[r]) < R.hosts.size() ? R.hosts[world_ranks[r]] : "?";
+      details += fmt::format(
+          "\n[comm]   {}: last collective issued on this group is {} "
+          "(pid {} on {}, {})",
+          who(r), issued ? fmt::format("#{} {}", issued, op_name(k)) : "none", pid, host,
+          alive ? "still running" : "exited");
     } else {
       arrived.push_back(r);
       if (issued == seq && k != kind)
-        details += fmt::format("\n[comm]   {} issued #{} as {}, this rank as {}: the ranks issue "
-                               "collectives in different orders",
-                               who(r), seq, op_name(k), op_name(kind));
+        details += fmt::format(
+            "\n[comm]   {} issued #{} as {}, this rank as {}: the ranks issue "
+            "collectives in different orders",
+            who(r), seq, op_name(k), op_name(kind));
     }
   }
   std::string out;
@@ -550,14 +598,16 @@ std::string GroupState::arrival_report(uint64_t seq, OpKind kind) const {
     out += details;
   if (!arrived.empty()) out += fmt::format("\n[comm]   arrived: {}", rank_list(arrived));
   if (!elsewhere.empty())
-    out += fmt::format("\n[comm]   {} on other nodes cannot be observed from here (the arrival "
-                       "board is per node); if every rank above arrived, one of them did not, or "
-                       "the network between nodes is stuck",
-                       rank_list(elsewhere));
+    out += fmt::format(
+        "\n[comm]   {} on other nodes cannot be observed from here (the arrival "
+        "board is per node); if every rank above arrived, one of them did not, or "
+        "the network between nodes is stuck",
+        rank_list(elsewhere));
   else if (missing.empty())
-    out += fmt::format("\n[comm]   every rank issued #{}, yet it did not complete: a rank stopped "
-                       "making progress inside it (or its transport is stuck)",
-                       seq);
+    out += fmt::format(
+        "\n[comm]   every rank issued #{}, yet it did not complete: a rank stopped "
+        "making progress inside it (or its transport is stuck)",
+        seq);
   return out;
 }
 
@@ -577,11 +627,12 @@ std::string GroupState::on_timeout(const WorkState& w) {
     if (!inflight_.empty()) stuck = inflight_.begin()->second;
   }
   const double secs = std::chrono::duration<double>(w.deadline - w.issued).count();
-  const int me = rank;
-  std::string msg = fmt::format("[comm] timeout on rank {} after {:.0f} s: {}", me, secs, w.describe());
+  std::string msg =
+      fmt::format("[comm] timeout on rank {} after {:.0f} s: {}", rank, secs, w.describe());
   if (w.seq == 0) {  // send / recv
     msg += w.op.kind == OpKind::recv ? " was not matched by a send" : " was not matched by a recv";
-    if (stuck) msg += fmt::format("\n[comm]   (this rank is also waiting in {})", stuck->describe());
+    if (stuck)
+      msg += fmt::format("\n[comm]   (this rank is also waiting in {})", stuck->describe());
     const int nr = node_of_group[w.op.peer];
     if (nr >= 0) {
       const BoardSlot& s = *board_[nr];
@@ -599,29 +650,104 @@ std::string GroupState::on_timeout(const WorkState& w) {
     const OpKind kind = stuck ? stuck->op.kind : w.op.kind;
     msg += arrival_report(seq, kind);
   }
-  msg += fmt::format("\n[comm] ending the job on every rank (MPI_Abort, exit status {}) so that no "
-                     "rank hangs; if the step is legitimately this slow, raise DS_COMM_TIMEOUT "
-                     "(seconds, now {:.0f})",
-                     kTimeoutExitCode, secs);
+  msg += fmt::format(
+      "\n[comm] ending the job on every rank (MPI_Abort, exit status {}) so that no "
+      "rank hangs; if the step is legitimately this slow, raise DS_COMM_TIMEOUT "
+      "(seconds, now {:.0f})",
+      kTimeoutExitCode, secs);
+  return break_group(&w, std::move(msg), true);
+}
+
+std::string GroupState::break_group(const WorkState* w, std::string msg, bool timeout) {
   {
     std::lock_guard lk(timeout_mu_);
     if (!broken_msg_.empty()) return broken_msg_;  // another thread got here first
-    broken_msg_ = msg;
-    broken_by_ = &w;
+    broken_msg_ = std::move(msg);
+    broken_by_ = w;
+    broken_by_timeout_ = timeout;
   }
   broken = true;
   g_any_broken = true;
   cv_.notify_all();
-  std::fprintf(stderr, "%s\n", msg.c_str());
+  const std::string m = broken_message();
+  std::fprintf(stderr, "%s\n", m.c_str());
   std::fflush(stderr);
   // The reaper: whatever the caller does with the exception, the job ends within the grace period.
   const double grace = abort_grace_seconds();
   std::thread([grace] {
     std::this_thread::sleep_for(std::chrono::duration<double>(grace));
-    std::fprintf(stderr, "[comm] aborting the job %.0f s after a communication timeout\n", grace);
+    std::fprintf(stderr, "[comm] aborting the job %.0f s after a communication failure\n", grace);
     abort_now(kTimeoutExitCode);
   }).detach();
-  return msg;
+  return m;
+}
+
+void GroupState::check_peers(WorkState* current) {
+  const Clock::time_point now = Clock::now();
+  if (now - last_peer_check_ < std::chrono::milliseconds(50)) return;
+  last_peer_check_ = now;
+  // Deadlines are enforced here too: nobody may be waiting on an async op that never completes.
+  if (current && now > current->deadline) throw TimeoutError(on_timeout(*current));
+  if (!current)
+    for (const Active& a : active_)
+      if (now > a.w->deadline) throw TimeoutError(on_timeout(*a.w));
+  std::shared_ptr<WorkState> stuck;
+  {
+    std::lock_guard lk(mu_);
+    if (inflight_.empty()) return;
+    stuck = inflight_.begin()->second;
+  }
+  // A node-local rank that is exiting (finalize, normal return from main) without having issued
+  // the collective this rank is stuck in will never issue it: fail now rather than at the deadline.
+  for (int nr = 0; nr < node_size; ++nr) {
+    const BoardSlot& s = *board_[nr];
+    const uint64_t issued = s.issued.load(std::memory_order_acquire);
+    if (s.exiting.load(std::memory_order_acquire) && issued < stuck->seq) {
+      const int r = group_of_node[nr];
+      std::string msg = fmt::format(
+          "[comm] on rank {}: {} cannot complete: rank {} is exiting (it returned from main or "
+          "called ds::comm::finalize) without issuing it",
+          rank, stuck->describe(), r);
+      msg += arrival_report(stuck->seq, stuck->op.kind);
+      msg += fmt::format("\n[comm] ending the job on every rank (MPI_Abort, exit status {})",
+                         kTimeoutExitCode);
+      DS_THROW("{}", break_group(stuck.get(), std::move(msg), false));
+    }
+  }
+}
+
+void GroupState::check_same_collective(const WorkState& w) {
+  // Every rank wrote its record before the barrier this rank just passed. A peer's record for the
+  // same sequence number must describe the same operation; a peer already past it cannot be checked
+  // (its slot holds a later record), which is fine: some rank will see the mismatch.
+  const ExecRecord mine{w.seq,
+                        static_cast<uint32_t>(w.op.kind),
+                        static_cast<uint32_t>(w.op.dtype),
+                        static_cast<uint32_t>(w.op.reduce),
+                        w.op.count,
+                        w.op.peer};
+  for (int nr = 0; nr < node_size; ++nr) {
+    if (nr == node_rank) continue;
+    ExecRecord theirs;
+    if (!board_[nr]->read_exec(w.seq, theirs)) continue;
+    if (theirs.same_as(mine)) continue;
+    const int r = group_of_node[nr];
+    auto what = [&](const ExecRecord& e) {
+      return fmt::format(
+          "{} of {} x {} {}{}", op_name(static_cast<OpKind>(e.kind)), e.count,
+          dtype_name(static_cast<DType>(e.dtype)), reduce_op_name(static_cast<ReduceOp>(e.reduce)),
+          static_cast<OpKind>(e.kind) == OpKind::broadcast ? fmt::format(" from rank {}", e.root)
+                                                           : "");
+    };
+    std::string msg = fmt::format(
+        "[comm] collective mismatch at #{} on group {}: rank {} runs {}{}, rank {} runs {}: every "
+        "rank must issue the same collectives, with the same sizes, in the same order",
+        w.seq, name, rank, what(mine), w.op.context.empty() ? "" : " [" + w.op.context + "]", r,
+        what(theirs));
+    msg += fmt::format("\n[comm] ending the job on every rank (MPI_Abort, exit status {})",
+                       kTimeoutExitCode);
+    DS_THROW("{}", break_group(&w, std::move(msg), false));
+  }
 }
 
 }  // namespace detail
@@ -641,7 +767,9 @@ class MpiGroup final : public Group {
   int size() const override { return st_->size; }
   int world_rank(int r) const override { return st_->world_ranks.at(static_cast<size_t>(r)); }
   Capabilities capabilities() const override {
-    return Capabilities{.backend = "mpi", .async = true, .shared_memory = st_->shm,
+    return Capabilities{.backend = "mpi",
+                        .async = true,
+                        .shared_memory = st_->shm,
                         .nodes = st_->nodes,
                         .dtypes = {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64}};
   }
@@ -673,20 +801,24 @@ std::shared_ptr<Group> MpiGroup::split(int color, int key) {
   op.group_size = size();
   Work w = st_->submit(std::move(op), timeout(), [st, color, key, child, result] {
     MPI_Comm nc = MPI_COMM_NULL;
-    detail::check_mpi(MPI_Comm_split(st->comm, color < 0 ? MPI_UNDEFINED : color,
-                                     key < 0 ? st->rank : key, &nc),
-                      "MPI_Comm_split");
+    detail::check_mpi(
+        MPI_Comm_split(st->comm, color < 0 ? MPI_UNDEFINED : color, key < 0 ? st->rank : key, &nc),
+        "MPI_Comm_split");
     if (nc != MPI_COMM_NULL) *result = make_group(nc, child);
   });
   w.wait();
   return *result;
 }
 
-void finalize_at_exit() { finalize(); }
+void finalize_at_exit() {
+  finalize();
+}
 
 }  // namespace
 
-bool mpi_available() { return true; }
+bool mpi_available() {
+  return true;
+}
 
 std::shared_ptr<Group> init_from_environment() {
   detail::Runtime& R = detail::rt();
@@ -736,8 +868,8 @@ std::shared_ptr<Group> init_from_environment() {
   int len = 0;
   MPI_Get_processor_name(host, &len);
   std::vector<char> all(static_cast<size_t>(wsize) * MPI_MAX_PROCESSOR_NAME);
-  MPI_Allgather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
-                MPI_COMM_WORLD);
+  MPI_Allgather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
+                MPI_CHAR, MPI_COMM_WORLD);
   {
     std::lock_guard lk(R.mu);
     for (int i = 0; i < wsize; ++i) R.hosts.emplace_back(&all[size_t(i) * MPI_MAX_PROCESSOR_NAME]);
@@ -754,17 +886,22 @@ std::shared_ptr<Group> init_from_environment() {
   return w;
 }
 
-std::shared_ptr<Group> world() { return init_from_environment(); }
+std::shared_ptr<Group> world() {
+  return init_from_environment();
+}
 
 void finalize() {
   detail::Runtime& R = detail::rt();
   std::vector<std::shared_ptr<GroupState>> states;
   {
     std::lock_guard lk(R.mu);
-    if (R.finalized || !R.mpi_initialized) return;
+    if (R.finalized || R.states.empty()) return;
     states = R.states;
   }
   if (detail::g_any_broken) detail::abort_now(detail::kTimeoutExitCode);
+  // Tell the peers this rank will issue nothing more: a peer waiting for it in a collective fails
+  // at once (see check_peers) instead of at its deadline.
+  for (auto& st : states) st->set_exiting();
   for (auto& st : states) st->shutdown();  // drains; a deadline expiring here breaks the group
   if (detail::g_any_broken) detail::abort_now(detail::kTimeoutExitCode);
   for (auto& st : states) st->free_mpi();
@@ -775,7 +912,7 @@ void finalize() {
     R.states.clear();
     R.world.reset();
   }
-  MPI_Finalize();
+  if (R.mpi_initialized) MPI_Finalize();  // else the program initialised MPI and finalises it
 }
 
 void abort_job(int code, std::string_view why) {

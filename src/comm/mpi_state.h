@@ -21,24 +21,66 @@ namespace ds::comm::detail {
 inline constexpr int kTimeoutExitCode = 124;
 
 // One node-local rank's slot of the arrival board, in an MPI-3 shared-memory window. Written by its
-// owner only (issued/kind by the caller thread, completed/barrier by the communication thread), read
-// by every rank of the node when a deadline expires and, for `barrier`, by the shared-memory
+// owner only (issued/kind by the caller thread, completed/barrier by the communication thread),
+// read by every rank of the node when a deadline expires and, for `barrier`, by the shared-memory
 // collectives. Separate cache lines so the polling of one does not slow the writing of the other.
+// What a rank's communication thread is executing (shared-memory path), to catch ranks that issue
+// different collectives under the same sequence number.
+struct ExecRecord {
+  uint64_t seq = 0;
+  uint32_t kind = 0, dtype = 0, reduce = 0;
+  uint64_t count = 0;
+  int32_t root = 0;
+  bool same_as(const ExecRecord& o) const {
+    return kind == o.kind && dtype == o.dtype && count == o.count &&
+           (static_cast<OpKind>(kind) == OpKind::broadcast ? root == o.root : reduce == o.reduce);
+  }
+};
+
 struct BoardSlot {
   alignas(64) std::atomic<uint64_t> issued{0};  // last collective sequence number issued
-  std::atomic<uint32_t> issued_kind{0};          // its OpKind
+  std::atomic<uint32_t> issued_kind{0};         // its OpKind
   std::atomic<int32_t> pid{0};
   std::atomic<uint64_t> completed{0};  // every collective <= this has completed here
+  std::atomic<uint32_t> exiting{0};    // 1 once the process is finalising (it issues nothing more)
   alignas(64) std::atomic<uint64_t> barrier{0};  // shared-memory barrier generation
-  char pad[56];
+  // Seqlock over the execution record: exec_seq is 0 while the fields change.
+  alignas(64) std::atomic<uint64_t> exec_seq{0};
+  std::atomic<uint32_t> exec_kind{0}, exec_dtype{0}, exec_reduce{0};
+  std::atomic<int32_t> exec_root{0};
+  std::atomic<uint64_t> exec_count{0};
+
+  void write_exec(const ExecRecord& e) {
+    exec_seq.store(0, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    exec_kind.store(e.kind, std::memory_order_relaxed);
+    exec_dtype.store(e.dtype, std::memory_order_relaxed);
+    exec_reduce.store(e.reduce, std::memory_order_relaxed);
+    exec_root.store(e.root, std::memory_order_relaxed);
+    exec_count.store(e.count, std::memory_order_relaxed);
+    exec_seq.store(e.seq, std::memory_order_release);
+  }
+  // The record for `seq`, if that is what the slot holds right now.
+  bool read_exec(uint64_t seq, ExecRecord& e) const {
+    if (exec_seq.load(std::memory_order_acquire) != seq) return false;
+    e.seq = seq;
+    e.kind = exec_kind.load(std::memory_order_relaxed);
+    e.dtype = exec_dtype.load(std::memory_order_relaxed);
+    e.reduce = exec_reduce.load(std::memory_order_relaxed);
+    e.root = exec_root.load(std::memory_order_relaxed);
+    e.count = exec_count.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return exec_seq.load(std::memory_order_relaxed) == seq;
+  }
 };
-static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory flags need lock-free atomics");
+static_assert(std::atomic<uint64_t>::is_always_lock_free,
+              "shared-memory flags need lock-free atomics");
 
 // An operation posted to MPI and not yet complete.
 struct Active {
   std::shared_ptr<WorkState> w;
-  std::vector<MPI_Request> reqs;
-  std::function<void()> finish;  // after all requests complete (copies, count checks); may throw
+  MPI_Request req = MPI_REQUEST_NULL;
+  std::function<void()> finish;  // after the request completes (frees copies); may throw
 };
 
 class GroupState : public WorkOwner, public std::enable_shared_from_this<GroupState> {
@@ -68,6 +110,7 @@ class GroupState : public WorkOwner, public std::enable_shared_from_this<GroupSt
   bool shm = false;  // the shared-memory collectives are on (single node, not disabled)
 
   std::atomic<bool> broken{false};
+  void set_exiting() { board_[node_rank]->exiting.store(1, std::memory_order_release); }
 
  private:
   friend struct ShmOps;
@@ -77,12 +120,22 @@ class GroupState : public WorkOwner, public std::enable_shared_from_this<GroupSt
   bool poll_active();  // true when something completed
   void complete(const std::shared_ptr<WorkState>& w, std::string err = {}, bool timeout = false);
   void fail_all();
-  void check_deadlines();
+  // Deadline of the oldest collective (or `current`), and node-local peers that are exiting without
+  // having issued it: throws after breaking the group. Cheap: runs every 50 ms at most.
+  void check_peers(WorkState* current);
+  // Shared-memory path, after the first barrier: do the peers run the same operation?
+  void check_same_collective(const WorkState& w);
+  // Marks the group broken with msg (first caller wins), prints it, arms the reaper that aborts
+  // the job after the grace period. Returns the message in force.
+  std::string break_group(const WorkState* w, std::string msg, bool timeout);
   std::string arrival_report(uint64_t seq, OpKind kind) const;
   std::string broken_message() const;
 
   // shared-memory collectives (shm.cpp)
  public:
+  // Whether op runs on the shared-memory path (same answer on every rank: depends on op only).
+  bool use_shm(const Group::Op& op) const;
+  static constexpr size_t kShmBroadcastMin = size_t(16) << 20;
   void shm_run(WorkState& w);
   void shm_barrier(WorkState& w);
   char* region(int node_rank, int parity, int which) const;  // which: 0 input, 1 result
@@ -95,6 +148,7 @@ class GroupState : public WorkOwner, public std::enable_shared_from_this<GroupSt
   std::vector<BoardSlot*> board_;  // by node-local rank
   std::vector<char*> data_;        // by node-local rank
   uint64_t interval_ = 0;          // shared-memory barriers passed (communication thread only)
+  bool check_pending_ = false;     // the current shared-memory op has not passed a barrier yet
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -112,6 +166,8 @@ class GroupState : public WorkOwner, public std::enable_shared_from_this<GroupSt
   mutable std::mutex timeout_mu_;
   std::string broken_msg_;
   const WorkState* broken_by_ = nullptr;  // identity only, never dereferenced
+  bool broken_by_timeout_ = false;
+  Clock::time_point last_peer_check_{};
 };
 
 // MPI datatype and op for a dtype / reduction (custom ops for 16-bit types and NaN-aware max).

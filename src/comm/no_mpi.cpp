@@ -22,7 +22,9 @@ bool launched_with_ranks() {
 
 }  // namespace
 
-bool mpi_available() { return false; }
+bool mpi_available() {
+  return false;
+}
 
 std::shared_ptr<Group> init_from_environment() {
   std::lock_guard lk(g_mu);
@@ -34,7 +36,9 @@ std::shared_ptr<Group> init_from_environment() {
   return g_world;
 }
 
-std::shared_ptr<Group> world() { return init_from_environment(); }
+std::shared_ptr<Group> world() {
+  return init_from_environment();
+}
 
 void finalize() {}
 

@@ -11,7 +11,9 @@ namespace {
 constexpr size_t kBlock = 1024;  // elements; fp32 accumulator of 4 KiB
 
 // NaN-propagating max: a if a > b or a is NaN, else b (b NaN -> b).
-inline float max_nan(float a, float b) { return (a > b || a != a) ? a : b; }
+inline float max_nan(float a, float b) {
+  return (a > b || a != a) ? a : b;
+}
 
 void reduce_f32(float* dst, const void* const* srcs, int n_src, size_t n, ReduceOp op) {
   float acc[kBlock];
@@ -56,7 +58,8 @@ void reduce_int(T* dst, const void* const* srcs, int n_src, size_t n, ReduceOp o
     for (int r = 1; r < n_src; ++r) {
       const T* s = static_cast<const T*>(srcs[r]) + b0;
       if (op == ReduceOp::sum)
-        for (size_t i = 0; i < m; ++i) acc[i] = static_cast<T>(static_cast<U>(acc[i]) + static_cast<U>(s[i]));
+        for (size_t i = 0; i < m; ++i)
+          acc[i] = static_cast<T>(static_cast<U>(acc[i]) + static_cast<U>(s[i]));
       else
         for (size_t i = 0; i < m; ++i) acc[i] = std::max(acc[i], s[i]);
     }
@@ -73,11 +76,15 @@ void reduce_n(void* dst, const void* const* srcs, int n_src, size_t n, DType dty
     return;
   }
   switch (dtype) {
-    case DType::f32: return reduce_f32(static_cast<float*>(dst), srcs, n_src, n, op);
+    case DType::f32:
+      return reduce_f32(static_cast<float*>(dst), srcs, n_src, n, op);
     case DType::bf16:
-    case DType::f16: return reduce_16(static_cast<uint16_t*>(dst), srcs, n_src, n, dtype, op);
-    case DType::i32: return reduce_int(static_cast<int32_t*>(dst), srcs, n_src, n, op);
-    case DType::i64: return reduce_int(static_cast<int64_t*>(dst), srcs, n_src, n, op);
+    case DType::f16:
+      return reduce_16(static_cast<uint16_t*>(dst), srcs, n_src, n, dtype, op);
+    case DType::i32:
+      return reduce_int(static_cast<int32_t*>(dst), srcs, n_src, n, op);
+    case DType::i64:
+      return reduce_int(static_cast<int64_t*>(dst), srcs, n_src, n, op);
   }
 }
 

@@ -3,16 +3,19 @@
 // Each rank owns four slots of slot_bytes in the window: input and result, each double-buffered.
 // An operation streams through them piece by piece; between pieces all ranks pass a barrier on the
 // arrival board (a generation counter per rank). The one rule that makes the double buffering safe
-// across pieces and across operations: data written between barriers k-1 and k (into slots of parity
-// k & 1) is read only between barriers k and k+1. So a slot is rewritten two intervals later, after a
-// barrier that every reader passed only once it had finished reading — no second barrier per piece.
+// across pieces and across operations: data written between barriers k-1 and k (into slots of
+// parity k & 1) is read only between barriers k and k+1. So a slot is rewritten two intervals
+// later, after a barrier that every reader passed only once it had finished reading — no second
+// barrier per piece.
 //
 // reduce_scatter: each rank copies its piece of every destination's chunk into its input slot;
-//   barrier; each rank reduces its own chunk's piece reading all ranks' slots (in rank order, so the
-//   result is deterministic) straight into the output. One barrier per piece.
+//   barrier; each rank reduces its own chunk's piece reading all ranks' slots (in rank order, so
+//   the result is deterministic) straight into the output. One barrier per piece.
 // all_reduce: the same, reducing 1/N of each piece into the result slot; after the next barrier
 //   every rank copies all N results out (overlapping the next piece's copy-in).
-// all_gather / broadcast: copy in; barrier; everybody copies out.
+// broadcast (large messages): the root copies in; barrier; everybody copies out.
+// all_gather has no shared-memory form: OpenMPI copies large messages once, directly between the
+// processes (CMA), where a window needs two copies; bench_comm measured MPI faster at every size.
 #include <algorithm>
 #include <cstring>
 
@@ -23,9 +26,15 @@ namespace {
 
 constexpr size_t kAlign = 32;  // elements per piece boundary: keeps pieces vector- and line-aligned
 
-size_t round_down(size_t x, size_t m) { return x / m * m; }
-size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
-size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+size_t round_down(size_t x, size_t m) {
+  return x / m * m;
+}
+size_t round_up(size_t x, size_t m) {
+  return (x + m - 1) / m * m;
+}
+size_t ceil_div(size_t a, size_t b) {
+  return (a + b - 1) / b;
+}
 
 bool overlaps(const void* a, size_t na, const void* b, size_t nb) {
   auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
@@ -46,6 +55,10 @@ void GroupState::shm_barrier(WorkState& w) {
       if (board_[r]->barrier.load(std::memory_order_acquire) < k) return false;
     return true;
   });
+  if (check_pending_) {  // first barrier of the operation: every rank has published its record
+    check_pending_ = false;
+    check_same_collective(w);
+  }
 }
 
 void GroupState::shm_run(WorkState& w) {
@@ -57,12 +70,19 @@ void GroupState::shm_run(WorkState& w) {
   auto wp = [&] { return static_cast<int>(interval_ & 1); };
   auto rp = [&] { return static_cast<int>((interval_ + 1) & 1); };
 
+  board_[node_rank]->write_exec({w.seq, static_cast<uint32_t>(op.kind),
+                                 static_cast<uint32_t>(op.dtype), static_cast<uint32_t>(op.reduce),
+                                 op.count, op.peer});
+  check_pending_ = true;
+  if (op.count == 0 || op.kind == OpKind::barrier) {
+    // Nothing to move, but still one barrier: a rank passing an empty buffer where its peers pass
+    // data is a mismatch to report, not something to skip past.
+    shm_barrier(w);
+    return;
+  }
   switch (op.kind) {
-    case OpKind::barrier: shm_barrier(w); return;
-
     case OpKind::reduce_scatter: {
       const size_t c = op.count;
-      if (c == 0) return;
       const char* in = static_cast<const char*>(op.in);
       char* out = static_cast<char*>(op.out);
       std::vector<char> tmp;
@@ -93,7 +113,6 @@ void GroupState::shm_run(WorkState& w) {
 
     case OpKind::all_reduce: {
       const size_t total = op.count;
-      if (total == 0) return;
       char* buf = static_cast<char*>(op.out);
       const size_t e = std::max(kAlign, round_down(slot_bytes / (n * es), kAlign));
       const size_t step = e * n, pieces = ceil_div(total, step);
@@ -123,37 +142,8 @@ void GroupState::shm_run(WorkState& w) {
       return;
     }
 
-    case OpKind::all_gather: {
-      const size_t c = op.count;
-      if (c == 0) return;
-      const char* in = static_cast<const char*>(op.in);
-      char* out = static_cast<char*>(op.out);
-      std::vector<char> tmp;
-      if (in != out + me * c * es && overlaps(in, c * es, out, n * c * es)) {
-        tmp.assign(in, in + c * es);
-        in = tmp.data();
-      }
-      const size_t e = std::max(kAlign, round_down(slot_bytes / es, kAlign));
-      const size_t pieces = ceil_div(c, e);
-      for (size_t t = 0; t <= pieces; ++t) {
-        if (t >= 1) {
-          const size_t off = (t - 1) * e, len = std::min(e, c - off);
-          for (int r = 0; r < n; ++r)
-            if (r != me || in != out + me * c * es)
-              std::memcpy(out + (r * c + off) * es, region(r, rp(), 0), len * es);
-        }
-        if (t < pieces) {
-          const size_t off = t * e, len = std::min(e, c - off);
-          std::memcpy(region(me, wp(), 0), in + off * es, len * es);
-          shm_barrier(w);
-        }
-      }
-      return;
-    }
-
     case OpKind::broadcast: {
       const size_t total = op.count;
-      if (total == 0) return;
       char* buf = static_cast<char*>(op.out);
       const int root = op.peer;
       const size_t e = std::max(kAlign, round_down(slot_bytes / es, kAlign));
@@ -174,7 +164,8 @@ void GroupState::shm_run(WorkState& w) {
       return;
     }
 
-    default: DS_THROW("[comm] {} has no shared-memory form", op_name(op.kind));
+    default:
+      DS_THROW("[comm] {} has no shared-memory form", op_name(op.kind));
   }
 }
 

@@ -277,7 +277,9 @@ GPT::GPT(GPTConfig config, bool init) : Module("GPT"), config_(std::move(config)
       "lm_head", c.tie_embeddings ? std::make_shared<nn::Linear>(tok_emb_->weight())
                                   : std::make_shared<nn::Linear>(c.n_embd, c.vocab_size, false));
   positions_ = Tensor::arange(c.block_size, DType::i64);
-  if (init) init_weights();
+  // Under nn::PartitionedInit the parameters hold no memory: ZeRO-3 initialises each rank's shard
+  // from init_values() instead.
+  if (init && !nn::PartitionedInit::active()) init_weights();
 }
 
 Tensor GPT::forward(const Tensor& ids) {

@@ -10,6 +10,14 @@
 
 namespace ds::nn {
 
+namespace {
+thread_local bool g_partitioned_init = false;
+}
+
+PartitionedInit::PartitionedInit() : prev_(g_partitioned_init) { g_partitioned_init = true; }
+PartitionedInit::~PartitionedInit() { g_partitioned_init = prev_; }
+bool PartitionedInit::active() { return g_partitioned_init; }
+
 Tensor Module::forward(const Tensor&) {
   DS_THROW("[module] {} has no single-input forward; call its own forward method", type_name_);
 }
@@ -54,6 +62,7 @@ Tensor Module::register_parameter(const std::string& name, Tensor t) {
   for (auto& [n, p] : params_) DS_CHECK(n != name, "[module] parameter '{}' registered twice in {}", name, type_name_);
   t.set_requires_grad(true);
   if (t.name().empty()) t.set_name(name);
+  if (g_partitioned_init && t.is_materialized() && !t.storage()->is_view()) t.storage()->release();
   params_.emplace_back(name, t);
   return t;
 }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <array>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -122,6 +123,11 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
   }
   group_->barrier("checkpoint " + tag + ": folder created");
 
+  // Stage 3: gather each parameter in turn (a collective) so that rank 0 writes a complete model
+  // file that any world size and stage can load (DeepSpeed's stage3_gather_16bit_weights_on_model_save).
+  std::vector<std::pair<std::string, Tensor>> gathered;
+  if (stage_ == 3) gathered = stage3_gathered_weights();
+
   try {
     if (rank == 0) {
       // Model states: every parameter by name in the training dtype, plus the engine state.
@@ -142,17 +148,32 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
           {"ds_config_source", config_.source},
           {"client_state", client_state},
       };
-      std::vector<std::pair<std::string, Tensor>> weights;
-      for (auto& [name, p] : model_->named_parameters()) weights.emplace_back(name, p);
+      std::vector<std::pair<std::string, Tensor>> weights = std::move(gathered);
+      if (stage_ != 3)
+        for (auto& [name, p] : model_->named_parameters()) weights.emplace_back(name, p);
       safetensors::save((tmp / kModelFile).string(), weights, {{"ds_engine", engine_state.dump()}});
     }
 
-    // Optimizer shard: this rank's range of the fp32 master weights and moments, padding stripped.
-    // Stage 0 ranks all hold the same full state: rank 0 writes it once.
-    const bool sharded = opt_numel_ != plan_.padded_numel;
+    // Optimizer shard: this rank's fp32 master weights and moments. `segments` maps them to the
+    // flat coordinates (the unpadded concatenation of all parameters): one range for stages 0-2,
+    // one piece per parameter for stage 3. Stage 0 ranks all hold the same full state: rank 0
+    // writes it once.
+    const bool sharded = stage_ == 3 || opt_numel_ != plan_.padded_numel;
     if (sharded || rank == 0) {
-      const int64_t lo = opt_begin_, hi = std::min(opt_begin_ + opt_numel_, flat_.numel);
-      const int64_t count = std::max<int64_t>(0, hi - lo);
+      nlohmann::json segments = nlohmann::json::array();
+      int64_t count = 0;
+      if (stage_ == 3) {
+        for (size_t i = 0; i < s3_.size(); ++i) {
+          const auto& sp = s3_[i];
+          const int64_t b = std::min(sp.numel, rank * sp.part), e = std::min(sp.numel, (rank + 1) * sp.part);
+          if (b < e) segments.push_back({flat_.entries[i].offset + b, flat_.entries[i].offset + e, sp.shard_offset});
+        }
+        count = opt_numel_;
+      } else {
+        const int64_t lo = opt_begin_, hi = std::min(opt_begin_ + opt_numel_, flat_.numel);
+        count = std::max<int64_t>(0, hi - lo);
+        if (count > 0) segments.push_back({lo, lo + count, 0});
+      }
       auto head = [count](const Tensor& t) {
         return Tensor::from_storage(t.storage(), {count}, DType::f32, t.storage_offset());
       };
@@ -177,8 +198,7 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
           {"param_offsets", offsets},
           {"numel", flat_.numel},
           {"padding", plan_.padded_numel - flat_.numel},
-          {"range_begin", lo},
-          {"range_end", lo + count},
+          {"segments", segments},
           {"partition_count", sharded ? n : 1},
           {"zero_stage", stage_},
           {"rank", rank},
@@ -299,20 +319,32 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
   DS_CHECK(problems.empty(), "[checkpoint] {} does not match this model: {}", (ck / kModelFile).string(),
            fmt::join(problems, "; "));
 
-  // Optimizer shards: whatever world size and stage wrote them, take the elements of our range.
-  const int64_t lo = opt_begin_, hi = std::min(opt_begin_ + opt_numel_, flat_.numel);
+  // Optimizer shards: whatever world size and stage wrote them, take the elements this rank holds,
+  // as (flat begin, flat end, offset in our buffers) pieces.
+  std::vector<std::array<int64_t, 3>> wants;
+  if (stage_ == 3) {
+    const int rank = group_->rank();
+    for (size_t i = 0; i < s3_.size(); ++i) {
+      const auto& sp = s3_[i];
+      const int64_t b = std::min(sp.numel, rank * sp.part), e = std::min(sp.numel, (rank + 1) * sp.part);
+      if (b < e) wants.push_back({flat_.entries[i].offset + b, flat_.entries[i].offset + e, sp.shard_offset});
+    }
+  } else {
+    const int64_t lo = opt_begin_, hi = std::min(opt_begin_ + opt_numel_, flat_.numel);
+    if (lo < hi) wants.push_back({lo, hi, 0});
+  }
+  int64_t needed = 0;
+  for (const auto& w : wants) needed += w[1] - w[0];
+
   auto states = optimizer_->state_buffers();
-  struct Piece {
-    std::unique_ptr<safetensors::Reader> file;
-    int64_t begin, end;
-  };
-  std::vector<Piece> pieces;
+  master_.zero_();
+  for (const auto& sb : states) std::fill(sb.data, sb.data + sb.numel, 0.0f);
   nlohmann::json scalar_state;
   int64_t covered = 0;
   for (const auto& f : shard_files) {
     const std::string path = (ck / f).string();
-    auto reader = std::make_unique<safetensors::Reader>(path);
-    const nlohmann::json meta = parse_metadata(*reader, "ds_optimizer");
+    safetensors::Reader reader(path);
+    const nlohmann::json meta = parse_metadata(reader, "ds_optimizer");
     DS_CHECK(meta.at("numel").get<int64_t>() == flat_.numel && meta.at("param_names").size() == flat_.entries.size(),
              "[checkpoint] {} holds {} parameters ({} elements); this model has {} ({} elements)", path,
              meta.at("param_names").size(), meta.at("numel").get<int64_t>(), flat_.entries.size(), flat_.numel);
@@ -326,32 +358,40 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
              "[checkpoint] {} was written with the {} optimizer; this run uses {}", path,
              meta.at("optimizer").get<std::string>(), optimizer_->name());
     scalar_state = meta.at("scalar_state");
-    const int64_t b = meta.at("range_begin").get<int64_t>(), e = meta.at("range_end").get<int64_t>();
-    if (std::max(b, lo) >= std::min(e, hi)) continue;
-    verify(f);
-    covered += std::min(e, hi) - std::max(b, lo);
-    pieces.push_back({std::move(reader), b, e});
+    bool verified = false;
+    for (const auto& seg : meta.at("segments")) {
+      const int64_t fb = seg[0].get<int64_t>(), fe = seg[1].get<int64_t>(), foff = seg[2].get<int64_t>();
+      for (const auto& w : wants) {
+        const int64_t a = std::max(fb, w[0]), z = std::min(fe, w[1]);
+        if (a >= z) continue;
+        if (!verified) {
+          verify(f);
+          verified = true;
+        }
+        auto copy = [&](const std::string& name, float* dst) {
+          DS_CHECK(reader.contains(name), "[checkpoint] {} has no optimizer state '{}'", path, name);
+          const auto& entry = reader.entry(name);
+          DS_CHECK(entry.supported && entry.dtype == DType::f32, "[checkpoint] {}: '{}' is not fp32", path, name);
+          const float* src = reinterpret_cast<const float*>(reader.data_of(entry));
+          std::memcpy(dst + w[2] + (a - w[0]), src + foff + (a - fb), static_cast<size_t>(z - a) * sizeof(float));
+        };
+        copy("fp32_master", master_.data<float>());
+        for (const auto& sb : states) copy(sb.name, sb.data);
+        covered += z - a;
+      }
+    }
   }
-  DS_CHECK(covered == std::max<int64_t>(0, hi - lo),
-           "[checkpoint] the optimizer shards in {} do not cover elements [{}, {}) of this rank; a "
-           "shard file is missing", ck.string(), lo, hi);
-
-  // Everything verified: now restore. Weights, then master (which in fp32 training is the weights).
-  for (auto& [name, p] : params) model_file.read_into(name, p);
-  master_.zero_();
-  for (const auto& sb : states) std::fill(sb.data, sb.data + sb.numel, 0.0f);
-  for (const auto& pc : pieces) {
-    const int64_t a = std::max(pc.begin, lo), z = std::min(pc.end, hi);
-    auto copy = [&](const std::string& name, float* dst) {
-      DS_CHECK(pc.file->contains(name), "[checkpoint] {} has no optimizer state '{}'", pc.file->path(), name);
-      const auto& entry = pc.file->entry(name);
-      DS_CHECK(entry.supported && entry.dtype == DType::f32, "[checkpoint] {}: '{}' is not fp32",
-               pc.file->path(), name);
-      const float* src = reinterpret_cast<const float*>(pc.file->data_of(entry));
-      std::memcpy(dst + (a - lo), src + (a - pc.begin), static_cast<size_t>(z - a) * sizeof(float));
-    };
-    copy("fp32_master", master_.data<float>());
-    for (const auto& sb : states) copy(sb.name, sb.data);
+  DS_CHECK(covered == needed,
+           "[checkpoint] the optimizer shards in {} cover {} of the {} elements this rank needs; a "
+           "shard file is missing", ck.string(), covered, needed);
+  // Weights: stages 0-2 hold every parameter whole (in fp32 training master_ is a view of them and
+  // the model file holds the same values); under stage 3 each rank's piece is the rounded master
+  // weights, exactly as after an optimizer step.
+  if (stage_ == 3) {
+    shard_params_.copy_from(master_);
+    stage3_after_step();
+  } else {
+    for (auto& [name, p] : params) model_file.read_into(name, p);
   }
   optimizer_->load_scalar_state(scalar_state.get<std::map<std::string, double>>());
 

@@ -81,10 +81,7 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
            "ConfigContext::world_size = {} when parsing",
            config_.batch.world_size, n, n);
   stage_ = config_.zero_optimization.stage;
-  DS_CHECK(stage_ <= 2 || n == 1,
-           "[engine] ZeRO stage 3 (parameter partitioning) across {} ranks is not implemented yet; "
-           "use stage 2, which shards gradients and optimizer states the same way, or run one rank",
-           n);
+  DS_CHECK(stage_ >= 0 && stage_ <= 3, "[engine] zero_optimization.stage must be 0-3, got {}", stage_);
   if (!options_.loss_fn) options_.loss_fn = default_loss_fn();
   scaler_.set_rank(group_->rank());
   scaler_.set_log_sink([this](const std::string& m) { log(m); });
@@ -93,34 +90,38 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
   const DType grads = resolve_grad_dtype(config_);
   grad_dtype_ = grads;
   const int64_t multiple = zero::padding_multiple(n);
-  const bool full_grads = stage_ < 2;
-  // Flatten in fp32 first: that buffer becomes the master copy (or the parameters themselves in
-  // fp32 training). For 16-bit training flatten again in the training dtype: same order and
-  // offsets, values rounded to nearest even, parameters rebound to the 16-bit buffer.
-  nn::FlatParameters f32 = nn::flatten_parameters(*model_, DType::f32, grads, multiple, full_grads);
-  plan_ = zero::plan_partitions(f32.numel, n);
-  DS_CHECK(plan_.padded_numel == f32.padded_numel, "[engine] internal: padding plan disagrees");
   const bool sharded = stage_ >= 1 && n > 1;
-  opt_begin_ = sharded ? plan_.begin(group_->rank()) : 0;
-  opt_numel_ = sharded ? plan_.partition_numel : plan_.padded_numel;
-  auto range = [&](const Tensor& t) {
-    return Tensor::from_storage(t.storage(), {opt_numel_}, t.dtype(), t.storage_offset() + opt_begin_);
-  };
-  if (train == DType::f32) {
-    flat_ = std::move(f32);
-    master_ = range(flat_.params);
+  if (stage_ == 3) {
+    stage3_setup();
   } else {
-    // Only this rank's range of the fp32 copy is kept as master weights.
-    master_ = range(f32.params).clone();
-    f32 = {};
-    flat_ = nn::flatten_parameters(*model_, train, grads, multiple, full_grads);
-  }
-  if (!full_grads) grads_part_ = Tensor::zeros({opt_numel_}, grads);
-  if (grads != DType::f32) grads32_ = Tensor::zeros({opt_numel_});
+    const bool full_grads = stage_ < 2;
+    // Flatten in fp32 first: that buffer becomes the master copy (or the parameters themselves in
+    // fp32 training). For 16-bit training flatten again in the training dtype: same order and
+    // offsets, values rounded to nearest even, parameters rebound to the 16-bit buffer.
+    nn::FlatParameters f32 = nn::flatten_parameters(*model_, DType::f32, grads, multiple, full_grads);
+    plan_ = zero::plan_partitions(f32.numel, n);
+    DS_CHECK(plan_.padded_numel == f32.padded_numel, "[engine] internal: padding plan disagrees");
+    opt_begin_ = sharded ? plan_.begin(group_->rank()) : 0;
+    opt_numel_ = sharded ? plan_.partition_numel : plan_.padded_numel;
+    auto range = [&](const Tensor& t) {
+      return Tensor::from_storage(t.storage(), {opt_numel_}, t.dtype(), t.storage_offset() + opt_begin_);
+    };
+    if (train == DType::f32) {
+      flat_ = std::move(f32);
+      master_ = range(flat_.params);
+    } else {
+      // Only this rank's range of the fp32 copy is kept as master weights.
+      master_ = range(f32.params).clone();
+      f32 = {};
+      flat_ = nn::flatten_parameters(*model_, train, grads, multiple, full_grads);
+    }
+    if (!full_grads) grads_part_ = Tensor::zeros({opt_numel_}, grads);
+    if (grads != DType::f32) grads32_ = Tensor::zeros({opt_numel_});
 
-  // Every rank starts from rank 0's weights (initialisation is rank-independent already; this
-  // also covers models initialised by the caller).
-  if (n > 1) group_->broadcast(flat_.params, 0, "initial weights");
+    // Every rank starts from rank 0's weights (initialisation is rank-independent already; this
+    // also covers models initialised by the caller).
+    if (n > 1) group_->broadcast(flat_.params, 0, "initial weights");
+  }
 
   optimizer_ = optim::make_optimizer(optimizer_name(config_.optimizer), optimizer_params(config_.optimizer));
   std::vector<optim::Segment> segments;
@@ -144,7 +145,7 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
     comm_prescale_ = static_cast<float>(1.0 / predivide);
     grad_post_scale_ = predivide / n;
   }
-  if (n > 1 || stage_ == 2) {
+  if (stage_ < 3 && (n > 1 || stage_ == 2)) {
     const auto bucket_numel = std::max<int64_t>(1, static_cast<int64_t>(config_.zero_optimization.reduce_bucket_size));
     buckets_ = zero::plan_buckets(flat_.entries, plan_.padded_numel, bucket_numel);
     param_buckets_.assign(flat_.entries.size(), {});
@@ -188,6 +189,13 @@ void Engine::backward(const Tensor& loss) {
   // Stage 2 reduces every micro-step (each rank keeps only its partition); stage 0 reduces on the
   // boundary micro-step, overlapped with its backward; stage 1 reduce-scatters in step().
   reducing_ = !buckets_.empty() && (stage_ == 2 || (stage_ == 0 && is_gradient_accumulation_boundary()));
+  if (stage_ == 3) {
+    ops::mul(loss.dtype() == DType::f32 ? loss : ops::cast(loss, DType::f32),
+             static_cast<float>(scaler_.scale() / gas))
+        .backward();
+    stage3_finish_reductions();
+    return;
+  }
   if (reducing_)
     for (size_t b = 0; b < buckets_.size(); ++b) bucket_pending_[b] = static_cast<int>(buckets_[b].params.size());
   Tensor scaled = ops::mul(loss.dtype() == DType::f32 ? loss : ops::cast(loss, DType::f32),
@@ -272,7 +280,7 @@ bool Engine::is_gradient_accumulation_boundary() const {
 double Engine::get_lr() const { return scheduler_.get_lr(); }
 
 Tensor Engine::optimizer_grads() {
-  Tensor g = stage_ == 2 ? grads_part_
+  Tensor g = stage_ >= 2 ? grads_part_
                          : Tensor::from_storage(flat_.grads.storage(), {opt_numel_}, flat_.grads.dtype(),
                                                 flat_.grads.storage_offset() + opt_begin_);
   if (g.dtype() == DType::f32) return g;
@@ -363,12 +371,17 @@ bool Engine::step() {
   const ClipCoefficient clip = unscale_and_clip_coefficient(norm_scaled, scale, config_.gradient_clipping);
   optimizer_->set_lr(static_cast<float>(scheduler_.get_lr()));
   if (auto beta1 = scheduler_.get_beta1()) optimizer_->set_momentum(static_cast<float>(*beta1));
-  const bool sixteen = flat_.params.dtype() != DType::f32;
-  void* out16 = sixteen ? static_cast<char*>(flat_.params.raw_data()) + opt_begin_ * 2 : nullptr;
+  const DType train = training_dtype();
+  const bool sixteen = train != DType::f32;
+  void* out16 = !sixteen       ? nullptr
+                : stage_ == 3  ? shard_params_.raw_data()
+                               : static_cast<char*>(flat_.params.raw_data()) + opt_begin_ * 2;
   optimizer_->step(master_.data<float>(), g.data<float>(), opt_numel_,
                    static_cast<float>(clip.factor * grad_post_scale_), out16,
-                   sixteen ? flat_.params.dtype() : DType::bf16);
-  if (stage_ >= 1 && n > 1) {
+                   sixteen ? train : DType::bf16);
+  if (stage_ == 3) {
+    stage3_after_step();
+  } else if (stage_ >= 1 && n > 1) {
     Tensor mine = Tensor::from_storage(flat_.params.storage(), {opt_numel_}, flat_.params.dtype(),
                                        flat_.params.storage_offset() + opt_begin_);
     group_->all_gather(mine, flat_.params, ctx + " parameters");
@@ -380,11 +393,19 @@ bool Engine::step() {
 
 MemoryBudget Engine::memory_budget() const {
   MemoryBudget b;
-  b.params = static_cast<int64_t>(flat_.params.nbytes());
+  const bool sixteen = training_dtype() != DType::f32;
+  if (stage_ == 3) {
+    // The shard of every parameter (fp32 training: the master weights themselves) plus the
+    // persistent parameters, which every rank keeps whole.
+    b.params = static_cast<int64_t>(shard_params_.nbytes());
+    for (const auto& sp : s3_)
+      if (sp.persistent) b.params += static_cast<int64_t>(sp.full->nbytes());
+  } else {
+    b.params = static_cast<int64_t>(flat_.params.nbytes());
+  }
   b.grads = static_cast<int64_t>(flat_.grads.defined() ? flat_.grads.nbytes() : grads_part_.nbytes());
   b.scratch = grads32_.defined() ? static_cast<int64_t>(grads32_.nbytes()) : 0;
-  b.master_weights =
-      flat_.params.dtype() == DType::f32 ? 0 : static_cast<int64_t>(master_.nbytes());
+  b.master_weights = sixteen ? static_cast<int64_t>(master_.nbytes()) : 0;
   b.optimizer_states = optimizer_->state_numel() * optimizer_->state_floats_per_param() *
                        static_cast<int64_t>(sizeof(float));
   return b;

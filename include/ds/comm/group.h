@@ -10,26 +10,27 @@
 // Every collective has a blocking form and an `_async` form returning a `Work` handle. All ranks of
 // a group must issue the group's collectives in the same order (as with MPI and NCCL); different
 // groups are independent (each has its own communication thread, so they never deadlock on one
-// another). Buffers must stay alive and untouched until the Work completes; the Tensor overloads keep
-// their tensors alive themselves.
+// another). Buffers must stay alive and untouched until the Work completes; the Tensor overloads
+// keep their tensors alive themselves.
 //
 // Execution (MPI backend): each group owns a communication thread that executes its operations in
 // issue order, so the caller returns at once and computes while the collective runs. Within one
 // node the thread runs our own shared-memory collectives (an MPI-3 shared window: every rank copies
-// its input in, then reduces its own part reading all ranks' copies, memory-bandwidth bound); across
-// nodes it posts MPI's non-blocking collectives and progresses them. See docs/communication.md.
+// its input in, then reduces its own part reading all ranks' copies, memory-bandwidth bound);
+// across nodes it posts MPI's non-blocking collectives and progresses them. See
+// docs/communication.md.
 //
 // Deadlines: every wait has one (`timeout()`, default 300 s, env DS_COMM_TIMEOUT in seconds). On
-// expiry the waiting rank prints and throws `TimeoutError` naming the operation, its sequence number,
-// the caller's context string and the ranks that did not arrive (read from a shared-memory arrival
-// board), and the group becomes unusable. Because the other ranks would otherwise wait forever, the
-// job is then ended on every rank with MPI_Abort: at this process's exit, or after a grace period
-// (env DS_COMM_ABORT_GRACE, default 10 s) if the process has not exited by then.
+// expiry the waiting rank prints and throws `TimeoutError` naming the operation, its sequence
+// number, the caller's context string and the ranks that did not arrive (read from a shared-memory
+// arrival board), and the group becomes unusable. Because the other ranks would otherwise wait
+// forever, the job is then ended on every rank with MPI_Abort: at this process's exit, or after a
+// grace period (env DS_COMM_ABORT_GRACE, default 10 s) if the process has not exited by then.
 //
-// Dtypes: fp32, bf16, fp16, int32, int64. Sums of 16-bit values are computed in fp32 per element and
-// rounded once (shared-memory path: exactly round(x_0 + x_1 + ... + x_{N-1}) summed in rank order;
-// MPI path: a custom MPI_Op that rounds once per pairwise combine, so N-1 roundings at most).
-// MAX propagates NaN for floating dtypes.
+// Dtypes: fp32, bf16, fp16, int32, int64. Sums of 16-bit values are computed in fp32 per element
+// and rounded once (shared-memory path: exactly round(x_0 + x_1 + ... + x_{N-1}) summed in rank
+// order; MPI path: a custom MPI_Op that rounds once per pairwise combine, so N-1 roundings at
+// most). MAX propagates NaN for floating dtypes.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -47,7 +48,14 @@ enum class ReduceOp : uint8_t { sum, max };
 const char* reduce_op_name(ReduceOp op);  // "sum", "max"
 
 enum class OpKind : uint8_t {
-  all_reduce, reduce_scatter, all_gather, broadcast, barrier, send, recv, split
+  all_reduce,
+  reduce_scatter,
+  all_gather,
+  broadcast,
+  barrier,
+  send,
+  recv,
+  split
 };
 const char* op_name(OpKind op);  // "all_reduce", ...
 inline constexpr int kNumOpKinds = 8;
@@ -66,7 +74,7 @@ struct Capabilities {
   int nodes = 1;               // distinct nodes spanned by the group
   std::vector<DType> dtypes;   // every collective accepts these
   bool supports(OpKind op, DType dtype, ReduceOp reduce = ReduceOp::sum) const;
-  std::string str() const;     // one line, for start-up banners
+  std::string str() const;  // one line, for start-up banners
 };
 
 namespace detail {
@@ -104,8 +112,8 @@ class Group {
   // This group's rank r as a rank of the world group (for messages and launch-level tools).
   virtual int world_rank(int r) const = 0;
 
-  // Collective: ranks passing the same color form a new group, ordered by (key, rank); key < 0 means
-  // "my rank". color < 0 joins no group and returns nullptr (MPI_UNDEFINED).
+  // Collective: ranks passing the same color form a new group, ordered by (key, rank); key < 0
+  // means "my rank". color < 0 joins no group and returns nullptr (MPI_UNDEFINED).
   virtual std::shared_ptr<Group> split(int color, int key = -1) = 0;
 
   // Deadline of every wait on this group, in seconds (default: DS_COMM_TIMEOUT or 300).
@@ -153,8 +161,7 @@ class Group {
             std::string_view context = {}) {
     send_async(buf, count, dtype, dst, tag, context).wait();
   }
-  void recv(void* buf, size_t count, DType dtype, int src, int tag,
-            std::string_view context = {}) {
+  void recv(void* buf, size_t count, DType dtype, int src, int tag, std::string_view context = {}) {
     recv_async(buf, count, dtype, src, tag, context).wait();
   }
 
@@ -220,7 +227,10 @@ class Group {
 // The process's world group: MPI when the process was started by mpirun (directly or through the
 // `deepspeed` launcher: OMPI_COMM_WORLD_SIZE / PMIX_RANK, or RANK / WORLD_SIZE), otherwise a size-1
 // group. Initialises MPI on first use (MPI_THREAD_MULTIPLE) and registers finalisation at exit.
-// Throws "[comm] built without MPI" when launched with WORLD_SIZE > 1 in a build without MPI.
+// Throws "[comm] built without MPI" when launched with WORLD_SIZE > 1 in a build without MPI, and
+// a "[comm] ... not started by mpirun" error when WORLD_SIZE > 1 without mpirun's environment.
+// If the program initialised MPI itself (with MPI_THREAD_MULTIPLE), that MPI is used and the
+// program calls finalize() before its own MPI_Finalize.
 std::shared_ptr<Group> init_from_environment();
 std::shared_ptr<Group> world();  // init_from_environment() on first call, then the same group
 // A standalone size-1 group (every collective a copy or a no-op). Always available.

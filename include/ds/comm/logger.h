@@ -18,8 +18,8 @@ class CommsLogger {
  public:
   struct Entry {
     uint64_t count = 0;
-    uint64_t bytes = 0;     // sum of message sizes (Group::Op::bytes)
-    double seconds = 0.0;   // sum of durations
+    uint64_t bytes = 0;    // sum of message sizes (Group::Op::bytes)
+    double seconds = 0.0;  // sum of durations
     double max_seconds = 0.0;
   };
 

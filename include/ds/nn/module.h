@@ -23,6 +23,23 @@
 
 namespace ds::nn {
 
+// Partitioned construction (DeepSpeed's zero.Init): while a PartitionedInit is alive on this thread,
+// every parameter a module registers has its storage released right away, so building a model
+// never holds more than one full parameter; ZeRO-3 then creates each rank's shard from the model's
+// initialisation function. Parameters built this way must not be read before the engine
+// partitions them.
+class PartitionedInit {
+ public:
+  PartitionedInit();
+  ~PartitionedInit();
+  PartitionedInit(const PartitionedInit&) = delete;
+  PartitionedInit& operator=(const PartitionedInit&) = delete;
+  static bool active();
+
+ private:
+  bool prev_;
+};
+
 class Module {
  public:
   explicit Module(std::string type_name) : type_name_(std::move(type_name)) {}
@@ -47,6 +64,9 @@ class Module {
   std::vector<std::pair<std::string, Module*>> named_modules() const;
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const { return children_; }
   int64_t num_parameters() const;
+  // This module's own parameters (not its children's), in registration order; a tied weight
+  // appears in every module that registered it.
+  const std::vector<std::pair<std::string, Tensor>>& own_parameters() const { return params_; }
   Tensor parameter(const std::string& name) const;  // own parameter by local name
 
   void train(bool on = true);

@@ -31,7 +31,12 @@
 //   stage 2  as 1, and each rank keeps gradients only for its partition: every micro-step's
 //            gradients are reduced bucket by bucket during backward and the parameter's own
 //            gradient is dropped as soon as it is copied into its bucket.
-// Stage 3 (parameter partitioning) runs only on one rank for now (it is the identity there).
+//   stage 3  as 2, and every parameter is itself cut into N pieces (padded to a multiple of N): a
+//            rank holds only its piece of each. Module hooks gather a module's parameters before its
+//            forward and its backward and release them after, except persistent small ones
+//            (numel <= stage3_param_persistence_threshold); each parameter's gradient is
+//            reduce-scattered as soon as it is complete. Build the model under nn::PartitionedInit
+//            so that no rank ever holds the whole model; the engine then initialises each shard.
 // Gradients are averaged over ranks; gradient_predivide_factor / prescale_gradients choose where
 // the division happens (before the reduction or folded into the optimizer's gradient scale).
 #include <cstdint>
@@ -139,6 +144,14 @@ class Engine {
   Tensor optimizer_grads();   // this rank's gradient range, as fp32 (converted if 16-bit)
   void zero_grads();
   void log(const std::string& line) const;
+  // ZeRO-3 (engine_stage3.cpp).
+  void stage3_setup();
+  void stage3_gather(const std::vector<int>& params, const std::string& why);
+  void stage3_release(const std::vector<int>& params);
+  void stage3_on_grad_ready(int param_index, const Tensor& param);
+  void stage3_finish_reductions();
+  void stage3_after_step();
+  std::vector<std::pair<std::string, Tensor>> stage3_gathered_weights();
 
   std::shared_ptr<nn::Module> model_;
   DeepSpeedConfig config_;
@@ -161,6 +174,22 @@ class Engine {
   std::vector<Tensor> bucket_staging_;           // stage 2: a bucket's gradients until reduced
   std::vector<std::pair<int, comm::Work>> in_flight_;
   bool reducing_ = false;     // this backward reduces gradients bucket by bucket
+  // ZeRO-3: one entry per parameter (named_parameters() order).
+  struct Stage3Param {
+    Tensor param;                        // the model's parameter (its storage: `full`)
+    std::shared_ptr<Storage> full;       // (N * part,) training dtype; released when not in use
+    int64_t numel = 0, part = 0;         // part = ceil(numel / N)
+    int64_t shard_offset = 0;            // of this rank's piece in the shard buffers
+    bool persistent = false;
+  };
+  std::vector<Stage3Param> s3_;
+  Tensor shard_params_;  // (opt_numel_,) training dtype: this rank's piece of every parameter
+  struct Stage3Pending {
+    int param;
+    Tensor staging, out;
+    comm::Work work;
+  };
+  std::vector<Stage3Pending> s3_in_flight_;
   float comm_prescale_ = 1.0f;  // applied to gradients before a reduction
   double grad_post_scale_ = 1.0;  // folded into the optimizer's gradient scale after it
   std::unique_ptr<optim::Optimizer> optimizer_;  // owns the moments, over [0, padded_numel)

@@ -1,0 +1,72 @@
+#pragma once
+// Hugging Face style weights for models::GPT: import (ds_train --init_from) and export.
+//
+// A Hugging Face model folder holds config.json and model.safetensors (or shards listed in
+// model.safetensors.index.json). Tensor names are those of GPT2LMHeadModel / LlamaForCausalLM:
+//
+//   gpt2:  [transformer.]wte.weight, [transformer.]h.{i}.attn.c_attn.weight, ...   (see gpt.h)
+//   llama: [model.]embed_tokens.weight, [model.]layers.{i}.self_attn.q_proj.weight, ...,
+//          lm_head.weight
+//
+// The prefix is optional on import (GPT2Model files have none, GPT2LMHeadModel files have it).
+// GPT-2's attention and MLP projections are Conv1D modules whose weights are stored (in, out);
+// ours are nn::Linear, (out, in), so c_attn, c_proj and c_fc weights are transposed both ways.
+// Buffers that old GPT-2 files carry (h.{i}.attn.bias / masked_bias: the causal mask) and a
+// tied lm_head.weight are ignored on purpose; anything else that does not map to a parameter is
+// an error, and so is every missing or mis-shaped tensor: one error lists them all.
+//
+//   auto cfg = models::read_hf_config("gpt2-folder");       // from config.json
+//   auto model = std::make_shared<models::GPT>(*cfg, /*init=*/false);
+//   models::load_hf_weights(*model, "gpt2-folder");
+//   ...
+//   models::export_hf(*model, "out/hf_model");              // config.json + model.safetensors
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ds/core/dtype.h"
+#include "ds/models/gpt.h"
+
+namespace ds::models {
+
+// The GPTConfig a Hugging Face config.json describes (model_type "gpt2" or "llama"). Our exporter
+// also writes our own config under "ds_cpp"; when present it is used as is (an exact round trip,
+// including choices Hugging Face's classes cannot express, such as a bias-free GPT-2).
+// Throws "[hf_io] <source>: ..." for another model type or a feature our models lack (grouped-query
+// attention, rope scaling, an activation other than GPT-2's tanh GELU).
+GPTConfig hf_config_from_json(const nlohmann::json& j, const std::string& source = "config.json");
+// The config.json our exporter writes: Hugging Face's fields plus "ds_cpp".
+nlohmann::json hf_config_to_json(const GPTConfig& c);
+
+// The config.json of `path` when it is a folder holding one; nullopt for a safetensors file or a
+// folder without config.json.
+std::optional<GPTConfig> read_hf_config(const std::filesystem::path& path);
+
+struct HFLoadReport {
+  std::vector<std::string> files;    // safetensors files read
+  int64_t tensors = 0;               // parameters filled
+  int64_t transposed = 0;            // Conv1D weights transposed into (out, in)
+  std::vector<std::string> ignored;  // file tensors skipped on purpose (mask buffers, tied head)
+};
+
+// Fills every parameter of `model` from `path`: a folder (model.safetensors, or the shards named
+// by model.safetensors.index.json) or a single .safetensors file. Values are converted to the
+// parameter dtype. Nothing is written unless every parameter has exactly one tensor of the right
+// shape; otherwise throws "[hf_io] <file>: ..." listing every missing, extra and mis-shaped tensor.
+HFLoadReport load_hf_weights(GPT& model, const std::filesystem::path& path);
+
+// Writes dir/config.json and dir/model.safetensors (tensors in `dtype`, metadata format "pt" as
+// transformers requires), creating dir. The layout is GPT2LMHeadModel's / LlamaForCausalLM's, so
+// transformers' from_pretrained(dir) and load_hf_weights(dir) both read it.
+void export_hf(const GPT& model, const std::filesystem::path& dir, DType dtype = DType::f32);
+
+// The Hugging Face name of one of our parameter names ("h.0.attn.c_attn.weight" ->
+// "transformer.h.0.attn.c_attn.weight"), and whether the tensor is stored transposed there.
+std::string hf_name(nn::Layout layout, const std::string& ours);
+bool hf_transposed(nn::Layout layout, const std::string& ours);
+
+}  // namespace ds::models

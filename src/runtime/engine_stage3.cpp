@@ -1,0 +1,171 @@
+// ZeRO stage 3: parameter partitioning (reference/deepspeed-behaviour.md §6).
+//
+// Layout: parameter i (numel_i elements) is padded to N * part_i, part_i = ceil(numel_i / N), and
+// rank r holds elements [r * part_i, (r + 1) * part_i) of it. A rank's pieces of all parameters
+// sit back to back in its shard buffers (master weights, moments, gradients, and the training-dtype
+// copy that is all-gathered), so the optimizer runs on one contiguous range as in stages 1-2.
+//
+// Each parameter keeps its TensorImpl; its storage becomes a (N * part_i) buffer that is released
+// between uses. Tensors saved for backward share that Storage object, so re-gathering before a
+// module's backward makes their data reappear in place.
+#include <algorithm>
+#include <cstring>
+
+#include "ds/autograd/grad_mode.h"
+#include "ds/core/error.h"
+#include "ds/models/gpt.h"
+#include "ds/ops/ops.h"
+#include "ds/runtime/engine.h"
+
+namespace ds::runtime {
+
+void Engine::stage3_setup() {
+  const int n = group_->size(), r = group_->rank();
+  const DType train = config_.training_dtype();
+  const auto persist = static_cast<int64_t>(config_.zero_optimization.stage3_param_persistence_threshold);
+  auto named = model_->named_parameters();
+
+  // Shard plan, and the flat coordinates (unpadded concatenation) checkpoints are written in.
+  int64_t flat_offset = 0, shard_offset = 0;
+  for (auto& [name, p] : named) {
+    Stage3Param sp;
+    sp.param = p;
+    sp.numel = p.numel();
+    sp.part = (sp.numel + n - 1) / n;
+    sp.shard_offset = shard_offset;
+    sp.persistent = sp.numel <= persist;
+    flat_.entries.push_back({name, p.shape(), flat_offset, sp.numel});
+    flat_offset += sp.numel;
+    shard_offset += sp.part;
+    s3_.push_back(std::move(sp));
+  }
+  flat_.numel = flat_offset;
+  plan_ = zero::plan_partitions(flat_.numel, n);
+  opt_begin_ = 0;
+  opt_numel_ = (shard_offset + zero::kPartitionAlignment - 1) / zero::kPartitionAlignment * zero::kPartitionAlignment;
+  master_ = Tensor::zeros({opt_numel_});
+  grads_part_ = Tensor::zeros({opt_numel_}, grad_dtype_);
+  if (grad_dtype_ != DType::f32) grads32_ = Tensor::zeros({opt_numel_});
+
+  // This rank's pieces: from the parameters when the model was built whole, otherwise from the
+  // model's initialisation function (the model was built under nn::PartitionedInit).
+  auto* gpt = dynamic_cast<models::GPT*>(model_.get());
+  const auto init_plan = gpt ? gpt->init_plan() : std::vector<models::ParamInit>{};
+  float* master = master_.data<float>();
+  for (size_t i = 0; i < s3_.size(); ++i) {
+    auto& sp = s3_[i];
+    const int64_t begin = std::min(sp.numel, r * sp.part), end = std::min(sp.numel, (r + 1) * sp.part);
+    if (sp.param.is_materialized()) {
+      Tensor src = Tensor::from_storage(sp.param.contiguous().storage(), {end - begin}, sp.param.dtype(),
+                                        sp.param.contiguous().storage_offset() + begin);
+      convert(src.raw_data(), src.dtype(), master + sp.shard_offset, DType::f32, static_cast<size_t>(end - begin));
+    } else {
+      DS_CHECK(gpt, "[engine] parameter '{}' holds no data and the model has no initialisation "
+               "function for shards; build it whole or make it a models::GPT", flat_.entries[i].name);
+      models::GPT::init_values(init_plan[i], gpt->config().seed, i, begin, end - begin, master + sp.shard_offset);
+    }
+    // Rebind the parameter to its own gatherable buffer, released until first use.
+    sp.full = Storage::allocate(static_cast<size_t>(n * sp.part) * dtype_size(train));
+    TensorImpl* impl = sp.param.impl();
+    impl->storage = sp.full;
+    impl->offset = 0;
+    impl->strides = contiguous_strides(impl->shape);
+    impl->dtype = train;
+    impl->grad = Tensor();
+    sp.full->release();
+  }
+  shard_params_ = train == DType::f32 ? master_ : master_.to(train);
+
+  // Module hooks: gather a module's own parameters around its forward and backward.
+  for (auto& [mname, module] : model_->named_modules()) {
+    std::vector<int> mine;
+    for (auto& [pname, p] : module->own_parameters())
+      for (size_t i = 0; i < s3_.size(); ++i)
+        if (s3_[i].param.same(p)) mine.push_back(static_cast<int>(i));
+    if (mine.empty()) continue;
+    const std::string label = mname.empty() ? module->type_name() : mname;
+    module->register_forward_pre_hook([this, mine, label](nn::Module&, const Tensor&) { stage3_gather(mine, label); });
+    module->register_forward_hook([this, mine](nn::Module&, const Tensor&, const Tensor&) { stage3_release(mine); });
+    module->register_backward_pre_hook([this, mine, label](nn::Module&) { stage3_gather(mine, label + " (backward)"); });
+    module->register_backward_hook([this, mine](nn::Module&) { stage3_release(mine); });
+  }
+  for (size_t i = 0; i < s3_.size(); ++i)
+    s3_[i].param.add_grad_ready_hook([this, i](const Tensor& p) { stage3_on_grad_ready(static_cast<int>(i), p); });
+  stage3_after_step();  // persistent parameters are gathered once and kept
+}
+
+void Engine::stage3_gather(const std::vector<int>& params, const std::string& why) {
+  const DType train = config_.training_dtype();
+  const size_t esz = dtype_size(train);
+  std::vector<comm::Work> works;
+  for (int i : params) {
+    auto& sp = s3_[static_cast<size_t>(i)];
+    if (sp.full->is_materialized()) continue;
+    sp.full->materialize();
+    const char* src = static_cast<const char*>(shard_params_.raw_data()) + sp.shard_offset * static_cast<int64_t>(esz);
+    works.push_back(group_->all_gather_async(src, sp.full->data(), static_cast<size_t>(sp.part), train,
+                                             fmt::format("gather {} for {}", flat_.entries[static_cast<size_t>(i)].name, why)));
+  }
+  for (auto& w : works) w.wait();
+}
+
+void Engine::stage3_release(const std::vector<int>& params) {
+  for (int i : params) {
+    auto& sp = s3_[static_cast<size_t>(i)];
+    if (!sp.persistent && sp.full->is_materialized()) sp.full->release();
+  }
+}
+
+void Engine::stage3_on_grad_ready(int i, const Tensor& p) {
+  auto& sp = s3_[static_cast<size_t>(i)];
+  const int n = group_->size();
+  Tensor g = p.grad().contiguous();
+  // Padded to N * part so that rank r's piece is chunk r of the reduce-scatter.
+  Tensor staging = Tensor::empty({n * sp.part}, g.dtype());
+  if (n * sp.part > sp.numel)
+    Tensor::from_storage(staging.storage(), {n * sp.part - sp.numel}, g.dtype(), staging.storage_offset() + sp.numel).zero_();
+  Tensor::from_storage(staging.storage(), {sp.numel}, g.dtype(), staging.storage_offset()).copy_from(ops::reshape(g, {sp.numel}));
+  p.set_grad({});
+  if (comm_prescale_ != 1.0f && n > 1) ops::mul_(staging, comm_prescale_);
+  Tensor out = Tensor::empty({sp.part}, g.dtype());
+  comm::Work w = n > 1 ? group_->reduce_scatter_async(staging, out, comm::ReduceOp::sum,
+                                                      fmt::format("step {} gradient of {}", global_steps_ + 1,
+                                                                  flat_.entries[static_cast<size_t>(i)].name))
+                       : comm::Work();
+  if (n == 1) out.copy_from(staging);
+  s3_in_flight_.push_back({i, staging, out, w});
+}
+
+void Engine::stage3_finish_reductions() {
+  for (auto& pending : s3_in_flight_) {
+    pending.work.wait();
+    const auto& sp = s3_[static_cast<size_t>(pending.param)];
+    ops::add_(Tensor::from_storage(grads_part_.storage(), {sp.part}, grads_part_.dtype(),
+                                   grads_part_.storage_offset() + sp.shard_offset),
+              pending.out);
+  }
+  s3_in_flight_.clear();
+}
+
+void Engine::stage3_after_step() {
+  // New weights: drop every gathered copy, then gather the persistent ones again.
+  std::vector<int> persistent;
+  for (size_t i = 0; i < s3_.size(); ++i) {
+    if (s3_[i].full->is_materialized()) s3_[i].full->release();
+    if (s3_[i].persistent) persistent.push_back(static_cast<int>(i));
+  }
+  stage3_gather(persistent, "persistent parameters");
+}
+
+std::vector<std::pair<std::string, Tensor>> Engine::stage3_gathered_weights() {
+  // Collective: every rank gathers each parameter in turn; rank 0 keeps a copy.
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < s3_.size(); ++i) {
+    stage3_gather({static_cast<int>(i)}, "checkpoint");
+    if (group_->rank() == 0) out.emplace_back(flat_.entries[i].name, s3_[i].param.clone());
+    stage3_release({static_cast<int>(i)});
+  }
+  return out;
+}
+
+}  // namespace ds::runtime
