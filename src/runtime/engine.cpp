@@ -171,6 +171,7 @@ void Engine::log(const std::string& line) const {
 
 Tensor Engine::forward(const Tensor& inputs, const Tensor& targets) {
   model_->train(true);
+  if (stage_ == 3) stage3_begin_micro_step(true);
   return options_.loss_fn(*model_, inputs, targets);
 }
 
@@ -178,8 +179,15 @@ Tensor Engine::eval_loss(const Tensor& inputs, const Tensor& targets) {
   autograd::NoGradGuard no_grad;
   const bool was_training = model_->is_training();
   model_->train(false);
+  // Evaluation gathers in its own order: neither record it nor follow the training trace.
+  const bool recording = s3_recording_;
+  if (stage_ == 3) {
+    s3_recording_ = false;
+    stage3_begin_micro_step(false);
+  }
   Tensor loss = options_.loss_fn(*model_, inputs, targets);
   model_->train(was_training);
+  if (stage_ == 3) s3_recording_ = recording;
   return loss;
 }
 
@@ -194,6 +202,7 @@ void Engine::backward(const Tensor& loss) {
              static_cast<float>(scaler_.scale() / gas))
         .backward();
     stage3_finish_reductions();
+    stage3_end_micro_step();
     return;
   }
   if (reducing_)

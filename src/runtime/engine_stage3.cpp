@@ -94,25 +94,82 @@ void Engine::stage3_setup() {
   stage3_after_step();  // persistent parameters are gathered once and kept
 }
 
+void Engine::stage3_begin_micro_step(bool training) {
+  s3_pos_ = 0;
+  s3_follow_trace_ = training && !s3_recording_ && !s3_trace_.empty();
+}
+
+void Engine::stage3_end_micro_step() {
+  if (s3_recording_ && !s3_trace_.empty()) s3_recording_ = false;
+  s3_follow_trace_ = false;
+}
+
 void Engine::stage3_gather(const std::vector<int>& params, const std::string& why) {
   const DType train = config_.training_dtype();
   const size_t esz = dtype_size(train);
+  if (s3_prefetching_.size() != s3_.size()) {
+    s3_prefetching_.assign(s3_.size(), false);
+    s3_prefetch_.assign(s3_.size(), comm::Work());
+  }
+  auto launch = [&](int i, const std::string& label) {
+    auto& sp = s3_[static_cast<size_t>(i)];
+    sp.full->materialize();
+    const char* src = static_cast<const char*>(shard_params_.raw_data()) + sp.shard_offset * static_cast<int64_t>(esz);
+    return group_->all_gather_async(src, sp.full->data(), static_cast<size_t>(sp.part), train,
+                                    fmt::format("gather {} for {}", flat_.entries[static_cast<size_t>(i)].name, label));
+  };
+  if (s3_recording_) s3_trace_.push_back(params);
+  if (s3_follow_trace_) {
+    if (s3_pos_ < s3_trace_.size() && s3_trace_[s3_pos_] == params) {
+      ++s3_pos_;
+    } else {
+      s3_follow_trace_ = false;  // a different order than the first micro-step: no guessing
+    }
+  }
   std::vector<comm::Work> works;
   for (int i : params) {
     auto& sp = s3_[static_cast<size_t>(i)];
+    if (s3_prefetching_[static_cast<size_t>(i)]) {
+      works.push_back(s3_prefetch_[static_cast<size_t>(i)]);
+      s3_prefetching_[static_cast<size_t>(i)] = false;
+      continue;
+    }
     if (sp.full->is_materialized()) continue;
-    sp.full->materialize();
-    const char* src = static_cast<const char*>(shard_params_.raw_data()) + sp.shard_offset * static_cast<int64_t>(esz);
-    works.push_back(group_->all_gather_async(src, sp.full->data(), static_cast<size_t>(sp.part), train,
-                                             fmt::format("gather {} for {}", flat_.entries[static_cast<size_t>(i)].name, why)));
+    works.push_back(launch(i, why));
+  }
+  // Gather the next modules' parameters ahead, on the communication thread, while this module runs.
+  if (s3_follow_trace_) {
+    auto budget = static_cast<int64_t>(config_.zero_optimization.stage3_prefetch_bucket_size);
+    for (size_t k = s3_pos_; k < s3_trace_.size() && budget > 0; ++k)
+      for (int i : s3_trace_[k]) {
+        auto& sp = s3_[static_cast<size_t>(i)];
+        if (sp.full->is_materialized() || s3_prefetching_[static_cast<size_t>(i)]) continue;
+        s3_prefetch_[static_cast<size_t>(i)] = launch(i, "prefetch");
+        ++s3_prefetch_count_;
+        s3_prefetching_[static_cast<size_t>(i)] = true;
+        budget -= sp.numel;
+      }
   }
   for (auto& w : works) w.wait();
 }
 
 void Engine::stage3_release(const std::vector<int>& params) {
-  for (int i : params) {
+  // Parameters the trace uses again soon stay (stage3_max_reuse_distance, in elements).
+  std::vector<bool> keep(params.size(), false);
+  if (s3_follow_trace_) {
+    auto distance = static_cast<int64_t>(config_.zero_optimization.stage3_max_reuse_distance);
+    for (size_t k = s3_pos_; k < s3_trace_.size() && distance > 0; ++k)
+      for (int j : s3_trace_[k]) {
+        for (size_t a = 0; a < params.size(); ++a) keep[a] = keep[a] || params[a] == j;
+        distance -= s3_[static_cast<size_t>(j)].numel;
+      }
+  }
+  for (size_t a = 0; a < params.size(); ++a) {
+    const int i = params[a];
     auto& sp = s3_[static_cast<size_t>(i)];
-    if (!sp.persistent && sp.full->is_materialized()) sp.full->release();
+    if (keep[a] || sp.persistent || !sp.full->is_materialized()) continue;
+    if (!s3_prefetching_.empty() && s3_prefetching_[static_cast<size_t>(i)]) continue;
+    sp.full->release();
   }
 }
 
@@ -148,23 +205,39 @@ void Engine::stage3_finish_reductions() {
 }
 
 void Engine::stage3_after_step() {
-  // New weights: drop every gathered copy, then gather the persistent ones again.
+  // New weights: finish and drop every gathered copy (prefetched ones hold old values), then gather
+  // the persistent ones again.
+  for (size_t i = 0; i < s3_prefetching_.size(); ++i)
+    if (s3_prefetching_[i]) {
+      s3_prefetch_[i].wait();
+      s3_prefetching_[i] = false;
+    }
+  const bool follow = s3_follow_trace_, recording = s3_recording_;
+  s3_follow_trace_ = false;
+  s3_recording_ = false;
   std::vector<int> persistent;
   for (size_t i = 0; i < s3_.size(); ++i) {
     if (s3_[i].full->is_materialized()) s3_[i].full->release();
     if (s3_[i].persistent) persistent.push_back(static_cast<int>(i));
   }
   stage3_gather(persistent, "persistent parameters");
+  s3_follow_trace_ = follow;
+  s3_recording_ = recording;
 }
 
 std::vector<std::pair<std::string, Tensor>> Engine::stage3_gathered_weights() {
   // Collective: every rank gathers each parameter in turn; rank 0 keeps a copy.
   std::vector<std::pair<std::string, Tensor>> out;
+  const bool recording = s3_recording_, follow = s3_follow_trace_;
+  s3_recording_ = false;
+  s3_follow_trace_ = false;
   for (size_t i = 0; i < s3_.size(); ++i) {
     stage3_gather({static_cast<int>(i)}, "checkpoint");
     if (group_->rank() == 0) out.emplace_back(flat_.entries[i].name, s3_[i].param.clone());
     stage3_release({static_cast<int>(i)});
   }
+  s3_recording_ = recording;
+  s3_follow_trace_ = follow;
   return out;
 }
 

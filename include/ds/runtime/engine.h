@@ -123,6 +123,8 @@ class Engine {
   int rank() const { return group_->rank(); }
   int world_size() const { return group_->size(); }
   int zero_stage() const { return stage_; }
+  // ZeRO-3: parameter gathers issued ahead of use along the recorded trace (0 otherwise).
+  int64_t prefetched_gathers() const { return s3_prefetch_count_; }
   const zero::PartitionPlan& partition_plan() const { return plan_; }
   comm::Group& group() { return *group_; }
 
@@ -190,6 +192,20 @@ class Engine {
     comm::Work work;
   };
   std::vector<Stage3Pending> s3_in_flight_;
+  // Prefetch along the order in which the first micro-step gathered parameters (the trace): when
+  // event k is gathered, events k+1.. are gathered ahead, up to stage3_prefetch_bucket_size
+  // elements; a released parameter is kept when the trace uses it again within
+  // stage3_max_reuse_distance elements. A gather that departs from the trace turns prefetching off
+  // for the rest of that micro-step.
+  std::vector<std::vector<int>> s3_trace_;
+  bool s3_recording_ = true;
+  bool s3_follow_trace_ = false;
+  size_t s3_pos_ = 0;
+  std::vector<comm::Work> s3_prefetch_;  // per parameter: its pending gather (or a complete Work)
+  std::vector<bool> s3_prefetching_;
+  int64_t s3_prefetch_count_ = 0;
+  void stage3_begin_micro_step(bool training);
+  void stage3_end_micro_step();
   float comm_prescale_ = 1.0f;  // applied to gradients before a reduction
   double grad_post_scale_ = 1.0;  // folded into the optimizer's gradient scale after it
   std::unique_ptr<optim::Optimizer> optimizer_;  // owns the moments, over [0, padded_numel)
