@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "ds/autograd/grad_mode.h"
+#include "ds/comm/logger.h"
 #include "ds/core/error.h"
 #include "ds/core/parallel.h"
 #include "ds/models/gpt.h"
@@ -83,6 +84,7 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
   stage_ = config_.zero_optimization.stage;
   DS_CHECK(stage_ >= 0 && stage_ <= 3, "[engine] zero_optimization.stage must be 0-3, got {}", stage_);
   if (!options_.loss_fn) options_.loss_fn = default_loss_fn();
+  if (config_.comms_logger.enabled) comm::comms_logger().enable(true);
   scaler_.set_rank(group_->rank());
   scaler_.set_log_sink([this](const std::string& m) { log(m); });
 
