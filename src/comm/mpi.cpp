@@ -518,6 +518,8 @@ void GroupState::shutdown() {
     if (stopped_) return;
     stop_ = true;
   }
+  // This rank will issue nothing more on the group: a peer waiting for it fails at once.
+  set_exiting();
   cv_.notify_all();
   if (thread_.joinable()) {
     // A broken group's thread may sit in a blocking MPI call forever; the job is being aborted.
@@ -899,8 +901,8 @@ void finalize() {
     states = R.states;
   }
   if (detail::g_any_broken) detail::abort_now(detail::kTimeoutExitCode);
-  // Tell the peers this rank will issue nothing more: a peer waiting for it in a collective fails
-  // at once (see check_peers) instead of at its deadline.
+  // Tell the peers this rank will issue nothing more (shutdown() does too, group by group): a peer
+  // waiting for it in a collective fails at once (see check_peers) instead of at its deadline.
   for (auto& st : states) st->set_exiting();
   for (auto& st : states) st->shutdown();  // drains; a deadline expiring here breaks the group
   if (detail::g_any_broken) detail::abort_now(detail::kTimeoutExitCode);

@@ -42,7 +42,7 @@ struct BoardSlot {
   std::atomic<uint32_t> issued_kind{0};         // its OpKind
   std::atomic<int32_t> pid{0};
   std::atomic<uint64_t> completed{0};  // every collective <= this has completed here
-  std::atomic<uint32_t> exiting{0};    // 1 once the process is finalising (it issues nothing more)
+  std::atomic<uint32_t> exiting{0};  // 1 once this rank issues nothing more (group destroyed, exit)
   alignas(64) std::atomic<uint64_t> barrier{0};  // shared-memory barrier generation
   // Seqlock over the execution record: exec_seq is 0 while the fields change.
   alignas(64) std::atomic<uint64_t> exec_seq{0};

@@ -15,17 +15,20 @@
 //
 // Execution (MPI backend): each group owns a communication thread that executes its operations in
 // issue order, so the caller returns at once and computes while the collective runs. Within one
-// node the thread runs our own shared-memory collectives (an MPI-3 shared window: every rank copies
-// its input in, then reduces its own part reading all ranks' copies, memory-bandwidth bound);
-// across nodes it posts MPI's non-blocking collectives and progresses them. See
+// node, all_reduce, reduce_scatter, barrier and large broadcasts run as our shared-memory
+// collectives (an MPI-3 shared window: every rank copies its input in, then reduces its own part
+// reading all ranks' copies, memory-bandwidth bound); everything else, and everything across
+// nodes, is MPI's non-blocking collectives posted and progressed by the thread. See
 // docs/communication.md.
 //
-// Deadlines: every wait has one (`timeout()`, default 300 s, env DS_COMM_TIMEOUT in seconds). On
-// expiry the waiting rank prints and throws `TimeoutError` naming the operation, its sequence
-// number, the caller's context string and the ranks that did not arrive (read from a shared-memory
-// arrival board), and the group becomes unusable. Because the other ranks would otherwise wait
-// forever, the job is then ended on every rank with MPI_Abort: at this process's exit, or after a
-// grace period (env DS_COMM_ABORT_GRACE, default 10 s) if the process has not exited by then.
+// Failures: every wait has a deadline (`timeout()`, default 300 s, env DS_COMM_TIMEOUT in
+// seconds). On expiry the waiting rank prints and throws `TimeoutError` naming the operation, its
+// sequence number, the caller's context string and the ranks that did not arrive (read from a
+// shared-memory arrival board). A node-local peer that exits without issuing the collective, and
+// ranks issuing different collectives under one sequence number, are reported at once (ds::Error).
+// The group is then unusable, and because the other ranks would otherwise wait forever, the job is
+// ended on every rank with MPI_Abort (exit status 124): at this process's exit, or after a grace
+// period (env DS_COMM_ABORT_GRACE, default 10 s) if the process has not exited by then.
 //
 // Dtypes: fp32, bf16, fp16, int32, int64. Sums of 16-bit values are computed in fp32 per element
 // and rounded once (shared-memory path: exactly round(x_0 + x_1 + ... + x_{N-1}) summed in rank
