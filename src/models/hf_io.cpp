@@ -20,7 +20,8 @@ using nlohmann::json;
 namespace {
 
 bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 const char* prefix_of(nn::Layout layout) {
@@ -74,7 +75,8 @@ std::vector<fs::path> weight_files(const fs::path& path) {
   const bool has_bin = std::find(seen.begin(), seen.end(), "pytorch_model.bin") != seen.end();
   DS_THROW(
       "[hf_io] {}: no model.safetensors or model.safetensors.index.json (the folder holds: {}){}",
-      path.string(), seen.empty() ? std::string("nothing") : fmt::format("{}", fmt::join(seen, ", ")),
+      path.string(),
+      seen.empty() ? std::string("nothing") : fmt::format("{}", fmt::join(seen, ", ")),
       has_bin ? "; pytorch_model.bin is a pickle, which is not read here: convert it with "
                 "transformers (model.save_pretrained(dir, safe_serialization=True))"
               : "");
@@ -101,7 +103,8 @@ void write_text_atomic(const fs::path& path, const std::string& text) {
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);
-  DS_CHECK(!ec, "[hf_io] cannot rename '{}' to '{}': {}", tmp.string(), path.string(), ec.message());
+  DS_CHECK(!ec, "[hf_io] cannot rename '{}' to '{}': {}", tmp.string(), path.string(),
+           ec.message());
 }
 
 }  // namespace
@@ -133,8 +136,8 @@ GPTConfig hf_config_from_json(const json& j, const std::string& source) {
   if (type == "gpt2") {
     c = GPTConfig::defaults(nn::Layout::gpt2);
     c.vocab_size = get_field<int64_t>(j, "vocab_size", 50257, source);
-    c.block_size = get_field<int64_t>(j, "n_positions", get_field<int64_t>(j, "n_ctx", 1024, source),
-                                      source);
+    c.block_size =
+        get_field<int64_t>(j, "n_positions", get_field<int64_t>(j, "n_ctx", 1024, source), source);
     c.n_embd = get_field<int64_t>(j, "n_embd", 768, source);
     c.n_layer = get_field<int64_t>(j, "n_layer", 12, source);
     c.n_head = get_field<int64_t>(j, "n_head", 12, source);
@@ -301,9 +304,8 @@ HFLoadReport load_hf_weights(GPT& model, const fs::path& path) {
                                      e.name, shape_str(e.shape), shape_str(want),
                                      transpose ? " (Conv1D layout: (in, out))" : ""));
     } else if (!e.supported) {
-      problems.push_back(
-          fmt::format("unsupported dtype: '{}' is {} (F32, BF16 and F16 are read)", e.name,
-                      e.dtype_name));
+      problems.push_back(fmt::format("unsupported dtype: '{}' is {} (F32, BF16 and F16 are read)",
+                                     e.name, e.dtype_name));
     } else {
       plan.emplace_back(param, it->second);
     }
@@ -314,9 +316,8 @@ HFLoadReport load_hf_weights(GPT& model, const fs::path& path) {
       report.ignored.push_back(found.entry->name);
       continue;
     }
-    problems.push_back(
-        fmt::format("extra: '{}' {} is not a parameter of this model", found.entry->name,
-                    shape_str(found.entry->shape)));
+    problems.push_back(fmt::format("extra: '{}' {} is not a parameter of this model",
+                                   found.entry->name, shape_str(found.entry->shape)));
   }
   if (!problems.empty())
     DS_THROW(
@@ -354,7 +355,9 @@ void export_hf(const GPT& model, const fs::path& dir, DType dtype) {
   // transformers refuses a safetensors file without format metadata.
   safetensors::save((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
   json cfg = hf_config_to_json(model.config());
-  cfg["torch_dtype"] = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
+  cfg["torch_dtype"] = dtype == DType::bf16  ? "bfloat16"
+                       : dtype == DType::f16 ? "float16"
+                                             : "float32";
   write_text_atomic(dir / "config.json", cfg.dump(2) + "\n");
 }
 

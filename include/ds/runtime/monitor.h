@@ -68,7 +68,7 @@ class CsvMonitor {
 
 struct ChartSeries {
   std::string label;
-  std::string color;  // any SVG colour, e.g. "#1f77b4"
+  std::string color;                              // any SVG colour, e.g. "#1f77b4"
   std::vector<std::pair<double, double>> points;  // (x, y), drawn in the given order
   bool markers = false;  // dots at the points (for sparse series such as eval loss)
 };

@@ -1,0 +1,8 @@
+# Training program pieces: Hugging Face style weight import/export (round trip and every error
+# path, label checkpoint) and the metrics files ds_train writes (CSV monitor, SVG chart).
+ds_add_test(test_hf_io LABELS checkpoint SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_io.cpp)
+ds_add_test(test_monitor LABELS train SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_monitor.cpp)
+# ds_train itself, run as a program on a synthetic corpus: outputs, exact resume, rotation, errors.
+ds_add_test(test_ds_train LABELS train SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_ds_train.cpp)
+target_compile_definitions(test_ds_train PRIVATE DS_TRAIN_BIN="$<TARGET_FILE:ds_train>")
+add_dependencies(test_ds_train ds_train)

@@ -1,0 +1,168 @@
+// ds_train end to end on a synthetic corpus and the test-gpt2 model (seconds per run): the outputs
+// of docs/training.md exist in their documented layout, a resumed run reproduces the metrics of an
+// uninterrupted one bit for bit, rotation keeps the newest checkpoint, and errors end the program
+// with exit code 1 and a message that says what to do.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include <nlohmann/json.hpp>
+
+#include "ds/data/shard.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+class DsTrain : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("ds_train_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_ / "data");
+    // A learnable stream over 64 ids: a few repeated phrases with noise, so the loss falls.
+    auto stream = [](size_t n, uint64_t seed) {
+      std::vector<int32_t> t;
+      uint64_t x = seed;
+      while (t.size() < n) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const int phrase = static_cast<int>((x >> 33) % 4);
+        for (int k = 0; k < 5; ++k) t.push_back(static_cast<int32_t>(phrase * 10 + k));
+        t.push_back(static_cast<int32_t>(40 + (x >> 40) % 24));
+      }
+      t.resize(n);
+      return t;
+    };
+    const auto train = stream(4000, 1), val = stream(600, 2);
+    ds::data::write_shard(dir_ / "data" / "train.bin", train, 64);
+    ds::data::write_shard(dir_ / "data" / "val.bin", val, 64);
+    const json meta = {{"splits",
+                        {{"train", {{"files", {"train.bin"}}, {"tokens", train.size()}}},
+                         {"val", {{"files", {"val.bin"}}, {"tokens", val.size()}}}}}};
+    std::ofstream(dir_ / "data" / "meta.json") << meta.dump();
+    std::ofstream(dir_ / "model.json") << R"({"preset": "test-gpt2", "dropout": 0.1})";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Runs ds_train with the common flags plus `args`; returns the exit code, output in log_.
+  int run(const std::string& args, bool common = true) {
+    const fs::path log = dir_ / "log.txt";
+    // The common flags come first: a later flag wins (TakeLast), so `args` can override them.
+    std::string cmd = DS_TRAIN_BIN;
+    if (common)
+      cmd +=
+          " --train_data " + (dir_ / "data").string() + " --model " +
+          (dir_ / "model.json").string() +
+          " --block_size 16 --per_device_train_batch_size 2 --gradient_accumulation_steps 2"
+          " --learning_rate 0.01 --warmup_steps 2 --eval_batches 2 --sample_tokens 0 --threads 1";
+    cmd += " " + args;
+    const int status = std::system((cmd + " > " + log.string() + " 2>&1").c_str());
+    log_ = read(log);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  static std::string read(const fs::path& p) {
+    std::ifstream f(p);
+    return {std::istreambuf_iterator<char>(f), {}};
+  }
+
+  fs::path dir_;
+  std::string log_;
+};
+
+TEST_F(DsTrain, OutputsAndExactResume) {
+  const fs::path a = dir_ / "a";
+  ASSERT_EQ(run("--max_steps 6 --save_steps 3 --eval_steps 3 --output_dir " + a.string()), 0)
+      << log_;
+  EXPECT_NE(log_.find("optimizer.params.lr"), std::string::npos);
+  EXPECT_NE(log_.find("auto: trainer learning_rate"), std::string::npos) << log_;
+  EXPECT_NE(log_.find("GEMM:"), std::string::npos);
+  EXPECT_NE(log_.find("unigram entropy"), std::string::npos);
+
+  // DeepSpeed's csv_monitor layout: step = samples (G = 2 x 2 = 4 per step).
+  const std::string loss = read(a / "metrics" / "Train_Samples_train_loss.csv");
+  EXPECT_EQ(loss.rfind("step,train_loss\n4,", 0), 0u) << loss;
+  EXPECT_NE(loss.find("\n24,"), std::string::npos) << loss;
+  for (const char* f : {"Train_Samples_lr", "Train_Samples_grad_norm", "Train_Samples_loss_scale",
+                        "Train_Samples_tokens_per_second", "Eval_Samples_eval_loss",
+                        "Eval_Samples_eval_perplexity"})
+    EXPECT_TRUE(fs::exists(a / "metrics" / (std::string(f) + ".csv"))) << f;
+  EXPECT_EQ(read(a / "loss.svg").rfind("<svg", 0), 0u);
+  const json mem = json::parse(read(a / "memory.json"));
+  EXPECT_EQ(mem["rank"], 0);
+  EXPECT_EQ(mem["world_size"], 1);
+  for (const char* k : {"params_bytes", "grads_bytes", "master_weights_bytes",
+                        "optimizer_states_bytes", "peak_rss_bytes"})
+    EXPECT_TRUE(mem.contains(k)) << k;
+  EXPECT_GT(mem["peak_rss_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(read(a / "latest"), "global_step6\n");
+  EXPECT_TRUE(fs::is_directory(a / "global_step3"));
+  EXPECT_TRUE(fs::exists(a / "hf_model" / "model.safetensors"));
+
+  // Stop after step 3 (as if the run died there) and resume: every metric row is identical.
+  const fs::path b = dir_ / "b";
+  fs::copy(a, b, fs::copy_options::recursive);
+  fs::remove_all(b / "global_step6");
+  std::ofstream(b / "latest") << "global_step3\n";
+  ASSERT_EQ(run("--max_steps 6 --save_steps 3 --eval_steps 3 --output_dir " + b.string() +
+                " --resume_from_checkpoint latest"),
+            0)
+      << log_;
+  EXPECT_NE(log_.find("resumed from"), std::string::npos) << log_;
+  for (const char* f : {"Train_Samples_train_loss", "Train_Samples_lr", "Train_Samples_grad_norm",
+                        "Eval_Samples_eval_loss"})
+    EXPECT_EQ(read(b / "metrics" / (std::string(f) + ".csv")),
+              read(a / "metrics" / (std::string(f) + ".csv")))
+        << f;
+
+  // The export is a valid --init_from source.
+  ASSERT_EQ(run("--max_steps 1 --output_dir " + (dir_ / "c").string() + " --init_from " +
+                (a / "hf_model").string()),
+            0)
+      << log_;
+  EXPECT_NE(log_.find("initialised from"), std::string::npos) << log_;
+}
+
+TEST_F(DsTrain, RotationKeepsTheNewest) {
+  const fs::path a = dir_ / "a";
+  ASSERT_EQ(run("--max_steps 6 --save_steps 2 --save_total_limit 1 --eval_steps 0 --export_hf none "
+                "--output_dir " +
+                a.string()),
+            0)
+      << log_;
+  EXPECT_FALSE(fs::exists(a / "global_step2"));
+  EXPECT_FALSE(fs::exists(a / "global_step4"));
+  EXPECT_TRUE(fs::is_directory(a / "global_step6"));
+  EXPECT_FALSE(fs::exists(a / "hf_model"));
+}
+
+TEST_F(DsTrain, ErrorsExitWithOne) {
+  EXPECT_EQ(run("--train_data " + (dir_ / "nothing").string(), /*common=*/false), 1);
+  EXPECT_NE(log_.find("ds_prepare --tokenizer"), std::string::npos) << log_;
+
+  // An explicit config value that contradicts a flag the user typed.
+  EXPECT_EQ(run("--max_steps 2 --output_dir " + (dir_ / "x").string() +
+                " --deepspeed '{\"train_batch_size\": 4, \"optimizer\": {\"type\": \"AdamW\", "
+                "\"params\": {\"lr\": 0.001}}}'"),
+            1);
+  EXPECT_NE(log_.find("contradicts the trainer's arguments"), std::string::npos) << log_;
+  EXPECT_NE(log_.find("optimizer.params.lr=0.001 vs trainer learning_rate=0.01"), std::string::npos)
+      << log_;
+
+  EXPECT_EQ(run("--max_steps 2 --resume_from_checkpoint latest --output_dir " +
+                (dir_ / "empty").string()),
+            1);
+  EXPECT_NE(log_.find("holds no checkpoint"), std::string::npos) << log_;
+
+  EXPECT_EQ(run("--max_steps 2 --block_size 64 --output_dir " + (dir_ / "y").string()), 1);
+  EXPECT_NE(log_.find("exceeds the model's block_size 16"), std::string::npos) << log_;
+}
+
+}  // namespace

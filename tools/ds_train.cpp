@@ -1,0 +1,494 @@
+// ds_train: train a GPT model with a DeepSpeed config, Hugging Face Trainer style.
+//
+//   ds_prepare --tokenizer .cache/data/gpt2 --output .cache/prepared/sotu --val_from_year 2001 \
+//       .cache/data/sotu
+//   ds_train --deepspeed configs/ds_demo.json --model tiny --train_data .cache/prepared/sotu \
+//       --output_dir out/demo --max_steps 300 --learning_rate 1e-3
+//
+// One process (world size 1) for now. Flags, outputs and resume are described in docs/training.md.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "ds/backend/backend.h"
+#include "ds/core/allocator.h"
+#include "ds/core/error.h"
+#include "ds/core/parallel.h"
+#include "ds/core/rng.h"
+#include "ds/data/dataset.h"
+#include "ds/data/loader.h"
+#include "ds/data/tokenizer.h"
+#include "ds/models/gpt.h"
+#include "ds/models/hf_io.h"
+#include "ds/runtime/config.h"
+#include "ds/runtime/engine.h"
+#include "ds/runtime/monitor.h"
+#include "ds_train_default_config.h"
+#include "options.h"
+#include "outputs.h"
+#include "plan.h"
+#include "train_util.h"
+
+namespace fs = std::filesystem;
+using ds::train::Given;
+using ds::train::human_count;
+using ds::train::human_duration;
+using ds::train::mib;
+using ds::train::Options;
+using ds::train::RunConfig;
+using nlohmann::json;
+
+namespace {
+
+// Fills a (B, T) int32 tensor's data from a loader buffer; the tensors are allocated once.
+void fill_ids(const ds::Tensor& t, const std::vector<int32_t>& v) {
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+}
+
+// Mean loss over the first `batches` micro-batches of the validation set in order (the same
+// samples at every evaluation, so the numbers are comparable along the run).
+double evaluate(ds::runtime::Engine& engine, const ds::data::TokenDataset& val, int64_t B,
+                int64_t T, int64_t batches) {
+  const int64_t S = static_cast<int64_t>(val.num_samples(static_cast<size_t>(T)));
+  const int64_t n = std::min(batches, S / B);
+  std::vector<int32_t> x(static_cast<size_t>(B * T)), y(static_cast<size_t>(B * T));
+  ds::Tensor xt = ds::Tensor::empty({B, T}, ds::DType::i32);
+  ds::Tensor yt = ds::Tensor::empty({B, T}, ds::DType::i32);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t b = 0; b < B; ++b)
+      val.get(static_cast<uint64_t>(i * B + b), static_cast<size_t>(T),
+              std::span<int32_t>(x.data() + b * T, static_cast<size_t>(T)),
+              std::span<int32_t>(y.data() + b * T, static_cast<size_t>(T)));
+    fill_ids(xt, x);
+    fill_ids(yt, y);
+    sum += engine.eval_loss(xt, yt).item();
+  }
+  return n > 0 ? sum / static_cast<double>(n) : std::nan("");
+}
+
+// ---------------------------------------------------------------------------------------------
+
+int run(const Options& o, const Given& g) {
+  const auto t_start = std::chrono::steady_clock::now();
+  ds::train::Console con;
+  auto say = [&](const std::string& s) { con.line("[ds_train] " + s); };
+
+  DS_CHECK(o.local_rank <= 0,
+           "[ds_train] --local_rank {}: this build trains on one process (world size 1); launch "
+           "a single rank",
+           o.local_rank);
+  if (o.threads > 0) ds::set_num_threads(o.threads);
+
+  // ---- data ----
+  DS_CHECK(!o.train_data.empty(),
+           "[ds_train] --train_data is required: a folder made by ds_prepare");
+  const fs::path train_dir = o.train_data;
+  if (!fs::exists(train_dir / "meta.json"))
+    DS_THROW(
+        "[ds_train] --train_data {}: no prepared corpus there (no meta.json). Create it with: "
+        "ds_prepare --tokenizer {} --output {} <text files or folders>   (the demo corpus: bash "
+        "scripts/fetch_data.sh, then ds_prepare --tokenizer .cache/data/gpt2 --output {} "
+        "--val_from_year 2001 .cache/data/sotu)",
+        train_dir.string(), ds::train::default_tokenizer_dir(), train_dir.string(),
+        train_dir.string());
+  auto train = std::make_shared<ds::data::TokenDataset>(
+      ds::data::TokenDataset::open_split(train_dir, "train"));
+  std::shared_ptr<ds::data::TokenDataset> val;
+  std::string val_from;
+  if (!o.eval_data.empty()) {
+    val = std::make_shared<ds::data::TokenDataset>(
+        ds::data::TokenDataset::open_split(o.eval_data, "val"));
+    val_from = o.eval_data;
+  } else if (ds::train::has_split(train_dir, "val")) {
+    val = std::make_shared<ds::data::TokenDataset>(
+        ds::data::TokenDataset::open_split(train_dir, "val"));
+    val_from = train_dir.string();
+  }
+
+  // ---- model config, sequence length ----
+  const ds::models::GPTConfig mcfg = ds::train::resolve_model(o, g);
+  const int64_t T = o.block_size > 0 ? o.block_size : std::min<int64_t>(256, mcfg.block_size);
+  DS_CHECK(T <= mcfg.block_size,
+           "[ds_train] --block_size {} exceeds the model's block_size {} (its position table)", T,
+           mcfg.block_size);
+  DS_CHECK(static_cast<int64_t>(train->vocab_size()) <= mcfg.vocab_size,
+           "[ds_train] the data's vocabulary ({} ids) does not fit the model's vocab_size {}",
+           train->vocab_size(), mcfg.vocab_size);
+  const uint64_t S = train->num_samples(static_cast<size_t>(T));
+
+  const RunConfig rc = ds::train::resolve_run_config(o, g, mcfg, S, T, kDefaultDeepSpeedConfig);
+  const ds::runtime::DeepSpeedConfig& cfg = rc.cfg;
+  const std::string& cfg_source = rc.source;
+  const int64_t total_steps = rc.total_steps, steps_per_epoch = rc.steps_per_epoch;
+  const int64_t G = cfg.batch.train_batch_size;
+  const int64_t B = cfg.batch.train_micro_batch_size_per_gpu;
+  const int64_t A = cfg.batch.gradient_accumulation_steps;
+
+  say(fmt::format("DeepSpeed config: {}", cfg_source));
+  con.line(ds::runtime::format_effective_config(cfg));
+  ds::runtime::print_config_warnings(cfg, stdout);
+
+  // ---- model, engine ----
+  say(fmt::format("GEMM: {}", ds::backend::cpu().gemm_info()));
+  auto model = std::make_shared<ds::models::GPT>(mcfg, /*init=*/o.init_from.empty());
+  if (!o.init_from.empty()) {
+    const auto rep = ds::models::load_hf_weights(*model, o.init_from);
+    say(fmt::format(
+        "initialised from {}: {} tensors ({} Conv1D weights transposed){}",
+        fmt::join(rep.files, ", "), rep.tensors, rep.transposed,
+        rep.ignored.empty() ? "" : fmt::format("; ignored {} buffers", rep.ignored.size())));
+  }
+  if (o.gradient_checkpointing) model->set_gradient_checkpointing(true);
+  // A short name for messages and the chart title: the preset, or the file or folder name.
+  const std::string model_name =
+      g.model                ? (fs::exists(o.model) ? fs::path(o.model).stem().string() : o.model)
+      : !o.init_from.empty() ? fs::path(o.init_from).filename().string()
+                             : "tiny";
+  say(fmt::format("model: {} ({}, L {}, NH {}, C {}, V {}, block {}): {} parameters{}", model_name,
+                  ds::nn::layout_name(mcfg.layout), mcfg.n_layer, mcfg.n_head, mcfg.n_embd,
+                  mcfg.vocab_size, mcfg.block_size, human_count(model->num_parameters()),
+                  o.gradient_checkpointing ? ", gradient checkpointing" : ""));
+
+  ds::runtime::InitOptions init;
+  init.ctx = rc.ctx;
+  init.log = [&](const std::string& m) { con.line(m); };
+  auto engine = ds::runtime::initialize(model, cfg, init);
+  ds::rng::dropout_state() = ds::rng::DropoutState{o.seed, 0, 0};
+
+  const ds::runtime::MemoryBudget mem = engine->memory_budget();
+  const int64_t act_bytes = ds::train::activation_estimate(
+      mcfg, B, T, o.gradient_checkpointing,
+      static_cast<int64_t>(ds::dtype_size(engine->training_dtype())));
+  say(fmt::format("memory, rank {} of {}, ZeRO stage {}, {} params, {} grads:", engine->rank(),
+                  engine->world_size(), cfg.zero_optimization.stage,
+                  ds::dtype_name(engine->training_dtype()), ds::dtype_name(engine->grad_dtype())));
+  con.line(fmt::format("  parameters        {:>12}", mib(mem.params)));
+  con.line(fmt::format("  gradients         {:>12}", mib(mem.grads)));
+  con.line(fmt::format("  master weights    {:>12}", mib(mem.master_weights)));
+  con.line(fmt::format("  optimizer states  {:>12}", mib(mem.optimizer_states)));
+  con.line(fmt::format("  model states      {:>12}", mib(mem.total())));
+  if (mem.scratch > 0)
+    con.line(
+        fmt::format("  gradient scratch  {:>12}  (fp32 copy of the 16-bit gradients for the "
+                    "optimizer)",
+                    mib(mem.scratch)));
+  con.line(fmt::format("  activations     ~ {:>12}  (estimate for B {} x T {}; docs/training.md)",
+                       mib(act_bytes), B, T));
+
+  // ---- data loader ----
+  ds::data::DataLoader loader(train, static_cast<size_t>(T),
+                              {.micro_batch = static_cast<int>(B),
+                               .grad_accum = static_cast<int>(A),
+                               .world_size = 1,
+                               .rank = 0,
+                               .seed = o.seed});
+  const auto uni = ds::train::unigram_stats(*train);
+  say(
+      fmt::format("train data: {}: {} tokens, {} samples of T {} -> {} steps/epoch at {} "
+                  "samples/step (micro-batch {} x accumulation {})",
+                  train_dir.string(), human_count(static_cast<double>(train->num_tokens())), S, T,
+                  steps_per_epoch, G, B, A));
+  say(fmt::format(
+      "unigram entropy of the train tokens: {:.3f} nats/token ({} distinct ids{}): "
+      "the loss of a model that ignores context",
+      uni.entropy_nats, uni.distinct,
+      uni.tokens < train->num_tokens() ? fmt::format(", first {} tokens", uni.tokens) : ""));
+  // Validation text differs from training text (SOTU: later years), so its context-free baseline
+  // is the train frequencies' loss on it, not the train entropy.
+  double eval_baseline = std::nan("");
+  if (val) {
+    eval_baseline = ds::train::unigram_cross_entropy(uni, ds::train::unigram_stats(*val));
+    say(fmt::format(
+        "eval data: {} (val): {} tokens, {} batches of {} x {} per evaluation; train unigram "
+        "frequencies score {:.3f} nats/token on it",
+        val_from, human_count(static_cast<double>(val->num_tokens())),
+        std::min<int64_t>(o.eval_batches,
+                          static_cast<int64_t>(val->num_samples(static_cast<size_t>(T))) / B),
+        B, T, eval_baseline));
+  } else
+    say("eval data: none (no val split; give --eval_data to evaluate)");
+
+  // ---- resume ----
+  const fs::path out_dir = o.output_dir;
+  fs::create_directories(out_dir);
+  if (!o.resume_from_checkpoint.empty()) {
+    fs::path dir =
+        o.resume_from_checkpoint == "latest" ? out_dir : fs::path(o.resume_from_checkpoint);
+    std::string tag;
+    if (o.resume_from_checkpoint == "latest") {
+      DS_CHECK(fs::exists(out_dir / "latest"),
+               "[ds_train] --resume_from_checkpoint latest: {} holds no checkpoint (no 'latest' "
+               "file); start without --resume_from_checkpoint",
+               out_dir.string());
+    } else if (!fs::exists(dir / "latest") && fs::is_directory(dir)) {
+      // A tag folder (out/global_step100) rather than the folder holding the tags.
+      tag = dir.filename().string();
+      dir = dir.parent_path();
+    }
+    const json client = engine->load_checkpoint(dir.string(), tag);
+    DS_CHECK(client.contains("data"),
+             "[ds_train] the checkpoint in {} has no data-loader position (not written by "
+             "ds_train?); cannot resume exactly",
+             dir.string());
+    if (client.contains("ds_train")) {
+      const json& d = client["ds_train"];
+      DS_CHECK(d.value("seq_len", T) == T,
+               "[ds_train] the checkpoint was trained with --block_size {}, this run uses {}",
+               d.value("seq_len", T), T);
+    }
+    loader.load_state(client["data"]);
+    if (client.contains("ds_train") &&
+        client["ds_train"].value("total_steps", total_steps) != total_steps)
+      say(
+          fmt::format("note: the checkpoint's run was planned for {} steps, this one for {}; the "
+                      "learning-rate schedule follows the new length from here",
+                      client["ds_train"].value("total_steps", total_steps), total_steps));
+    say(fmt::format("resumed from {} (tag {}): step {}, {} samples seen", dir.string(),
+                    tag.empty() ? ds::train::latest_tag(dir) : tag, engine->global_steps(),
+                    engine->global_samples()));
+  }
+  const bool resumed = !o.resume_from_checkpoint.empty();
+  if (!resumed && !ds::train::latest_tag(out_dir).empty())
+    say(
+        fmt::format("note: {} holds checkpoints of an earlier run (latest: {}); this run starts "
+                    "afresh and its checkpoints replace them (--resume_from_checkpoint latest "
+                    "would continue that run)",
+                    out_dir.string(), ds::train::latest_tag(out_dir)));
+
+  // ---- metrics ----
+  const fs::path csv_root =
+      cfg.csv_monitor.output_path.empty() ? out_dir : fs::path(cfg.csv_monitor.output_path);
+  const std::string job = cfg.csv_monitor.enabled ? cfg.csv_monitor.job_name : "metrics";
+  ds::runtime::CsvMonitor monitor(
+      csv_root, job, resumed ? std::optional<int64_t>(engine->global_samples()) : std::nullopt);
+
+  const int64_t logging_steps = o.logging_steps > 0 ? o.logging_steps : cfg.steps_per_print;
+  const int64_t eval_steps =
+      o.eval_steps >= 0 ? o.eval_steps : std::max<int64_t>(1, total_steps / 10);
+  const int64_t tokens_per_step = B * T * A;
+  say(fmt::format(
+      "training {} steps ({}), {} tokens/step; logging every {}, eval every {}, "
+      "checkpoint every {} -> {}",
+      total_steps, rc.total_why, human_count(static_cast<double>(tokens_per_step)), logging_steps,
+      eval_steps > 0 ? std::to_string(eval_steps) : "- (end only)",
+      o.save_steps > 0 ? std::to_string(o.save_steps) : "- (end only)", out_dir.string()));
+
+  // ---- checkpoint and eval helpers ----
+  int64_t last_saved = resumed ? engine->global_steps() : -1;  // that checkpoint exists already
+  auto save = [&]() {
+    const auto t0 = std::chrono::steady_clock::now();
+    const json client = {{"data", loader.state()},
+                         {"ds_train",
+                          {{"seq_len", T},
+                           {"model", mcfg.to_json()},
+                           {"total_steps", total_steps},
+                           {"seed", o.seed},
+                           {"train_data", train_dir.string()}}}};
+    engine->save_checkpoint(out_dir.string(), "", client);
+    last_saved = engine->global_steps();
+    std::string rotated;
+    for (const auto& p : ds::train::rotate_checkpoints(out_dir, o.save_total_limit))
+      rotated += " " + p.filename().string();
+    say(fmt::format("step {}: checkpoint {}/global_step{} ({:.1f}s){}", engine->global_steps(),
+                    out_dir.string(), engine->global_steps(), ds::train::seconds_since(t0),
+                    rotated.empty() ? "" : "; deleted" + rotated));
+  };
+  double last_eval = std::nan("");
+  int64_t evaluated_at = -1;  // the step of the newest eval row
+  if (resumed) {
+    // A run resumed at its end (nothing left to train) must not evaluate, and log, that step twice.
+    for (const auto& [samples, loss] :
+         ds::runtime::CsvMonitor::read(monitor.file_of("Eval/Samples/eval_loss")))
+      if (samples == engine->global_samples())
+        evaluated_at = engine->global_steps(), last_eval = loss;
+  }
+  auto run_eval = [&]() {
+    if (!val || evaluated_at == engine->global_steps()) return;
+    evaluated_at = engine->global_steps();
+    const auto t0 = std::chrono::steady_clock::now();
+    last_eval = evaluate(*engine, *val, B, T, o.eval_batches);
+    if (!std::isfinite(last_eval)) return;
+    const double ppl = std::exp(last_eval);
+    monitor.write_events({{"Eval/Samples/eval_loss", last_eval, engine->global_samples()},
+                          {"Eval/Samples/eval_perplexity", ppl, engine->global_samples()}});
+    say(fmt::format("step {}: eval loss {:.4f}, perplexity {:.2f} ({:.1f}s)",
+                    engine->global_steps(), last_eval, ppl, ds::train::seconds_since(t0)));
+  };
+
+  // ---- the loop ----
+  std::vector<int32_t> x(static_cast<size_t>(B * T)), y(static_cast<size_t>(B * T));
+  ds::Tensor xt = ds::Tensor::empty({B, T}, ds::DType::i32);
+  ds::Tensor yt = ds::Tensor::empty({B, T}, ds::DType::i32);
+  const int64_t first_step = engine->global_steps();
+  double window_loss = 0.0, window_time = 0.0, train_time = 0.0;
+  int64_t window_steps = 0;
+  double last_loss = std::nan("");
+  std::deque<double> recent;  // the last logging_steps losses, for the final report
+  bool reported_peak = false;
+  while (engine->global_steps() < total_steps) {
+    const auto t0 = std::chrono::steady_clock::now();
+    double loss_sum = 0.0;
+    double lr = engine->get_lr();  // the rate this step applies
+    for (int64_t m = 0; m < A; ++m) {
+      // Dropout masks are keyed by the global sample position, as in a run that never stopped.
+      ds::rng::dropout_state().sample_base = loader.sampler().next_sample_position();
+      loader.next(x, y);
+      fill_ids(xt, x);
+      fill_ids(yt, y);
+      ds::Tensor loss = engine->forward(xt, yt);
+      loss_sum += loss.item();
+      engine->backward(loss);
+      engine->step();
+    }
+    const double dt = ds::train::seconds_since(t0);
+    const int64_t step = engine->global_steps();
+    last_loss = loss_sum / static_cast<double>(A);
+    recent.push_back(last_loss);
+    if (static_cast<int64_t>(recent.size()) > logging_steps) recent.pop_front();
+    window_loss += last_loss, window_time += dt, train_time += dt, ++window_steps;
+    const double tok_s = static_cast<double>(tokens_per_step) / dt;
+    const int64_t samples = engine->global_samples();
+    std::vector<ds::runtime::MonitorEvent> ev = {
+        {"Train/Samples/train_loss", last_loss, samples},
+        {"Train/Samples/lr", lr, samples},
+        {"Train/Samples/loss_scale", engine->loss_scale(), samples},
+        {"Train/Samples/tokens_per_second", tok_s, samples}};
+    if (std::isfinite(engine->last_grad_norm()))
+      ev.push_back({"Train/Samples/grad_norm", engine->last_grad_norm(), samples});
+    monitor.write_events(ev);
+
+    if (!reported_peak) {
+      reported_peak = true;
+      const int64_t peak = static_cast<int64_t>(ds::cpu_allocator().stats().peak_bytes_in_use);
+      say(fmt::format(
+          "step {}: measured peak tensor memory {} (model states {} + activations and "
+          "temporaries {}); RSS {}",
+          step, mib(peak), mib(mem.total()), mib(std::max<int64_t>(0, peak - mem.total())),
+          mib(ds::train::current_rss_bytes())));
+    }
+    const double avg_step = train_time / static_cast<double>(step - first_step);
+    const double eta = avg_step * static_cast<double>(total_steps - step);
+    con.bar(fmt::format("step {}/{} [{}] loss {:.4f} | lr {:.2e} | {} tok/s | ETA {}", step,
+                        total_steps, ds::train::bar_cells(double(step) / total_steps, 24),
+                        last_loss, lr, human_count(tok_s), human_duration(eta)));
+    if (step % logging_steps == 0 || step == total_steps) {
+      say(fmt::format(
+          "step {}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {} tok/s | "
+          "{:.2f}s/step | elapsed {} | ETA {}{}",
+          step, total_steps, window_loss / window_steps, lr, engine->last_grad_norm(),
+          human_count(static_cast<double>(tokens_per_step * window_steps) / window_time),
+          window_time / window_steps, human_duration(ds::train::seconds_since(t_start)),
+          human_duration(eta),
+          engine->skipped_steps() > 0 ? fmt::format(" | skipped {}", engine->skipped_steps())
+                                      : ""));
+      window_loss = window_time = 0.0;
+      window_steps = 0;
+    }
+    if (eval_steps > 0 && step % eval_steps == 0 && step != total_steps) run_eval();
+    if (o.save_steps > 0 && step % o.save_steps == 0 && step != total_steps) save();
+  }
+  con.end_bar();
+
+  // ---- the end: eval, checkpoint, memory.json, picture, sample, export ----
+  run_eval();
+  if (last_saved != engine->global_steps()) save();
+
+  const int64_t peak_rss = ds::train::peak_rss_bytes();
+  ds::train::write_memory_json(
+      out_dir / "memory.json", mem, engine->rank(), engine->world_size(), act_bytes,
+      static_cast<int64_t>(ds::cpu_allocator().stats().peak_bytes_in_use), peak_rss);
+
+  // The picture is drawn from the CSV files, which hold the whole run across resumes.
+  const fs::path svg = out_dir / "loss.svg";
+  ds::train::write_loss_chart(svg, monitor, G, T,
+                              fmt::format("{} on {}", model_name, train_dir.filename().string()),
+                              uni.entropy_nats, eval_baseline);
+
+  // A generated sample, decoded with the tokenizer.
+  const fs::path tok_dir =
+      o.tokenizer.empty() ? fs::path(ds::train::default_tokenizer_dir()) : fs::path(o.tokenizer);
+  std::string sample_note;
+  if (o.sample_tokens > 0) {
+    if (fs::exists(tok_dir / "encoder.json")) {
+      const auto tok = ds::data::Tokenizer::load_gpt2(tok_dir);
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::string text = ds::train::generate_sample(*model, tok, o.sample_prompt,
+                                                          o.sample_tokens, o.sample_top_k, o.seed);
+      std::ofstream(out_dir / "sample.txt") << text << "\n";
+      say(fmt::format("sample ({} tokens, top-k {}, seed {}, {:.1f}s):", o.sample_tokens,
+                      o.sample_top_k, o.seed, ds::train::seconds_since(t0)));
+      con.line("---\n" + text + "\n---");
+      sample_note = (out_dir / "sample.txt").string();
+    } else {
+      say(
+          fmt::format("no sample: tokenizer files not found in {} (give --tokenizer DIR, or run "
+                      "scripts/fetch_data.sh)",
+                      tok_dir.string()));
+    }
+  }
+
+  std::string export_dir = o.export_hf.empty() ? (out_dir / "hf_model").string() : o.export_hf;
+  if (export_dir != "none") ds::models::export_hf(*model, export_dir);
+
+  double recent_mean = 0.0;
+  for (double l : recent) recent_mean += l / static_cast<double>(recent.size());
+  say(fmt::format("done: {} steps in {}", engine->global_steps(),
+                  human_duration(ds::train::seconds_since(t_start))));
+  if (!recent.empty())
+    say(fmt::format("train loss {:.4f} (mean of the last {} steps; unigram entropy {:.3f})",
+                    recent_mean, recent.size(), uni.entropy_nats));
+  if (std::isfinite(last_eval))
+    say(fmt::format("eval loss  {:.4f}, perplexity {:.1f} (train unigram frequencies: {:.3f})",
+                    last_eval, std::exp(last_eval), eval_baseline));
+  say(fmt::format("metrics:    {}/*.csv", monitor.log_dir().string()));
+  say(fmt::format("loss curve: {}", svg.string()));
+  say(fmt::format("checkpoint: {}/{} (resume: --resume_from_checkpoint latest)", out_dir.string(),
+                  ds::train::latest_tag(out_dir)));
+  if (export_dir != "none")
+    say(fmt::format("HF export:  {} (config.json + model.safetensors)", export_dir));
+  if (!sample_note.empty()) say(fmt::format("sample:     {}", sample_note));
+  say(fmt::format("memory:     {}/memory.json (peak RSS {})", out_dir.string(), mib(peak_rss)));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  Given g;
+  CLI::App app{
+      "Train a GPT model with a DeepSpeed config (one process). Flags follow the Hugging Face "
+      "Trainer; \"auto\" values in the config take them. docs/training.md has the details.\n"
+      "Example:\n  ds_train --deepspeed configs/ds_demo.json --model tiny --train_data "
+      ".cache/prepared/sotu --output_dir out/demo --max_steps 300 --learning_rate 1e-3",
+      "ds_train"};
+  std::vector<std::pair<CLI::Option*, bool*>> given;
+  ds::train::add_options(app, o, g, given);
+  CLI11_PARSE(app, argc, argv);
+  for (auto& [op, flag] : given) *flag = op->count() > 0;
+
+  try {
+    return run(o, g);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    const std::string what = e.what();
+    // On a terminal the progress bar may still occupy the line.
+    fmt::print(stderr, "{}{}{}\n", ::isatty(STDERR_FILENO) ? "\n" : "",
+               what.rfind('[', 0) == 0 ? "" : "[ds_train] error: ", what);
+    return 1;
+  }
+}

@@ -1,0 +1,167 @@
+#include "plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "ds/core/error.h"
+#include "ds/models/hf_io.h"
+
+namespace ds::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+Slot slot(const json& root, const std::string& path) {
+  const json* node = &root;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = path.find('.', start);
+    const std::string key = path.substr(start, dot == std::string::npos ? dot : dot - start);
+    if (!node->is_object() || !node->contains(key)) return Slot::Absent;
+    node = &(*node)[key];
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  if (node->is_null()) return Slot::Absent;
+  return node->is_string() && node->get<std::string>() == "auto" ? Slot::Auto : Slot::Value;
+}
+
+runtime::TrainerArgs trainer_args(const Options& o, const Given& g, const json& raw) {
+  runtime::TrainerArgs a;
+  auto is_auto = [&](const char* p) { return slot(raw, p) == Slot::Auto; };
+  const bool train_explicit = slot(raw, "train_batch_size") == Slot::Value;
+  if (g.per_device_train_batch_size ||
+      (!train_explicit && slot(raw, "train_micro_batch_size_per_gpu") != Slot::Value))
+    a.per_device_train_batch_size = o.per_device_train_batch_size;
+  if (g.gradient_accumulation_steps ||
+      (!train_explicit && slot(raw, "gradient_accumulation_steps") != Slot::Value))
+    a.gradient_accumulation_steps = o.gradient_accumulation_steps;
+  if (g.learning_rate || is_auto("optimizer.params.lr") ||
+      is_auto("scheduler.params.warmup_max_lr"))
+    a.learning_rate = o.learning_rate;
+  const bool betas_auto = is_auto("optimizer.params.betas");
+  if (g.adam_beta1 || betas_auto) a.adam_beta1 = o.adam_beta1;
+  if (g.adam_beta2 || betas_auto) a.adam_beta2 = o.adam_beta2;
+  if (g.adam_epsilon || is_auto("optimizer.params.eps")) a.adam_epsilon = o.adam_epsilon;
+  if (g.weight_decay || is_auto("optimizer.params.weight_decay")) a.weight_decay = o.weight_decay;
+  if (g.max_grad_norm || is_auto("gradient_clipping")) a.max_grad_norm = o.max_grad_norm;
+  if (g.warmup_steps || is_auto("scheduler.params.warmup_num_steps"))
+    a.warmup_steps = o.warmup_steps;
+  if (g.fp16 || is_auto("fp16.enabled")) a.fp16 = o.fp16;
+  if (g.bf16 || is_auto("bf16.enabled")) a.bf16 = o.bf16;
+  return a;
+}
+
+std::string strip_leading_comments(const std::string& text) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t nl = text.find('\n', pos);
+    const std::string line = text.substr(pos, nl == std::string::npos ? nl : nl - pos);
+    const size_t first = line.find_first_not_of(" \t\r");
+    if (first != std::string::npos && line.compare(first, 2, "//") != 0) break;
+    if (nl == std::string::npos) return "";
+    pos = nl + 1;
+  }
+  return text.substr(pos);
+}
+
+models::GPTConfig resolve_model(const Options& o, const Given& g) {
+  if (!g.model && !o.init_from.empty()) {
+    if (auto c = models::read_hf_config(o.init_from)) return *c;
+  }
+  const std::string name = g.model ? o.model : "tiny";
+  const auto presets = models::GPTConfig::preset_names();
+  if (std::find(presets.begin(), presets.end(), name) != presets.end())
+    return models::GPTConfig::preset(name);
+  std::error_code ec;
+  DS_CHECK(fs::is_regular_file(name, ec),
+           "[ds_train] --model '{}' is neither a preset ({}) nor a model JSON file", name,
+           fmt::join(presets, ", "));
+  return models::GPTConfig::load(name);
+}
+
+bool has_split(const fs::path& dir, const std::string& split) {
+  std::ifstream in(dir / "meta.json");
+  if (!in) return false;
+  try {
+    const json meta = json::parse(in);
+    return meta.contains("splits") && meta["splits"].contains(split);
+  } catch (const json::exception&) {
+    return false;
+  }
+}
+
+RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPTConfig& mcfg,
+                             uint64_t S, int64_t T, const char* builtin_config) {
+  // ---- DeepSpeed config: two passes. The first settles the batch sizes; they give the steps per
+  // epoch and hence, when the run length is given in epochs, the total steps that the second pass
+  // fills in and checks. ----
+  std::string cfg_source;
+  const json raw =
+      g.deepspeed ? runtime::load_config_json(o.deepspeed, &cfg_source)
+                  : runtime::load_config_json(strip_leading_comments(builtin_config), &cfg_source);
+  if (!g.deepspeed) cfg_source = "built-in default (configs/ds_demo.json)";
+  runtime::ConfigContext ctx;
+  ctx.world_size = 1;
+  ctx.hidden_size = mcfg.n_embd;
+  ctx.source_name = cfg_source;
+  ctx.args = trainer_args(o, g, raw);
+  const Slot total_slot = slot(raw, "scheduler.params.total_num_steps");
+  int64_t G = 0;
+  {
+    // The total is known now only from --max_steps; otherwise a placeholder fills an "auto" (and an
+    // explicit value is checked in the second pass), so this pass reports every other mismatch.
+    runtime::ConfigContext first = ctx;
+    if (g.max_steps)
+      first.args.total_steps = o.max_steps;
+    else if (total_slot == Slot::Auto)
+      first.args.total_steps = int64_t{1} << 30;
+    G = runtime::parse_config_json(raw, first).batch.train_batch_size;
+  }
+  DS_CHECK(S >= static_cast<uint64_t>(G),
+           "[ds_train] the training set has {} samples of {} tokens, fewer than one global batch "
+           "({}): use a smaller batch or --block_size, or more data",
+           S, T, G);
+  const int64_t steps_per_epoch = static_cast<int64_t>(S / static_cast<uint64_t>(G));
+  int64_t total_steps = 0;
+  std::string total_why;
+  if (g.max_steps) {
+    total_steps = o.max_steps;
+    total_why = "--max_steps";
+  } else if (!g.num_train_epochs && total_slot == Slot::Value) {
+    // The file's schedule length is the run length when the user gave none.
+    total_steps = raw["scheduler"]["params"]["total_num_steps"].get<int64_t>();
+    total_why = "the config's scheduler.params.total_num_steps";
+  } else {
+    DS_CHECK(o.num_train_epochs > 0, "[ds_train] --num_train_epochs must be positive, got {}",
+             o.num_train_epochs);
+    total_steps = std::max<int64_t>(
+        1,
+        static_cast<int64_t>(std::ceil(o.num_train_epochs * static_cast<double>(steps_per_epoch))));
+    total_why = fmt::format("{} epoch{} x {} steps", o.num_train_epochs,
+                            o.num_train_epochs == 1 ? "" : "s", steps_per_epoch);
+  }
+  if (g.max_steps || g.num_train_epochs || total_slot == Slot::Auto)
+    ctx.args.total_steps = total_steps;
+  RunConfig r;
+  r.cfg = runtime::parse_config_json(raw, ctx);
+  r.ctx = ctx;
+  r.source = cfg_source;
+  r.steps_per_epoch = steps_per_epoch;
+  r.total_steps = total_steps;
+  r.total_why = total_why;
+  return r;
+}
+
+int64_t activation_estimate(const models::GPTConfig& c, int64_t B, int64_t T, bool ckpt,
+                            int64_t elem_bytes) {
+  const int64_t C = c.n_embd, F = c.resolved_ffn_hidden(), V = c.vocab_size, L = c.n_layer;
+  const int64_t per_layer = 14 * C + 2 * F;
+  const int64_t per_token = (ckpt ? L * C + per_layer : L * per_layer) + 2 * C + 2 * V;
+  return B * T * per_token * elem_bytes;
+}
+
+}  // namespace ds::train

@@ -1,0 +1,180 @@
+#include "train_util.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+
+#include <fmt/format.h>
+
+#include "ds/core/error.h"
+
+namespace ds::train {
+
+namespace fs = std::filesystem;
+
+std::string human_count(double n) {
+  if (n >= 1e9) return fmt::format("{:.2f}G", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.2f}M", n / 1e6);
+  if (n >= 1e3) return fmt::format("{:.1f}k", n / 1e3);
+  return fmt::format("{:.0f}", n);
+}
+
+std::string human_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const int64_t t = static_cast<int64_t>(std::llround(s));
+  if (t < 60) return fmt::format("{}s", t);
+  if (t < 3600) return fmt::format("{}m{:02d}s", t / 60, t % 60);
+  return fmt::format("{}h{:02d}m", t / 3600, (t % 3600) / 60);
+}
+
+std::string mib(int64_t bytes) {
+  return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+}
+
+std::string bar_cells(double f, int width) {
+  f = std::clamp(f, 0.0, 1.0);
+  const int filled = static_cast<int>(f * width);
+  return std::string(static_cast<size_t>(filled), '#') +
+         std::string(static_cast<size_t>(width - filled), '.');
+}
+
+Console::Console() : tty_(::isatty(STDERR_FILENO) == 1) {}
+
+void Console::bar(const std::string& text) {
+  if (!tty_) return;
+  // \x1b[K clears what a longer previous bar left on the line.
+  fmt::print(stderr, "\r{}\x1b[K", text);
+  std::fflush(stderr);
+  bar_ = text;
+}
+
+void Console::line(const std::string& text) {
+  if (tty_ && !bar_.empty()) {
+    fmt::print(stderr, "\r\x1b[K");
+    std::fflush(stderr);
+  }
+  fmt::print(stdout, "{}\n", text);
+  std::fflush(stdout);
+  if (tty_ && !bar_.empty()) {
+    fmt::print(stderr, "{}", bar_);
+    std::fflush(stderr);
+  }
+}
+
+void Console::end_bar() {
+  if (tty_ && !bar_.empty()) {
+    fmt::print(stderr, "\n");
+    std::fflush(stderr);
+  }
+  bar_.clear();
+}
+
+namespace {
+int64_t status_kib(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const std::string k = std::string(key) + ":";
+  while (std::getline(in, line)) {
+    if (line.rfind(k, 0) != 0) continue;
+    try {
+      return std::stoll(line.substr(k.size()));  // "  123456 kB"
+    } catch (const std::exception&) {
+      return 0;
+    }
+  }
+  return 0;
+}
+}  // namespace
+
+int64_t peak_rss_bytes() {
+  return status_kib("VmHWM") * 1024;
+}
+int64_t current_rss_bytes() {
+  return status_kib("VmRSS") * 1024;
+}
+
+std::vector<fs::path> checkpoint_folders(const fs::path& dir) {
+  static const std::regex re(R"(global_step(\d+))");
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return {};
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && std::regex_match(name, m, re))
+      found.emplace_back(std::stoll(m[1].str()), e.path());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> out;
+  for (auto& [n, p] : found) out.push_back(std::move(p));
+  return out;
+}
+
+std::string latest_tag(const fs::path& dir) {
+  std::ifstream in(dir / "latest");
+  std::string tag;
+  if (!in || !std::getline(in, tag)) return "";
+  while (!tag.empty() && std::isspace(static_cast<unsigned char>(tag.back()))) tag.pop_back();
+  return tag;
+}
+
+std::vector<fs::path> rotate_checkpoints(const fs::path& dir, int64_t keep) {
+  std::vector<fs::path> deleted;
+  if (keep <= 0) return deleted;
+  std::vector<fs::path> all = checkpoint_folders(dir);
+  const std::string newest_good = latest_tag(dir);
+  // Count the protected one among those kept: with keep = 1 only the checkpoint in `latest`
+  // survives, whatever its number.
+  int64_t excess = static_cast<int64_t>(all.size()) - keep;
+  for (const auto& p : all) {
+    if (excess <= 0) break;
+    if (p.filename().string() == newest_good) continue;
+    std::error_code ec;
+    fs::remove_all(p, ec);
+    DS_CHECK(!ec, "[ds_train] cannot delete old checkpoint '{}': {}", p.string(), ec.message());
+    deleted.push_back(p);
+    --excess;
+  }
+  return deleted;
+}
+
+UnigramStats unigram_stats(const data::TokenDataset& ds, uint64_t max_tokens) {
+  UnigramStats s;
+  const uint64_t n = std::min<uint64_t>(ds.num_tokens(), max_tokens);
+  std::vector<uint64_t> counts(ds.vocab_size(), 0);
+  std::vector<int32_t> buf(1 << 20);
+  for (uint64_t start = 0; start < n; start += buf.size()) {
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(buf.size(), n - start));
+    ds.read_tokens(start, std::span<int32_t>(buf.data(), len));
+    for (size_t i = 0; i < len; ++i) ++counts[static_cast<size_t>(buf[i])];
+  }
+  double h = 0.0;
+  for (uint64_t c : counts) {
+    if (c == 0) continue;
+    ++s.distinct;
+    const double p = static_cast<double>(c) / static_cast<double>(n);
+    h -= p * std::log(p);
+  }
+  s.entropy_nats = h;
+  s.tokens = n;
+  s.counts = std::move(counts);
+  return s;
+}
+
+double unigram_cross_entropy(const UnigramStats& model, const UnigramStats& data) {
+  const double V = static_cast<double>(std::max(model.counts.size(), data.counts.size()));
+  const double denom = static_cast<double>(model.tokens) + 0.5 * V;
+  double sum = 0.0;
+  for (size_t id = 0; id < data.counts.size(); ++id) {
+    if (data.counts[id] == 0) continue;
+    const double c = id < model.counts.size() ? static_cast<double>(model.counts[id]) : 0.0;
+    sum -= static_cast<double>(data.counts[id]) * std::log((c + 0.5) / denom);
+  }
+  return data.tokens > 0 ? sum / static_cast<double>(data.tokens) : 0.0;
+}
+
+}  // namespace ds::train

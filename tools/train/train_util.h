@@ -1,0 +1,72 @@
+#pragma once
+// Pieces of ds_train that are not the training loop: console output (progress bar, human-readable
+// numbers), process memory, checkpoint rotation, corpus statistics.
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "ds/data/dataset.h"
+
+namespace ds::train {
+
+// ---- formatting ----
+std::string human_count(double n);           // 1234567 -> "1.23M"
+std::string human_duration(double seconds);  // "45s", "3m05s", "1h02m"
+std::string mib(int64_t bytes);              // "61.4 MiB"
+
+// ---- console ----
+// A status line redrawn in place on a terminal (stderr), plus permanent lines (stdout). On a
+// terminal a permanent line first erases the bar and the bar is redrawn after it, so the two
+// never mix; off a terminal the bar is not drawn at all.
+class Console {
+ public:
+  Console();
+  bool tty() const { return tty_; }
+  void bar(const std::string& text);   // replaces the status line (no-op off a terminal)
+  void line(const std::string& text);  // a permanent line
+  void end_bar();                      // leaves the status line as it is and moves below it
+
+ private:
+  bool tty_;
+  std::string bar_;  // what the status line shows now ("" = nothing drawn)
+};
+
+// A bar of `width` cells for fraction f in [0, 1].
+std::string bar_cells(double f, int width);
+
+// ---- process ----
+int64_t peak_rss_bytes();     // VmHWM of /proc/self/status; 0 when unavailable
+int64_t current_rss_bytes();  // VmRSS
+
+// ---- checkpoints ----
+// The global_step<N> folders under dir, oldest (smallest N) first.
+std::vector<std::filesystem::path> checkpoint_folders(const std::filesystem::path& dir);
+// The tag named by dir/latest, or "" when there is none.
+std::string latest_tag(const std::filesystem::path& dir);
+// Deletes the oldest global_step<N> folders so that at most `keep` remain, never the one named in
+// dir/latest (the newest good checkpoint). Returns the folders deleted.
+std::vector<std::filesystem::path> rotate_checkpoints(const std::filesystem::path& dir,
+                                                      int64_t keep);
+
+// ---- data ----
+struct UnigramStats {
+  double entropy_nats = 0.0;     // H = -sum p ln p over token frequencies
+  uint64_t tokens = 0;           // tokens counted (a prefix of the stream when it is huge)
+  uint64_t distinct = 0;         // distinct ids seen
+  std::vector<uint64_t> counts;  // per id
+};
+// Entropy of the token distribution over the first max_tokens tokens: the loss of the best model
+// that ignores context, so a language model must go well below it to have learned anything.
+UnigramStats unigram_stats(const data::TokenDataset& ds, uint64_t max_tokens = 1ull << 26);
+// The loss on `data` of the context-free model fitted on `model` (add-0.5 smoothing, so ids the
+// model never saw cost a finite amount): the baseline for eval loss, which sees other text.
+double unigram_cross_entropy(const UnigramStats& model, const UnigramStats& data);
+
+// Seconds since t0.
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace ds::train
