@@ -1,9 +1,9 @@
 // ds_train: train a GPT model with a DeepSpeed config, Hugging Face Trainer style.
 //
-//   ds_prepare --tokenizer .cache/data/gpt2 --output .cache/prepared/sotu --val_from_year 2001 \
-//       .cache/data/sotu
-//   ds_train --deepspeed configs/ds_demo.json --model tiny --train_data .cache/prepared/sotu \
-//       --output_dir out/demo --max_steps 300 --learning_rate 1e-3
+//   ds_prepare --tokenizer .cache/data/gpt2 --output .cache/prepared/sotu
+//              --val_from_year 2001 .cache/data/sotu
+//   ds_train --deepspeed configs/ds_demo.json --model tiny --train_data .cache/prepared/sotu
+//            --output_dir out/demo --max_steps 300 --learning_rate 1e-3
 //
 // One process (world size 1) for now. Flags, outputs and resume are described in docs/training.md.
 #include <unistd.h>
