@@ -88,8 +88,9 @@ int run(const Options& o, const Given& g) {
   auto say = [&](const std::string& s) { con.line("[ds_train] " + s); };
 
   DS_CHECK(o.local_rank <= 0,
-           "[ds_train] --local_rank {}: this build trains on one process (world size 1); launch "
-           "a single rank",
+           "[ds_train] --local_rank {}: ds_train runs on one rank for now (its metrics, sample and "
+           "export are written by one process). Multi-rank ZeRO training works through the engine "
+           "API (ds::runtime::initialize under mpirun, see docs/zero.md); launch ds_train alone",
            o.local_rank);
   if (o.threads > 0) ds::set_num_threads(o.threads);
 
