@@ -75,6 +75,10 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     model = GPT(50257, 1024, **PRESETS[args.model])
+    with torch.no_grad():  # GPT-2 initialisation, so the loss starts near ln(V) as ours does
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.02)
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     idx = torch.randint(0, 50257, (args.batch, args.seq))

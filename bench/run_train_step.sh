@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One training step of GPT-2 124M (batch 8 x 256, AdamW, 2 threads): deepspeed.cpp and PyTorch in
+# the same run, each against the sgemm peak measured by bench_train_step.
+#
+#   bash bench/run_train_step.sh [--model gpt2-124m] [--steps 3]
+#
+# PyTorch is Debian's python3-torch (scripts/setup.sh --with-torch), run with the OpenBLAS core type
+# our engine picks for this CPU, so both use the same GEMM kernels.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${DS_BUILD_DIR:-$REPO/build}"
+MODEL=gpt2-124m
+STEPS=3
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --model) MODEL="$2"; shift 2 ;;
+    --steps) STEPS="$2"; shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+cmake --build "$BUILD_DIR" --target bench_train_step >/dev/null
+if grep -q avx512f /proc/cpuinfo; then core=SkylakeX; else core=Haswell; fi
+OMP_NUM_THREADS=2 "$BUILD_DIR/bench/bench_train_step" --model "$MODEL" --steps "$STEPS" --threads 2 |
+  tee /tmp/ds_train_step.txt
+ours=$(sed -n 's/.*BENCH train_step.*tokens_per_s=\([0-9.]*\).*/\1/p' /tmp/ds_train_step.txt)
+torch_line=$(OPENBLAS_CORETYPE=$core OMP_NUM_THREADS=2 /usr/bin/python3 "$REPO/bench/torch_train_step.py" \
+  --model "$MODEL" --steps "$STEPS" --threads 2 | tee /dev/stderr | grep '^BENCH')
+theirs=$(sed -n 's/.*tokens_per_s=\([0-9.]*\).*/\1/p' <<<"$torch_line")
+echo "BENCH train_step_vs_torch model=$MODEL ours_tokens_per_s=$ours torch_tokens_per_s=$theirs ratio=$(python3 -c "print(f'{$ours/$theirs:.2f}')") openblas_core=$core"
