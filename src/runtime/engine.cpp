@@ -243,6 +243,7 @@ void Engine::on_grad_ready(int i, const Tensor& p) {
   }
   for (int b : param_buckets_[static_cast<size_t>(i)])
     if (--bucket_pending_[static_cast<size_t>(b)] == 0) launch_bucket(b);
+  if (stage_ == 2) finish_reductions(kBucketsInFlight);
 }
 
 void Engine::launch_bucket(int b) {
@@ -265,8 +266,13 @@ void Engine::launch_bucket(int b) {
       b, group_->all_reduce_async(buf, comm::ReduceOp::sum, fmt::format("step {} bucket {}", global_steps_ + 1, b)));
 }
 
-void Engine::finish_reductions() {
-  for (auto& [b, work] : in_flight_) {
+void Engine::finish_reductions(size_t keep_in_flight) {
+  // Oldest first (the order they were issued in); stops when at most `keep_in_flight` remain, so
+  // that during backward only the last few buckets' staging memory is alive (overlap_comm keeps
+  // two in flight, as DeepSpeed).
+  size_t done = 0;
+  for (; in_flight_.size() - done > keep_in_flight; ++done) {
+    auto& [b, work] = in_flight_[done];
     work.wait();
     if (stage_ != 2) continue;
     // Keep only this rank's part of the reduced bucket.
@@ -281,7 +287,7 @@ void Engine::finish_reductions() {
     }
     staging = Tensor();
   }
-  in_flight_.clear();
+  in_flight_.erase(in_flight_.begin(), in_flight_.begin() + static_cast<std::ptrdiff_t>(done));
 }
 
 bool Engine::is_gradient_accumulation_boundary() const {

@@ -191,17 +191,22 @@ void Engine::stage3_on_grad_ready(int i, const Tensor& p) {
                        : comm::Work();
   if (n == 1) out.copy_from(staging);
   s3_in_flight_.push_back({i, staging, out, w});
+  // Fold finished reductions into the shard as backward goes, so that only the last few
+  // parameters' full-size gradients are alive at any time.
+  stage3_finish_reductions(kBucketsInFlight);
 }
 
-void Engine::stage3_finish_reductions() {
-  for (auto& pending : s3_in_flight_) {
+void Engine::stage3_finish_reductions(size_t keep_in_flight) {
+  size_t done = 0;
+  for (; s3_in_flight_.size() - done > keep_in_flight; ++done) {
+    auto& pending = s3_in_flight_[done];
     pending.work.wait();
     const auto& sp = s3_[static_cast<size_t>(pending.param)];
     ops::add_(Tensor::from_storage(grads_part_.storage(), {sp.part}, grads_part_.dtype(),
                                    grads_part_.storage_offset() + sp.shard_offset),
               pending.out);
   }
-  s3_in_flight_.clear();
+  s3_in_flight_.erase(s3_in_flight_.begin(), s3_in_flight_.begin() + static_cast<std::ptrdiff_t>(done));
 }
 
 void Engine::stage3_after_step() {

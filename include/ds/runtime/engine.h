@@ -142,7 +142,10 @@ class Engine {
   friend class CheckpointIO;
   void on_grad_ready(int param_index, const Tensor& param);
   void launch_bucket(int bucket);
-  void finish_reductions();  // waits for in-flight buckets; stage 2 adds them to its partition
+  // Waits for in-flight reductions, oldest first, until at most keep_in_flight remain; stage 2
+  // adds each to its partition and frees its staging buffer.
+  void finish_reductions(size_t keep_in_flight = 0);
+  static constexpr size_t kBucketsInFlight = 2;
   Tensor optimizer_grads();   // this rank's gradient range, as fp32 (converted if 16-bit)
   void zero_grads();
   void log(const std::string& line) const;
@@ -151,7 +154,7 @@ class Engine {
   void stage3_gather(const std::vector<int>& params, const std::string& why);
   void stage3_release(const std::vector<int>& params);
   void stage3_on_grad_ready(int param_index, const Tensor& param);
-  void stage3_finish_reductions();
+  void stage3_finish_reductions(size_t keep_in_flight = 0);
   void stage3_after_step();
   std::vector<std::pair<std::string, Tensor>> stage3_gathered_weights();
 
