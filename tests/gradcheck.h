@@ -32,6 +32,18 @@ inline Tensor uniform(const Shape& shape, uint64_t seed, float lo, float hi) {
   return Tensor::from_data(v, shape);
 }
 
+// A leaf that requires grad: N(0, scale^2) values, or uniform in [lo, hi).
+inline Tensor leaf(const Shape& shape, uint64_t seed, float scale = 1.0f) {
+  Tensor t = randn(shape, seed, scale);
+  t.set_requires_grad(true);
+  return t;
+}
+inline Tensor uniform_leaf(const Shape& shape, uint64_t seed, float lo, float hi) {
+  Tensor t = uniform(shape, seed, lo, hi);
+  t.set_requires_grad(true);
+  return t;
+}
+
 struct GradcheckOptions {
   float h = 1e-2f;
   double atol = 2e-3;

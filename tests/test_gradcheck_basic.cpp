@@ -6,17 +6,10 @@ using ds::testing::gradcheck;
 using ds::testing::randn;
 using V = std::vector<Tensor>;
 
+using ds::testing::leaf;
+
 namespace {
-Tensor leaf(const Shape& s, uint64_t seed, float scale = 1.0f) {
-  Tensor t = randn(s, seed, scale);
-  t.set_requires_grad(true);
-  return t;
-}
-Tensor positive(const Shape& s, uint64_t seed) {
-  Tensor t = ds::testing::uniform(s, seed, 0.5f, 2.0f);
-  t.set_requires_grad(true);
-  return t;
-}
+Tensor positive(const Shape& s, uint64_t seed) { return ds::testing::uniform_leaf(s, seed, 0.5f, 2.0f); }
 }  // namespace
 
 TEST(Gradcheck, AddSubMulDivWithBroadcast) {

@@ -8,18 +8,11 @@ using ds::testing::GradcheckOptions;
 using ds::testing::randn;
 using V = std::vector<Tensor>;
 
+using ds::testing::leaf;
+
 namespace {
-Tensor leaf(const Shape& s, uint64_t seed, float scale = 1.0f) {
-  Tensor t = randn(s, seed, scale);
-  t.set_requires_grad(true);
-  return t;
-}
 // Weights near 1 so that normalised outputs are not dominated by a near-zero scale.
-Tensor leaf_near_one(const Shape& s, uint64_t seed) {
-  Tensor t = ds::testing::uniform(s, seed, 0.5f, 1.5f);
-  t.set_requires_grad(true);
-  return t;
-}
+Tensor leaf_near_one(const Shape& s, uint64_t seed) { return ds::testing::uniform_leaf(s, seed, 0.5f, 1.5f); }
 }  // namespace
 
 TEST(GradcheckNN, LayerNorm) {
