@@ -35,6 +35,7 @@
 #include "ds/models/hf_io.h"
 #include "ds/runtime/config.h"
 #include "ds/runtime/engine.h"
+#include "ds/comm/group.h"
 #include "ds/runtime/monitor.h"
 #include "ds_train_default_config.h"
 #include "options.h"
@@ -87,11 +88,12 @@ int run(const Options& o, const Given& g) {
   ds::train::Console con;
   auto say = [&](const std::string& s) { con.line("[ds_train] " + s); };
 
-  DS_CHECK(o.local_rank <= 0,
-           "[ds_train] --local_rank {}: ds_train runs on one rank for now (its metrics, sample and "
-           "export are written by one process). Multi-rank ZeRO training works through the engine "
-           "API (ds::runtime::initialize under mpirun, see docs/zero.md); launch ds_train alone",
-           o.local_rank);
+  // Several ranks (mpirun or the deepspeed launcher): every rank trains its slice of each global
+  // batch; rank 0 prints and writes the metrics, the picture, the sample and the export.
+  const auto world = ds::comm::world();
+  const int rank = world->rank(), world_size = world->size();
+  const bool lead = rank == 0;
+  con.set_quiet(!lead);
   if (o.threads > 0) ds::set_num_threads(o.threads);
 
   // ---- data ----
@@ -194,8 +196,8 @@ int run(const Options& o, const Given& g) {
   ds::data::DataLoader loader(train, static_cast<size_t>(T),
                               {.micro_batch = static_cast<int>(B),
                                .grad_accum = static_cast<int>(A),
-                               .world_size = 1,
-                               .rank = 0,
+                               .world_size = engine->world_size(),
+                               .rank = engine->rank(),
                                .seed = o.seed});
   const auto uni = ds::train::unigram_stats(*train);
   say(
@@ -302,8 +304,9 @@ int run(const Options& o, const Given& g) {
     engine->save_checkpoint(out_dir.string(), "", client);
     last_saved = engine->global_steps();
     std::string rotated;
-    for (const auto& p : ds::train::rotate_checkpoints(out_dir, o.save_total_limit))
-      rotated += " " + p.filename().string();
+    if (lead)
+      for (const auto& p : ds::train::rotate_checkpoints(out_dir, o.save_total_limit))
+        rotated += " " + p.filename().string();
     say(fmt::format("step {}: checkpoint {}/global_step{} ({:.1f}s){}", engine->global_steps(),
                     out_dir.string(), engine->global_steps(), ds::train::seconds_since(t0),
                     rotated.empty() ? "" : "; deleted" + rotated));
@@ -324,8 +327,9 @@ int run(const Options& o, const Given& g) {
     last_eval = evaluate(*engine, *val, B, T, o.eval_batches);
     if (!std::isfinite(last_eval)) return;
     const double ppl = std::exp(last_eval);
-    monitor.write_events({{"Eval/Samples/eval_loss", last_eval, engine->global_samples()},
-                          {"Eval/Samples/eval_perplexity", ppl, engine->global_samples()}});
+    if (lead)
+      monitor.write_events({{"Eval/Samples/eval_loss", last_eval, engine->global_samples()},
+                            {"Eval/Samples/eval_perplexity", ppl, engine->global_samples()}});
     say(fmt::format("step {}: eval loss {:.4f}, perplexity {:.2f} ({:.1f}s)",
                     engine->global_steps(), last_eval, ppl, ds::train::seconds_since(t0)));
   };
@@ -351,7 +355,10 @@ int run(const Options& o, const Given& g) {
       fill_ids(xt, x);
       fill_ids(yt, y);
       ds::Tensor loss = engine->forward(xt, yt);
-      loss_sum += loss.item();
+      float local = loss.item();
+      // The logged loss is the mean over ranks: the loss of the whole global batch.
+      if (world_size > 1) world->all_reduce(&local, 1, ds::DType::f32, ds::comm::ReduceOp::sum, "loss for logging");
+      loss_sum += static_cast<double>(local) / world_size;
       engine->backward(loss);
       engine->step();
     }
@@ -370,7 +377,7 @@ int run(const Options& o, const Given& g) {
         {"Train/Samples/tokens_per_second", tok_s, samples}};
     if (std::isfinite(engine->last_grad_norm()))
       ev.push_back({"Train/Samples/grad_norm", engine->last_grad_norm(), samples});
-    monitor.write_events(ev);
+    if (lead) monitor.write_events(ev);
 
     if (!reported_peak) {
       reported_peak = true;
@@ -409,13 +416,16 @@ int run(const Options& o, const Given& g) {
   if (last_saved != engine->global_steps()) save();
 
   const int64_t peak_rss = ds::train::peak_rss_bytes();
+  // One file per rank: memory.json (rank 0), memory_rank<r>.json (the others).
   ds::train::write_memory_json(
-      out_dir / "memory.json", mem, engine->rank(), engine->world_size(), act_bytes,
+      out_dir / (lead ? std::string("memory.json") : fmt::format("memory_rank{}.json", rank)), mem,
+      engine->rank(), engine->world_size(), act_bytes,
       static_cast<int64_t>(ds::cpu_allocator().stats().peak_bytes_in_use), peak_rss);
 
   // The picture is drawn from the CSV files, which hold the whole run across resumes.
   const fs::path svg = out_dir / "loss.svg";
-  ds::train::write_loss_chart(svg, monitor, G, T,
+  if (lead)
+    ds::train::write_loss_chart(svg, monitor, G, T,
                               fmt::format("{} on {}", model_name, train_dir.filename().string()),
                               uni.entropy_nats, eval_baseline);
 
@@ -429,7 +439,7 @@ int run(const Options& o, const Given& g) {
       const auto t0 = std::chrono::steady_clock::now();
       const std::string text = ds::train::generate_sample(*model, tok, o.sample_prompt,
                                                           o.sample_tokens, o.sample_top_k, o.seed);
-      std::ofstream(out_dir / "sample.txt") << text << "\n";
+      if (lead) std::ofstream(out_dir / "sample.txt") << text << "\n";
       say(fmt::format("sample ({} tokens, top-k {}, seed {}, {:.1f}s):", o.sample_tokens,
                       o.sample_top_k, o.seed, ds::train::seconds_since(t0)));
       con.line("---\n" + text + "\n---");
@@ -443,7 +453,8 @@ int run(const Options& o, const Given& g) {
   }
 
   std::string export_dir = o.export_hf.empty() ? (out_dir / "hf_model").string() : o.export_hf;
-  if (export_dir != "none") ds::models::export_hf(*model, export_dir);
+  // Under ZeRO-3 no rank holds the whole model; the checkpoint's model file is complete instead.
+  if (export_dir != "none" && lead && engine->zero_stage() < 3) ds::models::export_hf(*model, export_dir);
 
   double recent_mean = 0.0;
   for (double l : recent) recent_mean += l / static_cast<double>(recent.size());
@@ -490,6 +501,9 @@ int main(int argc, char** argv) {
     // On a terminal the progress bar may still occupy the line.
     fmt::print(stderr, "{}{}{}\n", ::isatty(STDERR_FILENO) ? "\n" : "",
                what.rfind('[', 0) == 0 ? "" : "[ds_train] error: ", what);
+    // The other ranks would wait for this one at their next collective: end the whole job now.
+    if (ds::comm::world()->size() > 1)
+      ds::comm::abort_job(1, fmt::format("[ds_train] rank {} stopped the job", ds::comm::world()->rank()));
     return 1;
   }
 }

@@ -1,3 +1,4 @@
+#include "ds/comm/group.h"
 #include "plan.h"
 
 #include <algorithm>
@@ -105,7 +106,7 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
                   : runtime::load_config_json(strip_leading_comments(builtin_config), &cfg_source);
   if (!g.deepspeed) cfg_source = "built-in default (configs/ds_demo.json)";
   runtime::ConfigContext ctx;
-  ctx.world_size = 1;
+  ctx.world_size = ds::comm::world()->size();  // ranks under mpirun / the deepspeed launcher
   ctx.hidden_size = mcfg.n_embd;
   ctx.source_name = cfg_source;
   ctx.args = trainer_args(o, g, raw);

@@ -45,7 +45,7 @@ std::string bar_cells(double f, int width) {
 Console::Console() : tty_(::isatty(STDERR_FILENO) == 1) {}
 
 void Console::bar(const std::string& text) {
-  if (!tty_) return;
+  if (!tty_ || quiet_) return;
   // \x1b[K clears what a longer previous bar left on the line.
   fmt::print(stderr, "\r{}\x1b[K", text);
   std::fflush(stderr);
@@ -53,6 +53,7 @@ void Console::bar(const std::string& text) {
 }
 
 void Console::line(const std::string& text) {
+  if (quiet_) return;
   if (tty_ && !bar_.empty()) {
     fmt::print(stderr, "\r\x1b[K");
     std::fflush(stderr);
@@ -66,6 +67,7 @@ void Console::line(const std::string& text) {
 }
 
 void Console::end_bar() {
+  if (quiet_) return;
   if (tty_ && !bar_.empty()) {
     fmt::print(stderr, "\n");
     std::fflush(stderr);

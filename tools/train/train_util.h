@@ -27,9 +27,12 @@ class Console {
   void bar(const std::string& text);   // replaces the status line (no-op off a terminal)
   void line(const std::string& text);  // a permanent line
   void end_bar();                      // leaves the status line as it is and moves below it
+  // Ranks other than 0 print nothing (every rank runs the same loop).
+  void set_quiet(bool quiet) { quiet_ = quiet; }
 
  private:
   bool tty_;
+  bool quiet_ = false;
   std::string bar_;  // what the status line shows now ("" = nothing drawn)
 };
 
