@@ -133,6 +133,21 @@ TEST_P(Zero, SameLossesAsOneProcess) {
   }
 }
 
+TEST(ZeroStage3, MaxLiveParametersBoundsPrefetch) {
+  auto g = world();
+  std::string cfg = config(3, "fp32", kB);
+  auto free_run = make_engine(cfg, g, true);
+  const auto want = train(*free_run, 3);
+  // With a live limit below any parameter's size nothing can be gathered ahead; results are equal.
+  const std::string limited = cfg.substr(0, cfg.find("\"stage3_max_reuse_distance\"")) +
+                              "\"stage3_max_live_parameters\": 1, " + cfg.substr(cfg.find("\"stage3_max_reuse_distance\""));
+  auto tight = make_engine(limited, g, true);
+  const auto got = train(*tight, 3);
+  EXPECT_GT(free_run->prefetched_gathers(), 0);
+  EXPECT_EQ(tight->prefetched_gathers(), 0);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "micro-step " << i;
+}
+
 TEST_P(Zero, GradientCheckpointingGivesTheSameLosses) {
   // Checkpointed blocks re-run their forward (and, under stage 3, their gathers) inside backward.
   const int stage = GetParam();

@@ -140,10 +140,20 @@ void Engine::stage3_gather(const std::vector<int>& params, const std::string& wh
   // Gather the next modules' parameters ahead, on the communication thread, while this module runs.
   if (s3_follow_trace_) {
     auto budget = static_cast<int64_t>(config_.zero_optimization.stage3_prefetch_bucket_size);
+    // stage3_max_live_parameters bounds the elements gathered at once (this module's included).
+    const auto max_live = static_cast<int64_t>(config_.zero_optimization.stage3_max_live_parameters);
+    int64_t live = 0;
+    for (const auto& sp : s3_)
+      if (!sp.persistent && sp.full->is_materialized()) live += sp.numel;
     for (size_t k = s3_pos_; k < s3_trace_.size() && budget > 0; ++k)
       for (int i : s3_trace_[k]) {
         auto& sp = s3_[static_cast<size_t>(i)];
         if (sp.full->is_materialized() || s3_prefetching_[static_cast<size_t>(i)]) continue;
+        if (live + sp.numel > max_live) {
+          budget = 0;
+          break;
+        }
+        live += sp.numel;
         s3_prefetch_[static_cast<size_t>(i)] = launch(i, "prefetch");
         ++s3_prefetch_count_;
         s3_prefetching_[static_cast<size_t>(i)] = true;
