@@ -36,6 +36,7 @@
 #include "ds/runtime/config.h"
 #include "ds/runtime/engine.h"
 #include "ds/comm/group.h"
+#include "ds/comm/logger.h"
 #include "ds/runtime/monitor.h"
 #include "ds_train_default_config.h"
 #include "options.h"
@@ -451,6 +452,9 @@ int run(const Options& o, const Given& g) {
                       tok_dir.string()));
     }
   }
+
+  // comms_logger: per-operation counts, bytes and times of this rank's collectives.
+  if (cfg.comms_logger.enabled && lead) con.line("comms_logger (rank 0):\n" + ds::comm::comms_logger().table());
 
   std::string export_dir = o.export_hf.empty() ? (out_dir / "hf_model").string() : o.export_hf;
   // Under ZeRO-3 no rank holds the whole model; the checkpoint's model file is complete instead.
