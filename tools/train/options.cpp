@@ -100,7 +100,7 @@ void add_options(CLI::App& app, Options& o, Given& g,
       "Folder with encoder.json and vocab.bpe, for the sample (default: $DS_CACHE_DIR/gpt2 or "
       ".cache/data/gpt2)");
   opt("--threads", o.threads, "Threads (default: all cores)");
-  opt("--local_rank", o.local_rank, "Accepted for the DeepSpeed launcher (single rank only)");
+  opt("--local_rank", o.local_rank, "Accepted for the DeepSpeed launcher (the rank comes from mpirun's environment)");
 }
 
 std::string default_tokenizer_dir() {
