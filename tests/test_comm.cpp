@@ -265,6 +265,27 @@ TEST(Comm, ReduceScatterEveryDtype) {
       }
 }
 
+TEST(Comm, ReduceToEachRootEveryDtype) {
+  const int n = W->size(), me = W->rank();
+  for (int root = 0; root < n; ++root)
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::max})
+      for (DType t : kAllTypes)
+        for (size_t count : {size_t(0), size_t(1), size_t(33), size_t(600011)}) {
+          const uint32_t salt = 211 + static_cast<uint32_t>(t) + static_cast<uint32_t>(root);
+          const auto in = input_of(t, me, count, salt);
+          auto buf = in;
+          W->reduce(buf.data(), count, t, root, op, label("reduce", t, count));
+          if (me == root) {
+            expect_same(t, buf, expected_reduce(t, op, n, count, salt), count,
+                        order_is_ours() || op == ReduceOp::max, label("reduce at root", t, count));
+          } else {
+            EXPECT_EQ(buf, in) << "reduce changed a non-root buffer: " << label("reduce", t, count);
+          }
+        }
+  std::vector<float> v(4, 1.0f);
+  EXPECT_THROW(W->reduce(v.data(), v.size(), DType::f32, n), Error);
+}
+
 TEST(Comm, AllGatherEveryDtype) {
   const int n = W->size(), me = W->rank();
   for (DType t : kAllTypes)

@@ -10,6 +10,7 @@
 #include "ds/ops/ops.h"
 
 #include "ds/comm/group.h"
+#include "ds/comm/logger.h"
 #include "ds/core/rng.h"
 #include "ds/models/gpt.h"
 #include "ds/nn/module.h"
@@ -41,18 +42,20 @@ std::pair<Tensor, Tensor> batch(int64_t first, int64_t count, int64_t vocab) {
   return {x, y};
 }
 
+// `zero_extra`: more zero_optimization keys (", ..."); `top_extra`: more top-level keys ("..., ").
 std::string config(int stage, const std::string& precision, int64_t micro, double clip = 0.0,
-                   int64_t bucket = 4000) {
+                   int64_t bucket = 4000, const std::string& zero_extra = R"(, "overlap_comm": true)",
+                   const std::string& top_extra = "") {
   const std::string prec = precision == "bf16"   ? R"("bf16": {"enabled": true},)"
                            : precision == "fp16" ? R"("fp16": {"enabled": true, "initial_scale_power": 10, "hysteresis": 1},)"
                                                  : "";
   // Small prefetch and reuse windows so that stage 3 exercises prefetching and releasing.
   return fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {},
-    "gradient_clipping": {}, {}
+    "gradient_clipping": {}, {} {}
     "zero_optimization": {{"stage": {}, "reduce_bucket_size": {}, "stage3_param_persistence_threshold": 100,
-      "stage3_prefetch_bucket_size": 3000, "stage3_max_reuse_distance": 1000}},
+      "stage3_prefetch_bucket_size": 3000, "stage3_max_reuse_distance": 1000{}}},
     "optimizer": {{"type": "AdamW", "params": {{"lr": 5e-3, "weight_decay": 0.1}}}}}})",
-                     micro, kGas, clip, prec, stage, bucket);
+                     micro, kGas, clip, prec, top_extra, stage, bucket, zero_extra);
 }
 
 std::unique_ptr<runtime::Engine> make_engine(const std::string& cfg, std::shared_ptr<comm::Group> g,
@@ -130,6 +133,71 @@ TEST_P(Zero, SameLossesAsOneProcess) {
     hmax = fmax;
     hmin = -fmin;
     EXPECT_EQ(hmax, hmin) << "replicas diverged";
+  }
+}
+
+// Bytes of the reductions issued while `fn` runs (all_reduce, reduce_scatter, reduce), and how
+// many of them were reduces to one rank.
+struct Reductions {
+  uint64_t bytes = 0, reduces = 0;
+};
+template <class F>
+Reductions reductions_during(F&& fn) {
+  auto& log = comm::comms_logger();
+  log.enable(true);
+  log.reset();
+  fn();
+  Reductions out;
+  for (const auto& [op, e] : log.totals()) {
+    if (op == comm::OpKind::all_reduce || op == comm::OpKind::reduce_scatter || op == comm::OpKind::reduce)
+      out.bytes += e.bytes;
+    if (op == comm::OpKind::reduce) out.reduces += e.count;
+  }
+  log.reset();
+  log.enable(false);
+  return out;
+}
+
+// communication_data_type: fp32 training reducing in bf16 moves half the bytes and stays within
+// bf16 rounding of the single-process losses; stage 2 without overlap_comm and with all-reduce
+// instead of reduce-to-owner (reduce_scatter: false) gives the same losses as one process.
+TEST_P(Zero, CommunicationDtypeOverlapAndReduceModes) {
+  const int stage = GetParam();
+  auto g = world();
+  const int n = g->size();
+  rng::dropout_state() = {};
+  auto ref = make_engine(config(0, "fp32", kB * n), comm::single_process_group());
+  const auto want = train(*ref, 4);
+
+  struct Variant {
+    std::string name, zero_extra, top_extra;
+    double tol;
+  };
+  const std::vector<Variant> variants = {
+      {"fp32 reductions", R"(, "overlap_comm": true)", R"("communication_data_type": "fp32",)", 1e-5},
+      {"bf16 reductions", R"(, "overlap_comm": true)", R"("communication_data_type": "bf16",)", 2e-2},
+      {"no overlap_comm", R"(, "overlap_comm": false)", "", 1e-5},
+      {"all-reduce buckets", R"(, "overlap_comm": true, "reduce_scatter": false)", "", 1e-5},
+  };
+  std::vector<Reductions> seen;
+  for (const auto& v : variants) {
+    rng::dropout_state() = {};
+    auto dist = make_engine(config(stage, "fp32", kB, 0.0, 4000, v.zero_extra, v.top_extra), g, stage == 3);
+    std::vector<double> got;
+    seen.push_back(reductions_during([&] { got = train(*dist, 4); }));
+    ASSERT_EQ(got.size(), want.size());
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, rel(got[i], want[i]));
+    EXPECT_LT(worst, v.tol) << "stage " << stage << ", " << v.name;
+    if (v.name == "bf16 reductions" && n > 1) EXPECT_GT(worst, 0.0) << "bf16 reductions changed nothing";
+  }
+  if (n > 1) {
+    // Gradients are most of the traffic (the loss and norm scalars are a few bytes): bf16 halves it.
+    const double ratio = double(seen[1].bytes) / double(seen[0].bytes);
+    EXPECT_NEAR(ratio, 0.5, 0.02) << "stage " << stage << ": " << seen[1].bytes << " vs " << seen[0].bytes << " bytes";
+    // Stage 2 reduces each bucket piece to its owner unless reduce_scatter is false.
+    EXPECT_EQ(seen[0].reduces > 0, stage == 2) << "stage " << stage;
+    EXPECT_EQ(seen[3].reduces, 0u) << "stage " << stage;
   }
 }
 

@@ -21,6 +21,8 @@ const char* op_name(OpKind op) {
       return "all_reduce";
     case OpKind::reduce_scatter:
       return "reduce_scatter";
+    case OpKind::reduce:
+      return "reduce";
     case OpKind::all_gather:
       return "all_gather";
     case OpKind::broadcast:
@@ -121,6 +123,10 @@ std::string WorkState::describe() const {
       s += fmt::format(" ({} {} {})", format_bytes(op.bytes()), dtype_name(op.dtype),
                        reduce_op_name(op.reduce));
       break;
+    case OpKind::reduce:
+      s += fmt::format(" ({} {} {} to rank {})", format_bytes(op.bytes()), dtype_name(op.dtype),
+                       reduce_op_name(op.reduce), op.peer);
+      break;
     case OpKind::broadcast:
       s += fmt::format(" ({} {} from rank {})", format_bytes(op.bytes()), dtype_name(op.dtype),
                        op.peer);
@@ -202,8 +208,9 @@ Work Group::issue(Op op) {
       DS_CHECK(op.count == 0 || (op.in && op.out), "[comm] {}: null buffer", what);
       break;
     case OpKind::broadcast:
-      DS_CHECK(op.peer >= 0 && op.peer < size(),
-               "[comm] broadcast: root {} outside group {} of size {}", op.peer, name(), size());
+    case OpKind::reduce:
+      DS_CHECK(op.peer >= 0 && op.peer < size(), "[comm] {}: root {} outside group {} of size {}",
+               what, op.peer, name(), size());
       break;
     case OpKind::send:
     case OpKind::recv:
@@ -238,6 +245,19 @@ Work Group::reduce_scatter_async(const void* in, void* out, size_t chunk, DType 
        .count = chunk,
        .dtype = dtype,
        .reduce = op,
+       .context = std::string(context)};
+  return issue(std::move(o));
+}
+
+Work Group::reduce_async(void* buf, size_t count, DType dtype, int root, ReduceOp op,
+                         std::string_view context) {
+  Op o{.kind = OpKind::reduce,
+       .in = buf,
+       .out = buf,
+       .count = count,
+       .dtype = dtype,
+       .reduce = op,
+       .peer = root,
        .context = std::string(context)};
   return issue(std::move(o));
 }
@@ -338,6 +358,20 @@ Work Group::reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp o
        .reduce = op,
        .context = std::string(context),
        .keep_alive = {in, out}};
+  return issue(std::move(o));
+}
+
+Work Group::reduce_async(const Tensor& t, int root, ReduceOp op, std::string_view context) {
+  check_tensor(t, "reduce", "the");
+  Op o{.kind = OpKind::reduce,
+       .in = t.raw_data(),
+       .out = t.raw_data(),
+       .count = static_cast<size_t>(t.numel()),
+       .dtype = t.dtype(),
+       .reduce = op,
+       .peer = root,
+       .context = std::string(context),
+       .keep_alive = {t}};
   return issue(std::move(o));
 }
 

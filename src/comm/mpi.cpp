@@ -320,6 +320,7 @@ bool GroupState::use_shm(const Group::Op& op) const {
   switch (op.kind) {
     case OpKind::all_reduce:
     case OpKind::reduce_scatter:
+    case OpKind::reduce:
     case OpKind::barrier:
       return true;
     // OpenMPI copies large messages once, straight between the processes (CMA); ours copies
@@ -409,6 +410,12 @@ void GroupState::post(const std::shared_ptr<WorkState>& w) {
       check_mpi(MPI_Iallgather(in, n, type, op.out, n, type, comm, &r), "MPI_Iallgather");
       break;
     }
+    case OpKind::reduce:
+      check_mpi(MPI_Ireduce(rank == op.peer ? MPI_IN_PLACE : op.out, op.out,
+                            int_count(op.count, *w), type, mpi_op(op.dtype, op.reduce), op.peer,
+                            comm, &r),
+                "MPI_Ireduce");
+      break;
     case OpKind::broadcast:
       check_mpi(MPI_Ibcast(op.out, int_count(op.count, *w), type, op.peer, comm, &r), "MPI_Ibcast");
       break;
@@ -739,6 +746,7 @@ void GroupState::check_same_collective(const WorkState& w) {
           "{} of {} x {} {}{}", op_name(static_cast<OpKind>(e.kind)), e.count,
           dtype_name(static_cast<DType>(e.dtype)), reduce_op_name(static_cast<ReduceOp>(e.reduce)),
           static_cast<OpKind>(e.kind) == OpKind::broadcast ? fmt::format(" from rank {}", e.root)
+          : static_cast<OpKind>(e.kind) == OpKind::reduce  ? fmt::format(" to rank {}", e.root)
                                                            : "");
     };
     std::string msg = fmt::format(

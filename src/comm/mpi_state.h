@@ -33,7 +33,9 @@ struct ExecRecord {
   int32_t root = 0;
   bool same_as(const ExecRecord& o) const {
     return kind == o.kind && dtype == o.dtype && count == o.count &&
-           (static_cast<OpKind>(kind) == OpKind::broadcast ? root == o.root : reduce == o.reduce);
+           (static_cast<OpKind>(kind) == OpKind::broadcast ? root == o.root
+            : static_cast<OpKind>(kind) == OpKind::reduce  ? root == o.root && reduce == o.reduce
+                                                            : reduce == o.reduce);
   }
 };
 

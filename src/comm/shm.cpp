@@ -11,6 +11,8 @@
 // reduce_scatter: each rank copies its piece of every destination's chunk into its input slot;
 //   barrier; each rank reduces its own chunk's piece reading all ranks' slots (in rank order, so
 //   the result is deterministic) straight into the output. One barrier per piece.
+// reduce (to a root): each rank copies a piece of its buffer into its input slot; barrier; the
+//   root reduces the piece reading all ranks' slots, in rank order, into its buffer.
 // all_reduce: the same, reducing 1/N of each piece into the result slot; after the next barrier
 //   every rank copies all N results out (overlapping the next piece's copy-in).
 // broadcast (large messages): the root copies in; barrier; everybody copies out.
@@ -105,6 +107,26 @@ void GroupState::shm_run(WorkState& w) {
           char* slot = region(me, wp(), 0);
           for (int d = 0; d < n; ++d)
             std::memcpy(slot + d * e * es, in + (d * c + off) * es, len * es);
+          shm_barrier(w);
+        }
+      }
+      return;
+    }
+
+    case OpKind::reduce: {
+      const size_t total = op.count;
+      char* buf = static_cast<char*>(op.out);
+      const size_t e = std::max(kAlign, round_down(slot_bytes / es, kAlign));
+      const size_t pieces = ceil_div(total, e);
+      for (size_t t = 0; t <= pieces; ++t) {
+        if (t >= 1 && me == op.peer) {
+          const size_t off = (t - 1) * e, len = std::min(e, total - off);
+          for (int r = 0; r < n; ++r) srcs[r] = region(r, rp(), 0);
+          reduce_n(buf + off * es, srcs.data(), n, len, op.dtype, op.reduce);
+        }
+        if (t < pieces) {
+          const size_t off = t * e, len = std::min(e, total - off);
+          std::memcpy(region(me, wp(), 0), buf + off * es, len * es);
           shm_barrier(w);
         }
       }

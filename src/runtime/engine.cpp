@@ -91,6 +91,8 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
   const DType train = config_.training_dtype();
   const DType grads = resolve_grad_dtype(config_);
   grad_dtype_ = grads;
+  // With one rank nothing travels: keep the accumulation dtype rather than round for nothing.
+  comm_dtype_ = n > 1 ? config_.communication_data_type : grads;
   const int64_t multiple = zero::padding_multiple(n);
   const bool sharded = stage_ >= 1 && n > 1;
   if (stage_ == 3) {
@@ -234,7 +236,7 @@ void Engine::on_grad_ready(int i, const Tensor& p) {
     for (int b : param_buckets_[static_cast<size_t>(i)]) {
       const auto& bk = buckets_[static_cast<size_t>(b)];
       Tensor& staging = bucket_staging_[static_cast<size_t>(b)];
-      if (!staging.defined()) staging = Tensor::zeros({bk.end - bk.begin}, g.dtype());
+      if (!staging.defined()) staging = Tensor::zeros({bk.end - bk.begin}, comm_dtype_);
       const int64_t lo = std::max(bk.begin, e.offset), hi = std::min(bk.end, e.offset + e.numel);
       Tensor::from_storage(staging.storage(), {hi - lo}, staging.dtype(), staging.storage_offset() + lo - bk.begin)
           .copy_from(Tensor::from_storage(g.storage(), {hi - lo}, g.dtype(), g.storage_offset() + lo - e.offset));
@@ -243,49 +245,71 @@ void Engine::on_grad_ready(int i, const Tensor& p) {
   }
   for (int b : param_buckets_[static_cast<size_t>(i)])
     if (--bucket_pending_[static_cast<size_t>(b)] == 0) launch_bucket(b);
-  if (stage_ == 2) finish_reductions(kBucketsInFlight);
+  if (stage_ == 2) finish_reductions(buckets_in_flight());
 }
 
 void Engine::launch_bucket(int b) {
   const auto& bk = buckets_[static_cast<size_t>(b)];
-  Tensor buf;
+  const int n = group_->size();
+  PendingBucket pending;
+  pending.bucket = b;
   if (stage_ == 2) {
     Tensor& staging = bucket_staging_[static_cast<size_t>(b)];
-    if (!staging.defined()) staging = Tensor::zeros({bk.end - bk.begin}, grad_dtype());
-    buf = staging;
+    if (!staging.defined()) staging = Tensor::zeros({bk.end - bk.begin}, comm_dtype_);
+    pending.buf = staging;
   } else {
-    buf = Tensor::from_storage(flat_.grads.storage(), {bk.end - bk.begin}, flat_.grads.dtype(),
-                               flat_.grads.storage_offset() + bk.begin);
+    // Stage 0: the bucket is a range of the flat gradients, reduced in place unless the
+    // communication dtype differs (then a converted copy travels and is copied back).
+    Tensor view = Tensor::from_storage(flat_.grads.storage(), {bk.end - bk.begin}, flat_.grads.dtype(),
+                                       flat_.grads.storage_offset() + bk.begin);
+    if (n > 1 && comm_prescale_ != 1.0f) ops::mul_(view, comm_prescale_);
+    pending.buf = comm_dtype_ == view.dtype() ? view : view.to(comm_dtype_);
   }
-  if (group_->size() == 1) {
-    in_flight_.emplace_back(b, comm::Work());
+  if (n == 1) {
+    in_flight_.push_back(std::move(pending));
     return;
   }
-  if (comm_prescale_ != 1.0f) ops::mul_(buf, comm_prescale_);
-  in_flight_.emplace_back(
-      b, group_->all_reduce_async(buf, comm::ReduceOp::sum, fmt::format("step {} bucket {}", global_steps_ + 1, b)));
+  if (stage_ == 2 && comm_prescale_ != 1.0f) ops::mul_(pending.buf, comm_prescale_);
+  const std::string ctx = fmt::format("step {} bucket {}", global_steps_ + 1, b);
+  if (stage_ == 2 && config_.zero_optimization.reduce_scatter) {
+    // Reduce to the owners: the bucket splits at partition boundaries and each piece is reduced
+    // to the rank that owns it (half the traffic of an all-reduce; DeepSpeed's reduce_scatter).
+    for (int r = 0; r < n; ++r) {
+      const int64_t lo = std::max(bk.begin, plan_.begin(r)), hi = std::min(bk.end, plan_.end(r));
+      if (lo >= hi) continue;
+      Tensor piece = Tensor::from_storage(pending.buf.storage(), {hi - lo}, pending.buf.dtype(),
+                                          pending.buf.storage_offset() + lo - bk.begin);
+      pending.works.push_back(group_->reduce_async(piece, r, comm::ReduceOp::sum, ctx));
+    }
+  } else {
+    pending.works.push_back(group_->all_reduce_async(pending.buf, comm::ReduceOp::sum, ctx));
+  }
+  in_flight_.push_back(std::move(pending));
 }
 
 void Engine::finish_reductions(size_t keep_in_flight) {
   // Oldest first (the order they were issued in); stops when at most `keep_in_flight` remain, so
-  // that during backward only the last few buckets' staging memory is alive (overlap_comm keeps
-  // two in flight, as DeepSpeed).
+  // that during backward only the last few buckets' staging memory is alive.
   size_t done = 0;
   for (; in_flight_.size() - done > keep_in_flight; ++done) {
-    auto& [b, work] = in_flight_[done];
-    work.wait();
-    if (stage_ != 2) continue;
+    PendingBucket& pending = in_flight_[done];
+    for (auto& w : pending.works) w.wait();
+    const auto& bk = buckets_[static_cast<size_t>(pending.bucket)];
+    if (stage_ != 2) {
+      Tensor view = Tensor::from_storage(flat_.grads.storage(), {bk.end - bk.begin}, flat_.grads.dtype(),
+                                         flat_.grads.storage_offset() + bk.begin);
+      if (pending.buf.raw_data() != view.raw_data()) view.copy_from(pending.buf);
+      continue;
+    }
     // Keep only this rank's part of the reduced bucket.
-    const auto& bk = buckets_[static_cast<size_t>(b)];
-    Tensor& staging = bucket_staging_[static_cast<size_t>(b)];
     const int64_t lo = std::max(bk.begin, opt_begin_), hi = std::min(bk.end, opt_begin_ + opt_numel_);
     if (lo < hi) {
       ops::add_(Tensor::from_storage(grads_part_.storage(), {hi - lo}, grads_part_.dtype(),
                                      grads_part_.storage_offset() + lo - opt_begin_),
-                Tensor::from_storage(staging.storage(), {hi - lo}, staging.dtype(),
-                                     staging.storage_offset() + lo - bk.begin));
+                Tensor::from_storage(pending.buf.storage(), {hi - lo}, pending.buf.dtype(),
+                                     pending.buf.storage_offset() + lo - bk.begin));
     }
-    staging = Tensor();
+    bucket_staging_[static_cast<size_t>(pending.bucket)] = Tensor();
   }
   in_flight_.erase(in_flight_.begin(), in_flight_.begin() + static_cast<std::ptrdiff_t>(done));
 }
@@ -339,11 +363,18 @@ bool Engine::step() {
   const int n = group_->size();
   const std::string ctx = fmt::format("step {}", global_steps_ + 1);
   if (stage_ == 1 && n > 1) {
-    // Each rank receives the sum of its partition (in place inside the full gradient buffer).
+    // Each rank receives the sum of its partition (in place inside the full gradient buffer, or
+    // through a converted copy when the communication dtype differs).
     if (comm_prescale_ != 1.0f) ops::mul_(flat_.grads, comm_prescale_);
     Tensor mine = Tensor::from_storage(flat_.grads.storage(), {opt_numel_}, flat_.grads.dtype(),
                                        flat_.grads.storage_offset() + opt_begin_);
-    group_->reduce_scatter(flat_.grads, mine, comm::ReduceOp::sum, ctx + " gradients");
+    if (comm_dtype_ == flat_.grads.dtype()) {
+      group_->reduce_scatter(flat_.grads, mine, comm::ReduceOp::sum, ctx + " gradients");
+    } else {
+      Tensor out = Tensor::empty({opt_numel_}, comm_dtype_);
+      group_->reduce_scatter(flat_.grads.to(comm_dtype_), out, comm::ReduceOp::sum, ctx + " gradients");
+      mine.copy_from(out);
+    }
   }
   Tensor g = optimizer_grads();
   double sq = sum_of_squares(g.data<float>(), opt_numel_);

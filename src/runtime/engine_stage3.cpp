@@ -187,14 +187,16 @@ void Engine::stage3_on_grad_ready(int i, const Tensor& p) {
   auto& sp = s3_[static_cast<size_t>(i)];
   const int n = group_->size();
   Tensor g = p.grad().contiguous();
-  // Padded to N * part so that rank r's piece is chunk r of the reduce-scatter.
-  Tensor staging = Tensor::empty({n * sp.part}, g.dtype());
+  // Padded to N * part so that rank r's piece is chunk r of the reduce-scatter; in the
+  // communication dtype (the copy converts).
+  const DType cd = comm_dtype_;
+  Tensor staging = Tensor::empty({n * sp.part}, cd);
   if (n * sp.part > sp.numel)
-    Tensor::from_storage(staging.storage(), {n * sp.part - sp.numel}, g.dtype(), staging.storage_offset() + sp.numel).zero_();
-  Tensor::from_storage(staging.storage(), {sp.numel}, g.dtype(), staging.storage_offset()).copy_from(ops::reshape(g, {sp.numel}));
+    Tensor::from_storage(staging.storage(), {n * sp.part - sp.numel}, cd, staging.storage_offset() + sp.numel).zero_();
+  Tensor::from_storage(staging.storage(), {sp.numel}, cd, staging.storage_offset()).copy_from(ops::reshape(g, {sp.numel}));
   p.set_grad({});
   if (comm_prescale_ != 1.0f && n > 1) ops::mul_(staging, comm_prescale_);
-  Tensor out = Tensor::empty({sp.part}, g.dtype());
+  Tensor out = Tensor::empty({sp.part}, cd);
   comm::Work w = n > 1 ? group_->reduce_scatter_async(staging, out, comm::ReduceOp::sum,
                                                       fmt::format("step {} gradient of {}", global_steps_ + 1,
                                                                   flat_.entries[static_cast<size_t>(i)].name))
@@ -203,7 +205,7 @@ void Engine::stage3_on_grad_ready(int i, const Tensor& p) {
   s3_in_flight_.push_back({i, staging, out, w});
   // Fold finished reductions into the shard as backward goes, so that only the last few
   // parameters' full-size gradients are alive at any time.
-  stage3_finish_reductions(kBucketsInFlight);
+  stage3_finish_reductions(buckets_in_flight());
 }
 
 void Engine::stage3_finish_reductions(size_t keep_in_flight) {

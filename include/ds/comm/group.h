@@ -15,7 +15,7 @@
 //
 // Execution (MPI backend): each group owns a communication thread that executes its operations in
 // issue order, so the caller returns at once and computes while the collective runs. Within one
-// node, all_reduce, reduce_scatter, barrier and large broadcasts run as our shared-memory
+// node, all_reduce, reduce_scatter, reduce, barrier and large broadcasts run as our shared-memory
 // collectives (an MPI-3 shared window: every rank copies its input in, then reduces its own part
 // reading all ranks' copies, memory-bandwidth bound); everything else, and everything across
 // nodes, is MPI's non-blocking collectives posted and progressed by the thread. See
@@ -53,6 +53,7 @@ const char* reduce_op_name(ReduceOp op);  // "sum", "max"
 enum class OpKind : uint8_t {
   all_reduce,
   reduce_scatter,
+  reduce,
   all_gather,
   broadcast,
   barrier,
@@ -61,7 +62,7 @@ enum class OpKind : uint8_t {
   split
 };
 const char* op_name(OpKind op);  // "all_reduce", ...
-inline constexpr int kNumOpKinds = 8;
+inline constexpr int kNumOpKinds = 9;
 
 // A deadline expired. what() names the operation, its sequence number, context and missing ranks.
 class TimeoutError : public Error {
@@ -133,6 +134,9 @@ class Group {
                             ReduceOp op = ReduceOp::sum, std::string_view context = {});
   // in (chunk) -> out (size() * chunk), rank r's chunk at out + r * chunk. In place when
   // in == out + rank() * chunk.
+  // In place: on `root`, buf receives the reduction of every rank's buf; elsewhere buf is only read.
+  Work reduce_async(void* buf, size_t count, DType dtype, int root, ReduceOp op = ReduceOp::sum,
+                    std::string_view context = {});
   Work all_gather_async(const void* in, void* out, size_t chunk, DType dtype,
                         std::string_view context = {});
   Work broadcast_async(void* buf, size_t count, DType dtype, int root,
@@ -151,6 +155,10 @@ class Group {
   void reduce_scatter(const void* in, void* out, size_t chunk, DType dtype,
                       ReduceOp op = ReduceOp::sum, std::string_view context = {}) {
     reduce_scatter_async(in, out, chunk, dtype, op, context).wait();
+  }
+  void reduce(void* buf, size_t count, DType dtype, int root, ReduceOp op = ReduceOp::sum,
+              std::string_view context = {}) {
+    reduce_async(buf, count, dtype, root, op, context).wait();
   }
   void all_gather(const void* in, void* out, size_t chunk, DType dtype,
                   std::string_view context = {}) {
@@ -175,6 +183,8 @@ class Group {
   Work reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::sum,
                             std::string_view context = {});
   // out.numel() == size() * in.numel(), same dtype.
+  Work reduce_async(const Tensor& t, int root, ReduceOp op = ReduceOp::sum,
+                    std::string_view context = {});
   Work all_gather_async(const Tensor& in, const Tensor& out, std::string_view context = {});
   Work broadcast_async(const Tensor& t, int root, std::string_view context = {});
   Work send_async(const Tensor& t, int dst, int tag, std::string_view context = {});
@@ -186,6 +196,9 @@ class Group {
   void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::sum,
                       std::string_view context = {}) {
     reduce_scatter_async(in, out, op, context).wait();
+  }
+  void reduce(const Tensor& t, int root, ReduceOp op = ReduceOp::sum, std::string_view context = {}) {
+    reduce_async(t, root, op, context).wait();
   }
   void all_gather(const Tensor& in, const Tensor& out, std::string_view context = {}) {
     all_gather_async(in, out, context).wait();
@@ -208,7 +221,7 @@ class Group {
     size_t count = 0;  // all_reduce/broadcast/send/recv: elements; reduce_scatter/all_gather: chunk
     DType dtype = DType::f32;
     ReduceOp reduce = ReduceOp::sum;
-    int peer = 0;  // broadcast: root; send: destination; recv: source
+    int peer = 0;  // broadcast, reduce: root; send: destination; recv: source
     int tag = 0;
     std::string context{};
     std::vector<Tensor> keep_alive{};

@@ -142,10 +142,11 @@ class Engine {
   friend class CheckpointIO;
   void on_grad_ready(int param_index, const Tensor& param);
   void launch_bucket(int bucket);
-  // Waits for in-flight reductions, oldest first, until at most keep_in_flight remain; stage 2
-  // adds each to its partition and frees its staging buffer.
+  // Waits for in-flight reductions, oldest first, until at most keep_in_flight remain; stage 0
+  // copies a converted bucket back, stage 2 adds each to its partition and frees its staging.
   void finish_reductions(size_t keep_in_flight = 0);
-  static constexpr size_t kBucketsInFlight = 2;
+  // Reductions kept in flight during backward: two with overlap_comm (as DeepSpeed), else none.
+  size_t buckets_in_flight() const { return config_.zero_optimization.overlap_comm ? 2 : 0; }
   Tensor optimizer_grads();   // this rank's gradient range, as fp32 (converted if 16-bit)
   void zero_grads();
   void log(const std::string& line) const;
@@ -177,7 +178,15 @@ class Engine {
   std::vector<std::vector<int>> param_buckets_;  // for each flat entry, the buckets it writes
   std::vector<int> bucket_pending_;              // parameters not yet ready, per bucket
   std::vector<Tensor> bucket_staging_;           // stage 2: a bucket's gradients until reduced
-  std::vector<std::pair<int, comm::Work>> in_flight_;
+  // A bucket's reduction: `buf` (communication dtype) is the bucket itself or its converted copy;
+  // several works when a stage-2 bucket spans partitions (one reduce to each owner).
+  struct PendingBucket {
+    int bucket = 0;
+    Tensor buf;
+    std::vector<comm::Work> works;
+  };
+  std::vector<PendingBucket> in_flight_;
+  DType comm_dtype_ = DType::f32;  // communication_data_type: the dtype gradients are reduced in
   bool reducing_ = false;     // this backward reduces gradients bucket by bucket
   // ZeRO-3: one entry per parameter (named_parameters() order).
   struct Stage3Param {
