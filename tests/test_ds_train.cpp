@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "ds/data/shard.h"
@@ -53,10 +54,11 @@ class DsTrain : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   // Runs ds_train with the common flags plus `args`; returns the exit code, output in log_.
-  int run(const std::string& args, bool common = true) {
+  // `launcher`: a command put in front (the deepspeed launcher for several ranks).
+  int run(const std::string& args, bool common = true, const std::string& launcher = "") {
     const fs::path log = dir_ / "log.txt";
     // The common flags come first: a later flag wins (TakeLast), so `args` can override them.
-    std::string cmd = DS_TRAIN_BIN;
+    std::string cmd = launcher.empty() ? DS_TRAIN_BIN : launcher + " " + DS_TRAIN_BIN;
     if (common)
       cmd +=
           " --train_data " + (dir_ / "data").string() + " --model " +
@@ -96,12 +98,14 @@ TEST_F(DsTrain, OutputsAndExactResume) {
     EXPECT_TRUE(fs::exists(a / "metrics" / (std::string(f) + ".csv"))) << f;
   EXPECT_EQ(read(a / "loss.svg").rfind("<svg", 0), 0u);
   const json mem = json::parse(read(a / "memory.json"));
-  EXPECT_EQ(mem["rank"], 0);
   EXPECT_EQ(mem["world_size"], 1);
+  EXPECT_EQ(mem["zero_stage"], 0);
+  ASSERT_EQ(mem["ranks"].size(), 1u) << mem.dump();
   for (const char* k : {"params_bytes", "grads_bytes", "master_weights_bytes",
-                        "optimizer_states_bytes", "peak_rss_bytes"})
-    EXPECT_TRUE(mem.contains(k)) << k;
-  EXPECT_GT(mem["peak_rss_bytes"].get<int64_t>(), 0);
+                        "optimizer_states_bytes", "model_state_bytes", "peak_rss_bytes"})
+    EXPECT_TRUE(mem["ranks"][0].contains(k)) << k;
+  EXPECT_GT(mem["ranks"][0]["peak_rss_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(mem["ranks"][0]["model_state_bytes"], mem["paper_model_state_bytes_per_rank"]["model_state_bytes"]);
   EXPECT_EQ(read(a / "latest"), "global_step6\n");
   EXPECT_TRUE(fs::is_directory(a / "global_step3"));
   EXPECT_TRUE(fs::exists(a / "hf_model" / "model.safetensors"));
@@ -142,6 +146,69 @@ TEST_F(DsTrain, RotationKeepsTheNewest) {
   EXPECT_TRUE(fs::is_directory(a / "global_step6"));
   EXPECT_FALSE(fs::exists(a / "hf_model"));
 }
+
+#ifdef DS_LAUNCHER_EXE
+// Two ranks through the deepspeed launcher: ZeRO-2 with "auto" batch values trains, writes one
+// memory.json with both ranks' model-state bytes as the ZeRO paper predicts, one optimizer shard
+// per rank, and resumes bit for bit; ZeRO-3 then continues from that ZeRO-2 checkpoint.
+TEST_F(DsTrain, SeveralRanksThroughTheLauncher) {
+  const std::string launcher = std::string(DS_LAUNCHER_EXE) + " --num_procs 2";
+  auto write_config = [&](int stage) {
+    const fs::path f = dir_ / fmt::format("zero{}.json", stage);
+    std::ofstream(f) << R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+      "gradient_accumulation_steps": "auto", "bf16": {"enabled": true},
+      "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": 0.1}},
+      "zero_optimization": {"stage": )" << stage << R"(, "overlap_comm": true, "reduce_bucket_size": 2000,
+        "stage3_param_persistence_threshold": 0}})";
+    return f.string();
+  };
+  const fs::path a = dir_ / "a";
+  const std::string flags = " --max_steps 4 --save_steps 2 --eval_steps 2 --deepspeed " + write_config(2);
+  ASSERT_EQ(run(flags + " --output_dir " + a.string(), true, launcher), 0) << log_;
+  EXPECT_NE(log_.find("model-state memory per rank, ZeRO stage 2"), std::string::npos) << log_;
+
+  const json mem = json::parse(read(a / "memory.json"));
+  EXPECT_EQ(mem["world_size"], 2);
+  EXPECT_EQ(mem["zero_stage"], 2);
+  ASSERT_EQ(mem["ranks"].size(), 2u) << mem.dump();
+  const json& paper = mem["paper_model_state_bytes_per_rank"];
+  for (int r = 0; r < 2; ++r) {
+    const json& m = mem["ranks"][r];
+    EXPECT_EQ(m["rank"], r);
+    for (const char* k : {"params_bytes", "grads_bytes", "master_weights_bytes", "optimizer_states_bytes"})
+      EXPECT_EQ(m[k], paper[k]) << "rank " << r << " " << k;
+    EXPECT_GT(m["peak_rss_bytes"].get<int64_t>(), 0);
+  }
+  // Stage 2, bf16: 2-byte parameters whole, fp32 gradients/master/moments only for the partition.
+  EXPECT_EQ(paper["params_bytes"].get<int64_t>(), 2 * (paper["grads_bytes"].get<int64_t>() / 4) * 2);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(fs::exists(a / "global_step4" / fmt::format("bf16_zero_pp_rank_{}_mp_rank_00_optim_states.safetensors", r)))
+        << r;
+  EXPECT_FALSE(fs::exists(a / "memory_rank1.json"));
+
+  // Resume at step 2 on 2 ranks: every metric row as in the uninterrupted run.
+  const fs::path b = dir_ / "b";
+  fs::copy(a, b, fs::copy_options::recursive);
+  fs::remove_all(b / "global_step4");
+  std::ofstream(b / "latest") << "global_step2\n";
+  ASSERT_EQ(run(flags + " --output_dir " + b.string() + " --resume_from_checkpoint latest", true, launcher), 0)
+      << log_;
+  for (const char* f : {"Train_Samples_train_loss", "Train_Samples_grad_norm", "Eval_Samples_eval_loss"})
+    EXPECT_EQ(read(b / "metrics" / (std::string(f) + ".csv")), read(a / "metrics" / (std::string(f) + ".csv")))
+        << f;
+
+  // ZeRO-3 continues from the ZeRO-2 checkpoint; its parameters are partitioned too.
+  ASSERT_EQ(run(" --max_steps 6 --eval_steps 0 --deepspeed " + write_config(3) + " --output_dir " + b.string() +
+                    " --resume_from_checkpoint latest",
+                true, launcher),
+            0)
+      << log_;
+  EXPECT_NE(log_.find("resumed from"), std::string::npos) << log_;
+  const json mem3 = json::parse(read(b / "memory.json"));
+  EXPECT_EQ(mem3["zero_stage"], 3);
+  EXPECT_LT(mem3["ranks"][1]["params_bytes"].get<int64_t>(), mem["ranks"][1]["params_bytes"].get<int64_t>());
+}
+#endif
 
 TEST_F(DsTrain, ErrorsExitWithOne) {
   EXPECT_EQ(run("--train_data " + (dir_ / "nothing").string(), /*common=*/false), 1);

@@ -177,14 +177,23 @@ int run(const Options& o, const Given& g) {
   const int64_t act_bytes = ds::train::activation_estimate(
       mcfg, B, T, o.gradient_checkpointing,
       static_cast<int64_t>(ds::dtype_size(engine->training_dtype())));
-  say(fmt::format("memory, rank {} of {}, ZeRO stage {}, {} params, {} grads:", engine->rank(),
-                  engine->world_size(), cfg.zero_optimization.stage,
-                  ds::dtype_name(engine->training_dtype()), ds::dtype_name(engine->grad_dtype())));
-  con.line(fmt::format("  parameters        {:>12}", mib(mem.params)));
-  con.line(fmt::format("  gradients         {:>12}", mib(mem.grads)));
-  con.line(fmt::format("  master weights    {:>12}", mib(mem.master_weights)));
-  con.line(fmt::format("  optimizer states  {:>12}", mib(mem.optimizer_states)));
-  con.line(fmt::format("  model states      {:>12}", mib(mem.total())));
+  if (world_size > 1) {
+    // Every rank's model-state bytes, next to the ZeRO paper's prediction.
+    const auto ranks = ds::train::gather_memory(*engine, {.rank = rank, .mem = mem});
+    say(fmt::format("model-state memory per rank, ZeRO stage {}, {} params, {} grads:",
+                    cfg.zero_optimization.stage, ds::dtype_name(engine->training_dtype()),
+                    ds::dtype_name(engine->grad_dtype())));
+    ds::train::print_memory_table(ranks, ds::train::paper_model_state_bytes(*engine),
+                                  [&](const std::string& l) { con.line(l); });
+  } else {
+    say(fmt::format("memory, ZeRO stage {}, {} params, {} grads:", cfg.zero_optimization.stage,
+                    ds::dtype_name(engine->training_dtype()), ds::dtype_name(engine->grad_dtype())));
+    con.line(fmt::format("  parameters        {:>12}", mib(mem.params)));
+    con.line(fmt::format("  gradients         {:>12}", mib(mem.grads)));
+    con.line(fmt::format("  master weights    {:>12}", mib(mem.master_weights)));
+    con.line(fmt::format("  optimizer states  {:>12}", mib(mem.optimizer_states)));
+    con.line(fmt::format("  model states      {:>12}", mib(mem.total())));
+  }
   if (mem.scratch > 0)
     con.line(
         fmt::format("  gradient scratch  {:>12}  (fp32 copy of the 16-bit gradients for the "
@@ -417,11 +426,13 @@ int run(const Options& o, const Given& g) {
   if (last_saved != engine->global_steps()) save();
 
   const int64_t peak_rss = ds::train::peak_rss_bytes();
-  // One file per rank: memory.json (rank 0), memory_rank<r>.json (the others).
-  ds::train::write_memory_json(
-      out_dir / (lead ? std::string("memory.json") : fmt::format("memory_rank{}.json", rank)), mem,
-      engine->rank(), engine->world_size(), act_bytes,
-      static_cast<int64_t>(ds::cpu_allocator().stats().peak_bytes_in_use), peak_rss);
+  // One file for the job, written by rank 0 from every rank's numbers.
+  const auto ranks = ds::train::gather_memory(
+      *engine, {.rank = rank,
+                .mem = mem,
+                .peak_tensor_bytes = static_cast<int64_t>(ds::cpu_allocator().stats().peak_bytes_in_use),
+                .peak_rss_bytes = peak_rss});
+  if (lead) ds::train::write_memory_json(out_dir / "memory.json", *engine, ranks, act_bytes);
 
   // The picture is drawn from the CSV files, which hold the whole run across resumes.
   const fs::path svg = out_dir / "loss.svg";
@@ -477,7 +488,10 @@ int run(const Options& o, const Given& g) {
   if (export_dir != "none")
     say(fmt::format("HF export:  {} (config.json + model.safetensors)", export_dir));
   if (!sample_note.empty()) say(fmt::format("sample:     {}", sample_note));
-  say(fmt::format("memory:     {}/memory.json (peak RSS {})", out_dir.string(), mib(peak_rss)));
+  int64_t max_rss = 0;
+  for (const auto& r : ranks) max_rss = std::max(max_rss, r.peak_rss_bytes);
+  say(fmt::format("memory:     {}/memory.json (peak RSS {}{})", out_dir.string(), mib(peak_rss),
+                  world_size > 1 ? fmt::format(" on rank 0, {} on the largest rank", mib(max_rss)) : ""));
   return 0;
 }
 

@@ -187,25 +187,40 @@ void Engine::stage3_on_grad_ready(int i, const Tensor& p) {
   auto& sp = s3_[static_cast<size_t>(i)];
   const int n = group_->size();
   Tensor g = p.grad().contiguous();
-  // Padded to N * part so that rank r's piece is chunk r of the reduce-scatter; in the
-  // communication dtype (the copy converts).
-  const DType cd = comm_dtype_;
-  Tensor staging = Tensor::empty({n * sp.part}, cd);
-  if (n * sp.part > sp.numel)
-    Tensor::from_storage(staging.storage(), {n * sp.part - sp.numel}, cd, staging.storage_offset() + sp.numel).zero_();
-  Tensor::from_storage(staging.storage(), {sp.numel}, cd, staging.storage_offset()).copy_from(ops::reshape(g, {sp.numel}));
+  const DType gd = g.dtype(), cd = comm_dtype_;
+  const size_t ges = dtype_size(gd);
+  const char* gsrc = static_cast<const char*>(g.raw_data());
+  // Rank r's piece of the parameter is [r * part, (r + 1) * part): the reduce-scatter of a chunk
+  // [c, c + len) of every piece takes those N slices back to back, in the communication dtype
+  // (the copy converts; past numel it is zero padding). Chunks of at most reduce_bucket_size
+  // elements in all keep the staging of a large parameter (the embedding) bounded.
+  const auto bucket = std::max<int64_t>(n, static_cast<int64_t>(config_.zero_optimization.reduce_bucket_size));
+  const int64_t chunk = std::max<int64_t>(1, std::min(sp.part, bucket / n));
+  for (int64_t c = 0; c < sp.part; c += chunk) {
+    const int64_t len = std::min(chunk, sp.part - c);
+    Tensor staging = Tensor::empty({n * len}, cd);
+    char* dst = static_cast<char*>(staging.raw_data());
+    const size_t ces = dtype_size(cd);
+    for (int r = 0; r < n; ++r) {
+      const int64_t from = r * sp.part + c;
+      const int64_t have = std::clamp<int64_t>(sp.numel - from, 0, len);
+      if (have > 0)
+        convert(gsrc + from * static_cast<int64_t>(ges), gd, dst + r * len * static_cast<int64_t>(ces), cd,
+                static_cast<size_t>(have));
+      if (have < len) std::memset(dst + (r * len + have) * static_cast<int64_t>(ces), 0, static_cast<size_t>(len - have) * ces);
+    }
+    if (comm_prescale_ != 1.0f && n > 1) ops::mul_(staging, comm_prescale_);
+    Tensor out = n > 1 ? Tensor::empty({len}, cd) : staging;
+    comm::Work w = n > 1 ? group_->reduce_scatter_async(staging, out, comm::ReduceOp::sum,
+                                                        fmt::format("step {} gradient of {}", global_steps_ + 1,
+                                                                    flat_.entries[static_cast<size_t>(i)].name))
+                         : comm::Work();
+    s3_in_flight_.push_back({i, c, staging, out, w});
+    // Fold finished reductions into the shard as backward goes, so that only the last few
+    // chunks' staging is alive at any time.
+    stage3_finish_reductions(buckets_in_flight());
+  }
   p.set_grad({});
-  if (comm_prescale_ != 1.0f && n > 1) ops::mul_(staging, comm_prescale_);
-  Tensor out = Tensor::empty({sp.part}, cd);
-  comm::Work w = n > 1 ? group_->reduce_scatter_async(staging, out, comm::ReduceOp::sum,
-                                                      fmt::format("step {} gradient of {}", global_steps_ + 1,
-                                                                  flat_.entries[static_cast<size_t>(i)].name))
-                       : comm::Work();
-  if (n == 1) out.copy_from(staging);
-  s3_in_flight_.push_back({i, staging, out, w});
-  // Fold finished reductions into the shard as backward goes, so that only the last few
-  // parameters' full-size gradients are alive at any time.
-  stage3_finish_reductions(buckets_in_flight());
 }
 
 void Engine::stage3_finish_reductions(size_t keep_in_flight) {
@@ -214,8 +229,8 @@ void Engine::stage3_finish_reductions(size_t keep_in_flight) {
     auto& pending = s3_in_flight_[done];
     pending.work.wait();
     const auto& sp = s3_[static_cast<size_t>(pending.param)];
-    ops::add_(Tensor::from_storage(grads_part_.storage(), {sp.part}, grads_part_.dtype(),
-                                   grads_part_.storage_offset() + sp.shard_offset),
+    ops::add_(Tensor::from_storage(grads_part_.storage(), {pending.out.numel()}, grads_part_.dtype(),
+                                   grads_part_.storage_offset() + sp.shard_offset + pending.offset),
               pending.out);
   }
   s3_in_flight_.erase(s3_in_flight_.begin(), s3_in_flight_.begin() + static_cast<std::ptrdiff_t>(done));

@@ -11,21 +11,89 @@
 
 namespace ds::train {
 
-void write_memory_json(const std::filesystem::path& file, const runtime::MemoryBudget& mem,
-                       int rank, int world_size, int64_t activations_estimate,
-                       int64_t peak_tensor_bytes, int64_t peak_rss_bytes) {
-  const nlohmann::ordered_json j = {{"rank", rank},
-                                    {"world_size", world_size},
-                                    {"params_bytes", mem.params},
-                                    {"grads_bytes", mem.grads},
-                                    {"master_weights_bytes", mem.master_weights},
-                                    {"optimizer_states_bytes", mem.optimizer_states},
-                                    {"activations_estimate_bytes", activations_estimate},
-                                    {"peak_tensor_bytes", peak_tensor_bytes},
-                                    {"peak_rss_bytes", peak_rss_bytes}};
-  std::ofstream out(file, std::ios::trunc);
-  DS_CHECK(out.good(), "[ds_train] cannot write '{}'", file.string());
-  out << j.dump(2) << "\n";
+std::vector<RankMemory> gather_memory(runtime::Engine& engine, const RankMemory& mine) {
+  constexpr size_t kFields = 7;
+  const int64_t row[kFields] = {mine.mem.params,           mine.mem.grads,          mine.mem.master_weights,
+                                mine.mem.optimizer_states, mine.mem.scratch,        mine.peak_tensor_bytes,
+                                mine.peak_rss_bytes};
+  const int n = engine.world_size();
+  std::vector<int64_t> all(kFields * static_cast<size_t>(n));
+  engine.group().all_gather(row, all.data(), kFields, DType::i64, "memory report");
+  std::vector<RankMemory> out(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    const int64_t* v = all.data() + kFields * static_cast<size_t>(r);
+    auto& e = out[static_cast<size_t>(r)];
+    e.rank = r;
+    e.mem.params = v[0];
+    e.mem.grads = v[1];
+    e.mem.master_weights = v[2];
+    e.mem.optimizer_states = v[3];
+    e.mem.scratch = v[4];
+    e.peak_tensor_bytes = v[5];
+    e.peak_rss_bytes = v[6];
+  }
+  return out;
+}
+
+zero::ModelStateBytes paper_model_state_bytes(runtime::Engine& engine) {
+  return zero::expected_model_state_bytes(engine.zero_stage(), engine.partition_plan(),
+                                          engine.training_dtype(), engine.grad_dtype(),
+                                          engine.optimizer().state_floats_per_param());
+}
+
+namespace {
+std::string mib(int64_t b) { return fmt::format("{:.1f} MiB", static_cast<double>(b) / 1048576.0); }
+}  // namespace
+
+void print_memory_table(const std::vector<RankMemory>& ranks, const zero::ModelStateBytes& paper,
+                        const std::function<void(const std::string&)>& out) {
+  out(fmt::format("  {:<6} {:>12} {:>12} {:>12} {:>12} {:>12}", "rank", "params", "grads", "master",
+                  "optimizer", "total"));
+  for (const auto& r : ranks)
+    out(fmt::format("  {:<6} {:>12} {:>12} {:>12} {:>12} {:>12}", r.rank, mib(r.mem.params),
+                    mib(r.mem.grads), mib(r.mem.master_weights), mib(r.mem.optimizer_states),
+                    mib(r.mem.total())));
+  out(fmt::format("  {:<6} {:>12} {:>12} {:>12} {:>12} {:>12}", "paper", mib(paper.params),
+                  mib(paper.grads), mib(paper.master_weights), mib(paper.optimizer_states),
+                  mib(paper.total())));
+}
+
+void write_memory_json(const std::filesystem::path& file, runtime::Engine& engine,
+                       const std::vector<RankMemory>& ranks, int64_t activations_estimate) {
+  const zero::ModelStateBytes paper = paper_model_state_bytes(engine);
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const auto& r : ranks)
+    rows.push_back({{"rank", r.rank},
+                    {"params_bytes", r.mem.params},
+                    {"grads_bytes", r.mem.grads},
+                    {"master_weights_bytes", r.mem.master_weights},
+                    {"optimizer_states_bytes", r.mem.optimizer_states},
+                    {"model_state_bytes", r.mem.total()},
+                    {"gradient_scratch_bytes", r.mem.scratch},
+                    {"peak_tensor_bytes", r.peak_tensor_bytes},
+                    {"peak_rss_bytes", r.peak_rss_bytes}});
+  const nlohmann::ordered_json j = {
+      {"world_size", engine.world_size()},
+      {"zero_stage", engine.zero_stage()},
+      {"params_dtype", dtype_name(engine.training_dtype())},
+      {"grads_dtype", dtype_name(engine.grad_dtype())},
+      {"activations_estimate_bytes", activations_estimate},
+      {"paper_model_state_bytes_per_rank",
+       {{"params_bytes", paper.params},
+        {"grads_bytes", paper.grads},
+        {"master_weights_bytes", paper.master_weights},
+        {"optimizer_states_bytes", paper.optimizer_states},
+        {"model_state_bytes", paper.total()}}},
+      {"ranks", rows}};
+  // Temporary name, then rename: a crash never leaves half a file.
+  const std::filesystem::path tmp = file.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    DS_CHECK(out.good(), "[ds_train] cannot write '{}'", tmp.string());
+    out << j.dump(2) << "\n";
+    DS_CHECK(out.good(), "[ds_train] writing '{}' failed (disk full?)", tmp.string());
+  }
+  std::filesystem::rename(tmp, file);
 }
 
 void write_loss_chart(const std::filesystem::path& svg, const runtime::CsvMonitor& monitor,

@@ -3,20 +3,45 @@
 // curve and a generated text sample (docs/training.md, "Outputs").
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "ds/data/tokenizer.h"
 #include "ds/models/gpt.h"
 #include "ds/runtime/engine.h"
 #include "ds/runtime/monitor.h"
+#include "ds/zero/partition.h"
 
 namespace ds::train {
 
-// {"rank", "world_size", "params_bytes", "grads_bytes", "master_weights_bytes",
-//  "optimizer_states_bytes", "activations_estimate_bytes", "peak_tensor_bytes", "peak_rss_bytes"}
-void write_memory_json(const std::filesystem::path& file, const runtime::MemoryBudget& mem,
-                       int rank, int world_size, int64_t activations_estimate,
-                       int64_t peak_tensor_bytes, int64_t peak_rss_bytes);
+// One rank's memory: model-state bytes by kind (Engine::memory_budget()) and measured peaks.
+struct RankMemory {
+  int rank = 0;
+  runtime::MemoryBudget mem;
+  int64_t peak_tensor_bytes = 0;  // the caching allocator's peak of bytes in use
+  int64_t peak_rss_bytes = 0;     // VmHWM
+};
+
+// Collective over the engine's group: every rank's entry, in rank order, on every rank.
+std::vector<RankMemory> gather_memory(runtime::Engine& engine, const RankMemory& mine);
+
+// The ZeRO paper's model-state bytes per rank for the engine's stage, precision and optimizer
+// (reference/deepspeed-behaviour.md §6), over the padded flat buffer.
+zero::ModelStateBytes paper_model_state_bytes(runtime::Engine& engine);
+
+// The start-up table: one row per rank (params, grads, master, optimizer states, total) and the
+// paper's prediction; `out` receives the lines.
+void print_memory_table(const std::vector<RankMemory>& ranks, const zero::ModelStateBytes& paper,
+                        const std::function<void(const std::string&)>& out);
+
+// memory.json, written by rank 0 for the whole job (docs/training.md):
+// {"world_size", "zero_stage", "params_dtype", "grads_dtype", "activations_estimate_bytes",
+//  "paper_model_state_bytes_per_rank": {...}, "ranks": [{"rank", "params_bytes", "grads_bytes",
+//  "master_weights_bytes", "optimizer_states_bytes", "model_state_bytes",
+//  "gradient_scratch_bytes", "peak_tensor_bytes", "peak_rss_bytes"}, ...]}
+void write_memory_json(const std::filesystem::path& file, runtime::Engine& engine,
+                       const std::vector<RankMemory>& ranks, int64_t activations_estimate);
 
 // loss.svg from the monitor's train and eval loss files (the step column, in samples, divided by
 // the global batch gives optimizer steps): per-step train loss, its moving average, eval loss and

@@ -200,6 +200,7 @@ class Engine {
   Tensor shard_params_;  // (opt_numel_,) training dtype: this rank's piece of every parameter
   struct Stage3Pending {
     int param;
+    int64_t offset;  // of the chunk within the rank's piece of the parameter
     Tensor staging, out;
     comm::Work work;
   };
