@@ -1,11 +1,14 @@
 #pragma once
 // The caching allocator. Tensor memory is never returned to the system during training: freed
-// blocks go to per-size-class free lists and are handed out again, so after the first training step
-// every allocation is a cache hit (a "miss" is a call to the system allocator). Large blocks are
-// 2 MiB aligned and advised to use huge pages: first-touching fresh 4 KiB pages costs ~2.4 GB/s on
-// our machines, which would otherwise dominate a step (reference/machine.md).
+// blocks are cached and handed out again, so after the first training step every allocation is a
+// cache hit (a "miss" is a call to the system allocator). Small blocks (< 1 MiB) are cached per
+// size class; large ones are carved out of 2 MiB-aligned segments by best fit, split and merged
+// with free neighbours (as PyTorch's CUDA caching allocator), so memory freed as one size serves
+// another. Large segments are advised to use huge pages: first-touching fresh 4 KiB pages costs
+// ~2.4 GB/s on our machines, which would otherwise dominate a step (reference/machine.md).
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 namespace ds {
 
@@ -14,7 +17,7 @@ struct AllocatorStats {
   uint64_t misses = 0;         // allocations that went to the system allocator
   uint64_t bytes_in_use = 0;   // handed out and not yet freed (size-class rounded)
   uint64_t peak_bytes_in_use = 0;
-  uint64_t bytes_reserved = 0;  // in use + cached
+  uint64_t bytes_reserved = 0;  // obtained from the system: in use + cached (+ rounding)
 };
 
 class Allocator {
@@ -27,6 +30,8 @@ class Allocator {
   virtual void empty_cache() = 0;  // return cached blocks to the system
 };
 
-Allocator& cpu_allocator();
+Allocator& cpu_allocator();  // the process's allocator (every CPU tensor)
+// A separate pool with the same policy (tests, tools that want their own statistics).
+std::unique_ptr<Allocator> new_caching_cpu_allocator();
 
 }  // namespace ds
