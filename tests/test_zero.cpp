@@ -201,6 +201,32 @@ TEST_P(Zero, CommunicationDtypeOverlapAndReduceModes) {
   }
 }
 
+// Lamb's trust ratio is per tensor; under ZeRO a tensor cut by a partition boundary has pieces on
+// several ranks, whose norms are summed across ranks: the same losses as one process.
+TEST_P(Zero, LambMatchesOneProcess) {
+  const int stage = GetParam();
+  auto g = world();
+  const int n = g->size();
+  // As DeepSpeed, ZeRO runs Lamb only with zero_allow_untested_optimizer.
+  auto lamb = [](std::string c) {
+    auto swap = [&](const std::string& from, const std::string& to) { c.replace(c.find(from), from.size(), to); };
+    swap(R"("type": "AdamW")", R"("type": "Lamb")");
+    swap(R"("lr": 5e-3)", R"("lr": 5e-2)");
+    swap(R"("zero_optimization")", R"("zero_allow_untested_optimizer": true, "zero_optimization")");
+    return c;
+  };
+  rng::dropout_state() = {};
+  auto ref = make_engine(lamb(config(0, "fp32", kB * n)), comm::single_process_group());
+  const auto want = train(*ref, 6);
+  rng::dropout_state() = {};
+  auto dist = make_engine(lamb(config(stage, "fp32", kB)), g, stage == 3);
+  ASSERT_STREQ(dist->optimizer().name(), "Lamb");
+  const auto got = train(*dist, 6);
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_LT(rel(got[i], want[i]), 1e-5) << "stage " << stage << " micro-step " << i << ": " << got[i]
+                                          << " vs " << want[i];
+}
+
 TEST(ZeroStage3, MaxLiveParametersBoundsPrefetch) {
   auto g = world();
   std::string cfg = config(3, "fp32", kB);

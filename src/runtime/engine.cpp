@@ -1,5 +1,6 @@
 #include "ds/runtime/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -128,16 +129,36 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
   }
 
   optimizer_ = optim::make_optimizer(optimizer_name(config_.optimizer), optimizer_params(config_.optimizer));
+  // One segment per parameter tensor over this rank's range (Lamb's trust ratio is per tensor),
+  // the same list on every rank: numel 0 where the rank holds none of the tensor.
   std::vector<optim::Segment> segments;
-  for (const auto& e : flat_.entries) {
-    const int64_t b = std::max<int64_t>(e.offset, opt_begin_);
-    const int64_t en = std::min<int64_t>(e.offset + e.numel, opt_begin_ + opt_numel_);
-    if (b < en) segments.push_back({b - opt_begin_, en - b});
+  if (stage_ == 3) {
+    for (const auto& sp : s3_)
+      segments.push_back({sp.shard_offset, std::clamp<int64_t>(sp.numel - group_->rank() * sp.part, 0, sp.part)});
+  } else {
+    for (const auto& e : flat_.entries) {
+      const int64_t b = std::clamp<int64_t>(e.offset, opt_begin_, opt_begin_ + opt_numel_);
+      const int64_t en = std::clamp<int64_t>(e.offset + e.numel, opt_begin_, opt_begin_ + opt_numel_);
+      segments.push_back({b - opt_begin_, en - b});
+    }
   }
-  DS_CHECK(!sharded || optimizer_->name() != std::string("Lamb"),
-           "[engine] Lamb under ZeRO needs its per-tensor norms reduced across ranks, which is not "
-           "wired yet; use Adam/AdamW, or ZeRO stage 0");
   optimizer_->set_segments(segments);
+  if (auto* lamb = dynamic_cast<optim::Lamb*>(optimizer_.get()); lamb && sharded) {
+    // A tensor cut by partition boundaries has a piece on several ranks: its ||p||^2 and
+    // ||update||^2 are the sums of the pieces'. Gathered as raw doubles and summed in rank order,
+    // so every rank computes the same trust ratios.
+    lamb->set_norm_reducer([this](double* sums, int64_t count) {
+      const int n = group_->size();
+      std::vector<double> all(static_cast<size_t>(count) * static_cast<size_t>(n));
+      group_->all_gather(sums, all.data(), static_cast<size_t>(count), DType::i64,
+                         fmt::format("step {} Lamb norms", global_steps_));
+      for (int64_t k = 0; k < count; ++k) {
+        double total = 0.0;
+        for (int r = 0; r < n; ++r) total += all[static_cast<size_t>(r * count + k)];
+        sums[k] = total;
+      }
+    });
+  }
   optimizer_->init_state(opt_numel_);
 
   // Gradient reduction: how gradients are averaged, and the bucket plan hung on the hooks.
