@@ -8,6 +8,8 @@
 // Results are compared bitwise, except 16-bit sums over more than 2 ranks on MPI's own path, whose
 // summation order is MPI's (within the rounding of N-1 combines).
 #include <gtest/gtest.h>
+
+#include <set>
 #include <unistd.h>
 
 #include <chrono>
@@ -205,6 +207,31 @@ TEST(Comm, WorldMatchesEnvironment) {
   EXPECT_EQ(caps.backend, s ? "mpi" : "single");
   for (DType t : kAllTypes) EXPECT_TRUE(caps.supports(OpKind::all_reduce, t, ReduceOp::max));
   if (W->rank() == 0) std::printf("[comm] world: size %d, %s\n", W->size(), caps.str().c_str());
+}
+
+// Under the deepspeed launcher: the rank variables agree with the world MPI built, and
+// (CROSS_RANK, LOCAL_RANK) name every rank once, with as many nodes as MPI sees.
+TEST(Comm, LauncherVariablesMatchTheWorld) {
+  auto env = [](const char* k) {
+    const char* v = std::getenv(k);
+    return v ? std::atoi(v) : -1;
+  };
+  if (env("RANK") < 0) GTEST_SKIP() << "not started by the deepspeed launcher";
+  EXPECT_EQ(env("RANK"), W->rank());
+  EXPECT_EQ(env("WORLD_SIZE"), W->size());
+  EXPECT_EQ(env("CROSS_SIZE"), W->capabilities().nodes);
+  EXPECT_EQ(W->capabilities().shared_memory, W->capabilities().nodes == 1);
+  int64_t mine[2] = {env("CROSS_RANK"), env("LOCAL_RANK")};
+  std::vector<int64_t> all(2 * static_cast<size_t>(W->size()));
+  W->all_gather(mine, all.data(), 2, DType::i64);
+  std::set<std::pair<int64_t, int64_t>> seen;
+  for (int r = 0; r < W->size(); ++r) {
+    const int64_t node = all[2 * r], local = all[2 * r + 1];
+    EXPECT_GE(node, 0);
+    EXPECT_LT(node, env("CROSS_SIZE"));
+    EXPECT_GE(local, 0);
+    EXPECT_TRUE(seen.insert({node, local}).second) << "rank " << r << " repeats node " << node << " local " << local;
+  }
 }
 
 TEST(Comm, AllReduceSumAndMaxEveryDtype) {

@@ -122,6 +122,15 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
     DS_CHECK(!ec, "[checkpoint] cannot create {}: {}", tmp.string(), ec.message());
   }
   group_->barrier("checkpoint " + tag + ": folder created");
+  if (rank != 0 && !fs::is_directory(tmp)) {
+    // The classic multi-node mistake: a node-local folder (/tmp, a local disk) as the output.
+    const std::string why = fmt::format(
+        "[checkpoint] rank {} does not see the folder {} that rank 0 just created: every rank writes "
+        "its shard into one folder, so with several nodes the checkpoint folder must be on a "
+        "filesystem that every node mounts (NFS, Lustre, ...); choose such an output folder",
+        rank, tmp.string());
+    comm::abort_job(1, why);
+  }
 
   // Stage 3: gather each parameter in turn (a collective) so that rank 0 writes a complete model
   // file that any world size and stage can load (DeepSpeed's stage3_gather_16bit_weights_on_model_save).
@@ -249,7 +258,11 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
 
 nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::string& tag_in) {
   const fs::path dir(dir_in);
-  DS_CHECK(fs::is_directory(dir), "[checkpoint] {} is not a folder", dir.string());
+  DS_CHECK(fs::is_directory(dir), "[checkpoint] {} is not a folder{}", dir.string(),
+           group_->size() > 1 ? fmt::format(" on rank {} (with several nodes, checkpoints must be on a "
+                                            "filesystem that every node mounts)",
+                                            group_->rank())
+                              : "");
   std::string tag = tag_in;
   if (tag.empty()) {
     const fs::path latest = dir / "latest";

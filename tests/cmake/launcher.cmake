@@ -15,3 +15,18 @@ target_compile_definitions(test_launcher PRIVATE DS_LAUNCHER_EXE="$<TARGET_FILE:
 add_dependencies(test_launcher ds_launcher)
 add_test(NAME test_launcher COMMAND test_launcher)
 set_tests_properties(test_launcher PROPERTIES LABELS launcher TIMEOUT 300)
+
+# Two nodes on one machine: the launcher reads a hostfile of two made-up hosts and mpirun starts each
+# "node" through a stand-in for ssh (tests/fixtures/launcher/fake_ssh.sh). The ranks see two nodes
+# (no shared-memory collectives, CROSS_SIZE 2), so this covers the multi-node path end to end:
+# hostfile -> mpirun --host -> per-node rank variables -> collectives and ZeRO across nodes.
+if(DS_HAVE_MPI)
+  set(DS_TWO_NODES ${PROJECT_SOURCE_DIR}/tests/fixtures/launcher)
+  foreach(prog test_comm test_zero)
+    add_test(NAME ${prog}_two_nodes COMMAND $<TARGET_FILE:ds_launcher> -H ${DS_TWO_NODES}/two_nodes.hostfile
+      --no_local_rank "--launcher_args=--mca plm_rsh_agent ${DS_TWO_NODES}/fake_ssh.sh --oversubscribe"
+      $<TARGET_FILE:${prog}>)
+    set_tests_properties(${prog}_two_nodes PROPERTIES LABELS "launcher;distributed" TIMEOUT 900
+      ENVIRONMENT "DS_COMM_TIMEOUT=120;OMP_NUM_THREADS=1")
+  endforeach()
+endif()
