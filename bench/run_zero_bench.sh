@@ -80,11 +80,11 @@ fi
 
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" | tail -1; }  # value of " key=value" in a BENCH line
 
-# run_ours STAGE BATCH SEQ STEPS WARMUP TORCH_TPS LOG -> prints the BENCH line
+# run_ours STAGE BATCH SEQ STEPS WARMUP LOG [bench_zero args...] -> prints the BENCH line
 run_ours() {
   local log=$6
   "${MPIRUN[@]}" "$BIN" --model "$MODEL" --stage "$1" --batch "$2" --seq "$3" --steps "$4" --warmup "$5" \
-    --bucket "$BUCKET" --torch_tokens_per_s "${TORCH_TPS:-0}" >"$log" 2>&1 || { echo "FAILED: see $log" >&2; tail -5 "$log" >&2; return 1; }
+    --bucket "$BUCKET" --torch_tokens_per_s "${TORCH_TPS:-0}" "${@:7}" >"$log" 2>&1 || { echo "FAILED: see $log" >&2; tail -5 "$log" >&2; return 1; }
   grep '^BENCH zero' "$log" | tail -1
 }
 # run_torch MODE BATCH SEQ STEPS WARMUP LOG -> prints the BENCH line
@@ -131,13 +131,19 @@ if [[ $DO_CAP == 1 ]]; then
   declare -A CACHE  # "config:batch" -> peak RSS MiB
   # Functions below set globals (RSS_OUT, BEST_OUT) instead of printing: $(...) would run them in
   # a subshell and lose the cache.
-  label() { case $1 in ddp) echo "PyTorch DDP";; zero1) echo "PyTorch ZeRO-1";; 0) echo "ZeRO-0 (DDP)";; *) echo "ZeRO-$1";; esac; }
-  # peak_rss CONFIG BATCH -> RSS_OUT. CONFIG is 0..3 (ours) or ddp / zero1 (PyTorch)
+  label() { case $1 in ddp) echo "PyTorch DDP";; zero1) echo "PyTorch ZeRO-1";; 0) echo "ZeRO-0 (DDP)";;
+            3lean) echo "ZeRO-3, no prefetch/reuse";; *) echo "ZeRO-$1";; esac; }
+  # 3lean: stage 3 with the memory-lean knobs a user under a cap would pick (DeepSpeed's default
+  # stage3_prefetch_bucket_size of 5e7 elements is 40% of gpt2-124m, gathered ahead).
+  LEAN=(--zero_json '"stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0')
+  # peak_rss CONFIG BATCH -> RSS_OUT. CONFIG is 0..3 or 3lean (ours) or ddp / zero1 (PyTorch)
   peak_rss() {
     local key="$1:$2" l
     if [[ -z "${CACHE[$key]:-}" ]]; then
       if [[ $1 == ddp || $1 == zero1 ]]; then
         l=$(run_torch "$1" "$2" "$CAP_SEQ" 1 1 "$LOGS/cap_torch_$1_b$2.log") || l="peak_rss_mib=999999"
+      elif [[ $1 == 3lean ]]; then
+        l=$(run_ours 3 "$2" "$CAP_SEQ" 1 1 "$LOGS/cap_stage$1_b$2.log" "${LEAN[@]}") || l="peak_rss_mib=999999"
       else
         l=$(run_ours "$1" "$2" "$CAP_SEQ" 1 1 "$LOGS/cap_stage$1_b$2.log") || l="peak_rss_mib=999999"
       fi
@@ -149,8 +155,8 @@ if [[ $DO_CAP == 1 ]]; then
   fits() { peak_rss "$1" "$2"; awk -v r="$RSS_OUT" -v c="$CAP_MIB" 'BEGIN{exit !(r <= c)}'; }
   # largest CONFIG -> BEST_OUT: the largest b <= MAX_BATCH such that every micro-batch 1..b stays
   # under the cap (what a user raising the batch one by one finds). A linear scan, not a bisection:
-  # our peak RSS is not monotonic in the batch (the caching allocator reuses a freed block only
-  # for an exactly equal size class, so some batch sizes happen to reuse more than others).
+  # peak RSS need not be monotonic in the batch (how well the caching allocator reuses freed blocks
+  # depends on the sizes, so some batch sizes happen to reuse more than others).
   # With --cap_batches "1 2 4 8 ..." only those batches are probed (for big models).
   largest() {
     local b best=0
@@ -175,14 +181,14 @@ if [[ $DO_CAP == 1 ]]; then
     echo "cap: $CAP_MIB MiB per rank (--cap_mib)"
   fi
   declare -A BEST
-  for c in 0 1 2 3 ddp zero1; do
+  for c in 0 1 2 3 3lean ddp zero1; do
     largest "$c"; BEST[$c]=$BEST_OUT
     echo "$(label "$c") fits micro-batch ${BEST[$c]}"
   done
   echo
   echo "| $MODEL, seq $CAP_SEQ, cap $CAP_MIB MiB per rank | largest micro-batch | its peak RSS MiB | next probed batch's peak RSS MiB | allocator peak in use / reserved MiB at that batch |"
   echo "|---|---|---|---|---|"
-  for c in ddp zero1 0 1 2 3; do
+  for c in ddp zero1 0 1 2 3 3lean; do
     b=${BEST[$c]} r="" r2="" al=""
     if (( b > 0 )); then peak_rss "$c" "$b" >/dev/null; r=$RSS_OUT; fi
     nb=$(next_batch "$b"); if [[ -n "$nb" ]]; then peak_rss "$c" "$nb" >/dev/null; r2="$RSS_OUT (batch $nb)"; fi
@@ -195,6 +201,7 @@ if [[ $DO_CAP == 1 ]]; then
   done
   summary="DDP fits batch ${BEST[0]}"
   for s in 1 2 3; do summary+=", ZeRO-$s fits ${BEST[$s]}"; done
+  summary+=" (${BEST[3lean]} without prefetch/reuse)"
   echo "$summary (PyTorch DDP fits ${BEST[ddp]}, PyTorch ZeRO-1 fits ${BEST[zero1]})"
 fi
 echo "total time: $(( $(date +%s) - T_START )) s"
