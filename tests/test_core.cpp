@@ -105,6 +105,18 @@ TEST(Storage, ViewsIntoFlatBufferAndRelease) {
   EXPECT_EQ(a.to_vector()[0], 1.0f);
 }
 
+TEST(Tensor, FlatRangeIsAViewOfTheSameStorage) {
+  Tensor t = Tensor::from_data({0, 1, 2, 3, 4, 5}, {2, 3});
+  Tensor r = t.flat_range(2, 3);
+  EXPECT_EQ(r.shape(), Shape{3});
+  EXPECT_EQ(r.to_vector(), (std::vector<float>{2, 3, 4}));
+  ops::fill_(r, 9.0);
+  EXPECT_EQ(t.to_vector(), (std::vector<float>{0, 1, 9, 9, 9, 5}));
+  EXPECT_EQ(t.flat_range(6, 0).numel(), 0);
+  EXPECT_THROW(t.flat_range(4, 3), Error);
+  EXPECT_THROW(ops::transpose(t, 0, 1).flat_range(0, 1), Error);
+}
+
 TEST(Allocator, ReusesFreedBlocks) {
   Allocator& alloc = cpu_allocator();
   { Tensor warm = Tensor::empty({1000, 1000}); }

@@ -155,6 +155,13 @@ std::vector<int64_t> Tensor::to_int_vector() const {
 
 // ---- copies ----
 
+Tensor Tensor::flat_range(int64_t offset, int64_t numel) const {
+  DS_CHECK(is_contiguous(), "[tensor] flat_range of a non-contiguous tensor {}", shape_str(shape()));
+  DS_CHECK(offset >= 0 && numel >= 0 && offset + numel <= this->numel(),
+           "[tensor] flat_range [{}, {}) outside a tensor of {} elements", offset, offset + numel, this->numel());
+  return from_storage(storage(), {numel}, dtype(), storage_offset() + offset);
+}
+
 Tensor Tensor::contiguous() const {
   if (is_contiguous()) return *this;
   return clone();

@@ -56,8 +56,7 @@ void Engine::stage3_setup() {
     auto& sp = s3_[i];
     const int64_t begin = std::min(sp.numel, r * sp.part), end = std::min(sp.numel, (r + 1) * sp.part);
     if (sp.param.is_materialized()) {
-      Tensor src = Tensor::from_storage(sp.param.contiguous().storage(), {end - begin}, sp.param.dtype(),
-                                        sp.param.contiguous().storage_offset() + begin);
+      Tensor src = sp.param.contiguous().flat_range(begin, end - begin);
       convert(src.raw_data(), src.dtype(), master + sp.shard_offset, DType::f32, static_cast<size_t>(end - begin));
     } else {
       DS_CHECK(gpt, "[engine] parameter '{}' holds no data and the model has no initialisation "
@@ -229,9 +228,7 @@ void Engine::stage3_finish_reductions(size_t keep_in_flight) {
     auto& pending = s3_in_flight_[done];
     pending.work.wait();
     const auto& sp = s3_[static_cast<size_t>(pending.param)];
-    ops::add_(Tensor::from_storage(grads_part_.storage(), {pending.out.numel()}, grads_part_.dtype(),
-                                   grads_part_.storage_offset() + sp.shard_offset + pending.offset),
-              pending.out);
+    ops::add_(grads_part_.flat_range(sp.shard_offset + pending.offset, pending.out.numel()), pending.out);
   }
   s3_in_flight_.erase(s3_in_flight_.begin(), s3_in_flight_.begin() + static_cast<std::ptrdiff_t>(done));
 }

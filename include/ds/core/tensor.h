@@ -72,6 +72,9 @@ class Tensor {
   std::vector<int64_t> to_int_vector() const;
 
   // ---- copies and conversions (not recorded by autograd; see ops:: for differentiable ones) ----
+  // Elements [offset, offset + numel) of a contiguous tensor, as a 1-D view of the same storage
+  // (no autograd history): a range of a flat buffer.
+  Tensor flat_range(int64_t offset, int64_t numel) const;
   Tensor contiguous() const;  // self if already contiguous
   Tensor clone() const;       // always a new contiguous copy
   Tensor to(DType dtype) const;  // self if same dtype
