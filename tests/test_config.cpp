@@ -563,6 +563,7 @@ TEST(ConfigRules, ZeroRefusesUntestedOptimizers) {
                           "optimizer": {"type": "Lamb"}})");
   EXPECT_HAS(msg, "optimizer Lamb is not supported with ZeRO (stage 2)");
   EXPECT_HAS(msg, "zero_allow_untested_optimizer");
+  EXPECT_HAS(msg, "runs Lamb exactly");
   EXPECT_EQ(error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2},
                          "zero_allow_untested_optimizer": true, "optimizer": {"type": "Lamb"}})"),
             "");

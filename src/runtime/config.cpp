@@ -729,9 +729,13 @@ void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
       !cfg.zero_allow_untested_optimizer)
     DS_THROW(
         "[config] optimizer {} is not supported with ZeRO (stage {}) in {}: ZeRO supports "
-        "Adam, AdamW, Adagrad and Lion; set \"zero_allow_untested_optimizer\": true to run it "
-        "anyway",
-        optimizer_type_name(t), z.stage, st.source);
+        "Adam, AdamW, Adagrad and Lion (as in DeepSpeed); set \"zero_allow_untested_optimizer\": "
+        "true to run it anyway{}",
+        optimizer_type_name(t), z.stage, st.source,
+        t == OptimizerType::Lamb  ? " (deepspeed.cpp then runs Lamb exactly: its per-tensor norms are "
+                                    "summed across ranks)"
+        : t == OptimizerType::SGD ? " (SGD is elementwise: it runs exactly on the partitions)"
+                                  : "");
 
   if (z.offload_optimizer.ratio < 1.0 && z.stage != 3)
     DS_THROW(
