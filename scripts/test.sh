@@ -3,7 +3,8 @@
 #
 #   bash scripts/test.sh [--no-setup] [CTEST_ARGS...]
 #
-# 1. scripts/setup.sh --no-build: install missing dependencies, fetch the data (skip: --no-setup).
+# 1. scripts/setup.sh --no-build: install missing dependencies, fetch the data (skip: --no-setup);
+#    with DS_TEST_SLURM=1 (root), also a one-node Slurm cluster for the launcher's Slurm test.
 # 2. Configure (Release) and build $DS_BUILD_DIR (default build/), $DS_BUILD_JOBS jobs (nproc).
 # 3. ctest --test-dir $DS_BUILD_DIR --output-on-failure -j2 CTEST_ARGS...
 #
@@ -41,6 +42,13 @@ export OMPI_MCA_rmaps_base_oversubscribe="${OMPI_MCA_rmaps_base_oversubscribe:-1
 
 if [[ "$setup" == 1 ]]; then
   bash "$REPO/scripts/setup.sh" --no-build
+fi
+
+# The launcher's Slurm path needs a Slurm cluster; DS_TEST_SLURM=1 (CI, as root) starts a one-node
+# one on this machine (scripts/slurm_local.sh). Without it, ctest's launcher_slurm skips.
+if [[ "${DS_TEST_SLURM:-0}" == 1 && "$(id -u)" == 0 ]]; then
+  timeout 300 bash "$REPO/scripts/slurm_local.sh" ||
+    echo "test: the one-node Slurm cluster did not start; launcher_slurm will skip"
 fi
 
 echo "test: configuring $BUILD_DIR (Release)"

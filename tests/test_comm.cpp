@@ -198,7 +198,9 @@ std::string label(const char* op, DType t, size_t n) {
 // ---- every group ----
 
 TEST(Comm, WorldMatchesEnvironment) {
+  // mpirun sets OMPI_COMM_WORLD_SIZE; the deepspeed launcher WORLD_SIZE (also under srun).
   const char* s = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (!s) s = std::getenv("WORLD_SIZE");
   EXPECT_EQ(W->size(), s ? std::atoi(s) : 1);
   EXPECT_GE(W->rank(), 0);
   EXPECT_LT(W->rank(), W->size());

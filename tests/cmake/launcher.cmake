@@ -30,3 +30,13 @@ if(DS_HAVE_MPI)
       ENVIRONMENT "DS_COMM_TIMEOUT=120;OMP_NUM_THREADS=1")
   endforeach()
 endif()
+
+# The Slurm path: salloc + `deepspeed --launcher slurm` (srun, MPI through PMIx). Skips unless a
+# Slurm cluster answers here (scripts/slurm_local.sh starts a one-node one; CI does, via
+# DS_TEST_SLURM=1 in scripts/test.sh).
+if(DS_HAVE_MPI)
+  add_test(NAME launcher_slurm COMMAND ${PROJECT_SOURCE_DIR}/tests/slurm_launch.sh
+    $<TARGET_FILE:ds_launcher> $<TARGET_FILE:test_comm> $<TARGET_FILE:test_zero>)
+  set_tests_properties(launcher_slurm PROPERTIES LABELS "launcher;distributed" TIMEOUT 1300
+    SKIP_RETURN_CODE 77 ENVIRONMENT "DS_COMM_TIMEOUT=120;OMP_NUM_THREADS=1")
+endif()
