@@ -8,7 +8,8 @@
 //   BENCH comm op=<op> bytes=<n> mpi_ms=<a> ours_ms=<b> speedup=<a/b> bus_gbps=<ours>
 //   BENCH comm op=overlap bytes=<n> comm_ms=<c> compute_ms=<k> both_ms=<b> overlap=<f> ...
 // bytes is the larger buffer (reduce_scatter: the input; all_gather: the output); bus bandwidth
-// follows nccl-tests (all_reduce 2(N-1)/N, reduce_scatter and all_gather (N-1)/N of bytes).
+// follows nccl-tests (all_reduce 2(N-1)/N, reduce_scatter and all_gather (N-1)/N of bytes, reduce
+// and broadcast 1).
 // overlap = (comm + compute - both) / min(comm, compute): 1 when the collective is fully hidden.
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
@@ -152,6 +153,14 @@ int main(int argc, char** argv) {
     });
     ours = time_op(ref, reps, [&] { g->all_reduce(in.data(), count, DType::f32); });
     report("all_reduce", bytes, mpi, ours, 2.0 * (n - 1) / n);
+
+    // reduce to rank 0 (ZeRO-2 reduces each bucket piece to its owner).
+    MPI_Reduce(me == 0 ? MPI_IN_PLACE : in.data(), in.data(), int(count), MPI_FLOAT, MPI_SUM, 0, ref);
+    mpi = time_op(ref, reps, [&] {
+      MPI_Reduce(me == 0 ? MPI_IN_PLACE : in.data(), in.data(), int(count), MPI_FLOAT, MPI_SUM, 0, ref);
+    });
+    ours = time_op(ref, reps, [&] { g->reduce(in.data(), count, DType::f32, 0); });
+    report("reduce", bytes, mpi, ours, 1.0);
 
     mpi = time_op(ref, reps, [&] {
       MPI_Allgather(in.data(), int(chunk), MPI_FLOAT, out.data(), int(chunk), MPI_FLOAT, ref);

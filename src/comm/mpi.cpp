@@ -320,9 +320,10 @@ bool GroupState::use_shm(const Group::Op& op) const {
   switch (op.kind) {
     case OpKind::all_reduce:
     case OpKind::reduce_scatter:
-    case OpKind::reduce:
     case OpKind::barrier:
       return true;
+    case OpKind::reduce:
+      return op.bytes() >= kShmReduceMin;
     // OpenMPI copies large messages once, straight between the processes (CMA); ours copies
     // twice, through the window. Measured (bench_comm): MPI wins all_gather at every size and
     // broadcast below 16 MiB.

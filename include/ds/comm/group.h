@@ -15,7 +15,7 @@
 //
 // Execution (MPI backend): each group owns a communication thread that executes its operations in
 // issue order, so the caller returns at once and computes while the collective runs. Within one
-// node, all_reduce, reduce_scatter, reduce, barrier and large broadcasts run as our shared-memory
+// node, all_reduce, reduce_scatter, barrier, large reduces and broadcasts run as our shared-memory
 // collectives (an MPI-3 shared window: every rank copies its input in, then reduces its own part
 // reading all ranks' copies, memory-bandwidth bound); everything else, and everything across
 // nodes, is MPI's non-blocking collectives posted and progressed by the thread. See
