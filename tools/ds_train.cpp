@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -516,12 +517,16 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fflush(stdout);
     const std::string what = e.what();
+    // Most errors (config, data, arguments) happen on every rank alike: let rank 0 report and end
+    // the job, so the message appears once. An error only this rank hit still gets printed after
+    // the pause, when rank 0 has not ended the job.
+    const auto world = ds::comm::world();
+    if (world->size() > 1 && world->rank() != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
     // On a terminal the progress bar may still occupy the line.
     fmt::print(stderr, "{}{}{}\n", ::isatty(STDERR_FILENO) ? "\n" : "",
                what.rfind('[', 0) == 0 ? "" : "[ds_train] error: ", what);
     // The other ranks would wait for this one at their next collective: end the whole job now.
-    if (ds::comm::world()->size() > 1)
-      ds::comm::abort_job(1, fmt::format("[ds_train] rank {} stopped the job", ds::comm::world()->rank()));
+    if (world->size() > 1) ds::comm::abort_job(1, fmt::format("[ds_train] rank {} stopped the job", world->rank()));
     return 1;
   }
 }
