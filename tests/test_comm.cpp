@@ -301,6 +301,8 @@ TEST(Comm, ReduceToEachRootEveryDtype) {
       for (DType t : kAllTypes)
         // 4.6M elements: 9 MiB and more, the shared-memory path within a node; the rest MPI's.
         for (size_t count : {size_t(0), size_t(1), size_t(33), size_t(600011), size_t(4600007)}) {
+          // The large count (the shared-memory path) for fp32 and bf16 sums only: it is slow to check.
+          if (count > 1000000 && !(op == ReduceOp::sum && (t == DType::f32 || t == DType::bf16))) continue;
           const uint32_t salt = 211 + static_cast<uint32_t>(t) + static_cast<uint32_t>(root);
           const auto in = input_of(t, me, count, salt);
           auto buf = in;
