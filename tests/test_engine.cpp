@@ -235,6 +235,19 @@ TEST_F(EngineTest, CheckpointLayoutAndLatest) {
   for (auto& e : fs::directory_iterator(dir_ / "ck")) EXPECT_NE(e.path().filename().string()[0], '.');
 }
 
+TEST_F(EngineTest, UnwritableCheckpointFolderIsNamed) {
+  TrainRun r = start(config_json("fp32"), corpus_);
+  micro_step(r);
+  std::ofstream(dir_ / "a_file") << "x";  // a folder cannot be created under a regular file
+  const fs::path bad = dir_ / "a_file" / "ck";
+  try {
+    r.engine->save_checkpoint(bad.string());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[checkpoint] cannot create " + bad.string()), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(EngineTest, DamagedCheckpointsAreRefusedWithTheFileNamed) {
   const std::string cfg = config_json("fp32");
   const fs::path ck = dir_ / "ck";

@@ -154,21 +154,23 @@ class CachingCpuAllocator final : public Allocator {
     if (b->prev && b->prev->free) {  // merge into the free block before
       Block* a = b->prev;
       large_free_.erase(a);
-      a->size += b->size;
-      a->next = b->next;
-      if (b->next) b->next->prev = a;
-      delete b;
+      absorb_next(a);
       b = a;
     }
     if (b->next && b->next->free) {  // absorb the free block after
-      Block* c = b->next;
-      large_free_.erase(c);
-      b->size += c->size;
-      b->next = c->next;
-      if (c->next) c->next->prev = b;
-      delete c;
+      large_free_.erase(b->next);
+      absorb_next(b);
     }
     large_free_.insert(b);
+  }
+
+  // a takes over its successor's bytes; the successor's record is deleted.
+  static void absorb_next(Block* a) {
+    Block* c = a->next;
+    a->size += c->size;
+    a->next = c->next;
+    if (c->next) c->next->prev = a;
+    delete c;
   }
 
   // Returns every cached small block and every large segment that is entirely free.

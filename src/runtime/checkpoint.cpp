@@ -115,11 +115,20 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
   const fs::path tmp = dir / fmt::format(".{}.tmp", tag);
   std::error_code ec;
   if (rank == 0) {
+    fs::path failed = dir;
     fs::create_directories(dir, ec);
-    DS_CHECK(!ec, "[checkpoint] cannot create {}: {}", dir.string(), ec.message());
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp, ec);
-    DS_CHECK(!ec, "[checkpoint] cannot create {}: {}", tmp.string(), ec.message());
+    if (!ec) {
+      failed = tmp;
+      fs::remove_all(tmp, ec);
+      fs::create_directories(tmp, ec);
+    }
+    if (ec) {
+      const std::string why = fmt::format("[checkpoint] cannot create {}: {} (is the path writable?)",
+                                          failed.string(), ec.message());
+      // The other ranks are about to wait at the barrier below: end the job instead.
+      if (n > 1) comm::abort_job(1, why);
+      throw Error(why);
+    }
   }
   group_->barrier("checkpoint " + tag + ": folder created");
   if (rank != 0 && !fs::is_directory(tmp)) {
