@@ -2,6 +2,7 @@
 // deprecated spellings, lenient JSON, warnings for accepted-but-unimplemented keys, and the
 // effective-config report.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -593,7 +594,10 @@ TEST(ConfigRules, OffloadChecks) {
   EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadDevice::CPU);
   EXPECT_TRUE(c.zero_optimization.offload_optimizer.pin_memory);
   EXPECT_EQ(c.zero_optimization.offload_param.device, OffloadDevice::CPU);
-  EXPECT_TRUE(c.warnings.empty());
+  // CPU offload is not implemented: the user is told once per section, never silently ignored.
+  EXPECT_EQ(c.warnings.size(), 2u) << fmt::format("{}", fmt::join(c.warnings, "\n"));
+  EXPECT_TRUE(has_warning(c, "offload_optimizer.device = \"cpu\": CPU offload is not implemented"));
+  EXPECT_TRUE(has_warning(c, "offload_param.device = \"cpu\": CPU offload is not implemented"));
 }
 
 TEST(ConfigRules, CommunicationDtypeFollowsTraining) {
@@ -729,11 +733,11 @@ TEST(ConfigJson, CommentsAndTrailingCommas) {
     // the batch
     "train_batch_size": 16, /* per step, all ranks */
     "optimizer": {"type": "AdamW", "params": {"betas": [0.9, 0.95,], "lr": 1e-4,},},
-    "csv_monitor": {"enabled": true, "job_name": "a,}b // not a comment, ]",},
+    "csv_monitor": {"enabled": true, "output_path": "a,}b // not a comment, ]",},
   })");
   EXPECT_EQ(c.batch.train_batch_size, 16);
   EXPECT_EQ(c.optimizer.betas[1], 0.95);
-  EXPECT_EQ(c.csv_monitor.job_name, "a,}b // not a comment, ]");
+  EXPECT_EQ(c.csv_monitor.output_path, "a,}b // not a comment, ]");
 }
 
 TEST(ConfigJson, DuplicateKeysAreAnError) {
@@ -865,7 +869,9 @@ TEST(ConfigShipped, HuggingFaceZero3TemplateWithTrainerArgs) {
   EXPECT_EQ(c.zero_optimization.stage3_param_persistence_threshold, 7680);
   EXPECT_EQ(c.steps_per_print, 2000);
   EXPECT_EQ(std::get<WarmupLRParams>(c.scheduler.params).warmup_num_steps, 100);
-  EXPECT_TRUE(c.warnings.empty()) << fmt::format("{}", fmt::join(c.warnings, "\n"));
+  // Its only warnings: CPU offload (both sections) is accepted but not implemented.
+  EXPECT_EQ(c.warnings.size(), 2u) << fmt::format("{}", fmt::join(c.warnings, "\n"));
+  for (const auto& w : c.warnings) EXPECT_HAS(w, "CPU offload is not implemented");
   // Without the trainer's arguments the first unresolved "auto" is named.
   ConfigContext bare;
   bare.hidden_size = 768;
@@ -882,6 +888,68 @@ TEST(ConfigShipped, LegacyDeepSpeedExampleConfig) {
   EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadDevice::CPU);
   EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 200000000);
   EXPECT_TRUE(c.fp16.enabled);
-  EXPECT_EQ(c.warnings.size(), 1u)
-      << fmt::format("{}", fmt::join(c.warnings, "\n"));  // cpu_offload
+  // cpu_offload: deprecated, and CPU offload is not implemented yet.
+  EXPECT_EQ(c.warnings.size(), 2u) << fmt::format("{}", fmt::join(c.warnings, "\n"));
+}
+
+// ---- issue 12: what a new user tripped over ---------------------------------------------------
+
+TEST(ConfigFile, PathsThatAreNotRegularFilesSayWhatTheyAre) {
+  const std::string dir = ::testing::TempDir() + "ds_config_dir";
+  std::filesystem::create_directories(dir);
+  EXPECT_HAS(error_of(dir), "it is a directory, not a regular file");
+  EXPECT_HAS(error_of("/dev/zero"), "it is a character device");
+  // A FIFO is refused by its type, never opened (opening would block until a writer appears).
+  const std::string fifo = ::testing::TempDir() + "ds_config_fifo";
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_HAS(error_of(fifo), "it is a FIFO");
+  std::filesystem::remove(fifo);
+  EXPECT_HAS(error_of(::testing::TempDir() + "no_such_config.json"), "no such file");
+}
+
+TEST(ConfigJson, DeepNestingIsRefusedNotACrash) {
+  std::string deep = R"({"train_batch_size": 8, "x": )";
+  for (int i = 0; i < 100000; ++i) deep += "[";
+  for (int i = 0; i < 100000; ++i) deep += "]";
+  deep += "}";
+  EXPECT_HAS(error_of(deep), "nest 100001 levels deep");
+  // Brackets inside strings and comments do not count.
+  auto c = parse(R"({"train_batch_size": 8, /* [[[[ */ "csv_monitor": {"job_name": "[[[[[["}})");
+  EXPECT_EQ(c.csv_monitor.job_name, "[[[[[[");
+}
+
+TEST(ConfigRules, NullIsRefusedWhereDeepSpeedRefusesIt) {
+  EXPECT_HAS(error_of(R"({"train_batch_size": 8, "gradient_clipping": null})"),
+             "gradient_clipping is null");
+  EXPECT_HAS(error_of(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW",
+                         "params": {"lr": null}}})"),
+             "optimizer.params.lr is null");
+  EXPECT_HAS(error_of(R"({"train_batch_size": 8, "fp16": null})"), "fp16 is null");
+  // DeepSpeed's Optional fields: null means "not set".
+  auto c = parse(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": null,
+                     "zero_optimization": {"stage": 2, "offload_optimizer": null},
+                     "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4,
+                       "cycle_max_lr": 1e-3, "cycle_second_step_size": null}}})");
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadDevice::None);
+  EXPECT_EQ(std::get<OneCycleParams>(c.scheduler.params).cycle_second_step_size, 2000);
+}
+
+TEST(ConfigRules, QuotedBooleanSaysToDropTheQuotes) {
+  EXPECT_HAS(error_of(R"({"train_batch_size": 8, "bf16": {"enabled": "true"}})"),
+             "write true without quotes");
+}
+
+TEST(ConfigRules, JobNameCannotLeaveOutputPath) {
+  for (const char* bad : {"../escape", "a/b", "..", "."})
+    EXPECT_HAS(error_of(fmt::format(R"({{"train_batch_size": 8, "csv_monitor":
+                                        {{"enabled": true, "job_name": "{}"}}}})",
+                                    bad)),
+               "csv_monitor.job_name");
+}
+
+TEST(ConfigRules, Fp32OptimizerStatesFalseWarns) {
+  auto c = parse(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW",
+                     "params": {"fp32_optimizer_states": false}}})");
+  EXPECT_TRUE(has_warning(c, "fp32_optimizer_states = false"));
 }

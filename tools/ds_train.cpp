@@ -5,7 +5,8 @@
 //   ds_train --deepspeed configs/ds_demo.json --model tiny --train_data .cache/prepared/sotu
 //            --output_dir out/demo --max_steps 300 --learning_rate 1e-3
 //
-// One process (world size 1) for now. Flags, outputs and resume are described in docs/training.md.
+// One process, or several through the deepspeed launcher / mpirun (every rank trains its slice of
+// each global batch). Flags, outputs and resume are described in docs/training.md.
 #include <unistd.h>
 
 #include <chrono>
@@ -31,6 +32,7 @@
 #include "ds/core/rng.h"
 #include "ds/data/dataset.h"
 #include "ds/data/loader.h"
+#include "ds/data/shard.h"
 #include "ds/data/tokenizer.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
@@ -96,7 +98,32 @@ int run(const Options& o, const Given& g) {
   const int rank = world->rank(), world_size = world->size();
   const bool lead = rank == 0;
   con.set_quiet(!lead);
-  if (o.threads > 0) ds::set_num_threads(o.threads);
+  if (o.threads > 0) {
+    const unsigned cores = std::thread::hardware_concurrency();
+    if (cores > 0 && static_cast<unsigned>(o.threads) > cores)
+      say(fmt::format("warning: --threads {} is more than the {} cores this process may use; the "
+                      "threads will compete for them (slower, and OpenBLAS may spin)",
+                      o.threads, cores));
+    ds::set_num_threads(o.threads);
+  }
+
+  // ---- inputs that are only used at the end are checked now, not after the whole run ----
+  const fs::path tok_dir =
+      o.tokenizer.empty() ? fs::path(ds::train::default_tokenizer_dir()) : fs::path(o.tokenizer);
+  std::optional<ds::data::Tokenizer> sample_tokenizer;
+  if (o.sample_tokens > 0) {
+    if (fs::exists(tok_dir / "encoder.json")) {
+      sample_tokenizer = ds::data::Tokenizer::load_gpt2(tok_dir);  // throws on a damaged file
+    } else {
+      DS_CHECK(o.tokenizer.empty(),
+               "[ds_train] --tokenizer {}: no encoder.json there (the GPT-2 tokenizer files "
+               "encoder.json and vocab.bpe are needed for the sample; --sample_tokens 0 skips it)",
+               o.tokenizer);
+      say(fmt::format("note: no sample at the end: tokenizer files not found in {} (give "
+                      "--tokenizer DIR, or run scripts/fetch_data.sh)",
+                      tok_dir.string()));
+    }
+  }
 
   // ---- data ----
   DS_CHECK(!o.train_data.empty(),
@@ -239,6 +266,20 @@ int run(const Options& o, const Given& g) {
   // ---- resume ----
   const fs::path out_dir = o.output_dir;
   fs::create_directories(out_dir);
+  const std::string export_dir = o.export_hf.empty() ? (out_dir / "hf_model").string() : o.export_hf;
+  if (lead) {
+    // A crash (kill, full disk) can leave temporaries as large as a checkpoint: this run owns the
+    // folder, so they go now.
+    const auto stale = ds::train::remove_stale_temporaries(
+        out_dir, export_dir == "none" ? fs::path() : fs::path(export_dir));
+    if (!stale.empty()) {
+      std::vector<std::string> names;
+      for (const auto& p : stale) names.push_back(p.lexically_relative(out_dir).string());
+      say(fmt::format("removed {} temporar{} left by an interrupted earlier run in {}: {}",
+                      stale.size(), stale.size() == 1 ? "y" : "ies", out_dir.string(),
+                      fmt::join(names, ", ")));
+    }
+  }
   if (!o.resume_from_checkpoint.empty()) {
     fs::path dir =
         o.resume_from_checkpoint == "latest" ? out_dir : fs::path(o.resume_from_checkpoint);
@@ -293,7 +334,8 @@ int run(const Options& o, const Given& g) {
   const int64_t logging_steps = o.logging_steps > 0 ? o.logging_steps : cfg.steps_per_print;
   const int64_t eval_steps =
       o.eval_steps >= 0 ? o.eval_steps : std::max<int64_t>(1, total_steps / 10);
-  const int64_t tokens_per_step = B * T * A;
+  // Tokens of the whole global batch (every rank's micro-batches), like samples/step.
+  const int64_t tokens_per_step = B * T * A * world_size;
   say(fmt::format(
       "training {} steps ({}), {} tokens/step; logging every {}, eval every {}, "
       "checkpoint every {} -> {}",
@@ -350,6 +392,7 @@ int run(const Options& o, const Given& g) {
   ds::Tensor xt = ds::Tensor::empty({B, T}, ds::DType::i32);
   ds::Tensor yt = ds::Tensor::empty({B, T}, ds::DType::i32);
   const int64_t first_step = engine->global_steps();
+  const int64_t skipped_before = engine->skipped_steps();
   double window_loss = 0.0, window_time = 0.0, train_time = 0.0;
   int64_t window_steps = 0;
   double last_loss = std::nan("");
@@ -422,6 +465,16 @@ int run(const Options& o, const Given& g) {
   }
   con.end_bar();
 
+  // A run that never applied a step trained nothing: its checkpoint and export would be the
+  // starting weights. Fail instead of reporting success.
+  const int64_t steps_run = engine->global_steps() - first_step;
+  if (steps_run > 0 && engine->skipped_steps() - skipped_before >= steps_run)
+    DS_THROW(
+        "[ds_train] every one of the {} steps of this run was skipped for non-finite gradients: the "
+        "model did not train and nothing was saved. Lower --learning_rate, set gradient_clipping, "
+        "use bf16 instead of fp16, or check the data",
+        steps_run);
+
   // ---- the end: eval, checkpoint, memory.json, picture, sample, export ----
   run_eval();
   if (last_saved != engine->global_steps()) save();
@@ -442,35 +495,30 @@ int run(const Options& o, const Given& g) {
                               fmt::format("{} on {}", model_name, train_dir.filename().string()),
                               uni.entropy_nats, eval_baseline);
 
-  // A generated sample, decoded with the tokenizer.
-  const fs::path tok_dir =
-      o.tokenizer.empty() ? fs::path(ds::train::default_tokenizer_dir()) : fs::path(o.tokenizer);
+  // A generated sample, decoded with the tokenizer (loaded and checked at start-up).
   std::string sample_note;
-  if (o.sample_tokens > 0) {
-    if (fs::exists(tok_dir / "encoder.json")) {
-      const auto tok = ds::data::Tokenizer::load_gpt2(tok_dir);
-      const auto t0 = std::chrono::steady_clock::now();
-      const std::string text = ds::train::generate_sample(*model, tok, o.sample_prompt,
-                                                          o.sample_tokens, o.sample_top_k, o.seed);
-      if (lead) std::ofstream(out_dir / "sample.txt") << text << "\n";
-      say(fmt::format("sample ({} tokens, top-k {}, seed {}, {:.1f}s):", o.sample_tokens,
-                      o.sample_top_k, o.seed, ds::train::seconds_since(t0)));
-      con.line("---\n" + text + "\n---");
-      sample_note = (out_dir / "sample.txt").string();
-    } else {
-      say(
-          fmt::format("no sample: tokenizer files not found in {} (give --tokenizer DIR, or run "
-                      "scripts/fetch_data.sh)",
-                      tok_dir.string()));
-    }
+  if (sample_tokenizer) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string text = ds::train::generate_sample(*model, *sample_tokenizer, o.sample_prompt,
+                                                        o.sample_tokens, o.sample_top_k, o.seed);
+    if (lead) ds::data::write_file_atomic(out_dir / "sample.txt", text + "\n");
+    say(fmt::format("sample ({} tokens, top-k {}, seed {}, {:.1f}s):", o.sample_tokens,
+                    o.sample_top_k, o.seed, ds::train::seconds_since(t0)));
+    con.line("---\n" + text + "\n---");
+    sample_note = (out_dir / "sample.txt").string();
   }
 
   // comms_logger: per-operation counts, bytes and times of this rank's collectives.
   if (cfg.comms_logger.enabled && lead) con.line("comms_logger (rank 0):\n" + ds::comm::comms_logger().table());
 
-  std::string export_dir = o.export_hf.empty() ? (out_dir / "hf_model").string() : o.export_hf;
-  // Under ZeRO-3 no rank holds the whole model; the checkpoint's model file is complete instead.
-  if (export_dir != "none" && lead && engine->zero_stage() < 3) ds::models::export_hf(*model, export_dir);
+  // Under ZeRO-3 no rank holds the whole model: every rank takes part in gathering it, rank 0
+  // writes it (DeepSpeed's stage3_gather_16bit_weights_on_model_save).
+  bool exported = false;
+  if (export_dir != "none") {
+    const auto weights = engine->full_weights();
+    if (lead) ds::models::export_hf(mcfg, weights, export_dir);
+    exported = true;
+  }
 
   double recent_mean = 0.0;
   for (double l : recent) recent_mean += l / static_cast<double>(recent.size());
@@ -486,8 +534,7 @@ int run(const Options& o, const Given& g) {
   say(fmt::format("loss curve: {}", svg.string()));
   say(fmt::format("checkpoint: {}/{} (resume: --resume_from_checkpoint latest)", out_dir.string(),
                   ds::train::latest_tag(out_dir)));
-  if (export_dir != "none")
-    say(fmt::format("HF export:  {} (config.json + model.safetensors)", export_dir));
+  if (exported) say(fmt::format("HF export:  {} (config.json + model.safetensors)", export_dir));
   if (!sample_note.empty()) say(fmt::format("sample:     {}", sample_note));
   int64_t max_rss = 0;
   for (const auto& r : ranks) max_rss = std::max(max_rss, r.peak_rss_bytes);
@@ -516,17 +563,25 @@ int main(int argc, char** argv) {
     return run(o, g);
   } catch (const std::exception& e) {
     std::fflush(stdout);
+    // The communication layer has printed its report and is ending the job with its own status.
+    if (ds::comm::job_failed()) ds::comm::abort_job(ds::comm::kCommFailureExitCode, "");
     const std::string what = e.what();
+    // The world may be what failed (WORLD_SIZE=2 without mpirun): then this is one process.
+    std::shared_ptr<ds::comm::Group> world;
+    try {
+      world = ds::comm::world();
+    } catch (const std::exception&) {
+    }
+    const bool several = world && world->size() > 1;
     // Most errors (config, data, arguments) happen on every rank alike: let rank 0 report and end
     // the job, so the message appears once. An error only this rank hit still gets printed after
     // the pause, when rank 0 has not ended the job.
-    const auto world = ds::comm::world();
-    if (world->size() > 1 && world->rank() != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+    if (several && world->rank() != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
     // On a terminal the progress bar may still occupy the line.
     fmt::print(stderr, "{}{}{}\n", ::isatty(STDERR_FILENO) ? "\n" : "",
                what.rfind('[', 0) == 0 ? "" : "[ds_train] error: ", what);
     // The other ranks would wait for this one at their next collective: end the whole job now.
-    if (world->size() > 1) ds::comm::abort_job(1, fmt::format("[ds_train] rank {} stopped the job", world->rank()));
+    if (several) ds::comm::abort_job(1, fmt::format("[ds_train] rank {} stopped the job", world->rank()));
     return 1;
   }
 }

@@ -8,9 +8,13 @@ DeepSpeed itself need not be installed (its package import pulls in CUDA builder
 are loaded straight from a source tree, with the two DeepSpeed helpers they use (a logger and
 comm.get_rank) stubbed. Only torch is needed (Debian's python3-torch is enough).
 
-    pip download deepspeed==0.16.9 --no-deps --no-binary :all: -d /tmp/ds
-    tar xzf /tmp/ds/deepspeed-0.16.9.tar.gz -C /tmp/ds
-    python3 tools/gen_schedule_fixture.py --deepspeed-src /tmp/ds/deepspeed-0.16.9
+    pip download deepspeed==0.19.8 --no-deps --no-binary :all: -d /tmp/ds
+    tar xzf /tmp/ds/deepspeed-0.19.8.tar.gz -C /tmp/ds
+    python3 tools/gen_schedule_fixture.py --deepspeed-src /tmp/ds/deepspeed-0.19.8 --only schedules
+
+schedules.json comes from DeepSpeed 0.19.8. loss_scaler.json was made from 0.16.9 (whose
+loss_scaler.py loads standalone; 0.19's imports DeepSpeed's config machinery): regenerate it with
+`--deepspeed-src <0.16.9 tree> --only loss_scaler`.
 """
 import argparse
 import importlib.util
@@ -52,7 +56,10 @@ def load_deepspeed_modules(src):
         return mod
 
     lr = load("ds_lr_schedules", "deepspeed/runtime/lr_schedules.py")
-    ls = load("ds_loss_scaler", "deepspeed/runtime/fp16/loss_scaler.py")
+    try:
+        ls = load("ds_loss_scaler", "deepspeed/runtime/fp16/loss_scaler.py")
+    except ImportError:
+        ls = None  # 0.19's loss_scaler.py needs DeepSpeed's config machinery; see the docstring
     return lr, ls, messages
 
 
@@ -60,7 +67,7 @@ SCHEDULE_CASES = [
     ("warmup_log", "WarmupLR", {"warmup_min_lr": 1e-5, "warmup_max_lr": 1e-3, "warmup_num_steps": 10}, 30),
     ("warmup_linear", "WarmupLR",
      {"warmup_min_lr": 0.0, "warmup_max_lr": 3e-4, "warmup_num_steps": 8, "warmup_type": "linear"}, 20),
-    ("warmup_zero_steps", "WarmupLR", {"warmup_min_lr": 1e-4, "warmup_max_lr": 2e-4, "warmup_num_steps": 0}, 5),
+    ("warmup_one_step", "WarmupLR", {"warmup_min_lr": 1e-4, "warmup_max_lr": 2e-4, "warmup_num_steps": 1}, 5),
     ("warmup_defaults", "WarmupLR", {}, 1005),
     ("decay_log", "WarmupDecayLR",
      {"total_num_steps": 50, "warmup_min_lr": 1e-5, "warmup_max_lr": 1e-3, "warmup_num_steps": 10}, 60),
@@ -78,6 +85,25 @@ SCHEDULE_CASES = [
      {"cycle_min_lr": 2e-4, "cycle_max_lr": 2e-3, "cycle_first_step_size": 7}, 40),
     ("onecycle_no_momentum", "OneCycle",
      {"cycle_min_lr": 1e-4, "cycle_max_lr": 5e-4, "cycle_first_step_size": 4, "cycle_momentum": False}, 20),
+    # Stairs (DeepSpeed 0.19): the case from issue 12, the second count defaulting to the first,
+    # counts that do not divide the half, an empty second half, and several cycles into the decay.
+    ("onecycle_stairs", "OneCycle",
+     {"cycle_min_lr": 2e-4, "cycle_max_lr": 3e-3, "cycle_first_step_size": 7, "cycle_second_step_size": 9,
+      "cycle_first_stair_count": 3, "cycle_second_stair_count": 2, "decay_step_size": 3,
+      "decay_lr_rate": 0.2, "cycle_min_mom": 0.85, "cycle_max_mom": 0.95, "decay_mom_rate": 0.02}, 40),
+    ("onecycle_stairs_second_default", "OneCycle",
+     {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3, "cycle_first_step_size": 10, "cycle_second_step_size": 6,
+      "cycle_first_stair_count": 4}, 30),
+    ("onecycle_stairs_uneven", "OneCycle",
+     {"cycle_min_lr": 3e-5, "cycle_max_lr": 7e-4, "cycle_first_step_size": 11, "cycle_second_step_size": 13,
+      "cycle_first_stair_count": 5, "cycle_second_stair_count": 7, "decay_step_size": 4,
+      "decay_lr_rate": 0.5}, 45),
+    ("onecycle_stairs_first_only", "OneCycle",
+     {"cycle_min_lr": 1e-4, "cycle_max_lr": 9e-4, "cycle_first_step_size": 8, "cycle_second_step_size": 0,
+      "cycle_first_stair_count": 3}, 20),
+    ("onecycle_second_zero_continuous", "OneCycle",
+     {"cycle_min_lr": 1e-4, "cycle_max_lr": 9e-4, "cycle_first_step_size": 6, "cycle_second_step_size": 0,
+      "decay_step_size": 2, "decay_lr_rate": 0.3}, 15),
     ("range_continuous", "LRRangeTest",
      {"lr_range_test_min_lr": 1e-4, "lr_range_test_step_size": 5, "lr_range_test_step_rate": 2.0}, 30),
     ("range_staircase", "LRRangeTest",
@@ -96,15 +122,17 @@ def gen_schedules(lr_mod):
         opt = torch.optim.Adam([p], lr=BASE_LR, betas=BASE_BETAS)
         sched = getattr(lr_mod, kind)(opt, **params)
         group = opt.param_groups[0]
-        ts, lrs, beta1s = [-1], [group["lr"]], [group["betas"][0]]
+        ts, lrs, beta1s, beta2s = [-1], [group["lr"]], [group["betas"][0]], [group["betas"][1]]
         for t in range(0, last_t + 1):
             sched.step()
             assert sched.last_batch_iteration == t
             ts.append(t)
             lrs.append(group["lr"])
             beta1s.append(group["betas"][0])
+            beta2s.append(group["betas"][1])
         cases.append({"name": name, "type": kind, "params": params, "base_lr": BASE_LR,
-                      "base_betas": list(BASE_BETAS), "t": ts, "lr": lrs, "beta1": beta1s})
+                      "base_betas": list(BASE_BETAS), "t": ts, "lr": lrs, "beta1": beta1s,
+                      "beta2": beta2s})
     return cases
 
 
@@ -152,6 +180,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--deepspeed-src", required=True, help="root of an unpacked DeepSpeed source tree")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "config"))
+    ap.add_argument("--only", choices=["schedules", "loss_scaler"], help="write just one of the two files")
     args = ap.parse_args()
     lr_mod, ls_mod, messages = load_deepspeed_modules(args.deepspeed_src)
     version = "unknown"
@@ -160,14 +189,20 @@ def main():
         version = open(vfile).read().strip()
     os.makedirs(args.out, exist_ok=True)
     note = f"generated by tools/gen_schedule_fixture.py from DeepSpeed {version}"
-    with open(os.path.join(args.out, "schedules.json"), "w") as f:
-        json.dump({"generator": note, "cases": gen_schedules(lr_mod)}, f, indent=1)
-        f.write("\n")
-    with open(os.path.join(args.out, "loss_scaler.json"), "w") as f:
-        json.dump({"generator": note, "cases": gen_scaler(ls_mod, messages)}, f, indent=1)
-        f.write("\n")
-    print(f"wrote schedules.json and loss_scaler.json to {os.path.normpath(args.out)} ({note})")
-
+    written = []
+    if args.only in (None, "schedules"):
+        with open(os.path.join(args.out, "schedules.json"), "w") as f:
+            json.dump({"generator": note, "cases": gen_schedules(lr_mod)}, f, indent=1)
+            f.write("\n")
+        written.append("schedules.json")
+    if args.only in (None, "loss_scaler"):
+        if ls_mod is None:
+            sys.exit("this tree's loss_scaler.py does not load standalone: use a 0.16.x tree for --only loss_scaler")
+        with open(os.path.join(args.out, "loss_scaler.json"), "w") as f:
+            json.dump({"generator": note, "cases": gen_scaler(ls_mod, messages)}, f, indent=1)
+            f.write("\n")
+        written.append("loss_scaler.json")
+    print(f"wrote {' and '.join(written)} to {os.path.normpath(args.out)} ({note})")
 
 if __name__ == "__main__":
     main()

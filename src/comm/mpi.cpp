@@ -926,6 +926,10 @@ void finalize() {
   if (R.mpi_initialized) MPI_Finalize();  // else the program initialised MPI and finalises it
 }
 
+bool job_failed() {
+  return detail::g_any_broken;
+}
+
 void abort_job(int code, std::string_view why) {
   if (!why.empty()) {
     std::fprintf(stderr, "%.*s\n", static_cast<int>(why.size()), why.data());

@@ -18,7 +18,7 @@
 namespace ds::comm::detail {
 
 // Exit status of a job ended because a deadline expired (as timeout(1)).
-inline constexpr int kTimeoutExitCode = 124;
+inline constexpr int kTimeoutExitCode = kCommFailureExitCode;
 
 // One node-local rank's slot of the arrival board, in an MPI-3 shared-memory window. Written by its
 // owner only (issued/kind by the caller thread, completed/barrier by the communication thread),

@@ -252,12 +252,34 @@ void Shard::read(uint64_t start, std::span<int32_t> out) const {
            "[shard] '{}': read of tokens [{}, {}) is past its end ({} tokens)", path_.string(),
            start, start + out.size(), header_.num_tokens);
   const auto* base = static_cast<const unsigned char*>(payload());
+  // Every id is checked against the header's vocab_size as it is copied (a max folded into the copy
+  // loop, which the compiler vectorises): one flipped bit in a shard must not become an
+  // out-of-bounds embedding row or histogram bin further up.
+  uint32_t largest = 0;
   if (header_.token_bytes == 2) {
     const auto* src = reinterpret_cast<const uint16_t*>(base) + start;
-    for (size_t i = 0; i < out.size(); ++i) out[i] = src[i];
+    for (size_t i = 0; i < out.size(); ++i) {
+      out[i] = src[i];
+      largest = std::max<uint32_t>(largest, src[i]);
+    }
   } else {
     const auto* src = reinterpret_cast<const uint32_t*>(base) + start;
-    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<int32_t>(src[i]);
+    for (size_t i = 0; i < out.size(); ++i) {
+      out[i] = static_cast<int32_t>(src[i]);
+      largest = std::max(largest, src[i]);
+    }
+  }
+  if (!out.empty() && largest >= header_.vocab_size) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      const uint32_t id = static_cast<uint32_t>(out[i]);
+      if (id < header_.vocab_size) continue;
+      const uint64_t token = start + i;
+      DS_THROW(
+          "[shard] '{}': token {} (byte offset {}) is id {}, outside the vocabulary of {} ids: the "
+          "shard is corrupted; recreate it with ds_prepare",
+          path_.string(), token, sizeof(ShardHeader) + token * header_.token_bytes, id,
+          header_.vocab_size);
+    }
   }
 }
 

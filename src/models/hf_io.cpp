@@ -94,17 +94,24 @@ T get_field(const json& j, const char* key, T fallback, const std::string& sourc
 
 void write_text_atomic(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  std::error_code ec;
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     DS_CHECK(out.good(), "[hf_io] cannot write '{}'", tmp.string());
     out << text;
     out.flush();
-    DS_CHECK(out.good(), "[hf_io] write to '{}' failed (disk full?)", tmp.string());
+    if (!out.good()) {
+      out.close();
+      fs::remove(tmp, ec);  // a full disk must not leave the temporary behind
+      DS_THROW("[hf_io] write to '{}' failed (disk full?)", tmp.string());
+    }
   }
-  std::error_code ec;
   fs::rename(tmp, path, ec);
-  DS_CHECK(!ec, "[hf_io] cannot rename '{}' to '{}': {}", tmp.string(), path.string(),
-           ec.message());
+  if (ec) {
+    const std::string why = ec.message();
+    fs::remove(tmp, ec);
+    DS_THROW("[hf_io] cannot rename '{}' to '{}': {}", tmp.string(), path.string(), why);
+  }
 }
 
 }  // namespace
@@ -341,20 +348,27 @@ HFLoadReport load_hf_weights(GPT& model, const fs::path& path) {
 }
 
 void export_hf(const GPT& model, const fs::path& dir, DType dtype) {
-  const nn::Layout layout = model.config().layout;
+  std::vector<std::pair<std::string, Tensor>> weights;
+  for (const auto& [name, param] : model.named_parameters()) weights.emplace_back(name, param);
+  export_hf(model.config(), weights, dir, dtype);
+}
+
+void export_hf(const GPTConfig& config, const std::vector<std::pair<std::string, Tensor>>& named_weights,
+               const fs::path& dir, DType dtype) {
+  const nn::Layout layout = config.layout;
   std::error_code ec;
   fs::create_directories(dir, ec);
   DS_CHECK(!ec, "[hf_io] cannot create '{}': {}", dir.string(), ec.message());
   autograd::NoGradGuard no_grad;
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& [name, param] : model.named_parameters()) {
+  for (const auto& [name, param] : named_weights) {
     Tensor t = param.detach();
     if (hf_transposed(layout, name)) t = ops::transpose(t, 0, 1).contiguous();
     tensors.emplace_back(hf_name(layout, name), t.to(dtype));
   }
   // transformers refuses a safetensors file without format metadata.
   safetensors::save((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  json cfg = hf_config_to_json(model.config());
+  json cfg = hf_config_to_json(config);
   cfg["torch_dtype"] = dtype == DType::bf16  ? "bfloat16"
                        : dtype == DType::f16 ? "float16"
                                              : "float32";

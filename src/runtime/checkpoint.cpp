@@ -28,6 +28,7 @@
 #include "ds/core/safetensors.h"
 #include "ds/data/checksum.h"
 #include "ds/data/shard.h"
+#include "ds/runtime/checkpoint_files.h"
 #include "ds/runtime/engine.h"
 
 namespace fs = std::filesystem;
@@ -82,11 +83,84 @@ std::string trim(std::string s) {
 nlohmann::json parse_metadata(const safetensors::Reader& r, const std::string& key) {
   DS_CHECK(r.metadata().count(key), "[checkpoint] {} has no '{}' metadata: not a deepspeed.cpp checkpoint file",
            r.path(), key);
+  nlohmann::json j;
   try {
-    return nlohmann::json::parse(r.metadata(key));
+    j = nlohmann::json::parse(r.metadata(key));
   } catch (const std::exception& e) {
     DS_THROW("[checkpoint] {}: the '{}' metadata is not valid JSON ({})", r.path(), key, e.what());
   }
+  DS_CHECK(j.is_object(), "[checkpoint] {}: the '{}' metadata must be a JSON object, got {}", r.path(),
+           key, j.type_name());
+  return j;
+}
+
+// Typed reads of one JSON object of checkpoint metadata. A missing field or one of the wrong type
+// is an error naming the file, the field and what was expected, never the JSON library's text.
+class Meta {
+ public:
+  Meta(const nlohmann::json& j, std::string file, std::string where)
+      : j_(j), file_(std::move(file)), where_(std::move(where)) {}
+
+  const nlohmann::json& field(const std::string& key) const {
+    auto it = j_.find(key);
+    if (it == j_.end())
+      DS_THROW("[checkpoint] {}: {} has no field '{}'; the checkpoint is damaged or not written by "
+               "deepspeed.cpp", file_, where_, key);
+    return *it;
+  }
+  bool has(const std::string& key) const { return j_.contains(key); }
+  // An integer >= min (step counts and sizes are never negative).
+  int64_t integer(const std::string& key, int64_t min = 0) const {
+    const auto& v = field(key);
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX))
+      bad(key, v, fmt::format("an integer >= {}", min));
+    const int64_t x = v.get<int64_t>();
+    if (x < min) bad(key, v, fmt::format("an integer >= {}", min));
+    return x;
+  }
+  uint64_t unsigned64(const std::string& key) const {
+    const auto& v = field(key);
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
+      bad(key, v, "an integer >= 0");
+    return v.get<uint64_t>();
+  }
+  std::string string(const std::string& key) const {
+    const auto& v = field(key);
+    if (!v.is_string()) bad(key, v, "a string");
+    return v.get<std::string>();
+  }
+  Meta object(const std::string& key) const {
+    const auto& v = field(key);
+    if (!v.is_object()) bad(key, v, "an object");
+    return Meta(v, file_, where_ + "." + key);
+  }
+  const nlohmann::json& array(const std::string& key) const {
+    const auto& v = field(key);
+    if (!v.is_array()) bad(key, v, "an array");
+    return v;
+  }
+  const nlohmann::json& json() const { return j_; }
+  [[noreturn]] void bad(const std::string& key, const nlohmann::json& v,
+                        const std::string& expected) const {
+    std::string shown = v.dump();
+    if (shown.size() > 60) shown = shown.substr(0, 57) + "...";
+    DS_THROW("[checkpoint] {}: {}.{} must be {}, got {} ({}); the checkpoint is damaged or not "
+             "written by deepspeed.cpp", file_, where_, key, expected, shown, v.type_name());
+  }
+
+ private:
+  const nlohmann::json& j_;
+  std::string file_;
+  std::string where_;
+};
+
+// A tag from `latest` or the caller names a folder inside the checkpoint folder: a plain name,
+// never a path that would load another run's checkpoint.
+void check_tag(const std::string& tag, const std::string& from) {
+  DS_CHECK(!tag.empty() && tag.find('/') == std::string::npos && tag != "." && tag != "..",
+           "[checkpoint] {} names '{}', but a checkpoint tag must be a folder name inside the "
+           "checkpoint folder (global_step<N>), not a path; to load another folder, pass that "
+           "folder itself", from, tag);
 }
 
 }  // namespace
@@ -104,6 +178,42 @@ bool is_shard_file(const std::string& name, DType training) {
 }
 
 }  // namespace
+
+std::vector<fs::path> remove_stale_checkpoint_temporaries(const fs::path& dir) {
+  std::vector<fs::path> removed;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return removed;
+  auto ends_with = [](const std::string& s, std::string_view suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool hidden_tag = name.size() > 1 && name[0] == '.' &&
+                            (ends_with(name, ".tmp") || ends_with(name, ".old") || ends_with(name, ".deleting"));
+    const bool latest_tmp = name.rfind("latest.tmp-", 0) == 0;
+    if ((hidden_tag && e.is_directory(ec)) || (latest_tmp && !e.is_directory(ec))) stale.push_back(e.path());
+  }
+  for (const auto& p : stale) {
+    fs::remove_all(p, ec);
+    DS_CHECK(!ec, "[checkpoint] cannot delete the stale temporary {}: {}", p.string(), ec.message());
+    removed.push_back(p);
+  }
+  return removed;
+}
+
+void delete_checkpoint(const fs::path& dir, const std::string& tag) {
+  const fs::path from = dir / tag, away = dir / fmt::format(".{}.deleting", tag);
+  std::error_code ec;
+  fs::remove_all(away, ec);  // left by an earlier crash
+  fs::rename(from, away, ec);
+  DS_CHECK(!ec, "[checkpoint] cannot delete old checkpoint {} (renaming it to {} failed: {})",
+           from.string(), away.filename().string(), ec.message());
+  fsync_dir(dir);
+  fs::remove_all(away, ec);
+  DS_CHECK(!ec, "[checkpoint] cannot delete old checkpoint {} (now {}): {}", from.string(),
+           away.string(), ec.message());
+}
 
 void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_in,
                              const nlohmann::json& client_state) {
@@ -277,8 +387,14 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
     const fs::path latest = dir / "latest";
     DS_CHECK(fs::exists(latest), "[checkpoint] {} has no 'latest' file: no complete checkpoint was "
              "written there; pass a tag (a global_step<N> folder) explicitly", dir.string());
+    DS_CHECK(!fs::is_directory(latest),
+             "[checkpoint] {} is a directory, not the file naming the newest checkpoint; remove or "
+             "rename it, or pass a tag (a global_step<N> folder) explicitly", latest.string());
     tag = trim(read_text(latest));
     DS_CHECK(!tag.empty(), "[checkpoint] {} is empty", latest.string());
+    check_tag(tag, latest.string());
+  } else {
+    check_tag(tag, "the requested tag");
   }
   const fs::path ck = dir / tag;
   DS_CHECK(fs::is_directory(ck), "[checkpoint] checkpoint folder {} does not exist", ck.string());
@@ -291,18 +407,23 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
   } catch (const std::exception& e) {
     DS_THROW("[checkpoint] {} is corrupted ({})", sums_path.string(), e.what());
   }
+  DS_CHECK(sums.is_object(), "[checkpoint] {} is corrupted: expected a JSON object of files, got {}",
+           sums_path.string(), sums.type_name());
+  const Meta sums_meta(sums, sums_path.string(), "checksums");
   auto verify = [&](const std::string& f) {
     const fs::path p = ck / f;
     DS_CHECK(sums.contains(f), "[checkpoint] {} does not list {}", sums_path.string(), f);
     DS_CHECK(fs::exists(p), "[checkpoint] {} is missing", p.string());
+    const Meta entry = sums_meta.object(f);
+    const uint64_t want_size = entry.unsigned64("bytes");
+    const std::string want_hash = entry.string("xxh64");
     uint64_t size = 0;
     const uint64_t h = file_xxh64(p, &size);
-    const uint64_t want_size = sums[f].at("bytes").get<uint64_t>();
     DS_CHECK(size == want_size, "[checkpoint] {} is truncated or padded: {} bytes, expected {}",
              p.string(), size, want_size);
-    DS_CHECK(hex64(h) == sums[f].at("xxh64").get<std::string>(),
+    DS_CHECK(hex64(h) == want_hash,
              "[checkpoint] {} is corrupted: checksum {} differs from the recorded {}", p.string(),
-             hex64(h), sums[f].at("xxh64").get<std::string>());
+             hex64(h), want_hash);
   };
   std::vector<std::string> shard_files;
   for (auto it = sums.begin(); it != sums.end(); ++it)
@@ -321,7 +442,22 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
   // Model weights: exactly our names and shapes.
   verify(kModelFile);
   safetensors::Reader model_file((ck / kModelFile).string());
-  const nlohmann::json engine_state = parse_metadata(model_file, "ds_engine");
+  const nlohmann::json engine_json = parse_metadata(model_file, "ds_engine");
+  const Meta engine_state(engine_json, (ck / kModelFile).string(), "ds_engine");
+  // Every field is read (and type-checked) before any state changes, so a damaged file leaves the
+  // engine as it was.
+  const int64_t global_steps = engine_state.integer("global_steps");
+  const int64_t global_samples = engine_state.integer("global_samples");
+  const int64_t skipped_steps = engine_state.integer("skipped_steps");
+  const int64_t micro_steps = engine_state.integer("micro_steps");
+  const int64_t consecutive_skips =
+      engine_state.has("consecutive_skips") ? engine_state.integer("consecutive_skips") : 0;
+  const nlohmann::json lr_state = engine_state.object("lr_scheduler").json();
+  const nlohmann::json scaler_state = engine_state.object("loss_scaler").json();
+  const Meta dropout = engine_state.object("dropout_rng");
+  const uint64_t dropout_seed = dropout.unsigned64("seed"), dropout_offset = dropout.unsigned64("offset");
+  nlohmann::json client_state = nlohmann::json::object();
+  if (engine_state.has("client_state")) client_state = engine_state.object("client_state").json();
   auto params = model_->named_parameters();
   std::vector<std::string> problems;
   for (auto& [name, p] : params) {
@@ -366,23 +502,47 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
   for (const auto& f : shard_files) {
     const std::string path = (ck / f).string();
     safetensors::Reader reader(path);
-    const nlohmann::json meta = parse_metadata(reader, "ds_optimizer");
-    DS_CHECK(meta.at("numel").get<int64_t>() == flat_.numel && meta.at("param_names").size() == flat_.entries.size(),
+    const nlohmann::json meta_json = parse_metadata(reader, "ds_optimizer");
+    const Meta meta(meta_json, path, "ds_optimizer");
+    const int64_t numel = meta.integer("numel");
+    const nlohmann::json& names = meta.array("param_names");
+    const nlohmann::json& shapes = meta.array("param_shapes");
+    DS_CHECK(numel == flat_.numel && names.size() == flat_.entries.size(),
              "[checkpoint] {} holds {} parameters ({} elements); this model has {} ({} elements)", path,
-             meta.at("param_names").size(), meta.at("numel").get<int64_t>(), flat_.entries.size(), flat_.numel);
-    for (size_t i = 0; i < flat_.entries.size(); ++i)
-      DS_CHECK(meta["param_names"][i].get<std::string>() == flat_.entries[i].name &&
-                   meta["param_shapes"][i].get<Shape>() == flat_.entries[i].shape,
+             names.size(), numel, flat_.entries.size(), flat_.numel);
+    DS_CHECK(shapes.size() == names.size(),
+             "[checkpoint] {}: ds_optimizer lists {} parameter names but {} shapes; the file is damaged",
+             path, names.size(), shapes.size());
+    for (size_t i = 0; i < flat_.entries.size(); ++i) {
+      if (!names[i].is_string()) meta.bad(fmt::format("param_names[{}]", i), names[i], "a string");
+      bool shape_ok = shapes[i].is_array();
+      for (const auto& d : shapes[i]) shape_ok = shape_ok && d.is_number_integer() && d.get<int64_t>() >= 0;
+      if (!shape_ok)
+        meta.bad(fmt::format("param_shapes[{}]", i), shapes[i], "a list of integers >= 0");
+      DS_CHECK(names[i].get<std::string>() == flat_.entries[i].name &&
+                   shapes[i].get<Shape>() == flat_.entries[i].shape,
                "[checkpoint] {}: parameter {} is {} {} in the file but {} {} in the model", path, i,
-               meta["param_names"][i].get<std::string>(), shape_str(meta["param_shapes"][i].get<Shape>()),
+               names[i].get<std::string>(), shape_str(shapes[i].get<Shape>()),
                flat_.entries[i].name, shape_str(flat_.entries[i].shape));
-    DS_CHECK(meta.at("optimizer").get<std::string>() == optimizer_->name(),
+    }
+    const std::string opt_name = meta.string("optimizer");
+    DS_CHECK(opt_name == optimizer_->name(),
              "[checkpoint] {} was written with the {} optimizer; this run uses {}", path,
-             meta.at("optimizer").get<std::string>(), optimizer_->name());
-    scalar_state = meta.at("scalar_state");
+             opt_name, optimizer_->name());
+    const Meta scalars = meta.object("scalar_state");
+    for (const auto& [k, v] : scalars.json().items())
+      if (!v.is_number()) meta.bad("scalar_state." + k, v, "a number");
+    scalar_state = scalars.json();
     bool verified = false;
-    for (const auto& seg : meta.at("segments")) {
+    for (const auto& seg : meta.array("segments")) {
+      bool seg_ok = seg.is_array() && seg.size() == 3;
+      for (size_t k = 0; seg_ok && k < 3; ++k) seg_ok = seg[k].is_number_integer() && seg[k].get<int64_t>() >= 0;
+      if (!seg_ok)
+        meta.bad("segments[]", seg, "a list of [flat begin, flat end, offset] integer triples >= 0");
       const int64_t fb = seg[0].get<int64_t>(), fe = seg[1].get<int64_t>(), foff = seg[2].get<int64_t>();
+      DS_CHECK(fb <= fe && fe <= flat_.numel,
+               "[checkpoint] {}: segment [{}, {}) lies outside the {} flat elements; the file is damaged",
+               path, fb, fe, flat_.numel);
       for (const auto& w : wants) {
         const int64_t a = std::max(fb, w[0]), z = std::min(fe, w[1]);
         if (a >= z) continue;
@@ -394,6 +554,10 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
           DS_CHECK(reader.contains(name), "[checkpoint] {} has no optimizer state '{}'", path, name);
           const auto& entry = reader.entry(name);
           DS_CHECK(entry.supported && entry.dtype == DType::f32, "[checkpoint] {}: '{}' is not fp32", path, name);
+          const int64_t have = static_cast<int64_t>((entry.end - entry.begin) / sizeof(float));
+          DS_CHECK(foff + (z - fb) <= have,
+                   "[checkpoint] {}: segment [{}, {}) at offset {} reads past the {} elements of '{}'; "
+                   "the file is damaged", path, fb, fe, foff, have, name);
           const float* src = reinterpret_cast<const float*>(reader.data_of(entry));
           std::memcpy(dst + w[2] + (a - w[0]), src + foff + (a - fb), static_cast<size_t>(z - a) * sizeof(float));
         };
@@ -415,19 +579,31 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
   } else {
     for (auto& [name, p] : params) model_file.read_into(name, p);
   }
-  optimizer_->load_scalar_state(scalar_state.get<std::map<std::string, double>>());
-
-  global_steps_ = engine_state.at("global_steps").get<int64_t>();
-  global_samples_ = engine_state.at("global_samples").get<int64_t>();
-  skipped_steps_ = engine_state.at("skipped_steps").get<int64_t>();
-  micro_steps_ = engine_state.at("micro_steps").get<int64_t>();
-  consecutive_skips_ = engine_state.value("consecutive_skips", 0);
-  scheduler_.load_state_dict(engine_state.at("lr_scheduler"));
-  scaler_.load_state_dict(engine_state.at("loss_scaler"));
-  rng::dropout_state().seed = engine_state.at("dropout_rng").at("seed").get<uint64_t>();
-  rng::dropout_state().offset = engine_state.at("dropout_rng").at("offset").get<uint64_t>();
+  // The state objects check their own fields; their messages get the file's name in front.
+  const std::string model_path = (ck / kModelFile).string();
+  auto in_file = [](const std::string& file, auto&& load) {
+    try {
+      load();
+    } catch (const Error& e) {
+      DS_THROW("[checkpoint] {}: {}", file, e.what());
+    }
+  };
+  in_file((ck / shard_files.front()).string(), [&] {
+    optimizer_->load_scalar_state(scalar_state.get<std::map<std::string, double>>());
+  });
+  in_file(model_path, [&] {
+    scheduler_.load_state_dict(lr_state);
+    scaler_.load_state_dict(scaler_state);
+  });
+  global_steps_ = global_steps;
+  global_samples_ = global_samples;
+  skipped_steps_ = skipped_steps;
+  micro_steps_ = micro_steps;
+  consecutive_skips_ = consecutive_skips;
+  rng::dropout_state().seed = dropout_seed;
+  rng::dropout_state().offset = dropout_offset;
   zero_grads();
-  return engine_state.value("client_state", nlohmann::json::object());
+  return client_state;
 }
 
 }  // namespace ds::runtime

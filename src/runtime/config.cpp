@@ -172,6 +172,7 @@ void read_optimizer(Section s, OptimizerConfig& c, ParseState& st) {
       }
       c.torch_adam = p.boolean("torch_adam", false);
       c.fp32_optimizer_states = p.boolean("fp32_optimizer_states", true);
+      p.todo("fp32_optimizer_states", "16-bit optimizer states (they are always fp32 here)");
       p.boolean("set_grad_none", true);  // a PyTorch memory knob; meaningless here
       no_amsgrad();
       if (c.type == OptimizerType::OneBitAdam) {
@@ -216,6 +217,7 @@ void read_optimizer(Section s, OptimizerConfig& c, ParseState& st) {
       c.lr_decay = p.number("lr_decay", 0.0, nonneg);
       c.initial_accumulator_value = p.number("initial_accumulator_value", 0.0, nonneg);
       c.fp32_optimizer_states = p.boolean("fp32_optimizer_states", true);
+      p.todo("fp32_optimizer_states", "16-bit optimizer states (they are always fp32 here)");
       no_amsgrad();
       break;
     case OptimizerType::Lion:
@@ -223,6 +225,7 @@ void read_optimizer(Section s, OptimizerConfig& c, ParseState& st) {
       c.betas = p.number_pair("betas", {0.9, 0.999}, beta);
       c.weight_decay = p.number("weight_decay", 0.0, nonneg);
       c.fp32_optimizer_states = p.boolean("fp32_optimizer_states", true);
+      p.todo("fp32_optimizer_states", "16-bit optimizer states (they are always fp32 here)");
       p.boolean("set_grad_none", true);
       break;
     case OptimizerType::None:
@@ -255,11 +258,24 @@ void read_optimizer(Section s, OptimizerConfig& c, ParseState& st) {
 }
 
 // Shared by WarmupLR and WarmupDecayLR.
+// DeepSpeed 0.19 raises ValueError for warmup_num_steps = 0. A Trainer-style run without warm-up
+// fills "auto" with 0, so 0 is accepted here and runs as DeepSpeed 0.16 did (W = max(2, 0)); written
+// in the file, it warns.
+int64_t read_warmup_steps(Section& p, ParseState& st) {
+  const int64_t w = p.integer("warmup_num_steps", 1000, at_least(0));
+  if (w == 0 && !st.auto_filled.count("scheduler.params.warmup_num_steps"))
+    st.warn(
+        "[config] scheduler.params.warmup_num_steps = 0: DeepSpeed 0.19 refuses 0; deepspeed.cpp "
+        "runs it as DeepSpeed 0.16 did (a warm-up of 2 steps); write 1 or more to silence this");
+  return w;
+}
+
+// WarmupLR's warmup_max_lr defaults to the optimizer's lr (DeepSpeed 0.19); WarmupDecayLR keeps 1e-3.
 template <class P>
-void read_warmup(Section& p, P& w) {
+void read_warmup(Section& p, P& w, double default_max_lr, ParseState& st) {
   w.warmup_min_lr = p.number("warmup_min_lr", 0.0, at_least(0));
-  w.warmup_max_lr = p.number("warmup_max_lr", 1e-3, at_least(0));
-  w.warmup_num_steps = p.integer("warmup_num_steps", 1000, at_least(0));
+  w.warmup_max_lr = p.number("warmup_max_lr", default_max_lr, at_least(0));
+  w.warmup_num_steps = read_warmup_steps(p, st);
   w.warmup_type = p.choice("warmup_type", "log", {"log", "linear"}) == "log" ? WarmupType::Log
                                                                              : WarmupType::Linear;
 }
@@ -288,14 +304,17 @@ void read_scheduler(Section s, SchedulerConfig& c, const OptimizerConfig& opt, P
   switch (c.type) {
     case SchedulerType::WarmupLR: {
       WarmupLRParams w;
-      read_warmup(p, w);
+      read_warmup(p, w, opt.lr, st);
+      if (!p.has("warmup_max_lr"))
+        st.update("scheduler.params.warmup_max_lr", w.warmup_max_lr, Origin::Derived,
+                  "= optimizer.params.lr (DeepSpeed 0.19)");
       c.params = w;
       break;
     }
     case SchedulerType::WarmupDecayLR: {
       WarmupDecayLRParams w;
       w.total_num_steps = required_steps(p, "total_num_steps", "WarmupDecayLR", st);
-      read_warmup(p, w);
+      read_warmup(p, w, 1e-3, st);
       if (w.total_num_steps < std::max<int64_t>(2, w.warmup_num_steps))
         st.warn(
             fmt::format("[config] scheduler.params.total_num_steps {} is less than "
@@ -308,7 +327,7 @@ void read_scheduler(Section s, SchedulerConfig& c, const OptimizerConfig& opt, P
       WarmupCosineLRParams w;
       w.total_num_steps = required_steps(p, "total_num_steps", "WarmupCosineLR", st);
       w.warmup_min_ratio = p.number("warmup_min_ratio", 0.0, between(0, 1));
-      w.warmup_num_steps = p.integer("warmup_num_steps", 1000, at_least(0));
+      w.warmup_num_steps = read_warmup_steps(p, st);
       w.cos_min_ratio = p.number("cos_min_ratio", 1e-4, between(0, 1));
       w.warmup_type = p.choice("warmup_type", "log", {"log", "linear"}) == "log"
                           ? WarmupType::Log
@@ -333,7 +352,8 @@ void read_scheduler(Section s, SchedulerConfig& c, const OptimizerConfig& opt, P
       o.cycle_max_lr = *max_lr;
       o.decay_lr_rate = p.number("decay_lr_rate", 0.0, at_least(0));
       o.cycle_first_step_size = p.integer("cycle_first_step_size", 2000, at_least(1));
-      auto second = p.opt_integer("cycle_second_step_size", at_least(1));
+      // DeepSpeed accepts an empty second half (0): the cycle is then a ramp up only.
+      auto second = p.opt_integer("cycle_second_step_size", at_least(0));
       o.cycle_second_step_size = second.value_or(o.cycle_first_step_size);
       if (!second)
         st.update("scheduler.params.cycle_second_step_size", o.cycle_second_step_size,
@@ -357,6 +377,12 @@ void read_scheduler(Section s, SchedulerConfig& c, const OptimizerConfig& opt, P
         st.update("scheduler.params.cycle_momentum", false, Origin::Derived,
                   "optimizer has no betas");
       }
+      if (o.cycle_momentum && opt.betas[1] != 0.99)
+        st.warn(fmt::format(
+            "[config] scheduler.params.cycle_momentum: OneCycle sets beta2 to 0.99 while it cycles "
+            "beta1, as DeepSpeed does, replacing optimizer.params.betas[1] = {}; set "
+            "\"cycle_momentum\": false to keep the configured betas",
+            opt.betas[1]));
       c.params = o;
       break;
     }
@@ -526,6 +552,15 @@ void read_file_monitor(Section s, FileMonitorConfig& m, const char* todo_what) {
   if (todo_what) s.todo("enabled", todo_what);
   m.output_path = s.string("output_path", "");
   m.job_name = s.string("job_name", "DeepSpeedJobName");
+  // The job name becomes a folder under output_path: "../x" or "a/b" would write elsewhere.
+  const std::string& j = m.job_name;
+  if (j.empty() || j == "." || j == ".." || j.find_first_of("/\\") != std::string::npos ||
+      j.find('\0') != std::string::npos)
+    DS_THROW(
+        "[config] {} = \"{}\" is not allowed: the job name becomes a folder under output_path, so "
+        "it must be a plain name without '/' or '\\' (and not \".\" or \"..\"); put folders in "
+        "output_path instead",
+        s.key_path("job_name"), j);
   s.finish();
 }
 
@@ -745,6 +780,17 @@ void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
   for (auto [name, dev, path] :
        {std::tuple{"offload_optimizer", z.offload_optimizer.device, &z.offload_optimizer.nvme_path},
         std::tuple{"offload_param", z.offload_param.device, &z.offload_param.nvme_path}}) {
+    if (dev == OffloadDevice::CPU) {
+      // On this CPU-only build the states already live in host memory, so nothing changes; but the
+      // user asked for offload, and a later GPU build would honour it: say so once.
+      st.warn(
+          fmt::format("[config] zero_optimization.{}.device = \"cpu\": CPU offload is not "
+                      "implemented in deepspeed.cpp yet; the key is accepted and ignored (on this "
+                      "CPU-only build the {} already live in host memory)",
+                      name,
+                      std::string_view(name) == "offload_param" ? "parameters" : "optimizer states"));
+      continue;
+    }
     if (dev != OffloadDevice::NVMe) continue;
     DS_CHECK(!path->empty(),
              "[config] zero_optimization.{}.nvme_path is required when device is \"nvme\" in {}",

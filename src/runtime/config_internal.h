@@ -97,7 +97,7 @@ class Section {
   std::optional<double> opt_number(std::string_view key, Range r = {});
   std::string string(std::string_view key, std::string def);
   std::optional<std::string> opt_string(std::string_view key);
-  // One of `allowed` (case-insensitive when ci); returns the allowed spelling. null -> nullopt.
+  // One of `allowed` (case-insensitive when ci); returns the allowed spelling.
   std::optional<std::string> opt_choice(std::string_view key,
                                         const std::vector<std::string>& allowed, bool ci = false);
   std::string choice(std::string_view key, const std::string& def,
@@ -105,7 +105,8 @@ class Section {
   std::array<double, 2> number_pair(std::string_view key, std::array<double, 2> def, Range r = {});
   std::vector<std::string> string_list(std::string_view key);
   json any(std::string_view key, json def);  // any JSON, kept verbatim
-  // A nested object; absent or null gives an absent section. Anything else is a type error.
+  // A nested object; absent (or null where DeepSpeed allows it) gives an absent section. Anything
+  // else is a type error.
   Section child(std::string_view key);
   // Declares `key` valid without reading it (read elsewhere).
   void declare(std::string_view key);
@@ -126,6 +127,9 @@ class Section {
 
  private:
   const json* lookup(std::string_view key);  // declares the key; nullptr when absent
+  // True when `key` is absent, or null where DeepSpeed's schema takes null as "not set" (its
+  // Optional fields); a null anywhere else is an error naming the key.
+  bool absent(std::string_view key, const json* v) const;
   void reject_auto(std::string_view key, const json& v) const;
   void record(std::string_view key, const json* given, json effective, json def);
   std::optional<int64_t> as_integer(std::string_view key, const json& v, const Range& r) const;

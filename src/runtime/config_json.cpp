@@ -2,7 +2,9 @@
 // the parser's messages need (edit distance, value display).
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -90,6 +92,84 @@ std::pair<size_t, size_t> line_col(std::string_view text, size_t offset) {
   return {line, col};
 }
 
+// The file's text, or an error that says what the path is when it is not a readable regular file.
+// Only the path's status is examined before opening, so a FIFO or a device is refused without
+// ever being opened (a FIFO would block, /dev/zero would never end).
+std::string read_config_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st)) {
+    if (ec && ec != std::errc::no_such_file_or_directory)
+      DS_THROW("[config] cannot read DeepSpeed config '{}': {}", path, ec.message());
+    DS_THROW(
+        "[config] cannot read DeepSpeed config '{}': no such file (a config given inline must be "
+        "a JSON object starting with '{{')",
+        path);
+  }
+  const char* kind = nullptr;
+  switch (st.type()) {
+    case fs::file_type::regular:
+      break;
+    case fs::file_type::directory:
+      kind = "a directory";
+      break;
+    case fs::file_type::fifo:
+      kind = "a FIFO (named pipe)";
+      break;
+    case fs::file_type::character:
+      kind = "a character device";
+      break;
+    case fs::file_type::block:
+      kind = "a block device";
+      break;
+    case fs::file_type::socket:
+      kind = "a socket";
+      break;
+    default:
+      kind = "not a regular file";
+      break;
+  }
+  if (kind)
+    DS_THROW(
+        "[config] cannot read DeepSpeed config '{}': it is {}, not a regular file; give the path "
+        "of a JSON file",
+        path, kind);
+  std::ifstream in(path, std::ios::binary);
+  if (!in.good())
+    DS_THROW("[config] cannot read DeepSpeed config '{}': {} (check its permissions)", path,
+             std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  DS_CHECK(!in.bad(), "[config] reading DeepSpeed config '{}' failed: {}", path,
+           std::strerror(errno));
+  return ss.str();
+}
+
+// Deepest nesting of objects and arrays, outside strings and comments. nlohmann's parser recurses
+// when it builds values, so a pathologically deep document would overflow the stack.
+size_t nesting_depth(std::string_view text) {
+  size_t depth = 0, deepest = 0;
+  const size_t n = text.size();
+  for (size_t i = 0; i < n; ++i) {
+    const char c = text[i];
+    if (c == '"') {
+      ++i;
+      while (i < n && text[i] != '"') i += text[i] == '\\' ? 2 : 1;
+    } else if (c == '/' && i + 1 < n && text[i + 1] == '/') {
+      while (i < n && text[i] != '\n') ++i;
+    } else if (c == '/' && i + 1 < n && text[i + 1] == '*') {
+      const size_t end = text.find("*/", i + 2);
+      i = end == std::string_view::npos ? n : end + 1;
+    } else if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == '}' || c == ']') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 }  // namespace
 
 json load_config_json(const std::string& path_or_json, std::string* source) {
@@ -100,19 +180,16 @@ json load_config_json(const std::string& path_or_json, std::string* source) {
     name = "<json string>";
   } else {
     name = path_or_json;
-    std::error_code ec;
-    DS_CHECK(
-        std::filesystem::is_regular_file(path_or_json, ec),
-        "[config] cannot read DeepSpeed config '{}': no such file (a config given inline must be "
-        "a JSON object starting with '{{')",
-        path_or_json);
-    std::ifstream in(path_or_json, std::ios::binary);
-    DS_CHECK(in.good(), "[config] cannot open DeepSpeed config '{}' for reading", path_or_json);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    text = ss.str();
+    text = read_config_file(path_or_json);
   }
   if (source) *source = name;
+  // DeepSpeed configs nest four or five levels; anything near this is a broken or hostile file.
+  constexpr size_t kMaxDepth = 64;
+  const size_t depth = nesting_depth(text);
+  DS_CHECK(depth <= kMaxDepth,
+           "[config] {}: objects and arrays nest {} levels deep; a DeepSpeed config needs a few "
+           "(at most {} are accepted): check that the file is the config you meant",
+           name, depth, kMaxDepth);
   std::string cleaned = strip_trailing_commas(text);
   // DeepSpeed refuses a key given twice in one object; nlohmann would silently keep the last.
   // The callback tracks, per open object, its keys so far and the key being read (for the path).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <set>
 
 #include "config_internal.h"
 #include "ds/core/error.h"
@@ -61,6 +62,53 @@ const json* Section::raw_value(std::string_view key) const {
 const json* Section::lookup(std::string_view key) {
   declare(key);
   return raw_value(key);
+}
+
+namespace {
+// Keys whose DeepSpeed schema is Optional (pydantic `Optional[...] = None`, or a scalar read with a
+// None default), where null means "not set". Everywhere else DeepSpeed either rejects null or
+// crashes on it later (`"gradient_clipping": null` fails at the first step), so null is refused.
+const std::set<std::string, std::less<>> kNullable = {
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "steps_per_print",
+    "activation_checkpointing.number_checkpoints",
+    "communication_data_type",
+    "seq_parallel_communication_data_type",
+    "data_types.grad_accum_dtype",
+    "zero_optimization.overlap_comm",
+    "zero_optimization.offload_param",
+    "zero_optimization.offload_optimizer",
+    "zero_optimization.offload_param.nvme_path",
+    "zero_optimization.offload_optimizer.nvme_path",
+    "zero_optimization.cpu_offload",
+    "zero_optimization.cpu_offload_param",
+    "zero_optimization.cpu_offload_use_pin_memory",
+    "scheduler.params.cycle_second_step_size",
+    "scheduler.params.cycle_second_stair_count",
+    "scheduler.params.warmup_max_lr",
+    "wandb.group",
+    "wandb.team",
+    "comet.project",
+    "comet.workspace",
+    "comet.api_key",
+    "comet.experiment_name",
+    "comet.experiment_key",
+    "comet.online",
+    "comet.mode",
+};
+}  // namespace
+
+bool Section::absent(std::string_view key, const json* v) const {
+  if (!v) return true;
+  if (!v->is_null()) return false;
+  const std::string p = key_path(key);
+  if (kNullable.count(p)) return true;
+  DS_THROW(
+      "[config] {} is null in {}: DeepSpeed does not accept null for this key; write a value, or "
+      "remove the key to get its default",
+      p, st_.source);
 }
 
 void Section::declare(std::string_view key) {
@@ -142,12 +190,23 @@ bool Section::boolean(std::string_view key, bool def) {
 
 std::optional<bool> Section::opt_boolean(std::string_view key) {
   const json* v = lookup(key);
-  if (!v || v->is_null()) {
+  if (absent(key, v)) {
     defaults_[std::string(key)] = nullptr;
     st_.record(key_path(key), nullptr, v ? Origin::File : Origin::Default);
     return std::nullopt;
   }
   reject_auto(key, *v);
+  if (v->is_string()) {
+    // pydantic coerces "true"/"false" strings, so DeepSpeed accepts them; a JSON boolean is what
+    // the key means, and a quoted one is usually a templating slip.
+    std::string t = v->get<std::string>();
+    for (auto& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (t == "true" || t == "false")
+      DS_THROW(
+          "[config] {} = {} (a string) in {}: write {} without quotes (a JSON boolean); "
+          "DeepSpeed would coerce the string, deepspeed.cpp takes booleans only",
+          key_path(key), json_show(*v), st_.source, t);
+  }
   if (!v->is_boolean()) type_error(key, *v, "true or false");
   record(key, v, *v, nullptr);
   return v->get<bool>();
@@ -162,7 +221,7 @@ int64_t Section::integer(std::string_view key, int64_t def, Range r) {
 
 std::optional<int64_t> Section::opt_integer(std::string_view key, Range r) {
   const json* v = lookup(key);
-  if (!v || v->is_null()) {
+  if (absent(key, v)) {
     defaults_[std::string(key)] = nullptr;
     st_.record(key_path(key), nullptr, v ? Origin::File : Origin::Default);
     return std::nullopt;
@@ -181,7 +240,7 @@ double Section::number(std::string_view key, double def, Range r) {
 
 std::optional<double> Section::opt_number(std::string_view key, Range r) {
   const json* v = lookup(key);
-  if (!v || v->is_null()) {
+  if (absent(key, v)) {
     defaults_[std::string(key)] = nullptr;
     st_.record(key_path(key), nullptr, v ? Origin::File : Origin::Default);
     return std::nullopt;
@@ -200,7 +259,7 @@ std::string Section::string(std::string_view key, std::string def) {
 
 std::optional<std::string> Section::opt_string(std::string_view key) {
   const json* v = lookup(key);
-  if (!v || v->is_null()) {
+  if (absent(key, v)) {
     defaults_[std::string(key)] = nullptr;
     st_.record(key_path(key), nullptr, v ? Origin::File : Origin::Default);
     return std::nullopt;
@@ -231,7 +290,7 @@ std::string quoted_list(const std::vector<std::string>& xs) {
 std::optional<std::string> Section::opt_choice(std::string_view key,
                                                const std::vector<std::string>& allowed, bool ci) {
   const json* v = lookup(key);
-  if (!v || v->is_null()) {
+  if (absent(key, v)) {
     defaults_[std::string(key)] = nullptr;
     st_.record(key_path(key), nullptr, v ? Origin::File : Origin::Default);
     return std::nullopt;
@@ -263,7 +322,7 @@ std::array<double, 2> Section::number_pair(std::string_view key, std::array<doub
                                            Range r) {
   const json* v = lookup(key);
   defaults_[std::string(key)] = json::array({def[0], def[1]});
-  if (!v || v->is_null()) {
+  if (absent(key, v)) {
     st_.record(key_path(key), json::array({def[0], def[1]}), Origin::Default);
     return def;
   }
@@ -285,7 +344,7 @@ std::array<double, 2> Section::number_pair(std::string_view key, std::array<doub
 std::vector<std::string> Section::string_list(std::string_view key) {
   const json* v = lookup(key);
   defaults_[std::string(key)] = json::array();
-  if (!v || v->is_null()) {
+  if (absent(key, v)) {
     st_.record(key_path(key), json::array(), Origin::Default);
     return {};
   }
@@ -314,7 +373,7 @@ json Section::any(std::string_view key, json def) {
 
 Section Section::child(std::string_view key) {
   const json* v = lookup(key);
-  if (v && v->is_null()) v = nullptr;
+  if (v && v->is_null() && absent(key, v)) v = nullptr;
   if (v) {
     reject_auto(key, *v);
     if (!v->is_object()) type_error(key, *v, "an object");

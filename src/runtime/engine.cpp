@@ -436,7 +436,9 @@ bool Engine::step() {
   // Unscale, average and clip in one factor (reference §5).
   const ClipCoefficient clip = unscale_and_clip_coefficient(norm_scaled, scale, config_.gradient_clipping);
   optimizer_->set_lr(static_cast<float>(scheduler_.get_lr()));
-  if (auto beta1 = scheduler_.get_beta1()) optimizer_->set_momentum(static_cast<float>(*beta1));
+  if (auto beta1 = scheduler_.get_beta1())
+    optimizer_->set_betas(static_cast<float>(*beta1),
+                          static_cast<float>(LRScheduler::kOneCycleBeta2));
   const DType train = training_dtype();
   const bool sixteen = train != DType::f32;
   void* out16 = !sixteen       ? nullptr

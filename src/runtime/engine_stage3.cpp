@@ -270,4 +270,11 @@ std::vector<std::pair<std::string, Tensor>> Engine::stage3_gathered_weights() {
   return out;
 }
 
+std::vector<std::pair<std::string, Tensor>> Engine::full_weights() {
+  if (stage_ == 3) return stage3_gathered_weights();
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, p] : model_->named_parameters()) out.emplace_back(name, p);
+  return out;
+}
+
 }  // namespace ds::runtime

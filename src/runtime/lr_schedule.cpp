@@ -29,12 +29,33 @@ double warmup_lr(const P& p, int64_t t, double gamma) {
 
 double one_cycle_scale_factor(const OneCycleParams& p, int64_t t) {
   const double first = static_cast<double>(p.cycle_first_step_size);
-  const double total = first + static_cast<double>(p.cycle_second_step_size);
+  const double second = static_cast<double>(p.cycle_second_step_size);
+  const double total = first + second;
   const double step_ratio = first / total;
   const double i = static_cast<double>(t + 1);
   const double cycle = std::floor(1 + i / total);
   const double x = 1. + i / total - cycle;
-  return x <= step_ratio ? x / step_ratio : (x - 1) / (step_ratio - 1);
+  double scale_factor;
+  int64_t stair_count;
+  if (x <= step_ratio) {
+    scale_factor = x / step_ratio;
+    stair_count = p.cycle_first_stair_count;
+  } else {
+    scale_factor = (x - 1) / (step_ratio - 1);
+    stair_count = p.cycle_second_stair_count;
+  }
+  // Stairs (DeepSpeed 0.19): lr and momentum hold flat over each of stair_count equal pieces of a
+  // half cycle. The stair is taken from the integer step offset within the cycle, not from
+  // scale_factor, whose value at a half-cycle boundary can fall just below an exact stair.
+  if (stair_count > 0) {
+    const double cycle_iteration = std::fmod(i, total);
+    const double stairs = static_cast<double>(stair_count);
+    const double stair_position = cycle_iteration <= first
+                                      ? cycle_iteration * stairs / first
+                                      : (total - cycle_iteration) * stairs / second;
+    scale_factor = std::floor(stair_position) / stairs;
+  }
+  return scale_factor;
 }
 
 double one_cycle_total(const OneCycleParams& p) {
@@ -156,6 +177,8 @@ std::optional<double> LRScheduler::beta1_at(int64_t t) const {
   if (cfg_.type != SchedulerType::OneCycle) return std::nullopt;
   const auto& p = std::get<OneCycleParams>(cfg_.params);
   if (!p.cycle_momentum) return std::nullopt;
+  // Before the first step DeepSpeed's constructor writes cycle_min_mom, not the formula's value.
+  if (t < 0) return p.cycle_min_mom;
   const double total = one_cycle_total(p);
   if (static_cast<double>(t) < total) {
     const double base_height = (p.cycle_max_mom - p.cycle_min_mom) * one_cycle_scale_factor(p, t);

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "ds/core/error.h"
+#include "ds/data/shard.h"
 
 namespace ds::runtime {
 
@@ -23,6 +24,11 @@ namespace fs = std::filesystem;
 CsvMonitor::CsvMonitor(const fs::path& output_path, const std::string& job_name,
                        std::optional<int64_t> keep_up_to)
     : log_dir_(output_path / job_name), keep_up_to_(keep_up_to) {
+  DS_CHECK(!job_name.empty() && job_name != "." && job_name != ".." &&
+               job_name.find_first_of("/\\") == std::string::npos,
+           "[monitor] job name '{}' must be a plain folder name (no '/' or '\\'): it is created "
+           "under {}",
+           job_name, output_path.string());
   std::error_code ec;
   fs::create_directories(log_dir_, ec);
   DS_CHECK(!ec, "[monitor] cannot create '{}': {}", log_dir_.string(), ec.message());
@@ -247,19 +253,8 @@ std::string render_svg_chart(const ChartSpec& spec) {
 }
 
 void write_svg_chart(const fs::path& path, const ChartSpec& spec) {
-  const std::string svg = render_svg_chart(spec);
-  const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    DS_CHECK(out.good(), "[monitor] cannot write '{}'", tmp.string());
-    out << svg;
-    out.flush();
-    DS_CHECK(out.good(), "[monitor] writing '{}' failed (disk full?)", tmp.string());
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  DS_CHECK(!ec, "[monitor] cannot rename '{}' to '{}': {}", tmp.string(), path.string(),
-           ec.message());
+  // Temporary name, fsync, rename; a failed write (full disk) removes its temporary.
+  data::write_file_atomic(path, render_svg_chart(spec));
 }
 
 }  // namespace ds::runtime

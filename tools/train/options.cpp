@@ -1,11 +1,81 @@
 #include "options.h"
 
+#include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <filesystem>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 namespace ds::train {
+
+namespace {
+
+// CLI11's own range checks print the bound as a number with hundreds of digits (DBL_MAX) or say
+// "Value abc not in range"; these validators parse the text themselves and say what is allowed.
+std::string allowed_integers(int64_t lo, int64_t hi) {
+  if (hi == std::numeric_limits<int64_t>::max()) return fmt::format("an integer >= {}", lo);
+  return fmt::format("an integer in [{}, {}]", lo, hi);
+}
+
+CLI::Validator integer_in(int64_t lo, int64_t hi = std::numeric_limits<int64_t>::max()) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        int64_t v = 0;
+        const char* b = text.data();
+        const char* e = b + text.size();
+        const auto [end, ec] = std::from_chars(b, e, v);
+        if (ec == std::errc::result_out_of_range || (ec == std::errc() && end == e && (v < lo || v > hi)))
+          return fmt::format("'{}' is out of range: allowed is {}", text, allowed_integers(lo, hi));
+        if (ec != std::errc() || end != e)
+          return fmt::format("'{}' is not an integer: allowed is {}", text, allowed_integers(lo, hi));
+        return {};
+      },
+      allowed_integers(lo, hi));
+}
+
+CLI::Validator unsigned_integer() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        uint64_t v = 0;
+        const char* b = text.data();
+        const char* e = b + text.size();
+        const auto [end, ec] = std::from_chars(b, e, v);
+        if (ec != std::errc() || end != e)
+          return fmt::format("'{}' is not allowed: allowed is an integer in [0, 2^64 - 1]", text);
+        return {};
+      },
+      "an integer >= 0");
+}
+
+// A finite number in [lo, hi] (or [lo, hi) when hi_open).
+CLI::Validator number_in(double lo, double hi, bool lo_open = false, bool hi_open = false) {
+  std::string what;
+  if (std::isinf(hi))
+    what = fmt::format("a finite number {} {}", lo_open ? ">" : ">=", lo);
+  else
+    what = fmt::format("a number in {}{}, {}{}", lo_open ? "(" : "[", lo, hi, hi_open ? ")" : "]");
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size())
+          return fmt::format("'{}' is not a number: allowed is {}", text, what);
+        const bool ok = std::isfinite(v) && errno != ERANGE && (lo_open ? v > lo : v >= lo) &&
+                        (std::isinf(hi) || (hi_open ? v < hi : v <= hi));
+        if (!ok) return fmt::format("'{}' is out of range: allowed is {}", text, what);
+        return {};
+      },
+      what);
+}
+
+constexpr int64_t kMaxSteps = 1'000'000'000'000;  // far beyond any run, far below overflow
+
+}  // namespace
 
 void add_options(CLI::App& app, Options& o, Given& g,
                  std::vector<std::pair<CLI::Option*, bool*>>& given) {
@@ -35,42 +105,59 @@ void add_options(CLI::App& app, Options& o, Given& g,
   opt("--per_device_train_batch_size", o.per_device_train_batch_size,
       "Micro-batch per rank (config: train_micro_batch_size_per_gpu) [8 when neither sets it]",
       &g.per_device_train_batch_size)
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in(1, 1 << 20));
   opt("--gradient_accumulation_steps", o.gradient_accumulation_steps,
       "Micro-batches per optimizer step [1 when neither sets it]", &g.gradient_accumulation_steps)
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in(1, 1 << 20));
   opt("--learning_rate", o.learning_rate, "Peak learning rate (optimizer lr, warmup_max_lr)",
       &g.learning_rate)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(number_in(0, INFINITY));
   opt("--weight_decay", o.weight_decay, "AdamW weight decay", &g.weight_decay)
-      ->capture_default_str();
-  opt("--adam_beta1", o.adam_beta1, "Adam beta1", &g.adam_beta1)->capture_default_str();
-  opt("--adam_beta2", o.adam_beta2, "Adam beta2", &g.adam_beta2)->capture_default_str();
-  opt("--adam_epsilon", o.adam_epsilon, "Adam epsilon", &g.adam_epsilon)->capture_default_str();
+      ->capture_default_str()
+      ->check(number_in(0, INFINITY));
+  opt("--adam_beta1", o.adam_beta1, "Adam beta1", &g.adam_beta1)
+      ->capture_default_str()
+      ->check(number_in(0, 1, false, true));
+  opt("--adam_beta2", o.adam_beta2, "Adam beta2", &g.adam_beta2)
+      ->capture_default_str()
+      ->check(number_in(0, 1, false, true));
+  opt("--adam_epsilon", o.adam_epsilon, "Adam epsilon", &g.adam_epsilon)
+      ->capture_default_str()
+      ->check(number_in(0, INFINITY));
   opt("--max_grad_norm", o.max_grad_norm, "Gradient clipping (config: gradient_clipping)",
       &g.max_grad_norm)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(number_in(0, INFINITY));
   opt("--warmup_steps", o.warmup_steps, "Warm-up steps (scheduler warmup_num_steps)",
       &g.warmup_steps)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in(0, kMaxSteps));
   opt("--max_steps", o.max_steps,
       "Optimizer steps to train (overrides --num_train_epochs; also the schedule's "
       "total_num_steps)",
       &g.max_steps)
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in(1, kMaxSteps));
   opt("--num_train_epochs", o.num_train_epochs,
       "Epochs when --max_steps is not given (default 3, or the config's total_num_steps when it "
       "has one)",
-      &g.num_train_epochs);
-  opt("--logging_steps", o.logging_steps, "Log a line every N steps (default: steps_per_print)");
+      &g.num_train_epochs)
+      ->check(number_in(0, 1e9, true));
+  opt("--logging_steps", o.logging_steps, "Log a line every N steps (default: steps_per_print)")
+      ->check(integer_in(1, kMaxSteps));
   opt("--eval_steps", o.eval_steps,
-      "Evaluate every N steps (default: a tenth of the run; 0: only at the end)");
+      "Evaluate every N steps (default: a tenth of the run; 0: only at the end)")
+      ->check(integer_in(0, kMaxSteps));
   opt("--save_steps", o.save_steps, "Checkpoint every N steps (0: only at the end)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in(0, kMaxSteps));
   opt("--save_total_limit", o.save_total_limit,
       "Keep at most N checkpoints, deleting the oldest (never the one in 'latest'); 0: keep all")
-      ->capture_default_str();
-  opt("--seed", o.seed, "Seed of the data order, dropout and the sample")->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in(0, 1 << 30));
+  opt("--seed", o.seed, "Seed of the data order, dropout and the sample")
+      ->capture_default_str()
+      ->check(unsigned_integer());
   given.emplace_back(app.add_flag("--bf16", o.bf16, "bf16 mixed precision (config bf16.enabled)"),
                      &g.bf16);
   given.emplace_back(app.add_flag("--fp16", o.fp16, "fp16 with loss scaling (config fp16.enabled)"),
@@ -86,21 +173,26 @@ void add_options(CLI::App& app, Options& o, Given& g,
       "Where to write the trained model in Hugging Face layout at the end (default: "
       "<output_dir>/hf_model; 'none' to skip)");
   opt("--block_size,--seq_len", o.block_size,
-      "Sequence length T (default: min(256, the model's block_size))");
+      "Sequence length T (default: min(256, the model's block_size))")
+      ->check(integer_in(1, 1 << 24));
   opt("--eval_batches", o.eval_batches, "Validation micro-batches per evaluation")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in(1, 1 << 30));
   opt("--sample_prompt", o.sample_prompt,
       "Prompt of the text sample generated at the end (default: a new document)");
   opt("--sample_tokens", o.sample_tokens, "Length of the sample in tokens (0: no sample)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in(0, 1 << 20));
   opt("--sample_top_k", o.sample_top_k, "Sample from the k most likely tokens (1: greedy)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in(1, 1 << 24));
   opt("--tokenizer", o.tokenizer,
       "Folder with encoder.json and vocab.bpe, for the sample (default: $DS_CACHE_DIR/gpt2 or "
       ".cache/data/gpt2)");
-  opt("--threads", o.threads, "Threads (default: all cores)");
-  opt("--local_rank", o.local_rank, "Accepted for the DeepSpeed launcher (the rank comes from mpirun's environment)");
+  opt("--threads", o.threads, "Threads (default: all cores)")->check(integer_in(1, 4096));
+  opt("--local_rank", o.local_rank,
+      "Accepted for the DeepSpeed launcher (the rank comes from mpirun's environment)")
+      ->check(integer_in(-1, 1 << 20));
 }
 
 std::string default_tokenizer_dir() {

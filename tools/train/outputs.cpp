@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/core/error.h"
+#include "ds/data/shard.h"
 
 namespace ds::train {
 
@@ -85,15 +86,8 @@ void write_memory_json(const std::filesystem::path& file, runtime::Engine& engin
         {"optimizer_states_bytes", paper.optimizer_states},
         {"model_state_bytes", paper.total()}}},
       {"ranks", rows}};
-  // Temporary name, then rename: a crash never leaves half a file.
-  const std::filesystem::path tmp = file.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    DS_CHECK(out.good(), "[ds_train] cannot write '{}'", tmp.string());
-    out << j.dump(2) << "\n";
-    DS_CHECK(out.good(), "[ds_train] writing '{}' failed (disk full?)", tmp.string());
-  }
-  std::filesystem::rename(tmp, file);
+  // Temporary name, fsync, rename: a crash never leaves half a file, a failed write no temporary.
+  data::write_file_atomic(file, j.dump(2) + "\n");
 }
 
 void write_loss_chart(const std::filesystem::path& svg, const runtime::CsvMonitor& monitor,

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "ds/core/error.h"
+#include "ds/runtime/checkpoint_files.h"
 
 namespace ds::train {
 
@@ -135,13 +136,35 @@ std::vector<fs::path> rotate_checkpoints(const fs::path& dir, int64_t keep) {
   for (const auto& p : all) {
     if (excess <= 0) break;
     if (p.filename().string() == newest_good) continue;
-    std::error_code ec;
-    fs::remove_all(p, ec);
-    DS_CHECK(!ec, "[ds_train] cannot delete old checkpoint '{}': {}", p.string(), ec.message());
+    runtime::delete_checkpoint(dir, p.filename().string());
     deleted.push_back(p);
     --excess;
   }
   return deleted;
+}
+
+std::vector<fs::path> remove_stale_temporaries(const fs::path& out_dir, const fs::path& export_dir) {
+  std::vector<fs::path> removed = runtime::remove_stale_checkpoint_temporaries(out_dir);
+  // Our writers' temporary names: write_file_atomic's "<name>.tmp-<pid>", safetensors' and the HF
+  // export's "<name>.tmp.<pid>", and the older "<name>.tmp".
+  static const std::regex temp_name(R"(.+\.tmp([-.]\d+)?)");
+  std::vector<fs::path> folders = {out_dir};
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out_dir, ec))
+    if (e.is_directory(ec) && e.path().filename().string()[0] != '.') folders.push_back(e.path());
+  if (!export_dir.empty() && fs::is_directory(export_dir, ec)) folders.push_back(export_dir);
+  for (const auto& folder : folders) {
+    std::vector<fs::path> stale;
+    for (const auto& e : fs::directory_iterator(folder, ec))
+      if (e.is_regular_file(ec) && std::regex_match(e.path().filename().string(), temp_name))
+        stale.push_back(e.path());
+    for (const auto& p : stale) {
+      fs::remove(p, ec);
+      DS_CHECK(!ec, "[ds_train] cannot delete the stale temporary {}: {}", p.string(), ec.message());
+      removed.push_back(p);
+    }
+  }
+  return removed;
 }
 
 UnigramStats unigram_stats(const data::TokenDataset& ds, uint64_t max_tokens) {

@@ -49,9 +49,17 @@ std::vector<std::filesystem::path> checkpoint_folders(const std::filesystem::pat
 // The tag named by dir/latest, or "" when there is none.
 std::string latest_tag(const std::filesystem::path& dir);
 // Deletes the oldest global_step<N> folders so that at most `keep` remain, never the one named in
-// dir/latest (the newest good checkpoint). Returns the folders deleted.
+// dir/latest (the newest good checkpoint). Each is renamed away before it is removed, so a crash
+// never leaves a half-deleted tag folder. Returns the folders deleted.
 std::vector<std::filesystem::path> rotate_checkpoints(const std::filesystem::path& dir,
                                                       int64_t keep);
+
+// Deletes what an interrupted run left in its output folder: the checkpoint temporaries
+// (runtime::remove_stale_checkpoint_temporaries) and ds_train's own half-written files
+// ("<name>.tmp", "<name>.tmp-<pid>", "<name>.tmp.<pid>") in out_dir, its csv folders and
+// export_dir (skipped when empty). Returns what it deleted.
+std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& out_dir,
+                                                            const std::filesystem::path& export_dir);
 
 // ---- data ----
 struct UnigramStats {

@@ -263,4 +263,11 @@ void finalize();
 // would otherwise wait for it until their deadlines.
 [[noreturn]] void abort_job(int code, std::string_view why);
 
+// True once the communication layer has found the job broken (a deadline expired, ranks issued
+// different collectives, a peer exited mid-collective). Its message has then been printed to stderr
+// already and the job is being ended with kCommFailureExitCode; a main() that catches the resulting
+// exception should call abort_job(kCommFailureExitCode, "") instead of printing it a second time.
+bool job_failed();
+inline constexpr int kCommFailureExitCode = 124;
+
 }  // namespace ds::comm

@@ -63,6 +63,12 @@ HFLoadReport load_hf_weights(GPT& model, const std::filesystem::path& path);
 // transformers requires), creating dir. The layout is GPT2LMHeadModel's / LlamaForCausalLM's, so
 // transformers' from_pretrained(dir) and load_hf_weights(dir) both read it.
 void export_hf(const GPT& model, const std::filesystem::path& dir, DType dtype = DType::f32);
+// The same from whole weights by our parameter names (e.g. ZeRO-3's gathered weights, where the
+// model itself holds only this rank's pieces). Every parameter of `config`'s model must be there
+// with its full shape.
+void export_hf(const GPTConfig& config,
+               const std::vector<std::pair<std::string, Tensor>>& named_weights,
+               const std::filesystem::path& dir, DType dtype = DType::f32);
 
 // The Hugging Face name of one of our parameter names ("h.0.attn.c_attn.weight" ->
 // "transformer.h.0.attn.c_attn.weight"), and whether the tensor is stored transposed there.

@@ -169,8 +169,10 @@ struct OneCycleParams {
   double cycle_max_lr = 0.0;  // required
   double decay_lr_rate = 0.0;
   int64_t cycle_first_step_size = 2000;
-  int64_t cycle_second_step_size = 2000;  // defaults to cycle_first_step_size
-  int64_t cycle_first_stair_count = 0;    // accepted; DeepSpeed does not use them either
+  int64_t cycle_second_step_size = 2000;  // defaults to cycle_first_step_size; may be 0
+  // Stairs per half cycle: lr and momentum hold flat over each of that many equal pieces of the
+  // half (DeepSpeed 0.19 semantics); 0 moves them every step. The second defaults to the first.
+  int64_t cycle_first_stair_count = 0;
   int64_t cycle_second_stair_count = 0;
   int64_t decay_step_size = 0;
   bool cycle_momentum = true;

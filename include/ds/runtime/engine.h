@@ -128,6 +128,12 @@ class Engine {
   const zero::PartitionPlan& partition_plan() const { return plan_; }
   comm::Group& group() { return *group_; }
 
+  // Every parameter whole, by name, in the training dtype, for export: the model's own tensors
+  // under stages 0-2; under ZeRO-3 each parameter is gathered in turn (a collective: every rank must
+  // call it) and only rank 0 receives the list (empty elsewhere), as DeepSpeed's
+  // stage3_gather_16bit_weights_on_model_save does.
+  std::vector<std::pair<std::string, Tensor>> full_weights();
+
   // ---- checkpoints (layout: reference/deepspeed-behaviour.md §8; docs/checkpoints.md) ----
   // Writes dir/<tag>/ atomically (a temporary folder renamed into place), then dir/latest.
   // tag "" = "global_step<N>". client_state is stored and returned by load_checkpoint.

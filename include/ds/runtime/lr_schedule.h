@@ -9,12 +9,11 @@
 // in DeepSpeed, where the scheduler writes the lr into the optimizer at construction and after
 // each step.
 //
-// Deliberate differences from DeepSpeed (see docs/config.md):
-//   - WarmupCosineLR holds cos_min_ratio from the end of the cosine on; DeepSpeed does not clamp
-//     and the lr rises again after total_num_steps.
-//   - OneCycle only drives beta1 (momentum); the configured beta2 is kept, where DeepSpeed forces
-//     beta2 = 0.99 while cycling momentum. At t = -1 beta1 follows the formula (cycle_max_mom),
-//     where DeepSpeed's constructor writes cycle_min_mom.
+// Values follow DeepSpeed 0.19.8 (tests/fixtures/config/schedules.json), including OneCycle's
+// stairs, WarmupCosineLR holding cos_min_ratio after total_num_steps, and OneCycle's momentum:
+// beta1 is cycle_min_mom before the first step (DeepSpeed's constructor writes it) and beta2 is
+// forced to kOneCycleBeta2 while momentum cycles (the config warns when that replaces a configured
+// beta2).
 #include <cstdint>
 #include <optional>
 
@@ -37,9 +36,10 @@ class LRScheduler {
 
   // The lr for the next optimizer step, at the current t.
   double get_lr() const;
-  // OneCycle with cycle_momentum: the optimizer's beta1 (momentum) at the current t. Otherwise
-  // nullopt, and the optimizer keeps its configured betas.
+  // OneCycle with cycle_momentum: the optimizer's beta1 (momentum) at the current t; beta2 is then
+  // kOneCycleBeta2. Otherwise nullopt, and the optimizer keeps its configured betas.
   std::optional<double> get_beta1() const;
+  static constexpr double kOneCycleBeta2 = 0.99;  // DeepSpeed's OneCycle pairs beta1 with 0.99
 
   int64_t last_batch_iteration() const { return last_batch_iteration_; }
   SchedulerType type() const { return cfg_.type; }
