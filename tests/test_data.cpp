@@ -207,6 +207,32 @@ TEST(Shard, CorruptPayloadCaughtByVerify) {
   expect_error([&] { TokenDataset({p}, /*verify_checksums=*/true); }, {p.string()});
 }
 
+TEST(Shard, IdsOutsideTheVocabularyAreRefusedOnRead) {
+  // One flipped bit in the payload (not verified on open) must never reach an embedding lookup or
+  // a histogram as an out-of-bounds index: every read checks the ids (issue 12).
+  TempDir dir;
+  const fs::path p = dir / "p.bin";
+  write_shard(p, iota_tokens(1000, 0, 64), 64);
+  const uint16_t bad = 0x8005;  // token 321 becomes id 32773 >= 64
+  patch_file(p, kShardHeaderBytes + 321 * 2, &bad, 2);
+  const Shard s = Shard::open(p);
+  std::vector<int32_t> out(1000);
+  expect_error([&] { s.read(0, out); },
+               {p.string(), "token 321", fmt::format("byte offset {}", kShardHeaderBytes + 642),
+                "id 32773", "vocabulary of 64 ids"});
+  // Reads that do not touch it succeed; reads through a dataset fail the same way.
+  s.read(0, std::span<int32_t>(out.data(), 321));
+  EXPECT_EQ(out[320], 320 % 64);
+  TokenDataset ds({p});
+  expect_error([&] { ds.get(20, 16); }, {"token 321", "id 32773"});
+  // uint32 shards too.
+  const fs::path q = dir / "q.bin";
+  write_shard(q, iota_tokens(100, 0, 70000), 70000);
+  const uint32_t big = 70000;
+  patch_file(q, kShardHeaderBytes + 4 * 7, &big, 4);
+  expect_error([&] { Shard::open(q).at(7); }, {"token 7", "id 70000"});
+}
+
 // ---- dataset ------------------------------------------------------------------------------------
 
 TEST(Dataset, SamplesAreWindowsAcrossShards) {

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "ds/core/safetensors.h"
 #include "ds/data/shard.h"
 
 namespace fs = std::filesystem;
@@ -197,7 +198,9 @@ TEST_F(DsTrain, SeveralRanksThroughTheLauncher) {
     EXPECT_EQ(read(b / "metrics" / (std::string(f) + ".csv")), read(a / "metrics" / (std::string(f) + ".csv")))
         << f;
 
-  // ZeRO-3 continues from the ZeRO-2 checkpoint; its parameters are partitioned too.
+  // ZeRO-3 continues from the ZeRO-2 checkpoint; its parameters are partitioned too, and the HF
+  // export is gathered from both ranks.
+  fs::remove_all(b / "hf_model");
   ASSERT_EQ(run(" --max_steps 6 --eval_steps 0 --deepspeed " + write_config(3) + " --output_dir " + b.string() +
                     " --resume_from_checkpoint latest",
                 true, launcher),
@@ -207,6 +210,13 @@ TEST_F(DsTrain, SeveralRanksThroughTheLauncher) {
   const json mem3 = json::parse(read(b / "memory.json"));
   EXPECT_EQ(mem3["zero_stage"], 3);
   EXPECT_LT(mem3["ranks"][1]["params_bytes"].get<int64_t>(), mem["ranks"][1]["params_bytes"].get<int64_t>());
+  ASSERT_TRUE(fs::exists(b / "hf_model" / "model.safetensors")) << log_;
+  ds::safetensors::Reader exported((b / "hf_model" / "model.safetensors").string());
+  ds::safetensors::Reader ck((b / "global_step6" / "mp_rank_00_model_states.safetensors").string());
+  int64_t exported_numel = 0, ck_numel = 0;
+  for (const auto& e : exported.entries()) exported_numel += ds::Tensor(exported.get(e.name)).numel();
+  for (const auto& e : ck.entries()) ck_numel += ds::Tensor(ck.get(e.name)).numel();
+  EXPECT_EQ(exported_numel, ck_numel);
 }
 #endif
 
@@ -230,6 +240,98 @@ TEST_F(DsTrain, ErrorsExitWithOne) {
 
   EXPECT_EQ(run("--max_steps 2 --block_size 64 --output_dir " + (dir_ / "y").string()), 1);
   EXPECT_NE(log_.find("exceeds the model's block_size 16"), std::string::npos) << log_;
+}
+
+// Issue 12: a bad flag or input file is refused before the first step, not after the whole run.
+TEST_F(DsTrain, BadFlagsAndInputsFailBeforeTraining) {
+  const std::string out = " --max_steps 2 --output_dir " + (dir_ / "x").string();
+  EXPECT_EQ(run(out + " --sample_top_k -3"), 2);
+  EXPECT_NE(log_.find("--sample_top_k: '-3' is out of range: allowed is an integer in [1, "),
+            std::string::npos) << log_;
+  EXPECT_EQ(run(out + " --max_steps 99999999999999999999"), 2);
+  EXPECT_NE(log_.find("--max_steps: '99999999999999999999' is out of range"), std::string::npos) << log_;
+  for (const char* bad : {"--block_size 0", "--threads -1", "--logging_steps 0", "--save_steps -5",
+                          "--save_total_limit -1", "--seed -1", "--sample_tokens -2",
+                          "--learning_rate abc", "--adam_beta2 1.5", "--eval_steps -3"}) {
+    EXPECT_EQ(run(out + " " + bad), 2) << bad << "\n" << log_;
+    EXPECT_NE(log_.find("allowed is"), std::string::npos) << bad << "\n" << log_;
+    EXPECT_EQ(log_.find("e+308"), std::string::npos) << log_;  // no DBL_MAX spelled out
+  }
+
+  // A damaged tokenizer (used only for the sample at the end) fails at start-up.
+  fs::create_directories(dir_ / "tok");
+  std::ofstream(dir_ / "tok" / "encoder.json") << "{not json";
+  std::ofstream(dir_ / "tok" / "vocab.bpe") << "#version: 0.2\n";
+  EXPECT_EQ(run(out + " --sample_tokens 4 --tokenizer " + (dir_ / "tok").string()), 1);
+  EXPECT_NE(log_.find("encoder.json"), std::string::npos) << log_;
+  EXPECT_EQ(log_.find("step 1/"), std::string::npos) << "trained before failing:\n" << log_;
+  EXPECT_EQ(run(out + " --sample_tokens 4 --tokenizer " + (dir_ / "no_tok").string()), 1);
+  EXPECT_NE(log_.find("no encoder.json there"), std::string::npos) << log_;
+  EXPECT_EQ(log_.find("step 1/"), std::string::npos) << log_;
+
+  // WORLD_SIZE > 1 without mpirun: the message, exit 1, no abort.
+  EXPECT_EQ(run(out, true, "WORLD_SIZE=2"), 1);
+  EXPECT_NE(log_.find("WORLD_SIZE=2 but this process was not started by mpirun"), std::string::npos)
+      << log_;
+  EXPECT_EQ(log_.find("terminate called"), std::string::npos) << log_;
+}
+
+TEST_F(DsTrain, RunWhoseEveryStepIsSkippedFails) {
+  // A static fp16 scale this large overflows every step: nothing is trained, so nothing is
+  // reported as done.
+  const fs::path a = dir_ / "a";
+  EXPECT_EQ(run("--max_steps 3 --eval_steps 0 --output_dir " + a.string() +
+                " --deepspeed '{\"train_batch_size\": 4, \"fp16\": {\"enabled\": true, "
+                "\"loss_scale\": 1e38}}'"),
+            1)
+      << log_;
+  EXPECT_NE(log_.find("every one of the 3 steps of this run was skipped"), std::string::npos) << log_;
+  EXPECT_FALSE(fs::exists(a / "hf_model"));
+}
+
+TEST_F(DsTrain, StaleTemporariesAreRemovedAtStart) {
+  const fs::path a = dir_ / "a";
+  fs::create_directories(a / ".global_step8.tmp");
+  std::ofstream(a / ".global_step8.tmp" / "mp_rank_00_model_states.safetensors") << "half";
+  fs::create_directories(a / ".global_step4.deleting");
+  std::ofstream(a / "latest.tmp-999999") << "global_step8\n";
+  std::ofstream(a / "loss.svg.tmp.999999") << "<svg";
+  std::ofstream(a / "memory.json.tmp") << "{";
+  std::ofstream(a / "notes.txt") << "the user's own file";
+  ASSERT_EQ(run("--max_steps 2 --eval_steps 0 --threads 64 --export_hf none --output_dir " + a.string()), 0)
+      << log_;
+  EXPECT_NE(log_.find("removed 5 temporaries left by an interrupted earlier run"), std::string::npos)
+      << log_;
+  for (const char* gone : {".global_step8.tmp", ".global_step4.deleting", "latest.tmp-999999",
+                           "loss.svg.tmp.999999", "memory.json.tmp"})
+    EXPECT_FALSE(fs::exists(a / gone)) << gone;
+  EXPECT_TRUE(fs::exists(a / "notes.txt"));
+  EXPECT_TRUE(fs::exists(a / "global_step2"));
+  // --threads above the core count is said, not silently oversubscribed.
+  EXPECT_NE(log_.find("--threads 64 is more than the"), std::string::npos) << log_;
+}
+
+TEST_F(DsTrain, Zero3ExportsTheGatheredModel) {
+  const fs::path a = dir_ / "a";
+  ASSERT_EQ(run("--max_steps 2 --eval_steps 0 --output_dir " + a.string() +
+                " --deepspeed '{\"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\": "
+                "\"auto\", \"gradient_accumulation_steps\": \"auto\", \"zero_optimization\": "
+                "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0}}'"),
+            0)
+      << log_;
+  ASSERT_TRUE(fs::exists(a / "hf_model" / "model.safetensors")) << log_;
+  EXPECT_NE(log_.find("HF export:"), std::string::npos) << log_;
+  // The export holds every weight whole, equal to the checkpoint's gathered model file.
+  ds::safetensors::Reader exported((a / "hf_model" / "model.safetensors").string());
+  ds::safetensors::Reader ck((a / "global_step2" / "mp_rank_00_model_states.safetensors").string());
+  ASSERT_FALSE(ck.names().empty());
+  for (const auto& name : ck.names()) {
+    const std::string hf = "transformer." + name;
+    const std::string key = exported.contains(hf) ? hf : name;
+    ASSERT_TRUE(exported.contains(key)) << name;
+    ds::Tensor x = exported.get(key), y = ck.get(name);
+    ASSERT_EQ(x.numel(), y.numel()) << name;
+  }
 }
 
 }  // namespace

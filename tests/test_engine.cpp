@@ -5,13 +5,18 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <limits>
 
 #include "ds/core/error.h"
 #include "ds/core/rng.h"
+#include "ds/core/safetensors.h"
+#include "ds/data/checksum.h"
 #include "ds/data/loader.h"
 #include "ds/data/shard.h"
 #include "ds/models/gpt.h"
+#include "ds/runtime/checkpoint_files.h"
 #include "ds/runtime/engine.h"
 
 using namespace ds;
@@ -287,4 +292,156 @@ TEST_F(EngineTest, DamagedCheckpointsAreRefusedWithTheFileNamed) {
   // Missing latest.
   fs::remove(ck / "latest");
   expect_error("no 'latest' file");
+}
+
+namespace {
+
+// Rewrites one JSON metadata entry of a checkpoint file and re-records the file's checksum, so that
+// only the metadata's content is wrong (as a buggy or hostile writer would leave it).
+void rewrite_metadata(const fs::path& file, const std::string& key,
+                      const std::function<void(nlohmann::json&)>& mutate) {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::map<std::string, std::string> meta;
+  {
+    safetensors::Reader r(file.string());
+    for (const auto& n : r.names()) tensors.emplace_back(n, r.get(n));
+    meta = r.metadata();
+  }
+  nlohmann::json j = nlohmann::json::parse(meta.at(key));
+  mutate(j);
+  meta[key] = j.dump();
+  safetensors::save(file.string(), tensors, meta);
+  const fs::path sums_path = file.parent_path() / "checksums.json";
+  nlohmann::json sums = nlohmann::json::parse(std::ifstream(sums_path));
+  std::ifstream in(file, std::ios::binary);
+  const std::string bytes{std::istreambuf_iterator<char>(in), {}};
+  sums[file.filename().string()] = {{"bytes", bytes.size()},
+                                    {"xxh64", fmt::format("{:016x}", data::xxh64(bytes.data(), bytes.size()))}};
+  std::ofstream(sums_path) << sums.dump(2);
+}
+
+}  // namespace
+
+TEST_F(EngineTest, MalformedCheckpointMetadataNamesFileAndField) {
+  const std::string cfg = config_json("fp32");
+  const fs::path ck = dir_ / "ck";
+  {
+    TrainRun r = start(cfg, corpus_);
+    micro_step(r);
+    r.engine->save_checkpoint(ck.string());
+  }
+  const fs::path model_file = ck / "global_step1" / "mp_rank_00_model_states.safetensors";
+  const fs::path shard_file = ck / "global_step1" / "zero_pp_rank_0_mp_rank_00_optim_states.safetensors";
+  const fs::path model_backup = dir_ / "model.bak", shard_backup = dir_ / "shard.bak",
+                 sums_backup = dir_ / "sums.bak";
+  fs::copy_file(model_file, model_backup);
+  fs::copy_file(shard_file, shard_backup);
+  fs::copy_file(ck / "global_step1" / "checksums.json", sums_backup);
+  auto restore = [&] {
+    fs::copy_file(model_backup, model_file, fs::copy_options::overwrite_existing);
+    fs::copy_file(shard_backup, shard_file, fs::copy_options::overwrite_existing);
+    fs::copy_file(sums_backup, ck / "global_step1" / "checksums.json", fs::copy_options::overwrite_existing);
+  };
+  auto load_error = [&] {
+    TrainRun r = start(cfg, corpus_);
+    try {
+      r.engine->load_checkpoint(ck.string());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  auto expect_all = [](const std::string& msg, std::initializer_list<std::string> needles) {
+    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' in: " << msg;
+    EXPECT_EQ(msg.find("json.exception"), std::string::npos) << msg;
+  };
+
+  rewrite_metadata(model_file, "ds_engine", [](nlohmann::json& j) { j["global_steps"] = "1"; });
+  expect_all(load_error(), {model_file.string(), "ds_engine.global_steps must be an integer >= 0", "\"1\""});
+  restore();
+  rewrite_metadata(model_file, "ds_engine", [](nlohmann::json& j) { j["skipped_steps"] = -3; });
+  expect_all(load_error(), {"ds_engine.skipped_steps must be an integer >= 0", "-3"});
+  restore();
+  rewrite_metadata(model_file, "ds_engine", [](nlohmann::json& j) { j.erase("micro_steps"); });
+  expect_all(load_error(), {model_file.string(), "has no field 'micro_steps'"});
+  restore();
+  rewrite_metadata(model_file, "ds_engine", [](nlohmann::json& j) { j["dropout_rng"] = {1, 2}; });
+  expect_all(load_error(), {"ds_engine.dropout_rng must be an object"});
+  restore();
+  rewrite_metadata(model_file, "ds_engine", [](nlohmann::json& j) { j["lr_scheduler"]["last_batch_iteration"] = "x"; });
+  expect_all(load_error(), {model_file.string(), "last_batch_iteration"});
+  restore();
+  rewrite_metadata(shard_file, "ds_optimizer", [](nlohmann::json& j) { j["segments"] = {{"garbage"}}; });
+  expect_all(load_error(), {shard_file.string(), "ds_optimizer.segments[] must be a list of"});
+  restore();
+  rewrite_metadata(shard_file, "ds_optimizer", [](nlohmann::json& j) { j["segments"] = {{0, 1u << 30, 0}}; });
+  expect_all(load_error(), {shard_file.string(), "lies outside"});
+  restore();
+  rewrite_metadata(shard_file, "ds_optimizer", [](nlohmann::json& j) { j["param_names"] = 7; });
+  expect_all(load_error(), {shard_file.string(), "ds_optimizer.param_names must be an array"});
+  restore();
+  rewrite_metadata(shard_file, "ds_optimizer", [](nlohmann::json& j) { j["scalar_state"]["step"] = "one"; });
+  expect_all(load_error(), {"scalar_state.step must be a number"});
+  restore();
+  EXPECT_EQ(load_error(), "");  // the restored checkpoint loads
+}
+
+TEST_F(EngineTest, LatestMustNameATagInsideTheFolder) {
+  const std::string cfg = config_json("fp32");
+  const fs::path ck = dir_ / "ck", other = dir_ / "other";
+  {
+    TrainRun r = start(cfg, corpus_);
+    micro_step(r);
+    r.engine->save_checkpoint(ck.string());
+    r.engine->save_checkpoint(other.string());
+  }
+  auto load_error = [&] {
+    TrainRun r = start(cfg, corpus_);
+    try {
+      r.engine->load_checkpoint(ck.string());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // An absolute path would silently load another run's checkpoint.
+  std::ofstream(ck / "latest") << (other / "global_step1").string() << "\n";
+  EXPECT_NE(load_error().find("must be a folder name inside the checkpoint folder"), std::string::npos);
+  std::ofstream(ck / "latest") << "../other/global_step1\n";
+  EXPECT_NE(load_error().find("not a path"), std::string::npos);
+  // `latest` as a directory is named as one, not reported as empty.
+  fs::remove(ck / "latest");
+  fs::create_directories(ck / "latest");
+  EXPECT_NE(load_error().find("latest is a directory"), std::string::npos) << load_error();
+}
+
+TEST_F(EngineTest, StaleTemporariesAreRemovedAndRotationRenamesFirst) {
+  const fs::path ck = dir_ / "ck";
+  {
+    TrainRun r = start(config_json("fp32"), corpus_);
+    micro_step(r);
+    r.engine->save_checkpoint(ck.string());
+  }
+  // What kills and full disks leave behind.
+  fs::create_directories(ck / ".global_step2.tmp" / "x");
+  fs::create_directories(ck / ".global_step1.old");
+  fs::create_directories(ck / ".global_step0.deleting");
+  std::ofstream(ck / "latest.tmp-4242") << "global_step2\n";
+  const auto removed = runtime::remove_stale_checkpoint_temporaries(ck);
+  EXPECT_EQ(removed.size(), 4u);
+  for (const auto& e : fs::directory_iterator(ck)) {
+    const std::string n = e.path().filename().string();
+    EXPECT_TRUE(n == "latest" || n == "global_step1") << n;
+  }
+  EXPECT_TRUE(runtime::remove_stale_checkpoint_temporaries(dir_ / "absent").empty());
+
+  runtime::delete_checkpoint(ck, "global_step1");
+  EXPECT_FALSE(fs::exists(ck / "global_step1"));
+  EXPECT_FALSE(fs::exists(ck / ".global_step1.deleting"));
+  try {
+    runtime::delete_checkpoint(ck, "global_step9");
+    ADD_FAILURE() << "deleting a missing checkpoint must fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("global_step9"), std::string::npos) << e.what();
+  }
 }

@@ -556,7 +556,12 @@ int main(int argc, char** argv) {
       "ds_train"};
   std::vector<std::pair<CLI::Option*, bool*>> given;
   ds::train::add_options(app, o, g, given);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; a bad flag exits 2, the usual status of a usage error.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   for (auto& [op, flag] : given) *flag = op->count() > 0;
 
   try {
