@@ -7,6 +7,8 @@
 #    with DS_TEST_SLURM=1 (root), also a one-node Slurm cluster for the launcher's Slurm test.
 # 2. Configure (Release) and build $DS_BUILD_DIR (default build/), $DS_BUILD_JOBS jobs (nproc).
 # 3. ctest --test-dir $DS_BUILD_DIR --output-on-failure -j2 CTEST_ARGS...
+# 4. With DS_TEST_ASAN=1 (CI sets it), also the data and training tests (labels data, train) in a
+#    second build, $DS_ASAN_BUILD_DIR (default build-asan/), with AddressSanitizer and UBSan.
 #
 # Every argument other than --no-setup goes to ctest, e.g.
 #   bash scripts/test.sh --no-setup -L gradcheck      # one label
@@ -66,4 +68,20 @@ cmake --build "$BUILD_DIR" -j"$JOBS" </dev/null
 echo "test: ctest --test-dir $BUILD_DIR --output-on-failure -j2 ${ctest_args[*]}"
 rc=0
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j2 "${ctest_args[@]}" </dev/null || rc=$?
+
+# Memory errors in the code that reads user files (token shards, tokenizers, configs, checkpoints)
+# do not always crash a Release build: run those tests once under the sanitizers. OpenMPI's own
+# allocations are not ours to judge, so leak checking is off; any other report fails the test.
+if [[ "${DS_TEST_ASAN:-0}" == 1 ]]; then
+  ASAN_DIR="${DS_ASAN_BUILD_DIR:-$REPO/build-asan}"
+  echo "test: AddressSanitizer pass: configuring $ASAN_DIR (DS_SANITIZE=ON)"
+  cmake -S "$REPO" -B "$ASAN_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDS_SANITIZE=ON \
+    -DDS_BUILD_BENCH=OFF </dev/null
+  cmake --build "$ASAN_DIR" -j"$JOBS" --target test_data test_tokenizer test_monitor test_ds_train \
+    ds_train ds_launcher </dev/null
+  echo "test: ctest --test-dir $ASAN_DIR -L 'data|train' (sanitized)"
+  ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1}" \
+    UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
+    ctest --test-dir "$ASAN_DIR" --output-on-failure -j2 -L 'data|train' </dev/null || rc=$?
+fi
 exit "$rc"
