@@ -106,7 +106,8 @@ TEST_F(DsTrain, OutputsAndExactResume) {
                         "optimizer_states_bytes", "model_state_bytes", "peak_rss_bytes"})
     EXPECT_TRUE(mem["ranks"][0].contains(k)) << k;
   EXPECT_GT(mem["ranks"][0]["peak_rss_bytes"].get<int64_t>(), 0);
-  EXPECT_EQ(mem["ranks"][0]["model_state_bytes"], mem["paper_model_state_bytes_per_rank"]["model_state_bytes"]);
+  EXPECT_EQ(mem["ranks"][0]["model_state_bytes"],
+            mem["paper_model_state_bytes_per_rank"]["model_state_bytes"]);
   EXPECT_EQ(read(a / "latest"), "global_step6\n");
   EXPECT_TRUE(fs::is_directory(a / "global_step3"));
   EXPECT_TRUE(fs::exists(a / "hf_model" / "model.safetensors"));
@@ -159,12 +160,14 @@ TEST_F(DsTrain, SeveralRanksThroughTheLauncher) {
     std::ofstream(f) << R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
       "gradient_accumulation_steps": "auto", "bf16": {"enabled": true},
       "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": 0.1}},
-      "zero_optimization": {"stage": )" << stage << R"(, "overlap_comm": true, "reduce_bucket_size": 2000,
+      "zero_optimization": {"stage": )"
+                     << stage << R"(, "overlap_comm": true, "reduce_bucket_size": 2000,
         "stage3_param_persistence_threshold": 0}})";
     return f.string();
   };
   const fs::path a = dir_ / "a";
-  const std::string flags = " --max_steps 4 --save_steps 2 --eval_steps 2 --deepspeed " + write_config(2);
+  const std::string flags =
+      " --max_steps 4 --save_steps 2 --eval_steps 2 --deepspeed " + write_config(2);
   ASSERT_EQ(run(flags + " --output_dir " + a.string(), true, launcher), 0) << log_;
   EXPECT_NE(log_.find("model-state memory per rank, ZeRO stage 2"), std::string::npos) << log_;
 
@@ -176,14 +179,18 @@ TEST_F(DsTrain, SeveralRanksThroughTheLauncher) {
   for (int r = 0; r < 2; ++r) {
     const json& m = mem["ranks"][r];
     EXPECT_EQ(m["rank"], r);
-    for (const char* k : {"params_bytes", "grads_bytes", "master_weights_bytes", "optimizer_states_bytes"})
+    for (const char* k :
+         {"params_bytes", "grads_bytes", "master_weights_bytes", "optimizer_states_bytes"})
       EXPECT_EQ(m[k], paper[k]) << "rank " << r << " " << k;
     EXPECT_GT(m["peak_rss_bytes"].get<int64_t>(), 0);
   }
   // Stage 2, bf16: 2-byte parameters whole, fp32 gradients/master/moments only for the partition.
-  EXPECT_EQ(paper["params_bytes"].get<int64_t>(), 2 * (paper["grads_bytes"].get<int64_t>() / 4) * 2);
+  EXPECT_EQ(paper["params_bytes"].get<int64_t>(),
+            2 * (paper["grads_bytes"].get<int64_t>() / 4) * 2);
   for (int r = 0; r < 2; ++r)
-    EXPECT_TRUE(fs::exists(a / "global_step4" / fmt::format("bf16_zero_pp_rank_{}_mp_rank_00_optim_states.safetensors", r)))
+    EXPECT_TRUE(
+        fs::exists(a / "global_step4" /
+                   fmt::format("bf16_zero_pp_rank_{}_mp_rank_00_optim_states.safetensors", r)))
         << r;
   EXPECT_FALSE(fs::exists(a / "memory_rank1.json"));
 
@@ -192,29 +199,35 @@ TEST_F(DsTrain, SeveralRanksThroughTheLauncher) {
   fs::copy(a, b, fs::copy_options::recursive);
   fs::remove_all(b / "global_step4");
   std::ofstream(b / "latest") << "global_step2\n";
-  ASSERT_EQ(run(flags + " --output_dir " + b.string() + " --resume_from_checkpoint latest", true, launcher), 0)
+  ASSERT_EQ(run(flags + " --output_dir " + b.string() + " --resume_from_checkpoint latest", true,
+                launcher),
+            0)
       << log_;
-  for (const char* f : {"Train_Samples_train_loss", "Train_Samples_grad_norm", "Eval_Samples_eval_loss"})
-    EXPECT_EQ(read(b / "metrics" / (std::string(f) + ".csv")), read(a / "metrics" / (std::string(f) + ".csv")))
+  for (const char* f :
+       {"Train_Samples_train_loss", "Train_Samples_grad_norm", "Eval_Samples_eval_loss"})
+    EXPECT_EQ(read(b / "metrics" / (std::string(f) + ".csv")),
+              read(a / "metrics" / (std::string(f) + ".csv")))
         << f;
 
   // ZeRO-3 continues from the ZeRO-2 checkpoint; its parameters are partitioned too, and the HF
   // export is gathered from both ranks.
   fs::remove_all(b / "hf_model");
-  ASSERT_EQ(run(" --max_steps 6 --eval_steps 0 --deepspeed " + write_config(3) + " --output_dir " + b.string() +
-                    " --resume_from_checkpoint latest",
+  ASSERT_EQ(run(" --max_steps 6 --eval_steps 0 --deepspeed " + write_config(3) + " --output_dir " +
+                    b.string() + " --resume_from_checkpoint latest",
                 true, launcher),
             0)
       << log_;
   EXPECT_NE(log_.find("resumed from"), std::string::npos) << log_;
   const json mem3 = json::parse(read(b / "memory.json"));
   EXPECT_EQ(mem3["zero_stage"], 3);
-  EXPECT_LT(mem3["ranks"][1]["params_bytes"].get<int64_t>(), mem["ranks"][1]["params_bytes"].get<int64_t>());
+  EXPECT_LT(mem3["ranks"][1]["params_bytes"].get<int64_t>(),
+            mem["ranks"][1]["params_bytes"].get<int64_t>());
   ASSERT_TRUE(fs::exists(b / "hf_model" / "model.safetensors")) << log_;
   ds::safetensors::Reader exported((b / "hf_model" / "model.safetensors").string());
   ds::safetensors::Reader ck((b / "global_step6" / "mp_rank_00_model_states.safetensors").string());
   int64_t exported_numel = 0, ck_numel = 0;
-  for (const auto& e : exported.entries()) exported_numel += ds::Tensor(exported.get(e.name)).numel();
+  for (const auto& e : exported.entries())
+    exported_numel += ds::Tensor(exported.get(e.name)).numel();
   for (const auto& e : ck.entries()) ck_numel += ds::Tensor(ck.get(e.name)).numel();
   EXPECT_EQ(exported_numel, ck_numel);
 }
@@ -247,9 +260,11 @@ TEST_F(DsTrain, BadFlagsAndInputsFailBeforeTraining) {
   const std::string out = " --max_steps 2 --output_dir " + (dir_ / "x").string();
   EXPECT_EQ(run(out + " --sample_top_k -3"), 2);
   EXPECT_NE(log_.find("--sample_top_k: '-3' is out of range: allowed is an integer in [1, "),
-            std::string::npos) << log_;
+            std::string::npos)
+      << log_;
   EXPECT_EQ(run(out + " --max_steps 99999999999999999999"), 2);
-  EXPECT_NE(log_.find("--max_steps: '99999999999999999999' is out of range"), std::string::npos) << log_;
+  EXPECT_NE(log_.find("--max_steps: '99999999999999999999' is out of range"), std::string::npos)
+      << log_;
   for (const char* bad : {"--block_size 0", "--threads -1", "--logging_steps 0", "--save_steps -5",
                           "--save_total_limit -1", "--seed -1", "--sample_tokens -2",
                           "--learning_rate abc", "--adam_beta2 1.5", "--eval_steps -3"}) {
@@ -285,7 +300,8 @@ TEST_F(DsTrain, RunWhoseEveryStepIsSkippedFails) {
                 "\"loss_scale\": 1e38}}'"),
             1)
       << log_;
-  EXPECT_NE(log_.find("every one of the 3 steps of this run was skipped"), std::string::npos) << log_;
+  EXPECT_NE(log_.find("every one of the 3 steps of this run was skipped"), std::string::npos)
+      << log_;
   EXPECT_FALSE(fs::exists(a / "hf_model"));
 }
 
@@ -298,9 +314,12 @@ TEST_F(DsTrain, StaleTemporariesAreRemovedAtStart) {
   std::ofstream(a / "loss.svg.tmp.999999") << "<svg";
   std::ofstream(a / "memory.json.tmp") << "{";
   std::ofstream(a / "notes.txt") << "the user's own file";
-  ASSERT_EQ(run("--max_steps 2 --eval_steps 0 --threads 64 --export_hf none --output_dir " + a.string()), 0)
+  ASSERT_EQ(
+      run("--max_steps 2 --eval_steps 0 --threads 64 --export_hf none --output_dir " + a.string()),
+      0)
       << log_;
-  EXPECT_NE(log_.find("removed 5 temporaries left by an interrupted earlier run"), std::string::npos)
+  EXPECT_NE(log_.find("removed 5 temporaries left by an interrupted earlier run"),
+            std::string::npos)
       << log_;
   for (const char* gone : {".global_step8.tmp", ".global_step4.deleting", "latest.tmp-999999",
                            "loss.svg.tmp.999999", "memory.json.tmp"})
@@ -313,11 +332,12 @@ TEST_F(DsTrain, StaleTemporariesAreRemovedAtStart) {
 
 TEST_F(DsTrain, Zero3ExportsTheGatheredModel) {
   const fs::path a = dir_ / "a";
-  ASSERT_EQ(run("--max_steps 2 --eval_steps 0 --output_dir " + a.string() +
-                " --deepspeed '{\"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\": "
-                "\"auto\", \"gradient_accumulation_steps\": \"auto\", \"zero_optimization\": "
-                "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0}}'"),
-            0)
+  ASSERT_EQ(
+      run("--max_steps 2 --eval_steps 0 --output_dir " + a.string() +
+          " --deepspeed '{\"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\": "
+          "\"auto\", \"gradient_accumulation_steps\": \"auto\", \"zero_optimization\": "
+          "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0}}'"),
+      0)
       << log_;
   ASSERT_TRUE(fs::exists(a / "hf_model" / "model.safetensors")) << log_;
   EXPECT_NE(log_.find("HF export:"), std::string::npos) << log_;

@@ -26,9 +26,11 @@ namespace {
 
 std::string config_json(const std::string& precision, int gas = 1, double clip = 0.0,
                         const std::string& extra = "") {
-  std::string p = precision == "fp16"   ? R"("fp16": {"enabled": true, "initial_scale_power": 8, "loss_scale_window": 3, "hysteresis": 2},)"
-                  : precision == "bf16" ? R"("bf16": {"enabled": true},)"
-                                        : "";
+  std::string p =
+      precision == "fp16"
+          ? R"("fp16": {"enabled": true, "initial_scale_power": 8, "loss_scale_window": 3, "hysteresis": 2},)"
+      : precision == "bf16" ? R"("bf16": {"enabled": true},)"
+                            : "";
   return fmt::format(R"({{
     "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": {},
     "gradient_clipping": {}, {} {}
@@ -59,7 +61,8 @@ struct TrainRun {
   std::vector<std::string> log;
 };
 
-TrainRun start(const std::string& cfg, const fs::path& corpus, const std::string& preset = "test-gpt2") {
+TrainRun start(const std::string& cfg, const fs::path& corpus,
+               const std::string& preset = "test-gpt2") {
   TrainRun r;
   auto model = make_model(preset);
   runtime::InitOptions opt;
@@ -77,8 +80,10 @@ TrainRun start(const std::string& cfg, const fs::path& corpus, const std::string
 // One micro-step; returns the loss.
 float micro_step(TrainRun& r) {
   auto b = r.loader->next();
-  Tensor x = Tensor::from_ints(std::vector<int64_t>(b.inputs.begin(), b.inputs.end()), {2, 16}, DType::i32);
-  Tensor y = Tensor::from_ints(std::vector<int64_t>(b.targets.begin(), b.targets.end()), {2, 16}, DType::i32);
+  Tensor x = Tensor::from_ints(std::vector<int64_t>(b.inputs.begin(), b.inputs.end()), {2, 16},
+                               DType::i32);
+  Tensor y = Tensor::from_ints(std::vector<int64_t>(b.targets.begin(), b.targets.end()), {2, 16},
+                               DType::i32);
   Tensor loss = r.engine->forward(x, y);
   r.engine->backward(loss);
   r.engine->step();
@@ -88,8 +93,9 @@ float micro_step(TrainRun& r) {
 class EngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / fmt::format("ds_engine_test_{}_{}", ::getpid(),
-                                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           fmt::format("ds_engine_test_{}_{}", ::getpid(),
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     corpus_ = make_corpus(dir_ / "data", 64);
     rng::dropout_state() = {};
@@ -139,7 +145,8 @@ TEST_F(EngineTest, Bf16ParamsAreTheRoundedMasterWeights) {
   const float* master = r.engine->master_weights().data<float>();
   const uint16_t* p16 = flat.params.data<uint16_t>();
   for (int64_t i = 0; i < flat.numel; ++i)
-    ASSERT_EQ(p16[i], float_to_bf16(master[i])) << i << " master " << master[i] << " param " << bf16_to_float(p16[i]);
+    ASSERT_EQ(p16[i], float_to_bf16(master[i]))
+        << i << " master " << master[i] << " param " << bf16_to_float(p16[i]);
   const auto mem = r.engine->memory_budget();
   EXPECT_EQ(mem.params, flat.padded_numel * 2);
   EXPECT_EQ(mem.master_weights, flat.padded_numel * 4);
@@ -161,9 +168,9 @@ TEST_F(EngineTest, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   micro_step(r);  // overflow
   EXPECT_TRUE(r.engine->last_step_skipped());
   EXPECT_EQ(r.engine->skipped_steps(), 1);
-  EXPECT_EQ(r.engine->global_steps(), 2);  // a skipped step still counts
+  EXPECT_EQ(r.engine->global_steps(), 2);     // a skipped step still counts
   EXPECT_EQ(r.engine->get_lr(), lr_after_1);  // the schedule did not step
-  EXPECT_EQ(w.to_vector(), weights);        // the optimizer did not step
+  EXPECT_EQ(w.to_vector(), weights);          // the optimizer did not step
   // hysteresis 2: the first overflow only uses up hysteresis; the scale stays.
   EXPECT_EQ(r.engine->loss_scale(), 256.0);
   calls = -100;  // no more injections... until we force one more:
@@ -171,14 +178,18 @@ TEST_F(EngineTest, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   micro_step(r);
   EXPECT_EQ(r.engine->loss_scale(), 128.0);
   bool saw = false;
-  for (auto& l : r.log) saw = saw || l.find("OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 256, reducing to 128") != std::string::npos;
+  for (auto& l : r.log)
+    saw = saw ||
+          l.find("OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 256, reducing to 128") !=
+              std::string::npos;
   EXPECT_TRUE(saw) << "missing the OVERFLOW message";
 }
 
 TEST_F(EngineTest, NonFiniteGradientsSkipInFp32AndRepeatedSkipsStop) {
   TrainRun r = start(config_json("fp32", 1, 1.0), corpus_);
   Tensor w = r.engine->module().parameters()[0];
-  w.add_grad_ready_hook([](const Tensor& p) { p.grad().data<float>()[0] = std::numeric_limits<float>::quiet_NaN(); });
+  w.add_grad_ready_hook(
+      [](const Tensor& p) { p.grad().data<float>()[0] = std::numeric_limits<float>::quiet_NaN(); });
   micro_step(r);
   EXPECT_TRUE(r.engine->last_step_skipped());
   ASSERT_FALSE(r.log.empty());
@@ -230,14 +241,16 @@ TEST_F(EngineTest, CheckpointLayoutAndLatest) {
   micro_step(r);
   r.engine->save_checkpoint((dir_ / "ck").string());
   EXPECT_TRUE(fs::exists(dir_ / "ck" / "global_step1" / "mp_rank_00_model_states.safetensors"));
-  EXPECT_TRUE(fs::exists(dir_ / "ck" / "global_step1" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.safetensors"));
+  EXPECT_TRUE(fs::exists(dir_ / "ck" / "global_step1" /
+                         "bf16_zero_pp_rank_0_mp_rank_00_optim_states.safetensors"));
   EXPECT_TRUE(fs::exists(dir_ / "ck" / "global_step1" / "checksums.json"));
   std::ifstream latest(dir_ / "ck" / "latest");
   std::string tag;
   latest >> tag;
   EXPECT_EQ(tag, "global_step1");
   // No temporary folders left behind.
-  for (auto& e : fs::directory_iterator(dir_ / "ck")) EXPECT_NE(e.path().filename().string()[0], '.');
+  for (auto& e : fs::directory_iterator(dir_ / "ck"))
+    EXPECT_NE(e.path().filename().string()[0], '.');
 }
 
 TEST_F(EngineTest, UnwritableCheckpointFolderIsNamed) {
@@ -249,7 +262,9 @@ TEST_F(EngineTest, UnwritableCheckpointFolderIsNamed) {
     r.engine->save_checkpoint(bad.string());
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("[checkpoint] cannot create " + bad.string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[checkpoint] cannot create " + bad.string()),
+              std::string::npos)
+        << e.what();
   }
 }
 
@@ -315,8 +330,9 @@ void rewrite_metadata(const fs::path& file, const std::string& key,
   nlohmann::json sums = nlohmann::json::parse(std::ifstream(sums_path));
   std::ifstream in(file, std::ios::binary);
   const std::string bytes{std::istreambuf_iterator<char>(in), {}};
-  sums[file.filename().string()] = {{"bytes", bytes.size()},
-                                    {"xxh64", fmt::format("{:016x}", data::xxh64(bytes.data(), bytes.size()))}};
+  sums[file.filename().string()] = {
+      {"bytes", bytes.size()},
+      {"xxh64", fmt::format("{:016x}", data::xxh64(bytes.data(), bytes.size()))}};
   std::ofstream(sums_path) << sums.dump(2);
 }
 
@@ -331,7 +347,8 @@ TEST_F(EngineTest, MalformedCheckpointMetadataNamesFileAndField) {
     r.engine->save_checkpoint(ck.string());
   }
   const fs::path model_file = ck / "global_step1" / "mp_rank_00_model_states.safetensors";
-  const fs::path shard_file = ck / "global_step1" / "zero_pp_rank_0_mp_rank_00_optim_states.safetensors";
+  const fs::path shard_file =
+      ck / "global_step1" / "zero_pp_rank_0_mp_rank_00_optim_states.safetensors";
   const fs::path model_backup = dir_ / "model.bak", shard_backup = dir_ / "shard.bak",
                  sums_backup = dir_ / "sums.bak";
   fs::copy_file(model_file, model_backup);
@@ -340,7 +357,8 @@ TEST_F(EngineTest, MalformedCheckpointMetadataNamesFileAndField) {
   auto restore = [&] {
     fs::copy_file(model_backup, model_file, fs::copy_options::overwrite_existing);
     fs::copy_file(shard_backup, shard_file, fs::copy_options::overwrite_existing);
-    fs::copy_file(sums_backup, ck / "global_step1" / "checksums.json", fs::copy_options::overwrite_existing);
+    fs::copy_file(sums_backup, ck / "global_step1" / "checksums.json",
+                  fs::copy_options::overwrite_existing);
   };
   auto load_error = [&] {
     TrainRun r = start(cfg, corpus_);
@@ -352,12 +370,14 @@ TEST_F(EngineTest, MalformedCheckpointMetadataNamesFileAndField) {
     return std::string();
   };
   auto expect_all = [](const std::string& msg, std::initializer_list<std::string> needles) {
-    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' in: " << msg;
+    for (const auto& n : needles)
+      EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' in: " << msg;
     EXPECT_EQ(msg.find("json.exception"), std::string::npos) << msg;
   };
 
   rewrite_metadata(model_file, "ds_engine", [](nlohmann::json& j) { j["global_steps"] = "1"; });
-  expect_all(load_error(), {model_file.string(), "ds_engine.global_steps must be an integer >= 0", "\"1\""});
+  expect_all(load_error(),
+             {model_file.string(), "ds_engine.global_steps must be an integer >= 0", "\"1\""});
   restore();
   rewrite_metadata(model_file, "ds_engine", [](nlohmann::json& j) { j["skipped_steps"] = -3; });
   expect_all(load_error(), {"ds_engine.skipped_steps must be an integer >= 0", "-3"});
@@ -368,19 +388,24 @@ TEST_F(EngineTest, MalformedCheckpointMetadataNamesFileAndField) {
   rewrite_metadata(model_file, "ds_engine", [](nlohmann::json& j) { j["dropout_rng"] = {1, 2}; });
   expect_all(load_error(), {"ds_engine.dropout_rng must be an object"});
   restore();
-  rewrite_metadata(model_file, "ds_engine", [](nlohmann::json& j) { j["lr_scheduler"]["last_batch_iteration"] = "x"; });
+  rewrite_metadata(model_file, "ds_engine",
+                   [](nlohmann::json& j) { j["lr_scheduler"]["last_batch_iteration"] = "x"; });
   expect_all(load_error(), {model_file.string(), "last_batch_iteration"});
   restore();
-  rewrite_metadata(shard_file, "ds_optimizer", [](nlohmann::json& j) { j["segments"] = {{"garbage"}}; });
+  rewrite_metadata(shard_file, "ds_optimizer",
+                   [](nlohmann::json& j) { j["segments"] = {{"garbage"}}; });
   expect_all(load_error(), {shard_file.string(), "ds_optimizer.segments[] must be a list of"});
   restore();
-  rewrite_metadata(shard_file, "ds_optimizer", [](nlohmann::json& j) { j["segments"] = {{0, 1u << 30, 0}}; });
+  rewrite_metadata(shard_file, "ds_optimizer", [](nlohmann::json& j) {
+    j["segments"] = {{0, 1u << 30, 0}};
+  });
   expect_all(load_error(), {shard_file.string(), "lies outside"});
   restore();
   rewrite_metadata(shard_file, "ds_optimizer", [](nlohmann::json& j) { j["param_names"] = 7; });
   expect_all(load_error(), {shard_file.string(), "ds_optimizer.param_names must be an array"});
   restore();
-  rewrite_metadata(shard_file, "ds_optimizer", [](nlohmann::json& j) { j["scalar_state"]["step"] = "one"; });
+  rewrite_metadata(shard_file, "ds_optimizer",
+                   [](nlohmann::json& j) { j["scalar_state"]["step"] = "one"; });
   expect_all(load_error(), {"scalar_state.step must be a number"});
   restore();
   EXPECT_EQ(load_error(), "");  // the restored checkpoint loads
@@ -406,7 +431,8 @@ TEST_F(EngineTest, LatestMustNameATagInsideTheFolder) {
   };
   // An absolute path would silently load another run's checkpoint.
   std::ofstream(ck / "latest") << (other / "global_step1").string() << "\n";
-  EXPECT_NE(load_error().find("must be a folder name inside the checkpoint folder"), std::string::npos);
+  EXPECT_NE(load_error().find("must be a folder name inside the checkpoint folder"),
+            std::string::npos);
   std::ofstream(ck / "latest") << "../other/global_step1\n";
   EXPECT_NE(load_error().find("not a path"), std::string::npos);
   // `latest` as a directory is named as one, not reported as empty.

@@ -1,6 +1,6 @@
 // LR schedules (§4): values against DeepSpeed's own Python schedulers (fixture made by
-// tools/gen_schedule_fixture.py from DeepSpeed 0.19.8: lr, beta1 and beta2 at every step, OneCycle's
-// stairs included) and against the formulas restated here.
+// tools/gen_schedule_fixture.py from DeepSpeed 0.19.8: lr, beta1 and beta2 at every step,
+// OneCycle's stairs included) and against the formulas restated here.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -71,15 +71,15 @@ TEST(Schedule, MatchesDeepSpeedFixture) {
 
 TEST(Schedule, OneCycleStairsOfIssue12) {
   // The staircase DeepSpeed 0.19 gives for this config (issue 12), written out by hand.
-  json params = {{"cycle_min_lr", 2e-4},          {"cycle_max_lr", 3e-3},
-                 {"cycle_first_step_size", 7},    {"cycle_second_step_size", 9},
-                 {"cycle_first_stair_count", 3},  {"cycle_second_stair_count", 2},
-                 {"decay_step_size", 3},          {"decay_lr_rate", 0.2}};
+  json params = {{"cycle_min_lr", 2e-4},         {"cycle_max_lr", 3e-3},
+                 {"cycle_first_step_size", 7},   {"cycle_second_step_size", 9},
+                 {"cycle_first_stair_count", 3}, {"cycle_second_stair_count", 2},
+                 {"decay_step_size", 3},         {"decay_lr_rate", 0.2}};
   auto cfg = config_for("OneCycle", params, 1e-3);
   LRScheduler s(cfg.scheduler, cfg.optimizer.lr);
   const double a = 2e-4, up1 = 2e-4 + 2.8e-3 / 3, up2 = 2e-4 + 2 * 2.8e-3 / 3, mid = 2e-4 + 1.4e-3;
-  const std::vector<double> want = {a,   a,   a,   up1, up1, up2, up2, 3e-3, mid, mid, mid,
-                                    mid, a,   a,   a,   a,   a};
+  const std::vector<double> want = {a,   a,   a,   up1, up1, up2, up2, 3e-3, mid,
+                                    mid, mid, mid, a,   a,   a,   a,   a};
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_NEAR(s.get_lr(), want[i], 1e-15) << "t=" << static_cast<int64_t>(i) - 1;
     s.step();
@@ -98,7 +98,8 @@ TEST(Schedule, WarmupLRMaxDefaultsToOptimizerLr) {
 TEST(Schedule, OneCycleBeta2WarnsWhenReplaced) {
   auto cfg = config_for("OneCycle", {{"cycle_min_lr", 1e-4}, {"cycle_max_lr", 1e-3}}, 1e-3);
   bool warned = false;
-  for (const auto& w : cfg.warnings) warned = warned || w.find("beta2 to 0.99") != std::string::npos;
+  for (const auto& w : cfg.warnings)
+    warned = warned || w.find("beta2 to 0.99") != std::string::npos;
   EXPECT_TRUE(warned) << "Adam's default beta2 0.999 is replaced by 0.99: say so";
 }
 

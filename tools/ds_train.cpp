@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +18,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -26,6 +26,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/backend/backend.h"
+#include "ds/comm/group.h"
+#include "ds/comm/logger.h"
 #include "ds/core/allocator.h"
 #include "ds/core/error.h"
 #include "ds/core/parallel.h"
@@ -38,8 +40,6 @@
 #include "ds/models/hf_io.h"
 #include "ds/runtime/config.h"
 #include "ds/runtime/engine.h"
-#include "ds/comm/group.h"
-#include "ds/comm/logger.h"
 #include "ds/runtime/monitor.h"
 #include "ds_train_default_config.h"
 #include "options.h"
@@ -101,7 +101,8 @@ int run(const Options& o, const Given& g) {
   if (o.threads > 0) {
     const unsigned cores = std::thread::hardware_concurrency();
     if (cores > 0 && static_cast<unsigned>(o.threads) > cores)
-      say(fmt::format("warning: --threads {} is more than the {} cores this process may use; the "
+      say(
+          fmt::format("warning: --threads {} is more than the {} cores this process may use; the "
                       "threads will compete for them (slower, and OpenBLAS may spin)",
                       o.threads, cores));
     ds::set_num_threads(o.threads);
@@ -119,7 +120,8 @@ int run(const Options& o, const Given& g) {
                "[ds_train] --tokenizer {}: no encoder.json there (the GPT-2 tokenizer files "
                "encoder.json and vocab.bpe are needed for the sample; --sample_tokens 0 skips it)",
                o.tokenizer);
-      say(fmt::format("note: no sample at the end: tokenizer files not found in {} (give "
+      say(
+          fmt::format("note: no sample at the end: tokenizer files not found in {} (give "
                       "--tokenizer DIR, or run scripts/fetch_data.sh)",
                       tok_dir.string()));
     }
@@ -215,7 +217,8 @@ int run(const Options& o, const Given& g) {
                                   [&](const std::string& l) { con.line(l); });
   } else {
     say(fmt::format("memory, ZeRO stage {}, {} params, {} grads:", cfg.zero_optimization.stage,
-                    ds::dtype_name(engine->training_dtype()), ds::dtype_name(engine->grad_dtype())));
+                    ds::dtype_name(engine->training_dtype()),
+                    ds::dtype_name(engine->grad_dtype())));
     con.line(fmt::format("  parameters        {:>12}", mib(mem.params)));
     con.line(fmt::format("  gradients         {:>12}", mib(mem.grads)));
     con.line(fmt::format("  master weights    {:>12}", mib(mem.master_weights)));
@@ -266,7 +269,8 @@ int run(const Options& o, const Given& g) {
   // ---- resume ----
   const fs::path out_dir = o.output_dir;
   fs::create_directories(out_dir);
-  const std::string export_dir = o.export_hf.empty() ? (out_dir / "hf_model").string() : o.export_hf;
+  const std::string export_dir =
+      o.export_hf.empty() ? (out_dir / "hf_model").string() : o.export_hf;
   if (lead) {
     // A crash (kill, full disk) can leave temporaries as large as a checkpoint: this run owns the
     // folder, so they go now.
@@ -411,7 +415,8 @@ int run(const Options& o, const Given& g) {
       ds::Tensor loss = engine->forward(xt, yt);
       float local = loss.item();
       // The logged loss is the mean over ranks: the loss of the whole global batch.
-      if (world_size > 1) world->all_reduce(&local, 1, ds::DType::f32, ds::comm::ReduceOp::sum, "loss for logging");
+      if (world_size > 1)
+        world->all_reduce(&local, 1, ds::DType::f32, ds::comm::ReduceOp::sum, "loss for logging");
       loss_sum += static_cast<double>(local) / world_size;
       engine->backward(loss);
       engine->step();
@@ -470,7 +475,8 @@ int run(const Options& o, const Given& g) {
   const int64_t steps_run = engine->global_steps() - first_step;
   if (steps_run > 0 && engine->skipped_steps() - skipped_before >= steps_run)
     DS_THROW(
-        "[ds_train] every one of the {} steps of this run was skipped for non-finite gradients: the "
+        "[ds_train] every one of the {} steps of this run was skipped for non-finite gradients: "
+        "the "
         "model did not train and nothing was saved. Lower --learning_rate, set gradient_clipping, "
         "use bf16 instead of fp16, or check the data",
         steps_run);
@@ -482,18 +488,19 @@ int run(const Options& o, const Given& g) {
   const int64_t peak_rss = ds::train::peak_rss_bytes();
   // One file for the job, written by rank 0 from every rank's numbers.
   const auto ranks = ds::train::gather_memory(
-      *engine, {.rank = rank,
-                .mem = mem,
-                .peak_tensor_bytes = static_cast<int64_t>(ds::cpu_allocator().stats().peak_bytes_in_use),
-                .peak_rss_bytes = peak_rss});
+      *engine,
+      {.rank = rank,
+       .mem = mem,
+       .peak_tensor_bytes = static_cast<int64_t>(ds::cpu_allocator().stats().peak_bytes_in_use),
+       .peak_rss_bytes = peak_rss});
   if (lead) ds::train::write_memory_json(out_dir / "memory.json", *engine, ranks, act_bytes);
 
   // The picture is drawn from the CSV files, which hold the whole run across resumes.
   const fs::path svg = out_dir / "loss.svg";
   if (lead)
     ds::train::write_loss_chart(svg, monitor, G, T,
-                              fmt::format("{} on {}", model_name, train_dir.filename().string()),
-                              uni.entropy_nats, eval_baseline);
+                                fmt::format("{} on {}", model_name, train_dir.filename().string()),
+                                uni.entropy_nats, eval_baseline);
 
   // A generated sample, decoded with the tokenizer (loaded and checked at start-up).
   std::string sample_note;
@@ -509,7 +516,8 @@ int run(const Options& o, const Given& g) {
   }
 
   // comms_logger: per-operation counts, bytes and times of this rank's collectives.
-  if (cfg.comms_logger.enabled && lead) con.line("comms_logger (rank 0):\n" + ds::comm::comms_logger().table());
+  if (cfg.comms_logger.enabled && lead)
+    con.line("comms_logger (rank 0):\n" + ds::comm::comms_logger().table());
 
   // Under ZeRO-3 no rank holds the whole model: every rank takes part in gathering it, rank 0
   // writes it (DeepSpeed's stage3_gather_16bit_weights_on_model_save).
@@ -538,8 +546,9 @@ int run(const Options& o, const Given& g) {
   if (!sample_note.empty()) say(fmt::format("sample:     {}", sample_note));
   int64_t max_rss = 0;
   for (const auto& r : ranks) max_rss = std::max(max_rss, r.peak_rss_bytes);
-  say(fmt::format("memory:     {}/memory.json (peak RSS {}{})", out_dir.string(), mib(peak_rss),
-                  world_size > 1 ? fmt::format(" on rank 0, {} on the largest rank", mib(max_rss)) : ""));
+  say(fmt::format(
+      "memory:     {}/memory.json (peak RSS {}{})", out_dir.string(), mib(peak_rss),
+      world_size > 1 ? fmt::format(" on rank 0, {} on the largest rank", mib(max_rss)) : ""));
   return 0;
 }
 
@@ -586,7 +595,8 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "{}{}{}\n", ::isatty(STDERR_FILENO) ? "\n" : "",
                what.rfind('[', 0) == 0 ? "" : "[ds_train] error: ", what);
     // The other ranks would wait for this one at their next collective: end the whole job now.
-    if (several) ds::comm::abort_job(1, fmt::format("[ds_train] rank {} stopped the job", world->rank()));
+    if (several)
+      ds::comm::abort_job(1, fmt::format("[ds_train] rank {} stopped the job", world->rank()));
     return 1;
   }
 }

@@ -412,10 +412,10 @@ void GroupState::post(const std::shared_ptr<WorkState>& w) {
       break;
     }
     case OpKind::reduce:
-      check_mpi(MPI_Ireduce(rank == op.peer ? MPI_IN_PLACE : op.out, op.out,
-                            int_count(op.count, *w), type, mpi_op(op.dtype, op.reduce), op.peer,
-                            comm, &r),
-                "MPI_Ireduce");
+      check_mpi(
+          MPI_Ireduce(rank == op.peer ? MPI_IN_PLACE : op.out, op.out, int_count(op.count, *w),
+                      type, mpi_op(op.dtype, op.reduce), op.peer, comm, &r),
+          "MPI_Ireduce");
       break;
     case OpKind::broadcast:
       check_mpi(MPI_Ibcast(op.out, int_count(op.count, *w), type, op.peer, comm, &r), "MPI_Ibcast");

@@ -35,7 +35,7 @@ struct ExecRecord {
     return kind == o.kind && dtype == o.dtype && count == o.count &&
            (static_cast<OpKind>(kind) == OpKind::broadcast ? root == o.root
             : static_cast<OpKind>(kind) == OpKind::reduce  ? root == o.root && reduce == o.reduce
-                                                            : reduce == o.reduce);
+                                                           : reduce == o.reduce);
   }
 };
 

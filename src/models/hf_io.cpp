@@ -353,7 +353,8 @@ void export_hf(const GPT& model, const fs::path& dir, DType dtype) {
   export_hf(model.config(), weights, dir, dtype);
 }
 
-void export_hf(const GPTConfig& config, const std::vector<std::pair<std::string, Tensor>>& named_weights,
+void export_hf(const GPTConfig& config,
+               const std::vector<std::pair<std::string, Tensor>>& named_weights,
                const fs::path& dir, DType dtype) {
   const nn::Layout layout = config.layout;
   std::error_code ec;

@@ -3,10 +3,12 @@
 //
 //   dir/latest                                               the newest complete tag, written last
 //   dir/<tag>/mp_rank_00_model_states.safetensors            module weights (training dtype) +
-//                                                            engine state in the "ds_engine" metadata
+//                                                            engine state in the "ds_engine"
+//                                                            metadata
 //   dir/<tag>/[bf16_]zero_pp_rank_0_mp_rank_00_optim_states.safetensors
-//                                                            fp32 master weights and moments (padding
-//                                                            stripped) + "ds_optimizer" metadata
+//                                                            fp32 master weights and moments
+//                                                            (padding stripped) + "ds_optimizer"
+//                                                            metadata
 //   dir/<tag>/checksums.json                                 size and XXH64 of every file above
 //
 // A tag is written into a hidden temporary folder and renamed into place only when every file is
@@ -15,8 +17,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <cmath>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -39,7 +41,9 @@ namespace {
 constexpr int kFormatVersion = 1;
 constexpr const char* kModelFile = "mp_rank_00_model_states.safetensors";
 
-std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
+std::string hex64(uint64_t v) {
+  return fmt::format("{:016x}", v);
+}
 
 // XXH64 of a whole file, streamed.
 uint64_t file_xxh64(const fs::path& path, uint64_t* size) {
@@ -81,16 +85,17 @@ std::string trim(std::string s) {
 }
 
 nlohmann::json parse_metadata(const safetensors::Reader& r, const std::string& key) {
-  DS_CHECK(r.metadata().count(key), "[checkpoint] {} has no '{}' metadata: not a deepspeed.cpp checkpoint file",
-           r.path(), key);
+  DS_CHECK(r.metadata().count(key),
+           "[checkpoint] {} has no '{}' metadata: not a deepspeed.cpp checkpoint file", r.path(),
+           key);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(r.metadata(key));
   } catch (const std::exception& e) {
     DS_THROW("[checkpoint] {}: the '{}' metadata is not valid JSON ({})", r.path(), key, e.what());
   }
-  DS_CHECK(j.is_object(), "[checkpoint] {}: the '{}' metadata must be a JSON object, got {}", r.path(),
-           key, j.type_name());
+  DS_CHECK(j.is_object(), "[checkpoint] {}: the '{}' metadata must be a JSON object, got {}",
+           r.path(), key, j.type_name());
   return j;
 }
 
@@ -104,8 +109,10 @@ class Meta {
   const nlohmann::json& field(const std::string& key) const {
     auto it = j_.find(key);
     if (it == j_.end())
-      DS_THROW("[checkpoint] {}: {} has no field '{}'; the checkpoint is damaged or not written by "
-               "deepspeed.cpp", file_, where_, key);
+      DS_THROW(
+          "[checkpoint] {}: {} has no field '{}'; the checkpoint is damaged or not written by "
+          "deepspeed.cpp",
+          file_, where_, key);
     return *it;
   }
   bool has(const std::string& key) const { return j_.contains(key); }
@@ -144,8 +151,10 @@ class Meta {
                         const std::string& expected) const {
     std::string shown = v.dump();
     if (shown.size() > 60) shown = shown.substr(0, 57) + "...";
-    DS_THROW("[checkpoint] {}: {}.{} must be {}, got {} ({}); the checkpoint is damaged or not "
-             "written by deepspeed.cpp", file_, where_, key, expected, shown, v.type_name());
+    DS_THROW(
+        "[checkpoint] {}: {}.{} must be {}, got {} ({}); the checkpoint is damaged or not "
+        "written by deepspeed.cpp",
+        file_, where_, key, expected, shown, v.type_name());
   }
 
  private:
@@ -160,7 +169,8 @@ void check_tag(const std::string& tag, const std::string& from) {
   DS_CHECK(!tag.empty() && tag.find('/') == std::string::npos && tag != "." && tag != "..",
            "[checkpoint] {} names '{}', but a checkpoint tag must be a folder name inside the "
            "checkpoint folder (global_step<N>), not a path; to load another folder, pass that "
-           "folder itself", from, tag);
+           "folder itself",
+           from, tag);
 }
 
 }  // namespace
@@ -184,19 +194,23 @@ std::vector<fs::path> remove_stale_checkpoint_temporaries(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return removed;
   auto ends_with = [](const std::string& s, std::string_view suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+    return s.size() >= suffix.size() &&
+           s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
   std::vector<fs::path> stale;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    const bool hidden_tag = name.size() > 1 && name[0] == '.' &&
-                            (ends_with(name, ".tmp") || ends_with(name, ".old") || ends_with(name, ".deleting"));
+    const bool hidden_tag =
+        name.size() > 1 && name[0] == '.' &&
+        (ends_with(name, ".tmp") || ends_with(name, ".old") || ends_with(name, ".deleting"));
     const bool latest_tmp = name.rfind("latest.tmp-", 0) == 0;
-    if ((hidden_tag && e.is_directory(ec)) || (latest_tmp && !e.is_directory(ec))) stale.push_back(e.path());
+    if ((hidden_tag && e.is_directory(ec)) || (latest_tmp && !e.is_directory(ec)))
+      stale.push_back(e.path());
   }
   for (const auto& p : stale) {
     fs::remove_all(p, ec);
-    DS_CHECK(!ec, "[checkpoint] cannot delete the stale temporary {}: {}", p.string(), ec.message());
+    DS_CHECK(!ec, "[checkpoint] cannot delete the stale temporary {}: {}", p.string(),
+             ec.message());
     removed.push_back(p);
   }
   return removed;
@@ -233,8 +247,9 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
       fs::create_directories(tmp, ec);
     }
     if (ec) {
-      const std::string why = fmt::format("[checkpoint] cannot create {}: {} (is the path writable?)",
-                                          failed.string(), ec.message());
+      const std::string why =
+          fmt::format("[checkpoint] cannot create {}: {} (is the path writable?)", failed.string(),
+                      ec.message());
       // The other ranks are about to wait at the barrier below: end the job instead.
       if (n > 1) comm::abort_job(1, why);
       throw Error(why);
@@ -244,7 +259,8 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
   if (rank != 0 && !fs::is_directory(tmp)) {
     // The classic multi-node mistake: a node-local folder (/tmp, a local disk) as the output.
     const std::string why = fmt::format(
-        "[checkpoint] rank {} does not see the folder {} that rank 0 just created: every rank writes "
+        "[checkpoint] rank {} does not see the folder {} that rank 0 just created: every rank "
+        "writes "
         "its shard into one folder, so with several nodes the checkpoint folder must be on a "
         "filesystem that every node mounts (NFS, Lustre, ...); choose such an output folder",
         rank, tmp.string());
@@ -252,7 +268,8 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
   }
 
   // Stage 3: gather each parameter in turn (a collective) so that rank 0 writes a complete model
-  // file that any world size and stage can load (DeepSpeed's stage3_gather_16bit_weights_on_model_save).
+  // file that any world size and stage can load (DeepSpeed's
+  // stage3_gather_16bit_weights_on_model_save).
   std::vector<std::pair<std::string, Tensor>> gathered;
   if (stage_ == 3) gathered = stage3_gathered_weights();
 
@@ -268,7 +285,8 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
           {"consecutive_skips", consecutive_skips_},
           {"lr_scheduler", scheduler_.state_dict()},
           {"loss_scaler", scaler_.state_dict()},
-          {"dropout_rng", {{"seed", rng::dropout_state().seed}, {"offset", rng::dropout_state().offset}}},
+          {"dropout_rng",
+           {{"seed", rng::dropout_state().seed}, {"offset", rng::dropout_state().offset}}},
           {"world_size", n},
           {"zero_stage", stage_},
           {"dtype", dtype_name(training_dtype())},
@@ -293,8 +311,11 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
       if (stage_ == 3) {
         for (size_t i = 0; i < s3_.size(); ++i) {
           const auto& sp = s3_[i];
-          const int64_t b = std::min(sp.numel, rank * sp.part), e = std::min(sp.numel, (rank + 1) * sp.part);
-          if (b < e) segments.push_back({flat_.entries[i].offset + b, flat_.entries[i].offset + e, sp.shard_offset});
+          const int64_t b = std::min(sp.numel, rank * sp.part),
+                        e = std::min(sp.numel, (rank + 1) * sp.part);
+          if (b < e)
+            segments.push_back(
+                {flat_.entries[i].offset + b, flat_.entries[i].offset + e, sp.shard_offset});
         }
         count = opt_numel_;
       } else {
@@ -331,13 +352,15 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
           {"zero_stage", stage_},
           {"rank", rank},
       };
-      safetensors::save((tmp / shard_file_name(training_dtype(), sharded ? rank : 0)).string(), states,
-                        {{"ds_optimizer", opt_state.dump()}});
+      safetensors::save((tmp / shard_file_name(training_dtype(), sharded ? rank : 0)).string(),
+                        states, {{"ds_optimizer", opt_state.dump()}});
     }
   } catch (const std::exception& e) {
     // Other ranks are about to wait at the next barrier: end the job instead of letting them hang.
-    const std::string why = fmt::format("[checkpoint] rank {} failed writing {}: {} (is the disk full "
-                                        "or the folder read-only?)", rank, (dir / tag).string(), e.what());
+    const std::string why = fmt::format(
+        "[checkpoint] rank {} failed writing {}: {} (is the disk full "
+        "or the folder read-only?)",
+        rank, (dir / tag).string(), e.what());
     if (n > 1) comm::abort_job(1, why);
     fs::remove_all(tmp, ec);
     throw Error(why);
@@ -365,8 +388,9 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
       fs::remove_all(old, ec);
       data::write_file_atomic(dir / "latest", tag + "\n");
     } catch (const std::exception& e) {
-      const std::string why = fmt::format("[checkpoint] finishing {} failed: {} (is the disk full?)",
-                                          (dir / tag).string(), e.what());
+      const std::string why =
+          fmt::format("[checkpoint] finishing {} failed: {} (is the disk full?)",
+                      (dir / tag).string(), e.what());
       if (n > 1) comm::abort_job(1, why);
       fs::remove_all(tmp, ec);
       throw Error(why);
@@ -378,18 +402,22 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
 nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::string& tag_in) {
   const fs::path dir(dir_in);
   DS_CHECK(fs::is_directory(dir), "[checkpoint] {} is not a folder{}", dir.string(),
-           group_->size() > 1 ? fmt::format(" on rank {} (with several nodes, checkpoints must be on a "
-                                            "filesystem that every node mounts)",
-                                            group_->rank())
-                              : "");
+           group_->size() > 1
+               ? fmt::format(" on rank {} (with several nodes, checkpoints must be on a "
+                             "filesystem that every node mounts)",
+                             group_->rank())
+               : "");
   std::string tag = tag_in;
   if (tag.empty()) {
     const fs::path latest = dir / "latest";
-    DS_CHECK(fs::exists(latest), "[checkpoint] {} has no 'latest' file: no complete checkpoint was "
-             "written there; pass a tag (a global_step<N> folder) explicitly", dir.string());
+    DS_CHECK(fs::exists(latest),
+             "[checkpoint] {} has no 'latest' file: no complete checkpoint was "
+             "written there; pass a tag (a global_step<N> folder) explicitly",
+             dir.string());
     DS_CHECK(!fs::is_directory(latest),
              "[checkpoint] {} is a directory, not the file naming the newest checkpoint; remove or "
-             "rename it, or pass a tag (a global_step<N> folder) explicitly", latest.string());
+             "rename it, or pass a tag (a global_step<N> folder) explicitly",
+             latest.string());
     tag = trim(read_text(latest));
     DS_CHECK(!tag.empty(), "[checkpoint] {} is empty", latest.string());
     check_tag(tag, latest.string());
@@ -400,14 +428,16 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
   DS_CHECK(fs::is_directory(ck), "[checkpoint] checkpoint folder {} does not exist", ck.string());
 
   const fs::path sums_path = ck / "checksums.json";
-  DS_CHECK(fs::exists(sums_path), "[checkpoint] {} is missing: the checkpoint is incomplete", sums_path.string());
+  DS_CHECK(fs::exists(sums_path), "[checkpoint] {} is missing: the checkpoint is incomplete",
+           sums_path.string());
   nlohmann::json sums;
   try {
     sums = nlohmann::json::parse(read_text(sums_path));
   } catch (const std::exception& e) {
     DS_THROW("[checkpoint] {} is corrupted ({})", sums_path.string(), e.what());
   }
-  DS_CHECK(sums.is_object(), "[checkpoint] {} is corrupted: expected a JSON object of files, got {}",
+  DS_CHECK(sums.is_object(),
+           "[checkpoint] {} is corrupted: expected a JSON object of files, got {}",
            sums_path.string(), sums.type_name());
   const Meta sums_meta(sums, sums_path.string(), "checksums");
   auto verify = [&](const std::string& f) {
@@ -431,12 +461,15 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
   if (shard_files.empty()) {
     const DType other = training_dtype() == DType::bf16 ? DType::f32 : DType::bf16;
     bool other_found = false;
-    for (auto it = sums.begin(); it != sums.end(); ++it) other_found = other_found || is_shard_file(it.key(), other);
+    for (auto it = sums.begin(); it != sums.end(); ++it)
+      other_found = other_found || is_shard_file(it.key(), other);
     DS_CHECK(!other_found,
              "[checkpoint] {} was written by a {} run; this run trains in {} (DeepSpeed names the "
              "bf16 optimizer files differently). Resume with the same precision",
-             ck.string(), training_dtype() == DType::bf16 ? "non-bf16" : "bf16", dtype_name(training_dtype()));
-    DS_THROW("[checkpoint] {} holds no optimizer shard (zero_pp_rank_*_optim_states.safetensors)", ck.string());
+             ck.string(), training_dtype() == DType::bf16 ? "non-bf16" : "bf16",
+             dtype_name(training_dtype()));
+    DS_THROW("[checkpoint] {} holds no optimizer shard (zero_pp_rank_*_optim_states.safetensors)",
+             ck.string());
   }
 
   // Model weights: exactly our names and shapes.
@@ -455,7 +488,8 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
   const nlohmann::json lr_state = engine_state.object("lr_scheduler").json();
   const nlohmann::json scaler_state = engine_state.object("loss_scaler").json();
   const Meta dropout = engine_state.object("dropout_rng");
-  const uint64_t dropout_seed = dropout.unsigned64("seed"), dropout_offset = dropout.unsigned64("offset");
+  const uint64_t dropout_seed = dropout.unsigned64("seed"),
+                 dropout_offset = dropout.unsigned64("offset");
   nlohmann::json client_state = nlohmann::json::object();
   if (engine_state.has("client_state")) client_state = engine_state.object("client_state").json();
   auto params = model_->named_parameters();
@@ -467,15 +501,16 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
     }
     const auto& e = model_file.entry(name);
     if (e.shape != p.shape())
-      problems.push_back(fmt::format("{}: shape {} in the file, {} in the model", name, shape_str(e.shape), shape_str(p.shape())));
+      problems.push_back(fmt::format("{}: shape {} in the file, {} in the model", name,
+                                     shape_str(e.shape), shape_str(p.shape())));
   }
   for (const auto& name : model_file.names()) {
     bool known = false;
     for (auto& [n2, p] : params) known = known || n2 == name;
     if (!known) problems.push_back("unexpected " + name);
   }
-  DS_CHECK(problems.empty(), "[checkpoint] {} does not match this model: {}", (ck / kModelFile).string(),
-           fmt::join(problems, "; "));
+  DS_CHECK(problems.empty(), "[checkpoint] {} does not match this model: {}",
+           (ck / kModelFile).string(), fmt::join(problems, "; "));
 
   // Optimizer shards: whatever world size and stage wrote them, take the elements this rank holds,
   // as (flat begin, flat end, offset in our buffers) pieces.
@@ -484,8 +519,11 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
     const int rank = group_->rank();
     for (size_t i = 0; i < s3_.size(); ++i) {
       const auto& sp = s3_[i];
-      const int64_t b = std::min(sp.numel, rank * sp.part), e = std::min(sp.numel, (rank + 1) * sp.part);
-      if (b < e) wants.push_back({flat_.entries[i].offset + b, flat_.entries[i].offset + e, sp.shard_offset});
+      const int64_t b = std::min(sp.numel, rank * sp.part),
+                    e = std::min(sp.numel, (rank + 1) * sp.part);
+      if (b < e)
+        wants.push_back(
+            {flat_.entries[i].offset + b, flat_.entries[i].offset + e, sp.shard_offset});
     }
   } else {
     const int64_t lo = opt_begin_, hi = std::min(opt_begin_ + opt_numel_, flat_.numel);
@@ -508,15 +546,17 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
     const nlohmann::json& names = meta.array("param_names");
     const nlohmann::json& shapes = meta.array("param_shapes");
     DS_CHECK(numel == flat_.numel && names.size() == flat_.entries.size(),
-             "[checkpoint] {} holds {} parameters ({} elements); this model has {} ({} elements)", path,
-             names.size(), numel, flat_.entries.size(), flat_.numel);
-    DS_CHECK(shapes.size() == names.size(),
-             "[checkpoint] {}: ds_optimizer lists {} parameter names but {} shapes; the file is damaged",
-             path, names.size(), shapes.size());
+             "[checkpoint] {} holds {} parameters ({} elements); this model has {} ({} elements)",
+             path, names.size(), numel, flat_.entries.size(), flat_.numel);
+    DS_CHECK(
+        shapes.size() == names.size(),
+        "[checkpoint] {}: ds_optimizer lists {} parameter names but {} shapes; the file is damaged",
+        path, names.size(), shapes.size());
     for (size_t i = 0; i < flat_.entries.size(); ++i) {
       if (!names[i].is_string()) meta.bad(fmt::format("param_names[{}]", i), names[i], "a string");
       bool shape_ok = shapes[i].is_array();
-      for (const auto& d : shapes[i]) shape_ok = shape_ok && d.is_number_integer() && d.get<int64_t>() >= 0;
+      for (const auto& d : shapes[i])
+        shape_ok = shape_ok && d.is_number_integer() && d.get<int64_t>() >= 0;
       if (!shape_ok)
         meta.bad(fmt::format("param_shapes[{}]", i), shapes[i], "a list of integers >= 0");
       DS_CHECK(names[i].get<std::string>() == flat_.entries[i].name &&
@@ -527,8 +567,8 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
     }
     const std::string opt_name = meta.string("optimizer");
     DS_CHECK(opt_name == optimizer_->name(),
-             "[checkpoint] {} was written with the {} optimizer; this run uses {}", path,
-             opt_name, optimizer_->name());
+             "[checkpoint] {} was written with the {} optimizer; this run uses {}", path, opt_name,
+             optimizer_->name());
     const Meta scalars = meta.object("scalar_state");
     for (const auto& [k, v] : scalars.json().items())
       if (!v.is_number()) meta.bad("scalar_state." + k, v, "a number");
@@ -536,12 +576,16 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
     bool verified = false;
     for (const auto& seg : meta.array("segments")) {
       bool seg_ok = seg.is_array() && seg.size() == 3;
-      for (size_t k = 0; seg_ok && k < 3; ++k) seg_ok = seg[k].is_number_integer() && seg[k].get<int64_t>() >= 0;
+      for (size_t k = 0; seg_ok && k < 3; ++k)
+        seg_ok = seg[k].is_number_integer() && seg[k].get<int64_t>() >= 0;
       if (!seg_ok)
-        meta.bad("segments[]", seg, "a list of [flat begin, flat end, offset] integer triples >= 0");
-      const int64_t fb = seg[0].get<int64_t>(), fe = seg[1].get<int64_t>(), foff = seg[2].get<int64_t>();
+        meta.bad("segments[]", seg,
+                 "a list of [flat begin, flat end, offset] integer triples >= 0");
+      const int64_t fb = seg[0].get<int64_t>(), fe = seg[1].get<int64_t>(),
+                    foff = seg[2].get<int64_t>();
       DS_CHECK(fb <= fe && fe <= flat_.numel,
-               "[checkpoint] {}: segment [{}, {}) lies outside the {} flat elements; the file is damaged",
+               "[checkpoint] {}: segment [{}, {}) lies outside the {} flat elements; the file is "
+               "damaged",
                path, fb, fe, flat_.numel);
       for (const auto& w : wants) {
         const int64_t a = std::max(fb, w[0]), z = std::min(fe, w[1]);
@@ -551,15 +595,20 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
           verified = true;
         }
         auto copy = [&](const std::string& name, float* dst) {
-          DS_CHECK(reader.contains(name), "[checkpoint] {} has no optimizer state '{}'", path, name);
+          DS_CHECK(reader.contains(name), "[checkpoint] {} has no optimizer state '{}'", path,
+                   name);
           const auto& entry = reader.entry(name);
-          DS_CHECK(entry.supported && entry.dtype == DType::f32, "[checkpoint] {}: '{}' is not fp32", path, name);
+          DS_CHECK(entry.supported && entry.dtype == DType::f32,
+                   "[checkpoint] {}: '{}' is not fp32", path, name);
           const int64_t have = static_cast<int64_t>((entry.end - entry.begin) / sizeof(float));
-          DS_CHECK(foff + (z - fb) <= have,
-                   "[checkpoint] {}: segment [{}, {}) at offset {} reads past the {} elements of '{}'; "
-                   "the file is damaged", path, fb, fe, foff, have, name);
+          DS_CHECK(
+              foff + (z - fb) <= have,
+              "[checkpoint] {}: segment [{}, {}) at offset {} reads past the {} elements of '{}'; "
+              "the file is damaged",
+              path, fb, fe, foff, have, name);
           const float* src = reinterpret_cast<const float*>(reader.data_of(entry));
-          std::memcpy(dst + w[2] + (a - w[0]), src + foff + (a - fb), static_cast<size_t>(z - a) * sizeof(float));
+          std::memcpy(dst + w[2] + (a - w[0]), src + foff + (a - fb),
+                      static_cast<size_t>(z - a) * sizeof(float));
         };
         copy("fp32_master", master_.data<float>());
         for (const auto& sb : states) copy(sb.name, sb.data);
@@ -569,7 +618,8 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
   }
   DS_CHECK(covered == needed,
            "[checkpoint] the optimizer shards in {} cover {} of the {} elements this rank needs; a "
-           "shard file is missing", ck.string(), covered, needed);
+           "shard file is missing",
+           ck.string(), covered, needed);
   // Weights: stages 0-2 hold every parameter whole (in fp32 training master_ is a view of them and
   // the model file holds the same values); under stage 3 each rank's piece is the rounded master
   // weights, exactly as after an optimizer step.

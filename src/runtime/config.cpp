@@ -259,8 +259,8 @@ void read_optimizer(Section s, OptimizerConfig& c, ParseState& st) {
 
 // Shared by WarmupLR and WarmupDecayLR.
 // DeepSpeed 0.19 raises ValueError for warmup_num_steps = 0. A Trainer-style run without warm-up
-// fills "auto" with 0, so 0 is accepted here and runs as DeepSpeed 0.16 did (W = max(2, 0)); written
-// in the file, it warns.
+// fills "auto" with 0, so 0 is accepted here and runs as DeepSpeed 0.16 did (W = max(2, 0));
+// written in the file, it warns.
 int64_t read_warmup_steps(Section& p, ParseState& st) {
   const int64_t w = p.integer("warmup_num_steps", 1000, at_least(0));
   if (w == 0 && !st.auto_filled.count("scheduler.params.warmup_num_steps"))
@@ -270,7 +270,8 @@ int64_t read_warmup_steps(Section& p, ParseState& st) {
   return w;
 }
 
-// WarmupLR's warmup_max_lr defaults to the optimizer's lr (DeepSpeed 0.19); WarmupDecayLR keeps 1e-3.
+// WarmupLR's warmup_max_lr defaults to the optimizer's lr (DeepSpeed 0.19); WarmupDecayLR keeps
+// 1e-3.
 template <class P>
 void read_warmup(Section& p, P& w, double default_max_lr, ParseState& st) {
   w.warmup_min_lr = p.number("warmup_min_lr", 0.0, at_least(0));
@@ -767,8 +768,9 @@ void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
         "Adam, AdamW, Adagrad and Lion (as in DeepSpeed); set \"zero_allow_untested_optimizer\": "
         "true to run it anyway{}",
         optimizer_type_name(t), z.stage, st.source,
-        t == OptimizerType::Lamb  ? " (deepspeed.cpp then runs Lamb exactly: its per-tensor norms are "
-                                    "summed across ranks)"
+        t == OptimizerType::Lamb
+            ? " (deepspeed.cpp then runs Lamb exactly: its per-tensor norms are "
+              "summed across ranks)"
         : t == OptimizerType::SGD ? " (SGD is elementwise: it runs exactly on the partitions)"
                                   : "");
 
@@ -783,12 +785,11 @@ void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
     if (dev == OffloadDevice::CPU) {
       // On this CPU-only build the states already live in host memory, so nothing changes; but the
       // user asked for offload, and a later GPU build would honour it: say so once.
-      st.warn(
-          fmt::format("[config] zero_optimization.{}.device = \"cpu\": CPU offload is not "
-                      "implemented in deepspeed.cpp yet; the key is accepted and ignored (on this "
-                      "CPU-only build the {} already live in host memory)",
-                      name,
-                      std::string_view(name) == "offload_param" ? "parameters" : "optimizer states"));
+      st.warn(fmt::format(
+          "[config] zero_optimization.{}.device = \"cpu\": CPU offload is not "
+          "implemented in deepspeed.cpp yet; the key is accepted and ignored (on this "
+          "CPU-only build the {} already live in host memory)",
+          name, std::string_view(name) == "offload_param" ? "parameters" : "optimizer states"));
       continue;
     }
     if (dev != OffloadDevice::NVMe) continue;

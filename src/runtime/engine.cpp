@@ -6,8 +6,8 @@
 #include <limits>
 
 #include "ds/autograd/grad_mode.h"
-#include "ds/core/allocator.h"
 #include "ds/comm/logger.h"
+#include "ds/core/allocator.h"
 #include "ds/core/error.h"
 #include "ds/core/parallel.h"
 #include "ds/models/gpt.h"
@@ -84,7 +84,8 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
            "ConfigContext::world_size = {} when parsing",
            config_.batch.world_size, n, n);
   stage_ = config_.zero_optimization.stage;
-  DS_CHECK(stage_ >= 0 && stage_ <= 3, "[engine] zero_optimization.stage must be 0-3, got {}", stage_);
+  DS_CHECK(stage_ >= 0 && stage_ <= 3, "[engine] zero_optimization.stage must be 0-3, got {}",
+           stage_);
   if (!options_.loss_fn) options_.loss_fn = default_loss_fn();
   if (config_.comms_logger.enabled) comm::comms_logger().enable(true);
   scaler_.set_rank(group_->rank());
@@ -104,14 +105,13 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
     // Flatten in fp32 first: that buffer becomes the master copy (or the parameters themselves in
     // fp32 training). For 16-bit training flatten again in the training dtype: same order and
     // offsets, values rounded to nearest even, parameters rebound to the 16-bit buffer.
-    nn::FlatParameters f32 = nn::flatten_parameters(*model_, DType::f32, grads, multiple, full_grads);
+    nn::FlatParameters f32 =
+        nn::flatten_parameters(*model_, DType::f32, grads, multiple, full_grads);
     plan_ = zero::plan_partitions(f32.numel, n);
     DS_CHECK(plan_.padded_numel == f32.padded_numel, "[engine] internal: padding plan disagrees");
     opt_begin_ = sharded ? plan_.begin(group_->rank()) : 0;
     opt_numel_ = sharded ? plan_.partition_numel : plan_.padded_numel;
-    auto range = [&](const Tensor& t) {
-      return t.flat_range(opt_begin_, opt_numel_);
-    };
+    auto range = [&](const Tensor& t) { return t.flat_range(opt_begin_, opt_numel_); };
     if (train == DType::f32) {
       flat_ = std::move(f32);
       master_ = range(flat_.params);
@@ -129,17 +129,20 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
     if (n > 1) group_->broadcast(flat_.params, 0, "initial weights");
   }
 
-  optimizer_ = optim::make_optimizer(optimizer_name(config_.optimizer), optimizer_params(config_.optimizer));
+  optimizer_ =
+      optim::make_optimizer(optimizer_name(config_.optimizer), optimizer_params(config_.optimizer));
   // One segment per parameter tensor over this rank's range (Lamb's trust ratio is per tensor),
   // the same list on every rank: numel 0 where the rank holds none of the tensor.
   std::vector<optim::Segment> segments;
   if (stage_ == 3) {
     for (const auto& sp : s3_)
-      segments.push_back({sp.shard_offset, std::clamp<int64_t>(sp.numel - group_->rank() * sp.part, 0, sp.part)});
+      segments.push_back(
+          {sp.shard_offset, std::clamp<int64_t>(sp.numel - group_->rank() * sp.part, 0, sp.part)});
   } else {
     for (const auto& e : flat_.entries) {
       const int64_t b = std::clamp<int64_t>(e.offset, opt_begin_, opt_begin_ + opt_numel_);
-      const int64_t en = std::clamp<int64_t>(e.offset + e.numel, opt_begin_, opt_begin_ + opt_numel_);
+      const int64_t en =
+          std::clamp<int64_t>(e.offset + e.numel, opt_begin_, opt_begin_ + opt_numel_);
       segments.push_back({b - opt_begin_, en - b});
     }
   }
@@ -172,22 +175,26 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
     grad_post_scale_ = predivide / n;
   }
   if (stage_ < 3 && (n > 1 || stage_ == 2)) {
-    const auto bucket_numel = std::max<int64_t>(1, static_cast<int64_t>(config_.zero_optimization.reduce_bucket_size));
+    const auto bucket_numel =
+        std::max<int64_t>(1, static_cast<int64_t>(config_.zero_optimization.reduce_bucket_size));
     buckets_ = zero::plan_buckets(flat_.entries, plan_.padded_numel, bucket_numel);
     param_buckets_.assign(flat_.entries.size(), {});
     for (size_t b = 0; b < buckets_.size(); ++b)
-      for (int i : buckets_[b].params) param_buckets_[static_cast<size_t>(i)].push_back(static_cast<int>(b));
+      for (int i : buckets_[b].params)
+        param_buckets_[static_cast<size_t>(i)].push_back(static_cast<int>(b));
     bucket_pending_.assign(buckets_.size(), 0);
     bucket_staging_.assign(buckets_.size(), Tensor());
     auto named = model_->named_parameters();
     for (size_t i = 0; i < named.size(); ++i)
-      named[i].second.add_grad_ready_hook([this, i](const Tensor& p) { on_grad_ready(static_cast<int>(i), p); });
+      named[i].second.add_grad_ready_hook(
+          [this, i](const Tensor& p) { on_grad_ready(static_cast<int>(i), p); });
   }
 
   // The model's original parameter storages were just freed (everything now lives in the flat or
   // shard buffers). Give their memory back rather than keep it cached: those blocks are sized per
   // parameter and fragment the large pool, so the moments, gradients and activations allocated next
-  // would need new memory anyway (GPT-2 124M: ~540 MiB per rank that peak RSS would otherwise carry).
+  // would need new memory anyway (GPT-2 124M: ~540 MiB per rank that peak RSS would otherwise
+  // carry).
   cpu_allocator().empty_cache();
 }
 
@@ -228,7 +235,8 @@ void Engine::backward(const Tensor& loss) {
   const double gas = static_cast<double>(config_.batch.gradient_accumulation_steps);
   // Stage 2 reduces every micro-step (each rank keeps only its partition); stage 0 reduces on the
   // boundary micro-step, overlapped with its backward; stage 1 reduce-scatters in step().
-  reducing_ = !buckets_.empty() && (stage_ == 2 || (stage_ == 0 && is_gradient_accumulation_boundary()));
+  reducing_ =
+      !buckets_.empty() && (stage_ == 2 || (stage_ == 0 && is_gradient_accumulation_boundary()));
   if (stage_ == 3) {
     ops::mul(loss.dtype() == DType::f32 ? loss : ops::cast(loss, DType::f32),
              static_cast<float>(scaler_.scale() / gas))
@@ -238,7 +246,8 @@ void Engine::backward(const Tensor& loss) {
     return;
   }
   if (reducing_)
-    for (size_t b = 0; b < buckets_.size(); ++b) bucket_pending_[b] = static_cast<int>(buckets_[b].params.size());
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      bucket_pending_[b] = static_cast<int>(buckets_[b].params.size());
   Tensor scaled = ops::mul(loss.dtype() == DType::f32 ? loss : ops::cast(loss, DType::f32),
                            static_cast<float>(scaler_.scale() / gas));
   scaled.backward();
@@ -303,8 +312,8 @@ void Engine::launch_bucket(int b) {
     for (int r = 0; r < n; ++r) {
       const int64_t lo = std::max(bk.begin, plan_.begin(r)), hi = std::min(bk.end, plan_.end(r));
       if (lo >= hi) continue;
-      pending.works.push_back(group_->reduce_async(pending.buf.flat_range(lo - bk.begin, hi - lo), r,
-                                                   comm::ReduceOp::sum, ctx));
+      pending.works.push_back(group_->reduce_async(pending.buf.flat_range(lo - bk.begin, hi - lo),
+                                                   r, comm::ReduceOp::sum, ctx));
     }
   } else {
     pending.works.push_back(group_->all_reduce_async(pending.buf, comm::ReduceOp::sum, ctx));
@@ -326,9 +335,11 @@ void Engine::finish_reductions(size_t keep_in_flight) {
       continue;
     }
     // Keep only this rank's part of the reduced bucket.
-    const int64_t lo = std::max(bk.begin, opt_begin_), hi = std::min(bk.end, opt_begin_ + opt_numel_);
+    const int64_t lo = std::max(bk.begin, opt_begin_),
+                  hi = std::min(bk.end, opt_begin_ + opt_numel_);
     if (lo < hi) {
-      ops::add_(grads_part_.flat_range(lo - opt_begin_, hi - lo), pending.buf.flat_range(lo - bk.begin, hi - lo));
+      ops::add_(grads_part_.flat_range(lo - opt_begin_, hi - lo),
+                pending.buf.flat_range(lo - bk.begin, hi - lo));
     }
     bucket_staging_[static_cast<size_t>(pending.bucket)] = Tensor();
   }
@@ -339,7 +350,9 @@ bool Engine::is_gradient_accumulation_boundary() const {
   return (micro_steps_ + 1) % config_.batch.gradient_accumulation_steps == 0;
 }
 
-double Engine::get_lr() const { return scheduler_.get_lr(); }
+double Engine::get_lr() const {
+  return scheduler_.get_lr();
+}
 
 Tensor Engine::optimizer_grads() {
   Tensor g = stage_ >= 2 ? grads_part_ : flat_.grads.flat_range(opt_begin_, opt_numel_);
@@ -390,7 +403,8 @@ bool Engine::step() {
       group_->reduce_scatter(flat_.grads, mine, comm::ReduceOp::sum, ctx + " gradients");
     } else {
       Tensor out = Tensor::empty({opt_numel_}, comm_dtype_);
-      group_->reduce_scatter(flat_.grads.to(comm_dtype_), out, comm::ReduceOp::sum, ctx + " gradients");
+      group_->reduce_scatter(flat_.grads.to(comm_dtype_), out, comm::ReduceOp::sum,
+                             ctx + " gradients");
       mine.copy_from(out);
     }
   }
@@ -414,7 +428,8 @@ bool Engine::step() {
     skip = scaler_.update(overflow).skip_step;  // logs OVERFLOW and throws at the minimum scale
   } else if (overflow) {
     skip = true;
-    log(fmt::format("[engine] step {}: the gradient norm is not finite (inf/NaN in the gradients); "
+    log(
+        fmt::format("[engine] step {}: the gradient norm is not finite (inf/NaN in the gradients); "
                     "skipping this step",
                     global_steps_));
   } else if (config_.fp16.enabled) {
@@ -434,16 +449,17 @@ bool Engine::step() {
   consecutive_skips_ = 0;
 
   // Unscale, average and clip in one factor (reference §5).
-  const ClipCoefficient clip = unscale_and_clip_coefficient(norm_scaled, scale, config_.gradient_clipping);
+  const ClipCoefficient clip =
+      unscale_and_clip_coefficient(norm_scaled, scale, config_.gradient_clipping);
   optimizer_->set_lr(static_cast<float>(scheduler_.get_lr()));
   if (auto beta1 = scheduler_.get_beta1())
     optimizer_->set_betas(static_cast<float>(*beta1),
                           static_cast<float>(LRScheduler::kOneCycleBeta2));
   const DType train = training_dtype();
   const bool sixteen = train != DType::f32;
-  void* out16 = !sixteen       ? nullptr
-                : stage_ == 3  ? shard_params_.raw_data()
-                               : static_cast<char*>(flat_.params.raw_data()) + opt_begin_ * 2;
+  void* out16 = !sixteen      ? nullptr
+                : stage_ == 3 ? shard_params_.raw_data()
+                              : static_cast<char*>(flat_.params.raw_data()) + opt_begin_ * 2;
   optimizer_->step(master_.data<float>(), g.data<float>(), opt_numel_,
                    static_cast<float>(clip.factor * grad_post_scale_), out16,
                    sixteen ? train : DType::bf16);
@@ -470,7 +486,8 @@ MemoryBudget Engine::memory_budget() const {
   } else {
     b.params = static_cast<int64_t>(flat_.params.nbytes());
   }
-  b.grads = static_cast<int64_t>(flat_.grads.defined() ? flat_.grads.nbytes() : grads_part_.nbytes());
+  b.grads =
+      static_cast<int64_t>(flat_.grads.defined() ? flat_.grads.nbytes() : grads_part_.nbytes());
   b.scratch = grads32_.defined() ? static_cast<int64_t>(grads32_.nbytes()) : 0;
   b.master_weights = sixteen ? static_cast<int64_t>(master_.nbytes()) : 0;
   b.optimizer_states = optimizer_->state_numel() * optimizer_->state_floats_per_param() *

@@ -22,7 +22,8 @@ namespace ds::runtime {
 void Engine::stage3_setup() {
   const int n = group_->size(), r = group_->rank();
   const DType train = config_.training_dtype();
-  const auto persist = static_cast<int64_t>(config_.zero_optimization.stage3_param_persistence_threshold);
+  const auto persist =
+      static_cast<int64_t>(config_.zero_optimization.stage3_param_persistence_threshold);
   auto named = model_->named_parameters();
 
   // Shard plan, and the flat coordinates (unpadded concatenation) checkpoints are written in.
@@ -42,7 +43,8 @@ void Engine::stage3_setup() {
   flat_.numel = flat_offset;
   plan_ = zero::plan_partitions(flat_.numel, n);
   opt_begin_ = 0;
-  opt_numel_ = (shard_offset + zero::kPartitionAlignment - 1) / zero::kPartitionAlignment * zero::kPartitionAlignment;
+  opt_numel_ = (shard_offset + zero::kPartitionAlignment - 1) / zero::kPartitionAlignment *
+               zero::kPartitionAlignment;
   master_ = Tensor::zeros({opt_numel_});
   grads_part_ = Tensor::zeros({opt_numel_}, grad_dtype_);
   if (grad_dtype_ != DType::f32) grads32_ = Tensor::zeros({opt_numel_});
@@ -54,14 +56,19 @@ void Engine::stage3_setup() {
   float* master = master_.data<float>();
   for (size_t i = 0; i < s3_.size(); ++i) {
     auto& sp = s3_[i];
-    const int64_t begin = std::min(sp.numel, r * sp.part), end = std::min(sp.numel, (r + 1) * sp.part);
+    const int64_t begin = std::min(sp.numel, r * sp.part),
+                  end = std::min(sp.numel, (r + 1) * sp.part);
     if (sp.param.is_materialized()) {
       Tensor src = sp.param.contiguous().flat_range(begin, end - begin);
-      convert(src.raw_data(), src.dtype(), master + sp.shard_offset, DType::f32, static_cast<size_t>(end - begin));
+      convert(src.raw_data(), src.dtype(), master + sp.shard_offset, DType::f32,
+              static_cast<size_t>(end - begin));
     } else {
-      DS_CHECK(gpt, "[engine] parameter '{}' holds no data and the model has no initialisation "
-               "function for shards; build it whole or make it a models::GPT", flat_.entries[i].name);
-      models::GPT::init_values(init_plan[i], gpt->config().seed, i, begin, end - begin, master + sp.shard_offset);
+      DS_CHECK(gpt,
+               "[engine] parameter '{}' holds no data and the model has no initialisation "
+               "function for shards; build it whole or make it a models::GPT",
+               flat_.entries[i].name);
+      models::GPT::init_values(init_plan[i], gpt->config().seed, i, begin, end - begin,
+                               master + sp.shard_offset);
     }
     // Rebind the parameter to its own gatherable buffer, released until first use.
     sp.full = Storage::allocate(static_cast<size_t>(n * sp.part) * dtype_size(train));
@@ -83,13 +90,17 @@ void Engine::stage3_setup() {
         if (s3_[i].param.same(p)) mine.push_back(static_cast<int>(i));
     if (mine.empty()) continue;
     const std::string label = mname.empty() ? module->type_name() : mname;
-    module->register_forward_pre_hook([this, mine, label](nn::Module&, const Tensor&) { stage3_gather(mine, label); });
-    module->register_forward_hook([this, mine](nn::Module&, const Tensor&, const Tensor&) { stage3_release(mine); });
-    module->register_backward_pre_hook([this, mine, label](nn::Module&) { stage3_gather(mine, label + " (backward)"); });
+    module->register_forward_pre_hook(
+        [this, mine, label](nn::Module&, const Tensor&) { stage3_gather(mine, label); });
+    module->register_forward_hook(
+        [this, mine](nn::Module&, const Tensor&, const Tensor&) { stage3_release(mine); });
+    module->register_backward_pre_hook(
+        [this, mine, label](nn::Module&) { stage3_gather(mine, label + " (backward)"); });
     module->register_backward_hook([this, mine](nn::Module&) { stage3_release(mine); });
   }
   for (size_t i = 0; i < s3_.size(); ++i)
-    s3_[i].param.add_grad_ready_hook([this, i](const Tensor& p) { stage3_on_grad_ready(static_cast<int>(i), p); });
+    s3_[i].param.add_grad_ready_hook(
+        [this, i](const Tensor& p) { stage3_on_grad_ready(static_cast<int>(i), p); });
   stage3_after_step();  // persistent parameters are gathered once and kept
 }
 
@@ -113,9 +124,11 @@ void Engine::stage3_gather(const std::vector<int>& params, const std::string& wh
   auto launch = [&](int i, const std::string& label) {
     auto& sp = s3_[static_cast<size_t>(i)];
     sp.full->materialize();
-    const char* src = static_cast<const char*>(shard_params_.raw_data()) + sp.shard_offset * static_cast<int64_t>(esz);
-    return group_->all_gather_async(src, sp.full->data(), static_cast<size_t>(sp.part), train,
-                                    fmt::format("gather {} for {}", flat_.entries[static_cast<size_t>(i)].name, label));
+    const char* src = static_cast<const char*>(shard_params_.raw_data()) +
+                      sp.shard_offset * static_cast<int64_t>(esz);
+    return group_->all_gather_async(
+        src, sp.full->data(), static_cast<size_t>(sp.part), train,
+        fmt::format("gather {} for {}", flat_.entries[static_cast<size_t>(i)].name, label));
   };
   if (s3_recording_) s3_trace_.push_back(params);
   if (s3_follow_trace_) {
@@ -140,7 +153,8 @@ void Engine::stage3_gather(const std::vector<int>& params, const std::string& wh
   if (s3_follow_trace_) {
     auto budget = static_cast<int64_t>(config_.zero_optimization.stage3_prefetch_bucket_size);
     // stage3_max_live_parameters bounds the elements gathered at once (this module's included).
-    const auto max_live = static_cast<int64_t>(config_.zero_optimization.stage3_max_live_parameters);
+    const auto max_live =
+        static_cast<int64_t>(config_.zero_optimization.stage3_max_live_parameters);
     int64_t live = 0;
     for (const auto& sp : s3_)
       if (!sp.persistent && sp.full->is_materialized()) live += sp.numel;
@@ -193,7 +207,8 @@ void Engine::stage3_on_grad_ready(int i, const Tensor& p) {
   // [c, c + len) of every piece takes those N slices back to back, in the communication dtype
   // (the copy converts; past numel it is zero padding). Chunks of at most reduce_bucket_size
   // elements in all keep the staging of a large parameter (the embedding) bounded.
-  const auto bucket = std::max<int64_t>(n, static_cast<int64_t>(config_.zero_optimization.reduce_bucket_size));
+  const auto bucket =
+      std::max<int64_t>(n, static_cast<int64_t>(config_.zero_optimization.reduce_bucket_size));
   const int64_t chunk = std::max<int64_t>(1, std::min(sp.part, bucket / n));
   for (int64_t c = 0; c < sp.part; c += chunk) {
     const int64_t len = std::min(chunk, sp.part - c);
@@ -204,15 +219,18 @@ void Engine::stage3_on_grad_ready(int i, const Tensor& p) {
       const int64_t from = r * sp.part + c;
       const int64_t have = std::clamp<int64_t>(sp.numel - from, 0, len);
       if (have > 0)
-        convert(gsrc + from * static_cast<int64_t>(ges), gd, dst + r * len * static_cast<int64_t>(ces), cd,
-                static_cast<size_t>(have));
-      if (have < len) std::memset(dst + (r * len + have) * static_cast<int64_t>(ces), 0, static_cast<size_t>(len - have) * ces);
+        convert(gsrc + from * static_cast<int64_t>(ges), gd,
+                dst + r * len * static_cast<int64_t>(ces), cd, static_cast<size_t>(have));
+      if (have < len)
+        std::memset(dst + (r * len + have) * static_cast<int64_t>(ces), 0,
+                    static_cast<size_t>(len - have) * ces);
     }
     if (comm_prescale_ != 1.0f && n > 1) ops::mul_(staging, comm_prescale_);
     Tensor out = n > 1 ? Tensor::empty({len}, cd) : staging;
-    comm::Work w = n > 1 ? group_->reduce_scatter_async(staging, out, comm::ReduceOp::sum,
-                                                        fmt::format("step {} gradient of {}", global_steps_ + 1,
-                                                                    flat_.entries[static_cast<size_t>(i)].name))
+    comm::Work w = n > 1 ? group_->reduce_scatter_async(
+                               staging, out, comm::ReduceOp::sum,
+                               fmt::format("step {} gradient of {}", global_steps_ + 1,
+                                           flat_.entries[static_cast<size_t>(i)].name))
                          : comm::Work();
     s3_in_flight_.push_back({i, c, staging, out, w});
     // Fold finished reductions into the shard as backward goes, so that only the last few
@@ -228,9 +246,11 @@ void Engine::stage3_finish_reductions(size_t keep_in_flight) {
     auto& pending = s3_in_flight_[done];
     pending.work.wait();
     const auto& sp = s3_[static_cast<size_t>(pending.param)];
-    ops::add_(grads_part_.flat_range(sp.shard_offset + pending.offset, pending.out.numel()), pending.out);
+    ops::add_(grads_part_.flat_range(sp.shard_offset + pending.offset, pending.out.numel()),
+              pending.out);
   }
-  s3_in_flight_.erase(s3_in_flight_.begin(), s3_in_flight_.begin() + static_cast<std::ptrdiff_t>(done));
+  s3_in_flight_.erase(s3_in_flight_.begin(),
+                      s3_in_flight_.begin() + static_cast<std::ptrdiff_t>(done));
 }
 
 void Engine::stage3_after_step() {

@@ -4,11 +4,11 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
-#include <limits>
 #include <filesystem>
+#include <limits>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 namespace ds::train {
 
@@ -28,10 +28,12 @@ CLI::Validator integer_in(int64_t lo, int64_t hi = std::numeric_limits<int64_t>:
         const char* b = text.data();
         const char* e = b + text.size();
         const auto [end, ec] = std::from_chars(b, e, v);
-        if (ec == std::errc::result_out_of_range || (ec == std::errc() && end == e && (v < lo || v > hi)))
+        if (ec == std::errc::result_out_of_range ||
+            (ec == std::errc() && end == e && (v < lo || v > hi)))
           return fmt::format("'{}' is out of range: allowed is {}", text, allowed_integers(lo, hi));
         if (ec != std::errc() || end != e)
-          return fmt::format("'{}' is not an integer: allowed is {}", text, allowed_integers(lo, hi));
+          return fmt::format("'{}' is not an integer: allowed is {}", text,
+                             allowed_integers(lo, hi));
         return {};
       },
       allowed_integers(lo, hi));

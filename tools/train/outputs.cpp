@@ -14,9 +14,9 @@ namespace ds::train {
 
 std::vector<RankMemory> gather_memory(runtime::Engine& engine, const RankMemory& mine) {
   constexpr size_t kFields = 7;
-  const int64_t row[kFields] = {mine.mem.params,           mine.mem.grads,          mine.mem.master_weights,
-                                mine.mem.optimizer_states, mine.mem.scratch,        mine.peak_tensor_bytes,
-                                mine.peak_rss_bytes};
+  const int64_t row[kFields] = {
+      mine.mem.params,  mine.mem.grads,         mine.mem.master_weights, mine.mem.optimizer_states,
+      mine.mem.scratch, mine.peak_tensor_bytes, mine.peak_rss_bytes};
   const int n = engine.world_size();
   std::vector<int64_t> all(kFields * static_cast<size_t>(n));
   engine.group().all_gather(row, all.data(), kFields, DType::i64, "memory report");
@@ -43,7 +43,9 @@ zero::ModelStateBytes paper_model_state_bytes(runtime::Engine& engine) {
 }
 
 namespace {
-std::string mib(int64_t b) { return fmt::format("{:.1f} MiB", static_cast<double>(b) / 1048576.0); }
+std::string mib(int64_t b) {
+  return fmt::format("{:.1f} MiB", static_cast<double>(b) / 1048576.0);
+}
 }  // namespace
 
 void print_memory_table(const std::vector<RankMemory>& ranks, const zero::ModelStateBytes& paper,
@@ -73,19 +75,18 @@ void write_memory_json(const std::filesystem::path& file, runtime::Engine& engin
                     {"gradient_scratch_bytes", r.mem.scratch},
                     {"peak_tensor_bytes", r.peak_tensor_bytes},
                     {"peak_rss_bytes", r.peak_rss_bytes}});
-  const nlohmann::ordered_json j = {
-      {"world_size", engine.world_size()},
-      {"zero_stage", engine.zero_stage()},
-      {"params_dtype", dtype_name(engine.training_dtype())},
-      {"grads_dtype", dtype_name(engine.grad_dtype())},
-      {"activations_estimate_bytes", activations_estimate},
-      {"paper_model_state_bytes_per_rank",
-       {{"params_bytes", paper.params},
-        {"grads_bytes", paper.grads},
-        {"master_weights_bytes", paper.master_weights},
-        {"optimizer_states_bytes", paper.optimizer_states},
-        {"model_state_bytes", paper.total()}}},
-      {"ranks", rows}};
+  const nlohmann::ordered_json j = {{"world_size", engine.world_size()},
+                                    {"zero_stage", engine.zero_stage()},
+                                    {"params_dtype", dtype_name(engine.training_dtype())},
+                                    {"grads_dtype", dtype_name(engine.grad_dtype())},
+                                    {"activations_estimate_bytes", activations_estimate},
+                                    {"paper_model_state_bytes_per_rank",
+                                     {{"params_bytes", paper.params},
+                                      {"grads_bytes", paper.grads},
+                                      {"master_weights_bytes", paper.master_weights},
+                                      {"optimizer_states_bytes", paper.optimizer_states},
+                                      {"model_state_bytes", paper.total()}}},
+                                    {"ranks", rows}};
   // Temporary name, fsync, rename: a crash never leaves half a file, a failed write no temporary.
   data::write_file_atomic(file, j.dump(2) + "\n");
 }

@@ -143,7 +143,8 @@ std::vector<fs::path> rotate_checkpoints(const fs::path& dir, int64_t keep) {
   return deleted;
 }
 
-std::vector<fs::path> remove_stale_temporaries(const fs::path& out_dir, const fs::path& export_dir) {
+std::vector<fs::path> remove_stale_temporaries(const fs::path& out_dir,
+                                               const fs::path& export_dir) {
   std::vector<fs::path> removed = runtime::remove_stale_checkpoint_temporaries(out_dir);
   // Our writers' temporary names: write_file_atomic's "<name>.tmp-<pid>", safetensors' and the HF
   // export's "<name>.tmp.<pid>", and the older "<name>.tmp".
@@ -160,7 +161,8 @@ std::vector<fs::path> remove_stale_temporaries(const fs::path& out_dir, const fs
         stale.push_back(e.path());
     for (const auto& p : stale) {
       fs::remove(p, ec);
-      DS_CHECK(!ec, "[ds_train] cannot delete the stale temporary {}: {}", p.string(), ec.message());
+      DS_CHECK(!ec, "[ds_train] cannot delete the stale temporary {}: {}", p.string(),
+               ec.message());
       removed.push_back(p);
     }
   }

@@ -58,8 +58,8 @@ std::vector<std::filesystem::path> rotate_checkpoints(const std::filesystem::pat
 // (runtime::remove_stale_checkpoint_temporaries) and ds_train's own half-written files
 // ("<name>.tmp", "<name>.tmp-<pid>", "<name>.tmp.<pid>") in out_dir, its csv folders and
 // export_dir (skipped when empty). Returns what it deleted.
-std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& out_dir,
-                                                            const std::filesystem::path& export_dir);
+std::vector<std::filesystem::path> remove_stale_temporaries(
+    const std::filesystem::path& out_dir, const std::filesystem::path& export_dir);
 
 // ---- data ----
 struct UnigramStats {

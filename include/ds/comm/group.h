@@ -134,7 +134,8 @@ class Group {
                             ReduceOp op = ReduceOp::sum, std::string_view context = {});
   // in (chunk) -> out (size() * chunk), rank r's chunk at out + r * chunk. In place when
   // in == out + rank() * chunk.
-  // In place: on `root`, buf receives the reduction of every rank's buf; elsewhere buf is only read.
+  // In place: on `root`, buf receives the reduction of every rank's buf; elsewhere buf is only
+  // read.
   Work reduce_async(void* buf, size_t count, DType dtype, int root, ReduceOp op = ReduceOp::sum,
                     std::string_view context = {});
   Work all_gather_async(const void* in, void* out, size_t chunk, DType dtype,
@@ -197,7 +198,8 @@ class Group {
                       std::string_view context = {}) {
     reduce_scatter_async(in, out, op, context).wait();
   }
-  void reduce(const Tensor& t, int root, ReduceOp op = ReduceOp::sum, std::string_view context = {}) {
+  void reduce(const Tensor& t, int root, ReduceOp op = ReduceOp::sum,
+              std::string_view context = {}) {
     reduce_async(t, root, op, context).wait();
   }
   void all_gather(const Tensor& in, const Tensor& out, std::string_view context = {}) {

@@ -1,9 +1,9 @@
 #pragma once
 // Housekeeping of a checkpoint folder (the layout is in checkpoint.cpp and docs/checkpoints.md).
 //
-// Engine::save_checkpoint writes a tag into the hidden folder ".<tag>.tmp", swaps an older folder of
-// the same tag out as ".<tag>.old", and replaces `latest` through "latest.tmp-<pid>". A crash (kill,
-// power loss, full disk) can leave any of these behind, and they can be as large as a whole
+// Engine::save_checkpoint writes a tag into the hidden folder ".<tag>.tmp", swaps an older folder
+// of the same tag out as ".<tag>.old", and replaces `latest` through "latest.tmp-<pid>". A crash
+// (kill, power loss, full disk) can leave any of these behind, and they can be as large as a whole
 // checkpoint. None of them is ever read back: a complete checkpoint is only ever a plain tag folder
 // named in `latest`.
 //

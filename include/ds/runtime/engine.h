@@ -25,15 +25,16 @@
 // Data parallelism and ZeRO (reference §6) over a comm::Group of N ranks:
 //   stage 0  every rank holds everything; at the accumulation boundary gradients are all-reduced in
 //            buckets of reduce_bucket_size elements as backward produces them (overlapped);
-//   stage 1  the flat buffer is padded and cut into N contiguous partitions; fp32 master weights and
+//   stage 1  the flat buffer is padded and cut into N contiguous partitions; fp32 master weights
+//   and
 //            moments exist only for the rank's partition; gradients are reduce-scattered at the
 //            boundary; updated partitions are all-gathered;
 //   stage 2  as 1, and each rank keeps gradients only for its partition: every micro-step's
 //            gradients are reduced bucket by bucket during backward and the parameter's own
 //            gradient is dropped as soon as it is copied into its bucket.
 //   stage 3  as 2, and every parameter is itself cut into N pieces (padded to a multiple of N): a
-//            rank holds only its piece of each. Module hooks gather a module's parameters before its
-//            forward and its backward and release them after, except persistent small ones
+//            rank holds only its piece of each. Module hooks gather a module's parameters before
+//            its forward and its backward and release them after, except persistent small ones
 //            (numel <= stage3_param_persistence_threshold); each parameter's gradient is
 //            reduce-scattered as soon as it is complete. Build the model under nn::PartitionedInit
 //            so that no rank ever holds the whole model; the engine then initialises each shard.
@@ -46,20 +47,21 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ds/comm/group.h"
 #include "ds/core/tensor.h"
 #include "ds/nn/flat.h"
-#include "ds/comm/group.h"
 #include "ds/nn/module.h"
 #include "ds/optim/optimizer.h"
-#include "ds/zero/partition.h"
 #include "ds/runtime/config.h"
 #include "ds/runtime/loss_scaler.h"
 #include "ds/runtime/lr_schedule.h"
+#include "ds/zero/partition.h"
 
 namespace ds::runtime {
 
 // Computes the scalar training loss of a batch: the glue between a model and the engine.
-using LossFn = std::function<Tensor(nn::Module& model, const Tensor& inputs, const Tensor& targets)>;
+using LossFn =
+    std::function<Tensor(nn::Module& model, const Tensor& inputs, const Tensor& targets)>;
 
 struct InitOptions {
   ConfigContext ctx;  // world size, the trainer's arguments ("auto"), the model's hidden size
@@ -75,11 +77,11 @@ struct InitOptions {
 
 // Model-state bytes held by this rank, by kind (the ZeRO paper's accounting).
 struct MemoryBudget {
-  int64_t params = 0;             // working parameters (training dtype)
-  int64_t grads = 0;              // gradient buffer (accumulation dtype)
-  int64_t master_weights = 0;     // fp32 copy under bf16/fp16 (0 in fp32: params are the master)
-  int64_t optimizer_states = 0;   // moments
-  int64_t scratch = 0;            // fp32 copy of 16-bit gradients for the optimizer (not model state)
+  int64_t params = 0;            // working parameters (training dtype)
+  int64_t grads = 0;             // gradient buffer (accumulation dtype)
+  int64_t master_weights = 0;    // fp32 copy under bf16/fp16 (0 in fp32: params are the master)
+  int64_t optimizer_states = 0;  // moments
+  int64_t scratch = 0;  // fp32 copy of 16-bit gradients for the optimizer (not model state)
   int64_t total() const { return params + grads + master_weights + optimizer_states; }
 };
 
@@ -129,8 +131,8 @@ class Engine {
   comm::Group& group() { return *group_; }
 
   // Every parameter whole, by name, in the training dtype, for export: the model's own tensors
-  // under stages 0-2; under ZeRO-3 each parameter is gathered in turn (a collective: every rank must
-  // call it) and only rank 0 receives the list (empty elsewhere), as DeepSpeed's
+  // under stages 0-2; under ZeRO-3 each parameter is gathered in turn (a collective: every rank
+  // must call it) and only rank 0 receives the list (empty elsewhere), as DeepSpeed's
   // stage3_gather_16bit_weights_on_model_save does.
   std::vector<std::pair<std::string, Tensor>> full_weights();
 
@@ -153,7 +155,7 @@ class Engine {
   void finish_reductions(size_t keep_in_flight = 0);
   // Reductions kept in flight during backward: two with overlap_comm (as DeepSpeed), else none.
   size_t buckets_in_flight() const { return config_.zero_optimization.overlap_comm ? 2 : 0; }
-  Tensor optimizer_grads();   // this rank's gradient range, as fp32 (converted if 16-bit)
+  Tensor optimizer_grads();  // this rank's gradient range, as fp32 (converted if 16-bit)
   void zero_grads();
   void log(const std::string& line) const;
   // ZeRO-3 (engine_stage3.cpp).
@@ -193,13 +195,13 @@ class Engine {
   };
   std::vector<PendingBucket> in_flight_;
   DType comm_dtype_ = DType::f32;  // communication_data_type: the dtype gradients are reduced in
-  bool reducing_ = false;     // this backward reduces gradients bucket by bucket
+  bool reducing_ = false;          // this backward reduces gradients bucket by bucket
   // ZeRO-3: one entry per parameter (named_parameters() order).
   struct Stage3Param {
-    Tensor param;                        // the model's parameter (its storage: `full`)
-    std::shared_ptr<Storage> full;       // (N * part,) training dtype; released when not in use
-    int64_t numel = 0, part = 0;         // part = ceil(numel / N)
-    int64_t shard_offset = 0;            // of this rank's piece in the shard buffers
+    Tensor param;                   // the model's parameter (its storage: `full`)
+    std::shared_ptr<Storage> full;  // (N * part,) training dtype; released when not in use
+    int64_t numel = 0, part = 0;    // part = ceil(numel / N)
+    int64_t shard_offset = 0;       // of this rank's piece in the shard buffers
     bool persistent = false;
   };
   std::vector<Stage3Param> s3_;
@@ -225,7 +227,7 @@ class Engine {
   int64_t s3_prefetch_count_ = 0;
   void stage3_begin_micro_step(bool training);
   void stage3_end_micro_step();
-  float comm_prescale_ = 1.0f;  // applied to gradients before a reduction
+  float comm_prescale_ = 1.0f;    // applied to gradients before a reduction
   double grad_post_scale_ = 1.0;  // folded into the optimizer's gradient scale after it
   std::unique_ptr<optim::Optimizer> optimizer_;  // owns the moments, over [0, padded_numel)
   LRScheduler scheduler_;
@@ -241,7 +243,8 @@ class Engine {
 
 // Parses the config (path or JSON text) with ctx and builds the engine.
 std::unique_ptr<Engine> initialize(std::shared_ptr<nn::Module> model,
-                                   const std::string& config_path_or_json, InitOptions options = {});
+                                   const std::string& config_path_or_json,
+                                   InitOptions options = {});
 std::unique_ptr<Engine> initialize(std::shared_ptr<nn::Module> model, DeepSpeedConfig config,
                                    InitOptions options = {});
 
