@@ -439,6 +439,15 @@ void GPT::init_values(const ParamInit& init, uint64_t seed, uint64_t param_index
   });
 }
 
+bool GPT::init_parameter_range(size_t index, int64_t begin, int64_t count, float* out) const {
+  if (init_plan_cache_.empty()) init_plan_cache_ = init_plan();
+  DS_CHECK(index < init_plan_cache_.size(),
+           "[model] parameter index {} out of range ({} parameters)", index,
+           init_plan_cache_.size());
+  init_values(init_plan_cache_[index], config_.seed, index, begin, count, out);
+  return true;
+}
+
 void GPT::init_weights() {
   const auto named = named_parameters();
   const auto plan = init_plan();

@@ -14,12 +14,29 @@ namespace {
 thread_local bool g_partitioned_init = false;
 }
 
-PartitionedInit::PartitionedInit() : prev_(g_partitioned_init) { g_partitioned_init = true; }
-PartitionedInit::~PartitionedInit() { g_partitioned_init = prev_; }
-bool PartitionedInit::active() { return g_partitioned_init; }
+PartitionedInit::PartitionedInit() : prev_(g_partitioned_init) {
+  g_partitioned_init = true;
+}
+PartitionedInit::~PartitionedInit() {
+  g_partitioned_init = prev_;
+}
+bool PartitionedInit::active() {
+  return g_partitioned_init;
+}
 
 Tensor Module::forward(const Tensor&) {
   DS_THROW("[module] {} has no single-input forward; call its own forward method", type_name_);
+}
+
+Tensor Module::loss(const Tensor&, const Tensor&) {
+  DS_THROW(
+      "[module] {} has no loss(inputs, targets); pass the engine a loss function "
+      "(runtime::InitOptions::loss_fn)",
+      type_name_);
+}
+
+bool Module::init_parameter_range(size_t, int64_t, int64_t, float*) const {
+  return false;
 }
 
 Tensor Module::operator()(const Tensor& input) {
@@ -59,7 +76,8 @@ void Module::run_backward_pre_hooks() {
 
 Tensor Module::register_parameter(const std::string& name, Tensor t) {
   DS_CHECK(t.defined(), "[module] parameter '{}' of {} is undefined", name, type_name_);
-  for (auto& [n, p] : params_) DS_CHECK(n != name, "[module] parameter '{}' registered twice in {}", name, type_name_);
+  for (auto& [n, p] : params_)
+    DS_CHECK(n != name, "[module] parameter '{}' registered twice in {}", name, type_name_);
   t.set_requires_grad(true);
   if (t.name().empty()) t.set_name(name);
   if (g_partitioned_init && t.is_materialized() && !t.storage()->is_view()) t.storage()->release();
@@ -99,7 +117,8 @@ std::vector<Tensor> Module::parameters() const {
 std::vector<std::pair<std::string, Tensor>> Module::named_buffers() const {
   std::vector<std::pair<std::string, Tensor>> out;
   for (const auto& [prefix, m] : named_modules())
-    for (const auto& [n, b] : m->buffers_) out.emplace_back(prefix.empty() ? n : prefix + "." + n, b);
+    for (const auto& [n, b] : m->buffers_)
+      out.emplace_back(prefix.empty() ? n : prefix + "." + n, b);
   return out;
 }
 
@@ -152,7 +171,9 @@ int Module::register_backward_hook(BackwardHook hook) {
 
 void Module::remove_hook(int handle) {
   auto drop = [handle](auto& v) {
-    v.erase(std::remove_if(v.begin(), v.end(), [handle](const auto& h) { return h.first == handle; }), v.end());
+    v.erase(
+        std::remove_if(v.begin(), v.end(), [handle](const auto& h) { return h.first == handle; }),
+        v.end());
   };
   drop(forward_pre_hooks_);
   drop(forward_hooks_);

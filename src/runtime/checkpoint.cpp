@@ -270,8 +270,7 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
   // Stage 3: gather each parameter in turn (a collective) so that rank 0 writes a complete model
   // file that any world size and stage can load (DeepSpeed's
   // stage3_gather_16bit_weights_on_model_save).
-  std::vector<std::pair<std::string, Tensor>> gathered;
-  if (stage_ == 3) gathered = stage3_gathered_weights();
+  std::vector<std::pair<std::string, Tensor>> weights = zero_->full_weights();
 
   try {
     if (rank == 0) {
@@ -288,15 +287,12 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
           {"dropout_rng",
            {{"seed", rng::dropout_state().seed}, {"offset", rng::dropout_state().offset}}},
           {"world_size", n},
-          {"zero_stage", stage_},
+          {"zero_stage", zero_stage()},
           {"dtype", dtype_name(training_dtype())},
           {"grad_dtype", dtype_name(grad_dtype())},
           {"ds_config_source", config_.source},
           {"client_state", client_state},
       };
-      std::vector<std::pair<std::string, Tensor>> weights = std::move(gathered);
-      if (stage_ != 3)
-        for (auto& [name, p] : model_->named_parameters()) weights.emplace_back(name, p);
       safetensors::save((tmp / kModelFile).string(), weights, {{"ds_engine", engine_state.dump()}});
     }
 
@@ -304,36 +300,26 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
     // flat coordinates (the unpadded concatenation of all parameters): one range for stages 0-2,
     // one piece per parameter for stage 3. Stage 0 ranks all hold the same full state: rank 0
     // writes it once.
-    const bool sharded = stage_ == 3 || opt_numel_ != plan_.padded_numel;
+    const bool sharded = zero_->partitioned();
     if (sharded || rank == 0) {
       nlohmann::json segments = nlohmann::json::array();
-      int64_t count = 0;
-      if (stage_ == 3) {
-        for (size_t i = 0; i < s3_.size(); ++i) {
-          const auto& sp = s3_[i];
-          const int64_t b = std::min(sp.numel, rank * sp.part),
-                        e = std::min(sp.numel, (rank + 1) * sp.part);
-          if (b < e)
-            segments.push_back(
-                {flat_.entries[i].offset + b, flat_.entries[i].offset + e, sp.shard_offset});
-        }
-        count = opt_numel_;
-      } else {
-        const int64_t lo = opt_begin_, hi = std::min(opt_begin_ + opt_numel_, flat_.numel);
-        count = std::max<int64_t>(0, hi - lo);
-        if (count > 0) segments.push_back({lo, lo + count, 0});
+      int64_t count = 0;  // elements of the buffers written: up to the end of the last range held
+      for (const zero::HeldRange& h : zero_->held_ranges()) {
+        segments.push_back({h.flat_begin, h.flat_end, h.offset});
+        count = std::max(count, h.offset + (h.flat_end - h.flat_begin));
       }
       auto head = [count](const Tensor& t) {
         return Tensor::from_storage(t.storage(), {count}, DType::f32, t.storage_offset());
       };
-      std::vector<std::pair<std::string, Tensor>> states = {{"fp32_master", head(master_)}};
+      std::vector<std::pair<std::string, Tensor>> states = {{"fp32_master", head(zero_->master())}};
       for (const auto& sb : optimizer_->state_buffers()) {
         auto st = Storage::external(sb.data, static_cast<size_t>(sb.numel) * sizeof(float), kCPU);
         states.emplace_back(sb.name, Tensor::from_storage(st, {count}, DType::f32));
       }
       nlohmann::json names = nlohmann::json::array(), shapes = nlohmann::json::array(),
                      offsets = nlohmann::json::array();
-      for (const auto& e : flat_.entries) {
+      const nn::FlatParameters& flat = zero_->flat();
+      for (const auto& e : flat.entries) {
         names.push_back(e.name);
         shapes.push_back(e.shape);
         offsets.push_back(e.offset);
@@ -345,11 +331,11 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
           {"param_names", names},
           {"param_shapes", shapes},
           {"param_offsets", offsets},
-          {"numel", flat_.numel},
-          {"padding", plan_.padded_numel - flat_.numel},
+          {"numel", flat.numel},
+          {"padding", zero_->plan().padded_numel - flat.numel},
           {"segments", segments},
           {"partition_count", sharded ? n : 1},
-          {"zero_stage", stage_},
+          {"zero_stage", zero_stage()},
           {"rank", rank},
       };
       safetensors::save((tmp / shard_file_name(training_dtype(), sharded ? rank : 0)).string(),
@@ -515,25 +501,15 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
   // Optimizer shards: whatever world size and stage wrote them, take the elements this rank holds,
   // as (flat begin, flat end, offset in our buffers) pieces.
   std::vector<std::array<int64_t, 3>> wants;
-  if (stage_ == 3) {
-    const int rank = group_->rank();
-    for (size_t i = 0; i < s3_.size(); ++i) {
-      const auto& sp = s3_[i];
-      const int64_t b = std::min(sp.numel, rank * sp.part),
-                    e = std::min(sp.numel, (rank + 1) * sp.part);
-      if (b < e)
-        wants.push_back(
-            {flat_.entries[i].offset + b, flat_.entries[i].offset + e, sp.shard_offset});
-    }
-  } else {
-    const int64_t lo = opt_begin_, hi = std::min(opt_begin_ + opt_numel_, flat_.numel);
-    if (lo < hi) wants.push_back({lo, hi, 0});
-  }
+  for (const zero::HeldRange& h : zero_->held_ranges())
+    wants.push_back({h.flat_begin, h.flat_end, h.offset});
+  const nn::FlatParameters& flat = zero_->flat();
+  const Tensor& master = zero_->master();
   int64_t needed = 0;
   for (const auto& w : wants) needed += w[1] - w[0];
 
   auto states = optimizer_->state_buffers();
-  master_.zero_();
+  master.zero_();
   for (const auto& sb : states) std::fill(sb.data, sb.data + sb.numel, 0.0f);
   nlohmann::json scalar_state;
   int64_t covered = 0;
@@ -545,25 +521,25 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
     const int64_t numel = meta.integer("numel");
     const nlohmann::json& names = meta.array("param_names");
     const nlohmann::json& shapes = meta.array("param_shapes");
-    DS_CHECK(numel == flat_.numel && names.size() == flat_.entries.size(),
+    DS_CHECK(numel == flat.numel && names.size() == flat.entries.size(),
              "[checkpoint] {} holds {} parameters ({} elements); this model has {} ({} elements)",
-             path, names.size(), numel, flat_.entries.size(), flat_.numel);
+             path, names.size(), numel, flat.entries.size(), flat.numel);
     DS_CHECK(
         shapes.size() == names.size(),
         "[checkpoint] {}: ds_optimizer lists {} parameter names but {} shapes; the file is damaged",
         path, names.size(), shapes.size());
-    for (size_t i = 0; i < flat_.entries.size(); ++i) {
+    for (size_t i = 0; i < flat.entries.size(); ++i) {
       if (!names[i].is_string()) meta.bad(fmt::format("param_names[{}]", i), names[i], "a string");
       bool shape_ok = shapes[i].is_array();
       for (const auto& d : shapes[i])
         shape_ok = shape_ok && d.is_number_integer() && d.get<int64_t>() >= 0;
       if (!shape_ok)
         meta.bad(fmt::format("param_shapes[{}]", i), shapes[i], "a list of integers >= 0");
-      DS_CHECK(names[i].get<std::string>() == flat_.entries[i].name &&
-                   shapes[i].get<Shape>() == flat_.entries[i].shape,
+      DS_CHECK(names[i].get<std::string>() == flat.entries[i].name &&
+                   shapes[i].get<Shape>() == flat.entries[i].shape,
                "[checkpoint] {}: parameter {} is {} {} in the file but {} {} in the model", path, i,
-               names[i].get<std::string>(), shape_str(shapes[i].get<Shape>()),
-               flat_.entries[i].name, shape_str(flat_.entries[i].shape));
+               names[i].get<std::string>(), shape_str(shapes[i].get<Shape>()), flat.entries[i].name,
+               shape_str(flat.entries[i].shape));
     }
     const std::string opt_name = meta.string("optimizer");
     DS_CHECK(opt_name == optimizer_->name(),
@@ -583,10 +559,10 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
                  "a list of [flat begin, flat end, offset] integer triples >= 0");
       const int64_t fb = seg[0].get<int64_t>(), fe = seg[1].get<int64_t>(),
                     foff = seg[2].get<int64_t>();
-      DS_CHECK(fb <= fe && fe <= flat_.numel,
+      DS_CHECK(fb <= fe && fe <= flat.numel,
                "[checkpoint] {}: segment [{}, {}) lies outside the {} flat elements; the file is "
                "damaged",
-               path, fb, fe, flat_.numel);
+               path, fb, fe, flat.numel);
       for (const auto& w : wants) {
         const int64_t a = std::max(fb, w[0]), z = std::min(fe, w[1]);
         if (a >= z) continue;
@@ -610,7 +586,7 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
           std::memcpy(dst + w[2] + (a - w[0]), src + foff + (a - fb),
                       static_cast<size_t>(z - a) * sizeof(float));
         };
-        copy("fp32_master", master_.data<float>());
+        copy("fp32_master", master.data<float>());
         for (const auto& sb : states) copy(sb.name, sb.data);
         covered += z - a;
       }
@@ -620,15 +596,11 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
            "[checkpoint] the optimizer shards in {} cover {} of the {} elements this rank needs; a "
            "shard file is missing",
            ck.string(), covered, needed);
-  // Weights: stages 0-2 hold every parameter whole (in fp32 training master_ is a view of them and
-  // the model file holds the same values); under stage 3 each rank's piece is the rounded master
-  // weights, exactly as after an optimizer step.
-  if (stage_ == 3) {
-    shard_params_.copy_from(master_);
-    stage3_after_step();
-  } else {
-    for (auto& [name, p] : params) model_file.read_into(name, p);
-  }
+  // Weights: stages 0-2 read every parameter from the model file (in fp32 training the master
+  // weights are a view of them and the file holds the same values); under stage 3 each rank's
+  // piece is the rounded master weights, exactly as after an optimizer step.
+  zero_->load_parameters(
+      [&](const std::string& name, const Tensor& p) { model_file.read_into(name, p); });
   // The state objects check their own fields; their messages get the file's name in front.
   const std::string model_path = (ck / kModelFile).string();
   auto in_file = [](const std::string& file, auto&& load) {
@@ -652,7 +624,7 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
   consecutive_skips_ = consecutive_skips;
   rng::dropout_state().seed = dropout_seed;
   rng::dropout_state().offset = dropout_offset;
-  zero_grads();
+  zero_->zero_grads();
   return client_state;
 }
 

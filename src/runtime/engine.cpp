@@ -9,8 +9,6 @@
 #include "ds/comm/logger.h"
 #include "ds/core/allocator.h"
 #include "ds/core/error.h"
-#include "ds/core/parallel.h"
-#include "ds/models/gpt.h"
 #include "ds/ops/ops.h"
 
 namespace ds::runtime {
@@ -60,11 +58,27 @@ std::string optimizer_name(const OptimizerConfig& o) {
 }
 
 LossFn default_loss_fn() {
-  return [](nn::Module& m, const Tensor& x, const Tensor& y) {
-    auto* gpt = dynamic_cast<models::GPT*>(&m);
-    DS_CHECK(gpt, "[engine] the model is not a models::GPT; pass InitOptions::loss_fn");
-    return gpt->loss(x, y);
-  };
+  return [](nn::Module& m, const Tensor& x, const Tensor& y) { return m.loss(x, y); };
+}
+
+zero::Options zero_options(const DeepSpeedConfig& c, DType grads, int world_size) {
+  const auto& z = c.zero_optimization;
+  zero::Options o;
+  o.stage = z.stage;
+  o.train_dtype = c.training_dtype();
+  o.grad_dtype = grads;
+  // With one rank nothing travels: keep the accumulation dtype rather than round for nothing.
+  o.comm_dtype = world_size > 1 ? c.communication_data_type : grads;
+  o.reduce_bucket_size = std::max<int64_t>(1, static_cast<int64_t>(z.reduce_bucket_size));
+  o.overlap_comm = z.overlap_comm;
+  o.reduce_scatter = z.reduce_scatter;
+  o.prescale_gradients = c.prescale_gradients;
+  o.gradient_predivide_factor = c.gradient_predivide_factor;
+  o.param_persistence_threshold = static_cast<int64_t>(z.stage3_param_persistence_threshold);
+  o.prefetch_bucket_size = static_cast<int64_t>(z.stage3_prefetch_bucket_size);
+  o.max_live_parameters = static_cast<int64_t>(z.stage3_max_live_parameters);
+  o.max_reuse_distance = static_cast<int64_t>(z.stage3_max_reuse_distance);
+  return o;
 }
 
 }  // namespace
@@ -83,71 +97,20 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
            "[engine] the config's batch sizes were resolved for {} ranks but the job has {}; pass "
            "ConfigContext::world_size = {} when parsing",
            config_.batch.world_size, n, n);
-  stage_ = config_.zero_optimization.stage;
-  DS_CHECK(stage_ >= 0 && stage_ <= 3, "[engine] zero_optimization.stage must be 0-3, got {}",
-           stage_);
   if (!options_.loss_fn) options_.loss_fn = default_loss_fn();
   if (config_.comms_logger.enabled) comm::comms_logger().enable(true);
   scaler_.set_rank(group_->rank());
   scaler_.set_log_sink([this](const std::string& m) { log(m); });
+  grad_dtype_ = resolve_grad_dtype(config_);
 
-  const DType train = config_.training_dtype();
-  const DType grads = resolve_grad_dtype(config_);
-  grad_dtype_ = grads;
-  // With one rank nothing travels: keep the accumulation dtype rather than round for nothing.
-  comm_dtype_ = n > 1 ? config_.communication_data_type : grads;
-  const int64_t multiple = zero::padding_multiple(n);
-  const bool sharded = stage_ >= 1 && n > 1;
-  if (stage_ == 3) {
-    stage3_setup();
-  } else {
-    const bool full_grads = stage_ < 2;
-    // Flatten in fp32 first: that buffer becomes the master copy (or the parameters themselves in
-    // fp32 training). For 16-bit training flatten again in the training dtype: same order and
-    // offsets, values rounded to nearest even, parameters rebound to the 16-bit buffer.
-    nn::FlatParameters f32 =
-        nn::flatten_parameters(*model_, DType::f32, grads, multiple, full_grads);
-    plan_ = zero::plan_partitions(f32.numel, n);
-    DS_CHECK(plan_.padded_numel == f32.padded_numel, "[engine] internal: padding plan disagrees");
-    opt_begin_ = sharded ? plan_.begin(group_->rank()) : 0;
-    opt_numel_ = sharded ? plan_.partition_numel : plan_.padded_numel;
-    auto range = [&](const Tensor& t) { return t.flat_range(opt_begin_, opt_numel_); };
-    if (train == DType::f32) {
-      flat_ = std::move(f32);
-      master_ = range(flat_.params);
-    } else {
-      // Only this rank's range of the fp32 copy is kept as master weights.
-      master_ = range(f32.params).clone();
-      f32 = {};
-      flat_ = nn::flatten_parameters(*model_, train, grads, multiple, full_grads);
-    }
-    if (!full_grads) grads_part_ = Tensor::zeros({opt_numel_}, grads);
-    if (grads != DType::f32) grads32_ = Tensor::zeros({opt_numel_});
-
-    // Every rank starts from rank 0's weights (initialisation is rank-independent already; this
-    // also covers models initialised by the caller).
-    if (n > 1) group_->broadcast(flat_.params, 0, "initial weights");
-  }
+  // Where parameters, gradients and master weights live, and how they are reduced and gathered.
+  zero_ = zero::make_strategy(*model_, group_, zero_options(config_, grad_dtype_, n));
 
   optimizer_ =
       optim::make_optimizer(optimizer_name(config_.optimizer), optimizer_params(config_.optimizer));
-  // One segment per parameter tensor over this rank's range (Lamb's trust ratio is per tensor),
-  // the same list on every rank: numel 0 where the rank holds none of the tensor.
-  std::vector<optim::Segment> segments;
-  if (stage_ == 3) {
-    for (const auto& sp : s3_)
-      segments.push_back(
-          {sp.shard_offset, std::clamp<int64_t>(sp.numel - group_->rank() * sp.part, 0, sp.part)});
-  } else {
-    for (const auto& e : flat_.entries) {
-      const int64_t b = std::clamp<int64_t>(e.offset, opt_begin_, opt_begin_ + opt_numel_);
-      const int64_t en =
-          std::clamp<int64_t>(e.offset + e.numel, opt_begin_, opt_begin_ + opt_numel_);
-      segments.push_back({b - opt_begin_, en - b});
-    }
-  }
-  optimizer_->set_segments(segments);
-  if (auto* lamb = dynamic_cast<optim::Lamb*>(optimizer_.get()); lamb && sharded) {
+  // One segment per parameter tensor over this rank's range (Lamb's trust ratio is per tensor).
+  optimizer_->set_segments(zero_->segments());
+  if (auto* lamb = dynamic_cast<optim::Lamb*>(optimizer_.get()); lamb && zero_->partitioned()) {
     // A tensor cut by partition boundaries has a piece on several ranks: its ||p||^2 and
     // ||update||^2 are the sums of the pieces'. Gathered as raw doubles and summed in rank order,
     // so every rank computes the same trust ratios.
@@ -163,32 +126,7 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
       }
     });
   }
-  optimizer_->init_state(opt_numel_);
-
-  // Gradient reduction: how gradients are averaged, and the bucket plan hung on the hooks.
-  const double predivide = config_.gradient_predivide_factor;
-  if (config_.prescale_gradients) {
-    comm_prescale_ = static_cast<float>(1.0 / n);
-    grad_post_scale_ = 1.0;
-  } else {
-    comm_prescale_ = static_cast<float>(1.0 / predivide);
-    grad_post_scale_ = predivide / n;
-  }
-  if (stage_ < 3 && (n > 1 || stage_ == 2)) {
-    const auto bucket_numel =
-        std::max<int64_t>(1, static_cast<int64_t>(config_.zero_optimization.reduce_bucket_size));
-    buckets_ = zero::plan_buckets(flat_.entries, plan_.padded_numel, bucket_numel);
-    param_buckets_.assign(flat_.entries.size(), {});
-    for (size_t b = 0; b < buckets_.size(); ++b)
-      for (int i : buckets_[b].params)
-        param_buckets_[static_cast<size_t>(i)].push_back(static_cast<int>(b));
-    bucket_pending_.assign(buckets_.size(), 0);
-    bucket_staging_.assign(buckets_.size(), Tensor());
-    auto named = model_->named_parameters();
-    for (size_t i = 0; i < named.size(); ++i)
-      named[i].second.add_grad_ready_hook(
-          [this, i](const Tensor& p) { on_grad_ready(static_cast<int>(i), p); });
-  }
+  optimizer_->init_state(zero_->optimizer_numel());
 
   // The model's original parameter storages were just freed (everything now lives in the flat or
   // shard buffers). Give their memory back rather than keep it cached: those blocks are sized per
@@ -208,9 +146,13 @@ void Engine::log(const std::string& line) const {
   }
 }
 
+std::string Engine::step_label() const {
+  return fmt::format("step {}", global_steps_ + 1);
+}
+
 Tensor Engine::forward(const Tensor& inputs, const Tensor& targets) {
   model_->train(true);
-  if (stage_ == 3) stage3_begin_micro_step(true);
+  zero_->begin_forward(/*training=*/true);
   return options_.loss_fn(*model_, inputs, targets);
 }
 
@@ -218,132 +160,22 @@ Tensor Engine::eval_loss(const Tensor& inputs, const Tensor& targets) {
   autograd::NoGradGuard no_grad;
   const bool was_training = model_->is_training();
   model_->train(false);
-  // Evaluation gathers in its own order: neither record it nor follow the training trace.
-  const bool recording = s3_recording_;
-  if (stage_ == 3) {
-    s3_recording_ = false;
-    stage3_begin_micro_step(false);
-  }
+  // Evaluation gathers in its own order: ZeRO-3 neither records nor follows its trace.
+  zero_->begin_forward(/*training=*/false);
   Tensor loss = options_.loss_fn(*model_, inputs, targets);
   model_->train(was_training);
-  if (stage_ == 3) s3_recording_ = recording;
+  zero_->end_eval();
   return loss;
 }
 
 void Engine::backward(const Tensor& loss) {
   DS_CHECK(loss.defined() && loss.numel() == 1, "[engine] backward() needs the scalar loss");
   const double gas = static_cast<double>(config_.batch.gradient_accumulation_steps);
-  // Stage 2 reduces every micro-step (each rank keeps only its partition); stage 0 reduces on the
-  // boundary micro-step, overlapped with its backward; stage 1 reduce-scatters in step().
-  reducing_ =
-      !buckets_.empty() && (stage_ == 2 || (stage_ == 0 && is_gradient_accumulation_boundary()));
-  if (stage_ == 3) {
-    ops::mul(loss.dtype() == DType::f32 ? loss : ops::cast(loss, DType::f32),
-             static_cast<float>(scaler_.scale() / gas))
-        .backward();
-    stage3_finish_reductions();
-    stage3_end_micro_step();
-    return;
-  }
-  if (reducing_)
-    for (size_t b = 0; b < buckets_.size(); ++b)
-      bucket_pending_[b] = static_cast<int>(buckets_[b].params.size());
-  Tensor scaled = ops::mul(loss.dtype() == DType::f32 ? loss : ops::cast(loss, DType::f32),
-                           static_cast<float>(scaler_.scale() / gas));
-  scaled.backward();
-  if (reducing_) {
-    // Buckets with no parameters (all padding) or parameters that got no gradient.
-    for (size_t b = 0; b < buckets_.size(); ++b)
-      if (bucket_pending_[b] > 0) {
-        bucket_pending_[b] = 0;
-        launch_bucket(static_cast<int>(b));
-      }
-    finish_reductions();
-    reducing_ = false;
-  }
-}
-
-void Engine::on_grad_ready(int i, const Tensor& p) {
-  if (!reducing_) return;
-  const auto& e = flat_.entries[static_cast<size_t>(i)];
-  if (stage_ == 2) {
-    // Copy this parameter's gradient into each bucket it overlaps, then drop it: after this hook
-    // the rank holds no full-size gradient of the parameter.
-    Tensor g = p.grad().contiguous();
-    for (int b : param_buckets_[static_cast<size_t>(i)]) {
-      const auto& bk = buckets_[static_cast<size_t>(b)];
-      Tensor& staging = bucket_staging_[static_cast<size_t>(b)];
-      if (!staging.defined()) staging = Tensor::zeros({bk.end - bk.begin}, comm_dtype_);
-      const int64_t lo = std::max(bk.begin, e.offset), hi = std::min(bk.end, e.offset + e.numel);
-      staging.flat_range(lo - bk.begin, hi - lo).copy_from(g.flat_range(lo - e.offset, hi - lo));
-    }
-    p.set_grad({});
-  }
-  for (int b : param_buckets_[static_cast<size_t>(i)])
-    if (--bucket_pending_[static_cast<size_t>(b)] == 0) launch_bucket(b);
-  if (stage_ == 2) finish_reductions(buckets_in_flight());
-}
-
-void Engine::launch_bucket(int b) {
-  const auto& bk = buckets_[static_cast<size_t>(b)];
-  const int n = group_->size();
-  PendingBucket pending;
-  pending.bucket = b;
-  if (stage_ == 2) {
-    Tensor& staging = bucket_staging_[static_cast<size_t>(b)];
-    if (!staging.defined()) staging = Tensor::zeros({bk.end - bk.begin}, comm_dtype_);
-    pending.buf = staging;
-  } else {
-    // Stage 0: the bucket is a range of the flat gradients, reduced in place unless the
-    // communication dtype differs (then a converted copy travels and is copied back).
-    Tensor view = flat_.grads.flat_range(bk.begin, bk.end - bk.begin);
-    if (n > 1 && comm_prescale_ != 1.0f) ops::mul_(view, comm_prescale_);
-    pending.buf = comm_dtype_ == view.dtype() ? view : view.to(comm_dtype_);
-  }
-  if (n == 1) {
-    in_flight_.push_back(std::move(pending));
-    return;
-  }
-  if (stage_ == 2 && comm_prescale_ != 1.0f) ops::mul_(pending.buf, comm_prescale_);
-  const std::string ctx = fmt::format("step {} bucket {}", global_steps_ + 1, b);
-  if (stage_ == 2 && config_.zero_optimization.reduce_scatter) {
-    // Reduce to the owners: the bucket splits at partition boundaries and each piece is reduced
-    // to the rank that owns it (half the traffic of an all-reduce; DeepSpeed's reduce_scatter).
-    for (int r = 0; r < n; ++r) {
-      const int64_t lo = std::max(bk.begin, plan_.begin(r)), hi = std::min(bk.end, plan_.end(r));
-      if (lo >= hi) continue;
-      pending.works.push_back(group_->reduce_async(pending.buf.flat_range(lo - bk.begin, hi - lo),
-                                                   r, comm::ReduceOp::sum, ctx));
-    }
-  } else {
-    pending.works.push_back(group_->all_reduce_async(pending.buf, comm::ReduceOp::sum, ctx));
-  }
-  in_flight_.push_back(std::move(pending));
-}
-
-void Engine::finish_reductions(size_t keep_in_flight) {
-  // Oldest first (the order they were issued in); stops when at most `keep_in_flight` remain, so
-  // that during backward only the last few buckets' staging memory is alive.
-  size_t done = 0;
-  for (; in_flight_.size() - done > keep_in_flight; ++done) {
-    PendingBucket& pending = in_flight_[done];
-    for (auto& w : pending.works) w.wait();
-    const auto& bk = buckets_[static_cast<size_t>(pending.bucket)];
-    if (stage_ != 2) {
-      Tensor view = flat_.grads.flat_range(bk.begin, bk.end - bk.begin);
-      if (pending.buf.raw_data() != view.raw_data()) view.copy_from(pending.buf);
-      continue;
-    }
-    // Keep only this rank's part of the reduced bucket.
-    const int64_t lo = std::max(bk.begin, opt_begin_),
-                  hi = std::min(bk.end, opt_begin_ + opt_numel_);
-    if (lo < hi) {
-      ops::add_(grads_part_.flat_range(lo - opt_begin_, hi - lo),
-                pending.buf.flat_range(lo - bk.begin, hi - lo));
-    }
-    bucket_staging_[static_cast<size_t>(pending.bucket)] = Tensor();
-  }
-  in_flight_.erase(in_flight_.begin(), in_flight_.begin() + static_cast<std::ptrdiff_t>(done));
+  zero_->begin_backward(is_gradient_accumulation_boundary(), step_label());
+  ops::mul(loss.dtype() == DType::f32 ? loss : ops::cast(loss, DType::f32),
+           static_cast<float>(scaler_.scale() / gas))
+      .backward();
+  zero_->end_backward();
 }
 
 bool Engine::is_gradient_accumulation_boundary() const {
@@ -354,71 +186,18 @@ double Engine::get_lr() const {
   return scheduler_.get_lr();
 }
 
-Tensor Engine::optimizer_grads() {
-  Tensor g = stage_ >= 2 ? grads_part_ : flat_.grads.flat_range(opt_begin_, opt_numel_);
-  if (g.dtype() == DType::f32) return g;
-  grads32_.copy_from(g);
-  return grads32_;
-}
-
-namespace {
-// Sum of squares in fixed tiles summed in order: the same value for any thread count.
-double sum_of_squares(const float* g, int64_t n) {
-  constexpr int64_t kTile = 1 << 16;
-  const int64_t tiles = (n + kTile - 1) / kTile;
-  std::vector<double> partial(static_cast<size_t>(tiles), 0.0);
-  parallel_for(tiles, 1, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      double acc = 0.0;
-      const int64_t end = std::min(n, (t + 1) * kTile);
-      for (int64_t i = t * kTile; i < end; ++i) acc += static_cast<double>(g[i]) * g[i];
-      partial[static_cast<size_t>(t)] = acc;
-    }
-  });
-  double total = 0.0;
-  for (double p : partial) total += p;
-  return total;
-}
-}  // namespace
-
-void Engine::zero_grads() {
-  if (flat_.grads.defined()) flat_.grads.zero_();
-  if (grads_part_.defined()) grads_part_.zero_();
-}
-
 bool Engine::step() {
   const bool boundary = is_gradient_accumulation_boundary();
   ++micro_steps_;
   global_samples_ += config_.batch.train_micro_batch_size_per_gpu * config_.batch.world_size;
   if (!boundary) return false;
 
-  const int n = group_->size();
-  const std::string ctx = fmt::format("step {}", global_steps_ + 1);
-  if (stage_ == 1 && n > 1) {
-    // Each rank receives the sum of its partition (in place inside the full gradient buffer, or
-    // through a converted copy when the communication dtype differs).
-    if (comm_prescale_ != 1.0f) ops::mul_(flat_.grads, comm_prescale_);
-    Tensor mine = flat_.grads.flat_range(opt_begin_, opt_numel_);
-    if (comm_dtype_ == flat_.grads.dtype()) {
-      group_->reduce_scatter(flat_.grads, mine, comm::ReduceOp::sum, ctx + " gradients");
-    } else {
-      Tensor out = Tensor::empty({opt_numel_}, comm_dtype_);
-      group_->reduce_scatter(flat_.grads.to(comm_dtype_), out, comm::ReduceOp::sum,
-                             ctx + " gradients");
-      mine.copy_from(out);
-    }
-  }
-  Tensor g = optimizer_grads();
-  double sq = sum_of_squares(g.data<float>(), opt_numel_);
-  if (stage_ >= 1 && n > 1) {
-    // Global norm over the partitions; inf/NaN on any rank reaches every rank through the sum.
-    float part = static_cast<float>(sq);
-    group_->all_reduce(&part, 1, DType::f32, comm::ReduceOp::sum, ctx + " gradient norm");
-    sq = part;
-  }
+  const std::string ctx = step_label();
+  Tensor g = zero_->reduced_gradients(ctx);
+  const double sq = zero_->global_sum_of_squares(g, ctx);
   const double scale = scaler_.scale();
-  // The buffers hold prescale * sum over ranks; the average is that times grad_post_scale_.
-  const double norm_scaled = std::sqrt(sq) * grad_post_scale_;
+  // The buffers hold prescale * sum over ranks; the average is that times grad_post_scale.
+  const double norm_scaled = std::sqrt(sq) * zero_->grad_post_scale();
   const bool overflow = !std::isfinite(norm_scaled);
   last_grad_norm_ = norm_scaled / scale;
   ++global_steps_;
@@ -438,7 +217,7 @@ bool Engine::step() {
   last_step_skipped_ = skip;
   if (skip) {
     ++skipped_steps_;
-    zero_grads();
+    zero_->zero_grads();
     DS_CHECK(++consecutive_skips_ < options_.max_consecutive_skips,
              "[engine] {} optimizer steps in a row were skipped because the gradients are not "
              "finite (last at step {}). The run is diverging: lower the learning rate, enable "
@@ -456,40 +235,22 @@ bool Engine::step() {
     optimizer_->set_betas(static_cast<float>(*beta1),
                           static_cast<float>(LRScheduler::kOneCycleBeta2));
   const DType train = training_dtype();
-  const bool sixteen = train != DType::f32;
-  void* out16 = !sixteen      ? nullptr
-                : stage_ == 3 ? shard_params_.raw_data()
-                              : static_cast<char*>(flat_.params.raw_data()) + opt_begin_ * 2;
-  optimizer_->step(master_.data<float>(), g.data<float>(), opt_numel_,
-                   static_cast<float>(clip.factor * grad_post_scale_), out16,
-                   sixteen ? train : DType::bf16);
-  if (stage_ == 3) {
-    stage3_after_step();
-  } else if (stage_ >= 1 && n > 1) {
-    Tensor mine = flat_.params.flat_range(opt_begin_, opt_numel_);
-    group_->all_gather(mine, flat_.params, ctx + " parameters");
-  }
+  optimizer_->step(zero_->master().data<float>(), g.data<float>(), zero_->optimizer_numel(),
+                   static_cast<float>(clip.factor * zero_->grad_post_scale()), zero_->params16(),
+                   train != DType::f32 ? train : DType::bf16);
+  zero_->after_step(ctx);
   scheduler_.step();
-  zero_grads();
+  zero_->zero_grads();
   return true;
 }
 
 MemoryBudget Engine::memory_budget() const {
+  const zero::MemoryBytes z = zero_->memory();
   MemoryBudget b;
-  const bool sixteen = training_dtype() != DType::f32;
-  if (stage_ == 3) {
-    // The shard of every parameter (fp32 training: the master weights themselves) plus the
-    // persistent parameters, which every rank keeps whole.
-    b.params = static_cast<int64_t>(shard_params_.nbytes());
-    for (const auto& sp : s3_)
-      if (sp.persistent) b.params += static_cast<int64_t>(sp.full->nbytes());
-  } else {
-    b.params = static_cast<int64_t>(flat_.params.nbytes());
-  }
-  b.grads =
-      static_cast<int64_t>(flat_.grads.defined() ? flat_.grads.nbytes() : grads_part_.nbytes());
-  b.scratch = grads32_.defined() ? static_cast<int64_t>(grads32_.nbytes()) : 0;
-  b.master_weights = sixteen ? static_cast<int64_t>(master_.nbytes()) : 0;
+  b.params = z.params;
+  b.grads = z.grads;
+  b.master_weights = z.master_weights;
+  b.scratch = z.scratch;
   b.optimizer_states = optimizer_->state_numel() * optimizer_->state_floats_per_param() *
                        static_cast<int64_t>(sizeof(float));
   return b;

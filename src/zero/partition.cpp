@@ -6,7 +6,9 @@
 
 namespace ds::zero {
 
-int64_t padding_multiple(int world_size) { return static_cast<int64_t>(world_size) * kPartitionAlignment; }
+int64_t padding_multiple(int world_size) {
+  return static_cast<int64_t>(world_size) * kPartitionAlignment;
+}
 
 PartitionPlan plan_partitions(int64_t numel, int world_size) {
   DS_CHECK(world_size >= 1, "[zero] world size must be >= 1, got {}", world_size);
@@ -29,7 +31,8 @@ std::vector<Bucket> plan_buckets(const std::vector<nn::FlatEntry>& entries, int6
     b.begin = std::max<int64_t>(0, end - bucket_numel);
     for (size_t i = 0; i < entries.size(); ++i) {
       const auto& e = entries[i];
-      if (e.numel > 0 && e.offset < b.end && e.offset + e.numel > b.begin) b.params.push_back(static_cast<int>(i));
+      if (e.numel > 0 && e.offset < b.end && e.offset + e.numel > b.begin)
+        b.params.push_back(static_cast<int>(i));
     }
     buckets.push_back(std::move(b));
   }

@@ -85,7 +85,7 @@ class GPT : public nn::Module {
   Tensor forward(const Tensor& ids) override;
   Tensor logits(const Tensor& ids) { return (*this)(ids); }
   // Mean cross entropy over targets != -100; ids and targets (B, T). Logits are reshaped (B*T, V).
-  Tensor loss(const Tensor& ids, const Tensor& targets);
+  Tensor loss(const Tensor& ids, const Tensor& targets) override;
 
   // Checkpoint every Block (recomputed in backward). Hides Module::set_gradient_checkpointing,
   // which would checkpoint the whole model as one segment and save nothing.
@@ -119,6 +119,8 @@ class GPT : public nn::Module {
   static void init_values(const ParamInit& init, uint64_t seed, uint64_t param_index, int64_t begin,
                           int64_t n, float* out);
   void init_weights();  // (re)initialise every parameter from config().seed
+  // init_values() of init_plan()[index] with config().seed (nn::Module's hook for ZeRO-3 shards).
+  bool init_parameter_range(size_t index, int64_t begin, int64_t count, float* out) const override;
 
  private:
   GPTConfig config_;
@@ -127,6 +129,7 @@ class GPT : public nn::Module {
   std::shared_ptr<nn::Module> norm_f_;   // ln_f / norm
   std::shared_ptr<nn::Linear> lm_head_;  // shares wte's weight when tied
   Tensor positions_;                     // (block_size) int64: 0 .. block_size-1, sliced for wpe
+  mutable std::vector<ParamInit> init_plan_cache_;  // init_plan(), for init_parameter_range()
 };
 
 }  // namespace ds::models

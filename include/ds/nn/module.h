@@ -23,10 +23,10 @@
 
 namespace ds::nn {
 
-// Partitioned construction (DeepSpeed's zero.Init): while a PartitionedInit is alive on this thread,
-// every parameter a module registers has its storage released right away, so building a model
-// never holds more than one full parameter; ZeRO-3 then creates each rank's shard from the model's
-// initialisation function. Parameters built this way must not be read before the engine
+// Partitioned construction (DeepSpeed's zero.Init): while a PartitionedInit is alive on this
+// thread, every parameter a module registers has its storage released right away, so building a
+// model never holds more than one full parameter; ZeRO-3 then creates each rank's shard from the
+// model's initialisation function. Parameters built this way must not be read before the engine
 // partitions them.
 class PartitionedInit {
  public:
@@ -52,6 +52,16 @@ class Module {
   Tensor operator()(const Tensor& x);
   virtual Tensor forward(const Tensor& x);
 
+  // The training loss of a batch, for modules that define one (a language model: inputs and
+  // targets (B, T) ids -> scalar). The engine's default loss function calls it; the default throws
+  // "[module] <type> has no loss(...)".
+  virtual Tensor loss(const Tensor& inputs, const Tensor& targets);
+  // Initial values of elements [begin, begin + count) of parameter `index` (named_parameters()
+  // order) as fp32 into out, for a parameter that was never materialised (a model built under
+  // nn::PartitionedInit, whose ZeRO-3 shards are initialised piece by piece). Returns false when
+  // the module cannot (the default): such a model must be built whole.
+  virtual bool init_parameter_range(size_t index, int64_t begin, int64_t count, float* out) const;
+
   const std::string& type_name() const { return type_name_; }
 
   // ---- the tree ----
@@ -62,7 +72,9 @@ class Module {
   std::vector<std::pair<std::string, Tensor>> named_buffers() const;
   // This module ("") and every descendant, pre-order.
   std::vector<std::pair<std::string, Module*>> named_modules() const;
-  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const { return children_; }
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const {
+    return children_;
+  }
   int64_t num_parameters() const;
   // This module's own parameters (not its children's), in registration order; a tied weight
   // appears in every module that registered it.

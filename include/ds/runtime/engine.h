@@ -56,6 +56,7 @@
 #include "ds/runtime/loss_scaler.h"
 #include "ds/runtime/lr_schedule.h"
 #include "ds/zero/partition.h"
+#include "ds/zero/strategy.h"
 
 namespace ds::runtime {
 
@@ -65,7 +66,7 @@ using LossFn =
 
 struct InitOptions {
   ConfigContext ctx;  // world size, the trainer's arguments ("auto"), the model's hidden size
-  // Default: the model's loss(inputs, targets) when it is a models::GPT.
+  // Default: the model's own loss(inputs, targets) (nn::Module::loss; models::GPT defines it).
   LossFn loss_fn;
   // The data-parallel group; default comm::world() (MPI under mpirun, else a size-1 group).
   std::shared_ptr<comm::Group> group;
@@ -116,25 +117,28 @@ class Engine {
   const DeepSpeedConfig& config() const { return config_; }
   nn::Module& module() { return *model_; }
   std::shared_ptr<nn::Module> module_ptr() { return model_; }
-  const nn::FlatParameters& flat() const { return flat_; }
-  const Tensor& master_weights() const { return master_; }
+  // Names, shapes and flat offsets of every parameter (and, stages 0-2, the flat buffers).
+  const nn::FlatParameters& flat() const { return zero_->flat(); }
+  const Tensor& master_weights() const { return zero_->master(); }
   optim::Optimizer& optimizer() { return *optimizer_; }
+  // The ZeRO strategy: where parameters, gradients and optimizer state live (zero/strategy.h).
+  zero::Strategy& strategy() { return *zero_; }
   DType training_dtype() const { return config_.training_dtype(); }
   DType grad_dtype() const { return grad_dtype_; }
   MemoryBudget memory_budget() const;
   int rank() const { return group_->rank(); }
   int world_size() const { return group_->size(); }
-  int zero_stage() const { return stage_; }
+  int zero_stage() const { return zero_->stage(); }
   // ZeRO-3: parameter gathers issued ahead of use along the recorded trace (0 otherwise).
-  int64_t prefetched_gathers() const { return s3_prefetch_count_; }
-  const zero::PartitionPlan& partition_plan() const { return plan_; }
+  int64_t prefetched_gathers() const { return zero_->prefetched_gathers(); }
+  const zero::PartitionPlan& partition_plan() const { return zero_->plan(); }
   comm::Group& group() { return *group_; }
 
   // Every parameter whole, by name, in the training dtype, for export: the model's own tensors
   // under stages 0-2; under ZeRO-3 each parameter is gathered in turn (a collective: every rank
   // must call it) and only rank 0 receives the list (empty elsewhere), as DeepSpeed's
   // stage3_gather_16bit_weights_on_model_save does.
-  std::vector<std::pair<std::string, Tensor>> full_weights();
+  std::vector<std::pair<std::string, Tensor>> full_weights() { return zero_->full_weights(); }
 
   // ---- checkpoints (layout: reference/deepspeed-behaviour.md §8; docs/checkpoints.md) ----
   // Writes dir/<tag>/ atomically (a temporary folder renamed into place), then dir/latest.
@@ -147,89 +151,16 @@ class Engine {
   nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag = "");
 
  private:
-  friend class CheckpointIO;
-  void on_grad_ready(int param_index, const Tensor& param);
-  void launch_bucket(int bucket);
-  // Waits for in-flight reductions, oldest first, until at most keep_in_flight remain; stage 0
-  // copies a converted bucket back, stage 2 adds each to its partition and frees its staging.
-  void finish_reductions(size_t keep_in_flight = 0);
-  // Reductions kept in flight during backward: two with overlap_comm (as DeepSpeed), else none.
-  size_t buckets_in_flight() const { return config_.zero_optimization.overlap_comm ? 2 : 0; }
-  Tensor optimizer_grads();  // this rank's gradient range, as fp32 (converted if 16-bit)
-  void zero_grads();
   void log(const std::string& line) const;
-  // ZeRO-3 (engine_stage3.cpp).
-  void stage3_setup();
-  void stage3_gather(const std::vector<int>& params, const std::string& why);
-  void stage3_release(const std::vector<int>& params);
-  void stage3_on_grad_ready(int param_index, const Tensor& param);
-  void stage3_finish_reductions(size_t keep_in_flight = 0);
-  void stage3_after_step();
-  std::vector<std::pair<std::string, Tensor>> stage3_gathered_weights();
+  std::string step_label() const;  // "step N" of the step being computed, for collectives
 
   std::shared_ptr<nn::Module> model_;
   DeepSpeedConfig config_;
   InitOptions options_;
   std::shared_ptr<comm::Group> group_;
-  int stage_ = 0;
   DType grad_dtype_ = DType::f32;
-  zero::PartitionPlan plan_;
-  // params (padded_numel,) in the training dtype on every rank; grads (padded_numel,) in the
-  // accumulation dtype for stages 0-1, undefined for stage 2.
-  nn::FlatParameters flat_;
-  int64_t opt_begin_ = 0, opt_numel_ = 0;  // the range of the flat buffer this rank optimises
-  Tensor master_;      // (opt_numel_,) fp32; a view of flat_.params in fp32 training
-  Tensor grads_part_;  // stage 2: (opt_numel_,) accumulated gradients of this rank's partition
-  Tensor grads32_;     // (opt_numel_,) fp32 scratch when gradients are 16-bit
-  // Gradient reduction during backward.
-  std::vector<zero::Bucket> buckets_;
-  std::vector<std::vector<int>> param_buckets_;  // for each flat entry, the buckets it writes
-  std::vector<int> bucket_pending_;              // parameters not yet ready, per bucket
-  std::vector<Tensor> bucket_staging_;           // stage 2: a bucket's gradients until reduced
-  // A bucket's reduction: `buf` (communication dtype) is the bucket itself or its converted copy;
-  // several works when a stage-2 bucket spans partitions (one reduce to each owner).
-  struct PendingBucket {
-    int bucket = 0;
-    Tensor buf;
-    std::vector<comm::Work> works;
-  };
-  std::vector<PendingBucket> in_flight_;
-  DType comm_dtype_ = DType::f32;  // communication_data_type: the dtype gradients are reduced in
-  bool reducing_ = false;          // this backward reduces gradients bucket by bucket
-  // ZeRO-3: one entry per parameter (named_parameters() order).
-  struct Stage3Param {
-    Tensor param;                   // the model's parameter (its storage: `full`)
-    std::shared_ptr<Storage> full;  // (N * part,) training dtype; released when not in use
-    int64_t numel = 0, part = 0;    // part = ceil(numel / N)
-    int64_t shard_offset = 0;       // of this rank's piece in the shard buffers
-    bool persistent = false;
-  };
-  std::vector<Stage3Param> s3_;
-  Tensor shard_params_;  // (opt_numel_,) training dtype: this rank's piece of every parameter
-  struct Stage3Pending {
-    int param;
-    int64_t offset;  // of the chunk within the rank's piece of the parameter
-    Tensor staging, out;
-    comm::Work work;
-  };
-  std::vector<Stage3Pending> s3_in_flight_;
-  // Prefetch along the order in which the first micro-step gathered parameters (the trace): when
-  // event k is gathered, events k+1.. are gathered ahead, up to stage3_prefetch_bucket_size
-  // elements; a released parameter is kept when the trace uses it again within
-  // stage3_max_reuse_distance elements. A gather that departs from the trace turns prefetching off
-  // for the rest of that micro-step.
-  std::vector<std::vector<int>> s3_trace_;
-  bool s3_recording_ = true;
-  bool s3_follow_trace_ = false;
-  size_t s3_pos_ = 0;
-  std::vector<comm::Work> s3_prefetch_;  // per parameter: its pending gather (or a complete Work)
-  std::vector<bool> s3_prefetching_;
-  int64_t s3_prefetch_count_ = 0;
-  void stage3_begin_micro_step(bool training);
-  void stage3_end_micro_step();
-  float comm_prescale_ = 1.0f;    // applied to gradients before a reduction
-  double grad_post_scale_ = 1.0;  // folded into the optimizer's gradient scale after it
-  std::unique_ptr<optim::Optimizer> optimizer_;  // owns the moments, over [0, padded_numel)
+  std::unique_ptr<zero::Strategy> zero_;
+  std::unique_ptr<optim::Optimizer> optimizer_;  // owns the moments of the strategy's range
   LRScheduler scheduler_;
   LossScaler scaler_;
   int64_t global_steps_ = 0;

@@ -1,0 +1,169 @@
+#pragma once
+// ZeRO as a strategy: where parameters, gradients, master weights and optimizer state live, and
+// the communication that keeps them consistent (reference/deepspeed-behaviour.md §6). The engine
+// (runtime/engine.h) keeps precision, loss scaling, skipping, clipping, the LR schedule and the
+// counters, and calls the strategy at each point of a step:
+//
+//   auto z = zero::make_strategy(model, group, options);    // flattens / shards the model
+//   optimizer.init_state(z->optimizer_numel());              // this rank's range
+//   per micro-step:
+//     z->begin_forward(/*training=*/true);  loss = loss_fn(model, x, y);
+//     z->begin_backward(boundary, "step 17");  loss.backward();  z->end_backward();
+//   at an accumulation boundary:
+//     Tensor g = z->reduced_gradients(ctx);                  // (optimizer_numel,) fp32
+//     double sq = z->global_sum_of_squares(g, ctx);          // every rank's share summed
+//     optimizer.step(z->master().data<float>(), g.data<float>(), n, scale, z->params16(), dtype);
+//     z->after_step(ctx);  z->zero_grads();
+//
+// One implementation per stage family: FlatStrategy (stages 0-2: one flat buffer, cut into
+// contiguous partitions from stage 1 on; src/zero/flat_strategy.cpp, gradient buckets in
+// src/zero/buckets.cpp) and Stage3Strategy (every parameter cut into N pieces, gathered around use;
+// src/zero/stage3.cpp, prefetch along the recorded trace in src/zero/prefetch.cpp).
+//
+// Threading: called from the training thread only. The strategy issues collectives on its group;
+// every rank must call the same methods in the same order (they are collectives where noted).
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ds/comm/group.h"
+#include "ds/core/dtype.h"
+#include "ds/core/tensor.h"
+#include "ds/nn/flat.h"
+#include "ds/nn/module.h"
+#include "ds/optim/kernels.h"
+#include "ds/zero/partition.h"
+
+namespace ds::zero {
+
+// What the strategy needs from DeepSpeed's config (runtime maps `zero_optimization` and the
+// gradient-averaging keys onto it; zero/ does not read configs).
+struct Options {
+  int stage = 0;
+  DType train_dtype = DType::f32;  // parameters
+  DType grad_dtype = DType::f32;   // gradient accumulation
+  DType comm_dtype = DType::f32;   // gradients travel in this dtype (communication_data_type)
+  int64_t reduce_bucket_size = 500000000;  // elements per gradient reduction message
+  bool overlap_comm = false;               // keep two reductions in flight during backward
+  bool reduce_scatter = true;  // stage 2: reduce each bucket piece to its owner (else all-reduce)
+  // Gradient averaging: prescale divides by N before the reduction; otherwise by
+  // gradient_predivide_factor before and predivide / N after (folded into the optimizer's scale).
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
+  // Stage 3.
+  int64_t param_persistence_threshold = 100000;  // numel <= this: gathered once and kept
+  int64_t prefetch_bucket_size = 50000000;       // elements gathered ahead along the trace
+  int64_t max_live_parameters = 1000000000;      // elements gathered at once at most
+  int64_t max_reuse_distance = 1000000000;       // keep a parameter used again within this many
+};
+
+// A piece of the flat parameter space (the unpadded concatenation of all parameters in
+// named_parameters() order) that this rank's optimizer buffers hold: flat elements
+// [flat_begin, flat_end) sit at [offset, offset + flat_end - flat_begin) of master() and of every
+// optimizer state buffer. Checkpoints write and read exactly these.
+struct HeldRange {
+  int64_t flat_begin = 0, flat_end = 0, offset = 0;
+};
+
+// Model-state bytes this rank holds (the ZeRO paper's accounting; optimizer moments are the
+// optimizer's and not counted here).
+struct MemoryBytes {
+  int64_t params = 0;          // working parameters (training dtype)
+  int64_t grads = 0;           // gradient buffers (accumulation dtype)
+  int64_t master_weights = 0;  // fp32 copy under bf16/fp16 (0 in fp32: params are the master)
+  int64_t scratch = 0;         // fp32 copy of 16-bit gradients for the optimizer
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy();
+  Strategy(const Strategy&) = delete;
+  Strategy& operator=(const Strategy&) = delete;
+
+  int stage() const { return options_.stage; }
+  const Options& options() const { return options_; }
+  comm::Group& group() const { return *group_; }
+
+  // ---- what this rank optimises ----
+  // Names, shapes and flat offsets of every parameter (entries, numel); for stages 0-2 also the
+  // flat parameter and gradient buffers themselves.
+  const nn::FlatParameters& flat() const { return flat_; }
+  const PartitionPlan& plan() const { return plan_; }
+  int64_t optimizer_numel() const { return opt_numel_; }
+  // (optimizer_numel,) fp32 master weights of this rank's range (in fp32 training, a view of the
+  // parameters themselves).
+  const Tensor& master() const { return master_; }
+  // Where the optimizer writes the updated parameters rounded to the training dtype (nullptr in
+  // fp32 training, where master() is the parameters).
+  virtual void* params16() = 0;
+  // One segment per parameter over this rank's range (numel 0 where it holds none of it): Lamb's
+  // per-tensor trust ratios. The same list on every rank.
+  virtual std::vector<optim::Segment> segments() const = 0;
+  // True when the optimizer's range is a partition of the whole (per-tensor norms then need a sum
+  // across ranks).
+  bool partitioned() const { return partitioned_; }
+  // The ranges of the flat parameter space this rank's buffers hold, for checkpoints.
+  virtual std::vector<HeldRange> held_ranges() const = 0;
+  virtual MemoryBytes memory() const = 0;
+  // Stage 3: gathers issued ahead of use along the recorded trace (0 otherwise).
+  virtual int64_t prefetched_gathers() const { return 0; }
+
+  // ---- the step ----
+  // Before the loss function runs. training = false for evaluation (no gradients; stage 3 neither
+  // records nor follows its prefetch trace then); end_eval() after it.
+  virtual void begin_forward(bool training) { (void)training; }
+  virtual void end_eval() {}
+  // Around loss.backward(): boundary says whether this micro-step ends an accumulation window;
+  // ctx ("step 17") names the collectives issued during backward in timeout reports.
+  virtual void begin_backward(bool boundary, const std::string& ctx) = 0;
+  virtual void end_backward() = 0;
+  // At the boundary: this rank's gradients, summed over ranks (times the pre-division factor), as
+  // (optimizer_numel,) fp32. A collective for stage 1 (reduce-scatter).
+  virtual Tensor reduced_gradients(const std::string& ctx) = 0;
+  // Sum of squares of g over every rank's range (a collective when partitioned). inf/NaN on any
+  // rank reaches every rank. Deterministic: fixed tiles summed in order.
+  double global_sum_of_squares(const Tensor& g, const std::string& ctx);
+  // The factor that turns the reduced gradients into the average over ranks (1 / N unless the
+  // reduction already divided by it).
+  double grad_post_scale() const { return grad_post_scale_; }
+  // After the optimizer updated master() (and params16()): make the working parameters of every
+  // rank current (stage 1-2: all-gather; stage 3: drop stale gathers). A collective when sharded.
+  virtual void after_step(const std::string& ctx) = 0;
+  virtual void zero_grads() = 0;
+
+  // ---- checkpoints and export ----
+  // Every parameter whole, by name, in the training dtype. Stage 3 gathers each in turn (a
+  // collective) and only rank 0 receives the list (empty elsewhere).
+  virtual std::vector<std::pair<std::string, Tensor>> full_weights() = 0;
+  // After master() was restored from a checkpoint: make the working parameters match. Stages 0-2
+  // read them from the model file with `read_param(name, param)` (the file holds them exactly);
+  // stage 3 rounds them from master() as after a step.
+  virtual void load_parameters(
+      const std::function<void(const std::string& name, const Tensor& param)>& read_param) = 0;
+
+ protected:
+  Strategy(nn::Module& model, std::shared_ptr<comm::Group> group, Options options);
+
+  nn::Module& model_;
+  std::shared_ptr<comm::Group> group_;
+  Options options_;
+  nn::FlatParameters flat_;
+  PartitionPlan plan_;
+  int64_t opt_numel_ = 0;
+  Tensor master_;
+  bool partitioned_ = false;
+  float comm_prescale_ = 1.0f;    // applied to gradients before a reduction
+  double grad_post_scale_ = 1.0;  // folded into the optimizer's gradient scale after it
+  int64_t reductions_in_flight() const { return options_.overlap_comm ? 2 : 0; }
+};
+
+// The strategy for options.stage over `group`. Moves the model's parameters into the strategy's
+// buffers (flat buffers, or stage 3's released per-parameter storage) and registers the gradient
+// and module hooks it needs; every rank ends with rank 0's weights. The model must outlive it.
+std::unique_ptr<Strategy> make_strategy(nn::Module& model, std::shared_ptr<comm::Group> group,
+                                        const Options& options);
+
+}  // namespace ds::zero

@@ -1,0 +1,173 @@
+// ZeRO stages 0-2 over one flat buffer (reference/deepspeed-behaviour.md §6):
+//   stage 0  every rank holds everything; at the accumulation boundary gradients are all-reduced
+//            in buckets as backward produces them (overlapped);
+//   stage 1  the flat buffer is padded and cut into N contiguous partitions; fp32 master weights
+//            and moments exist only for the rank's partition; gradients are reduce-scattered at
+//            the boundary; updated partitions are all-gathered;
+//   stage 2  as 1, and each rank keeps gradients only for its partition: every micro-step's
+//            gradients are reduced bucket by bucket during backward (buckets.h).
+#include <algorithm>
+#include <optional>
+
+#include "buckets.h"
+#include "ds/core/error.h"
+#include "ds/ops/ops.h"
+#include "strategies.h"
+
+namespace ds::zero::detail {
+namespace {
+
+class FlatStrategy final : public Strategy {
+ public:
+  FlatStrategy(nn::Module& model, std::shared_ptr<comm::Group> group, const Options& o)
+      : Strategy(model, std::move(group), o) {
+    const int n = group_->size();
+    const int stage = o.stage;
+    const bool sharded = stage >= 1 && n > 1;
+    partitioned_ = sharded;
+    const bool full_grads = stage < 2;
+    const int64_t multiple = padding_multiple(n);
+    // Flatten in fp32 first: that buffer becomes the master copy (or the parameters themselves in
+    // fp32 training). For 16-bit training flatten again in the training dtype: same order and
+    // offsets, values rounded to nearest even, parameters rebound to the 16-bit buffer.
+    nn::FlatParameters f32 =
+        nn::flatten_parameters(model_, DType::f32, o.grad_dtype, multiple, full_grads);
+    plan_ = plan_partitions(f32.numel, n);
+    DS_CHECK(plan_.padded_numel == f32.padded_numel, "[zero] internal: padding plan disagrees");
+    begin_ = sharded ? plan_.begin(group_->rank()) : 0;
+    opt_numel_ = sharded ? plan_.partition_numel : plan_.padded_numel;
+    auto range = [&](const Tensor& t) { return t.flat_range(begin_, opt_numel_); };
+    if (o.train_dtype == DType::f32) {
+      flat_ = std::move(f32);
+      master_ = range(flat_.params);
+    } else {
+      // Only this rank's range of the fp32 copy is kept as master weights.
+      master_ = range(f32.params).clone();
+      f32 = {};
+      flat_ = nn::flatten_parameters(model_, o.train_dtype, o.grad_dtype, multiple, full_grads);
+    }
+    if (!full_grads) grads_part_ = Tensor::zeros({opt_numel_}, o.grad_dtype);
+    if (o.grad_dtype != DType::f32) grads32_ = Tensor::zeros({opt_numel_});
+
+    // Every rank starts from rank 0's weights (initialisation is rank-independent already; this
+    // also covers models initialised by the caller).
+    if (n > 1) group_->broadcast(flat_.params, 0, "initial weights");
+
+    if ((stage == 0 && n > 1) || stage == 2) {
+      GradientBuckets::Setup s;
+      s.stage = stage;
+      s.flat = &flat_;
+      s.plan = plan_;
+      s.bucket_numel = o.reduce_bucket_size;
+      s.comm_dtype = o.comm_dtype;
+      s.prescale = comm_prescale_;
+      s.reduce_to_owners = o.reduce_scatter;
+      s.partition_grads = grads_part_;
+      s.partition_begin = begin_;
+      s.keep_in_flight = static_cast<size_t>(reductions_in_flight());
+      buckets_.emplace(std::move(s), group_);
+      auto named = model_.named_parameters();
+      for (size_t i = 0; i < named.size(); ++i)
+        named[i].second.add_grad_ready_hook(
+            [this, i](const Tensor& p) { buckets_->on_grad_ready(static_cast<int>(i), p); });
+    }
+  }
+
+  void* params16() override {
+    if (options_.train_dtype == DType::f32) return nullptr;
+    return static_cast<char*>(flat_.params.raw_data()) +
+           begin_ * static_cast<int64_t>(dtype_size(options_.train_dtype));
+  }
+
+  std::vector<optim::Segment> segments() const override {
+    std::vector<optim::Segment> out;
+    for (const auto& e : flat_.entries) {
+      const int64_t b = std::clamp<int64_t>(e.offset, begin_, begin_ + opt_numel_);
+      const int64_t en = std::clamp<int64_t>(e.offset + e.numel, begin_, begin_ + opt_numel_);
+      out.push_back({b - begin_, en - b});
+    }
+    return out;
+  }
+
+  std::vector<HeldRange> held_ranges() const override {
+    const int64_t lo = begin_, hi = std::min(begin_ + opt_numel_, flat_.numel);
+    if (lo >= hi) return {};
+    return {HeldRange{lo, hi, 0}};
+  }
+
+  MemoryBytes memory() const override {
+    MemoryBytes b;
+    b.params = static_cast<int64_t>(flat_.params.nbytes());
+    b.grads =
+        static_cast<int64_t>(flat_.grads.defined() ? flat_.grads.nbytes() : grads_part_.nbytes());
+    b.scratch = grads32_.defined() ? static_cast<int64_t>(grads32_.nbytes()) : 0;
+    b.master_weights =
+        options_.train_dtype != DType::f32 ? static_cast<int64_t>(master_.nbytes()) : 0;
+    return b;
+  }
+
+  void begin_backward(bool boundary, const std::string& ctx) override {
+    // Stage 2 reduces every micro-step (each rank keeps only its partition); stage 0 reduces on
+    // the boundary micro-step, overlapped with its backward; stage 1 reduce-scatters at the step.
+    if (buckets_ && (options_.stage == 2 || boundary)) buckets_->begin(ctx);
+  }
+  void end_backward() override {
+    if (buckets_ && buckets_->active()) buckets_->end();
+  }
+
+  Tensor reduced_gradients(const std::string& ctx) override {
+    if (options_.stage == 1 && partitioned_) {
+      // Each rank receives the sum of its partition (in place inside the full gradient buffer, or
+      // through a converted copy when the communication dtype differs).
+      if (comm_prescale_ != 1.0f) ops::mul_(flat_.grads, comm_prescale_);
+      Tensor mine = flat_.grads.flat_range(begin_, opt_numel_);
+      if (options_.comm_dtype == flat_.grads.dtype()) {
+        group_->reduce_scatter(flat_.grads, mine, comm::ReduceOp::sum, ctx + " gradients");
+      } else {
+        Tensor out = Tensor::empty({opt_numel_}, options_.comm_dtype);
+        group_->reduce_scatter(flat_.grads.to(options_.comm_dtype), out, comm::ReduceOp::sum,
+                               ctx + " gradients");
+        mine.copy_from(out);
+      }
+    }
+    Tensor g = options_.stage >= 2 ? grads_part_ : flat_.grads.flat_range(begin_, opt_numel_);
+    if (g.dtype() == DType::f32) return g;
+    grads32_.copy_from(g);
+    return grads32_;
+  }
+
+  void after_step(const std::string& ctx) override {
+    if (!partitioned_) return;
+    Tensor mine = flat_.params.flat_range(begin_, opt_numel_);
+    group_->all_gather(mine, flat_.params, ctx + " parameters");
+  }
+
+  void zero_grads() override {
+    if (flat_.grads.defined()) flat_.grads.zero_();
+    if (grads_part_.defined()) grads_part_.zero_();
+  }
+
+  std::vector<std::pair<std::string, Tensor>> full_weights() override {
+    return model_.named_parameters();
+  }
+
+  void load_parameters(
+      const std::function<void(const std::string&, const Tensor&)>& read_param) override {
+    for (auto& [name, p] : model_.named_parameters()) read_param(name, p);
+  }
+
+ private:
+  int64_t begin_ = 0;  // the range of the flat buffer this rank optimises starts here
+  Tensor grads_part_;  // stage 2: (opt_numel,) accumulated gradients of this rank's partition
+  Tensor grads32_;     // (opt_numel,) fp32 scratch when gradients are 16-bit
+  std::optional<GradientBuckets> buckets_;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_flat_strategy(nn::Module& model, std::shared_ptr<comm::Group> group,
+                                             const Options& options) {
+  return std::make_unique<FlatStrategy>(model, std::move(group), options);
+}
+
+}  // namespace ds::zero::detail

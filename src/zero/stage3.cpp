@@ -1,0 +1,360 @@
+// ZeRO stage 3: parameter partitioning (reference/deepspeed-behaviour.md §6).
+//
+// Layout: parameter i (numel_i elements) is padded to N * part_i, part_i = ceil(numel_i / N), and
+// rank r holds elements [r * part_i, (r + 1) * part_i) of it. A rank's pieces of all parameters
+// sit back to back in its shard buffers (master weights, moments, gradients, and the training-dtype
+// copy that is all-gathered), so the optimizer runs on one contiguous range as in stages 1-2.
+//
+// Each parameter keeps its TensorImpl; its storage becomes a (N * part_i) buffer that is released
+// between uses. Tensors saved for backward share that Storage object, so re-gathering before a
+// module's backward makes their data reappear in place. Module hooks gather a module's own
+// parameters around its forward and its backward and release them after, except persistent small
+// ones; each parameter's gradient is reduce-scattered as soon as it is complete, in chunks of at
+// most reduce_bucket_size elements. Prefetching along the recorded trace: prefetch.h.
+#include <algorithm>
+#include <cstring>
+
+#include "ds/core/error.h"
+#include "ds/ops/ops.h"
+#include "prefetch.h"
+#include "strategies.h"
+
+namespace ds::zero::detail {
+namespace {
+
+class Stage3Strategy final : public Strategy {
+ public:
+  Stage3Strategy(nn::Module& model, std::shared_ptr<comm::Group> group, const Options& o)
+      : Strategy(model, std::move(group), o) {
+    const int n = group_->size(), r = group_->rank();
+    partitioned_ = n > 1;
+    auto named = model_.named_parameters();
+
+    // Shard plan, and the flat coordinates (unpadded concatenation) checkpoints are written in.
+    int64_t flat_offset = 0, shard_offset = 0;
+    for (auto& [name, p] : named) {
+      Param sp;
+      sp.param = p;
+      sp.numel = p.numel();
+      sp.part = (sp.numel + n - 1) / n;
+      sp.shard_offset = shard_offset;
+      sp.persistent = sp.numel <= o.param_persistence_threshold;
+      flat_.entries.push_back({name, p.shape(), flat_offset, sp.numel});
+      flat_offset += sp.numel;
+      shard_offset += sp.part;
+      params_.push_back(std::move(sp));
+    }
+    flat_.numel = flat_offset;
+    plan_ = plan_partitions(flat_.numel, n);
+    opt_numel_ =
+        (shard_offset + kPartitionAlignment - 1) / kPartitionAlignment * kPartitionAlignment;
+    master_ = Tensor::zeros({opt_numel_});
+    grads_part_ = Tensor::zeros({opt_numel_}, o.grad_dtype);
+    if (o.grad_dtype != DType::f32) grads32_ = Tensor::zeros({opt_numel_});
+    numel_.resize(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) numel_[i] = params_[i].numel;
+
+    // This rank's pieces: from the parameters when the model was built whole, otherwise from the
+    // model's initialisation of a range (the model was built under nn::PartitionedInit).
+    float* master = master_.data<float>();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      auto& sp = params_[i];
+      const int64_t begin = std::min(sp.numel, r * sp.part),
+                    end = std::min(sp.numel, (r + 1) * sp.part);
+      if (sp.param.is_materialized()) {
+        Tensor src = sp.param.contiguous().flat_range(begin, end - begin);
+        convert(src.raw_data(), src.dtype(), master + sp.shard_offset, DType::f32,
+                static_cast<size_t>(end - begin));
+      } else {
+        DS_CHECK(model_.init_parameter_range(i, begin, end - begin, master + sp.shard_offset),
+                 "[zero] parameter '{}' holds no data and the model ({}) cannot initialise a range "
+                 "of it (nn::Module::init_parameter_range); build the model whole",
+                 flat_.entries[i].name, model_.type_name());
+      }
+      // Rebind the parameter to its own gatherable buffer, released until first use.
+      sp.full = Storage::allocate(static_cast<size_t>(n * sp.part) * dtype_size(o.train_dtype));
+      TensorImpl* impl = sp.param.impl();
+      impl->storage = sp.full;
+      impl->offset = 0;
+      impl->strides = contiguous_strides(impl->shape);
+      impl->dtype = o.train_dtype;
+      impl->grad = Tensor();
+      sp.full->release();
+    }
+    shard_params_ = o.train_dtype == DType::f32 ? master_ : master_.to(o.train_dtype);
+    prefetch_.assign(params_.size(), comm::Work());
+    prefetching_.assign(params_.size(), false);
+
+    // Module hooks: gather a module's own parameters around its forward and backward.
+    for (auto& [mname, module] : model_.named_modules()) {
+      std::vector<int> mine;
+      for (auto& [pname, p] : module->own_parameters())
+        for (size_t i = 0; i < params_.size(); ++i)
+          if (params_[i].param.same(p)) mine.push_back(static_cast<int>(i));
+      if (mine.empty()) continue;
+      const std::string label = mname.empty() ? module->type_name() : mname;
+      module->register_forward_pre_hook(
+          [this, mine, label](nn::Module&, const Tensor&) { gather(mine, label); });
+      module->register_forward_hook(
+          [this, mine](nn::Module&, const Tensor&, const Tensor&) { release(mine); });
+      module->register_backward_pre_hook(
+          [this, mine, label](nn::Module&) { gather(mine, label + " (backward)"); });
+      module->register_backward_hook([this, mine](nn::Module&) { release(mine); });
+    }
+    for (size_t i = 0; i < params_.size(); ++i)
+      params_[i].param.add_grad_ready_hook(
+          [this, i](const Tensor& p) { on_grad_ready(static_cast<int>(i), p); });
+    refresh();  // persistent parameters are gathered once and kept
+  }
+
+  void* params16() override {
+    return options_.train_dtype == DType::f32 ? nullptr : shard_params_.raw_data();
+  }
+
+  std::vector<optim::Segment> segments() const override {
+    std::vector<optim::Segment> out;
+    const int r = group_->rank();
+    for (const auto& sp : params_)
+      out.push_back({sp.shard_offset, std::clamp<int64_t>(sp.numel - r * sp.part, 0, sp.part)});
+    return out;
+  }
+
+  std::vector<HeldRange> held_ranges() const override {
+    std::vector<HeldRange> out;
+    const int r = group_->rank();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto& sp = params_[i];
+      const int64_t b = std::min(sp.numel, r * sp.part), e = std::min(sp.numel, (r + 1) * sp.part);
+      if (b < e)
+        out.push_back({flat_.entries[i].offset + b, flat_.entries[i].offset + e, sp.shard_offset});
+    }
+    return out;
+  }
+
+  MemoryBytes memory() const override {
+    MemoryBytes b;
+    // The shard of every parameter (fp32 training: the master weights themselves) plus the
+    // persistent parameters, which every rank keeps whole.
+    b.params = static_cast<int64_t>(shard_params_.nbytes());
+    for (const auto& sp : params_)
+      if (sp.persistent) b.params += static_cast<int64_t>(sp.full->nbytes());
+    b.grads = static_cast<int64_t>(grads_part_.nbytes());
+    b.scratch = grads32_.defined() ? static_cast<int64_t>(grads32_.nbytes()) : 0;
+    b.master_weights =
+        options_.train_dtype != DType::f32 ? static_cast<int64_t>(master_.nbytes()) : 0;
+    return b;
+  }
+
+  int64_t prefetched_gathers() const override { return prefetch_count_; }
+
+  void begin_forward(bool training) override {
+    if (!training) eval_recording_ = trace_.recording(), trace_.set_recording(false);
+    trace_.begin_micro_step(training);
+  }
+  void end_eval() override { trace_.set_recording(eval_recording_); }
+
+  void begin_backward(bool, const std::string& ctx) override { ctx_ = ctx; }
+  void end_backward() override {
+    finish_reductions(0);
+    trace_.end_micro_step();
+  }
+
+  Tensor reduced_gradients(const std::string&) override {
+    if (grads_part_.dtype() == DType::f32) return grads_part_;
+    grads32_.copy_from(grads_part_);
+    return grads32_;
+  }
+
+  void after_step(const std::string&) override { refresh(); }
+
+  void zero_grads() override { grads_part_.zero_(); }
+
+  std::vector<std::pair<std::string, Tensor>> full_weights() override {
+    // Collective: every rank gathers each parameter in turn; rank 0 keeps a copy.
+    std::vector<std::pair<std::string, Tensor>> out;
+    const Trace::Paused paused = trace_.pause();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      gather({static_cast<int>(i)}, "checkpoint");
+      if (group_->rank() == 0) out.emplace_back(flat_.entries[i].name, params_[i].param.clone());
+      release({static_cast<int>(i)});
+    }
+    trace_.resume(paused);
+    return out;
+  }
+
+  void load_parameters(const std::function<void(const std::string&, const Tensor&)>&) override {
+    // Each rank's piece is the rounded master weights, exactly as after an optimizer step.
+    shard_params_.copy_from(master_);
+    refresh();
+  }
+
+ private:
+  struct Param {
+    Tensor param;                   // the model's parameter (its storage: `full`)
+    std::shared_ptr<Storage> full;  // (N * part,) training dtype; released when not in use
+    int64_t numel = 0, part = 0;    // part = ceil(numel / N)
+    int64_t shard_offset = 0;       // of this rank's piece in the shard buffers
+    bool persistent = false;
+  };
+  struct PendingReduction {
+    int param;
+    int64_t offset;  // of the chunk within the rank's piece of the parameter
+    Tensor staging, out;
+    comm::Work work;
+  };
+
+  comm::Work launch_gather(int i, const std::string& label) {
+    auto& sp = params_[static_cast<size_t>(i)];
+    sp.full->materialize();
+    const size_t esz = dtype_size(options_.train_dtype);
+    const char* src = static_cast<const char*>(shard_params_.raw_data()) +
+                      sp.shard_offset * static_cast<int64_t>(esz);
+    return group_->all_gather_async(
+        src, sp.full->data(), static_cast<size_t>(sp.part), options_.train_dtype,
+        fmt::format("gather {} for {}", flat_.entries[static_cast<size_t>(i)].name, label));
+  }
+
+  void gather(const std::vector<int>& params, const std::string& why) {
+    trace_.on_gather(params);
+    std::vector<comm::Work> works;
+    for (int i : params) {
+      auto& sp = params_[static_cast<size_t>(i)];
+      if (prefetching_[static_cast<size_t>(i)]) {
+        works.push_back(prefetch_[static_cast<size_t>(i)]);
+        prefetching_[static_cast<size_t>(i)] = false;
+        continue;
+      }
+      if (sp.full->is_materialized()) continue;
+      works.push_back(launch_gather(i, why));
+    }
+    // Gather the next modules' parameters ahead, on the communication thread, while this one runs.
+    if (trace_.following()) {
+      std::vector<bool> available(params_.size());
+      int64_t live = 0;
+      for (size_t i = 0; i < params_.size(); ++i) {
+        const bool gathered = params_[i].full->is_materialized();
+        available[i] = gathered || prefetching_[i];
+        if (!params_[i].persistent && gathered) live += params_[i].numel;
+      }
+      for (int i :
+           plan_prefetch(trace_.upcoming(), numel_, available, options_.prefetch_bucket_size,
+                         options_.max_live_parameters, live)) {
+        prefetch_[static_cast<size_t>(i)] = launch_gather(i, "prefetch");
+        prefetching_[static_cast<size_t>(i)] = true;
+        ++prefetch_count_;
+      }
+    }
+    for (auto& w : works) w.wait();
+  }
+
+  void release(const std::vector<int>& params) {
+    // Parameters the trace uses again soon stay (max_reuse_distance, in elements).
+    const std::vector<bool> keep =
+        trace_.following()
+            ? reused_soon(trace_.upcoming(), params, numel_, options_.max_reuse_distance)
+            : std::vector<bool>(params.size(), false);
+    for (size_t a = 0; a < params.size(); ++a) {
+      const int i = params[a];
+      auto& sp = params_[static_cast<size_t>(i)];
+      if (keep[a] || sp.persistent || !sp.full->is_materialized()) continue;
+      if (prefetching_[static_cast<size_t>(i)]) continue;
+      sp.full->release();
+    }
+  }
+
+  void on_grad_ready(int i, const Tensor& p) {
+    auto& sp = params_[static_cast<size_t>(i)];
+    const int n = group_->size();
+    Tensor g = p.grad().contiguous();
+    const DType gd = g.dtype(), cd = options_.comm_dtype;
+    const size_t ges = dtype_size(gd);
+    const char* gsrc = static_cast<const char*>(g.raw_data());
+    // Rank r's piece of the parameter is [r * part, (r + 1) * part): the reduce-scatter of a chunk
+    // [c, c + len) of every piece takes those N slices back to back, in the communication dtype
+    // (the copy converts; past numel it is zero padding). Chunks of at most reduce_bucket_size
+    // elements in all keep the staging of a large parameter (the embedding) bounded.
+    const auto bucket = std::max<int64_t>(n, options_.reduce_bucket_size);
+    const int64_t chunk = std::max<int64_t>(1, std::min(sp.part, bucket / n));
+    for (int64_t c = 0; c < sp.part; c += chunk) {
+      const int64_t len = std::min(chunk, sp.part - c);
+      Tensor staging = Tensor::empty({n * len}, cd);
+      char* dst = static_cast<char*>(staging.raw_data());
+      const size_t ces = dtype_size(cd);
+      for (int r = 0; r < n; ++r) {
+        const int64_t from = r * sp.part + c;
+        const int64_t have = std::clamp<int64_t>(sp.numel - from, 0, len);
+        if (have > 0)
+          convert(gsrc + from * static_cast<int64_t>(ges), gd,
+                  dst + r * len * static_cast<int64_t>(ces), cd, static_cast<size_t>(have));
+        if (have < len)
+          std::memset(dst + (r * len + have) * static_cast<int64_t>(ces), 0,
+                      static_cast<size_t>(len - have) * ces);
+      }
+      if (comm_prescale_ != 1.0f && n > 1) ops::mul_(staging, comm_prescale_);
+      Tensor out = n > 1 ? Tensor::empty({len}, cd) : staging;
+      comm::Work w = n > 1 ? group_->reduce_scatter_async(
+                                 staging, out, comm::ReduceOp::sum,
+                                 fmt::format("{} gradient of {}", ctx_,
+                                             flat_.entries[static_cast<size_t>(i)].name))
+                           : comm::Work();
+      in_flight_.push_back({i, c, staging, out, w});
+      // Fold finished reductions into the shard as backward goes, so that only the last few
+      // chunks' staging is alive at any time.
+      finish_reductions(static_cast<size_t>(reductions_in_flight()));
+    }
+    p.set_grad({});
+  }
+
+  void finish_reductions(size_t keep) {
+    size_t done = 0;
+    for (; in_flight_.size() - done > keep; ++done) {
+      auto& pending = in_flight_[done];
+      pending.work.wait();
+      const auto& sp = params_[static_cast<size_t>(pending.param)];
+      ops::add_(grads_part_.flat_range(sp.shard_offset + pending.offset, pending.out.numel()),
+                pending.out);
+    }
+    in_flight_.erase(in_flight_.begin(), in_flight_.begin() + static_cast<std::ptrdiff_t>(done));
+  }
+
+  // New weights: finish and drop every gathered copy (prefetched ones hold old values), then
+  // gather the persistent ones again.
+  void refresh() {
+    for (size_t i = 0; i < prefetching_.size(); ++i)
+      if (prefetching_[i]) {
+        prefetch_[i].wait();
+        prefetching_[i] = false;
+      }
+    const Trace::Paused paused = trace_.pause();
+    std::vector<int> persistent;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].full->is_materialized()) params_[i].full->release();
+      if (params_[i].persistent) persistent.push_back(static_cast<int>(i));
+    }
+    gather(persistent, "persistent parameters");
+    trace_.resume(paused);
+  }
+
+  std::vector<Param> params_;
+  std::vector<int64_t> numel_;  // params_[i].numel, for the prefetch planner
+  Tensor shard_params_;         // (opt_numel,) training dtype: this rank's piece of every parameter
+  Tensor grads_part_;           // (opt_numel,) accumulated gradients of this rank's pieces
+  Tensor grads32_;              // (opt_numel,) fp32 scratch when gradients are 16-bit
+  std::vector<PendingReduction> in_flight_;
+  std::string ctx_;  // "step N", for the gradient reductions' messages
+  Trace trace_;
+  bool eval_recording_ = false;
+  std::vector<comm::Work> prefetch_;  // per parameter: its pending gather (or a complete Work)
+  std::vector<bool> prefetching_;
+  int64_t prefetch_count_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_stage3_strategy(nn::Module& model,
+                                               std::shared_ptr<comm::Group> group,
+                                               const Options& options) {
+  return std::make_unique<Stage3Strategy>(model, std::move(group), options);
+}
+
+}  // namespace ds::zero::detail
