@@ -422,6 +422,28 @@ TEST(Comm, SplitFormsIndependentGroups) {
   EXPECT_EQ(vb[777], 2.0f * W->size());
 }
 
+TEST(Comm, StatusCheckRaisesOnEveryRank) {
+  // Nobody failed: no error, and the group stays usable.
+  EXPECT_NO_THROW(raise_if_any_failed(*W, "", "test work"));
+  // The last rank fails: it gets its own message, every other rank one naming it.
+  const int last = W->size() - 1;
+  const std::string mine = W->rank() == last ? "[test] disk full on the last rank" : "";
+  try {
+    raise_if_any_failed(*W, mine, "writing test shards");
+    ADD_FAILURE() << "every rank must throw";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    if (W->rank() == last) {
+      EXPECT_EQ(msg, mine);
+    } else {
+      EXPECT_NE(msg.find(fmt::format("writing test shards failed on rank {}", last)),
+                std::string::npos)
+          << msg;
+    }
+  }
+  W->barrier();  // still in step
+}
+
 TEST(Comm, AsyncOperationsOverlapAndComplete) {
   const int n = W->size(), me = W->rank();
   const size_t count = 1 << 20;

@@ -678,3 +678,32 @@ TEST(OptimErrors, BadArgumentsThrowTaggedErrors) {
   // n == 0 is a no-op, not an error.
   adam_update(nullptr, nullptr, nullptr, nullptr, 0, 1, AdamConfig{});
 }
+
+// The optimizer's state lives where its StateHome puts it (the seam offload plugs into).
+TEST(OptimStateHome, BuffersComeFromTheHome) {
+  struct CountingHome final : ds::optim::StateHome {
+    int64_t live = 0, allocations = 0;
+    float* allocate(int64_t n) override {
+      ++allocations;
+      live += n;
+      return static_cast<float*>(std::calloc(static_cast<size_t>(n), sizeof(float)));
+    }
+    void release(float* p, int64_t n) override {
+      live -= n;
+      std::free(p);
+    }
+  };
+  auto home = std::make_shared<CountingHome>();
+  {
+    auto opt = ds::optim::make_optimizer("AdamW", {.lr = 1e-3f});
+    opt->set_state_home(home);
+    opt->init_state(1000);
+    EXPECT_EQ(home->allocations, 2);  // exp_avg, exp_avg_sq
+    EXPECT_EQ(home->live, 2000);
+    std::vector<float> p(1000, 1.0f), g(1000, 0.5f);
+    opt->step(p.data(), g.data(), 1000);
+    for (const auto& sb : opt->state_buffers()) EXPECT_NE(sb.data[0], 0.0f) << sb.name;
+    EXPECT_THROW(opt->set_state_home(home), ds::Error);  // too late: the state exists
+  }
+  EXPECT_EQ(home->live, 0);  // released into the same home
+}

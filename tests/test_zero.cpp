@@ -16,6 +16,7 @@
 #include "ds/nn/module.h"
 #include "ds/runtime/engine.h"
 #include "ds/zero/partition.h"
+#include "../src/zero/prefetch.h"
 
 using namespace ds;
 namespace fs = std::filesystem;
@@ -373,4 +374,45 @@ TEST(ZeroPlan, PartitionsAndBuckets) {
   EXPECT_EQ(buckets[0].begin, 32);  // laid from the end
   EXPECT_EQ(buckets[0].params, (std::vector<int>{1, 2}));
   EXPECT_EQ(buckets[2].params, (std::vector<int>{0, 1}));
+}
+
+// ZeRO-3's prefetch planner (src/zero/prefetch.h) as pure functions.
+TEST(ZeroPrefetch, PlanStopsAtBudgetAndLiveLimit) {
+  // Events: {0}, {1, 2}, {3}; sizes 10, 20, 30, 40.
+  const std::vector<std::vector<int>> trace = {{0}, {1, 2}, {3}};
+  const std::vector<int64_t> numel = {10, 20, 30, 40};
+  const std::vector<bool> none(4, false);
+  // Budget counted per element; an event already started is finished (as DeepSpeed's buckets).
+  EXPECT_EQ(zero::detail::plan_prefetch(trace, numel, none, 25, 1000, 0), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(zero::detail::plan_prefetch(trace, numel, none, 1000, 1000, 0), (std::vector<int>{0, 1, 2, 3}));
+  // Available (gathered or in flight) parameters are skipped.
+  std::vector<bool> some = none;
+  some[1] = true;
+  EXPECT_EQ(zero::detail::plan_prefetch(trace, numel, some, 1000, 1000, 0), (std::vector<int>{0, 2, 3}));
+  // The live limit stops the plan at the first parameter that would exceed it.
+  EXPECT_EQ(zero::detail::plan_prefetch(trace, numel, none, 1000, 35, 0), (std::vector<int>{0, 1}));
+  EXPECT_TRUE(zero::detail::plan_prefetch(trace, numel, none, 1000, 35, 30).empty());
+  // Reuse: parameter 3 comes back within 60 elements, parameter 0 never.
+  const std::vector<std::vector<int>> later = {{1}, {3}};
+  EXPECT_EQ(zero::detail::reused_soon(later, {3, 0}, numel, 60), (std::vector<bool>{true, false}));
+  EXPECT_EQ(zero::detail::reused_soon(later, {3}, numel, 20), (std::vector<bool>{false}));
+}
+
+TEST(ZeroPrefetch, TraceIsRecordedOnceThenFollowed) {
+  zero::detail::Trace t;
+  t.begin_micro_step(true);
+  EXPECT_FALSE(t.following());
+  t.on_gather({0});
+  t.on_gather({1});
+  t.end_micro_step();
+  t.begin_micro_step(true);
+  EXPECT_TRUE(t.following());
+  EXPECT_EQ(t.upcoming().size(), 2u);
+  t.on_gather({0});
+  EXPECT_EQ(t.upcoming().size(), 1u);
+  t.on_gather({2});  // departs from the trace: stop guessing
+  EXPECT_FALSE(t.following());
+  t.end_micro_step();
+  t.begin_micro_step(false);  // evaluation never follows
+  EXPECT_FALSE(t.following());
 }

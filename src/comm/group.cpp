@@ -554,4 +554,19 @@ std::shared_ptr<Group> make_single_world() {
 }
 }  // namespace detail
 
+void raise_if_any_failed(Group& group, const std::string& error, std::string_view what) {
+  const int n = group.size();
+  const int32_t mine = error.empty() ? 0 : 1;
+  std::vector<int32_t> all(static_cast<size_t>(n), 0);
+  group.all_gather(&mine, all.data(), 1, DType::i32, fmt::format("status after {}", what));
+  std::vector<int> failed;
+  for (int r = 0; r < n; ++r)
+    if (all[static_cast<size_t>(r)] != 0) failed.push_back(r);
+  if (failed.empty()) return;
+  if (!error.empty()) throw Error(error);
+  DS_THROW("[comm] {} failed on rank{} {} (see {} message); this rank stops too", what,
+           failed.size() > 1 ? "s" : "", fmt::join(failed, ", "),
+           failed.size() > 1 ? "their" : "its");
+}
+
 }  // namespace ds::comm

@@ -14,8 +14,38 @@ namespace ds::optim {
 
 Optimizer::~Optimizer() = default;
 
+namespace {
+class HostStateHome final : public StateHome {
+ public:
+  float* allocate(int64_t numel) override {
+    const size_t bytes = static_cast<size_t>(numel) * sizeof(float);
+    auto* p = static_cast<float*>(cpu_allocator().allocate(bytes));  // 64-byte aligned
+    // Zero tile by tile on the threads that will update those tiles (first touch places the
+    // pages; the same static tile split is used by every step).
+    detail::for_each_tile_range(numel, [&](int64_t b, int64_t e) {
+      std::memset(p + b, 0, static_cast<size_t>(e - b) * sizeof(float));
+    });
+    return p;
+  }
+  void release(float* p, int64_t numel) override {
+    cpu_allocator().deallocate(p, static_cast<size_t>(numel) * sizeof(float));
+  }
+};
+}  // namespace
+
+std::shared_ptr<StateHome> host_state_home() {
+  static const std::shared_ptr<StateHome> home = std::make_shared<HostStateHome>();
+  return home;
+}
+
 void Optimizer::BufferDeleter::operator()(float* p) const {
-  cpu_allocator().deallocate(p, static_cast<size_t>(numel) * sizeof(float));
+  home->release(p, numel);
+}
+
+void Optimizer::set_state_home(std::shared_ptr<StateHome> home) {
+  DS_CHECK(home, "[optim] {}: set_state_home needs a home", name());
+  DS_CHECK(bufs_.empty(), "[optim] {}: set_state_home after the state was allocated", name());
+  home_ = std::move(home);
 }
 
 void Optimizer::init_state(int64_t n) {
@@ -33,14 +63,7 @@ void Optimizer::init_state(int64_t n) {
 
 void Optimizer::allocate_buffers(int count) {
   while (bufs_.size() < static_cast<size_t>(count)) {
-    const size_t bytes = static_cast<size_t>(n_) * sizeof(float);
-    auto* p = static_cast<float*>(cpu_allocator().allocate(bytes));  // 64-byte aligned
-    std::unique_ptr<float[], BufferDeleter> buf(p, BufferDeleter{n_});
-    // Zero tile by tile on the threads that will update those tiles (first touch places the
-    // pages; the same static tile split is used by every step).
-    detail::for_each_tile_range(n_, [&](int64_t b, int64_t e) {
-      std::memset(p + b, 0, static_cast<size_t>(e - b) * sizeof(float));
-    });
+    std::unique_ptr<float[], BufferDeleter> buf(home_->allocate(n_), BufferDeleter{n_, home_});
     bufs_.push_back(std::move(buf));
   }
 }

@@ -237,7 +237,12 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
            "[checkpoint] tag '{}' must be a plain folder name", tag);
   const int rank = group_->rank(), n = group_->size();
   const fs::path tmp = dir / fmt::format(".{}.tmp", tag);
+  // Every phase ends with a collective status check: a failure on one rank (a full disk, a
+  // read-only or node-local folder) becomes an error on every rank, so no rank waits for a peer
+  // that stopped, and the library never ends the process itself.
+  const std::string what = "checkpoint " + tag;
   std::error_code ec;
+  std::string error;
   if (rank == 0) {
     fs::path failed = dir;
     fs::create_directories(dir, ec);
@@ -246,26 +251,20 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
       fs::remove_all(tmp, ec);
       fs::create_directories(tmp, ec);
     }
-    if (ec) {
-      const std::string why =
-          fmt::format("[checkpoint] cannot create {}: {} (is the path writable?)", failed.string(),
-                      ec.message());
-      // The other ranks are about to wait at the barrier below: end the job instead.
-      if (n > 1) comm::abort_job(1, why);
-      throw Error(why);
-    }
+    if (ec)
+      error = fmt::format("[checkpoint] cannot create {}: {} (is the path writable?)",
+                          failed.string(), ec.message());
   }
-  group_->barrier("checkpoint " + tag + ": folder created");
+  comm::raise_if_any_failed(*group_, error, what + ": creating the folder");
   if (rank != 0 && !fs::is_directory(tmp)) {
     // The classic multi-node mistake: a node-local folder (/tmp, a local disk) as the output.
-    const std::string why = fmt::format(
+    error = fmt::format(
         "[checkpoint] rank {} does not see the folder {} that rank 0 just created: every rank "
-        "writes "
-        "its shard into one folder, so with several nodes the checkpoint folder must be on a "
-        "filesystem that every node mounts (NFS, Lustre, ...); choose such an output folder",
+        "writes its shard into one folder, so with several nodes the checkpoint folder must be on "
+        "a filesystem that every node mounts (NFS, Lustre, ...); choose such an output folder",
         rank, tmp.string());
-    comm::abort_job(1, why);
   }
+  comm::raise_if_any_failed(*group_, error, what + ": opening the folder on every rank");
 
   // Stage 3: gather each parameter in turn (a collective) so that rank 0 writes a complete model
   // file that any world size and stage can load (DeepSpeed's
@@ -342,16 +341,16 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
                         states, {{"ds_optimizer", opt_state.dump()}});
     }
   } catch (const std::exception& e) {
-    // Other ranks are about to wait at the next barrier: end the job instead of letting them hang.
-    const std::string why = fmt::format(
-        "[checkpoint] rank {} failed writing {}: {} (is the disk full "
-        "or the folder read-only?)",
+    error = fmt::format(
+        "[checkpoint] rank {} failed writing {}: {} (is the disk full or the folder read-only?)",
         rank, (dir / tag).string(), e.what());
-    if (n > 1) comm::abort_job(1, why);
-    fs::remove_all(tmp, ec);
-    throw Error(why);
   }
-  group_->barrier("checkpoint " + tag + ": files written");
+  try {
+    comm::raise_if_any_failed(*group_, error, what + ": writing the files");
+  } catch (const Error&) {
+    if (rank == 0) fs::remove_all(tmp, ec);  // half-written: never leave it for a later load
+    throw;
+  }
 
   if (rank == 0) {
     try {
@@ -374,15 +373,12 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
       fs::remove_all(old, ec);
       data::write_file_atomic(dir / "latest", tag + "\n");
     } catch (const std::exception& e) {
-      const std::string why =
-          fmt::format("[checkpoint] finishing {} failed: {} (is the disk full?)",
-                      (dir / tag).string(), e.what());
-      if (n > 1) comm::abort_job(1, why);
+      error = fmt::format("[checkpoint] finishing {} failed: {} (is the disk full?)",
+                          (dir / tag).string(), e.what());
       fs::remove_all(tmp, ec);
-      throw Error(why);
     }
   }
-  group_->barrier("checkpoint " + tag + ": latest written");
+  comm::raise_if_any_failed(*group_, error, what + ": the checksums and `latest`");
 }
 
 nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::string& tag_in) {

@@ -126,6 +126,7 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
       }
     });
   }
+  optimizer_->set_state_home(zero_->optimizer_state_home());
   optimizer_->init_state(zero_->optimizer_numel());
 
   // The model's original parameter storages were just freed (everything now lives in the flat or

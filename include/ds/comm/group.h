@@ -265,6 +265,14 @@ void finalize();
 // would otherwise wait for it until their deadlines.
 [[noreturn]] void abort_job(int code, std::string_view why);
 
+// A collective status check, for work that each rank does on its own and that can fail on some
+// ranks only (writing a checkpoint shard, opening a file): every rank passes its own error ("" on
+// success); when any rank failed, every rank throws ds::Error, the failing ranks with their own
+// message, the others naming the ranks that failed, so that no rank goes on to wait for a peer that
+// stopped. `what` names the work in the message ("writing checkpoint global_step8"). A collective
+// (one all-gather of a status per rank, bounded by the group's deadline).
+void raise_if_any_failed(Group& group, const std::string& error, std::string_view what);
+
 // True once the communication layer has found the job broken (a deadline expired, ranks issued
 // different collectives, a peer exited mid-collective). Its message has then been printed to stderr
 // already and the job is being ended with kCommFailureExitCode; a main() that catches the resulting

@@ -1,6 +1,7 @@
 #pragma once
 // Optimizers as objects: an Optimizer owns its state buffers (fp32, sized to the flat range it
-// updates: the whole model, or under ZeRO this rank's partition), counts steps, and exposes the
+// updates: the whole model, or under ZeRO this rank's partition; placed in a StateHome the caller
+// may choose, host memory by default), counts steps, and exposes the
 // hyper-parameters that schedulers change (lr every step; beta1/momentum for OneCycle) and the
 // state a checkpoint must hold. The math lives in the flat-buffer kernels of kernels.h.
 //
@@ -52,6 +53,20 @@ struct StateBuffer {
   int64_t numel = 0;
 };
 
+// Where an optimizer's fp32 state buffers live. The default home is host memory from the caching
+// allocator; a ZeRO strategy can hand the optimizer another (a swapped or file-backed home for
+// offload) without the kernels knowing. allocate() returns `numel` zeroed floats, 64-byte aligned,
+// valid until release(); both are called from the training thread.
+class StateHome {
+ public:
+  virtual ~StateHome() = default;
+  virtual float* allocate(int64_t numel) = 0;
+  virtual void release(float* data, int64_t numel) = 0;
+};
+// The default: the CPU caching allocator, zeroed tile by tile by the threads that later update
+// each tile (first touch places the pages).
+std::shared_ptr<StateHome> host_state_home();
+
 class Optimizer {
  public:
   virtual ~Optimizer();
@@ -65,6 +80,8 @@ class Optimizer {
   // update each tile, so pages are first touched where they are used). Idempotent for the same
   // n; a different n is an error. step() calls it on first use.
   void init_state(int64_t n);
+  // Where init_state() puts the buffers (default host_state_home()). Before init_state only.
+  void set_state_home(std::shared_ptr<StateHome> home);
   int64_t state_numel() const { return n_; }
   // fp32 state floats kept per parameter (Adam, Lamb: 2; SGD: 1 with momentum, else 0): for the
   // memory budget printed at start-up.
@@ -123,8 +140,10 @@ class Optimizer {
  private:
   struct BufferDeleter {
     int64_t numel;
+    std::shared_ptr<StateHome> home;
     void operator()(float* p) const;
   };
+  std::shared_ptr<StateHome> home_ = host_state_home();
   std::vector<std::unique_ptr<float[], BufferDeleter>> bufs_;
 };
 

@@ -5,6 +5,7 @@
 // counters, and calls the strategy at each point of a step:
 //
 //   auto z = zero::make_strategy(model, group, options);    // flattens / shards the model
+//   optimizer.set_state_home(z->optimizer_state_home());    // where its moments live
 //   optimizer.init_state(z->optimizer_numel());              // this rank's range
 //   per micro-step:
 //     z->begin_forward(/*training=*/true);  loss = loss_fn(model, x, y);
@@ -35,6 +36,7 @@
 #include "ds/nn/flat.h"
 #include "ds/nn/module.h"
 #include "ds/optim/kernels.h"
+#include "ds/optim/optimizer.h"
 #include "ds/zero/partition.h"
 
 namespace ds::zero {
@@ -102,6 +104,11 @@ class Strategy {
   // One segment per parameter over this rank's range (numel 0 where it holds none of it): Lamb's
   // per-tensor trust ratios. The same list on every rank.
   virtual std::vector<optim::Segment> segments() const = 0;
+  // Where the optimizer keeps its state (moments) for this rank's range: host memory here; the
+  // offload strategies will return a swapped or file-backed home (optim::StateHome).
+  virtual std::shared_ptr<optim::StateHome> optimizer_state_home() const {
+    return optim::host_state_home();
+  }
   // True when the optimizer's range is a partition of the whole (per-tensor norms then need a sum
   // across ranks).
   bool partitioned() const { return partitioned_; }
