@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/core/error.h"
-#include "ds/data/checksum.h"
+#include "ds/core/checksum.h"
 #include "ds/data/dataset.h"
 #include "ds/data/loader.h"
 #include "ds/data/prepare.h"
@@ -24,6 +24,7 @@
 #include "ds/data/shard.h"
 
 namespace fs = std::filesystem;
+using namespace ds;
 using namespace ds::data;
 
 namespace {

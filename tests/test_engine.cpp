@@ -12,7 +12,7 @@
 #include "ds/core/error.h"
 #include "ds/core/rng.h"
 #include "ds/core/safetensors.h"
-#include "ds/data/checksum.h"
+#include "ds/core/checksum.h"
 #include "ds/data/loader.h"
 #include "ds/data/shard.h"
 #include "ds/models/gpt.h"
@@ -332,7 +332,7 @@ void rewrite_metadata(const fs::path& file, const std::string& key,
   const std::string bytes{std::istreambuf_iterator<char>(in), {}};
   sums[file.filename().string()] = {
       {"bytes", bytes.size()},
-      {"xxh64", fmt::format("{:016x}", data::xxh64(bytes.data(), bytes.size()))}};
+      {"xxh64", fmt::format("{:016x}", xxh64(bytes.data(), bytes.size()))}};
   std::ofstream(sums_path) << sums.dump(2);
 }
 

@@ -34,7 +34,7 @@
 #include "ds/core/rng.h"
 #include "ds/data/dataset.h"
 #include "ds/data/loader.h"
-#include "ds/data/shard.h"
+#include "ds/core/file_io.h"
 #include "ds/data/tokenizer.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
@@ -508,7 +508,7 @@ int run(const Options& o, const Given& g) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::string text = ds::train::generate_sample(*model, *sample_tokenizer, o.sample_prompt,
                                                         o.sample_tokens, o.sample_top_k, o.seed);
-    if (lead) ds::data::write_file_atomic(out_dir / "sample.txt", text + "\n");
+    if (lead) ds::write_file_atomic(out_dir / "sample.txt", text + "\n");
     say(fmt::format("sample ({} tokens, top-k {}, seed {}, {:.1f}s):", o.sample_tokens,
                     o.sample_top_k, o.seed, ds::train::seconds_since(t0)));
     con.line("---\n" + text + "\n---");

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/core/error.h"
+#include "ds/core/file_io.h"
 #include "ds/data/shard.h"
 #include "ds/data/tokenizer.h"
 
@@ -308,7 +309,7 @@ PrepareReport prepare_corpus(const PrepareOptions& o) {
   if (report.train.tokens > 0) meta["splits"]["train"] = split_json(report.train);
   if (report.val.tokens > 0) meta["splits"]["val"] = split_json(report.val);
   report.meta = o.output_dir / "meta.json";
-  write_file_atomic(report.meta, meta.dump(2) + "\n");
+  ds::write_file_atomic(report.meta, meta.dump(2) + "\n");
   return report;
 }
 

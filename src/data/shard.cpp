@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "ds/core/error.h"
+#include "ds/core/file_io.h"
 
 namespace ds::data {
 
@@ -27,31 +28,6 @@ std::string errno_text() {
   return std::strerror(errno);
 }
 
-void write_all(int fd, const void* data, size_t len, const fs::path& path) {
-  auto p = static_cast<const char*>(data);
-  while (len > 0) {
-    const ssize_t n = ::write(fd, p, len);
-    if (n < 0 && errno == EINTR) continue;
-    DS_CHECK(n > 0, "[shard] writing '{}' failed: {}; check free disk space and permissions",
-             path.string(), errno_text());
-    p += n;
-    len -= static_cast<size_t>(n);
-  }
-}
-
-void fsync_dir(const fs::path& dir) {
-  // Makes the rename durable. Some filesystems refuse fsync on folders; that is not an error.
-  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
-
-fs::path temp_name(const fs::path& path) {
-  return fs::path(path.string() + ".tmp-" + std::to_string(::getpid()));
-}
-
 void finalize_header(ShardHeader& h) {
   h.header_checksum = xxh64(&h, offsetof(ShardHeader, header_checksum));
 }
@@ -62,7 +38,7 @@ void finalize_header(ShardHeader& h) {
 
 ShardWriter::ShardWriter(fs::path path, uint32_t vocab_size)
     : path_(std::move(path)),
-      tmp_path_(temp_name(path_)),
+      tmp_path_(temporary_name(path_)),
       vocab_size_(vocab_size),
       token_bytes_(token_bytes_for_vocab(vocab_size)),
       buf_(kWriteBufferBytes) {
@@ -139,28 +115,6 @@ ShardHeader write_shard(const fs::path& path, std::span<const int32_t> tokens, u
   w.write(tokens);
   w.add_documents(num_documents);
   return w.finish();
-}
-
-void write_file_atomic(const fs::path& path, std::string_view bytes) {
-  const fs::path tmp = temp_name(path);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  DS_CHECK(fd >= 0, "[io] cannot create '{}': {}; check that the folder exists and is writable",
-           tmp.string(), errno_text());
-  try {
-    write_all(fd, bytes.data(), bytes.size(), tmp);
-    DS_CHECK(::fsync(fd) == 0, "[io] fsync of '{}' failed: {}", tmp.string(), errno_text());
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = errno_text();
-    ::unlink(tmp.c_str());
-    DS_THROW("[io] cannot rename '{}' to '{}': {}", tmp.string(), path.string(), why);
-  }
-  fsync_dir(path.parent_path());
 }
 
 // ---- reading ------------------------------------------------------------------------------------

@@ -25,11 +25,11 @@
 #include <sstream>
 
 #include "ds/comm/group.h"
+#include "ds/core/checksum.h"
 #include "ds/core/error.h"
+#include "ds/core/file_io.h"
 #include "ds/core/rng.h"
 #include "ds/core/safetensors.h"
-#include "ds/data/checksum.h"
-#include "ds/data/shard.h"
 #include "ds/runtime/checkpoint_files.h"
 #include "ds/runtime/engine.h"
 
@@ -43,31 +43,6 @@ constexpr const char* kModelFile = "mp_rank_00_model_states.safetensors";
 
 std::string hex64(uint64_t v) {
   return fmt::format("{:016x}", v);
-}
-
-// XXH64 of a whole file, streamed.
-uint64_t file_xxh64(const fs::path& path, uint64_t* size) {
-  std::ifstream in(path, std::ios::binary);
-  DS_CHECK(in, "[checkpoint] cannot read {}", path.string());
-  data::Xxh64 h;
-  std::vector<char> buf(1 << 20);
-  *size = 0;
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    const auto got = in.gcount();
-    if (got <= 0) break;
-    h.update(buf.data(), static_cast<size_t>(got));
-    *size += static_cast<uint64_t>(got);
-  }
-  return h.digest();
-}
-
-void fsync_dir(const fs::path& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
 }
 
 std::string read_text(const fs::path& p) {
@@ -361,7 +336,7 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
         const uint64_t h = file_xxh64(entry.path(), &size);
         sums[f] = {{"bytes", size}, {"xxh64", hex64(h)}};
       }
-      data::write_file_atomic(tmp / "checksums.json", sums.dump(2) + "\n");
+      write_file_atomic(tmp / "checksums.json", sums.dump(2) + "\n");
       fsync_dir(tmp);
       // Swap the complete folder into place; an older folder of the same tag goes only after.
       const fs::path final_dir = dir / tag;
@@ -371,7 +346,7 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
       fs::rename(tmp, final_dir);
       fsync_dir(dir);
       fs::remove_all(old, ec);
-      data::write_file_atomic(dir / "latest", tag + "\n");
+      write_file_atomic(dir / "latest", tag + "\n");
     } catch (const std::exception& e) {
       error = fmt::format("[checkpoint] finishing {} failed: {} (is the disk full?)",
                           (dir / tag).string(), e.what());

@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 
 #include "ds/core/error.h"
-#include "ds/data/shard.h"
+#include "ds/core/file_io.h"
 
 namespace ds::runtime {
 
@@ -254,7 +254,7 @@ std::string render_svg_chart(const ChartSpec& spec) {
 
 void write_svg_chart(const fs::path& path, const ChartSpec& spec) {
   // Temporary name, fsync, rename; a failed write (full disk) removes its temporary.
-  data::write_file_atomic(path, render_svg_chart(spec));
+  write_file_atomic(path, render_svg_chart(spec));
 }
 
 }  // namespace ds::runtime

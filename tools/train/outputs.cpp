@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/core/error.h"
-#include "ds/data/shard.h"
+#include "ds/core/file_io.h"
 
 namespace ds::train {
 
@@ -88,7 +88,7 @@ void write_memory_json(const std::filesystem::path& file, runtime::Engine& engin
                                       {"model_state_bytes", paper.total()}}},
                                     {"ranks", rows}};
   // Temporary name, fsync, rename: a crash never leaves half a file, a failed write no temporary.
-  data::write_file_atomic(file, j.dump(2) + "\n");
+  write_file_atomic(file, j.dump(2) + "\n");
 }
 
 void write_loss_chart(const std::filesystem::path& svg, const runtime::CsvMonitor& monitor,

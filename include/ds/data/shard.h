@@ -26,7 +26,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ds/data/checksum.h"
+#include "ds/core/checksum.h"
 
 namespace ds::data {
 
@@ -126,7 +126,5 @@ class Shard {
   size_t map_len_ = 0;
 };
 
-// Write bytes to path atomically (temporary file, fsync, rename, fsync of the folder).
-void write_file_atomic(const std::filesystem::path& path, std::string_view bytes);
 
 }  // namespace ds::data

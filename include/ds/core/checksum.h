@@ -1,11 +1,11 @@
 #pragma once
-// XXH64 (xxHash, 64-bit, seed 0 by default): the checksum of token shard payloads. Chosen because
+// XXH64 (xxHash, 64-bit, seed 0 by default): the checksum of token shards and checkpoint files. Chosen because
 // it runs at memory speed (a multi-GB corpus verifies in about a second per GB) and has published
 // test vectors, so a shard can be checked by any xxhash implementation (e.g. `xxh64sum`).
 #include <cstddef>
 #include <cstdint>
 
-namespace ds::data {
+namespace ds {
 
 // Streaming form: update() any number of times, then digest() (which does not reset the state).
 class Xxh64 {
@@ -25,4 +25,4 @@ class Xxh64 {
 // One-shot form.
 uint64_t xxh64(const void* data, size_t len, uint64_t seed = 0);
 
-}  // namespace ds::data
+}  // namespace ds

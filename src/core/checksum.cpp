@@ -1,9 +1,9 @@
-#include "ds/data/checksum.h"
+#include "ds/core/checksum.h"
 
 #include <bit>
 #include <cstring>
 
-namespace ds::data {
+namespace ds {
 
 namespace {
 
@@ -118,4 +118,4 @@ uint64_t xxh64(const void* data, size_t len, uint64_t seed) {
   return state.digest();
 }
 
-}  // namespace ds::data
+}  // namespace ds
