@@ -132,14 +132,15 @@ class Group {
   // out may alias in's own chunk (out == in + rank() * chunk).
   Work reduce_scatter_async(const void* in, void* out, size_t chunk, DType dtype,
                             ReduceOp op = ReduceOp::sum, std::string_view context = {});
-  // in (chunk) -> out (size() * chunk), rank r's chunk at out + r * chunk. In place when
-  // in == out + rank() * chunk.
   // In place: on `root`, buf receives the reduction of every rank's buf; elsewhere buf is only
   // read.
   Work reduce_async(void* buf, size_t count, DType dtype, int root, ReduceOp op = ReduceOp::sum,
                     std::string_view context = {});
+  // in (chunk) -> out (size() * chunk), rank r's chunk at out + r * chunk. In place when
+  // in == out + rank() * chunk.
   Work all_gather_async(const void* in, void* out, size_t chunk, DType dtype,
                         std::string_view context = {});
+  // In place: every rank's buf becomes root's.
   Work broadcast_async(void* buf, size_t count, DType dtype, int root,
                        std::string_view context = {});
   Work barrier_async(std::string_view context = {});
@@ -183,9 +184,10 @@ class Group {
   // in.numel() == size() * out.numel(), same dtype.
   Work reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::sum,
                             std::string_view context = {});
-  // out.numel() == size() * in.numel(), same dtype.
+  // In place on root (t holds the reduction there; elsewhere t is only read).
   Work reduce_async(const Tensor& t, int root, ReduceOp op = ReduceOp::sum,
                     std::string_view context = {});
+  // out.numel() == size() * in.numel(), same dtype.
   Work all_gather_async(const Tensor& in, const Tensor& out, std::string_view context = {});
   Work broadcast_async(const Tensor& t, int root, std::string_view context = {});
   Work send_async(const Tensor& t, int dst, int tag, std::string_view context = {});
