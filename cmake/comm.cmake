@@ -21,7 +21,9 @@ endif()
 
 if(DS_HAVE_MPI)
   target_sources(deepspeed PRIVATE
-    ${PROJECT_SOURCE_DIR}/src/comm/mpi.cpp
+    ${PROJECT_SOURCE_DIR}/src/comm/mpi_runtime.cpp
+    ${PROJECT_SOURCE_DIR}/src/comm/mpi_group.cpp
+    ${PROJECT_SOURCE_DIR}/src/comm/mpi_deadlines.cpp
     ${PROJECT_SOURCE_DIR}/src/comm/shm.cpp)
   target_link_libraries(deepspeed PUBLIC MPI::MPI_C)
   target_compile_definitions(deepspeed PUBLIC DS_WITH_MPI=1)

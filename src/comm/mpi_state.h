@@ -1,8 +1,8 @@
 #pragma once
 // The MPI backend's per-group state: the communicators, the shared-memory arrival board and data
 // window, and the communication thread that executes the group's operations in issue order.
-// Built only with DS_WITH_MPI (src/comm/mpi.cpp, src/comm/shm.cpp).
-// The C API only: OpenMPI's deprecated C++ bindings would otherwise come along.
+// Built only with DS_WITH_MPI (src/comm/mpi_runtime.cpp, mpi_group.cpp, mpi_deadlines.cpp,
+// shm.cpp). The C API only: OpenMPI's deprecated C++ bindings would otherwise come along.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
@@ -11,7 +11,11 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/internal.h"
 
@@ -182,5 +186,59 @@ void check_mpi(int rc, const char* what);
 
 // End the job now on every rank (MPI_Abort, or _Exit without MPI).
 [[noreturn]] void abort_now(int code);
+
+// ---- shared by the backend's files (mpi_runtime.cpp, mpi_group.cpp, mpi_deadlines.cpp) ----
+
+// ---- process-wide state (leaked on purpose: it must outlive static destructors and atexit) ----
+struct Runtime {
+  std::mutex mu;
+  bool mpi_initialized = false;  // by us
+  bool finalized = false;
+  std::shared_ptr<Group> world;
+  std::vector<std::shared_ptr<GroupState>> states;  // creation order
+  std::vector<std::string> hosts;                   // world rank -> host name
+  std::vector<MPI_Op> ops;                          // custom reduction ops
+};
+Runtime& rt();
+// Set once any group broke: finalisation then ends the job instead of waiting for stuck ranks.
+extern std::atomic<bool> g_any_broken;
+
+std::string env(const char* name);                  // "" when unset
+std::string rank_list(const std::vector<int>& rs);  // "rank 3" / "ranks 1, 2"
+Clock::duration seconds_to_duration(double s);
+// Collective over comm: builds a group's state (windows, board), starts its thread, registers it.
+std::shared_ptr<Group> make_group(MPI_Comm comm, std::string name);
+
+// Back-off for polling loops: spin briefly, then yield the core (ranks may outnumber cores, and the
+// caller's computation shares it), then sleep once it is clear that a peer is late, so that a rank
+// waiting for a slow peer costs almost no CPU. Time-based, so that long transfers that need
+// frequent progress calls (MPI's) keep being polled while they move data.
+class Backoff {
+ public:
+  void pause() {
+    if (n_ < 64) {
+      ++n_;
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+      if (n_ == 64) since_ = Clock::now();
+      return;
+    }
+    const auto waited = Clock::now() - since_;
+    if (waited < std::chrono::milliseconds(50))
+      std::this_thread::yield();
+    else if (waited < std::chrono::seconds(1))
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  void reset() {
+    n_ = 0;
+  }
+
+ private:
+  int n_ = 0;
+  Clock::time_point since_;
+};
 
 }  // namespace ds::comm::detail
