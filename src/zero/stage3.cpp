@@ -62,9 +62,8 @@ class Stage3Strategy final : public Strategy {
       const int64_t begin = std::min(sp.numel, r * sp.part),
                     end = std::min(sp.numel, (r + 1) * sp.part);
       if (sp.param.is_materialized()) {
-        Tensor src = sp.param.contiguous().flat_range(begin, end - begin);
-        convert(src.raw_data(), src.dtype(), master + sp.shard_offset, DType::f32,
-                static_cast<size_t>(end - begin));
+        master_.flat_range(sp.shard_offset, end - begin)
+            .copy_from(sp.param.contiguous().flat_range(begin, end - begin));
       } else {
         DS_CHECK(model_.init_parameter_range(i, begin, end - begin, master + sp.shard_offset),
                  "[zero] parameter '{}' holds no data and the model ({}) cannot initialise a range "
@@ -266,9 +265,7 @@ class Stage3Strategy final : public Strategy {
     auto& sp = params_[static_cast<size_t>(i)];
     const int n = group_->size();
     Tensor g = p.grad().contiguous();
-    const DType gd = g.dtype(), cd = options_.comm_dtype;
-    const size_t ges = dtype_size(gd);
-    const char* gsrc = static_cast<const char*>(g.raw_data());
+    const DType cd = options_.comm_dtype;
     // Rank r's piece of the parameter is [r * part, (r + 1) * part): the reduce-scatter of a chunk
     // [c, c + len) of every piece takes those N slices back to back, in the communication dtype
     // (the copy converts; past numel it is zero padding). Chunks of at most reduce_bucket_size
@@ -277,18 +274,12 @@ class Stage3Strategy final : public Strategy {
     const int64_t chunk = std::max<int64_t>(1, std::min(sp.part, bucket / n));
     for (int64_t c = 0; c < sp.part; c += chunk) {
       const int64_t len = std::min(chunk, sp.part - c);
-      Tensor staging = Tensor::empty({n * len}, cd);
-      char* dst = static_cast<char*>(staging.raw_data());
-      const size_t ces = dtype_size(cd);
+      Tensor staging = Tensor::empty({n * len}, cd, g.device());
       for (int r = 0; r < n; ++r) {
         const int64_t from = r * sp.part + c;
         const int64_t have = std::clamp<int64_t>(sp.numel - from, 0, len);
-        if (have > 0)
-          convert(gsrc + from * static_cast<int64_t>(ges), gd,
-                  dst + r * len * static_cast<int64_t>(ces), cd, static_cast<size_t>(have));
-        if (have < len)
-          std::memset(dst + (r * len + have) * static_cast<int64_t>(ces), 0,
-                      static_cast<size_t>(len - have) * ces);
+        if (have > 0) staging.flat_range(r * len, have).copy_from(g.flat_range(from, have));
+        if (have < len) staging.flat_range(r * len + have, len - have).zero_();
       }
       if (comm_prescale_ != 1.0f && n > 1) ops::mul_(staging, comm_prescale_);
       Tensor out = n > 1 ? Tensor::empty({len}, cd) : staging;

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "ds/backend/backend.h"
 #include "ds/core/error.h"
-#include "ds/core/parallel.h"
 #include "strategies.h"
 
 namespace ds::zero {
@@ -25,31 +25,11 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<comm::Group> group, Option
 
 Strategy::~Strategy() = default;
 
-namespace {
-// Sum of squares in fixed tiles summed in order: the same value for any thread count.
-double sum_of_squares(const float* g, int64_t n) {
-  constexpr int64_t kTile = 1 << 16;
-  const int64_t tiles = (n + kTile - 1) / kTile;
-  std::vector<double> partial(static_cast<size_t>(tiles), 0.0);
-  parallel_for(tiles, 1, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      double acc = 0.0;
-      const int64_t end = std::min(n, (t + 1) * kTile);
-      for (int64_t i = t * kTile; i < end; ++i) acc += static_cast<double>(g[i]) * g[i];
-      partial[static_cast<size_t>(t)] = acc;
-    }
-  });
-  double total = 0.0;
-  for (double p : partial) total += p;
-  return total;
-}
-}  // namespace
-
 double Strategy::global_sum_of_squares(const Tensor& g, const std::string& ctx) {
   DS_CHECK(g.dtype() == DType::f32 && g.numel() == opt_numel_ && g.is_contiguous(),
            "[zero] the gradients for the norm must be ({},) fp32, got {} {}", opt_numel_,
            shape_str(g.shape()), dtype_name(g.dtype()));
-  double sq = sum_of_squares(g.data<float>(), opt_numel_);
+  double sq = backend::get(g.device()).sum_of_squares(g);
   if (partitioned_) {
     // Global norm over the partitions; inf/NaN on any rank reaches every rank through the sum.
     float part = static_cast<float>(sq);

@@ -16,13 +16,21 @@
 namespace ds::backend {
 
 enum class BinaryOp : uint8_t {
-  add, sub, mul, div,
+  add,
+  sub,
+  mul,
+  div,
   gelu_backward,  // out = a * gelu'(b)   (a = upstream gradient, b = gelu input)
   silu_backward,  // out = a * silu'(b)
 };
 
 enum class UnaryOp : uint8_t {
-  neg, exp, log, sqrt, tanh, square,
+  neg,
+  exp,
+  log,
+  sqrt,
+  tanh,
+  square,
   add_scalar,  // x + s
   mul_scalar,  // x * s
   pow_scalar,  // x ^ s
@@ -65,6 +73,9 @@ class Backend {
   virtual void fill(const Tensor& dst, double value) = 0;  // contiguous dst, any dtype
   // y += alpha * x in place; y and x contiguous, same numel, any float dtypes (computed in fp32).
   virtual void axpy(const Tensor& y, const Tensor& x, float alpha) = 0;
+  // sum(x_i^2) over a contiguous fp32 x, accumulated in double over fixed tiles of 2^16 elements
+  // summed in order: the same value for any thread count (ZeRO's gradient norm).
+  virtual double sum_of_squares(const Tensor& x) = 0;
 
   // ---- linear algebra ----
   virtual void gemm(const Gemm& g) = 0;
@@ -74,7 +85,8 @@ class Backend {
   virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   virtual void unary(UnaryOp op, const Tensor& x, const Tensor& out, float scalar = 0.0f) = 0;
 
-  // ---- reductions: x is contiguous and read as (outer, reduced, inner); out is (outer, inner) ----
+  // ---- reductions: x is contiguous and read as (outer, reduced, inner); out is (outer, inner)
+  // ----
   virtual void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t reduced, int64_t inner,
                       const Tensor& out) = 0;
 
@@ -101,7 +113,8 @@ class Backend {
                                   const Tensor& dv) = 0;
   // Rotary embedding on x (B, NH, T, hd), positions pos0 .. pos0+T-1, rotating pairs (i, i+hd/2)
   // (the LLaMA / Hugging Face "rotate_half" convention). inverse rotates by -angle (the backward).
-  virtual void rope(const Tensor& x, int64_t pos0, float theta, bool inverse, const Tensor& out) = 0;
+  virtual void rope(const Tensor& x, int64_t pos0, float theta, bool inverse,
+                    const Tensor& out) = 0;
   // out (N, C) = weight[ids]; ids int32 or int64 (N).
   virtual void embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& out) = 0;
   // dweight (V, C) += scatter of dout rows by ids (deterministic order).

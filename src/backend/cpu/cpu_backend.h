@@ -15,6 +15,7 @@ class CpuBackend final : public Backend {
   void copy(const Tensor& src, const Tensor& dst) override;
   void fill(const Tensor& dst, double value) override;
   void axpy(const Tensor& y, const Tensor& x, float alpha) override;
+  double sum_of_squares(const Tensor& x) override;
   void gemm(const Gemm& g) override;
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) override;
   void unary(UnaryOp op, const Tensor& x, const Tensor& out, float scalar) override;
@@ -50,8 +51,7 @@ class CpuBackend final : public Backend {
 
 // Single-precision GEMM through the loaded BLAS (row-major), usable by other CPU kernels (attention
 // calls it per head from inside a parallel region; the BLAS then runs single-threaded).
-void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-           int64_t ldc);
+void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 }  // namespace ds::backend

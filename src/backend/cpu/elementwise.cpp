@@ -17,7 +17,8 @@ namespace {
 constexpr int64_t kGrain = 1 << 14;  // elements per thread below which threading costs more
 
 void require_f32(const Tensor& t, const char* op) {
-  DS_CHECK(t.dtype() == DType::f32, "[cpu:{}] kernel takes fp32, got {}", op, dtype_name(t.dtype()));
+  DS_CHECK(t.dtype() == DType::f32, "[cpu:{}] kernel takes fp32, got {}", op,
+           dtype_name(t.dtype()));
 }
 
 // Iterates the multi-index of `shape` in row-major order over all dims but the last, calling
@@ -181,6 +182,28 @@ void CpuBackend::fill(const Tensor& dst, double value) {
     std::memcpy(d + off * es, d, static_cast<size_t>(std::min(block, n - off)) * es);
 }
 
+double CpuBackend::sum_of_squares(const Tensor& x) {
+  DS_CHECK(x.dtype() == DType::f32 && x.is_contiguous(),
+           "[cpu:sum_of_squares] needs a contiguous fp32 tensor, got {} {}", dtype_name(x.dtype()),
+           shape_str(x.shape()));
+  const float* g = x.data<float>();
+  const int64_t n = x.numel();
+  constexpr int64_t kTile = 1 << 16;
+  const int64_t tiles = (n + kTile - 1) / kTile;
+  std::vector<double> partial(static_cast<size_t>(tiles), 0.0);
+  parallel_for(tiles, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      double acc = 0.0;
+      const int64_t end = std::min(n, (t + 1) * kTile);
+      for (int64_t i = t * kTile; i < end; ++i) acc += static_cast<double>(g[i]) * g[i];
+      partial[static_cast<size_t>(t)] = acc;
+    }
+  });
+  double total = 0.0;
+  for (double p : partial) total += p;
+  return total;
+}
+
 void CpuBackend::axpy(const Tensor& y, const Tensor& x, float alpha) {
   DS_CHECK(y.numel() == x.numel() && y.is_contiguous() && x.is_contiguous(),
            "[cpu:axpy] needs contiguous tensors of equal size ({} vs {})", y.numel(), x.numel());
@@ -216,10 +239,14 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
   require_f32(b, "binary");
   require_f32(out, "binary");
   switch (op) {
-    case BinaryOp::add: return run_binary([](float x, float y) { return x + y; }, a, b, out);
-    case BinaryOp::sub: return run_binary([](float x, float y) { return x - y; }, a, b, out);
-    case BinaryOp::mul: return run_binary([](float x, float y) { return x * y; }, a, b, out);
-    case BinaryOp::div: return run_binary([](float x, float y) { return x / y; }, a, b, out);
+    case BinaryOp::add:
+      return run_binary([](float x, float y) { return x + y; }, a, b, out);
+    case BinaryOp::sub:
+      return run_binary([](float x, float y) { return x - y; }, a, b, out);
+    case BinaryOp::mul:
+      return run_binary([](float x, float y) { return x * y; }, a, b, out);
+    case BinaryOp::div:
+      return run_binary([](float x, float y) { return x / y; }, a, b, out);
     case BinaryOp::gelu_backward:
       return run_binary([](float g, float x) { return g * fm::gelu_grad(x); }, a, b, out);
     case BinaryOp::silu_backward:
@@ -235,17 +262,28 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, float s) 
   float* po = out.data<float>();
   const int64_t n = x.numel();
   switch (op) {
-    case UnaryOp::neg: return run_unary([](float v) { return -v; }, px, po, n);
-    case UnaryOp::exp: return run_unary([](float v) { return std::exp(v); }, px, po, n);
-    case UnaryOp::log: return run_unary([](float v) { return std::log(v); }, px, po, n);
-    case UnaryOp::sqrt: return run_unary([](float v) { return std::sqrt(v); }, px, po, n);
-    case UnaryOp::tanh: return run_unary([](float v) { return std::tanh(v); }, px, po, n);
-    case UnaryOp::square: return run_unary([](float v) { return v * v; }, px, po, n);
-    case UnaryOp::add_scalar: return run_unary([s](float v) { return v + s; }, px, po, n);
-    case UnaryOp::mul_scalar: return run_unary([s](float v) { return v * s; }, px, po, n);
-    case UnaryOp::pow_scalar: return run_unary([s](float v) { return std::pow(v, s); }, px, po, n);
-    case UnaryOp::gelu: return run_unary([](float v) { return fm::gelu(v); }, px, po, n);
-    case UnaryOp::silu: return run_unary([](float v) { return fm::silu(v); }, px, po, n);
+    case UnaryOp::neg:
+      return run_unary([](float v) { return -v; }, px, po, n);
+    case UnaryOp::exp:
+      return run_unary([](float v) { return std::exp(v); }, px, po, n);
+    case UnaryOp::log:
+      return run_unary([](float v) { return std::log(v); }, px, po, n);
+    case UnaryOp::sqrt:
+      return run_unary([](float v) { return std::sqrt(v); }, px, po, n);
+    case UnaryOp::tanh:
+      return run_unary([](float v) { return std::tanh(v); }, px, po, n);
+    case UnaryOp::square:
+      return run_unary([](float v) { return v * v; }, px, po, n);
+    case UnaryOp::add_scalar:
+      return run_unary([s](float v) { return v + s; }, px, po, n);
+    case UnaryOp::mul_scalar:
+      return run_unary([s](float v) { return v * s; }, px, po, n);
+    case UnaryOp::pow_scalar:
+      return run_unary([s](float v) { return std::pow(v, s); }, px, po, n);
+    case UnaryOp::gelu:
+      return run_unary([](float v) { return fm::gelu(v); }, px, po, n);
+    case UnaryOp::silu:
+      return run_unary([](float v) { return fm::silu(v); }, px, po, n);
   }
 }
 
@@ -292,10 +330,12 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t red
           for (int64_t c = c0; c < c1; ++c) acc[static_cast<size_t>(c - c0)] += row[c];
         } else {
           for (int64_t c = c0; c < c1; ++c)
-            acc[static_cast<size_t>(c - c0)] = std::max<double>(acc[static_cast<size_t>(c - c0)], row[c]);
+            acc[static_cast<size_t>(c - c0)] =
+                std::max<double>(acc[static_cast<size_t>(c - c0)], row[c]);
         }
       }
-      for (int64_t c = c0; c < c1; ++c) po[o * inner + c] = static_cast<float>(acc[static_cast<size_t>(c - c0)]);
+      for (int64_t c = c0; c < c1; ++c)
+        po[o * inner + c] = static_cast<float>(acc[static_cast<size_t>(c - c0)]);
     }
   });
 }
