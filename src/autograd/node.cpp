@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "ds/autograd/engine.h"
 #include "ds/autograd/grad_mode.h"
 #include "ds/backend/backend.h"
 #include "ds/core/error.h"
@@ -17,8 +18,9 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& g) {
   auto impl = leaf_.lock();
   if (!impl || !g.defined()) return {};
   Tensor leaf(impl);
-  DS_CHECK(g.shape() == leaf.shape(), "[backward] gradient of shape {} for parameter '{}' of shape {}",
-           shape_str(g.shape()), leaf.name(), shape_str(leaf.shape()));
+  DS_CHECK(g.shape() == leaf.shape(),
+           "[backward] gradient of shape {} for parameter '{}' of shape {}", shape_str(g.shape()),
+           leaf.name(), shape_str(leaf.shape()));
   if (impl->grad.defined()) {
     // In place: a gradient that is a view into a flat buffer must stay that view.
     backend::get(leaf.device()).axpy(impl->grad, g.contiguous(), 1.0f);
@@ -56,6 +58,17 @@ bool any_requires_grad(const std::vector<Tensor>& inputs) {
     if (t.defined() && t.requires_grad()) return true;
   return false;
 }
+
+namespace {
+// Tensor::backward (core) runs autograd::backward: registered from here, the file every recorded
+// graph goes through, so it is linked (and registered) whenever a graph exists.
+void tensor_backward(const Tensor& root, const Tensor& grad_output) {
+  std::vector<Tensor> grads;
+  if (grad_output.defined()) grads.push_back(grad_output);
+  backward({root}, grads);
+}
+[[maybe_unused]] const bool kRegistered = (set_backward_impl(&tensor_backward), true);
+}  // namespace
 
 Tensor record(Tensor out, std::shared_ptr<Node> node, const std::vector<Tensor>& inputs) {
   if (!is_grad_enabled() || !any_requires_grad(inputs)) return out;

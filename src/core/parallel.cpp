@@ -4,19 +4,49 @@
 
 #include <algorithm>
 
-#include "ds/backend/backend.h"
+#include <mutex>
+#include <vector>
 
 namespace ds {
 
-namespace backend {
-void set_blas_threads(int n);  // src/backend/cpu/blas.cpp
+namespace {
+struct ThreadListeners {
+  std::mutex mu;
+  std::vector<std::function<void(int)>> fns;
+  int set = 0;  // the last set_num_threads count, 0 before the first
+};
+ThreadListeners& listeners() {
+  static ThreadListeners* l = new ThreadListeners();  // outlives static destructors
+  return *l;
+}
+}  // namespace
+
+int num_threads() {
+  return omp_get_max_threads();
 }
 
-int num_threads() { return omp_get_max_threads(); }
-
 void set_num_threads(int n) {
-  omp_set_num_threads(std::max(1, n));
-  backend::set_blas_threads(std::max(1, n));
+  n = std::max(1, n);
+  omp_set_num_threads(n);
+  std::vector<std::function<void(int)>> fns;
+  {
+    auto& l = listeners();
+    std::lock_guard lk(l.mu);
+    l.set = n;
+    fns = l.fns;
+  }
+  for (auto& f : fns) f(n);
+}
+
+void add_thread_count_listener(std::function<void(int)> listener) {
+  int now = 0;
+  {
+    auto& l = listeners();
+    std::lock_guard lk(l.mu);
+    l.fns.push_back(listener);
+    now = l.set;
+  }
+  if (now > 0) listener(now);
 }
 
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {

@@ -1,6 +1,6 @@
 #include "ds/core/storage.h"
 
-#include "ds/backend/backend.h"
+#include "ds/core/device_registry.h"
 #include "ds/core/error.h"
 
 namespace ds {
@@ -10,7 +10,7 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
   s->nbytes_ = nbytes;
   s->device_ = device;
   s->owned_ = true;
-  s->data_ = backend::get(device).allocator().allocate(nbytes);
+  s->data_ = device_ops(device).allocator->allocate(nbytes);
   return s;
 }
 
@@ -39,7 +39,7 @@ std::shared_ptr<Storage> Storage::external(void* data, size_t nbytes, Device dev
 }
 
 Storage::~Storage() {
-  if (owned_ && data_) backend::get(device_).allocator().deallocate(data_, nbytes_);
+  if (owned_ && data_) device_ops(device_).allocator->deallocate(data_, nbytes_);
   if (deleter_ && data_) deleter_(data_);
 }
 
@@ -59,13 +59,13 @@ bool Storage::is_materialized() const {
 
 void Storage::release() {
   DS_CHECK(owned_, "[storage] only storage allocated by the engine can be released");
-  if (data_) backend::get(device_).allocator().deallocate(data_, nbytes_);
+  if (data_) device_ops(device_).allocator->deallocate(data_, nbytes_);
   data_ = nullptr;
 }
 
 void Storage::materialize() {
   DS_CHECK(owned_, "[storage] only storage allocated by the engine can be materialised");
-  if (!data_) data_ = backend::get(device_).allocator().allocate(nbytes_);
+  if (!data_) data_ = device_ops(device_).allocator->allocate(nbytes_);
 }
 
 }  // namespace ds

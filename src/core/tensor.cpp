@@ -2,9 +2,7 @@
 
 #include <algorithm>
 
-#include "ds/autograd/engine.h"
-#include "ds/autograd/node.h"
-#include "ds/backend/backend.h"
+#include "ds/core/device_registry.h"
 #include "ds/core/error.h"
 
 namespace ds {
@@ -68,7 +66,7 @@ Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-  backend::get(device).fill(t, value);
+  device_ops(device).fill(t, value);
   return t;
 }
 
@@ -169,14 +167,14 @@ Tensor Tensor::contiguous() const {
 
 Tensor Tensor::clone() const {
   Tensor out = empty(shape(), dtype(), device());
-  backend::get(device()).copy(*this, out);
+  device_ops(device()).copy(*this, out);
   return out;
 }
 
 Tensor Tensor::to(DType dt) const {
   if (dt == dtype()) return *this;
   Tensor out = empty(shape(), dt, device());
-  backend::get(device()).copy(*this, out);
+  device_ops(device()).copy(*this, out);
   return out;
 }
 
@@ -188,12 +186,12 @@ Tensor Tensor::detach() const {
 void Tensor::copy_from(const Tensor& src) const {
   DS_CHECK(src.shape() == shape(), "[copy] source shape {} differs from destination shape {}",
            shape_str(src.shape()), shape_str(shape()));
-  backend::get(device()).copy(src, *this);
+  device_ops(device()).copy(src, *this);
 }
 
 void Tensor::zero_() const {
   if (is_contiguous()) {
-    backend::get(device()).fill(*this, 0.0);
+    device_ops(device()).fill(*this, 0.0);
   } else {
     copy_from(zeros(shape(), dtype(), device()));
   }
@@ -222,10 +220,19 @@ void Tensor::set_grad(const Tensor& g) const {
 
 const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const { return impl_of(*this).grad_fn; }
 
+namespace {
+BackwardImpl g_backward = nullptr;
+}  // namespace
+
+void set_backward_impl(BackwardImpl impl) {
+  g_backward = impl;
+}
+
 void Tensor::backward(const Tensor& grad_output) const {
-  std::vector<Tensor> grads;
-  if (grad_output.defined()) grads.push_back(grad_output);
-  autograd::backward({*this}, grads);
+  DS_CHECK(g_backward != nullptr,
+           "[tensor] backward() needs the autograd layer, which registers itself when a graph is "
+           "recorded; this tensor has no graph (set requires_grad and run ops on it)");
+  g_backward(*this, grad_output);
 }
 
 int Tensor::add_grad_ready_hook(GradReadyHook hook) const {

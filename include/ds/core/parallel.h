@@ -7,7 +7,11 @@
 namespace ds {
 
 int num_threads();
-void set_num_threads(int n);  // also sets the BLAS's thread count
+void set_num_threads(int n);  // also tells the listeners below (the BLAS's thread count)
+// Called with the count of every set_num_threads, and at once with the current count when
+// set_num_threads was called before the listener was added (a BLAS loaded later). For layers above
+// core (the CPU backend's BLAS) to follow the thread count without core depending on them.
+void add_thread_count_listener(std::function<void(int)> listener);
 
 // Runs fn(begin, end) over [0, n) split into contiguous chunks of at least `grain` items.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);

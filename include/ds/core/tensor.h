@@ -89,6 +89,9 @@ class Tensor {
   Tensor grad() const;
   void set_grad(const Tensor& g) const;  // e.g. a view into a flat gradient buffer
   const std::shared_ptr<autograd::Node>& grad_fn() const;
+  // autograd::backward({*this}, {grad_output}) (autograd/engine.h). Core does not depend on
+  // autograd: the autograd layer registers the implementation (set_backward_impl below) when it is
+  // linked, which it is whenever a graph exists.
   void backward(const Tensor& grad_output = {}) const;
   // Fires once this leaf's gradient for the current backward is complete and accumulated.
   using GradReadyHook = std::function<void(const Tensor& param)>;
@@ -158,5 +161,9 @@ T* Tensor::data() const {
   check_dtype_access(*this, dtype_of<T>::value, std::is_same_v<T, uint16_t>);
   return static_cast<T*>(raw_data());
 }
+
+// For the autograd layer: the implementation behind Tensor::backward (root, grad_output).
+using BackwardImpl = void (*)(const Tensor& root, const Tensor& grad_output);
+void set_backward_impl(BackwardImpl impl);
 
 }  // namespace ds

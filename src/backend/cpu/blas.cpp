@@ -16,6 +16,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "ds/core/error.h"
+#include "ds/core/parallel.h"
 
 namespace ds::backend {
 namespace {
@@ -89,7 +90,12 @@ Blas load_blas() {
 }
 
 const Blas& blas() {
-  static const Blas b = load_blas();
+  static const Blas b = [] {
+    Blas loaded = load_blas();
+    // Follow ds::set_num_threads from now on (and apply a count set before the BLAS loaded).
+    if (loaded.set_threads) add_thread_count_listener([fn = loaded.set_threads](int n) { fn(n); });
+    return loaded;
+  }();
   return b;
 }
 
@@ -113,10 +119,6 @@ void fallback_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alp
 }
 
 }  // namespace
-
-void set_blas_threads(int n) {
-  if (blas().set_threads) blas().set_threads(n);
-}
 
 void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -166,8 +168,8 @@ void CpuBackend::gemm(const Gemm& g) {
       const auto* b = static_cast<const uint16_t*>(g.b) + i * g.stride_b;
       blas().sbgemm(kRowMajor, g.trans_a ? kTrans : kNoTrans, g.trans_b ? kTrans : kNoTrans,
                     static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), g.alpha, a,
-                    static_cast<int>(g.lda), b, static_cast<int>(g.ldb), g.beta,
-                    c + i * g.stride_c, static_cast<int>(g.ldc));
+                    static_cast<int>(g.lda), b, static_cast<int>(g.ldb), g.beta, c + i * g.stride_c,
+                    static_cast<int>(g.ldc));
     } else {
       const auto* a = static_cast<const float*>(g.a) + i * g.stride_a;
       const auto* b = static_cast<const float*>(g.b) + i * g.stride_b;

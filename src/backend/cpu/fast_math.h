@@ -8,7 +8,7 @@
 // exception, so GCC will not if-convert `x < a ? a : x` and a loop containing one is not vectorised
 // at all (GCC 12: every function here compiled to scalar code with branches when written with float
 // compares). Clamps and selects are therefore done on the bit patterns with integer compares, which
-// cannot trap. tests/test_ops_cpu.cpp checks the accuracy claims below.
+// cannot trap. tests/test_ops.cpp checks the accuracy claims below.
 //
 // Accuracy: exp has relative error below 1e-7 wherever the result is a normal float,
 // x in [-87.3, 88.72]; larger x gives +inf, smaller x gives exp(-87.3) ~ 1.2e-38 (clamped, never a
