@@ -6,7 +6,8 @@ option(DS_WITH_MPI "Build the MPI communication backend (needs libopenmpi-dev)" 
 target_sources(deepspeed PRIVATE
   ${PROJECT_SOURCE_DIR}/src/comm/group.cpp
   ${PROJECT_SOURCE_DIR}/src/comm/logger.cpp
-  ${PROJECT_SOURCE_DIR}/src/comm/reduce.cpp)
+  ${PROJECT_SOURCE_DIR}/src/comm/reduce.cpp
+  ${PROJECT_SOURCE_DIR}/src/comm/topology.cpp)
 
 set(DS_HAVE_MPI OFF)
 if(DS_WITH_MPI)

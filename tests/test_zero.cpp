@@ -10,6 +10,7 @@
 #include "ds/ops/ops.h"
 
 #include "ds/comm/group.h"
+#include "ds/comm/topology.h"
 #include "ds/comm/logger.h"
 #include "ds/core/rng.h"
 #include "ds/models/gpt.h"
@@ -415,4 +416,29 @@ TEST(ZeroPrefetch, TraceIsRecordedOnceThenFollowed) {
   t.end_micro_step();
   t.begin_micro_step(false);  // evaluation never follows
   EXPECT_FALSE(t.following());
+}
+
+// ZeRO takes its group from the topology: with every rank on the tensor axis (tp = N), the
+// data-parallel group has one rank, so ZeRO-2 over it shards nothing and each rank trains alone,
+// exactly as one process does.
+TEST(ZeroTopology, ShardsOverTheDataParallelGroup) {
+  auto w = world();
+  auto topo = std::make_shared<comm::Topology>(w, /*tp=*/w->size(), /*pp=*/1);
+  ASSERT_EQ(topo->data_parallel()->size(), 1);
+  auto model = std::make_shared<models::GPT>(models::GPTConfig::preset("test-gpt2"));
+  runtime::InitOptions opt;
+  opt.topology = topo;
+  opt.log = [](const std::string&) {};
+  auto e = runtime::initialize(model, config(2, "fp32", kB), opt);
+  EXPECT_EQ(e->world_size(), 1);
+  EXPECT_EQ(e->partition_plan().world_size, 1);
+  auto single = make_engine(config(2, "fp32", kB), comm::single_process_group());
+  const auto a = train(*e, 2), b = train(*single, 2);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << i;
+  // group and topology together are refused.
+  opt.group = w;
+  EXPECT_THROW(runtime::initialize(std::make_shared<models::GPT>(models::GPTConfig::preset("test-gpt2")),
+                                   config(2, "fp32", kB), opt),
+               Error);
 }

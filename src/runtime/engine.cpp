@@ -91,7 +91,11 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
       scaler_(LossScaler::from_config(config_.fp16)),
       last_grad_norm_(std::numeric_limits<double>::quiet_NaN()) {
   DS_CHECK(model_, "[engine] initialize() needs a model");
-  group_ = options_.group ? options_.group : comm::world();
+  DS_CHECK(!(options_.group && options_.topology),
+           "[engine] give InitOptions::group or InitOptions::topology, not both");
+  group_ = options_.topology ? options_.topology->data_parallel()
+           : options_.group  ? options_.group
+                             : comm::world();
   const int n = group_->size();
   DS_CHECK(config_.batch.world_size == n,
            "[engine] the config's batch sizes were resolved for {} ranks but the job has {}; pass "
@@ -264,8 +268,13 @@ std::unique_ptr<Engine> initialize(std::shared_ptr<nn::Module> model, DeepSpeedC
 
 std::unique_ptr<Engine> initialize(std::shared_ptr<nn::Module> model,
                                    const std::string& config_path_or_json, InitOptions options) {
-  if (!options.group) options.group = comm::world();
-  options.ctx.world_size = options.group->size();
+  // The batch sizes are per data-parallel rank: resolve them for the group ZeRO will use.
+  if (options.topology) {
+    options.ctx.world_size = options.topology->data_parallel()->size();
+  } else {
+    if (!options.group) options.group = comm::world();
+    options.ctx.world_size = options.group->size();
+  }
   DeepSpeedConfig cfg = parse_config(config_path_or_json, options.ctx);
   return initialize(std::move(model), std::move(cfg), std::move(options));
 }

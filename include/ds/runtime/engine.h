@@ -48,6 +48,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/comm/group.h"
+#include "ds/comm/topology.h"
 #include "ds/core/tensor.h"
 #include "ds/nn/flat.h"
 #include "ds/nn/module.h"
@@ -68,8 +69,11 @@ struct InitOptions {
   ConfigContext ctx;  // world size, the trainer's arguments ("auto"), the model's hidden size
   // Default: the model's own loss(inputs, targets) (nn::Module::loss; models::GPT defines it).
   LossFn loss_fn;
-  // The data-parallel group; default comm::world() (MPI under mpirun, else a size-1 group).
+  // The data-parallel group ZeRO shards over; default comm::world() (MPI under mpirun, else a
+  // size-1 group). With tensor or pipeline parallelism, give `topology` instead: ZeRO then takes
+  // topology->data_parallel().
   std::shared_ptr<comm::Group> group;
+  std::shared_ptr<comm::Topology> topology;
   // Consecutive skipped steps (overflow or non-finite gradients) after which step() throws.
   int max_consecutive_skips = 50;
   // Receives the engine's log lines (OVERFLOW messages, skips); default: stderr on rank 0.
