@@ -1,21 +1,23 @@
 // Finite-difference gradient checks of the neural-network ops (src/ops/nn.cpp): every op, every
-// differentiable input.
+// differentiable input, on every backend (tests/devices.h).
 #include "gradcheck.h"
 
 using namespace ds;
 using ds::testing::gradcheck;
 using ds::testing::GradcheckOptions;
-using ds::testing::randn;
+using ds::testing::host_vector;
 using V = std::vector<Tensor>;
 
-using ds::testing::leaf;
+class GradcheckNN : public ds::testing::GradcheckTest {
+ protected:
+  // Weights near 1 so that normalised outputs are not dominated by a near-zero scale.
+  static Tensor leaf_near_one(const Shape& s, uint64_t seed) {
+    return uniform_leaf(s, seed, 0.5f, 1.5f);
+  }
+};
 
-namespace {
-// Weights near 1 so that normalised outputs are not dominated by a near-zero scale.
-Tensor leaf_near_one(const Shape& s, uint64_t seed) { return ds::testing::uniform_leaf(s, seed, 0.5f, 1.5f); }
-}  // namespace
-
-TEST(GradcheckNN, LayerNorm) {
+TEST_P(GradcheckNN, LayerNorm) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "layer_norm_forward", "layer_norm_backward");
   gradcheck([](const V& x) { return ops::layer_norm(x[0], x[1], x[2]); },
             {leaf({2, 3, 8}, 1), leaf_near_one({8}, 2), leaf({8}, 3)});
   // No bias.
@@ -23,22 +25,28 @@ TEST(GradcheckNN, LayerNorm) {
             {leaf({5, 7}, 4), leaf_near_one({7}, 5)});
 }
 
-TEST(GradcheckNN, RmsNorm) {
-  gradcheck([](const V& x) { return ops::rms_norm(x[0], x[1]); }, {leaf({3, 4, 6}, 6), leaf_near_one({6}, 7)});
+TEST_P(GradcheckNN, RmsNorm) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "rms_norm_forward", "rms_norm_backward");
+  gradcheck([](const V& x) { return ops::rms_norm(x[0], x[1]); },
+            {leaf({3, 4, 6}, 6), leaf_near_one({6}, 7)});
 }
 
-TEST(GradcheckNN, Activations) {
+TEST_P(GradcheckNN, Activations) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "unary", "binary");
   gradcheck([](const V& x) { return ops::gelu(x[0]); }, {leaf({4, 9}, 8, 2.0f)});
   gradcheck([](const V& x) { return ops::silu(x[0]); }, {leaf({4, 9}, 9, 2.0f)});
-  gradcheck([](const V& x) { return ops::swiglu(x[0], x[1]); }, {leaf({3, 8}, 10, 2.0f), leaf({3, 8}, 11)});
+  gradcheck([](const V& x) { return ops::swiglu(x[0], x[1]); },
+            {leaf({3, 8}, 10, 2.0f), leaf({3, 8}, 11)});
 }
 
-TEST(GradcheckNN, Softmax) {
+TEST_P(GradcheckNN, Softmax) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "softmax_forward", "softmax_backward");
   gradcheck([](const V& x) { return ops::softmax(x[0]); }, {leaf({3, 7}, 12, 2.0f)});
   gradcheck([](const V& x) { return ops::softmax(x[0]); }, {leaf({2, 2, 5}, 13)});
 }
 
-TEST(GradcheckNN, CausalAttentionTwoHeads) {
+TEST_P(GradcheckNN, CausalAttentionTwoHeads) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "attention_forward", "attention_backward");
   // B=2, NH=2, T=6, hd=4: every q, k and v element checked.
   GradcheckOptions opt;
   opt.max_elements = 96;
@@ -46,24 +54,28 @@ TEST(GradcheckNN, CausalAttentionTwoHeads) {
             {leaf({2, 2, 6, 4}, 14), leaf({2, 2, 6, 4}, 15), leaf({2, 2, 6, 4}, 16)}, opt);
 }
 
-TEST(GradcheckNN, CausalAttentionSeveralRowBlocks) {
+TEST_P(GradcheckNN, CausalAttentionSeveralRowBlocks) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "attention_forward", "attention_backward");
   // T=70 crosses the kernel's 64-row block boundary (a full block and a partial one), so the
   // accumulation of dK and dV across query blocks is exercised.
   gradcheck([](const V& x) { return ops::causal_attention(x[0], x[1], x[2]); },
             {leaf({1, 2, 70, 3}, 17), leaf({1, 2, 70, 3}, 18), leaf({1, 2, 70, 3}, 19)});
 }
 
-TEST(GradcheckNN, CausalAttentionSingleInputNeedsGrad) {
+TEST_P(GradcheckNN, CausalAttentionSingleInputNeedsGrad) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "attention_forward", "attention_backward");
   Tensor q = randn({1, 2, 5, 4}, 20), k = leaf({1, 2, 5, 4}, 21), v = randn({1, 2, 5, 4}, 22);
   gradcheck([](const V& x) { return ops::causal_attention(x[0], x[1], x[2]); }, {q, k, v});
 }
 
-TEST(GradcheckNN, Rope) {
+TEST_P(GradcheckNN, Rope) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "rope");
   gradcheck([](const V& x) { return ops::rope(x[0]); }, {leaf({1, 2, 5, 8}, 23)});
   gradcheck([](const V& x) { return ops::rope(x[0], 500.0f, 7); }, {leaf({2, 1, 3, 6}, 24)});
 }
 
-TEST(GradcheckNN, DropoutReusesTheMaskInBackward) {
+TEST_P(GradcheckNN, DropoutReusesTheMaskInBackward) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "dropout");
   // Every evaluation starts from the same dropout state, so the forward mask is fixed; the
   // analytic gradient is right only if backward recomputes exactly that mask.
   const rng::DropoutState saved = rng::dropout_state();
@@ -76,11 +88,11 @@ TEST(GradcheckNN, DropoutReusesTheMaskInBackward) {
       {leaf({4, 16}, 25)});
   // And directly: d(out)/d(x) is mask / (1 - p), zero exactly where the output was dropped.
   rng::dropout_state() = fixed;
-  Tensor x = ds::testing::uniform({8, 32}, 26, 1.0f, 2.0f);  // nonzero everywhere
+  Tensor x = uniform({8, 32}, 26, 1.0f, 2.0f);  // nonzero everywhere
   x.set_requires_grad(true);
   Tensor y = ops::dropout(x, 0.3f, true);
   ops::sum(y).backward();
-  const auto yv = y.to_vector(), gv = x.grad().to_vector();
+  const auto yv = host_vector(y), gv = host_vector(x.grad());
   int dropped = 0;
   for (size_t i = 0; i < yv.size(); ++i) {
     if (yv[i] == 0.0f) {
@@ -94,24 +106,30 @@ TEST(GradcheckNN, DropoutReusesTheMaskInBackward) {
   rng::dropout_state() = saved;
 }
 
-TEST(GradcheckNN, CrossEntropyWithIgnoredTargets) {
+TEST_P(GradcheckNN, CrossEntropyWithIgnoredTargets) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "cross_entropy_forward", "cross_entropy_backward");
   for (DType idt : {DType::i64, DType::i32}) {
-    Tensor targets = Tensor::from_ints({2, -100, 0, 5, -100, 1}, {6}, idt);
-    gradcheck([&](const V& x) { return ops::cross_entropy(x[0], targets); }, {leaf({6, 6}, 27, 2.0f)});
+    Tensor targets = from_ints({2, -100, 0, 5, -100, 1}, {6}, idt);
+    gradcheck([&](const V& x) { return ops::cross_entropy(x[0], targets); },
+              {leaf({6, 6}, 27, 2.0f)});
   }
   // A custom ignore_index and (B, T, V) logits.
-  Tensor t2 = Tensor::from_ints({3, 0, 7, 7, 1, 2}, {2, 3});
+  Tensor t2 = from_ints({3, 0, 7, 7, 1, 2}, {2, 3});
   gradcheck([&](const V& x) { return ops::cross_entropy(x[0], t2, 7); }, {leaf({2, 3, 5}, 28)});
 }
 
-TEST(GradcheckNN, EmbeddingWithRepeatedIds) {
+TEST_P(GradcheckNN, EmbeddingWithRepeatedIds) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "embedding_forward", "embedding_backward");
   for (DType idt : {DType::i64, DType::i32}) {
-    Tensor ids = Tensor::from_ints({1, 3, 1, 0, 1, 4}, {2, 3}, idt);
+    Tensor ids = from_ints({1, 3, 1, 0, 1, 4}, {2, 3}, idt);
     gradcheck([&](const V& x) { return ops::embedding(x[0], ids); }, {leaf({5, 3}, 29)});
   }
 }
 
-TEST(GradcheckNN, ComposedBlock) {
+TEST_P(GradcheckNN, ComposedBlock) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "layer_norm_forward", "layer_norm_backward",
+                           "copy", "attention_forward", "attention_backward", "rope", "unary",
+                           "binary");
   // A miniature pre-norm attention block wiring several of the ops together.
   // Layer norm over C = 4 followed by two more nonlinear ops is strongly curved: at the default
   // h = 1e-2 the central difference itself is off by ~6% at some elements, so use a smaller step.
@@ -119,11 +137,14 @@ TEST(GradcheckNN, ComposedBlock) {
   opt.h = 3e-3f;
   gradcheck(
       [](const V& x) {
-        Tensor h = ops::layer_norm(x[0], x[1], x[2]);               // (B, T, C) = (1, 5, 4)
-        Tensor q = ops::reshape(h, {1, 5, 2, 2});                    // (B, T, NH, hd)
-        q = ops::contiguous(ops::transpose(q, 1, 2));                // (B, NH, T, hd)
+        Tensor h = ops::layer_norm(x[0], x[1], x[2]);  // (B, T, C) = (1, 5, 4)
+        Tensor q = ops::reshape(h, {1, 5, 2, 2});      // (B, T, NH, hd)
+        q = ops::contiguous(ops::transpose(q, 1, 2));  // (B, NH, T, hd)
         Tensor a = ops::causal_attention(ops::rope(q), q, q);
         return ops::gelu(a);
       },
       {leaf({1, 5, 4}, 30), leaf_near_one({4}, 31), leaf({4}, 32)}, opt);
 }
+
+INSTANTIATE_TEST_SUITE_P(AllDevices, GradcheckNN, ::testing::ValuesIn(ds::testing::test_devices()),
+                         ds::testing::device_param_name);

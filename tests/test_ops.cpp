@@ -1,11 +1,13 @@
-// Forward values of the neural-network ops on the CPU backend against straightforward
-// double-precision references written here; dropout's reproducibility contract; fast_math accuracy;
-// thread-count independence of the kernels; 16-bit inputs.
+// Forward values of the neural-network ops on every backend (tests/devices.h) against
+// straightforward double-precision references written here; dropout's reproducibility contract;
+// 16-bit inputs. Two groups stay CPU-only because they test the CPU backend itself: the accuracy of
+// its fast_math approximations (FastMathCpu) and the thread-count independence of its kernels
+// (OpsCpu).
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <string>
 #include <vector>
@@ -18,7 +20,8 @@
 #include "gradcheck.h"
 
 using namespace ds;
-using ds::testing::randn;
+using ds::testing::host_vector;
+using ds::testing::to_host;
 
 namespace {
 
@@ -47,9 +50,9 @@ struct ThreadCount {  // restores the thread count on scope exit
 
 }  // namespace
 
-// ---- fast_math ----
+// ---- fast_math (CPU backend only) ----
 
-TEST(FastMath, ExpRelativeErrorOverTheFiniteRange) {
+TEST(FastMathCpu, ExpRelativeErrorOverTheFiniteRange) {
   // Dense sweep of [-87.3, 88.72] (the inputs whose exp is a normal float) against exp in double.
   double worst = 0.0;
   float worst_x = 0.0f;
@@ -65,7 +68,8 @@ TEST(FastMath, ExpRelativeErrorOverTheFiniteRange) {
   }
   // The claim in fast_math.h (measured: 7.9e-8). A correctly rounded result alone may be 6e-8 off.
   EXPECT_LT(worst, 1e-7) << "at x = " << worst_x;
-  std::printf("fm::exp worst relative error %.3g at x = %.6g\n", worst, static_cast<double>(worst_x));
+  std::printf("fm::exp worst relative error %.3g at x = %.6g\n", worst,
+              static_cast<double>(worst_x));
   // Small arguments, where softmax spends its time.
   for (float x = -20.0f; x <= 0.0f; x += 1e-3f) {
     const double want = std::exp(static_cast<double>(x));
@@ -73,36 +77,42 @@ TEST(FastMath, ExpRelativeErrorOverTheFiniteRange) {
   }
 }
 
-TEST(FastMath, ExpSaturatesInsteadOfOverflowingEarly) {
+TEST(FastMathCpu, ExpSaturatesInsteadOfOverflowingEarly) {
   // Up to FLT_MAX's logarithm the result must stay finite; beyond it, +inf.
-  for (float x = 88.0f; x < 88.72f; x += 1e-3f) ASSERT_TRUE(std::isfinite(backend::fm::exp(x))) << x;
+  for (float x = 88.0f; x < 88.72f; x += 1e-3f)
+    ASSERT_TRUE(std::isfinite(backend::fm::exp(x))) << x;
   EXPECT_TRUE(std::isinf(backend::fm::exp(100.0f)));
   // Far below the range the result is tiny (clamped), never negative or NaN.
   EXPECT_GE(backend::fm::exp(-1000.0f), 0.0f);
   EXPECT_LT(backend::fm::exp(-1000.0f), 1e-37f);
 }
 
-TEST(FastMath, TanhGeluSilu) {
+TEST(FastMathCpu, TanhGeluSilu) {
   for (float x = -12.0f; x <= 12.0f; x += 1e-3f) {
     ASSERT_NEAR(backend::fm::tanh(x), std::tanh(static_cast<double>(x)), 3e-7) << x;
     const double xd = x;
-    const double gelu = 0.5 * xd * (1.0 + std::tanh(0.7978845608028654 * (xd + 0.044715 * xd * xd * xd)));
+    const double gelu =
+        0.5 * xd * (1.0 + std::tanh(0.7978845608028654 * (xd + 0.044715 * xd * xd * xd)));
     ASSERT_NEAR(backend::fm::gelu(x), gelu, 2e-6 * (1 + std::abs(gelu))) << x;
     const double silu = xd / (1.0 + std::exp(-xd));
     ASSERT_NEAR(backend::fm::silu(x), silu, 2e-6 * (1 + std::abs(silu))) << x;
   }
 }
 
+// The device-parameterised tests: one instance per device, skipped where a kernel is missing.
+class Ops : public ds::testing::DeviceTest {};
+
 // ---- normalisation ----
 
-TEST(OpsCpu, LayerNormMatchesReference) {
+TEST_P(Ops, LayerNormMatchesReference) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "layer_norm_forward");
   const int64_t R = 37, C = 129;
   Tensor x = randn({R, C}, 1, 3.0f), w = randn({C}, 2), b = randn({C}, 3);
   // An offset row: the centred variance must not lose precision to a large mean.
-  std::vector<float> xv = x.to_vector();
+  std::vector<float> xv = host_vector(x);
   for (int64_t i = 0; i < C; ++i) xv[static_cast<size_t>(C + i)] += 1000.0f;
-  x = Tensor::from_data(xv, {R, C});
-  const auto wv = w.to_vector(), bv = b.to_vector();
+  x = from_data(xv, {R, C});
+  const auto wv = host_vector(w), bv = host_vector(b);
   std::vector<double> want(xv.size()), want_nb(xv.size());
   for (int64_t r = 0; r < R; ++r) {
     double mu = 0, var = 0;
@@ -116,35 +126,39 @@ TEST(OpsCpu, LayerNormMatchesReference) {
       want[k] = want_nb[k] + bv[static_cast<size_t>(i)];
     }
   }
-  expect_close(ops::layer_norm(x, w, b).to_vector(), want, 2e-4, 1e-4, "layer_norm");
-  expect_close(ops::layer_norm(x, w, Tensor()).to_vector(), want_nb, 2e-4, 1e-4, "layer_norm no bias");
+  expect_close(host_vector(ops::layer_norm(x, w, b)), want, 2e-4, 1e-4, "layer_norm");
+  expect_close(host_vector(ops::layer_norm(x, w, Tensor())), want_nb, 2e-4, 1e-4,
+               "layer_norm no bias");
 }
 
-TEST(OpsCpu, RmsNormMatchesReference) {
+TEST_P(Ops, RmsNormMatchesReference) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "rms_norm_forward");
   const int64_t R = 9, C = 200;
   Tensor x = randn({3, 3, C}, 4, 2.0f), w = randn({C}, 5);
-  const auto xv = x.to_vector(), wv = w.to_vector();
+  const auto xv = host_vector(x), wv = host_vector(w);
   std::vector<double> want(xv.size());
   for (int64_t r = 0; r < R; ++r) {
     double ss = 0;
     for (int64_t i = 0; i < C; ++i) ss += std::pow(xv[static_cast<size_t>(r * C + i)], 2);
     const double rs = 1.0 / std::sqrt(ss / C + 1e-6);
     for (int64_t i = 0; i < C; ++i)
-      want[static_cast<size_t>(r * C + i)] = xv[static_cast<size_t>(r * C + i)] * rs * wv[static_cast<size_t>(i)];
+      want[static_cast<size_t>(r * C + i)] =
+          xv[static_cast<size_t>(r * C + i)] * rs * wv[static_cast<size_t>(i)];
   }
-  expect_close(ops::rms_norm(x, w).to_vector(), want, 1e-5, 1e-5, "rms_norm");
+  expect_close(host_vector(ops::rms_norm(x, w)), want, 1e-5, 1e-5, "rms_norm");
 }
 
 // ---- softmax, activations ----
 
-TEST(OpsCpu, SoftmaxMatchesReferenceIncludingMaskedEntries) {
+TEST_P(Ops, SoftmaxMatchesReferenceIncludingMaskedEntries) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "softmax_forward");
   const int64_t R = 6, C = 300;
-  std::vector<float> xv = randn({R, C}, 6, 4.0f).to_vector();
+  std::vector<float> xv = host_vector(randn({R, C}, 6, 4.0f));
   const float inf = std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < C; i += 3) xv[static_cast<size_t>(2 * C + i)] = -inf;  // masked entries
-  for (int64_t i = 0; i < C; ++i) xv[static_cast<size_t>(4 * C + i)] = -inf;     // a fully masked row
-  xv[5 * C] = 80.0f;  // a large logit
-  Tensor x = Tensor::from_data(xv, {R, C});
+  for (int64_t i = 0; i < C; ++i) xv[static_cast<size_t>(4 * C + i)] = -inf;  // a fully masked row
+  xv[5 * C] = 80.0f;                                                          // a large logit
+  Tensor x = from_data(xv, {R, C});
   std::vector<double> want(xv.size());
   for (int64_t r = 0; r < R; ++r) {
     if (r == 4) continue;  // fully masked rows are defined as zeros
@@ -154,14 +168,15 @@ TEST(OpsCpu, SoftmaxMatchesReferenceIncludingMaskedEntries) {
     for (int64_t i = 0; i < C; ++i)
       want[static_cast<size_t>(r * C + i)] = std::exp(xv[static_cast<size_t>(r * C + i)] - m) / s;
   }
-  const auto got = ops::softmax(x).to_vector();
+  const auto got = host_vector(ops::softmax(x));
   expect_close(got, want, 1e-7, 1e-5, "softmax");
   for (int64_t i = 0; i < C; i += 3) EXPECT_EQ(got[static_cast<size_t>(2 * C + i)], 0.0f);
 }
 
-TEST(OpsCpu, GeluSiluSwigluMatchFormulas) {
+TEST_P(Ops, GeluSiluSwigluMatchFormulas) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "unary", "binary");  // swiglu: silu(x) * u
   Tensor x = randn({1000}, 7, 3.0f), u = randn({1000}, 8);
-  const auto xv = x.to_vector(), uv = u.to_vector();
+  const auto xv = host_vector(x), uv = host_vector(u);
   std::vector<double> g(xv.size()), s(xv.size()), sw(xv.size());
   for (size_t i = 0; i < xv.size(); ++i) {
     const double v = xv[i];
@@ -169,9 +184,9 @@ TEST(OpsCpu, GeluSiluSwigluMatchFormulas) {
     s[i] = v / (1.0 + std::exp(-v));
     sw[i] = s[i] * uv[i];
   }
-  expect_close(ops::gelu(x).to_vector(), g, 1e-6, 1e-5, "gelu");
-  expect_close(ops::silu(x).to_vector(), s, 1e-6, 1e-5, "silu");
-  expect_close(ops::swiglu(x, u).to_vector(), sw, 1e-6, 1e-5, "swiglu");
+  expect_close(host_vector(ops::gelu(x)), g, 1e-6, 1e-5, "gelu");
+  expect_close(host_vector(ops::silu(x)), s, 1e-6, 1e-5, "silu");
+  expect_close(host_vector(ops::swiglu(x, u)), sw, 1e-6, 1e-5, "swiglu");
 }
 
 // ---- attention ----
@@ -179,7 +194,8 @@ TEST(OpsCpu, GeluSiluSwigluMatchFormulas) {
 namespace {
 // Naive masked softmax(Q K^T / sqrt(hd)) V in double, (B, NH, T, hd).
 std::vector<double> naive_attention(const std::vector<float>& q, const std::vector<float>& k,
-                                    const std::vector<float>& v, int64_t BH, int64_t T, int64_t hd) {
+                                    const std::vector<float>& v, int64_t BH, int64_t T,
+                                    int64_t hd) {
   std::vector<double> out(q.size());
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   std::vector<double> p(static_cast<size_t>(T));
@@ -190,15 +206,18 @@ std::vector<double> naive_attention(const std::vector<float>& q, const std::vect
       for (int64_t j = 0; j <= i; ++j) {
         double s = 0;
         for (int64_t c = 0; c < hd; ++c)
-          s += static_cast<double>(q[base + static_cast<size_t>(i * hd + c)]) * k[base + static_cast<size_t>(j * hd + c)];
+          s += static_cast<double>(q[base + static_cast<size_t>(i * hd + c)]) *
+               k[base + static_cast<size_t>(j * hd + c)];
         p[static_cast<size_t>(j)] = s * scale;
         m = std::max(m, p[static_cast<size_t>(j)]);
       }
       double sum = 0;
-      for (int64_t j = 0; j <= i; ++j) sum += (p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - m));
+      for (int64_t j = 0; j <= i; ++j)
+        sum += (p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - m));
       for (int64_t c = 0; c < hd; ++c) {
         double acc = 0;
-        for (int64_t j = 0; j <= i; ++j) acc += p[static_cast<size_t>(j)] * v[base + static_cast<size_t>(j * hd + c)];
+        for (int64_t j = 0; j <= i; ++j)
+          acc += p[static_cast<size_t>(j)] * v[base + static_cast<size_t>(j * hd + c)];
         out[base + static_cast<size_t>(i * hd + c)] = acc / sum;
       }
     }
@@ -207,57 +226,68 @@ std::vector<double> naive_attention(const std::vector<float>& q, const std::vect
 }
 }  // namespace
 
-TEST(OpsCpu, CausalAttentionMatchesNaive) {
+TEST_P(Ops, CausalAttentionMatchesNaive) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "attention_forward");
   // T = 150 spans two full 64-row blocks and a partial one.
   for (Shape s : {Shape{2, 3, 7, 8}, Shape{1, 2, 150, 16}}) {
     Tensor q = randn(s, 9, 1.5f), k = randn(s, 10, 1.5f), v = randn(s, 11);
-    const auto want = naive_attention(q.to_vector(), k.to_vector(), v.to_vector(), s[0] * s[1], s[2], s[3]);
-    expect_close(ops::causal_attention(q, k, v).to_vector(), want, 2e-5, 1e-4, "attention");
+    const auto want =
+        naive_attention(host_vector(q), host_vector(k), host_vector(v), s[0] * s[1], s[2], s[3]);
+    expect_close(host_vector(ops::causal_attention(q, k, v)), want, 2e-5, 1e-4, "attention");
   }
 }
 
-TEST(OpsCpu, CausalAttentionAcceptsStridedInputs) {
+TEST_P(Ops, CausalAttentionAcceptsStridedInputs) {
   // A GPT block hands attention permuted views; the op makes them contiguous for the kernel.
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "attention_forward", "copy");
   Tensor q = randn({2, 2, 5, 4}, 12), k = randn({2, 2, 5, 4}, 13), v = randn({2, 2, 5, 4}, 14);
   Tensor qs = ops::transpose(ops::transpose(q, 2, 3).contiguous(), 2, 3);  // same values, strided
   ASSERT_FALSE(qs.is_contiguous());
-  EXPECT_EQ(ops::causal_attention(qs, k, v).to_vector(), ops::causal_attention(q, k, v).to_vector());
+  EXPECT_EQ(host_vector(ops::causal_attention(qs, k, v)),
+            host_vector(ops::causal_attention(q, k, v)));
 }
 
 // ---- rope ----
 
-TEST(OpsCpu, RopeMatchesRotateHalf) {
+TEST_P(Ops, RopeMatchesRotateHalf) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "rope");
   const int64_t B = 2, NH = 3, T = 5, hd = 8, pos0 = 11;
   const float theta = 10000.0f;
   Tensor x = randn({B, NH, T, hd}, 13);
-  const auto xv = x.to_vector();
+  const auto xv = host_vector(x);
   std::vector<double> want(xv.size());
   for (int64_t r = 0; r < B * NH * T; ++r) {
     const int64_t p = pos0 + r % T;
     for (int64_t i = 0; i < hd / 2; ++i) {
       const double a = p * std::pow(static_cast<double>(theta), -2.0 * i / hd);
-      const double x1 = xv[static_cast<size_t>(r * hd + i)], x2 = xv[static_cast<size_t>(r * hd + i + hd / 2)];
+      const double x1 = xv[static_cast<size_t>(r * hd + i)],
+                   x2 = xv[static_cast<size_t>(r * hd + i + hd / 2)];
       want[static_cast<size_t>(r * hd + i)] = x1 * std::cos(a) - x2 * std::sin(a);
       want[static_cast<size_t>(r * hd + i + hd / 2)] = x2 * std::cos(a) + x1 * std::sin(a);
     }
   }
-  expect_close(ops::rope(x, theta, pos0).to_vector(), want, 1e-6, 1e-6, "rope");
+  expect_close(host_vector(ops::rope(x, theta, pos0)), want, 1e-6, 1e-6, "rope");
   // Position 0 is the identity.
   Tensor x0 = randn({1, 1, 1, hd}, 14);
-  EXPECT_EQ(ops::rope(x0).to_vector(), x0.to_vector());
-  EXPECT_NE(error_of([&] { ops::rope(randn({1, 1, 2, 5}, 15)); }).find("[rope]"), std::string::npos);
+  EXPECT_EQ(host_vector(ops::rope(x0)), host_vector(x0));
+  EXPECT_NE(error_of([&] {
+              ops::rope(randn({1, 1, 2, 5}, 15));
+            }).find("[rope]"),
+            std::string::npos);
 }
 
 // ---- cross-entropy ----
 
-TEST(OpsCpu, CrossEntropyMatchesReference) {
+TEST_P(Ops, CrossEntropyMatchesReference) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "cross_entropy_forward", "cross_entropy_backward");
   const int64_t N = 7, Vc = 5000;  // several 2048-wide chunks, the last partial
-  std::vector<float> lv = randn({N, Vc}, 16, 3.0f).to_vector();
-  for (int64_t i = 0; i < Vc; ++i) lv[static_cast<size_t>(3 * Vc + i)] += 0.01f * i;  // max in the last chunk
+  std::vector<float> lv = host_vector(randn({N, Vc}, 16, 3.0f));
+  for (int64_t i = 0; i < Vc; ++i)
+    lv[static_cast<size_t>(3 * Vc + i)] += 0.01f * i;  // max in the last chunk
   lv[static_cast<size_t>(5 * Vc + 4999)] = 60.0f;
-  Tensor logits = Tensor::from_data(lv, {N, Vc});
+  Tensor logits = from_data(lv, {N, Vc});
   const std::vector<int64_t> tv = {0, 4999, -100, 2048, 17, 4999, -100};
-  Tensor targets = Tensor::from_ints(tv, {N});
+  Tensor targets = from_ints(tv, {N});
   double total = 0;
   int count = 0;
   for (int64_t n = 0; n < N; ++n) {
@@ -270,78 +300,88 @@ TEST(OpsCpu, CrossEntropyMatchesReference) {
   }
   Tensor loss = ops::cross_entropy(logits, targets);
   EXPECT_EQ(loss.dim(), 0);
-  EXPECT_NEAR(loss.item(), total / count, 1e-5 * (1 + std::abs(total / count)));
+  EXPECT_NEAR(to_host(loss).item(), total / count, 1e-5 * (1 + std::abs(total / count)));
 
   // The gradient: (softmax - onehot) / count per row, zero rows for ignored targets.
   logits.set_requires_grad(true);
   ops::cross_entropy(logits, targets).backward();
-  const auto g = logits.grad().to_vector();
+  const auto g = host_vector(logits.grad());
   for (int64_t n = 0; n < N; ++n) {
     const int64_t t = tv[static_cast<size_t>(n)];
     double m = -INFINITY, s = 0;
     for (int64_t i = 0; i < Vc; ++i) m = std::max<double>(m, lv[static_cast<size_t>(n * Vc + i)]);
     for (int64_t i = 0; i < Vc; ++i) s += std::exp(lv[static_cast<size_t>(n * Vc + i)] - m);
     for (int64_t i = 0; i < Vc; ++i) {
-      const double want = t == -100 ? 0.0 : (std::exp(lv[static_cast<size_t>(n * Vc + i)] - m) / s - (i == t)) / count;
-      ASSERT_NEAR(g[static_cast<size_t>(n * Vc + i)], want, 1e-7 + 1e-5 * std::abs(want)) << n << "," << i;
+      const double want =
+          t == -100 ? 0.0
+                    : (std::exp(lv[static_cast<size_t>(n * Vc + i)] - m) / s - (i == t)) / count;
+      ASSERT_NEAR(g[static_cast<size_t>(n * Vc + i)], want, 1e-7 + 1e-5 * std::abs(want))
+          << n << "," << i;
     }
   }
 }
 
-TEST(OpsCpu, CrossEntropyAllIgnoredIsZeroWithZeroGradient) {
+TEST_P(Ops, CrossEntropyAllIgnoredIsZeroWithZeroGradient) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "cross_entropy_forward", "cross_entropy_backward");
   Tensor logits = randn({3, 4}, 17);
   logits.set_requires_grad(true);
-  Tensor loss = ops::cross_entropy(logits, Tensor::from_ints({-100, -100, -100}, {3}));
-  EXPECT_EQ(loss.item(), 0.0f);
+  Tensor loss = ops::cross_entropy(logits, from_ints({-100, -100, -100}, {3}));
+  EXPECT_EQ(to_host(loss).item(), 0.0f);
   loss.backward();
-  for (float v : logits.grad().to_vector()) EXPECT_EQ(v, 0.0f);
+  for (float v : host_vector(logits.grad())) EXPECT_EQ(v, 0.0f);
 }
 
-TEST(OpsCpu, CrossEntropyRejectsOutOfRangeTargets) {
+TEST_P(Ops, CrossEntropyRejectsOutOfRangeTargets) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "cross_entropy_forward");
   Tensor logits = randn({2, 4}, 18);
-  const std::string e = error_of([&] { ops::cross_entropy(logits, Tensor::from_ints({1, 4}, {2})); });
+  const std::string e = error_of([&] { ops::cross_entropy(logits, from_ints({1, 4}, {2})); });
   EXPECT_NE(e.find("[cross_entropy]"), std::string::npos) << e;
   EXPECT_NE(e.find("target 4"), std::string::npos) << e;
-  EXPECT_NE(error_of([&] { ops::cross_entropy(logits, Tensor::from_ints({-1, 0}, {2})); }), "");
-  EXPECT_NE(error_of([&] { ops::cross_entropy(logits, Tensor::from_ints({0, 0, 0}, {3})); }), "");
+  EXPECT_NE(error_of([&] { ops::cross_entropy(logits, from_ints({-1, 0}, {2})); }), "");
+  EXPECT_NE(error_of([&] { ops::cross_entropy(logits, from_ints({0, 0, 0}, {3})); }), "");
 }
 
 // ---- embedding ----
 
-TEST(OpsCpu, EmbeddingGathersRowsAndRejectsBadIds) {
+TEST_P(Ops, EmbeddingGathersRowsAndRejectsBadIds) {
+  // The dtype asked for is the weight's: ids are int32 or int64 on every backend (backend.h).
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "embedding_forward");
   Tensor w = randn({10, 6}, 19);
-  const auto wv = w.to_vector();
+  const auto wv = host_vector(w);
   for (DType idt : {DType::i32, DType::i64}) {
-    Tensor ids = Tensor::from_ints({3, 0, 9, 3}, {2, 2}, idt);
+    Tensor ids = from_ints({3, 0, 9, 3}, {2, 2}, idt);
     Tensor y = ops::embedding(w, ids);
     EXPECT_EQ(y.shape(), (Shape{2, 2, 6}));
-    const auto yv = y.to_vector();
+    const auto yv = host_vector(y);
     const int64_t idv[] = {3, 0, 9, 3};
     for (int n = 0; n < 4; ++n)
-      for (int c = 0; c < 6; ++c) ASSERT_EQ(yv[static_cast<size_t>(n * 6 + c)], wv[static_cast<size_t>(idv[n] * 6 + c)]);
-    const std::string e = error_of([&] { ops::embedding(w, Tensor::from_ints({1, 10}, {2}, idt)); });
+      for (int c = 0; c < 6; ++c)
+        ASSERT_EQ(yv[static_cast<size_t>(n * 6 + c)], wv[static_cast<size_t>(idv[n] * 6 + c)]);
+    const std::string e = error_of([&] { ops::embedding(w, from_ints({1, 10}, {2}, idt)); });
     EXPECT_NE(e.find("[embedding]"), std::string::npos) << e;
     EXPECT_NE(e.find("id 10"), std::string::npos) << e;
     EXPECT_NE(e.find("vocabulary size 10"), std::string::npos) << e;
-    EXPECT_NE(error_of([&] { ops::embedding(w, Tensor::from_ints({-1}, {1}, idt)); }), "");
+    EXPECT_NE(error_of([&] { ops::embedding(w, from_ints({-1}, {1}, idt)); }), "");
   }
-  EXPECT_NE(error_of([&] { ops::embedding(w, randn({2}, 20)); }).find("[embedding]"), std::string::npos);
+  EXPECT_NE(error_of([&] { ops::embedding(w, randn({2}, 20)); }).find("[embedding]"),
+            std::string::npos);
 }
 
 // ---- dropout ----
 
-TEST(OpsCpu, DropoutContract) {
+TEST_P(Ops, DropoutContract) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "dropout");
   const rng::DropoutState saved = rng::dropout_state();
   const float p = 0.3f;
-  Tensor x = ds::testing::uniform({4, 25000}, 21, 1.0f, 2.0f);
-  const auto xv = x.to_vector();
+  Tensor x = uniform({4, 25000}, 21, 1.0f, 2.0f);
+  const auto xv = host_vector(x);
 
   // Identity when not training or p == 0: the input itself comes back.
   EXPECT_TRUE(ops::dropout(x, p, false).same(x));
   EXPECT_TRUE(ops::dropout(x, 0.0f, true).same(x));
 
   rng::dropout_state() = {42, 5, 0};
-  const auto a = ops::dropout(x, p, true).to_vector();
+  const auto a = host_vector(ops::dropout(x, p, true));
   EXPECT_EQ(rng::dropout_state().offset, 6u) << "one stream per call";
   // Mask fraction and scaling of the kept values.
   size_t zeros = 0;
@@ -356,9 +396,9 @@ TEST(OpsCpu, DropoutContract) {
 
   // Same state: same mask. Different offset: different mask.
   rng::dropout_state() = {42, 5, 0};
-  EXPECT_EQ(ops::dropout(x, p, true).to_vector(), a);
+  EXPECT_EQ(host_vector(ops::dropout(x, p, true)), a);
   rng::dropout_state() = {42, 6, 0};
-  const auto b = ops::dropout(x, p, true).to_vector();
+  const auto b = host_vector(ops::dropout(x, p, true));
   size_t differ = 0;
   for (size_t i = 0; i < a.size(); ++i) differ += (a[i] == 0.0f) != (b[i] == 0.0f);
   EXPECT_GT(differ, a.size() / 4);
@@ -366,28 +406,36 @@ TEST(OpsCpu, DropoutContract) {
   // Rank equivalence: samples [0, 2) with sample_base 0 and [2, 4) with sample_base 2 draw the
   // mask that one process draws for the batch of 4.
   rng::dropout_state() = {42, 5, 0};
-  const auto lo = ops::dropout(ops::slice(x, 0, 0, 2), p, true).to_vector();
+  const auto lo = host_vector(ops::dropout(ops::slice(x, 0, 0, 2), p, true));
   rng::dropout_state() = {42, 5, 2};
-  const auto hi = ops::dropout(ops::slice(x, 0, 2, 4), p, true).to_vector();
+  const auto hi = host_vector(ops::dropout(ops::slice(x, 0, 2, 4), p, true));
   std::vector<float> joined = lo;
   joined.insert(joined.end(), hi.begin(), hi.end());
   EXPECT_EQ(joined, a);
 
-  // 16-bit input: same mask, bf16 output.
-  rng::dropout_state() = {42, 5, 0};
-  Tensor yb = ops::dropout(x.to(DType::bf16), p, true);
-  EXPECT_EQ(yb.dtype(), DType::bf16);
-  const auto bv = yb.to_vector();
-  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(bv[i] == 0.0f, a[i] == 0.0f) << i;
+  // 16-bit input: same mask, bf16 output. The dropout kernel takes any float dtype (backend.h), but
+  // CpuBackend::supports answers only fp32 for it, so on the CPU this part runs without asking
+  // (it always has): drop `|| device().is_cpu()` once supports() says yes for bf16 dropout.
+  if ((ds::testing::supported(device(), "dropout", DType::bf16) &&
+       ds::testing::supported(device(), "copy", DType::bf16)) ||
+      device().is_cpu()) {
+    rng::dropout_state() = {42, 5, 0};
+    Tensor yb = ops::dropout(x.to(DType::bf16), p, true);
+    EXPECT_EQ(yb.dtype(), DType::bf16);
+    const auto bv = host_vector(yb);
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(bv[i] == 0.0f, a[i] == 0.0f) << i;
+  }
   rng::dropout_state() = saved;
 }
 
-// ---- thread-count independence ----
+// ---- thread-count independence (CPU backend only: its parallel_for and chunking) ----
 
 TEST(OpsCpu, KernelsAreBitwiseIndependentOfThreadCount) {
   auto run = [] {
     std::vector<std::vector<float>> r;
-    Tensor x = randn({300, 96}, 22), w = ds::testing::uniform({96}, 23, 0.5f, 1.5f), b = randn({96}, 24);
+    using ds::testing::randn;
+    Tensor x = randn({300, 96}, 22), w = ds::testing::uniform({96}, 23, 0.5f, 1.5f),
+           b = randn({96}, 24);
     for (Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
     Tensor y = ops::layer_norm(x, w, b);
     ops::sum(ops::mul(y, randn({300, 96}, 25))).backward();
@@ -408,7 +456,9 @@ TEST(OpsCpu, KernelsAreBitwiseIndependentOfThreadCount) {
 
     Tensor e = randn({7, 40}, 32);
     e.set_requires_grad(true);
-    ops::sum(ops::mul(ops::embedding(e, Tensor::from_ints({1, 1, 3, 1, 6, 3, 1, 0}, {8})), randn({8, 40}, 33))).backward();
+    ops::sum(ops::mul(ops::embedding(e, Tensor::from_ints({1, 1, 3, 1, 6, 3, 1, 0}, {8})),
+                      randn({8, 40}, 33)))
+        .backward();
     r.push_back(e.grad().to_vector());
     return r;
   };
@@ -427,12 +477,19 @@ TEST(OpsCpu, KernelsAreBitwiseIndependentOfThreadCount) {
 
 // ---- 16-bit inputs ----
 
-TEST(OpsCpu, Bf16InputsGiveBf16OutputsCloseToFp32) {
+TEST_P(Ops, Bf16InputsGiveBf16OutputsCloseToFp32) {
+  // The ops upcast 16-bit inputs with copy and run their fp32 kernels (backend.h).
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::bf16, "copy");
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "layer_norm_forward", "layer_norm_backward",
+                           "rms_norm_forward", "unary", "binary", "softmax_forward",
+                           "attention_forward", "rope", "embedding_forward",
+                           "cross_entropy_forward", "reduce");
   auto close = [](const Tensor& y16, const Tensor& y32, const char* what) {
     EXPECT_EQ(y16.dtype(), DType::bf16) << what;
-    const auto a = y16.to_vector(), b = y32.to_vector();
+    const auto a = host_vector(y16), b = host_vector(y32);
     ASSERT_EQ(a.size(), b.size());
-    for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 0.02 * (1 + std::abs(b[i]))) << what << " " << i;
+    for (size_t i = 0; i < a.size(); ++i)
+      ASSERT_NEAR(a[i], b[i], 0.02 * (1 + std::abs(b[i]))) << what << " " << i;
   };
   auto bf = [](const Tensor& t) { return t.to(DType::bf16); };
   // Inputs rounded to bf16 first, so fp32 and bf16 runs see the same values.
@@ -448,9 +505,9 @@ TEST(OpsCpu, Bf16InputsGiveBf16OutputsCloseToFp32) {
   close(ops::causal_attention(bf(q), bf(k), bf(v)), ops::causal_attention(q, k, v), "attention");
   close(ops::rope(bf(q)), ops::rope(q), "rope");
   Tensor e = r({10, 8}, 46);
-  Tensor ids = Tensor::from_ints({1, 2, 9}, {3});
+  Tensor ids = from_ints({1, 2, 9}, {3});
   close(ops::embedding(bf(e), ids), ops::embedding(e, ids), "embedding");
-  Tensor logits = r({3, 10}, 47), t = Tensor::from_ints({1, 0, 9}, {3});
+  Tensor logits = r({3, 10}, 47), t = from_ints({1, 0, 9}, {3});
   close(ops::cross_entropy(bf(logits), t), ops::cross_entropy(logits, t), "cross_entropy");
 
   // Gradients come back in the input dtype too.
@@ -459,3 +516,6 @@ TEST(OpsCpu, Bf16InputsGiveBf16OutputsCloseToFp32) {
   ops::sum(ops::layer_norm(xb, bf(w), bf(b))).backward();
   EXPECT_EQ(xb.grad().dtype(), DType::bf16);
 }
+
+INSTANTIATE_TEST_SUITE_P(AllDevices, Ops, ::testing::ValuesIn(ds::testing::test_devices()),
+                         ds::testing::device_param_name);
