@@ -45,7 +45,7 @@ std::pair<Tensor, Tensor> batch(int64_t first, int64_t count, int64_t vocab) {
 }
 
 // `zero_extra`: more zero_optimization keys (", ..."); `top_extra`: more top-level keys ("..., ").
-std::string config(int stage, const std::string& precision, int64_t micro, double clip = 0.0,
+std::string zero_config(int stage, const std::string& precision, int64_t micro, double clip = 0.0,
                    int64_t bucket = 4000, const std::string& zero_extra = R"(, "overlap_comm": true)",
                    const std::string& top_extra = "") {
   const std::string prec = precision == "bf16"   ? R"("bf16": {"enabled": true},)"
@@ -108,11 +108,11 @@ TEST_P(Zero, SameLossesAsOneProcess) {
   const int n = g->size();
   for (double clip : {0.0, 0.05}) {
     rng::dropout_state() = {};
-    auto ref = make_engine(config(0, "fp32", kB * n, clip), comm::single_process_group());
+    auto ref = make_engine(zero_config(0, "fp32", kB * n, clip), comm::single_process_group());
     const auto want = train(*ref, 10);
     rng::dropout_state() = {};
     // Stage 3 builds the model already partitioned: no rank ever holds it whole.
-    auto dist = make_engine(config(stage, "fp32", kB, clip), g, stage == 3);
+    auto dist = make_engine(zero_config(stage, "fp32", kB, clip), g, stage == 3);
     const auto got = train(*dist, 10);
     ASSERT_EQ(want.size(), got.size());
     // fp32: the per-rank means average exactly to the full-batch mean up to summation order, and
@@ -168,7 +168,7 @@ TEST_P(Zero, CommunicationDtypeOverlapAndReduceModes) {
   auto g = world();
   const int n = g->size();
   rng::dropout_state() = {};
-  auto ref = make_engine(config(0, "fp32", kB * n), comm::single_process_group());
+  auto ref = make_engine(zero_config(0, "fp32", kB * n), comm::single_process_group());
   const auto want = train(*ref, 4);
 
   struct Variant {
@@ -184,7 +184,7 @@ TEST_P(Zero, CommunicationDtypeOverlapAndReduceModes) {
   std::vector<Reductions> seen;
   for (const auto& v : variants) {
     rng::dropout_state() = {};
-    auto dist = make_engine(config(stage, "fp32", kB, 0.0, 4000, v.zero_extra, v.top_extra), g, stage == 3);
+    auto dist = make_engine(zero_config(stage, "fp32", kB, 0.0, 4000, v.zero_extra, v.top_extra), g, stage == 3);
     std::vector<double> got;
     seen.push_back(reductions_during([&] { got = train(*dist, 4); }));
     ASSERT_EQ(got.size(), want.size());
@@ -218,10 +218,10 @@ TEST_P(Zero, LambMatchesOneProcess) {
     return c;
   };
   rng::dropout_state() = {};
-  auto ref = make_engine(lamb(config(0, "fp32", kB * n)), comm::single_process_group());
+  auto ref = make_engine(lamb(zero_config(0, "fp32", kB * n)), comm::single_process_group());
   const auto want = train(*ref, 6);
   rng::dropout_state() = {};
-  auto dist = make_engine(lamb(config(stage, "fp32", kB)), g, stage == 3);
+  auto dist = make_engine(lamb(zero_config(stage, "fp32", kB)), g, stage == 3);
   ASSERT_STREQ(dist->optimizer().name(), "Lamb");
   const auto got = train(*dist, 6);
   for (size_t i = 0; i < want.size(); ++i)
@@ -231,7 +231,7 @@ TEST_P(Zero, LambMatchesOneProcess) {
 
 TEST(ZeroStage3, MaxLiveParametersBoundsPrefetch) {
   auto g = world();
-  std::string cfg = config(3, "fp32", kB);
+  std::string cfg = zero_config(3, "fp32", kB);
   auto free_run = make_engine(cfg, g, true);
   const auto want = train(*free_run, 3);
   // With a live limit below any parameter's size nothing can be gathered ahead; results are equal.
@@ -248,9 +248,9 @@ TEST_P(Zero, GradientCheckpointingGivesTheSameLosses) {
   // Checkpointed blocks re-run their forward (and, under stage 3, their gathers) inside backward.
   const int stage = GetParam();
   auto g = world();
-  auto plain = make_engine(config(stage, "fp32", kB), g);
+  auto plain = make_engine(zero_config(stage, "fp32", kB), g);
   const auto want = train(*plain, 4);
-  auto ckpt = make_engine(config(stage, "fp32", kB), g, stage == 3);
+  auto ckpt = make_engine(zero_config(stage, "fp32", kB), g, stage == 3);
   dynamic_cast<models::GPT&>(ckpt->module()).set_gradient_checkpointing(true);
   const auto got = train(*ckpt, 4);
   for (size_t i = 0; i < want.size(); ++i) EXPECT_LT(rel(got[i], want[i]), 1e-6) << "micro-step " << i;
@@ -260,9 +260,9 @@ TEST_P(Zero, Bf16MatchesOneProcessWithinRounding) {
   const int stage = GetParam();
   auto g = world();
   const int n = g->size();
-  auto ref = make_engine(config(0, "bf16", kB * n), comm::single_process_group());
+  auto ref = make_engine(zero_config(0, "bf16", kB * n), comm::single_process_group());
   const auto want = train(*ref, 6);
-  auto dist = make_engine(config(stage, "bf16", kB), g);
+  auto dist = make_engine(zero_config(stage, "bf16", kB), g);
   const auto got = train(*dist, 6);
   // bf16 activations carry 8 bits of mantissa (relative 2^-9 per rounding); different summation
   // orders flip individual roundings, which then propagate through 12 micro-steps: 1e-2 relative.
@@ -274,7 +274,7 @@ TEST_P(Zero, ModelStateMemoryAsThePaperPredicts) {
   auto g = world();
   const int n = g->size();
   for (const std::string prec : {"fp32", "bf16"}) {
-    auto e = make_engine(config(stage, prec, kB), g);
+    auto e = make_engine(zero_config(stage, prec, kB), g);
     const auto mem = e->memory_budget();
     if (stage < 3) {
       const auto want = zero::expected_model_state_bytes(stage, e->partition_plan(), e->training_dtype(), e->grad_dtype(), 2);
@@ -309,7 +309,7 @@ TEST_P(Zero, Fp16OverflowOnOneRankSkipsEverywhere) {
   const int stage = GetParam();
   auto g = world();
   const int n = g->size(), r = g->rank();
-  auto e = make_engine(config(stage, "fp16", kB), g);
+  auto e = make_engine(zero_config(stage, "fp16", kB), g);
   // Only the last rank overflows, on the second step's first micro-step: its loss (and so every
   // gradient) becomes inf.
   for (int64_t s = 0; s < 3; ++s)
@@ -334,22 +334,22 @@ TEST_P(Zero, CheckpointResumesBitwiseAndLoadsAtAnotherWorldSize) {
   g->barrier();
   std::vector<double> continuous;
   {
-    auto e = make_engine(config(stage, "fp32", kB), g);
+    auto e = make_engine(zero_config(stage, "fp32", kB), g);
     continuous = train(*e, 6);
   }
   {
-    auto e = make_engine(config(stage, "fp32", kB), g);
+    auto e = make_engine(zero_config(stage, "fp32", kB), g);
     train(*e, 3);
     e->save_checkpoint(dir.string());
   }
-  auto e = make_engine(config(stage, "fp32", kB), g);
+  auto e = make_engine(zero_config(stage, "fp32", kB), g);
   e->load_checkpoint(dir.string());
   EXPECT_EQ(e->global_steps(), 3);
   const auto resumed = train(*e, 3, 3);
   for (size_t i = 0; i < resumed.size(); ++i) EXPECT_EQ(resumed[i], continuous[6 + i]) << "micro-step " << i;
 
   // The same checkpoint in one process (another world size, and stage 0).
-  auto single = make_engine(config(0, "fp32", kB * n), comm::single_process_group());
+  auto single = make_engine(zero_config(0, "fp32", kB * n), comm::single_process_group());
   single->load_checkpoint(dir.string());
   const auto one = train(*single, 3, 3);
   for (size_t i = 0; i < one.size(); ++i) EXPECT_LT(rel(one[i], continuous[6 + i]), 1e-5) << "micro-step " << i;
@@ -429,16 +429,16 @@ TEST(ZeroTopology, ShardsOverTheDataParallelGroup) {
   runtime::InitOptions opt;
   opt.topology = topo;
   opt.log = [](const std::string&) {};
-  auto e = runtime::initialize(model, config(2, "fp32", kB), opt);
+  auto e = runtime::initialize(model, zero_config(2, "fp32", kB), opt);
   EXPECT_EQ(e->world_size(), 1);
   EXPECT_EQ(e->partition_plan().world_size, 1);
-  auto single = make_engine(config(2, "fp32", kB), comm::single_process_group());
+  auto single = make_engine(zero_config(2, "fp32", kB), comm::single_process_group());
   const auto a = train(*e, 2), b = train(*single, 2);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << i;
   // group and topology together are refused.
   opt.group = w;
   EXPECT_THROW(runtime::initialize(std::make_shared<models::GPT>(models::GPTConfig::preset("test-gpt2")),
-                                   config(2, "fp32", kB), opt),
+                                   zero_config(2, "fp32", kB), opt),
                Error);
 }

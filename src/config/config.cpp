@@ -7,9 +7,9 @@
 
 #include "config_internal.h"
 #include "ds/core/error.h"
-#include "ds/runtime/config.h"
+#include "ds/config/config.h"
 
-namespace ds::runtime {
+namespace ds::config {
 
 using detail::above;
 using detail::any_value;
@@ -970,4 +970,4 @@ void print_config_warnings(const DeepSpeedConfig& cfg, std::FILE* out) {
   for (const auto& w : cfg.warnings) std::fprintf(out, "%s\n", w.c_str());
 }
 
-}  // namespace ds::runtime
+}  // namespace ds::config

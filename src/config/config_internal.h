@@ -1,5 +1,5 @@
 #pragma once
-// Private to the config parser (src/runtime/config_*.cpp): the parse state shared by the steps
+// Private to the config parser (src/config/config_*.cpp): the parse state shared by the steps
 // (deprecated spellings -> auto -> typed reading -> batch rules -> cross checks) and the Section
 // reader that validates one JSON object against the keys the code asks for.
 #include <array>
@@ -15,9 +15,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ds/runtime/config.h"
+#include "ds/config/config.h"
 
-namespace ds::runtime::detail {
+namespace ds::config::detail {
 
 using json = nlohmann::json;
 
@@ -147,4 +147,4 @@ class Section {
 void normalize_deprecated(json& root, ParseState& st);
 void resolve_auto(json& root, const ConfigContext& ctx, ParseState& st);
 
-}  // namespace ds::runtime::detail
+}  // namespace ds::config::detail

@@ -12,7 +12,7 @@
 #include "config_internal.h"
 #include "ds/core/error.h"
 
-namespace ds::runtime {
+namespace ds::config {
 
 using detail::json;
 
@@ -325,4 +325,4 @@ std::string Range::describe(bool integer) const {
 }
 
 }  // namespace detail
-}  // namespace ds::runtime
+}  // namespace ds::config

@@ -8,7 +8,7 @@
 #include "config_internal.h"
 #include "ds/core/error.h"
 
-namespace ds::runtime::detail {
+namespace ds::config::detail {
 
 void ParseState::record(const std::string& path, json value, Origin origin, std::string note) {
   if (note.empty()) note = note_for(path);
@@ -404,4 +404,4 @@ void Section::finish() {
   }
 }
 
-}  // namespace ds::runtime::detail
+}  // namespace ds::config::detail

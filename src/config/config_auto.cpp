@@ -6,7 +6,7 @@
 #include "config_internal.h"
 #include "ds/core/error.h"
 
-namespace ds::runtime::detail {
+namespace ds::config::detail {
 
 namespace {
 
@@ -315,4 +315,4 @@ void resolve_auto(json& root, const ConfigContext& ctx, ParseState& st) {
         st.source, fmt::join(f.mismatches(), "\n"));
 }
 
-}  // namespace ds::runtime::detail
+}  // namespace ds::config::detail
