@@ -1,5 +1,5 @@
 // The Adam and SGD inner loops, written once against a tiny vector vocabulary and included by
-// elementwise.cpp into one namespace per instruction set (scalar, avx2, avx512). The including
+// cpu_adam_sgd.cpp into one namespace per instruction set (scalar, avx2, avx512). The including
 // namespace provides:
 //   vf                         the vector type (float for the scalar path)
 //   kW                         floats per vector (1, 8, 16)
