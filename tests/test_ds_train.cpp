@@ -330,6 +330,19 @@ TEST_F(DsTrain, StaleTemporariesAreRemovedAtStart) {
   EXPECT_NE(log_.find("--threads 64 is more than the"), std::string::npos) << log_;
 }
 
+TEST_F(DsTrain, RunThatCannotFitStopsBeforeAllocating) {
+  // GPT-3's shape: ~2.8 TB of fp32 model states. Refused at start-up, before the model is built,
+  // with the shortfall and what would fit; no machine this runs on has that much memory.
+  std::ofstream(dir_ / "huge.json")
+      << R"({"preset": "test-gpt2", "n_layer": 96, "n_embd": 12288, "n_head": 96, "block_size": 16})";
+  EXPECT_EQ(run("--max_steps 1 --output_dir " + (dir_ / "x").string() + " --model " +
+                (dir_ / "huge.json").string()),
+            1);
+  EXPECT_NE(log_.find("this run does not fit in memory"), std::string::npos) << log_;
+  EXPECT_NE(log_.find("model states"), std::string::npos) << log_;
+  EXPECT_EQ(log_.find("GEMM:"), std::string::npos) << "stopped after start-up:\n" << log_;
+}
+
 TEST_F(DsTrain, Zero3ExportsTheGatheredModel) {
   const fs::path a = dir_ / "a";
   ASSERT_EQ(

@@ -43,6 +43,7 @@
 #include "ds/runtime/monitor.h"
 #include "ds_train_default_config.h"
 #include "options.h"
+#include "fit.h"
 #include "outputs.h"
 #include "plan.h"
 #include "train_util.h"
@@ -176,6 +177,16 @@ int run(const Options& o, const Given& g) {
   con.line(ds::runtime::format_effective_config(cfg));
   ds::runtime::print_config_warnings(cfg, stdout);
 
+  // ---- will it fit? (before anything large is allocated) ----
+  const int64_t act_bytes = ds::train::activation_estimate(
+      mcfg, B, T, o.gradient_checkpointing, static_cast<int64_t>(ds::dtype_size(cfg.training_dtype())));
+  if (!o.skip_memory_check) {
+    const auto fit = ds::train::plan_fit(mcfg, cfg, world_size, ds::train::local_ranks(), act_bytes);
+    const std::string note =
+        ds::train::check_fit(fit, ds::train::available_memory_bytes(), mcfg, cfg, world_size);
+    if (!note.empty()) say(note);
+  }
+
   // ---- model, engine ----
   say(fmt::format("GEMM: {}", ds::backend::cpu().gemm_info()));
   auto model = std::make_shared<ds::models::GPT>(mcfg, /*init=*/o.init_from.empty());
@@ -204,9 +215,6 @@ int run(const Options& o, const Given& g) {
   ds::rng::dropout_state() = ds::rng::DropoutState{o.seed, 0, 0};
 
   const ds::runtime::MemoryBudget mem = engine->memory_budget();
-  const int64_t act_bytes = ds::train::activation_estimate(
-      mcfg, B, T, o.gradient_checkpointing,
-      static_cast<int64_t>(ds::dtype_size(engine->training_dtype())));
   if (world_size > 1) {
     // Every rank's model-state bytes, next to the ZeRO paper's prediction.
     const auto ranks = ds::train::gather_memory(*engine, {.rank = rank, .mem = mem});

@@ -14,12 +14,6 @@
 namespace ds::runtime {
 namespace {
 
-// The gradient accumulation dtype: data_types.grad_accum_dtype when given; otherwise fp32 for fp32
-// and bf16 training (DeepSpeed's bf16 optimizer accumulates in fp32) and fp16 for fp16 training.
-DType resolve_grad_dtype(const DeepSpeedConfig& c) {
-  if (c.data_types.grad_accum_dtype) return *c.data_types.grad_accum_dtype;
-  return c.fp16.enabled ? DType::f16 : DType::f32;
-}
 
 optim::OptimizerParams optimizer_params(const OptimizerConfig& o) {
   optim::OptimizerParams p;
@@ -105,7 +99,7 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
   if (config_.comms_logger.enabled) comm::comms_logger().enable(true);
   scaler_.set_rank(group_->rank());
   scaler_.set_log_sink([this](const std::string& m) { log(m); });
-  grad_dtype_ = resolve_grad_dtype(config_);
+  grad_dtype_ = gradient_dtype(config_);
 
   // Where parameters, gradients and master weights live, and how they are reduced and gathered.
   zero_ = zero::make_strategy(*model_, group_, zero_options(config_, grad_dtype_, n));
@@ -259,6 +253,11 @@ MemoryBudget Engine::memory_budget() const {
   b.optimizer_states = optimizer_->state_numel() * optimizer_->state_floats_per_param() *
                        static_cast<int64_t>(sizeof(float));
   return b;
+}
+
+DType gradient_dtype(const DeepSpeedConfig& c) {
+  if (c.data_types.grad_accum_dtype) return *c.data_types.grad_accum_dtype;
+  return c.fp16.enabled ? DType::f16 : DType::f32;
 }
 
 std::unique_ptr<Engine> initialize(std::shared_ptr<nn::Module> model, DeepSpeedConfig config,

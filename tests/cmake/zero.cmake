@@ -12,3 +12,11 @@ if(DS_HAVE_MPI)
       ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;DS_COMM_TIMEOUT=120;OMP_NUM_THREADS=1")
   endforeach()
 endif()
+
+# DeepSpeed's memory estimator against DeepSpeed's own numbers (tests/fixtures/zero/estimates.json).
+ds_add_test(test_estimate LABELS zero SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_estimate.cpp)
+# The ds_estimate tool end to end on DeepSpeed's documented example (bigscience/T0_3B, 1 x 1 GPU).
+add_test(NAME ds_estimate_t0_3b COMMAND $<TARGET_FILE:ds_estimate> --stage 3 --params 2783959040
+  --largest_layer 65798144)
+set_tests_properties(ds_estimate_t0_3b PROPERTIES LABELS "zero"
+  PASS_REGULAR_EXPRESSION "   70.00GB \\|   0.25GB \\| offload_param=cpu , offload_optimizer=cpu , zero_init=1")

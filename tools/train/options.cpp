@@ -166,6 +166,8 @@ void add_options(CLI::App& app, Options& o, Given& g,
                      &g.fp16);
   app.add_flag("--gradient_checkpointing", o.gradient_checkpointing,
                "Recompute each block's activations in backward (less memory, ~1/3 more compute)");
+  app.add_flag("--skip_memory_check", o.skip_memory_check,
+               "Start even when the start-up estimate says the run does not fit in memory");
   opt("--resume_from_checkpoint", o.resume_from_checkpoint,
       "'latest' (the newest checkpoint in --output_dir) or a checkpoint folder");
   opt("--init_from", o.init_from,

@@ -39,6 +39,7 @@ struct Options {
   bool bf16 = false;
   bool fp16 = false;
   bool gradient_checkpointing = false;
+  bool skip_memory_check = false;
   std::string resume_from_checkpoint;
   std::string init_from;
   std::string export_hf;

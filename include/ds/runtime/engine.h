@@ -176,6 +176,11 @@ class Engine {
   bool last_step_skipped_ = false;
 };
 
+// The gradient accumulation dtype a config trains with: data_types.grad_accum_dtype when given;
+// otherwise fp32 for fp32 and bf16 training (DeepSpeed's bf16 optimizer accumulates in fp32) and
+// fp16 for fp16 training.
+DType gradient_dtype(const DeepSpeedConfig& config);
+
 // Parses the config (path or JSON text) with ctx and builds the engine.
 std::unique_ptr<Engine> initialize(std::shared_ptr<nn::Module> model,
                                    const std::string& config_path_or_json,

@@ -1,0 +1,98 @@
+// ds_estimate: DeepSpeed's ZeRO memory estimator tables, from a parameter count or from a model.
+//
+//   ds_estimate --stage 3 --params 2783959040 --largest_layer 65798144
+//   ds_estimate --stage 2 --model gpt2-xl --num_gpus 1 --num_nodes 1
+//   ds_estimate --stage 3 --model out/hf_model          (an HF folder with config.json)
+//
+// The tables are DeepSpeed's estimate_zero{2,3}_model_states_mem_needs_all_cold output byte for
+// byte (zero/estimate.h). With --model the counts are taken the way the _all_live variants do
+// (tied weights once; the largest module's own parameters), from a model built without memory.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include "ds/core/error.h"
+#include "ds/models/gpt.h"
+#include "ds/models/hf_io.h"
+#include "ds/nn/module.h"
+#include "ds/zero/estimate.h"
+
+namespace {
+
+ds::models::GPTConfig resolve_model(const std::string& name) {
+  const auto presets = ds::models::GPTConfig::preset_names();
+  for (const auto& p : presets)
+    if (p == name) return ds::models::GPTConfig::preset(name);
+  std::error_code ec;
+  if (std::filesystem::is_directory(name, ec)) {
+    auto c = ds::models::read_hf_config(name);
+    DS_CHECK(c.has_value(), "[ds_estimate] --model {}: no config.json in that folder", name);
+    return *c;
+  }
+  DS_CHECK(
+      std::filesystem::is_regular_file(name, ec),
+      "[ds_estimate] --model '{}' is neither a preset ({}), an HF folder with config.json, nor "
+      "a model JSON file",
+      name, fmt::join(presets, ", "));
+  return ds::models::GPTConfig::load(name);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "DeepSpeed's ZeRO memory estimator: model-state memory per CPU node and per accelerator for "
+      "each offload option, as estimate_zero2/3_model_states_mem_needs_all_cold prints it.",
+      "ds_estimate"};
+  int stage = 3;
+  int64_t params = 0, largest_layer = 0;
+  std::string model;
+  int gpus = 1, nodes = 1;
+  double abf = 1.5;
+  app.add_option("--stage", stage, "ZeRO stage of the table: 2 or 3")
+      ->capture_default_str()
+      ->check(CLI::IsMember({2, 3}));
+  auto* p_opt = app.add_option("--params", params, "Total parameters (tied weights once)")
+                    ->check(CLI::Range(int64_t{1}, int64_t{1} << 50));
+  app.add_option("--largest_layer", largest_layer,
+                 "Parameters of the largest layer (stage 3; default: from --model, else 0)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
+  auto* m_opt = app.add_option("--model", model,
+                               "A preset (gpt2, gpt2-xl, llama-tiny, ...), a model JSON file or an "
+                               "HF folder with config.json: counts its parameters");
+  p_opt->excludes(m_opt);
+  app.add_option("--num_gpus", gpus, "Accelerators (processes) per node")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--num_nodes", nodes, "Nodes")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--additional_buffer_factor", abf, "DeepSpeed's factor on the CPU column")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 100.0));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    DS_CHECK(params > 0 || !model.empty(), "[ds_estimate] give --params or --model");
+    if (!model.empty()) {
+      ds::nn::PartitionedInit no_memory;  // shapes only: nothing is allocated
+      ds::models::GPT gpt(resolve_model(model), /*init=*/false);
+      const auto counts = ds::zero::count_parameters(gpt);
+      params = counts.params;
+      if (largest_layer == 0) largest_layer = counts.largest_layer;
+    }
+    std::fputs(stage == 2 ? ds::zero::zero2_table(params, gpus, nodes, abf).c_str()
+                          : ds::zero::zero3_table(params, largest_layer, gpus, nodes, abf).c_str(),
+               stdout);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
