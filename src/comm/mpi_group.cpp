@@ -54,19 +54,27 @@ GroupState::GroupState(MPI_Comm c, std::string n) : comm(c), name(std::move(n)) 
   MPI_Info_create(&info);
   MPI_Info_set(info, "alloc_shared_noncontig", "true");  // each rank's slot on its own pages
 
-  // Arrival board: one slot per node-local rank.
+  // Arrival board: one slot per node-local rank. MPI does not promise the cache-line alignment a
+  // BoardSlot needs (OpenMPI's segments start 8 bytes past one), so each segment has room to align
+  // its slot up; the offset within a page is the same in every process mapping the segment.
+  auto aligned_slot = [](void* p) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    constexpr uintptr_t kAlign = alignof(BoardSlot);
+    return reinterpret_cast<BoardSlot*>((a + kAlign - 1) / kAlign * kAlign);
+  };
   void* base = nullptr;
-  check_mpi(MPI_Win_allocate_shared(sizeof(BoardSlot), 1, info, node_comm, &base, &board_win_),
+  check_mpi(MPI_Win_allocate_shared(sizeof(BoardSlot) + alignof(BoardSlot), 1, info, node_comm,
+                                    &base, &board_win_),
             "MPI_Win_allocate_shared (arrival board)");
-  new (base) BoardSlot();
-  static_cast<BoardSlot*>(base)->pid.store(static_cast<int32_t>(getpid()));
+  BoardSlot* own_slot = new (aligned_slot(base)) BoardSlot();
+  own_slot->pid.store(static_cast<int32_t>(getpid()));
   board_.resize(node_size);
   for (int i = 0; i < node_size; ++i) {
     MPI_Aint sz;
     int du;
     void* p;
     MPI_Win_shared_query(board_win_, i, &sz, &du, &p);
-    board_[i] = static_cast<BoardSlot*>(p);
+    board_[i] = aligned_slot(p);
   }
   MPI_Win_lock_all(MPI_MODE_NOCHECK, board_win_);
 
