@@ -9,10 +9,10 @@
 #include <iterator>
 #include <limits>
 
+#include "ds/core/checksum.h"
 #include "ds/core/error.h"
 #include "ds/core/rng.h"
 #include "ds/core/safetensors.h"
-#include "ds/core/checksum.h"
 #include "ds/data/loader.h"
 #include "ds/data/shard.h"
 #include "ds/models/gpt.h"
@@ -336,16 +336,31 @@ void rewrite_metadata(const fs::path& file, const std::string& key,
   std::ofstream(sums_path) << sums.dump(2);
 }
 
+// One optimizer step, then a checkpoint into each of `dirs`.
+void save_after_one_step(const std::string& cfg, const fs::path& corpus,
+                         std::initializer_list<fs::path> dirs) {
+  TrainRun r = start(cfg, corpus);
+  micro_step(r);
+  for (const auto& d : dirs) r.engine->save_checkpoint(d.string());
+}
+
+// What load_checkpoint(dir) says to a fresh engine; "" when it loads.
+std::string load_error(const std::string& cfg, const fs::path& corpus, const fs::path& dir) {
+  TrainRun r = start(cfg, corpus);
+  try {
+    r.engine->load_checkpoint(dir.string());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace
 
 TEST_F(EngineTest, MalformedCheckpointMetadataNamesFileAndField) {
   const std::string cfg = config_json("fp32");
   const fs::path ck = dir_ / "ck";
-  {
-    TrainRun r = start(cfg, corpus_);
-    micro_step(r);
-    r.engine->save_checkpoint(ck.string());
-  }
+  save_after_one_step(cfg, corpus_, {ck});
   const fs::path model_file = ck / "global_step1" / "mp_rank_00_model_states.safetensors";
   const fs::path shard_file =
       ck / "global_step1" / "zero_pp_rank_0_mp_rank_00_optim_states.safetensors";
@@ -360,15 +375,7 @@ TEST_F(EngineTest, MalformedCheckpointMetadataNamesFileAndField) {
     fs::copy_file(sums_backup, ck / "global_step1" / "checksums.json",
                   fs::copy_options::overwrite_existing);
   };
-  auto load_error = [&] {
-    TrainRun r = start(cfg, corpus_);
-    try {
-      r.engine->load_checkpoint(ck.string());
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  auto load_error = [&] { return ::load_error(cfg, corpus_, ck); };
   auto expect_all = [](const std::string& msg, std::initializer_list<std::string> needles) {
     for (const auto& n : needles)
       EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' in: " << msg;
@@ -414,21 +421,8 @@ TEST_F(EngineTest, MalformedCheckpointMetadataNamesFileAndField) {
 TEST_F(EngineTest, LatestMustNameATagInsideTheFolder) {
   const std::string cfg = config_json("fp32");
   const fs::path ck = dir_ / "ck", other = dir_ / "other";
-  {
-    TrainRun r = start(cfg, corpus_);
-    micro_step(r);
-    r.engine->save_checkpoint(ck.string());
-    r.engine->save_checkpoint(other.string());
-  }
-  auto load_error = [&] {
-    TrainRun r = start(cfg, corpus_);
-    try {
-      r.engine->load_checkpoint(ck.string());
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  save_after_one_step(cfg, corpus_, {ck, other});
+  auto load_error = [&] { return ::load_error(cfg, corpus_, ck); };
   // An absolute path would silently load another run's checkpoint.
   std::ofstream(ck / "latest") << (other / "global_step1").string() << "\n";
   EXPECT_NE(load_error().find("must be a folder name inside the checkpoint folder"),
@@ -443,11 +437,7 @@ TEST_F(EngineTest, LatestMustNameATagInsideTheFolder) {
 
 TEST_F(EngineTest, StaleTemporariesAreRemovedAndRotationRenamesFirst) {
   const fs::path ck = dir_ / "ck";
-  {
-    TrainRun r = start(config_json("fp32"), corpus_);
-    micro_step(r);
-    r.engine->save_checkpoint(ck.string());
-  }
+  save_after_one_step(config_json("fp32"), corpus_, {ck});
   // What kills and full disks leave behind.
   fs::create_directories(ck / ".global_step2.tmp" / "x");
   fs::create_directories(ck / ".global_step1.old");
