@@ -54,6 +54,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev  # tests and micro-benchmarks
   nlohmann-json3-dev libcli11-dev libfmt-dev  # configs, command lines, formatting
   libopenmpi-dev openmpi-bin             # collectives and mpirun (multi-process tests)
+  liburing-dev                           # io_uring: NVMe offload's asynchronous I/O
+  fio                                    # the disk reference in bench/run_ds_io.sh
   python3                                # helper scripts
 )
 if [[ "$with_torch" == 1 ]]; then

@@ -579,9 +579,20 @@ TEST(ConfigRules, ZeroRefusesUntestedOptimizers) {
 }
 
 TEST(ConfigRules, OffloadChecks) {
-  auto msg = error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
+  // DeepSpeed refuses ratio < 1 below stage 3; the NVMe store works at every stage, and ratio
+  // means nothing without NVMe: a warning, not silence.
+  auto w = parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
                           "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})");
-  EXPECT_HAS(msg, "partial offloading is only supported for ZeRO stage 3");
+  EXPECT_TRUE(has_warning(w, "ratio = 0.5 has no effect unless device is \"nvme\""));
+  auto msg = error_of(R"({"train_batch_size": 8, "optimizer": {"type": "OneBitAdam"},
+                     "zero_allow_untested_optimizer": true, "zero_optimization": {"stage": 2,
+                     "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})");
+  EXPECT_HAS(msg, "needs the Adam or AdamW optimizer");
+  w = parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 1,
+                "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "pipeline_write": false}}})");
+  EXPECT_TRUE(w.zero_optimization.offload_optimizer.pipeline_read);  // ours overlaps by default
+  EXPECT_FALSE(w.zero_optimization.offload_optimizer.pipeline_write);
+  EXPECT_TRUE(w.warnings.empty()) << fmt::format("{}", fmt::join(w.warnings, "\n"));
   msg = error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
                      "offload_param": {"device": "nvme"}}})");
   EXPECT_HAS(msg, "offload_param.nvme_path is required");
@@ -629,7 +640,7 @@ TEST(ConfigWarnings, OneWarningPerUnimplementedKey) {
     "comet": {"enabled": true},
     "flops_profiler": {"enabled": true, "profile_step": 3},
     "zero_optimization": {"stage": 3, "zero_quantized_weights": true, "zero_hpz_partition_size": 8,
-                          "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"}},
+                          "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}},
     "optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3, "freeze_step": 400, "cuda_aware": false}},
     "elasticity": {"enabled": true, "max_train_batch_size": 100},
     "zero_allow_untested_optimizer": true
@@ -637,7 +648,7 @@ TEST(ConfigWarnings, OneWarningPerUnimplementedKey) {
   for (const char* key :
        {"tensorboard.enabled", "wandb.enabled", "comet.enabled", "flops_profiler.enabled",
         "zero_optimization.zero_quantized_weights", "zero_optimization.zero_hpz_partition_size",
-        "zero_optimization.offload_optimizer.device = \"nvme\"", "OneBitAdam", "elasticity"}) {
+        "zero_optimization.offload_param.device = \"nvme\"", "OneBitAdam", "elasticity"}) {
     int n = 0;
     for (const auto& w : c.warnings) n += w.find(key) != std::string::npos;
     EXPECT_EQ(n, 1) << key;
@@ -646,8 +657,8 @@ TEST(ConfigWarnings, OneWarningPerUnimplementedKey) {
   for (const auto& w : c.warnings) EXPECT_EQ(w.rfind("[config] ", 0), 0u) << w;
   EXPECT_EQ(c.optimizer.type, OptimizerType::OneBitAdam);
   EXPECT_EQ(c.optimizer.freeze_step, 400);
-  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadDevice::NVMe);
-  EXPECT_EQ(c.zero_optimization.offload_optimizer.nvme_path, "/local_nvme");
+  EXPECT_EQ(c.zero_optimization.offload_param.device, OffloadDevice::NVMe);
+  EXPECT_EQ(c.zero_optimization.offload_param.nvme_path, "/local_nvme");
   EXPECT_EQ(c.flops_profiler.profile_step, 3);
 
   std::FILE* f = std::tmpfile();

@@ -6,8 +6,8 @@
 #include <limits>
 
 #include "config_internal.h"
-#include "ds/core/error.h"
 #include "ds/config/config.h"
+#include "ds/core/error.h"
 
 namespace ds::config {
 
@@ -433,14 +433,18 @@ void read_zero(Section s, ZeroConfig& z, ParseState& st) {
     c.nvme_path = o.opt_string("nvme_path").value_or("");
     c.buffer_count = o.integer("buffer_count", 4, nonneg);
     c.pin_memory = o.boolean("pin_memory", false);
-    c.pipeline_read = o.boolean("pipeline_read", false);
-    o.todo("pipeline_read", "pipelined NVMe reads");
-    c.pipeline_write = o.boolean("pipeline_write", false);
-    o.todo("pipeline_write", "pipelined NVMe writes");
+    // DeepSpeed's defaults are false (no overlap); deepspeed.cpp overlaps unless told not to.
+    for (auto [key, field] : {std::pair{"pipeline_read", &c.pipeline_read},
+                              std::pair{"pipeline_write", &c.pipeline_write}}) {
+      auto v = o.opt_boolean(key);
+      *field = v.value_or(true);
+      if (!v)
+        st.update(std::string("zero_optimization.offload_optimizer.") + key, true, Origin::Default,
+                  "deepspeed.cpp overlaps NVMe I/O by default (DeepSpeed: false)");
+    }
     c.fast_init = o.boolean("fast_init", false);
-    o.todo("fast_init", "fast NVMe optimizer initialisation");
+    o.todo("fast_init", "fast NVMe optimizer initialisation from parameter swap files");
     c.ratio = o.number("ratio", 1.0, between(0, 1));
-    o.todo("ratio", "partial optimizer offload");
     o.finish();
   }
   {
@@ -514,7 +518,9 @@ void read_aio(Section s, AioConfig& a) {
   a.single_submit = s.boolean("single_submit", false);
   a.overlap_events = s.boolean("overlap_events", true);
   a.use_gds = s.boolean("use_gds", false);
-  s.todo("use_gds", "GPUDirect Storage");
+  DS_CHECK(!a.use_gds,
+           "[config] aio.use_gds = true: GPUDirect Storage needs a CUDA device and deepspeed.cpp "
+           "has no GPU backend yet; remove the key or set it to false");
   s.add_aliases({"thread_count"});
   s.finish();
 }
@@ -774,11 +780,19 @@ void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
         : t == OptimizerType::SGD ? " (SGD is elementwise: it runs exactly on the partitions)"
                                   : "");
 
-  if (z.offload_optimizer.ratio < 1.0 && z.stage != 3)
+  // DeepSpeed allows ratio < 1 only at stage 3; the NVMe store here is the same at every stage.
+  if (z.offload_optimizer.ratio < 1.0 && z.offload_optimizer.device != OffloadDevice::NVMe)
+    st.warn(fmt::format(
+        "[config] zero_optimization.offload_optimizer.ratio = {} has no effect unless device is "
+        "\"nvme\" (it is \"{}\")",
+        z.offload_optimizer.ratio, offload_device_name(z.offload_optimizer.device)));
+  if (z.offload_optimizer.device == OffloadDevice::NVMe && t != OptimizerType::Adam &&
+      t != OptimizerType::AdamW && t != OptimizerType::None)
     DS_THROW(
-        "[config] zero_optimization.offload_optimizer.ratio = {} needs stage 3 (stage is {}) "
-        "in {}: partial offloading is only supported for ZeRO stage 3",
-        z.offload_optimizer.ratio, z.stage, st.source);
+        "[config] zero_optimization.offload_optimizer.device = \"nvme\" needs the Adam or AdamW "
+        "optimizer in {} (the state is stepped one sub-group at a time; {} is not elementwise "
+        "or keeps per-run state); use AdamW, or offload_optimizer.device = \"none\"",
+        st.source, optimizer_type_name(t));
   for (auto [name, dev, path] :
        {std::tuple{"offload_optimizer", z.offload_optimizer.device, &z.offload_optimizer.nvme_path},
         std::tuple{"offload_param", z.offload_param.device, &z.offload_param.nvme_path}}) {
@@ -796,13 +810,13 @@ void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
     DS_CHECK(!path->empty(),
              "[config] zero_optimization.{}.nvme_path is required when device is \"nvme\" in {}",
              name, st.source);
-    st.warn(
-        fmt::format("[config] zero_optimization.{}.device = \"nvme\": NVMe offload "
-                    "(ZeRO-Infinity) is not implemented in deepspeed.cpp yet; the key is "
-                    "accepted and ignored",
-                    name));
+    if (std::string_view(name) == "offload_param")
+      st.warn(
+          "[config] zero_optimization.offload_param.device = \"nvme\": parameter offload to "
+          "NVMe is not implemented in deepspeed.cpp yet; the parameters stay in RAM (the "
+          "optimizer state can go to NVMe: offload_optimizer.device = \"nvme\")");
   }
-  if (z.offload_optimizer.device != OffloadDevice::None && z.stage == 0)
+  if (z.offload_optimizer.device == OffloadDevice::CPU && z.stage == 0)
     st.warn("[config] zero_optimization.offload_optimizer has no effect at stage 0");
   if (z.offload_param.device != OffloadDevice::None && z.stage != 3)
     st.warn(

@@ -176,6 +176,12 @@ void normalize_deprecated(json& root, ParseState& st) {
         st.notes[zp + "." + section + ".pin_memory"] = "written as cpu_offload_use_pin_memory";
       }
     }
+    // A public guide's NVMe example nests aio here; DeepSpeed rejects it with a bare "extra
+    // fields not permitted". Say where it belongs.
+    DS_CHECK(!zero.contains("aio"),
+             "[config] zero_optimization.aio in {}: aio is a top-level section (a sibling of "
+             "zero_optimization, not inside it); move \"aio\": {{...}} to the top level",
+             st.source);
     rename_key(zero, zp, "stage3_gather_fp16_weights_on_model_save",
                "stage3_gather_16bit_weights_on_model_save", /*deprecated=*/true, st);
     // DeepSpeed's field names are the unprefixed ones; the stage3_ spelling is the documented

@@ -245,24 +245,42 @@ std::map<std::string, Tensor> load(const std::string& path) {
 
 void save(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
           const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  uint64_t offset = 0;
+  std::vector<Declared> declared;
   std::vector<Tensor> contiguous;
   for (const auto& [name, t] : tensors) {
     DS_CHECK(t.defined(), "[safetensors] {}: tensor '{}' is undefined", path, name);
-    DS_CHECK(name != "__metadata__" && !header.contains(name),
-             "[safetensors] {}: tensor name '{}' used twice (or reserved)", path, name);
-    const uint64_t nbytes = t.nbytes();
-    header[name] = {{"dtype", dtype_to_safetensors(t.dtype())},
-                    {"shape", t.shape()},
-                    {"data_offsets", {offset, offset + nbytes}}};
-    offset += nbytes;
+    declared.push_back({name, t.dtype(), t.shape()});
     contiguous.push_back(t.contiguous());
+  }
+  save_streamed(path, declared, metadata, [&](const WriteAt& write_at) {
+    for (size_t i = 0; i < contiguous.size(); ++i)
+      if (contiguous[i].nbytes() > 0)
+        write_at(i, 0, contiguous[i].raw_data(), contiguous[i].nbytes());
+  });
+}
+
+void save_streamed(const std::string& path, const std::vector<Declared>& tensors,
+                   const std::map<std::string, std::string>& metadata,
+                   const std::function<void(const WriteAt&)>& fill) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  std::vector<uint64_t> begins, sizes;
+  for (const auto& t : tensors) {
+    DS_CHECK(t.name != "__metadata__" && !header.contains(t.name),
+             "[safetensors] {}: tensor name '{}' used twice (or reserved)", path, t.name);
+    const uint64_t nbytes = static_cast<uint64_t>(shape_numel(t.shape)) * dtype_size(t.dtype);
+    header[t.name] = {{"dtype", dtype_to_safetensors(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + nbytes}}};
+    begins.push_back(offset);
+    sizes.push_back(nbytes);
+    offset += nbytes;
   }
   std::string json = header.dump();
   // Pad with spaces so the data region starts 8-byte aligned (what the reference writer does).
   json.append((8 - json.size() % 8) % 8, ' ');
+  const uint64_t data_start = 8 + json.size();
 
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -273,8 +291,25 @@ void save(const std::string& path, const std::vector<std::pair<std::string, Tens
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
     write_all(fd, len, 8, path);
     write_all(fd, json.data(), json.size(), path);
-    for (const Tensor& t : contiguous)
-      if (t.nbytes() > 0) write_all(fd, t.raw_data(), t.nbytes(), path);
+    // Size the file first: tensors may be filled in any order.
+    DS_CHECK(::ftruncate(fd, static_cast<off_t>(data_start + offset)) == 0,
+             "[safetensors] {}: cannot size the file to {} bytes: {} (disk full?)", path,
+             data_start + offset, errno_str());
+    fill([&](size_t i, uint64_t at, const void* data, uint64_t bytes) {
+      DS_CHECK(i < tensors.size() && at + bytes <= sizes[i],
+               "[safetensors] {}: write of {} bytes at {} is outside tensor {}", path, bytes, at,
+               i);
+      const char* c = static_cast<const char*>(data);
+      uint64_t pos = data_start + begins[i] + at;
+      while (bytes > 0) {
+        const ssize_t w = ::pwrite(fd, c, bytes, static_cast<off_t>(pos));
+        if (w < 0 && errno == EINTR) continue;
+        DS_CHECK(w > 0, "[safetensors] {}: write failed: {} (disk full?)", path, errno_str());
+        c += w;
+        pos += static_cast<uint64_t>(w);
+        bytes -= static_cast<uint64_t>(w);
+      }
+    });
     DS_CHECK(::fsync(fd) == 0, "[safetensors] {}: fsync failed: {}", path, errno_str());
   } catch (...) {
     ::close(fd);

@@ -50,6 +50,7 @@ void Optimizer::set_state_home(std::shared_ptr<StateHome> home) {
 
 void Optimizer::init_state(int64_t n) {
   DS_CHECK(n >= 0, "[optim] {}: negative element count {}", name(), n);
+  DS_CHECK(!external_, "[optim] {}: init_state() after use_external_state()", name());
   if (n_ >= 0) {
     DS_CHECK(n == n_,
              "[optim] {}: state was sized for {} elements, now asked for {}; one optimizer "
@@ -70,6 +71,10 @@ void Optimizer::allocate_buffers(int count) {
 
 void Optimizer::step(float* params, const float* grads, int64_t n, float grad_scale, void* out16,
                      DType out16_dtype) {
+  DS_CHECK(!external_,
+           "[optim] {}: the state lives in an external store; step with begin_step() and "
+           "step_slice()",
+           name());
   init_state(n);
   ++step_count_;
   try {
@@ -78,6 +83,34 @@ void Optimizer::step(float* params, const float* grads, int64_t n, float grad_sc
     --step_count_;  // a rejected step (bad arguments) did not happen
     throw;
   }
+}
+
+void Optimizer::use_external_state(int64_t n) {
+  DS_CHECK(steps_in_slices(),
+           "[optim] {} cannot step in slices (its update is not elementwise); NVMe offload of "
+           "the optimizer state needs Adam or AdamW",
+           name());
+  DS_CHECK(n_ < 0 || (external_ && n_ == n),
+           "[optim] {}: use_external_state({}) after the state was allocated for {} elements",
+           name(), n, n_);
+  n_ = n;
+  external_ = true;
+}
+
+void Optimizer::begin_step() {
+  DS_CHECK(external_, "[optim] {}: begin_step() needs use_external_state() first", name());
+  ++step_count_;
+}
+
+void Optimizer::step_slice(float* params, const float* grads, float* const* states, int64_t n,
+                           float grad_scale, void* out16, DType out16_dtype) {
+  DS_CHECK(external_ && step_count_ > 0,
+           "[optim] {}: step_slice() needs use_external_state() and begin_step() first", name());
+  do_step_slice(params, grads, states, n, grad_scale, out16, out16_dtype);
+}
+
+void Optimizer::do_step_slice(float*, const float*, float* const*, int64_t, float, void*, DType) {
+  DS_THROW("[optim] {} cannot step in slices", name());
 }
 
 void Optimizer::set_step_count(int64_t s) {
@@ -169,8 +202,14 @@ void Adam::do_step(float* params, const float* grads, float grad_scale, void* ou
               out16_dtype);
 }
 
+void Adam::do_step_slice(float* params, const float* grads, float* const* states, int64_t n,
+                         float grad_scale, void* out16, DType out16_dtype) {
+  adam_update(params, grads, states[0], states[1], n, step_count_, c_, grad_scale, out16,
+              out16_dtype);
+}
+
 std::vector<StateBuffer> Adam::state_buffers() {
-  if (n_ < 0) return {};
+  if (n_ < 0 || external_) return {};
   return {{"exp_avg", buffer(0), n_}, {"exp_avg_sq", buffer(1), n_}};
 }
 

@@ -282,14 +282,6 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
         segments.push_back({h.flat_begin, h.flat_end, h.offset});
         count = std::max(count, h.offset + (h.flat_end - h.flat_begin));
       }
-      auto head = [count](const Tensor& t) {
-        return Tensor::from_storage(t.storage(), {count}, DType::f32, t.storage_offset());
-      };
-      std::vector<std::pair<std::string, Tensor>> states = {{"fp32_master", head(zero_->master())}};
-      for (const auto& sb : optimizer_->state_buffers()) {
-        auto st = Storage::external(sb.data, static_cast<size_t>(sb.numel) * sizeof(float), kCPU);
-        states.emplace_back(sb.name, Tensor::from_storage(st, {count}, DType::f32));
-      }
       nlohmann::json names = nlohmann::json::array(), shapes = nlohmann::json::array(),
                      offsets = nlohmann::json::array();
       const nn::FlatParameters& flat = zero_->flat();
@@ -312,8 +304,23 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
           {"zero_stage", zero_stage()},
           {"rank", rank},
       };
-      safetensors::save((tmp / shard_file_name(training_dtype(), sharded ? rank : 0)).string(),
-                        states, {{"ds_optimizer", opt_state.dump()}});
+      // Streamed sub-group by sub-group from wherever the state lives (RAM, or NVMe swap files:
+      // each sub-group is read once and never held whole).
+      zero::StateStore& store = zero_->state();
+      std::vector<safetensors::Declared> declared = {{"fp32_master", DType::f32, {count}}};
+      for (const auto& name : store.state_names()) declared.push_back({name, DType::f32, {count}});
+      safetensors::save_streamed(
+          (tmp / shard_file_name(training_dtype(), sharded ? rank : 0)).string(), declared,
+          {{"ds_optimizer", opt_state.dump()}}, [&](const safetensors::WriteAt& write_at) {
+            store.for_each(zero::Access::Read, [&](const zero::StateChunk& c) {
+              const int64_t n = std::min(c.numel, count - c.begin);
+              if (n <= 0) return;
+              const uint64_t at = static_cast<uint64_t>(c.begin) * sizeof(float),
+                             bytes = static_cast<uint64_t>(n) * sizeof(float);
+              write_at(0, at, c.master, bytes);
+              for (size_t i = 0; i < c.states.size(); ++i) write_at(i + 1, at, c.states[i], bytes);
+            });
+          });
     }
   } catch (const std::exception& e) {
     error = fmt::format(
@@ -475,18 +482,28 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
   for (const zero::HeldRange& h : zero_->held_ranges())
     wants.push_back({h.flat_begin, h.flat_end, h.offset});
   const nn::FlatParameters& flat = zero_->flat();
-  const Tensor& master = zero_->master();
+  zero::StateStore& store = zero_->state();
+  std::vector<std::string> state_names = {"fp32_master"};
+  for (const auto& name : store.state_names()) state_names.push_back(name);
   int64_t needed = 0;
   for (const auto& w : wants) needed += w[1] - w[0];
 
-  auto states = optimizer_->state_buffers();
-  master.zero_();
-  for (const auto& sb : states) std::fill(sb.data, sb.data + sb.numel, 0.0f);
+  // First every shard's metadata is checked and the pieces this rank needs are listed; then the
+  // state is filled sub-group by sub-group (an NVMe store never holds it whole).
+  struct Piece {
+    size_t reader;
+    int64_t src, dst, len;  // elements: offset in the file's tensors, offset in our buffers
+  };
+  std::vector<safetensors::Reader> readers;
+  std::vector<std::vector<const float*>> sources;  // per reader, per state name
+  std::vector<Piece> pieces;
   nlohmann::json scalar_state;
   int64_t covered = 0;
   for (const auto& f : shard_files) {
     const std::string path = (ck / f).string();
-    safetensors::Reader reader(path);
+    readers.emplace_back(path);
+    const safetensors::Reader& reader = readers.back();
+    sources.emplace_back();
     const nlohmann::json meta_json = parse_metadata(reader, "ds_optimizer");
     const Meta meta(meta_json, path, "ds_optimizer");
     const int64_t numel = meta.integer("numel");
@@ -541,24 +558,27 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
           verify(f);
           verified = true;
         }
-        auto copy = [&](const std::string& name, float* dst) {
-          DS_CHECK(reader.contains(name), "[checkpoint] {} has no optimizer state '{}'", path,
-                   name);
+        auto& src = sources.back();
+        if (src.empty()) {
+          for (const auto& name : state_names) {
+            DS_CHECK(reader.contains(name), "[checkpoint] {} has no optimizer state '{}'", path,
+                     name);
+            const auto& entry = reader.entry(name);
+            DS_CHECK(entry.supported && entry.dtype == DType::f32,
+                     "[checkpoint] {}: '{}' is not fp32", path, name);
+            src.push_back(reinterpret_cast<const float*>(reader.data_of(entry)));
+          }
+        }
+        for (const auto& name : state_names) {
           const auto& entry = reader.entry(name);
-          DS_CHECK(entry.supported && entry.dtype == DType::f32,
-                   "[checkpoint] {}: '{}' is not fp32", path, name);
           const int64_t have = static_cast<int64_t>((entry.end - entry.begin) / sizeof(float));
           DS_CHECK(
               foff + (z - fb) <= have,
               "[checkpoint] {}: segment [{}, {}) at offset {} reads past the {} elements of '{}'; "
               "the file is damaged",
               path, fb, fe, foff, have, name);
-          const float* src = reinterpret_cast<const float*>(reader.data_of(entry));
-          std::memcpy(dst + w[2] + (a - w[0]), src + foff + (a - fb),
-                      static_cast<size_t>(z - a) * sizeof(float));
-        };
-        copy("fp32_master", master.data<float>());
-        for (const auto& sb : states) copy(sb.name, sb.data);
+        }
+        pieces.push_back({readers.size() - 1, foff + (a - fb), w[2] + (a - w[0]), z - a});
         covered += z - a;
       }
     }
@@ -567,6 +587,18 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
            "[checkpoint] the optimizer shards in {} cover {} of the {} elements this rank needs; a "
            "shard file is missing",
            ck.string(), covered, needed);
+  store.for_each(zero::Access::Overwrite, [&](const zero::StateChunk& c) {
+    std::vector<float*> dst = {c.master};
+    dst.insert(dst.end(), c.states.begin(), c.states.end());
+    for (float* d : dst) std::fill(d, d + c.numel, 0.0f);
+    for (const Piece& p : pieces) {
+      const int64_t a = std::max(p.dst, c.begin), z = std::min(p.dst + p.len, c.begin + c.numel);
+      if (a >= z) continue;
+      for (size_t i = 0; i < dst.size(); ++i)
+        std::memcpy(dst[i] + (a - c.begin), sources[p.reader][i] + p.src + (a - p.dst),
+                    static_cast<size_t>(z - a) * sizeof(float));
+    }
+  });
   // Weights: stages 0-2 read every parameter from the model file (in fp32 training the master
   // weights are a view of them and the file holds the same values); under stage 3 each rank's
   // piece is the rounded master weights, exactly as after an optimizer step.

@@ -14,7 +14,6 @@
 namespace ds::runtime {
 namespace {
 
-
 optim::OptimizerParams optimizer_params(const OptimizerConfig& o) {
   optim::OptimizerParams p;
   p.lr = static_cast<float>(o.lr);
@@ -72,6 +71,22 @@ zero::Options zero_options(const DeepSpeedConfig& c, DType grads, int world_size
   o.prefetch_bucket_size = static_cast<int64_t>(z.stage3_prefetch_bucket_size);
   o.max_live_parameters = static_cast<int64_t>(z.stage3_max_live_parameters);
   o.max_reuse_distance = static_cast<int64_t>(z.stage3_max_reuse_distance);
+  if (z.offload_optimizer.device == OffloadDevice::NVMe) {
+    const OffloadOptimizerConfig& f = z.offload_optimizer;
+    zero::NvmeOffloadOptions n;
+    n.nvme_path = f.nvme_path;
+    n.buffer_count = f.buffer_count;
+    n.pipeline_read = f.pipeline_read;
+    n.pipeline_write = f.pipeline_write;
+    n.ratio = f.ratio;
+    n.sub_group_size = static_cast<int64_t>(z.sub_group_size);
+    n.aio.block_size = c.aio.block_size;
+    n.aio.queue_depth = static_cast<int>(c.aio.queue_depth);
+    n.aio.threads = static_cast<int>(c.aio.intra_op_parallelism);
+    n.aio.single_submit = c.aio.single_submit;
+    n.aio.overlap_events = c.aio.overlap_events;
+    o.nvme_optimizer = n;
+  }
   return o;
 }
 
@@ -124,8 +139,8 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
       }
     });
   }
-  optimizer_->set_state_home(zero_->optimizer_state_home());
-  optimizer_->init_state(zero_->optimizer_numel());
+  // Master weights and moments: in RAM, or streamed from NVMe (offload_optimizer).
+  zero_->attach_optimizer(*optimizer_, [this](const std::string& m) { log(m); });
 
   // The model's original parameter storages were just freed (everything now lives in the flat or
   // shard buffers). Give their memory back rather than keep it cached: those blocks are sized per
@@ -233,10 +248,8 @@ bool Engine::step() {
   if (auto beta1 = scheduler_.get_beta1())
     optimizer_->set_betas(static_cast<float>(*beta1),
                           static_cast<float>(LRScheduler::kOneCycleBeta2));
-  const DType train = training_dtype();
-  optimizer_->step(zero_->master().data<float>(), g.data<float>(), zero_->optimizer_numel(),
-                   static_cast<float>(clip.factor * zero_->grad_post_scale()), zero_->params16(),
-                   train != DType::f32 ? train : DType::bf16);
+  zero_->optimizer_step(*optimizer_, g, static_cast<float>(clip.factor * zero_->grad_post_scale()),
+                        ctx);
   zero_->after_step(ctx);
   scheduler_.step();
   zero_->zero_grads();
@@ -250,8 +263,9 @@ MemoryBudget Engine::memory_budget() const {
   b.grads = z.grads;
   b.master_weights = z.master_weights;
   b.scratch = z.scratch;
-  b.optimizer_states = optimizer_->state_numel() * optimizer_->state_floats_per_param() *
-                       static_cast<int64_t>(sizeof(float));
+  const zero::StoreStats st = zero_->state().stats();
+  b.optimizer_states = st.ram_bytes;
+  b.nvme = st.disk_bytes;
   return b;
 }
 

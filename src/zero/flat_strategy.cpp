@@ -101,8 +101,7 @@ class FlatStrategy final : public Strategy {
     b.grads =
         static_cast<int64_t>(flat_.grads.defined() ? flat_.grads.nbytes() : grads_part_.nbytes());
     b.scratch = grads32_.defined() ? static_cast<int64_t>(grads32_.nbytes()) : 0;
-    b.master_weights =
-        options_.train_dtype != DType::f32 ? static_cast<int64_t>(master_.nbytes()) : 0;
+    b.master_weights = master_bytes();
     return b;
   }
 

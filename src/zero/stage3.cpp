@@ -139,8 +139,7 @@ class Stage3Strategy final : public Strategy {
       if (sp.persistent) b.params += static_cast<int64_t>(sp.full->nbytes());
     b.grads = static_cast<int64_t>(grads_part_.nbytes());
     b.scratch = grads32_.defined() ? static_cast<int64_t>(grads32_.nbytes()) : 0;
-    b.master_weights =
-        options_.train_dtype != DType::f32 ? static_cast<int64_t>(master_.nbytes()) : 0;
+    b.master_weights = master_bytes();
     return b;
   }
 
@@ -183,7 +182,7 @@ class Stage3Strategy final : public Strategy {
 
   void load_parameters(const std::function<void(const std::string&, const Tensor&)>&) override {
     // Each rank's piece is the rounded master weights, exactly as after an optimizer step.
-    shard_params_.copy_from(master_);
+    if (options_.train_dtype != DType::f32) round_master_into(shard_params_);
     refresh();
   }
 

@@ -39,6 +39,61 @@ double Strategy::global_sum_of_squares(const Tensor& g, const std::string& ctx) 
   return sq;
 }
 
+void Strategy::attach_optimizer(optim::Optimizer& opt,
+                                const std::function<void(const std::string&)>& log) {
+  DS_CHECK(!store_, "[zero] attach_optimizer() was already called");
+  const bool master_is_params = options_.train_dtype == DType::f32;
+  if (options_.nvme_optimizer) {
+    store_ = nvme_state_store(*options_.nvme_optimizer, group_->rank(), master_, master_is_params,
+                              opt, log);
+    if (store_->holds_master()) master_ = Tensor();  // the swap file has them now
+    if (log) log(store_->describe());
+  } else {
+    store_ = host_state_store(master_, opt);
+  }
+}
+
+StateStore& Strategy::state() const {
+  DS_CHECK(store_, "[zero] the optimizer state is not placed yet: call attach_optimizer()");
+  return *store_;
+}
+
+void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
+                              const std::string& ctx) {
+  DS_CHECK(grads.dtype() == DType::f32 && grads.numel() == opt_numel_ && grads.is_contiguous(),
+           "[zero] the optimizer needs ({},) fp32 gradients", opt_numel_);
+  const DType train = options_.train_dtype;
+  void* out16 = params16();
+  const DType out16_dtype = train != DType::f32 ? train : DType::bf16;
+  if (!options_.nvme_optimizer) {
+    state().step(opt, grads.data<float>(), grad_scale, out16, out16_dtype);
+    return;
+  }
+  // Offloaded: a failed read or write on one rank must not leave the others waiting in the
+  // parameter gather that follows.
+  std::string error;
+  try {
+    state().step(opt, grads.data<float>(), grad_scale, out16, out16_dtype);
+  } catch (const Error& e) {
+    error = fmt::format("[zero] rank {}, {}, optimizer step on NVMe-offloaded state: {}",
+                        group_->rank(), ctx, e.what());
+  }
+  comm::raise_if_any_failed(*group_, error, ctx + ": optimizer step on NVMe-offloaded state");
+}
+
+int64_t Strategy::master_bytes() const {
+  return options_.train_dtype != DType::f32 && master_.defined()
+             ? static_cast<int64_t>(master_.nbytes())
+             : 0;
+}
+
+void Strategy::round_master_into(const Tensor& dst) {
+  state().for_each(Access::Read, [&](const StateChunk& c) {
+    auto st = Storage::external(c.master, static_cast<size_t>(c.numel) * sizeof(float), kCPU);
+    dst.flat_range(c.begin, c.numel).copy_from(Tensor::from_storage(st, {c.numel}, DType::f32));
+  });
+}
+
 std::unique_ptr<Strategy> make_strategy(nn::Module& model, std::shared_ptr<comm::Group> group,
                                         const Options& options) {
   DS_CHECK(group, "[zero] make_strategy needs a group");

@@ -9,6 +9,7 @@
 // We read and write F32, BF16, F16, I32 and I64 (our dtypes). A file holding other dtypes (F64,
 // U8, ...) still opens; only reading those tensors fails. Every error names the file.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -60,7 +61,6 @@ class Reader {
   const uint8_t* data_of(const Entry& e) const;
 
  private:
-
   std::string path_;
   std::shared_ptr<void> map_;  // the mapping; unmapped when the last owner goes
   size_t file_size_ = 0;
@@ -75,6 +75,20 @@ class Reader {
 // never sees a half-written file and a crash leaves the previous file intact.
 void save(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
           const std::map<std::string, std::string>& metadata = {});
+
+// The same file format and atomicity, for tensors too large to hold at once: `tensors` declares
+// names, dtypes and shapes; `fill` then writes their bytes, in any order and pieces, through
+// write_at(tensor index, byte offset within that tensor, data, bytes).
+struct Declared {
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
+using WriteAt =
+    std::function<void(size_t tensor, uint64_t byte_offset, const void* data, uint64_t bytes)>;
+void save_streamed(const std::string& path, const std::vector<Declared>& tensors,
+                   const std::map<std::string, std::string>& metadata,
+                   const std::function<void(const WriteAt&)>& fill);
 
 // Every supported tensor of a file, by name.
 std::map<std::string, Tensor> load(const std::string& path);

@@ -115,6 +115,23 @@ class Optimizer {
   // Default: the whole buffer is one segment.
   virtual void set_segments(std::span<const Segment> segments);
 
+  // ---- stepping in slices, with the state held elsewhere (NVMe offload, zero/state_store.h) ----
+  // The names of the fp32 state buffers, in order ("exp_avg", "exp_avg_sq"), allocated or not.
+  virtual std::vector<std::string> state_names() const = 0;
+  // True when the update is elementwise, so a range can be stepped slice by slice (Adam, AdamW).
+  // Lamb's trust ratios need whole tensors, and SGD's momentum starts once per optimizer: false.
+  virtual bool steps_in_slices() const { return false; }
+  // Declares that the state of n elements lives outside this object (instead of init_state()):
+  // state_buffers() is then empty and step() refused; use begin_step() + step_slice().
+  void use_external_state(int64_t n);
+  bool external_state() const { return external_; }
+  // One step in slices: begin_step() counts it (the t of the bias corrections); each
+  // step_slice() updates n elements with the caller's state pointers (one per state_names()
+  // entry). Any number of slices in any order make one step, equal to step() over their union.
+  void begin_step();
+  void step_slice(float* params, const float* grads, float* const* states, int64_t n,
+                  float grad_scale = 1.0f, void* out16 = nullptr, DType out16_dtype = DType::bf16);
+
   // Checkpoint state: the fp32 buffers (empty before init_state) and the scalars ("step" and the
   // current hyper-parameters: "lr", "weight_decay", "beta1", ...), all JSON-representable.
   virtual std::vector<StateBuffer> state_buffers() = 0;
@@ -133,9 +150,13 @@ class Optimizer {
   // The update itself; step_count_ already counts this step.
   virtual void do_step(float* params, const float* grads, float grad_scale, void* out16,
                        DType out16_dtype) = 0;
+  // One slice with explicit state (only when steps_in_slices()).
+  virtual void do_step_slice(float* params, const float* grads, float* const* states, int64_t n,
+                             float grad_scale, void* out16, DType out16_dtype);
 
   int64_t n_ = -1;  // -1 until init_state
   int64_t step_count_ = 0;
+  bool external_ = false;  // use_external_state(): no buffers here
 
  private:
   struct BufferDeleter {
@@ -166,11 +187,15 @@ class Adam final : public Optimizer {
   std::vector<StateBuffer> state_buffers() override;
   std::map<std::string, double> scalar_state() const override;
   void load_scalar_state(const std::map<std::string, double>& s) override;
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  bool steps_in_slices() const override { return true; }
 
  private:
   void on_init_state() override { allocate_buffers(2); }
   void do_step(float* params, const float* grads, float grad_scale, void* out16,
                DType out16_dtype) override;
+  void do_step_slice(float* params, const float* grads, float* const* states, int64_t n,
+                     float grad_scale, void* out16, DType out16_dtype) override;
   AdamConfig c_;
   bool named_adamw_;
 };
@@ -198,6 +223,7 @@ class Lamb final : public Optimizer {
   void set_norm_reducer(std::function<void(double* sums, int64_t count)> reducer);
   // The trust ratios of the last step, one per segment (DeepSpeed's get_lamb_coeffs()).
   const std::vector<float>& lamb_coeffs() const { return coeffs_; }
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
   std::vector<StateBuffer> state_buffers() override;
   std::map<std::string, double> scalar_state() const override;
   void load_scalar_state(const std::map<std::string, double>& s) override;
@@ -227,6 +253,10 @@ class Sgd final : public Optimizer {
   float momentum() const override { return c_.momentum; }
   // Turning momentum on later allocates the buffer then; it starts from that step's gradient.
   void set_momentum(float m) override;
+  std::vector<std::string> state_names() const override {
+    return c_.momentum != 0 ? std::vector<std::string>{"momentum_buffer"}
+                            : std::vector<std::string>{};
+  }
   std::vector<StateBuffer> state_buffers() override;
   std::map<std::string, double> scalar_state() const override;
   void load_scalar_state(const std::map<std::string, double>& s) override;

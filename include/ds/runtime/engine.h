@@ -87,6 +87,7 @@ struct MemoryBudget {
   int64_t master_weights = 0;    // fp32 copy under bf16/fp16 (0 in fp32: params are the master)
   int64_t optimizer_states = 0;  // moments
   int64_t scratch = 0;  // fp32 copy of 16-bit gradients for the optimizer (not model state)
+  int64_t nvme = 0;     // optimizer state reserved on disk (offload_optimizer.device = "nvme")
   int64_t total() const { return params + grads + master_weights + optimizer_states; }
 };
 

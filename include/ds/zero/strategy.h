@@ -5,15 +5,14 @@
 // counters, and calls the strategy at each point of a step:
 //
 //   auto z = zero::make_strategy(model, group, options);    // flattens / shards the model
-//   optimizer.set_state_home(z->optimizer_state_home());    // where its moments live
-//   optimizer.init_state(z->optimizer_numel());              // this rank's range
+//   z->attach_optimizer(optimizer, log);                     // master + moments: RAM or NVMe
 //   per micro-step:
 //     z->begin_forward(/*training=*/true);  loss = loss_fn(model, x, y);
 //     z->begin_backward(boundary, "step 17");  loss.backward();  z->end_backward();
 //   at an accumulation boundary:
 //     Tensor g = z->reduced_gradients(ctx);                  // (optimizer_numel,) fp32
 //     double sq = z->global_sum_of_squares(g, ctx);          // every rank's share summed
-//     optimizer.step(z->master().data<float>(), g.data<float>(), n, scale, z->params16(), dtype);
+//     z->optimizer_step(optimizer, g, scale, ctx);           // through z->state()
 //     z->after_step(ctx);  z->zero_grads();
 //
 // One implementation per stage family: FlatStrategy (stages 0-2: one flat buffer, cut into
@@ -26,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,6 +38,7 @@
 #include "ds/optim/kernels.h"
 #include "ds/optim/optimizer.h"
 #include "ds/zero/partition.h"
+#include "ds/zero/state_store.h"
 
 namespace ds::zero {
 
@@ -60,6 +61,8 @@ struct Options {
   int64_t prefetch_bucket_size = 50000000;       // elements gathered ahead along the trace
   int64_t max_live_parameters = 1000000000;      // elements gathered at once at most
   int64_t max_reuse_distance = 1000000000;       // keep a parameter used again within this many
+  // offload_optimizer.device = "nvme": master weights and moments in swap files (state_store.h).
+  std::optional<NvmeOffloadOptions> nvme_optimizer;
 };
 
 // A piece of the flat parameter space (the unpadded concatenation of all parameters in
@@ -96,7 +99,8 @@ class Strategy {
   const PartitionPlan& plan() const { return plan_; }
   int64_t optimizer_numel() const { return opt_numel_; }
   // (optimizer_numel,) fp32 master weights of this rank's range (in fp32 training, a view of the
-  // parameters themselves).
+  // parameters themselves). Undefined when the NVMe store holds them (16-bit training with
+  // offload_optimizer.device = "nvme"): read them through state().
   const Tensor& master() const { return master_; }
   // Where the optimizer writes the updated parameters rounded to the training dtype (nullptr in
   // fp32 training, where master() is the parameters).
@@ -104,11 +108,12 @@ class Strategy {
   // One segment per parameter over this rank's range (numel 0 where it holds none of it): Lamb's
   // per-tensor trust ratios. The same list on every rank.
   virtual std::vector<optim::Segment> segments() const = 0;
-  // Where the optimizer keeps its state (moments) for this rank's range: host memory here; the
-  // offload strategies will return a swapped or file-backed home (optim::StateHome).
-  virtual std::shared_ptr<optim::StateHome> optimizer_state_home() const {
-    return optim::host_state_home();
-  }
+  // Places this rank's master weights and the optimizer's moments (once, before the first step):
+  // in RAM (master() and the optimizer's own buffers), or on NVMe when options().nvme_optimizer
+  // is set. `log` receives the store's notices.
+  void attach_optimizer(optim::Optimizer& opt, const std::function<void(const std::string&)>& log);
+  // The optimizer state's home (after attach_optimizer): steps, checkpoints and statistics.
+  StateStore& state() const;
   // True when the optimizer's range is a partition of the whole (per-tensor norms then need a sum
   // across ranks).
   bool partitioned() const { return partitioned_; }
@@ -136,6 +141,11 @@ class Strategy {
   // The factor that turns the reduced gradients into the average over ranks (1 / N unless the
   // reduction already divided by it).
   double grad_post_scale() const { return grad_post_scale_; }
+  // The optimizer step on this rank's range: grads (optimizer_numel,) fp32 times grad_scale;
+  // updates the master weights and params16() through state(). With NVMe offload a collective:
+  // an I/O failure on any rank becomes an error on every rank.
+  void optimizer_step(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
+                      const std::string& ctx);
   // After the optimizer updated master() (and params16()): make the working parameters of every
   // rank current (stage 1-2: all-gather; stage 3: drop stale gathers). A collective when sharded.
   virtual void after_step(const std::string& ctx) = 0;
@@ -162,6 +172,12 @@ class Strategy {
   int64_t opt_numel_ = 0;
   Tensor master_;
   bool partitioned_ = false;
+  std::unique_ptr<StateStore> store_;  // attach_optimizer()
+  // Bytes of master weights held in RAM (0 in fp32 training, where they are the parameters, and
+  // when the NVMe store holds them).
+  int64_t master_bytes() const;
+  // dst (optimizer_numel,) of the training dtype = the master weights, rounded (through state()).
+  void round_master_into(const Tensor& dst);
   float comm_prescale_ = 1.0f;    // applied to gradients before a reduction
   double grad_post_scale_ = 1.0;  // folded into the optimizer's gradient scale after it
   int64_t reductions_in_flight() const { return options_.overlap_comm ? 2 : 0; }

@@ -1,0 +1,94 @@
+#pragma once
+// Where this rank's optimizer state lives: the fp32 master weights and the optimizer's moments
+// over the strategy's optimizer range [0, optimizer_numel). Two homes:
+//
+//   host_state_store   in RAM: master() and the optimizer's own buffers (the default).
+//   nvme_state_store   ZeRO-Infinity (offload_optimizer.device = "nvme"): sub-groups of
+//                      sub_group_size elements in one preallocated swap file per rank, streamed
+//                      through `buffer_count` aligned buffers with read-ahead and write-behind,
+//                      so reading sub-group k+1, the Adam step on k and writing k-1 overlap.
+//                      `ratio` < 1 keeps the first (1 - ratio) of the sub-groups in RAM. In fp32
+//                      training the master weights are the parameters and stay in RAM; only the
+//                      moments are swapped. Gradients never leave RAM.
+//
+//   auto store = z->state();                     // built by Strategy::attach_optimizer()
+//   store.step(optimizer, grads, scale, params16, DType::bf16);        // one optimizer step
+//   store.for_each(Access::Read, [&](const StateChunk& c) { ... });    // checkpoints
+//
+// Chunks come in order of `begin`; a visitor sees each element once. Access::Read does not write
+// back; Update reads and writes back; Overwrite does not read (the visitor fills every element)
+// and writes back. The chunk's pointers are valid during the visit only.
+//
+// Threading: the training thread; the NVMe store's I/O runs on io::Engine workers. Errors (a full
+// disk, EIO) surface as ds::Error from step()/for_each() after every transfer has stopped.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ds/core/dtype.h"
+#include "ds/core/tensor.h"
+#include "ds/io/aio.h"
+#include "ds/optim/optimizer.h"
+
+namespace ds::zero {
+
+struct StateChunk {
+  int64_t begin = 0, numel = 0;  // elements [begin, begin + numel) of the optimizer range
+  float* master = nullptr;       // numel fp32 master weights
+  std::vector<float*> states;    // one per optimizer.state_names() entry, numel each
+};
+
+enum class Access { Read, Update, Overwrite };
+
+// zero_optimization.offload_optimizer with device "nvme", plus sub_group_size and the aio section.
+struct NvmeOffloadOptions {
+  std::string nvme_path;
+  int64_t buffer_count = 4;
+  bool pipeline_read = true;   // read sub-group k+1.. ahead while k is stepped
+  bool pipeline_write = true;  // write sub-group k back while k+1 is stepped
+  double ratio = 1.0;          // fraction of sub-groups on NVMe (the rest in RAM)
+  int64_t sub_group_size = 1000000000;
+  io::AioOptions aio;
+};
+
+struct StoreStats {
+  int64_t ram_bytes = 0;                      // state and swap buffers held in RAM
+  int64_t disk_bytes = 0;                     // reserved on disk
+  int64_t bytes_read = 0, bytes_written = 0;  // since construction
+  double io_wait_seconds = 0;                 // training thread blocked on I/O, since construction
+  double io_busy_seconds = 0;  // I/O outstanding (summed over workers), since construction
+};
+
+class StateStore {
+ public:
+  virtual ~StateStore();
+  virtual int64_t numel() const = 0;
+  // The optimizer state buffers' names, in StateChunk::states order.
+  virtual std::vector<std::string> state_names() const = 0;
+  // One optimizer step over the whole range; out16 (when not null) receives the updated
+  // parameters in out16_dtype at the same offsets.
+  virtual void step(optim::Optimizer& opt, const float* grads, float grad_scale, void* out16,
+                    DType out16_dtype) = 0;
+  virtual void for_each(Access access, const std::function<void(const StateChunk&)>& fn) = 0;
+  // One line for the start-up report.
+  virtual std::string describe() const = 0;
+  virtual StoreStats stats() const = 0;
+  // True when master weights are held only here (not as a RAM tensor of the strategy).
+  virtual bool holds_master() const = 0;
+};
+
+// The RAM home: `master` (optimizer_numel fp32) and the optimizer's own buffers, which this
+// allocates (opt.init_state). Lamb and SGD step here as one whole range.
+std::unique_ptr<StateStore> host_state_store(Tensor master, optim::Optimizer& opt);
+
+// The NVMe home for `rank`: initial master weights copied from `master`, moments zero. When
+// `master_is_params` (fp32 training) `master` stays the master and only the moments are swapped.
+// The optimizer must step in slices (Adam/AdamW). `log` receives the notices (O_DIRECT
+// fallback, buffer sizing, stale swap folders).
+std::unique_ptr<StateStore> nvme_state_store(const NvmeOffloadOptions& o, int rank, Tensor master,
+                                             bool master_is_params, optim::Optimizer& opt,
+                                             const std::function<void(const std::string&)>& log);
+
+}  // namespace ds::zero

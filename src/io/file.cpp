@@ -1,0 +1,133 @@
+// Files, aligned buffers and the O_DIRECT / free-space probes of the aio layer (io/aio.h).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "ds/core/error.h"
+#include "ds/io/aio.h"
+
+namespace ds::io {
+
+File File::open(const std::string& path, int mode, bool direct) {
+  int flags = (mode & kReadWrite) ? O_RDWR : O_RDONLY;
+  if (mode & kCreate) flags |= O_CREAT;
+  if (direct) flags |= O_DIRECT;
+  flags |= O_CLOEXEC;
+  const int fd = ::open(path.c_str(), flags, 0600);
+  if (fd < 0) {
+    const int e = errno;
+    DS_THROW(
+        "[io] cannot open {}{}: {} (errno {}){}", path, direct ? " with O_DIRECT" : "",
+        std::strerror(e), e,
+        e == EACCES || e == EROFS ? ": the folder is not writable; point nvme_path elsewhere" : "");
+  }
+  File f;
+  f.fd_ = fd;
+  f.path_ = path;
+  f.direct_ = direct;
+  return f;
+}
+
+File::File(File&& o) noexcept
+    : fd_(std::exchange(o.fd_, -1)), path_(std::move(o.path_)), direct_(o.direct_) {}
+
+File& File::operator=(File&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(o.fd_, -1);
+    path_ = std::move(o.path_);
+    direct_ = o.direct_;
+  }
+  return *this;
+}
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool File::reserve(int64_t bytes) {
+  if (bytes <= 0) return true;
+  if (::fallocate(fd_, 0, 0, bytes) == 0) return true;
+  const int e = errno;
+  if (e == ENOSPC || e == EDQUOT || e == EFBIG) {
+    const int64_t avail = available_bytes(path_);
+    DS_THROW(
+        "[io] cannot reserve {:.2f} GiB for {}: {} ({:.2f} GiB available on that filesystem); "
+        "free space there or point nvme_path at a larger disk",
+        static_cast<double>(bytes) / (1 << 30), path_, std::strerror(e),
+        static_cast<double>(avail) / (1 << 30));
+  }
+  if (e != EOPNOTSUPP && e != ENOSYS && e != EINVAL)
+    DS_THROW("[io] fallocate of {} bytes on {} failed: {} (errno {})", bytes, path_,
+             std::strerror(e), e);
+  // No fallocate on this filesystem: size the file so reads of untouched ranges succeed.
+  if (::ftruncate(fd_, bytes) != 0) {
+    const int e2 = errno;
+    DS_THROW("[io] cannot size {} to {} bytes: {} (errno {})", path_, bytes, std::strerror(e2), e2);
+  }
+  return false;
+}
+
+AlignedBuffer::AlignedBuffer(int64_t bytes) : bytes_(align_up(bytes)) {
+  if (bytes_ == 0) return;
+  if (posix_memalign(&p_, static_cast<size_t>(kAlignment), static_cast<size_t>(bytes_)) != 0)
+    DS_THROW(
+        "[io] out of memory allocating a {:.1f} MiB I/O buffer; lower buffer_count or "
+        "sub_group_size",
+        static_cast<double>(bytes_) / (1 << 20));
+  std::memset(p_, 0, static_cast<size_t>(bytes_));
+}
+
+AlignedBuffer::AlignedBuffer(AlignedBuffer&& o) noexcept
+    : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+
+AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
+  if (this != &o) {
+    std::free(p_);
+    p_ = std::exchange(o.p_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+AlignedBuffer::~AlignedBuffer() {
+  std::free(p_);
+}
+
+bool direct_io_supported(const std::string& dir, std::string* why) {
+  const std::string path = dir + "/.ds_direct_probe." + std::to_string(::getpid());
+  auto fail = [&](const char* step, int e) {
+    if (why) *why = std::string(step) + ": " + std::strerror(e);
+    ::unlink(path.c_str());
+    return false;
+  };
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0) return fail("open with O_DIRECT", errno);
+  AlignedBuffer out(kAlignment), in(kAlignment);
+  for (int64_t i = 0; i < kAlignment; ++i)
+    out.as<unsigned char>()[i] = static_cast<unsigned char>(i * 7);
+  const ssize_t w = ::pwrite(fd, out.data(), kAlignment, 0);
+  const int we = errno;
+  const ssize_t r = w == kAlignment ? ::pread(fd, in.data(), kAlignment, 0) : -1;
+  const int re = errno;
+  ::close(fd);
+  if (w != kAlignment) return fail("aligned O_DIRECT write", w < 0 ? we : EIO);
+  if (r != kAlignment) return fail("aligned O_DIRECT read", r < 0 ? re : EIO);
+  if (std::memcmp(out.data(), in.data(), kAlignment) != 0) return fail("read-back compare", EIO);
+  ::unlink(path.c_str());
+  return true;
+}
+
+int64_t available_bytes(const std::string& path) {
+  struct statvfs s;
+  if (::statvfs(path.c_str(), &s) != 0) return -1;
+  return static_cast<int64_t>(s.f_bavail) * static_cast<int64_t>(s.f_frsize);
+}
+
+}  // namespace ds::io

@@ -1,0 +1,299 @@
+// The NVMe home of the optimizer state (zero/state_store.h; reference/offload.md §3.1, §8).
+//
+// Layout: the optimizer range is cut into K sub-groups of S elements (S = sub_group_size rounded
+// up to 1024 elements = 4 KiB, the last one shorter). Sub-groups [0, K_ram) live in one RAM region
+// (ratio < 1), the rest in one swap file per rank, each in a slot of (1 + states) * S floats:
+//
+//   slot j:  [ master (S floats) | exp_avg (S) | exp_avg_sq (S) ]      (master omitted when the
+//                                                                        master is the parameters)
+//
+// so a sub-group is one contiguous, aligned read and one write. A ring of B = buffer_count slot
+// buffers streams them: sub-group k uses buffer k % B; reads run `ahead` sub-groups in front of
+// the one being stepped (pipeline_read), the write of k is waited for only when its buffer is
+// needed again (pipeline_write). With B = 4 and both on: write k-1 | step k | read k+1, k+2.
+//
+// The swap folder is scratch (io/swap_dir.h): created per run, removed on exit; checkpoints hold
+// the state, and a resumed run streams it back into a fresh swap file.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "ds/core/error.h"
+#include "ds/io/aio.h"
+#include "ds/io/swap_dir.h"
+#include "ds/zero/state_store.h"
+
+namespace ds::zero {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int64_t kGroupAlign = io::kAlignment / static_cast<int64_t>(sizeof(float));  // 1024
+
+int64_t mem_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return -1;
+}
+
+std::string gib(int64_t b) {
+  return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1 << 30));
+}
+
+class NvmeStateStore final : public StateStore {
+ public:
+  NvmeStateStore(const NvmeOffloadOptions& o, int rank, Tensor master, bool master_is_params,
+                 optim::Optimizer& opt, const std::function<void(const std::string&)>& log)
+      : o_(o), n_(master.numel()), names_(opt.state_names()) {
+    DS_CHECK(opt.steps_in_slices(),
+             "[offload] offload_optimizer.device = \"nvme\" needs the Adam or AdamW optimizer "
+             "(the state is stepped one sub-group at a time); {} needs whole tensors. Use "
+             "AdamW, or offload_optimizer.device = \"none\"",
+             opt.name());
+    DS_CHECK(o.buffer_count >= 1,
+             "[offload] offload_optimizer.buffer_count = {} must be >= 1 (4 or more overlaps "
+             "reading, stepping and writing)",
+             o.buffer_count);
+    if (master_is_params) external_master_ = master;
+    const int64_t floats_per = (master_is_params ? 0 : 1) + static_cast<int64_t>(names_.size());
+    per_ = floats_per;
+
+    // Sub-group size: the configured one, unless the ring would not fit in a quarter of the RAM
+    // that is available now (DeepSpeed's default 1e9 elements x 4 buffers pins 16+ GiB).
+    int64_t s =
+        std::max<int64_t>(kGroupAlign, std::min(o.sub_group_size, std::max<int64_t>(n_, 1)));
+    s = io::align_up(s, kGroupAlign);
+    const int64_t avail = mem_available_bytes();
+    const int64_t ring = o.buffer_count * per_ * s * 4;
+    if (avail > 0 && ring > avail / 4) {
+      int64_t fit = avail / 4 / (o.buffer_count * per_ * 4);
+      fit = std::max<int64_t>(kGroupAlign, fit / kGroupAlign * kGroupAlign);
+      if (log)
+        log(fmt::format(
+            "[offload] sub_group_size {} with buffer_count {} would need {} of swap buffers "
+            "({} available): using sub-groups of {} elements ({}); set "
+            "zero_optimization.sub_group_size to choose",
+            o.sub_group_size, o.buffer_count, gib(ring), gib(avail), fit,
+            gib(o.buffer_count * per_ * fit * 4)));
+      s = fit;
+    }
+    group_ = s;
+    groups_ = std::max<int64_t>(1, (n_ + s - 1) / s);
+    const int64_t on_disk = std::clamp<int64_t>(
+        static_cast<int64_t>(std::llround(o.ratio * static_cast<double>(groups_))), 0, groups_);
+    ram_groups_ = groups_ - on_disk;
+    slot_floats_ = per_ * group_;
+
+    if (ram_groups_ > 0) ram_ = io::AlignedBuffer(ram_groups_ * slot_floats_ * 4);
+    if (on_disk > 0) {
+      dir_ = std::make_unique<io::SwapDir>(o.nvme_path, fmt::format("rank{}-optimizer", rank), log);
+      std::string why;
+      const char* env = std::getenv("DS_OFFLOAD_DIRECT");
+      if (env && std::string(env) == "0") {
+        direct_ = false;
+        why = "DS_OFFLOAD_DIRECT=0";
+      } else {
+        direct_ = io::direct_io_supported(dir_->path(), &why);
+      }
+      if (!direct_ && log)
+        log(
+            fmt::format("[offload] O_DIRECT is not supported in {} ({}); using buffered I/O "
+                        "(the page cache then holds swapped state too)",
+                        o.nvme_path, why));
+      file_ = io::File::open(dir_->path() + "/optimizer_state.swp",
+                             io::File::kReadWrite | io::File::kCreate, direct_);
+      disk_bytes_ = on_disk * slot_floats_ * 4;
+      if (!file_.reserve(disk_bytes_) && log)
+        log(fmt::format("[offload] {} cannot preallocate (no fallocate); space is not reserved",
+                        o.nvme_path));
+      std::string fallback;
+      engine_ = io::make_engine(o.aio, &fallback);
+      if (!fallback.empty() && log)
+        log(fmt::format("[offload] {}; using the pread/pwrite thread pool", fallback));
+      const int64_t nbuf = std::min<int64_t>(o.buffer_count, on_disk);
+      for (int64_t b = 0; b < nbuf; ++b) ring_.emplace_back(slot_floats_ * 4);
+      read_ticket_.assign(ring_.size(), 0);
+      write_ticket_.assign(ring_.size(), 0);
+    }
+
+    // Initial state: master weights from `master`, moments zero.
+    const float* init = master.data<float>();
+    for_each(Access::Overwrite, [&](const StateChunk& c) {
+      if (!master_is_params)
+        std::memcpy(c.master, init + c.begin, static_cast<size_t>(c.numel) * sizeof(float));
+      for (float* st : c.states) std::fill(st, st + c.numel, 0.0f);
+    });
+    opt.use_external_state(n_);
+  }
+
+  ~NvmeStateStore() override {
+    if (engine_) {
+      try {
+        engine_->wait_all();
+      } catch (const Error&) {  // already reported by the step that failed
+      }
+    }
+  }
+
+  int64_t numel() const override { return n_; }
+  std::vector<std::string> state_names() const override { return names_; }
+  bool holds_master() const override { return !external_master_.defined(); }
+
+  void step(optim::Optimizer& opt, const float* grads, float grad_scale, void* out16,
+            DType out16_dtype) override {
+    opt.begin_step();
+    const size_t esize = out16 ? dtype_size(out16_dtype) : 0;
+    for_each(Access::Update, [&](const StateChunk& c) {
+      opt.step_slice(
+          c.master, grads + c.begin, c.states.data(), c.numel, grad_scale,
+          out16 ? static_cast<char*>(out16) + c.begin * static_cast<int64_t>(esize) : nullptr,
+          out16_dtype);
+    });
+  }
+
+  void for_each(Access access, const std::function<void(const StateChunk&)>& fn) override {
+    try {
+      visit(access, fn);
+    } catch (...) {
+      // Stop every transfer before the buffers are reused or freed; the first error is the one
+      // reported (it is already on its way up).
+      if (engine_) {
+        try {
+          engine_->wait_all();
+        } catch (const Error&) {
+        }
+        std::fill(read_ticket_.begin(), read_ticket_.end(), 0);
+        std::fill(write_ticket_.begin(), write_ticket_.end(), 0);
+      }
+      throw;
+    }
+  }
+
+  std::string describe() const override {
+    const int64_t disk_groups = groups_ - ram_groups_;
+    std::string s = fmt::format(
+        "[offload] optimizer state ({}{}) on NVMe: {} sub-groups of {} elements, {} on disk in "
+        "{}{} ({} reserved, {} I/O, {}), {} in RAM; {} swap buffers of {} MiB; "
+        "read-ahead {}, write-behind {}",
+        external_master_.defined() ? "" : "fp32 master weights, ", fmt::join(names_, ", "), groups_,
+        group_, disk_groups, dir_ ? dir_->path() : std::string("-"),
+        direct_ ? " (O_DIRECT)" : " (buffered)", gib(disk_bytes_), engine_ ? engine_->kind() : "no",
+        engine_ ? fmt::format("queue depth {}", o_.aio.queue_depth) : "", ram_groups_, ring_.size(),
+        slot_floats_ * 4 >> 20, ahead(), o_.pipeline_write ? "on" : "off");
+    return s;
+  }
+
+  StoreStats stats() const override {
+    StoreStats s;
+    s.ram_bytes = ram_.bytes() + static_cast<int64_t>(ring_.size()) * slot_floats_ * 4;
+    s.disk_bytes = disk_bytes_;
+    if (engine_) {
+      const io::Counters c = engine_->counters();
+      s.bytes_read = c.bytes_read;
+      s.bytes_written = c.bytes_written;
+      s.io_busy_seconds = c.busy_seconds;
+    }
+    s.io_wait_seconds = wait_seconds_;
+    return s;
+  }
+
+ private:
+  int64_t ahead() const {
+    if (!o_.pipeline_read) return 0;
+    return std::max<int64_t>(0, static_cast<int64_t>(ring_.size()) - (o_.pipeline_write ? 2 : 1));
+  }
+  int64_t chunk_numel(int64_t k) const { return std::min(group_, n_ - k * group_); }
+  int64_t disk_index(int64_t k) const { return k - ram_groups_; }
+  size_t buffer_of(int64_t k) const {
+    return static_cast<size_t>(disk_index(k) % static_cast<int64_t>(ring_.size()));
+  }
+
+  void wait(io::Ticket& t) {
+    if (t == 0) return;
+    const auto t0 = Clock::now();
+    const io::Ticket tt = t;
+    t = 0;
+    engine_->wait(tt);
+    wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
+  StateChunk chunk(int64_t k, float* slot) const {
+    StateChunk c;
+    c.begin = k * group_;
+    c.numel = chunk_numel(k);
+    float* p = slot;
+    if (external_master_.defined()) {
+      c.master = external_master_.data<float>() + c.begin;
+    } else {
+      c.master = p;
+      p += group_;
+    }
+    for (size_t i = 0; i < names_.size(); ++i, p += group_) c.states.push_back(p);
+    return c;
+  }
+
+  void visit(Access access, const std::function<void(const StateChunk&)>& fn) {
+    if (n_ == 0) return;
+    const int64_t slot_bytes = slot_floats_ * 4;
+    auto start_read = [&](int64_t k) {
+      if (k >= groups_ || k < ram_groups_) return;
+      const size_t b = buffer_of(k);
+      wait(write_ticket_[b]);  // the buffer's previous sub-group must be on disk first
+      if (access != Access::Overwrite)
+        read_ticket_[b] =
+            engine_->read(file_, ring_[b].data(), slot_bytes, disk_index(k) * slot_bytes);
+    };
+    const int64_t depth = ahead();
+    int64_t next_read = ram_groups_;
+    for (int64_t k = 0; k < groups_; ++k) {
+      if (k < ram_groups_) {
+        fn(chunk(k, ram_.as<float>() + k * slot_floats_));
+        continue;
+      }
+      while (next_read <= k + depth && next_read < groups_) start_read(next_read++);
+      const size_t b = buffer_of(k);
+      wait(read_ticket_[b]);
+      fn(chunk(k, ring_[b].as<float>()));
+      if (access != Access::Read) {
+        write_ticket_[b] =
+            engine_->write(file_, ring_[b].data(), slot_bytes, disk_index(k) * slot_bytes);
+        if (!o_.pipeline_write) wait(write_ticket_[b]);
+      }
+    }
+    for (auto& t : write_ticket_) wait(t);
+  }
+
+  NvmeOffloadOptions o_;
+  int64_t n_ = 0;
+  std::vector<std::string> names_;
+  Tensor external_master_;  // fp32 training: the parameters are the master weights
+  int64_t per_ = 0;         // floats per element in a slot (master? + states)
+  int64_t group_ = 0, groups_ = 0, ram_groups_ = 0, slot_floats_ = 0;
+  io::AlignedBuffer ram_;
+  std::unique_ptr<io::SwapDir> dir_;
+  bool direct_ = false;
+  io::File file_;
+  int64_t disk_bytes_ = 0;
+  std::unique_ptr<io::Engine> engine_;
+  std::vector<io::AlignedBuffer> ring_;
+  std::vector<io::Ticket> read_ticket_, write_ticket_;
+  double wait_seconds_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<StateStore> nvme_state_store(const NvmeOffloadOptions& o, int rank, Tensor master,
+                                             bool master_is_params, optim::Optimizer& opt,
+                                             const std::function<void(const std::string&)>& log) {
+  return std::make_unique<NvmeStateStore>(o, rank, std::move(master), master_is_params, opt, log);
+}
+
+}  // namespace ds::zero

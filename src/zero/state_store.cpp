@@ -1,0 +1,63 @@
+// The RAM home of the optimizer state (zero/state_store.h): master() and the optimizer's own
+// buffers, visited as one chunk.
+#include "ds/zero/state_store.h"
+
+#include <utility>
+
+#include "ds/core/error.h"
+
+namespace ds::zero {
+
+StateStore::~StateStore() = default;
+
+namespace {
+
+class HostStateStore final : public StateStore {
+ public:
+  HostStateStore(Tensor master, optim::Optimizer& opt) : master_(std::move(master)), opt_(opt) {
+    opt_.init_state(master_.numel());
+  }
+
+  int64_t numel() const override { return master_.numel(); }
+  std::vector<std::string> state_names() const override {
+    // SGD's momentum buffer appears when momentum is first set (OneCycle may cycle it).
+    std::vector<std::string> out;
+    for (const auto& sb : opt_.state_buffers()) out.push_back(sb.name);
+    return out;
+  }
+
+  void step(optim::Optimizer& opt, const float* grads, float grad_scale, void* out16,
+            DType out16_dtype) override {
+    opt.step(master_.data<float>(), grads, master_.numel(), grad_scale, out16, out16_dtype);
+  }
+
+  void for_each(Access, const std::function<void(const StateChunk&)>& fn) override {
+    StateChunk c;
+    c.begin = 0;
+    c.numel = master_.numel();
+    c.master = master_.data<float>();
+    // SGD without momentum has no buffer; with momentum set later its buffer appears on demand.
+    for (const auto& sb : opt_.state_buffers()) c.states.push_back(sb.data);
+    fn(c);
+  }
+
+  std::string describe() const override { return "optimizer state in RAM"; }
+  StoreStats stats() const override {
+    StoreStats s;
+    s.ram_bytes = static_cast<int64_t>(opt_.state_numel()) * opt_.state_floats_per_param() * 4;
+    return s;
+  }
+  bool holds_master() const override { return false; }
+
+ private:
+  Tensor master_;
+  optim::Optimizer& opt_;
+};
+
+}  // namespace
+
+std::unique_ptr<StateStore> host_state_store(Tensor master, optim::Optimizer& opt) {
+  return std::make_unique<HostStateStore>(std::move(master), opt);
+}
+
+}  // namespace ds::zero

@@ -1,0 +1,10 @@
+# NVMe offload: the aio layer and the optimizer state on NVMe, plainly and on 2 ranks (each rank
+# has its own swap folder under one nvme_path; one rank's I/O failure must stop both).
+ds_add_test(test_offload LABELS offload SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_offload.cpp)
+if(DS_HAVE_MPI)
+  add_test(NAME test_offload_np2 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2
+    --oversubscribe --allow-run-as-root $<TARGET_FILE:test_offload>
+    --gtest_filter=*Offload*)
+  set_tests_properties(test_offload_np2 PROPERTIES LABELS "distributed;offload" TIMEOUT 900
+    ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;DS_COMM_TIMEOUT=120;OMP_NUM_THREADS=1")
+endif()

@@ -1,0 +1,415 @@
+// NVMe offload (ZeRO-Infinity): the aio layer (io/aio.h, io/swap_dir.h) and the optimizer state on
+// NVMe (zero/state_store.h). Offloaded training must equal in-RAM training bitwise (the Adam step
+// is elementwise and sub-groups start on 1024-element boundaries, so every element sees the same
+// arithmetic), checkpoints move freely between offloaded and in-RAM runs, and I/O failures are
+// clear errors on every rank. Run plainly and under mpirun -np 2 (tests/cmake/offload.cmake);
+// tiny sub-groups and few buffers force many sub-groups and a full read-ahead/write-behind ring.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <optional>
+
+#include "ds/comm/group.h"
+#include "ds/core/rng.h"
+#include "ds/io/aio.h"
+#include "ds/io/swap_dir.h"
+#include "ds/models/gpt.h"
+#include "ds/runtime/engine.h"
+
+using namespace ds;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kT = 16, kVocab = 64;
+
+// A folder shared by the ranks of this run (one job on one nvme_path: ranks must not collide).
+fs::path scratch(const std::string& name) {
+  // The ranks of one mpirun share a parent (the launcher's daemon); separate runs do not.
+  fs::path p = fs::temp_directory_path() / fmt::format("ds_offload_{}_{}", ::getppid(), name);
+  fs::create_directories(p);
+  return p;
+}
+
+struct EnvGuard {
+  std::string key;
+  EnvGuard(const std::string& k, const std::string& v) : key(k) {
+    ::setenv(k.c_str(), v.c_str(), 1);
+  }
+  ~EnvGuard() { ::unsetenv(key.c_str()); }
+};
+
+void expect_contains(const std::string& what, const std::vector<std::string>& parts) {
+  for (const auto& p : parts)
+    EXPECT_NE(what.find(p), std::string::npos) << "'" << p << "' not in: " << what;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The aio layer.
+
+class Aio : public ::testing::TestWithParam<io::AioOptions::Kind> {};
+
+TEST_P(Aio, RoundTripManyPiecesDirectAndBuffered) {
+  const fs::path dir = scratch("aio");
+  for (bool direct : {true, false}) {
+    std::string why;
+    if (direct && !io::direct_io_supported(dir.string(), &why)) continue;  // e.g. tmpfs /tmp
+    io::AioOptions o;
+    o.kind = GetParam();
+    o.block_size = 8192;
+    o.queue_depth = 3;
+    o.threads = 2;
+    auto engine = io::make_engine(o);
+    EXPECT_STREQ(engine->kind(),
+                 GetParam() == io::AioOptions::Kind::Threads ? "threads" : "io_uring");
+    const std::string path = (dir / fmt::format("rt_{}_{}", direct, ::getpid())).string();
+    io::File f = io::File::open(path, io::File::kReadWrite | io::File::kCreate, direct);
+    const int64_t bytes = 37 * 4096;  // not a multiple of block_size: a short last piece
+    f.reserve(bytes + 4096);
+    io::AlignedBuffer out(bytes), in(bytes);
+    for (int64_t i = 0; i < bytes / 4; ++i)
+      out.as<int32_t>()[i] = static_cast<int32_t>(i * 2654435761u);
+    const int64_t half = 18 * 4096;  // two requests in flight at once
+    io::Ticket a = engine->write(f, out.data(), half, 4096);
+    io::Ticket b = engine->write(f, out.as<char>() + half, bytes - half, 4096 + half);
+    engine->wait(b);
+    engine->wait(a);
+    engine->wait(engine->read(f, in.data(), bytes, 4096));
+    EXPECT_EQ(std::memcmp(out.data(), in.data(), static_cast<size_t>(bytes)), 0)
+        << "direct " << direct;
+    const io::Counters c = engine->counters();
+    EXPECT_EQ(c.bytes_written, bytes);
+    EXPECT_EQ(c.bytes_read, bytes);
+    EXPECT_THROW(engine->wait(a), Error);  // waited for once
+    fs::remove(path);
+  }
+}
+
+TEST_P(Aio, InjectedFaultNamesFileOffsetAndErrnoAndEngineStaysUsable) {
+  const fs::path dir = scratch("fault");
+  const std::string path = (dir / fmt::format("f_{}", ::getpid())).string();
+  io::AioOptions o;
+  o.kind = GetParam();
+  o.block_size = 4096;
+  o.queue_depth = 1;  // sequential pieces: the fault hits exactly the third
+  o.threads = 1;
+  io::AlignedBuffer buf(4 * 4096);
+  io::File f = io::File::open(path, io::File::kReadWrite | io::File::kCreate, false);
+  {
+    EnvGuard fault("DS_IO_FAULT", "write:ENOSPC:8192");
+    auto engine = io::make_engine(o);
+    try {
+      engine->wait(engine->write(f, buf.data(), 4 * 4096, 0));
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      expect_contains(e.what(), {path, "offset 8192", "ENOSPC", "disk is full"});
+    }
+  }
+  {
+    EnvGuard fault("DS_IO_FAULT", "read:EIO:0");
+    auto engine = io::make_engine(o);
+    try {
+      engine->wait(engine->read(f, buf.data(), 4096, 0));
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      expect_contains(e.what(), {path, "offset 0", "EIO", "dmesg"});
+    }
+  }
+  // Reading past the end of a file is an error, not a silent short read.
+  auto engine = io::make_engine(o);
+  try {
+    engine->wait(engine->read(f, buf.data(), 4 * 4096, 1 << 20));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    expect_contains(e.what(), {"end of file", path});
+  }
+  engine->wait(engine->write(f, buf.data(), 4096, 0));  // still usable
+  fs::remove(path);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, Aio,
+                         ::testing::Values(io::AioOptions::Kind::Uring,
+                                           io::AioOptions::Kind::Threads),
+                         [](const auto& info) {
+                           return info.param == io::AioOptions::Kind::Uring ? "io_uring"
+                                                                            : "threads";
+                         });
+
+TEST(AioFiles, ProbeAndReserveGiveReasons) {
+  std::string why;
+  EXPECT_FALSE(io::direct_io_supported("/nonexistent/ds_probe", &why));
+  EXPECT_NE(why.find("open"), std::string::npos) << why;
+  const fs::path dir = scratch("reserve");
+  io::File f = io::File::open((dir / fmt::format("r_{}", ::getpid())).string(),
+                              io::File::kReadWrite | io::File::kCreate, false);
+  try {
+    f.reserve(int64_t{1} << 60);  // an exbibyte: no filesystem here has it
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    expect_contains(e.what(), {"cannot reserve", "GiB available", f.path()});
+  }
+  EXPECT_TRUE(f.reserve(1 << 20) || fs::file_size(f.path()) >= (1u << 20));
+  fs::remove(f.path());
+  EXPECT_THROW(io::File::open("/nonexistent/x", io::File::kRead, false), Error);
+}
+
+TEST(AioFiles, SwapDirsAreUniqueLockedAndRemoved) {
+  const fs::path root = scratch("swapdir");
+  std::string a_path;
+  {
+    io::SwapDir a(root.string(), "rank0-optimizer"), b(root.string(), "rank1-optimizer");
+    EXPECT_NE(a.path(), b.path());
+    EXPECT_TRUE(fs::exists(fs::path(a.path()) / "lock"));
+    a_path = a.path();
+    std::ofstream(a.path() + "/data.swp") << "x";
+  }
+  EXPECT_FALSE(fs::exists(a_path)) << "swap folder left after a clean exit";
+  // A folder left by a run that died (its lock is free, older than a minute) goes at the next
+  // start.
+  const fs::path stale = root / "ds_swap" / "deadhost-1-rank0-optimizer";
+  fs::create_directories(stale);
+  std::ofstream(stale / "lock") << "";
+  std::ofstream(stale / "optimizer_state.swp") << "old";
+  fs::last_write_time(stale, fs::file_time_type::clock::now() - std::chrono::minutes(5));
+  std::vector<std::string> notes;
+  {
+    io::SwapDir c(root.string(), "rank0-optimizer",
+                  [&](const std::string& m) { notes.push_back(m); });
+    EXPECT_FALSE(fs::exists(stale));
+  }
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("deadhost-1-rank0-optimizer"), std::string::npos);
+  EXPECT_THROW(io::SwapDir("/nonexistent/nvme", "x"), Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Training with the optimizer state on NVMe.
+
+void sample_tokens(int64_t s, int32_t* x, int32_t* y) {
+  for (int64_t t = 0; t <= kT; ++t) {
+    const int32_t v = static_cast<int32_t>((s * 5 + t * 3 + (t / 4) * 7) % kVocab);
+    if (t < kT) x[t] = v;
+    if (t > 0) y[t - 1] = v;
+  }
+}
+
+struct RunSpec {
+  int stage = 2;
+  std::string precision = "fp32";
+  std::string nvme;  // empty: in RAM
+  double ratio = 1.0;
+  int64_t buffer_count = 3;
+  std::string extra;  // more offload_optimizer keys (", ...")
+};
+
+std::string config(const RunSpec& r) {
+  const std::string prec = r.precision == "bf16" ? R"("bf16": {"enabled": true},)" : "";
+  const std::string off =
+      r.nvme.empty() ? ""
+                     : fmt::format(R"(, "offload_optimizer": {{"device": "nvme", "nvme_path": "{}",
+                        "buffer_count": {}, "ratio": {}{}}}, "sub_group_size": 3000)",
+                                   r.nvme, r.buffer_count, r.ratio, r.extra);
+  return fmt::format(R"({{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+    "gradient_clipping": 0.5, {}
+    "aio": {{"block_size": 8192, "queue_depth": 4}},
+    "zero_optimization": {{"stage": {}, "reduce_bucket_size": 4000,
+      "stage3_param_persistence_threshold": 100{}}},
+    "optimizer": {{"type": "AdamW", "params": {{"lr": 5e-3, "weight_decay": 0.1}}}}}})",
+                     prec, r.stage, off);
+}
+
+std::unique_ptr<runtime::Engine> engine(const RunSpec& r, std::vector<std::string>* log = nullptr) {
+  rng::dropout_state() = {};
+  auto model = std::make_shared<models::GPT>(models::GPTConfig::preset("test-gpt2"));
+  runtime::InitOptions opt;
+  opt.log = [log](const std::string& m) {
+    if (log) log->push_back(m);
+  };
+  return runtime::initialize(model, config(r), opt);
+}
+
+std::vector<float> train(runtime::Engine& e, int steps, int64_t first = 0) {
+  const int n = e.world_size(), r = e.rank();
+  std::vector<float> losses;
+  for (int64_t s = first; s < first + steps; ++s) {
+    Tensor x = Tensor::empty({2, kT}, DType::i32), y = Tensor::empty({2, kT}, DType::i32);
+    for (int64_t i = 0; i < 2; ++i)
+      sample_tokens((s * n + r) * 2 + i, x.data<int32_t>() + i * kT, y.data<int32_t>() + i * kT);
+    Tensor loss = e.forward(x, y);
+    e.backward(loss);
+    e.step();
+    float l = loss.item();
+    e.group().all_reduce(&l, 1, DType::f32);
+    losses.push_back(l);
+  }
+  return losses;
+}
+
+class Offload : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(Offload, SameLossesAsInRamBitwise) {
+  const auto [stage, precision] = GetParam();
+  const fs::path nvme = scratch(fmt::format("train_{}_{}", stage, precision));
+  auto ram = engine({stage, precision});
+  const auto want = train(*ram, 20);
+  std::vector<std::string> log;
+  auto off = engine({stage, precision, nvme.string()}, &log);
+  const zero::StoreStats before = off->strategy().state().stats();
+  EXPECT_GT(before.disk_bytes, 0);
+  const auto got = train(*off, 20);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_EQ(got[i], want[i]) << "stage " << stage << " " << precision << " step " << i;
+  // The state really went through the disk, 20 reads and writes of all of it.
+  const zero::StoreStats after = off->strategy().state().stats();
+  EXPECT_EQ(after.bytes_read - before.bytes_read, 20 * before.disk_bytes);
+  EXPECT_EQ(after.bytes_written - before.bytes_written, 20 * before.disk_bytes);
+  // The working weights match as well (stage 3 only holds pieces; compare the gathered whole).
+  auto wa = ram->full_weights(), wb = off->full_weights();
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t i = 0; i < wa.size(); ++i)
+    EXPECT_EQ(wa[i].second.to_vector(), wb[i].second.to_vector()) << wa[i].first;
+  bool described = false;
+  for (const auto& m : log)
+    described = described || m.find("sub-groups of 3072 elements") != std::string::npos;
+  if (off->rank() == 0) EXPECT_TRUE(described) << "no start-up line about the NVMe store";
+  off.reset();
+  EXPECT_TRUE(fs::is_empty(nvme / "ds_swap")) << "swap files left after a clean exit";
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, Offload,
+                         ::testing::Combine(::testing::Values(1, 2, 3),
+                                            ::testing::Values("fp32", "bf16")),
+                         [](const auto& info) {
+                           return fmt::format("stage{}_{}", std::get<0>(info.param),
+                                              std::get<1>(info.param));
+                         });
+
+TEST(OffloadOptions, PartialRatioSyncRingAndThreadPoolAgree) {
+  const fs::path nvme = scratch("ratio");
+  auto ram = engine({2, "bf16"});
+  const auto want = train(*ram, 6);
+  // Half the sub-groups in RAM; one buffer and no overlap; the pread/pwrite pool; buffered I/O.
+  struct Case {
+    RunSpec run;
+    const char* engine_kind;
+  };
+  for (const Case& c : {Case{{2, "bf16", nvme.string(), 0.5}, "auto"},
+                        Case{{2, "bf16", nvme.string(), 1.0, 1,
+                              R"(, "pipeline_read": false, "pipeline_write": false)"},
+                             "auto"},
+                        Case{{3, "bf16", nvme.string(), 1.0, 4}, "threads"}}) {
+    EnvGuard kind("DS_AIO_ENGINE", c.engine_kind);
+    EnvGuard buffered("DS_OFFLOAD_DIRECT", c.run.buffer_count == 4 ? "0" : "1");
+    std::unique_ptr<runtime::Engine> ref;
+    if (c.run.stage != 2) ref = engine({c.run.stage, "bf16"});
+    const auto expect = ref ? train(*ref, 6) : want;
+    std::vector<std::string> log;
+    auto off = engine(c.run, &log);
+    EXPECT_EQ(train(*off, 6), expect) << config(c.run);
+    std::string all;
+    for (const auto& m : log) all += m + "\n";
+    if (off->rank() != 0) continue;
+    if (c.run.ratio == 0.5) {
+      const int64_t groups = static_cast<int64_t>(std::stoll(all.substr(all.find("NVMe: ") + 6)));
+      expect_contains(all, {fmt::format("{} in RAM", groups - (groups + 1) / 2)});
+    }
+    if (c.run.buffer_count == 1) expect_contains(all, {"read-ahead 0, write-behind off"});
+    if (c.run.buffer_count == 4) expect_contains(all, {"threads", "(buffered)"});
+  }
+}
+
+TEST(OffloadCheckpoint, ResumesAcrossOffloadedAndInRamRuns) {
+  const fs::path nvme = scratch("resume"), ck = scratch("resume_ck");
+  for (int stage : {2, 3}) {
+    const RunSpec in_ram{stage, "bf16"}, on_nvme{stage, "bf16", nvme.string()};
+    for (const auto& [writer, reader] : {std::pair{on_nvme, in_ram}, std::pair{in_ram, on_nvme}}) {
+      const std::string tag = fmt::format("s{}_{}", stage, writer.nvme.empty() ? "ram" : "nvme");
+      auto a = engine(writer);
+      train(*a, 3);
+      a->save_checkpoint(ck.string(), tag);
+      const auto cont = train(*a, 3, 3);
+      a.reset();
+      auto b = engine(reader);
+      b->load_checkpoint(ck.string(), tag);
+      EXPECT_EQ(train(*b, 3, 3), cont)
+          << tag << " resumed " << (reader.nvme.empty() ? "in RAM" : "on NVMe");
+    }
+  }
+}
+
+TEST(OffloadFaults, IoErrorsReachEveryRankAndKeepTheCheckpoint) {
+  const fs::path nvme = scratch("faults"), ck = scratch("faults_ck");
+  const RunSpec run{2, "bf16", nvme.string()};
+  {
+    auto a = engine(run);
+    train(*a, 2);
+    a->save_checkpoint(ck.string(), "good");
+  }
+  // Bytes written before the first step: the initial state, then the checkpoint streamed in.
+  int64_t before_step = 0;
+  {
+    auto probe = engine(run);
+    before_step = 2 * probe->strategy().state().stats().disk_bytes;
+  }
+  auto fails_on_every_rank = [&](const std::string& fault, const std::vector<std::string>& parts) {
+    // Only the last rank's disk fails; every rank must get the error (none left waiting).
+    const int rank =
+        std::getenv("OMPI_COMM_WORLD_RANK") ? std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")) : 0;
+    const int size =
+        std::getenv("OMPI_COMM_WORLD_SIZE") ? std::atoi(std::getenv("OMPI_COMM_WORLD_SIZE")) : 1;
+    std::optional<EnvGuard> guard;
+    if (rank == size - 1) guard.emplace("DS_IO_FAULT", fault);
+    auto e = engine(run);
+    e->load_checkpoint(ck.string(), "good");  // streams into the swap file: writes only
+    try {
+      train(*e, 1);
+      FAIL() << "no error for " << fault;
+    } catch (const Error& err) {
+      expect_contains(err.what(), {"optimizer step"});
+      if (rank == size - 1)
+        expect_contains(err.what(), parts);
+      else
+        expect_contains(err.what(), {fmt::format("failed on rank {}", size - 1)});
+    }
+  };
+  fails_on_every_rank("read:EIO:0", {"EIO", "optimizer_state.swp"});
+  fails_on_every_rank(fmt::format("write:ENOSPC:{}", before_step), {"ENOSPC", "disk is full"});
+  // The checkpoint is untouched and loads.
+  auto c = engine({2, "bf16"});
+  c->load_checkpoint(ck.string(), "good");
+  EXPECT_EQ(train(*c, 1).size(), 1u);
+}
+
+TEST(OffloadConfig, RefusalsNameTheKey) {
+  auto parse = [](const std::string& json) {
+    try {
+      runtime::parse_config(json, {});
+      return std::string();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  };
+  expect_contains(
+      parse(
+          R"({"train_batch_size": 2, "zero_optimization": {"stage": 2, "aio": {"block_size": 1048576}}})"),
+      {"aio is a top-level section"});
+  expect_contains(parse(R"({"train_batch_size": 2, "aio": {"use_gds": true}})"), {"aio.use_gds"});
+  expect_contains(
+      parse(
+          R"({"train_batch_size": 2, "optimizer": {"type": "Lamb"}, "zero_allow_untested_optimizer": true,
+      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})"),
+      {"needs the Adam or AdamW"});
+  expect_contains(parse(R"({"train_batch_size": 2, "zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "nvme"}}})"),
+                  {"nvme_path is required"});
+}
+
+}  // namespace
