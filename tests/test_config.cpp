@@ -640,7 +640,7 @@ TEST(ConfigWarnings, OneWarningPerUnimplementedKey) {
     "comet": {"enabled": true},
     "flops_profiler": {"enabled": true, "profile_step": 3},
     "zero_optimization": {"stage": 3, "zero_quantized_weights": true, "zero_hpz_partition_size": 8,
-                          "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}},
+                          "offload_optimizer": {"device": "cpu", "nvme_path": "/local_nvme"}},
     "optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3, "freeze_step": 400, "cuda_aware": false}},
     "elasticity": {"enabled": true, "max_train_batch_size": 100},
     "zero_allow_untested_optimizer": true
@@ -648,7 +648,7 @@ TEST(ConfigWarnings, OneWarningPerUnimplementedKey) {
   for (const char* key :
        {"tensorboard.enabled", "wandb.enabled", "comet.enabled", "flops_profiler.enabled",
         "zero_optimization.zero_quantized_weights", "zero_optimization.zero_hpz_partition_size",
-        "zero_optimization.offload_param.device = \"nvme\"", "OneBitAdam", "elasticity"}) {
+        "zero_optimization.offload_optimizer.device = \"cpu\"", "OneBitAdam", "elasticity"}) {
     int n = 0;
     for (const auto& w : c.warnings) n += w.find(key) != std::string::npos;
     EXPECT_EQ(n, 1) << key;
@@ -657,8 +657,8 @@ TEST(ConfigWarnings, OneWarningPerUnimplementedKey) {
   for (const auto& w : c.warnings) EXPECT_EQ(w.rfind("[config] ", 0), 0u) << w;
   EXPECT_EQ(c.optimizer.type, OptimizerType::OneBitAdam);
   EXPECT_EQ(c.optimizer.freeze_step, 400);
-  EXPECT_EQ(c.zero_optimization.offload_param.device, OffloadDevice::NVMe);
-  EXPECT_EQ(c.zero_optimization.offload_param.nvme_path, "/local_nvme");
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadDevice::CPU);
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.nvme_path, "/local_nvme");
   EXPECT_EQ(c.flops_profiler.profile_step, 3);
 
   std::FILE* f = std::tmpfile();

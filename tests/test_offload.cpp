@@ -1,6 +1,6 @@
 // NVMe offload (ZeRO-Infinity): the aio layer (io/aio.h, io/swap_dir.h) and the optimizer state on
 // NVMe (zero/state_store.h). Offloaded training must equal in-RAM training bitwise (the Adam step
-// is elementwise and sub-groups start on 1024-element boundaries, so every element sees the same
+// is elementwise and sub-groups start on 2048-element boundaries, so every element sees the same
 // arithmetic), checkpoints move freely between offloaded and in-RAM runs, and I/O failures are
 // clear errors on every rank. Run plainly and under mpirun -np 2 (tests/cmake/offload.cmake);
 // tiny sub-groups and few buffers force many sub-groups and a full read-ahead/write-behind ring.
@@ -207,15 +207,24 @@ struct RunSpec {
   double ratio = 1.0;
   int64_t buffer_count = 3;
   std::string extra;  // more offload_optimizer keys (", ...")
+  // "optimizer" (offload_optimizer only), "params" (offload_param only) or "both".
+  std::string what = "optimizer";
+  int64_t max_in_cpu = 0;
 };
 
 std::string config(const RunSpec& r) {
   const std::string prec = r.precision == "bf16" ? R"("bf16": {"enabled": true},)" : "";
-  const std::string off =
-      r.nvme.empty() ? ""
-                     : fmt::format(R"(, "offload_optimizer": {{"device": "nvme", "nvme_path": "{}",
-                        "buffer_count": {}, "ratio": {}{}}}, "sub_group_size": 3000)",
-                                   r.nvme, r.buffer_count, r.ratio, r.extra);
+  std::string off;
+  if (!r.nvme.empty() && r.what != "params")
+    off += fmt::format(R"(, "offload_optimizer": {{"device": "nvme", "nvme_path": "{}",
+                        "buffer_count": {}, "ratio": {}{}}})",
+                       r.nvme, r.buffer_count, r.ratio, r.extra);
+  // Small buffers: most parameters are read ahead one or two at a time, some split.
+  if (!r.nvme.empty() && r.what != "optimizer")
+    off += fmt::format(R"(, "offload_param": {{"device": "nvme", "nvme_path": "{}",
+                        "buffer_count": 2, "buffer_size": 1500, "max_in_cpu": {}}})",
+                       r.nvme, r.max_in_cpu);
+  if (!off.empty()) off += R"(, "sub_group_size": 3000)";
   return fmt::format(R"({{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
     "gradient_clipping": 0.5, {}
     "aio": {{"block_size": 8192, "queue_depth": 4}},
@@ -278,7 +287,7 @@ TEST_P(Offload, SameLossesAsInRamBitwise) {
     EXPECT_EQ(wa[i].second.to_vector(), wb[i].second.to_vector()) << wa[i].first;
   bool described = false;
   for (const auto& m : log)
-    described = described || m.find("sub-groups of 3072 elements") != std::string::npos;
+    described = described || m.find("sub-groups of 4096 elements") != std::string::npos;
   if (off->rank() == 0) EXPECT_TRUE(described) << "no start-up line about the NVMe store";
   off.reset();
   EXPECT_TRUE(fs::is_empty(nvme / "ds_swap")) << "swap files left after a clean exit";
@@ -290,6 +299,46 @@ INSTANTIATE_TEST_SUITE_P(Stages, Offload,
                          [](const auto& info) {
                            return fmt::format("stage{}_{}", std::get<0>(info.param),
                                               std::get<1>(info.param));
+                         });
+
+// Stage 3 with the parameters on NVMe (optimizer in RAM, or both on NVMe), all of them on disk or
+// some kept in RAM by max_in_cpu: the same losses and weights as in RAM, bitwise.
+class OffloadParams
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string, int64_t>> {};
+
+TEST_P(OffloadParams, SameLossesAsInRamBitwise) {
+  const auto [what, precision, max_in_cpu] = GetParam();
+  const fs::path nvme = scratch(fmt::format("params_{}_{}_{}", what, precision, max_in_cpu));
+  auto ram = engine({3, precision});
+  const auto want = train(*ram, 12);
+  RunSpec spec{3, precision, nvme.string()};
+  spec.what = what;
+  spec.max_in_cpu = max_in_cpu;
+  std::vector<std::string> log;
+  auto off = engine(spec, &log);
+  EXPECT_EQ(train(*off, 12), want) << config(spec);
+  auto wa = ram->full_weights(), wb = off->full_weights();
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t i = 0; i < wa.size(); ++i)
+    EXPECT_EQ(wa[i].second.to_vector(), wb[i].second.to_vector()) << wa[i].first;
+  std::string all;
+  for (const auto& m : log) all += m + "\n";
+  if (off->rank() == 0) expect_contains(all, {"parameters (" + precision + ") on NVMe"});
+  // Only max_in_cpu elements of the pieces stay in RAM.
+  EXPECT_LE(off->memory_budget().params, max_in_cpu * (precision == "bf16" ? 2 : 4) + 64 * 1024)
+      << "persistent parameters aside, the pieces should be on disk";
+  off.reset();
+  EXPECT_TRUE(fs::is_empty(nvme / "ds_swap"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, OffloadParams,
+                         ::testing::Values(std::tuple{"params", "bf16", int64_t{0}},
+                                           std::tuple{"both", "bf16", int64_t{0}},
+                                           std::tuple{"both", "fp32", int64_t{0}},
+                                           std::tuple{"params", "bf16", int64_t{10240}}),
+                         [](const auto& info) {
+                           return fmt::format("{}_{}_cpu{}", std::get<0>(info.param),
+                                              std::get<1>(info.param), std::get<2>(info.param));
                          });
 
 TEST(OffloadOptions, PartialRatioSyncRingAndThreadPoolAgree) {
@@ -329,7 +378,9 @@ TEST(OffloadOptions, PartialRatioSyncRingAndThreadPoolAgree) {
 TEST(OffloadCheckpoint, ResumesAcrossOffloadedAndInRamRuns) {
   const fs::path nvme = scratch("resume"), ck = scratch("resume_ck");
   for (int stage : {2, 3}) {
-    const RunSpec in_ram{stage, "bf16"}, on_nvme{stage, "bf16", nvme.string()};
+    const RunSpec in_ram{stage, "bf16"};
+    RunSpec on_nvme{stage, "bf16", nvme.string()};
+    if (stage == 3) on_nvme.what = "both";
     for (const auto& [writer, reader] : {std::pair{on_nvme, in_ram}, std::pair{in_ram, on_nvme}}) {
       const std::string tag = fmt::format("s{}_{}", stage, writer.nvme.empty() ? "ram" : "nvme");
       auto a = engine(writer);

@@ -786,13 +786,15 @@ void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
         "[config] zero_optimization.offload_optimizer.ratio = {} has no effect unless device is "
         "\"nvme\" (it is \"{}\")",
         z.offload_optimizer.ratio, offload_device_name(z.offload_optimizer.device)));
-  if (z.offload_optimizer.device == OffloadDevice::NVMe && t != OptimizerType::Adam &&
-      t != OptimizerType::AdamW && t != OptimizerType::None)
-    DS_THROW(
-        "[config] zero_optimization.offload_optimizer.device = \"nvme\" needs the Adam or AdamW "
-        "optimizer in {} (the state is stepped one sub-group at a time; {} is not elementwise "
-        "or keeps per-run state); use AdamW, or offload_optimizer.device = \"none\"",
-        st.source, optimizer_type_name(t));
+  for (auto [name, on] :
+       {std::pair{"offload_optimizer", z.offload_optimizer.device == OffloadDevice::NVMe},
+        std::pair{"offload_param", z.offload_param.device == OffloadDevice::NVMe && z.stage == 3}})
+    if (on && t != OptimizerType::Adam && t != OptimizerType::AdamW && t != OptimizerType::None)
+      DS_THROW(
+          "[config] zero_optimization.{}.device = \"nvme\" needs the Adam or AdamW optimizer in "
+          "{} (the state is stepped one sub-group at a time; {} is not elementwise or keeps "
+          "per-run state); use AdamW, or {}.device = \"none\"",
+          name, st.source, optimizer_type_name(t), name);
   for (auto [name, dev, path] :
        {std::tuple{"offload_optimizer", z.offload_optimizer.device, &z.offload_optimizer.nvme_path},
         std::tuple{"offload_param", z.offload_param.device, &z.offload_param.nvme_path}}) {
@@ -810,11 +812,6 @@ void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
     DS_CHECK(!path->empty(),
              "[config] zero_optimization.{}.nvme_path is required when device is \"nvme\" in {}",
              name, st.source);
-    if (std::string_view(name) == "offload_param")
-      st.warn(
-          "[config] zero_optimization.offload_param.device = \"nvme\": parameter offload to "
-          "NVMe is not implemented in deepspeed.cpp yet; the parameters stay in RAM (the "
-          "optimizer state can go to NVMe: offload_optimizer.device = \"nvme\")");
   }
   if (z.offload_optimizer.device == OffloadDevice::CPU && z.stage == 0)
     st.warn("[config] zero_optimization.offload_optimizer has no effect at stage 0");

@@ -98,14 +98,17 @@ void Optimizer::use_external_state(int64_t n) {
 }
 
 void Optimizer::begin_step() {
-  DS_CHECK(external_, "[optim] {}: begin_step() needs use_external_state() first", name());
+  DS_CHECK(steps_in_slices() && n_ >= 0,
+           "[optim] {}: begin_step() needs an optimizer that steps in slices, after "
+           "init_state() or use_external_state()",
+           name());
   ++step_count_;
 }
 
 void Optimizer::step_slice(float* params, const float* grads, float* const* states, int64_t n,
                            float grad_scale, void* out16, DType out16_dtype) {
-  DS_CHECK(external_ && step_count_ > 0,
-           "[optim] {}: step_slice() needs use_external_state() and begin_step() first", name());
+  DS_CHECK(steps_in_slices() && n_ >= 0 && step_count_ > 0,
+           "[optim] {}: step_slice() needs begin_step() first", name());
   do_step_slice(params, grads, states, n, grad_scale, out16, out16_dtype);
 }
 

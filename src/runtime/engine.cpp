@@ -71,6 +71,23 @@ zero::Options zero_options(const DeepSpeedConfig& c, DType grads, int world_size
   o.prefetch_bucket_size = static_cast<int64_t>(z.stage3_prefetch_bucket_size);
   o.max_live_parameters = static_cast<int64_t>(z.stage3_max_live_parameters);
   o.max_reuse_distance = static_cast<int64_t>(z.stage3_max_reuse_distance);
+  o.sub_group_size = std::max<int64_t>(1, static_cast<int64_t>(z.sub_group_size));
+  io::AioOptions aio;
+  aio.block_size = c.aio.block_size;
+  aio.queue_depth = static_cast<int>(c.aio.queue_depth);
+  aio.threads = static_cast<int>(c.aio.intra_op_parallelism);
+  aio.single_submit = c.aio.single_submit;
+  aio.overlap_events = c.aio.overlap_events;
+  if (z.offload_param.device == OffloadDevice::NVMe && z.stage == 3) {
+    const OffloadParamConfig& f = z.offload_param;
+    zero::NvmeParamOffloadOptions n;
+    n.nvme_path = f.nvme_path;
+    n.buffer_count = f.buffer_count;
+    n.buffer_size = f.buffer_size;
+    n.max_in_cpu = f.max_in_cpu;
+    n.aio = aio;
+    o.nvme_params = n;
+  }
   if (z.offload_optimizer.device == OffloadDevice::NVMe) {
     const OffloadOptimizerConfig& f = z.offload_optimizer;
     zero::NvmeOffloadOptions n;
@@ -79,12 +96,8 @@ zero::Options zero_options(const DeepSpeedConfig& c, DType grads, int world_size
     n.pipeline_read = f.pipeline_read;
     n.pipeline_write = f.pipeline_write;
     n.ratio = f.ratio;
-    n.sub_group_size = static_cast<int64_t>(z.sub_group_size);
-    n.aio.block_size = c.aio.block_size;
-    n.aio.queue_depth = static_cast<int>(c.aio.queue_depth);
-    n.aio.threads = static_cast<int>(c.aio.intra_op_parallelism);
-    n.aio.single_submit = c.aio.single_submit;
-    n.aio.overlap_events = c.aio.overlap_events;
+    n.sub_group_size = o.sub_group_size;
+    n.aio = aio;
     o.nvme_optimizer = n;
   }
   return o;
@@ -117,7 +130,9 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
   grad_dtype_ = gradient_dtype(config_);
 
   // Where parameters, gradients and master weights live, and how they are reduced and gathered.
-  zero_ = zero::make_strategy(*model_, group_, zero_options(config_, grad_dtype_, n));
+  zero::Options zo = zero_options(config_, grad_dtype_, n);
+  zo.log = [this](const std::string& m) { log(m); };
+  zero_ = zero::make_strategy(*model_, group_, zo);
 
   optimizer_ =
       optim::make_optimizer(optimizer_name(config_.optimizer), optimizer_params(config_.optimizer));

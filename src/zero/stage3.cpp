@@ -16,6 +16,7 @@
 
 #include "ds/core/error.h"
 #include "ds/ops/ops.h"
+#include "offload/param_file.h"
 #include "prefetch.h"
 #include "strategies.h"
 
@@ -81,6 +82,15 @@ class Stage3Strategy final : public Strategy {
       sp.full->release();
     }
     shard_params_ = o.train_dtype == DType::f32 ? master_ : master_.to(o.train_dtype);
+    if (o.nvme_params) {
+      // The pieces move to the swap file (max_in_cpu of them stay in RAM); in fp32 training the
+      // master weights stay the optimizer's (RAM or its own NVMe store), no longer the parameters.
+      param_file_ = std::make_unique<ParamFile>(*o.nvme_params, r, o.train_dtype, opt_numel_,
+                                                shard_params_.raw_data(),
+                                                io::align_up(o.sub_group_size, 2048), o.log);
+      if (o.log) o.log(param_file_->describe());
+      shard_params_ = Tensor();
+    }
     prefetch_.assign(params_.size(), comm::Work());
     prefetching_.assign(params_.size(), false);
 
@@ -107,7 +117,7 @@ class Stage3Strategy final : public Strategy {
   }
 
   void* params16() override {
-    return options_.train_dtype == DType::f32 ? nullptr : shard_params_.raw_data();
+    return options_.train_dtype == DType::f32 || param_file_ ? nullptr : shard_params_.raw_data();
   }
 
   std::vector<optim::Segment> segments() const override {
@@ -134,7 +144,9 @@ class Stage3Strategy final : public Strategy {
     MemoryBytes b;
     // The shard of every parameter (fp32 training: the master weights themselves) plus the
     // persistent parameters, which every rank keeps whole.
-    b.params = static_cast<int64_t>(shard_params_.nbytes());
+    b.params = param_file_ ? param_file_->ram_elements() *
+                                 static_cast<int64_t>(dtype_size(options_.train_dtype))
+                           : static_cast<int64_t>(shard_params_.nbytes());
     for (const auto& sp : params_)
       if (sp.persistent) b.params += static_cast<int64_t>(sp.full->nbytes());
     b.grads = static_cast<int64_t>(grads_part_.nbytes());
@@ -182,7 +194,12 @@ class Stage3Strategy final : public Strategy {
 
   void load_parameters(const std::function<void(const std::string&, const Tensor&)>&) override {
     // Each rank's piece is the rounded master weights, exactly as after an optimizer step.
-    if (options_.train_dtype != DType::f32) round_master_into(shard_params_);
+    if (param_file_) {
+      refresh_staged();
+      write_params_from_master();
+    } else if (options_.train_dtype != DType::f32) {
+      round_master_into(shard_params_);
+    }
     refresh();
   }
 
@@ -201,12 +218,41 @@ class Stage3Strategy final : public Strategy {
     comm::Work work;
   };
 
+  // Parameters on NVMe (param_file.h): the optimizer's sub-groups go to the swap file.
+  bool params_on_nvme() const override { return param_file_ != nullptr; }
+  void* params_out(const StateChunk& c) override { return param_file_->scratch(c.begin, c.numel); }
+  void params_written(const StateChunk& c) override { param_file_->write(c.begin, c.numel); }
+  void params_flushed() override { param_file_->flush(); }
+
+  // Staged pieces hold old values after a step or a load: drop them (no read is in flight then).
+  void refresh_staged() {
+    if (param_file_) param_file_->drop_all();
+  }
+
+  // Parameters on NVMe: read the pieces of the parameters after `params` (in registration order
+  // forward, in reverse in backward: the modules' order, known from step 1) ahead, within
+  // buffer_count x buffer_size staged elements.
+  void read_ahead(const std::vector<int>& params, bool backward) {
+    if (!param_file_ || params.empty()) return;
+    const int count = static_cast<int>(params_.size());
+    int j = backward ? *std::min_element(params.begin(), params.end()) - 1
+                     : *std::max_element(params.begin(), params.end()) + 1;
+    for (; j >= 0 && j < count; j += backward ? -1 : 1) {
+      const auto& sp = params_[static_cast<size_t>(j)];
+      if (sp.persistent || sp.full->is_materialized() || param_file_->staged(j)) continue;
+      if (param_file_->staged_elements() + sp.part > param_file_->budget()) break;
+      param_file_->prefetch(j, sp.shard_offset, sp.part);
+    }
+  }
+
   comm::Work launch_gather(int i, const std::string& label) {
     auto& sp = params_[static_cast<size_t>(i)];
     sp.full->materialize();
     const size_t esz = dtype_size(options_.train_dtype);
-    const char* src = static_cast<const char*>(shard_params_.raw_data()) +
-                      sp.shard_offset * static_cast<int64_t>(esz);
+    const char* src = param_file_
+                          ? static_cast<const char*>(param_file_->get(i, sp.shard_offset, sp.part))
+                          : static_cast<const char*>(shard_params_.raw_data()) +
+                                sp.shard_offset * static_cast<int64_t>(esz);
     return group_->all_gather_async(
         src, sp.full->data(), static_cast<size_t>(sp.part), options_.train_dtype,
         fmt::format("gather {} for {}", flat_.entries[static_cast<size_t>(i)].name, label));
@@ -242,7 +288,10 @@ class Stage3Strategy final : public Strategy {
         ++prefetch_count_;
       }
     }
+    read_ahead(params, why.find("(backward)") != std::string::npos);
     for (auto& w : works) w.wait();
+    if (param_file_)
+      for (int i : params) param_file_->drop(i);  // gathered: the staged piece is free again
   }
 
   void release(const std::vector<int>& params) {
@@ -315,6 +364,7 @@ class Stage3Strategy final : public Strategy {
         prefetch_[i].wait();
         prefetching_[i] = false;
       }
+    refresh_staged();
     const Trace::Paused paused = trace_.pause();
     std::vector<int> persistent;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -337,6 +387,7 @@ class Stage3Strategy final : public Strategy {
   std::vector<comm::Work> prefetch_;  // per parameter: its pending gather (or a complete Work)
   std::vector<bool> prefetching_;
   int64_t prefetch_count_ = 0;
+  std::unique_ptr<ParamFile> param_file_;  // offload_param.device = "nvme"
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 // buffers, visited as one chunk.
 #include "ds/zero/state_store.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "ds/core/error.h"
@@ -14,7 +15,8 @@ namespace {
 
 class HostStateStore final : public StateStore {
  public:
-  HostStateStore(Tensor master, optim::Optimizer& opt) : master_(std::move(master)), opt_(opt) {
+  HostStateStore(Tensor master, optim::Optimizer& opt, int64_t chunk)
+      : master_(std::move(master)), opt_(opt), chunk_(chunk > 0 ? chunk : master_.numel()) {
     opt_.init_state(master_.numel());
   }
 
@@ -32,13 +34,18 @@ class HostStateStore final : public StateStore {
   }
 
   void for_each(Access, const std::function<void(const StateChunk&)>& fn) override {
-    StateChunk c;
-    c.begin = 0;
-    c.numel = master_.numel();
-    c.master = master_.data<float>();
     // SGD without momentum has no buffer; with momentum set later its buffer appears on demand.
-    for (const auto& sb : opt_.state_buffers()) c.states.push_back(sb.data);
-    fn(c);
+    const auto buffers = opt_.state_buffers();
+    const int64_t n = master_.numel();
+    for (int64_t b = 0; b < n || b == 0; b += chunk_) {
+      StateChunk c;
+      c.begin = b;
+      c.numel = std::min(chunk_, n - b);
+      c.master = master_.data<float>() + b;
+      for (const auto& sb : buffers) c.states.push_back(sb.data + b);
+      fn(c);
+      if (n == 0) break;
+    }
   }
 
   std::string describe() const override { return "optimizer state in RAM"; }
@@ -52,12 +59,13 @@ class HostStateStore final : public StateStore {
  private:
   Tensor master_;
   optim::Optimizer& opt_;
+  int64_t chunk_;
 };
 
 }  // namespace
 
-std::unique_ptr<StateStore> host_state_store(Tensor master, optim::Optimizer& opt) {
-  return std::make_unique<HostStateStore>(std::move(master), opt);
+std::unique_ptr<StateStore> host_state_store(Tensor master, optim::Optimizer& opt, int64_t chunk) {
+  return std::make_unique<HostStateStore>(std::move(master), opt, chunk);
 }
 
 }  // namespace ds::zero

@@ -3,6 +3,7 @@
 #include "ds/zero/strategy.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "ds/backend/backend.h"
@@ -42,14 +43,18 @@ double Strategy::global_sum_of_squares(const Tensor& g, const std::string& ctx) 
 void Strategy::attach_optimizer(optim::Optimizer& opt,
                                 const std::function<void(const std::string&)>& log) {
   DS_CHECK(!store_, "[zero] attach_optimizer() was already called");
-  const bool master_is_params = options_.train_dtype == DType::f32;
+  // In fp32 training the parameters are the master weights, unless they live on NVMe.
+  const bool master_is_params = options_.train_dtype == DType::f32 && !params_on_nvme();
   if (options_.nvme_optimizer) {
     store_ = nvme_state_store(*options_.nvme_optimizer, group_->rank(), master_, master_is_params,
                               opt, log);
     if (store_->holds_master()) master_ = Tensor();  // the swap file has them now
     if (log) log(store_->describe());
   } else {
-    store_ = host_state_store(master_, opt);
+    // Parameters on NVMe are written one sub-group at a time: step the RAM state in the same
+    // sub-groups.
+    store_ = host_state_store(master_, opt,
+                              params_on_nvme() ? io::align_up(options_.sub_group_size, 2048) : 0);
   }
 }
 
@@ -65,15 +70,32 @@ void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float 
   const DType train = options_.train_dtype;
   void* out16 = params16();
   const DType out16_dtype = train != DType::f32 ? train : DType::bf16;
-  if (!options_.nvme_optimizer) {
-    state().step(opt, grads.data<float>(), grad_scale, out16, out16_dtype);
+  auto step = [&] {
+    if (!params_on_nvme()) {
+      state().step(opt, grads.data<float>(), grad_scale, out16, out16_dtype);
+      return;
+    }
+    // Parameters on NVMe: each sub-group's new parameters go to disk as soon as it is stepped.
+    opt.begin_step();
+    state().for_each(Access::Update, [&](const StateChunk& c) {
+      void* out = params_out(c);
+      opt.step_slice(c.master, grads.data<float>() + c.begin, c.states.data(), c.numel, grad_scale,
+                     train == DType::f32 ? nullptr : out, out16_dtype);
+      if (train == DType::f32)
+        std::memcpy(out, c.master, static_cast<size_t>(c.numel) * sizeof(float));
+      params_written(c);
+    });
+    params_flushed();
+  };
+  if (!options_.nvme_optimizer && !params_on_nvme()) {
+    step();
     return;
   }
   // Offloaded: a failed read or write on one rank must not leave the others waiting in the
   // parameter gather that follows.
   std::string error;
   try {
-    state().step(opt, grads.data<float>(), grad_scale, out16, out16_dtype);
+    step();
   } catch (const Error& e) {
     error = fmt::format("[zero] rank {}, {}, optimizer step on NVMe-offloaded state: {}",
                         group_->rank(), ctx, e.what());
@@ -92,6 +114,19 @@ void Strategy::round_master_into(const Tensor& dst) {
     auto st = Storage::external(c.master, static_cast<size_t>(c.numel) * sizeof(float), kCPU);
     dst.flat_range(c.begin, c.numel).copy_from(Tensor::from_storage(st, {c.numel}, DType::f32));
   });
+}
+
+void Strategy::write_params_from_master() {
+  const DType train = options_.train_dtype;
+  state().for_each(Access::Read, [&](const StateChunk& c) {
+    void* out = params_out(c);
+    auto src = Storage::external(c.master, static_cast<size_t>(c.numel) * sizeof(float), kCPU);
+    auto dst = Storage::external(out, static_cast<size_t>(c.numel) * dtype_size(train), kCPU);
+    Tensor::from_storage(dst, {c.numel}, train)
+        .copy_from(Tensor::from_storage(src, {c.numel}, DType::f32));
+    params_written(c);
+  });
+  params_flushed();
 }
 
 std::unique_ptr<Strategy> make_strategy(nn::Module& model, std::shared_ptr<comm::Group> group,

@@ -127,7 +127,8 @@ class Optimizer {
   bool external_state() const { return external_; }
   // One step in slices: begin_step() counts it (the t of the bias corrections); each
   // step_slice() updates n elements with the caller's state pointers (one per state_names()
-  // entry). Any number of slices in any order make one step, equal to step() over their union.
+  // entry: external, or pointers into state_buffers()). Any number of slices in any order make
+  // one step, equal to step() over their union.
   void begin_step();
   void step_slice(float* params, const float* grads, float* const* states, int64_t n,
                   float grad_scale = 1.0f, void* out16 = nullptr, DType out16_dtype = DType::bf16);

@@ -80,8 +80,10 @@ class StateStore {
 };
 
 // The RAM home: `master` (optimizer_numel fp32) and the optimizer's own buffers, which this
-// allocates (opt.init_state). Lamb and SGD step here as one whole range.
-std::unique_ptr<StateStore> host_state_store(Tensor master, optim::Optimizer& opt);
+// allocates (opt.init_state). Lamb and SGD step here as one whole range. `chunk` > 0: for_each
+// visits chunks of that many elements (parameters on NVMe are written per chunk).
+std::unique_ptr<StateStore> host_state_store(Tensor master, optim::Optimizer& opt,
+                                             int64_t chunk = 0);
 
 // The NVMe home for `rank`: initial master weights copied from `master`, moments zero. When
 // `master_is_params` (fp32 training) `master` stays the master and only the moments are swapped.

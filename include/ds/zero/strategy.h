@@ -42,6 +42,15 @@
 
 namespace ds::zero {
 
+// zero_optimization.offload_param with device "nvme" (stage 3) plus the aio section.
+struct NvmeParamOffloadOptions {
+  std::string nvme_path;
+  int64_t buffer_count = 5;
+  int64_t buffer_size = 100000000;  // elements; read-ahead stages at most count x size
+  int64_t max_in_cpu = 1000000000;  // elements of this rank's pieces kept in RAM
+  io::AioOptions aio;
+};
+
 // What the strategy needs from DeepSpeed's config (runtime maps `zero_optimization` and the
 // gradient-averaging keys onto it; zero/ does not read configs).
 struct Options {
@@ -61,8 +70,14 @@ struct Options {
   int64_t prefetch_bucket_size = 50000000;       // elements gathered ahead along the trace
   int64_t max_live_parameters = 1000000000;      // elements gathered at once at most
   int64_t max_reuse_distance = 1000000000;       // keep a parameter used again within this many
+  // The optimizer's sub-group (elements): the unit the optimizer state is streamed in.
+  int64_t sub_group_size = 1000000000;
   // offload_optimizer.device = "nvme": master weights and moments in swap files (state_store.h).
   std::optional<NvmeOffloadOptions> nvme_optimizer;
+  // offload_param.device = "nvme" (stage 3): this rank's parameter pieces in a swap file.
+  std::optional<NvmeParamOffloadOptions> nvme_params;
+  // Start-up notices of the offload layers (O_DIRECT fallback, sizes); may be empty.
+  std::function<void(const std::string&)> log;
 };
 
 // A piece of the flat parameter space (the unpadded concatenation of all parameters in
@@ -173,6 +188,15 @@ class Strategy {
   Tensor master_;
   bool partitioned_ = false;
   std::unique_ptr<StateStore> store_;  // attach_optimizer()
+  // Parameters on NVMe (stage 3): the optimizer writes each sub-group's new parameters into
+  // params_out(c) and params_written(c) sends them to disk; params_flushed() waits for all.
+  virtual bool params_on_nvme() const { return false; }
+  virtual void* params_out(const StateChunk& c) { return nullptr; }
+  virtual void params_written(const StateChunk& c) {}
+  virtual void params_flushed() {}
+  // The working parameters from the master weights, sub-group by sub-group through the hooks
+  // above (after a checkpoint load with parameters on NVMe).
+  void write_params_from_master();
   // Bytes of master weights held in RAM (0 in fp32 training, where they are the parameters, and
   // when the NVMe store holds them).
   int64_t master_bytes() const;

@@ -1,7 +1,7 @@
 // The NVMe home of the optimizer state (zero/state_store.h; reference/offload.md §3.1, §8).
 //
 // Layout: the optimizer range is cut into K sub-groups of S elements (S = sub_group_size rounded
-// up to 1024 elements = 4 KiB, the last one shorter). Sub-groups [0, K_ram) live in one RAM region
+// up to 2048 elements = 8 KiB, the last one shorter). Sub-groups [0, K_ram) live in one RAM region
 // (ratio < 1), the rest in one swap file per rank, each in a slot of (1 + states) * S floats:
 //
 //   slot j:  [ master (S floats) | exp_avg (S) | exp_avg_sq (S) ]      (master omitted when the
@@ -32,7 +32,8 @@ namespace ds::zero {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int64_t kGroupAlign = io::kAlignment / static_cast<int64_t>(sizeof(float));  // 1024
+// 8 KiB of fp32, 4 KiB of 16-bit elements: parameter writes per sub-group stay aligned too.
+constexpr int64_t kGroupAlign = 2048;
 
 int64_t mem_available_bytes() {
   std::ifstream in("/proc/meminfo");
