@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -213,7 +214,12 @@ struct RunSpec {
 };
 
 std::string config(const RunSpec& r) {
-  const std::string prec = r.precision == "bf16" ? R"("bf16": {"enabled": true},)" : "";
+  // "bf16-grads": gradients accumulate in bf16 too (widened per sub-group when offloaded).
+  const std::string prec =
+      r.precision == "bf16" ? R"("bf16": {"enabled": true},)"
+      : r.precision == "bf16-grads"
+          ? R"("bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "bf16"},)"
+          : "";
   std::string off;
   if (!r.nvme.empty() && r.what != "params")
     off += fmt::format(R"(, "offload_optimizer": {{"device": "nvme", "nvme_path": "{}",
@@ -295,10 +301,11 @@ TEST_P(Offload, SameLossesAsInRamBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, Offload,
                          ::testing::Combine(::testing::Values(1, 2, 3),
-                                            ::testing::Values("fp32", "bf16")),
+                                            ::testing::Values("fp32", "bf16", "bf16-grads")),
                          [](const auto& info) {
-                           return fmt::format("stage{}_{}", std::get<0>(info.param),
-                                              std::get<1>(info.param));
+                           std::string p = std::get<1>(info.param);
+                           std::replace(p.begin(), p.end(), '-', '_');
+                           return fmt::format("stage{}_{}", std::get<0>(info.param), p);
                          });
 
 // Stage 3 with the parameters on NVMe (optimizer in RAM, or both on NVMe), all of them on disk or

@@ -30,11 +30,11 @@
 #include "ds/comm/logger.h"
 #include "ds/core/allocator.h"
 #include "ds/core/error.h"
+#include "ds/core/file_io.h"
 #include "ds/core/parallel.h"
 #include "ds/core/rng.h"
 #include "ds/data/dataset.h"
 #include "ds/data/loader.h"
-#include "ds/core/file_io.h"
 #include "ds/data/tokenizer.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
@@ -42,8 +42,8 @@
 #include "ds/runtime/engine.h"
 #include "ds/runtime/monitor.h"
 #include "ds_train_default_config.h"
-#include "options.h"
 #include "fit.h"
+#include "options.h"
 #include "outputs.h"
 #include "plan.h"
 #include "train_util.h"
@@ -178,18 +178,28 @@ int run(const Options& o, const Given& g) {
   ds::runtime::print_config_warnings(cfg, stdout);
 
   // ---- will it fit? (before anything large is allocated) ----
-  const int64_t act_bytes = ds::train::activation_estimate(
-      mcfg, B, T, o.gradient_checkpointing, static_cast<int64_t>(ds::dtype_size(cfg.training_dtype())));
+  const int64_t act_bytes =
+      ds::train::activation_estimate(mcfg, B, T, o.gradient_checkpointing,
+                                     static_cast<int64_t>(ds::dtype_size(cfg.training_dtype())));
+  // Stage 3 builds each rank's piece of every parameter only (DeepSpeed's zero.Init), unless the
+  // weights come from a Hugging Face folder (read whole, then sharded).
+  const bool partitioned_build = cfg.zero_optimization.stage == 3 && o.init_from.empty();
   if (!o.skip_memory_check) {
-    const auto fit = ds::train::plan_fit(mcfg, cfg, world_size, ds::train::local_ranks(), act_bytes);
-    const std::string note =
-        ds::train::check_fit(fit, ds::train::available_memory_bytes(), mcfg, cfg, world_size);
+    const auto fit = ds::train::plan_fit(mcfg, cfg, world_size, ds::train::local_ranks(), act_bytes,
+                                         partitioned_build);
+    std::error_code ec;
+    fs::create_directories(o.output_dir, ec);
+    const std::string note = ds::train::check_fit(fit, ds::train::available_memory_bytes(), mcfg,
+                                                  cfg, world_size, o.output_dir);
     if (!note.empty()) say(note);
   }
 
   // ---- model, engine ----
   say(fmt::format("GEMM: {}", ds::backend::cpu().gemm_info()));
+  std::optional<ds::nn::PartitionedInit> pieces_only;
+  if (partitioned_build) pieces_only.emplace();
   auto model = std::make_shared<ds::models::GPT>(mcfg, /*init=*/o.init_from.empty());
+  pieces_only.reset();
   if (!o.init_from.empty()) {
     const auto rep = ds::models::load_hf_weights(*model, o.init_from);
     say(fmt::format(
@@ -233,6 +243,11 @@ int run(const Options& o, const Given& g) {
     con.line(fmt::format("  optimizer states  {:>12}", mib(mem.optimizer_states)));
     con.line(fmt::format("  model states      {:>12}", mib(mem.total())));
   }
+  if (mem.nvme > 0)
+    con.line(
+        fmt::format("  on NVMe           {:>12}  (optimizer state swapped through RAM buffers; "
+                    "docs/offload.md)",
+                    mib(mem.nvme)));
   if (mem.scratch > 0)
     con.line(
         fmt::format("  gradient scratch  {:>12}  (fp32 copy of the 16-bit gradients for the "

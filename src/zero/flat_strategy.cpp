@@ -47,7 +47,7 @@ class FlatStrategy final : public Strategy {
       flat_ = nn::flatten_parameters(model_, o.train_dtype, o.grad_dtype, multiple, full_grads);
     }
     if (!full_grads) grads_part_ = Tensor::zeros({opt_numel_}, o.grad_dtype);
-    if (o.grad_dtype != DType::f32) grads32_ = Tensor::zeros({opt_numel_});
+    if (o.grad_dtype != DType::f32 && !offloaded()) grads32_ = Tensor::zeros({opt_numel_});
 
     // Every rank starts from rank 0's weights (initialisation is rank-independent already; this
     // also covers models initialised by the caller).
@@ -130,7 +130,7 @@ class FlatStrategy final : public Strategy {
       }
     }
     Tensor g = options_.stage >= 2 ? grads_part_ : flat_.grads.flat_range(begin_, opt_numel_);
-    if (g.dtype() == DType::f32) return g;
+    if (g.dtype() == DType::f32 || offloaded()) return g;
     grads32_.copy_from(g);
     return grads32_;
   }

@@ -51,7 +51,7 @@ class Stage3Strategy final : public Strategy {
         (shard_offset + kPartitionAlignment - 1) / kPartitionAlignment * kPartitionAlignment;
     master_ = Tensor::zeros({opt_numel_});
     grads_part_ = Tensor::zeros({opt_numel_}, o.grad_dtype);
-    if (o.grad_dtype != DType::f32) grads32_ = Tensor::zeros({opt_numel_});
+    if (o.grad_dtype != DType::f32 && !offloaded()) grads32_ = Tensor::zeros({opt_numel_});
     numel_.resize(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) numel_[i] = params_[i].numel;
 
@@ -170,7 +170,7 @@ class Stage3Strategy final : public Strategy {
   }
 
   Tensor reduced_gradients(const std::string&) override {
-    if (grads_part_.dtype() == DType::f32) return grads_part_;
+    if (grads_part_.dtype() == DType::f32 || offloaded()) return grads_part_;
     grads32_.copy_from(grads_part_);
     return grads32_;
   }

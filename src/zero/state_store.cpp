@@ -28,11 +28,6 @@ class HostStateStore final : public StateStore {
     return out;
   }
 
-  void step(optim::Optimizer& opt, const float* grads, float grad_scale, void* out16,
-            DType out16_dtype) override {
-    opt.step(master_.data<float>(), grads, master_.numel(), grad_scale, out16, out16_dtype);
-  }
-
   void for_each(Access, const std::function<void(const StateChunk&)>& fn) override {
     // SGD without momentum has no buffer; with momentum set later its buffer appears on demand.
     const auto buffers = opt_.state_buffers();

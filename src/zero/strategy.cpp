@@ -27,8 +27,8 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<comm::Group> group, Option
 Strategy::~Strategy() = default;
 
 double Strategy::global_sum_of_squares(const Tensor& g, const std::string& ctx) {
-  DS_CHECK(g.dtype() == DType::f32 && g.numel() == opt_numel_ && g.is_contiguous(),
-           "[zero] the gradients for the norm must be ({},) fp32, got {} {}", opt_numel_,
+  DS_CHECK(is_floating(g.dtype()) && g.numel() == opt_numel_ && g.is_contiguous(),
+           "[zero] the gradients for the norm must be ({},) floating point, got {} {}", opt_numel_,
            shape_str(g.shape()), dtype_name(g.dtype()));
   double sq = backend::get(g.device()).sum_of_squares(g);
   if (partitioned_) {
@@ -65,42 +65,49 @@ StateStore& Strategy::state() const {
 
 void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
                               const std::string& ctx) {
-  DS_CHECK(grads.dtype() == DType::f32 && grads.numel() == opt_numel_ && grads.is_contiguous(),
-           "[zero] the optimizer needs ({},) fp32 gradients", opt_numel_);
+  DS_CHECK(is_floating(grads.dtype()) && grads.numel() == opt_numel_ && grads.is_contiguous(),
+           "[zero] the optimizer needs ({},) floating-point gradients", opt_numel_);
   const DType train = options_.train_dtype;
-  void* out16 = params16();
   const DType out16_dtype = train != DType::f32 ? train : DType::bf16;
-  auto step = [&] {
-    if (!params_on_nvme()) {
-      state().step(opt, grads.data<float>(), grad_scale, out16, out16_dtype);
-      return;
-    }
-    // Parameters on NVMe: each sub-group's new parameters go to disk as soon as it is stepped.
+  if (!offloaded()) {
+    // Everything in RAM: one call over the whole range (Lamb's trust ratios need it).
+    DS_CHECK(grads.dtype() == DType::f32, "[zero] in-RAM optimizer steps take fp32 gradients");
+    opt.step(master_.data<float>(), grads.data<float>(), opt_numel_, grad_scale, params16(),
+             out16_dtype);
+    return;
+  }
+  // Offloaded: one sub-group at a time, as the state streams in. 16-bit gradients are widened per
+  // sub-group (no full fp32 copy); new parameters go to params16() or, on NVMe, to the swap file
+  // as soon as their sub-group is stepped. A failed read or write on one rank must not leave the
+  // others waiting in the parameter gather that follows: every rank learns of it.
+  std::string error;
+  try {
     opt.begin_step();
+    const int64_t esize = static_cast<int64_t>(dtype_size(train));
+    char* out16 = static_cast<char*>(params16());
     state().for_each(Access::Update, [&](const StateChunk& c) {
-      void* out = params_out(c);
-      opt.step_slice(c.master, grads.data<float>() + c.begin, c.states.data(), c.numel, grad_scale,
+      const float* g = grads.dtype() == DType::f32 ? grads.data<float>() + c.begin
+                                                   : widen_gradients(grads, c.begin, c.numel);
+      void* out = params_on_nvme() ? params_out(c) : out16 ? out16 + c.begin * esize : nullptr;
+      opt.step_slice(c.master, g, c.states.data(), c.numel, grad_scale,
                      train == DType::f32 ? nullptr : out, out16_dtype);
+      if (!params_on_nvme()) return;
       if (train == DType::f32)
         std::memcpy(out, c.master, static_cast<size_t>(c.numel) * sizeof(float));
       params_written(c);
     });
-    params_flushed();
-  };
-  if (!options_.nvme_optimizer && !params_on_nvme()) {
-    step();
-    return;
-  }
-  // Offloaded: a failed read or write on one rank must not leave the others waiting in the
-  // parameter gather that follows.
-  std::string error;
-  try {
-    step();
+    if (params_on_nvme()) params_flushed();
   } catch (const Error& e) {
     error = fmt::format("[zero] rank {}, {}, optimizer step on NVMe-offloaded state: {}",
                         group_->rank(), ctx, e.what());
   }
   comm::raise_if_any_failed(*group_, error, ctx + ": optimizer step on NVMe-offloaded state");
+}
+
+const float* Strategy::widen_gradients(const Tensor& grads, int64_t begin, int64_t numel) {
+  if (!grad_chunk_.defined() || grad_chunk_.numel() < numel) grad_chunk_ = Tensor::empty({numel});
+  grad_chunk_.flat_range(0, numel).copy_from(grads.flat_range(begin, numel));
+  return grad_chunk_.data<float>();
 }
 
 int64_t Strategy::master_bytes() const {

@@ -1,11 +1,13 @@
 #include "fit.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
 
 #include "ds/core/error.h"
+#include "ds/io/aio.h"
 #include "ds/runtime/engine.h"
 #include "ds/zero/partition.h"
 #include "train_util.h"
@@ -14,9 +16,49 @@ namespace ds::train {
 
 namespace {
 
-int64_t model_state_bytes(int64_t params, int stage, DType train, DType grads, int world_size) {
+// Model-state bytes per rank in RAM and on disk for `cfg` (reference/offload.md §5's working
+// numbers: what zero::StateStore and the stage-3 parameter file actually hold).
+struct StateBytes {
+  int64_t ram = 0, disk = 0, buffers = 0;
+};
+
+StateBytes model_state_bytes(int64_t params, const runtime::DeepSpeedConfig& cfg, int world_size) {
+  const auto& z = cfg.zero_optimization;
+  const DType train = cfg.training_dtype(), grads = runtime::gradient_dtype(cfg);
   const auto plan = zero::plan_partitions(params, world_size);
-  return zero::expected_model_state_bytes(stage, plan, train, grads, /*state_floats=*/2).total();
+  const auto b = zero::expected_model_state_bytes(z.stage, plan, train, grads, /*state_floats=*/2);
+  const bool sixteen = train != DType::f32;
+  const int64_t opt_elems = z.stage >= 1 ? plan.partition_numel : plan.padded_numel;
+  const int64_t esize = static_cast<int64_t>(dtype_size(train));
+  const bool params_nvme = z.stage == 3 && z.offload_param.device == runtime::OffloadDevice::NVMe;
+  StateBytes out;
+  out.ram = b.total();
+  if (sixteen && grads != DType::f32 &&
+      z.offload_optimizer.device != runtime::OffloadDevice::NVMe && !params_nvme)
+    out.ram += opt_elems * 4;  // the fp32 copy of 16-bit gradients the in-RAM optimizer reads
+  if (z.offload_optimizer.device == runtime::OffloadDevice::NVMe) {
+    // Master weights (unless they are the RAM parameters: fp32 without parameter offload) and
+    // both moments, `ratio` of them on disk; a ring of buffer_count sub-groups in RAM.
+    const bool master_on_disk = sixteen || params_nvme;
+    const int64_t per_elem = (master_on_disk ? 4 : 0) + 8;
+    const int64_t moved =
+        static_cast<int64_t>(static_cast<double>(opt_elems * per_elem) * z.offload_optimizer.ratio);
+    const int64_t group = std::min<int64_t>(z.sub_group_size, opt_elems);
+    const int64_t ring = z.offload_optimizer.buffer_count * group * per_elem;
+    out.ram += ring - moved;
+    out.disk += moved;
+    out.buffers += ring;
+  }
+  if (params_nvme) {
+    const int64_t part = plan.partition_numel;
+    const int64_t kept = std::min(part, z.offload_param.max_in_cpu);
+    const int64_t ahead =
+        std::min(part, z.offload_param.buffer_count * z.offload_param.buffer_size);
+    out.ram += (kept + ahead - part) * esize;
+    out.disk += (part - kept) * esize;
+    out.buffers += ahead * esize;
+  }
+  return out;
 }
 
 int64_t read_int_file(const char* path) {
@@ -33,12 +75,21 @@ int64_t read_int_file(const char* path) {
 }  // namespace
 
 FitPlan plan_fit(const models::GPTConfig& model, const runtime::DeepSpeedConfig& cfg,
-                 int world_size, int ranks_on_node, int64_t activations) {
+                 int world_size, int ranks_on_node, int64_t activations, bool partitioned_build) {
   FitPlan p;
   const int64_t P = model.num_parameters();
-  p.model_states = model_state_bytes(P, cfg.zero_optimization.stage, cfg.training_dtype(),
-                                     runtime::gradient_dtype(cfg), world_size);
-  p.model_build = 4 * P;
+  const StateBytes sb = model_state_bytes(P, cfg, world_size);
+  p.model_states = sb.ram;
+  p.nvme = sb.disk;
+  p.offload_buffers = sb.buffers;
+  const auto& z = cfg.zero_optimization;
+  p.nvme_path = z.offload_optimizer.device == runtime::OffloadDevice::NVMe
+                    ? z.offload_optimizer.nvme_path
+                    : z.offload_param.nvme_path;
+  // Stage 3 built piecewise holds only its fp32 piece before the optimizer state moves to disk.
+  p.model_build = partitioned_build && z.stage == 3
+                      ? (sb.disk > 0 ? 4 * zero::plan_partitions(P, world_size).partition_numel : 0)
+                      : 4 * P;
   p.activations = activations;
   p.ranks_on_node = ranks_on_node;
   return p;
@@ -74,50 +125,94 @@ int local_ranks() {
 }
 
 std::string check_fit(const FitPlan& plan, int64_t available, const models::GPTConfig& model,
-                      const runtime::DeepSpeedConfig& cfg, int world_size) {
+                      const runtime::DeepSpeedConfig& cfg, int world_size,
+                      const std::string& scratch_dir) {
+  // Disk first: an NVMe offload that cannot reserve its swap files fails anyway, later.
+  if (plan.nvme > 0) {
+    const int64_t free = io::available_bytes(plan.nvme_path);
+    DS_CHECK(free < 0 || plan.nvme_per_node() <= free,
+             "[ds_train] the NVMe offload needs {} on {} ({} per rank x {}), {} is free there: "
+             "free space, point nvme_path at a larger disk, or lower "
+             "offload_optimizer.ratio",
+             mib(plan.nvme_per_node()), plan.nvme_path, mib(plan.nvme), plan.ranks_on_node,
+             mib(free));
+  }
   if (available <= 0) return "";
   const int64_t need = plan.per_node();
   const std::string breakdown = fmt::format(
-      "{} per rank x {} rank{} on this node: model states {} (ZeRO stage {}, {}), the fp32 model "
-      "built before partitioning {}, activations ~{}",
+      "{} per rank x {} rank{} on this node: model states {} (ZeRO stage {}, {}{}), the fp32 "
+      "model built before partitioning {}, activations ~{}",
       mib(plan.model_states + plan.model_build + plan.activations), plan.ranks_on_node,
       plan.ranks_on_node > 1 ? "s" : "", mib(plan.model_states), cfg.zero_optimization.stage,
-      dtype_name(cfg.training_dtype()), mib(plan.model_build), mib(plan.activations));
+      dtype_name(cfg.training_dtype()),
+      plan.nvme > 0 ? fmt::format("; {} more on NVMe, {} of swap buffers in RAM", mib(plan.nvme),
+                                  mib(plan.offload_buffers))
+                    : "",
+      mib(plan.model_build), mib(plan.activations));
   if (need <= available) {
     if (need * 10 > available * 9)
       return fmt::format("warning: this run needs ~{} of the {} available ({}); it may not fit",
                          mib(need), mib(available), breakdown);
     return "";
   }
-  // What would fit: a higher stage (same ranks), then bf16.
+  // What would fit: a higher stage (same ranks), then bf16, then NVMe offload.
   std::vector<std::string> fixes;
   const int64_t P = model.num_parameters();
+  auto fits = [&](const runtime::DeepSpeedConfig& c) {
+    const FitPlan q = plan_fit(model, c, world_size, plan.ranks_on_node, plan.activations,
+                               plan.model_build < 4 * P);
+    return std::pair{q.per_node() <= available, q};
+  };
   for (int s = cfg.zero_optimization.stage + 1; s <= 3; ++s) {
-    const int64_t states =
-        model_state_bytes(P, s, cfg.training_dtype(), runtime::gradient_dtype(cfg), world_size);
-    if ((states + plan.model_build + plan.activations) * plan.ranks_on_node <= available) {
-      fixes.push_back(
-          fmt::format("zero_optimization.stage {} ({} of model states per rank)", s, mib(states)));
+    runtime::DeepSpeedConfig c = cfg;
+    c.zero_optimization.stage = s;
+    if (auto [ok, q] = fits(c); ok) {
+      fixes.push_back(fmt::format("zero_optimization.stage {} ({} of model states per rank)", s,
+                                  mib(q.model_states)));
       break;
     }
   }
   if (cfg.training_dtype() == DType::f32) {
     // bf16 keeps fp32 master weights and (by default) fp32 gradients: it only helps when sharding
     // spreads those over ranks.
-    const int64_t states =
-        model_state_bytes(P, cfg.zero_optimization.stage, DType::bf16, DType::f32, world_size);
-    if ((states + plan.model_build + plan.activations) * plan.ranks_on_node <= available)
+    runtime::DeepSpeedConfig c = cfg;
+    c.bf16.enabled = true;
+    if (auto [ok, q] = fits(c); ok)
       fixes.push_back(
-          fmt::format("bf16 training (--bf16; {} of model states per rank)", mib(states)));
+          fmt::format("bf16 training (--bf16; {} of model states per rank)", mib(q.model_states)));
+  }
+  // NVMe offload: the optimizer state first; with stage 3 the parameters too.
+  const int64_t free_here = io::available_bytes(scratch_dir);
+  for (bool params : {false, true}) {
+    runtime::DeepSpeedConfig c = cfg;
+    auto& z = c.zero_optimization;
+    if (z.offload_optimizer.device == runtime::OffloadDevice::NVMe && (!params || z.stage < 3))
+      continue;
+    z.offload_optimizer.device = runtime::OffloadDevice::NVMe;
+    z.offload_optimizer.nvme_path = scratch_dir;
+    z.sub_group_size = std::min<int64_t>(z.sub_group_size, 100000000);
+    if (params) {
+      z.stage = 3;
+      z.offload_param.device = runtime::OffloadDevice::NVMe;
+      z.offload_param.nvme_path = scratch_dir;
+      z.offload_param.max_in_cpu = 0;
+    }
+    auto [ok, q] = fits(c);
+    if (!ok) continue;
+    fixes.push_back(fmt::format(
+        "{}offload_optimizer.device=nvme{} (needs {} on disk{}, {} of RAM)",
+        params ? "zero_optimization.stage 3 with " : "enable ",
+        params ? " and offload_param.device=nvme" : "", mib(q.nvme_per_node()),
+        free_here >= 0 ? fmt::format("; {} is free on {}", mib(free_here), scratch_dir) : "",
+        mib(q.per_node())));
+    break;
   }
   fixes.push_back("more ranks on more nodes (the sharded states shrink with the world size)");
   fixes.push_back(
       "a smaller --per_device_train_batch_size or --gradient_checkpointing (activations)");
   DS_THROW(
       "[ds_train] this run does not fit in memory: it needs ~{} on this node, {} is available "
-      "({}). "
-      "Options: {}. (CPU/NVMe offload, which would move the states out of RAM, is not implemented "
-      "yet; --skip_memory_check runs anyway.)",
+      "({}). Options: {}. (--skip_memory_check runs anyway.)",
       mib(need), mib(available), breakdown, fmt::join(fixes, "; "));
 }
 

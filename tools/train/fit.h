@@ -15,15 +15,23 @@
 namespace ds::train {
 
 struct FitPlan {
-  int64_t model_states = 0;  // per rank, stage's sharding
-  int64_t model_build = 0;   // per rank: the fp32 model built whole before the engine shards it
-  int64_t activations = 0;   // per rank, estimate
+  int64_t model_states = 0;     // per rank in RAM, stage's sharding, after offload
+  int64_t model_build = 0;      // per rank: the fp32 model (or its piece) built before sharding
+  int64_t activations = 0;      // per rank, estimate
+  int64_t offload_buffers = 0;  // per rank: NVMe swap and read-ahead buffers (in model_states)
+  int64_t nvme = 0;             // per rank on disk (offload_optimizer / offload_param "nvme")
+  std::string nvme_path;        // where that goes (the optimizer's path, else the parameters')
   int ranks_on_node = 1;
   int64_t per_node() const { return (model_states + model_build + activations) * ranks_on_node; }
+  int64_t nvme_per_node() const { return nvme * ranks_on_node; }
 };
 
+// `partitioned_build`: stage 3 builds each rank's piece only (nn::PartitionedInit), never the
+// whole fp32 model. Offload (zero/state_store.h, zero/offload/) moves master weights, moments and
+// stage-3 parameter pieces to disk and adds its buffers.
 FitPlan plan_fit(const models::GPTConfig& model, const runtime::DeepSpeedConfig& cfg,
-                 int world_size, int ranks_on_node, int64_t activations);
+                 int world_size, int ranks_on_node, int64_t activations,
+                 bool partitioned_build = false);
 
 // Bytes this process may still allocate: min(MemAvailable, cgroup memory.max - memory.current);
 // 0 when unknown.
@@ -32,10 +40,13 @@ int64_t available_memory_bytes();
 // Ranks of this job on this node (OMPI_COMM_WORLD_LOCAL_SIZE / LOCAL_SIZE), 1 when unknown.
 int local_ranks();
 
-// Throws "[ds_train] ... does not fit ..." naming the need, what is available and the ZeRO stage
-// (or precision) that would fit, when plan.per_node() exceeds `available`; returns a warning line
-// when it is within 10% of it; "" otherwise. available 0 = unknown: no check.
+// Throws "[ds_train] ... does not fit ..." naming the need, what is available and the ZeRO stage,
+// precision or NVMe offload (with the disk it needs) that would fit, when plan.per_node() exceeds
+// `available`, or when the NVMe offload needs more disk than nvme_path's filesystem has; returns
+// a warning line when RAM is within 10% of it; "" otherwise. available 0 = unknown: no RAM check.
+// `scratch_dir`: where an NVMe suggestion measures free disk (the output folder).
 std::string check_fit(const FitPlan& plan, int64_t available, const models::GPTConfig& model,
-                      const runtime::DeepSpeedConfig& cfg, int world_size);
+                      const runtime::DeepSpeedConfig& cfg, int world_size,
+                      const std::string& scratch_dir = ".");
 
 }  // namespace ds::train

@@ -11,8 +11,10 @@
 //                      training the master weights are the parameters and stay in RAM; only the
 //                      moments are swapped. Gradients never leave RAM.
 //
-//   auto store = z->state();                     // built by Strategy::attach_optimizer()
-//   store.step(optimizer, grads, scale, params16, DType::bf16);        // one optimizer step
+//   StateStore& store = z->state();              // built by Strategy::attach_optimizer()
+//   store.for_each(Access::Update, [&](const StateChunk& c) {         // an optimizer step
+//     opt.step_slice(c.master, grads + c.begin, c.states.data(), c.numel, ...);
+//   });
 //   store.for_each(Access::Read, [&](const StateChunk& c) { ... });    // checkpoints
 //
 // Chunks come in order of `begin`; a visitor sees each element once. Access::Read does not write
@@ -67,10 +69,6 @@ class StateStore {
   virtual int64_t numel() const = 0;
   // The optimizer state buffers' names, in StateChunk::states order.
   virtual std::vector<std::string> state_names() const = 0;
-  // One optimizer step over the whole range; out16 (when not null) receives the updated
-  // parameters in out16_dtype at the same offsets.
-  virtual void step(optim::Optimizer& opt, const float* grads, float grad_scale, void* out16,
-                    DType out16_dtype) = 0;
   virtual void for_each(Access access, const std::function<void(const StateChunk&)>& fn) = 0;
   // One line for the start-up report.
   virtual std::string describe() const = 0;

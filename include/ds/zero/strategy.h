@@ -148,7 +148,8 @@ class Strategy {
   virtual void begin_backward(bool boundary, const std::string& ctx) = 0;
   virtual void end_backward() = 0;
   // At the boundary: this rank's gradients, summed over ranks (times the pre-division factor), as
-  // (optimizer_numel,) fp32. A collective for stage 1 (reduce-scatter).
+  // (optimizer_numel,) fp32 (in the accumulation dtype when offloaded(): no full fp32 copy). A
+  // collective for stage 1 (reduce-scatter).
   virtual Tensor reduced_gradients(const std::string& ctx) = 0;
   // Sum of squares of g over every rank's range (a collective when partitioned). inf/NaN on any
   // rank reaches every rank. Deterministic: fixed tiles summed in order.
@@ -188,6 +189,14 @@ class Strategy {
   Tensor master_;
   bool partitioned_ = false;
   std::unique_ptr<StateStore> store_;  // attach_optimizer()
+  // True when anything is on NVMe: the optimizer then steps sub-group by sub-group, and
+  // reduced_gradients() may return the accumulation dtype (widened per sub-group).
+  bool offloaded() const {
+    return options_.nvme_optimizer.has_value() || options_.nvme_params.has_value();
+  }
+  // fp32 copy of grads[begin, begin + numel) in a reused scratch buffer.
+  const float* widen_gradients(const Tensor& grads, int64_t begin, int64_t numel);
+  Tensor grad_chunk_;
   // Parameters on NVMe (stage 3): the optimizer writes each sub-group's new parameters into
   // params_out(c) and params_written(c) sends them to disk; params_flushed() waits for all.
   virtual bool params_on_nvme() const { return false; }

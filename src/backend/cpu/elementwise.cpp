@@ -89,11 +89,15 @@ void CpuBackend::fill(const Tensor& dst, double value) {
 }
 
 double CpuBackend::sum_of_squares(const Tensor& x) {
-  DS_CHECK(x.dtype() == DType::f32 && x.is_contiguous(),
-           "[cpu:sum_of_squares] needs a contiguous fp32 tensor, got {} {}", dtype_name(x.dtype()),
-           shape_str(x.shape()));
-  const float* g = x.data<float>();
+  DS_CHECK(is_floating(x.dtype()) && x.is_contiguous(),
+           "[cpu:sum_of_squares] needs a contiguous floating tensor, got {} {}",
+           dtype_name(x.dtype()), shape_str(x.shape()));
   const int64_t n = x.numel();
+  // 16-bit values widen exactly, so the sum equals that of their fp32 copy.
+  const bool f32 = x.dtype() == DType::f32, bf16 = x.dtype() == DType::bf16;
+  const float* g = f32 ? x.data<float>() : nullptr;
+  const uint16_t* h = f32 ? nullptr : x.data<uint16_t>();
+  auto value = [&](int64_t i) -> double { return bf16 ? bf16_to_float(h[i]) : f16_to_float(h[i]); };
   constexpr int64_t kTile = 1 << 16;
   const int64_t tiles = (n + kTile - 1) / kTile;
   std::vector<double> partial(static_cast<size_t>(tiles), 0.0);
@@ -101,7 +105,14 @@ double CpuBackend::sum_of_squares(const Tensor& x) {
     for (int64_t t = b; t < e; ++t) {
       double acc = 0.0;
       const int64_t end = std::min(n, (t + 1) * kTile);
-      for (int64_t i = t * kTile; i < end; ++i) acc += static_cast<double>(g[i]) * g[i];
+      if (f32) {
+        for (int64_t i = t * kTile; i < end; ++i) acc += static_cast<double>(g[i]) * g[i];
+      } else {
+        for (int64_t i = t * kTile; i < end; ++i) {
+          const double v = value(i);
+          acc += v * v;
+        }
+      }
       partial[static_cast<size_t>(t)] = acc;
     }
   });

@@ -148,18 +148,6 @@ class NvmeStateStore final : public StateStore {
   std::vector<std::string> state_names() const override { return names_; }
   bool holds_master() const override { return !external_master_.defined(); }
 
-  void step(optim::Optimizer& opt, const float* grads, float grad_scale, void* out16,
-            DType out16_dtype) override {
-    opt.begin_step();
-    const size_t esize = out16 ? dtype_size(out16_dtype) : 0;
-    for_each(Access::Update, [&](const StateChunk& c) {
-      opt.step_slice(
-          c.master, grads + c.begin, c.states.data(), c.numel, grad_scale,
-          out16 ? static_cast<char*>(out16) + c.begin * static_cast<int64_t>(esize) : nullptr,
-          out16_dtype);
-    });
-  }
-
   void for_each(Access access, const std::function<void(const StateChunk&)>& fn) override {
     try {
       visit(access, fn);
