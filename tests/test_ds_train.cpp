@@ -52,7 +52,9 @@ class DsTrain : public ::testing::Test {
     std::ofstream(dir_ / "data" / "meta.json") << meta.dump();
     std::ofstream(dir_ / "model.json") << R"({"preset": "test-gpt2", "dropout": 0.1})";
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override {
+    if (!std::getenv("DS_KEEP_TEST_DIR")) fs::remove_all(dir_);
+  }
 
   // Runs ds_train with the common flags plus `args`; returns the exit code, output in log_.
   // `launcher`: a command put in front (the deepspeed launcher for several ranks).
@@ -341,6 +343,64 @@ TEST_F(DsTrain, RunThatCannotFitStopsBeforeAllocating) {
   EXPECT_NE(log_.find("this run does not fit in memory"), std::string::npos) << log_;
   EXPECT_NE(log_.find("model states"), std::string::npos) << log_;
   EXPECT_EQ(log_.find("GEMM:"), std::string::npos) << "stopped after start-up:\n" << log_;
+}
+
+TEST_F(DsTrain, SuggestsNvmeOffloadWhenRamIsShortThenTrainsWithIt) {
+  // ~3.3M parameters: ~53 MB of fp32 model states. DS_MEMORY_LIMIT pretends the machine has 60 MB.
+  std::ofstream(dir_ / "big.json")
+      << R"({"preset": "test-gpt2", "n_layer": 4, "n_embd": 256, "n_head": 4, "block_size": 16})";
+  const std::string limited = "env DS_MEMORY_LIMIT=60M";
+  const std::string common =
+      " --max_steps 2 --eval_steps 0 --export_hf none --model " + (dir_ / "big.json").string();
+  EXPECT_EQ(run("--output_dir " + (dir_ / "x").string() + common, true, limited), 1) << log_;
+  EXPECT_NE(log_.find("this run does not fit in memory"), std::string::npos) << log_;
+  EXPECT_NE(log_.find("enable offload_optimizer.device=nvme with sub_group_size"),
+            std::string::npos)
+      << log_;
+  // The suggestion, applied: fits, trains, swaps, cleans up.
+  const fs::path nvme = dir_ / "nvme";
+  fs::create_directories(nvme);
+  const std::string cfg = fmt::format(
+      R"('{{"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+      "gradient_accumulation_steps": "auto", "zero_optimization": {{"stage": 2,
+      "sub_group_size": 100000, "offload_optimizer": {{"device": "nvme", "nvme_path": "{}"}}}}}}')",
+      nvme.string());
+  ASSERT_EQ(
+      run("--output_dir " + (dir_ / "y").string() + common + " --deepspeed " + cfg, true, limited),
+      0)
+      << log_;
+  EXPECT_NE(log_.find("[offload] optimizer state (exp_avg, exp_avg_sq) on NVMe"), std::string::npos)
+      << log_;
+  EXPECT_NE(log_.find("on NVMe  "), std::string::npos) << log_;
+  EXPECT_TRUE(fs::is_empty(nvme / "ds_swap")) << "swap files left after a clean exit";
+}
+
+TEST_F(DsTrain, Zero3WithEverythingOnNvmeResumesExactly) {
+  const fs::path nvme = dir_ / "nvme", a = dir_ / "a", b = dir_ / "b";
+  fs::create_directories(nvme);
+  const std::string cfg = fmt::format(
+      R"('{{"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+      "gradient_accumulation_steps": "auto", "bf16": {{"enabled": true}},
+      "zero_optimization": {{"stage": 3, "sub_group_size": 5000, "stage3_param_persistence_threshold": 0,
+      "offload_optimizer": {{"device": "nvme", "nvme_path": "{0}", "buffer_count": 4}},
+      "offload_param": {{"device": "nvme", "nvme_path": "{0}", "buffer_size": 2000, "max_in_cpu": 0}}}}}}')",
+      nvme.string());
+  // Straight through 4 steps, and 2 + 2 from the checkpoint: every metric row identical.
+  const std::string flags =
+      "--max_steps 4 --eval_steps 0 --save_steps 2 --export_hf none --deepspeed " + cfg;
+  ASSERT_EQ(run(flags + " --output_dir " + a.string()), 0) << log_;
+  EXPECT_NE(log_.find("[offload] parameters (bf16) on NVMe"), std::string::npos) << log_;
+  fs::copy(a, b, fs::copy_options::recursive);
+  fs::remove_all(b / "global_step4");
+  std::ofstream(b / "latest") << "global_step2\n";
+  ASSERT_EQ(run(flags + " --output_dir " + b.string() + " --resume_from_checkpoint latest"), 0)
+      << log_;
+  EXPECT_NE(log_.find("resumed from"), std::string::npos) << log_;
+  for (const char* f : {"Train_Samples_train_loss", "Train_Samples_grad_norm"})
+    EXPECT_EQ(read(b / "metrics" / (std::string(f) + ".csv")),
+              read(a / "metrics" / (std::string(f) + ".csv")))
+        << f;
+  EXPECT_TRUE(fs::is_empty(nvme / "ds_swap"));
 }
 
 TEST_F(DsTrain, Zero3ExportsTheGatheredModel) {

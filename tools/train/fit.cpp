@@ -1,6 +1,7 @@
 #include "fit.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -110,6 +111,22 @@ int64_t available_memory_bytes() {
   const int64_t max = read_int_file("/sys/fs/cgroup/memory.max");
   const int64_t cur = read_int_file("/sys/fs/cgroup/memory.current");
   if (max > 0 && max - cur > 0 && (avail == 0 || max - cur < avail)) avail = max - cur;
+  // DS_MEMORY_LIMIT=<bytes>[K|M|G]: plan for less memory than this machine has (a smaller
+  // target machine, or room for other jobs).
+  if (const char* env = std::getenv("DS_MEMORY_LIMIT"); env && *env) {
+    char* end = nullptr;
+    double v = std::strtod(env, &end);
+    const std::string unit = end ? end : "";
+    const double mul = unit == "K"   ? 1024.0
+                       : unit == "M" ? 1048576.0
+                       : unit == "G" ? 1073741824.0
+                                     : 1.0;
+    DS_CHECK(v > 0 && (unit.empty() || mul > 1.0),
+             "[ds_train] DS_MEMORY_LIMIT='{}' must be a number of bytes, optionally with K, M or G",
+             env);
+    const auto limit = static_cast<int64_t>(v * mul);
+    if (avail == 0 || limit < avail) avail = limit;
+  }
   return avail;
 }
 
@@ -190,7 +207,10 @@ std::string check_fit(const FitPlan& plan, int64_t available, const models::GPTC
       continue;
     z.offload_optimizer.device = runtime::OffloadDevice::NVMe;
     z.offload_optimizer.nvme_path = scratch_dir;
-    z.sub_group_size = std::min<int64_t>(z.sub_group_size, 100000000);
+    // Swap buffers within an eighth of the memory: sub-groups of at most this many elements.
+    const int64_t group = std::clamp<int64_t>(
+        available / 8 / (z.offload_optimizer.buffer_count * 12) / 2048 * 2048, 2048, 100000000);
+    z.sub_group_size = std::min<int64_t>(z.sub_group_size, group);
     if (params) {
       z.stage = 3;
       z.offload_param.device = runtime::OffloadDevice::NVMe;
@@ -200,9 +220,10 @@ std::string check_fit(const FitPlan& plan, int64_t available, const models::GPTC
     auto [ok, q] = fits(c);
     if (!ok) continue;
     fixes.push_back(fmt::format(
-        "{}offload_optimizer.device=nvme{} (needs {} on disk{}, {} of RAM)",
+        "{}offload_optimizer.device=nvme{} with sub_group_size {} (needs {} on disk{}, {} of "
+        "RAM)",
         params ? "zero_optimization.stage 3 with " : "enable ",
-        params ? " and offload_param.device=nvme" : "", mib(q.nvme_per_node()),
+        params ? " and offload_param.device=nvme" : "", z.sub_group_size, mib(q.nvme_per_node()),
         free_here >= 0 ? fmt::format("; {} is free on {}", mib(free_here), scratch_dir) : "",
         mib(q.per_node())));
     break;

@@ -170,7 +170,7 @@ class NvmeStateStore final : public StateStore {
     const int64_t disk_groups = groups_ - ram_groups_;
     std::string s = fmt::format(
         "[offload] optimizer state ({}{}) on NVMe: {} sub-groups of {} elements, {} on disk in "
-        "{}{} ({} reserved, {} I/O, {}), {} in RAM; {} swap buffers of {} MiB; "
+        "{}{} ({} reserved, {} I/O, {}), {} in RAM; {} swap buffers of {}; "
         "read-ahead {}, write-behind {}",
         external_master_.defined() ? "" : "fp32 master weights, ", fmt::join(names_, ", "), groups_,
         group_, disk_groups, dir_ ? dir_->path() : std::string("-"),
