@@ -7,7 +7,7 @@
 #    with DS_TEST_SLURM=1 (root), also a one-node Slurm cluster for the launcher's Slurm test.
 # 2. Configure (Release) and build $DS_BUILD_DIR (default build/), $DS_BUILD_JOBS jobs (nproc).
 # 3. ctest --test-dir $DS_BUILD_DIR --output-on-failure -j2 CTEST_ARGS...
-# 4. With DS_TEST_ASAN=1 (CI sets it), also the data and training tests (labels data, train) in a
+# 4. With DS_TEST_ASAN=1 (CI sets it), also the data, training and offload tests in a
 #    second build, $DS_ASAN_BUILD_DIR (default build-asan/), with AddressSanitizer and UBSan.
 #
 # Every argument other than --no-setup goes to ctest, e.g.
@@ -70,7 +70,8 @@ rc=0
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j2 "${ctest_args[@]}" </dev/null || rc=$?
 
 # Memory errors in the code that reads user files (token shards, tokenizers, configs, checkpoints)
-# do not always crash a Release build: run those tests once under the sanitizers. OpenMPI's own
+# or moves raw bytes to and from disk (offload) do not always crash a Release build: run those
+# tests once under the sanitizers. OpenMPI's own
 # allocations are not ours to judge, so leak checking is off; any other report fails the test.
 if [[ "${DS_TEST_ASAN:-0}" == 1 ]]; then
   ASAN_DIR="${DS_ASAN_BUILD_DIR:-$REPO/build-asan}"
@@ -78,10 +79,10 @@ if [[ "${DS_TEST_ASAN:-0}" == 1 ]]; then
   cmake -S "$REPO" -B "$ASAN_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDS_SANITIZE=ON \
     -DDS_BUILD_BENCH=OFF </dev/null
   cmake --build "$ASAN_DIR" -j"$JOBS" --target test_data test_tokenizer test_monitor test_ds_train \
-    ds_train ds_launcher </dev/null
-  echo "test: ctest --test-dir $ASAN_DIR -L 'data|train' (sanitized)"
+    test_offload ds_train ds_launcher </dev/null
+  echo "test: ctest --test-dir $ASAN_DIR -L 'data|train|offload' (sanitized)"
   ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1}" \
     UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
-    ctest --test-dir "$ASAN_DIR" --output-on-failure -j2 -L 'data|train' </dev/null || rc=$?
+    ctest --test-dir "$ASAN_DIR" --output-on-failure -j2 -L 'data|train|offload' </dev/null || rc=$?
 fi
 exit "$rc"

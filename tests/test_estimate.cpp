@@ -1,6 +1,7 @@
 // DeepSpeed's memory estimator (zero/estimate.h) against DeepSpeed 0.19.8's own functions
 // (tests/fixtures/zero/estimates.json, made by tools/gen_estimate_fixture.py): every option's
 // bytes and the printed tables byte for byte; parameter counting as DeepSpeed's _all_live does it.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -63,4 +64,31 @@ TEST(Estimate, CountsParametersWithoutMemory) {
   const auto t = zero::count_parameters(tiny);
   EXPECT_EQ(t.params, tiny.num_parameters());
   EXPECT_EQ(t.largest_layer, 50257 * 256);
+}
+
+TEST(Estimate, NvmeRowsFollowTheStoresLayout) {
+  // 1e9 parameters on 2 processes: p = 5e8. Optimizer on NVMe: master + two moments = 12 bytes per
+  // element on disk, read and written once per step; a ring of 4 sub-groups of 1e8 elements.
+  const int64_t P = 1000000000, L = 50000000, p = P / 2, ring = 4 * 100000000LL * 12;
+  const auto opt = zero::estimate_nvme(3, false, P, L, 2, 1, 100000000);
+  EXPECT_EQ(opt.disk, 12 * p);
+  EXPECT_EQ(opt.read, 12 * p);
+  EXPECT_EQ(opt.written, 12 * p);
+  EXPECT_EQ(opt.ram, 2 * p + 4 * p + ring);  // bf16 pieces + fp32 gradient pieces + ring
+  EXPECT_EQ(opt.disk_with_checkpoint, opt.disk + 12 * p + 2 * P / 2);
+  // Parameters too: 2 bytes more on disk, read in forward and backward, written after the step.
+  const auto both = zero::estimate_nvme(3, true, P, L, 2, 1, 100000000);
+  EXPECT_EQ(both.disk, 14 * p);
+  EXPECT_EQ(both.read, 16 * p);
+  EXPECT_EQ(both.written, 14 * p);
+  EXPECT_EQ(both.ram, 4 * p + ring + 2 * 500000000LL / 2 * 2 + 4 * L);
+  // Stage 2 keeps the whole bf16 model per process.
+  EXPECT_EQ(zero::estimate_nvme(2, false, P, L, 2, 1, 100000000).ram, 2 * P + 4 * p + ring);
+  // The table: one row at stage 2, two at stage 3; seconds from the bandwidths given.
+  const std::string t = zero::nvme_table(3, P, L, 2, 1, 1e9, 5e8, 100000000);
+  EXPECT_NE(t.find("offload_optimizer=nvme\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("offload_optimizer=nvme, offload_param=nvme"), std::string::npos) << t;
+  const double secs = 12.0 * p / 1e9 + 12.0 * p / 5e8;  // 6 + 12 = 18 s
+  EXPECT_NE(t.find(fmt::format("{:10.1f}", secs)), std::string::npos) << t;
+  EXPECT_EQ(zero::nvme_table(2, P, L, 2, 1, 0, 0).find("offload_param"), std::string::npos);
 }

@@ -3,10 +3,17 @@
 //   ds_estimate --stage 3 --params 2783959040 --largest_layer 65798144
 //   ds_estimate --stage 2 --model gpt2-xl --num_gpus 1 --num_nodes 1
 //   ds_estimate --stage 3 --model out/hf_model          (an HF folder with config.json)
+//   ds_estimate --stage 3 --model gpt2-xl --nvme_path /local_nvme   (+ NVMe offload rows)
 //
 // The tables are DeepSpeed's estimate_zero{2,3}_model_states_mem_needs_all_cold output byte for
 // byte (zero/estimate.h). With --model the counts are taken the way the _all_live variants do
 // (tied weights once; the largest module's own parameters), from a model built without memory.
+// --nvme_path adds deepspeed.cpp's own NVMe offload rows (RAM, disk with and without a checkpoint,
+// bytes moved per step) with the I/O time per step from a short disk probe in that folder.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -15,6 +22,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ds/core/error.h"
+#include "ds/io/aio.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
 #include "ds/nn/module.h"
@@ -41,6 +49,46 @@ ds::models::GPTConfig resolve_model(const std::string& name) {
 }
 
 }  // namespace
+
+bool bw_direct = false;
+
+// Sequential write then read of a temporary file in `dir` through the aio engine (O_DIRECT when the
+// filesystem has it, 1 MiB blocks, queue depth 8), about seconds/2 each: (read, write) bytes/s.
+std::pair<double, double> probe_disk(const std::string& dir, double seconds) {
+  using Clock = std::chrono::steady_clock;
+  bw_direct = ds::io::direct_io_supported(dir);
+  const std::string path = dir + "/.ds_estimate_probe." + std::to_string(::getpid());
+  ds::io::AioOptions o;
+  auto engine = ds::io::make_engine(o);
+  constexpr int64_t kChunk = 64 << 20;
+  ds::io::AlignedBuffer buf(kChunk);
+  std::fill(buf.as<char>(), buf.as<char>() + kChunk, 'x');
+  int64_t written = 0, read = 0;
+  double wt = 0, rt = 0;
+  try {
+    ds::io::File f =
+        ds::io::File::open(path, ds::io::File::kReadWrite | ds::io::File::kCreate, bw_direct);
+    const auto t0 = Clock::now();
+    while ((wt = std::chrono::duration<double>(Clock::now() - t0).count()) < seconds / 2) {
+      engine->wait(engine->write(f, buf.data(), kChunk, written));
+      written += kChunk;
+    }
+    ::fsync(f.fd());
+    wt = std::chrono::duration<double>(Clock::now() - t0).count();
+    const auto t1 = Clock::now();
+    while (read < written &&
+           (rt = std::chrono::duration<double>(Clock::now() - t1).count()) < seconds / 2) {
+      engine->wait(engine->read(f, buf.data(), kChunk, read));
+      read += kChunk;
+    }
+    rt = std::chrono::duration<double>(Clock::now() - t1).count();
+  } catch (...) {
+    ::unlink(path.c_str());
+    throw;
+  }
+  ::unlink(path.c_str());
+  return {read / std::max(rt, 1e-9), written / std::max(wt, 1e-9)};
+}
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -73,6 +121,20 @@ int main(int argc, char** argv) {
   app.add_option("--additional_buffer_factor", abf, "DeepSpeed's factor on the CPU column")
       ->capture_default_str()
       ->check(CLI::Range(1.0, 100.0));
+  std::string nvme_path;
+  double probe_seconds = 2.0;
+  int64_t sub_group_size = 100000000;
+  app.add_option("--nvme_path", nvme_path,
+                 "Also print deepspeed.cpp's NVMe offload rows, timing a step's I/O with a disk "
+                 "probe in this folder");
+  app.add_option("--probe_seconds", probe_seconds, "Seconds of the disk probe (0: no probe)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 60.0));
+  app.add_option("--sub_group_size", sub_group_size,
+                 "zero_optimization.sub_group_size for the NVMe rows (DeepSpeed's default 1e9 "
+                 "makes a 48 GB swap ring; deepspeed.cpp clamps it to a quarter of free RAM)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 50));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -90,6 +152,22 @@ int main(int argc, char** argv) {
     std::fputs(stage == 2 ? ds::zero::zero2_table(params, gpus, nodes, abf).c_str()
                           : ds::zero::zero3_table(params, largest_layer, gpus, nodes, abf).c_str(),
                stdout);
+    if (!nvme_path.empty()) {
+      double read_bps = 0, write_bps = 0;
+      if (probe_seconds > 0) {
+        const auto bw = probe_disk(nvme_path, probe_seconds);
+        read_bps = bw.first;
+        write_bps = bw.second;
+        std::printf("\ndisk probe on %s (%.1f s, O_DIRECT %s): read %.2f GB/s, write %.2f GB/s\n",
+                    nvme_path.c_str(), probe_seconds, bw_direct ? "on" : "off", read_bps / 1e9,
+                    write_bps / 1e9);
+      }
+      std::printf("\n");
+      std::fputs(ds::zero::nvme_table(stage, params, largest_layer, gpus, nodes, read_bps,
+                                      write_bps, sub_group_size)
+                     .c_str(),
+                 stdout);
+    }
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -1,5 +1,6 @@
 // Files, aligned buffers and the O_DIRECT / free-space probes of the aio layer (io/aio.h).
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -76,11 +77,17 @@ bool File::reserve(int64_t bytes) {
 
 AlignedBuffer::AlignedBuffer(int64_t bytes) : bytes_(align_up(bytes)) {
   if (bytes_ == 0) return;
-  if (posix_memalign(&p_, static_cast<size_t>(kAlignment), static_cast<size_t>(bytes_)) != 0)
+  // Large buffers on 2 MiB boundaries, as transparent huge pages: a 1 MiB transfer from scattered
+  // 4 KiB pages needs 256 segments and virtio disks take 254 per request, so the kernel splits
+  // it; from huge pages it goes as one request (measured: 0.5-2.2 GB/s -> 2.4-3.4 GB/s reads).
+  constexpr int64_t kHuge = int64_t{2} << 20;
+  const int64_t align = bytes_ >= kHuge ? kHuge : kAlignment;
+  if (posix_memalign(&p_, static_cast<size_t>(align), static_cast<size_t>(bytes_)) != 0)
     DS_THROW(
         "[io] out of memory allocating a {:.1f} MiB I/O buffer; lower buffer_count or "
         "sub_group_size",
         static_cast<double>(bytes_) / (1 << 20));
+  if (align == kHuge) ::madvise(p_, static_cast<size_t>(bytes_), MADV_HUGEPAGE);  // advice only
   std::memset(p_, 0, static_cast<size_t>(bytes_));
 }
 

@@ -108,6 +108,54 @@ std::string zero3_table(int64_t params, int64_t largest_layer, int gpus_per_node
   return out;
 }
 
+NvmeEstimate estimate_nvme(int stage, bool params_on_nvme, int64_t params, int64_t largest_layer,
+                           int gpus_per_node, int nodes, int64_t sub_group_size) {
+  const int64_t T = static_cast<int64_t>(gpus_per_node) * nodes;
+  const int64_t p = (params + T - 1) / T;  // this process's partition
+  const int64_t ring = 4 * std::min(sub_group_size, p) * 12;
+  NvmeEstimate e;
+  const int64_t grads = (stage >= 2 ? p : params) * 4;
+  if (params_on_nvme) {
+    const int64_t read_ahead = std::min<int64_t>(500000000, p) * 2;
+    e.ram = grads + ring + read_ahead + 2 * 2 * largest_layer;
+    e.disk = 14 * p;
+    e.read = 12 * p + 2 * 2 * p;
+    e.written = 12 * p + 2 * p;
+  } else {
+    e.ram = (stage >= 3 ? p : params) * 2 + grads + ring;
+    e.disk = 12 * p;
+    e.read = 12 * p;
+    e.written = 12 * p;
+  }
+  e.disk_with_checkpoint = e.disk + 12 * p + 2 * params / T;
+  return e;
+}
+
+std::string nvme_table(int stage, int64_t params, int64_t largest_layer, int gpus_per_node,
+                       int nodes, double read_bps, double write_bps, int64_t sub_group_size) {
+  auto gb = [](int64_t b) { return fmt::format("{:8.2f}GB", static_cast<double>(b) / (1 << 30)); };
+  std::string out =
+      fmt::format(
+          "deepspeed.cpp with NVMe offload (bf16, fp32 gradients, Adam, sub_group_size {}; "
+          "per process; not a DeepSpeed estimate):\n",
+          sub_group_size) +
+      "    RAM    |    disk   | disk+ckpt |  moved/step | I/O s/step | Options\n";
+  for (bool on_nvme : {false, true}) {
+    if (on_nvme && stage < 3) continue;
+    const NvmeEstimate e =
+        estimate_nvme(stage, on_nvme, params, largest_layer, gpus_per_node, nodes, sub_group_size);
+    const std::string secs =
+        read_bps > 0 && write_bps > 0
+            ? fmt::format("{:10.1f}", static_cast<double>(e.read) / read_bps +
+                                          static_cast<double>(e.written) / write_bps)
+            : fmt::format("{:>10}", "-");
+    out += fmt::format(" {} | {} | {} | {}  | {} | offload_optimizer=nvme{}\n", gb(e.ram),
+                       gb(e.disk), gb(e.disk_with_checkpoint), gb(e.read + e.written), secs,
+                       on_nvme ? ", offload_param=nvme" : "");
+  }
+  return out;
+}
+
 ParameterCounts count_parameters(const nn::Module& model) {
   ParameterCounts c;
   for (const auto& [name, p] : model.named_parameters()) c.params += p.numel();  // tied once

@@ -157,6 +157,18 @@ class Stage3Strategy final : public Strategy {
 
   int64_t prefetched_gathers() const override { return prefetch_count_; }
 
+  OffloadStats offload_stats() const override {
+    OffloadStats o = Strategy::offload_stats();
+    if (param_file_) {
+      const io::Counters c = param_file_->counters();
+      o.bytes_read += c.bytes_read;
+      o.bytes_written += c.bytes_written;
+      o.disk_bytes += param_file_->disk_bytes();
+      o.wait_seconds += param_file_->wait_seconds();
+    }
+    return o;
+  }
+
   void begin_forward(bool training) override {
     if (!training) eval_recording_ = trace_.recording(), trace_.set_recording(false);
     trace_.begin_micro_step(training);

@@ -58,6 +58,17 @@ void Strategy::attach_optimizer(optim::Optimizer& opt,
   }
 }
 
+Strategy::OffloadStats Strategy::offload_stats() const {
+  OffloadStats o;
+  if (!store_) return o;
+  const StoreStats s = store_->stats();
+  o.bytes_read = s.bytes_read;
+  o.bytes_written = s.bytes_written;
+  o.disk_bytes = s.disk_bytes;
+  o.wait_seconds = s.io_wait_seconds;
+  return o;
+}
+
 StateStore& Strategy::state() const {
   DS_CHECK(store_, "[zero] the optimizer state is not placed yet: call attach_optimizer()");
   return *store_;

@@ -8,3 +8,9 @@ if(DS_HAVE_MPI)
   set_tests_properties(test_offload_np2 PROPERTIES LABELS "distributed;offload" TIMEOUT 900
     ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;DS_COMM_TIMEOUT=120;OMP_NUM_THREADS=1")
 endif()
+# ds_io end to end on a small file (its numbers are benchmarks, not tested), and a bad flag.
+add_test(NAME ds_io_smoke COMMAND $<TARGET_FILE:ds_io> --path ${CMAKE_CURRENT_BINARY_DIR} --size 64M --loops 1)
+set_tests_properties(ds_io_smoke PROPERTIES LABELS "offload" PASS_REGULAR_EXPRESSION "BENCH ds_io op=read gbps=")
+add_test(NAME ds_io_bad_block_size COMMAND $<TARGET_FILE:ds_io> --path ${CMAKE_CURRENT_BINARY_DIR} --block_size 1000)
+set_tests_properties(ds_io_bad_block_size PROPERTIES LABELS "offload"
+  PASS_REGULAR_EXPRESSION "--block_size 1000 is not a multiple of 4096")

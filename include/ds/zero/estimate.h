@@ -38,6 +38,30 @@ std::string zero2_table(int64_t params, int gpus_per_node, int nodes, double abf
 std::string zero3_table(int64_t params, int64_t largest_layer, int gpus_per_node, int nodes,
                         double abf = 1.5);
 
+// Beyond DeepSpeed: this system's NVMe offload (zero/state_store.h, offload/param_file.h) for bf16
+// training with fp32 gradients and Adam, per process (T = gpus_per_node * nodes ranks, p = P / T):
+//
+//   option                   RAM per process                        disk per process
+//   optimizer on NVMe        params (stage 3: 2p, else 2P) + 4p     12p (master, exp_avg,
+//                            grads (stage 2+) + swap ring             exp_avg_sq)
+//   + parameters on NVMe     4p grads + swap ring + read-ahead      12p + 2p (bf16 pieces)
+//     (stage 3)              + 2 x 2L (largest layer gathered)
+//
+// with swap ring = buffer_count (4) x min(sub_group_size, p) x 12 bytes and read-ahead = min(5 x
+// 1e8, p) x 2 bytes (DeepSpeed's defaults; the run clamps the ring to a quarter of free RAM).
+// Moved per step: 12p read + 12p written (the optimizer state), plus 2p read twice (forward and
+// backward gathers) and 2p written with the parameters on NVMe. A checkpoint needs another 12p +
+// 2P/T on disk ("disk + checkpoint"). Time per step = read / read_bps + written / write_bps (the
+// disk does one at a time); bandwidths <= 0 print "-".
+struct NvmeEstimate {
+  int64_t ram = 0, disk = 0, disk_with_checkpoint = 0, read = 0, written = 0;
+};
+NvmeEstimate estimate_nvme(int stage, bool params_on_nvme, int64_t params, int64_t largest_layer,
+                           int gpus_per_node, int nodes, int64_t sub_group_size = 1000000000);
+std::string nvme_table(int stage, int64_t params, int64_t largest_layer, int gpus_per_node,
+                       int nodes, double read_bps, double write_bps,
+                       int64_t sub_group_size = 1000000000);
+
 // DeepSpeed's model_to_params: every parameter once (tied weights once) and the largest sum of one
 // module's own (direct) parameters (an embedding or a Linear, not a block). Reads shapes only, so
 // a model built under nn::PartitionedInit (nothing allocated) can be counted.

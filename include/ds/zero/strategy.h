@@ -137,6 +137,13 @@ class Strategy {
   virtual MemoryBytes memory() const = 0;
   // Stage 3: gathers issued ahead of use along the recorded trace (0 otherwise).
   virtual int64_t prefetched_gathers() const { return 0; }
+  // NVMe traffic since construction, optimizer state and parameters together: bytes moved, the
+  // bytes reserved on disk, and the time the training thread waited for I/O.
+  struct OffloadStats {
+    int64_t bytes_read = 0, bytes_written = 0, disk_bytes = 0;
+    double wait_seconds = 0;
+  };
+  virtual OffloadStats offload_stats() const;
 
   // ---- the step ----
   // Before the loss function runs. training = false for evaluation (no gradients; stage 3 neither

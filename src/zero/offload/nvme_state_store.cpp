@@ -46,7 +46,9 @@ int64_t mem_available_bytes() {
 }
 
 std::string gib(int64_t b) {
-  return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1 << 30));
+  const double d = static_cast<double>(b);
+  return d >= (1 << 30) ? fmt::format("{:.2f} GiB", d / (1 << 30))
+                        : fmt::format("{:.1f} MiB", d / (1 << 20));
 }
 
 class NvmeStateStore final : public StateStore {
@@ -176,7 +178,7 @@ class NvmeStateStore final : public StateStore {
         group_, disk_groups, dir_ ? dir_->path() : std::string("-"),
         direct_ ? " (O_DIRECT)" : " (buffered)", gib(disk_bytes_), engine_ ? engine_->kind() : "no",
         engine_ ? fmt::format("queue depth {}", o_.aio.queue_depth) : "", ram_groups_, ring_.size(),
-        slot_floats_ * 4 >> 20, ahead(), o_.pipeline_write ? "on" : "off");
+        gib(slot_floats_ * 4), ahead(), o_.pipeline_write ? "on" : "off");
     return s;
   }
 

@@ -2,6 +2,7 @@
 #include "param_file.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -11,7 +12,9 @@ namespace ds::zero::detail {
 namespace {
 constexpr int64_t kElementAlign = 2048;  // 4 KiB of 16-bit elements: every chunk write is aligned
 std::string gib(int64_t b) {
-  return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1 << 30));
+  const double d = static_cast<double>(b);
+  return d >= (1 << 30) ? fmt::format("{:.2f} GiB", d / (1 << 30))
+                        : fmt::format("{:.1f} MiB", d / (1 << 20));
 }
 }  // namespace
 
@@ -58,6 +61,17 @@ ParamFile::ParamFile(const ParamFileOptions& o, int rank, DType dtype, int64_t n
   flush();
 }
 
+void ParamFile::wait(io::Ticket t) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    engine_->wait(t);
+  } catch (...) {
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    throw;
+  }
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 ParamFile::~ParamFile() {
   if (!engine_) return;
   try {
@@ -95,7 +109,7 @@ const void* ParamFile::get(int key, int64_t begin, int64_t n) {
   for (io::Ticket& t : s.tickets) {
     const io::Ticket tt = t;
     t = 0;
-    if (tt) engine_->wait(tt);
+    if (tt) wait(tt);
   }
   s.tickets.clear();
   return s.buf.as<char>() + s.skip;
@@ -104,7 +118,8 @@ const void* ParamFile::get(int key, int64_t begin, int64_t n) {
 void ParamFile::drop(int key) {
   auto it = staged_.find(key);
   if (it == staged_.end()) return;
-  for (io::Ticket t : it->second.tickets) engine_->wait(t);  // never free a buffer under a read
+  for (io::Ticket t : it->second.tickets)
+    if (t) wait(t);  // never free a buffer under a read
   staged_elements_ -= it->second.numel;
   staged_.erase(it);
 }
@@ -123,7 +138,7 @@ void* ParamFile::scratch(int64_t begin, int64_t n) {
   if (t) {
     const io::Ticket tt = t;
     t = 0;
-    engine_->wait(tt);
+    wait(tt);
   }
   return scratch_[next_scratch_].data();
 }
@@ -152,7 +167,7 @@ void ParamFile::flush() {
     t = 0;
     if (!tt) continue;
     try {
-      engine_->wait(tt);
+      wait(tt);
     } catch (const Error& e) {
       if (first.empty()) first = e.what();
     }

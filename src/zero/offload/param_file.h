@@ -58,6 +58,7 @@ class ParamFile {
   int64_t ram_elements() const { return ram_end_; }
   int64_t disk_bytes() const { return disk_bytes_; }
   io::Counters counters() const { return engine_ ? engine_->counters() : io::Counters{}; }
+  double wait_seconds() const { return wait_seconds_; }  // training thread blocked on I/O
   std::string describe() const;
 
  private:
@@ -80,6 +81,8 @@ class ParamFile {
   io::AlignedBuffer scratch_[2];
   io::Ticket scratch_ticket_[2] = {0, 0};
   int next_scratch_ = 0;
+  double wait_seconds_ = 0;
+  void wait(io::Ticket t);  // engine_->wait, timed
 };
 
 }  // namespace ds::zero::detail
