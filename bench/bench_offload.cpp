@@ -13,7 +13,8 @@
 //       [--sub_group_size 20000000] [--buffer_count 4] [--param_buffer_size 20000000]
 //       [--fp32_grads] [--threads 2]
 //
-// bf16 training, AdamW, gradients accumulated in bf16 (--fp32_grads: DeepSpeed's default fp32),
+// bf16 training (--fp32: fp32), AdamW, gradients accumulated in bf16 (--fp32_grads: DeepSpeed's
+// default fp32),
 // synthetic tokens. Stage 3 builds the model piecewise (nn::PartitionedInit). Peak RSS is VmHWM:
 // `init_peak_rss_mib` up to the first step (building the model, and the fp32 master pieces before
 // they move to the swap file), then the counter is reset (/proc/self/clear_refs) and
@@ -66,7 +67,7 @@ int main(int argc, char** argv) {
   int steps = 3, stage = 3, threads = 2, buffer_count = 4;
   int64_t sub_group_size = 20000000, param_buffer = 20000000;
   double read_gbps = 0, write_gbps = 0;
-  bool fp32_grads = false;
+  bool fp32_grads = false, fp32 = false;
   app.add_option("--name", name);
   app.add_option("--layers", layers);
   app.add_option("--embd", embd);
@@ -85,6 +86,7 @@ int main(int argc, char** argv) {
   app.add_option("--read_gbps", read_gbps, "disk read bandwidth measured in the same run");
   app.add_option("--write_gbps", write_gbps, "disk write bandwidth measured in the same run");
   app.add_flag("--fp32_grads", fp32_grads);
+  app.add_flag("--fp32", fp32, "fp32 training (default bf16)");
   app.add_option("--threads", threads);
   CLI11_PARSE(app, argc, argv);
   set_num_threads(threads);
@@ -109,11 +111,15 @@ int main(int argc, char** argv) {
         nvme, param_buffer);
   const std::string cfg = fmt::format(
       R"({{"train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 1,
-      "bf16": {{"enabled": true}}, {}
+      {}
       "aio": {{"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1}},
       "zero_optimization": {{{}}},
       "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-4, "weight_decay": 0.01}}}}}})",
-      batch, fp32_grads ? "" : R"("data_types": {"grad_accum_dtype": "bf16"},)", zero);
+      batch,
+      fp32         ? ""
+      : fp32_grads ? R"("bf16": {"enabled": true},)"
+                   : R"("bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "bf16"},)",
+      zero);
 
   const auto t_init = Clock::now();
   std::shared_ptr<models::GPT> model;
@@ -136,7 +142,7 @@ int main(int argc, char** argv) {
   std::printf("init %.1f s, peak RSS %.0f MiB\n", init_s, static_cast<double>(init_peak) / 1024);
   std::fflush(stdout);
 
-  std::vector<double> step_s, wait_s, read_b, write_b;
+  std::vector<double> step_s, wait_s, read_b, write_b, opt_s, opt_read, opt_write;
   for (int s = 0; s < steps; ++s) {
     Tensor x = Tensor::empty({batch, seq}, DType::i32), y = Tensor::empty({batch, seq}, DType::i32);
     for (int64_t i = 0; i < batch * seq; ++i) {
@@ -146,19 +152,27 @@ int main(int argc, char** argv) {
     const auto before = engine->strategy().offload_stats();
     const auto t0 = Clock::now();
     Tensor loss = engine->forward(x, y);
+    const auto t1 = Clock::now();
     engine->backward(loss);
+    const auto t2 = Clock::now();
+    const auto before_opt = engine->strategy().offload_stats();
     engine->step();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double fwd = std::chrono::duration<double>(t1 - t0).count(),
+                 bwd = std::chrono::duration<double>(t2 - t1).count();
     const auto after = engine->strategy().offload_stats();
     step_s.push_back(dt);
+    opt_s.push_back(dt - fwd - bwd);
+    opt_read.push_back(static_cast<double>(after.bytes_read - before_opt.bytes_read));
+    opt_write.push_back(static_cast<double>(after.bytes_written - before_opt.bytes_written));
     wait_s.push_back(after.wait_seconds - before.wait_seconds);
     read_b.push_back(static_cast<double>(after.bytes_read - before.bytes_read));
     write_b.push_back(static_cast<double>(after.bytes_written - before.bytes_written));
     std::printf(
-        "step %d: %.1f s, loss %.4f, read %.2f GB, written %.2f GB, waited for I/O %.1f s, "
-        "RSS %.0f MiB\n",
-        s + 1, dt, loss.item(), read_b.back() / 1e9, write_b.back() / 1e9, wait_s.back(),
-        static_cast<double>(status_kib("VmRSS")) / 1024);
+        "step %d: %.1f s (forward %.1f, backward %.1f, optimizer %.1f), loss %.4f, read %.2f GB, "
+        "written %.2f GB, waited for I/O %.1f s, RSS %.0f MiB\n",
+        s + 1, dt, fwd, bwd, dt - fwd - bwd, loss.item(), read_b.back() / 1e9, write_b.back() / 1e9,
+        wait_s.back(), static_cast<double>(status_kib("VmRSS")) / 1024);
     std::fflush(stdout);
   }
   const double t = median(step_s), w = median(wait_s), r = median(read_b), wr = median(write_b);
@@ -166,6 +180,18 @@ int main(int argc, char** argv) {
   const double io =
       (read_gbps > 0 ? r / 1e9 / read_gbps : 0) + (write_gbps > 0 ? wr / 1e9 / write_gbps : 0);
   const double overlap = t / std::max(compute, io);
+  // The optimizer phase alone: its bytes (the whole optimizer state, and the new parameters) at the
+  // disk's bandwidth, against its time. The state cannot be read before backward ends (the step
+  // needs every gradient and the global norm), so this is the part of the I/O that can only
+  // overlap with the Adam compute; ~1 means the phase runs at disk speed.
+  const double os = median(opt_s), orb = median(opt_read), owb = median(opt_write);
+  const double opt_io =
+      (read_gbps > 0 ? orb / 1e9 / read_gbps : 0) + (write_gbps > 0 ? owb / 1e9 / write_gbps : 0);
+  std::printf(
+      "optimizer phase: %.1f s for %.2f GB read + %.2f GB written (%.2f GB/s; the disk "
+      "needs %.1f s for them): ratio %.2f\n",
+      os, orb / 1e9, owb / 1e9, (orb + owb) / 1e9 / std::max(os, 1e-9), opt_io,
+      opt_io > 0 ? os / opt_io : 0.0);
   const auto st = engine->strategy().offload_stats();
   std::printf(
       "median step %.1f s: compute %.1f s, I/O wait %.1f s; %.2f GB read + %.2f GB written "
@@ -174,9 +200,10 @@ int main(int argc, char** argv) {
       static_cast<double>(st.disk_bytes) / 1e9);
   std::printf(
       "BENCH offload model=%s params=%lld peak_rss_mib=%.0f step_s=%.1f read_gb=%.2f write_gb=%.2f "
-      "overlap_ratio=%.2f compute_s=%.1f io_s=%.1f init_peak_rss_mib=%.0f offload=%s\n",
+      "overlap_ratio=%.2f compute_s=%.1f io_s=%.1f opt_phase_s=%.1f opt_phase_ratio=%.2f "
+      "init_peak_rss_mib=%.0f offload=%s\n",
       name.c_str(), static_cast<long long>(params), static_cast<double>(status_kib("VmHWM")) / 1024,
-      t, r / 1e9, wr / 1e9, overlap, compute, io, static_cast<double>(init_peak) / 1024,
-      offload.c_str());
+      t, r / 1e9, wr / 1e9, overlap, compute, io, os, opt_io > 0 ? os / opt_io : 0.0,
+      static_cast<double>(init_peak) / 1024, offload.c_str());
   return 0;
 }
