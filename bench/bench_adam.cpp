@@ -6,7 +6,9 @@
 // Adam is memory-bound: per element it reads p, g, m, v and writes p, m, v (28 bytes), so the
 // figure of merit is the fraction of triad bandwidth it reaches.
 //
-//   bench_adam [--n 124439808] [--threads 2] [--reps 5]
+//   bench_adam [--n 124439808] [--threads 2] [--reps 5] [--adam-only 0|1]
+// --adam-only 1 stops after the fused step, its bf16 copy and the triad (skips the scalar-path,
+// naive and torch-style comparisons; used by bench/run_cpu_adam.sh).
 #include <immintrin.h>
 #include <omp.h>
 
@@ -113,6 +115,7 @@ void adam_torch_style(float* p, const float* g, float* m, float* v, float* denom
 static int run(int argc, char** argv) {
   int64_t n = 124439808;  // GPT-2 small (124M parameters)
   int threads = 2, reps = 5;
+  bool adam_only = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--n")
@@ -121,8 +124,11 @@ static int run(int argc, char** argv) {
       threads = std::atoi(argv[i + 1]);
     else if (a == "--reps")
       reps = std::atoi(argv[i + 1]);
+    else if (a == "--adam-only")
+      adam_only = std::atoi(argv[i + 1]) != 0;
     else {
-      std::fprintf(stderr, "usage: bench_adam [--n N] [--threads T] [--reps R]\n");
+      std::fprintf(stderr,
+                   "usage: bench_adam [--n N] [--threads T] [--reps R] [--adam-only 0|1]\n");
       return 2;
     }
   }
@@ -164,6 +170,7 @@ static int run(int argc, char** argv) {
       "BENCH adam_out16_bf16 n=%lld ms=%.2f gbytes_per_s=%.2f triad_gbytes_per_s=%.2f "
       "fraction=%.3f\n",
       static_cast<long long>(n), adam16_ms, adam16_gbs, triad_gbs, adam16_gbs / triad_gbs);
+  if (adam_only) return 0;
 
   // The same kernel on the scalar path (the compiler may still vectorise parts of it).
   const ds::optim::SimdPath path = ds::optim::simd_path();
