@@ -296,6 +296,7 @@ TEST_P(Offload, SameLossesAsInRamBitwise) {
     described = described || m.find("sub-groups of 4096 elements") != std::string::npos;
   if (off->rank() == 0) EXPECT_TRUE(described) << "no start-up line about the NVMe store";
   off.reset();
+  comm::world()->barrier("swap folders removed");  // the other ranks share nvme_path
   EXPECT_TRUE(fs::is_empty(nvme / "ds_swap")) << "swap files left after a clean exit";
 }
 
@@ -335,6 +336,7 @@ TEST_P(OffloadParams, SameLossesAsInRamBitwise) {
   EXPECT_LE(off->memory_budget().params, max_in_cpu * (precision == "bf16" ? 2 : 4) + 64 * 1024)
       << "persistent parameters aside, the pieces should be on disk";
   off.reset();
+  comm::world()->barrier("swap folders removed");
   EXPECT_TRUE(fs::is_empty(nvme / "ds_swap"));
 }
 
