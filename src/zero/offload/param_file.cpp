@@ -26,9 +26,11 @@ ParamFile::ParamFile(const ParamFileOptions& o, int rank, DType dtype, int64_t n
            "[offload] offload_param.buffer_count ({}) and buffer_size ({}) must be >= 1",
            o.buffer_count, o.buffer_size);
   ram_end_ = std::min(numel_, std::max<int64_t>(0, o.max_in_cpu) / kElementAlign * kElementAlign);
-  if (ram_end_ > 0) ram_ = io::AlignedBuffer(ram_end_ * esize_);
   const char* src = static_cast<const char*>(initial);
-  std::memcpy(ram_.data(), src, static_cast<size_t>(ram_end_ * esize_));
+  if (ram_end_ > 0) {
+    ram_ = io::AlignedBuffer(ram_end_ * esize_);
+    std::memcpy(ram_.data(), src, static_cast<size_t>(ram_end_ * esize_));
+  }
   if (ram_end_ == numel_) return;
 
   dir_ = std::make_unique<io::SwapDir>(o.nvme_path, fmt::format("rank{}-params", rank), log);
