@@ -39,6 +39,21 @@ fs::path scratch(const std::string& name) {
   return p;
 }
 
+// Removes this run's scratch folders when the tests end (the ranks of one mpirun share them: the
+// first rank removes them after all are done).
+class ScratchCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    comm::world()->barrier("offload test scratch cleanup");
+    if (comm::world()->rank() != 0) return;
+    const std::string prefix = fmt::format("ds_offload_{}_", ::getppid());
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(fs::temp_directory_path(), ec))
+      if (e.path().filename().string().rfind(prefix, 0) == 0) fs::remove_all(e.path(), ec);
+  }
+};
+const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
+
 struct EnvGuard {
   std::string key;
   EnvGuard(const std::string& k, const std::string& v) : key(k) {
