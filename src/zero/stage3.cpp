@@ -49,28 +49,30 @@ class Stage3Strategy final : public Strategy {
     plan_ = plan_partitions(flat_.numel, n);
     opt_numel_ =
         (shard_offset + kPartitionAlignment - 1) / kPartitionAlignment * kPartitionAlignment;
-    master_ = Tensor::zeros({opt_numel_});
     grads_part_ = Tensor::zeros({opt_numel_}, o.grad_dtype);
     if (o.grad_dtype != DType::f32 && !offloaded()) grads32_ = Tensor::zeros({opt_numel_});
     numel_.resize(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) numel_[i] = params_[i].numel;
 
     // This rank's pieces: from the parameters when the model was built whole, otherwise from the
-    // model's initialisation of a range (the model was built under nn::PartitionedInit).
-    float* master = master_.data<float>();
-    for (size_t i = 0; i < params_.size(); ++i) {
-      auto& sp = params_[i];
-      const int64_t begin = std::min(sp.numel, r * sp.part),
-                    end = std::min(sp.numel, (r + 1) * sp.part);
-      if (sp.param.is_materialized()) {
-        master_.flat_range(sp.shard_offset, end - begin)
-            .copy_from(sp.param.contiguous().flat_range(begin, end - begin));
-      } else {
-        DS_CHECK(model_.init_parameter_range(i, begin, end - begin, master + sp.shard_offset),
-                 "[zero] parameter '{}' holds no data and the model ({}) cannot initialise a range "
-                 "of it (nn::Module::init_parameter_range); build the model whole",
-                 flat_.entries[i].name, model_.type_name());
+    // model's initialisation of a range (the model was built under nn::PartitionedInit). When the
+    // NVMe optimizer store will hold the only fp32 master weights and the model was built
+    // piecewise, nothing is computed here: attach_optimizer() asks initial_master() for them one
+    // sub-group at a time and the working pieces are written in the same pass, so neither the
+    // fp32 master weights nor (with parameters on NVMe) the 16-bit pieces exist whole in RAM.
+    bool built_whole = false;
+    for (const auto& sp : params_) built_whole = built_whole || sp.param.is_materialized();
+    deferred_init_ =
+        o.nvme_optimizer && (o.train_dtype != DType::f32 || o.nvme_params) && !built_whole;
+    if (!deferred_init_) {
+      master_ = Tensor::zeros({opt_numel_});
+      for (size_t i = 0; i < params_.size(); ++i) {
+        const auto& sp = params_[i];
+        init_piece(i, 0, std::min(sp.numel, (r + 1) * sp.part) - std::min(sp.numel, r * sp.part),
+                   master_.data<float>() + sp.shard_offset);
       }
+    }
+    for (auto& sp : params_) {
       // Rebind the parameter to its own gatherable buffer, released until first use.
       sp.full = Storage::allocate(static_cast<size_t>(n * sp.part) * dtype_size(o.train_dtype));
       TensorImpl* impl = sp.param.impl();
@@ -81,13 +83,18 @@ class Stage3Strategy final : public Strategy {
       impl->grad = Tensor();
       sp.full->release();
     }
-    shard_params_ = o.train_dtype == DType::f32 ? master_ : master_.to(o.train_dtype);
+    if (deferred_init_) {
+      if (!o.nvme_params) shard_params_ = Tensor::empty({opt_numel_}, o.train_dtype);
+    } else {
+      shard_params_ = o.train_dtype == DType::f32 ? master_ : master_.to(o.train_dtype);
+    }
     if (o.nvme_params) {
       // The pieces move to the swap file (max_in_cpu of them stay in RAM); in fp32 training the
       // master weights stay the optimizer's (RAM or its own NVMe store), no longer the parameters.
-      param_file_ = std::make_unique<ParamFile>(*o.nvme_params, r, o.train_dtype, opt_numel_,
-                                                shard_params_.raw_data(),
-                                                io::align_up(o.sub_group_size, 2048), o.log);
+      param_file_ = std::make_unique<ParamFile>(
+          *o.nvme_params, r, o.train_dtype, opt_numel_,
+          deferred_init_ ? nullptr : shard_params_.raw_data(), io::align_up(o.sub_group_size, 2048),
+          o.log);
       if (o.log) o.log(param_file_->describe());
       shard_params_ = Tensor();
     }
@@ -113,7 +120,7 @@ class Stage3Strategy final : public Strategy {
     for (size_t i = 0; i < params_.size(); ++i)
       params_[i].param.add_grad_ready_hook(
           [this, i](const Tensor& p) { on_grad_ready(static_cast<int>(i), p); });
-    refresh();  // persistent parameters are gathered once and kept
+    if (!deferred_init_) refresh();  // persistent parameters are gathered once and kept
   }
 
   void* params16() override {
@@ -216,6 +223,59 @@ class Stage3Strategy final : public Strategy {
   }
 
  private:
+  // Elements [from, from + count) of this rank's piece of parameter i (fp32) into out: from the
+  // parameter when the model was built whole, else from the model's range initialisation.
+  void init_piece(size_t i, int64_t from, int64_t count, float* out) const {
+    const auto& sp = params_[i];
+    const int64_t begin = std::min(sp.numel, group_->rank() * sp.part) + from;
+    if (count <= 0) return;
+    if (sp.param.is_materialized()) {
+      Tensor dst = Tensor::from_storage(
+          Storage::external(out, static_cast<size_t>(count) * sizeof(float), kCPU), {count},
+          DType::f32);
+      dst.copy_from(sp.param.contiguous().flat_range(begin, count));
+      return;
+    }
+    DS_CHECK(model_.init_parameter_range(i, begin, count, out),
+             "[zero] parameter '{}' holds no data and the model ({}) cannot initialise a range of "
+             "it (nn::Module::init_parameter_range); build the model whole",
+             flat_.entries[i].name, model_.type_name());
+  }
+
+  void initial_master(int64_t begin, int64_t numel, float* out) override {
+    if (!deferred_init_) return Strategy::initial_master(begin, numel, out);
+    // Shard elements [begin, end): the pieces of the parameters overlapping them, zero padding.
+    const int64_t end = begin + numel;
+    std::fill(out, out + numel, 0.0f);
+    const int r = group_->rank();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto& sp = params_[i];
+      const int64_t len = std::min(sp.numel, (r + 1) * sp.part) - std::min(sp.numel, r * sp.part);
+      const int64_t lo = std::max(begin, sp.shard_offset),
+                    hi = std::min(end, sp.shard_offset + len);
+      if (lo < hi) init_piece(i, lo - sp.shard_offset, hi - lo, out + (lo - begin));
+    }
+    // The working pieces of this range, rounded from it as after an optimizer step.
+    const DType train = options_.train_dtype;
+    auto src = Storage::external(out, static_cast<size_t>(numel) * sizeof(float), kCPU);
+    const Tensor master = Tensor::from_storage(src, {numel}, DType::f32);
+    if (param_file_) {
+      auto dst = Storage::external(param_file_->scratch(begin, numel),
+                                   static_cast<size_t>(numel) * dtype_size(train), kCPU);
+      Tensor::from_storage(dst, {numel}, train).copy_from(master);
+      param_file_->write(begin, numel);
+    } else {
+      shard_params_.flat_range(begin, numel).copy_from(master);
+    }
+  }
+
+  void on_attached() override {
+    if (!deferred_init_) return;
+    if (param_file_) param_file_->flush();
+    deferred_init_ = false;
+    refresh();  // persistent parameters are gathered once and kept
+  }
+
   struct Param {
     Tensor param;                   // the model's parameter (its storage: `full`)
     std::shared_ptr<Storage> full;  // (N * part,) training dtype; released when not in use
@@ -259,6 +319,10 @@ class Stage3Strategy final : public Strategy {
 
   comm::Work launch_gather(int i, const std::string& label) {
     auto& sp = params_[static_cast<size_t>(i)];
+    DS_CHECK(!deferred_init_,
+             "[zero] parameter '{}' is used before attach_optimizer(): with the optimizer state on "
+             "NVMe its initial values are written there",
+             flat_.entries[static_cast<size_t>(i)].name);
     sp.full->materialize();
     const size_t esz = dtype_size(options_.train_dtype);
     const char* src = param_file_
@@ -400,6 +464,8 @@ class Stage3Strategy final : public Strategy {
   std::vector<bool> prefetching_;
   int64_t prefetch_count_ = 0;
   std::unique_ptr<ParamFile> param_file_;  // offload_param.device = "nvme"
+  // The pieces are written by attach_optimizer() (initial_master()); nothing may be gathered before.
+  bool deferred_init_ = false;
 };
 
 }  // namespace

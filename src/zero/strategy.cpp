@@ -46,16 +46,30 @@ void Strategy::attach_optimizer(optim::Optimizer& opt,
   // In fp32 training the parameters are the master weights, unless they live on NVMe.
   const bool master_is_params = options_.train_dtype == DType::f32 && !params_on_nvme();
   if (options_.nvme_optimizer) {
-    store_ = nvme_state_store(*options_.nvme_optimizer, group_->rank(), master_, master_is_params,
-                              opt, log);
+    // The store is written sub-group by sub-group; initial_master() fills each (stage 3 computes
+    // them there, so no full fp32 copy has to exist in RAM).
+    store_ = nvme_state_store(
+        *options_.nvme_optimizer, group_->rank(), opt_numel_,
+        master_is_params ? master_ : Tensor(),
+        [this](int64_t begin, int64_t numel, float* out) { initial_master(begin, numel, out); },
+        opt, log);
     if (store_->holds_master()) master_ = Tensor();  // the swap file has them now
     if (log) log(store_->describe());
   } else {
+    DS_CHECK(master_.defined(), "[zero] internal: RAM optimizer state without master weights");
     // Parameters on NVMe are written one sub-group at a time: step the RAM state in the same
     // sub-groups.
     store_ = host_state_store(master_, opt,
                               params_on_nvme() ? io::align_up(options_.sub_group_size, 2048) : 0);
   }
+  on_attached();
+}
+
+void Strategy::initial_master(int64_t begin, int64_t numel, float* out) {
+  DS_CHECK(master_.defined() && begin >= 0 && begin + numel <= master_.numel(),
+           "[zero] internal: initial master weights [{}, {}) requested without master weights",
+           begin, begin + numel);
+  std::memcpy(out, master_.data<float>() + begin, static_cast<size_t>(numel) * sizeof(float));
 }
 
 Strategy::OffloadStats Strategy::offload_stats() const {

@@ -83,12 +83,17 @@ class StateStore {
 std::unique_ptr<StateStore> host_state_store(Tensor master, optim::Optimizer& opt,
                                              int64_t chunk = 0);
 
-// The NVMe home for `rank`: initial master weights copied from `master`, moments zero. When
-// `master_is_params` (fp32 training) `master` stays the master and only the moments are swapped.
-// The optimizer must step in slices (Adam/AdamW). `log` receives the notices (O_DIRECT
-// fallback, buffer sizing, stale swap folders).
-std::unique_ptr<StateStore> nvme_state_store(const NvmeOffloadOptions& o, int rank, Tensor master,
-                                             bool master_is_params, optim::Optimizer& opt,
+// Fills the initial fp32 master weights of elements [begin, begin + numel) of the optimizer range.
+using MasterInit = std::function<void(int64_t begin, int64_t numel, float* out)>;
+
+// The NVMe home for `rank` over `numel` elements, moments zero. When `params_master` is defined
+// (fp32 training: the parameters are the master weights) it stays the master and only the moments
+// are swapped; otherwise `init` fills the master weights sub-group by sub-group as the swap file is
+// first written, so no full fp32 copy needs to exist in RAM. The optimizer must step in slices
+// (Adam/AdamW). `log` receives the notices (O_DIRECT fallback, buffer sizing, stale swap folders).
+std::unique_ptr<StateStore> nvme_state_store(const NvmeOffloadOptions& o, int rank, int64_t numel,
+                                             Tensor params_master, const MasterInit& init,
+                                             optim::Optimizer& opt,
                                              const std::function<void(const std::string&)>& log);
 
 }  // namespace ds::zero

@@ -213,6 +213,12 @@ class Strategy {
   // The working parameters from the master weights, sub-group by sub-group through the hooks
   // above (after a checkpoint load with parameters on NVMe).
   void write_params_from_master();
+  // attach_optimizer() asks for the initial master weights of [begin, begin + numel) (ascending,
+  // each element once) as the NVMe store is first written: by default a copy from master();
+  // stage 3 built piecewise computes them here and writes the working parameters in the same pass,
+  // so the fp32 copy never exists whole in RAM. on_attached() runs once the store is complete.
+  virtual void initial_master(int64_t begin, int64_t numel, float* out);
+  virtual void on_attached() {}
   // Bytes of master weights held in RAM (0 in fp32 training, where they are the parameters, and
   // when the NVMe store holds them).
   int64_t master_bytes() const;

@@ -53,9 +53,14 @@ std::string gib(int64_t b) {
 
 class NvmeStateStore final : public StateStore {
  public:
-  NvmeStateStore(const NvmeOffloadOptions& o, int rank, Tensor master, bool master_is_params,
-                 optim::Optimizer& opt, const std::function<void(const std::string&)>& log)
-      : o_(o), n_(master.numel()), names_(opt.state_names()) {
+  NvmeStateStore(const NvmeOffloadOptions& o, int rank, int64_t numel, Tensor params_master,
+                 const MasterInit& init, optim::Optimizer& opt,
+                 const std::function<void(const std::string&)>& log)
+      : o_(o), n_(numel), names_(opt.state_names()) {
+    const bool master_is_params = params_master.defined();
+    DS_CHECK(master_is_params ? params_master.numel() == numel : static_cast<bool>(init),
+             "[offload] internal: the NVMe store needs the master weights ({} elements) or an "
+             "initialiser", numel);
     DS_CHECK(opt.steps_in_slices(),
              "[offload] offload_optimizer.device = \"nvme\" needs the Adam or AdamW optimizer "
              "(the state is stepped one sub-group at a time); {} needs whole tensors. Use "
@@ -65,7 +70,7 @@ class NvmeStateStore final : public StateStore {
              "[offload] offload_optimizer.buffer_count = {} must be >= 1 (4 or more overlaps "
              "reading, stepping and writing)",
              o.buffer_count);
-    if (master_is_params) external_master_ = master;
+    if (master_is_params) external_master_ = params_master;
     const int64_t floats_per = (master_is_params ? 0 : 1) + static_cast<int64_t>(names_.size());
     per_ = floats_per;
 
@@ -127,11 +132,9 @@ class NvmeStateStore final : public StateStore {
       write_ticket_.assign(ring_.size(), 0);
     }
 
-    // Initial state: master weights from `master`, moments zero.
-    const float* init = master.data<float>();
+    // Initial state: master weights from `init`, one sub-group at a time; moments zero.
     for_each(Access::Overwrite, [&](const StateChunk& c) {
-      if (!master_is_params)
-        std::memcpy(c.master, init + c.begin, static_cast<size_t>(c.numel) * sizeof(float));
+      if (!master_is_params) init(c.begin, c.numel, c.master);
       for (float* st : c.states) std::fill(st, st + c.numel, 0.0f);
     });
     opt.use_external_state(n_);
@@ -281,10 +284,11 @@ class NvmeStateStore final : public StateStore {
 
 }  // namespace
 
-std::unique_ptr<StateStore> nvme_state_store(const NvmeOffloadOptions& o, int rank, Tensor master,
-                                             bool master_is_params, optim::Optimizer& opt,
+std::unique_ptr<StateStore> nvme_state_store(const NvmeOffloadOptions& o, int rank, int64_t numel,
+                                             Tensor params_master, const MasterInit& init,
+                                             optim::Optimizer& opt,
                                              const std::function<void(const std::string&)>& log) {
-  return std::make_unique<NvmeStateStore>(o, rank, std::move(master), master_is_params, opt, log);
+  return std::make_unique<NvmeStateStore>(o, rank, numel, std::move(params_master), init, opt, log);
 }
 
 }  // namespace ds::zero

@@ -29,8 +29,10 @@ ParamFile::ParamFile(const ParamFileOptions& o, int rank, DType dtype, int64_t n
   const char* src = static_cast<const char*>(initial);
   if (ram_end_ > 0) {
     ram_ = io::AlignedBuffer(ram_end_ * esize_);
-    std::memcpy(ram_.data(), src, static_cast<size_t>(ram_end_ * esize_));
+    if (src) std::memcpy(ram_.data(), src, static_cast<size_t>(ram_end_ * esize_));
   }
+  group = std::max<int64_t>(kElementAlign, group);
+  for (auto& s : scratch_) s = io::AlignedBuffer(io::align_up(group * esize_));
   if (ram_end_ == numel_) return;
 
   dir_ = std::make_unique<io::SwapDir>(o.nvme_path, fmt::format("rank{}-params", rank), log);
@@ -52,9 +54,9 @@ ParamFile::ParamFile(const ParamFileOptions& o, int rank, DType dtype, int64_t n
   engine_ = io::make_engine(o.aio, &fallback);
   if (!fallback.empty() && log)
     log(fmt::format("[offload] {}; using the pread/pwrite thread pool", fallback));
-  group = std::max<int64_t>(kElementAlign, group);
-  for (auto& s : scratch_) s = io::AlignedBuffer(io::align_up(group * esize_));
-  // The initial pieces, one sub-group at a time through the scratch buffers.
+  // The initial pieces, one sub-group at a time through the scratch buffers (none: the caller
+  // writes them through scratch() and write()).
+  if (!initial) return;
   for (int64_t b = ram_end_ / group * group; b < numel_; b += group) {
     const int64_t n = std::min(group, numel_ - b);
     std::memcpy(scratch(b, n), src + b * esize_, static_cast<size_t>(n * esize_));

@@ -35,7 +35,8 @@ using ParamFileOptions = NvmeParamOffloadOptions;  // zero/strategy.h
 
 class ParamFile {
  public:
-  // `initial`: numel elements of `dtype` (the pieces as built); copied, not kept. `group`: the
+  // `initial`: numel elements of `dtype` (the pieces as built); copied, not kept. nullptr: the
+  // caller writes every element through scratch()/write() and flush()es before the first get(). `group`: the
   // optimizer's sub-group size (elements; a multiple of 2048), for the scratch buffers.
   ParamFile(const ParamFileOptions& o, int rank, DType dtype, int64_t numel, const void* initial,
             int64_t group, const std::function<void(const std::string&)>& log);
