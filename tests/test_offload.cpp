@@ -306,7 +306,9 @@ TEST_P(Offload, SameLossesAsInRamBitwise) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i)
     EXPECT_EQ(got[i], want[i]) << "stage " << stage << " " << precision << " step " << i;
-  // The state really went through the disk, 20 reads and writes of all of it.
+  // The state really went through the disk, 20 reads and writes of all of it (the last step may
+  // still run in the background under stage 3).
+  off->synchronize();
   const zero::StoreStats after = off->strategy().state().stats();
   EXPECT_EQ(after.bytes_read - before.bytes_read, 20 * before.disk_bytes);
   EXPECT_EQ(after.bytes_written - before.bytes_written, 20 * before.disk_bytes);
@@ -472,6 +474,47 @@ TEST(OffloadFaults, IoErrorsReachEveryRankAndKeepTheCheckpoint) {
   auto c = engine({2, "bf16"});
   c->load_checkpoint(ck.string(), "good");
   EXPECT_EQ(train(*c, 1).size(), 1u);
+}
+
+// Stage 3 with everything on NVMe steps the optimizer in the background and reads parameters in
+// the gathers: a failure in either surfaces on every rank at the next backward (a failing rank
+// keeps taking part in the gathers until then, so no rank waits for it).
+TEST(OffloadFaults, Stage3BackgroundStepAndGatherFailuresReachEveryRank) {
+  const fs::path nvme = scratch("faults3");
+  RunSpec run{3, "bf16", nvme.string()};
+  run.what = "both";
+  run.piecewise = true;
+  int64_t initial_state = 0;  // bytes the optimizer store writes at start-up
+  {
+    auto probe = engine(run);
+    initial_state = probe->strategy().state().stats().disk_bytes;
+  }
+  const int rank =
+      std::getenv("OMPI_COMM_WORLD_RANK") ? std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")) : 0;
+  const int size =
+      std::getenv("OMPI_COMM_WORLD_SIZE") ? std::atoi(std::getenv("OMPI_COMM_WORLD_SIZE")) : 1;
+  auto fails_on_every_rank = [&](const std::string& fault, int steps,
+                                 const std::vector<std::string>& parts) {
+    std::optional<EnvGuard> guard;
+    if (rank == size - 1) guard.emplace("DS_IO_FAULT", fault);
+    auto e = engine(run);
+    guard.reset();
+    try {
+      train(*e, steps);
+      FAIL() << "no error for " << fault;
+    } catch (const Error& err) {
+      if (rank == size - 1)
+        expect_contains(err.what(), parts);
+      else
+        expect_contains(err.what(), {fmt::format("failed on rank {}", size - 1)});
+    }
+  };
+  // The first forward's gathers read the pieces: the read fails, the backward reports it.
+  fails_on_every_rank("read:EIO:0", 1, {"EIO", "params.swp", "reading parameter"});
+  // The first optimizer step (in the background) cannot write the state back; the second step's
+  // backward reports it.
+  fails_on_every_rank(fmt::format("write:ENOSPC:{}", initial_state), 2,
+                      {"ENOSPC", "optimizer_state.swp", "optimizer step"});
 }
 
 TEST(OffloadConfig, RefusalsNameTheKey) {

@@ -492,6 +492,7 @@ int run(const Options& o, const Given& g) {
     if (o.save_steps > 0 && step % o.save_steps == 0 && step != total_steps) save();
   }
   con.end_bar();
+  engine->synchronize();  // the last optimizer step may still run in the background (offload)
 
   // A run that never applied a step trained nothing: its checkpoint and export would be the
   // starting weights. Fail instead of reporting success.

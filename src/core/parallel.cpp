@@ -38,6 +38,10 @@ void set_num_threads(int n) {
   for (auto& f : fns) f(n);
 }
 
+void limit_this_thread(int n) {
+  omp_set_num_threads(std::max(1, n));  // an ICV of the calling thread only
+}
+
 void add_thread_count_listener(std::function<void(int)> listener) {
   int now = 0;
   {

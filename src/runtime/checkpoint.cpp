@@ -210,6 +210,7 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
   const std::string tag = tag_in.empty() ? fmt::format("global_step{}", global_steps_) : tag_in;
   DS_CHECK(tag.find('/') == std::string::npos && tag != "." && tag != "..",
            "[checkpoint] tag '{}' must be a plain folder name", tag);
+  synchronize();  // a background optimizer step writes the state being saved
   const int rank = group_->rank(), n = group_->size();
   const fs::path tmp = dir / fmt::format(".{}.tmp", tag);
   // Every phase ends with a collective status check: a failure on one rank (a full disk, a
@@ -364,6 +365,7 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
 }
 
 nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::string& tag_in) {
+  synchronize();  // a background optimizer step must not write the state being replaced
   const fs::path dir(dir_in);
   DS_CHECK(fs::is_directory(dir), "[checkpoint] {} is not a folder{}", dir.string(),
            group_->size() > 1

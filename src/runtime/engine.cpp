@@ -165,7 +165,10 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
   cpu_allocator().empty_cache();
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  // A background optimizer step uses the optimizer, which goes before the strategy.
+  if (zero_) zero_->join_step();
+}
 
 void Engine::log(const std::string& line) const {
   if (options_.log) {
@@ -205,6 +208,10 @@ void Engine::backward(const Tensor& loss) {
            static_cast<float>(scaler_.scale() / gas))
       .backward();
   zero_->end_backward();
+}
+
+void Engine::synchronize() {
+  zero_->synchronize(fmt::format("after step {}", global_steps_));
 }
 
 bool Engine::is_gradient_accumulation_boundary() const {

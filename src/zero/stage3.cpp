@@ -12,6 +12,7 @@
 // ones; each parameter's gradient is reduce-scattered as soon as it is complete, in chunks of at
 // most reduce_bucket_size elements. Prefetching along the recorded trace: prefetch.h.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "ds/core/error.h"
@@ -98,6 +99,8 @@ class Stage3Strategy final : public Strategy {
       if (o.log) o.log(param_file_->describe());
       shard_params_ = Tensor();
     }
+    const char* overlap = std::getenv("DS_OFFLOAD_STEP_OVERLAP");
+    background_ = offloaded() && !(overlap && std::string(overlap) == "0");
     prefetch_.assign(params_.size(), comm::Work());
     prefetching_.assign(params_.size(), false);
 
@@ -122,6 +125,8 @@ class Stage3Strategy final : public Strategy {
           [this, i](const Tensor& p) { on_grad_ready(static_cast<int>(i), p); });
     if (!deferred_init_) refresh();  // persistent parameters are gathered once and kept
   }
+
+  ~Stage3Strategy() override { join_step(); }  // the worker uses the members below
 
   void* params16() override {
     return options_.train_dtype == DType::f32 || param_file_ ? nullptr : shard_params_.raw_data();
@@ -171,7 +176,9 @@ class Stage3Strategy final : public Strategy {
       o.bytes_read += c.bytes_read;
       o.bytes_written += c.bytes_written;
       o.disk_bytes += param_file_->disk_bytes();
-      o.wait_seconds += param_file_->wait_seconds();
+      // The training thread's waits: its reads, and the writes when it steps itself.
+      o.wait_seconds += param_file_->read_wait_seconds() +
+                        (background_ ? 0.0 : param_file_->write_wait_seconds());
     }
     return o;
   }
@@ -180,9 +187,17 @@ class Stage3Strategy final : public Strategy {
     if (!training) eval_recording_ = trace_.recording(), trace_.set_recording(false);
     trace_.begin_micro_step(training);
   }
-  void end_eval() override { trace_.set_recording(eval_recording_); }
+  void end_eval() override {
+    trace_.set_recording(eval_recording_);
+    synchronize("evaluation");
+  }
 
-  void begin_backward(bool, const std::string& ctx) override { ctx_ = ctx; }
+  void begin_backward(bool, const std::string& ctx) override {
+    ctx_ = ctx;
+    // The background step (which owns the gradients until it ends) is done, and an I/O failure
+    // anywhere reaches every rank before the gradients are reduced.
+    synchronize(ctx);
+  }
   void end_backward() override {
     finish_reductions(0);
     trace_.end_micro_step();
@@ -194,12 +209,21 @@ class Stage3Strategy final : public Strategy {
     return grads32_;
   }
 
-  void after_step(const std::string&) override { refresh(); }
+  void after_step(const std::string&) override {
+    if (!step_pending()) return refresh();
+    // The step runs on: drop every gathered copy (old values), the persistent ones too; the
+    // forward gathers each again once its sub-group is written (launch_gather).
+    drop_gathered();
+  }
 
-  void zero_grads() override { grads_part_.zero_(); }
+  // During a background step the worker zeroes each sub-group's gradients once it is stepped.
+  void zero_grads() override {
+    if (!step_pending()) grads_part_.zero_();
+  }
 
   std::vector<std::pair<std::string, Tensor>> full_weights() override {
     // Collective: every rank gathers each parameter in turn; rank 0 keeps a copy.
+    synchronize("gathering the weights");
     std::vector<std::pair<std::string, Tensor>> out;
     const Trace::Paused paused = trace_.pause();
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -213,12 +237,20 @@ class Stage3Strategy final : public Strategy {
 
   void load_parameters(const std::function<void(const std::string&, const Tensor&)>&) override {
     // Each rank's piece is the rounded master weights, exactly as after an optimizer step.
-    if (param_file_) {
-      refresh_staged();
-      write_params_from_master();
-    } else if (options_.train_dtype != DType::f32) {
-      round_master_into(shard_params_);
+    synchronize("loading a checkpoint");
+    try {
+      if (param_file_) {
+        refresh_staged();
+        write_params_from_master();
+      } else if (options_.train_dtype != DType::f32) {
+        round_master_into(shard_params_);
+      }
+    } catch (const Error& e) {
+      // Reading the restored state back (or writing the pieces) failed here: every rank stops.
+      record_failure(fmt::format("[zero] rank {}: writing the loaded parameters: {}",
+                                 group_->rank(), e.what()));
     }
+    synchronize("loading a checkpoint");
     refresh();
   }
 
@@ -269,6 +301,16 @@ class Stage3Strategy final : public Strategy {
     }
   }
 
+  // Offloaded: the optimizer steps on a worker while the next forward runs (strategy.h).
+  bool background_steps() const override { return background_; }
+  void chunks_starting() override {
+    if (param_file_) param_file_->begin_pass();
+  }
+  int64_t chunk_stepped(const StateChunk& c) override {
+    if (background_) grads_part_.flat_range(c.begin, c.numel).zero_();
+    return param_file_ ? param_file_->durable_end() : c.begin + c.numel;
+  }
+
   void on_attached() override {
     if (!deferred_init_) return;
     if (param_file_) param_file_->flush();
@@ -309,9 +351,11 @@ class Stage3Strategy final : public Strategy {
     const int count = static_cast<int>(params_.size());
     int j = backward ? *std::min_element(params.begin(), params.end()) - 1
                      : *std::max_element(params.begin(), params.end()) + 1;
+    const int64_t written = stepped_end();  // a background step may still be writing the rest
     for (; j >= 0 && j < count; j += backward ? -1 : 1) {
       const auto& sp = params_[static_cast<size_t>(j)];
       if (sp.persistent || sp.full->is_materialized() || param_file_->staged(j)) continue;
+      if (sp.shard_offset + sp.part > written) break;
       if (param_file_->staged_elements() + sp.part > param_file_->budget()) break;
       param_file_->prefetch(j, sp.shard_offset, sp.part);
     }
@@ -319,16 +363,31 @@ class Stage3Strategy final : public Strategy {
 
   comm::Work launch_gather(int i, const std::string& label) {
     auto& sp = params_[static_cast<size_t>(i)];
+    const std::string& name = flat_.entries[static_cast<size_t>(i)].name;
     DS_CHECK(!deferred_init_,
              "[zero] parameter '{}' is used before attach_optimizer(): with the optimizer state on "
              "NVMe its initial values are written there",
-             flat_.entries[static_cast<size_t>(i)].name);
+             name);
+    // A background step writes the new values of this piece first.
+    wait_stepped(sp.shard_offset + sp.part);
     sp.full->materialize();
     const size_t esz = dtype_size(options_.train_dtype);
-    const char* src = param_file_
-                          ? static_cast<const char*>(param_file_->get(i, sp.shard_offset, sp.part))
-                          : static_cast<const char*>(shard_params_.raw_data()) +
-                                sp.shard_offset * static_cast<int64_t>(esz);
+    const char* src = nullptr;
+    if (!param_file_) {
+      src = static_cast<const char*>(shard_params_.raw_data()) +
+            sp.shard_offset * static_cast<int64_t>(esz);
+    } else {
+      try {
+        src = static_cast<const char*>(param_file_->get(i, sp.shard_offset, sp.part));
+      } catch (const Error& e) {
+        // This rank still takes part in the gather (zeros), so no rank waits for it; the error
+        // reaches every rank at the next synchronize() (this backward, or after evaluation).
+        record_failure(fmt::format("[zero] rank {}: reading parameter '{}' from NVMe: {}",
+                                   group_->rank(), name, e.what()));
+        failed_read_.assign(static_cast<size_t>(sp.part) * esz, 0);
+        src = failed_read_.data();
+      }
+    }
     return group_->all_gather_async(
         src, sp.full->data(), static_cast<size_t>(sp.part), options_.train_dtype,
         fmt::format("gather {} for {}", flat_.entries[static_cast<size_t>(i)].name, label));
@@ -435,23 +494,28 @@ class Stage3Strategy final : public Strategy {
   // New weights: finish and drop every gathered copy (prefetched ones hold old values), then
   // gather the persistent ones again.
   void refresh() {
+    drop_gathered();
+    const Trace::Paused paused = trace_.pause();
+    std::vector<int> persistent;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (params_[i].persistent) persistent.push_back(static_cast<int>(i));
+    gather(persistent, "persistent parameters");
+    trace_.resume(paused);
+  }
+
+  void drop_gathered() {
     for (size_t i = 0; i < prefetching_.size(); ++i)
       if (prefetching_[i]) {
         prefetch_[i].wait();
         prefetching_[i] = false;
       }
     refresh_staged();
-    const Trace::Paused paused = trace_.pause();
-    std::vector<int> persistent;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (params_[i].full->is_materialized()) params_[i].full->release();
-      if (params_[i].persistent) persistent.push_back(static_cast<int>(i));
-    }
-    gather(persistent, "persistent parameters");
-    trace_.resume(paused);
+    for (auto& sp : params_)
+      if (sp.full->is_materialized()) sp.full->release();
   }
 
   std::vector<Param> params_;
+  std::vector<char> failed_read_;  // zeros gathered in place of a piece whose read failed
   std::vector<int64_t> numel_;  // params_[i].numel, for the prefetch planner
   Tensor shard_params_;         // (opt_numel,) training dtype: this rank's piece of every parameter
   Tensor grads_part_;           // (opt_numel,) accumulated gradients of this rank's pieces
@@ -466,6 +530,7 @@ class Stage3Strategy final : public Strategy {
   std::unique_ptr<ParamFile> param_file_;  // offload_param.device = "nvme"
   // The pieces are written by attach_optimizer() (initial_master()); nothing may be gathered before.
   bool deferred_init_ = false;
+  bool background_ = false;  // offloaded: optimizer steps run on a worker (background_steps())
 };
 
 }  // namespace

@@ -3,11 +3,13 @@
 #include "ds/zero/strategy.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
 #include "ds/backend/backend.h"
 #include "ds/core/error.h"
+#include "ds/core/parallel.h"
 #include "strategies.h"
 
 namespace ds::zero {
@@ -24,7 +26,9 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<comm::Group> group, Option
   }
 }
 
-Strategy::~Strategy() = default;
+Strategy::~Strategy() {
+  join_step();  // derived strategies join first (the worker uses their members); a safety net
+}
 
 double Strategy::global_sum_of_squares(const Tensor& g, const std::string& ctx) {
   DS_CHECK(is_floating(g.dtype()) && g.numel() == opt_numel_ && g.is_contiguous(),
@@ -79,7 +83,9 @@ Strategy::OffloadStats Strategy::offload_stats() const {
   o.bytes_read = s.bytes_read;
   o.bytes_written = s.bytes_written;
   o.disk_bytes = s.disk_bytes;
-  o.wait_seconds = s.io_wait_seconds;
+  // The training thread's waits: the store's own when it steps on this thread, else the waits for
+  // the background step.
+  o.wait_seconds = (background_steps() ? 0.0 : s.io_wait_seconds) + step_wait_seconds();
   return o;
 }
 
@@ -93,40 +99,129 @@ void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float 
   DS_CHECK(is_floating(grads.dtype()) && grads.numel() == opt_numel_ && grads.is_contiguous(),
            "[zero] the optimizer needs ({},) floating-point gradients", opt_numel_);
   const DType train = options_.train_dtype;
-  const DType out16_dtype = train != DType::f32 ? train : DType::bf16;
   if (!offloaded()) {
     // Everything in RAM: one call over the whole range (Lamb's trust ratios need it).
     DS_CHECK(grads.dtype() == DType::f32, "[zero] in-RAM optimizer steps take fp32 gradients");
     opt.step(master_.data<float>(), grads.data<float>(), opt_numel_, grad_scale, params16(),
-             out16_dtype);
+             train != DType::f32 ? train : DType::bf16);
     return;
   }
-  // Offloaded: one sub-group at a time, as the state streams in. 16-bit gradients are widened per
-  // sub-group (no full fp32 copy); new parameters go to params16() or, on NVMe, to the swap file
-  // as soon as their sub-group is stepped. A failed read or write on one rank must not leave the
-  // others waiting in the parameter gather that follows: every rank learns of it.
+  DS_CHECK(!step_pending(), "[zero] {}: the previous optimizer step is still running; call "
+           "synchronize() first", ctx);
+  if (background_steps()) {
+    opt.begin_step();
+    {
+      std::lock_guard<std::mutex> lock(step_mu_);
+      step_running_ = true;
+      stepped_end_ = 0;
+    }
+    step_thread_ = std::thread([this, &opt, grads, grad_scale, ctx] {
+      limit_this_thread(1);  // the cores belong to the forward's kernels; this thread mostly waits
+      std::string error;
+      try {
+        step_chunks(opt, grads, grad_scale, /*background=*/true);
+      } catch (const std::exception& e) {
+        error = fmt::format("[zero] rank {}, {}, optimizer step on NVMe-offloaded state: {}",
+                            group_->rank(), ctx, e.what());
+      }
+      {
+        std::lock_guard<std::mutex> lock(step_mu_);
+        if (!error.empty() && failure_.empty()) failure_ = error;
+        step_running_ = false;
+        stepped_end_ = opt_numel_;
+      }
+      step_cv_.notify_all();
+    });
+    return;
+  }
+  // Synchronous: a failed read or write on one rank must not leave the others waiting in the
+  // parameter gather that follows: every rank learns of it.
   std::string error;
   try {
     opt.begin_step();
-    const int64_t esize = static_cast<int64_t>(dtype_size(train));
-    char* out16 = static_cast<char*>(params16());
-    state().for_each(Access::Update, [&](const StateChunk& c) {
-      const float* g = grads.dtype() == DType::f32 ? grads.data<float>() + c.begin
-                                                   : widen_gradients(grads, c.begin, c.numel);
-      void* out = params_on_nvme() ? params_out(c) : out16 ? out16 + c.begin * esize : nullptr;
-      opt.step_slice(c.master, g, c.states.data(), c.numel, grad_scale,
-                     train == DType::f32 ? nullptr : out, out16_dtype);
-      if (!params_on_nvme()) return;
-      if (train == DType::f32)
-        std::memcpy(out, c.master, static_cast<size_t>(c.numel) * sizeof(float));
-      params_written(c);
-    });
-    if (params_on_nvme()) params_flushed();
+    step_chunks(opt, grads, grad_scale, /*background=*/false);
   } catch (const Error& e) {
     error = fmt::format("[zero] rank {}, {}, optimizer step on NVMe-offloaded state: {}",
                         group_->rank(), ctx, e.what());
   }
   comm::raise_if_any_failed(*group_, error, ctx + ": optimizer step on NVMe-offloaded state");
+}
+
+void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
+                           bool background) {
+  // One sub-group at a time, as the state streams in. 16-bit gradients are widened per sub-group
+  // (no full fp32 copy); new parameters go to params16() or, on NVMe, to the swap file as soon as
+  // their sub-group is stepped.
+  const DType train = options_.train_dtype;
+  const DType out16_dtype = train != DType::f32 ? train : DType::bf16;
+  const int64_t esize = static_cast<int64_t>(dtype_size(train));
+  char* out16 = static_cast<char*>(params16());
+  chunks_starting();
+  state().for_each(Access::Update, [&](const StateChunk& c) {
+    const float* g = grads.dtype() == DType::f32 ? grads.data<float>() + c.begin
+                                                 : widen_gradients(grads, c.begin, c.numel);
+    void* out = params_on_nvme() ? params_out(c) : out16 ? out16 + c.begin * esize : nullptr;
+    opt.step_slice(c.master, g, c.states.data(), c.numel, grad_scale,
+                   train == DType::f32 ? nullptr : out, out16_dtype);
+    if (params_on_nvme()) {
+      if (train == DType::f32)
+        std::memcpy(out, c.master, static_cast<size_t>(c.numel) * sizeof(float));
+      params_written(c);
+    }
+    const int64_t ready = chunk_stepped(c);
+    if (background) {
+      {
+        std::lock_guard<std::mutex> lock(step_mu_);
+        stepped_end_ = std::max(stepped_end_, ready);
+      }
+      step_cv_.notify_all();
+    }
+  });
+  if (params_on_nvme()) params_flushed();
+}
+
+void Strategy::wait_stepped(int64_t end) {
+  std::unique_lock<std::mutex> lock(step_mu_);
+  if (!step_running_ || stepped_end_ >= end) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  step_cv_.wait(lock, [&] { return !step_running_ || stepped_end_ >= end; });
+  step_wait_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int64_t Strategy::stepped_end() {
+  std::lock_guard<std::mutex> lock(step_mu_);
+  return step_running_ ? stepped_end_ : opt_numel_;
+}
+
+void Strategy::record_failure(const std::string& what) {
+  std::lock_guard<std::mutex> lock(step_mu_);
+  if (failure_.empty()) failure_ = what;
+}
+
+void Strategy::join_step() noexcept {
+  if (!step_thread_.joinable()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  step_thread_.join();
+  std::lock_guard<std::mutex> lock(step_mu_);
+  step_wait_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double Strategy::step_wait_seconds() const {
+  std::lock_guard<std::mutex> lock(step_mu_);
+  return step_wait_seconds_;
+}
+
+void Strategy::synchronize(const std::string& ctx) {
+  if (!offloaded()) return;
+  join_step();
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(step_mu_);
+    error.swap(failure_);
+  }
+  comm::raise_if_any_failed(*group_, error, ctx + ": NVMe-offloaded optimizer step or parameters");
 }
 
 const float* Strategy::widen_gradients(const Tensor& grads, int64_t begin, int64_t numel) {

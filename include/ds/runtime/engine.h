@@ -145,6 +145,11 @@ class Engine {
   // stage3_gather_16bit_weights_on_model_save does.
   std::vector<std::pair<std::string, Tensor>> full_weights() { return zero_->full_weights(); }
 
+  // Waits for work still running in the background (stage 3 with offload steps the optimizer on a
+  // worker while the next forward runs) and raises its failure on every rank. A collective.
+  // Checkpoints, evaluation and the next backward do it themselves; call it when training ends.
+  void synchronize();
+
   // ---- checkpoints (layout: reference/deepspeed-behaviour.md §8; docs/checkpoints.md) ----
   // Writes dir/<tag>/ atomically (a temporary folder renamed into place), then dir/latest.
   // tag "" = "global_step<N>". client_state is stored and returned by load_checkpoint.

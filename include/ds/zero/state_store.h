@@ -21,7 +21,9 @@
 // back; Update reads and writes back; Overwrite does not read (the visitor fills every element)
 // and writes back. The chunk's pointers are valid during the visit only.
 //
-// Threading: the training thread; the NVMe store's I/O runs on io::Engine workers. Errors (a full
+// Threading: one thread at a time (the training thread, or the worker of a background step,
+// strategy.h); stats() may be called from another thread meanwhile. The NVMe store's I/O runs on
+// io::Engine workers. Errors (a full
 // disk, EIO) surface as ds::Error from step()/for_each() after every transfer has stopped.
 #include <cstdint>
 #include <functional>

@@ -22,11 +22,14 @@
 //
 // Threading: called from the training thread only. The strategy issues collectives on its group;
 // every rank must call the same methods in the same order (they are collectives where noted).
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -167,8 +170,23 @@ class Strategy {
   // The optimizer step on this rank's range: grads (optimizer_numel,) fp32 times grad_scale;
   // updates the master weights and params16() through state(). With NVMe offload a collective:
   // an I/O failure on any rank becomes an error on every rank.
+  //
+  // Stage 3 with offload steps in the background: optimizer_step() returns once the step is under
+  // way; a worker thread streams the sub-groups (read, Adam, write the new parameters, zero their
+  // gradients) while the next forward gathers each parameter as soon as its sub-group is written,
+  // so the optimizer's I/O overlaps the forward's compute. The results are bitwise those of a
+  // synchronous step. `grads` must stay untouched until synchronize(); zero_grads() then leaves
+  // them to the worker. DS_OFFLOAD_STEP_OVERLAP=0 steps synchronously.
   void optimizer_step(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
                       const std::string& ctx);
+  // Waits for a background step, then raises any I/O failure of it (or of the parameter reads
+  // since) on every rank. A collective when anything is offloaded (every rank calls it at the same
+  // point); a no-op otherwise. Stage 3 calls it at each backward, after evaluation and before
+  // gathering weights for a checkpoint; the engine before checkpoints and when training ends.
+  void synchronize(const std::string& ctx);
+  // Waits for a background step to end without raising its failure (destructors: the engine's,
+  // before the optimizer the worker uses goes, and the strategies' own).
+  void join_step() noexcept;
   // After the optimizer updated master() (and params16()): make the working parameters of every
   // rank current (stage 1-2: all-gather; stage 3: drop stale gathers). A collective when sharded.
   virtual void after_step(const std::string& ctx) = 0;
@@ -219,6 +237,28 @@ class Strategy {
   // so the fp32 copy never exists whole in RAM. on_attached() runs once the store is complete.
   virtual void initial_master(int64_t begin, int64_t numel, float* out);
   virtual void on_attached() {}
+
+  // ---- the background step (stage 3 with offload) ----
+  virtual bool background_steps() const { return false; }
+  // The worker is about to step the first sub-group (stage 3: reset the parameter file's
+  // written-up-to mark).
+  virtual void chunks_starting() {}
+  // Sub-group c was stepped and its new parameters handed to params_written(): returns the element
+  // up to which new parameters are readable (those on NVMe: written to disk). On the worker thread
+  // of a background step.
+  virtual int64_t chunk_stepped(const StateChunk& c) { return c.begin + c.numel; }
+  // Blocks until the running background step has made parameters [0, end) readable (at once when
+  // none runs, or when it failed: the failure is raised at the next synchronize()).
+  void wait_stepped(int64_t end);
+  // The end of the readable range while a background step runs (optimizer_numel otherwise).
+  int64_t stepped_end();
+  // A background step was started and synchronize() has not been called since.
+  bool step_pending() const { return step_thread_.joinable(); }
+  // Remembers a failure (the first) to be raised on every rank at the next synchronize(): a rank
+  // must keep issuing its collectives until then, or the others would wait for it.
+  void record_failure(const std::string& what);
+  // Seconds the training thread waited for a background step (in wait_stepped and synchronize).
+  double step_wait_seconds() const;
   // Bytes of master weights held in RAM (0 in fp32 training, where they are the parameters, and
   // when the NVMe store holds them).
   int64_t master_bytes() const;
@@ -227,6 +267,17 @@ class Strategy {
   float comm_prescale_ = 1.0f;    // applied to gradients before a reduction
   double grad_post_scale_ = 1.0;  // folded into the optimizer's gradient scale after it
   int64_t reductions_in_flight() const { return options_.overlap_comm ? 2 : 0; }
+
+ private:
+  // The sub-group loop of an offloaded step (training thread, or the worker in the background).
+  void step_chunks(optim::Optimizer& opt, const Tensor& grads, float grad_scale, bool background);
+  std::thread step_thread_;
+  mutable std::mutex step_mu_;
+  std::condition_variable step_cv_;
+  bool step_running_ = false;  // guarded by step_mu_, as the three below
+  int64_t stepped_end_ = 0;
+  std::string failure_;
+  double step_wait_seconds_ = 0;
 };
 
 // The strategy for options.stage over `group`. Moves the model's parameters into the strategy's

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -195,7 +196,7 @@ class NvmeStateStore final : public StateStore {
       s.bytes_written = c.bytes_written;
       s.io_busy_seconds = c.busy_seconds;
     }
-    s.io_wait_seconds = wait_seconds_;
+    s.io_wait_seconds = wait_seconds_.load();
     return s;
   }
 
@@ -216,7 +217,7 @@ class NvmeStateStore final : public StateStore {
     const io::Ticket tt = t;
     t = 0;
     engine_->wait(tt);
-    wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    wait_seconds_.fetch_add(std::chrono::duration<double>(Clock::now() - t0).count());
   }
 
   StateChunk chunk(int64_t k, float* slot) const {
@@ -279,7 +280,8 @@ class NvmeStateStore final : public StateStore {
   std::unique_ptr<io::Engine> engine_;
   std::vector<io::AlignedBuffer> ring_;
   std::vector<io::Ticket> read_ticket_, write_ticket_;
-  double wait_seconds_ = 0;
+  // Read by stats() on the training thread while a background step (strategy.h) waits here.
+  std::atomic<double> wait_seconds_{0};
 };
 
 }  // namespace

@@ -54,6 +54,7 @@ ParamFile::ParamFile(const ParamFileOptions& o, int rank, DType dtype, int64_t n
   engine_ = io::make_engine(o.aio, &fallback);
   if (!fallback.empty() && log)
     log(fmt::format("[offload] {}; using the pread/pwrite thread pool", fallback));
+  write_engine_ = io::make_engine(o.aio);
   // The initial pieces, one sub-group at a time through the scratch buffers (none: the caller
   // writes them through scratch() and write()).
   if (!initial) return;
@@ -65,22 +66,61 @@ ParamFile::ParamFile(const ParamFileOptions& o, int rank, DType dtype, int64_t n
   flush();
 }
 
-void ParamFile::wait(io::Ticket t) {
+void ParamFile::wait_read(io::Ticket t) {
   const auto t0 = std::chrono::steady_clock::now();
+  auto add = [&] {
+    read_wait_.fetch_add(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  };
   try {
     engine_->wait(t);
   } catch (...) {
-    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    add();
     throw;
   }
-  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  add();
+}
+
+void ParamFile::wait_write(int slot) {
+  const io::Ticket t = scratch_ticket_[slot];
+  scratch_ticket_[slot] = 0;
+  if (!t) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto add = [&] {
+    write_wait_.fetch_add(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  };
+  try {
+    write_engine_->wait(t);
+  } catch (...) {
+    add();
+    throw;
+  }
+  add();
+  // Writes complete in the order they were issued from the two alternating buffers.
+  durable_end_.store(std::max(durable_end_.load(), scratch_end_[slot]));
+}
+
+io::Counters ParamFile::counters() const {
+  io::Counters c;
+  for (const auto* e : {engine_.get(), write_engine_.get()}) {
+    if (!e) continue;
+    const io::Counters x = e->counters();
+    c.bytes_read += x.bytes_read;
+    c.bytes_written += x.bytes_written;
+    c.requests += x.requests;
+    c.busy_seconds += x.busy_seconds;
+  }
+  return c;
 }
 
 ParamFile::~ParamFile() {
-  if (!engine_) return;
-  try {
-    engine_->wait_all();
-  } catch (const Error&) {  // reported by the operation that failed
+  for (auto* e : {engine_.get(), write_engine_.get()}) {
+    if (!e) continue;
+    try {
+      e->wait_all();
+    } catch (const Error&) {  // reported by the operation that failed
+    }
   }
 }
 
@@ -113,7 +153,7 @@ const void* ParamFile::get(int key, int64_t begin, int64_t n) {
   for (io::Ticket& t : s.tickets) {
     const io::Ticket tt = t;
     t = 0;
-    if (tt) wait(tt);
+    if (tt) wait_read(tt);
   }
   s.tickets.clear();
   return s.buf.as<char>() + s.skip;
@@ -122,8 +162,15 @@ const void* ParamFile::get(int key, int64_t begin, int64_t n) {
 void ParamFile::drop(int key) {
   auto it = staged_.find(key);
   if (it == staged_.end()) return;
-  for (io::Ticket t : it->second.tickets)
-    if (t) wait(t);  // never free a buffer under a read
+  for (io::Ticket t : it->second.tickets) {
+    if (!t) continue;
+    try {
+      wait_read(t);  // never free a buffer under a read
+    } catch (const Error&) {
+      // The piece is discarded unread: its failed read harms nothing (a later get() reads it
+      // again, and reports a failure that persists).
+    }
+  }
   staged_elements_ -= it->second.numel;
   staged_.erase(it);
 }
@@ -137,13 +184,7 @@ void ParamFile::drop_all() {
 void* ParamFile::scratch(int64_t begin, int64_t n) {
   (void)begin;
   (void)n;
-  if (!engine_) return scratch_[next_scratch_].data();
-  io::Ticket& t = scratch_ticket_[next_scratch_];
-  if (t) {
-    const io::Ticket tt = t;
-    t = 0;
-    wait(tt);
-  }
+  wait_write(next_scratch_);  // the buffer's previous write must be done before it is refilled
   return scratch_[next_scratch_].data();
 }
 
@@ -156,27 +197,30 @@ void ParamFile::write(int64_t begin, int64_t n) {
     const int64_t x = begin + in_ram;  // first element in the file
     DS_CHECK((x - ram_end_) % kElementAlign == 0,
              "[offload] internal: parameter write at element {} is not aligned", x);
+    scratch_end_[next_scratch_] = begin + n;
     scratch_ticket_[next_scratch_] =
-        engine_->write(file_, data + in_ram * esize_, io::align_up((n - in_ram) * esize_),
-                       (x - ram_end_) * esize_);
+        write_engine_->write(file_, data + in_ram * esize_, io::align_up((n - in_ram) * esize_),
+                             (x - ram_end_) * esize_);
+  } else {
+    // All in RAM: the RAM part is a prefix, so nothing before it is still in flight.
+    durable_end_.store(std::max(durable_end_.load(), begin + n));
   }
   next_scratch_ ^= 1;
 }
 
 void ParamFile::flush() {
-  if (!engine_) return;
   std::string first;
-  for (io::Ticket& t : scratch_ticket_) {
-    const io::Ticket tt = t;
-    t = 0;
-    if (!tt) continue;
+  // The older write first, so durable_end_ advances in order.
+  for (int k = 0; k < 2; ++k) {
+    const int slot = next_scratch_ ^ k;
     try {
-      wait(tt);
+      wait_write(slot);
     } catch (const Error& e) {
       if (first.empty()) first = e.what();
     }
   }
   if (!first.empty()) throw Error(first);
+  durable_end_.store(numel_);
 }
 
 std::string ParamFile::describe() const {

@@ -16,7 +16,11 @@
 // buffer_count * buffer_size elements (staged_elements()). Writes go through two alternating
 // scratch buffers of one sub-group each, so writing sub-group k overlaps stepping k+1.
 //
-// Threading: the training thread; I/O on the io::Engine's workers.
+// Threading: reads (prefetch/get/drop) on the training thread; writes (scratch/write/flush) on
+// the training thread or, during a background optimizer step (strategy.h), on its worker, at the
+// same time: reads and writes have their own io::Engine. durable_end() tells how far the writes of
+// the current pass have reached the disk; readers stay below it. I/O on the engines' workers.
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -55,11 +59,16 @@ class ParamFile {
   void* scratch(int64_t begin, int64_t n);
   void write(int64_t begin, int64_t n);
   void flush();
+  // Writes go in ascending order within a pass (begin_pass() resets the mark): elements
+  // [0, durable_end()) of this pass are on disk (or in the RAM part), readable by get().
+  void begin_pass() { durable_end_.store(0); }
+  int64_t durable_end() const { return durable_end_.load(); }
 
   int64_t ram_elements() const { return ram_end_; }
   int64_t disk_bytes() const { return disk_bytes_; }
-  io::Counters counters() const { return engine_ ? engine_->counters() : io::Counters{}; }
-  double wait_seconds() const { return wait_seconds_; }  // training thread blocked on I/O
+  io::Counters counters() const;
+  double read_wait_seconds() const { return read_wait_.load(); }    // in get() and drop()
+  double write_wait_seconds() const { return write_wait_.load(); }  // in scratch() and flush()
   std::string describe() const;
 
  private:
@@ -76,14 +85,18 @@ class ParamFile {
   std::unique_ptr<io::SwapDir> dir_;
   bool direct_ = false;
   io::File file_;
-  std::unique_ptr<io::Engine> engine_;
+  std::unique_ptr<io::Engine> engine_;        // reads
+  std::unique_ptr<io::Engine> write_engine_;  // writes
   std::unordered_map<int, Staged> staged_;
   int64_t staged_elements_ = 0;
   io::AlignedBuffer scratch_[2];
   io::Ticket scratch_ticket_[2] = {0, 0};
+  int64_t scratch_end_[2] = {0, 0};  // where the write in flight from each scratch buffer ends
   int next_scratch_ = 0;
-  double wait_seconds_ = 0;
-  void wait(io::Ticket t);  // engine_->wait, timed
+  std::atomic<int64_t> durable_end_{0};
+  std::atomic<double> read_wait_{0}, write_wait_{0};
+  void wait_read(io::Ticket t);   // engine_->wait, timed
+  void wait_write(int slot);      // the write from scratch_[slot], timed; advances durable_end_
 };
 
 }  // namespace ds::zero::detail
