@@ -435,12 +435,27 @@ class Stage3Strategy final : public Strategy {
         trace_.following()
             ? reused_soon(trace_.upcoming(), params, numel_, options_.max_reuse_distance)
             : std::vector<bool>(params.size(), false);
+    auto releasable = [&](const Param& sp, int i) {
+      return !sp.persistent && sp.full->is_materialized() && !prefetching_[static_cast<size_t>(i)];
+    };
     for (size_t a = 0; a < params.size(); ++a) {
       const int i = params[a];
       auto& sp = params_[static_cast<size_t>(i)];
-      if (keep[a] || sp.persistent || !sp.full->is_materialized()) continue;
-      if (prefetching_[static_cast<size_t>(i)]) continue;
-      sp.full->release();
+      if (!keep[a] && releasable(sp, i)) sp.full->release();
+    }
+    // Kept ones stay only within max_live_parameters gathered elements (DeepSpeed's bound on
+    // what stays resident): the reuse distance alone would keep most of a large model gathered
+    // between its forward and backward.
+    int64_t live = 0;
+    for (const auto& sp : params_)
+      if (!sp.persistent && sp.full->is_materialized()) live += sp.numel;
+    for (size_t a = 0; a < params.size() && live > options_.max_live_parameters; ++a) {
+      const int i = params[a];
+      auto& sp = params_[static_cast<size_t>(i)];
+      if (keep[a] && releasable(sp, i)) {
+        sp.full->release();
+        live -= sp.numel;
+      }
     }
   }
 

@@ -99,8 +99,10 @@ class AlignedBuffer {
   int64_t bytes() const { return bytes_; }
 
  private:
+  void release() noexcept;
   void* p_ = nullptr;
   int64_t bytes_ = 0;
+  bool mapped_ = false;  // >= 2 MiB: its own mapping (returned to the system when freed)
 };
 
 using Ticket = uint64_t;
