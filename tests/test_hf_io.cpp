@@ -247,8 +247,8 @@ TEST_F(HFIO, ConfigErrors) {
               models::hf_config_from_json({{"model_type", "llama"},
                                            {"hidden_size", 64},
                                            {"num_attention_heads", 8},
-                                           {"num_key_value_heads", 2}});
-            }).find("grouped-query attention"),
+                                           {"num_key_value_heads", 3}});
+            }).find("num_key_value_heads 3 must divide num_attention_heads 8"),
             std::string::npos);
   EXPECT_NE(
       error_of([] {
