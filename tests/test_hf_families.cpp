@@ -217,6 +217,73 @@ TEST(HFConfig, RopeParametersIn4xAnd5xForms) {
               (0.2 * std::log(4.0) + 1.0) / (0.1 * std::log(4.0) + 1.0), 1e-12);
 }
 
+// config.json of published checkpoints (4.x form, as on the Hub), with their parameter counts.
+TEST(HFConfig, PublishedConfigsOfEachFamily) {
+  struct Case {
+    const char* name;
+    const char* config;
+    int64_t params;
+  };
+  const Case cases[] = {
+      {"Llama-2-7b-hf",
+       R"({"architectures":["LlamaForCausalLM"],"bos_token_id":1,"eos_token_id":2,
+       "hidden_act":"silu","hidden_size":4096,"initializer_range":0.02,"intermediate_size":11008,
+       "max_position_embeddings":4096,"model_type":"llama","num_attention_heads":32,
+       "num_hidden_layers":32,"num_key_value_heads":32,"pretraining_tp":1,"rms_norm_eps":1e-05,
+       "rope_scaling":null,"tie_word_embeddings":false,"torch_dtype":"float16",
+       "transformers_version":"4.31.0.dev0","use_cache":true,"vocab_size":32000})",
+       6738415616},
+      {"Llama-3.1-8B",
+       R"({"architectures":["LlamaForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
+       "bos_token_id":128000,"eos_token_id":128001,"hidden_act":"silu","hidden_size":4096,
+       "initializer_range":0.02,"intermediate_size":14336,"max_position_embeddings":131072,
+       "mlp_bias":false,"model_type":"llama","num_attention_heads":32,"num_hidden_layers":32,
+       "num_key_value_heads":8,"pretraining_tp":1,"rms_norm_eps":1e-05,"rope_scaling":{
+       "factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,
+       "original_max_position_embeddings":8192,"rope_type":"llama3"},"rope_theta":500000.0,
+       "tie_word_embeddings":false,"torch_dtype":"bfloat16","transformers_version":"4.43.0.dev0",
+       "use_cache":true,"vocab_size":128256})",
+       8030261248},
+      {"Mistral-7B-v0.1",
+       R"({"architectures":["MistralForCausalLM"],"bos_token_id":1,"eos_token_id":2,
+       "hidden_act":"silu","hidden_size":4096,"initializer_range":0.02,"intermediate_size":14336,
+       "max_position_embeddings":32768,"model_type":"mistral","num_attention_heads":32,
+       "num_hidden_layers":32,"num_key_value_heads":8,"rms_norm_eps":1e-05,"rope_theta":10000.0,
+       "sliding_window":4096,"tie_word_embeddings":false,"torch_dtype":"bfloat16",
+       "transformers_version":"4.34.0.dev0","use_cache":true,"vocab_size":32000})",
+       7241732096},
+      {"Qwen2.5-0.5B",
+       R"({"architectures":["Qwen2ForCausalLM"],"attention_dropout":0.0,"bos_token_id":151643,
+       "eos_token_id":151643,"hidden_act":"silu","hidden_size":896,"initializer_range":0.02,
+       "intermediate_size":4864,"max_position_embeddings":32768,"max_window_layers":24,
+       "model_type":"qwen2","num_attention_heads":14,"num_hidden_layers":24,
+       "num_key_value_heads":2,"rms_norm_eps":1e-06,"rope_theta":1000000.0,
+       "sliding_window":32768,"tie_word_embeddings":true,"torch_dtype":"bfloat16",
+       "transformers_version":"4.40.1","use_cache":true,"use_mrope":false,
+       "use_sliding_window":false,"vocab_size":151936})",
+       494032768},
+      {"Qwen3-0.6B",
+       R"({"architectures":["Qwen3ForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
+       "bos_token_id":151643,"eos_token_id":151645,"head_dim":128,"hidden_act":"silu",
+       "hidden_size":1024,"initializer_range":0.02,"intermediate_size":3072,
+       "max_position_embeddings":40960,"max_window_layers":28,"model_type":"qwen3",
+       "num_attention_heads":16,"num_hidden_layers":28,"num_key_value_heads":8,
+       "rms_norm_eps":1e-06,"rope_scaling":null,"rope_theta":1000000,"sliding_window":null,
+       "tie_word_embeddings":true,"torch_dtype":"bfloat16","transformers_version":"4.51.0",
+       "use_cache":true,"use_sliding_window":false,"vocab_size":151936})",
+       596049920},
+  };
+  for (const auto& c : cases) {
+    const models::GPTConfig cfg = models::hf_config_from_json(json::parse(c.config), c.name);
+    EXPECT_EQ(cfg.num_parameters(), c.params) << c.name;
+  }
+  const auto mistral = models::hf_config_from_json(json::parse(cases[2].config));
+  EXPECT_EQ(mistral.block_size, 4096);  // the window (see MistralWindowLimitsTheSequenceLength)
+  const auto llama3 = models::hf_config_from_json(json::parse(cases[1].config));
+  EXPECT_EQ(llama3.rope_theta, 500000.0f);
+  EXPECT_EQ(llama3.rope_scaling.original_max_position, 8192);
+}
+
 TEST(HFConfig, MistralWindowLimitsTheSequenceLength) {
   auto c = models::hf_config_from_json(
       llama({{"model_type", "mistral"}, {"sliding_window", 32}, {"max_position_embeddings", 128}}));
@@ -262,6 +329,7 @@ TEST(HFConfig, FieldsThatChangeTheMathAreRefusedByName) {
   EXPECT_HAS(config_error(llama({{"model_type", "mistral"}, {"mlp_bias", true}})),
              "field \"mlp_bias\" is not understood for model_type mistral");
   EXPECT_HAS(config_error(llama({{"dtype", "int8"}})), "dtype \"int8\" is not supported");
+  EXPECT_HAS(config_error(llama({{"model_type", "qwen2"}, {"use_mrope", true}})), "use_mrope true");
   EXPECT_HAS(config_error(llama({{"num_key_value_heads", 3}})),
              "num_key_value_heads 3 must divide num_attention_heads 4");
   EXPECT_HAS(config_error(llama({{"model_type", "gemma"}})), "model_type \"gemma\"");

@@ -256,6 +256,10 @@ TEST_F(HFIO, ConfigErrors) {
       }).find("activation_function \"relu\""),
       std::string::npos);
   EXPECT_NE(error_of([] {
+              models::hf_config_from_json({{"model_type", "gpt2"}, {"quantization_config", 1}});
+            }).find("field \"quantization_config\" is not understood for model_type gpt2"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
               models::hf_config_from_json({{"model_type", "gpt2"}, {"n_embd", "wide"}});
             }).find("bad value for \"n_embd\""),
             std::string::npos);

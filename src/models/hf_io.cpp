@@ -353,7 +353,8 @@ GPTConfig llama_family_config(const json& j, const std::string& type, const std:
   if (type == "llama") handled.insert({"attention_bias", "mlp_bias"});
   if (type == "mistral") handled.insert("sliding_window");
   if (type == "qwen2" || type == "qwen3")
-    handled.insert({"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"});
+    handled.insert(
+        {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "use_mrope"});
   if (type == "qwen3") handled.insert("attention_bias");
   for (const auto& [k, v] : j.items())
     DS_CHECK(handled.count(k) || harmless_key(k),
@@ -425,6 +426,8 @@ GPTConfig llama_family_config(const json& j, const std::string& type, const std:
              "[hf_io] {}: use_sliding_window true (layers >= max_window_layers {} slide) is not "
              "supported: sliding-window attention is not implemented",
              source, window_layers);
+    DS_CHECK(!get_field<bool>(j, "use_mrope", false, source),
+             "[hf_io] {}: use_mrope true (multimodal rotary sections) is not supported", source);
     if (j.contains("layer_types") && !j["layer_types"].is_null())
       for (const auto& t : j["layer_types"])
         DS_CHECK(t == "full_attention",
@@ -458,6 +461,37 @@ GPTConfig hf_config_from_json(const json& j, const std::string& source) {
   if (type.empty() && j.contains("n_embd")) type = "gpt2";
   GPTConfig c;
   if (type == "gpt2") {
+    // GPT2Config's fields; summary_* configure GPT2DoubleHeadsModel's classifier, and
+    // reorder_and_upcast_attn only the precision of the scores; attention-probability dropout
+    // (attn_pdrop) is training-only and not implemented (see docs/models.md).
+    static const std::set<std::string> gpt2_fields = {"vocab_size",
+                                                      "n_positions",
+                                                      "n_ctx",
+                                                      "n_embd",
+                                                      "n_layer",
+                                                      "n_head",
+                                                      "n_inner",
+                                                      "layer_norm_epsilon",
+                                                      "resid_pdrop",
+                                                      "embd_pdrop",
+                                                      "attn_pdrop",
+                                                      "tie_word_embeddings",
+                                                      "activation_function",
+                                                      "scale_attn_weights",
+                                                      "scale_attn_by_inverse_layer_idx",
+                                                      "reorder_and_upcast_attn",
+                                                      "summary_type",
+                                                      "summary_use_proj",
+                                                      "summary_activation",
+                                                      "summary_proj_to_labels",
+                                                      "summary_first_dropout",
+                                                      "n_special"};
+    for (const auto& [k, v] : j.items())
+      DS_CHECK(gpt2_fields.count(k) || harmless_key(k),
+               "[hf_io] {}: field \"{}\" is not understood for model_type gpt2 and may change "
+               "the model's math, so the import stops; docs/models.md lists the fields read "
+               "(remove it from config.json only if you know it changes nothing)",
+               source, k);
     c = GPTConfig::defaults(nn::Layout::gpt2);
     c.vocab_size = get_field<int64_t>(j, "vocab_size", 50257, source);
     c.block_size =
