@@ -72,6 +72,13 @@ TEST_P(GradcheckNN, Rope) {
   DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "rope");
   gradcheck([](const V& x) { return ops::rope(x[0]); }, {leaf({1, 2, 5, 8}, 23)});
   gradcheck([](const V& x) { return ops::rope(x[0], 500.0f, 7); }, {leaf({2, 1, 3, 6}, 24)});
+  // Given frequencies with a cos/sin scale (yarn's attention factor): the map is no longer a
+  // rotation, so the backward's scaling is checked too.
+  gradcheck(
+      [](const V& x) {
+        return ops::rope(x[0], {1.0, 0.3, 0.01}, 1.3f, 2);
+      },
+      {leaf({2, 1, 3, 6}, 25)});
 }
 
 TEST_P(GradcheckNN, DropoutReusesTheMaskInBackward) {

@@ -247,14 +247,18 @@ TEST_F(HFIO, ConfigErrors) {
               models::hf_config_from_json({{"model_type", "llama"},
                                            {"hidden_size", 64},
                                            {"num_attention_heads", 8},
-                                           {"num_key_value_heads", 2}});
-            }).find("grouped-query attention"),
+                                           {"num_key_value_heads", 3}});
+            }).find("num_key_value_heads 3 must divide num_attention_heads 8"),
             std::string::npos);
   EXPECT_NE(
       error_of([] {
         models::hf_config_from_json({{"model_type", "gpt2"}, {"activation_function", "relu"}});
       }).find("activation_function \"relu\""),
       std::string::npos);
+  EXPECT_NE(error_of([] {
+              models::hf_config_from_json({{"model_type", "gpt2"}, {"quantization_config", 1}});
+            }).find("field \"quantization_config\" is not understood for model_type gpt2"),
+            std::string::npos);
   EXPECT_NE(error_of([] {
               models::hf_config_from_json({{"model_type", "gpt2"}, {"n_embd", "wide"}});
             }).find("bad value for \"n_embd\""),

@@ -267,6 +267,13 @@ TEST_P(Ops, RopeMatchesRotateHalf) {
     }
   }
   expect_close(host_vector(ops::rope(x, theta, pos0)), want, 1e-6, 1e-6, "rope");
+  // Given frequencies (nn::rope_inv_freq): theta's are the same op; scale multiplies cos and sin.
+  std::vector<double> inv(hd / 2);
+  for (int64_t i = 0; i < hd / 2; ++i) inv[i] = std::pow(static_cast<double>(theta), -2.0 * i / hd);
+  EXPECT_EQ(host_vector(ops::rope(x, inv, 1.0f, pos0)), host_vector(ops::rope(x, theta, pos0)));
+  std::vector<double> want2(want);
+  for (auto& w : want2) w *= 1.5;
+  expect_close(host_vector(ops::rope(x, inv, 1.5f, pos0)), want2, 1e-6, 1e-6, "rope scaled");
   // Position 0 is the identity.
   Tensor x0 = randn({1, 1, 1, hd}, 14);
   EXPECT_EQ(host_vector(ops::rope(x0)), host_vector(x0));

@@ -96,10 +96,47 @@ void GPTConfig::validate() const {
   DS_CHECK(n_layer > 0, "[model] n_layer must be positive, got {}", n_layer);
   DS_CHECK(n_head > 0, "[model] n_head must be positive, got {}", n_head);
   DS_CHECK(n_embd > 0, "[model] n_embd must be positive, got {}", n_embd);
-  DS_CHECK(n_embd % n_head == 0, "[model] n_embd {} not divisible by n_head {}", n_embd, n_head);
-  DS_CHECK(layout != Layout::llama || head_dim() % 2 == 0,
-           "[model] rotary embeddings need an even head size, got n_embd {} / n_head {} = {}",
-           n_embd, n_head, head_dim());
+  DS_CHECK(head_size > 0 || n_embd % n_head == 0,
+           "[model] n_embd {} not divisible by n_head {}", n_embd, n_head);
+  DS_CHECK(head_size >= 0, "[model] head_size must be >= 0 (0 = n_embd / n_head), got {}",
+           head_size);
+  DS_CHECK(n_kv_head >= 0 && n_head % kv_heads() == 0,
+           "[model] n_kv_head {} must divide n_head {} (0 = n_head)", n_kv_head, n_head);
+  DS_CHECK(sliding_window >= 0, "[model] sliding_window must be >= 0, got {}", sliding_window);
+  DS_CHECK(sliding_window == 0 || sliding_window >= block_size,
+           "[model] sliding_window {} < block_size {}: sliding-window attention is not "
+           "implemented; use block_size <= sliding_window (every window then holds the whole "
+           "sequence)",
+           sliding_window, block_size);
+  if (layout == Layout::gpt2) {
+    DS_CHECK(kv_heads() == n_head && head_dim() * n_head == n_embd && !qkv_bias && !qk_norm &&
+                 rope_scaling.is_default() && sliding_window == 0,
+             "[model] n_kv_head, head_size, qkv_bias, qk_norm, rope_scaling and sliding_window "
+             "are llama-layout fields; the gpt2 layout has none of them");
+  } else {
+    DS_CHECK(head_dim() % 2 == 0,
+             "[model] rotary embeddings need an even head size, got {} (n_embd {} / n_head {} or "
+             "head_size)",
+             head_dim(), n_embd, n_head);
+  }
+  rope_scaling.validate();
+  const std::string fam = resolved_family();
+  if (layout == Layout::gpt2) {
+    DS_CHECK(fam == "gpt2", "[model] family \"{}\" needs the llama layout", fam);
+  } else {
+    DS_CHECK(fam == "llama" || fam == "mistral" || fam == "qwen2" || fam == "qwen3",
+             "[model] family \"{}\" unknown for the llama layout (llama, mistral, qwen2, qwen3)",
+             fam);
+    // What each Hugging Face class can express, so that an export loads as the same model.
+    DS_CHECK(fam == "qwen3" || !qk_norm, "[model] qk_norm needs family qwen3 (got {})", fam);
+    DS_CHECK(fam != "qwen3" || (qk_norm && !bias && !qkv_bias),
+             "[model] family qwen3 has qk_norm and no biases");
+    DS_CHECK(fam != "qwen2" || (qkv_bias && !bias),
+             "[model] family qwen2 has q/k/v biases only: qkv_bias true, bias false");
+    DS_CHECK(fam == "qwen2" || !qkv_bias || bias,
+             "[model] qkv_bias (q/k/v biases alone) needs family qwen2 (got {})", fam);
+    DS_CHECK(fam != "mistral" || !bias, "[model] family mistral has no biases");
+  }
   DS_CHECK(ffn_hidden >= 0, "[model] ffn_hidden must be >= 0 (0 = default), got {}", ffn_hidden);
   DS_CHECK(ffn_multiple_of > 0, "[model] ffn_multiple_of must be positive, got {}",
            ffn_multiple_of);
@@ -113,6 +150,11 @@ nn::BlockConfig GPTConfig::block_config() const {
   b.layout = layout;
   b.n_embd = n_embd;
   b.n_head = n_head;
+  b.n_kv_head = kv_heads();
+  b.head_dim = head_dim();
+  b.qkv_bias = qkv_bias;
+  b.qk_norm = qk_norm;
+  b.rope_scaling = rope_scaling;
   b.ffn_hidden = resolved_ffn_hidden();
   b.norm_eps = norm_eps;
   b.rope_theta = rope_theta;
@@ -132,10 +174,14 @@ int64_t GPTConfig::num_parameters() const {
                 + H * C + b * H + H * C + b * C;  // c_fc, mlp.c_proj
     total += C + b * C;                           // ln_f
   } else {
-    per_layer = 2 * C                           // input / post-attention norms
-                + 4 * C * C + b * 4 * C         // q, k, v, o
-                + 3 * H * C + b * (2 * H + C);  // gate, up, down
-    total += C;                                 // norm
+    const int64_t Q = n_head * head_dim(), KV = kv_heads() * head_dim();
+    const int64_t qb = (bias || qkv_bias) ? 1 : 0;
+    per_layer = 2 * C                             // input / post-attention norms
+                + 2 * C * Q + 2 * C * KV          // q, o; k, v
+                + qb * (Q + 2 * KV) + b * C       // q/k/v biases, o bias
+                + (qk_norm ? 2 * head_dim() : 0)  // q_norm, k_norm
+                + 3 * H * C + b * (2 * H + C);    // gate, up, down
+    total += C;                                   // norm
   }
   total += n_layer * per_layer;
   if (!tie_embeddings) total += V * C;  // lm_head (never a bias)
@@ -144,21 +190,36 @@ int64_t GPTConfig::num_parameters() const {
 
 // ---- JSON ----
 
+std::string GPTConfig::resolved_family() const {
+  if (!family.empty()) return family;
+  if (layout == Layout::gpt2) return "gpt2";
+  return qk_norm ? "qwen3" : (qkv_bias && !bias) ? "qwen2" : "llama";
+}
+
 nlohmann::json GPTConfig::to_json() const {
-  return nlohmann::json{{"layout", nn::layout_name(layout)},
-                        {"vocab_size", vocab_size},
-                        {"block_size", block_size},
-                        {"n_layer", n_layer},
-                        {"n_head", n_head},
-                        {"n_embd", n_embd},
-                        {"ffn_hidden", ffn_hidden},
-                        {"ffn_multiple_of", ffn_multiple_of},
-                        {"norm_eps", norm_eps},
-                        {"rope_theta", rope_theta},
-                        {"dropout", dropout},
-                        {"bias", bias},
-                        {"tie_embeddings", tie_embeddings},
-                        {"seed", seed}};
+  nlohmann::json j{{"layout", nn::layout_name(layout)},
+                   {"vocab_size", vocab_size},
+                   {"block_size", block_size},
+                   {"n_layer", n_layer},
+                   {"n_head", n_head},
+                   {"n_embd", n_embd},
+                   {"ffn_hidden", ffn_hidden},
+                   {"ffn_multiple_of", ffn_multiple_of},
+                   {"norm_eps", norm_eps},
+                   {"rope_theta", rope_theta},
+                   {"dropout", dropout},
+                   {"bias", bias},
+                   {"tie_embeddings", tie_embeddings},
+                   {"seed", seed}};
+  // The llama-family fields only when set, so that configs written before them read the same.
+  if (n_kv_head != 0) j["n_kv_head"] = n_kv_head;
+  if (head_size != 0) j["head_size"] = head_size;
+  if (qkv_bias) j["qkv_bias"] = true;
+  if (qk_norm) j["qk_norm"] = true;
+  if (!rope_scaling.is_default()) j["rope_scaling"] = rope_scaling.to_json();
+  if (sliding_window != 0) j["sliding_window"] = sliding_window;
+  if (!family.empty()) j["family"] = family;
+  return j;
 }
 
 std::string GPTConfig::to_json_string() const {
@@ -192,6 +253,16 @@ const std::map<std::string, Setter>& config_fields() {
       DS_FIELD(bias, bool),
       DS_FIELD(tie_embeddings, bool),
       DS_FIELD(seed, uint64_t),
+      DS_FIELD(n_kv_head, int64_t),
+      DS_FIELD(head_size, int64_t),
+      DS_FIELD(qkv_bias, bool),
+      DS_FIELD(qk_norm, bool),
+      {"rope_scaling",
+       [](GPTConfig& c, const nlohmann::json& v) {
+         c.rope_scaling = nn::RopeScaling::from_json(v);
+       }},
+      DS_FIELD(sliding_window, int64_t),
+      DS_FIELD(family, std::string),
   };
   return fields;
 }
@@ -316,7 +387,8 @@ void GPT::set_gradient_checkpointing(bool on) {
 double GPT::flops_per_token(int64_t seq_len) const {
   const double T = static_cast<double>(seq_len > 0 ? seq_len : config_.block_size);
   return 6.0 * static_cast<double>(num_parameters()) +
-         12.0 * static_cast<double>(config_.n_layer) * static_cast<double>(config_.n_embd) * T;
+         12.0 * static_cast<double>(config_.n_layer) *
+             static_cast<double>(config_.n_head * config_.head_dim()) * T;
 }
 
 Tensor GPT::generate(const Tensor& prompt, int64_t max_new_tokens, int64_t top_k, uint64_t seed,

@@ -101,26 +101,39 @@ CausalSelfAttention::CausalSelfAttention(const BlockConfig& cfg)
       layout_(cfg.layout),
       n_embd_(cfg.n_embd),
       n_head_(cfg.n_head),
-      rope_theta_(cfg.rope_theta),
+      n_kv_head_(cfg.resolved_kv_heads()),
+      head_dim_(cfg.resolved_head_dim()),
       dropout_(cfg.dropout) {
-  DS_CHECK(n_head_ > 0 && n_embd_ % n_head_ == 0,
-           "[attention] n_embd {} not divisible by n_head {}", n_embd_, n_head_);
-  const int64_t C = n_embd_;
+  DS_CHECK(n_head_ > 0 && head_dim_ > 0, "[attention] n_head {} and head size {} must be positive",
+           n_head_, head_dim_);
+  DS_CHECK(n_head_ % n_kv_head_ == 0, "[attention] n_head {} not divisible by n_kv_head {}",
+           n_head_, n_kv_head_);
+  const int64_t C = n_embd_, Q = n_head_ * head_dim_, KV = n_kv_head_ * head_dim_;
   if (layout_ == Layout::gpt2) {
+    DS_CHECK(Q == C && n_kv_head_ == n_head_,
+             "[attention] the gpt2 layout needs n_head * head size == n_embd and no grouped-query "
+             "attention");
     c_attn_ = register_module("c_attn", std::make_shared<Linear>(C, 3 * C, cfg.bias));
     c_proj_ = register_module("c_proj", std::make_shared<Linear>(C, C, cfg.bias));
   } else {
-    q_proj_ = register_module("q_proj", std::make_shared<Linear>(C, C, cfg.bias));
-    k_proj_ = register_module("k_proj", std::make_shared<Linear>(C, C, cfg.bias));
-    v_proj_ = register_module("v_proj", std::make_shared<Linear>(C, C, cfg.bias));
-    o_proj_ = register_module("o_proj", std::make_shared<Linear>(C, C, cfg.bias));
+    const bool qkv_bias = cfg.bias || cfg.qkv_bias;
+    q_proj_ = register_module("q_proj", std::make_shared<Linear>(C, Q, qkv_bias));
+    k_proj_ = register_module("k_proj", std::make_shared<Linear>(C, KV, qkv_bias));
+    v_proj_ = register_module("v_proj", std::make_shared<Linear>(C, KV, qkv_bias));
+    o_proj_ = register_module("o_proj", std::make_shared<Linear>(Q, C, cfg.bias));
+    if (cfg.qk_norm) {
+      q_norm_ = register_module("q_norm", std::make_shared<RMSNorm>(head_dim_, cfg.norm_eps));
+      k_norm_ = register_module("k_norm", std::make_shared<RMSNorm>(head_dim_, cfg.norm_eps));
+    }
+    rope_inv_freq_ = rope_inv_freq(cfg.rope_scaling, cfg.rope_theta, head_dim_);
+    rope_scale_ = rope_attention_scale(cfg.rope_scaling);
   }
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   DS_CHECK(x.dim() == 3 && x.size(2) == n_embd_, "[attention] expected input (B, T, {}), got {}",
            n_embd_, shape_str(x.shape()));
-  const int64_t B = x.size(0), T = x.size(1), C = n_embd_, NH = n_head_, hd = C / NH;
+  const int64_t B = x.size(0), T = x.size(1), NH = n_head_, KV = n_kv_head_, hd = head_dim_;
   Tensor q, k, v;  // (B, NH, T, hd)
   if (layout_ == Layout::gpt2) {
     Tensor qkv = (*c_attn_)(x);                  // (B, T, 3C)
@@ -132,16 +145,26 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
     k = ops::reshape(ops::slice(qkv, 0, 1, 2), {B, NH, T, hd});
     v = ops::reshape(ops::slice(qkv, 0, 2, 3), {B, NH, T, hd});
   } else {
-    auto heads = [&](Linear& proj) {  // (B, T, C) -> (B, NH, T, hd)
-      return ops::contiguous(ops::transpose(ops::reshape(proj(x), {B, T, NH, hd}), 1, 2));
+    // (B, T, heads * hd) -> (B, heads, T, hd), normalised per head first when norm is given.
+    auto heads = [&](Linear& proj, int64_t n, RMSNorm* norm) {
+      Tensor h = ops::reshape(proj(x), {B, T, n, hd});
+      if (norm) h = (*norm)(h);
+      return ops::contiguous(ops::transpose(h, 1, 2));
     };
-    q = ops::rope(heads(*q_proj_), rope_theta_);
-    k = ops::rope(heads(*k_proj_), rope_theta_);
-    v = heads(*v_proj_);
+    // Grouped-query attention: (B, KV, T, hd) -> (B, NH, T, hd), each K/V head repeated NH/KV
+    // times in a row; the broadcast's backward sums the group's gradients.
+    auto repeat_kv = [&](const Tensor& t) {
+      if (KV == NH) return t;
+      Tensor e = ops::broadcast_to(ops::reshape(t, {B, KV, 1, T, hd}), {B, KV, NH / KV, T, hd});
+      return ops::reshape(ops::contiguous(e), {B, NH, T, hd});
+    };
+    q = ops::rope(heads(*q_proj_, NH, q_norm_.get()), rope_inv_freq_, rope_scale_);
+    k = repeat_kv(ops::rope(heads(*k_proj_, KV, k_norm_.get()), rope_inv_freq_, rope_scale_));
+    v = repeat_kv(heads(*v_proj_, KV, nullptr));
   }
-  Tensor y = ops::causal_attention(q, k, v);                              // (B, NH, T, hd)
-  y = ops::reshape(ops::contiguous(ops::transpose(y, 1, 2)), {B, T, C});  // (B, T, C)
-  y = layout_ == Layout::gpt2 ? (*c_proj_)(y) : (*o_proj_)(y);
+  Tensor y = ops::causal_attention(q, k, v);                                    // (B, NH, T, hd)
+  y = ops::reshape(ops::contiguous(ops::transpose(y, 1, 2)), {B, T, NH * hd});  // (B, T, NH*hd)
+  y = layout_ == Layout::gpt2 ? (*c_proj_)(y) : (*o_proj_)(y);                  // (B, T, C)
   return ops::dropout(y, dropout_, is_training());
 }
 

@@ -248,22 +248,35 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
 // ---- rotary embedding ----
 
 Tensor rope(const Tensor& x, float theta, int64_t pos0) {
+  DS_CHECK(theta > 0.0f, "[rope] theta must be positive, got {}", theta);
+  DS_CHECK(x.defined() && x.dim() == 4, "[rope] x must be (B, NH, T, hd), got {}",
+           x.defined() ? shape_str(x.shape()) : "undefined");
+  const int64_t hd = x.size(3);
+  DS_CHECK(hd % 2 == 0, "[rope] head size {} must be even (pairs (i, i + hd/2) rotate)", hd);
+  std::vector<double> inv(static_cast<size_t>(hd / 2));
+  for (int64_t i = 0; i < hd / 2; ++i)
+    inv[static_cast<size_t>(i)] = std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+  return rope(x, inv, 1.0f, pos0);
+}
+
+Tensor rope(const Tensor& x, const std::vector<double>& inv_freq, float scale, int64_t pos0) {
   detail::check_float(x, "rope");
   DS_CHECK(x.dim() == 4, "[rope] x must be (B, NH, T, hd), got {}", shape_str(x.shape()));
   DS_CHECK(x.size(3) % 2 == 0, "[rope] head size {} must be even (pairs (i, i + hd/2) rotate)", x.size(3));
-  DS_CHECK(theta > 0.0f, "[rope] theta must be positive, got {}", theta);
+  DS_CHECK(static_cast<int64_t>(inv_freq.size()) == x.size(3) / 2,
+           "[rope] {} inverse frequencies for head size {} (need hd/2)", inv_freq.size(), x.size(3));
   DS_CHECK(pos0 >= 0, "[rope] pos0 must be non-negative, got {}", pos0);
   Tensor fx = f32c(x);
   Tensor y = empty_f32(x.shape(), x);
-  be(x).rope(fx, pos0, theta, /*inverse=*/false, y);
+  be(x).rope(fx, pos0, inv_freq, scale, /*inverse=*/false, y);
   Tensor out = as_dtype(y, x.dtype());
   if (!wants_grad({x})) return out;
   const DType dt = x.dtype();
-  // A rotation is orthogonal: its gradient is the inverse rotation of the upstream gradient.
-  return autograd::record(out, "RopeBackward", {x}, [theta, pos0, dt](const Tensor& g) -> std::vector<Tensor> {
+  // scale * rotation: its transpose is scale * the inverse rotation, the gradient's map.
+  return autograd::record(out, "RopeBackward", {x}, [inv_freq, scale, pos0, dt](const Tensor& g) -> std::vector<Tensor> {
     Tensor gc = f32c(g);
     Tensor dx = empty_f32(gc.shape(), gc);
-    be(gc).rope(gc, pos0, theta, /*inverse=*/true, dx);
+    be(gc).rope(gc, pos0, inv_freq, scale, /*inverse=*/true, dx);
     return {as_dtype(dx, dt)};
   });
 }

@@ -3,3 +3,6 @@
 ds_add_test(test_safetensors LABELS core SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_safetensors.cpp)
 ds_add_test(test_parity LABELS parity SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_parity.cpp)
 ds_add_test(test_nn LABELS core SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_nn.cpp)
+# LLaMA-family Hugging Face import/export against transformers (tests/fixtures/hf_families, written
+# by tools/gen_hf_family_fixture.py).
+ds_add_test(test_hf_families LABELS finetune parity SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_families.cpp)

@@ -1,6 +1,6 @@
 # Training program pieces: Hugging Face style weight import/export (round trip and every error
 # path, label checkpoint) and the metrics files ds_train writes (CSV monitor, SVG chart).
-ds_add_test(test_hf_io LABELS checkpoint SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_io.cpp)
+ds_add_test(test_hf_io LABELS checkpoint finetune SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_io.cpp)
 ds_add_test(test_monitor LABELS train SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_monitor.cpp)
 # ds_train itself, run as a program on a synthetic corpus: outputs, exact resume, rotation, errors.
 ds_add_test(test_ds_train LABELS train SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_ds_train.cpp)

@@ -9,6 +9,7 @@
 // shape-checked by the op; the op layer upcasts 16-bit inputs where a kernel has no 16-bit path.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ds/core/allocator.h"
 #include "ds/core/tensor.h"
@@ -112,9 +113,11 @@ class Backend {
                                   float scale, const Tensor& dq, const Tensor& dk,
                                   const Tensor& dv) = 0;
   // Rotary embedding on x (B, NH, T, hd), positions pos0 .. pos0+T-1, rotating pairs (i, i+hd/2)
-  // (the LLaMA / Hugging Face "rotate_half" convention). inverse rotates by -angle (the backward).
-  virtual void rope(const Tensor& x, int64_t pos0, float theta, bool inverse,
-                    const Tensor& out) = 0;
+  // (the LLaMA / Hugging Face "rotate_half" convention) by angle p * inv_freq[i] (hd/2 entries),
+  // cos and sin multiplied by scale (yarn's attention factor; 1 otherwise). inverse rotates by
+  // -angle (the backward).
+  virtual void rope(const Tensor& x, int64_t pos0, const std::vector<double>& inv_freq,
+                    float scale, bool inverse, const Tensor& out) = 0;
   // out (N, C) = weight[ids]; ids int32 or int64 (N).
   virtual void embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& out) = 0;
   // dweight (V, C) += scatter of dout rows by ids (deterministic order).

@@ -6,8 +6,13 @@
 //          h.{i}.attn.c_proj.{weight,bias}, h.{i}.ln_2.{weight,bias}, h.{i}.mlp.c_fc.{weight,bias},
 //          h.{i}.mlp.c_proj.{weight,bias}, ln_f.{weight,bias}; the LM head is tied to wte.
 //   llama: embed_tokens.weight, layers.{i}.input_layernorm.weight,
-//          layers.{i}.self_attn.{q,k,v,o}_proj.weight, layers.{i}.post_attention_layernorm.weight,
-//          layers.{i}.mlp.{gate,up,down}_proj.weight, norm.weight, lm_head.weight.
+//          layers.{i}.self_attn.{q,k,v,o}_proj.weight (+ q/k/v .bias with qkv_bias or bias),
+//          layers.{i}.self_attn.{q,k}_norm.weight (qk_norm),
+//          layers.{i}.post_attention_layernorm.weight, layers.{i}.mlp.{gate,up,down}_proj.weight,
+//          norm.weight, lm_head.weight (untied). The llama layout covers LLaMA 2/3, Mistral, Qwen2
+//          and Qwen3 (family picks the Hugging Face class an export names): grouped-query attention
+//          (n_kv_head), a head size other than C / NH (head_size), rope scaling, q/k/v biases,
+//          per-head q/k RMSNorm.
 //
 // Our Linear weights are (out, in) like torch.nn.Linear. Hugging Face's GPT-2 uses Conv1D, whose
 // weights are stored (in, out): an importer transposes c_attn, c_proj and c_fc weights.
@@ -40,6 +45,18 @@ struct GPTConfig {
   bool bias = true;             // Linear (and gpt2 LayerNorm) biases; llama: false
   bool tie_embeddings = true;   // LM head shares the token embedding; llama: false
   uint64_t seed = 0;            // parameter initialisation
+  // ---- llama layout only (JSON writes them only when they differ from these defaults) ----
+  int64_t n_kv_head = 0;         // KV heads of grouped-query attention; 0 = n_head
+  int64_t head_size = 0;         // hd; 0 = n_embd / n_head
+  bool qkv_bias = false;         // q/k/v_proj biases while o_proj and the MLP have none (Qwen2)
+  bool qk_norm = false;          // per-head RMSNorm of q and k before RoPE (Qwen3)
+  nn::RopeScaling rope_scaling;  // JSON "rope_scaling": {"type": ..., ...}; see ds/nn/rope.h
+  // Mistral's sliding-window attention: 0 = none. Only recorded: a window must be >= block_size,
+  // where it changes nothing (the importer lowers block_size to the window; see hf_io.h).
+  int64_t sliding_window = 0;
+  // The Hugging Face model_type an export writes: "llama", "mistral", "qwen2", "qwen3"; "" = from
+  // the layout and features (gpt2; qk_norm -> qwen3, qkv_bias -> qwen2, else llama).
+  std::string family;
 
   // The defaults of a layout (gpt2 = GPT-2 124M; llama = the same shape with LLaMA's choices).
   static GPTConfig defaults(nn::Layout layout);
@@ -59,7 +76,10 @@ struct GPTConfig {
 
   // Throws "[model] ..." naming the first bad field.
   void validate() const;
-  int64_t head_dim() const { return n_embd / n_head; }
+  int64_t head_dim() const { return head_size > 0 ? head_size : n_embd / n_head; }
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  // family, or the one derived from the layout and features when it is empty.
+  std::string resolved_family() const;
   int64_t resolved_ffn_hidden() const;
   nn::BlockConfig block_config() const;
   // Parameter count from the shapes alone (no model built); tied weights counted once.
@@ -98,7 +118,8 @@ class GPT : public nn::Module {
   //                          free, a < 1% overestimate)
   // + 12 * L * C * seq_len   attention scores and weighted sum (QK^T and AV: 2 matmuls x 2 FLOPs
   //                          x 3 for backward), over the full T x T as in PaLM / nanoGPT; a causal
-  //                          kernel does about half of it.
+  //                          kernel does about half of it. C here is NH * hd (n_embd unless
+  //                          head_size is set).
   double flops_per_token(int64_t seq_len = 0) const;
 
   // Autoregressive sampling under no_grad, no KV cache (every step reruns the cropped context).

@@ -2,11 +2,12 @@
 // Hugging Face style weights for models::GPT: import (ds_train --init_from) and export.
 //
 // A Hugging Face model folder holds config.json and model.safetensors (or shards listed in
-// model.safetensors.index.json). Tensor names are those of GPT2LMHeadModel / LlamaForCausalLM:
+// model.safetensors.index.json), F32, BF16 or F16. Tensor names are those of GPT2LMHeadModel and
+// of LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM:
 //
 //   gpt2:  [transformer.]wte.weight, [transformer.]h.{i}.attn.c_attn.weight, ...   (see gpt.h)
 //   llama: [model.]embed_tokens.weight, [model.]layers.{i}.self_attn.q_proj.weight, ...,
-//          lm_head.weight
+//          lm_head.weight (absent when tied)
 //
 // The prefix is optional on import (GPT2Model files have none, GPT2LMHeadModel files have it).
 // GPT-2's attention and MLP projections are Conv1D modules whose weights are stored (in, out);
@@ -33,11 +34,15 @@
 
 namespace ds::models {
 
-// The GPTConfig a Hugging Face config.json describes (model_type "gpt2" or "llama"). Our exporter
-// also writes our own config under "ds_cpp"; when present it is used as is (an exact round trip,
-// including choices Hugging Face's classes cannot express, such as a bias-free GPT-2).
-// Throws "[hf_io] <source>: ..." for another model type or a feature our models lack (grouped-query
-// attention, rope scaling, an activation other than GPT-2's tanh GELU).
+// The GPTConfig a Hugging Face config.json describes (model_type gpt2, llama, mistral, qwen2 or
+// qwen3; transformers 4.x or 5.x form: rope_theta/rope_scaling or rope_parameters, torch_dtype or
+// dtype). Our exporter also writes our own config under "ds_cpp"; when present it is used as is (an
+// exact round trip, including choices Hugging Face's classes cannot express, such as a bias-free
+// GPT-2). Throws "[hf_io] <source>: ..." naming the field for another model type, a feature our
+// models lack (dynamic/longrope rope, partial rotary, sliding-window layers, an activation other
+// than silu / GPT-2's tanh GELU, ...) and, for the llama family, any key it does not know: an
+// unknown field may change the math. A Mistral sliding_window below max_position_embeddings
+// lowers block_size to the window (no sequence then reaches past it). docs/models.md has the list.
 GPTConfig hf_config_from_json(const nlohmann::json& j, const std::string& source = "config.json");
 // The config.json our exporter writes: Hugging Face's fields plus "ds_cpp".
 nlohmann::json hf_config_to_json(const GPTConfig& c);
@@ -59,9 +64,11 @@ struct HFLoadReport {
 // shape; otherwise throws "[hf_io] <file>: ..." listing every missing, extra and mis-shaped tensor.
 HFLoadReport load_hf_weights(GPT& model, const std::filesystem::path& path);
 
-// Writes dir/config.json and dir/model.safetensors (tensors in `dtype`, metadata format "pt" as
-// transformers requires), creating dir. The layout is GPT2LMHeadModel's / LlamaForCausalLM's, so
-// transformers' from_pretrained(dir) and load_hf_weights(dir) both read it.
+// Writes dir/config.json (transformers 5 form: rope_parameters, dtype; the family's class from
+// GPTConfig::resolved_family()) and dir/model.safetensors (tensors in `dtype`, metadata format
+// "pt" as transformers requires), creating dir, so transformers' from_pretrained(dir) and
+// load_hf_weights(dir) both read it.
+// TODO(tokenizer export): write the tokenizer files beside them (ds/data/tokenizer.h).
 void export_hf(const GPT& model, const std::filesystem::path& dir, DType dtype = DType::f32);
 // The same from whole weights by our parameter names (e.g. ZeRO-3's gathered weights, where the
 // model itself holds only this rank's pieces). Every parameter of `config`'s model must be there

@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "ds/nn/module.h"
+#include "ds/nn/rope.h"
 
 namespace ds::nn {
 
@@ -32,12 +33,20 @@ Layout layout_from_name(std::string_view name);  // throws "[model] unknown layo
 struct BlockConfig {
   Layout layout = Layout::gpt2;
   int64_t n_embd = 0;      // C
-  int64_t n_head = 0;      // NH; head size hd = C / NH
+  int64_t n_head = 0;      // NH
+  int64_t n_kv_head = 0;   // KV (llama): heads of K and V, NH % KV == 0; 0 = NH
+  int64_t head_dim = 0;    // hd; 0 = C / NH (gpt2 requires that)
   int64_t ffn_hidden = 0;  // hidden width of the MLP (resolved: never 0 here)
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;  // llama only
+  RopeScaling rope_scaling;     // llama only
   float dropout = 0.0f;         // after attention and MLP outputs, in training
   bool bias = true;             // biases in Linear layers (and, for gpt2, in LayerNorms)
+  bool qkv_bias = false;        // llama: q/k/v_proj biases even without `bias` (Qwen2)
+  bool qk_norm = false;         // llama: per-head RMSNorm of q and k before RoPE (Qwen3)
+
+  int64_t resolved_kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
 };
 
 // y = x @ W^T + b with W (out, in) like torch.nn.Linear. (Hugging Face's GPT-2 stores its Conv1D
@@ -119,8 +128,10 @@ class SwiGLUMLP : public Module {
 // Causal multi-head self-attention, scale 1/sqrt(hd).
 //   gpt2:  qkv = c_attn(x) (B, T, 3C) split as [q | k | v], each head a contiguous hd slice;
 //          y = c_proj(attention).
-//   llama: q/k/v_proj (no bias by default), RoPE on q and k (positions 0..T-1, rotate_half pairs
-//          (i, i + hd/2) as Hugging Face), y = o_proj(attention).
+//   llama: q_proj (C -> NH*hd), k/v_proj (C -> KV*hd; grouped-query attention when KV < NH: query
+//          head h reads K/V head h / (NH/KV), as Hugging Face's repeat_kv), optional per-head
+//          q_norm/k_norm (RMSNorm over hd, Qwen3), RoPE on q and k (positions 0..T-1, rotate_half
+//          pairs (i, i + hd/2), frequencies from nn::rope_inv_freq), y = o_proj (NH*hd -> C).
 // Dropout applies to the output projection (GPT-2's resid_dropout). Dropout on the attention
 // probabilities (GPT-2's attn_dropout) is not supported: the fused kernel never forms them.
 class CausalSelfAttention : public Module {
@@ -130,10 +141,13 @@ class CausalSelfAttention : public Module {
 
  private:
   Layout layout_;
-  int64_t n_embd_, n_head_;
-  float rope_theta_, dropout_;
+  int64_t n_embd_, n_head_, n_kv_head_, head_dim_;
+  float dropout_;
+  std::vector<double> rope_inv_freq_;                          // (hd/2), llama
+  float rope_scale_ = 1.0f;                                    // yarn's attention factor on cos/sin
   std::shared_ptr<Linear> c_attn_, c_proj_;                    // gpt2
   std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;  // llama
+  std::shared_ptr<RMSNorm> q_norm_, k_norm_;                   // llama with qk_norm
 };
 
 // An indexed list of modules, named "0", "1", ... (Hugging Face's h.{i} / layers.{i}).

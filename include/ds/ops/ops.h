@@ -65,8 +65,13 @@ Tensor softmax(const Tensor& x);                      // over the last dim
 // q, k, v (B, NH, T, hd) -> (B, NH, T, hd), causal, scale 1/sqrt(hd). Holds one (T, T) score block
 // per head per thread at a time; backward recomputes scores from the saved log-sum-exp.
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v);
-// x (B, NH, T, hd): rotary position embedding for positions pos0 .. pos0+T-1.
+// x (B, NH, T, hd): rotary position embedding for positions pos0 .. pos0+T-1, inverse frequencies
+// theta^(-2i/hd).
 Tensor rope(const Tensor& x, float theta = 10000.0f, int64_t pos0 = 0);
+// The same with given inverse frequencies (hd/2 of them, nn::rope_inv_freq) and cos/sin multiplied
+// by scale (yarn's attention factor).
+Tensor rope(const Tensor& x, const std::vector<double>& inv_freq, float scale = 1.0f,
+            int64_t pos0 = 0);
 // Inverted dropout; masks come from the process-wide counter stream (ds/core/rng.h), so they are
 // reproducible and independent of the rank. Identity when !training or p == 0.
 Tensor dropout(const Tensor& x, float p, bool training);

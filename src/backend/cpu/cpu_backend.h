@@ -38,7 +38,8 @@ class CpuBackend final : public Backend {
   void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& out, const Tensor& lse, float scale, const Tensor& dq,
                           const Tensor& dk, const Tensor& dv) override;
-  void rope(const Tensor& x, int64_t pos0, float theta, bool inverse, const Tensor& out) override;
+  void rope(const Tensor& x, int64_t pos0, const std::vector<double>& inv_freq, float scale,
+            bool inverse, const Tensor& out) override;
   void embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& out) override;
   void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& dweight) override;
   void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,

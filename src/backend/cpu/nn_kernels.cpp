@@ -396,23 +396,26 @@ void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, const Tenso
 }
 
 // ---------------------------------------------------------------------------------------------
-// Rotary embedding, rotate_half convention: pairs (i, i + hd/2) rotated by angle p * theta^(-2i/hd).
+// Rotary embedding, rotate_half convention: pairs (i, i + hd/2) rotated by angle p * inv_freq[i].
 
-void CpuBackend::rope(const Tensor& x, int64_t pos0, float theta, bool inverse, const Tensor& out) {
+void CpuBackend::rope(const Tensor& x, int64_t pos0, const std::vector<double>& inv_freq,
+                      float scale, bool inverse, const Tensor& out) {
   require_f32(x, "rope");
   require_f32(out, "rope");
   DS_CHECK(x.dim() == 4, "[cpu:rope] needs (B, NH, T, hd), got {}", shape_str(x.shape()));
   const int64_t T = x.size(2), hd = x.size(3), half = hd / 2;
   DS_CHECK(hd % 2 == 0, "[cpu:rope] head size {} must be even", hd);
+  DS_CHECK(static_cast<int64_t>(inv_freq.size()) == half,
+           "[cpu:rope] {} inverse frequencies for head size {} (need hd/2)", inv_freq.size(), hd);
   const int64_t rows = x.numel() / std::max<int64_t>(hd, 1);  // B * NH * T
   // (T, hd/2) tables, angles in double so that long positions keep their precision.
   std::vector<float> cos_t(static_cast<size_t>(T * half)), sin_t(static_cast<size_t>(T * half));
   for (int64_t i = 0; i < half; ++i) {
-    const double inv_freq = std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(hd));
     for (int64_t t = 0; t < T; ++t) {
-      const double a = static_cast<double>(pos0 + t) * inv_freq;
-      cos_t[static_cast<size_t>(t * half + i)] = static_cast<float>(std::cos(a));
-      sin_t[static_cast<size_t>(t * half + i)] = static_cast<float>(inverse ? -std::sin(a) : std::sin(a));
+      const double a = static_cast<double>(pos0 + t) * inv_freq[static_cast<size_t>(i)];
+      const double c = std::cos(a) * scale, s = std::sin(a) * scale;
+      cos_t[static_cast<size_t>(t * half + i)] = static_cast<float>(c);
+      sin_t[static_cast<size_t>(t * half + i)] = static_cast<float>(inverse ? -s : s);
     }
   }
   const float* px = x.data<float>();

@@ -1,0 +1,49 @@
+#pragma once
+// Rotary position embedding frequencies: the inverse-frequency rules of Hugging Face's
+// modeling_rope_utils.py (transformers 5) for the rope types our LLaMA layout supports.
+//
+//   default  inv_freq[i] = theta^(-2i/hd), i < hd/2
+//   linear   inv_freq / factor
+//   llama3   by wavelength 2*pi/inv_freq against original_max_position / {low,high}_freq_factor:
+//            long waves / factor, short waves unchanged, a smooth mix in between
+//   yarn     a linear ramp between interpolated (/ factor) and original frequencies over the
+//            correction range from beta_fast / beta_slow at original_max_position (floored / ceiled
+//            when truncate); cos and sin are multiplied by attention_factor
+//            (default 0.1 * ln(factor) + 1)
+//
+// dynamic (NTK) and longrope depend on the sequence length and are not supported: the importer
+// refuses them by name. The rotation pairs (i, i + hd/2) ("rotate_half"), see ops::rope.
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+namespace ds::nn {
+
+struct RopeScaling {
+  std::string type = "default";       // default | linear | llama3 | yarn
+  double factor = 1.0;                // linear, llama3, yarn
+  double low_freq_factor = 1.0;       // llama3
+  double high_freq_factor = 4.0;      // llama3
+  int64_t original_max_position = 0;  // llama3, yarn (required there, > 0)
+  double beta_fast = 32.0;            // yarn
+  double beta_slow = 1.0;             // yarn
+  double attention_factor = 0.0;      // yarn; 0 = 0.1 * ln(factor) + 1 (1 when factor <= 1)
+  bool truncate = true;               // yarn
+
+  static const std::vector<std::string>& type_names();  // the supported types
+  bool is_default() const { return type == "default"; }
+  // Throws "[model] rope_scaling.<field> ..." naming the first bad field.
+  void validate() const;
+  // {"type": ..., and the fields the type uses}; from_json rejects unknown keys.
+  nlohmann::json to_json() const;
+  static RopeScaling from_json(const nlohmann::json& j);
+  bool operator==(const RopeScaling&) const = default;
+};
+
+// (hd/2) inverse frequencies of head size hd (even) for base theta, in double.
+std::vector<double> rope_inv_freq(const RopeScaling& s, double theta, int64_t hd);
+// The factor on cos and sin: attention_factor for yarn, else 1.
+float rope_attention_scale(const RopeScaling& s);
+
+}  // namespace ds::nn

@@ -1,0 +1,372 @@
+// LLaMA-family Hugging Face import/export (ds/models/hf_io.h) against transformers itself:
+// tests/fixtures/hf_families/<case> are folders as transformers 5 saved them (some rewritten into
+// the 4.x config form), with transformers' float64 logits, loss and every gradient
+// (tools/gen_hf_family_fixture.py). Each is imported through the public path (read_hf_config +
+// load_hf_weights), compared, exported and re-imported; the config fields that change the math
+// and that we do not implement are refused by name.
+//
+// Error measure and tolerance as in test_parity: per tensor max|ours - ref| / max|ref| <= 1e-5.
+// We compute in fp32 from the same (bf16/fp16/fp32-rounded) weights the reference used; the
+// reference itself keeps transformers' fp32 RoPE tables, RMSNorm and softmax, ~1e-7 of the scale.
+//
+// With DS_HF_EXPORT_DIR set, the export of every case is also left in $DS_HF_EXPORT_DIR/<case>
+// for `tools/gen_hf_family_fixture.py --check-export` (transformers loads it, same logits).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "ds/core/error.h"
+#include "ds/core/safetensors.h"
+#include "ds/models/gpt.h"
+#include "ds/models/hf_io.h"
+#include "ds/ops/ops.h"
+
+using namespace ds;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr double kTol = 1e-5;  // see the header comment
+
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0.0, scale = 0.0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return diff / std::max(scale, 1e-30);
+}
+
+fs::path case_dir(const std::string& name) {
+  return fs::path(DS_FIXTURE_DIR) / "hf_families" / name;
+}
+
+std::shared_ptr<models::GPT> import(const fs::path& dir) {
+  auto cfg = models::read_hf_config(dir);
+  EXPECT_TRUE(cfg.has_value());
+  auto m = std::make_shared<models::GPT>(*cfg, /*init=*/false);
+  models::load_hf_weights(*m, dir);
+  return m;
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ds::Error";
+  return "";
+}
+
+class HFFamily : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    ref_ = std::make_unique<safetensors::Reader>(
+        (case_dir(GetParam()) / "reference.safetensors").string());
+  }
+  std::unique_ptr<safetensors::Reader> ref_;
+};
+
+TEST_P(HFFamily, ConfigIsReadAsTransformersReadsIt) {
+  const models::GPTConfig c = *models::read_hf_config(case_dir(GetParam()));
+  const std::string& n = GetParam();
+  EXPECT_EQ(c.layout, nn::Layout::llama);
+  EXPECT_EQ(c.kv_heads(), 2);
+  EXPECT_EQ(c.head_dim(), n == "qwen2_linear" ? 4 : 8);  // Qwen2 has no head_dim field
+  if (n == "llama3_gqa") {
+    EXPECT_EQ(c.family, "llama");
+    EXPECT_EQ(c.rope_scaling.type, "llama3");
+    EXPECT_EQ(c.rope_theta, 500000.0f);
+    EXPECT_EQ(c.rope_scaling.original_max_position, 16);
+    EXPECT_FALSE(c.tie_embeddings);
+  } else if (n == "llama_yarn_tied") {
+    EXPECT_EQ(c.rope_scaling.type, "yarn");
+    EXPECT_EQ(c.rope_scaling.factor, 4.0);
+    EXPECT_TRUE(c.tie_embeddings);
+  } else if (n == "mistral") {
+    EXPECT_EQ(c.family, "mistral");
+    EXPECT_EQ(c.rope_theta, 1e6f);  // top-level 4.x rope_theta, not the 10000 default
+    EXPECT_EQ(c.sliding_window, 4096);
+    EXPECT_EQ(c.block_size, 64);
+  } else if (n == "qwen2_linear") {
+    EXPECT_EQ(c.family, "qwen2");
+    EXPECT_TRUE(c.qkv_bias);
+    EXPECT_FALSE(c.bias);
+    EXPECT_EQ(c.rope_scaling.type, "linear");  // 4.x rope_scaling {"type": "linear"}
+    EXPECT_EQ(c.rope_scaling.factor, 2.0);
+  } else if (n == "qwen3") {
+    EXPECT_EQ(c.family, "qwen3");
+    EXPECT_TRUE(c.qk_norm);
+    EXPECT_EQ(c.n_embd / c.n_head, 4);  // head_dim 8 is independent of hidden / heads
+  }
+}
+
+TEST_P(HFFamily, LogitsLossAndEveryGradientMatchTransformers) {
+  auto m = import(case_dir(GetParam()));
+  const Tensor ids = ref_->get("input_ids"), targets = ref_->get("targets");
+  const double e_logits = rel_err(m->logits(ids).to_vector(), ref_->get("logits").to_vector());
+  EXPECT_LE(e_logits, kTol) << "logits";
+  Tensor loss = m->loss(ids, targets);
+  const double ref_loss = ref_->get("loss").item();
+  const double e_loss = std::abs(loss.item() - ref_loss) / std::abs(ref_loss);
+  EXPECT_LE(e_loss, kTol) << "loss " << loss.item() << " vs " << ref_loss;
+  loss.backward();
+  double worst = 0.0;
+  std::string worst_name;
+  size_t in_file = 0;
+  for (const auto& e : ref_->entries()) in_file += e.name.rfind("grad.", 0) == 0;
+  const auto named = m->named_parameters();
+  EXPECT_EQ(named.size(), in_file) << "our parameters and transformers' differ";
+  for (const auto& [name, p] : named) {
+    ASSERT_TRUE(p.grad().defined()) << name << " got no gradient";
+    const std::string hf = "grad." + models::hf_name(nn::Layout::llama, name);
+    ASSERT_TRUE(ref_->contains(hf)) << hf;
+    const double e = rel_err(p.grad().to_vector(), ref_->get(hf).to_vector());
+    EXPECT_LE(e, kTol) << "gradient of " << name;
+    if (e > worst) worst = e, worst_name = name;
+  }
+  std::printf("%s: logits %.2e, loss %.2e, worst gradient %.2e (%s)\n", GetParam().c_str(),
+              e_logits, e_loss, worst, worst_name.c_str());
+}
+
+TEST_P(HFFamily, ExportRoundTrip) {
+  auto a = import(case_dir(GetParam()));
+  const char* keep = std::getenv("DS_HF_EXPORT_DIR");
+  const fs::path dir = keep ? fs::path(keep) / GetParam()
+                            : fs::temp_directory_path() /
+                                  ("ds_hf_fam_" + std::to_string(::getpid()) + "_" + GetParam());
+  models::export_hf(*a, dir);
+  // The Hugging Face fields alone (without our "ds_cpp" block) describe the same model.
+  std::ifstream in(dir / "config.json");
+  json j = json::parse(in);
+  EXPECT_EQ(j.value("dtype", ""), "float32");
+  EXPECT_TRUE(j.contains("rope_parameters"));
+  EXPECT_FALSE(j.contains("rope_theta"));
+  EXPECT_FALSE(j.contains("rope_scaling"));
+  json hf_only = j;
+  hf_only.erase("ds_cpp");
+  EXPECT_EQ(models::hf_config_from_json(hf_only).to_json(), a->config().to_json())
+      << hf_only.dump(1);
+  auto b = import(dir);
+  EXPECT_EQ(b->config().to_json(), a->config().to_json());
+  const Tensor ids = ref_->get("input_ids");
+  EXPECT_EQ(a->logits(ids).to_vector(), b->logits(ids).to_vector());
+  if (!keep) fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HFFamily,
+                         ::testing::Values("llama3_gqa", "llama_yarn_tied", "mistral",
+                                           "qwen2_linear", "qwen3"));
+
+json llama(json extra = json::object()) {
+  json j = {{"model_type", "llama"},          {"hidden_size", 64},      {"num_attention_heads", 4},
+            {"num_key_value_heads", 2},       {"num_hidden_layers", 1}, {"intermediate_size", 96},
+            {"max_position_embeddings", 128}, {"vocab_size", 32}};
+  j.update(extra);
+  return j;
+}
+
+std::string config_error(const json& j) {
+  return error_of([&] { models::hf_config_from_json(j); });
+}
+
+#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
+TEST(HFConfig, RopeParametersIn4xAnd5xForms) {
+  // 4.x: top-level rope_theta (the issue's θ = 500000 model), rope_scaling with "rope_type".
+  auto c = models::hf_config_from_json(llama({{"rope_theta", 500000.0},
+                                              {"rope_scaling",
+                                               {{"rope_type", "llama3"},
+                                                {"factor", 8.0},
+                                                {"low_freq_factor", 1.0},
+                                                {"high_freq_factor", 4.0},
+                                                {"original_max_position_embeddings", 64}}}}));
+  EXPECT_EQ(c.rope_theta, 500000.0f);
+  EXPECT_EQ(c.rope_scaling.type, "llama3");
+  // 5.x flat; original_max_position_embeddings filled from max_position_embeddings for yarn.
+  c = models::hf_config_from_json(llama(
+      {{"rope_parameters", {{"rope_type", "yarn"}, {"rope_theta", 20000.0}, {"factor", 2.0}}}}));
+  EXPECT_EQ(c.rope_theta, 20000.0f);
+  EXPECT_EQ(c.rope_scaling.original_max_position, 128);
+  // 5.x nested by layer type, all types agreeing.
+  const json lin = {{"rope_type", "linear"}, {"rope_theta", 10000.0}, {"factor", 3.0}};
+  c = models::hf_config_from_json(
+      llama({{"rope_parameters", {{"full_attention", lin}, {"sliding_attention", lin}}}}));
+  EXPECT_EQ(c.rope_scaling.type, "linear");
+  EXPECT_EQ(c.rope_scaling.factor, 3.0);
+  // yarn's attention factor from mscale / mscale_all_dim (DeepSeek's form).
+  c = models::hf_config_from_json(llama({{"rope_parameters",
+                                          {{"rope_type", "yarn"},
+                                           {"factor", 4.0},
+                                           {"mscale", 2.0},
+                                           {"mscale_all_dim", 1.0},
+                                           {"original_max_position_embeddings", 32}}}}));
+  EXPECT_NEAR(c.rope_scaling.attention_factor,
+              (0.2 * std::log(4.0) + 1.0) / (0.1 * std::log(4.0) + 1.0), 1e-12);
+}
+
+// config.json of published checkpoints (4.x form, as on the Hub), with their parameter counts.
+TEST(HFConfig, PublishedConfigsOfEachFamily) {
+  struct Case {
+    const char* name;
+    const char* config;
+    int64_t params;
+  };
+  const Case cases[] = {
+      {"Llama-2-7b-hf",
+       R"({"architectures":["LlamaForCausalLM"],"bos_token_id":1,"eos_token_id":2,
+       "hidden_act":"silu","hidden_size":4096,"initializer_range":0.02,"intermediate_size":11008,
+       "max_position_embeddings":4096,"model_type":"llama","num_attention_heads":32,
+       "num_hidden_layers":32,"num_key_value_heads":32,"pretraining_tp":1,"rms_norm_eps":1e-05,
+       "rope_scaling":null,"tie_word_embeddings":false,"torch_dtype":"float16",
+       "transformers_version":"4.31.0.dev0","use_cache":true,"vocab_size":32000})",
+       6738415616},
+      {"Llama-3.1-8B",
+       R"({"architectures":["LlamaForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
+       "bos_token_id":128000,"eos_token_id":128001,"hidden_act":"silu","hidden_size":4096,
+       "initializer_range":0.02,"intermediate_size":14336,"max_position_embeddings":131072,
+       "mlp_bias":false,"model_type":"llama","num_attention_heads":32,"num_hidden_layers":32,
+       "num_key_value_heads":8,"pretraining_tp":1,"rms_norm_eps":1e-05,"rope_scaling":{
+       "factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,
+       "original_max_position_embeddings":8192,"rope_type":"llama3"},"rope_theta":500000.0,
+       "tie_word_embeddings":false,"torch_dtype":"bfloat16","transformers_version":"4.43.0.dev0",
+       "use_cache":true,"vocab_size":128256})",
+       8030261248},
+      {"Mistral-7B-v0.1",
+       R"({"architectures":["MistralForCausalLM"],"bos_token_id":1,"eos_token_id":2,
+       "hidden_act":"silu","hidden_size":4096,"initializer_range":0.02,"intermediate_size":14336,
+       "max_position_embeddings":32768,"model_type":"mistral","num_attention_heads":32,
+       "num_hidden_layers":32,"num_key_value_heads":8,"rms_norm_eps":1e-05,"rope_theta":10000.0,
+       "sliding_window":4096,"tie_word_embeddings":false,"torch_dtype":"bfloat16",
+       "transformers_version":"4.34.0.dev0","use_cache":true,"vocab_size":32000})",
+       7241732096},
+      {"Qwen2.5-0.5B",
+       R"({"architectures":["Qwen2ForCausalLM"],"attention_dropout":0.0,"bos_token_id":151643,
+       "eos_token_id":151643,"hidden_act":"silu","hidden_size":896,"initializer_range":0.02,
+       "intermediate_size":4864,"max_position_embeddings":32768,"max_window_layers":24,
+       "model_type":"qwen2","num_attention_heads":14,"num_hidden_layers":24,
+       "num_key_value_heads":2,"rms_norm_eps":1e-06,"rope_theta":1000000.0,
+       "sliding_window":32768,"tie_word_embeddings":true,"torch_dtype":"bfloat16",
+       "transformers_version":"4.40.1","use_cache":true,"use_mrope":false,
+       "use_sliding_window":false,"vocab_size":151936})",
+       494032768},
+      {"Qwen3-0.6B",
+       R"({"architectures":["Qwen3ForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
+       "bos_token_id":151643,"eos_token_id":151645,"head_dim":128,"hidden_act":"silu",
+       "hidden_size":1024,"initializer_range":0.02,"intermediate_size":3072,
+       "max_position_embeddings":40960,"max_window_layers":28,"model_type":"qwen3",
+       "num_attention_heads":16,"num_hidden_layers":28,"num_key_value_heads":8,
+       "rms_norm_eps":1e-06,"rope_scaling":null,"rope_theta":1000000,"sliding_window":null,
+       "tie_word_embeddings":true,"torch_dtype":"bfloat16","transformers_version":"4.51.0",
+       "use_cache":true,"use_sliding_window":false,"vocab_size":151936})",
+       596049920},
+  };
+  for (const auto& c : cases) {
+    const models::GPTConfig cfg = models::hf_config_from_json(json::parse(c.config), c.name);
+    EXPECT_EQ(cfg.num_parameters(), c.params) << c.name;
+  }
+  const auto mistral = models::hf_config_from_json(json::parse(cases[2].config));
+  EXPECT_EQ(mistral.block_size, 4096);  // the window (see MistralWindowLimitsTheSequenceLength)
+  const auto llama3 = models::hf_config_from_json(json::parse(cases[1].config));
+  EXPECT_EQ(llama3.rope_theta, 500000.0f);
+  EXPECT_EQ(llama3.rope_scaling.original_max_position, 8192);
+}
+
+TEST(HFConfig, MistralWindowLimitsTheSequenceLength) {
+  auto c = models::hf_config_from_json(
+      llama({{"model_type", "mistral"}, {"sliding_window", 32}, {"max_position_embeddings", 128}}));
+  EXPECT_EQ(c.block_size, 32);  // within the window, sliding attention is causal attention
+  EXPECT_EQ(c.sliding_window, 32);
+  models::GPTConfig bad = c;
+  bad.block_size = 64;
+  EXPECT_HAS(error_of([&] { bad.validate(); }), "sliding_window 32 < block_size 64");
+}
+
+TEST(HFConfig, FieldsThatChangeTheMathAreRefusedByName) {
+  EXPECT_HAS(
+      config_error(llama({{"rope_parameters", {{"rope_type", "dynamic"}, {"factor", 2.0}}}})),
+      "rope_parameters.rope_type \"dynamic\" is not supported");
+  EXPECT_HAS(config_error(llama(
+                 {{"rope_scaling",
+                   {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {1.0}}}}})),
+             "rope_scaling.rope_type \"longrope\" is not supported");
+  EXPECT_HAS(
+      config_error(llama({{"rope_parameters",
+                           {{"full_attention", {{"rope_type", "default"}}},
+                            {"sliding_attention", {{"rope_type", "linear"}, {"factor", 2}}}}}})),
+      "differs between layer types");
+  EXPECT_HAS(config_error(llama({{"rope_parameters",
+                                  {{"rope_type", "linear"}, {"factor", 2.0}, {"factr", 2.0}}}})),
+             "rope_parameters.factr is not understood");
+  EXPECT_HAS(config_error(llama({{"partial_rotary_factor", 0.5}})),
+             "partial_rotary_factor 0.5 is not supported");
+  EXPECT_HAS(config_error(llama({{"attention_bias", true}})),
+             "attention_bias true with mlp_bias false");
+  EXPECT_HAS(config_error(llama({{"hidden_act", "gelu"}})), "hidden_act \"gelu\"");
+  EXPECT_HAS(
+      config_error(
+          llama({{"model_type", "qwen2"}, {"use_sliding_window", true}, {"max_window_layers", 0}})),
+      "use_sliding_window true");
+  EXPECT_HAS(config_error(llama({{"model_type", "qwen3"},
+                                 {"layer_types", {"full_attention", "sliding_attention"}}})),
+             "layer_types holds \"sliding_attention\"");
+  EXPECT_HAS(config_error(llama({{"model_type", "qwen3"}, {"attention_bias", true}})),
+             "attention_bias true is not supported for qwen3");
+  EXPECT_HAS(config_error(llama({{"quantization_config", {{"quant_method", "gptq"}}}})),
+             "field \"quantization_config\" is not understood");
+  EXPECT_HAS(config_error(llama({{"model_type", "mistral"}, {"mlp_bias", true}})),
+             "field \"mlp_bias\" is not understood for model_type mistral");
+  EXPECT_HAS(config_error(llama({{"dtype", "int8"}})), "dtype \"int8\" is not supported");
+  EXPECT_HAS(config_error(llama({{"model_type", "qwen2"}, {"use_mrope", true}})), "use_mrope true");
+  EXPECT_HAS(config_error(llama({{"num_key_value_heads", 3}})),
+             "num_key_value_heads 3 must divide num_attention_heads 4");
+  EXPECT_HAS(config_error(llama({{"model_type", "gemma"}})), "model_type \"gemma\"");
+}
+
+TEST(HFConfig, OurConfigExpressesEveryFieldAndRoundTrips) {
+  models::GPTConfig c = models::GPTConfig::preset("test-llama");
+  c.n_kv_head = 2;
+  c.head_size = 16;
+  c.ffn_hidden = 96;  // the export writes the resolved width
+  c.ffn_multiple_of = 256;
+  c.qk_norm = true;
+  c.family = "qwen3";
+  c.rope_scaling.type = "yarn";
+  c.rope_scaling.factor = 2.5;
+  c.rope_scaling.original_max_position = 8;
+  c.rope_scaling.attention_factor = 1.25;
+  c.rope_scaling.truncate = false;
+  c.validate();
+  EXPECT_EQ(models::GPTConfig::from_json_string(c.to_json_string()).to_json_string(),
+            c.to_json_string());
+  const json hf = models::hf_config_to_json(c);
+  EXPECT_EQ(hf["architectures"][0], "Qwen3ForCausalLM");
+  EXPECT_EQ(hf["rope_parameters"]["attention_factor"], 1.25);
+  json hf_only = hf;
+  hf_only.erase("ds_cpp");
+  EXPECT_EQ(models::hf_config_from_json(hf_only).to_json(), c.to_json());
+  // The model builds, and the parameter count from the shapes matches the real one.
+  models::GPT m(c);
+  int64_t n = 0;
+  for (const auto& [name, p] : m.named_parameters()) n += p.numel();
+  EXPECT_EQ(n, c.num_parameters());
+  // Configs no Hugging Face class expresses are refused before anything is built.
+  models::GPTConfig bad = models::GPTConfig::preset("test-llama");
+  bad.qk_norm = true;
+  bad.family = "llama";
+  EXPECT_HAS(error_of([&] { bad.validate(); }), "qk_norm needs family qwen3");
+}
+
+}  // namespace
