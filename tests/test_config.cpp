@@ -609,6 +609,12 @@ TEST(ConfigRules, OffloadChecks) {
   EXPECT_EQ(c.warnings.size(), 2u) << fmt::format("{}", fmt::join(c.warnings, "\n"));
   EXPECT_TRUE(has_warning(c, "offload_optimizer.device = \"cpu\": CPU offload is not implemented"));
   EXPECT_TRUE(has_warning(c, "offload_param.device = \"cpu\": CPU offload is not implemented"));
+  // The guides' NVMe configs set pin_memory: it does nothing without an accelerator, and says so.
+  c = parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+                "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "pin_memory": true},
+                "offload_param": {"device": "nvme", "nvme_path": "/tmp", "pin_memory": false}}})");
+  EXPECT_EQ(c.warnings.size(), 1u) << fmt::format("{}", fmt::join(c.warnings, "\n"));
+  EXPECT_TRUE(has_warning(c, "offload_optimizer.pin_memory = true has no effect"));
 }
 
 TEST(ConfigRules, CommunicationDtypeFollowsTraining) {

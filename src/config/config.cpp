@@ -812,6 +812,14 @@ void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
     DS_CHECK(!path->empty(),
              "[config] zero_optimization.{}.nvme_path is required when device is \"nvme\" in {}",
              name, st.source);
+    const bool pinned = std::string_view(name) == "offload_param" ? z.offload_param.pin_memory
+                                                                   : z.offload_optimizer.pin_memory;
+    if (pinned)
+      st.warn(fmt::format(
+          "[config] zero_optimization.{}.pin_memory = true has no effect on this CPU-only build: "
+          "page-locked memory only speeds up copies to an accelerator (the swap buffers are "
+          "aligned host memory either way)",
+          name));
   }
   if (z.offload_optimizer.device == OffloadDevice::CPU && z.stage == 0)
     st.warn("[config] zero_optimization.offload_optimizer has no effect at stage 0");
