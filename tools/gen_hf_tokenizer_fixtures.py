@@ -131,6 +131,20 @@ CASES = [
     "ſt long s and ǅ titlecase and İstanbul",
 ]
 
+
+def random_cases(n=80, seed=1234):
+    """Random strings over characters that exercise every regex alternative's edges."""
+    import random
+    rng = random.Random(seed)
+    alphabet = (list("aZé'sStTdDmMlLrRvVeE") + ["'", "'", " ", " ", "  ", "\t", "\n", "\r\n", "\r",
+                "\u00a0", "\u3000", "\u2003", "1", "23", "4567", "٣", "½", "Ⅻ", ".", ",", "!?", "-",
+                "你", "好", "こ", "한", "\u0301", "\u200b", "👍", "🏽", "\u200d", "ſ", "İ", "ǅ", "<|im_start|>",
+                "<|endoftext|>", "<|eot_id|>", "<s>"])
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 24))) for _ in range(n)]
+
+
+CASES += random_cases()
+
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello!"}],
     [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2+2?"},
@@ -316,7 +330,7 @@ def main():
         "chatglm": chat_cases(OUT / "gpt2_bpe", CHATGLM_TEMPLATE, CHATGLM_CONVERSATIONS),
         "alpaca": chat_cases(OUT / "gpt2_bpe", ALPACA_TEMPLATE, ALPACA_CONVERSATIONS),
     }
-    (OUT / "cases.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    (OUT / "cases.json").write_text(json.dumps(result, ensure_ascii=False) + "\n")
     total = sum(f.stat().st_size for f in OUT.rglob("*") if f.is_file())
     print(f"wrote {OUT} ({total / 1024:.0f} KiB)")
 

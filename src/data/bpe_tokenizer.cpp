@@ -17,7 +17,8 @@
 namespace ds::data::detail {
 
 namespace fs = std::filesystem;
-using ojson = nlohmann::ordered_json;
+// nlohmann::json, not ordered_json: the latter looks keys up linearly, quadratic for a 128k vocab.
+using ojson = nlohmann::json;
 
 namespace {
 
@@ -102,7 +103,9 @@ class BpeTokenizer final : public TextTokenizer {
   void set_normalizer(const ojson& j, const fs::path& file);
   void set_pre_tokenizer(const ojson& j, const std::string& field, const fs::path& file);
   void set_post_processor(const ojson& j, const std::string& field, const fs::path& file);
-  void finish(const TokenizerConfig& config, ojson json, const fs::path& file);
+  // json_text: the tokenizer.json save_model_files writes (the original file's bytes when loaded
+  // from one).
+  void finish(const TokenizerConfig& config, std::string json_text, const fs::path& file);
 
   bool ignore_merges_ = false;
 
@@ -142,7 +145,7 @@ class BpeTokenizer final : public TextTokenizer {
   bool byte_level_ = false;
   std::vector<SplitPattern> splits_;
   std::vector<int32_t> prefix_ids_, suffix_ids_;  // added by encode(..., true)
-  ojson json_;                                    // the tokenizer.json save_model_files writes
+  std::string json_text_;                         // the tokenizer.json save_model_files writes
 };
 
 // ---- loading ------------------------------------------------------------------------------------
@@ -345,7 +348,8 @@ void BpeTokenizer::set_post_processor(const ojson& j, const std::string& field,
   DS_CHECK(seen_a, "[tokenizer] '{}': {}.single has no sequence A", file.string(), field);
 }
 
-void BpeTokenizer::finish(const TokenizerConfig& config, ojson json, const fs::path& file) {
+void BpeTokenizer::finish(const TokenizerConfig& config, std::string json_text,
+                          const fs::path& file) {
   DS_CHECK(
       byte_level_,
       "[tokenizer] '{}': pre_tokenizer has no ByteLevel step, so this is not a byte-level BPE "
@@ -356,7 +360,7 @@ void BpeTokenizer::finish(const TokenizerConfig& config, ojson json, const fs::p
   for (int32_t id : suffix_ids_) checked(id);
   config_ = config;
   resolve_special_ids(*this, config_, file);
-  json_ = std::move(json);
+  json_text_ = std::move(json_text);
 }
 
 // ---- encoding -----------------------------------------------------------------------------------
@@ -494,7 +498,7 @@ std::string BpeTokenizer::decode(std::span<const int32_t> ids, bool skip_special
 // ---- saving -------------------------------------------------------------------------------------
 
 void BpeTokenizer::save_model_files(const fs::path& dir) const {
-  write_text_file(dir / "tokenizer.json", json_.dump(2) + "\n");
+  write_text_file(dir / "tokenizer.json", json_text_);
   // vocab.json + merges.txt for tools that predate tokenizer.json.
   ojson vocab = ojson::object();
   for (size_t id = 0; id < spelled_.size(); ++id)
@@ -511,7 +515,8 @@ void BpeTokenizer::save_model_files(const fs::path& dir) const {
 
 std::unique_ptr<TextTokenizer> load_bpe_tokenizer_json(const fs::path& file,
                                                        const TokenizerConfig& config) {
-  ojson j = read_json_file(file);
+  std::string text = read_text_file(file);
+  const ojson j = parse_json(text, file);
   DS_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(),
            "[tokenizer] '{}' has no 'model' object; is it a Hugging Face tokenizer.json?",
            file.string());
@@ -549,7 +554,7 @@ std::unique_ptr<TextTokenizer> load_bpe_tokenizer_json(const fs::path& file,
   DS_CHECK(decoder.is_null() || type_of(decoder) == "ByteLevel",
            "[tokenizer] '{}': decoder.type '{}' is not supported (supported: ByteLevel)",
            file.string(), type_of(decoder));
-  tok->finish(config, std::move(j), file);
+  tok->finish(config, std::move(text), file);
   return tok;
 }
 
@@ -619,7 +624,7 @@ std::unique_ptr<TextTokenizer> load_bpe_vocab_merges(const fs::path& vocab_json,
   tok->set_vocab(j["model"]["vocab"], added, vocab_json);
   tok->set_merges(j["model"]["merges"], merges_txt);
   tok->set_pre_tokenizer(byte_level, "pre_tokenizer", vocab_json);
-  tok->finish(cfg, std::move(j), vocab_json);
+  tok->finish(cfg, j.dump(2) + "\n", vocab_json);
   return tok;
 }
 

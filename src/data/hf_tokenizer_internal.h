@@ -26,8 +26,9 @@ std::unique_ptr<TextTokenizer> load_sentencepiece(const std::filesystem::path& f
 
 // The whole file, or ds::Error naming it.
 std::string read_text_file(const std::filesystem::path& path);
-// Parsed JSON (key order kept), or ds::Error naming the file and the parse error.
-nlohmann::ordered_json read_json_file(const std::filesystem::path& path);
+// Parsed JSON, or ds::Error naming the file and the parse error.
+nlohmann::json parse_json(std::string_view text, const std::filesystem::path& path);
+nlohmann::json read_json_file(const std::filesystem::path& path);
 // Write text to path (replacing it), or ds::Error naming it.
 void write_text_file(const std::filesystem::path& path, std::string_view text);
 

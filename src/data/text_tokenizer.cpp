@@ -10,7 +10,7 @@
 namespace ds::data {
 
 namespace fs = std::filesystem;
-using ojson = nlohmann::ordered_json;
+using ojson = nlohmann::json;
 
 namespace detail {
 
@@ -23,8 +23,12 @@ std::string read_text_file(const fs::path& path) {
 }
 
 ojson read_json_file(const fs::path& path) {
+  return parse_json(read_text_file(path), path);
+}
+
+ojson parse_json(std::string_view text, const fs::path& path) {
   try {
-    return ojson::parse(read_text_file(path));
+    return ojson::parse(text);
   } catch (const nlohmann::json::exception& e) {
     DS_THROW("[tokenizer] '{}' is not valid JSON: {}", path.string(), e.what());
   }

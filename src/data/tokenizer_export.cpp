@@ -12,7 +12,7 @@ void export_tokenizer(const TextTokenizer& tok, const std::filesystem::path& dir
   tok.save_model_files(dir);
   const TokenizerConfig& c = tok.config();
   const bool sp = tok.kind() == "sentencepiece";
-  nlohmann::ordered_json j;
+  nlohmann::ordered_json j;  // a few keys: order kept for readers
   j["tokenizer_class"] = sp ? "LlamaTokenizer" : "PreTrainedTokenizerFast";
   auto put = [&](const char* key, const std::string& v) {
     if (!v.empty()) j[key] = v;
