@@ -17,6 +17,7 @@
 #include "ds/core/error.h"
 #include "ds/data/text_tokenizer.h"
 #include "ds/data/tokenizer_export.h"
+#include "ds/data/unicode.h"
 
 namespace fs = std::filesystem;
 using ds::data::load_tokenizer;
@@ -284,4 +285,13 @@ TEST(HfTokenizer, UnsupportedFieldsAreErrorsNamingThem) {
   EXPECT_NE(error_of(tmp.path / "empty_missing").find("is not a folder"), std::string::npos);
   fs::create_directories(tmp.path / "empty");
   EXPECT_NE(error_of(tmp.path / "empty").find("looked for tokenizer.json"), std::string::npos);
+}
+
+TEST(HfTokenizer, OnigurumaUnicodeClasses) {
+  // HF tokenizers' regex engine predates Unicode 17: its letters U+11DB0.. are "other" there.
+  using ds::data::CharClass;
+  EXPECT_EQ(ds::data::classify(0x11DB0), CharClass::kLetter);
+  EXPECT_EQ(ds::data::classify_onig(0x11DB0), CharClass::kOther);
+  for (char32_t cp : {U'a', U'é', U'你', U'٣', U'\u3000', U'!'})
+    EXPECT_EQ(ds::data::classify_onig(cp), ds::data::classify(cp));
 }

@@ -129,6 +129,7 @@ CASES = [
     "The quick brown fox jumps over the lazy dog. " * 3,
     "Fellow-Citizens of the Senate and of the House of Representatives:",
     "ſt long s and ǅ titlecase and İstanbul",
+    "recent letters a\U00011DB0\U00011DB1b \uA7CE x\U000323B0 (Oniguruma: not letters)",
 ]
 
 

@@ -419,7 +419,7 @@ void BpeTokenizer::encode_segment(std::string_view seg, uint32_t seg_begin,
   for (SplitPattern p : splits_) {
     next.clear();
     for (auto [off, len] : words)
-      split_words(p, seg.substr(off, len), [&](std::string_view w) {
+      split_words(p, seg.substr(off, len), /*onig=*/true, [&](std::string_view w) {
         next.emplace_back(off + static_cast<size_t>(w.data() - seg.data() - off), w.size());
       });
     words.swap(next);

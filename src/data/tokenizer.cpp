@@ -38,7 +38,7 @@ constexpr size_t kMaxCachedWordBytes = 128;
 // Calls emit(word) for each match of GPT-2's regex (src/data/pretokenize.h), left to right.
 template <class Emit>
 void pretokenize_into(std::string_view s, Emit&& emit) {
-  detail::split_words(detail::SplitPattern::kGpt2, s, std::forward<Emit>(emit));
+  detail::split_words(detail::SplitPattern::kGpt2, s, /*onig=*/false, std::forward<Emit>(emit));
 }
 
 // GPT-2's bytes_to_unicode(): printable bytes map to themselves, the other 68 to U+0100.. in order.
