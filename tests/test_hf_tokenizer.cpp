@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -294,4 +295,18 @@ TEST(HfTokenizer, OnigurumaUnicodeClasses) {
   EXPECT_EQ(ds::data::classify_onig(0x11DB0), CharClass::kOther);
   for (char32_t cp : {U'a', U'é', U'你', U'٣', U'\u3000', U'!'})
     EXPECT_EQ(ds::data::classify_onig(cp), ds::data::classify(cp));
+}
+
+TEST(HfTokenizer, LongWordsAreNotQuadratic) {
+  // One pre-token of 300 kB (a letter run, then a whitespace run): BPE must stay O(n log n).
+  auto tok = load_tokenizer(kFixtures / "llama3_bpe");
+  std::string text(300000, 'e');
+  for (size_t i = 0; i < text.size(); i += 7) text[i] = 't';
+  text += std::string(300000, ' ') + "x";
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int32_t> ids = tok->encode(text);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(tok->decode(ids), text);
+  EXPECT_LT(seconds, 30.0) << "(quadratic BPE takes hours here)";
 }

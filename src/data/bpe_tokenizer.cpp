@@ -5,6 +5,7 @@
 #include <array>
 #include <climits>
 #include <cstdlib>
+#include <functional>
 #include <unordered_map>
 
 #include <utf8proc.h>
@@ -366,38 +367,48 @@ void BpeTokenizer::finish(const TokenizerConfig& config, std::string json_text,
 // ---- encoding -----------------------------------------------------------------------------------
 
 void BpeTokenizer::bpe(std::string_view word, std::vector<int32_t>& out) const {
-  // syms: current tokens; ranks[i]: rank of (syms[i], syms[i+1]). Each pass merges every
-  // occurrence of the lowest-ranked pair left to right (what HF's heap does for well-formed merge
-  // lists, where a merge's result only takes part in later-ranked merges).
-  std::vector<int32_t> syms(word.size());
-  for (size_t i = 0; i < word.size(); ++i) syms[i] = byte_token_[static_cast<uint8_t>(word[i])];
-  auto rank_of = [&](int32_t a, int32_t b) {
-    auto it = merges_.find(pair_key(a, b));
-    return it == merges_.end() ? INT32_MAX : it->second.rank;
+  // HF's algorithm (tokenizers/src/models/bpe/word.rs): symbols in a linked list, candidate pairs
+  // in a min-heap by (rank, position); the lowest-ranked, leftmost pair is merged first and the
+  // pairs it forms with its neighbours are pushed. O(n log n), so a long word (a whitespace run,
+  // base64) costs no more than its length.
+  struct Sym {
+    int32_t id, prev, next;  // prev/next: index of the neighbour, -1 at the ends
+    bool alive;
   };
-  std::vector<int32_t> ranks(syms.size());
-  for (size_t i = 0; i + 1 < syms.size(); ++i) ranks[i] = rank_of(syms[i], syms[i + 1]);
-  while (syms.size() > 1) {
-    const auto best = std::min_element(ranks.begin(), ranks.end() - 1);
-    if (*best == INT32_MAX) break;
-    const size_t first = best - ranks.begin();
-    const int32_t a = syms[first], b = syms[first + 1];
-    const int32_t merged = merges_.find(pair_key(a, b))->second.result;
-    size_t w = first;
-    for (size_t r = first; r < syms.size();) {
-      if (r + 1 < syms.size() && syms[r] == a && syms[r + 1] == b) {
-        syms[w++] = merged;
-        r += 2;
-      } else {
-        syms[w++] = syms[r++];
-      }
-    }
-    syms.resize(w);
-    ranks.resize(w);
-    for (size_t i = first > 0 ? first - 1 : 0; i + 1 < syms.size(); ++i)
-      ranks[i] = rank_of(syms[i], syms[i + 1]);
+  struct Cand {
+    int32_t rank, pos, left, right, result;
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  const auto n = static_cast<int32_t>(word.size());
+  std::vector<Sym> syms(n);
+  for (int32_t i = 0; i < n; ++i)
+    syms[i] = {byte_token_[static_cast<uint8_t>(word[i])], i - 1, i + 1 < n ? i + 1 : -1, true};
+  std::vector<Cand> heap;
+  auto push = [&](int32_t pos) {
+    const int32_t next = syms[pos].next;
+    if (next < 0) return;
+    auto it = merges_.find(pair_key(syms[pos].id, syms[next].id));
+    if (it == merges_.end()) return;
+    heap.push_back({it->second.rank, pos, syms[pos].id, syms[next].id, it->second.result});
+    std::push_heap(heap.begin(), heap.end(), std::greater<>());
+  };
+  for (int32_t i = 0; i + 1 < n; ++i) push(i);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+    const Cand c = heap.back();
+    heap.pop_back();
+    Sym& s = syms[c.pos];
+    // Stale when either symbol has since been merged into something else.
+    if (!s.alive || s.id != c.left || s.next < 0 || syms[s.next].id != c.right) continue;
+    Sym& right = syms[s.next];
+    right.alive = false;
+    s.id = c.result;
+    s.next = right.next;
+    if (s.next >= 0) syms[s.next].prev = c.pos;
+    if (s.prev >= 0) push(s.prev);
+    push(c.pos);
   }
-  out.insert(out.end(), syms.begin(), syms.end());
+  for (int32_t i = 0; i >= 0 && i < n; i = syms[i].next) out.push_back(syms[i].id);
 }
 
 void BpeTokenizer::encode_segment(std::string_view seg, uint32_t seg_begin,
