@@ -55,6 +55,7 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev libfmt-dev  # configs, command lines, formatting
   libopenmpi-dev openmpi-bin             # collectives and mpirun (multi-process tests)
   liburing-dev                           # io_uring: NVMe offload's asynchronous I/O
+  libsentencepiece-dev libutf8proc-dev   # tokenizers: tokenizer.model, NFC normalization
   fio                                    # the disk reference in bench/run_ds_io.sh
   python3                                # helper scripts
 )

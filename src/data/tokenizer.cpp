@@ -10,6 +10,7 @@
 
 #include "ds/core/error.h"
 #include "ds/data/unicode.h"
+#include "pretokenize.h"
 
 namespace ds::data {
 
@@ -34,79 +35,10 @@ namespace {
 // Words longer than this are not memoised: they are rarely repeated and would bloat the cache.
 constexpr size_t kMaxCachedWordBytes = 128;
 
-struct Decoded {
-  CharClass cls;
-  uint8_t len;
-};
-
-inline Decoded char_at(std::string_view s, size_t i) {
-  const auto b = static_cast<uint8_t>(s[i]);
-  if (b < 0x80) return {classify(b), 1};
-  const Utf8Char c = utf8_decode(s, i);
-  return {c.valid ? classify(c.cp) : CharClass::kOther, c.len};
-}
-
-// Length of the contraction ('s 't 're 've 'm 'll 'd, case-sensitive) starting at s[i], or 0.
-inline size_t contraction_len(std::string_view s, size_t i) {
-  if (s[i] != '\'' || i + 1 >= s.size()) return 0;
-  const char c1 = s[i + 1];
-  if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return 2;
-  if (i + 2 < s.size()) {
-    const char c2 = s[i + 2];
-    if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return 3;
-  }
-  return 0;
-}
-
-// Calls emit(word) for each match of GPT-2's regex, left to right. The alternatives are tried in
-// the regex's order; the only backtracking one is \s+(?!\S), which gives back the last whitespace
-// character of a run followed by a non-space (so that " word" keeps its leading space).
+// Calls emit(word) for each match of GPT-2's regex (src/data/pretokenize.h), left to right.
 template <class Emit>
 void pretokenize_into(std::string_view s, Emit&& emit) {
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    // 's 't 're 've 'm 'll 'd
-    if (size_t c = contraction_len(s, i)) {
-      emit(s.substr(i, c));
-      i += c;
-      continue;
-    }
-    // ' ?\p{L}+', ' ?\p{N}+', ' ?[^\s\p{L}\p{N}]+': an optional U+0020 then a run of one class.
-    Decoded d = char_at(s, i);
-    size_t run = i;
-    if (s[i] == ' ' && i + 1 < n) {
-      const Decoded next = char_at(s, i + 1);
-      if (next.cls != CharClass::kSpace) {
-        d = next;
-        run = i + 1;
-      }
-    }
-    if (d.cls != CharClass::kSpace) {
-      size_t j = run + d.len;
-      while (j < n) {
-        const Decoded e = char_at(s, j);
-        if (e.cls != d.cls) break;
-        j += e.len;
-      }
-      emit(s.substr(i, j - i));
-      i = j;
-      continue;
-    }
-    // Whitespace run [i, j); `last` is where its last character starts.
-    size_t j = i + d.len, last = i;
-    while (j < n) {
-      const Decoded e = char_at(s, j);
-      if (e.cls != CharClass::kSpace) break;
-      last = j;
-      j += e.len;
-    }
-    // \s+(?!\S): the whole run at the end of the text, otherwise all but its last character;
-    // \s+ (a single whitespace character before a non-space) when that leaves nothing.
-    const size_t end = (j == n || last == i) ? j : last;
-    emit(s.substr(i, end - i));
-    i = end;
-  }
+  detail::split_words(detail::SplitPattern::kGpt2, s, /*onig=*/false, std::forward<Emit>(emit));
 }
 
 // GPT-2's bytes_to_unicode(): printable bytes map to themselves, the other 68 to U+0100.. in order.

@@ -13,6 +13,9 @@ extern const CodeRange kNumberRanges[];
 extern const size_t kNumberRangeCount;
 extern const CodeRange kSpaceRanges[];
 extern const size_t kSpaceRangeCount;
+// Defined in unicode_tables_onig.cpp (generated).
+extern const ClassOverride kOnigOverrides[];
+extern const size_t kOnigOverrideCount;
 }  // namespace detail
 
 namespace {
@@ -51,6 +54,15 @@ CharClass classify(char32_t cp) {
   if (in_ranges(detail::kNumberRanges, detail::kNumberRangeCount, cp)) return CharClass::kNumber;
   if (in_ranges(detail::kSpaceRanges, detail::kSpaceRangeCount, cp)) return CharClass::kSpace;
   return CharClass::kOther;
+}
+
+CharClass classify_onig(char32_t cp) {
+  const auto* begin = detail::kOnigOverrides;
+  const auto* end = begin + detail::kOnigOverrideCount;
+  if (cp < begin->lo) return classify(cp);
+  const auto* it = std::lower_bound(
+      begin, end, cp, [](const detail::ClassOverride& r, char32_t c) { return r.hi < c; });
+  return it != end && it->lo <= cp ? it->cls : classify(cp);
 }
 
 }  // namespace ds::data

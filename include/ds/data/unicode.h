@@ -18,6 +18,11 @@ enum class CharClass : uint8_t {
 // Class of one code point. ASCII is a table lookup; the rest a binary search over ranges.
 CharClass classify(char32_t cp);
 
+// Class of one code point as Oniguruma, the regex engine of Hugging Face `tokenizers`, sees it:
+// classify() except for the code points its older Unicode tables do not know (e.g. Unicode 17
+// letters, which it takes as kOther). tools/gen_onig_unicode_delta.py generates the differences.
+CharClass classify_onig(char32_t cp);
+
 struct Utf8Char {
   char32_t cp;  // the code point, or 0xFFFD when `valid` is false
   uint8_t len;  // bytes consumed, 1..4 (1 for an invalid byte)
@@ -76,6 +81,10 @@ void utf8_append(String& out, char32_t cp) {
 namespace detail {
 struct CodeRange {
   char32_t lo, hi;  // inclusive
+};
+struct ClassOverride {
+  char32_t lo, hi;  // inclusive
+  CharClass cls;
 };
 }  // namespace detail
 

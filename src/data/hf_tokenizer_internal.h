@@ -1,0 +1,40 @@
+#pragma once
+// Internal to src/data: the concrete tokenizers behind load_tokenizer (text_tokenizer.h) and the
+// helpers they share.
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "ds/data/text_tokenizer.h"
+
+namespace ds::data::detail {
+
+// Byte-level BPE from a tokenizer.json (bpe_tokenizer.cpp).
+std::unique_ptr<TextTokenizer> load_bpe_tokenizer_json(const std::filesystem::path& file,
+                                                       const TokenizerConfig& config);
+// Byte-level BPE with GPT-2's pre-tokenizer from vocab.json + merges.txt (or encoder.json +
+// vocab.bpe); "<|endoftext|>" is a special token when the vocabulary has it.
+std::unique_ptr<TextTokenizer> load_bpe_vocab_merges(const std::filesystem::path& vocab_json,
+                                                     const std::filesystem::path& merges_txt,
+                                                     const TokenizerConfig& config);
+// SentencePiece tokenizer.model (sp_tokenizer.cpp).
+std::unique_ptr<TextTokenizer> load_sentencepiece(const std::filesystem::path& file,
+                                                  const TokenizerConfig& config);
+
+// The whole file, or ds::Error naming it.
+std::string read_text_file(const std::filesystem::path& path);
+// Parsed JSON, or ds::Error naming the file and the parse error.
+nlohmann::json parse_json(std::string_view text, const std::filesystem::path& path);
+nlohmann::json read_json_file(const std::filesystem::path& path);
+// Write text to path (replacing it), or ds::Error naming it.
+void write_text_file(const std::filesystem::path& path, std::string_view text);
+
+// Fill config's *_id fields from its token names, via tok.token_to_id. A named token missing from
+// the vocabulary is an error naming the field.
+void resolve_special_ids(const TextTokenizer& tok, TokenizerConfig& config,
+                         const std::filesystem::path& source);
+
+}  // namespace ds::data::detail
