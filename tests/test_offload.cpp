@@ -230,7 +230,6 @@ struct RunSpec {
   // Stage 3: build the model piecewise (nn::PartitionedInit), as ds_train does; with the optimizer
   // state on NVMe its initial values then go straight to the swap files, sub-group by sub-group.
   bool piecewise = false;
-  int64_t sub_group_size = 3000;
 };
 
 std::string config(const RunSpec& r) {
@@ -250,7 +249,7 @@ std::string config(const RunSpec& r) {
     off += fmt::format(R"(, "offload_param": {{"device": "nvme", "nvme_path": "{}",
                         "buffer_count": 2, "buffer_size": 1500, "max_in_cpu": {}}})",
                        r.nvme, r.max_in_cpu);
-  if (!off.empty()) off += fmt::format(R"(, "sub_group_size": {})", r.sub_group_size);
+  if (!off.empty()) off += R"(, "sub_group_size": 3000)";
   return fmt::format(R"({{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
     "gradient_clipping": 0.5, {}
     "aio": {{"block_size": 8192, "queue_depth": 4}},
@@ -485,9 +484,6 @@ TEST(OffloadFaults, Stage3BackgroundStepAndGatherFailuresReachEveryRank) {
   RunSpec run{3, "bf16", nvme.string()};
   run.what = "both";
   run.piecewise = true;
-  // Small sub-groups: the parameter file's write buffers (which the gathers copy from) hold the
-  // last few only, so the first forward reads the first pieces from disk.
-  run.sub_group_size = 1000;
   int64_t initial_state = 0;  // bytes the optimizer store writes at start-up
   {
     auto probe = engine(run);

@@ -308,12 +308,7 @@ class Stage3Strategy final : public Strategy {
   }
   int64_t chunk_stepped(const StateChunk& c) override {
     if (background_) grads_part_.flat_range(c.begin, c.numel).zero_();
-    // New pieces on NVMe are readable once handed to the file (its write buffers keep them for
-    // the gathers until they are on disk).
-    return param_file_ ? param_file_->written_end() : c.begin + c.numel;
-  }
-  void chunks_aborted() override {
-    if (param_file_) param_file_->abort_pass();  // readers go to the disk (the failure is raised)
+    return param_file_ ? param_file_->durable_end() : c.begin + c.numel;
   }
 
   void on_attached() override {
@@ -362,7 +357,7 @@ class Stage3Strategy final : public Strategy {
       if (sp.persistent || sp.full->is_materialized() || param_file_->staged(j)) continue;
       if (sp.shard_offset + sp.part > written) break;
       if (param_file_->staged_elements() + sp.part > param_file_->budget()) break;
-      if (!param_file_->prefetch(j, sp.shard_offset, sp.part)) break;  // not on disk yet
+      param_file_->prefetch(j, sp.shard_offset, sp.part);
     }
   }
 

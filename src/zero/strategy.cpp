@@ -123,7 +123,6 @@ void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float 
       } catch (const std::exception& e) {
         error = fmt::format("[zero] rank {}, {}, optimizer step on NVMe-offloaded state: {}",
                             group_->rank(), ctx, e.what());
-        chunks_aborted();
       }
       {
         std::lock_guard<std::mutex> lock(step_mu_);

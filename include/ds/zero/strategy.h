@@ -247,8 +247,6 @@ class Strategy {
   // up to which new parameters are readable (those on NVMe: written to disk). On the worker thread
   // of a background step.
   virtual int64_t chunk_stepped(const StateChunk& c) { return c.begin + c.numel; }
-  // The background step failed (on its worker): nothing more will be written this pass.
-  virtual void chunks_aborted() {}
   // Blocks until the running background step has made parameters [0, end) readable (at once when
   // none runs, or when it failed: the failure is raised at the next synchronize()).
   void wait_stepped(int64_t end);

@@ -32,7 +32,7 @@ ParamFile::ParamFile(const ParamFileOptions& o, int rank, DType dtype, int64_t n
     if (src) std::memcpy(ram_.data(), src, static_cast<size_t>(ram_end_ * esize_));
   }
   group = std::max<int64_t>(kElementAlign, group);
-  for (auto& slot : slots_) slot.buf = io::AlignedBuffer(io::align_up(group * esize_));
+  for (auto& s : scratch_) s = io::AlignedBuffer(io::align_up(group * esize_));
   if (ram_end_ == numel_) return;
 
   dir_ = std::make_unique<io::SwapDir>(o.nvme_path, fmt::format("rank{}-params", rank), log);
@@ -82,9 +82,8 @@ void ParamFile::wait_read(io::Ticket t) {
 }
 
 void ParamFile::wait_write(int slot) {
-  Slot& sl = slots_[slot];
-  const io::Ticket t = sl.ticket;
-  sl.ticket = 0;
+  const io::Ticket t = scratch_ticket_[slot];
+  scratch_ticket_[slot] = 0;
   if (!t) return;
   const auto t0 = std::chrono::steady_clock::now();
   auto add = [&] {
@@ -98,44 +97,8 @@ void ParamFile::wait_write(int slot) {
     throw;
   }
   add();
-  {
-    // Writes are waited for in the order they were issued.
-    std::lock_guard<std::mutex> lock(mu_);
-    durable_end_.store(std::max(durable_end_.load(), sl.end));
-  }
-  durable_cv_.notify_all();
-}
-
-void ParamFile::begin_pass() {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& sl : slots_) sl.valid = false;  // old values
-  written_end_.store(0);
-  durable_end_.store(0);
-}
-
-void ParamFile::abort_pass() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& sl : slots_) sl.valid = false;
-    written_end_.store(numel_);
-    durable_end_.store(numel_);
-  }
-  durable_cv_.notify_all();
-}
-
-bool ParamFile::copy_from_slots(int64_t lo, int64_t hi, char* dst) {
-  while (lo < hi) {
-    const Slot* from = nullptr;
-    for (const auto& sl : slots_)
-      if (sl.valid && sl.begin <= lo && lo < sl.end) from = &sl;
-    if (!from) return false;
-    const int64_t upto = std::min(hi, from->end);
-    std::memcpy(dst, from->buf.as<char>() + (lo - from->begin) * esize_,
-                static_cast<size_t>((upto - lo) * esize_));
-    dst += (upto - lo) * esize_;
-    lo = upto;
-  }
-  return true;
+  // Writes complete in the order they were issued from the two alternating buffers.
+  durable_end_.store(std::max(durable_end_.load(), scratch_end_[slot]));
 }
 
 io::Counters ParamFile::counters() const {
@@ -161,37 +124,15 @@ ParamFile::~ParamFile() {
   }
 }
 
-bool ParamFile::prefetch(int key, int64_t begin, int64_t n, bool wait) {
-  if (begin + n <= ram_end_ || staged_.count(key)) return true;
+void ParamFile::prefetch(int key, int64_t begin, int64_t n) {
+  if (begin + n <= ram_end_ || staged_.count(key)) return;
   Staged s;
   const int64_t in_ram = std::max<int64_t>(0, ram_end_ - begin);  // elements before ram_end
   const int64_t fb = (begin + in_ram - ram_end_) * esize_, fe = (begin + n - ram_end_) * esize_;
   const int64_t a = fb / io::kAlignment * io::kAlignment, z = io::align_up(fe);
   const int64_t x = io::align_up(in_ram * esize_);  // where the file part lands in the buffer
-  {
-    // New values still in a write buffer are copied from there; otherwise they must be on disk
-    // before they are read (a background optimizer step may still be writing them).
-    std::unique_lock<std::mutex> lock(mu_);
-    s.buf = io::AlignedBuffer(x + (z - a));
-    s.skip = x + (fb - a) - in_ram * esize_;
-    if (copy_from_slots(begin + in_ram, begin + n, s.buf.as<char>() + s.skip + in_ram * esize_)) {
-      lock.unlock();
-      if (in_ram > 0)
-        std::memcpy(s.buf.as<char>() + s.skip, ram_.as<char>() + begin * esize_,
-                    static_cast<size_t>(in_ram * esize_));
-      s.numel = n;
-      staged_elements_ += n;
-      staged_.emplace(key, std::move(s));
-      return true;
-    }
-    if (durable_end_.load() < begin + n) {
-      if (!wait) return false;
-      const auto t0 = std::chrono::steady_clock::now();
-      durable_cv_.wait(lock, [&] { return durable_end_.load() >= begin + n; });
-      read_wait_.fetch_add(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-  }
+  s.buf = io::AlignedBuffer(x + (z - a));
+  s.skip = x + (fb - a) - in_ram * esize_;
   s.numel = n;
   if (in_ram > 0)
     std::memcpy(s.buf.as<char>() + s.skip, ram_.as<char>() + begin * esize_,
@@ -203,12 +144,11 @@ bool ParamFile::prefetch(int key, int64_t begin, int64_t n, bool wait) {
         engine_->read(file_, s.buf.as<char>() + x + (at - a), std::min(step, z - at), at));
   staged_elements_ += n;
   staged_.emplace(key, std::move(s));
-  return true;
 }
 
 const void* ParamFile::get(int key, int64_t begin, int64_t n) {
   if (begin + n <= ram_end_) return ram_.as<char>() + begin * esize_;
-  prefetch(key, begin, n, /*wait=*/true);
+  prefetch(key, begin, n);
   Staged& s = staged_.at(key);
   for (io::Ticket& t : s.tickets) {
     const io::Ticket tt = t;
@@ -245,14 +185,11 @@ void* ParamFile::scratch(int64_t begin, int64_t n) {
   (void)begin;
   (void)n;
   wait_write(next_scratch_);  // the buffer's previous write must be done before it is refilled
-  std::lock_guard<std::mutex> lock(mu_);
-  slots_[next_scratch_].valid = false;  // readers stop copying from it
-  return slots_[next_scratch_].buf.data();
+  return scratch_[next_scratch_].data();
 }
 
 void ParamFile::write(int64_t begin, int64_t n) {
-  Slot& sl = slots_[next_scratch_];
-  const char* data = sl.buf.as<char>();
+  const char* data = scratch_[next_scratch_].as<char>();
   const int64_t in_ram = std::clamp<int64_t>(ram_end_ - begin, 0, n);
   if (in_ram > 0)
     std::memcpy(ram_.as<char>() + begin * esize_, data, static_cast<size_t>(in_ram * esize_));
@@ -260,39 +197,30 @@ void ParamFile::write(int64_t begin, int64_t n) {
     const int64_t x = begin + in_ram;  // first element in the file
     DS_CHECK((x - ram_end_) % kElementAlign == 0,
              "[offload] internal: parameter write at element {} is not aligned", x);
-    sl.ticket = write_engine_->write(file_, data + in_ram * esize_,
-                                     io::align_up((n - in_ram) * esize_), (x - ram_end_) * esize_);
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    sl.begin = begin;
-    sl.end = begin + n;
-    sl.valid = true;
-    written_end_.store(std::max(written_end_.load(), begin + n));
+    scratch_end_[next_scratch_] = begin + n;
+    scratch_ticket_[next_scratch_] =
+        write_engine_->write(file_, data + in_ram * esize_, io::align_up((n - in_ram) * esize_),
+                             (x - ram_end_) * esize_);
+  } else {
     // All in RAM: the RAM part is a prefix, so nothing before it is still in flight.
-    if (in_ram == n) durable_end_.store(std::max(durable_end_.load(), begin + n));
+    durable_end_.store(std::max(durable_end_.load(), begin + n));
   }
-  durable_cv_.notify_all();
-  next_scratch_ = (next_scratch_ + 1) % kScratch;
+  next_scratch_ ^= 1;
 }
 
 void ParamFile::flush() {
   std::string first;
-  // Oldest write first, so durable_end_ advances in order.
-  for (int k = 0; k < kScratch; ++k) {
+  // The older write first, so durable_end_ advances in order.
+  for (int k = 0; k < 2; ++k) {
+    const int slot = next_scratch_ ^ k;
     try {
-      wait_write((next_scratch_ + k) % kScratch);
+      wait_write(slot);
     } catch (const Error& e) {
       if (first.empty()) first = e.what();
     }
   }
   if (!first.empty()) throw Error(first);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    written_end_.store(numel_);
-    durable_end_.store(numel_);
-  }
-  durable_cv_.notify_all();
+  durable_end_.store(numel_);
 }
 
 std::string ParamFile::describe() const {

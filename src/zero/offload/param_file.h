@@ -21,11 +21,9 @@
 // same time: reads and writes have their own io::Engine. durable_end() tells how far the writes of
 // the current pass have reached the disk; readers stay below it. I/O on the engines' workers.
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -48,10 +46,7 @@ class ParamFile {
             int64_t group, const std::function<void(const std::string&)>& log);
   ~ParamFile();
 
-  // Stages a piece: copied from the write buffers when they still hold its new values, else read
-  // from disk once written there. wait = false (read-ahead): returns false instead of waiting for
-  // a write of the current pass to reach the disk.
-  bool prefetch(int key, int64_t begin, int64_t n, bool wait = false);
+  void prefetch(int key, int64_t begin, int64_t n);
   bool staged(int key) const { return staged_.count(key) != 0; }
   const void* get(int key, int64_t begin, int64_t n);
   void drop(int key);
@@ -64,12 +59,9 @@ class ParamFile {
   void* scratch(int64_t begin, int64_t n);
   void write(int64_t begin, int64_t n);
   void flush();
-  // A pass writes ascending ranges (begin_pass() resets the marks): elements [0, written_end())
-  // of this pass are readable by get() (from the write buffers, or from disk once durable_end()
-  // covers them). abort_pass() (the writer failed) lets readers go to the disk, stale or not.
-  void begin_pass();
-  void abort_pass();
-  int64_t written_end() const { return written_end_.load(); }
+  // Writes go in ascending order within a pass (begin_pass() resets the mark): elements
+  // [0, durable_end()) of this pass are on disk (or in the RAM part), readable by get().
+  void begin_pass() { durable_end_.store(0); }
   int64_t durable_end() const { return durable_end_.load(); }
 
   int64_t ram_elements() const { return ram_end_; }
@@ -97,26 +89,14 @@ class ParamFile {
   std::unique_ptr<io::Engine> write_engine_;  // writes
   std::unordered_map<int, Staged> staged_;
   int64_t staged_elements_ = 0;
-  // Write buffers, used round robin: a sub-group's new values stay in one while its write is in
-  // flight and after, until the buffer is reused kScratch sub-groups later; readers of the next
-  // forward copy them from here instead of reading them back from disk.
-  static constexpr int kScratch = 4;
-  struct Slot {
-    io::AlignedBuffer buf;
-    io::Ticket ticket = 0;
-    int64_t begin = 0, end = 0;  // elements held (valid only)
-    bool valid = false;
-  };
-  Slot slots_[kScratch];
+  io::AlignedBuffer scratch_[2];
+  io::Ticket scratch_ticket_[2] = {0, 0};
+  int64_t scratch_end_[2] = {0, 0};  // where the write in flight from each scratch buffer ends
   int next_scratch_ = 0;
-  std::mutex mu_;  // slots_' ranges and validity, and the cv below
-  std::condition_variable durable_cv_;
-  std::atomic<int64_t> written_end_{0}, durable_end_{0};
+  std::atomic<int64_t> durable_end_{0};
   std::atomic<double> read_wait_{0}, write_wait_{0};
-  void wait_read(io::Ticket t);  // engine_->wait, timed
-  void wait_write(int slot);     // the write from slots_[slot], timed; advances durable_end_
-  // Copies elements [lo, hi) from valid write buffers into dst; false unless all are there.
-  bool copy_from_slots(int64_t lo, int64_t hi, char* dst);
+  void wait_read(io::Ticket t);   // engine_->wait, timed
+  void wait_write(int slot);      // the write from scratch_[slot], timed; advances durable_end_
 };
 
 }  // namespace ds::zero::detail
