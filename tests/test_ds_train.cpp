@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "ds/data/text_tokenizer.h"
 #include "ds/core/safetensors.h"
 #include "ds/data/shard.h"
 
@@ -136,6 +137,34 @@ TEST_F(DsTrain, OutputsAndExactResume) {
             0)
       << log_;
   EXPECT_NE(log_.find("initialised from"), std::string::npos) << log_;
+}
+
+// The HF export carries the tokenizer (AutoTokenizer.from_pretrained(export) then loads), with
+// config.json's special-token ids from it; one larger than the model's vocabulary is not written.
+TEST_F(DsTrain, ExportCarriesTheTokenizer) {
+  const fs::path tok = fs::path(DS_FIXTURE_DIR) / "tokenizers" / "gpt2_bpe";
+  std::ofstream(dir_ / "model_v.json") << R"({"preset": "test-gpt2", "vocab_size": 768})";
+  const fs::path a = dir_ / "a";
+  ASSERT_EQ(run("--max_steps 2 --eval_steps 0 --model " + (dir_ / "model_v.json").string() +
+                " --tokenizer " + tok.string() + " --output_dir " + a.string()),
+            0)
+      << log_;
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"})
+    EXPECT_TRUE(fs::exists(a / "hf_model" / f)) << f << "\n" << log_;
+  const auto loaded = ds::data::load_tokenizer(a / "hf_model");
+  const auto original = ds::data::load_tokenizer(tok);
+  EXPECT_EQ(loaded->vocab_size(), original->vocab_size());
+  const json cfg = json::parse(read(a / "hf_model" / "config.json"));
+  if (original->config().eos_id >= 0) EXPECT_EQ(cfg["eos_token_id"], original->config().eos_id);
+  EXPECT_NE(log_.find("written beside the export"), std::string::npos) << log_;
+
+  const fs::path b = dir_ / "b";  // model.json: vocab_size 64, smaller than the tokenizer's
+  ASSERT_EQ(run("--max_steps 2 --eval_steps 0 --tokenizer " + tok.string() + " --output_dir " +
+                b.string()),
+            0)
+      << log_;
+  EXPECT_FALSE(fs::exists(b / "hf_model" / "tokenizer.json"));
+  EXPECT_NE(log_.find("do not fit the model's vocab_size 64"), std::string::npos) << log_;
 }
 
 TEST_F(DsTrain, RotationKeepsTheNewest) {

@@ -548,7 +548,12 @@ int run(const Options& o, const Given& g) {
   bool exported = false;
   if (export_dir != "none") {
     const auto weights = engine->full_weights();
-    if (lead) ds::models::export_hf(mcfg, weights, export_dir);
+    if (lead) {
+      ds::models::export_hf(mcfg, weights, export_dir);
+      say(ds::train::export_tokenizer_beside(
+          export_dir, {o.init_from.empty() ? fs::path() : fs::path(o.init_from), tok_dir},
+          mcfg.vocab_size));
+    }
     exported = true;
   }
 

@@ -9,6 +9,8 @@
 
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
+#include "ds/data/text_tokenizer.h"
+#include "ds/data/tokenizer_export.h"
 
 namespace ds::train {
 
@@ -146,6 +148,43 @@ std::string generate_sample(models::GPT& model, const data::Tokenizer& tok,
   const std::vector<int64_t> all = out.to_int_vector();
   const std::vector<int32_t> generated(all.begin() + keep, all.end());
   return prompt + tok.decode(generated);
+}
+
+std::string export_tokenizer_beside(const std::filesystem::path& export_dir,
+                                    const std::vector<std::filesystem::path>& sources,
+                                    int64_t model_vocab_size) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> why;
+  for (const fs::path& src : sources) {
+    std::error_code ec;
+    if (src.empty() || !fs::is_directory(src, ec)) continue;
+    std::unique_ptr<data::TextTokenizer> tok;
+    try {
+      tok = data::load_tokenizer(src);
+    } catch (const Error& e) {
+      why.push_back(fmt::format("{}: {}", src.string(), e.what()));
+      continue;
+    }
+    if (tok->vocab_size() > model_vocab_size) {
+      why.push_back(fmt::format("{}: its {} ids do not fit the model's vocab_size {}",
+                                src.string(), tok->vocab_size(), model_vocab_size));
+      continue;
+    }
+    data::export_tokenizer(*tok, export_dir);
+    // The special-token ids of config.json (and generate()) are the tokenizer's.
+    const fs::path cfg_file = export_dir / "config.json";
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(cfg_file));
+    const data::TokenizerConfig& c = tok->config();
+    for (auto [key, id] : {std::pair{"bos_token_id", c.bos_id}, std::pair{"eos_token_id", c.eos_id},
+                           std::pair{"pad_token_id", c.pad_id}})
+      if (id >= 0) cfg[key] = id;
+    write_file_atomic(cfg_file, cfg.dump(2) + "\n");
+    return fmt::format("tokenizer ({}, {} ids) from {} written beside the export",
+                       tok->kind(), tok->vocab_size(), src.string());
+  }
+  return why.empty() ? std::string("no tokenizer files found: the export has none (give "
+                                   "--tokenizer DIR)")
+                     : fmt::format("no tokenizer exported ({})", fmt::join(why, "; "));
 }
 
 }  // namespace ds::train

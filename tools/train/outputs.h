@@ -52,6 +52,15 @@ void write_loss_chart(const std::filesystem::path& svg, const runtime::CsvMonito
 
 // prompt + max_tokens generated tokens (top-k, seeded), decoded. The context starts with
 // <|endoftext|>, as every document does in a ds_prepare corpus.
+// The tokenizer files beside an HF export (export_dir holds config.json and the weights), so
+// transformers' AutoTokenizer.from_pretrained(export_dir) loads: from the first of `sources` that
+// holds tokenizer files (the --init_from folder, then the tokenizer the data was prepared with);
+// config.json's bos/eos/pad ids follow it. Returns one line for the log saying what was written,
+// or why nothing was (no tokenizer found, or one larger than the model's vocab_size).
+std::string export_tokenizer_beside(const std::filesystem::path& export_dir,
+                                    const std::vector<std::filesystem::path>& sources,
+                                    int64_t model_vocab_size);
+
 std::string generate_sample(models::GPT& model, const data::Tokenizer& tok,
                             const std::string& prompt, int64_t max_tokens, int64_t top_k,
                             uint64_t seed);
