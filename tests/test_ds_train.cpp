@@ -167,6 +167,37 @@ TEST_F(DsTrain, ExportCarriesTheTokenizer) {
   EXPECT_NE(log_.find("do not fit the model's vocab_size 64"), std::string::npos) << log_;
 }
 
+// --eval_only evaluates the model as loaded (here the export of a finished run: the same eval loss
+// that run printed last) and trains nothing; --no_shuffle reaches the sampler (a checkpoint taken
+// with shuffling refuses to resume without it).
+TEST_F(DsTrain, EvalOnlyAndNoShuffle) {
+  const fs::path a = dir_ / "a";
+  ASSERT_EQ(run("--max_steps 4 --eval_steps 0 --save_steps 2 --output_dir " + a.string()), 0)
+      << log_;
+  const auto at = log_.find("step 4: eval loss ");
+  ASSERT_NE(at, std::string::npos) << log_;
+  const std::string trained_eval = log_.substr(at + 18, 6);  // "x.xxxx"
+  const fs::path e = dir_ / "e";
+  ASSERT_EQ(run("--eval_only --init_from " + (a / "hf_model").string() + " --output_dir " +
+                e.string()),
+            0)
+      << log_;
+  const auto got = log_.find("eval only: loss ");
+  ASSERT_NE(got, std::string::npos) << log_;
+  // The same model and batches: printed to 4 and 6 decimals.
+  EXPECT_NEAR(std::stod(log_.substr(got + 16, 8)), std::stod(trained_eval), 5.1e-5) << log_;
+  EXPECT_EQ(log_.find("step 1/"), std::string::npos) << "trained:\n" << log_;
+  EXPECT_FALSE(fs::exists(e / "hf_model"));
+
+  EXPECT_EQ(run("--max_steps 6 --eval_steps 0 --no_shuffle --output_dir " + a.string() +
+                " --resume_from_checkpoint latest"),
+            1);
+  EXPECT_NE(log_.find("shuffle"), std::string::npos) << log_;
+  const fs::path c = dir_ / "c";
+  ASSERT_EQ(run("--max_steps 2 --eval_steps 0 --no_shuffle --output_dir " + c.string()), 0)
+      << log_;
+}
+
 TEST_F(DsTrain, RotationKeepsTheNewest) {
   const fs::path a = dir_ / "a";
   ASSERT_EQ(run("--max_steps 6 --save_steps 2 --save_total_limit 1 --eval_steps 0 --export_hf none "

@@ -262,7 +262,8 @@ int run(const Options& o, const Given& g) {
                                .grad_accum = static_cast<int>(A),
                                .world_size = engine->world_size(),
                                .rank = engine->rank(),
-                               .seed = o.seed});
+                               .seed = o.seed,
+                               .shuffle = !o.no_shuffle});
   const auto uni = ds::train::unigram_stats(*train);
   say(
       fmt::format("train data: {}: {} tokens, {} samples of T {} -> {} steps/epoch at {} "
@@ -413,6 +414,23 @@ int run(const Options& o, const Given& g) {
     say(fmt::format("step {}: eval loss {:.4f}, perplexity {:.2f} ({:.1f}s)",
                     engine->global_steps(), last_eval, ppl, ds::train::seconds_since(t0)));
   };
+
+  if (o.eval_only) {
+    // The model as loaded, on the eval data, and nothing else: no step, checkpoint or export.
+    DS_CHECK(val, "[ds_train] --eval_only needs eval data: a 'val' split in {} or --eval_data",
+             train_dir.string());
+    const int64_t batches = std::min<int64_t>(
+        o.eval_batches, static_cast<int64_t>(val->num_samples(static_cast<size_t>(T))) / B);
+    DS_CHECK(batches > 0,
+             "[ds_train] --eval_only: the eval data has fewer than one batch of {} x {} tokens",
+             B, T);
+    const auto t0 = std::chrono::steady_clock::now();
+    const double loss = evaluate(*engine, *val, B, T, o.eval_batches);
+    say(fmt::format("eval only: loss {:.6f}, perplexity {:.4f} over {} batches of {} x {} "
+                    "({:.1f}s)",
+                    loss, std::exp(loss), batches, B, T, ds::train::seconds_since(t0)));
+    return 0;
+  }
 
   // ---- the loop ----
   std::vector<int32_t> x(static_cast<size_t>(B * T)), y(static_cast<size_t>(B * T));

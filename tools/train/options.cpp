@@ -168,6 +168,14 @@ void add_options(CLI::App& app, Options& o, Given& g,
                "Recompute each block's activations in backward (less memory, ~1/3 more compute)");
   app.add_flag("--skip_memory_check", o.skip_memory_check,
                "Start even when the start-up estimate says the run does not fit in memory");
+  app.add_flag("--no_shuffle", o.no_shuffle,
+               "Read the training samples in file order (every epoch the same order)");
+  app.add_flag("--eval_only", o.eval_only,
+               "Evaluate the model (--init_from, --resume_from_checkpoint or a new one) on the "
+               "eval data, print loss and perplexity, and stop: no training, no outputs");
+  opt("--eval_batches", o.eval_batches, "Validation micro-batches per evaluation")
+      ->capture_default_str()
+      ->check(integer_in(1, 1 << 30));
   opt("--resume_from_checkpoint", o.resume_from_checkpoint,
       "'latest' (the newest checkpoint in --output_dir) or a checkpoint folder");
   opt("--init_from", o.init_from,
@@ -179,9 +187,6 @@ void add_options(CLI::App& app, Options& o, Given& g,
   opt("--block_size,--seq_len", o.block_size,
       "Sequence length T (default: min(256, the model's block_size))")
       ->check(integer_in(1, 1 << 24));
-  opt("--eval_batches", o.eval_batches, "Validation micro-batches per evaluation")
-      ->capture_default_str()
-      ->check(integer_in(1, 1 << 30));
   opt("--sample_prompt", o.sample_prompt,
       "Prompt of the text sample generated at the end (default: a new document)");
   opt("--sample_tokens", o.sample_tokens, "Length of the sample in tokens (0: no sample)")

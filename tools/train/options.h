@@ -40,6 +40,8 @@ struct Options {
   bool fp16 = false;
   bool gradient_checkpointing = false;
   bool skip_memory_check = false;
+  bool no_shuffle = false;  // the data in file order (every epoch the same)
+  bool eval_only = false;   // evaluate the model on the eval data and stop: no training
   std::string resume_from_checkpoint;
   std::string init_from;
   std::string export_hf;
