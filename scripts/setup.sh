@@ -56,6 +56,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin             # collectives and mpirun (multi-process tests)
   liburing-dev                           # io_uring: NVMe offload's asynchronous I/O
   libsentencepiece-dev libutf8proc-dev   # tokenizers: tokenizer.model, NFC normalization
+  libcpp-httplib-dev                     # ds_serve's HTTP server (cpp-httplib 0.11)
   fio                                    # the disk reference in bench/run_ds_io.sh
   python3                                # helper scripts
 )

@@ -1,0 +1,6 @@
+# Inference and serving (ds/serve, tools/serve): KV-cache generation against the full forward,
+# sampling, request parsing, and the HTTP server started in-process on an ephemeral port with a tiny
+# model built in the test (no downloads, no Python).
+ds_add_test(test_serve LABELS serve SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_serve.cpp)
+ds_add_test(test_serve_http LABELS serve SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_serve_http.cpp)
+target_link_libraries(test_serve_http PRIVATE ds_serve_http)

@@ -1,0 +1,85 @@
+#pragma once
+// Tiny models for the serve tests: built and exported in the test, never downloaded. Vocabulary
+// 257 so that load_model picks the byte tokenizer (id b = byte b, 256 = end of text).
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "ds/models/gpt.h"
+#include "ds/models/hf_io.h"
+#include "ds/ops/ops.h"
+
+namespace serve_test {
+
+namespace fs = std::filesystem;
+
+inline ds::models::GPTConfig tiny_gpt2(int64_t block = 64) {
+  ds::models::GPTConfig c = ds::models::GPTConfig::defaults(ds::nn::Layout::gpt2);
+  c.vocab_size = 257;
+  c.block_size = block;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 32;
+  c.seed = 7;
+  return c;
+}
+
+// LLaMA layout with grouped-query attention (4 query heads, 2 KV heads) and a head size other
+// than C / NH; family picks qwen2 (q/k/v biases) or qwen3 (q/k norm) variants.
+inline ds::models::GPTConfig tiny_llama(const std::string& family = "llama", int64_t block = 64) {
+  ds::models::GPTConfig c = ds::models::GPTConfig::defaults(ds::nn::Layout::llama);
+  c.vocab_size = 257;
+  c.block_size = block;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.n_embd = 32;
+  c.head_size = 16;
+  c.ffn_hidden = 64;
+  c.seed = 11;
+  c.family = family;
+  if (family == "qwen2") c.qkv_bias = true;
+  if (family == "qwen3") c.qk_norm = true;
+  if (family == "llama") {
+    c.rope_theta = 500000.0f;
+    c.rope_scaling.type = "llama3";
+    c.rope_scaling.factor = 8.0;
+    c.rope_scaling.original_max_position = 16;
+  }
+  return c;
+}
+
+// A fresh folder, removed afterwards.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag) {
+    static std::atomic<int> n{0};
+    path_ = fs::temp_directory_path() / fmt::format("ds_test_serve_{}_{}_{}", ::getpid(), tag, n++);
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+}  // namespace serve_test
+
+namespace serve_test {
+// Random init gives nearly uniform logits (std 0.02); scaling the matrices spreads them so that
+// greedy choices are far from ties and tests do not hinge on the last bit.
+inline std::shared_ptr<ds::models::GPT> make_model(const ds::models::GPTConfig& c) {
+  auto m = std::make_shared<ds::models::GPT>(c);
+  for (auto& [name, p] : m->named_parameters())
+    if (p.dim() == 2) ds::ops::mul_(p, 8.0f);
+  m->train(false);
+  return m;
+}
+}  // namespace serve_test

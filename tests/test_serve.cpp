@@ -1,0 +1,369 @@
+// KV-cache generation and sampling (ds/serve): cached decoding against the full forward in both
+// layouts, the sampling rules, stop strings, generation_config.json defaults, request parsing.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "ds/autograd/grad_mode.h"
+#include "ds/core/error.h"
+#include "ds/serve/api.h"
+#include "ds/serve/generate.h"
+#include "ds/serve/kv_decoder.h"
+#include "ds/serve/sampling.h"
+#include "serve_fixture.h"
+
+using namespace ds;
+using serve_test::make_model;
+
+namespace {
+
+std::vector<int32_t> seq(int n, int salt) {
+  std::vector<int32_t> ids;
+  for (int i = 0; i < n; ++i) ids.push_back((i * 37 + salt * 11 + 5) % 256);
+  return ids;
+}
+
+// Logits of the full (uncached) forward: (T, V).
+std::vector<float> full_logits(models::GPT& m, const std::vector<int32_t>& ids) {
+  autograd::NoGradGuard ng;
+  std::vector<int64_t> v(ids.begin(), ids.end());
+  return m.logits(Tensor::from_ints(v, {1, static_cast<int64_t>(ids.size())})).to_vector();
+}
+
+float max_abs_diff(const std::vector<float>& a, const float* b, size_t n) {
+  float d = 0.0f;
+  for (size_t i = 0; i < n; ++i) d = std::max(d, std::abs(a[i] - b[i]));
+  return d;
+}
+
+void check_cached_equals_full(const models::GPTConfig& cfg) {
+  auto m = make_model(cfg);
+  const int64_t V = cfg.vocab_size;
+  const std::vector<int32_t> ids = seq(24, 3);
+  const std::vector<float> full = full_logits(*m, ids);  // (24, V)
+  serve::KVDecoder dec(m);
+  // Prefill 9 tokens (all logits), a 4-token chunk after the cache, then one token at a time.
+  Tensor pre = dec.forward(std::span(ids).subspan(0, 9), /*all_logits=*/true);
+  ASSERT_EQ(pre.shape(), (Shape{9, V}));
+  const std::vector<float> pv = pre.to_vector();
+  // Prefill runs the training kernels on the same shapes: equal up to the LM head's GEMM shape.
+  EXPECT_LT(max_abs_diff(pv, full.data(), pv.size()), 1e-5f);
+  Tensor chunk = dec.forward(std::span(ids).subspan(9, 4), true);
+  const std::vector<float> cv = chunk.to_vector();
+  // Tolerance: the decode kernel sums in another order than the fused one; logits are O(10).
+  EXPECT_LT(max_abs_diff(cv, full.data() + 9 * V, cv.size()), 2e-4f);
+  for (size_t t = 13; t < ids.size(); ++t) {
+    Tensor one = dec.forward(std::span(ids).subspan(t, 1));
+    ASSERT_EQ(one.shape(), (Shape{1, V}));
+    EXPECT_LT(max_abs_diff(one.to_vector(), full.data() + t * V, static_cast<size_t>(V)), 2e-4f)
+        << "position " << t;
+  }
+  EXPECT_EQ(dec.length(), 24);
+  // Truncating and re-running a suffix reuses the prefix: same logits again.
+  dec.truncate(20);
+  Tensor again = dec.forward(std::span(ids).subspan(20, 1));
+  EXPECT_LT(max_abs_diff(again.to_vector(), full.data() + 20 * V, static_cast<size_t>(V)), 2e-4f);
+}
+
+}  // namespace
+
+TEST(KVDecoder, CachedEqualsFullForwardGpt2) {
+  check_cached_equals_full(serve_test::tiny_gpt2());
+}
+TEST(KVDecoder, CachedEqualsFullForwardLlamaGqaLlama3Rope) {
+  check_cached_equals_full(serve_test::tiny_llama("llama"));
+}
+TEST(KVDecoder, CachedEqualsFullForwardQwen2Bias) {
+  check_cached_equals_full(serve_test::tiny_llama("qwen2"));
+}
+TEST(KVDecoder, CachedEqualsFullForwardQwen3QkNorm) {
+  check_cached_equals_full(serve_test::tiny_llama("qwen3"));
+}
+
+TEST(KVDecoder, CacheHoldsKvHeadsOnlyAndRefusesPastContext) {
+  auto m = make_model(serve_test::tiny_llama("llama", 16));
+  serve::KVDecoder dec(m);
+  dec.forward(seq(16, 1));
+  // 2 layers x (K, V) x 16 positions x 2 KV heads x 16 head size x 4 bytes (not 4 query heads).
+  EXPECT_EQ(dec.cache_bytes(), 2 * 2 * 16 * 2 * 16 * 4);
+  try {
+    const int32_t one = 1;
+    dec.forward(std::span(&one, 1));
+    FAIL() << "no error past block_size";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("context"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Generate, GreedyEqualsUncachedGenerate) {
+  for (const auto& cfg : {serve_test::tiny_gpt2(), serve_test::tiny_llama("qwen3")}) {
+    auto m = make_model(cfg);
+    const std::vector<int32_t> prompt = seq(7, 2);
+    std::vector<int64_t> p64(prompt.begin(), prompt.end());
+    // GPT::generate reruns the whole context every step (no cache); top_k 1 is greedy.
+    const std::vector<int64_t> ref =
+        m->generate(Tensor::from_ints(p64, {1, 7}), 20, 1).to_int_vector();
+    serve::KVDecoder dec(m);
+    serve::SamplingParams p;
+    p.temperature = 0.0f;
+    p.max_tokens = 20;
+    auto tok = serve::make_byte_tokenizer();
+    const auto r = serve::generate(dec, *tok, prompt, p, /*eos_ids=*/{});
+    ASSERT_EQ(r.tokens.size(), 20u);
+    for (size_t i = 0; i < 20; ++i) EXPECT_EQ(r.tokens[i], ref[7 + i]) << "token " << i;
+    EXPECT_EQ(r.finish_reason, "length");
+    EXPECT_EQ(r.prompt_tokens, 7);
+    EXPECT_EQ(r.completion_tokens, 20);
+    EXPECT_EQ(r.decode_steps, 19);
+  }
+}
+
+TEST(Sampling, GreedyIsArgmaxLowestIdOnTies) {
+  std::vector<float> l = {0.1f, 3.0f, -1.0f, 3.0f, 2.0f};
+  serve::SamplingParams p;
+  p.temperature = 0.0f;
+  EXPECT_EQ(serve::sample_next(l, {}, 0, p, 0), 1);
+}
+
+TEST(Sampling, TopK1EqualsGreedyAndSeedIsDeterministic) {
+  std::vector<float> base(300);
+  for (size_t i = 0; i < base.size(); ++i) base[i] = std::sin(static_cast<float>(i) * 1.7f) * 3.0f;
+  serve::SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  auto l0 = base;
+  const int32_t g = serve::sample_next(l0, {}, 0, greedy, 0);
+  serve::SamplingParams k1;
+  k1.top_k = 1;
+  k1.temperature = 1.5f;
+  std::set<int32_t> drawn;
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    k1.seed = seed;
+    auto l = base;
+    EXPECT_EQ(serve::sample_next(l, {}, 0, k1, seed % 3), g);
+    serve::SamplingParams s;  // full distribution
+    s.seed = seed;
+    auto a = base, b = base;
+    const int32_t x = serve::sample_next(a, {}, 0, s, 4);
+    EXPECT_EQ(serve::sample_next(b, {}, 0, s, 4), x);  // same seed and step: same token
+    drawn.insert(x);
+  }
+  EXPECT_GT(drawn.size(), 5u);  // and different seeds really sample
+}
+
+TEST(Sampling, TopKAndTopPKeepOnlyTheHead) {
+  // Probabilities 0.5, 0.3, 0.2 (and ~0 for the rest).
+  std::vector<float> base = {std::log(0.2f), std::log(0.5f), std::log(0.3f), -50.0f, -50.0f};
+  std::set<int32_t> p06, p05, k2;
+  for (uint64_t seed = 0; seed < 300; ++seed) {
+    serve::SamplingParams p;
+    p.seed = seed;
+    p.top_p = 0.6f;  // 0.5 < 0.6 <= 0.8: the two most likely
+    auto a = base;
+    p06.insert(serve::sample_next(a, {}, 0, p, 0));
+    p.top_p = 0.5f;  // reached by the first alone
+    auto b = base;
+    p05.insert(serve::sample_next(b, {}, 0, p, 0));
+    p.top_p = 1.0f;
+    p.top_k = 2;
+    auto c = base;
+    k2.insert(serve::sample_next(c, {}, 0, p, 0));
+  }
+  EXPECT_EQ(p06, (std::set<int32_t>{1, 2}));
+  EXPECT_EQ(p05, (std::set<int32_t>{1}));
+  EXPECT_EQ(k2, (std::set<int32_t>{1, 2}));
+}
+
+TEST(Sampling, RepetitionPenaltyFollowsTransformers) {
+  std::vector<float> l = {2.0f, -2.0f, 1.0f, 0.5f};
+  serve::SamplingParams p;
+  p.temperature = 0.0f;
+  p.repetition_penalty = 4.0f;
+  const std::vector<int32_t> hist = {0, 1, 0};
+  // 2 / 4 = 0.5, -2 * 4 = -8, 1 unchanged (not seen), 0.5 unchanged: argmax is token 2.
+  EXPECT_EQ(serve::sample_next(l, hist, 1, p, 0), 2);
+  EXPECT_FLOAT_EQ(l[0], 0.5f);
+  EXPECT_FLOAT_EQ(l[1], -8.0f);
+  EXPECT_FLOAT_EQ(l[2], 1.0f);
+  // OpenAI penalties count generated tokens only (history after n_prompt = 1: {1, 0}).
+  std::vector<float> q = {2.0f, -2.0f, 1.0f, 0.5f};
+  serve::SamplingParams o;
+  o.temperature = 0.0f;
+  o.presence_penalty = 0.5f;
+  o.frequency_penalty = 1.0f;
+  serve::sample_next(q, hist, 1, o, 0);
+  EXPECT_FLOAT_EQ(q[0], 0.5f);   // 2 - 0.5 - 1
+  EXPECT_FLOAT_EQ(q[1], -3.5f);  // -2 - 0.5 - 1
+  EXPECT_FLOAT_EQ(q[2], 1.0f);
+}
+
+TEST(Sampling, InvalidParamsNameTheField) {
+  serve::SamplingParams p;
+  p.top_p = 0.0f;
+  EXPECT_THROW(p.validate(), Error);
+  p = {};
+  p.temperature = -1.0f;
+  try {
+    p.validate();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("temperature"), std::string::npos);
+  }
+}
+
+TEST(Generate, StopStringsTrimAndStreamingHoldsBackPrefixes) {
+  auto m = make_model(serve_test::tiny_gpt2());
+  serve::KVDecoder dec(m);
+  auto tok = serve::make_byte_tokenizer();
+  serve::SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = 24;
+  const std::vector<int32_t> prompt = seq(5, 9);
+  const auto free_run = serve::generate(dec, *tok, prompt, p, {});
+  ASSERT_GE(free_run.text.size(), 10u);
+  // Stop at a 2-byte string that first occurs at byte `at` of the free run's text.
+  const size_t at = 6;
+  const std::string stop = free_run.text.substr(at, 2);
+  const size_t first = free_run.text.find(stop);
+  p.stop = {stop, "never-appears"};
+  std::string streamed;
+  const auto r = serve::generate(dec, *tok, prompt, p, {}, [&](std::string_view piece) {
+    streamed += piece;
+    return true;
+  });
+  EXPECT_EQ(r.text, free_run.text.substr(0, first));
+  EXPECT_EQ(r.finish_reason, "stop");
+  EXPECT_EQ(streamed, r.text);  // pieces never included the stop string
+  // Cancelling from the callback stops at once.
+  int calls = 0;
+  const auto c = serve::generate(dec, *tok, prompt,
+                                 serve::SamplingParams{.max_tokens = 10, .temperature = 0.0f}, {},
+                                 [&](std::string_view) { return ++calls < 2; });
+  EXPECT_EQ(c.finish_reason, "cancelled");
+}
+
+TEST(Generate, EosEndsWithStopAndContextIsChecked) {
+  auto m = make_model(serve_test::tiny_gpt2(32));
+  serve::KVDecoder dec(m);
+  auto tok = serve::make_byte_tokenizer();
+  serve::SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = 8;
+  const auto r = serve::generate(dec, *tok, seq(4, 1), p, {});
+  ASSERT_FALSE(r.tokens.empty());
+  // Declaring the first greedy token an end-of-sequence id ends the generation there.
+  const auto e = serve::generate(dec, *tok, seq(4, 1), p, {r.tokens[0]});
+  EXPECT_EQ(e.finish_reason, "stop");
+  EXPECT_TRUE(e.tokens.empty());
+  EXPECT_EQ(e.completion_tokens, 1);
+  p.max_tokens = 30;  // 4 + 30 > 32
+  EXPECT_THROW(serve::generate(dec, *tok, seq(4, 1), p, {}), Error);
+}
+
+TEST(Generate, Utf8TailIsHeldBack) {
+  EXPECT_EQ(serve::incomplete_utf8_tail("abc"), 0u);
+  EXPECT_EQ(serve::incomplete_utf8_tail("a\xE4"), 1u);
+  EXPECT_EQ(serve::incomplete_utf8_tail("a\xE4\xBD"), 2u);
+  EXPECT_EQ(serve::incomplete_utf8_tail("a\xE4\xBD\xA0"), 0u);
+  EXPECT_EQ(serve::incomplete_utf8_tail("\xF0\x9F\x98"), 3u);
+}
+
+TEST(GenerationConfig, DefaultsAndRequestOverrides) {
+  serve_test::TempDir dir("gencfg");
+  std::ofstream(dir.path() / "generation_config.json")
+      << R"({"do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.9,
+            "repetition_penalty": 1.1, "max_new_tokens": 33, "eos_token_id": [5, 7],
+            "bos_token_id": 1, "transformers_version": "5.23.0"})";
+  const auto d = serve::GenerationDefaults::load(dir.path());
+  EXPECT_EQ(d.eos_token_ids, (std::vector<int32_t>{5, 7}));
+  serve::RequestSampling req;
+  auto p = req.resolve(d, 16);
+  EXPECT_FLOAT_EQ(p.temperature, 0.6f);
+  EXPECT_EQ(p.top_k, 20);
+  EXPECT_FLOAT_EQ(p.top_p, 0.9f);
+  EXPECT_FLOAT_EQ(p.repetition_penalty, 1.1f);
+  EXPECT_EQ(p.max_tokens, 33);
+  req.temperature = 0.0f;
+  req.max_tokens = 4;
+  req.top_k = 0;
+  p = req.resolve(d, 16);
+  EXPECT_FLOAT_EQ(p.temperature, 0.0f);
+  EXPECT_EQ(p.max_tokens, 4);
+  EXPECT_EQ(p.top_k, 0);
+  // do_sample false means greedy unless the request sets a temperature; no file = built-ins.
+  const auto g = serve::GenerationDefaults::from_json({{"do_sample", false}}, "x");
+  EXPECT_FLOAT_EQ(serve::RequestSampling{}.resolve(g, 16).temperature, 0.0f);
+  const auto none = serve::GenerationDefaults::load(dir.path() / "nowhere");
+  EXPECT_FLOAT_EQ(serve::RequestSampling{}.resolve(none, 16).temperature, 1.0f);
+  EXPECT_THROW(serve::GenerationDefaults::from_json({{"top_k", "many"}}, "x"), Error);
+}
+
+TEST(LoadModel, HfFolderAndTrainOutputDir) {
+  serve_test::TempDir dir("load");
+  auto m = make_model(serve_test::tiny_llama("qwen3"));
+  models::export_hf(*m, dir.path() / "hf_model");
+  for (const auto& path : {dir.path() / "hf_model", dir.path()}) {  // folder, or --output_dir
+    auto lm = serve::load_model(path);
+    EXPECT_EQ(lm.tokenizer->name(), "bytes");
+    EXPECT_EQ(lm.eos_ids, (std::vector<int32_t>{256}));
+    EXPECT_EQ(lm.model->config().n_kv_head, 2);
+  }
+  try {
+    serve::load_model(dir.path() / "missing");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("config.json"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Api, ParsesAndRejectsWithTheField) {
+  using nlohmann::json;
+  auto param_of = [](auto fn) -> std::string {
+    try {
+      fn();
+    } catch (const serve::ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      return e.param;
+    }
+    return "<no error>";
+  };
+  EXPECT_EQ(param_of([] { serve::parse_json_body("{nope"); }), "body");
+  EXPECT_EQ(param_of([] { serve::parse_json_body("[1]"); }), "body");
+  EXPECT_EQ(param_of([] {
+              serve::parse_completion_request({{"prompt", "x"}, {"temprature", 1}});
+            }),
+            "temprature");
+  EXPECT_EQ(param_of([] { serve::parse_completion_request({{"prompt", 3}}); }), "prompt");
+  EXPECT_EQ(param_of([] { serve::parse_completion_request({{"prompt", "x"}, {"n", 2}}); }), "n");
+  EXPECT_EQ(param_of([] {
+              serve::parse_chat_request({{"messages", {{{"role", "bot"}, {"content", "x"}}}}});
+            }),
+            "messages[0].role");
+  EXPECT_EQ(param_of([] { serve::parse_chat_request({{"messages", "hi"}}); }), "messages");
+  EXPECT_EQ(param_of([] {
+              serve::parse_chat_request(
+                  {{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"max_tokens", 1.5}});
+            }),
+            "max_tokens");
+  EXPECT_EQ(param_of([] {
+              serve::parse_guide_request({{"prompt", "x"}, {"history", {{"a"}}}});
+            }),
+            "history[0]");
+  // Happy paths.
+  const auto c = serve::parse_completion_request(
+      {{"prompt", {1, 2, 3}}, {"stop", "\n"}, {"max_tokens", 5}, {"seed", 9}, {"n", 1}});
+  EXPECT_EQ(c.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(c.sampling.stop, (std::vector<std::string>{"\n"}));
+  const auto g = serve::parse_guide_request(
+      {{"prompt", "你好"}, {"history", json::array()}, {"max_length", nullptr}});
+  EXPECT_EQ(g.max_length, 2048);
+  EXPECT_FLOAT_EQ(g.top_p, 0.7f);
+  EXPECT_FLOAT_EQ(g.temperature, 0.95f);
+  EXPECT_EQ(serve::render_chatglm({{"q", "a"}}, "p"),
+            "[Round 0]\n问：q\n答：a\n[Round 1]\n问：p\n答：");
+  EXPECT_EQ(serve::render_chatglm({}, "p"), "p");
+  EXPECT_EQ(serve::render_chat({{"user", "hi"}}),
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+}

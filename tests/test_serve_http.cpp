@@ -1,0 +1,278 @@
+// ds_serve's HTTP server, started in-process on an ephemeral port with a tiny model exported in the
+// test: every route's happy path (non-streaming and streaming) and every kind of bad input, after
+// which the server must still answer.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <regex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "ds/serve/api.h"
+#include "ds/serve/generate.h"
+#include "serve/server.h"
+#include "serve_fixture.h"
+
+using nlohmann::json;
+
+namespace {
+
+class ServeHttp : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new serve_test::TempDir("http");
+    auto m = serve_test::make_model(serve_test::tiny_gpt2(256));
+    ds::models::export_hf(*m, dir_->path() / "tiny");
+    ds::serve::ServerOptions o;
+    o.port = 0;
+    o.max_body_bytes = 4096;
+    o.log_requests = false;
+    server_ = new ds::serve::Server(ds::serve::load_model(dir_->path() / "tiny"), o);
+    port_ = server_->bind();
+    thread_ = new std::thread([] { server_->run(); });
+    httplib::Client c("127.0.0.1", port_);
+    for (int i = 0; i < 200; ++i) {  // until the listener answers
+      if (auto r = c.Get("/health"); r && r->status == 200) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  static void TearDownTestSuite() {
+    server_->stop();
+    thread_->join();
+    delete thread_;
+    delete server_;
+    delete dir_;
+  }
+  httplib::Client client() {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  // POST returning (status, parsed body).
+  std::pair<int, json> post(const std::string& path, const std::string& body) {
+    auto c = client();
+    auto r = c.Post(path.c_str(), body, "application/json");
+    EXPECT_TRUE(r) << "no response from " << path;
+    if (!r) return {0, {}};
+    json j = json::parse(r->body, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << "not JSON: " << r->body;
+    return {r->status, j};
+  }
+  // An OpenAI error: status 400 and error.param == param.
+  void expect_openai_error(const std::string& path, const std::string& body,
+                           const std::string& param, int status = 400) {
+    auto [st, j] = post(path, body);
+    EXPECT_EQ(st, status) << body << " -> " << j.dump();
+    ASSERT_TRUE(j.contains("error") && j["error"].is_object()) << j.dump();
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error") << j.dump();
+    EXPECT_TRUE(j["error"]["message"].is_string());
+    if (!param.empty()) EXPECT_EQ(j["error"]["param"], param) << j.dump();
+  }
+  static inline serve_test::TempDir* dir_ = nullptr;
+  static inline ds::serve::Server* server_ = nullptr;
+  static inline std::thread* thread_ = nullptr;
+  static inline int port_ = 0;
+};
+
+// The data: lines of an SSE body, parsed (the last is "[DONE]" as a string).
+std::vector<json> sse_events(const std::string& body) {
+  std::vector<json> out;
+  size_t pos = 0;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    const std::string data = body.substr(pos + 6, end - pos - 6);
+    out.push_back(data == "[DONE]" ? json("[DONE]") : json::parse(data));
+    pos = end;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_F(ServeHttp, HealthAndModels) {
+  auto c = client();
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_EQ(json::parse(h->body)["status"], "ok");
+  auto m = c.Get("/v1/models");
+  ASSERT_TRUE(m);
+  const json j = json::parse(m->body);
+  EXPECT_EQ(j["object"], "list");
+  EXPECT_EQ(j["data"][0]["id"], "tiny");
+  EXPECT_EQ(j["data"][0]["object"], "model");
+}
+
+TEST_F(ServeHttp, GuideApiKeepsHistory) {
+  auto [st, j] = post("/", R"({"prompt": "你好", "history": [], "max_length": 24})");
+  ASSERT_EQ(st, 200) << j.dump();
+  EXPECT_EQ(j["status"], 200);
+  ASSERT_TRUE(j["response"].is_string());
+  EXPECT_EQ(j["history"], json::array({json::array({"你好", j["response"]})}));
+  EXPECT_TRUE(std::regex_match(j["time"].get<std::string>(),
+                               std::regex(R"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")));
+  // A second round sends the history back; optional fields may be null.
+  json req = {{"prompt", "again"},
+              {"history", j["history"]},
+              {"max_length", 200},
+              {"top_p", nullptr},
+              {"temperature", 0.5}};
+  auto [st2, j2] = post("/", req.dump());
+  ASSERT_EQ(st2, 200) << j2.dump();
+  ASSERT_EQ(j2["history"].size(), 2u);
+  EXPECT_EQ(j2["history"][0], j["history"][0]);
+  EXPECT_EQ(j2["history"][1][0], "again");
+  EXPECT_EQ(j2["history"][1][1], j2["response"]);
+}
+
+TEST_F(ServeHttp, CompletionsMatchDirectGeneration) {
+  auto [st, j] = post("/v1/completions",
+                      R"({"model": "tiny", "prompt": "Hello", "max_tokens": 6, "temperature": 0.8,
+                          "top_k": 40, "seed": 5})");
+  ASSERT_EQ(st, 200) << j.dump();
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], "tiny");
+  const auto& u = j["usage"];
+  EXPECT_EQ(u["prompt_tokens"], 5);
+  EXPECT_EQ(u["total_tokens"], u["prompt_tokens"].get<int>() + u["completion_tokens"].get<int>());
+  // The same generation run directly (what ds_generate does) gives the same text.
+  auto lm = ds::serve::load_model(dir_->path() / "tiny");
+  ds::serve::KVDecoder dec(lm.model);
+  ds::serve::SamplingParams p;
+  p.max_tokens = 6;
+  p.temperature = 0.8f;
+  p.top_k = 40;
+  p.seed = 5;
+  const auto r =
+      ds::serve::generate(dec, *lm.tokenizer, lm.tokenizer->encode("Hello"), p, lm.eos_ids);
+  EXPECT_EQ(j["choices"][0]["text"], r.text);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], r.finish_reason);
+  EXPECT_EQ(u["completion_tokens"], r.completion_tokens);
+  // Token-id prompts and echo.
+  auto [st2, j2] =
+      post("/v1/completions",
+           R"({"prompt": [72, 105], "max_tokens": 2, "temperature": 0, "echo": true})");
+  ASSERT_EQ(st2, 200) << j2.dump();
+  EXPECT_EQ(j2["choices"][0]["text"].get<std::string>().substr(0, 2), "Hi");
+}
+
+TEST_F(ServeHttp, ChatCompletionsAndStreamingAgree) {
+  const std::string body =
+      R"({"messages": [{"role": "system", "content": "Be brief."},
+                       {"role": "user", "content": "Hi there"}],
+          "max_tokens": 12, "temperature": 0.7, "seed": 3})";
+  auto [st, j] = post("/v1/chat/completions", body);
+  ASSERT_EQ(st, 200) << j.dump();
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  const std::string content = j["choices"][0]["message"]["content"];
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 20);
+  // Streaming the same request: the deltas add up to the same content.
+  json sreq = json::parse(body);
+  sreq["stream"] = true;
+  sreq["stream_options"] = {{"include_usage", true}};
+  auto c = client();
+  auto r = c.Post("/v1/chat/completions", sreq.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_NE(r->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+  const auto ev = sse_events(r->body);
+  ASSERT_GE(ev.size(), 4u) << r->body;
+  EXPECT_EQ(ev.back(), "[DONE]");
+  EXPECT_EQ(ev[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string streamed;
+  for (size_t i = 0; i + 3 < ev.size(); ++i) {
+    EXPECT_EQ(ev[i]["object"], "chat.completion.chunk");
+    streamed += ev[i]["choices"][0]["delta"].value("content", "");
+  }
+  const json& closing = ev[ev.size() - 3];
+  EXPECT_EQ(closing["choices"][0]["finish_reason"], j["choices"][0]["finish_reason"]);
+  const json& usage = ev[ev.size() - 2];
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"], j["usage"]);
+  EXPECT_EQ(streamed, content);
+  // Completions stream too.
+  auto r2 = c.Post("/v1/completions", R"({"prompt": "ab", "max_tokens": 3, "stream": true})",
+                   "application/json");
+  ASSERT_TRUE(r2);
+  const auto ev2 = sse_events(r2->body);
+  ASSERT_GE(ev2.size(), 2u);
+  EXPECT_EQ(ev2.back(), "[DONE]");
+  EXPECT_EQ(ev2[0]["object"], "text_completion");
+}
+
+TEST_F(ServeHttp, BadInputIsA400NamingTheField) {
+  const std::string chat = "/v1/chat/completions", cmpl = "/v1/completions";
+  expect_openai_error(chat, "{not json", "body");
+  expect_openai_error(chat, "[]", "body");
+  expect_openai_error(chat, R"({"messages": "hello"})", "messages");
+  expect_openai_error(chat, R"({"messages": [{"role": "user", "content": 5}]})",
+                      "messages[0].content");
+  expect_openai_error(chat,
+                      R"({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"})",
+                      "temperature");
+  expect_openai_error(chat, R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1})",
+                      "max_tokens");
+  expect_openai_error(chat, R"({"messages": [{"role": "user", "content": "x"}], "n": 3})", "n");
+  expect_openai_error(chat, R"({"messages": [{"role": "user", "content": "x"}], "stop": [1]})",
+                      "stop");
+  // Unknown fields are named in the message.
+  auto [st, j] = post(chat, R"({"messages": [{"role": "user", "content": "x"}], "temprature": 1})");
+  EXPECT_EQ(st, 400);
+  EXPECT_EQ(j["error"]["param"], "temprature");
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("temprature"), std::string::npos);
+  // Context length (256 tokens): a long prompt, and prompt + max_tokens.
+  const std::string long_prompt(300, 'a');
+  auto [st2, j2] = post(cmpl, json{{"prompt", long_prompt}}.dump());
+  EXPECT_EQ(st2, 400);
+  EXPECT_EQ(j2["error"]["code"], "context_length_exceeded");
+  EXPECT_EQ(j2["error"]["param"], "prompt");
+  expect_openai_error(cmpl, R"({"prompt": "abc", "max_tokens": 254})", "max_tokens");
+  expect_openai_error(cmpl, R"({"prompt": [1, 99999]})", "prompt");
+  expect_openai_error(cmpl, R"({"max_tokens": 3})", "prompt");
+  // The guide route: same checks, its own error body.
+  auto [st3, j3] = post("/", R"({"prompt": "x", "history": [["only one"]]})");
+  EXPECT_EQ(st3, 400);
+  EXPECT_EQ(j3["status"], 400);
+  EXPECT_EQ(j3["param"], "history[0]");
+  auto [st4, j4] = post("/", R"({"prompt": 1})");
+  EXPECT_EQ(st4, 400);
+  EXPECT_EQ(j4["param"], "prompt");
+  auto [st5, j5] = post("/", R"({"prompt": "x", "histroy": []})");
+  EXPECT_EQ(st5, 400);
+  EXPECT_EQ(j5["param"], "histroy");
+  auto [st6, j6] = post("/", json{{"prompt", long_prompt}}.dump());
+  EXPECT_EQ(st6, 400);
+  // Too large a body (limit 4096 bytes in this test) and unknown routes.
+  auto c = client();
+  auto big = c.Post("/v1/completions", json{{"prompt", std::string(8000, 'x')}}.dump(),
+                    "application/json");
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->status, 413);
+  auto nf = c.Get("/nowhere");
+  ASSERT_TRUE(nf);
+  EXPECT_EQ(nf->status, 404);
+  EXPECT_EQ(json::parse(nf->body)["error"]["type"], "not_found_error");
+  // Still serving.
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+}
+
+TEST_F(ServeHttp, ConcurrentClientsAreServedOneGenerationAtATime) {
+  std::vector<std::thread> ts;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 8; ++i)
+    ts.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", port_);
+      c.set_read_timeout(60, 0);
+      auto r =
+          c.Post("/v1/completions",
+                 json{{"prompt", "q" + std::to_string(i)}, {"max_tokens", 4}, {"seed", i}}.dump(),
+                 "application/json");
+      if (r && r->status == 200) ++ok;
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(ok, 8);
+}

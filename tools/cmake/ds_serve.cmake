@@ -1,0 +1,13 @@
+# ds_generate (one completion on the command line) and ds_serve (HTTP). The HTTP server is a small
+# library of its own so that tests can start it in-process; cpp-httplib comes from Debian's
+# libcpp-httplib-dev, whose split build needs its pkg-config flags (CPPHTTPLIB_*_SUPPORT) to match
+# the compiled library's class layout.
+add_executable(ds_generate ${CMAKE_CURRENT_SOURCE_DIR}/ds_generate.cpp)
+target_link_libraries(ds_generate PRIVATE deepspeed)
+
+pkg_check_modules(CPP_HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+add_library(ds_serve_http STATIC ${CMAKE_CURRENT_SOURCE_DIR}/serve/server.cpp)
+target_include_directories(ds_serve_http PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
+target_link_libraries(ds_serve_http PUBLIC deepspeed PkgConfig::CPP_HTTPLIB)
+add_executable(ds_serve ${CMAKE_CURRENT_SOURCE_DIR}/ds_serve.cpp)
+target_link_libraries(ds_serve PRIVATE ds_serve_http)

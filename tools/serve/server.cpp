@@ -1,0 +1,352 @@
+#include "server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+#include <random>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "ds/core/error.h"
+#include "ds/serve/api.h"
+
+namespace ds::serve {
+
+using nlohmann::json;
+
+struct Server::Impl {
+  LoadedModel m;
+  ServerOptions opt;
+  httplib::Server http;
+  std::mutex gen_mutex;  // one generation at a time: the model and its KV cache
+  KVDecoder decoder;
+  std::atomic<uint64_t> next_id{1};
+  std::time_t created = std::time(nullptr);
+
+  Impl(LoadedModel model, ServerOptions o)
+      : m(std::move(model)), opt(std::move(o)), decoder(m.model) {}
+
+  int64_t context() const { return m.model->config().block_size; }
+  std::string new_id(const char* prefix) {
+    return fmt::format("{}-{:016x}", prefix, next_id.fetch_add(1) * 0x9E3779B97F4A7C15ull);
+  }
+
+  GenerationResult run(const std::vector<int32_t>& ids, const SamplingParams& p,
+                       const TextCallback& cb = {}) {
+    std::lock_guard<std::mutex> lock(gen_mutex);
+    return generate(decoder, *m.tokenizer, ids, p, m.eos_ids, cb);
+  }
+
+  // Checks the token budget and returns the max_tokens to use. `param` names the prompt field.
+  int64_t budget(int64_t n_prompt, std::optional<int64_t> requested, int64_t fallback,
+                 const std::string& param) {
+    if (n_prompt == 0) throw ApiError(400, "the prompt encodes to no tokens", param);
+    if (n_prompt >= context())
+      throw ApiError(400,
+                     fmt::format("the prompt is {} tokens; this model's context length is {} "
+                                 "tokens (room for the prompt and at least one new token)",
+                                 n_prompt, context()),
+                     param, "invalid_request_error", "context_length_exceeded");
+    const int64_t room = context() - n_prompt;
+    if (requested) {
+      if (n_prompt + *requested > context())
+        throw ApiError(400,
+                       fmt::format("the prompt ({} tokens) + max_tokens ({}) exceed this model's "
+                                   "context length of {} tokens; lower max_tokens to at most {}",
+                                   n_prompt, *requested, context(), room),
+                       "max_tokens", "invalid_request_error", "context_length_exceeded");
+      return *requested;
+    }
+    return std::min(fallback, room);
+  }
+
+  uint64_t seed_or_random(const RequestSampling& s) {
+    if (s.seed) return *s.seed;
+    static thread_local std::mt19937_64 gen{std::random_device{}()};
+    return gen();
+  }
+
+  static void reply_json(httplib::Response& res, int status, const json& body) {
+    res.status = status;
+    res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  }
+
+  static json usage(const GenerationResult& r) {
+    return {{"prompt_tokens", r.prompt_tokens},
+            {"completion_tokens", r.completion_tokens},
+            {"total_tokens", r.prompt_tokens + r.completion_tokens}};
+  }
+
+  static std::string sse(const json& j) {
+    return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+  }
+
+  // ---- routes ----
+
+  void guide(const httplib::Request& req, httplib::Response& res) {
+    const GuideRequest g = parse_guide_request(parse_json_body(req.body));
+    const std::vector<int32_t> ids = m.tokenizer->encode(render_chatglm(g.history, g.prompt));
+    const int64_t max_len = std::min(g.max_length, context());
+    const int64_t n = static_cast<int64_t>(ids.size());
+    if (n >= max_len)
+      throw ApiError(400,
+                     fmt::format("the prompt with its history is {} tokens, which reaches "
+                                 "max_length {} (this model's context length is {})",
+                                 n, max_len, context()),
+                     n >= context() ? "prompt" : "max_length");
+    SamplingParams p;
+    p.max_tokens = max_len - n;
+    p.temperature = g.temperature;
+    p.top_p = g.top_p;
+    p.seed = 0;  // the guide's API has no seed: the same request gets the same answer
+    const GenerationResult r = run(ids, p);
+    json history = json::array();
+    for (const auto& [q, a] : g.history) history.push_back({q, a});
+    history.push_back({g.prompt, r.text});
+    reply_json(res, 200,
+               {{"response", r.text},
+                {"history", history},
+                {"status", 200},
+                {"time", local_time_string()}});
+  }
+
+  void completions(const httplib::Request& req, httplib::Response& res) {
+    const CompletionRequest c = parse_completion_request(parse_json_body(req.body));
+    std::vector<int32_t> ids = c.prompt_ids.empty() ? m.tokenizer->encode(c.prompt) : c.prompt_ids;
+    for (int32_t id : ids)
+      if (id >= m.model->config().vocab_size)
+        throw ApiError(400,
+                       fmt::format("token id {} is outside the vocabulary [0, {})", id,
+                                   m.model->config().vocab_size),
+                       "prompt");
+    const int64_t n = static_cast<int64_t>(ids.size());
+    SamplingParams p = c.sampling.resolve(m.defaults, 16);
+    p.max_tokens =
+        budget(n, c.sampling.max_tokens ? std::optional<int64_t>(p.max_tokens) : std::nullopt,
+               p.max_tokens, "prompt");
+    p.seed = seed_or_random(c.sampling);
+    const std::string echo = c.echo ? m.tokenizer->decode(ids) : std::string();
+    const std::string id = new_id("cmpl");
+    const std::time_t now = std::time(nullptr);
+    auto chunk = [this, id, now](const std::string& text, json finish) {
+      return json{
+          {"id", id},
+          {"object", "text_completion"},
+          {"created", now},
+          {"model", m.id},
+          {"choices",
+           {{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}}}}};
+    };
+    if (!c.stream) {
+      const GenerationResult r = run(ids, p);
+      json body = chunk(echo + r.text, r.finish_reason);
+      body["usage"] = usage(r);
+      reply_json(res, 200, body);
+      return;
+    }
+    const bool include_usage = c.include_usage;
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, ids, p, echo, chunk, include_usage, id, now](size_t, httplib::DataSink& sink) {
+          auto send = [&](const std::string& s) {
+            return sink.is_writable() && sink.write(s.data(), s.size());
+          };
+          if (!echo.empty()) send(sse(chunk(echo, nullptr)));
+          try {
+            const GenerationResult r = run(ids, p, [&](std::string_view piece) {
+              return send(sse(chunk(std::string(piece), nullptr)));
+            });
+            if (r.finish_reason == "cancelled") return false;
+            send(sse(chunk("", r.finish_reason)));
+            if (include_usage) {
+              json u = chunk("", nullptr);
+              u["choices"] = json::array();
+              u["usage"] = usage(r);
+              send(sse(u));
+            }
+            send("data: [DONE]\n\n");
+          } catch (const std::exception& e) {
+            send(sse(openai_error_body(ApiError(500, e.what(), "", "server_error"))));
+          }
+          sink.done();
+          return true;
+        });
+  }
+
+  void chat(const httplib::Request& req, httplib::Response& res) {
+    const ChatRequest c = parse_chat_request(parse_json_body(req.body));
+    const std::vector<int32_t> ids = m.tokenizer->encode(render_chat(c.messages));
+    const int64_t n = static_cast<int64_t>(ids.size());
+    SamplingParams p = c.sampling.resolve(m.defaults, context());
+    p.max_tokens =
+        budget(n, c.sampling.max_tokens ? std::optional<int64_t>(p.max_tokens) : std::nullopt,
+               p.max_tokens, "messages");
+    p.seed = seed_or_random(c.sampling);
+    p.stop.push_back(kChatStop);
+    const std::string id = new_id("chatcmpl");
+    const std::time_t now = std::time(nullptr);
+    if (!c.stream) {
+      const GenerationResult r = run(ids, p);
+      reply_json(res, 200,
+                 {{"id", id},
+                  {"object", "chat.completion"},
+                  {"created", now},
+                  {"model", m.id},
+                  {"choices",
+                   {{{"index", 0},
+                     {"message", {{"role", "assistant"}, {"content", r.text}}},
+                     {"logprobs", nullptr},
+                     {"finish_reason", r.finish_reason}}}},
+                  {"usage", usage(r)}});
+      return;
+    }
+    auto chunk = [this, id, now](json delta, json finish) {
+      return json{
+          {"id", id},
+          {"object", "chat.completion.chunk"},
+          {"created", now},
+          {"model", m.id},
+          {"choices",
+           {{{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish}}}}};
+    };
+    const bool include_usage = c.include_usage;
+    res.set_chunked_content_provider(
+        "text/event-stream", [this, ids, p, chunk, include_usage](size_t, httplib::DataSink& sink) {
+          auto send = [&](const std::string& s) {
+            return sink.is_writable() && sink.write(s.data(), s.size());
+          };
+          send(sse(chunk({{"role", "assistant"}, {"content", ""}}, nullptr)));
+          try {
+            const GenerationResult r = run(ids, p, [&](std::string_view piece) {
+              return send(sse(chunk({{"content", std::string(piece)}}, nullptr)));
+            });
+            if (r.finish_reason == "cancelled") return false;
+            send(sse(chunk(json::object(), r.finish_reason)));
+            if (include_usage) {
+              json u = chunk(json::object(), nullptr);
+              u["choices"] = json::array();
+              u["usage"] = usage(r);
+              send(sse(u));
+            }
+            send("data: [DONE]\n\n");
+          } catch (const std::exception& e) {
+            send(sse(openai_error_body(ApiError(500, e.what(), "", "server_error"))));
+          }
+          sink.done();
+          return true;
+        });
+  }
+
+  void models(const httplib::Request&, httplib::Response& res) {
+    reply_json(res, 200,
+               {{"object", "list"},
+                {"data",
+                 {{{"id", m.id},
+                   {"object", "model"},
+                   {"created", created},
+                   {"owned_by", "deepspeed.cpp"},
+                   {"context_length", context()}}}}});
+  }
+
+  // Runs a handler; ApiError becomes its status with the route's error body.
+  httplib::Server::Handler wrap(void (Impl::*fn)(const httplib::Request&, httplib::Response&),
+                                bool openai) {
+    return [this, fn, openai](const httplib::Request& req, httplib::Response& res) {
+      try {
+        (this->*fn)(req, res);
+      } catch (const ApiError& e) {
+        reply_json(res, e.status, openai ? openai_error_body(e) : guide_error_body(e));
+      } catch (const std::exception& e) {
+        const ApiError err(500, e.what(), "", "server_error");
+        reply_json(res, 500, openai ? openai_error_body(err) : guide_error_body(err));
+      }
+    };
+  }
+
+  void setup() {
+    http.new_task_queue = [n = opt.http_threads] {
+      return new httplib::ThreadPool(static_cast<size_t>(std::max(1, n)));
+    };
+    http.set_payload_max_length(opt.max_body_bytes);
+    http.Post("/", wrap(&Impl::guide, false));
+    http.Post("/v1/completions", wrap(&Impl::completions, true));
+    http.Post("/v1/chat/completions", wrap(&Impl::chat, true));
+    http.Get("/v1/models", wrap(&Impl::models, true));
+    auto health = [](const httplib::Request&, httplib::Response& res) {
+      reply_json(res, 200, {{"status", "ok"}});
+    };
+    http.Get("/health", health);
+    http.Get("/v1/health", health);
+    // Statuses httplib sets itself (404 unknown route, 413 body too large, 400 bad request line)
+    // get a JSON body too.
+    http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      std::string msg;
+      if (res.status == 404)
+        msg = fmt::format(
+            "no route {} {}; routes: POST /, POST /v1/completions, POST "
+            "/v1/chat/completions, GET /v1/models, GET /health",
+            req.method, req.path);
+      else if (res.status == 413)
+        msg = fmt::format("the request body is larger than the limit of {} bytes",
+                          opt.max_body_bytes);
+      else
+        msg = fmt::format("HTTP {}", res.status);
+      const ApiError e(res.status, msg, res.status == 413 ? "body" : "",
+                       res.status == 404 ? "not_found_error" : "invalid_request_error");
+      reply_json(res, res.status, openai_error_body(e));
+    });
+    http.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+          std::string msg = "internal error";
+          try {
+            if (ep) std::rethrow_exception(ep);
+          } catch (const std::exception& e) {
+            msg = e.what();
+          } catch (...) {
+          }
+          reply_json(res, 500, openai_error_body(ApiError(500, msg, "", "server_error")));
+        });
+    if (opt.log_requests)
+      http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+        std::fprintf(stderr, "ds_serve: %s %s -> %d\n", req.method.c_str(), req.path.c_str(),
+                     res.status);
+      });
+  }
+};
+
+Server::Server(LoadedModel model, ServerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(model), std::move(options))) {
+  impl_->setup();
+}
+
+Server::~Server() {
+  stop();
+}
+
+int Server::bind() {
+  const auto& o = impl_->opt;
+  if (o.port == 0) {
+    const int port = impl_->http.bind_to_any_port(o.host);
+    DS_CHECK(port > 0, "[ds_serve] cannot bind any port on {}", o.host);
+    return port;
+  }
+  DS_CHECK(impl_->http.bind_to_port(o.host, o.port),
+           "[ds_serve] cannot bind {}:{} (in use? give another --port)", o.host, o.port);
+  return o.port;
+}
+
+void Server::run() {
+  impl_->http.listen_after_bind();
+}
+
+void Server::stop() {
+  if (impl_ && impl_->http.is_running()) impl_->http.stop();
+}
+
+}  // namespace ds::serve

@@ -1,0 +1,50 @@
+#pragma once
+// ds_serve's HTTP server (cpp-httplib): the ChatGLM guide's POST /, OpenAI's /v1/completions and
+// /v1/chat/completions (with stream: true as server-sent events), GET /v1/models and GET /health.
+// Request parsing lives in ds/serve/api.h; this file only routes, runs generations and writes
+// replies. docs/serving.md documents the API.
+//
+// Concurrency: httplib serves each connection on a pool thread; generations run one at a time
+// under one mutex around the model and its KV cache (requests queue on it, unbounded). Bad input
+// never ends the server: every handler error is a JSON reply (400 for bad fields, 413 for a body
+// over the size limit, 404 for an unknown route, 500 for an internal error).
+//
+//   ds::serve::Server s(ds::serve::load_model(dir), {.host = "127.0.0.1", .port = 0});
+//   int port = s.bind();            // 0 = an ephemeral port
+//   std::thread t([&] { s.run(); });
+//   ...; s.stop(); t.join();
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "ds/serve/generate.h"
+
+namespace ds::serve {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                  // 0 = any free port (bind() returns it)
+  size_t max_body_bytes = 1 << 20;  // larger request bodies answer 413
+  int http_threads = 8;             // connection threads (generations still run one at a time)
+  bool log_requests = true;         // one line per request on stderr
+};
+
+class Server {
+ public:
+  Server(LoadedModel model, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds the listening socket; returns the port. Throws "[ds_serve] ..." when it cannot.
+  int bind();
+  // Serves until stop(); call after bind().
+  void run();
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ds::serve
