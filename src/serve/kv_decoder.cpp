@@ -1,5 +1,7 @@
 #include "ds/serve/kv_decoder.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -20,6 +22,45 @@ namespace {
 Tensor f32_contiguous(const Tensor& t) {
   Tensor c = t.dtype() == DType::f32 ? t : ops::cast(t, DType::f32);
   return c.is_contiguous() ? c : ops::contiguous(c);
+}
+
+// y (out) = W (out, in) x (in) + b: one row of x. A BLAS sgemm with M = 1 packs W on every call
+// (OpenBLAS 0.3.21 has no GEMV forwarding), reading the weights twice; decode is bound by reading
+// them once, so one position runs this row-parallel AVX2 dot product instead.
+void gemv(const float* W, const float* x, const float* b, float* y, int64_t out, int64_t in) {
+  parallel_for(out, 64, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* w = W + r * in;
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+      int64_t i = 0;
+      for (; i + 16 <= in; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+      }
+      a0 = _mm256_add_ps(a0, a1);
+      __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+      s4 = _mm_hadd_ps(s4, s4);
+      s4 = _mm_hadd_ps(s4, s4);
+      float acc = _mm_cvtss_f32(s4);
+      for (; i < in; ++i) acc += w[i] * x[i];
+      y[r] = b ? acc + b[r] : acc;
+    }
+  });
+}
+
+// ops::linear, or gemv() when x is a single fp32 row and the weights are plain fp32.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = {}) {
+  const int64_t out = w.size(0), in = w.size(1);
+  if (x.numel() != in || x.dtype() != DType::f32 || w.dtype() != DType::f32 || !w.is_contiguous() ||
+      (b.defined() && (b.dtype() != DType::f32 || !b.is_contiguous())))
+    return ops::linear(x, w, b);
+  const Tensor xc = x.is_contiguous() ? x : ops::contiguous(x);
+  Shape shape = x.shape();
+  shape.back() = out;
+  Tensor y = Tensor::empty(shape);
+  gemv(w.data<float>(), xc.data<float>(), b.defined() ? b.data<float>() : nullptr, y.data<float>(),
+       out, in);
+  return y;
 }
 
 }  // namespace
@@ -108,14 +149,14 @@ Tensor KVDecoder::attention(Layer& l, const Tensor& x, int64_t p0) {
   const bool gpt2 = cfg_.layout == Layout::gpt2;
   Tensor q, k, v;  // q (1, NH, n, hd); k, v (1, KV, n, hd)
   if (gpt2) {      // the module's split of c_attn: [q | k | v], each head a contiguous hd slice
-    Tensor qkv = ops::reshape(ops::linear(x, l.c_attn_w, l.c_attn_b), {1, n, 3, NH, hd});
+    Tensor qkv = ops::reshape(linear(x, l.c_attn_w, l.c_attn_b), {1, n, 3, NH, hd});
     qkv = ops::contiguous(ops::permute(qkv, {2, 0, 3, 1, 4}));  // (3, 1, NH, n, hd)
     q = ops::reshape(ops::slice(qkv, 0, 0, 1), {1, NH, n, hd});
     k = ops::reshape(ops::slice(qkv, 0, 1, 2), {1, NH, n, hd});
     v = ops::reshape(ops::slice(qkv, 0, 2, 3), {1, NH, n, hd});
   } else {
     auto heads = [&](const Tensor& w, const Tensor& b, int64_t h, const Tensor& norm_w) {
-      Tensor t = ops::reshape(ops::linear(x, w, b), {1, n, h, hd});
+      Tensor t = ops::reshape(linear(x, w, b), {1, n, h, hd});
       if (norm_w.defined()) t = ops::rms_norm(t, norm_w, cfg_.norm_eps);
       return ops::contiguous(ops::transpose(t, 1, 2));  // (1, h, n, hd)
     };
@@ -183,15 +224,14 @@ Tensor KVDecoder::attention(Layer& l, const Tensor& x, int64_t p0) {
     });
     if (x.dtype() != DType::f32) y = ops::cast(y, x.dtype());
   }
-  return gpt2 ? ops::linear(y, l.c_proj_w, l.c_proj_b) : ops::linear(y, l.o_w, l.o_b);
+  return gpt2 ? linear(y, l.c_proj_w, l.c_proj_b) : linear(y, l.o_w, l.o_b);
 }
 
 Tensor KVDecoder::mlp(const Layer& l, const Tensor& x) {
   if (cfg_.layout == Layout::gpt2)
-    return ops::linear(ops::gelu(ops::linear(x, l.fc_w, l.fc_b)), l.mlp_proj_w, l.mlp_proj_b);
-  return ops::linear(
-      ops::swiglu(ops::linear(x, l.gate_w, l.gate_b), ops::linear(x, l.up_w, l.up_b)), l.down_w,
-      l.down_b);
+    return linear(ops::gelu(linear(x, l.fc_w, l.fc_b)), l.mlp_proj_w, l.mlp_proj_b);
+  return linear(ops::swiglu(linear(x, l.gate_w, l.gate_b), linear(x, l.up_w, l.up_b)), l.down_w,
+                l.down_b);
 }
 
 Tensor KVDecoder::forward(std::span<const int32_t> ids, bool all_logits) {
@@ -226,7 +266,7 @@ Tensor KVDecoder::forward(std::span<const int32_t> ids, bool all_logits) {
            : ops::rms_norm(x, normf_w_, cfg_.norm_eps);
   if (!all_logits && n > 1) x = ops::slice(x, 1, n - 1, n);  // the LM head on the last row only
   const int64_t rows = x.size(1);
-  return f32_contiguous(ops::reshape(ops::linear(x, head_w_), {rows, cfg_.vocab_size}));
+  return f32_contiguous(ops::reshape(linear(x, head_w_), {rows, cfg_.vocab_size}));
 }
 
 }  // namespace ds::serve
