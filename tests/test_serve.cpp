@@ -9,6 +9,7 @@
 
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
+#include "ds/data/text_tokenizer.h"
 #include "ds/serve/api.h"
 #include "ds/serve/generate.h"
 #include "ds/serve/kv_decoder.h"
@@ -364,6 +365,36 @@ TEST(Api, ParsesAndRejectsWithTheField) {
   EXPECT_EQ(serve::render_chatglm({{"q", "a"}}, "p"),
             "[Round 0]\n问：q\n答：a\n[Round 1]\n问：p\n答：");
   EXPECT_EQ(serve::render_chatglm({}, "p"), "p");
-  EXPECT_EQ(serve::render_chat({{"user", "hi"}}),
-            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(LoadModel, HfTokenizerAndItsChatTemplate) {
+  // A tiny model over the Qwen2-style tokenizer fixture (tokenizer.json with a chat template).
+  const std::filesystem::path fixture =
+      std::filesystem::path(DS_FIXTURE_DIR) / "tokenizers" / "qwen2_bpe";
+  auto hf = data::load_tokenizer(fixture);
+  auto cfg = serve_test::tiny_llama("qwen2");
+  cfg.vocab_size = hf->vocab_size();
+  serve_test::TempDir dir("hftok");
+  models::export_hf(*make_model(cfg), dir.path());
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::copy_file(fixture / f, dir.path() / f);
+  auto lm = serve::load_model(dir.path());
+  EXPECT_EQ(lm.tokenizer->name(), "bpe");
+  ASSERT_TRUE(lm.chat_template.has_value());
+  EXPECT_EQ(lm.chat_template->name(), "qwen2") << lm.chat_template_note;
+  const int32_t im_end = hf->token_to_id("<|im_end|>");
+  ASSERT_GE(im_end, 0);
+  EXPECT_NE(std::find(lm.chat_eos_ids.begin(), lm.chat_eos_ids.end(), im_end),
+            lm.chat_eos_ids.end());
+  // A chat prompt encodes through the template (special tokens as single ids) and generates.
+  const std::vector<data::ChatMessage> conv = {{"user", "Hello"}};
+  const auto ids = lm.chat_template->encode(*lm.tokenizer->hf(), conv, true).ids;
+  EXPECT_NE(std::find(ids.begin(), ids.end(), im_end), ids.end());
+  serve::KVDecoder dec(lm.model);
+  serve::SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = 5;
+  const auto r = serve::generate(dec, *lm.tokenizer, ids, p, lm.chat_eos_ids);
+  EXPECT_EQ(r.prompt_tokens, static_cast<int64_t>(ids.size()));
+  EXPECT_GE(r.completion_tokens, 1);
 }

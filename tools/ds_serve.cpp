@@ -55,6 +55,9 @@ int main(int argc, char** argv) {
         fmt::format("{} ({} layout, {:.1f}M parameters, context {}, tokenizer {})", m.id,
                     ds::nn::layout_name(c.layout), static_cast<double>(c.num_parameters()) / 1e6,
                     c.block_size, m.tokenizer->name());
+    const std::string chat_note =
+        fmt::format("chat format {}{}", m.chat_template->name(),
+                    m.chat_template_note.empty() ? "" : " (" + m.chat_template_note + ")");
     ds::serve::Server server(std::move(m), o);
     const int port = server.bind();
     g_server = &server;

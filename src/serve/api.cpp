@@ -352,12 +352,6 @@ GuideRequest parse_guide_request(const json& j) {
   return r;
 }
 
-std::string render_chat(const std::vector<ChatMessage>& messages) {
-  std::string s;
-  for (const auto& m : messages) s += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-  return s + "<|im_start|>assistant\n";
-}
-
 std::string render_chatglm(const std::vector<std::pair<std::string, std::string>>& history,
                            const std::string& prompt) {
   if (history.empty()) return prompt;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include <fmt/format.h>
+
 #include "ds/core/error.h"
 #include "ds/models/hf_io.h"
 
@@ -108,16 +110,16 @@ LoadedModel load_model(const fs::path& path, const fs::path& tokenizer_dir) {
   m.model = std::make_shared<models::GPT>(*cfg, /*init=*/false);
   models::load_hf_weights(*m.model, folder);
   m.model->train(false);
-  if (has_gpt2_tokenizer(folder))
-    m.tokenizer = load_gpt2_tokenizer(folder);
+  if (has_tokenizer_files(folder))
+    m.tokenizer = load_text_tokenizer(folder);
   else if (!tokenizer_dir.empty())
-    m.tokenizer = load_gpt2_tokenizer(tokenizer_dir);
+    m.tokenizer = load_text_tokenizer(tokenizer_dir);
   else if (cfg->vocab_size == 257)
     m.tokenizer = make_byte_tokenizer();
   else
     DS_THROW(
-        "[serve] {} holds no tokenizer (vocab.json + merges.txt or encoder.json + vocab.bpe); "
-        "pass --tokenizer <folder> (tokenizer.json support is coming)",
+        "[serve] {} holds no tokenizer (tokenizer.json, tokenizer.model, vocab.json + merges.txt "
+        "or encoder.json + vocab.bpe); pass --tokenizer <folder>",
         folder.string());
   DS_CHECK(m.tokenizer->vocab_size() <= cfg->vocab_size,
            "[serve] the tokenizer has {} ids but the model's vocabulary only {}: wrong tokenizer?",
@@ -127,6 +129,25 @@ LoadedModel load_model(const fs::path& path, const fs::path& tokenizer_dir) {
   for (int32_t id : m.defaults.eos_token_ids)
     if (std::find(m.eos_ids.begin(), m.eos_ids.end(), id) == m.eos_ids.end())
       m.eos_ids.push_back(id);
+  // The chat format: the folder's template when it is one we implement, else ChatML.
+  if (const data::TextTokenizer* hf = m.tokenizer->hf()) {
+    const std::string& jinja = hf->config().chat_template;
+    if (!jinja.empty()) {
+      try {
+        m.chat_template = data::ChatTemplate::from_jinja(jinja);
+      } catch (const Error& e) {
+        m.chat_template_note =
+            fmt::format("chat template not recognised, using chatml: {}", e.what());
+      }
+    }
+    // Turn-end tokens of the chat formats end a chat answer (they are special: decode hides them).
+    for (const char* t : {"<|im_end|>", "<|eot_id|>", "<|endoftext|>"})
+      if (int32_t id = hf->token_to_id(t); id >= 0) m.chat_eos_ids.push_back(id);
+  }
+  if (!m.chat_template) m.chat_template = data::ChatTemplate::by_name("chatml");
+  for (int32_t id : m.eos_ids)
+    if (std::find(m.chat_eos_ids.begin(), m.chat_eos_ids.end(), id) == m.chat_eos_ids.end())
+      m.chat_eos_ids.push_back(id);
   fs::path norm = fs::absolute(path).lexically_normal();
   m.id = norm.has_filename() ? norm.filename().string() : norm.parent_path().filename().string();
   m.folder = folder;

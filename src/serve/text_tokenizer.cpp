@@ -1,24 +1,33 @@
 #include "ds/serve/text_tokenizer.h"
 
 #include "ds/core/error.h"
-#include "ds/data/tokenizer.h"
 
 namespace ds::serve {
 namespace fs = std::filesystem;
 
 namespace {
 
-class Gpt2Tokenizer final : public TextTokenizer {
+class HfTokenizer final : public TextTokenizer {
  public:
-  explicit Gpt2Tokenizer(data::Tokenizer tok) : tok_(std::move(tok)) {}
-  std::vector<int32_t> encode(std::string_view text) const override { return tok_.encode(text); }
-  std::string decode(std::span<const int32_t> ids) const override { return tok_.decode(ids); }
-  std::vector<int32_t> eos_ids() const override { return {tok_.eot_id()}; }
-  int32_t vocab_size() const override { return tok_.vocab_size(); }
-  std::string name() const override { return "gpt2-bpe"; }
+  explicit HfTokenizer(std::unique_ptr<data::TextTokenizer> tok) : tok_(std::move(tok)) {
+    int32_t eos = tok_->config().eos_id;
+    if (eos < 0) eos = tok_->token_to_id("<|endoftext|>");  // GPT-2 files without a config
+    if (eos >= 0) eos_.push_back(eos);
+  }
+  std::vector<int32_t> encode(std::string_view text) const override {
+    return tok_->encode(text, /*add_special_tokens=*/true);
+  }
+  std::string decode(std::span<const int32_t> ids) const override {
+    return tok_->decode(ids, /*skip_special_tokens=*/true);
+  }
+  std::vector<int32_t> eos_ids() const override { return eos_; }
+  int32_t vocab_size() const override { return tok_->vocab_size(); }
+  std::string name() const override { return std::string(tok_->kind()); }
+  const data::TextTokenizer* hf() const override { return tok_.get(); }
 
  private:
-  data::Tokenizer tok_;
+  std::unique_ptr<data::TextTokenizer> tok_;
+  std::vector<int32_t> eos_;
 };
 
 class ByteTokenizer final : public TextTokenizer {
@@ -45,22 +54,14 @@ class ByteTokenizer final : public TextTokenizer {
 
 }  // namespace
 
-bool has_gpt2_tokenizer(const fs::path& dir) {
-  return (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt")) ||
+bool has_tokenizer_files(const fs::path& dir) {
+  return fs::exists(dir / "tokenizer.json") || fs::exists(dir / "tokenizer.model") ||
+         (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt")) ||
          (fs::exists(dir / "encoder.json") && fs::exists(dir / "vocab.bpe"));
 }
 
-std::unique_ptr<TextTokenizer> load_gpt2_tokenizer(const fs::path& dir) {
-  if (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt"))
-    return std::make_unique<Gpt2Tokenizer>(
-        data::Tokenizer::load(dir / "vocab.json", dir / "merges.txt"));
-  if (fs::exists(dir / "encoder.json") && fs::exists(dir / "vocab.bpe"))
-    return std::make_unique<Gpt2Tokenizer>(data::Tokenizer::load_gpt2(dir));
-  DS_THROW(
-      "[tokenizer] {} holds no GPT-2 tokenizer (looked for vocab.json + merges.txt and "
-      "encoder.json + vocab.bpe); pass --tokenizer <folder> (scripts/fetch_data.sh puts one in "
-      ".cache/data/gpt2)",
-      dir.string());
+std::unique_ptr<TextTokenizer> load_text_tokenizer(const fs::path& dir) {
+  return std::make_unique<HfTokenizer>(data::load_tokenizer(dir));
 }
 
 std::unique_ptr<TextTokenizer> make_byte_tokenizer() {

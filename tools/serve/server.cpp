@@ -37,9 +37,22 @@ struct Server::Impl {
   }
 
   GenerationResult run(const std::vector<int32_t>& ids, const SamplingParams& p,
-                       const TextCallback& cb = {}) {
+                       const TextCallback& cb = {}, bool chat = false) {
     std::lock_guard<std::mutex> lock(gen_mutex);
-    return generate(decoder, *m.tokenizer, ids, p, m.eos_ids, cb);
+    return generate(decoder, *m.tokenizer, ids, p, chat ? m.chat_eos_ids : m.eos_ids, cb);
+  }
+
+  // The prompt of a conversation in the model's chat format (ChatML when it has none we know).
+  std::vector<int32_t> chat_ids(const std::vector<ChatMessage>& messages) {
+    std::vector<data::ChatMessage> conv;
+    for (const auto& msg : messages) conv.push_back({msg.role, msg.content});
+    try {
+      if (const data::TextTokenizer* hf = m.tokenizer->hf())
+        return m.chat_template->encode(*hf, conv, /*add_generation_prompt=*/true).ids;
+      return m.tokenizer->encode(m.chat_template->render(conv, true).text);
+    } catch (const ds::Error& e) {  // a role or order the format cannot express
+      throw ApiError(400, e.what(), "messages");
+    }
   }
 
   // Checks the token budget and returns the max_tokens to use. `param` names the prompt field.
@@ -180,18 +193,20 @@ struct Server::Impl {
 
   void chat(const httplib::Request& req, httplib::Response& res) {
     const ChatRequest c = parse_chat_request(parse_json_body(req.body));
-    const std::vector<int32_t> ids = m.tokenizer->encode(render_chat(c.messages));
+    const std::vector<int32_t> ids = chat_ids(c.messages);
     const int64_t n = static_cast<int64_t>(ids.size());
     SamplingParams p = c.sampling.resolve(m.defaults, context());
     p.max_tokens =
         budget(n, c.sampling.max_tokens ? std::optional<int64_t>(p.max_tokens) : std::nullopt,
                p.max_tokens, "messages");
     p.seed = seed_or_random(c.sampling);
-    p.stop.push_back(kChatStop);
+    const auto fmt_ = m.chat_template->format();
+    if (fmt_ == data::ChatFormat::kChatML || fmt_ == data::ChatFormat::kQwen2)
+      p.stop.push_back(kChatStop);  // as text too: tokenizers without the special token
     const std::string id = new_id("chatcmpl");
     const std::time_t now = std::time(nullptr);
     if (!c.stream) {
-      const GenerationResult r = run(ids, p);
+      const GenerationResult r = run(ids, p, {}, /*chat=*/true);
       reply_json(res, 200,
                  {{"id", id},
                   {"object", "chat.completion"},
@@ -222,9 +237,12 @@ struct Server::Impl {
           };
           send(sse(chunk({{"role", "assistant"}, {"content", ""}}, nullptr)));
           try {
-            const GenerationResult r = run(ids, p, [&](std::string_view piece) {
-              return send(sse(chunk({{"content", std::string(piece)}}, nullptr)));
-            });
+            const GenerationResult r = run(
+                ids, p,
+                [&](std::string_view piece) {
+                  return send(sse(chunk({{"content", std::string(piece)}}, nullptr)));
+                },
+                /*chat=*/true);
             if (r.finish_reason == "cancelled") return false;
             send(sse(chunk(json::object(), r.finish_reason)));
             if (include_usage) {

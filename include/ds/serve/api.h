@@ -5,8 +5,8 @@
 //   POST /                     the ChatGLM-6B guide's api.py: {prompt, history, max_length?,
 //                              top_p?, temperature?} -> {response, history, status, time}
 //   POST /v1/completions       OpenAI text completions
-//   POST /v1/chat/completions  OpenAI chat completions (messages rendered with a built-in ChatML
-//                              template until the tokenizer branch brings the model's own)
+//   POST /v1/chat/completions  OpenAI chat completions (messages rendered in the model's chat
+//                              format, ds/data/chat_template.h; ChatML when it has none we know)
 //
 // Every rejected request is an ApiError: HTTP status, a message that names the field and says what
 // is accepted, the field (`param`), OpenAI's error type and code. Unknown fields are errors (a typo
@@ -88,11 +88,7 @@ struct GuideRequest {
 };
 GuideRequest parse_guide_request(const nlohmann::json& j);
 
-// ChatML: "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then "<|im_start|>assistant\n".
-// Generation stops at "<|im_end|>" (kChatStop).
-// TODO(chat templates): use the model's template (tokenizer_config.json) once the tokenizer branch
-// provides them; this is the fallback.
-std::string render_chat(const std::vector<ChatMessage>& messages);
+// ChatML's turn end: a stop string for chat answers in the chatml/qwen2 formats.
 inline constexpr const char* kChatStop = "<|im_end|>";
 // ChatGLM-6B's prompt: the query alone without history, else "[Round i]\n问：q\n答：a\n" per round
 // and "[Round n]\n问：{prompt}\n答：".

@@ -13,11 +13,13 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "ds/data/chat_template.h"
 #include "ds/models/gpt.h"
 #include "ds/serve/kv_decoder.h"
 #include "ds/serve/sampling.h"
@@ -52,13 +54,19 @@ struct LoadedModel {
   std::unique_ptr<TextTokenizer> tokenizer;
   GenerationDefaults defaults;   // generation_config.json
   std::vector<int32_t> eos_ids;  // the tokenizer's, plus generation_config.json's
+  // The chat format: the tokenizer's chat_template when ds::data::ChatTemplate recognises it, else
+  // ChatML; chat_template_note says why it was not used. chat_eos_ids: eos_ids plus the turn-end
+  // tokens the vocabulary has (<|im_end|>, <|eot_id|>, <|endoftext|>).
+  std::optional<data::ChatTemplate> chat_template;
+  std::string chat_template_note;
+  std::vector<int32_t> chat_eos_ids;
   std::string id;                // the folder's name: /v1/models and "model" in replies
   std::filesystem::path folder;  // the Hugging Face folder the weights came from
 };
 
 // path: a Hugging Face folder (config.json + safetensors) or a ds_train --output_dir (its hf_model/
 // export). The tokenizer comes from the folder, else from tokenizer_dir, else the byte tokenizer
-// when the vocabulary has exactly 257 ids. Throws naming what is missing and what to pass.
+// when the vocabulary has exactly 257 ids (tiny test models). Throws naming what is missing.
 LoadedModel load_model(const std::filesystem::path& path,
                        const std::filesystem::path& tokenizer_dir = {});
 
