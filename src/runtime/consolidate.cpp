@@ -1,0 +1,392 @@
+// zero_to_fp32 for our checkpoints: see include/ds/runtime/consolidate.h.
+#include "ds/runtime/consolidate.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "ds/core/error.h"
+#include "ds/core/file_io.h"
+#include "ds/core/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace ds::runtime {
+namespace {
+
+constexpr const char* kModelFile = "mp_rank_00_model_states.safetensors";
+constexpr int64_t kChunk = int64_t{1} << 20;  // elements converted at a time
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  return s.substr(i);
+}
+
+nlohmann::json metadata_json(const safetensors::Reader& r, const std::string& key) {
+  DS_CHECK(r.metadata().count(key),
+           "[ds_to_fp32] {} has no '{}' metadata: not a deepspeed.cpp checkpoint file", r.path(),
+           key);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(r.metadata(key));
+  } catch (const std::exception& e) {
+    DS_THROW("[ds_to_fp32] {}: the '{}' metadata is not valid JSON ({}); the file is damaged",
+             r.path(), key, e.what());
+  }
+  DS_CHECK(j.is_object(), "[ds_to_fp32] {}: the '{}' metadata must be a JSON object", r.path(),
+           key);
+  return j;
+}
+
+// A non-negative integer field of checkpoint metadata, or an error naming file and field.
+int64_t field_int(const nlohmann::json& j, const std::string& key, const std::string& file,
+                  const std::string& where) {
+  auto it = j.find(key);
+  DS_CHECK(it != j.end() && it->is_number_integer() && it->get<int64_t>() >= 0,
+           "[ds_to_fp32] {}: {}.{} must be an integer >= 0, got {}; the checkpoint is damaged or "
+           "not written by deepspeed.cpp",
+           file, where, key, it == j.end() ? std::string("nothing") : it->dump());
+  return it->get<int64_t>();
+}
+
+const nlohmann::json& field_array(const nlohmann::json& j, const std::string& key,
+                                  const std::string& file, const std::string& where) {
+  auto it = j.find(key);
+  DS_CHECK(it != j.end() && it->is_array(),
+           "[ds_to_fp32] {}: {}.{} must be an array; the checkpoint is damaged or not written by "
+           "deepspeed.cpp",
+           file, where, key);
+  return *it;
+}
+
+}  // namespace
+
+struct CheckpointShards::Shard {
+  safetensors::Reader reader;
+  const float* master = nullptr;  // into the mapping
+  int64_t count = 0;              // elements of fp32_master
+};
+
+fs::path resolve_checkpoint_folder(const fs::path& path, const std::string& tag_in) {
+  DS_CHECK(fs::is_directory(path),
+           "[ds_to_fp32] {} is not a folder: give a checkpoint folder "
+           "(the one holding 'latest') or one of its global_step<N> folders",
+           path.string());
+  if (tag_in.empty() && fs::exists(path / kModelFile)) return path;
+  std::string tag = tag_in;
+  if (tag.empty()) {
+    const fs::path latest = path / "latest";
+    DS_CHECK(fs::is_regular_file(latest),
+             "[ds_to_fp32] {} holds neither {} nor a 'latest' file: give a checkpoint folder, one "
+             "of its global_step<N> folders, or --tag",
+             path.string(), kModelFile);
+    tag = trim(read_text(latest));
+    DS_CHECK(!tag.empty(), "[ds_to_fp32] {} is empty; pass --tag global_step<N>", latest.string());
+  }
+  DS_CHECK(tag.find('/') == std::string::npos && tag != "." && tag != "..",
+           "[ds_to_fp32] tag '{}' must be a folder name inside {} (global_step<N>), not a path",
+           tag, path.string());
+  const fs::path folder = path / tag;
+  DS_CHECK(fs::is_directory(folder), "[ds_to_fp32] checkpoint folder {} does not exist",
+           folder.string());
+  return folder;
+}
+
+CheckpointShards::~CheckpointShards() = default;
+
+CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
+    : folder_(resolve_checkpoint_folder(path, tag)) {
+  const fs::path sums_path = folder_ / "checksums.json";
+  DS_CHECK(fs::exists(sums_path),
+           "[ds_to_fp32] {} is missing: the checkpoint is incomplete (a save was interrupted?); "
+           "use an older tag",
+           sums_path.string());
+  nlohmann::json sums;
+  try {
+    sums = nlohmann::json::parse(read_text(sums_path));
+  } catch (const std::exception& e) {
+    DS_THROW("[ds_to_fp32] {} is damaged ({})", sums_path.string(), e.what());
+  }
+  DS_CHECK(sums.is_object(), "[ds_to_fp32] {} is damaged: expected a JSON object of files",
+           sums_path.string());
+  auto verify = [&](const std::string& f) {
+    const fs::path p = folder_ / f;
+    DS_CHECK(fs::exists(p),
+             "[ds_to_fp32] {} is missing: the checkpoint is incomplete; copy the file from the "
+             "run's checkpoint folder or use another tag",
+             p.string());
+    DS_CHECK(sums.contains(f) && sums[f].is_object() && sums[f].contains("bytes") &&
+                 sums[f].contains("xxh64") && sums[f]["bytes"].is_number_unsigned() &&
+                 sums[f]["xxh64"].is_string(),
+             "[ds_to_fp32] {} does not record the size and checksum of {}; the checkpoint is "
+             "damaged or not written by deepspeed.cpp",
+             sums_path.string(), f);
+    uint64_t size = 0;
+    const uint64_t h = file_xxh64(p, &size);
+    const uint64_t want = sums[f]["bytes"].get<uint64_t>();
+    DS_CHECK(size == want,
+             "[ds_to_fp32] {} is truncated or padded: {} bytes, checksums.json says {}; copy it "
+             "again from the run's checkpoint folder",
+             p.string(), size, want);
+    DS_CHECK(fmt::format("{:016x}", h) == sums[f]["xxh64"].get<std::string>(),
+             "[ds_to_fp32] {} is corrupted: checksum {:016x} differs from the recorded {}; copy "
+             "it again from the run's checkpoint folder",
+             p.string(), h, sums[f]["xxh64"].get<std::string>());
+  };
+
+  // Model states: metadata only (its weights are in the training dtype).
+  verify(kModelFile);
+  {
+    const safetensors::Reader model((folder_ / kModelFile).string());
+    const nlohmann::json engine = metadata_json(model, "ds_engine");
+    const std::string file = model.path();
+    global_steps_ = field_int(engine, "global_steps", file, "ds_engine");
+    world_size_ = static_cast<int>(field_int(engine, "world_size", file, "ds_engine"));
+    zero_stage_ = static_cast<int>(field_int(engine, "zero_stage", file, "ds_engine"));
+    const auto dt = engine.find("dtype");
+    DS_CHECK(dt != engine.end() && dt->is_string(),
+             "[ds_to_fp32] {}: ds_engine.dtype must be a string; the file is damaged", file);
+    const std::string d = dt->get<std::string>();
+    DS_CHECK(d == "fp32" || d == "bf16" || d == "fp16",
+             "[ds_to_fp32] {}: ds_engine.dtype '{}' is not fp32, bf16 or fp16", file, d);
+    training_dtype_ = d == "bf16" ? DType::bf16 : d == "fp16" ? DType::f16 : DType::f32;
+    const auto cs = engine.find("client_state");
+    if (cs != engine.end() && cs->is_object() && cs->contains("ds_train") &&
+        (*cs)["ds_train"].is_object() && (*cs)["ds_train"].contains("model"))
+      model_config_ = (*cs)["ds_train"]["model"];
+  }
+
+  // Optimizer shards: those checksums.json lists and those in the folder.
+  const std::string prefix =
+      std::string(training_dtype_ == DType::bf16 ? "bf16_" : "") + "zero_pp_rank_";
+  const std::string suffix = "_mp_rank_00_optim_states.safetensors";
+  auto is_shard = [&](const std::string& n) {
+    return n.rfind(prefix, 0) == 0 && n.size() > suffix.size() &&
+           n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  std::set<std::string> names;
+  for (auto it = sums.begin(); it != sums.end(); ++it)
+    if (is_shard(it.key())) names.insert(it.key());
+  for (const auto& e : fs::directory_iterator(folder_))
+    if (is_shard(e.path().filename().string())) names.insert(e.path().filename().string());
+  DS_CHECK(!names.empty(),
+           "[ds_to_fp32] {} holds no optimizer shard ({}<r>{}): the master weights are there; "
+           "the checkpoint is incomplete",
+           folder_.string(), prefix, suffix);
+
+  nlohmann::json first_names, first_shapes, first_offsets;
+  std::string first_file;
+  std::map<int64_t, std::string> by_rank;
+  int64_t partition_count = -1;
+  std::vector<Piece> pieces;
+  for (const std::string& f : names) {
+    verify(f);
+    auto shard = std::make_unique<Shard>(Shard{safetensors::Reader((folder_ / f).string())});
+    const std::string file = shard->reader.path();
+    const nlohmann::json meta = metadata_json(shard->reader, "ds_optimizer");
+    const int64_t numel = field_int(meta, "numel", file, "ds_optimizer");
+    const int64_t pc = field_int(meta, "partition_count", file, "ds_optimizer");
+    const int64_t rank = field_int(meta, "rank", file, "ds_optimizer");
+    const nlohmann::json& pn = field_array(meta, "param_names", file, "ds_optimizer");
+    const nlohmann::json& ps = field_array(meta, "param_shapes", file, "ds_optimizer");
+    const nlohmann::json& po = field_array(meta, "param_offsets", file, "ds_optimizer");
+    if (first_file.empty()) {
+      first_file = file;
+      partition_count = pc;
+      numel_ = numel;
+      first_names = pn;
+      first_shapes = ps;
+      first_offsets = po;
+    } else {
+      DS_CHECK(pc == partition_count,
+               "[ds_to_fp32] {} was written by a run of {} partitions, {} by one of {}: the "
+               "folder mixes shards of different world sizes; use the files of one save only",
+               file, pc, first_file, partition_count);
+      DS_CHECK(numel == numel_ && pn == first_names && ps == first_shapes && po == first_offsets,
+               "[ds_to_fp32] {} lists other parameters (names, shapes or offsets) than {}: the "
+               "folder mixes shards of different models; use the files of one save only",
+               file, first_file);
+    }
+    DS_CHECK(!by_rank.count(rank), "[ds_to_fp32] {} and {} both say they are rank {}",
+             by_rank.count(rank) ? by_rank[rank] : "", file, rank);
+    by_rank[rank] = file;
+    DS_CHECK(shard->reader.contains("fp32_master"),
+             "[ds_to_fp32] {} has no 'fp32_master' tensor; the file is damaged", file);
+    const safetensors::Entry& e = shard->reader.entry("fp32_master");
+    DS_CHECK(e.supported && e.dtype == DType::f32,
+             "[ds_to_fp32] {}: 'fp32_master' is {}, expected F32; the file is damaged", file,
+             e.dtype_name);
+    shard->master = reinterpret_cast<const float*>(shard->reader.data_of(e));
+    shard->count = static_cast<int64_t>((e.end - e.begin) / sizeof(float));
+    for (const auto& seg : field_array(meta, "segments", file, "ds_optimizer")) {
+      bool ok = seg.is_array() && seg.size() == 3;
+      for (size_t k = 0; ok && k < 3; ++k)
+        ok = seg[k].is_number_integer() && seg[k].get<int64_t>() >= 0;
+      DS_CHECK(ok,
+               "[ds_to_fp32] {}: ds_optimizer.segments holds {}, expected [flat begin, flat "
+               "end, offset] triples of integers >= 0; the file is damaged",
+               file, seg.dump());
+      const int64_t fb = seg[0].get<int64_t>(), fe = seg[1].get<int64_t>(),
+                    off = seg[2].get<int64_t>();
+      DS_CHECK(fb <= fe && fe <= numel && off + (fe - fb) <= shard->count,
+               "[ds_to_fp32] {}: segment [{}, {}) at offset {} lies outside the {} flat elements "
+               "or the {} stored ones; the file is damaged",
+               file, fb, fe, off, numel, shard->count);
+      if (fb < fe) pieces.push_back({fb, fe, shards_.size(), off});
+    }
+    shard_files_.push_back(f);
+    shards_.push_back(std::move(shard));
+  }
+  std::vector<std::string> missing;
+  for (int64_t r = 0; r < partition_count; ++r)
+    if (!by_rank.count(r))
+      missing.push_back((folder_ / (prefix + std::to_string(r) + suffix)).string());
+  DS_CHECK(missing.empty(),
+           "[ds_to_fp32] {} was written by {} partitions but {} missing: the checkpoint is "
+           "incomplete; copy the missing shard(s) from the run's checkpoint folder",
+           folder_.string(), partition_count,
+           fmt::format("{} {}", fmt::join(missing, ", "), missing.size() == 1 ? "is" : "are"));
+  DS_CHECK(static_cast<int64_t>(by_rank.size()) == partition_count,
+           "[ds_to_fp32] {} holds {} shards but they say the run had {} partitions: the folder "
+           "mixes shards of different world sizes; use the files of one save only",
+           folder_.string(), by_rank.size(), partition_count);
+
+  // Parameters in flat order.
+  DS_CHECK(first_names.size() == first_shapes.size() && first_names.size() == first_offsets.size(),
+           "[ds_to_fp32] {}: ds_optimizer lists {} names, {} shapes and {} offsets; the file is "
+           "damaged",
+           first_file, first_names.size(), first_shapes.size(), first_offsets.size());
+  for (size_t i = 0; i < first_names.size(); ++i) {
+    ShardedParameter p;
+    bool ok = first_names[i].is_string() && first_shapes[i].is_array() &&
+              first_offsets[i].is_number_integer() && first_offsets[i].get<int64_t>() >= 0;
+    int64_t n = 1;
+    for (const auto& d : first_shapes[i]) {
+      ok = ok && d.is_number_integer() && d.get<int64_t>() >= 0;
+      if (ok) {
+        p.shape.push_back(d.get<int64_t>());
+        n *= d.get<int64_t>();
+      }
+    }
+    DS_CHECK(ok,
+             "[ds_to_fp32] {}: parameter {} of ds_optimizer (name, shape, offset) is "
+             "malformed; the file is damaged",
+             first_file, i);
+    p.name = first_names[i].get<std::string>();
+    p.offset = first_offsets[i].get<int64_t>();
+    p.numel = n;
+    DS_CHECK(p.offset + p.numel <= numel_,
+             "[ds_to_fp32] {}: parameter {} [{}, {}) lies past the {} flat elements; the file is "
+             "damaged",
+             first_file, p.name, p.offset, p.offset + p.numel, numel_);
+    params_.push_back(std::move(p));
+  }
+
+  // The pieces must tile [0, numel) once: a gap leaves a parameter without master weights.
+  std::sort(pieces.begin(), pieces.end(),
+            [](const Piece& a, const Piece& b) { return a.flat_begin < b.flat_begin; });
+  int64_t at = 0;
+  auto param_at = [&](int64_t flat) {
+    for (const auto& p : params_)
+      if (flat >= p.offset && flat < p.offset + p.numel)
+        return fmt::format("parameter {} (elements {}..)", p.name, flat - p.offset);
+    return fmt::format("flat element {}", flat);
+  };
+  for (const Piece& p : pieces) {
+    DS_CHECK(p.flat_begin <= at,
+             "[ds_to_fp32] the shards in {} do not cover flat elements [{}, {}): {} has no "
+             "master weights; a shard is missing or damaged",
+             folder_.string(), at, p.flat_begin, param_at(at));
+    DS_CHECK(p.flat_begin == at,
+             "[ds_to_fp32] the shards in {} both hold flat element {} ({}): they overlap; the "
+             "folder mixes shards of different saves",
+             folder_.string(), p.flat_begin, param_at(p.flat_begin));
+    at = p.flat_end;
+  }
+  DS_CHECK(at == numel_,
+           "[ds_to_fp32] the shards in {} cover {} of the {} flat elements: {} has no master "
+           "weights; a shard is missing or damaged",
+           folder_.string(), at, numel_, param_at(at));
+  pieces_ = std::move(pieces);
+}
+
+void CheckpointShards::read_flat(int64_t begin, int64_t n, float* dst) const {
+  auto it = std::upper_bound(pieces_.begin(), pieces_.end(), begin,
+                             [](int64_t v, const Piece& p) { return v < p.flat_begin; });
+  DS_CHECK(it != pieces_.begin(), "[ds_to_fp32] internal: flat element {} not covered", begin);
+  --it;
+  const int64_t end = begin + n;
+  for (; it != pieces_.end() && it->flat_begin < end; ++it) {
+    const int64_t a = std::max(begin, it->flat_begin), z = std::min(end, it->flat_end);
+    if (a >= z) continue;
+    std::memcpy(dst + (a - begin), shards_[it->shard]->master + it->offset + (a - it->flat_begin),
+                static_cast<size_t>(z - a) * sizeof(float));
+  }
+}
+
+Tensor CheckpointShards::parameter(size_t index) const {
+  const ShardedParameter& p = params_.at(index);
+  Tensor t = Tensor::zeros(p.shape, DType::f32);
+  read_flat(p.offset, p.numel, t.data<float>());
+  return t;
+}
+
+std::vector<std::pair<std::string, Tensor>> CheckpointShards::weights(DType dtype) const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < params_.size(); ++i)
+    out.emplace_back(params_[i].name, parameter(i).to(dtype));
+  return out;
+}
+
+uint64_t CheckpointShards::write_safetensors(const fs::path& file, DType dtype) const {
+  DS_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
+           "[ds_to_fp32] the output dtype must be fp32, bf16 or fp16, not {}", dtype_name(dtype));
+  std::vector<safetensors::Declared> declared;
+  for (const auto& p : params_) declared.push_back({p.name, dtype, p.shape});
+  const nlohmann::json info = {{"source", folder_.string()},
+                               {"global_steps", global_steps_},
+                               {"world_size", world_size_},
+                               {"zero_stage", zero_stage_},
+                               {"training_dtype", dtype_name(training_dtype_)},
+                               {"dtype", dtype_name(dtype)}};
+  std::vector<float> buf;             // (min(numel, kChunk),) fp32
+  std::vector<unsigned char> packed;  // the same in the output dtype
+  safetensors::save_streamed(
+      file.string(), declared, {{"format", "pt"}, {"ds_to_fp32", info.dump()}},
+      [&](const safetensors::WriteAt& write_at) {
+        const size_t es = dtype_size(dtype);
+        for (size_t i = 0; i < params_.size(); ++i) {
+          const ShardedParameter& p = params_[i];
+          for (int64_t at = 0; at < p.numel; at += kChunk) {
+            const int64_t n = std::min(kChunk, p.numel - at);
+            buf.resize(static_cast<size_t>(n));
+            read_flat(p.offset + at, n, buf.data());
+            const uint64_t byte_at = static_cast<uint64_t>(at) * es;
+            if (dtype == DType::f32) {
+              write_at(i, byte_at, buf.data(), static_cast<uint64_t>(n) * es);
+              continue;
+            }
+            packed.resize(static_cast<size_t>(n) * es);
+            convert(buf.data(), DType::f32, packed.data(), dtype, static_cast<size_t>(n));
+            write_at(i, byte_at, packed.data(), packed.size());
+          }
+        }
+      });
+  std::error_code ec;
+  const auto bytes = fs::file_size(file, ec);
+  return ec ? 0 : static_cast<uint64_t>(bytes);
+}
+
+}  // namespace ds::runtime

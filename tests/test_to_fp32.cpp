@@ -1,0 +1,344 @@
+// ds_to_fp32 (runtime/consolidate.h and the tool): checkpoints of ZeRO stages 0, 2 and 3 in fp32
+// and bf16 consolidate into exactly the engine's fp32 master weights, bf16 output is their
+// rounding, the HF export loads back, and damaged checkpoints are refused naming the file. Runs
+// plainly and under mpirun with 2 ranks (each rank checks the master weights it holds).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+
+#include "ds/comm/group.h"
+#include "ds/core/checksum.h"
+#include "ds/core/error.h"
+#include "ds/core/safetensors.h"
+#include "ds/models/gpt.h"
+#include "ds/models/hf_io.h"
+#include "ds/nn/module.h"
+#include "ds/runtime/consolidate.h"
+#include "ds/runtime/engine.h"
+
+using namespace ds;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kB = 2, kT = 16;
+
+std::string ds_config(int stage, const std::string& precision) {
+  const std::string prec = precision == "bf16" ? R"("bf16": {"enabled": true},)" : "";
+  return fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 1,
+    {} "zero_optimization": {{"stage": {}, "reduce_bucket_size": 4000,
+      "stage3_param_persistence_threshold": 100}},
+    "optimizer": {{"type": "AdamW", "params": {{"lr": 5e-3, "weight_decay": 0.1}}}}}})",
+                     kB, prec, stage);
+}
+
+std::unique_ptr<runtime::Engine> make_engine(const std::string& cfg, const models::GPTConfig& mc,
+                                             std::shared_ptr<comm::Group> g, bool partitioned) {
+  std::shared_ptr<models::GPT> model;
+  if (partitioned) {
+    nn::PartitionedInit no_full_model;
+    model = std::make_shared<models::GPT>(mc);
+  } else {
+    model = std::make_shared<models::GPT>(mc);
+  }
+  runtime::InitOptions opt;
+  opt.group = std::move(g);
+  opt.log = [](const std::string&) {};
+  return runtime::initialize(model, cfg, opt);
+}
+
+// A few optimizer steps on a deterministic token pattern (rank r takes its own samples).
+void train(runtime::Engine& e, int steps, int64_t vocab) {
+  for (int s = 0; s < steps; ++s) {
+    Tensor x = Tensor::empty({kB, kT}, DType::i32), y = Tensor::empty({kB, kT}, DType::i32);
+    for (int64_t i = 0; i < kB * kT; ++i) {
+      const int64_t v = (s * 11 + e.rank() * 5 + i * 3 + (i / 4) * 7) % vocab;
+      x.data<int32_t>()[i] = static_cast<int32_t>(v);
+      y.data<int32_t>()[i] = static_cast<int32_t>((v + 1) % vocab);
+    }
+    Tensor loss = e.forward(x, y);
+    e.backward(loss);
+    e.step();
+  }
+}
+
+// The consolidated flat parameter space (numel,) fp32.
+std::vector<float> consolidated_flat(const runtime::CheckpointShards& ck) {
+  std::vector<float> flat(static_cast<size_t>(ck.numel()));
+  for (size_t i = 0; i < ck.parameters().size(); ++i) {
+    const Tensor t = ck.parameter(i);
+    std::memcpy(flat.data() + ck.parameters()[i].offset, t.data<float>(),
+                static_cast<size_t>(t.numel()) * sizeof(float));
+  }
+  return flat;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+void update_checksum(const fs::path& file) {
+  const fs::path sums_path = file.parent_path() / "checksums.json";
+  nlohmann::json sums = nlohmann::json::parse(std::ifstream(sums_path));
+  std::ifstream in(file, std::ios::binary);
+  const std::string bytes{std::istreambuf_iterator<char>(in), {}};
+  sums[file.filename().string()] = {
+      {"bytes", bytes.size()},
+      {"xxh64", fmt::format("{:016x}", xxh64(bytes.data(), bytes.size()))}};
+  std::ofstream(sums_path) << sums.dump(2);
+}
+
+fs::path shard_of(const fs::path& folder, int rank, const std::string& precision) {
+  return folder / fmt::format("{}zero_pp_rank_{}_mp_rank_00_optim_states.safetensors",
+                              precision == "bf16" ? "bf16_" : "", rank);
+}
+
+}  // namespace
+
+class ToFp32 : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(ToFp32, ConsolidatesExactlyTheMasterWeights) {
+  const auto [stage, precision] = GetParam();
+  auto g = comm::world();
+  const int n = g->size();
+  const fs::path dir =
+      fs::temp_directory_path() / fmt::format("ds_to_fp32_{}_{}_{}", stage, precision, n);
+  if (g->rank() == 0) fs::remove_all(dir);
+  g->barrier();
+  const auto mc = models::GPTConfig::preset("test-gpt2");
+  auto e = make_engine(ds_config(stage, precision), mc, g, stage == 3);
+  train(*e, 3, mc.vocab_size);
+  e->save_checkpoint(dir.string());
+
+  // This rank's master weights, in the coordinates of its optimizer range.
+  std::vector<float> mine;
+  e->strategy().state().for_each(zero::Access::Read, [&](const zero::StateChunk& c) {
+    if (static_cast<int64_t>(mine.size()) < c.begin + c.numel)
+      mine.resize(static_cast<size_t>(c.begin + c.numel));
+    std::memcpy(mine.data() + c.begin, c.master, static_cast<size_t>(c.numel) * sizeof(float));
+  });
+
+  runtime::CheckpointShards ck(dir);  // 'latest'
+  EXPECT_EQ(ck.folder(), dir / "global_step3");
+  EXPECT_EQ(ck.world_size(), n);
+  EXPECT_EQ(ck.zero_stage(), stage);
+  EXPECT_EQ(ck.numel(), e->flat().numel);
+  const std::vector<float> flat = consolidated_flat(ck);
+  int64_t checked = 0;
+  for (const zero::HeldRange& h : e->strategy().held_ranges()) {
+    const int64_t len = h.flat_end - h.flat_begin;
+    ASSERT_LE(h.offset + len, static_cast<int64_t>(mine.size()));
+    EXPECT_EQ(std::memcmp(flat.data() + h.flat_begin, mine.data() + h.offset,
+                          static_cast<size_t>(len) * sizeof(float)),
+              0)
+        << "flat [" << h.flat_begin << ", " << h.flat_end << ") differs from rank " << e->rank()
+        << "'s master weights";
+    checked += len;
+  }
+  if (stage == 0 || n == 1) EXPECT_EQ(checked, e->flat().numel);
+
+  if (g->rank() == 0) {
+    const fs::path f32 = dir / "out" / "fp32.safetensors", b16 = dir / "out" / "bf16.safetensors";
+    fs::create_directories(f32.parent_path());
+    ck.write_safetensors(f32, DType::f32);
+    ck.write_safetensors(b16, DType::bf16);
+    const auto a = safetensors::load(f32.string()), b = safetensors::load(b16.string());
+    // The model-states file holds the weights in the training dtype: the rounded master weights.
+    const auto model_states =
+        safetensors::load((ck.folder() / "mp_rank_00_model_states.safetensors").string());
+    ASSERT_EQ(a.size(), ck.parameters().size());
+    ASSERT_EQ(b.size(), ck.parameters().size());
+    for (const auto& p : ck.parameters()) {
+      const Tensor& t32 = a.at(p.name);
+      const Tensor& t16 = b.at(p.name);
+      ASSERT_EQ(t32.shape(), p.shape) << p.name;
+      ASSERT_EQ(t16.dtype(), DType::bf16) << p.name;
+      const float* src = flat.data() + p.offset;
+      EXPECT_EQ(std::memcmp(t32.data<float>(), src, static_cast<size_t>(p.numel) * 4), 0) << p.name;
+      int64_t bad = 0;
+      for (int64_t i = 0; i < p.numel; ++i)
+        bad += static_cast<const uint16_t*>(t16.raw_data())[i] != float_to_bf16(src[i]);
+      EXPECT_EQ(bad, 0) << p.name << ": bf16 output is not the rounding of the master weights";
+      const Tensor& w = model_states.at(p.name);
+      const Tensor& same = precision == "bf16" ? t16 : t32;
+      EXPECT_EQ(std::memcmp(w.raw_data(), same.raw_data(), w.nbytes()), 0)
+          << p.name << ": the model-states weights are not the " << precision << " master weights";
+    }
+    EXPECT_EQ(safetensors::Reader(f32.string()).metadata().at("format"), "pt");
+
+    if (n > 1 && stage > 0) {  // stage 0: rank 0 writes the one shard
+      // A missing rank's shard is named.
+      const fs::path broken = dir / "broken";
+      fs::copy(ck.folder(), broken, fs::copy_options::recursive);
+      fs::remove(shard_of(broken, 1, precision));
+      const std::string err = error_of([&] { runtime::CheckpointShards bad(broken); });
+      EXPECT_NE(err.find(shard_of(broken, 1, precision).string()), std::string::npos) << err;
+      EXPECT_NE(err.find("is missing"), std::string::npos) << err;
+    }
+  }
+  g->barrier();
+  if (g->rank() == 0) fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(StagesAndPrecisions, ToFp32,
+                         ::testing::Combine(::testing::Values(0, 2, 3),
+                                            ::testing::Values("fp32", "bf16")),
+                         [](const auto& info) {
+                           return fmt::format("stage{}_{}", std::get<0>(info.param),
+                                              std::get<1>(info.param));
+                         });
+
+class ToFp32Single : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (comm::world()->size() > 1) GTEST_SKIP() << "single-process cases";
+    dir_ = fs::temp_directory_path() /
+           fmt::format("ds_to_fp32_{}_{}", ::getpid(),
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+  // A stage-2 fp32 checkpoint of `mc`; returns its global_step folder.
+  fs::path save(const models::GPTConfig& mc,
+                const nlohmann::json& client = nlohmann::json::object()) {
+    auto e = make_engine(ds_config(2, "fp32"), mc, comm::single_process_group(), false);
+    train(*e, 2, mc.vocab_size);
+    e->save_checkpoint((dir_ / "run").string(), "", client);
+    return dir_ / "run" / "global_step2";
+  }
+  fs::path dir_;
+};
+
+TEST_F(ToFp32Single, DamagedCheckpointsAreRefusedNamingTheFile) {
+  const fs::path ck = save(models::GPTConfig::preset("test-gpt2"));
+  const fs::path shard = shard_of(ck, 0, "fp32");
+  auto open = [&](const fs::path& p) { return error_of([&] { runtime::CheckpointShards c(p); }); };
+  EXPECT_EQ(open(dir_ / "run"), "(no error)");
+  EXPECT_EQ(open(ck), "(no error)");  // the tag folder itself
+
+  // A flipped byte in the master weights.
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-100, std::ios::end);
+    f.put('\x7f');
+  }
+  std::string err = open(ck);
+  EXPECT_NE(err.find(shard.string() + " is corrupted: checksum"), std::string::npos) << err;
+
+  // Truncated.
+  fs::resize_file(shard, fs::file_size(shard) - 8);
+  err = open(ck);
+  EXPECT_NE(err.find(shard.string() + " is truncated"), std::string::npos) << err;
+
+  // Segments that leave a parameter without master weights (checksums updated: a consistent file).
+  {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    std::map<std::string, std::string> meta;
+    fs::resize_file(shard, fs::file_size(shard) + 8);  // the checksum is recomputed below
+    {
+      safetensors::Reader r(shard.string());
+      for (const auto& name : r.names()) tensors.emplace_back(name, r.get(name));
+      meta = r.metadata();
+    }
+    nlohmann::json j = nlohmann::json::parse(meta.at("ds_optimizer"));
+    j["segments"][0][1] = j["segments"][0][1].get<int64_t>() - 10;
+    meta["ds_optimizer"] = j.dump();
+    safetensors::save(shard.string(), tensors, meta);
+    update_checksum(shard);
+  }
+  err = open(ck);
+  EXPECT_NE(err.find("cover"), std::string::npos) << err;
+  EXPECT_NE(err.find("has no master weights"), std::string::npos) << err;
+
+  // The shard deleted.
+  fs::remove(shard);
+  err = open(ck);
+  EXPECT_NE(err.find(shard.string() + " is missing"), std::string::npos) << err;
+
+  // No checksums.
+  fs::remove(ck / "checksums.json");
+  err = open(ck);
+  EXPECT_NE(err.find("checksums.json is missing"), std::string::npos) << err;
+  err = open(dir_ / "nothing");
+  EXPECT_NE(err.find("is not a folder"), std::string::npos) << err;
+}
+
+TEST_F(ToFp32Single, ToolWritesFilesAndHfFolders) {
+  auto mc = models::GPTConfig::preset("test-gpt2");
+  mc.vocab_size = 704;  // the fixture tokenizer's 701 ids fit
+  const fs::path ck = save(mc, {{"ds_train", {{"model", mc.to_json()}}}});
+  const std::string bin = DS_TO_FP32_BIN;
+  auto run = [&](const std::string& args) {
+    const std::string log = (dir_ / "tool.log").string();
+    const int rc = std::system(fmt::format("{} {} > {} 2>&1", bin, args, log).c_str());
+    std::ifstream in(log);
+    return std::pair{rc, std::string{std::istreambuf_iterator<char>(in), {}}};
+  };
+  runtime::CheckpointShards shards(ck);
+
+  // One file, bf16.
+  auto [rc, out] = run(fmt::format("{} {} --dtype bf16", (dir_ / "run").string(),
+                                   (dir_ / "m.safetensors").string()));
+  ASSERT_EQ(rc, 0) << out;
+  const auto b = safetensors::load((dir_ / "m.safetensors").string());
+  for (size_t i = 0; i < shards.parameters().size(); ++i) {
+    const Tensor want = shards.parameter(i).to(DType::bf16);
+    const Tensor& got = b.at(shards.parameters()[i].name);
+    EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), want.nbytes()), 0);
+  }
+
+  // An HF folder with the tokenizer; it loads back into the same fp32 weights.
+  std::tie(rc, out) = run(fmt::format(
+      "{} {} --tag global_step2 --tokenizer {}", (dir_ / "run").string(), (dir_ / "hf").string(),
+      (fs::path(DS_FIXTURE_DIR) / "tokenizers" / "gpt2_bpe").string()));
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_TRUE(fs::exists(dir_ / "hf" / "tokenizer.json")) << out;
+  EXPECT_TRUE(fs::exists(dir_ / "hf" / "config.json")) << out;
+  models::GPT loaded(*models::read_hf_config(dir_ / "hf"), /*init=*/false);
+  models::load_hf_weights(loaded, dir_ / "hf");
+  for (auto& [name, p] : loaded.named_parameters()) {
+    size_t i = 0;
+    while (shards.parameters()[i].name != name) ++i;
+    const Tensor want = shards.parameter(i);
+    EXPECT_EQ(std::memcmp(p.data<float>(), want.data<float>(), want.nbytes()), 0) << name;
+  }
+  // The output exists now: refused, not overwritten.
+  std::tie(rc, out) = run(fmt::format("{} {}", (dir_ / "run").string(), (dir_ / "hf").string()));
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("exists and is not an empty folder"), std::string::npos) << out;
+  // A missing shard: a clear message and no output file.
+  fs::remove(shard_of(ck, 0, "fp32"));
+  std::tie(rc, out) =
+      run(fmt::format("{} {}", (dir_ / "run").string(), (dir_ / "x.safetensors").string()));
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("[ds_to_fp32]"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(dir_ / "x.safetensors"));
+}
+
+TEST_F(ToFp32Single, HfExportWithoutARecordedModelNeedsModel) {
+  const fs::path ck = save(models::GPTConfig::preset("test-gpt2"));
+  const std::string log = (dir_ / "tool.log").string();
+  const std::string cmd =
+      fmt::format("{} {} {} > {} 2>&1", DS_TO_FP32_BIN, ck.string(), (dir_ / "hf").string(), log);
+  EXPECT_NE(std::system(cmd.c_str()), 0);
+  std::ifstream in(log);
+  const std::string out{std::istreambuf_iterator<char>(in), {}};
+  EXPECT_NE(out.find("give --model"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(dir_ / "hf"));
+  const std::string ok = fmt::format("{} {} {} --model test-gpt2 > {} 2>&1", DS_TO_FP32_BIN,
+                                     ck.string(), (dir_ / "hf").string(), log);
+  EXPECT_EQ(std::system(ok.c_str()), 0);
+  EXPECT_TRUE(fs::exists(dir_ / "hf" / "model.safetensors"));
+}

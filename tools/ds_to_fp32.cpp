@@ -1,0 +1,176 @@
+// ds_to_fp32: DeepSpeed's zero_to_fp32 for our checkpoints. Consolidates the fp32 master weights of
+// a checkpoint written by any world size and ZeRO stage, offline, into one safetensors file (our
+// parameter names) or a Hugging Face folder (config.json, model.safetensors, tokenizer files).
+//
+//   ds_to_fp32 out/run model.safetensors                    ('latest' of the run folder, fp32)
+//   ds_to_fp32 out/run/global_step200 model.safetensors --dtype bf16
+//   ds_to_fp32 out/run hf_model --tokenizer .cache/data/gpt2 (a folder: an HF export)
+//
+// Reading and its checks: include/ds/runtime/consolidate.h. A single file is streamed parameter by
+// parameter (peak RAM: a 4 MiB buffer); an HF folder needs the whole model in fp32 in RAM (the
+// exporter takes whole named weights). Outputs appear atomically: a file through a temporary name,
+// a folder built as a hidden sibling and renamed into place.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include "ds/core/error.h"
+#include "ds/core/file_io.h"
+#include "ds/models/gpt.h"
+#include "ds/models/hf_io.h"
+#include "ds/runtime/consolidate.h"
+#include "outputs.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+ds::models::GPTConfig resolve_model(const std::string& name) {
+  const auto presets = ds::models::GPTConfig::preset_names();
+  for (const auto& p : presets)
+    if (p == name) return ds::models::GPTConfig::preset(name);
+  std::error_code ec;
+  if (fs::is_directory(name, ec)) {
+    auto c = ds::models::read_hf_config(name);
+    DS_CHECK(c.has_value(), "[ds_to_fp32] --model {}: no config.json in that folder", name);
+    return *c;
+  }
+  DS_CHECK(fs::is_regular_file(name, ec),
+           "[ds_to_fp32] --model '{}' is neither a preset ({}), an HF folder with config.json, "
+           "nor a model JSON file",
+           name, fmt::join(presets, ", "));
+  return ds::models::GPTConfig::load(name);
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "Consolidates a deepspeed.cpp checkpoint (any world size and ZeRO stage) into one "
+      "safetensors file of fp32 master weights by parameter name, or into a Hugging Face folder "
+      "(DeepSpeed's zero_to_fp32). Reads only the master weights, parameter by parameter.",
+      "ds_to_fp32"};
+  std::string input, output, dtype_str = "fp32", tag, tokenizer, model;
+  bool hf = false;
+  app.add_option("checkpoint", input,
+                 "A checkpoint folder (its 'latest' tag is used) or one of its global_step<N> "
+                 "folders")
+      ->required();
+  app.add_option("output", output,
+                 "file.safetensors (our parameter names), or a folder: an HF export")
+      ->required();
+  app.add_option("--dtype", dtype_str,
+                 "Output dtype: fp32 (exact master weights), bf16 or fp16 "
+                 "(rounded to nearest even)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_flag("--hf", hf,
+               "Write an HF folder (the default when output does not end in "
+               ".safetensors)");
+  app.add_option("--tag", tag, "The checkpoint tag (global_step<N>) instead of 'latest'");
+  app.add_option("--tokenizer", tokenizer,
+                 "HF export: the tokenizer folder to write beside the weights (default: one found "
+                 "in the checkpoint folder or its hf_model export)");
+  app.add_option("--model", model,
+                 "HF export: the model (preset, model JSON or HF folder) when the checkpoint does "
+                 "not record it (ds_train's checkpoints do)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    const ds::DType dtype = dtype_str == "bf16"   ? ds::DType::bf16
+                            : dtype_str == "fp16" ? ds::DType::f16
+                                                  : ds::DType::f32;
+    const bool to_folder = hf || !ends_with(output, ".safetensors");
+    DS_CHECK(!(hf && ends_with(output, ".safetensors")),
+             "[ds_to_fp32] --hf writes a folder, but the output {} ends in .safetensors; name a "
+             "folder, or drop --hf for one file",
+             output);
+    DS_CHECK(to_folder || (tokenizer.empty() && model.empty()),
+             "[ds_to_fp32] --tokenizer and --model are for an HF folder output; {} is one "
+             "safetensors file",
+             output);
+    ds::runtime::CheckpointShards ck(input, tag);
+    fmt::print(
+        "{}: step {}, {} training, ZeRO stage {} on {} rank{}; {} parameters ({} elements) "
+        "from {} shard{}\n",
+        ck.folder().string(), ck.global_steps(), ds::dtype_name(ck.training_dtype()),
+        ck.zero_stage(), ck.world_size(), ck.world_size() == 1 ? "" : "s", ck.parameters().size(),
+        ck.numel(), ck.shard_files().size(), ck.shard_files().size() == 1 ? "" : "s");
+    if (!to_folder) {
+      const fs::path out(output);
+      if (!out.parent_path().empty()) fs::create_directories(out.parent_path());
+      const uint64_t bytes = ck.write_safetensors(out, dtype);
+      fmt::print("wrote {} ({}, {:.1f} MiB) in {:.1f}s\n", out.string(), dtype_str,
+                 static_cast<double>(bytes) / (1 << 20), seconds_since(t0));
+      return 0;
+    }
+
+    // HF folder: the model's config from the checkpoint (ds_train records it) or --model.
+    ds::models::GPTConfig cfg;
+    if (!model.empty()) {
+      cfg = resolve_model(model);
+    } else {
+      DS_CHECK(ck.model_config().has_value(),
+               "[ds_to_fp32] {} does not record the model's config (client_state.ds_train.model: "
+               "it was not saved by ds_train); give --model (a preset, a model JSON file or an HF "
+               "folder), or write one .safetensors file instead",
+               ck.folder().string());
+      cfg = ds::models::GPTConfig::from_json(*ck.model_config());
+    }
+    const fs::path out(output);
+    std::error_code ec;
+    DS_CHECK(!fs::exists(out, ec) || (fs::is_directory(out, ec) && fs::is_empty(out, ec)),
+             "[ds_to_fp32] {} exists and is not an empty folder; remove it or choose another "
+             "output",
+             out.string());
+    const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+    fs::create_directories(parent);
+    const fs::path tmp =
+        parent / fmt::format(".{}.tmp-{}", out.filename().string(), static_cast<long>(::getpid()));
+    fs::remove_all(tmp, ec);
+    try {
+      ds::models::export_hf(cfg, ck.weights(ds::DType::f32), tmp, dtype);
+      std::vector<fs::path> sources;
+      if (!tokenizer.empty()) {
+        sources.push_back(tokenizer);
+      } else {
+        const fs::path run = ck.folder().parent_path();
+        sources = {run, run / "hf_model", run / "tokenizer"};
+      }
+      const std::string note = ds::train::export_tokenizer_beside(tmp, sources, cfg.vocab_size);
+      DS_CHECK(tokenizer.empty() || note.rfind("tokenizer (", 0) == 0,
+               "[ds_to_fp32] --tokenizer {}: {}", tokenizer, note);
+      fmt::print("{}\n", note);
+      fs::remove(out, ec);  // an empty folder, checked above
+      fs::rename(tmp, out);
+      ds::fsync_dir(parent);
+    } catch (...) {
+      fs::remove_all(tmp, ec);
+      throw;
+    }
+    fmt::print("wrote {} (HF folder, {}) in {:.1f}s\n", out.string(), dtype_str, seconds_since(t0));
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "{}\n", e.what());
+    return 1;
+  }
+}
