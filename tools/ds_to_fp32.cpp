@@ -7,9 +7,9 @@
 //   ds_to_fp32 out/run hf_model --tokenizer .cache/data/gpt2 (a folder: an HF export)
 //
 // Reading and its checks: include/ds/runtime/consolidate.h. A single file is streamed parameter by
-// parameter (peak RAM: a 4 MiB buffer); an HF folder needs the whole model in fp32 in RAM (the
-// exporter takes whole named weights). Outputs appear atomically: a file through a temporary name,
-// a folder built as a hidden sibling and renamed into place.
+// parameter (peak RAM: a few MiB of buffers); an HF folder needs the whole model in fp32 in RAM
+// (the exporter takes whole named weights). Outputs appear atomically: a file through a temporary
+// name, a folder built as a hidden sibling and renamed into place.
 #include <unistd.h>
 
 #include <chrono>
