@@ -384,8 +384,9 @@ class Stage3Strategy final : public Strategy {
         // reaches every rank at the next synchronize() (this backward, or after evaluation).
         record_failure(fmt::format("[zero] rank {}: reading parameter '{}' from NVMe: {}",
                                    group_->rank(), name, e.what()));
-        failed_read_.assign(static_cast<size_t>(sp.part) * esz, 0);
-        src = failed_read_.data();
+        // Its own buffer: an earlier failed piece's gather may still be reading its zeros.
+        failed_reads_.emplace_back(static_cast<size_t>(sp.part) * esz, 0);
+        src = failed_reads_.back().data();
       }
     }
     return group_->all_gather_async(
@@ -527,10 +528,13 @@ class Stage3Strategy final : public Strategy {
     refresh_staged();
     for (auto& sp : params_)
       if (sp.full->is_materialized()) sp.full->release();
+    failed_reads_.clear();  // every gather has completed (the prefetches were waited above)
   }
 
   std::vector<Param> params_;
-  std::vector<char> failed_read_;  // zeros gathered in place of a piece whose read failed
+  // Zeros gathered in place of pieces whose read failed; kept until no gather can read them
+  // (drop_gathered). Moving the outer vector keeps each buffer where it is.
+  std::vector<std::vector<char>> failed_reads_;
   std::vector<int64_t> numel_;  // params_[i].numel, for the prefetch planner
   Tensor shard_params_;         // (opt_numel,) training dtype: this rank's piece of every parameter
   Tensor grads_part_;           // (opt_numel,) accumulated gradients of this rank's pieces
