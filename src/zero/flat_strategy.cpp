@@ -109,6 +109,7 @@ class FlatStrategy final : public Strategy {
     // Stage 2 reduces every micro-step (each rank keeps only its partition); stage 0 reduces on
     // the boundary micro-step, overlapped with its backward; stage 1 reduce-scatters at the step.
     if (buckets_ && (options_.stage == 2 || boundary)) buckets_->begin(ctx);
+    prefetch_optimizer_state(boundary);
   }
   void end_backward() override {
     if (buckets_ && buckets_->active()) buckets_->end();

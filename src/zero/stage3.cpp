@@ -192,11 +192,12 @@ class Stage3Strategy final : public Strategy {
     synchronize("evaluation");
   }
 
-  void begin_backward(bool, const std::string& ctx) override {
+  void begin_backward(bool boundary, const std::string& ctx) override {
     ctx_ = ctx;
     // The background step (which owns the gradients until it ends) is done, and an I/O failure
     // anywhere reaches every rank before the gradients are reduced.
     synchronize(ctx);
+    prefetch_optimizer_state(boundary);
   }
   void end_backward() override {
     finish_reductions(0);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -222,6 +223,13 @@ void Strategy::synchronize(const std::string& ctx) {
     error.swap(failure_);
   }
   comm::raise_if_any_failed(*group_, error, ctx + ": NVMe-offloaded optimizer step or parameters");
+}
+
+void Strategy::prefetch_optimizer_state(bool boundary) {
+  if (!boundary || !store_ || step_pending()) return;
+  const char* env = std::getenv("DS_OFFLOAD_PREFETCH");
+  if (env && std::string(env) == "0") return;
+  store_->prefetch();
 }
 
 const float* Strategy::widen_gradients(const Tensor& grads, int64_t begin, int64_t numel) {

@@ -77,6 +77,11 @@ class StateStore {
   virtual StoreStats stats() const = 0;
   // True when master weights are held only here (not as a RAM tensor of the strategy).
   virtual bool holds_master() const = 0;
+  // Starts reading the sub-groups the next for_each visits first into swap buffers that are idle
+  // now, so the next optimizer step finds them in RAM (the strategy calls it as the boundary
+  // micro-step's backward begins: the disk is nearly idle then). Same thread rule as for_each; a
+  // no-op for stores without swap buffers. Returns the bytes whose reads were started.
+  virtual int64_t prefetch() { return 0; }
 };
 
 // The RAM home: `master` (optimizer_numel fp32) and the optimizer's own buffers, which this

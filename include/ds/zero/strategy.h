@@ -219,6 +219,9 @@ class Strategy {
   bool offloaded() const {
     return options_.nvme_optimizer.has_value() || options_.nvme_params.has_value();
   }
+  // On the boundary micro-step's backward, with the optimizer state on NVMe: start reading the
+  // first sub-groups of the coming step into the idle swap buffers (StateStore::prefetch).
+  void prefetch_optimizer_state(bool boundary);
   // fp32 copy of grads[begin, begin + numel) in a reused scratch buffer.
   const float* widen_gradients(const Tensor& grads, int64_t begin, int64_t numel);
   Tensor grad_chunk_;

@@ -11,6 +11,8 @@
 // buffers streams them: sub-group k uses buffer k % B; reads run `ahead` sub-groups in front of
 // the one being stepped (pipeline_read), the write of k is waited for only when its buffer is
 // needed again (pipeline_write). With B = 4 and both on: write k-1 | step k | read k+1, k+2.
+// prefetch() fills the whole ring with the first B disk sub-groups while no pass runs (during the
+// backward before a step), so the next pass starts without waiting for the disk.
 //
 // The swap folder is scratch (io/swap_dir.h): created per run, removed on exit; checkpoints hold
 // the state, and a resumed run streams it back into a fresh swap file.
@@ -154,20 +156,32 @@ class NvmeStateStore final : public StateStore {
   std::vector<std::string> state_names() const override { return names_; }
   bool holds_master() const override { return !external_master_.defined(); }
 
+  int64_t prefetch() override {
+    if (!engine_ || prefetched_ > 0 || !o_.pipeline_read) return 0;
+    const int64_t slot_bytes = slot_floats_ * 4;
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(ring_.size()), groups_ - ram_groups_);
+    try {
+      for (int64_t k = ram_groups_; k < ram_groups_ + n; ++k) {
+        const size_t b = buffer_of(k);
+        wait(write_ticket_[b]);
+        read_ticket_[b] = engine_->read(file_, ring_[b].data(), slot_bytes, disk_index(k) * slot_bytes);
+        ++prefetched_;
+      }
+    } catch (const Error&) {
+      // Not raised here (this rank would leave the others in the backward's collectives): the
+      // step reads these sub-groups again and reports a failure on every rank.
+      drain();
+    }
+    return prefetched_ * slot_bytes;
+  }
+
   void for_each(Access access, const std::function<void(const StateChunk&)>& fn) override {
     try {
       visit(access, fn);
     } catch (...) {
       // Stop every transfer before the buffers are reused or freed; the first error is the one
       // reported (it is already on its way up).
-      if (engine_) {
-        try {
-          engine_->wait_all();
-        } catch (const Error&) {
-        }
-        std::fill(read_ticket_.begin(), read_ticket_.end(), 0);
-        std::fill(write_ticket_.begin(), write_ticket_.end(), 0);
-      }
+      drain();
       throw;
     }
   }
@@ -211,6 +225,18 @@ class NvmeStateStore final : public StateStore {
     return static_cast<size_t>(disk_index(k) % static_cast<int64_t>(ring_.size()));
   }
 
+  // Stops every transfer (after a failure) so that the buffers can be reused or freed.
+  void drain() noexcept {
+    if (!engine_) return;
+    try {
+      engine_->wait_all();
+    } catch (const Error&) {
+    }
+    std::fill(read_ticket_.begin(), read_ticket_.end(), 0);
+    std::fill(write_ticket_.begin(), write_ticket_.end(), 0);
+    prefetched_ = 0;
+  }
+
   void wait(io::Ticket& t) {
     if (t == 0) return;
     const auto t0 = Clock::now();
@@ -248,6 +274,15 @@ class NvmeStateStore final : public StateStore {
     };
     const int64_t depth = ahead();
     int64_t next_read = ram_groups_;
+    if (prefetched_ > 0) {
+      // Sub-groups [ram_groups_, ram_groups_ + prefetched_) are already being read. A pass that
+      // overwrites everything does not need them: wait for the reads, then reuse the buffers.
+      if (access == Access::Overwrite)
+        for (auto& t : read_ticket_) wait(t);
+      else
+        next_read += prefetched_;
+      prefetched_ = 0;
+    }
     for (int64_t k = 0; k < groups_; ++k) {
       if (k < ram_groups_) {
         fn(chunk(k, ram_.as<float>() + k * slot_floats_));
@@ -280,6 +315,7 @@ class NvmeStateStore final : public StateStore {
   std::unique_ptr<io::Engine> engine_;
   std::vector<io::AlignedBuffer> ring_;
   std::vector<io::Ticket> read_ticket_, write_ticket_;
+  int64_t prefetched_ = 0;  // disk sub-groups from ram_groups_ on whose reads prefetch() started
   // Read by stats() on the training thread while a background step (strategy.h) waits here.
   std::atomic<double> wait_seconds_{0};
 };
