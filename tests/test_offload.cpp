@@ -470,6 +470,27 @@ TEST(OffloadFaults, IoErrorsReachEveryRankAndKeepTheCheckpoint) {
   };
   fails_on_every_rank("read:EIO:0", {"EIO", "optimizer_state.swp"});
   fails_on_every_rank(fmt::format("write:ENOSPC:{}", before_step), {"ENOSPC", "disk is full"});
+  {
+    // The disk fills while the checkpoint streams into the swap file (after the initial state):
+    // load_checkpoint itself fails on every rank.
+    const int rank =
+        std::getenv("OMPI_COMM_WORLD_RANK") ? std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")) : 0;
+    const int size =
+        std::getenv("OMPI_COMM_WORLD_SIZE") ? std::atoi(std::getenv("OMPI_COMM_WORLD_SIZE")) : 1;
+    std::optional<EnvGuard> guard;
+    if (rank == size - 1) guard.emplace("DS_IO_FAULT", fmt::format("write:ENOSPC:{}", before_step / 2));
+    auto e = engine(run);
+    try {
+      e->load_checkpoint(ck.string(), "good");
+      FAIL() << "no error for a full disk during the load";
+    } catch (const Error& err) {
+      if (rank == size - 1)
+        expect_contains(err.what(), {"ENOSPC", "optimizer_state.swp"});
+      else
+        expect_contains(err.what(),
+                        {"loading checkpoint", fmt::format("failed on rank {}", size - 1)});
+    }
+  }
   // The checkpoint is untouched and loads.
   auto c = engine({2, "bf16"});
   c->load_checkpoint(ck.string(), "good");

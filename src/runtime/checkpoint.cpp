@@ -366,6 +366,24 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
 
 nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::string& tag_in) {
   synchronize();  // a background optimizer step must not write the state being replaced
+  // Each rank reads and checks its own files and streams its optimizer state first; a failure
+  // there (a damaged shard, an I/O error in the swap file) is agreed on by every rank before the
+  // collective part (stage 3's parameter pieces), so no rank waits for one that stopped.
+  const std::string what = fmt::format("loading checkpoint {} on every rank", dir_in);
+  bool agreed = false;
+  try {
+    return load_checkpoint_files(dir_in, tag_in, [&] {
+      agreed = true;
+      comm::raise_if_any_failed(*group_, "", what);
+    });
+  } catch (const Error& e) {
+    if (!agreed) comm::raise_if_any_failed(*group_, e.what(), what);
+    throw;
+  }
+}
+
+nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const std::string& tag_in,
+                                             const std::function<void()>& local_part_done) {
   const fs::path dir(dir_in);
   DS_CHECK(fs::is_directory(dir), "[checkpoint] {} is not a folder{}", dir.string(),
            group_->size() > 1
@@ -601,6 +619,7 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
                     static_cast<size_t>(z - a) * sizeof(float));
     }
   });
+  local_part_done();
   // Weights: stages 0-2 read every parameter from the model file (in fp32 training the master
   // weights are a view of them and the file holds the same values); under stage 3 each rank's
   // piece is the rounded master weights, exactly as after an optimizer step.

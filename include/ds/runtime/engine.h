@@ -163,6 +163,10 @@ class Engine {
  private:
   void log(const std::string& line) const;
   std::string step_label() const;  // "step N" of the step being computed, for collectives
+  // load_checkpoint's work: checks and reads this rank's files and streams its optimizer state,
+  // calls local_part_done() (the ranks' agreement), then restores the collective rest.
+  nlohmann::json load_checkpoint_files(const std::string& dir, const std::string& tag,
+                                       const std::function<void()>& local_part_done);
 
   std::shared_ptr<nn::Module> model_;
   DeepSpeedConfig config_;
