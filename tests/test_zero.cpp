@@ -418,12 +418,13 @@ TEST(ZeroPrefetch, TraceIsRecordedOnceThenFollowed) {
   EXPECT_FALSE(t.following());
 }
 
-// ZeRO takes its group from the topology: with every rank on the tensor axis (tp = N), the
-// data-parallel group has one rank, so ZeRO-2 over it shards nothing and each rank trains alone,
-// exactly as one process does.
+// ZeRO takes its group from the topology: with every rank on the pipeline axis (pp = N; no
+// pipeline engine uses it here), the data-parallel group has one rank, so ZeRO-2 over it shards
+// nothing and each rank trains alone, exactly as one process does. (A tensor axis needs a model
+// with tensor-parallel layers: test_tensor_parallel.)
 TEST(ZeroTopology, ShardsOverTheDataParallelGroup) {
   auto w = world();
-  auto topo = std::make_shared<comm::Topology>(w, /*tp=*/w->size(), /*pp=*/1);
+  auto topo = std::make_shared<comm::Topology>(w, /*tp=*/1, /*pp=*/w->size());
   ASSERT_EQ(topo->data_parallel()->size(), 1);
   auto model = std::make_shared<models::GPT>(models::GPTConfig::preset("test-gpt2"));
   runtime::InitOptions opt;

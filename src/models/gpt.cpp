@@ -325,13 +325,26 @@ GPTConfig GPTConfig::load(const std::string& path) {
 
 // ---- the model ----
 
-GPT::GPT(GPTConfig config, bool init) : Module("GPT"), config_(std::move(config)) {
+GPT::GPT(GPTConfig config, bool init) : GPT(std::move(config), nullptr, init) {}
+
+GPT::GPT(GPTConfig config, std::shared_ptr<nn::TensorParallel> tp, bool init)
+    : Module("GPT"), config_(std::move(config)) {
+  if (tp && tp->size() > 1) tp_ = std::move(tp);
   config_.validate();
   const GPTConfig& c = config_;
-  const nn::BlockConfig bc = c.block_config();
+  nn::BlockConfig bc = c.block_config();
+  bc.tp = tp_;
   const bool gpt2 = c.layout == Layout::gpt2;
-  tok_emb_ = register_module(gpt2 ? "wte" : "embed_tokens",
-                             std::make_shared<nn::Embedding>(c.vocab_size, c.n_embd));
+  DS_CHECK(!(tp_ && nn::PartitionedInit::active()),
+           "[model] a tensor-parallel model is built whole on each rank (its parts), not under "
+           "ZeRO-3's partitioned construction");
+  if (tp_)
+    tok_emb_ = register_module(gpt2 ? "wte" : "embed_tokens",
+                               std::make_shared<nn::VocabParallelEmbedding>(c.vocab_size,
+                                                                            c.n_embd, tp_));
+  else
+    tok_emb_ = register_module(gpt2 ? "wte" : "embed_tokens",
+                               std::make_shared<nn::Embedding>(c.vocab_size, c.n_embd));
   if (gpt2)
     pos_emb_ = register_module("wpe", std::make_shared<nn::Embedding>(c.block_size, c.n_embd));
   auto list = register_module(gpt2 ? "h" : "layers", std::make_shared<nn::ModuleList>());
@@ -344,9 +357,19 @@ GPT::GPT(GPTConfig config, bool init) : Module("GPT"), config_(std::move(config)
     norm_f_ = register_module("norm", std::make_shared<nn::RMSNorm>(c.n_embd, c.norm_eps));
   // A tied head is a Linear over wte's weight: named_parameters() lists the weight once (as
   // wte.weight), while the head stays a module of its own whose hooks ZeRO-3 can use.
-  lm_head_ = register_module(
-      "lm_head", c.tie_embeddings ? std::make_shared<nn::Linear>(tok_emb_->weight())
-                                  : std::make_shared<nn::Linear>(c.n_embd, c.vocab_size, false));
+  if (tp_) {
+    auto* emb = static_cast<nn::VocabParallelEmbedding*>(tok_emb_.get());
+    lm_head_ = register_module(
+        "lm_head",
+        c.tie_embeddings
+            ? std::make_shared<nn::ColumnParallelLinear>(tok_emb_->weight(), emb->split(), tp_)
+            : std::make_shared<nn::ColumnParallelLinear>(c.n_embd, c.vocab_size, false, tp_, 1,
+                                                         1, /*uneven=*/true));
+  } else {
+    lm_head_ = register_module(
+        "lm_head", c.tie_embeddings ? std::make_shared<nn::Linear>(tok_emb_->weight())
+                                    : std::make_shared<nn::Linear>(c.n_embd, c.vocab_size, false));
+  }
   positions_ = Tensor::arange(c.block_size, DType::i64);
   // Under nn::PartitionedInit the parameters hold no memory: ZeRO-3 initialises each rank's shard
   // from init_values() instead.
@@ -375,7 +398,13 @@ Tensor GPT::loss(const Tensor& ids, const Tensor& targets) {
            "[model] targets {} must have the shape of the ids {}",
            targets.defined() ? shape_str(targets.shape()) : "undefined", shape_str(ids.shape()));
   const int64_t N = ids.numel();
-  Tensor lg = logits(ids);  // (B, T, V)
+  Tensor lg = logits(ids);  // (B, T, V), or (B, T, V_local) with tensor parallelism
+  if (tp_) {
+    const nn::TPSplit& s = static_cast<nn::ColumnParallelLinear*>(lm_head_.get())->split();
+    return nn::vocab_parallel_cross_entropy(ops::reshape(lg, {N, s.end - s.begin}),
+                                            ops::reshape(targets, {N}), s.begin,
+                                            config_.vocab_size, *tp_, -100);
+  }
   return ops::cross_entropy(ops::reshape(lg, {N, config_.vocab_size}), ops::reshape(targets, {N}),
                             -100);
 }
@@ -398,6 +427,8 @@ Tensor GPT::generate(const Tensor& prompt, int64_t max_new_tokens, int64_t top_k
   DS_CHECK(max_new_tokens >= 0 && top_k >= 0 && temperature > 0.0f,
            "[generate] need max_new_tokens >= 0, top_k >= 0 and temperature > 0 (got {}, {}, {})",
            max_new_tokens, top_k, temperature);
+  DS_CHECK(!tp_, "[generate] not available on a tensor-parallel model; export it (ds_to_fp32 / "
+           "the HF export) and generate from the whole model");
   autograd::NoGradGuard no_grad;
   struct TrainRestore {  // eval mode (no dropout) while sampling, restored even on error
     GPT& m;
@@ -512,6 +543,7 @@ void GPT::init_values(const ParamInit& init, uint64_t seed, uint64_t param_index
 }
 
 bool GPT::init_parameter_range(size_t index, int64_t begin, int64_t count, float* out) const {
+  if (tp_) return false;  // local parts: the model is built whole (see the constructor)
   if (init_plan_cache_.empty()) init_plan_cache_ = init_plan();
   DS_CHECK(index < init_plan_cache_.size(),
            "[model] parameter index {} out of range ({} parameters)", index,
@@ -523,15 +555,28 @@ bool GPT::init_parameter_range(size_t index, int64_t begin, int64_t count, float
 void GPT::init_weights() {
   const auto named = named_parameters();
   const auto plan = init_plan();
+  // A tensor-parallel part draws the full model's elements at their full-model indices.
+  const std::map<std::string, nn::TPSplit> splits =
+      tp_ ? nn::tp_splits(*this) : std::map<std::string, nn::TPSplit>{};
   for (size_t i = 0; i < named.size(); ++i) {
-    const Tensor& p = named[i].second;
-    if (p.dtype() == DType::f32 && p.is_contiguous()) {
-      init_values(plan[i], config_.seed, i, 0, p.numel(), p.data<float>());
+    const auto& [name, p] = named[i];
+    Tensor tmp = Tensor::empty(p.shape());
+    float* out = tmp.data<float>();
+    const auto it = splits.find(name);
+    if (it == splits.end() || it->second.replicated()) {
+      init_values(plan[i], config_.seed, i, 0, p.numel(), out);
+    } else if (const nn::TPSplit& s = it->second; s.dim == 0) {
+      const int64_t cols = p.dim() == 2 ? p.size(1) : 1, per_block = s.full / s.blocks,
+                    len = s.end - s.begin;
+      for (int64_t j = 0; j < s.blocks; ++j)
+        init_values(plan[i], config_.seed, i, (j * per_block + s.begin) * cols, len * cols,
+                    out + j * len * cols);
     } else {
-      Tensor tmp = Tensor::empty(p.shape());
-      init_values(plan[i], config_.seed, i, 0, p.numel(), tmp.data<float>());
-      p.copy_from(tmp);
+      const int64_t len = s.end - s.begin;
+      for (int64_t r = 0; r < p.size(0); ++r)
+        init_values(plan[i], config_.seed, i, r * s.full + s.begin, len, out + r * len);
     }
+    p.copy_from(tmp);
   }
 }
 

@@ -1,4 +1,5 @@
 #include "ds/nn/layers.h"
+#include "ds/nn/tensor_parallel.h"
 
 #include <cmath>
 
@@ -69,10 +70,26 @@ Tensor RMSNorm::forward(const Tensor& x) {
 
 // ---- MLPs ----
 
+namespace {
+
+// A Linear cutting its output features (tensor parallelism) or a whole one.
+std::shared_ptr<Linear> column(const BlockConfig& cfg, int64_t in, int64_t out, bool bias,
+                               int64_t unit = 1, int64_t blocks = 1) {
+  if (cfg.tp) return std::make_shared<ColumnParallelLinear>(in, out, bias, cfg.tp, unit, blocks);
+  return std::make_shared<Linear>(in, out, bias);
+}
+// A Linear cutting its input features (its output summed over the group) or a whole one.
+std::shared_ptr<Linear> row(const BlockConfig& cfg, int64_t in, int64_t out, bool bias,
+                            int64_t unit = 1) {
+  if (cfg.tp) return std::make_shared<RowParallelLinear>(in, out, bias, cfg.tp, unit);
+  return std::make_shared<Linear>(in, out, bias);
+}
+
+}  // namespace
+
 MLP::MLP(const BlockConfig& cfg) : Module("MLP"), dropout_(cfg.dropout) {
-  c_fc_ = register_module("c_fc", std::make_shared<Linear>(cfg.n_embd, cfg.ffn_hidden, cfg.bias));
-  c_proj_ =
-      register_module("c_proj", std::make_shared<Linear>(cfg.ffn_hidden, cfg.n_embd, cfg.bias));
+  c_fc_ = register_module("c_fc", column(cfg, cfg.n_embd, cfg.ffn_hidden, cfg.bias));
+  c_proj_ = register_module("c_proj", row(cfg, cfg.ffn_hidden, cfg.n_embd, cfg.bias));
 }
 
 Tensor MLP::forward(const Tensor& x) {
@@ -81,12 +98,9 @@ Tensor MLP::forward(const Tensor& x) {
 }
 
 SwiGLUMLP::SwiGLUMLP(const BlockConfig& cfg) : Module("SwiGLUMLP"), dropout_(cfg.dropout) {
-  gate_proj_ =
-      register_module("gate_proj", std::make_shared<Linear>(cfg.n_embd, cfg.ffn_hidden, cfg.bias));
-  up_proj_ =
-      register_module("up_proj", std::make_shared<Linear>(cfg.n_embd, cfg.ffn_hidden, cfg.bias));
-  down_proj_ =
-      register_module("down_proj", std::make_shared<Linear>(cfg.ffn_hidden, cfg.n_embd, cfg.bias));
+  gate_proj_ = register_module("gate_proj", column(cfg, cfg.n_embd, cfg.ffn_hidden, cfg.bias));
+  up_proj_ = register_module("up_proj", column(cfg, cfg.n_embd, cfg.ffn_hidden, cfg.bias));
+  down_proj_ = register_module("down_proj", row(cfg, cfg.ffn_hidden, cfg.n_embd, cfg.bias));
 }
 
 Tensor SwiGLUMLP::forward(const Tensor& x) {
@@ -113,20 +127,24 @@ CausalSelfAttention::CausalSelfAttention(const BlockConfig& cfg)
     DS_CHECK(Q == C && n_kv_head_ == n_head_,
              "[attention] the gpt2 layout needs n_head * head size == n_embd and no grouped-query "
              "attention");
-    c_attn_ = register_module("c_attn", std::make_shared<Linear>(C, 3 * C, cfg.bias));
-    c_proj_ = register_module("c_proj", std::make_shared<Linear>(C, C, cfg.bias));
+    c_attn_ = register_module("c_attn", column(cfg, C, 3 * C, cfg.bias, head_dim_, 3));
+    c_proj_ = register_module("c_proj", row(cfg, C, C, cfg.bias, head_dim_));
   } else {
     const bool qkv_bias = cfg.bias || cfg.qkv_bias;
-    q_proj_ = register_module("q_proj", std::make_shared<Linear>(C, Q, qkv_bias));
-    k_proj_ = register_module("k_proj", std::make_shared<Linear>(C, KV, qkv_bias));
-    v_proj_ = register_module("v_proj", std::make_shared<Linear>(C, KV, qkv_bias));
-    o_proj_ = register_module("o_proj", std::make_shared<Linear>(Q, C, cfg.bias));
+    q_proj_ = register_module("q_proj", column(cfg, C, Q, qkv_bias, head_dim_));
+    k_proj_ = register_module("k_proj", column(cfg, C, KV, qkv_bias, head_dim_));
+    v_proj_ = register_module("v_proj", column(cfg, C, KV, qkv_bias, head_dim_));
+    o_proj_ = register_module("o_proj", row(cfg, Q, C, cfg.bias, head_dim_));
     if (cfg.qk_norm) {
       q_norm_ = register_module("q_norm", std::make_shared<RMSNorm>(head_dim_, cfg.norm_eps));
       k_norm_ = register_module("k_norm", std::make_shared<RMSNorm>(head_dim_, cfg.norm_eps));
     }
     rope_inv_freq_ = rope_inv_freq(cfg.rope_scaling, cfg.rope_theta, head_dim_);
     rope_scale_ = rope_attention_scale(cfg.rope_scaling);
+  }
+  if (cfg.tp) {  // this rank's heads (the projections above checked that they divide evenly)
+    n_head_ /= cfg.tp->size();
+    n_kv_head_ /= cfg.tp->size();
   }
 }
 

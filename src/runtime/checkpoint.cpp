@@ -204,8 +204,17 @@ void delete_checkpoint(const fs::path& dir, const std::string& tag) {
            away.string(), ec.message());
 }
 
+void Engine::check_single_model_part(const char* what) const {
+  // Every rank of one data-parallel replica writes the same file names today (mp_rank_00).
+  DS_CHECK(!options_.topology || options_.topology->model_parallel()->size() == 1,
+           "[checkpoint] {}: checkpoints of tensor- or pipeline-parallel runs ({}) are not "
+           "implemented yet; train with tensor_parallel and pipeline sizes 1 to save checkpoints",
+           what, options_.topology->grid().str());
+}
+
 void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_in,
                              const nlohmann::json& client_state) {
+  check_single_model_part("save_checkpoint");
   const fs::path dir(dir_in);
   const std::string tag = tag_in.empty() ? fmt::format("global_step{}", global_steps_) : tag_in;
   DS_CHECK(tag.find('/') == std::string::npos && tag != "." && tag != "..",
@@ -365,6 +374,7 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
 }
 
 nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::string& tag_in) {
+  check_single_model_part("load_checkpoint");
   synchronize();  // a background optimizer step must not write the state being replaced
   // Each rank reads and checks its own files and streams its optimizer state first; a failure
   // there (a damaged shard, an I/O error in the swap file) is agreed on by every rank before the

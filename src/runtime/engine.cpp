@@ -4,11 +4,14 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <set>
+#include <string>
 
 #include "ds/autograd/grad_mode.h"
 #include "ds/comm/logger.h"
 #include "ds/core/allocator.h"
 #include "ds/core/error.h"
+#include "ds/nn/tensor_parallel.h"
 #include "ds/ops/ops.h"
 
 namespace ds::runtime {
@@ -133,6 +136,17 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
   zero::Options zo = zero_options(config_, grad_dtype_, n);
   zo.log = [this](const std::string& m) { log(m); };
   zero_ = zero::make_strategy(*model_, group_, zo);
+  if (options_.topology && options_.topology->tensor_parallel()->size() > 1) {
+    // The model's cut parameters (nn/tensor_parallel.h) count once per part in the global norm.
+    std::set<std::string> cut;
+    for (const auto& [name, split] : nn::tp_splits(*model_))
+      if (!split.replicated()) cut.insert(name);
+    DS_CHECK(!cut.empty(),
+             "[engine] the topology has tensor_parallel size {} but the model has no "
+             "tensor-parallel layers; build it with that group (models::GPT(config, tp))",
+             options_.topology->tensor_parallel()->size());
+    zero_->set_tensor_parallel(options_.topology->tensor_parallel(), cut);
+  }
 
   optimizer_ =
       optim::make_optimizer(optimizer_name(config_.optimizer), optimizer_params(config_.optimizer));

@@ -151,6 +151,18 @@ class FlatStrategy final : public Strategy {
     return model_.named_parameters();
   }
 
+  std::vector<std::pair<int64_t, int64_t>> optimizer_ranges_of(const std::set<std::string>& names,
+                                                               bool complement) const override {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (const nn::FlatEntry& e : flat_.entries) {
+      if (names.count(e.name) == (complement ? 1u : 0u)) continue;
+      const int64_t a = std::max<int64_t>(e.offset - begin_, 0),
+                    z = std::min<int64_t>(e.offset + e.numel - begin_, opt_numel_);
+      if (a < z) out.emplace_back(a, z);
+    }
+    return out;
+  }
+
   void load_parameters(
       const std::function<void(const std::string&, const Tensor&)>& read_param) override {
     for (auto& [name, p] : model_.named_parameters()) read_param(name, p);

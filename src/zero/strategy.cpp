@@ -36,13 +36,40 @@ double Strategy::global_sum_of_squares(const Tensor& g, const std::string& ctx) 
            "[zero] the gradients for the norm must be ({},) floating point, got {} {}", opt_numel_,
            shape_str(g.shape()), dtype_name(g.dtype()));
   double sq = backend::get(g.device()).sum_of_squares(g);
+  if (tp_) {
+    // Parameters whole on every tp rank are counted 1/tp times here, so once over the tp group.
+    double rep = 0.0;
+    for (auto [a, z] : tp_replicated_)
+      rep += backend::get(g.device()).sum_of_squares(g.flat_range(a, z - a));
+    sq -= rep * (1.0 - 1.0 / tp_->size());
+  }
   if (partitioned_) {
     // Global norm over the partitions; inf/NaN on any rank reaches every rank through the sum.
     float part = static_cast<float>(sq);
     group_->all_reduce(&part, 1, DType::f32, comm::ReduceOp::sum, ctx + " gradient norm");
     sq = part;
   }
+  if (tp_) {
+    float part = static_cast<float>(sq);
+    tp_->all_reduce(&part, 1, DType::f32, comm::ReduceOp::sum,
+                    ctx + " gradient norm over tensor-parallel ranks");
+    sq = part;
+  }
   return sq;
+}
+
+void Strategy::set_tensor_parallel(std::shared_ptr<comm::Group> tp,
+                                   const std::set<std::string>& cut) {
+  if (!tp || tp->size() == 1) return;
+  tp_replicated_ = optimizer_ranges_of(cut, /*complement=*/true);
+  tp_ = std::move(tp);
+}
+
+std::vector<std::pair<int64_t, int64_t>> Strategy::optimizer_ranges_of(const std::set<std::string>&,
+                                                                       bool) const {
+  DS_THROW("[zero] tensor parallelism with ZeRO stage {} is not implemented yet; use stage 0, 1 "
+           "or 2 on the data-parallel axis",
+           options_.stage);
 }
 
 void Strategy::attach_optimizer(optim::Optimizer& opt,

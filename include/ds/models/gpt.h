@@ -25,6 +25,7 @@
 
 #include "ds/nn/layers.h"
 #include "ds/nn/module.h"
+#include "ds/nn/tensor_parallel.h"
 
 namespace ds::models {
 
@@ -98,6 +99,14 @@ class GPT : public nn::Module {
   // parameters zero (norm weights one): for a model whose weights are loaded next, or whose shards
   // are initialised with init_values().
   explicit GPT(GPTConfig config, bool init = true);
+  // Tensor parallel over tp's group (nn/tensor_parallel.h): every rank of the group builds this
+  // with the same config and holds its part of each cut parameter (same names, local shapes;
+  // tp_splits() says which part). Initialisation gives each part exactly the full model's values,
+  // so tp = 1 and tp = N are the same model. forward() then returns this rank's vocabulary range
+  // of the logits (B, T, V_local) and loss() is the full model's loss. generate() and ZeRO-3's
+  // piecewise construction are not available with tp > 1.
+  GPT(GPTConfig config, std::shared_ptr<nn::TensorParallel> tp, bool init = true);
+  const std::shared_ptr<nn::TensorParallel>& tensor_parallel() const { return tp_; }
 
   const GPTConfig& config() const { return config_; }
 
@@ -151,6 +160,7 @@ class GPT : public nn::Module {
   std::shared_ptr<nn::Linear> lm_head_;  // shares wte's weight when tied
   Tensor positions_;                     // (block_size) int64: 0 .. block_size-1, sliced for wpe
   mutable std::vector<ParamInit> init_plan_cache_;  // init_plan(), for init_parameter_range()
+  std::shared_ptr<nn::TensorParallel> tp_;          // null: the whole model on this rank
 };
 
 }  // namespace ds::models

@@ -22,6 +22,8 @@
 
 namespace ds::nn {
 
+class TensorParallel;  // tensor_parallel.h
+
 // Which transformer family a block follows.
 //   gpt2:  LayerNorm, fused c_attn (3C) + c_proj, GELU MLP (c_fc, c_proj), learned positions.
 //   llama: RMSNorm, q/k/v/o_proj + rotary embeddings, SwiGLU MLP (gate/up/down_proj), no biases.
@@ -44,6 +46,9 @@ struct BlockConfig {
   bool bias = true;             // biases in Linear layers (and, for gpt2, in LayerNorms)
   bool qkv_bias = false;        // llama: q/k/v_proj biases even without `bias` (Qwen2)
   bool qk_norm = false;         // llama: per-head RMSNorm of q and k before RoPE (Qwen3)
+  // Tensor parallelism (tensor_parallel.h): attention heads (and K/V heads), the MLP's hidden
+  // width cut over tp->size() ranks; null = none. Shapes below are then the full model's.
+  std::shared_ptr<TensorParallel> tp;
 
   int64_t resolved_kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : n_embd / n_head; }

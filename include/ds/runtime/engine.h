@@ -163,6 +163,7 @@ class Engine {
  private:
   void log(const std::string& line) const;
   std::string step_label() const;  // "step N" of the step being computed, for collectives
+  void check_single_model_part(const char* what) const;  // refuses tp/pp > 1 checkpoints
   // load_checkpoint's work: checks and reads this rank's files and streams its optimizer state,
   // calls local_part_done() (the ranks' agreement), then restores the collective rest.
   nlohmann::json load_checkpoint_files(const std::string& dir, const std::string& tag,

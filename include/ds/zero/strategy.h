@@ -28,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -164,6 +165,11 @@ class Strategy {
   // Sum of squares of g over every rank's range (a collective when partitioned). inf/NaN on any
   // rank reaches every rank. Deterministic: fixed tiles summed in order.
   double global_sum_of_squares(const Tensor& g, const std::string& ctx);
+  // Tensor parallelism beside this data-parallel group: the norm above then also sums over `tp`,
+  // counting the parameters in `cut` (each tp rank holds a different part) once per part and the
+  // others (whole on every tp rank, identical gradients) once overall: Megatron's global norm.
+  // Call once, before the first step. Stages 0-2; stage 3 refuses.
+  void set_tensor_parallel(std::shared_ptr<comm::Group> tp, const std::set<std::string>& cut);
   // The factor that turns the reduced gradients into the average over ranks (1 / N unless the
   // reduction already divided by it).
   double grad_post_scale() const { return grad_post_scale_; }
@@ -222,6 +228,12 @@ class Strategy {
   // On the boundary micro-step's backward, with the optimizer state on NVMe: start reading the
   // first sub-groups of the coming step into the idle swap buffers (StateStore::prefetch).
   void prefetch_optimizer_state(bool boundary);
+  // [begin, end) ranges of the optimizer range (this rank's) that hold the parameters named in
+  // `names`; the default refuses (stage 3 with tensor parallelism).
+  virtual std::vector<std::pair<int64_t, int64_t>> optimizer_ranges_of(
+      const std::set<std::string>& names, bool complement) const;
+  std::shared_ptr<comm::Group> tp_;                        // set_tensor_parallel()
+  std::vector<std::pair<int64_t, int64_t>> tp_replicated_;  // optimizer ranges whole on every tp rank
   // fp32 copy of grads[begin, begin + numel) in a reused scratch buffer.
   const float* widen_gradients(const Tensor& grads, int64_t begin, int64_t numel);
   Tensor grad_chunk_;

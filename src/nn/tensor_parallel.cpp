@@ -1,0 +1,246 @@
+// Tensor-parallel layers and collectives (ds/nn/tensor_parallel.h).
+#include "ds/nn/tensor_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ds/autograd/node.h"
+#include "ds/core/error.h"
+#include "ds/core/parallel.h"
+#include "ds/ops/ops.h"
+
+namespace ds::nn {
+
+TensorParallel::TensorParallel(std::shared_ptr<comm::Group> group) : group_(std::move(group)) {
+  DS_CHECK(group_, "[tensor parallel] needs a group");
+  size_ = group_->size();
+  rank_ = group_->rank();
+}
+
+std::pair<int64_t, int64_t> TensorParallel::part(int64_t n, int64_t unit, bool uneven,
+                                                 const std::string& what) const {
+  DS_CHECK(unit >= 1 && n % unit == 0, "[tensor parallel] {}: {} is not a multiple of {}", what, n,
+           unit);
+  const int64_t units = n / unit;
+  if (!uneven)
+    DS_CHECK(units % size_ == 0,
+             "[tensor parallel] {}: {} cannot be cut into {} equal parts{}; choose a "
+             "tensor_parallel size that divides it",
+             what, units, size_, unit > 1 ? fmt::format(" (of {} elements each)", unit) : "");
+  const int64_t per = (units + size_ - 1) / size_;
+  const int64_t b = std::min(units, per * rank_), e = std::min(units, b + per);
+  return {b * unit, e * unit};
+}
+
+// ---- collectives ----
+
+namespace {
+
+Tensor summed(const Tensor& x, const TensorParallel& tp, const char* what) {
+  Tensor out = x.detach().clone();
+  tp.group().all_reduce(out, comm::ReduceOp::sum, what);
+  return out;
+}
+
+}  // namespace
+
+Tensor tp_copy(const Tensor& x, const TensorParallel& tp) {
+  if (tp.size() == 1) return x;
+  const TensorParallel* t = &tp;  // the layer owning tp outlives its backward graph
+  Tensor out = x.detach();
+  return autograd::record(out, "TPCopyBackward", {x}, [t](const Tensor& g) -> std::vector<Tensor> {
+    return {summed(g, *t, "tensor parallel: input gradient")};
+  });
+}
+
+Tensor tp_reduce(const Tensor& x, const TensorParallel& tp) {
+  if (tp.size() == 1) return x;
+  Tensor out = summed(x, tp, "tensor parallel: partial outputs");
+  return autograd::record(out, "TPReduceBackward", {x},
+                          [](const Tensor& g) -> std::vector<Tensor> { return {g}; });
+}
+
+// ---- cross entropy over a cut vocabulary ----
+
+Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
+                                    int64_t vocab_begin, int64_t vocab_size,
+                                    const TensorParallel& tp, int64_t ignore_index) {
+  DS_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0),
+           "[tensor parallel] cross entropy needs logits (N, V_local) and targets (N), got {} and {}",
+           shape_str(logits.shape()), shape_str(targets.shape()));
+  const int64_t N = logits.size(0), Vl = logits.size(1);
+  DS_CHECK(vocab_begin >= 0 && vocab_begin + Vl <= vocab_size,
+           "[tensor parallel] vocabulary range [{}, {}) outside {} entries", vocab_begin,
+           vocab_begin + Vl, vocab_size);
+  const std::vector<int64_t> t = targets.contiguous().to_int_vector();
+  int64_t count = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t v = t[static_cast<size_t>(n)];
+    if (v == ignore_index) continue;
+    DS_CHECK(v >= 0 && v < vocab_size,
+             "[cross_entropy] target {} (at position {}) is out of range for {} classes "
+             "(ignore_index is {})",
+             v, n, vocab_size, ignore_index);
+    ++count;
+  }
+  const Tensor fl = logits.detach().to(DType::f32).contiguous();
+  const float* L = fl.data<float>();
+  Tensor mx = Tensor::full({N}, -std::numeric_limits<float>::infinity());
+  Tensor se = Tensor::zeros({N}), tl = Tensor::zeros({N});
+  float* M = mx.data<float>();
+  float* S = se.data<float>();
+  float* TL = tl.data<float>();
+  parallel_for(N, 64, [&](int64_t lo, int64_t hi) {
+    for (int64_t n = lo; n < hi; ++n) {
+      const float* row = L + n * Vl;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < Vl; ++j) m = std::max(m, row[j]);
+      M[n] = m;
+      const int64_t v = t[static_cast<size_t>(n)] - vocab_begin;
+      TL[n] = (v >= 0 && v < Vl) ? row[v] : 0.0f;
+    }
+  });
+  tp.group().all_reduce(mx, comm::ReduceOp::max, "tensor parallel: logit maxima");
+  parallel_for(N, 64, [&](int64_t lo, int64_t hi) {
+    for (int64_t n = lo; n < hi; ++n) {
+      const float* row = L + n * Vl;
+      double s = 0.0;
+      for (int64_t j = 0; j < Vl; ++j) s += std::exp(static_cast<double>(row[j] - M[n]));
+      S[n] = static_cast<float>(s);
+    }
+  });
+  tp.group().all_reduce(se, comm::ReduceOp::sum, "tensor parallel: sums of exponentials");
+  tp.group().all_reduce(tl, comm::ReduceOp::sum, "tensor parallel: target logits");
+  double total = 0.0;
+  for (int64_t n = 0; n < N; ++n)
+    if (t[static_cast<size_t>(n)] != ignore_index)
+      total += static_cast<double>(std::log(S[n]) + M[n] - TL[n]);
+  const float loss = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.0f;
+  Tensor out = Tensor::full({}, loss, logits.dtype(), logits.device());
+  const DType dt = logits.dtype();
+  return autograd::record(
+      out, "VocabParallelCrossEntropyBackward", {logits},
+      [=](const Tensor& g) -> std::vector<Tensor> {
+        const float scale = count > 0 ? g.item() / static_cast<float>(count) : 0.0f;
+        Tensor d = Tensor::empty({N, Vl});
+        float* D = d.data<float>();
+        const float* L2 = fl.data<float>();
+        const float* M2 = mx.data<float>();
+        const float* S2 = se.data<float>();
+        parallel_for(N, 64, [&](int64_t lo, int64_t hi) {
+          for (int64_t n = lo; n < hi; ++n) {
+            float* dr = D + n * Vl;
+            const int64_t tv = t[static_cast<size_t>(n)];
+            if (tv == ignore_index) {
+              std::fill(dr, dr + Vl, 0.0f);
+              continue;
+            }
+            const float* row = L2 + n * Vl;
+            const float inv = 1.0f / S2[n];
+            for (int64_t j = 0; j < Vl; ++j) dr[j] = std::exp(row[j] - M2[n]) * inv * scale;
+            const int64_t v = tv - vocab_begin;
+            if (v >= 0 && v < Vl) dr[v] -= scale;
+          }
+        });
+        return {dt == DType::f32 ? d : ops::cast(d, dt).detach()};
+      });
+}
+
+// ---- layers ----
+
+ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias,
+                                           std::shared_ptr<TensorParallel> tp, int64_t unit,
+                                           int64_t blocks, bool uneven)
+    : Linear(in_features,
+             [&] {
+               DS_CHECK(blocks >= 1 && out_features % blocks == 0,
+                        "[tensor parallel] {} output features are not {} equal blocks",
+                        out_features, blocks);
+               auto [b, e] = tp->part(out_features / blocks, unit, uneven,
+                                      "column-parallel output features");
+               return std::max<int64_t>(1, blocks * (e - b));
+             }(),
+             bias),
+      tp_(std::move(tp)) {
+  auto [b, e] = tp_->part(out_features / blocks, unit, uneven, "column-parallel output features");
+  DS_CHECK(e > b, "[tensor parallel] rank {} of {} would hold no output features of {}",
+           tp_->rank(), tp_->size(), out_features);
+  split_ = {0, out_features, blocks, b, e};
+}
+
+ColumnParallelLinear::ColumnParallelLinear(Tensor weight, TPSplit split,
+                                           std::shared_ptr<TensorParallel> tp)
+    : Linear(std::move(weight)), tp_(std::move(tp)), split_(split) {}
+
+Tensor ColumnParallelLinear::forward(const Tensor& x) {
+  return Linear::forward(tp_copy(x, *tp_));
+}
+
+int64_t RowParallelLinear::local_in(int64_t in, const TensorParallel& tp, int64_t unit) {
+  auto [b, e] = tp.part(in, unit, false, "row-parallel input features");
+  return e - b;
+}
+
+RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, bool bias,
+                                     std::shared_ptr<TensorParallel> tp, int64_t unit)
+    : Linear(local_in(in_features, *tp, unit), out_features, bias), tp_(std::move(tp)) {
+  auto [b, e] = tp_->part(in_features, unit, false, "row-parallel input features");
+  split_ = {1, in_features, 1, b, e};
+}
+
+Tensor RowParallelLinear::forward(const Tensor& x) {
+  Tensor y = tp_reduce(ops::linear(x, weight(), {}), *tp_);
+  return bias().defined() ? ops::add(y, bias()) : y;
+}
+
+VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings, int64_t embedding_dim,
+                                               std::shared_ptr<TensorParallel> tp)
+    : Embedding(
+          [&] {
+            auto [b, e] = tp->part(num_embeddings, 1, true, "vocabulary");
+            DS_CHECK(e > b, "[tensor parallel] rank {} of {} would hold no rows of a {}-entry "
+                     "vocabulary", tp->rank(), tp->size(), num_embeddings);
+            return e - b;
+          }(),
+          embedding_dim),
+      tp_(std::move(tp)) {
+  auto [b, e] = tp_->part(num_embeddings, 1, true, "vocabulary");
+  split_ = {0, num_embeddings, 1, b, e};
+}
+
+Tensor VocabParallelEmbedding::forward(const Tensor& ids) {
+  if (tp_->size() == 1) return Embedding::forward(ids);
+  const std::vector<int64_t> v = ids.contiguous().to_int_vector();
+  std::vector<int64_t> local(v.size());
+  std::vector<float> keep(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const bool mine = v[i] >= split_.begin && v[i] < split_.end;
+    local[i] = mine ? v[i] - split_.begin : 0;
+    keep[i] = mine ? 1.0f : 0.0f;
+  }
+  Shape mask_shape = ids.shape();
+  mask_shape.push_back(1);
+  Tensor rows = ops::embedding(weight(), Tensor::from_ints(local, ids.shape()));  // (..., C)
+  Tensor mask = Tensor::from_data(keep, mask_shape).to(rows.dtype());
+  return tp_reduce(ops::mul(rows, mask), *tp_);
+}
+
+std::map<std::string, TPSplit> tp_splits(const Module& root) {
+  std::map<std::string, TPSplit> out;
+  for (const auto& [name, m] : root.named_modules()) {
+    const std::string prefix = name.empty() ? "" : name + ".";
+    if (auto* c = dynamic_cast<const ColumnParallelLinear*>(m)) {
+      out[prefix + "weight"] = c->split();
+      if (c->bias().defined()) out[prefix + "bias"] = c->split();
+    } else if (auto* r = dynamic_cast<const RowParallelLinear*>(m)) {
+      out[prefix + "weight"] = r->split();  // the bias is whole on every rank
+    } else if (auto* e = dynamic_cast<const VocabParallelEmbedding*>(m)) {
+      out[prefix + "weight"] = e->split();
+    }
+  }
+  return out;
+}
+
+}  // namespace ds::nn
