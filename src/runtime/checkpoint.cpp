@@ -26,6 +26,7 @@
 
 #include "ds/comm/group.h"
 #include "ds/core/checksum.h"
+#include "checkpoint_format.h"
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
 #include "ds/core/rng.h"
@@ -38,40 +39,15 @@ namespace fs = std::filesystem;
 namespace ds::runtime {
 namespace {
 
+using detail::kModelFile;
+using detail::parse_metadata;
+using detail::read_text;
+using detail::trim;
+
 constexpr int kFormatVersion = 1;
-constexpr const char* kModelFile = "mp_rank_00_model_states.safetensors";
 
 std::string hex64(uint64_t v) {
   return fmt::format("{:016x}", v);
-}
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string trim(std::string s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  size_t i = 0;
-  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
-  return s.substr(i);
-}
-
-nlohmann::json parse_metadata(const safetensors::Reader& r, const std::string& key) {
-  DS_CHECK(r.metadata().count(key),
-           "[checkpoint] {} has no '{}' metadata: not a deepspeed.cpp checkpoint file", r.path(),
-           key);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(r.metadata(key));
-  } catch (const std::exception& e) {
-    DS_THROW("[checkpoint] {}: the '{}' metadata is not valid JSON ({})", r.path(), key, e.what());
-  }
-  DS_CHECK(j.is_object(), "[checkpoint] {}: the '{}' metadata must be a JSON object, got {}",
-           r.path(), key, j.type_name());
-  return j;
 }
 
 // Typed reads of one JSON object of checkpoint metadata. A missing field or one of the wrong type
@@ -469,7 +445,7 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
   // Model weights: exactly our names and shapes.
   verify(kModelFile);
   safetensors::Reader model_file((ck / kModelFile).string());
-  const nlohmann::json engine_json = parse_metadata(model_file, "ds_engine");
+  const nlohmann::json engine_json = parse_metadata(model_file, "ds_engine", "[checkpoint]");
   const Meta engine_state(engine_json, (ck / kModelFile).string(), "ds_engine");
   // Every field is read (and type-checked) before any state changes, so a damaged file leaves the
   // engine as it was.
@@ -534,7 +510,7 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
     readers.emplace_back(path);
     const safetensors::Reader& reader = readers.back();
     sources.emplace_back();
-    const nlohmann::json meta_json = parse_metadata(reader, "ds_optimizer");
+    const nlohmann::json meta_json = parse_metadata(reader, "ds_optimizer", "[checkpoint]");
     const Meta meta(meta_json, path, "ds_optimizer");
     const int64_t numel = meta.integer("numel");
     const nlohmann::json& names = meta.array("param_names");

@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "checkpoint_format.h"
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
 #include "ds/core/safetensors.h"
@@ -17,38 +18,12 @@ namespace fs = std::filesystem;
 namespace ds::runtime {
 namespace {
 
-constexpr const char* kModelFile = "mp_rank_00_model_states.safetensors";
+using detail::kModelFile;
+using detail::parse_metadata;
+using detail::read_text;
+using detail::trim;
+
 constexpr int64_t kChunk = int64_t{1} << 20;  // elements converted at a time
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string trim(std::string s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  size_t i = 0;
-  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
-  return s.substr(i);
-}
-
-nlohmann::json metadata_json(const safetensors::Reader& r, const std::string& key) {
-  DS_CHECK(r.metadata().count(key),
-           "[ds_to_fp32] {} has no '{}' metadata: not a deepspeed.cpp checkpoint file", r.path(),
-           key);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(r.metadata(key));
-  } catch (const std::exception& e) {
-    DS_THROW("[ds_to_fp32] {}: the '{}' metadata is not valid JSON ({}); the file is damaged",
-             r.path(), key, e.what());
-  }
-  DS_CHECK(j.is_object(), "[ds_to_fp32] {}: the '{}' metadata must be a JSON object", r.path(),
-           key);
-  return j;
-}
 
 // A non-negative integer field of checkpoint metadata, or an error naming file and field.
 int64_t field_int(const nlohmann::json& j, const std::string& key, const std::string& file,
@@ -150,7 +125,7 @@ CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
   verify(kModelFile);
   {
     const safetensors::Reader model((folder_ / kModelFile).string());
-    const nlohmann::json engine = metadata_json(model, "ds_engine");
+    const nlohmann::json engine = parse_metadata(model, "ds_engine", "[ds_to_fp32]");
     const std::string file = model.path();
     global_steps_ = field_int(engine, "global_steps", file, "ds_engine");
     world_size_ = static_cast<int>(field_int(engine, "world_size", file, "ds_engine"));
@@ -195,7 +170,7 @@ CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
     verify(f);
     auto shard = std::make_unique<Shard>(Shard{safetensors::Reader((folder_ / f).string())});
     const std::string file = shard->reader.path();
-    const nlohmann::json meta = metadata_json(shard->reader, "ds_optimizer");
+    const nlohmann::json meta = parse_metadata(shard->reader, "ds_optimizer", "[ds_to_fp32]");
     const int64_t numel = field_int(meta, "numel", file, "ds_optimizer");
     const int64_t pc = field_int(meta, "partition_count", file, "ds_optimizer");
     const int64_t rank = field_int(meta, "rank", file, "ds_optimizer");
