@@ -189,6 +189,16 @@ TEST_P(TensorParallelTraining, SameLossesAsOneProcess) {
         EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << "micro-step " << i;
       EXPECT_NEAR(e->last_grad_norm(), ref->last_grad_norm(),
                   1e-4 * ref->last_grad_norm());
+      // The gathered weights (for export) are the one-process model's, with the whole shapes.
+      const auto gathered = e->full_weights(), whole = ref->full_weights();
+      ASSERT_EQ(gathered.size(), whole.size());
+      for (size_t i = 0; i < whole.size(); ++i) {
+        ASSERT_EQ(gathered[i].first, whole[i].first);
+        ASSERT_EQ(gathered[i].second.shape(), whole[i].second.shape()) << whole[i].first;
+        EXPECT_LE(max_diff(gathered[i].second, whole[i].second),
+                  1e-4 * std::max(1.0, max_abs(whole[i].second)))
+            << whole[i].first;
+      }
       if (t > 1) {
         try {
           e->save_checkpoint("/nonexistent", "x");

@@ -227,6 +227,61 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids) {
   return tp_reduce(ops::mul(rows, mask), *tp_);
 }
 
+Tensor gather_full(const Tensor& local, const TPSplit& s, const TensorParallel& tp) {
+  if (s.replicated() || tp.size() == 1) return local;
+  DS_CHECK(local.dim() >= 1 && local.dim() <= 2 && s.dim < local.dim(),
+           "[tensor parallel] gather_full: a 1-d or 2-d part cut along an existing dimension, got "
+           "{} cut along {}",
+           shape_str(local.shape()), s.dim);
+  // Every rank's range inside a block is [min(Fb, r*per), min(Fb, (r+1)*per)) (part()'s rule);
+  // parts are padded to `per` so that the all-gather moves equal chunks.
+  const int n = tp.size();
+  const int64_t Fb = s.full / s.blocks, per = (Fb + n - 1) / n;
+  const int64_t len = s.end - s.begin;
+  const Tensor x = local.detach().to(DType::f32).contiguous();
+  const float* src = x.data<float>();
+  Shape full_shape = local.shape();
+  full_shape[static_cast<size_t>(s.dim)] = s.full;
+  Tensor full = Tensor::zeros(full_shape);
+  float* dst = full.data<float>();
+  auto range = [&](int r) {
+    const int64_t b = std::min(Fb, r * per);
+    return std::pair<int64_t, int64_t>{b, std::min(Fb, b + per)};
+  };
+  if (s.dim == 0) {
+    const int64_t cols = local.dim() == 2 ? local.size(1) : 1;
+    const int64_t chunk = s.blocks * per * cols;
+    std::vector<float> send(static_cast<size_t>(chunk), 0.0f), recv(static_cast<size_t>(chunk * n));
+    for (int64_t j = 0; j < s.blocks; ++j)
+      std::copy(src + j * len * cols, src + (j + 1) * len * cols, send.data() + j * per * cols);
+    tp.group().all_gather(send.data(), recv.data(), static_cast<size_t>(chunk), DType::f32,
+                          "tensor parallel: gathering a parameter");
+    for (int r = 0; r < n; ++r) {
+      const auto [b, e] = range(r);
+      for (int64_t j = 0; j < s.blocks; ++j) {
+        const float* from = recv.data() + r * chunk + j * per * cols;
+        std::copy(from, from + (e - b) * cols, dst + (j * Fb + b) * cols);
+      }
+    }
+  } else {
+    DS_CHECK(s.blocks == 1, "[tensor parallel] gather_full: blocks along dimension 1");
+    const int64_t rows = local.size(0), chunk = rows * per;
+    std::vector<float> send(static_cast<size_t>(chunk), 0.0f), recv(static_cast<size_t>(chunk * n));
+    for (int64_t i = 0; i < rows; ++i)
+      std::copy(src + i * len, src + (i + 1) * len, send.data() + i * per);
+    tp.group().all_gather(send.data(), recv.data(), static_cast<size_t>(chunk), DType::f32,
+                          "tensor parallel: gathering a parameter");
+    for (int r = 0; r < n; ++r) {
+      const auto [b, e] = range(r);
+      for (int64_t i = 0; i < rows; ++i) {
+        const float* from = recv.data() + r * chunk + i * per;
+        std::copy(from, from + (e - b), dst + i * s.full + b);
+      }
+    }
+  }
+  return local.dtype() == DType::f32 ? full : full.to(local.dtype());
+}
+
 std::map<std::string, TPSplit> tp_splits(const Module& root) {
   std::map<std::string, TPSplit> out;
   for (const auto& [name, m] : root.named_modules()) {

@@ -224,6 +224,16 @@ void Engine::backward(const Tensor& loss) {
   zero_->end_backward();
 }
 
+std::vector<std::pair<std::string, Tensor>> Engine::full_weights() {
+  std::vector<std::pair<std::string, Tensor>> weights = zero_->full_weights();
+  if (!options_.topology || options_.topology->tensor_parallel()->size() == 1) return weights;
+  const nn::TensorParallel tp(options_.topology->tensor_parallel());
+  const auto splits = nn::tp_splits(*model_);
+  for (auto& [name, t] : weights)
+    if (auto it = splits.find(name); it != splits.end()) t = nn::gather_full(t, it->second, tp);
+  return weights;
+}
+
 void Engine::synchronize() {
   zero_->synchronize(fmt::format("after step {}", global_steps_));
 }

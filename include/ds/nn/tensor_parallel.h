@@ -119,6 +119,11 @@ class VocabParallelEmbedding : public Embedding {
   TPSplit split_;
 };
 
+// The whole tensor from every rank's part `local` (cut as `split`): an all-gather over the group
+// (collective: every rank of the group calls it with its own part, in the same order). Returns
+// `local` itself when split is replicated. Any floating dtype; the result has local's dtype.
+Tensor gather_full(const Tensor& local, const TPSplit& split, const TensorParallel& tp);
+
 // Every parameter name under `root` ("h.0.attn.c_attn.weight") that one of the layers above cuts,
 // with its split; parameters not listed are replicated.
 std::map<std::string, TPSplit> tp_splits(const Module& root);

@@ -142,8 +142,9 @@ class Engine {
   // Every parameter whole, by name, in the training dtype, for export: the model's own tensors
   // under stages 0-2; under ZeRO-3 each parameter is gathered in turn (a collective: every rank
   // must call it) and only rank 0 receives the list (empty elsewhere), as DeepSpeed's
-  // stage3_gather_16bit_weights_on_model_save does.
-  std::vector<std::pair<std::string, Tensor>> full_weights() { return zero_->full_weights(); }
+  // stage3_gather_16bit_weights_on_model_save does. With tensor parallelism the parts are
+  // gathered over the tensor-parallel group too (every rank receives the whole tensors).
+  std::vector<std::pair<std::string, Tensor>> full_weights();
 
   // Waits for work still running in the background (stage 3 with offload steps the optimizer on a
   // worker while the next forward runs) and raises its failure on every rank. A collective.
