@@ -21,7 +21,10 @@
 #include "ds/models/gpt.h"
 #include "ds/nn/tensor_parallel.h"
 #include "ds/ops/ops.h"
+#include "ds/runtime/config.h"
 #include "ds/runtime/engine.h"
+
+#include <nlohmann/json.hpp>
 
 using namespace ds;
 
@@ -127,11 +130,12 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelModel, ::testing::Values("gpt2",
 
 namespace {
 
-std::string engine_config(int stage, int64_t micro, double clip) {
+std::string engine_config(int stage, int64_t micro, double clip, int tp = 1) {
   return fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {},
     "gradient_clipping": {}, "zero_optimization": {{"stage": {}, "reduce_bucket_size": 4000}},
+    "tensor_parallel": {{"autotp_size": {}}},
     "optimizer": {{"type": "AdamW", "params": {{"lr": 5e-3, "weight_decay": 0.1}}}}}})",
-                     micro, kGas, clip, stage);
+                     micro, kGas, clip, stage, tp);
 }
 
 // `steps` optimizer steps; the mean loss of every micro-step over the data-parallel group. Data
@@ -176,7 +180,7 @@ TEST_P(TensorParallelTraining, SameLossesAsOneProcess) {
       opt.log = [](const std::string&) {};
       auto model = std::make_shared<models::GPT>(
           c, std::make_shared<nn::TensorParallel>(topo->tensor_parallel()));
-      auto e = runtime::initialize(model, engine_config(stage, b, 0.05), opt);
+      auto e = runtime::initialize(model, engine_config(stage, b, 0.05, t), opt);
 
       runtime::InitOptions one;
       one.group = comm::single_process_group();
@@ -213,6 +217,30 @@ TEST_P(TensorParallelTraining, SameLossesAsOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, TensorParallelTraining, ::testing::Values(0, 1, 2));
 
+// The config's tensor_parallel.autotp_size and the topology must agree.
+TEST(TensorParallelTraining, ConfigAndTopologyMustAgree) {
+  auto w = comm::world();
+  auto topo = std::make_shared<comm::Topology>(w, w->size(), 1);
+  runtime::InitOptions opt;
+  opt.topology = topo;
+  opt.log = [](const std::string&) {};
+  auto tp = std::make_shared<nn::TensorParallel>(topo->tensor_parallel());
+  try {
+    runtime::initialize(std::make_shared<models::GPT>(model_config("gpt2", w->size()), tp),
+                        engine_config(0, 2, 0.0, w->size() + 1), opt);
+    ADD_FAILURE() << "not refused";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("tensor_parallel.autotp_size"), std::string::npos)
+        << err.what();
+  }
+  // tp.tp_size must be 1 or autotp_size (DeepSpeed's rule).
+  EXPECT_THROW(runtime::parse_config_json(nlohmann::json::parse(
+                   R"({"train_micro_batch_size_per_gpu": 1,
+                       "tensor_parallel": {"autotp_size": 2, "tp": {"tp_size": 3}}})"),
+                                          {}),
+               Error);
+}
+
 // A model without tensor-parallel layers on a topology with tp > 1 would train each rank alone.
 TEST(TensorParallelTraining, WholeModelOnATensorAxisIsRefused) {
   auto w = comm::world();
@@ -223,7 +251,7 @@ TEST(TensorParallelTraining, WholeModelOnATensorAxisIsRefused) {
   opt.log = [](const std::string&) {};
   try {
     runtime::initialize(std::make_shared<models::GPT>(model_config("gpt2", w->size())),
-                        engine_config(0, 2, 0.0), opt);
+                        engine_config(0, 2, 0.0, w->size()), opt);
     ADD_FAILURE() << "not refused";
   } catch (const Error& err) {
     EXPECT_NE(std::string(err.what()).find("no tensor-parallel layers"), std::string::npos)

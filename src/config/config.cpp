@@ -554,6 +554,31 @@ void read_checkpoint(Section s, CheckpointConfig& c) {
   s.finish();
 }
 
+// DeepSpeed's TPTrainingConfig (reference/parallelism.md §6): autotp_size is the degree; the rest
+// belongs to its automatic module rewriting (here the model is built tensor-parallel, see
+// docs/parallelism.md) and is accepted with a warning when set.
+void read_tensor_parallel(Section s, TensorParallelConfig& c, ParseState& st) {
+  const int64_t size = s.integer("autotp_size", 0, {0, 1 << 16});
+  c.size = size <= 1 ? 1 : static_cast<int>(size);
+  Section tp = s.child("tp");
+  const int64_t tp_size = tp.integer("tp_size", 1, {1, 1 << 16});
+  DS_CHECK(tp_size == 1 || tp_size == c.size,
+           "[config] {}: tensor_parallel.tp.tp_size = {} must be 1 or equal to "
+           "tensor_parallel.autotp_size ({})",
+           st.source, tp_size, size);
+  tp.todo("tp_grain_size", "AutoTP's grain size (the cut follows heads and the MLP width here)");
+  tp.declare("mpu");
+  tp.declare("tp_group");
+  tp.finish();
+  s.todo("dtype", "AutoTP's dtype (the training dtype is the config's fp16/bf16)");
+  s.todo("tp_overlap_comm", "overlapping tensor-parallel all-reduces with compute");
+  s.todo("preset_model", "AutoTP's preset module rewriting");
+  s.todo("partition_config", "AutoTP's per-layer partition specs");
+  s.todo("keep_module_on_host", "AutoTP's host-resident modules");
+  s.todo("injection_policy_tuple", "AutoTP's injection policies");
+  s.finish();
+}
+
 void read_file_monitor(Section s, FileMonitorConfig& m, const char* todo_what) {
   m.enabled = s.boolean("enabled", false);
   if (todo_what) s.todo("enabled", todo_what);
@@ -634,7 +659,6 @@ constexpr OpaqueSection kOpaqueSections[] = {
     {"weight_quantization", "weight quantization"},
     {"compile", "torch.compile integration"},
     {"timers", "DeepSpeed's throughput timers"},
-    {"tensor_parallel", "tensor parallelism"},
     {"hybrid_engine", "the RLHF hybrid engine"},
     {"eigenvalue", "eigenvalue computation"},
     {"progressive_layer_drop", "progressive layer drop"},
@@ -902,6 +926,7 @@ DeepSpeedConfig parse_config_json(const nlohmann::json& input, const ConfigConte
   read_activation_checkpointing(top.child("activation_checkpointing"),
                                 cfg.activation_checkpointing);
   read_checkpoint(top.child("checkpoint"), cfg.checkpoint);
+  read_tensor_parallel(top.child("tensor_parallel"), cfg.tensor_parallel, st);
   read_file_monitor(top.child("tensorboard"), cfg.tensorboard, "TensorBoard logging");
   read_file_monitor(top.child("csv_monitor"), cfg.csv_monitor, nullptr);
   read_wandb(top.child("wandb"), cfg.wandb);

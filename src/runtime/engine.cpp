@@ -121,6 +121,11 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
   group_ = options_.topology ? options_.topology->data_parallel()
            : options_.group  ? options_.group
                              : comm::world();
+  const int tp_size = options_.topology ? options_.topology->tensor_parallel()->size() : 1;
+  DS_CHECK(config_.tensor_parallel.size == tp_size,
+           "[engine] the config's tensor_parallel.autotp_size is {} but the engine's topology has "
+           "tensor-parallel size {}; build the Topology (and the model) with {} (docs/parallelism.md)",
+           config_.tensor_parallel.size, tp_size, config_.tensor_parallel.size);
   const int n = group_->size();
   DS_CHECK(config_.batch.world_size == n,
            "[engine] the config's batch sizes were resolved for {} ranks but the job has {}; pass "

@@ -345,6 +345,13 @@ struct ConfigValue {
   std::string note;  // why (e.g. "trainer learning_rate", "= 32 // 4 // 2", "old spelling ...")
 };
 
+// "tensor_parallel": {"autotp_size": N}. The batch sizes count data-parallel ranks only
+// (ConfigContext::world_size = world / (tp * pp)); the engine checks that its topology has this
+// tensor-parallel size (docs/parallelism.md).
+struct TensorParallelConfig {
+  int size = 1;  // autotp_size; 0 and 1 both mean off
+};
+
 struct DeepSpeedConfig {
   BatchConfig batch;
   int64_t steps_per_print = 10;
@@ -375,6 +382,7 @@ struct DeepSpeedConfig {
   CometConfig comet;
   FlopsProfilerConfig flops_profiler;
   CommsLoggerConfig comms_logger;
+  TensorParallelConfig tensor_parallel;
 
   // The training dtype implied by fp16/bf16.
   ds::DType training_dtype() const {
