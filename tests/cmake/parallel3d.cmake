@@ -10,3 +10,6 @@ if(DS_HAVE_MPI)
       TIMEOUT 600 ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;DS_COMM_TIMEOUT=120;OMP_NUM_THREADS=1")
   endforeach()
 endif()
+# Pipeline layer partitioning (src/runtime/pipeline_partition.cpp) against DeepSpeed's results.
+ds_add_test(test_pipeline_partition LABELS parallel3d SOURCES
+            ${CMAKE_CURRENT_SOURCE_DIR}/test_pipeline_partition.cpp TIMEOUT 60)
