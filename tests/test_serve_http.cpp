@@ -11,6 +11,7 @@
 
 #include "ds/serve/api.h"
 #include "ds/serve/generate.h"
+#include "serve/admission.h"
 #include "serve/server.h"
 #include "serve_fixture.h"
 
@@ -276,3 +277,24 @@ TEST_F(ServeHttp, ConcurrentClientsAreServedOneGenerationAtATime) {
   for (auto& t : ts) t.join();
   EXPECT_EQ(ok, 8);
 }
+
+// At most 1 + max_queue generation requests are held; the next is a 503 naming the limit, and a
+// released slot admits again.
+TEST(ServeAdmission, BoundsWaitingRequests) {
+  ds::serve::Admission gate(1);
+  auto a = gate.admit();
+  auto b = gate.admit();
+  EXPECT_EQ(gate.admitted(), 2);
+  try {
+    gate.admit();
+    ADD_FAILURE() << "a third request was admitted";
+  } catch (const ds::serve::ApiError& e) {
+    EXPECT_EQ(e.status, 503);
+    EXPECT_NE(std::string(e.what()).find("--max_queue 1"), std::string::npos) << e.what();
+  }
+  b.reset();
+  EXPECT_EQ(gate.admitted(), 1);
+  auto c = gate.admit();
+  EXPECT_EQ(gate.admitted(), 2);
+}
+

@@ -40,6 +40,11 @@ int main(int argc, char** argv) {
   app.add_option("--http_threads", o.http_threads, "connection threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
+  app.add_option("--max_queue", o.max_queue,
+                 "generation requests that may wait while one runs; more answer 503 with "
+                 "Retry-After")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--max_body_bytes", o.max_body_bytes, "larger request bodies answer 413")
       ->capture_default_str();
   try {

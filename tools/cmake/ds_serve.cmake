@@ -6,7 +6,8 @@ add_executable(ds_generate ${CMAKE_CURRENT_SOURCE_DIR}/ds_generate.cpp)
 target_link_libraries(ds_generate PRIVATE deepspeed)
 
 pkg_check_modules(CPP_HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
-add_library(ds_serve_http STATIC ${CMAKE_CURRENT_SOURCE_DIR}/serve/server.cpp)
+add_library(ds_serve_http STATIC ${CMAKE_CURRENT_SOURCE_DIR}/serve/server.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/serve/admission.cpp)
 target_include_directories(ds_serve_http PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 target_link_libraries(ds_serve_http PUBLIC deepspeed PkgConfig::CPP_HTTPLIB)
 add_executable(ds_serve ${CMAKE_CURRENT_SOURCE_DIR}/ds_serve.cpp)

@@ -1,5 +1,7 @@
 #include "server.h"
 
+#include "admission.h"
+
 #include <httplib.h>
 
 #include <atomic>
@@ -24,12 +26,13 @@ struct Server::Impl {
   ServerOptions opt;
   httplib::Server http;
   std::mutex gen_mutex;  // one generation at a time: the model and its KV cache
+  Admission admission;   // 1 generating + up to max_queue waiting on gen_mutex
   KVDecoder decoder;
   std::atomic<uint64_t> next_id{1};
   std::time_t created = std::time(nullptr);
 
   Impl(LoadedModel model, ServerOptions o)
-      : m(std::move(model)), opt(std::move(o)), decoder(m.model) {}
+      : m(std::move(model)), opt(std::move(o)), admission(opt.max_queue), decoder(m.model) {}
 
   int64_t context() const { return m.model->config().block_size; }
   std::string new_id(const char* prefix) {
@@ -117,6 +120,7 @@ struct Server::Impl {
     p.temperature = g.temperature;
     p.top_p = g.top_p;
     p.seed = 0;  // the guide's API has no seed: the same request gets the same answer
+    const Admission::Slot slot = admission.admit();
     const GenerationResult r = run(ids, p);
     json history = json::array();
     for (const auto& [q, a] : g.history) history.push_back({q, a});
@@ -144,6 +148,7 @@ struct Server::Impl {
                p.max_tokens, "prompt");
     p.seed = seed_or_random(c.sampling);
     const std::string echo = c.echo ? m.tokenizer->decode(ids) : std::string();
+    const Admission::Slot slot = admission.admit();  // held until the reply (or stream) ends
     const std::string id = new_id("cmpl");
     const std::time_t now = std::time(nullptr);
     auto chunk = [this, id, now](const std::string& text, json finish) {
@@ -165,7 +170,8 @@ struct Server::Impl {
     const bool include_usage = c.include_usage;
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, ids, p, echo, chunk, include_usage, id, now](size_t, httplib::DataSink& sink) {
+        [this, ids, p, echo, chunk, include_usage, id, now, slot](size_t,
+                                                                   httplib::DataSink& sink) {
           auto send = [&](const std::string& s) {
             return sink.is_writable() && sink.write(s.data(), s.size());
           };
@@ -203,6 +209,7 @@ struct Server::Impl {
     const auto fmt_ = m.chat_template->format();
     if (fmt_ == data::ChatFormat::kChatML || fmt_ == data::ChatFormat::kQwen2)
       p.stop.push_back(kChatStop);  // as text too: tokenizers without the special token
+    const Admission::Slot slot = admission.admit();  // held until the reply (or stream) ends
     const std::string id = new_id("chatcmpl");
     const std::time_t now = std::time(nullptr);
     if (!c.stream) {
@@ -231,7 +238,8 @@ struct Server::Impl {
     };
     const bool include_usage = c.include_usage;
     res.set_chunked_content_provider(
-        "text/event-stream", [this, ids, p, chunk, include_usage](size_t, httplib::DataSink& sink) {
+        "text/event-stream",
+        [this, ids, p, chunk, include_usage, slot](size_t, httplib::DataSink& sink) {
           auto send = [&](const std::string& s) {
             return sink.is_writable() && sink.write(s.data(), s.size());
           };
@@ -278,6 +286,7 @@ struct Server::Impl {
       try {
         (this->*fn)(req, res);
       } catch (const ApiError& e) {
+        if (e.status == 503) res.set_header("Retry-After", "1");
         reply_json(res, e.status, openai ? openai_error_body(e) : guide_error_body(e));
       } catch (const std::exception& e) {
         const ApiError err(500, e.what(), "", "server_error");

@@ -5,9 +5,10 @@
 // replies. docs/serving.md documents the API.
 //
 // Concurrency: httplib serves each connection on a pool thread; generations run one at a time
-// under one mutex around the model and its KV cache (requests queue on it, unbounded). Bad input
-// never ends the server: every handler error is a JSON reply (400 for bad fields, 413 for a body
-// over the size limit, 404 for an unknown route, 500 for an internal error).
+// under one mutex around the model and its KV cache; up to `max_queue` more wait for it and the
+// next is answered 503 (admission.h). Bad input never ends the server: every handler error is a
+// JSON reply (400 for bad fields, 413 for a body over the size limit, 404 for an unknown route,
+// 503 when busy, 500 for an internal error).
 //
 //   ds::serve::Server s(ds::serve::load_model(dir), {.host = "127.0.0.1", .port = 0});
 //   int port = s.bind();            // 0 = an ephemeral port
@@ -26,6 +27,7 @@ struct ServerOptions {
   int port = 8000;                  // 0 = any free port (bind() returns it)
   size_t max_body_bytes = 1 << 20;  // larger request bodies answer 413
   int http_threads = 8;             // connection threads (generations still run one at a time)
+  int max_queue = 16;               // generation requests that may wait; more answer 503
   bool log_requests = true;         // one line per request on stderr
 };
 

@@ -1,0 +1,23 @@
+// ds_serve's admission limit (admission.h).
+#include "admission.h"
+
+#include <fmt/format.h>
+
+#include "ds/serve/api.h"
+
+namespace ds::serve {
+
+Admission::Slot Admission::admit() {
+  int cur = admitted_.load();
+  do {
+    if (cur >= 1 + max_queue_)
+      throw ApiError(503,
+                     fmt::format("the server is busy: {} request{} generating or waiting, the "
+                                 "limit is 1 + --max_queue {}; retry later",
+                                 cur, cur == 1 ? " is" : "s are", max_queue_),
+                     "", "server_busy");
+  } while (!admitted_.compare_exchange_weak(cur, cur + 1));
+  return Slot(static_cast<void*>(this), [](void* p) { static_cast<Admission*>(p)->admitted_--; });
+}
+
+}  // namespace ds::serve
