@@ -156,7 +156,14 @@ int run(const Options& o, const Given& g) {
 
   // ---- model config, sequence length ----
   const ds::models::GPTConfig mcfg = ds::train::resolve_model(o, g);
-  const int64_t T = o.block_size > 0 ? o.block_size : std::min<int64_t>(256, mcfg.block_size);
+  // An SFT set (ds_prepare --sft) fixes T: its examples are exactly T + 1 tokens; without
+  // --block_size it is the default, and any other length is refused naming both.
+  const int64_t T = o.block_size > 0  ? o.block_size
+                    : train->is_sft() ? static_cast<int64_t>(train->sft_seq_len())
+                                      : std::min<int64_t>(256, mcfg.block_size);
+  DS_CHECK(T > 0, "[ds_train] --block_size must be positive, got {}", T);
+  for (const ds::data::TokenDataset* d : {train.get(), val.get()})
+    if (d) d->check_seq_len(static_cast<size_t>(T));
   DS_CHECK(T <= mcfg.block_size,
            "[ds_train] --block_size {} exceeds the model's block_size {} (its position table)", T,
            mcfg.block_size);
