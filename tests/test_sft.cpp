@@ -445,6 +445,9 @@ TEST_F(Sft, DsPrepareAndDsTrainEndToEnd) {
                             (dir_ / "run").string();
   ASSERT_EQ(sh(train, &log), 0) << log;
   EXPECT_NE(log.find("42 samples of T 48"), std::string::npos) << log;
+  // The context-free baseline counts only the trained tokens (answers), not prompts or padding.
+  EXPECT_NE(log.find("unigram entropy of the train set's 241 trained tokens"), std::string::npos)
+      << log;
   // The loss starts near ln(800) (uniform over the vocabulary) and falls: the answers are learnt.
   std::ifstream csv(dir_ / "run" / "metrics" / "Train_Samples_train_loss.csv");
   std::string header, row;

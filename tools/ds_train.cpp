@@ -278,10 +278,11 @@ int run(const Options& o, const Given& g) {
                   train_dir.string(), human_count(static_cast<double>(train->num_tokens())), S, T,
                   steps_per_epoch, G, B, A));
   say(fmt::format(
-      "unigram entropy of the train tokens: {:.3f} nats/token ({} distinct ids{}): "
+      "unigram entropy of the train {}: {:.3f} nats/token ({} distinct ids{}): "
       "the loss of a model that ignores context",
+      train->is_sft() ? fmt::format("set's {} trained tokens", uni.tokens) : "tokens",
       uni.entropy_nats, uni.distinct,
-      uni.tokens < train->num_tokens() ? fmt::format(", first {} tokens", uni.tokens) : ""));
+      uni.scanned < train->num_tokens() ? fmt::format(", first {} tokens", uni.scanned) : ""));
   // Validation text differs from training text (SOTU: later years), so its context-free baseline
   // is the train frequencies' loss on it, not the train entropy.
   double eval_baseline = std::nan("");
