@@ -388,6 +388,14 @@ TEST_F(Sft, MalformedRecordsNameFileLineAndField) {
   err = error_of([&] { prepare_sft(o); });
   EXPECT_NE(err.find("sys.jsonl:1"), std::string::npos) << err;
   EXPECT_NE(err.find("role 'system'"), std::string::npos) << err;
+
+  // A tokenizer folder without a chat template needs --template.
+  o.tokenizer_dir = fs::path(DS_FIXTURE_DIR) / "tokenizers" / "gpt2_bpe";
+  o.template_name.clear();
+  err = error_of([&] { prepare_sft(o); });
+  EXPECT_NE(err.find("gpt2_bpe"), std::string::npos) << err;
+  EXPECT_NE(err.find("give --template chatglm|alpaca|chatml|qwen2|llama3"), std::string::npos)
+      << err;
 }
 
 // ds_prepare --sft and ds_train on the result: a tiny model trains on the masked examples, and a

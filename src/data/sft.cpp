@@ -312,9 +312,17 @@ SftReport prepare_sft(const SftOptions& o) {
   }
 
   const auto tok = load_tokenizer(o.tokenizer_dir);
-  const ChatTemplate tmpl = o.template_name.empty()
-                                ? ChatTemplate::from_jinja(tok->config().chat_template)
-                                : ChatTemplate::by_name(o.template_name);
+  // The folder's template unless one is named; say which flag picks one when it cannot be used.
+  auto pick_template = [&] {
+    if (!o.template_name.empty()) return ChatTemplate::by_name(o.template_name);
+    try {
+      return ChatTemplate::from_jinja(tok->config().chat_template);
+    } catch (const ds::Error& e) {
+      DS_THROW("[sft] cannot use the chat template of '{}': {}; give --template {}",
+               o.tokenizer_dir.string(), e.what(), fmt::join(ChatTemplate::names(), "|"));
+    }
+  };
+  const ChatTemplate tmpl = pick_template();
   report.template_name = tmpl.name();
   report.pad_id = sft_pad_id(*tok);
 
