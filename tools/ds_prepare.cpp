@@ -4,7 +4,11 @@
 //   ds_prepare --tokenizer .cache/data/gpt2 --output data/sotu --val_from_year 2001
 //   .cache/data/sotu
 //
-// See docs/data.md for the shard format and ds/data/prepare.h for the rules.
+// Supervised fine-tuning sets (JSONL conversations -> loss-masked, fixed-length examples):
+//
+//   ds_prepare --sft auto --tokenizer hf_model --seq_len 512 --output data/sft train.jsonl
+//
+// See docs/data.md for the shard format and ds/data/prepare.h, ds/data/sft.h for the rules.
 #include <unistd.h>
 
 #include <cstdio>
@@ -17,6 +21,7 @@
 
 #include "ds/core/error.h"
 #include "ds/data/prepare.h"
+#include "ds/data/sft.h"
 
 namespace {
 
@@ -70,6 +75,40 @@ class ProgressPrinter {
   int last_decile_ = 0;
 };
 
+int run_sft(const ds::data::SftOptions& o) {
+  try {
+    const ds::data::SftReport r = ds::data::prepare_sft(o);
+    for (const auto& [file, format] : r.file_formats)
+      fmt::print("ds_prepare: {}: {} records\n", file, format);
+    fmt::print("ds_prepare: template {}, seq_len {} (examples of {} tokens, padded with id {})\n",
+               r.template_name, o.seq_len, o.seq_len + 1, r.pad_id);
+    fmt::print("ds_prepare: split rule: {}\n", r.split_rule);
+    const uint64_t written = r.train.examples + r.val.examples;
+    fmt::print(
+        "ds_prepare: {} records -> {} examples written, {} truncated (kept their first {} "
+        "tokens), {} with earliest rounds dropped, {} dropped (too long: {}, no answer: {})\n",
+        r.records, written, r.truncated, o.seq_len + 1, r.history_trimmed,
+        r.dropped_too_long + r.dropped_no_response, r.dropped_too_long, r.dropped_no_response);
+    for (const auto& [name, s] : {std::pair{"train", &r.train}, std::pair{"val", &r.val}}) {
+      if (s->examples == 0) {
+        fmt::print("ds_prepare: {:5}: empty (no examples)\n", name);
+        continue;
+      }
+      const double targets = static_cast<double>(s->examples * o.seq_len);
+      fmt::print(
+          "ds_prepare: {:5}: {} examples, {} tokens, {} trained targets ({:.1f}% of {} targets) "
+          "-> {}\n",
+          name, s->examples, s->tokens, s->trained_tokens, 100.0 * s->trained_tokens / targets,
+          static_cast<uint64_t>(targets), fmt::join(s->files, ", "));
+    }
+    fmt::print("ds_prepare: {:.2f}s; wrote {}\n", r.seconds, r.meta.string());
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "ds_prepare: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -85,11 +124,29 @@ int main(int argc, char** argv) {
   double val_fraction = 0.1;
   int val_from_year = 0;
   bool quiet = false;
-  app.add_option("inputs", inputs, "Text files or folders (searched recursively)")->required();
+  app.add_option("inputs", inputs,
+                 "Text files or folders (searched recursively); with --sft, JSONL files")
+      ->required();
   app.add_option("--tokenizer", tokenizer,
                  "Folder holding encoder.json and vocab.bpe (scripts/fetch_data.sh puts them in "
-                 ".cache/data/gpt2)")
+                 ".cache/data/gpt2); with --sft, a Hugging Face folder (tokenizer.json, "
+                 "tokenizer.model or vocab.json + merges.txt)")
       ->required();
+  std::string sft_format, chat_template;
+  size_t seq_len = 0;
+  auto* sft_opt =
+      app.add_option(
+             "--sft", sft_format,
+             "Supervised fine-tuning set from JSONL records: auto (detect per file), chatglm "
+             "({prompt, response, history}), alpaca ({instruction, input, output}) or messages "
+             "({messages: [{role, content}]}); see docs/data.md")
+          ->check(CLI::IsMember({"auto", "chatglm", "alpaca", "messages"}));
+  auto* seq_opt = app.add_option("--seq_len", seq_len,
+                                 "--sft: sequence length T; every example is T + 1 tokens "
+                                 "(train with ds_train --block_size T)");
+  auto* tmpl_opt = app.add_option("--template", chat_template,
+                                  "--sft: chat format chatglm, alpaca, chatml, qwen2 or llama3 "
+                                  "(default: the tokenizer folder's chat_template)");
   app.add_option("--output", output, "Output folder for the shards and meta.json")->required();
   auto* frac_opt = app.add_option("--val_fraction", val_fraction,
                                   "Last fraction of files (in path order) used for validation; "
@@ -104,17 +161,44 @@ int main(int argc, char** argv) {
                      "Glob (on file name or relative path) selecting validation files");
   frac_opt->excludes(year_opt)->excludes(glob_opt);
   year_opt->excludes(glob_opt);
-  app.add_option("--shard_tokens", o.shard_tokens,
-                 "Split each split into files of at most this many tokens (0: one file per split)")
-      ->capture_default_str();
+  auto* shard_opt =
+      app.add_option(
+             "--shard_tokens", o.shard_tokens,
+             "Split each split into files of at most this many tokens (0: one file per split)")
+          ->capture_default_str();
   app.add_option("--threads", o.threads, "Tokenizer threads (0: all hardware threads)")
       ->capture_default_str();
-  app.add_option("--ext", o.extension, "In folders, take only files ending so ('' for all)")
-      ->capture_default_str();
-  app.add_flag("--split_on_eot", o.split_on_eot,
-               "Treat the literal text <|endoftext|> inside files as a document separator");
+  auto* ext_opt =
+      app.add_option("--ext", o.extension,
+                     "In folders, take only files ending so ('' for all; --sft: default .jsonl)")
+          ->capture_default_str();
+  auto* eot_opt =
+      app.add_flag("--split_on_eot", o.split_on_eot,
+                   "Treat the literal text <|endoftext|> inside files as a document separator");
   app.add_flag("-q,--quiet", quiet, "No progress output");
+  seq_opt->needs(sft_opt);
+  tmpl_opt->needs(sft_opt);
+  sft_opt->excludes(shard_opt)->excludes(eot_opt);
   CLI11_PARSE(app, argc, argv);
+
+  if (sft_opt->count()) {
+    ds::data::SftOptions so;
+    for (const auto& in : inputs) so.inputs.emplace_back(in);
+    if (ext_opt->count()) so.extension = o.extension;
+    so.tokenizer_dir = tokenizer;
+    so.template_name = chat_template;
+    so.format = ds::data::parse_sft_format(sft_format);
+    so.output_dir = output;
+    if (!seq_opt->count()) {
+      fmt::print(stderr, "ds_prepare: error: --sft needs --seq_len T (examples of T + 1 tokens)\n");
+      return 1;
+    }
+    so.seq_len = seq_len;
+    if (frac_opt->count()) so.val_fraction = val_fraction;
+    if (year_opt->count()) so.val_from_year = val_from_year;
+    so.val_files = o.val_files;
+    return run_sft(so);
+  }
 
   for (const auto& in : inputs) o.inputs.emplace_back(in);
   o.tokenizer_dir = tokenizer;

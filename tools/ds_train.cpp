@@ -156,7 +156,14 @@ int run(const Options& o, const Given& g) {
 
   // ---- model config, sequence length ----
   const ds::models::GPTConfig mcfg = ds::train::resolve_model(o, g);
-  const int64_t T = o.block_size > 0 ? o.block_size : std::min<int64_t>(256, mcfg.block_size);
+  // An SFT set (ds_prepare --sft) fixes T: its examples are exactly T + 1 tokens; without
+  // --block_size it is the default, and any other length is refused naming both.
+  const int64_t T = o.block_size > 0  ? o.block_size
+                    : train->is_sft() ? static_cast<int64_t>(train->sft_seq_len())
+                                      : std::min<int64_t>(256, mcfg.block_size);
+  DS_CHECK(T > 0, "[ds_train] --block_size must be positive, got {}", T);
+  for (const ds::data::TokenDataset* d : {train.get(), val.get()})
+    if (d) d->check_seq_len(static_cast<size_t>(T));
   DS_CHECK(T <= mcfg.block_size,
            "[ds_train] --block_size {} exceeds the model's block_size {} (its position table)", T,
            mcfg.block_size);
@@ -271,10 +278,11 @@ int run(const Options& o, const Given& g) {
                   train_dir.string(), human_count(static_cast<double>(train->num_tokens())), S, T,
                   steps_per_epoch, G, B, A));
   say(fmt::format(
-      "unigram entropy of the train tokens: {:.3f} nats/token ({} distinct ids{}): "
+      "unigram entropy of the train {}: {:.3f} nats/token ({} distinct ids{}): "
       "the loss of a model that ignores context",
+      train->is_sft() ? fmt::format("set's {} trained tokens", uni.tokens) : "tokens",
       uni.entropy_nats, uni.distinct,
-      uni.tokens < train->num_tokens() ? fmt::format(", first {} tokens", uni.tokens) : ""));
+      uni.scanned < train->num_tokens() ? fmt::format(", first {} tokens", uni.scanned) : ""));
   // Validation text differs from training text (SOTU: later years), so its context-free baseline
   // is the train frequencies' loss on it, not the train entropy.
   double eval_baseline = std::nan("");

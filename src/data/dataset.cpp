@@ -1,6 +1,7 @@
 #include "ds/data/dataset.h"
 
 #include <algorithm>
+#include <array>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -10,6 +11,57 @@
 namespace ds::data {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// Copy values [start, start + out.size()) of the stream that `shards` form (shard k starting at
+// starts[k]) into out.
+void read_stream(const std::vector<Shard>& shards, const std::vector<uint64_t>& starts,
+                 uint64_t start, std::span<int32_t> out) {
+  // Shard holding `start`: the last one starting at or before it (skipping empty shards).
+  size_t k = std::upper_bound(starts.begin(), starts.end(), start) - starts.begin() - 1;
+  size_t done = 0;
+  while (done < out.size()) {
+    const uint64_t pos = start + done;
+    while (pos - starts[k] >= shards[k].num_tokens()) ++k;
+    const uint64_t offset = pos - starts[k];
+    const size_t n =
+        static_cast<size_t>(std::min<uint64_t>(out.size() - done, shards[k].num_tokens() - offset));
+    shards[k].read(offset, out.subspan(done, n));
+    done += n;
+  }
+}
+
+}  // namespace
+
+TokenDataset::TokenDataset(const std::vector<fs::path>& files,
+                           const std::vector<fs::path>& mask_files, size_t sft_seq_len,
+                           bool verify_checksums)
+    : TokenDataset(files, verify_checksums) {
+  DS_CHECK(sft_seq_len > 0, "[dataset] an SFT set needs a positive sequence length");
+  DS_CHECK(!mask_files.empty(),
+           "[dataset] an SFT set needs its mask shards; re-run ds_prepare --sft");
+  uint64_t n = 0;
+  for (const auto& f : mask_files) {
+    Shard s = Shard::open(f, verify_checksums);
+    DS_CHECK(s.is_mask(),
+             "[dataset] '{}' is not a mask shard (its header lacks the mask flag); re-run "
+             "ds_prepare --sft",
+             f.string());
+    mask_starts_.push_back(n);
+    n += s.num_tokens();
+    masks_.push_back(std::move(s));
+  }
+  DS_CHECK(n == total_tokens_,
+           "[dataset] the mask shards hold {} values but the token shards {} tokens ('{}'); the "
+           "set is incomplete, re-run ds_prepare --sft",
+           n, total_tokens_, mask_files.front().string());
+  DS_CHECK(total_tokens_ % (sft_seq_len + 1) == 0,
+           "[dataset] {} tokens is not a whole number of examples of {} tokens (seq_len {} + 1) "
+           "('{}'); re-run ds_prepare --sft",
+           total_tokens_, sft_seq_len + 1, sft_seq_len, files.front().string());
+  sft_seq_len_ = sft_seq_len;
+}
 
 TokenDataset::TokenDataset(const std::vector<fs::path>& files, bool verify_checksums) {
   DS_CHECK(!files.empty(), "[dataset] no shard files given; create them with ds_prepare");
@@ -49,14 +101,32 @@ TokenDataset TokenDataset::open_split(const fs::path& dir, std::string_view spli
         "ds_prepare",
         meta_path.string(), split, fmt::join(have, ", "));
   }
-  std::vector<fs::path> files;
-  for (const auto& f : splits[std::string(split)].at("files"))
-    files.push_back(dir / f.get<std::string>());
-  return TokenDataset(files, verify_checksums);
+  std::vector<fs::path> files, mask_files;
+  const auto& entry = splits[std::string(split)];
+  for (const auto& f : entry.at("files")) files.push_back(dir / f.get<std::string>());
+  if (!meta.contains("sft")) return TokenDataset(files, verify_checksums);
+  const auto& sft = meta["sft"];
+  DS_CHECK(sft.is_object() && sft.contains("seq_len") && sft["seq_len"].is_number_unsigned() &&
+               entry.contains("mask_files"),
+           "[dataset] '{}': the \"sft\" entry needs \"seq_len\" and split '{}' needs "
+           "\"mask_files\"; re-run ds_prepare --sft",
+           meta_path.string(), split);
+  for (const auto& f : entry["mask_files"]) mask_files.push_back(dir / f.get<std::string>());
+  return TokenDataset(files, mask_files, sft["seq_len"].get<size_t>(), verify_checksums);
+}
+
+void TokenDataset::check_seq_len(size_t seq_len) const {
+  DS_CHECK(seq_len > 0, "[dataset] sequence length must be positive");
+  DS_CHECK(sft_seq_len_ == 0 || seq_len == sft_seq_len_,
+           "[dataset] this SFT set was prepared with --seq_len {} (examples of {} tokens), but the "
+           "sequence length asked for is {}; train with --block_size {}, or re-run ds_prepare "
+           "--sft ... --seq_len {}",
+           sft_seq_len_, sft_seq_len_ + 1, seq_len, sft_seq_len_, seq_len);
 }
 
 uint64_t TokenDataset::num_samples(size_t seq_len) const {
-  DS_CHECK(seq_len > 0, "[dataset] sequence length must be positive");
+  check_seq_len(seq_len);
+  if (sft_seq_len_ > 0) return total_tokens_ / (seq_len + 1);
   return total_tokens_ == 0 ? 0 : (total_tokens_ - 1) / seq_len;
 }
 
@@ -64,18 +134,15 @@ void TokenDataset::read_tokens(uint64_t start, std::span<int32_t> out) const {
   DS_CHECK(start <= total_tokens_ && out.size() <= total_tokens_ - start,
            "[dataset] tokens [{}, {}) are past the end of the dataset ({} tokens)", start,
            start + out.size(), total_tokens_);
-  // Shard holding `start`: the last one starting at or before it (skipping empty shards).
-  size_t k = std::upper_bound(starts_.begin(), starts_.end(), start) - starts_.begin() - 1;
-  size_t done = 0;
-  while (done < out.size()) {
-    const uint64_t pos = start + done;
-    while (pos - starts_[k] >= shards_[k].num_tokens()) ++k;
-    const uint64_t offset = pos - starts_[k];
-    const size_t n = static_cast<size_t>(
-        std::min<uint64_t>(out.size() - done, shards_[k].num_tokens() - offset));
-    shards_[k].read(offset, out.subspan(done, n));
-    done += n;
-  }
+  read_stream(shards_, starts_, start, out);
+}
+
+void TokenDataset::read_mask(uint64_t start, std::span<int32_t> out) const {
+  DS_CHECK(!masks_.empty(), "[dataset] this is not an SFT set: it has no mask");
+  DS_CHECK(start <= total_tokens_ && out.size() <= total_tokens_ - start,
+           "[dataset] mask values [{}, {}) are past the end of the dataset ({} tokens)", start,
+           start + out.size(), total_tokens_);
+  read_stream(masks_, mask_starts_, start, out);
 }
 
 void TokenDataset::get(uint64_t i, size_t seq_len, std::span<int32_t> inputs,
@@ -85,6 +152,21 @@ void TokenDataset::get(uint64_t i, size_t seq_len, std::span<int32_t> inputs,
   DS_CHECK(inputs.size() == seq_len && targets.size() == seq_len,
            "[dataset] buffers hold {} and {} tokens, expected {} each", inputs.size(),
            targets.size(), seq_len);
+  if (sft_seq_len_ > 0) {
+    // Example i: tokens [s, s + T + 1); targets whose token is masked out are ignored (-100).
+    const uint64_t s = i * (seq_len + 1);
+    read_tokens(s, inputs);
+    read_tokens(s + 1, targets);
+    // The targets' mask in chunks through a stack buffer: no allocation per sample.
+    std::array<int32_t, 256> mask;
+    for (size_t t0 = 0; t0 < seq_len; t0 += mask.size()) {
+      const size_t n = std::min(mask.size(), seq_len - t0);
+      read_mask(s + 1 + t0, std::span<int32_t>(mask.data(), n));
+      for (size_t t = 0; t < n; ++t)
+        if (mask[t] == 0) targets[t0 + t] = -100;
+    }
+    return;
+  }
   // One read of T + 1 tokens: the first T are inputs, targets are the same window shifted by one.
   read_tokens(i * seq_len, inputs);
   std::copy(inputs.begin() + 1, inputs.end(), targets.begin());
@@ -99,6 +181,7 @@ Sample TokenDataset::get(uint64_t i, size_t seq_len) const {
 
 void TokenDataset::verify() const {
   for (const auto& s : shards_) s.verify();
+  for (const auto& s : masks_) s.verify();
 }
 
 }  // namespace ds::data

@@ -37,12 +37,21 @@ void finalize_header(ShardHeader& h) {
 // ---- writing ------------------------------------------------------------------------------------
 
 ShardWriter::ShardWriter(fs::path path, uint32_t vocab_size)
+    : ShardWriter(std::move(path), vocab_size, 0) {}
+
+ShardWriter::ShardWriter(fs::path path, uint32_t vocab_size, uint32_t flags)
     : path_(std::move(path)),
       tmp_path_(temporary_name(path_)),
       vocab_size_(vocab_size),
-      token_bytes_(token_bytes_for_vocab(vocab_size)),
+      token_bytes_((flags & kShardFlagMask) ? 1 : token_bytes_for_vocab(vocab_size)),
+      flags_(flags),
       buf_(kWriteBufferBytes) {
   DS_CHECK(vocab_size > 0, "[shard] vocab_size must be positive to write '{}'", path_.string());
+  DS_CHECK((flags & ~kShardFlagMask) == 0, "[shard] unknown flags {:#x} for '{}'", flags,
+           path_.string());
+  DS_CHECK(!(flags & kShardFlagMask) || vocab_size == 2,
+           "[shard] a mask shard holds 0/1 values: vocab_size must be 2, not {} ('{}')", vocab_size,
+           path_.string());
   fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   DS_CHECK(fd_ >= 0, "[shard] cannot create '{}': {}; check that the folder exists and is writable",
            tmp_path_.string(), errno_text());
@@ -65,7 +74,9 @@ void ShardWriter::write(std::span<const int32_t> tokens) {
              "[shard] token {} is outside the vocabulary [0, {}) while writing '{}'", t,
              vocab_size_, path_.string());
     if (buf_used_ + token_bytes_ > buf_.size()) flush();
-    if (token_bytes_ == 2) {
+    if (token_bytes_ == 1) {
+      buf_[buf_used_] = static_cast<unsigned char>(t);
+    } else if (token_bytes_ == 2) {
       const auto v = static_cast<uint16_t>(t);
       std::memcpy(buf_.data() + buf_used_, &v, 2);
     } else {
@@ -92,6 +103,7 @@ ShardHeader ShardWriter::finish() {
   h.token_bytes = token_bytes_;
   h.num_tokens = num_tokens_;
   h.vocab_size = vocab_size_;
+  h.flags = flags_;
   h.payload_checksum = checksum_.digest();
   h.num_documents = num_documents_;
   finalize_header(h);
@@ -149,10 +161,18 @@ Shard Shard::open(const fs::path& path, bool verify_checksum) {
                      kShardVersion));
   if (h.header_checksum != xxh64(&h, offsetof(ShardHeader, header_checksum)))
     fail("header checksum mismatch (the header is corrupt)");
-  if (h.token_bytes != 2 && h.token_bytes != 4)
-    fail(fmt::format("token_bytes is {}, expected 2 or 4", h.token_bytes));
-  if (h.vocab_size == 0 || h.token_bytes != token_bytes_for_vocab(h.vocab_size))
-    fail(fmt::format("token_bytes {} does not match vocab_size {}", h.token_bytes, h.vocab_size));
+  if ((h.flags & ~kShardFlagMask) != 0)
+    fail(fmt::format("unknown flags {:#x} (this build knows {:#x})", h.flags, kShardFlagMask));
+  if (h.flags & kShardFlagMask) {
+    if (h.token_bytes != 1 || h.vocab_size != 2)
+      fail(fmt::format("a mask shard needs token_bytes 1 and vocab_size 2, not {} and {}",
+                       h.token_bytes, h.vocab_size));
+  } else {
+    if (h.token_bytes != 2 && h.token_bytes != 4)
+      fail(fmt::format("token_bytes is {}, expected 2 or 4", h.token_bytes));
+    if (h.vocab_size == 0 || h.token_bytes != token_bytes_for_vocab(h.vocab_size))
+      fail(fmt::format("token_bytes {} does not match vocab_size {}", h.token_bytes, h.vocab_size));
+  }
   const uint64_t expected = kShardHeaderBytes + h.num_tokens * h.token_bytes;
   if (h.num_tokens > (UINT64_MAX - kShardHeaderBytes) / 4 || file_size != expected)
     fail(
@@ -210,7 +230,13 @@ void Shard::read(uint64_t start, std::span<int32_t> out) const {
   // loop, which the compiler vectorises): one flipped bit in a shard must not become an
   // out-of-bounds embedding row or histogram bin further up.
   uint32_t largest = 0;
-  if (header_.token_bytes == 2) {
+  if (header_.token_bytes == 1) {
+    const auto* src = base + start;
+    for (size_t i = 0; i < out.size(); ++i) {
+      out[i] = src[i];
+      largest = std::max<uint32_t>(largest, src[i]);
+    }
+  } else if (header_.token_bytes == 2) {
     const auto* src = reinterpret_cast<const uint16_t*>(base) + start;
     for (size_t i = 0; i < out.size(); ++i) {
       out[i] = src[i];

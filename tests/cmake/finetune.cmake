@@ -17,3 +17,9 @@ if(DS_HAVE_MPI)
   set_tests_properties(test_to_fp32_np2 PROPERTIES LABELS "finetune;train;distributed" TIMEOUT 600
     ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;DS_COMM_TIMEOUT=120;OMP_NUM_THREADS=1")
 endif()
+# Supervised fine-tuning data (sft.h): the three JSONL formats, loss masks, padding, truncation,
+# mask shards through TokenDataset/DataLoader, and ds_prepare --sft + ds_train end to end.
+ds_add_test(test_sft LABELS finetune data SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_sft.cpp)
+target_compile_definitions(test_sft PRIVATE DS_TRAIN_BIN="$<TARGET_FILE:ds_train>"
+  DS_PREPARE_BIN="$<TARGET_FILE:ds_prepare>")
+add_dependencies(test_sft ds_train ds_prepare)

@@ -185,7 +185,7 @@ void add_options(CLI::App& app, Options& o, Given& g,
       "Where to write the trained model in Hugging Face layout at the end (default: "
       "<output_dir>/hf_model; 'none' to skip)");
   opt("--block_size,--seq_len", o.block_size,
-      "Sequence length T (default: min(256, the model's block_size))")
+      "Sequence length T (default: an SFT set's seq_len, else min(256, the model's block_size))")
       ->check(integer_in(1, 1 << 24));
   opt("--sample_prompt", o.sample_prompt,
       "Prompt of the text sample generated at the end (default: a new document)");

@@ -173,21 +173,28 @@ UnigramStats unigram_stats(const data::TokenDataset& ds, uint64_t max_tokens) {
   UnigramStats s;
   const uint64_t n = std::min<uint64_t>(ds.num_tokens(), max_tokens);
   std::vector<uint64_t> counts(ds.vocab_size(), 0);
-  std::vector<int32_t> buf(1 << 20);
+  std::vector<int32_t> buf(1 << 20), mask(ds.is_sft() ? buf.size() : 0);
+  uint64_t counted = 0;
   for (uint64_t start = 0; start < n; start += buf.size()) {
     const size_t len = static_cast<size_t>(std::min<uint64_t>(buf.size(), n - start));
     ds.read_tokens(start, std::span<int32_t>(buf.data(), len));
-    for (size_t i = 0; i < len; ++i) ++counts[static_cast<size_t>(buf[i])];
+    if (ds.is_sft()) ds.read_mask(start, std::span<int32_t>(mask.data(), len));
+    for (size_t i = 0; i < len; ++i) {
+      if (ds.is_sft() && mask[i] == 0) continue;
+      ++counts[static_cast<size_t>(buf[i])];
+      ++counted;
+    }
   }
   double h = 0.0;
   for (uint64_t c : counts) {
     if (c == 0) continue;
     ++s.distinct;
-    const double p = static_cast<double>(c) / static_cast<double>(n);
+    const double p = static_cast<double>(c) / static_cast<double>(counted);
     h -= p * std::log(p);
   }
   s.entropy_nats = h;
-  s.tokens = n;
+  s.tokens = counted;
+  s.scanned = n;
   s.counts = std::move(counts);
   return s;
 }

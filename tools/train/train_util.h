@@ -65,11 +65,13 @@ std::vector<std::filesystem::path> remove_stale_temporaries(
 struct UnigramStats {
   double entropy_nats = 0.0;     // H = -sum p ln p over token frequencies
   uint64_t tokens = 0;           // tokens counted (a prefix of the stream when it is huge)
+  uint64_t scanned = 0;          // stream tokens read (more than `tokens` for an SFT set)
   uint64_t distinct = 0;         // distinct ids seen
   std::vector<uint64_t> counts;  // per id
 };
 // Entropy of the token distribution over the first max_tokens tokens: the loss of the best model
 // that ignores context, so a language model must go well below it to have learned anything.
+// An SFT set counts only its trained tokens (mask 1): the loss is measured on those alone.
 UnigramStats unigram_stats(const data::TokenDataset& ds, uint64_t max_tokens = 1ull << 26);
 // The loss on `data` of the context-free model fitted on `model` (add-0.5 smoothing, so ids the
 // model never saw cost a finite amount): the baseline for eval loss, which sees other text.

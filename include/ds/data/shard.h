@@ -5,10 +5,13 @@
 //   offset size  field
 //        0    8  magic            "DSTOKENS"
 //        8    4  version          1
-//       12    4  token_bytes      2 (uint16 ids, vocab_size <= 65536) or 4 (uint32 ids)
+//       12    4  token_bytes      2 (uint16 ids, vocab_size <= 65536) or 4 (uint32 ids);
+//                                 1 in a mask shard (see flags)
 //       16    8  num_tokens
 //       24    4  vocab_size       every id is < vocab_size
-//       28    4  flags            0 (reserved)
+//       28    4  flags            0 for token shards; kShardFlagMask (1) for a loss-mask shard:
+//                                 one byte per token, 0 or 1, vocab_size 2 (SFT data, sft.h);
+//                                 other bits are reserved and refused
 //       32    8  payload_checksum XXH64 (seed 0) of the num_tokens * token_bytes payload bytes
 //       40    8  num_documents    how many documents the writer was told about (informational)
 //       48    8  reserved         0
@@ -33,6 +36,9 @@ namespace ds::data {
 inline constexpr char kShardMagic[8] = {'D', 'S', 'T', 'O', 'K', 'E', 'N', 'S'};
 inline constexpr uint32_t kShardVersion = 1;
 inline constexpr size_t kShardHeaderBytes = 64;
+// Header flag of a loss-mask shard: value i is 1 when token i of the parallel token shard is
+// trained as a target, 0 when its target is ignored (-100). token_bytes 1, vocab_size 2.
+inline constexpr uint32_t kShardFlagMask = 1;
 
 struct ShardHeader {
   char magic[8];
@@ -58,6 +64,9 @@ inline uint32_t token_bytes_for_vocab(uint64_t vocab_size) {
 class ShardWriter {
  public:
   ShardWriter(std::filesystem::path path, uint32_t vocab_size);
+  // A writer with header flags: kShardFlagMask writes a mask shard (1 byte per value, values 0/1;
+  // vocab_size must be 2).
+  ShardWriter(std::filesystem::path path, uint32_t vocab_size, uint32_t flags);
   ~ShardWriter();
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
@@ -79,6 +88,7 @@ class ShardWriter {
   int fd_ = -1;
   uint32_t vocab_size_;
   uint32_t token_bytes_;
+  uint32_t flags_ = 0;
   uint64_t num_tokens_ = 0;
   uint64_t num_documents_ = 0;
   std::vector<unsigned char> buf_;
@@ -112,6 +122,7 @@ class Shard {
   const ShardHeader& header() const { return header_; }
   uint64_t num_tokens() const { return header_.num_tokens; }
   uint32_t vocab_size() const { return header_.vocab_size; }
+  bool is_mask() const { return (header_.flags & kShardFlagMask) != 0; }
   const std::filesystem::path& path() const { return path_; }
   // The mapped payload (num_tokens ids of header().token_bytes each).
   const void* payload() const {
