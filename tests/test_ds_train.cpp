@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -292,6 +293,49 @@ TEST_F(DsTrain, SeveralRanksThroughTheLauncher) {
     exported_numel += ds::Tensor(exported.get(e.name)).numel();
   for (const auto& e : ck.entries()) ck_numel += ds::Tensor(ck.get(e.name)).numel();
   EXPECT_EQ(exported_numel, ck_numel);
+}
+
+// Tensor parallelism on 2 ranks (tp = 2, dp = 1): the same losses and gradient norms as one
+// process (within fp32 summation order), no checkpoint (said at start-up), the HF export whole.
+// A flag that disagrees with the config's autotp_size is refused naming both.
+TEST_F(DsTrain, TensorParallelTrainsAsOneProcess) {
+  const std::string launcher = std::string(DS_LAUNCHER_EXE) + " --num_procs 2";
+  const fs::path one = dir_ / "one", two = dir_ / "two";
+  const std::string flags = " --max_steps 4 --eval_steps 2 --sample_tokens 0";
+  ASSERT_EQ(run(flags + " --output_dir " + one.string()), 0) << log_;
+  ASSERT_EQ(run(flags + " --tensor_parallel_size 2 --output_dir " + two.string(), true, launcher),
+            0)
+      << log_;
+  EXPECT_NE(log_.find("tp=2"), std::string::npos) << log_;
+  EXPECT_NE(log_.find("checkpoints: not written"), std::string::npos) << log_;
+  EXPECT_FALSE(fs::exists(two / "latest"));
+  auto values = [&](const fs::path& f) {
+    std::vector<double> v;
+    std::istringstream in(read(f));
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) v.push_back(std::stod(line.substr(line.rfind(',') + 1)));
+    return v;
+  };
+  for (const char* f : {"Train_Samples_train_loss", "Train_Samples_grad_norm",
+                        "Eval_Samples_eval_loss"}) {
+    const auto a = values(one / "metrics" / (std::string(f) + ".csv")),
+               b = values(two / "metrics" / (std::string(f) + ".csv"));
+    ASSERT_EQ(a.size(), b.size()) << f;
+    ASSERT_FALSE(a.empty()) << f;
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-4 * std::abs(a[i])) << f;
+  }
+  EXPECT_TRUE(fs::exists(two / "hf_model" / "model.safetensors"));
+  EXPECT_EQ(fs::file_size(two / "hf_model" / "model.safetensors"),
+            fs::file_size(one / "hf_model" / "model.safetensors"));
+
+  const fs::path cfg2 = dir_ / "tp2.json";
+  std::ofstream(cfg2) << R"({"train_micro_batch_size_per_gpu": 2, "tensor_parallel": {"autotp_size": 2},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})";
+  EXPECT_NE(run(flags + " --tensor_parallel_size 4 --deepspeed " + cfg2.string() +
+                    " --output_dir " + (dir_ / "bad").string()),
+            0);
+  EXPECT_NE(log_.find("disagrees with tensor_parallel.autotp_size 2"), std::string::npos) << log_;
 }
 #endif
 

@@ -27,6 +27,7 @@
 
 #include "ds/backend/backend.h"
 #include "ds/comm/group.h"
+#include "ds/comm/topology.h"
 #include "ds/comm/logger.h"
 #include "ds/core/allocator.h"
 #include "ds/core/error.h"
@@ -38,6 +39,7 @@
 #include "ds/data/tokenizer.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
+#include "ds/nn/tensor_parallel.h"
 #include "ds/runtime/config.h"
 #include "ds/runtime/engine.h"
 #include "ds/runtime/monitor.h"
@@ -191,13 +193,32 @@ int run(const Options& o, const Given& g) {
   // Stage 3 builds each rank's piece of every parameter only (DeepSpeed's zero.Init), unless the
   // weights come from a Hugging Face folder (read whole, then sharded).
   const bool partitioned_build = cfg.zero_optimization.stage == 3 && o.init_from.empty();
+  // Tensor parallelism (docs/parallelism.md): each rank builds its slices of the model; ZeRO
+  // shards over the data-parallel ranks (world / tp).
+  const int tp_size = rc.tensor_parallel;
+  const int dp_size = world_size / tp_size;
+  if (tp_size > 1) {
+    DS_CHECK(o.init_from.empty(),
+             "[ds_train] --init_from with --tensor_parallel_size {} is not implemented yet "
+             "(importing cuts a Hugging Face model into slices); fine-tune with "
+             "--tensor_parallel_size 1",
+             tp_size);
+    DS_CHECK(o.resume_from_checkpoint.empty(),
+             "[ds_train] --resume_from_checkpoint with --tensor_parallel_size {}: tensor-parallel "
+             "checkpoints are not implemented yet",
+             tp_size);
+    DS_CHECK(cfg.zero_optimization.stage <= 2,
+             "[ds_train] --tensor_parallel_size {} works with ZeRO stages 0-2; the config has "
+             "stage 3",
+             tp_size);
+  }
   if (!o.skip_memory_check) {
-    const auto fit = ds::train::plan_fit(mcfg, cfg, world_size, ds::train::local_ranks(), act_bytes,
+    const auto fit = ds::train::plan_fit(mcfg, cfg, dp_size, ds::train::local_ranks(), act_bytes,
                                          partitioned_build);
     std::error_code ec;
     fs::create_directories(o.output_dir, ec);
     const std::string note = ds::train::check_fit(fit, ds::train::available_memory_bytes(), mcfg,
-                                                  cfg, world_size, o.output_dir);
+                                                  cfg, dp_size, o.output_dir);
     if (!note.empty()) say(note);
   }
 
@@ -205,7 +226,18 @@ int run(const Options& o, const Given& g) {
   say(fmt::format("GEMM: {}", ds::backend::cpu().gemm_info()));
   std::optional<ds::nn::PartitionedInit> pieces_only;
   if (partitioned_build) pieces_only.emplace();
-  auto model = std::make_shared<ds::models::GPT>(mcfg, /*init=*/o.init_from.empty());
+  std::shared_ptr<ds::comm::Topology> topology;
+  if (tp_size > 1) topology = std::make_shared<ds::comm::Topology>(world, tp_size, /*pp=*/1);
+  auto model = std::make_shared<ds::models::GPT>(
+      mcfg,
+      topology ? std::make_shared<ds::nn::TensorParallel>(topology->tensor_parallel()) : nullptr,
+      /*init=*/o.init_from.empty());
+  if (topology) {
+    const ds::comm::Coord at = topology->coord();
+    say(fmt::format("parallelism: {} (data x tensor); rank 0 is data {} tensor {}; each rank "
+                    "holds 1/{} of every cut layer (docs/parallelism.md)",
+                    topology->grid().str(), at.data, at.model, tp_size));
+  }
   pieces_only.reset();
   if (!o.init_from.empty()) {
     const auto rep = ds::models::load_hf_weights(*model, o.init_from);
@@ -227,6 +259,7 @@ int run(const Options& o, const Given& g) {
 
   ds::runtime::InitOptions init;
   init.ctx = rc.ctx;
+  init.topology = topology;
   init.log = [&](const std::string& m) { con.line(m); };
   auto engine = ds::runtime::initialize(model, cfg, init);
   ds::rng::dropout_state() = ds::rng::DropoutState{o.seed, 0, 0};
@@ -371,7 +404,7 @@ int run(const Options& o, const Given& g) {
   const int64_t eval_steps =
       o.eval_steps >= 0 ? o.eval_steps : std::max<int64_t>(1, total_steps / 10);
   // Tokens of the whole global batch (every rank's micro-batches), like samples/step.
-  const int64_t tokens_per_step = B * T * A * world_size;
+  const int64_t tokens_per_step = B * T * A * dp_size;
   say(fmt::format(
       "training {} steps ({}), {} tokens/step; logging every {}, eval every {}, "
       "checkpoint every {} -> {}",
@@ -381,7 +414,11 @@ int run(const Options& o, const Given& g) {
 
   // ---- checkpoint and eval helpers ----
   int64_t last_saved = resumed ? engine->global_steps() : -1;  // that checkpoint exists already
+  if (tp_size > 1)
+    say("checkpoints: not written (tensor-parallel checkpoints are not implemented yet; the HF "
+        "export at the end holds the trained weights)");
   auto save = [&]() {
+    if (tp_size > 1) return;
     const auto t0 = std::chrono::steady_clock::now();
     const json client = {{"data", loader.state()},
                          {"ds_train",
@@ -554,7 +591,10 @@ int run(const Options& o, const Given& g) {
 
   // A generated sample, decoded with the tokenizer (loaded and checked at start-up).
   std::string sample_note;
-  if (sample_tokenizer) {
+  if (sample_tokenizer && tp_size > 1) {
+    say("note: no sample: generation from a tensor-parallel model is not implemented (generate "
+        "from the HF export with ds_generate)");
+  } else if (sample_tokenizer) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::string text = ds::train::generate_sample(*model, *sample_tokenizer, o.sample_prompt,
                                                         o.sample_tokens, o.sample_top_k, o.seed);
@@ -595,8 +635,9 @@ int run(const Options& o, const Given& g) {
                     last_eval, std::exp(last_eval), eval_baseline));
   say(fmt::format("metrics:    {}/*.csv", monitor.log_dir().string()));
   say(fmt::format("loss curve: {}", svg.string()));
-  say(fmt::format("checkpoint: {}/{} (resume: --resume_from_checkpoint latest)", out_dir.string(),
-                  ds::train::latest_tag(out_dir)));
+  if (tp_size == 1)
+    say(fmt::format("checkpoint: {}/{} (resume: --resume_from_checkpoint latest)",
+                    out_dir.string(), ds::train::latest_tag(out_dir)));
   if (exported) say(fmt::format("HF export:  {} (config.json + model.safetensors)", export_dir));
   if (!sample_note.empty()) say(fmt::format("sample:     {}", sample_note));
   int64_t max_rss = 0;

@@ -164,6 +164,10 @@ void add_options(CLI::App& app, Options& o, Given& g,
                      &g.bf16);
   given.emplace_back(app.add_flag("--fp16", o.fp16, "fp16 with loss scaling (config fp16.enabled)"),
                      &g.fp16);
+  opt("--tensor_parallel_size", o.tensor_parallel_size,
+      "Cut every layer over this many ranks (Megatron-style; docs/parallelism.md); the rest of "
+      "the ranks are data parallel. 0: the config's tensor_parallel.autotp_size, else 1")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--gradient_checkpointing", o.gradient_checkpointing,
                "Recompute each block's activations in backward (less memory, ~1/3 more compute)");
   app.add_flag("--skip_memory_check", o.skip_memory_check,

@@ -105,8 +105,25 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
       g.deepspeed ? runtime::load_config_json(o.deepspeed, &cfg_source)
                   : runtime::load_config_json(strip_leading_comments(builtin_config), &cfg_source);
   if (!g.deepspeed) cfg_source = "built-in default (configs/ds_demo.json)";
+  // Tensor parallelism: the flag, or the config's autotp_size; both given must agree. The batch
+  // sizes count data-parallel ranks: world / tp (DeepSpeed's rule).
+  int cfg_tp = 0;
+  if (raw.is_object() && raw.contains("tensor_parallel") && raw["tensor_parallel"].is_object() &&
+      raw["tensor_parallel"].contains("autotp_size") &&
+      raw["tensor_parallel"]["autotp_size"].is_number_integer())
+    cfg_tp = raw["tensor_parallel"]["autotp_size"].get<int>();
+  DS_CHECK(o.tensor_parallel_size == 0 || cfg_tp <= 1 || o.tensor_parallel_size == cfg_tp,
+           "[ds_train] --tensor_parallel_size {} disagrees with tensor_parallel.autotp_size {} in "
+           "{}; give one, or the same number",
+           o.tensor_parallel_size, cfg_tp, cfg_source);
+  const int tp = o.tensor_parallel_size > 0 ? o.tensor_parallel_size : std::max(1, cfg_tp);
+  const int world = ds::comm::world()->size();  // ranks under mpirun / the deepspeed launcher
+  DS_CHECK(world % tp == 0,
+           "[ds_train] tensor parallel size {} does not divide the {} ranks of the job; use a "
+           "divisor of {} or launch a multiple of {} ranks",
+           tp, world, world, tp);
   runtime::ConfigContext ctx;
-  ctx.world_size = ds::comm::world()->size();  // ranks under mpirun / the deepspeed launcher
+  ctx.world_size = world / tp;
   ctx.hidden_size = mcfg.n_embd;
   ctx.source_name = cfg_source;
   ctx.args = trainer_args(o, g, raw);
@@ -149,6 +166,8 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
     ctx.args.total_steps = total_steps;
   RunConfig r;
   r.cfg = runtime::parse_config_json(raw, ctx);
+  r.cfg.tensor_parallel.size = tp;  // the flag alone (no config section) sets it too
+  r.tensor_parallel = tp;
   r.ctx = ctx;
   r.source = cfg_source;
   r.steps_per_epoch = steps_per_epoch;
