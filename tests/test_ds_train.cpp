@@ -326,6 +326,8 @@ TEST_F(DsTrain, LoraAdapterResumeAndMerge) {
   const json mem = json::parse(read(a / "memory.json"));
   const auto& r0 = mem["ranks"][0];
   EXPECT_LT(r0["grads_bytes"].get<int64_t>() * 5, r0["params_bytes"].get<int64_t>()) << mem.dump();
+  EXPECT_EQ(r0["model_state_bytes"], mem["paper_model_state_bytes_per_rank"]["model_state_bytes"])
+      << mem.dump();
 
   const fs::path b = dir_ / "b";
   fs::copy(a, b, fs::copy_options::recursive);

@@ -244,12 +244,13 @@ TEST_P(LoraPeft, ForwardLossAndGradientsMatchPeft) {
 TEST_P(LoraPeft, AdapterRoundTripsWithPeftNamesAndConfig) {
   PeftCase c = load_case(GetParam());
   const fs::path dir = fs::temp_directory_path() /
-                        fmt::format("ds_lora_adapter_{}_{}", GetParam(), comm::world()->rank());
+                       fmt::format("ds_lora_adapter_{}_{}", GetParam(), comm::world()->rank());
   fs::remove_all(dir);
   models::export_peft_adapter(*c.model, c.model->named_parameters(), c.lora, dir, "/base");
   // The same tensor names and shapes as peft's own file.
   safetensors::Reader ours((dir / "adapter_model.safetensors").string());
-  safetensors::Reader theirs((kFixtures / GetParam() / "adapter" / "adapter_model.safetensors").string());
+  safetensors::Reader theirs(
+      (kFixtures / GetParam() / "adapter" / "adapter_model.safetensors").string());
   auto names = ours.names(), want = theirs.names();
   std::sort(names.begin(), names.end());
   std::sort(want.begin(), want.end());
@@ -281,7 +282,7 @@ TEST_P(LoraPeft, AdapterRoundTripsWithPeftNamesAndConfig) {
 TEST_P(LoraPeft, MergedWeightsGiveTheUnmergedLogits) {
   PeftCase c = load_case(GetParam());
   const fs::path dir = fs::temp_directory_path() /
-                        fmt::format("ds_lora_merged_{}_{}", GetParam(), comm::world()->rank());
+                       fmt::format("ds_lora_merged_{}_{}", GetParam(), comm::world()->rank());
   fs::remove_all(dir);
   const auto merged = nn::merge_lora_weights(c.model->named_parameters(), c.lora.scaling());
   for (const auto& [n, t] : merged) EXPECT_FALSE(nn::is_lora_parameter(n)) << n;
@@ -373,8 +374,8 @@ TEST_P(LoraZero, FrozenParametersHaveNoGradientStateOrChangeAndStagesAgree) {
   const int n = g->size();
   std::vector<double> stage0;
   for (int stage : {0, 1, 2, 3}) {
-    SCOPED_TRACE(fmt::format("{} stage {} on {} ranks, only_optimize_lora {}", preset, stage, n,
-                             only_lora));
+    SCOPED_TRACE(
+        fmt::format("{} stage {} on {} ranks, only_optimize_lora {}", preset, stage, n, only_lora));
     auto model = lora_model(preset, only_lora);
     int64_t trainable = 0, frozen = 0;
     std::map<std::string, std::vector<float>> frozen_before;
@@ -390,7 +391,8 @@ TEST_P(LoraZero, FrozenParametersHaveNoGradientStateOrChangeAndStagesAgree) {
     EXPECT_EQ(z.flat().numel, trainable);
     EXPECT_EQ(z.frozen().numel, frozen);
     for (const auto& en : z.flat().entries)
-      EXPECT_TRUE(frozen_before.count(en.name) == 0) << en.name << " is frozen but in the flat space";
+      EXPECT_TRUE(frozen_before.count(en.name) == 0)
+          << en.name << " is frozen but in the flat space";
     float opt_f = static_cast<float>(z.optimizer_numel());  // exact: < 2^24
     if (z.partitioned()) g->all_reduce(&opt_f, 1, DType::f32);
     const int64_t opt = static_cast<int64_t>(opt_f);

@@ -249,9 +249,10 @@ int run(const Options& o, const Given& g) {
     con.line(fmt::format("  model states      {:>12}", mib(mem.total())));
   }
   if (const auto& fz = engine->strategy().frozen(); fz.numel > 0)
-    con.line(fmt::format("  frozen            {:>12}  (in parameters: {} frozen weights, whole on every "
-                         "rank, without gradients or optimizer state)",
-                         mib(static_cast<int64_t>(fz.params.nbytes())), human_count(fz.numel)));
+    con.line(
+        fmt::format("  frozen            {:>12}  (in parameters: {} frozen weights, whole on every "
+                    "rank, without gradients or optimizer state)",
+                    mib(static_cast<int64_t>(fz.params.nbytes())), human_count(fz.numel)));
   if (mem.nvme > 0)
     con.line(
         fmt::format("  on NVMe           {:>12}  (optimizer state swapped through RAM buffers; "

@@ -34,7 +34,8 @@ std::string leaf(const std::string& module) {
 }
 
 // The Linear modules of `model` (not the LoRA matrices themselves) and those with LoRA.
-void linear_modules(const GPT& model, std::vector<std::string>& all, std::vector<std::string>& lora) {
+void linear_modules(const GPT& model, std::vector<std::string>& all,
+                    std::vector<std::string>& lora) {
   for (const auto& [name, m] : model.named_modules()) {
     const auto* lin = dynamic_cast<const nn::Linear*>(m);
     if (!lin || nn::is_lora_parameter(name + ".weight")) continue;
@@ -121,10 +122,10 @@ void export_peft_adapter(const GPT& model,
   DS_CHECK(!ec, "[peft] cannot create '{}': {}", dir.string(), ec.message());
   // PEFT's loader requires the format metadata, as transformers does.
   safetensors::save((dir / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
-  write_text(dir / "adapter_config.json",
-             peft_adapter_config(model.config(), lora, adapted, all, base_model_name_or_path)
-                     .dump(2) +
-                 "\n");
+  write_text(
+      dir / "adapter_config.json",
+      peft_adapter_config(model.config(), lora, adapted, all, base_model_name_or_path).dump(2) +
+          "\n");
 }
 
 int64_t load_peft_adapter(GPT& model, const fs::path& path) {

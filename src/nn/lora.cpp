@@ -15,7 +15,8 @@ namespace {
 constexpr uint64_t kLoraStream = 0x4c6f5241ULL << 16;  // "LoRA": A's init streams start here
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace

@@ -32,10 +32,11 @@ std::optional<nn::LoraConfig> lora_config(const Options& o, const Given& g,
     while (true) {
       const size_t comma = rest.find(',');
       const std::string item = rest.substr(0, comma);
-      DS_CHECK(!item.empty(),
-               "[ds_train] --lora_module_name '{}' has an empty name (a stray comma?); give a comma "
-               "list such as q_proj,v_proj",
-               o.lora_module_name);
+      DS_CHECK(
+          !item.empty(),
+          "[ds_train] --lora_module_name '{}' has an empty name (a stray comma?); give a comma "
+          "list such as q_proj,v_proj",
+          o.lora_module_name);
       c.targets.push_back(item);
       if (comma == std::string::npos) break;
       rest = rest.substr(comma + 1);

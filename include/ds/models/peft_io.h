@@ -48,8 +48,7 @@ nlohmann::json peft_adapter_config(const GPTConfig& config, const nn::LoraConfig
 void export_peft_adapter(const GPT& model,
                          const std::vector<std::pair<std::string, Tensor>>& named_weights,
                          const nn::LoraConfig& lora, const std::filesystem::path& dir,
-                         const std::string& base_model_name_or_path = "",
-                         DType dtype = DType::f32);
+                         const std::string& base_model_name_or_path = "", DType dtype = DType::f32);
 
 // Fills the LoRA matrices of `model` (LoRA already applied with the adapter's r) from a PEFT
 // adapter folder or .safetensors file; returns the number of tensors read. Throws "[peft] ..."
