@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <set>
@@ -84,7 +85,9 @@ json peft_adapter_config(const GPTConfig& config, const nn::LoraConfig& lora,
       {"task_type", "CAUSAL_LM"},
       {"base_model_name_or_path", base_model_name_or_path},
       {"r", lora.r},
-      {"lora_alpha", lora.alpha},
+      // An integral alpha as an integer, as peft writes it.
+      {"lora_alpha", lora.alpha == std::floor(lora.alpha) ? json(static_cast<int64_t>(lora.alpha))
+                                                          : json(lora.alpha)},
       {"lora_dropout", lora.dropout},
       {"target_modules", targets},
       {"bias", "none"},
