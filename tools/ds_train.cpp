@@ -189,8 +189,10 @@ int run(const Options& o, const Given& g) {
   const std::optional<ds::nn::LoraConfig> lora = ds::train::lora_config(o, g, mcfg);
   const bool partitioned_build = cfg.zero_optimization.stage == 3 && o.init_from.empty() && !lora;
   if (!o.skip_memory_check) {
+    const ds::train::LoraCounts lc =
+        lora ? ds::train::count_lora(mcfg, *lora) : ds::train::LoraCounts{};
     const auto fit = ds::train::plan_fit(mcfg, cfg, world_size, ds::train::local_ranks(), act_bytes,
-                                         partitioned_build);
+                                         partitioned_build, lc.lora_params, lc.frozen);
     std::error_code ec;
     fs::create_directories(o.output_dir, ec);
     const std::string note = ds::train::check_fit(fit, ds::train::available_memory_bytes(), mcfg,

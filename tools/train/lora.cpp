@@ -6,6 +6,7 @@
 #include "ds/core/error.h"
 #include "ds/models/hf_io.h"
 #include "ds/models/peft_io.h"
+#include "ds/nn/layers.h"
 
 namespace ds::train {
 
@@ -52,6 +53,27 @@ std::optional<nn::LoraConfig> lora_config(const Options& o, const Given& g,
              e.what());
   }
   return c;
+}
+
+LoraCounts count_lora(const models::GPTConfig& model, const nn::LoraConfig& c) {
+  std::optional<models::GPT> shapes;
+  {
+    nn::PartitionedInit nothing_allocated;
+    shapes.emplace(model, /*init=*/false);
+  }
+  LoraCounts n;
+  int64_t adapted_weights = 0;
+  for (const auto& [name, m] : shapes->named_modules()) {
+    const auto* lin = dynamic_cast<const nn::Linear*>(m);
+    if (!lin) continue;
+    bool match = false;
+    for (const auto& t : c.targets) match = match || name.find(t) != std::string::npos;
+    if (!match) continue;
+    n.lora_params += c.r * (lin->in_features() + lin->out_features());
+    adapted_weights += lin->weight().numel();
+  }
+  n.frozen = c.only_optimize_lora ? shapes->num_parameters() : adapted_weights;
+  return n;
 }
 
 std::string describe_lora(const nn::LoraConfig& c, const nn::LoraReport& rep) {

@@ -19,6 +19,14 @@ namespace ds::train {
 std::optional<nn::LoraConfig> lora_config(const Options& o, const Given& g,
                                           const models::GPTConfig& model);
 
+// Elements LoRA would add to a model of `model`'s shape and the elements it would freeze, from the
+// shapes alone (the model is built under nn::PartitionedInit: nothing allocated), for the start-up
+// memory check (fit.h).
+struct LoraCounts {
+  int64_t lora_params = 0, frozen = 0;
+};
+LoraCounts count_lora(const models::GPTConfig& model, const nn::LoraConfig& c);
+
 // The start-up line: "LoRA: r 8, alpha 16 (scaling 2), 4 modules (q_proj, ...), trainable 1.2K of
 // 3.4M parameters (0.04%), only LoRA trained".
 std::string describe_lora(const nn::LoraConfig& c, const nn::LoraReport& rep);
