@@ -5,8 +5,8 @@
 //     exported adapter loads in peft: DS_LORA_EXPORT_DIR);
 //   - the adapter export round trip, and merged weights giving the unmerged model's logits;
 //   - under ZeRO stages 0-3 (plainly and under mpirun with 2 ranks): frozen parameters get no
-//     gradient, no optimizer state and no change; the LoRA losses of every stage are bitwise
-//     stage 0's; a checkpoint resumes bitwise.
+//     gradient, no optimizer state and no change; the LoRA losses of every stage agree with
+//     stage 0's (stage 1 bitwise, 2 and 3 within 1e-6); a checkpoint resumes bitwise.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -417,13 +417,18 @@ TEST_P(LoraZero, FrozenParametersHaveNoGradientStateOrChangeAndStagesAgree) {
     if (stage == 0) {
       stage0 = losses;
     } else {
-      // Bitwise: on 1 or 2 ranks every reduction is a sum of at most two fp32 values, which is
-      // the same in either order, whichever buckets or pieces carry it; the optimizer is
-      // elementwise; clipping is off (the norm's tiles differ between stages). With more ranks
-      // the summation order would differ and only ~1e-7 relative agreement could be asked.
+      // Stage 1 adds the same numbers in the same order as stage 0 (each rank accumulates its 2
+      // micro-steps, then 2 ranks' sums are added, the same in either order): bitwise. Stages 2
+      // and 3 reduce every micro-step, (a1 + b1) + (a2 + b2) instead of (a1 + a2) + (b1 + b2):
+      // one rounding apart per gradient element, which 3 Adam steps carry into the loss at the
+      // 1e-7 level (6.9e-8 measured in the sanitizer build, 0 in Release). Clipping is off: the
+      // norm's tiles differ between stages.
       double worst = 0;
       for (size_t i = 0; i < losses.size(); ++i) {
-        EXPECT_EQ(losses[i], stage0[i]) << "micro-step " << i;
+        if (stage == 1)
+          EXPECT_EQ(losses[i], stage0[i]) << "micro-step " << i;
+        else
+          EXPECT_NEAR(losses[i], stage0[i], 1e-6 * std::abs(stage0[i])) << "micro-step " << i;
         worst = std::max(worst, std::abs(losses[i] - stage0[i]) / std::abs(stage0[i]));
       }
       if (g->rank() == 0)
