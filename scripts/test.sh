@@ -79,8 +79,8 @@ if [[ "${DS_TEST_ASAN:-0}" == 1 ]]; then
   cmake -S "$REPO" -B "$ASAN_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDS_SANITIZE=ON \
     -DDS_BUILD_BENCH=OFF </dev/null
   cmake --build "$ASAN_DIR" -j"$JOBS" --target test_data test_tokenizer test_monitor test_ds_train \
-    test_offload test_hf_tokenizer test_chat_template test_to_fp32 test_sft ds_train ds_prepare \
-    ds_launcher ds_io </dev/null
+    test_offload test_hf_tokenizer test_chat_template test_to_fp32 test_sft test_lora ds_train \
+    ds_prepare ds_launcher ds_io </dev/null
   echo "test: ctest --test-dir $ASAN_DIR -L 'data|train|offload' (sanitized)"
   ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1}" \
     UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \

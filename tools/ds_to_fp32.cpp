@@ -24,6 +24,7 @@
 #include "ds/core/file_io.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
+#include "ds/nn/lora.h"
 #include "ds/runtime/consolidate.h"
 #include "outputs.h"
 
@@ -136,6 +137,15 @@ int main(int argc, char** argv) {
                ck.folder().string());
       cfg = ds::models::GPTConfig::from_json(*ck.model_config());
     }
+    // A LoRA checkpoint's master weights cover the trainable parameters only (the frozen base is
+    // in the model file, in the training dtype): no complete HF model can be made from them.
+    for (const auto& p : ck.parameters())
+      DS_CHECK(!ds::nn::is_lora_parameter(p.name),
+               "[ds_to_fp32] {} is a LoRA checkpoint ({}): its fp32 master weights hold the "
+               "trainable parameters only, not the frozen base, so no HF folder can be made from "
+               "them; write a .safetensors file (the trainable parameters), or export the model "
+               "from ds_train (--resume_from_checkpoint with --merge_lora; docs/finetuning.md)",
+               ck.folder().string(), p.name);
     const fs::path out(output);
     std::error_code ec;
     DS_CHECK(!fs::exists(out, ec) || (fs::is_directory(out, ec) && fs::is_empty(out, ec)),

@@ -39,12 +39,14 @@
 #include "ds/data/tokenizer.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
+#include "ds/nn/lora.h"
 #include "ds/nn/tensor_parallel.h"
 #include "ds/runtime/config.h"
 #include "ds/runtime/engine.h"
 #include "ds/runtime/monitor.h"
 #include "ds_train_default_config.h"
 #include "fit.h"
+#include "lora.h"
 #include "options.h"
 #include "outputs.h"
 #include "plan.h"
@@ -192,7 +194,9 @@ int run(const Options& o, const Given& g) {
                                      static_cast<int64_t>(ds::dtype_size(cfg.training_dtype())));
   // Stage 3 builds each rank's piece of every parameter only (DeepSpeed's zero.Init), unless the
   // weights come from a Hugging Face folder (read whole, then sharded).
-  const bool partitioned_build = cfg.zero_optimization.stage == 3 && o.init_from.empty();
+  // LoRA needs the whole base model built (its frozen weights stay whole on every rank).
+  const std::optional<ds::nn::LoraConfig> lora = ds::train::lora_config(o, g, mcfg);
+  const bool partitioned_build = cfg.zero_optimization.stage == 3 && o.init_from.empty() && !lora;
   // Tensor parallelism (docs/parallelism.md): each rank builds its slices of the model; ZeRO
   // shards over the data-parallel ranks (world / tp).
   const int tp_size = rc.tensor_parallel;
@@ -211,10 +215,14 @@ int run(const Options& o, const Given& g) {
              "[ds_train] --tensor_parallel_size {} works with ZeRO stages 0-2; the config has "
              "stage 3",
              tp_size);
+    DS_CHECK(!lora, "[ds_train] LoRA (--lora_dim) with --tensor_parallel_size {} is not "
+             "implemented yet; use --tensor_parallel_size 1", tp_size);
   }
   if (!o.skip_memory_check) {
+    const ds::train::LoraCounts lc =
+        lora ? ds::train::count_lora(mcfg, *lora) : ds::train::LoraCounts{};
     const auto fit = ds::train::plan_fit(mcfg, cfg, dp_size, ds::train::local_ranks(), act_bytes,
-                                         partitioned_build);
+                                         partitioned_build, lc.lora_params, lc.frozen);
     std::error_code ec;
     fs::create_directories(o.output_dir, ec);
     const std::string note = ds::train::check_fit(fit, ds::train::available_memory_bytes(), mcfg,
@@ -246,6 +254,7 @@ int run(const Options& o, const Given& g) {
         fmt::join(rep.files, ", "), rep.tensors, rep.transposed,
         rep.ignored.empty() ? "" : fmt::format("; ignored {} buffers", rep.ignored.size())));
   }
+  if (lora) say(ds::train::describe_lora(*lora, ds::nn::apply_lora(*model, *lora)));
   if (o.gradient_checkpointing) model->set_gradient_checkpointing(true);
   // A short name for messages and the chart title: the preset, or the file or folder name.
   const std::string model_name =
@@ -283,6 +292,11 @@ int run(const Options& o, const Given& g) {
     con.line(fmt::format("  optimizer states  {:>12}", mib(mem.optimizer_states)));
     con.line(fmt::format("  model states      {:>12}", mib(mem.total())));
   }
+  if (const auto& fz = engine->strategy().frozen(); fz.numel > 0)
+    con.line(
+        fmt::format("  frozen            {:>12}  (in parameters: {} frozen weights, whole on every "
+                    "rank, without gradients or optimizer state)",
+                    mib(static_cast<int64_t>(fz.params.nbytes())), human_count(fz.numel)));
   if (mem.nvme > 0)
     con.line(
         fmt::format("  on NVMe           {:>12}  (optimizer state swapped through RAM buffers; "
@@ -612,10 +626,22 @@ int run(const Options& o, const Given& g) {
   // Under ZeRO-3 no rank holds the whole model: every rank takes part in gathering it, rank 0
   // writes it (DeepSpeed's stage3_gather_16bit_weights_on_model_save).
   bool exported = false;
+  std::string export_note;
   if (export_dir != "none") {
     const auto weights = engine->full_weights();
-    if (lead) {
-      ds::models::export_hf(mcfg, weights, export_dir);
+    // LoRA: a PEFT adapter when only the LoRA matrices trained (and --merge_lora is not given);
+    // otherwise the merged weights (an adapter alone would lose the other trained parameters).
+    const bool merge = lora && (o.merge_lora || !lora->only_optimize_lora);
+    if (lead && lora && !merge) {
+      std::error_code ec;
+      const std::string base =
+          o.init_from.empty() ? "" : fs::absolute(o.init_from, ec).lexically_normal().string();
+      export_note = ds::train::export_lora(*model, weights, *lora, false, export_dir, base);
+    } else if (lead) {
+      if (lora)
+        export_note = ds::train::export_lora(*model, weights, *lora, true, export_dir, "");
+      else
+        ds::models::export_hf(mcfg, weights, export_dir);
       say(ds::train::export_tokenizer_beside(
           export_dir, {o.init_from.empty() ? fs::path() : fs::path(o.init_from), tok_dir},
           mcfg.vocab_size));
@@ -638,7 +664,10 @@ int run(const Options& o, const Given& g) {
   if (tp_size == 1)
     say(fmt::format("checkpoint: {}/{} (resume: --resume_from_checkpoint latest)",
                     out_dir.string(), ds::train::latest_tag(out_dir)));
-  if (exported) say(fmt::format("HF export:  {} (config.json + model.safetensors)", export_dir));
+  if (exported)
+    say(fmt::format("HF export:  {}", export_note.empty()
+                                          ? export_dir + " (config.json + model.safetensors)"
+                                          : export_note));
   if (!sample_note.empty()) say(fmt::format("sample:     {}", sample_note));
   int64_t max_rss = 0;
   for (const auto& r : ranks) max_rss = std::max(max_rss, r.peak_rss_bytes);

@@ -4,11 +4,30 @@
 
 namespace ds::nn {
 
+std::vector<std::pair<std::string, Tensor>> trainable_parameters(const Module& module) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, p] : module.named_parameters())
+    if (p.requires_grad()) out.emplace_back(name, p);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> frozen_parameters(const Module& module) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, p] : module.named_parameters())
+    if (!p.requires_grad()) out.emplace_back(name, p);
+  return out;
+}
+
 FlatParameters flatten_parameters(Module& module, DType dtype, DType grad_dtype, int64_t multiple_of,
+                                  bool with_grads) {
+  return flatten_parameters(module.named_parameters(), dtype, grad_dtype, multiple_of, with_grads);
+}
+
+FlatParameters flatten_parameters(const std::vector<std::pair<std::string, Tensor>>& named,
+                                  DType dtype, DType grad_dtype, int64_t multiple_of,
                                   bool with_grads) {
   DS_CHECK(multiple_of >= 1, "[flatten] multiple_of must be >= 1, got {}", multiple_of);
   FlatParameters flat;
-  auto named = module.named_parameters();
   for (auto& [name, p] : named) {
     flat.entries.push_back({name, p.shape(), flat.numel, p.numel()});
     flat.numel += p.numel();

@@ -34,7 +34,22 @@ Linear::Linear(Tensor weight, Tensor bias) : Module("Linear") {
 }
 
 Tensor Linear::forward(const Tensor& x) {
-  return ops::linear(x, weight_, bias_);
+  Tensor y = ops::linear(x, weight_, bias_);
+  if (!lora_A_) return y;
+  // The low-rank path through the children's operator() so that their hooks run (ZeRO-3 gathers
+  // lora_A and lora_B there while the frozen base weight stays resident).
+  const Tensor h = lora_dropout_ > 0.0f ? ops::dropout(x, lora_dropout_, is_training()) : x;
+  return ops::add(y, ops::mul((*lora_B_)((*lora_A_)(h)), lora_scaling_));
+}
+
+void Linear::add_lora(int64_t r, float scaling, float dropout) {
+  DS_CHECK(!lora_A_, "[lora] this Linear already has LoRA");
+  DS_CHECK(r > 0, "[lora] rank r must be positive, got {}", r);
+  DS_CHECK(dropout >= 0.0f && dropout < 1.0f, "[lora] dropout must be in [0, 1), got {}", dropout);
+  lora_A_ = register_module("lora_A", std::make_shared<Linear>(in_features(), r, false));
+  lora_B_ = register_module("lora_B", std::make_shared<Linear>(r, out_features(), false));
+  lora_scaling_ = scaling;
+  lora_dropout_ = dropout;
 }
 
 // ---- Embedding ----

@@ -479,8 +479,15 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
     for (auto& [n2, p] : params) known = known || n2 == name;
     if (!known) problems.push_back("unexpected " + name);
   }
-  DS_CHECK(problems.empty(), "[checkpoint] {} does not match this model: {}",
-           (ck / kModelFile).string(), fmt::join(problems, "; "));
+  bool lora_names = false;
+  for (const auto& pr : problems)
+    lora_names = lora_names || pr.find(".lora_A.") != std::string::npos ||
+                 pr.find(".lora_B.") != std::string::npos;
+  DS_CHECK(problems.empty(), "[checkpoint] {} does not match this model: {}{}",
+           (ck / kModelFile).string(), fmt::join(problems, "; "),
+           lora_names ? " (LoRA matrices differ: resume with the LoRA settings the checkpoint was "
+                        "written with, --lora_dim and --lora_module_name)"
+                      : "");
 
   // Optimizer shards: whatever world size and stage wrote them, take the elements this rank holds,
   // as (flat begin, flat end, offset in our buffers) pieces.

@@ -30,8 +30,13 @@ class FlatStrategy final : public Strategy {
     // Flatten in fp32 first: that buffer becomes the master copy (or the parameters themselves in
     // fp32 training). For 16-bit training flatten again in the training dtype: same order and
     // offsets, values rounded to nearest even, parameters rebound to the 16-bit buffer.
+    // Only parameters that require a gradient enter the flat buffers (and so the gradient
+    // buckets, the reduce-scatter and the optimizer's range); frozen ones (LoRA's base) sit in a
+    // buffer of their own, replicated on every rank, without gradients.
+    place_frozen();
+    const auto trainable = nn::trainable_parameters(model_);
     nn::FlatParameters f32 =
-        nn::flatten_parameters(model_, DType::f32, o.grad_dtype, multiple, full_grads);
+        nn::flatten_parameters(trainable, DType::f32, o.grad_dtype, multiple, full_grads);
     plan_ = plan_partitions(f32.numel, n);
     DS_CHECK(plan_.padded_numel == f32.padded_numel, "[zero] internal: padding plan disagrees");
     begin_ = sharded ? plan_.begin(group_->rank()) : 0;
@@ -44,7 +49,7 @@ class FlatStrategy final : public Strategy {
       // Only this rank's range of the fp32 copy is kept as master weights.
       master_ = range(f32.params).clone();
       f32 = {};
-      flat_ = nn::flatten_parameters(model_, o.train_dtype, o.grad_dtype, multiple, full_grads);
+      flat_ = nn::flatten_parameters(trainable, o.train_dtype, o.grad_dtype, multiple, full_grads);
     }
     if (!full_grads) grads_part_ = Tensor::zeros({opt_numel_}, o.grad_dtype);
     if (o.grad_dtype != DType::f32 && !offloaded()) grads32_ = Tensor::zeros({opt_numel_});
@@ -66,9 +71,8 @@ class FlatStrategy final : public Strategy {
       s.partition_begin = begin_;
       s.keep_in_flight = static_cast<size_t>(reductions_in_flight());
       buckets_.emplace(std::move(s), group_);
-      auto named = model_.named_parameters();
-      for (size_t i = 0; i < named.size(); ++i)
-        named[i].second.add_grad_ready_hook(
+      for (size_t i = 0; i < trainable.size(); ++i)
+        trainable[i].second.add_grad_ready_hook(
             [this, i](const Tensor& p) { buckets_->on_grad_ready(static_cast<int>(i), p); });
     }
   }
@@ -97,7 +101,7 @@ class FlatStrategy final : public Strategy {
 
   MemoryBytes memory() const override {
     MemoryBytes b;
-    b.params = static_cast<int64_t>(flat_.params.nbytes());
+    b.params = static_cast<int64_t>(flat_.params.nbytes()) + frozen_bytes();
     b.grads =
         static_cast<int64_t>(flat_.grads.defined() ? flat_.grads.nbytes() : grads_part_.nbytes());
     b.scratch = grads32_.defined() ? static_cast<int64_t>(grads32_.nbytes()) : 0;

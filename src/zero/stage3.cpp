@@ -30,7 +30,17 @@ class Stage3Strategy final : public Strategy {
       : Strategy(model, std::move(group), o) {
     const int n = group_->size(), r = group_->rank();
     partitioned_ = n > 1;
-    auto named = model_.named_parameters();
+    // Frozen parameters (LoRA's base) are not partitioned: they stay whole on every rank in
+    // frozen_, outside the gathers, the gradient reduce-scatter and the optimizer's shard.
+    place_frozen();
+    const auto all = model_.named_parameters();
+    std::vector<std::pair<std::string, Tensor>> named;
+    std::vector<size_t> model_index;  // of each managed parameter in named_parameters()
+    for (size_t i = 0; i < all.size(); ++i)
+      if (all[i].second.requires_grad()) {
+        named.push_back(all[i]);
+        model_index.push_back(i);
+      }
 
     // Shard plan, and the flat coordinates (unpadded concatenation) checkpoints are written in.
     int64_t flat_offset = 0, shard_offset = 0;
@@ -41,6 +51,7 @@ class Stage3Strategy final : public Strategy {
       sp.part = (sp.numel + n - 1) / n;
       sp.shard_offset = shard_offset;
       sp.persistent = sp.numel <= o.param_persistence_threshold;
+      sp.model_index = model_index[params_.size()];
       flat_.entries.push_back({name, p.shape(), flat_offset, sp.numel});
       flat_offset += sp.numel;
       shard_offset += sp.part;
@@ -161,6 +172,7 @@ class Stage3Strategy final : public Strategy {
                            : static_cast<int64_t>(shard_params_.nbytes());
     for (const auto& sp : params_)
       if (sp.persistent) b.params += static_cast<int64_t>(sp.full->nbytes());
+    b.params += frozen_bytes();
     b.grads = static_cast<int64_t>(grads_part_.nbytes());
     b.scratch = grads32_.defined() ? static_cast<int64_t>(grads32_.nbytes()) : 0;
     b.master_weights = master_bytes();
@@ -232,11 +244,17 @@ class Stage3Strategy final : public Strategy {
       if (group_->rank() == 0) out.emplace_back(flat_.entries[i].name, params_[i].param.clone());
       release({static_cast<int>(i)});
     }
+    // Frozen parameters are whole on every rank already.
+    if (group_->rank() == 0)
+      for (const auto& [name, p] : nn::frozen_parameters(model_)) out.emplace_back(name, p.clone());
     trace_.resume(paused);
     return out;
   }
 
-  void load_parameters(const std::function<void(const std::string&, const Tensor&)>&) override {
+  void load_parameters(
+      const std::function<void(const std::string&, const Tensor&)>& read_param) override {
+    // Frozen parameters (whole on every rank) come from the model file as they are.
+    for (const auto& [name, p] : nn::frozen_parameters(model_)) read_param(name, p);
     // Each rank's piece is the rounded master weights, exactly as after an optimizer step.
     synchronize("loading a checkpoint");
     try {
@@ -269,7 +287,7 @@ class Stage3Strategy final : public Strategy {
       dst.copy_from(sp.param.contiguous().flat_range(begin, count));
       return;
     }
-    DS_CHECK(model_.init_parameter_range(i, begin, count, out),
+    DS_CHECK(model_.init_parameter_range(sp.model_index, begin, count, out),
              "[zero] parameter '{}' holds no data and the model ({}) cannot initialise a range of "
              "it (nn::Module::init_parameter_range); build the model whole",
              flat_.entries[i].name, model_.type_name());
@@ -325,6 +343,7 @@ class Stage3Strategy final : public Strategy {
     int64_t numel = 0, part = 0;    // part = ceil(numel / N)
     int64_t shard_offset = 0;       // of this rank's piece in the shard buffers
     bool persistent = false;
+    size_t model_index = 0;  // in the model's named_parameters() (init_parameter_range)
   };
   struct PendingReduction {
     int param;

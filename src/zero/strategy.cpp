@@ -31,6 +31,22 @@ Strategy::~Strategy() {
   join_step();  // derived strategies join first (the worker uses their members); a safety net
 }
 
+void Strategy::place_frozen() {
+  const auto frozen = nn::frozen_parameters(model_);
+  DS_CHECK(frozen.size() < model_.named_parameters().size(),
+           "[zero] every parameter of the model is frozen (requires_grad false): nothing to train "
+           "(with LoRA, check that lora_module_name matches some Linear modules)");
+  if (frozen.empty()) return;
+  for (const auto& [name, p] : frozen)
+    DS_CHECK(p.is_materialized(),
+             "[zero] frozen parameter '{}' holds no data (built under nn::PartitionedInit?); build "
+             "the model whole when parameters are frozen",
+             name);
+  frozen_ = nn::flatten_parameters(frozen, options_.train_dtype, options_.train_dtype, 1,
+                                   /*with_grads=*/false);
+  if (group_->size() > 1) group_->broadcast(frozen_.params, 0, "initial frozen weights");
+}
+
 double Strategy::global_sum_of_squares(const Tensor& g, const std::string& ctx) {
   DS_CHECK(is_floating(g.dtype()) && g.numel() == opt_numel_ && g.is_contiguous(),
            "[zero] the gradients for the norm must be ({},) floating point, got {} {}", opt_numel_,

@@ -11,6 +11,7 @@ file(CONFIGURE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/generated/ds_train_default_con
 add_executable(ds_train
   ${CMAKE_CURRENT_SOURCE_DIR}/ds_train.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/train/fit.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/train/lora.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/train/options.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/train/outputs.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/train/plan.cpp

@@ -76,11 +76,15 @@ int64_t read_int_file(const char* path) {
 }  // namespace
 
 FitPlan plan_fit(const models::GPTConfig& model, const runtime::DeepSpeedConfig& cfg,
-                 int world_size, int ranks_on_node, int64_t activations, bool partitioned_build) {
+                 int world_size, int ranks_on_node, int64_t activations, bool partitioned_build,
+                 int64_t lora_params, int64_t frozen) {
   FitPlan p;
-  const int64_t P = model.num_parameters();
-  const StateBytes sb = model_state_bytes(P, cfg, world_size);
-  p.model_states = sb.ram;
+  p.lora_params = lora_params;
+  p.frozen = frozen;
+  const int64_t P = model.num_parameters() + lora_params;
+  const StateBytes sb = model_state_bytes(P - frozen, cfg, world_size);
+  p.model_states =
+      sb.ram + frozen * static_cast<int64_t>(dtype_size(cfg.training_dtype()));
   p.nvme = sb.disk;
   p.offload_buffers = sb.buffers;
   const auto& z = cfg.zero_optimization;
@@ -174,10 +178,10 @@ std::string check_fit(const FitPlan& plan, int64_t available, const models::GPTC
   }
   // What would fit: a higher stage (same ranks), then bf16, then NVMe offload.
   std::vector<std::string> fixes;
-  const int64_t P = model.num_parameters();
+  const int64_t P = model.num_parameters() + plan.lora_params;
   auto fits = [&](const runtime::DeepSpeedConfig& c) {
     const FitPlan q = plan_fit(model, c, world_size, plan.ranks_on_node, plan.activations,
-                               plan.model_build < 4 * P);
+                               plan.model_build < 4 * P, plan.lora_params, plan.frozen);
     return std::pair{q.per_node() <= available, q};
   };
   for (int s = cfg.zero_optimization.stage + 1; s <= 3; ++s) {

@@ -22,16 +22,21 @@ struct FitPlan {
   int64_t nvme = 0;             // per rank on disk (offload_optimizer / offload_param "nvme")
   std::string nvme_path;        // where that goes (the optimizer's path, else the parameters')
   int ranks_on_node = 1;
+  // LoRA (docs/finetuning.md): elements the LoRA matrices add, and the frozen elements, which
+  // take the training dtype's bytes on every rank and nothing else.
+  int64_t lora_params = 0, frozen = 0;
   int64_t per_node() const { return (model_states + model_build + activations) * ranks_on_node; }
   int64_t nvme_per_node() const { return nvme * ranks_on_node; }
 };
 
 // `partitioned_build`: stage 3 builds each rank's piece only (nn::PartitionedInit), never the
 // whole fp32 model. Offload (zero/state_store.h, zero/offload/) moves master weights, moments and
-// stage-3 parameter pieces to disk and adds its buffers.
+// stage-3 parameter pieces to disk and adds its buffers. `lora_params` and `frozen` (elements,
+// e.g. from train::count_lora): the ZeRO formulas then apply to the trainable elements
+// (model + lora_params - frozen) only, and the frozen ones cost the training dtype's bytes.
 FitPlan plan_fit(const models::GPTConfig& model, const runtime::DeepSpeedConfig& cfg,
                  int world_size, int ranks_on_node, int64_t activations,
-                 bool partitioned_build = false);
+                 bool partitioned_build = false, int64_t lora_params = 0, int64_t frozen = 0);
 
 // Bytes this process may still allocate: min(MemAvailable, cgroup memory.max - memory.current);
 // 0 when unknown.

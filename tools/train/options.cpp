@@ -202,6 +202,29 @@ void add_options(CLI::App& app, Options& o, Given& g,
   opt("--tokenizer", o.tokenizer,
       "Folder with encoder.json and vocab.bpe, for the sample (default: $DS_CACHE_DIR/gpt2 or "
       ".cache/data/gpt2)");
+  opt("--lora_dim", o.lora_dim,
+      "LoRA rank r (0: off): adds A (r, in) and B (out, r) to the Linear modules named by "
+      "--lora_module_name and freezes their base weights (docs/finetuning.md)")
+      ->capture_default_str()
+      ->check(integer_in(0, 1 << 20));
+  opt("--lora_alpha", o.lora_alpha,
+      "LoRA scaling alpha / r (default 1: DeepSpeed-Chat's 1 / r; PEFT users often give r or 2r)",
+      &g.lora_alpha)
+      ->check(number_in(0, INFINITY, true));
+  opt("--lora_module_name", o.lora_module_name,
+      "Comma list; LoRA goes to every Linear whose name contains one (default: PEFT's targets, "
+      "q_proj,v_proj for llama, c_attn for gpt2; 'layers.' adapts every LLaMA projection)",
+      &g.lora_module_name);
+  app.add_flag("--only_optimize_lora", o.only_optimize_lora,
+               "Train the LoRA matrices only: freeze embeddings, norms, biases and the other "
+               "Linears (no gradients, no optimizer state)");
+  opt("--lora_dropout", o.lora_dropout, "Dropout on the LoRA path's input", &g.lora_dropout)
+      ->capture_default_str()
+      ->check(number_in(0, 1, false, true));
+  app.add_flag("--merge_lora", o.merge_lora,
+               "At the end, export the base weights with LoRA merged (W + alpha/r B A) as a plain "
+               "Hugging Face folder instead of a PEFT adapter (adapter_config.json + "
+               "adapter_model.safetensors)");
   opt("--threads", o.threads, "Threads (default: all cores)")->check(integer_in(1, 4096));
   opt("--local_rank", o.local_rank,
       "Accepted for the DeepSpeed launcher (the rank comes from mpirun's environment)")

@@ -54,6 +54,13 @@ struct Options {
   std::string tokenizer;
   int threads = 0;
   int local_rank = -1;
+  // LoRA (DeepSpeed-Chat's flag names; docs/finetuning.md). lora_dim 0 = off.
+  int64_t lora_dim = 0;
+  double lora_alpha = 1.0;           // scaling alpha / r; 1 = DeepSpeed-Chat's 1 / r
+  std::string lora_module_name;      // comma list of substrings; empty: PEFT's default per layout
+  bool only_optimize_lora = false;
+  double lora_dropout = 0.0;
+  bool merge_lora = false;           // export merged weights instead of a PEFT adapter
 };
 
 // What the user typed, so that only explicit arguments reach TrainerArgs (and are checked against
@@ -62,7 +69,8 @@ struct Given {
   bool per_device_train_batch_size = false, gradient_accumulation_steps = false,
        learning_rate = false, weight_decay = false, adam_beta1 = false, adam_beta2 = false,
        adam_epsilon = false, max_grad_norm = false, warmup_steps = false, max_steps = false,
-       num_train_epochs = false, bf16 = false, fp16 = false, model = false, deepspeed = false;
+       num_train_epochs = false, bf16 = false, fp16 = false, model = false, deepspeed = false,
+       lora_alpha = false, lora_module_name = false, lora_dropout = false;
 };
 
 // Adds every flag to app, bound to o; `given` receives (option, flag in g) pairs so that the caller

@@ -39,9 +39,14 @@ std::vector<RankMemory> gather_memory(runtime::Engine& engine, const RankMemory&
 }
 
 zero::ModelStateBytes paper_model_state_bytes(runtime::Engine& engine) {
-  return zero::expected_model_state_bytes(engine.zero_stage(), engine.partition_plan(),
-                                          engine.training_dtype(), engine.grad_dtype(),
-                                          engine.optimizer().state_floats_per_param());
+  zero::ModelStateBytes b = zero::expected_model_state_bytes(
+      engine.zero_stage(), engine.partition_plan(), engine.training_dtype(), engine.grad_dtype(),
+      engine.optimizer().state_floats_per_param());
+  // The formulas cover the trainable parameters (the partition plan's); frozen ones (LoRA's
+  // base) are whole on every rank in the training dtype, with nothing else.
+  const nn::FlatParameters& frozen = engine.strategy().frozen();
+  if (frozen.params.defined()) b.params += static_cast<int64_t>(frozen.params.nbytes());
+  return b;
 }
 
 namespace {

@@ -27,7 +27,8 @@ struct RankMemory {
 std::vector<RankMemory> gather_memory(runtime::Engine& engine, const RankMemory& mine);
 
 // The ZeRO paper's model-state bytes per rank for the engine's stage, precision and optimizer
-// (reference/deepspeed-behaviour.md §6), over the padded flat buffer.
+// (reference/deepspeed-behaviour.md §6), over the padded flat buffer of trainable parameters, plus
+// the frozen parameters' bytes under params (LoRA's base, whole on every rank).
 zero::ModelStateBytes paper_model_state_bytes(runtime::Engine& engine);
 
 // The start-up table: one row per rank (params, grads, master, optimizer states, total) and the

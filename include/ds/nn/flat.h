@@ -36,5 +36,15 @@ struct FlatParameters {
 FlatParameters flatten_parameters(Module& module, DType dtype = DType::f32,
                                   DType grad_dtype = DType::f32, int64_t multiple_of = 1,
                                   bool with_grads = true);
+// The same over a chosen list of (name, parameter), in that order: ZeRO flattens only the
+// parameters that require a gradient, leaving frozen ones (LoRA's base, nn/lora.h) where they are.
+FlatParameters flatten_parameters(const std::vector<std::pair<std::string, Tensor>>& named,
+                                  DType dtype = DType::f32, DType grad_dtype = DType::f32,
+                                  int64_t multiple_of = 1, bool with_grads = true);
+
+// The parameters of `module` (named_parameters() order) that require a gradient, and those that
+// do not (frozen).
+std::vector<std::pair<std::string, Tensor>> trainable_parameters(const Module& module);
+std::vector<std::pair<std::string, Tensor>> frozen_parameters(const Module& module);
 
 }  // namespace ds::nn

@@ -69,8 +69,21 @@ class Linear : public Module {
   int64_t in_features() const { return weight_.size(1); }
   int64_t out_features() const { return weight_.size(0); }
 
+  // LoRA (nn/lora.h applies it by module name): registers the children lora_A (Linear in -> r,
+  // weight (r, in)) and lora_B (Linear r -> out, weight (out, r)), both without bias and
+  // zero-filled, so the parameter names are PEFT's ("<module>.lora_A.weight"). forward then adds
+  //   scaling * lora_B(lora_A(dropout(x, p)))
+  // (dropout only in training and when p > 0). Throws if LoRA is already there.
+  void add_lora(int64_t r, float scaling, float dropout);
+  bool has_lora() const { return lora_A_ != nullptr; }
+  const std::shared_ptr<Linear>& lora_A() const { return lora_A_; }  // weight (r, in)
+  const std::shared_ptr<Linear>& lora_B() const { return lora_B_; }  // weight (out, r)
+  float lora_scaling() const { return lora_scaling_; }
+
  private:
   Tensor weight_, bias_;
+  std::shared_ptr<Linear> lora_A_, lora_B_;
+  float lora_scaling_ = 0.0f, lora_dropout_ = 0.0f;
 };
 
 // out = weight[ids]: ids (...) int32/int64 -> (..., C). The input needs no gradient; the module's

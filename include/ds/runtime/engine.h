@@ -122,7 +122,8 @@ class Engine {
   const DeepSpeedConfig& config() const { return config_; }
   nn::Module& module() { return *model_; }
   std::shared_ptr<nn::Module> module_ptr() { return model_; }
-  // Names, shapes and flat offsets of every parameter (and, stages 0-2, the flat buffers).
+  // Names, shapes and flat offsets of every trainable parameter (and, stages 0-2, the flat
+  // buffers); frozen ones (requires_grad false, e.g. LoRA's base) are in strategy().frozen().
   const nn::FlatParameters& flat() const { return zero_->flat(); }
   const Tensor& master_weights() const { return zero_->master(); }
   optim::Optimizer& optimizer() { return *optimizer_; }

@@ -115,6 +115,11 @@ class Strategy {
   // Names, shapes and flat offsets of every parameter (entries, numel); for stages 0-2 also the
   // flat parameter and gradient buffers themselves.
   const nn::FlatParameters& flat() const { return flat_; }
+  // Frozen parameters (requires_grad false, e.g. LoRA's base weights): not in flat(), no gradient,
+  // no optimizer state. Every stage keeps them whole on every rank in one buffer of the training
+  // dtype (their entries and that buffer); stage 3 does not partition them (docs/finetuning.md:
+  // the cost is 2 or 4 bytes per frozen parameter on each rank).
+  const nn::FlatParameters& frozen() const { return frozen_; }
   const PartitionPlan& plan() const { return plan_; }
   int64_t optimizer_numel() const { return opt_numel_; }
   // (optimizer_numel,) fp32 master weights of this rank's range (in fp32 training, a view of the
@@ -215,7 +220,15 @@ class Strategy {
   std::shared_ptr<comm::Group> group_;
   Options options_;
   nn::FlatParameters flat_;
+  nn::FlatParameters frozen_;  // place_frozen()
   PartitionPlan plan_;
+  // Moves the model's frozen parameters into frozen_ (training dtype, no gradients) and gives every
+  // rank rank 0's values; called first by the stages' constructors. Throws when nothing is left to
+  // train.
+  void place_frozen();
+  int64_t frozen_bytes() const {
+    return frozen_.params.defined() ? static_cast<int64_t>(frozen_.params.nbytes()) : 0;
+  }
   int64_t opt_numel_ = 0;
   Tensor master_;
   bool partitioned_ = false;

@@ -1,0 +1,58 @@
+#pragma once
+// LoRA adapters in PEFT's folder format (reference/finetune-serve.md §3.3), for models::GPT with
+// LoRA applied by nn::apply_lora:
+//
+//   dir/adapter_config.json        peft_type "LORA", task_type "CAUSAL_LM", r, lora_alpha,
+//                                  lora_dropout, target_modules, fan_in_fan_out (true for GPT-2's
+//                                  Conv1D), base_model_name_or_path, bias "none", ...
+//   dir/adapter_model.safetensors  base_model.model.<Hugging Face module>.lora_A.weight (r, in)
+//                                  and .lora_B.weight (out, r); metadata {"format": "pt"}
+//
+// so that peft.PeftModel.from_pretrained(base, dir) loads it (checked by
+// tools/gen_lora_fixture.py --check-adapter). A and B are stored as we hold them for both layouts:
+// PEFT's LoRA on GPT-2's Conv1D keeps A (r, in) and B (out, r) too; only its merge transposes.
+//
+//   auto rep = nn::apply_lora(*model, lora);
+//   ... train ...
+//   models::export_peft_adapter(model->config(), engine->full_weights(), lora, "out/adapter",
+//                               "/models/llama-7b");
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ds/core/dtype.h"
+#include "ds/models/gpt.h"
+#include "ds/nn/lora.h"
+
+namespace ds::models {
+
+// The PEFT name of one of our LoRA parameter names ("layers.0.self_attn.q_proj.lora_A.weight" ->
+// "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"); throws for a non-LoRA name.
+std::string peft_name(nn::Layout layout, const std::string& ours);
+
+// adapter_config.json's content for the adapted modules `modules` (our names). target_modules
+// lists the modules' last names ("q_proj") when that selects exactly the adapted modules in the
+// Hugging Face model, else their full Hugging Face names.
+nlohmann::json peft_adapter_config(const GPTConfig& config, const nn::LoraConfig& lora,
+                                   const std::vector<std::string>& modules,
+                                   const std::vector<std::string>& all_linear_modules,
+                                   const std::string& base_model_name_or_path);
+
+// Writes the adapter folder from whole weights by our names (a model's named_parameters() or
+// Strategy::full_weights(): rank 0's list under ZeRO-3); only the LoRA entries are written, in
+// `dtype`. `model` names the Linear modules (its LoRA decides the adapted ones). Throws
+// "[peft] ..." when the weights hold no LoRA matrix.
+void export_peft_adapter(const GPT& model,
+                         const std::vector<std::pair<std::string, Tensor>>& named_weights,
+                         const nn::LoraConfig& lora, const std::filesystem::path& dir,
+                         const std::string& base_model_name_or_path = "", DType dtype = DType::f32);
+
+// Fills the LoRA matrices of `model` (LoRA already applied with the adapter's r) from a PEFT
+// adapter folder or .safetensors file; returns the number of tensors read. Throws "[peft] ..."
+// listing every missing, extra or mis-shaped tensor; nothing is written unless all match.
+int64_t load_peft_adapter(GPT& model, const std::filesystem::path& path);
+
+}  // namespace ds::models

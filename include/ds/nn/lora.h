@@ -1,0 +1,71 @@
+#pragma once
+// LoRA (low-rank adaptation) as DeepSpeed-Chat offers it (dschat/utils/module/lora.py), with
+// PEFT's parameter names and initialisation (reference/finetune-serve.md §3.3):
+//
+//   y = W x + b + (alpha / r) * B (A dropout(x)),   A (r, in), B (out, r)
+//
+// apply_lora() adds A and B to every nn::Linear whose module name contains one of the targets
+// (DeepSpeed-Chat's `lora_module_name` is such a substring: "q_proj" matches
+// "layers.0.self_attn.q_proj", "layers." every projection of every block). A is Kaiming-uniform
+// with a = sqrt(5) as PEFT's default (U(-1/sqrt(in), 1/sqrt(in))), B zero, so the adapted model
+// starts as the base model. The base weight of an adapted Linear is frozen (requires_grad false,
+// as DeepSpeed-Chat); only_optimize_lora freezes every other parameter too (embeddings, norms,
+// biases, the other Linears), leaving only the LoRA matrices to train. Frozen parameters get no
+// gradient buffer and no optimizer state in any ZeRO stage (zero/strategy.h).
+//
+// Names: the adapted Linear "layers.0.self_attn.q_proj" gains "layers.0.self_attn.q_proj.lora_A.
+// weight" and "....lora_B.weight"; its base weight keeps its name, so checkpoints and the Hugging
+// Face export see the same base names as without LoRA.
+//
+// Threading: apply_lora() and merge_lora_weights() are called from one thread, before the engine
+// is built (apply) or on gathered weights (merge).
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ds/core/tensor.h"
+#include "ds/nn/module.h"
+
+namespace ds::nn {
+
+struct LoraConfig {
+  int64_t r = 0;  // lora_dim; 0 = LoRA off
+  // Scaling alpha / r. DeepSpeed-Chat has no alpha and scales by 1 / r: alpha 1 (the default).
+  // PEFT users usually give alpha = r or 2 r.
+  float alpha = 1.0f;
+  float dropout = 0.0f;              // on the LoRA path's input, in training
+  std::vector<std::string> targets;  // substrings of module names; at least one
+  bool only_optimize_lora = false;   // freeze everything but the LoRA matrices
+  uint64_t seed = 0;                 // A's initialisation (rank-independent)
+
+  float scaling() const { return alpha / static_cast<float>(r); }
+  // Throws "[lora] ..." naming the bad field (r <= 0, alpha <= 0, dropout outside [0, 1), no
+  // target or an empty one).
+  void validate() const;
+};
+
+struct LoraReport {
+  std::vector<std::string> modules;  // adapted Linear modules, in model order
+  int64_t lora_params = 0;           // elements of all A and B
+  int64_t trainable_params = 0;      // elements with requires_grad after apply_lora
+  int64_t total_params = 0;          // every parameter once (tied weights once)
+};
+
+// Adds LoRA to the matching Linear modules of `root` (which must not be handed to an engine yet:
+// the engine lays out its buffers from the parameters' requires_grad at construction). Throws
+// "[lora] ..." when no Linear matches (listing a few Linear names), or when a matching Linear's
+// weight is tied to another parameter (GPT-2's LM head shares wte: exclude it from the targets).
+LoraReport apply_lora(Module& root, const LoraConfig& config);
+
+// Whether a parameter name is a LoRA matrix ("....lora_A.weight" / "....lora_B.weight").
+bool is_lora_parameter(const std::string& name);
+
+// Whole weights by name (a model's named_parameters() or a strategy's full_weights()) with the
+// LoRA matrices folded into their base weights, W + scaling * B A computed in fp32 and stored in
+// W's dtype, and the LoRA entries dropped: the weights of the plain model. Throws if a LoRA
+// matrix has no base weight or the shapes disagree.
+std::vector<std::pair<std::string, Tensor>> merge_lora_weights(
+    const std::vector<std::pair<std::string, Tensor>>& named_weights, float scaling);
+
+}  // namespace ds::nn

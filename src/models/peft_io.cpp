@@ -1,0 +1,169 @@
+#include "ds/models/peft_io.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "ds/autograd/grad_mode.h"
+#include "ds/core/error.h"
+#include "ds/core/safetensors.h"
+#include "ds/models/hf_io.h"
+#include "ds/nn/layers.h"
+
+namespace ds::models {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kPeftPrefix = "base_model.model.";
+
+// Our module name -> the Hugging Face module name ("layers.0.mlp.up_proj" ->
+// "model.layers.0.mlp.up_proj").
+std::string hf_module(nn::Layout layout, const std::string& module) {
+  const std::string w = hf_name(layout, module + ".weight");
+  return w.substr(0, w.size() - 7);
+}
+
+std::string leaf(const std::string& module) {
+  const size_t dot = module.rfind('.');
+  return dot == std::string::npos ? module : module.substr(dot + 1);
+}
+
+// The Linear modules of `model` (not the LoRA matrices themselves) and those with LoRA.
+void linear_modules(const GPT& model, std::vector<std::string>& all,
+                    std::vector<std::string>& lora) {
+  for (const auto& [name, m] : model.named_modules()) {
+    const auto* lin = dynamic_cast<const nn::Linear*>(m);
+    if (!lin || nn::is_lora_parameter(name + ".weight")) continue;
+    all.push_back(name);
+    if (lin->has_lora()) lora.push_back(name);
+  }
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    DS_CHECK(out.good(), "[peft] cannot write '{}'", tmp.string());
+    out << text;
+    DS_CHECK(out.good(), "[peft] writing '{}' failed (disk full?)", tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  DS_CHECK(!ec, "[peft] cannot rename '{}' to '{}': {}", tmp.string(), path.string(), ec.message());
+}
+
+}  // namespace
+
+std::string peft_name(nn::Layout layout, const std::string& ours) {
+  DS_CHECK(nn::is_lora_parameter(ours), "[peft] '{}' is not a LoRA matrix", ours);
+  const size_t cut = ours.rfind(".lora_");
+  return kPeftPrefix + hf_module(layout, ours.substr(0, cut)) + ours.substr(cut);
+}
+
+json peft_adapter_config(const GPTConfig& config, const nn::LoraConfig& lora,
+                         const std::vector<std::string>& modules,
+                         const std::vector<std::string>& all_linear_modules,
+                         const std::string& base_model_name_or_path) {
+  std::set<std::string> leaves, adapted(modules.begin(), modules.end()), selected;
+  for (const auto& m : modules) leaves.insert(leaf(m));
+  for (const auto& m : all_linear_modules)
+    if (leaves.count(leaf(m))) selected.insert(m);
+  json targets = json::array();
+  if (selected == adapted) {
+    for (const auto& l : leaves) targets.push_back(l);
+  } else {
+    for (const auto& m : modules) targets.push_back(hf_module(config.layout, m));
+  }
+  return json{
+      {"peft_type", "LORA"},
+      {"task_type", "CAUSAL_LM"},
+      {"base_model_name_or_path", base_model_name_or_path},
+      {"r", lora.r},
+      // An integral alpha as an integer, as peft writes it.
+      {"lora_alpha", lora.alpha == std::floor(lora.alpha) ? json(static_cast<int64_t>(lora.alpha))
+                                                          : json(lora.alpha)},
+      {"lora_dropout", lora.dropout},
+      {"target_modules", targets},
+      {"bias", "none"},
+      {"fan_in_fan_out", config.layout == nn::Layout::gpt2},
+      {"use_rslora", false},
+      {"use_dora", false},
+      {"init_lora_weights", true},
+      {"modules_to_save", nullptr},
+      {"layers_to_transform", nullptr},
+      {"layers_pattern", nullptr},
+      {"rank_pattern", json::object()},
+      {"alpha_pattern", json::object()},
+      {"inference_mode", true},
+      {"revision", nullptr},
+  };
+}
+
+void export_peft_adapter(const GPT& model,
+                         const std::vector<std::pair<std::string, Tensor>>& named_weights,
+                         const nn::LoraConfig& lora, const fs::path& dir,
+                         const std::string& base_model_name_or_path, DType dtype) {
+  autograd::NoGradGuard no_grad;
+  const nn::Layout layout = model.config().layout;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [name, t] : named_weights)
+    if (nn::is_lora_parameter(name))
+      tensors.emplace_back(peft_name(layout, name), t.detach().contiguous().to(dtype));
+  DS_CHECK(!tensors.empty(),
+           "[peft] the weights hold no LoRA matrix: apply LoRA (--lora_dim) before exporting an "
+           "adapter");
+  std::vector<std::string> all, adapted;
+  linear_modules(model, all, adapted);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  DS_CHECK(!ec, "[peft] cannot create '{}': {}", dir.string(), ec.message());
+  // PEFT's loader requires the format metadata, as transformers does.
+  safetensors::save((dir / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
+  write_text(
+      dir / "adapter_config.json",
+      peft_adapter_config(model.config(), lora, adapted, all, base_model_name_or_path).dump(2) +
+          "\n");
+}
+
+int64_t load_peft_adapter(GPT& model, const fs::path& path) {
+  const fs::path file =
+      fs::is_directory(path) ? path / "adapter_model.safetensors" : fs::path(path);
+  DS_CHECK(fs::exists(file), "[peft] no adapter at '{}' (expected adapter_model.safetensors)",
+           path.string());
+  safetensors::Reader reader(file.string());
+  const nn::Layout layout = model.config().layout;
+  std::vector<std::string> problems;
+  std::set<std::string> used;
+  std::vector<std::pair<std::string, Tensor>> todo;
+  for (const auto& [name, p] : model.named_parameters()) {
+    if (!nn::is_lora_parameter(name)) continue;
+    const std::string pn = peft_name(layout, name);
+    if (!reader.contains(pn)) {
+      problems.push_back("missing " + pn);
+      continue;
+    }
+    used.insert(pn);
+    if (reader.entry(pn).shape != p.shape()) {
+      problems.push_back(fmt::format("{}: shape {} in the file, {} in the model", pn,
+                                     shape_str(reader.entry(pn).shape), shape_str(p.shape())));
+      continue;
+    }
+    todo.emplace_back(pn, p);
+  }
+  for (const auto& n : reader.names())
+    if (!used.count(n)) problems.push_back("unexpected " + n);
+  DS_CHECK(todo.size() + problems.size() > 0,
+           "[peft] the model has no LoRA matrices: apply LoRA before loading an adapter");
+  DS_CHECK(problems.empty(), "[peft] {} does not match the model's LoRA: {}", file.string(),
+           fmt::join(problems, "; "));
+  for (const auto& [pn, p] : todo) reader.read_into(pn, p);
+  return static_cast<int64_t>(todo.size());
+}
+
+}  // namespace ds::models

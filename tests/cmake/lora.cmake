@@ -1,0 +1,11 @@
+# LoRA (nn/lora.h, models/peft_io.h) and frozen parameters under ZeRO stages 0-3: gradient check,
+# parity with peft (tests/fixtures/lora from tools/gen_lora_fixture.py), PEFT adapter and merged
+# export, stage agreement and bitwise resume. Plainly and under mpirun with 2 ranks.
+# Labels: finetune, train (train puts it in scripts/test.sh's sanitizer pass).
+ds_add_test(test_lora LABELS finetune train SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_lora.cpp)
+if(DS_HAVE_MPI)
+  add_test(NAME test_lora_np2 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2
+    --oversubscribe --allow-run-as-root $<TARGET_FILE:test_lora>)
+  set_tests_properties(test_lora_np2 PROPERTIES LABELS "finetune;train;distributed" TIMEOUT 600
+    ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;DS_COMM_TIMEOUT=120;OMP_NUM_THREADS=1")
+endif()

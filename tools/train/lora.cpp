@@ -1,0 +1,105 @@
+#include "lora.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "ds/core/error.h"
+#include "ds/models/hf_io.h"
+#include "ds/models/peft_io.h"
+#include "ds/nn/layers.h"
+
+namespace ds::train {
+
+std::optional<nn::LoraConfig> lora_config(const Options& o, const Given& g,
+                                          const models::GPTConfig& model) {
+  if (o.lora_dim == 0) {
+    const char* stray = o.only_optimize_lora ? "--only_optimize_lora"
+                        : o.merge_lora       ? "--merge_lora"
+                        : g.lora_alpha       ? "--lora_alpha"
+                        : g.lora_module_name ? "--lora_module_name"
+                        : g.lora_dropout     ? "--lora_dropout"
+                                             : nullptr;
+    DS_CHECK(!stray, "[ds_train] {} needs LoRA: give --lora_dim R (R > 0, e.g. 8)", stray);
+    return std::nullopt;
+  }
+  nn::LoraConfig c;
+  c.r = o.lora_dim;
+  c.alpha = static_cast<float>(o.lora_alpha);
+  c.dropout = static_cast<float>(o.lora_dropout);
+  c.only_optimize_lora = o.only_optimize_lora;
+  c.seed = o.seed;
+  if (g.lora_module_name) {
+    std::string rest = o.lora_module_name;
+    while (true) {
+      const size_t comma = rest.find(',');
+      const std::string item = rest.substr(0, comma);
+      DS_CHECK(
+          !item.empty(),
+          "[ds_train] --lora_module_name '{}' has an empty name (a stray comma?); give a comma "
+          "list such as q_proj,v_proj",
+          o.lora_module_name);
+      c.targets.push_back(item);
+      if (comma == std::string::npos) break;
+      rest = rest.substr(comma + 1);
+    }
+  } else {
+    c.targets = model.layout == nn::Layout::llama ? std::vector<std::string>{"q_proj", "v_proj"}
+                                                  : std::vector<std::string>{"c_attn"};
+  }
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    DS_THROW("[ds_train] {} (flags --lora_dim, --lora_alpha, --lora_dropout, --lora_module_name)",
+             e.what());
+  }
+  return c;
+}
+
+LoraCounts count_lora(const models::GPTConfig& model, const nn::LoraConfig& c) {
+  std::optional<models::GPT> shapes;
+  {
+    nn::PartitionedInit nothing_allocated;
+    shapes.emplace(model, /*init=*/false);
+  }
+  LoraCounts n;
+  int64_t adapted_weights = 0;
+  for (const auto& [name, m] : shapes->named_modules()) {
+    const auto* lin = dynamic_cast<const nn::Linear*>(m);
+    if (!lin) continue;
+    bool match = false;
+    for (const auto& t : c.targets) match = match || name.find(t) != std::string::npos;
+    if (!match) continue;
+    n.lora_params += c.r * (lin->in_features() + lin->out_features());
+    adapted_weights += lin->weight().numel();
+  }
+  n.frozen = c.only_optimize_lora ? shapes->num_parameters() : adapted_weights;
+  return n;
+}
+
+std::string describe_lora(const nn::LoraConfig& c, const nn::LoraReport& rep) {
+  return fmt::format(
+      "LoRA: r {}, alpha {:g} (scaling {:g}), dropout {:g}, {} modules matching {}; trainable {} "
+      "of {} parameters ({:.2f}%){}",
+      c.r, c.alpha, c.scaling(), c.dropout, rep.modules.size(), fmt::join(c.targets, ","),
+      rep.trainable_params, rep.total_params,
+      100.0 * static_cast<double>(rep.trainable_params) / static_cast<double>(rep.total_params),
+      c.only_optimize_lora ? ", only LoRA trained" : " (base weights of adapted modules frozen)");
+}
+
+std::string export_lora(const models::GPT& model,
+                        const std::vector<std::pair<std::string, Tensor>>& weights,
+                        const nn::LoraConfig& c, bool merge, const std::filesystem::path& dir,
+                        const std::string& base) {
+  if (merge) {
+    models::export_hf(model.config(), nn::merge_lora_weights(weights, c.scaling()), dir);
+    return fmt::format("{} (LoRA merged into the base weights: config.json + model.safetensors)",
+                       dir.string());
+  }
+  models::export_peft_adapter(model, weights, c, dir, base);
+  return fmt::format(
+      "{} (PEFT adapter: adapter_config.json + adapter_model.safetensors{})", dir.string(),
+      base.empty() ? "; the base is this run's from-scratch model: --merge_lora exports it whole"
+                   : "; base " + base);
+}
+
+}  // namespace ds::train
