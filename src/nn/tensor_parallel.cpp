@@ -48,10 +48,10 @@ Tensor summed(const Tensor& x, const TensorParallel& tp, const char* what) {
 
 Tensor tp_copy(const Tensor& x, const TensorParallel& tp) {
   if (tp.size() == 1) return x;
-  const TensorParallel* t = &tp;  // the layer owning tp outlives its backward graph
   Tensor out = x.detach();
-  return autograd::record(out, "TPCopyBackward", {x}, [t](const Tensor& g) -> std::vector<Tensor> {
-    return {summed(g, *t, "tensor parallel: input gradient")};
+  // A copy (a group handle and two ints): the graph may outlive the layer that made it.
+  return autograd::record(out, "TPCopyBackward", {x}, [t = tp](const Tensor& g) -> std::vector<Tensor> {
+    return {summed(g, t, "tensor parallel: input gradient")};
   });
 }
 
