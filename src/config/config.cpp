@@ -567,8 +567,8 @@ void read_tensor_parallel(Section s, TensorParallelConfig& c, ParseState& st) {
            "tensor_parallel.autotp_size ({})",
            st.source, tp_size, size);
   tp.todo("tp_grain_size", "AutoTP's grain size (the cut follows heads and the MLP width here)");
-  tp.declare("mpu");
-  tp.declare("tp_group");
+  tp.todo("mpu", "an external model-parallel unit (the topology comes from the job's ranks here)");
+  tp.todo("tp_group", "an external tensor-parallel group (the topology comes from the job's ranks)");
   tp.finish();
   s.todo("dtype", "AutoTP's dtype (the training dtype is the config's fp16/bf16)");
   s.todo("tp_overlap_comm", "overlapping tensor-parallel all-reduces with compute");
