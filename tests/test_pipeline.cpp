@@ -22,6 +22,7 @@
 #include "ds/comm/group.h"
 #include "ds/comm/topology.h"
 #include "ds/core/error.h"
+#include "ds/core/rng.h"
 #include "ds/models/gpt.h"
 #include "ds/nn/tensor_parallel.h"
 #include "ds/ops/ops.h"
@@ -47,6 +48,7 @@ models::GPTConfig model_config(const std::string& layout) {
   c.n_layer = 4;
   if (layout == "gpt2") {
     c.vocab_size = 97;  // odd: a tensor-parallel vocabulary split is uneven
+    c.dropout = 0.1;    // every stage must draw the one-process model's masks
   } else {
     c.vocab_size = 101;
     c.n_kv_head = 2;  // grouped-query attention
@@ -124,7 +126,8 @@ TEST(PipelineSchedule, EqualsDeepSpeeds) {
 class PipelineStages : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PipelineStages, ChainedByHandAreTheWholeModel) {
-  const models::GPTConfig c = model_config(GetParam());
+  models::GPTConfig c = model_config(GetParam());
+  c.dropout = 0.0f;  // by hand, without the engine's placement of the dropout streams
   models::GPT whole(c);
   std::map<std::string, Tensor> full;
   for (const auto& [name, p] : whole.named_parameters()) full[name] = p;
@@ -202,11 +205,14 @@ std::vector<double> reference(const models::GPTConfig& c, int stage, int64_t glo
   one.log = [](const std::string&) {};
   auto e = runtime::initialize(std::make_shared<models::GPT>(c),
                                engine_config(stage, global_micro, 1, 0, 1), one);
+  rng::dropout_state() = {};
   std::vector<double> out;
   for (int s = 0; s < steps; ++s) {
     double sum = 0;
     for (int64_t m = 0; m < kGas; ++m) {
-      auto [x, y] = batch((s * kGas + m) * global_micro, global_micro, c.vocab_size);
+      const int64_t first = (s * kGas + m) * global_micro;
+      auto [x, y] = batch(first, global_micro, c.vocab_size);
+      rng::dropout_state().sample_base = static_cast<uint64_t>(first);
       Tensor loss = e->forward(x, y);
       e->backward(loss);
       e->step();
@@ -251,17 +257,20 @@ TEST_P(PipelineTraining, SameLossesAsOneProcess) {
         runtime::InitOptions opt;
         opt.topology = topo;
         opt.log = [](const std::string&) {};
+        rng::dropout_state() = {};
         runtime::PipelineEngine pipe(
             stage,
             runtime::parse_config(engine_config(zero_stage, b, l.tp, ckpt, l.pp),
                                   {.world_size = dp}),
             opt);
         const auto want = reference(c, zero_stage, b * dp, steps);
+        rng::dropout_state() = {};  // the pipeline's streams start where the reference's did
         for (int k = 0; k < steps; ++k) {
           int64_t m = 0;
           const float got = pipe.train_batch([&] {
-            auto [x, y] = batch((k * kGas + m++) * b * dp + d * b, b, c.vocab_size);
-            return runtime::PipeBatch{x, y};
+            const int64_t first = (k * kGas + m++) * b * dp + d * b;
+            auto [x, y] = batch(first, b, c.vocab_size);
+            return runtime::PipeBatch{x, y, static_cast<uint64_t>(first)};
           });
           EXPECT_NEAR(got, want[k], 1e-5 * std::abs(want[k])) << "step " << k;
         }

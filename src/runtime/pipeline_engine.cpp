@@ -3,8 +3,11 @@
 #include <chrono>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
+#include "ds/core/rng.h"
 
 namespace ds::runtime {
 namespace {
@@ -59,18 +62,37 @@ PipelineEngine::PipelineEngine(std::shared_ptr<nn::Module> stage, DeepSpeedConfi
 
   // The stages agree on what they hold before anything travels between them.
   auto& pipe = *topology_->pipeline();
-  const int64_t mine[3] = {stage_->tied_embedding_weight().defined() ? 1 : 0,
-                           stage_->tied_head_weight().defined() ? 1 : 0, hidden_};
-  std::vector<int64_t> all(3 * static_cast<size_t>(p));
-  pipe.all_gather(mine, all.data(), 3, DType::i64, "pipeline construction");
-  DS_CHECK(all[0] == all[3 * (p - 1) + 1],
+  const int64_t mine[4] = {stage_->tied_embedding_weight().defined() ? 1 : 0,
+                           stage_->tied_head_weight().defined() ? 1 : 0, hidden_,
+                           count_dropout_calls()};
+  std::vector<int64_t> all(4 * static_cast<size_t>(p));
+  pipe.all_gather(mine, all.data(), 4, DType::i64, "pipeline construction");
+  DS_CHECK(all[0] == all[4 * (p - 1) + 1],
            "[pipeline] stage 0 {} a tied embedding but stage {} {} the tied head's copy; build "
            "every stage from the same model config",
-           all[0] ? "has" : "has no", p - 1, all[3 * (p - 1) + 1] ? "has" : "has no");
+           all[0] ? "has" : "has no", p - 1, all[4 * (p - 1) + 1] ? "has" : "has no");
+  for (int k = 0; k < p; ++k) {
+    if (k < s) dropout_prefix_ += all[4 * k + 3];
+    dropout_total_ += all[4 * k + 3];
+  }
   sync_tied_weight();
 }
 
 PipelineEngine::~PipelineEngine() = default;
+
+int64_t PipelineEngine::count_dropout_calls() {
+  autograd::NoGradGuard no_grad;
+  const bool was_training = module_->is_training();
+  module_->train(true);
+  const rng::DropoutState saved = rng::dropout_state();
+  const Tensor in = stage_->is_first_stage() ? Tensor::zeros({1, 1}, DType::i64)
+                                             : Tensor::zeros({1, 1, hidden_}, act_dtype_);
+  (void)(*module_)(in);
+  const int64_t calls = static_cast<int64_t>(rng::dropout_state().offset - saved.offset);
+  rng::dropout_state() = saved;
+  module_->train(was_training);
+  return calls;
+}
 
 void PipelineEngine::sync_tied_weight() {
   const int p = num_stages();
@@ -176,6 +198,14 @@ float PipelineEngine::train_batch(const std::function<PipeBatch()>& next) {
   agree_on_shapes(batches, m, "train_batch");
   auto& pipe = *topology_->pipeline();
   const std::string ctx = fmt::format("step {} pipeline", engine_->global_steps() + 1);
+  // Dropout: stage 0's sample positions, and each forward where the whole model's would be.
+  std::vector<int64_t> sample_base(static_cast<size_t>(m), 0);
+  const uint64_t offset0 = rng::dropout_state().offset;
+  if (dropout_total_ > 0) {
+    if (stage_->is_first_stage())
+      for (int k = 0; k < m; ++k) sample_base[k] = static_cast<int64_t>(batches[k].sample_base);
+    if (p > 1) pipe.broadcast(sample_base.data(), sample_base.size(), DType::i64, 0, ctx + " samples");
+  }
 
   std::vector<Tensor> in(m), out(m), grad_out(m);
   std::vector<comm::Work> act_sent(m), grad_sent(m);
@@ -202,6 +232,11 @@ float PipelineEngine::train_batch(const std::function<PipeBatch()>& next) {
         }
         case PipeOp::forward: {
           const auto t = Clock::now();
+          if (dropout_total_ > 0) {
+            rng::dropout_state().offset =
+                offset0 + static_cast<uint64_t>(mb * dropout_total_ + dropout_prefix_);
+            rng::dropout_state().sample_base = static_cast<uint64_t>(sample_base[mb]);
+          }
           const Tensor x = first ? batches[mb].inputs : in[mb];
           Tensor y = engine_->forward(x, last ? batches[mb].targets : Tensor());
           if (last) {
@@ -287,6 +322,7 @@ float PipelineEngine::train_batch(const std::function<PipeBatch()>& next) {
       }
     }
   }
+  if (dropout_total_ > 0) rng::dropout_state().offset = offset0 + m * dropout_total_;
   const float loss = aggregate_loss(loss_sum, m);
   times_.total_s = seconds_since(t0);
   return loss;
@@ -331,6 +367,39 @@ float PipelineEngine::eval_batch(const std::function<PipeBatch()>& next, int mic
   }
   for (comm::Work& w : sent) w.wait();
   return aggregate_loss(loss_sum, m);
+}
+
+std::vector<std::pair<std::string, Tensor>> PipelineEngine::full_weights() {
+  std::vector<std::pair<std::string, Tensor>> mine = engine_->full_weights();
+  const int p = num_stages(), s = stage_id();
+  if (p == 1) return mine;
+  auto& pipe = *topology_->pipeline();
+  const std::string ctx = "pipeline full_weights";
+  if (s > 0) {
+    // A header (names, dtypes, shapes) as JSON text, then each tensor's bytes.
+    nlohmann::json head = nlohmann::json::array();
+    for (const auto& [name, t] : mine)
+      head.push_back({{"name", name}, {"dtype", static_cast<int>(t.dtype())}, {"shape", t.shape()}});
+    std::string text = head.dump();
+    int64_t len = static_cast<int64_t>(text.size());
+    text.resize((text.size() + 7) / 8 * 8, ' ');  // travels as int64 words
+    pipe.send(&len, 1, DType::i64, 0, kTiedWeightTag + 1, ctx);
+    pipe.send(text.data(), text.size() / 8, DType::i64, 0, kTiedWeightTag + 1, ctx);
+    for (const auto& [name, t] : mine) pipe.send(t.contiguous(), 0, kTiedWeightTag + 1, ctx);
+    return {};
+  }
+  for (int from = 1; from < p; ++from) {
+    int64_t len = 0;
+    pipe.recv(&len, 1, DType::i64, from, kTiedWeightTag + 1, ctx);
+    std::string text((static_cast<size_t>(len) + 7) / 8 * 8, ' ');
+    pipe.recv(text.data(), text.size() / 8, DType::i64, from, kTiedWeightTag + 1, ctx);
+    for (const auto& h : nlohmann::json::parse(text)) {
+      Tensor t = Tensor::empty(h["shape"].get<Shape>(), static_cast<DType>(h["dtype"].get<int>()));
+      pipe.recv(t, from, kTiedWeightTag + 1, ctx);
+      mine.emplace_back(h["name"].get<std::string>(), t);
+    }
+  }
+  return mine;
 }
 
 }  // namespace ds::runtime

@@ -23,6 +23,11 @@
 // it to every stage, so every rank returns it (DeepSpeed's _aggregate_total_loss). Gradient
 // norms sum over every stage (Strategy::set_pipeline_parallel), so all stages clip and skip alike.
 //
+// Dropout: every stage draws the masks of the one-process model. The stream offset of a dropout
+// call counts calls since the start (rng::DropoutState::offset); the engine counts once, at
+// construction, how many calls each stage's forward makes, and positions each stage's forward of
+// micro-batch k where the whole model's forward would be.
+//
 // Tied weights (GPT-2's wte on the first and last stage): the last stage sends its copy's
 // accumulated gradient to the first stage, which adds it in its last backward of the batch; after
 // the step the first stage sends the updated weight back. The weight has one optimizer state.
@@ -47,6 +52,10 @@ namespace ds::runtime {
 struct PipeBatch {
   Tensor inputs;   // (B, T) int token ids
   Tensor targets;  // (B, T) int, -100 = ignored
+  // The dropout stream's position of the micro-batch's first sample (rng::DropoutState::
+  // sample_base; ds_train: the loader's global sample position). Stage 0's values reach every
+  // stage, so each stage draws the masks the one-process model would.
+  uint64_t sample_base = 0;
 };
 
 // Where one stage's time went in the last train_batch (the bubble benchmark): compute is forward
@@ -75,6 +84,11 @@ class PipelineEngine {
   // like train_batch's, on every rank.
   float eval_batch(const std::function<PipeBatch()>& next, int micro_batches);
 
+  // Every parameter of the whole model, by name, for export: each stage's (gathered over its
+  // tensor-parallel group, Engine::full_weights), sent to stage 0, where the ranks receive the whole
+  // list in stage order; other stages receive an empty list. A collective over the topology.
+  std::vector<std::pair<std::string, Tensor>> full_weights();
+
   Engine& engine() { return *engine_; }  // optimizer, schedule, counters of this stage
   const comm::Topology& topology() const { return *topology_; }
   int stage_id() const { return topology_->stage(); }
@@ -96,6 +110,7 @@ class PipelineEngine {
   std::vector<PipeBatch> load(const std::function<PipeBatch()>& next, int count);
   float aggregate_loss(double loss_sum, int micro_batches);
   Tensor new_activation() const;
+  int64_t count_dropout_calls();  // of one forward of this stage (a tiny probe)
 
   std::shared_ptr<nn::Module> module_;
   nn::PipelineStage* stage_ = nullptr;
@@ -103,6 +118,8 @@ class PipelineEngine {
   std::unique_ptr<Engine> engine_;
   int64_t batch_ = 0, seq_ = 0, hidden_ = 0;  // the agreed activation shape (B, T, C)
   DType act_dtype_ = DType::f32;
+  int64_t dropout_prefix_ = 0;  // dropout calls of the stages before this one, per forward
+  int64_t dropout_total_ = 0;   // dropout calls of one forward of the whole model
   PipelineTimes times_;
 };
 
