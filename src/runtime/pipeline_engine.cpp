@@ -250,11 +250,14 @@ float PipelineEngine::train_batch(const std::function<PipeBatch()>& next) {
           }
           out[mb] = y;
           times_.compute_s += seconds_since(t);
+          // Sent as soon as it exists (DeepSpeed sends at its SendActivation one step later,
+          // because its sends block): the next stage can start while this one receives.
+          if (!last)
+            act_sent[mb] = pipe.send_async(out[mb].detach().contiguous(), s + 1, kActivationTag,
+                                           ctx + " activation");
           break;
         }
-        case PipeOp::send_activation:
-          act_sent[mb] = pipe.send_async(out[mb].detach().contiguous(), s + 1, kActivationTag,
-                                         ctx + " activation");
+        case PipeOp::send_activation:  // issued right after the forward
           break;
         case PipeOp::recv_grad: {
           Tensor g = new_activation();
@@ -293,11 +296,12 @@ float PipelineEngine::train_batch(const std::function<PipeBatch()>& next) {
           out[mb] = Tensor();
           grad_out[mb] = Tensor();
           times_.compute_s += seconds_since(t);
+          if (s > 0)  // as soon as it exists, like the activations
+            grad_sent[mb] = pipe.send_async(in[mb].grad().contiguous(), s - 1, kGradTag,
+                                            ctx + " gradient");
           break;
         }
-        case PipeOp::send_grad:
-          grad_sent[mb] = pipe.send_async(in[mb].grad().contiguous(), s - 1, kGradTag,
-                                          ctx + " gradient");
+        case PipeOp::send_grad:  // issued right after the backward
           break;
         case PipeOp::reduce_tied_grads:  // the tied gradient joined the first stage's backward
         case PipeOp::reduce_grads:       // the strategy reduces in step()
@@ -337,7 +341,7 @@ float PipelineEngine::eval_batch(const std::function<PipeBatch()>& next, int mic
   agree_on_shapes(batches, m, "eval_batch");
   auto& pipe = *topology_->pipeline();
   const std::string ctx = fmt::format("eval after step {} pipeline", engine_->global_steps());
-  std::vector<Tensor> in(m), out(m);
+  std::vector<Tensor> in(m), out(m);  // out: kept until its send completed
   std::vector<comm::Work> sent(m);
   double loss_sum = 0.0;
   for (const PipeStep& step : inference_schedule(m, p, s)) {
@@ -352,13 +356,13 @@ float PipelineEngine::eval_batch(const std::function<PipeBatch()>& next, int mic
           Tensor y = engine_->eval_loss(first ? batches[mb].inputs : in[mb],
                                         last ? batches[mb].targets : Tensor());
           if (last) loss_sum += static_cast<double>(y.item());
-          out[mb] = y;
           in[mb] = Tensor();
+          out[mb] = y.contiguous();
+          if (!last)
+            sent[mb] = pipe.send_async(out[mb], s + 1, kActivationTag, ctx + " activation");
           break;
         }
-        case PipeOp::send_activation:
-          sent[mb] = pipe.send_async(out[mb].contiguous(), s + 1, kActivationTag,
-                                     ctx + " activation");
+        case PipeOp::send_activation:  // issued right after the forward
           break;
         default:
           break;
