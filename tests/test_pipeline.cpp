@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <string>
@@ -396,4 +397,26 @@ TEST(PipelineTraining, RefusesWhatItCannotDo) {
                    R"({"train_micro_batch_size_per_gpu": 1, "pipeline": {"partition": "best-ish"}})"),
                                           {}),
                Error);
+}
+
+// A stage that dies mid-run: the others end promptly with the dead rank's coordinates in the
+// report. Opt-in (DS_PIPELINE_DEAD_STAGE_DEMO=1 under mpirun -np 2): it ends the job by design.
+TEST(PipelineTraining, DeadStageDemo) {
+  if (!std::getenv("DS_PIPELINE_DEAD_STAGE_DEMO")) GTEST_SKIP() << "opt-in demonstration";
+  auto w = comm::world();
+  auto topo = std::make_shared<comm::Topology>(w, 1, 2);
+  const models::GPTConfig c = model_config("gpt2");
+  const auto bounds = stage_bounds(c, 2, "uniform");
+  const int s = topo->stage();
+  auto stage = std::make_shared<models::GPT>(c, nullptr, models::PipeRange{bounds[s], bounds[s + 1]});
+  runtime::InitOptions opt;
+  opt.topology = topo;
+  runtime::PipelineEngine pipe(
+      stage, runtime::parse_config(engine_config(0, 2, 1, 0, 2), {.world_size = w->size() / 2}),
+      opt);
+  if (s == 1) return;  // the last stage leaves: stage 0 waits for its gradients
+  pipe.train_batch([&] {
+    auto [x, y] = batch(0, 2, c.vocab_size);
+    return runtime::PipeBatch{x, y};
+  });
 }
