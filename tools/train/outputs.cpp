@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "ds/comm/group.h"
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
 #include "ds/data/text_tokenizer.h"
@@ -19,9 +20,12 @@ std::vector<RankMemory> gather_memory(runtime::Engine& engine, const RankMemory&
   const int64_t row[kFields] = {
       mine.mem.params,  mine.mem.grads,         mine.mem.master_weights, mine.mem.optimizer_states,
       mine.mem.scratch, mine.peak_tensor_bytes, mine.peak_rss_bytes};
-  const int n = engine.world_size();
+  // Every rank of the job (with tensor or pipeline parallelism more than the engine's data group).
+  (void)engine;
+  auto world = comm::world();
+  const int n = world->size();
   std::vector<int64_t> all(kFields * static_cast<size_t>(n));
-  engine.group().all_gather(row, all.data(), kFields, DType::i64, "memory report");
+  world->all_gather(row, all.data(), kFields, DType::i64, "memory report");
   std::vector<RankMemory> out(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
     const int64_t* v = all.data() + kFields * static_cast<size_t>(r);

@@ -23,7 +23,8 @@ struct RankMemory {
   int64_t peak_rss_bytes = 0;     // VmHWM
 };
 
-// Collective over the engine's group: every rank's entry, in rank order, on every rank.
+// Collective over the whole job (comm::world(): with tensor or pipeline parallelism more ranks
+// than the engine's data group): every rank's entry, in rank order, on every rank.
 std::vector<RankMemory> gather_memory(runtime::Engine& engine, const RankMemory& mine);
 
 // The ZeRO paper's model-state bytes per rank for the engine's stage, precision and optimizer
