@@ -742,6 +742,11 @@ int run(const Options& o, const Given& g) {
       say(ds::train::export_tokenizer_beside(
           export_dir, {o.init_from.empty() ? fs::path() : fs::path(o.init_from), tok_dir},
           mcfg.vocab_size));
+      // Fine-tuned on a chat set: the export carries the template its examples were rendered
+      // with, so ds_serve, ds_generate and transformers' apply_chat_template format prompts the
+      // way the model was trained.
+      if (const std::string t = ds::train::sft_template_of(train_dir); !t.empty())
+        say(ds::train::set_export_chat_template(export_dir, t));
     }
     exported = true;
   }

@@ -67,4 +67,13 @@ std::string generate_sample(models::GPT& model, const data::Tokenizer& tok,
                             const std::string& prompt, int64_t max_tokens, int64_t top_k,
                             uint64_t seed);
 
+// The chat template an SFT set was rendered with (meta.json "sft"."template"), or "" for a plain
+// token set.
+std::string sft_template_of(const std::filesystem::path& data_dir);
+
+// Writes template `name`'s Jinja text (data::ChatTemplate::by_name) as "chat_template" into
+// export_dir/tokenizer_config.json (created when missing). Returns the line to print.
+std::string set_export_chat_template(const std::filesystem::path& export_dir,
+                                     const std::string& name);
+
 }  // namespace ds::train
