@@ -222,10 +222,9 @@ int run(const Options& o, const Given& g) {
   const int pp_size = rc.pipeline_parallel;
   const int dp_size = world_size / (tp_size * pp_size);
   if (pp_size > 1) {
-    DS_CHECK(o.init_from.empty(),
-             "[ds_train] --init_from with --pipeline_parallel_size {} is not implemented yet; "
-             "fine-tune with --pipeline_parallel_size 1",
-             pp_size);
+    DS_CHECK(o.init_from.empty() || tp_size == 1,
+             "[ds_train] --init_from with both --pipeline_parallel_size and "
+             "--tensor_parallel_size is not implemented yet; use one of them");
     DS_CHECK(o.resume_from_checkpoint.empty(),
              "[ds_train] --resume_from_checkpoint with --pipeline_parallel_size {}: pipeline "
              "checkpoints are not implemented yet",
