@@ -12,13 +12,14 @@
 #    made from the corpus: "Who gave the State of the Union address of 1861?" -> "Abraham Lincoln
 #    gave it.", and how each address begins, some records with a history turn.
 # 4. ds_prepare --sft chatglm --template chatglm: rendered, answers-only loss mask, T = 128.
-# 5. ds_train --init_from the base with LoRA (r 8 on c_attn, c_fc, c_proj; only the LoRA matrices
-#    train), merged into the base at the end; the export carries the chat template.
+# 5. ds_train --init_from the base: every weight trains (LORA=1: LoRA r 8 on c_attn, c_fc, c_proj,
+#    only the LoRA matrices train, merged at the end; on a base this small LoRA learns the answers
+#    far more slowly); the export carries the chat template.
 # 6. ds_serve on 127.0.0.1:$PORT, asked through the guide's API (POST /) and OpenAI's
 #    (/v1/chat/completions), then stopped.
 #
 # Environment: DS_BUILD_DIR, DS_CACHE_DIR (default .cache/data), DS_FINETUNE_OUT (default
-# out/finetune_demo), BASE_STEPS (300), SFT_STEPS (300), PORT (8765), DS_BUILD_JOBS.
+# out/finetune_demo), BASE_STEPS (300), SFT_STEPS (400), LORA (0), PORT (8765), DS_BUILD_JOBS.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -93,13 +94,18 @@ rm -rf "$OUT/sft_data"
 "$BIN/ds_prepare" --sft chatglm --template chatglm --tokenizer "$OUT/base/hf_model" --seq_len 128 \
   --output "$OUT/sft_data" "$OUT/sotu_chat.jsonl"
 
-# --- 5. LoRA fine-tune, merged -----------------------------------------------------------------------
-log "fine-tuning with LoRA (${SFT_STEPS:-300} steps)"
+# --- 5. fine-tune (all weights; LORA=1: LoRA only, merged) ----------------------------------------
+ft=(--learning_rate 3e-3)
+if [[ "${LORA:-0}" == 1 ]]; then
+  ft=(--learning_rate 1e-2 --lora_dim 8 --lora_alpha 16 --lora_module_name c_attn,c_fc,c_proj
+      --only_optimize_lora --merge_lora)
+fi
+log "fine-tuning (${SFT_STEPS:-400} steps): ${ft[*]}"
+rm -rf "$OUT/sft"
 "$BIN/ds_train" --init_from "$OUT/base/hf_model" --train_data "$OUT/sft_data" \
-  --output_dir "$OUT/sft" --per_device_train_batch_size 8 --learning_rate 1e-2 --warmup_steps 10 \
-  --max_steps "${SFT_STEPS:-300}" --logging_steps 50 --eval_steps 100 --save_steps 0 \
-  --lora_dim 8 --lora_alpha 16 --lora_module_name c_attn,c_fc,c_proj --only_optimize_lora \
-  --merge_lora --sample_tokens 0
+  --output_dir "$OUT/sft" --per_device_train_batch_size 8 --warmup_steps 10 \
+  --max_steps "${SFT_STEPS:-400}" --logging_steps 50 --eval_steps 100 --save_steps 0 \
+  --sample_tokens 0 "${ft[@]}"
 
 # --- 6. serve and ask ------------------------------------------------------------------------------
 log "serving $OUT/sft/hf_model on 127.0.0.1:$PORT"

@@ -258,7 +258,8 @@ int run(const Options& o, const Given& g) {
     const ds::train::LoraCounts lc =
         lora ? ds::train::count_lora(mcfg, *lora) : ds::train::LoraCounts{};
     const auto fit = ds::train::plan_fit(mcfg, cfg, dp_size, ds::train::local_ranks(), act_bytes,
-                                         partitioned_build, lc.lora_params, lc.frozen);
+                                         partitioned_build, lc.lora_params, lc.frozen,
+                                         tp_size * pp_size);
     std::error_code ec;
     fs::create_directories(o.output_dir, ec);
     const std::string note = ds::train::check_fit(fit, ds::train::available_memory_bytes(), mcfg,

@@ -77,11 +77,12 @@ int64_t read_int_file(const char* path) {
 
 FitPlan plan_fit(const models::GPTConfig& model, const runtime::DeepSpeedConfig& cfg,
                  int world_size, int ranks_on_node, int64_t activations, bool partitioned_build,
-                 int64_t lora_params, int64_t frozen) {
+                 int64_t lora_params, int64_t frozen, int model_parallel) {
   FitPlan p;
   p.lora_params = lora_params;
   p.frozen = frozen;
-  const int64_t P = model.num_parameters() + lora_params;
+  const int64_t mp = std::max(1, model_parallel);
+  const int64_t P = (model.num_parameters() + lora_params + mp - 1) / mp;
   const StateBytes sb = model_state_bytes(P - frozen, cfg, world_size);
   p.model_states =
       sb.ram + frozen * static_cast<int64_t>(dtype_size(cfg.training_dtype()));

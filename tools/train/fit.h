@@ -34,9 +34,14 @@ struct FitPlan {
 // stage-3 parameter pieces to disk and adds its buffers. `lora_params` and `frozen` (elements,
 // e.g. from train::count_lora): the ZeRO formulas then apply to the trainable elements
 // (model + lora_params - frozen) only, and the frozen ones cost the training dtype's bytes.
+// `model_parallel` = tp × pp: each rank holds about 1/model_parallel of the parameters (its
+// tensor slices of its stage's layers) before ZeRO shards them over `world_size` data-parallel
+// ranks; the estimate divides evenly (replicated norms and uneven stages make it a few percent
+// low for the largest part: bench/RESULTS.md, "Memory per rank").
 FitPlan plan_fit(const models::GPTConfig& model, const runtime::DeepSpeedConfig& cfg,
                  int world_size, int ranks_on_node, int64_t activations,
-                 bool partitioned_build = false, int64_t lora_params = 0, int64_t frozen = 0);
+                 bool partitioned_build = false, int64_t lora_params = 0, int64_t frozen = 0,
+                 int model_parallel = 1);
 
 // Bytes this process may still allocate: min(MemAvailable, cgroup memory.max - memory.current);
 // 0 when unknown.
