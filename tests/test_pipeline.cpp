@@ -275,8 +275,9 @@ TEST_P(PipelineTraining, SameLossesAsOneProcess) {
   for (const std::string layout : {"gpt2", "llama"}) {
     const models::GPTConfig c = model_config(layout);
     for (const Layout3D& l : layouts) {
+      if (zero_stage == 3 && l.tp > 1) continue;  // ZeRO-3 with tensor parallelism: refused
       for (int ckpt : {0, 2}) {
-        if (ckpt && (zero_stage != 1 || l.tp > 1)) continue;  // once is enough
+        if (ckpt && ((zero_stage != 1 && zero_stage != 3) || l.tp > 1)) continue;
         SCOPED_TRACE(fmt::format("{} ZeRO {} pp {} tp {} of {}, checkpoint interval {}", layout,
                                  zero_stage, l.pp, l.tp, n, ckpt));
         auto topo = std::make_shared<comm::Topology>(w, l.tp, l.pp);
@@ -311,7 +312,7 @@ TEST_P(PipelineTraining, SameLossesAsOneProcess) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(ZeroStages, PipelineTraining, ::testing::Values(0, 1, 2));
+INSTANTIATE_TEST_SUITE_P(ZeroStages, PipelineTraining, ::testing::Values(0, 1, 2, 3));
 
 // bf16 (fp32 gradient accumulation and master weights): the stages run the same bf16 operations
 // on the same values as one process. LLaMA (untied) comes out bitwise equal. GPT-2's tied wte
@@ -394,7 +395,7 @@ TEST(PipelineTraining, ShapeMismatchFailsOnEveryRankNamingBothStages) {
   EXPECT_TRUE(std::isfinite(loss));
 }
 
-// Config and topology must agree; ZeRO-3 is refused with DeepSpeed's reason.
+// Config and topology must agree.
 TEST(PipelineTraining, RefusesWhatItCannotDo) {
   auto w = comm::world();
   const int n = std::min(w->size(), 2);
@@ -419,7 +420,6 @@ TEST(PipelineTraining, RefusesWhatItCannotDo) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_error(engine_config(3, 2, 1, 0, n), "ZeRO stage 3 with pipeline parallelism");
   expect_error(engine_config(0, 2, 1, 0, n + 1), "pipeline.stages is");
   EXPECT_THROW(runtime::parse_config_json(nlohmann::json::parse(
                    R"({"train_micro_batch_size_per_gpu": 1, "pipeline": {"partition": "best-ish"}})"),

@@ -215,7 +215,9 @@ int run(const Options& o, const Given& g) {
   // weights come from a Hugging Face folder (read whole, then sharded).
   // LoRA needs the whole base model built (its frozen weights stay whole on every rank).
   const std::optional<ds::nn::LoraConfig> lora = ds::train::lora_config(o, g, mcfg);
-  const bool partitioned_build = cfg.zero_optimization.stage == 3 && o.init_from.empty() && !lora;
+  // A pipeline stage is built whole (its layers only) and then sharded.
+  const bool partitioned_build = cfg.zero_optimization.stage == 3 && o.init_from.empty() && !lora &&
+                                 rc.pipeline_parallel == 1;
   // Tensor parallelism (docs/parallelism.md): each rank builds its slices of the model; ZeRO
   // shards over the data-parallel ranks (world / tp).
   const int tp_size = rc.tensor_parallel;
@@ -228,11 +230,6 @@ int run(const Options& o, const Given& g) {
     DS_CHECK(o.resume_from_checkpoint.empty(),
              "[ds_train] --resume_from_checkpoint with --pipeline_parallel_size {}: pipeline "
              "checkpoints are not implemented yet",
-             pp_size);
-    DS_CHECK(cfg.zero_optimization.stage <= 2,
-             "[ds_train] --pipeline_parallel_size {} works with ZeRO stages 0-2 (DeepSpeed: "
-             "\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\"); the config has "
-             "stage 3",
              pp_size);
     DS_CHECK(!lora, "[ds_train] LoRA (--lora_dim) with --pipeline_parallel_size {} is not "
              "implemented yet; use --pipeline_parallel_size 1", pp_size);

@@ -45,10 +45,6 @@ PipelineEngine::PipelineEngine(std::shared_ptr<nn::Module> stage, DeepSpeedConfi
            "[pipeline] the config's pipeline.stages is {} but the job runs {} pipeline stages "
            "(--pipeline_parallel_size / the topology); make them agree or set \"auto\"",
            config.pipeline.stages, p);
-  DS_CHECK(config.zero_optimization.stage <= 2,
-           "[pipeline] ZeRO stage 3 with pipeline parallelism is not supported (DeepSpeed: \"ZeRO-2 "
-           "and ZeRO-3 are incompatible with pipeline parallelism\"); use stage 0, 1 or 2, which "
-           "shard over the data-parallel ranks of each stage");
   if (config.pipeline.activation_checkpoint_interval > 0)
     stage_->set_activation_checkpoint_interval(config.pipeline.activation_checkpoint_interval);
   act_dtype_ = config.training_dtype();

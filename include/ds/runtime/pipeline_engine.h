@@ -32,8 +32,9 @@
 // accumulated gradient to the first stage, which adds it in its last backward of the batch; after
 // the step the first stage sends the updated weight back. The weight has one optimizer state.
 //
-// ZeRO stages 0, 1 and 2 on the data axis (DeepSpeed refuses 2; its gradients are reduced per
-// micro-step here exactly as without a pipeline, so it is allowed); stage 3 is refused.
+// ZeRO stages 0-3 on the data axis (DeepSpeed refuses 2 and 3 because it defers the gradient
+// reduction to the end of the batch; here each stage's Engine reduces and gathers per micro-step
+// exactly as without a pipeline). Stage 3 with tensor parallelism is refused by the strategy.
 //
 // Threading: one thread per rank; every call is collective over the whole topology.
 #include <functional>
