@@ -16,6 +16,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -202,15 +203,6 @@ int run(const Options& o, const Given& g) {
   const int tp_size = rc.tensor_parallel;
   const int dp_size = world_size / tp_size;
   if (tp_size > 1) {
-    DS_CHECK(o.init_from.empty(),
-             "[ds_train] --init_from with --tensor_parallel_size {} is not implemented yet "
-             "(importing cuts a Hugging Face model into slices); fine-tune with "
-             "--tensor_parallel_size 1",
-             tp_size);
-    DS_CHECK(o.resume_from_checkpoint.empty(),
-             "[ds_train] --resume_from_checkpoint with --tensor_parallel_size {}: tensor-parallel "
-             "checkpoints are not implemented yet",
-             tp_size);
     DS_CHECK(cfg.zero_optimization.stage <= 2,
              "[ds_train] --tensor_parallel_size {} works with ZeRO stages 0-2; the config has "
              "stage 3",
@@ -248,7 +240,20 @@ int run(const Options& o, const Given& g) {
   }
   pieces_only.reset();
   if (!o.init_from.empty()) {
-    const auto rep = ds::models::load_hf_weights(*model, o.init_from);
+    // With tensor parallelism each rank reads the whole model once and keeps its slices (the
+    // whole copy goes before the engine is built).
+    std::optional<ds::models::GPT> whole;
+    if (topology) whole.emplace(mcfg, /*init=*/false);
+    const auto rep = ds::models::load_hf_weights(whole ? *whole : *model, o.init_from);
+    if (whole) {
+      const auto splits = ds::nn::tp_splits(*model);
+      std::map<std::string, ds::Tensor> full;
+      for (auto& [name, p] : whole->named_parameters()) full[name] = p.detach();
+      for (auto& [name, p] : model->named_parameters()) {
+        const auto it = splits.find(name);
+        p.copy_from(it == splits.end() ? full.at(name) : ds::nn::local_part(full.at(name), it->second));
+      }
+    }
     say(fmt::format(
         "initialised from {}: {} tensors ({} Conv1D weights transposed){}",
         fmt::join(rep.files, ", "), rep.tensors, rep.transposed,
@@ -428,11 +433,7 @@ int run(const Options& o, const Given& g) {
 
   // ---- checkpoint and eval helpers ----
   int64_t last_saved = resumed ? engine->global_steps() : -1;  // that checkpoint exists already
-  if (tp_size > 1)
-    say("checkpoints: not written (tensor-parallel checkpoints are not implemented yet; the HF "
-        "export at the end holds the trained weights)");
   auto save = [&]() {
-    if (tp_size > 1) return;
     const auto t0 = std::chrono::steady_clock::now();
     const json client = {{"data", loader.state()},
                          {"ds_train",
@@ -661,9 +662,8 @@ int run(const Options& o, const Given& g) {
                     last_eval, std::exp(last_eval), eval_baseline));
   say(fmt::format("metrics:    {}/*.csv", monitor.log_dir().string()));
   say(fmt::format("loss curve: {}", svg.string()));
-  if (tp_size == 1)
-    say(fmt::format("checkpoint: {}/{} (resume: --resume_from_checkpoint latest)",
-                    out_dir.string(), ds::train::latest_tag(out_dir)));
+  say(fmt::format("checkpoint: {}/{} (resume: --resume_from_checkpoint latest)",
+                  out_dir.string(), ds::train::latest_tag(out_dir)));
   if (exported)
     say(fmt::format("HF export:  {}", export_note.empty()
                                           ? export_dir + " (config.json + model.safetensors)"

@@ -2,6 +2,7 @@
 #include "checkpoint_parts.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <functional>
 
@@ -167,6 +168,7 @@ std::map<std::string, std::vector<Source>> plan_sources(const std::vector<PartIn
                                                         const std::string& folder,
                                                         const char* tag) {
   std::map<std::string, std::vector<Source>> out;
+  std::map<std::string, std::vector<std::vector<std::string>>> holders;  // files per distinct slice
   for (size_t k = 0; k < parts.size(); ++k)
     for (const auto& [name, slice] : parts[k].slices) {
       std::vector<Source>& v = out[name];
@@ -176,9 +178,15 @@ std::map<std::string, std::vector<Source>> plan_sources(const std::vector<PartIn
                  "by different models; use the files of one save only",
                  tag, folder, name, shape_str(v.front().slice.full), parts[v.front().part].file,
                  shape_str(slice.full), parts[k].file);
-      const bool seen = std::any_of(v.begin(), v.end(),
-                                    [&](const Source& s) { return s.slice == slice; });
-      if (!seen) v.push_back({k, slice});
+      auto& files = holders[name];
+      const auto seen =
+          std::find_if(v.begin(), v.end(), [&](const Source& s) { return s.slice == slice; });
+      if (seen == v.end()) {
+        v.push_back({k, slice});
+        files.push_back({parts[k].file});
+      } else {
+        files[static_cast<size_t>(seen - v.begin())].push_back(parts[k].file);
+      }
     }
   for (const auto& [name, v] : out) {
     int64_t whole = 1, held = 0;
@@ -194,7 +202,9 @@ std::map<std::string, std::vector<Source>> plan_sources(const std::vector<PartIn
     }
     if (held != whole) {
       std::vector<std::string> have;
-      for (const Source& s : v) have.push_back(fmt::format("{} in {}", s.slice.str(), parts[s.part].file));
+      const auto& files = holders.at(name);
+      for (size_t i = 0; i < v.size(); ++i)
+        have.push_back(fmt::format("{} in {}", v[i].slice.str(), fmt::join(files[i], ", ")));
       DS_THROW("{} {}: parameter {} (whole {}) is held only in part: {} ({} of its {} elements); "
                "a part file of this checkpoint is missing or damaged",
                tag, folder, name, shape_str(v.front().slice.full), fmt::join(have, "; "), held,

@@ -49,7 +49,7 @@ std::filesystem::path resolve_checkpoint_folder(const std::filesystem::path& pat
 struct ShardedParameter {
   std::string name;
   Shape shape;
-  int64_t offset = 0;  // in the unpadded flat parameter space
+  int64_t offset = 0;  // in the unpadded flat parameter space (of the whole model)
   int64_t numel = 0;
 };
 
@@ -66,6 +66,9 @@ class CheckpointShards {
   int64_t numel() const { return numel_; }
   int world_size() const { return world_size_; }  // of the run that wrote it
   int zero_stage() const { return zero_stage_; }
+  // The model-parallel layout that wrote it (1 and 1 for a data-parallel run).
+  int tensor_parallel() const { return tensor_parallel_; }
+  int pipeline_parallel() const { return pipeline_parallel_; }
   int64_t global_steps() const { return global_steps_; }
   DType training_dtype() const { return training_dtype_; }
   const std::vector<std::string>& shard_files() const { return shard_files_; }
@@ -89,19 +92,30 @@ class CheckpointShards {
     size_t shard = 0;
     int64_t offset = 0;  // element offset in the shard's fp32_master
   };
-  // Copies flat elements [begin, begin + n) into dst (fp32).
-  void read_flat(int64_t begin, int64_t n, float* dst) const;
+  // Copies flat elements [begin, begin + n) of model-parallel part `part` into dst (fp32).
+  void read_flat(size_t part, int64_t begin, int64_t n, float* dst) const;
+  // Elements [at, at + n) of whole parameter `index` (row-major) into dst (fp32).
+  void read_parameter(size_t index, int64_t at, int64_t n, float* dst) const;
+  // A whole parameter's elements [dst, dst + len) are part `part`'s flat [src, src + len).
+  struct ParamRun {
+    size_t part = 0;
+    int64_t src = 0, dst = 0, len = 0;
+  };
 
   std::filesystem::path folder_;
   std::vector<ShardedParameter> params_;
   int64_t numel_ = 0;
-  int world_size_ = 1, zero_stage_ = 0;
+  int world_size_ = 1, zero_stage_ = 0, tensor_parallel_ = 1, pipeline_parallel_ = 1;
   int64_t global_steps_ = 0;
   DType training_dtype_ = DType::f32;
   std::vector<std::string> shard_files_;
   std::optional<nlohmann::json> model_config_;
   std::vector<std::unique_ptr<Shard>> shards_;
-  std::vector<Piece> pieces_;  // sorted by flat begin; cover [0, numel) exactly
+  // Per model-parallel part: sorted by flat begin; cover the part's [0, numel) exactly.
+  std::vector<std::vector<Piece>> part_pieces_;
+  // Per parameter, with several parts: where its elements are, ascending in the whole tensor
+  // (empty with one part: parameters are then read at their own flat offsets).
+  std::vector<std::vector<ParamRun>> runs_;
 };
 
 }  // namespace ds::runtime
