@@ -627,6 +627,10 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
     nlohmann::json first_names, first_shapes, first_offsets, first_slices;
     for (const auto& [dp, f] : by_dp) {
       const std::string path = (ck / f).string();
+      DS_CHECK(fs::exists(ck / f),
+               "[checkpoint] {} is missing (checksums.json lists it): the checkpoint is "
+               "incomplete; copy the file from the run's checkpoint folder",
+               path);
       readers.emplace_back(path);
       reader_files.push_back(f);
       sources.emplace_back();
