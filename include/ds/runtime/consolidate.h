@@ -1,7 +1,7 @@
 #pragma once
 // DeepSpeed's zero_to_fp32 for our checkpoints (docs/checkpoints.md): the fp32 master weights of a
-// checkpoint written by any world size and ZeRO stage, reassembled offline into whole parameters by
-// name. Used by the ds_to_fp32 tool.
+// checkpoint written by any world size, ZeRO stage and tensor-parallel size, reassembled offline
+// into whole parameters by name. Used by the ds_to_fp32 tool.
 //
 //   runtime::CheckpointShards ck("out/ckpt");             // a run folder ('latest') or a tag
 //   folder ck.write_safetensors("model.safetensors", DType::f32);  // streamed, one parameter at a
@@ -13,12 +13,16 @@
 // Every shard holds fp32 master weights whatever the training dtype (in fp32 training they are the
 // weights themselves, and the model-states file holds the same values), so the shards are the one
 // source. The model-states file gives only metadata (step, world size, stage, the model config).
+// A tensor-parallel checkpoint has one set of shards per model-parallel part (mp_rank_XX); each
+// whole parameter is then read from the slices its parts record (param_slices), run by run,
+// still without holding it whole.
 //
 // Checks, before anything is written: the size and XXH64 of every file read against
 // checksums.json (the whole file is hashed, streaming: one read of each shard, nothing kept), that
-// the shards are exactly ranks 0..P-1 of the partition count they record, that they agree on the
-// parameter names, shapes and offsets, and that their segments cover every element of every
-// parameter. Every error starts with "[ds_to_fp32]", names the file and says what to do.
+// the shards are exactly ranks 0..P-1 of the partition count they record (per model-parallel
+// part), that they agree on the parameter names, shapes, offsets and slices, that their segments
+// cover every element of every parameter, and that the parts' slices tile every whole parameter.
+// Every error starts with "[ds_to_fp32]", names the file and says what to do.
 //
 // Memory: write_safetensors holds one conversion buffer of at most 1 Mi elements; the rest is the
 // page cache of the mapped master weights, released by the kernel as needed (never the moments:
