@@ -269,8 +269,8 @@ namespace {
 // An engine at tensor-parallel size `tp` over `world` (the rest data-parallel), for a global
 // micro-batch of `global_micro` samples.
 std::unique_ptr<runtime::Engine> tp_engine(const models::GPTConfig& c, int stage, int tp,
-                                           std::shared_ptr<comm::Group> world,
-                                           int64_t global_micro, bool bf16) {
+                                           std::shared_ptr<comm::Group> world, int64_t global_micro,
+                                           bool bf16) {
   auto topo = std::make_shared<comm::Topology>(world, tp, /*pp=*/1);
   const int dp = topo->data_parallel()->size();
   runtime::InitOptions opt;
@@ -390,8 +390,8 @@ TEST_P(TensorParallelCheckpoint, ResumesAtAnyLayout) {
   resume(fmt::format("tp 1 x dp {}, ZeRO-3", n), *tp_engine(c, 3, 1, w, global_micro, bf16), false);
 
   if (w->rank() == 0) {
-    resume("one process",
-           *tp_engine(c, stage, 1, comm::single_process_group(), global_micro, bf16), false);
+    resume("one process", *tp_engine(c, stage, 1, comm::single_process_group(), global_micro, bf16),
+           false);
 
     // ds_to_fp32: the whole model, equal to the weights gathered at the save (fp32 training: the
     // master weights are the weights; bf16: their rounding).
@@ -413,7 +413,8 @@ TEST_P(TensorParallelCheckpoint, ResumesAtAnyLayout) {
     };
     auto load_error = [&](const fs::path& folder) {
       auto e = tp_engine(c, stage, 1, comm::single_process_group(), global_micro, bf16);
-      return error_of([&] { e->load_checkpoint(folder.parent_path().string(), folder.filename().string()); });
+      return error_of(
+          [&] { e->load_checkpoint(folder.parent_path().string(), folder.filename().string()); });
     };
     {  // part 1 says it holds rows that part 0 holds (shifted by one in each q, k, v block)
       const fs::path b = broken("overlap");
@@ -448,11 +449,12 @@ TEST_P(TensorParallelCheckpoint, ResumesAtAnyLayout) {
     }
     {  // a cut parameter whose part says it holds less than its tensor
       const fs::path b = broken("short");
-      rewrite_metadata(b / (prefix + "zero_pp_rank_0_mp_rank_01_optim_states.safetensors"), "ds_optimizer",
-                       [](nlohmann::json& j) {
+      rewrite_metadata(b / (prefix + "zero_pp_rank_0_mp_rank_01_optim_states.safetensors"),
+                       "ds_optimizer", [](nlohmann::json& j) {
                          for (size_t i = 0; i < j["param_names"].size(); ++i)
                            if (j["param_names"][i] == "h.0.mlp.c_fc.weight")
-                             j["param_slices"][i]["end"] = j["param_slices"][i]["end"].get<int64_t>() - 1;
+                             j["param_slices"][i]["end"] =
+                                 j["param_slices"][i]["end"].get<int64_t>() - 1;
                        });
       const std::string err = load_error(b);
       EXPECT_NE(err.find("h.0.mlp.c_fc.weight"), std::string::npos) << err;

@@ -1,6 +1,7 @@
 // ds_to_fp32: DeepSpeed's zero_to_fp32 for our checkpoints. Consolidates the fp32 master weights of
-// a checkpoint written by any world size, ZeRO stage and tensor-parallel size, offline, into one safetensors file (our
-// parameter names) or a Hugging Face folder (config.json, model.safetensors, tokenizer files).
+// a checkpoint written by any world size, ZeRO stage and tensor-parallel size, offline, into one
+// safetensors file (our parameter names) or a Hugging Face folder (config.json, model.safetensors,
+// tokenizer files).
 //
 //   ds_to_fp32 out/run model.safetensors                    ('latest' of the run folder, fp32)
 //   ds_to_fp32 out/run/global_step200 model.safetensors --dtype bf16
@@ -119,8 +120,8 @@ int main(int argc, char** argv) {
         ck.tensor_parallel() > 1 || ck.pipeline_parallel() > 1
             ? fmt::format(" x tp {} x pp {}", ck.tensor_parallel(), ck.pipeline_parallel())
             : "",
-        ck.parameters().size(),
-        ck.numel(), ck.shard_files().size(), ck.shard_files().size() == 1 ? "" : "s");
+        ck.parameters().size(), ck.numel(), ck.shard_files().size(),
+        ck.shard_files().size() == 1 ? "" : "s");
     if (!to_folder) {
       const fs::path out(output);
       if (!out.parent_path().empty()) fs::create_directories(out.parent_path());

@@ -284,11 +284,11 @@ Tensor gather_full(const Tensor& local, const TPSplit& s, const TensorParallel& 
 
 Tensor local_part(const Tensor& full, const TPSplit& s) {
   if (s.replicated()) return full;
-  DS_CHECK(s.dim < full.dim() && full.size(s.dim) == s.full && s.blocks >= 1 &&
-               s.full % s.blocks == 0,
-           "[tensor parallel] local_part: a tensor {} cannot hold a part cut along {} of {} "
-           "elements",
-           shape_str(full.shape()), s.dim, s.full);
+  DS_CHECK(
+      s.dim < full.dim() && full.size(s.dim) == s.full && s.blocks >= 1 && s.full % s.blocks == 0,
+      "[tensor parallel] local_part: a tensor {} cannot hold a part cut along {} of {} "
+      "elements",
+      shape_str(full.shape()), s.dim, s.full);
   const Tensor x = full.detach();
   const int64_t per_block = s.full / s.blocks;
   std::vector<Tensor> pieces;

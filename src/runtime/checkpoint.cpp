@@ -26,16 +26,16 @@
 #include <set>
 #include <sstream>
 
-#include "ds/comm/group.h"
-#include "ds/core/checksum.h"
 #include "checkpoint_format.h"
 #include "checkpoint_parts.h"
+#include "ds/comm/group.h"
+#include "ds/core/checksum.h"
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
 #include "ds/core/rng.h"
 #include "ds/core/safetensors.h"
-#include "ds/runtime/checkpoint_files.h"
 #include "ds/nn/tensor_parallel.h"
+#include "ds/runtime/checkpoint_files.h"
 #include "ds/runtime/engine.h"
 
 namespace fs = std::filesystem;
@@ -171,11 +171,12 @@ void delete_checkpoint(const fs::path& dir, const std::string& tag) {
 }
 
 void Engine::check_single_model_part(const char* what) const {
-  // Tensor-parallel parts are written and read by full parameter name (checkpoint_parts.h); so
-  // would pipeline stages be, but the engine does not run pipelines.
+  // Tensor-parallel parts are written and read by full parameter name (checkpoint_parts.h), and
+  // so could pipeline stages' be; what a pipeline still lacks is in docs/checkpoints.md (its last
+  // stage's copy of a tied wte lives outside the parameters and must be re-sent after a load).
   DS_CHECK(!options_.topology || options_.topology->grid().pp == 1,
-           "[checkpoint] {}: checkpoints of pipeline-parallel runs ({}) are not implemented in "
-           "this engine; train with pipeline size 1 to save checkpoints",
+           "[checkpoint] {}: checkpoints of pipeline-parallel runs ({}) are not implemented yet; "
+           "train with pipeline size 1 to save checkpoints",
            what, options_.topology->grid().str());
 }
 
@@ -316,8 +317,8 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
       std::vector<safetensors::Declared> declared = {{"fp32_master", DType::f32, {count}}};
       for (const auto& name : store.state_names()) declared.push_back({name, DType::f32, {count}});
       safetensors::save_streamed(
-          (tmp / detail::optim_file_name(training_dtype() == DType::bf16, sharded ? rank : 0,
-                                         mp_rank))
+          (tmp /
+           detail::optim_file_name(training_dtype() == DType::bf16, sharded ? rank : 0, mp_rank))
               .string(),
           declared, {{"ds_optimizer", opt_state.dump()}},
           [&](const safetensors::WriteAt& write_at) {
@@ -585,10 +586,10 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
   for (size_t k : model_parts_read) {
     verify(fs::path(model_parts[k].file).filename().string());
     for (const auto& e : model_readers[k].entries())
-      DS_CHECK(e.supported && (e.dtype == DType::f32 || e.dtype == DType::bf16 ||
-                               e.dtype == DType::f16),
-               "[checkpoint] {}: {} is stored as {}, not a floating type", model_parts[k].file,
-               e.name, e.dtype_name);
+      DS_CHECK(
+          e.supported && (e.dtype == DType::f32 || e.dtype == DType::bf16 || e.dtype == DType::f16),
+          "[checkpoint] {}: {} is stored as {}, not a floating type", model_parts[k].file, e.name,
+          e.dtype_name);
   }
 
   // Optimizer shards: whatever (dp, tp, pp) and stage wrote them, take the elements this rank
@@ -690,8 +691,8 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
           const Shape local = shapes[i].get<Shape>();
           detail::Slice s = detail::Slice::whole(local);
           if (!slices.empty()) {
-            s = detail::Slice::from_json(slices[i], path, fmt::format("ds_optimizer.param_slices[{}]", i),
-                                         "[checkpoint]");
+            s = detail::Slice::from_json(
+                slices[i], path, fmt::format("ds_optimizer.param_slices[{}]", i), "[checkpoint]");
             DS_CHECK(s.local_shape() == local,
                      "[checkpoint] {}: parameter {} is {} in the file, but its slice ({}) is {}; "
                      "the file is damaged",
@@ -778,7 +779,8 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
     const int64_t e_numel = e.numel;
     bool wanted = false;
     for (const auto& h : held)
-      wanted = wanted || std::max(h.flat_begin, e.offset) < std::min(h.flat_end, e.offset + e_numel);
+      wanted =
+          wanted || std::max(h.flat_begin, e.offset) < std::min(h.flat_end, e.offset + e_numel);
     if (!wanted) continue;
     auto it = opt_sources.find(e.name);
     DS_CHECK(it != opt_sources.end(),
@@ -788,8 +790,7 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
     const detail::Slice want = slice_of(e.name, e.shape);
     DS_CHECK(it->second.front().slice.full == want.full,
              "[checkpoint] {}: parameter {} is whole {} in the optimizer shards, {} in this model",
-             ck.string(), e.name, shape_str(it->second.front().slice.full),
-             shape_str(want.full));
+             ck.string(), e.name, shape_str(it->second.front().slice.full), shape_str(want.full));
     for (const detail::Source& src : it->second) {
       const int64_t base = part_offsets[src.part].at(e.name);
       const std::vector<Segment>& segs = part_segments[src.part];
@@ -798,7 +799,8 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
           const int64_t a = std::max(h.flat_begin, e.offset + r.dst),
                         z = std::min(h.flat_end, e.offset + r.dst + r.len);
           if (a >= z) continue;
-          const int64_t s0 = base + r.src + (a - e.offset - r.dst), d0 = h.offset + (a - h.flat_begin);
+          const int64_t s0 = base + r.src + (a - e.offset - r.dst),
+                        d0 = h.offset + (a - h.flat_begin);
           const int64_t s1 = s0 + (z - a);
           auto sit = std::upper_bound(segs.begin(), segs.end(), s0,
                                       [](int64_t v, const Segment& s) { return v < s.begin; });
@@ -850,8 +852,8 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
       } else {
         const size_t fs = dtype_size(e.dtype);
         for (const detail::Run& r : runs)
-          convert(from + static_cast<size_t>(r.src) * fs, e.dtype, out + static_cast<size_t>(r.dst) * es,
-                  p.dtype(), static_cast<size_t>(r.len));
+          convert(from + static_cast<size_t>(r.src) * fs, e.dtype,
+                  out + static_cast<size_t>(r.dst) * es, p.dtype(), static_cast<size_t>(r.len));
       }
     }
   });

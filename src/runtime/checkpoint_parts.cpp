@@ -146,7 +146,8 @@ std::vector<Run> overlap_runs(const Slice& src, const Slice& dst) {
         emit(so + c.src, to + c.dst, c.len);
         continue;
       }
-      for (int64_t k = 0; k < c.len; ++k) walk(d + 1, so + (c.src + k) * ss[d], to + (c.dst + k) * ds[d]);
+      for (int64_t k = 0; k < c.len; ++k)
+        walk(d + 1, so + (c.src + k) * ss[d], to + (c.dst + k) * ds[d]);
     }
   };
   walk(0, 0, 0);
@@ -205,10 +206,10 @@ std::map<std::string, std::vector<Source>> plan_sources(const std::vector<PartIn
       const auto& files = holders.at(name);
       for (size_t i = 0; i < v.size(); ++i)
         have.push_back(fmt::format("{} in {}", v[i].slice.str(), fmt::join(files[i], ", ")));
-      DS_THROW("{} {}: parameter {} (whole {}) is held only in part: {} ({} of its {} elements); "
-               "a part file of this checkpoint is missing or damaged",
-               tag, folder, name, shape_str(v.front().slice.full), fmt::join(have, "; "), held,
-               whole);
+      DS_THROW(
+          "{} {}: parameter {} (whole {}) is held only in part: {} ({} of its {} elements); "
+          "a part file of this checkpoint is missing or damaged",
+          tag, folder, name, shape_str(v.front().slice.full), fmt::join(have, "; "), held, whole);
     }
   }
   return out;
@@ -219,8 +220,8 @@ std::string model_file_name(int mp_rank) {
 }
 
 std::string optim_file_name(bool bf16, int dp_rank, int mp_rank) {
-  return fmt::format("{}zero_pp_rank_{}_mp_rank_{:02d}_optim_states.safetensors", bf16 ? "bf16_" : "",
-                     dp_rank, mp_rank);
+  return fmt::format("{}zero_pp_rank_{}_mp_rank_{:02d}_optim_states.safetensors",
+                     bf16 ? "bf16_" : "", dp_rank, mp_rank);
 }
 
 namespace {

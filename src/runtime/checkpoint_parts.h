@@ -75,8 +75,7 @@ struct Source {
   Slice slice;
 };
 std::map<std::string, std::vector<Source>> plan_sources(const std::vector<PartIndex>& parts,
-                                                        const std::string& folder,
-                                                        const char* tag);
+                                                        const std::string& folder, const char* tag);
 
 // File names (DeepSpeed's): mp_rank_XX_model_states and [bf16_]zero_pp_rank_D_mp_rank_XX_optim
 // _states, with .safetensors; XX two digits (more when mp >= 100).

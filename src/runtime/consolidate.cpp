@@ -139,10 +139,14 @@ CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
              "[ds_to_fp32] {}: ds_engine.dtype '{}' is not fp32, bf16 or fp16", file, d);
     training_dtype_ = d == "bf16" ? DType::bf16 : d == "fp16" ? DType::f16 : DType::f32;
     if (const auto mp = engine.find("model_parallel"); mp != engine.end()) {
-      DS_CHECK(mp->is_object(), "[ds_to_fp32] {}: ds_engine.model_parallel must be an object; the "
-               "file is damaged", file);
-      tensor_parallel_ = static_cast<int>(std::max<int64_t>(1, field_int(*mp, "tp", file, "ds_engine.model_parallel")));
-      pipeline_parallel_ = static_cast<int>(std::max<int64_t>(1, field_int(*mp, "pp", file, "ds_engine.model_parallel")));
+      DS_CHECK(mp->is_object(),
+               "[ds_to_fp32] {}: ds_engine.model_parallel must be an object; the "
+               "file is damaged",
+               file);
+      tensor_parallel_ = static_cast<int>(
+          std::max<int64_t>(1, field_int(*mp, "tp", file, "ds_engine.model_parallel")));
+      pipeline_parallel_ = static_cast<int>(
+          std::max<int64_t>(1, field_int(*mp, "pp", file, "ds_engine.model_parallel")));
     }
     const auto cs = engine.find("client_state");
     if (cs != engine.end() && cs->is_object() && cs->contains("ds_train") &&
@@ -157,7 +161,8 @@ CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
   const std::string suffix = "_mp_rank_XX_optim_states.safetensors";
   std::map<int, std::map<int, std::string>> names;  // mp -> dp -> file
   for (auto it = sums.begin(); it != sums.end(); ++it)
-    if (auto dm = detail::parse_optim_file_name(it.key(), bf16)) names[dm->second][dm->first] = it.key();
+    if (auto dm = detail::parse_optim_file_name(it.key(), bf16))
+      names[dm->second][dm->first] = it.key();
   for (const auto& e : fs::directory_iterator(folder_)) {
     const std::string n = e.path().filename().string();
     if (auto dm = detail::parse_optim_file_name(n, bf16)) names[dm->second][dm->first] = n;
@@ -253,7 +258,8 @@ CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
       shards_.push_back(std::move(shard));
     }
     const std::string where =
-        mp_parts == 1 ? folder_.string() : fmt::format("{} (model-parallel part {})", folder_.string(), mp);
+        mp_parts == 1 ? folder_.string()
+                      : fmt::format("{} (model-parallel part {})", folder_.string(), mp);
     std::vector<std::string> missing;
     for (int64_t r = 0; r < partition_count; ++r)
       if (!by_rank.count(r))
@@ -270,7 +276,8 @@ CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
              where, by_rank.size(), partition_count);
 
     // This part's parameters in its flat order, with the slice of the whole each one is.
-    DS_CHECK(first_names.size() == first_shapes.size() && first_names.size() == first_offsets.size() &&
+    DS_CHECK(first_names.size() == first_shapes.size() &&
+                 first_names.size() == first_offsets.size() &&
                  (first_slices.empty() || first_slices.size() == first_names.size()),
              "[ds_to_fp32] {}: ds_optimizer lists {} names, {} shapes, {} offsets and {} slices; "
              "the file is damaged",
@@ -303,7 +310,8 @@ CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
       detail::Slice s = detail::Slice::whole(p.shape);
       if (!first_slices.empty()) {
         s = detail::Slice::from_json(first_slices[i], first_file,
-                                     fmt::format("ds_optimizer.param_slices[{}]", i), "[ds_to_fp32]");
+                                     fmt::format("ds_optimizer.param_slices[{}]", i),
+                                     "[ds_to_fp32]");
         DS_CHECK(s.local_shape() == p.shape,
                  "[ds_to_fp32] {}: parameter {} is {} in the file, but its slice ({}) is {}; the "
                  "file is damaged",
