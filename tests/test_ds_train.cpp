@@ -388,8 +388,8 @@ TEST_F(DsTrain, PipelineTrainsAsOneProcess) {
     while (std::getline(in, line)) v.push_back(std::stod(line.substr(line.rfind(',') + 1)));
     return v;
   };
-  for (const char* f :
-       {"Train_Samples_train_loss", "Train_Samples_grad_norm", "Eval_Samples_eval_loss"}) {
+  for (const char* f : {"Train_Samples_train_loss", "Train_Samples_grad_norm",
+                        "Eval_Samples_eval_loss"}) {
     const auto a = values(one / "metrics" / (std::string(f) + ".csv")),
                b = values(two / "metrics" / (std::string(f) + ".csv"));
     ASSERT_EQ(a.size(), b.size()) << f;
@@ -404,7 +404,7 @@ TEST_F(DsTrain, PipelineTrainsAsOneProcess) {
   std::ofstream(cfg2) << R"({"train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": 2},
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})";
   EXPECT_NE(run(flags + " --pipeline_parallel_size 4 --deepspeed " + cfg2.string() +
-                " --output_dir " + (dir_ / "bad").string()),
+                    " --output_dir " + (dir_ / "bad").string()),
             0);
   EXPECT_NE(log_.find("disagrees with pipeline.stages 2"), std::string::npos) << log_;
 }

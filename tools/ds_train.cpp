@@ -28,8 +28,8 @@
 
 #include "ds/backend/backend.h"
 #include "ds/comm/group.h"
-#include "ds/comm/logger.h"
 #include "ds/comm/topology.h"
+#include "ds/comm/logger.h"
 #include "ds/core/allocator.h"
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
@@ -42,11 +42,11 @@
 #include "ds/models/hf_io.h"
 #include "ds/nn/lora.h"
 #include "ds/nn/tensor_parallel.h"
+#include "ds/runtime/pipeline_engine.h"
+#include "ds/runtime/pipeline_partition.h"
 #include "ds/runtime/config.h"
 #include "ds/runtime/engine.h"
 #include "ds/runtime/monitor.h"
-#include "ds/runtime/pipeline_engine.h"
-#include "ds/runtime/pipeline_partition.h"
 #include "ds_train_default_config.h"
 #include "fit.h"
 #include "lora.h"
@@ -236,10 +236,8 @@ int run(const Options& o, const Given& g) {
              "\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\"); the config has "
              "stage 3",
              pp_size);
-    DS_CHECK(!lora,
-             "[ds_train] LoRA (--lora_dim) with --pipeline_parallel_size {} is not "
-             "implemented yet; use --pipeline_parallel_size 1",
-             pp_size);
+    DS_CHECK(!lora, "[ds_train] LoRA (--lora_dim) with --pipeline_parallel_size {} is not "
+             "implemented yet; use --pipeline_parallel_size 1", pp_size);
   }
   if (tp_size > 1) {
     DS_CHECK(cfg.zero_optimization.stage <= 2,
@@ -286,13 +284,10 @@ int run(const Options& o, const Given& g) {
       for (int64_t i = a; i < b; ++i) n += pipe_layers[static_cast<size_t>(i)].num_parameters;
       std::vector<std::string> parts;
       if (a == 0) parts.push_back("embedding");
-      const int64_t b0 = std::max<int64_t>(a, 1) - 1,
-                    b1 = std::min<int64_t>(b, mcfg.n_layer + 1) - 1;
-      if (b1 > b0)
-        parts.push_back(b1 - b0 == 1 ? fmt::format("block {}", b0)
-                                     : fmt::format("blocks {}-{}", b0, b1 - 1));
-      if (b == mcfg.n_layer + 2)
-        parts.push_back(mcfg.tie_embeddings && a > 0 ? "head (tied to stage 0's wte)" : "head");
+      const int64_t b0 = std::max<int64_t>(a, 1) - 1, b1 = std::min<int64_t>(b, mcfg.n_layer + 1) - 1;
+      if (b1 > b0) parts.push_back(b1 - b0 == 1 ? fmt::format("block {}", b0)
+                                                : fmt::format("blocks {}-{}", b0, b1 - 1));
+      if (b == mcfg.n_layer + 2) parts.push_back(mcfg.tie_embeddings && a > 0 ? "head (tied to stage 0's wte)" : "head");
       con.line(fmt::format("  stage {}: layers [{}, {}) = {}: {} parameters", st, a, b,
                            fmt::join(parts, " + "), human_count(static_cast<double>(n))));
     }
@@ -304,15 +299,13 @@ int run(const Options& o, const Given& g) {
       layers, /*init=*/o.init_from.empty());
   if (topology) {
     const ds::comm::Coord at = topology->coord();
-    say(
-        fmt::format("parallelism: {} (pipeline x data x tensor); this rank is pipe {} data {} "
+    say(fmt::format("parallelism: {} (pipeline x data x tensor); this rank is pipe {} data {} "
                     "tensor {}; {} (docs/parallelism.md)",
                     topology->grid().str(), at.pipe, at.data, at.model,
                     tp_size > 1 ? fmt::format("each rank holds 1/{} of every cut layer", tp_size)
                                 : "tensor parallelism off"));
     // Every rank's coordinates, in rank order, printed by rank 0.
-    std::vector<int64_t> mine = {at.pipe, at.data, at.model},
-                         all(3 * static_cast<size_t>(world_size));
+    std::vector<int64_t> mine = {at.pipe, at.data, at.model}, all(3 * static_cast<size_t>(world_size));
     world->all_gather(mine.data(), all.data(), 3, ds::DType::i64, "rank coordinates");
     std::vector<std::string> coords;
     for (int r = 0; r < world_size; ++r)

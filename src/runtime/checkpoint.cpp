@@ -171,12 +171,11 @@ void delete_checkpoint(const fs::path& dir, const std::string& tag) {
 }
 
 void Engine::check_single_model_part(const char* what) const {
-  // Tensor-parallel parts are written and read by full parameter name (checkpoint_parts.h), and
-  // so could pipeline stages' be; what a pipeline still lacks is in docs/checkpoints.md (its last
-  // stage's copy of a tied wte lives outside the parameters and must be re-sent after a load).
+  // Tensor-parallel parts are written and read by full parameter name (checkpoint_parts.h); so
+  // would pipeline stages be, but the engine does not run pipelines.
   DS_CHECK(!options_.topology || options_.topology->grid().pp == 1,
-           "[checkpoint] {}: checkpoints of pipeline-parallel runs ({}) are not implemented yet; "
-           "train with pipeline size 1 to save checkpoints",
+           "[checkpoint] {}: checkpoints of pipeline-parallel runs ({}) are not implemented in "
+           "this engine; train with pipeline size 1 to save checkpoints",
            what, options_.topology->grid().str());
 }
 
