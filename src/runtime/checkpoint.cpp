@@ -434,7 +434,9 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
            "[checkpoint] {} is corrupted: expected a JSON object of files, got {}",
            sums_path.string(), sums.type_name());
   const Meta sums_meta(sums, sums_path.string(), "checksums");
+  std::set<std::string> verified;  // each file is hashed once
   auto verify = [&](const std::string& f) {
+    if (verified.count(f)) return;
     const fs::path p = ck / f;
     DS_CHECK(sums.contains(f), "[checkpoint] {} does not list {}", sums_path.string(), f);
     DS_CHECK(fs::exists(p), "[checkpoint] {} is missing", p.string());
@@ -448,6 +450,7 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
     DS_CHECK(hex64(h) == want_hash,
              "[checkpoint] {} is corrupted: checksum {} differs from the recorded {}", p.string(),
              hex64(h), want_hash);
+    verified.insert(f);
   };
   // Optimizer shards by model-parallel part and data-parallel rank.
   const bool bf16 = training_dtype() == DType::bf16;
