@@ -710,7 +710,7 @@ int run(const Options& o, const Given& g) {
 
   // A generated sample, decoded with the tokenizer (loaded and checked at start-up).
   std::string sample_note;
-  if (sample_tokenizer && model_parallel) {
+  if (sample_tokenizer && (tp_size > 1 || pipelined)) {
     say("note: no sample: generation from a tensor- or pipeline-parallel model is not "
         "implemented (generate from the HF export with ds_generate)");
   } else if (sample_tokenizer) {
