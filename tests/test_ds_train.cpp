@@ -399,6 +399,21 @@ TEST_F(DsTrain, PipelineTrainsAsOneProcess) {
   EXPECT_EQ(fs::file_size(two / "hf_model" / "model.safetensors"),
             fs::file_size(one / "hf_model" / "model.safetensors"));
 
+  // --init_from into the stages: each loads its part of the one-process run's export; the first
+  // step's loss is then the same as a one-process run from that export.
+  const fs::path a = dir_ / "from_one", b = dir_ / "from_two";
+  const std::string init = " --init_from " + (one / "hf_model").string() + " --max_steps 1";
+  ASSERT_EQ(run(flags + init + " --output_dir " + a.string()), 0) << log_;
+  ASSERT_EQ(run(flags + init + " --pipeline_parallel_size 2 --output_dir " + b.string(), true,
+                launcher),
+            0)
+      << log_;
+  const auto la = values(a / "metrics" / "Train_Samples_train_loss.csv"),
+             lb = values(b / "metrics" / "Train_Samples_train_loss.csv");
+  ASSERT_EQ(la.size(), 1u);
+  ASSERT_EQ(lb.size(), 1u);
+  EXPECT_NEAR(lb[0], la[0], 1e-5 * std::abs(la[0]));
+
   // The flag and the config's pipeline.stages must agree.
   const fs::path cfg2 = dir_ / "pp2.json";
   std::ofstream(cfg2) << R"({"train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": 2},

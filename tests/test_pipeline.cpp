@@ -12,12 +12,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "ds/autograd/engine.h"
 #include "ds/comm/group.h"
@@ -25,6 +27,7 @@
 #include "ds/core/error.h"
 #include "ds/core/rng.h"
 #include "ds/models/gpt.h"
+#include "ds/models/hf_io.h"
 #include "ds/nn/tensor_parallel.h"
 #include "ds/ops/ops.h"
 #include "ds/runtime/config.h"
@@ -179,6 +182,31 @@ TEST_P(PipelineStages, ChainedByHandAreTheWholeModel) {
         }
     }
   }
+}
+
+// Every stage fills its part from one Hugging Face folder (ds_train --init_from with pipelines):
+// the other stages' tensors are skipped, the tied head's copy comes from wte, and a tensor that
+// belongs to no stage is still an error.
+TEST_P(PipelineStages, LoadTheirPartsFromOneHFFolder) {
+  const models::GPTConfig c = model_config(GetParam());
+  models::GPT whole(c);
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("ds_pipe_hf_" + std::to_string(::getpid()) + "_" + GetParam());
+  models::export_hf(whole, dir);
+  std::map<std::string, Tensor> full;
+  for (const auto& [name, p] : whole.named_parameters()) full[name] = p;
+  models::GPTConfig other = c;
+  other.seed = 99;  // different initial values: everything must come from the file
+  const auto bounds = stage_bounds(c, 3, "uniform");
+  for (int s = 0; s < 3; ++s) {
+    models::GPT stage(other, nullptr, models::PipeRange{bounds[s], bounds[s + 1]});
+    models::load_hf_weights(stage, dir);
+    for (const auto& [name, t] : stage.named_parameters())
+      EXPECT_EQ(max_diff(t, full[name]), 0.0) << name;
+    if (Tensor h = stage.tied_head_weight(); h.defined())
+      EXPECT_EQ(max_diff(h, full["wte.weight"]), 0.0);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, PipelineStages, ::testing::Values("gpt2", "llama"));

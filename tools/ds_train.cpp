@@ -223,10 +223,9 @@ int run(const Options& o, const Given& g) {
   const int pp_size = rc.pipeline_parallel;
   const int dp_size = world_size / (tp_size * pp_size);
   if (pp_size > 1) {
-    DS_CHECK(o.init_from.empty(),
-             "[ds_train] --init_from with --pipeline_parallel_size {} is not implemented yet; "
-             "fine-tune with --pipeline_parallel_size 1",
-             pp_size);
+    DS_CHECK(o.init_from.empty() || tp_size == 1,
+             "[ds_train] --init_from with both --pipeline_parallel_size and "
+             "--tensor_parallel_size is not implemented yet; use one of them");
     DS_CHECK(o.resume_from_checkpoint.empty(),
              "[ds_train] --resume_from_checkpoint with --pipeline_parallel_size {}: pipeline "
              "checkpoints are not implemented yet",
@@ -750,6 +749,11 @@ int run(const Options& o, const Given& g) {
       say(ds::train::export_tokenizer_beside(
           export_dir, {o.init_from.empty() ? fs::path() : fs::path(o.init_from), tok_dir},
           mcfg.vocab_size));
+      // Fine-tuned on a chat set: the export carries the template its examples were rendered
+      // with, so ds_serve, ds_generate and transformers' apply_chat_template format prompts the
+      // way the model was trained.
+      if (const std::string t = ds::train::sft_template_of(train_dir); !t.empty())
+        say(ds::train::set_export_chat_template(export_dir, t));
     }
     exported = true;
   }
