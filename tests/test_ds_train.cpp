@@ -296,7 +296,8 @@ TEST_F(DsTrain, SeveralRanksThroughTheLauncher) {
 }
 
 // Tensor parallelism on 2 ranks (tp = 2, dp = 1): the same losses and gradient norms as one
-// process (within fp32 summation order), no checkpoint (said at start-up), the HF export whole.
+// process (within fp32 summation order), the HF export whole, a checkpoint that one process
+// resumes, and --init_from an HF folder giving one process's losses from it.
 // A flag that disagrees with the config's autotp_size is refused naming both.
 TEST_F(DsTrain, TensorParallelTrainsAsOneProcess) {
   const std::string launcher = std::string(DS_LAUNCHER_EXE) + " --num_procs 2";
@@ -307,8 +308,7 @@ TEST_F(DsTrain, TensorParallelTrainsAsOneProcess) {
             0)
       << log_;
   EXPECT_NE(log_.find("tp=2"), std::string::npos) << log_;
-  EXPECT_NE(log_.find("checkpoints: not written"), std::string::npos) << log_;
-  EXPECT_FALSE(fs::exists(two / "latest"));
+  EXPECT_TRUE(fs::exists(two / "global_step4" / "mp_rank_01_model_states.safetensors")) << log_;
   auto values = [&](const fs::path& f) {
     std::vector<double> v;
     std::istringstream in(read(f));
@@ -328,6 +328,30 @@ TEST_F(DsTrain, TensorParallelTrainsAsOneProcess) {
   EXPECT_TRUE(fs::exists(two / "hf_model" / "model.safetensors"));
   EXPECT_EQ(fs::file_size(two / "hf_model" / "model.safetensors"),
             fs::file_size(one / "hf_model" / "model.safetensors"));
+
+  // The tp = 2 checkpoint resumes in one process (no conversion step).
+  fs::remove_all(two / "hf_model");
+  ASSERT_EQ(run(" --max_steps 6 --eval_steps 0 --sample_tokens 0 --output_dir " + two.string() +
+                " --resume_from_checkpoint latest"),
+            0)
+      << log_;
+  EXPECT_NE(log_.find("resumed from"), std::string::npos) << log_;
+  EXPECT_TRUE(fs::exists(two / "global_step6"));
+
+  // --init_from at tp = 2: each rank keeps its slices of the HF model; same losses as one process.
+  const fs::path i1 = dir_ / "init1", i2 = dir_ / "init2";
+  const std::string init =
+      " --max_steps 2 --eval_steps 0 --sample_tokens 0 --init_from " + (one / "hf_model").string();
+  ASSERT_EQ(run(init + " --output_dir " + i1.string()), 0) << log_;
+  ASSERT_EQ(run(init + " --tensor_parallel_size 2 --output_dir " + i2.string(), true, launcher), 0)
+      << log_;
+  {
+    const auto a = values(i1 / "metrics" / "Train_Samples_train_loss.csv"),
+               b = values(i2 / "metrics" / "Train_Samples_train_loss.csv");
+    ASSERT_EQ(a.size(), b.size());
+    ASSERT_FALSE(a.empty());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-4 * std::abs(a[i]));
+  }
 
   const fs::path cfg2 = dir_ / "tp2.json";
   std::ofstream(cfg2) << R"({"train_micro_batch_size_per_gpu": 2, "tensor_parallel": {"autotp_size": 2},

@@ -1,6 +1,7 @@
 // ds_to_fp32: DeepSpeed's zero_to_fp32 for our checkpoints. Consolidates the fp32 master weights of
-// a checkpoint written by any world size and ZeRO stage, offline, into one safetensors file (our
-// parameter names) or a Hugging Face folder (config.json, model.safetensors, tokenizer files).
+// a checkpoint written by any world size, ZeRO stage and tensor-parallel size, offline, into one
+// safetensors file (our parameter names) or a Hugging Face folder (config.json, model.safetensors,
+// tokenizer files).
 //
 //   ds_to_fp32 out/run model.safetensors                    ('latest' of the run folder, fp32)
 //   ds_to_fp32 out/run/global_step200 model.safetensors --dtype bf16
@@ -62,7 +63,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "Consolidates a deepspeed.cpp checkpoint (any world size and ZeRO stage) into one "
+      "Consolidates a deepspeed.cpp checkpoint (any world size, ZeRO stage and tensor-parallel "
+      "size) into one "
       "safetensors file of fp32 master weights by parameter name, or into a Hugging Face folder "
       "(DeepSpeed's zero_to_fp32). Reads only the master weights, parameter by parameter.",
       "ds_to_fp32"};
@@ -111,11 +113,15 @@ int main(int argc, char** argv) {
              output);
     ds::runtime::CheckpointShards ck(input, tag);
     fmt::print(
-        "{}: step {}, {} training, ZeRO stage {} on {} rank{}; {} parameters ({} elements) "
-        "from {} shard{}\n",
+        "{}: step {}, {} training, ZeRO stage {} on {} data-parallel rank{}{}; {} parameters ({} "
+        "elements) from {} shard{}\n",
         ck.folder().string(), ck.global_steps(), ds::dtype_name(ck.training_dtype()),
-        ck.zero_stage(), ck.world_size(), ck.world_size() == 1 ? "" : "s", ck.parameters().size(),
-        ck.numel(), ck.shard_files().size(), ck.shard_files().size() == 1 ? "" : "s");
+        ck.zero_stage(), ck.world_size(), ck.world_size() == 1 ? "" : "s",
+        ck.tensor_parallel() > 1 || ck.pipeline_parallel() > 1
+            ? fmt::format(" x tp {} x pp {}", ck.tensor_parallel(), ck.pipeline_parallel())
+            : "",
+        ck.parameters().size(), ck.numel(), ck.shard_files().size(),
+        ck.shard_files().size() == 1 ? "" : "s");
     if (!to_folder) {
       const fs::path out(output);
       if (!out.parent_path().empty()) fs::create_directories(out.parent_path());

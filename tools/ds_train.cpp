@@ -16,6 +16,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -235,15 +236,6 @@ int run(const Options& o, const Given& g) {
              "implemented yet; use --pipeline_parallel_size 1", pp_size);
   }
   if (tp_size > 1) {
-    DS_CHECK(o.init_from.empty(),
-             "[ds_train] --init_from with --tensor_parallel_size {} is not implemented yet "
-             "(importing cuts a Hugging Face model into slices); fine-tune with "
-             "--tensor_parallel_size 1",
-             tp_size);
-    DS_CHECK(o.resume_from_checkpoint.empty(),
-             "[ds_train] --resume_from_checkpoint with --tensor_parallel_size {}: tensor-parallel "
-             "checkpoints are not implemented yet",
-             tp_size);
     DS_CHECK(cfg.zero_optimization.stage <= 2,
              "[ds_train] --tensor_parallel_size {} works with ZeRO stages 0-2; the config has "
              "stage 3",
@@ -319,7 +311,21 @@ int run(const Options& o, const Given& g) {
   }
   pieces_only.reset();
   if (!o.init_from.empty()) {
-    const auto rep = ds::models::load_hf_weights(*model, o.init_from);
+    // With tensor parallelism each rank reads the whole model once and keeps its slices (the
+    // whole copy goes before the engine is built).
+    std::optional<ds::models::GPT> whole;
+    if (tp_size > 1) whole.emplace(mcfg, /*init=*/false);
+    const auto rep = ds::models::load_hf_weights(whole ? *whole : *model, o.init_from);
+    if (whole) {
+      const auto splits = ds::nn::tp_splits(*model);
+      std::map<std::string, ds::Tensor> full;
+      for (auto& [name, p] : whole->named_parameters()) full[name] = p.detach();
+      for (auto& [name, p] : model->named_parameters()) {
+        const auto it = splits.find(name);
+        p.copy_from(it == splits.end() ? full.at(name)
+                                       : ds::nn::local_part(full.at(name), it->second));
+      }
+    }
     say(fmt::format(
         "initialised from {}: {} tensors ({} Conv1D weights transposed){}",
         fmt::join(rep.files, ", "), rep.tensors, rep.transposed,
@@ -507,12 +513,14 @@ int run(const Options& o, const Given& g) {
 
   // ---- checkpoint and eval helpers ----
   int64_t last_saved = resumed ? engine->global_steps() : -1;  // that checkpoint exists already
-  const bool model_parallel = tp_size > 1 || pp_size > 1;
-  if (model_parallel)
-    say("checkpoints: not written (tensor- and pipeline-parallel checkpoints are not implemented "
-        "yet; the HF export at the end holds the trained weights)");
+  // Tensor-parallel checkpoints load at any (dp, tp) (docs/checkpoints.md); pipeline stages are
+  // not saved yet.
+  const bool pipelined = pp_size > 1;
+  if (pipelined)
+    say("checkpoints: not written (pipeline-parallel checkpoints are not implemented yet; the HF "
+        "export at the end holds the trained weights)");
   auto save = [&]() {
-    if (model_parallel) return;
+    if (pipelined) return;
     const auto t0 = std::chrono::steady_clock::now();
     const json client = {{"data", loader.state()},
                          {"ds_train",
@@ -699,7 +707,7 @@ int run(const Options& o, const Given& g) {
 
   // A generated sample, decoded with the tokenizer (loaded and checked at start-up).
   std::string sample_note;
-  if (sample_tokenizer && model_parallel) {
+  if (sample_tokenizer && (tp_size > 1 || pipelined)) {
     say("note: no sample: generation from a tensor- or pipeline-parallel model is not "
         "implemented (generate from the HF export with ds_generate)");
   } else if (sample_tokenizer) {
@@ -760,7 +768,7 @@ int run(const Options& o, const Given& g) {
                     last_eval, std::exp(last_eval), eval_baseline));
   say(fmt::format("metrics:    {}/*.csv", monitor.log_dir().string()));
   say(fmt::format("loss curve: {}", svg.string()));
-  if (!model_parallel)
+  if (!pipelined)
     say(fmt::format("checkpoint: {}/{} (resume: --resume_from_checkpoint latest)",
                     out_dir.string(), ds::train::latest_tag(out_dir)));
   if (exported)

@@ -282,6 +282,21 @@ Tensor gather_full(const Tensor& local, const TPSplit& s, const TensorParallel& 
   return local.dtype() == DType::f32 ? full : full.to(local.dtype());
 }
 
+Tensor local_part(const Tensor& full, const TPSplit& s) {
+  if (s.replicated()) return full;
+  DS_CHECK(
+      s.dim < full.dim() && full.size(s.dim) == s.full && s.blocks >= 1 && s.full % s.blocks == 0,
+      "[tensor parallel] local_part: a tensor {} cannot hold a part cut along {} of {} "
+      "elements",
+      shape_str(full.shape()), s.dim, s.full);
+  const Tensor x = full.detach();
+  const int64_t per_block = s.full / s.blocks;
+  std::vector<Tensor> pieces;
+  for (int64_t j = 0; j < s.blocks; ++j)
+    pieces.push_back(ops::slice(x, s.dim, j * per_block + s.begin, j * per_block + s.end));
+  return ops::contiguous(pieces.size() == 1 ? pieces[0] : ops::concat(pieces, s.dim));
+}
+
 std::map<std::string, TPSplit> tp_splits(const Module& root) {
   std::map<std::string, TPSplit> out;
   for (const auto& [name, m] : root.named_modules()) {

@@ -22,15 +22,19 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 
+#include "checkpoint_format.h"
+#include "checkpoint_parts.h"
 #include "ds/comm/group.h"
 #include "ds/core/checksum.h"
-#include "checkpoint_format.h"
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
 #include "ds/core/rng.h"
 #include "ds/core/safetensors.h"
+#include "ds/nn/tensor_parallel.h"
 #include "ds/runtime/checkpoint_files.h"
 #include "ds/runtime/engine.h"
 
@@ -126,20 +130,6 @@ void check_tag(const std::string& tag, const std::string& from) {
 
 }  // namespace
 
-namespace {
-
-std::string shard_file_name(DType training, int rank) {
-  return std::string(training == DType::bf16 ? "bf16_" : "") +
-         fmt::format("zero_pp_rank_{}_mp_rank_00_optim_states.safetensors", rank);
-}
-
-bool is_shard_file(const std::string& name, DType training) {
-  const std::string prefix = std::string(training == DType::bf16 ? "bf16_" : "") + "zero_pp_rank_";
-  return name.rfind(prefix, 0) == 0 && name.find("_optim_states.safetensors") != std::string::npos;
-}
-
-}  // namespace
-
 std::vector<fs::path> remove_stale_checkpoint_temporaries(const fs::path& dir) {
   std::vector<fs::path> removed;
   std::error_code ec;
@@ -181,10 +171,11 @@ void delete_checkpoint(const fs::path& dir, const std::string& tag) {
 }
 
 void Engine::check_single_model_part(const char* what) const {
-  // Every rank of one data-parallel replica writes the same file names today (mp_rank_00).
-  DS_CHECK(!options_.topology || options_.topology->model_parallel()->size() == 1,
-           "[checkpoint] {}: checkpoints of tensor- or pipeline-parallel runs ({}) are not "
-           "implemented yet; train with tensor_parallel and pipeline sizes 1 to save checkpoints",
+  // Tensor-parallel parts are written and read by full parameter name (checkpoint_parts.h); so
+  // would pipeline stages be, but the engine does not run pipelines.
+  DS_CHECK(!options_.topology || options_.topology->grid().pp == 1,
+           "[checkpoint] {}: checkpoints of pipeline-parallel runs ({}) are not implemented in "
+           "this engine; train with pipeline size 1 to save checkpoints",
            what, options_.topology->grid().str());
 }
 
@@ -196,7 +187,13 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
   DS_CHECK(tag.find('/') == std::string::npos && tag != "." && tag != "..",
            "[checkpoint] tag '{}' must be a plain folder name", tag);
   synchronize();  // a background optimizer step writes the state being saved
+  // ZeRO's ranks (the data-parallel group) write the optimizer shards of their model-parallel
+  // part; every rank of the job takes part in the folder's phases.
   const int rank = group_->rank(), n = group_->size();
+  comm::Group& world = options_.topology ? *options_.topology->world() : *group_;
+  const int world_rank = world.rank();
+  const int mp_size = options_.topology ? options_.topology->model_parallel()->size() : 1;
+  const int mp_rank = options_.topology ? options_.topology->mp_rank() : 0;
   const fs::path tmp = dir / fmt::format(".{}.tmp", tag);
   // Every phase ends with a collective status check: a failure on one rank (a full disk, a
   // read-only or node-local folder) becomes an error on every rank, so no rank waits for a peer
@@ -204,7 +201,7 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
   const std::string what = "checkpoint " + tag;
   std::error_code ec;
   std::string error;
-  if (rank == 0) {
+  if (world_rank == 0) {
     fs::path failed = dir;
     fs::create_directories(dir, ec);
     if (!ec) {
@@ -216,21 +213,28 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
       error = fmt::format("[checkpoint] cannot create {}: {} (is the path writable?)",
                           failed.string(), ec.message());
   }
-  comm::raise_if_any_failed(*group_, error, what + ": creating the folder");
-  if (rank != 0 && !fs::is_directory(tmp)) {
+  comm::raise_if_any_failed(world, error, what + ": creating the folder");
+  if (world_rank != 0 && !fs::is_directory(tmp)) {
     // The classic multi-node mistake: a node-local folder (/tmp, a local disk) as the output.
     error = fmt::format(
         "[checkpoint] rank {} does not see the folder {} that rank 0 just created: every rank "
         "writes its shard into one folder, so with several nodes the checkpoint folder must be on "
         "a filesystem that every node mounts (NFS, Lustre, ...); choose such an output folder",
-        rank, tmp.string());
+        world_rank, tmp.string());
   }
-  comm::raise_if_any_failed(*group_, error, what + ": opening the folder on every rank");
+  comm::raise_if_any_failed(world, error, what + ": opening the folder on every rank");
 
   // Stage 3: gather each parameter in turn (a collective) so that rank 0 writes a complete model
   // file that any world size and stage can load (DeepSpeed's
-  // stage3_gather_16bit_weights_on_model_save).
+  // stage3_gather_16bit_weights_on_model_save). With tensor parallelism these are this rank's
+  // slices, and every file says which part of each whole parameter it holds.
   std::vector<std::pair<std::string, Tensor>> weights = zero_->full_weights();
+  std::map<std::string, nn::TPSplit> splits;
+  if (mp_size > 1) splits = nn::tp_splits(*model_);
+  auto slice_of = [&](const std::string& name, const Shape& local) {
+    auto it = splits.find(name);
+    return detail::Slice::of(local, it == splits.end() ? nn::TPSplit{} : it->second);
+  };
 
   try {
     if (rank == 0) {
@@ -253,13 +257,22 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
           {"ds_config_source", config_.source},
           {"client_state", client_state},
       };
-      safetensors::save((tmp / kModelFile).string(), weights, {{"ds_engine", engine_state.dump()}});
+      std::map<std::string, std::string> meta;
+      if (mp_size > 1) {
+        const comm::Grid& g = options_.topology->grid();
+        engine_state["model_parallel"] = {{"tp", g.tp}, {"pp", g.pp}, {"mp_rank", mp_rank}};
+        nlohmann::json slices = nlohmann::json::object();
+        for (const auto& [name, t] : weights) slices[name] = slice_of(name, t.shape()).to_json();
+        meta["ds_slices"] = slices.dump();
+      }
+      meta["ds_engine"] = engine_state.dump();
+      safetensors::save((tmp / detail::model_file_name(mp_rank)).string(), weights, meta);
     }
 
     // Optimizer shard: this rank's fp32 master weights and moments. `segments` maps them to the
-    // flat coordinates (the unpadded concatenation of all parameters): one range for stages 0-2,
-    // one piece per parameter for stage 3. Stage 0 ranks all hold the same full state: rank 0
-    // writes it once.
+    // flat coordinates (the unpadded concatenation of all parameters of this model-parallel
+    // part): one range for stages 0-2, one piece per parameter for stage 3. Stage 0 ranks all hold
+    // the same full state: rank 0 writes it once.
     const bool sharded = zero_->partitioned();
     if (sharded || rank == 0) {
       nlohmann::json segments = nlohmann::json::array();
@@ -269,12 +282,13 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
         count = std::max(count, h.offset + (h.flat_end - h.flat_begin));
       }
       nlohmann::json names = nlohmann::json::array(), shapes = nlohmann::json::array(),
-                     offsets = nlohmann::json::array();
+                     offsets = nlohmann::json::array(), slices = nlohmann::json::array();
       const nn::FlatParameters& flat = zero_->flat();
       for (const auto& e : flat.entries) {
         names.push_back(e.name);
         shapes.push_back(e.shape);
         offsets.push_back(e.offset);
+        slices.push_back(slice_of(e.name, e.shape).to_json());
       }
       nlohmann::json opt_state = {
           {"format_version", kFormatVersion},
@@ -290,14 +304,23 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
           {"zero_stage", zero_stage()},
           {"rank", rank},
       };
+      if (mp_size > 1) {
+        // param_shapes are this part's local shapes; param_slices say where they sit in the
+        // whole parameters, so that any layout can take its elements from here.
+        opt_state["param_slices"] = slices;
+        opt_state["mp_rank"] = mp_rank;
+      }
       // Streamed sub-group by sub-group from wherever the state lives (RAM, or NVMe swap files:
       // each sub-group is read once and never held whole).
       zero::StateStore& store = zero_->state();
       std::vector<safetensors::Declared> declared = {{"fp32_master", DType::f32, {count}}};
       for (const auto& name : store.state_names()) declared.push_back({name, DType::f32, {count}});
       safetensors::save_streamed(
-          (tmp / shard_file_name(training_dtype(), sharded ? rank : 0)).string(), declared,
-          {{"ds_optimizer", opt_state.dump()}}, [&](const safetensors::WriteAt& write_at) {
+          (tmp /
+           detail::optim_file_name(training_dtype() == DType::bf16, sharded ? rank : 0, mp_rank))
+              .string(),
+          declared, {{"ds_optimizer", opt_state.dump()}},
+          [&](const safetensors::WriteAt& write_at) {
             store.for_each(zero::Access::Read, [&](const zero::StateChunk& c) {
               const int64_t n = std::min(c.numel, count - c.begin);
               if (n <= 0) return;
@@ -311,16 +334,16 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
   } catch (const std::exception& e) {
     error = fmt::format(
         "[checkpoint] rank {} failed writing {}: {} (is the disk full or the folder read-only?)",
-        rank, (dir / tag).string(), e.what());
+        world_rank, (dir / tag).string(), e.what());
   }
   try {
-    comm::raise_if_any_failed(*group_, error, what + ": writing the files");
+    comm::raise_if_any_failed(world, error, what + ": writing the files");
   } catch (const Error&) {
-    if (rank == 0) fs::remove_all(tmp, ec);  // half-written: never leave it for a later load
+    if (world_rank == 0) fs::remove_all(tmp, ec);  // half-written: never leave it for a later load
     throw;
   }
 
-  if (rank == 0) {
+  if (world_rank == 0) {
     try {
       nlohmann::json sums = nlohmann::json::object();
       for (const auto& entry : fs::directory_iterator(tmp)) {
@@ -346,7 +369,7 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
       fs::remove_all(tmp, ec);
     }
   }
-  comm::raise_if_any_failed(*group_, error, what + ": the checksums and `latest`");
+  comm::raise_if_any_failed(world, error, what + ": the checksums and `latest`");
 }
 
 nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::string& tag_in) {
@@ -356,14 +379,15 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
   // there (a damaged shard, an I/O error in the swap file) is agreed on by every rank before the
   // collective part (stage 3's parameter pieces), so no rank waits for one that stopped.
   const std::string what = fmt::format("loading checkpoint {} on every rank", dir_in);
+  comm::Group& world = options_.topology ? *options_.topology->world() : *group_;
   bool agreed = false;
   try {
     return load_checkpoint_files(dir_in, tag_in, [&] {
       agreed = true;
-      comm::raise_if_any_failed(*group_, "", what);
+      comm::raise_if_any_failed(world, "", what);
     });
   } catch (const Error& e) {
-    if (!agreed) comm::raise_if_any_failed(*group_, e.what(), what);
+    if (!agreed) comm::raise_if_any_failed(world, e.what(), what);
     throw;
   }
 }
@@ -410,7 +434,9 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
            "[checkpoint] {} is corrupted: expected a JSON object of files, got {}",
            sums_path.string(), sums.type_name());
   const Meta sums_meta(sums, sums_path.string(), "checksums");
+  std::set<std::string> verified;  // each file is hashed once
   auto verify = [&](const std::string& f) {
+    if (verified.count(f)) return;
     const fs::path p = ck / f;
     DS_CHECK(sums.contains(f), "[checkpoint] {} does not list {}", sums_path.string(), f);
     DS_CHECK(fs::exists(p), "[checkpoint] {} is missing", p.string());
@@ -424,28 +450,32 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
     DS_CHECK(hex64(h) == want_hash,
              "[checkpoint] {} is corrupted: checksum {} differs from the recorded {}", p.string(),
              hex64(h), want_hash);
+    verified.insert(f);
   };
-  std::vector<std::string> shard_files;
+  // Optimizer shards by model-parallel part and data-parallel rank.
+  const bool bf16 = training_dtype() == DType::bf16;
+  std::map<int, std::map<int, std::string>> shard_names;  // mp rank -> dp rank -> file
   for (auto it = sums.begin(); it != sums.end(); ++it)
-    if (is_shard_file(it.key(), training_dtype())) shard_files.push_back(it.key());
-  if (shard_files.empty()) {
-    const DType other = training_dtype() == DType::bf16 ? DType::f32 : DType::bf16;
+    if (auto dm = detail::parse_optim_file_name(it.key(), bf16))
+      shard_names[dm->second][dm->first] = it.key();
+  if (shard_names.empty()) {
     bool other_found = false;
     for (auto it = sums.begin(); it != sums.end(); ++it)
-      other_found = other_found || is_shard_file(it.key(), other);
+      other_found = other_found || detail::parse_optim_file_name(it.key(), !bf16).has_value();
     DS_CHECK(!other_found,
              "[checkpoint] {} was written by a {} run; this run trains in {} (DeepSpeed names the "
              "bf16 optimizer files differently). Resume with the same precision",
-             ck.string(), training_dtype() == DType::bf16 ? "non-bf16" : "bf16",
-             dtype_name(training_dtype()));
+             ck.string(), bf16 ? "non-bf16" : "bf16", dtype_name(training_dtype()));
     DS_THROW("[checkpoint] {} holds no optimizer shard (zero_pp_rank_*_optim_states.safetensors)",
              ck.string());
   }
 
-  // Model weights: exactly our names and shapes.
+  // Model states: the engine state is in part 0's file (every part's holds the same).
   verify(kModelFile);
-  safetensors::Reader model_file((ck / kModelFile).string());
-  const nlohmann::json engine_json = parse_metadata(model_file, "ds_engine", "[checkpoint]");
+  std::vector<safetensors::Reader> model_readers;
+  model_readers.emplace_back((ck / kModelFile).string());
+  const nlohmann::json engine_json =
+      parse_metadata(model_readers.front(), "ds_engine", "[checkpoint]");
   const Meta engine_state(engine_json, (ck / kModelFile).string(), "ds_engine");
   // Every field is read (and type-checked) before any state changes, so a damaged file leaves the
   // engine as it was.
@@ -462,143 +492,335 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
                  dropout_offset = dropout.unsigned64("offset");
   nlohmann::json client_state = nlohmann::json::object();
   if (engine_state.has("client_state")) client_state = engine_state.object("client_state").json();
+  // The layout that wrote it: one part (mp_rank_00) unless ds_engine.model_parallel says more.
+  int64_t ck_tp = 1, ck_pp = 1;
+  if (engine_state.has("model_parallel")) {
+    const Meta m = engine_state.object("model_parallel");
+    ck_tp = m.integer("tp", 1);
+    ck_pp = m.integer("pp", 1);
+  }
+  const int ck_mp = static_cast<int>(ck_tp * ck_pp);
+  const std::string layout = fmt::format("tp={} pp={}", ck_tp, ck_pp);
+  for (auto it = sums.begin(); it != sums.end(); ++it)
+    if (auto mp = detail::parse_model_file_name(it.key()))
+      DS_CHECK(*mp < ck_mp,
+               "[checkpoint] {} lists {}, but {} says the checkpoint was written with {} ({} "
+               "model-parallel part(s)): the folder mixes saves of different layouts",
+               sums_path.string(), it.key(), (ck / kModelFile).string(), layout, ck_mp);
+  for (int k = 1; k < ck_mp; ++k) {
+    const std::string f = detail::model_file_name(k);
+    DS_CHECK(sums.contains(f) && fs::exists(ck / f),
+             "[checkpoint] {} is missing: the checkpoint was written with {} ({} model-parallel "
+             "parts, mp_rank_00 to mp_rank_{:02d}); copy it from the run's checkpoint folder",
+             (ck / f).string(), layout, ck_mp, ck_mp - 1);
+    model_readers.emplace_back((ck / f).string());
+  }
+  // Which part of every whole parameter each model file holds.
+  std::vector<detail::PartIndex> model_parts;
+  for (int k = 0; k < ck_mp; ++k) {
+    const safetensors::Reader& r = model_readers[static_cast<size_t>(k)];
+    detail::PartIndex part{r.path(), {}};
+    if (ck_mp == 1 && !r.metadata().count("ds_slices")) {
+      for (const auto& e : r.entries()) part.slices[e.name] = detail::Slice::whole(e.shape);
+    } else {
+      const nlohmann::json sl = parse_metadata(r, "ds_slices", "[checkpoint]");
+      for (const auto& e : r.entries()) {
+        DS_CHECK(sl.contains(e.name),
+                 "[checkpoint] {}: the ds_slices metadata does not say which part of {} the file "
+                 "holds; the file is damaged",
+                 r.path(), e.name);
+        const detail::Slice s =
+            detail::Slice::from_json(sl[e.name], r.path(), "ds_slices." + e.name, "[checkpoint]");
+        DS_CHECK(s.local_shape() == e.shape,
+                 "[checkpoint] {}: {} is {} in the file, but its slice ({}) is {}; the file is "
+                 "damaged",
+                 r.path(), e.name, shape_str(e.shape), s.str(), shape_str(s.local_shape()));
+        part.slices[e.name] = s;
+      }
+    }
+    model_parts.push_back(std::move(part));
+  }
+  const auto model_sources = detail::plan_sources(model_parts, ck.string(), "[checkpoint]");
+
+  // This rank's part of every parameter (whole without tensor parallelism).
+  const std::map<std::string, nn::TPSplit> splits = nn::tp_splits(*model_);
+  auto slice_of = [&](const std::string& name, const Shape& local) {
+    auto it = splits.find(name);
+    return detail::Slice::of(local, it == splits.end() ? nn::TPSplit{} : it->second);
+  };
+
+  // Model weights: exactly our names and whole shapes.
+  const std::string model_where =
+      ck_mp == 1 ? (ck / kModelFile).string()
+                 : fmt::format("{} (mp_rank_*_model_states.safetensors)", ck.string());
   auto params = model_->named_parameters();
   std::vector<std::string> problems;
+  std::set<std::string> ours;
+  std::set<size_t> model_parts_read;
   for (auto& [name, p] : params) {
-    if (!model_file.contains(name)) {
+    ours.insert(name);
+    auto it = model_sources.find(name);
+    if (it == model_sources.end()) {
       problems.push_back("missing " + name);
       continue;
     }
-    const auto& e = model_file.entry(name);
-    if (e.shape != p.shape())
+    const detail::Slice want = slice_of(name, p.shape());
+    const Shape& whole = it->second.front().slice.full;
+    if (whole != want.full) {
       problems.push_back(fmt::format("{}: shape {} in the file, {} in the model", name,
-                                     shape_str(e.shape), shape_str(p.shape())));
+                                     shape_str(whole), shape_str(want.full)));
+      continue;
+    }
+    for (const detail::Source& s : it->second)
+      if (detail::overlap_numel(s.slice, want) > 0) model_parts_read.insert(s.part);
   }
-  for (const auto& name : model_file.names()) {
-    bool known = false;
-    for (auto& [n2, p] : params) known = known || n2 == name;
-    if (!known) problems.push_back("unexpected " + name);
-  }
+  for (const auto& [name, v] : model_sources)
+    if (!ours.count(name)) problems.push_back("unexpected " + name);
   bool lora_names = false;
   for (const auto& pr : problems)
     lora_names = lora_names || pr.find(".lora_A.") != std::string::npos ||
                  pr.find(".lora_B.") != std::string::npos;
-  DS_CHECK(problems.empty(), "[checkpoint] {} does not match this model: {}{}",
-           (ck / kModelFile).string(), fmt::join(problems, "; "),
+  DS_CHECK(problems.empty(), "[checkpoint] {} does not match this model: {}{}", model_where,
+           fmt::join(problems, "; "),
            lora_names ? " (LoRA matrices differ: resume with the LoRA settings the checkpoint was "
                         "written with, --lora_dim and --lora_module_name)"
                       : "");
+  for (size_t k : model_parts_read) {
+    verify(fs::path(model_parts[k].file).filename().string());
+    for (const auto& e : model_readers[k].entries())
+      DS_CHECK(
+          e.supported && (e.dtype == DType::f32 || e.dtype == DType::bf16 || e.dtype == DType::f16),
+          "[checkpoint] {}: {} is stored as {}, not a floating type", model_parts[k].file, e.name,
+          e.dtype_name);
+  }
 
-  // Optimizer shards: whatever world size and stage wrote them, take the elements this rank holds,
-  // as (flat begin, flat end, offset in our buffers) pieces.
-  std::vector<std::array<int64_t, 3>> wants;
-  for (const zero::HeldRange& h : zero_->held_ranges())
-    wants.push_back({h.flat_begin, h.flat_end, h.offset});
+  // Optimizer shards: whatever (dp, tp, pp) and stage wrote them, take the elements this rank
+  // holds. Each shard lists its part's flat layout (names, local shapes, offsets, slices) and the
+  // flat ranges it stores ("segments"); a parameter's elements are found through its slices.
+  const std::vector<zero::HeldRange> held = zero_->held_ranges();
   const nn::FlatParameters& flat = zero_->flat();
   zero::StateStore& store = zero_->state();
   std::vector<std::string> state_names = {"fp32_master"};
   for (const auto& name : store.state_names()) state_names.push_back(name);
   int64_t needed = 0;
-  for (const auto& w : wants) needed += w[1] - w[0];
+  for (const auto& h : held) needed += h.flat_end - h.flat_begin;
 
-  // First every shard's metadata is checked and the pieces this rank needs are listed; then the
-  // state is filled sub-group by sub-group (an NVMe store never holds it whole).
   struct Piece {
     size_t reader;
     int64_t src, dst, len;  // elements: offset in the file's tensors, offset in our buffers
   };
+  struct Segment {
+    int64_t begin, end, offset;  // flat [begin, end) of the part, at `offset` in the file
+    size_t reader;
+  };
   std::vector<safetensors::Reader> readers;
-  std::vector<std::vector<const float*>> sources;  // per reader, per state name
-  std::vector<Piece> pieces;
+  std::vector<std::string> reader_files;
+  std::vector<std::vector<const float*>> sources;  // per reader, per state name (lazily)
+  std::vector<std::vector<Segment>> part_segments(static_cast<size_t>(ck_mp));
+  std::vector<detail::PartIndex> opt_parts(static_cast<size_t>(ck_mp));
+  std::vector<std::map<std::string, int64_t>> part_offsets(static_cast<size_t>(ck_mp));
+  std::vector<std::string> opt_first(static_cast<size_t>(ck_mp));
   nlohmann::json scalar_state;
-  int64_t covered = 0;
-  for (const auto& f : shard_files) {
-    const std::string path = (ck / f).string();
-    readers.emplace_back(path);
-    const safetensors::Reader& reader = readers.back();
-    sources.emplace_back();
-    const nlohmann::json meta_json = parse_metadata(reader, "ds_optimizer", "[checkpoint]");
-    const Meta meta(meta_json, path, "ds_optimizer");
-    const int64_t numel = meta.integer("numel");
-    const nlohmann::json& names = meta.array("param_names");
-    const nlohmann::json& shapes = meta.array("param_shapes");
-    DS_CHECK(numel == flat.numel && names.size() == flat.entries.size(),
-             "[checkpoint] {} holds {} parameters ({} elements); this model has {} ({} elements)",
-             path, names.size(), numel, flat.entries.size(), flat.numel);
-    DS_CHECK(
-        shapes.size() == names.size(),
-        "[checkpoint] {}: ds_optimizer lists {} parameter names but {} shapes; the file is damaged",
-        path, names.size(), shapes.size());
-    for (size_t i = 0; i < flat.entries.size(); ++i) {
-      if (!names[i].is_string()) meta.bad(fmt::format("param_names[{}]", i), names[i], "a string");
-      bool shape_ok = shapes[i].is_array();
-      for (const auto& d : shapes[i])
-        shape_ok = shape_ok && d.is_number_integer() && d.get<int64_t>() >= 0;
-      if (!shape_ok)
-        meta.bad(fmt::format("param_shapes[{}]", i), shapes[i], "a list of integers >= 0");
-      DS_CHECK(names[i].get<std::string>() == flat.entries[i].name &&
-                   shapes[i].get<Shape>() == flat.entries[i].shape,
-               "[checkpoint] {}: parameter {} is {} {} in the file but {} {} in the model", path, i,
-               names[i].get<std::string>(), shape_str(shapes[i].get<Shape>()), flat.entries[i].name,
-               shape_str(flat.entries[i].shape));
-    }
-    const std::string opt_name = meta.string("optimizer");
-    DS_CHECK(opt_name == optimizer_->name(),
-             "[checkpoint] {} was written with the {} optimizer; this run uses {}", path, opt_name,
-             optimizer_->name());
-    const Meta scalars = meta.object("scalar_state");
-    for (const auto& [k, v] : scalars.json().items())
-      if (!v.is_number()) meta.bad("scalar_state." + k, v, "a number");
-    scalar_state = scalars.json();
-    bool verified = false;
-    for (const auto& seg : meta.array("segments")) {
-      bool seg_ok = seg.is_array() && seg.size() == 3;
-      for (size_t k = 0; seg_ok && k < 3; ++k)
-        seg_ok = seg[k].is_number_integer() && seg[k].get<int64_t>() >= 0;
-      if (!seg_ok)
-        meta.bad("segments[]", seg,
-                 "a list of [flat begin, flat end, offset] integer triples >= 0");
-      const int64_t fb = seg[0].get<int64_t>(), fe = seg[1].get<int64_t>(),
-                    foff = seg[2].get<int64_t>();
-      DS_CHECK(fb <= fe && fe <= flat.numel,
-               "[checkpoint] {}: segment [{}, {}) lies outside the {} flat elements; the file is "
-               "damaged",
-               path, fb, fe, flat.numel);
-      for (const auto& w : wants) {
-        const int64_t a = std::max(fb, w[0]), z = std::min(fe, w[1]);
-        if (a >= z) continue;
-        if (!verified) {
-          verify(f);
-          verified = true;
+  for (const auto& [mp, by_dp] : shard_names) {
+    DS_CHECK(mp < ck_mp,
+             "[checkpoint] {} lists {}, but {} says the checkpoint was written with {} ({} "
+             "model-parallel part(s)): the folder mixes saves of different layouts",
+             sums_path.string(), by_dp.begin()->second, (ck / kModelFile).string(), layout, ck_mp);
+    int64_t partition_count = 0;
+    nlohmann::json first_names, first_shapes, first_offsets, first_slices;
+    for (const auto& [dp, f] : by_dp) {
+      const std::string path = (ck / f).string();
+      DS_CHECK(fs::exists(ck / f),
+               "[checkpoint] {} is missing (checksums.json lists it): the checkpoint is "
+               "incomplete; copy the file from the run's checkpoint folder",
+               path);
+      readers.emplace_back(path);
+      reader_files.push_back(f);
+      sources.emplace_back();
+      const safetensors::Reader& reader = readers.back();
+      const nlohmann::json meta_json = parse_metadata(reader, "ds_optimizer", "[checkpoint]");
+      const Meta meta(meta_json, path, "ds_optimizer");
+      const int64_t numel = meta.integer("numel");
+      const nlohmann::json& names = meta.array("param_names");
+      const nlohmann::json& shapes = meta.array("param_shapes");
+      const nlohmann::json& offsets = meta.array("param_offsets");
+      DS_CHECK(shapes.size() == names.size() && offsets.size() == names.size(),
+               "[checkpoint] {}: ds_optimizer lists {} parameter names, {} shapes and {} offsets; "
+               "the file is damaged",
+               path, names.size(), shapes.size(), offsets.size());
+      nlohmann::json slices = nlohmann::json::array();
+      if (meta.has("param_slices")) {
+        slices = meta.array("param_slices");
+        DS_CHECK(slices.size() == names.size(),
+                 "[checkpoint] {}: ds_optimizer lists {} parameter names but {} slices; the file "
+                 "is damaged",
+                 path, names.size(), slices.size());
+      }
+      const std::string opt_name = meta.string("optimizer");
+      DS_CHECK(opt_name == optimizer_->name(),
+               "[checkpoint] {} was written with the {} optimizer; this run uses {}", path,
+               opt_name, optimizer_->name());
+      const Meta scalars = meta.object("scalar_state");
+      for (const auto& [k, v] : scalars.json().items())
+        if (!v.is_number()) meta.bad("scalar_state." + k, v, "a number");
+      if (scalar_state.is_null()) scalar_state = scalars.json();
+      const int64_t pc = meta.has("partition_count") ? meta.integer("partition_count", 1) : 1;
+      const size_t m = static_cast<size_t>(mp);
+      if (opt_first[m].empty()) {
+        opt_first[m] = path;
+        partition_count = pc;
+        first_names = names;
+        first_shapes = shapes;
+        first_offsets = offsets;
+        first_slices = slices;
+        detail::PartIndex part{path, {}};
+        for (size_t i = 0; i < names.size(); ++i) {
+          if (!names[i].is_string())
+            meta.bad(fmt::format("param_names[{}]", i), names[i], "a string");
+          bool shape_ok = shapes[i].is_array();
+          int64_t count = 1;
+          for (const auto& d : shapes[i]) {
+            shape_ok = shape_ok && d.is_number_integer() && d.get<int64_t>() >= 0;
+            if (shape_ok) count *= d.get<int64_t>();
+          }
+          if (!shape_ok)
+            meta.bad(fmt::format("param_shapes[{}]", i), shapes[i], "a list of integers >= 0");
+          if (!offsets[i].is_number_integer() || offsets[i].get<int64_t>() < 0 ||
+              offsets[i].get<int64_t>() + count > numel)
+            meta.bad(fmt::format("param_offsets[{}]", i), offsets[i],
+                     fmt::format("an offset inside the {} flat elements", numel));
+          const std::string name = names[i].get<std::string>();
+          const Shape local = shapes[i].get<Shape>();
+          detail::Slice s = detail::Slice::whole(local);
+          if (!slices.empty()) {
+            s = detail::Slice::from_json(
+                slices[i], path, fmt::format("ds_optimizer.param_slices[{}]", i), "[checkpoint]");
+            DS_CHECK(s.local_shape() == local,
+                     "[checkpoint] {}: parameter {} is {} in the file, but its slice ({}) is {}; "
+                     "the file is damaged",
+                     path, name, shape_str(local), s.str(), shape_str(s.local_shape()));
+          }
+          part.slices[name] = s;
+          part_offsets[m][name] = offsets[i].get<int64_t>();
         }
-        auto& src = sources.back();
-        if (src.empty()) {
-          for (const auto& name : state_names) {
-            DS_CHECK(reader.contains(name), "[checkpoint] {} has no optimizer state '{}'", path,
-                     name);
-            const auto& entry = reader.entry(name);
-            DS_CHECK(entry.supported && entry.dtype == DType::f32,
-                     "[checkpoint] {}: '{}' is not fp32", path, name);
-            src.push_back(reinterpret_cast<const float*>(reader.data_of(entry)));
+        opt_parts[m] = std::move(part);
+      } else {
+        DS_CHECK(pc == partition_count,
+                 "[checkpoint] {} was written by {} data-parallel partitions, {} by {}: the folder "
+                 "mixes shards of different saves; use the files of one save only",
+                 path, pc, opt_first[m], partition_count);
+        DS_CHECK(names == first_names && shapes == first_shapes && offsets == first_offsets &&
+                     slices == first_slices,
+                 "[checkpoint] {} lists other parameters (names, shapes, offsets or slices) than "
+                 "{}: the folder mixes shards of different saves; use the files of one save only",
+                 path, opt_first[m]);
+      }
+      for (const auto& seg : meta.array("segments")) {
+        bool seg_ok = seg.is_array() && seg.size() == 3;
+        for (size_t k = 0; seg_ok && k < 3; ++k)
+          seg_ok = seg[k].is_number_integer() && seg[k].get<int64_t>() >= 0;
+        if (!seg_ok)
+          meta.bad("segments[]", seg,
+                   "a list of [flat begin, flat end, offset] integer triples >= 0");
+        const int64_t fb = seg[0].get<int64_t>(), fe = seg[1].get<int64_t>(),
+                      foff = seg[2].get<int64_t>();
+        DS_CHECK(fb <= fe && fe <= numel,
+                 "[checkpoint] {}: segment [{}, {}) lies outside the {} flat elements; the file is "
+                 "damaged",
+                 path, fb, fe, numel);
+        if (fb < fe) part_segments[m].push_back({fb, fe, foff, readers.size() - 1});
+      }
+    }
+    for (int64_t d = 0; d < partition_count; ++d)
+      DS_CHECK(by_dp.count(static_cast<int>(d)),
+               "[checkpoint] {} is missing: the optimizer state of model-parallel part {} was "
+               "written by {} data-parallel ranks; copy the file from the run's checkpoint folder",
+               (ck / detail::optim_file_name(bf16, static_cast<int>(d), mp)).string(), mp,
+               partition_count);
+    DS_CHECK(by_dp.rbegin()->first < partition_count,
+             "[checkpoint] {} says the run had {} data-parallel partitions, but {} is there: the "
+             "folder mixes shards of different saves",
+             opt_first[static_cast<size_t>(mp)], partition_count, by_dp.rbegin()->second);
+  }
+  for (int k = 0; k < ck_mp; ++k)
+    DS_CHECK(!opt_first[static_cast<size_t>(k)].empty(),
+             "[checkpoint] {} holds no optimizer shard of model-parallel part {} ({} is missing); "
+             "the checkpoint is incomplete",
+             ck.string(), k, detail::optim_file_name(bf16, 0, k));
+  for (auto& segs : part_segments)
+    std::sort(segs.begin(), segs.end(),
+              [](const Segment& a, const Segment& b) { return a.begin < b.begin; });
+  const auto opt_sources = detail::plan_sources(opt_parts, ck.string(), "[checkpoint]");
+
+  // The state tensors of shard `r`, verified once, on first use.
+  auto state_of = [&](size_t r) -> const std::vector<const float*>& {
+    auto& src = sources[r];
+    if (!src.empty()) return src;
+    verify(reader_files[r]);
+    const safetensors::Reader& reader = readers[r];
+    for (const auto& name : state_names) {
+      DS_CHECK(reader.contains(name), "[checkpoint] {} has no optimizer state '{}'", reader.path(),
+               name);
+      const auto& entry = reader.entry(name);
+      DS_CHECK(entry.supported && entry.dtype == DType::f32, "[checkpoint] {}: '{}' is not fp32",
+               reader.path(), name);
+      const int64_t have = static_cast<int64_t>((entry.end - entry.begin) / sizeof(float));
+      for (const auto& segs : part_segments)
+        for (const Segment& s : segs)
+          DS_CHECK(s.reader != r || s.offset + (s.end - s.begin) <= have,
+                   "[checkpoint] {}: segment [{}, {}) at offset {} reads past the {} elements of "
+                   "'{}'; the file is damaged",
+                   reader.path(), s.begin, s.end, s.offset, have, name);
+      src.push_back(reinterpret_cast<const float*>(reader.data_of(entry)));
+    }
+    return src;
+  };
+  std::vector<Piece> pieces;
+  int64_t covered = 0;
+  for (const auto& e : flat.entries) {
+    const int64_t e_numel = e.numel;
+    bool wanted = false;
+    for (const auto& h : held)
+      wanted =
+          wanted || std::max(h.flat_begin, e.offset) < std::min(h.flat_end, e.offset + e_numel);
+    if (!wanted) continue;
+    auto it = opt_sources.find(e.name);
+    DS_CHECK(it != opt_sources.end(),
+             "[checkpoint] the optimizer shards in {} hold no state for parameter {}; the "
+             "checkpoint was written by another model (or other LoRA settings)",
+             ck.string(), e.name);
+    const detail::Slice want = slice_of(e.name, e.shape);
+    DS_CHECK(it->second.front().slice.full == want.full,
+             "[checkpoint] {}: parameter {} is whole {} in the optimizer shards, {} in this model",
+             ck.string(), e.name, shape_str(it->second.front().slice.full), shape_str(want.full));
+    for (const detail::Source& src : it->second) {
+      const int64_t base = part_offsets[src.part].at(e.name);
+      const std::vector<Segment>& segs = part_segments[src.part];
+      for (const detail::Run& r : detail::overlap_runs(src.slice, want)) {
+        for (const auto& h : held) {
+          const int64_t a = std::max(h.flat_begin, e.offset + r.dst),
+                        z = std::min(h.flat_end, e.offset + r.dst + r.len);
+          if (a >= z) continue;
+          const int64_t s0 = base + r.src + (a - e.offset - r.dst),
+                        d0 = h.offset + (a - h.flat_begin);
+          const int64_t s1 = s0 + (z - a);
+          auto sit = std::upper_bound(segs.begin(), segs.end(), s0,
+                                      [](int64_t v, const Segment& s) { return v < s.begin; });
+          if (sit != segs.begin()) --sit;
+          for (; sit != segs.end() && sit->begin < s1; ++sit) {
+            const int64_t x = std::max(s0, sit->begin), y = std::min(s1, sit->end);
+            if (x >= y) continue;
+            state_of(sit->reader);
+            pieces.push_back({sit->reader, sit->offset + (x - sit->begin), d0 + (x - s0), y - x});
+            covered += y - x;
           }
         }
-        for (const auto& name : state_names) {
-          const auto& entry = reader.entry(name);
-          const int64_t have = static_cast<int64_t>((entry.end - entry.begin) / sizeof(float));
-          DS_CHECK(
-              foff + (z - fb) <= have,
-              "[checkpoint] {}: segment [{}, {}) at offset {} reads past the {} elements of '{}'; "
-              "the file is damaged",
-              path, fb, fe, foff, have, name);
-        }
-        pieces.push_back({readers.size() - 1, foff + (a - fb), w[2] + (a - w[0]), z - a});
-        covered += z - a;
       }
     }
   }
   DS_CHECK(covered == needed,
            "[checkpoint] the optimizer shards in {} cover {} of the {} elements this rank needs; a "
-           "shard file is missing",
+           "shard file is missing or the shards overlap",
            ck.string(), covered, needed);
   store.for_each(zero::Access::Overwrite, [&](const zero::StateChunk& c) {
     std::vector<float*> dst = {c.master};
@@ -613,11 +835,30 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
     }
   });
   local_part_done();
-  // Weights: stages 0-2 read every parameter from the model file (in fp32 training the master
-  // weights are a view of them and the file holds the same values); under stage 3 each rank's
-  // piece is the rounded master weights, exactly as after an optimizer step.
-  zero_->load_parameters(
-      [&](const std::string& name, const Tensor& p) { model_file.read_into(name, p); });
+  // Weights: stages 0-2 assemble every parameter (this rank's slice of it) from the model files
+  // (in fp32 training the master weights are a view of them and the files hold the same values);
+  // under stage 3 each rank's piece is the rounded master weights, exactly as after an optimizer
+  // step.
+  zero_->load_parameters([&](const std::string& name, const Tensor& p) {
+    DS_CHECK(p.is_contiguous(), "[checkpoint] internal: parameter {} is not contiguous", name);
+    const detail::Slice want = slice_of(name, p.shape());
+    const size_t es = dtype_size(p.dtype());
+    auto* out = static_cast<unsigned char*>(p.raw_data());
+    for (const detail::Source& src : model_sources.at(name)) {
+      const safetensors::Reader& reader = model_readers[src.part];
+      const safetensors::Entry& e = reader.entry(name);
+      const uint8_t* from = reader.data_of(e);
+      const std::vector<detail::Run> runs = detail::overlap_runs(src.slice, want);
+      if (e.dtype == p.dtype()) {
+        detail::copy_runs(runs, from, out, es);
+      } else {
+        const size_t fs = dtype_size(e.dtype);
+        for (const detail::Run& r : runs)
+          convert(from + static_cast<size_t>(r.src) * fs, e.dtype,
+                  out + static_cast<size_t>(r.dst) * es, p.dtype(), static_cast<size_t>(r.len));
+      }
+    }
+  });
   // The state objects check their own fields; their messages get the file's name in front.
   const std::string model_path = (ck / kModelFile).string();
   auto in_file = [](const std::string& file, auto&& load) {
@@ -627,7 +868,7 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
       DS_THROW("[checkpoint] {}: {}", file, e.what());
     }
   };
-  in_file((ck / shard_files.front()).string(), [&] {
+  in_file(readers.front().path(), [&] {
     optimizer_->load_scalar_state(scalar_state.get<std::map<std::string, double>>());
   });
   in_file(model_path, [&] {

@@ -2,6 +2,8 @@
 # mpirun with 2 and 4 ranks (tp = 2; tp = 4 and tp = 2 x dp = 2), oversubscribed on CI's 2 cores.
 ds_add_test(test_tensor_parallel LABELS parallel3d SOURCES
             ${CMAKE_CURRENT_SOURCE_DIR}/test_tensor_parallel.cpp TIMEOUT 300)
+# The checkpoint slice arithmetic (src/runtime/checkpoint_parts.h) is internal.
+target_include_directories(test_tensor_parallel PRIVATE ${PROJECT_SOURCE_DIR}/src)
 if(DS_HAVE_MPI)
   foreach(np 2 4)
     add_test(NAME test_tensor_parallel_np${np} COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG}

@@ -124,6 +124,11 @@ class VocabParallelEmbedding : public Embedding {
 // `local` itself when split is replicated. Any floating dtype; the result has local's dtype.
 Tensor gather_full(const Tensor& local, const TPSplit& split, const TensorParallel& tp);
 
+// This rank's part of a whole tensor `full` as `split` describes it (a contiguous copy; `full`
+// itself when replicated): the inverse of gather_full, without communication (loading whole
+// weights, e.g. a Hugging Face folder, into a tensor-parallel model).
+Tensor local_part(const Tensor& full, const TPSplit& split);
+
 // Every parameter name under `root` ("h.0.attn.c_attn.weight") that one of the layers above cuts,
 // with its split; parameters not listed are replicated.
 std::map<std::string, TPSplit> tp_splits(const Module& root);

@@ -1,7 +1,7 @@
 #pragma once
 // DeepSpeed's zero_to_fp32 for our checkpoints (docs/checkpoints.md): the fp32 master weights of a
-// checkpoint written by any world size and ZeRO stage, reassembled offline into whole parameters by
-// name. Used by the ds_to_fp32 tool.
+// checkpoint written by any world size, ZeRO stage and tensor-parallel size, reassembled offline
+// into whole parameters by name. Used by the ds_to_fp32 tool.
 //
 //   runtime::CheckpointShards ck("out/ckpt");             // a run folder ('latest') or a tag
 //   folder ck.write_safetensors("model.safetensors", DType::f32);  // streamed, one parameter at a
@@ -13,12 +13,16 @@
 // Every shard holds fp32 master weights whatever the training dtype (in fp32 training they are the
 // weights themselves, and the model-states file holds the same values), so the shards are the one
 // source. The model-states file gives only metadata (step, world size, stage, the model config).
+// A tensor-parallel checkpoint has one set of shards per model-parallel part (mp_rank_XX); each
+// whole parameter is then read from the slices its parts record (param_slices), run by run,
+// still without holding it whole.
 //
 // Checks, before anything is written: the size and XXH64 of every file read against
 // checksums.json (the whole file is hashed, streaming: one read of each shard, nothing kept), that
-// the shards are exactly ranks 0..P-1 of the partition count they record, that they agree on the
-// parameter names, shapes and offsets, and that their segments cover every element of every
-// parameter. Every error starts with "[ds_to_fp32]", names the file and says what to do.
+// the shards are exactly ranks 0..P-1 of the partition count they record (per model-parallel
+// part), that they agree on the parameter names, shapes, offsets and slices, that their segments
+// cover every element of every parameter, and that the parts' slices tile every whole parameter.
+// Every error starts with "[ds_to_fp32]", names the file and says what to do.
 //
 // Memory: write_safetensors holds one conversion buffer of at most 1 Mi elements; the rest is the
 // page cache of the mapped master weights, released by the kernel as needed (never the moments:
@@ -49,7 +53,7 @@ std::filesystem::path resolve_checkpoint_folder(const std::filesystem::path& pat
 struct ShardedParameter {
   std::string name;
   Shape shape;
-  int64_t offset = 0;  // in the unpadded flat parameter space
+  int64_t offset = 0;  // in the unpadded flat parameter space (of the whole model)
   int64_t numel = 0;
 };
 
@@ -66,6 +70,9 @@ class CheckpointShards {
   int64_t numel() const { return numel_; }
   int world_size() const { return world_size_; }  // of the run that wrote it
   int zero_stage() const { return zero_stage_; }
+  // The model-parallel layout that wrote it (1 and 1 for a data-parallel run).
+  int tensor_parallel() const { return tensor_parallel_; }
+  int pipeline_parallel() const { return pipeline_parallel_; }
   int64_t global_steps() const { return global_steps_; }
   DType training_dtype() const { return training_dtype_; }
   const std::vector<std::string>& shard_files() const { return shard_files_; }
@@ -89,19 +96,30 @@ class CheckpointShards {
     size_t shard = 0;
     int64_t offset = 0;  // element offset in the shard's fp32_master
   };
-  // Copies flat elements [begin, begin + n) into dst (fp32).
-  void read_flat(int64_t begin, int64_t n, float* dst) const;
+  // Copies flat elements [begin, begin + n) of model-parallel part `part` into dst (fp32).
+  void read_flat(size_t part, int64_t begin, int64_t n, float* dst) const;
+  // Elements [at, at + n) of whole parameter `index` (row-major) into dst (fp32).
+  void read_parameter(size_t index, int64_t at, int64_t n, float* dst) const;
+  // A whole parameter's elements [dst, dst + len) are part `part`'s flat [src, src + len).
+  struct ParamRun {
+    size_t part = 0;
+    int64_t src = 0, dst = 0, len = 0;
+  };
 
   std::filesystem::path folder_;
   std::vector<ShardedParameter> params_;
   int64_t numel_ = 0;
-  int world_size_ = 1, zero_stage_ = 0;
+  int world_size_ = 1, zero_stage_ = 0, tensor_parallel_ = 1, pipeline_parallel_ = 1;
   int64_t global_steps_ = 0;
   DType training_dtype_ = DType::f32;
   std::vector<std::string> shard_files_;
   std::optional<nlohmann::json> model_config_;
   std::vector<std::unique_ptr<Shard>> shards_;
-  std::vector<Piece> pieces_;  // sorted by flat begin; cover [0, numel) exactly
+  // Per model-parallel part: sorted by flat begin; cover the part's [0, numel) exactly.
+  std::vector<std::vector<Piece>> part_pieces_;
+  // Per parameter, with several parts: where its elements are, ascending in the whole tensor
+  // (empty with one part: parameters are then read at their own flat offsets).
+  std::vector<std::vector<ParamRun>> runs_;
 };
 
 }  // namespace ds::runtime

@@ -157,6 +157,9 @@ class Engine {
   void synchronize();
 
   // ---- checkpoints (layout: reference/deepspeed-behaviour.md §8; docs/checkpoints.md) ----
+  // With tensor parallelism every tp rank writes its slices and records which part of each whole
+  // parameter they are; a checkpoint loads at any (dp, tp) and ZeRO stage. Collectives over the
+  // whole job (the topology's world).
   // Writes dir/<tag>/ atomically (a temporary folder renamed into place), then dir/latest.
   // tag "" = "global_step<N>". client_state is stored and returned by load_checkpoint.
   void save_checkpoint(const std::string& dir, const std::string& tag = "",
@@ -169,7 +172,7 @@ class Engine {
  private:
   void log(const std::string& line) const;
   std::string step_label() const;  // "step N" of the step being computed, for collectives
-  void check_single_model_part(const char* what) const;  // refuses tp/pp > 1 checkpoints
+  void check_single_model_part(const char* what) const;  // refuses pp > 1 checkpoints
   // load_checkpoint's work: checks and reads this rank's files and streams its optimizer state,
   // calls local_part_done() (the ranks' agreement), then restores the collective rest.
   nlohmann::json load_checkpoint_files(const std::string& dir, const std::string& tag,
