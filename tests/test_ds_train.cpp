@@ -379,7 +379,7 @@ TEST_F(DsTrain, PipelineTrainsAsOneProcess) {
   EXPECT_NE(log_.find("pipeline: 2 stages, partition \"parameters\""), std::string::npos) << log_;
   EXPECT_NE(log_.find("stage 1: layers ["), std::string::npos) << log_;
   EXPECT_NE(log_.find("rank:(pipe,data,tensor) 0:(0,0,0) 1:(1,0,0)"), std::string::npos) << log_;
-  EXPECT_FALSE(fs::exists(two / "latest"));
+  EXPECT_EQ(read(two / "latest"), "global_step4\n");
   auto values = [&](const fs::path& f) {
     std::vector<double> v;
     std::istringstream in(read(f));
@@ -398,6 +398,29 @@ TEST_F(DsTrain, PipelineTrainsAsOneProcess) {
   }
   EXPECT_EQ(fs::file_size(two / "hf_model" / "model.safetensors"),
             fs::file_size(one / "hf_model" / "model.safetensors"));
+
+  // The pipeline's checkpoint resumes in one process (the whole model from both stages' parts)
+  // and under the pipeline again; both then train on to step 6 with the same losses.
+  for (const auto& [sub, l] : {std::pair{"resumed_one", std::string()},
+                               std::pair{"resumed_pp", launcher}}) {
+    const fs::path r = dir_ / sub;
+    fs::create_directories(r);
+    fs::copy(two / "global_step4", r / "global_step4", fs::copy_options::recursive);
+    std::ofstream(r / "latest") << "global_step4\n";
+    ASSERT_EQ(run(" --max_steps 6 --eval_steps 2 --sample_tokens 0 --gradient_accumulation_steps 2"
+                  " --resume_from_checkpoint latest --output_dir " + r.string() +
+                      (l.empty() ? "" : " --pipeline_parallel_size 2"),
+                  true, l),
+              0)
+        << log_;
+  }
+  {
+    const auto a6 = values(dir_ / "resumed_one" / "metrics" / "Train_Samples_train_loss.csv"),
+               b6 = values(dir_ / "resumed_pp" / "metrics" / "Train_Samples_train_loss.csv");
+    ASSERT_EQ(a6.size(), 2u);
+    ASSERT_EQ(b6.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(b6[i], a6[i], 1e-4 * std::abs(a6[i]));
+  }
 
   // --init_from into the stages: each loads its part of the one-process run's export; the first
   // step's loss is then the same as a one-process run from that export.

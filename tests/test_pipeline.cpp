@@ -448,3 +448,105 @@ TEST(PipelineTraining, DeadStageDemo) {
     return runtime::PipeBatch{x, y};
   });
 }
+
+// Checkpoints (docs/checkpoints.md): written at pp = 2 (x dp = world / 2), resumed at pp = 2
+// bitwise equal to continuing; loaded whole in one process and at tp = 2 (pp = 1) with the same
+// next losses within fp32 tolerance (the state is restored exactly; the following steps sum
+// gradients and the norm in another order).
+TEST(PipelineCheckpoints, ResumeAtAnyLayout) {
+  auto w = comm::world();
+  if (w->size() % 2) GTEST_SKIP() << "needs an even number of ranks";
+  int64_t id = ::getpid();
+  w->broadcast(&id, 1, DType::i64, 0, "test folder");
+  const auto dir = std::filesystem::temp_directory_path() / ("ds_pipe_ckpt_" + std::to_string(id));
+  for (const std::string layout : {"gpt2", "llama"}) {
+    SCOPED_TRACE(layout);
+    const models::GPTConfig c = model_config(layout);
+    const int64_t b = 2;
+    auto topo = std::make_shared<comm::Topology>(w, 1, 2);
+    const int dp = topo->data_parallel()->size(), d = topo->dp_rank(), s = topo->stage();
+    const auto bounds = stage_bounds(c, 2, "parameters");
+    runtime::InitOptions opt;
+    opt.topology = topo;
+    opt.log = [](const std::string&) {};
+    auto make_pipe = [&] {
+      auto stage =
+          std::make_shared<models::GPT>(c, nullptr, models::PipeRange{bounds[s], bounds[s + 1]});
+      return std::make_unique<runtime::PipelineEngine>(
+          stage, runtime::parse_config(engine_config(1, b, 1, 0, 2), {.world_size = dp}), opt);
+    };
+    auto step = [&](runtime::PipelineEngine& p, int k) {
+      int64_t m = 0;
+      return p.train_batch([&] {
+        const int64_t first = (k * kGas + m++) * b * dp + d * b;
+        auto [x, y] = batch(first, b, c.vocab_size);
+        return runtime::PipeBatch{x, y, static_cast<uint64_t>(first)};
+      });
+    };
+    rng::dropout_state() = {};
+    auto a = make_pipe();
+    for (int k = 0; k < 3; ++k) step(*a, k);
+    a->save_checkpoint(dir.string());
+    std::vector<float> cont;
+    for (int k = 3; k < 5; ++k) cont.push_back(step(*a, k));
+
+    auto r = make_pipe();  // same layout: bitwise
+    rng::dropout_state() = {};
+    r->load_checkpoint(dir.string());
+    for (int k = 3; k < 5; ++k) EXPECT_EQ(step(*r, k), cont[k - 3]) << "pp=2 step " << k;
+
+    {  // one process, the whole model, the global batch
+      runtime::InitOptions one;
+      one.group = comm::single_process_group();
+      one.log = opt.log;
+      auto e = runtime::initialize(std::make_shared<models::GPT>(c),
+                                   engine_config(1, b * dp, 1, 0, 1), one);
+      e->load_checkpoint(dir.string());
+      for (int k = 3; k < 5; ++k) {
+        double sum = 0;
+        for (int64_t m = 0; m < kGas; ++m) {
+          const int64_t first = (k * kGas + m) * b * dp;
+          auto [x, y] = batch(first, b * dp, c.vocab_size);
+          rng::dropout_state().sample_base = static_cast<uint64_t>(first);
+          Tensor loss = e->forward(x, y);
+          e->backward(loss);
+          e->step();
+          sum += loss.item();
+        }
+        EXPECT_NEAR(sum / kGas, cont[k - 3], 1e-5 * std::abs(cont[k - 3])) << "one process " << k;
+      }
+    }
+    {  // tensor parallel, tp = 2 (dp = world / 2)
+      auto tt = std::make_shared<comm::Topology>(w, 2, 1);
+      const int tdp = tt->data_parallel()->size(), td = tt->dp_rank();
+      runtime::InitOptions to;
+      to.topology = tt;
+      to.log = opt.log;
+      auto e = runtime::initialize(
+          std::make_shared<models::GPT>(c,
+                                        std::make_shared<nn::TensorParallel>(tt->tensor_parallel())),
+          engine_config(1, b * dp / tdp, 2, 0, 1), to);
+      rng::dropout_state() = {};
+      e->load_checkpoint(dir.string());
+      const int64_t tb = b * dp / tdp;
+      for (int k = 3; k < 5; ++k) {
+        double sum = 0;
+        for (int64_t m = 0; m < kGas; ++m) {
+          const int64_t first = (k * kGas + m) * b * dp + td * tb;
+          auto [x, y] = batch(first, tb, c.vocab_size);
+          rng::dropout_state().sample_base = static_cast<uint64_t>(first);
+          Tensor loss = e->forward(x, y);
+          e->backward(loss);
+          e->step();
+          float l = loss.item();
+          e->group().all_reduce(&l, 1, DType::f32);
+          sum += static_cast<double>(l) / tdp;
+        }
+        EXPECT_NEAR(sum / kGas, cont[k - 3], 1e-5 * std::abs(cont[k - 3])) << "tp=2 " << k;
+      }
+    }
+    w->barrier();
+    if (w->rank() == 0) std::filesystem::remove_all(dir);
+    w->barrier();
+  }
+}

@@ -228,10 +228,6 @@ int run(const Options& o, const Given& g) {
     DS_CHECK(o.init_from.empty() || tp_size == 1,
              "[ds_train] --init_from with both --pipeline_parallel_size and "
              "--tensor_parallel_size is not implemented yet; use one of them");
-    DS_CHECK(o.resume_from_checkpoint.empty(),
-             "[ds_train] --resume_from_checkpoint with --pipeline_parallel_size {}: pipeline "
-             "checkpoints are not implemented yet",
-             pp_size);
     DS_CHECK(!lora, "[ds_train] LoRA (--lora_dim) with --pipeline_parallel_size {} is not "
              "implemented yet; use --pipeline_parallel_size 1", pp_size);
   }
@@ -462,7 +458,9 @@ int run(const Options& o, const Given& g) {
       tag = dir.filename().string();
       dir = dir.parent_path();
     }
-    const json client = engine->load_checkpoint(dir.string(), tag);
+    // A pipeline also restores the last stage's copy of the tied embedding.
+    const json client = pipe ? pipe->load_checkpoint(dir.string(), tag)
+                             : engine->load_checkpoint(dir.string(), tag);
     DS_CHECK(client.contains("data"),
              "[ds_train] the checkpoint in {} has no data-loader position (not written by "
              "ds_train?); cannot resume exactly",
@@ -513,14 +511,9 @@ int run(const Options& o, const Given& g) {
 
   // ---- checkpoint and eval helpers ----
   int64_t last_saved = resumed ? engine->global_steps() : -1;  // that checkpoint exists already
-  // Tensor-parallel checkpoints load at any (dp, tp) (docs/checkpoints.md); pipeline stages are
-  // not saved yet.
+  // Tensor- and pipeline-parallel checkpoints load at any (dp, pp, tp) (docs/checkpoints.md).
   const bool pipelined = pp_size > 1;
-  if (pipelined)
-    say("checkpoints: not written (pipeline-parallel checkpoints are not implemented yet; the HF "
-        "export at the end holds the trained weights)");
   auto save = [&]() {
-    if (pipelined) return;
     const auto t0 = std::chrono::steady_clock::now();
     const json client = {{"data", loader.state()},
                          {"ds_train",
@@ -768,9 +761,8 @@ int run(const Options& o, const Given& g) {
                     last_eval, std::exp(last_eval), eval_baseline));
   say(fmt::format("metrics:    {}/*.csv", monitor.log_dir().string()));
   say(fmt::format("loss curve: {}", svg.string()));
-  if (!pipelined)
-    say(fmt::format("checkpoint: {}/{} (resume: --resume_from_checkpoint latest)",
-                    out_dir.string(), ds::train::latest_tag(out_dir)));
+  say(fmt::format("checkpoint: {}/{} (resume: --resume_from_checkpoint latest)", out_dir.string(),
+                  ds::train::latest_tag(out_dir)));
   if (exported)
     say(fmt::format("HF export:  {}", export_note.empty()
                                           ? export_dir + " (config.json + model.safetensors)"

@@ -369,6 +369,17 @@ float PipelineEngine::eval_batch(const std::function<PipeBatch()>& next, int mic
   return aggregate_loss(loss_sum, m);
 }
 
+void PipelineEngine::save_checkpoint(const std::string& dir, const std::string& tag,
+                                     const nlohmann::json& client_state) {
+  engine_->save_checkpoint(dir, tag, client_state);
+}
+
+nlohmann::json PipelineEngine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  nlohmann::json client = engine_->load_checkpoint(dir, tag);
+  sync_tied_weight();
+  return client;
+}
+
 std::vector<std::pair<std::string, Tensor>> PipelineEngine::full_weights() {
   std::vector<std::pair<std::string, Tensor>> mine = engine_->full_weights();
   const int p = num_stages(), s = stage_id();

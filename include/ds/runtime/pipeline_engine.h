@@ -90,6 +90,14 @@ class PipelineEngine {
   // list in stage order; other stages receive an empty list. A collective over the topology.
   std::vector<std::pair<std::string, Tensor>> full_weights();
 
+  // Checkpoints (docs/checkpoints.md): every rank writes its stage's (and tensor slice's) part
+  // under the whole model's parameter names, so the folder loads at any (dp, pp, tp), one process
+  // included. load_checkpoint then sends the first stage's tied weight to the last stage's copy.
+  // Collectives over the topology.
+  void save_checkpoint(const std::string& dir, const std::string& tag = "",
+                       const nlohmann::json& client_state = nlohmann::json::object());
+  nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag = "");
+
   Engine& engine() { return *engine_; }  // optimizer, schedule, counters of this stage
   const comm::Topology& topology() const { return *topology_; }
   int stage_id() const { return topology_->stage(); }
