@@ -8,7 +8,9 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include <fmt/format.h>
@@ -132,6 +134,49 @@ struct Server::Impl {
                 {"time", local_time_string()}});
   }
 
+  // One event's JSON for a streaming route: text (nullopt in the closing and usage chunks) and
+  // finish_reason (null until the closing chunk).
+  using ChunkFn = std::function<json(const std::optional<std::string>& text, json finish)>;
+
+  // Streams a generation as OpenAI's server-sent events: `first` (when not null) before
+  // generating, a chunk per piece of final text, a closing chunk with finish_reason, a usage chunk
+  // (`choices: []`) when include_usage, then [DONE]. An error during generation is sent as
+  // data: {"error": ...} without [DONE]. A client that goes away (a failed write) cancels the
+  // generation. The slot stays held, by the provider's copy, until the stream ends.
+  void stream(httplib::Response& res, Admission::Slot slot, std::vector<int32_t> ids,
+              SamplingParams p, bool chat, ChunkFn chunk, json first, bool include_usage) {
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, slot, ids = std::move(ids), p = std::move(p), chat, chunk = std::move(chunk),
+         first = std::move(first), include_usage](size_t, httplib::DataSink& sink) {
+          auto send = [&](const std::string& s) {
+            return sink.is_writable() && sink.write(s.data(), s.size());
+          };
+          if (!first.is_null()) send(sse(first));
+          try {
+            const GenerationResult r = run(
+                ids, p,
+                [&](std::string_view piece) {
+                  return send(sse(chunk(std::string(piece), nullptr)));
+                },
+                chat);
+            if (r.finish_reason == "cancelled") return false;
+            send(sse(chunk(std::nullopt, r.finish_reason)));
+            if (include_usage) {
+              json u = chunk(std::nullopt, nullptr);
+              u["choices"] = json::array();
+              u["usage"] = usage(r);
+              send(sse(u));
+            }
+            send("data: [DONE]\n\n");
+          } catch (const std::exception& e) {
+            send(sse(openai_error_body(ApiError(500, e.what(), "", "server_error"))));
+          }
+          sink.done();
+          return true;
+        });
+  }
+
   void completions(const httplib::Request& req, httplib::Response& res) {
     const CompletionRequest c = parse_completion_request(parse_json_body(req.body));
     std::vector<int32_t> ids = c.prompt_ids.empty() ? m.tokenizer->encode(c.prompt) : c.prompt_ids;
@@ -148,58 +193,34 @@ struct Server::Impl {
                p.max_tokens, "prompt");
     p.seed = seed_or_random(c.sampling);
     const std::string echo = c.echo ? m.tokenizer->decode(ids) : std::string();
-    const Admission::Slot slot = admission.admit();  // held until the reply (or stream) ends
+    Admission::Slot slot = admission.admit();  // held until the reply (or stream) ends
     const std::string id = new_id("cmpl");
     const std::time_t now = std::time(nullptr);
-    auto chunk = [this, id, now](const std::string& text, json finish) {
-      return json{
-          {"id", id},
-          {"object", "text_completion"},
-          {"created", now},
-          {"model", m.id},
-          {"choices",
-           {{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}}}}};
+    ChunkFn chunk = [this, id, now](const std::optional<std::string>& text, json finish) {
+      return json{{"id", id},
+                  {"object", "text_completion"},
+                  {"created", now},
+                  {"model", m.id},
+                  {"choices",
+                   {{{"text", text.value_or("")},
+                     {"index", 0},
+                     {"logprobs", nullptr},
+                     {"finish_reason", finish}}}}};
     };
-    if (!c.stream) {
-      const GenerationResult r = run(ids, p);
-      json body = chunk(echo + r.text, r.finish_reason);
-      body["usage"] = usage(r);
-      reply_json(res, 200, body);
+    if (c.stream) {
+      stream(res, std::move(slot), std::move(ids), std::move(p), /*chat=*/false, chunk,
+             echo.empty() ? json() : chunk(echo, nullptr), c.include_usage);
       return;
     }
-    const bool include_usage = c.include_usage;
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, ids, p, echo, chunk, include_usage, id, now, slot](size_t,
-                                                                   httplib::DataSink& sink) {
-          auto send = [&](const std::string& s) {
-            return sink.is_writable() && sink.write(s.data(), s.size());
-          };
-          if (!echo.empty()) send(sse(chunk(echo, nullptr)));
-          try {
-            const GenerationResult r = run(ids, p, [&](std::string_view piece) {
-              return send(sse(chunk(std::string(piece), nullptr)));
-            });
-            if (r.finish_reason == "cancelled") return false;
-            send(sse(chunk("", r.finish_reason)));
-            if (include_usage) {
-              json u = chunk("", nullptr);
-              u["choices"] = json::array();
-              u["usage"] = usage(r);
-              send(sse(u));
-            }
-            send("data: [DONE]\n\n");
-          } catch (const std::exception& e) {
-            send(sse(openai_error_body(ApiError(500, e.what(), "", "server_error"))));
-          }
-          sink.done();
-          return true;
-        });
+    const GenerationResult r = run(ids, p);
+    json body = chunk(echo + r.text, r.finish_reason);
+    body["usage"] = usage(r);
+    reply_json(res, 200, body);
   }
 
   void chat(const httplib::Request& req, httplib::Response& res) {
     const ChatRequest c = parse_chat_request(parse_json_body(req.body));
-    const std::vector<int32_t> ids = chat_ids(c.messages);
+    std::vector<int32_t> ids = chat_ids(c.messages);
     const int64_t n = static_cast<int64_t>(ids.size());
     SamplingParams p = c.sampling.resolve(m.defaults, context());
     p.max_tokens =
@@ -208,64 +229,41 @@ struct Server::Impl {
     p.seed = seed_or_random(c.sampling);
     const auto fmt_ = m.chat_template->format();
     if (fmt_ == data::ChatFormat::kChatML || fmt_ == data::ChatFormat::kQwen2)
-      p.stop.push_back(kChatStop);  // as text too: tokenizers without the special token
-    const Admission::Slot slot = admission.admit();  // held until the reply (or stream) ends
+      p.stop.push_back(kChatStop);             // as text too: tokenizers without the special token
+    Admission::Slot slot = admission.admit();  // held until the reply (or stream) ends
     const std::string id = new_id("chatcmpl");
     const std::time_t now = std::time(nullptr);
-    if (!c.stream) {
-      const GenerationResult r = run(ids, p, {}, /*chat=*/true);
-      reply_json(res, 200,
-                 {{"id", id},
-                  {"object", "chat.completion"},
-                  {"created", now},
-                  {"model", m.id},
-                  {"choices",
-                   {{{"index", 0},
-                     {"message", {{"role", "assistant"}, {"content", r.text}}},
-                     {"logprobs", nullptr},
-                     {"finish_reason", r.finish_reason}}}},
-                  {"usage", usage(r)}});
+    if (c.stream) {
+      auto chunk_of = [this, id, now](json delta, json finish) {
+        return json{{"id", id},
+                    {"object", "chat.completion.chunk"},
+                    {"created", now},
+                    {"model", m.id},
+                    {"choices",
+                     {{{"index", 0},
+                       {"delta", std::move(delta)},
+                       {"logprobs", nullptr},
+                       {"finish_reason", finish}}}}};
+      };
+      ChunkFn chunk = [chunk_of](const std::optional<std::string>& text, json finish) {
+        return chunk_of(text ? json{{"content", *text}} : json::object(), std::move(finish));
+      };
+      stream(res, std::move(slot), std::move(ids), std::move(p), /*chat=*/true, chunk,
+             chunk_of({{"role", "assistant"}, {"content", ""}}, nullptr), c.include_usage);
       return;
     }
-    auto chunk = [this, id, now](json delta, json finish) {
-      return json{
-          {"id", id},
-          {"object", "chat.completion.chunk"},
-          {"created", now},
-          {"model", m.id},
-          {"choices",
-           {{{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish}}}}};
-    };
-    const bool include_usage = c.include_usage;
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, ids, p, chunk, include_usage, slot](size_t, httplib::DataSink& sink) {
-          auto send = [&](const std::string& s) {
-            return sink.is_writable() && sink.write(s.data(), s.size());
-          };
-          send(sse(chunk({{"role", "assistant"}, {"content", ""}}, nullptr)));
-          try {
-            const GenerationResult r = run(
-                ids, p,
-                [&](std::string_view piece) {
-                  return send(sse(chunk({{"content", std::string(piece)}}, nullptr)));
-                },
-                /*chat=*/true);
-            if (r.finish_reason == "cancelled") return false;
-            send(sse(chunk(json::object(), r.finish_reason)));
-            if (include_usage) {
-              json u = chunk(json::object(), nullptr);
-              u["choices"] = json::array();
-              u["usage"] = usage(r);
-              send(sse(u));
-            }
-            send("data: [DONE]\n\n");
-          } catch (const std::exception& e) {
-            send(sse(openai_error_body(ApiError(500, e.what(), "", "server_error"))));
-          }
-          sink.done();
-          return true;
-        });
+    const GenerationResult r = run(ids, p, {}, /*chat=*/true);
+    reply_json(res, 200,
+               {{"id", id},
+                {"object", "chat.completion"},
+                {"created", now},
+                {"model", m.id},
+                {"choices",
+                 {{{"index", 0},
+                   {"message", {{"role", "assistant"}, {"content", r.text}}},
+                   {"logprobs", nullptr},
+                   {"finish_reason", r.finish_reason}}}},
+                {"usage", usage(r)}});
   }
 
   void models(const httplib::Request&, httplib::Response& res) {
