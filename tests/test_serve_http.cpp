@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <map>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +14,7 @@
 #include "ds/serve/api.h"
 #include "ds/serve/generate.h"
 #include "serve/admission.h"
+#include "serve/metrics.h"
 #include "serve/server.h"
 #include "serve_fixture.h"
 
@@ -85,6 +88,25 @@ std::vector<json> sse_events(const std::string& body) {
     const std::string data = body.substr(pos + 6, end - pos - 6);
     out.push_back(data == "[DONE]" ? json("[DONE]") : json::parse(data));
     pos = end;
+  }
+  return out;
+}
+
+// A Prometheus text exposition, parsed: "name{labels}" -> value. Fails the test on a line that
+// is neither a comment nor a sample.
+std::map<std::string, double> parse_metrics(const std::string& text) {
+  std::map<std::string, double> out;
+  std::istringstream in(text);
+  std::string line;
+  const std::regex sample(R"(([a-zA-Z_:][a-zA-Z0-9_:]*(\{[^}]*\})?) ([-+0-9.eE]+|\+Inf|NaN))");
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::smatch m;
+    if (!std::regex_match(line, m, sample)) {
+      ADD_FAILURE() << "not a Prometheus sample line: " << line;
+      continue;
+    }
+    out[m[1]] = std::stod(m[3]);
   }
   return out;
 }
@@ -298,3 +320,94 @@ TEST(ServeAdmission, BoundsWaitingRequests) {
   EXPECT_EQ(gate.admitted(), 2);
 }
 
+// GET /metrics: Prometheus text format; a generation, a 400 and a 404 move exactly the counters
+// they should, and the token counters add up to the replies' usage.
+TEST_F(ServeHttp, MetricsCountRequestsTokensAndLatency) {
+  auto c = client();
+  auto scrape = [&] {
+    auto r = c.Get("/metrics");
+    EXPECT_TRUE(r);
+    if (!r) return std::map<std::string, double>{};
+    EXPECT_EQ(r->status, 200);
+    EXPECT_NE(r->get_header_value("Content-Type").find("text/plain; version=0.0.4"),
+              std::string::npos);
+    EXPECT_NE(r->body.find("# TYPE ds_serve_request_duration_seconds histogram"),
+              std::string::npos);
+    return parse_metrics(r->body);
+  };
+  const auto before = scrape();
+  auto [st, j] = post("/v1/completions", R"({"prompt": "metrics", "max_tokens": 5,
+                                              "temperature": 0})");
+  ASSERT_EQ(st, 200) << j.dump();
+  auto [st2, j2] = post("/v1/completions", R"({"prompt": "x", "max_tokens": "five"})");
+  ASSERT_EQ(st2, 400);
+  auto nf = c.Get("/no/such/route");
+  ASSERT_TRUE(nf);
+  ASSERT_EQ(nf->status, 404);
+  const auto after = scrape();
+  auto delta = [&](const std::string& key) {
+    auto a = after.find(key);
+    auto b = before.find(key);
+    return (a == after.end() ? 0.0 : a->second) - (b == before.end() ? 0.0 : b->second);
+  };
+  EXPECT_EQ(delta(R"(ds_serve_requests_total{route="/v1/completions",status="200"})"), 1.0);
+  EXPECT_EQ(delta(R"(ds_serve_requests_total{route="/v1/completions",status="400"})"), 1.0);
+  EXPECT_EQ(delta(R"(ds_serve_requests_total{route="other",status="404"})"), 1.0);
+  // The first scrape is counted by the time of the second.
+  EXPECT_GE(after.at(R"(ds_serve_requests_total{route="/metrics",status="200"})"), 1.0);
+  EXPECT_EQ(delta("ds_serve_prompt_tokens_total"), j["usage"]["prompt_tokens"].get<double>());
+  EXPECT_EQ(delta("ds_serve_completion_tokens_total"),
+            j["usage"]["completion_tokens"].get<double>());
+  EXPECT_EQ(delta("ds_serve_request_duration_seconds_count"), 1.0);
+  EXPECT_EQ(delta("ds_serve_time_to_first_token_seconds_count"), 1.0);
+  EXPECT_GT(delta("ds_serve_request_duration_seconds_sum"), 0.0);
+  EXPECT_EQ(after.at("ds_serve_requests_in_flight"), 0.0);
+  EXPECT_EQ(after.at("ds_serve_requests_running"), 0.0);
+  EXPECT_EQ(after.at("ds_serve_requests_waiting"), 0.0);
+  EXPECT_EQ(after.at("ds_serve_max_queue"), 16.0);
+  // Histogram buckets are cumulative and end at the count.
+  for (const std::string h :
+       {"ds_serve_request_duration_seconds", "ds_serve_time_to_first_token_seconds"}) {
+    std::vector<std::pair<double, double>> buckets;  // (le, cumulative count)
+    for (const auto& [k, v] : after)
+      if (k.rfind(h + "_bucket{le=\"", 0) == 0 && k.find("+Inf") == std::string::npos)
+        buckets.emplace_back(std::stod(k.substr(h.size() + 12)), v);
+    std::sort(buckets.begin(), buckets.end());
+    ASSERT_GE(buckets.size(), 5u) << h;
+    for (size_t i = 1; i < buckets.size(); ++i) EXPECT_GE(buckets[i].second, buckets[i - 1].second);
+    EXPECT_LE(buckets.back().second, after.at(h + "_count"));
+    EXPECT_EQ(after.at(h + R"(_bucket{le="+Inf"})"), after.at(h + "_count")) << h;
+  }
+}
+
+// The exposition format of the histograms: cumulative buckets in order of their bounds, +Inf last
+// and equal to _count, _sum the total.
+TEST(ServeMetrics, HistogramIsCumulative) {
+  ds::serve::Histogram h({0.1, 1.0, 10.0});
+  for (double v : {0.05, 0.1, 0.5, 2.0, 50.0}) h.observe(v);
+  std::string out;
+  h.render(out, "x");
+  EXPECT_EQ(out,
+            "x_bucket{le=\"0.1\"} 2\n"
+            "x_bucket{le=\"1\"} 3\n"
+            "x_bucket{le=\"10\"} 4\n"
+            "x_bucket{le=\"+Inf\"} 5\n"
+            "x_sum 52.65\n"
+            "x_count 5\n");
+  ds::serve::Metrics m;
+  m.count_request("/v1/completions", 200);
+  m.count_request("/v1/completions", 200);
+  m.count_request("/", 503);
+  m.record_generation(7, 3, 0.2, 0.05);
+  m.record_generation(4, 0, 0.1, -1.0);  // no token: no time to first token
+  const std::string text = m.render({2, 1, 1, 16});
+  const auto v = parse_metrics(text);
+  EXPECT_EQ(v.at(R"(ds_serve_requests_total{route="/v1/completions",status="200"})"), 2.0);
+  EXPECT_EQ(v.at(R"(ds_serve_requests_total{route="/",status="503"})"), 1.0);
+  EXPECT_EQ(v.at("ds_serve_prompt_tokens_total"), 11.0);
+  EXPECT_EQ(v.at("ds_serve_completion_tokens_total"), 3.0);
+  EXPECT_EQ(v.at("ds_serve_request_duration_seconds_count"), 2.0);
+  EXPECT_EQ(v.at("ds_serve_time_to_first_token_seconds_count"), 1.0);
+  EXPECT_EQ(v.at("ds_serve_requests_in_flight"), 2.0);
+  EXPECT_EQ(v.at("ds_serve_requests_waiting"), 1.0);
+}

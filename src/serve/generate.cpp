@@ -56,6 +56,7 @@ GenerationResult generate(KVDecoder& decoder, const TextTokenizer& tokenizer,
   for (int64_t step = 0; step < params.max_tokens; ++step) {
     row = logits.to_vector();
     const int32_t next = sample_next(row, history, n_prompt, params, static_cast<uint64_t>(step));
+    if (step == 0) r.first_token_seconds = seconds_since(t0);
     ++r.completion_tokens;
     if (std::find(eos_ids.begin(), eos_ids.end(), next) != eos_ids.end()) {
       r.finish_reason = "stop";

@@ -1,6 +1,7 @@
 #include "server.h"
 
 #include "admission.h"
+#include "metrics.h"
 
 #include <httplib.h>
 
@@ -27,8 +28,10 @@ struct Server::Impl {
   LoadedModel m;
   ServerOptions opt;
   httplib::Server http;
-  std::mutex gen_mutex;  // one generation at a time: the model and its KV cache
-  Admission admission;   // 1 generating + up to max_queue waiting on gen_mutex
+  std::mutex gen_mutex;         // one generation at a time: the model and its KV cache
+  Admission admission;          // 1 generating + up to max_queue waiting on gen_mutex
+  std::atomic<int> running{0};  // 1 while a generation holds gen_mutex
+  Metrics metrics;
   KVDecoder decoder;
   std::atomic<uint64_t> next_id{1};
   std::time_t created = std::time(nullptr);
@@ -41,10 +44,53 @@ struct Server::Impl {
     return fmt::format("{}-{:016x}", prefix, next_id.fetch_add(1) * 0x9E3779B97F4A7C15ull);
   }
 
-  GenerationResult run(const std::vector<int32_t>& ids, const SamplingParams& p,
+  using Clock = std::chrono::steady_clock;
+  static double seconds(Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  }
+
+  // An admitted generation request: its place (held until the reply or the stream ends; a
+  // streaming reply keeps the Job in its content provider) and when it was admitted, the clock of
+  // its latency and time-to-first-token metrics.
+  struct Job {
+    Admission::Slot slot;
+    Clock::time_point admitted = Clock::now();
+    double first_token_seconds = -1.0;  // admission to the first new token; < 0: none yet
+  };
+  std::shared_ptr<Job> admit() {
+    auto job = std::make_shared<Job>();
+    job->slot = admission.admit();
+    return job;
+  }
+
+  GenerationResult run(Job& job, const std::vector<int32_t>& ids, const SamplingParams& p,
                        const TextCallback& cb = {}, bool chat = false) {
     std::lock_guard<std::mutex> lock(gen_mutex);
-    return generate(decoder, *m.tokenizer, ids, p, chat ? m.chat_eos_ids : m.eos_ids, cb);
+    struct Running {  // the running gauge, exception-safe
+      std::atomic<int>& n;
+      explicit Running(std::atomic<int>& n) : n(n) { ++n; }
+      ~Running() { --n; }
+    } running_now(running);
+    const double waited = seconds(job.admitted, Clock::now());
+    GenerationResult r =
+        generate(decoder, *m.tokenizer, ids, p, chat ? m.chat_eos_ids : m.eos_ids, cb);
+    if (r.first_token_seconds >= 0.0) job.first_token_seconds = waited + r.first_token_seconds;
+    return r;
+  }
+
+  // Metrics of a generation whose reply (or stream) is complete.
+  void finished(const Job& job, const GenerationResult& r) {
+    metrics.record_generation(r.prompt_tokens, r.completion_tokens,
+                              seconds(job.admitted, Clock::now()), job.first_token_seconds);
+  }
+
+  ServeGauges gauges() const {
+    ServeGauges g;
+    g.in_flight = admission.admitted();
+    g.running = running.load();
+    g.waiting = std::max(0, g.in_flight - g.running);
+    g.max_queue = admission.max_queue();
+    return g;
   }
 
   // The prompt of a conversation in the model's chat format (ChatML when it has none we know).
@@ -122,8 +168,9 @@ struct Server::Impl {
     p.temperature = g.temperature;
     p.top_p = g.top_p;
     p.seed = 0;  // the guide's API has no seed: the same request gets the same answer
-    const Admission::Slot slot = admission.admit();
-    const GenerationResult r = run(ids, p);
+    const auto job = admit();
+    const GenerationResult r = run(*job, ids, p);
+    finished(*job, r);
     json history = json::array();
     for (const auto& [q, a] : g.history) history.push_back({q, a});
     history.push_back({g.prompt, r.text});
@@ -142,12 +189,12 @@ struct Server::Impl {
   // generating, a chunk per piece of final text, a closing chunk with finish_reason, a usage chunk
   // (`choices: []`) when include_usage, then [DONE]. An error during generation is sent as
   // data: {"error": ...} without [DONE]. A client that goes away (a failed write) cancels the
-  // generation. The slot stays held, by the provider's copy, until the stream ends.
-  void stream(httplib::Response& res, Admission::Slot slot, std::vector<int32_t> ids,
+  // generation. The job (its slot) stays held, by the provider's copy, until the stream ends.
+  void stream(httplib::Response& res, std::shared_ptr<Job> job, std::vector<int32_t> ids,
               SamplingParams p, bool chat, ChunkFn chunk, json first, bool include_usage) {
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, slot, ids = std::move(ids), p = std::move(p), chat, chunk = std::move(chunk),
+        [this, job, ids = std::move(ids), p = std::move(p), chat, chunk = std::move(chunk),
          first = std::move(first), include_usage](size_t, httplib::DataSink& sink) {
           auto send = [&](const std::string& s) {
             return sink.is_writable() && sink.write(s.data(), s.size());
@@ -155,11 +202,12 @@ struct Server::Impl {
           if (!first.is_null()) send(sse(first));
           try {
             const GenerationResult r = run(
-                ids, p,
+                *job, ids, p,
                 [&](std::string_view piece) {
                   return send(sse(chunk(std::string(piece), nullptr)));
                 },
                 chat);
+            finished(*job, r);
             if (r.finish_reason == "cancelled") return false;
             send(sse(chunk(std::nullopt, r.finish_reason)));
             if (include_usage) {
@@ -193,7 +241,7 @@ struct Server::Impl {
                p.max_tokens, "prompt");
     p.seed = seed_or_random(c.sampling);
     const std::string echo = c.echo ? m.tokenizer->decode(ids) : std::string();
-    Admission::Slot slot = admission.admit();  // held until the reply (or stream) ends
+    auto job = admit();  // held until the reply (or stream) ends
     const std::string id = new_id("cmpl");
     const std::time_t now = std::time(nullptr);
     ChunkFn chunk = [this, id, now](const std::optional<std::string>& text, json finish) {
@@ -208,11 +256,12 @@ struct Server::Impl {
                      {"finish_reason", finish}}}}};
     };
     if (c.stream) {
-      stream(res, std::move(slot), std::move(ids), std::move(p), /*chat=*/false, chunk,
+      stream(res, std::move(job), std::move(ids), std::move(p), /*chat=*/false, chunk,
              echo.empty() ? json() : chunk(echo, nullptr), c.include_usage);
       return;
     }
-    const GenerationResult r = run(ids, p);
+    const GenerationResult r = run(*job, ids, p);
+    finished(*job, r);
     json body = chunk(echo + r.text, r.finish_reason);
     body["usage"] = usage(r);
     reply_json(res, 200, body);
@@ -229,8 +278,8 @@ struct Server::Impl {
     p.seed = seed_or_random(c.sampling);
     const auto fmt_ = m.chat_template->format();
     if (fmt_ == data::ChatFormat::kChatML || fmt_ == data::ChatFormat::kQwen2)
-      p.stop.push_back(kChatStop);             // as text too: tokenizers without the special token
-    Admission::Slot slot = admission.admit();  // held until the reply (or stream) ends
+      p.stop.push_back(kChatStop);  // as text too: tokenizers without the special token
+    auto job = admit();             // held until the reply (or stream) ends
     const std::string id = new_id("chatcmpl");
     const std::time_t now = std::time(nullptr);
     if (c.stream) {
@@ -248,11 +297,12 @@ struct Server::Impl {
       ChunkFn chunk = [chunk_of](const std::optional<std::string>& text, json finish) {
         return chunk_of(text ? json{{"content", *text}} : json::object(), std::move(finish));
       };
-      stream(res, std::move(slot), std::move(ids), std::move(p), /*chat=*/true, chunk,
+      stream(res, std::move(job), std::move(ids), std::move(p), /*chat=*/true, chunk,
              chunk_of({{"role", "assistant"}, {"content", ""}}, nullptr), c.include_usage);
       return;
     }
-    const GenerationResult r = run(ids, p, {}, /*chat=*/true);
+    const GenerationResult r = run(*job, ids, p, {}, /*chat=*/true);
+    finished(*job, r);
     reply_json(res, 200,
                {{"id", id},
                 {"object", "chat.completion"},
@@ -293,6 +343,17 @@ struct Server::Impl {
     };
   }
 
+  // The route label of /metrics: the path when it is a route, else "other" (any path a client
+  // sends would otherwise become a label value).
+  static std::string route_label(const httplib::Request& req) {
+    static const char* const kRoutes[] = {"/",          "/v1/completions", "/v1/chat/completions",
+                                          "/v1/models", "/health",         "/v1/health",
+                                          "/metrics"};
+    for (const char* r : kRoutes)
+      if (req.path == r) return r;
+    return "other";
+  }
+
   void setup() {
     http.new_task_queue = [n = opt.http_threads] {
       return new httplib::ThreadPool(static_cast<size_t>(std::max(1, n)));
@@ -307,6 +368,9 @@ struct Server::Impl {
     };
     http.Get("/health", health);
     http.Get("/v1/health", health);
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics.render(gauges()), "text/plain; version=0.0.4; charset=utf-8");
+    });
     // Statuses httplib sets itself (404 unknown route, 413 body too large, 400 bad request line)
     // get a JSON body too.
     http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
@@ -315,7 +379,7 @@ struct Server::Impl {
       if (res.status == 404)
         msg = fmt::format(
             "no route {} {}; routes: POST /, POST /v1/completions, POST "
-            "/v1/chat/completions, GET /v1/models, GET /health",
+            "/v1/chat/completions, GET /v1/models, GET /health, GET /metrics",
             req.method, req.path);
       else if (res.status == 413)
         msg = fmt::format("the request body is larger than the limit of {} bytes",
@@ -337,11 +401,13 @@ struct Server::Impl {
           }
           reply_json(res, 500, openai_error_body(ApiError(500, msg, "", "server_error")));
         });
-    if (opt.log_requests)
-      http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+    // httplib calls the logger once per reply, after its last byte (a stream's too).
+    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      metrics.count_request(route_label(req), res.status);
+      if (opt.log_requests)
         std::fprintf(stderr, "ds_serve: %s %s -> %d\n", req.method.c_str(), req.path.c_str(),
                      res.status);
-      });
+    });
   }
 };
 

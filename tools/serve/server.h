@@ -1,6 +1,7 @@
 #pragma once
 // ds_serve's HTTP server (cpp-httplib): the ChatGLM guide's POST /, OpenAI's /v1/completions and
-// /v1/chat/completions (with stream: true as server-sent events), GET /v1/models and GET /health.
+// /v1/chat/completions (with stream: true as server-sent events), GET /v1/models, GET /health and
+// GET /metrics (Prometheus text format, metrics.h).
 // Request parsing lives in ds/serve/api.h; this file only routes, runs generations and writes
 // replies. docs/serving.md documents the API.
 //

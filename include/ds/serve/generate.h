@@ -35,6 +35,7 @@ struct GenerationResult {
   int64_t completion_tokens = 0;  // decode steps that produced a token (eos included)
   double prefill_seconds = 0.0;
   double decode_seconds = 0.0;
+  double first_token_seconds = -1.0;  // from the call to the first new token; < 0 when none
   int64_t decode_steps = 0;  // one-token forwards after the prefill (decode_seconds' count)
 };
 
