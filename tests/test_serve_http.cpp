@@ -1,9 +1,15 @@
 // ds_serve's HTTP server, started in-process on an ephemeral port with a tiny model exported in the
 // test: every route's happy path (non-streaming and streaming) and every kind of bad input, after
 // which the server must still answer.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <functional>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -14,6 +20,7 @@
 #include "ds/serve/api.h"
 #include "ds/serve/generate.h"
 #include "serve/admission.h"
+#include "serve/fifo_lock.h"
 #include "serve/metrics.h"
 #include "serve/server.h"
 #include "serve_fixture.h"
@@ -410,4 +417,208 @@ TEST(ServeMetrics, HistogramIsCumulative) {
   EXPECT_EQ(v.at("ds_serve_time_to_first_token_seconds_count"), 1.0);
   EXPECT_EQ(v.at("ds_serve_requests_in_flight"), 2.0);
   EXPECT_EQ(v.at("ds_serve_requests_waiting"), 1.0);
+}
+
+// ---- Clients that go away ----
+//
+// A server with a model whose generations take seconds (serve_fixture.h: make_slow_model, no end
+// of text before max_tokens). Clients are raw sockets so the test decides when they close.
+namespace {
+
+class RawClient {
+ public:
+  RawClient(int port, const std::string& path, const std::string& body) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    const std::string req = "POST " + path +
+                            " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                            "Content-Length: " +
+                            std::to_string(body.size()) + "\r\n\r\n" + body;
+    EXPECT_EQ(::send(fd_, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  }
+  ~RawClient() { close(); }
+  // Reads until `what` has arrived (or 30 s pass); returns what was read.
+  std::string read_until(const std::string& what) {
+    std::string got;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    char buf[4096];
+    while (got.find(what) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    return got;
+  }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+class ServeCancel : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new serve_test::TempDir("cancel");
+    ds::models::export_hf(*serve_test::make_slow_model(), dir_->path() / "slow");
+    ds::serve::ServerOptions o;
+    o.port = 0;
+    o.log_requests = false;
+    server_ = new ds::serve::Server(ds::serve::load_model(dir_->path() / "slow"), o);
+    port_ = server_->bind();
+    thread_ = new std::thread([] { server_->run(); });
+  }
+  static void TearDownTestSuite() {
+    server_->stop();
+    thread_->join();
+    delete thread_;
+    delete server_;
+    delete dir_;
+  }
+  static std::map<std::string, double> scrape() {
+    httplib::Client c("127.0.0.1", port_);
+    auto r = c.Get("/metrics");
+    EXPECT_TRUE(r && r->status == 200);
+    return r ? parse_metrics(r->body) : std::map<std::string, double>{};
+  }
+  static double metric(const std::string& name) {
+    const auto m = scrape();
+    auto it = m.find(name);
+    return it == m.end() ? 0.0 : it->second;
+  }
+  // Polls /metrics until pred holds (true) or `seconds` pass (false).
+  static bool wait_for(const std::function<bool(const std::map<std::string, double>&)>& pred,
+                       double seconds = 30.0) {
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(seconds));
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (pred(scrape())) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  }
+  static double at(const std::map<std::string, double>& m, const std::string& k) {
+    auto it = m.find(k);
+    return it == m.end() ? 0.0 : it->second;
+  }
+  static inline serve_test::TempDir* dir_ = nullptr;
+  static inline ds::serve::Server* server_ = nullptr;
+  static inline std::thread* thread_ = nullptr;
+  static inline int port_ = 0;
+};
+
+const std::string kLong = R"({"prompt": "a", "max_tokens": 4000, "temperature": 0})";
+const std::string kLongStream =
+    R"({"prompt": "a", "max_tokens": 4000, "temperature": 0, "stream": true})";
+
+}  // namespace
+
+// A non-streaming client writes nothing back until its answer, so only the socket tells that it
+// left: its generation stops, with a fraction of its 4000 tokens, and its slot is freed.
+TEST_F(ServeCancel, NonStreamingClientThatLeavesStopsItsGeneration) {
+  const auto before = scrape();
+  {
+    RawClient c(port_, "/v1/completions", kLong);
+    ASSERT_TRUE(wait_for([](const auto& m) { return at(m, "ds_serve_requests_running") == 1; }));
+  }  // closes
+  ASSERT_TRUE(wait_for([](const auto& m) { return at(m, "ds_serve_requests_in_flight") == 0; }, 5))
+      << "the generation went on after its client left";
+  const auto after = scrape();
+  EXPECT_EQ(at(after, "ds_serve_generations_cancelled_total") -
+                at(before, "ds_serve_generations_cancelled_total"),
+            1.0);
+  const double tokens = at(after, "ds_serve_completion_tokens_total") -
+                        at(before, "ds_serve_completion_tokens_total");
+  EXPECT_LT(tokens, 4000.0);
+  // Counted as 499 (client closed request) once httplib has given up on the reply.
+  EXPECT_TRUE(wait_for([](const auto& m) {
+    return at(m, R"(ds_serve_requests_total{route="/v1/completions",status="499"})") >= 1;
+  }));
+}
+
+TEST_F(ServeCancel, StreamingClientThatLeavesStopsItsGeneration) {
+  const auto before = scrape();
+  {
+    RawClient c(port_, "/v1/completions", kLongStream);
+    const std::string got = c.read_until("\"text\":");  // a first piece of text has come
+    ASSERT_NE(got.find("200 OK"), std::string::npos) << got;
+  }
+  ASSERT_TRUE(wait_for([](const auto& m) { return at(m, "ds_serve_requests_in_flight") == 0; }, 5));
+  const auto after = scrape();
+  EXPECT_EQ(at(after, "ds_serve_generations_cancelled_total") -
+                at(before, "ds_serve_generations_cancelled_total"),
+            1.0);
+  EXPECT_LT(at(after, "ds_serve_completion_tokens_total") -
+                at(before, "ds_serve_completion_tokens_total"),
+            4000.0);
+}
+
+// A client waiting in the queue behind a long generation leaves: its slot is free at once, while
+// the generation ahead of it still runs (not when its turn would have come).
+TEST_F(ServeCancel, WaitingClientThatLeavesFreesItsSlotAtOnce) {
+  const auto before = scrape();
+  RawClient running(port_, "/v1/completions", kLongStream);
+  running.read_until("\"text\":");
+  {
+    RawClient waiting(port_, "/v1/chat/completions",
+                      R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})");
+    ASSERT_TRUE(wait_for([](const auto& m) {
+      return at(m, "ds_serve_requests_in_flight") == 2 && at(m, "ds_serve_requests_waiting") == 1;
+    }));
+  }
+  ASSERT_TRUE(wait_for(
+      [](const auto& m) {
+        return at(m, "ds_serve_requests_in_flight") == 1 && at(m, "ds_serve_requests_waiting") == 0;
+      },
+      5));
+  EXPECT_EQ(metric("ds_serve_requests_running"), 1.0) << "the long generation should still run";
+  running.close();
+  ASSERT_TRUE(wait_for([](const auto& m) { return at(m, "ds_serve_requests_in_flight") == 0; }, 5));
+  // Both were cancelled; the waiting one never generated a token.
+  EXPECT_EQ(metric("ds_serve_generations_cancelled_total") -
+                at(before, "ds_serve_generations_cancelled_total"),
+            2.0);
+}
+
+// The generation lock serves waiters in arrival order, and one that gives up leaves the queue
+// without holding up those behind it.
+TEST(ServeFifoLock, ArrivalOrderAndWaitersThatLeave) {
+  ds::serve::FifoLock lock;
+  ASSERT_TRUE(lock.lock());
+  std::mutex mu;
+  std::vector<int> order;
+  std::atomic<bool> leave{false};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 4; ++i) {
+    ts.emplace_back([&, i] {
+      const bool got = lock.lock([&, i] { return i == 1 && leave.load(); });
+      std::lock_guard<std::mutex> g(mu);
+      order.push_back(got ? i : -i - 10);
+      if (got) lock.unlock();
+    });
+    while (lock.queued() < i + 2) std::this_thread::yield();  // tickets drawn in order 0..3
+  }
+  leave = true;  // waiter 1 gives up while the lock is still held
+  for (bool one = false; !one; std::this_thread::yield()) {
+    std::lock_guard<std::mutex> g(mu);
+    one = !order.empty();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  {
+    std::lock_guard<std::mutex> g(mu);
+    EXPECT_EQ(order, std::vector<int>{-11});  // 1 left; nobody else got the lock yet
+  }
+  EXPECT_EQ(lock.queued(), 4);
+  lock.unlock();
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(order, (std::vector<int>{-11, 0, 2, 3}));
 }

@@ -8,7 +8,8 @@ target_link_libraries(ds_generate PRIVATE deepspeed)
 pkg_check_modules(CPP_HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 add_library(ds_serve_http STATIC ${CMAKE_CURRENT_SOURCE_DIR}/serve/server.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/serve/admission.cpp
-  ${CMAKE_CURRENT_SOURCE_DIR}/serve/metrics.cpp)
+  ${CMAKE_CURRENT_SOURCE_DIR}/serve/metrics.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/serve/connection.cpp ${CMAKE_CURRENT_SOURCE_DIR}/serve/fifo_lock.cpp)
 target_include_directories(ds_serve_http PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 target_link_libraries(ds_serve_http PUBLIC deepspeed PkgConfig::CPP_HTTPLIB)
 add_executable(ds_serve ${CMAKE_CURRENT_SOURCE_DIR}/ds_serve.cpp)

@@ -51,10 +51,11 @@ void Metrics::count_request(const std::string& route, int status) {
 }
 
 void Metrics::record_generation(int64_t prompt_tokens, int64_t completion_tokens, double seconds,
-                                double first_token_seconds) {
+                                double first_token_seconds, bool cancelled) {
   std::lock_guard<std::mutex> lock(mu_);
   prompt_tokens_ += static_cast<uint64_t>(std::max<int64_t>(prompt_tokens, 0));
   completion_tokens_ += static_cast<uint64_t>(std::max<int64_t>(completion_tokens, 0));
+  if (cancelled) ++cancelled_;
   latency_.observe(seconds);
   if (first_token_seconds >= 0.0) ttft_.observe(first_token_seconds);
 }
@@ -81,6 +82,9 @@ std::string Metrics::render(const ServeGauges& g) const {
   header(out, "ds_serve_completion_tokens_total", "counter",
          "Tokens generated (completion tokens) by finished generations.");
   out += fmt::format("ds_serve_completion_tokens_total {}\n", completion_tokens_);
+  header(out, "ds_serve_generations_cancelled_total", "counter",
+         "Generations stopped because the client went away (or a drain ran out of time).");
+  out += fmt::format("ds_serve_generations_cancelled_total {}\n", cancelled_);
   header(out, "ds_serve_request_duration_seconds", "histogram",
          "Generation requests: admission to the last byte of the reply.");
   latency_.render(out, "ds_serve_request_duration_seconds");

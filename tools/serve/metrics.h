@@ -9,6 +9,8 @@
 //   ds_serve_max_queue                             gauge: --max_queue
 //   ds_serve_prompt_tokens_total                   counter: prompt tokens of finished generations
 //   ds_serve_completion_tokens_total               counter: tokens they generated
+//   ds_serve_generations_cancelled_total           counter: generations stopped because the client
+//                                                  went away (or a drain ran out of time)
 //   ds_serve_request_duration_seconds              histogram: admission to the reply's last byte
 //   ds_serve_time_to_first_token_seconds           histogram: admission to the first new token
 //                                                  (queueing and prefill included)
@@ -54,14 +56,14 @@ class Metrics {
   void count_request(const std::string& route, int status);
   // A finished generation: its token counts and, when a token was produced, the time to it.
   void record_generation(int64_t prompt_tokens, int64_t completion_tokens, double seconds,
-                         double first_token_seconds /* < 0: none */);
+                         double first_token_seconds /* < 0: none */, bool cancelled = false);
   // The text format, with the gauges given.
   std::string render(const ServeGauges& g) const;
 
  private:
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
-  uint64_t prompt_tokens_ = 0, completion_tokens_ = 0;
+  uint64_t prompt_tokens_ = 0, completion_tokens_ = 0, cancelled_ = 0;
   Histogram latency_, ttft_;
 };
 

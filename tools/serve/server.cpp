@@ -1,6 +1,8 @@
 #include "server.h"
 
 #include "admission.h"
+#include "connection.h"
+#include "fifo_lock.h"
 #include "metrics.h"
 
 #include <httplib.h>
@@ -13,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -28,9 +31,11 @@ struct Server::Impl {
   LoadedModel m;
   ServerOptions opt;
   httplib::Server http;
-  std::mutex gen_mutex;         // one generation at a time: the model and its KV cache
-  Admission admission;          // 1 generating + up to max_queue waiting on gen_mutex
-  std::atomic<int> running{0};  // 1 while a generation holds gen_mutex
+  FifoLock gen_lock;    // one generation at a time (the model and its KV cache), in arrival order
+  Admission admission;  // 1 generating + up to max_queue waiting on gen_lock
+  std::atomic<int> running{0};          // 1 while a generation holds gen_lock
+  std::atomic<bool> draining{false};    // drain(): new generation requests answer 503
+  std::atomic<bool> cancel_all{false};  // drain() ran out of time: stop every generation
   Metrics metrics;
   KVDecoder decoder;
   std::atomic<uint64_t> next_id{1};
@@ -52,36 +57,59 @@ struct Server::Impl {
   // An admitted generation request: its place (held until the reply or the stream ends; a
   // streaming reply keeps the Job in its content provider) and when it was admitted, the clock of
   // its latency and time-to-first-token metrics.
+  // The job also knows its client's connection: a client that goes away (while waiting, in the
+  // prefill or decoding, streaming or not) cancels the job at its next check, which frees its
+  // slot and its place in the queue.
   struct Job {
     Admission::Slot slot;
+    ClientConnection conn;
     Clock::time_point admitted = Clock::now();
     double first_token_seconds = -1.0;  // admission to the first new token; < 0: none yet
   };
-  std::shared_ptr<Job> admit() {
+  std::shared_ptr<Job> admit(const httplib::Request& req) {
+    if (draining)
+      throw ApiError(503, "the server is shutting down; retry on another replica or later", "",
+                     "unavailable_error", "shutting_down");
     auto job = std::make_shared<Job>();
     job->slot = admission.admit();
+    job->conn = ClientConnection::of(req);
     return job;
   }
 
   GenerationResult run(Job& job, const std::vector<int32_t>& ids, const SamplingParams& p,
                        const TextCallback& cb = {}, bool chat = false) {
-    std::lock_guard<std::mutex> lock(gen_mutex);
-    struct Running {  // the running gauge, exception-safe
-      std::atomic<int>& n;
-      explicit Running(std::atomic<int>& n) : n(n) { ++n; }
-      ~Running() { --n; }
-    } running_now(running);
+    const CancelCheck cancelled = [this, &job] { return cancel_all || job.conn.closed(); };
+    GenerationResult r;
+    r.prompt_tokens = static_cast<int64_t>(ids.size());
+    r.finish_reason = "cancelled";
+    if (!gen_lock.lock(cancelled)) return r;  // left the queue
+    struct Held {                             // the lock and the running gauge, exception-safe
+      Impl& s;
+      explicit Held(Impl& s) : s(s) { ++s.running; }
+      ~Held() {
+        --s.running;
+        s.gen_lock.unlock();
+      }
+    } held(*this);
     const double waited = seconds(job.admitted, Clock::now());
-    GenerationResult r =
-        generate(decoder, *m.tokenizer, ids, p, chat ? m.chat_eos_ids : m.eos_ids, cb);
+    r = generate(decoder, *m.tokenizer, ids, p, chat ? m.chat_eos_ids : m.eos_ids, cb, cancelled);
     if (r.first_token_seconds >= 0.0) job.first_token_seconds = waited + r.first_token_seconds;
     return r;
+  }
+
+  // A non-streaming reply whose client has gone: 499 (nginx's "client closed request") in the
+  // log and the metrics; nobody reads the body.
+  static void throw_if_cancelled(const GenerationResult& r) {
+    if (r.finish_reason == "cancelled")
+      throw ApiError(499, "the client closed the connection; generation cancelled", "",
+                     "cancelled");
   }
 
   // Metrics of a generation whose reply (or stream) is complete.
   void finished(const Job& job, const GenerationResult& r) {
     metrics.record_generation(r.prompt_tokens, r.completion_tokens,
-                              seconds(job.admitted, Clock::now()), job.first_token_seconds);
+                              seconds(job.admitted, Clock::now()), job.first_token_seconds,
+                              r.finish_reason == "cancelled");
   }
 
   ServeGauges gauges() const {
@@ -168,9 +196,10 @@ struct Server::Impl {
     p.temperature = g.temperature;
     p.top_p = g.top_p;
     p.seed = 0;  // the guide's API has no seed: the same request gets the same answer
-    const auto job = admit();
+    const auto job = admit(req);
     const GenerationResult r = run(*job, ids, p);
     finished(*job, r);
+    throw_if_cancelled(r);
     json history = json::array();
     for (const auto& [q, a] : g.history) history.push_back({q, a});
     history.push_back({g.prompt, r.text});
@@ -241,7 +270,7 @@ struct Server::Impl {
                p.max_tokens, "prompt");
     p.seed = seed_or_random(c.sampling);
     const std::string echo = c.echo ? m.tokenizer->decode(ids) : std::string();
-    auto job = admit();  // held until the reply (or stream) ends
+    auto job = admit(req);  // held until the reply (or stream) ends
     const std::string id = new_id("cmpl");
     const std::time_t now = std::time(nullptr);
     ChunkFn chunk = [this, id, now](const std::optional<std::string>& text, json finish) {
@@ -262,6 +291,7 @@ struct Server::Impl {
     }
     const GenerationResult r = run(*job, ids, p);
     finished(*job, r);
+    throw_if_cancelled(r);
     json body = chunk(echo + r.text, r.finish_reason);
     body["usage"] = usage(r);
     reply_json(res, 200, body);
@@ -279,7 +309,7 @@ struct Server::Impl {
     const auto fmt_ = m.chat_template->format();
     if (fmt_ == data::ChatFormat::kChatML || fmt_ == data::ChatFormat::kQwen2)
       p.stop.push_back(kChatStop);  // as text too: tokenizers without the special token
-    auto job = admit();             // held until the reply (or stream) ends
+    auto job = admit(req);          // held until the reply (or stream) ends
     const std::string id = new_id("chatcmpl");
     const std::time_t now = std::time(nullptr);
     if (c.stream) {
@@ -303,6 +333,7 @@ struct Server::Impl {
     }
     const GenerationResult r = run(*job, ids, p, {}, /*chat=*/true);
     finished(*job, r);
+    throw_if_cancelled(r);
     reply_json(res, 200,
                {{"id", id},
                 {"object", "chat.completion"},
@@ -363,8 +394,11 @@ struct Server::Impl {
     http.Post("/v1/completions", wrap(&Impl::completions, true));
     http.Post("/v1/chat/completions", wrap(&Impl::chat, true));
     http.Get("/v1/models", wrap(&Impl::models, true));
-    auto health = [](const httplib::Request&, httplib::Response& res) {
-      reply_json(res, 200, {{"status", "ok"}});
+    auto health = [this](const httplib::Request&, httplib::Response& res) {
+      if (draining)
+        reply_json(res, 503, {{"status", "draining"}});
+      else
+        reply_json(res, 200, {{"status", "ok"}});
     };
     http.Get("/health", health);
     http.Get("/v1/health", health);
@@ -434,6 +468,27 @@ int Server::bind() {
 
 void Server::run() {
   impl_->http.listen_after_bind();
+}
+
+void Server::drain(double timeout_seconds, const std::function<bool()>& force) {
+  Impl& s = *impl_;
+  s.draining = true;
+  const auto deadline =
+      Impl::Clock::now() + std::chrono::duration_cast<Impl::Clock::duration>(
+                               std::chrono::duration<double>(std::max(0.0, timeout_seconds)));
+  while (s.admission.admitted() > 0) {
+    if (!s.cancel_all && (Impl::Clock::now() >= deadline || (force && force()))) {
+      std::fprintf(stderr, "ds_serve: cancelling %d request(s) still in flight\n",
+                   s.admission.admitted());
+      s.cancel_all = true;  // each stops at its next token and frees its slot
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  stop();
+}
+
+bool Server::draining() const {
+  return impl_->draining;
 }
 
 void Server::stop() {

@@ -43,12 +43,16 @@ struct GenerationResult {
 // that could be the start of a stop string is held back until it is known not to be one. Return
 // false to cancel (a client that went away); the result then has finish_reason "cancelled".
 using TextCallback = std::function<bool(std::string_view piece)>;
+// Asked before the prefill and before every decode step: true stops the generation there with
+// finish_reason "cancelled" (ds_serve: the client disconnected, or a drain ran out of time).
+using CancelCheck = std::function<bool()>;
 
 // Resets the decoder, prefills prompt (one forward), then decodes. Throws "[generate] ..." when
 // the prompt is empty or prompt + max_tokens exceeds the model's context (block_size).
 GenerationResult generate(KVDecoder& decoder, const TextTokenizer& tokenizer,
                           std::span<const int32_t> prompt, const SamplingParams& params,
-                          const std::vector<int32_t>& eos_ids, const TextCallback& on_text = {});
+                          const std::vector<int32_t>& eos_ids, const TextCallback& on_text = {},
+                          const CancelCheck& cancelled = {});
 
 struct LoadedModel {
   std::shared_ptr<models::GPT> model;
