@@ -622,3 +622,199 @@ TEST(ServeFifoLock, ArrivalOrderAndWaitersThatLeave) {
   for (auto& t : ts) t.join();
   EXPECT_EQ(order, (std::vector<int>{-11, 0, 2, 3}));
 }
+
+// ---- 32 concurrent clients ----
+namespace {
+
+// A server on its own thread for one test.
+struct RunningServer {
+  ds::serve::Server server;
+  int port;
+  std::thread thread;
+  RunningServer(const std::filesystem::path& model, ds::serve::ServerOptions o)
+      : server(ds::serve::load_model(model), (o.port = 0, o.log_requests = false, o)),
+        port(server.bind()),
+        thread([this] { server.run(); }) {}
+  ~RunningServer() {
+    server.stop();
+    thread.join();
+  }
+};
+
+struct Reply {
+  int status = 0;
+  std::string text, finish, retry_after;
+  json usage, error;
+};
+
+// One request of client i's kind; a streamed reply is reassembled into text/finish/usage.
+Reply send_request(int port, const std::string& path, const json& body) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(300, 0);
+  auto r = c.Post(path.c_str(), body.dump(), "application/json");
+  Reply out;
+  if (!r) {
+    out.error = "no reply: " + httplib::to_string(r.error());
+    return out;
+  }
+  out.status = r->status;
+  out.retry_after = r->get_header_value("Retry-After");
+  if (r->status != 200) {
+    const json j = json::parse(r->body, nullptr, false);
+    out.error = j.is_discarded() ? json(r->body) : j;
+    return out;
+  }
+  const bool chat = path == "/v1/chat/completions";
+  if (body.value("stream", false)) {
+    for (const json& ev : sse_events(r->body)) {
+      if (ev == "[DONE]") continue;
+      if (ev.contains("usage")) out.usage = ev["usage"];
+      if (ev["choices"].empty()) continue;
+      const json& ch = ev["choices"][0];
+      out.text += chat ? ch["delta"].value("content", "") : ch.value("text", "");
+      if (!ch["finish_reason"].is_null()) out.finish = ch["finish_reason"];
+    }
+  } else {
+    const json j = json::parse(r->body);
+    if (path == "/") {
+      out.text = j["response"];
+      out.finish = "-";
+      return out;
+    }
+    const json& ch = j["choices"][0];
+    out.text = chat ? ch["message"]["content"].get<std::string>() : ch["text"].get<std::string>();
+    out.finish = ch["finish_reason"];
+    out.usage = j["usage"];
+  }
+  return out;
+}
+
+// Client i's request: the five kinds of generation request in turn (OpenAI completions and chat,
+// streaming or not, and the guide's POST /), each with its own prompt and seed.
+std::pair<std::string, json> client_request(int i) {
+  const std::string text = "client " + std::to_string(i) + " says";
+  const bool stream = (i / 5) % 2 == 1;
+  json sampling = {{"max_tokens", 12}, {"temperature", 0.8}, {"seed", i}};
+  switch (i % 5) {
+    case 0:
+    case 1: {
+      json b = sampling;
+      b["prompt"] = text;
+      b["stream"] = stream || i % 5 == 1;
+      if (b["stream"]) b["stream_options"] = {{"include_usage", true}};
+      return {"/v1/completions", b};
+    }
+    case 2:
+    case 3: {
+      json b = sampling;
+      b["messages"] = json::array({{{"role", "user"}, {"content", text}}});
+      b["stream"] = stream || i % 5 == 3;
+      if (b["stream"]) b["stream_options"] = {{"include_usage", true}};
+      return {"/v1/chat/completions", b};
+    }
+    default:
+      return {"/", {{"prompt", text}, {"history", json::array()}, {"max_length", 40}}};
+  }
+}
+
+}  // namespace
+
+// 32 clients at once, each a different request: every answer equals the one the same request got
+// alone (so requests do not see each other's state), a malformed request in the middle gets its
+// 400 naming the field, and the server still answers afterwards.
+TEST(ServeConcurrency, ThirtyTwoClientsGetTheirOwnAnswers) {
+  serve_test::TempDir dir("concurrent");
+  ds::models::export_hf(*serve_test::make_model(serve_test::tiny_gpt2(256)), dir.path() / "tiny");
+  ds::serve::ServerOptions o;
+  o.http_threads = 40;
+  o.max_queue = 40;  // room for everyone: no 503 here
+  RunningServer s(dir.path() / "tiny", o);
+  constexpr int kClients = 32, kBad = 16;  // client 16 sends a malformed request
+  std::vector<Reply> alone(kClients);
+  for (int i = 0; i < kClients; ++i) {
+    if (i == kBad) continue;
+    auto [path, body] = client_request(i);
+    alone[i] = send_request(s.port, path, body);
+    ASSERT_EQ(alone[i].status, 200) << path << " " << body.dump() << " " << alone[i].error.dump();
+    ASSERT_FALSE(alone[i].finish.empty());
+  }
+  std::vector<Reply> together(kClients);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < kClients; ++i)
+    ts.emplace_back([&, i] {
+      ++ready;
+      while (ready < kClients) std::this_thread::yield();  // all start together
+      if (i == kBad) {
+        together[i] = send_request(
+            s.port, "/v1/chat/completions",
+            {{"messages", json::array({{{"role", "user"}, {"content", 5}}})}, {"max_tokens", 4}});
+        return;
+      }
+      auto [path, body] = client_request(i);
+      together[i] = send_request(s.port, path, body);
+    });
+  for (auto& t : ts) t.join();
+  for (int i = 0; i < kClients; ++i) {
+    if (i == kBad) continue;
+    EXPECT_EQ(together[i].status, 200) << "client " << i << ": " << together[i].error.dump();
+    EXPECT_EQ(together[i].text, alone[i].text) << "client " << i;
+    EXPECT_EQ(together[i].finish, alone[i].finish) << "client " << i;
+    EXPECT_EQ(together[i].usage, alone[i].usage) << "client " << i;
+  }
+  EXPECT_EQ(together[kBad].status, 400);
+  EXPECT_EQ(together[kBad].error["error"]["param"], "messages[0].content")
+      << together[kBad].error.dump();
+  httplib::Client c("127.0.0.1", s.port);
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  const auto m = parse_metrics(c.Get("/metrics")->body);
+  EXPECT_EQ(m.at("ds_serve_requests_in_flight"), 0.0);
+}
+
+// 32 clients at once against a queue of 2 and generations that take a while: each gets either
+// the answer (the same as alone) or a well-formed 503 with Retry-After, never anything else; the
+// server goes on serving.
+TEST(ServeConcurrency, ThirtyTwoClientsAgainstASmallQueueGetAnswersOr503) {
+  serve_test::TempDir dir("busy");
+  ds::models::export_hf(*serve_test::make_slow_model(), dir.path() / "slow");
+  ds::serve::ServerOptions o;
+  o.http_threads = 40;
+  o.max_queue = 2;
+  RunningServer s(dir.path() / "slow", o);
+  const json body = {{"prompt", "busy"}, {"max_tokens", 100}, {"temperature", 0}};
+  const Reply alone = send_request(s.port, "/v1/completions", body);
+  ASSERT_EQ(alone.status, 200) << alone.error.dump();
+  constexpr int kClients = 32;
+  std::vector<Reply> got(kClients);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < kClients; ++i)
+    ts.emplace_back([&, i] {
+      ++ready;
+      while (ready < kClients) std::this_thread::yield();
+      got[i] = send_request(s.port, "/v1/completions", body);
+    });
+  for (auto& t : ts) t.join();
+  int ok = 0, busy = 0;
+  for (int i = 0; i < kClients; ++i) {
+    if (got[i].status == 200) {
+      ++ok;
+      EXPECT_EQ(got[i].text, alone.text) << "client " << i;
+      EXPECT_EQ(got[i].usage, alone.usage) << "client " << i;
+    } else {
+      ++busy;
+      EXPECT_EQ(got[i].status, 503) << "client " << i << ": " << got[i].error.dump();
+      EXPECT_EQ(got[i].retry_after, "1");
+      EXPECT_EQ(got[i].error["error"]["type"], "server_busy") << got[i].error.dump();
+    }
+  }
+  // The first arrival always runs; with 32 arrivals at once and room for 3, most are turned away.
+  EXPECT_GE(ok, 1);
+  EXPECT_GE(busy, 1);
+  EXPECT_EQ(ok + busy, kClients);
+  const Reply after = send_request(s.port, "/v1/completions", body);
+  EXPECT_EQ(after.status, 200);
+  EXPECT_EQ(after.text, alone.text);
+}

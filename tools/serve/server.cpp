@@ -6,6 +6,7 @@
 #include "metrics.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -27,10 +28,23 @@ namespace ds::serve {
 
 using nlohmann::json;
 
+namespace {
+
+// httplib 0.11.4 listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's
+// library). Many clients connecting at once overflow it, and with SYN cookies (Linux's default)
+// some of those connections are then dropped without a reply. listen() again on the bound socket
+// sets the backlog we want; the socket is httplib's protected svr_sock_.
+class HttpServer : public httplib::Server {
+ public:
+  bool set_backlog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
+};
+
+}  // namespace
+
 struct Server::Impl {
   LoadedModel m;
   ServerOptions opt;
-  httplib::Server http;
+  HttpServer http;
   FifoLock gen_lock;    // one generation at a time (the model and its KV cache), in arrival order
   Admission admission;  // 1 generating + up to max_queue waiting on gen_lock
   std::atomic<int> running{0};          // 1 while a generation holds gen_lock
@@ -456,14 +470,18 @@ Server::~Server() {
 
 int Server::bind() {
   const auto& o = impl_->opt;
+  int port = o.port;
   if (o.port == 0) {
-    const int port = impl_->http.bind_to_any_port(o.host);
+    port = impl_->http.bind_to_any_port(o.host);
     DS_CHECK(port > 0, "[ds_serve] cannot bind any port on {}", o.host);
-    return port;
+  } else {
+    DS_CHECK(impl_->http.bind_to_port(o.host, o.port),
+             "[ds_serve] cannot bind {}:{} (in use? give another --port)", o.host, o.port);
   }
-  DS_CHECK(impl_->http.bind_to_port(o.host, o.port),
-           "[ds_serve] cannot bind {}:{} (in use? give another --port)", o.host, o.port);
-  return o.port;
+  DS_CHECK(impl_->http.set_backlog(o.listen_backlog),
+           "[ds_serve] cannot set the listen backlog of {}:{} to {}", o.host, port,
+           o.listen_backlog);
+  return port;
 }
 
 void Server::run() {

@@ -32,6 +32,7 @@ struct ServerOptions {
   int port = 8000;                  // 0 = any free port (bind() returns it)
   size_t max_body_bytes = 1 << 20;  // larger request bodies answer 413
   int http_threads = 8;             // connection threads (generations still run one at a time)
+  int listen_backlog = 511;         // connections the kernel holds before accept() (nginx's)
   int max_queue = 16;               // generation requests that may wait; more answer 503
   bool log_requests = true;         // one line per request on stderr
 };
