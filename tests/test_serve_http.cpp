@@ -134,6 +134,28 @@ TEST_F(ServeHttp, HealthAndModels) {
   EXPECT_EQ(j["data"][0]["object"], "model");
 }
 
+// GET / is the chat page: one self-contained HTML document (nothing loaded from elsewhere) that
+// streams from the OpenAI chat route; POST / stays the guide's API.
+TEST_F(ServeHttp, ChatPageAtGetRoot) {
+  auto c = client();
+  auto r = c.Get("/");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  const std::string& html = r->body;
+  EXPECT_EQ(html.rfind("<!doctype html>", 0), 0u) << html.substr(0, 100);
+  EXPECT_NE(html.find("</html>"), std::string::npos);
+  EXPECT_NE(html.find("fetch(\"v1/chat/completions\""), std::string::npos);
+  EXPECT_NE(html.find("stream: true"), std::string::npos);
+  EXPECT_NE(html.find("data: "), std::string::npos);  // it parses server-sent events
+  for (const char* external : {"src=\"http", "href=\"http", "src=\"//", "href=\"//", "@import"})
+    EXPECT_EQ(html.find(external), std::string::npos) << external;
+  // The page's requests work: the models list it shows, and a streamed chat.
+  auto m = c.Get("/v1/models");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+}
+
 TEST_F(ServeHttp, GuideApiKeepsHistory) {
   auto [st, j] = post("/", R"({"prompt": "你好", "history": [], "max_length": 24})");
   ASSERT_EQ(st, 200) << j.dump();

@@ -1,6 +1,7 @@
 #include "server.h"
 
 #include "admission.h"
+#include "chat_page.h"
 #include "connection.h"
 #include "fifo_lock.h"
 #include "metrics.h"
@@ -405,6 +406,10 @@ struct Server::Impl {
     };
     http.set_payload_max_length(opt.max_body_bytes);
     http.Post("/", wrap(&Impl::guide, false));
+    http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      const std::string_view page = chat_page_html();
+      res.set_content(page.data(), page.size(), "text/html; charset=utf-8");
+    });
     http.Post("/v1/completions", wrap(&Impl::completions, true));
     http.Post("/v1/chat/completions", wrap(&Impl::chat, true));
     http.Get("/v1/models", wrap(&Impl::models, true));
@@ -426,7 +431,7 @@ struct Server::Impl {
       std::string msg;
       if (res.status == 404)
         msg = fmt::format(
-            "no route {} {}; routes: POST /, POST /v1/completions, POST "
+            "no route {} {}; routes: GET / (chat page), POST /, POST /v1/completions, POST "
             "/v1/chat/completions, GET /v1/models, GET /health, GET /metrics",
             req.method, req.path);
       else if (res.status == 413)
