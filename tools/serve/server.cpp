@@ -71,10 +71,9 @@ struct Server::Impl {
 
   // An admitted generation request: its place (held until the reply or the stream ends; a
   // streaming reply keeps the Job in its content provider) and when it was admitted, the clock of
-  // its latency and time-to-first-token metrics.
-  // The job also knows its client's connection: a client that goes away (while waiting, in the
-  // prefill or decoding, streaming or not) cancels the job at its next check, which frees its
-  // slot and its place in the queue.
+  // its latency and time-to-first-token metrics. It also knows its client's connection: a client
+  // that goes away (while waiting, in the prefill or decoding, streaming or not) cancels the job at
+  // its next check, which frees its slot and its place in the queue.
   struct Job {
     Admission::Slot slot;
     ClientConnection conn;
@@ -98,7 +97,8 @@ struct Server::Impl {
     r.prompt_tokens = static_cast<int64_t>(ids.size());
     r.finish_reason = "cancelled";
     if (!gen_lock.lock(cancelled)) return r;  // left the queue
-    struct Held {                             // the lock and the running gauge, exception-safe
+    // The lock and the running gauge, released even when generate() throws.
+    struct Held {
       Impl& s;
       explicit Held(Impl& s) : s(s) { ++s.running; }
       ~Held() {

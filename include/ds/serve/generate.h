@@ -8,7 +8,7 @@
 //   r.text, r.finish_reason ("stop" | "length"), r.prefill_seconds, r.decode_seconds
 //
 // Threading: generate() uses the decoder and the model exclusively; callers serialise (ds_serve
-// holds one mutex around it).
+// holds one lock around it, tools/serve/fifo_lock.h).
 #include <cstdint>
 #include <filesystem>
 #include <functional>
