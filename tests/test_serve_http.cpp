@@ -274,6 +274,9 @@ TEST_F(ServeHttp, BadInputIsA400NamingTheField) {
   EXPECT_EQ(st, 400);
   EXPECT_EQ(j["error"]["param"], "temprature");
   EXPECT_NE(j["error"]["message"].get<std::string>().find("temprature"), std::string::npos);
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("(did you mean 'temperature'?)"),
+            std::string::npos)
+      << j.dump();
   // Context length (256 tokens): a long prompt, and prompt + max_tokens.
   const std::string long_prompt(300, 'a');
   auto [st2, j2] = post(cmpl, json{{"prompt", long_prompt}}.dump());

@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <ctime>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
