@@ -1,5 +1,6 @@
-// ds_serve as a program: SIGTERM drains (new requests are refused, the stream in flight runs to
-// its end, the process exits 0), and a second signal cancels what is left at once.
+// ds_serve and ds_generate as programs: SIGTERM drains (new requests are refused, the stream in
+// flight runs to its end, the process exits 0), a second signal cancels what is left at once, and
+// the served answers equal ds_generate's for the same seed.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -15,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "ds/models/hf_io.h"
@@ -206,4 +208,52 @@ TEST_F(ServeDrain, SecondSignalCancelsWhatIsLeft) {
   EXPECT_TRUE(stream_usage(s.body).is_null());
   EXPECT_EQ(s.body.find("data: [DONE]"), std::string::npos);
   EXPECT_NE(p.log_text().find("cancelling 1 request"), std::string::npos) << p.log_text();
+}
+
+// The served answer equals ds_generate's for the same prompt, seed and sampling: both programs,
+// one over HTTP and one on the command line, on the tiny LLaMA fixture. ds_generate writes raw
+// bytes; the server's JSON replaces invalid UTF-8 (random weights make some) with U+FFFD, so
+// ds_generate's text goes through the same replacement before comparing.
+TEST(ServeProgram, ServedAnswersEqualDsGenerate) {
+  serve_test::TempDir dir("programs");
+  const std::filesystem::path model = std::filesystem::path(DS_FIXTURE_DIR) / "generate/llama_gqa";
+  ServeProcess p(model, dir.path() / "serve.log");
+  ASSERT_GT(p.port(), 0);
+  struct Case {
+    std::string prompt;
+    double temperature;
+    int top_k;
+    double top_p;
+    int seed;
+  };
+  for (const Case& c : {Case{"Hello", 0.0, 0, 1.0, 0}, Case{"Hello", 0.8, 40, 1.0, 5},
+                        Case{"The quick brown fox", 1.0, 0, 0.9, 123}}) {
+    httplib::Client http("127.0.0.1", p.port());
+    http.set_read_timeout(60, 0);
+    const json req = {{"prompt", c.prompt}, {"max_tokens", 20}, {"temperature", c.temperature},
+                      {"top_k", c.top_k},   {"top_p", c.top_p}, {"seed", c.seed}};
+    auto r = http.Post("/v1/completions", req.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const std::string served = json::parse(r->body)["choices"][0]["text"];
+    const std::string cmd = fmt::format(
+        "'{}' --model '{}' --prompt '{}' --max_tokens 20 --temperature {} --top_k {} --top_p {} "
+        "--seed {} --threads 1 2>/dev/null",
+        DS_GENERATE_BIN, model.string(), c.prompt, c.temperature, c.top_k, c.top_p, c.seed);
+    FILE* f = popen(cmd.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    std::string out;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+    ASSERT_EQ(pclose(f), 0) << cmd;
+    ASSERT_FALSE(out.empty());
+    ASSERT_EQ(out.back(), '\n');  // ds_generate ends its output with a newline
+    out.pop_back();
+    const std::string as_served =
+        json::parse(json(out).dump(-1, ' ', false, json::error_handler_t::replace));
+    EXPECT_EQ(as_served, served) << "prompt '" << c.prompt << "' seed " << c.seed;
+    EXPECT_FALSE(served.empty());
+  }
+  p.signal(SIGTERM);
+  EXPECT_EQ(p.wait_exit(60), 0) << p.log_text();
 }
