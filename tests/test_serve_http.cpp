@@ -497,6 +497,7 @@ class ServeCancel : public ::testing::Test {
     ds::serve::ServerOptions o;
     o.port = 0;
     o.log_requests = false;
+    o.sse_ping_seconds = 0.05;
     server_ = new ds::serve::Server(ds::serve::load_model(dir_->path() / "slow"), o);
     port_ = server_->bind();
     thread_ = new std::thread([] { server_->run(); });
@@ -646,6 +647,28 @@ TEST(ServeFifoLock, ArrivalOrderAndWaitersThatLeave) {
   lock.unlock();
   for (auto& t : ts) t.join();
   EXPECT_EQ(order, (std::vector<int>{-11, 0, 2, 3}));
+}
+
+// A stream waiting for its turn gets SSE comment pings (every sse_ping_seconds, 0.05 s here), so
+// clients and proxies do not time it out; no text comes before its turn.
+TEST_F(ServeCancel, WaitingStreamGetsPings) {
+  RawClient running(port_, "/v1/completions", kLongStream);
+  running.read_until("\"text\":");
+  RawClient waiting(port_, "/v1/completions", kLongStream);
+  // Two pings at least (in the raw bytes each sits in its own HTTP chunk).
+  std::string got = waiting.read_until(": ping\n\n");
+  got += waiting.read_until(": ping\n\n");
+  EXPECT_NE(got.find("200 OK"), std::string::npos) << got;
+  size_t pings = 0;
+  for (size_t at = got.find(": ping\n\n"); at != std::string::npos;
+       at = got.find(": ping\n\n", at + 1))
+    ++pings;
+  EXPECT_GE(pings, 2u) << got;
+  EXPECT_EQ(got.find("\"text\":"), std::string::npos) << "text before its turn: " << got;
+  EXPECT_EQ(metric("ds_serve_requests_waiting"), 1.0);
+  waiting.close();
+  running.close();
+  ASSERT_TRUE(wait_for([](const auto& m) { return at(m, "ds_serve_requests_in_flight") == 0; }, 5));
 }
 
 // ---- 32 concurrent clients ----

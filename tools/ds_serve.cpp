@@ -51,6 +51,12 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max_body_bytes", o.max_body_bytes, "larger request bodies answer 413")
       ->capture_default_str();
+  app.add_option(
+         "--sse_ping_seconds", o.sse_ping_seconds,
+         "a streaming request waiting for its turn gets an SSE comment (: ping) this often, "
+         "so that clients and proxies do not time it out (0 = never)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   double drain_timeout = 60.0;
   app.add_option("--drain_timeout", drain_timeout,
                  "seconds that requests in flight may take to finish after SIGTERM/SIGINT before "

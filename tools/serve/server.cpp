@@ -89,13 +89,25 @@ struct Server::Impl {
     return job;
   }
 
+  // ping (streams): called every --sse_ping_seconds while the job waits for its turn; false means
+  // the client is gone.
   GenerationResult run(Job& job, const std::vector<int32_t>& ids, const SamplingParams& p,
-                       const TextCallback& cb = {}, bool chat = false) {
+                       const TextCallback& cb = {}, bool chat = false,
+                       const std::function<bool()>& ping = {}) {
     const CancelCheck cancelled = [this, &job] { return cancel_all || job.conn.closed(); };
     GenerationResult r;
     r.prompt_tokens = static_cast<int64_t>(ids.size());
     r.finish_reason = "cancelled";
-    if (!gen_lock.lock(cancelled)) return r;  // left the queue
+    Clock::time_point last_ping = Clock::now();
+    const CancelCheck waiting = [&] {
+      if (ping && opt.sse_ping_seconds > 0 &&
+          seconds(last_ping, Clock::now()) >= opt.sse_ping_seconds) {
+        last_ping = Clock::now();
+        if (!ping()) return true;
+      }
+      return cancelled();
+    };
+    if (!gen_lock.lock(waiting)) return r;  // left the queue
     // The lock and the running gauge, released even when generate() throws.
     struct Held {
       Impl& s;
@@ -231,8 +243,10 @@ struct Server::Impl {
   // Streams a generation as OpenAI's server-sent events: `first` (when not null) before
   // generating, a chunk per piece of final text, a closing chunk with finish_reason, a usage chunk
   // (`choices: []`) when include_usage, then [DONE]. An error during generation is sent as
-  // data: {"error": ...} without [DONE]. A client that goes away (a failed write) cancels the
-  // generation. The job (its slot) stays held, by the provider's copy, until the stream ends.
+  // data: {"error": ...} without [DONE]. While the request waits for its turn, an SSE comment
+  // (": ping") every --sse_ping_seconds keeps clients and proxies from timing the stream out (as
+  // llama.cpp's server does). A client that goes away (a failed write) cancels the generation. The
+  // job (its slot) stays held, by the provider's copy, until the stream ends.
   void stream(httplib::Response& res, std::shared_ptr<Job> job, std::vector<int32_t> ids,
               SamplingParams p, bool chat, ChunkFn chunk, json first, bool include_usage) {
     res.set_chunked_content_provider(
@@ -249,7 +263,7 @@ struct Server::Impl {
                 [&](std::string_view piece) {
                   return send(sse(chunk(std::string(piece), nullptr)));
                 },
-                chat);
+                chat, [&] { return send(": ping\n\n"); });
             finished(*job, r);
             if (r.finish_reason == "cancelled") return false;
             send(sse(chunk(std::nullopt, r.finish_reason)));

@@ -34,6 +34,7 @@ struct ServerOptions {
   int http_threads = 8;             // connection threads (generations still run one at a time)
   int listen_backlog = 511;         // connections the kernel holds before accept() (nginx's)
   int max_queue = 16;               // generation requests that may wait; more answer 503
+  double sse_ping_seconds = 15.0;   // ": ping" to a stream waiting for its turn; 0 = never
   bool log_requests = true;         // one line per request on stderr
 };
 
