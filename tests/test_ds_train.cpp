@@ -339,6 +339,68 @@ TEST_F(DsTrain, TensorParallelTrainsAsOneProcess) {
 }
 #endif
 
+#if defined(DS_LAUNCHER_EXE)
+// Pipeline parallelism on 2 ranks (pp = 2, two micro-batches per step through 1F1B): the partition
+// and every rank's coordinates at start-up, the same losses, gradient norms and eval losses as one
+// process, and one HF export holding both stages' weights (the tied wte once).
+TEST_F(DsTrain, PipelineTrainsAsOneProcess) {
+  const std::string launcher = std::string(DS_LAUNCHER_EXE) + " --num_procs 2";
+  const fs::path one = dir_ / "one", two = dir_ / "two";
+  const std::string flags =
+      " --max_steps 4 --eval_steps 2 --sample_tokens 0 --gradient_accumulation_steps 2";
+  ASSERT_EQ(run(flags + " --output_dir " + one.string()), 0) << log_;
+  ASSERT_EQ(run(flags + " --pipeline_parallel_size 2 --output_dir " + two.string(), true, launcher),
+            0)
+      << log_;
+  EXPECT_NE(log_.find("pipeline: 2 stages, partition \"parameters\""), std::string::npos) << log_;
+  EXPECT_NE(log_.find("stage 1: layers ["), std::string::npos) << log_;
+  EXPECT_NE(log_.find("rank:(pipe,data,tensor) 0:(0,0,0) 1:(1,0,0)"), std::string::npos) << log_;
+  EXPECT_FALSE(fs::exists(two / "latest"));
+  auto values = [&](const fs::path& f) {
+    std::vector<double> v;
+    std::istringstream in(read(f));
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) v.push_back(std::stod(line.substr(line.rfind(',') + 1)));
+    return v;
+  };
+  for (const char* f : {"Train_Samples_train_loss", "Train_Samples_grad_norm",
+                        "Eval_Samples_eval_loss"}) {
+    const auto a = values(one / "metrics" / (std::string(f) + ".csv")),
+               b = values(two / "metrics" / (std::string(f) + ".csv"));
+    ASSERT_EQ(a.size(), b.size()) << f;
+    ASSERT_FALSE(a.empty()) << f;
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-4 * std::abs(a[i])) << f;
+  }
+  EXPECT_EQ(fs::file_size(two / "hf_model" / "model.safetensors"),
+            fs::file_size(one / "hf_model" / "model.safetensors"));
+
+  // --init_from into the stages: each loads its part of the one-process run's export; the first
+  // step's loss is then the same as a one-process run from that export.
+  const fs::path a = dir_ / "from_one", b = dir_ / "from_two";
+  const std::string init = " --init_from " + (one / "hf_model").string() + " --max_steps 1";
+  ASSERT_EQ(run(flags + init + " --output_dir " + a.string()), 0) << log_;
+  ASSERT_EQ(run(flags + init + " --pipeline_parallel_size 2 --output_dir " + b.string(), true,
+                launcher),
+            0)
+      << log_;
+  const auto la = values(a / "metrics" / "Train_Samples_train_loss.csv"),
+             lb = values(b / "metrics" / "Train_Samples_train_loss.csv");
+  ASSERT_EQ(la.size(), 1u);
+  ASSERT_EQ(lb.size(), 1u);
+  EXPECT_NEAR(lb[0], la[0], 1e-5 * std::abs(la[0]));
+
+  // The flag and the config's pipeline.stages must agree.
+  const fs::path cfg2 = dir_ / "pp2.json";
+  std::ofstream(cfg2) << R"({"train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": 2},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})";
+  EXPECT_NE(run(flags + " --pipeline_parallel_size 4 --deepspeed " + cfg2.string() +
+                    " --output_dir " + (dir_ / "bad").string()),
+            0);
+  EXPECT_NE(log_.find("disagrees with pipeline.stages 2"), std::string::npos) << log_;
+}
+#endif
+
 // LoRA (docs/finetuning.md): a PEFT adapter from --only_optimize_lora over an --init_from base, with
 // the base's absolute path; optimizer state for the LoRA matrices only; exact resume; --merge_lora
 // exports a plain folder; LoRA flags without --lora_dim and unmatched names are errors. With the

@@ -448,10 +448,20 @@ TEST_F(Sft, DsPrepareAndDsTrainEndToEnd) {
                             " --model " + (dir_ / "model.json").string() +
                             " --per_device_train_batch_size 2 --gradient_accumulation_steps 1"
                             " --learning_rate 0.01 --warmup_steps 1 --eval_batches 1 "
-                            "--sample_tokens 0 --threads 1 --export_hf none --max_steps 16 "
-                            "--eval_steps 8 --output_dir " +
+                            "--sample_tokens 0 --threads 1 --max_steps 16 --eval_steps 8 "
+                            "--export_hf " + (dir_ / "hf").string() + " --output_dir " +
                             (dir_ / "run").string();
   ASSERT_EQ(sh(train, &log), 0) << log;
+  // The export carries the template the examples were rendered with.
+  {
+    const json meta = json::parse(read(dir_ / "sft" / "meta.json"));
+    const std::string name = meta["sft"]["template"];
+    const json tc = json::parse(read(dir_ / "hf" / "tokenizer_config.json"));
+    EXPECT_EQ(tc.value("chat_template", std::string()),
+              std::string(ChatTemplate::by_name(name).jinja()))
+        << name;
+    EXPECT_NE(log.find("chat template \"" + name + "\""), std::string::npos) << log;
+  }
   EXPECT_NE(log.find("42 samples of T 48"), std::string::npos) << log;
   // The context-free baseline counts only the trained tokens (answers), not prompts or padding.
   EXPECT_NE(log.find("unigram entropy of the train set's 241 trained tokens"), std::string::npos)

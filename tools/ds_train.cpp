@@ -41,6 +41,8 @@
 #include "ds/models/hf_io.h"
 #include "ds/nn/lora.h"
 #include "ds/nn/tensor_parallel.h"
+#include "ds/runtime/pipeline_engine.h"
+#include "ds/runtime/pipeline_partition.h"
 #include "ds/runtime/config.h"
 #include "ds/runtime/engine.h"
 #include "ds/runtime/monitor.h"
@@ -70,14 +72,31 @@ void fill_ids(const ds::Tensor& t, const std::vector<int32_t>& v) {
 
 // Mean loss over the first `batches` micro-batches of the validation set in order (the same
 // samples at every evaluation, so the numbers are comparable along the run).
-double evaluate(ds::runtime::Engine& engine, const ds::data::TokenDataset& val, int64_t B,
-                int64_t T, int64_t batches) {
+// With pipeline parallelism (pipe given) the batches run through the stages (eval_batch).
+double evaluate(ds::runtime::Engine& engine, ds::runtime::PipelineEngine* pipe,
+                const ds::data::TokenDataset& val, int64_t B, int64_t T, int64_t batches) {
   const int64_t S = static_cast<int64_t>(val.num_samples(static_cast<size_t>(T)));
   const int64_t n = std::min(batches, S / B);
   std::vector<int32_t> x(static_cast<size_t>(B * T)), y(static_cast<size_t>(B * T));
   ds::Tensor xt = ds::Tensor::empty({B, T}, ds::DType::i32);
   ds::Tensor yt = ds::Tensor::empty({B, T}, ds::DType::i32);
   double sum = 0.0;
+  if (pipe) {
+    if (n == 0) return std::nan("");
+    int64_t i = 0;
+    return pipe->eval_batch(
+        [&] {
+          ds::Tensor xi = ds::Tensor::empty({B, T}, ds::DType::i32);
+          ds::Tensor yi = ds::Tensor::empty({B, T}, ds::DType::i32);
+          for (int64_t b = 0; b < B; ++b)
+            val.get(static_cast<uint64_t>(i * B + b), static_cast<size_t>(T),
+                    std::span<int32_t>(xi.data<int32_t>() + b * T, static_cast<size_t>(T)),
+                    std::span<int32_t>(yi.data<int32_t>() + b * T, static_cast<size_t>(T)));
+          ++i;
+          return ds::runtime::PipeBatch{xi, yi};
+        },
+        static_cast<int>(n));
+  }
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t b = 0; b < B; ++b)
       val.get(static_cast<uint64_t>(i * B + b), static_cast<size_t>(T),
@@ -200,7 +219,24 @@ int run(const Options& o, const Given& g) {
   // Tensor parallelism (docs/parallelism.md): each rank builds its slices of the model; ZeRO
   // shards over the data-parallel ranks (world / tp).
   const int tp_size = rc.tensor_parallel;
-  const int dp_size = world_size / tp_size;
+  const int pp_size = rc.pipeline_parallel;
+  const int dp_size = world_size / (tp_size * pp_size);
+  if (pp_size > 1) {
+    DS_CHECK(o.init_from.empty() || tp_size == 1,
+             "[ds_train] --init_from with both --pipeline_parallel_size and "
+             "--tensor_parallel_size is not implemented yet; use one of them");
+    DS_CHECK(o.resume_from_checkpoint.empty(),
+             "[ds_train] --resume_from_checkpoint with --pipeline_parallel_size {}: pipeline "
+             "checkpoints are not implemented yet",
+             pp_size);
+    DS_CHECK(cfg.zero_optimization.stage <= 2,
+             "[ds_train] --pipeline_parallel_size {} works with ZeRO stages 0-2 (DeepSpeed: "
+             "\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\"); the config has "
+             "stage 3",
+             pp_size);
+    DS_CHECK(!lora, "[ds_train] LoRA (--lora_dim) with --pipeline_parallel_size {} is not "
+             "implemented yet; use --pipeline_parallel_size 1", pp_size);
+  }
   if (tp_size > 1) {
     DS_CHECK(o.init_from.empty(),
              "[ds_train] --init_from with --tensor_parallel_size {} is not implemented yet "
@@ -235,16 +271,53 @@ int run(const Options& o, const Given& g) {
   std::optional<ds::nn::PartitionedInit> pieces_only;
   if (partitioned_build) pieces_only.emplace();
   std::shared_ptr<ds::comm::Topology> topology;
-  if (tp_size > 1) topology = std::make_shared<ds::comm::Topology>(world, tp_size, /*pp=*/1);
+  if (tp_size > 1 || pp_size > 1)
+    topology = std::make_shared<ds::comm::Topology>(world, tp_size, pp_size);
+  // Pipeline stages: the model's layers (embedding, blocks, head) cut by pipeline.partition.
+  ds::models::PipeRange layers;
+  if (pp_size > 1) {
+    const auto pipe_layers = ds::models::GPT::pipe_layers(mcfg);
+    std::vector<ds::runtime::PipeLayer> weights;
+    for (const auto& l : pipe_layers) weights.push_back({l.type_name, l.num_parameters});
+    const auto bounds = ds::runtime::partition_layers(weights, pp_size, cfg.pipeline.partition);
+    say(fmt::format("pipeline: {} stages, partition \"{}\":", pp_size, cfg.pipeline.partition));
+    for (int st = 0; st < pp_size; ++st) {
+      const int64_t a = bounds[st], b = bounds[st + 1];
+      DS_CHECK(b > a,
+               "[ds_train] pipeline stage {} of {} holds no layers (partition \"{}\" over {} "
+               "layers); use fewer stages or another pipeline.partition",
+               st, pp_size, cfg.pipeline.partition, pipe_layers.size());
+      int64_t n = 0;
+      for (int64_t i = a; i < b; ++i) n += pipe_layers[static_cast<size_t>(i)].num_parameters;
+      std::vector<std::string> parts;
+      if (a == 0) parts.push_back("embedding");
+      const int64_t b0 = std::max<int64_t>(a, 1) - 1, b1 = std::min<int64_t>(b, mcfg.n_layer + 1) - 1;
+      if (b1 > b0) parts.push_back(b1 - b0 == 1 ? fmt::format("block {}", b0)
+                                                : fmt::format("blocks {}-{}", b0, b1 - 1));
+      if (b == mcfg.n_layer + 2) parts.push_back(mcfg.tie_embeddings && a > 0 ? "head (tied to stage 0's wte)" : "head");
+      con.line(fmt::format("  stage {}: layers [{}, {}) = {}: {} parameters", st, a, b,
+                           fmt::join(parts, " + "), human_count(static_cast<double>(n))));
+    }
+    layers = {bounds[topology->stage()], bounds[topology->stage() + 1]};
+  }
   auto model = std::make_shared<ds::models::GPT>(
       mcfg,
-      topology ? std::make_shared<ds::nn::TensorParallel>(topology->tensor_parallel()) : nullptr,
-      /*init=*/o.init_from.empty());
+      tp_size > 1 ? std::make_shared<ds::nn::TensorParallel>(topology->tensor_parallel()) : nullptr,
+      layers, /*init=*/o.init_from.empty());
   if (topology) {
     const ds::comm::Coord at = topology->coord();
-    say(fmt::format("parallelism: {} (data x tensor); rank 0 is data {} tensor {}; each rank "
-                    "holds 1/{} of every cut layer (docs/parallelism.md)",
-                    topology->grid().str(), at.data, at.model, tp_size));
+    say(fmt::format("parallelism: {} (pipeline x data x tensor); this rank is pipe {} data {} "
+                    "tensor {}; {} (docs/parallelism.md)",
+                    topology->grid().str(), at.pipe, at.data, at.model,
+                    tp_size > 1 ? fmt::format("each rank holds 1/{} of every cut layer", tp_size)
+                                : "tensor parallelism off"));
+    // Every rank's coordinates, in rank order, printed by rank 0.
+    std::vector<int64_t> mine = {at.pipe, at.data, at.model}, all(3 * static_cast<size_t>(world_size));
+    world->all_gather(mine.data(), all.data(), 3, ds::DType::i64, "rank coordinates");
+    std::vector<std::string> coords;
+    for (int r = 0; r < world_size; ++r)
+      coords.push_back(fmt::format("{}:({},{},{})", r, all[3 * r], all[3 * r + 1], all[3 * r + 2]));
+    con.line(fmt::format("  rank:(pipe,data,tensor) {}", fmt::join(coords, " ")));
   }
   pieces_only.reset();
   if (!o.init_from.empty()) {
@@ -270,7 +343,15 @@ int run(const Options& o, const Given& g) {
   init.ctx = rc.ctx;
   init.topology = topology;
   init.log = [&](const std::string& m) { con.line(m); };
-  auto engine = ds::runtime::initialize(model, cfg, init);
+  // A pipeline stage trains through the PipelineEngine, which owns the stage's Engine.
+  std::unique_ptr<ds::runtime::PipelineEngine> pipe;
+  std::unique_ptr<ds::runtime::Engine> engine_owner;
+  if (pp_size > 1) {
+    pipe = std::make_unique<ds::runtime::PipelineEngine>(model, cfg, init);
+  } else {
+    engine_owner = ds::runtime::initialize(model, cfg, init);
+  }
+  ds::runtime::Engine* const engine = pipe ? &pipe->engine() : engine_owner.get();
   ds::rng::dropout_state() = ds::rng::DropoutState{o.seed, 0, 0};
 
   const ds::runtime::MemoryBudget mem = engine->memory_budget();
@@ -428,11 +509,12 @@ int run(const Options& o, const Given& g) {
 
   // ---- checkpoint and eval helpers ----
   int64_t last_saved = resumed ? engine->global_steps() : -1;  // that checkpoint exists already
-  if (tp_size > 1)
-    say("checkpoints: not written (tensor-parallel checkpoints are not implemented yet; the HF "
-        "export at the end holds the trained weights)");
+  const bool model_parallel = tp_size > 1 || pp_size > 1;
+  if (model_parallel)
+    say("checkpoints: not written (tensor- and pipeline-parallel checkpoints are not implemented "
+        "yet; the HF export at the end holds the trained weights)");
   auto save = [&]() {
-    if (tp_size > 1) return;
+    if (model_parallel) return;
     const auto t0 = std::chrono::steady_clock::now();
     const json client = {{"data", loader.state()},
                          {"ds_train",
@@ -464,7 +546,7 @@ int run(const Options& o, const Given& g) {
     if (!val || evaluated_at == engine->global_steps()) return;
     evaluated_at = engine->global_steps();
     const auto t0 = std::chrono::steady_clock::now();
-    last_eval = evaluate(*engine, *val, B, T, o.eval_batches);
+    last_eval = evaluate(*engine, pipe.get(), *val, B, T, o.eval_batches);
     if (!std::isfinite(last_eval)) return;
     const double ppl = std::exp(last_eval);
     if (lead)
@@ -484,7 +566,7 @@ int run(const Options& o, const Given& g) {
              "[ds_train] --eval_only: the eval data has fewer than one batch of {} x {} tokens",
              B, T);
     const auto t0 = std::chrono::steady_clock::now();
-    const double loss = evaluate(*engine, *val, B, T, o.eval_batches);
+    const double loss = evaluate(*engine, pipe.get(), *val, B, T, o.eval_batches);
     say(fmt::format("eval only: loss {:.6f}, perplexity {:.4f} over {} batches of {} x {} "
                     "({:.1f}s)",
                     loss, std::exp(loss), batches, B, T, ds::train::seconds_since(t0)));
@@ -506,7 +588,21 @@ int run(const Options& o, const Given& g) {
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0.0;
     double lr = engine->get_lr();  // the rate this step applies
-    for (int64_t m = 0; m < A; ++m) {
+    if (pipe) {
+      // The first and last stage read the same micro-batches (same data-parallel rank); the
+      // returned loss is already the mean over micro-batches and data-parallel ranks.
+      const float loss = pipe->train_batch([&] {
+        const uint64_t position = loader.sampler().next_sample_position();
+        loader.next(x, y);
+        ds::Tensor xi = ds::Tensor::empty({B, T}, ds::DType::i32);
+        ds::Tensor yi = ds::Tensor::empty({B, T}, ds::DType::i32);
+        fill_ids(xi, x);
+        fill_ids(yi, y);
+        return ds::runtime::PipeBatch{xi, yi, position};
+      });
+      loss_sum = static_cast<double>(loss) * static_cast<double>(A);
+    }
+    for (int64_t m = 0; m < A && !pipe; ++m) {
       // Dropout masks are keyed by the global sample position, as in a run that never stopped.
       ds::rng::dropout_state().sample_base = loader.sampler().next_sample_position();
       loader.next(x, y);
@@ -605,9 +701,9 @@ int run(const Options& o, const Given& g) {
 
   // A generated sample, decoded with the tokenizer (loaded and checked at start-up).
   std::string sample_note;
-  if (sample_tokenizer && tp_size > 1) {
-    say("note: no sample: generation from a tensor-parallel model is not implemented (generate "
-        "from the HF export with ds_generate)");
+  if (sample_tokenizer && model_parallel) {
+    say("note: no sample: generation from a tensor- or pipeline-parallel model is not "
+        "implemented (generate from the HF export with ds_generate)");
   } else if (sample_tokenizer) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::string text = ds::train::generate_sample(*model, *sample_tokenizer, o.sample_prompt,
@@ -628,7 +724,7 @@ int run(const Options& o, const Given& g) {
   bool exported = false;
   std::string export_note;
   if (export_dir != "none") {
-    const auto weights = engine->full_weights();
+    const auto weights = pipe ? pipe->full_weights() : engine->full_weights();
     // LoRA: a PEFT adapter when only the LoRA matrices trained (and --merge_lora is not given);
     // otherwise the merged weights (an adapter alone would lose the other trained parameters).
     const bool merge = lora && (o.merge_lora || !lora->only_optimize_lora);
@@ -645,6 +741,11 @@ int run(const Options& o, const Given& g) {
       say(ds::train::export_tokenizer_beside(
           export_dir, {o.init_from.empty() ? fs::path() : fs::path(o.init_from), tok_dir},
           mcfg.vocab_size));
+      // Fine-tuned on a chat set: the export carries the template its examples were rendered
+      // with, so ds_serve, ds_generate and transformers' apply_chat_template format prompts the
+      // way the model was trained.
+      if (const std::string t = ds::train::sft_template_of(train_dir); !t.empty())
+        say(ds::train::set_export_chat_template(export_dir, t));
     }
     exported = true;
   }
@@ -661,7 +762,7 @@ int run(const Options& o, const Given& g) {
                     last_eval, std::exp(last_eval), eval_baseline));
   say(fmt::format("metrics:    {}/*.csv", monitor.log_dir().string()));
   say(fmt::format("loss curve: {}", svg.string()));
-  if (tp_size == 1)
+  if (!model_parallel)
     say(fmt::format("checkpoint: {}/{} (resume: --resume_from_checkpoint latest)",
                     out_dir.string(), ds::train::latest_tag(out_dir)));
   if (exported)

@@ -14,6 +14,7 @@
 
 #include "comm/mpi_state.h"
 #include "ds/comm/group.h"
+#include "ds/comm/topology.h"
 
 namespace ds::comm::detail {
 
@@ -30,7 +31,7 @@ std::string GroupState::arrival_report(uint64_t seq, OpKind kind) const {
     const int wr = world_ranks[r];
     std::string s =
         wr == r ? fmt::format("rank {}", r) : fmt::format("rank {} (world rank {})", r, wr);
-    return s;
+    return s + rank_coordinates(wr);
   };
   std::vector<int> missing, arrived, elsewhere;
   std::string details;
@@ -110,8 +111,9 @@ std::string GroupState::on_timeout(const WorkState& w) {
       const BoardSlot& s = *board_[nr];
       const int pid = s.pid.load();
       const bool alive = pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH);
-      msg += fmt::format("\n[comm]   rank {}: last collective issued #{}, {}", w.op.peer,
-                         s.issued.load(), alive ? "still running" : "exited");
+      msg += fmt::format("\n[comm]   rank {}{}: last collective issued #{}, {}", w.op.peer,
+                         rank_coordinates(world_ranks[w.op.peer]), s.issued.load(),
+                         alive ? "still running" : "exited");
     }
   } else {
     if (stuck && stuck.get() != &w)
@@ -177,9 +179,9 @@ void GroupState::check_peers(WorkState* current) {
     if (s.exiting.load(std::memory_order_acquire) && issued < stuck->seq) {
       const int r = group_of_node[nr];
       std::string msg = fmt::format(
-          "[comm] on rank {}: {} cannot complete: rank {} is exiting (it returned from main or "
+          "[comm] on rank {}: {} cannot complete: rank {}{} is exiting (it returned from main or "
           "called ds::comm::finalize) without issuing it",
-          rank, stuck->describe(), r);
+          rank, stuck->describe(), r, rank_coordinates(world_ranks[r]));
       msg += arrival_report(stuck->seq, stuck->op.kind);
       msg += fmt::format("\n[comm] ending the job on every rank (MPI_Abort, exit status {})",
                          kTimeoutExitCode);

@@ -1,11 +1,19 @@
 #include "ds/comm/topology.h"
 
 #include <array>
+#include <mutex>
+#include <optional>
 #include <utility>
 
 #include "ds/core/error.h"
 
 namespace ds::comm {
+
+namespace {
+std::mutex g_grid_mu;
+std::optional<Grid> g_job_grid;  // the latest Topology over the whole job
+}  // namespace
+
 
 namespace {
 
@@ -131,6 +139,17 @@ Topology::Topology(std::shared_ptr<Group> world, int tp, int pp) : world_(std::m
   model_ = split(grid_.color(rank_, Axis::model), coord_.model, grid_.tp, "model");
   model_parallel_ =
       split(coord_.data, grid_.model_parallel_rank(rank_), grid_.pp * grid_.tp, "model-parallel");
+  if (world_->size() == ds::comm::world()->size() && world_->world_rank(rank_) == rank_) {
+    std::lock_guard lk(g_grid_mu);
+    g_job_grid = grid_;
+  }
+}
+
+std::string rank_coordinates(int world_rank) {
+  std::lock_guard lk(g_grid_mu);
+  if (!g_job_grid || world_rank < 0 || world_rank >= g_job_grid->world_size()) return "";
+  const Coord c = g_job_grid->coord(world_rank);
+  return fmt::format(" (pipe {}, data {}, tensor {})", c.pipe, c.data, c.model);
 }
 
 const std::shared_ptr<Group>& Topology::group(Axis axis) const {

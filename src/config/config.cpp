@@ -579,6 +579,42 @@ void read_tensor_parallel(Section s, TensorParallelConfig& c, ParseState& st) {
   s.finish();
 }
 
+// DeepSpeed's get_pipeline_config defaults: stages "auto", partition "best", seed_layers false,
+// activation_checkpoint_interval 0, pipe/grad_partitioned true. DeepSpeed ignores stages and
+// partition (PipelineModule arguments decide); here they are used, and "best" (its unused
+// default) means our default, "parameters".
+void read_pipeline(Section s, PipelineConfig& c, ParseState& st) {
+  if (const json* v = s.raw_value("stages"); v && v->is_string()) {
+    DS_CHECK(v->get<std::string>() == "auto",
+             "[config] {}: pipeline.stages must be a number of stages or \"auto\", got \"{}\"",
+             st.source, v->get<std::string>());
+    s.string("stages", "auto");
+    c.stages = 0;
+  } else {
+    c.stages = static_cast<int>(s.integer("stages", 0, {0, 1 << 16}));
+  }
+  std::string part = s.string("partition", "best");
+  c.partition = part == "best" ? "parameters" : part;
+  const std::string lower = [&] {
+    std::string l = c.partition;
+    for (auto& ch : l) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return l;
+  }();
+  DS_CHECK(lower == "parameters" || lower == "uniform" || lower.rfind("type:", 0) == 0,
+           "[config] {}: pipeline.partition = \"{}\" is not a partition method; use "
+           "\"parameters\", \"uniform\" or \"type:<regex>\" (e.g. \"type:transformer\")",
+           st.source, part);
+  c.activation_checkpoint_interval =
+      static_cast<int>(s.integer("activation_checkpoint_interval", 0, {0, 1 << 20}));
+  c.pipe_partitioned = s.boolean("pipe_partitioned", true);
+  c.grad_partitioned = s.boolean("grad_partitioned", true);
+  s.boolean("seed_layers", false);
+  s.todo("seed_layers", "per-layer seeds (initialisation here is a pure function of the seed and "
+                        "the parameter, the same at any pipeline size)");
+  s.boolean("use_reentrant", true);
+  s.finish();
+}
+
 void read_file_monitor(Section s, FileMonitorConfig& m, const char* todo_what) {
   m.enabled = s.boolean("enabled", false);
   if (todo_what) s.todo("enabled", todo_what);
@@ -654,7 +690,6 @@ constexpr OpaqueSection kOpaqueSections[] = {
     {"compression_training", "compression training"},
     {"data_efficiency", "data efficiency (curriculum learning, random-LTD)"},
     {"curriculum_learning", "legacy curriculum learning"},
-    {"pipeline", "pipeline parallelism"},
     {"nebula", "Nebula checkpointing"},
     {"weight_quantization", "weight quantization"},
     {"compile", "torch.compile integration"},
@@ -927,6 +962,7 @@ DeepSpeedConfig parse_config_json(const nlohmann::json& input, const ConfigConte
                                 cfg.activation_checkpointing);
   read_checkpoint(top.child("checkpoint"), cfg.checkpoint);
   read_tensor_parallel(top.child("tensor_parallel"), cfg.tensor_parallel, st);
+  read_pipeline(top.child("pipeline"), cfg.pipeline, st);
   read_file_monitor(top.child("tensorboard"), cfg.tensorboard, "TensorBoard logging");
   read_file_monitor(top.child("csv_monitor"), cfg.csv_monitor, nullptr);
   read_wandb(top.child("wandb"), cfg.wandb);

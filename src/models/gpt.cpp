@@ -8,6 +8,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "ds/autograd/checkpoint.h"
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
 #include "ds/core/parallel.h"
@@ -325,50 +326,121 @@ GPTConfig GPTConfig::load(const std::string& path) {
 
 // ---- the model ----
 
-GPT::GPT(GPTConfig config, bool init) : GPT(std::move(config), nullptr, init) {}
+GPT::GPT(GPTConfig config, bool init) : GPT(std::move(config), nullptr, PipeRange{}, init) {}
 
 GPT::GPT(GPTConfig config, std::shared_ptr<nn::TensorParallel> tp, bool init)
-    : Module("GPT"), config_(std::move(config)) {
+    : GPT(std::move(config), std::move(tp), PipeRange{}, init) {}
+
+std::vector<PipeLayerInfo> GPT::pipe_layers(const GPTConfig& c) {
+  const int64_t V = c.vocab_size, C = c.n_embd, L = c.n_layer;
+  GPTConfig one = c;  // one block's parameters: the count with one layer minus the count with none
+  one.n_layer = 1;
+  GPTConfig none = c;
+  none.n_layer = 0;
+  const int64_t per_block = one.num_parameters() - none.num_parameters();
+  const int64_t norm = c.layout == Layout::gpt2 ? C + (c.bias ? C : 0) : C;
+  std::vector<PipeLayerInfo> out;
+  out.push_back({"GPTEmbedding", V * C + (c.layout == Layout::gpt2 ? c.block_size * C : 0)});
+  for (int64_t i = 0; i < L; ++i) out.push_back({"TransformerBlock", per_block});
+  out.push_back({"GPTHead", norm + V * C});
+  return out;
+}
+
+GPT::GPT(GPTConfig config, std::shared_ptr<nn::TensorParallel> tp, PipeRange layers, bool init)
+    : Module("GPT"), config_(std::move(config)), range_(layers) {
   if (tp && tp->size() > 1) tp_ = std::move(tp);
   config_.validate();
   const GPTConfig& c = config_;
+  const int64_t n_pipe = c.n_layer + 2;
+  if (range_.end < 0) range_.end = n_pipe;
+  DS_CHECK(range_.begin >= 0 && range_.begin < range_.end && range_.end <= n_pipe,
+           "[model] pipeline stage layers [{}, {}) outside the model's {} layers (embedding, {} "
+           "blocks, head)",
+           range_.begin, range_.end, n_pipe, c.n_layer);
   nn::BlockConfig bc = c.block_config();
   bc.tp = tp_;
   const bool gpt2 = c.layout == Layout::gpt2;
   DS_CHECK(!(tp_ && nn::PartitionedInit::active()),
            "[model] a tensor-parallel model is built whole on each rank (its parts), not under "
            "ZeRO-3's partitioned construction");
-  if (tp_)
-    tok_emb_ = register_module(gpt2 ? "wte" : "embed_tokens",
-                               std::make_shared<nn::VocabParallelEmbedding>(c.vocab_size,
-                                                                            c.n_embd, tp_));
-  else
-    tok_emb_ = register_module(gpt2 ? "wte" : "embed_tokens",
-                               std::make_shared<nn::Embedding>(c.vocab_size, c.n_embd));
-  if (gpt2)
-    pos_emb_ = register_module("wpe", std::make_shared<nn::Embedding>(c.block_size, c.n_embd));
-  auto list = register_module(gpt2 ? "h" : "layers", std::make_shared<nn::ModuleList>());
-  for (int64_t i = 0; i < c.n_layer; ++i)
-    blocks_.push_back(list->append(std::make_shared<nn::Block>(bc)));
-  if (gpt2)
-    norm_f_ =
-        register_module("ln_f", std::make_shared<nn::LayerNorm>(c.n_embd, c.norm_eps, c.bias));
-  else
-    norm_f_ = register_module("norm", std::make_shared<nn::RMSNorm>(c.n_embd, c.norm_eps));
-  // A tied head is a Linear over wte's weight: named_parameters() lists the weight once (as
-  // wte.weight), while the head stays a module of its own whose hooks ZeRO-3 can use.
+  DS_CHECK(is_whole() || !nn::PartitionedInit::active(),
+           "[model] a pipeline stage is built whole on its ranks, not under ZeRO-3's partitioned "
+           "construction (pipeline parallelism works with ZeRO stages 0-2)");
   if (tp_) {
-    auto* emb = static_cast<nn::VocabParallelEmbedding*>(tok_emb_.get());
-    lm_head_ = register_module(
-        "lm_head",
-        c.tie_embeddings
-            ? std::make_shared<nn::ColumnParallelLinear>(tok_emb_->weight(), emb->split(), tp_)
-            : std::make_shared<nn::ColumnParallelLinear>(c.n_embd, c.vocab_size, false, tp_, 1,
-                                                         1, /*uneven=*/true));
-  } else {
-    lm_head_ = register_module(
-        "lm_head", c.tie_embeddings ? std::make_shared<nn::Linear>(tok_emb_->weight())
-                                    : std::make_shared<nn::Linear>(c.n_embd, c.vocab_size, false));
+    auto [b, e] = tp_->part(c.vocab_size, 1, true, "vocabulary");
+    vocab_split_ = {0, c.vocab_size, 1, b, e};
+  }
+  // Registration order is the whole model's, so named_parameters() is a contiguous run of the
+  // whole model's list (plus nothing else): param_index_ below relies on it.
+  if (has_embedding()) {
+    if (tp_)
+      tok_emb_ = register_module(gpt2 ? "wte" : "embed_tokens",
+                                 std::make_shared<nn::VocabParallelEmbedding>(c.vocab_size,
+                                                                              c.n_embd, tp_));
+    else
+      tok_emb_ = register_module(gpt2 ? "wte" : "embed_tokens",
+                                 std::make_shared<nn::Embedding>(c.vocab_size, c.n_embd));
+    if (gpt2)
+      pos_emb_ = register_module("wpe", std::make_shared<nn::Embedding>(c.block_size, c.n_embd));
+  }
+  const int64_t first_block = std::max<int64_t>(range_.begin, 1) - 1;
+  const int64_t end_block = std::min<int64_t>(range_.end, c.n_layer + 1) - 1;
+  if (end_block > first_block) {
+    auto list = register_module(gpt2 ? "h" : "layers",
+                                std::make_shared<nn::ModuleList>(first_block));
+    for (int64_t i = first_block; i < end_block; ++i)
+      blocks_.push_back(list->append(std::make_shared<nn::Block>(bc)));
+  }
+  if (has_head()) {
+    if (gpt2)
+      norm_f_ =
+          register_module("ln_f", std::make_shared<nn::LayerNorm>(c.n_embd, c.norm_eps, c.bias));
+    else
+      norm_f_ = register_module("norm", std::make_shared<nn::RMSNorm>(c.n_embd, c.norm_eps));
+    if (c.tie_embeddings && !has_embedding()) {
+      // The head's copy of wte lives outside the parameters (see tied_head_weight()).
+      tied_head_ = Tensor::zeros({tp_ ? vocab_split_.end - vocab_split_.begin : c.vocab_size,
+                                  c.n_embd});
+      tied_head_.set_requires_grad(true);
+    } else if (tp_) {
+      // A tied head is a Linear over wte's weight: named_parameters() lists the weight once (as
+      // wte.weight), while the head stays a module of its own whose hooks ZeRO-3 can use.
+      lm_head_ = register_module(
+          "lm_head",
+          c.tie_embeddings ? std::make_shared<nn::ColumnParallelLinear>(tok_emb_->weight(),
+                                                                        vocab_split_, tp_)
+                           : std::make_shared<nn::ColumnParallelLinear>(
+                                 c.n_embd, c.vocab_size, false, tp_, 1, 1, /*uneven=*/true));
+    } else {
+      lm_head_ = register_module(
+          "lm_head", c.tie_embeddings
+                         ? std::make_shared<nn::Linear>(tok_emb_->weight())
+                         : std::make_shared<nn::Linear>(c.n_embd, c.vocab_size, false));
+    }
+  }
+  // The whole model's parameter numbers of ours: [embedding][blocks][norm, lm_head].
+  {
+    const size_t n_emb = gpt2 ? 2 : 1;
+    size_t per_block = 0;
+    if (!blocks_.empty()) {
+      per_block = blocks_.front()->named_parameters().size();
+    } else {
+      nn::PartitionedInit no_memory;  // only to count a block's parameters
+      nn::BlockConfig probe = c.block_config();
+      per_block = nn::Block(probe).named_parameters().size();
+    }
+    const size_t n_local = named_parameters().size();
+    size_t k = 0;
+    if (has_embedding())
+      for (size_t i = 0; i < n_emb; ++i) param_index_.push_back(k++);
+    for (int64_t b = first_block; b < end_block; ++b)
+      for (size_t i = 0; i < per_block; ++i)
+        param_index_.push_back(n_emb + static_cast<size_t>(b) * per_block + i);
+    const size_t head_first = n_emb + static_cast<size_t>(c.n_layer) * per_block;
+    for (size_t i = 0; param_index_.size() < n_local; ++i) param_index_.push_back(head_first + i);
+    DS_CHECK(param_index_.size() == n_local,
+             "[model] internal: {} parameter numbers for {} parameters", param_index_.size(),
+             n_local);
   }
   positions_ = Tensor::arange(c.block_size, DType::i64);
   // Under nn::PartitionedInit the parameters hold no memory: ZeRO-3 initialises each rank's shard
@@ -376,31 +448,78 @@ GPT::GPT(GPTConfig config, std::shared_ptr<nn::TensorParallel> tp, bool init)
   if (init && !nn::PartitionedInit::active()) init_weights();
 }
 
-Tensor GPT::forward(const Tensor& ids) {
-  DS_CHECK(
-      ids.defined() && ids.dim() == 2 && (ids.dtype() == DType::i32 || ids.dtype() == DType::i64),
-      "[model] token ids must be a (B, T) int32/int64 tensor, got {} {}",
-      ids.defined() ? shape_str(ids.shape()) : "undefined",
-      ids.defined() ? dtype_name(ids.dtype()) : "");
-  const int64_t T = ids.size(1);
-  DS_CHECK(T >= 1 && T <= config_.block_size,
-           "[model] sequence length {} outside [1, block_size {}]", T, config_.block_size);
-  Tensor x = (*tok_emb_)(ids);                                                  // (B, T, C)
-  if (pos_emb_) x = ops::add(x, (*pos_emb_)(ops::slice(positions_, 0, 0, T)));  // + (T, C)
-  x = ops::dropout(x, config_.dropout, is_training());
-  for (auto& block : blocks_) x = (*block)(x);  // (B, T, C)
+int64_t GPT::full_index(size_t local) const {
+  DS_CHECK(local < param_index_.size(), "[model] parameter index {} out of range ({} parameters)",
+           local, param_index_.size());
+  return static_cast<int64_t>(param_index_[local]);
+}
+
+Tensor GPT::tied_embedding_weight() const {
+  if (!config_.tie_embeddings || !has_embedding() || has_head()) return {};
+  return tok_emb_->weight();
+}
+
+Tensor GPT::forward(const Tensor& in) {
+  Tensor x;
+  if (has_embedding()) {
+    const Tensor& ids = in;
+    DS_CHECK(ids.defined() && ids.dim() == 2 &&
+                 (ids.dtype() == DType::i32 || ids.dtype() == DType::i64),
+             "[model] token ids must be a (B, T) int32/int64 tensor, got {} {}",
+             ids.defined() ? shape_str(ids.shape()) : "undefined",
+             ids.defined() ? dtype_name(ids.dtype()) : "");
+    const int64_t T = ids.size(1);
+    DS_CHECK(T >= 1 && T <= config_.block_size,
+             "[model] sequence length {} outside [1, block_size {}]", T, config_.block_size);
+    x = (*tok_emb_)(ids);                                                         // (B, T, C)
+    if (pos_emb_) x = ops::add(x, (*pos_emb_)(ops::slice(positions_, 0, 0, T)));  // + (T, C)
+    x = ops::dropout(x, config_.dropout, is_training());
+  } else {
+    DS_CHECK(in.defined() && in.dim() == 3 && in.size(2) == config_.n_embd &&
+                 is_floating(in.dtype()),
+             "[model] a pipeline stage after the first takes hidden states (B, T, {}), got {} {}",
+             config_.n_embd, in.defined() ? shape_str(in.shape()) : "undefined",
+             in.defined() ? dtype_name(in.dtype()) : "");
+    x = in;
+  }
+  if (checkpoint_interval_ > 1 && is_training() && autograd::is_grad_enabled()) {
+    // Runs of checkpoint_interval_ blocks, each recomputed as one segment in backward.
+    const size_t k = static_cast<size_t>(checkpoint_interval_);
+    for (size_t r = 0; r < blocks_.size(); r += k) {
+      const size_t end = std::min(blocks_.size(), r + k);
+      x = autograd::checkpoint(
+          [this, r, end](const Tensor& h) {
+            Tensor y = h;
+            for (size_t i = r; i < end; ++i) y = (*blocks_[i])(y);
+            return y;
+          },
+          x);
+    }
+  } else {
+    for (auto& block : blocks_) x = (*block)(x);  // (B, T, C)
+  }
+  if (!has_head()) return x;
   x = (*norm_f_)(x);
+  if (tied_head_.defined()) {
+    // The tied head without its embedding: what ColumnParallelLinear / Linear would compute.
+    return ops::linear(tp_ ? nn::tp_copy(x, *tp_) : x,
+                       tied_head_.dtype() == x.dtype() ? tied_head_ : ops::cast(tied_head_, x.dtype()),
+                       Tensor());
+  }
   return (*lm_head_)(x);  // (B, T, V)
 }
 
 Tensor GPT::loss(const Tensor& ids, const Tensor& targets) {
-  DS_CHECK(targets.defined() && targets.shape() == ids.shape(),
-           "[model] targets {} must have the shape of the ids {}",
-           targets.defined() ? shape_str(targets.shape()) : "undefined", shape_str(ids.shape()));
-  const int64_t N = ids.numel();
+  DS_CHECK(has_head(), "[model] loss() needs the LM head: this pipeline stage holds layers [{}, {})",
+           range_.begin, range_.end);
+  const int64_t B = ids.size(0), T = ids.size(1);
+  DS_CHECK(targets.defined() && targets.dim() == 2 && targets.size(0) == B && targets.size(1) == T,
+           "[model] targets {} must be (B, T) = ({}, {}), the shape of the input",
+           targets.defined() ? shape_str(targets.shape()) : "undefined", B, T);
+  const int64_t N = B * T;
   Tensor lg = logits(ids);  // (B, T, V), or (B, T, V_local) with tensor parallelism
   if (tp_) {
-    const nn::TPSplit& s = static_cast<nn::ColumnParallelLinear*>(lm_head_.get())->split();
+    const nn::TPSplit& s = vocab_split_;
     return nn::vocab_parallel_cross_entropy(ops::reshape(lg, {N, s.end - s.begin}),
                                             ops::reshape(targets, {N}), s.begin,
                                             config_.vocab_size, *tp_, -100);
@@ -410,7 +529,14 @@ Tensor GPT::loss(const Tensor& ids, const Tensor& targets) {
 }
 
 void GPT::set_gradient_checkpointing(bool on) {
+  checkpoint_interval_ = 0;
   for (auto& b : blocks_) b->set_gradient_checkpointing(on);
+}
+
+void GPT::set_activation_checkpoint_interval(int k) {
+  DS_CHECK(k >= 0, "[model] activation_checkpoint_interval must be >= 0, got {}", k);
+  set_gradient_checkpointing(k == 1);
+  checkpoint_interval_ = k;
 }
 
 double GPT::flops_per_token(int64_t seq_len) const {
@@ -427,8 +553,9 @@ Tensor GPT::generate(const Tensor& prompt, int64_t max_new_tokens, int64_t top_k
   DS_CHECK(max_new_tokens >= 0 && top_k >= 0 && temperature > 0.0f,
            "[generate] need max_new_tokens >= 0, top_k >= 0 and temperature > 0 (got {}, {}, {})",
            max_new_tokens, top_k, temperature);
-  DS_CHECK(!tp_, "[generate] not available on a tensor-parallel model; export it (ds_to_fp32 / "
-           "the HF export) and generate from the whole model");
+  DS_CHECK(!tp_ && is_whole(),
+           "[generate] not available on a tensor-parallel model or a pipeline stage; export it "
+           "(ds_to_fp32 / the HF export) and generate from the whole model");
   autograd::NoGradGuard no_grad;
   struct TrainRestore {  // eval mode (no dropout) while sampling, restored even on error
     GPT& m;
@@ -548,7 +675,8 @@ bool GPT::init_parameter_range(size_t index, int64_t begin, int64_t count, float
   DS_CHECK(index < init_plan_cache_.size(),
            "[model] parameter index {} out of range ({} parameters)", index,
            init_plan_cache_.size());
-  init_values(init_plan_cache_[index], config_.seed, index, begin, count, out);
+  init_values(init_plan_cache_[index], config_.seed, static_cast<uint64_t>(full_index(index)),
+              begin, count, out);
   return true;
 }
 
@@ -558,26 +686,32 @@ void GPT::init_weights() {
   // A tensor-parallel part draws the full model's elements at their full-model indices.
   const std::map<std::string, nn::TPSplit> splits =
       tp_ ? nn::tp_splits(*this) : std::map<std::string, nn::TPSplit>{};
-  for (size_t i = 0; i < named.size(); ++i) {
-    const auto& [name, p] = named[i];
+  auto fill = [&](const Tensor& p, const ParamInit& init, uint64_t index, const nn::TPSplit* split) {
     Tensor tmp = Tensor::empty(p.shape());
     float* out = tmp.data<float>();
-    const auto it = splits.find(name);
-    if (it == splits.end() || it->second.replicated()) {
-      init_values(plan[i], config_.seed, i, 0, p.numel(), out);
-    } else if (const nn::TPSplit& s = it->second; s.dim == 0) {
+    if (!split || split->replicated()) {
+      init_values(init, config_.seed, index, 0, p.numel(), out);
+    } else if (const nn::TPSplit& s = *split; s.dim == 0) {
       const int64_t cols = p.dim() == 2 ? p.size(1) : 1, per_block = s.full / s.blocks,
                     len = s.end - s.begin;
       for (int64_t j = 0; j < s.blocks; ++j)
-        init_values(plan[i], config_.seed, i, (j * per_block + s.begin) * cols, len * cols,
+        init_values(init, config_.seed, index, (j * per_block + s.begin) * cols, len * cols,
                     out + j * len * cols);
     } else {
       const int64_t len = s.end - s.begin;
       for (int64_t r = 0; r < p.size(0); ++r)
-        init_values(plan[i], config_.seed, i, r * s.full + s.begin, len, out + r * len);
+        init_values(init, config_.seed, index, r * s.full + s.begin, len, out + r * len);
     }
     p.copy_from(tmp);
+  };
+  for (size_t i = 0; i < named.size(); ++i) {
+    const auto it = splits.find(named[i].first);
+    fill(named[i].second, plan[i], static_cast<uint64_t>(full_index(i)),
+         it == splits.end() ? nullptr : &it->second);
   }
+  // The last stage's copy of wte: parameter 0 of the whole model, N(0, 0.02) like every embedding.
+  if (tied_head_.defined())
+    fill(tied_head_, {ParamInit::normal, 0.02f}, 0, tp_ ? &vocab_split_ : nullptr);
 }
 
 }  // namespace ds::models

@@ -666,9 +666,24 @@ HFLoadReport load_hf_weights(GPT& model, const fs::path& path) {
     }
   }
 
+  // A pipeline stage holds part of the model: the file's other tensors belong to other stages
+  // (checked against the whole model's names, so a wrong file is still an error), and a tied
+  // head's copy of the embedding (GPT::tied_head_weight) is filled from the embedding's tensor.
+  std::set<std::string> other_stages;
+  std::vector<std::pair<std::string, Tensor>> params = model.named_parameters();
+  if (!model.is_whole()) {
+    std::set<std::string> here;
+    for (const auto& [name, p] : params) here.insert(name);
+    nn::PartitionedInit no_memory;  // names only: the parameters get no storage
+    const GPT whole(cfg, nullptr, /*init=*/false);
+    for (const auto& [name, p] : whole.named_parameters())
+      if (!here.count(name)) other_stages.insert(name);
+    if (Tensor h = model.tied_head_weight(); h.defined())
+      params.emplace_back(layout == nn::Layout::gpt2 ? "wte.weight" : "embed_tokens.weight", h);
+  }
   std::set<std::string> used;
   std::vector<std::pair<Tensor, Found>> plan;  // parameter <- file tensor
-  for (const auto& [name, param] : model.named_parameters()) {
+  for (const auto& [name, param] : params) {
     const bool transpose = hf_transposed(layout, name);
     Shape want = param.shape();
     if (transpose) std::swap(want[0], want[1]);
@@ -691,7 +706,7 @@ HFLoadReport load_hf_weights(GPT& model, const fs::path& path) {
     }
   }
   for (const auto& [ours, found] : by_ours) {
-    if (used.count(ours)) continue;
+    if (used.count(ours) || other_stages.count(ours)) continue;
     if (ignorable(cfg, ours)) {
       report.ignored.push_back(found.entry->name);
       continue;
@@ -714,7 +729,7 @@ HFLoadReport load_hf_weights(GPT& model, const fs::path& path) {
       t = ops::transpose(t, 0, 1);
       ++report.transposed;
     }
-    param.copy_from(t);
+    param.detach().copy_from(t);
     ++report.tensors;
   }
   return report;

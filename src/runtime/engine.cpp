@@ -7,10 +7,12 @@
 #include <set>
 #include <string>
 
+#include "ds/autograd/engine.h"
 #include "ds/autograd/grad_mode.h"
 #include "ds/comm/logger.h"
 #include "ds/core/allocator.h"
 #include "ds/core/error.h"
+#include "ds/nn/pipeline_stage.h"
 #include "ds/nn/tensor_parallel.h"
 #include "ds/ops/ops.h"
 
@@ -152,6 +154,14 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
              options_.topology->tensor_parallel()->size());
     zero_->set_tensor_parallel(options_.topology->tensor_parallel(), cut);
   }
+  if (options_.topology && options_.topology->pipeline()->size() > 1) {
+    DS_CHECK(dynamic_cast<nn::PipelineStage*>(model_.get()),
+             "[engine] the topology has {} pipeline stages but the model is not a pipeline stage; "
+             "build each rank's stage (models::GPT(config, tp, PipeRange)) and train it with "
+             "runtime::PipelineEngine (docs/parallelism.md)",
+             options_.topology->pipeline()->size());
+    zero_->set_pipeline_parallel(options_.topology->pipeline());
+  }
 
   optimizer_ =
       optim::make_optimizer(optimizer_name(config_.optimizer), optimizer_params(config_.optimizer));
@@ -226,6 +236,15 @@ void Engine::backward(const Tensor& loss) {
   ops::mul(loss.dtype() == DType::f32 ? loss : ops::cast(loss, DType::f32),
            static_cast<float>(scaler_.scale() / gas))
       .backward();
+  zero_->end_backward();
+}
+
+void Engine::backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads) {
+  DS_CHECK(!roots.empty() && roots.size() == grads.size(),
+           "[engine] a stage backward needs one gradient per root ({} roots, {} gradients)",
+           roots.size(), grads.size());
+  zero_->begin_backward(is_gradient_accumulation_boundary(), step_label());
+  autograd::backward(roots, grads);
   zero_->end_backward();
 }
 

@@ -71,7 +71,17 @@ double Strategy::global_sum_of_squares(const Tensor& g, const std::string& ctx) 
                     ctx + " gradient norm over tensor-parallel ranks");
     sq = part;
   }
+  if (pipe_) {
+    float part = static_cast<float>(sq);
+    pipe_->all_reduce(&part, 1, DType::f32, comm::ReduceOp::sum,
+                      ctx + " gradient norm over pipeline stages");
+    sq = part;
+  }
   return sq;
+}
+
+void Strategy::set_pipeline_parallel(std::shared_ptr<comm::Group> pipe) {
+  if (pipe && pipe->size() > 1) pipe_ = std::move(pipe);
 }
 
 void Strategy::set_tensor_parallel(std::shared_ptr<comm::Group> tp,

@@ -168,6 +168,10 @@ void add_options(CLI::App& app, Options& o, Given& g,
       "Cut every layer over this many ranks (Megatron-style; docs/parallelism.md); the rest of "
       "the ranks are data parallel. 0: the config's tensor_parallel.autotp_size, else 1")
       ->check(CLI::NonNegativeNumber);
+  opt("--pipeline_parallel_size", o.pipeline_parallel_size,
+      "Split the model's layers into this many pipeline stages, one per group of ranks (1F1B; "
+      "docs/parallelism.md). 0: the config's pipeline.stages, else 1")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--gradient_checkpointing", o.gradient_checkpointing,
                "Recompute each block's activations in backward (less memory, ~1/3 more compute)");
   app.add_flag("--skip_memory_check", o.skip_memory_check,

@@ -40,6 +40,7 @@ struct Options {
   bool fp16 = false;
   bool gradient_checkpointing = false;
   int tensor_parallel_size = 0;  // 0: the config's tensor_parallel.autotp_size, else 1
+  int pipeline_parallel_size = 0;  // 0: the config's pipeline.stages, else 1
   bool skip_memory_check = false;
   bool no_shuffle = false;  // the data in file order (every epoch the same)
   bool eval_only = false;   // evaluate the model on the eval data and stop: no training

@@ -7,8 +7,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "ds/comm/group.h"
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
+#include "ds/data/chat_template.h"
 #include "ds/data/text_tokenizer.h"
 #include "ds/data/tokenizer_export.h"
 
@@ -19,9 +21,12 @@ std::vector<RankMemory> gather_memory(runtime::Engine& engine, const RankMemory&
   const int64_t row[kFields] = {
       mine.mem.params,  mine.mem.grads,         mine.mem.master_weights, mine.mem.optimizer_states,
       mine.mem.scratch, mine.peak_tensor_bytes, mine.peak_rss_bytes};
-  const int n = engine.world_size();
+  // Every rank of the job (with tensor or pipeline parallelism more than the engine's data group).
+  (void)engine;
+  auto world = comm::world();
+  const int n = world->size();
   std::vector<int64_t> all(kFields * static_cast<size_t>(n));
-  engine.group().all_gather(row, all.data(), kFields, DType::i64, "memory report");
+  world->all_gather(row, all.data(), kFields, DType::i64, "memory report");
   std::vector<RankMemory> out(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
     const int64_t* v = all.data() + kFields * static_cast<size_t>(r);
@@ -190,6 +195,25 @@ std::string export_tokenizer_beside(const std::filesystem::path& export_dir,
   return why.empty() ? std::string("no tokenizer files found: the export has none (give "
                                    "--tokenizer DIR)")
                      : fmt::format("no tokenizer exported ({})", fmt::join(why, "; "));
+}
+
+std::string sft_template_of(const std::filesystem::path& data_dir) {
+  std::ifstream in(data_dir / "meta.json");
+  if (!in) return "";
+  const nlohmann::json meta = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!meta.is_object() || !meta.contains("sft") || !meta["sft"].is_object()) return "";
+  return meta["sft"].value("template", std::string());
+}
+
+std::string set_export_chat_template(const std::filesystem::path& export_dir,
+                                     const std::string& name) {
+  const data::ChatTemplate t = data::ChatTemplate::by_name(name);
+  const std::filesystem::path file = export_dir / "tokenizer_config.json";
+  nlohmann::ordered_json cfg = nlohmann::ordered_json::object();
+  if (std::ifstream in(file); in) cfg = nlohmann::ordered_json::parse(in);
+  cfg["chat_template"] = std::string(t.jinja());
+  write_file_atomic(file, cfg.dump(2) + "\n");
+  return fmt::format("chat template \"{}\" (the SFT data's) written into {}", name, file.string());
 }
 
 }  // namespace ds::train

@@ -23,7 +23,8 @@ struct RankMemory {
   int64_t peak_rss_bytes = 0;     // VmHWM
 };
 
-// Collective over the engine's group: every rank's entry, in rank order, on every rank.
+// Collective over the whole job (comm::world(): with tensor or pipeline parallelism more ranks
+// than the engine's data group): every rank's entry, in rank order, on every rank.
 std::vector<RankMemory> gather_memory(runtime::Engine& engine, const RankMemory& mine);
 
 // The ZeRO paper's model-state bytes per rank for the engine's stage, precision and optimizer
@@ -65,5 +66,14 @@ std::string export_tokenizer_beside(const std::filesystem::path& export_dir,
 std::string generate_sample(models::GPT& model, const data::Tokenizer& tok,
                             const std::string& prompt, int64_t max_tokens, int64_t top_k,
                             uint64_t seed);
+
+// The chat template an SFT set was rendered with (meta.json "sft"."template"), or "" for a plain
+// token set.
+std::string sft_template_of(const std::filesystem::path& data_dir);
+
+// Writes template `name`'s Jinja text (data::ChatTemplate::by_name) as "chat_template" into
+// export_dir/tokenizer_config.json (created when missing). Returns the line to print.
+std::string set_export_chat_template(const std::filesystem::path& export_dir,
+                                     const std::string& name);
 
 }  // namespace ds::train

@@ -117,13 +117,28 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
            "{}; give one, or the same number",
            o.tensor_parallel_size, cfg_tp, cfg_source);
   const int tp = o.tensor_parallel_size > 0 ? o.tensor_parallel_size : std::max(1, cfg_tp);
+  // Pipeline parallelism: the flag, or the config's pipeline.stages (a number; "auto" = the flag
+  // or 1); both given must agree.
+  int cfg_pp = 0;
+  if (raw.is_object() && raw.contains("pipeline") && raw["pipeline"].is_object() &&
+      raw["pipeline"].contains("stages") && raw["pipeline"]["stages"].is_number_integer())
+    cfg_pp = raw["pipeline"]["stages"].get<int>();
+  DS_CHECK(o.pipeline_parallel_size == 0 || cfg_pp <= 0 || o.pipeline_parallel_size == cfg_pp,
+           "[ds_train] --pipeline_parallel_size {} disagrees with pipeline.stages {} in {}; give "
+           "one, or the same number",
+           o.pipeline_parallel_size, cfg_pp, cfg_source);
+  const int pp = o.pipeline_parallel_size > 0 ? o.pipeline_parallel_size : std::max(1, cfg_pp);
   const int world = ds::comm::world()->size();  // ranks under mpirun / the deepspeed launcher
-  DS_CHECK(world % tp == 0,
-           "[ds_train] tensor parallel size {} does not divide the {} ranks of the job; use a "
-           "divisor of {} or launch a multiple of {} ranks",
-           tp, world, world, tp);
+  DS_CHECK(world % (tp * pp) == 0,
+           "[ds_train] tensor parallel size {} x pipeline parallel size {} = {} does not divide "
+           "the {} ranks of the job; launch a multiple of {} ranks (world = dp x pp x tp)",
+           tp, pp, tp * pp, world, tp * pp);
+  DS_CHECK(pp <= mcfg.n_layer + 2,
+           "[ds_train] --pipeline_parallel_size {} exceeds the model's {} pipeline layers "
+           "(embedding, {} blocks, head): every stage needs at least one",
+           pp, mcfg.n_layer + 2, mcfg.n_layer);
   runtime::ConfigContext ctx;
-  ctx.world_size = world / tp;
+  ctx.world_size = world / (tp * pp);
   ctx.hidden_size = mcfg.n_embd;
   ctx.source_name = cfg_source;
   ctx.args = trainer_args(o, g, raw);
@@ -168,6 +183,8 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
   r.cfg = runtime::parse_config_json(raw, ctx);
   r.cfg.tensor_parallel.size = tp;  // the flag alone (no config section) sets it too
   r.tensor_parallel = tp;
+  r.cfg.pipeline.stages = pp;
+  r.pipeline_parallel = pp;
   r.ctx = ctx;
   r.source = cfg_source;
   r.steps_per_epoch = steps_per_epoch;

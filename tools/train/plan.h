@@ -41,6 +41,7 @@ struct RunConfig {
   int64_t total_steps = 0;      // optimizer steps of this run
   std::string total_why;        // where total_steps came from, for the start-up line
   int tensor_parallel = 1;      // tp: --tensor_parallel_size or tensor_parallel.autotp_size
+  int pipeline_parallel = 1;    // pp: --pipeline_parallel_size or pipeline.stages
 };
 
 // Reads the config (--deepspeed or the built-in default), fills "auto" from the arguments and the

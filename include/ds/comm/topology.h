@@ -121,4 +121,10 @@ class Topology {
   std::shared_ptr<Group> world_, pipe_, data_, model_, model_parallel_;
 };
 
+// " (pipe 1, data 0, tensor 1)": a world rank's coordinates in the grid of the latest Topology
+// built over the whole job, or "" when there is none. The communication layer's failure reports
+// (a rank that did not arrive, exited, or never matched a send) name ranks with it, so a dead rank
+// of a 3D job is reported with its coordinates. Thread-safe.
+std::string rank_coordinates(int world_rank);
+
 }  // namespace ds::comm

@@ -352,6 +352,18 @@ struct TensorParallelConfig {
   int size = 1;  // autotp_size; 0 and 1 both mean off
 };
 
+// "pipeline" (reference/parallelism.md §7). DeepSpeed parses stages and partition but takes the
+// degree and method from PipelineModule's arguments; here they mean what they say: ds_train's
+// --pipeline_parallel_size must agree with stages, and partition picks runtime::partition_layers'
+// method. The batch sizes count data-parallel ranks only (world / (tp * pp)).
+struct PipelineConfig {
+  int stages = 0;                         // "auto" (DeepSpeed's default) = 0: from the job
+  std::string partition = "parameters";   // "parameters", "uniform", "type:<regex>"
+  int activation_checkpoint_interval = 0;  // > 0: checkpoint runs of this many layers
+  bool pipe_partitioned = true;  // accepted: activations travel whole here (docs/parallelism.md)
+  bool grad_partitioned = true;
+};
+
 struct DeepSpeedConfig {
   BatchConfig batch;
   int64_t steps_per_print = 10;
@@ -383,6 +395,7 @@ struct DeepSpeedConfig {
   FlopsProfilerConfig flops_profiler;
   CommsLoggerConfig comms_logger;
   TensorParallelConfig tensor_parallel;
+  PipelineConfig pipeline;
 
   // The training dtype implied by fp16/bf16.
   ds::DType training_dtype() const {

@@ -25,6 +25,7 @@
 
 #include "ds/nn/layers.h"
 #include "ds/nn/module.h"
+#include "ds/nn/pipeline_stage.h"
 #include "ds/nn/tensor_parallel.h"
 
 namespace ds::models {
@@ -87,13 +88,31 @@ struct GPTConfig {
   int64_t num_parameters() const;
 };
 
+// A pipeline stage's share of the model: layers [begin, end) of the layer sequence
+//   0               embedding (wte and wpe / embed_tokens)
+//   1 .. n_layer    the blocks (block i is layer i + 1)
+//   n_layer + 1     final norm and LM head
+// GPT::pipe_layers() lists them with their parameter counts for runtime::partition_layers.
+struct PipeRange {
+  int64_t begin = 0;
+  int64_t end = -1;  // -1: through the last layer
+};
+
+// One entry of GPT::pipe_layers(): the layer's type (matched by partition_method "type:<regex>")
+// and its trainable parameters (a tied head counts the embedding it multiplies by, as DeepSpeed's
+// TiedLayerSpec does).
+struct PipeLayerInfo {
+  std::string type_name;  // "GPTEmbedding", "TransformerBlock", "GPTHead"
+  int64_t num_parameters = 0;
+};
+
 // How one parameter is initialised.
 struct ParamInit {
   enum Kind { normal, zeros, ones } kind = normal;
   float std = 0.02f;
 };
 
-class GPT : public nn::Module {
+class GPT : public nn::Module, public nn::PipelineStage {
  public:
   // Validates, builds and (unless init is false) initialises from config.seed. init = false leaves
   // parameters zero (norm weights one): for a model whose weights are loaded next, or whose shards
@@ -106,7 +125,35 @@ class GPT : public nn::Module {
   // of the logits (B, T, V_local) and loss() is the full model's loss. generate() and ZeRO-3's
   // piecewise construction are not available with tp > 1.
   GPT(GPTConfig config, std::shared_ptr<nn::TensorParallel> tp, bool init = true);
+  // One pipeline stage (runtime/pipeline_engine.h): only the layers of `layers` (PipeRange), with
+  // the whole model's parameter names and initial values, tensor parallel over tp (may be null).
+  // forward() takes token ids when the stage holds the embedding and the previous stage's hidden
+  // states (B, T, C) otherwise; it returns logits when the stage holds the head and hidden states
+  // otherwise. loss() needs the head. A tied head on a stage without the embedding multiplies by
+  // tied_head_weight(), a copy of wte that is not a parameter: the pipeline engine sends its
+  // gradient to the first stage and the first stage's updated wte back (DeepSpeed's
+  // ReduceTiedGrads, with the optimizer state kept once).
+  GPT(GPTConfig config, std::shared_ptr<nn::TensorParallel> tp, PipeRange layers, bool init = true);
   const std::shared_ptr<nn::TensorParallel>& tensor_parallel() const { return tp_; }
+
+  // ---- pipeline stages ----
+  static std::vector<PipeLayerInfo> pipe_layers(const GPTConfig& config);
+  const PipeRange& pipe_range() const { return range_; }  // end resolved
+  bool has_embedding() const { return range_.begin == 0; }
+  bool has_head() const { return range_.end == config_.n_layer + 2; }
+  bool is_whole() const { return has_embedding() && has_head(); }
+  // nn::PipelineStage
+  bool is_first_stage() const override { return has_embedding(); }
+  bool is_last_stage() const override { return has_head(); }
+  int64_t hidden_size() const override { return config_.n_embd; }
+  // Runs of k consecutive blocks of this stage are checkpointed as one segment (k = 1: each block,
+  // as set_gradient_checkpointing(true)); 0 turns it off.
+  void set_activation_checkpoint_interval(int k) override;
+  // Last stage with a tied head and no embedding: the copy of wte (V or V_local, C) it multiplies
+  // by; it records gradients (.grad) but is no parameter. Undefined otherwise.
+  Tensor tied_head_weight() const override { return tied_head_; }
+  // First stage of a tied model whose head is elsewhere: wte's weight. Undefined otherwise.
+  Tensor tied_embedding_weight() const override;
 
   const GPTConfig& config() const { return config_; }
 
@@ -161,6 +208,13 @@ class GPT : public nn::Module {
   Tensor positions_;                     // (block_size) int64: 0 .. block_size-1, sliced for wpe
   mutable std::vector<ParamInit> init_plan_cache_;  // init_plan(), for init_parameter_range()
   std::shared_ptr<nn::TensorParallel> tp_;          // null: the whole model on this rank
+  PipeRange range_;                                 // the layers held here (end resolved)
+  int checkpoint_interval_ = 0;                     // set_activation_checkpoint_interval()
+  Tensor tied_head_;                                // see tied_head_weight()
+  nn::TPSplit vocab_split_;  // the head's vocabulary range with tp (rows of wte/lm_head)
+  // named_parameters()[i] is parameter param_index_[i] of the whole model (initialisation draws).
+  std::vector<uint64_t> param_index_;
+  int64_t full_index(size_t local) const;
 };
 
 }  // namespace ds::models

@@ -171,14 +171,17 @@ class CausalSelfAttention : public Module {
 // An indexed list of modules, named "0", "1", ... (Hugging Face's h.{i} / layers.{i}).
 class ModuleList : public Module {
  public:
-  ModuleList() : Module("ModuleList") {}
+  // Children are named first_index, first_index + 1, ...: a pipeline stage holding blocks 4..7 of
+  // a model keeps the whole model's names (h.4 ... h.7).
+  explicit ModuleList(int64_t first_index = 0) : Module("ModuleList"), first_(first_index) {}
   template <class M>
   std::shared_ptr<M> append(std::shared_ptr<M> m) {
-    return register_module(std::to_string(size_++), std::move(m));
+    return register_module(std::to_string(first_ + size_++), std::move(m));
   }
   int64_t size() const { return size_; }
 
  private:
+  int64_t first_ = 0;
   int64_t size_ = 0;
 };
 

@@ -104,6 +104,10 @@ class Engine {
   Tensor eval_loss(const Tensor& inputs, const Tensor& targets);
   // Backpropagates loss * loss_scale / gradient_accumulation_steps into the flat gradients.
   void backward(const Tensor& loss);
+  // A pipeline stage's backward (runtime/pipeline_engine.h): roots[i] receives grads[i], which
+  // already carry the loss scale and 1/gradient_accumulation_steps (they come from the last
+  // stage's backward(loss)). Same ZeRO handling as backward(loss).
+  void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads);
   // Counts the micro-step; at an accumulation boundary, runs the optimizer step described above.
   // Returns true when an optimizer step was applied (false between boundaries or when skipped).
   bool step();

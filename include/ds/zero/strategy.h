@@ -175,6 +175,10 @@ class Strategy {
   // others (whole on every tp rank, identical gradients) once overall: Megatron's global norm.
   // Call once, before the first step. Stages 0-2; stage 3 refuses.
   void set_tensor_parallel(std::shared_ptr<comm::Group> tp, const std::set<std::string>& cut);
+  // Pipeline parallelism beside this data-parallel group: each stage holds different parameters,
+  // so the norm above also sums over `pipe` (the stages; a tied weight is a parameter of one stage
+  // only, so it counts once). Call once, before the first step.
+  void set_pipeline_parallel(std::shared_ptr<comm::Group> pipe);
   // The factor that turns the reduced gradients into the average over ranks (1 / N unless the
   // reduction already divided by it).
   double grad_post_scale() const { return grad_post_scale_; }
@@ -246,6 +250,7 @@ class Strategy {
   virtual std::vector<std::pair<int64_t, int64_t>> optimizer_ranges_of(
       const std::set<std::string>& names, bool complement) const;
   std::shared_ptr<comm::Group> tp_;                        // set_tensor_parallel()
+  std::shared_ptr<comm::Group> pipe_;                      // set_pipeline_parallel()
   std::vector<std::pair<int64_t, int64_t>> tp_replicated_;  // optimizer ranges whole on every tp rank
   // fp32 copy of grads[begin, begin + numel) in a reused scratch buffer.
   const float* widen_gradients(const Tensor& grads, int64_t begin, int64_t numel);

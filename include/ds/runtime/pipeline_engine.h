@@ -1,0 +1,126 @@
+#pragma once
+// Pipeline parallelism: DeepSpeed's PipelineEngine (reference/parallelism.md §4). Each rank runs
+// one stage of the model (a contiguous range of its layers, nn::PipelineStage) and drives it
+// through the 1F1B schedule of pipeline_schedule.h; the optimizer, ZeRO on the data-parallel axis
+// and the precision are an ordinary Engine's, one per stage.
+//
+//   comm::Topology topo(comm::world(), tp, pp);                     // collective
+//   auto parts = partition_layers(layers, pp, "parameters");        // pipeline_partition.h
+//   auto stage = std::make_shared<models::GPT>(cfg, tp_group, models::PipeRange{parts[s], parts[s+1]});
+//   PipelineEngine pipe(stage, config, {.topology = topo_ptr});
+//   float loss = pipe.train_batch(next);  // gradient_accumulation_steps micro-batches, one step
+//
+// train_batch(next): the first and the last stage call next() gradient_accumulation_steps times
+// (the first uses the inputs, the last the targets: both must see the same sequence); other
+// stages never call it. Before the schedule runs, the stages agree on the micro-batch shape over
+// the pipeline group (an all-gather), so a mismatch between stages (different batch shapes on the
+// first and last stage, a hidden size one stage does not expect, different accumulation steps) is
+// the same error on every rank, naming both stages, instead of a hang.
+//
+// Activations and their gradients travel point to point (asynchronous sends, waited receives) to
+// the neighbouring stage with the same data and tensor coordinates. The loss: the last stage
+// averages the micro-batches' losses, averages that over the data-parallel group and broadcasts
+// it to every stage, so every rank returns it (DeepSpeed's _aggregate_total_loss). Gradient
+// norms sum over every stage (Strategy::set_pipeline_parallel), so all stages clip and skip alike.
+//
+// Dropout: every stage draws the masks of the one-process model. The stream offset of a dropout
+// call counts calls since the start (rng::DropoutState::offset); the engine counts once, at
+// construction, how many calls each stage's forward makes, and positions each stage's forward of
+// micro-batch k where the whole model's forward would be.
+//
+// Tied weights (GPT-2's wte on the first and last stage): the last stage sends its copy's
+// accumulated gradient to the first stage, which adds it in its last backward of the batch; after
+// the step the first stage sends the updated weight back. The weight has one optimizer state.
+//
+// ZeRO stages 0, 1 and 2 on the data axis (DeepSpeed refuses 2; its gradients are reduced per
+// micro-step here exactly as without a pipeline, so it is allowed); stage 3 is refused.
+//
+// Threading: one thread per rank; every call is collective over the whole topology.
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "ds/comm/topology.h"
+#include "ds/core/tensor.h"
+#include "ds/nn/module.h"
+#include "ds/nn/pipeline_stage.h"
+#include "ds/runtime/engine.h"
+#include "ds/runtime/pipeline_schedule.h"
+
+namespace ds::runtime {
+
+struct PipeBatch {
+  Tensor inputs;   // (B, T) int token ids
+  Tensor targets;  // (B, T) int, -100 = ignored
+  // The dropout stream's position of the micro-batch's first sample (rng::DropoutState::
+  // sample_base; ds_train: the loader's global sample position). Stage 0's values reach every
+  // stage, so each stage draws the masks the one-process model would.
+  uint64_t sample_base = 0;
+};
+
+// Where one stage's time went in the last train_batch (the bubble benchmark): compute is forward
+// and backward passes, the optimizer step is counted apart, and wait is time blocked in receives
+// and at the end of the schedule (idle: the pipeline bubble and transfer time).
+struct PipelineTimes {
+  double compute_s = 0.0;
+  double wait_s = 0.0;
+  double step_s = 0.0;
+  double total_s = 0.0;
+};
+
+class PipelineEngine {
+ public:
+  // stage: this rank's part of the model, an nn::Module that is an nn::PipelineStage.
+  // options.topology is required; the engine's ZeRO group is its data-parallel group.
+  PipelineEngine(std::shared_ptr<nn::Module> stage, DeepSpeedConfig config, InitOptions options);
+  ~PipelineEngine();
+  PipelineEngine(const PipelineEngine&) = delete;
+  PipelineEngine& operator=(const PipelineEngine&) = delete;
+
+  // One optimizer step over gradient_accumulation_steps micro-batches (1F1B). Returns the mean
+  // micro-batch loss, averaged over data-parallel ranks, on every rank.
+  float train_batch(const std::function<PipeBatch()>& next);
+  // Loss of micro_batches micro-batches without gradients (DeepSpeed's InferenceSchedule), averaged
+  // like train_batch's, on every rank.
+  float eval_batch(const std::function<PipeBatch()>& next, int micro_batches);
+
+  // Every parameter of the whole model, by name, for export: each stage's (gathered over its
+  // tensor-parallel group, Engine::full_weights), sent to stage 0, where the ranks receive the whole
+  // list in stage order; other stages receive an empty list. A collective over the topology.
+  std::vector<std::pair<std::string, Tensor>> full_weights();
+
+  Engine& engine() { return *engine_; }  // optimizer, schedule, counters of this stage
+  const comm::Topology& topology() const { return *topology_; }
+  int stage_id() const { return topology_->stage(); }
+  int num_stages() const { return topology_->grid().pp; }
+  bool is_first_stage() const { return stage_id() == 0; }
+  bool is_last_stage() const { return stage_id() == num_stages() - 1; }
+  const PipelineTimes& last_times() const { return times_; }
+
+ private:
+  struct Shape4 {  // what the stages agree on before a schedule runs
+    int64_t batch = -1, seq = -1;  // from the micro-batches (first and last stage), else -1
+    int64_t hidden = 0;            // the hidden size this stage sends and receives
+    int64_t micro_batches = 0;
+    int64_t bad_batches = 0;  // 1: the micro-batches of this stage differ in shape
+    int64_t dtype = 0;
+  };
+  void agree_on_shapes(const std::vector<PipeBatch>& batches, int micro_batches, const char* what);
+  void sync_tied_weight();
+  std::vector<PipeBatch> load(const std::function<PipeBatch()>& next, int count);
+  float aggregate_loss(double loss_sum, int micro_batches);
+  Tensor new_activation() const;
+  int64_t count_dropout_calls();  // of one forward of this stage (a tiny probe)
+
+  std::shared_ptr<nn::Module> module_;
+  nn::PipelineStage* stage_ = nullptr;
+  std::shared_ptr<comm::Topology> topology_;
+  std::unique_ptr<Engine> engine_;
+  int64_t batch_ = 0, seq_ = 0, hidden_ = 0;  // the agreed activation shape (B, T, C)
+  DType act_dtype_ = DType::f32;
+  int64_t dropout_prefix_ = 0;  // dropout calls of the stages before this one, per forward
+  int64_t dropout_total_ = 0;   // dropout calls of one forward of the whole model
+  PipelineTimes times_;
+};
+
+}  // namespace ds::runtime
