@@ -3,6 +3,7 @@
 // 257 so that load_model picks the byte tokenizer (id b = byte b, 256 = end of text).
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <memory>
@@ -80,6 +81,25 @@ inline std::shared_ptr<ds::models::GPT> make_model(const ds::models::GPTConfig& 
   for (auto& [name, p] : m->named_parameters())
     if (p.dim() == 2) ds::ops::mul_(p, 8.0f);
   m->train(false);
+  return m;
+}
+}  // namespace serve_test
+
+namespace serve_test {
+// A model whose generations take seconds: GPT-2 layout, C 256, 4 layers, 4096 positions (about
+// 1 ms a token on 2 cores), for tests that must act while a generation runs. The end-of-text row
+// of the (tied) embedding is zero, so its logit is 0 while the largest of the others is several
+// units above: greedy generation never stops before max_tokens.
+inline std::shared_ptr<ds::models::GPT> make_slow_model() {
+  ds::models::GPTConfig c = tiny_gpt2(4096);
+  c.n_layer = 4;
+  c.n_embd = 256;
+  auto m = make_model(c);
+  for (auto& [name, p] : m->named_parameters())
+    if (name == "wte.weight") {
+      float* row = p.data<float>() + 256 * c.n_embd;
+      std::fill(row, row + c.n_embd, 0.0f);
+    }
   return m;
 }
 }  // namespace serve_test

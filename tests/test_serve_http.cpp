@@ -1,10 +1,18 @@
 // ds_serve's HTTP server, started in-process on an ephemeral port with a tiny model exported in the
 // test: every route's happy path (non-streaming and streaming) and every kind of bad input, after
 // which the server must still answer.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <functional>
+#include <map>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +20,8 @@
 #include "ds/serve/api.h"
 #include "ds/serve/generate.h"
 #include "serve/admission.h"
+#include "serve/fifo_lock.h"
+#include "serve/metrics.h"
 #include "serve/server.h"
 #include "serve_fixture.h"
 
@@ -89,6 +99,25 @@ std::vector<json> sse_events(const std::string& body) {
   return out;
 }
 
+// A Prometheus text exposition, parsed: "name{labels}" -> value. Fails the test on a line that
+// is neither a comment nor a sample.
+std::map<std::string, double> parse_metrics(const std::string& text) {
+  std::map<std::string, double> out;
+  std::istringstream in(text);
+  std::string line;
+  const std::regex sample(R"(([a-zA-Z_:][a-zA-Z0-9_:]*(\{[^}]*\})?) ([-+0-9.eE]+|\+Inf|NaN))");
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::smatch m;
+    if (!std::regex_match(line, m, sample)) {
+      ADD_FAILURE() << "not a Prometheus sample line: " << line;
+      continue;
+    }
+    out[m[1]] = std::stod(m[3]);
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_F(ServeHttp, HealthAndModels) {
@@ -103,6 +132,28 @@ TEST_F(ServeHttp, HealthAndModels) {
   EXPECT_EQ(j["object"], "list");
   EXPECT_EQ(j["data"][0]["id"], "tiny");
   EXPECT_EQ(j["data"][0]["object"], "model");
+}
+
+// GET / is the chat page: one self-contained HTML document (nothing loaded from elsewhere) that
+// streams from the OpenAI chat route; POST / stays the guide's API.
+TEST_F(ServeHttp, ChatPageAtGetRoot) {
+  auto c = client();
+  auto r = c.Get("/");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  const std::string& html = r->body;
+  EXPECT_EQ(html.rfind("<!doctype html>", 0), 0u) << html.substr(0, 100);
+  EXPECT_NE(html.find("</html>"), std::string::npos);
+  EXPECT_NE(html.find("fetch(\"v1/chat/completions\""), std::string::npos);
+  EXPECT_NE(html.find("stream: true"), std::string::npos);
+  EXPECT_NE(html.find("data: "), std::string::npos);  // it parses server-sent events
+  for (const char* external : {"src=\"http", "href=\"http", "src=\"//", "href=\"//", "@import"})
+    EXPECT_EQ(html.find(external), std::string::npos) << external;
+  // The page's requests work: the models list it shows, and a streamed chat.
+  auto m = c.Get("/v1/models");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
 }
 
 TEST_F(ServeHttp, GuideApiKeepsHistory) {
@@ -223,6 +274,9 @@ TEST_F(ServeHttp, BadInputIsA400NamingTheField) {
   EXPECT_EQ(st, 400);
   EXPECT_EQ(j["error"]["param"], "temprature");
   EXPECT_NE(j["error"]["message"].get<std::string>().find("temprature"), std::string::npos);
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("(did you mean 'temperature'?)"),
+            std::string::npos)
+      << j.dump();
   // Context length (256 tokens): a long prompt, and prompt + max_tokens.
   const std::string long_prompt(300, 'a');
   auto [st2, j2] = post(cmpl, json{{"prompt", long_prompt}}.dump());
@@ -298,3 +352,517 @@ TEST(ServeAdmission, BoundsWaitingRequests) {
   EXPECT_EQ(gate.admitted(), 2);
 }
 
+// GET /metrics: Prometheus text format; a generation, a 400 and a 404 move exactly the counters
+// they should, and the token counters add up to the replies' usage.
+TEST_F(ServeHttp, MetricsCountRequestsTokensAndLatency) {
+  auto c = client();
+  auto scrape = [&] {
+    auto r = c.Get("/metrics");
+    EXPECT_TRUE(r);
+    if (!r) return std::map<std::string, double>{};
+    EXPECT_EQ(r->status, 200);
+    EXPECT_NE(r->get_header_value("Content-Type").find("text/plain; version=0.0.4"),
+              std::string::npos);
+    EXPECT_NE(r->body.find("# TYPE ds_serve_request_duration_seconds histogram"),
+              std::string::npos);
+    return parse_metrics(r->body);
+  };
+  const auto before = scrape();
+  auto [st, j] = post("/v1/completions", R"({"prompt": "metrics", "max_tokens": 5,
+                                              "temperature": 0})");
+  ASSERT_EQ(st, 200) << j.dump();
+  auto [st2, j2] = post("/v1/completions", R"({"prompt": "x", "max_tokens": "five"})");
+  ASSERT_EQ(st2, 400);
+  auto nf = c.Get("/no/such/route");
+  ASSERT_TRUE(nf);
+  ASSERT_EQ(nf->status, 404);
+  const auto after = scrape();
+  auto delta = [&](const std::string& key) {
+    auto a = after.find(key);
+    auto b = before.find(key);
+    return (a == after.end() ? 0.0 : a->second) - (b == before.end() ? 0.0 : b->second);
+  };
+  EXPECT_EQ(delta(R"(ds_serve_requests_total{route="/v1/completions",status="200"})"), 1.0);
+  EXPECT_EQ(delta(R"(ds_serve_requests_total{route="/v1/completions",status="400"})"), 1.0);
+  EXPECT_EQ(delta(R"(ds_serve_requests_total{route="other",status="404"})"), 1.0);
+  // The first scrape is counted by the time of the second.
+  EXPECT_GE(after.at(R"(ds_serve_requests_total{route="/metrics",status="200"})"), 1.0);
+  EXPECT_EQ(delta("ds_serve_prompt_tokens_total"), j["usage"]["prompt_tokens"].get<double>());
+  EXPECT_EQ(delta("ds_serve_completion_tokens_total"),
+            j["usage"]["completion_tokens"].get<double>());
+  EXPECT_EQ(delta("ds_serve_request_duration_seconds_count"), 1.0);
+  EXPECT_EQ(delta("ds_serve_time_to_first_token_seconds_count"), 1.0);
+  EXPECT_GT(delta("ds_serve_request_duration_seconds_sum"), 0.0);
+  EXPECT_EQ(after.at("ds_serve_requests_in_flight"), 0.0);
+  EXPECT_EQ(after.at("ds_serve_requests_running"), 0.0);
+  EXPECT_EQ(after.at("ds_serve_requests_waiting"), 0.0);
+  EXPECT_EQ(after.at("ds_serve_max_queue"), 16.0);
+  // Histogram buckets are cumulative and end at the count.
+  for (const std::string h :
+       {"ds_serve_request_duration_seconds", "ds_serve_time_to_first_token_seconds"}) {
+    std::vector<std::pair<double, double>> buckets;  // (le, cumulative count)
+    for (const auto& [k, v] : after)
+      if (k.rfind(h + "_bucket{le=\"", 0) == 0 && k.find("+Inf") == std::string::npos)
+        buckets.emplace_back(std::stod(k.substr(h.size() + 12)), v);
+    std::sort(buckets.begin(), buckets.end());
+    ASSERT_GE(buckets.size(), 5u) << h;
+    for (size_t i = 1; i < buckets.size(); ++i) EXPECT_GE(buckets[i].second, buckets[i - 1].second);
+    EXPECT_LE(buckets.back().second, after.at(h + "_count"));
+    EXPECT_EQ(after.at(h + R"(_bucket{le="+Inf"})"), after.at(h + "_count")) << h;
+  }
+}
+
+// The exposition format of the histograms: cumulative buckets in order of their bounds, +Inf last
+// and equal to _count, _sum the total.
+TEST(ServeMetrics, HistogramIsCumulative) {
+  ds::serve::Histogram h({0.1, 1.0, 10.0});
+  for (double v : {0.05, 0.1, 0.5, 2.0, 50.0}) h.observe(v);
+  std::string out;
+  h.render(out, "x");
+  EXPECT_EQ(out,
+            "x_bucket{le=\"0.1\"} 2\n"
+            "x_bucket{le=\"1\"} 3\n"
+            "x_bucket{le=\"10\"} 4\n"
+            "x_bucket{le=\"+Inf\"} 5\n"
+            "x_sum 52.65\n"
+            "x_count 5\n");
+  ds::serve::Metrics m;
+  m.count_request("/v1/completions", 200);
+  m.count_request("/v1/completions", 200);
+  m.count_request("/", 503);
+  m.record_generation(7, 3, 0.2, 0.05);
+  m.record_generation(4, 0, 0.1, -1.0);  // no token: no time to first token
+  const std::string text = m.render({2, 1, 1, 16});
+  const auto v = parse_metrics(text);
+  EXPECT_EQ(v.at(R"(ds_serve_requests_total{route="/v1/completions",status="200"})"), 2.0);
+  EXPECT_EQ(v.at(R"(ds_serve_requests_total{route="/",status="503"})"), 1.0);
+  EXPECT_EQ(v.at("ds_serve_prompt_tokens_total"), 11.0);
+  EXPECT_EQ(v.at("ds_serve_completion_tokens_total"), 3.0);
+  EXPECT_EQ(v.at("ds_serve_request_duration_seconds_count"), 2.0);
+  EXPECT_EQ(v.at("ds_serve_time_to_first_token_seconds_count"), 1.0);
+  EXPECT_EQ(v.at("ds_serve_requests_in_flight"), 2.0);
+  EXPECT_EQ(v.at("ds_serve_requests_waiting"), 1.0);
+}
+
+// ---- Clients that go away ----
+//
+// A server with a model whose generations take seconds (serve_fixture.h: make_slow_model, no end
+// of text before max_tokens). Clients are raw sockets so the test decides when they close.
+namespace {
+
+class RawClient {
+ public:
+  RawClient(int port, const std::string& path, const std::string& body) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    const std::string req = "POST " + path +
+                            " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                            "Content-Length: " +
+                            std::to_string(body.size()) + "\r\n\r\n" + body;
+    EXPECT_EQ(::send(fd_, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  }
+  ~RawClient() { close(); }
+  // Reads until `what` has arrived (or 30 s pass); returns what was read.
+  std::string read_until(const std::string& what) {
+    std::string got;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    char buf[4096];
+    while (got.find(what) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    return got;
+  }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+class ServeCancel : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new serve_test::TempDir("cancel");
+    ds::models::export_hf(*serve_test::make_slow_model(), dir_->path() / "slow");
+    ds::serve::ServerOptions o;
+    o.port = 0;
+    o.log_requests = false;
+    o.sse_ping_seconds = 0.05;
+    server_ = new ds::serve::Server(ds::serve::load_model(dir_->path() / "slow"), o);
+    port_ = server_->bind();
+    thread_ = new std::thread([] { server_->run(); });
+  }
+  static void TearDownTestSuite() {
+    server_->stop();
+    thread_->join();
+    delete thread_;
+    delete server_;
+    delete dir_;
+  }
+  static std::map<std::string, double> scrape() {
+    httplib::Client c("127.0.0.1", port_);
+    auto r = c.Get("/metrics");
+    EXPECT_TRUE(r && r->status == 200);
+    return r ? parse_metrics(r->body) : std::map<std::string, double>{};
+  }
+  static double metric(const std::string& name) {
+    const auto m = scrape();
+    auto it = m.find(name);
+    return it == m.end() ? 0.0 : it->second;
+  }
+  // Polls /metrics until pred holds (true) or `seconds` pass (false).
+  static bool wait_for(const std::function<bool(const std::map<std::string, double>&)>& pred,
+                       double seconds = 30.0) {
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(seconds));
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (pred(scrape())) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  }
+  static double at(const std::map<std::string, double>& m, const std::string& k) {
+    auto it = m.find(k);
+    return it == m.end() ? 0.0 : it->second;
+  }
+  static inline serve_test::TempDir* dir_ = nullptr;
+  static inline ds::serve::Server* server_ = nullptr;
+  static inline std::thread* thread_ = nullptr;
+  static inline int port_ = 0;
+};
+
+const std::string kLong = R"({"prompt": "a", "max_tokens": 4000, "temperature": 0})";
+const std::string kLongStream =
+    R"({"prompt": "a", "max_tokens": 4000, "temperature": 0, "stream": true})";
+
+}  // namespace
+
+// A non-streaming client writes nothing back until its answer, so only the socket tells that it
+// left: its generation stops, with a fraction of its 4000 tokens, and its slot is freed.
+TEST_F(ServeCancel, NonStreamingClientThatLeavesStopsItsGeneration) {
+  const auto before = scrape();
+  {
+    RawClient c(port_, "/v1/completions", kLong);
+    ASSERT_TRUE(wait_for([](const auto& m) { return at(m, "ds_serve_requests_running") == 1; }));
+  }  // closes
+  ASSERT_TRUE(wait_for([](const auto& m) { return at(m, "ds_serve_requests_in_flight") == 0; }, 5))
+      << "the generation went on after its client left";
+  const auto after = scrape();
+  EXPECT_EQ(at(after, "ds_serve_generations_cancelled_total") -
+                at(before, "ds_serve_generations_cancelled_total"),
+            1.0);
+  const double tokens = at(after, "ds_serve_completion_tokens_total") -
+                        at(before, "ds_serve_completion_tokens_total");
+  EXPECT_LT(tokens, 4000.0);
+  // Counted as 499 (client closed request) once httplib has given up on the reply.
+  EXPECT_TRUE(wait_for([](const auto& m) {
+    return at(m, R"(ds_serve_requests_total{route="/v1/completions",status="499"})") >= 1;
+  }));
+}
+
+TEST_F(ServeCancel, StreamingClientThatLeavesStopsItsGeneration) {
+  const auto before = scrape();
+  {
+    RawClient c(port_, "/v1/completions", kLongStream);
+    const std::string got = c.read_until("\"text\":");  // a first piece of text has come
+    ASSERT_NE(got.find("200 OK"), std::string::npos) << got;
+  }
+  ASSERT_TRUE(wait_for([](const auto& m) { return at(m, "ds_serve_requests_in_flight") == 0; }, 5));
+  const auto after = scrape();
+  EXPECT_EQ(at(after, "ds_serve_generations_cancelled_total") -
+                at(before, "ds_serve_generations_cancelled_total"),
+            1.0);
+  EXPECT_LT(at(after, "ds_serve_completion_tokens_total") -
+                at(before, "ds_serve_completion_tokens_total"),
+            4000.0);
+}
+
+// A client waiting in the queue behind a long generation leaves: its slot is free at once, while
+// the generation ahead of it still runs (not when its turn would have come).
+TEST_F(ServeCancel, WaitingClientThatLeavesFreesItsSlotAtOnce) {
+  const auto before = scrape();
+  RawClient running(port_, "/v1/completions", kLongStream);
+  running.read_until("\"text\":");
+  {
+    RawClient waiting(port_, "/v1/chat/completions",
+                      R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})");
+    ASSERT_TRUE(wait_for([](const auto& m) {
+      return at(m, "ds_serve_requests_in_flight") == 2 && at(m, "ds_serve_requests_waiting") == 1;
+    }));
+  }
+  ASSERT_TRUE(wait_for(
+      [](const auto& m) {
+        return at(m, "ds_serve_requests_in_flight") == 1 && at(m, "ds_serve_requests_waiting") == 0;
+      },
+      5));
+  EXPECT_EQ(metric("ds_serve_requests_running"), 1.0) << "the long generation should still run";
+  running.close();
+  ASSERT_TRUE(wait_for([](const auto& m) { return at(m, "ds_serve_requests_in_flight") == 0; }, 5));
+  // Both were cancelled; the waiting one never generated a token.
+  EXPECT_EQ(metric("ds_serve_generations_cancelled_total") -
+                at(before, "ds_serve_generations_cancelled_total"),
+            2.0);
+}
+
+// The generation lock serves waiters in arrival order, and one that gives up leaves the queue
+// without holding up those behind it.
+TEST(ServeFifoLock, ArrivalOrderAndWaitersThatLeave) {
+  ds::serve::FifoLock lock;
+  ASSERT_TRUE(lock.lock());
+  std::mutex mu;
+  std::vector<int> order;
+  std::atomic<bool> leave{false};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 4; ++i) {
+    ts.emplace_back([&, i] {
+      const bool got = lock.lock([&, i] { return i == 1 && leave.load(); });
+      std::lock_guard<std::mutex> g(mu);
+      order.push_back(got ? i : -i - 10);
+      if (got) lock.unlock();
+    });
+    while (lock.queued() < i + 2) std::this_thread::yield();  // tickets drawn in order 0..3
+  }
+  leave = true;  // waiter 1 gives up while the lock is still held
+  for (bool one = false; !one; std::this_thread::yield()) {
+    std::lock_guard<std::mutex> g(mu);
+    one = !order.empty();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  {
+    std::lock_guard<std::mutex> g(mu);
+    EXPECT_EQ(order, std::vector<int>{-11});  // 1 left; nobody else got the lock yet
+  }
+  EXPECT_EQ(lock.queued(), 4);
+  lock.unlock();
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(order, (std::vector<int>{-11, 0, 2, 3}));
+}
+
+// A stream waiting for its turn gets SSE comment pings (every sse_ping_seconds, 0.05 s here), so
+// clients and proxies do not time it out; no text comes before its turn.
+TEST_F(ServeCancel, WaitingStreamGetsPings) {
+  RawClient running(port_, "/v1/completions", kLongStream);
+  running.read_until("\"text\":");
+  RawClient waiting(port_, "/v1/completions", kLongStream);
+  // Two pings at least (in the raw bytes each sits in its own HTTP chunk).
+  std::string got = waiting.read_until(": ping\n\n");
+  got += waiting.read_until(": ping\n\n");
+  EXPECT_NE(got.find("200 OK"), std::string::npos) << got;
+  size_t pings = 0;
+  for (size_t at = got.find(": ping\n\n"); at != std::string::npos;
+       at = got.find(": ping\n\n", at + 1))
+    ++pings;
+  EXPECT_GE(pings, 2u) << got;
+  EXPECT_EQ(got.find("\"text\":"), std::string::npos) << "text before its turn: " << got;
+  EXPECT_EQ(metric("ds_serve_requests_waiting"), 1.0);
+  waiting.close();
+  running.close();
+  ASSERT_TRUE(wait_for([](const auto& m) { return at(m, "ds_serve_requests_in_flight") == 0; }, 5));
+}
+
+// ---- 32 concurrent clients ----
+namespace {
+
+// A server on its own thread for one test.
+struct RunningServer {
+  ds::serve::Server server;
+  int port;
+  std::thread thread;
+  RunningServer(const std::filesystem::path& model, ds::serve::ServerOptions o)
+      : server(ds::serve::load_model(model), (o.port = 0, o.log_requests = false, o)),
+        port(server.bind()),
+        thread([this] { server.run(); }) {}
+  ~RunningServer() {
+    server.stop();
+    thread.join();
+  }
+};
+
+struct Reply {
+  int status = 0;
+  std::string text, finish, retry_after;
+  json usage, error;
+};
+
+// One request of client i's kind; a streamed reply is reassembled into text/finish/usage.
+Reply send_request(int port, const std::string& path, const json& body) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(300, 0);
+  auto r = c.Post(path.c_str(), body.dump(), "application/json");
+  Reply out;
+  if (!r) {
+    out.error = "no reply: " + httplib::to_string(r.error());
+    return out;
+  }
+  out.status = r->status;
+  out.retry_after = r->get_header_value("Retry-After");
+  if (r->status != 200) {
+    const json j = json::parse(r->body, nullptr, false);
+    out.error = j.is_discarded() ? json(r->body) : j;
+    return out;
+  }
+  const bool chat = path == "/v1/chat/completions";
+  if (body.value("stream", false)) {
+    for (const json& ev : sse_events(r->body)) {
+      if (ev == "[DONE]") continue;
+      if (ev.contains("usage")) out.usage = ev["usage"];
+      if (ev["choices"].empty()) continue;
+      const json& ch = ev["choices"][0];
+      out.text += chat ? ch["delta"].value("content", "") : ch.value("text", "");
+      if (!ch["finish_reason"].is_null()) out.finish = ch["finish_reason"];
+    }
+  } else {
+    const json j = json::parse(r->body);
+    if (path == "/") {
+      out.text = j["response"];
+      out.finish = "-";
+      return out;
+    }
+    const json& ch = j["choices"][0];
+    out.text = chat ? ch["message"]["content"].get<std::string>() : ch["text"].get<std::string>();
+    out.finish = ch["finish_reason"];
+    out.usage = j["usage"];
+  }
+  return out;
+}
+
+// Client i's request: the five kinds of generation request in turn (OpenAI completions and chat,
+// streaming or not, and the guide's POST /), each with its own prompt and seed.
+std::pair<std::string, json> client_request(int i) {
+  const std::string text = "client " + std::to_string(i) + " says";
+  const bool stream = (i / 5) % 2 == 1;
+  json sampling = {{"max_tokens", 12}, {"temperature", 0.8}, {"seed", i}};
+  switch (i % 5) {
+    case 0:
+    case 1: {
+      json b = sampling;
+      b["prompt"] = text;
+      b["stream"] = stream || i % 5 == 1;
+      if (b["stream"]) b["stream_options"] = {{"include_usage", true}};
+      return {"/v1/completions", b};
+    }
+    case 2:
+    case 3: {
+      json b = sampling;
+      b["messages"] = json::array({{{"role", "user"}, {"content", text}}});
+      b["stream"] = stream || i % 5 == 3;
+      if (b["stream"]) b["stream_options"] = {{"include_usage", true}};
+      return {"/v1/chat/completions", b};
+    }
+    default:
+      return {"/", {{"prompt", text}, {"history", json::array()}, {"max_length", 40}}};
+  }
+}
+
+}  // namespace
+
+// 32 clients at once, each a different request: every answer equals the one the same request got
+// alone (so requests do not see each other's state), a malformed request in the middle gets its
+// 400 naming the field, and the server still answers afterwards.
+TEST(ServeConcurrency, ThirtyTwoClientsGetTheirOwnAnswers) {
+  serve_test::TempDir dir("concurrent");
+  ds::models::export_hf(*serve_test::make_model(serve_test::tiny_gpt2(256)), dir.path() / "tiny");
+  ds::serve::ServerOptions o;
+  o.http_threads = 40;
+  o.max_queue = 40;  // room for everyone: no 503 here
+  RunningServer s(dir.path() / "tiny", o);
+  constexpr int kClients = 32, kBad = 16;  // client 16 sends a malformed request
+  std::vector<Reply> alone(kClients);
+  for (int i = 0; i < kClients; ++i) {
+    if (i == kBad) continue;
+    auto [path, body] = client_request(i);
+    alone[i] = send_request(s.port, path, body);
+    ASSERT_EQ(alone[i].status, 200) << path << " " << body.dump() << " " << alone[i].error.dump();
+    ASSERT_FALSE(alone[i].finish.empty());
+  }
+  std::vector<Reply> together(kClients);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < kClients; ++i)
+    ts.emplace_back([&, i] {
+      ++ready;
+      while (ready < kClients) std::this_thread::yield();  // all start together
+      if (i == kBad) {
+        together[i] = send_request(
+            s.port, "/v1/chat/completions",
+            {{"messages", json::array({{{"role", "user"}, {"content", 5}}})}, {"max_tokens", 4}});
+        return;
+      }
+      auto [path, body] = client_request(i);
+      together[i] = send_request(s.port, path, body);
+    });
+  for (auto& t : ts) t.join();
+  for (int i = 0; i < kClients; ++i) {
+    if (i == kBad) continue;
+    EXPECT_EQ(together[i].status, 200) << "client " << i << ": " << together[i].error.dump();
+    EXPECT_EQ(together[i].text, alone[i].text) << "client " << i;
+    EXPECT_EQ(together[i].finish, alone[i].finish) << "client " << i;
+    EXPECT_EQ(together[i].usage, alone[i].usage) << "client " << i;
+  }
+  EXPECT_EQ(together[kBad].status, 400);
+  EXPECT_EQ(together[kBad].error["error"]["param"], "messages[0].content")
+      << together[kBad].error.dump();
+  httplib::Client c("127.0.0.1", s.port);
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  const auto m = parse_metrics(c.Get("/metrics")->body);
+  EXPECT_EQ(m.at("ds_serve_requests_in_flight"), 0.0);
+}
+
+// 32 clients at once against a queue of 2 and generations that take a while: each gets either
+// the answer (the same as alone) or a well-formed 503 with Retry-After, never anything else; the
+// server goes on serving.
+TEST(ServeConcurrency, ThirtyTwoClientsAgainstASmallQueueGetAnswersOr503) {
+  serve_test::TempDir dir("busy");
+  ds::models::export_hf(*serve_test::make_slow_model(), dir.path() / "slow");
+  ds::serve::ServerOptions o;
+  o.http_threads = 40;
+  o.max_queue = 2;
+  RunningServer s(dir.path() / "slow", o);
+  const json body = {{"prompt", "busy"}, {"max_tokens", 100}, {"temperature", 0}};
+  const Reply alone = send_request(s.port, "/v1/completions", body);
+  ASSERT_EQ(alone.status, 200) << alone.error.dump();
+  constexpr int kClients = 32;
+  std::vector<Reply> got(kClients);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < kClients; ++i)
+    ts.emplace_back([&, i] {
+      ++ready;
+      while (ready < kClients) std::this_thread::yield();
+      got[i] = send_request(s.port, "/v1/completions", body);
+    });
+  for (auto& t : ts) t.join();
+  int ok = 0, busy = 0;
+  for (int i = 0; i < kClients; ++i) {
+    if (got[i].status == 200) {
+      ++ok;
+      EXPECT_EQ(got[i].text, alone.text) << "client " << i;
+      EXPECT_EQ(got[i].usage, alone.usage) << "client " << i;
+    } else {
+      ++busy;
+      EXPECT_EQ(got[i].status, 503) << "client " << i << ": " << got[i].error.dump();
+      EXPECT_EQ(got[i].retry_after, "1");
+      EXPECT_EQ(got[i].error["error"]["type"], "server_busy") << got[i].error.dump();
+    }
+  }
+  // The first arrival always runs; with 32 arrivals at once and room for 3, most are turned away.
+  EXPECT_GE(ok, 1);
+  EXPECT_GE(busy, 1);
+  EXPECT_EQ(ok + busy, kClients);
+  const Reply after = send_request(s.port, "/v1/completions", body);
+  EXPECT_EQ(after.status, 200);
+  EXPECT_EQ(after.text, alone.text);
+}

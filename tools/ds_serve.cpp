@@ -5,9 +5,12 @@
 //        -d '{"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 32}'
 //
 // docs/serving.md documents the routes, fields, errors and limits.
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -16,9 +19,10 @@
 #include "serve/server.h"
 
 namespace {
-ds::serve::Server* g_server = nullptr;
+// SIGINT/SIGTERM only count here (a signal handler may do little else); a watcher thread drains.
+std::atomic<int> g_signals{0};
 void on_signal(int) {
-  if (g_server) g_server->stop();
+  g_signals.fetch_add(1);
 }
 }  // namespace
 
@@ -47,6 +51,18 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max_body_bytes", o.max_body_bytes, "larger request bodies answer 413")
       ->capture_default_str();
+  app.add_option(
+         "--sse_ping_seconds", o.sse_ping_seconds,
+         "a streaming request waiting for its turn gets an SSE comment (: ping) this often, "
+         "so that clients and proxies do not time it out (0 = never)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  double drain_timeout = 60.0;
+  app.add_option("--drain_timeout", drain_timeout,
+                 "seconds that requests in flight may take to finish after SIGTERM/SIGINT before "
+                 "they are cancelled (a second signal cancels them at once)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -65,15 +81,29 @@ int main(int argc, char** argv) {
                     m.chat_template_note.empty() ? "" : " (" + m.chat_template_note + ")");
     ds::serve::Server server(std::move(m), o);
     const int port = server.bind();
-    g_server = &server;
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
+    std::atomic<bool> stopped{false};
+    std::thread watcher([&] {
+      while (!stopped) {
+        if (g_signals > 0) {
+          std::fprintf(stderr,
+                       "ds_serve: draining: new requests answer 503, the ones in flight finish "
+                       "(at most %.0f s; signal again to cancel them)\n",
+                       drain_timeout);
+          server.drain(drain_timeout, [] { return g_signals > 1; });
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
     std::fprintf(stderr,
                  "ds_serve: %s on http://%s:%d (%d compute threads; one generation at a "
                  "time)\n",
                  desc.c_str(), o.host.c_str(), port, ds::num_threads());
     server.run();
-    g_server = nullptr;
+    stopped = true;
+    watcher.join();
     std::fprintf(stderr, "ds_serve: stopped\n");
     return 0;
   } catch (const std::exception& e) {

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/config/config.h"
+#include "ds/core/json_text.h"
 
 namespace ds::config::detail {
 
@@ -43,9 +44,10 @@ inline Range between(double lo, double hi) {
   return Range{lo, hi};
 }
 
-// "a string", "an integer", ... for type errors; dump() of the value for messages.
-std::string json_kind(const json& v);
-std::string json_show(const json& v);
+// "a string", "an integer", ... for type errors; dump() of the value for messages (shared with
+// ds_serve's request parser).
+using ds::json_kind;
+using ds::json_show;
 
 // Nearest candidate by edit distance when close enough to be a plausible typo.
 std::optional<std::string> nearest_key(std::string_view key,

@@ -7,28 +7,13 @@
 
 #include <fmt/format.h>
 
+#include "ds/core/json_text.h"
+
 namespace ds::serve {
 
 using nlohmann::json;
 
 namespace {
-
-const char* type_name(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null:
-      return "null";
-    case json::value_t::boolean:
-      return "a boolean";
-    case json::value_t::string:
-      return "a string";
-    case json::value_t::array:
-      return "an array";
-    case json::value_t::object:
-      return "an object";
-    default:
-      return "a number";
-  }
-}
 
 ApiError bad(const std::string& param, const std::string& message) {
   return ApiError(400, message, param);
@@ -41,11 +26,15 @@ class Fields {
     std::vector<std::string> unknown;
     for (const auto& [key, value] : j.items())
       if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) unknown.push_back(key);
-    if (!unknown.empty())
+    if (!unknown.empty()) {
+      const auto near = nearest_name(unknown.front(), allowed);
       throw bad(
           unknown.front(),
-          fmt::format("unknown field{} {}; accepted fields: {}", unknown.size() > 1 ? "s" : "",
-                      fmt::format("'{}'", fmt::join(unknown, "', '")), fmt::join(allowed, ", ")));
+          fmt::format("unknown field{} {}{}; accepted fields: {}", unknown.size() > 1 ? "s" : "",
+                      fmt::format("'{}'", fmt::join(unknown, "', '")),
+                      near ? fmt::format(" (did you mean '{}'?)", *near) : "",
+                      fmt::join(allowed, ", ")));
+    }
   }
   const json* get(const std::string& key) const {
     auto it = j_.find(key);
@@ -55,7 +44,7 @@ class Fields {
     const json* v = get(key);
     if (!v) return std::nullopt;
     if (!v->is_number())
-      throw bad(key, fmt::format("'{}' must be a number, got {}", key, type_name(*v)));
+      throw bad(key, fmt::format("'{}' must be a number, got {}", key, json_kind(*v)));
     const double x = v->get<double>();
     if (!(x >= lo && x <= hi))
       throw bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, x));
@@ -66,7 +55,7 @@ class Fields {
     if (!v) return std::nullopt;
     if (!v->is_number_integer())
       throw bad(key, fmt::format("'{}' must be an integer, got {}", key,
-                                 v->is_number() ? "a fraction" : type_name(*v)));
+                                 v->is_number() ? "a fraction" : json_kind(*v)));
     if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi))
       throw bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v->dump()));
     const int64_t x = v->get<int64_t>();
@@ -78,14 +67,14 @@ class Fields {
     const json* v = get(key);
     if (!v) return std::nullopt;
     if (!v->is_boolean())
-      throw bad(key, fmt::format("'{}' must be true or false, got {}", key, type_name(*v)));
+      throw bad(key, fmt::format("'{}' must be true or false, got {}", key, json_kind(*v)));
     return v->get<bool>();
   }
   std::optional<std::string> string(const std::string& key) const {
     const json* v = get(key);
     if (!v) return std::nullopt;
     if (!v->is_string())
-      throw bad(key, fmt::format("'{}' must be a string, got {}", key, type_name(*v)));
+      throw bad(key, fmt::format("'{}' must be a string, got {}", key, json_kind(*v)));
     return v->get<std::string>();
   }
   // An OpenAI field we do not implement: accepted only when absent, null or `off`.
@@ -132,12 +121,12 @@ RequestSampling parse_sampling(const Fields& f) {
       if (v->size() > 4) throw bad("stop", "'stop' takes at most 4 strings");
       for (const auto& e : *v) {
         if (!e.is_string())
-          throw bad("stop", fmt::format("'stop' entries must be strings, got {}", type_name(e)));
+          throw bad("stop", fmt::format("'stop' entries must be strings, got {}", json_kind(e)));
         s.stop.push_back(e.get<std::string>());
       }
     } else {
       throw bad("stop", fmt::format("'stop' must be a string or an array of strings, got {}",
-                                    type_name(*v)));
+                                    json_kind(*v)));
     }
     for (const auto& st : s.stop)
       if (st.empty()) throw bad("stop", "'stop' strings must not be empty");
@@ -212,7 +201,7 @@ json parse_json_body(const std::string& body) {
     throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()), "body");
   }
   if (!j.is_object())
-    throw ApiError(400, fmt::format("the request body must be a JSON object, got {}", type_name(j)),
+    throw ApiError(400, fmt::format("the request body must be a JSON object, got {}", json_kind(j)),
                    "body");
   return j;
 }
@@ -263,7 +252,7 @@ CompletionRequest parse_completion_request(const json& j) {
     throw bad("prompt", "'prompt' with several prompts is not supported; send one per request");
   } else {
     throw bad("prompt", fmt::format("'prompt' must be a string or an array of token ids, got {}",
-                                    type_name(*p)));
+                                    json_kind(*p)));
   }
   if (r.prompt.empty() && r.prompt_ids.empty()) throw bad("prompt", "'prompt' is empty");
   r.echo = f.boolean("echo").value_or(false);

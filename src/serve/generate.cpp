@@ -31,7 +31,8 @@ size_t incomplete_utf8_tail(std::string_view s) {
 
 GenerationResult generate(KVDecoder& decoder, const TextTokenizer& tokenizer,
                           std::span<const int32_t> prompt, const SamplingParams& params,
-                          const std::vector<int32_t>& eos_ids, const TextCallback& on_text) {
+                          const std::vector<int32_t>& eos_ids, const TextCallback& on_text,
+                          const CancelCheck& cancelled) {
   params.validate();
   const int64_t n_prompt = static_cast<int64_t>(prompt.size());
   const int64_t context = decoder.capacity_limit();
@@ -43,6 +44,10 @@ GenerationResult generate(KVDecoder& decoder, const TextTokenizer& tokenizer,
   GenerationResult r;
   r.prompt_tokens = n_prompt;
   r.finish_reason = "length";
+  if (cancelled && cancelled()) {
+    r.finish_reason = "cancelled";
+    return r;
+  }
   decoder.reset();
   auto t0 = std::chrono::steady_clock::now();
   Tensor logits = decoder.forward(prompt);  // (1, V)
@@ -56,6 +61,7 @@ GenerationResult generate(KVDecoder& decoder, const TextTokenizer& tokenizer,
   for (int64_t step = 0; step < params.max_tokens; ++step) {
     row = logits.to_vector();
     const int32_t next = sample_next(row, history, n_prompt, params, static_cast<uint64_t>(step));
+    if (step == 0) r.first_token_seconds = seconds_since(t0);
     ++r.completion_tokens;
     if (std::find(eos_ids.begin(), eos_ids.end(), next) != eos_ids.end()) {
       r.finish_reason = "stop";
@@ -87,6 +93,11 @@ GenerationResult generate(KVDecoder& decoder, const TextTokenizer& tokenizer,
       }
     }
     if (step + 1 == params.max_tokens) break;
+    if (cancelled && cancelled()) {
+      r.finish_reason = "cancelled";
+      r.decode_seconds = seconds_since(t1);
+      return r;
+    }
     logits = decoder.forward(std::span<const int32_t>(&next, 1));
     ++r.decode_steps;
   }

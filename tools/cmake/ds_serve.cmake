@@ -6,8 +6,18 @@ add_executable(ds_generate ${CMAKE_CURRENT_SOURCE_DIR}/ds_generate.cpp)
 target_link_libraries(ds_generate PRIVATE deepspeed)
 
 pkg_check_modules(CPP_HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+# The chat page of GET / (serve/chat.html) becomes a string in the binary; editing the page
+# re-runs this step.
+file(READ ${CMAKE_CURRENT_SOURCE_DIR}/serve/chat.html DS_CHAT_HTML)
+configure_file(${CMAKE_CURRENT_SOURCE_DIR}/serve/chat_page.cpp.in
+  ${CMAKE_CURRENT_BINARY_DIR}/serve/chat_page.cpp @ONLY)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+  ${CMAKE_CURRENT_SOURCE_DIR}/serve/chat.html)
 add_library(ds_serve_http STATIC ${CMAKE_CURRENT_SOURCE_DIR}/serve/server.cpp
-  ${CMAKE_CURRENT_SOURCE_DIR}/serve/admission.cpp)
+  ${CMAKE_CURRENT_BINARY_DIR}/serve/chat_page.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/serve/admission.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/serve/metrics.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/serve/connection.cpp ${CMAKE_CURRENT_SOURCE_DIR}/serve/fifo_lock.cpp)
 target_include_directories(ds_serve_http PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 target_link_libraries(ds_serve_http PUBLIC deepspeed PkgConfig::CPP_HTTPLIB)
 add_executable(ds_serve ${CMAKE_CURRENT_SOURCE_DIR}/ds_serve.cpp)

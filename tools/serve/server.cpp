@@ -1,15 +1,22 @@
 #include "server.h"
 
 #include "admission.h"
+#include "chat_page.h"
+#include "connection.h"
+#include "fifo_lock.h"
+#include "metrics.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
-#include <mutex>
+#include <functional>
+#include <optional>
 #include <random>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -21,12 +28,29 @@ namespace ds::serve {
 
 using nlohmann::json;
 
+namespace {
+
+// httplib 0.11.4 listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's
+// library). Many clients connecting at once overflow it, and with SYN cookies (Linux's default)
+// some of those connections are then dropped without a reply. listen() again on the bound socket
+// sets the backlog we want; the socket is httplib's protected svr_sock_.
+class HttpServer : public httplib::Server {
+ public:
+  bool set_backlog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
+};
+
+}  // namespace
+
 struct Server::Impl {
   LoadedModel m;
   ServerOptions opt;
-  httplib::Server http;
-  std::mutex gen_mutex;  // one generation at a time: the model and its KV cache
-  Admission admission;   // 1 generating + up to max_queue waiting on gen_mutex
+  HttpServer http;
+  FifoLock gen_lock;    // one generation at a time (the model and its KV cache), in arrival order
+  Admission admission;  // 1 generating + up to max_queue waiting on gen_lock
+  std::atomic<int> running{0};          // 1 while a generation holds gen_lock
+  std::atomic<bool> draining{false};    // drain(): new generation requests answer 503
+  std::atomic<bool> cancel_all{false};  // drain() ran out of time: stop every generation
+  Metrics metrics;
   KVDecoder decoder;
   std::atomic<uint64_t> next_id{1};
   std::time_t created = std::time(nullptr);
@@ -39,10 +63,88 @@ struct Server::Impl {
     return fmt::format("{}-{:016x}", prefix, next_id.fetch_add(1) * 0x9E3779B97F4A7C15ull);
   }
 
-  GenerationResult run(const std::vector<int32_t>& ids, const SamplingParams& p,
-                       const TextCallback& cb = {}, bool chat = false) {
-    std::lock_guard<std::mutex> lock(gen_mutex);
-    return generate(decoder, *m.tokenizer, ids, p, chat ? m.chat_eos_ids : m.eos_ids, cb);
+  using Clock = std::chrono::steady_clock;
+  static double seconds(Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  }
+
+  // An admitted generation request: its place (held until the reply or the stream ends; a
+  // streaming reply keeps the Job in its content provider) and when it was admitted, the clock of
+  // its latency and time-to-first-token metrics. It also knows its client's connection: a client
+  // that goes away (while waiting, in the prefill or decoding, streaming or not) cancels the job at
+  // its next check, which frees its slot and its place in the queue.
+  struct Job {
+    Admission::Slot slot;
+    ClientConnection conn;
+    Clock::time_point admitted = Clock::now();
+    double first_token_seconds = -1.0;  // admission to the first new token; < 0: none yet
+  };
+  std::shared_ptr<Job> admit(const httplib::Request& req) {
+    if (draining)
+      throw ApiError(503, "the server is shutting down; retry on another replica or later", "",
+                     "unavailable_error", "shutting_down");
+    auto job = std::make_shared<Job>();
+    job->slot = admission.admit();
+    job->conn = ClientConnection::of(req);
+    return job;
+  }
+
+  // ping (streams): called every --sse_ping_seconds while the job waits for its turn; false means
+  // the client is gone.
+  GenerationResult run(Job& job, const std::vector<int32_t>& ids, const SamplingParams& p,
+                       const TextCallback& cb = {}, bool chat = false,
+                       const std::function<bool()>& ping = {}) {
+    const CancelCheck cancelled = [this, &job] { return cancel_all || job.conn.closed(); };
+    GenerationResult r;
+    r.prompt_tokens = static_cast<int64_t>(ids.size());
+    r.finish_reason = "cancelled";
+    Clock::time_point last_ping = Clock::now();
+    const CancelCheck waiting = [&] {
+      if (ping && opt.sse_ping_seconds > 0 &&
+          seconds(last_ping, Clock::now()) >= opt.sse_ping_seconds) {
+        last_ping = Clock::now();
+        if (!ping()) return true;
+      }
+      return cancelled();
+    };
+    if (!gen_lock.lock(waiting)) return r;  // left the queue
+    // The lock and the running gauge, released even when generate() throws.
+    struct Held {
+      Impl& s;
+      explicit Held(Impl& s) : s(s) { ++s.running; }
+      ~Held() {
+        --s.running;
+        s.gen_lock.unlock();
+      }
+    } held(*this);
+    const double waited = seconds(job.admitted, Clock::now());
+    r = generate(decoder, *m.tokenizer, ids, p, chat ? m.chat_eos_ids : m.eos_ids, cb, cancelled);
+    if (r.first_token_seconds >= 0.0) job.first_token_seconds = waited + r.first_token_seconds;
+    return r;
+  }
+
+  // A non-streaming reply whose client has gone: 499 (nginx's "client closed request") in the
+  // log and the metrics; nobody reads the body.
+  static void throw_if_cancelled(const GenerationResult& r) {
+    if (r.finish_reason == "cancelled")
+      throw ApiError(499, "the client closed the connection; generation cancelled", "",
+                     "cancelled");
+  }
+
+  // Metrics of a generation whose reply (or stream) is complete.
+  void finished(const Job& job, const GenerationResult& r) {
+    metrics.record_generation(r.prompt_tokens, r.completion_tokens,
+                              seconds(job.admitted, Clock::now()), job.first_token_seconds,
+                              r.finish_reason == "cancelled");
+  }
+
+  ServeGauges gauges() const {
+    ServeGauges g;
+    g.in_flight = admission.admitted();
+    g.running = running.load();
+    g.waiting = std::max(0, g.in_flight - g.running);
+    g.max_queue = admission.max_queue();
+    return g;
   }
 
   // The prompt of a conversation in the model's chat format (ChatML when it has none we know).
@@ -120,8 +222,10 @@ struct Server::Impl {
     p.temperature = g.temperature;
     p.top_p = g.top_p;
     p.seed = 0;  // the guide's API has no seed: the same request gets the same answer
-    const Admission::Slot slot = admission.admit();
-    const GenerationResult r = run(ids, p);
+    const auto job = admit(req);
+    const GenerationResult r = run(*job, ids, p);
+    finished(*job, r);
+    throw_if_cancelled(r);
     json history = json::array();
     for (const auto& [q, a] : g.history) history.push_back({q, a});
     history.push_back({g.prompt, r.text});
@@ -130,6 +234,52 @@ struct Server::Impl {
                 {"history", history},
                 {"status", 200},
                 {"time", local_time_string()}});
+  }
+
+  // One event's JSON for a streaming route: text (nullopt in the closing and usage chunks) and
+  // finish_reason (null until the closing chunk).
+  using ChunkFn = std::function<json(const std::optional<std::string>& text, json finish)>;
+
+  // Streams a generation as OpenAI's server-sent events: `first` (when not null) before
+  // generating, a chunk per piece of final text, a closing chunk with finish_reason, a usage chunk
+  // (`choices: []`) when include_usage, then [DONE]. An error during generation is sent as
+  // data: {"error": ...} without [DONE]. While the request waits for its turn, an SSE comment
+  // (": ping") every --sse_ping_seconds keeps clients and proxies from timing the stream out (as
+  // llama.cpp's server does). A client that goes away (a failed write) cancels the generation. The
+  // job (its slot) stays held, by the provider's copy, until the stream ends.
+  void stream(httplib::Response& res, std::shared_ptr<Job> job, std::vector<int32_t> ids,
+              SamplingParams p, bool chat, ChunkFn chunk, json first, bool include_usage) {
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, job, ids = std::move(ids), p = std::move(p), chat, chunk = std::move(chunk),
+         first = std::move(first), include_usage](size_t, httplib::DataSink& sink) {
+          auto send = [&](const std::string& s) {
+            return sink.is_writable() && sink.write(s.data(), s.size());
+          };
+          if (!first.is_null()) send(sse(first));
+          try {
+            const GenerationResult r = run(
+                *job, ids, p,
+                [&](std::string_view piece) {
+                  return send(sse(chunk(std::string(piece), nullptr)));
+                },
+                chat, [&] { return send(": ping\n\n"); });
+            finished(*job, r);
+            if (r.finish_reason == "cancelled") return false;
+            send(sse(chunk(std::nullopt, r.finish_reason)));
+            if (include_usage) {
+              json u = chunk(std::nullopt, nullptr);
+              u["choices"] = json::array();
+              u["usage"] = usage(r);
+              send(sse(u));
+            }
+            send("data: [DONE]\n\n");
+          } catch (const std::exception& e) {
+            send(sse(openai_error_body(ApiError(500, e.what(), "", "server_error"))));
+          }
+          sink.done();
+          return true;
+        });
   }
 
   void completions(const httplib::Request& req, httplib::Response& res) {
@@ -148,58 +298,36 @@ struct Server::Impl {
                p.max_tokens, "prompt");
     p.seed = seed_or_random(c.sampling);
     const std::string echo = c.echo ? m.tokenizer->decode(ids) : std::string();
-    const Admission::Slot slot = admission.admit();  // held until the reply (or stream) ends
+    auto job = admit(req);  // held until the reply (or stream) ends
     const std::string id = new_id("cmpl");
     const std::time_t now = std::time(nullptr);
-    auto chunk = [this, id, now](const std::string& text, json finish) {
-      return json{
-          {"id", id},
-          {"object", "text_completion"},
-          {"created", now},
-          {"model", m.id},
-          {"choices",
-           {{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}}}}};
+    ChunkFn chunk = [this, id, now](const std::optional<std::string>& text, json finish) {
+      return json{{"id", id},
+                  {"object", "text_completion"},
+                  {"created", now},
+                  {"model", m.id},
+                  {"choices",
+                   {{{"text", text.value_or("")},
+                     {"index", 0},
+                     {"logprobs", nullptr},
+                     {"finish_reason", finish}}}}};
     };
-    if (!c.stream) {
-      const GenerationResult r = run(ids, p);
-      json body = chunk(echo + r.text, r.finish_reason);
-      body["usage"] = usage(r);
-      reply_json(res, 200, body);
+    if (c.stream) {
+      stream(res, std::move(job), std::move(ids), std::move(p), /*chat=*/false, chunk,
+             echo.empty() ? json() : chunk(echo, nullptr), c.include_usage);
       return;
     }
-    const bool include_usage = c.include_usage;
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, ids, p, echo, chunk, include_usage, id, now, slot](size_t,
-                                                                   httplib::DataSink& sink) {
-          auto send = [&](const std::string& s) {
-            return sink.is_writable() && sink.write(s.data(), s.size());
-          };
-          if (!echo.empty()) send(sse(chunk(echo, nullptr)));
-          try {
-            const GenerationResult r = run(ids, p, [&](std::string_view piece) {
-              return send(sse(chunk(std::string(piece), nullptr)));
-            });
-            if (r.finish_reason == "cancelled") return false;
-            send(sse(chunk("", r.finish_reason)));
-            if (include_usage) {
-              json u = chunk("", nullptr);
-              u["choices"] = json::array();
-              u["usage"] = usage(r);
-              send(sse(u));
-            }
-            send("data: [DONE]\n\n");
-          } catch (const std::exception& e) {
-            send(sse(openai_error_body(ApiError(500, e.what(), "", "server_error"))));
-          }
-          sink.done();
-          return true;
-        });
+    const GenerationResult r = run(*job, ids, p);
+    finished(*job, r);
+    throw_if_cancelled(r);
+    json body = chunk(echo + r.text, r.finish_reason);
+    body["usage"] = usage(r);
+    reply_json(res, 200, body);
   }
 
   void chat(const httplib::Request& req, httplib::Response& res) {
     const ChatRequest c = parse_chat_request(parse_json_body(req.body));
-    const std::vector<int32_t> ids = chat_ids(c.messages);
+    std::vector<int32_t> ids = chat_ids(c.messages);
     const int64_t n = static_cast<int64_t>(ids.size());
     SamplingParams p = c.sampling.resolve(m.defaults, context());
     p.max_tokens =
@@ -209,63 +337,42 @@ struct Server::Impl {
     const auto fmt_ = m.chat_template->format();
     if (fmt_ == data::ChatFormat::kChatML || fmt_ == data::ChatFormat::kQwen2)
       p.stop.push_back(kChatStop);  // as text too: tokenizers without the special token
-    const Admission::Slot slot = admission.admit();  // held until the reply (or stream) ends
+    auto job = admit(req);          // held until the reply (or stream) ends
     const std::string id = new_id("chatcmpl");
     const std::time_t now = std::time(nullptr);
-    if (!c.stream) {
-      const GenerationResult r = run(ids, p, {}, /*chat=*/true);
-      reply_json(res, 200,
-                 {{"id", id},
-                  {"object", "chat.completion"},
-                  {"created", now},
-                  {"model", m.id},
-                  {"choices",
-                   {{{"index", 0},
-                     {"message", {{"role", "assistant"}, {"content", r.text}}},
-                     {"logprobs", nullptr},
-                     {"finish_reason", r.finish_reason}}}},
-                  {"usage", usage(r)}});
+    if (c.stream) {
+      auto chunk_of = [this, id, now](json delta, json finish) {
+        return json{{"id", id},
+                    {"object", "chat.completion.chunk"},
+                    {"created", now},
+                    {"model", m.id},
+                    {"choices",
+                     {{{"index", 0},
+                       {"delta", std::move(delta)},
+                       {"logprobs", nullptr},
+                       {"finish_reason", finish}}}}};
+      };
+      ChunkFn chunk = [chunk_of](const std::optional<std::string>& text, json finish) {
+        return chunk_of(text ? json{{"content", *text}} : json::object(), std::move(finish));
+      };
+      stream(res, std::move(job), std::move(ids), std::move(p), /*chat=*/true, chunk,
+             chunk_of({{"role", "assistant"}, {"content", ""}}, nullptr), c.include_usage);
       return;
     }
-    auto chunk = [this, id, now](json delta, json finish) {
-      return json{
-          {"id", id},
-          {"object", "chat.completion.chunk"},
-          {"created", now},
-          {"model", m.id},
-          {"choices",
-           {{{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish}}}}};
-    };
-    const bool include_usage = c.include_usage;
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, ids, p, chunk, include_usage, slot](size_t, httplib::DataSink& sink) {
-          auto send = [&](const std::string& s) {
-            return sink.is_writable() && sink.write(s.data(), s.size());
-          };
-          send(sse(chunk({{"role", "assistant"}, {"content", ""}}, nullptr)));
-          try {
-            const GenerationResult r = run(
-                ids, p,
-                [&](std::string_view piece) {
-                  return send(sse(chunk({{"content", std::string(piece)}}, nullptr)));
-                },
-                /*chat=*/true);
-            if (r.finish_reason == "cancelled") return false;
-            send(sse(chunk(json::object(), r.finish_reason)));
-            if (include_usage) {
-              json u = chunk(json::object(), nullptr);
-              u["choices"] = json::array();
-              u["usage"] = usage(r);
-              send(sse(u));
-            }
-            send("data: [DONE]\n\n");
-          } catch (const std::exception& e) {
-            send(sse(openai_error_body(ApiError(500, e.what(), "", "server_error"))));
-          }
-          sink.done();
-          return true;
-        });
+    const GenerationResult r = run(*job, ids, p, {}, /*chat=*/true);
+    finished(*job, r);
+    throw_if_cancelled(r);
+    reply_json(res, 200,
+               {{"id", id},
+                {"object", "chat.completion"},
+                {"created", now},
+                {"model", m.id},
+                {"choices",
+                 {{{"index", 0},
+                   {"message", {{"role", "assistant"}, {"content", r.text}}},
+                   {"logprobs", nullptr},
+                   {"finish_reason", r.finish_reason}}}},
+                {"usage", usage(r)}});
   }
 
   void models(const httplib::Request&, httplib::Response& res) {
@@ -295,20 +402,41 @@ struct Server::Impl {
     };
   }
 
+  // The route label of /metrics: the path when it is a route, else "other" (any path a client
+  // sends would otherwise become a label value).
+  static std::string route_label(const httplib::Request& req) {
+    static const char* const kRoutes[] = {"/",          "/v1/completions", "/v1/chat/completions",
+                                          "/v1/models", "/health",         "/v1/health",
+                                          "/metrics"};
+    for (const char* r : kRoutes)
+      if (req.path == r) return r;
+    return "other";
+  }
+
   void setup() {
     http.new_task_queue = [n = opt.http_threads] {
       return new httplib::ThreadPool(static_cast<size_t>(std::max(1, n)));
     };
     http.set_payload_max_length(opt.max_body_bytes);
     http.Post("/", wrap(&Impl::guide, false));
+    http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      const std::string_view page = chat_page_html();
+      res.set_content(page.data(), page.size(), "text/html; charset=utf-8");
+    });
     http.Post("/v1/completions", wrap(&Impl::completions, true));
     http.Post("/v1/chat/completions", wrap(&Impl::chat, true));
     http.Get("/v1/models", wrap(&Impl::models, true));
-    auto health = [](const httplib::Request&, httplib::Response& res) {
-      reply_json(res, 200, {{"status", "ok"}});
+    auto health = [this](const httplib::Request&, httplib::Response& res) {
+      if (draining)
+        reply_json(res, 503, {{"status", "draining"}});
+      else
+        reply_json(res, 200, {{"status", "ok"}});
     };
     http.Get("/health", health);
     http.Get("/v1/health", health);
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics.render(gauges()), "text/plain; version=0.0.4; charset=utf-8");
+    });
     // Statuses httplib sets itself (404 unknown route, 413 body too large, 400 bad request line)
     // get a JSON body too.
     http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
@@ -316,8 +444,8 @@ struct Server::Impl {
       std::string msg;
       if (res.status == 404)
         msg = fmt::format(
-            "no route {} {}; routes: POST /, POST /v1/completions, POST "
-            "/v1/chat/completions, GET /v1/models, GET /health",
+            "no route {} {}; routes: GET / (chat page), POST /, POST /v1/completions, POST "
+            "/v1/chat/completions, GET /v1/models, GET /health, GET /metrics",
             req.method, req.path);
       else if (res.status == 413)
         msg = fmt::format("the request body is larger than the limit of {} bytes",
@@ -339,11 +467,13 @@ struct Server::Impl {
           }
           reply_json(res, 500, openai_error_body(ApiError(500, msg, "", "server_error")));
         });
-    if (opt.log_requests)
-      http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+    // httplib calls the logger once per reply, after its last byte (a stream's too).
+    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      metrics.count_request(route_label(req), res.status);
+      if (opt.log_requests)
         std::fprintf(stderr, "ds_serve: %s %s -> %d\n", req.method.c_str(), req.path.c_str(),
                      res.status);
-      });
+    });
   }
 };
 
@@ -358,18 +488,43 @@ Server::~Server() {
 
 int Server::bind() {
   const auto& o = impl_->opt;
+  int port = o.port;
   if (o.port == 0) {
-    const int port = impl_->http.bind_to_any_port(o.host);
+    port = impl_->http.bind_to_any_port(o.host);
     DS_CHECK(port > 0, "[ds_serve] cannot bind any port on {}", o.host);
-    return port;
+  } else {
+    DS_CHECK(impl_->http.bind_to_port(o.host, o.port),
+             "[ds_serve] cannot bind {}:{} (in use? give another --port)", o.host, o.port);
   }
-  DS_CHECK(impl_->http.bind_to_port(o.host, o.port),
-           "[ds_serve] cannot bind {}:{} (in use? give another --port)", o.host, o.port);
-  return o.port;
+  DS_CHECK(impl_->http.set_backlog(o.listen_backlog),
+           "[ds_serve] cannot set the listen backlog of {}:{} to {}", o.host, port,
+           o.listen_backlog);
+  return port;
 }
 
 void Server::run() {
   impl_->http.listen_after_bind();
+}
+
+void Server::drain(double timeout_seconds, const std::function<bool()>& force) {
+  Impl& s = *impl_;
+  s.draining = true;
+  const auto deadline =
+      Impl::Clock::now() + std::chrono::duration_cast<Impl::Clock::duration>(
+                               std::chrono::duration<double>(std::max(0.0, timeout_seconds)));
+  while (s.admission.admitted() > 0) {
+    if (!s.cancel_all && (Impl::Clock::now() >= deadline || (force && force()))) {
+      std::fprintf(stderr, "ds_serve: cancelling %d request(s) still in flight\n",
+                   s.admission.admitted());
+      s.cancel_all = true;  // each stops at its next token and frees its slot
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  stop();
+}
+
+bool Server::draining() const {
+  return impl_->draining;
 }
 
 void Server::stop() {

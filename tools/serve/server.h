@@ -1,20 +1,25 @@
 #pragma once
 // ds_serve's HTTP server (cpp-httplib): the ChatGLM guide's POST /, OpenAI's /v1/completions and
-// /v1/chat/completions (with stream: true as server-sent events), GET /v1/models and GET /health.
+// /v1/chat/completions (with stream: true as server-sent events), GET /v1/models, GET /health and
+// GET /metrics (Prometheus text format, metrics.h).
 // Request parsing lives in ds/serve/api.h; this file only routes, runs generations and writes
 // replies. docs/serving.md documents the API.
 //
-// Concurrency: httplib serves each connection on a pool thread; generations run one at a time
-// under one mutex around the model and its KV cache; up to `max_queue` more wait for it and the
-// next is answered 503 (admission.h). Bad input never ends the server: every handler error is a
-// JSON reply (400 for bad fields, 413 for a body over the size limit, 404 for an unknown route,
-// 503 when busy, 500 for an internal error).
+// Concurrency: httplib serves each connection on a pool thread; generations run one at a time, in
+// arrival order, under one lock around the model and its KV cache (fifo_lock.h); up to
+// `max_queue` more wait for it and the next is answered 503 (admission.h). A client that goes
+// away, waiting or generating, streaming or not, is noticed within a token (connection.h): its
+// generation stops and its slot is freed. drain() is the graceful stop of SIGTERM. Bad input never
+// ends the server: every handler error is a JSON reply (400 for bad fields, 413 for a body over
+// the size limit, 404 for an unknown route, 503 when busy or shutting down, 500 for an internal
+// error).
 //
 //   ds::serve::Server s(ds::serve::load_model(dir), {.host = "127.0.0.1", .port = 0});
 //   int port = s.bind();            // 0 = an ephemeral port
 //   std::thread t([&] { s.run(); });
 //   ...; s.stop(); t.join();
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -27,7 +32,9 @@ struct ServerOptions {
   int port = 8000;                  // 0 = any free port (bind() returns it)
   size_t max_body_bytes = 1 << 20;  // larger request bodies answer 413
   int http_threads = 8;             // connection threads (generations still run one at a time)
+  int listen_backlog = 511;         // connections the kernel holds before accept() (nginx's)
   int max_queue = 16;               // generation requests that may wait; more answer 503
+  double sse_ping_seconds = 15.0;   // ": ping" to a stream waiting for its turn; 0 = never
   bool log_requests = true;         // one line per request on stderr
 };
 
@@ -42,7 +49,14 @@ class Server {
   int bind();
   // Serves until stop(); call after bind().
   void run();
+  // Stops at once: open streams are cut.
   void stop();
+  // A graceful stop (ds_serve on SIGTERM/SIGINT): new generation requests answer 503
+  // ("shutting_down") and /health 503 {"status": "draining"}; admitted ones, waiting or running,
+  // finish; then stop(). After timeout_seconds, or as soon as force() returns true, the ones left
+  // are cancelled at their next token. Blocks until stopped; call from a thread other than run()'s.
+  void drain(double timeout_seconds, const std::function<bool()>& force = {});
+  bool draining() const;
 
  private:
   struct Impl;

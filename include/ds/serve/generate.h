@@ -8,7 +8,7 @@
 //   r.text, r.finish_reason ("stop" | "length"), r.prefill_seconds, r.decode_seconds
 //
 // Threading: generate() uses the decoder and the model exclusively; callers serialise (ds_serve
-// holds one mutex around it).
+// holds one lock around it, tools/serve/fifo_lock.h).
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -35,6 +35,7 @@ struct GenerationResult {
   int64_t completion_tokens = 0;  // decode steps that produced a token (eos included)
   double prefill_seconds = 0.0;
   double decode_seconds = 0.0;
+  double first_token_seconds = -1.0;  // from the call to the first new token; < 0 when none
   int64_t decode_steps = 0;  // one-token forwards after the prefill (decode_seconds' count)
 };
 
@@ -42,12 +43,16 @@ struct GenerationResult {
 // that could be the start of a stop string is held back until it is known not to be one. Return
 // false to cancel (a client that went away); the result then has finish_reason "cancelled".
 using TextCallback = std::function<bool(std::string_view piece)>;
+// Asked before the prefill and before every decode step: true stops the generation there with
+// finish_reason "cancelled" (ds_serve: the client disconnected, or a drain ran out of time).
+using CancelCheck = std::function<bool()>;
 
 // Resets the decoder, prefills prompt (one forward), then decodes. Throws "[generate] ..." when
 // the prompt is empty or prompt + max_tokens exceeds the model's context (block_size).
 GenerationResult generate(KVDecoder& decoder, const TextTokenizer& tokenizer,
                           std::span<const int32_t> prompt, const SamplingParams& params,
-                          const std::vector<int32_t>& eos_ids, const TextCallback& on_text = {});
+                          const std::vector<int32_t>& eos_ids, const TextCallback& on_text = {},
+                          const CancelCheck& cancelled = {});
 
 struct LoadedModel {
   std::shared_ptr<models::GPT> model;

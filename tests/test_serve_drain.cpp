@@ -1,0 +1,259 @@
+// ds_serve and ds_generate as programs: SIGTERM drains (new requests are refused, the stream in
+// flight runs to its end, the process exits 0), a second signal cancels what is left at once, and
+// the served answers equal ds_generate's for the same seed.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "ds/models/hf_io.h"
+#include "serve_fixture.h"
+
+extern char** environ;
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// ds_serve started on a free port, its stderr in a file.
+class ServeProcess {
+ public:
+  ServeProcess(const std::filesystem::path& model, const std::filesystem::path& log) : log_(log) {
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::vector<std::string> args = {DS_SERVE_BIN, "--model", model.string(),    "--port", "0",
+                                     "--threads",  "2",       "--drain_timeout", "120"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    EXPECT_EQ(posix_spawn(&pid_, DS_SERVE_BIN, &fa, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    // The port, from the start-up line "... on http://127.0.0.1:<port> ...".
+    const std::regex re(R"(on http://127\.0\.0\.1:(\d+))");
+    for (int i = 0; i < 3000 && port_ == 0; ++i) {
+      std::smatch m;
+      const std::string text = log_text();
+      if (std::regex_search(text, m, re))
+        port_ = std::stoi(m[1]);
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_GT(port_, 0) << log_text();
+  }
+  ~ServeProcess() {
+    if (pid_ > 0 && !exited_) {
+      ::kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  int port() const { return port_; }
+  void signal(int sig) { ::kill(pid_, sig); }
+  // The exit status (-1 when it did not exit within `seconds` or died of a signal).
+  int wait_exit(double seconds) {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(seconds));
+    while (Clock::now() < deadline) {
+      int st = 0;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+  }
+  std::string log_text() const {
+    std::ifstream in(log_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  std::filesystem::path log_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+  bool exited_ = false;
+};
+
+// A streaming completion on its own thread: the body and how many text chunks arrived, and after
+// `mark` was set, how many more.
+struct Stream {
+  std::string body;
+  std::atomic<int> chunks{0}, chunks_after_mark{0};
+  std::atomic<bool> mark{false}, done{false};
+  std::thread t;
+  Stream(int port, int max_tokens) {
+    t = std::thread([this, port, max_tokens] {
+      httplib::Client c("127.0.0.1", port);
+      c.set_read_timeout(300, 0);
+      const std::string req = json{{"prompt", "a"},
+                                   {"max_tokens", max_tokens},
+                                   {"temperature", 0},
+                                   {"stream", true},
+                                   {"stream_options", {{"include_usage", true}}}}
+                                  .dump();
+      // httplib 0.11.4's client takes a content receiver only through send().
+      httplib::Request r;
+      r.method = "POST";
+      r.path = "/v1/completions";
+      r.set_header("Content-Type", "application/json");
+      r.body = req;
+      r.content_receiver = [this](const char* data, size_t n, uint64_t, uint64_t) {
+        body.append(data, n);
+        ++chunks;
+        if (mark) ++chunks_after_mark;
+        return true;
+      };
+      c.send(r);
+      done = true;
+    });
+  }
+  ~Stream() {
+    if (t.joinable()) t.join();
+  }
+  void wait_first_chunk() {
+    for (int i = 0; i < 30000 && chunks == 0 && !done; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+};
+
+// The usage of a completed stream, or null when it has none (cut off).
+json stream_usage(const std::string& body) {
+  size_t pos = 0;
+  json usage;
+  while ((pos = body.find("data: {", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    const json j = json::parse(body.substr(pos + 6, end - pos - 6), nullptr, false);
+    if (!j.is_discarded() && j.contains("usage")) usage = j["usage"];
+    pos = end;
+  }
+  return usage;
+}
+
+class ServeDrain : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new serve_test::TempDir("drain");
+    ds::models::export_hf(*serve_test::make_slow_model(), dir_->path() / "slow");
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static inline serve_test::TempDir* dir_ = nullptr;
+};
+
+}  // namespace
+
+TEST_F(ServeDrain, SigtermRefusesNewRequestsFinishesTheStreamAndExitsZero) {
+  ServeProcess p(dir_->path() / "slow", dir_->path() / "drain.log");
+  ASSERT_GT(p.port(), 0);
+  Stream s(p.port(), 1000);
+  s.wait_first_chunk();
+  ASSERT_GT(s.chunks.load(), 0) << p.log_text();
+  s.mark = true;
+  p.signal(SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the watcher polls every 20 ms
+  // New requests: 503 "shutting_down" while draining (or no answer once the listener is closed).
+  {
+    httplib::Client c("127.0.0.1", p.port());
+    c.set_read_timeout(10, 0);
+    auto r = c.Post("/v1/completions", R"({"prompt": "b", "max_tokens": 2})", "application/json");
+    if (r) {
+      EXPECT_EQ(r->status, 503) << r->body;
+      EXPECT_EQ(json::parse(r->body)["error"]["code"], "shutting_down") << r->body;
+      EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+      auto h = c.Get("/health");
+      ASSERT_TRUE(h);
+      EXPECT_EQ(h->status, 503);
+      EXPECT_EQ(json::parse(h->body)["status"], "draining");
+    }
+  }
+  EXPECT_EQ(p.wait_exit(300), 0) << p.log_text();
+  s.t.join();
+  // The stream was in flight when the signal came, and ran to its end.
+  EXPECT_GT(s.chunks_after_mark.load(), 0) << "the generation ended before the signal";
+  const json usage = stream_usage(s.body);
+  ASSERT_FALSE(usage.is_null()) << s.body.substr(s.body.size() > 300 ? s.body.size() - 300 : 0);
+  EXPECT_EQ(usage["completion_tokens"], 1000);
+  EXPECT_NE(s.body.find("data: [DONE]"), std::string::npos);
+  EXPECT_NE(p.log_text().find("draining"), std::string::npos) << p.log_text();
+}
+
+TEST_F(ServeDrain, SecondSignalCancelsWhatIsLeft) {
+  ServeProcess p(dir_->path() / "slow", dir_->path() / "force.log");
+  ASSERT_GT(p.port(), 0);
+  Stream s(p.port(), 4000);
+  s.wait_first_chunk();
+  ASSERT_GT(s.chunks.load(), 0) << p.log_text();
+  p.signal(SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  p.signal(SIGINT);
+  EXPECT_EQ(p.wait_exit(60), 0) << p.log_text();
+  s.t.join();
+  // Cut off: no usage chunk, no [DONE].
+  EXPECT_TRUE(stream_usage(s.body).is_null());
+  EXPECT_EQ(s.body.find("data: [DONE]"), std::string::npos);
+  EXPECT_NE(p.log_text().find("cancelling 1 request"), std::string::npos) << p.log_text();
+}
+
+// The served answer equals ds_generate's for the same prompt, seed and sampling: both programs,
+// one over HTTP and one on the command line, on the tiny LLaMA fixture. ds_generate writes raw
+// bytes; the server's JSON replaces invalid UTF-8 (random weights make some) with U+FFFD, so
+// ds_generate's text goes through the same replacement before comparing.
+TEST(ServeProgram, ServedAnswersEqualDsGenerate) {
+  serve_test::TempDir dir("programs");
+  const std::filesystem::path model = std::filesystem::path(DS_FIXTURE_DIR) / "generate/llama_gqa";
+  ServeProcess p(model, dir.path() / "serve.log");
+  ASSERT_GT(p.port(), 0);
+  struct Case {
+    std::string prompt;
+    double temperature;
+    int top_k;
+    double top_p;
+    int seed;
+  };
+  for (const Case& c : {Case{"Hello", 0.0, 0, 1.0, 0}, Case{"Hello", 0.8, 40, 1.0, 5},
+                        Case{"The quick brown fox", 1.0, 0, 0.9, 123}}) {
+    httplib::Client http("127.0.0.1", p.port());
+    http.set_read_timeout(60, 0);
+    const json req = {{"prompt", c.prompt}, {"max_tokens", 20}, {"temperature", c.temperature},
+                      {"top_k", c.top_k},   {"top_p", c.top_p}, {"seed", c.seed}};
+    auto r = http.Post("/v1/completions", req.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const std::string served = json::parse(r->body)["choices"][0]["text"];
+    const std::string cmd = fmt::format(
+        "'{}' --model '{}' --prompt '{}' --max_tokens 20 --temperature {} --top_k {} --top_p {} "
+        "--seed {} --threads 1 2>/dev/null",
+        DS_GENERATE_BIN, model.string(), c.prompt, c.temperature, c.top_k, c.top_p, c.seed);
+    FILE* f = popen(cmd.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    std::string out;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+    ASSERT_EQ(pclose(f), 0) << cmd;
+    ASSERT_FALSE(out.empty());
+    ASSERT_EQ(out.back(), '\n');  // ds_generate ends its output with a newline
+    out.pop_back();
+    const std::string as_served =
+        json::parse(json(out).dump(-1, ' ', false, json::error_handler_t::replace));
+    EXPECT_EQ(as_served, served) << "prompt '" << c.prompt << "' seed " << c.seed;
+    EXPECT_FALSE(served.empty());
+  }
+  p.signal(SIGTERM);
+  EXPECT_EQ(p.wait_exit(60), 0) << p.log_text();
+}
