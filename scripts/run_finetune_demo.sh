@@ -4,7 +4,7 @@
 #   bash scripts/run_finetune_demo.sh
 #
 # 1. scripts/setup.sh --no-build (apt packages, the GPT-2 tokenizer and the State of the Union
-#    corpus), then builds ds_prepare, ds_train and ds_serve.
+#    corpus), then builds ds_prepare, ds_train, ds_generate and ds_serve.
 # 2. A base model: no model hub is reachable, so a small GPT-2 (configs/model_demo.json) is
 #    pre-trained on the corpus for BASE_STEPS steps and exported as a Hugging Face folder with its
 #    tokenizer (skipped when $OUT/base/hf_model exists).
@@ -16,7 +16,8 @@
 #    only the LoRA matrices train, merged at the end; on a base this small LoRA learns the answers
 #    far more slowly); the export carries the chat template.
 # 6. ds_serve on 127.0.0.1:$PORT, asked through the guide's API (POST /) and OpenAI's
-#    (/v1/chat/completions), then stopped.
+#    (/v1/chat/completions), then stopped. Before that, the base and the fine-tuned model answer
+#    the same question with ds_generate (before / after).
 #
 # Environment: DS_BUILD_DIR, DS_CACHE_DIR (default .cache/data), DS_FINETUNE_OUT (default
 # out/finetune_demo), BASE_STEPS (300), SFT_STEPS (400), LORA (0), PORT (8765), DS_BUILD_JOBS.
@@ -47,7 +48,7 @@ bash "$REPO/scripts/setup.sh" --no-build
   die "the tokenizer or the corpus is missing under $CACHE (see the fetch_data messages above)"
 log "building ds_prepare, ds_train and ds_serve in $BUILD_DIR"
 cmake -S "$REPO" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null </dev/null
-cmake --build "$BUILD_DIR" -j"$JOBS" --target ds_prepare ds_train ds_serve </dev/null
+cmake --build "$BUILD_DIR" -j"$JOBS" --target ds_prepare ds_train ds_generate ds_serve </dev/null
 BIN="$BUILD_DIR/tools"
 mkdir -p "$OUT"
 
@@ -106,6 +107,15 @@ rm -rf "$OUT/sft"
   --output_dir "$OUT/sft" --per_device_train_batch_size 8 --warmup_steps 10 \
   --max_steps "${SFT_STEPS:-400}" --logging_steps 50 --eval_steps 100 --save_steps 0 \
   --sample_tokens 0 "${ft[@]}"
+
+# --- before / after: the same question, rendered as the chatglm template renders it -------------------
+QUESTION=$'[Round 0]\n问：Who gave the State of the Union address of 1933?\n答：'
+for m in base sft; do
+  log "$m model, greedy: $(printf '%q' "$QUESTION")"
+  "$BIN/ds_generate" --model "$OUT/$m/hf_model" --prompt "$QUESTION" --temperature 0 \
+    --max_tokens 24 2>/dev/null
+  echo
+done
 
 # --- 6. serve and ask ------------------------------------------------------------------------------
 log "serving $OUT/sft/hf_model on 127.0.0.1:$PORT"
