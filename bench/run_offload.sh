@@ -9,7 +9,8 @@
 #
 # --big / --ram: "layers embd heads" of the offloaded model (default ~2.0B parameters) and of the
 # in-RAM one (default ~0.69B; 0.94B was killed by the OOM killer on 24 GiB). Needs ~30 GB free on --path (default build/offload_bench) for the
-# 2B model. Prints one BENCH line per run.
+# 2B model. Prints one BENCH line per run. OFFLOAD_ARGS="--buffer_count 6" passes options to the
+# offloaded run's bench_offload (its --help lists them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${DS_BUILD_DIR:-build}"
@@ -59,7 +60,8 @@ wbw=$(python3 -c "print(max($wbw, $wbw_small))")
 
 read -r L C H <<<"$big"
 "$BUILD_DIR/bench/bench_offload" --name "gpt-${L}x${C}" --layers "$L" --embd "$C" --heads "$H" \
-  --nvme "$path" --offload both --steps "$steps" --read_gbps "$rbw" --write_gbps "$wbw"
+  --nvme "$path" --offload both --steps "$steps" --read_gbps "$rbw" --write_gbps "$wbw" \
+  ${OFFLOAD_ARGS:-}
 read -r L C H <<<"$ram"
 "$BUILD_DIR/bench/bench_offload" --name "gpt-${L}x${C}" --layers "$L" --embd "$C" --heads "$H" \
   --offload none --fp32_grads --steps "$steps" --read_gbps "$rbw" --write_gbps "$wbw"

@@ -114,7 +114,7 @@ std::vector<PipeBatch> PipelineEngine::load(const std::function<PipeBatch()>& ne
 
 void PipelineEngine::agree_on_shapes(const std::vector<PipeBatch>& batches, int micro_batches,
                                      const char* what) {
-  const int p = num_stages(), s = stage_id();
+  const int p = num_stages();
   int64_t mine[6] = {-1, -1, hidden_, micro_batches, 0, static_cast<int64_t>(act_dtype_)};
   if (!batches.empty()) {
     const Tensor& ref = stage_->is_first_stage() ? batches[0].inputs : batches[0].targets;
@@ -158,7 +158,6 @@ void PipelineEngine::agree_on_shapes(const std::vector<PipeBatch>& batches, int 
            "[pipeline] {}: stage 0's inputs are ({}, {}) but stage {}'s targets are ({}, {}); the "
            "first and the last stage must be given the same micro-batches",
            what, at(0, 0), at(0, 1), p - 1, at(p - 1, 0), at(p - 1, 1));
-  (void)s;
   batch_ = at(0, 0);
   seq_ = at(0, 1);
 }

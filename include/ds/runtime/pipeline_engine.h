@@ -107,13 +107,8 @@ class PipelineEngine {
   const PipelineTimes& last_times() const { return times_; }
 
  private:
-  struct Shape4 {  // what the stages agree on before a schedule runs
-    int64_t batch = -1, seq = -1;  // from the micro-batches (first and last stage), else -1
-    int64_t hidden = 0;            // the hidden size this stage sends and receives
-    int64_t micro_batches = 0;
-    int64_t bad_batches = 0;  // 1: the micro-batches of this stage differ in shape
-    int64_t dtype = 0;
-  };
+  // All-gathers each stage's (B, T, C, micro-batch count, dtype) over the pipe group and checks
+  // them; the same error on every rank. Sets batch_ and seq_.
   void agree_on_shapes(const std::vector<PipeBatch>& batches, int micro_batches, const char* what);
   void sync_tied_weight();
   std::vector<PipeBatch> load(const std::function<PipeBatch()>& next, int count);
