@@ -3,6 +3,8 @@
 // which the server must still answer.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+
+#include <chrono>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -367,7 +369,26 @@ TEST_F(ServeHttp, MetricsCountRequestsTokensAndLatency) {
               std::string::npos);
     return parse_metrics(r->body);
   };
-  const auto before = scrape();
+  // A reply is counted by httplib's logger after its last byte is sent, so the client may see a
+  // reply (the previous test's, or the 404 below) before it is counted: scrape until two scrapes
+  // 50 ms apart agree (the /metrics route's own counter aside).
+  auto settled = [&] {
+    auto prev = scrape();
+    for (int i = 0; i < 40; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      auto cur = scrape();
+      bool same = cur.size() == prev.size();
+      for (const auto& [k, v] : cur) {
+        if (k.find("route=\"/metrics\"") != std::string::npos) continue;
+        auto it = prev.find(k);
+        same = same && it != prev.end() && it->second == v;
+      }
+      if (same) return cur;
+      prev = cur;
+    }
+    return prev;
+  };
+  const auto before = settled();
   auto [st, j] = post("/v1/completions", R"({"prompt": "metrics", "max_tokens": 5,
                                               "temperature": 0})");
   ASSERT_EQ(st, 200) << j.dump();
@@ -376,7 +397,7 @@ TEST_F(ServeHttp, MetricsCountRequestsTokensAndLatency) {
   auto nf = c.Get("/no/such/route");
   ASSERT_TRUE(nf);
   ASSERT_EQ(nf->status, 404);
-  const auto after = scrape();
+  const auto after = settled();
   auto delta = [&](const std::string& key) {
     auto a = after.find(key);
     auto b = before.find(key);
