@@ -387,7 +387,22 @@ TEST(PipelineTraining, ShapeMismatchFailsOnEveryRankNamingBothStages) {
     EXPECT_NE(msg.find(fmt::format("stage {}'s targets are (3, 16)", n - 1)), std::string::npos)
         << msg;
   }
-  // The engine is still usable after the refused batch.
+  // A data error on the last stage (next() throws) reaches every stage as an error.
+  try {
+    pipe.train_batch([&]() -> runtime::PipeBatch {
+      if (s == n - 1) throw Error("[data] shard 3 is damaged");
+      auto [x, y] = batch(0, 2, c.vocab_size);
+      return runtime::PipeBatch{x, y};
+    });
+    ADD_FAILURE() << "not refused";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(fmt::format("stage {} could not load its micro-batches", n - 1)),
+              std::string::npos)
+        << msg;
+    if (s == n - 1) EXPECT_NE(msg.find("shard 3 is damaged"), std::string::npos) << msg;
+  }
+  // The engine is still usable after the refused batches.
   const float loss = pipe.train_batch([&] {
     auto [x, y] = batch(0, 2, c.vocab_size);
     return runtime::PipeBatch{x, y};

@@ -113,10 +113,12 @@ std::vector<PipeBatch> PipelineEngine::load(const std::function<PipeBatch()>& ne
 }
 
 void PipelineEngine::agree_on_shapes(const std::vector<PipeBatch>& batches, int micro_batches,
-                                     const char* what) {
+                                     const char* what, const std::string& load_error) {
   const int p = num_stages();
   int64_t mine[6] = {-1, -1, hidden_, micro_batches, 0, static_cast<int64_t>(act_dtype_)};
-  if (!batches.empty()) {
+  if (!load_error.empty()) {
+    mine[4] = 2;  // next() threw here: every stage learns it below instead of waiting
+  } else if (!batches.empty()) {
     const Tensor& ref = stage_->is_first_stage() ? batches[0].inputs : batches[0].targets;
     for (const PipeBatch& b : batches) {
       const Tensor& t = stage_->is_first_stage() ? b.inputs : b.targets;
@@ -134,6 +136,16 @@ void PipelineEngine::agree_on_shapes(const std::vector<PipeBatch>& batches, int 
   topology_->pipeline()->all_gather(mine, all.data(), 6, DType::i64,
                                     std::string("pipeline ") + what + " shapes");
   auto at = [&](int stage, int field) { return all[static_cast<size_t>(6 * stage + field)]; };
+  for (int k = 0; k < p; ++k) {
+    if (at(k, 4) == 2) {
+      if (k == stage_id())
+        DS_THROW("[pipeline] {}: stage {} could not load its micro-batches: {}", what, k,
+                 load_error);
+      DS_THROW("[pipeline] {}: stage {} could not load its micro-batches (its own error names "
+               "the cause)",
+               what, k);
+    }
+  }
   for (int k = 0; k < p; ++k) {
     DS_CHECK(at(k, 4) == 0,
              "[pipeline] {}: the micro-batches given to stage {} are not all (B, T) int tensors of "
@@ -189,8 +201,14 @@ float PipelineEngine::train_batch(const std::function<PipeBatch()>& next) {
   const int m = static_cast<int>(engine_->config().batch.gradient_accumulation_steps);
   const int p = num_stages(), s = stage_id();
   const bool first = stage_->is_first_stage(), last = stage_->is_last_stage();
-  std::vector<PipeBatch> batches = load(next, m);
-  agree_on_shapes(batches, m, "train_batch");
+  std::vector<PipeBatch> batches;
+  std::string load_error;
+  try {
+    batches = load(next, m);
+  } catch (const std::exception& e) {
+    load_error = e.what();
+  }
+  agree_on_shapes(batches, m, "train_batch", load_error);
   auto& pipe = *topology_->pipeline();
   const std::string ctx = fmt::format("step {} pipeline", engine_->global_steps() + 1);
   // Dropout: stage 0's sample positions, and each forward where the whole model's would be.
@@ -332,8 +350,14 @@ float PipelineEngine::eval_batch(const std::function<PipeBatch()>& next, int mic
            micro_batches);
   const int m = micro_batches, p = num_stages(), s = stage_id();
   const bool first = stage_->is_first_stage(), last = stage_->is_last_stage();
-  std::vector<PipeBatch> batches = load(next, m);
-  agree_on_shapes(batches, m, "eval_batch");
+  std::vector<PipeBatch> batches;
+  std::string load_error;
+  try {
+    batches = load(next, m);
+  } catch (const std::exception& e) {
+    load_error = e.what();
+  }
+  agree_on_shapes(batches, m, "eval_batch", load_error);
   auto& pipe = *topology_->pipeline();
   const std::string ctx = fmt::format("eval after step {} pipeline", engine_->global_steps());
   std::vector<Tensor> in(m), out(m);  // out: kept until its send completed

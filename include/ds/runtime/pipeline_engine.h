@@ -15,7 +15,8 @@
 // stages never call it. Before the schedule runs, the stages agree on the micro-batch shape over
 // the pipeline group (an all-gather), so a mismatch between stages (different batch shapes on the
 // first and last stage, a hidden size one stage does not expect, different accumulation steps) is
-// the same error on every rank, naming both stages, instead of a hang.
+// the same error on every rank, naming both stages, instead of a hang. A next() that throws on the
+// first or last stage is agreed on the same way: every stage raises.
 //
 // Activations and their gradients travel point to point (asynchronous sends, waited receives) to
 // the neighbouring stage with the same data and tensor coordinates. The loss: the last stage
@@ -107,9 +108,10 @@ class PipelineEngine {
   const PipelineTimes& last_times() const { return times_; }
 
  private:
-  // All-gathers each stage's (B, T, C, micro-batch count, dtype) over the pipe group and checks
-  // them; the same error on every rank. Sets batch_ and seq_.
-  void agree_on_shapes(const std::vector<PipeBatch>& batches, int micro_batches, const char* what);
+  // All-gathers each stage's (B, T, C, micro-batch count, dtype, whether next() failed) over the
+  // pipe group and checks them; the same error on every rank. Sets batch_ and seq_.
+  void agree_on_shapes(const std::vector<PipeBatch>& batches, int micro_batches, const char* what,
+                       const std::string& load_error);
   void sync_tied_weight();
   std::vector<PipeBatch> load(const std::function<PipeBatch()>& next, int count);
   float aggregate_loss(double loss_sum, int micro_batches);

@@ -7,8 +7,7 @@
 //   auto parts = ds::runtime::partition_layers(layers, /*num_stages=*/2, "parameters");
 //   // stage s runs layers [parts[s], parts[s + 1])
 //
-// This is the first piece of pipeline parallelism; the pipeline engine itself (1F1B schedule,
-// activations sent between stages) is not written yet (docs/parallelism.md).
+// The pipeline engine (pipeline_engine.h) trains the stages this assigns (docs/parallelism.md).
 #include <cstdint>
 #include <string>
 #include <vector>
