@@ -75,6 +75,15 @@ class DsTrain : public ::testing::Test {
     log_ = read(log);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
+  // The values column of a metrics CSV (header skipped).
+  static std::vector<double> values(const fs::path& f) {
+    std::vector<double> v;
+    std::istringstream in(read(f));
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) v.push_back(std::stod(line.substr(line.rfind(',') + 1)));
+    return v;
+  }
   static std::string read(const fs::path& p) {
     std::ifstream f(p);
     return {std::istreambuf_iterator<char>(f), {}};
@@ -309,14 +318,6 @@ TEST_F(DsTrain, TensorParallelTrainsAsOneProcess) {
       << log_;
   EXPECT_NE(log_.find("tp=2"), std::string::npos) << log_;
   EXPECT_TRUE(fs::exists(two / "global_step4" / "mp_rank_01_model_states.safetensors")) << log_;
-  auto values = [&](const fs::path& f) {
-    std::vector<double> v;
-    std::istringstream in(read(f));
-    std::string line;
-    std::getline(in, line);  // header
-    while (std::getline(in, line)) v.push_back(std::stod(line.substr(line.rfind(',') + 1)));
-    return v;
-  };
   for (const char* f : {"Train_Samples_train_loss", "Train_Samples_grad_norm",
                         "Eval_Samples_eval_loss"}) {
     const auto a = values(one / "metrics" / (std::string(f) + ".csv")),
@@ -380,14 +381,6 @@ TEST_F(DsTrain, PipelineTrainsAsOneProcess) {
   EXPECT_NE(log_.find("stage 1: layers ["), std::string::npos) << log_;
   EXPECT_NE(log_.find("rank:(pipe,data,tensor) 0:(0,0,0) 1:(1,0,0)"), std::string::npos) << log_;
   EXPECT_EQ(read(two / "latest"), "global_step4\n");
-  auto values = [&](const fs::path& f) {
-    std::vector<double> v;
-    std::istringstream in(read(f));
-    std::string line;
-    std::getline(in, line);  // header
-    while (std::getline(in, line)) v.push_back(std::stod(line.substr(line.rfind(',') + 1)));
-    return v;
-  };
   for (const char* f : {"Train_Samples_train_loss", "Train_Samples_grad_norm",
                         "Eval_Samples_eval_loss"}) {
     const auto a = values(one / "metrics" / (std::string(f) + ".csv")),
