@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -23,6 +24,7 @@
 #include "ds/io/swap_dir.h"
 #include "ds/models/gpt.h"
 #include "ds/nn/module.h"
+#include "ds/ops/ops.h"
 #include "ds/runtime/engine.h"
 
 using namespace ds;
@@ -227,6 +229,8 @@ struct RunSpec {
   // "optimizer" (offload_optimizer only), "params" (offload_param only) or "both".
   std::string what = "optimizer";
   int64_t max_in_cpu = 0;
+  double clip = 0.5;  // gradient_clipping; 0 lets stage 3 step the optimizer during backward
+  int gas = 1;        // gradient_accumulation_steps
   // Stage 3: build the model piecewise (nn::PartitionedInit), as ds_train does; with the optimizer
   // state on NVMe its initial values then go straight to the swap files, sub-group by sub-group.
   bool piecewise = false;
@@ -250,13 +254,13 @@ std::string config(const RunSpec& r) {
                         "buffer_count": 2, "buffer_size": 1500, "max_in_cpu": {}}})",
                        r.nvme, r.max_in_cpu);
   if (!off.empty()) off += R"(, "sub_group_size": 3000)";
-  return fmt::format(R"({{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-    "gradient_clipping": 0.5, {}
+  return fmt::format(R"({{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": {},
+    "gradient_clipping": {}, {}
     "aio": {{"block_size": 8192, "queue_depth": 4}},
     "zero_optimization": {{"stage": {}, "reduce_bucket_size": 4000,
       "stage3_param_persistence_threshold": 100{}}},
     "optimizer": {{"type": "AdamW", "params": {{"lr": 5e-3, "weight_decay": 0.1}}}}}})",
-                     prec, r.stage, off);
+                     r.gas, r.clip, prec, r.stage, off);
 }
 
 std::unique_ptr<runtime::Engine> engine(const RunSpec& r, std::vector<std::string>* log = nullptr) {
@@ -377,6 +381,85 @@ INSTANTIATE_TEST_SUITE_P(Modes, OffloadParams,
                            return fmt::format("{}_{}_cpu{}", std::get<0>(info.param),
                                               std::get<1>(info.param), std::get<2>(info.param));
                          });
+
+// Stage 3 offloaded without gradient clipping steps each sub-group during backward, as soon as its
+// gradients are final, top down, then the rest bottom up after backward (strategy.h): the same
+// losses and weights as in RAM, bitwise, with gradient accumulation too. The step really ran
+// during backward: some sub-groups were stepped before their backward ended.
+struct InBackwardCase {
+  std::string what, precision;
+  int gas;
+};
+
+class OffloadStepInBackward : public ::testing::TestWithParam<InBackwardCase> {};
+
+TEST_P(OffloadStepInBackward, SameLossesAsInRamBitwise) {
+  const InBackwardCase c = GetParam();
+  const fs::path nvme = scratch(fmt::format("in_backward_{}_{}_{}", c.what, c.precision, c.gas));
+  RunSpec ref{3, c.precision};
+  ref.clip = 0;
+  ref.gas = c.gas;
+  auto ram = engine(ref);
+  const auto want = train(*ram, 12);
+  RunSpec spec = ref;
+  spec.nvme = nvme.string();
+  spec.what = c.what;
+  spec.piecewise = c.what != "params";
+  std::vector<std::string> log;
+  auto off = engine(spec, &log);
+  EXPECT_EQ(train(*off, 12), want) << config(spec);
+  off->synchronize();
+  auto wa = ram->full_weights(), wb = off->full_weights();
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t i = 0; i < wa.size(); ++i)
+    EXPECT_EQ(wa[i].second.to_vector(), wb[i].second.to_vector()) << wa[i].first;
+  // The reported norm is the same sum taken in sub-group pieces.
+  EXPECT_NEAR(off->last_grad_norm(), ram->last_grad_norm(), 1e-5 * ram->last_grad_norm());
+  std::string all;
+  for (const auto& m : log) all += m + "\n";
+  if (off->rank() == 0) expect_contains(all, {"steps each sub-group during backward"});
+  EXPECT_GT(off->strategy().offload_stats().stepped_in_backward, 0)
+      << "no sub-group was stepped while its backward ran";
+  // DS_OFFLOAD_STEP_IN_BACKWARD=0 steps after backward: the same losses again.
+  EnvGuard after("DS_OFFLOAD_STEP_IN_BACKWARD", "0");
+  auto later = engine(spec);
+  EXPECT_EQ(train(*later, 4), std::vector<float>(want.begin(), want.begin() + 4));
+  EXPECT_EQ(later->strategy().offload_stats().stepped_in_backward, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, OffloadStepInBackward,
+                         ::testing::Values(InBackwardCase{"both", "bf16", 1},
+                                           InBackwardCase{"both", "bf16-grads", 2},
+                                           InBackwardCase{"optimizer", "fp32", 1},
+                                           InBackwardCase{"params", "bf16", 2}),
+                         [](const auto& info) {
+                           std::string p = info.param.precision;
+                           std::replace(p.begin(), p.end(), '-', '_');
+                           return fmt::format("{}_{}_gas{}", info.param.what, p, info.param.gas);
+                         });
+
+// A non-finite gradient cannot be skipped once the step ran during backward: the run stops on
+// every rank with a message that says how to get skipping back.
+TEST(OffloadStepInBackward, NonFiniteGradientStopsEveryRank) {
+  const fs::path nvme = scratch("in_backward_nan");
+  RunSpec spec{3, "bf16", nvme.string()};
+  spec.clip = 0;
+  spec.what = "both";
+  auto e = engine(spec);
+  train(*e, 2);
+  const int n = e->world_size(), r = e->rank();
+  Tensor x = Tensor::empty({2, kT}, DType::i32), y = Tensor::empty({2, kT}, DType::i32);
+  for (int64_t i = 0; i < 2; ++i)
+    sample_tokens(i + r * 2 + n, x.data<int32_t>() + i * kT, y.data<int32_t>() + i * kT);
+  Tensor loss = e->forward(x, y);
+  e->backward(ops::mul(loss, std::numeric_limits<float>::infinity()));
+  try {
+    e->step();
+    FAIL() << "a non-finite gradient norm was accepted";
+  } catch (const Error& err) {
+    expect_contains(err.what(), {"step 3", "not finite", "DS_OFFLOAD_STEP_IN_BACKWARD=0"});
+  }
+}
 
 TEST(OffloadOptions, PartialRatioSyncRingAndThreadPoolAgree) {
   const fs::path nvme = scratch("ratio");
@@ -530,12 +613,17 @@ TEST(OffloadFaults, Stage3BackgroundStepAndGatherFailuresReachEveryRank) {
         expect_contains(err.what(), {fmt::format("failed on rank {}", size - 1)});
     }
   };
-  // The first forward's gathers read the pieces: the read fails, the backward reports it.
-  fails_on_every_rank("read:EIO:0", 1, {"EIO", "params.swp", "reading parameter"});
-  // The first optimizer step (in the background) cannot write the state back; the second step's
-  // backward reports it.
-  fails_on_every_rank(fmt::format("write:ENOSPC:{}", initial_state), 2,
-                      {"ENOSPC", "optimizer_state.swp", "optimizer step"});
+  // With clipping the step runs during the next forward; without, from the backward on.
+  for (double clip : {0.5, 0.0}) {
+    SCOPED_TRACE(fmt::format("gradient_clipping {}", clip));
+    run.clip = clip;
+    // The first forward's gathers read the pieces: the read fails, the backward reports it.
+    fails_on_every_rank("read:EIO:0", 1, {"EIO", "params.swp", "reading parameter"});
+    // The first optimizer step (in the background) cannot write the state back; the second
+    // step's backward reports it.
+    fails_on_every_rank(fmt::format("write:ENOSPC:{}", initial_state), 2,
+                        {"ENOSPC", "optimizer_state.swp", "optimizer step"});
+  }
 }
 
 TEST(OffloadConfig, RefusalsNameTheKey) {

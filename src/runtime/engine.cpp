@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <limits>
 #include <set>
@@ -229,9 +230,39 @@ Tensor Engine::eval_loss(const Tensor& inputs, const Tensor& targets) {
   return loss;
 }
 
+bool Engine::steps_in_backward() const {
+  // Each sub-group may be updated as soon as its gradients are final when nothing global (the
+  // norm for clipping, the fp16 overflow check) must be known first.
+  const char* env = std::getenv("DS_OFFLOAD_STEP_IN_BACKWARD");
+  return config_.gradient_clipping <= 0 && !config_.fp16.enabled &&
+         zero_->can_step_in_backward() && !(env && std::string(env) == "0");
+}
+
+void Engine::set_optimizer_schedule() {
+  optimizer_->set_lr(static_cast<float>(scheduler_.get_lr()));
+  if (auto beta1 = scheduler_.get_beta1())
+    optimizer_->set_betas(static_cast<float>(*beta1),
+                          static_cast<float>(LRScheduler::kOneCycleBeta2));
+}
+
 void Engine::backward(const Tensor& loss) {
   DS_CHECK(loss.defined() && loss.numel() == 1, "[engine] backward() needs the scalar loss");
   const double gas = static_cast<double>(config_.batch.gradient_accumulation_steps);
+  if (is_gradient_accumulation_boundary() && steps_in_backward()) {
+    if (!logged_step_in_backward_) {
+      logged_step_in_backward_ = true;
+      log("[offload] the optimizer steps each sub-group during backward, as soon as its gradients "
+          "are final (no gradient_clipping, no fp16 loss scaling), so its NVMe traffic overlaps "
+          "backward and forward. A non-finite gradient then stops the run instead of skipping "
+          "the step; set DS_OFFLOAD_STEP_IN_BACKWARD=0 (or gradient_clipping) to step after "
+          "backward");
+    }
+    set_optimizer_schedule();
+    // No clipping: the factor does not depend on the norm.
+    const ClipCoefficient clip = unscale_and_clip_coefficient(0.0, scaler_.scale(), 0.0);
+    zero_->plan_step_in_backward(*optimizer_,
+                                 static_cast<float>(clip.factor * zero_->grad_post_scale()));
+  }
   zero_->begin_backward(is_gradient_accumulation_boundary(), step_label());
   ops::mul(loss.dtype() == DType::f32 ? loss : ops::cast(loss, DType::f32),
            static_cast<float>(scaler_.scale() / gas))
@@ -277,14 +308,39 @@ bool Engine::step() {
   if (!boundary) return false;
 
   const std::string ctx = step_label();
-  Tensor g = zero_->reduced_gradients(ctx);
-  const double sq = zero_->global_sum_of_squares(g, ctx);
+  // The step may already be under way since backward (steps_in_backward()).
+  const bool in_backward = zero_->stepping_in_backward();
+  Tensor g;
+  double sq = 0;
+  if (in_backward) {
+    sq = zero_->step_in_backward_sum_of_squares(ctx);
+  } else {
+    g = zero_->reduced_gradients(ctx);
+    sq = zero_->global_sum_of_squares(g, ctx);
+  }
   const double scale = scaler_.scale();
   // The buffers hold prescale * sum over ranks; the average is that times grad_post_scale.
   const double norm_scaled = std::sqrt(sq) * zero_->grad_post_scale();
   const bool overflow = !std::isfinite(norm_scaled);
   last_grad_norm_ = norm_scaled / scale;
   ++global_steps_;
+
+  if (in_backward) {
+    // The norm is global: every rank stops here together.
+    DS_CHECK(!overflow,
+             "[engine] step {}: the gradient norm is not finite (inf/NaN in the gradients), and "
+             "the optimizer had already applied them during backward (no gradient_clipping: "
+             "docs/offload.md). Resume from the last checkpoint with DS_OFFLOAD_STEP_IN_BACKWARD=0 "
+             "or gradient_clipping set, so that such a step is skipped; lower the learning rate or "
+             "check the data",
+             global_steps_);
+    last_step_skipped_ = false;
+    consecutive_skips_ = 0;
+    zero_->after_step(ctx);
+    scheduler_.step();
+    zero_->zero_grads();
+    return true;
+  }
 
   bool skip = false;
   if (config_.fp16.enabled && scaler_.dynamic()) {
@@ -314,10 +370,7 @@ bool Engine::step() {
   // Unscale, average and clip in one factor (reference §5).
   const ClipCoefficient clip =
       unscale_and_clip_coefficient(norm_scaled, scale, config_.gradient_clipping);
-  optimizer_->set_lr(static_cast<float>(scheduler_.get_lr()));
-  if (auto beta1 = scheduler_.get_beta1())
-    optimizer_->set_betas(static_cast<float>(*beta1),
-                          static_cast<float>(LRScheduler::kOneCycleBeta2));
+  set_optimizer_schedule();
   zero_->optimizer_step(*optimizer_, g, static_cast<float>(clip.factor * zero_->grad_post_scale()),
                         ctx);
   zero_->after_step(ctx);

@@ -209,10 +209,12 @@ class Stage3Strategy final : public Strategy {
     // The background step (which owns the gradients until it ends) is done, and an I/O failure
     // anywhere reaches every rank before the gradients are reduced.
     synchronize(ctx);
-    prefetch_optimizer_state(boundary);
+    // A step planned for this backward starts now (its worker reads the state ahead itself).
+    if (!(boundary && start_planned_step(ctx))) prefetch_optimizer_state(boundary);
   }
   void end_backward() override {
     finish_reductions(0);
+    backward_finished();
     trace_.end_micro_step();
   }
 
@@ -320,14 +322,18 @@ class Stage3Strategy final : public Strategy {
     }
   }
 
-  // Offloaded: the optimizer steps on a worker while the next forward runs (strategy.h).
+  // Offloaded: the optimizer steps on a worker while the next forward runs, or from the backward
+  // on when no clipping needs the norm first (strategy.h). With tensor parallelism the norm needs
+  // the replicated parameters apart: not during backward.
   bool background_steps() const override { return background_; }
+  bool can_step_in_backward() const override { return background_ && !tp_; }
   void chunks_starting() override {
-    if (param_file_) param_file_->begin_pass();
+    if (param_file_) param_file_->take_durable();  // the writes before this step
   }
-  int64_t chunk_stepped(const StateChunk& c) override {
+  std::vector<std::pair<int64_t, int64_t>> chunk_stepped(const StateChunk& c) override {
     if (background_) grads_part_.flat_range(c.begin, c.numel).zero_();
-    return param_file_ ? param_file_->durable_end() : c.begin + c.numel;
+    if (param_file_) return param_file_->take_durable();
+    return {{c.begin, c.begin + c.numel}};
   }
 
   void on_attached() override {
@@ -371,11 +377,11 @@ class Stage3Strategy final : public Strategy {
     const int count = static_cast<int>(params_.size());
     int j = backward ? *std::min_element(params.begin(), params.end()) - 1
                      : *std::max_element(params.begin(), params.end()) + 1;
-    const int64_t written = stepped_end();  // a background step may still be writing the rest
     for (; j >= 0 && j < count; j += backward ? -1 : 1) {
       const auto& sp = params_[static_cast<size_t>(j)];
       if (sp.persistent || sp.full->is_materialized() || param_file_->staged(j)) continue;
-      if (sp.shard_offset + sp.part > written) break;
+      // A background step may still be writing its new values.
+      if (!stepped(sp.shard_offset, sp.shard_offset + sp.part)) break;
       if (param_file_->staged_elements() + sp.part > param_file_->budget()) break;
       param_file_->prefetch(j, sp.shard_offset, sp.part);
     }
@@ -389,7 +395,7 @@ class Stage3Strategy final : public Strategy {
              "NVMe its initial values are written there",
              name);
     // A background step writes the new values of this piece first.
-    wait_stepped(sp.shard_offset + sp.part);
+    wait_stepped(sp.shard_offset, sp.shard_offset + sp.part);
     sp.full->materialize();
     const size_t esz = dtype_size(options_.train_dtype);
     const char* src = nullptr;
@@ -523,6 +529,9 @@ class Stage3Strategy final : public Strategy {
       const auto& sp = params_[static_cast<size_t>(pending.param)];
       ops::add_(grads_part_.flat_range(sp.shard_offset + pending.offset, pending.out.numel()),
                 pending.out);
+      // The piece's last chunk: its gradient is final (a step during backward may take it).
+      if (pending.offset + pending.out.numel() == sp.part)
+        grads_final(sp.shard_offset, sp.shard_offset + sp.part);
     }
     in_flight_.erase(in_flight_.begin(), in_flight_.begin() + static_cast<std::ptrdiff_t>(done));
   }

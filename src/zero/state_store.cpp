@@ -11,6 +11,17 @@ namespace ds::zero {
 
 StateStore::~StateStore() = default;
 
+int64_t StateStore::chunks() const {
+  const int64_t s = chunk_numel();
+  return std::max<int64_t>(1, (numel() + s - 1) / s);
+}
+
+void StateStore::for_each(Access access, const std::function<void(const StateChunk&)>& fn) {
+  const int64_t n = chunks();
+  int64_t next = 0;
+  for_each(access, [&]() -> int64_t { return next < n ? next++ : -1; }, fn);
+}
+
 namespace {
 
 class HostStateStore final : public StateStore {
@@ -28,18 +39,22 @@ class HostStateStore final : public StateStore {
     return out;
   }
 
-  void for_each(Access, const std::function<void(const StateChunk&)>& fn) override {
+  int64_t chunk_numel() const override { return std::max<int64_t>(chunk_, 1); }
+  using StateStore::for_each;
+  void for_each(Access, const ChunkOrder& order,
+                const std::function<void(const StateChunk&)>& fn) override {
     // SGD without momentum has no buffer; with momentum set later its buffer appears on demand.
     const auto buffers = opt_.state_buffers();
     const int64_t n = master_.numel();
-    for (int64_t b = 0; b < n || b == 0; b += chunk_) {
+    for (int64_t k = order(); k >= 0; k = order()) {
       StateChunk c;
-      c.begin = b;
-      c.numel = std::min(chunk_, n - b);
-      c.master = master_.data<float>() + b;
-      for (const auto& sb : buffers) c.states.push_back(sb.data + b);
+      c.begin = k * chunk_numel();
+      c.numel = std::min(chunk_numel(), n - c.begin);
+      DS_CHECK(c.begin <= n && (c.numel > 0 || n == 0),
+               "[zero] internal: sub-group {} is outside the optimizer range", k);
+      c.master = master_.data<float>() + c.begin;
+      for (const auto& sb : buffers) c.states.push_back(sb.data + c.begin);
       fn(c);
-      if (n == 0) break;
     }
   }
 

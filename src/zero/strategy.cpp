@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "ds/backend/backend.h"
@@ -51,14 +52,21 @@ double Strategy::global_sum_of_squares(const Tensor& g, const std::string& ctx) 
   DS_CHECK(is_floating(g.dtype()) && g.numel() == opt_numel_ && g.is_contiguous(),
            "[zero] the gradients for the norm must be ({},) floating point, got {} {}", opt_numel_,
            shape_str(g.shape()), dtype_name(g.dtype()));
-  double sq = backend::get(g.device()).sum_of_squares(g);
+  double sq = local_sum_of_squares(g);
   if (tp_) {
     // Parameters whole on every tp rank are counted 1/tp times here, so once over the tp group.
     double rep = 0.0;
-    for (auto [a, z] : tp_replicated_)
-      rep += backend::get(g.device()).sum_of_squares(g.flat_range(a, z - a));
+    for (auto [a, z] : tp_replicated_) rep += local_sum_of_squares(g.flat_range(a, z - a));
     sq -= rep * (1.0 - 1.0 / tp_->size());
   }
+  return reduce_sum_of_squares(sq, ctx);
+}
+
+double Strategy::local_sum_of_squares(const Tensor& g) const {
+  return backend::get(g.device()).sum_of_squares(g);
+}
+
+double Strategy::reduce_sum_of_squares(double sq, const std::string& ctx) {
   if (partitioned_) {
     // Global norm over the partitions; inf/NaN on any rank reaches every rank through the sum.
     float part = static_cast<float>(sq);
@@ -140,6 +148,8 @@ Strategy::OffloadStats Strategy::offload_stats() const {
   // The training thread's waits: the store's own when it steps on this thread, else the waits for
   // the background step.
   o.wait_seconds = (background_steps() ? 0.0 : s.io_wait_seconds) + step_wait_seconds();
+  std::lock_guard<std::mutex> lock(step_mu_);
+  o.stepped_in_backward = stepped_in_backward_;
   return o;
 }
 
@@ -164,28 +174,10 @@ void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float 
            "synchronize() first", ctx);
   if (background_steps()) {
     opt.begin_step();
-    {
-      std::lock_guard<std::mutex> lock(step_mu_);
-      step_running_ = true;
-      stepped_end_ = 0;
-    }
-    step_thread_ = std::thread([this, &opt, grads, grad_scale, ctx] {
-      limit_this_thread(1);  // the cores belong to the forward's kernels; this thread mostly waits
-      std::string error;
-      try {
-        step_chunks(opt, grads, grad_scale, /*background=*/true);
-      } catch (const std::exception& e) {
-        error = fmt::format("[zero] rank {}, {}, optimizer step on NVMe-offloaded state: {}",
-                            group_->rank(), ctx, e.what());
-      }
-      {
-        std::lock_guard<std::mutex> lock(step_mu_);
-        if (!error.empty() && failure_.empty()) failure_ = error;
-        step_running_ = false;
-        stepped_end_ = opt_numel_;
-      }
-      step_cv_.notify_all();
-    });
+    const int64_t n = state().chunks();
+    auto next = std::make_shared<int64_t>(0);
+    start_worker(opt, grads, grad_scale, ctx,
+                 [next, n]() -> int64_t { return *next < n ? (*next)++ : -1; });
     return;
   }
   // Synchronous: a failed read or write on one rank must not leave the others waiting in the
@@ -193,7 +185,7 @@ void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float 
   std::string error;
   try {
     opt.begin_step();
-    step_chunks(opt, grads, grad_scale, /*background=*/false);
+    step_chunks(opt, grads, grad_scale, /*background=*/false, ChunkOrder());
   } catch (const Error& e) {
     error = fmt::format("[zero] rank {}, {}, optimizer step on NVMe-offloaded state: {}",
                         group_->rank(), ctx, e.what());
@@ -201,8 +193,34 @@ void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float 
   comm::raise_if_any_failed(*group_, error, ctx + ": optimizer step on NVMe-offloaded state");
 }
 
+void Strategy::start_worker(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
+                            const std::string& ctx, ChunkOrder order) {
+  {
+    std::lock_guard<std::mutex> lock(step_mu_);
+    step_running_ = true;
+    chunk_ = state().chunk_numel();
+    readable_.assign(static_cast<size_t>(state().chunks()), 0);
+  }
+  step_thread_ = std::thread([this, &opt, grads, grad_scale, ctx, order = std::move(order)] {
+    limit_this_thread(1);  // the cores belong to the forward's kernels; this thread mostly waits
+    std::string error;
+    try {
+      step_chunks(opt, grads, grad_scale, /*background=*/true, order);
+    } catch (const std::exception& e) {
+      error = fmt::format("[zero] rank {}, {}, optimizer step on NVMe-offloaded state: {}",
+                          group_->rank(), ctx, e.what());
+    }
+    {
+      std::lock_guard<std::mutex> lock(step_mu_);
+      if (!error.empty() && failure_.empty()) failure_ = error;
+      step_running_ = false;
+    }
+    step_cv_.notify_all();
+  });
+}
+
 void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
-                           bool background) {
+                           bool background, const ChunkOrder& order) {
   // One sub-group at a time, as the state streams in. 16-bit gradients are widened per sub-group
   // (no full fp32 copy); new parameters go to params16() or, on NVMe, to the swap file as soon as
   // their sub-group is stepped.
@@ -210,8 +228,16 @@ void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float gra
   const DType out16_dtype = train != DType::f32 ? train : DType::bf16;
   const int64_t esize = static_cast<int64_t>(dtype_size(train));
   char* out16 = static_cast<char*>(params16());
+  const bool in_backward = background && in_backward_.active;
   chunks_starting();
-  state().for_each(Access::Update, [&](const StateChunk& c) {
+  auto visit = [&](const StateChunk& c) {
+    if (in_backward) {
+      // Stepped during backward: only once its gradients are final.
+      const auto k = static_cast<size_t>(c.begin / state().chunk_numel());
+      std::unique_lock<std::mutex> lock(step_mu_);
+      step_cv_.wait(lock, [&] { return in_backward_.ready[k] != 0; });
+      if (!in_backward_.backward_done) ++stepped_in_backward_;
+    }
     const float* g = grads.dtype() == DType::f32 ? grads.data<float>() + c.begin
                                                  : widen_gradients(grads, c.begin, c.numel);
     void* out = params_on_nvme() ? params_out(c) : out16 ? out16 + c.begin * esize : nullptr;
@@ -222,30 +248,140 @@ void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float gra
         std::memcpy(out, c.master, static_cast<size_t>(c.numel) * sizeof(float));
       params_written(c);
     }
-    const int64_t ready = chunk_stepped(c);
+    const auto ready = chunk_stepped(c);
     if (background) {
       {
         std::lock_guard<std::mutex> lock(step_mu_);
-        stepped_end_ = std::max(stepped_end_, ready);
+        for (auto [b, e] : ready) mark_readable_locked(b, e);
       }
       step_cv_.notify_all();
     }
-  });
+  };
+  if (order)
+    state().for_each(Access::Update, order, visit);
+  else
+    state().for_each(Access::Update, visit);
   if (params_on_nvme()) params_flushed();
 }
 
-void Strategy::wait_stepped(int64_t end) {
+void Strategy::mark_readable_locked(int64_t begin, int64_t end) {
+  // A sub-group is readable once the whole of it is (the RAM part of the parameters may end
+  // inside one: its two writes are reported apart).
+  const auto n = static_cast<int64_t>(readable_.size());
+  for (int64_t k = begin / chunk_; k < n && k * chunk_ < end; ++k)
+    if (begin <= k * chunk_ && end >= std::min((k + 1) * chunk_, opt_numel_))
+      readable_[static_cast<size_t>(k)] = 1;
+}
+
+bool Strategy::readable_locked(int64_t begin, int64_t end) const {
+  if (!step_running_ || (in_backward_.active && !in_backward_.backward_done)) return true;
+  for (int64_t k = begin / chunk_; k * chunk_ < end; ++k)
+    if (!readable_[static_cast<size_t>(k)]) return false;
+  return true;
+}
+
+bool Strategy::stepped(int64_t begin, int64_t end) {
+  std::lock_guard<std::mutex> lock(step_mu_);
+  return readable_locked(begin, end);
+}
+
+void Strategy::wait_stepped(int64_t begin, int64_t end) {
   std::unique_lock<std::mutex> lock(step_mu_);
-  if (!step_running_ || stepped_end_ >= end) return;
+  if (readable_locked(begin, end)) return;
   const auto t0 = std::chrono::steady_clock::now();
-  step_cv_.wait(lock, [&] { return !step_running_ || stepped_end_ >= end; });
+  step_cv_.wait(lock, [&] { return readable_locked(begin, end); });
   step_wait_seconds_ +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-int64_t Strategy::stepped_end() {
-  std::lock_guard<std::mutex> lock(step_mu_);
-  return step_running_ ? stepped_end_ : opt_numel_;
+void Strategy::plan_step_in_backward(optim::Optimizer& opt, float grad_scale) {
+  DS_CHECK(can_step_in_backward(), "[zero] internal: this strategy cannot step during backward");
+  in_backward_.planned = &opt;
+  in_backward_.grad_scale = grad_scale;
+}
+
+bool Strategy::start_planned_step(const std::string& ctx) {
+  optim::Optimizer* opt = std::exchange(in_backward_.planned, nullptr);
+  if (!opt) return false;
+  DS_CHECK(!step_pending(), "[zero] {}: the previous optimizer step is still running", ctx);
+  const int64_t n = state().chunks(), chunk = state().chunk_numel();
+  Tensor grads = reduced_gradients(ctx);
+  {
+    std::lock_guard<std::mutex> lock(step_mu_);
+    InBackward& b = in_backward_;
+    b.active = true;
+    b.backward_done = false;
+    b.grads = grads;
+    b.pending.assign(static_cast<size_t>(n), 0);
+    for (int64_t k = 0; k < n; ++k)
+      b.pending[static_cast<size_t>(k)] = std::min(chunk, opt_numel_ - k * chunk);
+    b.ready.assign(static_cast<size_t>(n), 0);
+    b.squares.assign(static_cast<size_t>(n), 0.0);
+    b.low = 0;
+    b.high = n;
+  }
+  opt->begin_step();
+  // Top down while the backward runs, then bottom up: decided as the worker reads ahead.
+  start_worker(*opt, grads, in_backward_.grad_scale, ctx, [this]() -> int64_t {
+    std::lock_guard<std::mutex> lock(step_mu_);
+    InBackward& b = in_backward_;
+    if (b.low >= b.high) return -1;
+    return b.backward_done ? b.low++ : --b.high;
+  });
+  return true;
+}
+
+void Strategy::grads_final(int64_t begin, int64_t end) {
+  if (!in_backward_.active || in_backward_.backward_done) return;
+  const int64_t chunk = chunk_;
+  for (int64_t k = begin / chunk; k * chunk < end; ++k) {
+    const int64_t overlap = std::min(end, (k + 1) * chunk) - std::max(begin, k * chunk);
+    int64_t& left = in_backward_.pending[static_cast<size_t>(k)];  // training thread only
+    DS_CHECK(left >= overlap, "[zero] internal: gradients of [{}, {}) final twice", begin, end);
+    left -= overlap;
+    if (left == 0) chunk_final(k);
+  }
+}
+
+void Strategy::chunk_final(int64_t k) {
+  const int64_t b = k * chunk_, e = std::min(opt_numel_, b + chunk_);
+  // The worker does not touch a sub-group before it is ready: its gradients are the training
+  // thread's until then.
+  const double sq = local_sum_of_squares(in_backward_.grads.flat_range(b, e - b));
+  {
+    std::lock_guard<std::mutex> lock(step_mu_);
+    in_backward_.squares[static_cast<size_t>(k)] = sq;
+    in_backward_.ready[static_cast<size_t>(k)] = 1;
+  }
+  step_cv_.notify_all();
+}
+
+void Strategy::backward_finished() {
+  if (!in_backward_.active || in_backward_.backward_done) return;
+  // Sub-groups holding a parameter that got no gradient (unused in this forward) or padding.
+  for (size_t k = 0; k < in_backward_.pending.size(); ++k)
+    if (in_backward_.pending[k] > 0) {
+      in_backward_.pending[k] = 0;
+      chunk_final(static_cast<int64_t>(k));
+    }
+  {
+    std::lock_guard<std::mutex> lock(step_mu_);
+    in_backward_.backward_done = true;
+  }
+  step_cv_.notify_all();
+}
+
+double Strategy::step_in_backward_sum_of_squares(const std::string& ctx) {
+  DS_CHECK(in_backward_.active && in_backward_.backward_done,
+           "[zero] internal: no optimizer step ran in a finished backward");
+  double sq = 0.0;
+  for (double s : in_backward_.squares) sq += s;  // in sub-group order: deterministic
+  {
+    std::lock_guard<std::mutex> lock(step_mu_);
+    in_backward_.active = false;  // the worker read it when it started
+  }
+  in_backward_.grads = Tensor();
+  return reduce_sum_of_squares(sq, ctx);
 }
 
 void Strategy::record_failure(const std::string& what) {

@@ -102,7 +102,10 @@ class Engine {
   Tensor forward(const Tensor& inputs, const Tensor& targets);
   // Loss without a graph (evaluation); eval mode for the call.
   Tensor eval_loss(const Tensor& inputs, const Tensor& targets);
-  // Backpropagates loss * loss_scale / gradient_accumulation_steps into the flat gradients.
+  // Backpropagates loss * loss_scale / gradient_accumulation_steps into the flat gradients. With
+  // ZeRO-3 offload, no gradient_clipping and no fp16, the boundary micro-step's backward also
+  // starts the optimizer step, sub-group by sub-group as gradients become final (docs/offload.md);
+  // step() then completes it. DS_OFFLOAD_STEP_IN_BACKWARD=0 turns that off.
   void backward(const Tensor& loss);
   // A pipeline stage's backward (runtime/pipeline_engine.h): roots[i] receives grads[i], which
   // already carry the loss scale and 1/gradient_accumulation_steps (they come from the last
@@ -171,6 +174,10 @@ class Engine {
 
  private:
   void log(const std::string& line) const;
+  // Whether the boundary micro-step's backward starts the optimizer step (zero/strategy.h, "the
+  // optimizer step during backward"): offloaded stage 3, no gradient clipping, no fp16.
+  bool steps_in_backward() const;
+  void set_optimizer_schedule();  // the scheduler's lr (and OneCycle's beta1) into the optimizer
   std::string step_label() const;  // "step N" of the step being computed, for collectives
   void check_single_model_part(const char* what) const;  // refuses pp > 1 checkpoints
   // load_checkpoint's work: checks and reads this rank's files and streams its optimizer state,
@@ -194,6 +201,7 @@ class Engine {
   int consecutive_skips_ = 0;
   double last_grad_norm_;
   bool last_step_skipped_ = false;
+  bool logged_step_in_backward_ = false;
 };
 
 // The gradient accumulation dtype a config trains with: data_types.grad_accum_dtype when given;

@@ -19,7 +19,9 @@
 //
 // Chunks come in order of `begin`; a visitor sees each element once. Access::Read does not write
 // back; Update reads and writes back; Overwrite does not read (the visitor fills every element)
-// and writes back. The chunk's pointers are valid during the visit only.
+// and writes back. The chunk's pointers are valid during the visit only. A pass may also take its
+// sub-groups in an order decided as it goes (ChunkOrder: the optimizer step during backward,
+// strategy.h): sub-group k is elements [k * chunk_numel(), min((k + 1) * chunk_numel(), numel())).
 //
 // Threading: one thread at a time (the training thread, or the worker of a background step,
 // strategy.h); stats() may be called from another thread meanwhile. The NVMe store's I/O runs on
@@ -46,6 +48,11 @@ struct StateChunk {
 
 enum class Access { Read, Update, Overwrite };
 
+// The sub-group a pass takes next: called on the visiting thread, ahead of the visits (the NVMe
+// store reads that far ahead), each index in [0, chunks()) once; -1 ends the pass. A pass visits
+// in the order the indices were returned.
+using ChunkOrder = std::function<int64_t()>;
+
 // zero_optimization.offload_optimizer with device "nvme", plus sub_group_size and the aio section.
 struct NvmeOffloadOptions {
   std::string nvme_path;
@@ -71,7 +78,14 @@ class StateStore {
   virtual int64_t numel() const = 0;
   // The optimizer state buffers' names, in StateChunk::states order.
   virtual std::vector<std::string> state_names() const = 0;
-  virtual void for_each(Access access, const std::function<void(const StateChunk&)>& fn) = 0;
+  // Sub-groups: chunks() of chunk_numel() elements (the last one shorter).
+  virtual int64_t chunk_numel() const = 0;
+  int64_t chunks() const;
+  // Every sub-group in ascending order.
+  void for_each(Access access, const std::function<void(const StateChunk&)>& fn);
+  // The sub-groups `order` returns, in that order.
+  virtual void for_each(Access access, const ChunkOrder& order,
+                        const std::function<void(const StateChunk&)>& fn) = 0;
   // One line for the start-up report.
   virtual std::string describe() const = 0;
   virtual StoreStats stats() const = 0;

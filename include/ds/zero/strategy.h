@@ -151,6 +151,7 @@ class Strategy {
   struct OffloadStats {
     int64_t bytes_read = 0, bytes_written = 0, disk_bytes = 0;
     double wait_seconds = 0;
+    int64_t stepped_in_backward = 0;  // sub-groups stepped while their backward still ran
   };
   virtual OffloadStats offload_stats() const;
 
@@ -194,6 +195,26 @@ class Strategy {
   // them to the worker. DS_OFFLOAD_STEP_OVERLAP=0 steps synchronously.
   void optimizer_step(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
                       const std::string& ctx);
+
+  // ---- the optimizer step during backward (stage 3 with offload) ----
+  // When nothing global has to be known before the update (no gradient clipping, no fp16 loss
+  // scaling: the engine decides), each sub-group can be stepped as soon as its gradients are
+  // final. The boundary micro-step's backward then starts the worker: it reads sub-groups from
+  // the top of the range down (the backward finalises the last layers first), steps each one once
+  // its gradients are complete, and after the backward takes the rest from the bottom up (the
+  // next forward needs the first layers first). The optimizer's I/O so spreads over the backward
+  // and the next forward. Per-element results are bitwise those of a step after backward.
+  virtual bool can_step_in_backward() const { return false; }
+  // Called before begin_backward() of the boundary micro-step, with opt's learning rate set:
+  // that backward starts the step (opt.begin_step() is called then). grad_scale as for
+  // optimizer_step().
+  void plan_step_in_backward(optim::Optimizer& opt, float grad_scale);
+  // A step was started in a backward and step_in_backward_sum_of_squares() was not called since.
+  bool stepping_in_backward() const { return in_backward_.active; }
+  // After that backward: the global sum of squares of its gradients, as global_sum_of_squares()
+  // (a collective), from the sub-groups' partial sums taken as each became final. The engine
+  // calls it in step() in place of optimizer_step(); after_step() follows as usual.
+  double step_in_backward_sum_of_squares(const std::string& ctx);
   // Waits for a background step, then raises any I/O failure of it (or of the parameter reads
   // since) on every rank. A collective when anything is offloaded (every rank calls it at the same
   // point); a no-op otherwise. Stage 3 calls it at each backward, after evaluation and before
@@ -276,15 +297,26 @@ class Strategy {
   // The worker is about to step the first sub-group (stage 3: reset the parameter file's
   // written-up-to mark).
   virtual void chunks_starting() {}
-  // Sub-group c was stepped and its new parameters handed to params_written(): returns the element
-  // up to which new parameters are readable (those on NVMe: written to disk). On the worker thread
-  // of a background step.
-  virtual int64_t chunk_stepped(const StateChunk& c) { return c.begin + c.numel; }
-  // Blocks until the running background step has made parameters [0, end) readable (at once when
-  // none runs, or when it failed: the failure is raised at the next synchronize()).
-  void wait_stepped(int64_t end);
-  // The end of the readable range while a background step runs (optimizer_numel otherwise).
-  int64_t stepped_end();
+  // Sub-group c was stepped and its new parameters handed to params_written(): returns the
+  // [begin, end) ranges whose new parameters are readable now (those on NVMe: written to disk). On
+  // the worker thread of a background step.
+  virtual std::vector<std::pair<int64_t, int64_t>> chunk_stepped(const StateChunk& c) {
+    return {{c.begin, c.begin + c.numel}};
+  }
+  // Blocks until the running background step has made parameters [begin, end) readable (at once
+  // when none runs, or when it failed: the failure is raised at the next synchronize()). While the
+  // backward that started a step runs, the parameters it still needs are not stepped yet: no wait.
+  void wait_stepped(int64_t begin, int64_t end);
+  // Whether parameters [begin, end) are readable now (see wait_stepped).
+  bool stepped(int64_t begin, int64_t end);
+  // The step during backward: the gradients of elements [begin, end) of the optimizer range are
+  // final (stage 3, as each parameter's reduced piece is complete); backward_finished() at the
+  // end of that backward (every gradient final). Training thread; no-ops when no such step runs.
+  void grads_final(int64_t begin, int64_t end);
+  void backward_finished();
+  // Starts the step planned by plan_step_in_backward(), if any (stage 3's begin_backward() on
+  // the boundary micro-step, after synchronize()). Returns whether it started.
+  bool start_planned_step(const std::string& ctx);
   // A background step was started and synchronize() has not been called since.
   bool step_pending() const { return step_thread_.joinable(); }
   // Remembers a failure (the first) to be raised on every rank at the next synchronize(): a rank
@@ -302,15 +334,44 @@ class Strategy {
   int64_t reductions_in_flight() const { return options_.overlap_comm ? 2 : 0; }
 
  private:
-  // The sub-group loop of an offloaded step (training thread, or the worker in the background).
-  void step_chunks(optim::Optimizer& opt, const Tensor& grads, float grad_scale, bool background);
+  // The sub-group loop of an offloaded step (training thread, or the worker in the background),
+  // over the sub-groups `order` returns.
+  void step_chunks(optim::Optimizer& opt, const Tensor& grads, float grad_scale, bool background,
+                   const ChunkOrder& order);
+  // Starts the background worker over `order`.
+  void start_worker(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
+                    const std::string& ctx, ChunkOrder order);
+  // The sum of squares of a 16-bit or fp32 gradient range, as global_sum_of_squares() counts it.
+  double local_sum_of_squares(const Tensor& g) const;
+  // Sums `local` over the data-parallel, tensor and pipeline groups (global_sum_of_squares()).
+  double reduce_sum_of_squares(double local, const std::string& ctx);
+  // Marks the sub-groups inside [begin, end) readable; whether [begin, end) is readable (both with
+  // step_mu_ held).
+  void mark_readable_locked(int64_t begin, int64_t end);
+  bool readable_locked(int64_t begin, int64_t end) const;
   std::thread step_thread_;
   mutable std::mutex step_mu_;
   std::condition_variable step_cv_;
-  bool step_running_ = false;  // guarded by step_mu_, as the three below
-  int64_t stepped_end_ = 0;
+  bool step_running_ = false;  // guarded by step_mu_, as the members below
+  int64_t chunk_ = 1;          // the store's sub-group size, while a background step runs
+  std::vector<char> readable_;  // per sub-group: its new parameters are readable
   std::string failure_;
   double step_wait_seconds_ = 0;
+  int64_t stepped_in_backward_ = 0;  // OffloadStats::stepped_in_backward
+  // The step during backward. `active` and the plan belong to the training thread; the rest is
+  // guarded by step_mu_.
+  struct InBackward {
+    optim::Optimizer* planned = nullptr;  // plan_step_in_backward()
+    float grad_scale = 1.0f;
+    bool active = false;             // started, until step_in_backward_sum_of_squares()
+    bool backward_done = false;      // end of the backward: the order turns ascending
+    Tensor grads;                    // the gradients being stepped
+    std::vector<int64_t> pending;    // per sub-group: elements whose gradient is not final yet
+    std::vector<char> ready;         // per sub-group: gradients final, partial sum taken
+    std::vector<double> squares;     // per sub-group: sum of squares of its gradients
+    int64_t low = 0, high = 0;       // sub-groups [low, high) not yet handed to the worker
+  } in_backward_;
+  void chunk_final(int64_t k);  // training thread: partial sum of k, then ready (takes step_mu_)
 };
 
 // The strategy for options.stage over `group`. Moves the model's parameters into the strategy's

@@ -8,9 +8,10 @@
 //                                                                        master is the parameters)
 //
 // so a sub-group is one contiguous, aligned read and one write. A ring of B = buffer_count slot
-// buffers streams them: sub-group k uses buffer k % B; reads run `ahead` sub-groups in front of
-// the one being stepped (pipeline_read), the write of k is waited for only when its buffer is
-// needed again (pipeline_write). With B = 4 and both on: write k-1 | step k | read k+1, k+2.
+// buffers streams them: the p-th disk sub-group of a pass uses buffer p % B; reads run `ahead`
+// sub-groups in front of the one being stepped (pipeline_read), the write of k is waited for only
+// when its buffer is needed again (pipeline_write). With B = 4 and both on: write k-1 | step k |
+// read k+1, k+2. A pass goes in ascending order, or in the order a ChunkOrder decides as it goes.
 // prefetch() fills the whole ring with the first B disk sub-groups while no pass runs (during the
 // backward before a step), so the next pass starts without waiting for the disk.
 //
@@ -24,7 +25,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
+#include <utility>
 
 #include "ds/core/error.h"
 #include "ds/io/aio.h"
@@ -162,7 +165,7 @@ class NvmeStateStore final : public StateStore {
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(ring_.size()), groups_ - ram_groups_);
     try {
       for (int64_t k = ram_groups_; k < ram_groups_ + n; ++k) {
-        const size_t b = buffer_of(k);
+        const size_t b = static_cast<size_t>(prefetched_);  // the pass's first disk positions
         wait(write_ticket_[b]);
         read_ticket_[b] = engine_->read(file_, ring_[b].data(), slot_bytes, disk_index(k) * slot_bytes);
         ++prefetched_;
@@ -175,9 +178,12 @@ class NvmeStateStore final : public StateStore {
     return prefetched_ * slot_bytes;
   }
 
-  void for_each(Access access, const std::function<void(const StateChunk&)>& fn) override {
+  int64_t chunk_numel() const override { return group_; }
+  using StateStore::for_each;
+  void for_each(Access access, const ChunkOrder& order,
+                const std::function<void(const StateChunk&)>& fn) override {
     try {
-      visit(access, fn);
+      visit(access, order, fn);
     } catch (...) {
       // Stop every transfer before the buffers are reused or freed; the first error is the one
       // reported (it is already on its way up).
@@ -221,9 +227,6 @@ class NvmeStateStore final : public StateStore {
   }
   int64_t chunk_numel(int64_t k) const { return std::min(group_, n_ - k * group_); }
   int64_t disk_index(int64_t k) const { return k - ram_groups_; }
-  size_t buffer_of(int64_t k) const {
-    return static_cast<size_t>(disk_index(k) % static_cast<int64_t>(ring_.size()));
-  }
 
   // Stops every transfer (after a failure) so that the buffers can be reused or freed.
   void drain() noexcept {
@@ -261,43 +264,76 @@ class NvmeStateStore final : public StateStore {
     return c;
   }
 
-  void visit(Access access, const std::function<void(const StateChunk&)>& fn) {
-    if (n_ == 0) return;
+  // One pass over the sub-groups `order` returns. The p-th disk sub-group of the pass uses ring
+  // buffer p % B: its read is started `ahead()` disk sub-groups before its visit, once the write
+  // of the buffer's previous sub-group is done. RAM sub-groups are visited in place.
+  void visit(Access access, const ChunkOrder& order,
+             const std::function<void(const StateChunk&)>& fn) {
+    if (n_ == 0) {
+      while (order() >= 0) {
+      }
+      return;
+    }
     const int64_t slot_bytes = slot_floats_ * 4;
-    auto start_read = [&](int64_t k) {
-      if (k >= groups_ || k < ram_groups_) return;
-      const size_t b = buffer_of(k);
-      wait(write_ticket_[b]);  // the buffer's previous sub-group must be on disk first
-      if (access != Access::Overwrite)
-        read_ticket_[b] =
-            engine_->read(file_, ring_[b].data(), slot_bytes, disk_index(k) * slot_bytes);
+    constexpr size_t kInRam = static_cast<size_t>(-1);
+    struct Planned {
+      int64_t k;
+      size_t buffer;  // kInRam for a RAM sub-group
+    };
+    std::deque<Planned> planned;
+    int64_t disk_pos = 0;      // disk sub-groups planned so far in this pass
+    int64_t disk_planned = 0;  // of them, not yet visited
+    // prefetch() started reads of the first disk sub-groups in ascending order into buffers
+    // 0.. : a pass that takes them first in that order finds them in flight.
+    const int64_t prefetched = std::exchange(prefetched_, 0);
+    bool done = false;
+    auto plan_one = [&] {
+      const int64_t k = order();
+      if (k < 0) {
+        done = true;
+        return;
+      }
+      DS_CHECK(k < groups_, "[offload] internal: sub-group {} of {} requested", k, groups_);
+      if (k < ram_groups_) {
+        planned.push_back({k, kInRam});
+        return;
+      }
+      const size_t b = static_cast<size_t>(disk_pos % static_cast<int64_t>(ring_.size()));
+      const bool in_flight = disk_pos < prefetched && k == ram_groups_ + disk_pos;
+      if (!in_flight) {
+        wait(read_ticket_[b]);   // a prefetched read this pass does not use
+        wait(write_ticket_[b]);  // the buffer's previous sub-group must be on disk first
+        if (access != Access::Overwrite)  // an overwrite reads nothing
+          read_ticket_[b] =
+              engine_->read(file_, ring_[b].data(), slot_bytes, disk_index(k) * slot_bytes);
+      } else if (access == Access::Overwrite) {
+        wait(read_ticket_[b]);  // read for nothing: wait before the buffer is refilled
+      }
+      ++disk_pos;
+      ++disk_planned;
+      planned.push_back({k, b});
     };
     const int64_t depth = ahead();
-    int64_t next_read = ram_groups_;
-    if (prefetched_ > 0) {
-      // Sub-groups [ram_groups_, ram_groups_ + prefetched_) are already being read. A pass that
-      // overwrites everything does not need them: wait for the reads, then reuse the buffers.
-      if (access == Access::Overwrite)
-        for (auto& t : read_ticket_) wait(t);
-      else
-        next_read += prefetched_;
-      prefetched_ = 0;
-    }
-    for (int64_t k = 0; k < groups_; ++k) {
-      if (k < ram_groups_) {
-        fn(chunk(k, ram_.as<float>() + k * slot_floats_));
+    while (true) {
+      // The sub-group to visit and `depth` disk sub-groups after it are planned (reads started).
+      while (!done && (planned.empty() || disk_planned <= depth)) plan_one();
+      if (planned.empty()) break;
+      const Planned p = planned.front();
+      planned.pop_front();
+      if (p.buffer == kInRam) {
+        fn(chunk(p.k, ram_.as<float>() + p.k * slot_floats_));
         continue;
       }
-      while (next_read <= k + depth && next_read < groups_) start_read(next_read++);
-      const size_t b = buffer_of(k);
-      wait(read_ticket_[b]);
-      fn(chunk(k, ring_[b].as<float>()));
+      --disk_planned;
+      wait(read_ticket_[p.buffer]);
+      fn(chunk(p.k, ring_[p.buffer].as<float>()));
       if (access != Access::Read) {
-        write_ticket_[b] =
-            engine_->write(file_, ring_[b].data(), slot_bytes, disk_index(k) * slot_bytes);
-        if (!o_.pipeline_write) wait(write_ticket_[b]);
+        write_ticket_[p.buffer] = engine_->write(file_, ring_[p.buffer].data(), slot_bytes,
+                                                 disk_index(p.k) * slot_bytes);
+        if (!o_.pipeline_write) wait(write_ticket_[p.buffer]);
       }
     }
+    for (size_t b = 0; b < read_ticket_.size(); ++b) wait(read_ticket_[b]);
     for (auto& t : write_ticket_) wait(t);
   }
 

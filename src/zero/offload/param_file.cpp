@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "ds/core/error.h"
 
@@ -97,8 +98,11 @@ void ParamFile::wait_write(int slot) {
     throw;
   }
   add();
-  // Writes complete in the order they were issued from the two alternating buffers.
-  durable_end_.store(std::max(durable_end_.load(), scratch_end_[slot]));
+  durable_.emplace_back(scratch_begin_[slot], scratch_end_[slot]);
+}
+
+std::vector<std::pair<int64_t, int64_t>> ParamFile::take_durable() {
+  return std::exchange(durable_, {});
 }
 
 io::Counters ParamFile::counters() const {
@@ -197,20 +201,20 @@ void ParamFile::write(int64_t begin, int64_t n) {
     const int64_t x = begin + in_ram;  // first element in the file
     DS_CHECK((x - ram_end_) % kElementAlign == 0,
              "[offload] internal: parameter write at element {} is not aligned", x);
+    scratch_begin_[next_scratch_] = begin;
     scratch_end_[next_scratch_] = begin + n;
     scratch_ticket_[next_scratch_] =
         write_engine_->write(file_, data + in_ram * esize_, io::align_up((n - in_ram) * esize_),
                              (x - ram_end_) * esize_);
   } else {
-    // All in RAM: the RAM part is a prefix, so nothing before it is still in flight.
-    durable_end_.store(std::max(durable_end_.load(), begin + n));
+    durable_.emplace_back(begin, begin + n);  // all in RAM: readable now
   }
   next_scratch_ ^= 1;
 }
 
 void ParamFile::flush() {
   std::string first;
-  // The older write first, so durable_end_ advances in order.
+  // The older write first.
   for (int k = 0; k < 2; ++k) {
     const int slot = next_scratch_ ^ k;
     try {
@@ -220,7 +224,6 @@ void ParamFile::flush() {
     }
   }
   if (!first.empty()) throw Error(first);
-  durable_end_.store(numel_);
 }
 
 std::string ParamFile::describe() const {

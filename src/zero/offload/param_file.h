@@ -18,14 +18,15 @@
 //
 // Threading: reads (prefetch/get/drop) on the training thread; writes (scratch/write/flush) on
 // the training thread or, during a background optimizer step (strategy.h), on its worker, at the
-// same time: reads and writes have their own io::Engine. durable_end() tells how far the writes of
-// the current pass have reached the disk; readers stay below it. I/O on the engines' workers.
+// same time: reads and writes have their own io::Engine. take_durable() tells which writes have
+// reached the disk; readers stay away from the others. I/O on the engines' workers.
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "ds/core/dtype.h"
@@ -59,10 +60,9 @@ class ParamFile {
   void* scratch(int64_t begin, int64_t n);
   void write(int64_t begin, int64_t n);
   void flush();
-  // Writes go in ascending order within a pass (begin_pass() resets the mark): elements
-  // [0, durable_end()) of this pass are on disk (or in the RAM part), readable by get().
-  void begin_pass() { durable_end_.store(0); }
-  int64_t durable_end() const { return durable_end_.load(); }
+  // The [begin, end) ranges of write()s that have completed (on disk, or in the RAM part: readable
+  // by get()) since the last call; on the thread that writes.
+  std::vector<std::pair<int64_t, int64_t>> take_durable();
 
   int64_t ram_elements() const { return ram_end_; }
   int64_t disk_bytes() const { return disk_bytes_; }
@@ -91,12 +91,12 @@ class ParamFile {
   int64_t staged_elements_ = 0;
   io::AlignedBuffer scratch_[2];
   io::Ticket scratch_ticket_[2] = {0, 0};
-  int64_t scratch_end_[2] = {0, 0};  // where the write in flight from each scratch buffer ends
+  int64_t scratch_begin_[2] = {0, 0}, scratch_end_[2] = {0, 0};  // the write in flight from each
   int next_scratch_ = 0;
-  std::atomic<int64_t> durable_end_{0};
+  std::vector<std::pair<int64_t, int64_t>> durable_;  // take_durable()
   std::atomic<double> read_wait_{0}, write_wait_{0};
   void wait_read(io::Ticket t);   // engine_->wait, timed
-  void wait_write(int slot);      // the write from scratch_[slot], timed; advances durable_end_
+  void wait_write(int slot);      // the write from scratch_[slot], timed; records it in durable_
 };
 
 }  // namespace ds::zero::detail
