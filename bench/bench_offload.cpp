@@ -192,10 +192,12 @@ int main(int argc, char** argv) {
     write_b.push_back(static_cast<double>(after.bytes_written - before.bytes_written));
     std::printf(
         "step %d: %.1f s (forward %.1f, backward %.1f, optimizer %.1f), loss %.4f, read %.2f GB, "
-        "written %.2f GB, waited for I/O %.1f s, RSS %.0f MiB (peak: forward %.0f, backward %.0f, "
-        "step %.0f; tensors: peak %.0f MiB in use, %.0f MiB reserved)\n",
+        "written %.2f GB, waited for I/O %.1f s, %lld sub-groups stepped during backward, RSS %.0f "
+        "MiB (peak: forward %.0f, backward %.0f, step %.0f; tensors: peak %.0f MiB in use, %.0f MiB "
+        "reserved)\n",
         s + 1, dt, fwd, bwd, dt - fwd - bwd, loss.item(), read_b.back() / 1e9, write_b.back() / 1e9,
-        wait_s.back(), static_cast<double>(status_kib("VmRSS")) / 1024, peak_fwd, peak_bwd,
+        wait_s.back(),
+        static_cast<long long>(after.stepped_in_backward - before.stepped_in_backward), static_cast<double>(status_kib("VmRSS")) / 1024, peak_fwd, peak_bwd,
         peak_opt, static_cast<double>(cpu_allocator().stats().peak_bytes_in_use) / (1 << 20),
         static_cast<double>(cpu_allocator().stats().bytes_reserved) / (1 << 20));
     cpu_allocator().reset_peak();

@@ -323,10 +323,11 @@ class Stage3Strategy final : public Strategy {
   }
 
   // Offloaded: the optimizer steps on a worker while the next forward runs, or from the backward
-  // on when no clipping needs the norm first (strategy.h). With tensor parallelism the norm needs
-  // the replicated parameters apart: not during backward.
+  // on when no clipping needs the norm first (strategy.h). Not with tensor parallelism (the norm
+  // counts the replicated parameters apart) nor in a pipeline stage (the stages must agree on
+  // skipping a non-finite step).
   bool background_steps() const override { return background_; }
-  bool can_step_in_backward() const override { return background_ && !tp_; }
+  bool can_step_in_backward() const override { return background_ && !tp_ && !pipe_; }
   void chunks_starting() override {
     if (param_file_) param_file_->take_durable();  // the writes before this step
   }

@@ -2,6 +2,10 @@
 // factory that picks the stage family.
 #include "ds/zero/strategy.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -203,6 +207,10 @@ void Strategy::start_worker(optim::Optimizer& opt, const Tensor& grads, float gr
   }
   step_thread_ = std::thread([this, &opt, grads, grad_scale, ctx, order = std::move(order)] {
     limit_this_thread(1);  // the cores belong to the forward's kernels; this thread mostly waits
+    // Experiment (bench/RESULTS.md): a lower CPU priority for this thread, so that its Adam work
+    // fills the gaps of the training thread's kernels instead of slowing their parallel regions.
+    if (const char* nice = std::getenv("DS_OFFLOAD_WORKER_NICE"))
+      setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), std::atoi(nice));
     std::string error;
     try {
       step_chunks(opt, grads, grad_scale, /*background=*/true, order);
