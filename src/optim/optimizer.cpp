@@ -168,6 +168,16 @@ float as_float(double v) {
   return static_cast<float>(v);
 }
 
+// A setter's change applied to a copy of the config, checked, then kept: a refused value leaves
+// the optimizer as it was.
+template <class Config, class Change>
+void update_config(Config& current, Change change) {
+  Config c = current;
+  change(c);
+  check_config(c);
+  current = c;
+}
+
 }  // namespace
 
 // ---- Adam ---------------------------------------------------------------------------------------
@@ -178,25 +188,18 @@ Adam::Adam(const AdamConfig& c, bool force_adamw) : c_(c), named_adamw_(force_ad
 }
 
 void Adam::set_lr(float lr) {
-  AdamConfig c = c_;
-  c.lr = lr;
-  check_config(c);
-  c_ = c;
+  update_config(c_, [&](AdamConfig& c) { c.lr = lr; });
 }
 
 void Adam::set_weight_decay(float wd) {
-  AdamConfig c = c_;
-  c.weight_decay = wd;
-  check_config(c);
-  c_ = c;
+  update_config(c_, [&](AdamConfig& c) { c.weight_decay = wd; });
 }
 
 void Adam::set_betas(float beta1, float beta2) {
-  AdamConfig c = c_;
-  c.beta1 = beta1;
-  c.beta2 = beta2;
-  check_config(c);
-  c_ = c;
+  update_config(c_, [&](AdamConfig& c) {
+    c.beta1 = beta1;
+    c.beta2 = beta2;
+  });
 }
 
 void Adam::do_step(float* params, const float* grads, float grad_scale, void* out16,
@@ -248,25 +251,18 @@ Lamb::Lamb(const LambConfig& c) : c_(c) {
 }
 
 void Lamb::set_lr(float lr) {
-  LambConfig c = c_;
-  c.lr = lr;
-  check_config(c);
-  c_ = c;
+  update_config(c_, [&](LambConfig& c) { c.lr = lr; });
 }
 
 void Lamb::set_weight_decay(float wd) {
-  LambConfig c = c_;
-  c.weight_decay = wd;
-  check_config(c);
-  c_ = c;
+  update_config(c_, [&](LambConfig& c) { c.weight_decay = wd; });
 }
 
 void Lamb::set_betas(float beta1, float beta2) {
-  LambConfig c = c_;
-  c.beta1 = beta1;
-  c.beta2 = beta2;
-  check_config(c);
-  c_ = c;
+  update_config(c_, [&](LambConfig& c) {
+    c.beta1 = beta1;
+    c.beta2 = beta2;
+  });
 }
 
 void Lamb::set_segments(std::span<const Segment> segments) {
@@ -336,24 +332,15 @@ void Sgd::on_init_state() {
 }
 
 void Sgd::set_lr(float lr) {
-  SgdConfig c = c_;
-  c.lr = lr;
-  check_config(c);
-  c_ = c;
+  update_config(c_, [&](SgdConfig& c) { c.lr = lr; });
 }
 
 void Sgd::set_weight_decay(float wd) {
-  SgdConfig c = c_;
-  c.weight_decay = wd;
-  check_config(c);
-  c_ = c;
+  update_config(c_, [&](SgdConfig& c) { c.weight_decay = wd; });
 }
 
 void Sgd::set_momentum(float m) {
-  SgdConfig c = c_;
-  c.momentum = m;
-  check_config(c);
-  c_ = c;
+  update_config(c_, [&](SgdConfig& c) { c.momentum = m; });
   if (m != 0 && n_ >= 0) allocate_buffers(1);
 }
 
