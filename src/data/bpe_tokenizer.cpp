@@ -13,6 +13,7 @@
 #include "ds/core/error.h"
 #include "ds/data/unicode.h"
 #include "hf_tokenizer_internal.h"
+#include "merges_text.h"
 #include "pretokenize.h"
 
 namespace ds::data::detail {
@@ -578,23 +579,10 @@ std::unique_ptr<TextTokenizer> load_bpe_vocab_merges(const fs::path& vocab_json,
   DS_CHECK(vocab.is_object(), "[tokenizer] '{}' must be a JSON object token -> id",
            vocab_json.string());
   ojson merges = ojson::array();
-  const std::string text = read_text_file(merges_txt);
-  std::string_view rest = text;
-  size_t line_no = 0;
-  while (!rest.empty()) {
-    const size_t nl = rest.find('\n');
-    std::string_view line = rest.substr(0, nl);
-    rest = nl == std::string_view::npos ? std::string_view{} : rest.substr(nl + 1);
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty() || (line_no == 1 && line.starts_with("#version"))) continue;
-    const size_t sp = line.find(' ');
-    DS_CHECK(sp != std::string_view::npos && sp > 0 && line.find(' ', sp + 1) == line.npos,
-             "[tokenizer] '{}' line {}: expected two tokens separated by one space, got '{}'",
-             merges_txt.string(), line_no, line);
-    merges.push_back(
-        ojson::array({std::string(line.substr(0, sp)), std::string(line.substr(sp + 1))}));
-  }
+  for_each_merge_line(read_text_file(merges_txt), merges_txt,
+                      [&](size_t, std::string_view a, std::string_view b) {
+                        merges.push_back(ojson::array({std::string(a), std::string(b)}));
+                      });
   ojson added = ojson::array();
   TokenizerConfig cfg = config;
   if (vocab.contains("<|endoftext|>")) {

@@ -10,6 +10,7 @@
 
 #include "ds/core/error.h"
 #include "ds/data/unicode.h"
+#include "merges_text.h"
 #include "pretokenize.h"
 
 namespace ds::data {
@@ -136,33 +137,20 @@ Tokenizer Tokenizer::load(const fs::path& encoder_json, const fs::path& vocab_bp
     tok.byte_token_[b] = it->second;
   }
 
-  const std::string merges = read_file(vocab_bpe, "vocab.bpe");
-  std::string_view rest = merges;
   int32_t rank = 0;
-  size_t line_no = 0;
-  while (!rest.empty()) {
-    const size_t nl = rest.find('\n');
-    std::string_view line = rest.substr(0, nl);
-    rest = nl == std::string_view::npos ? std::string_view{} : rest.substr(nl + 1);
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty() || (line_no == 1 && line.starts_with("#version"))) continue;
-    const size_t sp = line.find(' ');
-    DS_CHECK(sp != std::string_view::npos && sp > 0 && sp + 1 < line.size() &&
-                 line.find(' ', sp + 1) == std::string_view::npos,
-             "[tokenizer] '{}' line {}: expected two tokens separated by one space, got '{}'",
-             vocab_bpe.string(), line_no, line);
-    const std::string a = to_bytes(line.substr(0, sp), vocab_bpe);
-    const std::string b = to_bytes(line.substr(sp + 1), vocab_bpe);
-    auto ia = ids.find(a), ib = ids.find(b), iab = ids.find(a + b);
-    DS_CHECK(ia != ids.end() && ib != ids.end() && iab != ids.end(),
-             "[tokenizer] '{}' line {}: merge '{}' uses or makes a token missing from '{}'; the "
-             "two files do not belong together",
-             vocab_bpe.string(), line_no, line, encoder_json.string());
-    // encoder.py builds a dict, so a repeated pair keeps its last rank; do the same.
-    tok.merges_.insert_or_assign(pair_key(ia->second, ib->second), Merge{rank, iab->second});
-    ++rank;
-  }
+  detail::for_each_merge_line(
+      read_file(vocab_bpe, "vocab.bpe"), vocab_bpe,
+      [&](size_t line_no, std::string_view ta, std::string_view tb) {
+        const std::string a = to_bytes(ta, vocab_bpe), b = to_bytes(tb, vocab_bpe);
+        auto ia = ids.find(a), ib = ids.find(b), iab = ids.find(a + b);
+        DS_CHECK(ia != ids.end() && ib != ids.end() && iab != ids.end(),
+                 "[tokenizer] '{}' line {}: merge '{} {}' uses or makes a token missing from '{}'; "
+                 "the two files do not belong together",
+                 vocab_bpe.string(), line_no, ta, tb, encoder_json.string());
+        // encoder.py builds a dict, so a repeated pair keeps its last rank; do the same.
+        tok.merges_.insert_or_assign(pair_key(ia->second, ib->second), Merge{rank, iab->second});
+        ++rank;
+      });
   DS_CHECK(rank > 0, "[tokenizer] '{}' holds no merges; re-run scripts/fetch_data.sh",
            vocab_bpe.string());
   return tok;
