@@ -153,6 +153,7 @@ Strategy::OffloadStats Strategy::offload_stats() const {
   // the background step.
   o.wait_seconds = (background_steps() ? 0.0 : s.io_wait_seconds) + step_wait_seconds();
   std::lock_guard<std::mutex> lock(step_mu_);
+  o.final_in_backward = final_in_backward_;
   o.stepped_in_backward = stepped_in_backward_;
   return o;
 }
@@ -243,7 +244,9 @@ void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float gra
       // Stepped during backward: only once its gradients are final.
       const auto k = static_cast<size_t>(c.begin / state().chunk_numel());
       std::unique_lock<std::mutex> lock(step_mu_);
-      step_cv_.wait(lock, [&] { return in_backward_.ready[k] != 0; });
+      step_cv_.wait(lock, [&] { return in_backward_.ready[k] != 0 || in_backward_.abandoned; });
+      DS_CHECK(!in_backward_.abandoned,
+               "the backward that started this step ended without finishing (an earlier error)");
       if (!in_backward_.backward_done) ++stepped_in_backward_;
     }
     const float* g = grads.dtype() == DType::f32 ? grads.data<float>() + c.begin
@@ -319,6 +322,7 @@ bool Strategy::start_planned_step(const std::string& ctx) {
     InBackward& b = in_backward_;
     b.active = true;
     b.backward_done = false;
+    b.abandoned = false;
     b.grads = grads;
     b.pending.assign(static_cast<size_t>(n), 0);
     for (int64_t k = 0; k < n; ++k)
@@ -347,11 +351,11 @@ void Strategy::grads_final(int64_t begin, int64_t end) {
     int64_t& left = in_backward_.pending[static_cast<size_t>(k)];  // training thread only
     DS_CHECK(left >= overlap, "[zero] internal: gradients of [{}, {}) final twice", begin, end);
     left -= overlap;
-    if (left == 0) chunk_final(k);
+    if (left == 0) chunk_final(k, /*early=*/true);
   }
 }
 
-void Strategy::chunk_final(int64_t k) {
+void Strategy::chunk_final(int64_t k, bool early) {
   const int64_t b = k * chunk_, e = std::min(opt_numel_, b + chunk_);
   // The worker does not touch a sub-group before it is ready: its gradients are the training
   // thread's until then.
@@ -360,6 +364,7 @@ void Strategy::chunk_final(int64_t k) {
     std::lock_guard<std::mutex> lock(step_mu_);
     in_backward_.squares[static_cast<size_t>(k)] = sq;
     in_backward_.ready[static_cast<size_t>(k)] = 1;
+    if (early) ++final_in_backward_;
   }
   step_cv_.notify_all();
 }
@@ -370,7 +375,7 @@ void Strategy::backward_finished() {
   for (size_t k = 0; k < in_backward_.pending.size(); ++k)
     if (in_backward_.pending[k] > 0) {
       in_backward_.pending[k] = 0;
-      chunk_final(static_cast<int64_t>(k));
+      chunk_final(static_cast<int64_t>(k), /*early=*/false);
     }
   {
     std::lock_guard<std::mutex> lock(step_mu_);
@@ -399,6 +404,13 @@ void Strategy::record_failure(const std::string& what) {
 
 void Strategy::join_step() noexcept {
   if (!step_thread_.joinable()) return;
+  {
+    // A backward that started a step and never finished (an error left it): the worker would wait
+    // for its gradients forever. It stops instead.
+    std::lock_guard<std::mutex> lock(step_mu_);
+    if (in_backward_.active && !in_backward_.backward_done) in_backward_.abandoned = true;
+  }
+  step_cv_.notify_all();
   const auto t0 = std::chrono::steady_clock::now();
   step_thread_.join();
   std::lock_guard<std::mutex> lock(step_mu_);

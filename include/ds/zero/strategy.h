@@ -151,7 +151,9 @@ class Strategy {
   struct OffloadStats {
     int64_t bytes_read = 0, bytes_written = 0, disk_bytes = 0;
     double wait_seconds = 0;
-    int64_t stepped_in_backward = 0;  // sub-groups stepped while their backward still ran
+    // Steps started during backward (strategy.h): sub-groups whose gradients were final before
+    // their backward ended (the worker could take them), and those it stepped before that end.
+    int64_t final_in_backward = 0, stepped_in_backward = 0;
   };
   virtual OffloadStats offload_stats() const;
 
@@ -357,7 +359,7 @@ class Strategy {
   std::vector<char> readable_;  // per sub-group: its new parameters are readable
   std::string failure_;
   double step_wait_seconds_ = 0;
-  int64_t stepped_in_backward_ = 0;  // OffloadStats::stepped_in_backward
+  int64_t final_in_backward_ = 0, stepped_in_backward_ = 0;  // OffloadStats
   // The step during backward. `active` and the plan belong to the training thread; the rest is
   // guarded by step_mu_.
   struct InBackward {
@@ -365,13 +367,16 @@ class Strategy {
     float grad_scale = 1.0f;
     bool active = false;             // started, until step_in_backward_sum_of_squares()
     bool backward_done = false;      // end of the backward: the order turns ascending
+    bool abandoned = false;          // join_step() before the backward ended: the worker stops
     Tensor grads;                    // the gradients being stepped
     std::vector<int64_t> pending;    // per sub-group: elements whose gradient is not final yet
     std::vector<char> ready;         // per sub-group: gradients final, partial sum taken
     std::vector<double> squares;     // per sub-group: sum of squares of its gradients
     int64_t low = 0, high = 0;       // sub-groups [low, high) not yet handed to the worker
   } in_backward_;
-  void chunk_final(int64_t k);  // training thread: partial sum of k, then ready (takes step_mu_)
+  // Training thread: the partial sum of sub-group k, then k is ready (takes step_mu_); `early`:
+  // before the end of the backward.
+  void chunk_final(int64_t k, bool early);
 };
 
 // The strategy for options.stage over `group`. Moves the model's parameters into the strategy's
