@@ -429,6 +429,17 @@ TEST_F(DsTrain, PipelineTrainsAsOneProcess) {
   ASSERT_EQ(la.size(), 1u);
   ASSERT_EQ(lb.size(), 1u);
   EXPECT_NEAR(lb[0], la[0], 1e-5 * std::abs(la[0]));
+  // The same into pipeline stages cut by tensor parallelism (pp 2 x tp 2): each rank slices its
+  // stage's layers.
+  const fs::path c = dir_ / "from_four";
+  ASSERT_EQ(run(flags + init + " --pipeline_parallel_size 2 --tensor_parallel_size 2 --output_dir " +
+                    c.string(),
+                true, std::string(DS_LAUNCHER_EXE) + " --num_procs 4"),
+            0)
+      << log_;
+  const auto lc = values(c / "metrics" / "Train_Samples_train_loss.csv");
+  ASSERT_EQ(lc.size(), 1u);
+  EXPECT_NEAR(lc[0], la[0], 1e-5 * std::abs(la[0]));
 
   // The flag and the config's pipeline.stages must agree.
   const fs::path cfg2 = dir_ / "pp2.json";

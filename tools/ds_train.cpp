@@ -225,9 +225,6 @@ int run(const Options& o, const Given& g) {
   const int pp_size = rc.pipeline_parallel;
   const int dp_size = world_size / (tp_size * pp_size);
   if (pp_size > 1) {
-    DS_CHECK(o.init_from.empty() || tp_size == 1,
-             "[ds_train] --init_from with both --pipeline_parallel_size and "
-             "--tensor_parallel_size is not implemented yet; use one of them");
     DS_CHECK(!lora, "[ds_train] LoRA (--lora_dim) with --pipeline_parallel_size {} is not "
              "implemented yet; use --pipeline_parallel_size 1", pp_size);
   }
@@ -307,10 +304,10 @@ int run(const Options& o, const Given& g) {
   }
   pieces_only.reset();
   if (!o.init_from.empty()) {
-    // With tensor parallelism each rank reads the whole model once and keeps its slices (the
-    // whole copy goes before the engine is built).
+    // With tensor parallelism each rank reads its stage's layers whole once and keeps its slices
+    // (the whole copy goes before the engine is built).
     std::optional<ds::models::GPT> whole;
-    if (tp_size > 1) whole.emplace(mcfg, /*init=*/false);
+    if (tp_size > 1) whole.emplace(mcfg, nullptr, layers, /*init=*/false);
     const auto rep = ds::models::load_hf_weights(whole ? *whole : *model, o.init_from);
     if (whole) {
       const auto splits = ds::nn::tp_splits(*model);
