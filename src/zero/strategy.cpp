@@ -249,11 +249,25 @@ void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float gra
                "the backward that started this step ended without finishing (an earlier error)");
       if (!in_backward_.backward_done) ++stepped_in_backward_;
     }
-    const float* g = grads.dtype() == DType::f32 ? grads.data<float>() + c.begin
-                                                 : widen_gradients(grads, c.begin, c.numel);
     void* out = params_on_nvme() ? params_out(c) : out16 ? out16 + c.begin * esize : nullptr;
-    opt.step_slice(c.master, g, c.states.data(), c.numel, grad_scale,
-                   train == DType::f32 ? nullptr : out, out16_dtype);
+    void* step_out = train == DType::f32 ? nullptr : out;
+    if (grads.dtype() == DType::f32) {
+      opt.step_slice(c.master, grads.data<float>() + c.begin, c.states.data(), c.numel, grad_scale,
+                     step_out, out16_dtype);
+    } else {
+      // 16-bit gradients: widened a cache-sized tile at a time, each stepped at once, so the fp32
+      // copy never goes to memory (Adam is per element: the same results as one call).
+      constexpr int64_t kTile = 16384;
+      std::vector<float*> states(c.states.size());
+      for (int64_t t = 0; t < c.numel; t += kTile) {
+        const int64_t len = std::min(kTile, c.numel - t);
+        for (size_t i = 0; i < states.size(); ++i) states[i] = c.states[i] + t;
+        opt.step_slice(c.master + t, widen_gradients(grads, c.begin + t, len), states.data(), len,
+                       grad_scale,
+                       step_out ? static_cast<char*>(step_out) + t * esize : nullptr,
+                       out16_dtype);
+      }
+    }
     if (params_on_nvme()) {
       if (train == DType::f32)
         std::memcpy(out, c.master, static_cast<size_t>(c.numel) * sizeof(float));
