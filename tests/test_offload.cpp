@@ -181,7 +181,10 @@ TEST(AioFiles, ProbeAndReserveGiveReasons) {
 }
 
 TEST(AioFiles, SwapDirsAreUniqueLockedAndRemoved) {
-  const fs::path root = scratch("swapdir");
+  // Not collective: each rank of an mpirun its own root, or one rank could remove the stale
+  // folder the other planted.
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const fs::path root = scratch(fmt::format("swapdir_{}", rank ? rank : "0"));
   std::string a_path;
   {
     io::SwapDir a(root.string(), "rank0-optimizer"), b(root.string(), "rank1-optimizer");

@@ -251,10 +251,12 @@ void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float gra
     }
     void* out = params_on_nvme() ? params_out(c) : out16 ? out16 + c.begin * esize : nullptr;
     void* step_out = train == DType::f32 ? nullptr : out;
-    if (grads.dtype() == DType::f32) {
-      opt.step_slice(c.master, grads.data<float>() + c.begin, c.states.data(), c.numel, grad_scale,
-                     step_out, out16_dtype);
-    } else {
+    auto compute = [&] {
+      if (grads.dtype() == DType::f32) {
+        opt.step_slice(c.master, grads.data<float>() + c.begin, c.states.data(), c.numel,
+                       grad_scale, step_out, out16_dtype);
+        return;
+      }
       // 16-bit gradients: widened a cache-sized tile at a time, each stepped at once, so the fp32
       // copy never goes to memory (Adam is per element: the same results as one call).
       constexpr int64_t kTile = 16384;
@@ -263,11 +265,14 @@ void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float gra
         const int64_t len = std::min(kTile, c.numel - t);
         for (size_t i = 0; i < states.size(); ++i) states[i] = c.states[i] + t;
         opt.step_slice(c.master + t, widen_gradients(grads, c.begin + t, len), states.data(), len,
-                       grad_scale,
-                       step_out ? static_cast<char*>(step_out) + t * esize : nullptr,
+                       grad_scale, step_out ? static_cast<char*>(step_out) + t * esize : nullptr,
                        out16_dtype);
       }
-    }
+    };
+    // While the backward runs, its own thread steps the sub-group between two of its kernels
+    // (step_posted_chunk(), with all the cores): this thread only moves the data. Computing here
+    // would take a core from the backward's parallel kernels, which then wait for it.
+    if (!in_backward || !hand_to_training_thread(compute)) compute();
     if (params_on_nvme()) {
       if (train == DType::f32)
         std::memcpy(out, c.master, static_cast<size_t>(c.numel) * sizeof(float));
@@ -287,6 +292,47 @@ void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float gra
   else
     state().for_each(Access::Update, visit);
   if (params_on_nvme()) params_flushed();
+}
+
+bool Strategy::hand_to_training_thread(const std::function<void()>& job) {
+  std::unique_lock<std::mutex> lock(step_mu_);
+  InBackward& b = in_backward_;
+  if (b.backward_done || b.abandoned) return false;
+  b.posted = &job;
+  b.post = PostState::Posted;
+  step_cv_.wait(lock, [&] {
+    return b.post == PostState::Done || b.post == PostState::Failed ||
+           (b.post == PostState::Posted && (b.backward_done || b.abandoned));
+  });
+  const PostState was = std::exchange(b.post, PostState::None);
+  b.posted = nullptr;
+  if (was == PostState::Failed)
+    throw Error(std::exchange(b.post_error, {}));  // the training thread's error, on this thread
+  return was == PostState::Done;
+}
+
+void Strategy::step_posted_chunk() {
+  const std::function<void()>* job = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(step_mu_);
+    if (in_backward_.post != PostState::Posted || in_backward_.backward_done) return;
+    in_backward_.post = PostState::Taken;
+    job = in_backward_.posted;
+  }
+  PostState result = PostState::Done;
+  std::string error;
+  try {
+    (*job)();
+  } catch (const std::exception& e) {
+    result = PostState::Failed;  // raised by the worker, then on every rank at synchronize()
+    error = e.what();
+  }
+  {
+    std::lock_guard<std::mutex> lock(step_mu_);
+    in_backward_.post = result;
+    in_backward_.post_error = std::move(error);
+  }
+  step_cv_.notify_all();
 }
 
 void Strategy::mark_readable_locked(int64_t begin, int64_t end) {
@@ -367,6 +413,7 @@ void Strategy::grads_final(int64_t begin, int64_t end) {
     left -= overlap;
     if (left == 0) chunk_final(k, /*early=*/true);
   }
+  step_posted_chunk();
 }
 
 void Strategy::chunk_final(int64_t k, bool early) {

@@ -362,6 +362,7 @@ class Strategy {
   int64_t final_in_backward_ = 0, stepped_in_backward_ = 0;  // OffloadStats
   // The step during backward. `active` and the plan belong to the training thread; the rest is
   // guarded by step_mu_.
+  enum class PostState { None, Posted, Taken, Done, Failed };
   struct InBackward {
     optim::Optimizer* planned = nullptr;  // plan_step_in_backward()
     float grad_scale = 1.0f;
@@ -373,7 +374,16 @@ class Strategy {
     std::vector<char> ready;         // per sub-group: gradients final, partial sum taken
     std::vector<double> squares;     // per sub-group: sum of squares of its gradients
     int64_t low = 0, high = 0;       // sub-groups [low, high) not yet handed to the worker
+    // A sub-group's Adam handed by the worker to the training thread (hand_to_training_thread).
+    PostState post = PostState::None;
+    const std::function<void()>* posted = nullptr;
+    std::string post_error;
   } in_backward_;
+  // Worker: during the backward that started the step, asks the training thread to run `job` (the
+  // Adam step of a ready sub-group) and waits; false when the backward has ended meanwhile (the
+  // worker then runs it). Training thread: runs a posted job, if any (from grads_final()).
+  bool hand_to_training_thread(const std::function<void()>& job);
+  void step_posted_chunk();
   // Training thread: the partial sum of sub-group k, then k is ready (takes step_mu_); `early`:
   // before the end of the backward.
   void chunk_final(int64_t k, bool early);
