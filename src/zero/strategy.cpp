@@ -2,10 +2,6 @@
 // factory that picks the stage family.
 #include "ds/zero/strategy.h"
 
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -208,10 +204,6 @@ void Strategy::start_worker(optim::Optimizer& opt, const Tensor& grads, float gr
   }
   step_thread_ = std::thread([this, &opt, grads, grad_scale, ctx, order = std::move(order)] {
     limit_this_thread(1);  // the cores belong to the forward's kernels; this thread mostly waits
-    // Experiment (bench/RESULTS.md): a lower CPU priority for this thread, so that its Adam work
-    // fills the gaps of the training thread's kernels instead of slowing their parallel regions.
-    if (const char* nice = std::getenv("DS_OFFLOAD_WORKER_NICE"))
-      setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), std::atoi(nice));
     std::string error;
     try {
       step_chunks(opt, grads, grad_scale, /*background=*/true, order);
@@ -269,10 +261,10 @@ void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float gra
                        out16_dtype);
       }
     };
-    // While the backward runs, its own thread steps the sub-group between two of its kernels
-    // (step_posted_chunk(), with all the cores): this thread only moves the data. Computing here
-    // would take a core from the backward's parallel kernels, which then wait for it.
-    if (!in_backward || !hand_to_training_thread(compute)) compute();
+    // In the background the training thread steps the sub-group between two of its kernels
+    // (step_posted_chunk(), with all the cores) and this thread only moves the data: computing
+    // here would take a core from the training thread's parallel kernels, which then wait for it.
+    if (!background || !hand_to_training_thread(compute)) compute();
     if (params_on_nvme()) {
       if (train == DType::f32)
         std::memcpy(out, c.master, static_cast<size_t>(c.numel) * sizeof(float));
@@ -297,12 +289,13 @@ void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float gra
 bool Strategy::hand_to_training_thread(const std::function<void()>& job) {
   std::unique_lock<std::mutex> lock(step_mu_);
   InBackward& b = in_backward_;
-  if (b.backward_done || b.abandoned) return false;
+  if (b.abandoned) return false;
   b.posted = &job;
   b.post = PostState::Posted;
+  step_cv_.notify_all();  // a training thread waiting in wait_stepped() or join_step() takes it
   step_cv_.wait(lock, [&] {
     return b.post == PostState::Done || b.post == PostState::Failed ||
-           (b.post == PostState::Posted && (b.backward_done || b.abandoned));
+           (b.post == PostState::Posted && b.abandoned);
   });
   const PostState was = std::exchange(b.post, PostState::None);
   b.posted = nullptr;
@@ -315,7 +308,7 @@ void Strategy::step_posted_chunk() {
   const std::function<void()>* job = nullptr;
   {
     std::lock_guard<std::mutex> lock(step_mu_);
-    if (in_backward_.post != PostState::Posted || in_backward_.backward_done) return;
+    if (in_backward_.post != PostState::Posted) return;
     in_backward_.post = PostState::Taken;
     job = in_backward_.posted;
   }
@@ -333,6 +326,23 @@ void Strategy::step_posted_chunk() {
     in_backward_.post_error = std::move(error);
   }
   step_cv_.notify_all();
+}
+
+double Strategy::wait_helping(std::unique_lock<std::mutex>& lock,
+                              const std::function<bool()>& done) {
+  double worked = 0;
+  while (!done()) {
+    if (in_backward_.post == PostState::Posted) {
+      lock.unlock();
+      const auto t0 = std::chrono::steady_clock::now();
+      step_posted_chunk();
+      worked += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      lock.lock();
+      continue;
+    }
+    step_cv_.wait(lock);
+  }
+  return worked;
 }
 
 void Strategy::mark_readable_locked(int64_t begin, int64_t end) {
@@ -357,12 +367,13 @@ bool Strategy::stepped(int64_t begin, int64_t end) {
 }
 
 void Strategy::wait_stepped(int64_t begin, int64_t end) {
+  step_posted_chunk();
   std::unique_lock<std::mutex> lock(step_mu_);
   if (readable_locked(begin, end)) return;
   const auto t0 = std::chrono::steady_clock::now();
-  step_cv_.wait(lock, [&] { return readable_locked(begin, end); });
+  const double worked = wait_helping(lock, [&] { return readable_locked(begin, end); });
   step_wait_seconds_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - worked;
 }
 
 void Strategy::plan_step_in_backward(optim::Optimizer& opt, float grad_scale) {
@@ -473,10 +484,15 @@ void Strategy::join_step() noexcept {
   }
   step_cv_.notify_all();
   const auto t0 = std::chrono::steady_clock::now();
+  double worked = 0;
+  {
+    std::unique_lock<std::mutex> lock(step_mu_);
+    worked = wait_helping(lock, [&] { return !step_running_; });
+  }
   step_thread_.join();
   std::lock_guard<std::mutex> lock(step_mu_);
   step_wait_seconds_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - worked;
 }
 
 double Strategy::step_wait_seconds() const {

@@ -374,16 +374,23 @@ class Strategy {
     std::vector<char> ready;         // per sub-group: gradients final, partial sum taken
     std::vector<double> squares;     // per sub-group: sum of squares of its gradients
     int64_t low = 0, high = 0;       // sub-groups [low, high) not yet handed to the worker
-    // A sub-group's Adam handed by the worker to the training thread (hand_to_training_thread).
+    // A sub-group's Adam handed by the worker to the training thread (hand_to_training_thread();
+    // any background step, not only one started in backward).
     PostState post = PostState::None;
     const std::function<void()>* posted = nullptr;
     std::string post_error;
   } in_backward_;
-  // Worker: during the backward that started the step, asks the training thread to run `job` (the
-  // Adam step of a ready sub-group) and waits; false when the backward has ended meanwhile (the
-  // worker then runs it). Training thread: runs a posted job, if any (from grads_final()).
+  // Worker of a background step: asks the training thread to run `job` (the Adam step of a
+  // sub-group whose state is in RAM) and waits for it; false when the step was abandoned (the
+  // worker then runs it). The training thread runs posted jobs between its kernels: in
+  // grads_final() during backward, and whenever it would wait for the worker (wait_stepped(),
+  // join_step()), so the Adam work gets all the cores and never competes with the training
+  // thread's parallel kernels; the worker only moves data.
   bool hand_to_training_thread(const std::function<void()>& job);
   void step_posted_chunk();
+  // Training thread: waits on step_cv_ (lock held) until done(), running posted jobs meanwhile;
+  // returns the seconds spent running them.
+  double wait_helping(std::unique_lock<std::mutex>& lock, const std::function<bool()>& done);
   // Training thread: the partial sum of sub-group k, then k is ready (takes step_mu_); `early`:
   // before the end of the backward.
   void chunk_final(int64_t k, bool early);
