@@ -305,7 +305,7 @@ TEST_F(DsTrain, SeveralRanksThroughTheLauncher) {
 }
 
 // Tensor parallelism on 2 ranks (tp = 2, dp = 1): the same losses and gradient norms as one
-// process (within fp32 summation order), the HF export whole, a checkpoint that one process
+// process (within fp32 summation order; also under ZeRO-3), the HF export whole, a checkpoint that one process
 // resumes, and --init_from an HF folder giving one process's losses from it.
 // A flag that disagrees with the config's autotp_size is refused naming both.
 TEST_F(DsTrain, TensorParallelTrainsAsOneProcess) {
@@ -328,6 +328,26 @@ TEST_F(DsTrain, TensorParallelTrainsAsOneProcess) {
   }
   EXPECT_TRUE(fs::exists(two / "hf_model" / "model.safetensors"));
   EXPECT_EQ(fs::file_size(two / "hf_model" / "model.safetensors"),
+            fs::file_size(one / "hf_model" / "model.safetensors"));
+
+  // ZeRO-3 with tp = 2: the same losses, and the export gathered whole.
+  const fs::path z3 = dir_ / "z3";
+  ASSERT_EQ(run(flags + " --tensor_parallel_size 2 --output_dir " + z3.string() +
+                    " --deepspeed '{\"train_batch_size\": \"auto\", "
+                    "\"train_micro_batch_size_per_gpu\": \"auto\", "
+                    "\"gradient_accumulation_steps\": \"auto\", \"zero_optimization\": "
+                    "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0}}'",
+                true, launcher),
+            0)
+      << log_;
+  {
+    const auto a = values(one / "metrics" / "Train_Samples_train_loss.csv"),
+               b = values(z3 / "metrics" / "Train_Samples_train_loss.csv");
+    ASSERT_EQ(a.size(), b.size());
+    ASSERT_FALSE(a.empty());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-4 * std::abs(a[i]));
+  }
+  EXPECT_EQ(fs::file_size(z3 / "hf_model" / "model.safetensors"),
             fs::file_size(one / "hf_model" / "model.safetensors"));
 
   // The tp = 2 checkpoint resumes in one process (no conversion step).
