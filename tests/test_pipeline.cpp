@@ -217,11 +217,14 @@ namespace {
 
 constexpr int64_t kGas = 4;
 
+// Under ZeRO-3 the parameters above 100 elements (all but norms and biases; GPT-2's tied wte too)
+// are gathered around each use, not kept.
 std::string engine_config(int stage, int64_t micro, int tp, int ckpt_interval, int pp,
                           bool bf16 = false) {
   return fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {},
     "bf16": {{"enabled": {}}},
-    "gradient_clipping": 0.05, "zero_optimization": {{"stage": {}, "reduce_bucket_size": 3000}},
+    "gradient_clipping": 0.05, "zero_optimization": {{"stage": {}, "reduce_bucket_size": 3000,
+      "stage3_param_persistence_threshold": 100}},
     "tensor_parallel": {{"autotp_size": {}}},
     "pipeline": {{"stages": {}, "activation_checkpoint_interval": {}}},
     "optimizer": {{"type": "AdamW", "params": {{"lr": 5e-3, "weight_decay": 0.1}}}}}})",

@@ -251,6 +251,18 @@ class Stage3Strategy final : public Strategy {
     return out;
   }
 
+  void keep_gathered(const Tensor& param) override {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!params_[i].param.same(param)) continue;
+      params_[i].persistent = true;
+      const Trace::Paused paused = trace_.pause();
+      gather({static_cast<int>(i)}, "a parameter kept whole");
+      trace_.resume(paused);
+      return;
+    }
+    DS_THROW("[zero] keep_gathered: the tensor is not one of the model's trainable parameters");
+  }
+
   std::vector<std::pair<int64_t, int64_t>> optimizer_ranges_of(const std::set<std::string>& names,
                                                                bool complement) const override {
     // This rank's piece of each parameter sits at its shard offset (past numel: padding, whose

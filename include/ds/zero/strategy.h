@@ -210,6 +210,12 @@ class Strategy {
   virtual void after_step(const std::string& ctx) = 0;
   virtual void zero_grads() = 0;
 
+  // Keeps `param` (one of the model's trainable parameters) gathered whole on every rank from now
+  // on, like a persistent one: a pipeline's tied embedding, whose weight the first stage reads
+  // after every step to send it to the last. Stage 3 gathers it (a collective); the other stages
+  // hold every parameter whole already.
+  virtual void keep_gathered(const Tensor& param) { (void)param; }
+
   // ---- checkpoints and export ----
   // Every parameter whole, by name, in the training dtype. Stage 3 gathers each in turn (a
   // collective) and only rank 0 receives the list (empty elsewhere).
