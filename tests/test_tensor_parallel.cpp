@@ -219,8 +219,8 @@ TEST_P(TensorParallelTraining, SameLossesAsOneProcess) {
       // A K/V head shared by several tensor-parallel ranks stays the same on each of them
       // (stages 0-2: under ZeRO-3 the parameters are released pieces).
       const auto splits = nn::tp_splits(*model);
-      for (const auto& [name, p] : stage < 3 ? model->named_parameters()
-                                             : std::vector<std::pair<std::string, Tensor>>{}) {
+      for (const auto& [name, p] :
+           stage < 3 ? model->named_parameters() : std::vector<std::pair<std::string, Tensor>>{}) {
         const auto it = splits.find(name);
         if (it == splits.end() || it->second.copies == 1) continue;
         const std::vector<float> mine = p.contiguous().to_vector();
@@ -514,13 +514,15 @@ INSTANTIATE_TEST_SUITE_P(StagesAndPrecisions, TensorParallelCheckpoint,
 TEST(TensorParallelCheckpoint, SharedKVHeadsLoadAtAnyLayout) {
   auto w = comm::world();
   const int n = w->size();
-  if (n == 1) GTEST_SKIP() << "shares a K/V head over tp ranks: runs under mpirun with 2 and 4 ranks";
+  if (n == 1)
+    GTEST_SKIP() << "shares a K/V head over tp ranks: runs under mpirun with 2 and 4 ranks";
   const models::GPTConfig c = model_config("llama_kv1", n);
   const int64_t global_micro = 4;
   std::vector<std::pair<int, int>> saves = {{1, n}};  // (ZeRO stage, tp)
   if (n == 4) saves.emplace_back(3, 2);
   for (const auto& [stage, tp] : saves) {
-    const fs::path dir = fs::temp_directory_path() / fmt::format("ds_tp_kv1_{}_{}_{}", stage, tp, n);
+    const fs::path dir =
+        fs::temp_directory_path() / fmt::format("ds_tp_kv1_{}_{}_{}", stage, tp, n);
     if (w->rank() == 0) fs::remove_all(dir);
     w->barrier();
     std::vector<std::pair<std::string, Tensor>> saved;

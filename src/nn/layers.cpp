@@ -93,7 +93,8 @@ namespace {
 std::shared_ptr<Linear> column(const BlockConfig& cfg, int64_t in, int64_t out, bool bias,
                                int64_t unit = 1, int64_t blocks = 1, bool share = false) {
   if (cfg.tp)
-    return std::make_shared<ColumnParallelLinear>(in, out, bias, cfg.tp, unit, blocks, false, share);
+    return std::make_shared<ColumnParallelLinear>(in, out, bias, cfg.tp, unit, blocks, false,
+                                                  share);
   return std::make_shared<Linear>(in, out, bias);
 }
 // A Linear cutting its input features (its output summed over the group) or a whole one.

@@ -14,7 +14,8 @@
 namespace ds::nn {
 
 TensorParallel::TensorParallel(std::shared_ptr<comm::Group> group)
-    : group_(std::move(group)), sharing_(std::make_shared<std::map<int, std::shared_ptr<comm::Group>>>()) {
+    : group_(std::move(group)),
+      sharing_(std::make_shared<std::map<int, std::shared_ptr<comm::Group>>>()) {
   DS_CHECK(group_, "[tensor parallel] needs a group");
   size_ = group_->size();
   rank_ = group_->rank();
@@ -74,11 +75,13 @@ Tensor tp_reduce(const Tensor& x, const TensorParallel& tp) {
 Tensor tp_shared(const Tensor& w, const std::shared_ptr<comm::Group>& sharing) {
   if (!sharing || sharing->size() == 1) return w;
   Tensor out = w.detach();
-  return autograd::record(out, "TPSharedBackward", {w}, [sharing](const Tensor& g) -> std::vector<Tensor> {
-    Tensor sum = g.detach().clone();
-    sharing->all_reduce(sum, comm::ReduceOp::sum, "tensor parallel: gradient of a shared K/V head");
-    return {sum};
-  });
+  return autograd::record(out, "TPSharedBackward", {w},
+                          [sharing](const Tensor& g) -> std::vector<Tensor> {
+                            Tensor sum = g.detach().clone();
+                            sharing->all_reduce(sum, comm::ReduceOp::sum,
+                                                "tensor parallel: gradient of a shared K/V head");
+                            return {sum};
+                          });
 }
 
 // ---- cross entropy over a cut vocabulary ----

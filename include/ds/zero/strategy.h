@@ -177,7 +177,8 @@ class Strategy {
   // for K/V heads shared by several ranks: their gradients are identical there); parameters not
   // listed are whole on every tp rank (identical gradients) and count once overall. Call once,
   // before the first step.
-  void set_tensor_parallel(std::shared_ptr<comm::Group> tp, const std::map<std::string, int>& copies);
+  void set_tensor_parallel(std::shared_ptr<comm::Group> tp,
+                           const std::map<std::string, int>& copies);
   // Pipeline parallelism beside this data-parallel group: each stage holds different parameters,
   // so the norm above also sums over `pipe` (the stages; a tied weight is a parameter of one stage
   // only, so it counts once). Call once, before the first step.
@@ -258,8 +259,8 @@ class Strategy {
   // `names` (complement: every other trainable parameter).
   virtual std::vector<std::pair<int64_t, int64_t>> optimizer_ranges_of(
       const std::set<std::string>& names, bool complement) const = 0;
-  std::shared_ptr<comm::Group> tp_;                        // set_tensor_parallel()
-  std::shared_ptr<comm::Group> pipe_;                      // set_pipeline_parallel()
+  std::shared_ptr<comm::Group> tp_;    // set_tensor_parallel()
+  std::shared_ptr<comm::Group> pipe_;  // set_pipeline_parallel()
   // Optimizer ranges held by several tp ranks, with the number of ranks holding each (the norm
   // counts them 1 / copies times per rank).
   struct SharedRange {
