@@ -123,6 +123,11 @@ TEST_P(TensorParallelModel, PartsAndGradientsAreTheWholeModels) {
     const Tensor want = part_of(full[name], it == splits.end() ? nn::TPSplit{} : it->second);
     ASSERT_EQ(p.shape(), want.shape()) << name;
     EXPECT_EQ(max_diff(p, want), 0.0) << name;
+    // --init_from's slicing and the export's gathering (shared K/V heads: taken once) agree.
+    if (it != splits.end()) {
+      EXPECT_EQ(max_diff(nn::local_part(full[name], it->second), p), 0.0) << name;
+      EXPECT_EQ(max_diff(nn::gather_full(p, it->second, *tp), full[name]), 0.0) << name;
+    }
   }
 
   auto [x, y] = batch(3, 2, c.vocab_size);
