@@ -84,6 +84,18 @@ class DsTrain : public ::testing::Test {
     while (std::getline(in, line)) v.push_back(std::stod(line.substr(line.rfind(',') + 1)));
     return v;
   }
+  // Run b's metrics `names` (CSV files under metrics/) equal run a's within 1e-4 relative (fp32
+  // summation order: another layout of the same training).
+  static void expect_same_metrics(const fs::path& a_dir, const fs::path& b_dir,
+                                  const std::vector<std::string>& names) {
+    for (const std::string& f : names) {
+      const auto a = values(a_dir / "metrics" / (f + ".csv")),
+                 b = values(b_dir / "metrics" / (f + ".csv"));
+      ASSERT_EQ(a.size(), b.size()) << f;
+      ASSERT_FALSE(a.empty()) << f;
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-4 * std::abs(a[i])) << f;
+    }
+  }
   static std::string read(const fs::path& p) {
     std::ifstream f(p);
     return {std::istreambuf_iterator<char>(f), {}};
@@ -305,9 +317,9 @@ TEST_F(DsTrain, SeveralRanksThroughTheLauncher) {
 }
 
 // Tensor parallelism on 2 ranks (tp = 2, dp = 1): the same losses and gradient norms as one
-// process (within fp32 summation order), the HF export whole, a checkpoint that one process
-// resumes, and --init_from an HF folder giving one process's losses from it.
-// A flag that disagrees with the config's autotp_size is refused naming both.
+// process (within fp32 summation order; also under ZeRO-3), the HF export whole, a checkpoint that
+// one process resumes, and --init_from an HF folder giving one process's losses from it. A flag
+// that disagrees with the config's autotp_size is refused naming both.
 TEST_F(DsTrain, TensorParallelTrainsAsOneProcess) {
   const std::string launcher = std::string(DS_LAUNCHER_EXE) + " --num_procs 2";
   const fs::path one = dir_ / "one", two = dir_ / "two";
@@ -318,16 +330,25 @@ TEST_F(DsTrain, TensorParallelTrainsAsOneProcess) {
       << log_;
   EXPECT_NE(log_.find("tp=2"), std::string::npos) << log_;
   EXPECT_TRUE(fs::exists(two / "global_step4" / "mp_rank_01_model_states.safetensors")) << log_;
-  for (const char* f : {"Train_Samples_train_loss", "Train_Samples_grad_norm",
-                        "Eval_Samples_eval_loss"}) {
-    const auto a = values(one / "metrics" / (std::string(f) + ".csv")),
-               b = values(two / "metrics" / (std::string(f) + ".csv"));
-    ASSERT_EQ(a.size(), b.size()) << f;
-    ASSERT_FALSE(a.empty()) << f;
-    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-4 * std::abs(a[i])) << f;
-  }
+  expect_same_metrics(
+      one, two, {"Train_Samples_train_loss", "Train_Samples_grad_norm", "Eval_Samples_eval_loss"});
   EXPECT_TRUE(fs::exists(two / "hf_model" / "model.safetensors"));
   EXPECT_EQ(fs::file_size(two / "hf_model" / "model.safetensors"),
+            fs::file_size(one / "hf_model" / "model.safetensors"));
+
+  // ZeRO-3 with tp = 2: one process's losses under the same config, and the export whole.
+  const std::string zero3 =
+      " --deepspeed '{\"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\": "
+      "\"auto\", \"gradient_accumulation_steps\": \"auto\", \"zero_optimization\": "
+      "{\"stage\": 3, \"stage3_param_persistence_threshold\": 0}}'";
+  const fs::path z3one = dir_ / "z3one", z3 = dir_ / "z3";
+  ASSERT_EQ(run(flags + zero3 + " --output_dir " + z3one.string()), 0) << log_;
+  ASSERT_EQ(run(flags + zero3 + " --tensor_parallel_size 2 --output_dir " + z3.string(), true,
+                launcher),
+            0)
+      << log_;
+  expect_same_metrics(z3one, z3, {"Train_Samples_train_loss", "Train_Samples_grad_norm"});
+  EXPECT_EQ(fs::file_size(z3 / "hf_model" / "model.safetensors"),
             fs::file_size(one / "hf_model" / "model.safetensors"));
 
   // The tp = 2 checkpoint resumes in one process (no conversion step).
@@ -346,13 +367,7 @@ TEST_F(DsTrain, TensorParallelTrainsAsOneProcess) {
   ASSERT_EQ(run(init + " --output_dir " + i1.string()), 0) << log_;
   ASSERT_EQ(run(init + " --tensor_parallel_size 2 --output_dir " + i2.string(), true, launcher), 0)
       << log_;
-  {
-    const auto a = values(i1 / "metrics" / "Train_Samples_train_loss.csv"),
-               b = values(i2 / "metrics" / "Train_Samples_train_loss.csv");
-    ASSERT_EQ(a.size(), b.size());
-    ASSERT_FALSE(a.empty());
-    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-4 * std::abs(a[i]));
-  }
+  expect_same_metrics(i1, i2, {"Train_Samples_train_loss"});
 
   const fs::path cfg2 = dir_ / "tp2.json";
   std::ofstream(cfg2) << R"({"train_micro_batch_size_per_gpu": 2, "tensor_parallel": {"autotp_size": 2},
@@ -381,14 +396,8 @@ TEST_F(DsTrain, PipelineTrainsAsOneProcess) {
   EXPECT_NE(log_.find("stage 1: layers ["), std::string::npos) << log_;
   EXPECT_NE(log_.find("rank:(pipe,data,tensor) 0:(0,0,0) 1:(1,0,0)"), std::string::npos) << log_;
   EXPECT_EQ(read(two / "latest"), "global_step4\n");
-  for (const char* f : {"Train_Samples_train_loss", "Train_Samples_grad_norm",
-                        "Eval_Samples_eval_loss"}) {
-    const auto a = values(one / "metrics" / (std::string(f) + ".csv")),
-               b = values(two / "metrics" / (std::string(f) + ".csv"));
-    ASSERT_EQ(a.size(), b.size()) << f;
-    ASSERT_FALSE(a.empty()) << f;
-    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-4 * std::abs(a[i])) << f;
-  }
+  expect_same_metrics(
+      one, two, {"Train_Samples_train_loss", "Train_Samples_grad_norm", "Eval_Samples_eval_loss"});
   EXPECT_EQ(fs::file_size(two / "hf_model" / "model.safetensors"),
             fs::file_size(one / "hf_model" / "model.safetensors"));
 

@@ -216,9 +216,10 @@ int run(const Options& o, const Given& g) {
   // weights come from a Hugging Face folder (read whole, then sharded).
   // LoRA needs the whole base model built (its frozen weights stay whole on every rank).
   const std::optional<ds::nn::LoraConfig> lora = ds::train::lora_config(o, g, mcfg);
-  // A pipeline stage is built whole (its layers only) and then sharded.
+  // A pipeline stage is built whole (its layers only) and then sharded; so is a tensor-parallel
+  // rank's part (its slices).
   const bool partitioned_build = cfg.zero_optimization.stage == 3 && o.init_from.empty() && !lora &&
-                                 rc.pipeline_parallel == 1;
+                                 rc.pipeline_parallel == 1 && rc.tensor_parallel == 1;
   // Tensor parallelism (docs/parallelism.md): each rank builds its slices of the model; ZeRO
   // shards over the data-parallel ranks (world / tp).
   const int tp_size = rc.tensor_parallel;
@@ -229,10 +230,6 @@ int run(const Options& o, const Given& g) {
              "implemented yet; use --pipeline_parallel_size 1", pp_size);
   }
   if (tp_size > 1) {
-    DS_CHECK(cfg.zero_optimization.stage <= 2,
-             "[ds_train] --tensor_parallel_size {} works with ZeRO stages 0-2; the config has "
-             "stage 3",
-             tp_size);
     DS_CHECK(!lora, "[ds_train] LoRA (--lora_dim) with --tensor_parallel_size {} is not "
              "implemented yet; use --tensor_parallel_size 1", tp_size);
   }

@@ -1,6 +1,7 @@
 #include "ds/nn/layers.h"
 #include "ds/nn/tensor_parallel.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ds/core/error.h"
@@ -88,9 +89,12 @@ Tensor RMSNorm::forward(const Tensor& x) {
 namespace {
 
 // A Linear cutting its output features (tensor parallelism) or a whole one.
+// `share`: fewer units (K/V heads) than ranks are held by several ranks each.
 std::shared_ptr<Linear> column(const BlockConfig& cfg, int64_t in, int64_t out, bool bias,
-                               int64_t unit = 1, int64_t blocks = 1) {
-  if (cfg.tp) return std::make_shared<ColumnParallelLinear>(in, out, bias, cfg.tp, unit, blocks);
+                               int64_t unit = 1, int64_t blocks = 1, bool share = false) {
+  if (cfg.tp)
+    return std::make_shared<ColumnParallelLinear>(in, out, bias, cfg.tp, unit, blocks, false,
+                                                  share);
   return std::make_shared<Linear>(in, out, bias);
 }
 // A Linear cutting its input features (its output summed over the group) or a whole one.
@@ -147,8 +151,10 @@ CausalSelfAttention::CausalSelfAttention(const BlockConfig& cfg)
   } else {
     const bool qkv_bias = cfg.bias || cfg.qkv_bias;
     q_proj_ = register_module("q_proj", column(cfg, C, Q, qkv_bias, head_dim_));
-    k_proj_ = register_module("k_proj", column(cfg, C, KV, qkv_bias, head_dim_));
-    v_proj_ = register_module("v_proj", column(cfg, C, KV, qkv_bias, head_dim_));
+    // With fewer K/V heads than tensor-parallel ranks, each rank holds the head its query heads
+    // use (ranks sharing it sum its gradient: ColumnParallelLinear's `share`).
+    k_proj_ = register_module("k_proj", column(cfg, C, KV, qkv_bias, head_dim_, 1, true));
+    v_proj_ = register_module("v_proj", column(cfg, C, KV, qkv_bias, head_dim_, 1, true));
     o_proj_ = register_module("o_proj", row(cfg, Q, C, cfg.bias, head_dim_));
     if (cfg.qk_norm) {
       q_norm_ = register_module("q_norm", std::make_shared<RMSNorm>(head_dim_, cfg.norm_eps));
@@ -159,7 +165,7 @@ CausalSelfAttention::CausalSelfAttention(const BlockConfig& cfg)
   }
   if (cfg.tp) {  // this rank's heads (the projections above checked that they divide evenly)
     n_head_ /= cfg.tp->size();
-    n_kv_head_ /= cfg.tp->size();
+    n_kv_head_ = std::max<int64_t>(1, n_kv_head_ / cfg.tp->size());  // one when shared
   }
 }
 

@@ -13,10 +13,20 @@
 
 namespace ds::nn {
 
-TensorParallel::TensorParallel(std::shared_ptr<comm::Group> group) : group_(std::move(group)) {
+TensorParallel::TensorParallel(std::shared_ptr<comm::Group> group)
+    : group_(std::move(group)),
+      sharing_(std::make_shared<std::map<int, std::shared_ptr<comm::Group>>>()) {
   DS_CHECK(group_, "[tensor parallel] needs a group");
   size_ = group_->size();
   rank_ = group_->rank();
+}
+
+std::shared_ptr<comm::Group> TensorParallel::sharing_group(int copies) const {
+  DS_CHECK(copies >= 1 && size_ % copies == 0,
+           "[tensor parallel] {} ranks cannot share parts {} at a time", size_, copies);
+  auto& g = (*sharing_)[copies];
+  if (!g) g = group_->split(rank_ / copies, rank_);
+  return g;
 }
 
 std::pair<int64_t, int64_t> TensorParallel::part(int64_t n, int64_t unit, bool uneven,
@@ -60,6 +70,18 @@ Tensor tp_reduce(const Tensor& x, const TensorParallel& tp) {
   Tensor out = summed(x, tp, "tensor parallel: partial outputs");
   return autograd::record(out, "TPReduceBackward", {x},
                           [](const Tensor& g) -> std::vector<Tensor> { return {g}; });
+}
+
+Tensor tp_shared(const Tensor& w, const std::shared_ptr<comm::Group>& sharing) {
+  if (!sharing || sharing->size() == 1) return w;
+  Tensor out = w.detach();
+  return autograd::record(out, "TPSharedBackward", {w},
+                          [sharing](const Tensor& g) -> std::vector<Tensor> {
+                            Tensor sum = g.detach().clone();
+                            sharing->all_reduce(sum, comm::ReduceOp::sum,
+                                                "tensor parallel: gradient of a shared K/V head");
+                            return {sum};
+                          });
 }
 
 // ---- cross entropy over a cut vocabulary ----
@@ -150,24 +172,37 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
 
 // ---- layers ----
 
+TPSplit ColumnParallelLinear::column_split(int64_t out_features, const TensorParallel& tp,
+                                           int64_t unit, int64_t blocks, bool uneven, bool share) {
+  DS_CHECK(blocks >= 1 && out_features % blocks == 0,
+           "[tensor parallel] {} output features are not {} equal blocks", out_features, blocks);
+  const int64_t per_block = out_features / blocks;
+  if (share && unit >= 1 && per_block % unit == 0 && per_block / unit < tp.size()) {
+    // Fewer units (K/V heads) than ranks: `copies` adjacent ranks hold each one.
+    const int64_t units = per_block / unit;
+    DS_CHECK(blocks == 1 && !uneven && tp.size() % units == 0,
+             "[tensor parallel] K/V heads: {} heads cannot be cut into {} equal parts, nor "
+             "shared by equal groups of the {} ranks; choose a tensor_parallel size that divides "
+             "n_kv_head ({}) or is a multiple of it",
+             units, tp.size(), tp.size(), units);
+    const int copies = static_cast<int>(tp.size() / units);
+    const int64_t b = (tp.rank() / copies) * unit;
+    return {0, out_features, 1, b, b + unit, copies};
+  }
+  auto [b, e] = tp.part(per_block, unit, uneven, "column-parallel output features");
+  DS_CHECK(e > b, "[tensor parallel] rank {} of {} would hold no output features of {}",
+           tp.rank(), tp.size(), out_features);
+  return {0, out_features, blocks, b, e};
+}
+
 ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias,
                                            std::shared_ptr<TensorParallel> tp, int64_t unit,
-                                           int64_t blocks, bool uneven)
-    : Linear(in_features,
-             [&] {
-               DS_CHECK(blocks >= 1 && out_features % blocks == 0,
-                        "[tensor parallel] {} output features are not {} equal blocks",
-                        out_features, blocks);
-               auto [b, e] = tp->part(out_features / blocks, unit, uneven,
-                                      "column-parallel output features");
-               return std::max<int64_t>(1, blocks * (e - b));
-             }(),
+                                           int64_t blocks, bool uneven, bool share)
+    : Linear(in_features, column_split(out_features, *tp, unit, blocks, uneven, share).local(),
              bias),
-      tp_(std::move(tp)) {
-  auto [b, e] = tp_->part(out_features / blocks, unit, uneven, "column-parallel output features");
-  DS_CHECK(e > b, "[tensor parallel] rank {} of {} would hold no output features of {}",
-           tp_->rank(), tp_->size(), out_features);
-  split_ = {0, out_features, blocks, b, e};
+      tp_(std::move(tp)),
+      split_(column_split(out_features, *tp_, unit, blocks, uneven, share)) {
+  if (split_.copies > 1) sharing_ = tp_->sharing_group(split_.copies);
 }
 
 ColumnParallelLinear::ColumnParallelLinear(Tensor weight, TPSplit split,
@@ -175,7 +210,9 @@ ColumnParallelLinear::ColumnParallelLinear(Tensor weight, TPSplit split,
     : Linear(std::move(weight)), tp_(std::move(tp)), split_(split) {}
 
 Tensor ColumnParallelLinear::forward(const Tensor& x) {
-  return Linear::forward(tp_copy(x, *tp_));
+  if (!sharing_) return Linear::forward(tp_copy(x, *tp_));
+  const Tensor b = bias().defined() ? tp_shared(bias(), sharing_) : Tensor();
+  return ops::linear(tp_copy(x, *tp_), tp_shared(weight(), sharing_), b);
 }
 
 int64_t RowParallelLinear::local_in(int64_t in, const TensorParallel& tp, int64_t unit) {
@@ -236,8 +273,9 @@ Tensor gather_full(const Tensor& local, const TPSplit& s, const TensorParallel& 
   // Every rank's range inside a block is [min(Fb, r*per), min(Fb, (r+1)*per)) (part()'s rule);
   // parts are padded to `per` so that the all-gather moves equal chunks.
   const int n = tp.size();
-  const int64_t Fb = s.full / s.blocks, per = (Fb + n - 1) / n;
   const int64_t len = s.end - s.begin;
+  // Shared parts (copies > 1): rank r holds the (r / copies)-th of n / copies equal ranges.
+  const int64_t Fb = s.full / s.blocks, per = s.copies > 1 ? len : (Fb + n - 1) / n;
   const Tensor x = local.detach().to(DType::f32).contiguous();
   const float* src = x.data<float>();
   Shape full_shape = local.shape();
@@ -245,7 +283,7 @@ Tensor gather_full(const Tensor& local, const TPSplit& s, const TensorParallel& 
   Tensor full = Tensor::zeros(full_shape);
   float* dst = full.data<float>();
   auto range = [&](int r) {
-    const int64_t b = std::min(Fb, r * per);
+    const int64_t b = std::min(Fb, (s.copies > 1 ? r / s.copies : r) * per);
     return std::pair<int64_t, int64_t>{b, std::min(Fb, b + per)};
   };
   if (s.dim == 0) {
@@ -256,7 +294,7 @@ Tensor gather_full(const Tensor& local, const TPSplit& s, const TensorParallel& 
       std::copy(src + j * len * cols, src + (j + 1) * len * cols, send.data() + j * per * cols);
     tp.group().all_gather(send.data(), recv.data(), static_cast<size_t>(chunk), DType::f32,
                           "tensor parallel: gathering a parameter");
-    for (int r = 0; r < n; ++r) {
+    for (int r = 0; r < n; r += s.copies) {  // a shared part from the first of its holders
       const auto [b, e] = range(r);
       for (int64_t j = 0; j < s.blocks; ++j) {
         const float* from = recv.data() + r * chunk + j * per * cols;
@@ -271,7 +309,7 @@ Tensor gather_full(const Tensor& local, const TPSplit& s, const TensorParallel& 
       std::copy(src + i * len, src + (i + 1) * len, send.data() + i * per);
     tp.group().all_gather(send.data(), recv.data(), static_cast<size_t>(chunk), DType::f32,
                           "tensor parallel: gathering a parameter");
-    for (int r = 0; r < n; ++r) {
+    for (int r = 0; r < n; r += s.copies) {
       const auto [b, e] = range(r);
       for (int64_t i = 0; i < rows; ++i) {
         const float* from = recv.data() + r * chunk + i * per;

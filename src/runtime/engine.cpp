@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <set>
 #include <string>
 
@@ -145,10 +146,11 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
   zo.log = [this](const std::string& m) { log(m); };
   zero_ = zero::make_strategy(*model_, group_, zo);
   if (options_.topology && options_.topology->tensor_parallel()->size() > 1) {
-    // The model's cut parameters (nn/tensor_parallel.h) count once per part in the global norm.
-    std::set<std::string> cut;
+    // The model's cut parameters (nn/tensor_parallel.h) count once per distinct part in the
+    // global norm.
+    std::map<std::string, int> cut;
     for (const auto& [name, split] : nn::tp_splits(*model_))
-      if (!split.replicated()) cut.insert(name);
+      if (!split.replicated()) cut[name] = split.copies;
     DS_CHECK(!cut.empty(),
              "[engine] the topology has tensor_parallel size {} but the model has no "
              "tensor-parallel layers; build it with that group (models::GPT(config, tp))",

@@ -55,6 +55,10 @@ PipelineEngine::PipelineEngine(std::shared_ptr<nn::Module> stage, DeepSpeedConfi
     return last ? m.loss(x, y) : m(x);
   };
   engine_ = std::make_unique<Engine>(module_, std::move(config), std::move(options));
+  // The first stage sends the tied embedding to the last after every step: under ZeRO-3 it stays
+  // gathered (as DeepSpeed's persistent parameters do).
+  if (Tensor w = stage_->tied_embedding_weight(); w.defined() && p > 1)
+    engine_->strategy().keep_gathered(w);
 
   // The stages agree on what they hold before anything travels between them.
   auto& pipe = *topology_->pipeline();

@@ -253,6 +253,33 @@ class Stage3Strategy final : public Strategy {
     return out;
   }
 
+  void keep_gathered(const Tensor& param) override {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!params_[i].param.same(param)) continue;
+      params_[i].persistent = true;
+      const Trace::Paused paused = trace_.pause();
+      gather({static_cast<int>(i)}, "a parameter kept whole");
+      trace_.resume(paused);
+      return;
+    }
+    DS_THROW("[zero] keep_gathered: the tensor is not one of the model's trainable parameters");
+  }
+
+  std::vector<std::pair<int64_t, int64_t>> optimizer_ranges_of(const std::set<std::string>& names,
+                                                               bool complement) const override {
+    // This rank's piece of each parameter sits at its shard offset (past numel: padding, whose
+    // gradients are zero).
+    std::vector<std::pair<int64_t, int64_t>> out;
+    const int r = group_->rank();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (names.count(flat_.entries[i].name) == (complement ? 1u : 0u)) continue;
+      const auto& sp = params_[i];
+      const int64_t len = std::clamp<int64_t>(sp.numel - r * sp.part, 0, sp.part);
+      if (len > 0) out.emplace_back(sp.shard_offset, sp.shard_offset + len);
+    }
+    return out;
+  }
+
   void load_parameters(
       const std::function<void(const std::string&, const Tensor&)>& read_param) override {
     // Frozen parameters (whole on every rank) come from the model file as they are.

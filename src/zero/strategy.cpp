@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "ds/backend/backend.h"
@@ -54,10 +56,9 @@ double Strategy::global_sum_of_squares(const Tensor& g, const std::string& ctx) 
            shape_str(g.shape()), dtype_name(g.dtype()));
   double sq = local_sum_of_squares(g);
   if (tp_) {
-    // Parameters whole on every tp rank are counted 1/tp times here, so once over the tp group.
-    double rep = 0.0;
-    for (auto [a, z] : tp_replicated_) rep += local_sum_of_squares(g.flat_range(a, z - a));
-    sq -= rep * (1.0 - 1.0 / tp_->size());
+    // A part held by c tp ranks is counted 1/c times on each, so once over the tp group.
+    for (const SharedRange& r : tp_shared_)
+      sq -= local_sum_of_squares(g.flat_range(r.begin, r.end - r.begin)) * (1.0 - 1.0 / r.copies);
   }
   return reduce_sum_of_squares(sq, ctx);
 }
@@ -93,17 +94,24 @@ void Strategy::set_pipeline_parallel(std::shared_ptr<comm::Group> pipe) {
 }
 
 void Strategy::set_tensor_parallel(std::shared_ptr<comm::Group> tp,
-                                   const std::set<std::string>& cut) {
+                                   const std::map<std::string, int>& copies) {
   if (!tp || tp->size() == 1) return;
-  tp_replicated_ = optimizer_ranges_of(cut, /*complement=*/true);
+  std::set<std::string> cut;
+  std::map<int, std::set<std::string>> shared;  // by number of copies > 1
+  for (const auto& [name, c] : copies) {
+    DS_CHECK(c >= 1 && c <= tp->size() && tp->size() % c == 0,
+             "[zero] parameter '{}' is said to be held by {} of the {} tensor-parallel ranks", name,
+             c, tp->size());
+    cut.insert(name);
+    if (c > 1) shared[c].insert(name);
+  }
+  tp_shared_.clear();
+  for (auto [a, z] : optimizer_ranges_of(cut, /*complement=*/true))
+    tp_shared_.push_back({a, z, tp->size()});
+  for (const auto& [c, names] : shared)
+    for (auto [a, z] : optimizer_ranges_of(names, /*complement=*/false))
+      tp_shared_.push_back({a, z, c});
   tp_ = std::move(tp);
-}
-
-std::vector<std::pair<int64_t, int64_t>> Strategy::optimizer_ranges_of(const std::set<std::string>&,
-                                                                       bool) const {
-  DS_THROW("[zero] tensor parallelism with ZeRO stage {} is not implemented yet; use stage 0, 1 "
-           "or 2 on the data-parallel axis",
-           options_.stage);
 }
 
 void Strategy::attach_optimizer(optim::Optimizer& opt,

@@ -35,7 +35,8 @@
 
 namespace ds::nn {
 
-// This rank's place in a tensor-parallel group. Immutable; shared by the layers of one model.
+// This rank's place in a tensor-parallel group. Shared by the layers of one model; immutable but
+// for the cache of sharing_group() (build the model on one thread).
 class TensorParallel {
  public:
   explicit TensorParallel(std::shared_ptr<comm::Group> group);
@@ -46,10 +47,16 @@ class TensorParallel {
   // `unit`s (heads: unit = head size). Even parts unless `uneven` (ceil(n / size) per rank, the
   // last ones shorter or empty). Throws naming `what` when an even cut is impossible.
   std::pair<int64_t, int64_t> part(int64_t n, int64_t unit, bool uneven, const std::string& what) const;
+  // The ranks that hold the same part as this one when `copies` adjacent ranks share each part
+  // (ranks r with equal r / copies): the K/V heads when there are fewer than ranks. Created by a
+  // split of group() the first time a `copies` is asked for (a collective: every rank builds the
+  // same layers in the same order), then cached and shared by copies of this object.
+  std::shared_ptr<comm::Group> sharing_group(int copies) const;
 
  private:
   std::shared_ptr<comm::Group> group_;
   int size_ = 1, rank_ = 0;
+  std::shared_ptr<std::map<int, std::shared_ptr<comm::Group>>> sharing_;
 };
 
 // Which part of the full tensor a rank holds.
@@ -58,12 +65,19 @@ struct TPSplit {
   int64_t full = 0;         // full size along dim (all blocks)
   int64_t blocks = 1;       // dim is `blocks` equal blocks, each cut alike (GPT-2's [q | k | v])
   int64_t begin = 0, end = 0;  // this rank's range inside each block
+  // Tensor-parallel ranks holding this same part: 1, or tp / n_kv_head for the K/V projections
+  // when there are fewer K/V heads than ranks (adjacent ranks share a head; see kv_sharing()).
+  int copies = 1;
   int64_t local() const { return blocks * (end - begin); }
   bool replicated() const { return dim < 0; }
 };
 
 Tensor tp_copy(const Tensor& x, const TensorParallel& tp);
 Tensor tp_reduce(const Tensor& x, const TensorParallel& tp);
+// A part held by several ranks (a K/V head shared by the ranks of `sharing`, each of which sees
+// only its own query heads' share of the head's gradient): forward identity, backward the sum of
+// the gradients over `sharing`, so every holder gets the whole gradient and the copies stay equal.
+Tensor tp_shared(const Tensor& w, const std::shared_ptr<comm::Group>& sharing);
 
 // Mean cross entropy over targets != ignore_index, from logits (N, V_local) holding vocabulary
 // entries [vocab_begin, vocab_begin + V_local) of vocab_size. targets (N) int, the same on every
@@ -76,19 +90,25 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
 // y = tp_copy(x) @ W^T + b with W (blocks * part, in): this rank's output features. `unit`: the
 // output features move in whole units (attention heads); `blocks`: the output is `blocks` equal
 // sections each cut alike (GPT-2's fused q, k, v); `uneven`: the vocabulary's ceil split.
+// `share`: with fewer units than ranks (K/V heads, n_kv_head < tp, tp a multiple of n_kv_head),
+// tp / units adjacent ranks hold the same unit (split().copies) and sum its gradient (tp_shared);
+// Megatron's and DeepSpeed AutoTP's K/V head replication.
 class ColumnParallelLinear : public Linear {
  public:
   ColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias,
                        std::shared_ptr<TensorParallel> tp, int64_t unit = 1, int64_t blocks = 1,
-                       bool uneven = false);
+                       bool uneven = false, bool share = false);
   // Over an existing local weight (a head tied to a VocabParallelEmbedding).
   ColumnParallelLinear(Tensor weight, TPSplit split, std::shared_ptr<TensorParallel> tp);
   Tensor forward(const Tensor& x) override;  // (..., in) -> (..., local out)
   const TPSplit& split() const { return split_; }
 
  private:
+  static TPSplit column_split(int64_t out_features, const TensorParallel& tp, int64_t unit,
+                              int64_t blocks, bool uneven, bool share);
   std::shared_ptr<TensorParallel> tp_;
   TPSplit split_;
+  std::shared_ptr<comm::Group> sharing_;  // split_.copies > 1: the ranks holding the same unit
 };
 
 // y = tp_reduce(x @ W^T) + b with W (out, part of in): x holds this rank's input features; the
@@ -121,7 +141,8 @@ class VocabParallelEmbedding : public Embedding {
 
 // The whole tensor from every rank's part `local` (cut as `split`): an all-gather over the group
 // (collective: every rank of the group calls it with its own part, in the same order). Returns
-// `local` itself when split is replicated. Any floating dtype; the result has local's dtype.
+// `local` itself when split is replicated; a part held by several ranks (copies > 1) is taken
+// once. Any floating dtype; the result has local's dtype.
 Tensor gather_full(const Tensor& local, const TPSplit& split, const TensorParallel& tp);
 
 // This rank's part of a whole tensor `full` as `split` describes it (a contiguous copy; `full`

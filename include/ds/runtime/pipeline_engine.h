@@ -35,7 +35,7 @@
 //
 // ZeRO stages 0-3 on the data axis (DeepSpeed refuses 2 and 3 because it defers the gradient
 // reduction to the end of the batch; here each stage's Engine reduces and gathers per micro-step
-// exactly as without a pipeline). Stage 3 with tensor parallelism is refused by the strategy.
+// exactly as without a pipeline), with or without tensor parallelism.
 //
 // Threading: one thread per rank; every call is collective over the whole topology.
 #include <functional>

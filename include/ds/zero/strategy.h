@@ -25,6 +25,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -174,10 +175,13 @@ class Strategy {
   // rank reaches every rank. Deterministic: fixed tiles summed in order.
   double global_sum_of_squares(const Tensor& g, const std::string& ctx);
   // Tensor parallelism beside this data-parallel group: the norm above then also sums over `tp`,
-  // counting the parameters in `cut` (each tp rank holds a different part) once per part and the
-  // others (whole on every tp rank, identical gradients) once overall: Megatron's global norm.
-  // Call once, before the first step. Stages 0-2; stage 3 refuses.
-  void set_tensor_parallel(std::shared_ptr<comm::Group> tp, const std::set<std::string>& cut);
+  // counting every distinct part once: Megatron's global norm. `copies` lists the parameters cut
+  // over the group with the number of tp ranks that hold each one's part (1, or tp / n_kv_head
+  // for K/V heads shared by several ranks: their gradients are identical there); parameters not
+  // listed are whole on every tp rank (identical gradients) and count once overall. Call once,
+  // before the first step.
+  void set_tensor_parallel(std::shared_ptr<comm::Group> tp,
+                           const std::map<std::string, int>& copies);
   // Pipeline parallelism beside this data-parallel group: each stage holds different parameters,
   // so the norm above also sums over `pipe` (the stages; a tied weight is a parameter of one stage
   // only, so it counts once). Call once, before the first step.
@@ -230,6 +234,12 @@ class Strategy {
   virtual void after_step(const std::string& ctx) = 0;
   virtual void zero_grads() = 0;
 
+  // Keeps `param` (one of the model's trainable parameters) gathered whole on every rank from now
+  // on, like a persistent one: a pipeline's tied embedding, whose weight the first stage reads
+  // after every step to send it to the last. Stage 3 gathers it (a collective); the other stages
+  // hold every parameter whole already.
+  virtual void keep_gathered(const Tensor& param) { (void)param; }
+
   // ---- checkpoints and export ----
   // Every parameter whole, by name, in the training dtype. Stage 3 gathers each in turn (a
   // collective) and only rank 0 receives the list (empty elsewhere).
@@ -269,12 +279,18 @@ class Strategy {
   // first sub-groups of the coming step into the idle swap buffers (StateStore::prefetch).
   void prefetch_optimizer_state(bool boundary);
   // [begin, end) ranges of the optimizer range (this rank's) that hold the parameters named in
-  // `names`; the default refuses (stage 3 with tensor parallelism).
+  // `names` (complement: every other trainable parameter).
   virtual std::vector<std::pair<int64_t, int64_t>> optimizer_ranges_of(
-      const std::set<std::string>& names, bool complement) const;
-  std::shared_ptr<comm::Group> tp_;                        // set_tensor_parallel()
-  std::shared_ptr<comm::Group> pipe_;                      // set_pipeline_parallel()
-  std::vector<std::pair<int64_t, int64_t>> tp_replicated_;  // optimizer ranges whole on every tp rank
+      const std::set<std::string>& names, bool complement) const = 0;
+  std::shared_ptr<comm::Group> tp_;    // set_tensor_parallel()
+  std::shared_ptr<comm::Group> pipe_;  // set_pipeline_parallel()
+  // Optimizer ranges held by several tp ranks, with the number of ranks holding each (the norm
+  // counts them 1 / copies times per rank).
+  struct SharedRange {
+    int64_t begin, end;
+    int copies;
+  };
+  std::vector<SharedRange> tp_shared_;
   // fp32 copy of grads[begin, begin + numel) in a reused scratch buffer.
   const float* widen_gradients(const Tensor& grads, int64_t begin, int64_t numel);
   Tensor grad_chunk_;
