@@ -44,9 +44,13 @@ int main(int argc, char** argv) {
   app.add_option("--http_threads", o.http_threads, "connection threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
+  app.add_option("--max_batch", o.max_batch,
+                 "generations that share each decode step (continuous batching); 1 = one at a time")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   app.add_option("--max_queue", o.max_queue,
-                 "generation requests that may wait while one runs; more answer 503 with "
-                 "Retry-After")
+                 "generation requests that may wait for a place in the batch; more answer 503 "
+                 "with Retry-After")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max_body_bytes", o.max_body_bytes, "larger request bodies answer 413")
@@ -98,9 +102,9 @@ int main(int argc, char** argv) {
       }
     });
     std::fprintf(stderr,
-                 "ds_serve: %s on http://%s:%d (%d compute threads; one generation at a "
-                 "time)\n",
-                 desc.c_str(), o.host.c_str(), port, ds::num_threads());
+                 "ds_serve: %s on http://%s:%d (%d compute threads; up to %d generations per "
+                 "decode step)\n",
+                 desc.c_str(), o.host.c_str(), port, ds::num_threads(), o.max_batch);
     server.run();
     stopped = true;
     watcher.join();
