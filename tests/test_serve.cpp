@@ -135,11 +135,11 @@ TEST(Generate, GreedyEqualsUncachedGenerate) {
 void check_decode_batch_equals_alone(const models::GPTConfig& cfg) {
   auto m = make_model(cfg);
   const int64_t V = cfg.vocab_size;
-  constexpr int kSeqs = 3;
+  constexpr int kSeqs = 5;  // rows 0-3 take the four-row kernel, row 4 the one-row kernel
   std::vector<std::unique_ptr<serve::KVDecoder>> batched, alone;
   std::vector<int32_t> next(kSeqs);
   for (int b = 0; b < kSeqs; ++b) {
-    const std::vector<int32_t> prompt = seq(3 + 5 * b, b);  // lengths 3, 8, 13
+    const std::vector<int32_t> prompt = seq(3 + 5 * b, b);  // lengths 3, 8, .. 23
     for (auto* v : {&batched, &alone}) {
       v->push_back(std::make_unique<serve::KVDecoder>(m));
       v->back()->forward(prompt);
@@ -149,7 +149,7 @@ void check_decode_batch_equals_alone(const models::GPTConfig& cfg) {
   for (int step = 0; step < 6; ++step) {
     std::vector<serve::KVDecoder*> decs;
     for (auto& d : batched) decs.push_back(d.get());
-    // From step 3 the last sequence has left the batch (as a finished request does).
+    // From step 3 the last sequence has left the batch (as a finished request does): 4 rows.
     if (step >= 3) decs.pop_back();
     const std::vector<int32_t> ids(next.begin(),
                                    next.begin() + static_cast<ptrdiff_t>(decs.size()));

@@ -24,15 +24,10 @@ Tensor f32_contiguous(const Tensor& t) {
   return c.is_contiguous() ? c : ops::contiguous(c);
 }
 
-// w . x over n floats, in one fixed order (two 8-lane accumulators, then a fixed reduction). Every
-// decode row goes through here, alone or in a batch, so a row's result never depends on the others.
-float dot_row(const float* w, const float* x, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-  }
+// The end of one row's dot product: its two 8-lane accumulators reduced in a fixed order, then the
+// tail past the last full 16 floats (from i).
+inline float dot_finish(__m256 a0, __m256 a1, const float* w, const float* x, int64_t i,
+                        int64_t n) {
   a0 = _mm256_add_ps(a0, a1);
   __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
   s4 = _mm_hadd_ps(s4, s4);
@@ -40,6 +35,44 @@ float dot_row(const float* w, const float* x, int64_t n) {
   float acc = _mm_cvtss_f32(s4);
   for (; i < n; ++i) acc = std::fma(w[i], x[i], acc);
   return acc;
+}
+
+// w . x over n floats: two accumulators over 16-float chunks, then dot_finish. Every decode row
+// gets exactly this sequence of operations, alone (here) or four at a time (dot4), so a row's
+// result never depends on the other rows of its batch.
+float dot_row(const float* w, const float* x, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+  }
+  return dot_finish(a0, a1, w, x, i, n);
+}
+
+// w . x_m for four rows x_m = x + m * n: each row's accumulators see dot_row's operations in
+// dot_row's order (the same results), the weight chunk is loaded once for the four, and eight
+// independent FMA chains hide the FMA latency that bounds one dot product's two chains.
+void dot4(const float* w, const float* x, int64_t n, float* out, int64_t out_stride) {
+  const float *x0 = x, *x1 = x + n, *x2 = x + 2 * n, *x3 = x + 3 * n;
+  __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
+         a30 = a00, a31 = a00;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
+    a00 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + i), a00);
+    a01 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x0 + i + 8), a01);
+    a10 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + i), a10);
+    a11 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x1 + i + 8), a11);
+    a20 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + i), a20);
+    a21 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x2 + i + 8), a21);
+    a30 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x3 + i), a30);
+    a31 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x3 + i + 8), a31);
+  }
+  out[0] = dot_finish(a00, a01, w, x0, i, n);
+  out[out_stride] = dot_finish(a10, a11, w, x1, i, n);
+  out[2 * out_stride] = dot_finish(a20, a21, w, x2, i, n);
+  out[3 * out_stride] = dot_finish(a30, a31, w, x3, i, n);
 }
 
 // Y (rows, out) = X (rows, in) W^T + b, for decode rows (one per sequence). A BLAS sgemm with few
@@ -53,11 +86,11 @@ void gemm_rows(const float* W, const float* X, const float* b, float* Y, int64_t
   parallel_for(out, 64, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const float* w = W + r * in;
-      const float bias = b ? b[r] : 0.0f;
-      for (int64_t m = 0; m < rows; ++m) {
-        const float acc = dot_row(w, X + m * in, in);
-        Y[m * out + r] = b ? acc + bias : acc;
-      }
+      int64_t m = 0;
+      for (; m + 4 <= rows; m += 4) dot4(w, X + m * in, in, Y + m * out + r, out);
+      for (; m < rows; ++m) Y[m * out + r] = dot_row(w, X + m * in, in);
+      if (b)
+        for (m = 0; m < rows; ++m) Y[m * out + r] += b[r];
     }
   });
 }
