@@ -355,6 +355,44 @@ TEST(Scheduler, AdmitsInArrivalOrderAndWaitersThatLeave) {
   EXPECT_EQ(started, (std::vector<int>{0, 1, 3, 4}));
 }
 
+// A request cancelled in the middle of a batch (its client left) leaves it within a token; the
+// others go on and still get what they get alone.
+TEST(Scheduler, CancelledSequenceLeavesTheBatch) {
+  auto m = make_model(serve_test::tiny_llama("qwen2", 128));
+  auto tok = serve::make_byte_tokenizer();
+  serve::SamplingParams p;
+  p.max_tokens = 24;
+  p.temperature = 0.0f;
+  std::vector<serve::GenerationResult> alone;
+  for (int i = 0; i < 3; ++i) {
+    serve::KVDecoder dec(m);
+    alone.push_back(serve::generate(dec, *tok, seq(5 + i, i), p, {}));
+  }
+  serve::Scheduler sched(m, *tok);
+  std::atomic<bool> go{false};
+  std::atomic<int> checks{0};
+  std::vector<std::future<serve::GenerationResult>> futures;
+  for (int i = 0; i < 3; ++i) {
+    serve::GenerationRequest r{seq(5 + i, i), p, {}};
+    if (i == 0) r.cancelled = hold_until(go);
+    if (i == 1) r.cancelled = [&] { return ++checks > 6; };  // gone after a few steps
+    futures.push_back(sched.submit(std::move(r)));
+  }
+  go = true;
+  for (int i = 0; i < 3; ++i) {
+    const serve::GenerationResult r = futures[static_cast<size_t>(i)].get();
+    if (i == 1) {
+      EXPECT_EQ(r.finish_reason, "cancelled");
+      EXPECT_LE(r.completion_tokens, 6);  // one check per step: at most one token after it left
+      EXPECT_EQ(r.tokens, std::vector<int32_t>(alone[1].tokens.begin(),
+                                               alone[1].tokens.begin() + r.completion_tokens));
+    } else {
+      EXPECT_EQ(r.tokens, alone[static_cast<size_t>(i)].tokens) << "request " << i;
+      EXPECT_EQ(r.finish_reason, "length");
+    }
+  }
+}
+
 // A request the scheduler cannot run (its budget exceeds the context) fails alone, through its
 // future; the others are served.
 TEST(Scheduler, BadRequestFailsAlone) {

@@ -736,6 +736,19 @@ Reply send_request(int port, const std::string& path, const json& body) {
   return out;
 }
 
+// Runs fn(i) for i in 0 .. n-1 on n threads that start together; returns when all are done.
+void all_at_once(int n, const std::function<void(int)>& fn) {
+  std::atomic<int> ready{0};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < n; ++i)
+    ts.emplace_back([&, i] {
+      ++ready;
+      while (ready < n) std::this_thread::yield();
+      fn(i);
+    });
+  for (auto& t : ts) t.join();
+}
+
 // Client i's request: the five kinds of generation request in turn (OpenAI completions and chat,
 // streaming or not, and the guide's POST /), each with its own prompt and seed.
 std::pair<std::string, json> client_request(int i) {
@@ -786,22 +799,16 @@ TEST(ServeConcurrency, ThirtyTwoClientsGetTheirOwnAnswers) {
     ASSERT_FALSE(alone[i].finish.empty());
   }
   std::vector<Reply> together(kClients);
-  std::atomic<int> ready{0};
-  std::vector<std::thread> ts;
-  for (int i = 0; i < kClients; ++i)
-    ts.emplace_back([&, i] {
-      ++ready;
-      while (ready < kClients) std::this_thread::yield();  // all start together
-      if (i == kBad) {
-        together[i] = send_request(
-            s.port, "/v1/chat/completions",
-            {{"messages", json::array({{{"role", "user"}, {"content", 5}}})}, {"max_tokens", 4}});
-        return;
-      }
-      auto [path, body] = client_request(i);
-      together[i] = send_request(s.port, path, body);
-    });
-  for (auto& t : ts) t.join();
+  all_at_once(kClients, [&](int i) {
+    if (i == kBad) {
+      together[i] = send_request(
+          s.port, "/v1/chat/completions",
+          {{"messages", json::array({{{"role", "user"}, {"content", 5}}})}, {"max_tokens", 4}});
+      return;
+    }
+    auto [path, body] = client_request(i);
+    together[i] = send_request(s.port, path, body);
+  });
   for (int i = 0; i < kClients; ++i) {
     if (i == kBad) continue;
     EXPECT_EQ(together[i].status, 200) << "client " << i << ": " << together[i].error.dump();
@@ -835,15 +842,7 @@ TEST(ServeConcurrency, ThirtyTwoClientsAgainstASmallQueueGetAnswersOr503) {
   ASSERT_EQ(alone.status, 200) << alone.error.dump();
   constexpr int kClients = 32;
   std::vector<Reply> got(kClients);
-  std::atomic<int> ready{0};
-  std::vector<std::thread> ts;
-  for (int i = 0; i < kClients; ++i)
-    ts.emplace_back([&, i] {
-      ++ready;
-      while (ready < kClients) std::this_thread::yield();
-      got[i] = send_request(s.port, "/v1/completions", body);
-    });
-  for (auto& t : ts) t.join();
+  all_at_once(kClients, [&](int i) { got[i] = send_request(s.port, "/v1/completions", body); });
   int ok = 0, busy = 0;
   for (int i = 0; i < kClients; ++i) {
     if (got[i].status == 200) {
@@ -881,19 +880,13 @@ TEST(ServeConcurrency, ConcurrentRequestsShareDecodeSteps) {
   const auto before = scrape();
   constexpr int kClients = 4, kTokens = 200;
   std::vector<Reply> got(kClients);
-  std::atomic<int> ready{0};
-  std::vector<std::thread> ts;
-  for (int i = 0; i < kClients; ++i)
-    ts.emplace_back([&, i] {
-      ++ready;
-      while (ready < kClients) std::this_thread::yield();
-      got[i] = send_request(s.port, "/v1/completions",
-                            {{"prompt", "share " + std::to_string(i)},
-                             {"max_tokens", kTokens},
-                             {"temperature", 0},
-                             {"stream", i % 2 == 1}});
-    });
-  for (auto& t : ts) t.join();
+  all_at_once(kClients, [&](int i) {
+    got[i] = send_request(s.port, "/v1/completions",
+                          {{"prompt", "share " + std::to_string(i)},
+                           {"max_tokens", kTokens},
+                           {"temperature", 0},
+                           {"stream", i % 2 == 1}});
+  });
   for (int i = 0; i < kClients; ++i) {
     ASSERT_EQ(got[i].status, 200) << got[i].error.dump();
     EXPECT_EQ(got[i].finish, "length");

@@ -80,6 +80,13 @@ int main(int argc, char** argv) {
         fmt::format("{} ({} layout, {:.1f}M parameters, context {}, tokenizer {})", m.id,
                     ds::nn::layout_name(c.layout), static_cast<double>(c.num_parameters()) / 1e6,
                     c.block_size, m.tokenizer->name());
+    // The KV caches' budget: one per running sequence, each up to the context (fp32 K and V).
+    const double kv_mib =
+        2.0 * static_cast<double>(c.n_layer * c.block_size * c.kv_heads() * c.head_dim() * 4) /
+        (1 << 20);
+    const std::string budget =
+        fmt::format("KV cache up to {:.1f} MiB per sequence, {:.1f} MiB for --max_batch {}", kv_mib,
+                    kv_mib * o.max_batch, o.max_batch);
     const std::string chat_note =
         fmt::format("chat format {}{}", m.chat_template->name(),
                     m.chat_template_note.empty() ? "" : " (" + m.chat_template_note + ")");
@@ -103,8 +110,9 @@ int main(int argc, char** argv) {
     });
     std::fprintf(stderr,
                  "ds_serve: %s on http://%s:%d (%d compute threads; up to %d generations per "
-                 "decode step)\n",
-                 desc.c_str(), o.host.c_str(), port, ds::num_threads(), o.max_batch);
+                 "decode step)\nds_serve: %s\n",
+                 desc.c_str(), o.host.c_str(), port, ds::num_threads(), o.max_batch,
+                 budget.c_str());
     server.run();
     stopped = true;
     watcher.join();

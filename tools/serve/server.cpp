@@ -59,9 +59,14 @@ struct Server::Impl {
       : m(std::move(model)),
         opt(std::move(o)),
         admission(opt.max_batch, opt.max_queue),
-        scheduler(m.model, *m.tokenizer, {.max_batch = opt.max_batch, .on_step = [this](int batch) {
-                                            metrics.record_decode_step(batch);
-                                          }}) {}
+        scheduler(m.model, *m.tokenizer, scheduler_options()) {}
+
+  SchedulerOptions scheduler_options() {
+    SchedulerOptions so;
+    so.max_batch = opt.max_batch;
+    so.on_step = [this](int batch) { metrics.record_decode_step(batch); };
+    return so;
+  }
 
   int64_t context() const { return m.model->config().block_size; }
   std::string new_id(const char* prefix) {
