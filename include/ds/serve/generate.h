@@ -59,7 +59,7 @@ using CancelCheck = std::function<bool()>;
 //   Sequence s(tok, prompt, params, eos_ids, on_text, decoder.capacity_limit());
 //   Tensor logits = decoder.forward(s.prompt());  s.prefilled();
 //   while (s.advance(row_of(logits))) logits = decoder.forward({s.next_token()});
-//   GenerationResult r = s.take_result();
+//   GenerationResult r = std::move(s.result());
 class Sequence {
  public:
   // Validates params and the budget: throws "[generate] ..." when the prompt is empty or prompt +
