@@ -2,8 +2,13 @@
 // layouts, the sampling rules, stop strings, generation_config.json defaults, request parsing.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstring>
 #include <fstream>
+#include <future>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -14,6 +19,7 @@
 #include "ds/serve/generate.h"
 #include "ds/serve/kv_decoder.h"
 #include "ds/serve/sampling.h"
+#include "ds/serve/scheduler.h"
 #include "serve_fixture.h"
 
 using namespace ds;
@@ -120,6 +126,292 @@ TEST(Generate, GreedyEqualsUncachedGenerate) {
     EXPECT_EQ(r.completion_tokens, 20);
     EXPECT_EQ(r.decode_steps, 19);
   }
+}
+
+// ---- Continuous batching ----
+
+// decode_batch: sequences of different lengths advance together, and each row is bit for bit
+// what its own decoder gives alone (the row kernel sums in one order whatever the batch).
+void check_decode_batch_equals_alone(const models::GPTConfig& cfg) {
+  auto m = make_model(cfg);
+  const int64_t V = cfg.vocab_size;
+  constexpr int kSeqs = 5;  // rows 0-3 take the four-row kernel, row 4 the one-row kernel
+  std::vector<std::unique_ptr<serve::KVDecoder>> batched, alone;
+  std::vector<int32_t> next(kSeqs);
+  for (int b = 0; b < kSeqs; ++b) {
+    const std::vector<int32_t> prompt = seq(3 + 5 * b, b);  // lengths 3, 8, .. 23
+    for (auto* v : {&batched, &alone}) {
+      v->push_back(std::make_unique<serve::KVDecoder>(m));
+      v->back()->forward(prompt);
+    }
+    next[static_cast<size_t>(b)] = (b * 41 + 7) % 256;
+  }
+  for (int step = 0; step < 6; ++step) {
+    std::vector<serve::KVDecoder*> decs;
+    for (auto& d : batched) decs.push_back(d.get());
+    // From step 3 the last sequence has left the batch (as a finished request does): 4 rows.
+    if (step >= 3) decs.pop_back();
+    const std::vector<int32_t> ids(next.begin(),
+                                   next.begin() + static_cast<ptrdiff_t>(decs.size()));
+    const Tensor rows = serve::KVDecoder::decode_batch(decs, ids);
+    ASSERT_EQ(rows.shape(), (Shape{static_cast<int64_t>(decs.size()), V}));
+    const std::vector<float> rv = rows.to_vector();
+    for (size_t b = 0; b < decs.size(); ++b) {
+      const std::vector<float> one = alone[b]->forward(std::span(&next[b], 1)).to_vector();
+      EXPECT_EQ(std::memcmp(one.data(), rv.data() + b * static_cast<size_t>(V),
+                            one.size() * sizeof(float)),
+                0)
+          << "sequence " << b << ", step " << step << ": max diff "
+          << max_abs_diff(one, rv.data() + b * static_cast<size_t>(V), one.size());
+      EXPECT_EQ(batched[b]->length(), alone[b]->length());
+      next[b] = (next[b] * 13 + 29) % 256;
+    }
+  }
+}
+
+TEST(KVDecoder, DecodeBatchEqualsAloneGpt2) {
+  check_decode_batch_equals_alone(serve_test::tiny_gpt2());
+}
+TEST(KVDecoder, DecodeBatchEqualsAloneLlamaGqa) {
+  check_decode_batch_equals_alone(serve_test::tiny_llama("llama"));
+}
+TEST(KVDecoder, DecodeBatchEqualsAloneQwen2Bias) {
+  check_decode_batch_equals_alone(serve_test::tiny_llama("qwen2"));
+}
+TEST(KVDecoder, DecodeBatchEqualsAloneQwen3QkNorm) {
+  check_decode_batch_equals_alone(serve_test::tiny_llama("qwen3"));
+}
+
+TEST(KVDecoder, DecodeBatchRefusesBadBatches) {
+  auto m = make_model(serve_test::tiny_gpt2(16));
+  serve::KVDecoder a(m), b(m), other(make_model(serve_test::tiny_gpt2(16)));
+  a.forward(seq(4, 1));
+  b.forward(seq(16, 2));  // full
+  other.forward(seq(4, 3));
+  const std::vector<int32_t> two = {1, 2};
+  auto fails = [&](std::vector<serve::KVDecoder*> decs, std::vector<int32_t> ids,
+                   const std::string& what) {
+    try {
+      serve::KVDecoder::decode_batch(decs, ids);
+      ADD_FAILURE() << "no error for " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  fails({&a, &b}, two, "context");
+  fails({&a, &other}, two, "same model");
+  fails({&a, &a}, two, "twice");
+  fails({&a}, two, "one token per decoder");
+}
+
+namespace {
+
+// A request that holds the scheduler's thread (its first cancellation check) until `go`: every
+// request submitted meanwhile is waiting when the scheduler next admits, so tests do not depend
+// on how fast the submitting thread runs.
+serve::CancelCheck hold_until(std::atomic<bool>& go) {
+  return [&go] {
+    while (!go) std::this_thread::yield();
+    return false;
+  };
+}
+
+struct Case {
+  std::vector<int32_t> prompt;
+  serve::SamplingParams params;
+};
+
+// Requests unlike each other: greedy and seeded sampling, different prompts, lengths, stops.
+std::vector<Case> mixed_cases() {
+  std::vector<Case> cases;
+  for (int i = 0; i < 6; ++i) {
+    Case c;
+    c.prompt = seq(2 + 3 * i, i + 5);
+    c.params.max_tokens = 6 + 3 * i;
+    c.params.temperature = i % 2 == 0 ? 0.0f : 0.9f;
+    c.params.top_k = i == 3 ? 20 : 0;
+    c.params.top_p = i == 5 ? 0.8f : 1.0f;
+    c.params.seed = 100 + static_cast<uint64_t>(i);
+    if (i == 4) c.params.stop = {"e"};
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+}  // namespace
+
+// What each request gets under batching equals what it gets alone, token for token, text,
+// finish reason and streamed pieces alike, for both layouts.
+TEST(Scheduler, BatchedEqualsAlone) {
+  for (const auto& cfg : {serve_test::tiny_gpt2(), serve_test::tiny_llama("qwen3")}) {
+    auto m = make_model(cfg);
+    auto tok = serve::make_byte_tokenizer();
+    const std::vector<int32_t> eos = {256};
+    const std::vector<Case> cases = mixed_cases();
+    std::vector<serve::GenerationResult> alone;
+    std::vector<std::string> alone_streamed(cases.size());
+    for (size_t i = 0; i < cases.size(); ++i) {
+      serve::KVDecoder dec(m);
+      alone.push_back(serve::generate(dec, *tok, cases[i].prompt, cases[i].params, eos,
+                                      [&, i](std::string_view p) {
+                                        alone_streamed[i] += std::string(p) + "|";
+                                        return true;
+                                      }));
+    }
+    serve::Scheduler sched(m, *tok, {.max_batch = 4});  // 6 requests: 2 wait for places
+    std::atomic<bool> go{false};
+    std::vector<std::string> streamed(cases.size());
+    std::vector<std::future<serve::GenerationResult>> futures;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      serve::GenerationRequest r{cases[i].prompt, cases[i].params, eos};
+      r.on_text = [&, i](std::string_view p) {
+        streamed[i] += std::string(p) + "|";
+        return true;
+      };
+      if (i == 0) r.cancelled = hold_until(go);
+      futures.push_back(sched.submit(std::move(r)));
+    }
+    go = true;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const serve::GenerationResult r = futures[i].get();
+      EXPECT_EQ(r.tokens, alone[i].tokens) << "request " << i;
+      EXPECT_EQ(r.text, alone[i].text) << "request " << i;
+      EXPECT_EQ(r.finish_reason, alone[i].finish_reason) << "request " << i;
+      EXPECT_EQ(r.completion_tokens, alone[i].completion_tokens) << "request " << i;
+      EXPECT_EQ(r.decode_steps, alone[i].decode_steps) << "request " << i;
+      EXPECT_EQ(streamed[i], alone_streamed[i]) << "request " << i;
+    }
+    EXPECT_EQ(sched.running(), 0);
+    EXPECT_EQ(sched.waiting(), 0);
+  }
+}
+
+// The point of batching: 4 requests of 16 tokens admitted together take 15 shared decode steps
+// (the first token comes from each prefill), not 4 x 15.
+TEST(Scheduler, ConcurrentRequestsShareDecodeSteps) {
+  auto m = make_model(serve_test::tiny_gpt2(128));
+  auto tok = serve::make_byte_tokenizer();
+  std::vector<int> batch_sizes;
+  serve::Scheduler sched(m, *tok,
+                         {.max_batch = 8, .on_step = [&](int b) { batch_sizes.push_back(b); }});
+  std::atomic<bool> go{false};
+  std::vector<std::future<serve::GenerationResult>> futures;
+  for (int i = 0; i < 4; ++i) {
+    serve::GenerationRequest r;
+    r.prompt = seq(4 + i, i);
+    r.params.max_tokens = 16;
+    r.params.temperature = 0.0f;
+    if (i == 0) r.cancelled = hold_until(go);
+    futures.push_back(sched.submit(std::move(r)));
+  }
+  go = true;
+  for (auto& f : futures) {
+    const serve::GenerationResult r = f.get();
+    EXPECT_EQ(r.completion_tokens, 16);
+    EXPECT_EQ(r.decode_steps, 15);
+  }
+  EXPECT_EQ(sched.decode_steps(), 15u);
+  EXPECT_EQ(batch_sizes, std::vector<int>(15, 4));
+}
+
+// Admission keeps arrival order: with one place, requests run one after another in the order they
+// came; one that gives up while waiting leaves without a token and without holding up the others.
+TEST(Scheduler, AdmitsInArrivalOrderAndWaitersThatLeave) {
+  auto m = make_model(serve_test::tiny_gpt2(128));
+  auto tok = serve::make_byte_tokenizer();
+  serve::Scheduler sched(m, *tok, {.max_batch = 1});
+  std::atomic<bool> go{false}, leave{false};
+  std::mutex mu;
+  std::vector<int> started;  // request ids in the order their first text came
+  std::vector<std::future<serve::GenerationResult>> futures;
+  for (int i = 0; i < 5; ++i) {
+    serve::GenerationRequest r;
+    r.prompt = seq(3, i);
+    r.params.max_tokens = 8;
+    r.params.temperature = 0.0f;
+    r.on_text = [&, i, first = true](std::string_view) mutable {
+      if (first) {
+        std::lock_guard<std::mutex> lk(mu);
+        started.push_back(i);
+      }
+      first = false;
+      return true;
+    };
+    if (i == 0)
+      r.cancelled = [&] {
+        while (!go) std::this_thread::yield();
+        leave = true;  // request 2 gives up while request 0 runs
+        return false;
+      };
+    if (i == 2) r.cancelled = [&] { return leave.load(); };
+    futures.push_back(sched.submit(std::move(r)));
+  }
+  EXPECT_EQ(sched.waiting(), 5);
+  go = true;
+  std::vector<std::string> finish;
+  for (auto& f : futures) finish.push_back(f.get().finish_reason);
+  EXPECT_EQ(finish,
+            (std::vector<std::string>{"length", "length", "cancelled", "length", "length"}));
+  EXPECT_EQ(started, (std::vector<int>{0, 1, 3, 4}));
+}
+
+// A request cancelled in the middle of a batch (its client left) leaves it within a token; the
+// others go on and still get what they get alone.
+TEST(Scheduler, CancelledSequenceLeavesTheBatch) {
+  auto m = make_model(serve_test::tiny_llama("qwen2", 128));
+  auto tok = serve::make_byte_tokenizer();
+  serve::SamplingParams p;
+  p.max_tokens = 24;
+  p.temperature = 0.0f;
+  std::vector<serve::GenerationResult> alone;
+  for (int i = 0; i < 3; ++i) {
+    serve::KVDecoder dec(m);
+    alone.push_back(serve::generate(dec, *tok, seq(5 + i, i), p, {}));
+  }
+  serve::Scheduler sched(m, *tok);
+  std::atomic<bool> go{false};
+  std::atomic<int> checks{0};
+  std::vector<std::future<serve::GenerationResult>> futures;
+  for (int i = 0; i < 3; ++i) {
+    serve::GenerationRequest r{seq(5 + i, i), p, {}};
+    if (i == 0) r.cancelled = hold_until(go);
+    if (i == 1) r.cancelled = [&] { return ++checks > 6; };  // gone after a few steps
+    futures.push_back(sched.submit(std::move(r)));
+  }
+  go = true;
+  for (int i = 0; i < 3; ++i) {
+    const serve::GenerationResult r = futures[static_cast<size_t>(i)].get();
+    if (i == 1) {
+      EXPECT_EQ(r.finish_reason, "cancelled");
+      EXPECT_LE(r.completion_tokens, 6);  // one check per step: at most one token after it left
+      EXPECT_EQ(r.tokens, std::vector<int32_t>(alone[1].tokens.begin(),
+                                               alone[1].tokens.begin() + r.completion_tokens));
+    } else {
+      EXPECT_EQ(r.tokens, alone[static_cast<size_t>(i)].tokens) << "request " << i;
+      EXPECT_EQ(r.finish_reason, "length");
+    }
+  }
+}
+
+// A request the scheduler cannot run (its budget exceeds the context) fails alone, through its
+// future; the others are served.
+TEST(Scheduler, BadRequestFailsAlone) {
+  auto m = make_model(serve_test::tiny_gpt2(32));
+  auto tok = serve::make_byte_tokenizer();
+  serve::Scheduler sched(m, *tok);
+  serve::GenerationRequest bad{seq(10, 1), {}, {}};
+  bad.params.max_tokens = 30;
+  serve::GenerationRequest good{seq(10, 2), {}, {}};
+  good.params.temperature = 0.0f;
+  auto fb = sched.submit(std::move(bad));
+  auto fg = sched.submit(std::move(good));
+  try {
+    fb.get();
+    ADD_FAILURE() << "no error for a request past the context";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("context"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(fg.get().finish_reason, "length");
 }
 
 TEST(Sampling, GreedyIsArgmaxLowestIdOnTies) {
@@ -441,6 +733,25 @@ void check_greedy_parity(const std::string& name) {
     const std::vector<int32_t> full_new(full.begin() + static_cast<ptrdiff_t>(ids.size()),
                                         full.end());
     EXPECT_EQ(full_new, expected) << name << ", uncached forward, prompt '" << text << "'";
+  }
+  // Continuous batching: the four prompts in one batch, each still transformers' tokens.
+  serve::Scheduler sched(lm.model, *lm.tokenizer, {.max_batch = 4});
+  std::atomic<bool> go{false};
+  std::vector<std::future<serve::GenerationResult>> futures;
+  for (const auto& p : want["prompts"]) {
+    serve::GenerationRequest r{p["prompt_ids"].get<std::vector<int32_t>>(), {}, lm.eos_ids};
+    r.params.temperature = 0.0f;
+    r.params.max_tokens = want["max_new_tokens"].get<int64_t>();
+    if (futures.empty()) r.cancelled = hold_until(go);
+    futures.push_back(sched.submit(std::move(r)));
+  }
+  go = true;
+  for (size_t i = 0; i < futures.size(); ++i) {
+    const serve::GenerationResult r = futures[i].get();
+    std::vector<int32_t> got = r.tokens;
+    if (r.finish_reason == "stop") got.push_back(lm.eos_ids[0]);
+    EXPECT_EQ(got, want["prompts"][i]["new_ids"].get<std::vector<int32_t>>())
+        << name << ", batched, prompt " << i;
   }
 }
 

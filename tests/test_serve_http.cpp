@@ -4,12 +4,12 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <chrono>
 
 #include <functional>
 #include <map>
@@ -22,7 +22,6 @@
 #include "ds/serve/api.h"
 #include "ds/serve/generate.h"
 #include "serve/admission.h"
-#include "serve/fifo_lock.h"
 #include "serve/metrics.h"
 #include "serve/server.h"
 #include "serve_fixture.h"
@@ -317,7 +316,7 @@ TEST_F(ServeHttp, BadInputIsA400NamingTheField) {
   EXPECT_EQ(h->status, 200);
 }
 
-TEST_F(ServeHttp, ConcurrentClientsAreServedOneGenerationAtATime) {
+TEST_F(ServeHttp, ConcurrentClientsAreServed) {
   std::vector<std::thread> ts;
   std::atomic<int> ok{0};
   for (int i = 0; i < 8; ++i)
@@ -337,7 +336,7 @@ TEST_F(ServeHttp, ConcurrentClientsAreServedOneGenerationAtATime) {
 // At most 1 + max_queue generation requests are held; the next is a 503 naming the limit, and a
 // released slot admits again.
 TEST(ServeAdmission, BoundsWaitingRequests) {
-  ds::serve::Admission gate(1);
+  ds::serve::Admission gate(1, 1);
   auto a = gate.admit();
   auto b = gate.admit();
   EXPECT_EQ(gate.admitted(), 2);
@@ -418,6 +417,13 @@ TEST_F(ServeHttp, MetricsCountRequestsTokensAndLatency) {
   EXPECT_EQ(after.at("ds_serve_requests_running"), 0.0);
   EXPECT_EQ(after.at("ds_serve_requests_waiting"), 0.0);
   EXPECT_EQ(after.at("ds_serve_max_queue"), 16.0);
+  EXPECT_EQ(after.at("ds_serve_max_batch"), 8.0);
+  // One request alone: its first token comes from the prefill, each other from a decode step of
+  // one sequence.
+  const double steps = j["usage"]["completion_tokens"].get<double>() - 1.0;
+  EXPECT_EQ(delta("ds_serve_decode_steps_total"), steps);
+  EXPECT_EQ(delta(R"(ds_serve_batch_size_bucket{le="1"})"), steps);
+  EXPECT_EQ(delta("ds_serve_batch_size_sum"), steps);
   // Histogram buckets are cumulative and end at the count.
   for (const std::string h :
        {"ds_serve_request_duration_seconds", "ds_serve_time_to_first_token_seconds"}) {
@@ -453,7 +459,8 @@ TEST(ServeMetrics, HistogramIsCumulative) {
   m.count_request("/", 503);
   m.record_generation(7, 3, 0.2, 0.05);
   m.record_generation(4, 0, 0.1, -1.0);  // no token: no time to first token
-  const std::string text = m.render({2, 1, 1, 16});
+  m.record_decode_step(3);
+  const std::string text = m.render({2, 1, 1, 16, 8});
   const auto v = parse_metrics(text);
   EXPECT_EQ(v.at(R"(ds_serve_requests_total{route="/v1/completions",status="200"})"), 2.0);
   EXPECT_EQ(v.at(R"(ds_serve_requests_total{route="/",status="503"})"), 1.0);
@@ -463,6 +470,10 @@ TEST(ServeMetrics, HistogramIsCumulative) {
   EXPECT_EQ(v.at("ds_serve_time_to_first_token_seconds_count"), 1.0);
   EXPECT_EQ(v.at("ds_serve_requests_in_flight"), 2.0);
   EXPECT_EQ(v.at("ds_serve_requests_waiting"), 1.0);
+  EXPECT_EQ(v.at("ds_serve_max_batch"), 8.0);
+  EXPECT_EQ(v.at("ds_serve_decode_steps_total"), 1.0);
+  EXPECT_EQ(v.at(R"(ds_serve_batch_size_bucket{le="2"})"), 0.0);
+  EXPECT_EQ(v.at(R"(ds_serve_batch_size_bucket{le="4"})"), 1.0);
 }
 
 // ---- Clients that go away ----
@@ -519,6 +530,7 @@ class ServeCancel : public ::testing::Test {
     o.port = 0;
     o.log_requests = false;
     o.sse_ping_seconds = 0.05;
+    o.max_batch = 1;  // a second request waits for the first (the waiting-client tests)
     server_ = new ds::serve::Server(ds::serve::load_model(dir_->path() / "slow"), o);
     port_ = server_->bind();
     thread_ = new std::thread([] { server_->run(); });
@@ -636,40 +648,6 @@ TEST_F(ServeCancel, WaitingClientThatLeavesFreesItsSlotAtOnce) {
             2.0);
 }
 
-// The generation lock serves waiters in arrival order, and one that gives up leaves the queue
-// without holding up those behind it.
-TEST(ServeFifoLock, ArrivalOrderAndWaitersThatLeave) {
-  ds::serve::FifoLock lock;
-  ASSERT_TRUE(lock.lock());
-  std::mutex mu;
-  std::vector<int> order;
-  std::atomic<bool> leave{false};
-  std::vector<std::thread> ts;
-  for (int i = 0; i < 4; ++i) {
-    ts.emplace_back([&, i] {
-      const bool got = lock.lock([&, i] { return i == 1 && leave.load(); });
-      std::lock_guard<std::mutex> g(mu);
-      order.push_back(got ? i : -i - 10);
-      if (got) lock.unlock();
-    });
-    while (lock.queued() < i + 2) std::this_thread::yield();  // tickets drawn in order 0..3
-  }
-  leave = true;  // waiter 1 gives up while the lock is still held
-  for (bool one = false; !one; std::this_thread::yield()) {
-    std::lock_guard<std::mutex> g(mu);
-    one = !order.empty();
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  {
-    std::lock_guard<std::mutex> g(mu);
-    EXPECT_EQ(order, std::vector<int>{-11});  // 1 left; nobody else got the lock yet
-  }
-  EXPECT_EQ(lock.queued(), 4);
-  lock.unlock();
-  for (auto& t : ts) t.join();
-  EXPECT_EQ(order, (std::vector<int>{-11, 0, 2, 3}));
-}
-
 // A stream waiting for its turn gets SSE comment pings (every sse_ping_seconds, 0.05 s here), so
 // clients and proxies do not time it out; no text comes before its turn.
 TEST_F(ServeCancel, WaitingStreamGetsPings) {
@@ -758,6 +736,19 @@ Reply send_request(int port, const std::string& path, const json& body) {
   return out;
 }
 
+// Runs fn(i) for i in 0 .. n-1 on n threads that start together; returns when all are done.
+void all_at_once(int n, const std::function<void(int)>& fn) {
+  std::atomic<int> ready{0};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < n; ++i)
+    ts.emplace_back([&, i] {
+      ++ready;
+      while (ready < n) std::this_thread::yield();
+      fn(i);
+    });
+  for (auto& t : ts) t.join();
+}
+
 // Client i's request: the five kinds of generation request in turn (OpenAI completions and chat,
 // streaming or not, and the guide's POST /), each with its own prompt and seed.
 std::pair<std::string, json> client_request(int i) {
@@ -808,22 +799,16 @@ TEST(ServeConcurrency, ThirtyTwoClientsGetTheirOwnAnswers) {
     ASSERT_FALSE(alone[i].finish.empty());
   }
   std::vector<Reply> together(kClients);
-  std::atomic<int> ready{0};
-  std::vector<std::thread> ts;
-  for (int i = 0; i < kClients; ++i)
-    ts.emplace_back([&, i] {
-      ++ready;
-      while (ready < kClients) std::this_thread::yield();  // all start together
-      if (i == kBad) {
-        together[i] = send_request(
-            s.port, "/v1/chat/completions",
-            {{"messages", json::array({{{"role", "user"}, {"content", 5}}})}, {"max_tokens", 4}});
-        return;
-      }
-      auto [path, body] = client_request(i);
-      together[i] = send_request(s.port, path, body);
-    });
-  for (auto& t : ts) t.join();
+  all_at_once(kClients, [&](int i) {
+    if (i == kBad) {
+      together[i] = send_request(
+          s.port, "/v1/chat/completions",
+          {{"messages", json::array({{{"role", "user"}, {"content", 5}}})}, {"max_tokens", 4}});
+      return;
+    }
+    auto [path, body] = client_request(i);
+    together[i] = send_request(s.port, path, body);
+  });
   for (int i = 0; i < kClients; ++i) {
     if (i == kBad) continue;
     EXPECT_EQ(together[i].status, 200) << "client " << i << ": " << together[i].error.dump();
@@ -857,15 +842,7 @@ TEST(ServeConcurrency, ThirtyTwoClientsAgainstASmallQueueGetAnswersOr503) {
   ASSERT_EQ(alone.status, 200) << alone.error.dump();
   constexpr int kClients = 32;
   std::vector<Reply> got(kClients);
-  std::atomic<int> ready{0};
-  std::vector<std::thread> ts;
-  for (int i = 0; i < kClients; ++i)
-    ts.emplace_back([&, i] {
-      ++ready;
-      while (ready < kClients) std::this_thread::yield();
-      got[i] = send_request(s.port, "/v1/completions", body);
-    });
-  for (auto& t : ts) t.join();
+  all_at_once(kClients, [&](int i) { got[i] = send_request(s.port, "/v1/completions", body); });
   int ok = 0, busy = 0;
   for (int i = 0; i < kClients; ++i) {
     if (got[i].status == 200) {
@@ -886,4 +863,44 @@ TEST(ServeConcurrency, ThirtyTwoClientsAgainstASmallQueueGetAnswersOr503) {
   const Reply after = send_request(s.port, "/v1/completions", body);
   EXPECT_EQ(after.status, 200);
   EXPECT_EQ(after.text, alone.text);
+}
+
+// Continuous batching through HTTP: 4 clients at once share decode steps. Counted, not timed:
+// every token but each request's first is one row of some decode step (batch_size_sum: exactly
+// 4 x 199), and the steps number far fewer than the 4 x 199 of one generation at a time (about
+// 199 when the four arrive together; the bound leaves room for arrivals ~200 steps apart).
+TEST(ServeConcurrency, ConcurrentRequestsShareDecodeSteps) {
+  serve_test::TempDir dir("batch");
+  ds::models::export_hf(*serve_test::make_slow_model(), dir.path() / "slow");
+  ds::serve::ServerOptions o;
+  o.max_batch = 4;
+  RunningServer s(dir.path() / "slow", o);
+  httplib::Client c("127.0.0.1", s.port);
+  auto scrape = [&] { return parse_metrics(c.Get("/metrics")->body); };
+  const auto before = scrape();
+  constexpr int kClients = 4, kTokens = 200;
+  std::vector<Reply> got(kClients);
+  all_at_once(kClients, [&](int i) {
+    got[i] = send_request(s.port, "/v1/completions",
+                          {{"prompt", "share " + std::to_string(i)},
+                           {"max_tokens", kTokens},
+                           {"temperature", 0},
+                           {"stream", i % 2 == 1}});
+  });
+  for (int i = 0; i < kClients; ++i) {
+    ASSERT_EQ(got[i].status, 200) << got[i].error.dump();
+    EXPECT_EQ(got[i].finish, "length");
+  }
+  const auto after = scrape();
+  auto delta = [&](const std::string& k) {
+    return after.at(k) - (before.count(k) ? before.at(k) : 0.0);
+  };
+  EXPECT_EQ(delta("ds_serve_batch_size_sum"), kClients * (kTokens - 1));
+  EXPECT_EQ(delta("ds_serve_completion_tokens_total"), kClients * kTokens);
+  const double steps = delta("ds_serve_decode_steps_total");
+  EXPECT_GE(steps, kTokens - 1);
+  EXPECT_LE(steps, 2 * (kTokens - 1)) << "sequential would be " << kClients * (kTokens - 1);
+  // Some steps held three or four.
+  EXPECT_GT(delta("ds_serve_batch_size_count") - delta(R"(ds_serve_batch_size_bucket{le="2"})"),
+            0.0);
 }

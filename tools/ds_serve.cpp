@@ -44,9 +44,13 @@ int main(int argc, char** argv) {
   app.add_option("--http_threads", o.http_threads, "connection threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
+  app.add_option("--max_batch", o.max_batch,
+                 "generations that share each decode step (continuous batching); 1 = one at a time")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   app.add_option("--max_queue", o.max_queue,
-                 "generation requests that may wait while one runs; more answer 503 with "
-                 "Retry-After")
+                 "generation requests that may wait for a place in the batch; more answer 503 "
+                 "with Retry-After")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max_body_bytes", o.max_body_bytes, "larger request bodies answer 413")
@@ -76,6 +80,13 @@ int main(int argc, char** argv) {
         fmt::format("{} ({} layout, {:.1f}M parameters, context {}, tokenizer {})", m.id,
                     ds::nn::layout_name(c.layout), static_cast<double>(c.num_parameters()) / 1e6,
                     c.block_size, m.tokenizer->name());
+    // The KV caches' budget: one per running sequence, each up to the context (fp32 K and V).
+    const double kv_mib =
+        2.0 * static_cast<double>(c.n_layer * c.block_size * c.kv_heads() * c.head_dim() * 4) /
+        (1 << 20);
+    const std::string budget =
+        fmt::format("KV cache up to {:.1f} MiB per sequence, {:.1f} MiB for --max_batch {}", kv_mib,
+                    kv_mib * o.max_batch, o.max_batch);
     const std::string chat_note =
         fmt::format("chat format {}{}", m.chat_template->name(),
                     m.chat_template_note.empty() ? "" : " (" + m.chat_template_note + ")");
@@ -98,9 +109,10 @@ int main(int argc, char** argv) {
       }
     });
     std::fprintf(stderr,
-                 "ds_serve: %s on http://%s:%d (%d compute threads; one generation at a "
-                 "time)\n",
-                 desc.c_str(), o.host.c_str(), port, ds::num_threads());
+                 "ds_serve: %s on http://%s:%d (%d compute threads; up to %d generations per "
+                 "decode step)\nds_serve: %s\n",
+                 desc.c_str(), o.host.c_str(), port, ds::num_threads(), o.max_batch,
+                 budget.c_str());
     server.run();
     stopped = true;
     watcher.join();

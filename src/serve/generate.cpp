@@ -29,83 +29,117 @@ size_t incomplete_utf8_tail(std::string_view s) {
   return back + 1 < need ? back + 1 : 0;
 }
 
+Sequence::Sequence(const TextTokenizer& tokenizer, std::span<const int32_t> prompt,
+                   SamplingParams params, std::vector<int32_t> eos_ids, TextCallback on_text,
+                   int64_t context)
+    : tokenizer_(&tokenizer),
+      params_(std::move(params)),
+      eos_ids_(std::move(eos_ids)),
+      on_text_(std::move(on_text)),
+      prompt_(prompt.begin(), prompt.end()),
+      history_(prompt_),
+      t0_(std::chrono::steady_clock::now()) {
+  params_.validate();
+  const int64_t n_prompt = static_cast<int64_t>(prompt_.size());
+  DS_CHECK(n_prompt > 0, "[generate] the prompt is empty (no tokens)");
+  DS_CHECK(n_prompt + params_.max_tokens <= context,
+           "[generate] the prompt ({} tokens) + max_tokens ({}) exceed the model's context length "
+           "of {} tokens; shorten the prompt or lower max_tokens",
+           n_prompt, params_.max_tokens, context);
+  r_.prompt_tokens = n_prompt;
+  r_.finish_reason = "length";
+}
+
+void Sequence::prefilled() {
+  r_.prefill_seconds = seconds_since(t0_);
+  t1_ = std::chrono::steady_clock::now();
+  prefilled_ = true;
+}
+
+void Sequence::finish(const char* reason) {
+  r_.finish_reason = reason;
+  if (prefilled_) r_.decode_seconds = seconds_since(t1_);
+  done_ = true;
+  // What was held back (a possible stop string's start, a UTF-8 tail) is final now.
+  if (r_.finish_reason != "cancelled" && on_text_ && r_.text.size() > emitted_) {
+    if (!on_text_(std::string_view(r_.text).substr(emitted_))) r_.finish_reason = "cancelled";
+    emitted_ = r_.text.size();
+  }
+}
+
+void Sequence::cancel() {
+  if (!done_) finish("cancelled");
+}
+
+bool Sequence::advance(std::span<float> logits) {
+  if (done_) return false;
+  if (params_.max_tokens == 0) {
+    finish("length");
+    return false;
+  }
+  if (step_ > 0) ++r_.decode_steps;
+  const int32_t next =
+      sample_next(logits, history_, r_.prompt_tokens, params_, static_cast<uint64_t>(step_));
+  if (step_ == 0) r_.first_token_seconds = seconds_since(t0_);
+  ++r_.completion_tokens;
+  if (std::find(eos_ids_.begin(), eos_ids_.end(), next) != eos_ids_.end()) {
+    finish("stop");
+    return false;
+  }
+  r_.tokens.push_back(next);
+  history_.push_back(next);
+  r_.text = tokenizer_->decode(r_.tokens);
+  if (!params_.stop.empty()) {
+    // A stop string cannot start inside text already handed out (its possible starts are held
+    // back), so the search starts there.
+    if (size_t at = find_stop(r_.text, params_.stop, emitted_); at != std::string::npos) {
+      r_.text.resize(at);
+      finish("stop");
+      return false;
+    }
+  }
+  if (on_text_) {
+    const size_t hold =
+        std::max(stop_prefix_len(r_.text, params_.stop), incomplete_utf8_tail(r_.text));
+    const size_t safe = r_.text.size() - std::min(hold, r_.text.size());
+    if (safe > emitted_) {
+      if (!on_text_(std::string_view(r_.text).substr(emitted_, safe - emitted_))) {
+        finish("cancelled");
+        return false;
+      }
+      emitted_ = safe;
+    }
+  }
+  if (++step_ == params_.max_tokens) {
+    finish("length");
+    return false;
+  }
+  next_ = next;
+  return true;
+}
+
 GenerationResult generate(KVDecoder& decoder, const TextTokenizer& tokenizer,
                           std::span<const int32_t> prompt, const SamplingParams& params,
                           const std::vector<int32_t>& eos_ids, const TextCallback& on_text,
                           const CancelCheck& cancelled) {
-  params.validate();
-  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
-  const int64_t context = decoder.capacity_limit();
-  DS_CHECK(n_prompt > 0, "[generate] the prompt is empty (no tokens)");
-  DS_CHECK(n_prompt + params.max_tokens <= context,
-           "[generate] the prompt ({} tokens) + max_tokens ({}) exceed the model's context length "
-           "of {} tokens; shorten the prompt or lower max_tokens",
-           n_prompt, params.max_tokens, context);
-  GenerationResult r;
-  r.prompt_tokens = n_prompt;
-  r.finish_reason = "length";
+  Sequence s(tokenizer, prompt, params, eos_ids, on_text, decoder.capacity_limit());
   if (cancelled && cancelled()) {
-    r.finish_reason = "cancelled";
-    return r;
+    s.cancel();
+    return std::move(s.result());
   }
   decoder.reset();
-  auto t0 = std::chrono::steady_clock::now();
   Tensor logits = decoder.forward(prompt);  // (1, V)
-  r.prefill_seconds = seconds_since(t0);
-  if (params.max_tokens == 0) return r;
-
-  std::vector<int32_t> history(prompt.begin(), prompt.end());
-  std::vector<float> row;
-  size_t emitted = 0;  // bytes of r.text handed to on_text
-  auto t1 = std::chrono::steady_clock::now();
-  for (int64_t step = 0; step < params.max_tokens; ++step) {
-    row = logits.to_vector();
-    const int32_t next = sample_next(row, history, n_prompt, params, static_cast<uint64_t>(step));
-    if (step == 0) r.first_token_seconds = seconds_since(t0);
-    ++r.completion_tokens;
-    if (std::find(eos_ids.begin(), eos_ids.end(), next) != eos_ids.end()) {
-      r.finish_reason = "stop";
+  s.prefilled();
+  std::vector<float> row = logits.to_vector();
+  while (s.advance(row)) {
+    if (cancelled && cancelled()) {
+      s.cancel();
       break;
     }
-    r.tokens.push_back(next);
-    history.push_back(next);
-    r.text = tokenizer.decode(r.tokens);
-    if (!params.stop.empty()) {
-      // A stop string cannot start inside text already handed out (its possible starts are held
-      // back), so the search starts there.
-      if (size_t at = find_stop(r.text, params.stop, emitted); at != std::string::npos) {
-        r.text.resize(at);
-        r.finish_reason = "stop";
-        break;
-      }
-    }
-    if (on_text) {
-      const size_t hold =
-          std::max(stop_prefix_len(r.text, params.stop), incomplete_utf8_tail(r.text));
-      const size_t safe = r.text.size() - std::min(hold, r.text.size());
-      if (safe > emitted) {
-        if (!on_text(std::string_view(r.text).substr(emitted, safe - emitted))) {
-          r.finish_reason = "cancelled";
-          r.decode_seconds = seconds_since(t1);
-          return r;
-        }
-        emitted = safe;
-      }
-    }
-    if (step + 1 == params.max_tokens) break;
-    if (cancelled && cancelled()) {
-      r.finish_reason = "cancelled";
-      r.decode_seconds = seconds_since(t1);
-      return r;
-    }
-    logits = decoder.forward(std::span<const int32_t>(&next, 1));
-    ++r.decode_steps;
+    const int32_t next = s.next_token();
+    row = decoder.forward(std::span<const int32_t>(&next, 1)).to_vector();
   }
-  r.decode_seconds = seconds_since(t1);
-  if (on_text && r.text.size() > emitted) {
-    if (!on_text(std::string_view(r.text).substr(emitted))) r.finish_reason = "cancelled";
-  }
-  return r;
+  return std::move(s.result());
 }
 
 LoadedModel load_model(const fs::path& path, const fs::path& tokenizer_dir) {

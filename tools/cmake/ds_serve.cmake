@@ -17,7 +17,7 @@ add_library(ds_serve_http STATIC ${CMAKE_CURRENT_SOURCE_DIR}/serve/server.cpp
   ${CMAKE_CURRENT_BINARY_DIR}/serve/chat_page.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/serve/admission.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/serve/metrics.cpp
-  ${CMAKE_CURRENT_SOURCE_DIR}/serve/connection.cpp ${CMAKE_CURRENT_SOURCE_DIR}/serve/fifo_lock.cpp)
+  ${CMAKE_CURRENT_SOURCE_DIR}/serve/connection.cpp)
 target_include_directories(ds_serve_http PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 target_link_libraries(ds_serve_http PUBLIC deepspeed PkgConfig::CPP_HTTPLIB)
 add_executable(ds_serve ${CMAKE_CURRENT_SOURCE_DIR}/ds_serve.cpp)

@@ -10,11 +10,11 @@ namespace ds::serve {
 Admission::Slot Admission::admit() {
   int cur = admitted_.load();
   do {
-    if (cur >= 1 + max_queue_)
+    if (cur >= max_batch_ + max_queue_)
       throw ApiError(503,
                      fmt::format("the server is busy: {} request{} generating or waiting, the "
-                                 "limit is 1 + --max_queue {}; retry later",
-                                 cur, cur == 1 ? " is" : "s are", max_queue_),
+                                 "limit is --max_batch {} + --max_queue {}; retry later",
+                                 cur, cur == 1 ? " is" : "s are", max_batch_, max_queue_),
                      "", "server_busy");
   } while (!admitted_.compare_exchange_weak(cur, cur + 1));
   return Slot(static_cast<void*>(this), [](void* p) { static_cast<Admission*>(p)->admitted_--; });

@@ -43,7 +43,13 @@ void Histogram::render(std::string& out, const std::string& name) const {
 
 Metrics::Metrics()
     : latency_({0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}),
-      ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}) {}
+      ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}),
+      batch_({1, 2, 4, 8, 16, 32, 64, 128, 256}) {}
+
+void Metrics::record_decode_step(int batch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  batch_.observe(batch);
+}
 
 void Metrics::count_request(const std::string& route, int status) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -70,13 +76,16 @@ std::string Metrics::render(const ServeGauges& g) const {
   header(out, "ds_serve_requests_in_flight", "gauge",
          "Generation requests admitted: running plus waiting.");
   out += fmt::format("ds_serve_requests_in_flight {}\n", g.in_flight);
-  header(out, "ds_serve_requests_running", "gauge", "Generation requests generating now.");
+  header(out, "ds_serve_requests_running", "gauge",
+         "Generation requests generating now (sequences in the batch).");
   out += fmt::format("ds_serve_requests_running {}\n", g.running);
   header(out, "ds_serve_requests_waiting", "gauge",
-         "Generation requests queued behind the running one (queue depth).");
+         "Generation requests queued for a place in the batch (queue depth).");
   out += fmt::format("ds_serve_requests_waiting {}\n", g.waiting);
   header(out, "ds_serve_max_queue", "gauge", "Requests that may wait (--max_queue); more get 503.");
   out += fmt::format("ds_serve_max_queue {}\n", g.max_queue);
+  header(out, "ds_serve_max_batch", "gauge", "Sequences one decode step may hold (--max_batch).");
+  out += fmt::format("ds_serve_max_batch {}\n", g.max_batch);
   header(out, "ds_serve_prompt_tokens_total", "counter", "Prompt tokens of finished generations.");
   out += fmt::format("ds_serve_prompt_tokens_total {}\n", prompt_tokens_);
   header(out, "ds_serve_completion_tokens_total", "counter",
@@ -91,6 +100,11 @@ std::string Metrics::render(const ServeGauges& g) const {
   header(out, "ds_serve_time_to_first_token_seconds", "histogram",
          "Generation requests: admission to the first new token (queueing and prefill included).");
   ttft_.render(out, "ds_serve_time_to_first_token_seconds");
+  header(out, "ds_serve_decode_steps_total", "counter",
+         "Batched decode forwards: one per step, whatever the number of sequences in it.");
+  out += fmt::format("ds_serve_decode_steps_total {}\n", batch_.count());
+  header(out, "ds_serve_batch_size", "histogram", "Sequences per decode step.");
+  batch_.render(out, "ds_serve_batch_size");
   return out;
 }
 

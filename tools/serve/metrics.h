@@ -5,8 +5,8 @@
 //                                                  paths that are not a route, to bound the labels)
 //   ds_serve_requests_in_flight                    gauge: generation requests admitted (running +
 //                                                  waiting)
-//   ds_serve_requests_running / _waiting           gauge: generating now / queued behind it
-//   ds_serve_max_queue                             gauge: --max_queue
+//   ds_serve_requests_running / _waiting           gauge: in the batch now / queued for a place
+//   ds_serve_max_queue / ds_serve_max_batch        gauge: --max_queue / --max_batch
 //   ds_serve_prompt_tokens_total                   counter: prompt tokens of finished generations
 //   ds_serve_completion_tokens_total               counter: tokens they generated
 //   ds_serve_generations_cancelled_total           counter: generations stopped because the client
@@ -14,6 +14,9 @@
 //   ds_serve_request_duration_seconds              histogram: admission to the reply's last byte
 //   ds_serve_time_to_first_token_seconds           histogram: admission to the first new token
 //                                                  (queueing and prefill included)
+//   ds_serve_decode_steps_total                    counter: batched decode forwards (one per step,
+//                                                  whatever the number of sequences in it)
+//   ds_serve_batch_size                            histogram: sequences per decode step
 //
 // The gauges are read at render time from the caller (the server owns them); everything else is
 // recorded here. Names follow Prometheus conventions (base units, _total for counters) and vLLM's
@@ -47,7 +50,7 @@ class Histogram {
 };
 
 struct ServeGauges {
-  int in_flight = 0, running = 0, waiting = 0, max_queue = 0;
+  int in_flight = 0, running = 0, waiting = 0, max_queue = 0, max_batch = 1;
 };
 
 class Metrics {
@@ -57,6 +60,8 @@ class Metrics {
   // A finished generation: its token counts and, when a token was produced, the time to it.
   void record_generation(int64_t prompt_tokens, int64_t completion_tokens, double seconds,
                          double first_token_seconds /* < 0: none */, bool cancelled = false);
+  // A batched decode step of `batch` sequences.
+  void record_decode_step(int batch);
   // The text format, with the gauges given.
   std::string render(const ServeGauges& g) const;
 
@@ -64,7 +69,7 @@ class Metrics {
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   uint64_t prompt_tokens_ = 0, completion_tokens_ = 0, cancelled_ = 0;
-  Histogram latency_, ttft_;
+  Histogram latency_, ttft_, batch_;
 };
 
 }  // namespace ds::serve

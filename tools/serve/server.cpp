@@ -3,7 +3,6 @@
 #include "admission.h"
 #include "chat_page.h"
 #include "connection.h"
-#include "fifo_lock.h"
 #include "metrics.h"
 
 #include <httplib.h>
@@ -11,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <ctime>
 #include <functional>
@@ -23,6 +23,7 @@
 
 #include "ds/core/error.h"
 #include "ds/serve/api.h"
+#include "ds/serve/scheduler.h"
 
 namespace ds::serve {
 
@@ -45,18 +46,27 @@ struct Server::Impl {
   LoadedModel m;
   ServerOptions opt;
   HttpServer http;
-  FifoLock gen_lock;    // one generation at a time (the model and its KV cache), in arrival order
-  Admission admission;  // 1 generating + up to max_queue waiting on gen_lock
-  std::atomic<int> running{0};          // 1 while a generation holds gen_lock
+  Admission admission;                  // up to max_batch generating + max_queue waiting
   std::atomic<bool> draining{false};    // drain(): new generation requests answer 503
   std::atomic<bool> cancel_all{false};  // drain() ran out of time: stop every generation
   Metrics metrics;
-  KVDecoder decoder;
   std::atomic<uint64_t> next_id{1};
   std::time_t created = std::time(nullptr);
+  // Owns the model from here on; last, so that it stops (cancelling what runs) before the rest.
+  Scheduler scheduler;
 
   Impl(LoadedModel model, ServerOptions o)
-      : m(std::move(model)), opt(std::move(o)), admission(opt.max_queue), decoder(m.model) {}
+      : m(std::move(model)),
+        opt(std::move(o)),
+        admission(opt.max_batch, opt.max_queue),
+        scheduler(m.model, *m.tokenizer, scheduler_options()) {}
+
+  SchedulerOptions scheduler_options() {
+    SchedulerOptions so;
+    so.max_batch = opt.max_batch;
+    so.on_step = [this](int batch) { metrics.record_decode_step(batch); };
+    return so;
+  }
 
   int64_t context() const { return m.model->config().block_size; }
   std::string new_id(const char* prefix) {
@@ -89,37 +99,74 @@ struct Server::Impl {
     return job;
   }
 
-  // ping (streams): called every --sse_ping_seconds while the job waits for its turn; false means
-  // the client is gone.
-  GenerationResult run(Job& job, const std::vector<int32_t>& ids, const SamplingParams& p,
-                       const TextCallback& cb = {}, bool chat = false,
+  // Runs a generation on the scheduler and waits for its end. With on_text (streams), the text
+  // comes back to this thread, which writes it: the scheduler's thread never waits on a socket.
+  // ping (streams): called every --sse_ping_seconds until the first text; false means the client
+  // is gone. A client that goes away (a failed write, or its socket, polled by the scheduler every
+  // step) cancels the generation at its next token.
+  GenerationResult run(Job& job, std::vector<int32_t> ids, SamplingParams p,
+                       const TextCallback& on_text = {}, bool chat = false,
                        const std::function<bool()>& ping = {}) {
-    const CancelCheck cancelled = [this, &job] { return cancel_all || job.conn.closed(); };
-    GenerationResult r;
-    r.prompt_tokens = static_cast<int64_t>(ids.size());
-    r.finish_reason = "cancelled";
-    Clock::time_point last_ping = Clock::now();
-    const CancelCheck waiting = [&] {
-      if (ping && opt.sse_ping_seconds > 0 &&
-          seconds(last_ping, Clock::now()) >= opt.sse_ping_seconds) {
-        last_ping = Clock::now();
-        if (!ping()) return true;
-      }
-      return cancelled();
+    struct Pipe {  // text from the scheduler's thread to this one
+      std::mutex mu;
+      std::condition_variable cv;
+      std::string text;
+      bool finished = false;
+      std::atomic<bool> gone{false};  // this side stopped reading
     };
-    if (!gen_lock.lock(waiting)) return r;  // left the queue
-    // The lock and the running gauge, released even when generate() throws.
-    struct Held {
-      Impl& s;
-      explicit Held(Impl& s) : s(s) { ++s.running; }
-      ~Held() {
-        --s.running;
-        s.gen_lock.unlock();
+    auto pipe = std::make_shared<Pipe>();
+    GenerationRequest req;
+    req.prompt = std::move(ids);
+    req.params = std::move(p);
+    req.eos_ids = chat ? m.chat_eos_ids : m.eos_ids;
+    req.cancelled = [this, &job, pipe] { return cancel_all || pipe->gone || job.conn.closed(); };
+    if (on_text)
+      req.on_text = [pipe](std::string_view piece) {
+        std::lock_guard<std::mutex> lk(pipe->mu);
+        pipe->text += piece;
+        pipe->cv.notify_all();
+        return !pipe->gone;
+      };
+    req.on_finish = [pipe] {
+      std::lock_guard<std::mutex> lk(pipe->mu);
+      pipe->finished = true;
+      pipe->cv.notify_all();
+    };
+    const Clock::time_point submitted = Clock::now();
+    std::future<GenerationResult> done = scheduler.submit(std::move(req));
+    if (on_text) {
+      const auto ping_every = std::chrono::duration<double>(opt.sse_ping_seconds);
+      bool any_text = false;
+      std::unique_lock<std::mutex> lk(pipe->mu);
+      while (!pipe->gone) {
+        const auto ready = [&] { return pipe->finished || !pipe->text.empty(); };
+        if (ping && !any_text && opt.sse_ping_seconds > 0) {
+          if (!pipe->cv.wait_for(lk, ping_every, ready)) {
+            lk.unlock();
+            if (!ping()) pipe->gone = true;
+            lk.lock();
+            continue;
+          }
+        } else {
+          pipe->cv.wait(lk, ready);
+        }
+        if (!pipe->text.empty()) {
+          const std::string piece = std::move(pipe->text);
+          pipe->text.clear();
+          any_text = true;
+          lk.unlock();
+          if (!on_text(piece)) pipe->gone = true;
+          lk.lock();
+        } else if (pipe->finished) {
+          break;
+        }
       }
-    } held(*this);
-    const double waited = seconds(job.admitted, Clock::now());
-    r = generate(decoder, *m.tokenizer, ids, p, chat ? m.chat_eos_ids : m.eos_ids, cb, cancelled);
-    if (r.first_token_seconds >= 0.0) job.first_token_seconds = waited + r.first_token_seconds;
+    }
+    GenerationResult r = done.get();  // a client that left: cancelled within a step
+    if (pipe->gone) r.finish_reason = "cancelled";
+    if (r.first_token_seconds >= 0.0)
+      job.first_token_seconds =
+          seconds(job.admitted, submitted) + r.queue_seconds + r.first_token_seconds;
     return r;
   }
 
@@ -141,9 +188,10 @@ struct Server::Impl {
   ServeGauges gauges() const {
     ServeGauges g;
     g.in_flight = admission.admitted();
-    g.running = running.load();
+    g.running = scheduler.running();
     g.waiting = std::max(0, g.in_flight - g.running);
     g.max_queue = admission.max_queue();
+    g.max_batch = scheduler.max_batch();
     return g;
   }
 

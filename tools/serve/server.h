@@ -5,14 +5,15 @@
 // Request parsing lives in ds/serve/api.h; this file only routes, runs generations and writes
 // replies. docs/serving.md documents the API.
 //
-// Concurrency: httplib serves each connection on a pool thread; generations run one at a time, in
-// arrival order, under one lock around the model and its KV cache (fifo_lock.h); up to
-// `max_queue` more wait for it and the next is answered 503 (admission.h). A client that goes
-// away, waiting or generating, streaming or not, is noticed within a token (connection.h): its
-// generation stops and its slot is freed. drain() is the graceful stop of SIGTERM. Bad input never
-// ends the server: every handler error is a JSON reply (400 for bad fields, 413 for a body over
-// the size limit, 404 for an unknown route, 503 when busy or shutting down, 500 for an internal
-// error).
+// Concurrency: httplib serves each connection on a pool thread; generations run on one scheduler
+// thread that owns the model (ds/serve/scheduler.h: continuous batching): up to `max_batch`
+// share each decode step, up to `max_queue` more wait for a place, admitted in arrival order, and
+// the next is answered 503 (admission.h). Text comes back to the connection's thread, which writes
+// it. A client that goes away, waiting or generating, streaming or not, is noticed within a token
+// (connection.h): its generation stops and its slot is freed. drain() is the graceful stop of
+// SIGTERM. Bad input never ends the server: every handler error is a JSON reply (400 for bad
+// fields, 413 for a body over the size limit, 404 for an unknown route, 503 when busy or shutting
+// down, 500 for an internal error).
 //
 //   ds::serve::Server s(ds::serve::load_model(dir), {.host = "127.0.0.1", .port = 0});
 //   int port = s.bind();            // 0 = an ephemeral port
@@ -31,8 +32,10 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;                  // 0 = any free port (bind() returns it)
   size_t max_body_bytes = 1 << 20;  // larger request bodies answer 413
-  int http_threads = 8;             // connection threads (generations still run one at a time)
+  int http_threads = 8;             // connection threads (at least max_batch + max_queue to use
+                                    // them all: each waiting or running request holds one)
   int listen_backlog = 511;         // connections the kernel holds before accept() (nginx's)
+  int max_batch = 8;                // generations that share a decode step; 1 = one at a time
   int max_queue = 16;               // generation requests that may wait; more answer 503
   double sse_ping_seconds = 15.0;   // ": ping" to a stream waiting for its turn; 0 = never
   bool log_requests = true;         // one line per request on stderr

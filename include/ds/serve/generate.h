@@ -7,8 +7,11 @@
 //   auto r = serve::generate(dec, *m.tokenizer, m.tokenizer->encode("Hello"), params, m.eos_ids);
 //   r.text, r.finish_reason ("stop" | "length"), r.prefill_seconds, r.decode_seconds
 //
-// Threading: generate() uses the decoder and the model exclusively; callers serialise (ds_serve
-// holds one lock around it, tools/serve/fifo_lock.h).
+// Sequence is the token loop of one generation without the forwards: generate() drives one with
+// one decoder; serve::Scheduler (scheduler.h) drives many, one batched decode step for all.
+//
+// Threading: generate() uses the decoder exclusively; a Sequence belongs to one thread at a time.
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -36,7 +39,8 @@ struct GenerationResult {
   double prefill_seconds = 0.0;
   double decode_seconds = 0.0;
   double first_token_seconds = -1.0;  // from the call to the first new token; < 0 when none
-  int64_t decode_steps = 0;  // one-token forwards after the prefill (decode_seconds' count)
+  int64_t decode_steps = 0;    // one-token forwards after the prefill (decode_seconds' count)
+  double queue_seconds = 0.0;  // Scheduler: submitted to admitted into the batch (0: generate())
 };
 
 // Called with each new piece of text that is final: pieces never split a UTF-8 character, and text
@@ -46,6 +50,48 @@ using TextCallback = std::function<bool(std::string_view piece)>;
 // Asked before the prefill and before every decode step: true stops the generation there with
 // finish_reason "cancelled" (ds_serve: the client disconnected, or a drain ran out of time).
 using CancelCheck = std::function<bool()>;
+
+// One generation's state between forwards: sampling with its own params and seed, end-of-sequence,
+// stop strings, max_tokens, and the streaming of final text. Its driver runs the prefill, calls
+// prefilled(), then hands the logits of each last position to advance() and feeds next_token()
+// back until advance() returns false; cancel() ends it early.
+//
+//   Sequence s(tok, prompt, params, eos_ids, on_text, decoder.capacity_limit());
+//   Tensor logits = decoder.forward(s.prompt());  s.prefilled();
+//   while (s.advance(row_of(logits))) logits = decoder.forward({s.next_token()});
+//   GenerationResult r = std::move(s.result());
+class Sequence {
+ public:
+  // Validates params and the budget: throws "[generate] ..." when the prompt is empty or prompt +
+  // max_tokens exceeds context. Starts the clock of first_token_seconds and prefill_seconds.
+  Sequence(const TextTokenizer& tokenizer, std::span<const int32_t> prompt, SamplingParams params,
+           std::vector<int32_t> eos_ids, TextCallback on_text, int64_t context);
+  const std::vector<int32_t>& prompt() const { return prompt_; }
+  void prefilled();  // the prefill's forward is done
+  // logits (V) of the last position (modified in place): samples the next token, streams text.
+  // true: feed next_token() to the next decode step; false: finished (eos, stop, length, or the
+  // callback asked to cancel).
+  bool advance(std::span<float> logits);
+  int32_t next_token() const { return next_; }
+  void cancel();  // finish_reason "cancelled"
+  bool done() const { return done_; }
+  GenerationResult& result() { return r_; }
+
+ private:
+  void finish(const char* reason);
+
+  const TextTokenizer* tokenizer_;
+  SamplingParams params_;
+  std::vector<int32_t> eos_ids_;
+  TextCallback on_text_;
+  std::vector<int32_t> prompt_, history_;  // the prompt; prompt + generated
+  GenerationResult r_;
+  size_t emitted_ = 0;  // bytes of r_.text handed to on_text
+  int64_t step_ = 0;
+  int32_t next_ = -1;
+  bool done_ = false, prefilled_ = false;
+  std::chrono::steady_clock::time_point t0_, t1_;  // construction; end of the prefill
+};
 
 // Resets the decoder, prefills prompt (one forward), then decodes. Throws "[generate] ..." when
 // the prompt is empty or prompt + max_tokens exceeds the model's context (block_size).
