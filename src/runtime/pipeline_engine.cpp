@@ -99,6 +99,9 @@ void PipelineEngine::sync_tied_weight() {
   if (p == 1) return;
   auto& pipe = *topology_->pipeline();
   if (Tensor w = stage_->tied_embedding_weight(); w.defined()) {
+    // A ZeRO-3 step still running in the background (NVMe offload) has dropped the gathered copy:
+    // gather the new values again (once its sub-group is written); a no-op when gathered.
+    engine_->strategy().keep_gathered(w);
     pipe.send(w.detach().contiguous(), p - 1, kTiedWeightTag, "pipeline tied weight");
   } else if (Tensor h = stage_->tied_head_weight(); h.defined()) {
     Tensor buf = Tensor::empty(h.shape(), act_dtype_);
