@@ -10,6 +10,7 @@
 #include "ds/core/allocator.h"
 #include "ds/core/error.h"
 #include "ds/core/tensor.h"
+#include "ds/core/text.h"
 #include "ds/ops/ops.h"
 
 using namespace ds;
@@ -206,4 +207,24 @@ TEST(Backend, CudaStubExplainsItself) {
   }
 #endif
   EXPECT_FALSE(backend::cpu().gemm_info().empty());
+}
+
+TEST(Text, QuotedExcerptEscapesAndCuts) {
+  EXPECT_EQ(quoted_excerpt("abc"), "'abc'");
+  EXPECT_EQ(quoted_excerpt(std::string("a\nb\x01\xff'\\", 7)), "'a\\nb\\x01\\xff\\'\\\\'");
+  EXPECT_EQ(quoted_excerpt("\xe4\xb8\xad"), "'\xe4\xb8\xad'");        // valid UTF-8 stays
+  EXPECT_EQ(quoted_excerpt("\xe4\xb8"), "'\\xe4\\xb8'");              // a cut character is escaped
+  const std::string huge(50'000'000, 'x');
+  const std::string q = quoted_excerpt(huge, 200);
+  EXPECT_LT(q.size(), 260u);
+  EXPECT_NE(q.find("(50000000 bytes in all)"), std::string::npos) << q;
+}
+
+TEST(Text, BomAndCaseInsensitiveNames) {
+  EXPECT_EQ(strip_utf8_bom("\xef\xbb\xbfhost1 slots=2"), "host1 slots=2");
+  EXPECT_EQ(strip_utf8_bom("host1"), "host1");
+  EXPECT_EQ(strip_utf8_bom("\xef\xbb"), "\xef\xbb");
+  EXPECT_TRUE(iequals("localhost", "LOCALHOST"));
+  EXPECT_FALSE(iequals("localhost", "localhos"));
+  EXPECT_FALSE(iequals("node1", "node2"));
 }
