@@ -952,9 +952,39 @@ TEST(ConfigRules, NullIsRefusedWhereDeepSpeedRefusesIt) {
   EXPECT_EQ(std::get<OneCycleParams>(c.scheduler.params).cycle_second_step_size, 2000);
 }
 
-TEST(ConfigRules, QuotedBooleanSaysToDropTheQuotes) {
-  EXPECT_HAS(error_of(R"({"train_batch_size": 8, "bf16": {"enabled": "true"}})"),
-             "write true without quotes");
+// DeepSpeed's pydantic sections (zero_optimization, fp16, bf16, the monitors) coerce in lax mode,
+// so the Accelerate guide's `"enabled": "true"` runs there: take it the same way and say so.
+TEST(ConfigRules, PydanticSectionsTakeQuotedBooleansAndNumbersAsDeepSpeedDoes) {
+  auto c = parse(R"({"train_batch_size": 8, "bf16": {"enabled": "true"},
+                     "zero_optimization": {"stage": "2", "overlap_comm": "False",
+                       "contiguous_gradients": 0, "reduce_bucket_size": "5e8",
+                       "allgather_bucket_size": " 200000000 "}})");
+  EXPECT_TRUE(c.bf16.enabled);
+  EXPECT_EQ(c.zero_optimization.stage, 2);
+  EXPECT_FALSE(c.zero_optimization.contiguous_gradients);
+  EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 500000000);
+  EXPECT_EQ(c.zero_optimization.allgather_bucket_size, 200000000);
+  EXPECT_HAS(entry(c, "bf16.enabled").note, "DeepSpeed (pydantic) takes it as true");
+  EXPECT_HAS(entry(c, "zero_optimization.overlap_comm").note, "takes it as false");
+  EXPECT_HAS(entry(c, "zero_optimization.reduce_bucket_size").note, "as a number");
+  EXPECT_EQ(entry(c, "zero_optimization.stage").value, 2);
+  EXPECT_FALSE(parse(R"({"train_batch_size": 8, "fp16": {"enabled": "off"}})").fp16.enabled);
+  // What pydantic refuses stays refused: other strings, other integers, fractions for integers.
+  EXPECT_HAS(error_of(R"({"train_batch_size": 8, "bf16": {"enabled": "maybe"}})"),
+             "bf16.enabled");
+  EXPECT_HAS(error_of(R"({"train_batch_size": 8, "bf16": {"enabled": 2}})"), "bf16.enabled");
+  EXPECT_HAS(error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": "2.5"}})"),
+             "zero_optimization.stage");
+  EXPECT_HAS(error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": "two"}})"),
+             "zero_optimization.stage");
+}
+
+// Outside those sections DeepSpeed reads the raw value (get_scalar_param), where a quoted "false"
+// is a non-empty string and so true: refuse it rather than guess.
+TEST(ConfigRules, QuotedBooleanOutsidePydanticSectionsSaysToDropTheQuotes) {
+  EXPECT_HAS(error_of(R"({"train_batch_size": 8, "prescale_gradients": "false"})"),
+             "write false without quotes");
+  EXPECT_HAS(error_of(R"({"train_batch_size": "8"})"), "train_batch_size");
 }
 
 TEST(ConfigRules, JobNameCannotLeaveOutputPath) {

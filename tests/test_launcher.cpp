@@ -132,6 +132,28 @@ TEST(Hostfile, ParsesSlotsCommentsAndBlankLines) {
   EXPECT_EQ(pool, (HostPool{{"worker-0", 4}, {"worker-1", 2}, {"worker-2", 8}}));
 }
 
+// Editors on Windows save a byte order mark; it is not part of the first host's name.
+TEST(Hostfile, ByteOrderMarkIsNotPartOfTheFirstHost) {
+  EXPECT_EQ(parse_hostfile("\xef\xbb\xbfworker-0 slots=4\nworker-1 slots=2\n"),
+            (HostPool{{"worker-0", 4}, {"worker-1", 2}}));
+  EXPECT_EQ(parse_env_file("\xef\xbb\xbfNCCL_DEBUG=INFO\n", "f"), (EnvList{{"NCCL_DEBUG", "INFO"}}));
+}
+
+// DNS names are case-insensitive: two spellings of one host are one host listed twice (it used to
+// pass here and fail later, blaming --launcher_args).
+TEST(Hostfile, HostNamesAreComparedWithoutCase) {
+  expect_error([] { parse_hostfile("localhost slots=1\nLOCALHOST slots=1\n"); },
+               "multiple entries for LOCALHOST (and localhost)");
+  const HostPool pool = parse_hostfile("Worker-0 slots=2\nworker-1 slots=2\n");
+  Resources hosts;
+  for (const auto& e : pool) hosts.push_back(HostSlots{e.host, {0, 1}});
+  const Resources kept = parse_resource_filter(hosts, "worker-0:1", "");
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_EQ(kept[0].host, "Worker-0");  // the hostfile's spelling
+  EXPECT_EQ(kept[0].slots, std::vector<int>{1});
+  EXPECT_EQ(parse_resource_filter(hosts, "", "WORKER-1").size(), 1u);
+}
+
 TEST(Hostfile, DeepSpeedErrorMessages) {
   expect_error([] { parse_hostfile("worker-0 slots=4\nworker-0 slots=2\n"); },
                "Hostfile contains multiple entries for worker-0, unable to proceed with launching");

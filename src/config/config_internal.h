@@ -135,11 +135,18 @@ class Section {
   void reject_auto(std::string_view key, const json& v) const;
   void record(std::string_view key, const json* given, json effective, json def);
   std::optional<int64_t> as_integer(std::string_view key, const json& v, const Range& r) const;
+  // DeepSpeed reads the sections it models with pydantic (zero_optimization, fp16, bf16, the
+  // monitors, ...) in lax mode: "true"/"off"/1 become booleans and "5e8" becomes a number. In those
+  // sections (lax_) such a value is taken as pydantic takes it and the report says so; elsewhere
+  // DeepSpeed passes the raw value on (a quoted "false" counts as true), so it is refused.
+  std::optional<bool> lax_boolean(std::string_view key, const json& v);
+  std::optional<json> lax_number(std::string_view key, const json& v);
   double as_number(std::string_view key, const json& v, const Range& r) const;
 
   ParseState& st_;
   const json* obj_;
   std::string path_;
+  bool lax_ = false;
   std::vector<std::string> known_;
   std::vector<std::string> aliases_;
   std::map<std::string, json, std::less<>> defaults_;

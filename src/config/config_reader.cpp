@@ -42,8 +42,56 @@ void ParseState::warn(std::string message) {
     warnings.push_back(std::move(message));
 }
 
+namespace {
+// Top-level sections that DeepSpeed 0.19 validates with pydantic models (DeepSpeedConfigModel):
+// runtime/zero/config.py and offload_config.py, runtime/precision_config.py, monitor/config.py,
+// profiling/config.py, comm/config.py, runtime/compiler.py. Everything else it reads with
+// get_scalar_param (the raw JSON value) or hands to PyTorch.
+const std::set<std::string, std::less<>> kPydanticSections = {
+    "zero_optimization", "fp16", "bf16", "tensorboard", "wandb", "csv_monitor", "comet",
+    "flops_profiler", "comms_logger", "compile",
+};
+}  // namespace
+
 Section::Section(ParseState& st, const json* obj, std::string path)
-    : st_(st), obj_(obj), path_(std::move(path)) {}
+    : st_(st), obj_(obj), path_(std::move(path)) {
+  lax_ = kPydanticSections.count(std::string_view(path_).substr(0, path_.find('.'))) > 0;
+}
+
+std::optional<bool> Section::lax_boolean(std::string_view key, const json& v) {
+  if (!lax_) return std::nullopt;
+  std::optional<bool> out;
+  if (v.is_number_integer() || v.is_number_unsigned()) {
+    // pydantic's lax bool takes the integers 0 and 1.
+    if (v == 0) out = false;
+    if (v == 1) out = true;
+  } else if (v.is_string()) {
+    std::string t = v.get<std::string>();
+    for (auto& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    for (const char* s : {"1", "true", "t", "yes", "y", "on"})
+      if (t == s) out = true;
+    for (const char* s : {"0", "false", "f", "no", "n", "off"})
+      if (t == s) out = false;
+  }
+  if (out)
+    st_.notes[key_path(key)] = fmt::format("given as {}; DeepSpeed (pydantic) takes it as {}",
+                                           json_show(v), *out);
+  return out;
+}
+
+std::optional<json> Section::lax_number(std::string_view key, const json& v) {
+  if (!lax_ || !v.is_string()) return std::nullopt;
+  const std::string s = v.get<std::string>();
+  // A JSON number, with the surrounding spaces pydantic strips; "auto", "", "1e" stay strings.
+  const auto b = s.find_first_not_of(" \t\n\r");
+  const auto e = s.find_last_not_of(" \t\n\r");
+  if (b == std::string::npos) return std::nullopt;
+  json n = json::parse(s.substr(b, e - b + 1), nullptr, /*allow_exceptions=*/false);
+  if (n.is_discarded() || !n.is_number()) return std::nullopt;
+  st_.notes[key_path(key)] =
+      fmt::format("given as {}; DeepSpeed (pydantic) takes it as a number", json_show(v));
+  return n;
+}
 
 std::string Section::key_path(std::string_view key) const {
   return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
@@ -196,15 +244,19 @@ std::optional<bool> Section::opt_boolean(std::string_view key) {
     return std::nullopt;
   }
   reject_auto(key, *v);
+  if (auto b = lax_boolean(key, *v)) {
+    record(key, v, *b, nullptr);
+    return *b;
+  }
   if (v->is_string()) {
-    // pydantic coerces "true"/"false" strings, so DeepSpeed accepts them; a JSON boolean is what
-    // the key means, and a quoted one is usually a templating slip.
+    // Outside pydantic's sections DeepSpeed keeps the string, and any non-empty one is true.
     std::string t = v->get<std::string>();
     for (auto& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     if (t == "true" || t == "false")
       DS_THROW(
           "[config] {} = {} (a string) in {}: write {} without quotes (a JSON boolean); "
-          "DeepSpeed would coerce the string, deepspeed.cpp takes booleans only",
+          "DeepSpeed reads this key without converting it, so a quoted \"false\" would count "
+          "as true there",
           key_path(key), json_show(*v), st_.source, t);
   }
   if (!v->is_boolean()) type_error(key, *v, "true or false");
@@ -226,7 +278,8 @@ std::optional<int64_t> Section::opt_integer(std::string_view key, Range r) {
     st_.record(key_path(key), nullptr, v ? Origin::File : Origin::Default);
     return std::nullopt;
   }
-  auto out = as_integer(key, *v, r);
+  const auto lax = lax_number(key, *v);
+  auto out = as_integer(key, lax ? *lax : *v, r);
   record(key, v, *out, nullptr);
   return out;
 }
@@ -245,7 +298,8 @@ std::optional<double> Section::opt_number(std::string_view key, Range r) {
     st_.record(key_path(key), nullptr, v ? Origin::File : Origin::Default);
     return std::nullopt;
   }
-  double d = as_number(key, *v, r);
+  const auto lax = lax_number(key, *v);
+  double d = as_number(key, lax ? *lax : *v, r);
   record(key, v, d, nullptr);
   return d;
 }

@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include "ds/core/error.h"
+#include "ds/core/text.h"
 #include "launcher.h"
 
 namespace ds::launcher {
@@ -67,7 +68,8 @@ bool is_identity(const std::vector<int>& slots) {
 
 HostPool parse_hostfile(std::string_view text) {
   HostPool pool;
-  for (std::string_view raw : split(text, '\n')) {
+  // A file saved by Windows editors starts with a byte order mark: not part of the first name.
+  for (std::string_view raw : split(strip_utf8_bom(text), '\n')) {
     const std::string_view line = trim(raw);
     if (line.empty() || line.front() == '#') continue;
     // DeepSpeed's regex ^(\S+)\s+slots=(\d+): a name, blanks, slots=digits; the rest is ignored
@@ -87,12 +89,16 @@ HostPool parse_hostfile(std::string_view text) {
     DS_CHECK(entry,
              "[deepspeed] Hostfile contains a bad entry: {}, unable to proceed with launching",
              line);
-    const bool dup = std::any_of(pool.begin(), pool.end(),
-                                 [&](const HostEntry& e) { return e.host == entry->host; });
-    DS_CHECK(!dup,
-             "[deepspeed] Hostfile contains multiple entries for {}, unable to proceed with "
-             "launching",
-             entry->host);
+    // Host names are case-insensitive (DNS): `localhost` and `LOCALHOST` are one machine, and two
+    // entries for it would start two sets of ranks on the same slots.
+    const auto dup = std::find_if(pool.begin(), pool.end(),
+                                  [&](const HostEntry& e) { return iequals(e.host, entry->host); });
+    DS_CHECK(dup == pool.end(),
+             "[deepspeed] Hostfile contains multiple entries for {}{}, unable to proceed with "
+             "launching; host names are compared without regard to case: keep one line per host",
+             entry->host,
+             dup != pool.end() && dup->host != entry->host ? fmt::format(" (and {})", dup->host)
+                                                            : std::string());
     pool.push_back(*entry);
   }
   DS_CHECK(!pool.empty(),
@@ -128,7 +134,7 @@ Resources parse_resource_filter(const Resources& hosts, std::string_view include
   const std::string_view spec = including ? include : exclude;
 
   auto find = [](Resources& r, std::string_view name) {
-    return std::find_if(r.begin(), r.end(), [&](const HostSlots& h) { return h.host == name; });
+    return std::find_if(r.begin(), r.end(), [&](const HostSlots& h) { return iequals(h.host, name); });
   };
   Resources known = hosts;  // lookups only
   Resources filtered = including ? Resources{} : hosts;
@@ -144,7 +150,7 @@ Resources parse_resource_filter(const Resources& hosts, std::string_view include
 
     if (parts.size() == 1) {  // the whole node
       auto it = find(filtered, name);
-      if (it == filtered.end()) it = filtered.insert(filtered.end(), HostSlots{name, {}});
+      if (it == filtered.end()) it = filtered.insert(filtered.end(), HostSlots{host->host, {}});
       it->slots = including ? host->slots : std::vector<int>{};
       continue;
     }
@@ -159,7 +165,7 @@ Resources parse_resource_filter(const Resources& hosts, std::string_view include
     }
     auto it = find(filtered, name);
     if (including) {
-      if (it == filtered.end()) it = filtered.insert(filtered.end(), HostSlots{name, {}});
+      if (it == filtered.end()) it = filtered.insert(filtered.end(), HostSlots{host->host, {}});
       it->slots = slots;  // a later spec for the same host replaces an earlier one, as in DeepSpeed
     } else {
       // Excluding a slot already gone (`w@w:0`, `w:0,0`) is a no-op; DeepSpeed crashes there.
@@ -211,7 +217,7 @@ const std::string* env_get(const EnvList& env, std::string_view key) {
 EnvList parse_env_file(std::string_view text, std::string_view origin) {
   EnvList env;
   int lineno = 0;
-  for (std::string_view raw : split(text, '\n')) {
+  for (std::string_view raw : split(strip_utf8_bom(text), '\n')) {
     ++lineno;
     const std::string_view line = trim(raw);
     if (line.empty() || line.front() == '#') continue;
