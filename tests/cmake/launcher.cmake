@@ -7,7 +7,8 @@
 add_executable(test_launcher
   ${CMAKE_CURRENT_SOURCE_DIR}/test_launcher.cpp
   ${PROJECT_SOURCE_DIR}/tools/launcher/plan.cpp
-  ${PROJECT_SOURCE_DIR}/tools/launcher/run.cpp)
+  ${PROJECT_SOURCE_DIR}/tools/launcher/run.cpp
+  ${PROJECT_SOURCE_DIR}/src/core/text.cpp)
 target_include_directories(test_launcher PRIVATE ${PROJECT_SOURCE_DIR}/include
   ${PROJECT_SOURCE_DIR}/tools/launcher)
 target_link_libraries(test_launcher PRIVATE fmt::fmt GTest::gtest GTest::gtest_main)
