@@ -50,6 +50,7 @@ die() {
 # OPENBLAS_CORETYPE from cpuid), so the OpenMP build of OpenBLAS must be installed, not only linked.
 PACKAGES=(
   build-essential cmake g++ pkg-config   # toolchain (g++ 12: C++20, no <format>)
+  ccache                                 # rebuilds of unchanged sources (CMake uses it if found)
   libopenblas0-openmp libopenblas-openmp-dev  # GEMM; shares libgomp's thread pool with our kernels
   libgtest-dev libgmock-dev libbenchmark-dev  # tests and micro-benchmarks
   nlohmann-json3-dev libcli11-dev libfmt-dev  # configs, command lines, formatting

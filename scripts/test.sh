@@ -42,17 +42,46 @@ if [[ "$(id -u)" == 0 ]]; then
 fi
 export OMPI_MCA_rmaps_base_oversubscribe="${OMPI_MCA_rmaps_base_oversubscribe:-1}"
 
+# Wall time of each phase, printed at the end (also when a phase fails): CI's budget is 90 minutes
+# on a 2-core machine, and these lines show where it goes.
+phase_names=()
+phase_secs=()
+phase_name=""
+phase_start=$SECONDS
+phase() {  # phase NAME: ends the running phase and starts NAME ("" ends it only)
+  if [[ -n "$phase_name" ]]; then
+    phase_names+=("$phase_name")
+    phase_secs+=($((SECONDS - phase_start)))
+  fi
+  phase_name="$1"
+  phase_start=$SECONDS
+}
+print_phases() {
+  phase ""
+  echo "test: phase times (wall clock)"
+  local i
+  for i in "${!phase_names[@]}"; do
+    printf 'test:   %-34s %3d min %02d s\n' "${phase_names[$i]}" $((phase_secs[i] / 60)) \
+      $((phase_secs[i] % 60))
+  done
+  printf 'test:   %-34s %3d min %02d s\n' "total" $((SECONDS / 60)) $((SECONDS % 60))
+}
+trap print_phases EXIT
+
 if [[ "$setup" == 1 ]]; then
+  phase "setup (packages, data)"
   bash "$REPO/scripts/setup.sh" --no-build
 fi
 
 # The launcher's Slurm path needs a Slurm cluster; DS_TEST_SLURM=1 (CI, as root) starts a one-node
 # one on this machine (scripts/slurm_local.sh). Without it, ctest's launcher_slurm skips.
 if [[ "${DS_TEST_SLURM:-0}" == 1 && "$(id -u)" == 0 ]]; then
+  phase "one-node Slurm cluster"
   timeout 300 bash "$REPO/scripts/slurm_local.sh" ||
     echo "test: the one-node Slurm cluster did not start; launcher_slurm will skip"
 fi
 
+phase "Release build"
 echo "test: configuring $BUILD_DIR (Release)"
 cmake -S "$REPO" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release </dev/null
 # DS_SKIP_SOURCES is a development aid that a build folder keeps in its cache; a test run on such a
@@ -66,6 +95,7 @@ echo "test: building with $JOBS job(s)"
 cmake --build "$BUILD_DIR" -j"$JOBS" </dev/null
 
 echo "test: ctest --test-dir $BUILD_DIR --output-on-failure -j2 ${ctest_args[*]}"
+phase "Release tests"
 rc=0
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j2 "${ctest_args[@]}" </dev/null || rc=$?
 
@@ -74,6 +104,7 @@ ctest --test-dir "$BUILD_DIR" --output-on-failure -j2 "${ctest_args[@]}" </dev/n
 # tests once under the sanitizers. OpenMPI's own
 # allocations are not ours to judge, so leak checking is off; any other report fails the test.
 if [[ "${DS_TEST_ASAN:-0}" == 1 ]]; then
+  phase "sanitizer build"
   ASAN_DIR="${DS_ASAN_BUILD_DIR:-$REPO/build-asan}"
   echo "test: AddressSanitizer pass: configuring $ASAN_DIR (DS_SANITIZE=ON)"
   cmake -S "$REPO" -B "$ASAN_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDS_SANITIZE=ON \
@@ -81,6 +112,7 @@ if [[ "${DS_TEST_ASAN:-0}" == 1 ]]; then
   cmake --build "$ASAN_DIR" -j"$JOBS" --target test_data test_tokenizer test_monitor test_ds_train \
     test_offload test_hf_tokenizer test_chat_template test_to_fp32 test_sft test_lora ds_train \
     ds_prepare ds_launcher ds_io </dev/null
+  phase "sanitizer tests"
   echo "test: ctest --test-dir $ASAN_DIR -L 'data|train|offload' (sanitized)"
   ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1}" \
     UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
