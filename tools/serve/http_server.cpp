@@ -53,8 +53,8 @@ class ConnectionPool : public httplib::TaskQueue {
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
       ++idle_;
-      const bool woken = cv_.wait_for(lk, std::chrono::seconds(60),
-                                      [&] { return stop_ || !jobs_.empty(); });
+      const bool woken =
+          cv_.wait_for(lk, std::chrono::seconds(60), [&] { return stop_ || !jobs_.empty(); });
       --idle_;
       if (jobs_.empty()) {
         if (stop_ || (!woken && threads_ > keep_)) break;
@@ -149,8 +149,7 @@ HttpServer::HttpServer(Options o, RejectHandler on_reject)
   opt_.max_connections = std::max(1, opt_.max_connections);
   new_task_queue = [this] {
     return new ConnectionPool(static_cast<size_t>(opt_.keep_threads),
-                              static_cast<size_t>(opt_.max_connections + kRefusalThreads),
-                              queued_);
+                              static_cast<size_t>(opt_.max_connections + kRefusalThreads), queued_);
   };
   set_keep_alive_timeout(static_cast<time_t>(std::max(1.0, opt_.read.idle_seconds)));
   set_keep_alive_max_count(100);
@@ -201,9 +200,9 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
     ReadResult r;
     r.kind = ReadResult::kReject;
     r.status = 503;
-    r.message = fmt::format(
-        "too many connections: {} open, the limit is --max_connections {}; retry later", open.now,
-        opt_.max_connections);
+    r.message =
+        fmt::format("too many connections: {} open, the limit is --max_connections {}; retry later",
+                    open.now, opt_.max_connections);
     refuse(sock, r);
   } else {
     RequestReader reader(sock, opt_.read, [this] { return svr_sock_ == INVALID_SOCKET; });

@@ -34,8 +34,8 @@ namespace ds::serve {
 class HttpServer : public httplib::Server {
  public:
   struct Options {
-    int keep_threads = 8;        // idle connection threads kept ready
-    int max_connections = 256;   // open connections; more are answered 503
+    int keep_threads = 8;       // idle connection threads kept ready
+    int max_connections = 256;  // open connections; more are answered 503
     ReadLimits read;
   };
   // A request refused before httplib saw it (over the connection limit, or by the reader): the

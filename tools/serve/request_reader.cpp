@@ -53,15 +53,24 @@ std::optional<std::string_view> line_at(const std::string& s, size_t pos, size_t
 
 const char* reason(int status) {
   switch (status) {
-    case 400: return "Bad Request";
-    case 408: return "Request Timeout";
-    case 413: return "Payload Too Large";
-    case 415: return "Unsupported Media Type";
-    case 417: return "Expectation Failed";
-    case 431: return "Request Header Fields Too Large";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    default: return "Error";
+    case 400:
+      return "Bad Request";
+    case 408:
+      return "Request Timeout";
+    case 413:
+      return "Payload Too Large";
+    case 415:
+      return "Unsupported Media Type";
+    case 417:
+      return "Expectation Failed";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 501:
+      return "Not Implemented";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Error";
   }
 }
 
@@ -171,8 +180,7 @@ ReadResult RequestReader::next(bool first) {
     const size_t colon = line.find(':');
     const std::string_view name = colon == std::string_view::npos ? "" : line.substr(0, colon);
     if (name.empty() || name.find_first_of(" \t") != std::string_view::npos)
-      return reject(r, 400,
-                    fmt::format("malformed header line {}", ds::quoted_excerpt(line, 120)));
+      return reject(r, 400, fmt::format("malformed header line {}", ds::quoted_excerpt(line, 120)));
     const std::string_view value = trim(line.substr(colon + 1));
     if (ds::iequals(name, "Content-Length")) {
       // "Content-Length: 5, 5" and repeated equal values are one length (RFC 9110 8.6);
@@ -187,10 +195,10 @@ ReadResult RequestReader::next(bool first) {
                         fmt::format("invalid Content-Length {}", ds::quoted_excerpt(value, 60)),
                         "Content-Length");
         if (content_length && *content_length != v)
-          return reject(r, 400,
-                        fmt::format("conflicting Content-Length headers ({} and {})",
-                                    *content_length, v),
-                        "Content-Length");
+          return reject(
+              r, 400,
+              fmt::format("conflicting Content-Length headers ({} and {})", *content_length, v),
+              "Content-Length");
         content_length = std::string(v);
         a = b + 1;
       }
@@ -295,8 +303,9 @@ ReadResult RequestReader::read_body(ReadResult& r, size_t content_length, bool c
     size_t next = 0;
     std::optional<std::string_view> line;
     if (const int e = need_line(next, line); e != 0)
-      return e == 408 ? timed_out() : e == 400 ? bad_chunk("a chunk size line over 4096 bytes")
-                                               : ReadResult{};
+      return e == 408   ? timed_out()
+             : e == 400 ? bad_chunk("a chunk size line over 4096 bytes")
+                        : ReadResult{};
     const std::string_view size_text = trim(line->substr(0, line->find(';')));
     if (size_text.empty() || size_text.size() > 15 ||
         size_text.find_first_not_of("0123456789abcdefABCDEF") != std::string_view::npos)
@@ -325,8 +334,9 @@ ReadResult RequestReader::read_body(ReadResult& r, size_t content_length, bool c
     size_t next = 0;
     std::optional<std::string_view> line;
     if (const int e = need_line(next, line); e != 0)
-      return e == 408 ? timed_out() : e == 400 ? bad_chunk("a trailer line over 4096 bytes")
-                                               : ReadResult{};
+      return e == 408   ? timed_out()
+             : e == 400 ? bad_chunk("a trailer line over 4096 bytes")
+                        : ReadResult{};
     const bool last = line->empty();
     trailer_bytes += next;
     buf_.erase(0, next);

@@ -34,8 +34,8 @@ using nlohmann::json;
 struct Server::Impl {
   LoadedModel m;
   ServerOptions opt;
-  HttpServer http;  // connections: a thread each, deadlines and limits (http_server.h)
-  Admission admission;                  // up to max_batch generating + max_queue waiting
+  HttpServer http;      // connections: a thread each, deadlines and limits (http_server.h)
+  Admission admission;  // up to max_batch generating + max_queue waiting
   std::atomic<bool> draining{false};    // drain(): new generation requests answer 503
   std::atomic<bool> cancel_all{false};  // drain() ran out of time: stop every generation
   Metrics metrics;
@@ -76,8 +76,9 @@ struct Server::Impl {
     const std::string route = r.path.empty() ? "other" : route_label(r.path);
     metrics.count_request(route, r.status);
     if (opt.log_requests)
-      std::fprintf(stderr, "ds_serve: %s %s -> %d (%s)\n", r.method.empty() ? "-" : r.method.c_str(),
-                   r.path.empty() ? "-" : r.path.c_str(), r.status, r.message.c_str());
+      std::fprintf(stderr, "ds_serve: %s %s -> %d (%s)\n",
+                   r.method.empty() ? "-" : r.method.c_str(), r.path.empty() ? "-" : r.path.c_str(),
+                   r.status, r.message.c_str());
     const ApiError e(r.status, r.message, r.param,
                      r.status == 503 ? "server_busy" : "invalid_request_error");
     const json body = r.path == "/" ? guide_error_body(e) : openai_error_body(e);
@@ -328,36 +329,34 @@ struct Server::Impl {
   void stream(const httplib::Request& req, httplib::Response& res, std::shared_ptr<Job> job,
               std::vector<int32_t> ids, SamplingParams p, bool chat, ChunkFn chunk, json first,
               bool include_usage) {
-    auto provider =
-        [this, job, ids = std::move(ids), p = std::move(p), chat, chunk = std::move(chunk),
-         first = std::move(first), include_usage](size_t, httplib::DataSink& sink) {
-          auto send = [&](const std::string& s) {
-            return sink.is_writable() && sink.write(s.data(), s.size());
-          };
-          if (!first.is_null()) send(sse(first));
-          try {
-            const GenerationResult r = run(
-                *job, ids, p,
-                [&](std::string_view piece) {
-                  return send(sse(chunk(std::string(piece), nullptr)));
-                },
-                chat, [&] { return send(": ping\n\n"); });
-            finished(*job, r);
-            if (r.finish_reason == "cancelled") return false;
-            send(sse(chunk(std::nullopt, r.finish_reason)));
-            if (include_usage) {
-              json u = chunk(std::nullopt, nullptr);
-              u["choices"] = json::array();
-              u["usage"] = usage(r);
-              send(sse(u));
-            }
-            send("data: [DONE]\n\n");
-          } catch (const std::exception& e) {
-            send(sse(openai_error_body(ApiError(500, e.what(), "", "server_error"))));
-          }
-          sink.done();
-          return true;
-        };
+    auto provider = [this, job, ids = std::move(ids), p = std::move(p), chat,
+                     chunk = std::move(chunk), first = std::move(first),
+                     include_usage](size_t, httplib::DataSink& sink) {
+      auto send = [&](const std::string& s) {
+        return sink.is_writable() && sink.write(s.data(), s.size());
+      };
+      if (!first.is_null()) send(sse(first));
+      try {
+        const GenerationResult r = run(
+            *job, ids, p,
+            [&](std::string_view piece) { return send(sse(chunk(std::string(piece), nullptr))); },
+            chat, [&] { return send(": ping\n\n"); });
+        finished(*job, r);
+        if (r.finish_reason == "cancelled") return false;
+        send(sse(chunk(std::nullopt, r.finish_reason)));
+        if (include_usage) {
+          json u = chunk(std::nullopt, nullptr);
+          u["choices"] = json::array();
+          u["usage"] = usage(r);
+          send(sse(u));
+        }
+        send("data: [DONE]\n\n");
+      } catch (const std::exception& e) {
+        send(sse(openai_error_body(ApiError(500, e.what(), "", "server_error"))));
+      }
+      sink.done();
+      return true;
+    };
     if (req.version == "HTTP/1.0")
       res.set_content_provider("text/event-stream", std::move(provider));
     else
@@ -490,12 +489,13 @@ struct Server::Impl {
     while (a < b && (media[a] == ' ' || media[a] == '\t')) ++a;
     while (b > a && (media[b - 1] == ' ' || media[b - 1] == '\t')) --b;
     if (!ds::iequals(media.substr(a, b - a), "application/json"))
-      throw ApiError(415,
-                     fmt::format("the request body must be JSON with the header Content-Type: "
-                                 "application/json (got {}); with curl: -H 'Content-Type: "
-                                 "application/json'",
-                                 type.empty() ? std::string("none") : ds::quoted_excerpt(type, 100)),
-                     "Content-Type");
+      throw ApiError(
+          415,
+          fmt::format("the request body must be JSON with the header Content-Type: "
+                      "application/json (got {}); with curl: -H 'Content-Type: "
+                      "application/json'",
+                      type.empty() ? std::string("none") : ds::quoted_excerpt(type, 100)),
+          "Content-Type");
   }
 
   // Runs a handler; ApiError becomes its status with the route's error body. json_body: the

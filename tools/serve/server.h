@@ -39,11 +39,11 @@ struct ServerOptions {
   double header_timeout_seconds = 10.0;  // the request line and headers, from their first byte
   double body_timeout_seconds = 30.0;    // the body, from the end of the headers (408 after)
   double keep_alive_seconds = 5.0;       // idle time between requests on one connection
-  int listen_backlog = 511;         // connections the kernel holds before accept() (nginx's)
-  int max_batch = 8;                // generations that share a decode step; 1 = one at a time
-  int max_queue = 16;               // generation requests that may wait; more answer 503
-  double sse_ping_seconds = 15.0;   // ": ping" to a stream waiting for its turn; 0 = never
-  bool log_requests = true;         // one line per request on stderr
+  int listen_backlog = 511;              // connections the kernel holds before accept() (nginx's)
+  int max_batch = 8;                     // generations that share a decode step; 1 = one at a time
+  int max_queue = 16;                    // generation requests that may wait; more answer 503
+  double sse_ping_seconds = 15.0;        // ": ping" to a stream waiting for its turn; 0 = never
+  bool log_requests = true;              // one line per request on stderr
 };
 
 class Server {
