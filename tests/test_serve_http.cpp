@@ -1018,6 +1018,7 @@ std::vector<RawReply> parse_replies(const std::string& bytes) {
       r.headers[name] = line.substr(line.find_first_not_of(' ', colon + 1));
     }
     pos = end + 4;
+    if (r.status < 200) continue;  // an interim reply has no body
     if (r.headers.count("content-length")) {
       const size_t n = std::stoul(r.headers["content-length"]);
       r.body = bytes.substr(pos, n);
@@ -1026,7 +1027,7 @@ std::vector<RawReply> parse_replies(const std::string& bytes) {
       r.body = bytes.substr(pos);
       pos = bytes.size();
     }
-    if (r.status >= 200) out.push_back(std::move(r));
+    out.push_back(std::move(r));
   }
   return out;
 }
@@ -1354,4 +1355,26 @@ TEST_F(ServeHttp, NonJsonContentTypeIs415) {
       c.Post("/", R"({"prompt": "你好", "history": [], "max_length": 24})", "application/json");
   ASSERT_TRUE(guide);
   EXPECT_EQ(guide->status, 200);
+}
+
+// A client that sends `Expect: 100-continue` (curl does for large bodies) gets its 100 Continue
+// before it sends the body, then its answer; other expectations are a 417.
+TEST_F(ServeHttp, ExpectContinueIsAnswered) {
+  const std::string body = R"({"prompt": "ab", "max_tokens": 2})";
+  Conn c(port_);
+  c.send(
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+      "Expect: 100-continue\r\nConnection: close\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n");
+  ASSERT_NE(c.read_until("\r\n\r\n", 10).find("HTTP/1.1 100 Continue\r\n\r\n"), std::string::npos)
+      << c.got();
+  c.send(body);
+  const auto replies = parse_replies(c.read_to_close(30));
+  ASSERT_EQ(replies.size(), 1u) << c.got();
+  EXPECT_EQ(replies[0].status, 200) << replies[0].body;
+  Conn other(port_);
+  other.send("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nExpect: 200-ok\r\n\r\n");
+  const auto refused = parse_replies(other.read_to_close(10));
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0].status, 417);
 }
