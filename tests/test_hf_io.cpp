@@ -238,6 +238,25 @@ TEST_F(HFIO, ShardedFolderViaIndex) {
   EXPECT_EQ(logits(*m), logits(c));
 }
 
+// An index entry with a path in it would read a file outside the model folder.
+TEST_F(HFIO, IndexEntriesMustBeFilesOfTheFolder) {
+  auto m = make("test-gpt2");
+  const auto tensors = hf_tensors(*m);
+  const fs::path outside = dir_.parent_path() / (dir_.filename().string() + "_outside.safetensors");
+  safetensors::save(outside.string(), tensors);
+  for (const std::string bad : {"../" + outside.filename().string(), outside.string(),
+                                std::string("sub/model.safetensors"), std::string("..")}) {
+    json index = {{"metadata", json::object()}, {"weight_map", json::object()}};
+    for (const auto& [n, t] : tensors) index["weight_map"][n] = bad;
+    std::ofstream(dir_ / "model.safetensors.index.json") << index.dump();
+    models::GPT c(m->config(), /*init=*/false);
+    const std::string msg = error_of([&] { models::load_hf_weights(c, dir_); });
+    EXPECT_NE(msg.find("is not a file name in the model folder"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("model.safetensors.index.json"), std::string::npos) << msg;
+  }
+  fs::remove(outside);
+}
+
 TEST_F(HFIO, ConfigErrors) {
   EXPECT_NE(error_of([] {
               models::hf_config_from_json({{"model_type", "bert"}});

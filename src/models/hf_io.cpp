@@ -12,6 +12,7 @@
 
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
+#include "ds/core/json_text.h"
 #include "ds/core/safetensors.h"
 #include "ds/ops/ops.h"
 
@@ -67,7 +68,19 @@ std::vector<fs::path> weight_files(const fs::path& path) {
     DS_CHECK(j.contains("weight_map") && j["weight_map"].is_object(),
              "[hf_io] {}: no \"weight_map\" object", index.string());
     std::set<std::string> names;
-    for (const auto& [k, v] : j["weight_map"].items()) names.insert(v.get<std::string>());
+    for (const auto& [k, v] : j["weight_map"].items()) {
+      // Shards are files of this folder (model-00001-of-00002.safetensors). A name with a path in
+      // it ("../x", "/etc/x", "sub/x") would read a file outside the model folder: refuse it. A
+      // shard that is a symbolic link (the Hugging Face cache's blobs) is still fine.
+      const std::string name = v.is_string() ? v.get<std::string>() : std::string();
+      DS_CHECK(v.is_string() && !name.empty() && name != "." && name != ".." &&
+                   name.find_first_of("/\\") == std::string::npos && name.find('\0') == std::string::npos,
+               "[hf_io] {}: weight_map[\"{}\"] = {} is not a file name in the model folder (shards "
+               "must sit beside the index, without a path); the index is damaged or not from "
+               "save_pretrained: fix or re-export it",
+               index.string(), k, json_show(v));
+      names.insert(name);
+    }
     std::vector<fs::path> out;
     for (const auto& n : names) out.push_back(path / n);
     return out;
