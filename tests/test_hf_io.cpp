@@ -282,6 +282,28 @@ TEST_F(HFIO, NonFiniteWeightsAreRefusedNamingTheTensor) {
   EXPECT_NO_THROW(models::load_hf_weights(ok, dir_));
 }
 
+// A config.json of 1e9 layers (or sizes past 64 bits) is refused before anything is allocated;
+// ds_generate and ds_serve were OOM-killed or aborted with std::bad_alloc.
+TEST_F(HFIO, AbsurdConfigsAreRefusedBeforeAllocation) {
+  auto cfg = models::hf_config_from_json({{"model_type", "llama"},
+                                          {"hidden_size", 64},
+                                          {"intermediate_size", 128},
+                                          {"num_attention_heads", 4},
+                                          {"num_hidden_layers", 1000000000},
+                                          {"vocab_size", 256}});
+  const std::string msg = error_of(
+      [&] { models::check_model_fits(cfg, DType::f32, int64_t(16) << 30, "m/config.json"); });
+  EXPECT_NE(msg.find("m/config.json"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("n_layer 1000000000"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("nothing was allocated"), std::string::npos) << msg;
+  cfg.n_layer = 2;
+  EXPECT_NO_THROW(models::check_model_fits(cfg, DType::f32, int64_t(16) << 30, "m/config.json"));
+  cfg.n_embd = int64_t(1) << 40;
+  cfg.n_layer = int64_t(1) << 40;
+  EXPECT_NE(error_of([&] { (void)cfg.num_parameters(); }).find("more than 9.2e18 parameters"),
+            std::string::npos);
+}
+
 TEST_F(HFIO, ConfigErrors) {
   EXPECT_NE(error_of([] {
               models::hf_config_from_json({{"model_type", "bert"}});

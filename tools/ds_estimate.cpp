@@ -143,11 +143,16 @@ int main(int argc, char** argv) {
   try {
     DS_CHECK(params > 0 || !model.empty(), "[ds_estimate] give --params or --model");
     if (!model.empty()) {
+      // The count comes from the config's shapes (128-bit, so a config.json of 1e9 layers or
+      // hidden_size 2^40 is a number or a clear error, not a wrapped one); the largest layer from
+      // a one-block model of the same shapes (every block is alike), so that no config, however
+      // deep, builds millions of modules.
+      ds::models::GPTConfig cfg = resolve_model(model);
+      params = cfg.num_parameters();
+      cfg.n_layer = std::min<int64_t>(cfg.n_layer, 1);
       ds::nn::PartitionedInit no_memory;  // shapes only: nothing is allocated
-      ds::models::GPT gpt(resolve_model(model), /*init=*/false);
-      const auto counts = ds::zero::count_parameters(gpt);
-      params = counts.params;
-      if (largest_layer == 0) largest_layer = counts.largest_layer;
+      ds::models::GPT gpt(cfg, /*init=*/false);
+      if (largest_layer == 0) largest_layer = ds::zero::count_parameters(gpt).largest_layer;
     }
     std::fputs(stage == 2 ? ds::zero::zero2_table(params, gpus, nodes, abf).c_str()
                           : ds::zero::zero3_table(params, largest_layer, gpus, nodes, abf).c_str(),

@@ -22,6 +22,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ds/core/error.h"
+#include "ds/core/memory_info.h"
 #include "ds/core/file_io.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
@@ -182,6 +183,10 @@ int main(int argc, char** argv) {
                ck.folder().string());
       cfg = ds::models::GPTConfig::from_json(*ck.model_config());
     }
+    // An HF export holds the whole model in fp32: refuse before reading if it cannot fit.
+    ds::models::check_model_fits(cfg, ds::DType::f32, ds::available_memory_bytes(),
+                                 model.empty() ? ck.folder().string() + " (its recorded model)"
+                                               : model);
     // A LoRA checkpoint's master weights cover the trainable parameters only (the frozen base is
     // in the model file, in the training dtype): no complete HF model can be made from them.
     for (const auto& p : ck.parameters())

@@ -165,28 +165,49 @@ nn::BlockConfig GPTConfig::block_config() const {
 }
 
 int64_t GPTConfig::num_parameters() const {
-  const int64_t C = n_embd, H = resolved_ffn_hidden(), V = vocab_size, b = bias ? 1 : 0;
-  int64_t per_layer = 0, total = V * C;
+  // In 128 bits: a config.json may say anything (1e9 layers, hidden_size 1e12), and the count must
+  // not wrap around into a small number that then "fits".
+  using I = __int128;
+  const I C = n_embd, H = resolved_ffn_hidden(), V = vocab_size, b = bias ? 1 : 0;
+  I per_layer = 0, total = V * C;
   if (layout == Layout::gpt2) {
-    total += block_size * C;                      // wpe
+    total += I(block_size) * C;                   // wpe
     per_layer = 2 * (C + b * C)                   // ln_1, ln_2
                 + 3 * C * C + b * 3 * C           // c_attn
                 + C * C + b * C                   // attn.c_proj
                 + H * C + b * H + H * C + b * C;  // c_fc, mlp.c_proj
     total += C + b * C;                           // ln_f
   } else {
-    const int64_t Q = n_head * head_dim(), KV = kv_heads() * head_dim();
-    const int64_t qb = (bias || qkv_bias) ? 1 : 0;
-    per_layer = 2 * C                             // input / post-attention norms
-                + 2 * C * Q + 2 * C * KV          // q, o; k, v
-                + qb * (Q + 2 * KV) + b * C       // q/k/v biases, o bias
-                + (qk_norm ? 2 * head_dim() : 0)  // q_norm, k_norm
-                + 3 * H * C + b * (2 * H + C);    // gate, up, down
-    total += C;                                   // norm
+    const I Q = I(n_head) * head_dim(), KV = I(kv_heads()) * head_dim();
+    const I qb = (bias || qkv_bias) ? 1 : 0;
+    per_layer = 2 * C                               // input / post-attention norms
+                + 2 * C * Q + 2 * C * KV            // q, o; k, v
+                + qb * (Q + 2 * KV) + b * C         // q/k/v biases, o bias
+                + (qk_norm ? 2 * I(head_dim()) : 0)  // q_norm, k_norm
+                + 3 * H * C + b * (2 * H + C);      // gate, up, down
+    total += C;                                     // norm
   }
-  total += n_layer * per_layer;
+  total += I(n_layer) * per_layer;
   if (!tie_embeddings) total += V * C;  // lm_head (never a bias)
-  return total;
+  DS_CHECK(total >= 0 && total <= I(INT64_MAX),
+           "[model] the config describes more than 9.2e18 parameters (n_layer {}, n_embd {}, "
+           "ffn {}, vocab_size {}): check config.json",
+           n_layer, n_embd, resolved_ffn_hidden(), vocab_size);
+  return static_cast<int64_t>(total);
+}
+
+void check_model_fits(const GPTConfig& c, DType dtype, int64_t available,
+                      const std::string& source) {
+  const int64_t n = c.num_parameters();
+  const double need = static_cast<double>(n) * static_cast<double>(dtype_size(dtype));
+  if (available <= 0 || need <= static_cast<double>(available)) return;
+  DS_THROW(
+      "[model] {} describes {:.3g} parameters (n_layer {}, n_embd {}, ffn {}, vocab_size {}): "
+      "{:.1f} GiB of {} weights alone, but this machine has {:.1f} GiB available; nothing was "
+      "allocated. Check the config (a layer count of {} is unusual), or run on a larger machine "
+      "(DS_MEMORY_LIMIT lowers the limit, never raises it)",
+      source, static_cast<double>(n), c.n_layer, c.n_embd, c.resolved_ffn_hidden(), c.vocab_size,
+      need / (1u << 30), dtype_name(dtype), static_cast<double>(available) / (1u << 30), c.n_layer);
 }
 
 // ---- JSON ----

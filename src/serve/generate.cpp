@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "ds/core/error.h"
+#include "ds/core/memory_info.h"
 #include "ds/models/hf_io.h"
 
 namespace ds::serve {
@@ -152,6 +153,8 @@ LoadedModel load_model(const fs::path& path, const fs::path& tokenizer_dir) {
            "[serve] {} holds no config.json (nor hf_model/config.json): give a Hugging Face model "
            "folder or a ds_train --output_dir",
            path.string());
+  models::check_model_fits(*cfg, DType::f32, available_memory_bytes(),
+                           (folder / "config.json").string());
   m.model = std::make_shared<models::GPT>(*cfg, /*init=*/false);
   models::load_hf_weights(*m.model, folder);
   m.model->train(false);

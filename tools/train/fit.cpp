@@ -1,5 +1,7 @@
 #include "fit.h"
 
+#include "ds/core/memory_info.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
@@ -62,17 +64,6 @@ StateBytes model_state_bytes(int64_t params, const runtime::DeepSpeedConfig& cfg
   return out;
 }
 
-int64_t read_int_file(const char* path) {
-  std::ifstream in(path);
-  std::string s;
-  if (!(in >> s) || s == "max") return 0;
-  try {
-    return std::stoll(s);
-  } catch (...) {
-    return 0;
-  }
-}
-
 }  // namespace
 
 FitPlan plan_fit(const models::GPTConfig& model, const runtime::DeepSpeedConfig& cfg,
@@ -102,37 +93,7 @@ FitPlan plan_fit(const models::GPTConfig& model, const runtime::DeepSpeedConfig&
 }
 
 int64_t available_memory_bytes() {
-  int64_t avail = 0;
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") {
-      avail = kb * 1024;
-      break;
-    }
-  // cgroup v2: a container's limit can be far below the machine's memory.
-  const int64_t max = read_int_file("/sys/fs/cgroup/memory.max");
-  const int64_t cur = read_int_file("/sys/fs/cgroup/memory.current");
-  if (max > 0 && max - cur > 0 && (avail == 0 || max - cur < avail)) avail = max - cur;
-  // DS_MEMORY_LIMIT=<bytes>[K|M|G]: plan for less memory than this machine has (a smaller
-  // target machine, or room for other jobs).
-  if (const char* env = std::getenv("DS_MEMORY_LIMIT"); env && *env) {
-    char* end = nullptr;
-    double v = std::strtod(env, &end);
-    const std::string unit = end ? end : "";
-    const double mul = unit == "K"   ? 1024.0
-                       : unit == "M" ? 1048576.0
-                       : unit == "G" ? 1073741824.0
-                                     : 1.0;
-    DS_CHECK(v > 0 && (unit.empty() || mul > 1.0),
-             "[ds_train] DS_MEMORY_LIMIT='{}' must be a number of bytes, optionally with K, M or G",
-             env);
-    const auto limit = static_cast<int64_t>(v * mul);
-    if (avail == 0 || limit < avail) avail = limit;
-  }
-  return avail;
+  return ds::available_memory_bytes();  // core/memory_info.h: the one place that reads it
 }
 
 int local_ranks() {

@@ -88,6 +88,13 @@ struct GPTConfig {
   int64_t num_parameters() const;
 };
 
+// Refuses, before anything is allocated, a config whose weights alone (num_parameters() elements
+// of `dtype`) need more than `available` bytes (0: unknown, no check), naming `source` (the
+// config file) and its sizes; num_parameters() itself refuses counts past 64 bits. For every tool
+// about to build a model from a user's config (ds_generate, ds_serve, ds_train).
+void check_model_fits(const GPTConfig& c, DType dtype, int64_t available,
+                      const std::string& source);
+
 // A pipeline stage's share of the model: layers [begin, end) of the layer sequence
 //   0               embedding (wte and wpe / embed_tokens)
 //   1 .. n_layer    the blocks (block i is layer i + 1)
