@@ -568,8 +568,6 @@ int run(const Options& o, const Given& g) {
 
   // ---- the loop ----
   std::vector<int32_t> x(static_cast<size_t>(B * T)), y(static_cast<size_t>(B * T));
-  ds::Tensor xt = ds::Tensor::empty({B, T}, ds::DType::i32);
-  ds::Tensor yt = ds::Tensor::empty({B, T}, ds::DType::i32);
   const int64_t first_step = engine->global_steps();
   const int64_t skipped_before = engine->skipped_steps();
   double window_loss = 0.0, window_time = 0.0, train_time = 0.0;
@@ -579,40 +577,21 @@ int run(const Options& o, const Given& g) {
   bool reported_peak = false;
   while (engine->global_steps() < total_steps) {
     const auto t0 = std::chrono::steady_clock::now();
-    double loss_sum = 0.0;
-    double lr = engine->get_lr();  // the rate this step applies
-    if (pipe) {
-      // The first and last stage read the same micro-batches (same data-parallel rank); the
-      // returned loss is already the mean over micro-batches and data-parallel ranks.
-      const float loss = pipe->train_batch([&] {
-        const uint64_t position = loader.sampler().next_sample_position();
-        loader.next(x, y);
-        ds::Tensor xi = ds::Tensor::empty({B, T}, ds::DType::i32);
-        ds::Tensor yi = ds::Tensor::empty({B, T}, ds::DType::i32);
-        fill_ids(xi, x);
-        fill_ids(yi, y);
-        return ds::runtime::PipeBatch{xi, yi, position};
-      });
-      loss_sum = static_cast<double>(loss) * static_cast<double>(A);
-    }
-    for (int64_t m = 0; m < A && !pipe; ++m) {
-      // Dropout masks are keyed by the global sample position, as in a run that never stopped.
-      ds::rng::dropout_state().sample_base = loader.sampler().next_sample_position();
+    const double lr = engine->get_lr();  // the rate this step applies
+    // Every rank's micro-batches of the global batch; the loss is the mean over micro-batches and
+    // data-parallel ranks. The first and last pipeline stage read the same micro-batches.
+    auto next = [&] {
+      const uint64_t position = loader.sampler().next_sample_position();
       loader.next(x, y);
-      fill_ids(xt, x);
-      fill_ids(yt, y);
-      ds::Tensor loss = engine->forward(xt, yt);
-      float local = loss.item();
-      // The logged loss is the mean over ranks: the loss of the whole global batch.
-      if (world_size > 1)
-        world->all_reduce(&local, 1, ds::DType::f32, ds::comm::ReduceOp::sum, "loss for logging");
-      loss_sum += static_cast<double>(local) / world_size;
-      engine->backward(loss);
-      engine->step();
-    }
+      ds::Tensor xi = ds::Tensor::empty({B, T}, ds::DType::i32);
+      ds::Tensor yi = ds::Tensor::empty({B, T}, ds::DType::i32);
+      fill_ids(xi, x);
+      fill_ids(yi, y);
+      return ds::runtime::MicroBatch{xi, yi, position};
+    };
+    last_loss = pipe ? static_cast<double>(pipe->train_batch(next)) : engine->train_batch(next);
     const double dt = ds::train::seconds_since(t0);
     const int64_t step = engine->global_steps();
-    last_loss = loss_sum / static_cast<double>(A);
     recent.push_back(last_loss);
     if (static_cast<int64_t>(recent.size()) > logging_steps) recent.pop_front();
     window_loss += last_loss, window_time += dt, train_time += dt, ++window_steps;
