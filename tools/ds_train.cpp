@@ -47,13 +47,13 @@
 #include "ds/runtime/config.h"
 #include "ds/runtime/engine.h"
 #include "ds/runtime/monitor.h"
+#include "ds/train/fit.h"
+#include "ds/train/lora.h"
+#include "ds/train/outputs.h"
+#include "ds/train/plan.h"
+#include "ds/train/train_util.h"
 #include "ds_train_default_config.h"
-#include "fit.h"
-#include "lora.h"
 #include "options.h"
-#include "outputs.h"
-#include "plan.h"
-#include "train_util.h"
 
 namespace fs = std::filesystem;
 using ds::train::Given;

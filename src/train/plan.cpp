@@ -1,12 +1,13 @@
-#include "ds/comm/group.h"
-#include "plan.h"
+#include "ds/train/plan.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 
 #include <fmt/format.h>
 
+#include "ds/comm/group.h"
 #include "ds/core/error.h"
 #include "ds/models/hf_io.h"
 
@@ -199,6 +200,12 @@ int64_t activation_estimate(const models::GPTConfig& c, int64_t B, int64_t T, bo
   const int64_t per_layer = 14 * C + 2 * F;
   const int64_t per_token = (ckpt ? L * C + per_layer : L * per_layer) + 2 * C + 2 * V;
   return B * T * per_token * elem_bytes;
+}
+
+std::string default_tokenizer_dir() {
+  if (const char* c = std::getenv("DS_CACHE_DIR"); c && *c)
+    return (std::filesystem::path(c) / "gpt2").string();
+  return ".cache/data/gpt2";
 }
 
 }  // namespace ds::train

@@ -1,4 +1,4 @@
-#include "train_util.h"
+#include "ds/train/train_util.h"
 
 #include <unistd.h>
 
