@@ -10,6 +10,7 @@
 #include "ds/comm/group.h"
 #include "ds/core/error.h"
 #include "ds/models/hf_io.h"
+#include "ds/train/lora.h"
 
 namespace ds::train {
 
@@ -192,6 +193,100 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
   r.total_steps = total_steps;
   r.total_why = total_why;
   return r;
+}
+
+RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {
+  RunPlan p;
+  p.spec = o;
+  p.given = g;
+  std::vector<std::string>& notes = p.notes;
+
+  // ---- inputs that are only used at the end are checked now, not after the whole run ----
+  p.tokenizer_dir = o.tokenizer.empty() ? fs::path(default_tokenizer_dir()) : fs::path(o.tokenizer);
+  if (o.sample_tokens > 0) {
+    if (fs::exists(p.tokenizer_dir / "encoder.json")) {
+      p.sample_tokenizer = data::Tokenizer::load_gpt2(p.tokenizer_dir);  // throws on a damaged file
+    } else {
+      DS_CHECK(o.tokenizer.empty(),
+               "[ds_train] --tokenizer {}: no encoder.json there (the GPT-2 tokenizer files "
+               "encoder.json and vocab.bpe are needed for the sample; --sample_tokens 0 skips it)",
+               o.tokenizer);
+      notes.push_back(
+          fmt::format("note: no sample at the end: tokenizer files not found in {} (give "
+                      "--tokenizer DIR, or run scripts/fetch_data.sh)",
+                      p.tokenizer_dir.string()));
+    }
+  }
+
+  // ---- data ----
+  DS_CHECK(!o.train_data.empty(),
+           "[ds_train] --train_data is required: a folder made by ds_prepare");
+  p.train_dir = o.train_data;
+  const fs::path& train_dir = p.train_dir;
+  if (!fs::exists(train_dir / "meta.json"))
+    DS_THROW(
+        "[ds_train] --train_data {}: no prepared corpus there (no meta.json). Create it with: "
+        "ds_prepare --tokenizer {} --output {} <text files or folders>   (the demo corpus: bash "
+        "scripts/fetch_data.sh, then ds_prepare --tokenizer .cache/data/gpt2 --output {} "
+        "--val_from_year 2001 .cache/data/sotu)",
+        train_dir.string(), default_tokenizer_dir(), train_dir.string(), train_dir.string());
+  p.train =
+      std::make_shared<data::TokenDataset>(data::TokenDataset::open_split(train_dir, "train"));
+  if (!o.eval_data.empty()) {
+    p.val = std::make_shared<data::TokenDataset>(data::TokenDataset::open_split(o.eval_data, "val"));
+    p.val_from = o.eval_data;
+  } else if (has_split(train_dir, "val")) {
+    p.val = std::make_shared<data::TokenDataset>(data::TokenDataset::open_split(train_dir, "val"));
+    p.val_from = train_dir.string();
+  }
+
+  // ---- model config, sequence length ----
+  p.model = resolve_model(o, g);
+  const models::GPTConfig& mcfg = p.model;
+  // An SFT set (ds_prepare --sft) fixes T: its examples are exactly T + 1 tokens; without
+  // --block_size it is the default, and any other length is refused naming both.
+  const int64_t T = o.block_size > 0    ? o.block_size
+                    : p.train->is_sft() ? static_cast<int64_t>(p.train->sft_seq_len())
+                                        : std::min<int64_t>(256, mcfg.block_size);
+  DS_CHECK(T > 0, "[ds_train] --block_size must be positive, got {}", T);
+  for (const data::TokenDataset* d : {p.train.get(), p.val.get()})
+    if (d) d->check_seq_len(static_cast<size_t>(T));
+  DS_CHECK(T <= mcfg.block_size,
+           "[ds_train] --block_size {} exceeds the model's block_size {} (its position table)", T,
+           mcfg.block_size);
+  DS_CHECK(static_cast<int64_t>(p.train->vocab_size()) <= mcfg.vocab_size,
+           "[ds_train] the data's vocabulary ({} ids) does not fit the model's vocab_size {}",
+           p.train->vocab_size(), mcfg.vocab_size);
+  p.seq_len = T;
+  p.samples = p.train->num_samples(static_cast<size_t>(T));
+
+  // ---- config, run length, parallel sizes ----
+  p.run = resolve_run_config(o, g, mcfg, p.samples, T, builtin_config);
+  const runtime::DeepSpeedConfig& cfg = p.run.cfg;
+  p.activation_bytes =
+      activation_estimate(mcfg, p.micro_batch(), T, o.gradient_checkpointing,
+                          static_cast<int64_t>(dtype_size(cfg.training_dtype())));
+  p.lora = lora_config(o, g, mcfg);
+  const int tp = p.run.tensor_parallel, pp = p.run.pipeline_parallel;
+  p.world_size = comm::world()->size();
+  p.data_parallel = p.world_size / (tp * pp);
+  if (pp > 1) {
+    DS_CHECK(!p.lora, "[ds_train] LoRA (--lora_dim) with --pipeline_parallel_size {} is not "
+             "implemented yet; use --pipeline_parallel_size 1", pp);
+  }
+  if (tp > 1) {
+    DS_CHECK(!p.lora, "[ds_train] LoRA (--lora_dim) with --tensor_parallel_size {} is not "
+             "implemented yet; use --tensor_parallel_size 1", tp);
+  }
+  // A pipeline stage is built whole (its layers only) and then sharded; so is a tensor-parallel
+  // rank's part (its slices).
+  p.partitioned_build = cfg.zero_optimization.stage == 3 && o.init_from.empty() && !p.lora &&
+                        pp == 1 && tp == 1;
+  p.model_name = g.model                ? (fs::exists(o.model) ? fs::path(o.model).stem().string()
+                                                               : o.model)
+                 : !o.init_from.empty() ? fs::path(o.init_from).filename().string()
+                                        : "tiny";
+  return p;
 }
 
 int64_t activation_estimate(const models::GPTConfig& c, int64_t B, int64_t T, bool ckpt,
