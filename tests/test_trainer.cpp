@@ -18,8 +18,8 @@
 #include "ds/core/error.h"
 #include "ds/data/shard.h"
 #include "ds/train/plan.h"
-#include "ds/train/trainer.h"
 #include "ds/train/train_util.h"
+#include "ds/train/trainer.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -160,14 +160,16 @@ TEST_F(TrainerTest, PlanErrorsSayWhatToChange) {
     }
     return "";
   };
-  EXPECT_NE(message([&](train::Options& o) { o.train_data = (dir_ / "nothing").string(); })
-                .find("no prepared corpus there"),
+  EXPECT_NE(message([&](train::Options& o) {
+              o.train_data = (dir_ / "nothing").string();
+            }).find("no prepared corpus there"),
             std::string::npos);
   EXPECT_NE(message([](train::Options& o) { o.block_size = 4096; }).find("exceeds the model"),
             std::string::npos);
   // tp x pp must divide the ranks of the job (one here).
-  EXPECT_NE(message([](train::Options& o) { o.tensor_parallel_size = 2; })
-                .find("does not divide the 1 ranks"),
+  EXPECT_NE(message([](train::Options& o) {
+              o.tensor_parallel_size = 2;
+            }).find("does not divide the 1 ranks"),
             std::string::npos);
 }
 
@@ -176,7 +178,12 @@ TEST_F(TrainerTest, ResumedRunReproducesTheUninterruptedOne) {
   Recorder a;
   std::vector<std::vector<float>> wa;
   {
-    train::Trainer t(plan(6, dir_ / "a", [](train::Options& o) { o.save_steps = 3; o.eval_steps = 3; }), a);
+    train::Trainer t(plan(6, dir_ / "a",
+                          [](train::Options& o) {
+                            o.save_steps = 3;
+                            o.eval_steps = 3;
+                          }),
+                     a);
     EXPECT_FALSE(t.resume());
     EXPECT_EQ(t.fit(), 6);
     wa = weights(t);
@@ -190,17 +197,23 @@ TEST_F(TrainerTest, ResumedRunReproducesTheUninterruptedOne) {
   // Interrupted after step 3 (its checkpoint), then resumed from "latest" to step 6.
   Recorder b1, b2;
   {
-    train::Trainer t(plan(6, dir_ / "b", [](train::Options& o) { o.save_steps = 3; o.eval_steps = 3; }), b1);
+    train::Trainer t(plan(6, dir_ / "b",
+                          [](train::Options& o) {
+                            o.save_steps = 3;
+                            o.eval_steps = 3;
+                          }),
+                     b1);
     for (int i = 0; i < 3; ++i) t.step();
     t.save();
   }
   std::vector<std::vector<float>> wb;
   {
-    train::Trainer t(plan(6, dir_ / "b", [](train::Options& o) {
-                       o.save_steps = 3;
-                       o.eval_steps = 3;
-                       o.resume_from_checkpoint = "latest";
-                     }),
+    train::Trainer t(plan(6, dir_ / "b",
+                          [](train::Options& o) {
+                            o.save_steps = 3;
+                            o.eval_steps = 3;
+                            o.resume_from_checkpoint = "latest";
+                          }),
                      b2);
     const auto r = t.resume();
     ASSERT_TRUE(r);
@@ -242,11 +255,12 @@ TEST_F(TrainerTest, ResumeErrorsNameTheFolder) {
 TEST_F(TrainerTest, RotationKeepsTheNewestCheckpoints) {
   Recorder r;
   {
-    train::Trainer t(plan(5, dir_ / "out", [](train::Options& o) {
-                       o.save_steps = 1;
-                       o.save_total_limit = 2;
-                       o.eval_steps = 0;
-                     }),
+    train::Trainer t(plan(5, dir_ / "out",
+                          [](train::Options& o) {
+                            o.save_steps = 1;
+                            o.save_total_limit = 2;
+                            o.eval_steps = 0;
+                          }),
                      r);
     t.fit();
   }

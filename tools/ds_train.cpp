@@ -24,6 +24,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "console.h"
 #include "ds/comm/group.h"
 #include "ds/comm/logger.h"
 #include "ds/core/allocator.h"
@@ -32,9 +33,8 @@
 #include "ds/core/parallel.h"
 #include "ds/runtime/config.h"
 #include "ds/runtime/monitor.h"
-#include "ds/train/trainer.h"
 #include "ds/train/train_util.h"
-#include "console.h"
+#include "ds/train/trainer.h"
 #include "ds_train_default_config.h"
 #include "options.h"
 
@@ -71,15 +71,17 @@ class ConsoleObserver : public ds::train::TrainerObserver {
         {"Train/Samples/lr", r.lr, r.samples},
         {"Train/Samples/loss_scale", r.loss_scale, r.samples},
         {"Train/Samples/tokens_per_second", r.tokens_per_second, r.samples}};
-    if (std::isfinite(r.grad_norm)) ev.push_back({"Train/Samples/grad_norm", r.grad_norm, r.samples});
+    if (std::isfinite(r.grad_norm))
+      ev.push_back({"Train/Samples/grad_norm", r.grad_norm, r.samples});
     if (trainer->is_lead()) monitor->write_events(ev);
     if (first_step_ == r.step - 1) {
       const int64_t peak = static_cast<int64_t>(ds::cpu_allocator().stats().peak_bytes_in_use);
       const int64_t states = trainer->memory_budget().total();
-      message(fmt::format("step {}: measured peak tensor memory {} (model states {} + activations "
-                          "and temporaries {}); RSS {}",
-                          r.step, mib(peak), mib(states), mib(std::max<int64_t>(0, peak - states)),
-                          mib(ds::train::current_rss_bytes())));
+      message(
+          fmt::format("step {}: measured peak tensor memory {} (model states {} + activations "
+                      "and temporaries {}); RSS {}",
+                      r.step, mib(peak), mib(states), mib(std::max<int64_t>(0, peak - states)),
+                      mib(ds::train::current_rss_bytes())));
     }
     const double eta = train_time_ / static_cast<double>(r.step - first_step_) *
                        static_cast<double>(r.total_steps - r.step);
@@ -110,9 +112,8 @@ class ConsoleObserver : public ds::train::TrainerObserver {
   void on_save(const ds::train::SaveReport& r) override {
     std::string deleted;
     for (const auto& p : r.deleted) deleted += " " + p.filename().string();
-    message(fmt::format("step {}: checkpoint {}/global_step{} ({:.1f}s){}", r.step,
-                        r.dir.string(), r.step, r.seconds,
-                        deleted.empty() ? "" : "; deleted" + deleted));
+    message(fmt::format("step {}: checkpoint {}/global_step{} ({:.1f}s){}", r.step, r.dir.string(),
+                        r.step, r.seconds, deleted.empty() ? "" : "; deleted" + deleted));
   }
 
  private:
@@ -129,10 +130,11 @@ int run(const ds::train::Options& o, const ds::train::Given& g) {
   if (o.threads > 0) {
     const unsigned cores = std::thread::hardware_concurrency();
     if (cores > 0 && static_cast<unsigned>(o.threads) > cores)
-      out.message(fmt::format("warning: --threads {} is more than the {} cores this process may "
-                              "use; the threads will compete for them (slower, and OpenBLAS may "
-                              "spin)",
-                              o.threads, cores));
+      out.message(
+          fmt::format("warning: --threads {} is more than the {} cores this process may "
+                      "use; the threads will compete for them (slower, and OpenBLAS may "
+                      "spin)",
+                      o.threads, cores));
     ds::set_num_threads(o.threads);
   }
   ds::train::RunPlan plan = ds::train::plan_run(o, g, kDefaultDeepSpeedConfig);
@@ -153,9 +155,9 @@ int run(const ds::train::Options& o, const ds::train::Given& g) {
   const fs::path out_dir = trainer.output_dir();
   const fs::path csv_root =
       cfg.csv_monitor.output_path.empty() ? out_dir : fs::path(cfg.csv_monitor.output_path);
-  out.monitor.emplace(csv_root, cfg.csv_monitor.enabled ? cfg.csv_monitor.job_name : "metrics",
-                      trainer.resumed() ? std::optional<int64_t>(engine.global_samples())
-                                        : std::nullopt);
+  out.monitor.emplace(
+      csv_root, cfg.csv_monitor.enabled ? cfg.csv_monitor.job_name : "metrics",
+      trainer.resumed() ? std::optional<int64_t>(engine.global_samples()) : std::nullopt);
   // A run resumed at its end (nothing left to train) must not evaluate, and log, that step twice.
   if (trainer.resumed())
     for (const auto& [samples, loss] :
@@ -167,8 +169,7 @@ int run(const ds::train::Options& o, const ds::train::Given& g) {
       "training {} steps ({}), {} tokens/step; logging every {}, eval every {}, "
       "checkpoint every {} -> {}",
       p.total_steps(), p.run.total_why, human_count(static_cast<double>(trainer.tokens_per_step())),
-      out.logging_steps,
-      eval_steps > 0 ? std::to_string(eval_steps) : "- (end only)",
+      out.logging_steps, eval_steps > 0 ? std::to_string(eval_steps) : "- (end only)",
       o.save_steps > 0 ? std::to_string(o.save_steps) : "- (end only)", out_dir.string()));
 
   const int64_t B = p.micro_batch(), T = p.seq_len;
@@ -179,13 +180,14 @@ int run(const ds::train::Options& o, const ds::train::Given& g) {
     const int64_t batches = std::min<int64_t>(
         o.eval_batches, static_cast<int64_t>(p.val->num_samples(static_cast<size_t>(T))) / B);
     DS_CHECK(batches > 0,
-             "[ds_train] --eval_only: the eval data has fewer than one batch of {} x {} tokens",
-             B, T);
+             "[ds_train] --eval_only: the eval data has fewer than one batch of {} x {} tokens", B,
+             T);
     const auto t0 = std::chrono::steady_clock::now();
     const double loss = trainer.evaluate(o.eval_batches);
-    out.message(fmt::format("eval only: loss {:.6f}, perplexity {:.4f} over {} batches of {} x {} "
-                            "({:.1f}s)",
-                            loss, std::exp(loss), batches, B, T, seconds_since(t0)));
+    out.message(
+        fmt::format("eval only: loss {:.6f}, perplexity {:.4f} over {} batches of {} x {} "
+                    "({:.1f}s)",
+                    loss, std::exp(loss), batches, B, T, seconds_since(t0)));
     return 0;
   }
 
@@ -197,10 +199,10 @@ int run(const ds::train::Options& o, const ds::train::Given& g) {
   // The picture is drawn from the CSV files, which hold the whole run across resumes.
   const fs::path svg = out_dir / "loss.svg";
   if (lead)
-    ds::train::write_loss_chart(svg, *out.monitor, p.global_batch(), T,
-                                fmt::format("{} on {}", p.model_name,
-                                            p.train_dir.filename().string()),
-                                trainer.unigram().entropy_nats, trainer.eval_baseline());
+    ds::train::write_loss_chart(
+        svg, *out.monitor, p.global_batch(), T,
+        fmt::format("{} on {}", p.model_name, p.train_dir.filename().string()),
+        trainer.unigram().entropy_nats, trainer.eval_baseline());
   std::string sample_note;
   const auto t0 = std::chrono::steady_clock::now();
   if (const auto text = trainer.generate_sample()) {
@@ -239,10 +241,10 @@ int run(const ds::train::Options& o, const ds::train::Given& g) {
   if (!sample_note.empty()) say(fmt::format("sample:     {}", sample_note));
   int64_t max_rss = 0;
   for (const auto& r : ranks) max_rss = std::max(max_rss, r.peak_rss_bytes);
-  say(fmt::format("memory:     {}/memory.json (peak RSS {}{})", out_dir.string(),
-                  mib(ranks.front().peak_rss_bytes),
-                  ranks.size() > 1 ? fmt::format(" on rank 0, {} on the largest rank", mib(max_rss))
-                                   : ""));
+  say(fmt::format(
+      "memory:     {}/memory.json (peak RSS {}{})", out_dir.string(),
+      mib(ranks.front().peak_rss_bytes),
+      ranks.size() > 1 ? fmt::format(" on rank 0, {} on the largest rank", mib(max_rss)) : ""));
   return 0;
 }
 

@@ -127,7 +127,8 @@ void Trainer::build_model() {
       layers_, /*init=*/o.init_from.empty());
   if (topology_) {
     const comm::Coord at = topology_->coord();
-    say(fmt::format("parallelism: {} (pipeline x data x tensor); this rank is pipe {} data {} "
+    say(
+        fmt::format("parallelism: {} (pipeline x data x tensor); this rank is pipe {} data {} "
                     "tensor {}; {} (docs/parallelism.md)",
                     topology_->grid().str(), at.pipe, at.data, at.model,
                     tp_size > 1 ? fmt::format("each rank holds 1/{} of every cut layer", tp_size)
@@ -207,17 +208,20 @@ void Trainer::report_memory_budget() {
     line(fmt::format("  model states      {:>12}", mib(mem_.total())));
   }
   if (const auto& fz = engine_->strategy().frozen(); fz.numel > 0)
-    line(fmt::format("  frozen            {:>12}  (in parameters: {} frozen weights, whole on "
-                     "every rank, without gradients or optimizer state)",
-                     mib(static_cast<int64_t>(fz.params.nbytes())), human_count(fz.numel)));
+    line(
+        fmt::format("  frozen            {:>12}  (in parameters: {} frozen weights, whole on "
+                    "every rank, without gradients or optimizer state)",
+                    mib(static_cast<int64_t>(fz.params.nbytes())), human_count(fz.numel)));
   if (mem_.nvme > 0)
-    line(fmt::format("  on NVMe           {:>12}  (optimizer state swapped through RAM buffers; "
-                     "docs/offload.md)",
-                     mib(mem_.nvme)));
+    line(
+        fmt::format("  on NVMe           {:>12}  (optimizer state swapped through RAM buffers; "
+                    "docs/offload.md)",
+                    mib(mem_.nvme)));
   if (mem_.scratch > 0)
-    line(fmt::format("  gradient scratch  {:>12}  (fp32 copy of the 16-bit gradients for the "
-                     "optimizer)",
-                     mib(mem_.scratch)));
+    line(
+        fmt::format("  gradient scratch  {:>12}  (fp32 copy of the 16-bit gradients for the "
+                    "optimizer)",
+                    mib(mem_.scratch)));
   line(fmt::format("  activations     ~ {:>12}  (estimate for B {} x T {}; docs/training.md)",
                    mib(plan_.activation_bytes), plan_.micro_batch(), plan_.seq_len));
 }
@@ -225,16 +229,17 @@ void Trainer::report_memory_budget() {
 void Trainer::open_data() {
   const RunPlan& p = plan_;
   const int64_t B = p.micro_batch(), T = p.seq_len;
-  loader_ = std::make_unique<data::DataLoader>(p.train, static_cast<size_t>(T),
-                                               data::SamplerOptions{
-                                                   .micro_batch = static_cast<int>(B),
-                                                   .grad_accum = static_cast<int>(p.grad_accum()),
-                                                   .world_size = engine_->world_size(),
-                                                   .rank = engine_->rank(),
-                                                   .seed = p.spec.seed,
-                                                   .shuffle = !p.spec.no_shuffle});
+  loader_ = std::make_unique<data::DataLoader>(
+      p.train, static_cast<size_t>(T),
+      data::SamplerOptions{.micro_batch = static_cast<int>(B),
+                           .grad_accum = static_cast<int>(p.grad_accum()),
+                           .world_size = engine_->world_size(),
+                           .rank = engine_->rank(),
+                           .seed = p.spec.seed,
+                           .shuffle = !p.spec.no_shuffle});
   unigram_ = unigram_stats(*p.train);
-  say(fmt::format("train data: {}: {} tokens, {} samples of T {} -> {} steps/epoch at {} "
+  say(
+      fmt::format("train data: {}: {} tokens, {} samples of T {} -> {} steps/epoch at {} "
                   "samples/step (micro-batch {} x accumulation {})",
                   p.train_dir.string(), human_count(static_cast<double>(p.train->num_tokens())),
                   p.samples, T, p.run.steps_per_epoch, p.global_batch(), B, p.grad_accum()));
@@ -265,7 +270,9 @@ void Trainer::remove_stale_temporaries() {
   // A crash (kill, full disk) can leave temporaries as large as a checkpoint: this run owns the
   // folder, so they go now.
   const std::string& e = plan_.spec.export_hf;
-  const fs::path export_dir = e.empty() ? out_dir_ / "hf_model" : e == "none" ? fs::path() : fs::path(e);
+  const fs::path export_dir = e.empty()     ? out_dir_ / "hf_model"
+                              : e == "none" ? fs::path()
+                                            : fs::path(e);
   const auto stale = train::remove_stale_temporaries(out_dir_, export_dir);
   if (stale.empty()) return;
   std::vector<std::string> names;
@@ -281,7 +288,8 @@ std::optional<ResumeReport> Trainer::resume() {
   const std::string& from = plan_.spec.resume_from_checkpoint;
   if (!from.empty()) return resume_from(from);
   if (const std::string tag = latest_tag(out_dir_); !tag.empty())
-    say(fmt::format("note: {} holds checkpoints of an earlier run (latest: {}); this run starts "
+    say(
+        fmt::format("note: {} holds checkpoints of an earlier run (latest: {}); this run starts "
                     "afresh and its checkpoints replace them (--resume_from_checkpoint latest "
                     "would continue that run)",
                     out_dir_.string(), tag));
@@ -318,7 +326,8 @@ std::optional<ResumeReport> Trainer::resume_from(const std::string& from) {
   loader_->load_state(client["data"]);
   if (client.contains("ds_train") &&
       client["ds_train"].value("total_steps", total_steps) != total_steps)
-    say(fmt::format("note: the checkpoint's run was planned for {} steps, this one for {}; the "
+    say(
+        fmt::format("note: the checkpoint's run was planned for {} steps, this one for {}; the "
                     "learning-rate schedule follows the new length from here",
                     client["ds_train"].value("total_steps", total_steps), total_steps));
   ResumeReport r{dir, tag.empty() ? latest_tag(dir) : tag, engine_->global_steps(),
@@ -487,8 +496,8 @@ std::optional<std::string> Trainer::generate_sample() {
         "implemented (generate from the HF export with ds_generate)");
     return std::nullopt;
   }
-  return train::generate_sample(*model_, *plan_.sample_tokenizer, o.sample_prompt,
-                                o.sample_tokens, o.sample_top_k, o.seed);
+  return train::generate_sample(*model_, *plan_.sample_tokenizer, o.sample_prompt, o.sample_tokens,
+                                o.sample_top_k, o.seed);
 }
 
 std::string Trainer::export_model(const std::string& dir) {

@@ -34,7 +34,7 @@ struct Options {
   bool bf16 = false;
   bool fp16 = false;
   bool gradient_checkpointing = false;
-  int tensor_parallel_size = 0;  // 0: the config's tensor_parallel.autotp_size, else 1
+  int tensor_parallel_size = 0;    // 0: the config's tensor_parallel.autotp_size, else 1
   int pipeline_parallel_size = 0;  // 0: the config's pipeline.stages, else 1
   bool skip_memory_check = false;
   bool no_shuffle = false;  // the data in file order (every epoch the same)
@@ -52,11 +52,11 @@ struct Options {
   int local_rank = -1;
   // LoRA (DeepSpeed-Chat's flag names; docs/finetuning.md). lora_dim 0 = off.
   int64_t lora_dim = 0;
-  double lora_alpha = 1.0;           // scaling alpha / r; 1 = DeepSpeed-Chat's 1 / r
-  std::string lora_module_name;      // comma list of substrings; empty: PEFT's default per layout
+  double lora_alpha = 1.0;       // scaling alpha / r; 1 = DeepSpeed-Chat's 1 / r
+  std::string lora_module_name;  // comma list of substrings; empty: PEFT's default per layout
   bool only_optimize_lora = false;
   double lora_dropout = 0.0;
-  bool merge_lora = false;           // export merged weights instead of a PEFT adapter
+  bool merge_lora = false;  // export merged weights instead of a PEFT adapter
 };
 
 // What the user typed, so that only explicit arguments reach TrainerArgs (and are checked against

@@ -49,8 +49,8 @@ struct StepReport {
   double lr = 0.0;          // the rate this step applied
   double grad_norm = 0.0;   // unscaled global norm; NaN before the first boundary
   double loss_scale = 1.0;
-  int64_t skipped_steps = 0;  // of the whole run (non-finite gradients)
-  double seconds = 0.0;       // wall time of this step
+  int64_t skipped_steps = 0;       // of the whole run (non-finite gradients)
+  double seconds = 0.0;            // wall time of this step
   double tokens_per_second = 0.0;  // of the global batch
 };
 
@@ -62,7 +62,7 @@ struct EvalReport {
 
 struct SaveReport {
   int64_t step = 0;
-  std::filesystem::path dir;                  // the output folder (dir/global_step<step>)
+  std::filesystem::path dir;                   // the output folder (dir/global_step<step>)
   std::vector<std::filesystem::path> deleted;  // by rotation (save_total_limit), rank 0's
   double seconds = 0.0;
 };
@@ -143,7 +143,7 @@ class Trainer {
   bool is_lead() const { return rank_ == 0; }  // rank 0 prints and writes the job's files
   bool resumed() const { return resumed_; }
   int64_t eval_steps() const;  // spec.eval_steps, or a tenth of the run (-1 given); 0 = end only
-  int64_t tokens_per_step() const;  // B x T x A x dp: the whole global batch
+  int64_t tokens_per_step() const;                 // B x T x A x dp: the whole global batch
   double last_eval() const { return last_eval_; }  // NaN before the first evaluation
   const runtime::MemoryBudget& memory_budget() const { return mem_; }
   const UnigramStats& unigram() const { return unigram_; }  // of the training data
@@ -169,7 +169,7 @@ class Trainer {
   int rank_ = 0;
   std::filesystem::path out_dir_;
   std::shared_ptr<comm::Topology> topology_;  // with tp or pp > 1
-  models::PipeRange layers_;                   // this rank's pipeline stage (all when pp = 1)
+  models::PipeRange layers_;                  // this rank's pipeline stage (all when pp = 1)
   std::shared_ptr<models::GPT> model_;
   std::unique_ptr<runtime::PipelineEngine> pipe_;  // pp > 1: owns the stage's Engine
   std::unique_ptr<runtime::Engine> engine_owner_;  // pp = 1
