@@ -131,7 +131,7 @@ TEST_F(TrainerTest, PlanResolvesDataModelConfigAndSizesOnce) {
   EXPECT_EQ(p.tensor_parallel(), 1);
   EXPECT_EQ(p.pipeline_parallel(), 1);
   EXPECT_EQ(p.config().tensor_parallel.size, 1);
-  EXPECT_EQ(p.config().pipeline.stages, 1);
+  EXPECT_EQ(p.config().pipeline.stages, 0);  // "auto": from the job
   EXPECT_NEAR(p.config().optimizer.lr, 0.01, 0);
   EXPECT_TRUE(p.val);
   EXPECT_EQ(p.model_name, "model");

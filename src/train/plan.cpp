@@ -99,32 +99,21 @@ bool has_split(const fs::path& dir, const std::string& split) {
 
 RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPTConfig& mcfg,
                              uint64_t S, int64_t T, const char* builtin_config) {
-  // ---- DeepSpeed config: two passes. The first settles the batch sizes; they give the steps per
-  // epoch and hence, when the run length is given in epochs, the total steps that the second pass
-  // fills in and checks. ----
   std::string cfg_source;
   const json raw =
       g.deepspeed ? runtime::load_config_json(o.deepspeed, &cfg_source)
                   : runtime::load_config_json(strip_leading_comments(builtin_config), &cfg_source);
   if (!g.deepspeed) cfg_source = "built-in default (configs/ds_demo.json)";
-  // Tensor parallelism: the flag, or the config's autotp_size; both given must agree. The batch
-  // sizes count data-parallel ranks: world / tp (DeepSpeed's rule).
-  int cfg_tp = 0;
-  if (raw.is_object() && raw.contains("tensor_parallel") && raw["tensor_parallel"].is_object() &&
-      raw["tensor_parallel"].contains("autotp_size") &&
-      raw["tensor_parallel"]["autotp_size"].is_number_integer())
-    cfg_tp = raw["tensor_parallel"]["autotp_size"].get<int>();
+  // ---- the model-parallel sizes first: the batch sizes count data-parallel ranks, world / (tp x
+  // pp) (DeepSpeed's rule). The flag, or the config's tensor_parallel.autotp_size /
+  // pipeline.stages (a number; "auto" = the flag or 1); both given must agree. ----
+  const config::ParallelSizes file = config::read_parallel_sizes(raw, cfg_source);
+  const int cfg_tp = file.tensor_parallel.size, cfg_pp = file.pipeline.stages;
   DS_CHECK(o.tensor_parallel_size == 0 || cfg_tp <= 1 || o.tensor_parallel_size == cfg_tp,
            "[ds_train] --tensor_parallel_size {} disagrees with tensor_parallel.autotp_size {} in "
            "{}; give one, or the same number",
            o.tensor_parallel_size, cfg_tp, cfg_source);
   const int tp = o.tensor_parallel_size > 0 ? o.tensor_parallel_size : std::max(1, cfg_tp);
-  // Pipeline parallelism: the flag, or the config's pipeline.stages (a number; "auto" = the flag
-  // or 1); both given must agree.
-  int cfg_pp = 0;
-  if (raw.is_object() && raw.contains("pipeline") && raw["pipeline"].is_object() &&
-      raw["pipeline"].contains("stages") && raw["pipeline"]["stages"].is_number_integer())
-    cfg_pp = raw["pipeline"]["stages"].get<int>();
   DS_CHECK(o.pipeline_parallel_size == 0 || cfg_pp <= 0 || o.pipeline_parallel_size == cfg_pp,
            "[ds_train] --pipeline_parallel_size {} disagrees with pipeline.stages {} in {}; give "
            "one, or the same number",
@@ -144,35 +133,36 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
   ctx.hidden_size = mcfg.n_embd;
   ctx.source_name = cfg_source;
   ctx.args = trainer_args(o, g, raw);
+  // The sizes reach the typed config through the parse (a flag alone sets them too).
+  if (tp > 1) ctx.args.tensor_parallel_size = tp;
+  if (pp > 1) ctx.args.pipeline_parallel_size = pp;
+
+  // ---- the run length (docs/training.md, "Run length"): --max_steps, else the file's
+  // scheduler.params.total_num_steps, else epochs of floor(samples / train_batch_size) steps,
+  // which needs the batch sizes before the parse ----
   const Slot total_slot = slot(raw, "scheduler.params.total_num_steps");
-  int64_t G = 0;
-  {
-    // The total is known now only from --max_steps; otherwise a placeholder fills an "auto" (and an
-    // explicit value is checked in the second pass), so this pass reports every other mismatch.
-    runtime::ConfigContext first = ctx;
-    if (g.max_steps)
-      first.args.total_steps = o.max_steps;
-    else if (total_slot == Slot::Auto)
-      first.args.total_steps = int64_t{1} << 30;
-    G = runtime::parse_config_json(raw, first).batch.train_batch_size;
-  }
-  DS_CHECK(S >= static_cast<uint64_t>(G),
-           "[ds_train] the training set has {} samples of {} tokens, fewer than one global batch "
-           "({}): use a smaller batch or --block_size, or more data",
-           S, T, G);
-  const int64_t steps_per_epoch = static_cast<int64_t>(S / static_cast<uint64_t>(G));
-  int64_t total_steps = 0;
+  const bool file_total = !g.max_steps && !g.num_train_epochs && total_slot == Slot::Value;
+  const bool in_epochs = !g.max_steps && !file_total;
+  int64_t total_steps = 0, steps_per_epoch = 0;
   std::string total_why;
+  auto per_epoch = [&](int64_t G) {
+    DS_CHECK(S >= static_cast<uint64_t>(G),
+             "[ds_train] the training set has {} samples of {} tokens, fewer than one global "
+             "batch ({}): use a smaller batch or --block_size, or more data",
+             S, T, G);
+    return static_cast<int64_t>(S / static_cast<uint64_t>(G));
+  };
   if (g.max_steps) {
     total_steps = o.max_steps;
     total_why = "--max_steps";
-  } else if (!g.num_train_epochs && total_slot == Slot::Value) {
+  } else if (file_total) {
     // The file's schedule length is the run length when the user gave none.
     total_steps = raw["scheduler"]["params"]["total_num_steps"].get<int64_t>();
     total_why = "the config's scheduler.params.total_num_steps";
   } else {
     DS_CHECK(o.num_train_epochs > 0, "[ds_train] --num_train_epochs must be positive, got {}",
              o.num_train_epochs);
+    steps_per_epoch = per_epoch(config::resolve_batch_sizes(raw, ctx).train_batch_size);
     total_steps = std::max<int64_t>(
         1,
         static_cast<int64_t>(std::ceil(o.num_train_epochs * static_cast<double>(steps_per_epoch))));
@@ -181,11 +171,12 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
   }
   if (g.max_steps || g.num_train_epochs || total_slot == Slot::Auto)
     ctx.args.total_steps = total_steps;
+
+  // ---- the one parse ----
   RunConfig r;
   r.cfg = runtime::parse_config_json(raw, ctx);
-  r.cfg.tensor_parallel.size = tp;  // the flag alone (no config section) sets it too
+  if (!in_epochs) steps_per_epoch = per_epoch(r.cfg.batch.train_batch_size);
   r.tensor_parallel = tp;
-  r.cfg.pipeline.stages = pp;
   r.pipeline_parallel = pp;
   r.ctx = ctx;
   r.source = cfg_source;

@@ -53,9 +53,13 @@ struct RunConfig {
 };
 
 // Reads the config (--deepspeed or the built-in default), fills "auto" from the arguments and the
-// model's width, and decides the run length (docs/training.md, "Run length"). `samples` is the
-// number of training windows of T tokens. Throws "[config] ..." / "[ds_train] ..." on any problem,
-// listing every contradiction between the file and the explicit arguments.
+// model's width, and decides the run length (docs/training.md, "Run length"). The config is parsed
+// once: before it, only the model-parallel sections (the data-parallel size the batch rules count)
+// and, for a run length in epochs, the batch triad are read (config::read_parallel_sizes,
+// config::resolve_batch_sizes); tp and pp reach cfg.tensor_parallel / cfg.pipeline through the
+// parse. `samples` is the number of training windows of T tokens. Throws "[config] ..." /
+// "[ds_train] ..." on any problem, listing every contradiction between the file and the explicit
+// arguments.
 RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPTConfig& model,
                              uint64_t samples, int64_t T, const char* builtin_config);
 
