@@ -8,13 +8,13 @@
 // One process, or several through the deepspeed launcher / mpirun (every rank trains its slice of
 // each global batch). Flags, outputs and resume are described in docs/training.md. The training
 // itself is the library's train::Trainer (include/ds/train/trainer.h); this program is its option
-// table and its console: the progress bar, the log lines and the metric files.
+// table and its console (tools/train/progress.h: the log lines, the progress bar, the metric
+// files).
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <deque>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -24,10 +24,8 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
-#include "console.h"
 #include "ds/comm/group.h"
 #include "ds/comm/logger.h"
-#include "ds/core/allocator.h"
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
 #include "ds/core/parallel.h"
@@ -37,6 +35,7 @@
 #include "ds/train/trainer.h"
 #include "ds_train_default_config.h"
 #include "options.h"
+#include "progress.h"
 
 namespace fs = std::filesystem;
 using ds::train::human_count;
@@ -46,86 +45,10 @@ using ds::train::seconds_since;
 
 namespace {
 
-// The console and the metric files: what the trainer reports, printed by rank 0 ("[ds_train] "
-// lines on stdout, the progress bar on a terminal's stderr) and written as DeepSpeed's csv_monitor
-// files (rank 0).
-class ConsoleObserver : public ds::train::TrainerObserver {
- public:
-  ds::train::Console con;
-  int64_t logging_steps = 10;  // --logging_steps, else the config's steps_per_print
-  std::optional<ds::runtime::CsvMonitor> monitor;  // opened once the run knows where it starts
-  ds::train::Trainer* trainer = nullptr;
-  const std::chrono::steady_clock::time_point t_start = std::chrono::steady_clock::now();
-  std::deque<double> recent;  // the last logging_steps losses, for the final report
-
-  void message(const std::string& s) override { con.line("[ds_train] " + s); }
-  void detail(const std::string& s) override { con.line(s); }
-
-  void on_step(const ds::train::StepReport& r) override {
-    recent.push_back(r.loss);
-    if (static_cast<int64_t>(recent.size()) > logging_steps) recent.pop_front();
-    if (first_step_ < 0) first_step_ = r.step - 1;
-    window_loss_ += r.loss, window_time_ += r.seconds, train_time_ += r.seconds, ++window_steps_;
-    std::vector<ds::runtime::MonitorEvent> ev = {
-        {"Train/Samples/train_loss", r.loss, r.samples},
-        {"Train/Samples/lr", r.lr, r.samples},
-        {"Train/Samples/loss_scale", r.loss_scale, r.samples},
-        {"Train/Samples/tokens_per_second", r.tokens_per_second, r.samples}};
-    if (std::isfinite(r.grad_norm))
-      ev.push_back({"Train/Samples/grad_norm", r.grad_norm, r.samples});
-    if (trainer->is_lead()) monitor->write_events(ev);
-    if (first_step_ == r.step - 1) {
-      const int64_t peak = static_cast<int64_t>(ds::cpu_allocator().stats().peak_bytes_in_use);
-      const int64_t states = trainer->memory_budget().total();
-      message(
-          fmt::format("step {}: measured peak tensor memory {} (model states {} + activations "
-                      "and temporaries {}); RSS {}",
-                      r.step, mib(peak), mib(states), mib(std::max<int64_t>(0, peak - states)),
-                      mib(ds::train::current_rss_bytes())));
-    }
-    const double eta = train_time_ / static_cast<double>(r.step - first_step_) *
-                       static_cast<double>(r.total_steps - r.step);
-    con.bar(fmt::format("step {}/{} [{}] loss {:.4f} | lr {:.2e} | {} tok/s | ETA {}", r.step,
-                        r.total_steps, ds::train::bar_cells(double(r.step) / r.total_steps, 24),
-                        r.loss, r.lr, human_count(r.tokens_per_second), human_duration(eta)));
-    if (r.step % logging_steps == 0 || r.step == r.total_steps) {
-      const double tokens = static_cast<double>(trainer->tokens_per_step() * window_steps_);
-      message(fmt::format(
-          "step {}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {} tok/s | {:.2f}s/step | "
-          "elapsed {} | ETA {}{}",
-          r.step, r.total_steps, window_loss_ / window_steps_, r.lr, r.grad_norm,
-          human_count(tokens / window_time_), window_time_ / window_steps_,
-          human_duration(seconds_since(t_start)), human_duration(eta),
-          r.skipped_steps > 0 ? fmt::format(" | skipped {}", r.skipped_steps) : ""));
-      window_loss_ = window_time_ = 0.0;
-      window_steps_ = 0;
-    }
-  }
-  void on_eval(const ds::train::EvalReport& r) override {
-    const double ppl = std::exp(r.loss);
-    if (trainer->is_lead())
-      monitor->write_events({{"Eval/Samples/eval_loss", r.loss, r.samples},
-                             {"Eval/Samples/eval_perplexity", ppl, r.samples}});
-    message(fmt::format("step {}: eval loss {:.4f}, perplexity {:.2f} ({:.1f}s)", r.step, r.loss,
-                        ppl, r.seconds));
-  }
-  void on_save(const ds::train::SaveReport& r) override {
-    std::string deleted;
-    for (const auto& p : r.deleted) deleted += " " + p.filename().string();
-    message(fmt::format("step {}: checkpoint {}/global_step{} ({:.1f}s){}", r.step, r.dir.string(),
-                        r.step, r.seconds, deleted.empty() ? "" : "; deleted" + deleted));
-  }
-
- private:
-  int64_t first_step_ = -1;
-  double window_loss_ = 0.0, window_time_ = 0.0, train_time_ = 0.0;
-  int64_t window_steps_ = 0;
-};
-
 int run(const ds::train::Options& o, const ds::train::Given& g) {
   const auto world = ds::comm::world();
   const bool lead = world->rank() == 0;
-  ConsoleObserver out;
+  ds::train::ProgressReport out;
   out.con.set_quiet(!lead);
   if (o.threads > 0) {
     const unsigned cores = std::thread::hardware_concurrency();

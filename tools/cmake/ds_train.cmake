@@ -12,7 +12,8 @@ file(CONFIGURE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/generated/ds_train_default_con
 add_executable(ds_train
   ${CMAKE_CURRENT_SOURCE_DIR}/ds_train.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/train/console.cpp
-  ${CMAKE_CURRENT_SOURCE_DIR}/train/options.cpp)
+  ${CMAKE_CURRENT_SOURCE_DIR}/train/options.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/train/progress.cpp)
 target_include_directories(ds_train PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/train
   ${CMAKE_CURRENT_BINARY_DIR}/generated)
 target_link_libraries(ds_train PRIVATE deepspeed)
