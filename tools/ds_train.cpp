@@ -115,7 +115,6 @@ int run(const ds::train::Options& o, const ds::train::Given& g) {
   }
 
   trainer.fit();
-  out.con.end_bar();
 
   // ---- the end: memory.json, picture, sample, export, summary ----
   const auto ranks = trainer.report_memory(out_dir / "memory.json");

@@ -260,7 +260,7 @@ RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {
   p.lora = lora_config(o, g, mcfg);
   const int tp = p.run.tensor_parallel, pp = p.run.pipeline_parallel;
   p.world_size = comm::world()->size();
-  p.data_parallel = p.world_size / (tp * pp);
+  p.data_parallel = p.run.ctx.world_size;  // world / (tp x pp), what the batch rules counted
   if (pp > 1) {
     DS_CHECK(!p.lora, "[ds_train] LoRA (--lora_dim) with --pipeline_parallel_size {} is not "
              "implemented yet; use --pipeline_parallel_size 1", pp);

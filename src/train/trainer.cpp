@@ -457,6 +457,7 @@ int64_t Trainer::fit() {
     if (every_eval > 0 && s % every_eval == 0 && s != total_steps) evaluate_now();
     if (save_steps > 0 && s % save_steps == 0 && s != total_steps) save();
   }
+  obs_.on_steps_done();
   engine_->synchronize();  // the last optimizer step may still run in the background (offload)
 
   // A run that never applied a step trained nothing: its checkpoint and export would be the

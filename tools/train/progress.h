@@ -30,6 +30,7 @@ class ProgressReport : public TrainerObserver {
   void on_step(const StepReport& r) override;
   void on_eval(const EvalReport& r) override;  // metric rows and a line
   void on_save(const SaveReport& r) override;  // a line naming what rotation deleted
+  void on_steps_done() override { con.end_bar(); }
 
  private:
   int64_t first_step_ = -1;  // the step this run started from

@@ -84,6 +84,8 @@ class TrainerObserver {
   virtual void on_step(const StepReport& r) { (void)r; }
   virtual void on_eval(const EvalReport& r) { (void)r; }
   virtual void on_save(const SaveReport& r) { (void)r; }
+  // fit()'s last step ran; its final evaluation and checkpoint follow (a progress bar ends here).
+  virtual void on_steps_done() {}
 };
 
 class Trainer {
