@@ -107,8 +107,12 @@ if [[ "${DS_TEST_ASAN:-0}" == 1 ]]; then
   phase "sanitizer build"
   ASAN_DIR="${DS_ASAN_BUILD_DIR:-$REPO/build-asan}"
   echo "test: AddressSanitizer pass: configuring $ASAN_DIR (DS_SANITIZE=ON)"
+  # -O1 -g1 (line tables: stack traces keep file:line) is what the sanitizers' own docs suggest,
+  # and compiles 2.4x faster here than RelWithDebInfo's -O2 -g (src/runtime/engine.cpp: 21 s
+  # against 51 s): most of that time was the assembler writing full debug info.
   cmake -S "$REPO" -B "$ASAN_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDS_SANITIZE=ON \
-    -DDS_BUILD_BENCH=OFF </dev/null
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DDS_BUILD_BENCH=OFF </dev/null
   cmake --build "$ASAN_DIR" -j"$JOBS" --target test_data test_tokenizer test_monitor test_ds_train test_trainer \
     test_offload test_hf_tokenizer test_chat_template test_to_fp32 test_sft test_lora ds_train \
     ds_prepare ds_launcher ds_io </dev/null
