@@ -336,6 +336,24 @@ TEST_F(EngineTest, DamagedCheckpointsAreRefusedWithTheFileNamed) {
   // Wrong model.
   fs::copy_file(backup, model_file, fs::copy_options::overwrite_existing);
   expect_error("does not match this model", "test-llama");
+  // A damaged `latest` (binary, or huge) is quoted escaped and cut, never echoed raw.
+  fs::copy_file(backup, model_file, fs::copy_options::overwrite_existing);
+  std::ofstream(ck / "latest", std::ios::binary) << std::string("glob\xff\x01" "al\x1b[2J");
+  expect_error("names 'glob\\xff\\x01al\\x1b[2J', which is not a checkpoint tag");
+  {
+    std::ofstream big(ck / "latest", std::ios::binary);
+    big << std::string(50 << 20, 'g');
+  }
+  {
+    TrainRun r = start(cfg, corpus_);
+    try {
+      r.engine->load_checkpoint(ck.string());
+      ADD_FAILURE() << "a 50 MB latest was accepted";
+    } catch (const Error& e) {
+      EXPECT_LT(std::string(e.what()).size(), 600u);
+      EXPECT_NE(std::string(e.what()).find("is 52428800 bytes"), std::string::npos) << e.what();
+    }
+  }
   // Missing latest.
   fs::remove(ck / "latest");
   expect_error("no 'latest' file");

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -236,6 +237,49 @@ TEST_F(HFIO, ShardedFolderViaIndex) {
   const auto rep = models::load_hf_weights(c, dir_);
   EXPECT_EQ(rep.files.size(), 2u);
   EXPECT_EQ(logits(*m), logits(c));
+}
+
+// An index entry with a path in it would read a file outside the model folder.
+TEST_F(HFIO, IndexEntriesMustBeFilesOfTheFolder) {
+  auto m = make("test-gpt2");
+  const auto tensors = hf_tensors(*m);
+  const fs::path outside = dir_.parent_path() / (dir_.filename().string() + "_outside.safetensors");
+  safetensors::save(outside.string(), tensors);
+  for (const std::string bad : {"../" + outside.filename().string(), outside.string(),
+                                std::string("sub/model.safetensors"), std::string("..")}) {
+    json index = {{"metadata", json::object()}, {"weight_map", json::object()}};
+    for (const auto& [n, t] : tensors) index["weight_map"][n] = bad;
+    std::ofstream(dir_ / "model.safetensors.index.json") << index.dump();
+    models::GPT c(m->config(), /*init=*/false);
+    const std::string msg = error_of([&] { models::load_hf_weights(c, dir_); });
+    EXPECT_NE(msg.find("is not a file name in the model folder"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("model.safetensors.index.json"), std::string::npos) << msg;
+  }
+  fs::remove(outside);
+}
+
+// NaN or Inf weights are refused at load, naming the file and the tensor (ds_generate printed
+// "!!!!!!" and exited 0; ds_train blamed the learning rate at the end).
+TEST_F(HFIO, NonFiniteWeightsAreRefusedNamingTheTensor) {
+  auto m = make("test-gpt2");
+  for (const float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    auto tensors = hf_tensors(*m);
+    auto& [name, t] = tensors[tensors.size() / 2];
+    Tensor copy = t.clone();
+    copy.data<float>()[3] = bad;
+    t = copy;
+    const std::string bad_name = name;
+    safetensors::save((dir_ / "model.safetensors").string(), tensors);
+    models::GPT c(m->config(), /*init=*/false);
+    const std::string msg = error_of([&] { models::load_hf_weights(c, dir_); });
+    EXPECT_NE(msg.find("'" + bad_name + "' holds a non-finite value"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("at element 3 of"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("model.safetensors"), std::string::npos) << msg;
+  }
+  // Finite weights load as before.
+  safetensors::save((dir_ / "model.safetensors").string(), hf_tensors(*m));
+  models::GPT ok(m->config(), /*init=*/false);
+  EXPECT_NO_THROW(models::load_hf_weights(ok, dir_));
 }
 
 TEST_F(HFIO, ConfigErrors) {

@@ -5,6 +5,12 @@
 // clear errors on every rank. Run plainly and under mpirun -np 2 (tests/cmake/offload.cmake);
 // tiny sub-groups and few buffers force many sub-groups and a full read-ahead/write-behind ring.
 #include <gtest/gtest.h>
+
+#include <fcntl.h>
+
+#include <signal.h>
+
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -194,21 +200,51 @@ TEST(AioFiles, SwapDirsAreUniqueLockedAndRemoved) {
     std::ofstream(a.path() + "/data.swp") << "x";
   }
   EXPECT_FALSE(fs::exists(a_path)) << "swap folder left after a clean exit";
-  // A folder left by a run that died (its lock is free, older than a minute) goes at the next
-  // start.
-  const fs::path stale = root / "ds_swap" / "deadhost-1-rank0-optimizer";
+  // A folder left by a run that died goes at the next start, however young it is (a resume right
+  // after kill -9 must get the space back): its lock file is there and nobody holds it.
+  char host_buf[256] = {0};
+  ::gethostname(host_buf, sizeof(host_buf) - 1);
+  const std::string host = host_buf;
+  const fs::path swap = root / "ds_swap";
+  const fs::path stale = swap / "deadhost-1-rank0-optimizer";
   fs::create_directories(stale);
   std::ofstream(stale / "lock") << "";
   std::ofstream(stale / "optimizer_state.swp") << "old";
-  fs::last_write_time(stale, fs::file_time_type::clock::now() - std::chrono::minutes(5));
+  // A run that is alive: its lock is held (here by this process, through its own open file).
+  const fs::path held = swap / "otherhost-7-rank0-optimizer";
+  fs::create_directories(held);
+  const int held_fd = ::open((held / "lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(held_fd, 0);
+  ASSERT_EQ(::flock(held_fd, LOCK_EX | LOCK_NB), 0);
+  // No lock file yet: a run on this host between mkdir and its lock (alive: this pid), and one
+  // that died right there.
+  const fs::path starting = swap / fmt::format("{}-{}-starting", host, ::getpid());
+  fs::create_directories(starting);
+  // (A pid above any pid_max: no such process. Not fork(): this test also runs under mpirun.)
+  const pid_t gone = 2147480000;
+  ASSERT_NE(::kill(gone, 0), 0);
+  const fs::path dead_early = swap / fmt::format("{}-{}-rank1-optimizer", host, gone);
+  fs::create_directories(dead_early);
+  // The disk-full message names the folders beside a run's own and says which are gone.
+  const std::string others = io::other_swap_dirs((swap / "mine" / "x.swp").string());
+  expect_contains(others, {stale.string(), "its run is gone", held.string(),
+                           "a running process holds its lock"});
   std::vector<std::string> notes;
   {
     io::SwapDir c(root.string(), "rank0-optimizer",
                   [&](const std::string& m) { notes.push_back(m); });
     EXPECT_FALSE(fs::exists(stale));
+    EXPECT_FALSE(fs::exists(dead_early));
+    EXPECT_TRUE(fs::exists(held));
+    EXPECT_TRUE(fs::exists(starting));
   }
-  ASSERT_EQ(notes.size(), 1u);
-  EXPECT_NE(notes[0].find("deadhost-1-rank0-optimizer"), std::string::npos);
+  ::close(held_fd);
+  fs::remove_all(held);
+  fs::remove_all(starting);
+  ASSERT_EQ(notes.size(), 2u);
+  const std::string all_notes = notes[0] + notes[1];
+  EXPECT_NE(all_notes.find("deadhost-1-rank0-optimizer"), std::string::npos);
+  EXPECT_NE(all_notes.find(dead_early.filename().string()), std::string::npos);
   EXPECT_THROW(io::SwapDir("/nonexistent/nvme", "x"), Error);
 }
 

@@ -223,3 +223,45 @@ TEST_F(Safetensors, MissingTensorAndUnsupportedDtypeNameTheFile) {
   msg = error_of([&] { r.read_into("f", Tensor::zeros({3})); });
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
 }
+
+// Python's safetensors refuses these ("invalid offset", "incomplete metadata"); a reader that
+// accepted them would load one tensor from another's bytes.
+TEST_F(Safetensors, TensorsMustTileTheDataWithoutOverlapsOrGaps) {
+  const std::string path = file("tiles.safetensors");
+  auto error_for = [&](const std::string& json, size_t data_bytes) {
+    write_bytes(path, make_file(json, std::string(data_bytes, '\0')));
+    return error_of([&] { safetensors::Reader r(path); });
+  };
+  // b reads a's bytes.
+  std::string msg = error_for(
+      R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},)"
+      R"( "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}})",
+      16);
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("invalid offset"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("overlaps"), std::string::npos) << msg;
+  // Two tensors on the same bytes.
+  msg = error_for(
+      R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},)"
+      R"( "b": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})",
+      16);
+  EXPECT_NE(msg.find("overlaps"), std::string::npos) << msg;
+  // A hole before the first tensor, and bytes after the last.
+  msg = error_for(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}})", 16);
+  EXPECT_NE(msg.find("gap"), std::string::npos) << msg;
+  msg = error_for(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 16);
+  EXPECT_NE(msg.find("incomplete metadata"), std::string::npos) << msg;
+  // A shape whose byte count overflows 64 bits.
+  msg = error_for(
+      R"({"a": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 16]}})", 16);
+  EXPECT_NE(msg.find("too large"), std::string::npos) << msg;
+  // Out of header order but tiling the data: fine, and each reads its own bytes.
+  std::string data(12, '\0');
+  data[0] = 1, data[4] = 2;
+  write_bytes(path, make_file(R"({"b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},)"
+                              R"( "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})",
+                              data));
+  safetensors::Reader r(path);
+  EXPECT_EQ(r.entry("a").begin, 0u);
+  EXPECT_EQ(r.entry("b").begin, 4u);
+}

@@ -32,12 +32,14 @@ namespace {
 // ds_serve started on a free port, its stderr in a file.
 class ServeProcess {
  public:
-  ServeProcess(const std::filesystem::path& model, const std::filesystem::path& log) : log_(log) {
+  ServeProcess(const std::filesystem::path& model, const std::filesystem::path& log,
+               const std::string& drain_timeout = "120")
+      : log_(log) {
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    std::vector<std::string> args = {DS_SERVE_BIN, "--model", model.string(),    "--port", "0",
-                                     "--threads",  "2",       "--drain_timeout", "120"};
+    std::vector<std::string> args = {DS_SERVE_BIN, "--model", model.string(),    "--port",     "0",
+                                     "--threads",  "2",       "--drain_timeout", drain_timeout};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -208,6 +210,46 @@ TEST_F(ServeDrain, SecondSignalCancelsWhatIsLeft) {
   EXPECT_TRUE(stream_usage(s.body).is_null());
   EXPECT_EQ(s.body.find("data: [DONE]"), std::string::npos);
   EXPECT_NE(p.log_text().find("cancelling 1 request"), std::string::npos) << p.log_text();
+}
+
+// A non-streaming request still generating when --drain_timeout runs out is cancelled; its client
+// is still connected, so it gets a 503 that says why (not 499, "the client closed the connection").
+TEST_F(ServeDrain, GenerationCancelledByTheDrainTimeoutIs503) {
+  ServeProcess p(dir_->path() / "slow", dir_->path() / "timeout.log", "0.5");
+  ASSERT_GT(p.port(), 0);
+  int status = 0;
+  std::string body;
+  std::atomic<bool> done{false};
+  std::thread client([&] {
+    httplib::Client c("127.0.0.1", p.port());
+    c.set_read_timeout(60, 0);
+    auto r = c.Post("/v1/completions", R"({"prompt": "a", "max_tokens": 4000, "temperature": 0})",
+                    "application/json");
+    if (r) {
+      status = r->status;
+      body = r->body;
+    }
+    done = true;
+  });
+  // Running: /metrics says so.
+  bool running = false;
+  for (int i = 0; i < 1500 && !running && !done; ++i) {
+    httplib::Client c("127.0.0.1", p.port());
+    c.set_read_timeout(5, 0);
+    if (auto m = c.Get("/metrics"))
+      running = m->body.find("\nds_serve_requests_running 1\n") != std::string::npos;
+    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(running) << p.log_text();
+  p.signal(SIGTERM);
+  client.join();
+  EXPECT_EQ(p.wait_exit(60), 0) << p.log_text();
+  EXPECT_EQ(status, 503) << body;
+  const json j = json::parse(body, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << body;
+  EXPECT_EQ(j["error"]["code"], "shutting_down") << body;
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("drain_timeout"), std::string::npos)
+      << body;
 }
 
 // The served answer equals ds_generate's for the same prompt, seed and sampling: both programs,

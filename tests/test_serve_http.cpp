@@ -9,14 +9,16 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <cctype>
 #include <chrono>
-
+#include <cstring>
 #include <functional>
 #include <map>
 #include <regex>
 #include <sstream>
 #include <thread>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "ds/serve/api.h"
@@ -903,4 +905,476 @@ TEST(ServeConcurrency, ConcurrentRequestsShareDecodeSteps) {
   // Some steps held three or four.
   EXPECT_GT(delta("ds_serve_batch_size_count") - delta(R"(ds_serve_batch_size_bucket{le="2"})"),
             0.0);
+}
+
+// ---- Availability and HTTP correctness at the byte level ----
+//
+// Clients here are raw loopback sockets (127.0.0.1 only) that drip bytes, send chunked bodies and
+// pipeline requests; every read has a deadline, so a server that misbehaves fails the test instead
+// of hanging it.
+namespace {
+
+class Conn {
+ public:
+  explicit Conn(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    EXPECT_TRUE(connected_);
+  }
+  ~Conn() { close(); }
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
+  // False once the server has closed (or reset) the connection.
+  bool send(const std::string& bytes) {
+    return fd_ >= 0 && ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+                           static_cast<ssize_t>(bytes.size());
+  }
+  // Reads until `what` has arrived, the peer closes, or `seconds` pass; returns all read so far.
+  std::string read_until(const std::string& what, double seconds) {
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(static_cast<int>(seconds * 1000));
+    while (!eof_ && got_.find(what) == std::string::npos &&
+           std::chrono::steady_clock::now() < deadline)
+      poll_once(50);
+    return got_;
+  }
+  // Reads until the peer closes or `seconds` pass (then closed() is false).
+  std::string read_to_close(double seconds) {
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(static_cast<int>(seconds * 1000));
+    while (!eof_ && std::chrono::steady_clock::now() < deadline) poll_once(50);
+    return got_;
+  }
+  // Whatever has arrived, without waiting.
+  const std::string& got() {
+    while (!eof_ && poll_once(0)) {
+    }
+    return got_;
+  }
+  bool closed() const { return eof_; }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  bool poll_once(int ms) {
+    if (fd_ < 0) {
+      eof_ = true;
+      return false;
+    }
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, ms) <= 0) return false;
+    char buf[8192];
+    const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+    if (n <= 0) {
+      eof_ = true;
+      return false;
+    }
+    got_.append(buf, static_cast<size_t>(n));
+    return true;
+  }
+  int fd_ = -1;
+  bool connected_ = false, eof_ = false;
+  std::string got_;
+};
+
+std::string post_request(const std::string& path, const std::string& body,
+                         const std::string& extra_headers = "Content-Type: application/json\r\n",
+                         const std::string& version = "HTTP/1.1") {
+  return "POST " + path + " " + version + "\r\nHost: 127.0.0.1\r\n" + extra_headers +
+         "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+struct RawReply {
+  int status = 0;
+  std::map<std::string, std::string> headers;  // names in lower case
+  std::string body;
+};
+
+// Replies in a byte stream: bodies by Content-Length, or to the end when there is none (a
+// close-delimited body); 1xx interim replies are skipped.
+std::vector<RawReply> parse_replies(const std::string& bytes) {
+  std::vector<RawReply> out;
+  size_t pos = 0;
+  while (pos < bytes.size()) {
+    const size_t end = bytes.find("\r\n\r\n", pos);
+    if (end == std::string::npos || bytes.compare(pos, 5, "HTTP/") != 0) break;
+    RawReply r;
+    std::istringstream head(bytes.substr(pos, end - pos));
+    std::string line;
+    std::getline(head, line);
+    r.status = std::stoi(line.substr(9, 3));
+    while (std::getline(head, line)) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      const size_t colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      std::string name = line.substr(0, colon);
+      for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      r.headers[name] = line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+    pos = end + 4;
+    if (r.status < 200) continue;  // an interim reply has no body
+    if (r.headers.count("content-length")) {
+      const size_t n = std::stoul(r.headers["content-length"]);
+      r.body = bytes.substr(pos, n);
+      pos += n;
+    } else {
+      r.body = bytes.substr(pos);
+      pos = bytes.size();
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::map<std::string, double> scrape_metrics(int port) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_connection_timeout(5, 0);
+  c.set_read_timeout(5, 0);
+  auto r = c.Get("/metrics");
+  return r && r->status == 200 ? parse_metrics(r->body) : std::map<std::string, double>{};
+}
+
+double metric_of(const std::map<std::string, double>& m, const std::string& k) {
+  auto it = m.find(k);
+  return it == m.end() ? -1.0 : it->second;
+}
+
+// Polls /metrics until pred holds or `seconds` pass.
+bool wait_metrics(int port, const std::function<bool(const std::map<std::string, double>&)>& pred,
+                  double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int>(seconds * 1000));
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred(scrape_metrics(port))) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+const std::string kLongRequest = R"({"prompt": "a", "max_tokens": 4000, "temperature": 0})";
+const std::string kLongStreamRequest =
+    R"({"prompt": "a", "max_tokens": 4000, "temperature": 0, "stream": true})";
+
+}  // namespace
+
+// Slowloris: 20 connections (more than --http_threads 8) each send a request line and then a
+// header line every 250 ms. /health still answers while they drip, and each of them gets a 408
+// once its headers have taken longer than --header_timeout (1.5 s here) and is closed.
+TEST(ServeAvailability, SlowlorisConnectionsTimeOutAndDoNotBlockHealth) {
+  serve_test::TempDir dir("slowloris");
+  ds::models::export_hf(*serve_test::make_model(serve_test::tiny_gpt2(64)), dir.path() / "tiny");
+  ds::serve::ServerOptions o;
+  o.header_timeout_seconds = 1.5;
+  RunningServer s(dir.path() / "tiny", o);
+  constexpr int kDrips = 20;
+  std::vector<std::unique_ptr<Conn>> drips;
+  for (int i = 0; i < kDrips; ++i) {
+    drips.push_back(std::make_unique<Conn>(s.port));
+    drips.back()->send("POST /v1/completions HTTP/1.1\r\n");
+  }
+  std::atomic<bool> stop{false};
+  std::thread dripper([&] {  // at most 8 s of dripping
+    for (int t = 0; t < 32 && !stop; ++t) {
+      for (int i = 0; i < kDrips; ++i) drips[i]->send("X-Drip-" + std::to_string(t) + ": 1\r\n");
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // they hold their connections
+  httplib::Client c("127.0.0.1", s.port);
+  c.set_connection_timeout(4, 0);
+  c.set_read_timeout(4, 0);
+  auto h = c.Get("/health");
+  const bool health_ok = h && h->status == 200;
+  int timed_out = 0;
+  for (auto& d : drips) {
+    const std::string got = d->read_to_close(8.0);
+    const auto replies = parse_replies(got);
+    if (d->closed() && replies.size() == 1 && replies[0].status == 408) ++timed_out;
+  }
+  stop = true;
+  dripper.join();
+  EXPECT_TRUE(health_ok) << "/health did not answer while slow clients dripped headers";
+  EXPECT_EQ(timed_out, kDrips) << "each dripping connection should get a 408 and be closed";
+}
+
+// /health and /metrics answer while 8 streams (as many as --http_threads and --max_batch) run.
+TEST(ServeAvailability, HealthAndMetricsAnswerWhileStreamsRun) {
+  serve_test::TempDir dir("health");
+  ds::models::export_hf(*serve_test::make_slow_model(), dir.path() / "slow");
+  ds::serve::ServerOptions o;  // http_threads 8, max_batch 8
+  RunningServer s(dir.path() / "slow", o);
+  std::vector<std::unique_ptr<Conn>> streams;
+  for (int i = 0; i < 8; ++i) {
+    streams.push_back(std::make_unique<Conn>(s.port));
+    streams.back()->send(post_request("/v1/completions", kLongStreamRequest));
+  }
+  for (auto& st : streams)
+    ASSERT_NE(st->read_until("\"text\":", 30).find("\"text\":"), std::string::npos);
+  httplib::Client c("127.0.0.1", s.port);
+  c.set_connection_timeout(5, 0);
+  c.set_read_timeout(5, 0);
+  auto h = c.Get("/health");
+  auto m = c.Get("/metrics");
+  EXPECT_TRUE(h && h->status == 200) << "/health waited behind the streams";
+  ASSERT_TRUE(m && m->status == 200) << "/metrics waited behind the streams";
+  EXPECT_EQ(parse_metrics(m->body).at("ds_serve_requests_running"), 8.0);
+  streams.clear();
+  EXPECT_TRUE(wait_metrics(
+      s.port, [](const auto& v) { return metric_of(v, "ds_serve_requests_in_flight") == 0; }, 10));
+}
+
+// A chunked body over --max_body_bytes (4096 here) is a 413 while it is read; one under the limit
+// is decoded and served.
+TEST_F(ServeHttp, ChunkedBodyOverTheLimitIs413) {
+  {
+    Conn c(port_);
+    c.send(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+        "application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
+    std::string body = R"({"prompt": ")" + std::string(64 * 1024, 'x') + R"("})";
+    for (size_t at = 0; at < body.size(); at += 1024) {
+      const std::string piece = body.substr(at, 1024);
+      if (!c.send(fmt::format("{:x}\r\n{}\r\n", piece.size(), piece))) break;  // refused early
+    }
+    c.send("0\r\n\r\n");
+    const auto replies = parse_replies(c.read_to_close(10));
+    ASSERT_EQ(replies.size(), 1u);
+    EXPECT_EQ(replies[0].status, 413) << replies[0].body;
+    EXPECT_EQ(json::parse(replies[0].body)["error"]["param"], "body") << replies[0].body;
+  }
+  // Under the limit, in uneven chunks with an extension and a trailer: decoded and served.
+  std::string chunked;
+  for (const char* piece : {R"({"prompt": )", R"("ab", "max_tokens": 2, "seed")", ": 1", "}"})
+    chunked +=
+        fmt::format("{:x}{}\r\n{}\r\n", std::strlen(piece), piece[0] == '"' ? ";ext=1" : "", piece);
+  Conn c(port_);
+  c.send(
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+      "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n" +
+      chunked + "0\r\nX-Trailer: 1\r\n\r\n");
+  const auto replies = parse_replies(c.read_to_close(30));
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(replies[0].status, 200) << replies[0].body;
+  EXPECT_EQ(json::parse(replies[0].body)["object"], "text_completion");
+}
+
+// Numbers a double cannot hold are a 400 naming their field (not a 500 with the JSON library's
+// message); a whole number past int64 is out of range, not a fraction.
+TEST_F(ServeHttp, OverflowingNumbersAre400NamingTheField) {
+  const std::string cmpl = "/v1/completions", chat = "/v1/chat/completions";
+  expect_openai_error(cmpl, R"({"prompt": "a", "temperature": 1e309})", "temperature");
+  expect_openai_error(cmpl, R"({"prompt": "a", "max_tokens": 1e400})", "max_tokens");
+  expect_openai_error(chat, R"({"messages": [{"role": "user", "content": "x"}], "top_p": -1e999})",
+                      "top_p");
+  expect_openai_error(chat, R"({"messages": [{"role": "user", "content": "x"}], "stop": [1e999]})",
+                      "stop[0]");
+  auto [st, j] = post(cmpl, R"({"prompt": "a", "max_tokens": 18446744073709551616})");
+  EXPECT_EQ(st, 400);
+  EXPECT_EQ(j["error"]["param"], "max_tokens");
+  const std::string msg = j["error"]["message"];
+  EXPECT_NE(msg.find("must be in"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("fraction"), std::string::npos) << msg;
+  auto [st2, j2] = post("/", R"({"prompt": "x", "temperature": 1e309})");
+  EXPECT_EQ(st2, 400);
+  EXPECT_EQ(j2["param"], "temperature");
+}
+
+// Pipelined requests (sent together on one connection) are all answered, in order.
+TEST_F(ServeHttp, PipelinedRequestsAreAnsweredInOrder) {
+  Conn c(port_);
+  c.send("GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" +
+         post_request("/v1/completions", R"({"prompt": "ab", "max_tokens": 2, "seed": 1})") +
+         "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  const auto replies = parse_replies(c.read_to_close(30));
+  ASSERT_EQ(replies.size(), 3u) << c.got();
+  EXPECT_EQ(json::parse(replies[0].body)["status"], "ok");
+  EXPECT_EQ(json::parse(replies[1].body)["object"], "text_completion");
+  EXPECT_EQ(json::parse(replies[2].body)["object"], "list");
+  EXPECT_TRUE(c.closed());
+}
+
+// A stream to an HTTP/1.0 client is not chunked (RFC 9112 forbids it): the body ends with the
+// connection.
+TEST_F(ServeHttp, Http10StreamIsCloseDelimited) {
+  Conn c(port_);
+  c.send(post_request("/v1/completions", R"({"prompt": "ab", "max_tokens": 3, "stream": true})",
+                      "Content-Type: application/json\r\n", "HTTP/1.0"));
+  const std::string got = c.read_to_close(30);
+  ASSERT_TRUE(c.closed()) << got;
+  const auto replies = parse_replies(got);
+  ASSERT_EQ(replies.size(), 1u) << got;
+  EXPECT_EQ(replies[0].status, 200);
+  EXPECT_EQ(replies[0].headers.count("transfer-encoding"), 0u) << got;
+  EXPECT_EQ(replies[0].body.rfind("data: ", 0), 0u) << got;  // no chunk size line
+  const auto ev = sse_events(replies[0].body);
+  ASSERT_GE(ev.size(), 2u);
+  EXPECT_EQ(ev.back(), "[DONE]");
+}
+
+// Two Content-Length headers that differ are a 400 (proxies could frame the body either way);
+// equal ones are one length.
+TEST_F(ServeHttp, ConflictingContentLengthIs400) {
+  const std::string body = R"({"prompt": "ab", "max_tokens": 2})";
+  {
+    Conn c(port_);
+    c.send(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\nContent-Length: " + std::to_string(body.size() + 2) +
+        "\r\n\r\n" + body + "  ");
+    const auto replies = parse_replies(c.read_to_close(30));
+    ASSERT_EQ(replies.size(), 1u);
+    EXPECT_EQ(replies[0].status, 400) << replies[0].body;
+    EXPECT_EQ(json::parse(replies[0].body)["error"]["param"], "Content-Length");
+  }
+  Conn c(port_);
+  const std::string n = std::to_string(body.size());
+  c.send(
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+      "Connection: close\r\nContent-Length: " +
+      n + "\r\nContent-Length: " + n + "\r\n\r\n" + body);
+  const auto replies = parse_replies(c.read_to_close(30));
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(replies[0].status, 200) << replies[0].body;
+}
+
+// GET /v1/models/{id}: the openai client's models.retrieve.
+TEST_F(ServeHttp, ModelsRetrieveById) {
+  auto c = client();
+  auto r = c.Get("/v1/models/tiny");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["id"], "tiny");
+  EXPECT_EQ(j["object"], "model");
+  EXPECT_EQ(j["owned_by"], "deepspeed.cpp");
+  auto nf = c.Get("/v1/models/gpt-4");
+  ASSERT_TRUE(nf);
+  EXPECT_EQ(nf->status, 404);
+  EXPECT_EQ(json::parse(nf->body)["error"]["code"], "model_not_found") << nf->body;
+}
+
+// Response ids are unique across restarts, not the same sequence on every server.
+TEST(ServeAvailability, ResponseIdsDifferAcrossRestarts) {
+  serve_test::TempDir dir("ids");
+  ds::models::export_hf(*serve_test::make_model(serve_test::tiny_gpt2(64)), dir.path() / "tiny");
+  const json body = {{"prompt", "a"}, {"max_tokens", 1}};
+  std::vector<std::string> ids;
+  for (int run = 0; run < 2; ++run) {
+    RunningServer s(dir.path() / "tiny", {});
+    for (int i = 0; i < 2; ++i) {
+      httplib::Client c("127.0.0.1", s.port);
+      auto r = c.Post("/v1/completions", body.dump(), "application/json");
+      ASSERT_TRUE(r && r->status == 200);
+      ids.push_back(json::parse(r->body)["id"]);
+    }
+  }
+  for (size_t i = 0; i < ids.size(); ++i)
+    for (size_t k = i + 1; k < ids.size(); ++k) EXPECT_NE(ids[i], ids[k]) << i << " " << k;
+  EXPECT_EQ(ids[0].rfind("cmpl-", 0), 0u) << ids[0];
+}
+
+// With the defaults (--http_threads 8, --max_batch 8, --max_queue 16), 30 clients at once: 24 are
+// admitted and 6 answered 503 at once, although only 8 threads are kept ready; /metrics counts the
+// open connections.
+TEST(ServeAvailability, ConnectionsBeyondHttpThreadsAreAdmittedOr503) {
+  serve_test::TempDir dir("limit");
+  ds::models::export_hf(*serve_test::make_slow_model(), dir.path() / "slow");
+  RunningServer s(dir.path() / "slow", {});
+  constexpr int kClients = 30;
+  std::vector<std::unique_ptr<Conn>> cs;
+  for (int i = 0; i < kClients; ++i) {
+    cs.push_back(std::make_unique<Conn>(s.port));
+    cs.back()->send(post_request("/v1/completions", kLongRequest));
+  }
+  ASSERT_TRUE(wait_metrics(
+      s.port, [](const auto& v) { return metric_of(v, "ds_serve_requests_in_flight") == 24; }, 15))
+      << "max_batch + max_queue requests were never admitted";
+  int busy = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (busy < kClients - 24 && std::chrono::steady_clock::now() < deadline) {
+    busy = 0;
+    for (auto& c : cs)
+      if (c->got().find("HTTP/1.1 503") == 0) ++busy;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(busy, kClients - 24);
+  for (auto& c : cs)
+    if (c->got().find("HTTP/1.1 503") == 0) {
+      const auto r = parse_replies(c->got());
+      ASSERT_EQ(r.size(), 1u);
+      EXPECT_EQ(json::parse(r[0].body)["error"]["type"], "server_busy");
+    }
+  const auto m = scrape_metrics(s.port);
+  EXPECT_GE(metric_of(m, "ds_serve_connections_open"), 24.0);
+  EXPECT_EQ(metric_of(m, "ds_serve_connections_queued"), 0.0);
+  EXPECT_EQ(metric_of(m, "ds_serve_max_connections"), 256.0);
+  cs.clear();
+  EXPECT_TRUE(wait_metrics(
+      s.port, [](const auto& v) { return metric_of(v, "ds_serve_requests_in_flight") == 0; }, 10));
+}
+
+// The JSON routes take only JSON bodies: a text/plain POST (what a cross-site form can send) is a
+// 415, and the guide's curl (-H 'Content-Type: application/json') works, with a charset too.
+TEST_F(ServeHttp, NonJsonContentTypeIs415) {
+  const std::string body = R"({"prompt": "ab", "max_tokens": 2})";
+  auto c = client();
+  for (const char* type :
+       {"text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded"}) {
+    auto r = c.Post("/v1/completions", body, type);
+    ASSERT_TRUE(r) << type;
+    EXPECT_EQ(r->status, 415) << type << ": " << r->body;
+    EXPECT_EQ(json::parse(r->body)["error"]["param"], "Content-Type") << r->body;
+  }
+  auto g = c.Post("/", R"({"prompt": "x", "max_length": 8})", "text/plain");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->status, 415);
+  EXPECT_EQ(json::parse(g->body)["status"], 415);
+  {  // no Content-Type at all
+    Conn raw(port_);
+    raw.send(post_request("/v1/chat/completions",
+                          R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2})",
+                          "Connection: close\r\n"));
+    const auto replies = parse_replies(raw.read_to_close(30));
+    ASSERT_EQ(replies.size(), 1u);
+    EXPECT_EQ(replies[0].status, 415);
+  }
+  for (const char* type :
+       {"application/json", "application/json; charset=utf-8", "Application/JSON"}) {
+    auto r = c.Post("/v1/completions", body, type);
+    ASSERT_TRUE(r) << type;
+    EXPECT_EQ(r->status, 200) << type << ": " << r->body;
+  }
+  auto guide =
+      c.Post("/", R"({"prompt": "你好", "history": [], "max_length": 24})", "application/json");
+  ASSERT_TRUE(guide);
+  EXPECT_EQ(guide->status, 200);
+}
+
+// A client that sends `Expect: 100-continue` (curl does for large bodies) gets its 100 Continue
+// before it sends the body, then its answer; other expectations are a 417.
+TEST_F(ServeHttp, ExpectContinueIsAnswered) {
+  const std::string body = R"({"prompt": "ab", "max_tokens": 2})";
+  Conn c(port_);
+  c.send(
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+      "Expect: 100-continue\r\nConnection: close\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n");
+  ASSERT_NE(c.read_until("\r\n\r\n", 10).find("HTTP/1.1 100 Continue\r\n\r\n"), std::string::npos)
+      << c.got();
+  c.send(body);
+  const auto replies = parse_replies(c.read_to_close(30));
+  ASSERT_EQ(replies.size(), 1u) << c.got();
+  EXPECT_EQ(replies[0].status, 200) << replies[0].body;
+  Conn other(port_);
+  other.send("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nExpect: 200-ok\r\n\r\n");
+  const auto refused = parse_replies(other.read_to_close(10));
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0].status, 417);
 }

@@ -398,6 +398,55 @@ TEST_F(Sft, MalformedRecordsNameFileLineAndField) {
       << err;
 }
 
+// A byte order mark (then an empty first line) is not part of the first record; a parse error
+// quotes the line escaped and cut, never raw bytes or megabytes of it.
+TEST_F(Sft, ByteOrderMarkAndBadBytesInMessages) {
+  auto recs = read_sft_file(write("bom.jsonl", "\xef\xbb\xbf\n" + std::string(kAlpaca) + "\n"),
+                            SftFormat::kAuto);
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(recs[0].line, 2u);
+  recs = read_sft_file(write("bom2.jsonl", "\xef\xbb\xbf" + std::string(kAlpaca) + "\n"),
+                       SftFormat::kAuto);
+  ASSERT_EQ(recs.size(), 1u);
+  // Invalid UTF-8 inside a string, and a 2 MB line that is not JSON.
+  std::string err = error_of([&] {
+    read_sft_file(write("bad.jsonl", "{\"prompt\": \"a\xff\xfe\", \"response\": \"b\"}\n"),
+                  SftFormat::kAuto);
+  });
+  EXPECT_NE(err.find("bad.jsonl:1"), std::string::npos) << err;
+  EXPECT_EQ(err.find('\xff'), std::string::npos) << "raw byte echoed";
+  EXPECT_NE(err.find("\\xff"), std::string::npos) << err;
+  err = error_of([&] {
+    read_sft_file(write("huge.jsonl", "{\"prompt\": \"" + std::string(2 << 20, 'x') + "\n"),
+                  SftFormat::kAuto);
+  });
+  EXPECT_LT(err.size(), 1000u);
+  EXPECT_NE(err.find("bytes in all"), std::string::npos) << err.substr(0, 600);
+}
+
+// Answers that are all "": a warning with counts when some are, an error when all are (the model
+// would only learn to end its turn).
+TEST_F(Sft, EmptyAnswersWarnWithCountsOrFail) {
+  const std::string empty = json({{"prompt", "Q"}, {"response", ""}}).dump() + "\n";
+  const std::string full = json({{"prompt", "Q"}, {"response", "An answer"}}).dump() + "\n";
+  SftOptions o;
+  o.tokenizer_dir = kQwen;
+  o.template_name = "chatml";
+  o.seq_len = 32;
+  o.val_fraction = 0.0;
+  o.output_dir = dir_ / "out";
+  o.inputs = {write("some.jsonl", empty + full + empty)};
+  const SftReport r = prepare_sft(o);
+  EXPECT_EQ(r.empty_responses, 2u);
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_NE(r.warnings[0].find("2 of 3 examples have an empty answer"), std::string::npos)
+      << r.warnings[0];
+  o.inputs = {write("all.jsonl", empty + empty)};
+  o.output_dir = dir_ / "out2";
+  const std::string err = error_of([&] { prepare_sft(o); });
+  EXPECT_NE(err.find("every one of the 2 examples has an empty answer"), std::string::npos) << err;
+}
+
 // ds_prepare --sft and ds_train on the result: a tiny model trains on the masked examples, and a
 // sequence length other than the prepared one is refused naming both.
 TEST_F(Sft, DsPrepareAndDsTrainEndToEnd) {

@@ -342,3 +342,57 @@ TEST_F(ToFp32Single, HfExportWithoutARecordedModelNeedsModel) {
   EXPECT_EQ(std::system(ok.c_str()), 0);
   EXPECT_TRUE(fs::exists(dir_ / "hf" / "model.safetensors"));
 }
+
+// The output must never land on the checkpoint it reads (it replaced a shard and exited 0), and an
+// existing file is replaced only when asked.
+TEST_F(ToFp32Single, RefusesOutputsOnTheCheckpointAndExistingFilesWithoutOverwrite) {
+  auto mc = models::GPTConfig::preset("test-gpt2");
+  const fs::path ck = save(mc, {{"ds_train", {{"model", mc.to_json()}}}});
+  auto run = [&](const std::string& args) {
+    const std::string log = (dir_ / "tool.log").string();
+    const int rc = std::system(fmt::format("{} {} > {} 2>&1", DS_TO_FP32_BIN, args, log).c_str());
+    std::ifstream in(log);
+    return std::pair{rc, std::string{std::istreambuf_iterator<char>(in), {}}};
+  };
+  auto bytes_of = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string{std::istreambuf_iterator<char>(in), {}};
+  };
+  const fs::path run_dir = dir_ / "run";
+  const fs::path shard = shard_of(ck, 0, "fp32");
+  const std::string shard_before = bytes_of(shard);
+  for (const fs::path& bad :
+       {shard, ck / "x.safetensors", ck / ".." / "global_step2" / "y.safetensors", fs::path(ck)}) {
+    auto [rc, out] = run(fmt::format("{} {} --overwrite", run_dir.string(), bad.string()));
+    EXPECT_NE(rc, 0) << bad;
+    EXPECT_NE(out.find("inside the checkpoint folder"), std::string::npos) << out;
+  }
+  auto [rc, out] = run(fmt::format("{} {} --overwrite", run_dir.string(), (run_dir / "latest").string()));
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("'latest' file"), std::string::npos) << out;
+  EXPECT_EQ(bytes_of(shard), shard_before);
+  EXPECT_FALSE(fs::exists(ck / "x.safetensors"));
+
+  // Beside the checkpoint (zero_to_fp32.py's habit) is fine; a second run needs --overwrite.
+  const fs::path file = run_dir / "consolidated.safetensors";
+  std::tie(rc, out) = run(fmt::format("{} {}", run_dir.string(), file.string()));
+  ASSERT_EQ(rc, 0) << out;
+  std::tie(rc, out) = run(fmt::format("{} {}", run_dir.string(), file.string()));
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("exists; choose another output, or give --overwrite"), std::string::npos)
+      << out;
+  std::tie(rc, out) = run(fmt::format("{} {} --overwrite --dtype bf16", run_dir.string(),
+                                      file.string()));
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(safetensors::load(file.string()).begin()->second.dtype(), DType::bf16);
+  // A non-empty HF folder is replaced whole with --overwrite.
+  const fs::path hf = dir_ / "hf";
+  fs::create_directories(hf);
+  std::ofstream(hf / "stale.txt") << "old";
+  std::tie(rc, out) = run(fmt::format("{} {}", run_dir.string(), hf.string()));
+  EXPECT_NE(rc, 0);
+  std::tie(rc, out) = run(fmt::format("{} {} --overwrite", run_dir.string(), hf.string()));
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_TRUE(fs::exists(hf / "config.json"));
+  EXPECT_FALSE(fs::exists(hf / "stale.txt"));
+}

@@ -101,6 +101,7 @@ int run_sft(const ds::data::SftOptions& o) {
           name, s->examples, s->tokens, s->trained_tokens, 100.0 * s->trained_tokens / targets,
           static_cast<uint64_t>(targets), fmt::join(s->files, ", "));
     }
+    for (const auto& w : r.warnings) fmt::print(stderr, "ds_prepare: {}\n", w);
     fmt::print("ds_prepare: {:.2f}s; wrote {}\n", r.seconds, r.meta.string());
   } catch (const std::exception& e) {
     fmt::print(stderr, "ds_prepare: error: {}\n", e.what());

@@ -41,9 +41,23 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 65535));
   app.add_option("--threads", threads, "compute threads (default: all cores)")
       ->check(CLI::Range(1, 1 << 12));
-  app.add_option("--http_threads", o.http_threads, "connection threads")
+  app.add_option("--http_threads", o.http_threads,
+                 "connection threads kept ready (more start on demand, one per connection, up to "
+                 "--max_connections)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
+  app.add_option("--max_connections", o.max_connections,
+                 "open connections served at once; one more is answered 503 and closed")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 900));
+  app.add_option("--header_timeout", o.header_timeout_seconds,
+                 "seconds a request's line and headers may take to arrive (408 after)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  app.add_option("--body_timeout", o.body_timeout_seconds,
+                 "seconds a request's body may take to arrive after its headers (408 after)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
   app.add_option("--max_batch", o.max_batch,
                  "generations that share each decode step (continuous batching); 1 = one at a time")
       ->capture_default_str()
@@ -53,7 +67,8 @@ int main(int argc, char** argv) {
                  "with Retry-After")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--max_body_bytes", o.max_body_bytes, "larger request bodies answer 413")
+  app.add_option("--max_body_bytes", o.max_body_bytes,
+                 "larger request bodies answer 413 (chunked ones too, while reading)")
       ->capture_default_str();
   app.add_option(
          "--sse_ping_seconds", o.sse_ping_seconds,

@@ -61,6 +61,41 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+namespace {
+
+// The output must not land on the checkpoint being read, whose files are mapped while it is written
+// (`ds_to_fp32 ckpt ckpt/global_step6/mp_rank_00_model_states.safetensors` replaced a shard with
+// the consolidated weights and exited 0): nothing inside a global_step* folder of the checkpoint
+// and not its `latest` file. Elsewhere, an existing file is replaced only with --overwrite. Paths
+// are compared after resolving `..` and symbolic links.
+void check_output(const std::string& output, const fs::path& tag_folder, bool overwrite) {
+  std::error_code ec;
+  const fs::path out = fs::weakly_canonical(fs::absolute(output), ec);
+  const fs::path tag = fs::weakly_canonical(fs::absolute(tag_folder), ec);
+  const fs::path root = tag.parent_path();
+  auto inside = [](const fs::path& p, const fs::path& dir) {
+    const fs::path rel = p.lexically_relative(dir);
+    return !rel.empty() && *rel.begin() != "..";
+  };
+  std::vector<fs::path> guarded = {tag};
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (e.is_directory(ec) && e.path().filename().string().rfind("global_step", 0) == 0)
+      guarded.push_back(fs::weakly_canonical(e.path(), ec));
+  for (const auto& g : guarded)
+    DS_CHECK(!inside(out, g) && !inside(g, out),
+             "[ds_to_fp32] the output {} is inside the checkpoint folder {} (or holds it): it would "
+             "overwrite the checkpoint it reads. Write it elsewhere, e.g. {}",
+             output, g.string(), (root / "consolidated.safetensors").string());
+  DS_CHECK(out != root / "latest",
+           "[ds_to_fp32] the output {} is the checkpoint's 'latest' file; write it elsewhere",
+           output);
+  DS_CHECK(overwrite || fs::is_directory(out, ec) || !fs::exists(out, ec),
+           "[ds_to_fp32] {} exists; choose another output, or give --overwrite to replace it",
+           output);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{
       "Consolidates a deepspeed.cpp checkpoint (any world size, ZeRO stage and tensor-parallel "
@@ -69,6 +104,7 @@ int main(int argc, char** argv) {
       "(DeepSpeed's zero_to_fp32). Reads only the master weights, parameter by parameter.",
       "ds_to_fp32"};
   std::string input, output, dtype_str = "fp32", tag, tokenizer, model;
+  bool overwrite = false;
   bool hf = false;
   app.add_option("checkpoint", input,
                  "A checkpoint folder (its 'latest' tag is used) or one of its global_step<N> "
@@ -85,6 +121,8 @@ int main(int argc, char** argv) {
   app.add_flag("--hf", hf,
                "Write an HF folder (the default when output does not end in "
                ".safetensors)");
+  app.add_flag("--overwrite", overwrite,
+               "Replace an existing output file or non-empty output folder (refused otherwise)");
   app.add_option("--tag", tag, "The checkpoint tag (global_step<N>) instead of 'latest'");
   app.add_option("--tokenizer", tokenizer,
                  "HF export: the tokenizer folder to write beside the weights (default: one found "
@@ -122,6 +160,7 @@ int main(int argc, char** argv) {
             : "",
         ck.parameters().size(), ck.numel(), ck.shard_files().size(),
         ck.shard_files().size() == 1 ? "" : "s");
+    check_output(output, ck.folder(), overwrite);
     if (!to_folder) {
       const fs::path out(output);
       if (!out.parent_path().empty()) fs::create_directories(out.parent_path());
@@ -154,9 +193,11 @@ int main(int argc, char** argv) {
                ck.folder().string(), p.name);
     const fs::path out(output);
     std::error_code ec;
-    DS_CHECK(!fs::exists(out, ec) || (fs::is_directory(out, ec) && fs::is_empty(out, ec)),
-             "[ds_to_fp32] {} exists and is not an empty folder; remove it or choose another "
-             "output",
+    DS_CHECK(!fs::exists(out, ec) || fs::is_directory(out, ec),
+             "[ds_to_fp32] {} exists and is not a folder; choose another output", out.string());
+    DS_CHECK(overwrite || !fs::exists(out, ec) || fs::is_empty(out, ec),
+             "[ds_to_fp32] {} exists and is not an empty folder; choose another output, or give "
+             "--overwrite to replace it",
              out.string());
     const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
     fs::create_directories(parent);
@@ -176,9 +217,15 @@ int main(int argc, char** argv) {
       DS_CHECK(tokenizer.empty() || note.rfind("tokenizer (", 0) == 0,
                "[ds_to_fp32] --tokenizer {}: {}", tokenizer, note);
       fmt::print("{}\n", note);
-      fs::remove(out, ec);  // an empty folder, checked above
+      // The old folder (empty, or replaced under --overwrite) steps aside before the new one takes
+      // its name, and goes only after: a crash leaves one of the two complete.
+      const fs::path old =
+          parent / fmt::format(".{}.old-{}", out.filename().string(), static_cast<long>(::getpid()));
+      const bool had_old = fs::exists(out, ec);
+      if (had_old) fs::rename(out, old);
       fs::rename(tmp, out);
       ds::fsync_dir(parent);
+      if (had_old) fs::remove_all(old, ec);
     } catch (...) {
       fs::remove_all(tmp, ec);
       throw;

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "ds/core/safetensors.h"
 
 #include <fcntl.h>
@@ -145,13 +146,18 @@ Reader::Reader(const std::string& path) : path_(path) {
       e.supported = d->supported;
       e.dtype = d->dtype;
       uint64_t numel = 1;
+      bool overflow = false;
       for (const auto& s : val.at("shape")) {
         const int64_t v = s.get<int64_t>();
         DS_CHECK(v >= 0, "[safetensors] {}: corrupted header: tensor '{}' has a negative dimension",
                  path, key);
         e.shape.push_back(v);
-        numel *= static_cast<uint64_t>(v);
+        overflow |= __builtin_mul_overflow(numel, static_cast<uint64_t>(v), &numel);
       }
+      uint64_t nbytes = 0;
+      overflow |= __builtin_mul_overflow(numel, static_cast<uint64_t>(d->size), &nbytes);
+      DS_CHECK(!overflow, "[safetensors] {}: corrupted header: tensor '{}' of shape {} is too large",
+               path, key, shape_str(e.shape));
       const auto& off = val.at("data_offsets");
       DS_CHECK(off.is_array() && off.size() == 2,
                "[safetensors] {}: corrupted header: data_offsets of '{}' must be [begin, end]",
@@ -170,9 +176,44 @@ Reader::Reader(const std::string& path) : path_(path) {
       index_[e.name] = entries_.size();
       entries_.push_back(std::move(e));
     }
+    check_layout(path, data_size);
   } catch (const nlohmann::json::exception& e) {
     DS_THROW("[safetensors] {}: corrupted header: {}", path, e.what());
   }
+}
+
+// The tensors must tile the data section: in offset order, each starts where the one before ends,
+// the first at 0 and the last at the end of the file (as Python's safetensors requires: "invalid
+// offset" / "incomplete metadata"). Otherwise two tensors could share bytes and one would load
+// from the other's data.
+void Reader::check_layout(const std::string& path, size_t data_size) const {
+  std::vector<const Entry*> order;
+  for (const auto& e : entries_) order.push_back(&e);
+  std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  uint64_t at = 0;
+  const Entry* prev = nullptr;
+  for (const Entry* e : order) {
+    if (e->begin != at) {
+      if (prev && e->begin < at)
+        DS_THROW(
+            "[safetensors] {}: invalid offset: tensor '{}' [{}, {}) overlaps tensor '{}' [{}, {}); "
+            "the file is damaged or was written by a faulty tool: re-export it",
+            path, e->name, e->begin, e->end, prev->name, prev->begin, prev->end);
+      DS_THROW(
+          "[safetensors] {}: invalid offset: tensor '{}' starts at byte {} of the data, but the "
+          "bytes before it end at {} (a gap); the file is damaged or was written by a faulty "
+          "tool: re-export it",
+          path, e->name, e->begin, at);
+    }
+    at = e->end;
+    prev = e;
+  }
+  DS_CHECK(at == data_size,
+           "[safetensors] {}: incomplete metadata: the tensors cover {} bytes of data but the file "
+           "holds {} (bytes no tensor describes); the file is damaged: re-export it",
+           path, at, data_size);
 }
 
 Reader::~Reader() = default;

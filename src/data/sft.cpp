@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/core/error.h"
+#include "ds/core/text.h"
 #include "ds/core/file_io.h"
 #include "ds/data/prepare.h"
 #include "ds/data/shard.h"
@@ -228,13 +229,20 @@ std::vector<SftRecord> read_sft_file(const fs::path& path, SftFormat format, Sft
   std::string line;
   for (size_t n = 1; std::getline(in, line); ++n) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    // Editors on Windows start a file with a byte order mark: not part of the first record.
+    if (n == 1) line.erase(0, line.size() - strip_utf8_bom(line).size());
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     const Where w{path, n};
     json j;
     try {
       j = json::parse(line);
     } catch (const json::exception& e) {
-      fail(w, "not valid JSON ({}); each line must be one JSON object", e.what());
+      // The parser's "last read: '...'" echoes the input raw (invalid UTF-8, or a whole 50 MB
+      // string): keep its reason, and show the line escaped and cut.
+      std::string why = e.what();
+      if (const auto cut = why.find("; last read"); cut != std::string::npos) why.resize(cut);
+      fail(w, "not valid JSON ({}); each line must be one JSON object; the line is {}",
+           quoted_excerpt(why, 200), quoted_excerpt(line, 200));
     }
     if (!j.is_object()) fail(w, "a record must be a JSON object, not {}", j.type_name());
     if (format == SftFormat::kAuto) format = detect(j, w);
@@ -374,6 +382,13 @@ SftReport prepare_sft(const SftOptions& o) {
       (why == SftDrop::kTooLong ? report.dropped_too_long : report.dropped_no_response) += 1;
       continue;
     }
+    // An answer of "" still trains its end-of-turn token: the model would learn to stop at once.
+    const bool empty_answer = std::all_of(
+        r.record.messages.begin(), r.record.messages.end(), [](const ChatMessage& m) {
+          return m.role != "assistant" ||
+                 m.content.find_first_not_of(" \t\r\n") == std::string::npos;
+        });
+    report.empty_responses += empty_answer;
     report.truncated += e->truncated;
     report.history_trimmed += e->rounds_dropped > 0;
     const bool is_val = by_files ? file_is_val[r.file] : k >= first_val;
@@ -381,6 +396,18 @@ SftReport prepare_sft(const SftOptions& o) {
   }
   report.train = train.finish();
   report.val = val.finish();
+  const uint64_t written = report.train.examples + report.val.examples;
+  DS_CHECK(written == 0 || report.empty_responses < written,
+           "[sft] every one of the {} examples has an empty answer (assistant content \"\" or only "
+           "spaces): training on them would only teach the model to end its turn at once. Check "
+           "that the answer field (response, output, or the assistant messages) is filled in",
+           written);
+  if (report.empty_responses > 0)
+    report.warnings.push_back(fmt::format(
+        "warning: {} of {} examples have an empty answer (assistant content \"\" or only "
+        "spaces); each trains only its end-of-turn token. Check the answer field of those "
+        "records",
+        report.empty_responses, written));
   DS_CHECK(report.train.examples > 0,
            "[sft] no training example was written ({} records: {} dropped as too long for "
            "--seq_len {}, {} without an assistant answer); raise --seq_len or check the data",
@@ -412,6 +439,7 @@ SftReport prepare_sft(const SftOptions& o) {
         {"history_trimmed", report.history_trimmed},
         {"dropped_too_long", report.dropped_too_long},
         {"dropped_no_response", report.dropped_no_response},
+        {"empty_responses", report.empty_responses},
         {"input_formats", json::object()}}},
       {"split_rule", report.split_rule},
       {"created_by", "ds_prepare --sft"},

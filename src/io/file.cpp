@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "ds/core/error.h"
+#include "ds/io/swap_dir.h"
 #include "ds/io/aio.h"
 
 namespace ds::io {
@@ -60,10 +61,10 @@ bool File::reserve(int64_t bytes) {
   if (e == ENOSPC || e == EDQUOT || e == EFBIG) {
     const int64_t avail = available_bytes(path_);
     DS_THROW(
-        "[io] cannot reserve {:.2f} GiB for {}: {} ({:.2f} GiB available on that filesystem); "
+        "[io] cannot reserve {:.2f} GiB for {}: {} ({:.2f} GiB available on that filesystem{}); "
         "free space there or point nvme_path at a larger disk",
         static_cast<double>(bytes) / (1 << 30), path_, std::strerror(e),
-        static_cast<double>(avail) / (1 << 30));
+        static_cast<double>(avail) / (1 << 30), other_swap_dirs(path_));
   }
   if (e != EOPNOTSUPP && e != ENOSYS && e != EINVAL)
     DS_THROW("[io] fallocate of {} bytes on {} failed: {} (errno {})", bytes, path_,

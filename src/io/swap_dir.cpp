@@ -5,10 +5,14 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <cerrno>
-#include <chrono>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <vector>
 
 #include "ds/core/error.h"
 
@@ -17,17 +21,48 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// True when `dir` belongs to a run that is gone: its lock file exists and nobody holds it, and the
-// folder is not brand new (a starting run creates the folder a moment before it takes the lock).
+std::string this_host() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+// The owner's pid from a folder named <host>-<pid>-<name>, when <host> is this machine's.
+std::optional<pid_t> local_owner(const fs::path& dir) {
+  const std::string prefix = this_host() + "-";
+  const std::string n = dir.filename().string();
+  if (n.rfind(prefix, 0) != 0) return std::nullopt;
+  pid_t pid = 0;
+  const char* b = n.data() + prefix.size();
+  const auto [end, err] = std::from_chars(b, n.data() + n.size(), pid);
+  if (err != std::errc() || end == b || pid <= 0) return std::nullopt;
+  return pid;
+}
+
+// True when `dir` belongs to a run that is gone. The owner holds a flock on `lock` for as long as
+// it lives, and the kernel drops it the moment the process dies (kill -9 included), so a lock file
+// nobody holds means a dead owner, however young the folder. A folder without a lock file is a run
+// between creating the folder and its lock file, or one that died right there: it is dead only
+// when its owner's pid (in its name) is on this machine and gone. Age plays no part: a run
+// restarted at once after kill -9 must get the disk space back.
 bool abandoned(const fs::path& dir) {
-  std::error_code ec;
-  const auto age = fs::file_time_type::clock::now() - fs::last_write_time(dir, ec);
-  if (ec || age < std::chrono::minutes(1)) return false;
   const int fd = ::open((dir / "lock").c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return false;
+  if (fd < 0) {
+    const auto pid = local_owner(dir);
+    return pid && ::kill(*pid, 0) != 0 && errno == ESRCH;
+  }
   const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
   ::close(fd);  // releases the lock again
   return free;
+}
+
+uint64_t bytes_under(const fs::path& dir) {
+  std::error_code ec;
+  uint64_t n = 0;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec))
+    if (it->is_regular_file(ec)) n += it->file_size(ec);
+  return n;
 }
 
 }  // namespace
@@ -52,9 +87,7 @@ SwapDir::SwapDir(const std::string& nvme_path, const std::string& name,
                       "cleaning up",
                       entry.path().string(), n));
   }
-  char host[256] = {0};
-  ::gethostname(host, sizeof(host) - 1);
-  path_ = (root / fmt::format("{}-{}-{}", host, ::getpid(), name)).string();
+  path_ = (root / fmt::format("{}-{}-{}", this_host(), ::getpid(), name)).string();
   fs::remove_all(path_, ec);  // a previous process with our pid and name is certainly gone
   fs::create_directories(path_, ec);
   DS_CHECK(!ec, "[offload] cannot create {}: {}", path_, ec.message());
@@ -67,6 +100,29 @@ SwapDir::~SwapDir() {
   std::error_code ec;
   fs::remove_all(path_, ec);
   if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+std::string other_swap_dirs(const std::string& file) {
+  std::error_code ec;
+  fs::path own, root;
+  for (fs::path p = fs::path(file); !p.empty() && p != p.root_path(); p = p.parent_path()) {
+    if (p.parent_path().filename() == "ds_swap") {
+      own = p;
+      root = p.parent_path();
+      break;
+    }
+  }
+  if (root.empty()) return {};
+  std::vector<std::string> parts;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    if (!e.is_directory(ec) || e.path() == own) continue;
+    parts.push_back(fmt::format("{} ({:.2f} GiB, {})", e.path().string(),
+                                static_cast<double>(bytes_under(e.path())) / (1 << 30),
+                                abandoned(e.path()) ? "its run is gone: delete it"
+                                                    : "a running process holds its lock"));
+  }
+  if (parts.empty()) return {};
+  return fmt::format("; other swap folders there: {}", fmt::join(parts, ", "));
 }
 
 }  // namespace ds::io

@@ -12,6 +12,7 @@
 
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
+#include "ds/core/json_text.h"
 #include "ds/core/safetensors.h"
 #include "ds/ops/ops.h"
 
@@ -46,6 +47,34 @@ bool ignorable(const GPTConfig& c, const std::string& ours) {
   return std::regex_match(ours, c.layout == nn::Layout::gpt2 ? gpt2_buffers : llama_buffers);
 }
 
+// Index of the first NaN or Inf of a contiguous floating-point tensor (f32, bf16, f16), or -1.
+// Tested by exponent bits (all ones), a block at a time so the common all-finite case vectorises.
+int64_t first_non_finite(const Tensor& t) {
+  const int64_t n = t.numel();
+  auto scan = [n](const auto* p, auto mask) -> int64_t {
+    constexpr int64_t kBlock = 4096;
+    for (int64_t b = 0; b < n; b += kBlock) {
+      const int64_t e = std::min(n, b + kBlock);
+      bool any = false;
+      for (int64_t i = b; i < e; ++i) any |= (p[i] & mask) == mask;
+      if (!any) continue;
+      for (int64_t i = b; i < e; ++i)
+        if ((p[i] & mask) == mask) return i;
+    }
+    return -1;
+  };
+  switch (t.dtype()) {
+    case DType::f32:
+      return scan(static_cast<const uint32_t*>(t.raw_data()), uint32_t{0x7F800000});
+    case DType::bf16:
+      return scan(static_cast<const uint16_t*>(t.raw_data()), uint16_t{0x7F80});
+    case DType::f16:
+      return scan(static_cast<const uint16_t*>(t.raw_data()), uint16_t{0x7C00});
+    default:
+      return -1;
+  }
+}
+
 // The safetensors files of a folder or the file itself.
 std::vector<fs::path> weight_files(const fs::path& path) {
   std::error_code ec;
@@ -67,7 +96,19 @@ std::vector<fs::path> weight_files(const fs::path& path) {
     DS_CHECK(j.contains("weight_map") && j["weight_map"].is_object(),
              "[hf_io] {}: no \"weight_map\" object", index.string());
     std::set<std::string> names;
-    for (const auto& [k, v] : j["weight_map"].items()) names.insert(v.get<std::string>());
+    for (const auto& [k, v] : j["weight_map"].items()) {
+      // Shards are files of this folder (model-00001-of-00002.safetensors). A name with a path in
+      // it ("../x", "/etc/x", "sub/x") would read a file outside the model folder: refuse it. A
+      // shard that is a symbolic link (the Hugging Face cache's blobs) is still fine.
+      const std::string name = v.is_string() ? v.get<std::string>() : std::string();
+      DS_CHECK(v.is_string() && !name.empty() && name != "." && name != ".." &&
+                   name.find_first_of("/\\") == std::string::npos && name.find('\0') == std::string::npos,
+               "[hf_io] {}: weight_map[\"{}\"] = {} is not a file name in the model folder (shards "
+               "must sit beside the index, without a path); the index is damaged or not from "
+               "save_pretrained: fix or re-export it",
+               index.string(), k, json_show(v));
+      names.insert(name);
+    }
     std::vector<fs::path> out;
     for (const auto& n : names) out.push_back(path / n);
     return out;
@@ -730,6 +771,19 @@ HFLoadReport load_hf_weights(GPT& model, const fs::path& path) {
       ++report.transposed;
     }
     param.detach().copy_from(t);
+    // A NaN or Inf in the weights (a checkpoint saved after training diverged, or a damaged file)
+    // would otherwise surface as "!!!!!!" from ds_generate or a loss blamed on the learning rate.
+    // Checked after the copy, so a value the model's dtype cannot hold counts too.
+    const int64_t bad = first_non_finite(param.detach());
+    DS_CHECK(bad < 0,
+             "[hf_io] {}: tensor '{}' holds a non-finite value (NaN or Inf) at element {} of {}{}; "
+             "these weights cannot be used: take an earlier checkpoint, or check how this file "
+             "was written",
+             readers[found.reader].path(), found.entry->name, bad, param.numel(),
+             param.dtype() != found.entry->dtype
+                 ? fmt::format(" (after conversion from {} to {})", found.entry->dtype_name,
+                               dtype_name(param.dtype()))
+                 : std::string());
     ++report.tensors;
   }
   return report;

@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -31,6 +32,7 @@
 #include "ds/comm/group.h"
 #include "ds/core/checksum.h"
 #include "ds/core/error.h"
+#include "ds/core/text.h"
 #include "ds/core/file_io.h"
 #include "ds/core/rng.h"
 #include "ds/core/safetensors.h"
@@ -155,6 +157,44 @@ std::vector<fs::path> remove_stale_checkpoint_temporaries(const fs::path& dir) {
     removed.push_back(p);
   }
   return removed;
+}
+
+std::string read_latest_tag(const fs::path& dir, const std::string& who) {
+  const fs::path latest = dir / "latest";
+  std::error_code ec;
+  DS_CHECK(fs::exists(latest, ec),
+           "{} {} has no 'latest' file: no complete checkpoint was written there; pass a tag (a "
+           "global_step<N> folder) explicitly",
+           who, dir.string());
+  DS_CHECK(!fs::is_directory(latest, ec),
+           "{} {} is a directory, not the file naming the newest checkpoint; remove or rename it, "
+           "or pass a tag (a global_step<N> folder) explicitly",
+           who, latest.string());
+  DS_CHECK(fs::is_regular_file(latest, ec),
+           "{} {} is not a regular file naming the newest checkpoint; remove or rename it, or "
+           "pass a tag (a global_step<N> folder) explicitly",
+           who, latest.string());
+  const auto size = fs::file_size(latest, ec);
+  DS_CHECK(!ec && size <= 4096,
+           "{} {} is {} bytes, but it should hold one tag name (global_step<N>): it is damaged; "
+           "pass a tag (a global_step<N> folder) explicitly",
+           who, latest.string(), size);
+  const std::string text = read_text(latest);
+  std::string tag = trim(text.substr(0, text.find('\n')));
+  DS_CHECK(!tag.empty(), "{} {} is empty; pass a tag (a global_step<N> folder) explicitly", who,
+           latest.string());
+  const bool printable = std::all_of(tag.begin(), tag.end(), [](char c) {
+    return static_cast<unsigned char>(c) >= 0x20 && c != 0x7F;
+  });
+  DS_CHECK(printable,
+           "{} {} names {}, which is not a checkpoint tag (a folder name such as global_step<N>): "
+           "the file is damaged; pass a tag explicitly",
+           who, latest.string(), quoted_excerpt(tag, 200));
+  DS_CHECK(tag.find('/') == std::string::npos && tag != "." && tag != "..",
+           "{} {} names {}, but a checkpoint tag must be a folder name inside the checkpoint "
+           "folder (global_step<N>), not a path; to load another folder, pass that folder itself",
+           who, latest.string(), quoted_excerpt(tag, 200));
+  return tag;
 }
 
 void delete_checkpoint(const fs::path& dir, const std::string& tag) {
@@ -401,23 +441,13 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
                : "");
   std::string tag = tag_in;
   if (tag.empty()) {
-    const fs::path latest = dir / "latest";
-    DS_CHECK(fs::exists(latest),
-             "[checkpoint] {} has no 'latest' file: no complete checkpoint was "
-             "written there; pass a tag (a global_step<N> folder) explicitly",
-             dir.string());
-    DS_CHECK(!fs::is_directory(latest),
-             "[checkpoint] {} is a directory, not the file naming the newest checkpoint; remove or "
-             "rename it, or pass a tag (a global_step<N> folder) explicitly",
-             latest.string());
-    tag = trim(read_text(latest));
-    DS_CHECK(!tag.empty(), "[checkpoint] {} is empty", latest.string());
-    check_tag(tag, latest.string());
+    tag = read_latest_tag(dir, "[checkpoint]");
   } else {
     check_tag(tag, "the requested tag");
   }
   const fs::path ck = dir / tag;
-  DS_CHECK(fs::is_directory(ck), "[checkpoint] checkpoint folder {} does not exist", ck.string());
+  DS_CHECK(fs::is_directory(ck), "[checkpoint] checkpoint folder {} does not exist",
+           quoted_excerpt(ck.string(), 300));
 
   const fs::path sums_path = ck / "checksums.json";
   DS_CHECK(fs::exists(sums_path), "[checkpoint] {} is missing: the checkpoint is incomplete",

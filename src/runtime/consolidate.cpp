@@ -11,6 +11,8 @@
 #include "checkpoint_format.h"
 #include "checkpoint_parts.h"
 #include "ds/core/error.h"
+#include "ds/core/text.h"
+#include "ds/runtime/checkpoint_files.h"
 #include "ds/core/file_io.h"
 #include "ds/core/safetensors.h"
 
@@ -63,20 +65,18 @@ fs::path resolve_checkpoint_folder(const fs::path& path, const std::string& tag_
   if (tag_in.empty() && fs::exists(path / kModelFile)) return path;
   std::string tag = tag_in;
   if (tag.empty()) {
-    const fs::path latest = path / "latest";
-    DS_CHECK(fs::is_regular_file(latest),
+    DS_CHECK(fs::exists(path / "latest"),
              "[ds_to_fp32] {} holds neither {} nor a 'latest' file: give a checkpoint folder, one "
              "of its global_step<N> folders, or --tag",
              path.string(), kModelFile);
-    tag = trim(read_text(latest));
-    DS_CHECK(!tag.empty(), "[ds_to_fp32] {} is empty; pass --tag global_step<N>", latest.string());
+    tag = read_latest_tag(path, "[ds_to_fp32]");
   }
   DS_CHECK(tag.find('/') == std::string::npos && tag != "." && tag != "..",
-           "[ds_to_fp32] tag '{}' must be a folder name inside {} (global_step<N>), not a path",
-           tag, path.string());
+           "[ds_to_fp32] tag {} must be a folder name inside {} (global_step<N>), not a path",
+           quoted_excerpt(tag, 200), path.string());
   const fs::path folder = path / tag;
   DS_CHECK(fs::is_directory(folder), "[ds_to_fp32] checkpoint folder {} does not exist",
-           folder.string());
+           quoted_excerpt(folder.string(), 300));
   return folder;
 }
 

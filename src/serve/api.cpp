@@ -1,6 +1,7 @@
 #include "ds/serve/api.h"
 
 #include <algorithm>
+#include <cmath>
 #include <ctime>
 #include <functional>
 #include <limits>
@@ -53,9 +54,17 @@ class Fields {
   std::optional<int64_t> integer(const std::string& key, int64_t lo, int64_t hi) const {
     const json* v = get(key);
     if (!v) return std::nullopt;
-    if (!v->is_number_integer())
+    if (v->is_number_float()) {
+      // A whole number past int64 (2^64, 1e30) is parsed as a double: out of range, not a
+      // fraction.
+      const double x = v->get<double>();
+      if (x == std::floor(x) && (x < static_cast<double>(lo) || x > static_cast<double>(hi)))
+        throw bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v->dump()));
       throw bad(key, fmt::format("'{}' must be an integer, got {}", key,
-                                 v->is_number() ? "a fraction" : json_kind(*v)));
+                                 x == std::floor(x) ? v->dump() : "a fraction"));
+    }
+    if (!v->is_number_integer())
+      throw bad(key, fmt::format("'{}' must be an integer, got {}", key, json_kind(*v)));
     if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi))
       throw bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v->dump()));
     const int64_t x = v->get<int64_t>();
@@ -193,11 +202,79 @@ json guide_error_body(const ApiError& e) {
           {"param", e.param.empty() ? json(nullptr) : json(e.param)}};
 }
 
+namespace {
+
+// Where a parse error happened, as a field path ("temperature", "messages[0].content"): a SAX pass
+// that tracks the path, run only after a parse failed (a number too large for a double is a
+// parse error in nlohmann/json, and its message names no field).
+class PathSax {
+ public:
+  std::string path;  // at the error; empty at the top level
+
+  bool null() { return value(); }
+  bool boolean(bool) { return value(); }
+  bool number_integer(json::number_integer_t) { return value(); }
+  bool number_unsigned(json::number_unsigned_t) { return value(); }
+  bool number_float(json::number_float_t, const std::string&) { return value(); }
+  bool string(std::string&) { return value(); }
+  bool binary(json::binary_t&) { return value(); }
+  bool start_object(std::size_t) {
+    stack_.push_back({false, "", 0});
+    return true;
+  }
+  bool key(std::string& k) {
+    stack_.back().key = k;
+    return true;
+  }
+  bool end_object() { return end(); }
+  bool start_array(std::size_t) {
+    stack_.push_back({true, "", 0});
+    return true;
+  }
+  bool end_array() { return end(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) {
+    for (const Frame& f : stack_) {
+      if (f.array)
+        path += fmt::format("[{}]", f.index);
+      else
+        path += (path.empty() ? "" : ".") + f.key;
+    }
+    return false;
+  }
+
+ private:
+  struct Frame {
+    bool array;
+    std::string key;
+    size_t index;
+  };
+  bool value() {
+    if (!stack_.empty() && stack_.back().array) ++stack_.back().index;
+    return true;
+  }
+  bool end() {
+    stack_.pop_back();
+    return value();
+  }
+  std::vector<Frame> stack_;
+};
+
+}  // namespace
+
 json parse_json_body(const std::string& body) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::out_of_range& e) {  // 406: a number that overflows a double (1e309)
+    PathSax where;
+    json::sax_parse(body, &where);
+    const std::string param = where.path.empty() ? "body" : where.path;
+    throw ApiError(400,
+                   fmt::format("'{}' holds a number too large to represent (it overflows a "
+                               "double): {}",
+                               param, e.what()),
+                   param);
+  } catch (const json::exception& e) {
     throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()), "body");
   }
   if (!j.is_object())

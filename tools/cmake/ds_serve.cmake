@@ -16,6 +16,8 @@ set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
 add_library(ds_serve_http STATIC ${CMAKE_CURRENT_SOURCE_DIR}/serve/server.cpp
   ${CMAKE_CURRENT_BINARY_DIR}/serve/chat_page.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/serve/admission.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/serve/http_server.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/serve/request_reader.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/serve/metrics.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/serve/connection.cpp)
 target_include_directories(ds_serve_http PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})

@@ -86,6 +86,16 @@ std::string Metrics::render(const ServeGauges& g) const {
   out += fmt::format("ds_serve_max_queue {}\n", g.max_queue);
   header(out, "ds_serve_max_batch", "gauge", "Sequences one decode step may hold (--max_batch).");
   out += fmt::format("ds_serve_max_batch {}\n", g.max_batch);
+  header(out, "ds_serve_connections_open", "gauge",
+         "Client connections being served (each on its own thread), idle kept-alive ones "
+         "included.");
+  out += fmt::format("ds_serve_connections_open {}\n", g.connections_open);
+  header(out, "ds_serve_connections_queued", "gauge",
+         "Accepted connections waiting for a thread (beyond --max_connections).");
+  out += fmt::format("ds_serve_connections_queued {}\n", g.connections_queued);
+  header(out, "ds_serve_max_connections", "gauge",
+         "Open connections allowed (--max_connections); more are answered 503.");
+  out += fmt::format("ds_serve_max_connections {}\n", g.max_connections);
   header(out, "ds_serve_prompt_tokens_total", "counter", "Prompt tokens of finished generations.");
   out += fmt::format("ds_serve_prompt_tokens_total {}\n", prompt_tokens_);
   header(out, "ds_serve_completion_tokens_total", "counter",

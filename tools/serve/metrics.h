@@ -7,6 +7,9 @@
 //                                                  waiting)
 //   ds_serve_requests_running / _waiting           gauge: in the batch now / queued for a place
 //   ds_serve_max_queue / ds_serve_max_batch        gauge: --max_queue / --max_batch
+//   ds_serve_connections_open / _queued            gauge: connections on a thread / accepted and
+//                                                  waiting for one (http_server.h)
+//   ds_serve_max_connections                       gauge: --max_connections
 //   ds_serve_prompt_tokens_total                   counter: prompt tokens of finished generations
 //   ds_serve_completion_tokens_total               counter: tokens they generated
 //   ds_serve_generations_cancelled_total           counter: generations stopped because the client
@@ -51,6 +54,7 @@ class Histogram {
 
 struct ServeGauges {
   int in_flight = 0, running = 0, waiting = 0, max_queue = 0, max_batch = 1;
+  int connections_open = 0, connections_queued = 0, max_connections = 0;
 };
 
 class Metrics {

@@ -3,6 +3,7 @@
 #include "admission.h"
 #include "chat_page.h"
 #include "connection.h"
+#include "http_server.h"
 #include "metrics.h"
 
 #include <httplib.h>
@@ -22,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/core/error.h"
+#include "ds/core/text.h"
 #include "ds/serve/api.h"
 #include "ds/serve/scheduler.h"
 
@@ -29,28 +31,17 @@ namespace ds::serve {
 
 using nlohmann::json;
 
-namespace {
-
-// httplib 0.11.4 listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's
-// library). Many clients connecting at once overflow it, and with SYN cookies (Linux's default)
-// some of those connections are then dropped without a reply. listen() again on the bound socket
-// sets the backlog we want; the socket is httplib's protected svr_sock_.
-class HttpServer : public httplib::Server {
- public:
-  bool set_backlog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
-};
-
-}  // namespace
-
 struct Server::Impl {
   LoadedModel m;
   ServerOptions opt;
-  HttpServer http;
-  Admission admission;                  // up to max_batch generating + max_queue waiting
+  HttpServer http;      // connections: a thread each, deadlines and limits (http_server.h)
+  Admission admission;  // up to max_batch generating + max_queue waiting
   std::atomic<bool> draining{false};    // drain(): new generation requests answer 503
   std::atomic<bool> cancel_all{false};  // drain() ran out of time: stop every generation
   Metrics metrics;
-  std::atomic<uint64_t> next_id{1};
+  std::atomic<uint64_t> next_id{0};
+  // Response ids differ across restarts too: the counter starts from a random point.
+  const uint64_t id_base = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
   std::time_t created = std::time(nullptr);
   // Owns the model from here on; last, so that it stops (cancelling what runs) before the rest.
   Scheduler scheduler;
@@ -58,6 +49,7 @@ struct Server::Impl {
   Impl(LoadedModel model, ServerOptions o)
       : m(std::move(model)),
         opt(std::move(o)),
+        http(http_options(opt), [this](const ReadResult& r) { return refused(r); }),
         admission(opt.max_batch, opt.max_queue),
         scheduler(m.model, *m.tokenizer, scheduler_options()) {}
 
@@ -68,9 +60,39 @@ struct Server::Impl {
     return so;
   }
 
+  static HttpServer::Options http_options(const ServerOptions& o) {
+    HttpServer::Options h;
+    h.keep_threads = o.http_threads;
+    h.max_connections = o.max_connections;
+    h.read.max_body_bytes = o.max_body_bytes;
+    h.read.header_seconds = o.header_timeout_seconds;
+    h.read.body_seconds = o.body_timeout_seconds;
+    h.read.idle_seconds = o.keep_alive_seconds;
+    return h;
+  }
+
+  // A request refused before routing (http_server.h): counted, logged, and its JSON error body.
+  std::string refused(const ReadResult& r) {
+    const std::string route = r.path.empty() ? "other" : route_label(r.path);
+    metrics.count_request(route, r.status);
+    if (opt.log_requests)
+      std::fprintf(stderr, "ds_serve: %s %s -> %d (%s)\n",
+                   r.method.empty() ? "-" : r.method.c_str(), r.path.empty() ? "-" : r.path.c_str(),
+                   r.status, r.message.c_str());
+    const ApiError e(r.status, r.message, r.param,
+                     r.status == 503 ? "server_busy" : "invalid_request_error");
+    const json body = r.path == "/" ? guide_error_body(e) : openai_error_body(e);
+    return body.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+
   int64_t context() const { return m.model->config().block_size; }
+  // "cmpl-<16 hex>": distinct within a run (splitmix64's finalizer is a bijection) and, from a
+  // random base, across restarts.
   std::string new_id(const char* prefix) {
-    return fmt::format("{}-{:016x}", prefix, next_id.fetch_add(1) * 0x9E3779B97F4A7C15ull);
+    uint64_t z = id_base + next_id.fetch_add(1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return fmt::format("{}-{:016x}", prefix, z ^ (z >> 31));
   }
 
   using Clock = std::chrono::steady_clock;
@@ -170,12 +192,17 @@ struct Server::Impl {
     return r;
   }
 
-  // A non-streaming reply whose client has gone: 499 (nginx's "client closed request") in the
-  // log and the metrics; nobody reads the body.
-  static void throw_if_cancelled(const GenerationResult& r) {
-    if (r.finish_reason == "cancelled")
-      throw ApiError(499, "the client closed the connection; generation cancelled", "",
-                     "cancelled");
+  // A non-streaming generation that was cancelled: by a drain that ran out of time (the client
+  // is still there: 503, as for a new request while draining), or because its client went away
+  // (499, nginx's "client closed request", in the log and the metrics; nobody reads it).
+  void throw_if_cancelled(const GenerationResult& r) const {
+    if (r.finish_reason != "cancelled") return;
+    if (cancel_all)
+      throw ApiError(503,
+                     "the server is shutting down and cancelled this generation (it ran past "
+                     "--drain_timeout); retry on another replica or later",
+                     "", "unavailable_error", "shutting_down");
+    throw ApiError(499, "the client closed the connection; generation cancelled", "", "cancelled");
   }
 
   // Metrics of a generation whose reply (or stream) is complete.
@@ -192,6 +219,9 @@ struct Server::Impl {
     g.waiting = std::max(0, g.in_flight - g.running);
     g.max_queue = admission.max_queue();
     g.max_batch = scheduler.max_batch();
+    g.connections_open = http.open();
+    g.connections_queued = http.queued();
+    g.max_connections = http.max_connections();
     return g;
   }
 
@@ -294,40 +324,43 @@ struct Server::Impl {
   // data: {"error": ...} without [DONE]. While the request waits for its turn, an SSE comment
   // (": ping") every --sse_ping_seconds keeps clients and proxies from timing the stream out (as
   // llama.cpp's server does). A client that goes away (a failed write) cancels the generation. The
-  // job (its slot) stays held, by the provider's copy, until the stream ends.
-  void stream(httplib::Response& res, std::shared_ptr<Job> job, std::vector<int32_t> ids,
-              SamplingParams p, bool chat, ChunkFn chunk, json first, bool include_usage) {
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, job, ids = std::move(ids), p = std::move(p), chat, chunk = std::move(chunk),
-         first = std::move(first), include_usage](size_t, httplib::DataSink& sink) {
-          auto send = [&](const std::string& s) {
-            return sink.is_writable() && sink.write(s.data(), s.size());
-          };
-          if (!first.is_null()) send(sse(first));
-          try {
-            const GenerationResult r = run(
-                *job, ids, p,
-                [&](std::string_view piece) {
-                  return send(sse(chunk(std::string(piece), nullptr)));
-                },
-                chat, [&] { return send(": ping\n\n"); });
-            finished(*job, r);
-            if (r.finish_reason == "cancelled") return false;
-            send(sse(chunk(std::nullopt, r.finish_reason)));
-            if (include_usage) {
-              json u = chunk(std::nullopt, nullptr);
-              u["choices"] = json::array();
-              u["usage"] = usage(r);
-              send(sse(u));
-            }
-            send("data: [DONE]\n\n");
-          } catch (const std::exception& e) {
-            send(sse(openai_error_body(ApiError(500, e.what(), "", "server_error"))));
-          }
-          sink.done();
-          return true;
-        });
+  // job (its slot) stays held, by the provider's copy, until the stream ends. To an HTTP/1.0 client
+  // the body is delimited by the connection's close (request_reader.h closes it), not chunked.
+  void stream(const httplib::Request& req, httplib::Response& res, std::shared_ptr<Job> job,
+              std::vector<int32_t> ids, SamplingParams p, bool chat, ChunkFn chunk, json first,
+              bool include_usage) {
+    auto provider = [this, job, ids = std::move(ids), p = std::move(p), chat,
+                     chunk = std::move(chunk), first = std::move(first),
+                     include_usage](size_t, httplib::DataSink& sink) {
+      auto send = [&](const std::string& s) {
+        return sink.is_writable() && sink.write(s.data(), s.size());
+      };
+      if (!first.is_null()) send(sse(first));
+      try {
+        const GenerationResult r = run(
+            *job, ids, p,
+            [&](std::string_view piece) { return send(sse(chunk(std::string(piece), nullptr))); },
+            chat, [&] { return send(": ping\n\n"); });
+        finished(*job, r);
+        if (r.finish_reason == "cancelled") return false;
+        send(sse(chunk(std::nullopt, r.finish_reason)));
+        if (include_usage) {
+          json u = chunk(std::nullopt, nullptr);
+          u["choices"] = json::array();
+          u["usage"] = usage(r);
+          send(sse(u));
+        }
+        send("data: [DONE]\n\n");
+      } catch (const std::exception& e) {
+        send(sse(openai_error_body(ApiError(500, e.what(), "", "server_error"))));
+      }
+      sink.done();
+      return true;
+    };
+    if (req.version == "HTTP/1.0")
+      res.set_content_provider("text/event-stream", std::move(provider));
+    else
+      res.set_chunked_content_provider("text/event-stream", std::move(provider));
   }
 
   void completions(const httplib::Request& req, httplib::Response& res) {
@@ -361,7 +394,7 @@ struct Server::Impl {
                      {"finish_reason", finish}}}}};
     };
     if (c.stream) {
-      stream(res, std::move(job), std::move(ids), std::move(p), /*chat=*/false, chunk,
+      stream(req, res, std::move(job), std::move(ids), std::move(p), /*chat=*/false, chunk,
              echo.empty() ? json() : chunk(echo, nullptr), c.include_usage);
       return;
     }
@@ -403,7 +436,7 @@ struct Server::Impl {
       ChunkFn chunk = [chunk_of](const std::optional<std::string>& text, json finish) {
         return chunk_of(text ? json{{"content", *text}} : json::object(), std::move(finish));
       };
-      stream(res, std::move(job), std::move(ids), std::move(p), /*chat=*/true, chunk,
+      stream(req, res, std::move(job), std::move(ids), std::move(p), /*chat=*/true, chunk,
              chunk_of({{"role", "assistant"}, {"content", ""}}, nullptr), c.include_usage);
       return;
     }
@@ -423,22 +456,55 @@ struct Server::Impl {
                 {"usage", usage(r)}});
   }
 
-  void models(const httplib::Request&, httplib::Response& res) {
-    reply_json(res, 200,
-               {{"object", "list"},
-                {"data",
-                 {{{"id", m.id},
-                   {"object", "model"},
-                   {"created", created},
-                   {"owned_by", "deepspeed.cpp"},
-                   {"context_length", context()}}}}});
+  json model_object() const {
+    return {{"id", m.id},
+            {"object", "model"},
+            {"created", created},
+            {"owned_by", "deepspeed.cpp"},
+            {"context_length", context()}};
   }
 
-  // Runs a handler; ApiError becomes its status with the route's error body.
+  void models(const httplib::Request&, httplib::Response& res) {
+    reply_json(res, 200, {{"object", "list"}, {"data", json::array({model_object()})}});
+  }
+
+  // GET /v1/models/{id} (the openai client's models.retrieve).
+  void model(const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches.size() > 1 ? req.matches[1].str() : "";
+    if (id != m.id)
+      throw ApiError(404,
+                     fmt::format("the model {} does not exist; this server serves '{}'",
+                                 ds::quoted_excerpt(id, 100), m.id),
+                     "model", "invalid_request_error", "model_not_found");
+    reply_json(res, 200, model_object());
+  }
+
+  // A JSON route's body must say it is JSON: a cross-site HTML form or a no-cors fetch can POST
+  // text/plain, x-www-form-urlencoded or multipart bodies (or none) without the browser asking
+  // first, but not application/json.
+  static void require_json(const httplib::Request& req) {
+    const std::string type = req.get_header_value("Content-Type");
+    const std::string_view media = std::string_view(type).substr(0, type.find(';'));
+    size_t a = 0, b = media.size();
+    while (a < b && (media[a] == ' ' || media[a] == '\t')) ++a;
+    while (b > a && (media[b - 1] == ' ' || media[b - 1] == '\t')) --b;
+    if (!ds::iequals(media.substr(a, b - a), "application/json"))
+      throw ApiError(
+          415,
+          fmt::format("the request body must be JSON with the header Content-Type: "
+                      "application/json (got {}); with curl: -H 'Content-Type: "
+                      "application/json'",
+                      type.empty() ? std::string("none") : ds::quoted_excerpt(type, 100)),
+          "Content-Type");
+  }
+
+  // Runs a handler; ApiError becomes its status with the route's error body. json_body: the
+  // route takes a JSON body (415 for any other Content-Type).
   httplib::Server::Handler wrap(void (Impl::*fn)(const httplib::Request&, httplib::Response&),
-                                bool openai) {
-    return [this, fn, openai](const httplib::Request& req, httplib::Response& res) {
+                                bool openai, bool json_body = false) {
+    return [this, fn, openai, json_body](const httplib::Request& req, httplib::Response& res) {
       try {
+        if (json_body) require_json(req);
         (this->*fn)(req, res);
       } catch (const ApiError& e) {
         if (e.status == 503) res.set_header("Retry-After", "1");
@@ -452,28 +518,26 @@ struct Server::Impl {
 
   // The route label of /metrics: the path when it is a route, else "other" (any path a client
   // sends would otherwise become a label value).
-  static std::string route_label(const httplib::Request& req) {
+  static std::string route_label(const std::string& path) {
     static const char* const kRoutes[] = {"/",          "/v1/completions", "/v1/chat/completions",
                                           "/v1/models", "/health",         "/v1/health",
                                           "/metrics"};
     for (const char* r : kRoutes)
-      if (req.path == r) return r;
+      if (path == r) return r;
+    if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
     return "other";
   }
 
   void setup() {
-    http.new_task_queue = [n = opt.http_threads] {
-      return new httplib::ThreadPool(static_cast<size_t>(std::max(1, n)));
-    };
-    http.set_payload_max_length(opt.max_body_bytes);
-    http.Post("/", wrap(&Impl::guide, false));
+    http.Post("/", wrap(&Impl::guide, false, /*json_body=*/true));
     http.Get("/", [](const httplib::Request&, httplib::Response& res) {
       const std::string_view page = chat_page_html();
       res.set_content(page.data(), page.size(), "text/html; charset=utf-8");
     });
-    http.Post("/v1/completions", wrap(&Impl::completions, true));
-    http.Post("/v1/chat/completions", wrap(&Impl::chat, true));
+    http.Post("/v1/completions", wrap(&Impl::completions, true, /*json_body=*/true));
+    http.Post("/v1/chat/completions", wrap(&Impl::chat, true, /*json_body=*/true));
     http.Get("/v1/models", wrap(&Impl::models, true));
+    http.Get(R"(/v1/models/(.+))", wrap(&Impl::model, true));
     auto health = [this](const httplib::Request&, httplib::Response& res) {
       if (draining)
         reply_json(res, 503, {{"status", "draining"}});
@@ -493,7 +557,8 @@ struct Server::Impl {
       if (res.status == 404)
         msg = fmt::format(
             "no route {} {}; routes: GET / (chat page), POST /, POST /v1/completions, POST "
-            "/v1/chat/completions, GET /v1/models, GET /health, GET /metrics",
+            "/v1/chat/completions, GET /v1/models, GET /v1/models/{{id}}, GET /health, GET "
+            "/metrics",
             req.method, req.path);
       else if (res.status == 413)
         msg = fmt::format("the request body is larger than the limit of {} bytes",
@@ -517,7 +582,7 @@ struct Server::Impl {
         });
     // httplib calls the logger once per reply, after its last byte (a stream's too).
     http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-      metrics.count_request(route_label(req), res.status);
+      metrics.count_request(route_label(req.path), res.status);
       if (opt.log_requests)
         std::fprintf(stderr, "ds_serve: %s %s -> %d\n", req.method.c_str(), req.path.c_str(),
                      res.status);

@@ -61,6 +61,7 @@ class Reader {
   const uint8_t* data_of(const Entry& e) const;
 
  private:
+  void check_layout(const std::string& path, size_t data_size) const;
   std::string path_;
   std::shared_ptr<void> map_;  // the mapping; unmapped when the last owner goes
   size_t file_size_ = 0;

@@ -113,6 +113,8 @@ struct SftReport {
   uint64_t history_trimmed = 0;   // lost earliest rounds (rule 2)
   uint64_t dropped_too_long = 0;  // rule 3
   uint64_t dropped_no_response = 0;
+  uint64_t empty_responses = 0;  // written, but every answer is "" (trains only end-of-turn)
+  std::vector<std::string> warnings;  // for the caller to print
   std::vector<std::pair<std::string, std::string>> file_formats;  // (file, detected format)
   std::string template_name, split_rule;
   int32_t pad_id = -1;

@@ -3,8 +3,10 @@
 // lessons 4, 5): <nvme_path>/ds_swap/<host>-<pid>-<name>/, holding a `lock` file that this process
 // keeps locked (flock) while it lives. Two jobs, or two ranks, on one nvme_path never share files.
 // The folder is scratch: the destructor removes it (clean exit or exception); a folder left by a
-// run that died (its lock is free and it is older than a minute) is removed when the next one
-// starts, with a notice.
+// run that died is removed when the next one starts, with a notice. "Died" is decided by the lock,
+// never by age: the kernel releases a flock when its process dies (kill -9 too), so a `lock` file
+// nobody holds means a dead owner; a folder without one (its owner between mkdir and the lock) is
+// dead only when the pid in its name is on this host and gone.
 //
 //   io::SwapDir dir(nvme_path, "rank0-optimizer", [](const std::string& m) { log(m); });
 //   std::string file = dir.path() + "/state.swp";
@@ -30,5 +32,10 @@ class SwapDir {
   std::string path_;
   int lock_fd_ = -1;
 };
+
+// For disk-full messages about `file` (a path inside some <nvme_path>/ds_swap/<run>/): the other
+// run folders beside it, each with its size and whether its run is alive, as
+// "; other swap folders there: ..."; empty when there are none or `file` is not in a ds_swap.
+std::string other_swap_dirs(const std::string& file);
 
 }  // namespace ds::io

@@ -26,4 +26,10 @@ std::vector<std::filesystem::path> remove_stale_checkpoint_temporaries(
 // (atomic), then removed. Throws ds::Error naming the folder when it cannot be renamed or removed.
 void delete_checkpoint(const std::filesystem::path& dir, const std::string& tag);
 
+// The tag named by `dir/latest` (its first line, trimmed). Errors (a [tag] prefix from `who`, e.g.
+// "[checkpoint]") name the file when it is missing, a folder, empty, over 4 KiB (a tag is one short
+// name) or not a plain folder name; its contents are quoted escaped and cut (ds::quoted_excerpt),
+// never raw: a damaged `latest` may be binary or huge.
+std::string read_latest_tag(const std::filesystem::path& dir, const std::string& who);
+
 }  // namespace ds::runtime
