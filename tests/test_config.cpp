@@ -1001,3 +1001,72 @@ TEST(ConfigRules, Fp32OptimizerStatesFalseWarns) {
                      "params": {"fp32_optimizer_states": false}}})");
   EXPECT_TRUE(has_warning(c, "fp32_optimizer_states = false"));
 }
+
+// ---- what a trainer reads before the one parse (ds::train::plan_run) --------------------------
+
+TEST(ConfigTrainer, ParallelSizesAreTheTypedSections) {
+  const auto s = ds::config::read_parallel_sizes(
+      json::parse(R"({"train_batch_size": 8, "tensor_parallel": {"autotp_size": 2},
+                      "pipeline": {"stages": 3, "partition": "uniform"}})"),
+      "t.json");
+  EXPECT_EQ(s.tensor_parallel.size, 2);
+  EXPECT_EQ(s.pipeline.stages, 3);
+  EXPECT_EQ(s.pipeline.partition, "uniform");
+  const auto none =
+      ds::config::read_parallel_sizes(json::parse(R"({"pipeline": {"partition": "uniform"}})"), "");
+  EXPECT_EQ(none.tensor_parallel.size, 1);
+  EXPECT_EQ(none.pipeline.stages, 0);
+  // The same checks as the whole parse.
+  try {
+    ds::config::read_parallel_sizes(json::parse(R"({"pipeline": {"partition": "bogus"}})"),
+                                    "t.json");
+    FAIL();
+  } catch (const ds::Error& e) {
+    EXPECT_HAS(e.what(), "pipeline.partition = \"bogus\"");
+  }
+}
+
+TEST(ConfigTrainer, BatchSizesAloneFollowTheRules) {
+  ConfigContext ctx = world(2);
+  ctx.args.per_device_train_batch_size = 4;
+  ctx.args.gradient_accumulation_steps = 3;
+  const auto b = ds::config::resolve_batch_sizes(
+      json::parse(R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+                      "gradient_accumulation_steps": "auto", "optimizer": {"type": "bogus"}})"),
+      ctx);
+  EXPECT_EQ(b.train_batch_size, 24);
+  EXPECT_EQ(b.train_micro_batch_size_per_gpu, 4);
+  EXPECT_EQ(b.gradient_accumulation_steps, 3);
+  // Derived as the parse derives it; the same error for a triad that does not add up.
+  EXPECT_EQ(ds::config::resolve_batch_sizes(json::parse(R"({"train_batch_size": 16})"), world(2))
+                .train_micro_batch_size_per_gpu,
+            8);
+  try {
+    ds::config::resolve_batch_sizes(
+        json::parse(R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2,
+                        "gradient_accumulation_steps": 2})"),
+        world(2));
+    FAIL();
+  } catch (const ds::Error& e) {
+    EXPECT_HAS(e.what(), "train_batch_size is not equal to");
+  }
+}
+
+TEST(ConfigTrainer, TrainerParallelSizesSetOpenSectionsAndMustAgree) {
+  ConfigContext ctx;
+  ctx.args.tensor_parallel_size = 2;
+  ctx.args.pipeline_parallel_size = 2;
+  auto c = parse(R"({"train_batch_size": 8})", ctx);
+  EXPECT_EQ(c.tensor_parallel.size, 2);
+  EXPECT_EQ(c.pipeline.stages, 2);
+  EXPECT_HAS(entry(c, "tensor_parallel.autotp_size").note, "trainer tensor_parallel_size");
+  c = parse(R"({"train_batch_size": 8, "tensor_parallel": {"autotp_size": 2},
+                "pipeline": {"partition": "uniform"}})",
+            ctx);
+  EXPECT_EQ(c.tensor_parallel.size, 2);
+  EXPECT_EQ(c.pipeline.stages, 2);
+  EXPECT_HAS(error_of(R"({"train_batch_size": 8, "tensor_parallel": {"autotp_size": 4}})", ctx),
+             "tensor_parallel_size 2 disagrees with tensor_parallel.autotp_size 4");
+  EXPECT_HAS(error_of(R"({"train_batch_size": 8, "pipeline": {"stages": 1}})", ctx),
+             "pipeline_parallel_size 2 disagrees with pipeline.stages 1");
+}

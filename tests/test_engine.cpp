@@ -137,6 +137,38 @@ TEST_F(EngineTest, GradientAccumulationStepsOnlyAtBoundaries) {
   EXPECT_NE(r.engine->module().parameters()[0].to_vector()[0], before);
 }
 
+// train_batch(next) is the micro-batch loop: the same weights, bit for bit, as forward,
+// backward and step per micro-batch, the mean micro-batch loss, and the dropout stream positioned
+// at each batch's sample_base.
+TEST_F(EngineTest, TrainBatchIsTheMicroBatchLoop) {
+  TrainRun a = start(config_json("fp32", 3), corpus_);
+  TrainRun b = start(config_json("fp32", 3), corpus_);
+  std::vector<uint64_t> seen;
+  for (int s = 0; s < 3; ++s) {
+    float manual = 0.0f;
+    for (int m = 0; m < 3; ++m) manual += micro_step(a) / 3.0f;
+    const double loss = b.engine->train_batch([&] {
+      auto mb = b.loader->next();
+      seen.push_back(static_cast<uint64_t>(seen.size() * 2));
+      return runtime::MicroBatch{
+          Tensor::from_ints(std::vector<int64_t>(mb.inputs.begin(), mb.inputs.end()), {2, 16},
+                            DType::i32),
+          Tensor::from_ints(std::vector<int64_t>(mb.targets.begin(), mb.targets.end()), {2, 16},
+                            DType::i32),
+          seen.back()};
+    });
+    EXPECT_NEAR(loss, manual, 1e-6 * std::abs(manual));  // float vs double summation
+    EXPECT_EQ(rng::dropout_state().sample_base, seen.back());
+  }
+  EXPECT_EQ(b.engine->global_steps(), 3);
+  EXPECT_EQ(b.engine->micro_steps(), 9);
+  const auto pa = a.engine->module().parameters(), pb = b.engine->module().parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(pa[i].to_vector(), pb[i].to_vector()) << i;
+  // Not at a boundary: refused, naming the micro-steps already run.
+  micro_step(b);
+  EXPECT_THROW(b.engine->train_batch([]() -> runtime::MicroBatch { return {}; }), Error);
+}
+
 TEST_F(EngineTest, Bf16ParamsAreTheRoundedMasterWeights) {
   TrainRun r = start(config_json("bf16"), corpus_);
   for (int i = 0; i < 3; ++i) micro_step(r);

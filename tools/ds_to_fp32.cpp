@@ -28,7 +28,7 @@
 #include "ds/models/hf_io.h"
 #include "ds/nn/lora.h"
 #include "ds/runtime/consolidate.h"
-#include "outputs.h"
+#include "ds/train/outputs.h"
 
 namespace fs = std::filesystem;
 

@@ -915,6 +915,76 @@ const ConfigValue* DeepSpeedConfig::find(std::string_view path) const {
   return nullptr;
 }
 
+namespace {
+
+// The trainer's model-parallel sizes (TrainerArgs) into the typed sections: they decide where the
+// file leaves the size open and must agree where it does not.
+void apply_parallel_sizes(const TrainerArgs& a, DeepSpeedConfig& cfg, ParseState& st) {
+  if (a.tensor_parallel_size) {
+    const int tp = *a.tensor_parallel_size;
+    DS_CHECK(tp >= 1, "[config] the trainer's tensor_parallel_size must be >= 1, got {}", tp);
+    DS_CHECK(cfg.tensor_parallel.size <= 1 || cfg.tensor_parallel.size == tp,
+             "[config] the trainer's tensor_parallel_size {} disagrees with "
+             "tensor_parallel.autotp_size {} in {}; give one, or the same number",
+             tp, cfg.tensor_parallel.size, st.source);
+    if (cfg.tensor_parallel.size != tp) {
+      cfg.tensor_parallel.size = tp;
+      st.update("tensor_parallel.autotp_size", tp, Origin::Auto, "trainer tensor_parallel_size");
+    }
+  }
+  if (a.pipeline_parallel_size) {
+    const int pp = *a.pipeline_parallel_size;
+    DS_CHECK(pp >= 1, "[config] the trainer's pipeline_parallel_size must be >= 1, got {}", pp);
+    DS_CHECK(cfg.pipeline.stages <= 0 || cfg.pipeline.stages == pp,
+             "[config] the trainer's pipeline_parallel_size {} disagrees with pipeline.stages {} "
+             "in {}; give one, or the same number",
+             pp, cfg.pipeline.stages, st.source);
+    if (cfg.pipeline.stages != pp) {
+      cfg.pipeline.stages = pp;
+      st.update("pipeline.stages", pp, Origin::Auto, "trainer pipeline_parallel_size");
+    }
+  }
+}
+
+}  // namespace
+
+ParallelSizes read_parallel_sizes(const nlohmann::json& input, const std::string& source_name) {
+  ParseState st;
+  st.source = source_name.empty() ? "<json>" : source_name;
+  DS_CHECK(input.is_object(), "[config] {}: a DeepSpeed config must be a JSON object, got {}",
+           st.source, detail::json_kind(input));
+  ParallelSizes out;
+  Section top(st, &input, "");
+  read_tensor_parallel(top.child("tensor_parallel"), out.tensor_parallel, st);
+  read_pipeline(top.child("pipeline"), out.pipeline, st);
+  return out;
+}
+
+BatchConfig resolve_batch_sizes(const nlohmann::json& input, const ConfigContext& ctx) {
+  ParseState st;
+  st.source = ctx.source_name.empty() ? "<json>" : ctx.source_name;
+  DS_CHECK(input.is_object(), "[config] {}: a DeepSpeed config must be a JSON object, got {}",
+           st.source, detail::json_kind(input));
+  DS_CHECK(ctx.world_size >= 1, "[config] world size must be >= 1, got {}", ctx.world_size);
+  // Only the triad: the other keys' "auto" values and contradictions are parse_config_json's.
+  json root = json::object();
+  for (const char* k :
+       {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"})
+    if (input.contains(k)) root[k] = input[k];
+  ConfigContext batch_only;
+  batch_only.world_size = ctx.world_size;
+  batch_only.args.per_device_train_batch_size = ctx.args.per_device_train_batch_size;
+  batch_only.args.gradient_accumulation_steps = ctx.args.gradient_accumulation_steps;
+  detail::resolve_auto(root, batch_only, st);
+  Section top(st, &root, "");
+  auto tb = top.opt_integer("train_batch_size", at_least(1));
+  auto mb = top.opt_integer("train_micro_batch_size_per_gpu", at_least(1));
+  auto gas = top.opt_integer("gradient_accumulation_steps", at_least(1));
+  BatchConfig b;
+  derive_batch(tb, mb, gas, ctx.world_size, b, st);
+  return b;
+}
+
 DeepSpeedConfig parse_config_json(const nlohmann::json& input, const ConfigContext& ctx) {
   ParseState st;
   st.source = ctx.source_name.empty() ? "<json>" : ctx.source_name;
@@ -963,6 +1033,7 @@ DeepSpeedConfig parse_config_json(const nlohmann::json& input, const ConfigConte
   read_checkpoint(top.child("checkpoint"), cfg.checkpoint);
   read_tensor_parallel(top.child("tensor_parallel"), cfg.tensor_parallel, st);
   read_pipeline(top.child("pipeline"), cfg.pipeline, st);
+  apply_parallel_sizes(ctx.args, cfg, st);
   read_file_monitor(top.child("tensorboard"), cfg.tensorboard, "TensorBoard logging");
   read_file_monitor(top.child("csv_monitor"), cfg.csv_monitor, nullptr);
   read_wandb(top.child("wandb"), cfg.wandb);

@@ -14,6 +14,7 @@
 #include "ds/comm/logger.h"
 #include "ds/core/allocator.h"
 #include "ds/core/error.h"
+#include "ds/core/rng.h"
 #include "ds/nn/pipeline_stage.h"
 #include "ds/nn/tensor_parallel.h"
 #include "ds/ops/ops.h"
@@ -301,6 +302,28 @@ bool Engine::is_gradient_accumulation_boundary() const {
 
 double Engine::get_lr() const {
   return scheduler_.get_lr();
+}
+
+double Engine::train_batch(const std::function<MicroBatch()>& next) {
+  const int64_t A = config_.batch.gradient_accumulation_steps;
+  DS_CHECK(micro_steps_ % A == 0,
+           "[engine] train_batch() must start at an accumulation boundary; {} micro-steps of the "
+           "current batch were run by forward/backward/step",
+           micro_steps_ % A);
+  const int n = group_->size();
+  double loss_sum = 0.0;
+  for (int64_t m = 0; m < A; ++m) {
+    const MicroBatch b = next();
+    // Dropout masks are keyed by the global sample position, as in a run that never stopped.
+    rng::dropout_state().sample_base = b.sample_base;
+    Tensor loss = forward(b.inputs, b.targets);
+    float local = loss.item();
+    if (n > 1) group_->all_reduce(&local, 1, DType::f32, comm::ReduceOp::sum, "loss for logging");
+    loss_sum += static_cast<double>(local) / n;
+    backward(loss);
+    step();
+  }
+  return loss_sum / static_cast<double>(A);
 }
 
 bool Engine::step() {

@@ -13,3 +13,5 @@ if(DS_HAVE_MPI)
   set_tests_properties(test_ds_train PROPERTIES LABELS "train;distributed"
     ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;DS_COMM_TIMEOUT=120")
 endif()
+# The library's trainer called directly (no process): planning, exact resume, rotation.
+ds_add_test(test_trainer LABELS train SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_trainer.cpp)

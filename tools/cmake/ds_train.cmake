@@ -8,14 +8,12 @@ file(CONFIGURE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/generated/ds_train_default_con
   CONTENT "#pragma once\n// Generated from configs/ds_demo.json by tools/cmake/ds_train.cmake.\ninline constexpr const char* kDefaultDeepSpeedConfig = R\"DSCONFIG(@DS_TRAIN_DEFAULT_CONFIG_TEXT@)DSCONFIG\";\n"
   @ONLY)
 
+# The trainer itself is the library's (src/train); the program is its option table and console.
 add_executable(ds_train
   ${CMAKE_CURRENT_SOURCE_DIR}/ds_train.cpp
-  ${CMAKE_CURRENT_SOURCE_DIR}/train/fit.cpp
-  ${CMAKE_CURRENT_SOURCE_DIR}/train/lora.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/train/console.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/train/options.cpp
-  ${CMAKE_CURRENT_SOURCE_DIR}/train/outputs.cpp
-  ${CMAKE_CURRENT_SOURCE_DIR}/train/plan.cpp
-  ${CMAKE_CURRENT_SOURCE_DIR}/train/train_util.cpp)
+  ${CMAKE_CURRENT_SOURCE_DIR}/train/progress.cpp)
 target_include_directories(ds_train PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/train
   ${CMAKE_CURRENT_BINARY_DIR}/generated)
 target_link_libraries(ds_train PRIVATE deepspeed)

@@ -235,10 +235,4 @@ void add_options(CLI::App& app, Options& o, Given& g,
       ->check(integer_in(-1, 1 << 20));
 }
 
-std::string default_tokenizer_dir() {
-  if (const char* c = std::getenv("DS_CACHE_DIR"); c && *c)
-    return (std::filesystem::path(c) / "gpt2").string();
-  return ".cache/data/gpt2";
-}
-
 }  // namespace ds::train

@@ -51,6 +51,11 @@ struct TrainerArgs {
   std::optional<int64_t> total_steps;   // -> scheduler.params.total_num_steps (optimizer steps)
   std::optional<bool> fp16;             // -> fp16.enabled
   std::optional<bool> bf16;             // -> bf16.enabled
+  // The model-parallel sizes of the job (ds_train's --tensor_parallel_size and
+  // --pipeline_parallel_size): they set tensor_parallel.autotp_size and pipeline.stages when the
+  // file leaves them open (absent, "auto", autotp_size 0 or 1) and must equal them otherwise.
+  std::optional<int> tensor_parallel_size;    // -> tensor_parallel.autotp_size
+  std::optional<int> pipeline_parallel_size;  // -> pipeline.stages
 };
 
 // Everything parse_config needs besides the JSON text.
@@ -419,6 +424,19 @@ DeepSpeedConfig parse_config(const std::string& path_or_json, const ConfigContex
 
 // The same, for an already parsed JSON object; `ctx.source_name` names it in messages.
 DeepSpeedConfig parse_config_json(const nlohmann::json& root, const ConfigContext& ctx = {});
+
+// What a trainer must know before it can parse a config once (ds::train::plan_run): the
+// model-parallel sizes, because the batch rules count data-parallel ranks, ctx.world_size =
+// ranks / (tp x pp); and the batch sizes, because a run length in epochs fills
+// scheduler.params.total_num_steps from train_batch_size. Each reads only its sections, with the
+// same readers, checks and messages as parse_config_json (which still checks the whole file).
+struct ParallelSizes {
+  TensorParallelConfig tensor_parallel;  // as the file says (size 1 when absent or off)
+  PipelineConfig pipeline;               // stages 0 when absent or "auto"
+};
+ParallelSizes read_parallel_sizes(const nlohmann::json& root, const std::string& source_name);
+// The batch triad resolved against ctx (its "auto" values from ctx.args, then §2's rules).
+BatchConfig resolve_batch_sizes(const nlohmann::json& root, const ConfigContext& ctx);
 
 // Lenient JSON loading alone: path or JSON text -> object, comments and trailing commas allowed.
 // Syntax errors name the source, line and column. `source` receives the name used in messages.

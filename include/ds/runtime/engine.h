@@ -91,6 +91,16 @@ struct MemoryBudget {
   int64_t total() const { return params + grads + master_weights + optimizer_states; }
 };
 
+// One micro-batch for Engine::train_batch and PipelineEngine (which calls it PipeBatch).
+struct MicroBatch {
+  Tensor inputs;   // (B, T) int token ids
+  Tensor targets;  // (B, T) int, -100 = ignored
+  // The dropout stream's position of the micro-batch's first sample (rng::DropoutState::
+  // sample_base; ds_train: the loader's global sample position), so that a resumed run draws the
+  // masks of a run that never stopped.
+  uint64_t sample_base = 0;
+};
+
 class Engine {
  public:
   Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOptions options);
@@ -114,6 +124,12 @@ class Engine {
   // Counts the micro-step; at an accumulation boundary, runs the optimizer step described above.
   // Returns true when an optimizer step was applied (false between boundaries or when skipped).
   bool step();
+  // One optimizer step over gradient_accumulation_steps micro-batches: for each, next() gives the
+  // batch, its sample_base positions the dropout masks, then forward, backward and step(). Returns
+  // the mean micro-batch loss averaged over the data-parallel group (every rank gets the same
+  // value: the loss of the whole global batch), like PipelineEngine::train_batch. Must start at an
+  // accumulation boundary. A collective over group() (one all-reduce per micro-batch).
+  double train_batch(const std::function<MicroBatch()>& next);
 
   bool is_gradient_accumulation_boundary() const;
   double get_lr() const;

@@ -51,14 +51,9 @@
 
 namespace ds::runtime {
 
-struct PipeBatch {
-  Tensor inputs;   // (B, T) int token ids
-  Tensor targets;  // (B, T) int, -100 = ignored
-  // The dropout stream's position of the micro-batch's first sample (rng::DropoutState::
-  // sample_base; ds_train: the loader's global sample position). Stage 0's values reach every
-  // stage, so each stage draws the masks the one-process model would.
-  uint64_t sample_base = 0;
-};
+// inputs (B, T), targets (B, T) and the sample_base of the micro-batch's first sample; stage 0's
+// sample_base reaches every stage, so each stage draws the masks the one-process model would.
+using PipeBatch = MicroBatch;
 
 // Where one stage's time went in the last train_batch (the bubble benchmark): compute is forward
 // and backward passes, the optimizer step is counted apart, and wait is time blocked in receives

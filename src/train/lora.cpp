@@ -1,4 +1,4 @@
-#include "lora.h"
+#include "ds/train/lora.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -1,4 +1,4 @@
-#include "fit.h"
+#include "ds/train/fit.h"
 
 #include "ds/core/memory_info.h"
 
@@ -13,7 +13,7 @@
 #include "ds/io/aio.h"
 #include "ds/runtime/engine.h"
 #include "ds/zero/partition.h"
-#include "train_util.h"
+#include "ds/train/train_util.h"
 
 namespace ds::train {
 

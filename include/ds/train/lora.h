@@ -9,7 +9,7 @@
 
 #include "ds/models/gpt.h"
 #include "ds/nn/lora.h"
-#include "options.h"
+#include "ds/train/options.h"
 
 namespace ds::train {
 

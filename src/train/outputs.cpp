@@ -1,4 +1,4 @@
-#include "outputs.h"
+#include "ds/train/outputs.h"
 
 #include <algorithm>
 #include <cmath>

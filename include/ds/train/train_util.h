@@ -1,6 +1,6 @@
 #pragma once
-// Pieces of ds_train that are not the training loop: console output (progress bar, human-readable
-// numbers), process memory, checkpoint rotation, corpus statistics.
+// Pieces of the trainer that are not the training loop: human-readable numbers, process memory,
+// checkpoint rotation, corpus statistics.
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -15,29 +15,6 @@ namespace ds::train {
 std::string human_count(double n);           // 1234567 -> "1.23M"
 std::string human_duration(double seconds);  // "45s", "3m05s", "1h02m"
 std::string mib(int64_t bytes);              // "61.4 MiB"
-
-// ---- console ----
-// A status line redrawn in place on a terminal (stderr), plus permanent lines (stdout). On a
-// terminal a permanent line first erases the bar and the bar is redrawn after it, so the two
-// never mix; off a terminal the bar is not drawn at all.
-class Console {
- public:
-  Console();
-  bool tty() const { return tty_; }
-  void bar(const std::string& text);   // replaces the status line (no-op off a terminal)
-  void line(const std::string& text);  // a permanent line
-  void end_bar();                      // leaves the status line as it is and moves below it
-  // Ranks other than 0 print nothing (every rank runs the same loop).
-  void set_quiet(bool quiet) { quiet_ = quiet; }
-
- private:
-  bool tty_;
-  bool quiet_ = false;
-  std::string bar_;  // what the status line shows now ("" = nothing drawn)
-};
-
-// A bar of `width` cells for fraction f in [0, 1].
-std::string bar_cells(double f, int width);
 
 // ---- process ----
 int64_t peak_rss_bytes();     // VmHWM of /proc/self/status; 0 when unavailable

@@ -1,14 +1,16 @@
-#include "ds/comm/group.h"
-#include "plan.h"
+#include "ds/train/plan.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 
 #include <fmt/format.h>
 
+#include "ds/comm/group.h"
 #include "ds/core/error.h"
 #include "ds/models/hf_io.h"
+#include "ds/train/lora.h"
 
 namespace ds::train {
 
@@ -97,32 +99,21 @@ bool has_split(const fs::path& dir, const std::string& split) {
 
 RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPTConfig& mcfg,
                              uint64_t S, int64_t T, const char* builtin_config) {
-  // ---- DeepSpeed config: two passes. The first settles the batch sizes; they give the steps per
-  // epoch and hence, when the run length is given in epochs, the total steps that the second pass
-  // fills in and checks. ----
   std::string cfg_source;
   const json raw =
       g.deepspeed ? runtime::load_config_json(o.deepspeed, &cfg_source)
                   : runtime::load_config_json(strip_leading_comments(builtin_config), &cfg_source);
   if (!g.deepspeed) cfg_source = "built-in default (configs/ds_demo.json)";
-  // Tensor parallelism: the flag, or the config's autotp_size; both given must agree. The batch
-  // sizes count data-parallel ranks: world / tp (DeepSpeed's rule).
-  int cfg_tp = 0;
-  if (raw.is_object() && raw.contains("tensor_parallel") && raw["tensor_parallel"].is_object() &&
-      raw["tensor_parallel"].contains("autotp_size") &&
-      raw["tensor_parallel"]["autotp_size"].is_number_integer())
-    cfg_tp = raw["tensor_parallel"]["autotp_size"].get<int>();
+  // ---- the model-parallel sizes first: the batch sizes count data-parallel ranks, world / (tp x
+  // pp) (DeepSpeed's rule). The flag, or the config's tensor_parallel.autotp_size /
+  // pipeline.stages (a number; "auto" = the flag or 1); both given must agree. ----
+  const config::ParallelSizes file = config::read_parallel_sizes(raw, cfg_source);
+  const int cfg_tp = file.tensor_parallel.size, cfg_pp = file.pipeline.stages;
   DS_CHECK(o.tensor_parallel_size == 0 || cfg_tp <= 1 || o.tensor_parallel_size == cfg_tp,
            "[ds_train] --tensor_parallel_size {} disagrees with tensor_parallel.autotp_size {} in "
            "{}; give one, or the same number",
            o.tensor_parallel_size, cfg_tp, cfg_source);
   const int tp = o.tensor_parallel_size > 0 ? o.tensor_parallel_size : std::max(1, cfg_tp);
-  // Pipeline parallelism: the flag, or the config's pipeline.stages (a number; "auto" = the flag
-  // or 1); both given must agree.
-  int cfg_pp = 0;
-  if (raw.is_object() && raw.contains("pipeline") && raw["pipeline"].is_object() &&
-      raw["pipeline"].contains("stages") && raw["pipeline"]["stages"].is_number_integer())
-    cfg_pp = raw["pipeline"]["stages"].get<int>();
   DS_CHECK(o.pipeline_parallel_size == 0 || cfg_pp <= 0 || o.pipeline_parallel_size == cfg_pp,
            "[ds_train] --pipeline_parallel_size {} disagrees with pipeline.stages {} in {}; give "
            "one, or the same number",
@@ -142,35 +133,36 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
   ctx.hidden_size = mcfg.n_embd;
   ctx.source_name = cfg_source;
   ctx.args = trainer_args(o, g, raw);
+  // The sizes reach the typed config through the parse (a flag alone sets them too).
+  if (tp > 1) ctx.args.tensor_parallel_size = tp;
+  if (pp > 1) ctx.args.pipeline_parallel_size = pp;
+
+  // ---- the run length (docs/training.md, "Run length"): --max_steps, else the file's
+  // scheduler.params.total_num_steps, else epochs of floor(samples / train_batch_size) steps,
+  // which needs the batch sizes before the parse ----
   const Slot total_slot = slot(raw, "scheduler.params.total_num_steps");
-  int64_t G = 0;
-  {
-    // The total is known now only from --max_steps; otherwise a placeholder fills an "auto" (and an
-    // explicit value is checked in the second pass), so this pass reports every other mismatch.
-    runtime::ConfigContext first = ctx;
-    if (g.max_steps)
-      first.args.total_steps = o.max_steps;
-    else if (total_slot == Slot::Auto)
-      first.args.total_steps = int64_t{1} << 30;
-    G = runtime::parse_config_json(raw, first).batch.train_batch_size;
-  }
-  DS_CHECK(S >= static_cast<uint64_t>(G),
-           "[ds_train] the training set has {} samples of {} tokens, fewer than one global batch "
-           "({}): use a smaller batch or --block_size, or more data",
-           S, T, G);
-  const int64_t steps_per_epoch = static_cast<int64_t>(S / static_cast<uint64_t>(G));
-  int64_t total_steps = 0;
+  const bool file_total = !g.max_steps && !g.num_train_epochs && total_slot == Slot::Value;
+  const bool in_epochs = !g.max_steps && !file_total;
+  int64_t total_steps = 0, steps_per_epoch = 0;
   std::string total_why;
+  auto per_epoch = [&](int64_t G) {
+    DS_CHECK(S >= static_cast<uint64_t>(G),
+             "[ds_train] the training set has {} samples of {} tokens, fewer than one global "
+             "batch ({}): use a smaller batch or --block_size, or more data",
+             S, T, G);
+    return static_cast<int64_t>(S / static_cast<uint64_t>(G));
+  };
   if (g.max_steps) {
     total_steps = o.max_steps;
     total_why = "--max_steps";
-  } else if (!g.num_train_epochs && total_slot == Slot::Value) {
+  } else if (file_total) {
     // The file's schedule length is the run length when the user gave none.
     total_steps = raw["scheduler"]["params"]["total_num_steps"].get<int64_t>();
     total_why = "the config's scheduler.params.total_num_steps";
   } else {
     DS_CHECK(o.num_train_epochs > 0, "[ds_train] --num_train_epochs must be positive, got {}",
              o.num_train_epochs);
+    steps_per_epoch = per_epoch(config::resolve_batch_sizes(raw, ctx).train_batch_size);
     total_steps = std::max<int64_t>(
         1,
         static_cast<int64_t>(std::ceil(o.num_train_epochs * static_cast<double>(steps_per_epoch))));
@@ -179,11 +171,12 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
   }
   if (g.max_steps || g.num_train_epochs || total_slot == Slot::Auto)
     ctx.args.total_steps = total_steps;
+
+  // ---- the one parse ----
   RunConfig r;
   r.cfg = runtime::parse_config_json(raw, ctx);
-  r.cfg.tensor_parallel.size = tp;  // the flag alone (no config section) sets it too
+  if (!in_epochs) steps_per_epoch = per_epoch(r.cfg.batch.train_batch_size);
   r.tensor_parallel = tp;
-  r.cfg.pipeline.stages = pp;
   r.pipeline_parallel = pp;
   r.ctx = ctx;
   r.source = cfg_source;
@@ -193,12 +186,112 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
   return r;
 }
 
+RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {
+  RunPlan p;
+  p.spec = o;
+  p.given = g;
+  std::vector<std::string>& notes = p.notes;
+
+  // ---- inputs that are only used at the end are checked now, not after the whole run ----
+  p.tokenizer_dir = o.tokenizer.empty() ? fs::path(default_tokenizer_dir()) : fs::path(o.tokenizer);
+  if (o.sample_tokens > 0) {
+    if (fs::exists(p.tokenizer_dir / "encoder.json")) {
+      p.sample_tokenizer = data::Tokenizer::load_gpt2(p.tokenizer_dir);  // throws on a damaged file
+    } else {
+      DS_CHECK(o.tokenizer.empty(),
+               "[ds_train] --tokenizer {}: no encoder.json there (the GPT-2 tokenizer files "
+               "encoder.json and vocab.bpe are needed for the sample; --sample_tokens 0 skips it)",
+               o.tokenizer);
+      notes.push_back(
+          fmt::format("note: no sample at the end: tokenizer files not found in {} (give "
+                      "--tokenizer DIR, or run scripts/fetch_data.sh)",
+                      p.tokenizer_dir.string()));
+    }
+  }
+
+  // ---- data ----
+  DS_CHECK(!o.train_data.empty(),
+           "[ds_train] --train_data is required: a folder made by ds_prepare");
+  p.train_dir = o.train_data;
+  const fs::path& train_dir = p.train_dir;
+  if (!fs::exists(train_dir / "meta.json"))
+    DS_THROW(
+        "[ds_train] --train_data {}: no prepared corpus there (no meta.json). Create it with: "
+        "ds_prepare --tokenizer {} --output {} <text files or folders>   (the demo corpus: bash "
+        "scripts/fetch_data.sh, then ds_prepare --tokenizer .cache/data/gpt2 --output {} "
+        "--val_from_year 2001 .cache/data/sotu)",
+        train_dir.string(), default_tokenizer_dir(), train_dir.string(), train_dir.string());
+  p.train =
+      std::make_shared<data::TokenDataset>(data::TokenDataset::open_split(train_dir, "train"));
+  if (!o.eval_data.empty()) {
+    p.val = std::make_shared<data::TokenDataset>(data::TokenDataset::open_split(o.eval_data, "val"));
+    p.val_from = o.eval_data;
+  } else if (has_split(train_dir, "val")) {
+    p.val = std::make_shared<data::TokenDataset>(data::TokenDataset::open_split(train_dir, "val"));
+    p.val_from = train_dir.string();
+  }
+
+  // ---- model config, sequence length ----
+  p.model = resolve_model(o, g);
+  const models::GPTConfig& mcfg = p.model;
+  // An SFT set (ds_prepare --sft) fixes T: its examples are exactly T + 1 tokens; without
+  // --block_size it is the default, and any other length is refused naming both.
+  const int64_t T = o.block_size > 0    ? o.block_size
+                    : p.train->is_sft() ? static_cast<int64_t>(p.train->sft_seq_len())
+                                        : std::min<int64_t>(256, mcfg.block_size);
+  DS_CHECK(T > 0, "[ds_train] --block_size must be positive, got {}", T);
+  for (const data::TokenDataset* d : {p.train.get(), p.val.get()})
+    if (d) d->check_seq_len(static_cast<size_t>(T));
+  DS_CHECK(T <= mcfg.block_size,
+           "[ds_train] --block_size {} exceeds the model's block_size {} (its position table)", T,
+           mcfg.block_size);
+  DS_CHECK(static_cast<int64_t>(p.train->vocab_size()) <= mcfg.vocab_size,
+           "[ds_train] the data's vocabulary ({} ids) does not fit the model's vocab_size {}",
+           p.train->vocab_size(), mcfg.vocab_size);
+  p.seq_len = T;
+  p.samples = p.train->num_samples(static_cast<size_t>(T));
+
+  // ---- config, run length, parallel sizes ----
+  p.run = resolve_run_config(o, g, mcfg, p.samples, T, builtin_config);
+  const runtime::DeepSpeedConfig& cfg = p.run.cfg;
+  p.activation_bytes =
+      activation_estimate(mcfg, p.micro_batch(), T, o.gradient_checkpointing,
+                          static_cast<int64_t>(dtype_size(cfg.training_dtype())));
+  p.lora = lora_config(o, g, mcfg);
+  const int tp = p.run.tensor_parallel, pp = p.run.pipeline_parallel;
+  p.world_size = comm::world()->size();
+  p.data_parallel = p.run.ctx.world_size;  // world / (tp x pp), what the batch rules counted
+  if (pp > 1) {
+    DS_CHECK(!p.lora, "[ds_train] LoRA (--lora_dim) with --pipeline_parallel_size {} is not "
+             "implemented yet; use --pipeline_parallel_size 1", pp);
+  }
+  if (tp > 1) {
+    DS_CHECK(!p.lora, "[ds_train] LoRA (--lora_dim) with --tensor_parallel_size {} is not "
+             "implemented yet; use --tensor_parallel_size 1", tp);
+  }
+  // A pipeline stage is built whole (its layers only) and then sharded; so is a tensor-parallel
+  // rank's part (its slices).
+  p.partitioned_build = cfg.zero_optimization.stage == 3 && o.init_from.empty() && !p.lora &&
+                        pp == 1 && tp == 1;
+  p.model_name = g.model                ? (fs::exists(o.model) ? fs::path(o.model).stem().string()
+                                                               : o.model)
+                 : !o.init_from.empty() ? fs::path(o.init_from).filename().string()
+                                        : "tiny";
+  return p;
+}
+
 int64_t activation_estimate(const models::GPTConfig& c, int64_t B, int64_t T, bool ckpt,
                             int64_t elem_bytes) {
   const int64_t C = c.n_embd, F = c.resolved_ffn_hidden(), V = c.vocab_size, L = c.n_layer;
   const int64_t per_layer = 14 * C + 2 * F;
   const int64_t per_token = (ckpt ? L * C + per_layer : L * per_layer) + 2 * C + 2 * V;
   return B * T * per_token * elem_bytes;
+}
+
+std::string default_tokenizer_dir() {
+  if (const char* c = std::getenv("DS_CACHE_DIR"); c && *c)
+    return (std::filesystem::path(c) / "gpt2").string();
+  return ".cache/data/gpt2";
 }
 
 }  // namespace ds::train
