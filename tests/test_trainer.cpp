@@ -166,6 +166,18 @@ TEST_F(TrainerTest, PlanErrorsSayWhatToChange) {
             std::string::npos);
   EXPECT_NE(message([](train::Options& o) { o.block_size = 4096; }).find("exceeds the model"),
             std::string::npos);
+  // A malformed tokenizer.json in --init_from fails at start-up, not after the run ("no tokenizer
+  // exported"); the weights need not be read for that.
+  const fs::path init = dir_ / "init";
+  fs::create_directories(init);
+  std::ofstream(init / "config.json") << R"({"model_type": "gpt2"})";
+  std::ofstream(init / "tokenizer.json") << R"({"model": {"type": "BPE", "vocab": )";
+  const std::string tok = message([&](train::Options& o) {
+    o.init_from = init.string();
+    o.export_hf = "";
+  });
+  EXPECT_NE(tok.find("its tokenizer cannot be read"), std::string::npos) << tok;
+  EXPECT_NE(tok.find("--export_hf none"), std::string::npos) << tok;
   // tp x pp must divide the ranks of the job (one here).
   EXPECT_NE(message([](train::Options& o) {
               o.tensor_parallel_size = 2;
@@ -281,5 +293,56 @@ TEST_F(TrainerTest, RotationKeepsTheNewestCheckpoints) {
   Recorder again;
   train::Trainer t(plan(1, dir_ / "out"), again);
   EXPECT_FALSE(t.resume());
-  EXPECT_TRUE(again.said("holds checkpoints of an earlier run (latest: global_step5)"));
+  EXPECT_TRUE(again.said(
+      "holds checkpoints of an earlier run (global_step4, global_step5; latest: global_step5)"));
+}
+
+// The way DeepSpeed users lose runs: `latest` is gone (a crash, a cleanup), resume says "no
+// checkpoint", the user starts afresh with save_total_limit, and rotation deletes the old run.
+TEST_F(TrainerTest, AnEarlierRunsCheckpointsAreNamedAndNeverRotatedAway) {
+  {
+    Recorder r;
+    train::Trainer t(plan(3, dir_ / "out", [](train::Options& o) {
+      o.save_steps = 1;
+      o.eval_steps = 0;
+    }), r);
+    t.fit();
+  }
+  fs::remove(dir_ / "out" / "latest");
+  {
+    Recorder r;
+    train::Trainer t(plan(3, dir_ / "out"), r);
+    try {
+      t.resume_from("latest");
+      FAIL() << "resumed without a latest file";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("global_step1, global_step2, global_step3"), std::string::npos) << m;
+      EXPECT_NE(m.find("--resume_from_checkpoint " + (dir_ / "out" / "global_step3").string()),
+                std::string::npos)
+          << m;
+    }
+    // Resuming from the folder it names works.
+    EXPECT_TRUE(t.resume_from((dir_ / "out" / "global_step3").string()));
+  }
+  // A fresh run with save_total_limit 1 keeps the earlier run's three folders.
+  Recorder r;
+  train::Trainer t(plan(2, dir_ / "out", [](train::Options& o) {
+    o.save_steps = 1;
+    o.save_total_limit = 1;
+    o.eval_steps = 0;
+    o.seed = 7;
+  }), r);
+  EXPECT_FALSE(t.resume());
+  EXPECT_TRUE(r.said("rotates only this run's checkpoints and keeps the earlier ones"));
+  t.fit();
+  for (const auto& s : r.saves)
+    for (const auto& d : s.deleted) EXPECT_NE(d.filename(), "global_step3") << "deleted the old run";
+  // Steps 1 and 2 of this run replaced the old run's folders of those steps (the start-up note
+  // says so); rotation then deleted this run's step 1 and kept the old run's step 3.
+  const auto left = train::checkpoint_folders(dir_ / "out");
+  ASSERT_EQ(left.size(), 2u);
+  EXPECT_EQ(left[0].filename(), "global_step2");
+  EXPECT_EQ(left[1].filename(), "global_step3");
+  EXPECT_EQ(train::latest_tag(dir_ / "out"), "global_step2");
 }

@@ -9,6 +9,7 @@
 
 #include "ds/comm/group.h"
 #include "ds/core/error.h"
+#include "ds/data/text_tokenizer.h"
 #include "ds/models/hf_io.h"
 #include "ds/train/lora.h"
 
@@ -206,6 +207,27 @@ RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {
           fmt::format("note: no sample at the end: tokenizer files not found in {} (give "
                       "--tokenizer DIR, or run scripts/fetch_data.sh)",
                       p.tokenizer_dir.string()));
+    }
+  }
+
+  // The export at the end copies the tokenizer of --init_from: one that cannot be read would only
+  // be found after the whole run ("no tokenizer exported"). Read it now.
+  if (!o.init_from.empty() && o.export_hf != "none") {
+    const fs::path from = o.init_from;
+    std::error_code ec;
+    const bool has_files = fs::is_directory(from, ec) &&
+                           (fs::exists(from / "tokenizer.json", ec) ||
+                            fs::exists(from / "tokenizer.model", ec) ||
+                            fs::exists(from / "vocab.json", ec));
+    if (has_files) {
+      try {
+        (void)data::load_tokenizer(from);
+      } catch (const Error& e) {
+        DS_THROW(
+            "[ds_train] --init_from {}: its tokenizer cannot be read, so the export at the end "
+            "would have none: {}. Fix or replace the tokenizer files, or give --export_hf none",
+            from.string(), e.what());
+      }
     }
   }
 

@@ -83,10 +83,15 @@ std::string latest_tag(const fs::path& dir) {
   return tag;
 }
 
-std::vector<fs::path> rotate_checkpoints(const fs::path& dir, int64_t keep) {
+std::vector<fs::path> rotate_checkpoints(const fs::path& dir, int64_t keep,
+                                         const std::vector<std::string>& keep_always) {
   std::vector<fs::path> deleted;
   if (keep <= 0) return deleted;
-  std::vector<fs::path> all = checkpoint_folders(dir);
+  std::vector<fs::path> all;
+  for (auto& p : checkpoint_folders(dir))
+    if (std::find(keep_always.begin(), keep_always.end(), p.filename().string()) ==
+        keep_always.end())
+      all.push_back(std::move(p));
   const std::string newest_good = latest_tag(dir);
   // Count the protected one among those kept: with keep = 1 only the checkpoint in `latest`
   // survives, whatever its number.

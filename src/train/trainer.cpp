@@ -287,12 +287,21 @@ void Trainer::remove_stale_temporaries() {
 std::optional<ResumeReport> Trainer::resume() {
   const std::string& from = plan_.spec.resume_from_checkpoint;
   if (!from.empty()) return resume_from(from);
-  if (const std::string tag = latest_tag(out_dir_); !tag.empty())
-    say(
-        fmt::format("note: {} holds checkpoints of an earlier run (latest: {}); this run starts "
-                    "afresh and its checkpoints replace them (--resume_from_checkpoint latest "
-                    "would continue that run)",
-                    out_dir_.string(), tag));
+  // An earlier run's checkpoints: say so, and never rotate them away (DeepSpeed users lose runs
+  // exactly this way: a restart without resume plus save_total_limit deleted the old run).
+  earlier_run_.clear();
+  for (const auto& p : checkpoint_folders(out_dir_)) earlier_run_.push_back(p.filename().string());
+  if (!earlier_run_.empty()) {
+    const std::string tag = latest_tag(out_dir_);
+    say(fmt::format(
+        "note: {} holds checkpoints of an earlier run ({}{}); this run starts afresh "
+        "(--resume_from_checkpoint {} would continue that run). A save at the same step replaces "
+        "that step's folder; --save_total_limit rotates only this run's checkpoints and keeps the "
+        "earlier ones: delete them yourself when no longer needed",
+        out_dir_.string(), fmt::join(earlier_run_, ", "),
+        tag.empty() ? "; no 'latest' file" : fmt::format("; latest: {}", tag),
+        tag.empty() ? (out_dir_ / earlier_run_.back()).string() : "latest"));
+  }
   return std::nullopt;
 }
 
@@ -300,12 +309,24 @@ std::optional<ResumeReport> Trainer::resume_from(const std::string& from) {
   const int64_t T = plan_.seq_len, total_steps = plan_.total_steps();
   fs::path dir = from == "latest" ? out_dir_ : fs::path(from);
   std::string tag;
-  if (from == "latest") {
-    DS_CHECK(fs::exists(out_dir_ / "latest"),
+  if (from == "latest" && !fs::exists(out_dir_ / "latest")) {
+    // `latest` is written last by a save: without it the newest folder may be incomplete, but the
+    // folders are there, and starting afresh is what loses them.
+    std::vector<std::string> tags;
+    for (const auto& p : checkpoint_folders(out_dir_)) tags.push_back(p.filename().string());
+    DS_CHECK(!tags.empty(),
              "[ds_train] --resume_from_checkpoint latest: {} holds no checkpoint (no 'latest' "
-             "file); start without --resume_from_checkpoint",
+             "file and no global_step* folder); start without --resume_from_checkpoint",
              out_dir_.string());
-  } else if (!fs::exists(dir / "latest") && fs::is_directory(dir)) {
+    DS_THROW(
+        "[ds_train] --resume_from_checkpoint latest: {} has no 'latest' file, but it holds the "
+        "checkpoint folders {}. Resume from one explicitly, newest first: "
+        "--resume_from_checkpoint {} (each folder's checksums are verified when it loads; if the "
+        "newest was cut short, take the one before). Starting without --resume_from_checkpoint "
+        "would begin a new run in this folder",
+        out_dir_.string(), fmt::join(tags, ", "), (out_dir_ / tags.back()).string());
+  }
+  if (from != "latest" && !fs::exists(dir / "latest") && fs::is_directory(dir)) {
     // A tag folder (out/global_step100) rather than the folder holding the tags.
     tag = dir.filename().string();
     dir = dir.parent_path();
@@ -355,10 +376,12 @@ SaveReport Trainer::save() {
   else
     engine_->save_checkpoint(out_dir_.string(), "", client);
   last_saved_ = engine_->global_steps();
+  // This run's folder now, even if an earlier run had written one of the same step.
+  std::erase(earlier_run_, fmt::format("global_step{}", last_saved_));
   SaveReport r;
   r.step = engine_->global_steps();
   r.dir = out_dir_;
-  if (is_lead()) r.deleted = rotate_checkpoints(out_dir_, p.spec.save_total_limit);
+  if (is_lead()) r.deleted = rotate_checkpoints(out_dir_, p.spec.save_total_limit, earlier_run_);
   r.seconds = seconds_since(t0);
   obs_.on_save(r);
   return r;

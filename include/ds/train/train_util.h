@@ -25,11 +25,14 @@ int64_t current_rss_bytes();  // VmRSS
 std::vector<std::filesystem::path> checkpoint_folders(const std::filesystem::path& dir);
 // The tag named by dir/latest, or "" when there is none.
 std::string latest_tag(const std::filesystem::path& dir);
-// Deletes the oldest global_step<N> folders so that at most `keep` remain, never the one named in
-// dir/latest (the newest good checkpoint). Each is renamed away before it is removed, so a crash
-// never leaves a half-deleted tag folder. Returns the folders deleted.
-std::vector<std::filesystem::path> rotate_checkpoints(const std::filesystem::path& dir,
-                                                      int64_t keep);
+// Deletes the oldest global_step<N> folders so that at most `keep` of those not in `keep_always`
+// remain, never the one named in dir/latest (the newest good checkpoint) and never one named in
+// `keep_always` (an earlier run's checkpoints, which this run did not write). Each is renamed away
+// before it is removed, so a crash never leaves a half-deleted tag folder. Returns the folders
+// deleted.
+std::vector<std::filesystem::path> rotate_checkpoints(
+    const std::filesystem::path& dir, int64_t keep,
+    const std::vector<std::string>& keep_always = {});
 
 // Deletes what an interrupted run left in its output folder: the checkpoint temporaries
 // (runtime::remove_stale_checkpoint_temporaries) and ds_train's own half-written files

@@ -181,6 +181,9 @@ class Trainer {
   UnigramStats unigram_;
   double eval_baseline_;
   bool resumed_ = false;
+  // global_step folders of an earlier run found in the output folder when this run started afresh:
+  // --save_total_limit never deletes them (this run did not write them).
+  std::vector<std::string> earlier_run_;
   int64_t last_saved_ = -1;    // the step of the newest checkpoint this run has (or resumed)
   int64_t evaluated_at_ = -1;  // the step of the newest evaluation
   double last_eval_;
