@@ -274,6 +274,10 @@ struct RunSpec {
   // Stage 3: build the model piecewise (nn::PartitionedInit), as ds_train does; with the optimizer
   // state on NVMe its initial values then go straight to the swap files, sub-group by sub-group.
   bool piecewise = false;
+  // deepspeed.cpp's scheduling keys in offload_optimizer (", ..."), given with the optimizer on
+  // NVMe or not (they apply to offloaded parameters alone too).
+  std::string schedule;
+  bool direct_io = true;  // aio.use_direct_io
 };
 
 std::string config(const RunSpec& r) {
@@ -286,8 +290,10 @@ std::string config(const RunSpec& r) {
   std::string off;
   if (!r.nvme.empty() && r.what != "params")
     off += fmt::format(R"(, "offload_optimizer": {{"device": "nvme", "nvme_path": "{}",
-                        "buffer_count": {}, "ratio": {}{}}})",
-                       r.nvme, r.buffer_count, r.ratio, r.extra);
+                        "buffer_count": {}, "ratio": {}{}{}}})",
+                       r.nvme, r.buffer_count, r.ratio, r.extra, r.schedule);
+  else if (!r.schedule.empty())
+    off += fmt::format(R"(, "offload_optimizer": {{"device": "none"{}}})", r.schedule);
   // Small buffers: most parameters are read ahead one or two at a time, some split.
   if (!r.nvme.empty() && r.what != "optimizer")
     off += fmt::format(R"(, "offload_param": {{"device": "nvme", "nvme_path": "{}",
@@ -296,11 +302,11 @@ std::string config(const RunSpec& r) {
   if (!off.empty()) off += R"(, "sub_group_size": 3000)";
   return fmt::format(R"({{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": {},
     "gradient_clipping": {}, {}
-    "aio": {{"block_size": 8192, "queue_depth": 4}},
+    "aio": {{"block_size": 8192, "queue_depth": 4, "use_direct_io": {}}},
     "zero_optimization": {{"stage": {}, "reduce_bucket_size": 4000,
       "stage3_param_persistence_threshold": 100{}}},
     "optimizer": {{"type": "AdamW", "params": {{"lr": 5e-3, "weight_decay": 0.1}}}}}})",
-                     r.gas, r.clip, prec, r.stage, off);
+                     r.gas, r.clip, prec, r.direct_io, r.stage, off);
 }
 
 std::unique_ptr<runtime::Engine> engine(const RunSpec& r, std::vector<std::string>* log = nullptr) {
@@ -465,11 +471,41 @@ TEST_P(OffloadStepInBackward, SameLossesAsInRamBitwise) {
   std::printf("sub-groups ready during backward: %lld, stepped then: %lld\n",
               static_cast<long long>(stats.final_in_backward),
               static_cast<long long>(stats.stepped_in_backward));
-  // DS_OFFLOAD_STEP_IN_BACKWARD=0 steps after backward: the same losses again.
+  // step_in_backward = false steps after backward, overlap_step = false on the training thread,
+  // prefetch_in_backward = false reads nothing ahead during backward: the same losses again.
+  const std::vector<float> first(want.begin(), want.begin() + 4);
+  for (const char* keys : {R"(, "step_in_backward": false)", R"(, "overlap_step": false)",
+                           R"(, "prefetch_in_backward": false, "step_in_backward": false)"}) {
+    RunSpec other = spec;
+    other.schedule = keys;
+    auto later = engine(other);
+    EXPECT_EQ(train(*later, 4), first) << config(other);
+    EXPECT_EQ(later->strategy().offload_stats().final_in_backward, 0) << config(other);
+  }
+}
+
+// The environment variables that came before the keys still turn their feature off, with a
+// warning that names the key.
+TEST(OffloadStepInBackward, DeprecatedEnvironmentVariableStillWorks) {
+  const fs::path nvme = scratch("in_backward_env");
+  RunSpec spec{3, "bf16", nvme.string()};
+  spec.clip = 0;
+  spec.what = "both";
+  auto ram_spec = spec;
+  ram_spec.nvme.clear();
+  auto ram = engine(ram_spec);
+  const auto want = train(*ram, 3);
   EnvGuard after("DS_OFFLOAD_STEP_IN_BACKWARD", "0");
-  auto later = engine(spec);
-  EXPECT_EQ(train(*later, 4), std::vector<float>(want.begin(), want.begin() + 4));
-  EXPECT_EQ(later->strategy().offload_stats().final_in_backward, 0);
+  std::vector<std::string> log;
+  auto e = engine(spec, &log);
+  EXPECT_EQ(train(*e, 3), want);
+  EXPECT_EQ(e->strategy().offload_stats().final_in_backward, 0);
+  std::string all;
+  for (const auto& m : log) all += m + "\n";
+  // Warned once per process: this is the only test that sets the variable.
+  if (e->rank() == 0)
+    expect_contains(all, {"DS_OFFLOAD_STEP_IN_BACKWARD=0 is deprecated",
+                          "zero_optimization.offload_optimizer.step_in_backward"});
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, OffloadStepInBackward,
@@ -502,7 +538,7 @@ TEST(OffloadStepInBackward, NonFiniteGradientStopsEveryRank) {
     e->step();
     FAIL() << "a non-finite gradient norm was accepted";
   } catch (const Error& err) {
-    expect_contains(err.what(), {"step 3", "not finite", "DS_OFFLOAD_STEP_IN_BACKWARD=0"});
+    expect_contains(err.what(), {"step 3", "not finite", "step_in_backward = false"});
   }
 }
 
@@ -537,13 +573,14 @@ TEST(OffloadOptions, PartialRatioSyncRingAndThreadPoolAgree) {
                              "auto"},
                         Case{{3, "bf16", nvme.string(), 1.0, 4}, "threads"}}) {
     EnvGuard kind("DS_AIO_ENGINE", c.engine_kind);
-    EnvGuard buffered("DS_OFFLOAD_DIRECT", c.run.buffer_count == 4 ? "0" : "1");
+    RunSpec run = c.run;
+    run.direct_io = run.buffer_count != 4;  // the thread pool case: buffered I/O
     std::unique_ptr<runtime::Engine> ref;
-    if (c.run.stage != 2) ref = engine({c.run.stage, "bf16"});
+    if (run.stage != 2) ref = engine({run.stage, "bf16"});
     const auto expect = ref ? train(*ref, 6) : want;
     std::vector<std::string> log;
-    auto off = engine(c.run, &log);
-    EXPECT_EQ(train(*off, 6), expect) << config(c.run);
+    auto off = engine(run, &log);
+    EXPECT_EQ(train(*off, 6), expect) << config(run);
     std::string all;
     for (const auto& m : log) all += m + "\n";
     if (off->rank() != 0) continue;

@@ -445,6 +445,10 @@ void read_zero(Section s, ZeroConfig& z, ParseState& st) {
     c.fast_init = o.boolean("fast_init", false);
     o.todo("fast_init", "fast NVMe optimizer initialisation from parameter swap files");
     c.ratio = o.number("ratio", 1.0, between(0, 1));
+    // deepspeed.cpp's own scheduling keys (docs/offload.md): on unless turned off.
+    c.overlap_step = o.boolean("overlap_step", true);
+    c.step_in_backward = o.boolean("step_in_backward", true);
+    c.prefetch_in_backward = o.boolean("prefetch_in_backward", true);
     o.finish();
   }
   {
@@ -518,6 +522,7 @@ void read_aio(Section s, AioConfig& a) {
   a.single_submit = s.boolean("single_submit", false);
   a.overlap_events = s.boolean("overlap_events", true);
   a.use_gds = s.boolean("use_gds", false);
+  a.use_direct_io = s.boolean("use_direct_io", true);  // deepspeed.cpp's own key (offload.md)
   DS_CHECK(!a.use_gds,
            "[config] aio.use_gds = true: GPUDirect Storage needs a CUDA device and deepspeed.cpp "
            "has no GPU backend yet; remove the key or set it to false");

@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 
@@ -80,12 +81,16 @@ zero::Options zero_options(const DeepSpeedConfig& c, DType grads, int world_size
   o.max_live_parameters = static_cast<int64_t>(z.stage3_max_live_parameters);
   o.max_reuse_distance = static_cast<int64_t>(z.stage3_max_reuse_distance);
   o.sub_group_size = std::max<int64_t>(1, static_cast<int64_t>(z.sub_group_size));
+  o.overlap_step = z.offload_optimizer.overlap_step;
+  o.step_in_backward = z.offload_optimizer.step_in_backward;
+  o.prefetch_in_backward = z.offload_optimizer.prefetch_in_backward;
   io::AioOptions aio;
   aio.block_size = c.aio.block_size;
   aio.queue_depth = static_cast<int>(c.aio.queue_depth);
   aio.threads = static_cast<int>(c.aio.intra_op_parallelism);
   aio.single_submit = c.aio.single_submit;
   aio.overlap_events = c.aio.overlap_events;
+  aio.use_direct_io = c.aio.use_direct_io;
   if (z.offload_param.device == OffloadDevice::NVMe && z.stage == 3) {
     const OffloadParamConfig& f = z.offload_param;
     zero::NvmeParamOffloadOptions n;
@@ -109,6 +114,50 @@ zero::Options zero_options(const DeepSpeedConfig& c, DType grads, int world_size
     o.nvme_optimizer = n;
   }
   return o;
+}
+
+// The environment variables that came before the config keys (deprecated): "0" still turns its
+// feature off, and the first engine of the process says which key to use instead.
+void apply_deprecated_offload_env(zero::Options& o,
+                                  const std::function<void(const std::string&)>& log) {
+  struct Var {
+    const char* name;
+    const char* key;
+    std::vector<bool*> fields;
+  };
+  const Var vars[] = {
+      {"DS_OFFLOAD_STEP_OVERLAP",
+       "zero_optimization.offload_optimizer.overlap_step",
+       {&o.overlap_step}},
+      {"DS_OFFLOAD_STEP_IN_BACKWARD",
+       "zero_optimization.offload_optimizer.step_in_backward",
+       {&o.step_in_backward}},
+      {"DS_OFFLOAD_PREFETCH",
+       "zero_optimization.offload_optimizer.prefetch_in_backward",
+       {&o.prefetch_in_backward}},
+      {"DS_OFFLOAD_DIRECT",
+       "aio.use_direct_io",
+       {o.nvme_optimizer ? &o.nvme_optimizer->aio.use_direct_io : nullptr,
+        o.nvme_params ? &o.nvme_params->aio.use_direct_io : nullptr}},
+  };
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  for (const Var& v : vars) {
+    const char* env = std::getenv(v.name);
+    if (!env) continue;
+    const bool off = std::string(env) == "0";
+    if (off)
+      for (bool* f : v.fields)
+        if (f) *f = false;
+    std::lock_guard<std::mutex> lock(mu);
+    if (!warned.insert(v.name).second || !log) continue;
+    log(off ? fmt::format("[offload] {}=0 is deprecated (honoured for now): set {} to false in "
+                          "the config instead (docs/offload.md)",
+                          v.name, v.key)
+            : fmt::format("[offload] {} is deprecated and ignored unless \"0\": {} in the config "
+                          "decides (docs/offload.md)",
+                          v.name, v.key));
+  }
 }
 
 }  // namespace
@@ -145,6 +194,7 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
   // Where parameters, gradients and master weights live, and how they are reduced and gathered.
   zero::Options zo = zero_options(config_, grad_dtype_, n);
   zo.log = [this](const std::string& m) { log(m); };
+  apply_deprecated_offload_env(zo, zo.log);
   zero_ = zero::make_strategy(*model_, group_, zo);
   if (options_.topology && options_.topology->tensor_parallel()->size() > 1) {
     // The model's cut parameters (nn/tensor_parallel.h) count once per distinct part in the
@@ -236,9 +286,7 @@ Tensor Engine::eval_loss(const Tensor& inputs, const Tensor& targets) {
 bool Engine::steps_in_backward() const {
   // Each sub-group may be updated as soon as its gradients are final when nothing global (the
   // norm for clipping, the fp16 overflow check) must be known first.
-  const char* env = std::getenv("DS_OFFLOAD_STEP_IN_BACKWARD");
-  return config_.gradient_clipping <= 0 && !config_.fp16.enabled &&
-         zero_->can_step_in_backward() && !(env && std::string(env) == "0");
+  return config_.gradient_clipping <= 0 && !config_.fp16.enabled && zero_->can_step_in_backward();
 }
 
 void Engine::set_optimizer_schedule() {
@@ -257,8 +305,8 @@ void Engine::backward(const Tensor& loss) {
       log("[offload] the optimizer steps each sub-group during backward, as soon as its gradients "
           "are final (no gradient_clipping, no fp16 loss scaling), so its NVMe traffic overlaps "
           "backward and forward. A non-finite gradient then stops the run instead of skipping "
-          "the step; set DS_OFFLOAD_STEP_IN_BACKWARD=0 (or gradient_clipping) to step after "
-          "backward");
+          "the step; set zero_optimization.offload_optimizer.step_in_backward = false (or "
+          "gradient_clipping) to step after backward");
     }
     set_optimizer_schedule();
     // No clipping: the factor does not depend on the norm.
@@ -355,9 +403,9 @@ bool Engine::step() {
     DS_CHECK(!overflow,
              "[engine] step {}: the gradient norm is not finite (inf/NaN in the gradients), and "
              "the optimizer had already applied them during backward (no gradient_clipping: "
-             "docs/offload.md). Resume from the last checkpoint with DS_OFFLOAD_STEP_IN_BACKWARD=0 "
-             "or gradient_clipping set, so that such a step is skipped; lower the learning rate or "
-             "check the data",
+             "docs/offload.md). Resume from the last checkpoint with "
+             "zero_optimization.offload_optimizer.step_in_backward = false or gradient_clipping "
+             "set, so that such a step is skipped; lower the learning rate or check the data",
              global_steps_);
     last_step_skipped_ = false;
     consecutive_skips_ = 0;

@@ -12,12 +12,12 @@
 // ones; each parameter's gradient is reduce-scattered as soon as it is complete, in chunks of at
 // most reduce_bucket_size elements. Prefetching along the recorded trace: prefetch.h.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #include "ds/core/error.h"
 #include "ds/ops/ops.h"
 #include "offload/param_file.h"
+#include "offload/step_scheduler.h"
 #include "prefetch.h"
 #include "strategies.h"
 
@@ -110,8 +110,8 @@ class Stage3Strategy final : public Strategy {
       if (o.log) o.log(param_file_->describe());
       shard_params_ = Tensor();
     }
-    const char* overlap = std::getenv("DS_OFFLOAD_STEP_OVERLAP");
-    background_ = offloaded() && !(overlap && std::string(overlap) == "0");
+    // Offloaded: optimizer steps run on the scheduler's worker unless overlap_step is off.
+    scheduler_ = std::make_unique<StepScheduler>(opt_numel_, offloaded() && o.overlap_step, r);
     prefetch_.assign(params_.size(), comm::Work());
     prefetching_.assign(params_.size(), false);
 
@@ -137,7 +137,7 @@ class Stage3Strategy final : public Strategy {
     if (!deferred_init_) refresh();  // persistent parameters are gathered once and kept
   }
 
-  ~Stage3Strategy() override { join_step(); }  // the worker uses the members below
+  ~Stage3Strategy() override { scheduler_->join(); }  // the worker uses the members below
 
   void* params16() override {
     return options_.train_dtype == DType::f32 || param_file_ ? nullptr : shard_params_.raw_data();
@@ -190,7 +190,7 @@ class Stage3Strategy final : public Strategy {
       o.disk_bytes += param_file_->disk_bytes();
       // The training thread's waits: its reads, and the writes when it steps itself.
       o.wait_seconds += param_file_->read_wait_seconds() +
-                        (background_ ? 0.0 : param_file_->write_wait_seconds());
+                        (scheduler_->background() ? 0.0 : param_file_->write_wait_seconds());
     }
     return o;
   }
@@ -214,7 +214,7 @@ class Stage3Strategy final : public Strategy {
   }
   void end_backward() override {
     finish_reductions(0);
-    backward_finished();
+    scheduler_->backward_finished();
     trace_.end_micro_step();
   }
 
@@ -295,8 +295,8 @@ class Stage3Strategy final : public Strategy {
       }
     } catch (const Error& e) {
       // Reading the restored state back (or writing the pieces) failed here: every rank stops.
-      record_failure(fmt::format("[zero] rank {}: writing the loaded parameters: {}",
-                                 group_->rank(), e.what()));
+      scheduler_->record_failure(fmt::format("[zero] rank {}: writing the loaded parameters: {}",
+                                             group_->rank(), e.what()));
     }
     synchronize("loading a checkpoint");
     refresh();
@@ -353,13 +353,15 @@ class Stage3Strategy final : public Strategy {
   // on when no clipping needs the norm first (strategy.h). Not with tensor parallelism (the norm
   // counts the replicated parameters apart) nor in a pipeline stage (the stages must agree on
   // skipping a non-finite step).
-  bool background_steps() const override { return background_; }
-  bool can_step_in_backward() const override { return background_ && !tp_ && !pipe_; }
+  StepScheduler* scheduler() const override { return scheduler_.get(); }
+  bool can_step_in_backward() const override {
+    return scheduler_->background() && options_.step_in_backward && !tp_ && !pipe_;
+  }
   void chunks_starting() override {
     if (param_file_) param_file_->take_durable();  // the writes before this step
   }
   std::vector<std::pair<int64_t, int64_t>> chunk_stepped(const StateChunk& c) override {
-    if (background_) grads_part_.flat_range(c.begin, c.numel).zero_();
+    if (scheduler_->background()) grads_part_.flat_range(c.begin, c.numel).zero_();
     if (param_file_) return param_file_->take_durable();
     return {{c.begin, c.begin + c.numel}};
   }
@@ -409,7 +411,7 @@ class Stage3Strategy final : public Strategy {
       const auto& sp = params_[static_cast<size_t>(j)];
       if (sp.persistent || sp.full->is_materialized() || param_file_->staged(j)) continue;
       // A background step may still be writing its new values.
-      if (!stepped(sp.shard_offset, sp.shard_offset + sp.part)) break;
+      if (!scheduler_->stepped(sp.shard_offset, sp.shard_offset + sp.part)) break;
       if (param_file_->staged_elements() + sp.part > param_file_->budget()) break;
       param_file_->prefetch(j, sp.shard_offset, sp.part);
     }
@@ -423,7 +425,7 @@ class Stage3Strategy final : public Strategy {
              "NVMe its initial values are written there",
              name);
     // A background step writes the new values of this piece first.
-    wait_stepped(sp.shard_offset, sp.shard_offset + sp.part);
+    scheduler_->wait_stepped(sp.shard_offset, sp.shard_offset + sp.part);
     sp.full->materialize();
     const size_t esz = dtype_size(options_.train_dtype);
     const char* src = nullptr;
@@ -436,8 +438,9 @@ class Stage3Strategy final : public Strategy {
       } catch (const Error& e) {
         // This rank still takes part in the gather (zeros), so no rank waits for it; the error
         // reaches every rank at the next synchronize() (this backward, or after evaluation).
-        record_failure(fmt::format("[zero] rank {}: reading parameter '{}' from NVMe: {}",
-                                   group_->rank(), name, e.what()));
+        scheduler_->record_failure(
+            fmt::format("[zero] rank {}: reading parameter '{}' from NVMe: {}", group_->rank(),
+                        name, e.what()));
         // Its own buffer: an earlier failed piece's gather may still be reading its zeros.
         failed_reads_.emplace_back(static_cast<size_t>(sp.part) * esz, 0);
         src = failed_reads_.back().data();
@@ -559,7 +562,7 @@ class Stage3Strategy final : public Strategy {
                 pending.out);
       // The piece's last chunk: its gradient is final (a step during backward may take it).
       if (pending.offset + pending.out.numel() == sp.part)
-        grads_final(sp.shard_offset, sp.shard_offset + sp.part);
+        scheduler_->grads_final(sp.shard_offset, sp.shard_offset + sp.part);
     }
     in_flight_.erase(in_flight_.begin(), in_flight_.begin() + static_cast<std::ptrdiff_t>(done));
   }
@@ -606,7 +609,10 @@ class Stage3Strategy final : public Strategy {
   std::unique_ptr<ParamFile> param_file_;  // offload_param.device = "nvme"
   // The pieces are written by attach_optimizer() (initial_master()); nothing may be gathered before.
   bool deferred_init_ = false;
-  bool background_ = false;  // offloaded: optimizer steps run on a worker (background_steps())
+  // The background optimizer step (offload/step_scheduler.h); also carries the parameter reads'
+  // failures to synchronize(). Declared last: destroyed first, while the members its worker uses
+  // are still alive (the destructor joins it before anything else anyway).
+  std::unique_ptr<StepScheduler> scheduler_;
 };
 
 }  // namespace

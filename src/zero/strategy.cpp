@@ -3,8 +3,6 @@
 #include "ds/zero/strategy.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -14,6 +12,7 @@
 #include "ds/backend/backend.h"
 #include "ds/core/error.h"
 #include "ds/core/parallel.h"
+#include "offload/step_scheduler.h"
 #include "strategies.h"
 
 namespace ds::zero {
@@ -30,9 +29,7 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<comm::Group> group, Option
   }
 }
 
-Strategy::~Strategy() {
-  join_step();  // derived strategies join first (the worker uses their members); a safety net
-}
+Strategy::~Strategy() = default;  // stage 3 joins its worker first (the worker uses its members)
 
 void Strategy::place_frozen() {
   const auto frozen = nn::frozen_parameters(model_);
@@ -155,10 +152,11 @@ Strategy::OffloadStats Strategy::offload_stats() const {
   o.disk_bytes = s.disk_bytes;
   // The training thread's waits: the store's own when it steps on this thread, else the waits for
   // the background step.
-  o.wait_seconds = (background_steps() ? 0.0 : s.io_wait_seconds) + step_wait_seconds();
-  std::lock_guard<std::mutex> lock(step_mu_);
-  o.final_in_backward = final_in_backward_;
-  o.stepped_in_backward = stepped_in_backward_;
+  const detail::StepScheduler* bg = scheduler();
+  const detail::StepScheduler::Stats w = bg ? bg->stats() : detail::StepScheduler::Stats{};
+  o.wait_seconds = (bg && bg->background() ? 0.0 : s.io_wait_seconds) + w.wait_seconds;
+  o.final_in_backward = w.final_in_backward;
+  o.stepped_in_backward = w.stepped_in_backward;
   return o;
 }
 
@@ -181,12 +179,13 @@ void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float 
   }
   DS_CHECK(!step_pending(), "[zero] {}: the previous optimizer step is still running; call "
            "synchronize() first", ctx);
-  if (background_steps()) {
+  detail::StepScheduler* bg = scheduler();
+  if (bg && bg->background()) {
     opt.begin_step();
-    const int64_t n = state().chunks();
-    auto next = std::make_shared<int64_t>(0);
-    start_worker(opt, grads, grad_scale, ctx,
-                 [next, n]() -> int64_t { return *next < n ? (*next)++ : -1; });
+    bg->start(state().chunk_numel(), state().chunks(), ctx,
+              [this, &opt, grads, grad_scale, bg](const ChunkOrder& order) {
+                step_chunks(opt, grads, grad_scale, order, bg);
+              });
     return;
   }
   // Synchronous: a failed read or write on one rank must not leave the others waiting in the
@@ -194,7 +193,7 @@ void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float 
   std::string error;
   try {
     opt.begin_step();
-    step_chunks(opt, grads, grad_scale, /*background=*/false, ChunkOrder());
+    step_chunks(opt, grads, grad_scale, ChunkOrder(), /*background=*/nullptr);
   } catch (const Error& e) {
     error = fmt::format("[zero] rank {}, {}, optimizer step on NVMe-offloaded state: {}",
                         group_->rank(), ctx, e.what());
@@ -202,34 +201,8 @@ void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float 
   comm::raise_if_any_failed(*group_, error, ctx + ": optimizer step on NVMe-offloaded state");
 }
 
-void Strategy::start_worker(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
-                            const std::string& ctx, ChunkOrder order) {
-  {
-    std::lock_guard<std::mutex> lock(step_mu_);
-    step_running_ = true;
-    chunk_ = state().chunk_numel();
-    readable_.assign(static_cast<size_t>(state().chunks()), 0);
-  }
-  step_thread_ = std::thread([this, &opt, grads, grad_scale, ctx, order = std::move(order)] {
-    limit_this_thread(1);  // the cores belong to the forward's kernels; this thread mostly waits
-    std::string error;
-    try {
-      step_chunks(opt, grads, grad_scale, /*background=*/true, order);
-    } catch (const std::exception& e) {
-      error = fmt::format("[zero] rank {}, {}, optimizer step on NVMe-offloaded state: {}",
-                          group_->rank(), ctx, e.what());
-    }
-    {
-      std::lock_guard<std::mutex> lock(step_mu_);
-      if (!error.empty() && failure_.empty()) failure_ = error;
-      step_running_ = false;
-    }
-    step_cv_.notify_all();
-  });
-}
-
 void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
-                           bool background, const ChunkOrder& order) {
+                           const ChunkOrder& order, detail::StepScheduler* background) {
   // One sub-group at a time, as the state streams in. 16-bit gradients are widened per sub-group
   // (no full fp32 copy); new parameters go to params16() or, on NVMe, to the swap file as soon as
   // their sub-group is stepped.
@@ -237,18 +210,9 @@ void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float gra
   const DType out16_dtype = train != DType::f32 ? train : DType::bf16;
   const int64_t esize = static_cast<int64_t>(dtype_size(train));
   char* out16 = static_cast<char*>(params16());
-  const bool in_backward = background && in_backward_.active;
   chunks_starting();
   auto visit = [&](const StateChunk& c) {
-    if (in_backward) {
-      // Stepped during backward: only once its gradients are final.
-      const auto k = static_cast<size_t>(c.begin / state().chunk_numel());
-      std::unique_lock<std::mutex> lock(step_mu_);
-      step_cv_.wait(lock, [&] { return in_backward_.ready[k] != 0 || in_backward_.abandoned; });
-      DS_CHECK(!in_backward_.abandoned,
-               "the backward that started this step ended without finishing (an earlier error)");
-      if (!in_backward_.backward_done) ++stepped_in_backward_;
-    }
+    if (background) background->before_chunk(c);  // a step during backward: gradients final
     void* out = params_on_nvme() ? params_out(c) : out16 ? out16 + c.begin * esize : nullptr;
     void* step_out = train == DType::f32 ? nullptr : out;
     auto compute = [&] {
@@ -272,20 +236,14 @@ void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float gra
     // In the background the training thread steps the sub-group between two of its kernels
     // (step_posted_chunk(), with all the cores) and this thread only moves the data: computing
     // here would take a core from the training thread's parallel kernels, which then wait for it.
-    if (!background || !hand_to_training_thread(compute)) compute();
+    if (!background || !background->hand_to_training_thread(compute)) compute();
     if (params_on_nvme()) {
       if (train == DType::f32)
         std::memcpy(out, c.master, static_cast<size_t>(c.numel) * sizeof(float));
       params_written(c);
     }
     const auto ready = chunk_stepped(c);
-    if (background) {
-      {
-        std::lock_guard<std::mutex> lock(step_mu_);
-        for (auto [b, e] : ready) mark_readable_locked(b, e);
-      }
-      step_cv_.notify_all();
-    }
+    if (background) background->mark_readable(ready);
   };
   if (order)
     state().for_each(Access::Update, order, visit);
@@ -294,235 +252,58 @@ void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float gra
   if (params_on_nvme()) params_flushed();
 }
 
-bool Strategy::hand_to_training_thread(const std::function<void()>& job) {
-  std::unique_lock<std::mutex> lock(step_mu_);
-  InBackward& b = in_backward_;
-  if (b.abandoned) return false;
-  b.posted = &job;
-  b.post = PostState::Posted;
-  step_cv_.notify_all();  // a training thread waiting in wait_stepped() or join_step() takes it
-  step_cv_.wait(lock, [&] {
-    return b.post == PostState::Done || b.post == PostState::Failed ||
-           (b.post == PostState::Posted && b.abandoned);
-  });
-  const PostState was = std::exchange(b.post, PostState::None);
-  b.posted = nullptr;
-  if (was == PostState::Failed)
-    throw Error(std::exchange(b.post_error, {}));  // the training thread's error, on this thread
-  return was == PostState::Done;
-}
-
-void Strategy::step_posted_chunk() {
-  const std::function<void()>* job = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(step_mu_);
-    if (in_backward_.post != PostState::Posted) return;
-    in_backward_.post = PostState::Taken;
-    job = in_backward_.posted;
-  }
-  PostState result = PostState::Done;
-  std::string error;
-  try {
-    (*job)();
-  } catch (const std::exception& e) {
-    result = PostState::Failed;  // raised by the worker, then on every rank at synchronize()
-    error = e.what();
-  }
-  {
-    std::lock_guard<std::mutex> lock(step_mu_);
-    in_backward_.post = result;
-    in_backward_.post_error = std::move(error);
-  }
-  step_cv_.notify_all();
-}
-
-double Strategy::wait_helping(std::unique_lock<std::mutex>& lock,
-                              const std::function<bool()>& done) {
-  double worked = 0;
-  while (!done()) {
-    if (in_backward_.post == PostState::Posted) {
-      lock.unlock();
-      const auto t0 = std::chrono::steady_clock::now();
-      step_posted_chunk();
-      worked += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      lock.lock();
-      continue;
-    }
-    step_cv_.wait(lock);
-  }
-  return worked;
-}
-
-void Strategy::mark_readable_locked(int64_t begin, int64_t end) {
-  // A sub-group is readable once the whole of it is (the RAM part of the parameters may end
-  // inside one: its two writes are reported apart).
-  const auto n = static_cast<int64_t>(readable_.size());
-  for (int64_t k = begin / chunk_; k < n && k * chunk_ < end; ++k)
-    if (begin <= k * chunk_ && end >= std::min((k + 1) * chunk_, opt_numel_))
-      readable_[static_cast<size_t>(k)] = 1;
-}
-
-bool Strategy::readable_locked(int64_t begin, int64_t end) const {
-  if (!step_running_ || (in_backward_.active && !in_backward_.backward_done)) return true;
-  for (int64_t k = begin / chunk_; k * chunk_ < end; ++k)
-    if (!readable_[static_cast<size_t>(k)]) return false;
-  return true;
-}
-
-bool Strategy::stepped(int64_t begin, int64_t end) {
-  std::lock_guard<std::mutex> lock(step_mu_);
-  return readable_locked(begin, end);
-}
-
-void Strategy::wait_stepped(int64_t begin, int64_t end) {
-  step_posted_chunk();
-  std::unique_lock<std::mutex> lock(step_mu_);
-  if (readable_locked(begin, end)) return;
-  const auto t0 = std::chrono::steady_clock::now();
-  const double worked = wait_helping(lock, [&] { return readable_locked(begin, end); });
-  step_wait_seconds_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - worked;
-}
-
 void Strategy::plan_step_in_backward(optim::Optimizer& opt, float grad_scale) {
-  DS_CHECK(can_step_in_backward(), "[zero] internal: this strategy cannot step during backward");
-  in_backward_.planned = &opt;
-  in_backward_.grad_scale = grad_scale;
+  DS_CHECK(can_step_in_backward() && scheduler(),
+           "[zero] internal: this strategy cannot step during backward");
+  scheduler()->plan(opt, grad_scale);
+}
+
+bool Strategy::stepping_in_backward() const {
+  const detail::StepScheduler* bg = scheduler();
+  return bg && bg->in_backward();
+}
+
+bool Strategy::step_pending() const {
+  const detail::StepScheduler* bg = scheduler();
+  return bg && bg->pending();
 }
 
 bool Strategy::start_planned_step(const std::string& ctx) {
-  optim::Optimizer* opt = std::exchange(in_backward_.planned, nullptr);
+  detail::StepScheduler* bg = scheduler();
+  float grad_scale = 1.0f;
+  optim::Optimizer* opt = bg ? bg->take_plan(&grad_scale) : nullptr;
   if (!opt) return false;
-  DS_CHECK(!step_pending(), "[zero] {}: the previous optimizer step is still running", ctx);
-  const int64_t n = state().chunks(), chunk = state().chunk_numel();
+  DS_CHECK(!bg->pending(), "[zero] {}: the previous optimizer step is still running", ctx);
   Tensor grads = reduced_gradients(ctx);
-  {
-    std::lock_guard<std::mutex> lock(step_mu_);
-    InBackward& b = in_backward_;
-    b.active = true;
-    b.backward_done = false;
-    b.abandoned = false;
-    b.grads = grads;
-    b.pending.assign(static_cast<size_t>(n), 0);
-    for (int64_t k = 0; k < n; ++k)
-      b.pending[static_cast<size_t>(k)] = std::min(chunk, opt_numel_ - k * chunk);
-    b.ready.assign(static_cast<size_t>(n), 0);
-    b.squares.assign(static_cast<size_t>(n), 0.0);
-    b.low = 0;
-    b.high = n;
-  }
   opt->begin_step();
-  // Top down while the backward runs, then bottom up: decided as the worker reads ahead.
-  start_worker(*opt, grads, in_backward_.grad_scale, ctx, [this]() -> int64_t {
-    std::lock_guard<std::mutex> lock(step_mu_);
-    InBackward& b = in_backward_;
-    if (b.low >= b.high) return -1;
-    return b.backward_done ? b.low++ : --b.high;
-  });
+  bg->start_in_backward(state().chunk_numel(), state().chunks(), grads, ctx,
+                        [this, opt, grads, grad_scale, bg](const ChunkOrder& order) {
+                          step_chunks(*opt, grads, grad_scale, order, bg);
+                        });
   return true;
 }
 
-void Strategy::grads_final(int64_t begin, int64_t end) {
-  if (!in_backward_.active || in_backward_.backward_done) return;
-  const int64_t chunk = chunk_;
-  for (int64_t k = begin / chunk; k * chunk < end; ++k) {
-    const int64_t overlap = std::min(end, (k + 1) * chunk) - std::max(begin, k * chunk);
-    int64_t& left = in_backward_.pending[static_cast<size_t>(k)];  // training thread only
-    DS_CHECK(left >= overlap, "[zero] internal: gradients of [{}, {}) final twice", begin, end);
-    left -= overlap;
-    if (left == 0) chunk_final(k, /*early=*/true);
-  }
-  step_posted_chunk();
-}
-
-void Strategy::chunk_final(int64_t k, bool early) {
-  const int64_t b = k * chunk_, e = std::min(opt_numel_, b + chunk_);
-  // The worker does not touch a sub-group before it is ready: its gradients are the training
-  // thread's until then.
-  const double sq = local_sum_of_squares(in_backward_.grads.flat_range(b, e - b));
-  {
-    std::lock_guard<std::mutex> lock(step_mu_);
-    in_backward_.squares[static_cast<size_t>(k)] = sq;
-    in_backward_.ready[static_cast<size_t>(k)] = 1;
-    if (early) ++final_in_backward_;
-  }
-  step_cv_.notify_all();
-}
-
-void Strategy::backward_finished() {
-  if (!in_backward_.active || in_backward_.backward_done) return;
-  // Sub-groups holding a parameter that got no gradient (unused in this forward) or padding.
-  for (size_t k = 0; k < in_backward_.pending.size(); ++k)
-    if (in_backward_.pending[k] > 0) {
-      in_backward_.pending[k] = 0;
-      chunk_final(static_cast<int64_t>(k), /*early=*/false);
-    }
-  {
-    std::lock_guard<std::mutex> lock(step_mu_);
-    in_backward_.backward_done = true;
-  }
-  step_cv_.notify_all();
-}
-
 double Strategy::step_in_backward_sum_of_squares(const std::string& ctx) {
-  DS_CHECK(in_backward_.active && in_backward_.backward_done,
-           "[zero] internal: no optimizer step ran in a finished backward");
-  double sq = 0.0;
-  for (double s : in_backward_.squares) sq += s;  // in sub-group order: deterministic
-  {
-    std::lock_guard<std::mutex> lock(step_mu_);
-    in_backward_.active = false;  // the worker read it when it started
-  }
-  in_backward_.grads = Tensor();
-  return reduce_sum_of_squares(sq, ctx);
-}
-
-void Strategy::record_failure(const std::string& what) {
-  std::lock_guard<std::mutex> lock(step_mu_);
-  if (failure_.empty()) failure_ = what;
+  DS_CHECK(scheduler(), "[zero] internal: no optimizer step ran in a finished backward");
+  return reduce_sum_of_squares(scheduler()->take_in_backward_sum(), ctx);
 }
 
 void Strategy::join_step() noexcept {
-  if (!step_thread_.joinable()) return;
-  {
-    // A backward that started a step and never finished (an error left it): the worker would wait
-    // for its gradients forever. It stops instead.
-    std::lock_guard<std::mutex> lock(step_mu_);
-    if (in_backward_.active && !in_backward_.backward_done) in_backward_.abandoned = true;
-  }
-  step_cv_.notify_all();
-  const auto t0 = std::chrono::steady_clock::now();
-  double worked = 0;
-  {
-    std::unique_lock<std::mutex> lock(step_mu_);
-    worked = wait_helping(lock, [&] { return !step_running_; });
-  }
-  step_thread_.join();
-  std::lock_guard<std::mutex> lock(step_mu_);
-  step_wait_seconds_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - worked;
-}
-
-double Strategy::step_wait_seconds() const {
-  std::lock_guard<std::mutex> lock(step_mu_);
-  return step_wait_seconds_;
+  if (detail::StepScheduler* bg = scheduler()) bg->join();
 }
 
 void Strategy::synchronize(const std::string& ctx) {
   if (!offloaded()) return;
-  join_step();
   std::string error;
-  {
-    std::lock_guard<std::mutex> lock(step_mu_);
-    error.swap(failure_);
+  if (detail::StepScheduler* bg = scheduler()) {
+    bg->join();
+    error = bg->take_failure();
   }
   comm::raise_if_any_failed(*group_, error, ctx + ": NVMe-offloaded optimizer step or parameters");
 }
 
 void Strategy::prefetch_optimizer_state(bool boundary) {
-  if (!boundary || !store_ || step_pending()) return;
-  const char* env = std::getenv("DS_OFFLOAD_PREFETCH");
-  if (env && std::string(env) == "0") return;
+  if (!boundary || !store_ || step_pending() || !options_.prefetch_in_backward) return;
   store_->prefetch();
 }
 

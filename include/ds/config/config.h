@@ -213,6 +213,11 @@ struct OffloadOptimizerConfig {
   bool pipeline_write = false;
   bool fast_init = false;
   double ratio = 1.0;  // fraction of optimizer state offloaded (< 1 only under stage 3)
+  // deepspeed.cpp's own keys (DeepSpeed has none of them and refuses them here): how the step is
+  // scheduled when anything is on NVMe (zero::Options, docs/offload.md).
+  bool overlap_step = true;          // stage 3: step on a worker while the next forward runs
+  bool step_in_backward = true;      // ... from the boundary backward on (no clipping, no fp16)
+  bool prefetch_in_backward = true;  // read the next step's first sub-groups during backward
 };
 
 struct OffloadParamConfig {
@@ -272,6 +277,7 @@ struct AioConfig {
   bool single_submit = false;
   bool overlap_events = true;
   bool use_gds = false;
+  bool use_direct_io = true;  // deepspeed.cpp's own key: O_DIRECT for the swap files
 };
 
 struct ActivationCheckpointingConfig {

@@ -49,6 +49,10 @@ struct AioOptions {
   int threads = 1;               // intra_op_parallelism (old name: thread_count)
   bool single_submit = false;    // io_uring: one submit call per piece instead of one per batch
   bool overlap_events = true;  // refill the queue as pieces complete (false: batch, then wait all)
+  // O_DIRECT for the offload swap files where the filesystem takes it (false: buffered I/O; the
+  // page cache then holds swapped data too). Read by the stores that open those files
+  // (zero/offload/), not by the engine: `aio.use_direct_io`, deepspeed.cpp's own key.
+  bool use_direct_io = true;
   enum class Kind { Auto, Uring, Threads };
   Kind kind = Kind::Auto;  // Auto: io_uring when the kernel allows it; DS_AIO_ENGINE=threads|uring
 };

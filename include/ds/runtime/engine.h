@@ -115,7 +115,8 @@ class Engine {
   // Backpropagates loss * loss_scale / gradient_accumulation_steps into the flat gradients. With
   // ZeRO-3 offload, no gradient_clipping and no fp16, the boundary micro-step's backward also
   // starts the optimizer step, sub-group by sub-group as gradients become final (docs/offload.md);
-  // step() then completes it. DS_OFFLOAD_STEP_IN_BACKWARD=0 turns that off.
+  // step() then completes it. zero_optimization.offload_optimizer.step_in_backward = false turns
+  // that off.
   void backward(const Tensor& loss);
   // A pipeline stage's backward (runtime/pipeline_engine.h): roots[i] receives grads[i], which
   // already carry the loss scale and 1/gradient_accumulation_steps (they come from the last

@@ -18,20 +18,18 @@
 // One implementation per stage family: FlatStrategy (stages 0-2: one flat buffer, cut into
 // contiguous partitions from stage 1 on; src/zero/flat_strategy.cpp, gradient buckets in
 // src/zero/buckets.cpp) and Stage3Strategy (every parameter cut into N pieces, gathered around use;
-// src/zero/stage3.cpp, prefetch along the recorded trace in src/zero/prefetch.cpp).
+// src/zero/stage3.cpp, prefetch along the recorded trace in src/zero/prefetch.cpp, and with
+// offload its background optimizer step in src/zero/offload/step_scheduler.cpp).
 //
 // Threading: called from the training thread only. The strategy issues collectives on its group;
 // every rank must call the same methods in the same order (they are collectives where noted).
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -46,6 +44,10 @@
 #include "ds/zero/state_store.h"
 
 namespace ds::zero {
+
+namespace detail {
+class StepScheduler;  // src/zero/offload/step_scheduler.h: stage 3's background step
+}
 
 // zero_optimization.offload_param with device "nvme" (stage 3) plus the aio section.
 struct NvmeParamOffloadOptions {
@@ -77,6 +79,16 @@ struct Options {
   int64_t max_reuse_distance = 1000000000;       // keep a parameter used again within this many
   // The optimizer's sub-group (elements): the unit the optimizer state is streamed in.
   int64_t sub_group_size = 1000000000;
+  // How an offloaded step is scheduled (deepspeed.cpp's own keys in offload_optimizer,
+  // docs/offload.md); they matter only when something is on NVMe.
+  // overlap_step: stage 3 steps on a worker thread while the next forward gathers (optimizer_step).
+  bool overlap_step = true;
+  // step_in_backward: with overlap_step, each sub-group is stepped as soon as its gradients are
+  // final when the engine allows it (no gradient clipping, no fp16 loss scaling).
+  bool step_in_backward = true;
+  // prefetch_in_backward: the boundary micro-step's backward starts reading the first sub-groups
+  // of the coming step's optimizer state (StateStore::prefetch; needs pipeline_read).
+  bool prefetch_in_backward = true;
   // offload_optimizer.device = "nvme": master weights and moments in swap files (state_store.h).
   std::optional<NvmeOffloadOptions> nvme_optimizer;
   // offload_param.device = "nvme" (stage 3): this rank's parameter pieces in a swap file.
@@ -198,7 +210,7 @@ class Strategy {
   // gradients) while the next forward gathers each parameter as soon as its sub-group is written,
   // so the optimizer's I/O overlaps the forward's compute. The results are bitwise those of a
   // synchronous step. `grads` must stay untouched until synchronize(); zero_grads() then leaves
-  // them to the worker. DS_OFFLOAD_STEP_OVERLAP=0 steps synchronously.
+  // them to the worker. Options::overlap_step = false steps synchronously.
   void optimizer_step(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
                       const std::string& ctx);
 
@@ -216,7 +228,7 @@ class Strategy {
   // optimizer_step().
   void plan_step_in_backward(optim::Optimizer& opt, float grad_scale);
   // A step was started in a backward and step_in_backward_sum_of_squares() was not called since.
-  bool stepping_in_backward() const { return in_backward_.active; }
+  bool stepping_in_backward() const;
   // After that backward: the global sum of squares of its gradients, as global_sum_of_squares()
   // (a collective), from the sub-groups' partial sums taken as each became final. The engine
   // calls it in step() in place of optimizer_step(); after_step() follows as usual.
@@ -310,9 +322,18 @@ class Strategy {
   virtual void initial_master(int64_t begin, int64_t numel, float* out);
   virtual void on_attached() {}
 
-  // ---- the background step (stage 3 with offload) ----
-  virtual bool background_steps() const { return false; }
-  // The worker is about to step the first sub-group (stage 3: reset the parameter file's
+  // ---- the offloaded step's sub-group loop, and the background step (stage 3) ----
+  // The hook: the scheduler that runs offloaded steps in the background and carries I/O failures
+  // to synchronize() (src/zero/offload/step_scheduler.h). Stage 3 owns one; stages 0-2 have none
+  // and step synchronously.
+  virtual detail::StepScheduler* scheduler() const { return nullptr; }
+  // One pass of an offloaded step over the sub-groups `order` returns (ascending when empty), on
+  // the training thread, or on the worker of `background`: the Adam step of each sub-group (16-bit
+  // gradients widened a tile at a time), its new parameters to params16() or, on NVMe, through
+  // params_out()/params_written().
+  void step_chunks(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
+                   const ChunkOrder& order, detail::StepScheduler* background);
+  // The pass is about to step the first sub-group (stage 3: reset the parameter file's
   // written-up-to mark).
   virtual void chunks_starting() {}
   // Sub-group c was stepped and its new parameters handed to params_written(): returns the
@@ -321,27 +342,11 @@ class Strategy {
   virtual std::vector<std::pair<int64_t, int64_t>> chunk_stepped(const StateChunk& c) {
     return {{c.begin, c.begin + c.numel}};
   }
-  // Blocks until the running background step has made parameters [begin, end) readable (at once
-  // when none runs, or when it failed: the failure is raised at the next synchronize()). While the
-  // backward that started a step runs, the parameters it still needs are not stepped yet: no wait.
-  void wait_stepped(int64_t begin, int64_t end);
-  // Whether parameters [begin, end) are readable now (see wait_stepped).
-  bool stepped(int64_t begin, int64_t end);
-  // The step during backward: the gradients of elements [begin, end) of the optimizer range are
-  // final (stage 3, as each parameter's reduced piece is complete); backward_finished() at the
-  // end of that backward (every gradient final). Training thread; no-ops when no such step runs.
-  void grads_final(int64_t begin, int64_t end);
-  void backward_finished();
   // Starts the step planned by plan_step_in_backward(), if any (stage 3's begin_backward() on
   // the boundary micro-step, after synchronize()). Returns whether it started.
   bool start_planned_step(const std::string& ctx);
   // A background step was started and synchronize() has not been called since.
-  bool step_pending() const { return step_thread_.joinable(); }
-  // Remembers a failure (the first) to be raised on every rank at the next synchronize(): a rank
-  // must keep issuing its collectives until then, or the others would wait for it.
-  void record_failure(const std::string& what);
-  // Seconds the training thread waited for a background step (in wait_stepped and synchronize).
-  double step_wait_seconds() const;
+  bool step_pending() const;
   // Bytes of master weights held in RAM (0 in fp32 training, where they are the parameters, and
   // when the NVMe store holds them).
   int64_t master_bytes() const;
@@ -352,64 +357,10 @@ class Strategy {
   int64_t reductions_in_flight() const { return options_.overlap_comm ? 2 : 0; }
 
  private:
-  // The sub-group loop of an offloaded step (training thread, or the worker in the background),
-  // over the sub-groups `order` returns.
-  void step_chunks(optim::Optimizer& opt, const Tensor& grads, float grad_scale, bool background,
-                   const ChunkOrder& order);
-  // Starts the background worker over `order`.
-  void start_worker(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
-                    const std::string& ctx, ChunkOrder order);
   // The sum of squares of a 16-bit or fp32 gradient range, as global_sum_of_squares() counts it.
   double local_sum_of_squares(const Tensor& g) const;
   // Sums `local` over the data-parallel, tensor and pipeline groups (global_sum_of_squares()).
   double reduce_sum_of_squares(double local, const std::string& ctx);
-  // Marks the sub-groups inside [begin, end) readable; whether [begin, end) is readable (both with
-  // step_mu_ held).
-  void mark_readable_locked(int64_t begin, int64_t end);
-  bool readable_locked(int64_t begin, int64_t end) const;
-  std::thread step_thread_;
-  mutable std::mutex step_mu_;
-  std::condition_variable step_cv_;
-  bool step_running_ = false;  // guarded by step_mu_, as the members below
-  int64_t chunk_ = 1;          // the store's sub-group size, while a background step runs
-  std::vector<char> readable_;  // per sub-group: its new parameters are readable
-  std::string failure_;
-  double step_wait_seconds_ = 0;
-  int64_t final_in_backward_ = 0, stepped_in_backward_ = 0;  // OffloadStats
-  // The step during backward. `active` and the plan belong to the training thread; the rest is
-  // guarded by step_mu_.
-  enum class PostState { None, Posted, Taken, Done, Failed };
-  struct InBackward {
-    optim::Optimizer* planned = nullptr;  // plan_step_in_backward()
-    float grad_scale = 1.0f;
-    bool active = false;             // started, until step_in_backward_sum_of_squares()
-    bool backward_done = false;      // end of the backward: the order turns ascending
-    bool abandoned = false;          // join_step() before the backward ended: the worker stops
-    Tensor grads;                    // the gradients being stepped
-    std::vector<int64_t> pending;    // per sub-group: elements whose gradient is not final yet
-    std::vector<char> ready;         // per sub-group: gradients final, partial sum taken
-    std::vector<double> squares;     // per sub-group: sum of squares of its gradients
-    int64_t low = 0, high = 0;       // sub-groups [low, high) not yet handed to the worker
-    // A sub-group's Adam handed by the worker to the training thread (hand_to_training_thread();
-    // any background step, not only one started in backward).
-    PostState post = PostState::None;
-    const std::function<void()>* posted = nullptr;
-    std::string post_error;
-  } in_backward_;
-  // Worker of a background step: asks the training thread to run `job` (the Adam step of a
-  // sub-group whose state is in RAM) and waits for it; false when the step was abandoned (the
-  // worker then runs it). The training thread runs posted jobs between its kernels: in
-  // grads_final() during backward, and whenever it would wait for the worker (wait_stepped(),
-  // join_step()), so the Adam work gets all the cores and never competes with the training
-  // thread's parallel kernels; the worker only moves data.
-  bool hand_to_training_thread(const std::function<void()>& job);
-  void step_posted_chunk();
-  // Training thread: waits on step_cv_ (lock held) until done(), running posted jobs meanwhile;
-  // returns the seconds spent running them.
-  double wait_helping(std::unique_lock<std::mutex>& lock, const std::function<bool()>& done);
-  // Training thread: the partial sum of sub-group k, then k is ready (takes step_mu_); `early`:
-  // before the end of the backward.
-  void chunk_final(int64_t k, bool early);
 };
 
 // The strategy for options.stage over `group`. Moves the model's parameters into the strategy's

@@ -23,7 +23,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -110,10 +109,9 @@ class NvmeStateStore final : public StateStore {
     if (on_disk > 0) {
       dir_ = std::make_unique<io::SwapDir>(o.nvme_path, fmt::format("rank{}-optimizer", rank), log);
       std::string why;
-      const char* env = std::getenv("DS_OFFLOAD_DIRECT");
-      if (env && std::string(env) == "0") {
+      if (!o.aio.use_direct_io) {
         direct_ = false;
-        why = "DS_OFFLOAD_DIRECT=0";
+        why = "aio.use_direct_io = false";
       } else {
         direct_ = io::direct_io_supported(dir_->path(), &why);
       }

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -38,9 +37,8 @@ ParamFile::ParamFile(const ParamFileOptions& o, int rank, DType dtype, int64_t n
 
   dir_ = std::make_unique<io::SwapDir>(o.nvme_path, fmt::format("rank{}-params", rank), log);
   std::string why;
-  const char* env = std::getenv("DS_OFFLOAD_DIRECT");
-  if (env && std::string(env) == "0") {
-    why = "DS_OFFLOAD_DIRECT=0";
+  if (!o.aio.use_direct_io) {
+    why = "aio.use_direct_io = false";
   } else {
     direct_ = io::direct_io_supported(dir_->path(), &why);
   }
