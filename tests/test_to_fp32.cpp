@@ -361,8 +361,11 @@ TEST_F(ToFp32Single, RefusesOutputsOnTheCheckpointAndExistingFilesWithoutOverwri
   const fs::path run_dir = dir_ / "run";
   const fs::path shard = shard_of(ck, 0, "fp32");
   const std::string shard_before = bytes_of(shard);
-  for (const fs::path& bad :
-       {shard, ck / "x.safetensors", ck / ".." / "global_step2" / "y.safetensors", fs::path(ck)}) {
+  // A symbolic link to the run folder must not slip through either.
+  fs::create_directory_symlink(run_dir, dir_ / "alias");
+  const fs::path via_link = dir_ / "alias" / ck.filename() / "z.safetensors";
+  for (const fs::path& bad : {shard, ck / "x.safetensors",
+                              ck / ".." / "global_step2" / "y.safetensors", fs::path(ck), via_link}) {
     auto [rc, out] = run(fmt::format("{} {} --overwrite", run_dir.string(), bad.string()));
     EXPECT_NE(rc, 0) << bad;
     EXPECT_NE(out.find("inside the checkpoint folder"), std::string::npos) << out;
@@ -372,6 +375,7 @@ TEST_F(ToFp32Single, RefusesOutputsOnTheCheckpointAndExistingFilesWithoutOverwri
   EXPECT_NE(out.find("'latest' file"), std::string::npos) << out;
   EXPECT_EQ(bytes_of(shard), shard_before);
   EXPECT_FALSE(fs::exists(ck / "x.safetensors"));
+  EXPECT_FALSE(fs::exists(ck / "z.safetensors"));
 
   // Beside the checkpoint (zero_to_fp32.py's habit) is fine; a second run needs --overwrite.
   const fs::path file = run_dir / "consolidated.safetensors";
