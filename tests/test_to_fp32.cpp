@@ -364,8 +364,9 @@ TEST_F(ToFp32Single, RefusesOutputsOnTheCheckpointAndExistingFilesWithoutOverwri
   // A symbolic link to the run folder must not slip through either.
   fs::create_directory_symlink(run_dir, dir_ / "alias");
   const fs::path via_link = dir_ / "alias" / ck.filename() / "z.safetensors";
-  for (const fs::path& bad : {shard, ck / "x.safetensors",
-                              ck / ".." / "global_step2" / "y.safetensors", fs::path(ck), via_link}) {
+  for (const fs::path& bad :
+       {shard, ck / "x.safetensors", ck / ".." / "global_step2" / "y.safetensors", fs::path(ck),
+        via_link}) {
     auto [rc, out] = run(fmt::format("{} {} --overwrite", run_dir.string(), bad.string()));
     EXPECT_NE(rc, 0) << bad;
     EXPECT_NE(out.find("inside the checkpoint folder"), std::string::npos) << out;
