@@ -401,3 +401,33 @@ TEST_F(ToFp32Single, RefusesOutputsOnTheCheckpointAndExistingFilesWithoutOverwri
   EXPECT_TRUE(fs::exists(hf / "config.json"));
   EXPECT_FALSE(fs::exists(hf / "stale.txt"));
 }
+
+// The tool prints what a damaged `latest` names escaped and cut to ~200 characters, never its raw
+// bytes (a binary file) or all of it (a long line).
+TEST_F(ToFp32Single, DamagedLatestIsQuotedShortAndEscaped) {
+  save(models::GPTConfig::preset("test-gpt2"));
+  const fs::path run_dir = dir_ / "run";
+  auto run = [&]() {
+    const std::string log = (dir_ / "tool.log").string();
+    const int rc = std::system(
+        fmt::format("{} {} {} > {} 2>&1", DS_TO_FP32_BIN, run_dir.string(),
+                    (dir_ / "out.safetensors").string(), log)
+            .c_str());
+    std::ifstream in(log);
+    return std::pair{rc, std::string{std::istreambuf_iterator<char>(in), {}}};
+  };
+  std::ofstream(run_dir / "latest", std::ios::binary) << std::string("glob\xff\x01" "al\x1b[2J");
+  auto [rc, out] = run();
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("[ds_to_fp32]"), std::string::npos) << out;
+  EXPECT_NE(out.find("'glob\\xff\\x01al\\x1b[2J'"), std::string::npos) << out;
+  EXPECT_EQ(out.find('\x1b'), std::string::npos) << out;
+  // A printable tag of 4000 characters (under the 4 KiB size limit, over any folder name's): it
+  // used to reach the filesystem, whose "File name too long" error echoed all of it.
+  std::ofstream(run_dir / "latest", std::ios::binary) << std::string(4000, 'g') << "\n";
+  std::tie(rc, out) = run();
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("longer than any folder name"), std::string::npos) << out;
+  EXPECT_NE(out.find("bytes in all"), std::string::npos) << out;
+  EXPECT_LT(out.size(), 1000u) << out;
+}
