@@ -409,14 +409,15 @@ TEST_F(ToFp32Single, DamagedLatestIsQuotedShortAndEscaped) {
   const fs::path run_dir = dir_ / "run";
   auto run = [&]() {
     const std::string log = (dir_ / "tool.log").string();
-    const int rc = std::system(
-        fmt::format("{} {} {} > {} 2>&1", DS_TO_FP32_BIN, run_dir.string(),
-                    (dir_ / "out.safetensors").string(), log)
-            .c_str());
+    const int rc = std::system(fmt::format("{} {} {} > {} 2>&1", DS_TO_FP32_BIN, run_dir.string(),
+                                           (dir_ / "out.safetensors").string(), log)
+                                   .c_str());
     std::ifstream in(log);
     return std::pair{rc, std::string{std::istreambuf_iterator<char>(in), {}}};
   };
-  std::ofstream(run_dir / "latest", std::ios::binary) << std::string("glob\xff\x01" "al\x1b[2J");
+  std::ofstream(run_dir / "latest", std::ios::binary) << std::string(
+      "glob\xff\x01"
+      "al\x1b[2J");
   auto [rc, out] = run();
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("[ds_to_fp32]"), std::string::npos) << out;
