@@ -340,6 +340,8 @@ TEST_F(EngineTest, DamagedCheckpointsAreRefusedWithTheFileNamed) {
   fs::copy_file(backup, model_file, fs::copy_options::overwrite_existing);
   std::ofstream(ck / "latest", std::ios::binary) << std::string("glob\xff\x01" "al\x1b[2J");
   expect_error("names 'glob\\xff\\x01al\\x1b[2J', which is not a checkpoint tag");
+  std::ofstream(ck / "latest", std::ios::binary) << std::string(4000, 'g') << "\n";
+  expect_error("4000 characters, longer than any folder name");
   {
     std::ofstream big(ck / "latest", std::ios::binary);
     big << std::string(50 << 20, 'g');

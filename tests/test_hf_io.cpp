@@ -255,6 +255,28 @@ TEST_F(HFIO, IndexEntriesMustBeFilesOfTheFolder) {
     EXPECT_NE(msg.find("is not a file name in the model folder"), std::string::npos) << msg;
     EXPECT_NE(msg.find("model.safetensors.index.json"), std::string::npos) << msg;
   }
+  // Through a symbolic link to a folder outside: refused like any other path.
+  const fs::path outside_dir = dir_.parent_path() / (dir_.filename().string() + "_outside_dir");
+  fs::create_directories(outside_dir);
+  fs::copy_file(outside, outside_dir / "model.safetensors");
+  fs::create_directory_symlink(outside_dir, dir_ / "link");
+  json index = {{"metadata", json::object()}, {"weight_map", json::object()}};
+  for (const auto& [n, t] : tensors) index["weight_map"][n] = "link/model.safetensors";
+  std::ofstream(dir_ / "model.safetensors.index.json") << index.dump();
+  models::GPT c(m->config(), /*init=*/false);
+  const std::string msg = error_of([&] { models::load_hf_weights(c, dir_); });
+  EXPECT_NE(msg.find("weight_map[\"transformer."), std::string::npos) << msg;
+  EXPECT_NE(msg.find("link/model.safetensors"), std::string::npos) << msg;
+  // A shard that is itself a symbolic link (the Hugging Face cache: snapshots/<rev>/x.safetensors
+  // -> ../../blobs/<sha>) still loads.
+  fs::remove(dir_ / "link");
+  fs::create_symlink(outside_dir / "model.safetensors", dir_ / "model-00001-of-00001.safetensors");
+  for (const auto& [n, t] : tensors) index["weight_map"][n] = "model-00001-of-00001.safetensors";
+  std::ofstream(dir_ / "model.safetensors.index.json") << index.dump();
+  models::GPT d(m->config(), /*init=*/false);
+  models::load_hf_weights(d, dir_);
+  EXPECT_EQ(logits(*m), logits(d));
+  fs::remove_all(outside_dir);
   fs::remove(outside);
 }
 

@@ -33,6 +33,7 @@
 #include "ds/nn/module.h"
 #include "ds/ops/ops.h"
 #include "ds/runtime/engine.h"
+#include "ds/train/fit.h"
 
 using namespace ds;
 namespace fs = std::filesystem;
@@ -184,6 +185,57 @@ TEST(AioFiles, ProbeAndReserveGiveReasons) {
   EXPECT_TRUE(f.reserve(1 << 20) || fs::file_size(f.path()) >= (1u << 20));
   fs::remove(f.path());
   EXPECT_THROW(io::File::open("/nonexistent/x", io::File::kRead, false), Error);
+}
+
+// ds_train's start-up free-space check runs before this run's SwapDir removes a killed run's
+// folder: that folder is dead by its lock (however young) and counts as free, and the message
+// names every swap folder there and whether its run is alive.
+TEST(AioFiles, FreeSpaceCheckCountsDeadRunsByTheirLockAndNamesThem) {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const fs::path root = scratch(fmt::format("swapspace_{}", rank ? rank : "0"));
+  const fs::path swap = root / "ds_swap";
+  auto fill = [](const fs::path& file, size_t bytes) {  // real blocks, not a sparse file
+    std::ofstream(file, std::ios::binary) << std::string(bytes, 'x');
+  };
+  // A run killed a second ago: its lock file is there, nobody holds it.
+  const fs::path dead = swap / "deadhost-1-rank0-optimizer";
+  fs::create_directories(dead);
+  std::ofstream(dead / "lock") << "";
+  fill(dead / "optimizer_state.swp", 32 << 20);
+  // A live run: its lock held (by this process).
+  const fs::path live = swap / "livehost-2-rank0-optimizer";
+  fs::create_directories(live);
+  const int fd = ::open((live / "lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  fill(live / "optimizer_state.swp", 8 << 20);
+
+  const io::SwapSpace space = io::swap_space(root.string());
+  EXPECT_GE(space.reclaimable, 32 << 20);  // the dead run's bytes, not the live one's
+  EXPECT_LT(space.reclaimable, 40 << 20);
+  expect_contains(space.folders, {dead.string(), "its run is gone", live.string(),
+                                  "a running process holds its lock"});
+
+  // Through ds_train's check: a need no disk has fails naming both folders.
+  train::FitPlan plan;
+  plan.nvme = int64_t{1} << 60;
+  plan.nvme_path = root.string();
+  const auto mc = models::GPTConfig::preset("test-gpt2");
+  try {
+    train::check_fit(plan, 0, mc, runtime::DeepSpeedConfig{}, 1, root.string());
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    expect_contains(e.what(), {"[ds_train]", "is free there", dead.string(), "counted as free",
+                               live.string(), "holds its lock"});
+  }
+  // More than is free, but not more than free plus the dead run's 32 MiB, fits (other writers
+  // may change the free space meanwhile: 16 MiB of slack either way).
+  const int64_t free = io::available_bytes(root.string());
+  ASSERT_GT(free, 0);
+  plan.nvme = free + (16 << 20);
+  EXPECT_NO_THROW(train::check_fit(plan, 0, mc, runtime::DeepSpeedConfig{}, 1, root.string()));
+  ::close(fd);
+  fs::remove_all(root);
 }
 
 TEST(AioFiles, SwapDirsAreUniqueLockedAndRemoved) {

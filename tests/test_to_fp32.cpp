@@ -361,8 +361,12 @@ TEST_F(ToFp32Single, RefusesOutputsOnTheCheckpointAndExistingFilesWithoutOverwri
   const fs::path run_dir = dir_ / "run";
   const fs::path shard = shard_of(ck, 0, "fp32");
   const std::string shard_before = bytes_of(shard);
+  // A symbolic link to the run folder must not slip through either.
+  fs::create_directory_symlink(run_dir, dir_ / "alias");
+  const fs::path via_link = dir_ / "alias" / ck.filename() / "z.safetensors";
   for (const fs::path& bad :
-       {shard, ck / "x.safetensors", ck / ".." / "global_step2" / "y.safetensors", fs::path(ck)}) {
+       {shard, ck / "x.safetensors", ck / ".." / "global_step2" / "y.safetensors", fs::path(ck),
+        via_link}) {
     auto [rc, out] = run(fmt::format("{} {} --overwrite", run_dir.string(), bad.string()));
     EXPECT_NE(rc, 0) << bad;
     EXPECT_NE(out.find("inside the checkpoint folder"), std::string::npos) << out;
@@ -372,6 +376,7 @@ TEST_F(ToFp32Single, RefusesOutputsOnTheCheckpointAndExistingFilesWithoutOverwri
   EXPECT_NE(out.find("'latest' file"), std::string::npos) << out;
   EXPECT_EQ(bytes_of(shard), shard_before);
   EXPECT_FALSE(fs::exists(ck / "x.safetensors"));
+  EXPECT_FALSE(fs::exists(ck / "z.safetensors"));
 
   // Beside the checkpoint (zero_to_fp32.py's habit) is fine; a second run needs --overwrite.
   const fs::path file = run_dir / "consolidated.safetensors";
@@ -395,4 +400,35 @@ TEST_F(ToFp32Single, RefusesOutputsOnTheCheckpointAndExistingFilesWithoutOverwri
   EXPECT_EQ(rc, 0) << out;
   EXPECT_TRUE(fs::exists(hf / "config.json"));
   EXPECT_FALSE(fs::exists(hf / "stale.txt"));
+}
+
+// The tool prints what a damaged `latest` names escaped and cut to ~200 characters, never its raw
+// bytes (a binary file) or all of it (a long line).
+TEST_F(ToFp32Single, DamagedLatestIsQuotedShortAndEscaped) {
+  save(models::GPTConfig::preset("test-gpt2"));
+  const fs::path run_dir = dir_ / "run";
+  auto run = [&]() {
+    const std::string log = (dir_ / "tool.log").string();
+    const int rc = std::system(fmt::format("{} {} {} > {} 2>&1", DS_TO_FP32_BIN, run_dir.string(),
+                                           (dir_ / "out.safetensors").string(), log)
+                                   .c_str());
+    std::ifstream in(log);
+    return std::pair{rc, std::string{std::istreambuf_iterator<char>(in), {}}};
+  };
+  std::ofstream(run_dir / "latest", std::ios::binary) << std::string(
+      "glob\xff\x01"
+      "al\x1b[2J");
+  auto [rc, out] = run();
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("[ds_to_fp32]"), std::string::npos) << out;
+  EXPECT_NE(out.find("'glob\\xff\\x01al\\x1b[2J'"), std::string::npos) << out;
+  EXPECT_EQ(out.find('\x1b'), std::string::npos) << out;
+  // A printable tag of 4000 characters (under the 4 KiB size limit, over any folder name's): it
+  // used to reach the filesystem, whose "File name too long" error echoed all of it.
+  std::ofstream(run_dir / "latest", std::ios::binary) << std::string(4000, 'g') << "\n";
+  std::tie(rc, out) = run();
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("longer than any folder name"), std::string::npos) << out;
+  EXPECT_NE(out.find("bytes in all"), std::string::npos) << out;
+  EXPECT_LT(out.size(), 1000u) << out;
 }

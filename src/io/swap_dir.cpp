@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <signal.h>
@@ -56,13 +57,23 @@ bool abandoned(const fs::path& dir) {
   return free;
 }
 
+// Bytes the files under `dir` occupy on disk (allocated blocks: what removing them frees; a sparse
+// file's length would overstate it).
 uint64_t bytes_under(const fs::path& dir) {
   std::error_code ec;
   uint64_t n = 0;
   for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
-       it.increment(ec))
-    if (it->is_regular_file(ec)) n += it->file_size(ec);
+       it.increment(ec)) {
+    struct stat st {};
+    if (it->is_regular_file(ec) && ::lstat(it->path().c_str(), &st) == 0)
+      n += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
   return n;
+}
+
+std::string describe(const fs::path& dir, uint64_t bytes, bool dead) {
+  return fmt::format("{} ({:.2f} GiB, {})", dir.string(), static_cast<double>(bytes) / (1 << 30),
+                     dead ? "its run is gone: delete it" : "a running process holds its lock");
 }
 
 }  // namespace
@@ -116,13 +127,28 @@ std::string other_swap_dirs(const std::string& file) {
   std::vector<std::string> parts;
   for (const auto& e : fs::directory_iterator(root, ec)) {
     if (!e.is_directory(ec) || e.path() == own) continue;
-    parts.push_back(fmt::format("{} ({:.2f} GiB, {})", e.path().string(),
-                                static_cast<double>(bytes_under(e.path())) / (1 << 30),
-                                abandoned(e.path()) ? "its run is gone: delete it"
-                                                    : "a running process holds its lock"));
+    parts.push_back(describe(e.path(), bytes_under(e.path()), abandoned(e.path())));
   }
   if (parts.empty()) return {};
   return fmt::format("; other swap folders there: {}", fmt::join(parts, ", "));
+}
+
+SwapSpace swap_space(const std::string& nvme_path) {
+  SwapSpace out;
+  std::error_code ec;
+  std::vector<std::string> parts;
+  for (const auto& e : fs::directory_iterator(fs::path(nvme_path) / "ds_swap", ec)) {
+    if (!e.is_directory(ec)) continue;
+    const uint64_t bytes = bytes_under(e.path());
+    const bool dead = abandoned(e.path());
+    if (dead) out.reclaimable += static_cast<int64_t>(bytes);
+    parts.push_back(dead ? fmt::format("{} ({:.2f} GiB, its run is gone: removed at start-up, "
+                                       "counted as free)",
+                                       e.path().string(), static_cast<double>(bytes) / (1 << 30))
+                         : describe(e.path(), bytes, false));
+  }
+  if (!parts.empty()) out.folders = fmt::format("; swap folders there: {}", fmt::join(parts, ", "));
+  return out;
 }
 
 }  // namespace ds::io

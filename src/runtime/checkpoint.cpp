@@ -194,6 +194,12 @@ std::string read_latest_tag(const fs::path& dir, const std::string& who) {
            "{} {} names {}, but a checkpoint tag must be a folder name inside the checkpoint "
            "folder (global_step<N>), not a path; to load another folder, pass that folder itself",
            who, latest.string(), quoted_excerpt(tag, 200));
+  // Longer than any file name (NAME_MAX): looking the folder up would fail with ENAMETOOLONG and
+  // a filesystem error that echoes all of it.
+  DS_CHECK(tag.size() <= 255,
+           "{} {} names {}, {} characters, longer than any folder name: the file is damaged; pass "
+           "a tag (a global_step<N> folder) explicitly",
+           who, latest.string(), quoted_excerpt(tag, 200), tag.size());
   return tag;
 }
 

@@ -11,6 +11,7 @@
 
 #include "ds/core/error.h"
 #include "ds/io/aio.h"
+#include "ds/io/swap_dir.h"
 #include "ds/runtime/engine.h"
 #include "ds/zero/partition.h"
 #include "ds/train/train_util.h"
@@ -112,13 +113,16 @@ std::string check_fit(const FitPlan& plan, int64_t available, const models::GPTC
                       const std::string& scratch_dir) {
   // Disk first: an NVMe offload that cannot reserve its swap files fails anyway, later.
   if (plan.nvme > 0) {
+    // A killed run's swap folder is still on disk here; its lock says it is dead and the
+    // engine's start removes it, so it counts as free (io/swap_dir.h).
     const int64_t free = io::available_bytes(plan.nvme_path);
-    DS_CHECK(free < 0 || plan.nvme_per_node() <= free,
-             "[ds_train] the NVMe offload needs {} on {} ({} per rank x {}), {} is free there: "
+    const io::SwapSpace swap = io::swap_space(plan.nvme_path);
+    DS_CHECK(free < 0 || plan.nvme_per_node() <= free + swap.reclaimable,
+             "[ds_train] the NVMe offload needs {} on {} ({} per rank x {}), {} is free there{}: "
              "free space, point nvme_path at a larger disk, or lower "
              "offload_optimizer.ratio",
              mib(plan.nvme_per_node()), plan.nvme_path, mib(plan.nvme), plan.ranks_on_node,
-             mib(free));
+             mib(free + swap.reclaimable), swap.folders);
   }
   if (available <= 0) return "";
   const int64_t need = plan.per_node();

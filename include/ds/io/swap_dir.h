@@ -12,6 +12,7 @@
 //   std::string file = dir.path() + "/state.swp";
 //
 // Threading: construct and destroy on one thread.
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -37,5 +38,15 @@ class SwapDir {
 // run folders beside it, each with its size and whether its run is alive, as
 // "; other swap folders there: ..."; empty when there are none or `file` is not in a ds_swap.
 std::string other_swap_dirs(const std::string& file);
+
+// For a free-space check made before this run's SwapDir exists (ds_train's start-up check): the
+// run folders already in <nvme_path>/ds_swap. Folders of dead runs (by their lock, as above) are
+// removed when a run starts, so their bytes count as free (`reclaimable`); `folders` names every
+// folder with its size and whether its run is alive, as "; swap folders there: ..." ("" if none).
+struct SwapSpace {
+  int64_t reclaimable = 0;  // bytes on disk in folders of dead runs
+  std::string folders;
+};
+SwapSpace swap_space(const std::string& nvme_path);
 
 }  // namespace ds::io
