@@ -320,6 +320,14 @@ TEST_F(HFIO, AbsurdConfigsAreRefusedBeforeAllocation) {
   EXPECT_NE(msg.find("nothing was allocated"), std::string::npos) << msg;
   cfg.n_layer = 2;
   EXPECT_NO_THROW(models::check_model_fits(cfg, DType::f32, int64_t(16) << 30, "m/config.json"));
+  // A llama's max_position_embeddings adds no weights, but the model keeps block_size position
+  // ids: 1e12 of them were a std::bad_alloc.
+  cfg.block_size = 1000000000000;
+  EXPECT_NE(error_of([&] {
+              models::check_model_fits(cfg, DType::f32, int64_t(16) << 30, "m/config.json");
+            }).find("block_size 1000000000000"),
+            std::string::npos);
+  cfg.block_size = 64;
   cfg.n_embd = int64_t(1) << 40;
   cfg.n_layer = int64_t(1) << 40;
   EXPECT_NE(error_of([&] { (void)cfg.num_parameters(); }).find("more than 9.2e18 parameters"),

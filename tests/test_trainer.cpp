@@ -178,6 +178,23 @@ TEST_F(TrainerTest, PlanErrorsSayWhatToChange) {
   });
   EXPECT_NE(tok.find("its tokenizer cannot be read"), std::string::npos) << tok;
   EXPECT_NE(tok.find("--export_hf none"), std::string::npos) << tok;
+  // So does one in a --tokenizer folder (the export's other source; no sample asks for it), and
+  // GPT-2's OpenAI file names count as tokenizer files too.
+  for (const char* file : {"tokenizer.json", "encoder.json"}) {
+    const fs::path t = dir_ / (std::string("tok_") + file);
+    fs::create_directories(t);
+    std::ofstream(t / file) << R"({"model": )";
+    std::ofstream(t / "vocab.bpe") << "#version: 0.2\n";
+    const std::string msg = message([&](train::Options& o) {
+      o.tokenizer = t.string();
+      o.sample_tokens = 0;
+      o.export_hf = "";
+    });
+    EXPECT_NE(msg.find("--tokenizer " + t.string() + ": its tokenizer cannot be read"),
+              std::string::npos)
+        << file << ": " << msg;
+    EXPECT_NE(msg.find(file), std::string::npos) << msg;
+  }
   // tp x pp must divide the ranks of the job (one here).
   EXPECT_NE(message([](train::Options& o) {
               o.tensor_parallel_size = 2;

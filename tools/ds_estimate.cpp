@@ -30,6 +30,9 @@
 
 namespace {
 
+// The most parameters the tables take (--params or a --model's count).
+constexpr int64_t kMaxParams = int64_t{1} << 50;
+
 ds::models::GPTConfig resolve_model(const std::string& name) {
   const auto presets = ds::models::GPTConfig::preset_names();
   for (const auto& p : presets)
@@ -104,7 +107,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({2, 3}));
   auto* p_opt = app.add_option("--params", params, "Total parameters (tied weights once)")
-                    ->check(CLI::Range(int64_t{1}, int64_t{1} << 50));
+                    ->check(CLI::Range(int64_t{1}, kMaxParams));
   app.add_option("--largest_layer", largest_layer,
                  "Parameters of the largest layer (stage 3; default: from --model, else 0)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
@@ -149,10 +152,23 @@ int main(int argc, char** argv) {
       // deep, builds millions of modules.
       ds::models::GPTConfig cfg = resolve_model(model);
       params = cfg.num_parameters();
+      // The tables' byte counts are 64-bit integers: past --params' bound they would wrap.
+      DS_CHECK(params <= kMaxParams,
+               "[ds_estimate] --model {} describes {:.3g} parameters (n_layer {}, n_embd {}, ffn "
+               "{}, vocab_size {}, block_size {}), more than the {:.3g} this estimator takes; "
+               "check the config's sizes",
+               model, static_cast<double>(params), cfg.n_layer, cfg.n_embd,
+               cfg.resolved_ffn_hidden(), cfg.vocab_size, cfg.block_size,
+               static_cast<double>(kMaxParams));
+      // The model is built with one block and a block_size of 1 (its position ids are a real
+      // buffer of block_size values; GPT-2's wpe, block_size x n_embd, is counted here instead).
+      const int64_t wpe = cfg.layout == ds::nn::Layout::gpt2 ? cfg.block_size * cfg.n_embd : 0;
       cfg.n_layer = std::min<int64_t>(cfg.n_layer, 1);
+      cfg.block_size = 1;
       ds::nn::PartitionedInit no_memory;  // shapes only: nothing is allocated
       ds::models::GPT gpt(cfg, /*init=*/false);
-      if (largest_layer == 0) largest_layer = ds::zero::count_parameters(gpt).largest_layer;
+      if (largest_layer == 0)
+        largest_layer = std::max(ds::zero::count_parameters(gpt).largest_layer, wpe);
     }
     std::fputs(stage == 2 ? ds::zero::zero2_table(params, gpus, nodes, abf).c_str()
                           : ds::zero::zero3_table(params, largest_layer, gpus, nodes, abf).c_str(),

@@ -113,6 +113,13 @@ TokenizerConfig read_config(const fs::path& folder, bool sentencepiece) {
 
 }  // namespace
 
+bool has_tokenizer_files(const fs::path& dir) {
+  std::error_code ec;
+  auto has = [&](const char* name) { return fs::exists(dir / name, ec); };
+  return has("tokenizer.json") || has("tokenizer.model") ||
+         (has("vocab.json") && has("merges.txt")) || (has("encoder.json") && has("vocab.bpe"));
+}
+
 std::unique_ptr<TextTokenizer> load_tokenizer(const fs::path& folder) {
   DS_CHECK(fs::is_directory(folder), "[tokenizer] '{}' is not a folder", folder.string());
   if (fs::exists(folder / "tokenizer.json"))

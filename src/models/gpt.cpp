@@ -199,15 +199,19 @@ int64_t GPTConfig::num_parameters() const {
 void check_model_fits(const GPTConfig& c, DType dtype, int64_t available,
                       const std::string& source) {
   const int64_t n = c.num_parameters();
-  const double need = static_cast<double>(n) * static_cast<double>(dtype_size(dtype));
+  // The weights, and the model's position ids (block_size int64 values, whatever the layout).
+  const double need = static_cast<double>(n) * static_cast<double>(dtype_size(dtype)) +
+                      8.0 * static_cast<double>(c.block_size);
   if (available <= 0 || need <= static_cast<double>(available)) return;
   DS_THROW(
-      "[model] {} describes {:.3g} parameters (n_layer {}, n_embd {}, ffn {}, vocab_size {}): "
-      "{:.1f} GiB of {} weights alone, but this machine has {:.1f} GiB available; nothing was "
-      "allocated. Check the config (a layer count of {} is unusual), or run on a larger machine "
-      "(DS_MEMORY_LIMIT lowers the limit, never raises it)",
+      "[model] {} describes {:.3g} parameters (n_layer {}, n_embd {}, ffn {}, vocab_size {}, "
+      "block_size {}): {:.1f} GiB of {} weights and position ids alone, but this machine has "
+      "{:.1f} GiB available; nothing was allocated. Check the config (a layer count of {} or a "
+      "block_size of {} is unusual), or run on a larger machine (DS_MEMORY_LIMIT lowers the "
+      "limit, never raises it)",
       source, static_cast<double>(n), c.n_layer, c.n_embd, c.resolved_ffn_hidden(), c.vocab_size,
-      need / (1u << 30), dtype_name(dtype), static_cast<double>(available) / (1u << 30), c.n_layer);
+      c.block_size, need / (1u << 30), dtype_name(dtype),
+      static_cast<double>(available) / (1u << 30), c.n_layer, c.block_size);
 }
 
 // ---- JSON ----

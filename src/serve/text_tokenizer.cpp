@@ -54,11 +54,7 @@ class ByteTokenizer final : public TextTokenizer {
 
 }  // namespace
 
-bool has_tokenizer_files(const fs::path& dir) {
-  return fs::exists(dir / "tokenizer.json") || fs::exists(dir / "tokenizer.model") ||
-         (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt")) ||
-         (fs::exists(dir / "encoder.json") && fs::exists(dir / "vocab.bpe"));
-}
+bool has_tokenizer_files(const fs::path& dir) { return data::has_tokenizer_files(dir); }
 
 std::unique_ptr<TextTokenizer> load_text_tokenizer(const fs::path& dir) {
   return std::make_unique<HfTokenizer>(data::load_tokenizer(dir));

@@ -210,26 +210,22 @@ RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {
     }
   }
 
-  // The export at the end copies the tokenizer of --init_from: one that cannot be read would only
-  // be found after the whole run ("no tokenizer exported"). Read it now.
-  if (!o.init_from.empty() && o.export_hf != "none") {
-    const fs::path from = o.init_from;
-    std::error_code ec;
-    const bool has_files = fs::is_directory(from, ec) &&
-                           (fs::exists(from / "tokenizer.json", ec) ||
-                            fs::exists(from / "tokenizer.model", ec) ||
-                            fs::exists(from / "vocab.json", ec));
-    if (has_files) {
+  // The export at the end copies the tokenizer of --init_from, else of --tokenizer: one that cannot
+  // be read would only be found after the whole run ("no tokenizer exported", or another folder's
+  // tokenizer beside the model). Read each now.
+  if (o.export_hf != "none")
+    for (auto [flag, dir] : {std::pair{"--init_from", o.init_from}, {"--tokenizer", o.tokenizer}}) {
+      std::error_code ec;
+      if (dir.empty() || !fs::is_directory(dir, ec) || !data::has_tokenizer_files(dir)) continue;
       try {
-        (void)data::load_tokenizer(from);
+        (void)data::load_tokenizer(dir);
       } catch (const Error& e) {
         DS_THROW(
-            "[ds_train] --init_from {}: its tokenizer cannot be read, so the export at the end "
-            "would have none: {}. Fix or replace the tokenizer files, or give --export_hf none",
-            from.string(), e.what());
+            "[ds_train] {} {}: its tokenizer cannot be read, so the export at the end would have "
+            "none: {}. Fix or replace the tokenizer files, or give --export_hf none",
+            flag, dir, e.what());
       }
     }
-  }
 
   // ---- data ----
   DS_CHECK(!o.train_data.empty(),

@@ -20,3 +20,13 @@ add_test(NAME ds_estimate_t0_3b COMMAND $<TARGET_FILE:ds_estimate> --stage 3 --p
   --largest_layer 65798144)
 set_tests_properties(ds_estimate_t0_3b PROPERTIES LABELS "zero"
   PASS_REGULAR_EXPRESSION "   70.00GB \\|   0.25GB \\| offload_param=cpu , offload_optimizer=cpu , zero_init=1")
+# A config's count past --params' bound is refused (the tables' 64-bit byte counts would wrap), and
+# a long context (block_size 1e12: GPT-2's wpe is the largest layer) is counted, not built.
+add_test(NAME ds_estimate_refuses_a_huge_count COMMAND $<TARGET_FILE:ds_estimate> --stage 3
+  --model ${DS_FIXTURE_DIR}/zero/model_too_many_params.json)
+set_tests_properties(ds_estimate_refuses_a_huge_count PROPERTIES LABELS "zero"
+  PASS_REGULAR_EXPRESSION "5.15e\\+16 parameters \\(n_layer 1000000, n_embd 65536.*more than the 1.13e\\+15 this estimator takes")
+add_test(NAME ds_estimate_long_context COMMAND $<TARGET_FILE:ds_estimate> --stage 3
+  --model ${DS_FIXTURE_DIR}/zero/model_long_context.json)
+set_tests_properties(ds_estimate_long_context PROPERTIES LABELS "zero"
+  PASS_REGULAR_EXPRESSION "Model with 32000000M total params, 32000000M largest layer params")

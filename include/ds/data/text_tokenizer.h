@@ -99,4 +99,7 @@ class TextTokenizer {
 // naming the folder and what was looked for when nothing usable is there.
 std::unique_ptr<TextTokenizer> load_tokenizer(const std::filesystem::path& folder);
 
+// Whether folder holds one of the files load_tokenizer reads (it may still fail to load).
+bool has_tokenizer_files(const std::filesystem::path& folder);
+
 }  // namespace ds::data
