@@ -424,6 +424,52 @@ TEST_F(Sft, ByteOrderMarkAndBadBytesInMessages) {
   EXPECT_NE(err.find("bytes in all"), std::string::npos) << err.substr(0, 600);
 }
 
+// Every piece of a record that a message echoes (keys, a history pair, a role) is quoted escaped
+// and cut: a 1 MB key or role with a terminal escape in it must not reach the terminal whole.
+TEST_F(Sft, EchoedFieldsAreQuotedAndCut) {
+  const std::string big = "\x1b[31m" + std::string(1 << 20, 'k');
+  std::string err = error_of([&] {
+    read_sft_file(write("key.jsonl", json({{big, 1}}).dump() + "\n"), SftFormat::kAuto);
+  });
+  EXPECT_NE(err.find("cannot tell the record format"), std::string::npos) << err.substr(0, 600);
+  EXPECT_LT(err.size(), 1000u);
+  EXPECT_EQ(err.find('\x1b'), std::string::npos) << "raw escape echoed";
+  EXPECT_NE(err.find("\\x1b"), std::string::npos) << err.substr(0, 600);
+  json many = json::object();
+  for (int i = 0; i < 100000; ++i) many["k" + std::to_string(i)] = i;
+  err = error_of([&] { read_sft_file(write("keys.jsonl", many.dump() + "\n"), SftFormat::kAuto); });
+  EXPECT_LT(err.size(), 1000u);
+  EXPECT_NE(err.find("100000 keys in all"), std::string::npos) << err.substr(0, 600);
+  err = error_of([&] {
+    read_sft_file(write("hist.jsonl", json({{"prompt", "q"},
+                                            {"response", "a"},
+                                            {"history", json::array({json::array({1, big})})}})
+                                              .dump() +
+                                          "\n"),
+                  SftFormat::kAuto);
+  });
+  EXPECT_NE(err.find("history[0]"), std::string::npos) << err.substr(0, 600);
+  EXPECT_LT(err.size(), 1000u);
+  EXPECT_EQ(err.find('\x1b'), std::string::npos) << "raw escape echoed";
+
+  // A role the template does not have, echoed by the chat template.
+  SftOptions o;
+  o.inputs = {write("role.jsonl",
+                    json({{"messages", json::array({{{"role", big}, {"content", "q"}},
+                                                    {{"role", "assistant"}, {"content", "a"}}})}})
+                            .dump() +
+                        "\n")};
+  o.tokenizer_dir = kQwen;
+  o.template_name = "chatglm";
+  o.seq_len = 64;
+  o.output_dir = dir_ / "out";
+  err = error_of([&] { prepare_sft(o); });
+  EXPECT_NE(err.find("role.jsonl:1"), std::string::npos) << err.substr(0, 600);
+  EXPECT_NE(err.find("is not allowed"), std::string::npos) << err.substr(0, 600);
+  EXPECT_LT(err.size(), 1000u);
+  EXPECT_EQ(err.find('\x1b'), std::string::npos) << "raw escape echoed";
+}
+
 // Answers that are all "": a warning with counts when some are, an error when all are (the model
 // would only learn to end its turn).
 TEST_F(Sft, EmptyAnswersWarnWithCountsOrFail) {
@@ -498,8 +544,8 @@ TEST_F(Sft, DsPrepareAndDsTrainEndToEnd) {
                             " --per_device_train_batch_size 2 --gradient_accumulation_steps 1"
                             " --learning_rate 0.01 --warmup_steps 1 --eval_batches 1 "
                             "--sample_tokens 0 --threads 1 --max_steps 16 --eval_steps 8 "
-                            "--export_hf " + (dir_ / "hf").string() + " --output_dir " +
-                            (dir_ / "run").string();
+                            "--export_hf " +
+                            (dir_ / "hf").string() + " --output_dir " + (dir_ / "run").string();
   ASSERT_EQ(sh(train, &log), 0) << log;
   // The export carries the template the examples were rendered with.
   {

@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/core/error.h"
-#include "ds/core/text.h"
 #include "ds/core/file_io.h"
+#include "ds/core/text.h"
 #include "ds/data/prepare.h"
 #include "ds/data/shard.h"
 
@@ -71,8 +71,15 @@ SftFormat detect(const json& j, const Where& w) {
   if (j.contains("messages")) return SftFormat::kMessages;
   if (j.contains("instruction") || j.contains("output")) return SftFormat::kAlpaca;
   if (j.contains("prompt") || j.contains("response")) return SftFormat::kChatGLM;
+  // The keys are the user's bytes: each quoted escaped and cut, and at most 8 of them.
   std::vector<std::string> keys;
-  for (const auto& [k, v] : j.items()) keys.push_back(k);
+  for (const auto& [k, v] : j.items()) {
+    if (keys.size() == 8) {
+      keys.push_back(fmt::format("... {} keys in all", j.size()));
+      break;
+    }
+    keys.push_back(quoted_excerpt(k, 60));
+  }
   fail(w,
        "cannot tell the record format from its fields ({}): expected \"messages\" (messages), "
        "\"instruction\"/\"output\" (alpaca) or \"prompt\"/\"response\" (chatglm); convert the "
@@ -93,7 +100,7 @@ std::vector<ChatMessage> to_messages(const json& j, SftFormat f, const Where& w)
           const json& pair = (*h)[i];
           if (!pair.is_array() || pair.size() != 2 || !pair[0].is_string() || !pair[1].is_string())
             fail(w, "field 'history[{}]' must be a [question, answer] pair of strings, not {}", i,
-                 pair.dump().substr(0, 80));
+                 quoted_excerpt(pair.dump(), 80));
           out.push_back({"user", pair[0].get<std::string>()});
           out.push_back({"assistant", pair[1].get<std::string>()});
         }
@@ -383,8 +390,8 @@ SftReport prepare_sft(const SftOptions& o) {
       continue;
     }
     // An answer of "" still trains its end-of-turn token: the model would learn to stop at once.
-    const bool empty_answer = std::all_of(
-        r.record.messages.begin(), r.record.messages.end(), [](const ChatMessage& m) {
+    const bool empty_answer =
+        std::all_of(r.record.messages.begin(), r.record.messages.end(), [](const ChatMessage& m) {
           return m.role != "assistant" ||
                  m.content.find_first_not_of(" \t\r\n") == std::string::npos;
         });
