@@ -487,10 +487,27 @@ TEST_F(Sft, EmptyAnswersWarnWithCountsOrFail) {
   ASSERT_EQ(r.warnings.size(), 1u);
   EXPECT_NE(r.warnings[0].find("2 of 3 examples have an empty answer"), std::string::npos)
       << r.warnings[0];
-  o.inputs = {write("all.jsonl", empty + empty)};
+  EXPECT_NE(r.warnings[0].find("3 records read"), std::string::npos) << r.warnings[0];
+  EXPECT_NE(r.warnings[0].find("some.jsonl:1, "), std::string::npos) << r.warnings[0];
+  EXPECT_NE(r.warnings[0].find("some.jsonl:3"), std::string::npos) << r.warnings[0];
+  // Nothing to train on: an error naming the file, the counts and where to look.
+  o.inputs = {write("all.jsonl", empty + "\n" + empty)};
   o.output_dir = dir_ / "out2";
-  const std::string err = error_of([&] { prepare_sft(o); });
-  EXPECT_NE(err.find("every one of the 2 examples has an empty answer"), std::string::npos) << err;
+  std::string err = error_of([&] { prepare_sft(o); });
+  EXPECT_NE(err.find("[sft] " + (dir_ / "all.jsonl").string() + ": every one of the 2 examples"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("2 records read"), std::string::npos) << err;
+  EXPECT_NE(err.find("all.jsonl:3"), std::string::npos) << err;
+  // Every record without an answer, or too long: the error names the file too.
+  o.inputs = {
+      write("long.jsonl", json({{"prompt", std::string(400, 'q')}, {"response", "a"}}).dump())};
+  o.output_dir = dir_ / "out3";
+  err = error_of([&] { prepare_sft(o); });
+  EXPECT_NE(err.find("long.jsonl: no training example was written (1 records read: 1 dropped as "
+                     "too long"),
+            std::string::npos)
+      << err;
 }
 
 // ds_prepare --sft and ds_train on the result: a tiny model trains on the masked examples, and a

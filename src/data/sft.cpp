@@ -171,6 +171,15 @@ std::vector<size_t> round_starts(std::span<const ChatMessage> messages) {
   return starts;
 }
 
+// The input files for a message: the one path, or the first three and how many more.
+std::string files_named(const std::vector<InputFile>& files) {
+  if (files.size() == 1) return files[0].path.string();
+  std::vector<std::string> shown;
+  for (size_t i = 0; i < files.size() && i < 3; ++i) shown.push_back(files[i].path.string());
+  return fmt::format("{} input files ({}{})", files.size(), fmt::join(shown, ", "),
+                     files.size() > 3 ? ", ..." : "");
+}
+
 class SplitOut {
  public:
   SplitOut(std::string name, const fs::path& dir, uint32_t vocab)
@@ -353,8 +362,10 @@ SftReport prepare_sft(const SftOptions& o) {
     report.file_formats.emplace_back(files[i].path.string(), sft_format_name(used));
   }
   report.records = records.size();
-  DS_CHECK(!records.empty(), "[sft] no records in {} input file(s); each line must be a record",
-           files.size());
+  DS_CHECK(!records.empty(),
+           "[sft] {}: no records (every line is empty or blank); each line must be one JSON "
+           "object: check that this is the right file",
+           files_named(files));
 
   size_t first_val = records.size();  // the fraction rule: records [first_val, end) are val
   if (!by_files) {
@@ -376,6 +387,7 @@ SftReport prepare_sft(const SftOptions& o) {
   fs::create_directories(o.output_dir);
   const auto vocab = static_cast<uint32_t>(tok->vocab_size());
   SplitOut train("train", o.output_dir, vocab), val("val", o.output_dir, vocab);
+  std::vector<std::string> empty_where;  // the first few records with an empty answer
   for (size_t k = 0; k < records.size(); ++k) {
     const Loaded& r = records[k];
     SftDrop why = SftDrop::kNone;
@@ -396,6 +408,8 @@ SftReport prepare_sft(const SftOptions& o) {
                  m.content.find_first_not_of(" \t\r\n") == std::string::npos;
         });
     report.empty_responses += empty_answer;
+    if (empty_answer && empty_where.size() < 3)
+      empty_where.push_back(fmt::format("{}:{}", files[r.file].path.string(), r.record.line));
     report.truncated += e->truncated;
     report.history_trimmed += e->rounds_dropped > 0;
     const bool is_val = by_files ? file_is_val[r.file] : k >= first_val;
@@ -404,21 +418,26 @@ SftReport prepare_sft(const SftOptions& o) {
   report.train = train.finish();
   report.val = val.finish();
   const uint64_t written = report.train.examples + report.val.examples;
+  // Nothing to learn from is an error naming the input; some empty answers are a warning with the
+  // counts and where the first ones are.
   DS_CHECK(written == 0 || report.empty_responses < written,
-           "[sft] every one of the {} examples has an empty answer (assistant content \"\" or only "
-           "spaces): training on them would only teach the model to end its turn at once. Check "
-           "that the answer field (response, output, or the assistant messages) is filled in",
-           written);
+           "[sft] {}: every one of the {} examples ({} records read) has an empty answer "
+           "(assistant content \"\" or only spaces; first at {}): training on them would only "
+           "teach the model to end its turn at once. Fill in the answer field (response, output, "
+           "or the assistant messages)",
+           files_named(files), written, report.records, fmt::join(empty_where, ", "));
   if (report.empty_responses > 0)
     report.warnings.push_back(fmt::format(
         "warning: {} of {} examples have an empty answer (assistant content \"\" or only "
-        "spaces); each trains only its end-of-turn token. Check the answer field of those "
-        "records",
-        report.empty_responses, written));
+        "spaces; {} records read; first at {}); each trains only its end-of-turn token. Check "
+        "the answer field of those records",
+        report.empty_responses, written, report.records, fmt::join(empty_where, ", ")));
   DS_CHECK(report.train.examples > 0,
-           "[sft] no training example was written ({} records: {} dropped as too long for "
-           "--seq_len {}, {} without an assistant answer); raise --seq_len or check the data",
-           report.records, report.dropped_too_long, o.seq_len, report.dropped_no_response);
+           "[sft] {}: no training example was written ({} records read: {} dropped as too long "
+           "for --seq_len {}, {} without an assistant answer, {} in validation); raise --seq_len, "
+           "lower the validation share or check the data",
+           files_named(files), report.records, report.dropped_too_long, o.seq_len,
+           report.dropped_no_response, report.val.examples);
 
   const TokenizerConfig& tc = tok->config();
   json meta = {
