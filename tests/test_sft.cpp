@@ -424,6 +424,43 @@ TEST_F(Sft, ByteOrderMarkAndBadBytesInMessages) {
   EXPECT_NE(err.find("bytes in all"), std::string::npos) << err.substr(0, 600);
 }
 
+// What a byte order mark or the wrong kind of file leads to is said plainly: a file of only a mark
+// and blank lines has no records (named), a mark inside the file (files joined with cat) is named
+// as such instead of an invisible parse error, UTF-16 and JSON array files say how to convert.
+TEST_F(Sft, ByteOrderMarksAndWrongFileKindsAreNamed) {
+  const std::string bom = "\xef\xbb\xbf";
+  EXPECT_TRUE(read_sft_file(write("blank.jsonl", bom + "\n  \n\n"), SftFormat::kAuto).empty());
+  SftOptions o;
+  o.inputs = {dir_ / "blank.jsonl"};
+  o.tokenizer_dir = kQwen;
+  o.template_name = "chatml";
+  o.seq_len = 32;
+  o.output_dir = dir_ / "out";
+  std::string err = error_of([&] { prepare_sft(o); });
+  EXPECT_NE(err.find("blank.jsonl: no records (every line is empty or blank)"), std::string::npos)
+      << err;
+
+  err = error_of([&] {
+    read_sft_file(write("cat.jsonl", bom + kAlpaca + "\n" + bom + kAlpaca + "\n"),
+                  SftFormat::kAuto);
+  });
+  EXPECT_NE(err.find("cat.jsonl:2: the line starts with a UTF-8 byte order mark"),
+            std::string::npos)
+      << err;
+
+  std::string utf16 = "\xff\xfe";
+  for (char c : std::string(kAlpaca)) utf16 += std::string{c, '\0'};
+  err = error_of([&] { read_sft_file(write("w.jsonl", utf16 + "\n"), SftFormat::kAuto); });
+  EXPECT_NE(err.find("w.jsonl:1: the file is UTF-16"), std::string::npos) << err.substr(0, 300);
+
+  for (const std::string& array :
+       {"[\n  " + std::string(kAlpaca) + "\n]\n", bom + "\n[" + std::string(kAlpaca) + "]\n"}) {
+    err = error_of([&] { read_sft_file(write("a.json", array), SftFormat::kAuto); });
+    EXPECT_NE(err.find("the file is a JSON array, not JSON Lines"), std::string::npos) << err;
+    EXPECT_NE(err.find("jq -c '.[]'"), std::string::npos) << err;
+  }
+}
+
 // Every piece of a record that a message echoes (keys, a history pair, a role) is quoted escaped
 // and cut: a 1 MB key or role with a terminal escape in it must not reach the terminal whole.
 TEST_F(Sft, EchoedFieldsAreQuotedAndCut) {

@@ -246,9 +246,25 @@ std::vector<SftRecord> read_sft_file(const fs::path& path, SftFormat format, Sft
   for (size_t n = 1; std::getline(in, line); ++n) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     // Editors on Windows start a file with a byte order mark: not part of the first record.
-    if (n == 1) line.erase(0, line.size() - strip_utf8_bom(line).size());
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
     const Where w{path, n};
+    if (n == 1) {
+      line.erase(0, line.size() - strip_utf8_bom(line).size());
+      if (line.starts_with("\xFF\xFE") || line.starts_with("\xFE\xFF"))
+        fail(w, "the file is UTF-16 (it starts with the byte order mark {}); save it as UTF-8",
+             quoted_excerpt(line.substr(0, 2)));
+    } else if (line.size() != strip_utf8_bom(line).size()) {
+      // Invisible in any message: say what it is (files joined with cat keep each one's mark).
+      fail(w,
+           "the line starts with a UTF-8 byte order mark (bytes EF BB BF), which only the first "
+           "line of a file may carry (were files joined with cat?); remove it");
+    }
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    // A JSON array file (alpaca_data.json is one) is not JSON Lines: say how to convert it.
+    if (out.empty() && line[line.find_first_not_of(" \t")] == '[')
+      fail(w,
+           "the file is a JSON array, not JSON Lines (one record object per line); convert it "
+           "with: jq -c '.[]' {} > records.jsonl",
+           path.string());
     json j;
     try {
       j = json::parse(line);
