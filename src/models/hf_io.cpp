@@ -9,6 +9,7 @@
 #include <optional>
 #include <regex>
 #include <set>
+#include <type_traits>
 
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
@@ -102,7 +103,8 @@ std::vector<fs::path> weight_files(const fs::path& path) {
       // shard that is a symbolic link (the Hugging Face cache's blobs) is still fine.
       const std::string name = v.is_string() ? v.get<std::string>() : std::string();
       DS_CHECK(v.is_string() && !name.empty() && name != "." && name != ".." &&
-                   name.find_first_of("/\\") == std::string::npos && name.find('\0') == std::string::npos,
+                   name.find_first_of("/\\") == std::string::npos &&
+                   name.find('\0') == std::string::npos,
                "[hf_io] {}: weight_map[\"{}\"] = {} is not a file name in the model folder (shards "
                "must sit beside the index, without a path); the index is damaged or not from "
                "save_pretrained: fix or re-export it",
@@ -129,6 +131,25 @@ std::vector<fs::path> weight_files(const fs::path& path) {
 template <class T>
 T get_field(const json& j, const char* key, T fallback, const std::string& source) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
+  const json& v = j[key];
+  // The JSON library converts 1e30 or 2^64 to an integer by a cast that wraps (1e30 layers read as
+  // a negative count) and takes 2.5 as 2: sizes must be whole numbers an int64 holds. Exponent
+  // forms of whole numbers (1e5) are fine.
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      DS_CHECK(std::isfinite(d) && d == std::trunc(d),
+               "[hf_io] {}: \"{}\" = {} is not a whole number; sizes and counts are integers",
+               source, key, v.dump());
+      DS_CHECK(std::abs(d) <= 9.2e18,
+               "[hf_io] {}: \"{}\" = {} is out of range (beyond 9.2e18); check the config", source,
+               key, v.dump());
+      return static_cast<T>(d);
+    }
+    DS_CHECK(!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t(INT64_MAX),
+             "[hf_io] {}: \"{}\" = {} is out of range (above 9.2e18); check the config", source,
+             key, v.dump());
+  }
   try {
     return j[key].get<T>();
   } catch (const json::exception& e) {
