@@ -329,6 +329,17 @@ TEST_F(HFIO, ConfigSizesMustBeWholeNumbersInRange) {
   json j = base;
   j["num_hidden_layers"] = 1e5;
   EXPECT_EQ(models::hf_config_from_json(j).n_layer, 100000);
+  // Our own model config (ds_train/ds_estimate --model, an export's "ds_cpp") the same way.
+  msg = error_of(
+      [] { models::GPTConfig::from_json_string(R"({"preset": "tiny", "n_layer": 1e30})"); });
+  EXPECT_NE(msg.find("'n_layer' = 1e+30 in the model config is out of range"), std::string::npos)
+      << msg;
+  msg =
+      error_of([] { models::GPTConfig::from_json_string(R"({"preset": "tiny", "n_head": 2.5})"); });
+  EXPECT_NE(msg.find("'n_head' = 2.5 in the model config is not a whole number"), std::string::npos)
+      << msg;
+  EXPECT_EQ(models::GPTConfig::from_json_string(R"({"preset": "tiny", "n_layer": 3e0})").n_layer,
+            3);
 }
 
 TEST_F(HFIO, ConfigErrors) {

@@ -103,8 +103,7 @@ std::vector<fs::path> weight_files(const fs::path& path) {
       // shard that is a symbolic link (the Hugging Face cache's blobs) is still fine.
       const std::string name = v.is_string() ? v.get<std::string>() : std::string();
       DS_CHECK(v.is_string() && !name.empty() && name != "." && name != ".." &&
-                   name.find_first_of("/\\") == std::string::npos &&
-                   name.find('\0') == std::string::npos,
+                   name.find_first_of("/\\") == std::string::npos && name.find('\0') == std::string::npos,
                "[hf_io] {}: weight_map[\"{}\"] = {} is not a file name in the model folder (shards "
                "must sit beside the index, without a path); the index is damaged or not from "
                "save_pretrained: fix or re-export it",
