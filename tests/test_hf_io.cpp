@@ -334,6 +334,44 @@ TEST_F(HFIO, AbsurdConfigsAreRefusedBeforeAllocation) {
             std::string::npos);
 }
 
+// Sizes the JSON library would cast with wrap-around (1e30 layers read as -9.2e18, 2^64 as -1) or
+// truncate (2.5 heads as 2) are refused naming config.json and the field; 1e5 written with an
+// exponent is still the whole number it is.
+TEST_F(HFIO, ConfigSizesMustBeWholeNumbersInRange) {
+  const json base = {{"model_type", "llama"},    {"hidden_size", 64},
+                     {"intermediate_size", 128}, {"num_attention_heads", 4},
+                     {"num_hidden_layers", 2},   {"vocab_size", 256}};
+  auto with = [&](const char* key, const json& v) {
+    json j = base;
+    j[key] = v;
+    return error_of([&] { models::hf_config_from_json(j, "m/config.json"); });
+  };
+  std::string msg = with("num_hidden_layers", 1e30);
+  EXPECT_NE(msg.find("[hf_io] m/config.json: \"num_hidden_layers\" = 1e+30 is out of range"),
+            std::string::npos)
+      << msg;
+  msg = with("vocab_size", json::parse("18446744073709551615"));
+  EXPECT_NE(msg.find("\"vocab_size\" = 18446744073709551615 is out of range"), std::string::npos)
+      << msg;
+  msg = with("num_attention_heads", 2.5);
+  EXPECT_NE(msg.find("\"num_attention_heads\" = 2.5 is not a whole number"), std::string::npos)
+      << msg;
+  json j = base;
+  j["num_hidden_layers"] = 1e5;
+  EXPECT_EQ(models::hf_config_from_json(j).n_layer, 100000);
+  // Our own model config (ds_train/ds_estimate --model, an export's "ds_cpp") the same way.
+  msg = error_of(
+      [] { models::GPTConfig::from_json_string(R"({"preset": "tiny", "n_layer": 1e30})"); });
+  EXPECT_NE(msg.find("'n_layer' = 1e+30 in the model config is out of range"), std::string::npos)
+      << msg;
+  msg =
+      error_of([] { models::GPTConfig::from_json_string(R"({"preset": "tiny", "n_head": 2.5})"); });
+  EXPECT_NE(msg.find("'n_head' = 2.5 in the model config is not a whole number"), std::string::npos)
+      << msg;
+  EXPECT_EQ(models::GPTConfig::from_json_string(R"({"preset": "tiny", "n_layer": 3e0})").n_layer,
+            3);
+}
+
 TEST_F(HFIO, ConfigErrors) {
   EXPECT_NE(error_of([] {
               models::hf_config_from_json({{"model_type", "bert"}});

@@ -424,6 +424,89 @@ TEST_F(Sft, ByteOrderMarkAndBadBytesInMessages) {
   EXPECT_NE(err.find("bytes in all"), std::string::npos) << err.substr(0, 600);
 }
 
+// What a byte order mark or the wrong kind of file leads to is said plainly: a file of only a mark
+// and blank lines has no records (named), a mark inside the file (files joined with cat) is named
+// as such instead of an invisible parse error, UTF-16 and JSON array files say how to convert.
+TEST_F(Sft, ByteOrderMarksAndWrongFileKindsAreNamed) {
+  const std::string bom = "\xef\xbb\xbf";
+  EXPECT_TRUE(read_sft_file(write("blank.jsonl", bom + "\n  \n\n"), SftFormat::kAuto).empty());
+  SftOptions o;
+  o.inputs = {dir_ / "blank.jsonl"};
+  o.tokenizer_dir = kQwen;
+  o.template_name = "chatml";
+  o.seq_len = 32;
+  o.output_dir = dir_ / "out";
+  std::string err = error_of([&] { prepare_sft(o); });
+  EXPECT_NE(err.find("blank.jsonl: no records (every line is empty or blank)"), std::string::npos)
+      << err;
+
+  err = error_of([&] {
+    read_sft_file(write("cat.jsonl", bom + kAlpaca + "\n" + bom + kAlpaca + "\n"),
+                  SftFormat::kAuto);
+  });
+  EXPECT_NE(err.find("cat.jsonl:2: the line starts with a UTF-8 byte order mark"),
+            std::string::npos)
+      << err;
+
+  std::string utf16 = "\xff\xfe";
+  for (char c : std::string(kAlpaca)) utf16 += std::string{c, '\0'};
+  err = error_of([&] { read_sft_file(write("w.jsonl", utf16 + "\n"), SftFormat::kAuto); });
+  EXPECT_NE(err.find("w.jsonl:1: the file is UTF-16"), std::string::npos) << err.substr(0, 300);
+
+  for (const std::string& array :
+       {"[\n  " + std::string(kAlpaca) + "\n]\n", bom + "\n[" + std::string(kAlpaca) + "]\n"}) {
+    err = error_of([&] { read_sft_file(write("a.json", array), SftFormat::kAuto); });
+    EXPECT_NE(err.find("the file is a JSON array, not JSON Lines"), std::string::npos) << err;
+    EXPECT_NE(err.find("jq -c '.[]'"), std::string::npos) << err;
+  }
+}
+
+// Every piece of a record that a message echoes (keys, a history pair, a role) is quoted escaped
+// and cut: a 1 MB key or role with a terminal escape in it must not reach the terminal whole.
+TEST_F(Sft, EchoedFieldsAreQuotedAndCut) {
+  const std::string big = "\x1b[31m" + std::string(1 << 20, 'k');
+  std::string err = error_of([&] {
+    read_sft_file(write("key.jsonl", json({{big, 1}}).dump() + "\n"), SftFormat::kAuto);
+  });
+  EXPECT_NE(err.find("cannot tell the record format"), std::string::npos) << err.substr(0, 600);
+  EXPECT_LT(err.size(), 1000u);
+  EXPECT_EQ(err.find('\x1b'), std::string::npos) << "raw escape echoed";
+  EXPECT_NE(err.find("\\x1b"), std::string::npos) << err.substr(0, 600);
+  json many = json::object();
+  for (int i = 0; i < 100000; ++i) many["k" + std::to_string(i)] = i;
+  err = error_of([&] { read_sft_file(write("keys.jsonl", many.dump() + "\n"), SftFormat::kAuto); });
+  EXPECT_LT(err.size(), 1000u);
+  EXPECT_NE(err.find("100000 keys in all"), std::string::npos) << err.substr(0, 600);
+  err = error_of([&] {
+    read_sft_file(write("hist.jsonl", json({{"prompt", "q"},
+                                            {"response", "a"},
+                                            {"history", json::array({json::array({1, big})})}})
+                                              .dump() +
+                                          "\n"),
+                  SftFormat::kAuto);
+  });
+  EXPECT_NE(err.find("history[0]"), std::string::npos) << err.substr(0, 600);
+  EXPECT_LT(err.size(), 1000u);
+  EXPECT_EQ(err.find('\x1b'), std::string::npos) << "raw escape echoed";
+
+  // A role the template does not have, echoed by the chat template.
+  SftOptions o;
+  o.inputs = {write("role.jsonl",
+                    json({{"messages", json::array({{{"role", big}, {"content", "q"}},
+                                                    {{"role", "assistant"}, {"content", "a"}}})}})
+                            .dump() +
+                        "\n")};
+  o.tokenizer_dir = kQwen;
+  o.template_name = "chatglm";
+  o.seq_len = 64;
+  o.output_dir = dir_ / "out";
+  err = error_of([&] { prepare_sft(o); });
+  EXPECT_NE(err.find("role.jsonl:1"), std::string::npos) << err.substr(0, 600);
+  EXPECT_NE(err.find("is not allowed"), std::string::npos) << err.substr(0, 600);
+  EXPECT_LT(err.size(), 1000u);
+  EXPECT_EQ(err.find('\x1b'), std::string::npos) << "raw escape echoed";
+}
+
 // Answers that are all "": a warning with counts when some are, an error when all are (the model
 // would only learn to end its turn).
 TEST_F(Sft, EmptyAnswersWarnWithCountsOrFail) {
@@ -441,10 +524,27 @@ TEST_F(Sft, EmptyAnswersWarnWithCountsOrFail) {
   ASSERT_EQ(r.warnings.size(), 1u);
   EXPECT_NE(r.warnings[0].find("2 of 3 examples have an empty answer"), std::string::npos)
       << r.warnings[0];
-  o.inputs = {write("all.jsonl", empty + empty)};
+  EXPECT_NE(r.warnings[0].find("3 records read"), std::string::npos) << r.warnings[0];
+  EXPECT_NE(r.warnings[0].find("some.jsonl:1, "), std::string::npos) << r.warnings[0];
+  EXPECT_NE(r.warnings[0].find("some.jsonl:3"), std::string::npos) << r.warnings[0];
+  // Nothing to train on: an error naming the file, the counts and where to look.
+  o.inputs = {write("all.jsonl", empty + "\n" + empty)};
   o.output_dir = dir_ / "out2";
-  const std::string err = error_of([&] { prepare_sft(o); });
-  EXPECT_NE(err.find("every one of the 2 examples has an empty answer"), std::string::npos) << err;
+  std::string err = error_of([&] { prepare_sft(o); });
+  EXPECT_NE(err.find("[sft] " + (dir_ / "all.jsonl").string() + ": every one of the 2 examples"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("2 records read"), std::string::npos) << err;
+  EXPECT_NE(err.find("all.jsonl:3"), std::string::npos) << err;
+  // Every record without an answer, or too long: the error names the file too.
+  o.inputs = {
+      write("long.jsonl", json({{"prompt", std::string(400, 'q')}, {"response", "a"}}).dump())};
+  o.output_dir = dir_ / "out3";
+  err = error_of([&] { prepare_sft(o); });
+  EXPECT_NE(err.find("long.jsonl: no training example was written (1 records read: 1 dropped as "
+                     "too long"),
+            std::string::npos)
+      << err;
 }
 
 // ds_prepare --sft and ds_train on the result: a tiny model trains on the masked examples, and a
@@ -498,8 +598,8 @@ TEST_F(Sft, DsPrepareAndDsTrainEndToEnd) {
                             " --per_device_train_batch_size 2 --gradient_accumulation_steps 1"
                             " --learning_rate 0.01 --warmup_steps 1 --eval_batches 1 "
                             "--sample_tokens 0 --threads 1 --max_steps 16 --eval_steps 8 "
-                            "--export_hf " + (dir_ / "hf").string() + " --output_dir " +
-                            (dir_ / "run").string();
+                            "--export_hf " +
+                            (dir_ / "hf").string() + " --output_dir " + (dir_ / "run").string();
   ASSERT_EQ(sh(train, &log), 0) << log;
   // The export carries the template the examples were rendered with.
   {

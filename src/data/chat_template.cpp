@@ -3,6 +3,7 @@
 #include <array>
 
 #include "ds/core/error.h"
+#include "ds/core/text.h"
 #include "ds/data/unicode.h"
 
 namespace ds::data {
@@ -140,7 +141,8 @@ void check_role(const ChatMessage& m, std::string_view format,
                 std::initializer_list<std::string_view> roles) {
   for (std::string_view r : roles)
     if (m.role == r) return;
-  DS_THROW("[chat] {}: role '{}' is not allowed (allowed: {})", format, m.role,
+  // The role comes from the user's data: quoted escaped and cut, whatever its bytes or size.
+  DS_THROW("[chat] {}: role {} is not allowed (allowed: {})", format, quoted_excerpt(m.role),
            fmt::join(roles, ", "));
 }
 
@@ -227,9 +229,9 @@ RenderedChat ChatTemplate::render(std::span<const ChatMessage> messages, bool ad
         check_role(m, "chatglm", {"user", "assistant"});
         const char* expected = i % 2 == 0 ? "user" : "assistant";
         DS_CHECK(m.role == expected,
-                 "[chat] chatglm: message {} has role '{}', expected '{}' (turns alternate user, "
+                 "[chat] chatglm: message {} has role {}, expected '{}' (turns alternate user, "
                  "assistant)",
-                 i, m.role, expected);
+                 i, quoted_excerpt(m.role), expected);
         if (m.role == "user") {
           t += fmt::format("[Round {}]\n问：{}\n答：", i / 2, m.content);
         } else if (i + 1 == messages.size()) {

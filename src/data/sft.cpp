@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/core/error.h"
-#include "ds/core/text.h"
 #include "ds/core/file_io.h"
+#include "ds/core/text.h"
 #include "ds/data/prepare.h"
 #include "ds/data/shard.h"
 
@@ -71,8 +71,15 @@ SftFormat detect(const json& j, const Where& w) {
   if (j.contains("messages")) return SftFormat::kMessages;
   if (j.contains("instruction") || j.contains("output")) return SftFormat::kAlpaca;
   if (j.contains("prompt") || j.contains("response")) return SftFormat::kChatGLM;
+  // The keys are the user's bytes: each quoted escaped and cut, and at most 8 of them.
   std::vector<std::string> keys;
-  for (const auto& [k, v] : j.items()) keys.push_back(k);
+  for (const auto& [k, v] : j.items()) {
+    if (keys.size() == 8) {
+      keys.push_back(fmt::format("... {} keys in all", j.size()));
+      break;
+    }
+    keys.push_back(quoted_excerpt(k, 60));
+  }
   fail(w,
        "cannot tell the record format from its fields ({}): expected \"messages\" (messages), "
        "\"instruction\"/\"output\" (alpaca) or \"prompt\"/\"response\" (chatglm); convert the "
@@ -93,7 +100,7 @@ std::vector<ChatMessage> to_messages(const json& j, SftFormat f, const Where& w)
           const json& pair = (*h)[i];
           if (!pair.is_array() || pair.size() != 2 || !pair[0].is_string() || !pair[1].is_string())
             fail(w, "field 'history[{}]' must be a [question, answer] pair of strings, not {}", i,
-                 pair.dump().substr(0, 80));
+                 quoted_excerpt(pair.dump(), 80));
           out.push_back({"user", pair[0].get<std::string>()});
           out.push_back({"assistant", pair[1].get<std::string>()});
         }
@@ -164,6 +171,15 @@ std::vector<size_t> round_starts(std::span<const ChatMessage> messages) {
   return starts;
 }
 
+// The input files for a message: the one path, or the first three and how many more.
+std::string files_named(const std::vector<InputFile>& files) {
+  if (files.size() == 1) return files[0].path.string();
+  std::vector<std::string> shown;
+  for (size_t i = 0; i < files.size() && i < 3; ++i) shown.push_back(files[i].path.string());
+  return fmt::format("{} input files ({}{})", files.size(), fmt::join(shown, ", "),
+                     files.size() > 3 ? ", ..." : "");
+}
+
 class SplitOut {
  public:
   SplitOut(std::string name, const fs::path& dir, uint32_t vocab)
@@ -230,9 +246,25 @@ std::vector<SftRecord> read_sft_file(const fs::path& path, SftFormat format, Sft
   for (size_t n = 1; std::getline(in, line); ++n) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     // Editors on Windows start a file with a byte order mark: not part of the first record.
-    if (n == 1) line.erase(0, line.size() - strip_utf8_bom(line).size());
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
     const Where w{path, n};
+    if (n == 1) {
+      line.erase(0, line.size() - strip_utf8_bom(line).size());
+      if (line.starts_with("\xFF\xFE") || line.starts_with("\xFE\xFF"))
+        fail(w, "the file is UTF-16 (it starts with the byte order mark {}); save it as UTF-8",
+             quoted_excerpt(line.substr(0, 2)));
+    } else if (line.size() != strip_utf8_bom(line).size()) {
+      // Invisible in any message: say what it is (files joined with cat keep each one's mark).
+      fail(w,
+           "the line starts with a UTF-8 byte order mark (bytes EF BB BF), which only the first "
+           "line of a file may carry (were files joined with cat?); remove it");
+    }
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    // A JSON array file (alpaca_data.json is one) is not JSON Lines: say how to convert it.
+    if (out.empty() && line[line.find_first_not_of(" \t")] == '[')
+      fail(w,
+           "the file is a JSON array, not JSON Lines (one record object per line); convert it "
+           "with: jq -c '.[]' {} > records.jsonl",
+           path.string());
     json j;
     try {
       j = json::parse(line);
@@ -346,8 +378,10 @@ SftReport prepare_sft(const SftOptions& o) {
     report.file_formats.emplace_back(files[i].path.string(), sft_format_name(used));
   }
   report.records = records.size();
-  DS_CHECK(!records.empty(), "[sft] no records in {} input file(s); each line must be a record",
-           files.size());
+  DS_CHECK(!records.empty(),
+           "[sft] {}: no records (every line is empty or blank); each line must be one JSON "
+           "object: check that this is the right file",
+           files_named(files));
 
   size_t first_val = records.size();  // the fraction rule: records [first_val, end) are val
   if (!by_files) {
@@ -369,6 +403,7 @@ SftReport prepare_sft(const SftOptions& o) {
   fs::create_directories(o.output_dir);
   const auto vocab = static_cast<uint32_t>(tok->vocab_size());
   SplitOut train("train", o.output_dir, vocab), val("val", o.output_dir, vocab);
+  std::vector<std::string> empty_where;  // the first few records with an empty answer
   for (size_t k = 0; k < records.size(); ++k) {
     const Loaded& r = records[k];
     SftDrop why = SftDrop::kNone;
@@ -383,12 +418,14 @@ SftReport prepare_sft(const SftOptions& o) {
       continue;
     }
     // An answer of "" still trains its end-of-turn token: the model would learn to stop at once.
-    const bool empty_answer = std::all_of(
-        r.record.messages.begin(), r.record.messages.end(), [](const ChatMessage& m) {
+    const bool empty_answer =
+        std::all_of(r.record.messages.begin(), r.record.messages.end(), [](const ChatMessage& m) {
           return m.role != "assistant" ||
                  m.content.find_first_not_of(" \t\r\n") == std::string::npos;
         });
     report.empty_responses += empty_answer;
+    if (empty_answer && empty_where.size() < 3)
+      empty_where.push_back(fmt::format("{}:{}", files[r.file].path.string(), r.record.line));
     report.truncated += e->truncated;
     report.history_trimmed += e->rounds_dropped > 0;
     const bool is_val = by_files ? file_is_val[r.file] : k >= first_val;
@@ -397,21 +434,26 @@ SftReport prepare_sft(const SftOptions& o) {
   report.train = train.finish();
   report.val = val.finish();
   const uint64_t written = report.train.examples + report.val.examples;
+  // Nothing to learn from is an error naming the input; some empty answers are a warning with the
+  // counts and where the first ones are.
   DS_CHECK(written == 0 || report.empty_responses < written,
-           "[sft] every one of the {} examples has an empty answer (assistant content \"\" or only "
-           "spaces): training on them would only teach the model to end its turn at once. Check "
-           "that the answer field (response, output, or the assistant messages) is filled in",
-           written);
+           "[sft] {}: every one of the {} examples ({} records read) has an empty answer "
+           "(assistant content \"\" or only spaces; first at {}): training on them would only "
+           "teach the model to end its turn at once. Fill in the answer field (response, output, "
+           "or the assistant messages)",
+           files_named(files), written, report.records, fmt::join(empty_where, ", "));
   if (report.empty_responses > 0)
     report.warnings.push_back(fmt::format(
         "warning: {} of {} examples have an empty answer (assistant content \"\" or only "
-        "spaces); each trains only its end-of-turn token. Check the answer field of those "
-        "records",
-        report.empty_responses, written));
+        "spaces; {} records read; first at {}); each trains only its end-of-turn token. Check "
+        "the answer field of those records",
+        report.empty_responses, written, report.records, fmt::join(empty_where, ", ")));
   DS_CHECK(report.train.examples > 0,
-           "[sft] no training example was written ({} records: {} dropped as too long for "
-           "--seq_len {}, {} without an assistant answer); raise --seq_len or check the data",
-           report.records, report.dropped_too_long, o.seq_len, report.dropped_no_response);
+           "[sft] {}: no training example was written ({} records read: {} dropped as too long "
+           "for --seq_len {}, {} without an assistant answer, {} in validation); raise --seq_len, "
+           "lower the validation share or check the data",
+           files_named(files), report.records, report.dropped_too_long, o.seq_len,
+           report.dropped_no_response, report.val.examples);
 
   const TokenizerConfig& tc = tok->config();
   json meta = {

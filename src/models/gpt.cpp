@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
+#include <type_traits>
 
 #include "ds/autograd/checkpoint.h"
 #include "ds/autograd/grad_mode.h"
@@ -254,10 +255,32 @@ std::string GPTConfig::to_json_string() const {
 
 namespace {
 
+// The value of config field `key` as T. The JSON library casts a float to an integer with
+// wrap-around (1e30 layers would read as a negative count) and truncation (2.5 heads as 2), and
+// 2^64 to -1: a size must be a whole number an int64 holds (1e5 is fine).
+template <class T>
+T field_value(const nlohmann::json& v, const char* key) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      DS_CHECK(std::isfinite(d) && d == std::trunc(d),
+               "[model] '{}' = {} in the model config is not a whole number", key, v.dump());
+      DS_CHECK(std::is_signed_v<T> ? std::abs(d) <= 9.2e18 : d >= 0 && d <= 1.8e19,
+               "[model] '{}' = {} in the model config is out of range", key, v.dump());
+      return static_cast<T>(d);
+    }
+    if constexpr (std::is_signed_v<T>)
+      DS_CHECK(!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t(INT64_MAX),
+               "[model] '{}' = {} in the model config is out of range (above 9.2e18)", key,
+               v.dump());
+  }
+  return v.get<T>();
+}
+
 using Setter = void (*)(GPTConfig&, const nlohmann::json&);
 // clang-format off
 #define DS_FIELD(name, type) \
-  { #name, [](GPTConfig& c, const nlohmann::json& v) { c.name = v.get<type>(); } }
+  { #name, [](GPTConfig& c, const nlohmann::json& v) { c.name = field_value<type>(v, #name); } }
 // clang-format on
 // One entry per JSON key (to_json() writes the same names).
 const std::map<std::string, Setter>& config_fields() {

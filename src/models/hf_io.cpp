@@ -9,6 +9,7 @@
 #include <optional>
 #include <regex>
 #include <set>
+#include <type_traits>
 
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
@@ -129,6 +130,25 @@ std::vector<fs::path> weight_files(const fs::path& path) {
 template <class T>
 T get_field(const json& j, const char* key, T fallback, const std::string& source) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
+  const json& v = j[key];
+  // The JSON library converts 1e30 or 2^64 to an integer by a cast that wraps (1e30 layers read as
+  // a negative count) and takes 2.5 as 2: sizes must be whole numbers an int64 holds. Exponent
+  // forms of whole numbers (1e5) are fine.
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      DS_CHECK(std::isfinite(d) && d == std::trunc(d),
+               "[hf_io] {}: \"{}\" = {} is not a whole number; sizes and counts are integers",
+               source, key, v.dump());
+      DS_CHECK(std::abs(d) <= 9.2e18,
+               "[hf_io] {}: \"{}\" = {} is out of range (beyond 9.2e18); check the config", source,
+               key, v.dump());
+      return static_cast<T>(d);
+    }
+    DS_CHECK(!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t(INT64_MAX),
+             "[hf_io] {}: \"{}\" = {} is out of range (above 9.2e18); check the config", source,
+             key, v.dump());
+  }
   try {
     return j[key].get<T>();
   } catch (const json::exception& e) {

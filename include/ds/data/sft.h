@@ -3,7 +3,7 @@
 // token shards + mask shards + meta.json. ds_prepare --sft is a command line over prepare_sft();
 // see docs/data.md ("Supervised fine-tuning sets").
 //
-// Input records, one JSON object per line (blank lines are skipped):
+// Input records, one JSON object per line (blank lines and a leading UTF-8 BOM are skipped):
 //   chatglm   {"prompt": q, "response": a, "history": [[q0, a0], [q1, a1], ...]}  (history
 //             optional) -> user q0, assistant a0, ..., user q, assistant a
 //   alpaca    {"instruction": i, "input": x, "output": o}  ("input" optional, "" = none)
