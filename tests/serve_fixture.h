@@ -31,7 +31,8 @@ inline ds::models::GPTConfig tiny_gpt2(int64_t block = 64) {
 }
 
 // LLaMA layout with grouped-query attention (4 query heads, 2 KV heads) and a head size other
-// than C / NH; family picks qwen2 (q/k/v biases) or qwen3 (q/k norm) variants.
+// than C / NH; family picks qwen2 (q/k/v biases), qwen3 (q/k norm), glm (partial interleaved
+// rotary) or glm4 (+ sandwich norms) variants.
 inline ds::models::GPTConfig tiny_llama(const std::string& family = "llama", int64_t block = 64) {
   ds::models::GPTConfig c = ds::models::GPTConfig::defaults(ds::nn::Layout::llama);
   c.vocab_size = 257;
@@ -46,6 +47,12 @@ inline ds::models::GPTConfig tiny_llama(const std::string& family = "llama", int
   c.family = family;
   if (family == "qwen2") c.qkv_bias = true;
   if (family == "qwen3") c.qk_norm = true;
+  if (family == "glm" || family == "glm4") {  // half of each head rotating, pairs (2i, 2i+1)
+    c.qkv_bias = true;
+    c.partial_rotary_factor = 0.5f;
+    c.rope_interleaved = true;
+    c.sandwich_norm = family == "glm4";
+  }
   if (family == "llama") {
     c.rope_theta = 500000.0f;
     c.rope_scaling.type = "llama3";

@@ -124,6 +124,33 @@ TEST(ChatTemplate, AssistantSpansAndTokenMasks) {
   EXPECT_EQ(g.text.substr(g.assistant[1].begin), "A2<|endoftext|>");
 }
 
+// GLM-4's roles. The expected texts are what transformers' Jinja (jinja2) renders from
+// ChatTemplate::by_name("glm4").jinja() for the same conversation.
+TEST(ChatTemplate, Glm4RolesAndPrefix) {
+  const ChatTemplate t = ChatTemplate::by_name("glm4");
+  EXPECT_EQ(ChatTemplate::from_jinja(t.jinja()).format(), ChatFormat::kGlm4);
+  const std::vector<ChatMessage> conv = {{"system", "Be brief"},
+                                         {"user", "Hello"},
+                                         {"assistant", "Hi there"},
+                                         {"user", "Bye"},
+                                         {"assistant", "Goodbye"}};
+  const ChatSpecialTokens special{"", "<|endoftext|>"};
+  const RenderedChat r = t.render(conv, false, special);
+  EXPECT_EQ(r.text,
+            "[gMASK]<sop><|system|>\nBe brief<|user|>\nHello<|assistant|>\nHi there<|user|>\nBye"
+            "<|assistant|>\nGoodbye<|endoftext|>");
+  ASSERT_EQ(r.assistant.size(), 2u);
+  auto span_text = [&](const ChatSpan& s) { return r.text.substr(s.begin, s.end - s.begin); };
+  EXPECT_EQ(span_text(r.assistant[0]), "Hi there");
+  EXPECT_EQ(span_text(r.assistant[1]), "Goodbye<|endoftext|>");
+  const std::vector<ChatMessage> prompt(conv.begin(), conv.begin() + 4);
+  EXPECT_EQ(t.render(prompt, true, special).text,
+            "[gMASK]<sop><|system|>\nBe brief<|user|>\nHello<|assistant|>\nHi there<|user|>\nBye"
+            "<|assistant|>\n");
+  EXPECT_NE(error_of([&] { t.render({{{"tool", "x"}}}, true); }).find("glm4: role"),
+            std::string::npos);
+}
+
 TEST(ChatTemplate, RoleErrors) {
   const std::vector<ChatMessage> with_system = {{"system", "s"}, {"user", "q"}};
   EXPECT_NE(error_of([&] {

@@ -62,6 +62,24 @@ TEST_P(GradcheckNN, CausalAttentionSeveralRowBlocks) {
             {leaf({1, 2, 70, 3}, 17), leaf({1, 2, 70, 3}, 18), leaf({1, 2, 70, 3}, 19)});
 }
 
+TEST_P(GradcheckNN, AttentionPaddedCrossAndBidirectional) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "attention_forward", "attention_backward");
+  // Cross-attention shapes (Tq 3, Tk 5), right padding (row 1 sees 2 keys: the padded keys' K and
+  // V get zero gradient), and causal queries that are the last 3 of 5 positions.
+  for (bool causal : {false, true}) {
+    ops::AttentionMask mask;
+    mask.causal = causal;
+    mask.key_lengths = {5, 2};
+    gradcheck([mask](const V& x) { return ops::attention(x[0], x[1], x[2], mask); },
+              {leaf({2, 2, 3, 4}, 27), leaf({2, 2, 5, 4}, 28), leaf({2, 2, 5, 4}, 29)});
+  }
+  // Bidirectional over a 64-row block boundary, with T5's scale of 1.
+  ops::AttentionMask all;
+  all.causal = false;
+  gradcheck([all](const V& x) { return ops::attention(x[0], x[1], x[2], all, 1.0f); },
+            {leaf({1, 1, 66, 2}, 30), leaf({1, 1, 66, 2}, 31), leaf({1, 1, 66, 2}, 32)});
+}
+
 TEST_P(GradcheckNN, CausalAttentionSingleInputNeedsGrad) {
   DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "attention_forward", "attention_backward");
   Tensor q = randn({1, 2, 5, 4}, 20), k = leaf({1, 2, 5, 4}, 21), v = randn({1, 2, 5, 4}, 22);
@@ -79,6 +97,12 @@ TEST_P(GradcheckNN, Rope) {
         return ops::rope(x[0], {1.0, 0.3, 0.01}, 1.3f, 2);
       },
       {leaf({2, 1, 3, 6}, 25)});
+  // GLM's partial interleaved rotary: 4 of 8 dims rotate in pairs (2i, 2i+1), the rest pass.
+  gradcheck(
+      [](const V& x) {
+        return ops::rope(x[0], {0.9, 0.2}, 1.1f, 3, /*interleaved=*/true);
+      },
+      {leaf({2, 2, 3, 8}, 26)});
 }
 
 TEST_P(GradcheckNN, DropoutReusesTheMaskInBackward) {

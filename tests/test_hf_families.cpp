@@ -1,7 +1,9 @@
-// LLaMA-family Hugging Face import/export (ds/models/hf_io.h) against transformers itself:
+// LLaMA- and GLM-family Hugging Face import/export (ds/models/hf_io.h, ds/models/family.h) against
+// transformers itself:
 // tests/fixtures/hf_families/<case> are folders as transformers 5 saved them (some rewritten into
 // the 4.x config form), with transformers' float64 logits, loss and every gradient
-// (tools/gen_hf_family_fixture.py). Each is imported through the public path (read_hf_config +
+// (tools/gen_hf_family_fixture.py; chatglm2 is the glm case rewritten into ChatGLM2's remote-code
+// layout, checked against glm's reference). Each is imported through the public path (read_hf_config +
 // load_hf_weights), compared, exported and re-imported; the config fields that change the math
 // and that we do not implement are refused by name.
 //
@@ -20,11 +22,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
+#include "ds/models/family.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
 #include "ds/ops/ops.h"
@@ -70,11 +74,17 @@ std::string error_of(F&& f) {
   return "";
 }
 
+// The case whose transformers reference a case is checked against (itself, or the native case a
+// converted checkpoint came from).
+std::string reference_case(const std::string& name) {
+  return name == "chatglm2" ? "glm" : name;
+}
+
 class HFFamily : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     ref_ = std::make_unique<safetensors::Reader>(
-        (case_dir(GetParam()) / "reference.safetensors").string());
+        (case_dir(reference_case(GetParam())) / "reference.safetensors").string());
   }
   std::unique_ptr<safetensors::Reader> ref_;
 };
@@ -84,7 +94,7 @@ TEST_P(HFFamily, ConfigIsReadAsTransformersReadsIt) {
   const std::string& n = GetParam();
   EXPECT_EQ(c.layout, nn::Layout::llama);
   EXPECT_EQ(c.kv_heads(), 2);
-  EXPECT_EQ(c.head_dim(), n == "qwen2_linear" ? 4 : 8);  // Qwen2 has no head_dim field
+  EXPECT_EQ(c.head_dim(), n == "qwen2_linear" ? 4 : n == "glm4" ? 16 : 8);  // Qwen2: no head_dim
   if (n == "llama3_gqa") {
     EXPECT_EQ(c.family, "llama");
     EXPECT_EQ(c.rope_scaling.type, "llama3");
@@ -110,6 +120,20 @@ TEST_P(HFFamily, ConfigIsReadAsTransformersReadsIt) {
     EXPECT_EQ(c.family, "qwen3");
     EXPECT_TRUE(c.qk_norm);
     EXPECT_EQ(c.n_embd / c.n_head, 4);  // head_dim 8 is independent of hidden / heads
+  } else if (n == "glm" || n == "chatglm2") {
+    EXPECT_EQ(c.family, n == "glm" ? "glm" : "chatglm");
+    EXPECT_TRUE(c.qkv_bias);
+    EXPECT_FALSE(c.bias);
+    EXPECT_EQ(c.rotary_dim(), 4);  // partial_rotary_factor 0.5 of head_dim 8
+    EXPECT_TRUE(c.rope_interleaved);
+    EXPECT_FALSE(c.sandwich_norm);
+    EXPECT_FALSE(c.tie_embeddings);
+    EXPECT_EQ(c.norm_eps, 1e-5f);
+  } else if (n == "glm4") {
+    EXPECT_EQ(c.family, "glm4");
+    EXPECT_FALSE(c.qkv_bias);  // attention_bias false
+    EXPECT_EQ(c.rotary_dim(), 4);  // partial_rotary_factor 0.25 of head_dim 16
+    EXPECT_TRUE(c.sandwich_norm);
   }
 }
 
@@ -128,12 +152,25 @@ TEST_P(HFFamily, LogitsLossAndEveryGradientMatchTransformers) {
   size_t in_file = 0;
   for (const auto& e : ref_->entries()) in_file += e.name.rfind("grad.", 0) == 0;
   const auto named = m->named_parameters();
-  EXPECT_EQ(named.size(), in_file) << "our parameters and transformers' differ";
+  // Our parameters sit in transformers' tensors by the native family's names (a converted
+  // checkpoint's reference is the native model's); a stacked tensor (GLM's gate_up_proj) holds
+  // several of ours, its gradient split the same way.
+  const models::GPTConfig native = *models::read_hf_config(case_dir(reference_case(GetParam())));
+  const models::Family& fam = models::family_of(native);
+  std::set<std::string> file_tensors;
+  for (const auto& [name, p] : named) file_tensors.insert(fam.place(native, name).name);
+  EXPECT_EQ(file_tensors.size(), in_file) << "our parameters and transformers' differ";
   for (const auto& [name, p] : named) {
     ASSERT_TRUE(p.grad().defined()) << name << " got no gradient";
-    const std::string hf = "grad." + models::hf_name(nn::Layout::llama, name);
+    const models::HFPlace place = fam.place(native, name);
+    const std::string hf = "grad." + place.name;
     ASSERT_TRUE(ref_->contains(hf)) << hf;
-    const double e = rel_err(p.grad().to_vector(), ref_->get(hf).to_vector());
+    Tensor g = ref_->get(hf);
+    if (place.parts > 1) {
+      const int64_t rows = g.size(0) / place.parts;  // equal parts in the families tested here
+      g = ops::slice(g, 0, place.part * rows, (place.part + 1) * rows).contiguous();
+    }
+    const double e = rel_err(p.grad().to_vector(), g.to_vector());
     EXPECT_LE(e, kTol) << "gradient of " << name;
     if (e > worst) worst = e, worst_name = name;
   }
@@ -157,10 +194,15 @@ TEST_P(HFFamily, ExportRoundTrip) {
   EXPECT_FALSE(j.contains("rope_scaling"));
   json hf_only = j;
   hf_only.erase("ds_cpp");
-  EXPECT_EQ(models::hf_config_from_json(hf_only).to_json(), a->config().to_json())
-      << hf_only.dump(1);
+  // A ChatGLM2 checkpoint is exported as native GLM (transformers loads it without remote code).
+  models::GPTConfig want = a->config();
+  if (want.family == "chatglm") {
+    want.family = "glm";
+    EXPECT_EQ(j["architectures"][0], "GlmForCausalLM");
+  }
+  EXPECT_EQ(models::hf_config_from_json(hf_only).to_json(), want.to_json()) << hf_only.dump(1);
   auto b = import(dir);
-  EXPECT_EQ(b->config().to_json(), a->config().to_json());
+  EXPECT_EQ(b->config().to_json(), want.to_json());
   const Tensor ids = ref_->get("input_ids");
   EXPECT_EQ(a->logits(ids).to_vector(), b->logits(ids).to_vector());
   if (!keep) fs::remove_all(dir);
@@ -168,7 +210,7 @@ TEST_P(HFFamily, ExportRoundTrip) {
 
 INSTANTIATE_TEST_SUITE_P(Families, HFFamily,
                          ::testing::Values("llama3_gqa", "llama_yarn_tied", "mistral",
-                                           "qwen2_linear", "qwen3"));
+                                           "qwen2_linear", "qwen3", "glm", "glm4", "chatglm2"));
 
 json llama(json extra = json::object()) {
   json j = {{"model_type", "llama"},          {"hidden_size", 64},      {"num_attention_heads", 4},
@@ -284,6 +326,74 @@ TEST(HFConfig, PublishedConfigsOfEachFamily) {
   EXPECT_EQ(llama3.rope_scaling.original_max_position, 8192);
 }
 
+// GLM-4-9B (native glm, 4.x form with top-level partial_rotary_factor) and ChatGLM3-6B (remote code):
+// the same 203,960,832 parameters per layer under two layouts.
+TEST(HFConfig, GlmAndChatGlmConfigs) {
+  const json glm4_9b = json::parse(R"({"architectures":["GlmForCausalLM"],"attention_bias":true,
+      "attention_dropout":0.0,"eos_token_id":[151329,151336,151338],"head_dim":128,
+      "hidden_act":"silu","hidden_size":4096,"initializer_range":0.02,"intermediate_size":13696,
+      "max_position_embeddings":131072,"model_type":"glm","num_attention_heads":32,
+      "num_hidden_layers":40,"num_key_value_heads":2,"pad_token_id":151329,
+      "partial_rotary_factor":0.5,"rms_norm_eps":1.5625e-07,"rope_theta":10000.0,
+      "tie_word_embeddings":false,"torch_dtype":"bfloat16","transformers_version":"4.46.0.dev0",
+      "use_cache":true,"vocab_size":151552})");
+  auto c = models::hf_config_from_json(glm4_9b, "glm-4-9b-chat-hf");
+  EXPECT_EQ(c.num_parameters(), 9399951360);
+  EXPECT_EQ(c.rotary_dim(), 64);
+  EXPECT_EQ(c.kv_heads(), 2);
+  // GlmConfig's default partial_rotary_factor is 0.5, not 1, when a config names none.
+  json no_factor = glm4_9b;
+  no_factor.erase("partial_rotary_factor");
+  EXPECT_EQ(models::hf_config_from_json(no_factor).rotary_dim(), 64);
+  no_factor["model_type"] = "glm4";
+  c = models::hf_config_from_json(no_factor);
+  EXPECT_TRUE(c.sandwich_norm);
+  EXPECT_EQ(c.num_parameters(), 9399951360 + 40 * 2 * 4096);  // + the two sandwich norms
+
+  const json chatglm3 = json::parse(R"({"_name_or_path":"THUDM/chatglm3-6b","model_type":"chatglm",
+      "architectures":["ChatGLMModel"],"auto_map":{"AutoConfig":"configuration_chatglm.ChatGLMConfig"},
+      "add_bias_linear":false,"add_qkv_bias":true,"apply_query_key_layer_scaling":true,
+      "apply_residual_connection_post_layernorm":false,"attention_dropout":0.0,
+      "attention_softmax_in_fp32":true,"bias_dropout_fusion":true,"ffn_hidden_size":13696,
+      "fp32_residual_connection":false,"hidden_dropout":0.0,"hidden_size":4096,"kv_channels":128,
+      "layernorm_epsilon":1e-05,"multi_query_attention":true,"multi_query_group_num":2,
+      "num_attention_heads":32,"num_layers":28,"original_rope":true,"padded_vocab_size":65024,
+      "post_layer_norm":true,"rmsnorm":true,"seq_length":8192,"use_cache":true,
+      "torch_dtype":"float16","transformers_version":"4.30.2","tie_word_embeddings":false,
+      "eos_token_id":2,"pad_token_id":0})");
+  c = models::hf_config_from_json(chatglm3, "chatglm3-6b");
+  EXPECT_EQ(c.family, "chatglm");
+  EXPECT_EQ(c.num_parameters(), 6243584000);
+  EXPECT_EQ(c.block_size, 8192);
+  json ratio = chatglm3;
+  ratio["rope_ratio"] = 50;  // chatglm3-6b-128k
+  EXPECT_EQ(models::hf_config_from_json(ratio).rope_theta, 500000.0f);
+  // The export names the native class.
+  EXPECT_EQ(models::hf_config_to_json(c)["architectures"][0], "GlmForCausalLM");
+  EXPECT_EQ(models::hf_config_to_json(c)["ds_cpp"]["family"], "glm");
+
+  // Switches that change the math, and ChatGLM-6B v1, are refused by name.
+  json bad = chatglm3;
+  bad["pre_seq_len"] = 128;
+  EXPECT_HAS(config_error(bad), "pre_seq_len 128 (a P-tuning v2 prefix encoder)");
+  bad = chatglm3;
+  bad["quantization_bit"] = 4;
+  EXPECT_HAS(config_error(bad), "quantization_bit 4");
+  bad = chatglm3;
+  bad["add_bias_linear"] = true;
+  EXPECT_HAS(config_error(bad), "add_bias_linear true is not supported");
+  const json v1 = {{"model_type", "chatglm"}, {"vocab_size", 130528}, {"hidden_size", 4096},
+                   {"num_layers", 28}, {"position_encoding_2d", true},
+                   {"inner_hidden_size", 16384}, {"gmask_token_id", 130001}};
+  EXPECT_HAS(config_error(v1), "ChatGLM-6B (v1");
+  EXPECT_HAS(config_error(v1), "ChatGLM2-6B, ChatGLM3-6B");
+  bad = glm4_9b;
+  bad["partial_rotary_factor"] = 0.01;  // 1.28 rotary dims
+  EXPECT_HAS(config_error(bad), "must be even and positive");
+  EXPECT_HAS(config_error(llama({{"model_type", "bert"}})), "model_type \"bert\" is not supported");
+  EXPECT_HAS(config_error(llama({{"model_type", "bert"}})), "encoder classifiers");
+}
+
 TEST(HFConfig, MistralWindowLimitsTheSequenceLength) {
   auto c = models::hf_config_from_json(
       llama({{"model_type", "mistral"}, {"sliding_window", 32}, {"max_position_embeddings", 128}}));
@@ -311,7 +421,7 @@ TEST(HFConfig, FieldsThatChangeTheMathAreRefusedByName) {
                                   {{"rope_type", "linear"}, {"factor", 2.0}, {"factr", 2.0}}}})),
              "rope_parameters.factr is not understood");
   EXPECT_HAS(config_error(llama({{"partial_rotary_factor", 0.5}})),
-             "partial_rotary_factor 0.5 is not supported");
+             "partial_rotary_factor 0.5 is not supported for model_type llama");
   EXPECT_HAS(config_error(llama({{"attention_bias", true}})),
              "attention_bias true with mlp_bias false");
   EXPECT_HAS(config_error(llama({{"hidden_act", "gelu"}})), "hidden_act \"gelu\"");

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ds/autograd/grad_mode.h"
 #include "ds/comm/group.h"
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
@@ -26,6 +27,7 @@
 #include "ds/models/peft_io.h"
 #include "ds/nn/layers.h"
 #include "ds/nn/lora.h"
+#include "ds/ops/ops.h"
 #include "ds/runtime/engine.h"
 #include "gradcheck.h"
 
@@ -298,6 +300,60 @@ TEST_P(LoraPeft, MergedWeightsGiveTheUnmergedLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, LoraPeft, ::testing::Values("llama", "gpt2"));
+
+// GLM-4 from its Hugging Face fixture with LoRA on every projection, the MLP's gate and up among
+// them: the merged export (stacked again into gate_up_proj) gives the adapted model's logits; a
+// PEFT adapter on q/v names GlmForCausalLM's modules, and one on gate_proj (no module of its own
+// in that class) is refused, saying what to do.
+TEST(LoraFamilies, Glm4MergedExportAndAdapterTargets) {
+  const fs::path fixture = fs::path(DS_FIXTURE_DIR) / "hf_families" / "glm4";
+  auto m = std::make_shared<models::GPT>(*models::read_hf_config(fixture), false);
+  models::load_hf_weights(*m, fixture);
+  nn::LoraConfig c;
+  c.r = 4;
+  c.alpha = 8;
+  c.targets = {"layers."};
+  c.seed = 5;
+  nn::apply_lora(*m, c);
+  {  // B is zero after apply_lora: give the adapter an effect
+    autograd::NoGradGuard ng;
+    for (const auto& [name, p] : m->named_parameters())
+      if (name.find("lora_B") != std::string::npos)
+        p.copy_from(ops::mul(Tensor::ones(p.shape()), 0.05f));
+  }
+  const fs::path dir =
+      fs::temp_directory_path() / fmt::format("ds_lora_glm4_{}", comm::world()->rank());
+  fs::remove_all(dir);
+  const auto merged = nn::merge_lora_weights(m->named_parameters(), c.scaling());
+  models::export_hf(m->config(), merged, dir / "merged");
+  auto plain = std::make_shared<models::GPT>(*models::read_hf_config(dir / "merged"), false);
+  models::load_hf_weights(*plain, dir / "merged");
+  m->train(false);
+  plain->train(false);
+  autograd::NoGradGuard ng;
+  const Tensor ids = Tensor::from_ints({1, 5, 9, 2, 7, 3}, {1, 6});
+  EXPECT_LT(max_rel(plain->logits(ids), m->logits(ids)), 1e-5);
+  std::string msg = "(no error)";
+  try {
+    models::export_peft_adapter(*m, m->named_parameters(), c, dir / "adapter");
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("'layers.0.mlp.gate_proj' cannot be written as a PEFT adapter for "
+                     "Glm4ForCausalLM"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("--merge_lora"), std::string::npos) << msg;
+
+  auto qv = std::make_shared<models::GPT>(*models::read_hf_config(fixture), false);
+  models::load_hf_weights(*qv, fixture);
+  c.targets = {"q_proj", "v_proj"};
+  nn::apply_lora(*qv, c);
+  models::export_peft_adapter(*qv, qv->named_parameters(), c, dir / "adapter");
+  safetensors::Reader r((dir / "adapter" / "adapter_model.safetensors").string());
+  EXPECT_TRUE(r.contains("base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"));
+  fs::remove_all(dir);
+}
 
 // ---- frozen parameters under ZeRO ----
 

@@ -237,6 +237,60 @@ TEST_P(Ops, CausalAttentionMatchesNaive) {
   }
 }
 
+// The general op against a naive double loop: Tq != Tk, with and without causal masking (queries
+// the last Tq positions), right-padded keys per batch row.
+TEST_P(Ops, AttentionMaskKindsAndCrossAttention) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "attention_forward");
+  const int64_t B = 2, NH = 2, hd = 4;
+  for (auto [Tq, Tk] : {std::pair<int64_t, int64_t>{5, 9}, {70, 70}, {3, 3}}) {
+    for (bool causal : {false, true}) {
+      const std::vector<int64_t> lens = {Tk, std::max<int64_t>(1, Tk - 2)};
+      Tensor q = randn({B, NH, Tq, hd}, 30, 1.5f), k = randn({B, NH, Tk, hd}, 31, 1.5f),
+             v = randn({B, NH, Tk, hd}, 32);
+      const auto qv = host_vector(q), kv = host_vector(k), vv = host_vector(v);
+      std::vector<double> want(static_cast<size_t>(B * NH * Tq * hd));
+      const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < NH; ++h)
+          for (int64_t i = 0; i < Tq; ++i) {
+            const int64_t n = causal ? std::min(lens[b], i + 1 + Tk - Tq) : lens[b];
+            const size_t qb = static_cast<size_t>(((b * NH + h) * Tq + i) * hd);
+            const size_t kb = static_cast<size_t>((b * NH + h) * Tk * hd);
+            std::vector<double> p(static_cast<size_t>(n));
+            double m = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < n; ++j) {
+              double sc = 0;
+              for (int64_t c = 0; c < hd; ++c)
+                sc += static_cast<double>(qv[qb + c]) * kv[kb + static_cast<size_t>(j * hd + c)];
+              p[static_cast<size_t>(j)] = sc * scale;
+              m = std::max(m, p[static_cast<size_t>(j)]);
+            }
+            for (auto& x : p) sum += (x = std::exp(x - m));
+            for (int64_t c = 0; c < hd; ++c) {
+              double acc = 0;
+              for (int64_t j = 0; j < n; ++j)
+                acc += p[static_cast<size_t>(j)] * vv[kb + static_cast<size_t>(j * hd + c)];
+              want[qb + static_cast<size_t>(c)] = acc / sum;
+            }
+          }
+      ops::AttentionMask mask;
+      mask.causal = causal;
+      mask.key_lengths = lens;
+      expect_close(host_vector(ops::attention(q, k, v, mask)), want, 2e-5, 1e-4,
+                   causal ? "causal masked attention" : "masked attention");
+    }
+  }
+  // Every row needs a key; a causal query block cannot be longer than the keys.
+  Tensor q = randn({1, 1, 4, 2}, 33), k = randn({1, 1, 3, 2}, 34);
+  EXPECT_NE(error_of([&] { ops::attention(q, k, k, {}); }).find("at most as many queries"),
+            std::string::npos);
+  ops::AttentionMask none;
+  none.causal = false;
+  none.key_lengths = {0};
+  EXPECT_NE(error_of([&] { ops::attention(q, k, k, none); }).find("key length 0"),
+            std::string::npos);
+}
+
 TEST_P(Ops, CausalAttentionAcceptsStridedInputs) {
   // A GPT block hands attention permuted views; the op makes them contiguous for the kernel.
   DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "attention_forward", "copy");
@@ -280,6 +334,34 @@ TEST_P(Ops, RopeMatchesRotateHalf) {
   EXPECT_NE(error_of([&] {
               ops::rope(randn({1, 1, 2, 5}, 15));
             }).find("[rope]"),
+            std::string::npos);
+}
+
+// GLM / ChatGLM: only the first r = 2 * inv_freq.size() dims rotate, pairs (2i, 2i+1); the rest
+// pass through unchanged (transformers' glm apply_rotary_pos_emb, written out).
+TEST_P(Ops, RopePartialInterleaved) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "rope");
+  const int64_t B = 2, NH = 3, T = 5, hd = 8, r = 4, pos0 = 3;
+  Tensor x = randn({B, NH, T, hd}, 16);
+  const auto xv = host_vector(x);
+  const std::vector<double> inv = {1.0, 0.01};
+  for (bool interleaved : {true, false}) {
+    std::vector<double> want(xv.begin(), xv.end());
+    for (int64_t row = 0; row < B * NH * T; ++row) {
+      const int64_t p = pos0 + row % T;
+      for (int64_t i = 0; i < r / 2; ++i) {
+        const int64_t a_i = interleaved ? 2 * i : i, b_i = interleaved ? 2 * i + 1 : i + r / 2;
+        const double a = p * inv[static_cast<size_t>(i)];
+        const double x1 = xv[static_cast<size_t>(row * hd + a_i)],
+                     x2 = xv[static_cast<size_t>(row * hd + b_i)];
+        want[static_cast<size_t>(row * hd + a_i)] = x1 * std::cos(a) - x2 * std::sin(a);
+        want[static_cast<size_t>(row * hd + b_i)] = x2 * std::cos(a) + x1 * std::sin(a);
+      }
+    }
+    expect_close(host_vector(ops::rope(x, inv, 1.0f, pos0, interleaved)), want, 1e-6, 1e-6,
+                 interleaved ? "rope interleaved" : "rope partial");
+  }
+  EXPECT_NE(error_of([&] { ops::rope(x, std::vector<double>(5, 1.0)); }).find("need 1 .. hd/2"),
             std::string::npos);
 }
 

@@ -89,6 +89,12 @@ TEST(KVDecoder, CachedEqualsFullForwardQwen2Bias) {
 TEST(KVDecoder, CachedEqualsFullForwardQwen3QkNorm) {
   check_cached_equals_full(serve_test::tiny_llama("qwen3"));
 }
+TEST(KVDecoder, CachedEqualsFullForwardGlmPartialInterleavedRope) {
+  check_cached_equals_full(serve_test::tiny_llama("glm"));
+}
+TEST(KVDecoder, CachedEqualsFullForwardGlm4SandwichNorm) {
+  check_cached_equals_full(serve_test::tiny_llama("glm4"));
+}
 
 TEST(KVDecoder, CacheHoldsKvHeadsOnlyAndRefusesPastContext) {
   auto m = make_model(serve_test::tiny_llama("llama", 16));
@@ -180,6 +186,9 @@ TEST(KVDecoder, DecodeBatchEqualsAloneQwen2Bias) {
 }
 TEST(KVDecoder, DecodeBatchEqualsAloneQwen3QkNorm) {
   check_decode_batch_equals_alone(serve_test::tiny_llama("qwen3"));
+}
+TEST(KVDecoder, DecodeBatchEqualsAloneGlm4) {
+  check_decode_batch_equals_alone(serve_test::tiny_llama("glm4"));
 }
 
 TEST(KVDecoder, DecodeBatchRefusesBadBatches) {

@@ -34,21 +34,7 @@ namespace {
 constexpr int64_t kMaxParams = int64_t{1} << 50;
 
 ds::models::GPTConfig resolve_model(const std::string& name) {
-  const auto presets = ds::models::GPTConfig::preset_names();
-  for (const auto& p : presets)
-    if (p == name) return ds::models::GPTConfig::preset(name);
-  std::error_code ec;
-  if (std::filesystem::is_directory(name, ec)) {
-    auto c = ds::models::read_hf_config(name);
-    DS_CHECK(c.has_value(), "[ds_estimate] --model {}: no config.json in that folder", name);
-    return *c;
-  }
-  DS_CHECK(
-      std::filesystem::is_regular_file(name, ec),
-      "[ds_estimate] --model '{}' is neither a preset ({}), an HF folder with config.json, nor "
-      "a model JSON file",
-      name, fmt::join(presets, ", "));
-  return ds::models::GPTConfig::load(name);
+  return ds::models::resolve_model_config(name, "ds_estimate");
 }
 
 }  // namespace

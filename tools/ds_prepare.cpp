@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
                                  "--sft: sequence length T; every example is T + 1 tokens "
                                  "(train with ds_train --block_size T)");
   auto* tmpl_opt = app.add_option("--template", chat_template,
-                                  "--sft: chat format chatglm, alpaca, chatml, qwen2 or llama3 "
+                                  "--sft: chat format chatglm, alpaca, chatml, qwen2, llama3 or glm4 "
                                   "(default: the tokenizer folder's chat_template)");
   app.add_option("--output", output, "Output folder for the shards and meta.json")->required();
   auto* frac_opt = app.add_option("--val_fraction", val_fraction,

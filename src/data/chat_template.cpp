@@ -37,6 +37,12 @@ constexpr std::string_view kChatGLMJinja =
     "%}{{ "
     "message['content'] }}{% if loop.last %}{{ eos_token }}{% else %}{{ '\\n' }}{% endif %}{% else "
     "%}{{ raise_exception('chatglm: roles must be user/assistant') }}{% endif %}{% endfor %}";
+constexpr std::string_view kGlm4Jinja =
+    "[gMASK]<sop>{% for message in messages %}{% if message['role'] not in ['system', 'user', "
+    "'assistant'] %}{{ raise_exception('glm4: roles must be system/user/assistant') }}{% endif "
+    "%}{{ '<|' + message['role'] + '|>\\n' + message['content'] }}{% if message['role'] == "
+    "'assistant' and loop.last %}{{ eos_token }}{% endif %}{% endfor %}{% if add_generation_prompt "
+    "%}{{ '<|assistant|>\\n' }}{% endif %}";
 constexpr std::string_view kAlpacaJinja =
     "{% set ns = namespace(system=none, instruction='', input=none, output=none) %}{% for m in "
     "messages %}{% if m['role'] == 'system' %}{% set ns.system = m['content'] %}{% elif m['role'] "
@@ -64,12 +70,13 @@ struct Known {
   std::string_view name;
   std::string_view jinja;
 };
-constexpr std::array<Known, 5> kKnown = {{
+constexpr std::array<Known, 6> kKnown = {{
     {ChatFormat::kChatGLM, "chatglm", kChatGLMJinja},
     {ChatFormat::kAlpaca, "alpaca", kAlpacaJinja},
     {ChatFormat::kChatML, "chatml", kChatMLJinja},
     {ChatFormat::kQwen2, "qwen2", kQwen2Jinja},
     {ChatFormat::kLlama3, "llama3", kLlama3Jinja},
+    {ChatFormat::kGlm4, "glm4", kGlm4Jinja},
 }};
 
 const Known& known(ChatFormat f) {
@@ -241,6 +248,21 @@ RenderedChat ChatTemplate::render(std::span<const ChatMessage> messages, bool ad
           t += "\n";
         }
       }
+      break;
+    }
+    case ChatFormat::kGlm4: {
+      t += "[gMASK]<sop>";
+      for (size_t i = 0; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        check_role(m, "glm4", {"system", "user", "assistant"});
+        t += "<|" + m.role + "|>\n";
+        if (m.role == "assistant") {
+          answer(m.content, i + 1 == messages.size() ? std::string_view(special.eos) : "");
+        } else {
+          t += m.content;
+        }
+      }
+      if (add_generation_prompt) t += "<|assistant|>\n";
       break;
     }
     case ChatFormat::kAlpaca: {

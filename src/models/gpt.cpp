@@ -14,6 +14,7 @@
 #include "ds/core/error.h"
 #include "ds/core/parallel.h"
 #include "ds/core/rng.h"
+#include "ds/models/family.h"
 #include "ds/ops/ops.h"
 
 namespace ds::models {
@@ -120,25 +121,20 @@ void GPTConfig::validate() const {
              "[model] rotary embeddings need an even head size, got {} (n_embd {} / n_head {} or "
              "head_size)",
              head_dim(), n_embd, n_head);
+    DS_CHECK(rotary_dim() > 0 && rotary_dim() % 2 == 0,
+             "[model] rotary_dim {} (head size {} * partial_rotary_factor {}) must be even and "
+             "positive",
+             rotary_dim(), head_dim(), partial_rotary_factor);
   }
   rope_scaling.validate();
-  const std::string fam = resolved_family();
-  if (layout == Layout::gpt2) {
-    DS_CHECK(fam == "gpt2", "[model] family \"{}\" needs the llama layout", fam);
-  } else {
-    DS_CHECK(fam == "llama" || fam == "mistral" || fam == "qwen2" || fam == "qwen3",
-             "[model] family \"{}\" unknown for the llama layout (llama, mistral, qwen2, qwen3)",
-             fam);
-    // What each Hugging Face class can express, so that an export loads as the same model.
-    DS_CHECK(fam == "qwen3" || !qk_norm, "[model] qk_norm needs family qwen3 (got {})", fam);
-    DS_CHECK(fam != "qwen3" || (qk_norm && !bias && !qkv_bias),
-             "[model] family qwen3 has qk_norm and no biases");
-    DS_CHECK(fam != "qwen2" || (qkv_bias && !bias),
-             "[model] family qwen2 has q/k/v biases only: qkv_bias true, bias false");
-    DS_CHECK(fam == "qwen2" || !qkv_bias || bias,
-             "[model] qkv_bias (q/k/v biases alone) needs family qwen2 (got {})", fam);
-    DS_CHECK(fam != "mistral" || !bias, "[model] family mistral has no biases");
-  }
+  DS_CHECK(partial_rotary_factor > 0.0f && partial_rotary_factor <= 1.0f,
+           "[model] partial_rotary_factor must be in (0, 1], got {}", partial_rotary_factor);
+  if (layout == Layout::gpt2)
+    DS_CHECK(partial_rotary_factor == 1.0f && !rope_interleaved && !sandwich_norm,
+             "[model] partial_rotary_factor, rope_interleaved and sandwich_norm are llama-layout "
+             "fields; the gpt2 layout has none of them");
+  // What the family's Hugging Face class can express, so that an export loads as the same model.
+  family_of(*this).check(*this);
   DS_CHECK(ffn_hidden >= 0, "[model] ffn_hidden must be >= 0 (0 = default), got {}", ffn_hidden);
   DS_CHECK(ffn_multiple_of > 0, "[model] ffn_multiple_of must be positive, got {}",
            ffn_multiple_of);
@@ -156,6 +152,9 @@ nn::BlockConfig GPTConfig::block_config() const {
   b.head_dim = head_dim();
   b.qkv_bias = qkv_bias;
   b.qk_norm = qk_norm;
+  b.rotary_dim = layout == Layout::llama ? rotary_dim() : 0;
+  b.rope_interleaved = rope_interleaved;
+  b.sandwich_norm = sandwich_norm;
   b.rope_scaling = rope_scaling;
   b.ffn_hidden = resolved_ffn_hidden();
   b.norm_eps = norm_eps;
@@ -185,6 +184,7 @@ int64_t GPTConfig::num_parameters() const {
                 + 2 * C * Q + 2 * C * KV            // q, o; k, v
                 + qb * (Q + 2 * KV) + b * C         // q/k/v biases, o bias
                 + (qk_norm ? 2 * I(head_dim()) : 0)  // q_norm, k_norm
+                + (sandwich_norm ? 2 * C : 0)        // post-attention / post-MLP norms (GLM-4)
                 + 3 * H * C + b * (2 * H + C);      // gate, up, down
     total += C;                                     // norm
   }
@@ -217,6 +217,10 @@ void check_model_fits(const GPTConfig& c, DType dtype, int64_t available,
 
 // ---- JSON ----
 
+int64_t GPTConfig::rotary_dim() const {
+  return static_cast<int64_t>(static_cast<double>(head_dim()) * partial_rotary_factor);
+}
+
 std::string GPTConfig::resolved_family() const {
   if (!family.empty()) return family;
   if (layout == Layout::gpt2) return "gpt2";
@@ -245,6 +249,9 @@ nlohmann::json GPTConfig::to_json() const {
   if (qk_norm) j["qk_norm"] = true;
   if (!rope_scaling.is_default()) j["rope_scaling"] = rope_scaling.to_json();
   if (sliding_window != 0) j["sliding_window"] = sliding_window;
+  if (partial_rotary_factor != 1.0f) j["partial_rotary_factor"] = partial_rotary_factor;
+  if (rope_interleaved) j["rope_interleaved"] = true;
+  if (sandwich_norm) j["sandwich_norm"] = true;
   if (!family.empty()) j["family"] = family;
   return j;
 }
@@ -311,6 +318,9 @@ const std::map<std::string, Setter>& config_fields() {
          c.rope_scaling = nn::RopeScaling::from_json(v);
        }},
       DS_FIELD(sliding_window, int64_t),
+      DS_FIELD(partial_rotary_factor, float),
+      DS_FIELD(rope_interleaved, bool),
+      DS_FIELD(sandwich_norm, bool),
       DS_FIELD(family, std::string),
   };
   return fields;

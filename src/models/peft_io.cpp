@@ -12,6 +12,7 @@
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
 #include "ds/models/hf_io.h"
+#include "ds/models/family.h"
 #include "ds/nn/layers.h"
 
 namespace ds::models {
@@ -120,6 +121,18 @@ void export_peft_adapter(const GPT& model,
            "adapter");
   std::vector<std::string> all, adapted;
   linear_modules(model, all, adapted);
+  // A module that the family's Hugging Face class fuses with another (GLM's gate_proj and up_proj
+  // are one gate_up_proj there) has no module of its own for PEFT to adapt.
+  const GPTConfig& cfg = model.config();
+  const Family& family = export_family_of(cfg);
+  for (const auto& m : adapted) {
+    const HFPlace p = family.place(cfg, m + ".weight");
+    DS_CHECK(p.parts == 1,
+             "[peft] LoRA on '{}' cannot be written as a PEFT adapter for {}: that class holds it "
+             "as part of '{}'. Target other modules (--lora_module_name), or pass --merge_lora to "
+             "export the weights with the adapter folded in",
+             m, family.architecture, p.name);
+  }
   std::error_code ec;
   fs::create_directories(dir, ec);
   DS_CHECK(!ec, "[peft] cannot create '{}': {}", dir.string(), ec.message());

@@ -160,7 +160,11 @@ CausalSelfAttention::CausalSelfAttention(const BlockConfig& cfg)
       q_norm_ = register_module("q_norm", std::make_shared<RMSNorm>(head_dim_, cfg.norm_eps));
       k_norm_ = register_module("k_norm", std::make_shared<RMSNorm>(head_dim_, cfg.norm_eps));
     }
-    rope_inv_freq_ = rope_inv_freq(cfg.rope_scaling, cfg.rope_theta, head_dim_);
+    const int64_t rd = cfg.resolved_rotary_dim();
+    DS_CHECK(rd > 0 && rd <= head_dim_ && rd % 2 == 0,
+             "[attention] rotary_dim {} must be even and within the head size {}", rd, head_dim_);
+    rope_inv_freq_ = rope_inv_freq(cfg.rope_scaling, cfg.rope_theta, rd);
+    rope_interleaved_ = cfg.rope_interleaved;
     rope_scale_ = rope_attention_scale(cfg.rope_scaling);
   }
   if (cfg.tp) {  // this rank's heads (the projections above checked that they divide evenly)
@@ -197,8 +201,11 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
       Tensor e = ops::broadcast_to(ops::reshape(t, {B, KV, 1, T, hd}), {B, KV, NH / KV, T, hd});
       return ops::reshape(ops::contiguous(e), {B, NH, T, hd});
     };
-    q = ops::rope(heads(*q_proj_, NH, q_norm_.get()), rope_inv_freq_, rope_scale_);
-    k = repeat_kv(ops::rope(heads(*k_proj_, KV, k_norm_.get()), rope_inv_freq_, rope_scale_));
+    auto rotate = [&](const Tensor& h) {
+      return ops::rope(h, rope_inv_freq_, rope_scale_, 0, rope_interleaved_);
+    };
+    q = rotate(heads(*q_proj_, NH, q_norm_.get()));
+    k = repeat_kv(rotate(heads(*k_proj_, KV, k_norm_.get())));
     v = repeat_kv(heads(*v_proj_, KV, nullptr));
   }
   Tensor y = ops::causal_attention(q, k, v);                                    // (B, NH, T, hd)
@@ -225,12 +232,23 @@ Block::Block(const BlockConfig& cfg) : Module("Block") {
     norm_2_ = register_module("post_attention_layernorm",
                               std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
     mlp_ = register_module("mlp", std::make_shared<SwiGLUMLP>(cfg));
+    if (cfg.sandwich_norm) {
+      norm_3_ = register_module("post_self_attn_layernorm",
+                                std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
+      norm_4_ = register_module("post_mlp_layernorm",
+                                std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
+    }
   }
+  DS_CHECK(!cfg.sandwich_norm || norm_3_, "[block] sandwich_norm needs the llama layout");
 }
 
 Tensor Block::forward(const Tensor& x) {
-  Tensor h = ops::add(x, (*attn_)((*norm_1_)(x)));  // (B, T, C)
-  return ops::add(h, (*mlp_)((*norm_2_)(h)));       // (B, T, C)
+  Tensor a = (*attn_)((*norm_1_)(x));
+  if (norm_3_) a = (*norm_3_)(a);
+  Tensor h = ops::add(x, a);  // (B, T, C)
+  Tensor m = (*mlp_)((*norm_2_)(h));
+  if (norm_4_) m = (*norm_4_)(m);
+  return ops::add(h, m);  // (B, T, C)
 }
 
 }  // namespace ds::nn

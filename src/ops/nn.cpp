@@ -217,32 +217,50 @@ Tensor softmax(const Tensor& x) {
 
 // ---- attention ----
 
-Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
-  for (const Tensor* t : {&q, &k, &v}) detail::check_float(*t, "causal_attention");
-  DS_CHECK(q.dim() == 4, "[causal_attention] q must be (B, NH, T, hd), got {}", shape_str(q.shape()));
-  DS_CHECK(k.shape() == q.shape() && v.shape() == q.shape(),
-           "[causal_attention] q, k, v shapes differ: {}, {}, {}", shape_str(q.shape()),
-           shape_str(k.shape()), shape_str(v.shape()));
-  DS_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), "[causal_attention] q, k, v dtypes differ");
-  detail::check_same_device(q, k, "causal_attention");
-  detail::check_same_device(q, v, "causal_attention");
-  const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), hd = q.size(3);
-  DS_CHECK(hd > 0, "[causal_attention] head size must be positive");
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
+                 float scale_in) {
+  for (const Tensor* t : {&q, &k, &v}) detail::check_float(*t, "attention");
+  DS_CHECK(q.dim() == 4 && k.dim() == 4 && k.shape() == v.shape() && k.size(0) == q.size(0) &&
+               k.size(1) == q.size(1) && k.size(3) == q.size(3),
+           "[attention] q must be (B, NH, Tq, hd) and k, v (B, NH, Tk, hd), got {}, {}, {}",
+           shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape()));
+  DS_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), "[attention] q, k, v dtypes differ");
+  detail::check_same_device(q, k, "attention");
+  detail::check_same_device(q, v, "attention");
+  const int64_t B = q.size(0), NH = q.size(1), Tq = q.size(2), Tk = k.size(2), hd = q.size(3);
+  DS_CHECK(hd > 0, "[attention] head size must be positive");
+  DS_CHECK(!mask.causal || Tq <= Tk,
+           "[attention] causal attention needs at most as many queries ({}) as keys ({})", Tq, Tk);
+  DS_CHECK(mask.key_lengths.empty() || static_cast<int64_t>(mask.key_lengths.size()) == B,
+           "[attention] {} key lengths for a batch of {}", mask.key_lengths.size(), B);
+  for (size_t b = 0; b < mask.key_lengths.size(); ++b)
+    DS_CHECK(mask.key_lengths[b] >= 1 && mask.key_lengths[b] <= Tk,
+             "[attention] key length {} of batch row {} outside [1, {}]: every row needs a "
+             "visible key",
+             mask.key_lengths[b], b, Tk);
+  const float scale = scale_in > 0.0f ? scale_in : 1.0f / std::sqrt(static_cast<float>(hd));
   Tensor fq = f32c(q), fk = f32c(k), fv = f32c(v);
-  Tensor o = empty_f32(q.shape(), q);  // (B, NH, T, hd)
-  Tensor lse = empty_f32({B, NH, T}, q);
-  be(q).attention_forward(fq, fk, fv, scale, o, lse);
+  Tensor o = empty_f32(q.shape(), q);  // (B, NH, Tq, hd)
+  Tensor lse = empty_f32({B, NH, Tq}, q);
+  be(q).attention_forward(fq, fk, fv, scale, mask.causal, mask.key_lengths, o, lse);
   Tensor out = as_dtype(o, q.dtype());
   if (!wants_grad({q, k, v})) return out;
   const Tensor sq = fq.detach(), sk = fk.detach(), sv = fv.detach(), so = o.detach();
   const DType dt = q.dtype();
   const bool nq = q.requires_grad(), nk = k.requires_grad(), nv = v.requires_grad();
-  return autograd::record(out, "CausalAttentionBackward", {q, k, v}, [=](const Tensor& g) -> std::vector<Tensor> {
-    Tensor dq = empty_f32(sq.shape(), sq), dk = empty_f32(sq.shape(), sq), dv = empty_f32(sq.shape(), sq);
-    be(sq).attention_backward(f32c(g), sq, sk, sv, so, lse, scale, dq, dk, dv);
+  return autograd::record(out, mask.causal ? "CausalAttentionBackward" : "AttentionBackward", {q, k, v}, [=](const Tensor& g) -> std::vector<Tensor> {
+    Tensor dq = empty_f32(sq.shape(), sq), dk = empty_f32(sk.shape(), sk), dv = empty_f32(sv.shape(), sv);
+    be(sq).attention_backward(f32c(g), sq, sk, sv, so, lse, scale, mask.causal, mask.key_lengths, dq, dk, dv);
     return {nq ? as_dtype(dq, dt) : Tensor(), nk ? as_dtype(dk, dt) : Tensor(), nv ? as_dtype(dv, dt) : Tensor()};
   });
+}
+
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  DS_CHECK(q.defined() && k.defined() && v.defined() && k.shape() == q.shape() &&
+               v.shape() == q.shape(),
+           "[causal_attention] q, k, v shapes differ: {}, {}, {}", shape_str(q.shape()),
+           shape_str(k.shape()), shape_str(v.shape()));
+  return attention(q, k, v, AttentionMask{});
 }
 
 // ---- rotary embedding ----
@@ -259,24 +277,28 @@ Tensor rope(const Tensor& x, float theta, int64_t pos0) {
   return rope(x, inv, 1.0f, pos0);
 }
 
-Tensor rope(const Tensor& x, const std::vector<double>& inv_freq, float scale, int64_t pos0) {
+Tensor rope(const Tensor& x, const std::vector<double>& inv_freq, float scale, int64_t pos0,
+            bool interleaved) {
   detail::check_float(x, "rope");
   DS_CHECK(x.dim() == 4, "[rope] x must be (B, NH, T, hd), got {}", shape_str(x.shape()));
-  DS_CHECK(x.size(3) % 2 == 0, "[rope] head size {} must be even (pairs (i, i + hd/2) rotate)", x.size(3));
-  DS_CHECK(static_cast<int64_t>(inv_freq.size()) == x.size(3) / 2,
-           "[rope] {} inverse frequencies for head size {} (need hd/2)", inv_freq.size(), x.size(3));
+  const int64_t half = static_cast<int64_t>(inv_freq.size());
+  DS_CHECK(half > 0 && 2 * half <= x.size(3),
+           "[rope] {} inverse frequencies for head size {} (need 1 .. hd/2: the first 2 * {} "
+           "dims rotate)",
+           inv_freq.size(), x.size(3), inv_freq.size());
   DS_CHECK(pos0 >= 0, "[rope] pos0 must be non-negative, got {}", pos0);
   Tensor fx = f32c(x);
   Tensor y = empty_f32(x.shape(), x);
-  be(x).rope(fx, pos0, inv_freq, scale, /*inverse=*/false, y);
+  be(x).rope(fx, pos0, inv_freq, scale, interleaved, /*inverse=*/false, y);
   Tensor out = as_dtype(y, x.dtype());
   if (!wants_grad({x})) return out;
   const DType dt = x.dtype();
-  // scale * rotation: its transpose is scale * the inverse rotation, the gradient's map.
-  return autograd::record(out, "RopeBackward", {x}, [inv_freq, scale, pos0, dt](const Tensor& g) -> std::vector<Tensor> {
+  // scale * rotation: its transpose is scale * the inverse rotation, the gradient's map (the
+  // dims that pass through pass their gradient through).
+  return autograd::record(out, "RopeBackward", {x}, [inv_freq, scale, pos0, interleaved, dt](const Tensor& g) -> std::vector<Tensor> {
     Tensor gc = f32c(g);
     Tensor dx = empty_f32(gc.shape(), gc);
-    be(gc).rope(gc, pos0, inv_freq, scale, /*inverse=*/true, dx);
+    be(gc).rope(gc, pos0, inv_freq, scale, interleaved, /*inverse=*/true, dx);
     return {as_dtype(dx, dt)};
   });
 }

@@ -155,6 +155,9 @@ KVDecoder::KVDecoder(std::shared_ptr<models::GPT> model)
       l.o_w = req(a + "o_proj.weight"), l.o_b = opt(a + "o_proj.bias");
       if (cfg_.qk_norm)
         l.q_norm_w = req(a + "q_norm.weight"), l.k_norm_w = req(a + "k_norm.weight");
+      if (cfg_.sandwich_norm)
+        l.norm3_w = req(b + "post_self_attn_layernorm.weight"),
+        l.norm4_w = req(b + "post_mlp_layernorm.weight");
       const std::string m = b + "mlp.";
       l.gate_w = req(m + "gate_proj.weight"), l.gate_b = opt(m + "gate_proj.bias");
       l.up_w = req(m + "up_proj.weight"), l.up_b = opt(m + "up_proj.bias");
@@ -163,7 +166,7 @@ KVDecoder::KVDecoder(std::shared_ptr<models::GPT> model)
     layers_.push_back(std::move(l));
   }
   if (!gpt2) {
-    rope_inv_freq_ = nn::rope_inv_freq(cfg_.rope_scaling, cfg_.rope_theta, cfg_.head_dim());
+    rope_inv_freq_ = nn::rope_inv_freq(cfg_.rope_scaling, cfg_.rope_theta, cfg_.rotary_dim());
     rope_scale_ = nn::rope_attention_scale(cfg_.rope_scaling);
   }
 }
@@ -294,8 +297,10 @@ Tensor KVDecoder::attention(int64_t li, const Tensor& x, std::span<const Chunk> 
       };
       ys.push_back(
           c.dec->attend(c.dec->layers_[static_cast<size_t>(li)],
-                        ops::rope(heads(q_all, NH, l.q_norm_w), rope_inv_freq_, rope_scale_, c.p0),
-                        ops::rope(heads(k_all, KV, l.k_norm_w), rope_inv_freq_, rope_scale_, c.p0),
+                        ops::rope(heads(q_all, NH, l.q_norm_w), rope_inv_freq_, rope_scale_, c.p0,
+                                  cfg_.rope_interleaved),
+                        ops::rope(heads(k_all, KV, l.k_norm_w), rope_inv_freq_, rope_scale_, c.p0,
+                                  cfg_.rope_interleaved),
                         heads(v_all, KV, Tensor()), c.p0, x.dtype()));
     }
   }
@@ -360,10 +365,14 @@ Tensor KVDecoder::run(std::span<const Chunk> seqs, std::span<const int32_t> ids,
     const Layer& l = layers_[static_cast<size_t>(li)];
     Tensor h = gpt2 ? ops::layer_norm(x, l.norm1_w, l.norm1_b, cfg_.norm_eps)
                     : ops::rms_norm(x, l.norm1_w, cfg_.norm_eps);
-    x = ops::add(x, attention(li, h, seqs, rows));
+    Tensor a = attention(li, h, seqs, rows);
+    if (l.norm3_w.defined()) a = ops::rms_norm(a, l.norm3_w, cfg_.norm_eps);
+    x = ops::add(x, a);
     h = gpt2 ? ops::layer_norm(x, l.norm2_w, l.norm2_b, cfg_.norm_eps)
              : ops::rms_norm(x, l.norm2_w, cfg_.norm_eps);
-    x = ops::add(x, mlp(l, h, rows));
+    Tensor m = mlp(l, h, rows);
+    if (l.norm4_w.defined()) m = ops::rms_norm(m, l.norm4_w, cfg_.norm_eps);
+    x = ops::add(x, m);
   }
   for (const Chunk& c : seqs) c.dec->len_ = c.p0 + c.n;
   x = gpt2 ? ops::layer_norm(x, normf_w_, normf_b_, cfg_.norm_eps)

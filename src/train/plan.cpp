@@ -76,15 +76,7 @@ models::GPTConfig resolve_model(const Options& o, const Given& g) {
   if (!g.model && !o.init_from.empty()) {
     if (auto c = models::read_hf_config(o.init_from)) return *c;
   }
-  const std::string name = g.model ? o.model : "tiny";
-  const auto presets = models::GPTConfig::preset_names();
-  if (std::find(presets.begin(), presets.end(), name) != presets.end())
-    return models::GPTConfig::preset(name);
-  std::error_code ec;
-  DS_CHECK(fs::is_regular_file(name, ec),
-           "[ds_train] --model '{}' is neither a preset ({}) nor a model JSON file", name,
-           fmt::join(presets, ", "));
-  return models::GPTConfig::load(name);
+  return models::resolve_model_config(g.model ? o.model : "tiny", "ds_train");
 }
 
 bool has_split(const fs::path& dir, const std::string& split) {

@@ -23,3 +23,11 @@ ds_add_test(test_sft LABELS finetune data SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/te
 target_compile_definitions(test_sft PRIVATE DS_TRAIN_BIN="$<TARGET_FILE:ds_train>"
   DS_PREPARE_BIN="$<TARGET_FILE:ds_prepare>")
 add_dependencies(test_sft ds_train ds_prepare)
+# A model family's workflow end to end: ds_prepare --sft -> ds_train --init_from a Hugging Face folder
+# of the family -> its export served (in process) to the guide's POST /. Label: families.
+ds_add_test(test_family_workflow LABELS families finetune serve
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_family_workflow.cpp)
+target_link_libraries(test_family_workflow PRIVATE ds_serve_http)
+target_compile_definitions(test_family_workflow PRIVATE DS_TRAIN_BIN="$<TARGET_FILE:ds_train>"
+  DS_PREPARE_BIN="$<TARGET_FILE:ds_prepare>")
+add_dependencies(test_family_workflow ds_train ds_prepare)

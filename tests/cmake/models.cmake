@@ -5,4 +5,4 @@ ds_add_test(test_parity LABELS parity SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_p
 ds_add_test(test_nn LABELS core SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_nn.cpp)
 # LLaMA-family Hugging Face import/export against transformers (tests/fixtures/hf_families, written
 # by tools/gen_hf_family_fixture.py).
-ds_add_test(test_hf_families LABELS finetune parity SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_families.cpp)
+ds_add_test(test_hf_families LABELS finetune parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_families.cpp)

@@ -418,6 +418,8 @@ struct Server::Impl {
     const auto fmt_ = m.chat_template->format();
     if (fmt_ == data::ChatFormat::kChatML || fmt_ == data::ChatFormat::kQwen2)
       p.stop.push_back(kChatStop);  // as text too: tokenizers without the special token
+    if (fmt_ == data::ChatFormat::kGlm4)
+      p.stop.push_back("<|user|>");  // GLM-4 ends its turn by opening the user's
     auto job = admit(req);          // held until the reply (or stream) ends
     const std::string id = new_id("chatcmpl");
     const std::time_t now = std::time(nullptr);

@@ -95,8 +95,8 @@ void add_options(CLI::App& app, Options& o, Given& g,
       "DeepSpeed config: a JSON file or inline JSON (default: the built-in configs/ds_demo.json)",
       &g.deepspeed);
   opt("--model", o.model,
-      "Model: a preset (tiny, gpt2, gpt2-medium, llama-tiny, ...) or a model JSON file (default: "
-      "tiny, or --init_from's config.json)",
+      "Model: a preset (tiny, gpt2, gpt2-medium, llama-tiny, ...), a model JSON file or a Hugging "
+      "Face folder's config.json (default: tiny, or --init_from's config.json)",
       &g.model);
   opt("--train_data", o.train_data, "Folder written by ds_prepare (its train split)")->required();
   opt("--eval_data", o.eval_data,

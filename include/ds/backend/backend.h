@@ -8,6 +8,7 @@
 // Unless a method says otherwise, tensors passed to kernels are contiguous fp32 and already
 // shape-checked by the op; the op layer upcasts 16-bit inputs where a kernel has no 16-bit path.
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -104,20 +105,25 @@ class Backend {
                                  const Tensor& rstd, const Tensor& dx, const Tensor& dw) = 0;
   virtual void softmax_forward(const Tensor& x, const Tensor& y) = 0;  // over the last dim
   virtual void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
-  // Causal attention, q/k/v/out (B, NH, T, hd). lse (B, NH, T) keeps each row's log-sum-exp so that
-  // backward recomputes the scores one (T, T) block per head at a time instead of storing them.
+  // Attention: q and out (B, NH, Tq, hd), k and v (B, NH, Tk, hd), lse (B, NH, Tq) keeping each
+  // row's log-sum-exp so that backward recomputes the scores one block of rows at a time instead of
+  // storing them. Query i of batch b sees keys j < key_lens[b] (every key when key_lens is empty:
+  // right padding) and, when causal, j <= i + Tk - Tq (the queries are the last Tq positions;
+  // Tq <= Tk). Every row must see at least one key.
   virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                                 const Tensor& out, const Tensor& lse) = 0;
+                                 bool causal, std::span<const int64_t> key_lens, const Tensor& out,
+                                 const Tensor& lse) = 0;
   virtual void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const Tensor& out, const Tensor& lse,
-                                  float scale, const Tensor& dq, const Tensor& dk,
-                                  const Tensor& dv) = 0;
-  // Rotary embedding on x (B, NH, T, hd), positions pos0 .. pos0+T-1, rotating pairs (i, i+hd/2)
-  // (the LLaMA / Hugging Face "rotate_half" convention) by angle p * inv_freq[i] (hd/2 entries),
-  // cos and sin multiplied by scale (yarn's attention factor; 1 otherwise). inverse rotates by
-  // -angle (the backward).
+                                  float scale, bool causal, std::span<const int64_t> key_lens,
+                                  const Tensor& dq, const Tensor& dk, const Tensor& dv) = 0;
+  // Rotary embedding on x (B, NH, T, hd), positions pos0 .. pos0+T-1. The first r = 2 *
+  // inv_freq.size() <= hd dims rotate (the rest are copied: partial rotary, GLM's r = hd/2), pair i
+  // by angle p * inv_freq[i], cos and sin multiplied by scale (yarn's attention factor; 1
+  // otherwise). Pairs are (i, i + r/2) (the LLaMA / Hugging Face "rotate_half" convention), or
+  // (2i, 2i+1) when interleaved (GLM, ChatGLM, GPT-J). inverse rotates by -angle (the backward).
   virtual void rope(const Tensor& x, int64_t pos0, const std::vector<double>& inv_freq,
-                    float scale, bool inverse, const Tensor& out) = 0;
+                    float scale, bool interleaved, bool inverse, const Tensor& out) = 0;
   // out (N, C) = weight[ids]; ids int32 or int64 (N).
   virtual void embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& out) = 0;
   // dweight (V, C) += scatter of dout rows by ids (deterministic order).

@@ -19,6 +19,10 @@
 //   chatml   "<|im_start|>{role}\n{content}<|im_end|>\n" per message.
 //   qwen2    chatml, plus the default system prompt "You are a helpful assistant." when the first
 //            message is not a system message (Qwen2-Instruct's template).
+//   glm4     GLM-4's roles: "[gMASK]<sop>", then "<|{role}|>\n{content}" per message (system, user,
+//            assistant), the final answer followed by the eos token; the generation prompt is
+//            "<|assistant|>\n". [gMASK], <sop> and the role markers are the GLM-4 tokenizer's added
+//            tokens (tokenizer.json).
 //   llama3   "{bos}<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>" per
 //            message (Meta-Llama-3-Instruct's template; BOS is in the text: encode without adding
 //            another one).
@@ -43,7 +47,7 @@
 
 namespace ds::data {
 
-enum class ChatFormat { kChatGLM, kAlpaca, kChatML, kQwen2, kLlama3 };
+enum class ChatFormat { kChatGLM, kAlpaca, kChatML, kQwen2, kLlama3, kGlm4 };
 
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant" (alpaca also "input")
@@ -81,7 +85,7 @@ struct ChatSpecialTokens {
 
 class ChatTemplate {
  public:
-  // "chatglm", "alpaca", "chatml", "qwen2" or "llama3"; anything else throws, naming them.
+  // "chatglm", "alpaca", "chatml", "qwen2", "llama3" or "glm4"; anything else throws, naming them.
   static ChatTemplate by_name(std::string_view name);
   // The format whose published Jinja source this is (see above); throws naming the formats.
   static ChatTemplate from_jinja(std::string_view source);

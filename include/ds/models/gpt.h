@@ -56,8 +56,15 @@ struct GPTConfig {
   // Mistral's sliding-window attention: 0 = none. Only recorded: a window must be >= block_size,
   // where it changes nothing (the importer lowers block_size to the window; see hf_io.h).
   int64_t sliding_window = 0;
-  // The Hugging Face model_type an export writes: "llama", "mistral", "qwen2", "qwen3"; "" = from
-  // the layout and features (gpt2; qk_norm -> qwen3, qkv_bias -> qwen2, else llama).
+  // GLM: rotary embedding on the first head_size * partial_rotary_factor dims of each head only,
+  // rotating pairs (2i, 2i+1) when rope_interleaved (ChatGLM's layout); GLM-4's sandwich_norm adds
+  // an RMSNorm after attention and after the MLP (post_self_attn_layernorm, post_mlp_layernorm).
+  float partial_rotary_factor = 1.0f;
+  bool rope_interleaved = false;
+  bool sandwich_norm = false;
+  // The model family (ds/models/family.h): the Hugging Face model_type an export writes ("gpt2",
+  // "llama", "mistral", "qwen2", "qwen3", "glm", "glm4"); "" = from the layout and features (gpt2;
+  // qk_norm -> qwen3, qkv_bias -> qwen2, else llama).
   std::string family;
 
   // The defaults of a layout (gpt2 = GPT-2 124M; llama = the same shape with LLaMA's choices).
@@ -80,6 +87,8 @@ struct GPTConfig {
   void validate() const;
   int64_t head_dim() const { return head_size > 0 ? head_size : n_embd / n_head; }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  // Dims of each head that rotate: head_dim() * partial_rotary_factor (transformers' int()).
+  int64_t rotary_dim() const;
   // family, or the one derived from the layout and features when it is empty.
   std::string resolved_family() const;
   int64_t resolved_ffn_hidden() const;

@@ -51,6 +51,12 @@ nlohmann::json hf_config_to_json(const GPTConfig& c);
 // folder without config.json.
 std::optional<GPTConfig> read_hf_config(const std::filesystem::path& path);
 
+// What a tool's --model names, resolved once for every tool (ds_train, ds_estimate, ds_to_fp32):
+// a preset name (GPTConfig::preset_names()), a Hugging Face folder (its config.json, read through
+// the family registry), or a model JSON file (GPTConfig::load). Throws "[<tool>] --model ..."
+// listing the presets when it is none of them.
+GPTConfig resolve_model_config(const std::string& name, const std::string& tool);
+
 struct HFLoadReport {
   std::vector<std::string> files;    // safetensors files read
   int64_t tensors = 0;               // parameters filled

@@ -46,12 +46,16 @@ struct BlockConfig {
   bool bias = true;             // biases in Linear layers (and, for gpt2, in LayerNorms)
   bool qkv_bias = false;        // llama: q/k/v_proj biases even without `bias` (Qwen2)
   bool qk_norm = false;         // llama: per-head RMSNorm of q and k before RoPE (Qwen3)
+  int64_t rotary_dim = 0;       // llama: dims of each head that rotate (GLM: hd/2); 0 = hd
+  bool rope_interleaved = false;  // llama: rotate pairs (2i, 2i+1), not (i, i + r/2) (GLM)
+  bool sandwich_norm = false;   // llama: RMSNorm after attention and after the MLP too (GLM-4)
   // Tensor parallelism (tensor_parallel.h): attention heads (and K/V heads), the MLP's hidden
   // width cut over tp->size() ranks; null = none. Shapes below are then the full model's.
   std::shared_ptr<TensorParallel> tp;
 
   int64_t resolved_kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
+  int64_t resolved_rotary_dim() const { return rotary_dim > 0 ? rotary_dim : resolved_head_dim(); }
 };
 
 // y = x @ W^T + b with W (out, in) like torch.nn.Linear. (Hugging Face's GPT-2 stores its Conv1D
@@ -149,7 +153,8 @@ class SwiGLUMLP : public Module {
 //   llama: q_proj (C -> NH*hd), k/v_proj (C -> KV*hd; grouped-query attention when KV < NH: query
 //          head h reads K/V head h / (NH/KV), as Hugging Face's repeat_kv), optional per-head
 //          q_norm/k_norm (RMSNorm over hd, Qwen3), RoPE on q and k (positions 0..T-1, rotate_half
-//          pairs (i, i + hd/2), frequencies from nn::rope_inv_freq), y = o_proj (NH*hd -> C).
+//          pairs (i, i + hd/2), frequencies from nn::rope_inv_freq; GLM: only the first
+//          rotary_dim dims, pairs (2i, 2i+1)), y = o_proj (NH*hd -> C).
 // Dropout applies to the output projection (GPT-2's resid_dropout). Dropout on the attention
 // probabilities (GPT-2's attn_dropout) is not supported: the fused kernel never forms them.
 class CausalSelfAttention : public Module {
@@ -161,7 +166,8 @@ class CausalSelfAttention : public Module {
   Layout layout_;
   int64_t n_embd_, n_head_, n_kv_head_, head_dim_;
   float dropout_;
-  std::vector<double> rope_inv_freq_;                          // (hd/2), llama
+  std::vector<double> rope_inv_freq_;                          // (rotary_dim/2), llama
+  bool rope_interleaved_ = false;
   float rope_scale_ = 1.0f;                                    // yarn's attention factor on cos/sin
   std::shared_ptr<Linear> c_attn_, c_proj_;                    // gpt2
   std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;  // llama
@@ -187,9 +193,11 @@ class ModuleList : public Module {
 
 // Pre-norm residual block:
 //   x = x + attn(norm_1(x));  x = x + mlp(norm_2(x))
+// or with sandwich_norm (GLM-4), each branch normalised again before its residual add:
+//   x = x + norm_3(attn(norm_1(x)));  x = x + norm_4(mlp(norm_2(x)))
 // Names: gpt2 ln_1 / attn / ln_2 / mlp; llama input_layernorm / self_attn /
-// post_attention_layernorm / mlp. With gradient checkpointing on (Module), the whole block is
-// recomputed in backward.
+// post_attention_layernorm / mlp (+ post_self_attn_layernorm, post_mlp_layernorm). With gradient
+// checkpointing on (Module), the whole block is recomputed in backward.
 class Block : public Module {
  public:
   explicit Block(const BlockConfig& cfg);
@@ -197,6 +205,7 @@ class Block : public Module {
 
  private:
   std::shared_ptr<Module> norm_1_, attn_, norm_2_, mlp_;
+  std::shared_ptr<Module> norm_3_, norm_4_;  // sandwich_norm only
 };
 
 }  // namespace ds::nn

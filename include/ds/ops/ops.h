@@ -62,16 +62,30 @@ Tensor gelu(const Tensor& x);  // tanh approximation (GPT-2's "gelu_new")
 Tensor silu(const Tensor& x);
 Tensor swiglu(const Tensor& gate, const Tensor& up);  // silu(gate) * up
 Tensor softmax(const Tensor& x);                      // over the last dim
-// q, k, v (B, NH, T, hd) -> (B, NH, T, hd), causal, scale 1/sqrt(hd). Holds one (T, T) score block
-// per head per thread at a time; backward recomputes scores from the saved log-sum-exp.
+// Which keys each query sees (mask kinds: causal for decoders, none for encoders and
+// cross-attention, plus right padding for both).
+struct AttentionMask {
+  // Query i sees keys j <= i + Tk - Tq (the queries are the last Tq positions); false: every key.
+  bool causal = true;
+  // (B) keys [0, len_b) of batch row b are visible (right padding: an encoder's or a
+  // cross-attention's attention_mask as lengths); empty = all Tk. Each in [1, Tk].
+  std::vector<int64_t> key_lengths;
+};
+// q (B, NH, Tq, hd), k, v (B, NH, Tk, hd) -> (B, NH, Tq, hd), scale 1/sqrt(hd) (or `scale` when
+// > 0: T5 uses 1). Holds one block of scores per head per thread at a time; backward recomputes
+// scores from the saved log-sum-exp.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
+                 float scale = 0.0f);
+// q, k, v (B, NH, T, hd) -> (B, NH, T, hd), causal: attention(q, k, v, {causal}).
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v);
 // x (B, NH, T, hd): rotary position embedding for positions pos0 .. pos0+T-1, inverse frequencies
 // theta^(-2i/hd).
 Tensor rope(const Tensor& x, float theta = 10000.0f, int64_t pos0 = 0);
-// The same with given inverse frequencies (hd/2 of them, nn::rope_inv_freq) and cos/sin multiplied
-// by scale (yarn's attention factor).
+// The same with given inverse frequencies (nn::rope_inv_freq) and cos/sin multiplied by scale
+// (yarn's attention factor). The first r = 2 * inv_freq.size() <= hd dims rotate, the rest pass
+// through (partial rotary); pairs (i, i + r/2), or (2i, 2i+1) when interleaved (GLM).
 Tensor rope(const Tensor& x, const std::vector<double>& inv_freq, float scale = 1.0f,
-            int64_t pos0 = 0);
+            int64_t pos0 = 0, bool interleaved = false);
 // Inverted dropout; masks come from the process-wide counter stream (ds/core/rng.h), so they are
 // reproducible and independent of the rank. Identity when !training or p == 0.
 Tensor dropout(const Tensor& x, float p, bool training);

@@ -66,6 +66,7 @@ class KVDecoder {
     Tensor c_attn_w, c_attn_b, c_proj_w, c_proj_b;      // gpt2
     Tensor q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b;      // llama
     Tensor q_norm_w, k_norm_w;                          // qk_norm
+    Tensor norm3_w, norm4_w;                            // sandwich_norm (GLM-4)
     Tensor fc_w, fc_b, mlp_proj_w, mlp_proj_b;          // gpt2 MLP
     Tensor gate_w, gate_b, up_w, up_b, down_w, down_b;  // SwiGLU
     std::vector<float> k, v;                            // (capacity, KV, hd)

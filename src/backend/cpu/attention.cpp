@@ -1,12 +1,15 @@
-// Causal self-attention on the CPU. One (batch, head) pair per thread at a time, each computed by
+// Attention on the CPU: causal or not, right-padded keys, Tq <= Tk queries (cross-attention, or the
+// last Tq positions of a causal sequence). One (batch, head) pair per thread at a time, each computed by
 // that thread alone with single-threaded sgemm calls, so the result does not depend on the thread
 // count. Scores are never stored: the forward keeps each row's log-sum-exp (lse) and the backward
 // recomputes P = exp(S - lse) block by block.
 //
-// Rows are processed in blocks of kBlock queries. Block [r0, r1) only sees keys [0, r1), so its
-// score block is (r1 - r0, r1) rather than (r1 - r0, T): at T = 256 and kBlock = 64 this skips
-// 3/8 of the score and P V products that a full (T, T) product would spend on masked entries.
-// Per thread the scratch is two (kBlock, T) buffers, less than one (T, T) block.
+// Rows are processed in blocks of kBlock queries. A row sees a prefix of the keys (its visible
+// count `valid`: the key length of its batch, and with causal masking its position), so block
+// [r0, r1) computes scores only for the keys its last row sees: causally (r1 - r0, r1) rather than
+// (r1 - r0, T), which at T = 256 and kBlock = 64 skips 3/8 of the score and P V products a full
+// (T, T) product would spend on masked entries. Per thread the scratch is two (kBlock, Tk) buffers,
+// less than one (T, T) block.
 #include <omp.h>
 
 #include <algorithm>
@@ -31,20 +34,34 @@ void require_f32(const Tensor& t, const char* op) {
            op, dtype_name(t.dtype()), t.is_contiguous() ? "" : " (strided)");
 }
 
-void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
+void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+               std::span<const int64_t> key_lens, const char* op) {
   require_f32(q, op);
   require_f32(k, op);
   require_f32(v, op);
-  DS_CHECK(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(),
-           "[cpu:{}] q, k, v must all be (B, NH, T, hd), got {}, {}, {}", op, shape_str(q.shape()),
-           shape_str(k.shape()), shape_str(v.shape()));
+  DS_CHECK(q.dim() == 4 && k.dim() == 4 && k.shape() == v.shape() && k.size(0) == q.size(0) &&
+               k.size(1) == q.size(1) && k.size(3) == q.size(3),
+           "[cpu:{}] q must be (B, NH, Tq, hd) and k, v (B, NH, Tk, hd), got {}, {}, {}", op,
+           shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape()));
+  DS_CHECK(!causal || q.size(2) <= k.size(2), "[cpu:{}] causal attention needs Tq {} <= Tk {}", op,
+           q.size(2), k.size(2));
+  DS_CHECK(key_lens.empty() || static_cast<int64_t>(key_lens.size()) == q.size(0),
+           "[cpu:{}] {} key lengths for batch {}", op, key_lens.size(), q.size(0));
+  for (int64_t len : key_lens)
+    DS_CHECK(len >= 1 && len <= k.size(2), "[cpu:{}] key length {} outside [1, Tk {}]", op, len,
+             k.size(2));
+}
+
+// The keys row r (of Tq) sees: a prefix of length min(klen, r + 1 + Tk - Tq) causally, klen else.
+inline int64_t visible(int64_t r, int64_t Tq, int64_t Tk, bool causal, int64_t klen) {
+  return causal ? std::min(klen, r + 1 + Tk - Tq) : klen;
 }
 
 // ---- one (batch, head) pair; row helpers over restrict pointers so that GCC vectorises them ----
 
 // Row i of a block: s (n) holds scale * q.k for keys 0..n-1, of which 0..valid-1 are visible.
 // Overwrites s with the softmax (zeros past valid) and returns the log-sum-exp.
-float causal_softmax_row(float* __restrict s, int64_t valid, int64_t n) {
+float masked_softmax_row(float* __restrict s, int64_t valid, int64_t n) {
   const float mx = fm::max_of(s, valid);
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -77,39 +94,45 @@ void softmax_grad_row(const float* __restrict p, const float* __restrict o, cons
   std::fill(dp + valid, dp + n, 0.0f);
 }
 
-// Q, K, V, O (T, hd); L (T); P scratch (kBlock, T).
-void forward_head(const float* Q, const float* K, const float* V, int64_t T, int64_t hd, float scale,
-                  float* O, float* L, float* P) {
-  const int64_t ldp = T;
-  for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
-    const int64_t r1 = std::min(T, r0 + kBlock), m = r1 - r0, n = r1;
+// Q, O (Tq, hd); K, V (Tk, hd); L (Tq); P scratch (kBlock, Tk).
+void forward_head(const float* Q, const float* K, const float* V, int64_t Tq, int64_t Tk,
+                  int64_t hd, float scale, bool causal, int64_t klen, float* O, float* L,
+                  float* P) {
+  const int64_t ldp = Tk;
+  for (int64_t r0 = 0; r0 < Tq; r0 += kBlock) {
+    const int64_t r1 = std::min(Tq, r0 + kBlock), m = r1 - r0;
+    const int64_t n = visible(r1 - 1, Tq, Tk, causal, klen);  // keys the block's last row sees
     // S (m, n) = scale * Q[r0:r1] K[0:n]^T
     sgemm(false, true, m, n, hd, scale, Q + r0 * hd, hd, K, hd, 0.0f, P, ldp);
-    for (int64_t i = 0; i < m; ++i) L[r0 + i] = causal_softmax_row(P + i * ldp, r0 + i + 1, n);
+    for (int64_t i = 0; i < m; ++i)
+      L[r0 + i] = masked_softmax_row(P + i * ldp, visible(r0 + i, Tq, Tk, causal, klen), n);
     // O[r0:r1] = P V[0:n]
     sgemm(false, false, m, hd, n, 1.0f, P, ldp, V, hd, 0.0f, O + r0 * hd, hd);
   }
 }
 
-// All (T, hd) but L (T); P and dP scratch (kBlock, T) each.
+// dO, Q, O, dQ (Tq, hd); K, V, dK, dV (Tk, hd); L (Tq); P and dP scratch (kBlock, Tk) each.
 void backward_head(const float* dO, const float* Q, const float* K, const float* V, const float* O,
-                   const float* L, int64_t T, int64_t hd, float scale, float* dQ, float* dK, float* dV,
-                   float* P, float* dP) {
-  const int64_t ldp = T;
-  // dK and dV accumulate over query blocks.
-  std::fill(dK, dK + T * hd, 0.0f);
-  std::fill(dV, dV + T * hd, 0.0f);
-  for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
-    const int64_t r1 = std::min(T, r0 + kBlock), m = r1 - r0, n = r1;
-    // Recompute P (m, n) = exp(scale * Q K^T - lse), zero above the diagonal.
+                   const float* L, int64_t Tq, int64_t Tk, int64_t hd, float scale, bool causal,
+                   int64_t klen, float* dQ, float* dK, float* dV, float* P, float* dP) {
+  const int64_t ldp = Tk;
+  // dK and dV accumulate over query blocks (keys no row sees keep a zero gradient).
+  std::fill(dK, dK + Tk * hd, 0.0f);
+  std::fill(dV, dV + Tk * hd, 0.0f);
+  for (int64_t r0 = 0; r0 < Tq; r0 += kBlock) {
+    const int64_t r1 = std::min(Tq, r0 + kBlock), m = r1 - r0;
+    const int64_t n = visible(r1 - 1, Tq, Tk, causal, klen);
+    // Recompute P (m, n) = exp(scale * Q K^T - lse), zero where masked.
     sgemm(false, true, m, n, hd, scale, Q + r0 * hd, hd, K, hd, 0.0f, P, ldp);
-    for (int64_t i = 0; i < m; ++i) recompute_p_row(P + i * ldp, r0 + i + 1, n, L[r0 + i]);
+    for (int64_t i = 0; i < m; ++i)
+      recompute_p_row(P + i * ldp, visible(r0 + i, Tq, Tk, causal, klen), n, L[r0 + i]);
     // dV[0:n] += P^T dO[r0:r1]
     sgemm(true, false, n, hd, m, 1.0f, P, ldp, dO + r0 * hd, hd, 1.0f, dV, hd);
     // dP (m, n) = dO[r0:r1] V[0:n]^T, then dS in place
     sgemm(false, true, m, n, hd, 1.0f, dO + r0 * hd, hd, V, hd, 0.0f, dP, ldp);
     for (int64_t i = 0; i < m; ++i)
-      softmax_grad_row(P + i * ldp, O + (r0 + i) * hd, dO + (r0 + i) * hd, hd, r0 + i + 1, n, dP + i * ldp);
+      softmax_grad_row(P + i * ldp, O + (r0 + i) * hd, dO + (r0 + i) * hd, hd,
+                       visible(r0 + i, Tq, Tk, causal, klen), n, dP + i * ldp);
     // dQ[r0:r1] = scale dS K[0:n];  dK[0:n] += scale dS^T Q[r0:r1]
     sgemm(false, false, m, hd, n, scale, dP, ldp, K, hd, 0.0f, dQ + r0 * hd, hd);
     sgemm(true, false, n, hd, m, scale, dP, ldp, Q + r0 * hd, hd, 1.0f, dK, hd);
@@ -119,36 +142,40 @@ void backward_head(const float* dO, const float* Q, const float* K, const float*
 }  // namespace
 
 void CpuBackend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                                   bool causal, std::span<const int64_t> key_lens,
                                    const Tensor& out, const Tensor& lse) {
-  check_qkv(q, k, v, "attention");
+  check_qkv(q, k, v, causal, key_lens, "attention");
   require_f32(out, "attention");
   require_f32(lse, "attention");
-  const int64_t BH = q.size(0) * q.size(1), T = q.size(2), hd = q.size(3);
-  if (BH == 0 || T == 0) return;
+  const int64_t NH = q.size(1), BH = q.size(0) * NH, Tq = q.size(2), Tk = k.size(2),
+                hd = q.size(3);
+  if (BH == 0 || Tq == 0) return;
   const float* pq = q.data<float>();
   const float* pk = k.data<float>();
   const float* pv = v.data<float>();
   float* po = out.data<float>();
   float* pl = lse.data<float>();
-#pragma omp parallel if (worth_threads(BH, T, hd))
+#pragma omp parallel if (worth_threads(BH, std::max(Tq, Tk), hd))
   {
-    std::vector<float> pbuf(static_cast<size_t>(std::min(kBlock, T) * T));  // (kBlock, T) scores / P
+    std::vector<float> pbuf(static_cast<size_t>(std::min(kBlock, Tq) * Tk));  // scores / P
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < BH; ++bh) {
-      const int64_t off = bh * T * hd;
-      forward_head(pq + off, pk + off, pv + off, T, hd, scale, po + off, pl + bh * T, pbuf.data());
+      const int64_t klen = key_lens.empty() ? Tk : key_lens[static_cast<size_t>(bh / NH)];
+      forward_head(pq + bh * Tq * hd, pk + bh * Tk * hd, pv + bh * Tk * hd, Tq, Tk, hd, scale,
+                   causal, klen, po + bh * Tq * hd, pl + bh * Tq, pbuf.data());
     }
   }
 }
 
 void CpuBackend::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                     const Tensor& v, const Tensor& out, const Tensor& lse,
-                                    float scale, const Tensor& dq, const Tensor& dk,
-                                    const Tensor& dv) {
-  check_qkv(q, k, v, "attention_backward");
+                                    float scale, bool causal, std::span<const int64_t> key_lens,
+                                    const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  check_qkv(q, k, v, causal, key_lens, "attention_backward");
   for (const Tensor* t : {&dout, &out, &lse, &dq, &dk, &dv}) require_f32(*t, "attention_backward");
-  const int64_t BH = q.size(0) * q.size(1), T = q.size(2), hd = q.size(3);
-  if (BH == 0 || T == 0) return;
+  const int64_t NH = q.size(1), BH = q.size(0) * NH, Tq = q.size(2), Tk = k.size(2),
+                hd = q.size(3);
+  if (BH == 0 || Tq == 0) return;
   const float* pdo = dout.data<float>();
   const float* pq = q.data<float>();
   const float* pk = k.data<float>();
@@ -158,15 +185,16 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& q, const T
   float* pdq = dq.data<float>();
   float* pdk = dk.data<float>();
   float* pdv = dv.data<float>();
-#pragma omp parallel if (worth_threads(BH, T, hd))
+#pragma omp parallel if (worth_threads(BH, std::max(Tq, Tk), hd))
   {
-    const size_t blk = static_cast<size_t>(std::min(kBlock, T) * T);
-    std::vector<float> pbuf(blk), dpbuf(blk);  // (kBlock, T) each: P and dP / dS
+    const size_t blk = static_cast<size_t>(std::min(kBlock, Tq) * Tk);
+    std::vector<float> pbuf(blk), dpbuf(blk);  // (kBlock, Tk) each: P and dP / dS
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < BH; ++bh) {
-      const int64_t off = bh * T * hd;
-      backward_head(pdo + off, pq + off, pk + off, pv + off, po + off, pl + bh * T, T, hd, scale,
-                    pdq + off, pdk + off, pdv + off, pbuf.data(), dpbuf.data());
+      const int64_t klen = key_lens.empty() ? Tk : key_lens[static_cast<size_t>(bh / NH)];
+      const int64_t oq = bh * Tq * hd, ok = bh * Tk * hd;
+      backward_head(pdo + oq, pq + oq, pk + ok, pv + ok, po + oq, pl + bh * Tq, Tq, Tk, hd, scale,
+                    causal, klen, pdq + oq, pdk + ok, pdv + ok, pbuf.data(), dpbuf.data());
     }
   }
 }

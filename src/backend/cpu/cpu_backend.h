@@ -34,12 +34,14 @@ class CpuBackend final : public Backend {
   void softmax_forward(const Tensor& x, const Tensor& y) override;
   void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                         const Tensor& out, const Tensor& lse) override;
+                         bool causal, std::span<const int64_t> key_lens, const Tensor& out,
+                         const Tensor& lse) override;
   void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                          const Tensor& out, const Tensor& lse, float scale, const Tensor& dq,
-                          const Tensor& dk, const Tensor& dv) override;
+                          const Tensor& out, const Tensor& lse, float scale, bool causal,
+                          std::span<const int64_t> key_lens, const Tensor& dq, const Tensor& dk,
+                          const Tensor& dv) override;
   void rope(const Tensor& x, int64_t pos0, const std::vector<double>& inv_freq, float scale,
-            bool inverse, const Tensor& out) override;
+            bool interleaved, bool inverse, const Tensor& out) override;
   void embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& out) override;
   void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& dweight) override;
   void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,

@@ -178,14 +178,25 @@ void softmax_backward_row(const float* __restrict y, const float* __restrict g, 
 }
 
 // out may alias x: both halves are read before either is written. Not restrict for that reason.
+// One row of hd values: the first 2 * half rotate, pairs (i, i + half) (rotate_half) or (2i, 2i+1)
+// (interleaved); the rest are copied.
 void rope_row(const float* x, const float* __restrict c, const float* __restrict s, int64_t half,
-              float* out) {
+              int64_t hd, bool interleaved, float* out) {
+  if (interleaved) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = x[2 * i], b = x[2 * i + 1];
+      out[2 * i] = a * c[i] - b * s[i];
+      out[2 * i + 1] = b * c[i] + a * s[i];
+    }
+  } else {
 #pragma omp simd
-  for (int64_t i = 0; i < half; ++i) {
-    const float a = x[i], b = x[i + half];
-    out[i] = a * c[i] - b * s[i];
-    out[i + half] = b * c[i] + a * s[i];
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = x[i], b = x[i + half];
+      out[i] = a * c[i] - b * s[i];
+      out[i + half] = b * c[i] + a * s[i];
+    }
   }
+  for (int64_t i = 2 * half; i < hd; ++i) out[i] = x[i];
 }
 
 constexpr int64_t kPrefetchBlock = 256;  // floats of the current chunk per 16 prefetched lines
@@ -399,16 +410,16 @@ void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, const Tenso
 // Rotary embedding, rotate_half convention: pairs (i, i + hd/2) rotated by angle p * inv_freq[i].
 
 void CpuBackend::rope(const Tensor& x, int64_t pos0, const std::vector<double>& inv_freq,
-                      float scale, bool inverse, const Tensor& out) {
+                      float scale, bool interleaved, bool inverse, const Tensor& out) {
   require_f32(x, "rope");
   require_f32(out, "rope");
   DS_CHECK(x.dim() == 4, "[cpu:rope] needs (B, NH, T, hd), got {}", shape_str(x.shape()));
-  const int64_t T = x.size(2), hd = x.size(3), half = hd / 2;
-  DS_CHECK(hd % 2 == 0, "[cpu:rope] head size {} must be even", hd);
-  DS_CHECK(static_cast<int64_t>(inv_freq.size()) == half,
-           "[cpu:rope] {} inverse frequencies for head size {} (need hd/2)", inv_freq.size(), hd);
+  const int64_t T = x.size(2), hd = x.size(3), half = static_cast<int64_t>(inv_freq.size());
+  DS_CHECK(half > 0 && 2 * half <= hd,
+           "[cpu:rope] {} inverse frequencies for head size {} (need 1 .. hd/2)", inv_freq.size(),
+           hd);
   const int64_t rows = x.numel() / std::max<int64_t>(hd, 1);  // B * NH * T
-  // (T, hd/2) tables, angles in double so that long positions keep their precision.
+  // (T, half) tables, angles in double so that long positions keep their precision.
   std::vector<float> cos_t(static_cast<size_t>(T * half)), sin_t(static_cast<size_t>(T * half));
   for (int64_t i = 0; i < half; ++i) {
     for (int64_t t = 0; t < T; ++t) {
@@ -423,7 +434,8 @@ void CpuBackend::rope(const Tensor& x, int64_t pos0, const std::vector<double>& 
   parallel_for(rows, row_grain(hd), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t t = r % T;
-      rope_row(px + r * hd, cos_t.data() + t * half, sin_t.data() + t * half, half, po + r * hd);
+      rope_row(px + r * hd, cos_t.data() + t * half, sin_t.data() + t * half, half, hd,
+               interleaved, po + r * hd);
     }
   });
 }

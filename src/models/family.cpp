@@ -1,0 +1,57 @@
+#include "ds/models/family.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "ds/core/error.h"
+
+namespace ds::models {
+
+const std::vector<const Family*>& all_families() {
+  static const std::vector<const Family*> all = {
+      &families::gpt2, &families::llama, &families::mistral, &families::qwen2,
+      &families::qwen3, &families::glm,  &families::glm4,    &families::chatglm};
+  return all;
+}
+
+std::string supported_model_types() {
+  std::vector<std::string> types;
+  for (const Family* f : all_families())
+    for (const auto& t : f->model_types) types.push_back(t);
+  return fmt::format("{}", fmt::join(types, ", "));
+}
+
+const Family& family_for_model_type(const std::string& model_type, const std::string& source) {
+  for (const Family* f : all_families())
+    for (const auto& t : f->model_types)
+      if (t == model_type) return *f;
+  // Families our users ask for that another issue brings (docs/models.md "Not yet").
+  std::string why;
+  if (model_type == "bert" || model_type == "roberta" || model_type == "deberta-v2" ||
+      model_type == "deberta")
+    why = "; encoder classifiers are not supported yet";
+  else if (model_type == "bart" || model_type == "blenderbot" || model_type == "t5" ||
+           model_type == "mt5")
+    why = "; encoder-decoder models are not supported yet";
+  DS_THROW("[hf_io] {}: model_type \"{}\" is not supported (supported: {}){}", source, model_type,
+           supported_model_types(), why);
+}
+
+const Family& family_of(const GPTConfig& c) {
+  const std::string name = c.resolved_family();
+  for (const Family* f : all_families())
+    if (f->name == name) return *f;
+  std::vector<std::string> names;
+  for (const Family* f : all_families()) names.push_back(f->name);
+  DS_THROW("[model] family \"{}\" is unknown (known: {})", name, fmt::join(names, ", "));
+}
+
+const Family& export_family_of(const GPTConfig& c) {
+  const Family& f = family_of(c);
+  if (f.export_as.empty()) return f;
+  for (const Family* g : all_families())
+    if (g->name == f.export_as) return *g;
+  DS_THROW("[model] internal: family {} exports as unknown family {}", f.name, f.export_as);
+}
+
+}  // namespace ds::models
