@@ -35,13 +35,12 @@ inline void PrintTo(const Device& device, std::ostream* os) {
 
 namespace ds::testing {
 
-// kCPU always, plus the CUDA devices when the build has the CUDA backend.
+// kCPU always, plus the first GPU when the build has the CUDA backend (-DDS_WITH_CUDA=ON) and the
+// machine has one: a CUDA build still runs its CPU tests on a machine without a GPU. The CUDA
+// backend runs one GPU per process (cuda:0).
 inline std::vector<Device> test_devices() {
   std::vector<Device> devices{kCPU};
-#ifdef DS_WITH_CUDA  // defined by the build (CMakeLists.txt) with -DDS_WITH_CUDA=ON
-  // The first GPU only until the CUDA backend can say how many there are.
-  devices.push_back(Device{DeviceType::cuda, 0});
-#endif
+  if (backend::cuda_device_count() > 0) devices.push_back(Device{DeviceType::cuda, 0});
   return devices;
 }
 

@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "devices.h"
 #include "ds/core/safetensors.h"
 #include "ds/models/gpt.h"
 #include "ds/nn/flat.h"
@@ -152,6 +153,53 @@ TEST_P(Parity, TenAdamWSteps) {
     worst = std::max(worst, e);
   }
   std::printf("[parity] %s: 10 AdamW steps, worst loss error %.2e\n", GetParam().c_str(), worst);
+}
+
+// The same checks with the model on each GPU (tests/devices.h; skipped without one): logits, loss
+// and every gradient within the same tolerance of the float64 reference, and checkpointed
+// gradients bitwise equal to the plain ones (the CUDA kernels are deterministic too).
+TEST_P(Parity, LogitsLossAndEveryGradientOnGpu) {
+  bool ran = false;
+  for (const Device dev : ds::testing::test_devices()) {
+    if (dev.is_cpu()) continue;
+    ran = true;
+    auto model = load_model(r());
+    model->to(dev);
+    const Tensor x = ds::testing::to_device(ids(), dev), y = ds::testing::to_device(targets(), dev);
+    Tensor logits = model->logits(x);
+    EXPECT_EQ(logits.device(), dev);
+    const double e_logits = rel_err(logits.to_vector(), r().get("logits").to_vector());
+    EXPECT_LE(e_logits, kTol) << "logits on " << dev.str();
+    Tensor loss = model->loss(x, y);
+    const double ref_loss = r().get("loss").item();
+    const double e_loss = std::abs(loss.item() - ref_loss) / std::abs(ref_loss);
+    EXPECT_LE(e_loss, kTol) << "loss " << loss.item() << " vs " << ref_loss << " on " << dev.str();
+    loss.backward();
+    double worst = 0.0;
+    std::string worst_name;
+    std::vector<std::vector<float>> plain;
+    for (const auto& [name, p] : model->named_parameters()) {
+      ASSERT_TRUE(p.grad().defined()) << name << " got no gradient on " << dev.str();
+      EXPECT_EQ(p.grad().device(), dev) << name;
+      plain.push_back(p.grad().to_vector());
+      const double e = rel_err(plain.back(), r().get("grad." + name).to_vector());
+      EXPECT_LE(e, kTol) << "gradient of " << name << " on " << dev.str();
+      if (e > worst) {
+        worst = e;
+        worst_name = name;
+      }
+    }
+    std::printf("[parity] %s on %s: logits %.2e, loss %.2e, worst gradient %.2e (%s)\n",
+                GetParam().c_str(), dev.str().c_str(), e_logits, e_loss, worst,
+                worst_name.c_str());
+    model->zero_grad();
+    model->set_gradient_checkpointing(true);
+    model->loss(x, y).backward();
+    size_t i = 0;
+    for (const auto& [name, p] : model->named_parameters())
+      EXPECT_EQ(p.grad().to_vector(), plain[i++]) << "checkpointed gradient of " << name;
+  }
+  if (!ran) GTEST_SKIP() << "no GPU in this build or on this machine";
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, Parity, ::testing::Values("gpt2", "llama"),

@@ -10,4 +10,6 @@ Backend& cuda(int index) {
            index);
 }
 
+int cuda_device_count() { return 0; }
+
 }  // namespace ds::backend

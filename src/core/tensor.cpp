@@ -137,15 +137,26 @@ float Tensor::item() const {
   return to_vector()[0];
 }
 
+namespace {
+// A contiguous host copy of t (t itself when it is one): the elements of a device tensor are read
+// through its device's copy, which waits for the device.
+Tensor host_contiguous(const Tensor& t) {
+  if (t.device().is_cpu()) return t.contiguous();
+  Tensor h = Tensor::empty(t.shape(), t.dtype(), kCPU);
+  device_ops(t.device()).copy(t, h);
+  return h;
+}
+}  // namespace
+
 std::vector<float> Tensor::to_vector() const {
-  Tensor c = contiguous();
+  Tensor c = host_contiguous(*this);
   std::vector<float> out(static_cast<size_t>(c.numel()));
   convert(c.raw_data(), c.dtype(), out.data(), DType::f32, out.size());
   return out;
 }
 
 std::vector<int64_t> Tensor::to_int_vector() const {
-  Tensor c = contiguous();
+  Tensor c = host_contiguous(*this);
   std::vector<int64_t> out(static_cast<size_t>(c.numel()));
   convert(c.raw_data(), c.dtype(), out.data(), DType::i64, out.size());
   return out;
@@ -186,7 +197,8 @@ Tensor Tensor::detach() const {
 void Tensor::copy_from(const Tensor& src) const {
   DS_CHECK(src.shape() == shape(), "[copy] source shape {} differs from destination shape {}",
            shape_str(src.shape()), shape_str(shape()));
-  device_ops(device()).copy(src, *this);
+  // Between host and device memory, the device's copy does it (it can reach both).
+  device_ops(device().is_cpu() ? src.device() : device()).copy(src, *this);
 }
 
 void Tensor::zero_() const {

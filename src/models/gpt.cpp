@@ -517,6 +517,14 @@ Tensor GPT::tied_embedding_weight() const {
   return tok_emb_->weight();
 }
 
+void GPT::to(Device device) {
+  Module::to(device);
+  nn::move_tensor_to(positions_, device);
+  nn::move_tensor_to(tied_head_, device);
+  if (tied_head_.defined() && tied_head_.grad().defined())
+    nn::move_tensor_to(tied_head_.grad(), device);
+}
+
 Tensor GPT::forward(const Tensor& in) {
   Tensor x;
   if (has_embedding()) {

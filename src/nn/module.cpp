@@ -114,6 +114,24 @@ std::vector<Tensor> Module::parameters() const {
   return out;
 }
 
+void move_tensor_to(const Tensor& t, Device device) {
+  if (!t.defined() || t.device() == device) return;
+  Tensor moved = Tensor::empty(t.shape(), t.dtype(), device);
+  moved.copy_from(t);
+  TensorImpl* im = t.impl();
+  im->storage = moved.storage();
+  im->offset = 0;
+  im->strides = contiguous_strides(im->shape);
+}
+
+void Module::to(Device device) {
+  for (const auto& [n, p] : named_parameters()) {
+    move_tensor_to(p, device);
+    if (p.grad().defined()) move_tensor_to(p.grad(), device);
+  }
+  for (const auto& [n, b] : named_buffers()) move_tensor_to(b, device);
+}
+
 std::vector<std::pair<std::string, Tensor>> Module::named_buffers() const {
   std::vector<std::pair<std::string, Tensor>> out;
   for (const auto& [prefix, m] : named_modules())

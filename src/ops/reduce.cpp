@@ -106,12 +106,19 @@ Tensor max(const Tensor& x, int64_t dim_in, bool keepdim) {
   if (!autograd::is_grad_enabled() || !x.requires_grad()) return out;
   Tensor sx = xf.detach(), sv = vals.detach();
   return autograd::record(out, "MaxBackward", {x}, [=](const Tensor& g) -> std::vector<Tensor> {
-    // Gradient goes to the first position holding the maximum (as torch.max(dim) does).
-    DS_CHECK(sx.device().is_cpu(), "[max] backward is implemented on the CPU only");
-    Tensor gx = Tensor::zeros(s, DType::f32, sx.device());
-    Tensor gc = detail::f32c(g);
-    const float* px = sx.data<float>();
-    const float* pv = sv.data<float>();
+    // Gradient goes to the first position holding the maximum (as torch.max(dim) does). Not a
+    // kernel: computed on host copies and moved back for a device tensor (rarely on a hot path).
+    const Device dev = sx.device();
+    auto host = [](const Tensor& t) {
+      if (t.device().is_cpu()) return t;
+      Tensor h = Tensor::empty(t.shape(), t.dtype(), kCPU);
+      h.copy_from(t);
+      return h;
+    };
+    const Tensor hx = host(sx), hv = host(sv), gc = host(detail::f32c(g));
+    Tensor gx = Tensor::zeros(s, DType::f32, kCPU);
+    const float* px = hx.data<float>();
+    const float* pv = hv.data<float>();
     const float* pg = gc.data<float>();
     float* po = gx.data<float>();
     for (int64_t o = 0; o < outer; ++o)
@@ -125,6 +132,11 @@ Tensor max(const Tensor& x, int64_t dim_in, bool keepdim) {
           }
         }
       }
+    if (!dev.is_cpu()) {
+      Tensor d = Tensor::empty(s, DType::f32, dev);
+      d.copy_from(gx);
+      gx = d;
+    }
     return {detail::as_dtype(gx, sx.dtype())};
   });
 }

@@ -145,5 +145,7 @@ Backend& get(Device device);
 Backend& cpu();
 // CUDA: the real backend when built with DS_WITH_CUDA, otherwise throws "[cuda] built without ...".
 Backend& cuda(int index);
+// The CUDA devices this process sees: 0 without DS_WITH_CUDA, without a driver or without a GPU.
+int cuda_device_count();
 
 }  // namespace ds::backend

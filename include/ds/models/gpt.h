@@ -175,6 +175,7 @@ class GPT : public nn::Module, public nn::PipelineStage {
 
   // ids (B, T) int32/int64, T <= block_size -> logits (B, T, V). Runs the module hooks.
   Tensor forward(const Tensor& ids) override;
+  void to(Device device) override;  // also the position ids and a pipeline stage's tied head
   Tensor logits(const Tensor& ids) { return (*this)(ids); }
   // Mean cross entropy over targets != -100; ids and targets (B, T). Logits are reshaped (B*T, V).
   Tensor loss(const Tensor& ids, const Tensor& targets) override;

@@ -40,6 +40,10 @@ class PartitionedInit {
   bool prev_;
 };
 
+// Replaces t's storage by a contiguous copy on device (nothing when it is there already); every
+// handle to t sees the move. Not recorded by autograd.
+void move_tensor_to(const Tensor& t, Device device);
+
 class Module {
  public:
   explicit Module(std::string type_name) : type_name_(std::move(type_name)) {}
@@ -86,6 +90,12 @@ class Module {
   void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
   bool gradient_checkpointing() const { return checkpointing_; }
   void zero_grad();  // zeroes existing gradients in place (keeps flat-buffer views)
+  // Moves every parameter, gradient and buffer of the tree to device, in place: each Tensor handle
+  // keeps its identity (its storage is replaced by a contiguous copy on device), so tied weights
+  // stay tied and anything holding the handles sees the new memory. Views into a flat buffer
+  // become tensors of their own: move a model before flattening its parameters. A module with
+  // tensors outside its parameters and buffers moves those too (override, then call this).
+  virtual void to(Device device);
 
   // ---- hooks ----
   using ForwardPreHook = std::function<void(Module&, const Tensor& input)>;

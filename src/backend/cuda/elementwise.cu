@@ -1,0 +1,221 @@
+// CUDA kernels: strided copies with dtype conversion, fills, axpy, sums of squares, elementwise
+// arithmetic with broadcasting, reductions. Launchers are declared in kernels.h.
+#include "backend/cuda/common.cuh"
+
+namespace ds::backend::cuda_kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void copy_convert_kernel(const void* src, Elem st, View sv, bool src_flat, void* dst,
+                                    Elem dt, View dv, bool dst_flat, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t so = src_flat ? sv.offset + i : view_offset(sv, i);
+    const int64_t d_o = dst_flat ? dv.offset + i : view_offset(dv, i);
+    if (st == dt && st == Elem::f32) {
+      static_cast<float*>(dst)[d_o] = static_cast<const float*>(src)[so];
+    } else if (st == dt && (st == Elem::bf16 || st == Elem::f16)) {
+      static_cast<uint16_t*>(dst)[d_o] = static_cast<const uint16_t*>(src)[so];
+    } else if (st == dt && st == Elem::i32) {
+      static_cast<int32_t*>(dst)[d_o] = static_cast<const int32_t*>(src)[so];
+    } else if (st == dt && st == Elem::i64) {
+      static_cast<int64_t*>(dst)[d_o] = static_cast<const int64_t*>(src)[so];
+    } else if (st != Elem::i64 && dt != Elem::i64) {
+      store_f(dst, dt, d_o, load_f(src, st, so));
+    } else {
+      store_elem(dst, dt, d_o, load_elem(src, st, so));
+    }
+  }
+}
+
+bool is_flat(const View& v) {
+  int64_t expect = 1;
+  for (int d = v.ndim - 1; d >= 0; --d) {
+    if (v.shape[d] != 1 && v.strides[d] != expect) return false;
+    expect *= v.shape[d];
+  }
+  return true;
+}
+
+__global__ void fill_kernel(void* dst, Elem t, int64_t n, double value) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    store_elem(dst, t, i, value);
+}
+
+__global__ void axpy_kernel(void* y, Elem yt, const void* x, Elem xt, int64_t n, float alpha) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    store_f(y, yt, i, load_f(y, yt, i) + alpha * load_f(x, xt, i));
+}
+
+constexpr int64_t kTile = 1 << 16;
+
+__global__ void sum_of_squares_kernel(const void* x, Elem t, int64_t n, double* partial) {
+  __shared__ double shared[32];
+  const int64_t t0 = blockIdx.x * kTile, t1 = min(n, t0 + kTile);
+  double acc = 0.0;
+  for (int64_t i = t0 + threadIdx.x; i < t1; i += blockDim.x) {
+    const double v = load_f(x, t, i);
+    acc += v * v;
+  }
+  acc = block_sum(acc, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+__global__ void binary_kernel(int op, const float* a, View va, const float* b, View vb, float* out,
+                              int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float x = a[view_offset(va, i)], y = b[view_offset(vb, i)];
+    float r;
+    switch (op) {
+      case 0: r = x + y; break;
+      case 1: r = x - y; break;
+      case 2: r = x * y; break;
+      case 3: r = x / y; break;
+      case 4: r = x * gelu_grad_f(y); break;
+      default: r = x * silu_grad_f(y); break;
+    }
+    out[i] = r;
+  }
+}
+
+// Both inputs contiguous and of out's shape: no index arithmetic.
+__global__ void binary_flat_kernel(int op, const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float x = a[i], y = b[i];
+    float r;
+    switch (op) {
+      case 0: r = x + y; break;
+      case 1: r = x - y; break;
+      case 2: r = x * y; break;
+      case 3: r = x / y; break;
+      case 4: r = x * gelu_grad_f(y); break;
+      default: r = x * silu_grad_f(y); break;
+    }
+    out[i] = r;
+  }
+}
+
+__global__ void unary_kernel(int op, const float* x, float* out, int64_t n, float s) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = x[i];
+    float r;
+    switch (op) {
+      case 0: r = -v; break;
+      case 1: r = expf(v); break;
+      case 2: r = logf(v); break;
+      case 3: r = sqrtf(v); break;
+      case 4: r = tanhf(v); break;
+      case 5: r = v * v; break;
+      case 6: r = v + s; break;
+      case 7: r = v * s; break;
+      case 8: r = powf(v, s); break;
+      case 9: r = gelu_f(v); break;
+      default: r = silu_f(v); break;
+    }
+    out[i] = r;
+  }
+}
+
+// inner == 1: one block per row, a fixed tree over a fixed thread count.
+__global__ void reduce_rows_kernel(bool is_sum, const float* x, int64_t reduced, float* out) {
+  __shared__ double dshared[32];
+  __shared__ float fshared[32];
+  const float* row = x + blockIdx.x * reduced;
+  if (is_sum) {
+    double acc = 0.0;
+    for (int64_t r = threadIdx.x; r < reduced; r += blockDim.x) acc += row[r];
+    acc = block_sum(acc, dshared);
+    if (threadIdx.x == 0) out[blockIdx.x] = static_cast<float>(acc);
+  } else {
+    float m = -INFINITY;
+    for (int64_t r = threadIdx.x; r < reduced; r += blockDim.x) m = fmaxf(m, row[r]);
+    m = block_max(m, fshared);
+    if (threadIdx.x == 0) out[blockIdx.x] = m;
+  }
+}
+
+// inner > 1: a thread per output element, rows added in order.
+__global__ void reduce_cols_kernel(bool is_sum, const float* x, int64_t outer, int64_t reduced,
+                                   int64_t inner, float* out) {
+  const int64_t n = outer * inner;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t o = i / inner, c = i % inner;
+    const float* base = x + o * reduced * inner + c;
+    if (is_sum) {
+      double acc = 0.0;
+      for (int64_t r = 0; r < reduced; ++r) acc += base[r * inner];
+      out[i] = static_cast<float>(acc);
+    } else {
+      float m = -INFINITY;
+      for (int64_t r = 0; r < reduced; ++r) m = fmaxf(m, base[r * inner]);
+      out[i] = m;
+    }
+  }
+}
+
+unsigned grid_for(int64_t n) {
+  const unsigned b = blocks_for(n, kThreads);
+  return b > 65535u * 8u ? 65535u * 8u : b;  // grid-stride loops cover the rest
+}
+
+}  // namespace
+
+void copy_convert(const void* src, Elem st, const View& sv, void* dst, Elem dt, const View& dv,
+                  int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  copy_convert_kernel<<<grid_for(n), kThreads, 0, stream>>>(src, st, sv, is_flat(sv), dst, dt, dv,
+                                                            is_flat(dv), n);
+}
+
+void fill(void* dst, Elem t, int64_t n, double value, cudaStream_t stream) {
+  if (n == 0) return;
+  fill_kernel<<<grid_for(n), kThreads, 0, stream>>>(dst, t, n, value);
+}
+
+void axpy(void* y, Elem yt, const void* x, Elem xt, int64_t n, float alpha, cudaStream_t stream) {
+  if (n == 0) return;
+  axpy_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, yt, x, xt, n, alpha);
+}
+
+void sum_of_squares_tiles(const void* x, Elem t, int64_t n, double* partial, cudaStream_t stream) {
+  const int64_t tiles = (n + kTile - 1) / kTile;
+  if (tiles == 0) return;
+  sum_of_squares_kernel<<<static_cast<unsigned>(tiles), 512, 0, stream>>>(x, t, n, partial);
+}
+
+void binary(int op, const float* a, const View& va, const float* b, const View& vb, float* out,
+            const View& vout, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  (void)vout;  // out is contiguous
+  if (is_flat(va) && is_flat(vb) && va.offset == 0 && vb.offset == 0) {
+    binary_flat_kernel<<<grid_for(n), kThreads, 0, stream>>>(op, a, b, out, n);
+    return;
+  }
+  binary_kernel<<<grid_for(n), kThreads, 0, stream>>>(op, a, va, b, vb, out, n);
+}
+
+void unary(int op, const float* x, float* out, int64_t n, float scalar, cudaStream_t stream) {
+  if (n == 0) return;
+  unary_kernel<<<grid_for(n), kThreads, 0, stream>>>(op, x, out, n, scalar);
+}
+
+void reduce(bool is_sum, const float* x, int64_t outer, int64_t reduced, int64_t inner, float* out,
+            cudaStream_t stream) {
+  if (outer * inner == 0) return;
+  if (inner == 1 && outer <= (1LL << 31) - 1) {
+    reduce_rows_kernel<<<static_cast<unsigned>(outer), kThreads, 0, stream>>>(is_sum, x, reduced,
+                                                                               out);
+    return;
+  }
+  reduce_cols_kernel<<<grid_for(outer * inner), kThreads, 0, stream>>>(is_sum, x, outer, reduced,
+                                                                       inner, out);
+}
+
+}  // namespace ds::backend::cuda_kernels
