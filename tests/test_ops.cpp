@@ -291,6 +291,77 @@ TEST_P(Ops, AttentionMaskKindsAndCrossAttention) {
             std::string::npos);
 }
 
+// Forward and every gradient against a double-precision reference at the head sizes real models
+// use (GPU backends tile these: 64-row query and key tiles, so 100 and 130 end in partial tiles),
+// causal and not, padded keys, Tq != Tk.
+TEST_P(Ops, AttentionModelHeadSizesForwardAndBackward) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "attention_forward", "attention_backward");
+  const int64_t B = 2, NH = 2;
+  struct Case {
+    int64_t hd, Tq, Tk;
+    bool causal;
+  };
+  for (const Case c : {Case{64, 100, 100, true}, Case{64, 40, 130, false}, Case{128, 70, 130, true},
+                       Case{32, 130, 130, false}, Case{64, 1, 70, true}}) {
+    const int64_t hd = c.hd, Tq = c.Tq, Tk = c.Tk;
+    const std::vector<int64_t> lens = {Tk, std::max<int64_t>(1, Tk - 45)};
+    Tensor q = randn({B, NH, Tq, hd}, 40, 0.5f), k = randn({B, NH, Tk, hd}, 41, 0.5f),
+           v = randn({B, NH, Tk, hd}, 42), g = randn({B, NH, Tq, hd}, 43);
+    for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+    const auto qv = host_vector(q), kv = host_vector(k), vv = host_vector(v), gv = host_vector(g);
+    const size_t nq = qv.size(), nk = kv.size();
+    std::vector<double> out(nq), dq(nq, 0.0), dk(nk, 0.0), dv(nk, 0.0);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    for (int64_t bh = 0; bh < B * NH; ++bh) {
+      const int64_t b = bh / NH;
+      for (int64_t i = 0; i < Tq; ++i) {
+        const int64_t n = c.causal ? std::min(lens[b], i + 1 + Tk - Tq) : lens[b];
+        const size_t qi = static_cast<size_t>((bh * Tq + i) * hd);
+        auto kr = [&](int64_t j) { return static_cast<size_t>((bh * Tk + j) * hd); };
+        std::vector<double> p(static_cast<size_t>(n)), dp(static_cast<size_t>(n));
+        double m = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          double sc = 0, d = 0;
+          for (int64_t e = 0; e < hd; ++e) {
+            sc += static_cast<double>(qv[qi + e]) * kv[kr(j) + e];
+            d += static_cast<double>(gv[qi + e]) * vv[kr(j) + e];
+          }
+          p[static_cast<size_t>(j)] = sc * scale;
+          dp[static_cast<size_t>(j)] = d;
+          m = std::max(m, p[static_cast<size_t>(j)]);
+        }
+        for (auto& x : p) sum += (x = std::exp(x - m));
+        double D = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          p[static_cast<size_t>(j)] /= sum;
+          D += p[static_cast<size_t>(j)] * dp[static_cast<size_t>(j)];
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          const double pj = p[static_cast<size_t>(j)];
+          const double ds = pj * (dp[static_cast<size_t>(j)] - D) * scale;
+          for (int64_t e = 0; e < hd; ++e) {
+            out[qi + e] += pj * vv[kr(j) + e];
+            dv[kr(j) + e] += pj * gv[qi + e];
+            dq[qi + e] += ds * kv[kr(j) + e];
+            dk[kr(j) + e] += ds * qv[qi + e];
+          }
+        }
+      }
+    }
+    ops::AttentionMask mask;
+    mask.causal = c.causal;
+    mask.key_lengths = lens;
+    Tensor y = ops::attention(q, k, v, mask);
+    const std::string what = "hd " + std::to_string(hd) + " Tq " + std::to_string(Tq) + " Tk " +
+                             std::to_string(Tk) + (c.causal ? " causal" : "");
+    expect_close(host_vector(y), out, 2e-5, 1e-4, ("attention " + what).c_str());
+    ops::sum(ops::mul(y, g)).backward();
+    expect_close(host_vector(q.grad()), dq, 5e-5, 5e-4, ("dq " + what).c_str());
+    expect_close(host_vector(k.grad()), dk, 5e-5, 5e-4, ("dk " + what).c_str());
+    expect_close(host_vector(v.grad()), dv, 5e-5, 5e-4, ("dv " + what).c_str());
+  }
+}
+
 TEST_P(Ops, CausalAttentionAcceptsStridedInputs) {
   // A GPT block hands attention permuted views; the op makes them contiguous for the kernel.
   DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "attention_forward", "copy");

@@ -110,6 +110,7 @@ class CudaBackend final : public Backend {
   int device_;
   cudaStream_t stream_ = nullptr;
   void* cublas_ = nullptr;  // cublasHandle_t
+  void* workspace_ = nullptr;  // cuBLAS's workspace (device memory, 32 MiB)
   std::mutex cublas_mutex_;
   std::unique_ptr<Allocator> allocator_;
 };
