@@ -173,6 +173,40 @@ TEST_P(Ops, SoftmaxMatchesReferenceIncludingMaskedEntries) {
   for (int64_t i = 0; i < C; i += 3) EXPECT_EQ(got[static_cast<size_t>(2 * C + i)], 0.0f);
 }
 
+// Sum and max over long rows, over many rows of a column, and over very many short rows: GPU
+// backends split long reductions into chunks combined in a fixed order, so each path is checked
+// against double precision here, and twice for run-to-run equality.
+TEST_P(Ops, ReductionsOfEveryShape) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "reduce");
+  struct Case {
+    Shape shape;
+    int64_t dim;
+  };
+  for (const Case& c : {Case{{2, 300000}, 1}, Case{{3000, 70}, 0}, Case{{4, 5000, 33}, 1},
+                        Case{{70000, 3}, 1}, Case{{5, 7}, 1}}) {
+    Tensor x = randn(c.shape, 50);
+    const auto xv = host_vector(x);
+    int64_t outer = 1, inner = 1;
+    for (int64_t i = 0; i < c.dim; ++i) outer *= c.shape[static_cast<size_t>(i)];
+    for (size_t i = static_cast<size_t>(c.dim) + 1; i < c.shape.size(); ++i) inner *= c.shape[i];
+    const int64_t red = c.shape[static_cast<size_t>(c.dim)];
+    std::vector<double> sum(static_cast<size_t>(outer * inner), 0.0),
+        mx(static_cast<size_t>(outer * inner), -INFINITY);
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t r = 0; r < red; ++r)
+        for (int64_t i = 0; i < inner; ++i) {
+          const double v = xv[static_cast<size_t>((o * red + r) * inner + i)];
+          sum[static_cast<size_t>(o * inner + i)] += v;
+          mx[static_cast<size_t>(o * inner + i)] = std::max(mx[static_cast<size_t>(o * inner + i)], v);
+        }
+    const std::string what = shape_str(c.shape) + " over dim " + std::to_string(c.dim);
+    const auto s1 = host_vector(ops::sum(x, {c.dim}));
+    expect_close(s1, sum, 1e-4, 1e-5, ("sum " + what).c_str());
+    EXPECT_EQ(s1, host_vector(ops::sum(x, {c.dim}))) << "sum " << what << " differs run to run";
+    expect_close(host_vector(ops::max(x, c.dim)), mx, 0.0, 0.0, ("max " + what).c_str());
+  }
+}
+
 TEST_P(Ops, GeluSiluSwigluMatchFormulas) {
   DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "unary", "binary");  // swiglu: silu(x) * u
   Tensor x = randn({1000}, 7, 3.0f), u = randn({1000}, 8);

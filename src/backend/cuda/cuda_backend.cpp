@@ -303,7 +303,10 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t re
   require_f32(out, "reduce");
   require_device(x, device_, "reduce");
   CudaDeviceGuard guard(device_);
-  k::reduce(op == ReduceOp::sum, cf(x), outer, reduced, inner, mf(out), stream_);
+  const int64_t chunks = k::reduce_chunks(outer, reduced, inner);
+  Tensor part = chunks > 1 ? scratch(2 * outer * chunks * inner) : Tensor();  // doubles
+  k::reduce(op == ReduceOp::sum, cf(x), outer, reduced, inner, mf(out),
+            chunks > 1 ? static_cast<double*>(part.raw_data()) : nullptr, stream_);
   check_launch("reduce");
 }
 

@@ -122,26 +122,54 @@ __global__ void unary_kernel(int op, const float* x, float* out, int64_t n, floa
   }
 }
 
-// inner == 1: one block per row, a fixed tree over a fixed thread count.
-__global__ void reduce_rows_kernel(bool is_sum, const float* x, int64_t reduced, float* out) {
+// inner == 1, stage 1: block (k, o) reduces chunk k of row o (a fixed split and a fixed tree)
+// into partial[o * chunks + k]; with one chunk it writes out[o] directly.
+__global__ void reduce_rows_kernel(bool is_sum, const float* x, int64_t reduced, int64_t chunks,
+                                   double* partial, float* out) {
   __shared__ double dshared[32];
   __shared__ float fshared[32];
-  const float* row = x + blockIdx.x * reduced;
+  const int64_t o = blockIdx.y, k = blockIdx.x;
+  const float* row = x + o * reduced;
+  const int64_t r0 = reduced * k / chunks, r1 = reduced * (k + 1) / chunks;
+  double v;
   if (is_sum) {
     double acc = 0.0;
-    for (int64_t r = threadIdx.x; r < reduced; r += blockDim.x) acc += row[r];
-    acc = block_sum(acc, dshared);
-    if (threadIdx.x == 0) out[blockIdx.x] = static_cast<float>(acc);
+    for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) acc += row[r];
+    v = block_sum(acc, dshared);
   } else {
     float m = -INFINITY;
-    for (int64_t r = threadIdx.x; r < reduced; r += blockDim.x) m = fmaxf(m, row[r]);
-    m = block_max(m, fshared);
-    if (threadIdx.x == 0) out[blockIdx.x] = m;
+    for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) m = fmaxf(m, row[r]);
+    v = block_max(m, fshared);
   }
+  if (threadIdx.x != 0) return;
+  if (chunks == 1) out[o] = static_cast<float>(v);
+  else partial[o * chunks + k] = v;
 }
 
-// inner > 1: a thread per output element, rows added in order.
-__global__ void reduce_cols_kernel(bool is_sum, const float* x, int64_t outer, int64_t reduced,
+// inner > 1, stage 1: thread (c, k, o) reduces rows of chunk k of column c of slab o, in order.
+__global__ void reduce_cols_kernel(bool is_sum, const float* x, int64_t reduced, int64_t inner,
+                                   int64_t chunks, double* partial, float* out) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t k = blockIdx.y, o = blockIdx.z;
+  if (c >= inner) return;
+  const float* base = x + o * reduced * inner + c;
+  const int64_t r0 = reduced * k / chunks, r1 = reduced * (k + 1) / chunks;
+  double v;
+  if (is_sum) {
+    double acc = 0.0;
+    for (int64_t r = r0; r < r1; ++r) acc += base[r * inner];
+    v = acc;
+  } else {
+    float m = -INFINITY;
+    for (int64_t r = r0; r < r1; ++r) m = fmaxf(m, base[r * inner]);
+    v = m;
+  }
+  if (chunks == 1) out[o * inner + c] = static_cast<float>(v);
+  else partial[(o * chunks + k) * inner + c] = v;
+}
+
+// Many outputs: a thread per output element, rows added in order.
+__global__ void reduce_flat_kernel(bool is_sum, const float* x, int64_t outer, int64_t reduced,
                                    int64_t inner, float* out) {
   const int64_t n = outer * inner;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -157,6 +185,22 @@ __global__ void reduce_cols_kernel(bool is_sum, const float* x, int64_t outer, i
       for (int64_t r = 0; r < reduced; ++r) m = fmaxf(m, base[r * inner]);
       out[i] = m;
     }
+  }
+}
+
+// Stage 2: out[o * inner + c] = the chunks' partials combined in chunk order.
+__global__ void reduce_finish_kernel(bool is_sum, const double* partial, int64_t outer,
+                                     int64_t chunks, int64_t inner, float* out) {
+  const int64_t n = outer * inner;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t o = i / inner, c = i % inner;
+    double acc = is_sum ? 0.0 : -INFINITY;
+    for (int64_t k = 0; k < chunks; ++k) {
+      const double v = partial[(o * chunks + k) * inner + c];
+      acc = is_sum ? acc + v : fmax(acc, v);
+    }
+    out[i] = static_cast<float>(acc);
   }
 }
 
@@ -206,16 +250,43 @@ void unary(int op, const float* x, float* out, int64_t n, float scalar, cudaStre
   unary_kernel<<<grid_for(n), kThreads, 0, stream>>>(op, x, out, n, scalar);
 }
 
+int64_t reduce_chunks(int64_t outer, int64_t reduced, int64_t inner) {
+  constexpr int64_t kMaxY = 65535, kScratch = int64_t{1} << 25;  // doubles (256 MiB)
+  if (outer > kMaxY || outer * inner == 0) return 1;
+  int64_t chunks;
+  if (inner == 1) {
+    chunks = reduced / (int64_t{1} << 14);  // ~16K elements a block
+    if (chunks > 1024) chunks = 1024;
+  } else {
+    chunks = reduced / 128;  // ~128 rows a thread
+    if (chunks > 64) chunks = 64;
+  }
+  while (chunks > 1 && outer * chunks * inner > kScratch) chunks /= 2;
+  if (chunks > kMaxY) chunks = kMaxY;
+  return chunks < 1 ? 1 : chunks;
+}
+
 void reduce(bool is_sum, const float* x, int64_t outer, int64_t reduced, int64_t inner, float* out,
-            cudaStream_t stream) {
+            double* scratch, cudaStream_t stream) {
   if (outer * inner == 0) return;
-  if (inner == 1 && outer <= (1LL << 31) - 1) {
-    reduce_rows_kernel<<<static_cast<unsigned>(outer), kThreads, 0, stream>>>(is_sum, x, reduced,
-                                                                               out);
+  const int64_t chunks = reduce_chunks(outer, reduced, inner);
+  if (outer > 65535) {  // beyond the grid's y/z limits, and parallel enough: a thread per output
+    reduce_flat_kernel<<<grid_for(outer * inner), kThreads, 0, stream>>>(is_sum, x, outer, reduced,
+                                                                         inner, out);
     return;
   }
-  reduce_cols_kernel<<<grid_for(outer * inner), kThreads, 0, stream>>>(is_sum, x, outer, reduced,
-                                                                       inner, out);
+  if (inner == 1) {
+    reduce_rows_kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(outer)),
+                         kThreads, 0, stream>>>(is_sum, x, reduced, chunks, scratch, out);
+  } else {
+    const dim3 grid(blocks_for(inner, kThreads), static_cast<unsigned>(chunks),
+                    static_cast<unsigned>(outer));
+    reduce_cols_kernel<<<grid, kThreads, 0, stream>>>(is_sum, x, reduced, inner, chunks, scratch,
+                                                      out);
+  }
+  if (chunks > 1)
+    reduce_finish_kernel<<<grid_for(outer * inner), kThreads, 0, stream>>>(is_sum, scratch, outer,
+                                                                           chunks, inner, out);
 }
 
 }  // namespace ds::backend::cuda_kernels

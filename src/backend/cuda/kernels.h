@@ -45,9 +45,11 @@ void binary(int op, const float* a, const View& va, const float* b, const View& 
             const View& vout, int64_t n, cudaStream_t stream);
 void unary(int op, const float* x, float* out, int64_t n, float scalar, cudaStream_t stream);
 // out (outer, inner) = sum / max over the middle dim of x (outer, reduced, inner); sums in double,
-// deterministic.
+// deterministic: long reductions are split into reduce_chunks() chunks fixed by the sizes alone,
+// whose partials (scratch: outer * chunks * inner doubles) are then combined in order.
+int64_t reduce_chunks(int64_t outer, int64_t reduced, int64_t inner);
 void reduce(bool is_sum, const float* x, int64_t outer, int64_t reduced, int64_t inner, float* out,
-            cudaStream_t stream);
+            double* scratch, cudaStream_t stream);
 
 // ---- neural-network rows (nn_kernels.cu); fp32, contiguous ----
 void layer_norm_forward(const float* x, const float* w, const float* b, float eps, int64_t rows,
