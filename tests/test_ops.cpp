@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "ds/core/parallel.h"
 #include "ds/core/rng.h"
 #include "ds/ops/ops.h"
+#include "ds/optim/kernels.h"
 #include "gradcheck.h"
 
 using namespace ds;
@@ -204,6 +206,58 @@ TEST_P(Ops, ReductionsOfEveryShape) {
     expect_close(s1, sum, 1e-4, 1e-5, ("sum " + what).c_str());
     EXPECT_EQ(s1, host_vector(ops::sum(x, {c.dim}))) << "sum " << what << " differs run to run";
     expect_close(host_vector(ops::max(x, c.dim)), mx, 0.0, 0.0, ("max " + what).c_str());
+  }
+}
+
+// The optimizer's step on the parameters' device (optim::adam_update over tensors) is bitwise the
+// CPU kernel's, in every mode: AdamW, L2 decay, no bias correction, a gradient scale, a 16-bit copy.
+TEST_P(Ops, AdamStepIsBitwiseTheCpuOptimizer) {
+  const int64_t n = 100003;  // not a multiple of any tile or vector width
+  struct Mode {
+    bool adamw, bias_correction;
+    float wd, grad_scale;
+    DType out16;
+  };
+  for (const Mode md : {Mode{true, true, 0.1f, 1.0f, DType::f32}, Mode{false, true, 0.01f, 0.5f, DType::bf16},
+                        Mode{true, false, 0.0f, 2.0f, DType::f16}}) {
+    optim::AdamConfig c;
+    c.lr = 3e-3f;
+    c.weight_decay = md.wd;
+    c.adam_w_mode = md.adamw;
+    c.bias_correction = md.bias_correction;
+    std::vector<float> p = host_vector(randn({n}, 60)), g = host_vector(randn({n}, 61)),
+                       m = host_vector(randn({n}, 62, 0.1f)), v(static_cast<size_t>(n));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = 0.01f * std::abs(m[i]) + 1e-6f;
+    auto on_device = [&](const std::vector<float>& x) {
+      return ds::testing::to_device(Tensor::from_data(x, {n}), device());
+    };
+    const Tensor dp = on_device(p), dg = on_device(g), dm = on_device(m), dv = on_device(v);
+    const bool with16 = md.out16 != DType::f32;
+    const Tensor d16 = with16 ? Tensor::empty({n}, md.out16, device()) : Tensor();
+    std::vector<uint16_t> h16(static_cast<size_t>(n));
+    for (int64_t step = 1; step <= 3; ++step) {
+      optim::adam_update(dp, dg, dm, dv, step, c, md.grad_scale, d16);
+      optim::adam_update(p.data(), g.data(), m.data(), v.data(), n, step, c, md.grad_scale,
+                         with16 ? h16.data() : nullptr, with16 ? md.out16 : DType::bf16);
+    }
+    const std::string what = std::string(md.adamw ? "adamw" : "adam+l2") +
+                             (md.bias_correction ? "" : " no bias correction");
+    EXPECT_EQ(host_vector(dp), p) << what;
+    EXPECT_EQ(host_vector(dm), m) << what;
+    EXPECT_EQ(host_vector(dv), v) << what;
+    if (with16) {
+      Tensor h = Tensor::empty({n}, md.out16);
+      std::memcpy(h.raw_data(), h16.data(), h16.size() * 2);
+      EXPECT_EQ(host_vector(d16), h.to_vector()) << what << " 16-bit copy";
+    }
+  }
+  Tensor elsewhere = Tensor::zeros({4});
+  if (!device().is_cpu()) {
+    const Tensor dp = Tensor::zeros({4}, DType::f32, device());
+    optim::AdamConfig c;
+    EXPECT_NE(error_of([&] { optim::adam_update(dp, elsewhere, dp, dp, 1, c); })
+                  .find("keep the optimizer state with the parameters"),
+              std::string::npos);
   }
 }
 

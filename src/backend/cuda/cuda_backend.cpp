@@ -148,6 +148,7 @@ void CudaBackend::check_launch(const char* kernel) {
 
 bool CudaBackend::supports(const std::string& op, DType dtype) const {
   if (op == "copy" || op == "fill" || op == "axpy") return true;
+  if (op == "adam") return dtype == DType::f32;
   if (op == "gemm" || op == "dropout") return is_floating(dtype);
   return dtype == DType::f32;  // every other kernel computes in fp32; ops upcast 16-bit inputs
 }
@@ -572,6 +573,32 @@ void CudaBackend::dropout(const Tensor& x, float p, uint64_t seed, uint64_t stre
   k::dropout(x.raw_data(), elem(x.dtype()), out.raw_data(), elem(out.dtype()), x.numel(), threshold,
              1.0f / (1.0f - p), seed, stream, base, stream_);
   check_launch("dropout");
+}
+
+void CudaBackend::adam(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                       const AdamStep& step, const Tensor& out16) {
+  for (const Tensor* t : {&p, &g, &m, &v}) {
+    require_f32(*t, "adam");
+    require_device(*t, device_, "adam");
+  }
+  const int64_t n = p.numel();
+  DS_CHECK(g.numel() == n && m.numel() == n && v.numel() == n,
+           "[cuda:adam] parameter, gradient and moments differ in length ({}, {}, {}, {})", n,
+           g.numel(), m.numel(), v.numel());
+  if (out16.defined()) {
+    DS_CHECK((out16.dtype() == DType::bf16 || out16.dtype() == DType::f16) &&
+                 out16.is_contiguous() && out16.numel() == n,
+             "[cuda:adam] the 16-bit copy must be contiguous bf16 or fp16 of {} elements", n);
+    require_device(out16, device_, "adam");
+  }
+  const k::AdamConsts c{step.grad_scale,   step.beta1,         step.one_minus_beta1,
+                        step.beta2,        step.one_minus_beta2, step.eps,
+                        step.inv_sqrt_bc2, step.neg_step_size, step.weight_decay,
+                        step.neg_lr_wd,    step.l2_decay,      step.decoupled_decay};
+  CudaDeviceGuard guard(device_);
+  k::adam(mf(p), cf(g), mf(m), mf(v), n, c, out16.defined() ? out16.raw_data() : nullptr,
+          out16.defined() ? elem(out16.dtype()) : k::Elem::bf16, stream_);
+  check_launch("adam");
 }
 
 }  // namespace ds::backend

@@ -90,6 +90,17 @@ void dropout(const void* x, Elem x_type, void* out, Elem out_type, int64_t n, ui
              float keep_scale, uint64_t seed, uint64_t stream_id, uint64_t base,
              cudaStream_t stream);
 
+// ---- optimizer (optim_kernels.cu) ----
+// The Adam step of ds::backend::AdamStep (backend.h), element by element with IEEE-rounded
+// intrinsics in the CPU kernel's order: bitwise its result. out16 (Elem bf16 or f16) or null.
+struct AdamConsts {
+  float grad_scale, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, inv_sqrt_bc2,
+      neg_step_size, weight_decay, neg_lr_wd;
+  bool l2_decay, decoupled_decay;
+};
+void adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamConsts& k,
+          void* out16, Elem out16_type, cudaStream_t stream);
+
 // ---- attention (attention.cu); fp32, q/out (B, NH, Tq, hd), k/v (B, NH, Tk, hd) ----
 // key_lens: B device int64s, or null for every key. Flash-style: scores never stored, each row's
 // log-sum-exp kept in lse (B, NH, Tq).
