@@ -175,6 +175,38 @@ TEST_P(Ops, SoftmaxMatchesReferenceIncludingMaskedEntries) {
   for (int64_t i = 0; i < C; i += 3) EXPECT_EQ(got[static_cast<size_t>(2 * C + i)], 0.0f);
 }
 
+// Strided copies (permutes, slices) and broadcasting arithmetic against index arithmetic on the
+// host: GPU backends merge dims and switch to 32-bit index math, which this pins down.
+TEST_P(Ops, StridedCopiesAndBroadcasts) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "copy", "binary");
+  const Tensor x = randn({2, 3, 4, 5}, 70);
+  const auto xv = host_vector(x);
+  // (2, 3, 4, 5) -> (2, 4, 3, 5): element [a][c][b][d] = x[a][b][c][d]
+  const auto pv = host_vector(ops::transpose(x, 1, 2).contiguous());
+  for (int a = 0; a < 2; ++a)
+    for (int c = 0; c < 4; ++c)
+      for (int b = 0; b < 3; ++b)
+        for (int d = 0; d < 5; ++d)
+          ASSERT_EQ(pv[static_cast<size_t>(((a * 4 + c) * 3 + b) * 5 + d)],
+                    xv[static_cast<size_t>(((a * 3 + b) * 4 + c) * 5 + d)]);
+  // A slice of a transpose, made contiguous.
+  const auto sv = host_vector(ops::slice(ops::transpose(x, 2, 3), 3, 1, 3).contiguous());  // (2,3,5,2)
+  for (int a = 0; a < 2; ++a)
+    for (int b = 0; b < 3; ++b)
+      for (int d = 0; d < 5; ++d)
+        for (int c = 0; c < 2; ++c)
+          ASSERT_EQ(sv[static_cast<size_t>(((a * 3 + b) * 5 + d) * 2 + c)],
+                    xv[static_cast<size_t>(((a * 3 + b) * 4 + (c + 1)) * 5 + d)]);
+  // (4, 1, 5) + (1, 3, 1) -> (4, 3, 5)
+  const Tensor u = randn({4, 1, 5}, 71), w = randn({1, 3, 1}, 72);
+  const auto uv = host_vector(u), wv = host_vector(w), ov = host_vector(ops::add(u, w));
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 5; ++k)
+        ASSERT_EQ(ov[static_cast<size_t>((i * 3 + j) * 5 + k)],
+                  uv[static_cast<size_t>(i * 5 + k)] + wv[static_cast<size_t>(j)]);
+}
+
 // Sum and max over long rows, over many rows of a column, and over very many short rows: GPU
 // backends split long reductions into chunks combined in a fixed order, so each path is checked
 // against double precision here, and twice for run-to-run equality.

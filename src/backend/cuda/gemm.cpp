@@ -6,7 +6,11 @@
 // tensor cores with fp32 accumulation and an fp32 C, which is what Backend::gemm promises.
 #include <cublas_v2.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/profile.h"
 #include "ds/core/error.h"
 
 namespace ds::backend {
@@ -80,6 +84,12 @@ std::string CudaBackend::gemm_info() {
 }
 
 void CudaBackend::gemm(const Gemm& g) {
+  const ProfileScope profile_scope(
+      *this, "gemm",
+      cuda_profiling() ? fmt::format("{} {}x{}x{}{}{}{}", dtype_name(g.dtype), g.m, g.n, g.k,
+                                     g.trans_a ? " tA" : "", g.trans_b ? " tB" : "",
+                                     g.batch > 1 ? fmt::format(" batch {}", g.batch) : "")
+                       : std::string());
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
   DS_CHECK(is_floating(g.dtype), "[cuda:gemm] no matrix multiply for {}", dtype_name(g.dtype));
   DS_CHECK(g.m <= INT32_MAX && g.n <= INT32_MAX && g.k <= INT32_MAX && g.lda <= INT32_MAX &&
@@ -93,6 +103,27 @@ void CudaBackend::gemm(const Gemm& g) {
   const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cudaDataType_t in = cuda_type(g.dtype);
   const float alpha = g.alpha, beta = g.beta;
+  static const bool use_sgemm = [] {
+    const char* v = std::getenv("DS_CUDA_GEMM");
+    return v != nullptr && std::string(v) == "sgemm";
+  }();
+  if (use_sgemm && g.dtype == DType::f32) {  // (experiment: cuBLAS's fp32-only entry points)
+    const float* pa = static_cast<const float*>(g.a);
+    const float* pb = static_cast<const float*>(g.b);
+    float* pc = static_cast<float*>(g.c);
+    const cublasStatus_t s =
+        g.batch == 1
+            ? cublasSgemm(h, op_b, op_a, static_cast<int>(g.n), static_cast<int>(g.m),
+                          static_cast<int>(g.k), &alpha, pb, static_cast<int>(g.ldb), pa,
+                          static_cast<int>(g.lda), &beta, pc, static_cast<int>(g.ldc))
+            : cublasSgemmStridedBatched(h, op_b, op_a, static_cast<int>(g.n),
+                                        static_cast<int>(g.m), static_cast<int>(g.k), &alpha, pb,
+                                        static_cast<int>(g.ldb), g.stride_b, pa,
+                                        static_cast<int>(g.lda), g.stride_a, &beta, pc,
+                                        static_cast<int>(g.ldc), g.stride_c,
+                                        static_cast<int>(g.batch));
+    return cublas_check(s, device_, "cublasSgemm");
+  }
   const cublasStatus_t s = cublasGemmStridedBatchedEx(
       h, op_b, op_a, static_cast<int>(g.n), static_cast<int>(g.m), static_cast<int>(g.k), &alpha,
       g.b, in, static_cast<int>(g.ldb), g.stride_b, g.a, in, static_cast<int>(g.lda), g.stride_a,
