@@ -4,7 +4,7 @@
 #   bash scripts/cuda_device_check.sh DIR [quick]
 #
 # DIR holds bin/ (test_ops, test_gradcheck_basic, test_gradcheck_nn, test_parity, test_core,
-# test_engine, bench_cuda from a -DDS_WITH_CUDA=ON build) and lib/ (the shared libraries they
+# test_engine, test_trainer, ds_train, bench_cuda from a -DDS_WITH_CUDA=ON build) and lib/ (the shared libraries they
 # need that the GPU machine may lack; scripts/cuda_pack.sh makes both). Runs every op test and gradient check on
 # cuda:0, the GPU parity fixtures, the engine on a GPU, then bench_cuda beside PyTorch on the same GPU
 # (bench/torch_cuda_step.py) unless `quick`. Logs go to $OUT when set (the device tool), else
@@ -58,6 +58,21 @@ run_test test_gradcheck_basic '*cuda*'
 run_test test_gradcheck_nn '*cuda*'
 run_test test_parity '*OnGpu*'
 run_test test_engine '*OnGpu*'
+run_test test_trainer '*OnGpu*'
+
+# ds_train --device cuda: GPT-2 124M on a prepared corpus (DIR/sotu: ds_prepare's output), when
+# packed. fp32, then bf16.
+if [[ -f "$DIR/sotu/meta.json" && "$MODE" != quick ]]; then
+  for prec in "" --bf16; do
+    echo "=== ds_train --device cuda ${prec:-(fp32)}"
+    rm -rf /tmp/ds_gpu_run
+    timeout 240 "$DIR/bin/ds_train" --device cuda --model gpt2-124m --train_data "$DIR/sotu" \
+      --output_dir /tmp/ds_gpu_run --block_size 1024 --per_device_train_batch_size 8 \
+      --max_steps 40 --learning_rate 6e-4 --warmup_steps 10 --export_hf none --sample_tokens 0 \
+      --eval_steps 20 --eval_batches 4 --logging_steps 10 $prec 2>&1 |
+      tee "$LOGS/ds_train${prec:+_bf16}.log" | grep -E "device|step .*/|eval loss|done|rror|memory" | head -n 20
+  done
+fi
 
 if [[ "$MODE" != quick ]]; then
   echo "=== bench_cuda"

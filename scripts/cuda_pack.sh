@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs a -DDS_WITH_CUDA=ON build's GPU checks for a machine that has a GPU but not this project's
-# build dependencies (the device machine of docs/cuda.md): DIR/bin gets the test binaries and
-# bench_cuda (stripped), DIR/lib the shared libraries they load from outside the CUDA toolkit and
+# build dependencies (the device machine of docs/cuda.md): DIR/bin gets the test binaries,
+# ds_train and bench_cuda (stripped), DIR/lib the shared libraries they load from outside the CUDA toolkit and
 # glibc. scripts/cuda_device_check.sh DIR runs them there.
 #
 #   bash scripts/cuda_pack.sh BUILD_DIR DIR
@@ -11,7 +11,7 @@ DIR="${2:?usage: cuda_pack.sh BUILD_DIR DIR}"
 rm -rf "$DIR"
 mkdir -p "$DIR/bin" "$DIR/lib"
 for t in tests/test_ops tests/test_gradcheck_basic tests/test_gradcheck_nn tests/test_parity \
-  tests/test_core tests/test_engine bench/bench_cuda; do
+  tests/test_core tests/test_engine tests/test_trainer tools/ds_train bench/bench_cuda; do
   strip -o "$DIR/bin/$(basename "$t")" "$BUILD/$t"
 done
 # Every library the binaries resolve here, less glibc's own and the GPU driver's; cuBLAS stays

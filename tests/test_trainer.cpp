@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ds/backend/backend.h"
 #include "ds/core/error.h"
 #include "ds/data/shard.h"
 #include "ds/train/plan.h"
@@ -166,6 +167,17 @@ TEST_F(TrainerTest, PlanErrorsSayWhatToChange) {
             std::string::npos);
   EXPECT_NE(message([](train::Options& o) { o.block_size = 4096; }).find("exceeds the model"),
             std::string::npos);
+  // --device: a name that is no device, a GPU other than cuda:0, and (without a GPU) cuda itself.
+  EXPECT_NE(message([](train::Options& o) { o.device = "tpu"; }).find("'tpu' is not a device"),
+            std::string::npos);
+  EXPECT_NE(message([](train::Options& o) { o.device = "cuda:1"; }).find("CUDA_VISIBLE_DEVICES"),
+            std::string::npos);
+  if (backend::cuda_device_count() == 0) {
+    const std::string gpu = message([](train::Options& o) { o.device = "cuda"; });
+    EXPECT_TRUE(gpu.find("-DDS_WITH_CUDA=ON") != std::string::npos ||
+                gpu.find("no CUDA device is visible") != std::string::npos)
+        << gpu;
+  }
   // A malformed tokenizer.json in --init_from fails at start-up, not after the run ("no tokenizer
   // exported"); the weights need not be read for that.
   const fs::path init = dir_ / "init";
@@ -267,6 +279,48 @@ TEST_F(TrainerTest, ResumedRunReproducesTheUninterruptedOne) {
   // The step-3 checkpoint of the resumed run exists already: only step 6 is written.
   ASSERT_EQ(b2.saves.size(), 1u);
   EXPECT_EQ(b2.saves[0].step, 6);
+}
+
+// ds_train --device cuda through the library: the run follows the CPU run's losses, resumes bit
+// for bit on the GPU, and exports (weights read back to the host). Skipped without a GPU.
+TEST_F(TrainerTest, OnGpuFollowsTheCpuRunResumesAndExports) {
+  if (backend::cuda_device_count() == 0) GTEST_SKIP() << "no GPU in this build or on this machine";
+  auto edit = [](const std::string& device, const std::string& resume) {
+    return [=](train::Options& o) {
+      o.save_steps = 3;
+      o.eval_steps = 3;
+      o.device = device;
+      o.resume_from_checkpoint = resume;
+    };
+  };
+  Recorder cpu, gpu, b1, b2;
+  {
+    train::Trainer t(plan(6, dir_ / "cpu", edit("cpu", "")), cpu);
+    EXPECT_EQ(t.fit(), 6);
+  }
+  {
+    train::Trainer t(plan(6, dir_ / "gpu", edit("cuda", "")), gpu);
+    EXPECT_EQ(t.fit(), 6);
+    EXPECT_TRUE(gpu.said("device: cuda:0"));
+    t.export_model((dir_ / "gpu_hf").string());
+  }
+  EXPECT_TRUE(fs::exists(dir_ / "gpu_hf" / "model.safetensors"));
+  ASSERT_EQ(gpu.steps.size(), 6u);
+  for (size_t i = 0; i < 6; ++i)  // dropout masks are the same; sums differ in order only
+    EXPECT_NEAR(gpu.steps[i].loss, cpu.steps[i].loss, 1e-4 * std::abs(cpu.steps[i].loss)) << i;
+  {
+    train::Trainer t(plan(6, dir_ / "b", edit("cuda", "")), b1);
+    for (int i = 0; i < 3; ++i) t.step();
+    t.save();
+  }
+  {
+    train::Trainer t(plan(6, dir_ / "b", edit("cuda", "latest")), b2);
+    ASSERT_TRUE(t.resume());
+    EXPECT_EQ(t.fit(), 3);
+  }
+  ASSERT_EQ(b1.steps.size() + b2.steps.size(), 6u);
+  for (size_t i = 0; i < 6; ++i)
+    EXPECT_EQ((i < 3 ? b1.steps[i] : b2.steps[i - 3]).loss, gpu.steps[i].loss) << i;  // bitwise
 }
 
 TEST_F(TrainerTest, ResumeErrorsNameTheFolder) {

@@ -644,7 +644,13 @@ Tensor GPT::generate(const Tensor& prompt, int64_t max_new_tokens, int64_t top_k
     std::vector<int64_t> window;
     window.reserve(static_cast<size_t>(B * ctx));
     for (const auto& s : seqs) window.insert(window.end(), s.end() - ctx, s.end());
-    Tensor lg = logits(Tensor::from_ints(window, {B, ctx}));                      // (B, ctx, V)
+    Tensor ids = Tensor::from_ints(window, {B, ctx});
+    if (positions_.defined() && !positions_.device().is_cpu()) {  // a model on a GPU
+      Tensor d = Tensor::empty(ids.shape(), ids.dtype(), positions_.device());
+      d.copy_from(ids);
+      ids = d;
+    }
+    Tensor lg = logits(ids);                                                      // (B, ctx, V)
     const std::vector<float> last = ops::slice(lg, 1, ctx - 1, ctx).to_vector();  // (B, 1, V)
     for (int64_t b = 0; b < B; ++b) {
       const float* row = last.data() + b * V;

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "ds/backend/backend.h"
 #include "ds/comm/group.h"
 #include "ds/core/error.h"
 #include "ds/data/text_tokenizer.h"
@@ -179,6 +180,16 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
   return r;
 }
 
+Device parse_device(const std::string& name) {
+  if (name == "cpu") return kCPU;
+  if (name == "cuda" || name == "cuda:0") return Device{DeviceType::cuda, 0};
+  DS_CHECK(name.rfind("cuda:", 0) != 0,
+           "[ds_train] --device {}: one GPU per process, seen as cuda:0; choose the GPU with "
+           "CUDA_VISIBLE_DEVICES and pass --device cuda",
+           name);
+  DS_THROW("[ds_train] --device '{}' is not a device: use cpu or cuda", name);
+}
+
 RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {
   RunPlan p;
   p.spec = o;
@@ -278,6 +289,19 @@ RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {
   if (tp > 1) {
     DS_CHECK(!p.lora, "[ds_train] LoRA (--lora_dim) with --tensor_parallel_size {} is not "
              "implemented yet; use --tensor_parallel_size 1", tp);
+  }
+  p.device = parse_device(o.device);
+  if (!p.device.is_cpu()) {
+    DS_CHECK(p.world_size == 1 && tp == 1 && pp == 1,
+             "[ds_train] --device {}: training on a GPU runs in one process for now ({} ranks, "
+             "tensor parallel {}, pipeline {}); collectives between GPUs (NCCL) are not built "
+             "yet. Run one process",
+             o.device, p.world_size, tp, pp);
+    DS_CHECK(cfg.zero_optimization.stage <= 2,
+             "[ds_train] --device {}: ZeRO stage 3 keeps its shards in host memory for now; set "
+             "zero_optimization.stage to 0, 1 or 2 (docs/cuda.md)",
+             o.device);
+    backend::get(p.device);  // a build without CUDA, or no GPU, says so here
   }
   // A pipeline stage is built whole (its layers only) and then sharded; so is a tensor-parallel
   // rank's part (its slices).

@@ -166,6 +166,12 @@ void Trainer::build_model() {
   }
   if (p.lora) say(describe_lora(*p.lora, nn::apply_lora(*model_, *p.lora)));
   if (o.gradient_checkpointing) model_->set_gradient_checkpointing(true);
+  if (!p.device.is_cpu()) {
+    // The engine keeps the model where it is: its flat parameters and gradients stay on the GPU,
+    // the master weights and optimizer state go to host memory (docs/cuda.md).
+    model_->to(p.device);
+    say(fmt::format("device: {} ({})", p.device.str(), backend::get(p.device).gemm_info()));
+  }
   say(fmt::format("model: {} ({}, L {}, NH {}, C {}, V {}, block {}): {} parameters{}",
                   p.model_name, nn::layout_name(mcfg.layout), mcfg.n_layer, mcfg.n_head,
                   mcfg.n_embd, mcfg.vocab_size, mcfg.block_size,

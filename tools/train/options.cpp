@@ -172,6 +172,11 @@ void add_options(CLI::App& app, Options& o, Given& g,
       "Split the model's layers into this many pipeline stages, one per group of ranks (1F1B; "
       "docs/parallelism.md). 0: the config's pipeline.stages, else 1")
       ->check(CLI::NonNegativeNumber);
+  opt("--device", o.device,
+      "Where the model trains: cpu, or cuda (cuda:0; a -DDS_WITH_CUDA=ON build): parameters, "
+      "activations and gradients on the GPU, fp32 master weights and Adam state in host memory "
+      "(ZeRO-Offload's layout; one process, ZeRO stage 0-2; docs/cuda.md)")
+      ->capture_default_str();
   app.add_flag("--gradient_checkpointing", o.gradient_checkpointing,
                "Recompute each block's activations in backward (less memory, ~1/3 more compute)");
   app.add_flag("--skip_memory_check", o.skip_memory_check,

@@ -74,6 +74,10 @@ int64_t activation_estimate(const models::GPTConfig& c, int64_t B, int64_t T, bo
 
 // Everything decided before the model is built. Made by plan_run; read-only afterwards (the
 // datasets are shared with the Trainer's loader, which only reads them).
+// --device's value as a Device: "cpu", "cuda" or "cuda:0"; anything else is an error naming the
+// flag (cuda:N > 0 says to choose the GPU with CUDA_VISIBLE_DEVICES).
+Device parse_device(const std::string& name);
+
 struct RunPlan {
   Options spec;
   Given given;
@@ -92,6 +96,7 @@ struct RunPlan {
   std::optional<nn::LoraConfig> lora;  // --lora_dim > 0
   // ---- config, run length, parallelism ----
   RunConfig run;  // the resolved DeepSpeed config, run length, tp and pp
+  Device device = kCPU;     // --device, checked: where the model trains
   int world_size = 1;       // ranks of the job: data x pipeline x tensor
   int data_parallel = 1;    // world / (tp x pp): the ranks ZeRO shards over
   // Stage 3 builds each rank's piece of every parameter only (DeepSpeed's zero.Init), unless the
