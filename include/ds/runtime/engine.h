@@ -226,6 +226,11 @@ class Engine {
 // fp16 for fp16 training.
 DType gradient_dtype(const DeepSpeedConfig& config);
 
+// What the ZeRO strategy is told of a config (zero_optimization, the gradient-averaging keys,
+// NVMe offload and aio) for `world_size` data-parallel ranks accumulating gradients in `grads`.
+// initialize() builds the strategy from it; train::plan_fit's memory model reads it too.
+zero::Options zero_options(const DeepSpeedConfig& config, DType grads, int world_size);
+
 // Parses the config (path or JSON text) with ctx and builds the engine.
 std::unique_ptr<Engine> initialize(std::shared_ptr<nn::Module> model,
                                    const std::string& config_path_or_json,

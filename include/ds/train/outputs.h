@@ -11,7 +11,7 @@
 #include "ds/models/gpt.h"
 #include "ds/runtime/engine.h"
 #include "ds/runtime/monitor.h"
-#include "ds/zero/partition.h"
+#include "ds/zero/memory_model.h"
 
 namespace ds::train {
 
