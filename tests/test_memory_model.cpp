@@ -4,6 +4,9 @@
 // coefficients, and the will-it-fit check (train::plan_fit) built on it.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include "ds/comm/group.h"
 #include "ds/models/gpt.h"
@@ -85,6 +88,52 @@ TEST_P(MemoryModel, MatchesTheEngines) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, MemoryModel, ::testing::Values(0, 1, 2, 3));
+
+// NVMe offload (stage 3, bf16): what lands on disk and the ring in RAM, within one sub-group (the
+// store rounds the last sub-group up to a whole slot and aligns them to 2048 elements).
+TEST(MemoryModelNvme, MatchesTheStoresWithinOneSubGroup) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / fmt::format("ds_memory_model_{}", ::getppid());  // one mpirun
+  fs::create_directories(dir);
+  for (const bool params : {false, true}) {
+    std::string off = fmt::format(
+        R"("offload_optimizer": {{"device": "nvme", "nvme_path": "{}", "buffer_count": 4}})",
+        dir.string());
+    if (params)
+      off += fmt::format(R"(, "offload_param": {{"device": "nvme", "nvme_path": "{}",
+                             "buffer_count": 2, "buffer_size": 1500, "max_in_cpu": 0}})",
+                         dir.string());
+    auto e = make_engine(fmt::format(R"({{"train_micro_batch_size_per_gpu": 2,
+      "bf16": {{"enabled": true}}, "aio": {{"use_direct_io": false}},
+      "zero_optimization": {{"stage": 3, "stage3_param_persistence_threshold": 100,
+        "sub_group_size": 2048, {}}},
+      "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3}}}}}})",
+                                     off));
+    const int n = e->world_size();
+    const zero::MemorySpec spec = zero::memory_spec(e->strategy().options(), n, 2);
+    std::vector<int64_t> numels;
+    for (const auto& en : e->strategy().flat().entries) numels.push_back(en.numel);
+    const zero::RankMemory want = zero::model_state_memory(spec, numels);
+    const runtime::MemoryBudget got = e->memory_budget();
+    const std::string what = params ? "optimizer and parameters on NVMe" : "optimizer on NVMe";
+    const double slot = 12.0 * 2048;  // master + two moments of one sub-group
+    ASSERT_GT(want.disk_optimizer, 0);
+    EXPECT_NEAR(static_cast<double>(got.nvme), static_cast<double>(want.disk_optimizer), slot)
+        << what;
+    EXPECT_NEAR(static_cast<double>(e->strategy().offload_stats().disk_bytes),
+                static_cast<double>(want.disk()), slot + 4096)
+        << what;
+    EXPECT_NEAR(static_cast<double>(got.optimizer_states),
+                static_cast<double>(want.optimizer_states), slot)
+        << what;
+    EXPECT_EQ(got.grads, want.grads) << what;
+    EXPECT_EQ(got.scratch, want.grad_copy) << what;
+    EXPECT_EQ(got.master_weights, want.master_weights) << what;
+  }
+  comm::world()->barrier("memory model nvme test done");
+  if (comm::world()->rank() == 0) fs::remove_all(dir);
+}
 
 // docs/zero.md's table: bytes per element held whole and sharded, stages 0-3.
 TEST(MemoryModelTable, TheZeroPapersCoefficients) {

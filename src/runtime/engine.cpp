@@ -440,7 +440,8 @@ bool Engine::step() {
   }
   consecutive_skips_ = 0;
 
-  // Unscale, average and clip in one factor (reference §5).
+  // Unscale, average and clip in one factor (DeepSpeed's unscale_and_clip_grads,
+  // deepspeed/runtime/fp16/fused_optimizer.py).
   const ClipCoefficient clip =
       unscale_and_clip_coefficient(norm_scaled, scale, config_.gradient_clipping);
   set_optimizer_schedule();
