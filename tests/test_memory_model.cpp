@@ -47,8 +47,8 @@ TEST_P(MemoryModel, MatchesTheEngines) {
   for (const std::string prec : {"fp32", "bf16", "fp16"}) {
     auto e = make_engine(ds_config(stage, prec));
     const int n = e->world_size();
-    const zero::MemorySpec spec = zero::memory_spec(
-        e->strategy().options(), n, e->optimizer().state_floats_per_param());
+    const zero::MemorySpec spec =
+        zero::memory_spec(e->strategy().options(), n, e->optimizer().state_floats_per_param());
     std::vector<int64_t> numels;
     for (const auto& en : e->strategy().flat().entries) numels.push_back(en.numel);
     const zero::RankMemory want = zero::model_state_memory(spec, numels);
@@ -77,9 +77,8 @@ TEST_P(MemoryModel, MatchesTheEngines) {
       for (int64_t k : numels)
         if (k <= 100) persistent += n * ((k + n - 1) / n);
       const int64_t per = 18 + 4;  // at most: params, grads, master, moments, grad copy
-      const int64_t slack =
-          persistent * static_cast<int64_t>(dtype_size(e->training_dtype())) +
-          per * (static_cast<int64_t>(numels.size()) * n + 16);
+      const int64_t slack = persistent * static_cast<int64_t>(dtype_size(e->training_dtype())) +
+                            per * (static_cast<int64_t>(numels.size()) * n + 16);
       EXPECT_NEAR(static_cast<double>(fit.model_states), static_cast<double>(engine_ram),
                   static_cast<double>(slack))
           << what;
@@ -168,22 +167,22 @@ TEST(MemoryModelTable, DeepSpeedsEstimatorCoefficients) {
   using zero::deepspeed_estimator_spec;
   using zero::per_element_bytes;
   // ZeRO-2: GPU 2P + 18P/T; offloaded GPU 2P and CPU 16 bytes per element.
-  auto z2 = per_element_bytes(deepspeed_estimator_spec(2, false, false, 4));
+  auto z2 = per_element_bytes(deepspeed_estimator_spec(2, false, false));
   EXPECT_EQ(z2.device().whole, 2);
   EXPECT_EQ(z2.device().sharded, 18);
-  z2 = per_element_bytes(deepspeed_estimator_spec(2, true, false, 4));
+  z2 = per_element_bytes(deepspeed_estimator_spec(2, true, false));
   EXPECT_EQ(z2.device().whole, 2);
   EXPECT_EQ(z2.device().sharded, 0);
   EXPECT_EQ(z2.host.sharded, 16);
   // ZeRO-3: GPU 4L + 18P/T; optimizer offloaded 4L + 2P/T and CPU 16; both offloaded 4L and 18.
-  auto z3 = per_element_bytes(deepspeed_estimator_spec(3, false, false, 4));
+  auto z3 = per_element_bytes(deepspeed_estimator_spec(3, false, false));
   EXPECT_EQ(z3.gathered, 4);
   EXPECT_EQ(z3.device().whole, 0);
   EXPECT_EQ(z3.device().sharded, 18);
-  z3 = per_element_bytes(deepspeed_estimator_spec(3, true, false, 4));
+  z3 = per_element_bytes(deepspeed_estimator_spec(3, true, false));
   EXPECT_EQ(z3.device().sharded, 2);
   EXPECT_EQ(z3.host.sharded, 16);
-  z3 = per_element_bytes(deepspeed_estimator_spec(3, true, true, 4));
+  z3 = per_element_bytes(deepspeed_estimator_spec(3, true, true));
   EXPECT_EQ(z3.device().sharded, 0);
   EXPECT_EQ(z3.host.sharded, 18);
 }

@@ -3,17 +3,18 @@
 #include "ds/zero/estimate.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 
 #include <fmt/format.h>
 
+#include "ds/core/error.h"
+
 namespace ds::zero {
 
-MemorySpec deepspeed_estimator_spec(int stage, bool cpu_offload, bool cpu_offload_params,
-                                    int total_gpus) {
+MemorySpec deepspeed_estimator_spec(int stage, bool cpu_offload, bool cpu_offload_params) {
   MemorySpec s;
   s.stage = stage;
-  s.world_size = total_gpus;
   s.param_dtype = DType::f16;
   // Stage 2 counts "16-bit grads 2 + fp32 grads 4 + fp32 params 4 + moments 8"; stage 3 counts
   // "fp32 param, grad, m, v" plus the 16-bit parameter, with no 16-bit gradient partition
@@ -44,15 +45,13 @@ Estimate estimate_zero2(int64_t params, int gpus_per_node, int nodes, bool cpu_o
                         double abf) {
   const int64_t total_gpus = static_cast<int64_t>(nodes) * gpus_per_node;
   const auto P = params;
-  const PerElementBytes e =
-      per_element_bytes(deepspeed_estimator_spec(2, cpu_offload, false, static_cast<int>(total_gpus)));
+  const PerElementBytes e = per_element_bytes(deepspeed_estimator_spec(2, cpu_offload, false));
   const int64_t gpu = device_bytes(e, P, total_gpus);  // 2P + int(18P/T), or 2P offloaded
   double cpu = 0.0;
   if (cpu_offload) {
     // The host's 16 bytes per element counted for the whole model per node (DeepSpeed's formula
     // has neither 1/T nor 1/nodes here), or every process's fp32 build when larger.
-    cpu = static_cast<double>(P * std::max<int64_t>(kFp32Build * total_gpus, e.host.sharded)) *
-          abf;
+    cpu = static_cast<double>(P * std::max<int64_t>(kFp32Build * total_gpus, e.host.sharded)) * abf;
   } else {
     cpu = static_cast<double>(P * kFp32Build * gpus_per_node) * abf;
   }
@@ -64,8 +63,8 @@ Estimate estimate_zero3(int64_t params, int64_t largest_layer, int gpus_per_node
   const int64_t total_gpus = static_cast<int64_t>(nodes) * gpus_per_node;
   const double gpus_factor = 1.0 / nodes;
   const auto P = params;
-  const PerElementBytes e = per_element_bytes(deepspeed_estimator_spec(
-      3, cpu_offload, cpu_offload && cpu_offload_params, static_cast<int>(total_gpus)));
+  const PerElementBytes e = per_element_bytes(
+      deepspeed_estimator_spec(3, cpu_offload, cpu_offload && cpu_offload_params));
   // The largest layer gathered with its 16-bit gradient (4L), plus the device's shard.
   const int64_t gpu = e.gathered * largest_layer + device_bytes(e, P, total_gpus);
   double cpu = 0.0;
@@ -137,9 +136,14 @@ std::string zero3_table(int64_t params, int64_t largest_layer, int gpus_per_node
 
 NvmeEstimate estimate_nvme(int stage, bool params_on_nvme, int64_t params, int64_t largest_layer,
                            int gpus_per_node, int nodes, int64_t sub_group_size) {
+  const int64_t T = static_cast<int64_t>(gpus_per_node) * nodes;
+  DS_CHECK(T <= std::numeric_limits<int>::max(),
+           "[ds_estimate] {} GPUs per node x {} nodes is more processes than the NVMe rows take; "
+           "give at most {} in all",
+           gpus_per_node, nodes, std::numeric_limits<int>::max());
   MemorySpec s;
   s.stage = stage;
-  s.world_size = gpus_per_node * nodes;
+  s.world_size = static_cast<int>(T);
   s.param_dtype = DType::bf16;
   s.grad_dtype = DType::f32;
   s.state_floats = 2;
@@ -151,7 +155,6 @@ NvmeEstimate estimate_nvme(int stage, bool params_on_nvme, int64_t params, int64
   }
   s.largest_layer = largest_layer;
   const RankMemory m = model_state_memory(s, params);
-  const int64_t T = s.world_size;
   NvmeEstimate e;
   e.ram = m.ram();
   e.disk = m.disk();

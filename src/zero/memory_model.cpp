@@ -90,8 +90,7 @@ MemorySpec memory_spec(const Options& o, int world_size, int state_floats) {
 PerElementBytes per_element_bytes(const MemorySpec& s) {
   DS_CHECK(s.stage >= 0 && s.stage <= 3, "[zero] memory model: ZeRO stage must be 0-3, got {}",
            s.stage);
-  DS_CHECK(s.world_size >= 1, "[zero] memory model: world size must be >= 1, got {}",
-           s.world_size);
+  DS_CHECK(s.world_size >= 1, "[zero] memory model: world size must be >= 1, got {}", s.world_size);
   DS_CHECK(s.state_floats >= 0, "[zero] memory model: state_floats must be >= 0, got {}",
            s.state_floats);
   const bool sixteen = s.param_dtype != DType::f32;
@@ -107,8 +106,8 @@ PerElementBytes per_element_bytes(const MemorySpec& s) {
   e.moments = term(s.stage, 1, 4 * static_cast<int64_t>(s.state_floats));
   // The in-RAM optimizer reads 16-bit gradients through an fp32 copy of its range; anything on
   // NVMe widens one sub-group at a time instead (Strategy::offloaded()).
-  const bool nvme = s.optimizer == OffloadTarget::nvme ||
-                    (s.params == OffloadTarget::nvme && params_offload);
+  const bool nvme =
+      s.optimizer == OffloadTarget::nvme || (s.params == OffloadTarget::nvme && params_offload);
   e.grad_copy = term(s.stage, 1, grads16 && !nvme ? 4 : 0);
   e.gathered = s.stage == 3 ? 2 * bytes_of(s.param_dtype) : 0;
 

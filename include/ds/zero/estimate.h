@@ -30,8 +30,8 @@ struct Estimate {
 // What DeepSpeed's estimator assumes of a run: fp16 parameters, Adam, "cpu" offload; stage 2 with
 // 16-bit gradients and their fp32 copy (2P + 18P/T), stage 3 with fp32 gradient partitions only
 // (18P/T), as the comments of its estimate_zero2/3_model_states_mem_needs count them.
-MemorySpec deepspeed_estimator_spec(int stage, bool cpu_offload, bool cpu_offload_params,
-                                    int total_gpus);
+// The spec's world size is left at 1: the bytes per element do not depend on it.
+MemorySpec deepspeed_estimator_spec(int stage, bool cpu_offload, bool cpu_offload_params);
 
 // estimate_zero2_model_states_mem_needs(P, gpus_per_node, nodes, cpu_offload, abf).
 Estimate estimate_zero2(int64_t params, int gpus_per_node, int nodes, bool cpu_offload,

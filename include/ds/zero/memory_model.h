@@ -9,7 +9,8 @@
 //   ds_estimate, the NVMe rows       zero::estimate_nvme
 //   memory.json's "paper" row        zero::expected_model_state_bytes
 // and the engines agree with it: tests/test_memory_model.cpp compares it with Strategy::memory()
-// and the optimizer state of real engines at stages 0-3, one and two ranks.
+// and the optimizer state of real engines at stages 0-3, one and two ranks (byte for byte in RAM;
+// NVMe offload within one sub-group, which the store rounds to whole, aligned slots).
 //
 // The ZeRO paper's form: a state of b bytes per element is held either for every element
 // ("whole", b·P per rank) or for this rank's 1/N of them ("sharded", b·P/N):
@@ -23,16 +24,19 @@
 //
 // Model states (all but the grad copy), stages 0-3: fp32 Adam 16P, 8P + 8P/N, 4P + 12P/N, 16P/N;
 // bf16 with fp32 gradients (our default) 18P, 6P + 12P/N, 2P + 16P/N, 18P/N; fp16 (16-bit
-// gradients) 16P, 4P + 12P/N, 2P + 14P/N, 16P/N, plus 4P (stage 0) or 4P/N of grad copy. Exact counts add the padding zero/partition.h describes (stages 0-2: the flat
-// buffer rounded to 16·N elements; stage 3: each parameter to a multiple of N, the shard to 16)
-// and stage 3's persistent parameters, which every rank keeps whole.
+// gradients) 16P, 4P + 12P/N, 2P + 14P/N, 16P/N, plus 4P (stage 0) or 4P/N of grad copy. Exact
+// counts add the padding zero/partition.h describes (stages 0-2: the flat buffer rounded to 16·N
+// elements; stage 3: each parameter to a multiple of N, the shard to 16), stage 3's persistent
+// parameters, which every rank keeps whole, and frozen parameters (LoRA's base: the training
+// dtype's bytes, whole on every rank, nothing else).
 //
 // Offload moves states off the training device:
 //   "cpu" (DeepSpeed's ZeRO-Offload on an accelerator): master weights, moments and the gradients
 //     live on the host, the gradients as fp32 (DeepSpeed reduces each bucket straight into the
-//     host's fp32 partition, deepspeed/runtime/zero/stage_1_and_2.py); with offload_param "cpu"
-//     (stage 3) the parameter pieces too. On this CPU build host and device are the same memory:
-//     the engine ignores "cpu" (train::plan_fit models it as "none").
+//     host's fp32 partition, deepspeed/runtime/zero/stage_1_and_2.py, so from stage 2 on no
+//     gradient stays on the device); with offload_param "cpu" (stage 3) the parameter pieces too.
+//     On this CPU build host and device are the same memory: the engine ignores "cpu"
+//     (train::plan_fit models it as "none").
 //   "nvme" (this system's ZeRO-Infinity, zero/state_store.h, zero/offload/param_file.h): master
 //     weights (also in fp32 training once the parameters leave RAM) and moments go to disk, `ratio`
 //     of them, through a RAM ring of buffer_count sub-groups; gradients stay in RAM in their dtype
@@ -94,10 +98,10 @@ struct PerElement {
 // are not per-element terms: model_state_memory adds them.
 struct PerElementBytes {
   PerElement params, grads, master_weights, moments, grad_copy;  // on the training device
-  PerElement host;                   // on the host ("cpu" offload)
-  PerElement disk_optimizer;         // optimizer state on NVMe (before ratio)
-  PerElement disk_params;            // stage-3 pieces on NVMe (before max_in_cpu)
-  int64_t gathered = 0;              // stage 3: bytes per element of the largest layer gathered
+  PerElement host;                                               // on the host ("cpu" offload)
+  PerElement disk_optimizer;  // optimizer state on NVMe (before ratio)
+  PerElement disk_params;     // stage-3 pieces on NVMe (before max_in_cpu)
+  int64_t gathered = 0;       // stage 3: bytes per element of the largest layer gathered
   PerElement device() const {
     PerElement t = params;
     t += grads;
