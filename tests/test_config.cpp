@@ -1069,6 +1069,22 @@ TEST(ConfigTrainer, BatchSizesAloneFollowTheRules) {
   }
 }
 
+TEST(ConfigTrainer, PipelineStagesAuto) {
+  // DeepSpeed's default for pipeline.stages is "auto" (deepspeed/runtime/config.py,
+  // get_pipeline_config); written out it means the same: the job decides.
+  const std::string cfg = R"({"train_batch_size": 8, "pipeline": {"stages": "auto"}})";
+  auto c = parse(cfg);
+  EXPECT_EQ(c.pipeline.stages, 0);
+  EXPECT_EQ(entry(c, "pipeline.stages").value, "auto");
+  EXPECT_EQ(ds::config::read_parallel_sizes(json::parse(cfg), "t.json").pipeline.stages, 0);
+  ConfigContext ctx;
+  ctx.args.pipeline_parallel_size = 2;
+  c = parse(cfg, ctx);
+  EXPECT_EQ(c.pipeline.stages, 2);
+  EXPECT_HAS(error_of(R"({"train_batch_size": 8, "pipeline": {"stages": "two"}})"),
+             "pipeline.stages must be a number of stages or \"auto\", got \"two\"");
+}
+
 TEST(ConfigTrainer, TrainerParallelSizesSetOpenSectionsAndMustAgree) {
   ConfigContext ctx;
   ctx.args.tensor_parallel_size = 2;

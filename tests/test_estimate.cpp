@@ -74,7 +74,10 @@ TEST(Estimate, NvmeRowsFollowTheStoresLayout) {
   EXPECT_EQ(opt.disk, 12 * p);
   EXPECT_EQ(opt.read, 12 * p);
   EXPECT_EQ(opt.written, 12 * p);
-  EXPECT_EQ(opt.ram, 2 * p + 4 * p + ring);  // bf16 pieces + fp32 gradient pieces + ring
+  // bf16 pieces + fp32 gradient pieces + ring + the largest layer gathered with its gradient (2 x
+  // 2L: stage 3 gathers it whatever lives on disk; before the one memory model this row left it
+  // out while the parameters-on-NVMe row counted it).
+  EXPECT_EQ(opt.ram, 2 * p + 4 * p + ring + 4 * L);
   EXPECT_EQ(opt.disk_with_checkpoint, opt.disk + 12 * p + 2 * P / 2);
   // Parameters too: 2 bytes more on disk, read in forward and backward, written after the step.
   const auto both = zero::estimate_nvme(3, true, P, L, 2, 1, 100000000);

@@ -16,6 +16,7 @@
 #include "ds/models/gpt.h"
 #include "ds/nn/module.h"
 #include "ds/runtime/engine.h"
+#include "ds/zero/memory_model.h"
 #include "ds/zero/partition.h"
 #include "../src/zero/prefetch.h"
 

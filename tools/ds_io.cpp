@@ -1,5 +1,5 @@
 // ds_io: disk bandwidth of the aio layer (io/aio.h) with given `aio` settings, like DeepSpeed's
-// ds_io / ds_nvme_tune (reference/offload.md §4): what NVMe offload can expect from a folder.
+// ds_io / ds_nvme_tune commands (deepspeed/nvme/): what NVMe offload can expect from a folder.
 //
 //   ds_io --path DIR [--size 1G] [--read|--write|--both] [--block_size 1M] [--queue_depth 8]
 //         [--threads 1] [--single_submit] [--no_overlap_events] [--engine auto|uring|threads]

@@ -200,7 +200,7 @@ def make_gpt2(folder):
     pair.mkdir(exist_ok=True)
     (pair / "vocab.json").write_text(json.dumps(data["model"]["vocab"], ensure_ascii=False) + "\n")
     (pair / "merges.txt").write_text("#version: 0.2\n" + "\n".join(data["model"]["merges"]) + "\n")
-    # The file pair alone does not load in transformers 5 (reference §2.3): name the class.
+    # The file pair alone does not load in transformers 5 (docs/tokenizers.md): name the class.
     (pair / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>",
          "eos_token": "<|endoftext|>"}, indent=2) + "\n")

@@ -91,7 +91,7 @@ def run_torch(make_opt, params, grads, base_lr, grad_scale):
 
 
 def run_adam_manual(params, grads, base_lr, grad_scale, betas, eps, wd, adamw, bias_correction):
-    """DeepSpeed's cpu_adam formula (reference §10), float64."""
+    """DeepSpeed's cpu_adam formula (csrc/includes/cpu_adam.h; docs/optimizers.md), float64."""
     p = torch.tensor(params, dtype=torch.float64)
     m = torch.zeros_like(p)
     v = torch.zeros_like(p)

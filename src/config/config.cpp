@@ -559,9 +559,9 @@ void read_checkpoint(Section s, CheckpointConfig& c) {
   s.finish();
 }
 
-// DeepSpeed's TPTrainingConfig (reference/parallelism.md §6): autotp_size is the degree; the rest
-// belongs to its automatic module rewriting (here the model is built tensor-parallel, see
-// docs/parallelism.md) and is accepted with a warning when set.
+// DeepSpeed's TPTrainingConfig (deepspeed/runtime/tensor_parallel/config.py): autotp_size is the
+// degree; the rest belongs to its automatic module rewriting (here the model is built
+// tensor-parallel, see docs/parallelism.md) and is accepted with a warning when set.
 void read_tensor_parallel(Section s, TensorParallelConfig& c, ParseState& st) {
   const int64_t size = s.integer("autotp_size", 0, {0, 1 << 16});
   c.size = size <= 1 ? 1 : static_cast<int>(size);
@@ -593,7 +593,10 @@ void read_pipeline(Section s, PipelineConfig& c, ParseState& st) {
     DS_CHECK(v->get<std::string>() == "auto",
              "[config] {}: pipeline.stages must be a number of stages or \"auto\", got \"{}\"",
              st.source, v->get<std::string>());
-    s.string("stages", "auto");
+    // Section::string refuses an unresolved "auto"; here "auto" is a value (DeepSpeed's
+    // default), not a placeholder for the trainer to fill.
+    s.declare("stages");
+    st.record(s.key_path("stages"), "auto", Origin::File);
     c.stages = 0;
   } else {
     c.stages = static_cast<int>(s.integer("stages", 0, {0, 1 << 16}));

@@ -1,5 +1,5 @@
-// Engine checkpoints in DeepSpeed's layout (reference/deepspeed-behaviour.md §8), with tensors in
-// safetensors files and metadata in JSON:
+// Engine checkpoints in DeepSpeed's layout (deepspeed/runtime/engine.py, save_checkpoint; ours in
+// docs/checkpoints.md), with tensors in safetensors files and metadata in JSON:
 //
 //   dir/latest                                               the newest complete tag, written last
 //   dir/<tag>/mp_rank_00_model_states.safetensors            module weights (training dtype) +

@@ -63,6 +63,52 @@ LossFn default_loss_fn() {
   return [](nn::Module& m, const Tensor& x, const Tensor& y) { return m.loss(x, y); };
 }
 
+// The environment variables that came before the config keys (deprecated): "0" still turns its
+// feature off, and the first engine of the process says which key to use instead.
+void apply_deprecated_offload_env(zero::Options& o,
+                                  const std::function<void(const std::string&)>& log) {
+  struct Var {
+    const char* name;
+    const char* key;
+    std::vector<bool*> fields;
+  };
+  const Var vars[] = {
+      {"DS_OFFLOAD_STEP_OVERLAP",
+       "zero_optimization.offload_optimizer.overlap_step",
+       {&o.overlap_step}},
+      {"DS_OFFLOAD_STEP_IN_BACKWARD",
+       "zero_optimization.offload_optimizer.step_in_backward",
+       {&o.step_in_backward}},
+      {"DS_OFFLOAD_PREFETCH",
+       "zero_optimization.offload_optimizer.prefetch_in_backward",
+       {&o.prefetch_in_backward}},
+      {"DS_OFFLOAD_DIRECT",
+       "aio.use_direct_io",
+       {o.nvme_optimizer ? &o.nvme_optimizer->aio.use_direct_io : nullptr,
+        o.nvme_params ? &o.nvme_params->aio.use_direct_io : nullptr}},
+  };
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  for (const Var& v : vars) {
+    const char* env = std::getenv(v.name);
+    if (!env) continue;
+    const bool off = std::string(env) == "0";
+    if (off)
+      for (bool* f : v.fields)
+        if (f) *f = false;
+    std::lock_guard<std::mutex> lock(mu);
+    if (!warned.insert(v.name).second || !log) continue;
+    log(off ? fmt::format("[offload] {}=0 is deprecated (honoured for now): set {} to false in "
+                          "the config instead (docs/offload.md)",
+                          v.name, v.key)
+            : fmt::format("[offload] {} is deprecated and ignored unless \"0\": {} in the config "
+                          "decides (docs/offload.md)",
+                          v.name, v.key));
+  }
+}
+
+}  // namespace
+
 zero::Options zero_options(const DeepSpeedConfig& c, DType grads, int world_size) {
   const auto& z = c.zero_optimization;
   zero::Options o;
@@ -115,52 +161,6 @@ zero::Options zero_options(const DeepSpeedConfig& c, DType grads, int world_size
   }
   return o;
 }
-
-// The environment variables that came before the config keys (deprecated): "0" still turns its
-// feature off, and the first engine of the process says which key to use instead.
-void apply_deprecated_offload_env(zero::Options& o,
-                                  const std::function<void(const std::string&)>& log) {
-  struct Var {
-    const char* name;
-    const char* key;
-    std::vector<bool*> fields;
-  };
-  const Var vars[] = {
-      {"DS_OFFLOAD_STEP_OVERLAP",
-       "zero_optimization.offload_optimizer.overlap_step",
-       {&o.overlap_step}},
-      {"DS_OFFLOAD_STEP_IN_BACKWARD",
-       "zero_optimization.offload_optimizer.step_in_backward",
-       {&o.step_in_backward}},
-      {"DS_OFFLOAD_PREFETCH",
-       "zero_optimization.offload_optimizer.prefetch_in_backward",
-       {&o.prefetch_in_backward}},
-      {"DS_OFFLOAD_DIRECT",
-       "aio.use_direct_io",
-       {o.nvme_optimizer ? &o.nvme_optimizer->aio.use_direct_io : nullptr,
-        o.nvme_params ? &o.nvme_params->aio.use_direct_io : nullptr}},
-  };
-  static std::mutex mu;
-  static std::set<std::string> warned;
-  for (const Var& v : vars) {
-    const char* env = std::getenv(v.name);
-    if (!env) continue;
-    const bool off = std::string(env) == "0";
-    if (off)
-      for (bool* f : v.fields)
-        if (f) *f = false;
-    std::lock_guard<std::mutex> lock(mu);
-    if (!warned.insert(v.name).second || !log) continue;
-    log(off ? fmt::format("[offload] {}=0 is deprecated (honoured for now): set {} to false in "
-                          "the config instead (docs/offload.md)",
-                          v.name, v.key)
-            : fmt::format("[offload] {} is deprecated and ignored unless \"0\": {} in the config "
-                          "decides (docs/offload.md)",
-                          v.name, v.key));
-  }
-}
-
-}  // namespace
 
 Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOptions options)
     : model_(std::move(model)),
@@ -454,7 +454,8 @@ bool Engine::step() {
   }
   consecutive_skips_ = 0;
 
-  // Unscale, average and clip in one factor (reference §5).
+  // Unscale, average and clip in one factor (DeepSpeed's unscale_and_clip_grads,
+  // deepspeed/runtime/fp16/fused_optimizer.py).
   const ClipCoefficient clip =
       unscale_and_clip_coefficient(norm_scaled, scale, config_.gradient_clipping);
   set_optimizer_schedule();

@@ -13,6 +13,7 @@
 #include "ds/io/aio.h"
 #include "ds/io/swap_dir.h"
 #include "ds/runtime/engine.h"
+#include "ds/zero/memory_model.h"
 #include "ds/zero/partition.h"
 #include "ds/train/train_util.h"
 
@@ -20,49 +21,14 @@ namespace ds::train {
 
 namespace {
 
-// Model-state bytes per rank in RAM and on disk for `cfg` (reference/offload.md §5's working
-// numbers: what zero::StateStore and the stage-3 parameter file actually hold).
-struct StateBytes {
-  int64_t ram = 0, disk = 0, buffers = 0;
-};
-
-StateBytes model_state_bytes(int64_t params, const runtime::DeepSpeedConfig& cfg, int world_size) {
-  const auto& z = cfg.zero_optimization;
-  const DType train = cfg.training_dtype(), grads = runtime::gradient_dtype(cfg);
-  const auto plan = zero::plan_partitions(params, world_size);
-  const auto b = zero::expected_model_state_bytes(z.stage, plan, train, grads, /*state_floats=*/2);
-  const bool sixteen = train != DType::f32;
-  const int64_t opt_elems = z.stage >= 1 ? plan.partition_numel : plan.padded_numel;
-  const int64_t esize = static_cast<int64_t>(dtype_size(train));
-  const bool params_nvme = z.stage == 3 && z.offload_param.device == runtime::OffloadDevice::NVMe;
-  StateBytes out;
-  out.ram = b.total();
-  if (sixteen && grads != DType::f32 &&
-      z.offload_optimizer.device != runtime::OffloadDevice::NVMe && !params_nvme)
-    out.ram += opt_elems * 4;  // the fp32 copy of 16-bit gradients the in-RAM optimizer reads
-  if (z.offload_optimizer.device == runtime::OffloadDevice::NVMe) {
-    // Master weights (unless they are the RAM parameters: fp32 without parameter offload) and
-    // both moments, `ratio` of them on disk; a ring of buffer_count sub-groups in RAM.
-    const bool master_on_disk = sixteen || params_nvme;
-    const int64_t per_elem = (master_on_disk ? 4 : 0) + 8;
-    const int64_t moved =
-        static_cast<int64_t>(static_cast<double>(opt_elems * per_elem) * z.offload_optimizer.ratio);
-    const int64_t group = std::min<int64_t>(z.sub_group_size, opt_elems);
-    const int64_t ring = z.offload_optimizer.buffer_count * group * per_elem;
-    out.ram += ring - moved;
-    out.disk += moved;
-    out.buffers += ring;
-  }
-  if (params_nvme) {
-    const int64_t part = plan.partition_numel;
-    const int64_t kept = std::min(part, z.offload_param.max_in_cpu);
-    const int64_t ahead =
-        std::min(part, z.offload_param.buffer_count * z.offload_param.buffer_size);
-    out.ram += (kept + ahead - part) * esize;
-    out.disk += (part - kept) * esize;
-    out.buffers += ahead * esize;
-  }
-  return out;
+// Model-state bytes per rank in RAM and on disk for `cfg`: the one memory model
+// (zero/memory_model.h) over what the engine's strategy is told (runtime::zero_options), so the
+// check and the engine agree. "cpu" offload is not modelled: this CPU build ignores it.
+zero::RankMemory model_state_bytes(int64_t params, int64_t frozen,
+                                   const runtime::DeepSpeedConfig& cfg, int world_size) {
+  const zero::Options o = runtime::zero_options(cfg, runtime::gradient_dtype(cfg), world_size);
+  const zero::MemorySpec spec = zero::memory_spec(o, world_size, /*state_floats=*/2);  // Adam
+  return zero::model_state_memory(spec, params, frozen);
 }
 
 }  // namespace
@@ -75,18 +41,17 @@ FitPlan plan_fit(const models::GPTConfig& model, const runtime::DeepSpeedConfig&
   p.frozen = frozen;
   const int64_t mp = std::max(1, model_parallel);
   const int64_t P = (model.num_parameters() + lora_params + mp - 1) / mp;
-  const StateBytes sb = model_state_bytes(P - frozen, cfg, world_size);
-  p.model_states =
-      sb.ram + frozen * static_cast<int64_t>(dtype_size(cfg.training_dtype()));
-  p.nvme = sb.disk;
-  p.offload_buffers = sb.buffers;
+  const zero::RankMemory m = model_state_bytes(P - frozen, frozen, cfg, world_size);
+  p.model_states = m.ram();
+  p.nvme = m.disk();
+  p.offload_buffers = m.buffers;
   const auto& z = cfg.zero_optimization;
   p.nvme_path = z.offload_optimizer.device == runtime::OffloadDevice::NVMe
                     ? z.offload_optimizer.nvme_path
                     : z.offload_param.nvme_path;
   // Stage 3 built piecewise holds only its fp32 piece before the optimizer state moves to disk.
   p.model_build = partitioned_build && z.stage == 3
-                      ? (sb.disk > 0 ? 4 * zero::plan_partitions(P, world_size).partition_numel : 0)
+                      ? (p.nvme > 0 ? 4 * zero::plan_partitions(P, world_size).partition_numel : 0)
                       : 4 * P;
   p.activations = activations;
   p.ranks_on_node = ranks_on_node;

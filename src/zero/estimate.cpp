@@ -3,26 +3,57 @@
 #include "ds/zero/estimate.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 
 #include <fmt/format.h>
 
+#include "ds/core/error.h"
+
 namespace ds::zero {
+
+MemorySpec deepspeed_estimator_spec(int stage, bool cpu_offload, bool cpu_offload_params) {
+  MemorySpec s;
+  s.stage = stage;
+  s.param_dtype = DType::f16;
+  // Stage 2 counts "16-bit grads 2 + fp32 grads 4 + fp32 params 4 + moments 8"; stage 3 counts
+  // "fp32 param, grad, m, v" plus the 16-bit parameter, with no 16-bit gradient partition
+  // (the comments of estimate_zero2/3_model_states_mem_needs in DeepSpeed's
+  // deepspeed/runtime/zero/stage_1_and_2.py and stage3.py).
+  s.grad_dtype = stage == 3 ? DType::f32 : DType::f16;
+  s.state_floats = 2;
+  s.optimizer = cpu_offload ? OffloadTarget::cpu : OffloadTarget::none;
+  s.params = cpu_offload_params ? OffloadTarget::cpu : OffloadTarget::none;
+  return s;
+}
+
+namespace {
+
+// The accelerator column: whole·P + int(sharded·P / T), DeepSpeed's order and truncation.
+int64_t device_bytes(const PerElementBytes& e, int64_t P, int64_t total_gpus) {
+  const PerElement d = e.device();
+  return d.whole * P +
+         static_cast<int64_t>(static_cast<double>(d.sharded * P) / static_cast<double>(total_gpus));
+}
+
+// Each local process builds the model in fp32 before it is partitioned (zero_init=0).
+constexpr int64_t kFp32Build = 4;
+
+}  // namespace
 
 Estimate estimate_zero2(int64_t params, int gpus_per_node, int nodes, bool cpu_offload,
                         double abf) {
   const int64_t total_gpus = static_cast<int64_t>(nodes) * gpus_per_node;
   const auto P = params;
+  const PerElementBytes e = per_element_bytes(deepspeed_estimator_spec(2, cpu_offload, false));
+  const int64_t gpu = device_bytes(e, P, total_gpus);  // 2P + int(18P/T), or 2P offloaded
   double cpu = 0.0;
-  int64_t gpu = 0;
   if (cpu_offload) {
-    gpu = 2 * P;
-    cpu = static_cast<double>(P * std::max<int64_t>(4 * total_gpus, 16)) * abf;
+    // The host's 16 bytes per element counted for the whole model per node (DeepSpeed's formula
+    // has neither 1/T nor 1/nodes here), or every process's fp32 build when larger.
+    cpu = static_cast<double>(P * std::max<int64_t>(kFp32Build * total_gpus, e.host.sharded)) * abf;
   } else {
-    // 2 = 16-bit params; 18 = 16-bit grads 2 + fp32 grads 4 + fp32 params 4 + moments 8.
-    gpu =
-        2 * P + static_cast<int64_t>(static_cast<double>(18 * P) / static_cast<double>(total_gpus));
-    cpu = static_cast<double>(P * 4 * gpus_per_node) * abf;
+    cpu = static_cast<double>(P * kFp32Build * gpus_per_node) * abf;
   }
   return {static_cast<int64_t>(cpu), gpu};
 }
@@ -31,28 +62,23 @@ Estimate estimate_zero3(int64_t params, int64_t largest_layer, int gpus_per_node
                         bool cpu_offload, bool cpu_offload_params, bool zero_init, double abf) {
   const int64_t total_gpus = static_cast<int64_t>(nodes) * gpus_per_node;
   const double gpus_factor = 1.0 / nodes;
-  const int64_t largest_layer_memory = 4 * largest_layer;
   const auto P = params;
+  const PerElementBytes e = per_element_bytes(
+      deepspeed_estimator_spec(3, cpu_offload, cpu_offload && cpu_offload_params));
+  // The largest layer gathered with its 16-bit gradient (4L), plus the device's shard.
+  const int64_t gpu = e.gathered * largest_layer + device_bytes(e, P, total_gpus);
   double cpu = 0.0;
-  int64_t gpu = 0;
   // Python evaluates P * k * gpus_factor * abf left to right: an integer product, then floats.
   auto scaled = [&](double k) { return static_cast<double>(P) * k * abf; };
   if (cpu_offload) {
-    if (cpu_offload_params) {
-      gpu = largest_layer_memory;
-      cpu = zero_init ? static_cast<double>(P * 18) * gpus_factor * abf
-                      : scaled(std::max(4.0 * gpus_per_node, 18 * gpus_factor));
-    } else {
-      gpu = largest_layer_memory +
-            static_cast<int64_t>(static_cast<double>(2 * P) / static_cast<double>(total_gpus));
-      cpu = zero_init ? static_cast<double>(P * 16) * gpus_factor * abf
-                      : scaled(std::max(4.0 * gpus_per_node, 16 * gpus_factor));
-    }
+    // The host holds 16 bytes per element (18 with the parameters), P/nodes elements per node.
+    const int64_t k = e.host.sharded;
+    cpu = zero_init ? static_cast<double>(P * k) * gpus_factor * abf
+                    : scaled(std::max(static_cast<double>(kFp32Build) * gpus_per_node,
+                                      static_cast<double>(k) * gpus_factor));
   } else {
-    gpu = largest_layer_memory +
-          static_cast<int64_t>(static_cast<double>(18 * P) / static_cast<double>(total_gpus));
-    cpu = zero_init ? static_cast<double>(largest_layer * 4 * gpus_per_node) * abf
-                    : static_cast<double>(P * 4 * gpus_per_node) * abf;
+    cpu = zero_init ? static_cast<double>(largest_layer * kFp32Build * gpus_per_node) * abf
+                    : static_cast<double>(P * kFp32Build * gpus_per_node) * abf;
   }
   return {static_cast<int64_t>(cpu), gpu};
 }
@@ -111,23 +137,33 @@ std::string zero3_table(int64_t params, int64_t largest_layer, int gpus_per_node
 NvmeEstimate estimate_nvme(int stage, bool params_on_nvme, int64_t params, int64_t largest_layer,
                            int gpus_per_node, int nodes, int64_t sub_group_size) {
   const int64_t T = static_cast<int64_t>(gpus_per_node) * nodes;
-  const int64_t p = (params + T - 1) / T;  // this process's partition
-  const int64_t ring = 4 * std::min(sub_group_size, p) * 12;
-  NvmeEstimate e;
-  const int64_t grads = (stage >= 2 ? p : params) * 4;
+  DS_CHECK(T <= std::numeric_limits<int>::max(),
+           "[ds_estimate] {} GPUs per node x {} nodes is more processes than the NVMe rows take; "
+           "give at most {} in all",
+           gpus_per_node, nodes, std::numeric_limits<int>::max());
+  MemorySpec s;
+  s.stage = stage;
+  s.world_size = static_cast<int>(T);
+  s.param_dtype = DType::bf16;
+  s.grad_dtype = DType::f32;
+  s.state_floats = 2;
+  s.optimizer = OffloadTarget::nvme;
+  s.sub_group_size = sub_group_size;
   if (params_on_nvme) {
-    const int64_t read_ahead = std::min<int64_t>(500000000, p) * 2;
-    e.ram = grads + ring + read_ahead + 2 * 2 * largest_layer;
-    e.disk = 14 * p;
-    e.read = 12 * p + 2 * 2 * p;
-    e.written = 12 * p + 2 * p;
-  } else {
-    e.ram = (stage >= 3 ? p : params) * 2 + grads + ring;
-    e.disk = 12 * p;
-    e.read = 12 * p;
-    e.written = 12 * p;
+    s.params = OffloadTarget::nvme;
+    s.param_max_in_cpu = 0;  // every piece on disk
   }
-  e.disk_with_checkpoint = e.disk + 12 * p + 2 * params / T;
+  s.largest_layer = largest_layer;
+  const RankMemory m = model_state_memory(s, params);
+  NvmeEstimate e;
+  e.ram = m.ram();
+  e.disk = m.disk();
+  // The optimizer state is read and written once per step; the parameter pieces are read in the
+  // forward and again in the backward, and written after the step.
+  e.read = m.disk_optimizer + 2 * m.disk_params;
+  e.written = m.disk_optimizer + m.disk_params;
+  // A checkpoint: the optimizer state again plus this process's share of the 16-bit weights.
+  e.disk_with_checkpoint = e.disk + m.disk_optimizer + 2 * params / T;
   return e;
 }
 

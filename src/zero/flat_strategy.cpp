@@ -1,4 +1,5 @@
-// ZeRO stages 0-2 over one flat buffer (reference/deepspeed-behaviour.md §6):
+// ZeRO stages 0-2 over one flat buffer (DeepSpeed's deepspeed/runtime/zero/stage_1_and_2.py;
+// docs/zero.md):
 //   stage 0  every rank holds everything; at the accumulation boundary gradients are all-reduced
 //            in buckets as backward produces them (overlapped);
 //   stage 1  the flat buffer is padded and cut into N contiguous partitions; fp32 master weights

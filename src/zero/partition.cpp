@@ -39,17 +39,4 @@ std::vector<Bucket> plan_buckets(const std::vector<nn::FlatEntry>& entries, int6
   return buckets;
 }
 
-ModelStateBytes expected_model_state_bytes(int stage, const PartitionPlan& plan, DType param_dtype,
-                                           DType grad_dtype, int state_floats) {
-  const int64_t full = plan.padded_numel, part = plan.partition_numel;
-  const bool sixteen = param_dtype != DType::f32;
-  ModelStateBytes b;
-  b.params = (stage >= 3 ? part : full) * static_cast<int64_t>(dtype_size(param_dtype));
-  b.grads = (stage >= 2 ? part : full) * static_cast<int64_t>(dtype_size(grad_dtype));
-  const int64_t opt_elems = stage >= 1 ? part : full;
-  b.master_weights = sixteen ? opt_elems * 4 : 0;
-  b.optimizer_states = opt_elems * 4 * state_floats;
-  return b;
-}
-
 }  // namespace ds::zero

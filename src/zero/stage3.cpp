@@ -1,4 +1,5 @@
-// ZeRO stage 3: parameter partitioning (reference/deepspeed-behaviour.md §6).
+// ZeRO stage 3: parameter partitioning (the ZeRO paper, Rajbhandari et al. 2020; DeepSpeed's
+// deepspeed/runtime/zero/stage3.py and partition_parameters.py; docs/zero.md).
 //
 // Layout: parameter i (numel_i elements) is padded to N * part_i, part_i = ceil(numel_i / N), and
 // rank r holds elements [r * part_i, (r + 1) * part_i) of it. A rank's pieces of all parameters

@@ -331,7 +331,11 @@ const float* Strategy::widen_gradients(const Tensor& grads, int64_t begin, int64
 }
 
 int64_t Strategy::master_bytes() const {
-  return options_.train_dtype != DType::f32 && master_.defined()
+  // In fp32 training the master weights are the parameters, except under stage 3 with the
+  // parameter pieces on NVMe: then master_ is the optimizer's own copy in RAM.
+  const bool separate = options_.train_dtype != DType::f32 ||
+                        (options_.stage == 3 && options_.nvme_params.has_value());
+  return separate && master_.defined()
              ? static_cast<int64_t>(master_.nbytes())
              : 0;
 }

@@ -13,6 +13,18 @@ if(DS_HAVE_MPI)
   endforeach()
 endif()
 
+# The one memory model (zero/memory_model.h) against real engines' memory, plainly and at 2 ranks.
+add_executable(test_memory_model ${CMAKE_CURRENT_SOURCE_DIR}/test_memory_model.cpp)
+target_link_libraries(test_memory_model PRIVATE deepspeed GTest::gtest GTest::gtest_main)
+add_test(NAME test_memory_model COMMAND test_memory_model)
+set_tests_properties(test_memory_model PROPERTIES LABELS "zero;zero_memory" TIMEOUT 300)
+if(DS_HAVE_MPI)
+  add_test(NAME test_memory_model_np2 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2
+    --oversubscribe --allow-run-as-root $<TARGET_FILE:test_memory_model>)
+  set_tests_properties(test_memory_model_np2 PROPERTIES LABELS "distributed;zero;zero_memory"
+    TIMEOUT 300 ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;DS_COMM_TIMEOUT=120;OMP_NUM_THREADS=1")
+endif()
+
 # DeepSpeed's memory estimator against DeepSpeed's own numbers (tests/fixtures/zero/estimates.json).
 ds_add_test(test_estimate LABELS zero SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_estimate.cpp)
 # The ds_estimate tool end to end on DeepSpeed's documented example (bigscience/T0_3B, 1 x 1 GPU).

@@ -363,10 +363,11 @@ struct TensorParallelConfig {
   int size = 1;  // autotp_size; 0 and 1 both mean off
 };
 
-// "pipeline" (reference/parallelism.md §7). DeepSpeed parses stages and partition but takes the
-// degree and method from PipelineModule's arguments; here they mean what they say: ds_train's
-// --pipeline_parallel_size must agree with stages, and partition picks runtime::partition_layers'
-// method. The batch sizes count data-parallel ranks only (world / (tp * pp)).
+// "pipeline" (DeepSpeed's deepspeed/runtime/config.py, get_pipeline_config). DeepSpeed parses
+// stages and partition but takes the degree and method from PipelineModule's arguments; here they
+// mean what they say: ds_train's --pipeline_parallel_size must agree with stages, and partition
+// picks runtime::partition_layers' method. The batch sizes count data-parallel ranks only
+// (world / (tp * pp)).
 struct PipelineConfig {
   int stages = 0;                         // "auto" (DeepSpeed's default) = 0: from the job
   std::string partition = "parameters";   // "parameters", "uniform", "type:<regex>"

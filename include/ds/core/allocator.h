@@ -5,7 +5,7 @@
 // size class; large ones are carved out of 2 MiB-aligned segments by best fit, split and merged
 // with free neighbours (as PyTorch's CUDA caching allocator), so memory freed as one size serves
 // another. Large segments are advised to use huge pages: first-touching fresh 4 KiB pages costs
-// ~2.4 GB/s on our machines, which would otherwise dominate a step (reference/machine.md).
+// ~2.4 GB/s on our machines, which would otherwise dominate a step (docs/architecture.md).
 #include <cstddef>
 #include <cstdint>
 #include <memory>

@@ -1,7 +1,8 @@
 #pragma once
-// Asynchronous file I/O for offload: ZeRO-Infinity's "aio" layer (reference/offload.md §1.4, §4,
-// §8 lessons 3, 7, 12), on io_uring through liburing, with a pread/pwrite worker pool as the
-// fallback when io_uring is unavailable (old kernels, seccomp'd containers).
+// Asynchronous file I/O for offload: ZeRO-Infinity's "aio" layer (DeepSpeed's csrc/aio/ and
+// deepspeed/runtime/swap_tensor/aio_config.py; docs/offload.md), every completion checked, on
+// io_uring through liburing, with a pread/pwrite worker pool as the fallback when io_uring is
+// unavailable (old kernels, seccomp'd containers).
 //
 //   io::AioOptions o;                          // DeepSpeed's `aio` section (block_size, ...)
 //   auto engine = io::make_engine(o);          // io_uring, or the thread pool
@@ -42,7 +43,8 @@ inline int64_t align_up(int64_t n, int64_t a = kAlignment) {
   return (n + a - 1) / a * a;
 }
 
-// DeepSpeed's `aio` section (reference/offload.md §1.4), same defaults as its JSON config.
+// DeepSpeed's `aio` section (deepspeed/runtime/swap_tensor/aio_config.py), same defaults as its
+// JSON config.
 struct AioOptions {
   int64_t block_size = 1048576;  // bytes per submitted piece
   int queue_depth = 8;           // pieces in flight per worker

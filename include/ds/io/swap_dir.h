@@ -1,12 +1,13 @@
 #pragma once
-// A run-unique scratch folder for swap files under a user's nvme_path (reference/offload.md §8
-// lessons 4, 5): <nvme_path>/ds_swap/<host>-<pid>-<name>/, holding a `lock` file that this process
-// keeps locked (flock) while it lives. Two jobs, or two ranks, on one nvme_path never share files.
-// The folder is scratch: the destructor removes it (clean exit or exception); a folder left by a
-// run that died is removed when the next one starts, with a notice. "Died" is decided by the lock,
-// never by age: the kernel releases a flock when its process dies (kill -9 too), so a `lock` file
-// nobody holds means a dead owner; a folder without one (its owner between mkdir and the lock) is
-// dead only when the pid in its name is on this host and gone.
+// A run-unique scratch folder for swap files under a user's nvme_path (DeepSpeed's swap folders,
+// <nvme_path>/zero_stage_3/.../rank<R>/, are shared by every job on that path and wiped at start:
+// transformers#31800; docs/offload.md): <nvme_path>/ds_swap/<host>-<pid>-<name>/, holding a `lock`
+// file that this process keeps locked (flock) while it lives. Two jobs, or two ranks, on one
+// nvme_path never share files. The folder is scratch: the destructor removes it (clean exit or
+// exception); a folder left by a run that died is removed when the next one starts, with a notice.
+// "Died" is decided by the lock, never by age: the kernel releases a flock when its process dies
+// (kill -9 too), so a `lock` file nobody holds means a dead owner; a folder without one (its owner
+// between mkdir and the lock) is dead only when the pid in its name is on this host and gone.
 //
 //   io::SwapDir dir(nvme_path, "rank0-optimizer", [](const std::string& m) { log(m); });
 //   std::string file = dir.path() + "/state.swp";

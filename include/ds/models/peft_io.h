@@ -1,6 +1,7 @@
 #pragma once
-// LoRA adapters in PEFT's folder format (reference/finetune-serve.md §3.3), for models::GPT with
-// LoRA applied by nn::apply_lora:
+// LoRA adapters in PEFT's folder format (peft's save_pretrained: adapter_config.json and
+// adapter_model.safetensors; docs/finetuning.md), for models::GPT with LoRA applied by
+// nn::apply_lora:
 //
 //   dir/adapter_config.json        peft_type "LORA", task_type "CAUSAL_LM", r, lora_alpha,
 //                                  lora_dropout, target_modules, fan_in_fan_out (true for GPT-2's

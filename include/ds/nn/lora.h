@@ -1,6 +1,7 @@
 #pragma once
 // LoRA (low-rank adaptation) as DeepSpeed-Chat offers it (dschat/utils/module/lora.py), with
-// PEFT's parameter names and initialisation (reference/finetune-serve.md §3.3):
+// PEFT's parameter names and initialisation (peft's src/peft/tuners/lora/layer.py;
+// docs/finetuning.md):
 //
 //   y = W x + b + (alpha / r) * B (A dropout(x)),   A (r, in), B (out, r)
 //

@@ -1,7 +1,8 @@
 #pragma once
-// Megatron-style tensor parallelism (reference/parallelism.md; Shoeybi et al. 2019): the layers a
-// transformer block is made of, cut across the ranks of a tensor-parallel ("model") group, and the
-// differentiable collectives that join them.
+// Megatron-style tensor parallelism (Megatron-LM's megatron/core/tensor_parallel/layers.py and
+// mappings.py; Shoeybi et al. 2019; docs/parallelism.md): the layers a transformer block is made
+// of, cut across the ranks of a tensor-parallel ("model") group, and the differentiable
+// collectives that join them.
 //
 //   auto tp = std::make_shared<ds::nn::TensorParallel>(topology.model_parallel_tp_group());
 //   ColumnParallelLinear up(C, H, true, tp);     // weight (H/tp, C): output features cut

@@ -15,7 +15,8 @@
 //    result on every SIMD path (each operation is an IEEE-rounded mul, fma, sqrt or div, done in
 //    the same order on every path). Lamb is scalar code (it is not a ZeRO-Offload hot path).
 //
-// Exact formulas: docs/optimizers.md and reference/deepspeed-behaviour.md §10.
+// Exact formulas: docs/optimizers.md (DeepSpeed's CPU Adam: csrc/includes/cpu_adam.h,
+// csrc/adam/cpu_adam_impl.cpp).
 #include <cstdint>
 #include <span>
 

@@ -27,7 +27,7 @@
 namespace ds::optim {
 
 // Every optimizer's parameters in one struct (DeepSpeed's "optimizer.params" keys and defaults,
-// reference §1); each optimizer reads the fields it knows. The engine fills it from the config.
+// docs/config.md); each optimizer reads the fields it knows. The engine fills it from the config.
 struct OptimizerParams {
   float lr = 1e-3f;
   float beta1 = 0.9f;  // "betas": [beta1, beta2]

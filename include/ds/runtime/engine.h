@@ -13,7 +13,8 @@
 // flat buffer of the accumulation dtype; under bf16/fp16 the optimizer keeps fp32 master weights
 // and fp32 moments and writes the rounded 16-bit weights back in the same pass.
 //
-// The optimizer step, at each boundary (reference/deepspeed-behaviour.md §5):
+// The optimizer step, at each boundary (DeepSpeed's deepspeed/runtime/engine.py step and
+// deepspeed/runtime/fp16/loss_scaler.py):
 //   norm = ||grads|| (fp32, fixed-order double sum); overflow = !isfinite(norm)
 //   fp16 dynamic scaling: the loss scaler's state machine decides (skip + OVERFLOW message);
 //   any precision: a non-finite norm skips the step with a message, and `max_consecutive_skips`
@@ -22,7 +23,7 @@
 //   lr (and OneCycle's beta1) from the schedule; the schedule steps only on applied steps.
 // A skipped step still counts in global_steps (as in DeepSpeed) and in skipped_steps.
 //
-// Data parallelism and ZeRO (reference §6) over a comm::Group of N ranks:
+// Data parallelism and ZeRO (docs/zero.md) over a comm::Group of N ranks:
 //   stage 0  every rank holds everything; at the accumulation boundary gradients are all-reduced in
 //            buckets of reduce_bucket_size elements as backward produces them (overlapped);
 //   stage 1  the flat buffer is padded and cut into N contiguous partitions; fp32 master weights
@@ -176,7 +177,7 @@ class Engine {
   // Checkpoints, evaluation and the next backward do it themselves; call it when training ends.
   void synchronize();
 
-  // ---- checkpoints (layout: reference/deepspeed-behaviour.md §8; docs/checkpoints.md) ----
+  // ---- checkpoints (DeepSpeed's layout, deepspeed/runtime/engine.py; docs/checkpoints.md) ----
   // With tensor parallelism every tp rank writes its slices and records which part of each whole
   // parameter they are; a checkpoint loads at any (dp, tp) and ZeRO stage. Collectives over the
   // whole job (the topology's world).
@@ -225,6 +226,11 @@ class Engine {
 // otherwise fp32 for fp32 and bf16 training (DeepSpeed's bf16 optimizer accumulates in fp32) and
 // fp16 for fp16 training.
 DType gradient_dtype(const DeepSpeedConfig& config);
+
+// What the ZeRO strategy is told of a config (zero_optimization, the gradient-averaging keys,
+// NVMe offload and aio) for `world_size` data-parallel ranks accumulating gradients in `grads`.
+// initialize() builds the strategy from it; train::plan_fit's memory model reads it too.
+zero::Options zero_options(const DeepSpeedConfig& config, DType grads, int world_size);
 
 // Parses the config (path or JSON text) with ctx and builds the engine.
 std::unique_ptr<Engine> initialize(std::shared_ptr<nn::Module> model,

@@ -1,6 +1,6 @@
 #pragma once
-// Pipeline parallelism: DeepSpeed's PipelineEngine (reference/parallelism.md §4). Each rank runs
-// one stage of the model (a contiguous range of its layers, nn::PipelineStage) and drives it
+// Pipeline parallelism: DeepSpeed's PipelineEngine (deepspeed/runtime/pipe/engine.py). Each rank
+// runs one stage of the model (a contiguous range of its layers, nn::PipelineStage) and drives it
 // through the 1F1B schedule of pipeline_schedule.h; the optimizer, ZeRO on the data-parallel axis
 // and the precision are an ordinary Engine's, one per stage.
 //

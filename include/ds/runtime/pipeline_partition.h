@@ -1,6 +1,6 @@
 #pragma once
 // How a pipeline assigns a model's layers to its stages: DeepSpeed's PipelineModule
-// partition_method (reference/parallelism.md §2), with the same results as its
+// partition_method (deepspeed/runtime/pipe/module.py), with the same results as its
 // runtime/utils.py partition_uniform / partition_balanced (tests compare with a fixture DeepSpeed
 // wrote: tools/gen_pipeline_partition_fixture.py).
 //

@@ -1,5 +1,5 @@
 #pragma once
-// DeepSpeed's pipeline schedules (deepspeed/runtime/pipe/schedule.py; reference/parallelism.md §3)
+// DeepSpeed's pipeline schedules (deepspeed/runtime/pipe/schedule.py; docs/parallelism.md)
 // as instruction lists: a schedule is a sequence of steps, each a list of instructions one stage
 // runs in order. Pure functions of (micro_batches, stages, stage): the pipeline engine executes
 // them, tests compare them with DeepSpeed's own (tools/gen_pipeline_schedule_fixture.py).

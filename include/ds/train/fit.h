@@ -1,10 +1,11 @@
 #pragma once
 // "Will it fit": before ds_train builds the model, the model states each rank will hold for the
-// chosen ZeRO stage, precision and world size (the ZeRO paper's bytes, zero/partition.h), the
-// fp32 model built whole before the engine partitions it, and the activation estimate, summed over
-// this node's ranks and compared with the memory this process may use (MemAvailable, or the cgroup
-// limit when lower). A run that cannot fit stops with the shortfall and the changes that would
-// make it fit, instead of being killed by the OOM killer minutes later.
+// chosen ZeRO stage, precision, offload and world size (zero/memory_model.h, the one model the
+// engine's accounting and ds_estimate share), the fp32 model built whole before the engine
+// partitions it, and the activation estimate, summed over this node's ranks and compared with the
+// memory this process may use (MemAvailable, or the cgroup limit when lower). A run that cannot
+// fit stops with the shortfall and the changes that would make it fit, instead of being killed by
+// the OOM killer minutes later.
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -11,7 +11,7 @@
 #include "ds/models/gpt.h"
 #include "ds/runtime/engine.h"
 #include "ds/runtime/monitor.h"
-#include "ds/zero/partition.h"
+#include "ds/zero/memory_model.h"
 
 namespace ds::train {
 
@@ -28,7 +28,7 @@ struct RankMemory {
 std::vector<RankMemory> gather_memory(runtime::Engine& engine, const RankMemory& mine);
 
 // The ZeRO paper's model-state bytes per rank for the engine's stage, precision and optimizer
-// (reference/deepspeed-behaviour.md §6), over the padded flat buffer of trainable parameters, plus
+// (zero/memory_model.h, docs/zero.md), over the padded flat buffer of trainable parameters, plus
 // the frozen parameters' bytes under params (LoRA's base, whole on every rank).
 zero::ModelStateBytes paper_model_state_bytes(runtime::Engine& engine);
 

@@ -1,7 +1,10 @@
 #pragma once
 // DeepSpeed's memory estimator (estimate_zero2/3_model_states_mem_needs and their _all_cold
-// tables; reference/deepspeed-behaviour.md §7, reference/offload.md §5), byte-exact, plus the
-// parameter counts DeepSpeed's _all_live variants take from a model.
+// tables, in DeepSpeed's deepspeed/runtime/zero/stage_1_and_2.py and stage3.py), byte-exact, plus
+// the parameter counts DeepSpeed's _all_live variants take from a model. The bytes per element
+// come from the one memory model (zero/memory_model.h) under DeepSpeed's assumptions
+// (deepspeed_estimator_spec); DeepSpeed's own arithmetic (its abf, its fp32 build of the model per
+// process, its float order and int() truncations) is kept around them.
 //
 //   auto counts = zero::count_parameters(model);   // P (tied weights once), largest layer L
 //   fmt::print("{}", zero::zero3_table(counts.params, counts.largest_layer, /*gpus=*/1,
@@ -15,6 +18,7 @@
 #include <string>
 
 #include "ds/nn/module.h"
+#include "ds/zero/memory_model.h"
 
 namespace ds::zero {
 
@@ -22,6 +26,12 @@ struct Estimate {
   int64_t cpu = 0;  // per node's host memory
   int64_t gpu = 0;  // per accelerator
 };
+
+// What DeepSpeed's estimator assumes of a run: fp16 parameters, Adam, "cpu" offload; stage 2 with
+// 16-bit gradients and their fp32 copy (2P + 18P/T), stage 3 with fp32 gradient partitions only
+// (18P/T), as the comments of its estimate_zero2/3_model_states_mem_needs count them.
+// The spec's world size is left at 1: the bytes per element do not depend on it.
+MemorySpec deepspeed_estimator_spec(int stage, bool cpu_offload, bool cpu_offload_params);
 
 // estimate_zero2_model_states_mem_needs(P, gpus_per_node, nodes, cpu_offload, abf).
 Estimate estimate_zero2(int64_t params, int gpus_per_node, int nodes, bool cpu_offload,
@@ -39,13 +49,16 @@ std::string zero3_table(int64_t params, int64_t largest_layer, int gpus_per_node
                         double abf = 1.5);
 
 // Beyond DeepSpeed: this system's NVMe offload (zero/state_store.h, offload/param_file.h) for bf16
-// training with fp32 gradients and Adam, per process (T = gpus_per_node * nodes ranks, p = P / T):
+// training with fp32 gradients and Adam, per process (T = gpus_per_node * nodes ranks, p = P / T
+// padded as zero/partition.h pads it), from zero::model_state_memory:
 //
 //   option                   RAM per process                        disk per process
 //   optimizer on NVMe        params (stage 3: 2p, else 2P) + 4p     12p (master, exp_avg,
 //                            grads (stage 2+) + swap ring             exp_avg_sq)
+//                            (+ stage 3: 2 x 2L, the largest layer
+//                            gathered with its gradient)
 //   + parameters on NVMe     4p grads + swap ring + read-ahead      12p + 2p (bf16 pieces)
-//     (stage 3)              + 2 x 2L (largest layer gathered)
+//     (stage 3)              + 2 x 2L
 //
 // with swap ring = buffer_count (4) x min(sub_group_size, p) x 12 bytes and read-ahead = min(5 x
 // 1e8, p) x 2 bytes (DeepSpeed's defaults; the run clamps the ring to a quarter of free RAM).

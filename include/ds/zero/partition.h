@@ -1,13 +1,11 @@
 #pragma once
 // ZeRO's arithmetic on offsets (stages 1 and 2): how a flat buffer is padded and cut into one
-// contiguous partition per rank, how gradient buckets are laid over it, and the model-state bytes
-// the ZeRO paper predicts per rank. Pure functions: the sharding logic is tested in one process by
+// contiguous partition per rank, and how gradient buckets are laid over it (the bytes per rank
+// this implies: zero/memory_model.h). Pure functions: the sharding logic is tested in one process by
 // constructing ranks 0..N-1.
 #include <cstdint>
-#include <string>
 #include <vector>
 
-#include "ds/core/dtype.h"
 #include "ds/nn/flat.h"
 
 namespace ds::zero {
@@ -36,15 +34,5 @@ struct Bucket {
 };
 std::vector<Bucket> plan_buckets(const std::vector<nn::FlatEntry>& entries, int64_t padded_numel,
                                  int64_t bucket_numel);
-
-// Model-state bytes per rank for stage s (reference/deepspeed-behaviour.md §6), from the element
-// counts a rank holds: params and grads in their dtypes, fp32 master weights (16-bit training
-// only) and `state_floats` fp32 optimizer values per element (Adam: 2).
-struct ModelStateBytes {
-  int64_t params = 0, grads = 0, master_weights = 0, optimizer_states = 0;
-  int64_t total() const { return params + grads + master_weights + optimizer_states; }
-};
-ModelStateBytes expected_model_state_bytes(int stage, const PartitionPlan& plan, DType param_dtype,
-                                           DType grad_dtype, int state_floats);
 
 }  // namespace ds::zero

@@ -1,8 +1,8 @@
 #pragma once
 // ZeRO as a strategy: where parameters, gradients, master weights and optimizer state live, and
-// the communication that keeps them consistent (reference/deepspeed-behaviour.md §6). The engine
-// (runtime/engine.h) keeps precision, loss scaling, skipping, clipping, the LR schedule and the
-// counters, and calls the strategy at each point of a step:
+// the communication that keeps them consistent (DeepSpeed's deepspeed/runtime/zero/; docs/zero.md).
+// The engine (runtime/engine.h) keeps precision, loss scaling, skipping, clipping, the LR schedule
+// and the counters, and calls the strategy at each point of a step:
 //
 //   auto z = zero::make_strategy(model, group, options);    // flattens / shards the model
 //   z->attach_optimizer(optimizer, log);                     // master + moments: RAM or NVMe

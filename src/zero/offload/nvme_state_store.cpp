@@ -1,4 +1,7 @@
-// The NVMe home of the optimizer state (zero/state_store.h; reference/offload.md §3.1, §8).
+// The NVMe home of the optimizer state (zero/state_store.h; docs/offload.md). DeepSpeed's
+// counterpart is deepspeed/runtime/swap_tensor/partitioned_optimizer_swapper.py and
+// pipelined_optimizer_swapper.py, with one file per sub-group and tensor kind; here one
+// preallocated file per rank and read-ahead / write-behind rings deeper than its 3 sub-groups.
 //
 // Layout: the optimizer range is cut into K sub-groups of S elements (S = sub_group_size rounded
 // up to 2048 elements = 8 KiB, the last one shorter). Sub-groups [0, K_ram) live in one RAM region

@@ -1,8 +1,10 @@
 #pragma once
-// ZeRO-3 parameter offload to NVMe (offload_param.device = "nvme"; reference/offload.md §1.2,
-// §3.2, §8 lessons 2 and 10): this rank's training-dtype pieces of every parameter, i.e. the
-// stage-3 shard buffer, with elements [0, ram_end) in RAM (max_in_cpu) and [ram_end, numel) in
-// one preallocated swap file laid out exactly like the shard buffer. Internal to zero/.
+// ZeRO-3 parameter offload to NVMe (offload_param.device = "nvme", DeepSpeed's
+// deepspeed/runtime/zero/offload_config.py and swap_tensor/partitioned_param_swapper.py; buffers
+// sized from a RAM budget and prefetch that needs no recorded trace: docs/offload.md): this rank's
+// training-dtype pieces of every parameter, i.e. the stage-3 shard buffer, with elements [0,
+// ram_end) in RAM (max_in_cpu) and [ram_end, numel) in one preallocated swap file laid out exactly
+// like the shard buffer. Internal to zero/.
 //
 //   ParamFile pf(options, rank, DType::bf16, numel, initial_pieces, log);
 //   pf.prefetch(i, begin, n);               // start reading a piece (returns at once)
