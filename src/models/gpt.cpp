@@ -42,8 +42,8 @@ struct Preset {
   int64_t n_layer, n_head, n_embd, vocab_size, block_size;
 };
 
-// The GPT-2 family uses OpenAI's vocabulary and context; "tiny" is the benchmark model of
-// reference/machine.md (16.1M parameters). llama-tiny keeps the GPT-2 vocabulary so that it trains
+// The GPT-2 family uses OpenAI's vocabulary and context; "tiny" is the small benchmark model
+// (16.1M parameters; bench/RESULTS.md). llama-tiny keeps the GPT-2 vocabulary so that it trains
 // on the project's tokenizer and data.
 constexpr Preset kPresets[] = {
     {"tiny", Layout::gpt2, 4, 4, 256, 50257, 256},

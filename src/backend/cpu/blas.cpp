@@ -1,7 +1,7 @@
 // GEMM on the CPU through a BLAS loaded at run time.
 //
 // Why dlopen: Debian's OpenBLAS (DYNAMIC_ARCH) does not recognise some current CPUs and silently
-// falls back to generic kernels five times slower (reference/machine.md, "the BLAS trap"). It reads
+// falls back to generic kernels five times slower (README.md, "The BLAS trap"). It reads
 // OPENBLAS_CORETYPE once, when the library initialises, so a program that links it cannot fix this
 // from main(). Loading it ourselves lets us pick the core from cpuid first (unless the user already
 // set OPENBLAS_CORETYPE), then report exactly which path is in use.
