@@ -623,10 +623,12 @@ TEST(ConfigRules, OffloadChecks) {
   EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadDevice::CPU);
   EXPECT_TRUE(c.zero_optimization.offload_optimizer.pin_memory);
   EXPECT_EQ(c.zero_optimization.offload_param.device, OffloadDevice::CPU);
-  // CPU offload is not implemented: the user is told once per section, never silently ignored.
+  // CPU offload: the user is told once per section what it does, never silently ignored.
   EXPECT_EQ(c.warnings.size(), 2u) << fmt::format("{}", fmt::join(c.warnings, "\n"));
-  EXPECT_TRUE(has_warning(c, "offload_optimizer.device = \"cpu\": CPU offload is not implemented"));
-  EXPECT_TRUE(has_warning(c, "offload_param.device = \"cpu\": CPU offload is not implemented"));
+  EXPECT_TRUE(has_warning(c, "offload_optimizer.device = \"cpu\": the optimizer state is in host "
+                             "memory already"));
+  EXPECT_TRUE(has_warning(c, "offload_param.device = \"cpu\": parameter offload to host memory is "
+                             "not implemented"));
   // The guides' NVMe configs set pin_memory: it does nothing without an accelerator, and says so.
   c = parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
                 "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "pin_memory": true},
@@ -904,9 +906,9 @@ TEST(ConfigShipped, HuggingFaceZero3TemplateWithTrainerArgs) {
   EXPECT_EQ(c.zero_optimization.stage3_param_persistence_threshold, 7680);
   EXPECT_EQ(c.steps_per_print, 2000);
   EXPECT_EQ(std::get<WarmupLRParams>(c.scheduler.params).warmup_num_steps, 100);
-  // Its only warnings: CPU offload (both sections) is accepted but not implemented.
+  // Its only warnings: CPU offload, one for each section, saying what it does here.
   EXPECT_EQ(c.warnings.size(), 2u) << fmt::format("{}", fmt::join(c.warnings, "\n"));
-  for (const auto& w : c.warnings) EXPECT_HAS(w, "CPU offload is not implemented");
+  for (const auto& w : c.warnings) EXPECT_HAS(w, "device = \"cpu\"");
   // Without the trainer's arguments the first unresolved "auto" is named.
   ConfigContext bare;
   bare.hidden_size = 768;
@@ -923,7 +925,7 @@ TEST(ConfigShipped, LegacyDeepSpeedExampleConfig) {
   EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadDevice::CPU);
   EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 200000000);
   EXPECT_TRUE(c.fp16.enabled);
-  // cpu_offload: deprecated, and CPU offload is not implemented yet.
+  // cpu_offload: deprecated, and CPU offload's notice.
   EXPECT_EQ(c.warnings.size(), 2u) << fmt::format("{}", fmt::join(c.warnings, "\n"));
 }
 

@@ -866,13 +866,17 @@ void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
        {std::tuple{"offload_optimizer", z.offload_optimizer.device, &z.offload_optimizer.nvme_path},
         std::tuple{"offload_param", z.offload_param.device, &z.offload_param.nvme_path}}) {
     if (dev == OffloadDevice::CPU) {
-      // On this CPU-only build the states already live in host memory, so nothing changes; but the
-      // user asked for offload, and a later GPU build would honour it: say so once.
-      st.warn(fmt::format(
-          "[config] zero_optimization.{}.device = \"cpu\": CPU offload is not "
-          "implemented in deepspeed.cpp yet; the key is accepted and ignored (on this "
-          "CPU-only build the {} already live in host memory)",
-          name, std::string_view(name) == "offload_param" ? "parameters" : "optimizer states"));
+      // The optimizer state is in host memory in every run (a GPU model trains ZeRO-Offload's
+      // way); parameters stay with the model. The user asked for something: say what it does.
+      st.warn(std::string_view(name) == "offload_param"
+                  ? std::string("[config] zero_optimization.offload_param.device = \"cpu\": "
+                                "parameter offload to host memory is not implemented; parameters "
+                                "stay with the model (host memory for a model on the CPU, GPU "
+                                "memory for one on a GPU); the key is accepted and ignored")
+                  : std::string("[config] zero_optimization.offload_optimizer.device = \"cpu\": "
+                                "the optimizer state is in host memory already: deepspeed.cpp "
+                                "keeps it there in every run (a model on a GPU trains "
+                                "ZeRO-Offload's way, docs/cuda.md), so the key changes nothing"));
       continue;
     }
     if (dev != OffloadDevice::NVMe) continue;
