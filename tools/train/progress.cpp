@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "ds/core/allocator.h"
+#include "ds/core/device_registry.h"
 #include "ds/train/train_util.h"
 
 namespace ds::train {
@@ -24,13 +25,27 @@ void ProgressReport::on_step(const StepReport& r) {
   if (std::isfinite(r.grad_norm)) ev.push_back({"Train/Samples/grad_norm", r.grad_norm, r.samples});
   if (trainer->is_lead()) monitor->write_events(ev);
   if (first_step_ == r.step - 1) {
-    const int64_t peak = static_cast<int64_t>(cpu_allocator().stats().peak_bytes_in_use);
     const int64_t states = trainer->memory_budget().total();
-    message(
-        fmt::format("step {}: measured peak tensor memory {} (model states {} + activations "
-                    "and temporaries {}); RSS {}",
-                    r.step, mib(peak), mib(states), mib(std::max<int64_t>(0, peak - states)),
-                    mib(current_rss_bytes())));
+    const Device dev = trainer->plan().device;
+    if (dev.is_cpu()) {
+      const int64_t peak = static_cast<int64_t>(cpu_allocator().stats().peak_bytes_in_use);
+      message(
+          fmt::format("step {}: measured peak tensor memory {} (model states {} + activations "
+                      "and temporaries {}); RSS {}",
+                      r.step, mib(peak), mib(states), mib(std::max<int64_t>(0, peak - states)),
+                      mib(current_rss_bytes())));
+    } else {
+      // Model states split between the GPU (parameters, gradients) and host memory (master
+      // weights, optimizer state); activations are on the GPU.
+      const AllocatorStats g = device_ops(dev).allocator->stats();
+      message(fmt::format(
+          "step {}: measured peak tensor memory on {} {} (reserved {}), in host memory {} "
+          "(model states {} in all); RSS {}",
+          r.step, dev.str(), mib(static_cast<int64_t>(g.peak_bytes_in_use)),
+          mib(static_cast<int64_t>(g.bytes_reserved)),
+          mib(static_cast<int64_t>(cpu_allocator().stats().peak_bytes_in_use)), mib(states),
+          mib(current_rss_bytes())));
+    }
   }
   const double eta = train_time_ / static_cast<double>(r.step - first_step_) *
                      static_cast<double>(r.total_steps - r.step);
