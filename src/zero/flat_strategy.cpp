@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "buckets.h"
+#include "ds/backend/backend.h"
 #include "ds/core/error.h"
 #include "ds/ops/ops.h"
 #include "strategies.h"
@@ -50,8 +51,10 @@ class FlatStrategy final : public Strategy {
                "none",
                device_.str());
     }
-    auto host_clone = [](const Tensor& t) {
-      Tensor h = Tensor::empty(t.shape(), t.dtype(), kCPU);
+    // The master weights go up to the GPU after every step (fp32 training): page-locked there.
+    auto host_clone = [this](const Tensor& t) {
+      Tensor h = Tensor::from_storage(
+          backend::get(device_).host_staging(t.nbytes()), t.shape(), t.dtype());
       h.copy_from(t);
       return h;
     };

@@ -206,11 +206,17 @@ void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float 
 void Strategy::device_optimizer_step(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
                                      const Tensor& device_params) {
   const DType train = options_.train_dtype;
-  if (!host_grads_.defined()) host_grads_ = Tensor::empty({opt_numel_}, DType::f32, kCPU);
+  // Page-locked staging buffers where the device offers them: the copies run at the link's speed.
+  backend::Backend& be = backend::get(device_params.device());
+  auto staging = [&](DType dt) {
+    return Tensor::from_storage(be.host_staging(static_cast<size_t>(opt_numel_) * dtype_size(dt)),
+                                {opt_numel_}, dt);
+  };
+  if (!host_grads_.defined()) host_grads_ = staging(DType::f32);
   host_grads_.copy_from(grads);  // waits for the backward that produced them
   void* out16 = nullptr;
   if (train != DType::f32) {
-    if (!host16_.defined()) host16_ = Tensor::empty({opt_numel_}, train, kCPU);
+    if (!host16_.defined()) host16_ = staging(train);
     out16 = host16_.raw_data();
   }
   opt.step(master_.data<float>(), host_grads_.data<float>(), opt_numel_, grad_scale, out16,

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ds/core/allocator.h"
+#include "ds/core/storage.h"
 #include "ds/core/tensor.h"
 
 namespace ds::backend {
@@ -85,6 +86,10 @@ class Backend {
   virtual bool supports(const std::string& op, DType dtype) const = 0;
 
   // ---- memory ----
+  // Host memory for staging copies to and from this backend's device: page-locked (pinned) where
+  // that makes the copies faster (CUDA: cudaHostAlloc, copied by DMA at the link's speed), plain
+  // host memory otherwise (the CPU backend; or when pinning fails). A kCPU storage either way.
+  virtual std::shared_ptr<Storage> host_staging(size_t nbytes) = 0;
   // dst = src elementwise; same shape, any strides for both, converts dtype.
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
   virtual void fill(const Tensor& dst, double value) = 0;  // contiguous dst, any dtype

@@ -12,6 +12,9 @@ class CpuBackend final : public Backend {
   std::string gemm_info() override;
   bool supports(const std::string& op, DType dtype) const override;
 
+  std::shared_ptr<Storage> host_staging(size_t nbytes) override {
+    return Storage::allocate(nbytes, kCPU);
+  }
   void copy(const Tensor& src, const Tensor& dst) override;
   void fill(const Tensor& dst, double value) override;
   void axpy(const Tensor& y, const Tensor& x, float alpha) override;

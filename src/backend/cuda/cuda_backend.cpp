@@ -174,6 +174,15 @@ std::vector<int64_t> CudaBackend::ids_on_host(const Tensor& ids) {
   return h.to_int_vector();
 }
 
+std::shared_ptr<Storage> CudaBackend::host_staging(size_t nbytes) {
+  CudaDeviceGuard guard(device_);
+  void* p = nullptr;
+  if (nbytes > 0 && cudaHostAlloc(&p, nbytes, cudaHostAllocDefault) == cudaSuccess)
+    return Storage::external(p, nbytes, kCPU, [](void* q) { cudaFreeHost(q); });
+  cudaGetLastError();  // could not pin (a locked-memory limit): plain host memory still works
+  return Storage::allocate(nbytes, kCPU);
+}
+
 void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
   const ProfileScope profile_scope(*this, "copy");
   DS_CHECK(src.numel() == dst.numel(), "[cuda:{}] copy of {} elements into {}", device_,
