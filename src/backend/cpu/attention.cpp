@@ -16,6 +16,7 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/attention_args.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/fast_math.h"
 #include "ds/core/error.h"
@@ -36,20 +37,7 @@ void require_f32(const Tensor& t, const char* op) {
 
 void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                std::span<const int64_t> key_lens, const char* op) {
-  require_f32(q, op);
-  require_f32(k, op);
-  require_f32(v, op);
-  DS_CHECK(q.dim() == 4 && k.dim() == 4 && k.shape() == v.shape() && k.size(0) == q.size(0) &&
-               k.size(1) == q.size(1) && k.size(3) == q.size(3),
-           "[cpu:{}] q must be (B, NH, Tq, hd) and k, v (B, NH, Tk, hd), got {}, {}, {}", op,
-           shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape()));
-  DS_CHECK(!causal || q.size(2) <= k.size(2), "[cpu:{}] causal attention needs Tq {} <= Tk {}", op,
-           q.size(2), k.size(2));
-  DS_CHECK(key_lens.empty() || static_cast<int64_t>(key_lens.size()) == q.size(0),
-           "[cpu:{}] {} key lengths for batch {}", op, key_lens.size(), q.size(0));
-  for (int64_t len : key_lens)
-    DS_CHECK(len >= 1 && len <= k.size(2), "[cpu:{}] key length {} outside [1, Tk {}]", op, len,
-             k.size(2));
+  check_attention_args(q, k, v, causal, key_lens, std::string("cpu:") + op);
 }
 
 // The keys row r (of Tq) sees: a prefix of length min(klen, r + 1 + Tk - Tq) causally, klen else.

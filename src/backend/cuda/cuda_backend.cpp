@@ -1,13 +1,14 @@
 // The CUDA backend's host side: argument checks, device registration, copies between host and
 // device memory, and the launch of each kernel (kernels.h) on the device's stream.
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/profile.h"
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <numeric>
 
+#include "backend/attention_args.h"
+#include "backend/cuda/profile.h"
 #include "ds/core/device_registry.h"
 #include "ds/core/error.h"
 #include "ds/core/host_memory.h"
@@ -409,22 +410,9 @@ namespace {
 
 void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                std::span<const int64_t> key_lens, const char* op) {
-  require_f32(q, op);
-  require_f32(k, op);
-  require_f32(v, op);
-  DS_CHECK(q.dim() == 4 && k.dim() == 4 && k.shape() == v.shape() && k.size(0) == q.size(0) &&
-               k.size(1) == q.size(1) && k.size(3) == q.size(3),
-           "[cuda:{}] q must be (B, NH, Tq, hd) and k, v (B, NH, Tk, hd), got {}, {}, {}", op,
-           shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape()));
+  check_attention_args(q, k, v, causal, key_lens, std::string("cuda:") + op);
   DS_CHECK(q.size(3) <= k::kMaxHeadDim, "[cuda:{}] head size {} is over the kernel's {}", op,
            q.size(3), k::kMaxHeadDim);
-  DS_CHECK(!causal || q.size(2) <= k.size(2), "[cuda:{}] causal attention needs Tq {} <= Tk {}",
-           op, q.size(2), k.size(2));
-  DS_CHECK(key_lens.empty() || static_cast<int64_t>(key_lens.size()) == q.size(0),
-           "[cuda:{}] {} key lengths for batch {}", op, key_lens.size(), q.size(0));
-  for (int64_t len : key_lens)
-    DS_CHECK(len >= 1 && len <= k.size(2), "[cuda:{}] key length {} outside [1, Tk {}]", op, len,
-             k.size(2));
 }
 
 }  // namespace

@@ -108,22 +108,25 @@ __global__ void sum_of_squares_kernel(const void* x, Elem t, int64_t n, double* 
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
+// BinaryOp's values, in its order (backend.h).
+__device__ __forceinline__ float apply_binary(int op, float x, float y) {
+  switch (op) {
+    case 0: return x + y;
+    case 1: return x - y;
+    case 2: return x * y;
+    case 3: return x / y;
+    case 4: return x * gelu_grad_f(y);
+    default: return x * silu_grad_f(y);
+  }
+}
+
 template <class I>
 __global__ void binary_kernel(int op, const float* a, View va, const float* b, View vb, float* out,
                               I n) {
   for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<I>(gridDim.x) * blockDim.x) {
     const float x = a[view_offset<I>(va, i)], y = b[view_offset<I>(vb, i)];
-    float r;
-    switch (op) {
-      case 0: r = x + y; break;
-      case 1: r = x - y; break;
-      case 2: r = x * y; break;
-      case 3: r = x / y; break;
-      case 4: r = x * gelu_grad_f(y); break;
-      default: r = x * silu_grad_f(y); break;
-    }
-    out[i] = r;
+    out[i] = apply_binary(op, x, y);
   }
 }
 
@@ -132,16 +135,7 @@ __global__ void binary_flat_kernel(int op, const float* a, const float* b, float
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float x = a[i], y = b[i];
-    float r;
-    switch (op) {
-      case 0: r = x + y; break;
-      case 1: r = x - y; break;
-      case 2: r = x * y; break;
-      case 3: r = x / y; break;
-      case 4: r = x * gelu_grad_f(y); break;
-      default: r = x * silu_grad_f(y); break;
-    }
-    out[i] = r;
+    out[i] = apply_binary(op, x, y);
   }
 }
 
