@@ -18,13 +18,14 @@
 #include "ds/models/family.h"
 #include "ds/ops/ops.h"
 #include "families/hf_config.h"
+#include "hf_files.h"
 
 namespace ds::models {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-namespace {
+namespace detail {
 
 // Index of the first NaN or Inf of a contiguous floating-point tensor (f32, bf16, f16), or -1.
 // Tested by exponent bits (all ones), a block at a time so the common all-finite case vectorises.
@@ -127,7 +128,11 @@ void write_text_atomic(const fs::path& path, const std::string& text) {
   }
 }
 
-}  // namespace
+}  // namespace detail
+
+using detail::first_non_finite;
+using detail::weight_files;
+using detail::write_text_atomic;
 
 std::string hf_name(nn::Layout layout, const std::string& ours) {
   const Family& f = layout == nn::Layout::gpt2 ? families::gpt2 : families::llama;
