@@ -28,7 +28,9 @@
 #include "ds/models/encoder_family.h"
 #include "ds/models/encoder_io.h"
 #include "ds/models/hf_io.h"
+#include "ds/nn/flat.h"
 #include "ds/ops/ops.h"
+#include "ds/optim/optimizer.h"
 
 using namespace ds;
 namespace fs = std::filesystem;
@@ -207,6 +209,32 @@ TEST_P(HFEncoder, PaddedTokensDoNotChangeTheLogits) {
   // And the mask does something: without it the padded rows' logits change.
   models::EncoderInputs unmasked{in.input_ids, Tensor(), in.token_type_ids};
   EXPECT_GT(rel_err(m->logits(unmasked).to_vector(), base), 1e-3);
+}
+
+// Training: ten AdamW steps over flat buffers on the fixture's batch (eval mode, no dropout)
+// follow torch's AdamW on transformers' model. Tolerance 1e-4 as test_parity's: Adam divides by
+// sqrt(v) + eps, which amplifies the rounding of near-zero gradients over the steps.
+TEST_P(HFEncoder, TenAdamWStepsFollowTorch) {
+  auto m = import(case_dir(GetParam()));
+  nn::FlatParameters flat = nn::flatten_parameters(*m);
+  optim::OptimizerParams hp;
+  hp.lr = 1e-3f;
+  hp.weight_decay = 0.1f;
+  auto opt = optim::make_optimizer("AdamW", hp);
+  const std::vector<float> ref = ref_->get("adamw_losses").to_vector();
+  ASSERT_EQ(ref.size(), 10u);
+  double worst = 0.0;
+  for (size_t step = 0; step < ref.size(); ++step) {
+    flat.grads.zero_();
+    Tensor loss = m->loss(batch(), ref_->get("labels"));
+    loss.backward();
+    opt->step(flat.params.data<float>(), flat.grads.data<float>(), flat.numel);
+    const double e = std::abs(loss.item() - ref[step]) / std::abs(ref[step]);
+    EXPECT_LE(e, 1e-4) << "step " << step << ": loss " << loss.item() << " vs " << ref[step];
+    worst = std::max(worst, e);
+  }
+  std::printf("%s: 10 AdamW losses within %.2e of torch (%.4f -> %.4f)\n", GetParam().c_str(),
+              worst, ref.front(), ref.back());
 }
 
 TEST_P(HFEncoder, ExportRoundTrip) {

@@ -9,6 +9,8 @@ rounded to the case's dtype, and reference.safetensors:
   passes none), labels (I64 (B) class ids, or F32 (B) for regression)
   logits (F32, (B, num_labels)), loss (F32, scalar: transformers' own, from labels)
   grad.<Hugging Face parameter name> (F32) for every parameter
+  adamw_losses (F32, (10)): the loss before each of 10 torch AdamW steps (lr 1e-3, betas
+  (0.9, 0.999), eps 1e-8, weight decay 0.1 on every parameter) on the same batch
 The reference runs transformers itself in float64 (eager attention, eval mode: dropout off) from
 the saved weights, so the C++ test sees its own fp32 rounding alone.
 
@@ -121,6 +123,17 @@ def write_case(out, name):
     tensors["loss"] = res.loss.float().detach()
     for pname, p in ref.named_parameters():
         tensors["grad." + pname] = p.grad.float()
+    # Ten AdamW steps on the same batch (eval mode: no dropout), the loss before each step.
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                            weight_decay=0.1)
+    losses = []
+    for _ in range(10):
+        opt.zero_grad()
+        step_loss = ref(**x, labels=labels).loss
+        step_loss.backward()
+        losses.append(step_loss.item())
+        opt.step()
+    tensors["adamw_losses"] = torch.tensor(losses, dtype=torch.float32)
     meta = {"transformers": transformers.__version__, "torch": torch.__version__,
             "class": type(ref).__name__, "dtype": str(dtype).replace("torch.", "")}
     save_file({k: v.contiguous() for k, v in tensors.items()},

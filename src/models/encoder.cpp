@@ -156,13 +156,13 @@ void check_ids(const Tensor& t, const char* what, int64_t B, int64_t T) {
 }
 
 // weight[ids] whose gradient skips the rows of ids equal to pad (torch's Embedding(padding_idx)).
-// keep (B, T, 1) is 1 where ids != pad: keep * e + (1 - keep) * e_detached is e exactly (each term
-// is e or 0), and only the first term carries a gradient.
+// keep (B, T, 1) is 1 where ids != pad: keep * e + (1 - keep) * e.detach() is e exactly (each
+// term is e or +-0), and only the first term carries a gradient. The lookup's output is reused,
+// never the weight outside its module's call (ZeRO-3 holds it only inside).
 Tensor lookup(nn::Embedding& emb, const Tensor& ids, const Tensor& keep) {
   Tensor e = emb(ids);  // (B, T, C)
-  if (!keep.defined() || !autograd::is_grad_enabled() || !emb.weight().requires_grad()) return e;
-  Tensor frozen = ops::embedding(emb.weight().detach(), ids);
-  return ops::add(ops::mul(e, keep), ops::mul(frozen, ops::add(ops::neg(keep), 1.0f)));
+  if (!keep.defined() || !e.requires_grad()) return e;
+  return ops::add(ops::mul(e, keep), ops::mul(e.detach(), ops::add(ops::neg(keep), 1.0f)));
 }
 
 }  // namespace

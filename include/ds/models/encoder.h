@@ -126,7 +126,8 @@ class EncoderClassifier : public nn::Module {
   std::shared_ptr<nn::Linear> pooler_;      // bert: pooler.dense; roberta: classifier.dense
   std::shared_ptr<nn::Linear> classifier_;  // bert: classifier; roberta: classifier.out_proj
   // The batch's attention mask, read by every layer's forward (Module::operator() takes one
-  // tensor): set by encode() before the layers run.
+  // tensor): set by encode() before the layers run. A layer with gradient checkpointing on
+  // recomputes with the mask of the latest encode(): run backward before the next forward.
   std::shared_ptr<ops::AttentionMask> mask_;
 
   Tensor embed(const EncoderInputs& in);  // (B, T, C), before dropout
