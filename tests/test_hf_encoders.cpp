@@ -5,8 +5,8 @@
 // token types (tools/gen_encoder_fixture.py). Each is imported through the public path, compared,
 // exported and re-imported; padding is shown to be masked; bad config fields are refused by name.
 //
-// Error measure and tolerance as in test_hf_families: per tensor max|ours - ref| / max|ref| <= 1e-5.
-// We compute in fp32 from the same (bf16/fp32-rounded) weights the float64 reference used.
+// Error measure and tolerance as in test_hf_families: per tensor max|ours - ref| / max|ref| <=
+// 1e-5. We compute in fp32 from the same (bf16/fp32-rounded) weights the float64 reference used.
 //
 // With DS_HF_EXPORT_DIR set, the export of every case is also left in $DS_HF_EXPORT_DIR/<case>
 // for `tools/gen_encoder_fixture.py --check-export` (transformers loads it, same logits).
@@ -263,8 +263,8 @@ INSTANTIATE_TEST_SUITE_P(Encoders, HFEncoder,
                          ::testing::Values("bert_cls", "roberta_cls", "bert_regression"));
 
 json bert(json extra = json::object()) {
-  json j = {{"model_type", "bert"},       {"hidden_size", 32},       {"num_attention_heads", 4},
-            {"num_hidden_layers", 1},     {"intermediate_size", 48}, {"vocab_size", 50},
+  json j = {{"model_type", "bert"},         {"hidden_size", 32},       {"num_attention_heads", 4},
+            {"num_hidden_layers", 1},       {"intermediate_size", 48}, {"vocab_size", 50},
             {"max_position_embeddings", 16}};
   j.update(extra);
   return j;
@@ -282,18 +282,20 @@ TEST(HFEncoderConfig, FieldsThatChangeTheMathAreRefusedByName) {
   EXPECT_HAS(config_error(bert({{"is_decoder", true}})), "is_decoder");
   EXPECT_HAS(config_error(bert({{"add_cross_attention", true}})), "add_cross_attention");
   EXPECT_HAS(config_error(bert({{"hidden_act", "relu"}})), "hidden_act");
-  EXPECT_HAS(config_error(bert({{"problem_type", "multi_label_classification"}})),
-             "problem_type");
-  EXPECT_HAS(config_error(bert({{"num_labels", 2}, {"id2label", {{"0", "a"}, {"1", "b"}, {"2", "c"}}}})),
-             "num_labels");
+  EXPECT_HAS(config_error(bert({{"problem_type", "multi_label_classification"}})), "problem_type");
+  EXPECT_HAS(
+      config_error(bert({{"num_labels", 2}, {"id2label", {{"0", "a"}, {"1", "b"}, {"2", "c"}}}})),
+      "num_labels");
   EXPECT_HAS(config_error(bert({{"hidden_size", 30}})), "n_embd 30 not divisible");
   EXPECT_HAS(config_error(bert({{"model_type", "deberta-v2"}})), "DeBERTa");
   EXPECT_HAS(config_error(bert({{"model_type", "llama"}})), "bert, roberta");
   // The fields that change nothing are accepted (a 4.x bert-base config as on the Hub).
-  const auto c = models::encoder_config_from_json(
-      bert({{"position_embedding_type", "absolute"}, {"gradient_checkpointing", false},
-            {"use_cache", true}, {"transformers_version", "4.6.0.dev0"},
-            {"architectures", {"BertForMaskedLM"}}, {"torch_dtype", "float32"}}));
+  const auto c = models::encoder_config_from_json(bert({{"position_embedding_type", "absolute"},
+                                                        {"gradient_checkpointing", false},
+                                                        {"use_cache", true},
+                                                        {"transformers_version", "4.6.0.dev0"},
+                                                        {"architectures", {"BertForMaskedLM"}},
+                                                        {"torch_dtype", "float32"}}));
   EXPECT_EQ(c.num_labels, 2);  // PretrainedConfig's default
   // The decoder importer says where an encoder goes.
   EXPECT_HAS(error_of([] { models::hf_config_from_json(bert()); }), "read_hf_encoder_config");
@@ -341,17 +343,40 @@ TEST(EncoderClassifier, OwnModelCountsItsParametersAndChecksItsInputs) {
     models::EncoderClassifier m(tiny(fam));
     EXPECT_EQ(m.num_parameters(), m.config().num_parameters()) << fam;
   }
+  // Initialisation piece by piece (ZeRO-3 shards) equals the whole model's; pad rows are zero.
+  models::EncoderClassifier r(tiny("roberta"));
+  const auto named = r.named_parameters();
+  for (size_t k = 0; k < named.size(); ++k) {
+    const std::vector<float> whole = named[k].second.to_vector();
+    std::vector<float> pieces(whole.size());
+    const int64_t n = static_cast<int64_t>(whole.size()), half = n / 2 + 1;
+    ASSERT_TRUE(r.init_parameter_range(k, 0, half, pieces.data()));
+    ASSERT_TRUE(r.init_parameter_range(k, half, n - half, pieces.data() + half));
+    EXPECT_EQ(pieces, whole) << named[k].first;
+    if (named[k].first == "embeddings.position_embeddings.weight")
+      for (int64_t j = 0; j < 8; ++j) EXPECT_EQ(whole[static_cast<size_t>(8 + j)], 0.0f);
+  }
   models::EncoderClassifier m(tiny("bert"));
   const Tensor ids = Tensor::from_ints({5, 6, 7, 0, 8, 9, 0, 0}, {2, 4});
-  EXPECT_HAS(error_of([&] { m.logits({ids, Tensor::from_ints({1, 0, 1, 0, 1, 1, 0, 0}, {2, 4}), {}}); }),
+  EXPECT_HAS(error_of([&] {
+               m.logits({ids, Tensor::from_ints({1, 0, 1, 0, 1, 1, 0, 0}, {2, 4}), {}});
+             }),
              "only right padding");
-  EXPECT_HAS(error_of([&] { m.logits({ids, Tensor::from_ints({1, 1, 1, 0, 0, 0, 0, 0}, {2, 4}), {}}); }),
+  EXPECT_HAS(error_of([&] {
+               m.logits({ids, Tensor::from_ints({1, 1, 1, 0, 0, 0, 0, 0}, {2, 4}), {}});
+             }),
              "all zeros");
-  EXPECT_HAS(error_of([&] { m.logits({ids, {}, Tensor::from_ints({0, 0, 2, 0, 0, 0, 0, 0}, {2, 4})}); }),
+  EXPECT_HAS(error_of([&] {
+               m.logits({ids, {}, Tensor::from_ints({0, 0, 2, 0, 0, 0, 0, 0}, {2, 4})});
+             }),
              "type_vocab_size");
-  EXPECT_HAS(error_of([&] { m.logits({Tensor::from_ints(std::vector<int64_t>(42, 5), {2, 21}), {}, {}}); }),
+  EXPECT_HAS(error_of([&] {
+               m.logits({Tensor::from_ints(std::vector<int64_t>(42, 5), {2, 21}), {}, {}});
+             }),
              "max_position_embeddings");
-  EXPECT_HAS(error_of([&] { m.loss({ids, {}, {}}, Tensor::from_ints({0, 3}, {2})); }),
+  EXPECT_HAS(error_of([&] {
+               m.loss({ids, {}, {}}, Tensor::from_ints({0, 3}, {2}));
+             }),
              "outside [0, num_labels 3)");
   // Dropout only in training: eval is deterministic, training differs from it.
   models::EncoderConfig dc = tiny("bert");

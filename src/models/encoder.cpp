@@ -2,6 +2,7 @@
 // transformers' names, and the forward pass.
 #include "ds/models/encoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -25,10 +26,14 @@ bool EncoderConfig::regression() const {
 void EncoderConfig::validate() const {
   DS_CHECK(family == "bert" || family == "roberta",
            "[model] encoder family \"{}\" is unknown (known: bert, roberta)", family);
-  for (const auto& [name, v] :
-       {std::pair<const char*, int64_t>{"vocab_size", vocab_size}, {"max_positions", max_positions},
-        {"type_vocab_size", type_vocab_size}, {"n_layer", n_layer}, {"n_head", n_head},
-        {"n_embd", n_embd}, {"ffn_hidden", ffn_hidden}, {"num_labels", num_labels}})
+  for (const auto& [name, v] : {std::pair<const char*, int64_t>{"vocab_size", vocab_size},
+                                {"max_positions", max_positions},
+                                {"type_vocab_size", type_vocab_size},
+                                {"n_layer", n_layer},
+                                {"n_head", n_head},
+                                {"n_embd", n_embd},
+                                {"ffn_hidden", ffn_hidden},
+                                {"num_labels", num_labels}})
     DS_CHECK(v > 0, "[model] encoder {} must be positive, got {}", name, v);
   DS_CHECK(n_embd % n_head == 0, "[model] encoder n_embd {} not divisible by n_head {}", n_embd,
            n_head);
@@ -149,7 +154,8 @@ Tensor on_device(const Tensor& host, Device device) {
 void check_ids(const Tensor& t, const char* what, int64_t B, int64_t T) {
   DS_CHECK(t.defined() && t.dim() == 2 && (t.dtype() == DType::i32 || t.dtype() == DType::i64),
            "[encoder] {} must be a (B, T) int32/int64 tensor, got {} {}", what,
-           t.defined() ? shape_str(t.shape()) : "undefined", t.defined() ? dtype_name(t.dtype()) : "");
+           t.defined() ? shape_str(t.shape()) : "undefined",
+           t.defined() ? dtype_name(t.dtype()) : "");
   DS_CHECK(B < 0 || (t.size(0) == B && t.size(1) == T),
            "[encoder] {} is {}, input_ids ({}, {}): they must have the same shape", what,
            shape_str(t.shape()), B, T);
@@ -244,24 +250,36 @@ EncoderClassifier::EncoderClassifier(EncoderConfig config, bool init)
   if (init) init_weights();
 }
 
+bool EncoderClassifier::init_parameter_range(size_t index, int64_t begin, int64_t count,
+                                             float* out) const {
+  if (param_names_.empty())
+    for (const auto& [name, p] : named_parameters()) param_names_.push_back(name);
+  DS_CHECK(index < param_names_.size(), "[encoder] parameter index {} of {}", index,
+           param_names_.size());
+  const std::string& name = param_names_[index];
+  ParamInit init{ParamInit::normal, config_.initializer_range};
+  if (name.find("LayerNorm.") != std::string::npos && name.ends_with(".weight"))
+    init.kind = ParamInit::ones;
+  else if (name.ends_with(".bias"))
+    init.kind = ParamInit::zeros;
+  GPT::init_values(init, config_.seed, index, begin, count, out);
+  // transformers' _init_weights zeroes the padding_idx row of an Embedding.
+  if (name == "embeddings.word_embeddings.weight" ||
+      (config_.roberta() && name == "embeddings.position_embeddings.weight")) {
+    const int64_t row0 = config_.pad_token_id * config_.n_embd, row1 = row0 + config_.n_embd;
+    for (int64_t i = std::max(begin, row0); i < std::min(begin + count, row1); ++i)
+      out[i - begin] = 0.0f;
+  }
+  return true;
+}
+
 void EncoderClassifier::init_weights() {
   autograd::NoGradGuard no_grad;
   const auto named = named_parameters();
   for (size_t k = 0; k < named.size(); ++k) {
-    const auto& [name, p] = named[k];
-    const bool norm = name.find("LayerNorm.") != std::string::npos;
-    ParamInit init{ParamInit::normal, config_.initializer_range};
-    if (norm && name.ends_with(".weight"))
-      init.kind = ParamInit::ones;
-    else if (name.ends_with(".bias"))
-      init.kind = ParamInit::zeros;
+    const Tensor& p = named[k].second;
     std::vector<float> v(static_cast<size_t>(p.numel()));
-    GPT::init_values(init, config_.seed, k, 0, p.numel(), v.data());
-    // transformers' _init_weights zeroes the padding_idx row of an Embedding.
-    const bool pad_row = name == "embeddings.word_embeddings.weight" ||
-                         (config_.roberta() && name == "embeddings.position_embeddings.weight");
-    if (pad_row)
-      std::fill_n(v.begin() + config_.pad_token_id * config_.n_embd, config_.n_embd, 0.0f);
+    init_parameter_range(k, 0, p.numel(), v.data());
     p.detach().copy_from(on_device(Tensor::from_data(v, p.shape()), p.device()).to(p.dtype()));
   }
 }
@@ -317,8 +335,8 @@ Tensor EncoderClassifier::embed(const EncoderInputs& in) {
     for (size_t i = 0; i < id.size(); ++i) k[i] = id[i] == c.pad_token_id ? 0.0f : 1.0f;
     keep = on_device(Tensor::from_data(k, {B, T, 1}), dev).to(word_->weight().dtype());
   }
-  Tensor x = lookup(*word_, ids, keep);                                      // (B, T, C)
-  x = ops::add(x, (*token_type_)(types));                                    // transformers' order
+  Tensor x = lookup(*word_, ids, keep);    // (B, T, C)
+  x = ops::add(x, (*token_type_)(types));  // transformers' order
   x = ops::add(x, lookup(*position_, positions, c.roberta() ? keep : Tensor()));
   return (*emb_norm_)(x);
 }
@@ -369,8 +387,7 @@ Tensor EncoderClassifier::loss(const EncoderInputs& in, const Tensor& labels) {
   Tensor lg = logits(in);  // (B, NL)
   const int64_t B = lg.size(0);
   if (!config_.regression()) {
-    DS_CHECK((labels.dtype() == DType::i32 || labels.dtype() == DType::i64) &&
-                 labels.numel() == B,
+    DS_CHECK((labels.dtype() == DType::i32 || labels.dtype() == DType::i64) && labels.numel() == B,
              "[encoder] classification labels must be (B) = ({}) int class ids, got {} {}", B,
              shape_str(labels.shape()), dtype_name(labels.dtype()));
     for (int64_t v : labels.to_int_vector())
@@ -385,7 +402,9 @@ Tensor EncoderClassifier::loss(const EncoderInputs& in, const Tensor& labels) {
   return ops::mean(ops::square(ops::sub(lg, y)));  // MSELoss, mean over every element
 }
 
-Tensor EncoderClassifier::forward(const Tensor& ids) { return logits({ids, {}, {}}); }
+Tensor EncoderClassifier::forward(const Tensor& ids) {
+  return logits({ids, {}, {}});
+}
 
 Tensor EncoderClassifier::loss(const Tensor& ids, const Tensor& labels) {
   return loss(EncoderInputs{ids, {}, {}}, labels);

@@ -32,9 +32,8 @@ const EncoderFamily& encoder_family_for_model_type(const std::string& model_type
   if (const EncoderFamily* f = find_encoder_family(model_type)) return *f;
   DS_THROW("[hf_io] {}: model_type \"{}\" is not an encoder classifier we read (supported: {}){}",
            source, model_type, supported_encoder_model_types(),
-           model_type == "deberta-v2" || model_type == "deberta"
-               ? "; DeBERTa is not supported yet"
-               : "");
+           model_type == "deberta-v2" || model_type == "deberta" ? "; DeBERTa is not supported yet"
+                                                                 : "");
 }
 
 const EncoderFamily& encoder_family_of(const EncoderConfig& c) {

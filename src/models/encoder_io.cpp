@@ -22,14 +22,18 @@ using nlohmann::json;
 
 namespace {
 
-bool starts_with(const std::string& s, std::string_view p) { return s.rfind(p, 0) == 0; }
+bool starts_with(const std::string& s, std::string_view p) {
+  return s.rfind(p, 0) == 0;
+}
 
 // A file tensor's name without the family's base-model prefix (present or not).
 std::string key_of(const EncoderFamily& f, const std::string& name) {
   return starts_with(name, f.prefix) ? name.substr(f.prefix.size()) : name;
 }
 
-bool is_head(const std::string& ours) { return starts_with(ours, "classifier."); }
+bool is_head(const std::string& ours) {
+  return starts_with(ours, "classifier.");
+}
 bool is_pretraining_head(const std::string& key) {
   return starts_with(key, "cls.") || starts_with(key, "lm_head.");
 }

@@ -5,7 +5,8 @@
 //
 //   embeddings   x = LayerNorm(word[ids] + position[pos] + token_type[types])         (B, T, C)
 //                pos = 0..T-1 (bert); RoBERTa: pad_token_id + 1 + (index among non-pad tokens)
-//                for real tokens and pad_token_id for pad tokens (create_position_ids_from_input_ids)
+//                for real tokens and pad_token_id for pad tokens
+//                (create_position_ids_from_input_ids)
 //   L layers     post-LN: h = LN1(x + dense_o(attn(x)));  x = LN2(h + dense_2(act(dense_1(h))))
 //                bidirectional attention over the keys attention_mask marks (right padding)
 //   head  bert:  logits = classifier(tanh(pooler.dense(x[:, 0])))                     (B, NL)
@@ -18,8 +19,8 @@
 //   encoder.layer.{i}.attention.self.{query,key,value}.{weight,bias},
 //   encoder.layer.{i}.attention.output.dense.{weight,bias},
 //   encoder.layer.{i}.attention.output.LayerNorm.{weight,bias},
-//   encoder.layer.{i}.intermediate.dense.{weight,bias}, encoder.layer.{i}.output.dense.{weight,bias},
-//   encoder.layer.{i}.output.LayerNorm.{weight,bias},
+//   encoder.layer.{i}.intermediate.dense.{weight,bias},
+//   encoder.layer.{i}.output.dense.{weight,bias}, encoder.layer.{i}.output.LayerNorm.{weight,bias},
 //   bert:    pooler.dense.{weight,bias}, classifier.{weight,bias}
 //   roberta: classifier.dense.{weight,bias}, classifier.out_proj.{weight,bias}
 // Linear weights are (out, in) as torch.nn.Linear. Hugging Face import and export:
@@ -45,23 +46,23 @@ struct EncoderConfig {
   // ids (roberta: offset past pad_token_id) and the classification head (bert: pooler +
   // classifier; roberta: classifier.dense + classifier.out_proj).
   std::string family = "bert";
-  int64_t vocab_size = 30522;     // V
-  int64_t max_positions = 512;    // rows of position_embeddings (RoBERTa: T + pad_token_id + 1 fit)
-  int64_t type_vocab_size = 2;    // rows of token_type_embeddings
-  int64_t n_layer = 12;           // L
-  int64_t n_head = 12;            // NH
-  int64_t n_embd = 768;           // C
-  int64_t ffn_hidden = 3072;      // intermediate_size
+  int64_t vocab_size = 30522;   // V
+  int64_t max_positions = 512;  // rows of position_embeddings (RoBERTa: T + pad_token_id + 1 fit)
+  int64_t type_vocab_size = 2;  // rows of token_type_embeddings
+  int64_t n_layer = 12;         // L
+  int64_t n_head = 12;          // NH
+  int64_t n_embd = 768;         // C
+  int64_t ffn_hidden = 3072;    // intermediate_size
   // "gelu" (exact, erf) or "gelu_new" / "gelu_pytorch_tanh" (tanh approximation).
   std::string hidden_act = "gelu";
-  float norm_eps = 1e-12f;        // every LayerNorm
-  float hidden_dropout = 0.1f;    // embeddings, attention output, FFN output (training only)
+  float norm_eps = 1e-12f;      // every LayerNorm
+  float hidden_dropout = 0.1f;  // embeddings, attention output, FFN output (training only)
   // Dropout on attention probabilities: recorded for export, not applied (the fused attention
   // kernel never forms the probabilities; as GPT-2's attn_pdrop).
   float attention_dropout = 0.1f;
   float classifier_dropout = -1.0f;  // before the classifier; < 0: hidden_dropout
-  int64_t pad_token_id = 0;       // padding_idx of the embeddings (RoBERTa: 1)
-  int64_t num_labels = 2;         // NL
+  int64_t pad_token_id = 0;          // padding_idx of the embeddings (RoBERTa: 1)
+  int64_t num_labels = 2;            // NL
   // "regression" (MSE) or "single_label_classification" (cross entropy); "" = transformers' rule:
   // regression when num_labels == 1, else single-label classification.
   std::string problem_type;
@@ -116,6 +117,10 @@ class EncoderClassifier : public nn::Module {
 
   // Re-draws every parameter from config().seed (see the constructor).
   void init_weights();
+  // Elements [begin, begin + count) of parameter `index`'s initial values (nn::Module's hook for
+  // ZeRO-3 shards built under nn::PartitionedInit): a pure function of (seed, index, element), as
+  // GPT::init_values.
+  bool init_parameter_range(size_t index, int64_t begin, int64_t count, float* out) const override;
 
  private:
   class Layer;
@@ -129,6 +134,7 @@ class EncoderClassifier : public nn::Module {
   // tensor): set by encode() before the layers run. A layer with gradient checkpointing on
   // recomputes with the mask of the latest encode(): run backward before the next forward.
   std::shared_ptr<ops::AttentionMask> mask_;
+  mutable std::vector<std::string> param_names_;  // named_parameters() order, for init
 
   Tensor embed(const EncoderInputs& in);  // (B, T, C), before dropout
 };

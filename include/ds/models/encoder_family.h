@@ -4,7 +4,8 @@
 //
 //   const EncoderFamily& f = encoder_family_for_model_type("roberta", "m/config.json");
 //   EncoderConfig c = f.read_config(config_json, "roberta", "m/config.json");
-//   f.place(c, "embeddings.word_embeddings.weight");   // "roberta.embeddings.word_embeddings.weight"
+//   f.place(c, "embeddings.word_embeddings.weight");   //
+//   "roberta.embeddings.word_embeddings.weight"
 //
 // Entries live in src/models/families/bert.cpp (bert and roberta share BertConfig's fields).
 // encoder_io.cpp (import/export) goes through this registry instead of branching on the type.

@@ -44,16 +44,17 @@ nlohmann::json encoder_config_to_json(const EncoderConfig& c);
 std::optional<EncoderConfig> read_hf_encoder_config(const std::filesystem::path& path);
 
 struct EncoderLoadReport {
-  std::vector<std::string> files;    // safetensors files read
-  int64_t tensors = 0;               // parameters filled
-  std::vector<std::string> ignored;  // file tensors skipped on purpose (buffers)
+  std::vector<std::string> files;         // safetensors files read
+  int64_t tensors = 0;                    // parameters filled
+  std::vector<std::string> ignored;       // file tensors skipped on purpose (buffers)
   std::vector<std::string> missing_head;  // head parameters left as they were (allow_missing_head)
 };
 
 // Fills every parameter of `model` from `path` (a folder or a .safetensors file), converting to
 // the parameter dtype. Nothing is written unless every parameter has exactly one tensor of the
 // right shape, except that with allow_missing_head the classifier's (classifier.*) may be absent
-// and keep their values, and pretraining heads in the file (cls.*, lm_head.*) are skipped. Throws "[hf_io] <file>: ..." listing every problem.
+// and keep their values, and pretraining heads in the file (cls.*, lm_head.*) are skipped. Throws
+// "[hf_io] <file>: ..." listing every problem.
 EncoderLoadReport load_hf_encoder_weights(EncoderClassifier& model,
                                           const std::filesystem::path& path,
                                           bool allow_missing_head = false);

@@ -3,10 +3,11 @@
 // ids (RoBERTa's start past pad_token_id) and in the head (bert: pooler.dense + classifier;
 // roberta: classifier.dense + classifier.out_proj), which EncoderConfig::family selects.
 //
-//   [bert.|roberta.]embeddings.{word,position,token_type}_embeddings.weight, embeddings.LayerNorm.*,
-//   encoder.layer.{i}.attention.self.{query,key,value}.*, encoder.layer.{i}.attention.output.*,
-//   encoder.layer.{i}.intermediate.dense.*, encoder.layer.{i}.output.*, bert.pooler.dense.*,
-//   classifier.* (unprefixed). Old files carry embeddings.position_ids (a buffer): skipped.
+//   [bert.|roberta.]embeddings.{word,position,token_type}_embeddings.weight,
+//   embeddings.LayerNorm.*, encoder.layer.{i}.attention.self.{query,key,value}.*,
+//   encoder.layer.{i}.attention.output.*, encoder.layer.{i}.intermediate.dense.*,
+//   encoder.layer.{i}.output.*, bert.pooler.dense.*, classifier.* (unprefixed). Old files carry
+//   embeddings.position_ids (a buffer): skipped.
 #include <regex>
 
 #include "ds/core/error.h"
@@ -69,10 +70,10 @@ EncoderConfig read_common(const json& j, const std::string& model_type, const st
   c.initializer_range = hf::get_field<float>(j, "initializer_range", 0.02f, source);
   c.pad_token_id = hf::get_field<int64_t>(j, "pad_token_id", d.pad_token_id, source);
   c.hidden_act = hf::get_field<std::string>(j, "hidden_act", "gelu", source);
-  DS_CHECK(c.hidden_act == "gelu" || c.hidden_act == "gelu_new" ||
-               c.hidden_act == "gelu_pytorch_tanh",
-           "[hf_io] {}: hidden_act \"{}\" is not supported (gelu, gelu_new, gelu_pytorch_tanh)",
-           source, c.hidden_act);
+  DS_CHECK(
+      c.hidden_act == "gelu" || c.hidden_act == "gelu_new" || c.hidden_act == "gelu_pytorch_tanh",
+      "[hf_io] {}: hidden_act \"{}\" is not supported (gelu, gelu_new, gelu_pytorch_tanh)", source,
+      c.hidden_act);
   const auto pos = hf::get_field<std::string>(j, "position_embedding_type", "absolute", source);
   DS_CHECK(pos == "absolute",
            "[hf_io] {}: position_embedding_type \"{}\" is not supported (only \"absolute\"; "
@@ -165,7 +166,8 @@ std::string place_roberta(const EncoderConfig&, const std::string& ours) {
 }
 
 bool is_buffer(const std::string& name) {
-  static const std::regex buffers(R"(((bert|roberta)\.)?embeddings\.(position_ids|token_type_ids))");
+  static const std::regex buffers(
+      R"(((bert|roberta)\.)?embeddings\.(position_ids|token_type_ids))");
   return std::regex_match(name, buffers);
 }
 
@@ -196,9 +198,8 @@ EncoderFamily make(const char* name, const char* arch, const char* prefix,
 namespace encoder_families {
 const EncoderFamily bert =
     make("bert", "BertForSequenceClassification", "bert.", read_bert, place_bert, is_buffer);
-const EncoderFamily roberta =
-    make("roberta", "RobertaForSequenceClassification", "roberta.", read_roberta, place_roberta,
-                                  is_buffer_roberta);
+const EncoderFamily roberta = make("roberta", "RobertaForSequenceClassification", "roberta.",
+                                   read_roberta, place_roberta, is_buffer_roberta);
 }  // namespace encoder_families
 
 }  // namespace ds::models
