@@ -333,6 +333,13 @@ TEST(HFEncoderConfig, FieldsThatChangeTheMathAreRefusedByName) {
                                                         {"architectures", {"BertForMaskedLM"}},
                                                         {"torch_dtype", "float32"}}));
   EXPECT_EQ(c.num_labels, 2);  // PretrainedConfig's default
+  // An export of either kind read by the other importer names the right one, ds_cpp or not.
+  json gpt_export = models::hf_config_to_json(models::GPTConfig::preset("test-llama"));
+  EXPECT_HAS(config_error(gpt_export), "not an encoder classifier");
+  EXPECT_FALSE(models::read_hf_encoder_config(case_dir("llama3_gqa")).has_value());
+  json enc_export =
+      models::encoder_config_to_json(*models::read_hf_encoder_config(case_dir("bert_cls")));
+  EXPECT_HAS(error_of([&] { models::hf_config_from_json(enc_export); }), "read_hf_encoder_config");
   // The decoder importer says where an encoder goes.
   EXPECT_HAS(error_of([] { models::hf_config_from_json(bert()); }), "read_hf_encoder_config");
 }

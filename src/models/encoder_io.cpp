@@ -52,6 +52,10 @@ json read_json_file(const fs::path& p) {
 
 EncoderConfig encoder_config_from_json(const json& j, const std::string& source) {
   DS_CHECK(j.is_object(), "[hf_io] {}: config.json must be a JSON object", source);
+  // The model_type decides first: a decoder's export carries a "ds_cpp" block of its own.
+  const bool typed = j.contains("model_type") && j["model_type"].is_string();
+  const std::string type = typed ? j["model_type"].get<std::string>() : "";
+  const EncoderFamily* family = typed ? &encoder_family_for_model_type(type, source) : nullptr;
   if (j.contains("ds_cpp")) {
     try {
       return EncoderConfig::from_json(j["ds_cpp"]);
@@ -59,13 +63,11 @@ EncoderConfig encoder_config_from_json(const json& j, const std::string& source)
       DS_THROW("[hf_io] {}: \"ds_cpp\": {}", source, e.what());
     }
   }
-  DS_CHECK(j.contains("model_type") && j["model_type"].is_string(),
+  DS_CHECK(family,
            "[hf_io] {}: no \"model_type\"; an encoder classifier's config.json names bert or "
            "roberta",
            source);
-  const std::string type = j["model_type"].get<std::string>();
-  const EncoderFamily& f = encoder_family_for_model_type(type, source);
-  return f.read_config(j, type, source);
+  return family->read_config(j, type, source);
 }
 
 json encoder_config_to_json(const EncoderConfig& c) {
@@ -82,11 +84,9 @@ std::optional<EncoderConfig> read_hf_encoder_config(const fs::path& path) {
   std::error_code ec;
   if (!fs::is_regular_file(file, ec)) return std::nullopt;
   const json j = read_json_file(file);
-  if (!j.is_object() || !j.contains("ds_cpp")) {
-    if (!j.is_object() || !j.contains("model_type") || !j["model_type"].is_string() ||
-        !find_encoder_family(j["model_type"].get<std::string>()))
-      return std::nullopt;
-  }
+  if (!j.is_object() || !j.contains("model_type") || !j["model_type"].is_string() ||
+      !find_encoder_family(j["model_type"].get<std::string>()))
+    return std::nullopt;
   return encoder_config_from_json(j, file.string());
 }
 

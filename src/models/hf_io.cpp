@@ -15,6 +15,7 @@
 #include "ds/core/error.h"
 #include "ds/core/json_text.h"
 #include "ds/core/safetensors.h"
+#include "ds/models/encoder_family.h"
 #include "ds/models/family.h"
 #include "ds/ops/ops.h"
 #include "families/hf_config.h"
@@ -147,6 +148,11 @@ bool hf_transposed(nn::Layout layout, const std::string& ours) {
 GPTConfig hf_config_from_json(const json& j, const std::string& source) {
   DS_CHECK(j.is_object(), "[hf_io] {}: expected a JSON object", source);
   if (j.contains("ds_cpp")) {
+    // An encoder classifier's export (ds/models/encoder_io.h) has a "ds_cpp" block of its own:
+    // its model_type names the importer to use instead.
+    if (j.contains("model_type") && j["model_type"].is_string() &&
+        find_encoder_family(j["model_type"].get<std::string>()))
+      family_for_model_type(j["model_type"].get<std::string>(), source);  // throws, saying so
     try {
       return GPTConfig::from_json(j["ds_cpp"]);
     } catch (const ds::Error& e) {
