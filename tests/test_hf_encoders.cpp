@@ -1,9 +1,10 @@
 // Encoder classifiers (ds/models/encoder.h, encoder_io.h, encoder_family.h) against transformers'
 // BertForSequenceClassification and RobertaForSequenceClassification:
-// tests/fixtures/hf_families/{bert_cls,roberta_cls,bert_regression} are folders as transformers 5
-// saved them, with transformers' float64 logits, loss and every gradient for a padded batch with
-// token types (tools/gen_encoder_fixture.py). Each is imported through the public path, compared,
-// exported and re-imported; padding is shown to be masked; bad config fields are refused by name.
+// tests/fixtures/hf_families/{bert_cls,roberta_cls,bert_regression,bert_multilabel} are folders as
+// transformers 5 saved them, with transformers' float64 logits, loss and every gradient for a
+// padded batch with token types (tools/gen_encoder_fixture.py). Each is imported through the public
+// path, compared, exported and re-imported; padding is shown to be masked; bad config fields are
+// refused by name.
 //
 // Error measure and tolerance as in test_hf_families: per tensor max|ours - ref| / max|ref| <=
 // 1e-5. We compute in fp32 from the same (bf16/fp32-rounded) weights the float64 reference used.
@@ -95,7 +96,7 @@ class HFEncoder : public ::testing::TestWithParam<std::string> {
 TEST_P(HFEncoder, ConfigIsReadAsTransformersReadsIt) {
   const models::EncoderConfig c = *models::read_hf_encoder_config(case_dir(GetParam()));
   const std::string& n = GetParam();
-  EXPECT_EQ(c.n_layer, 2);
+  EXPECT_EQ(c.n_layer, n == "bert_multilabel" ? 1 : 2);
   EXPECT_EQ(c.n_embd, 32);
   EXPECT_EQ(c.n_head, 4);
   EXPECT_EQ(c.ffn_hidden, 48);
@@ -110,7 +111,8 @@ TEST_P(HFEncoder, ConfigIsReadAsTransformersReadsIt) {
   } else {
     EXPECT_EQ(c.family, "bert");
     EXPECT_EQ(c.pad_token_id, 0);
-    EXPECT_EQ(c.num_labels, n == "bert_regression" ? 1 : 3);
+    EXPECT_EQ(c.num_labels, n == "bert_regression" ? 1 : n == "bert_multilabel" ? 4 : 3);
+    EXPECT_EQ(c.problem_type, n == "bert_multilabel" ? "multi_label_classification" : "");
     EXPECT_EQ(c.regression(), n == "bert_regression");
     EXPECT_EQ(c.hidden_act, n == "bert_regression" ? "gelu_new" : "gelu");
     EXPECT_EQ(c.resolved_classifier_dropout(), n == "bert_regression" ? 0.2f : 0.1f);
@@ -296,7 +298,8 @@ TEST_P(HFEncoder, ExportRoundTrip) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Encoders, HFEncoder,
-                         ::testing::Values("bert_cls", "roberta_cls", "bert_regression"));
+                         ::testing::Values("bert_cls", "roberta_cls", "bert_regression",
+                                           "bert_multilabel"));
 
 json bert(json extra = json::object()) {
   json j = {{"model_type", "bert"},         {"hidden_size", 32},       {"num_attention_heads", 4},
@@ -318,7 +321,7 @@ TEST(HFEncoderConfig, FieldsThatChangeTheMathAreRefusedByName) {
   EXPECT_HAS(config_error(bert({{"is_decoder", true}})), "is_decoder");
   EXPECT_HAS(config_error(bert({{"add_cross_attention", true}})), "add_cross_attention");
   EXPECT_HAS(config_error(bert({{"hidden_act", "relu"}})), "hidden_act");
-  EXPECT_HAS(config_error(bert({{"problem_type", "multi_label_classification"}})), "problem_type");
+  EXPECT_HAS(config_error(bert({{"problem_type", "ordinal"}})), "problem_type");
   EXPECT_HAS(
       config_error(bert({{"num_labels", 2}, {"id2label", {{"0", "a"}, {"1", "b"}, {"2", "c"}}}})),
       "num_labels");

@@ -6,7 +6,8 @@ them, with transformers' own logits, loss and every gradient (test_hf_encoders).
 Each case folder holds what `save_pretrained` wrote (config.json, model.safetensors), the weights
 rounded to the case's dtype, and reference.safetensors:
   input_ids (I64, (B, T)), attention_mask and token_type_ids (I64, (B, T); absent when the case
-  passes none), labels (I64 (B) class ids, or F32 (B) for regression)
+  passes none), labels (I64 (B) class ids; F32 (B) for regression, (B, num_labels) 0/1 for
+  multi-label)
   logits (F32, (B, num_labels)), loss (F32, scalar: transformers' own, from labels)
   grad.<Hugging Face parameter name> (F32) for every parameter
   adamw_losses (F32, (10)): the loss before each of 10 torch AdamW steps (lr 1e-3, betas
@@ -56,6 +57,11 @@ CASES = {
                                          type_vocab_size=2, hidden_act="gelu_new",
                                          classifier_dropout=0.2),
                         torch.bfloat16, None, False),
+    # Multi-label (BCE with logits on 4 labels), one layer, padded with two segments, bf16.
+    "bert_multilabel": (BertConfig, dict(num_labels=4, problem_type="multi_label_classification",
+                                         num_hidden_layers=1, max_position_embeddings=40,
+                                         type_vocab_size=2),
+                        torch.bfloat16, [9, 10, 5], True),
 }
 
 
@@ -103,7 +109,7 @@ def write_case(out, name):
     folder = os.path.join(out, name)
     shutil.rmtree(folder, ignore_errors=True)
     gen = torch.Generator().manual_seed(sum(map(ord, name)))
-    cfg = cls(**SMALL, **extra)
+    cfg = cls(**{**SMALL, **extra})
     model = AutoModelForSequenceClassification.from_config(cfg, attn_implementation="eager")
     randomize(model, gen)
     model = model.to(dtype)
@@ -111,7 +117,9 @@ def write_case(out, name):
 
     ref = reference(folder)
     x = inputs(ref.config, lengths, types, gen)
-    if ref.config.num_labels == 1:
+    if ref.config.problem_type == "multi_label_classification":
+        labels = torch.randint(0, 2, (B, ref.config.num_labels), generator=gen).double()
+    elif ref.config.num_labels == 1:
         labels = torch.randn(B, generator=gen, dtype=torch.float64)
     else:
         labels = torch.randint(0, ref.config.num_labels, (B,), generator=gen)

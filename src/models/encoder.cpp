@@ -54,9 +54,10 @@ void EncoderConfig::validate() const {
            "[model] roberta positions start after pad_token_id {}: max_positions {} leaves none",
            pad_token_id, max_positions);
   DS_CHECK(problem_type.empty() || problem_type == "regression" ||
-               problem_type == "single_label_classification",
-           "[model] encoder problem_type \"{}\" is not supported (regression, "
-           "single_label_classification)",
+               problem_type == "single_label_classification" ||
+               problem_type == "multi_label_classification",
+           "[model] encoder problem_type \"{}\" is unknown (regression, "
+           "single_label_classification, multi_label_classification)",
            problem_type);
   DS_CHECK(!(problem_type == "single_label_classification" && num_labels < 2),
            "[model] single_label_classification needs num_labels >= 2, got {}", num_labels);
@@ -386,6 +387,13 @@ Tensor EncoderClassifier::loss(const EncoderInputs& in, const Tensor& labels) {
   DS_CHECK(labels.defined(), "[encoder] loss needs labels");
   Tensor lg = logits(in);  // (B, NL)
   const int64_t B = lg.size(0);
+  if (config_.problem_type == "multi_label_classification") {
+    DS_CHECK(is_floating(labels.dtype()) && labels.numel() == B * NL,
+             "[encoder] multi-label targets must be (B, num_labels) = ({}, {}) floats in [0, 1], "
+             "got {} {}",
+             B, NL, shape_str(labels.shape()), dtype_name(labels.dtype()));
+    return ops::bce_with_logits(lg, ops::reshape(labels.to(lg.dtype()), {B, NL}));
+  }
   if (!config_.regression()) {
     DS_CHECK((labels.dtype() == DType::i32 || labels.dtype() == DType::i64) && labels.numel() == B,
              "[encoder] classification labels must be (B) = ({}) int class ids, got {} {}", B,

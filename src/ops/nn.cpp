@@ -3,6 +3,7 @@
 // backend (16-bit inputs are upcast, results returned in the input dtype) and records its backward.
 // Backward closures save detached fp32 copies of what they need, never the op's own output with
 // its history.
+#include <algorithm>
 #include <cmath>
 
 #include "ds/autograd/grad_mode.h"
@@ -434,6 +435,42 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
     Tensor d = empty_f32(sl.shape(), sl);
     be(sl).cross_entropy_backward(sl, tc, ignore_index, lse, scale, d);
     return {as_dtype(d, dt)};
+  });
+}
+
+Tensor bce_with_logits(const Tensor& logits, const Tensor& targets) {
+  detail::check_float(logits, "bce_with_logits");
+  detail::check_float(targets, "bce_with_logits");
+  DS_CHECK(logits.shape() == targets.shape(),
+           "[bce_with_logits] targets {} must have the shape of the logits {}",
+           shape_str(targets.shape()), shape_str(logits.shape()));
+  const int64_t n = logits.numel();
+  DS_CHECK(n > 0, "[bce_with_logits] empty logits");
+  const Tensor hx = host_f32(logits), hy = host_f32(targets);
+  double total = 0.0;  // fixed order, double
+  {
+    const float* x = hx.data<float>();
+    const float* y = hy.data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = x[i];
+      total += std::max(v, 0.0) - v * y[i] + std::log1p(std::exp(-std::abs(v)));
+    }
+  }
+  Tensor out = Tensor::full({}, total / static_cast<double>(n), logits.dtype(), logits.device());
+  if (!wants_grad({logits})) return out;
+  const Tensor sx = hx.detach(), sy = hy.detach();
+  const Device dev = logits.device();
+  const DType dt = logits.dtype();
+  return autograd::record(out, "BCEWithLogitsBackward", {logits}, [=](const Tensor& g) -> std::vector<Tensor> {
+    // d/dx = (sigmoid(x) - y) / n
+    const double scale = g.item() / static_cast<double>(n);
+    Tensor d = Tensor::empty(sx.shape(), DType::f32, kCPU);
+    const float* x = sx.data<float>();
+    const float* y = sy.data<float>();
+    float* pd = d.data<float>();
+    for (int64_t i = 0; i < n; ++i)
+      pd[i] = static_cast<float>((1.0 / (1.0 + std::exp(-static_cast<double>(x[i]))) - y[i]) * scale);
+    return {from_host(d, dev, dt)};
   });
 }
 

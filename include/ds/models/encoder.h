@@ -11,8 +11,9 @@
 //                bidirectional attention over the keys attention_mask marks (right padding)
 //   head  bert:  logits = classifier(tanh(pooler.dense(x[:, 0])))                     (B, NL)
 //      roberta:  logits = classifier.out_proj(tanh(classifier.dense(x[:, 0])))        (B, NL)
-//   loss         cross entropy over NL labels (single_label_classification), or the mean squared
-//                error (regression: num_labels 1 by default, or problem_type "regression").
+//   loss         cross entropy over NL labels (single_label_classification), the mean squared
+//                error (regression: num_labels 1 by default, or problem_type "regression"), or
+//                binary cross entropy on each logit (multi_label_classification).
 //
 // Parameter names are transformers' without the base-model prefix ("bert." / "roberta."):
 //   embeddings.{word,position,token_type}_embeddings.weight, embeddings.LayerNorm.{weight,bias},
@@ -63,8 +64,10 @@ struct EncoderConfig {
   float classifier_dropout = -1.0f;  // before the classifier; < 0: hidden_dropout
   int64_t pad_token_id = 0;          // padding_idx of the embeddings (RoBERTa: 1)
   int64_t num_labels = 2;            // NL
-  // "regression" (MSE) or "single_label_classification" (cross entropy); "" = transformers' rule:
-  // regression when num_labels == 1, else single-label classification.
+  // "regression" (MSE), "single_label_classification" (cross entropy) or
+  // "multi_label_classification" (BCE with logits); "" = transformers' rule: regression when
+  // num_labels == 1, else single-label classification (transformers would pick multi-label for
+  // float labels; here the config says it).
   std::string problem_type;
   float initializer_range = 0.02f;  // std of the normal initialisation
   uint64_t seed = 0;                // parameter initialisation
@@ -104,8 +107,9 @@ class EncoderClassifier : public nn::Module {
 
   // -> logits (B, NL). Eval mode (train(false)) turns dropout off, as model.eval().
   Tensor logits(const EncoderInputs& in);
-  // logits and the loss against labels: (B) int class ids (ignore_index -100) for classification;
-  // (B) or (B, NL) floats for regression. Returns the scalar loss.
+  // logits and the loss against labels: (B) int class ids (ignore_index -100) for single-label
+  // classification; (B) or (B, NL) floats for regression; (B, NL) floats in [0, 1] for
+  // multi-label. Returns the scalar loss.
   Tensor loss(const EncoderInputs& in, const Tensor& labels);
   // The last hidden states (B, T, C), before the head (BertModel's last_hidden_state).
   Tensor encode(const EncoderInputs& in);

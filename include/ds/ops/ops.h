@@ -94,6 +94,10 @@ Tensor rope(const Tensor& x, const std::vector<double>& inv_freq, float scale = 
 Tensor dropout(const Tensor& x, float p, bool training);
 // logits (N, V), targets (N) int32/int64 -> scalar mean loss over targets != ignore_index.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+// Binary cross entropy on logits (torch's BCEWithLogitsLoss, mean): logits and targets the same
+// shape, targets floats in [0, 1] -> scalar mean of max(x, 0) - x y + log(1 + exp(-|x|)). Computed
+// on the host in double (as gelu_erf); targets get no gradient.
+Tensor bce_with_logits(const Tensor& logits, const Tensor& targets);
 
 // ---- in place, never recorded (optimizers, gradient bookkeeping) ----
 void add_(const Tensor& dst, const Tensor& src, float alpha = 1.0f);  // dst += alpha * src

@@ -100,13 +100,11 @@ EncoderConfig read_common(const json& j, const std::string& model_type, const st
   DS_CHECK(c.num_labels >= 1, "[hf_io] {}: id2label / num_labels gives {} labels; at least 1",
            source, c.num_labels);
   c.problem_type = hf::get_field<std::string>(j, "problem_type", "", source);
-  DS_CHECK(c.problem_type != "multi_label_classification",
-           "[hf_io] {}: problem_type \"multi_label_classification\" (BCE-with-logits loss) is not "
-           "supported yet; regression and single_label_classification are",
-           source);
   DS_CHECK(c.problem_type.empty() || c.problem_type == "regression" ||
-               c.problem_type == "single_label_classification",
-           "[hf_io] {}: problem_type \"{}\" is unknown (regression, single_label_classification)",
+               c.problem_type == "single_label_classification" ||
+               c.problem_type == "multi_label_classification",
+           "[hf_io] {}: problem_type \"{}\" is unknown (regression, single_label_classification, "
+           "multi_label_classification)",
            source, c.problem_type);
   try {
     c.validate();
