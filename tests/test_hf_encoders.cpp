@@ -171,6 +171,45 @@ TEST_P(HFEncoder, LogitsLossAndEveryGradientMatchTransformers) {
               e_logits, e_loss, worst, worst_name.c_str());
 }
 
+// Training with attention_probs dropout forms the probabilities (softmax of masked scores, then
+// dropout) instead of running the fused kernel. At p = 1e-7 no element is dropped in this batch
+// (the mask draws are deterministic), so that path is transformers' eager attention: same
+// logits, loss and gradients as the reference, the scaling 1/(1-p) adding ~1e-7.
+TEST_P(HFEncoder, AttentionDropoutPathMatchesTransformers) {
+  auto cfg = models::read_hf_encoder_config(case_dir(GetParam()));
+  cfg->hidden_dropout = cfg->classifier_dropout = 0.0f;
+  cfg->attention_dropout = 1e-7f;
+  models::EncoderClassifier m(*cfg, /*init=*/false);
+  models::load_hf_encoder_weights(m, case_dir(GetParam()));
+  m.train(false);
+  const std::vector<float> fused = m.logits(batch()).to_vector();
+  m.train(true);
+  const std::vector<float> formed = m.logits(batch()).to_vector();
+  EXPECT_NE(formed, fused);  // another computation (and the 1/(1-p) scale): the formed path ran
+  EXPECT_LE(rel_err(formed, ref_->get("logits").to_vector()), kTol);
+  Tensor loss = m.loss(batch(), ref_->get("labels"));
+  EXPECT_LE(std::abs(loss.item() - ref_->get("loss").item()) / std::abs(ref_->get("loss").item()),
+            kTol);
+  loss.backward();
+  const models::EncoderFamily& fam = models::encoder_family_of(m.config());
+  double largest = 0.0;
+  for (const auto& [name, p] : m.named_parameters())
+    for (float v : ref_->get("grad." + fam.place(m.config(), name)).to_vector())
+      largest = std::max(largest, std::abs(static_cast<double>(v)));
+  for (const auto& [name, p] : m.named_parameters()) {
+    const std::vector<float> ref = ref_->get("grad." + fam.place(m.config(), name)).to_vector();
+    const std::vector<float> ours = p.grad().to_vector();
+    if (name.find("attention.self.key.bias") != std::string::npos) {  // zero: see above
+      double diff = 0.0;
+      for (size_t i = 0; i < ref.size(); ++i)
+        diff = std::max(diff, std::abs(static_cast<double>(ours[i]) - ref[i]));
+      EXPECT_LE(diff / largest, kTol) << name;
+      continue;
+    }
+    EXPECT_LE(rel_err(ours, ref), kTol) << "gradient of " << name;
+  }
+}
+
 // The pad id's embedding row gets no gradient (torch's padding_idx), even where a pad-id token is
 // attended (the fixtures put one inside row 0).
 TEST_P(HFEncoder, PadRowsOfTheEmbeddingsGetNoGradient) {
@@ -246,7 +285,7 @@ TEST_P(HFEncoder, TenAdamWStepsFollowTorch) {
 TEST_P(HFEncoder, TrainsUnderTheEngineWithZeRO3) {
   auto cfg = models::read_hf_encoder_config(case_dir(GetParam()));
   // Engine::forward trains (train mode): without dropout that is the reference's eval math.
-  cfg->hidden_dropout = cfg->classifier_dropout = 0.0f;
+  cfg->hidden_dropout = cfg->classifier_dropout = cfg->attention_dropout = 0.0f;
   auto m = std::make_shared<models::EncoderClassifier>(*cfg, /*init=*/false);
   models::load_hf_encoder_weights(*m, case_dir(GetParam()));
   const models::EncoderInputs in = batch();
@@ -433,6 +472,15 @@ TEST(EncoderClassifier, OwnModelCountsItsParametersAndChecksItsInputs) {
   EXPECT_EQ(d.logits({ids, {}, {}}).to_vector(), eval);
   d.train(true);
   EXPECT_NE(d.logits({ids, {}, {}}).to_vector(), eval);
+  // Attention-probability dropout alone changes training too.
+  models::EncoderConfig ac = tiny("bert");
+  ac.hidden_dropout = 0.0f;
+  ac.attention_dropout = 0.5f;
+  models::EncoderClassifier att(ac);
+  att.train(false);
+  const std::vector<float> att_eval = att.logits({ids, {}, {}}).to_vector();
+  att.train(true);
+  EXPECT_NE(att.logits({ids, {}, {}}).to_vector(), att_eval);
 }
 
 TEST(EncoderIO, WeightErrorsListEveryTensorAndAHeadMayBeFresh) {

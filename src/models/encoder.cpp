@@ -180,6 +180,7 @@ class EncoderClassifier::Layer : public nn::Module {
       : Module("EncoderLayer"),
         n_head_(c.n_head),
         dropout_(c.hidden_dropout),
+        attn_dropout_(c.attention_dropout),
         exact_gelu_(c.hidden_act == "gelu"),
         mask_(std::move(mask)) {
     const int64_t C = c.n_embd, F = c.ffn_hidden;
@@ -203,9 +204,11 @@ class EncoderClassifier::Layer : public nn::Module {
     auto heads = [&](nn::Linear& proj) {  // (B, T, C) -> (B, NH, T, hd)
       return ops::contiguous(ops::transpose(ops::reshape(proj(x), {B, T, NH, hd}), 1, 2));
     };
-    Tensor a = ops::attention(heads(*query_), heads(*key_), heads(*value_), *mask_);
-    a = ops::reshape(ops::contiguous(ops::transpose(a, 1, 2)), {B, T, C});  // (B, T, C)
     const bool tr = is_training();
+    const Tensor q = heads(*query_), k = heads(*key_), v = heads(*value_);
+    Tensor a = tr && attn_dropout_ > 0.0f ? probs_dropout_attention(q, k, v)
+                                          : ops::attention(q, k, v, *mask_);  // (B, NH, T, hd)
+    a = ops::reshape(ops::contiguous(ops::transpose(a, 1, 2)), {B, T, C});    // (B, T, C)
     Tensor h = (*attn_norm_)(ops::add(ops::dropout((*attn_dense_)(a), dropout_, tr), x));
     Tensor f = (*inter_dense_)(h);  // (B, T, F)
     f = exact_gelu_ ? ops::gelu_erf(f) : ops::gelu(f);
@@ -213,8 +216,33 @@ class EncoderClassifier::Layer : public nn::Module {
   }
 
  private:
+  // Dropout on the attention probabilities (attention_probs_dropout_prob, training only) needs
+  // them formed: softmax(q k^T / sqrt(hd) + mask) (B, NH, T, T), dropout, @ v, as transformers'
+  // eager attention. The fused kernel serves everything else.
+  Tensor probs_dropout_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+    const int64_t B = q.size(0), T = q.size(2), hd = q.size(3);
+    Tensor s = ops::mul(ops::matmul(q, ops::transpose(k, 2, 3)),
+                        1.0f / std::sqrt(static_cast<float>(hd)));  // (B, NH, T, T)
+    if (!mask_->key_lengths.empty()) {  // padded keys: a large negative bias, as transformers
+      std::vector<float> bias(static_cast<size_t>(B * T), 0.0f);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = mask_->key_lengths[static_cast<size_t>(b)]; t < T; ++t)
+          bias[static_cast<size_t>(b * T + t)] = -1e30f;
+      Tensor mb = Tensor::from_data(bias, {B, 1, 1, T});
+      if (!s.device().is_cpu()) {
+        Tensor d = Tensor::empty(mb.shape(), DType::f32, s.device());
+        d.copy_from(mb);
+        mb = d;
+      }
+      s = ops::add(s, mb.to(s.dtype()));
+    }
+    Tensor p = ops::dropout(ops::softmax(s), attn_dropout_, true);
+    return ops::matmul(p, v);  // (B, NH, T, hd)
+  }
+
   int64_t n_head_;
   float dropout_;
+  float attn_dropout_;
   bool exact_gelu_;
   std::shared_ptr<ops::AttentionMask> mask_;
   std::shared_ptr<nn::Linear> query_, key_, value_, attn_dense_, inter_dense_, out_dense_;

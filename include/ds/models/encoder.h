@@ -1,7 +1,7 @@
 #pragma once
 // BERT-style encoder sequence classifiers: transformers' BertForSequenceClassification and
 // RobertaForSequenceClassification, configured by EncoderConfig and computing what they compute
-// (eval mode exactly; in training, dropout at the same places except on attention probabilities).
+// (eval mode exactly; in training, dropout at the same places, the attention probabilities too).
 //
 //   embeddings   x = LayerNorm(word[ids] + position[pos] + token_type[types])         (B, T, C)
 //                pos = 0..T-1 (bert); RoBERTa: pad_token_id + 1 + (index among non-pad tokens)
@@ -58,8 +58,8 @@ struct EncoderConfig {
   std::string hidden_act = "gelu";
   float norm_eps = 1e-12f;      // every LayerNorm
   float hidden_dropout = 0.1f;  // embeddings, attention output, FFN output (training only)
-  // Dropout on attention probabilities: recorded for export, not applied (the fused attention
-  // kernel never forms the probabilities; as GPT-2's attn_pdrop).
+  // Dropout on the attention probabilities (training only). When > 0, training forms the
+  // probabilities, (B, NH, T, T) per layer, instead of running the fused attention kernel.
   float attention_dropout = 0.1f;
   float classifier_dropout = -1.0f;  // before the classifier; < 0: hidden_dropout
   int64_t pad_token_id = 0;          // padding_idx of the embeddings (RoBERTa: 1)
