@@ -20,7 +20,9 @@
 #include "ds/backend/backend.h"
 #include "ds/core/rng.h"
 #include "ds/models/gpt.h"
+#include "ds/nn/flat.h"
 #include "ds/ops/ops.h"
+#include "ds/optim/kernels.h"
 
 using namespace ds;
 using Clock = std::chrono::steady_clock;
@@ -102,6 +104,7 @@ int main(int argc, char** argv) {
       Tensor q = random_normal({batch, nh, seq, hd}, 4, DType::f32);
       Tensor k = random_normal({batch, nh, seq, hd}, 5, DType::f32);
       Tensor v = random_normal({batch, nh, seq, hd}, 6, DType::f32);
+      const Tensor dy = random_normal({batch, nh, seq, hd}, 7, DType::f32);  // as a model's: dense
       for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
       std::vector<double> tf, tb;
       for (int i = 0; i <= steps; ++i) {
@@ -110,7 +113,7 @@ int main(int argc, char** argv) {
         wait(y);
         const double f = seconds_since(t0);
         t0 = Clock::now();
-        ops::sum(y).backward();
+        y.backward(dy);
         wait(q.grad());
         const double b = seconds_since(t0);
         if (i > 0) {
@@ -128,34 +131,49 @@ int main(int argc, char** argv) {
 
     models::GPT model(cfg);
     model.to(kGpu);
+    nn::FlatParameters flat = nn::flatten_parameters(model);  // on the GPU, like the model
+    const Tensor m = Tensor::zeros({flat.padded_numel}, DType::f32, kGpu);
+    const Tensor v = Tensor::zeros({flat.padded_numel}, DType::f32, kGpu);
+    optim::AdamConfig adam;
+    adam.lr = 1e-4f;
+    adam.weight_decay = 0.1f;
     const int64_t params = model.num_parameters();
     const Tensor ids = random_tokens(batch, seq, cfg.vocab_size, 1);
     const Tensor targets = random_tokens(batch, seq, cfg.vocab_size, 2);
-    std::printf("model %s: %.1fM parameters on %s, batch %lld x %lld tokens, fp32\n",
+    std::printf("model %s: %.1fM parameters on %s, batch %lld x %lld tokens, fp32, AdamW on the "
+                "GPU\n",
                 model_name.c_str(), params / 1e6, kGpu.str().c_str(), static_cast<long long>(batch),
                 static_cast<long long>(seq));
-    std::vector<double> fwd, total;
+    std::vector<double> fwd, fwd_bwd, total;
     for (int s = 0; s <= steps; ++s) {
-      model.zero_grad();
+      flat.grads.zero_();
       const auto t0 = Clock::now();
       Tensor loss = model.loss(ids, targets);
       const float lv = loss.item();
       const double tf = seconds_since(t0);
       loss.backward();
-      wait(model.named_parameters().front().second.grad());
+      wait(flat.grads);
+      const double tb = seconds_since(t0);
+      optim::adam_update(flat.params, flat.grads, m, v, s + 1, adam);
+      wait(flat.params);
       const double tt = seconds_since(t0);
-      std::printf("step %d: loss %.4f  forward %.1f ms  forward+backward %.1f ms\n", s, lv,
-                  tf * 1e3, tt * 1e3);
+      std::printf("step %d: loss %.4f  forward %.1f ms  +backward %.1f ms  +AdamW %.1f ms\n", s, lv,
+                  tf * 1e3, tb * 1e3, tt * 1e3);
       if (s > 0) {
         fwd.push_back(tf);
+        fwd_bwd.push_back(tb);
         total.push_back(tt);
       }
     }
-    const double step_s = median(total);
     const double tokens = static_cast<double>(batch * seq);
+    const double step_s = median(total), fb_s = median(fwd_bwd);
     std::printf("BENCH cuda_fwd_bwd model=%s dtype=fp32 tokens_per_s=%.0f step_ms=%.1f "
                 "forward_ms=%.1f model_tflops=%.1f\n",
-                model_name.c_str(), tokens / step_s, step_s * 1e3, median(fwd) * 1e3,
+                model_name.c_str(), tokens / fb_s, fb_s * 1e3, median(fwd) * 1e3,
+                6.0 * params * tokens / fb_s / 1e12);
+    std::printf("BENCH cuda_train_step model=%s dtype=fp32 optimizer=AdamW tokens_per_s=%.0f "
+                "step_ms=%.1f model_tflops=%.1f\n",
+                model_name.c_str(), tokens / step_s, step_s * 1e3,
                 6.0 * params * tokens / step_s / 1e12);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -111,15 +111,24 @@ def main():
     modes = [("eager", model)]
     if a.compile:
         modes.append(("compile", torch.compile(model)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
+    tokens = a.batch * a.seq
     for mode, m in modes:
         def step():
             m.zero_grad(set_to_none=False)
             m(idx, tgt).backward()
         step()  # compiles, for the compiled model
         t = timed(step, a.steps)
-        tokens = a.batch * a.seq
         print(f"BENCH torch_fwd_bwd model={a.model} mode={mode} dtype=fp32 tokens_per_s={tokens / t:.0f} "
               f"step_ms={t * 1e3:.1f} model_tflops={6 * params * tokens / t / 1e12:.1f}")
+
+        def train_step():
+            step()
+            opt.step()
+        t = timed(train_step, a.steps)
+        print(f"BENCH torch_train_step model={a.model} mode={mode} dtype=fp32 optimizer=AdamW(fused) "
+              f"tokens_per_s={tokens / t:.0f} step_ms={t * 1e3:.1f} "
+              f"model_tflops={6 * params * tokens / t / 1e12:.1f}")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@
 #   bash scripts/cuda_device_check.sh DIR [quick]
 #
 # DIR holds bin/ (test_ops, test_gradcheck_basic, test_gradcheck_nn, test_parity, test_core,
-# bench_cuda from a -DDS_WITH_CUDA=ON build) and lib/ (the shared libraries they need that the GPU
-# machine may lack; scripts/cuda_pack.sh makes both). Runs every op test and gradient check on
-# cuda:0, the GPU parity fixtures, then bench_cuda beside PyTorch on the same GPU
+# test_engine, bench_cuda from a -DDS_WITH_CUDA=ON build) and lib/ (the shared libraries they
+# need that the GPU machine may lack; scripts/cuda_pack.sh makes both). Runs every op test and gradient check on
+# cuda:0, the GPU parity fixtures, the engine on a GPU, then bench_cuda beside PyTorch on the same GPU
 # (bench/torch_cuda_step.py) unless `quick`. Logs go to $OUT when set (the device tool), else
 # to DIR/logs. Exit status: the number of failed test binaries.
 set -uo pipefail
@@ -57,6 +57,7 @@ run_test test_ops '*cuda*'
 run_test test_gradcheck_basic '*cuda*'
 run_test test_gradcheck_nn '*cuda*'
 run_test test_parity '*OnGpu*'
+run_test test_engine '*OnGpu*'
 
 if [[ "$MODE" != quick ]]; then
   echo "=== bench_cuda"

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "ds/core/parallel.h"
 #include "ds/core/rng.h"
 #include "ds/ops/ops.h"
+#include "ds/optim/kernels.h"
 #include "gradcheck.h"
 
 using namespace ds;
@@ -173,6 +175,124 @@ TEST_P(Ops, SoftmaxMatchesReferenceIncludingMaskedEntries) {
   for (int64_t i = 0; i < C; i += 3) EXPECT_EQ(got[static_cast<size_t>(2 * C + i)], 0.0f);
 }
 
+// Strided copies (permutes, slices) and broadcasting arithmetic against index arithmetic on the
+// host: GPU backends merge dims and switch to 32-bit index math, which this pins down.
+TEST_P(Ops, StridedCopiesAndBroadcasts) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "copy", "binary");
+  const Tensor x = randn({2, 3, 4, 5}, 70);
+  const auto xv = host_vector(x);
+  // (2, 3, 4, 5) -> (2, 4, 3, 5): element [a][c][b][d] = x[a][b][c][d]
+  const auto pv = host_vector(ops::transpose(x, 1, 2).contiguous());
+  for (int a = 0; a < 2; ++a)
+    for (int c = 0; c < 4; ++c)
+      for (int b = 0; b < 3; ++b)
+        for (int d = 0; d < 5; ++d)
+          ASSERT_EQ(pv[static_cast<size_t>(((a * 4 + c) * 3 + b) * 5 + d)],
+                    xv[static_cast<size_t>(((a * 3 + b) * 4 + c) * 5 + d)]);
+  // A slice of a transpose, made contiguous.
+  const auto sv = host_vector(ops::slice(ops::transpose(x, 2, 3), 3, 1, 3).contiguous());  // (2,3,5,2)
+  for (int a = 0; a < 2; ++a)
+    for (int b = 0; b < 3; ++b)
+      for (int d = 0; d < 5; ++d)
+        for (int c = 0; c < 2; ++c)
+          ASSERT_EQ(sv[static_cast<size_t>(((a * 3 + b) * 5 + d) * 2 + c)],
+                    xv[static_cast<size_t>(((a * 3 + b) * 4 + (c + 1)) * 5 + d)]);
+  // (4, 1, 5) + (1, 3, 1) -> (4, 3, 5)
+  const Tensor u = randn({4, 1, 5}, 71), w = randn({1, 3, 1}, 72);
+  const auto uv = host_vector(u), wv = host_vector(w), ov = host_vector(ops::add(u, w));
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 5; ++k)
+        ASSERT_EQ(ov[static_cast<size_t>((i * 3 + j) * 5 + k)],
+                  uv[static_cast<size_t>(i * 5 + k)] + wv[static_cast<size_t>(j)]);
+}
+
+// Sum and max over long rows, over many rows of a column, and over very many short rows: GPU
+// backends split long reductions into chunks combined in a fixed order, so each path is checked
+// against double precision here, and twice for run-to-run equality.
+TEST_P(Ops, ReductionsOfEveryShape) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "reduce");
+  struct Case {
+    Shape shape;
+    int64_t dim;
+  };
+  for (const Case& c : {Case{{2, 300000}, 1}, Case{{3000, 70}, 0}, Case{{4, 5000, 33}, 1},
+                        Case{{70000, 3}, 1}, Case{{5, 7}, 1}}) {
+    Tensor x = randn(c.shape, 50);
+    const auto xv = host_vector(x);
+    int64_t outer = 1, inner = 1;
+    for (int64_t i = 0; i < c.dim; ++i) outer *= c.shape[static_cast<size_t>(i)];
+    for (size_t i = static_cast<size_t>(c.dim) + 1; i < c.shape.size(); ++i) inner *= c.shape[i];
+    const int64_t red = c.shape[static_cast<size_t>(c.dim)];
+    std::vector<double> sum(static_cast<size_t>(outer * inner), 0.0),
+        mx(static_cast<size_t>(outer * inner), -INFINITY);
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t r = 0; r < red; ++r)
+        for (int64_t i = 0; i < inner; ++i) {
+          const double v = xv[static_cast<size_t>((o * red + r) * inner + i)];
+          sum[static_cast<size_t>(o * inner + i)] += v;
+          mx[static_cast<size_t>(o * inner + i)] = std::max(mx[static_cast<size_t>(o * inner + i)], v);
+        }
+    const std::string what = shape_str(c.shape) + " over dim " + std::to_string(c.dim);
+    const auto s1 = host_vector(ops::sum(x, {c.dim}));
+    expect_close(s1, sum, 1e-4, 1e-5, ("sum " + what).c_str());
+    EXPECT_EQ(s1, host_vector(ops::sum(x, {c.dim}))) << "sum " << what << " differs run to run";
+    expect_close(host_vector(ops::max(x, c.dim)), mx, 0.0, 0.0, ("max " + what).c_str());
+  }
+}
+
+// The optimizer's step on the parameters' device (optim::adam_update over tensors) is bitwise the
+// CPU kernel's, in every mode: AdamW, L2 decay, no bias correction, a gradient scale, a 16-bit copy.
+TEST_P(Ops, AdamStepIsBitwiseTheCpuOptimizer) {
+  const int64_t n = 100003;  // not a multiple of any tile or vector width
+  struct Mode {
+    bool adamw, bias_correction;
+    float wd, grad_scale;
+    DType out16;
+  };
+  for (const Mode md : {Mode{true, true, 0.1f, 1.0f, DType::f32}, Mode{false, true, 0.01f, 0.5f, DType::bf16},
+                        Mode{true, false, 0.0f, 2.0f, DType::f16}}) {
+    optim::AdamConfig c;
+    c.lr = 3e-3f;
+    c.weight_decay = md.wd;
+    c.adam_w_mode = md.adamw;
+    c.bias_correction = md.bias_correction;
+    std::vector<float> p = host_vector(randn({n}, 60)), g = host_vector(randn({n}, 61)),
+                       m = host_vector(randn({n}, 62, 0.1f)), v(static_cast<size_t>(n));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = 0.01f * std::abs(m[i]) + 1e-6f;
+    auto on_device = [&](const std::vector<float>& x) {
+      return ds::testing::to_device(Tensor::from_data(x, {n}), device());
+    };
+    const Tensor dp = on_device(p), dg = on_device(g), dm = on_device(m), dv = on_device(v);
+    const bool with16 = md.out16 != DType::f32;
+    const Tensor d16 = with16 ? Tensor::empty({n}, md.out16, device()) : Tensor();
+    std::vector<uint16_t> h16(static_cast<size_t>(n));
+    for (int64_t step = 1; step <= 3; ++step) {
+      optim::adam_update(dp, dg, dm, dv, step, c, md.grad_scale, d16);
+      optim::adam_update(p.data(), g.data(), m.data(), v.data(), n, step, c, md.grad_scale,
+                         with16 ? h16.data() : nullptr, with16 ? md.out16 : DType::bf16);
+    }
+    const std::string what = std::string(md.adamw ? "adamw" : "adam+l2") +
+                             (md.bias_correction ? "" : " no bias correction");
+    EXPECT_EQ(host_vector(dp), p) << what;
+    EXPECT_EQ(host_vector(dm), m) << what;
+    EXPECT_EQ(host_vector(dv), v) << what;
+    if (with16) {
+      Tensor h = Tensor::empty({n}, md.out16);
+      std::memcpy(h.raw_data(), h16.data(), h16.size() * 2);
+      EXPECT_EQ(host_vector(d16), h.to_vector()) << what << " 16-bit copy";
+    }
+  }
+  Tensor elsewhere = Tensor::zeros({4});
+  if (!device().is_cpu()) {
+    const Tensor dp = Tensor::zeros({4}, DType::f32, device());
+    optim::AdamConfig c;
+    EXPECT_NE(error_of([&] { optim::adam_update(dp, elsewhere, dp, dp, 1, c); })
+                  .find("keep the optimizer state with the parameters"),
+              std::string::npos);
+  }
+}
+
 TEST_P(Ops, GeluSiluSwigluMatchFormulas) {
   DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "unary", "binary");  // swiglu: silu(x) * u
   Tensor x = randn({1000}, 7, 3.0f), u = randn({1000}, 8);
@@ -289,6 +409,77 @@ TEST_P(Ops, AttentionMaskKindsAndCrossAttention) {
   none.key_lengths = {0};
   EXPECT_NE(error_of([&] { ops::attention(q, k, k, none); }).find("key length 0"),
             std::string::npos);
+}
+
+// Forward and every gradient against a double-precision reference at the head sizes real models
+// use (GPU backends tile these: 64-row query and key tiles, so 100 and 130 end in partial tiles),
+// causal and not, padded keys, Tq != Tk.
+TEST_P(Ops, AttentionModelHeadSizesForwardAndBackward) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "attention_forward", "attention_backward");
+  const int64_t B = 2, NH = 2;
+  struct Case {
+    int64_t hd, Tq, Tk;
+    bool causal;
+  };
+  for (const Case c : {Case{64, 100, 100, true}, Case{64, 40, 130, false}, Case{128, 70, 130, true},
+                       Case{32, 130, 130, false}, Case{64, 1, 70, true}}) {
+    const int64_t hd = c.hd, Tq = c.Tq, Tk = c.Tk;
+    const std::vector<int64_t> lens = {Tk, std::max<int64_t>(1, Tk - 45)};
+    Tensor q = randn({B, NH, Tq, hd}, 40, 0.5f), k = randn({B, NH, Tk, hd}, 41, 0.5f),
+           v = randn({B, NH, Tk, hd}, 42), g = randn({B, NH, Tq, hd}, 43);
+    for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+    const auto qv = host_vector(q), kv = host_vector(k), vv = host_vector(v), gv = host_vector(g);
+    const size_t nq = qv.size(), nk = kv.size();
+    std::vector<double> out(nq), dq(nq, 0.0), dk(nk, 0.0), dv(nk, 0.0);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    for (int64_t bh = 0; bh < B * NH; ++bh) {
+      const int64_t b = bh / NH;
+      for (int64_t i = 0; i < Tq; ++i) {
+        const int64_t n = c.causal ? std::min(lens[b], i + 1 + Tk - Tq) : lens[b];
+        const size_t qi = static_cast<size_t>((bh * Tq + i) * hd);
+        auto kr = [&](int64_t j) { return static_cast<size_t>((bh * Tk + j) * hd); };
+        std::vector<double> p(static_cast<size_t>(n)), dp(static_cast<size_t>(n));
+        double m = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          double sc = 0, d = 0;
+          for (int64_t e = 0; e < hd; ++e) {
+            sc += static_cast<double>(qv[qi + e]) * kv[kr(j) + e];
+            d += static_cast<double>(gv[qi + e]) * vv[kr(j) + e];
+          }
+          p[static_cast<size_t>(j)] = sc * scale;
+          dp[static_cast<size_t>(j)] = d;
+          m = std::max(m, p[static_cast<size_t>(j)]);
+        }
+        for (auto& x : p) sum += (x = std::exp(x - m));
+        double D = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          p[static_cast<size_t>(j)] /= sum;
+          D += p[static_cast<size_t>(j)] * dp[static_cast<size_t>(j)];
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          const double pj = p[static_cast<size_t>(j)];
+          const double ds = pj * (dp[static_cast<size_t>(j)] - D) * scale;
+          for (int64_t e = 0; e < hd; ++e) {
+            out[qi + e] += pj * vv[kr(j) + e];
+            dv[kr(j) + e] += pj * gv[qi + e];
+            dq[qi + e] += ds * kv[kr(j) + e];
+            dk[kr(j) + e] += ds * qv[qi + e];
+          }
+        }
+      }
+    }
+    ops::AttentionMask mask;
+    mask.causal = c.causal;
+    mask.key_lengths = lens;
+    Tensor y = ops::attention(q, k, v, mask);
+    const std::string what = "hd " + std::to_string(hd) + " Tq " + std::to_string(Tq) + " Tk " +
+                             std::to_string(Tk) + (c.causal ? " causal" : "");
+    expect_close(host_vector(y), out, 2e-5, 1e-4, ("attention " + what).c_str());
+    ops::sum(ops::mul(y, g)).backward();
+    expect_close(host_vector(q.grad()), dq, 5e-5, 5e-4, ("dq " + what).c_str());
+    expect_close(host_vector(k.grad()), dk, 5e-5, 5e-4, ("dk " + what).c_str());
+    expect_close(host_vector(v.grad()), dv, 5e-5, 5e-4, ("dv " + what).c_str());
+  }
 }
 
 TEST_P(Ops, CausalAttentionAcceptsStridedInputs) {

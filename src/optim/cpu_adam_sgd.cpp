@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "ds/backend/backend.h"
 #include "optim_internal.h"
 
 namespace ds::optim {
@@ -218,17 +219,8 @@ void check_config(const AdamConfig& c) {
   DS_CHECK(c.weight_decay >= 0, "[optim] Adam: weight_decay must be >= 0, got {}", c.weight_decay);
 }
 
-void adam_update(float* p, const float* g, float* m, float* v, int64_t n, int64_t step,
-                 const AdamConfig& c, float grad_scale, void* out16, DType out16_dtype) {
-  using namespace detail;
-  check_buffers("Adam", n, p, g);
-  DS_CHECK(n == 0 || (m != nullptr && v != nullptr), "[optim] Adam: null moment buffer");
-  DS_CHECK(step >= 1, "[optim] Adam: step must be >= 1 (1-based count after increment), got {}",
-           step);
-  check_config(c);
-  const Out16 kind = out16_kind(out16, out16_dtype);
-  if (n == 0) return;
-
+namespace detail {
+AdamConsts adam_consts(int64_t step, const AdamConfig& c, float grad_scale) {
   // Constants in double, rounded once: closest to what a float64 reference computes.
   const double t = static_cast<double>(step);
   const double bc1 = c.bias_correction ? 1.0 - std::pow(double{c.beta1}, t) : 1.0;
@@ -246,7 +238,22 @@ void adam_update(float* p, const float* g, float* m, float* v, int64_t n, int64_
   k.neg_lr_wd = static_cast<float>(-double{c.lr} * c.weight_decay);
   k.l2_decay = !c.adam_w_mode && c.weight_decay != 0;
   k.decoupled_decay = c.adam_w_mode && c.weight_decay != 0;
+  return k;
+}
+}  // namespace detail
 
+void adam_update(float* p, const float* g, float* m, float* v, int64_t n, int64_t step,
+                 const AdamConfig& c, float grad_scale, void* out16, DType out16_dtype) {
+  using namespace detail;
+  check_buffers("Adam", n, p, g);
+  DS_CHECK(n == 0 || (m != nullptr && v != nullptr), "[optim] Adam: null moment buffer");
+  DS_CHECK(step >= 1, "[optim] Adam: step must be >= 1 (1-based count after increment), got {}",
+           step);
+  check_config(c);
+  const Out16 kind = out16_kind(out16, out16_dtype);
+  if (n == 0) return;
+
+  const AdamConsts k = adam_consts(step, c, grad_scale);
   const SimdPath path = simd_path();
   auto* o16 = static_cast<uint16_t*>(out16);
   for_each_tile_range(n, [&](int64_t b, int64_t e) {
@@ -293,6 +300,46 @@ void sgd_update(float* p, const float* g, float* momentum_buf, int64_t n, bool f
     sgd_range(path, p + b, g + b, momentum_buf ? momentum_buf + b : nullptr, e - b, k,
               o16 ? o16 + b : nullptr, kind);
   });
+}
+
+// ---- over tensors on any device -----------------------------------------------------------------
+
+void adam_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, int64_t step,
+                 const AdamConfig& c, float grad_scale, const Tensor& out16) {
+  const Device dev = p.device();
+  for (const Tensor* t : {&g, &m, &v})
+    DS_CHECK(t->device() == dev, "[optim] Adam: the parameters are on {} but a gradient or moment "
+             "buffer is on {}: keep the optimizer state with the parameters",
+             dev.str(), t->device().str());
+  for (const Tensor* t : {&p, &g, &m, &v})
+    DS_CHECK(t->dtype() == DType::f32 && t->is_contiguous() && t->numel() == p.numel(),
+             "[optim] Adam: parameters, gradients and moments must be contiguous fp32 of {} "
+             "elements",
+             p.numel());
+  if (dev.is_cpu()) {
+    return adam_update(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(),
+                       p.numel(), step, c, grad_scale,
+                       out16.defined() ? out16.raw_data() : nullptr,
+                       out16.defined() ? out16.dtype() : DType::bf16);
+  }
+  DS_CHECK(step >= 1, "[optim] Adam: step must be >= 1 (1-based count after increment), got {}",
+           step);
+  check_config(c);
+  const detail::AdamConsts k = detail::adam_consts(step, c, grad_scale);
+  backend::AdamStep s;
+  s.grad_scale = k.grad_scale;
+  s.beta1 = k.beta1;
+  s.one_minus_beta1 = k.one_minus_beta1;
+  s.beta2 = k.beta2;
+  s.one_minus_beta2 = k.one_minus_beta2;
+  s.eps = k.eps;
+  s.inv_sqrt_bc2 = k.inv_sqrt_bc2;
+  s.neg_step_size = k.neg_step_size;
+  s.weight_decay = k.weight_decay;
+  s.neg_lr_wd = k.neg_lr_wd;
+  s.l2_decay = k.l2_decay;
+  s.decoupled_decay = k.decoupled_decay;
+  backend::get(dev).adam(p, g, m, v, s, out16);
 }
 
 }  // namespace ds::optim

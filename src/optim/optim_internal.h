@@ -33,6 +33,9 @@ struct AdamConsts {
   bool l2_decay, decoupled_decay;
 };
 
+// The step's constants for adam_update's formulas (src/optim/cpu_adam_sgd.cpp).
+AdamConsts adam_consts(int64_t step, const AdamConfig& c, float grad_scale);
+
 struct SgdConsts {
   float grad_scale, weight_decay, momentum, one_minus_dampening, neg_lr;
   bool has_weight_decay, has_momentum, nesterov, first_momentum_step;

@@ -265,10 +265,23 @@ std::string Engine::step_label() const {
   return fmt::format("step {}", global_steps_ + 1);
 }
 
+namespace {
+// The batch on the model's device (the first parameter's): a loader's host batch goes up to a GPU
+// model here, so callers feed the engine the same tensors on any device.
+Tensor on_device_of(const nn::Module& model, const Tensor& t) {
+  if (!t.defined()) return t;
+  const auto params = model.named_parameters();
+  if (params.empty() || params.front().second.device() == t.device()) return t;
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), params.front().second.device());
+  out.copy_from(t);
+  return out;
+}
+}  // namespace
+
 Tensor Engine::forward(const Tensor& inputs, const Tensor& targets) {
   model_->train(true);
   zero_->begin_forward(/*training=*/true);
-  return options_.loss_fn(*model_, inputs, targets);
+  return options_.loss_fn(*model_, on_device_of(*model_, inputs), on_device_of(*model_, targets));
 }
 
 Tensor Engine::eval_loss(const Tensor& inputs, const Tensor& targets) {
@@ -277,7 +290,8 @@ Tensor Engine::eval_loss(const Tensor& inputs, const Tensor& targets) {
   model_->train(false);
   // Evaluation gathers in its own order: ZeRO-3 neither records nor follows its trace.
   zero_->begin_forward(/*training=*/false);
-  Tensor loss = options_.loss_fn(*model_, inputs, targets);
+  Tensor loss =
+      options_.loss_fn(*model_, on_device_of(*model_, inputs), on_device_of(*model_, targets));
   model_->train(was_training);
   zero_->end_eval();
   return loss;

@@ -36,7 +36,7 @@ void GradientBuckets::on_grad_ready(int i, const Tensor& p) {
     for (int b : param_buckets_[static_cast<size_t>(i)]) {
       const auto& bk = buckets_[static_cast<size_t>(b)];
       Tensor& staging = staging_[static_cast<size_t>(b)];
-      if (!staging.defined()) staging = Tensor::zeros({bk.end - bk.begin}, s_.comm_dtype);
+      if (!staging.defined()) staging = Tensor::zeros({bk.end - bk.begin}, s_.comm_dtype, g.device());
       const int64_t lo = std::max(bk.begin, e.offset), hi = std::min(bk.end, e.offset + e.numel);
       staging.flat_range(lo - bk.begin, hi - lo).copy_from(g.flat_range(lo - e.offset, hi - lo));
     }
@@ -65,7 +65,8 @@ void GradientBuckets::launch(int b) {
   pending.bucket = b;
   if (s_.stage == 2) {
     Tensor& staging = staging_[static_cast<size_t>(b)];
-    if (!staging.defined()) staging = Tensor::zeros({bk.end - bk.begin}, s_.comm_dtype);
+    if (!staging.defined())  // beside the gradients (a GPU model's are on the GPU)
+      staging = Tensor::zeros({bk.end - bk.begin}, s_.comm_dtype, s_.partition_grads.device());
     pending.buf = staging;
   } else {
     // Stage 0: the bucket is a range of the flat gradients, reduced in place unless the

@@ -35,6 +35,25 @@ class FlatStrategy final : public Strategy {
     // buffer of their own, replicated on every rank, without gradients.
     place_frozen();
     const auto trainable = nn::trainable_parameters(model_);
+    // A model on a GPU trains ZeRO-Offload's way: its flat parameters and gradients stay on the
+    // GPU, this rank's fp32 master weights and the optimizer state in host memory (docs/cuda.md).
+    device_ = trainable.front().second.device();
+    if (!device_.is_cpu()) {
+      DS_CHECK(n == 1,
+               "[zero] the model is on {}: training on a GPU runs in one process for now (GPU "
+               "collectives, NCCL, are not built yet); launch one rank",
+               device_.str());
+      DS_CHECK(!offloaded(),
+               "[zero] the model is on {}: NVMe offload (offload_optimizer/offload_param device "
+               "\"nvme\") works with models in host memory only for now; use device \"cpu\" or "
+               "none",
+               device_.str());
+    }
+    auto host_clone = [](const Tensor& t) {
+      Tensor h = Tensor::empty(t.shape(), t.dtype(), kCPU);
+      h.copy_from(t);
+      return h;
+    };
     nn::FlatParameters f32 =
         nn::flatten_parameters(trainable, DType::f32, o.grad_dtype, multiple, full_grads);
     plan_ = plan_partitions(f32.numel, n);
@@ -44,15 +63,16 @@ class FlatStrategy final : public Strategy {
     auto range = [&](const Tensor& t) { return t.flat_range(begin_, opt_numel_); };
     if (o.train_dtype == DType::f32) {
       flat_ = std::move(f32);
-      master_ = range(flat_.params);
+      master_ = device_.is_cpu() ? range(flat_.params) : host_clone(range(flat_.params));
     } else {
       // Only this rank's range of the fp32 copy is kept as master weights.
-      master_ = range(f32.params).clone();
+      master_ = device_.is_cpu() ? range(f32.params).clone() : host_clone(range(f32.params));
       f32 = {};
       flat_ = nn::flatten_parameters(trainable, o.train_dtype, o.grad_dtype, multiple, full_grads);
     }
-    if (!full_grads) grads_part_ = Tensor::zeros({opt_numel_}, o.grad_dtype);
-    if (o.grad_dtype != DType::f32 && !offloaded()) grads32_ = Tensor::zeros({opt_numel_});
+    if (!full_grads) grads_part_ = Tensor::zeros({opt_numel_}, o.grad_dtype, device_);
+    if (o.grad_dtype != DType::f32 && !offloaded())
+      grads32_ = Tensor::zeros({opt_numel_}, DType::f32, device_);
 
     // Every rank starts from rank 0's weights (initialisation is rank-independent already; this
     // also covers models initialised by the caller).
@@ -77,8 +97,12 @@ class FlatStrategy final : public Strategy {
     }
   }
 
+  Tensor device_parameters() override {
+    return device_.is_cpu() ? Tensor() : flat_.params.flat_range(begin_, opt_numel_);
+  }
+
   void* params16() override {
-    if (options_.train_dtype == DType::f32) return nullptr;
+    if (options_.train_dtype == DType::f32 || !device_.is_cpu()) return nullptr;
     return static_cast<char*>(flat_.params.raw_data()) +
            begin_ * static_cast<int64_t>(dtype_size(options_.train_dtype));
   }
@@ -152,7 +176,14 @@ class FlatStrategy final : public Strategy {
   }
 
   std::vector<std::pair<std::string, Tensor>> full_weights() override {
-    return model_.named_parameters();
+    auto weights = model_.named_parameters();
+    if (!device_.is_cpu())  // host copies: checkpoints and exports read them from host memory
+      for (auto& [name, t] : weights) {
+        Tensor h = Tensor::empty(t.shape(), t.dtype(), kCPU);
+        h.copy_from(t);
+        t = h;
+      }
+    return weights;
   }
 
   std::vector<std::pair<int64_t, int64_t>> optimizer_ranges_of(const std::set<std::string>& names,
@@ -169,10 +200,19 @@ class FlatStrategy final : public Strategy {
 
   void load_parameters(
       const std::function<void(const std::string&, const Tensor&)>& read_param) override {
-    for (auto& [name, p] : model_.named_parameters()) read_param(name, p);
+    for (auto& [name, p] : model_.named_parameters()) {
+      if (p.device().is_cpu()) {
+        read_param(name, p);
+        continue;
+      }
+      Tensor h = Tensor::empty(p.shape(), p.dtype(), kCPU);  // read on the host, then copied up
+      read_param(name, h);
+      p.copy_from(h);
+    }
   }
 
  private:
+  Device device_ = kCPU;  // where the model's trainable parameters live
   int64_t begin_ = 0;  // the range of the flat buffer this rank optimises starts here
   Tensor grads_part_;  // stage 2: (opt_numel,) accumulated gradients of this rank's partition
   Tensor grads32_;     // (opt_numel,) fp32 scratch when gradients are 16-bit

@@ -173,6 +173,8 @@ void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float 
   if (!offloaded()) {
     // Everything in RAM: one call over the whole range (Lamb's trust ratios need it).
     DS_CHECK(grads.dtype() == DType::f32, "[zero] in-RAM optimizer steps take fp32 gradients");
+    if (const Tensor dev = device_parameters(); dev.defined())
+      return device_optimizer_step(opt, grads, grad_scale, dev);
     opt.step(master_.data<float>(), grads.data<float>(), opt_numel_, grad_scale, params16(),
              train != DType::f32 ? train : DType::bf16);
     return;
@@ -199,6 +201,21 @@ void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float 
                         group_->rank(), ctx, e.what());
   }
   comm::raise_if_any_failed(*group_, error, ctx + ": optimizer step on NVMe-offloaded state");
+}
+
+void Strategy::device_optimizer_step(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
+                                     const Tensor& device_params) {
+  const DType train = options_.train_dtype;
+  if (!host_grads_.defined()) host_grads_ = Tensor::empty({opt_numel_}, DType::f32, kCPU);
+  host_grads_.copy_from(grads);  // waits for the backward that produced them
+  void* out16 = nullptr;
+  if (train != DType::f32) {
+    if (!host16_.defined()) host16_ = Tensor::empty({opt_numel_}, train, kCPU);
+    out16 = host16_.raw_data();
+  }
+  opt.step(master_.data<float>(), host_grads_.data<float>(), opt_numel_, grad_scale, out16,
+           train != DType::f32 ? train : DType::bf16);
+  device_params.copy_from(train == DType::f32 ? master_ : host16_);
 }
 
 void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
@@ -344,7 +361,14 @@ std::unique_ptr<Strategy> make_strategy(nn::Module& model, std::shared_ptr<comm:
   DS_CHECK(group, "[zero] make_strategy needs a group");
   DS_CHECK(options.stage >= 0 && options.stage <= 3, "[zero] stage must be 0-3, got {}",
            options.stage);
-  if (options.stage == 3) return detail::make_stage3_strategy(model, std::move(group), options);
+  if (options.stage == 3) {
+    const auto params = model.named_parameters();
+    DS_CHECK(params.empty() || params.front().second.device().is_cpu(),
+             "[zero] the model is on {}: ZeRO stage 3 keeps its shards in host memory for now; use "
+             "stage 0, 1 or 2 on a GPU (docs/cuda.md)",
+             params.empty() ? std::string("cpu") : params.front().second.device().str());
+    return detail::make_stage3_strategy(model, std::move(group), options);
+  }
   return detail::make_flat_strategy(model, std::move(group), options);
 }
 

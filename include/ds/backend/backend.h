@@ -58,6 +58,21 @@ struct Gemm {
   DType dtype = DType::f32;  // of A and B; C is fp32 unless dtype == f32 (then fp32 too)
 };
 
+// One fused Adam/AdamW step's constants, computed once per step by the optimizer layer
+// (optim::adam_update, include/ds/optim/kernels.h, which documents the formulas). Per element, with
+// IEEE-rounded operations in this order: g *= grad_scale; if l2_decay g = fma(wd, p, g);
+// m = fma(g, 1-b1, m*b1); v = fma(g*g, 1-b2, v*b2); denom = fma(sqrt(v), inv_sqrt_bc2, eps);
+// if decoupled_decay p = fma(p, neg_lr_wd, p); p = fma(m / denom, neg_step_size, p).
+struct AdamStep {
+  float grad_scale = 1.0f, beta1 = 0.9f, one_minus_beta1 = 0.1f, beta2 = 0.999f,
+        one_minus_beta2 = 0.001f, eps = 1e-8f;
+  float inv_sqrt_bc2 = 1.0f;   // 1 / sqrt(1 - beta2^t)
+  float neg_step_size = 0.0f;  // -lr / (1 - beta1^t)
+  float weight_decay = 0.0f;   // used when l2_decay
+  float neg_lr_wd = 0.0f;      // -lr * wd, used when decoupled_decay
+  bool l2_decay = false, decoupled_decay = false;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -136,6 +151,15 @@ class Backend {
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                       int64_t ignore_index, const Tensor& lse, float scale,
                                       const Tensor& dlogits) = 0;
+  // ---- optimizer ----
+  // One Adam step over flat contiguous fp32 p, g, m, v of equal length (p, m, v updated in place);
+  // out16, when defined, receives p rounded to its dtype (bf16 or fp16: the model's working copy).
+  // Bitwise what the CPU optimizer computes for the same inputs. The CPU backend has no kernel
+  // here (supports("adam") is false): on the CPU the optimizer layer runs its own SIMD kernels
+  // (src/optim), and optim::adam_update dispatches by device.
+  virtual void adam(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                    const AdamStep& step, const Tensor& out16) = 0;
+
   // out = x * mask / (1 - p) with mask[i] = uniform(seed, stream, base + i) >= p. x/out any float.
   virtual void dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t base,
                        const Tensor& out) = 0;

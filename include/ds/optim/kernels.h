@@ -20,6 +20,7 @@
 #include <span>
 
 #include "ds/core/dtype.h"
+#include "ds/core/tensor.h"
 
 namespace ds::optim {
 
@@ -52,6 +53,11 @@ struct AdamConfig {
 void adam_update(float* p, const float* g, float* m, float* v, int64_t n, int64_t step,
                  const AdamConfig& c, float grad_scale = 1.0f, void* out16 = nullptr,
                  DType out16_dtype = DType::bf16);
+// The same step over tensors on any one device: the kernel above for host memory, the device's
+// backend (Backend::adam, bitwise the same arithmetic) for GPU memory. p, g, m, v: contiguous fp32
+// (n,); out16: an optional bf16/fp16 (n,) copy of the updated p.
+void adam_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, int64_t step,
+                 const AdamConfig& c, float grad_scale = 1.0f, const Tensor& out16 = {});
 
 // ---------------------------------------------------------------------------------------------
 // SGD (torch.optim.SGD semantics).

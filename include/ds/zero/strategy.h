@@ -142,6 +142,10 @@ class Strategy {
   // Where the optimizer writes the updated parameters rounded to the training dtype (nullptr in
   // fp32 training, where master() is the parameters).
   virtual void* params16() = 0;
+  // The working parameters of this rank's optimizer range when they live on a GPU (ZeRO-Offload's
+  // layout: master weights and moments in host memory, the CPU optimizer, the new parameters copied
+  // up); undefined when they are in host memory, where params16() / master() are them.
+  virtual Tensor device_parameters() { return {}; }
   // One segment per parameter over this rank's range (numel 0 where it holds none of it): Lamb's
   // per-tensor trust ratios. The same list on every rank.
   virtual std::vector<optim::Segment> segments() const = 0;
@@ -303,6 +307,12 @@ class Strategy {
     int copies;
   };
   std::vector<SharedRange> tp_shared_;
+  // The step for parameters on a GPU (device_parameters() defined): gradients copied to host
+  // memory, the CPU optimizer over master(), the new parameters (fp32 or rounded) copied back.
+  void device_optimizer_step(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
+                             const Tensor& device_params);
+  Tensor host_grads_;  // (optimizer_numel,) fp32, host: device_optimizer_step's staging
+  Tensor host16_;      // (optimizer_numel,) training dtype, host: the rounded new parameters
   // fp32 copy of grads[begin, begin + numel) in a reused scratch buffer.
   const float* widen_gradients(const Tensor& grads, int64_t begin, int64_t numel);
   Tensor grad_chunk_;

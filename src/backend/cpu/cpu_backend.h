@@ -50,6 +50,8 @@ class CpuBackend final : public Backend {
                               const Tensor& lse, float scale, const Tensor& dlogits) override;
   void dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t base,
                const Tensor& out) override;
+  void adam(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+            const AdamStep& step, const Tensor& out16) override;
 };
 
 // Single-precision GEMM through the loaded BLAS (row-major), usable by other CPU kernels (attention

@@ -75,9 +75,16 @@ void run_unary(F f, const float* x, float* o, int64_t n) {
 
 bool CpuBackend::supports(const std::string& op, DType dtype) const {
   if (op == "copy" || op == "fill" || op == "axpy") return true;
+  if (op == "adam") return false;  // src/optim's SIMD kernels (see CpuBackend::adam)
   if (op == "gemm") return is_floating(dtype);
   if (op == "dropout") return is_floating(dtype);  // masks any float dtype in place
   return dtype == DType::f32;  // every other kernel computes in fp32; ops upcast 16-bit inputs
+}
+
+void CpuBackend::adam(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamStep&,
+                      const Tensor&) {
+  DS_THROW("[cpu:adam] the CPU's Adam is optim::adam_update (src/optim, SIMD and multi-threaded); "
+           "the backend kernel is for device memory");
 }
 
 void CpuBackend::copy(const Tensor& src, const Tensor& dst) {

@@ -60,14 +60,19 @@ __device__ __forceinline__ void store_f(void* p, Elem t, int64_t i, float v) {
   }
 }
 
-// Element offset of the i-th element (row-major logical order) of a strided view.
-__device__ __forceinline__ int64_t view_offset(const View& v, int64_t i) {
-  int64_t off = v.offset;
-  for (int d = v.ndim - 1; d >= 0; --d) {
-    const int64_t s = v.shape[d];
-    off += (i % s) * v.strides[d];
-    i /= s;
+// Element offset of the i-th element (row-major logical order) of a strided view. I is the index
+// type: uint32_t where every index and offset fits (32-bit division is several times cheaper than
+// 64-bit, and this division is most of a strided copy's cost), int64_t otherwise.
+template <class I = int64_t>
+__device__ __forceinline__ I view_offset(const View& v, I i) {
+  I off = static_cast<I>(v.offset);
+  for (int d = v.ndim - 1; d > 0; --d) {
+    const I s = static_cast<I>(v.shape[d]);
+    const I q = i / s;
+    off += (i - q * s) * static_cast<I>(v.strides[d]);
+    i = q;
   }
+  if (v.ndim > 0) off += i * static_cast<I>(v.strides[0]);
   return off;
 }
 

@@ -1,6 +1,7 @@
 // The CUDA backend's host side: argument checks, device registration, copies between host and
 // device memory, and the launch of each kernel (kernels.h) on the device's stream.
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/profile.h"
 
 #include <algorithm>
 #include <array>
@@ -148,6 +149,7 @@ void CudaBackend::check_launch(const char* kernel) {
 
 bool CudaBackend::supports(const std::string& op, DType dtype) const {
   if (op == "copy" || op == "fill" || op == "axpy") return true;
+  if (op == "adam") return dtype == DType::f32;
   if (op == "gemm" || op == "dropout") return is_floating(dtype);
   return dtype == DType::f32;  // every other kernel computes in fp32; ops upcast 16-bit inputs
 }
@@ -173,6 +175,7 @@ std::vector<int64_t> CudaBackend::ids_on_host(const Tensor& ids) {
 }
 
 void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
+  const ProfileScope profile_scope(*this, "copy");
   DS_CHECK(src.numel() == dst.numel(), "[cuda:{}] copy of {} elements into {}", device_,
            src.numel(), dst.numel());
   const int64_t n = src.numel();
@@ -232,6 +235,7 @@ void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
 }
 
 void CudaBackend::fill(const Tensor& dst, double value) {
+  const ProfileScope profile_scope(*this, "fill");
   require_device(dst, device_, "fill");
   DS_CHECK(dst.is_contiguous(), "[cuda:{}] fill needs a contiguous tensor", device_);
   CudaDeviceGuard guard(device_);
@@ -240,6 +244,7 @@ void CudaBackend::fill(const Tensor& dst, double value) {
 }
 
 void CudaBackend::axpy(const Tensor& y, const Tensor& x, float alpha) {
+  const ProfileScope profile_scope(*this, "axpy");
   DS_CHECK(y.numel() == x.numel() && y.is_contiguous() && x.is_contiguous() &&
                is_floating(y.dtype()) && is_floating(x.dtype()),
            "[cuda:{}] axpy needs contiguous floating tensors of equal size ({} vs {})", device_,
@@ -252,6 +257,7 @@ void CudaBackend::axpy(const Tensor& y, const Tensor& x, float alpha) {
 }
 
 double CudaBackend::sum_of_squares(const Tensor& x) {
+  const ProfileScope profile_scope(*this, "sum_of_squares");
   DS_CHECK(is_floating(x.dtype()) && x.is_contiguous(),
            "[cuda:{}] sum_of_squares needs a contiguous floating tensor, got {} {}", device_,
            dtype_name(x.dtype()), shape_str(x.shape()));
@@ -275,6 +281,7 @@ double CudaBackend::sum_of_squares(const Tensor& x) {
 }
 
 void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const ProfileScope profile_scope(*this, "binary");
   for (const Tensor* t : {&a, &b, &out}) {
     DS_CHECK(t->dtype() == DType::f32, "[cuda:binary] kernel takes fp32, got {}",
              dtype_name(t->dtype()));
@@ -288,6 +295,7 @@ void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Te
 }
 
 void CudaBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, float scalar) {
+  const ProfileScope profile_scope(*this, "unary");
   require_f32(x, "unary");
   require_f32(out, "unary");
   require_device(x, device_, "unary");
@@ -299,11 +307,15 @@ void CudaBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, float sc
 
 void CudaBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t reduced,
                          int64_t inner, const Tensor& out) {
+  const ProfileScope profile_scope(*this, "reduce");
   require_f32(x, "reduce");
   require_f32(out, "reduce");
   require_device(x, device_, "reduce");
   CudaDeviceGuard guard(device_);
-  k::reduce(op == ReduceOp::sum, cf(x), outer, reduced, inner, mf(out), stream_);
+  const int64_t chunks = k::reduce_chunks(outer, reduced, inner);
+  Tensor part = chunks > 1 ? scratch(2 * outer * chunks * inner) : Tensor();  // doubles
+  k::reduce(op == ReduceOp::sum, cf(x), outer, reduced, inner, mf(out),
+            chunks > 1 ? static_cast<double*>(part.raw_data()) : nullptr, stream_);
   check_launch("reduce");
 }
 
@@ -311,6 +323,7 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t re
 
 void CudaBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
                                      const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  const ProfileScope profile_scope(*this, "layer_norm_forward");
   for (const Tensor* t : {&x, &w, &y, &mean, &rstd}) require_f32(*t, "layer_norm");
   if (b.defined()) require_f32(b, "layer_norm");
   require_device(x, device_, "layer_norm");
@@ -324,6 +337,7 @@ void CudaBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Ten
 void CudaBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
                                       const Tensor& mean, const Tensor& rstd, const Tensor& dx,
                                       const Tensor& dw, const Tensor& db) {
+  const ProfileScope profile_scope(*this, "layer_norm_backward");
   for (const Tensor* t : {&dy, &x, &w, &mean, &rstd, &dx, &dw})
     require_f32(*t, "layer_norm_backward");
   if (db.defined()) require_f32(db, "layer_norm_backward");
@@ -339,6 +353,7 @@ void CudaBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const T
 
 void CudaBackend::rms_norm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
                                    const Tensor& rstd) {
+  const ProfileScope profile_scope(*this, "rms_norm_forward");
   for (const Tensor* t : {&x, &w, &y, &rstd}) require_f32(*t, "rms_norm");
   require_device(x, device_, "rms_norm");
   const int64_t C = x.size(-1), rows = x.numel() / std::max<int64_t>(C, 1);
@@ -349,6 +364,7 @@ void CudaBackend::rms_norm_forward(const Tensor& x, const Tensor& w, float eps, 
 
 void CudaBackend::rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
                                     const Tensor& rstd, const Tensor& dx, const Tensor& dw) {
+  const ProfileScope profile_scope(*this, "rms_norm_backward");
   for (const Tensor* t : {&dy, &x, &w, &rstd, &dx, &dw}) require_f32(*t, "rms_norm_backward");
   require_device(x, device_, "rms_norm_backward");
   const int64_t C = x.size(-1), rows = x.numel() / std::max<int64_t>(C, 1);
@@ -360,6 +376,7 @@ void CudaBackend::rms_norm_backward(const Tensor& dy, const Tensor& x, const Ten
 }
 
 void CudaBackend::softmax_forward(const Tensor& x, const Tensor& y) {
+  const ProfileScope profile_scope(*this, "softmax_forward");
   require_f32(x, "softmax");
   require_f32(y, "softmax");
   require_device(x, device_, "softmax");
@@ -370,6 +387,7 @@ void CudaBackend::softmax_forward(const Tensor& x, const Tensor& y) {
 }
 
 void CudaBackend::softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  const ProfileScope profile_scope(*this, "softmax_backward");
   for (const Tensor* t : {&y, &dy, &dx}) require_f32(*t, "softmax_backward");
   require_device(y, device_, "softmax_backward");
   const int64_t C = y.size(-1), rows = y.numel() / std::max<int64_t>(C, 1);
@@ -405,6 +423,7 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
 void CudaBackend::attention_forward(const Tensor& q, const Tensor& kk, const Tensor& v,
                                     float scale, bool causal, std::span<const int64_t> key_lens,
                                     const Tensor& out, const Tensor& lse) {
+  const ProfileScope profile_scope(*this, "attention_forward");
   check_qkv(q, kk, v, causal, key_lens, "attention");
   require_device(q, device_, "attention");
   CudaDeviceGuard guard(device_);
@@ -420,6 +439,7 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& q, const 
                                      const Tensor& v, const Tensor& out, const Tensor& lse,
                                      float scale, bool causal, std::span<const int64_t> key_lens,
                                      const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  const ProfileScope profile_scope(*this, "attention_backward");
   check_qkv(q, kk, v, causal, key_lens, "attention_backward");
   for (const Tensor* t : {&dout, &out, &lse, &dq, &dk, &dv}) require_f32(*t, "attention_backward");
   require_device(q, device_, "attention_backward");
@@ -435,6 +455,7 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& q, const 
 
 void CudaBackend::rope(const Tensor& x, int64_t pos0, const std::vector<double>& inv_freq,
                        float scale, bool interleaved, bool inverse, const Tensor& out) {
+  const ProfileScope profile_scope(*this, "rope");
   require_f32(x, "rope");
   require_f32(out, "rope");
   require_device(x, device_, "rope");
@@ -465,6 +486,7 @@ void CudaBackend::rope(const Tensor& x, int64_t pos0, const std::vector<double>&
 }
 
 void CudaBackend::embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& out) {
+  const ProfileScope profile_scope(*this, "embedding_forward");
   require_f32(weight, "embedding");
   require_f32(out, "embedding");
   DS_CHECK(ids.dtype() == DType::i32 || ids.dtype() == DType::i64,
@@ -485,6 +507,7 @@ void CudaBackend::embedding_forward(const Tensor& weight, const Tensor& ids, con
 }
 
 void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& dweight) {
+  const ProfileScope profile_scope(*this, "embedding_backward");
   require_f32(dout, "embedding_backward");
   require_f32(dweight, "embedding_backward");
   require_device(dout, device_, "embedding_backward");
@@ -521,6 +544,7 @@ void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, cons
 void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targets,
                                         int64_t ignore_index, const Tensor& losses,
                                         const Tensor& lse) {
+  const ProfileScope profile_scope(*this, "cross_entropy_forward");
   for (const Tensor* t : {&logits, &losses, &lse}) require_f32(*t, "cross_entropy");
   require_device(logits, device_, "cross_entropy");
   require_device(targets, device_, "cross_entropy");
@@ -544,6 +568,7 @@ void CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targ
 void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                          int64_t ignore_index, const Tensor& lse, float scale,
                                          const Tensor& dlogits) {
+  const ProfileScope profile_scope(*this, "cross_entropy_backward");
   for (const Tensor* t : {&logits, &lse, &dlogits}) require_f32(*t, "cross_entropy_backward");
   require_device(logits, device_, "cross_entropy_backward");
   const int64_t V = logits.size(-1), N = logits.numel() / std::max<int64_t>(V, 1);
@@ -558,6 +583,7 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& tar
 
 void CudaBackend::dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t base,
                           const Tensor& out) {
+  const ProfileScope profile_scope(*this, "dropout");
   DS_CHECK(is_floating(x.dtype()) && is_floating(out.dtype()) && x.is_contiguous() &&
                out.is_contiguous() && x.numel() == out.numel(),
            "[cuda:dropout] needs contiguous floating tensors of equal size");
@@ -569,6 +595,33 @@ void CudaBackend::dropout(const Tensor& x, float p, uint64_t seed, uint64_t stre
   k::dropout(x.raw_data(), elem(x.dtype()), out.raw_data(), elem(out.dtype()), x.numel(), threshold,
              1.0f / (1.0f - p), seed, stream, base, stream_);
   check_launch("dropout");
+}
+
+void CudaBackend::adam(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                       const AdamStep& step, const Tensor& out16) {
+  const ProfileScope profile_scope(*this, "adam");
+  for (const Tensor* t : {&p, &g, &m, &v}) {
+    require_f32(*t, "adam");
+    require_device(*t, device_, "adam");
+  }
+  const int64_t n = p.numel();
+  DS_CHECK(g.numel() == n && m.numel() == n && v.numel() == n,
+           "[cuda:adam] parameter, gradient and moments differ in length ({}, {}, {}, {})", n,
+           g.numel(), m.numel(), v.numel());
+  if (out16.defined()) {
+    DS_CHECK((out16.dtype() == DType::bf16 || out16.dtype() == DType::f16) &&
+                 out16.is_contiguous() && out16.numel() == n,
+             "[cuda:adam] the 16-bit copy must be contiguous bf16 or fp16 of {} elements", n);
+    require_device(out16, device_, "adam");
+  }
+  const k::AdamConsts c{step.grad_scale,   step.beta1,         step.one_minus_beta1,
+                        step.beta2,        step.one_minus_beta2, step.eps,
+                        step.inv_sqrt_bc2, step.neg_step_size, step.weight_decay,
+                        step.neg_lr_wd,    step.l2_decay,      step.decoupled_decay};
+  CudaDeviceGuard guard(device_);
+  k::adam(mf(p), cf(g), mf(m), mf(v), n, c, out16.defined() ? out16.raw_data() : nullptr,
+          out16.defined() ? elem(out16.dtype()) : k::Elem::bf16, stream_);
+  check_launch("adam");
 }
 
 }  // namespace ds::backend

@@ -94,6 +94,8 @@ class CudaBackend final : public Backend {
                               const Tensor& lse, float scale, const Tensor& dlogits) override;
   void dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t base,
                const Tensor& out) override;
+  void adam(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+            const AdamStep& step, const Tensor& out16) override;
 
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
@@ -110,6 +112,7 @@ class CudaBackend final : public Backend {
   int device_;
   cudaStream_t stream_ = nullptr;
   void* cublas_ = nullptr;  // cublasHandle_t
+  void* workspace_ = nullptr;  // cuBLAS's workspace (device memory, 32 MiB)
   std::mutex cublas_mutex_;
   std::unique_ptr<Allocator> allocator_;
 };

@@ -7,12 +7,13 @@ namespace {
 
 constexpr int kThreads = 256;
 
+template <class I>
 __global__ void copy_convert_kernel(const void* src, Elem st, View sv, bool src_flat, void* dst,
-                                    Elem dt, View dv, bool dst_flat, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t so = src_flat ? sv.offset + i : view_offset(sv, i);
-    const int64_t d_o = dst_flat ? dv.offset + i : view_offset(dv, i);
+                                    Elem dt, View dv, bool dst_flat, I n) {
+  for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<I>(gridDim.x) * blockDim.x) {
+    const I so = src_flat ? static_cast<I>(sv.offset) + i : view_offset<I>(sv, i);
+    const I d_o = dst_flat ? static_cast<I>(dv.offset) + i : view_offset<I>(dv, i);
     if (st == dt && st == Elem::f32) {
       static_cast<float*>(dst)[d_o] = static_cast<const float*>(src)[so];
     } else if (st == dt && (st == Elem::bf16 || st == Elem::f16)) {
@@ -34,6 +35,49 @@ bool is_flat(const View& v) {
   for (int d = v.ndim - 1; d >= 0; --d) {
     if (v.shape[d] != 1 && v.strides[d] != expect) return false;
     expect *= v.shape[d];
+  }
+  return true;
+}
+
+// Drops size-1 dims and merges dim d into d-1 where every view steps over the pair as over one
+// dim (stride[d-1] == stride[d] * shape[d]): fewer dims, fewer divisions per element. The views
+// must have the same shape.
+void coalesce(View* const* views, int count) {
+  View& a = *views[0];
+  int out = 0;
+  for (int d = 0; d < a.ndim; ++d) {
+    if (a.shape[d] == 1) continue;
+    bool merge = out > 0;
+    for (int k = 0; k < count && merge; ++k) {
+      const View& v = *views[k];
+      merge = v.strides[out - 1] == v.strides[d] * v.shape[d];
+    }
+    for (int k = 0; k < count; ++k) {
+      View& v = *views[k];
+      if (merge) {
+        v.shape[out - 1] *= v.shape[d];
+        v.strides[out - 1] = v.strides[d];
+      } else {
+        v.shape[out] = v.shape[d];
+        v.strides[out] = v.strides[d];
+      }
+    }
+    if (!merge) ++out;
+  }
+  for (int k = 0; k < count; ++k) views[k]->ndim = out;
+}
+
+// Whether every element index and offset of these views fits 32-bit unsigned arithmetic.
+bool fits32(int64_t n, const View& a, const View& b) {
+  constexpr int64_t kLimit = int64_t{1} << 31;
+  if (n >= kLimit) return false;
+  for (const View* v : {&a, &b}) {
+    int64_t span = v->offset;
+    for (int d = 0; d < v->ndim; ++d) {
+      if (v->strides[d] < 0) return false;
+      span += (v->shape[d] - 1) * v->strides[d];
+    }
+    if (span >= kLimit) return false;
   }
   return true;
 }
@@ -64,11 +108,12 @@ __global__ void sum_of_squares_kernel(const void* x, Elem t, int64_t n, double* 
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
+template <class I>
 __global__ void binary_kernel(int op, const float* a, View va, const float* b, View vb, float* out,
-                              int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float x = a[view_offset(va, i)], y = b[view_offset(vb, i)];
+                              I n) {
+  for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<I>(gridDim.x) * blockDim.x) {
+    const float x = a[view_offset<I>(va, i)], y = b[view_offset<I>(vb, i)];
     float r;
     switch (op) {
       case 0: r = x + y; break;
@@ -122,26 +167,54 @@ __global__ void unary_kernel(int op, const float* x, float* out, int64_t n, floa
   }
 }
 
-// inner == 1: one block per row, a fixed tree over a fixed thread count.
-__global__ void reduce_rows_kernel(bool is_sum, const float* x, int64_t reduced, float* out) {
+// inner == 1, stage 1: block (k, o) reduces chunk k of row o (a fixed split and a fixed tree)
+// into partial[o * chunks + k]; with one chunk it writes out[o] directly.
+__global__ void reduce_rows_kernel(bool is_sum, const float* x, int64_t reduced, int64_t chunks,
+                                   double* partial, float* out) {
   __shared__ double dshared[32];
   __shared__ float fshared[32];
-  const float* row = x + blockIdx.x * reduced;
+  const int64_t o = blockIdx.y, k = blockIdx.x;
+  const float* row = x + o * reduced;
+  const int64_t r0 = reduced * k / chunks, r1 = reduced * (k + 1) / chunks;
+  double v;
   if (is_sum) {
     double acc = 0.0;
-    for (int64_t r = threadIdx.x; r < reduced; r += blockDim.x) acc += row[r];
-    acc = block_sum(acc, dshared);
-    if (threadIdx.x == 0) out[blockIdx.x] = static_cast<float>(acc);
+    for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) acc += row[r];
+    v = block_sum(acc, dshared);
   } else {
     float m = -INFINITY;
-    for (int64_t r = threadIdx.x; r < reduced; r += blockDim.x) m = fmaxf(m, row[r]);
-    m = block_max(m, fshared);
-    if (threadIdx.x == 0) out[blockIdx.x] = m;
+    for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) m = fmaxf(m, row[r]);
+    v = block_max(m, fshared);
   }
+  if (threadIdx.x != 0) return;
+  if (chunks == 1) out[o] = static_cast<float>(v);
+  else partial[o * chunks + k] = v;
 }
 
-// inner > 1: a thread per output element, rows added in order.
-__global__ void reduce_cols_kernel(bool is_sum, const float* x, int64_t outer, int64_t reduced,
+// inner > 1, stage 1: thread (c, k, o) reduces rows of chunk k of column c of slab o, in order.
+__global__ void reduce_cols_kernel(bool is_sum, const float* x, int64_t reduced, int64_t inner,
+                                   int64_t chunks, double* partial, float* out) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t k = blockIdx.y, o = blockIdx.z;
+  if (c >= inner) return;
+  const float* base = x + o * reduced * inner + c;
+  const int64_t r0 = reduced * k / chunks, r1 = reduced * (k + 1) / chunks;
+  double v;
+  if (is_sum) {
+    double acc = 0.0;
+    for (int64_t r = r0; r < r1; ++r) acc += base[r * inner];
+    v = acc;
+  } else {
+    float m = -INFINITY;
+    for (int64_t r = r0; r < r1; ++r) m = fmaxf(m, base[r * inner]);
+    v = m;
+  }
+  if (chunks == 1) out[o * inner + c] = static_cast<float>(v);
+  else partial[(o * chunks + k) * inner + c] = v;
+}
+
+// Many outputs: a thread per output element, rows added in order.
+__global__ void reduce_flat_kernel(bool is_sum, const float* x, int64_t outer, int64_t reduced,
                                    int64_t inner, float* out) {
   const int64_t n = outer * inner;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -160,6 +233,22 @@ __global__ void reduce_cols_kernel(bool is_sum, const float* x, int64_t outer, i
   }
 }
 
+// Stage 2: out[o * inner + c] = the chunks' partials combined in chunk order.
+__global__ void reduce_finish_kernel(bool is_sum, const double* partial, int64_t outer,
+                                     int64_t chunks, int64_t inner, float* out) {
+  const int64_t n = outer * inner;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t o = i / inner, c = i % inner;
+    double acc = is_sum ? 0.0 : -INFINITY;
+    for (int64_t k = 0; k < chunks; ++k) {
+      const double v = partial[(o * chunks + k) * inner + c];
+      acc = is_sum ? acc + v : fmax(acc, v);
+    }
+    out[i] = static_cast<float>(acc);
+  }
+}
+
 unsigned grid_for(int64_t n) {
   const unsigned b = blocks_for(n, kThreads);
   return b > 65535u * 8u ? 65535u * 8u : b;  // grid-stride loops cover the rest
@@ -167,11 +256,26 @@ unsigned grid_for(int64_t n) {
 
 }  // namespace
 
-void copy_convert(const void* src, Elem st, const View& sv, void* dst, Elem dt, const View& dv,
-                  int64_t n, cudaStream_t stream) {
+void copy_convert(const void* src, Elem st, const View& sv_in, void* dst, Elem dt,
+                  const View& dv_in, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  copy_convert_kernel<<<grid_for(n), kThreads, 0, stream>>>(src, st, sv, is_flat(sv), dst, dt, dv,
-                                                            is_flat(dv), n);
+  View sv = sv_in, dv = dv_in;
+  bool same_shape = sv.ndim == dv.ndim;
+  for (int d = 0; d < sv.ndim && same_shape; ++d) same_shape = sv.shape[d] == dv.shape[d];
+  if (same_shape) {
+    View* both[] = {&sv, &dv};
+    coalesce(both, 2);
+  } else {  // dst is flat (contiguous): each view on its own
+    View* one[] = {&sv};
+    coalesce(one, 1);
+  }
+  const bool sflat = is_flat(sv), dflat = is_flat(dv);
+  if (fits32(n, sv, dv))
+    copy_convert_kernel<uint32_t><<<grid_for(n), kThreads, 0, stream>>>(
+        src, st, sv, sflat, dst, dt, dv, dflat, static_cast<uint32_t>(n));
+  else
+    copy_convert_kernel<int64_t><<<grid_for(n), kThreads, 0, stream>>>(src, st, sv, sflat, dst, dt,
+                                                                       dv, dflat, n);
 }
 
 void fill(void* dst, Elem t, int64_t n, double value, cudaStream_t stream) {
@@ -190,15 +294,22 @@ void sum_of_squares_tiles(const void* x, Elem t, int64_t n, double* partial, cud
   sum_of_squares_kernel<<<static_cast<unsigned>(tiles), 512, 0, stream>>>(x, t, n, partial);
 }
 
-void binary(int op, const float* a, const View& va, const float* b, const View& vb, float* out,
-            const View& vout, int64_t n, cudaStream_t stream) {
+void binary(int op, const float* a, const View& va_in, const float* b, const View& vb_in,
+            float* out, const View& vout, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   (void)vout;  // out is contiguous
+  View va = va_in, vb = vb_in;
+  View* both[] = {&va, &vb};
+  coalesce(both, 2);
   if (is_flat(va) && is_flat(vb) && va.offset == 0 && vb.offset == 0) {
     binary_flat_kernel<<<grid_for(n), kThreads, 0, stream>>>(op, a, b, out, n);
     return;
   }
-  binary_kernel<<<grid_for(n), kThreads, 0, stream>>>(op, a, va, b, vb, out, n);
+  if (fits32(n, va, vb))
+    binary_kernel<uint32_t><<<grid_for(n), kThreads, 0, stream>>>(op, a, va, b, vb, out,
+                                                                  static_cast<uint32_t>(n));
+  else
+    binary_kernel<int64_t><<<grid_for(n), kThreads, 0, stream>>>(op, a, va, b, vb, out, n);
 }
 
 void unary(int op, const float* x, float* out, int64_t n, float scalar, cudaStream_t stream) {
@@ -206,16 +317,43 @@ void unary(int op, const float* x, float* out, int64_t n, float scalar, cudaStre
   unary_kernel<<<grid_for(n), kThreads, 0, stream>>>(op, x, out, n, scalar);
 }
 
+int64_t reduce_chunks(int64_t outer, int64_t reduced, int64_t inner) {
+  constexpr int64_t kMaxY = 65535, kScratch = int64_t{1} << 25;  // doubles (256 MiB)
+  if (outer > kMaxY || outer * inner == 0) return 1;
+  int64_t chunks;
+  if (inner == 1) {
+    chunks = reduced / (int64_t{1} << 14);  // ~16K elements a block
+    if (chunks > 1024) chunks = 1024;
+  } else {
+    chunks = reduced / 128;  // ~128 rows a thread
+    if (chunks > 64) chunks = 64;
+  }
+  while (chunks > 1 && outer * chunks * inner > kScratch) chunks /= 2;
+  if (chunks > kMaxY) chunks = kMaxY;
+  return chunks < 1 ? 1 : chunks;
+}
+
 void reduce(bool is_sum, const float* x, int64_t outer, int64_t reduced, int64_t inner, float* out,
-            cudaStream_t stream) {
+            double* scratch, cudaStream_t stream) {
   if (outer * inner == 0) return;
-  if (inner == 1 && outer <= (1LL << 31) - 1) {
-    reduce_rows_kernel<<<static_cast<unsigned>(outer), kThreads, 0, stream>>>(is_sum, x, reduced,
-                                                                               out);
+  const int64_t chunks = reduce_chunks(outer, reduced, inner);
+  if (outer > 65535) {  // beyond the grid's y/z limits, and parallel enough: a thread per output
+    reduce_flat_kernel<<<grid_for(outer * inner), kThreads, 0, stream>>>(is_sum, x, outer, reduced,
+                                                                         inner, out);
     return;
   }
-  reduce_cols_kernel<<<grid_for(outer * inner), kThreads, 0, stream>>>(is_sum, x, outer, reduced,
-                                                                       inner, out);
+  if (inner == 1) {
+    reduce_rows_kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(outer)),
+                         kThreads, 0, stream>>>(is_sum, x, reduced, chunks, scratch, out);
+  } else {
+    const dim3 grid(blocks_for(inner, kThreads), static_cast<unsigned>(chunks),
+                    static_cast<unsigned>(outer));
+    reduce_cols_kernel<<<grid, kThreads, 0, stream>>>(is_sum, x, reduced, inner, chunks, scratch,
+                                                      out);
+  }
+  if (chunks > 1)
+    reduce_finish_kernel<<<grid_for(outer * inner), kThreads, 0, stream>>>(is_sum, scratch, outer,
+                                                                           chunks, inner, out);
 }
 
 }  // namespace ds::backend::cuda_kernels

@@ -45,9 +45,11 @@ void binary(int op, const float* a, const View& va, const float* b, const View& 
             const View& vout, int64_t n, cudaStream_t stream);
 void unary(int op, const float* x, float* out, int64_t n, float scalar, cudaStream_t stream);
 // out (outer, inner) = sum / max over the middle dim of x (outer, reduced, inner); sums in double,
-// deterministic.
+// deterministic: long reductions are split into reduce_chunks() chunks fixed by the sizes alone,
+// whose partials (scratch: outer * chunks * inner doubles) are then combined in order.
+int64_t reduce_chunks(int64_t outer, int64_t reduced, int64_t inner);
 void reduce(bool is_sum, const float* x, int64_t outer, int64_t reduced, int64_t inner, float* out,
-            cudaStream_t stream);
+            double* scratch, cudaStream_t stream);
 
 // ---- neural-network rows (nn_kernels.cu); fp32, contiguous ----
 void layer_norm_forward(const float* x, const float* w, const float* b, float eps, int64_t rows,
@@ -87,6 +89,17 @@ void cross_entropy_backward(const float* logits, const void* targets, bool targe
 void dropout(const void* x, Elem x_type, void* out, Elem out_type, int64_t n, uint64_t threshold,
              float keep_scale, uint64_t seed, uint64_t stream_id, uint64_t base,
              cudaStream_t stream);
+
+// ---- optimizer (optim_kernels.cu) ----
+// The Adam step of ds::backend::AdamStep (backend.h), element by element with IEEE-rounded
+// intrinsics in the CPU kernel's order: bitwise its result. out16 (Elem bf16 or f16) or null.
+struct AdamConsts {
+  float grad_scale, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, inv_sqrt_bc2,
+      neg_step_size, weight_decay, neg_lr_wd;
+  bool l2_decay, decoupled_decay;
+};
+void adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamConsts& k,
+          void* out16, Elem out16_type, cudaStream_t stream);
 
 // ---- attention (attention.cu); fp32, q/out (B, NH, Tq, hd), k/v (B, NH, Tk, hd) ----
 // key_lens: B device int64s, or null for every key. Flash-style: scores never stored, each row's
