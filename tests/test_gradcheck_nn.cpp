@@ -39,6 +39,35 @@ TEST_P(GradcheckNN, Activations) {
             {leaf({3, 8}, 10, 2.0f), leaf({3, 8}, 11)});
 }
 
+TEST_P(GradcheckNN, ExactGelu) {
+  // Host kernel on every device (ops.h); values against erf directly, then the gradient.
+  const Tensor x = Tensor::from_data({-3.0f, -1.0f, -0.25f, 0.0f, 0.5f, 2.0f}, {6});
+  const std::vector<float> y = ops::gelu_erf(x).to_vector();
+  const std::vector<float> xs = x.to_vector();
+  for (size_t i = 0; i < xs.size(); ++i)
+    EXPECT_NEAR(y[i], 0.5 * xs[i] * (1.0 + std::erf(xs[i] / std::sqrt(2.0))), 1e-7) << xs[i];
+  gradcheck([](const V& x) { return ops::gelu_erf(x[0]); }, {leaf({4, 9}, 14, 2.0f)});
+}
+
+TEST_P(GradcheckNN, BinaryCrossEntropyWithLogits) {
+  // Against the formula in double, then the gradient (targets soft and hard, logits both signs).
+  const Tensor x = Tensor::from_data({-30.0f, -1.5f, 0.0f, 0.7f, 4.0f, 40.0f}, {2, 3});
+  const Tensor y = Tensor::from_data({0.0f, 1.0f, 0.5f, 0.25f, 1.0f, 0.0f}, {2, 3});
+  double want = 0.0;
+  const std::vector<float> xs = x.to_vector(), ys = y.to_vector();
+  for (size_t i = 0; i < xs.size(); ++i)
+    want += std::max<double>(xs[i], 0.0) - double(xs[i]) * ys[i] +
+            std::log1p(std::exp(-std::abs(double(xs[i]))));
+  EXPECT_NEAR(ops::bce_with_logits(x, y).item(), want / 6.0, 1e-6);
+  gradcheck(
+      [](const V& v) {
+        const Tensor t = Tensor::from_data({0.0f, 1.0f, 0.3f, 1.0f, 0.0f, 0.5f, 0.9f, 0.1f},
+                                           {2, 4});
+        return ops::bce_with_logits(v[0], t);
+      },
+      {leaf({2, 4}, 15, 2.0f)});
+}
+
 TEST_P(GradcheckNN, Softmax) {
   DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "softmax_forward", "softmax_backward");
   gradcheck([](const V& x) { return ops::softmax(x[0]); }, {leaf({3, 7}, 12, 2.0f)});

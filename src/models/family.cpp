@@ -29,7 +29,11 @@ const Family& family_for_model_type(const std::string& model_type, const std::st
   std::string why;
   if (model_type == "bert" || model_type == "roberta" || model_type == "deberta-v2" ||
       model_type == "deberta")
-    why = "; encoder classifiers are not supported yet";
+    why = model_type.rfind("deberta", 0) == 0
+              ? "; DeBERTa is not supported yet"
+              : "; encoder classifiers are read by models::read_hf_encoder_config into an "
+                "EncoderClassifier (ds/models/encoder_io.h), not as a decoder, and ds_train does "
+                "not train them yet";
   else if (model_type == "bart" || model_type == "blenderbot" || model_type == "t5" ||
            model_type == "mt5")
     why = "; encoder-decoder models are not supported yet";

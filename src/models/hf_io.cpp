@@ -15,16 +15,18 @@
 #include "ds/core/error.h"
 #include "ds/core/json_text.h"
 #include "ds/core/safetensors.h"
+#include "ds/models/encoder_family.h"
 #include "ds/models/family.h"
 #include "ds/ops/ops.h"
 #include "families/hf_config.h"
+#include "hf_files.h"
 
 namespace ds::models {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-namespace {
+namespace detail {
 
 // Index of the first NaN or Inf of a contiguous floating-point tensor (f32, bf16, f16), or -1.
 // Tested by exponent bits (all ones), a block at a time so the common all-finite case vectorises.
@@ -127,7 +129,11 @@ void write_text_atomic(const fs::path& path, const std::string& text) {
   }
 }
 
-}  // namespace
+}  // namespace detail
+
+using detail::first_non_finite;
+using detail::weight_files;
+using detail::write_text_atomic;
 
 std::string hf_name(nn::Layout layout, const std::string& ours) {
   const Family& f = layout == nn::Layout::gpt2 ? families::gpt2 : families::llama;
@@ -142,6 +148,11 @@ bool hf_transposed(nn::Layout layout, const std::string& ours) {
 GPTConfig hf_config_from_json(const json& j, const std::string& source) {
   DS_CHECK(j.is_object(), "[hf_io] {}: expected a JSON object", source);
   if (j.contains("ds_cpp")) {
+    // An encoder classifier's export (ds/models/encoder_io.h) has a "ds_cpp" block of its own:
+    // its model_type names the importer to use instead.
+    if (j.contains("model_type") && j["model_type"].is_string() &&
+        find_encoder_family(j["model_type"].get<std::string>()))
+      family_for_model_type(j["model_type"].get<std::string>(), source);  // throws, saying so
     try {
       return GPTConfig::from_json(j["ds_cpp"]);
     } catch (const ds::Error& e) {

@@ -3,6 +3,7 @@
 // backend (16-bit inputs are upcast, results returned in the input dtype) and records its backward.
 // Backward closures save detached fp32 copies of what they need, never the op's own output with
 // its history.
+#include <algorithm>
 #include <cmath>
 
 #include "ds/autograd/grad_mode.h"
@@ -153,6 +154,65 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) {
 Tensor gelu(const Tensor& x) {
   return activation(UnaryOp::gelu, BinaryOp::gelu_backward, "gelu", "GeluBackward", x);
 }
+namespace {
+
+// t as a contiguous fp32 tensor in host memory (a copy unless it is one already).
+Tensor host_f32(const Tensor& t) {
+  Tensor c = f32c(t);
+  if (c.device().is_cpu()) return c;
+  Tensor h = Tensor::empty(c.shape(), DType::f32, kCPU);
+  h.copy_from(c);
+  return h;
+}
+
+// A host fp32 result moved to `device` in dtype dt.
+Tensor from_host(const Tensor& h, Device device, DType dt) {
+  Tensor out = h;
+  if (!device.is_cpu()) {
+    out = Tensor::empty(h.shape(), DType::f32, device);
+    out.copy_from(h);
+  }
+  return as_dtype(out, dt);
+}
+
+}  // namespace
+
+Tensor gelu_erf(const Tensor& x) {
+  detail::check_float(x, "gelu_erf");
+  const Tensor hx = host_f32(x);
+  const int64_t n = hx.numel();
+  Tensor y = Tensor::empty(hx.shape(), DType::f32, kCPU);
+  {
+    const float* px = hx.data<float>();
+    float* py = y.data<float>();
+#pragma omp parallel for if (n > 65536)
+    for (int64_t i = 0; i < n; ++i)
+      py[i] = 0.5f * px[i] * (1.0f + std::erf(px[i] * static_cast<float>(M_SQRT1_2)));
+  }
+  Tensor out = from_host(y, x.device(), x.dtype());
+  if (!wants_grad({x})) return out;
+  const Tensor sx = hx.detach();
+  const Device dev = x.device();
+  const DType dt = x.dtype();
+  return autograd::record(out, "GeluErfBackward", {x}, [sx, dev, dt](const Tensor& g) -> std::vector<Tensor> {
+    // d/dx x Phi(x) = Phi(x) + x phi(x), phi the standard normal density.
+    const Tensor hg = host_f32(g);
+    const int64_t m = sx.numel();
+    Tensor dx = Tensor::empty(sx.shape(), DType::f32, kCPU);
+    const float* px = sx.data<float>();
+    const float* pg = hg.data<float>();
+    float* pd = dx.data<float>();
+    constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+#pragma omp parallel for if (m > 65536)
+    for (int64_t i = 0; i < m; ++i) {
+      const float v = px[i];
+      const float cdf = 0.5f * (1.0f + std::erf(v * static_cast<float>(M_SQRT1_2)));
+      pd[i] = pg[i] * (cdf + v * kInvSqrt2Pi * std::exp(-0.5f * v * v));
+    }
+    return {from_host(dx, dev, dt)};
+  });
+}
+
 Tensor silu(const Tensor& x) {
   return activation(UnaryOp::silu, BinaryOp::silu_backward, "silu", "SiluBackward", x);
 }
@@ -375,6 +435,42 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
     Tensor d = empty_f32(sl.shape(), sl);
     be(sl).cross_entropy_backward(sl, tc, ignore_index, lse, scale, d);
     return {as_dtype(d, dt)};
+  });
+}
+
+Tensor bce_with_logits(const Tensor& logits, const Tensor& targets) {
+  detail::check_float(logits, "bce_with_logits");
+  detail::check_float(targets, "bce_with_logits");
+  DS_CHECK(logits.shape() == targets.shape(),
+           "[bce_with_logits] targets {} must have the shape of the logits {}",
+           shape_str(targets.shape()), shape_str(logits.shape()));
+  const int64_t n = logits.numel();
+  DS_CHECK(n > 0, "[bce_with_logits] empty logits");
+  const Tensor hx = host_f32(logits), hy = host_f32(targets);
+  double total = 0.0;  // fixed order, double
+  {
+    const float* x = hx.data<float>();
+    const float* y = hy.data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = x[i];
+      total += std::max(v, 0.0) - v * y[i] + std::log1p(std::exp(-std::abs(v)));
+    }
+  }
+  Tensor out = Tensor::full({}, total / static_cast<double>(n), logits.dtype(), logits.device());
+  if (!wants_grad({logits})) return out;
+  const Tensor sx = hx.detach(), sy = hy.detach();
+  const Device dev = logits.device();
+  const DType dt = logits.dtype();
+  return autograd::record(out, "BCEWithLogitsBackward", {logits}, [=](const Tensor& g) -> std::vector<Tensor> {
+    // d/dx = (sigmoid(x) - y) / n
+    const double scale = g.item() / static_cast<double>(n);
+    Tensor d = Tensor::empty(sx.shape(), DType::f32, kCPU);
+    const float* x = sx.data<float>();
+    const float* y = sy.data<float>();
+    float* pd = d.data<float>();
+    for (int64_t i = 0; i < n; ++i)
+      pd[i] = static_cast<float>((1.0 / (1.0 + std::exp(-static_cast<double>(x[i]))) - y[i]) * scale);
+    return {from_host(d, dev, dt)};
   });
 }
 

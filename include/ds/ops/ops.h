@@ -59,6 +59,9 @@ Tensor embedding(const Tensor& weight, const Tensor& ids);  // (V, C), ids (...)
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps = 1e-5f);
 Tensor rms_norm(const Tensor& x, const Tensor& w, float eps = 1e-6f);
 Tensor gelu(const Tensor& x);  // tanh approximation (GPT-2's "gelu_new")
+// Exact GELU, x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) (BERT's "gelu", torch's default). The kernel
+// runs on the host (a device tensor is copied there and back) until Backend has an erf kernel.
+Tensor gelu_erf(const Tensor& x);
 Tensor silu(const Tensor& x);
 Tensor swiglu(const Tensor& gate, const Tensor& up);  // silu(gate) * up
 Tensor softmax(const Tensor& x);                      // over the last dim
@@ -91,6 +94,10 @@ Tensor rope(const Tensor& x, const std::vector<double>& inv_freq, float scale = 
 Tensor dropout(const Tensor& x, float p, bool training);
 // logits (N, V), targets (N) int32/int64 -> scalar mean loss over targets != ignore_index.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+// Binary cross entropy on logits (torch's BCEWithLogitsLoss, mean): logits and targets the same
+// shape, targets floats in [0, 1] -> scalar mean of max(x, 0) - x y + log(1 + exp(-|x|)). Computed
+// on the host in double (as gelu_erf); targets get no gradient.
+Tensor bce_with_logits(const Tensor& logits, const Tensor& targets);
 
 // ---- in place, never recorded (optimizers, gradient bookkeeping) ----
 void add_(const Tensor& dst, const Tensor& src, float alpha = 1.0f);  // dst += alpha * src

@@ -1,0 +1,68 @@
+#pragma once
+// Hugging Face import and export for models::EncoderClassifier (ds/models/encoder.h):
+// BertForSequenceClassification and RobertaForSequenceClassification folders (config.json +
+// model.safetensors or shards, F32 / BF16 / F16), transformers 4.x or 5.x config form.
+//
+//   auto cfg = models::read_hf_encoder_config("bert-folder");   // from config.json
+//   auto model = std::make_shared<models::EncoderClassifier>(*cfg, /*init=*/false);
+//   models::load_hf_encoder_weights(*model, "bert-folder");
+//   ...
+//   models::export_hf_encoder(*model, "out/hf_model");          // config.json + model.safetensors
+//
+// Tensor names are the class's: "bert."/"roberta." before the base model's names (optional on
+// import: a BertModel file has none), "classifier.*" unprefixed. The embeddings' position_ids /
+// token_type_ids buffers of old files and a RoBERTa file's pooler (which
+// RobertaForSequenceClassification does not have) are ignored on purpose; any other tensor that is
+// not a parameter is an error, and so is every missing or mis-shaped tensor: one error lists them
+// all. A classifier fine-tuned from a pretraining checkpoint (bert-base-uncased, roberta-base)
+// starts with a fresh head: build the model with init = true and load with allow_missing_head,
+// which also skips the pretraining heads (cls.*, lm_head.*).
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ds/core/dtype.h"
+#include "ds/models/encoder.h"
+
+namespace ds::models {
+
+// The EncoderConfig a config.json describes (model_type bert or roberta). Our exporter also writes
+// our own config under "ds_cpp", used as is when present. Throws "[hf_io] <source>: ..." naming the
+// field for another model type and for any field it does not know or cannot express (an unknown
+// field may change the math): position_embedding_type other than absolute, is_decoder,
+// add_cross_attention, an activation other than gelu / gelu_new / gelu_pytorch_tanh,
+// problem_type multi_label_classification.
+EncoderConfig encoder_config_from_json(const nlohmann::json& j,
+                                       const std::string& source = "config.json");
+// The config.json our exporter writes: the class's fields plus "ds_cpp".
+nlohmann::json encoder_config_to_json(const EncoderConfig& c);
+// The config.json of a folder whose model_type is an encoder family (bert, roberta); nullopt for
+// a folder without config.json, or whose model_type is not one (a decoder: ds/models/hf_io.h).
+std::optional<EncoderConfig> read_hf_encoder_config(const std::filesystem::path& path);
+
+struct EncoderLoadReport {
+  std::vector<std::string> files;         // safetensors files read
+  int64_t tensors = 0;                    // parameters filled
+  std::vector<std::string> ignored;       // file tensors skipped on purpose (buffers)
+  std::vector<std::string> missing_head;  // head parameters left as they were (allow_missing_head)
+};
+
+// Fills every parameter of `model` from `path` (a folder or a .safetensors file), converting to
+// the parameter dtype. Nothing is written unless every parameter has exactly one tensor of the
+// right shape, except that with allow_missing_head the classifier's (classifier.*) may be absent
+// and keep their values, and pretraining heads in the file (cls.*, lm_head.*) are skipped. Throws
+// "[hf_io] <file>: ..." listing every problem.
+EncoderLoadReport load_hf_encoder_weights(EncoderClassifier& model,
+                                          const std::filesystem::path& path,
+                                          bool allow_missing_head = false);
+
+// Writes dir/config.json (dtype, architectures, model_type, id2label) and dir/model.safetensors
+// (tensors in `dtype`, metadata format "pt"), creating dir: transformers' from_pretrained(dir)
+// and load_hf_encoder_weights(dir) both read it.
+void export_hf_encoder(const EncoderClassifier& model, const std::filesystem::path& dir,
+                       DType dtype = DType::f32);
+
+}  // namespace ds::models
