@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
@@ -24,6 +25,7 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <thread>
 
 #include "ds/comm/group.h"
 #include "ds/core/rng.h"
@@ -298,6 +300,31 @@ TEST(AioFiles, SwapDirsAreUniqueLockedAndRemoved) {
   EXPECT_NE(all_notes.find("deadhost-1-rank0-optimizer"), std::string::npos);
   EXPECT_NE(all_notes.find(dead_early.filename().string()), std::string::npos);
   EXPECT_THROW(io::SwapDir("/nonexistent/nvme", "x"), Error);
+}
+
+// Two runs starting on one disk at once (two ranks of a job): each one's start-up scan must never
+// take the other's folder for a dead run's. A lock file that existed unlocked for a moment (made,
+// then locked) let a scan delete a rank's folder right after it was created, and that rank's
+// swap file then could not be opened (test_offload_np2 failed so, now and then).
+TEST(AioFiles, SwapDirsStartingTogetherKeepEachOthersFolders) {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const fs::path root = scratch(fmt::format("swapdir_race_{}", rank ? rank : "0"));
+  std::atomic<bool> stop{false};
+  std::atomic<int> lost{0};
+  std::thread other([&] {
+    while (!stop.load()) io::SwapDir b(root.string(), "b");  // scans, creates, removes its own
+  });
+  for (int i = 0; i < 300; ++i) {
+    io::SwapDir a(root.string(), "a");
+    // The folder and its held lock are in place the moment the constructor returns, and stay.
+    std::ofstream f(a.path() + "/state.swp");
+    if (!f || !fs::exists(fs::path(a.path()) / "lock") ||
+        fs::exists(fs::path(a.path()) / "lock.tmp"))
+      ++lost;
+  }
+  stop = true;
+  other.join();
+  EXPECT_EQ(lost.load(), 0) << "a starting run's swap folder was removed by another's scan";
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -102,9 +102,17 @@ SwapDir::SwapDir(const std::string& nvme_path, const std::string& name,
   fs::remove_all(path_, ec);  // a previous process with our pid and name is certainly gone
   fs::create_directories(path_, ec);
   DS_CHECK(!ec, "[offload] cannot create {}: {}", path_, ec.message());
-  lock_fd_ = ::open((fs::path(path_) / "lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  // The lock file appears already locked: it is made and locked under another name, then renamed
+  // (the flock stays with the open file). A start-up scan by another run (another rank of this
+  // job, a second job on the disk) sees either no lock file, and then this live pid, or one that
+  // is held; never a lock file free for a moment, which it would take for a dead run's and delete
+  // this folder under us (seen: a rank's swap file vanished right after it was created).
+  const fs::path tmp = fs::path(path_) / "lock.tmp";
+  lock_fd_ = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   DS_CHECK(lock_fd_ >= 0 && ::flock(lock_fd_, LOCK_EX | LOCK_NB) == 0,
-           "[offload] cannot lock {}/lock: {}", path_, std::strerror(errno));
+           "[offload] cannot lock {}: {}", tmp.string(), std::strerror(errno));
+  DS_CHECK(::rename(tmp.c_str(), (fs::path(path_) / "lock").c_str()) == 0,
+           "[offload] cannot rename {} to lock: {}", tmp.string(), std::strerror(errno));
 }
 
 SwapDir::~SwapDir() {
