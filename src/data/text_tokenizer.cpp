@@ -113,6 +113,13 @@ TokenizerConfig read_config(const fs::path& folder, bool sentencepiece) {
 
 }  // namespace
 
+PairEncoding TextTokenizer::encode_pair(std::string_view, std::string_view, bool) const {
+  DS_THROW(
+      "[tokenizer] encode_pair: this {} tokenizer has no pair template; encode the two texts "
+      "separately and join them as the model expects",
+      kind());
+}
+
 bool has_tokenizer_files(const fs::path& dir) {
   std::error_code ec;
   auto has = [&](const char* name) { return fs::exists(dir / name, ec); };
@@ -123,7 +130,7 @@ bool has_tokenizer_files(const fs::path& dir) {
 std::unique_ptr<TextTokenizer> load_tokenizer(const fs::path& folder) {
   DS_CHECK(fs::is_directory(folder), "[tokenizer] '{}' is not a folder", folder.string());
   if (fs::exists(folder / "tokenizer.json"))
-    return detail::load_bpe_tokenizer_json(folder / "tokenizer.json", read_config(folder, false));
+    return detail::load_tokenizer_json(folder / "tokenizer.json", read_config(folder, false));
   if (fs::exists(folder / "tokenizer.model"))
     return detail::load_sentencepiece(folder / "tokenizer.model", read_config(folder, true));
   for (auto [vocab, merges] :
