@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -70,7 +71,9 @@ TEST(WordPiece, SingleTextsMatchTokenizers) {
     EXPECT_EQ(tok->vocab_size(), f["info"]["vocab_size"].get<int>()) << name;
     EXPECT_EQ(tok->config().unk_id, f["info"]["unk"].get<int>()) << name;
     EXPECT_EQ(tok->config().pad_id, f["info"]["pad"].get<int>()) << name;
-    EXPECT_EQ(tok->token_to_id("[CLS]"), f["info"]["cls"].get<int>()) << name;
+    EXPECT_EQ(tok->config().cls_id, f["info"]["cls"].get<int>()) << name;
+    EXPECT_EQ(tok->config().sep_id, f["info"]["sep"].get<int>()) << name;
+    EXPECT_EQ(tok->config().mask_id, tok->token_to_id("[MASK]")) << name;
     EXPECT_TRUE(tok->is_special(tok->token_to_id("[SEP]")));
     for (const json& c : f["cases"]) {
       const std::string text = c["text"];
@@ -133,10 +136,13 @@ TEST(WordPiece, PairsMatchTokenizers) {
 }
 
 TEST(WordPiece, ExportReloadsIdentically) {
+  // DS_TOKENIZER_EXPORT_DIR keeps the exports, to load them in transformers by hand.
+  const char* keep = std::getenv("DS_TOKENIZER_EXPORT_DIR");
   TempDir tmp;
+  const fs::path root = keep && *keep ? fs::path(keep) : tmp.path;
   for (const std::string name : kFolders) {
     auto tok = load_tokenizer(kFixtures / name);
-    const fs::path out = tmp.path / name;
+    const fs::path out = root / name;
     fs::create_directories(out);
     ds::data::export_tokenizer(*tok, out);
     EXPECT_TRUE(fs::exists(out / "vocab.txt"));
@@ -145,6 +151,9 @@ TEST(WordPiece, ExportReloadsIdentically) {
     for (int32_t id = 0; std::getline(vocab, line); ++id) EXPECT_EQ(line, tok->id_to_token(id));
     auto again = load_tokenizer(out);
     EXPECT_EQ(again->config().unk_id, tok->config().unk_id);
+    EXPECT_EQ(again->config().cls_id, tok->config().cls_id);
+    EXPECT_EQ(again->config().sep_id, tok->config().sep_id);
+    EXPECT_EQ(again->config().mask_id, tok->config().mask_id);
     for (const json& c : wordpiece_cases()["tokenizers"][name]["cases"])
       EXPECT_EQ(again->encode(c["text"].get<std::string>(), true), ids_of(c["ids_with_special"]));
   }

@@ -55,6 +55,9 @@ void resolve_special_ids(const TextTokenizer& tok, TokenizerConfig& config,
   resolve(config.eos_token, config.eos_id, "eos_token");
   resolve(config.pad_token, config.pad_id, "pad_token");
   resolve(config.unk_token, config.unk_id, "unk_token");
+  resolve(config.cls_token, config.cls_id, "cls_token");
+  resolve(config.sep_token, config.sep_id, "sep_token");
+  resolve(config.mask_token, config.mask_id, "mask_token");
 }
 
 }  // namespace detail
@@ -84,6 +87,9 @@ TokenizerConfig read_config(const fs::path& folder, bool sentencepiece) {
     c.eos_token = token("eos_token");
     c.pad_token = token("pad_token");
     c.unk_token = token("unk_token");
+    c.cls_token = token("cls_token");
+    c.sep_token = token("sep_token");
+    c.mask_token = token("mask_token");
     if (j.contains("add_bos_token") && j["add_bos_token"].is_boolean())
       c.add_bos_token = j["add_bos_token"];
     if (j.contains("add_eos_token") && j["add_eos_token"].is_boolean())

@@ -8,18 +8,19 @@
 //   // -1 when the folder names none
 //
 // load_tokenizer looks in the folder, in this order, for:
-//   tokenizer.json               byte-level BPE (GPT-2, Llama-3, Qwen2, ...), see
-//   bpe_tokenizer.cpp,
-//                                or WordPiece (BERT), see wordpiece_tokenizer.cpp
+//   tokenizer.json               byte-level BPE (GPT-2, Llama-3, Qwen2, ...: bpe_tokenizer.cpp)
+//                                or WordPiece (BERT: wordpiece_tokenizer.cpp), by model.type
 //   tokenizer.model              SentencePiece (LLaMA-1/2, Mistral v0.1), through libsentencepiece
 //   vocab.json + merges.txt      GPT-2's file pair (also encoder.json + vocab.bpe, OpenAI's names)
 // and reads tokenizer_config.json (and chat_template.jinja) when present, for the names of the
-// bos/eos/pad/unk tokens, add_bos_token/add_eos_token and the chat template. Anything it does not
-// implement exactly (another model type, an unknown pre-tokenizer regex, normalizer, ...) is a
-// ds::Error naming the file and the field, never a silently different tokenization.
+// bos/eos/pad/unk (and BERT's cls/sep/mask) tokens, add_bos_token/add_eos_token and the chat
+// template. Anything it does not implement exactly (another model type, an unknown pre-tokenizer
+// regex, normalizer, ...) is a ds::Error naming the file and the field, never a silently different
+// tokenization.
 //
 // Encoding follows HF `tokenizers` for tokenizer.json: added tokens (special or not) are matched in
-// the raw text first (leftmost, longest), the rest is normalized, pre-tokenized and BPE-merged;
+// the raw text first (leftmost, longest), the rest is normalized, pre-tokenized and BPE-merged
+// (WordPiece: split greedily into the longest vocabulary pieces);
 // with add_special_tokens the post-processor's tokens (e.g. Llama-3's BOS) are added. SentencePiece
 // folders encode as the sentencepiece library does (text that spells "<s>" stays text).
 //
@@ -43,6 +44,9 @@ namespace ds::data {
 struct TokenizerConfig {
   std::string bos_token, eos_token, pad_token, unk_token;
   int32_t bos_id = -1, eos_id = -1, pad_id = -1, unk_id = -1;
+  // BERT's: the classification and separator tokens of the pair template, and the MLM mask.
+  std::string cls_token, sep_token, mask_token;
+  int32_t cls_id = -1, sep_id = -1, mask_id = -1;
   // SentencePiece only (tokenizer.json carries its own post-processor): tokens encode(..., true)
   // adds.
   bool add_bos_token = false, add_eos_token = false;
