@@ -362,6 +362,21 @@ WORDPIECE_CASES = [
     "Fellow-Citizens of the Senate and of the House of Representatives:",
 ]
 
+def wordpiece_random_cases(n=60, seed=4321):
+    """Random strings over what BertNormalizer and BertPreTokenizer treat specially."""
+    import random
+    rng = random.Random(seed)
+    alphabet = (list("aZeTqxs") + ["the", "ing", "un", "##", "'", ".", ",", "!", "?", "-", "$", "^", "`",
+                "|", "~", "«", "»", "—", "…", "、", "。", " ", "  ", "\t", "\n", "\r\n", "\u00a0", "\u3000",
+                "\u2003", "\u0085", "\x00", "\x07", "\x7f", "\u200b", "\u200d", "\ufeff", "\ufffd", "\ue000",
+                "é", "É", "e\u0301", "\u0308", "ñ", "Å", "ſ", "İ", "ǅ", "Σ", "ß", "你", "好", "東", "\uf900",
+                "\U00020000", "こ", "한", "👍", "🏽", "①", "½", "٣", "[MASK]", "[SEP]", "[CLS]", "[UNK]", "[mask]"])
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 20))) for _ in range(n)]
+
+
+WORDPIECE_RANDOM = wordpiece_random_cases()
+WORDPIECE_CASES += WORDPIECE_RANDOM
+
 WORDPIECE_PAIRS = [
     ("Hello world", "How are you?"),
     ("", "only the second"),
@@ -369,7 +384,7 @@ WORDPIECE_PAIRS = [
     ("Café NAÏVE", "你好，世界！"),
     ("What is the capital of France?", "Paris is the capital of France."),
     ("[MASK] is here", "unknown xyzzyq " + "c" * 120),
-]
+] + list(zip(WORDPIECE_RANDOM[:10], WORDPIECE_RANDOM[10:20]))
 
 
 def wordpiece_cases(folder):
@@ -413,7 +428,7 @@ def main_wordpiece():
             shutil.rmtree(OUT / name)
         make_wordpiece(OUT / name, lowercase, strip_accents, bert_processing)
         result["tokenizers"][name] = wordpiece_cases(OUT / name)
-    (OUT / "wordpiece_cases.json").write_text(json.dumps(result, ensure_ascii=False, indent=1) + "\n")
+    (OUT / "wordpiece_cases.json").write_text(json.dumps(result, ensure_ascii=False) + "\n")
     print(f"wrote {', '.join(folders)} and wordpiece_cases.json in {OUT}")
 
 
