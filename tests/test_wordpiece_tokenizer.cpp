@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -220,4 +221,21 @@ TEST(WordPiece, NoDecoderJoinsTokensWithSpaces) {
                                     tok->token_to_id("##e")};
   ASSERT_GE(ids[2], 0);
   EXPECT_EQ(tok->decode(ids), "[CLS] the ##e");
+}
+
+TEST(WordPiece, LongInputsStayFast) {
+  auto tok = load_tokenizer(kFixtures / "bert_wordpiece");
+  // A 300 kB word is one [UNK] (longer than max_input_chars_per_word) without being searched.
+  const std::string word(300000, 'x');
+  EXPECT_EQ(tok->encode(word), std::vector<int32_t>{tok->config().unk_id});
+  // 1 MB of ordinary text: linear in its length.
+  std::string text;
+  while (text.size() < (1u << 20)) text += "The Quick, brown fox jumps over the lazy dog! ";
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int32_t> ids = tok->encode(text);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GT(ids.size(), text.size() / 8);
+  EXPECT_LT(seconds, 30.0);
+  EXPECT_THROW(tok->decode(std::vector<int32_t>{tok->vocab_size()}), ds::Error);
 }
