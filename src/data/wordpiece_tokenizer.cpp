@@ -9,10 +9,13 @@
 // points whose category changed between those Unicode versions may differ. Unassigned code points
 // (Cn) are not "control" there, and stay.
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdlib>
-#include <set>
+#include <initializer_list>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
 #include <utf8proc.h>
 
