@@ -12,12 +12,23 @@ puts them in .cache/data/sotu) plus a short multilingual paragraph:
   qwen2_bpe/    NFC normalizer, Split(Qwen2 regex) + ByteLevel, ChatML special tokens and the Qwen2
                 chat template (ChatML with a default system prompt)
   spm/          a SentencePiece BPE model with byte fallback (LLaMA-2 layout: <unk>=0 <s>=1 </s>=2)
+  bert_wordpiece/  WordPiece as bert-base-uncased: BertNormalizer, BertPreTokenizer, "##" subwords,
+                max_input_chars_per_word, WordPiece decoder, [CLS] A [SEP] / [CLS] A [SEP] B [SEP]
+                TemplateProcessing; bert_wordpiece_cased/ the same without lowercasing, accents
+                kept, and a BertProcessing post-processor
 
 and cases.json: for each folder and each tricky string, the ids AutoTokenizer.from_pretrained(folder)
 gives (transformers 5.x), with and without special tokens, and the decoded text; plus the ids of the
 real GPT-2 tokenizer (.cache/data/gpt2) and chat templates rendered by apply_chat_template.
 
     /tmp/dsvenv/bin/python tools/gen_hf_tokenizer_fixtures.py   # tokenizers, transformers, sentencepiece
+
+and wordpiece_cases.json: for the WordPiece folders, single texts and pairs, the ids, token type ids
+and decoded text the `tokenizers` library gives (checked against AutoTokenizer too).
+
+    /work/venv-hf/bin/python tools/gen_hf_tokenizer_fixtures.py --only wordpiece
+
+rewrites just the WordPiece folders and wordpiece_cases.json (no sentencepiece needed).
 
 The C++ tests (tests/test_hf_tokenizer.cpp, tests/test_chat_template.cpp) never run Python.
 """
@@ -28,7 +39,6 @@ import shutil
 import sys
 import tempfile
 
-import sentencepiece as spm
 import tokenizers
 import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -234,6 +244,7 @@ def make_qwen2(folder):
 
 
 def make_spm(folder):
+    import sentencepiece as spm
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         text = pathlib.Path(tmp) / "corpus.txt"
@@ -293,7 +304,139 @@ def chat_cases(folder, template, conversations):
     return {"tokenizer": folder.name, "jinja": template, "cases": out}
 
 
+WORDPIECE_SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+# Text the WordPiece vocabularies learn from, besides the speeches: accents, CJK, punctuation.
+WORDPIECE_TEXT = """
+The quick brown fox jumps over the lazy dog. Tokenization splits words into word pieces;
+unknown words become [UNK]. Running, runner, runs, unbelievable, rethinking, playing, played!
+Café, naïve, résumé and Zürich keep their accents in the cased model. What's this? It's BERT's.
+"""
+
+
+def make_wordpiece(folder, lowercase, strip_accents, bert_processing):
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                strip_accents=strip_accents, lowercase=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+    trainer = trainers.WordPieceTrainer(vocab_size=400, min_frequency=2, special_tokens=WORDPIECE_SPECIAL,
+                                        continuing_subword_prefix="##", show_progress=False)
+    tok.train_from_iterator(corpus() + [WORDPIECE_TEXT] * 20, trainer=trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    if bert_processing:
+        tok.post_processor = processors.BertProcessing(("[SEP]", sep), ("[CLS]", cls))
+    else:
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    save_fast(tok, folder, {"unk_token": "[UNK]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                            "sep_token": "[SEP]", "mask_token": "[MASK]", "model_max_length": 512,
+                            "clean_up_tokenization_spaces": False})
+
+
+WORDPIECE_CASES = [
+    "Hello world",
+    "",
+    "   ",
+    "The quick brown fox jumps over the lazy dog.",
+    "UPPERCASE Words And MiXeD cAsE",
+    "naïve café résumé Zürich crème brûlée ÀÉÎÕÜ",
+    "decomposed e\u0301 and a\u0308",
+    "你好，世界！自然语言处理 東京 안녕하세요",
+    "Chinese next to latin: abc中文def",
+    "punctuation!!! ...?? (brackets) [square] {curly} \"quotes\" 'single' a-b_c",
+    "symbols $5 + 3 = 8 ^ ` | ~ < > @ # % & * \\ /",
+    "unicode punctuation « guillemets » — dash … ellipsis ¿ ¡ · 、。",
+    "control\x00chars\x01and\x7f\u200bzero width\ufeffbom\ufffdreplacement",
+    "tabs\tand\nnewlines\r\nand\u00a0nbsp\u3000ideographic\u2003em",
+    "unknown words: xyzzyq qwxzv ☃ 👍🏽 🇫🇷",
+    "a" * 100,
+    "b" * 101 + " short",
+    "supercalifragilisticexpialidocious antidisestablishmentarianism",
+    "[CLS] spelled [SEP] in [MASK] text [UNK] [PAD]",
+    "before[MASK]after",
+    "I'm sure you're right; he'll say they've done what we'd planned. Don't!",
+    "numbers 1234567 and 3.14159 and 1,000,000",
+    "ſt long s and ǅ titlecase and İstanbul ΣΑΣ",
+    "Fellow-Citizens of the Senate and of the House of Representatives:",
+]
+
+def wordpiece_random_cases(n=60, seed=4321):
+    """Random strings over what BertNormalizer and BertPreTokenizer treat specially."""
+    import random
+    rng = random.Random(seed)
+    alphabet = (list("aZeTqxs") + ["the", "ing", "un", "##", "'", ".", ",", "!", "?", "-", "$", "^", "`",
+                "|", "~", "«", "»", "—", "…", "、", "。", " ", "  ", "\t", "\n", "\r\n", "\u00a0", "\u3000",
+                "\u2003", "\u0085", "\x00", "\x07", "\x7f", "\u200b", "\u200d", "\ufeff", "\ufffd", "\ue000",
+                "é", "É", "e\u0301", "\u0308", "ñ", "Å", "ſ", "İ", "ǅ", "Σ", "ß", "你", "好", "東", "\uf900",
+                "\U00020000", "こ", "한", "👍", "🏽", "①", "½", "٣", "[MASK]", "[SEP]", "[CLS]", "[UNK]", "[mask]"])
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 20))) for _ in range(n)]
+
+
+WORDPIECE_RANDOM = wordpiece_random_cases()
+WORDPIECE_CASES += WORDPIECE_RANDOM
+
+WORDPIECE_PAIRS = [
+    ("Hello world", "How are you?"),
+    ("", "only the second"),
+    ("only the first", ""),
+    ("Café NAÏVE", "你好，世界！"),
+    ("What is the capital of France?", "Paris is the capital of France."),
+    ("[MASK] is here", "unknown xyzzyq " + "c" * 120),
+] + list(zip(WORDPIECE_RANDOM[:10], WORDPIECE_RANDOM[10:20]))
+
+
+def wordpiece_cases(folder):
+    """Ids, type ids and decoded text from the tokenizers library (and the same ids from AutoTokenizer)."""
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    auto = AutoTokenizer.from_pretrained(str(folder))
+    singles, pairs = [], []
+    for text in WORDPIECE_CASES:
+        plain = tok.encode(text, add_special_tokens=False)
+        full = tok.encode(text, add_special_tokens=True)
+        assert auto.encode(text, add_special_tokens=False) == plain.ids, text
+        assert auto.encode(text, add_special_tokens=True) == full.ids, text
+        singles.append({"text": text, "ids": plain.ids, "ids_with_special": full.ids,
+                        "type_ids_with_special": full.type_ids, "normalized": tok.normalizer.normalize_str(text),
+                        "decoded": tok.decode(plain.ids, skip_special_tokens=False),
+                        "decoded_with_special": tok.decode(full.ids, skip_special_tokens=False),
+                        "decoded_skip_special": tok.decode(full.ids, skip_special_tokens=True)})
+    for a, b in WORDPIECE_PAIRS:
+        plain = tok.encode(a, b, add_special_tokens=False)
+        full = tok.encode(a, b, add_special_tokens=True)
+        if a and b:  # transformers takes an empty text as "no pair"
+            enc = auto(a, b, return_token_type_ids=True)
+            assert enc["input_ids"] == full.ids, (a, b)
+            assert enc["token_type_ids"] == full.type_ids, (a, b)
+        pairs.append({"a": a, "b": b, "ids": plain.ids, "type_ids": plain.type_ids,
+                      "ids_with_special": full.ids, "type_ids_with_special": full.type_ids,
+                      "decoded_with_special": tok.decode(full.ids, skip_special_tokens=False)})
+    info = {"vocab_size": tok.get_vocab_size(with_added_tokens=True), "unk": tok.token_to_id("[UNK]"),
+            "pad": tok.token_to_id("[PAD]"), "cls": tok.token_to_id("[CLS]"),
+            "sep": tok.token_to_id("[SEP]")}
+    return {"info": info, "cases": singles, "pairs": pairs}
+
+
+def main_wordpiece():
+    folders = {"bert_wordpiece": (True, None, False), "bert_wordpiece_cased": (False, False, True)}
+    result = {"generator": "tools/gen_hf_tokenizer_fixtures.py",
+              "versions": {"transformers": transformers.__version__,
+                           "tokenizers": tokenizers.__version__}, "tokenizers": {}}
+    for name, (lowercase, strip_accents, bert_processing) in folders.items():
+        if (OUT / name).exists():
+            shutil.rmtree(OUT / name)
+        make_wordpiece(OUT / name, lowercase, strip_accents, bert_processing)
+        result["tokenizers"][name] = wordpiece_cases(OUT / name)
+    (OUT / "wordpiece_cases.json").write_text(json.dumps(result, ensure_ascii=False) + "\n")
+    print(f"wrote {', '.join(folders)} and wordpiece_cases.json in {OUT}")
+
+
 def main():
+    if sys.argv[1:] == ["--only", "wordpiece"]:
+        main_wordpiece()
+        return
+    import sentencepiece as spm
     if OUT.exists():
         shutil.rmtree(OUT)
     OUT.mkdir(parents=True)
@@ -332,6 +475,7 @@ def main():
         "alpaca": chat_cases(OUT / "gpt2_bpe", ALPACA_TEMPLATE, ALPACA_CONVERSATIONS),
     }
     (OUT / "cases.json").write_text(json.dumps(result, ensure_ascii=False) + "\n")
+    main_wordpiece()
     total = sum(f.stat().st_size for f in OUT.rglob("*") if f.is_file())
     print(f"wrote {OUT} ({total / 1024:.0f} KiB)")
 

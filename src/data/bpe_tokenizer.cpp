@@ -525,19 +525,27 @@ void BpeTokenizer::save_model_files(const fs::path& dir) const {
 
 // ---- loaders ------------------------------------------------------------------------------------
 
-std::unique_ptr<TextTokenizer> load_bpe_tokenizer_json(const fs::path& file,
-                                                       const TokenizerConfig& config) {
+std::unique_ptr<TextTokenizer> load_tokenizer_json(const fs::path& file,
+                                                   const TokenizerConfig& config) {
   std::string text = read_text_file(file);
   const ojson j = parse_json(text, file);
   DS_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(),
            "[tokenizer] '{}' has no 'model' object; is it a Hugging Face tokenizer.json?",
            file.string());
-  const ojson& model = j["model"];
-  const std::string type = type_of(model);
+  const std::string type = type_of(j["model"]);
+  if (type == "WordPiece") return load_wordpiece_tokenizer_json(file, std::move(text), j, config);
   DS_CHECK(type == "BPE",
-           "[tokenizer] '{}': model.type '{}' is not supported; only byte-level BPE "
-           "tokenizer.json files are (SentencePiece models load from tokenizer.model)",
+           "[tokenizer] '{}': model.type '{}' is not supported; tokenizer.json files with a "
+           "byte-level BPE or a WordPiece model are (SentencePiece models load from "
+           "tokenizer.model)",
            file.string(), type);
+  return load_bpe_tokenizer_json(file, std::move(text), j, config);
+}
+
+std::unique_ptr<TextTokenizer> load_bpe_tokenizer_json(const fs::path& file, std::string text,
+                                                       const ojson& j,
+                                                       const TokenizerConfig& config) {
+  const ojson& model = j["model"];
   auto nonempty = [&](const char* key) {
     return model.contains(key) && !model[key].is_null() &&
            !(model[key].is_string() && model[key].get<std::string>().empty());

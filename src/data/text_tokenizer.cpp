@@ -55,6 +55,9 @@ void resolve_special_ids(const TextTokenizer& tok, TokenizerConfig& config,
   resolve(config.eos_token, config.eos_id, "eos_token");
   resolve(config.pad_token, config.pad_id, "pad_token");
   resolve(config.unk_token, config.unk_id, "unk_token");
+  resolve(config.cls_token, config.cls_id, "cls_token");
+  resolve(config.sep_token, config.sep_id, "sep_token");
+  resolve(config.mask_token, config.mask_id, "mask_token");
 }
 
 }  // namespace detail
@@ -84,6 +87,9 @@ TokenizerConfig read_config(const fs::path& folder, bool sentencepiece) {
     c.eos_token = token("eos_token");
     c.pad_token = token("pad_token");
     c.unk_token = token("unk_token");
+    c.cls_token = token("cls_token");
+    c.sep_token = token("sep_token");
+    c.mask_token = token("mask_token");
     if (j.contains("add_bos_token") && j["add_bos_token"].is_boolean())
       c.add_bos_token = j["add_bos_token"];
     if (j.contains("add_eos_token") && j["add_eos_token"].is_boolean())
@@ -113,6 +119,13 @@ TokenizerConfig read_config(const fs::path& folder, bool sentencepiece) {
 
 }  // namespace
 
+PairEncoding TextTokenizer::encode_pair(std::string_view, std::string_view, bool) const {
+  DS_THROW(
+      "[tokenizer] encode_pair: this {} tokenizer has no pair template; encode the two texts "
+      "separately and join them as the model expects",
+      kind());
+}
+
 bool has_tokenizer_files(const fs::path& dir) {
   std::error_code ec;
   auto has = [&](const char* name) { return fs::exists(dir / name, ec); };
@@ -123,7 +136,7 @@ bool has_tokenizer_files(const fs::path& dir) {
 std::unique_ptr<TextTokenizer> load_tokenizer(const fs::path& folder) {
   DS_CHECK(fs::is_directory(folder), "[tokenizer] '{}' is not a folder", folder.string());
   if (fs::exists(folder / "tokenizer.json"))
-    return detail::load_bpe_tokenizer_json(folder / "tokenizer.json", read_config(folder, false));
+    return detail::load_tokenizer_json(folder / "tokenizer.json", read_config(folder, false));
   if (fs::exists(folder / "tokenizer.model"))
     return detail::load_sentencepiece(folder / "tokenizer.model", read_config(folder, true));
   for (auto [vocab, merges] :

@@ -21,6 +21,9 @@ void export_tokenizer(const TextTokenizer& tok, const std::filesystem::path& dir
   put("eos_token", c.eos_token);
   put("pad_token", c.pad_token);
   put("unk_token", c.unk_token);
+  put("cls_token", c.cls_token);
+  put("sep_token", c.sep_token);
+  put("mask_token", c.mask_token);
   if (sp) {
     j["add_bos_token"] = c.add_bos_token;
     j["add_eos_token"] = c.add_eos_token;

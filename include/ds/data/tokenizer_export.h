@@ -13,8 +13,8 @@
 //   SentencePiece:  tokenizer.model (unchanged) and tokenizer_config.json with "LlamaTokenizer".
 //                   transformers builds its own pipeline from it, which agrees with sentencepiece
 //                   except on text that starts with whitespace (docs/tokenizers.md)
-// tokenizer_config.json also carries bos/eos/pad/unk_token, model_max_length, add_bos_token /
-// add_eos_token (SentencePiece) and chat_template.
+// tokenizer_config.json also carries bos/eos/pad/unk/cls/sep/mask_token, model_max_length,
+// add_bos_token / add_eos_token (SentencePiece) and chat_template.
 #include <filesystem>
 #include <string>
 
