@@ -31,9 +31,10 @@ echo "cublas: $cublas_dir"
 export LD_LIBRARY_PATH="$DIR/lib:$cublas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader || true
 
-# The test binaries look for their fixtures where they were built (DS_FIXTURE_DIR is absolute).
-build_root="${DS_BUILT_AT:-/work/main}"
-if [[ ! -e "$build_root/tests/fixtures" && "$build_root" != "$REPO" ]]; then
+# The test binaries look for their fixtures where they were built (DS_FIXTURE_DIR is absolute):
+# cuda_pack.sh wrote that path to DIR/built_at; link it to this checkout.
+build_root="$(cat "$DIR/built_at" 2>/dev/null || true)"
+if [[ -n "$build_root" && ! -e "$build_root/tests/fixtures" && "$build_root" != "$REPO" ]]; then
   mkdir -p "$(dirname "$build_root")" && ln -sfn "$REPO" "$build_root"
 fi
 

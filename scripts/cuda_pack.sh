@@ -23,4 +23,6 @@ ldd "$DIR"/bin/* | awk '/=> \// { print $3 }' | sort -u | while read -r lib; do
     *) cp -L "$lib" "$DIR/lib/" ;;
   esac
 done
+# The test binaries read fixtures at the absolute source path they were built from.
+sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt" >"$DIR/built_at"
 du -sh "$DIR/bin" "$DIR/lib"

@@ -22,9 +22,10 @@ ids skip it (create_position_ids_from_input_ids counts non-pad tokens).
 The test suite never runs Python: this script only (re)writes the committed fixtures, and checks
 an export of ours (test_hf_encoders writes it when DS_HF_EXPORT_DIR is set) against them:
 
-    /work/venv-hf/bin/python tools/gen_encoder_fixture.py [--out tests/fixtures/hf_families]
+    python3 -m venv /tmp/hf && /tmp/hf/bin/pip install torch transformers safetensors
+    /tmp/hf/bin/python tools/gen_encoder_fixture.py [--out tests/fixtures/hf_families]
     DS_HF_EXPORT_DIR=/tmp/enc_export build/tests/test_hf_encoders
-    /work/venv-hf/bin/python tools/gen_encoder_fixture.py --check-export /tmp/enc_export
+    /tmp/hf/bin/python tools/gen_encoder_fixture.py --check-export /tmp/enc_export
 
 Needs torch and transformers 5 (tested with torch 2.15, transformers 5.24).
 """

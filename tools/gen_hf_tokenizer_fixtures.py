@@ -26,7 +26,7 @@ real GPT-2 tokenizer (.cache/data/gpt2) and chat templates rendered by apply_cha
 and wordpiece_cases.json: for the WordPiece folders, single texts and pairs, the ids, token type ids
 and decoded text the `tokenizers` library gives (checked against AutoTokenizer too).
 
-    /work/venv-hf/bin/python tools/gen_hf_tokenizer_fixtures.py --only wordpiece
+    /tmp/dsvenv/bin/python tools/gen_hf_tokenizer_fixtures.py --only wordpiece   # tokenizers, transformers
 
 rewrites just the WordPiece folders and wordpiece_cases.json (no sentencepiece needed).
 

@@ -887,9 +887,9 @@ void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
                                                                    : z.offload_optimizer.pin_memory;
     if (pinned)
       st.warn(fmt::format(
-          "[config] zero_optimization.{}.pin_memory = true has no effect on this CPU-only build: "
-          "page-locked memory only speeds up copies to an accelerator (the swap buffers are "
-          "aligned host memory either way)",
+          "[config] zero_optimization.{}.pin_memory = true has no effect with NVMe offload: the "
+          "swap buffers are aligned host memory either way, and page-locked memory only speeds up "
+          "copies to a GPU (a GPU model's offload copies are always page-locked)",
           name));
   }
   if (z.offload_optimizer.device == OffloadDevice::CPU && z.stage == 0)

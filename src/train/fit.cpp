@@ -23,7 +23,9 @@ namespace {
 
 // Model-state bytes per rank in RAM and on disk for `cfg`: the one memory model
 // (zero/memory_model.h) over what the engine's strategy is told (runtime::zero_options), so the
-// check and the engine agree. "cpu" offload is not modelled: this CPU build ignores it.
+// check and the engine agree. "cpu" offload is not modelled: the engine keeps optimizer state in
+// host memory in every run. A GPU run (--device cuda) is counted as if it all lived in host memory
+// (its parameters and gradients are on the GPU): an overestimate of RAM, never an underestimate.
 zero::RankMemory model_state_bytes(int64_t params, int64_t frozen,
                                    const runtime::DeepSpeedConfig& cfg, int world_size) {
   const zero::Options o = runtime::zero_options(cfg, runtime::gradient_dtype(cfg), world_size);

@@ -35,8 +35,8 @@
 //     live on the host, the gradients as fp32 (DeepSpeed reduces each bucket straight into the
 //     host's fp32 partition, deepspeed/runtime/zero/stage_1_and_2.py, so from stage 2 on no
 //     gradient stays on the device); with offload_param "cpu" (stage 3) the parameter pieces too.
-//     On this CPU build host and device are the same memory: the engine ignores "cpu"
-//     (train::plan_fit models it as "none").
+//     The engine keeps optimizer state in host memory in every run, so it ignores "cpu"
+//     (train::plan_fit models it as "none"); a GPU model (docs/cuda.md) is laid out like this.
 //   "nvme" (this system's ZeRO-Infinity, zero/state_store.h, zero/offload/param_file.h): master
 //     weights (also in fp32 training once the parameters leave RAM) and moments go to disk, `ratio`
 //     of them, through a RAM ring of buffer_count sub-groups; gradients stay in RAM in their dtype
