@@ -10,10 +10,12 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/fast_math.h"
+#include "ds/backend/backend.h"
 #include "ds/core/error.h"
 #include "ds/core/parallel.h"
 #include "ds/core/rng.h"
@@ -289,6 +291,55 @@ TEST_P(Ops, AdamStepIsBitwiseTheCpuOptimizer) {
     optim::AdamConfig c;
     EXPECT_NE(error_of([&] { optim::adam_update(dp, elsewhere, dp, dp, 1, c); })
                   .find("keep the optimizer state with the parameters"),
+              std::string::npos);
+  }
+}
+
+// The offloaded optimizer step's copies (ds/backend/backend.h TransferQueue): copies enqueued
+// after after_kernels() see what earlier kernels wrote; kernels enqueued after before_kernels()
+// see what earlier copies brought; a wait covers its ticket and every earlier one.
+TEST_P(Ops, TransferQueueOrdersCopiesAgainstKernels) {
+  backend::Backend& be = backend::get(device());
+  const int64_t n = (int64_t{1} << 21) + 7, chunks = 5;
+  Tensor dev = Tensor::zeros({n}, DType::f32, device());
+  Tensor host = Tensor::from_storage(be.host_staging(static_cast<size_t>(n) * 4), {n}, DType::f32);
+  std::unique_ptr<backend::TransferQueue> q = be.transfer_queue();
+  for (int round = 1; round <= 2; ++round) {
+    // Down: the copies wait for the kernels enqueued before them.
+    ops::fill_(dev, 1.5 * round);
+    ops::mul_(dev, 2.0f);
+    q->after_kernels();
+    const int64_t chunk = (n + chunks - 1) / chunks;
+    std::vector<uint64_t> tickets;
+    for (int64_t b = 0; b < n; b += chunk) {
+      const int64_t len = std::min(chunk, n - b);
+      tickets.push_back(q->copy(dev.flat_range(b, len), host.flat_range(b, len)));
+    }
+    for (size_t i = 1; i < tickets.size(); ++i) EXPECT_EQ(tickets[i], tickets[i - 1] + 1);
+    q->wait(tickets.back());
+    const float* h = host.data<float>();
+    const float want = 3.0f * static_cast<float>(round);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) wrong += h[i] != want;
+    EXPECT_EQ(wrong, 0) << "round " << round;
+    // Up: kernels enqueued after before_kernels() read the copied values.
+    float* hw = host.data<float>();
+    for (int64_t i = 0; i < n; ++i) hw[i] = static_cast<float>(i % 1000);
+    const uint64_t up = q->copy(host, dev);
+    q->before_kernels();
+    ops::mul_(dev, 0.5f);
+    const std::vector<float> back = host_vector(dev);
+    q->wait(up);
+    wrong = 0;
+    for (int64_t i = 0; i < n; ++i) wrong += back[static_cast<size_t>(i)] != 0.5f * static_cast<float>(i % 1000);
+    EXPECT_EQ(wrong, 0) << "round " << round;
+  }
+  EXPECT_NE(error_of([&] { q->copy(dev, Tensor::zeros({n}, DType::bf16)); })
+                .find("contiguous tensors of one dtype and size"),
+            std::string::npos);
+  if (!device().is_cpu()) {
+    EXPECT_NE(error_of([&] { q->copy(dev, Tensor::zeros({n}, DType::f32, device())); })
+                  .find("between the GPU and host memory"),
               std::string::npos);
   }
 }
