@@ -18,19 +18,27 @@ PART="${4:-all}"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LOGS="${OUT:-$DIR/logs}"
 mkdir -p "$LOGS"
+# The packed libraries, and cuBLAS from the machine's toolkit (scripts/cuda_device_check.sh finds
+# it elsewhere when the toolkit is not at /usr/local/cuda).
+export LD_LIBRARY_PATH="$DIR/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 
 if [[ "$PART" == ours || "$PART" == all ]]; then
-echo "=== ds_train --device cuda gpt2-xl, limit ${LIMIT} GiB, batch ${BATCH}x1024"
-rm -rf /dev/shm/ds_fit_run  # the final checkpoint (21 GB) in memory: no disk time
-timeout 300 "$DIR/bin/ds_train" --device cuda --device_memory_limit "$LIMIT" --model gpt2-xl \
-  --deepspeed "$REPO/bench/cuda/gpt2xl_offload.json" --train_data "$DIR/sotu" \
-  --output_dir /dev/shm/ds_fit_run --block_size 1024 --per_device_train_batch_size "$BATCH" \
-  --gradient_checkpointing --max_steps 6 --learning_rate 1e-4 --warmup_steps 0 --export_hf none \
-  --sample_tokens 0 --eval_steps 1000 --eval_batches 1 --logging_steps 1 --save_steps 0 \
-  --skip_memory_check 2>&1 | tee "$LOGS/ds_train_fit.log" |
-  grep -E "device|model:|step .*/|rror|memory|done" | head -n 30
-rm -rf /dev/shm/ds_fit_run
+# OURS_CONFIGS: the DeepSpeed configs to run ds_train with (default: ZeRO-2 + offload_optimizer cpu,
+# fp32 gradients; bench/cuda/gpt2xl_offload_bf16grads.json keeps bf16 gradients as DeepSpeed does;
+# bench/cuda/gpt2xl_offload_timed.json prints the fwd/bwd/step breakdown each step).
+for cfg in ${OURS_CONFIGS:-bench/cuda/gpt2xl_offload.json}; do
+  echo "=== ds_train --device cuda gpt2-xl, $cfg, limit ${LIMIT} GiB, batch ${BATCH}x1024"
+  rm -rf /dev/shm/ds_fit_run  # the final checkpoint (21 GB) in memory: no disk time
+  timeout 300 "$DIR/bin/ds_train" --device cuda --device_memory_limit "$LIMIT" --model gpt2-xl \
+    --deepspeed "$REPO/$cfg" --train_data "$DIR/sotu" \
+    --output_dir /dev/shm/ds_fit_run --block_size 1024 --per_device_train_batch_size "$BATCH" \
+    --gradient_checkpointing --max_steps 6 --learning_rate 1e-4 --warmup_steps 0 --export_hf none \
+    --sample_tokens 0 --eval_steps 1000 --eval_batches 1 --logging_steps 1 --save_steps 0 \
+    --skip_memory_check 2>&1 | tee "$LOGS/ds_train_fit_$(basename "$cfg" .json).log" |
+    grep -E "device|model:|step .*/|rror|memory|time \(ms\)|done" | head -n 30
+  rm -rf /dev/shm/ds_fit_run
+done
 fi
 [[ "$PART" == ours ]] && exit 0
 

@@ -124,6 +124,9 @@ class Backend {
   // set_per_process_memory_fraction, in bytes; 0 = no cap): an allocation beyond it fails with the
   // out-of-memory error, as on a smaller card. Default: throws (host memory has no cap here).
   virtual void set_memory_limit(uint64_t bytes);
+  // Blocks until every kernel and copy enqueued on this device so far is done (timing, and
+  // handing results to another thread). The CPU runs kernels synchronously: nothing to wait for.
+  virtual void synchronize() {}
   // dst = src elementwise; same shape, any strides for both, converts dtype.
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
   virtual void fill(const Tensor& dst, double value) = 0;  // contiguous dst, any dtype

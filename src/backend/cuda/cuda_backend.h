@@ -105,7 +105,7 @@ class CudaBackend final : public Backend {
 
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
-  void synchronize();
+  void synchronize() override;
   // Throws with the kernel's name when the last launch failed.
   void check_launch(const char* kernel);
 
