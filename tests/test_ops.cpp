@@ -344,6 +344,50 @@ TEST_P(Ops, TransferQueueOrdersCopiesAgainstKernels) {
   }
 }
 
+// The fused LM head + cross entropy against linear + cross_entropy: the loss and both gradients,
+// fp32 (summation order only) and bf16 (the same roundings), in one block and in several.
+TEST_P(Ops, LinearCrossEntropyMatchesLinearThenCrossEntropy) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "gemm", "cross_entropy_forward",
+                           "cross_entropy_backward");
+  const int64_t N = 37, C = 24, V = 61;
+  std::vector<int64_t> tv(N);
+  for (int64_t i = 0; i < N; ++i) tv[static_cast<size_t>(i)] = i % 7 == 3 ? -100 : (i * 13) % V;
+  const Tensor targets = ds::testing::to_device(Tensor::from_ints(tv, {N}), device());
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    for (const int64_t block : {int64_t{0}, int64_t{8}}) {
+      auto make = [&](const Shape& s, uint64_t seed) {
+        Tensor t = ds::testing::to_device(randn(s, seed, 0.5f).to(dt), device());
+        t.set_requires_grad(true);
+        return t;
+      };
+      const Tensor x1 = make({N, C}, 70), w1 = make({V, C}, 71);
+      const Tensor x2 = make({N, C}, 70), w2 = make({V, C}, 71);
+      const Tensor ref = ops::cross_entropy(ops::linear(x1, w1), targets);
+      const Tensor fused = ops::linear_cross_entropy(x2, w2, targets, -100, block);
+      ops::mul(ref, 3.0f).backward();
+      ops::mul(fused, 3.0f).backward();
+      const double tol = dt == DType::f32 ? 2e-6 : 2e-2;
+      const std::string what = std::string(dtype_name(dt)) + " block " + std::to_string(block);
+      EXPECT_NEAR(fused.item(), ref.item(), tol * std::abs(ref.item())) << what;
+      for (const auto& [a, b] : {std::pair{x1, x2}, std::pair{w1, w2}}) {
+        const std::vector<float> ga = host_vector(a.grad()), gb = host_vector(b.grad());
+        double worst = 0, scale = 0;
+        for (size_t i = 0; i < ga.size(); ++i) {
+          worst = std::max(worst, static_cast<double>(std::abs(ga[i] - gb[i])));
+          scale = std::max(scale, static_cast<double>(std::abs(ga[i])));
+        }
+        EXPECT_LE(worst, tol * scale) << what;
+      }
+    }
+  }
+  EXPECT_NE(error_of([&] {
+              ops::linear_cross_entropy(Tensor::zeros({4, 3}, DType::f32, device()),
+                                        Tensor::zeros({5, 2}, DType::f32, device()),
+                                        targets);
+            }).find("must be (N, C) and (V, C)"),
+            std::string::npos);
+}
+
 TEST_P(Ops, GeluSiluSwigluMatchFormulas) {
   DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "unary", "binary");  // swiglu: silu(x) * u
   Tensor x = randn({1000}, 7, 3.0f), u = randn({1000}, 8);
