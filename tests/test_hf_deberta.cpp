@@ -83,7 +83,8 @@ std::string error_of(F&& f) {
 // p2c the rel LayerNorm's bias likewise only shifts every c2p score of a query alike. Both sides
 // hold rounding noise there, measured against the model's largest gradient instead.
 bool zero_in_exact_arithmetic(const std::string& name, const models::EncoderConfig& c) {
-  return name.ends_with("pos_key_proj.bias") || (!c.deberta.p2c && name.ends_with("key_proj.bias")) ||
+  return name.ends_with("pos_key_proj.bias") ||
+         (!c.deberta.p2c && name.ends_with("key_proj.bias")) ||
          (!c.deberta.p2c && name == "encoder.LayerNorm.bias");
 }
 
@@ -215,8 +216,7 @@ TEST_P(HFDeberta, PadRowOfTheWordEmbeddingsGetsNoGradient) {
   for (const auto& [name, p] : m->named_parameters()) {
     if (name != "embeddings.word_embeddings.weight") continue;
     const std::vector<float> g = p.grad().to_vector();
-    for (int64_t j = 0; j < E; ++j)
-      EXPECT_EQ(g[static_cast<size_t>(c.pad_token_id * E + j)], 0.0f);
+    for (int64_t j = 0; j < E; ++j) EXPECT_EQ(g[static_cast<size_t>(c.pad_token_id * E + j)], 0.0f);
   }
 }
 
@@ -466,7 +466,9 @@ TEST(DebertaClassifier, OwnModelInitialisesAndChecksItsInputs) {
                m.logits({ids, Tensor::from_ints({1, 2, 1, 0, 1, 1, 0, 0}, {2, 4}), {}});
              }),
              "only 0 and 1");
-  EXPECT_HAS(error_of([&] { m.loss({ids, {}, {}}, Tensor::from_ints({0, 3}, {2})); }),
+  EXPECT_HAS(error_of([&] {
+               m.loss({ids, {}, {}}, Tensor::from_ints({0, 3}, {2}));
+             }),
              "outside [0, num_labels 3)");
   // A mask with a hole in the middle is fine (any 0/1 mask with token 0 kept), and longer
   // sequences than max_positions are too (no absolute positions; distances are clamped).

@@ -20,8 +20,8 @@ using nlohmann::json;
 namespace {
 
 bool known_act(const std::string& a) {
-  return a == "gelu" || a == "gelu_new" || a == "gelu_pytorch_tanh" || a == "tanh" ||
-         a == "silu" || a == "swish";
+  return a == "gelu" || a == "gelu_new" || a == "gelu_pytorch_tanh" || a == "tanh" || a == "silu" ||
+         a == "swish";
 }
 
 // transformers' ACT2FN for the names known_act accepts.
@@ -79,7 +79,8 @@ int64_t deberta_num_parameters(const EncoderConfig& c) {
   n += c.type_vocab_size * E;
   if (E != C) n += E * C;
   int64_t layer = 4 * (C * C + C) + 2 * (2 * C) + (C * F + F) + (F * C + C);
-  if (d.relative_attention && !d.share_att_key) layer += ((d.c2p ? 1 : 0) + (d.p2c ? 1 : 0)) * (C * C + C);
+  if (d.relative_attention && !d.share_att_key)
+    layer += ((d.c2p ? 1 : 0) + (d.p2c ? 1 : 0)) * (C * C + C);
   n += c.n_layer * layer;
   if (d.relative_attention) n += 2 * d.att_span(c.max_positions) * C;
   if (d.norm_rel_ebd) n += 2 * C;
@@ -135,8 +136,8 @@ DebertaOptions deberta_options_from_json(const json& j) {
   std::vector<std::string> pos;
   get("pos_att_type", pos);
   for (const auto& p : pos) {
-    DS_CHECK(p == "c2p" || p == "p2c",
-             "[model] deberta pos_att_type \"{}\" is unknown (c2p, p2c)", p);
+    DS_CHECK(p == "c2p" || p == "p2c", "[model] deberta pos_att_type \"{}\" is unknown (c2p, p2c)",
+             p);
     (p == "c2p" ? d.c2p : d.p2c) = true;
   }
   return d;
@@ -150,8 +151,8 @@ int64_t deberta_log_bucket(int64_t rel, int64_t bucket_size, int64_t max_positio
   // torch: abs / mid in float32, log in float32, the log of (max_position - 1) / mid (a double
   // made a float32 tensor), ceil(ratio * (mid - 1)) + mid.
   const float num = std::log(static_cast<float>(a) / static_cast<float>(mid));
-  const float den =
-      std::log(static_cast<float>(static_cast<double>(max_position - 1) / static_cast<double>(mid)));
+  const float den = std::log(
+      static_cast<float>(static_cast<double>(max_position - 1) / static_cast<double>(mid)));
   const float v = std::ceil(num / den * static_cast<float>(mid - 1)) + static_cast<float>(mid);
   const int64_t b = static_cast<int64_t>(v);
   return rel < 0 ? -b : b;
@@ -219,7 +220,7 @@ class DebertaClassifier::Conv : public nn::Module {
     Tensor xp = p > 0 ? ops::concat({pad, x, pad}, 1) : x;  // (B, T + 2p, C)
     Tensor out;
     for (int64_t k = 0; k < K_; ++k) {
-      Tensor xs = ops::slice(xp, 1, k, k + T);                                    // (B, T, C)
+      Tensor xs = ops::slice(xp, 1, k, k + T);  // (B, T, C)
       Tensor wk = ops::reshape(ops::contiguous(ops::slice(weight_, 2, k, k + 1)), {C, Cg});
       Tensor y;
       if (G == 1) {
@@ -250,7 +251,8 @@ class DebertaClassifier::Layer : public nn::Module {
         d_(c.deberta),
         batch_(std::move(batch)) {
     const int64_t C = c.n_embd, F = c.ffn_hidden;
-    auto attention = register_module("attention", std::make_shared<Container>("DebertaV2Attention"));
+    auto attention =
+        register_module("attention", std::make_shared<Container>("DebertaV2Attention"));
     auto self = attention->add("self", std::make_shared<Container>("DisentangledSelfAttention"));
     query_ = self->add("query_proj", std::make_shared<nn::Linear>(C, C));
     key_ = self->add("key_proj", std::make_shared<nn::Linear>(C, C));
@@ -314,8 +316,8 @@ class DebertaClassifier::Layer : public nn::Module {
   std::string act_;
   DebertaOptions d_;
   std::shared_ptr<Batch> batch_;
-  std::shared_ptr<nn::Linear> query_, key_, value_, pos_key_, pos_query_, attn_dense_,
-      inter_dense_, out_dense_;
+  std::shared_ptr<nn::Linear> query_, key_, value_, pos_key_, pos_query_, attn_dense_, inter_dense_,
+      out_dense_;
   std::shared_ptr<nn::LayerNorm> attn_norm_, out_norm_;
 };
 
@@ -402,8 +404,7 @@ Tensor DebertaClassifier::embed(const EncoderInputs& in, const Tensor& mask) {
   // (B, T, 1) 1 where the token is not the pad id: padding_idx rows get no gradient (as
   // EncoderClassifier's lookup: keep * e + (1 - keep) * e.detach() is e exactly).
   Tensor x = (*word_)(ids);  // (B, T, E)
-  if (x.requires_grad() &&
-      std::find(id.begin(), id.end(), c.pad_token_id) != id.end()) {
+  if (x.requires_grad() && std::find(id.begin(), id.end(), c.pad_token_id) != id.end()) {
     std::vector<float> k(id.size());
     for (size_t i = 0; i < id.size(); ++i) k[i] = id[i] == c.pad_token_id ? 0.0f : 1.0f;
     const Tensor keep = on_device(Tensor::from_data(k, {B, T, 1}), dev).to(x.dtype());
@@ -474,7 +475,8 @@ Tensor DebertaClassifier::encode(const EncoderInputs& in) {
     std::vector<int64_t> all(static_cast<size_t>(2 * S)), c2p(static_cast<size_t>(L)),
         p2c(static_cast<size_t>(L));
     for (int64_t i = 0; i < 2 * S; ++i) all[static_cast<size_t>(i)] = i;
-    const int64_t maxpos = d.max_relative_positions >= 1 ? d.max_relative_positions : c.max_positions;
+    const int64_t maxpos =
+        d.max_relative_positions >= 1 ? d.max_relative_positions : c.max_positions;
     for (int64_t m = 0; m < L; ++m) {
       const int64_t r = deberta_log_bucket(T - 1 - m, d.position_buckets, maxpos);
       c2p[static_cast<size_t>(m)] = std::clamp<int64_t>(r + S, 0, 2 * S - 1);
@@ -490,7 +492,7 @@ Tensor DebertaClassifier::encode(const EncoderInputs& in) {
   Tensor x = x0;
   for (size_t i = 0; i < layers_.size(); ++i) {
     x = (*layers_[i])(x);
-    if (i == 0 && conv_) {  // ConvLayer(x0, x, mask)
+    if (i == 0 && conv_) {        // ConvLayer(x0, x, mask)
       Tensor out = (*conv_)(x0);  // (B, T, C)
       if (mask.defined()) out = ops::mul(out, mask.to(out.dtype()));
       out = activate(c.deberta.conv_act, ops::dropout(out, c.hidden_dropout, is_training()));

@@ -79,23 +79,23 @@ int64_t EncoderConfig::num_parameters() const {
 
 json EncoderConfig::to_json() const {
   json j = {{"family", family},
-          {"vocab_size", vocab_size},
-          {"max_positions", max_positions},
-          {"type_vocab_size", type_vocab_size},
-          {"n_layer", n_layer},
-          {"n_head", n_head},
-          {"n_embd", n_embd},
-          {"ffn_hidden", ffn_hidden},
-          {"hidden_act", hidden_act},
-          {"norm_eps", norm_eps},
-          {"hidden_dropout", hidden_dropout},
-          {"attention_dropout", attention_dropout},
-          {"classifier_dropout", classifier_dropout},
-          {"pad_token_id", pad_token_id},
-          {"num_labels", num_labels},
-          {"problem_type", problem_type},
-          {"initializer_range", initializer_range},
-          {"seed", seed}};
+            {"vocab_size", vocab_size},
+            {"max_positions", max_positions},
+            {"type_vocab_size", type_vocab_size},
+            {"n_layer", n_layer},
+            {"n_head", n_head},
+            {"n_embd", n_embd},
+            {"ffn_hidden", ffn_hidden},
+            {"hidden_act", hidden_act},
+            {"norm_eps", norm_eps},
+            {"hidden_dropout", hidden_dropout},
+            {"attention_dropout", attention_dropout},
+            {"classifier_dropout", classifier_dropout},
+            {"pad_token_id", pad_token_id},
+            {"num_labels", num_labels},
+            {"problem_type", problem_type},
+            {"initializer_range", initializer_range},
+            {"seed", seed}};
   if (is_deberta()) j["deberta"] = deberta_options_to_json(deberta);
   return j;
 }
@@ -105,8 +105,7 @@ EncoderConfig EncoderConfig::from_json(const json& j) {
   EncoderConfig c;
   const json known = c.to_json();
   for (const auto& [k, v] : j.items())
-    DS_CHECK(known.contains(k) || k == "deberta", "[model] unknown encoder config field \"{}\"",
-             k);
+    DS_CHECK(known.contains(k) || k == "deberta", "[model] unknown encoder config field \"{}\"", k);
   auto get = [&](const char* key, auto& field) {
     if (!j.contains(key)) return;
     try {
@@ -134,8 +133,10 @@ EncoderConfig EncoderConfig::from_json(const json& j) {
   get("initializer_range", c.initializer_range);
   get("seed", c.seed);
   if (j.contains("deberta")) {
-    DS_CHECK(c.is_deberta(), "[model] encoder config field \"deberta\" is for family deberta-v2, "
-             "not {}", c.family);
+    DS_CHECK(c.is_deberta(),
+             "[model] encoder config field \"deberta\" is for family deberta-v2, "
+             "not {}",
+             c.family);
     c.deberta = deberta_options_from_json(j["deberta"]);
   }
   c.validate();

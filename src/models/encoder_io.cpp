@@ -150,7 +150,8 @@ EncoderLoadReport load_hf_encoder_weights(SequenceClassifier& model, const fs::p
   }
   for (const auto& [key, found] : by_key) {
     if (used.count(key)) continue;
-    if (family.is_buffer(found.entry->name) || (allow_missing_head && is_pretraining_head(family, key))) {
+    if (family.is_buffer(found.entry->name) ||
+        (allow_missing_head && is_pretraining_head(family, key))) {
       report.ignored.push_back(found.entry->name);
       continue;
     }

@@ -79,9 +79,9 @@ class DebertaClassifier : public SequenceClassifier {
 
   // What the layers of one forward read besides their input (set by encode()).
   struct Batch {
-    Tensor key_bias;            // (B, 1, 1, T): 0, or -1e30 for masked keys; undefined: none
-    Tensor rel;                 // (2S, C) the (normalised) relative embeddings
-    Tensor c2p_ids, p2c_ids;    // (2T-1) int64 rows of rel for distances T-1 .. -(T-1)
+    Tensor key_bias;          // (B, 1, 1, T): 0, or -1e30 for masked keys; undefined: none
+    Tensor rel;               // (2S, C) the (normalised) relative embeddings
+    Tensor c2p_ids, p2c_ids;  // (2T-1) int64 rows of rel for distances T-1 .. -(T-1)
   };
 
  private:

@@ -48,12 +48,12 @@ namespace ds::models {
 // DeBERTa-v2's own switches (EncoderConfig::family "deberta-v2"; ds/models/deberta.h describes
 // the math). Names are DebertaV2Config's.
 struct DebertaOptions {
-  int64_t embedding_size = 0;         // E of the embeddings; 0: n_embd (else embed_proj E -> C)
-  bool position_biased_input = true;  // absolute position embeddings added to the words
-  bool relative_attention = false;    // disentangled attention over rel_embeddings
+  int64_t embedding_size = 0;           // E of the embeddings; 0: n_embd (else embed_proj E -> C)
+  bool position_biased_input = true;    // absolute position embeddings added to the words
+  bool relative_attention = false;      // disentangled attention over rel_embeddings
   int64_t max_relative_positions = -1;  // < 1: max_positions
   int64_t position_buckets = -1;        // > 0: log-bucketed relative positions, 2 * this rows
-  bool share_att_key = false;  // relative keys/queries through key_proj/query_proj (else pos_*)
+  bool share_att_key = false;     // relative keys/queries through key_proj/query_proj (else pos_*)
   bool c2p = false, p2c = false;  // pos_att_type: content->position, position->content
   bool norm_rel_ebd = false;      // norm_rel_ebd "layer_norm": encoder.LayerNorm on rel_embeddings
   int64_t conv_kernel_size = 0;   // > 0 (odd): the ConvLayer after layer 0

@@ -33,10 +33,10 @@
 
 namespace ds::models {
 
-// The EncoderConfig a config.json describes (model_type bert, roberta or deberta-v2). Our exporter also writes
-// our own config under "ds_cpp", used as is when present. Throws "[hf_io] <source>: ..." naming the
-// field for another model type and for any field it does not know or cannot express (an unknown
-// field may change the math): position_embedding_type other than absolute, is_decoder,
+// The EncoderConfig a config.json describes (model_type bert, roberta or deberta-v2). Our exporter
+// also writes our own config under "ds_cpp", used as is when present. Throws "[hf_io] <source>:
+// ..." naming the field for another model type and for any field it does not know or cannot express
+// (an unknown field may change the math): position_embedding_type other than absolute, is_decoder,
 // add_cross_attention, an activation other than gelu / gelu_new / gelu_pytorch_tanh,
 // problem_type multi_label_classification.
 EncoderConfig encoder_config_from_json(const nlohmann::json& j,

@@ -127,7 +127,8 @@ EncoderConfig read(const json& j, const std::string& model_type, const std::stri
   DS_CHECK(c.n_head > 0 && c.n_embd % c.n_head == 0,
            "[hf_io] {}: hidden_size {} is not divisible by num_attention_heads {}", source,
            c.n_embd, c.n_head);
-  const int64_t head = hf::get_field<int64_t>(j, "attention_head_size", c.n_embd / c.n_head, source);
+  const int64_t head =
+      hf::get_field<int64_t>(j, "attention_head_size", c.n_embd / c.n_head, source);
   DS_CHECK(head == c.n_embd / c.n_head,
            "[hf_io] {}: attention_head_size {} differs from hidden_size / num_attention_heads "
            "{}; only that head size is supported",
@@ -211,7 +212,7 @@ json write(const EncoderConfig& c) {
 
 std::string place(const EncoderConfig&, const std::string& ours) {
   return ours.rfind("classifier.", 0) == 0 || ours.rfind("pooler.", 0) == 0 ? ours
-                                                                              : "deberta." + ours;
+                                                                            : "deberta." + ours;
 }
 
 bool is_buffer(const std::string& name) {
