@@ -40,7 +40,8 @@ void EncoderConfig::validate() const {
     DS_CHECK(v > 0, "[model] encoder {} must be positive, got {}", name, v);
   DS_CHECK(n_embd % n_head == 0, "[model] encoder n_embd {} not divisible by n_head {}", n_embd,
            n_head);
-  DS_CHECK(hidden_act == "gelu" || hidden_act == "gelu_new" || hidden_act == "gelu_pytorch_tanh",
+  DS_CHECK(is_deberta() || hidden_act == "gelu" || hidden_act == "gelu_new" ||
+               hidden_act == "gelu_pytorch_tanh",  // deberta-v2: validate_deberta
            "[model] encoder hidden_act \"{}\" is not supported (gelu, gelu_new, "
            "gelu_pytorch_tanh)",
            hidden_act);

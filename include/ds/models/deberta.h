@@ -77,14 +77,14 @@ class DebertaClassifier : public SequenceClassifier {
   void init_weights() override;
   bool init_parameter_range(size_t index, int64_t begin, int64_t count, float* out) const override;
 
-  // What the layers of one forward read besides their input (set by encode()).
+ private:
+  // What the layers of one forward read besides their input: set by encode() before the layers
+  // run, released after (the autograd graph keeps what backward needs).
   struct Batch {
     Tensor key_bias;          // (B, 1, 1, T): 0, or -1e30 for masked keys; undefined: none
     Tensor rel;               // (2S, C) the (normalised) relative embeddings
     Tensor c2p_ids, p2c_ids;  // (2T-1) int64 rows of rel for distances T-1 .. -(T-1)
   };
-
- private:
   class Layer;
   class Conv;
   EncoderConfig config_;
