@@ -477,6 +477,23 @@ TEST(DebertaClassifier, OwnModelInitialisesAndChecksItsInputs) {
             (Shape{2, 3}));
   EXPECT_EQ(m.logits({Tensor::from_ints(std::vector<int64_t>(50, 5), {2, 25}), {}, {}}).shape(),
             (Shape{2, 3}));
+  // Checkpointing the whole model (Module::operator() recomputes it in backward) gives the same
+  // gradients; one layer alone is refused.
+  {
+    models::DebertaClassifier plain(tiny()), ckpt(tiny());
+    plain.train(false);
+    ckpt.train(false);
+    ckpt.set_gradient_checkpointing(true);
+    ops::sum(plain(ids)).backward();
+    ops::sum(ckpt(ids)).backward();
+    const auto pa = plain.named_parameters(), pb = ckpt.named_parameters();
+    for (size_t i = 0; i < pa.size(); ++i)
+      EXPECT_EQ(pa[i].second.grad().to_vector(), pb[i].second.grad().to_vector()) << pa[i].first;
+    ckpt.set_gradient_checkpointing(false);
+    for (const auto& [name, module] : ckpt.named_modules())
+      if (name == "encoder.layer.0") module->set_gradient_checkpointing(true);
+    EXPECT_HAS(error_of([&] { ckpt(ids); }), "gradient checkpointing of one DeBERTa layer");
+  }
   // Dropout only in training.
   models::EncoderConfig dc = tiny();
   dc.hidden_dropout = 0.5f;

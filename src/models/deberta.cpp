@@ -272,6 +272,11 @@ class DebertaClassifier::Layer : public nn::Module {
   }
 
   Tensor forward(const Tensor& x) override {  // (B, T, C) -> (B, T, C)
+    // A recomputation would backpropagate into the batch's relative embeddings, a graph shared by
+    // every layer, once per layer: checkpoint the whole model instead.
+    DS_CHECK(!gradient_checkpointing(),
+             "[deberta] gradient checkpointing of one DeBERTa layer is not supported (the layers "
+             "share the batch's relative embeddings); checkpoint the whole model, or none");
     const int64_t B = x.size(0), T = x.size(1), C = x.size(2), NH = n_head_, hd = C / NH;
     auto heads = [&](const Tensor& y) {  // (..., n, C) -> (..., NH, n, hd)
       Shape s = y.shape();

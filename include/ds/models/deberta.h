@@ -40,8 +40,9 @@
 // pooled); token_type_ids are ignored when type_vocab_size is 0 (as transformers). The pad id's
 // word_embeddings row gets no gradient (padding_idx).
 //
-// Gradient checkpointing of a layer is not supported: a layer reads the batch's relative
-// embeddings and mask from the model (set by encode()), outside its one input.
+// Gradient checkpointing of one layer is refused ("[deberta] ..."): a layer reads the batch's
+// relative embeddings and mask from the model (set by encode()), outside its one input.
+// Checkpointing the whole model (its own set_gradient_checkpointing) works.
 #include <memory>
 #include <vector>
 
