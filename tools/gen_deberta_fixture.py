@@ -8,9 +8,10 @@ model.safetensors as save_pretrained wrote them, and reference.safetensors with
   passes none), labels (I64 (B) class ids; F32 (B) for regression)
   logits (F32, (B, num_labels)), loss (F32, scalar), grad.<Hugging Face parameter name> (F32)
   adamw_losses (F32, (10)): the loss before each of 10 torch AdamW steps (as gen_encoder_fixture,
-  but eps 1e-6: in deberta_xl one conv weight's gradient sits at fp32 rounding level (1e-7, where
-  torch's own fp32 run has 3e-7), and with eps 1e-8 Adam turns that noise into a full-size step
-  whose effect on the next loss (1e-4) hides everything else)
+  but eps 1e-6: in deberta_xl some conv weights' gradients sit at fp32 rounding level (one is
+  1.3e-7 in float64, 1.2e-8 in ours and 3.0e-7 in torch's own fp32 run), and with eps 1e-8 Adam
+  turns that noise into steps of up to lr, which moved our next losses by up to 1e-3 of the
+  reference (torch fp32: 2e-5); with 1e-6 such steps shrink tenfold)
 deberta_xl is the shape of microsoft/deberta-v2-xlarge(-mnli) in miniature; its reference also
 holds transformers' make_log_bucket_position over every relative distance for the xlarge settings
 (bucket.256_512: distances -1023..1023) and for the fixture's own (bucket.8_24).
