@@ -122,8 +122,9 @@ struct EncoderConfig {
 };
 
 // One batch. Every tensor is (B, T) int32/int64. attention_mask: 1 for tokens, 0 for padding,
-// which must be right padding (each row 1...1 0...0 with at least one 1); undefined = no padding.
-// token_type_ids: segment ids in [0, type_vocab_size); undefined = all 0 (transformers' default).
+// which must be right padding (each row 1...1 0...0 with at least one 1; DebertaClassifier: any
+// 0/1 mask whose first column is 1); undefined = no padding. token_type_ids: segment ids in
+// [0, type_vocab_size); undefined = all 0 (transformers' default).
 struct EncoderInputs {
   Tensor input_ids;
   Tensor attention_mask;
