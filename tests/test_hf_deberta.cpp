@@ -477,6 +477,14 @@ TEST(DebertaClassifier, OwnModelInitialisesAndChecksItsInputs) {
             (Shape{2, 3}));
   EXPECT_EQ(m.logits({Tensor::from_ints(std::vector<int64_t>(50, 5), {2, 25}), {}, {}}).shape(),
             (Shape{2, 3}));
+  // One token (the skew's degenerate case) is the same computation as the first of two whose
+  // second is masked out.
+  const std::vector<float> one = m.logits({Tensor::from_ints({5, 8}, {2, 1}), {}, {}}).to_vector();
+  const std::vector<float> two =
+      m.logits(
+           {Tensor::from_ints({5, 6, 8, 9}, {2, 2}), Tensor::from_ints({1, 0, 1, 0}, {2, 2}), {}})
+          .to_vector();
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(one[i], two[i], 1e-6f);
   // Checkpointing the whole model (Module::operator() recomputes it in backward) gives the same
   // gradients; one layer alone is refused.
   {
