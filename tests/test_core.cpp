@@ -207,6 +207,15 @@ TEST(Backend, CudaStubExplainsItself) {
   }
 #endif
   EXPECT_FALSE(backend::cpu().gemm_info().empty());
+  // Host memory has no cap to set; synchronize() has nothing to wait for.
+  try {
+    backend::cpu().set_memory_limit(1 << 20);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("device memory limits apply to GPUs"), std::string::npos)
+        << e.what();
+  }
+  backend::cpu().synchronize();
 }
 
 TEST(Text, QuotedExcerptEscapesAndCuts) {

@@ -172,6 +172,10 @@ TEST_F(TrainerTest, PlanErrorsSayWhatToChange) {
             std::string::npos);
   EXPECT_NE(message([](train::Options& o) { o.device = "cuda:1"; }).find("CUDA_VISIBLE_DEVICES"),
             std::string::npos);
+  // --device_memory_limit caps GPU memory: on the CPU it is refused, not ignored.
+  EXPECT_NE(message([](train::Options& o) { o.device_memory_limit_gib = 24; })
+                .find("--device_memory_limit 24 caps GPU memory: it needs --device cuda"),
+            std::string::npos);
   if (backend::cuda_device_count() == 0) {
     const std::string gpu = message([](train::Options& o) { o.device = "cuda"; });
     EXPECT_TRUE(gpu.find("-DDS_WITH_CUDA=ON") != std::string::npos ||
