@@ -10,8 +10,13 @@
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
 #include "ds/models/gpt.h"  // ParamInit / GPT::init_values: the same counter-based draws
+#include "module_util.h"
 
 namespace ds::models {
+
+using detail::check_ids;
+using detail::Container;
+using detail::on_device;
 
 using nlohmann::json;
 
@@ -161,32 +166,6 @@ int64_t deberta_log_bucket(int64_t rel, int64_t bucket_size, int64_t max_positio
 // ---- the module tree ----
 
 namespace {
-
-class Container : public nn::Module {
- public:
-  explicit Container(std::string type) : Module(std::move(type)) {}
-  template <class M>
-  std::shared_ptr<M> add(const std::string& name, std::shared_ptr<M> m) {
-    return register_module(name, std::move(m));
-  }
-};
-
-Tensor on_device(const Tensor& host, Device device) {
-  if (device.is_cpu()) return host;
-  Tensor t = Tensor::empty(host.shape(), host.dtype(), device);
-  t.copy_from(host);
-  return t;
-}
-
-void check_ids(const Tensor& t, const char* what, int64_t B, int64_t T) {
-  DS_CHECK(t.defined() && t.dim() == 2 && (t.dtype() == DType::i32 || t.dtype() == DType::i64),
-           "[deberta] {} must be a (B, T) int32/int64 tensor, got {} {}", what,
-           t.defined() ? shape_str(t.shape()) : "undefined",
-           t.defined() ? dtype_name(t.dtype()) : "");
-  DS_CHECK(B < 0 || (t.size(0) == B && t.size(1) == T),
-           "[deberta] {} is {}, input_ids ({}, {}): they must have the same shape", what,
-           shape_str(t.shape()), B, T);
-}
 
 // out[..., q, k] = e[..., q, T-1-q+k] for e (..., T, 2T-1) whose column m holds distance
 // q - k = T-1-m: row q of the result starts at flat offset q * (2T-1) + T-1-q of e, i.e. rows of
@@ -425,7 +404,7 @@ Tensor DebertaClassifier::embed(const EncoderInputs& in, const Tensor& mask) {
   if (token_type_) {
     Tensor types;
     if (in.token_type_ids.defined()) {
-      check_ids(in.token_type_ids, "token_type_ids", B, T);
+      check_ids(in.token_type_ids, "deberta", "token_type_ids", B, T);
       for (int64_t v : in.token_type_ids.to_int_vector())
         DS_CHECK(v >= 0 && v < c.type_vocab_size,
                  "[deberta] token_type_ids holds {}, outside [0, type_vocab_size {})", v,
@@ -445,7 +424,7 @@ Tensor DebertaClassifier::embed(const EncoderInputs& in, const Tensor& mask) {
 Tensor DebertaClassifier::encode(const EncoderInputs& in) {
   const EncoderConfig& c = config_;
   const DebertaOptions& d = c.deberta;
-  check_ids(in.input_ids, "input_ids", -1, -1);
+  check_ids(in.input_ids, "deberta", "input_ids", -1, -1);
   const int64_t B = in.input_ids.size(0), T = in.input_ids.size(1);
   DS_CHECK(B >= 1 && T >= 1, "[deberta] empty batch {}", shape_str(in.input_ids.shape()));
   const Device dev = in.input_ids.device();
@@ -454,7 +433,7 @@ Tensor DebertaClassifier::encode(const EncoderInputs& in) {
   Tensor mask;
   batch_->key_bias = Tensor();
   if (in.attention_mask.defined()) {
-    check_ids(in.attention_mask, "attention_mask", B, T);
+    check_ids(in.attention_mask, "deberta", "attention_mask", B, T);
     const std::vector<int64_t> m = in.attention_mask.to_int_vector();
     std::vector<float> keep(m.size()), bias(m.size());
     bool any = false;

@@ -12,8 +12,13 @@
 #include "ds/core/error.h"
 #include "ds/models/deberta.h"
 #include "ds/models/gpt.h"  // ParamInit / GPT::init_values: the same counter-based draws
+#include "module_util.h"
 
 namespace ds::models {
+
+using detail::check_ids;
+using detail::Container;
+using detail::on_device;
 
 using nlohmann::json;
 
@@ -147,35 +152,6 @@ EncoderConfig EncoderConfig::from_json(const json& j) {
 // ---- the module tree ----
 
 namespace {
-
-// A module that only names its children (transformers' attention / output / intermediate
-// wrappers); never called itself: the parameters' own modules run their hooks.
-class Container : public nn::Module {
- public:
-  explicit Container(std::string type) : Module(std::move(type)) {}
-  template <class M>
-  std::shared_ptr<M> add(const std::string& name, std::shared_ptr<M> m) {
-    return register_module(name, std::move(m));
-  }
-};
-
-// A host tensor (int ids or fp32 values) on `device`.
-Tensor on_device(const Tensor& host, Device device) {
-  if (device.is_cpu()) return host;
-  Tensor t = Tensor::empty(host.shape(), host.dtype(), device);
-  t.copy_from(host);
-  return t;
-}
-
-void check_ids(const Tensor& t, const char* what, int64_t B, int64_t T) {
-  DS_CHECK(t.defined() && t.dim() == 2 && (t.dtype() == DType::i32 || t.dtype() == DType::i64),
-           "[encoder] {} must be a (B, T) int32/int64 tensor, got {} {}", what,
-           t.defined() ? shape_str(t.shape()) : "undefined",
-           t.defined() ? dtype_name(t.dtype()) : "");
-  DS_CHECK(B < 0 || (t.size(0) == B && t.size(1) == T),
-           "[encoder] {} is {}, input_ids ({}, {}): they must have the same shape", what,
-           shape_str(t.shape()), B, T);
-}
 
 // weight[ids] whose gradient skips the rows of ids equal to pad (torch's Embedding(padding_idx)).
 // keep (B, T, 1) is 1 where ids != pad: keep * e + (1 - keep) * e.detach() is e exactly (each
@@ -330,7 +306,7 @@ void EncoderClassifier::init_weights() {
 
 Tensor EncoderClassifier::embed(const EncoderInputs& in) {
   const EncoderConfig& c = config_;
-  check_ids(in.input_ids, "input_ids", -1, -1);
+  check_ids(in.input_ids, "encoder", "input_ids", -1, -1);
   const Tensor& ids = in.input_ids;
   const int64_t B = ids.size(0), T = ids.size(1);
   DS_CHECK(B >= 1 && T >= 1, "[encoder] empty batch {}", shape_str(ids.shape()));
@@ -362,7 +338,7 @@ Tensor EncoderClassifier::embed(const EncoderInputs& in) {
 
   Tensor types;
   if (in.token_type_ids.defined()) {
-    check_ids(in.token_type_ids, "token_type_ids", B, T);
+    check_ids(in.token_type_ids, "encoder", "token_type_ids", B, T);
     for (int64_t v : in.token_type_ids.to_int_vector())
       DS_CHECK(v >= 0 && v < c.type_vocab_size,
                "[encoder] token_type_ids holds {}, outside [0, type_vocab_size {})", v,
@@ -390,7 +366,7 @@ Tensor EncoderClassifier::encode(const EncoderInputs& in) {
   const int64_t B = x.size(0), T = x.size(1);
   mask_->key_lengths.clear();
   if (in.attention_mask.defined()) {
-    check_ids(in.attention_mask, "attention_mask", B, T);
+    check_ids(in.attention_mask, "encoder", "attention_mask", B, T);
     const std::vector<int64_t> m = in.attention_mask.to_int_vector();
     for (int64_t b = 0; b < B; ++b) {
       int64_t len = 0;

@@ -69,19 +69,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
            "[linear_cross_entropy] targets {} must be ({}), one per row of x",
            shape_str(targets.shape()), N);
   const Tensor tc = targets.contiguous();
-  int64_t count = 0;
-  {
-    const std::vector<int64_t> t = tc.to_int_vector();
-    for (int64_t n = 0; n < N; ++n) {
-      const int64_t v = t[static_cast<size_t>(n)];
-      if (v == ignore_index) continue;
-      DS_CHECK(v >= 0 && v < V,
-               "[cross_entropy] target {} (at position {}) is out of range for {} classes "
-               "(ignore_index is {})",
-               v, n, V, ignore_index);
-      ++count;
-    }
-  }
+  const int64_t count = detail::count_targets(tc, V, ignore_index);
   // The GEMMs run in the operands' common dtype (fp32 when they differ), as ops::linear's.
   const DType dt = x.dtype() == w.dtype() ? x.dtype() : DType::f32;
   const Tensor xc = x.dtype() == dt ? x.contiguous() : x.to(dt);

@@ -407,17 +407,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   const int64_t V = logits.size(-1), N = shape_numel(lead);
   DS_CHECK(V > 0, "[cross_entropy] logits have no classes");
   Tensor tc = targets.contiguous();
-  int64_t count = 0;
-  {
-    const std::vector<int64_t> t = tc.to_int_vector();
-    for (int64_t n = 0; n < N; ++n) {
-      const int64_t v = t[static_cast<size_t>(n)];
-      if (v == ignore_index) continue;
-      DS_CHECK(v >= 0 && v < V, "[cross_entropy] target {} (at position {}) is out of range for {} classes "
-               "(ignore_index is {})", v, n, V, ignore_index);
-      ++count;
-    }
-  }
+  const int64_t count = detail::count_targets(tc, V, ignore_index);
   Tensor fl = f32c(logits);
   Tensor losses = empty_f32({N}, logits), lse = empty_f32({N}, logits);  // (N)
   be(logits).cross_entropy_forward(fl, tc, ignore_index, losses, lse);

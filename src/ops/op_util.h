@@ -1,5 +1,8 @@
 #pragma once
 // Helpers shared by op implementations (internal).
+#include <cstdint>
+#include <vector>
+
 #include "ds/backend/backend.h"
 #include "ds/core/error.h"
 #include "ds/core/tensor.h"
@@ -27,6 +30,23 @@ inline int64_t norm_dim(int64_t d, int64_t nd, const char* op) {
   const int64_t r = d < 0 ? d + nd : d;
   DS_CHECK(r >= 0 && r < nd, "[{}] dimension {} out of range for a {}-d tensor", op, d, nd);
   return r;
+}
+
+// The targets that count in a cross entropy over `classes` classes: those != ignore_index, each
+// checked to be in [0, classes) (the error names the position). targets contiguous int32/int64.
+inline int64_t count_targets(const Tensor& targets, int64_t classes, int64_t ignore_index) {
+  const std::vector<int64_t> t = targets.to_int_vector();
+  int64_t count = 0;
+  for (size_t n = 0; n < t.size(); ++n) {
+    const int64_t v = t[n];
+    if (v == ignore_index) continue;
+    DS_CHECK(v >= 0 && v < classes,
+             "[cross_entropy] target {} (at position {}) is out of range for {} classes "
+             "(ignore_index is {})",
+             v, n, classes, ignore_index);
+    ++count;
+  }
+  return count;
 }
 
 // Result in dtype dt (from an fp32 kernel output).
