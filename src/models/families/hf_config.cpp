@@ -330,4 +330,30 @@ json write_decoder_fields(const GPTConfig& c) {
           {"tie_word_embeddings", c.tie_embeddings}};
 }
 
+void finish_classifier_config(const json& j, EncoderConfig& c, const std::string& source) {
+  const bool has_id2label = j.contains("id2label") && j["id2label"].is_object();
+  if (has_id2label) c.num_labels = static_cast<int64_t>(j["id2label"].size());
+  if (j.contains("num_labels") && !j["num_labels"].is_null()) {
+    const int64_t n = hf::get_field<int64_t>(j, "num_labels", 2, source);
+    DS_CHECK(!has_id2label || n == c.num_labels,
+             "[hf_io] {}: num_labels {} disagrees with id2label's {} labels", source, n,
+             c.num_labels);
+    c.num_labels = n;
+  }
+  DS_CHECK(c.num_labels >= 1, "[hf_io] {}: id2label / num_labels gives {} labels; at least 1",
+           source, c.num_labels);
+  c.problem_type = hf::get_field<std::string>(j, "problem_type", "", source);
+  DS_CHECK(c.problem_type.empty() || c.problem_type == "regression" ||
+               c.problem_type == "single_label_classification" ||
+               c.problem_type == "multi_label_classification",
+           "[hf_io] {}: problem_type \"{}\" is unknown (regression, single_label_classification, "
+           "multi_label_classification)",
+           source, c.problem_type);
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    DS_THROW("[hf_io] {}: {}", source, e.what());
+  }
+}
+
 }  // namespace ds::models::hf

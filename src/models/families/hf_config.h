@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/core/error.h"
+#include "ds/models/encoder.h"
 #include "ds/models/gpt.h"
 
 namespace ds::models::hf {
@@ -44,6 +45,11 @@ T get_field(const json& j, const char* key, T fallback, const std::string& sourc
     DS_THROW("[hf_io] {}: bad value for \"{}\": {}", source, key, j[key].dump());
   }
 }
+
+// The sequence-classification fields every encoder family reads the same way, then the config's
+// own validation: num_labels from id2label's size (transformers writes it) or num_labels (older
+// files; the two must agree; PretrainedConfig's default 2), and problem_type. Errors name `source`.
+void finish_classifier_config(const json& j, EncoderConfig& c, const std::string& source);
 
 // Config keys that never change a model's math: bookkeeping, token ids, generation defaults and
 // PretrainedConfig's generic switches.
