@@ -240,3 +240,49 @@ TEST(MemoryModelTable, RefusesNonsense) {
   s.stage = 0;
   EXPECT_THROW(zero::model_state_memory(s, -1), std::exception);
 }
+
+// A GPU run (--device cuda): the GPU holds parameters, gradients and activations; host memory the
+// fp32 master weights, the moments and the staging; each is checked against its own capacity.
+TEST(FitCheck, GpuRunCountsTheGpuAndHostSeparately) {
+  const models::GPTConfig mc = models::GPTConfig::preset("gpt2-xl");
+  const int64_t P = mc.num_parameters();
+  runtime::DeepSpeedConfig fp32;
+  const train::GpuFitPlan a = train::plan_fit_gpu(mc, fp32, 0);
+  EXPECT_EQ(a.params, 4 * P);
+  EXPECT_EQ(a.grads, 4 * P);
+  EXPECT_EQ(a.host_states, 16 * P);  // master 4 + moments 8 + fp32 gradient staging 4
+  EXPECT_EQ(a.host_build, 4 * P);
+  runtime::DeepSpeedConfig bf16 = fp32;
+  bf16.bf16.enabled = true;
+  const int64_t act = int64_t{2} << 30;
+  const train::GpuFitPlan b = train::plan_fit_gpu(mc, bf16, act);
+  EXPECT_EQ(b.params, 2 * P);
+  EXPECT_EQ(b.grads, 4 * P);  // bf16 training accumulates in fp32 unless grad_accum_dtype says
+  EXPECT_EQ(b.host_states, 18 * P);  // + the bf16 parameters staged on the way up
+  EXPECT_EQ(b.device(), 6 * P + act);
+  runtime::DeepSpeedConfig bf16g = bf16;
+  bf16g.data_types.grad_accum_dtype = DType::bf16;
+  EXPECT_EQ(train::plan_fit_gpu(mc, bf16g, act).grads, 2 * P);
+
+  const int64_t GiB = int64_t{1} << 30;
+  EXPECT_EQ(train::check_fit_gpu(b, 24 * GiB, 128 * GiB, "cuda:0", bf16), "");
+  EXPECT_NE(train::check_fit_gpu(b, b.device() + b.device() / 20, 0, "cuda:0", bf16)
+                .find("warning: this run needs"),
+            std::string::npos);
+  try {
+    train::check_fit_gpu(b, 8 * GiB, 0, "cuda:0", bf16);
+    ADD_FAILURE() << "8 GiB accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("does not fit on cuda:0"), std::string::npos) << m;
+    EXPECT_NE(m.find("data_types.grad_accum_dtype"), std::string::npos) << m;
+    EXPECT_NE(m.find("--gradient_checkpointing"), std::string::npos) << m;
+  }
+  try {
+    train::check_fit_gpu(b, 0, 10 * GiB, "cuda:0", bf16);
+    ADD_FAILURE() << "10 GiB of host memory accepted for 18 bytes per parameter";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not fit in host memory"), std::string::npos)
+        << e.what();
+  }
+}

@@ -60,6 +60,72 @@ FitPlan plan_fit(const models::GPTConfig& model, const runtime::DeepSpeedConfig&
   return p;
 }
 
+GpuFitPlan plan_fit_gpu(const models::GPTConfig& model, const runtime::DeepSpeedConfig& cfg,
+                        int64_t activations, int64_t lora_params, int64_t frozen) {
+  // As the engine lays it out (zero/flat_strategy.cpp, Strategy::device_optimizer_step): one
+  // process, so no sharding; trainable elements in the flat buffers, frozen ones beside them.
+  const int64_t P = model.num_parameters() + lora_params;
+  const int64_t trainable = P - frozen;
+  const DType train = cfg.training_dtype(), grads = runtime::gradient_dtype(cfg);
+  const int64_t t = static_cast<int64_t>(dtype_size(train)), g = static_cast<int64_t>(dtype_size(grads));
+  GpuFitPlan p;
+  p.params = P * t;
+  // Stages 0-1 accumulate into the flat gradient buffer; stage 2 into its partition (here the
+  // whole range) with the per-parameter gradients freed bucket by bucket.
+  p.grads = trainable * g;
+  p.activations = activations;
+  // Master weights (fp32) and two Adam moments; the gradients come down in their own dtype and
+  // 16-bit training stages the rounded parameters on the way up.
+  p.host_states = trainable * (4 + 8 + g + (train != DType::f32 ? t : 0));
+  p.host_build = 4 * P;
+  return p;
+}
+
+std::string check_fit_gpu(const GpuFitPlan& plan, int64_t device_available,
+                          int64_t host_available, const std::string& device,
+                          const runtime::DeepSpeedConfig& cfg) {
+  std::string warning;
+  if (device_available > 0) {
+    const int64_t need = plan.device();
+    const std::string breakdown =
+        fmt::format("parameters {} ({}), gradients {} ({}), activations ~{}", mib(plan.params),
+                    dtype_name(cfg.training_dtype()), mib(plan.grads),
+                    dtype_name(runtime::gradient_dtype(cfg)), mib(plan.activations));
+    if (need > device_available) {
+      std::vector<std::string> fixes;
+      if (cfg.training_dtype() == DType::f32) fixes.push_back("bf16 training (--bf16)");
+      if (runtime::gradient_dtype(cfg) == DType::f32)
+        fixes.push_back(fmt::format(R"(16-bit gradients (data_types.grad_accum_dtype "bf16": {} less))",
+                                    mib(plan.grads / 2)));
+      fixes.push_back("--gradient_checkpointing or a smaller --per_device_train_batch_size "
+                      "(activations)");
+      DS_THROW(
+          "[ds_train] this run does not fit on {}: it needs ~{} there ({}); {} is available (the "
+          "card's free memory, or --device_memory_limit). The optimizer state is already in host "
+          "memory. Options: {}. (--skip_memory_check runs anyway.)",
+          device, mib(need), breakdown, mib(device_available), fmt::join(fixes, "; "));
+    }
+    if (need * 10 > device_available * 9)
+      warning = fmt::format("warning: this run needs ~{} of the {} available on {} ({}); it may "
+                            "not fit",
+                            mib(need), mib(device_available), device, breakdown);
+  }
+  if (host_available > 0) {
+    const int64_t need = plan.host();
+    DS_CHECK(need <= host_available,
+             "[ds_train] this run does not fit in host memory: the GPU run keeps the fp32 master "
+             "weights, the Adam moments and the staging buffers there, ~{} ({} to build the fp32 "
+             "model first), and {} is available. Free memory, or train a smaller model. "
+             "(--skip_memory_check runs anyway.)",
+             mib(need), mib(plan.host_build), mib(host_available));
+    if (warning.empty() && need * 10 > host_available * 9)
+      warning = fmt::format("warning: this run needs ~{} of the {} of host memory available; it "
+                            "may not fit",
+                            mib(need), mib(host_available));
+  }
+  return warning;
+}
+
 int64_t available_memory_bytes() {
   return ds::available_memory_bytes();  // core/memory_info.h: the one place that reads it
 }

@@ -54,6 +54,13 @@ Trainer::Trainer(RunPlan plan, TrainerObserver& observer)
       out_dir_(plan_.spec.output_dir),
       eval_baseline_(std::nan("")),
       last_eval_(std::nan("")) {
+  if (!plan_.device.is_cpu() && plan_.spec.device_memory_limit_gib > 0.0) {
+    // Before the fit check, which reads what the limit leaves.
+    backend::get(plan_.device)
+        .set_memory_limit(
+            static_cast<uint64_t>(plan_.spec.device_memory_limit_gib * 1024.0 * 1024.0 * 1024.0));
+    say(fmt::format("device memory limit: {:.1f} GiB", plan_.spec.device_memory_limit_gib));
+  }
   if (!plan_.spec.skip_memory_check) check_memory();
   say(fmt::format("GEMM: {}", backend::cpu().gemm_info()));
   build_model();
@@ -71,6 +78,15 @@ Trainer::~Trainer() = default;
 void Trainer::check_memory() {
   const RunPlan& p = plan_;
   const LoraCounts lc = p.lora ? count_lora(p.model, *p.lora) : LoraCounts{};
+  if (!p.device.is_cpu()) {  // one process: the GPU and host memory, ZeRO-Offload's way
+    const GpuFitPlan g =
+        plan_fit_gpu(p.model, p.config(), p.activation_bytes, lc.lora_params, lc.frozen);
+    const std::string note =
+        check_fit_gpu(g, static_cast<int64_t>(backend::get(p.device).available_memory()),
+                      available_memory_bytes(), p.device.str(), p.config());
+    if (!note.empty()) say(note);
+    return;
+  }
   const FitPlan fit = plan_fit(p.model, p.config(), p.data_parallel, local_ranks(),
                                p.activation_bytes, p.partitioned_build, lc.lora_params, lc.frozen,
                                p.tensor_parallel() * p.pipeline_parallel());
@@ -169,11 +185,6 @@ void Trainer::build_model() {
   if (!p.device.is_cpu()) {
     // The engine keeps the model where it is: its flat parameters and gradients stay on the GPU,
     // the master weights and optimizer state go to host memory (docs/cuda.md).
-    if (o.device_memory_limit_gib > 0.0) {
-      backend::get(p.device).set_memory_limit(
-          static_cast<uint64_t>(o.device_memory_limit_gib * 1024.0 * 1024.0 * 1024.0));
-      say(fmt::format("device memory limit: {:.1f} GiB", o.device_memory_limit_gib));
-    }
     model_->to(p.device);
     say(fmt::format("device: {} ({})", p.device.str(), backend::get(p.device).gemm_info()));
   }

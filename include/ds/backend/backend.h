@@ -124,6 +124,10 @@ class Backend {
   // set_per_process_memory_fraction, in bytes; 0 = no cap): an allocation beyond it fails with the
   // out-of-memory error, as on a smaller card. Default: throws (host memory has no cap here).
   virtual void set_memory_limit(uint64_t bytes);
+  // Bytes this process could still allocate on the device: its free memory plus what the caching
+  // allocator holds unused, within set_memory_limit's cap. 0 = unknown (the CPU: host memory is
+  // read by core/memory_info.h).
+  virtual uint64_t available_memory() { return 0; }
   // Blocks until every kernel and copy enqueued on this device so far is done (timing, and
   // handing results to another thread). The CPU runs kernels synchronously: nothing to wait for.
   virtual void synchronize() {}

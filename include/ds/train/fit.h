@@ -6,6 +6,7 @@
 // memory this process may use (MemAvailable, or the cgroup limit when lower). A run that cannot
 // fit stops with the shortfall and the changes that would make it fit, instead of being killed by
 // the OOM killer minutes later.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -43,6 +44,29 @@ FitPlan plan_fit(const models::GPTConfig& model, const runtime::DeepSpeedConfig&
                  int world_size, int ranks_on_node, int64_t activations,
                  bool partitioned_build = false, int64_t lora_params = 0, int64_t frozen = 0,
                  int model_parallel = 1);
+
+// A GPU run (--device cuda; one process, ZeRO stage 0-2, ZeRO-Offload's layout: docs/cuda.md).
+// What the GPU holds and what host memory holds, in bytes.
+struct GpuFitPlan {
+  int64_t params = 0;       // the working parameters, in the training dtype
+  int64_t grads = 0;        // the flat gradients (accumulation dtype), and stage 2's partition
+  int64_t activations = 0;  // estimate (the CPU run's: the same tensors)
+  int64_t host_states = 0;  // fp32 master weights, Adam moments, the page-locked staging
+  int64_t host_build = 0;   // the fp32 model built on the host before it moves to the GPU
+  int64_t device() const { return params + grads + activations; }
+  int64_t host() const { return std::max(host_states, host_build); }
+};
+GpuFitPlan plan_fit_gpu(const models::GPTConfig& model, const runtime::DeepSpeedConfig& cfg,
+                        int64_t activations, int64_t lora_params = 0, int64_t frozen = 0);
+
+// Throws "[ds_train] this run does not fit on <device>: ..." naming the need, what is available
+// (`device_available`: the card's free memory, or --device_memory_limit when lower) and what
+// would fit (bf16, 16-bit gradients, gradient checkpointing, a smaller batch), or "... in host
+// memory ..." when `host_available` (0 = unknown) is short; returns a warning line when either
+// is within 10%; "" otherwise. device_available 0 = unknown: no device check.
+std::string check_fit_gpu(const GpuFitPlan& plan, int64_t device_available,
+                          int64_t host_available, const std::string& device,
+                          const runtime::DeepSpeedConfig& cfg);
 
 // Bytes this process may still allocate: min(MemAvailable, cgroup memory.max - memory.current);
 // 0 when unknown.

@@ -189,6 +189,18 @@ void CudaBackend::set_memory_limit(uint64_t bytes) {
   if (bytes > 0) allocator_->empty_cache();  // cached blocks count against the cap
 }
 
+uint64_t CudaBackend::available_memory() {
+  CudaDeviceGuard guard(device_);
+  size_t free_b = 0, total_b = 0;
+  cuda_check(cudaMemGetInfo(&free_b, &total_b), device_, "cudaMemGetInfo");
+  const AllocatorStats st = allocator_->stats();
+  const uint64_t cached = st.bytes_reserved - st.bytes_in_use;  // ours, unused
+  uint64_t avail = static_cast<uint64_t>(free_b) + cached;
+  if (const uint64_t limit = memory_limit_.load(); limit > 0)
+    avail = std::min(avail, limit > st.bytes_in_use ? limit - st.bytes_in_use : 0);
+  return avail;
+}
+
 void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
   const ProfileScope profile_scope(*this, "copy");
   DS_CHECK(src.numel() == dst.numel(), "[cuda:{}] copy of {} elements into {}", device_,

@@ -62,6 +62,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<Storage> host_staging(size_t nbytes) override;
   std::unique_ptr<TransferQueue> transfer_queue() override;  // transfer.cpp
   void set_memory_limit(uint64_t bytes) override;
+  uint64_t available_memory() override;
   void copy(const Tensor& src, const Tensor& dst) override;
   void fill(const Tensor& dst, double value) override;
   void axpy(const Tensor& y, const Tensor& x, float alpha) override;
