@@ -347,10 +347,10 @@ TEST_F(EngineTest, OnGpuFollowsTheCpuEngineAndResumesBitwise) {
 // nothing when it is off.
 TEST_F(EngineTest, WallClockBreakdownReportsEveryStepsPerPrint) {
   for (const bool on : {false, true}) {
-    TrainRun r = start(
-        config_json("fp32", 2, 0.0,
-                    fmt::format(R"("wall_clock_breakdown": {}, "steps_per_print": 2,)", on)),
-        corpus_);
+    TrainRun r =
+        start(config_json("fp32", 2, 0.0,
+                          fmt::format(R"("wall_clock_breakdown": {}, "steps_per_print": 2,)", on)),
+              corpus_);
     for (int i = 0; i < 8; ++i) micro_step(r);  // 4 optimizer steps
     std::vector<std::string> lines;
     for (const std::string& l : r.log)

@@ -331,15 +331,18 @@ TEST_P(Ops, TransferQueueOrdersCopiesAgainstKernels) {
     const std::vector<float> back = host_vector(dev);
     q->wait(up);
     wrong = 0;
-    for (int64_t i = 0; i < n; ++i) wrong += back[static_cast<size_t>(i)] != 0.5f * static_cast<float>(i % 1000);
+    for (int64_t i = 0; i < n; ++i)
+      wrong += back[static_cast<size_t>(i)] != 0.5f * static_cast<float>(i % 1000);
     EXPECT_EQ(wrong, 0) << "round " << round;
   }
-  EXPECT_NE(error_of([&] { q->copy(dev, Tensor::zeros({n}, DType::bf16)); })
-                .find("contiguous tensors of one dtype and size"),
+  EXPECT_NE(error_of([&] {
+              q->copy(dev, Tensor::zeros({n}, DType::bf16));
+            }).find("contiguous tensors of one dtype and size"),
             std::string::npos);
   if (!device().is_cpu()) {
-    EXPECT_NE(error_of([&] { q->copy(dev, Tensor::zeros({n}, DType::f32, device())); })
-                  .find("between the GPU and host memory"),
+    EXPECT_NE(error_of([&] {
+                q->copy(dev, Tensor::zeros({n}, DType::f32, device()));
+              }).find("between the GPU and host memory"),
               std::string::npos);
   }
 }
@@ -382,8 +385,7 @@ TEST_P(Ops, LinearCrossEntropyMatchesLinearThenCrossEntropy) {
   }
   EXPECT_NE(error_of([&] {
               ops::linear_cross_entropy(Tensor::zeros({4, 3}, DType::f32, device()),
-                                        Tensor::zeros({5, 2}, DType::f32, device()),
-                                        targets);
+                                        Tensor::zeros({5, 2}, DType::f32, device()), targets);
             }).find("must be (N, C) and (V, C)"),
             std::string::npos);
 }

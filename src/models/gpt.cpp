@@ -570,10 +570,10 @@ Tensor GPT::forward(const Tensor& in) {
     const Tensor targets = loss_targets_;
     if (lm_head_) return lm_head_->cross_entropy(x, targets, -100);
     const Tensor x2 = ops::reshape(x, {-1, config_.n_embd});
-    const Tensor w = tied_head_.dtype() == x.dtype() ? tied_head_ : ops::cast(tied_head_, x.dtype());
-    return x.dtype() == DType::f16
-               ? ops::cross_entropy(ops::linear(x2, w, Tensor()), targets, -100)
-               : ops::linear_cross_entropy(x2, w, targets, -100);
+    const Tensor w =
+        tied_head_.dtype() == x.dtype() ? tied_head_ : ops::cast(tied_head_, x.dtype());
+    return x.dtype() == DType::f16 ? ops::cross_entropy(ops::linear(x2, w, Tensor()), targets, -100)
+                                   : ops::linear_cross_entropy(x2, w, targets, -100);
   }
   if (tied_head_.defined()) {
     // The tied head without its embedding: what ColumnParallelLinear / Linear would compute.

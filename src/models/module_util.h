@@ -31,8 +31,7 @@ inline Tensor on_device(const Tensor& host, Device device) {
 }
 
 // t is a (B, T) int32/int64 tensor (any (B, T) when B < 0); errors start with "[<model>]".
-inline void check_ids(const Tensor& t, const char* model, const char* what, int64_t B,
-                      int64_t T) {
+inline void check_ids(const Tensor& t, const char* model, const char* what, int64_t B, int64_t T) {
   DS_CHECK(t.defined() && t.dim() == 2 && (t.dtype() == DType::i32 || t.dtype() == DType::i64),
            "[{}] {} must be a (B, T) int32/int64 tensor, got {} {}", model, what,
            t.defined() ? shape_str(t.shape()) : "undefined",

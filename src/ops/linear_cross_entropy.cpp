@@ -84,7 +84,8 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   const Tensor logits = Tensor::empty({R * V}, DType::f32, dev);  // one block's
   const Tensor rounded = dt != DType::f32 ? Tensor::empty({R * V}, dt, dev) : Tensor();
   const Tensor dlogits = grad ? Tensor::empty({R * V}, DType::f32, dev) : Tensor();
-  const Tensor losses = Tensor::empty({N}, DType::f32, dev), lse = Tensor::empty({N}, DType::f32, dev);
+  const Tensor losses = Tensor::empty({N}, DType::f32, dev),
+               lse = Tensor::empty({N}, DType::f32, dev);
   const Tensor dx = grad && need_x ? Tensor::empty({N, C}, DType::f32, dev) : Tensor();
   const Tensor dw = grad && need_w ? Tensor::empty({V, C}, DType::f32, dev) : Tensor();
   const float inv_count = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
@@ -93,7 +94,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
     const Tensor xr = block(xc, r0 * C, r, C);
     const Tensor lg = block(logits, 0, r, V);
     gemm(bk, dt, xr, false, wc, true, lg, false);  // (r, C) @ (V, C)^T
-    if (rounded.defined()) {  // what a 16-bit linear's output holds
+    if (rounded.defined()) {                       // what a 16-bit linear's output holds
       const Tensor lg16 = block(rounded, 0, r, V);
       lg16.copy_from(lg);
       lg.copy_from(lg16);

@@ -67,7 +67,8 @@ GpuFitPlan plan_fit_gpu(const models::GPTConfig& model, const runtime::DeepSpeed
   const int64_t P = model.num_parameters() + lora_params;
   const int64_t trainable = P - frozen;
   const DType train = cfg.training_dtype(), grads = runtime::gradient_dtype(cfg);
-  const int64_t t = static_cast<int64_t>(dtype_size(train)), g = static_cast<int64_t>(dtype_size(grads));
+  const int64_t t = static_cast<int64_t>(dtype_size(train)),
+                g = static_cast<int64_t>(dtype_size(grads));
   GpuFitPlan p;
   p.params = P * t;
   // Stages 0-1 accumulate into the flat gradient buffer; stage 2 into its partition (here the
@@ -81,9 +82,8 @@ GpuFitPlan plan_fit_gpu(const models::GPTConfig& model, const runtime::DeepSpeed
   return p;
 }
 
-std::string check_fit_gpu(const GpuFitPlan& plan, int64_t device_available,
-                          int64_t host_available, const std::string& device,
-                          const runtime::DeepSpeedConfig& cfg) {
+std::string check_fit_gpu(const GpuFitPlan& plan, int64_t device_available, int64_t host_available,
+                          const std::string& device, const runtime::DeepSpeedConfig& cfg) {
   std::string warning;
   if (device_available > 0) {
     const int64_t need = plan.device();
@@ -95,10 +95,12 @@ std::string check_fit_gpu(const GpuFitPlan& plan, int64_t device_available,
       std::vector<std::string> fixes;
       if (cfg.training_dtype() == DType::f32) fixes.push_back("bf16 training (--bf16)");
       if (runtime::gradient_dtype(cfg) == DType::f32)
-        fixes.push_back(fmt::format(R"(16-bit gradients (data_types.grad_accum_dtype "bf16": {} less))",
-                                    mib(plan.grads / 2)));
-      fixes.push_back("--gradient_checkpointing or a smaller --per_device_train_batch_size "
-                      "(activations)");
+        fixes.push_back(
+            fmt::format(R"(16-bit gradients (data_types.grad_accum_dtype "bf16": {} less))",
+                        mib(plan.grads / 2)));
+      fixes.push_back(
+          "--gradient_checkpointing or a smaller --per_device_train_batch_size "
+          "(activations)");
       DS_THROW(
           "[ds_train] this run does not fit on {}: it needs ~{} there ({}); {} is available (the "
           "card's free memory, or --device_memory_limit). The optimizer state is already in host "
@@ -106,9 +108,10 @@ std::string check_fit_gpu(const GpuFitPlan& plan, int64_t device_available,
           device, mib(need), breakdown, mib(device_available), fmt::join(fixes, "; "));
     }
     if (need * 10 > device_available * 9)
-      warning = fmt::format("warning: this run needs ~{} of the {} available on {} ({}); it may "
-                            "not fit",
-                            mib(need), mib(device_available), device, breakdown);
+      warning = fmt::format(
+          "warning: this run needs ~{} of the {} available on {} ({}); it may "
+          "not fit",
+          mib(need), mib(device_available), device, breakdown);
   }
   if (host_available > 0) {
     const int64_t need = plan.host();
@@ -119,9 +122,10 @@ std::string check_fit_gpu(const GpuFitPlan& plan, int64_t device_available,
              "(--skip_memory_check runs anyway.)",
              mib(need), mib(plan.host_build), mib(host_available));
     if (warning.empty() && need * 10 > host_available * 9)
-      warning = fmt::format("warning: this run needs ~{} of the {} of host memory available; it "
-                            "may not fit",
-                            mib(need), mib(host_available));
+      warning = fmt::format(
+          "warning: this run needs ~{} of the {} of host memory available; it "
+          "may not fit",
+          mib(need), mib(host_available));
   }
   return warning;
 }

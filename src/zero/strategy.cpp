@@ -260,8 +260,7 @@ void Strategy::device_optimizer_step(optim::Optimizer& opt, const Tensor& grads,
     void* out16 =
         train != DType::f32 ? static_cast<char*>(host16_.raw_data()) + b * esize : nullptr;
     const float* g = wide ? host_grads_.data<float>() + b : widen_gradients(host_grads_, b, n);
-    opt.step_slice(master_.data<float>() + b, g, states.data(), n, grad_scale, out16,
-                   out16_dtype);
+    opt.step_slice(master_.data<float>() + b, g, states.data(), n, grad_scale, out16, out16_dtype);
     to_device_->copy(up.flat_range(b, n), device_params.flat_range(b, n));
   }
   // The next forward's kernels wait for the last parameters on the GPU; the host goes on. The

@@ -1,8 +1,9 @@
 #pragma once
 // DeepSpeed's `wall_clock_breakdown`: the wall time the engine spends in forward, backward and the
-// optimizer step, reported as means per optimizer step every `steps_per_print` steps:
+// optimizer step, reported as means per optimizer step every `steps_per_print` steps, as the
+// engine's log line "[engine] " followed by
 //
-//   [engine] step 20: time (ms) | fwd: 41.20 | bwd: 95.73 | step: 61.02 (means of the last 10 steps)
+//   step 20: time (ms) | fwd: 41.20 | bwd: 95.73 | step: 61.02 (means of the last 10 steps)
 //
 // Forward and backward sum over the step's micro-batches. Each phase drains the model's device at
 // its start and end (Backend::synchronize; DeepSpeed's timers synchronise the GPU the same way),

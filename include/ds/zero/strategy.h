@@ -315,7 +315,7 @@ class Strategy {
   // memory, the CPU optimizer over master(), the new parameters (fp32 or rounded) copied back.
   void device_optimizer_step(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
                              const Tensor& device_params);
-  Tensor host_grads_;  // (optimizer_numel,) host, in the gradients' dtype: the device step's staging
+  Tensor host_grads_;  // (optimizer_numel,) host, gradients' dtype: the device step's staging
   Tensor host16_;      // (optimizer_numel,) training dtype, host: the rounded new parameters
   // Elements per chunk of the pipelined device step (16 MiB of fp32 gradients; sub_group_size when
   // smaller): small enough that the first and last copies, which nothing overlaps, are short;

@@ -102,11 +102,11 @@ class CudaCachingAllocator final : public Allocator {
     if (const uint64_t limit = limit_.load(); limit > 0 && stats_.bytes_reserved + size > limit) {
       release_cached();  // what the cache holds may be enough
       if (stats_.bytes_reserved + size > limit)
-        DS_THROW("[cuda:{}] out of memory allocating {}: the process's device memory limit is {} "
-                 "(--device_memory_limit) and {} is in use by tensors, {} reserved. Lower the "
-                 "micro-batch size, turn on activation checkpointing, or raise the limit",
-                 device_, gib(size), gib(limit), gib(stats_.bytes_in_use),
-                 gib(stats_.bytes_reserved));
+        DS_THROW(
+            "[cuda:{}] out of memory allocating {}: the process's device memory limit is {} "
+            "(--device_memory_limit) and {} is in use by tensors, {} reserved. Lower the "
+            "micro-batch size, turn on activation checkpointing, or raise the limit",
+            device_, gib(size), gib(limit), gib(stats_.bytes_in_use), gib(stats_.bytes_reserved));
     }
     cudaError_t err = cudaMalloc(&p, size);
     if (err == cudaErrorMemoryAllocation) {

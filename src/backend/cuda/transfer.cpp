@@ -55,10 +55,11 @@ class CudaTransferQueue final : public TransferQueue {
              dev.str());
     CudaDeviceGuard guard(device_);
     if (src.nbytes() > 0)
-      cuda_check(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), src.nbytes(),
-                                 down ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, stream_),
-                 device_, down ? "cudaMemcpyAsync (transfer to host)"
-                               : "cudaMemcpyAsync (transfer to device)");
+      cuda_check(
+          cudaMemcpyAsync(dst.raw_data(), src.raw_data(), src.nbytes(),
+                          down ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, stream_),
+          device_,
+          down ? "cudaMemcpyAsync (transfer to host)" : "cudaMemcpyAsync (transfer to device)");
     cudaEvent_t done = new_event();
     cuda_check(cudaEventRecord(done, stream_), device_, "cudaEventRecord");
     pending_.emplace_back(++tickets_, done);
