@@ -31,8 +31,10 @@
 #include "ds/core/parallel.h"
 #include "ds/runtime/config.h"
 #include "ds/runtime/monitor.h"
+#include "ds/train/classifier.h"
 #include "ds/train/train_util.h"
 #include "ds/train/trainer.h"
+#include "classify_run.h"
 #include "ds_train_default_config.h"
 #include "options.h"
 #include "progress.h"
@@ -60,6 +62,9 @@ int run(const ds::train::Options& o, const ds::train::Given& g) {
                       o.threads, cores));
     ds::set_num_threads(o.threads);
   }
+  // A classification set trains an encoder classifier (tools/train/classify_run.cpp).
+  if (ds::train::is_classification_run(o))
+    return ds::train::run_classifier(o, g, kDefaultDeepSpeedConfig);
   ds::train::RunPlan plan = ds::train::plan_run(o, g, kDefaultDeepSpeedConfig);
   out.logging_steps = o.logging_steps > 0 ? o.logging_steps : plan.config().steps_per_print;
   for (const std::string& note : plan.notes) out.message(note);
