@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/comm/group.h"
+#include "ds/config/config.h"
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
 #include "ds/core/rng.h"
@@ -195,6 +196,19 @@ ClassifierPlan plan_classifier(const Options& o, const Given& g, const char* bui
   m.validate();
 
   // ---- config, run length ----
+  {
+    // Model parallelism in the config would otherwise first meet the rank-count check.
+    std::string source = "built-in default (configs/ds_demo.json)";
+    const json raw = g.deepspeed ? runtime::load_config_json(o.deepspeed, &source)
+                                 : runtime::load_config_json(strip_leading_comments(builtin_config),
+                                                             &source);
+    const config::ParallelSizes sizes = config::read_parallel_sizes(raw, source);
+    DS_CHECK(sizes.tensor_parallel.size <= 1 && sizes.pipeline.stages <= 1,
+             "[ds_train] {}: tensor_parallel.autotp_size {} / pipeline.stages {} do not apply to "
+             "encoder classifiers (tensor and pipeline parallelism are implemented for decoder "
+             "models only); remove them from the config",
+             g.deepspeed ? o.deepspeed : source, sizes.tensor_parallel.size, sizes.pipeline.stages);
+  }
   // resolve_run_config reads the model's width ("auto" sizes) and depth (pipeline stages, refused
   // below) from a GPTConfig.
   models::GPTConfig shape;
@@ -487,6 +501,17 @@ void ClassifierTrainer::export_model(const std::string& dir) {
   write_file_atomic(cfg_file, cfg.dump(2) + "\n");
   say(export_tokenizer_beside(dir, {fs::path(plan_.spec.init_from), plan_.tokenizer_dir},
                               plan_.model.vocab_size));
+  // A PreTrainedTokenizerFast folder (what the tokenizer export writes) returns no token type ids
+  // unless model_input_names lists them, and the model would then see every token as segment 0:
+  // transformers' pipeline would score pairs differently from this training.
+  const fs::path tok_cfg = fs::path(dir) / "tokenizer_config.json";
+  if (plan_.train->pair() && fs::exists(tok_cfg)) {
+    json t = json::parse(std::ifstream(tok_cfg));
+    if (t.is_object() && !t.contains("model_input_names")) {
+      t["model_input_names"] = {"input_ids", "token_type_ids", "attention_mask"};
+      write_file_atomic(tok_cfg, t.dump(2) + "\n");
+    }
+  }
 }
 
 }  // namespace ds::train
