@@ -8,3 +8,11 @@ ds_add_test(test_classifier_train LABELS families train
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_classifier_train.cpp)
 target_compile_definitions(test_classifier_train PRIVATE DS_TRAIN_BIN="$<TARGET_FILE:ds_train>")
 add_dependencies(test_classifier_train ds_train)
+# With MPI, a classifier also trains on 2 ranks through the deepspeed launcher (ZeRO-3).
+if(DS_HAVE_MPI)
+  target_compile_definitions(test_classifier_train PRIVATE
+    DS_LAUNCHER_EXE="$<TARGET_FILE:ds_launcher>")
+  add_dependencies(test_classifier_train ds_launcher)
+  set_tests_properties(test_classifier_train PROPERTIES LABELS "families;train;distributed"
+    ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;DS_COMM_TIMEOUT=120")
+endif()
