@@ -131,24 +131,30 @@ TEST_F(Classification, BadInputNamesFileLineAndField) {
   EXPECT_NE(e.find("'maybe'"), std::string::npos) << e;
 }
 
+// BERT's WordPiece ([CLS] A [SEP] B [SEP], types 0/1) and a RoBERTa-style byte-level BPE
+// (<s> A </s></s> B </s>, types 0: RobertaProcessing), against `tokenizers`.
 TEST_F(Classification, LongestFirstTruncationMatchesTokenizers) {
-  const auto tok = data::load_tokenizer(kTok);
-  const json fx =
-      json::parse(std::ifstream(fs::path(DS_FIXTURE_DIR) / "classification" / "truncation_cases.json"));
-  int n = 0, cut = 0;
-  for (const json& c : fx["cases"]) {
-    const std::optional<std::string> b =
-        c["b"].is_null() ? std::nullopt : std::optional<std::string>(c["b"].get<std::string>());
-    const auto e = data::encode_example(*tok, c["a"], b, c["max_length"].get<size_t>());
-    const auto ids = c["ids"].get<std::vector<int32_t>>();
-    const auto types = c["type_ids"].get<std::vector<uint32_t>>();
-    EXPECT_EQ(e.tokens.ids, ids) << c.dump();
-    EXPECT_EQ(e.tokens.type_ids, types) << c.dump();
-    cut += e.truncated;
-    ++n;
+  const fs::path fx_dir = fs::path(DS_FIXTURE_DIR) / "classification";
+  for (const auto& [tok_dir, cases] :
+       {std::pair{kTok, fx_dir / "truncation_cases.json"},
+        std::pair{fx_dir / "roberta_bpe", fx_dir / "roberta_cases.json"}}) {
+    const auto tok = data::load_tokenizer(tok_dir);
+    const json fx = json::parse(std::ifstream(cases));
+    int n = 0, cut = 0;
+    for (const json& c : fx["cases"]) {
+      const std::optional<std::string> b =
+          c["b"].is_null() ? std::nullopt : std::optional<std::string>(c["b"].get<std::string>());
+      const auto e = data::encode_example(*tok, c["a"], b, c["max_length"].get<size_t>());
+      const auto ids = c["ids"].get<std::vector<int32_t>>();
+      const auto types = c["type_ids"].get<std::vector<uint32_t>>();
+      EXPECT_EQ(e.tokens.ids, ids) << tok_dir << " " << c.dump();
+      EXPECT_EQ(e.tokens.type_ids, types) << tok_dir << " " << c.dump();
+      cut += e.truncated;
+      ++n;
+    }
+    EXPECT_GT(n, 100) << cases;
+    EXPECT_GT(cut, 40) << cases;  // the fixture exercises truncation, not just short pairs
   }
-  EXPECT_GT(n, 100);
-  EXPECT_GT(cut, 40);  // the fixture exercises truncation, not just short pairs
 }
 
 TEST_F(Classification, TruncationRule) {

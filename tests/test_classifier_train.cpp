@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -227,6 +228,42 @@ TEST_F(ClassifierTrain, ResumeReproducesAnUninterruptedRun) {
   Recorder rc;
   train::ClassifierTrainer tc(train::plan_classifier(c, given(), builtin_.c_str()), rc);
   EXPECT_THROW(tc.resume(), ds::Error);
+}
+
+// RoBERTa: a byte-level BPE with RobertaProcessing (<s> A </s></s> B </s>, types 0), positions
+// past the pad id, RobertaForSequenceClassification exported; BERT-style data (types 0/1) is
+// refused for a model with one token type.
+TEST_F(ClassifierTrain, RobertaTrainsAndExports) {
+  data::ClassificationPrepareOptions p;
+  p.inputs = {root_ / "train.jsonl", root_ / "dev.jsonl"};
+  p.tokenizer_dir = fs::path(DS_FIXTURE_DIR) / "classification" / "roberta_bpe";
+  p.output_dir = root_ / "roberta_set";
+  p.seq_len = 32;
+  p.val_files = "dev*";
+  const auto rep = data::prepare_classification(p);
+  std::ofstream(root_ / "roberta.json")
+      << R"({"family": "roberta", "n_layer": 2, "n_head": 2, "n_embd": 64, "ffn_hidden": 128,
+            "type_vocab_size": 1, "max_positions": 768, "norm_eps": 1e-5})";
+  train::Options o = options("roberta");
+  o.train_data = p.output_dir.string();
+  o.model = (root_ / "roberta.json").string();
+  o.max_steps = 4;
+  o.export_hf = (root_ / "roberta" / "hf").string();
+  Recorder rec;
+  train::ClassifierTrainer t(train::plan_classifier(o, given(), builtin_.c_str()), rec);
+  EXPECT_EQ(t.plan().model.pad_token_id, rep.pad_id);
+  t.fit();
+  ASSERT_TRUE(t.last_eval().has_value());
+  EXPECT_TRUE(std::isfinite(t.last_eval()->loss));
+  t.export_model(o.export_hf);
+  const json cfg = json::parse(std::ifstream(fs::path(o.export_hf) / "config.json"));
+  EXPECT_EQ(cfg["architectures"][0], "RobertaForSequenceClassification");
+  EXPECT_TRUE(fs::exists(fs::path(o.export_hf) / "tokenizer.json"));
+
+  train::Options bad = o;
+  bad.train_data = (root_ / "set").string();  // WordPiece pairs: type ids 0 and 1
+  const std::string e = error_of(bad, given());
+  EXPECT_NE(e.find("type_vocab_size is 1"), std::string::npos) << e;
 }
 
 TEST_F(ClassifierTrain, RefusesWhatDoesNotApplyByName) {

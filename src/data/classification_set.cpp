@@ -133,6 +133,7 @@ ClassificationSet ClassificationSet::open_split(const fs::path& dir, const std::
            "[dataset] '{}' has the wrong size for {} examples of {} ids (cut short or damaged); "
            "re-run ds_prepare",
            s.file_.string(), n, t);
+  for (uint8_t t : s.types_) s.max_type_ = std::max<int32_t>(s.max_type_, t);
   for (size_t i = 0; i < n; ++i)
     DS_CHECK(s.labels_[i] >= 0 && s.labels_[i] < static_cast<int32_t>(nl) && s.lengths_[i] >= 1 &&
                  s.lengths_[i] <= t,

@@ -187,6 +187,11 @@ ClassifierPlan plan_classifier(const Options& o, const Given& g, const char* bui
            "[ds_train] the data is padded with id {}, the model's pad_token_id is {}: prepare the "
            "data with the model's tokenizer",
            tr.pad_id(), m.pad_token_id);
+  for (const data::ClassificationSet* set : {p.train.get(), p.val.get()})
+    DS_CHECK(!set || set->max_type_id() < m.type_vocab_size,
+             "[ds_train] {} has token type ids up to {}, the model's type_vocab_size is {}: "
+             "prepare the data with the model's tokenizer (RoBERTa's pairs have type 0 only)",
+             set ? set->file().string() : "", set ? set->max_type_id() : 0, m.type_vocab_size);
   const int64_t positions = m.roberta() ? p.seq_len + m.pad_token_id + 1 : p.seq_len;
   DS_CHECK(positions <= m.max_positions,
            "[ds_train] the set's seq_len {} needs {} position embeddings, the model has {} "
@@ -505,7 +510,7 @@ void ClassifierTrainer::export_model(const std::string& dir) {
   // unless model_input_names lists them, and the model would then see every token as segment 0:
   // transformers' pipeline would score pairs differently from this training.
   const fs::path tok_cfg = fs::path(dir) / "tokenizer_config.json";
-  if (plan_.train->pair() && fs::exists(tok_cfg)) {
+  if (plan_.train->pair() && plan_.model.type_vocab_size > 1 && fs::exists(tok_cfg)) {
     json t = json::parse(std::ifstream(tok_cfg));
     if (t.is_object() && !t.contains("model_input_names")) {
       t["model_input_names"] = {"input_ids", "token_type_ids", "attention_mask"};

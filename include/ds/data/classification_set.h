@@ -51,6 +51,7 @@ class ClassificationSet {
   int64_t vocab_size() const { return vocab_; }
   int32_t pad_id() const { return pad_id_; }
   bool pair() const { return pair_; }             // sentence pairs (else single sentences)
+  int32_t max_type_id() const { return max_type_; }  // largest token type id (BERT pairs: 1)
   const std::vector<std::string>& labels() const { return label_names_; }
   const std::filesystem::path& dir() const { return dir_; }
   const std::filesystem::path& file() const { return file_; }
@@ -64,7 +65,7 @@ class ClassificationSet {
  private:
   std::filesystem::path dir_, file_;
   int64_t n_ = 0, t_ = 0, nl_ = 0, vocab_ = 0;
-  int32_t pad_id_ = 0;
+  int32_t pad_id_ = 0, max_type_ = 0;
   bool pair_ = true;
   std::vector<std::string> label_names_;
   std::vector<int32_t> ids_;
