@@ -75,9 +75,10 @@ TEST_F(Classification, ReadsGlueTsvMrpcHeaderAndJsonl) {
   ASSERT_EQ(glue.size(), 2u);
   EXPECT_FALSE(glue[0].sentence2.has_value());
 
-  const auto jl = data::read_classification_file(write(
-      "d.jsonl", "{\"sentence1\": \"a\", \"sentence2\": \"b\", \"label\": \"entailment\"}\n"
-                 "{\"sentence1\": \"c\", \"sentence2\": \"d\", \"label\": 2}\n"));
+  const auto jl = data::read_classification_file(
+      write("d.jsonl",
+            "{\"sentence1\": \"a\", \"sentence2\": \"b\", \"label\": \"entailment\"}\n"
+            "{\"sentence1\": \"c\", \"sentence2\": \"d\", \"label\": 2}\n"));
   ASSERT_EQ(jl.size(), 2u);
   EXPECT_EQ(jl[0].label, "entailment");
   EXPECT_FALSE(jl[0].label_is_int);
@@ -104,7 +105,8 @@ TEST_F(Classification, BadInputNamesFileLineAndField) {
   e = err("empty.jsonl", "\n\n");
   EXPECT_NE(e.find("empty.jsonl"), std::string::npos) << e;
   EXPECT_NE(e.find("no records"), std::string::npos) << e;
-  e = err("miss.jsonl", "{\"sentence1\": \"a\", \"label\": 1}\n{\"sentence2\": \"b\", \"label\": 0}\n");
+  e = err("miss.jsonl",
+          "{\"sentence1\": \"a\", \"label\": 1}\n{\"sentence2\": \"b\", \"label\": 0}\n");
   EXPECT_NE(e.find("miss.jsonl:2"), std::string::npos) << e;
   EXPECT_NE(e.find("'sentence1'"), std::string::npos) << e;
   e = err("lab.jsonl", "{\"sentence1\": \"a\", \"label\": 1.5}\n");
@@ -120,8 +122,9 @@ TEST_F(Classification, BadInputNamesFileLineAndField) {
 
   // An unknown label (a label list given): file, line, field and the label.
   data::ClassificationPrepareOptions o;
-  o.inputs = {write("u.jsonl", "{\"sentence1\": \"a\", \"label\": \"yes\"}\n"
-                               "{\"sentence1\": \"b\", \"label\": \"maybe\"}\n")};
+  o.inputs = {write("u.jsonl",
+                    "{\"sentence1\": \"a\", \"label\": \"yes\"}\n"
+                    "{\"sentence1\": \"b\", \"label\": \"maybe\"}\n")};
   o.tokenizer_dir = kTok;
   o.output_dir = dir_ / "out";
   o.labels = {"no", "yes"};
@@ -164,19 +167,20 @@ TEST_F(Classification, TruncationRule) {
     return std::pair{a.size(), b.size()};
   };
   EXPECT_EQ(run(3, 3, 10), (std::pair<size_t, size_t>{3, 3}));
-  EXPECT_EQ(run(2, 20, 10), (std::pair<size_t, size_t>{2, 8}));   // only the longer
+  EXPECT_EQ(run(2, 20, 10), (std::pair<size_t, size_t>{2, 8}));  // only the longer
   EXPECT_EQ(run(20, 2, 10), (std::pair<size_t, size_t>{8, 2}));
-  EXPECT_EQ(run(10, 10, 9), (std::pair<size_t, size_t>{4, 5}));   // tie: b gets the odd one
-  EXPECT_EQ(run(11, 10, 9), (std::pair<size_t, size_t>{5, 4}));   // the longer gets it
+  EXPECT_EQ(run(10, 10, 9), (std::pair<size_t, size_t>{4, 5}));  // tie: b gets the odd one
+  EXPECT_EQ(run(11, 10, 9), (std::pair<size_t, size_t>{5, 4}));  // the longer gets it
   EXPECT_EQ(run(30, 30, 8), (std::pair<size_t, size_t>{4, 4}));
 }
 
 TEST_F(Classification, PreparedSetRoundTripAndFormatChecks) {
   data::ClassificationPrepareOptions o;
-  o.inputs = {write("train.tsv",
-                    "sentence1\tsentence2\tlabel\nthe cat\tsat on a mat\tyes\nhello\tworld\tno\n"
-                    "a b c d e f g h i j k l m n o p\tq r s t u v w x y z\tyes\n"),
-              write("dev.jsonl", "{\"sentence1\": \"dogs\", \"sentence2\": \"ran\", \"label\": \"no\"}\n")};
+  o.inputs = {
+      write("train.tsv",
+            "sentence1\tsentence2\tlabel\nthe cat\tsat on a mat\tyes\nhello\tworld\tno\n"
+            "a b c d e f g h i j k l m n o p\tq r s t u v w x y z\tyes\n"),
+      write("dev.jsonl", "{\"sentence1\": \"dogs\", \"sentence2\": \"ran\", \"label\": \"no\"}\n")};
   o.tokenizer_dir = kTok;
   o.output_dir = dir_ / "set";
   o.seq_len = 16;

@@ -42,8 +42,8 @@ struct Recorder : train::ClassifierObserver {
 
 // Records of the synthetic task: label 1 = B is A's words shuffled, 0 = B is another sentence.
 std::string pair_task(int n, uint32_t seed) {
-  static const char* kWords[] = {"the",  "cat",   "sat",  "on",    "a",     "mat",  "dogs",
-                                 "ran",  "far",   "away", "into",  "night", "she",  "said",
+  static const char* kWords[] = {"the",   "cat",   "sat",   "on",   "a",     "mat", "dogs",
+                                 "ran",   "far",   "away",  "into", "night", "she", "said",
                                  "hello", "world", "tests", "pass", "maybe"};
   std::mt19937 rng(seed);
   auto word = [&] { return std::string(kWords[rng() % std::size(kWords)]); };
@@ -379,15 +379,15 @@ TEST_F(ClassifierTrain, DsTrainProcessZero3ExportAndEvalOnly) {
 TEST_F(ClassifierTrain, TwoRanksZero3MatchOneProcess) {
   auto run = [&](const std::string& launcher, const std::string& args, std::string* log) {
     const fs::path file = root_ / "ranks_log.txt";
-    const std::string cmd = launcher + std::string(DS_TRAIN_BIN) + " --train_data " +
-                            (root_ / "set").string() + " --model " +
-                            (root_ / "bert_nodrop.json").string() +
-                            " --threads 1 --max_steps 6 --learning_rate 1e-3 --eval_steps 3 "
-                            "--deepspeed '{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": "
-                            "\"auto\", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": "
-                            "\"auto\"}}, \"zero_optimization\": {\"stage\": 3, "
-                            "\"stage3_param_persistence_threshold\": 0}}' " +
-                            args + " > " + file.string() + " 2>&1";
+    const std::string cmd =
+        launcher + std::string(DS_TRAIN_BIN) + " --train_data " + (root_ / "set").string() +
+        " --model " + (root_ / "bert_nodrop.json").string() +
+        " --threads 1 --max_steps 6 --learning_rate 1e-3 --eval_steps 3 "
+        "--deepspeed '{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": "
+        "\"auto\", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": "
+        "\"auto\"}}, \"zero_optimization\": {\"stage\": 3, "
+        "\"stage3_param_persistence_threshold\": 0}}' " +
+        args + " > " + file.string() + " 2>&1";
     const int status = std::system(cmd.c_str());
     std::ifstream f(file);
     *log = {std::istreambuf_iterator<char>(f), {}};
@@ -396,9 +396,9 @@ TEST_F(ClassifierTrain, TwoRanksZero3MatchOneProcess) {
   std::string log;
   const fs::path one = root_ / "ranks1", two = root_ / "ranks2";
   ASSERT_EQ(run("", "--output_dir " + one.string(), &log), 0) << log;
-  ASSERT_EQ(run(std::string(DS_LAUNCHER_EXE) + " --num_procs 2 ",
-                "--output_dir " + two.string(), &log),
-            0)
+  ASSERT_EQ(
+      run(std::string(DS_LAUNCHER_EXE) + " --num_procs 2 ", "--output_dir " + two.string(), &log),
+      0)
       << log;
   EXPECT_NE(log.find("micro-batch 4 x accumulation 1"), std::string::npos) << log;
   auto column = [](const fs::path& f) {
@@ -409,13 +409,14 @@ TEST_F(ClassifierTrain, TwoRanksZero3MatchOneProcess) {
     while (std::getline(in, line)) v.push_back(std::stod(line.substr(line.rfind(',') + 1)));
     return v;
   };
-  for (const char* name : {"Train_Samples_train_loss", "Eval_Samples_eval_loss",
-                           "Eval_Samples_eval_accuracy"}) {
+  for (const char* name :
+       {"Train_Samples_train_loss", "Eval_Samples_eval_loss", "Eval_Samples_eval_accuracy"}) {
     const auto a = column(one / "metrics" / (std::string(name) + ".csv")),
                b = column(two / "metrics" / (std::string(name) + ".csv"));
     ASSERT_EQ(a.size(), b.size()) << name;
     ASSERT_FALSE(a.empty()) << name;
-    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-4 * std::abs(a[i]) + 1e-6) << name;
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_NEAR(b[i], a[i], 1e-4 * std::abs(a[i]) + 1e-6) << name;
   }
   EXPECT_TRUE(fs::exists(two / "hf_model" / "model.safetensors"));
 }

@@ -24,6 +24,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "classify_run.h"
 #include "ds/comm/group.h"
 #include "ds/comm/logger.h"
 #include "ds/core/error.h"
@@ -34,7 +35,6 @@
 #include "ds/train/classifier.h"
 #include "ds/train/train_util.h"
 #include "ds/train/trainer.h"
-#include "classify_run.h"
 #include "ds_train_default_config.h"
 #include "options.h"
 #include "progress.h"

@@ -153,7 +153,7 @@ class BpeTokenizer final : public TextTokenizer {
   std::vector<int32_t> prefix_ids_, suffix_ids_;  // added by encode(..., true)
   // RobertaProcessing: pairs are <s> A </s></s> B </s>, every type id 0 (tokenizers' roberta.rs).
   bool roberta_pair_ = false;
-  std::string json_text_;                         // the tokenizer.json save_model_files writes
+  std::string json_text_;  // the tokenizer.json save_model_files writes
 };
 
 // ---- loading ------------------------------------------------------------------------------------

@@ -26,8 +26,8 @@ template <typename... Args>
 }
 
 // Header names accepted for each column, in order of preference.
-const std::vector<std::string> kFirst = {"sentence1", "sentence", "#1 String", "question1",
-                                         "question", "text"};
+const std::vector<std::string> kFirst = {"sentence1", "sentence", "#1 String",
+                                         "question1", "question", "text"};
 const std::vector<std::string> kSecond = {"sentence2", "#2 String", "question2"};
 const std::vector<std::string> kLabel = {"label", "Quality"};
 
@@ -134,13 +134,17 @@ std::vector<ClassificationRecord> read_jsonl(const fs::path& path) {
       for (const std::string& k : keys) {
         const auto it = j.find(k);
         if (it == j.end() || it->is_null()) continue;
-        if (!it->is_string()) fail(path, n, "field '{}' must be a string, not {}", k, it->type_name());
+        if (!it->is_string())
+          fail(path, n, "field '{}' must be a string, not {}", k, it->type_name());
         return it->get<std::string>();
       }
       return std::nullopt;
     };
     const auto s1 = text({"sentence1", "sentence", "text"});
-    if (!s1) fail(path, n, "field 'sentence1' is missing (records are {{\"sentence1\", \"sentence2\", \"label\"}})");
+    if (!s1)
+      fail(
+          path, n,
+          "field 'sentence1' is missing (records are {{\"sentence1\", \"sentence2\", \"label\"}})");
     r.sentence1 = *s1;
     r.sentence2 = text({"sentence2"});
     const auto it = j.find("label");
@@ -173,7 +177,8 @@ std::vector<ClassificationRecord> read_classification_file(const fs::path& path)
   else
     DS_THROW(
         "[classification] {}: unknown file type '{}': give .tsv (GLUE: a header row with "
-        "sentence1/sentence2/label) or .jsonl ({{\"sentence1\", \"sentence2\", \"label\"}} per line)",
+        "sentence1/sentence2/label) or .jsonl ({{\"sentence1\", \"sentence2\", \"label\"}} per "
+        "line)",
         path.string(), ext);
   // A pair task needs both sentences in every record, a single-sentence task none.
   for (const ClassificationRecord& r : out)
@@ -204,8 +209,9 @@ LabelMap LabelMap::names(std::vector<std::string> names) {
 
 int32_t LabelMap::id(const std::string& label, const std::string& where) const {
   const auto it = std::find(names_.begin(), names_.end(), label);
-  DS_CHECK(it != names_.end(), "[classification] {}: field 'label': '{}' is not one of the labels ({})",
-           where, label, fmt::join(names_, ", "));
+  DS_CHECK(it != names_.end(),
+           "[classification] {}: field 'label': '{}' is not one of the labels ({})", where, label,
+           fmt::join(names_, ", "));
   return static_cast<int32_t>(it - names_.begin());
 }
 

@@ -84,9 +84,10 @@ ClassificationSet ClassificationSet::open_split(const fs::path& dir, const std::
   if (!splits.contains(split)) {
     std::vector<std::string> have;
     for (const auto& [k, v] : splits.items()) have.push_back(k);
-    DS_THROW("[dataset] '{}' has no split '{}' (it has: {}); check the split rule given to "
-             "ds_prepare",
-             where, split, fmt::join(have, ", "));
+    DS_THROW(
+        "[dataset] '{}' has no split '{}' (it has: {}); check the split rule given to "
+        "ds_prepare",
+        where, split, fmt::join(have, ", "));
   }
   ClassificationSet s;
   s.dir_ = dir;
@@ -216,8 +217,8 @@ ClassificationPrepareReport prepare_classification(const ClassificationPrepareOp
       DS_CHECK(v >= 0,
                "[classification] {}: field 'label': {} is negative; class ids are 0, 1, ...",
                where(l), v);
-      DS_CHECK(v < 100000, "[classification] {}: field 'label': class id {} is too large",
-               where(l), v);
+      DS_CHECK(v < 100000, "[classification] {}: field 'label': class id {} is too large", where(l),
+               v);
       top = std::max(top, v);
     }
     labels = LabelMap::integers(top + 1);
@@ -240,8 +241,8 @@ ClassificationPrepareReport prepare_classification(const ClassificationPrepareOp
              records.size());
     first_val = records.size() - n_val;
     report.split_rule = fmt::format(
-        "val_fraction={}: the last {} of {} records (files in path order) are validation", f,
-        n_val, records.size());
+        "val_fraction={}: the last {} of {} records (files in path order) are validation", f, n_val,
+        records.size());
   }
 
   // ---- encode ----
@@ -334,8 +335,9 @@ ClassificationPrepareReport prepare_classification(const ClassificationPrepareOp
         {"labels", labels.list()},
         {"pair", report.pair},
         {"pad_id", report.pad_id},
-        {"truncation", "longest_first (Hugging Face tokenizers), to seq_len ids with the "
-                       "template's special tokens"},
+        {"truncation",
+         "longest_first (Hugging Face tokenizers), to seq_len ids with the "
+         "template's special tokens"},
         {"padding", "right, with pad_id; lengths[] give the attention mask"},
         {"inputs", inputs}}},
       {"split_rule", report.split_rule},

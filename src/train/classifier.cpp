@@ -31,9 +31,8 @@ namespace {
 // The random-init preset: BERT's layout, small enough for a CPU test (about 0.4M parameters
 // besides the embeddings).
 json bert_tiny() {
-  return {{"family", "bert"}, {"n_layer", 2},         {"n_head", 2},
-          {"n_embd", 128},    {"ffn_hidden", 512},    {"max_positions", 512},
-          {"hidden_act", "gelu"}};
+  return {{"family", "bert"},  {"n_layer", 2},         {"n_head", 2},         {"n_embd", 128},
+          {"ffn_hidden", 512}, {"max_positions", 512}, {"hidden_act", "gelu"}};
 }
 
 // The set's tokenizer folder as meta.json records it ("" when it is gone).
@@ -115,8 +114,8 @@ ClassifierPlan plan_classifier(const Options& o, const Given& g, const char* bui
   p.given = g;
   // ---- options that do not apply to a classifier: errors, not silence ----
   auto refuse = [](bool given, const char* option, const char* why) {
-    DS_CHECK(!given, "[ds_train] {} does not apply to encoder classifiers ({}); remove it",
-             option, why);
+    DS_CHECK(!given, "[ds_train] {} does not apply to encoder classifiers ({}); remove it", option,
+             why);
   };
   const char* lora = "LoRA is implemented for decoder models only";
   refuse(o.lora_dim > 0, "--lora_dim", lora);
@@ -204,9 +203,9 @@ ClassifierPlan plan_classifier(const Options& o, const Given& g, const char* bui
   {
     // Model parallelism in the config would otherwise first meet the rank-count check.
     std::string source = "built-in default (configs/ds_demo.json)";
-    const json raw = g.deepspeed ? runtime::load_config_json(o.deepspeed, &source)
-                                 : runtime::load_config_json(strip_leading_comments(builtin_config),
-                                                             &source);
+    const json raw =
+        g.deepspeed ? runtime::load_config_json(o.deepspeed, &source)
+                    : runtime::load_config_json(strip_leading_comments(builtin_config), &source);
     const config::ParallelSizes sizes = config::read_parallel_sizes(raw, source);
     DS_CHECK(sizes.tensor_parallel.size <= 1 && sizes.pipeline.stages <= 1,
              "[ds_train] {}: tensor_parallel.autotp_size {} / pipeline.stages {} do not apply to "
@@ -219,8 +218,8 @@ ClassifierPlan plan_classifier(const Options& o, const Given& g, const char* bui
   models::GPTConfig shape;
   shape.n_embd = m.n_embd;
   shape.n_layer = m.n_layer;
-  p.run = resolve_run_config(o, g, shape, static_cast<uint64_t>(tr.size()), p.seq_len,
-                             builtin_config);
+  p.run =
+      resolve_run_config(o, g, shape, static_cast<uint64_t>(tr.size()), p.seq_len, builtin_config);
   DS_CHECK(p.run.tensor_parallel == 1 && p.run.pipeline_parallel == 1,
            "[ds_train] {}: tensor_parallel.autotp_size {} / pipeline.stages {} do not apply to "
            "encoder classifiers (decoder models only); remove them from the config",
@@ -229,8 +228,8 @@ ClassifierPlan plan_classifier(const Options& o, const Given& g, const char* bui
   p.data_parallel = p.run.ctx.world_size;
   const int64_t B = p.micro_batch();
   if (p.val)
-    p.eval_examples = g.eval_batches ? std::min<int64_t>(p.val->size(), o.eval_batches * B)
-                                     : p.val->size();
+    p.eval_examples =
+        g.eval_batches ? std::min<int64_t>(p.val->size(), o.eval_batches * B) : p.val->size();
   return p;
 }
 
@@ -249,19 +248,21 @@ ClassifierTrainer::ClassifierTrainer(ClassifierPlan plan, ClassifierObserver& ob
   if (import) {
     const auto rep = models::load_hf_encoder_weights(*model_, o.init_from,
                                                      /*allow_missing_head=*/true);
-    say(fmt::format("initialised from {}: {} tensors{}{}", fmt::join(rep.files, ", "), rep.tensors,
-                    rep.ignored.empty() ? "" : fmt::format("; ignored {}", fmt::join(rep.ignored, ", ")),
-                    rep.missing_head.empty()
-                        ? ""
-                        : fmt::format("; new classifier head (not in the folder, initialised "
-                                      "from --seed): {}",
-                                      fmt::join(rep.missing_head, ", "))));
+    say(fmt::format(
+        "initialised from {}: {} tensors{}{}", fmt::join(rep.files, ", "), rep.tensors,
+        rep.ignored.empty() ? "" : fmt::format("; ignored {}", fmt::join(rep.ignored, ", ")),
+        rep.missing_head.empty()
+            ? ""
+            : fmt::format("; new classifier head (not in the folder, initialised "
+                          "from --seed): {}",
+                          fmt::join(rep.missing_head, ", "))));
   }
   const models::EncoderConfig& m = p.model;
-  say(fmt::format("model: {} ({} encoder classifier, L {}, NH {}, C {}, V {}, {} labels): {} "
+  say(
+      fmt::format("model: {} ({} encoder classifier, L {}, NH {}, C {}, V {}, {} labels): {} "
                   "parameters",
-                  p.model_name, m.family, m.n_layer, m.n_head, m.n_embd, m.vocab_size,
-                  m.num_labels, human_count(static_cast<double>(model_->num_parameters()))));
+                  p.model_name, m.family, m.n_layer, m.n_head, m.n_embd, m.vocab_size, m.num_labels,
+                  human_count(static_cast<double>(model_->num_parameters()))));
 
   // The loss: unpack (3, B, T) = [ids, token types, mask]; keep the logits for evaluation.
   runtime::InitOptions init;
@@ -283,11 +284,11 @@ ClassifierTrainer::ClassifierTrainer(ClassifierPlan plan, ClassifierObserver& ob
   engine_ = runtime::initialize(model_, p.config(), std::move(init));
   rng::dropout_state() = rng::DropoutState{o.seed, 0, 0};
   const auto mem = engine_->memory_budget();
-  say(fmt::format("memory, ZeRO stage {}, {} params: model states {} (parameters {}, gradients "
-                  "{}, master weights {}, optimizer states {})",
-                  p.config().zero_optimization.stage, dtype_name(engine_->training_dtype()),
-                  mib(mem.total()), mib(mem.params), mib(mem.grads), mib(mem.master_weights),
-                  mib(mem.optimizer_states)));
+  say(fmt::format(
+      "memory, ZeRO stage {}, {} params: model states {} (parameters {}, gradients "
+      "{}, master weights {}, optimizer states {})",
+      p.config().zero_optimization.stage, dtype_name(engine_->training_dtype()), mib(mem.total()),
+      mib(mem.params), mib(mem.grads), mib(mem.master_weights), mib(mem.optimizer_states)));
 
   sampler_ = std::make_unique<data::DistributedSampler>(
       data::SamplerOptions{.num_samples = static_cast<uint64_t>(p.train->size()),
@@ -298,7 +299,8 @@ ClassifierTrainer::ClassifierTrainer(ClassifierPlan plan, ClassifierObserver& ob
                            .seed = o.seed,
                            .shuffle = !o.no_shuffle});
   const auto& tr = *p.train;
-  say(fmt::format("train data: {}: {} {} examples of T {} ({} labels: {}) -> {} steps/epoch at {} "
+  say(
+      fmt::format("train data: {}: {} {} examples of T {} ({} labels: {}) -> {} steps/epoch at {} "
                   "examples/step (micro-batch {} x accumulation {})",
                   p.train_dir.string(), tr.size(), tr.pair() ? "sentence-pair" : "single-sentence",
                   tr.seq_len(), tr.num_labels(), fmt::join(tr.labels(), ", "),
@@ -398,7 +400,8 @@ std::optional<ClassifyEvalReport> ClassifierTrainer::evaluate() {
   double loss_sum = 0.0;
   for (int64_t first = 0; first < N; first += B) {
     std::vector<uint64_t> idx;
-    for (int64_t i = first; i < std::min(N, first + B); ++i) idx.push_back(static_cast<uint64_t>(i));
+    for (int64_t i = first; i < std::min(N, first + B); ++i)
+      idx.push_back(static_cast<uint64_t>(i));
     const runtime::MicroBatch b = pack(val, idx, 0);
     const double loss = engine_->eval_loss(b.inputs, b.targets).item();
     loss_sum += loss * static_cast<double>(idx.size());

@@ -39,16 +39,16 @@ class ClassifierConsole : public ClassifierObserver {
     if (static_cast<int64_t>(recent.size()) > logging_steps) recent.pop_front();
     window_loss_ += r.loss, window_time_ += r.seconds, ++window_steps_;
     if (lead && monitor)
-      monitor->write_events({{"Train/Samples/train_loss", r.loss, r.samples},
-                             {"Train/Samples/lr", r.lr, r.samples}});
+      monitor->write_events(
+          {{"Train/Samples/train_loss", r.loss, r.samples}, {"Train/Samples/lr", r.lr, r.samples}});
     con.bar(fmt::format("step {}/{} [{}] loss {:.4f} | lr {:.2e}", r.step, r.total_steps,
                         bar_cells(double(r.step) / r.total_steps, 24), r.loss, r.lr));
     if (r.step % logging_steps == 0 || r.step == r.total_steps) {
-      message(fmt::format("step {}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.2f}s/step{}",
-                          r.step, r.total_steps, window_loss_ / window_steps_, r.lr, r.grad_norm,
-                          window_time_ / window_steps_,
-                          r.skipped_steps > 0 ? fmt::format(" | skipped {}", r.skipped_steps)
-                                              : ""));
+      message(
+          fmt::format("step {}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.2f}s/step{}",
+                      r.step, r.total_steps, window_loss_ / window_steps_, r.lr, r.grad_norm,
+                      window_time_ / window_steps_,
+                      r.skipped_steps > 0 ? fmt::format(" | skipped {}", r.skipped_steps) : ""));
       window_loss_ = window_time_ = 0.0;
       window_steps_ = 0;
     }
@@ -58,10 +58,11 @@ class ClassifierConsole : public ClassifierObserver {
       monitor->write_events({{"Eval/Samples/eval_loss", r.loss, r.samples},
                              {"Eval/Samples/eval_accuracy", r.scores.accuracy, r.samples},
                              {"Eval/Samples/eval_f1", r.scores.f1, r.samples}});
-    message(fmt::format("step {}: eval loss {:.4f}, accuracy {:.4f}, f1 {:.4f} ({}) over {} "
-                        "examples ({:.1f}s)",
-                        r.step, r.loss, r.scores.accuracy, r.scores.f1, r.scores.f1_kind,
-                        r.scores.examples, r.seconds));
+    message(
+        fmt::format("step {}: eval loss {:.4f}, accuracy {:.4f}, f1 {:.4f} ({}) over {} "
+                    "examples ({:.1f}s)",
+                    r.step, r.loss, r.scores.accuracy, r.scores.f1, r.scores.f1_kind,
+                    r.scores.examples, r.seconds));
   }
   void on_save(const SaveReport& r) override {
     message(fmt::format("step {}: checkpoint {}/global_step{} ({:.1f}s)", r.step, r.dir.string(),
@@ -76,12 +77,9 @@ class ClassifierConsole : public ClassifierObserver {
 
 // eval_results.json: what transformers' Trainer writes as eval_results.json.
 void write_eval_json(const fs::path& file, const ClassifyEvalReport& r) {
-  const nlohmann::json j = {{"eval_loss", r.loss},
-                            {"eval_accuracy", r.scores.accuracy},
-                            {"eval_f1", r.scores.f1},
-                            {"f1", r.scores.f1_kind},
-                            {"eval_examples", r.scores.examples},
-                            {"step", r.step}};
+  const nlohmann::json j = {
+      {"eval_loss", r.loss},    {"eval_accuracy", r.scores.accuracy}, {"eval_f1", r.scores.f1},
+      {"f1", r.scores.f1_kind}, {"eval_examples", r.scores.examples}, {"step", r.step}};
   write_file_atomic(file, j.dump(2) + "\n");
 }
 
@@ -106,29 +104,30 @@ int run_classifier(const Options& o, const Given& g, const char* builtin_config)
   const auto& cfg = p.config();
   const fs::path csv_root =
       cfg.csv_monitor.output_path.empty() ? out_dir : fs::path(cfg.csv_monitor.output_path);
-  out.monitor.emplace(csv_root, cfg.csv_monitor.enabled ? cfg.csv_monitor.job_name : "metrics",
-                      resumed ? std::optional<int64_t>(trainer.engine().global_samples())
-                              : std::nullopt);
+  out.monitor.emplace(
+      csv_root, cfg.csv_monitor.enabled ? cfg.csv_monitor.job_name : "metrics",
+      resumed ? std::optional<int64_t>(trainer.engine().global_samples()) : std::nullopt);
 
   if (o.eval_only) {
     DS_CHECK(p.val, "[ds_train] --eval_only needs eval data: a 'val' split in {} or --eval_data",
              p.train_dir.string());
     const auto r = trainer.evaluate();
     DS_CHECK(r.has_value(), "[ds_train] --eval_only: no evaluation examples");
-    out.message(fmt::format("eval only: loss {:.6f}, accuracy {:.4f}, f1 {:.4f} ({}) over {} "
-                            "examples ({:.1f}s)",
-                            r->loss, r->scores.accuracy, r->scores.f1, r->scores.f1_kind,
-                            r->scores.examples, r->seconds));
+    out.message(
+        fmt::format("eval only: loss {:.6f}, accuracy {:.4f}, f1 {:.4f} ({}) over {} "
+                    "examples ({:.1f}s)",
+                    r->loss, r->scores.accuracy, r->scores.f1, r->scores.f1_kind,
+                    r->scores.examples, r->seconds));
     return 0;
   }
 
   const int64_t eval_steps = trainer.eval_steps();
-  out.message(fmt::format("training {} steps ({}), {} examples/step; eval every {}, checkpoint "
-                          "every {} -> {}",
-                          p.total_steps(), p.run.total_why, p.global_batch(),
-                          eval_steps > 0 ? std::to_string(eval_steps) : "- (end only)",
-                          o.save_steps > 0 ? std::to_string(o.save_steps) : "- (end only)",
-                          out_dir.string()));
+  out.message(fmt::format(
+      "training {} steps ({}), {} examples/step; eval every {}, checkpoint "
+      "every {} -> {}",
+      p.total_steps(), p.run.total_why, p.global_batch(),
+      eval_steps > 0 ? std::to_string(eval_steps) : "- (end only)",
+      o.save_steps > 0 ? std::to_string(o.save_steps) : "- (end only)", out_dir.string()));
   const auto t0 = std::chrono::steady_clock::now();
   trainer.fit();
   const std::string export_dir =
@@ -140,8 +139,8 @@ int run_classifier(const Options& o, const Given& g, const char* builtin_config)
   if (!out.recent.empty()) {
     double mean = 0.0;
     for (double l : out.recent) mean += l / static_cast<double>(out.recent.size());
-    out.message(fmt::format("train loss {:.4f} (mean of the last {} steps)", mean,
-                            out.recent.size()));
+    out.message(
+        fmt::format("train loss {:.4f} (mean of the last {} steps)", mean, out.recent.size()));
   }
   if (const auto& e = trainer.last_eval()) {
     if (out.lead) write_eval_json(out_dir / "eval_results.json", *e);
@@ -152,9 +151,10 @@ int run_classifier(const Options& o, const Given& g, const char* builtin_config)
   out.message(fmt::format("checkpoint: {}/{} (resume: --resume_from_checkpoint latest)",
                           out_dir.string(), latest_tag(out_dir)));
   if (export_dir != "none")
-    out.message(fmt::format("HF export:  {} (config.json + model.safetensors + tokenizer; "
-                            "AutoModelForSequenceClassification.from_pretrained reads it)",
-                            export_dir));
+    out.message(
+        fmt::format("HF export:  {} (config.json + model.safetensors + tokenizer; "
+                    "AutoModelForSequenceClassification.from_pretrained reads it)",
+                    export_dir));
   return 0;
 }
 

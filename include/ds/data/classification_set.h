@@ -45,12 +45,12 @@ class ClassificationSet {
   // "[dataset] FILE: ..." for a damaged file.
   static ClassificationSet open_split(const std::filesystem::path& dir, const std::string& split);
 
-  int64_t size() const { return n_; }             // N
-  int64_t seq_len() const { return t_; }          // T
-  int64_t num_labels() const { return nl_; }      // NL
+  int64_t size() const { return n_; }         // N
+  int64_t seq_len() const { return t_; }      // T
+  int64_t num_labels() const { return nl_; }  // NL
   int64_t vocab_size() const { return vocab_; }
   int32_t pad_id() const { return pad_id_; }
-  bool pair() const { return pair_; }             // sentence pairs (else single sentences)
+  bool pair() const { return pair_; }                // sentence pairs (else single sentences)
   int32_t max_type_id() const { return max_type_; }  // largest token type id (BERT pairs: 1)
   const std::vector<std::string>& labels() const { return label_names_; }
   const std::filesystem::path& dir() const { return dir_; }
@@ -60,7 +60,9 @@ class ClassificationSet {
   void get(int64_t i, std::span<int32_t> ids, std::span<int32_t> types, std::span<int32_t> mask,
            int32_t& label) const;
   int32_t label(int64_t i) const { return labels_.at(static_cast<size_t>(i)); }
-  int32_t length(int64_t i) const { return static_cast<int32_t>(lengths_.at(static_cast<size_t>(i))); }
+  int32_t length(int64_t i) const {
+    return static_cast<int32_t>(lengths_.at(static_cast<size_t>(i)));
+  }
 
  private:
   std::filesystem::path dir_, file_;

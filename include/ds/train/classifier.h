@@ -68,7 +68,7 @@ struct ClassifierPlan {
   RunConfig run;
   int world_size = 1;
   int data_parallel = 1;
-  int64_t seq_len = 0;  // T, the set's
+  int64_t seq_len = 0;        // T, the set's
   int64_t eval_examples = 0;  // per evaluation (all of val, or eval_batches x B)
   std::vector<std::string> notes;
 
@@ -81,8 +81,7 @@ struct ClassifierPlan {
 
 // Opens the set, resolves the model and the config, and checks what a classifier run refuses
 // (above). Throws "[ds_train] ..." / "[config] ..." naming the option or file. Reads files only.
-ClassifierPlan plan_classifier(const Options& spec, const Given& given,
-                               const char* builtin_config);
+ClassifierPlan plan_classifier(const Options& spec, const Given& given, const char* builtin_config);
 
 struct ClassifyEvalReport {
   int64_t step = 0, samples = 0;

@@ -14,8 +14,8 @@ namespace ds::train {
 
 struct ClassifyScores {
   int64_t examples = 0;
-  double accuracy = 0.0;  // correct / examples
-  double f1 = 0.0;        // binary F1 of label 1, or macro F1 (above)
+  double accuracy = 0.0;                         // correct / examples
+  double f1 = 0.0;                               // binary F1 of label 1, or macro F1 (above)
   const char* f1_kind = "binary F1 of label 1";  // or "macro F1"
 };
 
