@@ -1,4 +1,5 @@
-// ds_train: train a GPT model with a DeepSpeed config, Hugging Face Trainer style.
+// ds_train: train a GPT model with a DeepSpeed config, Hugging Face Trainer style (or, on a
+// classification set, an encoder classifier: tools/train/classify_run.cpp).
 //
 //   ds_prepare --tokenizer .cache/data/gpt2 --output .cache/prepared/sotu
 //              --val_from_year 2001 .cache/data/sotu
@@ -183,6 +184,9 @@ int main(int argc, char** argv) {
   CLI::App app{
       "Train a GPT model with a DeepSpeed config (one process). Flags follow the Hugging Face "
       "Trainer; \"auto\" values in the config take them. docs/training.md has the details.\n"
+      "On a classification set (ds_prepare --task classification) it fine-tunes an encoder "
+      "classifier (BERT, RoBERTa) and reports accuracy and F1 (docs/training.md, \"Encoder "
+      "classifiers\").\n"
       "Example:\n  ds_train --deepspeed configs/ds_demo.json --model tiny --train_data "
       ".cache/prepared/sotu --output_dir out/demo --max_steps 300 --learning_rate 1e-3",
       "ds_train"};
