@@ -230,6 +230,32 @@ TEST_F(ClassifierTrain, ResumeReproducesAnUninterruptedRun) {
   EXPECT_THROW(tc.resume(), ds::Error);
 }
 
+// --save_total_limit keeps the newest checkpoints of this run and never an earlier run's.
+TEST_F(ClassifierTrain, RotationKeepsTheNewestAndEarlierRuns) {
+  train::Options o = options("rotate");
+  o.max_steps = 2;
+  o.save_steps = 1;
+  {
+    Recorder r;
+    train::ClassifierTrainer t(train::plan_classifier(o, given(), builtin_.c_str()), r);
+    t.fit();
+  }
+  fs::rename(root_ / "rotate" / "global_step2", root_ / "rotate" / "global_step100");
+  o.max_steps = 6;
+  o.save_steps = 2;
+  o.save_total_limit = 1;
+  Recorder r;
+  train::ClassifierTrainer t(train::plan_classifier(o, given(), builtin_.c_str()), r);
+  EXPECT_FALSE(t.resume().has_value());
+  t.fit();
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(root_ / "rotate"))
+    if (e.path().filename().string().rfind("global_step", 0) == 0)
+      left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"global_step1", "global_step100", "global_step6"}));
+}
+
 // RoBERTa: a byte-level BPE with RobertaProcessing (<s> A </s></s> B </s>, types 0), positions
 // past the pad id, RobertaForSequenceClassification exported; BERT-style data (types 0/1) is
 // refused for a model with one token type.

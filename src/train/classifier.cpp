@@ -312,6 +312,17 @@ ClassifierTrainer::ClassifierTrainer(ClassifierPlan plan, ClassifierObserver& ob
   else
     say("eval data: none (no val split; give --eval_data to evaluate)");
   fs::create_directories(out_dir_);
+  if (is_lead()) {
+    // Temporaries a killed run left (a checkpoint or export cut short): this run owns the folder.
+    const std::string& e = o.export_hf;
+    const fs::path export_dir = e.empty()     ? out_dir_ / "hf_model"
+                                : e == "none" ? fs::path()
+                                              : fs::path(e);
+    const auto stale = remove_stale_temporaries(out_dir_, export_dir);
+    if (!stale.empty())
+      say(fmt::format("removed {} temporaries left by an interrupted earlier run in {}",
+                      stale.size(), out_dir_.string()));
+  }
 }
 
 ClassifierTrainer::~ClassifierTrainer() = default;
@@ -337,7 +348,18 @@ runtime::MicroBatch ClassifierTrainer::pack(const data::ClassificationSet& set,
 
 std::optional<ResumeReport> ClassifierTrainer::resume() {
   const std::string& from = plan_.spec.resume_from_checkpoint;
-  if (from.empty()) return std::nullopt;
+  if (from.empty()) {
+    // An earlier run's checkpoints in the folder: --save_total_limit never rotates them away.
+    earlier_run_.clear();
+    for (const auto& f : checkpoint_folders(out_dir_))
+      earlier_run_.push_back(f.filename().string());
+    if (!earlier_run_.empty())
+      say(
+          fmt::format("note: {} holds checkpoints of an earlier run ({}); this run starts afresh "
+                      "(--resume_from_checkpoint latest would continue it) and never deletes them",
+                      out_dir_.string(), fmt::join(earlier_run_, ", ")));
+    return std::nullopt;
+  }
   fs::path dir = from == "latest" ? out_dir_ : fs::path(from);
   std::string tag;
   DS_CHECK(from != "latest" || fs::exists(out_dir_ / "latest"),
@@ -380,10 +402,12 @@ SaveReport ClassifierTrainer::save() {
                          {"train_data", plan_.train_dir.string()}}}};
   engine_->save_checkpoint(out_dir_.string(), "", client);
   last_saved_ = engine_->global_steps();
+  std::erase(earlier_run_, fmt::format("global_step{}", last_saved_));  // this run's folder now
   SaveReport r;
   r.step = last_saved_;
   r.dir = out_dir_;
-  if (is_lead()) r.deleted = rotate_checkpoints(out_dir_, plan_.spec.save_total_limit, {});
+  if (is_lead())
+    r.deleted = rotate_checkpoints(out_dir_, plan_.spec.save_total_limit, earlier_run_);
   r.seconds = seconds_since(t0);
   obs_.on_save(r);
   return r;

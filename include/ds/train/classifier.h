@@ -141,6 +141,7 @@ class ClassifierTrainer {
   std::shared_ptr<Tensor> logits_;  // the loss function's latest logits (evaluation reads them)
   std::optional<ClassifyEvalReport> last_eval_;
   int64_t evaluated_at_ = -1, last_saved_ = -1;
+  std::vector<std::string> earlier_run_;  // global_step folders found at a fresh start: kept
 };
 
 }  // namespace ds::train
