@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/core/error.h"
+#include "ds/core/safetensors.h"
 #include "ds/data/classification_set.h"
 #include "ds/train/classifier.h"
 
@@ -175,6 +176,30 @@ TEST_F(ClassifierTrain, LearnsThePairTaskAndExports) {
   ASSERT_TRUE(again.has_value());
   EXPECT_DOUBLE_EQ(again->scores.accuracy, after.scores.accuracy);
   EXPECT_NEAR(again->loss, after.loss, 1e-5);
+
+  // A checkpoint without a classifier head (as bert-base-uncased) whose config says 3 labels:
+  // the new head takes the data's 2 and is initialised fresh. With a head, 3 labels are refused.
+  const fs::path bare = root_ / "learn" / "bare", headed = root_ / "learn" / "headed";
+  for (const fs::path& d : {bare, headed}) {
+    fs::create_directories(d);
+    json c = cfg;
+    c["ds_cpp"]["num_labels"] = 3;
+    std::ofstream(d / "config.json") << c.dump();
+    std::vector<std::pair<std::string, Tensor>> keep;
+    for (auto& [n, t] : safetensors::load((fs::path(o.export_hf) / "model.safetensors").string()))
+      if (d == headed || n.rfind("classifier.", 0) != 0) keep.emplace_back(n, t);
+    safetensors::save((d / "model.safetensors").string(), keep);
+  }
+  e.init_from = bare.string();
+  Recorder rec3;
+  train::ClassifierTrainer t3(train::plan_classifier(e, g, builtin_.c_str()), rec3);
+  EXPECT_EQ(t3.plan().model.num_labels, 2);
+  bool fresh = false;
+  for (const auto& m : rec3.messages) fresh |= m.find("new classifier head") != std::string::npos;
+  EXPECT_TRUE(fresh);
+  e.init_from = headed.string();
+  const std::string err = error_of(e, g);
+  EXPECT_NE(err.find("num_labels 3"), std::string::npos) << err;
 }
 
 TEST_F(ClassifierTrain, ResumeReproducesAnUninterruptedRun) {

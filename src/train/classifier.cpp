@@ -15,6 +15,7 @@
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
 #include "ds/core/rng.h"
+#include "ds/core/safetensors.h"
 #include "ds/models/encoder_family.h"
 #include "ds/models/encoder_io.h"
 #include "ds/ops/ops.h"
@@ -33,6 +34,25 @@ namespace {
 json bert_tiny() {
   return {{"family", "bert"},  {"n_layer", 2},         {"n_head", 2},         {"n_embd", 128},
           {"ffn_hidden", 512}, {"max_positions", 512}, {"hidden_act", "gelu"}};
+}
+
+// Whether the weights at `path` (a .safetensors file or a folder of them) hold a classifier head
+// (tensors named classifier.*): a pretraining checkpoint (bert-base-uncased) has none.
+bool has_classifier_head(const fs::path& path) {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    for (const auto& e : fs::directory_iterator(path, ec))
+      if (e.path().extension() == ".safetensors") files.push_back(e.path());
+  } else {
+    files.push_back(path);
+  }
+  for (const fs::path& f : files) {
+    const safetensors::Reader r(f.string());
+    for (const std::string& n : r.names())
+      if (n.rfind("classifier.", 0) == 0) return true;
+  }
+  return false;
 }
 
 // The set's tokenizer folder as meta.json records it ("" when it is gone).
@@ -65,7 +85,14 @@ models::EncoderConfig resolve_encoder(const Options& o, const Given& g,
              "but --train_data {} is a classification set, which trains an encoder classifier",
              o.init_from, models::supported_encoder_model_types(), o.train_data);
     *name = fs::path(o.init_from).filename().string();
-    return *c;
+    models::EncoderConfig m = *c;
+    if ((m.num_labels != set.num_labels() || m.regression()) && !has_classifier_head(o.init_from)) {
+      // No head to keep (a pretraining checkpoint): the new one has the data's labels, as
+      // from_pretrained(..., num_labels=NL) makes it.
+      m.num_labels = set.num_labels();
+      m.problem_type = "single_label_classification";
+    }
+    return m;
   }
   json j = from_data;
   const std::string model = g.model ? o.model : "bert-tiny";
