@@ -160,6 +160,8 @@ ClassifierPlan plan_classifier(const Options& o, const Given& g, const char* bui
          "pipeline parallelism is implemented for decoder models only");
   refuse(o.gradient_checkpointing, "--gradient_checkpointing",
          "not wired for encoder classifiers yet");
+  refuse(o.skip_memory_check, "--skip_memory_check",
+         "a classifier run makes no start-up memory check to skip");
   DS_CHECK(o.device == "cpu",
            "[ds_train] --device {}: encoder classifiers train on the CPU only for now; use "
            "--device cpu",
