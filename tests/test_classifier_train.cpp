@@ -422,6 +422,34 @@ TEST_F(ClassifierTrain, DsTrainProcessZero3ExportAndEvalOnly) {
                 &log),
             1);
   EXPECT_NE(log.find("--lora_dim"), std::string::npos) << log;
+
+  // ds_prepare --task classification as a program: the report, and an option of another format
+  // refused by name (exit 2).
+  auto prepare = [&](const std::string& args) {
+    const fs::path file = root_ / "prep_log.txt";
+    const std::string cmd = std::string(DS_PREPARE_BIN) + " --task classification --tokenizer " +
+                            (fs::path(DS_FIXTURE_DIR) / "tokenizers" / "bert_wordpiece").string() +
+                            " " + args + " > " + file.string() + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    std::ifstream f(file);
+    log = {std::istreambuf_iterator<char>(f), {}};
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  const std::string inputs =
+      " " + (root_ / "train.jsonl").string() + " " + (root_ / "dev.jsonl").string();
+  ASSERT_EQ(prepare("--seq_len 32 --labels no,yes --val_files 'dev*' --output " +
+                    (root_ / "prep").string() + inputs),
+            1)
+      << log;  // integer labels 0/1 are not the names no/yes (dev.jsonl is read first)
+  EXPECT_NE(log.find("dev.jsonl:1: field 'label': '"), std::string::npos) << log;
+  ASSERT_EQ(
+      prepare("--seq_len 32 --val_files 'dev*' --output " + (root_ / "prep").string() + inputs), 0)
+      << log;
+  EXPECT_NE(log.find("train: 640 examples"), std::string::npos) << log;
+  EXPECT_NE(log.find("val  : 160 examples"), std::string::npos) << log;
+  EXPECT_EQ(prepare("--val_from_year 2001 --output " + (root_ / "prep2").string() + inputs), 2);
+  EXPECT_NE(log.find("--val_from_year does not apply to --task classification"), std::string::npos)
+      << log;
 }
 
 #ifdef DS_LAUNCHER_EXE

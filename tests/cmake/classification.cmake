@@ -6,8 +6,9 @@ ds_add_test(test_classification LABELS families data
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_classification.cpp)
 ds_add_test(test_classifier_train LABELS families train
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_classifier_train.cpp)
-target_compile_definitions(test_classifier_train PRIVATE DS_TRAIN_BIN="$<TARGET_FILE:ds_train>")
-add_dependencies(test_classifier_train ds_train)
+target_compile_definitions(test_classifier_train PRIVATE DS_TRAIN_BIN="$<TARGET_FILE:ds_train>"
+  DS_PREPARE_BIN="$<TARGET_FILE:ds_prepare>")
+add_dependencies(test_classifier_train ds_train ds_prepare)
 # With MPI, a classifier also trains on 2 ranks through the deepspeed launcher (ZeRO-3).
 if(DS_HAVE_MPI)
   target_compile_definitions(test_classifier_train PRIVATE
