@@ -1,6 +1,7 @@
 #include "ds/data/classification_set.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -213,7 +214,11 @@ ClassificationPrepareReport prepare_classification(const ClassificationPrepareOp
                          [](const Loaded& l) { return l.r.label_is_int; })) {
     int64_t top = 1;
     for (const Loaded& l : records) {
-      const int64_t v = std::stoll(l.r.label);
+      int64_t v = 0;
+      const auto [end, ec] =
+          std::from_chars(l.r.label.data(), l.r.label.data() + l.r.label.size(), v);
+      DS_CHECK(ec == std::errc() && end == l.r.label.data() + l.r.label.size(),
+               "[classification] {}: field 'label': '{}' is not a class id", where(l), l.r.label);
       DS_CHECK(v >= 0,
                "[classification] {}: field 'label': {} is negative; class ids are 0, 1, ...",
                where(l), v);
