@@ -23,6 +23,7 @@
 
 #include "ds/autograd/grad_mode.h"
 #include "ds/backend/backend.h"
+#include "ds/core/allocator.h"
 #include "ds/core/parallel.h"
 #include "ds/ops/ops.h"
 
@@ -175,6 +176,37 @@ int main(int argc, char** argv) {
     std::printf("%-44s %9.2f ms  %7.1f GFLOP/s  %5.2fx sgemm\n", "attention bwd (8, 12, 256, 64)", b * 1e3,
                 bf / b / 1e9, bf / b / 1e9 / peak);
     std::printf("%-44s %9.2f ms\n", "attention fwd+bwd", (f + b) * 1e3);
+  }
+  {  // the LM head + loss, forward and backward: linear then cross_entropy, against the fused
+     // linear_cross_entropy (the logits a block of rows at a time); time and peak tensor memory
+    autograd::GradModeGuard grad_on(true);
+    Tensor x = rand_tensor({N, C}, 50), w = rand_tensor({V, C}, 51, 0.1f);
+    x.set_requires_grad(true);
+    w.set_requires_grad(true);
+    std::vector<int64_t> tv(static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i) tv[static_cast<size_t>(i)] = (i * 7919) % V;
+    const Tensor targets = Tensor::from_ints(tv, {N}, DType::i32);
+    auto run = [&](bool fused) {
+      x.set_grad(Tensor());
+      w.set_grad(Tensor());
+      Tensor loss = fused ? ops::linear_cross_entropy(x, w, targets)
+                          : ops::cross_entropy(ops::linear(x, w), targets);
+      loss.backward();
+    };
+    double sec[2], peak[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      run(fused);
+      cpu_allocator().reset_peak();
+      const int64_t base = static_cast<int64_t>(cpu_allocator().stats().bytes_in_use);
+      sec[fused] = time_it([&](int) { run(fused); });
+      peak[fused] = static_cast<double>(
+          static_cast<int64_t>(cpu_allocator().stats().peak_bytes_in_use) - base);
+    }
+    std::printf("%-44s %9.2f ms  peak +%7.1f MiB\n", "lm head + loss fwd+bwd (2048x768 @ 50257)",
+                sec[0] * 1e3, peak[0] / 1048576.0);
+    std::printf("%-44s %9.2f ms  peak +%7.1f MiB  %5.2fx the unfused time\n",
+                "  fused (linear_cross_entropy)", sec[1] * 1e3, peak[1] / 1048576.0,
+                sec[1] / sec[0]);
   }
   return 0;
 }

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The CUDA backend's checks on a GPU machine, from binaries built elsewhere:
 #
-#   bash scripts/cuda_device_check.sh DIR [quick]
+#   bash scripts/cuda_device_check.sh DIR [quick|train|full]
 #
 # DIR holds bin/ (test_ops, test_gradcheck_basic, test_gradcheck_nn, test_parity, test_core,
 # test_engine, test_trainer, ds_train, bench_cuda from a -DDS_WITH_CUDA=ON build) and lib/ (the shared libraries they
 # need that the GPU machine may lack; scripts/cuda_pack.sh makes both). Runs every op test and gradient check on
 # cuda:0, the GPU parity fixtures, the engine on a GPU, then bench_cuda beside PyTorch on the same GPU
-# (bench/torch_cuda_step.py) unless `quick`. Logs go to $OUT when set (the device tool), else
+# (bench/torch_cuda_step.py). `quick`: the tests only; `train`: the tests and ds_train; `full`
+# (default): everything. Logs go to $OUT when set (the device tool), else
 # to DIR/logs. Exit status: the number of failed test binaries.
 set -uo pipefail
-DIR="$(cd "${1:?usage: cuda_device_check.sh DIR [quick]}" && pwd)"
+DIR="$(cd "${1:?usage: cuda_device_check.sh DIR [quick|train|full]}" && pwd)"
 MODE="${2:-full}"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LOGS="${OUT:-$DIR/logs}"
@@ -75,7 +76,7 @@ if [[ -f "$DIR/sotu/meta.json" && "$MODE" != quick ]]; then
   done
 fi
 
-if [[ "$MODE" != quick ]]; then
+if [[ "$MODE" == full ]]; then
   echo "=== bench_cuda"
   timeout 240 "$DIR/bin/bench_cuda" --batch 8 --seq 1024 --steps 5 2>&1 | tee "$LOGS/bench_cuda.log" |
     grep -E "BENCH|GEMM path|step|rror" | head -n 20

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -280,10 +281,16 @@ TEST_F(EngineTest, OnGpuFollowsTheCpuEngineAndResumesBitwise) {
     if (!d.is_cpu()) gpus.push_back(d);
   if (gpus.empty()) GTEST_SKIP() << "no GPU in this build or on this machine";
   const Device gpu = gpus.front();
-  for (const std::string prec : {"fp32", "bf16", "fp16"}) {
+  // bf16g: bf16 with bf16 gradients (they go down to the host optimizer in 16 bits). Stage 2 steps
+  // in sub-groups of 1000 elements: several chunks through the pipelined device step.
+  for (const std::string variant : {"fp32", "bf16", "bf16g", "fp16"}) {
+    const std::string prec = variant == "bf16g" ? "bf16" : variant;
     for (int stage : {0, 2}) {
       const std::string cfg = config_json(
-          prec, 2, 1.0, fmt::format(R"("zero_optimization": {{"stage": {}}},)", stage));
+          prec, 2, 1.0,
+          fmt::format(R"("zero_optimization": {{"stage": {}{}}}, {})", stage,
+                      stage == 2 ? R"(, "sub_group_size": 1000)" : "",
+                      variant == "bf16g" ? R"("data_types": {"grad_accum_dtype": "bf16"},)" : ""));
       const int k = 4;  // optimizer steps before the stop
       std::vector<float> cpu, continuous, resumed;
       {
@@ -300,8 +307,8 @@ TEST_F(EngineTest, OnGpuFollowsTheCpuEngineAndResumesBitwise) {
       const double tol = prec == "fp32" ? 1e-4 : 2e-2;
       for (size_t i = 0; i < cpu.size(); ++i)
         EXPECT_NEAR(continuous[i], cpu[i], tol * std::abs(cpu[i]))
-            << prec << " stage " << stage << " micro-step " << i;
-      const fs::path ck = dir_ / fmt::format("ck_gpu_{}_{}", prec, stage);
+            << variant << " stage " << stage << " micro-step " << i;
+      const fs::path ck = dir_ / fmt::format("ck_gpu_{}_{}", variant, stage);
       {
         rng::dropout_state() = {};
         TrainRun r = start(cfg, corpus_, "test-gpt2", gpu);
@@ -317,7 +324,8 @@ TEST_F(EngineTest, OnGpuFollowsTheCpuEngineAndResumesBitwise) {
       }
       ASSERT_EQ(continuous.size(), resumed.size());
       for (size_t i = 0; i < continuous.size(); ++i)
-        EXPECT_EQ(continuous[i], resumed[i]) << prec << " stage " << stage << " micro-step " << i;
+        EXPECT_EQ(continuous[i], resumed[i])
+            << variant << " stage " << stage << " micro-step " << i;
     }
   }
   // What a GPU model cannot do yet says so.
@@ -331,6 +339,39 @@ TEST_F(EngineTest, OnGpuFollowsTheCpuEngineAndResumesBitwise) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("stage 0, 1 or 2 on a GPU"), std::string::npos)
           << e.what();
+    }
+  }
+}
+
+// DeepSpeed's wall_clock_breakdown: fwd/bwd/step times every steps_per_print optimizer steps, and
+// nothing when it is off.
+TEST_F(EngineTest, WallClockBreakdownReportsEveryStepsPerPrint) {
+  for (const bool on : {false, true}) {
+    TrainRun r = start(
+        config_json("fp32", 2, 0.0,
+                    fmt::format(R"("wall_clock_breakdown": {}, "steps_per_print": 2,)", on)),
+        corpus_);
+    for (int i = 0; i < 8; ++i) micro_step(r);  // 4 optimizer steps
+    std::vector<std::string> lines;
+    for (const std::string& l : r.log)
+      if (l.find("time (ms)") != std::string::npos) lines.push_back(l);
+    if (!on) {
+      EXPECT_TRUE(lines.empty()) << lines.front();
+      continue;
+    }
+    ASSERT_EQ(lines.size(), 2u);
+    EXPECT_EQ(lines[0].rfind("[engine] step 2: time (ms) | fwd: ", 0), 0u) << lines[0];
+    EXPECT_EQ(lines[1].rfind("[engine] step 4: time (ms) | fwd: ", 0), 0u) << lines[1];
+    for (const std::string& l : lines) {
+      EXPECT_NE(l.find("(means of the last 2 steps)"), std::string::npos) << l;
+      double fwd = 0, bwd = 0, step = 0;
+      ASSERT_EQ(std::sscanf(l.c_str() + l.find("fwd:"), "fwd: %lf | bwd: %lf | step: %lf", &fwd,
+                            &bwd, &step),
+                3)
+          << l;
+      EXPECT_GT(fwd, 0.0);
+      EXPECT_GT(bwd, 0.0);
+      EXPECT_GT(step, 0.0);
     }
   }
 }

@@ -178,6 +178,18 @@ TEST_P(GradcheckNN, CrossEntropyWithIgnoredTargets) {
   gradcheck([&](const V& x) { return ops::cross_entropy(x[0], t2, 7); }, {leaf({2, 3, 5}, 28)});
 }
 
+// The fused head + loss, one block, blocks of 3 rows and blocks of 1 row; the gradcheck's random
+// output weight is the upstream gradient the kept dx and dw are scaled by.
+TEST_P(GradcheckNN, LinearCrossEntropyInBlocks) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "gemm", "cross_entropy_forward",
+                           "cross_entropy_backward");
+  Tensor targets = from_ints({2, -100, 0, 5, -100, 1, 4}, {7});
+  for (int64_t block : {0, 3, 1})
+    gradcheck(
+        [&](const V& x) { return ops::linear_cross_entropy(x[0], x[1], targets, -100, block); },
+        {leaf({7, 4}, 30), leaf({6, 4}, 31)});
+}
+
 TEST_P(GradcheckNN, EmbeddingWithRepeatedIds) {
   DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "embedding_forward", "embedding_backward");
   for (DType idt : {DType::i64, DType::i32}) {

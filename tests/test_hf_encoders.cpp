@@ -365,7 +365,7 @@ TEST(HFEncoderConfig, FieldsThatChangeTheMathAreRefusedByName) {
       config_error(bert({{"num_labels", 2}, {"id2label", {{"0", "a"}, {"1", "b"}, {"2", "c"}}}})),
       "num_labels");
   EXPECT_HAS(config_error(bert({{"hidden_size", 30}})), "n_embd 30 not divisible");
-  EXPECT_HAS(config_error(bert({{"model_type", "deberta-v2"}})), "DeBERTa");
+  EXPECT_HAS(config_error(bert({{"model_type", "deberta"}})), "DeBERTa (v1)");
   EXPECT_HAS(config_error(bert({{"model_type", "llama"}})), "bert, roberta");
   // The fields that change nothing are accepted (a 4.x bert-base config as on the Hub).
   const auto c = models::encoder_config_from_json(bert({{"position_embedding_type", "absolute"},

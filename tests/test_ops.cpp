@@ -10,10 +10,12 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/fast_math.h"
+#include "ds/backend/backend.h"
 #include "ds/core/error.h"
 #include "ds/core/parallel.h"
 #include "ds/core/rng.h"
@@ -291,6 +293,99 @@ TEST_P(Ops, AdamStepIsBitwiseTheCpuOptimizer) {
                   .find("keep the optimizer state with the parameters"),
               std::string::npos);
   }
+}
+
+// The offloaded optimizer step's copies (ds/backend/backend.h TransferQueue): copies enqueued
+// after after_kernels() see what earlier kernels wrote; kernels enqueued after before_kernels()
+// see what earlier copies brought; a wait covers its ticket and every earlier one.
+TEST_P(Ops, TransferQueueOrdersCopiesAgainstKernels) {
+  backend::Backend& be = backend::get(device());
+  const int64_t n = (int64_t{1} << 21) + 7, chunks = 5;
+  Tensor dev = Tensor::zeros({n}, DType::f32, device());
+  Tensor host = Tensor::from_storage(be.host_staging(static_cast<size_t>(n) * 4), {n}, DType::f32);
+  std::unique_ptr<backend::TransferQueue> q = be.transfer_queue();
+  for (int round = 1; round <= 2; ++round) {
+    // Down: the copies wait for the kernels enqueued before them.
+    ops::fill_(dev, 1.5 * round);
+    ops::mul_(dev, 2.0f);
+    q->after_kernels();
+    const int64_t chunk = (n + chunks - 1) / chunks;
+    std::vector<uint64_t> tickets;
+    for (int64_t b = 0; b < n; b += chunk) {
+      const int64_t len = std::min(chunk, n - b);
+      tickets.push_back(q->copy(dev.flat_range(b, len), host.flat_range(b, len)));
+    }
+    for (size_t i = 1; i < tickets.size(); ++i) EXPECT_EQ(tickets[i], tickets[i - 1] + 1);
+    q->wait(tickets.back());
+    const float* h = host.data<float>();
+    const float want = 3.0f * static_cast<float>(round);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) wrong += h[i] != want;
+    EXPECT_EQ(wrong, 0) << "round " << round;
+    // Up: kernels enqueued after before_kernels() read the copied values.
+    float* hw = host.data<float>();
+    for (int64_t i = 0; i < n; ++i) hw[i] = static_cast<float>(i % 1000);
+    const uint64_t up = q->copy(host, dev);
+    q->before_kernels();
+    ops::mul_(dev, 0.5f);
+    const std::vector<float> back = host_vector(dev);
+    q->wait(up);
+    wrong = 0;
+    for (int64_t i = 0; i < n; ++i) wrong += back[static_cast<size_t>(i)] != 0.5f * static_cast<float>(i % 1000);
+    EXPECT_EQ(wrong, 0) << "round " << round;
+  }
+  EXPECT_NE(error_of([&] { q->copy(dev, Tensor::zeros({n}, DType::bf16)); })
+                .find("contiguous tensors of one dtype and size"),
+            std::string::npos);
+  if (!device().is_cpu()) {
+    EXPECT_NE(error_of([&] { q->copy(dev, Tensor::zeros({n}, DType::f32, device())); })
+                  .find("between the GPU and host memory"),
+              std::string::npos);
+  }
+}
+
+// The fused LM head + cross entropy against linear + cross_entropy: the loss and both gradients,
+// fp32 (summation order only) and bf16 (the same roundings), in one block and in several.
+TEST_P(Ops, LinearCrossEntropyMatchesLinearThenCrossEntropy) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "gemm", "cross_entropy_forward",
+                           "cross_entropy_backward");
+  const int64_t N = 37, C = 24, V = 61;
+  std::vector<int64_t> tv(N);
+  for (int64_t i = 0; i < N; ++i) tv[static_cast<size_t>(i)] = i % 7 == 3 ? -100 : (i * 13) % V;
+  const Tensor targets = ds::testing::to_device(Tensor::from_ints(tv, {N}), device());
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    for (const int64_t block : {int64_t{0}, int64_t{8}}) {
+      auto make = [&](const Shape& s, uint64_t seed) {
+        Tensor t = ds::testing::to_device(randn(s, seed, 0.5f).to(dt), device());
+        t.set_requires_grad(true);
+        return t;
+      };
+      const Tensor x1 = make({N, C}, 70), w1 = make({V, C}, 71);
+      const Tensor x2 = make({N, C}, 70), w2 = make({V, C}, 71);
+      const Tensor ref = ops::cross_entropy(ops::linear(x1, w1), targets);
+      const Tensor fused = ops::linear_cross_entropy(x2, w2, targets, -100, block);
+      ops::mul(ref, 3.0f).backward();
+      ops::mul(fused, 3.0f).backward();
+      const double tol = dt == DType::f32 ? 2e-6 : 2e-2;
+      const std::string what = std::string(dtype_name(dt)) + " block " + std::to_string(block);
+      EXPECT_NEAR(fused.item(), ref.item(), tol * std::abs(ref.item())) << what;
+      for (const auto& [a, b] : {std::pair{x1, x2}, std::pair{w1, w2}}) {
+        const std::vector<float> ga = host_vector(a.grad()), gb = host_vector(b.grad());
+        double worst = 0, scale = 0;
+        for (size_t i = 0; i < ga.size(); ++i) {
+          worst = std::max(worst, static_cast<double>(std::abs(ga[i] - gb[i])));
+          scale = std::max(scale, static_cast<double>(std::abs(ga[i])));
+        }
+        EXPECT_LE(worst, tol * scale) << what;
+      }
+    }
+  }
+  EXPECT_NE(error_of([&] {
+              ops::linear_cross_entropy(Tensor::zeros({4, 3}, DType::f32, device()),
+                                        Tensor::zeros({5, 2}, DType::f32, device()),
+                                        targets);
+            }).find("must be (N, C) and (V, C)"),
+            std::string::npos);
 }
 
 TEST_P(Ops, GeluSiluSwigluMatchFormulas) {

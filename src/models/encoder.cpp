@@ -10,6 +10,7 @@
 
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
+#include "ds/models/deberta.h"
 #include "ds/models/gpt.h"  // ParamInit / GPT::init_values: the same counter-based draws
 
 namespace ds::models {
@@ -24,11 +25,13 @@ bool EncoderConfig::regression() const {
 }
 
 void EncoderConfig::validate() const {
-  DS_CHECK(family == "bert" || family == "roberta",
-           "[model] encoder family \"{}\" is unknown (known: bert, roberta)", family);
+  DS_CHECK(family == "bert" || family == "roberta" || family == "deberta-v2",
+           "[model] encoder family \"{}\" is unknown (known: bert, roberta, deberta-v2)", family);
+  DS_CHECK(type_vocab_size > 0 || (is_deberta() && type_vocab_size == 0),
+           "[model] encoder type_vocab_size must be positive{}, got {}",
+           is_deberta() ? " or 0" : "", type_vocab_size);
   for (const auto& [name, v] : {std::pair<const char*, int64_t>{"vocab_size", vocab_size},
                                 {"max_positions", max_positions},
-                                {"type_vocab_size", type_vocab_size},
                                 {"n_layer", n_layer},
                                 {"n_head", n_head},
                                 {"n_embd", n_embd},
@@ -37,7 +40,8 @@ void EncoderConfig::validate() const {
     DS_CHECK(v > 0, "[model] encoder {} must be positive, got {}", name, v);
   DS_CHECK(n_embd % n_head == 0, "[model] encoder n_embd {} not divisible by n_head {}", n_embd,
            n_head);
-  DS_CHECK(hidden_act == "gelu" || hidden_act == "gelu_new" || hidden_act == "gelu_pytorch_tanh",
+  DS_CHECK(is_deberta() || hidden_act == "gelu" || hidden_act == "gelu_new" ||
+               hidden_act == "gelu_pytorch_tanh",  // deberta-v2: validate_deberta
            "[model] encoder hidden_act \"{}\" is not supported (gelu, gelu_new, "
            "gelu_pytorch_tanh)",
            hidden_act);
@@ -62,9 +66,11 @@ void EncoderConfig::validate() const {
   DS_CHECK(!(problem_type == "single_label_classification" && num_labels < 2),
            "[model] single_label_classification needs num_labels >= 2, got {}", num_labels);
   DS_CHECK(initializer_range > 0.0f, "[model] encoder initializer_range must be positive");
+  if (is_deberta()) validate_deberta(*this);
 }
 
 int64_t EncoderConfig::num_parameters() const {
+  if (is_deberta()) return deberta_num_parameters(*this);
   const int64_t C = n_embd, F = ffn_hidden;
   const int64_t emb = (vocab_size + max_positions + type_vocab_size) * C + 2 * C;
   const int64_t layer = 4 * (C * C + C) + 2 * (2 * C) + (C * F + F) + (F * C + C);
@@ -73,24 +79,26 @@ int64_t EncoderConfig::num_parameters() const {
 }
 
 json EncoderConfig::to_json() const {
-  return {{"family", family},
-          {"vocab_size", vocab_size},
-          {"max_positions", max_positions},
-          {"type_vocab_size", type_vocab_size},
-          {"n_layer", n_layer},
-          {"n_head", n_head},
-          {"n_embd", n_embd},
-          {"ffn_hidden", ffn_hidden},
-          {"hidden_act", hidden_act},
-          {"norm_eps", norm_eps},
-          {"hidden_dropout", hidden_dropout},
-          {"attention_dropout", attention_dropout},
-          {"classifier_dropout", classifier_dropout},
-          {"pad_token_id", pad_token_id},
-          {"num_labels", num_labels},
-          {"problem_type", problem_type},
-          {"initializer_range", initializer_range},
-          {"seed", seed}};
+  json j = {{"family", family},
+            {"vocab_size", vocab_size},
+            {"max_positions", max_positions},
+            {"type_vocab_size", type_vocab_size},
+            {"n_layer", n_layer},
+            {"n_head", n_head},
+            {"n_embd", n_embd},
+            {"ffn_hidden", ffn_hidden},
+            {"hidden_act", hidden_act},
+            {"norm_eps", norm_eps},
+            {"hidden_dropout", hidden_dropout},
+            {"attention_dropout", attention_dropout},
+            {"classifier_dropout", classifier_dropout},
+            {"pad_token_id", pad_token_id},
+            {"num_labels", num_labels},
+            {"problem_type", problem_type},
+            {"initializer_range", initializer_range},
+            {"seed", seed}};
+  if (is_deberta()) j["deberta"] = deberta_options_to_json(deberta);
+  return j;
 }
 
 EncoderConfig EncoderConfig::from_json(const json& j) {
@@ -98,7 +106,7 @@ EncoderConfig EncoderConfig::from_json(const json& j) {
   EncoderConfig c;
   const json known = c.to_json();
   for (const auto& [k, v] : j.items())
-    DS_CHECK(known.contains(k), "[model] unknown encoder config field \"{}\"", k);
+    DS_CHECK(known.contains(k) || k == "deberta", "[model] unknown encoder config field \"{}\"", k);
   auto get = [&](const char* key, auto& field) {
     if (!j.contains(key)) return;
     try {
@@ -125,6 +133,13 @@ EncoderConfig EncoderConfig::from_json(const json& j) {
   get("problem_type", c.problem_type);
   get("initializer_range", c.initializer_range);
   get("seed", c.seed);
+  if (j.contains("deberta")) {
+    DS_CHECK(c.is_deberta(),
+             "[model] encoder config field \"deberta\" is for family deberta-v2, "
+             "not {}",
+             c.family);
+    c.deberta = deberta_options_from_json(j["deberta"]);
+  }
   c.validate();
   return c;
 }
@@ -250,7 +265,7 @@ class EncoderClassifier::Layer : public nn::Module {
 };
 
 EncoderClassifier::EncoderClassifier(EncoderConfig config, bool init)
-    : Module("EncoderClassifier"),
+    : SequenceClassifier("EncoderClassifier"),
       config_(std::move(config)),
       mask_(std::make_shared<ops::AttentionMask>()) {
   config_.validate();
@@ -410,19 +425,18 @@ Tensor EncoderClassifier::logits(const EncoderInputs& in) {
   return (*classifier_)(ops::dropout(pooled, p, tr));  // (B, NL)
 }
 
-Tensor EncoderClassifier::loss(const EncoderInputs& in, const Tensor& labels) {
-  const int64_t NL = config_.num_labels;
+Tensor classification_loss(const EncoderConfig& c, const Tensor& lg, const Tensor& labels) {
+  const int64_t NL = c.num_labels;
   DS_CHECK(labels.defined(), "[encoder] loss needs labels");
-  Tensor lg = logits(in);  // (B, NL)
   const int64_t B = lg.size(0);
-  if (config_.problem_type == "multi_label_classification") {
+  if (c.problem_type == "multi_label_classification") {
     DS_CHECK(is_floating(labels.dtype()) && labels.numel() == B * NL,
              "[encoder] multi-label targets must be (B, num_labels) = ({}, {}) floats in [0, 1], "
              "got {} {}",
              B, NL, shape_str(labels.shape()), dtype_name(labels.dtype()));
     return ops::bce_with_logits(lg, ops::reshape(labels.to(lg.dtype()), {B, NL}));
   }
-  if (!config_.regression()) {
+  if (!c.regression()) {
     DS_CHECK((labels.dtype() == DType::i32 || labels.dtype() == DType::i64) && labels.numel() == B,
              "[encoder] classification labels must be (B) = ({}) int class ids, got {} {}", B,
              shape_str(labels.shape()), dtype_name(labels.dtype()));
@@ -438,11 +452,16 @@ Tensor EncoderClassifier::loss(const EncoderInputs& in, const Tensor& labels) {
   return ops::mean(ops::square(ops::sub(lg, y)));  // MSELoss, mean over every element
 }
 
-Tensor EncoderClassifier::forward(const Tensor& ids) {
+Tensor SequenceClassifier::loss(const EncoderInputs& in, const Tensor& labels) {
+  DS_CHECK(labels.defined(), "[encoder] loss needs labels");
+  return classification_loss(config(), logits(in), labels);
+}
+
+Tensor SequenceClassifier::forward(const Tensor& ids) {
   return logits({ids, {}, {}});
 }
 
-Tensor EncoderClassifier::loss(const Tensor& ids, const Tensor& labels) {
+Tensor SequenceClassifier::loss(const Tensor& ids, const Tensor& labels) {
   return loss(EncoderInputs{ids, {}, {}}, labels);
 }
 

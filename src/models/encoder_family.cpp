@@ -8,8 +8,8 @@
 namespace ds::models {
 
 const std::vector<const EncoderFamily*>& all_encoder_families() {
-  static const std::vector<const EncoderFamily*> all = {&encoder_families::bert,
-                                                        &encoder_families::roberta};
+  static const std::vector<const EncoderFamily*> all = {
+      &encoder_families::bert, &encoder_families::roberta, &encoder_families::deberta_v2};
   return all;
 }
 
@@ -32,8 +32,17 @@ const EncoderFamily& encoder_family_for_model_type(const std::string& model_type
   if (const EncoderFamily* f = find_encoder_family(model_type)) return *f;
   DS_THROW("[hf_io] {}: model_type \"{}\" is not an encoder classifier we read (supported: {}){}",
            source, model_type, supported_encoder_model_types(),
-           model_type == "deberta-v2" || model_type == "deberta" ? "; DeBERTa is not supported yet"
-                                                                 : "");
+           model_type == "deberta" ? "; DeBERTa (v1) is not supported, DeBERTa-v2 is" : "");
+}
+
+bool EncoderFamily::is_head(const std::string& ours) const {
+  for (const auto& p : head_prefixes)
+    if (ours.rfind(p, 0) == 0) return true;
+  return false;
+}
+
+std::shared_ptr<SequenceClassifier> make_encoder_classifier(const EncoderConfig& c, bool init) {
+  return encoder_family_of(c).build(c, init);
 }
 
 const EncoderFamily& encoder_family_of(const EncoderConfig& c) {

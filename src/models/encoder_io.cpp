@@ -31,11 +31,10 @@ std::string key_of(const EncoderFamily& f, const std::string& name) {
   return starts_with(name, f.prefix) ? name.substr(f.prefix.size()) : name;
 }
 
-bool is_head(const std::string& ours) {
-  return starts_with(ours, "classifier.");
-}
-bool is_pretraining_head(const std::string& key) {
-  return starts_with(key, "cls.") || starts_with(key, "lm_head.");
+bool is_pretraining_head(const EncoderFamily& f, const std::string& key) {
+  for (const auto& p : f.pretraining_heads)
+    if (starts_with(key, p)) return true;
+  return false;
 }
 
 json read_json_file(const fs::path& p) {
@@ -64,8 +63,8 @@ EncoderConfig encoder_config_from_json(const json& j, const std::string& source)
     }
   }
   DS_CHECK(family,
-           "[hf_io] {}: no \"model_type\"; an encoder classifier's config.json names bert or "
-           "roberta",
+           "[hf_io] {}: no \"model_type\"; an encoder classifier's config.json names bert, "
+           "roberta or deberta-v2",
            source);
   return family->read_config(j, type, source);
 }
@@ -90,7 +89,7 @@ std::optional<EncoderConfig> read_hf_encoder_config(const fs::path& path) {
   return encoder_config_from_json(j, file.string());
 }
 
-EncoderLoadReport load_hf_encoder_weights(EncoderClassifier& model, const fs::path& path,
+EncoderLoadReport load_hf_encoder_weights(SequenceClassifier& model, const fs::path& path,
                                           bool allow_missing_head) {
   const EncoderConfig& cfg = model.config();
   const EncoderFamily& family = encoder_family_of(cfg);
@@ -125,7 +124,7 @@ EncoderLoadReport load_hf_encoder_weights(EncoderClassifier& model, const fs::pa
     const std::string key = key_of(family, file_name);
     auto it = by_key.find(key);
     if (it == by_key.end()) {
-      if (allow_missing_head && is_head(ours)) {
+      if (allow_missing_head && family.is_head(ours)) {
         report.missing_head.push_back(ours);
         continue;
       }
@@ -136,7 +135,7 @@ EncoderLoadReport load_hf_encoder_weights(EncoderClassifier& model, const fs::pa
     const safetensors::Entry& e = *it->second.entry;
     if (e.shape != param.shape()) {
       std::string why;
-      if (is_head(ours) && !e.shape.empty() && e.shape[0] != cfg.num_labels &&
+      if (family.is_head(ours) && !e.shape.empty() && e.shape[0] != cfg.num_labels &&
           param.shape()[0] == cfg.num_labels)
         why = fmt::format(" (the file's head has {} labels, config.json {})", e.shape[0],
                           cfg.num_labels);
@@ -151,13 +150,14 @@ EncoderLoadReport load_hf_encoder_weights(EncoderClassifier& model, const fs::pa
   }
   for (const auto& [key, found] : by_key) {
     if (used.count(key)) continue;
-    if (family.is_buffer(found.entry->name) || (allow_missing_head && is_pretraining_head(key))) {
+    if (family.is_buffer(found.entry->name) ||
+        (allow_missing_head && is_pretraining_head(family, key))) {
       report.ignored.push_back(found.entry->name);
       continue;
     }
     problems.push_back(fmt::format("extra: '{}' {} is not a parameter of this model{}",
                                    found.entry->name, shape_str(found.entry->shape),
-                                   is_pretraining_head(key)
+                                   is_pretraining_head(family, key)
                                        ? " (a pretraining head: load with allow_missing_head to "
                                          "start a classifier from this checkpoint)"
                                        : ""));
@@ -184,7 +184,7 @@ EncoderLoadReport load_hf_encoder_weights(EncoderClassifier& model, const fs::pa
   return report;
 }
 
-void export_hf_encoder(const EncoderClassifier& model, const fs::path& dir, DType dtype) {
+void export_hf_encoder(const SequenceClassifier& model, const fs::path& dir, DType dtype) {
   const EncoderConfig& cfg = model.config();
   const EncoderFamily& family = encoder_family_of(cfg);
   std::error_code ec;

@@ -29,8 +29,8 @@ const Family& family_for_model_type(const std::string& model_type, const std::st
   std::string why;
   if (model_type == "bert" || model_type == "roberta" || model_type == "deberta-v2" ||
       model_type == "deberta")
-    why = model_type.rfind("deberta", 0) == 0
-              ? "; DeBERTa is not supported yet"
+    why = model_type == "deberta"
+              ? "; DeBERTa (v1) is not supported yet (DeBERTa-v2 is, as an encoder classifier)"
               : "; encoder classifiers are read by models::read_hf_encoder_config into an "
                 "EncoderClassifier (ds/models/encoder_io.h), not as a decoder, and ds_train does "
                 "not train them yet";

@@ -566,6 +566,15 @@ Tensor GPT::forward(const Tensor& in) {
   }
   if (!has_head()) return x;
   x = (*norm_f_)(x);
+  if (loss_targets_.defined()) {  // loss(): the head's loss, fused where it can be
+    const Tensor targets = loss_targets_;
+    if (lm_head_) return lm_head_->cross_entropy(x, targets, -100);
+    const Tensor x2 = ops::reshape(x, {-1, config_.n_embd});
+    const Tensor w = tied_head_.dtype() == x.dtype() ? tied_head_ : ops::cast(tied_head_, x.dtype());
+    return x.dtype() == DType::f16
+               ? ops::cross_entropy(ops::linear(x2, w, Tensor()), targets, -100)
+               : ops::linear_cross_entropy(x2, w, targets, -100);
+  }
   if (tied_head_.defined()) {
     // The tied head without its embedding: what ColumnParallelLinear / Linear would compute.
     return ops::linear(tp_ ? nn::tp_copy(x, *tp_) : x,
@@ -583,15 +592,19 @@ Tensor GPT::loss(const Tensor& ids, const Tensor& targets) {
            "[model] targets {} must be (B, T) = ({}, {}), the shape of the input",
            targets.defined() ? shape_str(targets.shape()) : "undefined", B, T);
   const int64_t N = B * T;
-  Tensor lg = logits(ids);  // (B, T, V), or (B, T, V_local) with tensor parallelism
-  if (tp_) {
-    const nn::TPSplit& s = vocab_split_;
-    return nn::vocab_parallel_cross_entropy(ops::reshape(lg, {N, s.end - s.begin}),
-                                            ops::reshape(targets, {N}), s.begin,
-                                            config_.vocab_size, *tp_, -100);
+  if (!tp_) {
+    loss_targets_ = ops::reshape(targets, {N});
+    struct Clear {
+      Tensor& t;
+      ~Clear() { t = Tensor(); }
+    } clear{loss_targets_};
+    return (*this)(ids);  // forward returns the loss (see loss_targets_)
   }
-  return ops::cross_entropy(ops::reshape(lg, {N, config_.vocab_size}), ops::reshape(targets, {N}),
-                            -100);
+  const Tensor lg = logits(ids);  // (B, T, V_local) with tensor parallelism
+  const nn::TPSplit& s = vocab_split_;
+  return nn::vocab_parallel_cross_entropy(ops::reshape(lg, {N, s.end - s.begin}),
+                                          ops::reshape(targets, {N}), s.begin, config_.vocab_size,
+                                          *tp_, -100);
 }
 
 void GPT::set_gradient_checkpointing(bool on) {

@@ -43,6 +43,27 @@ Tensor Linear::forward(const Tensor& x) {
   return ops::add(y, ops::mul((*lora_B_)((*lora_A_)(h)), lora_scaling_));
 }
 
+bool Linear::fuses_cross_entropy(DType x_dtype) const {
+  return !bias_.defined() && !lora_A_ && x_dtype != DType::f16;
+}
+
+Tensor Linear::cross_entropy(const Tensor& x, const Tensor& targets, int64_t ignore_index) {
+  DS_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in_features(),
+           "[linear] cross_entropy input {} does not match weight {}",
+           x.defined() ? shape_str(x.shape()) : "undefined", shape_str(weight_.shape()));
+  if (!fuses_cross_entropy(x.dtype())) {
+    const Tensor y = (*this)(x);
+    return ops::cross_entropy(ops::reshape(y, {-1, out_features()}), ops::reshape(targets, {-1}),
+                              ignore_index);
+  }
+  // The hooks run around the fused computation as around forward (ZeRO-3 gathers the weight).
+  return call(x, [this, targets, ignore_index](const Tensor& in) {
+    const Tensor w = weight_.dtype() == in.dtype() ? weight_ : ops::cast(weight_, in.dtype());
+    return ops::linear_cross_entropy(ops::reshape(in, {-1, in_features()}), w,
+                                     ops::reshape(targets, {-1}), ignore_index);
+  });
+}
+
 void Linear::add_lora(int64_t r, float scaling, float dropout) {
   DS_CHECK(!lora_A_, "[lora] this Linear already has LoRA");
   DS_CHECK(r > 0, "[lora] rank r must be positive, got {}", r);

@@ -40,6 +40,10 @@ bool Module::init_parameter_range(size_t, int64_t, int64_t, float*) const {
 }
 
 Tensor Module::operator()(const Tensor& input) {
+  return call(input, [this](const Tensor& in) { return forward(in); });
+}
+
+Tensor Module::call(const Tensor& input, const std::function<Tensor(const Tensor&)>& body) {
   for (auto& [id, hook] : forward_pre_hooks_) hook(*this, input);
   const bool grad_on = autograd::is_grad_enabled();
   const bool wants_backward = grad_on && (!backward_hooks_.empty() || !backward_pre_hooks_.empty());
@@ -53,9 +57,7 @@ Tensor Module::operator()(const Tensor& input) {
       post_at_end = true;  // nothing flows out through the input: report at the end of backward
     }
   }
-  Tensor y = checkpointing_ && grad_on
-                 ? autograd::checkpoint([this](const Tensor& in) { return forward(in); }, x)
-                 : forward(x);
+  Tensor y = checkpointing_ && grad_on ? autograd::checkpoint(body, x) : body(x);
   if (wants_backward && y.requires_grad()) {
     y = ops::backward_hook(y, [this, post_at_end] {
       run_backward_pre_hooks();

@@ -187,7 +187,7 @@ Tensor gelu_erf(const Tensor& x) {
     float* py = y.data<float>();
 #pragma omp parallel for if (n > 65536)
     for (int64_t i = 0; i < n; ++i)
-      py[i] = 0.5f * px[i] * (1.0f + std::erf(px[i] * static_cast<float>(M_SQRT1_2)));
+      py[i] = 0.5f * px[i] * std::erfc(-px[i] * static_cast<float>(M_SQRT1_2));
   }
   Tensor out = from_host(y, x.device(), x.dtype());
   if (!wants_grad({x})) return out;
@@ -206,7 +206,8 @@ Tensor gelu_erf(const Tensor& x) {
 #pragma omp parallel for if (m > 65536)
     for (int64_t i = 0; i < m; ++i) {
       const float v = px[i];
-      const float cdf = 0.5f * (1.0f + std::erf(v * static_cast<float>(M_SQRT1_2)));
+      // Phi(v) by erfc: 1 + erf(v / sqrt 2) cancels for v < -3 (all of Phi lost near v = -5).
+      const float cdf = 0.5f * std::erfc(-v * static_cast<float>(M_SQRT1_2));
       pd[i] = pg[i] * (cdf + v * kInvSqrt2Pi * std::exp(-0.5f * v * v));
     }
     return {from_host(dx, dev, dt)};

@@ -190,6 +190,11 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
   scaler_.set_rank(group_->rank());
   scaler_.set_log_sink([this](const std::string& m) { log(m); });
   grad_dtype_ = gradient_dtype(config_);
+  {
+    const auto params = model_->named_parameters();
+    wall_clock_ = WallClockBreakdown(config_.wall_clock_breakdown,
+                                     params.empty() ? kCPU : params.front().second.device());
+  }
 
   // Where parameters, gradients and master weights live, and how they are reduced and gathered.
   zero::Options zo = zero_options(config_, grad_dtype_, n);
@@ -279,6 +284,7 @@ Tensor on_device_of(const nn::Module& model, const Tensor& t) {
 }  // namespace
 
 Tensor Engine::forward(const Tensor& inputs, const Tensor& targets) {
+  const WallClockBreakdown::Scope timed(wall_clock_, WallClockBreakdown::kForward);
   model_->train(true);
   zero_->begin_forward(/*training=*/true);
   return options_.loss_fn(*model_, on_device_of(*model_, inputs), on_device_of(*model_, targets));
@@ -312,6 +318,7 @@ void Engine::set_optimizer_schedule() {
 
 void Engine::backward(const Tensor& loss) {
   DS_CHECK(loss.defined() && loss.numel() == 1, "[engine] backward() needs the scalar loss");
+  const WallClockBreakdown::Scope timed(wall_clock_, WallClockBreakdown::kBackward);
   const double gas = static_cast<double>(config_.batch.gradient_accumulation_steps);
   if (is_gradient_accumulation_boundary() && steps_in_backward()) {
     if (!logged_step_in_backward_) {
@@ -339,6 +346,7 @@ void Engine::backward(const std::vector<Tensor>& roots, const std::vector<Tensor
   DS_CHECK(!roots.empty() && roots.size() == grads.size(),
            "[engine] a stage backward needs one gradient per root ({} roots, {} gradients)",
            roots.size(), grads.size());
+  const WallClockBreakdown::Scope timed(wall_clock_, WallClockBreakdown::kBackward);
   zero_->begin_backward(is_gradient_accumulation_boundary(), step_label());
   autograd::backward(roots, grads);
   zero_->end_backward();
@@ -389,6 +397,21 @@ double Engine::train_batch(const std::function<MicroBatch()>& next) {
 }
 
 bool Engine::step() {
+  const int64_t before = global_steps_;
+  bool applied = false;
+  {
+    const WallClockBreakdown::Scope timed(wall_clock_, WallClockBreakdown::kStep);
+    applied = take_step();
+  }
+  if (global_steps_ != before && wall_clock_.enabled()) {
+    wall_clock_.step_done();
+    if (config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0)
+      log(fmt::format("[engine] step {}: {}", global_steps_, wall_clock_.report()));
+  }
+  return applied;
+}
+
+bool Engine::take_step() {
   const bool boundary = is_gradient_accumulation_boundary();
   ++micro_steps_;
   global_samples_ += config_.batch.train_micro_batch_size_per_gpu * config_.batch.world_size;

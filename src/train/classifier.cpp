@@ -273,7 +273,7 @@ ClassifierTrainer::ClassifierTrainer(ClassifierPlan plan, ClassifierObserver& ob
   const ClassifierPlan& p = plan_;
   const Options& o = p.spec;
   const bool import = !o.init_from.empty();
-  model_ = std::make_shared<models::EncoderClassifier>(p.model, /*init=*/true);
+  model_ = models::make_encoder_classifier(p.model, /*init=*/true);
   if (import) {
     const auto rep = models::load_hf_encoder_weights(*model_, o.init_from,
                                                      /*allow_missing_head=*/true);
@@ -299,7 +299,7 @@ ClassifierTrainer::ClassifierTrainer(ClassifierPlan plan, ClassifierObserver& ob
   init.log = [this](const std::string& s) { obs_.detail(s); };
   std::shared_ptr<Tensor> keep = logits_;
   init.loss_fn = [keep](nn::Module& module, const Tensor& x, const Tensor& y) {
-    auto& enc = dynamic_cast<models::EncoderClassifier&>(module);
+    auto& enc = dynamic_cast<models::SequenceClassifier&>(module);
     const int64_t B = x.size(1), T = x.size(2);
     const Tensor xc = x.contiguous();
     auto part = [&](int64_t k) {
@@ -540,14 +540,14 @@ void ClassifierTrainer::export_model(const std::string& dir) {
   const auto weights = engine_->full_weights();  // ZeRO-3: every rank gathers, rank 0 receives
   if (!is_lead()) return;
   // A whole fp32 copy (the engine's parameters may be 16-bit or ZeRO-3 shards).
-  models::EncoderClassifier whole(plan_.model, /*init=*/false);
+  const auto whole = models::make_encoder_classifier(plan_.model, /*init=*/false);
   std::map<std::string, Tensor> by_name(weights.begin(), weights.end());
-  for (auto& [name, t] : whole.named_parameters()) {
+  for (auto& [name, t] : whole->named_parameters()) {
     const auto it = by_name.find(name);
     DS_CHECK(it != by_name.end(), "[ds_train] export: the engine has no parameter '{}'", name);
     t.copy_from(it->second);
   }
-  models::export_hf_encoder(whole, dir);
+  models::export_hf_encoder(*whole, dir);
   // The set's label names (MRPC: 0 / 1; names given to ds_prepare --labels) as id2label.
   const fs::path cfg_file = fs::path(dir) / "config.json";
   json cfg = json::parse(std::ifstream(cfg_file));

@@ -302,6 +302,10 @@ RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {
              "zero_optimization.stage to 0, 1 or 2 (docs/cuda.md)",
              o.device);
     backend::get(p.device);  // a build without CUDA, or no GPU, says so here
+  } else {
+    DS_CHECK(o.device_memory_limit_gib == 0.0,
+             "[ds_train] --device_memory_limit {} caps GPU memory: it needs --device cuda",
+             o.device_memory_limit_gib);
   }
   // A pipeline stage is built whole (its layers only) and then sharded; so is a tensor-parallel
   // rank's part (its slices).

@@ -169,6 +169,11 @@ void Trainer::build_model() {
   if (!p.device.is_cpu()) {
     // The engine keeps the model where it is: its flat parameters and gradients stay on the GPU,
     // the master weights and optimizer state go to host memory (docs/cuda.md).
+    if (o.device_memory_limit_gib > 0.0) {
+      backend::get(p.device).set_memory_limit(
+          static_cast<uint64_t>(o.device_memory_limit_gib * 1024.0 * 1024.0 * 1024.0));
+      say(fmt::format("device memory limit: {:.1f} GiB", o.device_memory_limit_gib));
+    }
     model_->to(p.device);
     say(fmt::format("device: {} ({})", p.device.str(), backend::get(p.device).gemm_info()));
   }

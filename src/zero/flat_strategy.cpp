@@ -75,7 +75,9 @@ class FlatStrategy final : public Strategy {
       flat_ = nn::flatten_parameters(trainable, o.train_dtype, o.grad_dtype, multiple, full_grads);
     }
     if (!full_grads) grads_part_ = Tensor::zeros({opt_numel_}, o.grad_dtype, device_);
-    if (o.grad_dtype != DType::f32 && !offloaded())
+    // 16-bit gradients are widened for the optimizer into an fp32 copy; on a GPU they go down to
+    // the host optimizer as they are and are widened there (device_optimizer_step).
+    if (o.grad_dtype != DType::f32 && !offloaded() && device_.is_cpu())
       grads32_ = Tensor::zeros({opt_numel_}, DType::f32, device_);
 
     // Every rank starts from rank 0's weights (initialisation is rank-independent already; this
@@ -163,7 +165,7 @@ class FlatStrategy final : public Strategy {
       }
     }
     Tensor g = options_.stage >= 2 ? grads_part_ : flat_.grads.flat_range(begin_, opt_numel_);
-    if (g.dtype() == DType::f32 || offloaded()) return g;
+    if (g.dtype() == DType::f32 || offloaded() || !device_.is_cpu()) return g;
     grads32_.copy_from(g);
     return grads32_;
   }

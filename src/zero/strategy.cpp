@@ -171,10 +171,11 @@ void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float 
            "[zero] the optimizer needs ({},) floating-point gradients", opt_numel_);
   const DType train = options_.train_dtype;
   if (!offloaded()) {
-    // Everything in RAM: one call over the whole range (Lamb's trust ratios need it).
-    DS_CHECK(grads.dtype() == DType::f32, "[zero] in-RAM optimizer steps take fp32 gradients");
+    // Parameters on a GPU: the gradients (fp32 or 16-bit) come to the host optimizer in chunks.
     if (const Tensor dev = device_parameters(); dev.defined())
       return device_optimizer_step(opt, grads, grad_scale, dev);
+    // Everything in RAM: one call over the whole range (Lamb's trust ratios need it).
+    DS_CHECK(grads.dtype() == DType::f32, "[zero] in-RAM optimizer steps take fp32 gradients");
     opt.step(master_.data<float>(), grads.data<float>(), opt_numel_, grad_scale, params16(),
              train != DType::f32 ? train : DType::bf16);
     return;
@@ -206,22 +207,66 @@ void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float 
 void Strategy::device_optimizer_step(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
                                      const Tensor& device_params) {
   const DType train = options_.train_dtype;
-  // Page-locked staging buffers where the device offers them: the copies run at the link's speed.
+  const DType out16_dtype = train != DType::f32 ? train : DType::bf16;
+  // Page-locked staging buffers where the device offers them: the copies run at the link's speed
+  // and, being page-locked, asynchronously.
   backend::Backend& be = backend::get(device_params.device());
   auto staging = [&](DType dt) {
     return Tensor::from_storage(be.host_staging(static_cast<size_t>(opt_numel_) * dtype_size(dt)),
                                 {opt_numel_}, dt);
   };
-  if (!host_grads_.defined()) host_grads_ = staging(DType::f32);
-  host_grads_.copy_from(grads);  // waits for the backward that produced them
-  void* out16 = nullptr;
-  if (train != DType::f32) {
-    if (!host16_.defined()) host16_ = staging(train);
-    out16 = host16_.raw_data();
+  // The gradients come down in their own dtype: 16-bit ones (data_types.grad_accum_dtype) move
+  // half the bytes and are widened on the host, exactly, a chunk at a time.
+  const bool wide = grads.dtype() == DType::f32;
+  if (!host_grads_.defined() || host_grads_.dtype() != grads.dtype())
+    host_grads_ = staging(grads.dtype());
+  if (train != DType::f32 && !host16_.defined()) host16_ = staging(train);
+  const Tensor& up = train == DType::f32 ? master_ : host16_;  // what goes back to the GPU
+  if (!opt.steps_in_slices()) {
+    // Lamb's trust ratios need whole tensors: every gradient down, one step, everything up.
+    host_grads_.copy_from(grads);  // waits for the backward that produced them
+    const Tensor g32 = wide ? host_grads_ : host_grads_.to(DType::f32);
+    opt.step(master_.data<float>(), g32.data<float>(), opt_numel_, grad_scale,
+             train != DType::f32 ? host16_.raw_data() : nullptr, out16_dtype);
+    device_params.copy_from(up);
+    return;
   }
-  opt.step(master_.data<float>(), host_grads_.data<float>(), opt_numel_, grad_scale, out16,
-           train != DType::f32 ? train : DType::bf16);
-  device_params.copy_from(train == DType::f32 ? master_ : host16_);
+  // Elementwise optimizers (Adam, AdamW) step chunk by chunk while the copies run beside them:
+  // chunk i+1's gradients come down and chunk i-1's parameters go up (two queues: a GPU has a
+  // copy engine per direction) while the CPU steps chunk i. Slices make one step equal to a whole
+  // step(), so the results are bitwise those of the synchronous order.
+  if (!to_host_) {
+    to_host_ = be.transfer_queue();
+    to_device_ = be.transfer_queue();
+  }
+  opt.init_state(opt_numel_);
+  const std::vector<optim::StateBuffer> bufs = opt.state_buffers();
+  const int64_t chunk = std::min(kDeviceStepChunk, options_.sub_group_size);
+  const int64_t chunks = (opt_numel_ + chunk - 1) / chunk;
+  to_host_->after_kernels();  // the gradients are final once backward's kernels are done
+  std::vector<uint64_t> arrived(static_cast<size_t>(chunks));
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t b = c * chunk, n = std::min(chunk, opt_numel_ - b);
+    arrived[static_cast<size_t>(c)] =
+        to_host_->copy(grads.flat_range(b, n), host_grads_.flat_range(b, n));
+  }
+  opt.begin_step();
+  std::vector<float*> states(bufs.size());
+  const int64_t esize = static_cast<int64_t>(dtype_size(train));
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t b = c * chunk, n = std::min(chunk, opt_numel_ - b);
+    to_host_->wait(arrived[static_cast<size_t>(c)]);
+    for (size_t i = 0; i < bufs.size(); ++i) states[i] = bufs[i].data + b;
+    void* out16 =
+        train != DType::f32 ? static_cast<char*>(host16_.raw_data()) + b * esize : nullptr;
+    const float* g = wide ? host_grads_.data<float>() + b : widen_gradients(host_grads_, b, n);
+    opt.step_slice(master_.data<float>() + b, g, states.data(), n, grad_scale, out16,
+                   out16_dtype);
+    to_device_->copy(up.flat_range(b, n), device_params.flat_range(b, n));
+  }
+  // The next forward's kernels wait for the last parameters on the GPU; the host goes on. The
+  // host buffers are next written after the next backward, which runs after those kernels.
+  to_device_->before_kernels();
 }
 
 void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float grad_scale,

@@ -9,3 +9,6 @@ ds_add_test(test_hf_families LABELS finetune parity families SOURCES ${CMAKE_CUR
 # BERT / RoBERTa sequence classifiers against transformers (tests/fixtures/hf_families/{bert_cls,
 # roberta_cls,bert_regression}, written by tools/gen_encoder_fixture.py).
 ds_add_test(test_hf_encoders LABELS parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_encoders.cpp)
+# DeBERTa-v2 sequence classifier against transformers (tests/fixtures/hf_families/deberta_*,
+# written by tools/gen_deberta_fixture.py).
+ds_add_test(test_hf_deberta LABELS parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_deberta.cpp)

@@ -178,6 +178,10 @@ void add_options(CLI::App& app, Options& o, Given& g,
       "activations and gradients on the GPU, fp32 master weights and Adam state in host memory "
       "(ZeRO-Offload's layout; one process, ZeRO stage 0-2; docs/cuda.md)")
       ->capture_default_str();
+  opt("--device_memory_limit", o.device_memory_limit_gib,
+      "With --device cuda: cap the GPU memory this process may reserve, in GiB (as a smaller "
+      "card would; PyTorch's set_per_process_memory_fraction). 0: the whole card")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--gradient_checkpointing", o.gradient_checkpointing,
                "Recompute each block's activations in backward (less memory, ~1/3 more compute)");
   app.add_flag("--skip_memory_check", o.skip_memory_check,

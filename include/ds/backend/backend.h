@@ -8,6 +8,7 @@
 // Unless a method says otherwise, tensors passed to kernels are contiguous fp32 and already
 // shape-checked by the op; the op layer upcasts 16-bit inputs where a kernel has no 16-bit path.
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -74,6 +75,33 @@ struct AdamStep {
   bool l2_decay = false, decoupled_decay = false;
 };
 
+// Copies between a device and host memory that run beside the device's kernels (CUDA: a stream of
+// their own, ordered against the compute stream by events only where asked), so that host work
+// overlaps them: the offloaded optimizer step moves gradients down and parameters up chunk by
+// chunk while the CPU optimizer steps the chunk in between (zero/strategy.cpp). Copies in one
+// queue run in the order enqueued; two queues may run at once (a GPU has a copy engine per
+// direction). On the CPU, and for any backend without a queue of its own, every copy completes
+// inside copy() and the orderings are no-ops.
+//
+// Threading: one thread uses a queue. Lifetime: both sides of a copy must stay alive, and the host
+// side untouched by the host, until wait() covers it; the destructor waits for every copy.
+class TransferQueue {
+ public:
+  virtual ~TransferQueue() = default;
+  // Copies enqueued from now on start only after every kernel enqueued on the device so far (the
+  // backward that produced the gradients about to be copied down). The host does not wait.
+  virtual void after_kernels() = 0;
+  // Enqueues dst <- src: same dtype and numel, both contiguous, one on this queue's device and the
+  // other in host memory (page-locked, Backend::host_staging, for the copy to be asynchronous).
+  // Returns its ticket; tickets increase by one per copy.
+  virtual uint64_t copy(const Tensor& src, const Tensor& dst) = 0;
+  // Blocks the calling thread until the copy with this ticket, and every earlier one, is done.
+  virtual void wait(uint64_t ticket) = 0;
+  // Kernels enqueued on the device from now on start only after every copy enqueued so far (the
+  // next forward reads the parameters just copied up). The host does not wait.
+  virtual void before_kernels() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -90,6 +118,15 @@ class Backend {
   // that makes the copies faster (CUDA: cudaHostAlloc, copied by DMA at the link's speed), plain
   // host memory otherwise (the CPU backend; or when pinning fails). A kCPU storage either way.
   virtual std::shared_ptr<Storage> host_staging(size_t nbytes) = 0;
+  // A new transfer queue for this device (TransferQueue above). Default: synchronous copies.
+  virtual std::unique_ptr<TransferQueue> transfer_queue();
+  // Caps the device memory this process's allocator reserves (PyTorch's
+  // set_per_process_memory_fraction, in bytes; 0 = no cap): an allocation beyond it fails with the
+  // out-of-memory error, as on a smaller card. Default: throws (host memory has no cap here).
+  virtual void set_memory_limit(uint64_t bytes);
+  // Blocks until every kernel and copy enqueued on this device so far is done (timing, and
+  // handing results to another thread). The CPU runs kernels synchronously: nothing to wait for.
+  virtual void synchronize() {}
   // dst = src elementwise; same shape, any strides for both, converts dtype.
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
   virtual void fill(const Tensor& dst, double value) = 0;  // contiguous dst, any dtype

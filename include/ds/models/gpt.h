@@ -177,7 +177,9 @@ class GPT : public nn::Module, public nn::PipelineStage {
   Tensor forward(const Tensor& ids) override;
   void to(Device device) override;  // also the position ids and a pipeline stage's tied head
   Tensor logits(const Tensor& ids) { return (*this)(ids); }
-  // Mean cross entropy over targets != -100; ids and targets (B, T). Logits are reshaped (B*T, V).
+  // Mean cross entropy over targets != -100; ids and targets (B, T). Without tensor parallelism
+  // the head computes it a block of rows at a time (ops::linear_cross_entropy: the (B*T, V) logits
+  // never exist whole); with it, the logits (B*T, V_local) go to the vocab-parallel cross entropy.
   Tensor loss(const Tensor& ids, const Tensor& targets) override;
 
   // Checkpoint every Block (recomputed in backward). Hides Module::set_gradient_checkpointing,
@@ -228,6 +230,9 @@ class GPT : public nn::Module, public nn::PipelineStage {
   PipeRange range_;                                 // the layers held here (end resolved)
   int checkpoint_interval_ = 0;                     // set_activation_checkpoint_interval()
   Tensor tied_head_;                                // see tied_head_weight()
+  // Set by loss() for the one forward it runs: the head then computes the loss against these
+  // (N) targets without forming the logits (nn::Linear::cross_entropy) and forward returns it.
+  Tensor loss_targets_;
   nn::TPSplit vocab_split_;  // the head's vocabulary range with tp (rows of wte/lm_head)
   // named_parameters()[i] is parameter param_index_[i] of the whole model (initialisation draws).
   std::vector<uint64_t> param_index_;

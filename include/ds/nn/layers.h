@@ -68,6 +68,13 @@ class Linear : public Module {
   explicit Linear(Tensor weight, Tensor bias = {});
   Tensor forward(const Tensor& x) override;  // (..., in) -> (..., out)
 
+  // The mean cross entropy of forward(x) against targets without forming the (..., out) outputs
+  // (ops::linear_cross_entropy), the hooks run as for forward: x (..., in), targets (...) int ids.
+  // Falls back to forward + ops::cross_entropy (same result) when fuses_cross_entropy() is false.
+  Tensor cross_entropy(const Tensor& x, const Tensor& targets, int64_t ignore_index = -100);
+  // Fused unless there is a bias or LoRA, or x is fp16 (its loss-scaled gradient would underflow
+  // before the scale is applied; ops.h).
+  bool fuses_cross_entropy(DType x_dtype) const;
   const Tensor& weight() const { return weight_; }  // (out, in)
   const Tensor& bias() const { return bias_; }      // (out) or undefined
   int64_t in_features() const { return weight_.size(1); }

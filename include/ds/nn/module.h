@@ -55,6 +55,10 @@ class Module {
   // activations and is recomputed during backward.
   Tensor operator()(const Tensor& x);
   virtual Tensor forward(const Tensor& x);
+  // Runs the hooks (and checkpointing) around body(x) instead of forward(x): another computation
+  // over this module's parameters that must see the same gathers and releases (ZeRO-3), such as
+  // Linear::cross_entropy.
+  Tensor call(const Tensor& x, const std::function<Tensor(const Tensor&)>& body);
 
   // The training loss of a batch, for modules that define one (a language model: inputs and
   // targets (B, T) ids -> scalar). The engine's default loss function calls it; the default throws

@@ -94,6 +94,18 @@ Tensor rope(const Tensor& x, const std::vector<double>& inv_freq, float scale = 
 Tensor dropout(const Tensor& x, float p, bool training);
 // logits (N, V), targets (N) int32/int64 -> scalar mean loss over targets != ignore_index.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+// cross_entropy(linear(x, w), targets) without forming the (N, V) logits: x (N, C), w (V, C) ->
+// scalar mean loss. Rows go block_rows at a time (0: linear_cross_entropy_block_rows), and when a
+// gradient is wanted it is computed block by block during this call (dx (N, C) and dw (V, C) kept
+// in fp32), so peak memory is one block of logits instead of all of them (Liger-Kernel's fused
+// linear cross entropy). The same values as the unfused pair up to the summation order of dw
+// (16-bit inputs: logits and their gradient rounded to that dtype as the unfused ops round them).
+// Backward scales the kept gradients by the upstream one: for 16-bit inputs with loss scaling
+// (fp16), where the unscaled gradient may underflow, use the unfused pair.
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
+                            int64_t ignore_index = -100, int64_t block_rows = 0);
+// Rows per block linear_cross_entropy picks: about 16M logits (64 MiB in fp32), at least 1.
+int64_t linear_cross_entropy_block_rows(int64_t rows, int64_t vocab);
 // Binary cross entropy on logits (torch's BCEWithLogitsLoss, mean): logits and targets the same
 // shape, targets floats in [0, 1] -> scalar mean of max(x, 0) - x y + log(1 + exp(-|x|)). Computed
 // on the host in double (as gelu_erf); targets get no gradient.

@@ -57,6 +57,7 @@
 #include "ds/runtime/config.h"
 #include "ds/runtime/loss_scaler.h"
 #include "ds/runtime/lr_schedule.h"
+#include "ds/runtime/wall_clock.h"
 #include "ds/zero/partition.h"
 #include "ds/zero/strategy.h"
 
@@ -196,6 +197,7 @@ class Engine {
   // optimizer step during backward"): offloaded stage 3, no gradient clipping, no fp16.
   bool steps_in_backward() const;
   void set_optimizer_schedule();  // the scheduler's lr (and OneCycle's beta1) into the optimizer
+  bool take_step();  // step()'s work, timed by wall_clock_
   std::string step_label() const;  // "step N" of the step being computed, for collectives
   void check_single_model_part(const char* what) const;  // refuses pp > 1 checkpoints
   // load_checkpoint's work: checks and reads this rank's files and streams its optimizer state,
@@ -220,6 +222,7 @@ class Engine {
   double last_grad_norm_;
   bool last_step_skipped_ = false;
   bool logged_step_in_backward_ = false;
+  WallClockBreakdown wall_clock_;  // config's wall_clock_breakdown
 };
 
 // The gradient accumulation dtype a config trains with: data_types.grad_accum_dtype when given;

@@ -1,8 +1,8 @@
 #pragma once
-// Training an encoder sequence(-pair) classifier (models::EncoderClassifier: BERT, RoBERTa and the
-// other encoder families) on a classification set (ds_prepare --task classification;
-// ds/data/classification_set.h): the Accelerate guide's experiment, fine-tuning on MRPC and
-// reporting accuracy and F1.
+// Training an encoder sequence(-pair) classifier (models::SequenceClassifier: BERT, RoBERTa,
+// DeBERTa-v2, whatever models::make_encoder_classifier builds for the config's family) on a
+// classification set (ds_prepare --task classification; ds/data/classification_set.h): the
+// Accelerate guide's experiment, fine-tuning on MRPC and reporting accuracy and F1.
 //
 // ds_train picks this trainer instead of train::Trainer (trainer.h, the decoder LM trainer) when
 // --train_data is a classification set: that one check is the seam (is_classification_run); the
@@ -30,9 +30,9 @@
 //
 // Batches: one micro-batch is B examples of the set's T ids; the engine receives them packed as
 // inputs (3, B, T) int32 = [ids, token types, attention mask] and targets (B) int32 labels, and
-// the loss function unpacks them (the cross entropy of EncoderClassifier). Evaluation runs every
-// validation example in order (or the first eval_batches x B when --eval_batches is given), in
-// micro-batches of B (the last one smaller), on every rank (ZeRO-3 gathers together).
+// the loss function unpacks them (the cross entropy of SequenceClassifier::loss). Evaluation runs
+// every validation example in order (or the first eval_batches x B when --eval_batches is given),
+// in micro-batches of B (the last one smaller), on every rank (ZeRO-3 gathers together).
 //
 // Collectives and threading: as train::Trainer (every rank calls the same methods in order; one
 // thread per rank).
@@ -121,7 +121,7 @@ class ClassifierTrainer {
   bool is_lead() const { return rank_ == 0; }
   int64_t eval_steps() const;
   runtime::Engine& engine() { return *engine_; }
-  models::EncoderClassifier& model() { return *model_; }
+  models::SequenceClassifier& model() { return *model_; }
   const std::filesystem::path& output_dir() const { return out_dir_; }
   const std::optional<ClassifyEvalReport>& last_eval() const { return last_eval_; }
 
@@ -135,7 +135,7 @@ class ClassifierTrainer {
   ClassifierObserver& obs_;
   int rank_ = 0;
   std::filesystem::path out_dir_;
-  std::shared_ptr<models::EncoderClassifier> model_;
+  std::shared_ptr<models::SequenceClassifier> model_;  // the family's class
   std::unique_ptr<runtime::Engine> engine_;
   std::unique_ptr<data::DistributedSampler> sampler_;
   std::shared_ptr<Tensor> logits_;  // the loss function's latest logits (evaluation reads them)

@@ -37,6 +37,7 @@ struct Options {
   int tensor_parallel_size = 0;    // 0: the config's tensor_parallel.autotp_size, else 1
   int pipeline_parallel_size = 0;  // 0: the config's pipeline.stages, else 1
   std::string device = "cpu";  // cpu or cuda (cuda:0): where the model trains (docs/cuda.md)
+  double device_memory_limit_gib = 0.0;  // --device_memory_limit: GPU memory cap, 0 = none
   bool skip_memory_check = false;
   bool no_shuffle = false;  // the data in file order (every epoch the same)
   bool eval_only = false;   // evaluate the model on the eval data and stop: no training

@@ -43,6 +43,10 @@
 #include "ds/zero/partition.h"
 #include "ds/zero/state_store.h"
 
+namespace ds::backend {
+class TransferQueue;
+}  // namespace ds::backend
+
 namespace ds::zero {
 
 namespace detail {
@@ -311,8 +315,15 @@ class Strategy {
   // memory, the CPU optimizer over master(), the new parameters (fp32 or rounded) copied back.
   void device_optimizer_step(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
                              const Tensor& device_params);
-  Tensor host_grads_;  // (optimizer_numel,) fp32, host: device_optimizer_step's staging
+  Tensor host_grads_;  // (optimizer_numel,) host, in the gradients' dtype: the device step's staging
   Tensor host16_;      // (optimizer_numel,) training dtype, host: the rounded new parameters
+  // Elements per chunk of the pipelined device step (16 MiB of fp32 gradients; sub_group_size when
+  // smaller): small enough that the first and last copies, which nothing overlaps, are short;
+  // large enough that the CPU optimizer's threads each get a long run.
+  static constexpr int64_t kDeviceStepChunk = int64_t{1} << 22;
+  // The device step's copies (declared after every buffer they touch: destroyed, and so waited
+  // for, first).
+  std::unique_ptr<backend::TransferQueue> to_host_, to_device_;
   // fp32 copy of grads[begin, begin + numel) in a reused scratch buffer.
   const float* widen_gradients(const Tensor& grads, int64_t begin, int64_t numel);
   Tensor grad_chunk_;

@@ -34,7 +34,8 @@ std::string gib(uint64_t bytes) {
 
 class CudaCachingAllocator final : public Allocator {
  public:
-  explicit CudaCachingAllocator(int device) : device_(device) {}
+  CudaCachingAllocator(int device, const std::atomic<uint64_t>& limit)
+      : device_(device), limit_(limit) {}
   ~CudaCachingAllocator() override = default;  // the driver frees device memory at exit
 
   void* allocate(size_t nbytes) override {
@@ -98,6 +99,15 @@ class CudaCachingAllocator final : public Allocator {
   void* device_malloc(size_t size) {
     CudaDeviceGuard guard(device_);
     void* p = nullptr;
+    if (const uint64_t limit = limit_.load(); limit > 0 && stats_.bytes_reserved + size > limit) {
+      release_cached();  // what the cache holds may be enough
+      if (stats_.bytes_reserved + size > limit)
+        DS_THROW("[cuda:{}] out of memory allocating {}: the process's device memory limit is {} "
+                 "(--device_memory_limit) and {} is in use by tensors, {} reserved. Lower the "
+                 "micro-batch size, turn on activation checkpointing, or raise the limit",
+                 device_, gib(size), gib(limit), gib(stats_.bytes_in_use),
+                 gib(stats_.bytes_reserved));
+    }
     cudaError_t err = cudaMalloc(&p, size);
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();
@@ -119,6 +129,7 @@ class CudaCachingAllocator final : public Allocator {
   }
 
   int device_;
+  const std::atomic<uint64_t>& limit_;  // the backend's set_memory_limit(); 0 = none
   mutable std::mutex mutex_;
   std::multimap<size_t, void*> cached_;     // size -> free block
   std::unordered_map<void*, size_t> live_;  // handed-out block -> its (rounded) size
@@ -127,8 +138,9 @@ class CudaCachingAllocator final : public Allocator {
 
 }  // namespace
 
-std::unique_ptr<Allocator> new_cuda_caching_allocator(int device) {
-  return std::make_unique<CudaCachingAllocator>(device);
+std::unique_ptr<Allocator> new_cuda_caching_allocator(int device,
+                                                      const std::atomic<uint64_t>& limit) {
+  return std::make_unique<CudaCachingAllocator>(device, limit);
 }
 
 }  // namespace ds::backend

@@ -184,6 +184,11 @@ std::shared_ptr<Storage> CudaBackend::host_staging(size_t nbytes) {
   return Storage::allocate(nbytes, kCPU);
 }
 
+void CudaBackend::set_memory_limit(uint64_t bytes) {
+  memory_limit_.store(bytes);
+  if (bytes > 0) allocator_->empty_cache();  // cached blocks count against the cap
+}
+
 void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
   const ProfileScope profile_scope(*this, "copy");
   DS_CHECK(src.numel() == dst.numel(), "[cuda:{}] copy of {} elements into {}", device_,

@@ -15,6 +15,7 @@
 // thread (the stream orders them).
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -43,8 +44,10 @@ class CudaDeviceGuard {
 // The caching device allocator (allocator.cpp): cudaMalloc'd blocks are cached by size after
 // free and handed out again (best fit among cached blocks at most twice the request), so a
 // training step after the first calls cudaMalloc no more. On out-of-memory it frees the cache and
-// retries once, then throws naming the request, the bytes in use and the bytes reserved.
-std::unique_ptr<Allocator> new_cuda_caching_allocator(int device);
+// retries once, then throws naming the request, the bytes in use and the bytes reserved. `limit`
+// (bytes, 0 = none; read at each cudaMalloc) caps what it reserves.
+std::unique_ptr<Allocator> new_cuda_caching_allocator(int device,
+                                                      const std::atomic<uint64_t>& limit);
 
 class CudaBackend final : public Backend {
  public:
@@ -57,6 +60,8 @@ class CudaBackend final : public Backend {
   bool supports(const std::string& op, DType dtype) const override;
 
   std::shared_ptr<Storage> host_staging(size_t nbytes) override;
+  std::unique_ptr<TransferQueue> transfer_queue() override;  // transfer.cpp
+  void set_memory_limit(uint64_t bytes) override;
   void copy(const Tensor& src, const Tensor& dst) override;
   void fill(const Tensor& dst, double value) override;
   void axpy(const Tensor& y, const Tensor& x, float alpha) override;
@@ -100,7 +105,7 @@ class CudaBackend final : public Backend {
 
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
-  void synchronize();
+  void synchronize() override;
   // Throws with the kernel's name when the last launch failed.
   void check_launch(const char* kernel);
 
@@ -115,6 +120,7 @@ class CudaBackend final : public Backend {
   void* cublas_ = nullptr;  // cublasHandle_t
   void* workspace_ = nullptr;  // cuBLAS's workspace (device memory, 32 MiB)
   std::mutex cublas_mutex_;
+  std::atomic<uint64_t> memory_limit_{0};  // set_memory_limit(); the allocator reads it
   std::unique_ptr<Allocator> allocator_;
 };
 

@@ -63,7 +63,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   cuda_check(cudaMalloc(&workspace_, kWorkspace), device_, "cudaMalloc (cuBLAS workspace)");
   cublas_check(cublasSetWorkspace(h, workspace_, kWorkspace), device_, "cublasSetWorkspace");
   cublas_ = h;
-  allocator_ = new_cuda_caching_allocator(device_);
+  allocator_ = new_cuda_caching_allocator(device_, memory_limit_);
 }
 
 CudaBackend::~CudaBackend() {

@@ -188,6 +188,9 @@ EncoderFamily make(const char* name, const char* arch, const char* prefix,
   f.write_config = write;
   f.place = place;
   f.is_buffer = buffer;
+  f.build = [](const EncoderConfig& c, bool init) -> std::shared_ptr<SequenceClassifier> {
+    return std::make_shared<EncoderClassifier>(c, init);
+  };
   return f;
 }
 

@@ -1,0 +1,248 @@
+// DeBERTa-v2: DebertaV2ForSequenceClassification (ds/models/encoder_family.h, the model in
+// ds/models/deberta.h). Reads DebertaV2Config's fields, including those transformers reads by
+// getattr with a default (position_buckets, share_att_key, norm_rel_ebd, conv_*, embedding_size,
+// cls_dropout, attention_head_size, pooler_hidden_size).
+//
+//   deberta.embeddings.*, deberta.encoder.layer.{i}.*, deberta.encoder.rel_embeddings.weight,
+//   deberta.encoder.LayerNorm.*, deberta.encoder.conv.*, pooler.dense.*, classifier.*
+//   (the last two unprefixed). embeddings.position_ids (old files) and, with
+//   position_biased_input false, embeddings.position_embeddings.weight are skipped.
+#include <regex>
+
+#include "ds/core/error.h"
+#include "ds/models/deberta.h"
+#include "ds/models/encoder_family.h"
+#include "hf_config.h"
+
+namespace ds::models {
+
+namespace {
+
+using nlohmann::json;
+
+std::vector<std::string> split_bar(const std::string& s) {  // "p2c|c2p" -> lower-cased parts
+  std::vector<std::string> out;
+  std::string cur;
+  auto flush = [&] {
+    const auto b = cur.find_first_not_of(" \t"), e = cur.find_last_not_of(" \t");
+    out.push_back(b == std::string::npos ? "" : cur.substr(b, e - b + 1));
+    cur.clear();
+  };
+  for (char ch : s) {
+    if (ch == '|')
+      flush();
+    else
+      cur.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(ch))));
+  }
+  flush();
+  return out;
+}
+
+EncoderConfig read(const json& j, const std::string& model_type, const std::string& source) {
+  // DebertaV2Config's fields (5.x), those its modules read by getattr, and harmless ones: legacy
+  // and tie_word_embeddings pick and tie the MLM head this class does not have.
+  static const std::set<std::string> fields = {"vocab_size",
+                                               "hidden_size",
+                                               "num_hidden_layers",
+                                               "num_attention_heads",
+                                               "intermediate_size",
+                                               "hidden_act",
+                                               "hidden_dropout_prob",
+                                               "attention_probs_dropout_prob",
+                                               "max_position_embeddings",
+                                               "type_vocab_size",
+                                               "layer_norm_eps",
+                                               "relative_attention",
+                                               "max_relative_positions",
+                                               "position_biased_input",
+                                               "pos_att_type",
+                                               "pooler_dropout",
+                                               "pooler_hidden_act",
+                                               "pooler_hidden_size",
+                                               "legacy",
+                                               "tie_word_embeddings",
+                                               "gradient_checkpointing",
+                                               "embedding_size",
+                                               "position_buckets",
+                                               "share_att_key",
+                                               "norm_rel_ebd",
+                                               "conv_kernel_size",
+                                               "conv_act",
+                                               "conv_groups",
+                                               "cls_dropout",
+                                               "attention_head_size",
+                                               "num_labels"};
+  hf::check_known_fields(j, fields, model_type, source);
+  hf::check_dtype_fields(j, source);
+  EncoderConfig c;
+  c.family = "deberta-v2";
+  c.vocab_size = hf::get_field<int64_t>(j, "vocab_size", 128100, source);
+  c.n_embd = hf::get_field<int64_t>(j, "hidden_size", 1536, source);
+  c.n_layer = hf::get_field<int64_t>(j, "num_hidden_layers", 24, source);
+  c.n_head = hf::get_field<int64_t>(j, "num_attention_heads", 24, source);
+  c.ffn_hidden = hf::get_field<int64_t>(j, "intermediate_size", 6144, source);
+  c.max_positions = hf::get_field<int64_t>(j, "max_position_embeddings", 512, source);
+  c.type_vocab_size = hf::get_field<int64_t>(j, "type_vocab_size", 0, source);
+  c.norm_eps = hf::get_field<float>(j, "layer_norm_eps", 1e-7f, source);
+  c.hidden_dropout = hf::get_field<float>(j, "hidden_dropout_prob", 0.1f, source);
+  c.attention_dropout = hf::get_field<float>(j, "attention_probs_dropout_prob", 0.1f, source);
+  c.classifier_dropout = hf::get_field<float>(j, "cls_dropout", -1.0f, source);
+  c.initializer_range = hf::get_field<float>(j, "initializer_range", 0.02f, source);
+  c.pad_token_id = hf::get_field<int64_t>(j, "pad_token_id", 0, source);
+  c.hidden_act = hf::get_field<std::string>(j, "hidden_act", "gelu", source);
+  DebertaOptions& d = c.deberta;
+  d.embedding_size = hf::get_field<int64_t>(j, "embedding_size", 0, source);
+  if (d.embedding_size == c.n_embd) d.embedding_size = 0;
+  d.position_biased_input = hf::get_field<bool>(j, "position_biased_input", true, source);
+  d.relative_attention = hf::get_field<bool>(j, "relative_attention", false, source);
+  d.max_relative_positions = hf::get_field<int64_t>(j, "max_relative_positions", -1, source);
+  d.position_buckets = hf::get_field<int64_t>(j, "position_buckets", -1, source);
+  d.share_att_key = hf::get_field<bool>(j, "share_att_key", false, source);
+  d.conv_kernel_size = hf::get_field<int64_t>(j, "conv_kernel_size", 0, source);
+  d.conv_act = hf::get_field<std::string>(j, "conv_act", "tanh", source);
+  d.conv_groups = hf::get_field<int64_t>(j, "conv_groups", 1, source);
+  d.pooler_hidden_act = hf::get_field<std::string>(j, "pooler_hidden_act", "gelu", source);
+  d.pooler_dropout = hf::get_field<float>(j, "pooler_dropout", 0.0f, source);
+
+  // pos_att_type: a list, or transformers' "p2c|c2p" string form (lower-cased, split on '|').
+  std::vector<std::string> kinds;
+  if (j.contains("pos_att_type") && !j["pos_att_type"].is_null()) {
+    if (j["pos_att_type"].is_string())
+      kinds = split_bar(j["pos_att_type"].get<std::string>());
+    else
+      kinds = hf::get_field<std::vector<std::string>>(j, "pos_att_type", {}, source);
+  }
+  for (const auto& k : kinds) {
+    DS_CHECK(k == "c2p" || k == "p2c",
+             "[hf_io] {}: pos_att_type \"{}\" is not a relative attention kind DeBERTa-v2 "
+             "computes (c2p, p2c)",
+             source, k);
+    (k == "c2p" ? d.c2p : d.p2c) = true;
+  }
+  for (const auto& n : split_bar(hf::get_field<std::string>(j, "norm_rel_ebd", "none", source))) {
+    DS_CHECK(n == "none" || n == "layer_norm",
+             "[hf_io] {}: norm_rel_ebd \"{}\" is not supported (none, layer_norm)", source, n);
+    if (n == "layer_norm") d.norm_rel_ebd = true;
+  }
+  DS_CHECK(c.n_head > 0 && c.n_embd % c.n_head == 0,
+           "[hf_io] {}: hidden_size {} is not divisible by num_attention_heads {}", source,
+           c.n_embd, c.n_head);
+  const int64_t head =
+      hf::get_field<int64_t>(j, "attention_head_size", c.n_embd / c.n_head, source);
+  DS_CHECK(head == c.n_embd / c.n_head,
+           "[hf_io] {}: attention_head_size {} differs from hidden_size / num_attention_heads "
+           "{}; only that head size is supported",
+           source, head, c.n_embd / c.n_head);
+  const int64_t pooler = hf::get_field<int64_t>(j, "pooler_hidden_size", c.n_embd, source);
+  DS_CHECK(pooler == c.n_embd,
+           "[hf_io] {}: pooler_hidden_size {} differs from hidden_size {} (the pooler reads the "
+           "hidden states: transformers could not run it either)",
+           source, pooler, c.n_embd);
+
+  // num_labels as BERT's reader: id2label's size, or num_labels; PretrainedConfig's default 2.
+  const bool has_id2label = j.contains("id2label") && j["id2label"].is_object();
+  if (has_id2label) c.num_labels = static_cast<int64_t>(j["id2label"].size());
+  if (j.contains("num_labels") && !j["num_labels"].is_null()) {
+    const int64_t n = hf::get_field<int64_t>(j, "num_labels", 2, source);
+    DS_CHECK(!has_id2label || n == c.num_labels,
+             "[hf_io] {}: num_labels {} disagrees with id2label's {} labels", source, n,
+             c.num_labels);
+    c.num_labels = n;
+  }
+  DS_CHECK(c.num_labels >= 1, "[hf_io] {}: id2label / num_labels gives {} labels; at least 1",
+           source, c.num_labels);
+  c.problem_type = hf::get_field<std::string>(j, "problem_type", "", source);
+  DS_CHECK(c.problem_type.empty() || c.problem_type == "regression" ||
+               c.problem_type == "single_label_classification" ||
+               c.problem_type == "multi_label_classification",
+           "[hf_io] {}: problem_type \"{}\" is unknown (regression, single_label_classification, "
+           "multi_label_classification)",
+           source, c.problem_type);
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    DS_THROW("[hf_io] {}: {}", source, e.what());
+  }
+  return c;
+}
+
+json write(const EncoderConfig& c) {
+  const DebertaOptions& d = c.deberta;
+  json id2label = json::object(), label2id = json::object();
+  for (int64_t i = 0; i < c.num_labels; ++i) {
+    id2label[std::to_string(i)] = "LABEL_" + std::to_string(i);
+    label2id["LABEL_" + std::to_string(i)] = i;
+  }
+  json pos = json::array();
+  if (d.p2c) pos.push_back("p2c");
+  if (d.c2p) pos.push_back("c2p");
+  json j = {{"vocab_size", c.vocab_size},
+            {"hidden_size", c.n_embd},
+            {"num_hidden_layers", c.n_layer},
+            {"num_attention_heads", c.n_head},
+            {"intermediate_size", c.ffn_hidden},
+            {"hidden_act", c.hidden_act},
+            {"hidden_dropout_prob", hf::shortest(c.hidden_dropout)},
+            {"attention_probs_dropout_prob", hf::shortest(c.attention_dropout)},
+            {"max_position_embeddings", c.max_positions},
+            {"type_vocab_size", c.type_vocab_size},
+            {"initializer_range", hf::shortest(c.initializer_range)},
+            {"layer_norm_eps", hf::shortest(c.norm_eps)},
+            {"pad_token_id", c.pad_token_id},
+            {"relative_attention", d.relative_attention},
+            {"max_relative_positions", d.max_relative_positions},
+            {"position_buckets", d.position_buckets},
+            {"position_biased_input", d.position_biased_input},
+            {"pos_att_type", pos},
+            {"share_att_key", d.share_att_key},
+            {"norm_rel_ebd", d.norm_rel_ebd ? "layer_norm" : "none"},
+            {"conv_kernel_size", d.conv_kernel_size},
+            {"conv_act", d.conv_act},
+            {"conv_groups", d.conv_groups},
+            {"pooler_hidden_size", c.n_embd},
+            {"pooler_hidden_act", d.pooler_hidden_act},
+            {"pooler_dropout", hf::shortest(d.pooler_dropout)},
+            {"id2label", id2label},
+            {"label2id", label2id}};
+  if (d.embedding_size > 0) j["embedding_size"] = d.embedding_size;
+  if (c.classifier_dropout >= 0.0f) j["cls_dropout"] = hf::shortest(c.classifier_dropout);
+  if (!c.problem_type.empty()) j["problem_type"] = c.problem_type;
+  return j;
+}
+
+std::string place(const EncoderConfig&, const std::string& ours) {
+  return ours.rfind("classifier.", 0) == 0 || ours.rfind("pooler.", 0) == 0 ? ours
+                                                                            : "deberta." + ours;
+}
+
+bool is_buffer(const std::string& name) {
+  static const std::regex buffers(
+      R"((deberta\.)?embeddings\.(position_ids|position_embeddings\.weight))");
+  return std::regex_match(name, buffers);
+}
+
+EncoderFamily make() {
+  EncoderFamily f;
+  f.name = "deberta-v2";
+  f.model_types = {"deberta-v2"};
+  f.architecture = "DebertaV2ForSequenceClassification";
+  f.prefix = "deberta.";
+  f.head_prefixes = {"pooler.", "classifier."};
+  f.pretraining_heads = {"cls.", "lm_predictions.", "mask_predictions.", "lm_head."};
+  f.read_config = read;
+  f.write_config = write;
+  f.place = place;
+  f.is_buffer = is_buffer;
+  f.build = [](const EncoderConfig& c, bool init) -> std::shared_ptr<SequenceClassifier> {
+    return std::make_shared<DebertaClassifier>(c, init);
+  };
+  return f;
+}
+
+}  // namespace
+
+namespace encoder_families {
+const EncoderFamily deberta_v2 = make();
+}  // namespace encoder_families
+
+}  // namespace ds::models

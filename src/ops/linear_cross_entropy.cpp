@@ -1,0 +1,150 @@
+// ops::linear_cross_entropy (ds/ops/ops.h): the cross entropy of x @ w^T computed a block of rows
+// at a time, so the (N, V) logits and their gradient never exist whole (Liger-Kernel's fused linear
+// cross entropy). Per block: logits = x_r @ w^T (GEMM, fp32 out; rounded to the inputs' 16-bit
+// dtype and back, as the unfused linear's output would be), the cross-entropy kernels give the
+// losses, each row's log-sum-exp and, when a gradient is wanted, dlogits = (softmax - onehot) /
+// count; then dx_r = dlogits @ w and dw += dlogits^T @ x_r (fp32 accumulation). Backward only
+// scales the stored dx and dw by the upstream gradient.
+#include <algorithm>
+
+#include "ds/autograd/grad_mode.h"
+#include "ds/autograd/node.h"
+#include "ds/ops/ops.h"
+#include "ops/op_util.h"
+
+namespace ds::ops {
+using detail::be;
+
+namespace {
+
+// rows x cols view of a contiguous buffer, starting at element `offset`.
+Tensor block(const Tensor& buf, int64_t offset, int64_t rows, int64_t cols) {
+  return Tensor::from_storage(buf.storage(), {rows, cols}, buf.dtype(),
+                              buf.storage_offset() + offset);
+}
+
+// c (m, n) fp32 = or += op(a) @ op(b), row-major operands of dtype dt.
+void gemm(backend::Backend& bk, DType dt, const Tensor& a, bool trans_a, const Tensor& b,
+          bool trans_b, const Tensor& c, bool accumulate) {
+  backend::Gemm g;
+  g.dtype = dt;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.m = c.size(0);
+  g.n = c.size(1);
+  g.k = trans_a ? a.size(0) : a.size(1);
+  g.a = a.raw_data();
+  g.lda = a.size(1);
+  g.b = b.raw_data();
+  g.ldb = b.size(1);
+  g.c = c.raw_data();
+  g.ldc = c.size(1);
+  g.beta = accumulate ? 1.0f : 0.0f;
+  bk.gemm(g);
+}
+
+}  // namespace
+
+int64_t linear_cross_entropy_block_rows(int64_t rows, int64_t vocab) {
+  // About 16M logits (64 MiB in fp32) per block: large enough for full-speed GEMMs.
+  constexpr int64_t kBlockElements = int64_t{1} << 24;
+  return std::clamp<int64_t>(kBlockElements / std::max<int64_t>(vocab, 1), 1,
+                             std::max<int64_t>(rows, 1));
+}
+
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
+                            int64_t ignore_index, int64_t block_rows) {
+  detail::check_float(x, "linear_cross_entropy");
+  detail::check_float(w, "linear_cross_entropy");
+  detail::check_same_device(x, w, "linear_cross_entropy");
+  DS_CHECK(targets.defined() && (targets.dtype() == DType::i32 || targets.dtype() == DType::i64),
+           "[linear_cross_entropy] targets must be int32 or int64");
+  detail::check_same_device(x, targets, "linear_cross_entropy");
+  DS_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
+           "[linear_cross_entropy] x {} and w {} must be (N, C) and (V, C)", shape_str(x.shape()),
+           shape_str(w.shape()));
+  const int64_t N = x.size(0), C = x.size(1), V = w.size(0);
+  DS_CHECK(V > 0, "[linear_cross_entropy] the weight has no classes");
+  DS_CHECK(targets.dim() == 1 && targets.size(0) == N,
+           "[linear_cross_entropy] targets {} must be ({}), one per row of x",
+           shape_str(targets.shape()), N);
+  const Tensor tc = targets.contiguous();
+  int64_t count = 0;
+  {
+    const std::vector<int64_t> t = tc.to_int_vector();
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t v = t[static_cast<size_t>(n)];
+      if (v == ignore_index) continue;
+      DS_CHECK(v >= 0 && v < V,
+               "[cross_entropy] target {} (at position {}) is out of range for {} classes "
+               "(ignore_index is {})",
+               v, n, V, ignore_index);
+      ++count;
+    }
+  }
+  // The GEMMs run in the operands' common dtype (fp32 when they differ), as ops::linear's.
+  const DType dt = x.dtype() == w.dtype() ? x.dtype() : DType::f32;
+  const Tensor xc = x.dtype() == dt ? x.contiguous() : x.to(dt);
+  const Tensor wc = w.dtype() == dt ? w.contiguous() : w.to(dt);
+  const bool need_x = x.requires_grad(), need_w = w.requires_grad();
+  const bool grad = autograd::is_grad_enabled() && (need_x || need_w);
+  backend::Backend& bk = be(x);
+  const Device dev = x.device();
+
+  const int64_t R = block_rows > 0 ? std::min(block_rows, std::max<int64_t>(N, 1))
+                                   : linear_cross_entropy_block_rows(N, V);
+  const Tensor logits = Tensor::empty({R * V}, DType::f32, dev);  // one block's
+  const Tensor rounded = dt != DType::f32 ? Tensor::empty({R * V}, dt, dev) : Tensor();
+  const Tensor dlogits = grad ? Tensor::empty({R * V}, DType::f32, dev) : Tensor();
+  const Tensor losses = Tensor::empty({N}, DType::f32, dev), lse = Tensor::empty({N}, DType::f32, dev);
+  const Tensor dx = grad && need_x ? Tensor::empty({N, C}, DType::f32, dev) : Tensor();
+  const Tensor dw = grad && need_w ? Tensor::empty({V, C}, DType::f32, dev) : Tensor();
+  const float inv_count = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t r = std::min(R, N - r0);
+    const Tensor xr = block(xc, r0 * C, r, C);
+    const Tensor lg = block(logits, 0, r, V);
+    gemm(bk, dt, xr, false, wc, true, lg, false);  // (r, C) @ (V, C)^T
+    if (rounded.defined()) {  // what a 16-bit linear's output holds
+      const Tensor lg16 = block(rounded, 0, r, V);
+      lg16.copy_from(lg);
+      lg.copy_from(lg16);
+    }
+    const Tensor tr = tc.flat_range(r0, r);
+    const Tensor lr = lse.flat_range(r0, r);
+    bk.cross_entropy_forward(lg, tr, ignore_index, losses.flat_range(r0, r), lr);
+    if (!grad) continue;
+    const Tensor d = block(dlogits, 0, r, V);
+    bk.cross_entropy_backward(lg, tr, ignore_index, lr, inv_count, d);
+    Tensor dd = d;  // the GEMM operand: 16-bit as the unfused backward's
+    if (rounded.defined()) {
+      dd = block(rounded, 0, r, V);
+      dd.copy_from(d);
+    }
+    if (dx.defined()) gemm(bk, dt, dd, false, wc, false, block(dx, r0 * C, r, C), false);
+    if (dw.defined()) gemm(bk, dt, dd, true, xr, false, dw, r0 > 0);  // (r, V)^T @ (r, C)
+  }
+  if (dw.defined() && N == 0) dw.zero_();
+  double total = 0.0;  // in row order, in double: the value cross_entropy gives
+  {
+    const std::vector<float> lv = losses.to_vector();
+    for (float l : lv) total += l;
+  }
+  const float loss = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.0f;
+  Tensor out = Tensor::full({}, loss, x.dtype(), dev);
+  if (!grad) return out;
+  const DType xt = x.dtype(), wt = w.dtype();
+  return autograd::record(out, "LinearCrossEntropyBackward", {x, w},
+                          [=](const Tensor& g) -> std::vector<Tensor> {
+                            const float s = g.item();
+                            auto scaled = [s](const Tensor& t, DType to) {
+                              if (!t.defined()) return Tensor();
+                              Tensor u = s == 1.0f ? t : t.clone();
+                              if (s != 1.0f) mul_(u, s);
+                              return detail::as_dtype(u, to);
+                            };
+                            return {scaled(dx, xt), scaled(dw, wt)};
+                          });
+}
+
+}  // namespace ds::ops
