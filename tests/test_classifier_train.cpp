@@ -317,6 +317,24 @@ TEST_F(ClassifierTrain, RobertaTrainsAndExports) {
   EXPECT_NE(e.find("type_vocab_size is 1"), std::string::npos) << e;
 }
 
+// DeBERTa-v2 (another class behind models::SequenceClassifier) trains and exports the same way.
+TEST_F(ClassifierTrain, DebertaV2TrainsAndExports) {
+  std::ofstream(root_ / "deberta.json")
+      << R"({"family": "deberta-v2", "n_layer": 2, "n_head": 2, "n_embd": 64, "ffn_hidden": 128})";
+  train::Options o = options("deberta");
+  o.model = (root_ / "deberta.json").string();
+  o.max_steps = 4;
+  o.export_hf = (root_ / "deberta" / "hf").string();
+  Recorder rec;
+  train::ClassifierTrainer t(train::plan_classifier(o, given(), builtin_.c_str()), rec);
+  t.fit();
+  ASSERT_TRUE(t.last_eval().has_value());
+  EXPECT_TRUE(std::isfinite(t.last_eval()->loss));
+  t.export_model(o.export_hf);
+  const json cfg = json::parse(std::ifstream(fs::path(o.export_hf) / "config.json"));
+  EXPECT_EQ(cfg["architectures"][0], "DebertaV2ForSequenceClassification");
+}
+
 TEST_F(ClassifierTrain, RefusesWhatDoesNotApplyByName) {
   auto expect = [&](train::Options o, train::Given g, const std::string& part) {
     const std::string e = error_of(o, g);
