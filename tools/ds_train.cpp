@@ -185,8 +185,8 @@ int main(int argc, char** argv) {
       "Train a GPT model with a DeepSpeed config (one process). Flags follow the Hugging Face "
       "Trainer; \"auto\" values in the config take them. docs/training.md has the details.\n"
       "On a classification set (ds_prepare --task classification) it fine-tunes an encoder "
-      "classifier (BERT, RoBERTa) and reports accuracy and F1 (docs/training.md, \"Encoder "
-      "classifiers\").\n"
+      "classifier (BERT, RoBERTa, DeBERTa-v2) and reports accuracy and F1 (docs/training.md, "
+      "\"Encoder classifiers\").\n"
       "Example:\n  ds_train --deepspeed configs/ds_demo.json --model tiny --train_data "
       ".cache/prepared/sotu --output_dir out/demo --max_steps 300 --learning_rate 1e-3",
       "ds_train"};
