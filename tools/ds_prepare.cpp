@@ -8,18 +8,28 @@
 //
 //   ds_prepare --sft auto --tokenizer hf_model --seq_len 512 --output data/sft train.jsonl
 //
-// See docs/data.md for the shard format and ds/data/prepare.h, ds/data/sft.h for the rules.
+// Sentence(-pair) classification sets (GLUE TSV or JSONL -> ids, token types, labels) for an
+// encoder classifier:
+//
+//   ds_prepare --task classification --tokenizer bert_folder --seq_len 128 --val_files 'dev*'
+//              --output data/mrpc train.tsv dev.tsv
+//
+// See docs/data.md for the shard format and ds/data/prepare.h, ds/data/sft.h,
+// ds/data/classification_set.h for the rules.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <string>
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
 #include "ds/core/error.h"
+#include "ds/data/classification_set.h"
 #include "ds/data/prepare.h"
 #include "ds/data/sft.h"
 
@@ -110,6 +120,30 @@ int run_sft(const ds::data::SftOptions& o) {
   return 0;
 }
 
+int run_classification(const ds::data::ClassificationPrepareOptions& o) {
+  try {
+    const ds::data::ClassificationPrepareReport r = ds::data::prepare_classification(o);
+    for (const auto& [file, n] : r.files) fmt::print("ds_prepare: {}: {} records\n", file, n);
+    fmt::print("ds_prepare: {} task, {} labels ({}), seq_len {} (padded with id {})\n",
+               r.pair ? "sentence-pair" : "single-sentence", r.labels.size(),
+               fmt::join(r.labels, ", "), o.seq_len, r.pad_id);
+    fmt::print("ds_prepare: split rule: {}\n", r.split_rule);
+    for (const auto& [name, s] : {std::pair{"train", &r.train}, std::pair{"val", &r.val}}) {
+      if (s->examples == 0) {
+        fmt::print("ds_prepare: {:5}: empty (no examples)\n", name);
+        continue;
+      }
+      fmt::print("ds_prepare: {:5}: {} examples (per label: {}), {} truncated -> {}\n", name,
+                 s->examples, fmt::join(s->label_counts, " / "), s->truncated, s->file);
+    }
+    fmt::print("ds_prepare: {:.2f}s; wrote {}\n", r.seconds, r.meta.string());
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "ds_prepare: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -144,7 +178,20 @@ int main(int argc, char** argv) {
           ->check(CLI::IsMember({"auto", "chatglm", "alpaca", "messages"}));
   auto* seq_opt = app.add_option("--seq_len", seq_len,
                                  "--sft: sequence length T; every example is T + 1 tokens "
-                                 "(train with ds_train --block_size T)");
+                                 "(train with ds_train --block_size T); --task classification: "
+                                 "ids per example after truncation and padding (default 128)");
+  std::string task = "lm";
+  auto* task_opt =
+      app.add_option("--task", task,
+                     "lm (language-model token shards, the default) or classification "
+                     "(GLUE TSV / JSONL sentence(-pair) records for an encoder classifier; "
+                     "docs/data.md)")
+          ->check(CLI::IsMember({"lm", "classification"}));
+  std::string labels;
+  auto* labels_opt = app.add_option(
+      "--labels", labels,
+      "--task classification: the label names in class-id order, comma-separated (default: "
+      "integer labels as they are, or the sorted distinct names)");
   auto* tmpl_opt = app.add_option("--template", chat_template,
                                   "--sft: chat format chatglm, alpaca, chatml, qwen2, llama3 or glm4 "
                                   "(default: the tokenizer folder's chat_template)");
@@ -177,10 +224,39 @@ int main(int argc, char** argv) {
       app.add_flag("--split_on_eot", o.split_on_eot,
                    "Treat the literal text <|endoftext|> inside files as a document separator");
   app.add_flag("-q,--quiet", quiet, "No progress output");
-  seq_opt->needs(sft_opt);
+  labels_opt->needs(task_opt);
   tmpl_opt->needs(sft_opt);
   sft_opt->excludes(shard_opt)->excludes(eot_opt);
   CLI11_PARSE(app, argc, argv);
+
+  if (task == "classification") {
+    // Options of the other formats would be ignored: refuse them by name.
+    for (CLI::Option* other : {sft_opt, tmpl_opt, year_opt, shard_opt, eot_opt, ext_opt})
+      if (other->count()) {
+        fmt::print(stderr,
+                   "ds_prepare: error: {} does not apply to --task classification (its options: "
+                   "--tokenizer, --output, --seq_len, --labels, --val_fraction, --val_files)\n",
+                   other->get_name());
+        return 2;
+      }
+    ds::data::ClassificationPrepareOptions co;
+    for (const auto& in : inputs) co.inputs.emplace_back(in);
+    co.tokenizer_dir = tokenizer;
+    co.output_dir = output;
+    if (seq_opt->count()) co.seq_len = seq_len;
+    if (frac_opt->count()) co.val_fraction = val_fraction;
+    co.val_files = o.val_files;
+    for (size_t at = 0; labels_opt->count() && at <= labels.size();) {
+      const size_t comma = std::min(labels.find(',', at), labels.size());
+      co.labels.push_back(labels.substr(at, comma - at));
+      at = comma + 1;
+    }
+    return run_classification(co);
+  }
+  if (seq_opt->count() && !sft_opt->count()) {
+    fmt::print(stderr, "ds_prepare: error: --seq_len needs --sft or --task classification\n");
+    return 2;
+  }
 
   if (sft_opt->count()) {
     ds::data::SftOptions so;

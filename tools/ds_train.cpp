@@ -1,4 +1,5 @@
-// ds_train: train a GPT model with a DeepSpeed config, Hugging Face Trainer style.
+// ds_train: train a GPT model with a DeepSpeed config, Hugging Face Trainer style (or, on a
+// classification set, an encoder classifier: tools/train/classify_run.cpp).
 //
 //   ds_prepare --tokenizer .cache/data/gpt2 --output .cache/prepared/sotu
 //              --val_from_year 2001 .cache/data/sotu
@@ -24,6 +25,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "classify_run.h"
 #include "ds/comm/group.h"
 #include "ds/comm/logger.h"
 #include "ds/core/error.h"
@@ -31,6 +33,7 @@
 #include "ds/core/parallel.h"
 #include "ds/runtime/config.h"
 #include "ds/runtime/monitor.h"
+#include "ds/train/classifier.h"
 #include "ds/train/train_util.h"
 #include "ds/train/trainer.h"
 #include "ds_train_default_config.h"
@@ -60,6 +63,9 @@ int run(const ds::train::Options& o, const ds::train::Given& g) {
                       o.threads, cores));
     ds::set_num_threads(o.threads);
   }
+  // A classification set trains an encoder classifier (tools/train/classify_run.cpp).
+  if (ds::train::is_classification_run(o))
+    return ds::train::run_classifier(o, g, kDefaultDeepSpeedConfig);
   ds::train::RunPlan plan = ds::train::plan_run(o, g, kDefaultDeepSpeedConfig);
   out.logging_steps = o.logging_steps > 0 ? o.logging_steps : plan.config().steps_per_print;
   for (const std::string& note : plan.notes) out.message(note);
@@ -178,6 +184,9 @@ int main(int argc, char** argv) {
   CLI::App app{
       "Train a GPT model with a DeepSpeed config (one process). Flags follow the Hugging Face "
       "Trainer; \"auto\" values in the config take them. docs/training.md has the details.\n"
+      "On a classification set (ds_prepare --task classification) it fine-tunes an encoder "
+      "classifier (BERT, RoBERTa, DeBERTa-v2) and reports accuracy and F1 (docs/training.md, "
+      "\"Encoder classifiers\").\n"
       "Example:\n  ds_train --deepspeed configs/ds_demo.json --model tiny --train_data "
       ".cache/prepared/sotu --output_dir out/demo --max_steps 300 --learning_rate 1e-3",
       "ds_train"};

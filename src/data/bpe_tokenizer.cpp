@@ -87,6 +87,10 @@ class BpeTokenizer final : public TextTokenizer {
   void encode(std::string_view text, bool add_special_tokens, std::vector<int32_t>& ids,
               std::vector<TokenSpan>* spans) const override;
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const override;
+  PairEncoding encode_pair(std::string_view a, std::string_view b,
+                           bool add_special_tokens) const override;
+  PairEncoding post_process(std::span<const int32_t> a,
+                            const std::span<const int32_t>* b) const override;
   int32_t vocab_size() const override { return static_cast<int32_t>(tokens_.size()); }
   int32_t token_to_id(std::string_view token) const override {
     auto it = by_spelling_.find(std::string(token));
@@ -147,7 +151,9 @@ class BpeTokenizer final : public TextTokenizer {
   bool byte_level_ = false;
   std::vector<SplitPattern> splits_;
   std::vector<int32_t> prefix_ids_, suffix_ids_;  // added by encode(..., true)
-  std::string json_text_;                         // the tokenizer.json save_model_files writes
+  // RobertaProcessing: pairs are <s> A </s></s> B </s>, every type id 0 (tokenizers' roberta.rs).
+  bool roberta_pair_ = false;
+  std::string json_text_;  // the tokenizer.json save_model_files writes
 };
 
 // ---- loading ------------------------------------------------------------------------------------
@@ -322,9 +328,24 @@ void BpeTokenizer::set_post_processor(const ojson& j, const std::string& field,
       set_post_processor(j["processors"][k], fmt::format("{}.processors[{}]", field, k), file);
     return;
   }
+  if (type == "RobertaProcessing") {  // RoBERTa: <s> A </s>, and <s> A </s></s> B </s> for pairs
+    DS_CHECK(prefix_ids_.empty() && suffix_ids_.empty(),
+             "[tokenizer] '{}': {} is a second post-processor with special tokens; not supported",
+             file.string(), field);
+    auto token_id = [&](const char* key) {
+      const ojson& t = j.value(key, ojson());
+      DS_CHECK(t.is_array() && t.size() == 2 && t[1].is_number_integer(),
+               "[tokenizer] '{}': {}.{} must be [\"token\", id]", file.string(), field, key);
+      return t[1].get<int32_t>();
+    };
+    prefix_ids_ = {token_id("cls")};
+    suffix_ids_ = {token_id("sep")};
+    roberta_pair_ = true;
+    return;
+  }
   DS_CHECK(type == "TemplateProcessing",
            "[tokenizer] '{}': {}.type '{}' is not supported (supported: ByteLevel, "
-           "TemplateProcessing, Sequence of these)",
+           "TemplateProcessing, RobertaProcessing, Sequence of these)",
            file.string(), field, type);
   DS_CHECK(prefix_ids_.empty() && suffix_ids_.empty(),
            "[tokenizer] '{}': {} is a second TemplateProcessing; not supported", file.string(),
@@ -348,6 +369,42 @@ void BpeTokenizer::set_post_processor(const ojson& j, const std::string& field,
     }
   }
   DS_CHECK(seen_a, "[tokenizer] '{}': {}.single has no sequence A", file.string(), field);
+}
+
+PairEncoding BpeTokenizer::encode_pair(std::string_view a, std::string_view b,
+                                       bool add_special_tokens) const {
+  if (!roberta_pair_) return TextTokenizer::encode_pair(a, b, add_special_tokens);  // throws
+  const std::vector<int32_t> ids_a = TextTokenizer::encode(a, false),
+                             ids_b = TextTokenizer::encode(b, false);
+  if (add_special_tokens) {
+    const std::span<const int32_t> sb(ids_b);
+    return post_process(ids_a, &sb);
+  }
+  PairEncoding out;  // as `tokenizers`: A with type 0, B with type 1
+  out.ids = ids_a;
+  out.ids.insert(out.ids.end(), ids_b.begin(), ids_b.end());
+  out.type_ids.assign(ids_a.size(), 0);
+  out.type_ids.insert(out.type_ids.end(), ids_b.size(), 1);
+  return out;
+}
+
+PairEncoding BpeTokenizer::post_process(std::span<const int32_t> a,
+                                        const std::span<const int32_t>* b) const {
+  if (b && !roberta_pair_) return TextTokenizer::post_process(a, b);  // no pair template
+  PairEncoding out;
+  auto append = [&](std::span<const int32_t> ids) {
+    out.ids.insert(out.ids.end(), ids.begin(), ids.end());
+  };
+  append(prefix_ids_);
+  append(a);
+  append(suffix_ids_);
+  if (b) {
+    append(suffix_ids_);
+    append(*b);
+    append(suffix_ids_);
+  }
+  out.type_ids.assign(out.ids.size(), 0);
+  return out;
 }
 
 void BpeTokenizer::finish(const TokenizerConfig& config, std::string json_text,

@@ -92,6 +92,11 @@ TokenDataset TokenDataset::open_split(const fs::path& dir, std::string_view spli
     DS_THROW("[dataset] '{}' is not valid JSON ({}); re-run ds_prepare", meta_path.string(),
              e.what());
   }
+  DS_CHECK(!meta.is_object() || meta.value("kind", std::string()) != "classification",
+           "[dataset] '{}' is a classification set (ds_prepare --task classification), not "
+           "language-model tokens: it trains an encoder classifier (ds_train --init_from an "
+           "encoder folder: bert, roberta, deberta-v2; or --model bert-tiny; docs/training.md)",
+           meta_path.string());
   const auto& splits = meta.value("splits", nlohmann::json::object());
   if (!splits.contains(std::string(split))) {
     std::vector<std::string> have;

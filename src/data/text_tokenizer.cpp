@@ -126,6 +126,15 @@ PairEncoding TextTokenizer::encode_pair(std::string_view, std::string_view, bool
       kind());
 }
 
+PairEncoding TextTokenizer::post_process(std::span<const int32_t>,
+                                         const std::span<const int32_t>*) const {
+  DS_THROW(
+      "[tokenizer] post_process: this {} tokenizer has no pair template; sentence-pair "
+      "classification needs a tokenizer.json whose post_processor is TemplateProcessing or "
+      "BertProcessing (BERT's WordPiece)",
+      kind());
+}
+
 bool has_tokenizer_files(const fs::path& dir) {
   std::error_code ec;
   auto has = [&](const char* name) { return fs::exists(dir / name, ec); };

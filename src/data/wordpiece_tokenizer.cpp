@@ -175,6 +175,8 @@ class WordPieceTokenizer final : public TextTokenizer {
               std::vector<TokenSpan>* spans) const override;
   PairEncoding encode_pair(std::string_view a, std::string_view b,
                            bool add_special_tokens) const override;
+  PairEncoding post_process(std::span<const int32_t> a,
+                            const std::span<const int32_t>* b) const override;
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const override;
   int32_t vocab_size() const override { return static_cast<int32_t>(tokens_.size()); }
   int32_t token_to_id(std::string_view token) const override {
@@ -612,23 +614,38 @@ void WordPieceTokenizer::encode(std::string_view text, bool add_special_tokens,
 
 PairEncoding WordPieceTokenizer::encode_pair(std::string_view a, std::string_view b,
                                              bool add_special_tokens) const {
-  PairEncoding out;
-  auto append = [&](const std::vector<int32_t>& ids, uint32_t type_id) {
-    out.ids.insert(out.ids.end(), ids.begin(), ids.end());
-    out.type_ids.insert(out.type_ids.end(), ids.size(), type_id);
-  };
   std::vector<int32_t> ids_a, ids_b;
   encode_sequence(a, ids_a, nullptr);
   encode_sequence(b, ids_b, nullptr);
-  if (!add_special_tokens || pair_.empty()) {  // as `tokenizers`: A with type 0, B with type 1
-    append(ids_a, 0);
-    append(ids_b, 1);
+  if (!add_special_tokens) {  // as `tokenizers`: A with type 0, B with type 1
+    PairEncoding out;
+    out.ids = ids_a;
+    out.ids.insert(out.ids.end(), ids_b.begin(), ids_b.end());
+    out.type_ids.assign(ids_a.size(), 0);
+    out.type_ids.insert(out.type_ids.end(), ids_b.size(), 1);
     return out;
   }
-  for (const TemplatePiece& p : pair_)
-    append(p.kind == TemplatePiece::kA   ? ids_a
-           : p.kind == TemplatePiece::kB ? ids_b
-                                         : p.ids,
+  const std::span<const int32_t> sb(ids_b);
+  return post_process(ids_a, &sb);
+}
+
+PairEncoding WordPieceTokenizer::post_process(std::span<const int32_t> a,
+                                              const std::span<const int32_t>* b) const {
+  PairEncoding out;
+  auto append = [&](std::span<const int32_t> ids, uint32_t type_id) {
+    out.ids.insert(out.ids.end(), ids.begin(), ids.end());
+    out.type_ids.insert(out.type_ids.end(), ids.size(), type_id);
+  };
+  const std::vector<TemplatePiece>& tmpl = b ? pair_ : single_;
+  if (tmpl.empty()) {  // no post-processor: the sequences as they are
+    append(a, 0);
+    if (b) append(*b, 1);
+    return out;
+  }
+  for (const TemplatePiece& p : tmpl)
+    append(p.kind == TemplatePiece::kA   ? a
+           : p.kind == TemplatePiece::kB ? *b
+                                         : std::span<const int32_t>(p.ids),
            p.type_id);
   return out;
 }

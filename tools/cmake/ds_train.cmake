@@ -11,6 +11,7 @@ file(CONFIGURE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/generated/ds_train_default_con
 # The trainer itself is the library's (src/train); the program is its option table and console.
 add_executable(ds_train
   ${CMAKE_CURRENT_SOURCE_DIR}/ds_train.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/train/classify_run.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/train/console.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/train/options.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/train/progress.cpp)

@@ -96,7 +96,8 @@ void add_options(CLI::App& app, Options& o, Given& g,
       &g.deepspeed);
   opt("--model", o.model,
       "Model: a preset (tiny, gpt2, gpt2-medium, llama-tiny, ...), a model JSON file or a Hugging "
-      "Face folder's config.json (default: tiny, or --init_from's config.json)",
+      "Face folder's config.json (default: tiny, or --init_from's config.json). Classification "
+      "sets: bert-tiny (the default) or an encoder config JSON",
       &g.model);
   opt("--train_data", o.train_data, "Folder written by ds_prepare (its train split)")->required();
   opt("--eval_data", o.eval_data,
@@ -189,8 +190,11 @@ void add_options(CLI::App& app, Options& o, Given& g,
                "Read the training samples in file order (every epoch the same order)");
   app.add_flag("--eval_only", o.eval_only,
                "Evaluate the model (--init_from, --resume_from_checkpoint or a new one) on the "
-               "eval data, print loss and perplexity, and stop: no training, no outputs");
-  opt("--eval_batches", o.eval_batches, "Validation micro-batches per evaluation")
+               "eval data, print loss and perplexity (classifiers: loss, accuracy, F1), and stop: no "
+      "training, no outputs");
+  opt("--eval_batches", o.eval_batches,
+      "Validation micro-batches per evaluation (classifiers: default all of the eval data)",
+      &g.eval_batches)
       ->capture_default_str()
       ->check(integer_in(1, 1 << 30));
   opt("--resume_from_checkpoint", o.resume_from_checkpoint,
@@ -206,10 +210,12 @@ void add_options(CLI::App& app, Options& o, Given& g,
       ->check(integer_in(1, 1 << 24));
   opt("--sample_prompt", o.sample_prompt,
       "Prompt of the text sample generated at the end (default: a new document)");
-  opt("--sample_tokens", o.sample_tokens, "Length of the sample in tokens (0: no sample)")
+  opt("--sample_tokens", o.sample_tokens, "Length of the sample in tokens (0: no sample)",
+      &g.sample_tokens)
       ->capture_default_str()
       ->check(integer_in(0, 1 << 20));
-  opt("--sample_top_k", o.sample_top_k, "Sample from the k most likely tokens (1: greedy)")
+  opt("--sample_top_k", o.sample_top_k, "Sample from the k most likely tokens (1: greedy)",
+      &g.sample_top_k)
       ->capture_default_str()
       ->check(integer_in(1, 1 << 24));
   opt("--tokenizer", o.tokenizer,

@@ -91,6 +91,15 @@ class TextTokenizer {
   virtual PairEncoding encode_pair(std::string_view a, std::string_view b,
                                    bool add_special_tokens = true) const;
 
+  // The post-processor's template applied to sequences already tokenized (and, e.g., truncated):
+  // b null = the single template ([CLS] a [SEP], all type 0), else the pair template, exactly as
+  // encode / encode_pair place the special tokens. Without a template: a (type 0), then b (type
+  // 1). Throws ds::Error for tokenizers that have no pair template (byte-level BPE,
+  // SentencePiece). HF truncation: truncate a and b to max_length minus
+  // post_process({}, &empty).ids.size() first (ds/data/classification.h does).
+  virtual PairEncoding post_process(std::span<const int32_t> a,
+                                    const std::span<const int32_t>* b) const;
+
   // Text of the tokens. Byte-level BPE returns the exact bytes (a slice may end inside a UTF-8
   // character); SentencePiece drops the leading dummy-prefix space as the library does; WordPiece
   // joins words with spaces, glues "##" pieces and applies its decoder's cleanup. Throws on

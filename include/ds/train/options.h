@@ -68,7 +68,8 @@ struct Given {
        learning_rate = false, weight_decay = false, adam_beta1 = false, adam_beta2 = false,
        adam_epsilon = false, max_grad_norm = false, warmup_steps = false, max_steps = false,
        num_train_epochs = false, bf16 = false, fp16 = false, model = false, deepspeed = false,
-       lora_alpha = false, lora_module_name = false, lora_dropout = false;
+       lora_alpha = false, lora_module_name = false, lora_dropout = false, eval_batches = false,
+       sample_tokens = false, sample_top_k = false;
 };
 
 // Where the GPT-2 tokenizer files are by default: $DS_CACHE_DIR/gpt2 or .cache/data/gpt2.

@@ -1,0 +1,276 @@
+// Classification data and scores: GLUE TSV (MRPC's header too) and JSONL records and their errors
+// (file, line, field), labels, Hugging Face's longest_first pair truncation against `tokenizers`
+// (tests/fixtures/classification, tools/gen_classification_fixture.py), the DSCLASSIFY set
+// written by prepare_classification and read back, the refusal of each format's folder by the
+// other's loader, and accuracy / F1.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ds/core/error.h"
+#include "ds/data/classification.h"
+#include "ds/data/classification_set.h"
+#include "ds/data/dataset.h"
+#include "ds/data/text_tokenizer.h"
+#include "ds/train/classify_metrics.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace ds;
+
+namespace {
+
+const fs::path kTok = fs::path(DS_FIXTURE_DIR) / "tokenizers" / "bert_wordpiece";
+
+class Classification : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("cls_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name, std::ios::binary) << text;
+    return dir_ / name;
+  }
+  // The message of the ds::Error that f throws ("" when it does not throw).
+  template <class F>
+  static std::string error_of(F&& f) {
+    try {
+      f();
+    } catch (const ds::Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+  fs::path dir_;
+};
+
+TEST_F(Classification, ReadsGlueTsvMrpcHeaderAndJsonl) {
+  const auto mrpc = data::read_classification_file(write(
+      "train.tsv",
+      "\xEF\xBB\xBFQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\r\n"
+      "1\t702876\t702977\tAmrozi accused his brother .\tReferring to him , Amrozi accused .\r\n"
+      "\n"
+      "0\t2108705\t2108831\tYucaipa owned Dominick 's\tYucaipa bought Dominick 's\r\n"));
+  ASSERT_EQ(mrpc.size(), 2u);
+  EXPECT_EQ(mrpc[0].sentence1, "Amrozi accused his brother .");
+  EXPECT_EQ(*mrpc[0].sentence2, "Referring to him , Amrozi accused .");
+  EXPECT_EQ(mrpc[0].label, "1");
+  EXPECT_TRUE(mrpc[0].label_is_int);
+  EXPECT_EQ(mrpc[1].line, 4u);  // blank lines count
+
+  const auto glue = data::read_classification_file(
+      write("sst.tsv", "sentence\tlabel\nit 's a charming journey\t1\nbad\t0\n"));
+  ASSERT_EQ(glue.size(), 2u);
+  EXPECT_FALSE(glue[0].sentence2.has_value());
+
+  const auto jl = data::read_classification_file(
+      write("d.jsonl",
+            "{\"sentence1\": \"a\", \"sentence2\": \"b\", \"label\": \"entailment\"}\n"
+            "{\"sentence1\": \"c\", \"sentence2\": \"d\", \"label\": 2}\n"));
+  ASSERT_EQ(jl.size(), 2u);
+  EXPECT_EQ(jl[0].label, "entailment");
+  EXPECT_FALSE(jl[0].label_is_int);
+  EXPECT_EQ(jl[1].label, "2");
+  EXPECT_TRUE(jl[1].label_is_int);
+}
+
+TEST_F(Classification, BadInputNamesFileLineAndField) {
+  auto err = [&](const std::string& name, const std::string& text) {
+    const fs::path p = write(name, text);
+    return error_of([&] { data::read_classification_file(p); });
+  };
+  std::string e = err("nolabel.tsv", "sentence1\tsentence2\na\tb\n");
+  EXPECT_NE(e.find("nolabel.tsv:1"), std::string::npos) << e;
+  EXPECT_NE(e.find("'label'"), std::string::npos) << e;
+  e = err("nosent.tsv", "foo\tlabel\na\t1\n");
+  EXPECT_NE(e.find("nosent.tsv:1"), std::string::npos) << e;
+  EXPECT_NE(e.find("'sentence1'"), std::string::npos) << e;
+  e = err("fields.tsv", "sentence1\tsentence2\tlabel\na\tb\t1\na\tb\n");
+  EXPECT_NE(e.find("fields.tsv:3"), std::string::npos) << e;
+  e = err("empty.tsv", "");
+  EXPECT_NE(e.find("empty.tsv"), std::string::npos) << e;
+  EXPECT_NE(e.find("empty file"), std::string::npos) << e;
+  e = err("empty.jsonl", "\n\n");
+  EXPECT_NE(e.find("empty.jsonl"), std::string::npos) << e;
+  EXPECT_NE(e.find("no records"), std::string::npos) << e;
+  e = err("miss.jsonl",
+          "{\"sentence1\": \"a\", \"label\": 1}\n{\"sentence2\": \"b\", \"label\": 0}\n");
+  EXPECT_NE(e.find("miss.jsonl:2"), std::string::npos) << e;
+  EXPECT_NE(e.find("'sentence1'"), std::string::npos) << e;
+  e = err("lab.jsonl", "{\"sentence1\": \"a\", \"label\": 1.5}\n");
+  EXPECT_NE(e.find("lab.jsonl:1"), std::string::npos) << e;
+  EXPECT_NE(e.find("'label'"), std::string::npos) << e;
+  e = err("mixed.jsonl",
+          "{\"sentence1\": \"a\", \"sentence2\": \"b\", \"label\": 1}\n{\"sentence1\": \"a\", "
+          "\"label\": 1}\n");
+  EXPECT_NE(e.find("mixed.jsonl:2"), std::string::npos) << e;
+  EXPECT_NE(e.find("'sentence2'"), std::string::npos) << e;
+  e = err("x.csv", "a,b\n");
+  EXPECT_NE(e.find("x.csv"), std::string::npos) << e;
+
+  // An unknown label (a label list given): file, line, field and the label.
+  data::ClassificationPrepareOptions o;
+  o.inputs = {write("u.jsonl",
+                    "{\"sentence1\": \"a\", \"label\": \"yes\"}\n"
+                    "{\"sentence1\": \"b\", \"label\": \"maybe\"}\n")};
+  o.tokenizer_dir = kTok;
+  o.output_dir = dir_ / "out";
+  o.labels = {"no", "yes"};
+  e = error_of([&] { data::prepare_classification(o); });
+  EXPECT_NE(e.find("u.jsonl:2"), std::string::npos) << e;
+  EXPECT_NE(e.find("'label'"), std::string::npos) << e;
+  EXPECT_NE(e.find("'maybe'"), std::string::npos) << e;
+}
+
+// BERT's WordPiece ([CLS] A [SEP] B [SEP], types 0/1) and a RoBERTa-style byte-level BPE
+// (<s> A </s></s> B </s>, types 0: RobertaProcessing), against `tokenizers`.
+TEST_F(Classification, LongestFirstTruncationMatchesTokenizers) {
+  const fs::path fx_dir = fs::path(DS_FIXTURE_DIR) / "classification";
+  for (const auto& [tok_dir, cases] :
+       {std::pair{kTok, fx_dir / "truncation_cases.json"},
+        std::pair{fx_dir / "roberta_bpe", fx_dir / "roberta_cases.json"}}) {
+    const auto tok = data::load_tokenizer(tok_dir);
+    const json fx = json::parse(std::ifstream(cases));
+    int n = 0, cut = 0;
+    for (const json& c : fx["cases"]) {
+      const std::optional<std::string> b =
+          c["b"].is_null() ? std::nullopt : std::optional<std::string>(c["b"].get<std::string>());
+      const auto e = data::encode_example(*tok, c["a"], b, c["max_length"].get<size_t>());
+      const auto ids = c["ids"].get<std::vector<int32_t>>();
+      const auto types = c["type_ids"].get<std::vector<uint32_t>>();
+      EXPECT_EQ(e.tokens.ids, ids) << tok_dir << " " << c.dump();
+      EXPECT_EQ(e.tokens.type_ids, types) << tok_dir << " " << c.dump();
+      cut += e.truncated;
+      ++n;
+    }
+    EXPECT_GT(n, 100) << cases;
+    EXPECT_GT(cut, 40) << cases;  // the fixture exercises truncation, not just short pairs
+  }
+}
+
+TEST_F(Classification, TruncationRule) {
+  auto run = [](size_t na, size_t nb, size_t max) {
+    std::vector<int32_t> a(na, 1), b(nb, 2);
+    data::truncate_longest_first(a, b, max);
+    return std::pair{a.size(), b.size()};
+  };
+  EXPECT_EQ(run(3, 3, 10), (std::pair<size_t, size_t>{3, 3}));
+  EXPECT_EQ(run(2, 20, 10), (std::pair<size_t, size_t>{2, 8}));  // only the longer
+  EXPECT_EQ(run(20, 2, 10), (std::pair<size_t, size_t>{8, 2}));
+  EXPECT_EQ(run(10, 10, 9), (std::pair<size_t, size_t>{4, 5}));  // tie: b gets the odd one
+  EXPECT_EQ(run(11, 10, 9), (std::pair<size_t, size_t>{5, 4}));  // the longer gets it
+  EXPECT_EQ(run(30, 30, 8), (std::pair<size_t, size_t>{4, 4}));
+}
+
+TEST_F(Classification, PreparedSetRoundTripAndFormatChecks) {
+  data::ClassificationPrepareOptions o;
+  o.inputs = {
+      write("train.tsv",
+            "sentence1\tsentence2\tlabel\nthe cat\tsat on a mat\tyes\nhello\tworld\tno\n"
+            "a b c d e f g h i j k l m n o p\tq r s t u v w x y z\tyes\n"),
+      write("dev.jsonl", "{\"sentence1\": \"dogs\", \"sentence2\": \"ran\", \"label\": \"no\"}\n")};
+  o.tokenizer_dir = kTok;
+  o.output_dir = dir_ / "set";
+  o.seq_len = 16;
+  o.val_files = "dev*";
+  const auto r = data::prepare_classification(o);
+  EXPECT_EQ(r.labels, (std::vector<std::string>{"no", "yes"}));  // sorted names
+  EXPECT_EQ(r.train.examples, 3);
+  EXPECT_EQ(r.val.examples, 1);
+  EXPECT_EQ(r.train.truncated, 1);
+  EXPECT_EQ(r.train.label_counts, (std::vector<int64_t>{1, 2}));
+  EXPECT_TRUE(data::is_classification_set(o.output_dir));
+
+  const auto set = data::ClassificationSet::open_split(o.output_dir, "train");
+  ASSERT_EQ(set.size(), 3);
+  EXPECT_EQ(set.seq_len(), 16);
+  EXPECT_EQ(set.num_labels(), 2);
+  EXPECT_TRUE(set.pair());
+  const auto tok = data::load_tokenizer(kTok);
+  std::vector<int32_t> ids(16), types(16), mask(16);
+  int32_t label = -1;
+  set.get(0, ids, types, mask, label);
+  const auto want = data::encode_example(*tok, "the cat", std::string("sat on a mat"), 16);
+  const size_t n = want.tokens.ids.size();
+  EXPECT_EQ(label, 1);
+  for (size_t k = 0; k < 16; ++k) {
+    EXPECT_EQ(ids[k], k < n ? want.tokens.ids[k] : 0) << k;
+    EXPECT_EQ(types[k], k < n ? static_cast<int32_t>(want.tokens.type_ids[k]) : 0) << k;
+    EXPECT_EQ(mask[k], k < n ? 1 : 0) << k;
+  }
+  set.get(2, ids, types, mask, label);
+  EXPECT_EQ(set.length(2), 16);  // truncated to seq_len exactly
+
+  // The LM loader refuses a classification folder, and the classification loader an LM one, each
+  // naming meta.json.
+  std::string e = error_of([&] { data::TokenDataset::open_split(o.output_dir, "train"); });
+  EXPECT_NE(e.find((o.output_dir / "meta.json").string()), std::string::npos) << e;
+  EXPECT_NE(e.find("classification set"), std::string::npos) << e;
+  fs::create_directories(dir_ / "lm");
+  std::ofstream(dir_ / "lm" / "meta.json")
+      << R"({"format": "DSTOKENS", "splits": {"train": {"files": ["train.bin"]}}})";
+  e = error_of([&] { data::ClassificationSet::open_split(dir_ / "lm", "train"); });
+  EXPECT_NE(e.find((dir_ / "lm" / "meta.json").string()), std::string::npos) << e;
+  EXPECT_NE(e.find("not a classification set"), std::string::npos) << e;
+  // A damaged split file names itself.
+  fs::resize_file(o.output_dir / "train.cls", fs::file_size(o.output_dir / "train.cls") - 4);
+  e = error_of([&] { data::ClassificationSet::open_split(o.output_dir, "train"); });
+  EXPECT_NE(e.find("train.cls"), std::string::npos) << e;
+}
+
+TEST_F(Classification, IntegerLabelsAndFractionSplit) {
+  std::string text;
+  for (int i = 0; i < 10; ++i)
+    text += "{\"sentence1\": \"s" + std::to_string(i) + "\", \"label\": " + std::to_string(i % 3) +
+            "}\n";
+  data::ClassificationPrepareOptions o;
+  o.inputs = {write("a.jsonl", text)};
+  o.tokenizer_dir = kTok;
+  o.output_dir = dir_ / "set";
+  o.seq_len = 8;
+  o.val_fraction = 0.2;
+  const auto r = data::prepare_classification(o);
+  EXPECT_EQ(r.labels, (std::vector<std::string>{"0", "1", "2"}));
+  EXPECT_FALSE(r.pair);
+  EXPECT_EQ(r.train.examples, 8);
+  EXPECT_EQ(r.val.examples, 2);
+  const auto val = data::ClassificationSet::open_split(o.output_dir, "val");
+  EXPECT_EQ(val.label(0), 8 % 3);
+  EXPECT_EQ(val.label(1), 9 % 3);
+}
+
+TEST(ClassifyScores, AccuracyAndF1) {
+  // Binary: F1 of label 1. tp 2, fp 1, fn 1 -> 2*2 / (4 + 1 + 1) = 2/3; accuracy 4/6.
+  const std::vector<int32_t> y = {1, 1, 1, 0, 0, 0}, p = {1, 1, 0, 1, 0, 0};
+  auto s = train::classify_scores(p, y, 2);
+  EXPECT_EQ(s.examples, 6);
+  EXPECT_DOUBLE_EQ(s.accuracy, 4.0 / 6.0);
+  EXPECT_DOUBLE_EQ(s.f1, 2.0 / 3.0);
+  EXPECT_STREQ(s.f1_kind, "binary F1 of label 1");
+  // No positive predicted nor true: F1 0 (sklearn's zero_division=0).
+  const std::vector<int32_t> zeros = {0, 0};
+  EXPECT_DOUBLE_EQ(train::classify_scores(zeros, zeros, 2).f1, 0.0);
+  EXPECT_DOUBLE_EQ(train::classify_scores(zeros, zeros, 2).accuracy, 1.0);
+  // Three labels: macro F1 = mean of per-label F1 (sklearn f1_score(average="macro")).
+  // y = 0 0 1 1 2 2, p = 0 1 1 1 2 0: F1_0 = 2/(2+1+1) = .5, F1_1 = 4/(4+1) = .8, F1_2 = 2/3.
+  const std::vector<int32_t> y3 = {0, 0, 1, 1, 2, 2}, p3 = {0, 1, 1, 1, 2, 0};
+  s = train::classify_scores(p3, y3, 3);
+  EXPECT_NEAR(s.f1, (0.5 + 0.8 + 2.0 / 3.0) / 3.0, 1e-12);
+  EXPECT_NEAR(s.accuracy, 4.0 / 6.0, 1e-12);
+  EXPECT_STREQ(s.f1_kind, "macro F1");
+  EXPECT_THROW(train::classify_scores(p3, y, 2), ds::Error);
+}
+
+}  // namespace

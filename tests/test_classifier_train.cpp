@@ -1,0 +1,523 @@
+// An encoder classifier trained end to end on a synthetic sentence-pair task (is sentence B a
+// shuffled copy of sentence A, or another sentence?), prepared with the WordPiece fixture
+// tokenizer: the library's ClassifierTrainer called directly (accuracy rises well above chance;
+// a resumed run reproduces an uninterrupted one exactly; the HF export scores the same; options
+// that do not apply are refused by name), then ds_train as a process (ZeRO-3 training, export,
+// --eval_only on the export).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "ds/core/error.h"
+#include "ds/core/safetensors.h"
+#include "ds/data/classification_set.h"
+#include "ds/train/classifier.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace ds;
+
+namespace {
+
+struct Recorder : train::ClassifierObserver {
+  std::vector<train::StepReport> steps;
+  std::vector<train::ClassifyEvalReport> evals;
+  std::vector<std::string> messages;
+  void message(const std::string& s) override { messages.push_back(s); }
+  void on_step(const train::StepReport& r) override { steps.push_back(r); }
+  void on_classify_eval(const train::ClassifyEvalReport& r) override { evals.push_back(r); }
+};
+
+// Records of the synthetic task: label 1 = B is A's words shuffled, 0 = B is another sentence.
+std::string pair_task(int n, uint32_t seed) {
+  static const char* kWords[] = {"the",   "cat",   "sat",   "on",   "a",     "mat", "dogs",
+                                 "ran",   "far",   "away",  "into", "night", "she", "said",
+                                 "hello", "world", "tests", "pass", "maybe"};
+  std::mt19937 rng(seed);
+  auto word = [&] { return std::string(kWords[rng() % std::size(kWords)]); };
+  auto sentence = [&] {
+    std::vector<std::string> s(3 + rng() % 3);
+    for (auto& w : s) w = word();
+    return s;
+  };
+  auto join = [](const std::vector<std::string>& s) {
+    std::string out;
+    for (const auto& w : s) out += (out.empty() ? "" : " ") + w;
+    return out;
+  };
+  std::string text;
+  for (int i = 0; i < n; ++i) {
+    const auto a = sentence();
+    auto b = a;
+    const int label = static_cast<int>(rng() % 2);
+    if (label == 1)
+      std::shuffle(b.begin(), b.end(), rng);
+    else
+      b = sentence();
+    text += json{{"sentence1", join(a)}, {"sentence2", join(b)}, {"label", label}}.dump() + "\n";
+  }
+  return text;
+}
+
+class ClassifierTrain : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = fs::temp_directory_path() / ("cls_train_" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    std::ofstream(root_ / "train.jsonl") << pair_task(640, 1);
+    std::ofstream(root_ / "dev.jsonl") << pair_task(160, 2);
+    data::ClassificationPrepareOptions o;
+    o.inputs = {root_ / "train.jsonl", root_ / "dev.jsonl"};
+    o.tokenizer_dir = fs::path(DS_FIXTURE_DIR) / "tokenizers" / "bert_wordpiece";
+    o.output_dir = root_ / "set";
+    o.seq_len = 32;
+    o.val_files = "dev*";
+    data::prepare_classification(o);
+    std::ifstream cfg(fs::path(DS_SOURCE_DIR) / "configs" / "ds_demo.json");
+    builtin_ = {std::istreambuf_iterator<char>(cfg), {}};
+    // A tiny BERT with dropout (the resume must restore the dropout stream) and one without.
+    std::ofstream(root_ / "bert_dropout.json")
+        << R"({"n_layer": 2, "n_head": 2, "n_embd": 64, "ffn_hidden": 128})";
+    std::ofstream(root_ / "bert_nodrop.json")
+        << R"({"n_layer": 2, "n_head": 2, "n_embd": 64, "ffn_hidden": 128, "hidden_dropout": 0.0,
+              "attention_dropout": 0.0})";
+  }
+  static void TearDownTestSuite() { fs::remove_all(root_); }
+
+  train::Options options(const std::string& out) const {
+    train::Options o;
+    o.train_data = (root_ / "set").string();
+    o.output_dir = (root_ / out).string();
+    o.model = (root_ / "bert_dropout.json").string();
+    o.per_device_train_batch_size = 16;
+    o.learning_rate = 2e-3;
+    o.warmup_steps = 5;
+    o.eval_steps = 0;
+    o.save_steps = 0;
+    o.export_hf = "none";
+    return o;
+  }
+  train::Given given() const {
+    train::Given g;
+    g.model = g.per_device_train_batch_size = g.learning_rate = g.warmup_steps = g.max_steps = true;
+    return g;
+  }
+  static std::string error_of(const train::Options& o, const train::Given& g) {
+    try {
+      train::plan_classifier(o, g, builtin_.c_str());
+    } catch (const ds::Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  static fs::path root_;
+  static std::string builtin_;
+};
+fs::path ClassifierTrain::root_;
+std::string ClassifierTrain::builtin_;
+
+TEST_F(ClassifierTrain, LearnsThePairTaskAndExports) {
+  train::Options o = options("learn");
+  o.model = (root_ / "bert_nodrop.json").string();
+  o.max_steps = 120;
+  o.export_hf = (root_ / "learn" / "hf").string();
+  ASSERT_TRUE(train::is_classification_run(o));
+  Recorder rec;
+  train::ClassifierTrainer t(train::plan_classifier(o, given(), builtin_.c_str()), rec);
+  EXPECT_EQ(t.plan().seq_len, 32);
+  EXPECT_EQ(t.plan().eval_examples, 160);
+  const auto before = t.evaluate();
+  ASSERT_TRUE(before.has_value());
+  EXPECT_EQ(before->scores.examples, 160);
+  t.fit();
+  ASSERT_EQ(rec.steps.size(), 120u);
+  ASSERT_TRUE(t.last_eval().has_value());
+  const auto& after = *t.last_eval();
+  std::printf("pair task: accuracy %.3f -> %.3f, f1 %.3f, eval loss %.4f -> %.4f\n",
+              before->scores.accuracy, after.scores.accuracy, after.scores.f1, before->loss,
+              after.loss);
+  EXPECT_GT(after.scores.accuracy, 0.7);  // chance: about 0.5
+  EXPECT_GT(after.scores.accuracy, before->scores.accuracy + 0.15);
+  EXPECT_LT(after.loss, before->loss);
+
+  // The export: transformers' folder (id2label, the tokenizer with token type ids), and the
+  // same scores when ds_train starts from it.
+  t.export_model(o.export_hf);
+  const json cfg = json::parse(std::ifstream(fs::path(o.export_hf) / "config.json"));
+  EXPECT_EQ(cfg["architectures"][0], "BertForSequenceClassification");
+  EXPECT_EQ(cfg["id2label"]["1"], "1");
+  const json tok = json::parse(std::ifstream(fs::path(o.export_hf) / "tokenizer_config.json"));
+  EXPECT_EQ(tok["model_input_names"][1], "token_type_ids");
+  train::Options e = options("from_export");
+  e.model.clear();
+  e.init_from = o.export_hf;
+  e.eval_only = true;
+  e.max_steps = 1;
+  train::Given g = given();
+  g.model = false;
+  Recorder rec2;
+  train::ClassifierTrainer t2(train::plan_classifier(e, g, builtin_.c_str()), rec2);
+  const auto again = t2.evaluate();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_DOUBLE_EQ(again->scores.accuracy, after.scores.accuracy);
+  EXPECT_NEAR(again->loss, after.loss, 1e-5);
+
+  // A checkpoint without a classifier head (as bert-base-uncased) whose config says 3 labels:
+  // the new head takes the data's 2 and is initialised fresh. With a head, 3 labels are refused.
+  const fs::path bare = root_ / "learn" / "bare", headed = root_ / "learn" / "headed";
+  for (const fs::path& d : {bare, headed}) {
+    fs::create_directories(d);
+    json c = cfg;
+    c["ds_cpp"]["num_labels"] = 3;
+    std::ofstream(d / "config.json") << c.dump();
+    std::vector<std::pair<std::string, Tensor>> keep;
+    for (auto& [n, t] : safetensors::load((fs::path(o.export_hf) / "model.safetensors").string()))
+      if (d == headed || n.rfind("classifier.", 0) != 0) keep.emplace_back(n, t);
+    safetensors::save((d / "model.safetensors").string(), keep);
+  }
+  e.init_from = bare.string();
+  Recorder rec3;
+  train::ClassifierTrainer t3(train::plan_classifier(e, g, builtin_.c_str()), rec3);
+  EXPECT_EQ(t3.plan().model.num_labels, 2);
+  bool fresh = false;
+  for (const auto& m : rec3.messages) fresh |= m.find("new classifier head") != std::string::npos;
+  EXPECT_TRUE(fresh);
+  e.init_from = headed.string();
+  const std::string err = error_of(e, g);
+  EXPECT_NE(err.find("num_labels 3"), std::string::npos) << err;
+}
+
+TEST_F(ClassifierTrain, ResumeReproducesAnUninterruptedRun) {
+  // Dropout on, ZeRO-2: 8 steps straight vs 4 steps, checkpoint, a new trainer resuming to 8.
+  auto zero2 = [](train::Options& o) {
+    o.deepspeed = R"({"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps":
+                      "auto", "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+                      "zero_optimization": {"stage": 2}})";
+  };
+  train::Given g = given();
+  g.deepspeed = true;
+  train::Options a = options("a");
+  zero2(a);
+  a.max_steps = 8;
+  Recorder ra;
+  train::ClassifierTrainer ta(train::plan_classifier(a, g, builtin_.c_str()), ra);
+  ta.fit();
+
+  train::Options b = options("b");
+  zero2(b);
+  b.max_steps = 8;
+  b.save_steps = 4;
+  {
+    train::Options b4 = b;
+    Recorder r;
+    train::ClassifierTrainer t(train::plan_classifier(b4, g, builtin_.c_str()), r);
+    for (int i = 0; i < 4; ++i) t.step();
+    t.save();
+  }
+  b.resume_from_checkpoint = "latest";
+  Recorder rb;
+  train::ClassifierTrainer tb(train::plan_classifier(b, g, builtin_.c_str()), rb);
+  const auto res = tb.resume();
+  ASSERT_TRUE(res.has_value());
+  EXPECT_EQ(res->step, 4);
+  tb.fit();
+  ASSERT_EQ(rb.steps.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(rb.steps[i].loss, ra.steps[4 + i].loss) << i;
+  ASSERT_TRUE(ta.last_eval() && tb.last_eval());
+  EXPECT_EQ(tb.last_eval()->loss, ta.last_eval()->loss);
+  EXPECT_EQ(tb.last_eval()->scores.accuracy, ta.last_eval()->scores.accuracy);
+  const auto wa = ta.engine().full_weights(), wb = tb.engine().full_weights();
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t i = 0; i < wa.size(); ++i)
+    EXPECT_EQ(wa[i].second.to_vector(), wb[i].second.to_vector()) << wa[i].first;
+
+  // A GPT run's checkpoint folder is refused (an empty output folder: no 'latest').
+  train::Options c = options("c");
+  c.max_steps = 8;
+  c.resume_from_checkpoint = "latest";
+  Recorder rc;
+  train::ClassifierTrainer tc(train::plan_classifier(c, given(), builtin_.c_str()), rc);
+  EXPECT_THROW(tc.resume(), ds::Error);
+}
+
+// --save_total_limit keeps the newest checkpoints of this run and never an earlier run's.
+TEST_F(ClassifierTrain, RotationKeepsTheNewestAndEarlierRuns) {
+  train::Options o = options("rotate");
+  o.max_steps = 2;
+  o.save_steps = 1;
+  {
+    Recorder r;
+    train::ClassifierTrainer t(train::plan_classifier(o, given(), builtin_.c_str()), r);
+    t.fit();
+  }
+  fs::rename(root_ / "rotate" / "global_step2", root_ / "rotate" / "global_step100");
+  o.max_steps = 6;
+  o.save_steps = 2;
+  o.save_total_limit = 1;
+  Recorder r;
+  train::ClassifierTrainer t(train::plan_classifier(o, given(), builtin_.c_str()), r);
+  EXPECT_FALSE(t.resume().has_value());
+  t.fit();
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(root_ / "rotate"))
+    if (e.path().filename().string().rfind("global_step", 0) == 0)
+      left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"global_step1", "global_step100", "global_step6"}));
+}
+
+// RoBERTa: a byte-level BPE with RobertaProcessing (<s> A </s></s> B </s>, types 0), positions
+// past the pad id, RobertaForSequenceClassification exported; BERT-style data (types 0/1) is
+// refused for a model with one token type.
+TEST_F(ClassifierTrain, RobertaTrainsAndExports) {
+  data::ClassificationPrepareOptions p;
+  p.inputs = {root_ / "train.jsonl", root_ / "dev.jsonl"};
+  p.tokenizer_dir = fs::path(DS_FIXTURE_DIR) / "classification" / "roberta_bpe";
+  p.output_dir = root_ / "roberta_set";
+  p.seq_len = 32;
+  p.val_files = "dev*";
+  const auto rep = data::prepare_classification(p);
+  std::ofstream(root_ / "roberta.json")
+      << R"({"family": "roberta", "n_layer": 2, "n_head": 2, "n_embd": 64, "ffn_hidden": 128,
+            "type_vocab_size": 1, "max_positions": 768, "norm_eps": 1e-5})";
+  train::Options o = options("roberta");
+  o.train_data = p.output_dir.string();
+  o.model = (root_ / "roberta.json").string();
+  o.max_steps = 4;
+  o.export_hf = (root_ / "roberta" / "hf").string();
+  Recorder rec;
+  train::ClassifierTrainer t(train::plan_classifier(o, given(), builtin_.c_str()), rec);
+  EXPECT_EQ(t.plan().model.pad_token_id, rep.pad_id);
+  t.fit();
+  ASSERT_TRUE(t.last_eval().has_value());
+  EXPECT_TRUE(std::isfinite(t.last_eval()->loss));
+  t.export_model(o.export_hf);
+  const json cfg = json::parse(std::ifstream(fs::path(o.export_hf) / "config.json"));
+  EXPECT_EQ(cfg["architectures"][0], "RobertaForSequenceClassification");
+  EXPECT_TRUE(fs::exists(fs::path(o.export_hf) / "tokenizer.json"));
+
+  train::Options bad = o;
+  bad.train_data = (root_ / "set").string();  // WordPiece pairs: type ids 0 and 1
+  const std::string e = error_of(bad, given());
+  EXPECT_NE(e.find("type_vocab_size is 1"), std::string::npos) << e;
+}
+
+// DeBERTa-v2 (another class behind models::SequenceClassifier) trains and exports the same way.
+TEST_F(ClassifierTrain, DebertaV2TrainsAndExports) {
+  std::ofstream(root_ / "deberta.json")
+      << R"({"family": "deberta-v2", "n_layer": 2, "n_head": 2, "n_embd": 64, "ffn_hidden": 128})";
+  train::Options o = options("deberta");
+  o.model = (root_ / "deberta.json").string();
+  o.max_steps = 4;
+  o.export_hf = (root_ / "deberta" / "hf").string();
+  Recorder rec;
+  train::ClassifierTrainer t(train::plan_classifier(o, given(), builtin_.c_str()), rec);
+  t.fit();
+  ASSERT_TRUE(t.last_eval().has_value());
+  EXPECT_TRUE(std::isfinite(t.last_eval()->loss));
+  t.export_model(o.export_hf);
+  const json cfg = json::parse(std::ifstream(fs::path(o.export_hf) / "config.json"));
+  EXPECT_EQ(cfg["architectures"][0], "DebertaV2ForSequenceClassification");
+}
+
+TEST_F(ClassifierTrain, RefusesWhatDoesNotApplyByName) {
+  auto expect = [&](train::Options o, train::Given g, const std::string& part) {
+    const std::string e = error_of(o, g);
+    EXPECT_NE(e.find(part), std::string::npos) << "expected '" << part << "' in: " << e;
+  };
+  train::Options o = options("refuse");
+  train::Given g = given();
+  {
+    auto x = o;
+    x.lora_dim = 4;
+    expect(x, g, "--lora_dim");
+  }
+  {
+    auto x = o;
+    auto y = g;
+    y.sample_tokens = true;
+    expect(x, y, "--sample_tokens");
+  }
+  {
+    auto x = o;
+    x.tensor_parallel_size = 2;
+    expect(x, g, "--tensor_parallel_size");
+  }
+  {
+    auto x = o;
+    x.gradient_checkpointing = true;
+    expect(x, g, "--gradient_checkpointing");
+  }
+  {
+    auto x = o;
+    x.block_size = 64;
+    expect(x, g, "--block_size 64");
+  }
+  {
+    auto x = o;
+    x.model = "tiny";  // a GPT preset
+    expect(x, g, "--model tiny");
+  }
+  {
+    auto x = o;
+    x.init_from = (fs::path(DS_FIXTURE_DIR) / "hf_families" / "bert_cls").string();
+    expect(x, g, "--init_from");  // with --model
+  }
+  {
+    // The bert_cls fixture has another vocabulary than the data's tokenizer.
+    auto x = o;
+    auto y = g;
+    x.model.clear();
+    y.model = false;
+    x.init_from = (fs::path(DS_FIXTURE_DIR) / "hf_families" / "bert_cls").string();
+    const std::string e = error_of(x, y);
+    EXPECT_FALSE(e.empty());
+  }
+  {
+    auto x = o;
+    x.deepspeed = R"({"train_micro_batch_size_per_gpu": 4, "pipeline": {"stages": 2}})";
+    auto y = g;
+    y.deepspeed = true;
+    y.per_device_train_batch_size = false;
+    expect(x, y, "pipeline.stages");
+  }
+}
+
+#ifdef DS_TRAIN_BIN
+TEST_F(ClassifierTrain, DsTrainProcessZero3ExportAndEvalOnly) {
+  const fs::path out = root_ / "proc";
+  auto run = [&](const std::string& args, std::string* log) {
+    const fs::path file = root_ / "proc_log.txt";
+    const std::string cmd = std::string(DS_TRAIN_BIN) + " --train_data " +
+                            (root_ / "set").string() + " --threads 1 " + args + " > " +
+                            file.string() + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    std::ifstream f(file);
+    *log = {std::istreambuf_iterator<char>(f), {}};
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  std::string log;
+  ASSERT_EQ(run("--model " + (root_ / "bert_dropout.json").string() +
+                    " --max_steps 6 --per_device_train_batch_size 8 --learning_rate 1e-3 "
+                    "--deepspeed '{\"train_micro_batch_size_per_gpu\": \"auto\", "
+                    "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\"}}, "
+                    "\"zero_optimization\": {\"stage\": 3}}' --output_dir " +
+                    out.string(),
+                &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("encoder classifier run"), std::string::npos) << log;
+  EXPECT_NE(log.find("ZeRO stage 3"), std::string::npos) << log;
+  EXPECT_TRUE(fs::exists(out / "hf_model" / "model.safetensors")) << log;
+  EXPECT_TRUE(fs::exists(out / "global_step6")) << log;
+  const json res = json::parse(std::ifstream(out / "eval_results.json"));
+  const double acc = res["eval_accuracy"];
+  // --eval_only on the export prints the same accuracy.
+  ASSERT_EQ(run("--init_from " + (out / "hf_model").string() + " --eval_only --output_dir " +
+                    (root_ / "proc_eval").string(),
+                &log),
+            0)
+      << log;
+  EXPECT_NE(log.find(fmt::format("accuracy {:.4f}", acc)), std::string::npos) << log;
+  // An option that does not apply: exit 1, named.
+  EXPECT_EQ(run("--model bert-tiny --max_steps 1 --lora_dim 4 --output_dir " +
+                    (root_ / "proc_err").string(),
+                &log),
+            1);
+  EXPECT_NE(log.find("--lora_dim"), std::string::npos) << log;
+
+  // ds_prepare --task classification as a program: the report, and an option of another format
+  // refused by name (exit 2).
+  auto prepare = [&](const std::string& args) {
+    const fs::path file = root_ / "prep_log.txt";
+    const std::string cmd = std::string(DS_PREPARE_BIN) + " --task classification --tokenizer " +
+                            (fs::path(DS_FIXTURE_DIR) / "tokenizers" / "bert_wordpiece").string() +
+                            " " + args + " > " + file.string() + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    std::ifstream f(file);
+    log = {std::istreambuf_iterator<char>(f), {}};
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  const std::string inputs =
+      " " + (root_ / "train.jsonl").string() + " " + (root_ / "dev.jsonl").string();
+  ASSERT_EQ(prepare("--seq_len 32 --labels no,yes --val_files 'dev*' --output " +
+                    (root_ / "prep").string() + inputs),
+            1)
+      << log;  // integer labels 0/1 are not the names no/yes (dev.jsonl is read first)
+  EXPECT_NE(log.find("dev.jsonl:1: field 'label': '"), std::string::npos) << log;
+  ASSERT_EQ(
+      prepare("--seq_len 32 --val_files 'dev*' --output " + (root_ / "prep").string() + inputs), 0)
+      << log;
+  EXPECT_NE(log.find("train: 640 examples"), std::string::npos) << log;
+  EXPECT_NE(log.find("val  : 160 examples"), std::string::npos) << log;
+  EXPECT_EQ(prepare("--val_from_year 2001 --output " + (root_ / "prep2").string() + inputs), 2);
+  EXPECT_NE(log.find("--val_from_year does not apply to --task classification"), std::string::npos)
+      << log;
+}
+
+#ifdef DS_LAUNCHER_EXE
+// Two ranks under ZeRO-3 train on the same global batches as one process (micro-batch 4 x 2
+// ranks = 8): the same losses and scores within fp32 summation order.
+TEST_F(ClassifierTrain, TwoRanksZero3MatchOneProcess) {
+  auto run = [&](const std::string& launcher, const std::string& args, std::string* log) {
+    const fs::path file = root_ / "ranks_log.txt";
+    const std::string cmd =
+        launcher + std::string(DS_TRAIN_BIN) + " --train_data " + (root_ / "set").string() +
+        " --model " + (root_ / "bert_nodrop.json").string() +
+        " --threads 1 --max_steps 6 --learning_rate 1e-3 --eval_steps 3 "
+        "--deepspeed '{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": "
+        "\"auto\", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": "
+        "\"auto\"}}, \"zero_optimization\": {\"stage\": 3, "
+        "\"stage3_param_persistence_threshold\": 0}}' " +
+        args + " > " + file.string() + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    std::ifstream f(file);
+    *log = {std::istreambuf_iterator<char>(f), {}};
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  std::string log;
+  const fs::path one = root_ / "ranks1", two = root_ / "ranks2";
+  ASSERT_EQ(run("", "--output_dir " + one.string(), &log), 0) << log;
+  ASSERT_EQ(
+      run(std::string(DS_LAUNCHER_EXE) + " --num_procs 2 ", "--output_dir " + two.string(), &log),
+      0)
+      << log;
+  EXPECT_NE(log.find("micro-batch 4 x accumulation 1"), std::string::npos) << log;
+  auto column = [](const fs::path& f) {
+    std::vector<double> v;
+    std::ifstream in(f);
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) v.push_back(std::stod(line.substr(line.rfind(',') + 1)));
+    return v;
+  };
+  for (const char* name :
+       {"Train_Samples_train_loss", "Eval_Samples_eval_loss", "Eval_Samples_eval_accuracy"}) {
+    const auto a = column(one / "metrics" / (std::string(name) + ".csv")),
+               b = column(two / "metrics" / (std::string(name) + ".csv"));
+    ASSERT_EQ(a.size(), b.size()) << name;
+    ASSERT_FALSE(a.empty()) << name;
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_NEAR(b[i], a[i], 1e-4 * std::abs(a[i]) + 1e-6) << name;
+  }
+  EXPECT_TRUE(fs::exists(two / "hf_model" / "model.safetensors"));
+}
+#endif
+#endif
+
+}  // namespace
