@@ -9,3 +9,6 @@ ds_add_test(test_hf_families LABELS finetune parity families SOURCES ${CMAKE_CUR
 # BERT / RoBERTa sequence classifiers against transformers (tests/fixtures/hf_families/{bert_cls,
 # roberta_cls,bert_regression}, written by tools/gen_encoder_fixture.py).
 ds_add_test(test_hf_encoders LABELS parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_encoders.cpp)
+# BART / BlenderBot encoder-decoders against transformers (tests/fixtures/hf_families/{bart_s2s,
+# bart_relu_scaled,blenderbot_s2s}, written by tools/gen_seq2seq_fixture.py).
+ds_add_test(test_hf_seq2seq LABELS parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_seq2seq.cpp)
