@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -179,14 +180,46 @@ TEST_P(HFSeq2Seq, SourcePaddingIsMasked) {
   EXPECT_LE(rel_err(m->logits(in).to_vector(), before), 1e-6);
 }
 
+// generate(num_beams=1, do_sample=False, max_new_tokens=8) token for token, with the KV cache and
+// recomputing the prefix; then with an eos that ends row 0 early (its later tokens are pad).
 TEST_P(HFSeq2Seq, GreedyGenerationMatchesTransformers) {
   auto m = import(case_dir(GetParam()));
-  const Tensor want = ref_->get("generated");
   models::GreedyOptions opt;
   opt.max_new_tokens = std::stoll(ref_->metadata().at("max_new_tokens"));
-  const Tensor got = m->generate_greedy(ref_->get("input_ids"), ref_->get("attention_mask"), opt);
-  EXPECT_EQ(got.shape(), want.shape());
-  EXPECT_EQ(got.to_int_vector(), want.to_int_vector());
+  for (bool cache : {true, false}) {
+    opt.use_cache = cache;
+    opt.eos_token_id = -2;  // the config's
+    Tensor want = ref_->get("generated");
+    Tensor got = m->generate_greedy(ref_->get("input_ids"), ref_->get("attention_mask"), opt);
+    EXPECT_EQ(got.shape(), want.shape()) << "use_cache " << cache;
+    EXPECT_EQ(got.to_int_vector(), want.to_int_vector()) << "use_cache " << cache;
+    opt.eos_token_id = std::stoll(ref_->metadata().at("generated_eos"));
+    want = ref_->get("generated_eos");
+    got = m->generate_greedy(ref_->get("input_ids"), ref_->get("attention_mask"), opt);
+    EXPECT_EQ(got.shape(), want.shape()) << "use_cache " << cache << ", eos " << opt.eos_token_id;
+    EXPECT_EQ(got.to_int_vector(), want.to_int_vector())
+        << "use_cache " << cache << ", eos " << opt.eos_token_id;
+  }
+}
+
+// The KV-cached decoder step computes the logits of the whole-prefix decoder.
+TEST_P(HFSeq2Seq, CachedStepsGiveTheFullDecoderLogits) {
+  auto m = import(case_dir(GetParam()));
+  const Tensor ids = ref_->get("input_ids"), mask = ref_->get("attention_mask");
+  models::GreedyOptions opt;
+  opt.max_new_tokens = 6;
+  opt.eos_token_id = opt.forced_eos_token_id = -1;        // six steps, every row
+  const Tensor seq = m->generate_greedy(ids, mask, opt);  // (B, 7), with the cache
+  const Tensor full = m->decode(seq, m->encode(ids, mask), mask);
+  // The greedy choice at every position is the full decoder's argmax.
+  const std::vector<float> lg = full.to_vector();
+  const std::vector<int64_t> s = seq.to_int_vector();
+  const int64_t B = seq.size(0), T = seq.size(1), V = full.size(2);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t + 1 < T; ++t) {
+      const float* row = lg.data() + (b * T + t) * V;
+      EXPECT_EQ(std::max_element(row, row + V) - row, s[b * T + t + 1]) << b << ", " << t;
+    }
 }
 
 TEST_P(HFSeq2Seq, ExportRoundTrip) {

@@ -14,6 +14,8 @@ model.safetensors) and reference.safetensors:
   generated (I64, (B, 1 + N)): generate(input_ids, attention_mask, num_beams=1, do_sample=False,
   max_new_tokens=N, min_length=0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0) with the config's eos / pad /
   forced_eos_token_id; the first column is decoder_start_token_id
+  generated_eos (I64): the same with eos_token_id = generated[0, 2] (metadata generated_eos):
+  rows that end are padded with pad_token_id, and generation stops when every row has ended
 The reference runs transformers itself in float64 (eager attention, eval mode: dropout off) from
 the saved weights, so the C++ test sees its own fp32 rounding alone. final_logits_bias (a buffer,
 zero at init) is randomised too so that its path is checked.
@@ -67,6 +69,11 @@ CASES = {
 }
 
 
+# Seeds moved off sum(ord(name)) where that drew a model whose greedy output is one repeated
+# token: the generation test wants rows that differ.
+SEED_SHIFT = {"blenderbot_s2s": 2}
+
+
 def randomize(model, gen):
     """Weights well away from transformers' N(0, 0.02) init, so that every path matters."""
     with torch.no_grad():
@@ -108,7 +115,7 @@ def write_case(out, name):
     cls, fields = CASES[name]
     folder = os.path.join(out, name)
     shutil.rmtree(folder, ignore_errors=True)
-    gen = torch.Generator().manual_seed(sum(map(ord, name)))
+    gen = torch.Generator().manual_seed(sum(map(ord, name)) + SEED_SHIFT.get(name, 0))
     cfg = cls(**fields)
     model = AutoModelForSeq2SeqLM.from_config(cfg, attn_implementation="eager")
     randomize(model, gen)
@@ -132,11 +139,22 @@ def write_case(out, name):
                                pad_token_id=ref.config.pad_token_id,
                                decoder_start_token_id=ref.config.decoder_start_token_id)
     tensors["generated"] = gen_ids
+    # The same with eos_token_id = the token row 0 generated second: row 0 ends early and is
+    # padded, the others go on (or, when every row ends, generation stops before NEW tokens).
+    eos = int(gen_ids[0, 2])
+    with torch.no_grad():
+        tensors["generated_eos"] = ref.generate(
+            input_ids=ids, attention_mask=mask, num_beams=1, do_sample=False, max_new_tokens=NEW,
+            min_length=0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0,
+            forced_bos_token_id=None, forced_eos_token_id=ref.config.forced_eos_token_id,
+            eos_token_id=eos, pad_token_id=ref.config.pad_token_id,
+            decoder_start_token_id=ref.config.decoder_start_token_id)
     meta = {"transformers": transformers.__version__, "torch": torch.__version__,
-            "class": type(ref).__name__, "max_new_tokens": str(NEW)}
+            "class": type(ref).__name__, "max_new_tokens": str(NEW), "generated_eos": str(eos)}
     save_file({k: v.contiguous() for k, v in tensors.items()},
               os.path.join(folder, "reference.safetensors"), metadata=meta)
     print(f"{name}: loss {res.loss.item():.6f}, generated {gen_ids.tolist()}, "
+          f"with eos {eos}: {tensors['generated_eos'].tolist()}, "
           f"files {sorted(os.listdir(folder))}")
 
 

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -278,12 +280,17 @@ class Seq2Seq::Attention : public nn::Module {
   // x (B, Tq, C) attends to kv (B, Tk, C) -> (B, Tq, C).
   Tensor attend(const Tensor& x, const Tensor& kv, const ops::AttentionMask& mask, float attn_p,
                 bool training) {
-    const int64_t B = x.size(0), Tq = x.size(1), Tk = kv.size(1), C = x.size(2), NH = n_head_;
-    auto heads = [&](nn::Linear& proj, const Tensor& in, int64_t T) {
-      return ops::contiguous(ops::transpose(ops::reshape(proj(in), {B, T, NH, C / NH}), 1, 2));
-    };
-    const Tensor q = heads(*q_proj_, x, Tq), k = heads(*k_proj_, kv, Tk),
-                 v = heads(*v_proj_, kv, Tk);
+    return attend_heads(x, heads(*k_proj_, kv), heads(*v_proj_, kv), mask, attn_p, training);
+  }
+  // The keys and values of kv (B, Tk, C) as (B, NH, Tk, hd) each.
+  std::pair<Tensor, Tensor> keys_values(const Tensor& kv) {
+    return {heads(*k_proj_, kv), heads(*v_proj_, kv)};
+  }
+  // x (B, Tq, C) attends to given keys and values (B, NH, Tk, hd) -> (B, Tq, C).
+  Tensor attend_heads(const Tensor& x, const Tensor& k, const Tensor& v,
+                      const ops::AttentionMask& mask, float attn_p, bool training) {
+    const int64_t B = x.size(0), Tq = x.size(1), C = x.size(2);
+    const Tensor q = heads(*q_proj_, x);
     Tensor a = training && attn_p > 0.0f ? formed_attention(q, k, v, mask, attn_p)
                                          : ops::attention(q, k, v, mask);  // (B, NH, Tq, hd)
     a = ops::reshape(ops::contiguous(ops::transpose(a, 1, 2)), {B, Tq, C});
@@ -291,8 +298,20 @@ class Seq2Seq::Attention : public nn::Module {
   }
 
  private:
+  Tensor heads(nn::Linear& proj, const Tensor& in) {  // (B, T, C) -> (B, NH, T, hd)
+    const int64_t B = in.size(0), T = in.size(1), C = in.size(2), NH = n_head_;
+    return ops::contiguous(ops::transpose(ops::reshape(proj(in), {B, T, NH, C / NH}), 1, 2));
+  }
+
   int64_t n_head_;
   std::shared_ptr<nn::Linear> q_proj_, k_proj_, v_proj_, out_proj_;
+};
+
+// One decoder layer's keys and values during generation: self-attention's grow by one position a
+// step, cross-attention's are the encoder output's, projected once.
+struct Seq2Seq::LayerCache {
+  Tensor self_k, self_v;    // (B, NH, t, hd)
+  Tensor cross_k, cross_v;  // (B, NH, S, hd)
 };
 
 // One encoder or decoder layer (BartEncoderLayer / BartDecoderLayer, pre- or post-LN).
@@ -316,7 +335,16 @@ class Seq2Seq::Layer : public nn::Module {
         register_module("final_layer_norm", std::make_shared<nn::LayerNorm>(C, c.norm_eps));
   }
 
-  Tensor forward(const Tensor& x_in) override {  // (B, T, C) -> (B, T, C)
+  Tensor forward(const Tensor& x) override {  // (B, T, C) -> (B, T, C)
+    return run(x, nullptr);
+  }
+
+  // Generation: x (B, 1, C) is the next position; `cache` holds the earlier positions' keys and
+  // values (appended to here) and the encoder output's (projected on the first call).
+  Tensor step(const Tensor& x, LayerCache& cache) { return run(x, &cache); }
+
+ private:
+  Tensor run(const Tensor& x_in, LayerCache* cache) {
     const bool tr = is_training();
     const float p = c_.dropout;
     // A residual sublayer: pre-LN x + f(LN(x)), post-LN LN(x + f(x)).
@@ -325,11 +353,22 @@ class Seq2Seq::Layer : public nn::Module {
       return norm(ops::add(x, ops::dropout(f(x), p, tr)));
     };
     Tensor x = residual(x_in, *self_norm_, [&](const Tensor& h) {
-      return self_attn_->attend(h, h, ctx_->self_mask, c_.attention_dropout, tr);
+      if (!cache) return self_attn_->attend(h, h, ctx_->self_mask, c_.attention_dropout, tr);
+      auto [k, v] = self_attn_->keys_values(h);
+      cache->self_k = cache->self_k.defined() ? ops::concat({cache->self_k, k}, 2) : k;
+      cache->self_v = cache->self_v.defined() ? ops::concat({cache->self_v, v}, 2) : v;
+      ops::AttentionMask all;  // the one query is the last position: it sees every key
+      all.causal = false;
+      return self_attn_->attend_heads(h, cache->self_k, cache->self_v, all, 0.0f, false);
     });
     if (cross_attn_)
       x = residual(x, *cross_norm_, [&](const Tensor& h) {
-        return cross_attn_->attend(h, ctx_->memory, ctx_->cross_mask, c_.attention_dropout, tr);
+        if (!cache)
+          return cross_attn_->attend(h, ctx_->memory, ctx_->cross_mask, c_.attention_dropout, tr);
+        if (!cache->cross_k.defined())
+          std::tie(cache->cross_k, cache->cross_v) = cross_attn_->keys_values(ctx_->memory);
+        return cross_attn_->attend_heads(h, cache->cross_k, cache->cross_v, ctx_->cross_mask, 0.0f,
+                                         false);
       });
     return residual(x, *final_norm_, [&](const Tensor& h) {
       Tensor f = ops::dropout(activate((*fc1_)(h), c_.activation), c_.activation_dropout, tr);
@@ -337,7 +376,6 @@ class Seq2Seq::Layer : public nn::Module {
     });
   }
 
- private:
   const Seq2SeqConfig& c_;
   std::shared_ptr<Context> ctx_;
   std::shared_ptr<Attention> self_attn_, cross_attn_;
@@ -369,16 +407,7 @@ class Seq2Seq::Stack : public nn::Module {
   // tokens (B, T, C): the scaled token embeddings -> the stack's output (B, T, C).
   Tensor run(const Tensor& tokens, std::vector<int64_t> self_lengths, Tensor memory,
              std::vector<int64_t> cross_lengths) {
-    const int64_t T = tokens.size(1);
-    DS_CHECK(T <= c_.max_positions,
-             "[seq2seq] sequence length {} exceeds max_position_embeddings {}", T,
-             c_.max_positions);
-    std::vector<int64_t> pos(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(t)] = t + c_.position_offset;
-    Tensor x = ops::add(tokens, (*positions_)(on_device(Tensor::from_ints(pos, {T}),
-                                                        tokens.device())));  // (B, T, C)
-    if (emb_norm_) x = (*emb_norm_)(x);
-    x = ops::dropout(x, c_.dropout, is_training());
+    Tensor x = embed(tokens, 0);
     ctx_->self_mask.key_lengths = std::move(self_lengths);
     ctx_->cross_mask.key_lengths = std::move(cross_lengths);
     ctx_->memory = std::move(memory);
@@ -388,7 +417,35 @@ class Seq2Seq::Stack : public nn::Module {
     return x;
   }
 
+  // Generation (decoder): tokens (B, 1, C) at position pos -> (B, 1, C), with the layers' caches
+  // (one per layer, created on the first step).
+  Tensor step(const Tensor& tokens, int64_t pos, const Tensor& memory,
+              std::vector<int64_t> cross_lengths, std::vector<LayerCache>& caches) {
+    Tensor x = embed(tokens, pos);
+    ctx_->cross_mask.key_lengths = std::move(cross_lengths);
+    ctx_->memory = memory;
+    caches.resize(layers_.size());
+    for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->step(x, caches[i]);
+    ctx_->memory = Tensor();
+    if (final_norm_) x = (*final_norm_)(x);
+    return x;
+  }
+
  private:
+  // tokens (B, T, C) at positions pos0.. -> + positions, embedding norm, dropout.
+  Tensor embed(const Tensor& tokens, int64_t pos0) {
+    const int64_t T = tokens.size(1);
+    DS_CHECK(pos0 + T <= c_.max_positions,
+             "[seq2seq] sequence length {} exceeds max_position_embeddings {}", pos0 + T,
+             c_.max_positions);
+    std::vector<int64_t> pos(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(t)] = pos0 + t + c_.position_offset;
+    Tensor x = ops::add(tokens, (*positions_)(on_device(Tensor::from_ints(pos, {T}),
+                                                        tokens.device())));  // (B, T, C)
+    if (emb_norm_) x = (*emb_norm_)(x);
+    return ops::dropout(x, c_.dropout, is_training());
+  }
+
   const Seq2SeqConfig& c_;
   std::shared_ptr<Context> ctx_;
   std::shared_ptr<nn::Embedding> positions_;
@@ -530,6 +587,16 @@ Tensor Seq2Seq::loss(const Tensor& ids, const Tensor& labels) {
   return loss(Seq2SeqInputs{ids, {}, {}, labels});
 }
 
+Tensor Seq2Seq::decode_step(const Tensor& ids, int64_t pos, const Tensor& memory,
+                            const Tensor& attention_mask, std::vector<LayerCache>& caches) {
+  auto lens = key_lengths(attention_mask, memory.size(0), memory.size(1));
+  Tensor h =
+      decoder_->step(scaled_tokens(*shared_, ids, config_), pos, memory, std::move(lens), caches);
+  Tensor lg = (*lm_head_)(h);  // (B, 1, V)
+  return ops::add(lg, final_logits_bias_.dtype() == lg.dtype() ? final_logits_bias_
+                                                               : final_logits_bias_.to(lg.dtype()));
+}
+
 Tensor Seq2Seq::generate_greedy(const Tensor& input_ids, const Tensor& attention_mask,
                                 const GreedyOptions& opt) {
   DS_CHECK(opt.max_new_tokens >= 1, "[seq2seq] max_new_tokens must be at least 1, got {}",
@@ -548,13 +615,22 @@ Tensor Seq2Seq::generate_greedy(const Tensor& input_ids, const Tensor& attention
   const Tensor memory = encode(input_ids, attention_mask);
   std::vector<std::vector<int64_t>> seqs(static_cast<size_t>(B), {config_.decoder_start_token_id});
   std::vector<bool> done(static_cast<size_t>(B), false);
+  std::vector<LayerCache> caches;
   const int64_t max_length = 1 + opt.max_new_tokens;
   for (int64_t step = 0; step < opt.max_new_tokens; ++step) {
     const int64_t cur = step + 1;
-    std::vector<int64_t> flat;
-    for (const auto& s : seqs) flat.insert(flat.end(), s.begin(), s.end());
-    const Tensor dec = on_device(Tensor::from_ints(flat, {B, cur}), input_ids.device());
-    const Tensor last = ops::slice(decode(dec, memory, attention_mask), 1, cur - 1, cur);
+    Tensor last;  // (B, 1, V): the logits of the newest position
+    if (opt.use_cache) {
+      std::vector<int64_t> newest;
+      for (const auto& s : seqs) newest.push_back(s.back());
+      last = decode_step(on_device(Tensor::from_ints(newest, {B, 1}), input_ids.device()), cur - 1,
+                         memory, attention_mask, caches);
+    } else {
+      std::vector<int64_t> flat;
+      for (const auto& s : seqs) flat.insert(flat.end(), s.begin(), s.end());
+      const Tensor dec = on_device(Tensor::from_ints(flat, {B, cur}), input_ids.device());
+      last = ops::slice(decode(dec, memory, attention_mask), 1, cur - 1, cur);
+    }
     const std::vector<float> lg = ops::contiguous(last).to(DType::f32).to_vector();  // (B, V)
     bool all_done = true;
     for (int64_t b = 0; b < B; ++b) {

@@ -116,6 +116,10 @@ struct GreedyOptions {
   // only token allowed at the last step (transformers' ForcedEOSTokenLogitsProcessor).
   int64_t eos_token_id = -2;
   int64_t forced_eos_token_id = -2;
+  // Keep each decoder layer's keys and values (self-attention's growing, cross-attention's
+  // projected once) and run one position per step; false recomputes the whole prefix each step
+  // (the same tokens: a check of the cache).
+  bool use_cache = true;
 };
 
 class Seq2Seq : public nn::Module {
@@ -138,9 +142,9 @@ class Seq2Seq : public nn::Module {
   // Mean cross entropy of logits(in) against in.labels (ignore_index -100) -> scalar.
   Tensor loss(const Seq2SeqInputs& in);
 
-  // Greedy generation: the encoder runs once, the decoder recomputes the whole prefix each step
-  // (no KV cache yet). -> (B, 1 + n) i64 on the host: decoder_start_token_id, then the tokens;
-  // stops early when every row has ended (n < max_new_tokens), as transformers.
+  // Greedy generation: the encoder runs once, the decoder one position per step with a KV cache
+  // (GreedyOptions::use_cache). -> (B, 1 + n) i64 on the host: decoder_start_token_id, then the
+  // tokens; stops early when every row has ended (n < max_new_tokens), as transformers.
   Tensor generate_greedy(const Tensor& input_ids, const Tensor& attention_mask,
                          const GreedyOptions& opt = {});
 
@@ -158,12 +162,18 @@ class Seq2Seq : public nn::Module {
   class Attention;
   class Layer;
   class Stack;
+  struct LayerCache;
   Seq2SeqConfig config_;
   std::shared_ptr<nn::Embedding> shared_;
   std::shared_ptr<Stack> encoder_, decoder_;
   std::shared_ptr<nn::Linear> lm_head_;  // tied to shared_
   Tensor final_logits_bias_;
   mutable std::vector<std::string> param_names_;
+
+  // Logits (B, 1, V) of the decoder input ids (B, 1) at position pos, the earlier positions'
+  // keys and values in caches (one per decoder layer; filled on the first step).
+  Tensor decode_step(const Tensor& ids, int64_t pos, const Tensor& memory,
+                     const Tensor& attention_mask, std::vector<LayerCache>& caches);
 };
 
 }  // namespace ds::models
