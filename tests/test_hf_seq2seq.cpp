@@ -165,6 +165,26 @@ TEST_P(HFSeq2Seq, LogitsLossAndEveryGradientMatchTransformers) {
               GetParam().c_str(), e_logits, e_loss, worst, worst_name.c_str(), worst_zero);
 }
 
+// Training with attention_dropout forms the probabilities (softmax of masked scores, then
+// dropout) instead of running the fused kernel, in the encoder, the causal decoder and the
+// cross-attention. At p = 1e-7 nothing is dropped in this batch, so that path is transformers'
+// eager attention: the same logits and loss, the 1/(1-p) scaling adding ~1e-7.
+TEST_P(HFSeq2Seq, AttentionDropoutPathMatchesTransformers) {
+  auto cfg = models::read_hf_seq2seq_config(case_dir(GetParam()));
+  cfg->dropout = cfg->activation_dropout = 0.0f;
+  cfg->attention_dropout = 1e-7f;
+  models::Seq2Seq m(*cfg, /*init=*/false);
+  models::load_hf_seq2seq_weights(m, case_dir(GetParam()));
+  m.train(false);
+  const std::vector<float> fused = m.logits(batch()).to_vector();
+  m.train(true);
+  const std::vector<float> formed = m.logits(batch()).to_vector();
+  EXPECT_NE(formed, fused);  // another computation: the formed path ran
+  EXPECT_LE(rel_err(formed, ref_->get("logits").to_vector()), kTol);
+  const double ref = ref_->get("loss").item();
+  EXPECT_LE(std::abs(m.loss(batch()).item() - ref) / ref, kTol);
+}
+
 // The pad row of model.shared gets a gradient from the tied lm_head only: the same as
 // transformers' (checked above) and different from the other rows' embedding path. Here: padded
 // source tokens do not change the logits of the real ones.
