@@ -222,6 +222,47 @@ TEST_P(HFSeq2Seq, GreedyGenerationMatchesTransformers) {
   }
 }
 
+// generate(num_beams, length_penalty, no_repeat_ngram_size, encoder_no_repeat_ngram_size,
+// min_length, early_stopping false / true / never, forced eos) token for token, with the KV
+// cache (reordered with the beams) and recomputing the prefix. The settings are the generator's
+// BEAMS; "early" ends hypotheses early with an eos the model emits often.
+TEST_P(HFSeq2Seq, BeamSearchMatchesTransformers) {
+  auto m = import(case_dir(GetParam()));
+  struct Setting {
+    const char* name;
+    models::BeamOptions opt;
+  };
+  std::vector<Setting> settings(3);
+  settings[0] = {"a", {}};
+  settings[0].opt.num_beams = 4;
+  settings[0].opt.length_penalty = 0.8f;
+  settings[0].opt.no_repeat_ngram_size = 2;
+  settings[0].opt.min_length = 3;
+  settings[0].opt.early_stopping = "false";
+  settings[1] = {"b", {}};
+  settings[1].opt.num_beams = 3;
+  settings[1].opt.length_penalty = 1.5f;
+  settings[1].opt.encoder_no_repeat_ngram_size = 2;
+  settings[1].opt.early_stopping = "true";
+  settings[2] = {"c", {}};
+  settings[2].opt.num_beams = 2;
+  settings[2].opt.length_penalty = -0.5f;
+  settings[2].opt.no_repeat_ngram_size = 3;
+  settings[2].opt.early_stopping = "never";
+  for (auto& [name, opt] : settings) {
+    const std::string key = std::string("beam_") + name;
+    opt.max_new_tokens = std::stoll(ref_->metadata().at("max_new_tokens"));
+    opt.eos_token_id = std::stoll(ref_->metadata().at(key + "_eos"));
+    const Tensor want = ref_->get(key);
+    for (bool cache : {true, false}) {
+      opt.use_cache = cache;
+      const Tensor got = m->generate_beam(ref_->get("input_ids"), ref_->get("attention_mask"), opt);
+      EXPECT_EQ(got.shape(), want.shape()) << key << ", use_cache " << cache;
+      EXPECT_EQ(got.to_int_vector(), want.to_int_vector()) << key << ", use_cache " << cache;
+    }
+  }
+}
+
 // The KV-cached decoder step computes the logits of the whole-prefix decoder.
 TEST_P(HFSeq2Seq, CachedStepsGiveTheFullDecoderLogits) {
   auto m = import(case_dir(GetParam()));

@@ -16,6 +16,7 @@ model.safetensors) and reference.safetensors:
   forced_eos_token_id; the first column is decoder_start_token_id
   generated_eos (I64): the same with eos_token_id = generated[0, 2] (metadata generated_eos):
   rows that end are padded with pad_token_id, and generation stops when every row has ended
+  beam_<a|b|c> (I64): beam search with the settings of BEAMS (metadata beam_<x>_eos: its eos)
 The reference runs transformers itself in float64 (eager attention, eval mode: dropout off) from
 the saved weights, so the C++ test sees its own fp32 rounding alone. final_logits_bias (a buffer,
 zero at init) is randomised too so that its path is checked.
@@ -68,6 +69,17 @@ CASES = {
                                               scale_embedding=True)),
 }
 
+
+# Beam-search settings: generate(**fields, do_sample=False, max_new_tokens=NEW); eos "config" is the
+# config's eos_token_id, "early" the token row 0 generated second greedily (beams end early).
+BEAMS = {
+    "a": dict(num_beams=4, length_penalty=0.8, no_repeat_ngram_size=2, min_length=3,
+              encoder_no_repeat_ngram_size=0, early_stopping=False, eos="config"),
+    "b": dict(num_beams=3, length_penalty=1.5, no_repeat_ngram_size=0, min_length=0,
+              encoder_no_repeat_ngram_size=2, early_stopping=True, eos="early"),
+    "c": dict(num_beams=2, length_penalty=-0.5, no_repeat_ngram_size=3, min_length=0,
+              encoder_no_repeat_ngram_size=0, early_stopping="never", eos="early"),
+}
 
 # Seeds moved off sum(ord(name)) where that drew a model whose greedy output is one repeated
 # token: the generation test wants rows that differ.
@@ -149,12 +161,24 @@ def write_case(out, name):
             forced_bos_token_id=None, forced_eos_token_id=ref.config.forced_eos_token_id,
             eos_token_id=eos, pad_token_id=ref.config.pad_token_id,
             decoder_start_token_id=ref.config.decoder_start_token_id)
+    # Beam search, two settings (BEAMS); "beam_<name>" holds generate's output for each.
     meta = {"transformers": transformers.__version__, "torch": torch.__version__,
             "class": type(ref).__name__, "max_new_tokens": str(NEW), "generated_eos": str(eos)}
+    for bname, opts in BEAMS.items():
+        kw = dict(opts)
+        kw["eos_token_id"] = eos if kw.pop("eos") == "early" else ref.config.eos_token_id
+        with torch.no_grad():
+            tensors["beam_" + bname] = ref.generate(
+                input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW,
+                forced_bos_token_id=None, forced_eos_token_id=ref.config.forced_eos_token_id,
+                pad_token_id=ref.config.pad_token_id,
+                decoder_start_token_id=ref.config.decoder_start_token_id, **kw)
+        meta["beam_" + bname + "_eos"] = str(kw["eos_token_id"])
     save_file({k: v.contiguous() for k, v in tensors.items()},
               os.path.join(folder, "reference.safetensors"), metadata=meta)
     print(f"{name}: loss {res.loss.item():.6f}, generated {gen_ids.tolist()}, "
           f"with eos {eos}: {tensors['generated_eos'].tolist()}, "
+          f"beams {[tensors['beam_' + b].tolist() for b in BEAMS]}, "
           f"files {sorted(os.listdir(folder))}")
 
 

@@ -307,13 +307,6 @@ class Seq2Seq::Attention : public nn::Module {
   std::shared_ptr<nn::Linear> q_proj_, k_proj_, v_proj_, out_proj_;
 };
 
-// One decoder layer's keys and values during generation: self-attention's grow by one position a
-// step, cross-attention's are the encoder output's, projected once.
-struct Seq2Seq::LayerCache {
-  Tensor self_k, self_v;    // (B, NH, t, hd)
-  Tensor cross_k, cross_v;  // (B, NH, S, hd)
-};
-
 // One encoder or decoder layer (BartEncoderLayer / BartDecoderLayer, pre- or post-LN).
 class Seq2Seq::Layer : public nn::Module {
  public:

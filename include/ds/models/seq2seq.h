@@ -122,6 +122,23 @@ struct GreedyOptions {
   bool use_cache = true;
 };
 
+// Beam search options (transformers' generate(num_beams > 1, do_sample=False) with its logits
+// processors). Lengths count the decoder start token, as transformers' max_length / min_length.
+struct BeamOptions {
+  int64_t num_beams = 4;
+  int64_t max_new_tokens = 20;
+  int64_t min_length = 0;       // eos is banned while the sequence is shorter
+  float length_penalty = 1.0f;  // finished score = sum log p / (generated tokens)^length_penalty
+  int64_t no_repeat_ngram_size = 0;          // 0 = off
+  int64_t encoder_no_repeat_ngram_size = 0;  // n-grams of the source row are not repeated
+  // transformers' early_stopping: "false" (its heuristic), "true" (stop once num_beams
+  // hypotheses finished), "never" (the canonical search).
+  std::string early_stopping = "false";
+  int64_t eos_token_id = -2;         // -2 = the config's; -1 = none
+  int64_t forced_eos_token_id = -2;  // -2 = the config's; -1 = none
+  bool use_cache = true;             // as GreedyOptions::use_cache
+};
+
 class Seq2Seq : public nn::Module {
  public:
   // Validates, builds and (unless init is false) initialises: Linear and Embedding weights
@@ -147,6 +164,13 @@ class Seq2Seq : public nn::Module {
   // tokens; stops early when every row has ended (n < max_new_tokens), as transformers.
   Tensor generate_greedy(const Tensor& input_ids, const Tensor& attention_mask,
                          const GreedyOptions& opt = {});
+  // Beam search (src/models/seq2seq_beam.cpp), transformers' algorithm step for step: the
+  // 2 * num_beams best continuations of all beams, finished ones (eos or max length) scored with
+  // the length penalty into a num_beams-best list, the others continuing. -> (B, 1 + n) i64 on the
+  // host: each row's best hypothesis; rows shorter than the longest are filled with pad_token_id
+  // (eos when pad_token_id is 0, as transformers).
+  Tensor generate_beam(const Tensor& input_ids, const Tensor& attention_mask,
+                       const BeamOptions& opt = {});
 
   // nn::Module's one-tensor forms: source ids (B, S) without padding -> logits of the decoder
   // input shift_tokens_right(ids) (forward); loss(ids, labels): labels (B, T) with -100 ignored.
@@ -162,7 +186,12 @@ class Seq2Seq : public nn::Module {
   class Attention;
   class Layer;
   class Stack;
-  struct LayerCache;
+  // One decoder layer's keys and values during generation: self-attention's grow by one
+  // position a step (B, NH, t, hd), cross-attention's are the encoder output's (B, NH, S, hd),
+  // projected once.
+  struct LayerCache {
+    Tensor self_k, self_v, cross_k, cross_v;
+  };
   Seq2SeqConfig config_;
   std::shared_ptr<nn::Embedding> shared_;
   std::shared_ptr<Stack> encoder_, decoder_;
