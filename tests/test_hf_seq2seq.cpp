@@ -390,6 +390,55 @@ TEST(HFSeq2SeqConfig, FieldsThatChangeTheMathAreRefusedByName) {
   EXPECT_EQ(c.position_offset, 0);
 }
 
+// config.json of published checkpoints in their 4.x form (as on the Hub, labels and
+// task_specific_params left out), with transformers 5.24's parameter counts of
+// BartForConditionalGeneration / BlenderbotForConditionalGeneration built from them.
+TEST(HFSeq2SeqConfig, PublishedConfigs) {
+  const json bart_large = json::parse(R"({"activation_dropout":0.1,"activation_function":"gelu",
+    "add_bias_logits":false,"add_final_layer_norm":false,"architectures":["BartModel"],
+    "attention_dropout":0.1,"bos_token_id":0,"classif_dropout":0.1,"classifier_dropout":0.0,
+    "d_model":1024,"decoder_attention_heads":16,"decoder_ffn_dim":4096,"decoder_layerdrop":0.0,
+    "decoder_layers":12,"decoder_start_token_id":2,"dropout":0.1,"early_stopping":true,
+    "encoder_attention_heads":16,"encoder_ffn_dim":4096,"encoder_layerdrop":0.0,
+    "encoder_layers":12,"eos_token_id":2,"forced_eos_token_id":2,"gradient_checkpointing":false,
+    "init_std":0.02,"is_encoder_decoder":true,"max_position_embeddings":1024,"model_type":"bart",
+    "no_repeat_ngram_size":3,"normalize_before":false,"num_beams":4,"num_hidden_layers":12,
+    "pad_token_id":1,"scale_embedding":false,"transformers_version":"4.12.0.dev0",
+    "use_cache":true,"vocab_size":50265})");
+  const json blenderbot = json::parse(R"({"activation_dropout":0.0,"activation_function":"gelu",
+    "add_bias_logits":false,"add_final_layer_norm":true,
+    "architectures":["BlenderbotForConditionalGeneration"],"attention_dropout":0.0,
+    "bos_token_id":1,"classif_dropout":0.0,"d_model":1280,"decoder_attention_heads":32,
+    "decoder_ffn_dim":5120,"decoder_layerdrop":0.0,"decoder_layers":12,
+    "decoder_start_token_id":1,"do_blenderbot_90_layernorm":true,"dropout":0.1,
+    "encoder_attention_heads":32,"encoder_ffn_dim":5120,"encoder_layerdrop":0.0,
+    "encoder_layers":2,"encoder_no_repeat_ngram_size":3,"eos_token_id":2,
+    "extra_layer_norm":false,"extra_pos_embeddings":0,"force_bos_token_to_be_generated":false,
+    "forced_eos_token_id":2,"init_std":0.02,"is_encoder_decoder":true,
+    "layernorm_variant":"prelayernorm","length_penalty":0.65,"max_length":60,
+    "max_position_embeddings":128,"min_length":20,"model_type":"blenderbot",
+    "no_repeat_ngram_size":3,"normalize_before":true,"normalize_embedding":false,
+    "num_beams":10,"num_hidden_layers":2,"pad_token_id":0,"scale_embedding":true,
+    "static_position_embeddings":false,"transformers_version":"4.4.0.dev0","unk_token_id":3,
+    "use_cache":true,"vocab_size":8008})");
+  const auto b = models::seq2seq_config_from_json(bart_large, "facebook/bart-large");
+  EXPECT_EQ(b.num_parameters(), 406291456);
+  EXPECT_FALSE(b.pre_norm);
+  EXPECT_EQ(b.position_offset, 2);
+  const auto bb = models::seq2seq_config_from_json(blenderbot, "blenderbot-400M-distill");
+  EXPECT_EQ(bb.num_parameters(), 364802560);
+  EXPECT_TRUE(bb.pre_norm && bb.final_norm && bb.scale_embedding && !bb.embedding_norm);
+  EXPECT_EQ(bb.decoder_start_token_id, 1);
+  EXPECT_EQ(bb.pad_token_id, 0);
+  // bart-base's shape (the formula is checked against the built module tree on the fixtures).
+  models::Seq2SeqConfig base = b;
+  base.d_model = 768;
+  base.encoder_layers = base.decoder_layers = 6;
+  base.encoder_heads = base.decoder_heads = 12;
+  base.encoder_ffn = base.decoder_ffn = 3072;
+  EXPECT_EQ(base.num_parameters(), 139420416);
+}
+
 // A bad file: a missing tensor and an extra one are listed together.
 TEST(HFSeq2SeqWeights, MissingAndExtraTensorsAreListed) {
   auto cfg = models::read_hf_seq2seq_config(case_dir("bart_s2s"));
