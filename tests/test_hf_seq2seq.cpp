@@ -263,6 +263,22 @@ TEST_P(HFSeq2Seq, BeamSearchMatchesTransformers) {
   }
 }
 
+// Greedy decoding with transformers' n-gram and min-length processors, through generate() with
+// num_beams 1.
+TEST_P(HFSeq2Seq, GreedyWithProcessorsMatchesTransformers) {
+  auto m = import(case_dir(GetParam()));
+  models::BeamOptions opt;
+  opt.num_beams = 1;
+  opt.max_new_tokens = std::stoll(ref_->metadata().at("max_new_tokens"));
+  opt.min_length = 4;
+  opt.no_repeat_ngram_size = 2;
+  opt.encoder_no_repeat_ngram_size = 2;
+  const Tensor want = ref_->get("greedy_proc");
+  const Tensor got = m->generate(ref_->get("input_ids"), ref_->get("attention_mask"), opt);
+  EXPECT_EQ(got.shape(), want.shape());
+  EXPECT_EQ(got.to_int_vector(), want.to_int_vector());
+}
+
 // The KV-cached decoder step computes the logits of the whole-prefix decoder.
 TEST_P(HFSeq2Seq, CachedStepsGiveTheFullDecoderLogits) {
   auto m = import(case_dir(GetParam()));
@@ -437,6 +453,38 @@ TEST(HFSeq2SeqConfig, PublishedConfigs) {
   base.encoder_heads = base.decoder_heads = 12;
   base.encoder_ffn = base.decoder_ffn = 3072;
   EXPECT_EQ(base.num_parameters(), 139420416);
+}
+
+// Generation options: the fixture's generation_config.json (transformers 5), and a 4.x
+// config.json's generation keys (blenderbot-400M-distill's), and a setting we do not implement.
+TEST(HFSeq2SeqGeneration, OptionsAreReadFromTheCheckpoint) {
+  const auto cfg = *models::read_hf_seq2seq_config(case_dir("blenderbot_s2s"));
+  const models::BeamOptions o = models::read_hf_generation_options(case_dir("blenderbot_s2s"), cfg);
+  EXPECT_EQ(o.num_beams, 1);
+  EXPECT_EQ(o.encoder_no_repeat_ngram_size, 3);  // BlenderbotConfig's default
+  EXPECT_EQ(o.forced_eos_token_id, 2);
+  EXPECT_EQ(o.eos_token_id, 2);
+  EXPECT_EQ(o.max_new_tokens, 19);  // max_length 20 with the decoder start
+  const fs::path dir = fs::temp_directory_path() / ("ds_s2s_gen_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"model_type":"blenderbot","num_beams":10,
+    "length_penalty":0.65,"max_length":60,"min_length":20,"no_repeat_ngram_size":3,
+    "encoder_no_repeat_ngram_size":3,"eos_token_id":2,"forced_eos_token_id":2})";
+  const models::BeamOptions h = models::read_hf_generation_options(dir, cfg);
+  EXPECT_EQ(h.num_beams, 10);
+  EXPECT_FLOAT_EQ(h.length_penalty, 0.65f);
+  EXPECT_EQ(h.max_new_tokens, 59);
+  EXPECT_EQ(h.min_length, 20);
+  EXPECT_EQ(h.no_repeat_ngram_size, 3);
+  EXPECT_EQ(h.encoder_no_repeat_ngram_size, 3);
+  std::ofstream(dir / "generation_config.json") << R"({"do_sample":true,"top_k":5})";
+  EXPECT_HAS(error_of([&] { models::read_hf_generation_options(dir, cfg); }), "do_sample");
+  std::ofstream(dir / "generation_config.json") << R"({"watermarking_config":{}})";
+  EXPECT_HAS(error_of([&] { models::read_hf_generation_options(dir, cfg); }),
+             "watermarking_config");
+  std::ofstream(dir / "generation_config.json") << R"({"repetition_penalty":1.2})";
+  EXPECT_HAS(error_of([&] { models::read_hf_generation_options(dir, cfg); }), "repetition_penalty");
+  fs::remove_all(dir);
 }
 
 // A bad file: a missing tensor and an extra one are listed together.

@@ -16,6 +16,8 @@ model.safetensors) and reference.safetensors:
   forced_eos_token_id; the first column is decoder_start_token_id
   generated_eos (I64): the same with eos_token_id = generated[0, 2] (metadata generated_eos):
   rows that end are padded with pad_token_id, and generation stops when every row has ended
+  greedy_proc (I64): greedy with min_length=4, no_repeat_ngram_size=2,
+  encoder_no_repeat_ngram_size=2
   beam_<a|b|c> (I64): beam search with the settings of BEAMS (metadata beam_<x>_eos: its eos)
 The reference runs transformers itself in float64 (eager attention, eval mode: dropout off) from
 the saved weights, so the C++ test sees its own fp32 rounding alone. final_logits_bias (a buffer,
@@ -161,7 +163,15 @@ def write_case(out, name):
             forced_bos_token_id=None, forced_eos_token_id=ref.config.forced_eos_token_id,
             eos_token_id=eos, pad_token_id=ref.config.pad_token_id,
             decoder_start_token_id=ref.config.decoder_start_token_id)
-    # Beam search, two settings (BEAMS); "beam_<name>" holds generate's output for each.
+    # Greedy with the n-gram and min-length processors.
+    with torch.no_grad():
+        tensors["greedy_proc"] = ref.generate(
+            input_ids=ids, attention_mask=mask, num_beams=1, do_sample=False, max_new_tokens=NEW,
+            min_length=4, no_repeat_ngram_size=2, encoder_no_repeat_ngram_size=2,
+            forced_bos_token_id=None, forced_eos_token_id=ref.config.forced_eos_token_id,
+            eos_token_id=ref.config.eos_token_id, pad_token_id=ref.config.pad_token_id,
+            decoder_start_token_id=ref.config.decoder_start_token_id)
+    # Beam search, three settings (BEAMS); "beam_<name>" holds generate's output for each.
     meta = {"transformers": transformers.__version__, "torch": torch.__version__,
             "class": type(ref).__name__, "max_new_tokens": str(NEW), "generated_eos": str(eos)}
     for bname, opts in BEAMS.items():
@@ -178,6 +188,7 @@ def write_case(out, name):
               os.path.join(folder, "reference.safetensors"), metadata=meta)
     print(f"{name}: loss {res.loss.item():.6f}, generated {gen_ids.tolist()}, "
           f"with eos {eos}: {tensors['generated_eos'].tolist()}, "
+          f"greedy_proc {tensors['greedy_proc'].tolist()}, "
           f"beams {[tensors['beam_' + b].tolist() for b in BEAMS]}, "
           f"files {sorted(os.listdir(folder))}")
 

@@ -13,6 +13,7 @@
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
 #include "ds/models/gpt.h"  // ParamInit / GPT::init_values: the same counter-based draws
+#include "seq2seq_processors.h"
 
 namespace ds::models {
 
@@ -590,6 +591,20 @@ Tensor Seq2Seq::decode_step(const Tensor& ids, int64_t pos, const Tensor& memory
                                                                : final_logits_bias_.to(lg.dtype()));
 }
 
+Tensor Seq2Seq::generate(const Tensor& input_ids, const Tensor& attention_mask,
+                         const BeamOptions& opt) {
+  if (opt.num_beams > 1) return generate_beam(input_ids, attention_mask, opt);
+  GreedyOptions g;
+  g.max_new_tokens = opt.max_new_tokens;
+  g.eos_token_id = opt.eos_token_id;
+  g.forced_eos_token_id = opt.forced_eos_token_id;
+  g.min_length = opt.min_length;
+  g.no_repeat_ngram_size = opt.no_repeat_ngram_size;
+  g.encoder_no_repeat_ngram_size = opt.encoder_no_repeat_ngram_size;
+  g.use_cache = opt.use_cache;
+  return generate_greedy(input_ids, attention_mask, g);
+}
+
 Tensor Seq2Seq::generate_greedy(const Tensor& input_ids, const Tensor& attention_mask,
                                 const GreedyOptions& opt) {
   DS_CHECK(opt.max_new_tokens >= 1, "[seq2seq] max_new_tokens must be at least 1, got {}",
@@ -605,11 +620,20 @@ Tensor Seq2Seq::generate_greedy(const Tensor& input_ids, const Tensor& attention
   train(false);
   check_ids(input_ids, "input_ids");
   const int64_t B = input_ids.size(0), V = config_.vocab_size;
+  detail::LogitsProcessors processors;
+  processors.vocab_size = V;
+  processors.max_length = 1 + opt.max_new_tokens;
+  processors.min_length = opt.min_length;
+  processors.eos = eos;
+  processors.forced_eos = forced;
+  processors.no_repeat_ngram_size = opt.no_repeat_ngram_size;
+  processors.encoder_no_repeat_ngram_size = opt.encoder_no_repeat_ngram_size;
+  const std::vector<int64_t> src = input_ids.to_int_vector();
+  const int64_t S = input_ids.size(1);
   const Tensor memory = encode(input_ids, attention_mask);
   std::vector<std::vector<int64_t>> seqs(static_cast<size_t>(B), {config_.decoder_start_token_id});
   std::vector<bool> done(static_cast<size_t>(B), false);
   std::vector<LayerCache> caches;
-  const int64_t max_length = 1 + opt.max_new_tokens;
   for (int64_t step = 0; step < opt.max_new_tokens; ++step) {
     const int64_t cur = step + 1;
     Tensor last;  // (B, 1, V): the logits of the newest position
@@ -624,17 +648,15 @@ Tensor Seq2Seq::generate_greedy(const Tensor& input_ids, const Tensor& attention
       const Tensor dec = on_device(Tensor::from_ints(flat, {B, cur}), input_ids.device());
       last = ops::slice(decode(dec, memory, attention_mask), 1, cur - 1, cur);
     }
-    const std::vector<float> lg = ops::contiguous(last).to(DType::f32).to_vector();  // (B, V)
+    std::vector<float> lg = ops::contiguous(last).to(DType::f32).to_vector();  // (B, V)
     bool all_done = true;
     for (int64_t b = 0; b < B; ++b) {
+      float* row = lg.data() + b * V;
+      processors.apply(seqs[static_cast<size_t>(b)],
+                       std::vector<int64_t>(src.begin() + b * S, src.begin() + (b + 1) * S), row);
       int64_t best = 0;
-      if (forced >= 0 && cur == max_length - 1) {
-        best = forced;  // every other token is -inf
-      } else {
-        const float* row = lg.data() + b * V;
-        for (int64_t v = 1; v < V; ++v)
-          if (row[v] > row[best]) best = v;
-      }
+      for (int64_t v = 1; v < V; ++v)
+        if (row[v] > row[best]) best = v;
       if (done[static_cast<size_t>(b)]) best = config_.pad_token_id;
       seqs[static_cast<size_t>(b)].push_back(best);
       if (eos >= 0 && best == eos) done[static_cast<size_t>(b)] = true;

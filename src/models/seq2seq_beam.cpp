@@ -12,6 +12,7 @@
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
 #include "ds/models/seq2seq.h"
+#include "seq2seq_processors.h"
 
 namespace ds::models {
 
@@ -48,22 +49,6 @@ std::vector<int64_t> top_k(const std::vector<double>& v, int64_t k) {
   return idx;
 }
 
-// Tokens that would complete an n-gram of `source` starting with the last n - 1 tokens of seq
-// (transformers' _get_ngrams / _get_generated_ngrams and NoRepeatNGramLogitsProcessor).
-void ban_ngrams(const std::vector<int64_t>& seq, const std::vector<int64_t>& source, int64_t n,
-                double* lp) {
-  const int64_t len = static_cast<int64_t>(seq.size());
-  if (n <= 0 || len + 1 < n) return;
-  const int64_t start = len + 1 - n;  // the prefix is seq[start, len): n - 1 tokens
-  const int64_t src = static_cast<int64_t>(source.size());
-  for (int64_t w = 0; w + n <= src; ++w) {
-    bool match = true;
-    for (int64_t i = 0; i < n - 1 && match; ++i)
-      match = source[static_cast<size_t>(w + i)] == seq[static_cast<size_t>(start + i)];
-    if (match) lp[source[static_cast<size_t>(w + n - 1)]] = kNegInf;
-  }
-}
-
 struct Hyp {
   std::vector<int64_t> tokens;  // decoder start, then the generated ids
   double score = 0.0;
@@ -97,6 +82,15 @@ Tensor Seq2Seq::generate_beam(const Tensor& input_ids, const Tensor& attention_m
   const int64_t max_length = 1 + opt.max_new_tokens, K = 2 * NB;  // max(2, 1 + #eos) * NB
   // transformers fills unused positions with `pad_token_id or eos_token_id`: eos when pad is 0.
   const int64_t fill = c.pad_token_id != 0 || eos < 0 ? c.pad_token_id : eos;
+
+  detail::LogitsProcessors processors;
+  processors.vocab_size = V;
+  processors.max_length = max_length;
+  processors.min_length = opt.min_length;
+  processors.eos = eos;
+  processors.forced_eos = forced;
+  processors.no_repeat_ngram_size = opt.no_repeat_ngram_size;
+  processors.encoder_no_repeat_ngram_size = opt.encoder_no_repeat_ngram_size;
 
   autograd::NoGradGuard no_grad;
   const bool was_training = is_training();
@@ -168,13 +162,7 @@ Tensor Seq2Seq::generate_beam(const Tensor& input_ids, const Tensor& attention_m
         for (int64_t v = 0; v < V; ++v) sum += std::exp(lg[v] - m);
         const double lse = m + std::log(sum);
         for (int64_t v = 0; v < V; ++v) lp[v] = lg[v] - lse;
-        const auto& toks = run[static_cast<size_t>(j)].tokens;
-        ban_ngrams(toks, toks, opt.no_repeat_ngram_size, lp);
-        ban_ngrams(toks, row, opt.encoder_no_repeat_ngram_size, lp);
-        if (eos >= 0 && cur_len < opt.min_length) lp[eos] = kNegInf;
-        if (forced >= 0 && cur_len == max_length - 1) {
-          for (int64_t v = 0; v < V; ++v) lp[v] = v == forced ? 0.0 : kNegInf;
-        }
+        processors.apply(run[static_cast<size_t>(j)].tokens, row, lp);
         for (int64_t v = 0; v < V; ++v) lp[v] += run[static_cast<size_t>(j)].score;
       }
       const std::vector<int64_t> top = top_k(acc, K);

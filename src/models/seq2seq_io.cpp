@@ -49,6 +49,119 @@ std::optional<Seq2SeqConfig> read_hf_seq2seq_config(const fs::path& path) {
   return seq2seq_config_from_json(j, file.string());
 }
 
+namespace {
+
+// A token id setting: an int, null (-1: none) or a list of one id.
+int64_t token_setting(const json& v, const char* key, const std::string& source) {
+  if (v.is_null()) return -1;
+  if (v.is_number_integer()) return v.get<int64_t>();
+  DS_CHECK(v.is_array() && v.size() == 1 && v[0].is_number_integer(),
+           "[hf_io] {}: \"{}\" = {}: one token id (or null) is supported", source, key, v.dump());
+  return v[0].get<int64_t>();
+}
+
+}  // namespace
+
+BeamOptions read_hf_generation_options(const fs::path& dir, const Seq2SeqConfig& c) {
+  const fs::path gen_file = dir / "generation_config.json";
+  std::error_code ec;
+  const bool own = fs::is_regular_file(gen_file, ec);
+  const fs::path file = own ? gen_file : dir / "config.json";
+  const std::string source = file.string();
+  const json j = read_json_file(file);
+  DS_CHECK(j.is_object(), "[hf_io] {}: must be a JSON object", source);
+  BeamOptions o;
+  o.num_beams = 1;
+  o.eos_token_id = c.eos_token_id;
+  o.forced_eos_token_id = c.forced_eos_token_id;
+  int64_t max_length = 20, max_new_tokens = -1;
+  // Settings that change nothing when do_sample is false, and bookkeeping.
+  static const std::set<std::string> harmless = {"_from_model_config",
+                                                 "transformers_version",
+                                                 "use_cache",
+                                                 "output_attentions",
+                                                 "output_hidden_states",
+                                                 "output_scores",
+                                                 "output_logits",
+                                                 "return_dict_in_generate",
+                                                 "pad_token_id",
+                                                 "bos_token_id",
+                                                 "decoder_start_token_id",
+                                                 "temperature",
+                                                 "top_k",
+                                                 "top_p",
+                                                 "typical_p",
+                                                 "min_p",
+                                                 "epsilon_cutoff",
+                                                 "eta_cutoff",
+                                                 "remove_invalid_values",
+                                                 "renormalize_logits",
+                                                 "cache_implementation",
+                                                 "low_memory"};
+  for (const auto& [k, v] : j.items()) {
+    auto num = [&](auto fallback) {
+      try {
+        return v.get<decltype(fallback)>();
+      } catch (const json::exception&) {
+        DS_THROW("[hf_io] {}: bad value for \"{}\": {}", source, k, v.dump());
+      }
+    };
+    if (k == "num_beams")
+      o.num_beams = num(int64_t{});
+    else if (k == "max_length")
+      max_length = v.is_null() ? 20 : num(int64_t{});
+    else if (k == "max_new_tokens")
+      max_new_tokens = v.is_null() ? -1 : num(int64_t{});
+    else if (k == "min_length")
+      o.min_length = v.is_null() ? 0 : num(int64_t{});
+    else if (k == "length_penalty")
+      o.length_penalty = num(float{});
+    else if (k == "no_repeat_ngram_size")
+      o.no_repeat_ngram_size = v.is_null() ? 0 : num(int64_t{});
+    else if (k == "encoder_no_repeat_ngram_size")
+      o.encoder_no_repeat_ngram_size = v.is_null() ? 0 : num(int64_t{});
+    else if (k == "early_stopping")
+      o.early_stopping = v.is_boolean()  ? (v.get<bool>() ? "true" : "false")
+                         : v.is_string() ? v.get<std::string>()
+                                         : "?";
+    else if (k == "eos_token_id")
+      o.eos_token_id = token_setting(v, "eos_token_id", source);
+    else if (k == "forced_eos_token_id")
+      o.forced_eos_token_id = token_setting(v, "forced_eos_token_id", source);
+    else if (k == "do_sample")
+      DS_CHECK(!v.is_boolean() || !v.get<bool>(),
+               "[hf_io] {}: \"do_sample\" true: sampling is not supported (greedy and beam "
+               "search are)",
+               source);
+    else if (k == "num_beam_groups" || k == "num_return_sequences")
+      DS_CHECK(v.is_null() || (v.is_number_integer() && v.get<int64_t>() == 1),
+               "[hf_io] {}: \"{}\" = {} is not supported (1)", source, k, v.dump());
+    else if (k == "repetition_penalty" || k == "encoder_repetition_penalty")
+      DS_CHECK(v.is_null() || (v.is_number() && v.get<double>() == 1.0),
+               "[hf_io] {}: \"{}\" = {} is not supported (1.0)", source, k, v.dump());
+    else if (k == "diversity_penalty")
+      DS_CHECK(v.is_null() || (v.is_number() && v.get<double>() == 0.0),
+               "[hf_io] {}: \"{}\" = {} is not supported (0.0)", source, k, v.dump());
+    else if (k == "forced_bos_token_id" || k == "bad_words_ids" || k == "suppress_tokens" ||
+             k == "begin_suppress_tokens" || k == "force_words_ids" ||
+             k == "exponential_decay_length_penalty" || k == "sequence_bias")
+      DS_CHECK(v.is_null(), "[hf_io] {}: \"{}\" = {} is not supported", source, k, v.dump());
+    else if (own)
+      DS_CHECK(harmless.count(k),
+               "[hf_io] {}: generation setting \"{}\" is not understood; generation stops "
+               "rather than ignore it",
+               source, k);
+  }
+  DS_CHECK(o.early_stopping == "true" || o.early_stopping == "false" || o.early_stopping == "never",
+           "[hf_io] {}: early_stopping {} is not true, false or \"never\"", source,
+           j.value("early_stopping", json()).dump());
+  o.max_new_tokens = max_new_tokens >= 0 ? max_new_tokens : max_length - 1;
+  DS_CHECK(o.num_beams >= 1 && o.max_new_tokens >= 1,
+           "[hf_io] {}: num_beams {} and max_new_tokens {} must be at least 1", source, o.num_beams,
+           o.max_new_tokens);
+  return o;
+}
+
 Seq2SeqLoadReport load_hf_seq2seq_weights(Seq2Seq& model, const fs::path& path) {
   const Seq2SeqConfig& cfg = model.config();
   Seq2SeqLoadReport report;

@@ -116,6 +116,11 @@ struct GreedyOptions {
   // only token allowed at the last step (transformers' ForcedEOSTokenLogitsProcessor).
   int64_t eos_token_id = -2;
   int64_t forced_eos_token_id = -2;
+  // transformers' logits processors (as BeamOptions): eos banned below min_length (the decoder
+  // start counts), no repeated n-grams of the output / of the source row; 0 = off.
+  int64_t min_length = 0;
+  int64_t no_repeat_ngram_size = 0;
+  int64_t encoder_no_repeat_ngram_size = 0;
   // Keep each decoder layer's keys and values (self-attention's growing, cross-attention's
   // projected once) and run one position per step; false recomputes the whole prefix each step
   // (the same tokens: a check of the cache).
@@ -171,6 +176,11 @@ class Seq2Seq : public nn::Module {
   // (eos when pad_token_id is 0, as transformers).
   Tensor generate_beam(const Tensor& input_ids, const Tensor& attention_mask,
                        const BeamOptions& opt = {});
+
+  // Greedy decoding (num_beams 1, BeamOptions' processors and cache switch carried over) or
+  // beam search: transformers' generate(do_sample=False) with these settings
+  // (read_hf_generation_options reads a checkpoint's).
+  Tensor generate(const Tensor& input_ids, const Tensor& attention_mask, const BeamOptions& opt);
 
   // nn::Module's one-tensor forms: source ids (B, S) without padding -> logits of the decoder
   // input shift_tokens_right(ids) (forward); loss(ids, labels): labels (B, T) with -100 ignored.

@@ -47,6 +47,17 @@ bool is_seq2seq_model_type(const std::string& model_type);
 // config.json or with another model_type.
 std::optional<Seq2SeqConfig> read_hf_seq2seq_config(const std::filesystem::path& path);
 
+// Generation options of a checkpoint: dir/generation_config.json (transformers 5 saves one), or
+// else the generation keys of dir/config.json (4.x checkpoints keep num_beams, length_penalty,
+// min_length, max_length, no_repeat_ngram_size, encoder_no_repeat_ngram_size there), with
+// transformers' GenerationConfig defaults for what is absent (num_beams 1, max_length 20,
+// length_penalty 1, early_stopping false, eos / forced eos from `c`). max_length counts the
+// decoder start token: max_new_tokens = max_length - 1 unless max_new_tokens is given. Throws
+// "[hf_io] <file>: ..." naming a setting we do not implement (do_sample true, num_beam_groups,
+// repetition_penalty, forced_bos_token_id, bad_words_ids, suppress_tokens, num_return_sequences,
+// several eos ids, ...) or an unknown generation_config.json key.
+BeamOptions read_hf_generation_options(const std::filesystem::path& dir, const Seq2SeqConfig& c);
+
 struct Seq2SeqLoadReport {
   std::vector<std::string> files;    // safetensors files read
   int64_t tensors = 0;               // parameters and buffers filled
