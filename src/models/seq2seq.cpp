@@ -477,7 +477,8 @@ Seq2Seq::Seq2Seq(Seq2SeqConfig config, bool init)
   decoder_ = model->add("decoder", std::make_shared<Stack>(c, true));
   lm_head_ = register_module("lm_head", std::make_shared<nn::Linear>(shared_->weight()));
   final_logits_bias_ = register_buffer("final_logits_bias", Tensor::zeros({1, c.vocab_size}));
-  if (init) init_weights();
+  // Built piecewise (nn::PartitionedInit), ZeRO-3 draws each shard from init_parameter_range.
+  if (init && !nn::PartitionedInit::active()) init_weights();
 }
 
 bool Seq2Seq::init_parameter_range(size_t index, int64_t begin, int64_t count, float* out) const {

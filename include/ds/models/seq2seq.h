@@ -149,7 +149,8 @@ class Seq2Seq : public nn::Module {
   // Validates, builds and (unless init is false) initialises: Linear and Embedding weights
   // N(0, init_std) from config.seed, biases 0, LayerNorms 1 and 0, the pad row of model.shared 0
   // (transformers' _init_weights); final_logits_bias 0. init = false leaves the parameters zero
-  // (LayerNorm weights one), for weights loaded next.
+  // (LayerNorm weights one), for weights loaded next. Under nn::PartitionedInit nothing is
+  // initialised here: ZeRO-3 draws each shard from init_parameter_range, the same values.
   explicit Seq2Seq(Seq2SeqConfig config, bool init = true);
   const Seq2SeqConfig& config() const { return config_; }
 
@@ -190,6 +191,8 @@ class Seq2Seq : public nn::Module {
   const Tensor& final_logits_bias() const { return final_logits_bias_; }  // (1, V), buffer
 
   void init_weights();
+  // Elements [begin, begin + count) of parameter `index`'s initial values: a pure function of
+  // (seed, index, element), as GPT::init_values.
   bool init_parameter_range(size_t index, int64_t begin, int64_t count, float* out) const override;
 
  private:
