@@ -370,7 +370,7 @@ class Seq2Seq::Layer : public nn::Module {
     });
   }
 
-  const Seq2SeqConfig& c_;
+  const Seq2SeqConfig c_;  // a copy: a layer may outlive the model that built it
   std::shared_ptr<Context> ctx_;
   std::shared_ptr<Attention> self_attn_, cross_attn_;
   std::shared_ptr<nn::LayerNorm> self_norm_, cross_norm_, final_norm_;
@@ -440,7 +440,7 @@ class Seq2Seq::Stack : public nn::Module {
     return ops::dropout(x, c_.dropout, is_training());
   }
 
-  const Seq2SeqConfig& c_;
+  const Seq2SeqConfig c_;  // a copy: a layer may outlive the model that built it
   std::shared_ptr<Context> ctx_;
   std::shared_ptr<nn::Embedding> positions_;
   std::vector<std::shared_ptr<Layer>> layers_;

@@ -34,8 +34,9 @@
 // the decoder self-attention is causal only (transformers' default decoder_attention_mask None):
 // positions after a row's end compute garbage that labels of -100 ignore.
 //
-// Thread safety: a model is used by one thread at a time (forward stores the batch's masks in the
-// layers). With gradient checkpointing, run backward before the next forward.
+// Thread safety: a model is used by one thread at a time (forward stores the batch's masks and the
+// encoder output where the layers read them). Gradient checkpointing of single layers is not
+// offered: a decoder layer reads the encoder output besides its input.
 #include <cstdint>
 #include <memory>
 #include <string>
