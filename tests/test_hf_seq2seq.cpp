@@ -275,7 +275,9 @@ TEST_P(HFSeq2Seq, GreedyWithProcessorsMatchesTransformers) {
   opt.no_repeat_ngram_size = 2;
   opt.encoder_no_repeat_ngram_size = 2;
   const Tensor want = ref_->get("greedy_proc");
+  m->train(true);  // generation runs in eval mode and gives the mode back
   const Tensor got = m->generate(ref_->get("input_ids"), ref_->get("attention_mask"), opt);
+  EXPECT_TRUE(m->is_training());
   EXPECT_EQ(got.shape(), want.shape());
   EXPECT_EQ(got.to_int_vector(), want.to_int_vector());
 }

@@ -617,8 +617,7 @@ Tensor Seq2Seq::generate_greedy(const Tensor& input_ids, const Tensor& attention
            "[seq2seq] 1 + max_new_tokens {} exceeds max_position_embeddings {}", opt.max_new_tokens,
            config_.max_positions);
   autograd::NoGradGuard no_grad;
-  const bool was_training = is_training();
-  train(false);
+  detail::EvalMode eval(*this);
   check_ids(input_ids, "input_ids");
   const int64_t B = input_ids.size(0), V = config_.vocab_size;
   detail::LogitsProcessors processors;
@@ -665,7 +664,6 @@ Tensor Seq2Seq::generate_greedy(const Tensor& input_ids, const Tensor& attention
     }
     if (all_done) break;
   }
-  train(was_training);
   std::vector<int64_t> flat;
   for (const auto& s : seqs) flat.insert(flat.end(), s.begin(), s.end());
   return Tensor::from_ints(flat, {B, static_cast<int64_t>(seqs[0].size())});

@@ -93,8 +93,7 @@ Tensor Seq2Seq::generate_beam(const Tensor& input_ids, const Tensor& attention_m
   processors.encoder_no_repeat_ngram_size = opt.encoder_no_repeat_ngram_size;
 
   autograd::NoGradGuard no_grad;
-  const bool was_training = is_training();
-  train(false);
+  detail::EvalMode eval(*this);
   const int64_t B = input_ids.size(0), S = input_ids.size(1);
   const std::vector<int64_t> src = input_ids.to_int_vector();
   // Every source row num_beams times (hypothesis h = b * NB + j reads row b).
@@ -247,7 +246,6 @@ Tensor Seq2Seq::generate_beam(const Tensor& input_ids, const Tensor& attention_m
     }
     if (!any_improvable || (all_done && stop_early) || all_hit) break;
   }
-  train(was_training);
 
   // Each row's best finished hypothesis; the output is as long as the longest.
   int64_t longest = 0;

@@ -1,6 +1,7 @@
 #pragma once
 // transformers' logits processors for encoder-decoder generation, shared by greedy decoding
-// (seq2seq.cpp) and beam search (seq2seq_beam.cpp). Internal to src/models: not a public header.
+// (seq2seq.cpp) and beam search (seq2seq_beam.cpp), and the eval-mode scope both run in.
+// Internal to src/models: not a public header.
 //
 // apply() works on one hypothesis's scores (V values: logits for greedy, log-probabilities for
 // beam search), setting banned tokens to -inf in place:
@@ -16,7 +17,23 @@
 #include <limits>
 #include <vector>
 
+#include "ds/nn/module.h"
+
 namespace ds::models::detail {
+
+// Eval mode (no dropout) for the scope of a generation, the previous mode restored on the way out
+// (also when it throws).
+class EvalMode {
+ public:
+  explicit EvalMode(nn::Module& m) : m_(m), was_(m.is_training()) { m_.train(false); }
+  ~EvalMode() { m_.train(was_); }
+  EvalMode(const EvalMode&) = delete;
+  EvalMode& operator=(const EvalMode&) = delete;
+
+ private:
+  nn::Module& m_;
+  bool was_;
+};
 
 struct LogitsProcessors {
   int64_t vocab_size = 0;
