@@ -330,15 +330,24 @@ class Seq2Seq::Layer : public nn::Module {
   }
 
   Tensor forward(const Tensor& x) override {  // (B, T, C) -> (B, T, C)
-    return run(x, nullptr);
+    if (packed_len_ > 0)                      // [x, memory] (B, T + S, C): see set_packed
+      return run(ops::slice(x, 1, 0, packed_len_), nullptr,
+                 ops::slice(x, 1, packed_len_, x.size(1)));
+    return run(x, nullptr, ctx_->memory);
   }
+
+  // A checkpointed decoder layer takes [x, memory] concatenated along time, (B, T + S, C), so that
+  // its recomputation in backward sees the encoder output and the output's gradient reaches it:
+  // the first T positions are x. Kept until the next forward sets it (the recomputation reads it);
+  // 0 = not packed.
+  void set_packed(int64_t T) { packed_len_ = T; }
 
   // Generation: x (B, 1, C) is the next position; `cache` holds the earlier positions' keys and
   // values (appended to here) and the encoder output's (projected on the first call).
-  Tensor step(const Tensor& x, LayerCache& cache) { return run(x, &cache); }
+  Tensor step(const Tensor& x, LayerCache& cache) { return run(x, &cache, ctx_->memory); }
 
  private:
-  Tensor run(const Tensor& x_in, LayerCache* cache) {
+  Tensor run(const Tensor& x_in, LayerCache* cache, const Tensor& memory) {
     const bool tr = is_training();
     const float p = c_.dropout;
     // A residual sublayer: pre-LN x + f(LN(x)), post-LN LN(x + f(x)).
@@ -358,9 +367,9 @@ class Seq2Seq::Layer : public nn::Module {
     if (cross_attn_)
       x = residual(x, *cross_norm_, [&](const Tensor& h) {
         if (!cache)
-          return cross_attn_->attend(h, ctx_->memory, ctx_->cross_mask, c_.attention_dropout, tr);
+          return cross_attn_->attend(h, memory, ctx_->cross_mask, c_.attention_dropout, tr);
         if (!cache->cross_k.defined())
-          std::tie(cache->cross_k, cache->cross_v) = cross_attn_->keys_values(ctx_->memory);
+          std::tie(cache->cross_k, cache->cross_v) = cross_attn_->keys_values(memory);
         return cross_attn_->attend_heads(h, cache->cross_k, cache->cross_v, ctx_->cross_mask, 0.0f,
                                          false);
       });
@@ -372,6 +381,7 @@ class Seq2Seq::Layer : public nn::Module {
 
   const Seq2SeqConfig c_;  // a copy: a layer may outlive the model that built it
   std::shared_ptr<Context> ctx_;
+  int64_t packed_len_ = 0;
   std::shared_ptr<Attention> self_attn_, cross_attn_;
   std::shared_ptr<nn::LayerNorm> self_norm_, cross_norm_, final_norm_;
   std::shared_ptr<nn::Linear> fc1_, fc2_;
@@ -398,6 +408,10 @@ class Seq2Seq::Stack : public nn::Module {
     ctx_->cross_mask.causal = false;
   }
 
+  void checkpoint_layers(bool on) {
+    for (auto& layer : layers_) layer->set_gradient_checkpointing(on);
+  }
+
   // tokens (B, T, C): the scaled token embeddings -> the stack's output (B, T, C).
   Tensor run(const Tensor& tokens, std::vector<int64_t> self_lengths, Tensor memory,
              std::vector<int64_t> cross_lengths) {
@@ -405,7 +419,12 @@ class Seq2Seq::Stack : public nn::Module {
     ctx_->self_mask.key_lengths = std::move(self_lengths);
     ctx_->cross_mask.key_lengths = std::move(cross_lengths);
     ctx_->memory = std::move(memory);
-    for (auto& layer : layers_) x = (*layer)(x);
+    for (auto& layer : layers_) {
+      const bool pack =
+          ctx_->memory.defined() && layer->gradient_checkpointing() && autograd::is_grad_enabled();
+      layer->set_packed(pack ? x.size(1) : 0);
+      x = (*layer)(pack ? ops::concat({x, ctx_->memory}, 1) : x);  // (B, T, C)
+    }
     ctx_->memory = Tensor();  // not held past the forward (backward keeps what it needs)
     if (final_norm_) x = (*final_norm_)(x);
     return x;
@@ -479,6 +498,11 @@ Seq2Seq::Seq2Seq(Seq2SeqConfig config, bool init)
   final_logits_bias_ = register_buffer("final_logits_bias", Tensor::zeros({1, c.vocab_size}));
   // Built piecewise (nn::PartitionedInit), ZeRO-3 draws each shard from init_parameter_range.
   if (init && !nn::PartitionedInit::active()) init_weights();
+}
+
+void Seq2Seq::set_gradient_checkpointing(bool on) {
+  encoder_->checkpoint_layers(on);
+  decoder_->checkpoint_layers(on);
 }
 
 bool Seq2Seq::init_parameter_range(size_t index, int64_t begin, int64_t count, float* out) const {

@@ -35,8 +35,8 @@
 // positions after a row's end compute garbage that labels of -100 ignore.
 //
 // Thread safety: a model is used by one thread at a time (forward stores the batch's masks and the
-// encoder output where the layers read them). Gradient checkpointing of single layers is not
-// offered: a decoder layer reads the encoder output besides its input.
+// encoder output where the layers read them). With gradient checkpointing, run backward before
+// the next forward (the recomputation reads the latest forward's masks).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -190,6 +190,11 @@ class Seq2Seq : public nn::Module {
   Tensor loss(const Tensor& ids, const Tensor& labels) override;
 
   const Tensor& final_logits_bias() const { return final_logits_bias_; }  // (1, V), buffer
+
+  // Checkpoint every encoder and decoder layer (recomputed in backward; the same gradients).
+  // Hides Module::set_gradient_checkpointing, as GPT's does. A decoder layer then takes its input
+  // and the encoder output as one tensor, so the recomputation sees both.
+  void set_gradient_checkpointing(bool on);
 
   void init_weights();
   // Elements [begin, begin + count) of parameter `index`'s initial values: a pure function of
