@@ -9,8 +9,8 @@ namespace ds::models {
 
 const std::vector<const Family*>& all_families() {
   static const std::vector<const Family*> all = {
-      &families::gpt2, &families::llama, &families::mistral, &families::qwen2,
-      &families::qwen3, &families::glm,  &families::glm4,    &families::chatglm};
+      &families::gpt2,  &families::llama, &families::mistral, &families::qwen2,
+      &families::qwen3, &families::glm,   &families::glm4,    &families::chatglm};
   return all;
 }
 
@@ -31,12 +31,15 @@ const Family& family_for_model_type(const std::string& model_type, const std::st
       model_type == "deberta")
     why = model_type == "deberta"
               ? "; DeBERTa (v1) is not supported yet (DeBERTa-v2 is, as an encoder classifier)"
-              : "; encoder classifiers are read by models::read_hf_encoder_config into an "
-                "EncoderClassifier (ds/models/encoder_io.h), not as a decoder, and ds_train does "
-                "not train them yet";
+              : "; encoder classifiers are read by models::read_hf_encoder_config "
+                "(ds/models/encoder_io.h), not as a decoder; ds_train fine-tunes them on a "
+                "classification set (ds_prepare --task classification)";
   else if (model_type == "bart" || model_type == "blenderbot" || model_type == "t5" ||
            model_type == "mt5")
-    why = "; encoder-decoder models are not supported yet";
+    why = model_type == "bart" || model_type == "blenderbot"
+              ? "; encoder-decoders are read by models::read_hf_seq2seq_config into a Seq2Seq "
+                "(ds/models/seq2seq_io.h), not as a decoder, and ds_train does not train them yet"
+              : "; T5 encoder-decoders are not supported yet";
   DS_THROW("[hf_io] {}: model_type \"{}\" is not supported (supported: {}){}", source, model_type,
            supported_model_types(), why);
 }

@@ -1,0 +1,227 @@
+#pragma once
+// Encoder-decoder (sequence-to-sequence) language models: transformers'
+// BartForConditionalGeneration and BlenderbotForConditionalGeneration, configured by
+// Seq2SeqConfig and computing what they compute (eval mode exactly; in training, dropout at the
+// same places).
+//
+//   embed     e = shared[ids] * embed_scale + positions[t + position_offset]          (B, S|T, C)
+//             embed_scale = sqrt(C) when scale_embedding, else 1; t = 0.. (no padding offset)
+//             BART: LayerNorm(e) (layernorm_embedding); BlenderBot: e as is
+//   encoder   L_enc layers of self-attention over the source keys attention_mask marks and an FFN
+//             fc2(act(fc1(x))); post-LN (BART): x = LN(x + sublayer(x)); pre-LN (BlenderBot,
+//             pre_norm): x = x + sublayer(LN(x)), and a final layer_norm after the last layer
+//   decoder   L_dec layers: causal self-attention, cross-attention over the encoder output
+//             (source padding masked), FFN; the same LN placement, and (pre_norm) a final
+//             layer_norm
+//   head      logits = decoder_out @ shared^T + final_logits_bias                      (B, T, V)
+//             (lm_head is tied to model.shared; final_logits_bias (1, V) is a buffer: loaded,
+//             exported, never trained)
+//   loss      mean cross entropy over labels != -100; the decoder input is
+//             shift_tokens_right(labels, pad_token_id, decoder_start_token_id) unless given
+//
+// Parameter names are transformers' (model.shared.weight, model.encoder.embed_positions.weight,
+// model.encoder.layers.{i}.self_attn.{q,k,v,out}_proj.{weight,bias},
+// model.encoder.layers.{i}.{self_attn_layer_norm,fc1,fc2,final_layer_norm}.*,
+// model.decoder.layers.{i}.encoder_attn.*, ...encoder_attn_layer_norm.*,
+// model.{encoder,decoder}.layernorm_embedding.* (BART), model.{encoder,decoder}.layer_norm.*
+// (BlenderBot)); the buffer is final_logits_bias. Hugging Face import and export:
+// ds/models/seq2seq_io.h.
+//
+// Like torch's nn.Embedding(padding_idx), the row of model.shared at pad_token_id gets no gradient
+// from the embedding lookups (the tied lm_head still trains it, as in transformers).
+//
+// Padding: the source must be right-padded (each attention_mask row 1...1 0...0, at least one 1);
+// the decoder self-attention is causal only (transformers' default decoder_attention_mask None):
+// positions after a row's end compute garbage that labels of -100 ignore.
+//
+// Thread safety: a model is used by one thread at a time (forward stores the batch's masks and the
+// encoder output where the layers read them). With gradient checkpointing, run backward before
+// the next forward (the recomputation reads the latest forward's masks).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "ds/nn/layers.h"
+#include "ds/nn/module.h"
+#include "ds/ops/ops.h"
+
+namespace ds::models {
+
+struct Seq2SeqConfig {
+  // "bart" or "blenderbot": the family's architecture flags below are set by the Hugging Face
+  // reader (ds/models/seq2seq_io.h) and checked against the family by validate().
+  std::string family = "bart";
+  int64_t vocab_size = 50265;    // V
+  int64_t max_positions = 1024;  // max_position_embeddings: longest source / target
+  int64_t d_model = 1024;        // C
+  int64_t encoder_layers = 12;
+  int64_t decoder_layers = 12;
+  int64_t encoder_heads = 16;
+  int64_t decoder_heads = 16;
+  int64_t encoder_ffn = 4096;
+  int64_t decoder_ffn = 4096;
+  // "gelu" (exact, erf), "gelu_new" / "gelu_pytorch_tanh" (tanh approximation), "relu", "silu".
+  std::string activation = "gelu";
+  float dropout = 0.1f;             // embeddings, attention output, FFN output (training)
+  float attention_dropout = 0.0f;   // attention probabilities (training; forms them)
+  float activation_dropout = 0.0f;  // after the activation (training)
+  bool scale_embedding = false;     // token embeddings times sqrt(d_model)
+  // Architecture: BART: post-LN, layernorm_embedding, no final norms, positions offset by 2;
+  // BlenderBot: pre-LN, final layer_norm in encoder and decoder, no layernorm_embedding, offset 0.
+  bool pre_norm = false;
+  bool embedding_norm = true;
+  bool final_norm = false;
+  int64_t position_offset = 2;  // rows of embed_positions = max_positions + position_offset
+  float norm_eps = 1e-5f;       // every LayerNorm (torch's default: the classes fix it)
+  int64_t pad_token_id = 1;
+  int64_t bos_token_id = 0;
+  int64_t eos_token_id = 2;
+  int64_t decoder_start_token_id = 2;
+  int64_t forced_eos_token_id = 2;  // generation: the token forced at max length; -1 = none
+  float init_std = 0.02f;           // std of the normal initialisation
+  uint64_t seed = 0;                // parameter initialisation
+
+  // The family's defaults for the architecture flags (bart / blenderbot).
+  void set_family_architecture();
+  // Throws "[model] ..." naming the first bad field (an architecture flag that differs from the
+  // family's is an error: no checkpoint of that family computes it).
+  void validate() const;
+  int64_t num_parameters() const;
+  // Our own JSON form (the fields above by name); unknown keys are errors.
+  nlohmann::json to_json() const;
+  static Seq2SeqConfig from_json(const nlohmann::json& j);
+};
+
+// One batch. input_ids / attention_mask (B, S) int; attention_mask undefined = no padding.
+// labels (B, T) int, -100 = ignored. decoder_input_ids (B, T) int; undefined =
+// shift_tokens_right(labels).
+struct Seq2SeqInputs {
+  Tensor input_ids;
+  Tensor attention_mask;
+  Tensor decoder_input_ids;
+  Tensor labels;
+};
+
+// transformers' shift_tokens_right: out[:, 0] = start, out[:, 1:] = labels[:, :-1], -100 -> pad.
+// labels (B, T) int -> (B, T) i64 on the host.
+Tensor shift_tokens_right(const Tensor& labels, int64_t pad_token_id,
+                          int64_t decoder_start_token_id);
+
+// Greedy decoding options (transformers' generate(num_beams=1, do_sample=False)).
+struct GreedyOptions {
+  int64_t max_new_tokens = 20;
+  // -2 = the config's value; -1 = none. eos ends a row (later tokens are pad); forced_eos is the
+  // only token allowed at the last step (transformers' ForcedEOSTokenLogitsProcessor).
+  int64_t eos_token_id = -2;
+  int64_t forced_eos_token_id = -2;
+  // transformers' logits processors (as BeamOptions): eos banned below min_length (the decoder
+  // start counts), no repeated n-grams of the output / of the source row; 0 = off.
+  int64_t min_length = 0;
+  int64_t no_repeat_ngram_size = 0;
+  int64_t encoder_no_repeat_ngram_size = 0;
+  // Keep each decoder layer's keys and values (self-attention's growing, cross-attention's
+  // projected once) and run one position per step; false recomputes the whole prefix each step
+  // (the same tokens: a check of the cache).
+  bool use_cache = true;
+};
+
+// Beam search options (transformers' generate(num_beams > 1, do_sample=False) with its logits
+// processors). Lengths count the decoder start token, as transformers' max_length / min_length.
+struct BeamOptions {
+  int64_t num_beams = 4;
+  int64_t max_new_tokens = 20;
+  int64_t min_length = 0;       // eos is banned while the sequence is shorter
+  float length_penalty = 1.0f;  // finished score = sum log p / (generated tokens)^length_penalty
+  int64_t no_repeat_ngram_size = 0;          // 0 = off
+  int64_t encoder_no_repeat_ngram_size = 0;  // n-grams of the source row are not repeated
+  // transformers' early_stopping: "false" (its heuristic), "true" (stop once num_beams
+  // hypotheses finished), "never" (the canonical search).
+  std::string early_stopping = "false";
+  int64_t eos_token_id = -2;         // -2 = the config's; -1 = none
+  int64_t forced_eos_token_id = -2;  // -2 = the config's; -1 = none
+  bool use_cache = true;             // as GreedyOptions::use_cache
+};
+
+class Seq2Seq : public nn::Module {
+ public:
+  // Validates, builds and (unless init is false) initialises: Linear and Embedding weights
+  // N(0, init_std) from config.seed, biases 0, LayerNorms 1 and 0, the pad row of model.shared 0
+  // (transformers' _init_weights); final_logits_bias 0. init = false leaves the parameters zero
+  // (LayerNorm weights one), for weights loaded next. Under nn::PartitionedInit nothing is
+  // initialised here: ZeRO-3 draws each shard from init_parameter_range, the same values.
+  explicit Seq2Seq(Seq2SeqConfig config, bool init = true);
+  const Seq2SeqConfig& config() const { return config_; }
+
+  // The encoder's last hidden states (B, S, C) (after the final layer_norm when pre_norm).
+  Tensor encode(const Tensor& input_ids, const Tensor& attention_mask = {});
+  // Decoder logits (B, T, V) for decoder_input_ids (B, T) over `memory` (B, S, C) from encode()
+  // with the same attention_mask.
+  Tensor decode(const Tensor& decoder_input_ids, const Tensor& memory,
+                const Tensor& attention_mask = {});
+  // encode + decode -> logits (B, T, V).
+  Tensor logits(const Seq2SeqInputs& in);
+  // Mean cross entropy of logits(in) against in.labels (ignore_index -100) -> scalar.
+  Tensor loss(const Seq2SeqInputs& in);
+
+  // Greedy generation: the encoder runs once, the decoder one position per step with a KV cache
+  // (GreedyOptions::use_cache). -> (B, 1 + n) i64 on the host: decoder_start_token_id, then the
+  // tokens; stops early when every row has ended (n < max_new_tokens), as transformers.
+  Tensor generate_greedy(const Tensor& input_ids, const Tensor& attention_mask,
+                         const GreedyOptions& opt = {});
+  // Beam search (src/models/seq2seq_beam.cpp), transformers' algorithm step for step: the
+  // 2 * num_beams best continuations of all beams, finished ones (eos or max length) scored with
+  // the length penalty into a num_beams-best list, the others continuing. -> (B, 1 + n) i64 on the
+  // host: each row's best hypothesis; rows shorter than the longest are filled with pad_token_id
+  // (eos when pad_token_id is 0, as transformers).
+  Tensor generate_beam(const Tensor& input_ids, const Tensor& attention_mask,
+                       const BeamOptions& opt = {});
+
+  // Greedy decoding (num_beams 1, BeamOptions' processors and cache switch carried over) or
+  // beam search: transformers' generate(do_sample=False) with these settings
+  // (read_hf_generation_options reads a checkpoint's).
+  Tensor generate(const Tensor& input_ids, const Tensor& attention_mask, const BeamOptions& opt);
+
+  // nn::Module's one-tensor forms: source ids (B, S) without padding -> logits of the decoder
+  // input shift_tokens_right(ids) (forward); loss(ids, labels): labels (B, T) with -100 ignored.
+  Tensor forward(const Tensor& ids) override;
+  Tensor loss(const Tensor& ids, const Tensor& labels) override;
+
+  const Tensor& final_logits_bias() const { return final_logits_bias_; }  // (1, V), buffer
+
+  // Checkpoint every encoder and decoder layer (recomputed in backward; the same gradients).
+  // Hides Module::set_gradient_checkpointing, as GPT's does. A decoder layer then takes its input
+  // and the encoder output as one tensor, so the recomputation sees both.
+  void set_gradient_checkpointing(bool on);
+
+  void init_weights();
+  // Elements [begin, begin + count) of parameter `index`'s initial values: a pure function of
+  // (seed, index, element), as GPT::init_values.
+  bool init_parameter_range(size_t index, int64_t begin, int64_t count, float* out) const override;
+
+ private:
+  class Attention;
+  class Layer;
+  class Stack;
+  // One decoder layer's keys and values during generation: self-attention's grow by one
+  // position a step (B, NH, t, hd), cross-attention's are the encoder output's (B, NH, S, hd),
+  // projected once.
+  struct LayerCache {
+    Tensor self_k, self_v, cross_k, cross_v;
+  };
+  Seq2SeqConfig config_;
+  std::shared_ptr<nn::Embedding> shared_;
+  std::shared_ptr<Stack> encoder_, decoder_;
+  std::shared_ptr<nn::Linear> lm_head_;  // tied to shared_
+  Tensor final_logits_bias_;
+  mutable std::vector<std::string> param_names_;
+
+  // Logits (B, 1, V) of the decoder input ids (B, 1) at position pos, the earlier positions'
+  // keys and values in caches (one per decoder layer; filled on the first step).
+  Tensor decode_step(const Tensor& ids, int64_t pos, const Tensor& memory,
+                     const Tensor& attention_mask, std::vector<LayerCache>& caches);
+};
+
+}  // namespace ds::models

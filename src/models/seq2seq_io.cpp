@@ -1,0 +1,264 @@
+// Hugging Face import and export of sequence-to-sequence models (ds/models/seq2seq_io.h).
+#include "ds/models/seq2seq_io.h"
+
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "ds/autograd/grad_mode.h"
+#include "ds/core/error.h"
+#include "ds/core/safetensors.h"
+#include "hf_files.h"
+
+namespace ds::models {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// File tensors that are copies of model.shared.weight (tied): 4.x files carry them.
+bool is_tied_copy(const std::string& name) {
+  return name == "model.encoder.embed_tokens.weight" ||
+         name == "model.decoder.embed_tokens.weight" || name == "lm_head.weight";
+}
+
+json read_json_file(const fs::path& p) {
+  std::ifstream in(p);
+  DS_CHECK(in.good(), "[hf_io] cannot read '{}'", p.string());
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    DS_THROW("[hf_io] {}: not valid JSON ({})", p.string(), e.what());
+  }
+}
+
+}  // namespace
+
+std::optional<Seq2SeqConfig> read_hf_seq2seq_config(const fs::path& path) {
+  const fs::path file = path / "config.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) return std::nullopt;
+  const json j = read_json_file(file);
+  if (!j.is_object() || !j.contains("model_type") || !j["model_type"].is_string() ||
+      !is_seq2seq_model_type(j["model_type"].get<std::string>()))
+    return std::nullopt;
+  return seq2seq_config_from_json(j, file.string());
+}
+
+namespace {
+
+// A token id setting: an int, null (-1: none) or a list of one id.
+int64_t token_setting(const json& v, const char* key, const std::string& source) {
+  if (v.is_null()) return -1;
+  if (v.is_number_integer()) return v.get<int64_t>();
+  DS_CHECK(v.is_array() && v.size() == 1 && v[0].is_number_integer(),
+           "[hf_io] {}: \"{}\" = {}: one token id (or null) is supported", source, key, v.dump());
+  return v[0].get<int64_t>();
+}
+
+}  // namespace
+
+BeamOptions read_hf_generation_options(const fs::path& dir, const Seq2SeqConfig& c) {
+  const fs::path gen_file = dir / "generation_config.json";
+  std::error_code ec;
+  const bool own = fs::is_regular_file(gen_file, ec);
+  const fs::path file = own ? gen_file : dir / "config.json";
+  const std::string source = file.string();
+  const json j = read_json_file(file);
+  DS_CHECK(j.is_object(), "[hf_io] {}: must be a JSON object", source);
+  BeamOptions o;
+  o.num_beams = 1;
+  o.eos_token_id = c.eos_token_id;
+  o.forced_eos_token_id = c.forced_eos_token_id;
+  int64_t max_length = 20, max_new_tokens = -1;
+  // Settings that change nothing when do_sample is false, and bookkeeping.
+  static const std::set<std::string> harmless = {"_from_model_config",
+                                                 "transformers_version",
+                                                 "use_cache",
+                                                 "output_attentions",
+                                                 "output_hidden_states",
+                                                 "output_scores",
+                                                 "output_logits",
+                                                 "return_dict_in_generate",
+                                                 "pad_token_id",
+                                                 "bos_token_id",
+                                                 "decoder_start_token_id",
+                                                 "temperature",
+                                                 "top_k",
+                                                 "top_p",
+                                                 "typical_p",
+                                                 "min_p",
+                                                 "epsilon_cutoff",
+                                                 "eta_cutoff",
+                                                 "remove_invalid_values",
+                                                 "renormalize_logits",
+                                                 "cache_implementation",
+                                                 "low_memory"};
+  for (const auto& [k, v] : j.items()) {
+    auto num = [&](auto fallback) {
+      try {
+        return v.get<decltype(fallback)>();
+      } catch (const json::exception&) {
+        DS_THROW("[hf_io] {}: bad value for \"{}\": {}", source, k, v.dump());
+      }
+    };
+    if (k == "num_beams")
+      o.num_beams = num(int64_t{});
+    else if (k == "max_length")
+      max_length = v.is_null() ? 20 : num(int64_t{});
+    else if (k == "max_new_tokens")
+      max_new_tokens = v.is_null() ? -1 : num(int64_t{});
+    else if (k == "min_length")
+      o.min_length = v.is_null() ? 0 : num(int64_t{});
+    else if (k == "length_penalty")
+      o.length_penalty = num(float{});
+    else if (k == "no_repeat_ngram_size")
+      o.no_repeat_ngram_size = v.is_null() ? 0 : num(int64_t{});
+    else if (k == "encoder_no_repeat_ngram_size")
+      o.encoder_no_repeat_ngram_size = v.is_null() ? 0 : num(int64_t{});
+    else if (k == "early_stopping")
+      o.early_stopping = v.is_boolean()  ? (v.get<bool>() ? "true" : "false")
+                         : v.is_string() ? v.get<std::string>()
+                                         : "?";
+    else if (k == "eos_token_id")
+      o.eos_token_id = token_setting(v, "eos_token_id", source);
+    else if (k == "forced_eos_token_id")
+      o.forced_eos_token_id = token_setting(v, "forced_eos_token_id", source);
+    else if (k == "do_sample")
+      DS_CHECK(!v.is_boolean() || !v.get<bool>(),
+               "[hf_io] {}: \"do_sample\" true: sampling is not supported (greedy and beam "
+               "search are)",
+               source);
+    else if (k == "num_beam_groups" || k == "num_return_sequences")
+      DS_CHECK(v.is_null() || (v.is_number_integer() && v.get<int64_t>() == 1),
+               "[hf_io] {}: \"{}\" = {} is not supported (1)", source, k, v.dump());
+    else if (k == "repetition_penalty" || k == "encoder_repetition_penalty")
+      DS_CHECK(v.is_null() || (v.is_number() && v.get<double>() == 1.0),
+               "[hf_io] {}: \"{}\" = {} is not supported (1.0)", source, k, v.dump());
+    else if (k == "diversity_penalty")
+      DS_CHECK(v.is_null() || (v.is_number() && v.get<double>() == 0.0),
+               "[hf_io] {}: \"{}\" = {} is not supported (0.0)", source, k, v.dump());
+    else if (k == "forced_bos_token_id" || k == "bad_words_ids" || k == "suppress_tokens" ||
+             k == "begin_suppress_tokens" || k == "force_words_ids" ||
+             k == "exponential_decay_length_penalty" || k == "sequence_bias")
+      DS_CHECK(v.is_null(), "[hf_io] {}: \"{}\" = {} is not supported", source, k, v.dump());
+    else if (own)
+      DS_CHECK(harmless.count(k),
+               "[hf_io] {}: generation setting \"{}\" is not understood; generation stops "
+               "rather than ignore it",
+               source, k);
+  }
+  DS_CHECK(o.early_stopping == "true" || o.early_stopping == "false" || o.early_stopping == "never",
+           "[hf_io] {}: early_stopping {} is not true, false or \"never\"", source,
+           j.value("early_stopping", json()).dump());
+  o.max_new_tokens = max_new_tokens >= 0 ? max_new_tokens : max_length - 1;
+  DS_CHECK(o.num_beams >= 1 && o.max_new_tokens >= 1,
+           "[hf_io] {}: num_beams {} and max_new_tokens {} must be at least 1", source, o.num_beams,
+           o.max_new_tokens);
+  return o;
+}
+
+Seq2SeqLoadReport load_hf_seq2seq_weights(Seq2Seq& model, const fs::path& path) {
+  const Seq2SeqConfig& cfg = model.config();
+  Seq2SeqLoadReport report;
+  std::vector<safetensors::Reader> readers;
+  for (const auto& f : detail::weight_files(path)) {
+    DS_CHECK(fs::is_regular_file(f), "[hf_io] '{}' (named by the index) does not exist",
+             f.string());
+    readers.emplace_back(f.string());
+    report.files.push_back(f.string());
+  }
+  const std::string where = report.files.size() == 1 ? report.files[0] : path.string();
+
+  struct Found {
+    size_t reader;
+    const safetensors::Entry* entry;
+  };
+  std::map<std::string, Found> by_name;
+  std::vector<std::string> problems;
+  for (size_t r = 0; r < readers.size(); ++r)
+    for (const auto& e : readers[r].entries()) {
+      auto [it, inserted] = by_name.emplace(e.name, Found{r, &e});
+      if (!inserted) problems.push_back(fmt::format("duplicate: '{}'", e.name));
+    }
+
+  // Parameters, then the buffer (optional: transformers' _keys_to_ignore_on_load_missing).
+  std::vector<std::pair<std::string, Tensor>> targets = model.named_parameters();
+  targets.emplace_back("final_logits_bias", model.final_logits_bias());
+  std::set<std::string> used;
+  std::vector<std::pair<Tensor, Found>> plan;
+  for (const auto& [name, param] : targets) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      if (name != "final_logits_bias")
+        problems.push_back(fmt::format("missing: '{}' {}", name, shape_str(param.shape())));
+      continue;
+    }
+    used.insert(name);
+    const safetensors::Entry& e = *it->second.entry;
+    if (e.shape != param.shape())
+      problems.push_back(fmt::format("mis-shaped: '{}' is {} in the file, the model needs {}",
+                                     e.name, shape_str(e.shape), shape_str(param.shape())));
+    else if (!e.supported)
+      problems.push_back(fmt::format("unsupported dtype: '{}' is {} (F32, BF16 and F16 are read)",
+                                     e.name, e.dtype_name));
+    else
+      plan.emplace_back(param, it->second);
+  }
+  const auto shared = by_name.find("model.shared.weight");
+  for (const auto& [name, found] : by_name) {
+    if (used.count(name)) continue;
+    if (is_tied_copy(name) && shared != by_name.end()) {
+      const safetensors::Entry& e = *found.entry;
+      if (e.shape != shared->second.entry->shape || !e.supported ||
+          readers[found.reader].get(name).to_vector() !=
+              readers[shared->second.reader].get("model.shared.weight").to_vector())
+        problems.push_back(fmt::format(
+            "untied: '{}' differs from model.shared.weight (tie_word_embeddings is required)",
+            name));
+      else
+        report.ignored.push_back(name);
+      continue;
+    }
+    problems.push_back(fmt::format("extra: '{}' {} is not a parameter of this model", name,
+                                   shape_str(found.entry->shape)));
+  }
+  if (!problems.empty())
+    DS_THROW(
+        "[hf_io] {}: {} problem{} loading weights into a {} model ({} + {} layers, d_model {}, "
+        "vocab {}):\n  {}\nCheck that config.json describes the model these weights belong to",
+        where, problems.size(), problems.size() == 1 ? "" : "s", cfg.family, cfg.encoder_layers,
+        cfg.decoder_layers, cfg.d_model, cfg.vocab_size, fmt::join(problems, "\n  "));
+
+  autograd::NoGradGuard no_grad;
+  for (const auto& [param, found] : plan) {
+    param.detach().copy_from(readers[found.reader].get(found.entry->name));
+    const int64_t bad = detail::first_non_finite(param.detach());
+    DS_CHECK(bad < 0,
+             "[hf_io] {}: tensor '{}' holds a non-finite value (NaN or Inf) at element {} of {}",
+             readers[found.reader].path(), found.entry->name, bad, param.numel());
+    ++report.tensors;
+  }
+  return report;
+}
+
+void export_hf_seq2seq(const Seq2Seq& model, const fs::path& dir, DType dtype) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  DS_CHECK(!ec, "[hf_io] cannot create '{}': {}", dir.string(), ec.message());
+  autograd::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [name, p] : model.named_parameters())
+    tensors.emplace_back(name, p.detach().contiguous().to(dtype));
+  tensors.emplace_back("final_logits_bias", model.final_logits_bias().contiguous().to(dtype));
+  safetensors::save((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  json j = seq2seq_config_to_json(model.config());
+  j["dtype"] = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
+  detail::write_text_atomic(dir / "config.json", j.dump(2) + "\n");
+}
+
+}  // namespace ds::models

@@ -1,0 +1,617 @@
+// Encoder-decoders (ds/models/seq2seq.h, seq2seq_io.h) against transformers'
+// BartForConditionalGeneration and BlenderbotForConditionalGeneration:
+// tests/fixtures/hf_families/{bart_s2s,bart_relu_scaled,blenderbot_s2s} are folders as
+// transformers 5 saved them, with transformers' float64 logits, loss, every gradient and greedy
+// generation for a padded batch (tools/gen_seq2seq_fixture.py). Each is imported through the
+// public path, compared, exported and re-imported; bad config fields are refused by name; the
+// engine trains the model under ZeRO-2 and ZeRO-3.
+//
+// Error measure and tolerance as in test_hf_encoders: per tensor max|ours - ref| / max|ref| <=
+// 1e-5, computing in fp32 from the same fp32 weights the float64 reference used.
+//
+// With DS_HF_EXPORT_DIR set, the export of every case is also left in $DS_HF_EXPORT_DIR/<case>
+// for `tools/gen_seq2seq_fixture.py --check-export` (transformers loads it, same logits).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "ds/core/error.h"
+#include "ds/core/safetensors.h"
+#include "ds/models/seq2seq.h"
+#include "ds/models/seq2seq_io.h"
+#include "ds/runtime/engine.h"
+
+using namespace ds;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr double kTol = 1e-5;  // see the header comment
+
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0.0, scale = 0.0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return diff / std::max(scale, 1e-30);
+}
+
+fs::path case_dir(const std::string& name) {
+  return fs::path(DS_FIXTURE_DIR) / "hf_families" / name;
+}
+
+std::shared_ptr<models::Seq2Seq> import(const fs::path& dir) {
+  auto cfg = models::read_hf_seq2seq_config(dir);
+  EXPECT_TRUE(cfg.has_value());
+  auto m = std::make_shared<models::Seq2Seq>(*cfg, /*init=*/false);
+  models::load_hf_seq2seq_weights(*m, dir);
+  m->train(false);  // the reference ran in eval mode
+  return m;
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ds::Error";
+  return "";
+}
+
+#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
+class HFSeq2Seq : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    ref_ = std::make_unique<safetensors::Reader>(
+        (case_dir(GetParam()) / "reference.safetensors").string());
+  }
+  models::Seq2SeqInputs batch() const {
+    return {ref_->get("input_ids"), ref_->get("attention_mask"), {}, ref_->get("labels")};
+  }
+  std::unique_ptr<safetensors::Reader> ref_;
+};
+
+TEST_P(HFSeq2Seq, ConfigIsReadAsTransformersReadsIt) {
+  const models::Seq2SeqConfig c = *models::read_hf_seq2seq_config(case_dir(GetParam()));
+  const bool blender = GetParam() == "blenderbot_s2s";
+  EXPECT_EQ(c.family, blender ? "blenderbot" : "bart");
+  EXPECT_EQ(c.d_model, 32);
+  EXPECT_EQ(c.vocab_size, 64);
+  EXPECT_EQ(c.pre_norm, blender);
+  EXPECT_EQ(c.final_norm, blender);
+  EXPECT_EQ(c.embedding_norm, !blender);
+  EXPECT_EQ(c.position_offset, blender ? 0 : 2);
+  EXPECT_EQ(c.pad_token_id, blender ? 0 : 1);
+  EXPECT_EQ(c.decoder_start_token_id, blender ? 1 : 2);
+  EXPECT_EQ(c.scale_embedding, GetParam() != "bart_s2s");
+  EXPECT_EQ(c.activation, GetParam() == "bart_relu_scaled" ? "relu" : "gelu");
+  if (GetParam() == "bart_s2s") {
+    EXPECT_EQ(c.encoder_heads, 4);
+    EXPECT_EQ(c.decoder_heads, 2);
+    EXPECT_EQ(c.encoder_ffn, 40);
+    EXPECT_EQ(c.decoder_ffn, 48);
+  }
+  auto m = import(case_dir(GetParam()));
+  EXPECT_EQ(m->num_parameters(), c.num_parameters());
+}
+
+TEST(HFSeq2SeqShift, ShiftTokensRightAsTransformers) {
+  const Tensor labels = Tensor::from_ints({5, 6, 2, -100, 7, 2, -100, -100}, {2, 4});
+  EXPECT_EQ(models::shift_tokens_right(labels, 1, 2).to_int_vector(),
+            (std::vector<int64_t>{2, 5, 6, 2, 2, 7, 2, 1}));
+}
+
+TEST_P(HFSeq2Seq, LogitsLossAndEveryGradientMatchTransformers) {
+  auto m = import(case_dir(GetParam()));
+  const models::Seq2SeqInputs in = batch();
+  const double e_logits = rel_err(m->logits(in).to_vector(), ref_->get("logits").to_vector());
+  EXPECT_LE(e_logits, kTol) << "logits";
+  Tensor loss = m->loss(in);
+  const double ref_loss = ref_->get("loss").item();
+  const double e_loss = std::abs(loss.item() - ref_loss) / std::abs(ref_loss);
+  EXPECT_LE(e_loss, kTol) << "loss " << loss.item() << " vs " << ref_loss;
+  loss.backward();
+  size_t in_file = 0;
+  for (const auto& e : ref_->entries()) in_file += e.name.rfind("grad.", 0) == 0;
+  const auto named = m->named_parameters();
+  EXPECT_EQ(named.size(), in_file) << "our parameters and transformers' differ";
+  // As in test_hf_encoders: the k_proj biases' gradients are zero in exact arithmetic (softmax
+  // ignores a constant added to a query's scores); they are measured against the largest
+  // gradient of the model.
+  double largest = 0.0;
+  for (const auto& [name, p] : named)
+    for (float v : ref_->get("grad." + name).to_vector())
+      largest = std::max(largest, std::abs(static_cast<double>(v)));
+  double worst = 0.0, worst_zero = 0.0;
+  std::string worst_name;
+  for (const auto& [name, p] : named) {
+    ASSERT_TRUE(p.grad().defined()) << name << " got no gradient";
+    ASSERT_TRUE(ref_->contains("grad." + name)) << name;
+    const std::vector<float> ours = p.grad().to_vector(),
+                             ref = ref_->get("grad." + name).to_vector();
+    double ref_max = 0.0, diff = 0.0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ref_max = std::max(ref_max, std::abs(static_cast<double>(ref[i])));
+      diff = std::max(diff, std::abs(static_cast<double>(ours[i]) - ref[i]));
+    }
+    if (ref_max < 1e-10 * largest) {
+      EXPECT_NE(name.find("k_proj.bias"), std::string::npos)
+          << name << ": an unexpected all-zero gradient";
+      EXPECT_LE(diff / largest, kTol) << "gradient of " << name << " (zero in exact arithmetic)";
+      worst_zero = std::max(worst_zero, diff / largest);
+      continue;
+    }
+    const double e = rel_err(ours, ref);
+    EXPECT_LE(e, kTol) << "gradient of " << name;
+    if (e > worst) worst = e, worst_name = name;
+  }
+  std::printf("%s: logits %.2e, loss %.2e, worst gradient %.2e (%s), zero-gradients %.2e\n",
+              GetParam().c_str(), e_logits, e_loss, worst, worst_name.c_str(), worst_zero);
+}
+
+// Training with attention_dropout forms the probabilities (softmax of masked scores, then
+// dropout) instead of running the fused kernel, in the encoder, the causal decoder and the
+// cross-attention. At p = 1e-7 nothing is dropped in this batch, so that path is transformers'
+// eager attention: the same logits and loss, the 1/(1-p) scaling adding ~1e-7.
+TEST_P(HFSeq2Seq, AttentionDropoutPathMatchesTransformers) {
+  auto cfg = models::read_hf_seq2seq_config(case_dir(GetParam()));
+  cfg->dropout = cfg->activation_dropout = 0.0f;
+  cfg->attention_dropout = 1e-7f;
+  models::Seq2Seq m(*cfg, /*init=*/false);
+  models::load_hf_seq2seq_weights(m, case_dir(GetParam()));
+  m.train(false);
+  const std::vector<float> fused = m.logits(batch()).to_vector();
+  m.train(true);
+  const std::vector<float> formed = m.logits(batch()).to_vector();
+  EXPECT_NE(formed, fused);  // another computation: the formed path ran
+  EXPECT_LE(rel_err(formed, ref_->get("logits").to_vector()), kTol);
+  const double ref = ref_->get("loss").item();
+  EXPECT_LE(std::abs(m.loss(batch()).item() - ref) / ref, kTol);
+}
+
+// Gradient checkpointing of every layer (the decoder's take [x, encoder output] packed) gives the
+// same loss and gradients as the plain forward.
+TEST_P(HFSeq2Seq, GradientCheckpointingGivesTheSameGradients) {
+  std::vector<std::vector<float>> grads[2];
+  float losses[2];
+  for (int ck = 0; ck < 2; ++ck) {
+    auto m = import(case_dir(GetParam()));
+    m->set_gradient_checkpointing(ck == 1);
+    Tensor loss = m->loss(batch());
+    loss.backward();
+    losses[ck] = static_cast<float>(loss.item());
+    for (const auto& [name, p] : m->named_parameters()) {
+      ASSERT_TRUE(p.grad().defined()) << name << " got no gradient (checkpointing " << ck << ")";
+      grads[ck].push_back(p.grad().to_vector());
+    }
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  // The k_proj biases' gradients are fp32 rounding noise around zero (~1e-9; see above): tensors
+  // that small are measured against the largest gradient of the model.
+  double largest = 0.0;
+  for (const auto& g : grads[0])
+    for (float v : g) largest = std::max(largest, std::abs(static_cast<double>(v)));
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    double own = 0.0, diff = 0.0;
+    for (size_t k = 0; k < grads[0][i].size(); ++k) {
+      own = std::max(own, std::abs(static_cast<double>(grads[0][i][k])));
+      diff = std::max(diff, std::abs(static_cast<double>(grads[1][i][k]) - grads[0][i][k]));
+    }
+    EXPECT_LE(diff / (own < 1e-6 * largest ? largest : own), 1e-6) << "parameter " << i;
+  }
+}
+
+// The pad row of model.shared gets a gradient from the tied lm_head only: the same as
+// transformers' (checked above) and different from the other rows' embedding path. Here: padded
+// source tokens do not change the logits of the real ones.
+TEST_P(HFSeq2Seq, SourcePaddingIsMasked) {
+  auto m = import(case_dir(GetParam()));
+  models::Seq2SeqInputs in = batch();
+  const std::vector<float> before = m->logits(in).to_vector();
+  std::vector<int64_t> ids = in.input_ids.to_int_vector();
+  const std::vector<int64_t> mask = in.attention_mask.to_int_vector();
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (mask[i] == 0) ids[i] = 5;  // any other token where the mask is 0
+  in.input_ids = Tensor::from_ints(ids, in.input_ids.shape());
+  EXPECT_LE(rel_err(m->logits(in).to_vector(), before), 1e-6);
+}
+
+// generate(num_beams=1, do_sample=False, max_new_tokens=8) token for token, with the KV cache and
+// recomputing the prefix; then with an eos that ends row 0 early (its later tokens are pad).
+TEST_P(HFSeq2Seq, GreedyGenerationMatchesTransformers) {
+  auto m = import(case_dir(GetParam()));
+  models::GreedyOptions opt;
+  opt.max_new_tokens = std::stoll(ref_->metadata().at("max_new_tokens"));
+  for (bool cache : {true, false}) {
+    opt.use_cache = cache;
+    opt.eos_token_id = -2;  // the config's
+    Tensor want = ref_->get("generated");
+    Tensor got = m->generate_greedy(ref_->get("input_ids"), ref_->get("attention_mask"), opt);
+    EXPECT_EQ(got.shape(), want.shape()) << "use_cache " << cache;
+    EXPECT_EQ(got.to_int_vector(), want.to_int_vector()) << "use_cache " << cache;
+    opt.eos_token_id = std::stoll(ref_->metadata().at("generated_eos"));
+    want = ref_->get("generated_eos");
+    got = m->generate_greedy(ref_->get("input_ids"), ref_->get("attention_mask"), opt);
+    EXPECT_EQ(got.shape(), want.shape()) << "use_cache " << cache << ", eos " << opt.eos_token_id;
+    EXPECT_EQ(got.to_int_vector(), want.to_int_vector())
+        << "use_cache " << cache << ", eos " << opt.eos_token_id;
+  }
+}
+
+// generate(num_beams, length_penalty, no_repeat_ngram_size, encoder_no_repeat_ngram_size,
+// min_length, early_stopping false / true / never, forced eos) token for token, with the KV
+// cache (reordered with the beams) and recomputing the prefix. The settings are the generator's
+// BEAMS; "early" ends hypotheses early with an eos the model emits often.
+TEST_P(HFSeq2Seq, BeamSearchMatchesTransformers) {
+  auto m = import(case_dir(GetParam()));
+  struct Setting {
+    const char* name;
+    models::BeamOptions opt;
+  };
+  std::vector<Setting> settings(3);
+  settings[0] = {"a", {}};
+  settings[0].opt.num_beams = 4;
+  settings[0].opt.length_penalty = 0.8f;
+  settings[0].opt.no_repeat_ngram_size = 2;
+  settings[0].opt.min_length = 3;
+  settings[0].opt.early_stopping = "false";
+  settings[1] = {"b", {}};
+  settings[1].opt.num_beams = 3;
+  settings[1].opt.length_penalty = 1.5f;
+  settings[1].opt.encoder_no_repeat_ngram_size = 2;
+  settings[1].opt.early_stopping = "true";
+  settings[2] = {"c", {}};
+  settings[2].opt.num_beams = 2;
+  settings[2].opt.length_penalty = -0.5f;
+  settings[2].opt.no_repeat_ngram_size = 3;
+  settings[2].opt.early_stopping = "never";
+  for (auto& [name, opt] : settings) {
+    const std::string key = std::string("beam_") + name;
+    opt.max_new_tokens = std::stoll(ref_->metadata().at("max_new_tokens"));
+    opt.eos_token_id = std::stoll(ref_->metadata().at(key + "_eos"));
+    const Tensor want = ref_->get(key);
+    for (bool cache : {true, false}) {
+      opt.use_cache = cache;
+      const Tensor got = m->generate_beam(ref_->get("input_ids"), ref_->get("attention_mask"), opt);
+      EXPECT_EQ(got.shape(), want.shape()) << key << ", use_cache " << cache;
+      EXPECT_EQ(got.to_int_vector(), want.to_int_vector()) << key << ", use_cache " << cache;
+    }
+  }
+}
+
+// Greedy decoding with transformers' n-gram and min-length processors, through generate() with
+// num_beams 1.
+TEST_P(HFSeq2Seq, GreedyWithProcessorsMatchesTransformers) {
+  auto m = import(case_dir(GetParam()));
+  models::BeamOptions opt;
+  opt.num_beams = 1;
+  opt.max_new_tokens = std::stoll(ref_->metadata().at("max_new_tokens"));
+  opt.min_length = 4;
+  opt.no_repeat_ngram_size = 2;
+  opt.encoder_no_repeat_ngram_size = 2;
+  const Tensor want = ref_->get("greedy_proc");
+  m->train(true);  // generation runs in eval mode and gives the mode back
+  const Tensor got = m->generate(ref_->get("input_ids"), ref_->get("attention_mask"), opt);
+  EXPECT_TRUE(m->is_training());
+  EXPECT_EQ(got.shape(), want.shape());
+  EXPECT_EQ(got.to_int_vector(), want.to_int_vector());
+}
+
+// The KV-cached decoder step computes the logits of the whole-prefix decoder.
+TEST_P(HFSeq2Seq, CachedStepsGiveTheFullDecoderLogits) {
+  auto m = import(case_dir(GetParam()));
+  const Tensor ids = ref_->get("input_ids"), mask = ref_->get("attention_mask");
+  models::GreedyOptions opt;
+  opt.max_new_tokens = 6;
+  opt.eos_token_id = opt.forced_eos_token_id = -1;        // six steps, every row
+  const Tensor seq = m->generate_greedy(ids, mask, opt);  // (B, 7), with the cache
+  const Tensor full = m->decode(seq, m->encode(ids, mask), mask);
+  // The greedy choice at every position is the full decoder's argmax.
+  const std::vector<float> lg = full.to_vector();
+  const std::vector<int64_t> s = seq.to_int_vector();
+  const int64_t B = seq.size(0), T = seq.size(1), V = full.size(2);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t + 1 < T; ++t) {
+      const float* row = lg.data() + (b * T + t) * V;
+      EXPECT_EQ(std::max_element(row, row + V) - row, s[b * T + t + 1]) << b << ", " << t;
+    }
+}
+
+TEST_P(HFSeq2Seq, ExportRoundTrip) {
+  auto a = import(case_dir(GetParam()));
+  const char* keep = std::getenv("DS_HF_EXPORT_DIR");
+  const fs::path dir = keep ? fs::path(keep) / GetParam()
+                            : fs::temp_directory_path() /
+                                  ("ds_hf_s2s_" + std::to_string(::getpid()) + "_" + GetParam());
+  models::export_hf_seq2seq(*a, dir);
+  std::ifstream in(dir / "config.json");
+  json j = json::parse(in);
+  EXPECT_EQ(j.value("dtype", ""), "float32");
+  // The Hugging Face fields alone (without our "ds_cpp" block) describe the same model.
+  json hf_only = j;
+  hf_only.erase("ds_cpp");
+  EXPECT_EQ(models::seq2seq_config_from_json(hf_only).to_json(), a->config().to_json())
+      << hf_only.dump(1);
+  auto b = import(dir);
+  EXPECT_EQ(b->config().to_json(), a->config().to_json());
+  EXPECT_EQ(a->logits(batch()).to_vector(), b->logits(batch()).to_vector());
+  EXPECT_EQ(a->final_logits_bias().to_vector(), b->final_logits_bias().to_vector());
+  if (!keep) fs::remove_all(dir);
+}
+
+// A few steps through the engine under ZeRO-2 and ZeRO-3 (one process; ZeRO-3 gathers every
+// parameter before its module's forward and releases it after), and ZeRO-3 with gradient
+// checkpointing: the first loss is transformers', all take the same steps, and the loss goes down.
+TEST_P(HFSeq2Seq, TrainsUnderTheEngineWithZeRO2And3) {
+  std::vector<std::vector<float>> runs;
+  // ZeRO-2, ZeRO-3, and ZeRO-3 with every layer checkpointed (recomputation gathers again).
+  for (int run : {0, 1, 2}) {
+    const int stage = run == 0 ? 2 : 3;
+    auto cfg = models::read_hf_seq2seq_config(case_dir(GetParam()));
+    cfg->dropout = cfg->attention_dropout = cfg->activation_dropout = 0.0f;  // eval math
+    auto m = std::make_shared<models::Seq2Seq>(*cfg, /*init=*/false);
+    models::load_hf_seq2seq_weights(*m, case_dir(GetParam()));
+    m->set_gradient_checkpointing(run == 2);
+    const models::Seq2SeqInputs in = batch();
+    runtime::InitOptions opt;
+    opt.loss_fn = [in](nn::Module& model, const Tensor& ids, const Tensor& labels) {
+      return static_cast<models::Seq2Seq&>(model).loss({ids, in.attention_mask, {}, labels});
+    };
+    opt.log = [](const std::string&) {};
+    auto engine = runtime::initialize(m,
+                                      fmt::format(R"({{
+      "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 1,
+      "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3, "weight_decay": 0.1}}}},
+      "zero_optimization": {{"stage": {}, "stage3_param_persistence_threshold": 0}}}})",
+                                                  stage),
+                                      opt);
+    std::vector<float> losses;
+    for (int step = 0; step < 5; ++step) {
+      Tensor loss = engine->forward(in.input_ids, in.labels);
+      engine->backward(loss);
+      engine->step();
+      losses.push_back(static_cast<float>(loss.item()));
+    }
+    const double ref = ref_->get("loss").item();
+    EXPECT_LE(std::abs(losses[0] - ref) / ref, kTol) << "stage " << stage;
+    EXPECT_LT(losses.back(), losses.front()) << "stage " << stage;
+    runs.push_back(losses);
+  }
+  EXPECT_LE(rel_err(runs[1], runs[0]), 1e-5);
+  EXPECT_LE(rel_err(runs[2], runs[1]), 1e-6) << "checkpointed";
+  std::printf("%s: ZeRO-2/3 losses %.4f -> %.4f over 5 AdamW steps\n", GetParam().c_str(),
+              runs[1].front(), runs[1].back());
+}
+
+// A fresh model (init from the seed) built whole and built piecewise under nn::PartitionedInit
+// (ZeRO-3 drawing each shard from init_parameter_range) trains the same under ZeRO-3, through the
+// engine's default loss function (Seq2Seq::loss(ids, labels): an unpadded source).
+TEST(HFSeq2SeqEngine, PartitionedInitMatchesWholeInit) {
+  auto cfg = *models::read_hf_seq2seq_config(case_dir("blenderbot_s2s"));
+  cfg.dropout = 0.0f;
+  cfg.seed = 7;
+  const Tensor ids = Tensor::from_ints({5, 6, 7, 8, 9, 10, 11, 12}, {2, 4});
+  const Tensor labels = Tensor::from_ints({13, 14, 2, 15, 16, 2}, {2, 3});
+  std::vector<std::vector<float>> runs;
+  for (bool pieces : {false, true}) {
+    std::shared_ptr<models::Seq2Seq> m;
+    {
+      std::optional<nn::PartitionedInit> scope;
+      if (pieces) scope.emplace();
+      m = std::make_shared<models::Seq2Seq>(cfg);
+    }
+    runtime::InitOptions opt;
+    opt.log = [](const std::string&) {};
+    auto engine = runtime::initialize(m, R"({
+      "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+      "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})",
+                                      opt);
+    std::vector<float> losses;
+    for (int step = 0; step < 3; ++step) {
+      Tensor loss = engine->forward(ids, labels);
+      engine->backward(loss);
+      engine->step();
+      losses.push_back(static_cast<float>(loss.item()));
+    }
+    runs.push_back(losses);
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+  EXPECT_LT(runs[0].back(), runs[0].front());
+}
+
+// bf16 mixed precision under ZeRO-3 (bf16 parameters and activations, fp32 master weights): the
+// first loss is transformers' up to bf16 rounding and the loss goes down.
+TEST_P(HFSeq2Seq, TrainsInBf16UnderZeRO3) {
+  auto cfg = models::read_hf_seq2seq_config(case_dir(GetParam()));
+  cfg->dropout = cfg->attention_dropout = cfg->activation_dropout = 0.0f;
+  auto m = std::make_shared<models::Seq2Seq>(*cfg, /*init=*/false);
+  models::load_hf_seq2seq_weights(*m, case_dir(GetParam()));
+  const models::Seq2SeqInputs in = batch();
+  runtime::InitOptions opt;
+  opt.loss_fn = [in](nn::Module& model, const Tensor& ids, const Tensor& labels) {
+    return static_cast<models::Seq2Seq&>(model).loss({ids, in.attention_mask, {}, labels});
+  };
+  opt.log = [](const std::string&) {};
+  auto engine = runtime::initialize(m, R"({
+    "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})",
+                                    opt);
+  std::vector<float> losses;
+  for (int step = 0; step < 5; ++step) {
+    Tensor loss = engine->forward(in.input_ids, in.labels);
+    engine->backward(loss);
+    engine->step();
+    losses.push_back(static_cast<float>(loss.to(DType::f32).item()));
+  }
+  const double ref = ref_->get("loss").item();
+  EXPECT_LE(std::abs(losses[0] - ref) / ref, 2e-2) << losses[0] << " vs " << ref;
+  EXPECT_LT(losses.back(), losses.front());
+  std::printf("%s: bf16 ZeRO-3 losses %.4f (transformers fp64 %.4f) -> %.4f\n", GetParam().c_str(),
+              losses.front(), ref, losses.back());
+}
+
+INSTANTIATE_TEST_SUITE_P(Seq2Seq, HFSeq2Seq,
+                         ::testing::Values("bart_s2s", "bart_relu_scaled", "blenderbot_s2s"));
+
+json bart(json extra = json::object()) {
+  json j = {{"model_type", "bart"},         {"d_model", 32},         {"encoder_layers", 1},
+            {"decoder_layers", 1},          {"vocab_size", 64},      {"encoder_attention_heads", 4},
+            {"decoder_attention_heads", 4}, {"encoder_ffn_dim", 40}, {"decoder_ffn_dim", 40},
+            {"max_position_embeddings", 16}};
+  for (const auto& [k, v] : extra.items()) j[k] = v;
+  return j;
+}
+
+std::string config_error(const json& j) {
+  return error_of([&] { models::seq2seq_config_from_json(j, "m/config.json"); });
+}
+
+TEST(HFSeq2SeqConfig, FieldsThatChangeTheMathAreRefusedByName) {
+  EXPECT_HAS(config_error(bart({{"attention_scale", 2.0}})), "\"attention_scale\"");
+  EXPECT_HAS(config_error(bart({{"attention_scale", 2.0}})), "m/config.json");
+  EXPECT_HAS(config_error(bart({{"activation_function", "gelu_fast"}})), "gelu_fast");
+  EXPECT_HAS(config_error(bart({{"add_final_layer_norm", true}})), "add_final_layer_norm");
+  EXPECT_HAS(config_error(bart({{"normalize_before", true}})), "normalize_before");
+  EXPECT_HAS(config_error(bart({{"extra_pos_embeddings", 0}})), "extra_pos_embeddings");
+  EXPECT_HAS(config_error(bart({{"static_position_embeddings", true}})),
+             "static_position_embeddings");
+  EXPECT_HAS(config_error(bart({{"add_bias_logits", true}})), "add_bias_logits");
+  EXPECT_HAS(config_error(bart({{"tie_word_embeddings", false}})), "tie_word_embeddings");
+  EXPECT_HAS(config_error(bart({{"encoder_layerdrop", 0.1}})), "encoder_layerdrop");
+  EXPECT_HAS(config_error(bart({{"model_type", "t5"}})), "\"t5\"");
+  EXPECT_HAS(config_error(bart({{"d_model", 30}})), "divisible");
+  json bb = bart({{"model_type", "blenderbot"}, {"normalize_before", false}});
+  EXPECT_HAS(config_error(bb), "normalize_before");
+  // The 4.x switches are accepted when they say what the model_type computes.
+  const auto c = models::seq2seq_config_from_json(bart({{"model_type", "blenderbot"},
+                                                        {"normalize_before", true},
+                                                        {"add_final_layer_norm", true},
+                                                        {"normalize_embedding", false},
+                                                        {"extra_pos_embeddings", 0},
+                                                        {"layernorm_variant", "prelayernorm"},
+                                                        {"static_position_embeddings", false},
+                                                        {"add_bias_logits", false}}));
+  EXPECT_TRUE(c.pre_norm);
+  EXPECT_EQ(c.position_offset, 0);
+}
+
+// config.json of published checkpoints in their 4.x form (as on the Hub, labels and
+// task_specific_params left out), with transformers 5.24's parameter counts of
+// BartForConditionalGeneration / BlenderbotForConditionalGeneration built from them.
+TEST(HFSeq2SeqConfig, PublishedConfigs) {
+  const json bart_large = json::parse(R"({"activation_dropout":0.1,"activation_function":"gelu",
+    "add_bias_logits":false,"add_final_layer_norm":false,"architectures":["BartModel"],
+    "attention_dropout":0.1,"bos_token_id":0,"classif_dropout":0.1,"classifier_dropout":0.0,
+    "d_model":1024,"decoder_attention_heads":16,"decoder_ffn_dim":4096,"decoder_layerdrop":0.0,
+    "decoder_layers":12,"decoder_start_token_id":2,"dropout":0.1,"early_stopping":true,
+    "encoder_attention_heads":16,"encoder_ffn_dim":4096,"encoder_layerdrop":0.0,
+    "encoder_layers":12,"eos_token_id":2,"forced_eos_token_id":2,"gradient_checkpointing":false,
+    "init_std":0.02,"is_encoder_decoder":true,"max_position_embeddings":1024,"model_type":"bart",
+    "no_repeat_ngram_size":3,"normalize_before":false,"num_beams":4,"num_hidden_layers":12,
+    "pad_token_id":1,"scale_embedding":false,"transformers_version":"4.12.0.dev0",
+    "use_cache":true,"vocab_size":50265})");
+  const json blenderbot = json::parse(R"({"activation_dropout":0.0,"activation_function":"gelu",
+    "add_bias_logits":false,"add_final_layer_norm":true,
+    "architectures":["BlenderbotForConditionalGeneration"],"attention_dropout":0.0,
+    "bos_token_id":1,"classif_dropout":0.0,"d_model":1280,"decoder_attention_heads":32,
+    "decoder_ffn_dim":5120,"decoder_layerdrop":0.0,"decoder_layers":12,
+    "decoder_start_token_id":1,"do_blenderbot_90_layernorm":true,"dropout":0.1,
+    "encoder_attention_heads":32,"encoder_ffn_dim":5120,"encoder_layerdrop":0.0,
+    "encoder_layers":2,"encoder_no_repeat_ngram_size":3,"eos_token_id":2,
+    "extra_layer_norm":false,"extra_pos_embeddings":0,"force_bos_token_to_be_generated":false,
+    "forced_eos_token_id":2,"init_std":0.02,"is_encoder_decoder":true,
+    "layernorm_variant":"prelayernorm","length_penalty":0.65,"max_length":60,
+    "max_position_embeddings":128,"min_length":20,"model_type":"blenderbot",
+    "no_repeat_ngram_size":3,"normalize_before":true,"normalize_embedding":false,
+    "num_beams":10,"num_hidden_layers":2,"pad_token_id":0,"scale_embedding":true,
+    "static_position_embeddings":false,"transformers_version":"4.4.0.dev0","unk_token_id":3,
+    "use_cache":true,"vocab_size":8008})");
+  const auto b = models::seq2seq_config_from_json(bart_large, "facebook/bart-large");
+  EXPECT_EQ(b.num_parameters(), 406291456);
+  EXPECT_FALSE(b.pre_norm);
+  EXPECT_EQ(b.position_offset, 2);
+  const auto bb = models::seq2seq_config_from_json(blenderbot, "blenderbot-400M-distill");
+  EXPECT_EQ(bb.num_parameters(), 364802560);
+  EXPECT_TRUE(bb.pre_norm && bb.final_norm && bb.scale_embedding && !bb.embedding_norm);
+  EXPECT_EQ(bb.decoder_start_token_id, 1);
+  EXPECT_EQ(bb.pad_token_id, 0);
+  // bart-base's shape (the formula is checked against the built module tree on the fixtures).
+  models::Seq2SeqConfig base = b;
+  base.d_model = 768;
+  base.encoder_layers = base.decoder_layers = 6;
+  base.encoder_heads = base.decoder_heads = 12;
+  base.encoder_ffn = base.decoder_ffn = 3072;
+  EXPECT_EQ(base.num_parameters(), 139420416);
+}
+
+// Generation options: the fixture's generation_config.json (transformers 5), and a 4.x
+// config.json's generation keys (blenderbot-400M-distill's), and a setting we do not implement.
+TEST(HFSeq2SeqGeneration, OptionsAreReadFromTheCheckpoint) {
+  const auto cfg = *models::read_hf_seq2seq_config(case_dir("blenderbot_s2s"));
+  const models::BeamOptions o = models::read_hf_generation_options(case_dir("blenderbot_s2s"), cfg);
+  EXPECT_EQ(o.num_beams, 1);
+  EXPECT_EQ(o.encoder_no_repeat_ngram_size, 3);  // BlenderbotConfig's default
+  EXPECT_EQ(o.forced_eos_token_id, 2);
+  EXPECT_EQ(o.eos_token_id, 2);
+  EXPECT_EQ(o.max_new_tokens, 19);  // max_length 20 with the decoder start
+  const fs::path dir = fs::temp_directory_path() / ("ds_s2s_gen_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"model_type":"blenderbot","num_beams":10,
+    "length_penalty":0.65,"max_length":60,"min_length":20,"no_repeat_ngram_size":3,
+    "encoder_no_repeat_ngram_size":3,"eos_token_id":2,"forced_eos_token_id":2})";
+  const models::BeamOptions h = models::read_hf_generation_options(dir, cfg);
+  EXPECT_EQ(h.num_beams, 10);
+  EXPECT_FLOAT_EQ(h.length_penalty, 0.65f);
+  EXPECT_EQ(h.max_new_tokens, 59);
+  EXPECT_EQ(h.min_length, 20);
+  EXPECT_EQ(h.no_repeat_ngram_size, 3);
+  EXPECT_EQ(h.encoder_no_repeat_ngram_size, 3);
+  std::ofstream(dir / "generation_config.json") << R"({"do_sample":true,"top_k":5})";
+  EXPECT_HAS(error_of([&] { models::read_hf_generation_options(dir, cfg); }), "do_sample");
+  std::ofstream(dir / "generation_config.json") << R"({"watermarking_config":{}})";
+  EXPECT_HAS(error_of([&] { models::read_hf_generation_options(dir, cfg); }),
+             "watermarking_config");
+  std::ofstream(dir / "generation_config.json") << R"({"repetition_penalty":1.2})";
+  EXPECT_HAS(error_of([&] { models::read_hf_generation_options(dir, cfg); }), "repetition_penalty");
+  fs::remove_all(dir);
+}
+
+// A bad file: a missing tensor and an extra one are listed together.
+TEST(HFSeq2SeqWeights, MissingAndExtraTensorsAreListed) {
+  auto cfg = models::read_hf_seq2seq_config(case_dir("bart_s2s"));
+  models::Seq2Seq m(*cfg, /*init=*/false);
+  const fs::path dir = fs::temp_directory_path() / ("ds_s2s_bad_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  safetensors::Reader r((case_dir("bart_s2s") / "model.safetensors").string());
+  std::vector<std::pair<std::string, Tensor>> ts;
+  for (const auto& e : r.entries())
+    if (e.name != "model.decoder.layers.1.fc2.weight") ts.emplace_back(e.name, r.get(e.name));
+  ts.emplace_back("model.decoder.extra.weight", Tensor::zeros({2}));
+  safetensors::save((dir / "model.safetensors").string(), ts, {{"format", "pt"}});
+  const std::string err = error_of([&] { models::load_hf_seq2seq_weights(m, dir); });
+  EXPECT_HAS(err, "missing: 'model.decoder.layers.1.fc2.weight'");
+  EXPECT_HAS(err, "extra: 'model.decoder.extra.weight'");
+  fs::remove_all(dir);
+}
+
+}  // namespace
