@@ -3,6 +3,7 @@
 // effective-config report.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -797,7 +798,8 @@ TEST(ConfigJson, StripTrailingCommas) {
 }
 
 TEST(ConfigJson, FilePathAndSyntaxErrors) {
-  auto dir = std::filesystem::temp_directory_path() / "ds_config_test";
+  auto dir =
+      std::filesystem::temp_directory_path() / ("ds_config_test_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   auto path = (dir / "ds_config.json").string();
   {

@@ -8,6 +8,7 @@
 //     gradient, no optimizer state and no change; the LoRA losses of every stage agree with
 //     stage 0's (stage 1 bitwise, 2 and 3 within 1e-6); a checkpoint resumes bitwise.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -245,8 +246,9 @@ TEST_P(LoraPeft, ForwardLossAndGradientsMatchPeft) {
 
 TEST_P(LoraPeft, AdapterRoundTripsWithPeftNamesAndConfig) {
   PeftCase c = load_case(GetParam());
-  const fs::path dir = fs::temp_directory_path() /
-                       fmt::format("ds_lora_adapter_{}_{}", GetParam(), comm::world()->rank());
+  const fs::path dir =
+      fs::temp_directory_path() /
+      fmt::format("ds_lora_adapter_{}_{}_{}", GetParam(), comm::world()->rank(), ::getpid());
   fs::remove_all(dir);
   models::export_peft_adapter(*c.model, c.model->named_parameters(), c.lora, dir, "/base");
   // The same tensor names and shapes as peft's own file.
@@ -283,8 +285,9 @@ TEST_P(LoraPeft, AdapterRoundTripsWithPeftNamesAndConfig) {
 
 TEST_P(LoraPeft, MergedWeightsGiveTheUnmergedLogits) {
   PeftCase c = load_case(GetParam());
-  const fs::path dir = fs::temp_directory_path() /
-                       fmt::format("ds_lora_merged_{}_{}", GetParam(), comm::world()->rank());
+  const fs::path dir =
+      fs::temp_directory_path() /
+      fmt::format("ds_lora_merged_{}_{}_{}", GetParam(), comm::world()->rank(), ::getpid());
   fs::remove_all(dir);
   const auto merged = nn::merge_lora_weights(c.model->named_parameters(), c.lora.scaling());
   for (const auto& [n, t] : merged) EXPECT_FALSE(nn::is_lora_parameter(n)) << n;
@@ -321,8 +324,8 @@ TEST(LoraFamilies, Glm4MergedExportAndAdapterTargets) {
       if (name.find("lora_B") != std::string::npos)
         p.copy_from(ops::mul(Tensor::ones(p.shape()), 0.05f));
   }
-  const fs::path dir =
-      fs::temp_directory_path() / fmt::format("ds_lora_glm4_{}", comm::world()->rank());
+  const fs::path dir = fs::temp_directory_path() /
+                       fmt::format("ds_lora_glm4_{}_{}", comm::world()->rank(), ::getpid());
   fs::remove_all(dir);
   const auto merged = nn::merge_lora_weights(m->named_parameters(), c.scaling());
   models::export_hf(m->config(), merged, dir / "merged");
@@ -531,8 +534,10 @@ class LoraCheckpoint : public ::testing::TestWithParam<int> {};
 TEST_P(LoraCheckpoint, ResumesBitwise) {
   const int stage = GetParam();
   auto g = comm::world();
+  int64_t id = ::getpid();  // rank 0's: side-by-side runs must not share the folder
+  g->broadcast(&id, 1, DType::i64, 0, "test folder");
   const fs::path dir =
-      fs::temp_directory_path() / fmt::format("ds_lora_ck_{}_{}", stage, g->size());
+      fs::temp_directory_path() / fmt::format("ds_lora_ck_{}_{}_{}", stage, g->size(), id);
   if (g->rank() == 0) fs::remove_all(dir);
   g->barrier();
   std::vector<double> continuous;

@@ -3,6 +3,7 @@
 // bitwise at the same world size and load at another. Run under mpirun with 2 and 4 ranks
 // (tests/cmake/zero.cmake); every rank also runs the single-process reference itself.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <limits>
@@ -330,7 +331,11 @@ TEST_P(Zero, CheckpointResumesBitwiseAndLoadsAtAnotherWorldSize) {
   const int stage = GetParam();
   auto g = world();
   const int n = g->size();
-  fs::path dir = fs::temp_directory_path() / fmt::format("ds_zero_ck_{}_{}", stage, n);
+  // Rank 0's pid names the folder: runs of this test side by side (two checkouts on one machine)
+  // must not share it.
+  int64_t id = ::getpid();
+  g->broadcast(&id, 1, DType::i64, 0, "test folder");
+  fs::path dir = fs::temp_directory_path() / fmt::format("ds_zero_ck_{}_{}_{}", stage, n, id);
   if (g->rank() == 0) fs::remove_all(dir);
   g->barrier();
   std::vector<double> continuous;
