@@ -3,41 +3,25 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
+#include <tuple>
 
 #include "checkpoint_format.h"
 #include "checkpoint_parts.h"
 #include "ds/core/error.h"
-#include "ds/core/text.h"
-#include "ds/runtime/checkpoint_files.h"
-#include "ds/core/file_io.h"
 #include "ds/core/safetensors.h"
+#include "ds/runtime/checkpoint_reader.h"
 
 namespace fs = std::filesystem;
 
 namespace ds::runtime {
 namespace {
 
-using detail::kModelFile;
+using detail::field_int;
 using detail::parse_metadata;
-using detail::read_text;
-using detail::trim;
 
 constexpr int64_t kChunk = int64_t{1} << 20;  // elements converted at a time
-
-// A non-negative integer field of checkpoint metadata, or an error naming file and field.
-int64_t field_int(const nlohmann::json& j, const std::string& key, const std::string& file,
-                  const std::string& where) {
-  auto it = j.find(key);
-  DS_CHECK(it != j.end() && it->is_number_integer() && it->get<int64_t>() >= 0,
-           "[ds_to_fp32] {}: {}.{} must be an integer >= 0, got {}; the checkpoint is damaged or "
-           "not written by deepspeed.cpp",
-           file, where, key, it == j.end() ? std::string("nothing") : it->dump());
-  return it->get<int64_t>();
-}
 
 const nlohmann::json& field_array(const nlohmann::json& j, const std::string& key,
                                   const std::string& file, const std::string& where) {
@@ -57,116 +41,25 @@ struct CheckpointShards::Shard {
   int64_t count = 0;              // elements of fp32_master
 };
 
-fs::path resolve_checkpoint_folder(const fs::path& path, const std::string& tag_in) {
-  DS_CHECK(fs::is_directory(path),
-           "[ds_to_fp32] {} is not a folder: give a checkpoint folder "
-           "(the one holding 'latest') or one of its global_step<N> folders",
-           path.string());
-  if (tag_in.empty() && fs::exists(path / kModelFile)) return path;
-  std::string tag = tag_in;
-  if (tag.empty()) {
-    DS_CHECK(fs::exists(path / "latest"),
-             "[ds_to_fp32] {} holds neither {} nor a 'latest' file: give a checkpoint folder, one "
-             "of its global_step<N> folders, or --tag",
-             path.string(), kModelFile);
-    tag = read_latest_tag(path, "[ds_to_fp32]");
-  }
-  DS_CHECK(tag.find('/') == std::string::npos && tag != "." && tag != "..",
-           "[ds_to_fp32] tag {} must be a folder name inside {} (global_step<N>), not a path",
-           quoted_excerpt(tag, 200), path.string());
-  const fs::path folder = path / tag;
-  DS_CHECK(fs::is_directory(folder), "[ds_to_fp32] checkpoint folder {} does not exist",
-           quoted_excerpt(folder.string(), 300));
-  return folder;
-}
-
 CheckpointShards::~CheckpointShards() = default;
 
-CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
-    : folder_(resolve_checkpoint_folder(path, tag)) {
-  const fs::path sums_path = folder_ / "checksums.json";
-  DS_CHECK(fs::exists(sums_path),
-           "[ds_to_fp32] {} is missing: the checkpoint is incomplete (a save was interrupted?); "
-           "use an older tag",
-           sums_path.string());
-  nlohmann::json sums;
-  try {
-    sums = nlohmann::json::parse(read_text(sums_path));
-  } catch (const std::exception& e) {
-    DS_THROW("[ds_to_fp32] {} is damaged ({})", sums_path.string(), e.what());
-  }
-  DS_CHECK(sums.is_object(), "[ds_to_fp32] {} is damaged: expected a JSON object of files",
-           sums_path.string());
-  auto verify = [&](const std::string& f) {
-    const fs::path p = folder_ / f;
-    DS_CHECK(fs::exists(p),
-             "[ds_to_fp32] {} is missing: the checkpoint is incomplete; copy the file from the "
-             "run's checkpoint folder or use another tag",
-             p.string());
-    DS_CHECK(sums.contains(f) && sums[f].is_object() && sums[f].contains("bytes") &&
-                 sums[f].contains("xxh64") && sums[f]["bytes"].is_number_unsigned() &&
-                 sums[f]["xxh64"].is_string(),
-             "[ds_to_fp32] {} does not record the size and checksum of {}; the checkpoint is "
-             "damaged or not written by deepspeed.cpp",
-             sums_path.string(), f);
-    uint64_t size = 0;
-    const uint64_t h = file_xxh64(p, &size);
-    const uint64_t want = sums[f]["bytes"].get<uint64_t>();
-    DS_CHECK(size == want,
-             "[ds_to_fp32] {} is truncated or padded: {} bytes, checksums.json says {}; copy it "
-             "again from the run's checkpoint folder",
-             p.string(), size, want);
-    DS_CHECK(fmt::format("{:016x}", h) == sums[f]["xxh64"].get<std::string>(),
-             "[ds_to_fp32] {} is corrupted: checksum {:016x} differs from the recorded {}; copy "
-             "it again from the run's checkpoint folder",
-             p.string(), h, sums[f]["xxh64"].get<std::string>());
-  };
-
+CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag) {
+  CheckpointReader ckpt(path, tag, CheckpointReader::Use::Consolidate);
+  folder_ = ckpt.folder();
   // Model states: metadata only (its weights are in the training dtype).
-  verify(kModelFile);
-  {
-    const safetensors::Reader model((folder_ / kModelFile).string());
-    const nlohmann::json engine = parse_metadata(model, "ds_engine", "[ds_to_fp32]");
-    const std::string file = model.path();
-    global_steps_ = field_int(engine, "global_steps", file, "ds_engine");
-    world_size_ = static_cast<int>(field_int(engine, "world_size", file, "ds_engine"));
-    zero_stage_ = static_cast<int>(field_int(engine, "zero_stage", file, "ds_engine"));
-    const auto dt = engine.find("dtype");
-    DS_CHECK(dt != engine.end() && dt->is_string(),
-             "[ds_to_fp32] {}: ds_engine.dtype must be a string; the file is damaged", file);
-    const std::string d = dt->get<std::string>();
-    DS_CHECK(d == "fp32" || d == "bf16" || d == "fp16",
-             "[ds_to_fp32] {}: ds_engine.dtype '{}' is not fp32, bf16 or fp16", file, d);
-    training_dtype_ = d == "bf16" ? DType::bf16 : d == "fp16" ? DType::f16 : DType::f32;
-    if (const auto mp = engine.find("model_parallel"); mp != engine.end()) {
-      DS_CHECK(mp->is_object(),
-               "[ds_to_fp32] {}: ds_engine.model_parallel must be an object; the "
-               "file is damaged",
-               file);
-      tensor_parallel_ = static_cast<int>(
-          std::max<int64_t>(1, field_int(*mp, "tp", file, "ds_engine.model_parallel")));
-      pipeline_parallel_ = static_cast<int>(
-          std::max<int64_t>(1, field_int(*mp, "pp", file, "ds_engine.model_parallel")));
-    }
-    const auto cs = engine.find("client_state");
-    if (cs != engine.end() && cs->is_object() && cs->contains("ds_train") &&
-        (*cs)["ds_train"].is_object() && (*cs)["ds_train"].contains("model"))
-      model_config_ = (*cs)["ds_train"]["model"];
-  }
+  global_steps_ = ckpt.global_steps();
+  world_size_ = ckpt.world_size();
+  zero_stage_ = ckpt.zero_stage();
+  training_dtype_ = ckpt.training_dtype();
+  std::tie(tensor_parallel_, pipeline_parallel_) = ckpt.model_parallel();
+  model_config_ = ckpt.model_config();
 
   // Optimizer shards: those checksums.json lists and those in the folder, by model-parallel part
   // (mp_rank_XX) and data-parallel rank.
   const bool bf16 = training_dtype_ == DType::bf16;
   const std::string prefix = std::string(bf16 ? "bf16_" : "") + "zero_pp_rank_";
   const std::string suffix = "_mp_rank_XX_optim_states.safetensors";
-  std::map<int, std::map<int, std::string>> names;  // mp -> dp -> file
-  for (auto it = sums.begin(); it != sums.end(); ++it)
-    if (auto dm = detail::parse_optim_file_name(it.key(), bf16))
-      names[dm->second][dm->first] = it.key();
-  for (const auto& e : fs::directory_iterator(folder_)) {
-    const std::string n = e.path().filename().string();
-    if (auto dm = detail::parse_optim_file_name(n, bf16)) names[dm->second][dm->first] = n;
-  }
+  const std::map<int, std::map<int, std::string>> names = ckpt.optimizer_files(bf16);
   DS_CHECK(!names.empty(),
            "[ds_to_fp32] {} holds no optimizer shard ({}<r>{}): the master weights are there; "
            "the checkpoint is incomplete",
@@ -195,7 +88,7 @@ CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
     int64_t partition_count = -1, numel = 0;
     std::vector<Piece> pieces;
     for (const auto& [dp, f] : by_dp) {
-      verify(f);
+      ckpt.verify(f);
       auto shard = std::make_unique<Shard>(Shard{safetensors::Reader((folder_ / f).string())});
       const std::string file = shard->reader.path();
       const nlohmann::json meta = parse_metadata(shard->reader, "ds_optimizer", "[ds_to_fp32]");
