@@ -40,6 +40,7 @@
 #include "ds/runtime/checkpoint_files.h"
 #include "ds/runtime/checkpoint_reader.h"
 #include "ds/runtime/engine.h"
+#include "optimizer_shard.h"
 
 namespace fs = std::filesystem;
 
@@ -532,7 +533,7 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
              "model-parallel part(s)): the folder mixes saves of different layouts",
              sums_path.string(), by_dp.begin()->second, (ck / kModelFile).string(), layout, ck_mp);
     int64_t partition_count = 0;
-    nlohmann::json first_names, first_shapes, first_offsets, first_slices;
+    detail::ShardMeta first;  // the part's first shard: the others must repeat its layout
     for (const auto& [dp, f] : by_dp) {
       const std::string path = (ck / f).string();
       DS_CHECK(fs::exists(ck / f),
@@ -542,25 +543,9 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
       readers.emplace_back(path);
       reader_files.push_back(f);
       sources.emplace_back();
-      const safetensors::Reader& reader = readers.back();
-      const nlohmann::json meta_json = parse_metadata(reader, "ds_optimizer", "[checkpoint]");
-      const Meta meta(meta_json, path, "ds_optimizer");
-      const int64_t numel = meta.integer("numel");
-      const nlohmann::json& names = meta.array("param_names");
-      const nlohmann::json& shapes = meta.array("param_shapes");
-      const nlohmann::json& offsets = meta.array("param_offsets");
-      DS_CHECK(shapes.size() == names.size() && offsets.size() == names.size(),
-               "[checkpoint] {}: ds_optimizer lists {} parameter names, {} shapes and {} offsets; "
-               "the file is damaged",
-               path, names.size(), shapes.size(), offsets.size());
-      nlohmann::json slices = nlohmann::json::array();
-      if (meta.has("param_slices")) {
-        slices = meta.array("param_slices");
-        DS_CHECK(slices.size() == names.size(),
-                 "[checkpoint] {}: ds_optimizer lists {} parameter names but {} slices; the file "
-                 "is damaged",
-                 path, names.size(), slices.size());
-      }
+      detail::ShardMeta shard =
+          detail::read_shard_meta(readers.back(), CheckpointReader::Use::Resume);
+      const Meta meta(shard.json, path, "ds_optimizer");
       const std::string opt_name = meta.string("optimizer");
       DS_CHECK(opt_name == optimizer_->name(),
                "[checkpoint] {} was written with the {} optimizer; this run uses {}", path,
@@ -569,72 +554,30 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
       for (const auto& [k, v] : scalars.json().items())
         if (!v.is_number()) meta.bad("scalar_state." + k, v, "a number");
       if (scalar_state.is_null()) scalar_state = scalars.json();
-      const int64_t pc = meta.has("partition_count") ? meta.integer("partition_count", 1) : 1;
       const size_t m = static_cast<size_t>(mp);
       if (opt_first[m].empty()) {
         opt_first[m] = path;
-        partition_count = pc;
-        first_names = names;
-        first_shapes = shapes;
-        first_offsets = offsets;
-        first_slices = slices;
+        partition_count = shard.partition_count;
         detail::PartIndex part{path, {}};
-        for (size_t i = 0; i < names.size(); ++i) {
-          if (!names[i].is_string())
-            meta.bad(fmt::format("param_names[{}]", i), names[i], "a string");
-          bool shape_ok = shapes[i].is_array();
-          int64_t count = 1;
-          for (const auto& d : shapes[i]) {
-            shape_ok = shape_ok && d.is_number_integer() && d.get<int64_t>() >= 0;
-            if (shape_ok) count *= d.get<int64_t>();
-          }
-          if (!shape_ok)
-            meta.bad(fmt::format("param_shapes[{}]", i), shapes[i], "a list of integers >= 0");
-          if (!offsets[i].is_number_integer() || offsets[i].get<int64_t>() < 0 ||
-              offsets[i].get<int64_t>() + count > numel)
-            meta.bad(fmt::format("param_offsets[{}]", i), offsets[i],
-                     fmt::format("an offset inside the {} flat elements", numel));
-          const std::string name = names[i].get<std::string>();
-          const Shape local = shapes[i].get<Shape>();
-          detail::Slice s = detail::Slice::whole(local);
-          if (!slices.empty()) {
-            s = detail::Slice::from_json(
-                slices[i], path, fmt::format("ds_optimizer.param_slices[{}]", i), "[checkpoint]");
-            DS_CHECK(s.local_shape() == local,
-                     "[checkpoint] {}: parameter {} is {} in the file, but its slice ({}) is {}; "
-                     "the file is damaged",
-                     path, name, shape_str(local), s.str(), shape_str(s.local_shape()));
-          }
-          part.slices[name] = s;
-          part_offsets[m][name] = offsets[i].get<int64_t>();
+        for (const detail::ShardParameter& p :
+             detail::shard_parameters(shard, CheckpointReader::Use::Resume)) {
+          part.slices[p.name] = p.slice;
+          part_offsets[m][p.name] = p.offset;
         }
         opt_parts[m] = std::move(part);
       } else {
-        DS_CHECK(pc == partition_count,
+        DS_CHECK(shard.partition_count == partition_count,
                  "[checkpoint] {} was written by {} data-parallel partitions, {} by {}: the folder "
                  "mixes shards of different saves; use the files of one save only",
-                 path, pc, opt_first[m], partition_count);
-        DS_CHECK(names == first_names && shapes == first_shapes && offsets == first_offsets &&
-                     slices == first_slices,
+                 path, shard.partition_count, opt_first[m], partition_count);
+        DS_CHECK(shard.same_layout(first),
                  "[checkpoint] {} lists other parameters (names, shapes, offsets or slices) than "
                  "{}: the folder mixes shards of different saves; use the files of one save only",
                  path, opt_first[m]);
       }
-      for (const auto& seg : meta.array("segments")) {
-        bool seg_ok = seg.is_array() && seg.size() == 3;
-        for (size_t k = 0; seg_ok && k < 3; ++k)
-          seg_ok = seg[k].is_number_integer() && seg[k].get<int64_t>() >= 0;
-        if (!seg_ok)
-          meta.bad("segments[]", seg,
-                   "a list of [flat begin, flat end, offset] integer triples >= 0");
-        const int64_t fb = seg[0].get<int64_t>(), fe = seg[1].get<int64_t>(),
-                      foff = seg[2].get<int64_t>();
-        DS_CHECK(fb <= fe && fe <= numel,
-                 "[checkpoint] {}: segment [{}, {}) lies outside the {} flat elements; the file is "
-                 "damaged",
-                 path, fb, fe, numel);
-        if (fb < fe) part_segments[m].push_back({fb, fe, foff, readers.size() - 1});
-      }
+      for (const detail::ShardSegment& seg : shard.segments)
+        part_segments[m].push_back({seg.begin, seg.end, seg.offset, readers.size() - 1});
+      if (first.file.empty()) first = std::move(shard);
     }
     for (int64_t d = 0; d < partition_count; ++d)
       DS_CHECK(by_dp.count(static_cast<int>(d)),
@@ -664,19 +607,15 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
     verify(reader_files[r]);
     const safetensors::Reader& reader = readers[r];
     for (const auto& name : state_names) {
-      DS_CHECK(reader.contains(name), "[checkpoint] {} has no optimizer state '{}'", reader.path(),
-               name);
-      const auto& entry = reader.entry(name);
-      DS_CHECK(entry.supported && entry.dtype == DType::f32, "[checkpoint] {}: '{}' is not fp32",
-               reader.path(), name);
-      const int64_t have = static_cast<int64_t>((entry.end - entry.begin) / sizeof(float));
+      int64_t have = 0;
+      const float* data = detail::shard_tensor(reader, name, CheckpointReader::Use::Resume, &have);
       for (const auto& segs : part_segments)
         for (const Segment& s : segs)
           DS_CHECK(s.reader != r || s.offset + (s.end - s.begin) <= have,
                    "[checkpoint] {}: segment [{}, {}) at offset {} reads past the {} elements of "
                    "'{}'; the file is damaged",
                    reader.path(), s.begin, s.end, s.offset, have, name);
-      src.push_back(reinterpret_cast<const float*>(reader.data_of(entry)));
+      src.push_back(data);
     }
     return src;
   };

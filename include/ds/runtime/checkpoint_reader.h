@@ -19,8 +19,9 @@
 //     use; its "ds_engine" metadata read field by field, typed (a missing or mistyped field is an
 //     error naming the file and the field);
 //   - the names of the optimizer shard files, by model-parallel and data-parallel rank.
-// The tensors themselves are read through safetensors::Reader (a read-only mapping) by the users,
-// which know which elements they need.
+// Each shard's own metadata (its part's flat layout, the flat ranges it stores) and its fp32
+// tensors (master weights, moments) are read and checked by src/runtime/optimizer_shard.h, for
+// the same two uses; the users then take the elements they need from the read-only mappings.
 //
 // Errors: the two users word their errors differently (and tests and users rely on the wording),
 // so the reader is opened for a Use: Resume's errors start with "[checkpoint]", Consolidate's with
