@@ -107,6 +107,15 @@ TEST_F(CheckpointReaderTest, ReadsTheModelStatesMetadata) {
   ASSERT_EQ(shards.size(), 1u);
   EXPECT_EQ(shards.at(0).at(0), kShard);
   EXPECT_TRUE(r.optimizer_files(true).empty());  // bf16 runs name theirs bf16_zero_pp_rank_...
+  // A shard on disk that checksums.json does not list: ds_to_fp32 names it (verify then refuses
+  // it), resume goes by checksums.json only.
+  const std::string unlisted = "zero_pp_rank_1_mp_rank_00_optim_states.safetensors";
+  std::ofstream(dir_ / "global_step7" / unlisted) << "x";
+  EXPECT_EQ(runtime::CheckpointReader(dir_, "", Use::Consolidate).optimizer_files(false).at(0).at(1),
+            unlisted);
+  EXPECT_EQ(runtime::CheckpointReader(dir_, "", Use::Resume).optimizer_files(false).at(0).size(),
+            1u);
+  fs::remove(dir_ / "global_step7" / unlisted);
 
   write({{"model_parallel", {{"tp", 2}, {"pp", 2}}}, {"global_steps", -1}});
   runtime::CheckpointReader resume(dir_, "", Use::Resume);
