@@ -111,8 +111,9 @@ TEST_F(CheckpointReaderTest, ReadsTheModelStatesMetadata) {
   // it), resume goes by checksums.json only.
   const std::string unlisted = "zero_pp_rank_1_mp_rank_00_optim_states.safetensors";
   std::ofstream(dir_ / "global_step7" / unlisted) << "x";
-  EXPECT_EQ(runtime::CheckpointReader(dir_, "", Use::Consolidate).optimizer_files(false).at(0).at(1),
-            unlisted);
+  EXPECT_EQ(
+      runtime::CheckpointReader(dir_, "", Use::Consolidate).optimizer_files(false).at(0).at(1),
+      unlisted);
   EXPECT_EQ(runtime::CheckpointReader(dir_, "", Use::Resume).optimizer_files(false).at(0).size(),
             1u);
   fs::remove(dir_ / "global_step7" / unlisted);
