@@ -32,103 +32,29 @@
 #include "ds/comm/group.h"
 #include "ds/core/checksum.h"
 #include "ds/core/error.h"
-#include "ds/core/text.h"
 #include "ds/core/file_io.h"
 #include "ds/core/rng.h"
 #include "ds/core/safetensors.h"
+#include "ds/core/text.h"
 #include "ds/nn/tensor_parallel.h"
 #include "ds/runtime/checkpoint_files.h"
+#include "ds/runtime/checkpoint_reader.h"
 #include "ds/runtime/engine.h"
+#include "optimizer_shard.h"
 
 namespace fs = std::filesystem;
 
 namespace ds::runtime {
 namespace {
 
+using detail::hex64;
 using detail::kModelFile;
+using detail::Meta;
 using detail::parse_metadata;
 using detail::read_text;
 using detail::trim;
 
 constexpr int kFormatVersion = 1;
-
-std::string hex64(uint64_t v) {
-  return fmt::format("{:016x}", v);
-}
-
-// Typed reads of one JSON object of checkpoint metadata. A missing field or one of the wrong type
-// is an error naming the file, the field and what was expected, never the JSON library's text.
-class Meta {
- public:
-  Meta(const nlohmann::json& j, std::string file, std::string where)
-      : j_(j), file_(std::move(file)), where_(std::move(where)) {}
-
-  const nlohmann::json& field(const std::string& key) const {
-    auto it = j_.find(key);
-    if (it == j_.end())
-      DS_THROW(
-          "[checkpoint] {}: {} has no field '{}'; the checkpoint is damaged or not written by "
-          "deepspeed.cpp",
-          file_, where_, key);
-    return *it;
-  }
-  bool has(const std::string& key) const { return j_.contains(key); }
-  // An integer >= min (step counts and sizes are never negative).
-  int64_t integer(const std::string& key, int64_t min = 0) const {
-    const auto& v = field(key);
-    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX))
-      bad(key, v, fmt::format("an integer >= {}", min));
-    const int64_t x = v.get<int64_t>();
-    if (x < min) bad(key, v, fmt::format("an integer >= {}", min));
-    return x;
-  }
-  uint64_t unsigned64(const std::string& key) const {
-    const auto& v = field(key);
-    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
-      bad(key, v, "an integer >= 0");
-    return v.get<uint64_t>();
-  }
-  std::string string(const std::string& key) const {
-    const auto& v = field(key);
-    if (!v.is_string()) bad(key, v, "a string");
-    return v.get<std::string>();
-  }
-  Meta object(const std::string& key) const {
-    const auto& v = field(key);
-    if (!v.is_object()) bad(key, v, "an object");
-    return Meta(v, file_, where_ + "." + key);
-  }
-  const nlohmann::json& array(const std::string& key) const {
-    const auto& v = field(key);
-    if (!v.is_array()) bad(key, v, "an array");
-    return v;
-  }
-  const nlohmann::json& json() const { return j_; }
-  [[noreturn]] void bad(const std::string& key, const nlohmann::json& v,
-                        const std::string& expected) const {
-    std::string shown = v.dump();
-    if (shown.size() > 60) shown = shown.substr(0, 57) + "...";
-    DS_THROW(
-        "[checkpoint] {}: {}.{} must be {}, got {} ({}); the checkpoint is damaged or not "
-        "written by deepspeed.cpp",
-        file_, where_, key, expected, shown, v.type_name());
-  }
-
- private:
-  const nlohmann::json& j_;
-  std::string file_;
-  std::string where_;
-};
-
-// A tag from `latest` or the caller names a folder inside the checkpoint folder: a plain name,
-// never a path that would load another run's checkpoint.
-void check_tag(const std::string& tag, const std::string& from) {
-  DS_CHECK(!tag.empty() && tag.find('/') == std::string::npos && tag != "." && tag != "..",
-           "[checkpoint] {} names '{}', but a checkpoint tag must be a folder name inside the "
-           "checkpoint folder (global_step<N>), not a path; to load another folder, pass that "
-           "folder itself",
-           from, tag);
-}
 
 }  // namespace
 
@@ -438,65 +364,16 @@ nlohmann::json Engine::load_checkpoint(const std::string& dir_in, const std::str
 
 nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const std::string& tag_in,
                                              const std::function<void()>& local_part_done) {
-  const fs::path dir(dir_in);
-  DS_CHECK(fs::is_directory(dir), "[checkpoint] {} is not a folder{}", dir.string(),
-           group_->size() > 1
-               ? fmt::format(" on rank {} (with several nodes, checkpoints must be on a "
-                             "filesystem that every node mounts)",
-                             group_->rank())
-               : "");
-  std::string tag = tag_in;
-  if (tag.empty()) {
-    tag = read_latest_tag(dir, "[checkpoint]");
-  } else {
-    check_tag(tag, "the requested tag");
-  }
-  const fs::path ck = dir / tag;
-  DS_CHECK(fs::is_directory(ck), "[checkpoint] checkpoint folder {} does not exist",
-           quoted_excerpt(ck.string(), 300));
-
-  const fs::path sums_path = ck / "checksums.json";
-  DS_CHECK(fs::exists(sums_path), "[checkpoint] {} is missing: the checkpoint is incomplete",
-           sums_path.string());
-  nlohmann::json sums;
-  try {
-    sums = nlohmann::json::parse(read_text(sums_path));
-  } catch (const std::exception& e) {
-    DS_THROW("[checkpoint] {} is corrupted ({})", sums_path.string(), e.what());
-  }
-  DS_CHECK(sums.is_object(),
-           "[checkpoint] {} is corrupted: expected a JSON object of files, got {}",
-           sums_path.string(), sums.type_name());
-  const Meta sums_meta(sums, sums_path.string(), "checksums");
-  std::set<std::string> verified;  // each file is hashed once
-  auto verify = [&](const std::string& f) {
-    if (verified.count(f)) return;
-    const fs::path p = ck / f;
-    DS_CHECK(sums.contains(f), "[checkpoint] {} does not list {}", sums_path.string(), f);
-    DS_CHECK(fs::exists(p), "[checkpoint] {} is missing", p.string());
-    const Meta entry = sums_meta.object(f);
-    const uint64_t want_size = entry.unsigned64("bytes");
-    const std::string want_hash = entry.string("xxh64");
-    uint64_t size = 0;
-    const uint64_t h = file_xxh64(p, &size);
-    DS_CHECK(size == want_size, "[checkpoint] {} is truncated or padded: {} bytes, expected {}",
-             p.string(), size, want_size);
-    DS_CHECK(hex64(h) == want_hash,
-             "[checkpoint] {} is corrupted: checksum {} differs from the recorded {}", p.string(),
-             hex64(h), want_hash);
-    verified.insert(f);
-  };
+  CheckpointReader ckpt(dir_in, tag_in, CheckpointReader::Use::Resume,
+                        group_->size() > 1 ? group_->rank() : -1);
+  const fs::path ck = ckpt.folder();
+  const fs::path& sums_path = ckpt.checksums_path();
+  auto verify = [&](const std::string& f) { ckpt.verify(f); };
   // Optimizer shards by model-parallel part and data-parallel rank.
   const bool bf16 = training_dtype() == DType::bf16;
-  std::map<int, std::map<int, std::string>> shard_names;  // mp rank -> dp rank -> file
-  for (auto it = sums.begin(); it != sums.end(); ++it)
-    if (auto dm = detail::parse_optim_file_name(it.key(), bf16))
-      shard_names[dm->second][dm->first] = it.key();
+  const std::map<int, std::map<int, std::string>> shard_names = ckpt.optimizer_files(bf16);
   if (shard_names.empty()) {
-    bool other_found = false;
-    for (auto it = sums.begin(); it != sums.end(); ++it)
-      other_found = other_found || detail::parse_optim_file_name(it.key(), !bf16).has_value();
-    DS_CHECK(!other_found,
+    DS_CHECK(ckpt.optimizer_files(!bf16).empty(),
              "[checkpoint] {} was written by a {} run; this run trains in {} (DeepSpeed names the "
              "bf16 optimizer files differently). Resume with the same precision",
              ck.string(), bf16 ? "non-bf16" : "bf16", dtype_name(training_dtype()));
@@ -505,15 +382,12 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
   }
 
   // Model states: the engine state is in part 0's file (every part's holds the same).
-  verify(kModelFile);
-  std::vector<safetensors::Reader> model_readers;
-  model_readers.emplace_back((ck / kModelFile).string());
-  const nlohmann::json engine_json =
-      parse_metadata(model_readers.front(), "ds_engine", "[checkpoint]");
-  const Meta engine_state(engine_json, (ck / kModelFile).string(), "ds_engine");
+  std::vector<const safetensors::Reader*> model_readers = {&ckpt.model_file()};
+  std::vector<std::unique_ptr<safetensors::Reader>> other_parts;  // mp_rank_01 and on
+  const Meta engine_state(ckpt.engine_state(), (ck / kModelFile).string(), "ds_engine");
   // Every field is read (and type-checked) before any state changes, so a damaged file leaves the
   // engine as it was.
-  const int64_t global_steps = engine_state.integer("global_steps");
+  const int64_t global_steps = ckpt.global_steps();
   const int64_t global_samples = engine_state.integer("global_samples");
   const int64_t skipped_steps = engine_state.integer("skipped_steps");
   const int64_t micro_steps = engine_state.integer("micro_steps");
@@ -524,17 +398,12 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
   const Meta dropout = engine_state.object("dropout_rng");
   const uint64_t dropout_seed = dropout.unsigned64("seed"),
                  dropout_offset = dropout.unsigned64("offset");
-  nlohmann::json client_state = nlohmann::json::object();
-  if (engine_state.has("client_state")) client_state = engine_state.object("client_state").json();
+  nlohmann::json client_state = ckpt.client_state();
   // The layout that wrote it: one part (mp_rank_00) unless ds_engine.model_parallel says more.
-  int64_t ck_tp = 1, ck_pp = 1;
-  if (engine_state.has("model_parallel")) {
-    const Meta m = engine_state.object("model_parallel");
-    ck_tp = m.integer("tp", 1);
-    ck_pp = m.integer("pp", 1);
-  }
-  const int ck_mp = static_cast<int>(ck_tp * ck_pp);
+  const auto [ck_tp, ck_pp] = ckpt.model_parallel();
+  const int ck_mp = ck_tp * ck_pp;
   const std::string layout = fmt::format("tp={} pp={}", ck_tp, ck_pp);
+  const nlohmann::json& sums = ckpt.checksums();
   for (auto it = sums.begin(); it != sums.end(); ++it)
     if (auto mp = detail::parse_model_file_name(it.key()))
       DS_CHECK(*mp < ck_mp,
@@ -543,16 +412,17 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
                sums_path.string(), it.key(), (ck / kModelFile).string(), layout, ck_mp);
   for (int k = 1; k < ck_mp; ++k) {
     const std::string f = detail::model_file_name(k);
-    DS_CHECK(sums.contains(f) && fs::exists(ck / f),
+    DS_CHECK(ckpt.lists(f) && fs::exists(ck / f),
              "[checkpoint] {} is missing: the checkpoint was written with {} ({} model-parallel "
              "parts, mp_rank_00 to mp_rank_{:02d}); copy it from the run's checkpoint folder",
              (ck / f).string(), layout, ck_mp, ck_mp - 1);
-    model_readers.emplace_back((ck / f).string());
+    other_parts.push_back(std::make_unique<safetensors::Reader>((ck / f).string()));
+    model_readers.push_back(other_parts.back().get());
   }
   // Which part of every whole parameter each model file holds.
   std::vector<detail::PartIndex> model_parts;
   for (int k = 0; k < ck_mp; ++k) {
-    const safetensors::Reader& r = model_readers[static_cast<size_t>(k)];
+    const safetensors::Reader& r = *model_readers[static_cast<size_t>(k)];
     detail::PartIndex part{r.path(), {}};
     if (ck_mp == 1 && !r.metadata().count("ds_slices")) {
       for (const auto& e : r.entries()) part.slices[e.name] = detail::Slice::whole(e.shape);
@@ -623,7 +493,7 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
                       : "");
   for (size_t k : model_parts_read) {
     verify(fs::path(model_parts[k].file).filename().string());
-    for (const auto& e : model_readers[k].entries())
+    for (const auto& e : model_readers[k]->entries())
       DS_CHECK(
           e.supported && (e.dtype == DType::f32 || e.dtype == DType::bf16 || e.dtype == DType::f16),
           "[checkpoint] {}: {} is stored as {}, not a floating type", model_parts[k].file, e.name,
@@ -663,7 +533,7 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
              "model-parallel part(s)): the folder mixes saves of different layouts",
              sums_path.string(), by_dp.begin()->second, (ck / kModelFile).string(), layout, ck_mp);
     int64_t partition_count = 0;
-    nlohmann::json first_names, first_shapes, first_offsets, first_slices;
+    detail::ShardMeta first;  // the part's first shard: the others must repeat its layout
     for (const auto& [dp, f] : by_dp) {
       const std::string path = (ck / f).string();
       DS_CHECK(fs::exists(ck / f),
@@ -673,25 +543,9 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
       readers.emplace_back(path);
       reader_files.push_back(f);
       sources.emplace_back();
-      const safetensors::Reader& reader = readers.back();
-      const nlohmann::json meta_json = parse_metadata(reader, "ds_optimizer", "[checkpoint]");
-      const Meta meta(meta_json, path, "ds_optimizer");
-      const int64_t numel = meta.integer("numel");
-      const nlohmann::json& names = meta.array("param_names");
-      const nlohmann::json& shapes = meta.array("param_shapes");
-      const nlohmann::json& offsets = meta.array("param_offsets");
-      DS_CHECK(shapes.size() == names.size() && offsets.size() == names.size(),
-               "[checkpoint] {}: ds_optimizer lists {} parameter names, {} shapes and {} offsets; "
-               "the file is damaged",
-               path, names.size(), shapes.size(), offsets.size());
-      nlohmann::json slices = nlohmann::json::array();
-      if (meta.has("param_slices")) {
-        slices = meta.array("param_slices");
-        DS_CHECK(slices.size() == names.size(),
-                 "[checkpoint] {}: ds_optimizer lists {} parameter names but {} slices; the file "
-                 "is damaged",
-                 path, names.size(), slices.size());
-      }
+      detail::ShardMeta shard =
+          detail::read_shard_meta(readers.back(), CheckpointReader::Use::Resume);
+      const Meta meta(shard.json, path, "ds_optimizer");
       const std::string opt_name = meta.string("optimizer");
       DS_CHECK(opt_name == optimizer_->name(),
                "[checkpoint] {} was written with the {} optimizer; this run uses {}", path,
@@ -700,72 +554,30 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
       for (const auto& [k, v] : scalars.json().items())
         if (!v.is_number()) meta.bad("scalar_state." + k, v, "a number");
       if (scalar_state.is_null()) scalar_state = scalars.json();
-      const int64_t pc = meta.has("partition_count") ? meta.integer("partition_count", 1) : 1;
       const size_t m = static_cast<size_t>(mp);
       if (opt_first[m].empty()) {
         opt_first[m] = path;
-        partition_count = pc;
-        first_names = names;
-        first_shapes = shapes;
-        first_offsets = offsets;
-        first_slices = slices;
+        partition_count = shard.partition_count;
         detail::PartIndex part{path, {}};
-        for (size_t i = 0; i < names.size(); ++i) {
-          if (!names[i].is_string())
-            meta.bad(fmt::format("param_names[{}]", i), names[i], "a string");
-          bool shape_ok = shapes[i].is_array();
-          int64_t count = 1;
-          for (const auto& d : shapes[i]) {
-            shape_ok = shape_ok && d.is_number_integer() && d.get<int64_t>() >= 0;
-            if (shape_ok) count *= d.get<int64_t>();
-          }
-          if (!shape_ok)
-            meta.bad(fmt::format("param_shapes[{}]", i), shapes[i], "a list of integers >= 0");
-          if (!offsets[i].is_number_integer() || offsets[i].get<int64_t>() < 0 ||
-              offsets[i].get<int64_t>() + count > numel)
-            meta.bad(fmt::format("param_offsets[{}]", i), offsets[i],
-                     fmt::format("an offset inside the {} flat elements", numel));
-          const std::string name = names[i].get<std::string>();
-          const Shape local = shapes[i].get<Shape>();
-          detail::Slice s = detail::Slice::whole(local);
-          if (!slices.empty()) {
-            s = detail::Slice::from_json(
-                slices[i], path, fmt::format("ds_optimizer.param_slices[{}]", i), "[checkpoint]");
-            DS_CHECK(s.local_shape() == local,
-                     "[checkpoint] {}: parameter {} is {} in the file, but its slice ({}) is {}; "
-                     "the file is damaged",
-                     path, name, shape_str(local), s.str(), shape_str(s.local_shape()));
-          }
-          part.slices[name] = s;
-          part_offsets[m][name] = offsets[i].get<int64_t>();
+        for (const detail::ShardParameter& p :
+             detail::shard_parameters(shard, CheckpointReader::Use::Resume)) {
+          part.slices[p.name] = p.slice;
+          part_offsets[m][p.name] = p.offset;
         }
         opt_parts[m] = std::move(part);
       } else {
-        DS_CHECK(pc == partition_count,
+        DS_CHECK(shard.partition_count == partition_count,
                  "[checkpoint] {} was written by {} data-parallel partitions, {} by {}: the folder "
                  "mixes shards of different saves; use the files of one save only",
-                 path, pc, opt_first[m], partition_count);
-        DS_CHECK(names == first_names && shapes == first_shapes && offsets == first_offsets &&
-                     slices == first_slices,
+                 path, shard.partition_count, opt_first[m], partition_count);
+        DS_CHECK(shard.same_layout(first),
                  "[checkpoint] {} lists other parameters (names, shapes, offsets or slices) than "
                  "{}: the folder mixes shards of different saves; use the files of one save only",
                  path, opt_first[m]);
       }
-      for (const auto& seg : meta.array("segments")) {
-        bool seg_ok = seg.is_array() && seg.size() == 3;
-        for (size_t k = 0; seg_ok && k < 3; ++k)
-          seg_ok = seg[k].is_number_integer() && seg[k].get<int64_t>() >= 0;
-        if (!seg_ok)
-          meta.bad("segments[]", seg,
-                   "a list of [flat begin, flat end, offset] integer triples >= 0");
-        const int64_t fb = seg[0].get<int64_t>(), fe = seg[1].get<int64_t>(),
-                      foff = seg[2].get<int64_t>();
-        DS_CHECK(fb <= fe && fe <= numel,
-                 "[checkpoint] {}: segment [{}, {}) lies outside the {} flat elements; the file is "
-                 "damaged",
-                 path, fb, fe, numel);
-        if (fb < fe) part_segments[m].push_back({fb, fe, foff, readers.size() - 1});
-      }
+      for (const detail::ShardSegment& seg : shard.segments)
+        part_segments[m].push_back({seg.begin, seg.end, seg.offset, readers.size() - 1});
+      if (first.file.empty()) first = std::move(shard);
     }
     for (int64_t d = 0; d < partition_count; ++d)
       DS_CHECK(by_dp.count(static_cast<int>(d)),
@@ -795,19 +607,15 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
     verify(reader_files[r]);
     const safetensors::Reader& reader = readers[r];
     for (const auto& name : state_names) {
-      DS_CHECK(reader.contains(name), "[checkpoint] {} has no optimizer state '{}'", reader.path(),
-               name);
-      const auto& entry = reader.entry(name);
-      DS_CHECK(entry.supported && entry.dtype == DType::f32, "[checkpoint] {}: '{}' is not fp32",
-               reader.path(), name);
-      const int64_t have = static_cast<int64_t>((entry.end - entry.begin) / sizeof(float));
+      int64_t have = 0;
+      const float* data = detail::shard_tensor(reader, name, CheckpointReader::Use::Resume, &have);
       for (const auto& segs : part_segments)
         for (const Segment& s : segs)
           DS_CHECK(s.reader != r || s.offset + (s.end - s.begin) <= have,
                    "[checkpoint] {}: segment [{}, {}) at offset {} reads past the {} elements of "
                    "'{}'; the file is damaged",
                    reader.path(), s.begin, s.end, s.offset, have, name);
-      src.push_back(reinterpret_cast<const float*>(reader.data_of(entry)));
+      src.push_back(data);
     }
     return src;
   };
@@ -881,9 +689,9 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
     const size_t es = dtype_size(p.dtype());
     auto* out = static_cast<unsigned char*>(p.raw_data());
     for (const detail::Source& src : model_sources.at(name)) {
-      const safetensors::Reader& reader = model_readers[src.part];
-      const safetensors::Entry& e = reader.entry(name);
-      const uint8_t* from = reader.data_of(e);
+      const safetensors::Reader& file = *model_readers[src.part];
+      const safetensors::Entry& e = file.entry(name);
+      const uint8_t* from = file.data_of(e);
       const std::vector<detail::Run> runs = detail::overlap_runs(src.slice, want);
       if (e.dtype == p.dtype()) {
         detail::copy_runs(runs, from, out, es);

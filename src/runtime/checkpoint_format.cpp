@@ -39,4 +39,18 @@ nlohmann::json parse_metadata(const safetensors::Reader& r, const std::string& k
   return j;
 }
 
+int64_t field_int(const nlohmann::json& j, const std::string& key, const std::string& file,
+                  const std::string& where) {
+  auto it = j.find(key);
+  DS_CHECK(it != j.end() && it->is_number_integer() && it->get<int64_t>() >= 0,
+           "[ds_to_fp32] {}: {}.{} must be an integer >= 0, got {}; the checkpoint is damaged or "
+           "not written by deepspeed.cpp",
+           file, where, key, it == j.end() ? std::string("nothing") : it->dump());
+  return it->get<int64_t>();
+}
+
+std::string hex64(uint64_t v) {
+  return fmt::format("{:016x}", v);
+}
+
 }  // namespace ds::runtime::detail

@@ -3,51 +3,23 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
+#include <tuple>
 
 #include "checkpoint_format.h"
 #include "checkpoint_parts.h"
 #include "ds/core/error.h"
-#include "ds/core/text.h"
-#include "ds/runtime/checkpoint_files.h"
-#include "ds/core/file_io.h"
 #include "ds/core/safetensors.h"
+#include "ds/runtime/checkpoint_reader.h"
+#include "optimizer_shard.h"
 
 namespace fs = std::filesystem;
 
 namespace ds::runtime {
 namespace {
 
-using detail::kModelFile;
-using detail::parse_metadata;
-using detail::read_text;
-using detail::trim;
-
 constexpr int64_t kChunk = int64_t{1} << 20;  // elements converted at a time
-
-// A non-negative integer field of checkpoint metadata, or an error naming file and field.
-int64_t field_int(const nlohmann::json& j, const std::string& key, const std::string& file,
-                  const std::string& where) {
-  auto it = j.find(key);
-  DS_CHECK(it != j.end() && it->is_number_integer() && it->get<int64_t>() >= 0,
-           "[ds_to_fp32] {}: {}.{} must be an integer >= 0, got {}; the checkpoint is damaged or "
-           "not written by deepspeed.cpp",
-           file, where, key, it == j.end() ? std::string("nothing") : it->dump());
-  return it->get<int64_t>();
-}
-
-const nlohmann::json& field_array(const nlohmann::json& j, const std::string& key,
-                                  const std::string& file, const std::string& where) {
-  auto it = j.find(key);
-  DS_CHECK(it != j.end() && it->is_array(),
-           "[ds_to_fp32] {}: {}.{} must be an array; the checkpoint is damaged or not written by "
-           "deepspeed.cpp",
-           file, where, key);
-  return *it;
-}
 
 }  // namespace
 
@@ -57,116 +29,25 @@ struct CheckpointShards::Shard {
   int64_t count = 0;              // elements of fp32_master
 };
 
-fs::path resolve_checkpoint_folder(const fs::path& path, const std::string& tag_in) {
-  DS_CHECK(fs::is_directory(path),
-           "[ds_to_fp32] {} is not a folder: give a checkpoint folder "
-           "(the one holding 'latest') or one of its global_step<N> folders",
-           path.string());
-  if (tag_in.empty() && fs::exists(path / kModelFile)) return path;
-  std::string tag = tag_in;
-  if (tag.empty()) {
-    DS_CHECK(fs::exists(path / "latest"),
-             "[ds_to_fp32] {} holds neither {} nor a 'latest' file: give a checkpoint folder, one "
-             "of its global_step<N> folders, or --tag",
-             path.string(), kModelFile);
-    tag = read_latest_tag(path, "[ds_to_fp32]");
-  }
-  DS_CHECK(tag.find('/') == std::string::npos && tag != "." && tag != "..",
-           "[ds_to_fp32] tag {} must be a folder name inside {} (global_step<N>), not a path",
-           quoted_excerpt(tag, 200), path.string());
-  const fs::path folder = path / tag;
-  DS_CHECK(fs::is_directory(folder), "[ds_to_fp32] checkpoint folder {} does not exist",
-           quoted_excerpt(folder.string(), 300));
-  return folder;
-}
-
 CheckpointShards::~CheckpointShards() = default;
 
-CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
-    : folder_(resolve_checkpoint_folder(path, tag)) {
-  const fs::path sums_path = folder_ / "checksums.json";
-  DS_CHECK(fs::exists(sums_path),
-           "[ds_to_fp32] {} is missing: the checkpoint is incomplete (a save was interrupted?); "
-           "use an older tag",
-           sums_path.string());
-  nlohmann::json sums;
-  try {
-    sums = nlohmann::json::parse(read_text(sums_path));
-  } catch (const std::exception& e) {
-    DS_THROW("[ds_to_fp32] {} is damaged ({})", sums_path.string(), e.what());
-  }
-  DS_CHECK(sums.is_object(), "[ds_to_fp32] {} is damaged: expected a JSON object of files",
-           sums_path.string());
-  auto verify = [&](const std::string& f) {
-    const fs::path p = folder_ / f;
-    DS_CHECK(fs::exists(p),
-             "[ds_to_fp32] {} is missing: the checkpoint is incomplete; copy the file from the "
-             "run's checkpoint folder or use another tag",
-             p.string());
-    DS_CHECK(sums.contains(f) && sums[f].is_object() && sums[f].contains("bytes") &&
-                 sums[f].contains("xxh64") && sums[f]["bytes"].is_number_unsigned() &&
-                 sums[f]["xxh64"].is_string(),
-             "[ds_to_fp32] {} does not record the size and checksum of {}; the checkpoint is "
-             "damaged or not written by deepspeed.cpp",
-             sums_path.string(), f);
-    uint64_t size = 0;
-    const uint64_t h = file_xxh64(p, &size);
-    const uint64_t want = sums[f]["bytes"].get<uint64_t>();
-    DS_CHECK(size == want,
-             "[ds_to_fp32] {} is truncated or padded: {} bytes, checksums.json says {}; copy it "
-             "again from the run's checkpoint folder",
-             p.string(), size, want);
-    DS_CHECK(fmt::format("{:016x}", h) == sums[f]["xxh64"].get<std::string>(),
-             "[ds_to_fp32] {} is corrupted: checksum {:016x} differs from the recorded {}; copy "
-             "it again from the run's checkpoint folder",
-             p.string(), h, sums[f]["xxh64"].get<std::string>());
-  };
-
+CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag) {
+  CheckpointReader ckpt(path, tag, CheckpointReader::Use::Consolidate);
+  folder_ = ckpt.folder();
   // Model states: metadata only (its weights are in the training dtype).
-  verify(kModelFile);
-  {
-    const safetensors::Reader model((folder_ / kModelFile).string());
-    const nlohmann::json engine = parse_metadata(model, "ds_engine", "[ds_to_fp32]");
-    const std::string file = model.path();
-    global_steps_ = field_int(engine, "global_steps", file, "ds_engine");
-    world_size_ = static_cast<int>(field_int(engine, "world_size", file, "ds_engine"));
-    zero_stage_ = static_cast<int>(field_int(engine, "zero_stage", file, "ds_engine"));
-    const auto dt = engine.find("dtype");
-    DS_CHECK(dt != engine.end() && dt->is_string(),
-             "[ds_to_fp32] {}: ds_engine.dtype must be a string; the file is damaged", file);
-    const std::string d = dt->get<std::string>();
-    DS_CHECK(d == "fp32" || d == "bf16" || d == "fp16",
-             "[ds_to_fp32] {}: ds_engine.dtype '{}' is not fp32, bf16 or fp16", file, d);
-    training_dtype_ = d == "bf16" ? DType::bf16 : d == "fp16" ? DType::f16 : DType::f32;
-    if (const auto mp = engine.find("model_parallel"); mp != engine.end()) {
-      DS_CHECK(mp->is_object(),
-               "[ds_to_fp32] {}: ds_engine.model_parallel must be an object; the "
-               "file is damaged",
-               file);
-      tensor_parallel_ = static_cast<int>(
-          std::max<int64_t>(1, field_int(*mp, "tp", file, "ds_engine.model_parallel")));
-      pipeline_parallel_ = static_cast<int>(
-          std::max<int64_t>(1, field_int(*mp, "pp", file, "ds_engine.model_parallel")));
-    }
-    const auto cs = engine.find("client_state");
-    if (cs != engine.end() && cs->is_object() && cs->contains("ds_train") &&
-        (*cs)["ds_train"].is_object() && (*cs)["ds_train"].contains("model"))
-      model_config_ = (*cs)["ds_train"]["model"];
-  }
+  global_steps_ = ckpt.global_steps();
+  world_size_ = ckpt.world_size();
+  zero_stage_ = ckpt.zero_stage();
+  training_dtype_ = ckpt.training_dtype();
+  std::tie(tensor_parallel_, pipeline_parallel_) = ckpt.model_parallel();
+  model_config_ = ckpt.model_config();
 
   // Optimizer shards: those checksums.json lists and those in the folder, by model-parallel part
   // (mp_rank_XX) and data-parallel rank.
   const bool bf16 = training_dtype_ == DType::bf16;
   const std::string prefix = std::string(bf16 ? "bf16_" : "") + "zero_pp_rank_";
   const std::string suffix = "_mp_rank_XX_optim_states.safetensors";
-  std::map<int, std::map<int, std::string>> names;  // mp -> dp -> file
-  for (auto it = sums.begin(); it != sums.end(); ++it)
-    if (auto dm = detail::parse_optim_file_name(it.key(), bf16))
-      names[dm->second][dm->first] = it.key();
-  for (const auto& e : fs::directory_iterator(folder_)) {
-    const std::string n = e.path().filename().string();
-    if (auto dm = detail::parse_optim_file_name(n, bf16)) names[dm->second][dm->first] = n;
-  }
+  const std::map<int, std::map<int, std::string>> names = ckpt.optimizer_files(bf16);
   DS_CHECK(!names.empty(),
            "[ds_to_fp32] {} holds no optimizer shard ({}<r>{}): the master weights are there; "
            "the checkpoint is incomplete",
@@ -189,74 +70,39 @@ CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
              "folder",
              folder_.string(), mp, (folder_ / detail::optim_file_name(bf16, 0, mp)).string());
     const auto& by_dp = names.at(mp);
-    nlohmann::json first_names, first_shapes, first_offsets, first_slices;
-    std::string first_file;
+    detail::ShardMeta first;  // the part's first shard: the others must repeat its layout
     std::map<int64_t, std::string> by_rank;
-    int64_t partition_count = -1, numel = 0;
     std::vector<Piece> pieces;
     for (const auto& [dp, f] : by_dp) {
-      verify(f);
+      ckpt.verify(f);
       auto shard = std::make_unique<Shard>(Shard{safetensors::Reader((folder_ / f).string())});
       const std::string file = shard->reader.path();
-      const nlohmann::json meta = parse_metadata(shard->reader, "ds_optimizer", "[ds_to_fp32]");
-      const int64_t shard_numel = field_int(meta, "numel", file, "ds_optimizer");
-      const int64_t pc = field_int(meta, "partition_count", file, "ds_optimizer");
-      const int64_t rank = field_int(meta, "rank", file, "ds_optimizer");
-      const nlohmann::json& pn = field_array(meta, "param_names", file, "ds_optimizer");
-      const nlohmann::json& ps = field_array(meta, "param_shapes", file, "ds_optimizer");
-      const nlohmann::json& po = field_array(meta, "param_offsets", file, "ds_optimizer");
-      const nlohmann::json slices = meta.contains("param_slices")
-                                        ? field_array(meta, "param_slices", file, "ds_optimizer")
-                                        : nlohmann::json::array();
-      if (first_file.empty()) {
-        first_file = file;
-        partition_count = pc;
-        numel = shard_numel;
-        first_names = pn;
-        first_shapes = ps;
-        first_offsets = po;
-        first_slices = slices;
-      } else {
-        DS_CHECK(pc == partition_count,
+      shard->master = detail::shard_tensor(shard->reader, "fp32_master",
+                                           CheckpointReader::Use::Consolidate, &shard->count);
+      detail::ShardMeta meta =
+          detail::read_shard_meta(shard->reader, CheckpointReader::Use::Consolidate, shard->count);
+      if (!first.file.empty()) {
+        DS_CHECK(meta.partition_count == first.partition_count,
                  "[ds_to_fp32] {} was written by a run of {} partitions, {} by one of {}: the "
                  "folder mixes shards of different world sizes; use the files of one save only",
-                 file, pc, first_file, partition_count);
-        DS_CHECK(shard_numel == numel && pn == first_names && ps == first_shapes &&
-                     po == first_offsets && slices == first_slices,
+                 file, meta.partition_count, first.file, first.partition_count);
+        DS_CHECK(meta.numel == first.numel && meta.same_layout(first),
                  "[ds_to_fp32] {} lists other parameters (names, shapes, offsets or slices) than "
                  "{}: the folder mixes shards of different models; use the files of one save only",
-                 file, first_file);
+                 file, first.file);
       }
+      const int64_t rank = *meta.rank;
       DS_CHECK(!by_rank.count(rank), "[ds_to_fp32] {} and {} both say they are rank {}",
                by_rank.count(rank) ? by_rank[rank] : "", file, rank);
       by_rank[rank] = file;
-      DS_CHECK(shard->reader.contains("fp32_master"),
-               "[ds_to_fp32] {} has no 'fp32_master' tensor; the file is damaged", file);
-      const safetensors::Entry& e = shard->reader.entry("fp32_master");
-      DS_CHECK(e.supported && e.dtype == DType::f32,
-               "[ds_to_fp32] {}: 'fp32_master' is {}, expected F32; the file is damaged", file,
-               e.dtype_name);
-      shard->master = reinterpret_cast<const float*>(shard->reader.data_of(e));
-      shard->count = static_cast<int64_t>((e.end - e.begin) / sizeof(float));
-      for (const auto& seg : field_array(meta, "segments", file, "ds_optimizer")) {
-        bool ok = seg.is_array() && seg.size() == 3;
-        for (size_t k = 0; ok && k < 3; ++k)
-          ok = seg[k].is_number_integer() && seg[k].get<int64_t>() >= 0;
-        DS_CHECK(ok,
-                 "[ds_to_fp32] {}: ds_optimizer.segments holds {}, expected [flat begin, flat "
-                 "end, offset] triples of integers >= 0; the file is damaged",
-                 file, seg.dump());
-        const int64_t fb = seg[0].get<int64_t>(), fe = seg[1].get<int64_t>(),
-                      off = seg[2].get<int64_t>();
-        DS_CHECK(fb <= fe && fe <= numel && off + (fe - fb) <= shard->count,
-                 "[ds_to_fp32] {}: segment [{}, {}) at offset {} lies outside the {} flat "
-                 "elements or the {} stored ones; the file is damaged",
-                 file, fb, fe, off, numel, shard->count);
-        if (fb < fe) pieces.push_back({fb, fe, shards_.size(), off});
-      }
+      for (const detail::ShardSegment& seg : meta.segments)
+        pieces.push_back({seg.begin, seg.end, shards_.size(), seg.offset});
       shard_files_.push_back(f);
       shards_.push_back(std::move(shard));
+      if (first.file.empty()) first = std::move(meta);
     }
+    const int64_t partition_count = first.partition_count, numel = first.numel;
+    const std::string& first_file = first.file;
     const std::string where =
         mp_parts == 1 ? folder_.string()
                       : fmt::format("{} (model-parallel part {})", folder_.string(), mp);
@@ -276,51 +122,13 @@ CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
              where, by_rank.size(), partition_count);
 
     // This part's parameters in its flat order, with the slice of the whole each one is.
-    DS_CHECK(first_names.size() == first_shapes.size() &&
-                 first_names.size() == first_offsets.size() &&
-                 (first_slices.empty() || first_slices.size() == first_names.size()),
-             "[ds_to_fp32] {}: ds_optimizer lists {} names, {} shapes, {} offsets and {} slices; "
-             "the file is damaged",
-             first_file, first_names.size(), first_shapes.size(), first_offsets.size(),
-             first_slices.size());
     std::vector<ShardedParameter> local;
-    for (size_t i = 0; i < first_names.size(); ++i) {
-      ShardedParameter p;
-      bool ok = first_names[i].is_string() && first_shapes[i].is_array() &&
-                first_offsets[i].is_number_integer() && first_offsets[i].get<int64_t>() >= 0;
-      int64_t n = 1;
-      for (const auto& d : first_shapes[i]) {
-        ok = ok && d.is_number_integer() && d.get<int64_t>() >= 0;
-        if (ok) {
-          p.shape.push_back(d.get<int64_t>());
-          n *= d.get<int64_t>();
-        }
-      }
-      DS_CHECK(ok,
-               "[ds_to_fp32] {}: parameter {} of ds_optimizer (name, shape, offset) is "
-               "malformed; the file is damaged",
-               first_file, i);
-      p.name = first_names[i].get<std::string>();
-      p.offset = first_offsets[i].get<int64_t>();
-      p.numel = n;
-      DS_CHECK(p.offset + p.numel <= numel,
-               "[ds_to_fp32] {}: parameter {} [{}, {}) lies past the {} flat elements; the file "
-               "is damaged",
-               first_file, p.name, p.offset, p.offset + p.numel, numel);
-      detail::Slice s = detail::Slice::whole(p.shape);
-      if (!first_slices.empty()) {
-        s = detail::Slice::from_json(first_slices[i], first_file,
-                                     fmt::format("ds_optimizer.param_slices[{}]", i),
-                                     "[ds_to_fp32]");
-        DS_CHECK(s.local_shape() == p.shape,
-                 "[ds_to_fp32] {}: parameter {} is {} in the file, but its slice ({}) is {}; the "
-                 "file is damaged",
-                 first_file, p.name, shape_str(p.shape), s.str(), shape_str(s.local_shape()));
-      }
-      parts[static_cast<size_t>(mp)].slices[p.name] = s;
-      part_offsets[static_cast<size_t>(mp)][p.name] = p.offset;
-      part_order[static_cast<size_t>(mp)].push_back(p.name);
-      local.push_back(std::move(p));
+    for (detail::ShardParameter& sp :
+         detail::shard_parameters(first, CheckpointReader::Use::Consolidate)) {
+      parts[static_cast<size_t>(mp)].slices[sp.name] = sp.slice;
+      part_offsets[static_cast<size_t>(mp)][sp.name] = sp.offset;
+      part_order[static_cast<size_t>(mp)].push_back(sp.name);
+      local.push_back({std::move(sp.name), std::move(sp.shape), sp.offset, sp.numel});
     }
     parts[static_cast<size_t>(mp)].file = first_file;
 

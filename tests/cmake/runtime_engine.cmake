@@ -1,1 +1,5 @@
 ds_add_test(test_engine LABELS precision resume checkpoint SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_engine.cpp)
+# The checkpoint-folder reader that resume and ds_to_fp32 share (runtime/checkpoint_reader.h):
+# folder/tag resolution, checksums naming the damaged file, the model-states metadata.
+ds_add_test(test_checkpoint_reader LABELS checkpoint resume
+            SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_checkpoint_reader.cpp)

@@ -3,10 +3,9 @@
 // checkpoint written by any world size, ZeRO stage and tensor-parallel size, reassembled offline
 // into whole parameters by name. Used by the ds_to_fp32 tool.
 //
-//   runtime::CheckpointShards ck("out/ckpt");             // a run folder ('latest') or a tag
-//   folder ck.write_safetensors("model.safetensors", DType::f32);  // streamed, one parameter at a
-//   time auto weights = ck.weights(DType::bf16);                  // whole model in memory (HF
-//   export)
+//   runtime::CheckpointShards ck("out/ckpt");  // a run folder ('latest') or a tag folder
+//   ck.write_safetensors("model.safetensors", DType::f32);  // streamed, one parameter at a time
+//   auto weights = ck.weights(DType::bf16);  // whole model in memory (HF export)
 //
 // What is read: every optimizer shard's "fp32_master" tensor (never the moments), through the
 // read-only mapping of the safetensors reader, piece by piece at the offsets its "segments" give.
@@ -18,10 +17,12 @@
 // still without holding it whole.
 //
 // Checks, before anything is written: the size and XXH64 of every file read against
-// checksums.json (the whole file is hashed, streaming: one read of each shard, nothing kept), that
-// the shards are exactly ranks 0..P-1 of the partition count they record (per model-parallel
-// part), that they agree on the parameter names, shapes, offsets and slices, that their segments
-// cover every element of every parameter, and that the parts' slices tile every whole parameter.
+// checksums.json (the whole file is hashed, streaming: one read of each shard, nothing kept;
+// through runtime::CheckpointReader, which also resolves the folder and reads the model-states
+// metadata, as for Engine::load_checkpoint), that the shards are exactly ranks 0..P-1 of the
+// partition count they record (per model-parallel part), that they agree on the parameter names,
+// shapes, offsets and slices, that their segments cover every element of every parameter, and that
+// the parts' slices tile every whole parameter.
 // Every error starts with "[ds_to_fp32]", names the file and says what to do.
 //
 // Memory: write_safetensors holds one conversion buffer of at most 1 Mi elements; the rest is the
@@ -41,14 +42,9 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/core/tensor.h"
+#include "ds/runtime/checkpoint_reader.h"  // resolve_checkpoint_folder
 
 namespace ds::runtime {
-
-// The checkpoint folder a path names: `path` itself when it holds mp_rank_00_model_states
-// .safetensors (a global_step<N> folder); otherwise path/<tag>, with tag "" meaning the tag in
-// path/latest (as Engine::load_checkpoint resolves it). Throws naming what is missing.
-std::filesystem::path resolve_checkpoint_folder(const std::filesystem::path& path,
-                                                const std::string& tag = "");
 
 struct ShardedParameter {
   std::string name;
