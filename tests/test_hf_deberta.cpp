@@ -33,28 +33,19 @@
 #include "ds/nn/flat.h"
 #include "ds/optim/optimizer.h"
 #include "ds/runtime/engine.h"
+#include "hf_fixture.h"
 
 using namespace ds;
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+using ds::testing::case_dir;
+using ds::testing::error_of;
+using ds::testing::rel_err;
+
 namespace {
 
 constexpr double kTol = 1e-5;  // see the header comment
-
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0.0, scale = 0.0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-  }
-  return diff / std::max(scale, 1e-30);
-}
-
-fs::path case_dir(const std::string& name) {
-  return fs::path(DS_FIXTURE_DIR) / "hf_families" / name;
-}
 
 std::shared_ptr<models::SequenceClassifier> import(const fs::path& dir) {
   auto cfg = models::read_hf_encoder_config(dir);
@@ -64,19 +55,6 @@ std::shared_ptr<models::SequenceClassifier> import(const fs::path& dir) {
   m->train(false);  // the reference ran in eval mode
   return m;
 }
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a ds::Error";
-  return "";
-}
-
-#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 
 // Gradients that are zero in exact arithmetic, or nearly: the key bias (the relative key's too)
 // adds q . b to every score of query q, which softmax ignores, but for p2c's K . Qr term; without

@@ -32,28 +32,19 @@
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
 #include "ds/ops/ops.h"
+#include "hf_fixture.h"
 
 using namespace ds;
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+using ds::testing::case_dir;
+using ds::testing::error_of;
+using ds::testing::rel_err;
+
 namespace {
 
 constexpr double kTol = 1e-5;  // see the header comment
-
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0.0, scale = 0.0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-  }
-  return diff / std::max(scale, 1e-30);
-}
-
-fs::path case_dir(const std::string& name) {
-  return fs::path(DS_FIXTURE_DIR) / "hf_families" / name;
-}
 
 std::shared_ptr<models::GPT> import(const fs::path& dir) {
   auto cfg = models::read_hf_config(dir);
@@ -61,17 +52,6 @@ std::shared_ptr<models::GPT> import(const fs::path& dir) {
   auto m = std::make_shared<models::GPT>(*cfg, /*init=*/false);
   models::load_hf_weights(*m, dir);
   return m;
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a ds::Error";
-  return "";
 }
 
 // The case whose transformers reference a case is checked against (itself, or the native case a
@@ -223,8 +203,6 @@ json llama(json extra = json::object()) {
 std::string config_error(const json& j) {
   return error_of([&] { models::hf_config_from_json(j); });
 }
-
-#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 
 TEST(HFConfig, RopeParametersIn4xAnd5xForms) {
   // 4.x: top-level rope_theta (the θ = 500000 model), rope_scaling with "rope_type".

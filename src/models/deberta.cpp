@@ -16,7 +16,9 @@ namespace ds::models {
 
 using detail::check_ids;
 using detail::Container;
+using detail::init_encoder_values;
 using detail::on_device;
+using detail::zero_span;
 
 using nlohmann::json;
 
@@ -352,17 +354,10 @@ bool DebertaClassifier::init_parameter_range(size_t index, int64_t begin, int64_
   DS_CHECK(index < param_names_.size(), "[deberta] parameter index {} of {}", index,
            param_names_.size());
   const std::string& name = param_names_[index];
-  ParamInit init{ParamInit::normal, config_.initializer_range};
-  if (name.find("LayerNorm.") != std::string::npos && name.ends_with(".weight"))
-    init.kind = ParamInit::ones;
-  else if (name.ends_with(".bias"))
-    init.kind = ParamInit::zeros;
-  GPT::init_values(init, config_.seed, index, begin, count, out);
+  init_encoder_values(name, config_.initializer_range, config_.seed, index, begin, count, out);
   if (name == "embeddings.word_embeddings.weight") {  // padding_idx row
     const int64_t E = config_.deberta.embedding_dim(config_.n_embd);
-    const int64_t row0 = config_.pad_token_id * E, row1 = row0 + E;
-    for (int64_t i = std::max(begin, row0); i < std::min(begin + count, row1); ++i)
-      out[i - begin] = 0.0f;
+    zero_span(config_.pad_token_id * E, (config_.pad_token_id + 1) * E, begin, count, out);
   }
   return true;
 }

@@ -18,7 +18,9 @@ namespace ds::models {
 
 using detail::check_ids;
 using detail::Container;
+using detail::init_encoder_values;
 using detail::on_device;
+using detail::zero_span;
 
 using nlohmann::json;
 
@@ -277,18 +279,12 @@ bool EncoderClassifier::init_parameter_range(size_t index, int64_t begin, int64_
   DS_CHECK(index < param_names_.size(), "[encoder] parameter index {} of {}", index,
            param_names_.size());
   const std::string& name = param_names_[index];
-  ParamInit init{ParamInit::normal, config_.initializer_range};
-  if (name.find("LayerNorm.") != std::string::npos && name.ends_with(".weight"))
-    init.kind = ParamInit::ones;
-  else if (name.ends_with(".bias"))
-    init.kind = ParamInit::zeros;
-  GPT::init_values(init, config_.seed, index, begin, count, out);
+  init_encoder_values(name, config_.initializer_range, config_.seed, index, begin, count, out);
   // transformers' _init_weights zeroes the padding_idx row of an Embedding.
   if (name == "embeddings.word_embeddings.weight" ||
       (config_.roberta() && name == "embeddings.position_embeddings.weight")) {
-    const int64_t row0 = config_.pad_token_id * config_.n_embd, row1 = row0 + config_.n_embd;
-    for (int64_t i = std::max(begin, row0); i < std::min(begin + count, row1); ++i)
-      out[i - begin] = 0.0f;
+    const int64_t C = config_.n_embd;
+    zero_span(config_.pad_token_id * C, (config_.pad_token_id + 1) * C, begin, count, out);
   }
   return true;
 }

@@ -1,12 +1,14 @@
 #pragma once
 // Module-building helpers shared by the encoder models (encoder.cpp, deberta.cpp). Internal to
 // src/models: not a public header.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "ds/core/error.h"
 #include "ds/core/tensor.h"
+#include "ds/models/gpt.h"  // ParamInit, GPT::init_values
 #include "ds/nn/module.h"
 
 namespace ds::models::detail {
@@ -39,6 +41,26 @@ inline void check_ids(const Tensor& t, const char* model, const char* what, int6
   DS_CHECK(B < 0 || (t.size(0) == B && t.size(1) == T),
            "[{}] {} is {}, input_ids ({}, {}): they must have the same shape", model, what,
            shape_str(t.shape()), B, T);
+}
+
+// Elements [begin, begin + count) of parameter `index` (named `name`) initialised as transformers'
+// BERT-style _init_weights does: LayerNorm weights 1, biases 0, everything else normal(0, range)
+// from the counter-based draws of (seed, index), so any piece is computed alone.
+inline void init_encoder_values(const std::string& name, float range, uint64_t seed, size_t index,
+                                int64_t begin, int64_t count, float* out) {
+  ParamInit init{ParamInit::normal, range};
+  if (name.find("LayerNorm.") != std::string::npos && name.ends_with(".weight"))
+    init.kind = ParamInit::ones;
+  else if (name.ends_with(".bias"))
+    init.kind = ParamInit::zeros;
+  GPT::init_values(init, seed, index, begin, count, out);
+}
+
+// Zeroes the flat elements [row0, row1) that fall in the piece [begin, begin + count) held in out
+// (an Embedding's padding_idx row).
+inline void zero_span(int64_t row0, int64_t row1, int64_t begin, int64_t count, float* out) {
+  for (int64_t i = std::max(begin, row0); i < std::min(begin + count, row1); ++i)
+    out[i - begin] = 0.0f;
 }
 
 }  // namespace ds::models::detail

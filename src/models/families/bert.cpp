@@ -100,31 +100,11 @@ EncoderConfig read_roberta(const json& j, const std::string& model_type,
 }
 
 json write(const EncoderConfig& c) {
-  json id2label = json::object(), label2id = json::object();
-  for (int64_t i = 0; i < c.num_labels; ++i) {
-    id2label[std::to_string(i)] = "LABEL_" + std::to_string(i);
-    label2id["LABEL_" + std::to_string(i)] = i;
-  }
-  json j = {{"vocab_size", c.vocab_size},
-            {"hidden_size", c.n_embd},
-            {"num_hidden_layers", c.n_layer},
-            {"num_attention_heads", c.n_head},
-            {"intermediate_size", c.ffn_hidden},
-            {"hidden_act", c.hidden_act},
-            {"hidden_dropout_prob", hf::shortest(c.hidden_dropout)},
-            {"attention_probs_dropout_prob", hf::shortest(c.attention_dropout)},
-            {"max_position_embeddings", c.max_positions},
-            {"type_vocab_size", c.type_vocab_size},
-            {"initializer_range", hf::shortest(c.initializer_range)},
-            {"layer_norm_eps", hf::shortest(c.norm_eps)},
-            {"pad_token_id", c.pad_token_id},
-            {"classifier_dropout",
-             c.classifier_dropout >= 0.0f ? json(hf::shortest(c.classifier_dropout)) : json()},
-            {"is_decoder", false},
-            {"add_cross_attention", false},
-            {"id2label", id2label},
-            {"label2id", label2id}};
-  if (!c.problem_type.empty()) j["problem_type"] = c.problem_type;
+  json j = hf::write_encoder_common(c);
+  j["classifier_dropout"] =
+      c.classifier_dropout >= 0.0f ? json(hf::shortest(c.classifier_dropout)) : json();
+  j["is_decoder"] = false;
+  j["add_cross_attention"] = false;
   return j;
 }
 

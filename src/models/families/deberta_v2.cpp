@@ -145,45 +145,25 @@ EncoderConfig read(const json& j, const std::string& model_type, const std::stri
 
 json write(const EncoderConfig& c) {
   const DebertaOptions& d = c.deberta;
-  json id2label = json::object(), label2id = json::object();
-  for (int64_t i = 0; i < c.num_labels; ++i) {
-    id2label[std::to_string(i)] = "LABEL_" + std::to_string(i);
-    label2id["LABEL_" + std::to_string(i)] = i;
-  }
   json pos = json::array();
   if (d.p2c) pos.push_back("p2c");
   if (d.c2p) pos.push_back("c2p");
-  json j = {{"vocab_size", c.vocab_size},
-            {"hidden_size", c.n_embd},
-            {"num_hidden_layers", c.n_layer},
-            {"num_attention_heads", c.n_head},
-            {"intermediate_size", c.ffn_hidden},
-            {"hidden_act", c.hidden_act},
-            {"hidden_dropout_prob", hf::shortest(c.hidden_dropout)},
-            {"attention_probs_dropout_prob", hf::shortest(c.attention_dropout)},
-            {"max_position_embeddings", c.max_positions},
-            {"type_vocab_size", c.type_vocab_size},
-            {"initializer_range", hf::shortest(c.initializer_range)},
-            {"layer_norm_eps", hf::shortest(c.norm_eps)},
-            {"pad_token_id", c.pad_token_id},
-            {"relative_attention", d.relative_attention},
-            {"max_relative_positions", d.max_relative_positions},
-            {"position_buckets", d.position_buckets},
-            {"position_biased_input", d.position_biased_input},
-            {"pos_att_type", pos},
-            {"share_att_key", d.share_att_key},
-            {"norm_rel_ebd", d.norm_rel_ebd ? "layer_norm" : "none"},
-            {"conv_kernel_size", d.conv_kernel_size},
-            {"conv_act", d.conv_act},
-            {"conv_groups", d.conv_groups},
-            {"pooler_hidden_size", c.n_embd},
-            {"pooler_hidden_act", d.pooler_hidden_act},
-            {"pooler_dropout", hf::shortest(d.pooler_dropout)},
-            {"id2label", id2label},
-            {"label2id", label2id}};
+  json j = hf::write_encoder_common(c);
+  j["relative_attention"] = d.relative_attention;
+  j["max_relative_positions"] = d.max_relative_positions;
+  j["position_buckets"] = d.position_buckets;
+  j["position_biased_input"] = d.position_biased_input;
+  j["pos_att_type"] = pos;
+  j["share_att_key"] = d.share_att_key;
+  j["norm_rel_ebd"] = d.norm_rel_ebd ? "layer_norm" : "none";
+  j["conv_kernel_size"] = d.conv_kernel_size;
+  j["conv_act"] = d.conv_act;
+  j["conv_groups"] = d.conv_groups;
+  j["pooler_hidden_size"] = c.n_embd;
+  j["pooler_hidden_act"] = d.pooler_hidden_act;
+  j["pooler_dropout"] = hf::shortest(d.pooler_dropout);
   if (d.embedding_size > 0) j["embedding_size"] = d.embedding_size;
   if (c.classifier_dropout >= 0.0f) j["cls_dropout"] = hf::shortest(c.classifier_dropout);
-  if (!c.problem_type.empty()) j["problem_type"] = c.problem_type;
   return j;
 }
 

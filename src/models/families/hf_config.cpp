@@ -356,4 +356,29 @@ void finish_classifier_config(const json& j, EncoderConfig& c, const std::string
   }
 }
 
+json write_encoder_common(const EncoderConfig& c) {
+  json id2label = json::object(), label2id = json::object();
+  for (int64_t i = 0; i < c.num_labels; ++i) {
+    id2label[std::to_string(i)] = "LABEL_" + std::to_string(i);
+    label2id["LABEL_" + std::to_string(i)] = i;
+  }
+  json j = {{"vocab_size", c.vocab_size},
+            {"hidden_size", c.n_embd},
+            {"num_hidden_layers", c.n_layer},
+            {"num_attention_heads", c.n_head},
+            {"intermediate_size", c.ffn_hidden},
+            {"hidden_act", c.hidden_act},
+            {"hidden_dropout_prob", shortest(c.hidden_dropout)},
+            {"attention_probs_dropout_prob", shortest(c.attention_dropout)},
+            {"max_position_embeddings", c.max_positions},
+            {"type_vocab_size", c.type_vocab_size},
+            {"initializer_range", shortest(c.initializer_range)},
+            {"layer_norm_eps", shortest(c.norm_eps)},
+            {"pad_token_id", c.pad_token_id},
+            {"id2label", id2label},
+            {"label2id", label2id}};
+  if (!c.problem_type.empty()) j["problem_type"] = c.problem_type;
+  return j;
+}
+
 }  // namespace ds::models::hf

@@ -51,6 +51,11 @@ T get_field(const json& j, const char* key, T fallback, const std::string& sourc
 // files; the two must agree; PretrainedConfig's default 2), and problem_type. Errors name `source`.
 void finish_classifier_config(const json& j, EncoderConfig& c, const std::string& source);
 
+// The config.json fields every encoder family writes the same way: sizes, activation, dropouts,
+// norm epsilon, pad id, id2label / label2id ("LABEL_<i>") and problem_type when set. A family adds
+// its own fields to the result.
+json write_encoder_common(const EncoderConfig& c);
+
 // Config keys that never change a model's math: bookkeeping, token ids, generation defaults and
 // PretrainedConfig's generic switches.
 bool harmless_key(const std::string& k);
