@@ -447,7 +447,7 @@ GPT::GPT(GPTConfig config, std::shared_ptr<nn::TensorParallel> tp, PipeRange lay
     auto list = register_module(gpt2 ? "h" : "layers",
                                 std::make_shared<nn::ModuleList>(first_block));
     for (int64_t i = first_block; i < end_block; ++i)
-      blocks_.push_back(list->append(std::make_shared<nn::Block>(bc)));
+      blocks_.push_back(list->append(nn::make_block(bc)));
   }
   if (has_head()) {
     if (gpt2)
@@ -485,7 +485,7 @@ GPT::GPT(GPTConfig config, std::shared_ptr<nn::TensorParallel> tp, PipeRange lay
     } else {
       nn::PartitionedInit no_memory;  // only to count a block's parameters
       nn::BlockConfig probe = c.block_config();
-      per_block = nn::Block(probe).named_parameters().size();
+      per_block = nn::make_block(probe)->named_parameters().size();
     }
     const size_t n_local = named_parameters().size();
     size_t k = 0;

@@ -150,9 +150,54 @@ Tensor SwiGLUMLP::forward(const Tensor& x) {
 
 // ---- attention ----
 
-CausalSelfAttention::CausalSelfAttention(const BlockConfig& cfg)
-    : Module("CausalSelfAttention"),
-      layout_(cfg.layout),
+namespace {
+
+// attention (B, NH, T, hd) -> (B, T, NH*hd), the layout the output projection reads.
+Tensor merge_heads(const Tensor& y) {
+  const int64_t B = y.size(0), NH = y.size(1), T = y.size(2), hd = y.size(3);
+  return ops::reshape(ops::contiguous(ops::transpose(y, 1, 2)), {B, T, NH * hd});
+}
+
+void check_input(const Tensor& x, int64_t C) {
+  DS_CHECK(x.dim() == 3 && x.size(2) == C, "[attention] expected input (B, T, {}), got {}", C,
+           shape_str(x.shape()));
+}
+
+}  // namespace
+
+FusedQKVAttention::FusedQKVAttention(const BlockConfig& cfg)
+    : Module("FusedQKVAttention"),
+      n_embd_(cfg.n_embd),
+      n_head_(cfg.n_head),
+      head_dim_(cfg.resolved_head_dim()),
+      dropout_(cfg.dropout) {
+  DS_CHECK(n_head_ > 0 && head_dim_ > 0, "[attention] n_head {} and head size {} must be positive",
+           n_head_, head_dim_);
+  const int64_t C = n_embd_;
+  DS_CHECK(n_head_ * head_dim_ == C && cfg.resolved_kv_heads() == n_head_,
+           "[attention] the gpt2 layout needs n_head * head size == n_embd and no grouped-query "
+           "attention");
+  c_attn_ = register_module("c_attn", column(cfg, C, 3 * C, cfg.bias, head_dim_, 3));
+  c_proj_ = register_module("c_proj", row(cfg, C, C, cfg.bias, head_dim_));
+  if (cfg.tp) n_head_ /= cfg.tp->size();  // this rank's heads (c_attn checked they divide)
+}
+
+Tensor FusedQKVAttention::forward(const Tensor& x) {
+  check_input(x, n_embd_);
+  const int64_t B = x.size(0), T = x.size(1), NH = n_head_, hd = head_dim_;
+  Tensor qkv = ops::reshape((*c_attn_)(x), {B, T, 3, NH, hd});  // (B, T, 3, NH, hd)
+  // One copy to (3, B, NH, T, hd) makes q, k and v contiguous slices that the attention kernel
+  // reads in place; backward sums the three slice gradients into one buffer of that shape.
+  qkv = ops::contiguous(ops::permute(qkv, {2, 0, 3, 1, 4}));  // (3, B, NH, T, hd)
+  const Tensor q = ops::reshape(ops::slice(qkv, 0, 0, 1), {B, NH, T, hd});
+  const Tensor k = ops::reshape(ops::slice(qkv, 0, 1, 2), {B, NH, T, hd});
+  const Tensor v = ops::reshape(ops::slice(qkv, 0, 2, 3), {B, NH, T, hd});
+  const Tensor y = (*c_proj_)(merge_heads(ops::causal_attention(q, k, v)));  // (B, T, C)
+  return ops::dropout(y, dropout_, is_training());
+}
+
+GroupedQueryAttention::GroupedQueryAttention(const BlockConfig& cfg)
+    : Module("GroupedQueryAttention"),
       n_embd_(cfg.n_embd),
       n_head_(cfg.n_head),
       n_kv_head_(cfg.resolved_kv_heads()),
@@ -163,104 +208,96 @@ CausalSelfAttention::CausalSelfAttention(const BlockConfig& cfg)
   DS_CHECK(n_head_ % n_kv_head_ == 0, "[attention] n_head {} not divisible by n_kv_head {}",
            n_head_, n_kv_head_);
   const int64_t C = n_embd_, Q = n_head_ * head_dim_, KV = n_kv_head_ * head_dim_;
-  if (layout_ == Layout::gpt2) {
-    DS_CHECK(Q == C && n_kv_head_ == n_head_,
-             "[attention] the gpt2 layout needs n_head * head size == n_embd and no grouped-query "
-             "attention");
-    c_attn_ = register_module("c_attn", column(cfg, C, 3 * C, cfg.bias, head_dim_, 3));
-    c_proj_ = register_module("c_proj", row(cfg, C, C, cfg.bias, head_dim_));
-  } else {
-    const bool qkv_bias = cfg.bias || cfg.qkv_bias;
-    q_proj_ = register_module("q_proj", column(cfg, C, Q, qkv_bias, head_dim_));
-    // With fewer K/V heads than tensor-parallel ranks, each rank holds the head its query heads
-    // use (ranks sharing it sum its gradient: ColumnParallelLinear's `share`).
-    k_proj_ = register_module("k_proj", column(cfg, C, KV, qkv_bias, head_dim_, 1, true));
-    v_proj_ = register_module("v_proj", column(cfg, C, KV, qkv_bias, head_dim_, 1, true));
-    o_proj_ = register_module("o_proj", row(cfg, Q, C, cfg.bias, head_dim_));
-    if (cfg.qk_norm) {
-      q_norm_ = register_module("q_norm", std::make_shared<RMSNorm>(head_dim_, cfg.norm_eps));
-      k_norm_ = register_module("k_norm", std::make_shared<RMSNorm>(head_dim_, cfg.norm_eps));
-    }
-    const int64_t rd = cfg.resolved_rotary_dim();
-    DS_CHECK(rd > 0 && rd <= head_dim_ && rd % 2 == 0,
-             "[attention] rotary_dim {} must be even and within the head size {}", rd, head_dim_);
-    rope_inv_freq_ = rope_inv_freq(cfg.rope_scaling, cfg.rope_theta, rd);
-    rope_interleaved_ = cfg.rope_interleaved;
-    rope_scale_ = rope_attention_scale(cfg.rope_scaling);
+  const bool qkv_bias = cfg.bias || cfg.qkv_bias;
+  q_proj_ = register_module("q_proj", column(cfg, C, Q, qkv_bias, head_dim_));
+  // With fewer K/V heads than tensor-parallel ranks, each rank holds the head its query heads
+  // use (ranks sharing it sum its gradient: ColumnParallelLinear's `share`).
+  k_proj_ = register_module("k_proj", column(cfg, C, KV, qkv_bias, head_dim_, 1, true));
+  v_proj_ = register_module("v_proj", column(cfg, C, KV, qkv_bias, head_dim_, 1, true));
+  o_proj_ = register_module("o_proj", row(cfg, Q, C, cfg.bias, head_dim_));
+  if (cfg.qk_norm) {
+    q_norm_ = register_module("q_norm", std::make_shared<RMSNorm>(head_dim_, cfg.norm_eps));
+    k_norm_ = register_module("k_norm", std::make_shared<RMSNorm>(head_dim_, cfg.norm_eps));
   }
+  const int64_t rd = cfg.resolved_rotary_dim();
+  DS_CHECK(rd > 0 && rd <= head_dim_ && rd % 2 == 0,
+           "[attention] rotary_dim {} must be even and within the head size {}", rd, head_dim_);
+  rope_inv_freq_ = rope_inv_freq(cfg.rope_scaling, cfg.rope_theta, rd);
+  rope_interleaved_ = cfg.rope_interleaved;
+  rope_scale_ = rope_attention_scale(cfg.rope_scaling);
   if (cfg.tp) {  // this rank's heads (the projections above checked that they divide evenly)
     n_head_ /= cfg.tp->size();
     n_kv_head_ = std::max<int64_t>(1, n_kv_head_ / cfg.tp->size());  // one when shared
   }
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x) {
-  DS_CHECK(x.dim() == 3 && x.size(2) == n_embd_, "[attention] expected input (B, T, {}), got {}",
-           n_embd_, shape_str(x.shape()));
+Tensor GroupedQueryAttention::forward(const Tensor& x) {
+  check_input(x, n_embd_);
   const int64_t B = x.size(0), T = x.size(1), NH = n_head_, KV = n_kv_head_, hd = head_dim_;
-  Tensor q, k, v;  // (B, NH, T, hd)
-  if (layout_ == Layout::gpt2) {
-    Tensor qkv = (*c_attn_)(x);                  // (B, T, 3C)
-    qkv = ops::reshape(qkv, {B, T, 3, NH, hd});  // (B, T, 3, NH, hd)
-    // One copy to (3, B, NH, T, hd) makes q, k and v contiguous slices that the attention kernel
-    // reads in place; backward sums the three slice gradients into one buffer of that shape.
-    qkv = ops::contiguous(ops::permute(qkv, {2, 0, 3, 1, 4}));  // (3, B, NH, T, hd)
-    q = ops::reshape(ops::slice(qkv, 0, 0, 1), {B, NH, T, hd});
-    k = ops::reshape(ops::slice(qkv, 0, 1, 2), {B, NH, T, hd});
-    v = ops::reshape(ops::slice(qkv, 0, 2, 3), {B, NH, T, hd});
-  } else {
-    // (B, T, heads * hd) -> (B, heads, T, hd), normalised per head first when norm is given.
-    auto heads = [&](Linear& proj, int64_t n, RMSNorm* norm) {
-      Tensor h = ops::reshape(proj(x), {B, T, n, hd});
-      if (norm) h = (*norm)(h);
-      return ops::contiguous(ops::transpose(h, 1, 2));
-    };
-    // Grouped-query attention: (B, KV, T, hd) -> (B, NH, T, hd), each K/V head repeated NH/KV
-    // times in a row; the broadcast's backward sums the group's gradients.
-    auto repeat_kv = [&](const Tensor& t) {
-      if (KV == NH) return t;
-      Tensor e = ops::broadcast_to(ops::reshape(t, {B, KV, 1, T, hd}), {B, KV, NH / KV, T, hd});
-      return ops::reshape(ops::contiguous(e), {B, NH, T, hd});
-    };
-    auto rotate = [&](const Tensor& h) {
-      return ops::rope(h, rope_inv_freq_, rope_scale_, 0, rope_interleaved_);
-    };
-    q = rotate(heads(*q_proj_, NH, q_norm_.get()));
-    k = repeat_kv(rotate(heads(*k_proj_, KV, k_norm_.get())));
-    v = repeat_kv(heads(*v_proj_, KV, nullptr));
-  }
-  Tensor y = ops::causal_attention(q, k, v);                                    // (B, NH, T, hd)
-  y = ops::reshape(ops::contiguous(ops::transpose(y, 1, 2)), {B, T, NH * hd});  // (B, T, NH*hd)
-  y = layout_ == Layout::gpt2 ? (*c_proj_)(y) : (*o_proj_)(y);                  // (B, T, C)
+  // (B, T, heads * hd) -> (B, heads, T, hd), normalised per head first when norm is given.
+  auto heads = [&](Linear& proj, int64_t n, RMSNorm* norm) {
+    Tensor h = ops::reshape(proj(x), {B, T, n, hd});
+    if (norm) h = (*norm)(h);
+    return ops::contiguous(ops::transpose(h, 1, 2));
+  };
+  // Grouped-query attention: (B, KV, T, hd) -> (B, NH, T, hd), each K/V head repeated NH/KV
+  // times in a row; the broadcast's backward sums the group's gradients.
+  auto repeat_kv = [&](const Tensor& t) {
+    if (KV == NH) return t;
+    Tensor e = ops::broadcast_to(ops::reshape(t, {B, KV, 1, T, hd}), {B, KV, NH / KV, T, hd});
+    return ops::reshape(ops::contiguous(e), {B, NH, T, hd});
+  };
+  auto rotate = [&](const Tensor& h) {
+    return ops::rope(h, rope_inv_freq_, rope_scale_, 0, rope_interleaved_);
+  };
+  const Tensor q = rotate(heads(*q_proj_, NH, q_norm_.get()));
+  const Tensor k = repeat_kv(rotate(heads(*k_proj_, KV, k_norm_.get())));
+  const Tensor v = repeat_kv(heads(*v_proj_, KV, nullptr));
+  const Tensor y = (*o_proj_)(merge_heads(ops::causal_attention(q, k, v)));  // (B, T, C)
   return ops::dropout(y, dropout_, is_training());
 }
 
-// ---- block ----
+// ---- blocks ----
 
-Block::Block(const BlockConfig& cfg) : Module("Block") {
+namespace {
+void check_ffn(const BlockConfig& cfg) {
   DS_CHECK(cfg.ffn_hidden > 0, "[block] ffn_hidden must be resolved (> 0), got {}", cfg.ffn_hidden);
-  if (cfg.layout == Layout::gpt2) {
-    norm_1_ =
-        register_module("ln_1", std::make_shared<LayerNorm>(cfg.n_embd, cfg.norm_eps, cfg.bias));
-    attn_ = register_module("attn", std::make_shared<CausalSelfAttention>(cfg));
-    norm_2_ =
-        register_module("ln_2", std::make_shared<LayerNorm>(cfg.n_embd, cfg.norm_eps, cfg.bias));
-    mlp_ = register_module("mlp", std::make_shared<MLP>(cfg));
-  } else {
-    norm_1_ =
-        register_module("input_layernorm", std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
-    attn_ = register_module("self_attn", std::make_shared<CausalSelfAttention>(cfg));
-    norm_2_ = register_module("post_attention_layernorm",
+}
+}  // namespace
+
+GPT2Block::GPT2Block(const BlockConfig& cfg) : Block("GPT2Block") {
+  check_ffn(cfg);
+  DS_CHECK(!cfg.sandwich_norm, "[block] sandwich_norm needs the llama layout");
+  norm_1_ = register_module("ln_1", std::make_shared<LayerNorm>(cfg.n_embd, cfg.norm_eps, cfg.bias));
+  attn_ = register_module("attn", std::make_shared<FusedQKVAttention>(cfg));
+  norm_2_ = register_module("ln_2", std::make_shared<LayerNorm>(cfg.n_embd, cfg.norm_eps, cfg.bias));
+  mlp_ = register_module("mlp", std::make_shared<MLP>(cfg));
+}
+
+LlamaBlock::LlamaBlock(const BlockConfig& cfg) : Block("LlamaBlock") {
+  check_ffn(cfg);
+  norm_1_ =
+      register_module("input_layernorm", std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
+  attn_ = register_module("self_attn", std::make_shared<GroupedQueryAttention>(cfg));
+  norm_2_ = register_module("post_attention_layernorm",
+                            std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
+  mlp_ = register_module("mlp", std::make_shared<SwiGLUMLP>(cfg));
+  if (cfg.sandwich_norm) {
+    norm_3_ = register_module("post_self_attn_layernorm",
                               std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
-    mlp_ = register_module("mlp", std::make_shared<SwiGLUMLP>(cfg));
-    if (cfg.sandwich_norm) {
-      norm_3_ = register_module("post_self_attn_layernorm",
-                                std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
-      norm_4_ = register_module("post_mlp_layernorm",
-                                std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
-    }
+    norm_4_ =
+        register_module("post_mlp_layernorm", std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
   }
-  DS_CHECK(!cfg.sandwich_norm || norm_3_, "[block] sandwich_norm needs the llama layout");
+}
+
+std::shared_ptr<Block> make_block(const BlockConfig& cfg) {
+  switch (cfg.layout) {
+    case Layout::gpt2:
+      return std::make_shared<GPT2Block>(cfg);
+    case Layout::llama:
+      return std::make_shared<LlamaBlock>(cfg);
+  }
+  DS_THROW("[block] unknown layout {}", static_cast<int>(cfg.layout));
 }
 
 Tensor Block::forward(const Tensor& x) {

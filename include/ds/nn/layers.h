@@ -154,31 +154,42 @@ class SwiGLUMLP : public Module {
   float dropout_;
 };
 
-// Causal multi-head self-attention, scale 1/sqrt(hd).
-//   gpt2:  qkv = c_attn(x) (B, T, 3C) split as [q | k | v], each head a contiguous hd slice;
-//          y = c_proj(attention).
-//   llama: q_proj (C -> NH*hd), k/v_proj (C -> KV*hd; grouped-query attention when KV < NH: query
-//          head h reads K/V head h / (NH/KV), as Hugging Face's repeat_kv), optional per-head
-//          q_norm/k_norm (RMSNorm over hd, Qwen3), RoPE on q and k (positions 0..T-1, rotate_half
-//          pairs (i, i + hd/2), frequencies from nn::rope_inv_freq; GLM: only the first
-//          rotary_dim dims, pairs (2i, 2i+1)), y = o_proj (NH*hd -> C).
-// Dropout applies to the output projection (GPT-2's resid_dropout). Dropout on the attention
-// probabilities (GPT-2's attn_dropout) is not supported: the fused kernel never forms them.
-class CausalSelfAttention : public Module {
+// Causal multi-head self-attention, scale 1/sqrt(hd), in two classes, one per family of weight
+// layouts. Dropout applies to the output projection (GPT-2's resid_dropout). Dropout on the
+// attention probabilities (GPT-2's attn_dropout) is not supported: the fused kernel never forms
+// them.
+//
+// GPT-2's: qkv = c_attn(x) (B, T, 3C) split as [q | k | v], each head a contiguous hd slice;
+// y = c_proj(attention). NH * hd == C, no grouped-query attention, no rotary embedding.
+class FusedQKVAttention : public Module {
  public:
-  explicit CausalSelfAttention(const BlockConfig& cfg);
+  explicit FusedQKVAttention(const BlockConfig& cfg);
   Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
 
  private:
-  Layout layout_;
+  int64_t n_embd_, n_head_, head_dim_;
+  float dropout_;
+  std::shared_ptr<Linear> c_attn_, c_proj_;
+};
+
+// The LLaMA family's: q_proj (C -> NH*hd), k/v_proj (C -> KV*hd; grouped-query attention when
+// KV < NH: query head h reads K/V head h / (NH/KV), as Hugging Face's repeat_kv), optional
+// per-head q_norm/k_norm (RMSNorm over hd, Qwen3), RoPE on q and k (positions 0..T-1, rotate_half
+// pairs (i, i + hd/2), frequencies from nn::rope_inv_freq; GLM: only the first rotary_dim dims,
+// pairs (2i, 2i+1)), y = o_proj (NH*hd -> C).
+class GroupedQueryAttention : public Module {
+ public:
+  explicit GroupedQueryAttention(const BlockConfig& cfg);
+  Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
+
+ private:
   int64_t n_embd_, n_head_, n_kv_head_, head_dim_;
   float dropout_;
-  std::vector<double> rope_inv_freq_;                          // (rotary_dim/2), llama
+  std::vector<double> rope_inv_freq_;  // (rotary_dim/2)
   bool rope_interleaved_ = false;
-  float rope_scale_ = 1.0f;                                    // yarn's attention factor on cos/sin
-  std::shared_ptr<Linear> c_attn_, c_proj_;                    // gpt2
-  std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;  // llama
-  std::shared_ptr<RMSNorm> q_norm_, k_norm_;                   // llama with qk_norm
+  float rope_scale_ = 1.0f;  // yarn's attention factor on cos/sin
+  std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;
+  std::shared_ptr<RMSNorm> q_norm_, k_norm_;  // qk_norm
 };
 
 // An indexed list of modules, named "0", "1", ... (Hugging Face's h.{i} / layers.{i}).
@@ -198,21 +209,38 @@ class ModuleList : public Module {
   int64_t size_ = 0;
 };
 
-// Pre-norm residual block:
+// Pre-norm residual block, the base of each family's block:
 //   x = x + attn(norm_1(x));  x = x + mlp(norm_2(x))
-// or with sandwich_norm (GLM-4), each branch normalised again before its residual add:
+// or with sandwich norms (GLM-4), each branch normalised again before its residual add:
 //   x = x + norm_3(attn(norm_1(x)));  x = x + norm_4(mlp(norm_2(x)))
-// Names: gpt2 ln_1 / attn / ln_2 / mlp; llama input_layernorm / self_attn /
-// post_attention_layernorm / mlp (+ post_self_attn_layernorm, post_mlp_layernorm). With gradient
-// checkpointing on (Module), the whole block is recomputed in backward.
+// A family's block registers its modules under its Hugging Face names; models hold blocks as
+// Block and make them with make_block(). With gradient checkpointing on (Module), the whole block
+// is recomputed in backward.
 class Block : public Module {
  public:
-  explicit Block(const BlockConfig& cfg);
   Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
 
- private:
+ protected:
+  explicit Block(const char* type) : Module(type) {}
   std::shared_ptr<Module> norm_1_, attn_, norm_2_, mlp_;
-  std::shared_ptr<Module> norm_3_, norm_4_;  // sandwich_norm only
+  std::shared_ptr<Module> norm_3_, norm_4_;  // sandwich norms only
 };
+
+// GPT-2: ln_1 (LayerNorm) / attn (FusedQKVAttention) / ln_2 / mlp (MLP).
+class GPT2Block final : public Block {
+ public:
+  explicit GPT2Block(const BlockConfig& cfg);
+};
+
+// LLaMA, Mistral, Qwen2/3, GLM: input_layernorm (RMSNorm) / self_attn (GroupedQueryAttention) /
+// post_attention_layernorm / mlp (SwiGLUMLP), plus post_self_attn_layernorm and post_mlp_layernorm
+// with sandwich_norm (GLM-4).
+class LlamaBlock final : public Block {
+ public:
+  explicit LlamaBlock(const BlockConfig& cfg);
+};
+
+// The block of cfg.layout (the one place a layout picks classes).
+std::shared_ptr<Block> make_block(const BlockConfig& cfg);
 
 }  // namespace ds::nn
