@@ -498,6 +498,152 @@ INSTANTIATE_TEST_SUITE_P(Seq2Seq, HFSeq2Seq,
                          ::testing::Values("bart_s2s", "bart_relu_scaled", "blenderbot_s2s",
                                            "t5_relu_tied", "t5_gated_untied"));
 
+// T5 in the other forms a folder comes in: bf16 / fp16 exports, sharded safetensors, and an untied
+// model as transformers 5.24 saves it (tie_word_embeddings true, scale_decoder_outputs false,
+// lm_head.weight in the file: 5.24 unties lm_head when it differs from shared.weight).
+TEST(HFSeq2SeqT5, HalfExportsShardsAndTheTransformers5UntiedForm) {
+  const fs::path src = case_dir("t5_gated_untied");
+  const fs::path tmp = fs::temp_directory_path() / ("ds_hf_t5_" + std::to_string(::getpid()));
+  safetensors::Reader ref((src / "reference.safetensors").string());
+  const models::Seq2SeqInputs in{
+      ref.get("input_ids"), ref.get("attention_mask"), {}, ref.get("labels")};
+  auto a = import(src);
+  const std::vector<float> want = a->logits(in).to_vector();
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const fs::path dir = tmp / dtype_name(dt);
+    models::export_hf_seq2seq(*a, dir, dt);
+    auto b = import(dir);
+    const auto pa = a->named_parameters(), pb = b->named_parameters();
+    ASSERT_EQ(pa.size(), pb.size());
+    for (size_t i = 0; i < pa.size(); ++i)  // the file holds each weight rounded to dt
+      EXPECT_EQ(pa[i].second.to(dt).to(DType::f32).to_vector(), pb[i].second.to_vector())
+          << dtype_name(dt) << " " << pa[i].first;
+    EXPECT_LE(rel_err(b->logits(in).to_vector(), want), dt == DType::bf16 ? 3e-2 : 3e-3)
+        << dtype_name(dt);
+  }
+  {  // two shards and model.safetensors.index.json
+    const fs::path dir = tmp / "sharded";
+    fs::create_directories(dir);
+    fs::copy_file(src / "config.json", dir / "config.json");
+    safetensors::Reader whole((src / "model.safetensors").string());
+    std::vector<std::pair<std::string, Tensor>> parts[2];
+    json map = json::object();
+    for (const auto& e : whole.entries()) {
+      const int k = e.name.rfind("decoder.", 0) == 0 ? 1 : 0;
+      parts[k].emplace_back(e.name, whole.get(e.name));
+      map[e.name] = fmt::format("model-0000{}-of-00002.safetensors", k + 1);
+    }
+    for (int k = 0; k < 2; ++k)
+      safetensors::save((dir / fmt::format("model-0000{}-of-00002.safetensors", k + 1)).string(),
+                        parts[k], {{"format", "pt"}});
+    std::ofstream(dir / "model.safetensors.index.json")
+        << json{{"metadata", {{"total_size", 0}}}, {"weight_map", map}}.dump();
+    auto b = import(dir);
+    EXPECT_FALSE(b->config().tie_word_embeddings);
+    EXPECT_EQ(b->logits(in).to_vector(), want);
+  }
+  {  // transformers 5.24's own save of an untied T5: the config says tied, the file does not
+    const fs::path dir = tmp / "v5form";
+    fs::create_directories(dir);
+    fs::copy_file(src / "model.safetensors", dir / "model.safetensors");
+    std::ifstream cin(src / "config.json");
+    json j = json::parse(cin);
+    j["tie_word_embeddings"] = true;
+    j["scale_decoder_outputs"] = false;
+    std::ofstream(dir / "config.json") << j.dump();
+    const auto c = models::read_hf_seq2seq_config(dir);
+    EXPECT_FALSE(c->tie_word_embeddings);
+    EXPECT_FALSE(c->scale_decoder_outputs);
+    EXPECT_EQ(import(dir)->logits(in).to_vector(), want);
+    // The config alone (no weights to look at) keeps lm_head tied, and loading then names the
+    // conflict and the fix.
+    models::Seq2Seq tied(models::seq2seq_config_from_json(j), /*init=*/false);
+    EXPECT_HAS(error_of([&] { models::load_hf_seq2seq_weights(tied, dir); }),
+               "'lm_head.weight' differs from shared.weight");
+  }
+  {  // a tied model whose file also carries lm_head.weight (equal): still tied, the copy skipped
+    const fs::path t = case_dir("t5_relu_tied"), dir = tmp / "tied_copy";
+    fs::create_directories(dir);
+    fs::copy_file(t / "config.json", dir / "config.json");
+    safetensors::Reader whole((t / "model.safetensors").string());
+    std::vector<std::pair<std::string, Tensor>> all;
+    for (const auto& e : whole.entries()) all.emplace_back(e.name, whole.get(e.name));
+    all.emplace_back("lm_head.weight", whole.get("shared.weight"));
+    all.emplace_back("decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",
+                     Tensor::zeros({8, 4}));  // transformers ignores it on load
+    safetensors::save((dir / "model.safetensors").string(), all, {{"format", "pt"}});
+    const auto c = models::read_hf_seq2seq_config(dir);
+    EXPECT_TRUE(c->tie_word_embeddings);
+    models::Seq2Seq m(*c, /*init=*/false);
+    const auto rep = models::load_hf_seq2seq_weights(m, dir);
+    EXPECT_EQ(rep.ignored.size(), 2u);
+    safetensors::Reader tref((t / "reference.safetensors").string());
+    m.train(false);
+    EXPECT_LE(
+        rel_err(
+            m.logits({tref.get("input_ids"), tref.get("attention_mask"), {}, tref.get("labels")})
+                .to_vector(),
+            tref.get("logits").to_vector()),
+        kTol);
+  }
+  fs::remove_all(tmp);
+}
+
+// A fresh T5 (T5's own initialisation from the seed) built whole and built piecewise under
+// nn::PartitionedInit trains the same under ZeRO-3; the draws have T5's standard deviations.
+TEST(HFSeq2SeqEngine, T5PartitionedInitMatchesWholeInit) {
+  auto cfg = *models::read_hf_seq2seq_config(case_dir("t5_gated_untied"));
+  cfg.dropout = cfg.attention_dropout = cfg.activation_dropout = 0.0f;
+  cfg.seed = 7;
+  {
+    models::Seq2Seq m(cfg);
+    auto sd = [&](const std::string& name) {
+      for (const auto& [n, p] : m.named_parameters())
+        if (n == name) {
+          double s2 = 0.0;
+          for (float v : p.to_vector()) s2 += static_cast<double>(v) * v;
+          return std::sqrt(s2 / static_cast<double>(p.numel()));
+        }
+      ADD_FAILURE() << name;
+      return 0.0;
+    };
+    EXPECT_NEAR(sd("shared.weight"), 1.0, 0.1);  // initializer_factor 1
+    EXPECT_NEAR(sd("lm_head.weight"), 1.0, 0.1);
+    EXPECT_NEAR(sd("encoder.block.0.layer.0.SelfAttention.q.weight"), 1.0 / 16.0, 0.01);
+    EXPECT_NEAR(sd("encoder.block.0.layer.1.DenseReluDense.wo.weight"), 1.0 / std::sqrt(48.0),
+                0.02);
+    EXPECT_EQ(sd("encoder.final_layer_norm.weight"), 1.0);
+  }
+  const Tensor ids = Tensor::from_ints({5, 6, 7, 8, 9, 10, 11, 12}, {2, 4});
+  const Tensor labels = Tensor::from_ints({13, 14, 1, 15, 16, 1}, {2, 3});
+  std::vector<std::vector<float>> runs;
+  for (bool pieces : {false, true}) {
+    std::shared_ptr<models::Seq2Seq> m;
+    {
+      std::optional<nn::PartitionedInit> scope;
+      if (pieces) scope.emplace();
+      m = std::make_shared<models::Seq2Seq>(cfg);
+    }
+    runtime::InitOptions opt;
+    opt.log = [](const std::string&) {};
+    auto engine = runtime::initialize(m, R"({
+      "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+      "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})",
+                                      opt);
+    std::vector<float> losses;
+    for (int step = 0; step < 3; ++step) {
+      Tensor loss = engine->forward(ids, labels);
+      engine->backward(loss);
+      engine->step();
+      losses.push_back(static_cast<float>(loss.item()));
+    }
+    runs.push_back(losses);
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+  EXPECT_LT(runs[0].back(), runs[0].front());
+}
+
 json bart(json extra = json::object()) {
   json j = {{"model_type", "bart"},         {"d_model", 32},         {"encoder_layers", 1},
             {"decoder_layers", 1},          {"vocab_size", 64},      {"encoder_attention_heads", 4},
