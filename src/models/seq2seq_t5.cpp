@@ -43,15 +43,6 @@ int64_t relative_bucket(int64_t rel, bool bidirectional, int64_t num_buckets,
   return bucket + large;
 }
 
-class Container : public nn::Module {
- public:
-  explicit Container(std::string type) : Module(std::move(type)) {}
-  template <class M>
-  std::shared_ptr<M> add(const std::string& name, std::shared_ptr<M> m) {
-    return register_module(name, std::move(m));
-  }
-};
-
 // What the blocks of one forward read besides their input.
 struct T5Context {
   ops::AttentionMask self_mask;   // encoder: padding; decoder: causal

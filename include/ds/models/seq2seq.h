@@ -191,9 +191,11 @@ class Seq2Seq : public nn::Module {
  public:
   // Validates, builds and (unless init is false) initialises: Linear and Embedding weights
   // N(0, init_std) from config.seed, biases 0, LayerNorms 1 and 0, the pad row of model.shared 0
-  // (transformers' _init_weights); final_logits_bias 0. init = false leaves the parameters zero
-  // (LayerNorm weights one), for weights loaded next. Under nn::PartitionedInit nothing is
-  // initialised here: ZeRO-3 draws each shard from init_parameter_range, the same values.
+  // (transformers' _init_weights); final_logits_bias 0. T5: T5PreTrainedModel._init_weights with
+  // init_std as initializer_factor (src/models/seq2seq_t5.cpp; norms at the factor). init = false
+  // leaves the parameters zero (LayerNorm weights one), for weights loaded next. Under
+  // nn::PartitionedInit nothing is initialised here: ZeRO-3 draws each shard from
+  // init_parameter_range, the same values.
   explicit Seq2Seq(Seq2SeqConfig config, bool init = true);
   const Seq2SeqConfig& config() const { return config_; }
 
