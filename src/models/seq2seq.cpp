@@ -541,10 +541,7 @@ Seq2Seq::Seq2Seq(Seq2SeqConfig config, bool init)
 }
 
 void Seq2Seq::set_gradient_checkpointing(bool on) {
-  DS_CHECK(!on || !config_.is_t5(),
-           "[seq2seq] gradient checkpointing is not implemented for t5 (the relative position "
-           "bias crosses layers); train without it");
-  if (config_.is_t5()) return;
+  if (config_.is_t5()) return t5_checkpoint(on);
   encoder_->checkpoint_layers(on);
   decoder_->checkpoint_layers(on);
 }

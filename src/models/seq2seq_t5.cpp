@@ -49,6 +49,16 @@ struct T5Context {
   ops::AttentionMask cross_mask;  // decoder: the source padding
   Tensor memory;                  // decoder: the encoder output (B, S, C)
   Tensor position_bias;           // (1, NH, Tq, Tk): block 0's table, added by every block
+  // The bucket ids (Tq, Tk) of position_bias and block 0's table: checkpointed blocks look the
+  // bias up themselves (inside their recomputation), so these outlive the forward.
+  Tensor bucket_ids;
+  nn::Embedding* table = nullptr;
+  // The bias of bucket_ids: table[bucket_ids] (Tq, Tk, NH) -> (1, NH, Tq, Tk).
+  Tensor lookup_bias() const {
+    Tensor b = (*table)(bucket_ids);
+    const int64_t Tq = b.size(0), Tk = b.size(1), NH = b.size(2);
+    return ops::reshape(ops::contiguous(ops::permute(b, {2, 0, 1})), {1, NH, Tq, Tk});
+  }
 };
 
 // T5Attention: q/k/v/o without bias, NH heads of d_kv; block 0's self-attention also owns the
@@ -171,39 +181,50 @@ class Seq2Seq::T5Stack : public nn::Module {
     }
     nn::Embedding* table() const { return self_->inner().table(); }
 
-    Tensor forward(const Tensor& x) override { return run(x, nullptr); }  // (B, T, C)
+    Tensor forward(const Tensor& x) override {  // (B, T, C) -> (B, T, C)
+      if (packed_len_ > 0)                      // [x, memory] (B, T + S, C): see set_packed
+        return run(ops::slice(x, 1, 0, packed_len_), nullptr,
+                   ops::slice(x, 1, packed_len_, x.size(1)));
+      return run(x, nullptr, ctx_->memory);
+    }
+    // As Seq2Seq::Layer's: a checkpointed decoder block takes [x, memory] concatenated along time,
+    // so that its recomputation sees the encoder output and the gradient reaches it; 0 = not
+    // packed.
+    void set_packed(int64_t T) { packed_len_ = T; }
     // Generation: x (B, 1, C) is the next position; the cache as Seq2Seq::Layer's.
-    Tensor step(const Tensor& x, LayerCache& cache) { return run(x, &cache); }
+    Tensor step(const Tensor& x, LayerCache& cache) { return run(x, &cache, ctx_->memory); }
 
    private:
-    Tensor run(const Tensor& x_in, LayerCache* cache) {
+    Tensor run(const Tensor& x_in, LayerCache* cache, const Tensor& memory) {
       const bool tr = is_training();
       const float p = c_.dropout, pa = c_.attention_dropout;
       const T5Context& ctx = *ctx_;
+      // Undefined while checkpointing: each block looks the bias up inside its recomputation.
+      const Tensor bias = ctx.position_bias.defined() ? ctx.position_bias : ctx.lookup_bias();
       Tensor h = self_->norm()(x_in);
       T5Attention& sa = self_->inner();
       Tensor a;
       if (!cache) {
         auto [k, v] = sa.keys_values(h);
-        a = sa.attend(h, k, v, ctx.self_mask, ctx.position_bias, pa, tr);
+        a = sa.attend(h, k, v, ctx.self_mask, bias, pa, tr);
       } else {
         auto [k, v] = sa.keys_values(h);
         cache->self_k = cache->self_k.defined() ? ops::concat({cache->self_k, k}, 2) : k;
         cache->self_v = cache->self_v.defined() ? ops::concat({cache->self_v, v}, 2) : v;
         ops::AttentionMask all;  // the one query is the last position: it sees every key
         all.causal = false;
-        a = sa.attend(h, cache->self_k, cache->self_v, all, ctx.position_bias, 0.0f, false);
+        a = sa.attend(h, cache->self_k, cache->self_v, all, bias, 0.0f, false);
       }
       Tensor x = ops::add(x_in, ops::dropout(a, p, tr));
       if (cross_) {
         h = cross_->norm()(x);
         T5Attention& ca = cross_->inner();
         if (!cache) {
-          auto [k, v] = ca.keys_values(ctx.memory);
+          auto [k, v] = ca.keys_values(memory);
           a = ca.attend(h, k, v, ctx.cross_mask, Tensor(), pa, tr);
         } else {
           if (!cache->cross_k.defined())
-            std::tie(cache->cross_k, cache->cross_v) = ca.keys_values(ctx.memory);
+            std::tie(cache->cross_k, cache->cross_v) = ca.keys_values(memory);
           a = ca.attend(h, cache->cross_k, cache->cross_v, ctx.cross_mask, Tensor(), 0.0f, false);
         }
         x = ops::add(x, ops::dropout(a, p, tr));
@@ -213,6 +234,7 @@ class Seq2Seq::T5Stack : public nn::Module {
 
     const Seq2SeqConfig c_;  // a copy: a block may outlive the model that built it
     std::shared_ptr<T5Context> ctx_;
+    int64_t packed_len_ = 0;
     std::shared_ptr<T5Sublayer<T5Attention>> self_, cross_;
     std::shared_ptr<T5Sublayer<T5Dense>> ff_;
   };
@@ -229,6 +251,11 @@ class Seq2Seq::T5Stack : public nn::Module {
         register_module("final_layer_norm", std::make_shared<nn::RMSNorm>(c.d_model, c.norm_eps));
     ctx_->self_mask.causal = decoder;
     ctx_->cross_mask.causal = false;
+    ctx_->table = blocks_.front()->table();
+  }
+
+  void checkpoint_blocks(bool on) {
+    for (auto& block : blocks_) block->set_gradient_checkpointing(on);
   }
 
   // tokens (B, T, C): the token embeddings -> the stack's output (B, T, C).
@@ -238,9 +265,15 @@ class Seq2Seq::T5Stack : public nn::Module {
     ctx_->self_mask.key_lengths = std::move(self_lengths);
     ctx_->cross_mask.key_lengths = std::move(cross_lengths);
     ctx_->memory = std::move(memory);
-    ctx_->position_bias = position_bias(T, T, 0, tokens.device());
+    set_buckets(T, T, 0, tokens.device());
+    const bool ck = blocks_.front()->gradient_checkpointing() && autograd::is_grad_enabled();
+    ctx_->position_bias = ck ? Tensor() : ctx_->lookup_bias();
     Tensor x = ops::dropout(tokens, c_.dropout, is_training());
-    for (auto& block : blocks_) x = (*block)(x);  // (B, T, C)
+    for (auto& block : blocks_) {
+      const bool pack = ctx_->memory.defined() && ck;
+      block->set_packed(pack ? T : 0);
+      x = (*block)(pack ? ops::concat({x, ctx_->memory}, 1) : x);  // (B, T, C)
+    }
     ctx_->memory = Tensor();  // not held past the forward (backward keeps what it needs)
     ctx_->position_bias = Tensor();
     return ops::dropout((*final_norm_)(x), c_.dropout, is_training());
@@ -252,7 +285,8 @@ class Seq2Seq::T5Stack : public nn::Module {
               std::vector<int64_t> cross_lengths, std::vector<LayerCache>& caches) {
     ctx_->cross_mask.key_lengths = std::move(cross_lengths);
     ctx_->memory = memory;
-    ctx_->position_bias = position_bias(1, pos + 1, pos, tokens.device());
+    set_buckets(1, pos + 1, pos, tokens.device());
+    ctx_->position_bias = ctx_->lookup_bias();
     caches.resize(blocks_.size());
     Tensor x = tokens;
     for (size_t i = 0; i < blocks_.size(); ++i) x = blocks_[i]->step(x, caches[i]);
@@ -262,17 +296,14 @@ class Seq2Seq::T5Stack : public nn::Module {
   }
 
  private:
-  // Block 0's table at the buckets of (key j - query (past + i)) -> (1, NH, Tq, Tk).
-  Tensor position_bias(int64_t Tq, int64_t Tk, int64_t past, Device device) {
+  // ctx_->bucket_ids = the buckets (Tq, Tk) of (key j - query (past + i)).
+  void set_buckets(int64_t Tq, int64_t Tk, int64_t past, Device device) {
     std::vector<int64_t> ids(static_cast<size_t>(Tq * Tk));
     for (int64_t i = 0; i < Tq; ++i)
       for (int64_t j = 0; j < Tk; ++j)
         ids[static_cast<size_t>(i * Tk + j)] = relative_bucket(
             j - (past + i), !decoder_, c_.relative_buckets, c_.relative_max_distance);
-    nn::Embedding& table = *blocks_.front()->table();
-    Tensor b = table(on_device(Tensor::from_ints(ids, {Tq, Tk}), device));  // (Tq, Tk, NH)
-    const int64_t NH = b.size(2);
-    return ops::reshape(ops::contiguous(ops::permute(b, {2, 0, 1})), {1, NH, Tq, Tk});
+    ctx_->bucket_ids = on_device(Tensor::from_ints(ids, {Tq, Tk}), device);
   }
 
   const Seq2SeqConfig c_;
@@ -300,6 +331,11 @@ Tensor Seq2Seq::t5_run(bool decoder, const Tensor& tokens, std::vector<int64_t> 
                        Tensor memory, std::vector<int64_t> cross_lengths) {
   return (decoder ? t5_decoder_ : t5_encoder_)
       ->run(tokens, std::move(self_lengths), std::move(memory), std::move(cross_lengths));
+}
+
+void Seq2Seq::t5_checkpoint(bool on) {
+  t5_encoder_->checkpoint_blocks(on);
+  t5_decoder_->checkpoint_blocks(on);
 }
 
 Tensor Seq2Seq::t5_step(const Tensor& tokens, int64_t pos, const Tensor& memory,

@@ -53,7 +53,7 @@
 //             {encoder,decoder}.final_layer_norm.weight, lm_head.weight (untied only)
 //   the pad row of shared trains like any other (T5's nn.Embedding has no padding_idx);
 //   decoder_start_token_id is pad (0), eos 1; sequence lengths are unbounded (max_positions is
-//   not used); gradient checkpointing is not implemented for T5 (refused).
+//   not used).
 //
 // Like torch's nn.Embedding(padding_idx), the row of model.shared at pad_token_id gets no gradient
 // from the embedding lookups (the tied lm_head still trains it, as in transformers).
@@ -237,7 +237,8 @@ class Seq2Seq : public nn::Module {
   const Tensor& final_logits_bias() const { return final_logits_bias_; }
 
   // Checkpoint every encoder and decoder layer (recomputed in backward; the same gradients).
-  // Hides Module::set_gradient_checkpointing, as GPT's does. T5: throws (not implemented). A
+  // Hides Module::set_gradient_checkpointing, as GPT's does. T5: each checkpointed block looks
+  // the relative position bias up from block 0's table inside its recomputation. A
   // decoder layer then takes its input and the encoder output as one tensor, so the recomputation
   // sees both.
   void set_gradient_checkpointing(bool on);
@@ -274,6 +275,7 @@ class Seq2Seq : public nn::Module {
                 Tensor memory, std::vector<int64_t> cross_lengths);
   Tensor t5_step(const Tensor& tokens, int64_t pos, const Tensor& memory,
                  std::vector<int64_t> cross_lengths, std::vector<LayerCache>& caches);
+  void t5_checkpoint(bool on);
   bool init_t5_range(const std::string& name, size_t index, int64_t begin, int64_t count,
                      float* out) const;
 
