@@ -113,7 +113,7 @@ struct Seq2SeqConfig {
   // it, as T5PreTrainedModel._init_weights)
   float init_std = 0.02f;
   uint64_t seed = 0;  // parameter initialisation
-  // T5 only (the BART families need the defaults). d_kv = head size (0: d_model / heads);
+  // T5 only (the BART families need the defaults). d_kv = head size (T5 needs it > 0);
   // encoder_heads = decoder_heads, encoder_ffn = decoder_ffn (T5Config's num_heads, d_ff).
   int64_t d_kv = 0;
   int64_t relative_buckets = 32;        // relative_attention_num_buckets
@@ -125,9 +125,6 @@ struct Seq2SeqConfig {
   // The family's defaults for the architecture flags (bart / blenderbot / t5).
   void set_family_architecture();
   bool is_t5() const { return family == "t5"; }
-  int64_t head_dim(bool decoder) const {
-    return d_kv > 0 ? d_kv : d_model / (decoder ? decoder_heads : encoder_heads);
-  }
   // Throws "[model] ..." naming the first bad field (an architecture flag that differs from the
   // family's is an error: no checkpoint of that family computes it).
   void validate() const;
