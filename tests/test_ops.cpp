@@ -589,6 +589,89 @@ TEST_P(Ops, CausalAttentionAcceptsStridedInputs) {
             host_vector(ops::causal_attention(q, k, v)));
 }
 
+// ---- decoding kernels (models::IncrementalDecoder) ----
+
+// Backend::decode_attention against a double loop: grouped-query heads (4 query heads on 2 KV
+// heads), chunks of 1 and 3 rows after 0, 5 and 70 cached positions, cache rows past p0 + n left
+// as garbage the kernel must not read. The base class's default (gather + attention_forward) is
+// checked too: it is what a backend without its own kernel runs.
+TEST_P(Ops, DecodeAttentionMatchesNaiveWithGroupedHeads) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "decode_attention", "attention_forward", "copy");
+  const int64_t NH = 4, KV = 2, hd = 16;
+  const float scale = 0.25f;
+  for (int64_t p0 : {0, 5, 70})
+    for (int64_t n : {1, 3}) {
+      const int64_t P = p0 + n + 2;
+      const uint64_t seed = static_cast<uint64_t>(p0 * 10 + n);
+      Tensor q = randn({NH, n, hd}, seed), kc = randn({P, KV, hd}, seed + 1),
+             vc = randn({P, KV, hd}, seed + 2);
+      const std::vector<float> qh = host_vector(q), kh = host_vector(kc), vh = host_vector(vc);
+      std::vector<double> want(static_cast<size_t>(n * NH * hd));
+      for (int64_t h = 0; h < NH; ++h)
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t kvh = h / (NH / KV), last = p0 + i;
+          std::vector<double> w(static_cast<size_t>(last + 1));
+          double mx = -INFINITY, z = 0;
+          for (int64_t j = 0; j <= last; ++j) {
+            double d = 0;
+            for (int64_t e = 0; e < hd; ++e)
+              d += static_cast<double>(qh[static_cast<size_t>((h * n + i) * hd + e)]) *
+                   kh[static_cast<size_t>((j * KV + kvh) * hd + e)];
+            w[static_cast<size_t>(j)] = d * scale;
+            mx = std::max(mx, d * scale);
+          }
+          for (double& x : w) z += (x = std::exp(x - mx));
+          for (int64_t e = 0; e < hd; ++e) {
+            double acc = 0;
+            for (int64_t j = 0; j <= last; ++j)
+              acc += w[static_cast<size_t>(j)] * vh[static_cast<size_t>((j * KV + kvh) * hd + e)];
+            want[static_cast<size_t>((i * NH + h) * hd + e)] = acc / z;
+          }
+        }
+      const std::string what = "p0 " + std::to_string(p0) + " n " + std::to_string(n);
+      expect_close(host_vector(ops::decode_attention(q, kc, vc, p0, scale)), want, 2e-6, 1e-5,
+                   what.c_str());
+      Tensor out = Tensor::empty({n, NH, hd}, DType::f32, device());
+      backend::get(device()).backend::Backend::decode_attention(q, kc, vc, p0, scale, out);
+      expect_close(host_vector(out), want, 2e-6, 1e-5, ("default, " + what).c_str());
+    }
+  EXPECT_NE(error_of([&] {
+              ops::decode_attention(randn({3, 1, 16}, 1), randn({8, 2, 16}, 2),
+                                    randn({8, 2, 16}, 3), 0, 1.0f);
+            }).find("multiple of KV"),
+            std::string::npos);
+}
+
+// Backend::linear_rows: each row is what it is alone, bit for bit, whatever the row count (the
+// CPU kernel's four-row and one-row paths, K not a multiple of the vector width), and close to
+// the GEMM path; the base class's default (one GEMM per row) has the same property.
+TEST_P(Ops, LinearRowsEachRowIndependentOfTheBatch) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "linear_rows", "gemm", "axpy");
+  const int64_t R = 7, K = 45, N = 33;
+  Tensor x = randn({R, K}, 21), w = randn({N, K}, 22, 0.3f), b = randn({N}, 23);
+  const std::vector<float> all = host_vector(ops::linear_rows(x, w, b));
+  std::vector<double> gemm;
+  for (float v : host_vector(ops::linear(x, w, b))) gemm.push_back(v);
+  expect_close(all, gemm, 1e-5, 1e-5, "linear_rows vs linear");
+  Tensor dflt = Tensor::empty({R, N}, DType::f32, device());
+  backend::get(device()).backend::Backend::linear_rows(x, w, b, dflt);
+  const std::vector<float> dv = host_vector(dflt);
+  expect_close(dv, gemm, 1e-5, 1e-5, "default vs linear");
+  for (int64_t r = 0; r < R; ++r) {
+    const Tensor row = ops::slice(x, 0, r, r + 1).contiguous();
+    const std::vector<float> one = host_vector(ops::linear_rows(row, w, b));
+    for (int64_t c = 0; c < N; ++c)
+      ASSERT_EQ(one[static_cast<size_t>(c)], all[static_cast<size_t>(r * N + c)])
+          << "row " << r << " col " << c;
+    Tensor one_d = Tensor::empty({1, N}, DType::f32, device());
+    backend::get(device()).backend::Backend::linear_rows(row, w, b, one_d);
+    const std::vector<float> od = host_vector(one_d);
+    for (int64_t c = 0; c < N; ++c)
+      ASSERT_EQ(od[static_cast<size_t>(c)], dv[static_cast<size_t>(r * N + c)])
+          << "default, row " << r << " col " << c;
+  }
+}
+
 // ---- rope ----
 
 TEST_P(Ops, RopeMatchesRotateHalf) {

@@ -17,7 +17,8 @@
 #include "ds/data/text_tokenizer.h"
 #include "ds/serve/api.h"
 #include "ds/serve/generate.h"
-#include "ds/serve/kv_decoder.h"
+#include "ds/models/family.h"
+#include "ds/models/gpt_decoder.h"
 #include "ds/serve/sampling.h"
 #include "ds/serve/scheduler.h"
 #include "serve_fixture.h"
@@ -51,7 +52,7 @@ void check_cached_equals_full(const models::GPTConfig& cfg) {
   const int64_t V = cfg.vocab_size;
   const std::vector<int32_t> ids = seq(24, 3);
   const std::vector<float> full = full_logits(*m, ids);  // (24, V)
-  serve::KVDecoder dec(m);
+  models::GPTDecoder dec(m);
   // Prefill 9 tokens (all logits), a 4-token chunk after the cache, then one token at a time.
   Tensor pre = dec.forward(std::span(ids).subspan(0, 9), /*all_logits=*/true);
   ASSERT_EQ(pre.shape(), (Shape{9, V}));
@@ -77,28 +78,28 @@ void check_cached_equals_full(const models::GPTConfig& cfg) {
 
 }  // namespace
 
-TEST(KVDecoder, CachedEqualsFullForwardGpt2) {
+TEST(GPTDecoder, CachedEqualsFullForwardGpt2) {
   check_cached_equals_full(serve_test::tiny_gpt2());
 }
-TEST(KVDecoder, CachedEqualsFullForwardLlamaGqaLlama3Rope) {
+TEST(GPTDecoder, CachedEqualsFullForwardLlamaGqaLlama3Rope) {
   check_cached_equals_full(serve_test::tiny_llama("llama"));
 }
-TEST(KVDecoder, CachedEqualsFullForwardQwen2Bias) {
+TEST(GPTDecoder, CachedEqualsFullForwardQwen2Bias) {
   check_cached_equals_full(serve_test::tiny_llama("qwen2"));
 }
-TEST(KVDecoder, CachedEqualsFullForwardQwen3QkNorm) {
+TEST(GPTDecoder, CachedEqualsFullForwardQwen3QkNorm) {
   check_cached_equals_full(serve_test::tiny_llama("qwen3"));
 }
-TEST(KVDecoder, CachedEqualsFullForwardGlmPartialInterleavedRope) {
+TEST(GPTDecoder, CachedEqualsFullForwardGlmPartialInterleavedRope) {
   check_cached_equals_full(serve_test::tiny_llama("glm"));
 }
-TEST(KVDecoder, CachedEqualsFullForwardGlm4SandwichNorm) {
+TEST(GPTDecoder, CachedEqualsFullForwardGlm4SandwichNorm) {
   check_cached_equals_full(serve_test::tiny_llama("glm4"));
 }
 
-TEST(KVDecoder, CacheHoldsKvHeadsOnlyAndRefusesPastContext) {
+TEST(GPTDecoder, CacheHoldsKvHeadsOnlyAndRefusesPastContext) {
   auto m = make_model(serve_test::tiny_llama("llama", 16));
-  serve::KVDecoder dec(m);
+  models::GPTDecoder dec(m);
   dec.forward(seq(16, 1));
   // 2 layers x (K, V) x 16 positions x 2 KV heads x 16 head size x 4 bytes (not 4 query heads).
   EXPECT_EQ(dec.cache_bytes(), 2 * 2 * 16 * 2 * 16 * 4);
@@ -119,7 +120,7 @@ TEST(Generate, GreedyEqualsUncachedGenerate) {
     // GPT::generate reruns the whole context every step (no cache); top_k 1 is greedy.
     const std::vector<int64_t> ref =
         m->generate(Tensor::from_ints(p64, {1, 7}), 20, 1).to_int_vector();
-    serve::KVDecoder dec(m);
+    models::GPTDecoder dec(m);
     serve::SamplingParams p;
     p.temperature = 0.0f;
     p.max_tokens = 20;
@@ -142,24 +143,24 @@ void check_decode_batch_equals_alone(const models::GPTConfig& cfg) {
   auto m = make_model(cfg);
   const int64_t V = cfg.vocab_size;
   constexpr int kSeqs = 5;  // rows 0-3 take the four-row kernel, row 4 the one-row kernel
-  std::vector<std::unique_ptr<serve::KVDecoder>> batched, alone;
+  std::vector<std::unique_ptr<models::GPTDecoder>> batched, alone;
   std::vector<int32_t> next(kSeqs);
   for (int b = 0; b < kSeqs; ++b) {
     const std::vector<int32_t> prompt = seq(3 + 5 * b, b);  // lengths 3, 8, .. 23
     for (auto* v : {&batched, &alone}) {
-      v->push_back(std::make_unique<serve::KVDecoder>(m));
+      v->push_back(std::make_unique<models::GPTDecoder>(m));
       v->back()->forward(prompt);
     }
     next[static_cast<size_t>(b)] = (b * 41 + 7) % 256;
   }
   for (int step = 0; step < 6; ++step) {
-    std::vector<serve::KVDecoder*> decs;
+    std::vector<models::IncrementalDecoder*> decs;
     for (auto& d : batched) decs.push_back(d.get());
     // From step 3 the last sequence has left the batch (as a finished request does): 4 rows.
     if (step >= 3) decs.pop_back();
     const std::vector<int32_t> ids(next.begin(),
                                    next.begin() + static_cast<ptrdiff_t>(decs.size()));
-    const Tensor rows = serve::KVDecoder::decode_batch(decs, ids);
+    const Tensor rows = decs[0]->decode_batch(decs, ids);
     ASSERT_EQ(rows.shape(), (Shape{static_cast<int64_t>(decs.size()), V}));
     const std::vector<float> rv = rows.to_vector();
     for (size_t b = 0; b < decs.size(); ++b) {
@@ -175,33 +176,55 @@ void check_decode_batch_equals_alone(const models::GPTConfig& cfg) {
   }
 }
 
-TEST(KVDecoder, DecodeBatchEqualsAloneGpt2) {
+TEST(GPTDecoder, DecodeBatchEqualsAloneGpt2) {
   check_decode_batch_equals_alone(serve_test::tiny_gpt2());
 }
-TEST(KVDecoder, DecodeBatchEqualsAloneLlamaGqa) {
+TEST(GPTDecoder, DecodeBatchEqualsAloneLlamaGqa) {
   check_decode_batch_equals_alone(serve_test::tiny_llama("llama"));
 }
-TEST(KVDecoder, DecodeBatchEqualsAloneQwen2Bias) {
+TEST(GPTDecoder, DecodeBatchEqualsAloneQwen2Bias) {
   check_decode_batch_equals_alone(serve_test::tiny_llama("qwen2"));
 }
-TEST(KVDecoder, DecodeBatchEqualsAloneQwen3QkNorm) {
+TEST(GPTDecoder, DecodeBatchEqualsAloneQwen3QkNorm) {
   check_decode_batch_equals_alone(serve_test::tiny_llama("qwen3"));
 }
-TEST(KVDecoder, DecodeBatchEqualsAloneGlm4) {
+TEST(GPTDecoder, DecodeBatchEqualsAloneGlm4) {
   check_decode_batch_equals_alone(serve_test::tiny_llama("glm4"));
 }
 
-TEST(KVDecoder, DecodeBatchRefusesBadBatches) {
+// Serving takes its decoder from the family registry: each decoder-only family's entry makes one
+// (GPT's), fresh() decoders share the weights and start empty, and a decoder of another kind is
+// refused by decode_batch.
+TEST(GPTDecoder, RegistryMakesEachFamilysDecoder) {
+  for (const models::GPTConfig& cfg :
+       {serve_test::tiny_gpt2(), serve_test::tiny_llama("llama"), serve_test::tiny_llama("qwen3"),
+        serve_test::tiny_llama("glm4")}) {
+    auto m = make_model(cfg);
+    std::unique_ptr<models::IncrementalDecoder> dec = models::make_decoder(m);
+    ASSERT_NE(dynamic_cast<models::GPTDecoder*>(dec.get()), nullptr) << cfg.family;
+    EXPECT_EQ(dec->vocab_size(), cfg.vocab_size);
+    EXPECT_EQ(dec->capacity_limit(), cfg.block_size);
+    const std::vector<int32_t> ids = seq(6, 4);
+    const std::vector<float> a = dec->forward(ids).to_vector();
+    auto other = dec->fresh();
+    EXPECT_EQ(other->length(), 0);
+    EXPECT_EQ(other->forward(ids).to_vector(), a) << cfg.family;
+    models::GPTDecoder direct(m);
+    EXPECT_EQ(direct.forward(ids).to_vector(), a) << cfg.family;
+  }
+}
+
+TEST(GPTDecoder, DecodeBatchRefusesBadBatches) {
   auto m = make_model(serve_test::tiny_gpt2(16));
-  serve::KVDecoder a(m), b(m), other(make_model(serve_test::tiny_gpt2(16)));
+  models::GPTDecoder a(m), b(m), other(make_model(serve_test::tiny_gpt2(16)));
   a.forward(seq(4, 1));
   b.forward(seq(16, 2));  // full
   other.forward(seq(4, 3));
   const std::vector<int32_t> two = {1, 2};
-  auto fails = [&](std::vector<serve::KVDecoder*> decs, std::vector<int32_t> ids,
+  auto fails = [&](std::vector<models::IncrementalDecoder*> decs, std::vector<int32_t> ids,
                    const std::string& what) {
     try {
-      serve::KVDecoder::decode_batch(decs, ids);
+      decs[0]->decode_batch(decs, ids);
       ADD_FAILURE() << "no error for " << what;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
@@ -260,14 +283,14 @@ TEST(Scheduler, BatchedEqualsAlone) {
     std::vector<serve::GenerationResult> alone;
     std::vector<std::string> alone_streamed(cases.size());
     for (size_t i = 0; i < cases.size(); ++i) {
-      serve::KVDecoder dec(m);
+      models::GPTDecoder dec(m);
       alone.push_back(serve::generate(dec, *tok, cases[i].prompt, cases[i].params, eos,
                                       [&, i](std::string_view p) {
                                         alone_streamed[i] += std::string(p) + "|";
                                         return true;
                                       }));
     }
-    serve::Scheduler sched(m, *tok, {.max_batch = 4});  // 6 requests: 2 wait for places
+    serve::Scheduler sched(models::make_decoder(m), *tok, {.max_batch = 4});  // 6 requests: 2 wait for places
     std::atomic<bool> go{false};
     std::vector<std::string> streamed(cases.size());
     std::vector<std::future<serve::GenerationResult>> futures;
@@ -301,7 +324,7 @@ TEST(Scheduler, ConcurrentRequestsShareDecodeSteps) {
   auto m = make_model(serve_test::tiny_gpt2(128));
   auto tok = serve::make_byte_tokenizer();
   std::vector<int> batch_sizes;
-  serve::Scheduler sched(m, *tok,
+  serve::Scheduler sched(models::make_decoder(m), *tok,
                          {.max_batch = 8, .on_step = [&](int b) { batch_sizes.push_back(b); }});
   std::atomic<bool> go{false};
   std::vector<std::future<serve::GenerationResult>> futures;
@@ -328,7 +351,7 @@ TEST(Scheduler, ConcurrentRequestsShareDecodeSteps) {
 TEST(Scheduler, AdmitsInArrivalOrderAndWaitersThatLeave) {
   auto m = make_model(serve_test::tiny_gpt2(128));
   auto tok = serve::make_byte_tokenizer();
-  serve::Scheduler sched(m, *tok, {.max_batch = 1});
+  serve::Scheduler sched(models::make_decoder(m), *tok, {.max_batch = 1});
   std::atomic<bool> go{false}, leave{false};
   std::mutex mu;
   std::vector<int> started;  // request ids in the order their first text came
@@ -374,10 +397,10 @@ TEST(Scheduler, CancelledSequenceLeavesTheBatch) {
   p.temperature = 0.0f;
   std::vector<serve::GenerationResult> alone;
   for (int i = 0; i < 3; ++i) {
-    serve::KVDecoder dec(m);
+    models::GPTDecoder dec(m);
     alone.push_back(serve::generate(dec, *tok, seq(5 + i, i), p, {}));
   }
-  serve::Scheduler sched(m, *tok);
+  serve::Scheduler sched(models::make_decoder(m), *tok);
   std::atomic<bool> go{false};
   std::atomic<int> checks{0};
   std::vector<std::future<serve::GenerationResult>> futures;
@@ -407,7 +430,7 @@ TEST(Scheduler, CancelledSequenceLeavesTheBatch) {
 TEST(Scheduler, BadRequestFailsAlone) {
   auto m = make_model(serve_test::tiny_gpt2(32));
   auto tok = serve::make_byte_tokenizer();
-  serve::Scheduler sched(m, *tok);
+  serve::Scheduler sched(models::make_decoder(m), *tok);
   serve::GenerationRequest bad{seq(10, 1), {}, {}};
   bad.params.max_tokens = 30;
   serve::GenerationRequest good{seq(10, 2), {}, {}};
@@ -517,7 +540,7 @@ TEST(Sampling, InvalidParamsNameTheField) {
 
 TEST(Generate, StopStringsTrimAndStreamingHoldsBackPrefixes) {
   auto m = make_model(serve_test::tiny_gpt2());
-  serve::KVDecoder dec(m);
+  models::GPTDecoder dec(m);
   auto tok = serve::make_byte_tokenizer();
   serve::SamplingParams p;
   p.temperature = 0.0f;
@@ -548,7 +571,7 @@ TEST(Generate, StopStringsTrimAndStreamingHoldsBackPrefixes) {
 
 TEST(Generate, EosEndsWithStopAndContextIsChecked) {
   auto m = make_model(serve_test::tiny_gpt2(32));
-  serve::KVDecoder dec(m);
+  models::GPTDecoder dec(m);
   auto tok = serve::make_byte_tokenizer();
   serve::SamplingParams p;
   p.temperature = 0.0f;
@@ -691,7 +714,7 @@ TEST(LoadModel, HfTokenizerAndItsChatTemplate) {
   const std::vector<data::ChatMessage> conv = {{"user", "Hello"}};
   const auto ids = lm.chat_template->encode(*lm.tokenizer->hf(), conv, true).ids;
   EXPECT_NE(std::find(ids.begin(), ids.end(), im_end), ids.end());
-  serve::KVDecoder dec(lm.model);
+  models::GPTDecoder dec(lm.model);
   serve::SamplingParams p;
   p.temperature = 0.0f;
   p.max_tokens = 5;
@@ -718,7 +741,7 @@ void check_greedy_parity(const std::string& name) {
   serve::LoadedModel lm = serve::load_model(dir);
   EXPECT_EQ(lm.tokenizer->name(), "bytes");
   EXPECT_EQ(lm.eos_ids, std::vector<int32_t>{want["eos_token_id"].get<int32_t>()});
-  serve::KVDecoder dec(lm.model);
+  models::GPTDecoder dec(lm.model);
   ASSERT_EQ(want["prompts"].size(), 4u);
   for (const auto& p : want["prompts"]) {
     const std::string text = p["text"];
@@ -744,7 +767,7 @@ void check_greedy_parity(const std::string& name) {
     EXPECT_EQ(full_new, expected) << name << ", uncached forward, prompt '" << text << "'";
   }
   // Continuous batching: the four prompts in one batch, each still transformers' tokens.
-  serve::Scheduler sched(lm.model, *lm.tokenizer, {.max_batch = 4});
+  serve::Scheduler sched(models::make_decoder(lm.model), *lm.tokenizer, {.max_batch = 4});
   std::atomic<bool> go{false};
   std::vector<std::future<serve::GenerationResult>> futures;
   for (const auto& p : want["prompts"]) {

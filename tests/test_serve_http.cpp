@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "ds/models/gpt_decoder.h"
 #include "ds/serve/api.h"
 #include "ds/serve/generate.h"
 #include "serve/admission.h"
@@ -193,7 +194,7 @@ TEST_F(ServeHttp, CompletionsMatchDirectGeneration) {
   EXPECT_EQ(u["total_tokens"], u["prompt_tokens"].get<int>() + u["completion_tokens"].get<int>());
   // The same generation run directly (what ds_generate does) gives the same text.
   auto lm = ds::serve::load_model(dir_->path() / "tiny");
-  ds::serve::KVDecoder dec(lm.model);
+  ds::models::GPTDecoder dec(lm.model);
   ds::serve::SamplingParams p;
   p.max_tokens = 6;
   p.temperature = 0.8f;

@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ds/core/parallel.h"
+#include "ds/models/family.h"
 #include "ds/serve/api.h"
 #include "ds/serve/generate.h"
 
@@ -68,9 +69,9 @@ int main(int argc, char** argv) {
     ds::serve::SamplingParams p = s.resolve(m.defaults, 64);
     const std::vector<int32_t> ids = m.tokenizer->encode(prompt);
     if (ignore_eos) m.eos_ids.clear();
-    ds::serve::KVDecoder dec(m.model);
+    const auto dec = ds::models::make_decoder(m.model);
     const auto r =
-        ds::serve::generate(dec, *m.tokenizer, ids, p, m.eos_ids, [](std::string_view piece) {
+        ds::serve::generate(*dec, *m.tokenizer, ids, p, m.eos_ids, [](std::string_view piece) {
           std::fwrite(piece.data(), 1, piece.size(), stdout);
           std::fflush(stdout);
           return true;

@@ -61,4 +61,12 @@ const Family& export_family_of(const GPTConfig& c) {
   DS_THROW("[model] internal: family {} exports as unknown family {}", f.name, f.export_as);
 }
 
+std::unique_ptr<IncrementalDecoder> make_decoder(std::shared_ptr<const GPT> model) {
+  DS_CHECK(model != nullptr, "[generate] make_decoder: no model");
+  const Family& f = family_of(model->config());
+  DS_CHECK(f.make_decoder != nullptr, "[generate] the {} family has no incremental decoder",
+           f.name);
+  return f.make_decoder(std::move(model));
+}
+
 }  // namespace ds::models

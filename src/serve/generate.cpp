@@ -119,7 +119,7 @@ bool Sequence::advance(std::span<float> logits) {
   return true;
 }
 
-GenerationResult generate(KVDecoder& decoder, const TextTokenizer& tokenizer,
+GenerationResult generate(models::IncrementalDecoder& decoder, const TextTokenizer& tokenizer,
                           std::span<const int32_t> prompt, const SamplingParams& params,
                           const std::vector<int32_t>& eos_ids, const TextCallback& on_text,
                           const CancelCheck& cancelled) {

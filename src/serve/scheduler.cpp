@@ -16,7 +16,7 @@ struct Scheduler::Entry {
   GenerationRequest req;
   std::promise<GenerationResult> done;
   std::optional<Sequence> seq;     // from admission on
-  std::unique_ptr<KVDecoder> dec;  // while in the batch
+  std::unique_ptr<models::IncrementalDecoder> dec;  // while in the batch
   Clock::time_point submitted = Clock::now();
   double queue_seconds = 0.0;
 
@@ -36,9 +36,10 @@ struct Scheduler::Entry {
   }
 };
 
-Scheduler::Scheduler(std::shared_ptr<models::GPT> model, const TextTokenizer& tokenizer,
-                     SchedulerOptions options)
-    : model_(std::move(model)), tokenizer_(tokenizer), opt_(std::move(options)) {
+Scheduler::Scheduler(std::unique_ptr<models::IncrementalDecoder> prototype,
+                     const TextTokenizer& tokenizer, SchedulerOptions options)
+    : prototype_(std::move(prototype)), tokenizer_(tokenizer), opt_(std::move(options)) {
+  DS_CHECK(prototype_ != nullptr, "[serve] the scheduler needs a decoder");
   DS_CHECK(opt_.max_batch >= 1, "[serve] max_batch must be at least 1, got {}", opt_.max_batch);
   // The compute thread count is an OpenMP setting of each thread: the creator's holds for ours.
   thread_ = std::thread([this, threads = num_threads()] {
@@ -132,7 +133,7 @@ void Scheduler::step(std::vector<std::shared_ptr<Entry>>& batch) {
       waiting_.pop_front();
     }
   }
-  const int64_t context = model_->config().block_size;
+  const int64_t context = prototype_->capacity_limit();
   for (auto& e : admitted) {
     e->queue_seconds = std::chrono::duration<double>(Clock::now() - e->submitted).count();
     try {
@@ -148,7 +149,7 @@ void Scheduler::step(std::vector<std::shared_ptr<Entry>>& batch) {
       continue;
     }
     if (free_.empty()) {
-      e->dec = std::make_unique<KVDecoder>(model_);
+      e->dec = prototype_->fresh();
     } else {
       e->dec = std::move(free_.back());
       free_.pop_back();
@@ -180,7 +181,7 @@ void Scheduler::step(std::vector<std::shared_ptr<Entry>>& batch) {
   if (batch.empty()) return;
 
   // One decode step for all: (B, V) logits, row b for batch[b].
-  std::vector<KVDecoder*> decs;
+  std::vector<models::IncrementalDecoder*> decs;
   std::vector<int32_t> ids;
   for (auto& e : batch) {
     decs.push_back(e->dec.get());
@@ -188,7 +189,7 @@ void Scheduler::step(std::vector<std::shared_ptr<Entry>>& batch) {
   }
   Tensor logits;
   try {
-    logits = KVDecoder::decode_batch(decs, ids);
+    logits = decs[0]->decode_batch(decs, ids);
   } catch (...) {
     const std::exception_ptr error = std::current_exception();
     for (auto& e : batch) {

@@ -24,6 +24,7 @@
 
 #include "ds/core/error.h"
 #include "ds/core/text.h"
+#include "ds/models/family.h"
 #include "ds/serve/api.h"
 #include "ds/serve/scheduler.h"
 
@@ -51,7 +52,7 @@ struct Server::Impl {
         opt(std::move(o)),
         http(http_options(opt), [this](const ReadResult& r) { return refused(r); }),
         admission(opt.max_batch, opt.max_queue),
-        scheduler(m.model, *m.tokenizer, scheduler_options()) {}
+        scheduler(models::make_decoder(m.model), *m.tokenizer, scheduler_options()) {}
 
   SchedulerOptions scheduler_options() {
     SchedulerOptions so;

@@ -22,6 +22,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/models/gpt.h"
+#include "ds/models/gpt_decoder.h"
+#include "ds/models/incremental_decoder.h"
 
 namespace ds::models {
 
@@ -60,6 +62,11 @@ struct Family {
   bool (*is_buffer)(const std::string& file_name) = nullptr;
   // Throws "[model] ..." when `c` holds something this family's class cannot express.
   void (*check)(const GPTConfig& c) = nullptr;
+  // The family's incremental decoder (serving, ds_generate): every decoder-only family here runs
+  // GPT's modules, so the default is GPT's KV-cache decoder (ds/models/gpt_decoder.h); a family
+  // whose blocks differ brings its own.
+  std::unique_ptr<IncrementalDecoder> (*make_decoder)(std::shared_ptr<const GPT> model) =
+      &make_gpt_decoder;
 };
 
 // Every family, in the order docs/models.md lists them.
@@ -71,6 +78,8 @@ const Family& family_for_model_type(const std::string& model_type, const std::st
 const Family& family_of(const GPTConfig& c);
 // The family an export of c writes (family_of(c), or its export_as).
 const Family& export_family_of(const GPTConfig& c);
+// The incremental decoder of model's family (Family::make_decoder).
+std::unique_ptr<IncrementalDecoder> make_decoder(std::shared_ptr<const GPT> model);
 // "gpt2, llama, ...": the model_type values read.
 std::string supported_model_types();
 

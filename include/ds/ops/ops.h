@@ -111,6 +111,17 @@ int64_t linear_cross_entropy_block_rows(int64_t rows, int64_t vocab);
 // on the host in double (as gelu_erf); targets get no gradient.
 Tensor bce_with_logits(const Tensor& logits, const Tensor& targets);
 
+// ---- decoding (inference: never recorded, no gradient) ----
+// x (..., K) @ w^T + b -> (..., N) for decode rows (Backend::linear_rows): each row of x computed
+// alone, so a row's result does not depend on the other rows (continuous batching). x, w, b fp32
+// (a 16-bit operand: ops::linear instead, whose sums may depend on the row count).
+Tensor linear_rows(const Tensor& x, const Tensor& w, const Tensor& b = {});
+// q (NH, n, hd) at positions p0 .. p0+n-1 against the caches (P, KV, hd) (rows 0 .. p0+n-1 valid)
+// -> (n, NH, hd) in q's dtype, computed in fp32 (Backend::decode_attention: grouped-query heads,
+// query i sees positions 0 .. p0+i).
+Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t p0,
+                        float scale);
+
 // ---- in place, never recorded (optimizers, gradient bookkeeping) ----
 void add_(const Tensor& dst, const Tensor& src, float alpha = 1.0f);  // dst += alpha * src
 void mul_(const Tensor& dst, float s);

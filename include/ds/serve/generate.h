@@ -3,8 +3,8 @@
 // a stop string; and the loading of a model folder with its tokenizer and generation defaults.
 //
 //   auto m = serve::load_model("path/to/hf_folder");
-//   serve::KVDecoder dec(m.model);
-//   auto r = serve::generate(dec, *m.tokenizer, m.tokenizer->encode("Hello"), params, m.eos_ids);
+//   auto dec = models::make_decoder(m.model);  // the family's decoder (ds/models/family.h)
+//   auto r = serve::generate(*dec, *m.tokenizer, m.tokenizer->encode("Hello"), params, m.eos_ids);
 //   r.text, r.finish_reason ("stop" | "length"), r.prefill_seconds, r.decode_seconds
 //
 // Sequence is the token loop of one generation without the forwards: generate() drives one with
@@ -24,7 +24,8 @@
 
 #include "ds/data/chat_template.h"
 #include "ds/models/gpt.h"
-#include "ds/serve/kv_decoder.h"
+#include "ds/models/gpt.h"
+#include "ds/models/incremental_decoder.h"
 #include "ds/serve/sampling.h"
 #include "ds/serve/text_tokenizer.h"
 
@@ -95,7 +96,7 @@ class Sequence {
 
 // Resets the decoder, prefills prompt (one forward), then decodes. Throws "[generate] ..." when
 // the prompt is empty or prompt + max_tokens exceeds the model's context (block_size).
-GenerationResult generate(KVDecoder& decoder, const TextTokenizer& tokenizer,
+GenerationResult generate(models::IncrementalDecoder& decoder, const TextTokenizer& tokenizer,
                           std::span<const int32_t> prompt, const SamplingParams& params,
                           const std::vector<int32_t>& eos_ids, const TextCallback& on_text = {},
                           const CancelCheck& cancelled = {});

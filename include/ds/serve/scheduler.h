@@ -1,6 +1,6 @@
 #pragma once
 // Continuous batching: one thread owns the model and advances every running generation by one
-// token per step, in one batched decode forward (KVDecoder::decode_batch), as vLLM, TGI and
+// token per step, in one batched decode forward (models::IncrementalDecoder::decode_batch), as vLLM, TGI and
 // llama.cpp's server do. On a CPU decode is bound by reading the weights; a step of B sequences
 // reads them once, so B requests progress at nearly the speed of one.
 //
@@ -15,7 +15,7 @@
 // next waiting requests at the next step. A request's tokens equal those of generate() alone (same
 // prefill, decode rows equal bit for bit, the same sampler draws), whatever else shares its steps.
 //
-// Memory: one KV cache per running sequence (KVDecoder::cache_bytes, up to block_size positions
+// Memory: one KV cache per running sequence (IncrementalDecoder::cache_bytes, up to block_size positions
 // each), kept for reuse: at most max_batch caches.
 //
 // Threading: submit(), running(), waiting() and decode_steps() may be called from any thread. A
@@ -34,7 +34,7 @@
 
 #include "ds/models/gpt.h"
 #include "ds/serve/generate.h"
-#include "ds/serve/kv_decoder.h"
+#include "ds/models/incremental_decoder.h"
 #include "ds/serve/text_tokenizer.h"
 
 namespace ds::serve {
@@ -57,7 +57,9 @@ struct GenerationRequest {
 class Scheduler {
  public:
   // The model and tokenizer must outlive the scheduler.
-  Scheduler(std::shared_ptr<models::GPT> model, const TextTokenizer& tokenizer,
+  // prototype: a decoder of the model to serve (models::make_decoder(model), from the family
+  // registry); each admitted sequence gets prototype->fresh() (reused after it retires).
+  Scheduler(std::unique_ptr<models::IncrementalDecoder> prototype, const TextTokenizer& tokenizer,
             SchedulerOptions options = {});
   // Cancels what is waiting or running (their results: finish_reason "cancelled") and joins.
   ~Scheduler();
@@ -79,10 +81,11 @@ class Scheduler {
   void step(std::vector<std::shared_ptr<Entry>>& batch);
   void retire(Entry& e);
 
-  std::shared_ptr<models::GPT> model_;
+  // Makes each sequence's decoder (fresh()); never runs itself.
+  std::unique_ptr<models::IncrementalDecoder> prototype_;
   const TextTokenizer& tokenizer_;
   SchedulerOptions opt_;
-  std::vector<std::unique_ptr<KVDecoder>> free_;  // caches of retired sequences, for reuse
+  std::vector<std::unique_ptr<models::IncrementalDecoder>> free_;  // caches of retired sequences, for reuse
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Entry>> waiting_;  // arrival order

@@ -53,6 +53,9 @@ class CpuBackend final : public Backend {
                               const Tensor& lse, float scale, const Tensor& dlogits) override;
   void dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t base,
                const Tensor& out) override;
+  void linear_rows(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override;
+  void decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t p0,
+                        float scale, const Tensor& out) override;
   void adam(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
             const AdamStep& step, const Tensor& out16) override;
 };
