@@ -1,6 +1,7 @@
 // Encoder-decoders (ds/models/seq2seq.h, seq2seq_io.h) against transformers'
-// BartForConditionalGeneration and BlenderbotForConditionalGeneration:
-// tests/fixtures/hf_families/{bart_s2s,bart_relu_scaled,blenderbot_s2s} are folders as
+// BartForConditionalGeneration, BlenderbotForConditionalGeneration and T5ForConditionalGeneration:
+// tests/fixtures/hf_families/{bart_s2s,bart_relu_scaled,blenderbot_s2s,t5_relu_tied,
+// t5_gated_untied} are folders as
 // transformers 5 saved them, with transformers' float64 logits, loss, every gradient and greedy
 // generation for a padded batch (tools/gen_seq2seq_fixture.py). Each is imported through the
 // public path, compared, exported and re-imported; bad config fields are refused by name; the
@@ -63,11 +64,39 @@ class HFSeq2Seq : public ::testing::TestWithParam<std::string> {
   models::Seq2SeqInputs batch() const {
     return {ref_->get("input_ids"), ref_->get("attention_mask"), {}, ref_->get("labels")};
   }
+  bool t5() const { return GetParam().rfind("t5", 0) == 0; }
   std::unique_ptr<safetensors::Reader> ref_;
 };
 
 TEST_P(HFSeq2Seq, ConfigIsReadAsTransformersReadsIt) {
   const models::Seq2SeqConfig c = *models::read_hf_seq2seq_config(case_dir(GetParam()));
+  if (t5()) {
+    const bool gated = GetParam() == "t5_gated_untied";
+    EXPECT_EQ(c.family, "t5");
+    EXPECT_EQ(c.d_model, 32);
+    EXPECT_EQ(c.d_kv, gated ? 8 : 12);
+    EXPECT_EQ(c.encoder_layers, gated ? 2 : 3);
+    EXPECT_EQ(c.decoder_layers, 2);
+    EXPECT_EQ(c.encoder_heads, 4);
+    EXPECT_EQ(c.encoder_ffn, gated ? 48 : 40);
+    EXPECT_EQ(c.relative_buckets, gated ? 16 : 8);
+    EXPECT_EQ(c.relative_max_distance, gated ? 20 : 6);
+    EXPECT_EQ(c.gated_ffn, gated);
+    EXPECT_EQ(c.activation, gated ? "gelu_new" : "relu");
+    EXPECT_EQ(c.tie_word_embeddings, !gated);
+    EXPECT_EQ(c.scale_decoder_outputs, !gated);
+    EXPECT_EQ(c.dropout, 0.1f);
+    EXPECT_EQ(c.attention_dropout, 0.1f);
+    EXPECT_EQ(c.norm_eps, 1e-6f);
+    EXPECT_EQ(c.pad_token_id, 0);
+    EXPECT_EQ(c.eos_token_id, 1);
+    EXPECT_EQ(c.decoder_start_token_id, 0);
+    EXPECT_EQ(c.forced_eos_token_id, -1);
+    auto m = import(case_dir(GetParam()));
+    EXPECT_EQ(m->num_parameters(), c.num_parameters());
+    EXPECT_FALSE(m->final_logits_bias().defined());
+    return;
+  }
   const bool blender = GetParam() == "blenderbot_s2s";
   EXPECT_EQ(c.family, blender ? "blenderbot" : "bart");
   EXPECT_EQ(c.d_model, 32);
@@ -152,6 +181,7 @@ TEST_P(HFSeq2Seq, AttentionDropoutPathMatchesTransformers) {
   auto cfg = models::read_hf_seq2seq_config(case_dir(GetParam()));
   cfg->dropout = cfg->activation_dropout = 0.0f;
   cfg->attention_dropout = 1e-7f;
+  if (t5()) cfg->dropout = cfg->activation_dropout = 1e-7f;  // T5 has one dropout_rate
   models::Seq2Seq m(*cfg, /*init=*/false);
   models::load_hf_seq2seq_weights(m, case_dir(GetParam()));
   m.train(false);
@@ -331,7 +361,17 @@ TEST_P(HFSeq2Seq, ExportRoundTrip) {
   auto b = import(dir);
   EXPECT_EQ(b->config().to_json(), a->config().to_json());
   EXPECT_EQ(a->logits(batch()).to_vector(), b->logits(batch()).to_vector());
-  EXPECT_EQ(a->final_logits_bias().to_vector(), b->final_logits_bias().to_vector());
+  if (t5()) {
+    EXPECT_FALSE(b->final_logits_bias().defined());
+    // transformers' names, lm_head.weight only when untied, no final_logits_bias.
+    safetensors::Reader r((dir / "model.safetensors").string());
+    EXPECT_EQ(r.contains("lm_head.weight"), !a->config().tie_word_embeddings);
+    EXPECT_FALSE(r.contains("final_logits_bias"));
+    EXPECT_TRUE(r.contains("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"));
+    EXPECT_EQ(j.value("tie_word_embeddings", true), a->config().tie_word_embeddings);
+  } else {
+    EXPECT_EQ(a->final_logits_bias().to_vector(), b->final_logits_bias().to_vector());
+  }
   if (!keep) fs::remove_all(dir);
 }
 
@@ -449,7 +489,154 @@ TEST_P(HFSeq2Seq, TrainsInBf16UnderZeRO3) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seq2Seq, HFSeq2Seq,
-                         ::testing::Values("bart_s2s", "bart_relu_scaled", "blenderbot_s2s"));
+                         ::testing::Values("bart_s2s", "bart_relu_scaled", "blenderbot_s2s",
+                                           "t5_relu_tied", "t5_gated_untied"));
+
+// T5 in the other forms a folder comes in: bf16 / fp16 exports, sharded safetensors, and an untied
+// model as transformers 5.24 saves it (tie_word_embeddings true, scale_decoder_outputs false,
+// lm_head.weight in the file: 5.24 unties lm_head when it differs from shared.weight).
+TEST(HFSeq2SeqT5, HalfExportsShardsAndTheTransformers5UntiedForm) {
+  const fs::path src = case_dir("t5_gated_untied");
+  const fs::path tmp = fs::temp_directory_path() / ("ds_hf_t5_" + std::to_string(::getpid()));
+  safetensors::Reader ref((src / "reference.safetensors").string());
+  const models::Seq2SeqInputs in{
+      ref.get("input_ids"), ref.get("attention_mask"), {}, ref.get("labels")};
+  auto a = import(src);
+  const std::vector<float> want = a->logits(in).to_vector();
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const fs::path dir = tmp / dtype_name(dt);
+    models::export_hf_seq2seq(*a, dir, dt);
+    auto b = import(dir);
+    const auto pa = a->named_parameters(), pb = b->named_parameters();
+    ASSERT_EQ(pa.size(), pb.size());
+    for (size_t i = 0; i < pa.size(); ++i)  // the file holds each weight rounded to dt
+      EXPECT_EQ(pa[i].second.to(dt).to(DType::f32).to_vector(), pb[i].second.to_vector())
+          << dtype_name(dt) << " " << pa[i].first;
+    EXPECT_LE(rel_err(b->logits(in).to_vector(), want), dt == DType::bf16 ? 3e-2 : 3e-3)
+        << dtype_name(dt);
+  }
+  {  // two shards and model.safetensors.index.json
+    const fs::path dir = tmp / "sharded";
+    fs::create_directories(dir);
+    fs::copy_file(src / "config.json", dir / "config.json");
+    safetensors::Reader whole((src / "model.safetensors").string());
+    std::vector<std::pair<std::string, Tensor>> parts[2];
+    json map = json::object();
+    for (const auto& e : whole.entries()) {
+      const int k = e.name.rfind("decoder.", 0) == 0 ? 1 : 0;
+      parts[k].emplace_back(e.name, whole.get(e.name));
+      map[e.name] = fmt::format("model-0000{}-of-00002.safetensors", k + 1);
+    }
+    for (int k = 0; k < 2; ++k)
+      safetensors::save((dir / fmt::format("model-0000{}-of-00002.safetensors", k + 1)).string(),
+                        parts[k], {{"format", "pt"}});
+    std::ofstream(dir / "model.safetensors.index.json")
+        << json{{"metadata", {{"total_size", 0}}}, {"weight_map", map}}.dump();
+    auto b = import(dir);
+    EXPECT_FALSE(b->config().tie_word_embeddings);
+    EXPECT_EQ(b->logits(in).to_vector(), want);
+  }
+  {  // transformers 5.24's own save of an untied T5: the config says tied, the file does not
+    const fs::path dir = tmp / "v5form";
+    fs::create_directories(dir);
+    fs::copy_file(src / "model.safetensors", dir / "model.safetensors");
+    std::ifstream cin(src / "config.json");
+    json j = json::parse(cin);
+    j["tie_word_embeddings"] = true;
+    j["scale_decoder_outputs"] = false;
+    std::ofstream(dir / "config.json") << j.dump();
+    const auto c = models::read_hf_seq2seq_config(dir);
+    EXPECT_FALSE(c->tie_word_embeddings);
+    EXPECT_FALSE(c->scale_decoder_outputs);
+    EXPECT_EQ(import(dir)->logits(in).to_vector(), want);
+    // The config alone (no weights to look at) keeps lm_head tied, and loading then names the
+    // conflict and the fix.
+    models::Seq2Seq tied(models::seq2seq_config_from_json(j), /*init=*/false);
+    EXPECT_HAS(error_of([&] { models::load_hf_seq2seq_weights(tied, dir); }),
+               "'lm_head.weight' differs from shared.weight");
+  }
+  {  // a tied model whose file also carries lm_head.weight (equal): still tied, the copy skipped
+    const fs::path t = case_dir("t5_relu_tied"), dir = tmp / "tied_copy";
+    fs::create_directories(dir);
+    fs::copy_file(t / "config.json", dir / "config.json");
+    safetensors::Reader whole((t / "model.safetensors").string());
+    std::vector<std::pair<std::string, Tensor>> all;
+    for (const auto& e : whole.entries()) all.emplace_back(e.name, whole.get(e.name));
+    all.emplace_back("lm_head.weight", whole.get("shared.weight"));
+    all.emplace_back("decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",
+                     Tensor::zeros({8, 4}));  // transformers ignores it on load
+    safetensors::save((dir / "model.safetensors").string(), all, {{"format", "pt"}});
+    const auto c = models::read_hf_seq2seq_config(dir);
+    EXPECT_TRUE(c->tie_word_embeddings);
+    models::Seq2Seq m(*c, /*init=*/false);
+    const auto rep = models::load_hf_seq2seq_weights(m, dir);
+    EXPECT_EQ(rep.ignored.size(), 2u);
+    safetensors::Reader tref((t / "reference.safetensors").string());
+    m.train(false);
+    EXPECT_LE(
+        rel_err(
+            m.logits({tref.get("input_ids"), tref.get("attention_mask"), {}, tref.get("labels")})
+                .to_vector(),
+            tref.get("logits").to_vector()),
+        kTol);
+  }
+  fs::remove_all(tmp);
+}
+
+// A fresh T5 (T5's own initialisation from the seed) built whole and built piecewise under
+// nn::PartitionedInit trains the same under ZeRO-3; the draws have T5's standard deviations.
+TEST(HFSeq2SeqEngine, T5PartitionedInitMatchesWholeInit) {
+  auto cfg = *models::read_hf_seq2seq_config(case_dir("t5_gated_untied"));
+  cfg.dropout = cfg.attention_dropout = cfg.activation_dropout = 0.0f;
+  cfg.seed = 7;
+  {
+    models::Seq2Seq m(cfg);
+    auto sd = [&](const std::string& name) {
+      for (const auto& [n, p] : m.named_parameters())
+        if (n == name) {
+          double s2 = 0.0;
+          for (float v : p.to_vector()) s2 += static_cast<double>(v) * v;
+          return std::sqrt(s2 / static_cast<double>(p.numel()));
+        }
+      ADD_FAILURE() << name;
+      return 0.0;
+    };
+    EXPECT_NEAR(sd("shared.weight"), 1.0, 0.1);  // initializer_factor 1
+    EXPECT_NEAR(sd("lm_head.weight"), 1.0, 0.1);
+    EXPECT_NEAR(sd("encoder.block.0.layer.0.SelfAttention.q.weight"), 1.0 / 16.0, 0.01);
+    EXPECT_NEAR(sd("encoder.block.0.layer.1.DenseReluDense.wo.weight"), 1.0 / std::sqrt(48.0),
+                0.02);
+    EXPECT_EQ(sd("encoder.final_layer_norm.weight"), 1.0);
+  }
+  const Tensor ids = Tensor::from_ints({5, 6, 7, 8, 9, 10, 11, 12}, {2, 4});
+  const Tensor labels = Tensor::from_ints({13, 14, 1, 15, 16, 1}, {2, 3});
+  std::vector<std::vector<float>> runs;
+  for (bool pieces : {false, true}) {
+    std::shared_ptr<models::Seq2Seq> m;
+    {
+      std::optional<nn::PartitionedInit> scope;
+      if (pieces) scope.emplace();
+      m = std::make_shared<models::Seq2Seq>(cfg);
+    }
+    runtime::InitOptions opt;
+    opt.log = [](const std::string&) {};
+    auto engine = runtime::initialize(m, R"({
+      "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+      "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})",
+                                      opt);
+    std::vector<float> losses;
+    for (int step = 0; step < 3; ++step) {
+      Tensor loss = engine->forward(ids, labels);
+      engine->backward(loss);
+      engine->step();
+      losses.push_back(static_cast<float>(loss.item()));
+    }
+    runs.push_back(losses);
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+  EXPECT_LT(runs[0].back(), runs[0].front());
+}
 
 json bart(json extra = json::object()) {
   json j = {{"model_type", "bart"},         {"d_model", 32},         {"encoder_layers", 1},
@@ -476,7 +663,7 @@ TEST(HFSeq2SeqConfig, FieldsThatChangeTheMathAreRefusedByName) {
   EXPECT_HAS(config_error(bart({{"add_bias_logits", true}})), "add_bias_logits");
   EXPECT_HAS(config_error(bart({{"tie_word_embeddings", false}})), "tie_word_embeddings");
   EXPECT_HAS(config_error(bart({{"encoder_layerdrop", 0.1}})), "encoder_layerdrop");
-  EXPECT_HAS(config_error(bart({{"model_type", "t5"}})), "\"t5\"");
+  EXPECT_HAS(config_error(bart({{"model_type", "pegasus"}})), "\"pegasus\"");
   EXPECT_HAS(config_error(bart({{"d_model", 30}})), "divisible");
   json bb = bart({{"model_type", "blenderbot"}, {"normalize_before", false}});
   EXPECT_HAS(config_error(bb), "normalize_before");
@@ -491,6 +678,89 @@ TEST(HFSeq2SeqConfig, FieldsThatChangeTheMathAreRefusedByName) {
                                                         {"add_bias_logits", false}}));
   EXPECT_TRUE(c.pre_norm);
   EXPECT_EQ(c.position_offset, 0);
+}
+
+json t5(json extra = json::object()) {
+  json j = {{"model_type", "t5"}, {"d_model", 32},  {"d_kv", 8},       {"d_ff", 40},
+            {"num_layers", 1},    {"num_heads", 4}, {"vocab_size", 64}};
+  for (const auto& [k, v] : extra.items()) j[k] = v;
+  return j;
+}
+
+TEST(HFSeq2SeqConfig, T5FieldsThatChangeTheMathAreRefusedByName) {
+  EXPECT_HAS(config_error(t5({{"feed_forward_proj", "gated-gelu-x"}})), "feed_forward_proj");
+  EXPECT_HAS(config_error(t5({{"feed_forward_proj", "gelu_fast"}})), "gelu_fast");
+  EXPECT_HAS(config_error(t5({{"feed_forward_proj", "gated-gelu"}, {"dense_act_fn", "relu"}})),
+             "dense_act_fn");
+  EXPECT_HAS(config_error(t5({{"tie_encoder_decoder", true}})), "tie_encoder_decoder");
+  EXPECT_HAS(config_error(t5({{"is_decoder", true}})), "is_decoder");
+  EXPECT_HAS(config_error(t5({{"relative_attention_num_buckets", 2}})), "relative_buckets");
+  EXPECT_HAS(config_error(t5({{"d_kv", 0}})), "d_kv");
+  EXPECT_HAS(config_error(t5({{"encoder_layers", 2}})), "\"encoder_layers\"");
+  EXPECT_HAS(config_error(t5({{"scale_attn_by_inverse_layer_idx", true}})),
+             "\"scale_attn_by_inverse_layer_idx\"");
+  // transformers 5.24's T5Config: "gated-gelu" is gelu_new, num_decoder_layers defaults to
+  // num_layers, the output scale follows tie_word_embeddings unless scale_decoder_outputs says.
+  auto c = models::seq2seq_config_from_json(t5({{"feed_forward_proj", "gated-gelu"}}));
+  EXPECT_EQ(c.activation, "gelu_new");
+  EXPECT_TRUE(c.gated_ffn);
+  EXPECT_EQ(c.decoder_layers, 1);
+  EXPECT_TRUE(c.scale_decoder_outputs);
+  c = models::seq2seq_config_from_json(t5({{"feed_forward_proj", "gated-silu"},
+                                           {"tie_word_embeddings", false},
+                                           {"num_decoder_layers", 3}}));
+  EXPECT_EQ(c.activation, "silu");
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.scale_decoder_outputs);
+  EXPECT_EQ(c.decoder_layers, 3);
+  c = models::seq2seq_config_from_json(
+      t5({{"tie_word_embeddings", true}, {"scale_decoder_outputs", false}}));
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.scale_decoder_outputs);
+  // Our own config refuses T5 fields on a BART model, and what T5's config.json cannot say.
+  models::Seq2SeqConfig b;
+  b.d_kv = 8;
+  EXPECT_HAS(error_of([&] { b.validate(); }), "d_kv");
+  c = models::seq2seq_config_from_json(t5());
+  c.decoder_heads = 2;
+  EXPECT_HAS(error_of([&] { c.validate(); }), "num_heads");
+}
+
+// Published T5 configs (4.x form as on the Hub): t5-small, flan-t5-base, bigscience/T0_3B (the
+// DeepSpeed Transformers guide's estimator example). Parameter counts are transformers 5.24's
+// T5ForConditionalGeneration built from them, plus the untied lm_head (V * C) for the v1.1
+// models: 5.24 builds lm_head tied and unties it when loading their lm_head.weight.
+TEST(HFSeq2SeqConfig, PublishedT5Configs) {
+  const json t5_small = json::parse(R"({"architectures":["T5ForConditionalGeneration"],"d_ff":2048,
+    "d_kv":64,"d_model":512,"decoder_start_token_id":0,"dropout_rate":0.1,"eos_token_id":1,
+    "initializer_factor":1.0,"is_encoder_decoder":true,"layer_norm_epsilon":1e-06,
+    "model_type":"t5","n_positions":512,"num_heads":8,"num_layers":6,"output_past":true,
+    "pad_token_id":0,"relative_attention_num_buckets":32,"task_specific_params":{"summarization":
+    {"early_stopping":true,"length_penalty":2.0,"max_length":200,"min_length":30,
+    "no_repeat_ngram_size":3,"num_beams":4,"prefix":"summarize: "}},"vocab_size":32128})");
+  const json flan_base = json::parse(R"({"architectures":["T5ForConditionalGeneration"],
+    "d_ff":2048,"d_kv":64,"d_model":768,"decoder_start_token_id":0,"dense_act_fn":"gelu_new",
+    "dropout_rate":0.1,"eos_token_id":1,"feed_forward_proj":"gated-gelu","initializer_factor":1.0,
+    "is_encoder_decoder":true,"is_gated_act":true,"layer_norm_epsilon":1e-06,"model_type":"t5",
+    "n_positions":512,"num_decoder_layers":12,"num_heads":12,"num_layers":12,"output_past":true,
+    "pad_token_id":0,"relative_attention_max_distance":128,"relative_attention_num_buckets":32,
+    "tie_word_embeddings":false,"torch_dtype":"float32","transformers_version":"4.23.1",
+    "use_cache":true,"vocab_size":32128})");
+  const json t0_3b = json::parse(R"({"architectures":["T5ForConditionalGeneration"],"d_ff":5120,
+    "d_kv":64,"d_model":2048,"decoder_start_token_id":0,"dropout_rate":0.1,"eos_token_id":1,
+    "feed_forward_proj":"gated-gelu","gradient_checkpointing":false,"initializer_factor":1.0,
+    "is_encoder_decoder":true,"layer_norm_epsilon":1e-06,"model_type":"t5","num_decoder_layers":24,
+    "num_heads":32,"num_layers":24,"output_past":true,"pad_token_id":0,
+    "relative_attention_num_buckets":32,"tie_word_embeddings":false,"use_cache":false,
+    "vocab_size":32128})");
+  const auto a = models::seq2seq_config_from_json(t5_small);
+  EXPECT_EQ(a.num_parameters(), 60506624);
+  EXPECT_TRUE(a.tie_word_embeddings && a.scale_decoder_outputs && !a.gated_ffn);
+  const auto f = models::seq2seq_config_from_json(flan_base);
+  EXPECT_EQ(f.num_parameters(), 222903552 + 32128 * 768);
+  EXPECT_TRUE(!f.tie_word_embeddings && f.gated_ffn && f.activation == "gelu_new");
+  const auto t0 = models::seq2seq_config_from_json(t0_3b);
+  EXPECT_EQ(t0.num_parameters(), 2783959040LL + 32128LL * 2048);
 }
 
 // config.json of published checkpoints in their 4.x form (as on the Hub, labels and

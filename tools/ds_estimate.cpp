@@ -3,6 +3,7 @@
 //   ds_estimate --stage 3 --params 2783959040 --largest_layer 65798144
 //   ds_estimate --stage 2 --model gpt2-xl --num_gpus 1 --num_nodes 1
 //   ds_estimate --stage 3 --model out/hf_model          (an HF folder with config.json)
+//   ds_estimate --stage 3 --model t0_3b_folder          (encoder-decoders: bart, blenderbot, t5)
 //   ds_estimate --stage 3 --model gpt2-xl --nvme_path /local_nvme   (+ NVMe offload rows)
 //
 // The tables are DeepSpeed's estimate_zero{2,3}_model_states_mem_needs_all_cold output byte for
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
@@ -25,6 +27,8 @@
 #include "ds/io/aio.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
+#include "ds/models/seq2seq.h"
+#include "ds/models/seq2seq_io.h"
 #include "ds/nn/module.h"
 #include "ds/zero/estimate.h"
 
@@ -131,7 +135,22 @@ int main(int argc, char** argv) {
   }
   try {
     DS_CHECK(params > 0 || !model.empty(), "[ds_estimate] give --params or --model");
-    if (!model.empty()) {
+    // An encoder-decoder folder (config.json with model_type bart / blenderbot / t5): the count
+    // from Seq2SeqConfig's shapes, the largest layer from a one-layer model of the same shapes.
+    std::optional<ds::models::Seq2SeqConfig> s2s;
+    if (!model.empty() && std::filesystem::is_directory(model))
+      s2s = ds::models::read_hf_seq2seq_config(model);
+    if (s2s) {
+      params = s2s->num_parameters();
+      DS_CHECK(params <= kMaxParams,
+               "[ds_estimate] --model {} describes {:.3g} parameters, more than the {:.3g} this "
+               "estimator takes; check the config's sizes",
+               model, static_cast<double>(params), static_cast<double>(kMaxParams));
+      s2s->encoder_layers = s2s->decoder_layers = 1;
+      ds::nn::PartitionedInit no_memory;  // shapes only: nothing is allocated
+      ds::models::Seq2Seq m(*s2s, /*init=*/false);
+      if (largest_layer == 0) largest_layer = ds::zero::count_parameters(m).largest_layer;
+    } else if (!model.empty()) {
       // The count comes from the config's shapes (128-bit, so a config.json of 1e9 layers or
       // hidden_size 2^40 is a number or a clear error, not a wrapped one); the largest layer from
       // a one-block model of the same shapes (every block is alike), so that no config, however

@@ -1,8 +1,14 @@
 #!/usr/bin/env python3
 """Write tests/fixtures/hf_families/<case>/ for the sequence-to-sequence models
-(models::Seq2Seq, test_hf_seq2seq): tiny random-weight BartForConditionalGeneration and
-BlenderbotForConditionalGeneration models as transformers saves them, with transformers' own
-logits, loss, every gradient and greedy generation.
+(models::Seq2Seq, test_hf_seq2seq): tiny random-weight BartForConditionalGeneration,
+BlenderbotForConditionalGeneration and T5ForConditionalGeneration models as transformers saves
+them, with transformers' own logits, loss, every gradient and greedy generation.
+
+T5 cases: t5_relu_tied (T5DenseActDense, lm_head tied to shared, decoder output scaled by
+d_model^-0.5) and t5_gated_untied (t5-v1_1 / flan-t5 style: gated-gelu, an lm_head.weight of its
+own, no scale; config.json as the hub's, tie_word_embeddings false). transformers 5 builds T5's
+lm_head tied always and unties it on load when the file's lm_head.weight differs, so the untied
+case writes a distinct lm_head.weight into the saved file and reloads.
 
 Each case folder holds what `save_pretrained` wrote (config.json, generation_config.json,
 model.safetensors) and reference.safetensors:
@@ -40,7 +46,9 @@ import shutil
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
-from transformers import (AutoModelForSeq2SeqLM, BartConfig, BlenderbotConfig)
+import json
+
+from transformers import (AutoModelForSeq2SeqLM, BartConfig, BlenderbotConfig, T5Config)
 
 B, S, T, NEW = 3, 9, 7, 8
 SRC_LENGTHS = [9, 6, 4]
@@ -69,6 +77,21 @@ CASES = {
                                               decoder_ffn_dim=48, max_position_embeddings=20,
                                               activation_function="gelu",
                                               scale_embedding=True)),
+    # T5: d_kv * num_heads (48) != d_model, 3 encoder / 2 decoder blocks (transformers 5.24's
+    # generate sizes its cache by num_layers: more decoder than encoder blocks fail there), few
+    # buckets so that the log-spaced buckets and the max_distance clamp are reached.
+    "t5_relu_tied": (T5Config, dict(vocab_size=64, d_model=32, d_kv=12, d_ff=40, num_layers=3,
+                                    num_decoder_layers=2, num_heads=4,
+                                    relative_attention_num_buckets=8,
+                                    relative_attention_max_distance=6, feed_forward_proj="relu",
+                                    decoder_start_token_id=0, dropout_rate=0.1)),
+    # t5-v1_1 / flan-t5 style: gated-gelu (gelu_new), untied lm_head, no decoder output scale.
+    "t5_gated_untied": (T5Config, dict(vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=2,
+                                       num_decoder_layers=2, num_heads=4,
+                                       relative_attention_num_buckets=16,
+                                       relative_attention_max_distance=20,
+                                       feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+                                       decoder_start_token_id=0, dropout_rate=0.1)),
 }
 
 
@@ -85,13 +108,20 @@ BEAMS = {
 
 # Seeds moved off sum(ord(name)) where that drew a model whose greedy output is one repeated
 # token: the generation test wants rows that differ.
-SEED_SHIFT = {"blenderbot_s2s": 2}
+SEED_SHIFT = {"blenderbot_s2s": 2, "t5_relu_tied": 3}
 
 
 def randomize(model, gen):
     """Weights well away from transformers' N(0, 0.02) init, so that every path matters."""
+    t5 = model.config.model_type == "t5"  # unscaled attention: smaller weights keep softmax soft
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if t5 and "relative_attention_bias" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+                continue
+            if t5 and "layer_norm" not in name:
+                p.copy_(0.15 * torch.randn(p.shape, generator=gen))
+                continue
             if "layer_norm" in name and name.endswith(".weight") or \
                     "layernorm_embedding.weight" in name:
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
@@ -99,8 +129,25 @@ def randomize(model, gen):
                 p.copy_(0.2 * torch.randn(p.shape, generator=gen))
             else:
                 p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-        model.final_logits_bias.copy_(0.1 * torch.randn(model.final_logits_bias.shape,
-                                                        generator=gen))
+        if hasattr(model, "final_logits_bias"):
+            model.final_logits_bias.copy_(0.1 * torch.randn(model.final_logits_bias.shape,
+                                                            generator=gen))
+
+
+def untie_t5(folder, gen):
+    """A distinct lm_head.weight in the file and the hub's config form (tie_word_embeddings
+    false, no scale_decoder_outputs): what transformers 5 reads as t5-v1_1 / flan-t5."""
+    path = os.path.join(folder, "model.safetensors")
+    sd = load_file(path)
+    sd["lm_head.weight"] = 0.15 * torch.randn(sd["shared.weight"].shape, generator=gen)
+    save_file(sd, path, metadata={"format": "pt"})
+    cpath = os.path.join(folder, "config.json")
+    with open(cpath) as f:
+        cfg = json.load(f)
+    cfg["tie_word_embeddings"] = False
+    cfg.pop("scale_decoder_outputs", None)
+    with open(cpath, "w") as f:
+        json.dump(cfg, f, indent=2)
 
 
 def reference(folder):
@@ -134,8 +181,12 @@ def write_case(out, name):
     model = AutoModelForSeq2SeqLM.from_config(cfg, attn_implementation="eager")
     randomize(model, gen)
     model.save_pretrained(folder)
+    if name == "t5_gated_untied":
+        untie_t5(folder, gen)
 
     ref = reference(folder)
+    if name == "t5_gated_untied":
+        assert ref.lm_head.weight is not ref.shared.weight, "transformers kept lm_head tied"
     ids, mask, labels = batch(ref.config, gen)
     res = ref(input_ids=ids, attention_mask=mask, labels=labels)
     res.loss.backward()
@@ -148,7 +199,7 @@ def write_case(out, name):
                                max_new_tokens=NEW, min_length=0, no_repeat_ngram_size=0,
                                encoder_no_repeat_ngram_size=0,
                                forced_bos_token_id=None,
-                               forced_eos_token_id=ref.config.forced_eos_token_id,
+                               forced_eos_token_id=getattr(ref.config, 'forced_eos_token_id', None),
                                eos_token_id=ref.config.eos_token_id,
                                pad_token_id=ref.config.pad_token_id,
                                decoder_start_token_id=ref.config.decoder_start_token_id)
@@ -160,7 +211,7 @@ def write_case(out, name):
         tensors["generated_eos"] = ref.generate(
             input_ids=ids, attention_mask=mask, num_beams=1, do_sample=False, max_new_tokens=NEW,
             min_length=0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0,
-            forced_bos_token_id=None, forced_eos_token_id=ref.config.forced_eos_token_id,
+            forced_bos_token_id=None, forced_eos_token_id=getattr(ref.config, 'forced_eos_token_id', None),
             eos_token_id=eos, pad_token_id=ref.config.pad_token_id,
             decoder_start_token_id=ref.config.decoder_start_token_id)
     # Greedy with the n-gram and min-length processors.
@@ -168,7 +219,7 @@ def write_case(out, name):
         tensors["greedy_proc"] = ref.generate(
             input_ids=ids, attention_mask=mask, num_beams=1, do_sample=False, max_new_tokens=NEW,
             min_length=4, no_repeat_ngram_size=2, encoder_no_repeat_ngram_size=2,
-            forced_bos_token_id=None, forced_eos_token_id=ref.config.forced_eos_token_id,
+            forced_bos_token_id=None, forced_eos_token_id=getattr(ref.config, 'forced_eos_token_id', None),
             eos_token_id=ref.config.eos_token_id, pad_token_id=ref.config.pad_token_id,
             decoder_start_token_id=ref.config.decoder_start_token_id)
     # Beam search, three settings (BEAMS); "beam_<name>" holds generate's output for each.
@@ -180,7 +231,7 @@ def write_case(out, name):
         with torch.no_grad():
             tensors["beam_" + bname] = ref.generate(
                 input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW,
-                forced_bos_token_id=None, forced_eos_token_id=ref.config.forced_eos_token_id,
+                forced_bos_token_id=None, forced_eos_token_id=getattr(ref.config, 'forced_eos_token_id', None),
                 pad_token_id=ref.config.pad_token_id,
                 decoder_start_token_id=ref.config.decoder_start_token_id, **kw)
         meta["beam_" + bname + "_eos"] = str(kw["eos_token_id"])
@@ -214,12 +265,14 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests",
                                                   "fixtures", "hf_families"))
     ap.add_argument("--check-export")
+    ap.add_argument("--cases", default=",".join(CASES),
+                    help="comma-separated case names to (re)write (default: all)")
     args = ap.parse_args()
     if args.check_export:
         check_export(args.check_export, args.out)
         return
     torch.manual_seed(0)
-    for name in CASES:
+    for name in args.cases.split(","):
         write_case(args.out, name)
 
 

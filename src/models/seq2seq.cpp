@@ -14,6 +14,7 @@
 #include "ds/core/error.h"
 #include "ds/models/gpt.h"  // ParamInit / GPT::init_values: the same counter-based draws
 #include "seq2seq_processors.h"
+#include "seq2seq_util.h"
 
 namespace ds::models {
 
@@ -22,16 +23,16 @@ using nlohmann::json;
 // ---- config ----
 
 void Seq2SeqConfig::set_family_architecture() {
-  const bool blender = family == "blenderbot";
-  pre_norm = blender;
-  embedding_norm = !blender;
-  final_norm = blender;
-  position_offset = blender ? 0 : 2;
+  const bool pre = family == "blenderbot" || family == "t5";
+  pre_norm = pre;
+  embedding_norm = !pre;
+  final_norm = pre;
+  position_offset = family == "bart" ? 2 : 0;
 }
 
 void Seq2SeqConfig::validate() const {
-  DS_CHECK(family == "bart" || family == "blenderbot",
-           "[model] seq2seq family \"{}\" is unknown (known: bart, blenderbot)", family);
+  DS_CHECK(family == "bart" || family == "blenderbot" || family == "t5",
+           "[model] seq2seq family \"{}\" is unknown (known: bart, blenderbot, t5)", family);
   for (const auto& [name, v] : {std::pair<const char*, int64_t>{"vocab_size", vocab_size},
                                 {"max_positions", max_positions},
                                 {"d_model", d_model},
@@ -42,9 +43,40 @@ void Seq2SeqConfig::validate() const {
                                 {"encoder_ffn", encoder_ffn},
                                 {"decoder_ffn", decoder_ffn}})
     DS_CHECK(v > 0, "[model] seq2seq {} must be positive, got {}", name, v);
-  DS_CHECK(d_model % encoder_heads == 0 && d_model % decoder_heads == 0,
-           "[model] seq2seq d_model {} must be divisible by encoder_heads {} and decoder_heads {}",
-           d_model, encoder_heads, decoder_heads);
+  if (is_t5()) {
+    // T5Config has one num_heads, d_ff and dropout_rate: what config.json cannot say is refused.
+    DS_CHECK(d_kv > 0, "[model] seq2seq t5 needs d_kv (the head size) > 0, got {}", d_kv);
+    DS_CHECK(encoder_heads == decoder_heads && encoder_ffn == decoder_ffn,
+             "[model] seq2seq t5 has one num_heads and one d_ff: encoder_heads {} / decoder_heads "
+             "{}, encoder_ffn {} / decoder_ffn {} must be equal",
+             encoder_heads, decoder_heads, encoder_ffn, decoder_ffn);
+    DS_CHECK(attention_dropout == dropout && activation_dropout == dropout,
+             "[model] seq2seq t5 has one dropout_rate: attention_dropout {} and activation_dropout "
+             "{} must equal dropout {}",
+             attention_dropout, activation_dropout, dropout);
+    DS_CHECK(relative_buckets >= 4 && relative_max_distance > relative_buckets / 2,
+             "[model] seq2seq t5 relative_buckets {} must be at least 4 and relative_max_distance "
+             "{} above relative_buckets / 2",
+             relative_buckets, relative_max_distance);
+    DS_CHECK(!scale_embedding, "[model] seq2seq t5 does not scale embeddings (scale_embedding)");
+    DS_CHECK(
+        !(gated_ffn && activation == "gelu"),
+        "[model] seq2seq t5: a gated FFN with exact gelu has no feed_forward_proj (\"gated-gelu\" "
+        "means gelu_new); use activation gelu_new");
+  } else {
+    DS_CHECK(d_model % encoder_heads == 0 && d_model % decoder_heads == 0,
+             "[model] seq2seq d_model {} must be divisible by encoder_heads {} and decoder_heads "
+             "{}",
+             d_model, encoder_heads, decoder_heads);
+    const Seq2SeqConfig d;
+    DS_CHECK(d_kv == 0 && relative_buckets == d.relative_buckets &&
+                 relative_max_distance == d.relative_max_distance && !gated_ffn &&
+                 tie_word_embeddings && scale_decoder_outputs,
+             "[model] seq2seq {}: d_kv, relative_buckets, relative_max_distance, gated_ffn, "
+             "tie_word_embeddings and scale_decoder_outputs are T5's; leave them at their "
+             "defaults (0, 32, 128, false, true, true)",
+             family);
+  }
   DS_CHECK(activation == "gelu" || activation == "gelu_new" || activation == "gelu_pytorch_tanh" ||
                activation == "relu" || activation == "silu" || activation == "swish",
            "[model] seq2seq activation \"{}\" is not supported (gelu, gelu_new, "
@@ -75,6 +107,14 @@ void Seq2SeqConfig::validate() const {
 }
 
 int64_t Seq2SeqConfig::num_parameters() const {
+  if (is_t5()) {
+    const int64_t C = d_model, V = vocab_size, I = encoder_heads * d_kv, F = encoder_ffn;
+    const int64_t attn = 4 * C * I, ffn = (gated_ffn ? 3 : 2) * C * F;
+    const int64_t table = relative_buckets * encoder_heads;
+    const int64_t enc = encoder_layers * (attn + ffn + 2 * C) + table + C;
+    const int64_t dec = decoder_layers * (2 * attn + ffn + 3 * C) + table + C;
+    return V * C * (tie_word_embeddings ? 1 : 2) + enc + dec;
+  }
   const int64_t C = d_model, V = vocab_size, P = max_positions + position_offset;
   const int64_t attn = 4 * (C * C + C), ln = 2 * C;
   const int64_t enc =
@@ -112,7 +152,13 @@ json Seq2SeqConfig::to_json() const {
           {"decoder_start_token_id", decoder_start_token_id},
           {"forced_eos_token_id", forced_eos_token_id},
           {"init_std", init_std},
-          {"seed", seed}};
+          {"seed", seed},
+          {"d_kv", d_kv},
+          {"relative_buckets", relative_buckets},
+          {"relative_max_distance", relative_max_distance},
+          {"gated_ffn", gated_ffn},
+          {"tie_word_embeddings", tie_word_embeddings},
+          {"scale_decoder_outputs", scale_decoder_outputs}};
 }
 
 Seq2SeqConfig Seq2SeqConfig::from_json(const json& j) {
@@ -159,11 +205,20 @@ Seq2SeqConfig Seq2SeqConfig::from_json(const json& j) {
   get("forced_eos_token_id", c.forced_eos_token_id);
   get("init_std", c.init_std);
   get("seed", c.seed);
+  get("d_kv", c.d_kv);
+  get("relative_buckets", c.relative_buckets);
+  get("relative_max_distance", c.relative_max_distance);
+  get("gated_ffn", c.gated_ffn);
+  get("tie_word_embeddings", c.tie_word_embeddings);
+  get("scale_decoder_outputs", c.scale_decoder_outputs);
   c.validate();
   return c;
 }
 
 // ---- helpers ----
+
+using detail::activate;
+using detail::on_device;
 
 namespace {
 
@@ -175,13 +230,6 @@ class Container : public nn::Module {
     return register_module(name, std::move(m));
   }
 };
-
-Tensor on_device(const Tensor& host, Device device) {
-  if (device.is_cpu()) return host;
-  Tensor t = Tensor::empty(host.shape(), host.dtype(), device);
-  t.copy_from(host);
-  return t;
-}
 
 void check_ids(const Tensor& t, const char* what) {
   DS_CHECK(t.defined() && t.dim() == 2 && (t.dtype() == DType::i32 || t.dtype() == DType::i64) &&
@@ -214,18 +262,6 @@ std::vector<int64_t> key_lengths(const Tensor& mask, int64_t B, int64_t S) {
   return lens;
 }
 
-Tensor activate(const Tensor& x, const std::string& act) {
-  if (act == "gelu") return ops::gelu_erf(x);
-  if (act == "gelu_new" || act == "gelu_pytorch_tanh") return ops::gelu(x);
-  if (act == "silu" || act == "swish") return ops::silu(x);
-  // relu(x) = max(x, 0) over a trailing pair, the gradient going to the larger (x where x > 0).
-  Shape s = x.shape();
-  s.push_back(1);
-  Tensor x1 = ops::reshape(x, s);
-  Tensor z = Tensor::zeros(s, x.dtype(), x.device());
-  return ops::max(ops::concat({x1, z}, -1), -1);
-}
-
 // softmax(q k^T * scale + mask) with dropout on the probabilities, @ v: transformers' eager
 // attention, for attention_dropout in training (the fused kernel has no dropout).
 Tensor formed_attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -233,16 +269,9 @@ Tensor formed_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   const int64_t B = q.size(0), Tq = q.size(2), Tk = k.size(2), hd = q.size(3);
   Tensor s = ops::mul(ops::matmul(q, ops::transpose(k, 2, 3)),
                       1.0f / std::sqrt(static_cast<float>(hd)));  // (B, NH, Tq, Tk)
-  std::vector<float> bias(static_cast<size_t>(B * Tq * Tk), 0.0f);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < Tq; ++i)
-      for (int64_t j = 0; j < Tk; ++j) {
-        const bool pad = !mask.key_lengths.empty() && j >= mask.key_lengths[static_cast<size_t>(b)];
-        const bool future = mask.causal && j > i + Tk - Tq;
-        if (pad || future) bias[static_cast<size_t>((b * Tq + i) * Tk + j)] = -1e30f;
-      }
-  Tensor mb = on_device(Tensor::from_data(bias, {B, 1, Tq, Tk}), s.device()).to(s.dtype());
-  Tensor pr = ops::dropout(ops::softmax(ops::add(s, mb)), p, true);
+  const Tensor mb = detail::additive_mask(mask, B, Tq, Tk, s);
+  if (mb.defined()) s = ops::add(s, mb);
+  Tensor pr = ops::dropout(ops::softmax(s), p, true);
   return ops::matmul(pr, v);
 }
 
@@ -484,12 +513,23 @@ Tensor shift_tokens_right(const Tensor& labels, int64_t pad_token_id,
 
 // ---- the model ----
 
+namespace {
+const char* class_name(const std::string& family) {
+  return family == "blenderbot" ? "BlenderbotForConditionalGeneration"
+         : family == "t5"       ? "T5ForConditionalGeneration"
+                                : "BartForConditionalGeneration";
+}
+}  // namespace
+
 Seq2Seq::Seq2Seq(Seq2SeqConfig config, bool init)
-    : Module(config.family == "blenderbot" ? "BlenderbotForConditionalGeneration"
-                                           : "BartForConditionalGeneration"),
-      config_(std::move(config)) {
+    : Module(class_name(config.family)), config_(std::move(config)) {
   config_.validate();
   const Seq2SeqConfig& c = config_;
+  if (c.is_t5()) {
+    build_t5();
+    if (init && !nn::PartitionedInit::active()) init_weights();
+    return;
+  }
   auto model = register_module("model", std::make_shared<Container>("Seq2SeqModel"));
   shared_ = model->add("shared", std::make_shared<nn::Embedding>(c.vocab_size, c.d_model));
   encoder_ = model->add("encoder", std::make_shared<Stack>(c, false));
@@ -501,6 +541,7 @@ Seq2Seq::Seq2Seq(Seq2SeqConfig config, bool init)
 }
 
 void Seq2Seq::set_gradient_checkpointing(bool on) {
+  if (config_.is_t5()) return t5_checkpoint(on);
   encoder_->checkpoint_layers(on);
   decoder_->checkpoint_layers(on);
 }
@@ -511,6 +552,7 @@ bool Seq2Seq::init_parameter_range(size_t index, int64_t begin, int64_t count, f
   DS_CHECK(index < param_names_.size(), "[seq2seq] parameter index {} of {}", index,
            param_names_.size());
   const std::string& name = param_names_[index];
+  if (config_.is_t5()) return init_t5_range(name, index, begin, count, out);
   ParamInit init{ParamInit::normal, config_.init_std};
   const bool norm = name.find("layer_norm.") != std::string::npos ||
                     name.find("layernorm_embedding.") != std::string::npos;
@@ -536,7 +578,7 @@ void Seq2Seq::init_weights() {
     init_parameter_range(k, 0, p.numel(), v.data());
     p.detach().copy_from(on_device(Tensor::from_data(v, p.shape()), p.device()).to(p.dtype()));
   }
-  ops::fill_(final_logits_bias_, 0.0);
+  if (final_logits_bias_.defined()) ops::fill_(final_logits_bias_, 0.0);
 }
 
 namespace {
@@ -544,7 +586,8 @@ Tensor scaled_tokens(nn::Embedding& shared, const Tensor& ids, const Seq2SeqConf
   for (int64_t v : ids.to_int_vector())
     DS_CHECK(v >= 0 && v < c.vocab_size, "[seq2seq] token id {} outside the vocabulary [0, {})", v,
              c.vocab_size);
-  Tensor e = lookup(shared, ids, c.pad_token_id);
+  // T5's shared embedding has no padding_idx: its pad row trains like the others.
+  Tensor e = c.is_t5() ? shared(ids) : lookup(shared, ids, c.pad_token_id);
   return c.scale_embedding ? ops::mul(e, std::sqrt(static_cast<float>(c.d_model))) : e;
 }
 }  // namespace
@@ -552,6 +595,8 @@ Tensor scaled_tokens(nn::Embedding& shared, const Tensor& ids, const Seq2SeqConf
 Tensor Seq2Seq::encode(const Tensor& input_ids, const Tensor& attention_mask) {
   check_ids(input_ids, "input_ids");
   auto lens = key_lengths(attention_mask, input_ids.size(0), input_ids.size(1));
+  if (config_.is_t5())
+    return t5_run(false, scaled_tokens(*shared_, input_ids, config_), std::move(lens), {}, {});
   return encoder_->run(scaled_tokens(*shared_, input_ids, config_), std::move(lens), {}, {});
 }
 
@@ -564,8 +609,18 @@ Tensor Seq2Seq::decode(const Tensor& decoder_input_ids, const Tensor& memory,
            decoder_input_ids.size(0), config_.d_model,
            memory.defined() ? shape_str(memory.shape()) : "undefined");
   auto lens = key_lengths(attention_mask, memory.size(0), memory.size(1));
-  Tensor h = decoder_->run(scaled_tokens(*shared_, decoder_input_ids, config_), {}, memory,
-                           std::move(lens));
+  Tensor tokens = scaled_tokens(*shared_, decoder_input_ids, config_);
+  return head(config_.is_t5() ? t5_run(true, tokens, {}, memory, std::move(lens))
+                              : decoder_->run(tokens, {}, memory, std::move(lens)));
+}
+
+Tensor Seq2Seq::head(const Tensor& h) {
+  if (config_.is_t5()) {
+    const Tensor x = config_.scale_decoder_outputs
+                         ? ops::mul(h, 1.0f / std::sqrt(static_cast<float>(config_.d_model)))
+                         : h;
+    return (*lm_head_)(x);  // (B, T, V)
+  }
   Tensor lg = (*lm_head_)(h);  // (B, T, V)
   return ops::add(lg, final_logits_bias_.dtype() == lg.dtype() ? final_logits_bias_
                                                                : final_logits_bias_.to(lg.dtype()));
@@ -609,11 +664,9 @@ Tensor Seq2Seq::loss(const Tensor& ids, const Tensor& labels) {
 Tensor Seq2Seq::decode_step(const Tensor& ids, int64_t pos, const Tensor& memory,
                             const Tensor& attention_mask, std::vector<LayerCache>& caches) {
   auto lens = key_lengths(attention_mask, memory.size(0), memory.size(1));
-  Tensor h =
-      decoder_->step(scaled_tokens(*shared_, ids, config_), pos, memory, std::move(lens), caches);
-  Tensor lg = (*lm_head_)(h);  // (B, 1, V)
-  return ops::add(lg, final_logits_bias_.dtype() == lg.dtype() ? final_logits_bias_
-                                                               : final_logits_bias_.to(lg.dtype()));
+  Tensor tokens = scaled_tokens(*shared_, ids, config_);
+  return head(config_.is_t5() ? t5_step(tokens, pos, memory, std::move(lens), caches)
+                              : decoder_->step(tokens, pos, memory, std::move(lens), caches));
 }
 
 Tensor Seq2Seq::generate(const Tensor& input_ids, const Tensor& attention_mask,
@@ -637,7 +690,7 @@ Tensor Seq2Seq::generate_greedy(const Tensor& input_ids, const Tensor& attention
   const int64_t eos = opt.eos_token_id == -2 ? config_.eos_token_id : opt.eos_token_id;
   const int64_t forced =
       opt.forced_eos_token_id == -2 ? config_.forced_eos_token_id : opt.forced_eos_token_id;
-  DS_CHECK(opt.max_new_tokens + 1 <= config_.max_positions,
+  DS_CHECK(config_.is_t5() || opt.max_new_tokens + 1 <= config_.max_positions,
            "[seq2seq] 1 + max_new_tokens {} exceeds max_position_embeddings {}", opt.max_new_tokens,
            config_.max_positions);
   autograd::NoGradGuard no_grad;

@@ -13,20 +13,16 @@
 #include "ds/core/error.h"
 #include "ds/models/seq2seq.h"
 #include "seq2seq_processors.h"
+#include "seq2seq_util.h"
 
 namespace ds::models {
+
+using detail::on_device;
 
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 constexpr double kBig = 1.0e9;  // transformers' -1e9 masks
-
-Tensor on_device(const Tensor& host, Device device) {
-  if (device.is_cpu()) return host;
-  Tensor t = Tensor::empty(host.shape(), host.dtype(), device);
-  t.copy_from(host);
-  return t;
-}
 
 // Rows `rows` of t along dim 0, in that order (a gather built from slices; no gradient here).
 Tensor take_rows(const Tensor& t, const std::vector<int64_t>& rows) {
@@ -63,7 +59,7 @@ Tensor Seq2Seq::generate_beam(const Tensor& input_ids, const Tensor& attention_m
   DS_CHECK(NB >= 1, "[seq2seq] num_beams must be at least 1, got {}", NB);
   DS_CHECK(opt.max_new_tokens >= 1, "[seq2seq] max_new_tokens must be at least 1, got {}",
            opt.max_new_tokens);
-  DS_CHECK(opt.max_new_tokens + 1 <= c.max_positions,
+  DS_CHECK(c.is_t5() || opt.max_new_tokens + 1 <= c.max_positions,
            "[seq2seq] 1 + max_new_tokens {} exceeds max_position_embeddings {}", opt.max_new_tokens,
            c.max_positions);
   DS_CHECK(opt.early_stopping == "false" || opt.early_stopping == "true" ||

@@ -20,10 +20,24 @@ using nlohmann::json;
 
 namespace {
 
-// File tensors that are copies of model.shared.weight (tied): 4.x files carry them.
-bool is_tied_copy(const std::string& name) {
+// The shared embedding's name in the files of the family.
+std::string shared_name(const Seq2SeqConfig& c) {
+  return c.is_t5() ? "shared.weight" : "model.shared.weight";
+}
+
+// File tensors that are copies of the shared embedding (tied): 4.x files carry them.
+bool is_tied_copy(const Seq2SeqConfig& c, const std::string& name) {
+  if (c.is_t5())
+    return name == "encoder.embed_tokens.weight" || name == "decoder.embed_tokens.weight" ||
+           (c.tie_word_embeddings && name == "lm_head.weight");
   return name == "model.encoder.embed_tokens.weight" ||
          name == "model.decoder.embed_tokens.weight" || name == "lm_head.weight";
+}
+
+// T5ForConditionalGeneration._keys_to_ignore_on_load_unexpected.
+bool is_ignored_unexpected(const Seq2SeqConfig& c, const std::string& name) {
+  return c.is_t5() &&
+         name == "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight";
 }
 
 json read_json_file(const fs::path& p) {
@@ -46,7 +60,28 @@ std::optional<Seq2SeqConfig> read_hf_seq2seq_config(const fs::path& path) {
   if (!j.is_object() || !j.contains("model_type") || !j["model_type"].is_string() ||
       !is_seq2seq_model_type(j["model_type"].get<std::string>()))
     return std::nullopt;
-  return seq2seq_config_from_json(j, file.string());
+  Seq2SeqConfig c = seq2seq_config_from_json(j, file.string());
+  // transformers 5 always builds T5's lm_head tied, and unties it when the file's lm_head.weight
+  // differs from shared.weight (a t5-v1_1 / flan-t5 model saved by 5.x says tie_word_embeddings
+  // true): so do we.
+  if (c.is_t5() && c.tie_word_embeddings && !j.contains("ds_cpp")) {
+    std::vector<safetensors::Reader> readers;
+    try {
+      for (const auto& f : detail::weight_files(path)) readers.emplace_back(f.string());
+    } catch (const Error&) {
+      return c;  // no weights here: the config alone decides
+    }
+    const safetensors::Reader *head = nullptr, *shared = nullptr;
+    for (const auto& r : readers)
+      for (const auto& e : r.entries()) {
+        if (e.name == "lm_head.weight") head = &r;
+        if (e.name == "shared.weight") shared = &r;
+      }
+    if (head && shared &&
+        head->get("lm_head.weight").to_vector() != shared->get("shared.weight").to_vector())
+      c.tie_word_embeddings = false;
+  }
+  return c;
 }
 
 namespace {
@@ -188,7 +223,8 @@ Seq2SeqLoadReport load_hf_seq2seq_weights(Seq2Seq& model, const fs::path& path) 
 
   // Parameters, then the buffer (optional: transformers' _keys_to_ignore_on_load_missing).
   std::vector<std::pair<std::string, Tensor>> targets = model.named_parameters();
-  targets.emplace_back("final_logits_bias", model.final_logits_bias());
+  if (model.final_logits_bias().defined())
+    targets.emplace_back("final_logits_bias", model.final_logits_bias());
   std::set<std::string> used;
   std::vector<std::pair<Tensor, Found>> plan;
   for (const auto& [name, param] : targets) {
@@ -209,17 +245,24 @@ Seq2SeqLoadReport load_hf_seq2seq_weights(Seq2Seq& model, const fs::path& path) 
     else
       plan.emplace_back(param, it->second);
   }
-  const auto shared = by_name.find("model.shared.weight");
+  const std::string shared_key = shared_name(cfg);
+  const auto shared = by_name.find(shared_key);
   for (const auto& [name, found] : by_name) {
     if (used.count(name)) continue;
-    if (is_tied_copy(name) && shared != by_name.end()) {
+    if (is_ignored_unexpected(cfg, name)) {
+      report.ignored.push_back(name);
+      continue;
+    }
+    if (is_tied_copy(cfg, name) && shared != by_name.end()) {
       const safetensors::Entry& e = *found.entry;
       if (e.shape != shared->second.entry->shape || !e.supported ||
           readers[found.reader].get(name).to_vector() !=
-              readers[shared->second.reader].get("model.shared.weight").to_vector())
+              readers[shared->second.reader].get(shared_key).to_vector())
         problems.push_back(fmt::format(
-            "untied: '{}' differs from model.shared.weight (tie_word_embeddings is required)",
-            name));
+            "untied: '{}' differs from {} ({})", name, shared_key,
+            cfg.is_t5() ? "the config ties lm_head to shared: set tie_word_embeddings false, or "
+                          "read the folder with read_hf_seq2seq_config, which unties it"
+                        : "tie_word_embeddings is required"));
       else
         report.ignored.push_back(name);
       continue;
@@ -254,7 +297,8 @@ void export_hf_seq2seq(const Seq2Seq& model, const fs::path& dir, DType dtype) {
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const auto& [name, p] : model.named_parameters())
     tensors.emplace_back(name, p.detach().contiguous().to(dtype));
-  tensors.emplace_back("final_logits_bias", model.final_logits_bias().contiguous().to(dtype));
+  if (model.final_logits_bias().defined())
+    tensors.emplace_back("final_logits_bias", model.final_logits_bias().contiguous().to(dtype));
   safetensors::save((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
   json j = seq2seq_config_to_json(model.config());
   j["dtype"] = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";

@@ -12,6 +12,6 @@ ds_add_test(test_hf_encoders LABELS parity families SOURCES ${CMAKE_CURRENT_SOUR
 # DeBERTa-v2 sequence classifier against transformers (tests/fixtures/hf_families/deberta_*,
 # written by tools/gen_deberta_fixture.py).
 ds_add_test(test_hf_deberta LABELS parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_deberta.cpp)
-# BART / BlenderBot encoder-decoders against transformers (tests/fixtures/hf_families/{bart_s2s,
-# bart_relu_scaled,blenderbot_s2s}, written by tools/gen_seq2seq_fixture.py).
+# BART / BlenderBot / T5 encoder-decoders against transformers (tests/fixtures/hf_families/{bart_s2s,
+# bart_relu_scaled,blenderbot_s2s,t5_relu_tied,t5_gated_untied}, by tools/gen_seq2seq_fixture.py).
 ds_add_test(test_hf_seq2seq LABELS parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_seq2seq.cpp)

@@ -42,3 +42,9 @@ add_test(NAME ds_estimate_long_context COMMAND $<TARGET_FILE:ds_estimate> --stag
   --model ${DS_FIXTURE_DIR}/zero/model_long_context.json)
 set_tests_properties(ds_estimate_long_context PROPERTIES LABELS "zero"
   PASS_REGULAR_EXPRESSION "Model with 32000000M total params, 32000000M largest layer params")
+# An encoder-decoder from its config.json alone: bigscience/T0_3B's (t5, gated-gelu, untied lm_head:
+# the DeepSpeed guide's 2783M counts lm_head tied, the loaded checkpoint has 32128 x 2048 more).
+add_test(NAME ds_estimate_t5_folder COMMAND $<TARGET_FILE:ds_estimate> --stage 3
+  --model ${DS_FIXTURE_DIR}/zero/t0_3b)
+set_tests_properties(ds_estimate_t5_folder PROPERTIES LABELS "zero"
+  PASS_REGULAR_EXPRESSION "Model with 2849M total params, 65M largest layer params")

@@ -1,8 +1,8 @@
 #pragma once
 // Encoder-decoder (sequence-to-sequence) language models: transformers'
-// BartForConditionalGeneration and BlenderbotForConditionalGeneration, configured by
-// Seq2SeqConfig and computing what they compute (eval mode exactly; in training, dropout at the
-// same places).
+// BartForConditionalGeneration, BlenderbotForConditionalGeneration and T5ForConditionalGeneration,
+// configured by Seq2SeqConfig and computing what they compute (eval mode exactly; in training,
+// dropout at the same places). BART / BlenderBot first, T5 below.
 //
 //   embed     e = shared[ids] * embed_scale + positions[t + position_offset]          (B, S|T, C)
 //             embed_scale = sqrt(C) when scale_embedding, else 1; t = 0.. (no padding offset)
@@ -26,6 +26,34 @@
 // model.{encoder,decoder}.layernorm_embedding.* (BART), model.{encoder,decoder}.layer_norm.*
 // (BlenderBot)); the buffer is final_logits_bias. Hugging Face import and export:
 // ds/models/seq2seq_io.h.
+//
+// T5 (family "t5", src/models/seq2seq_t5.cpp; the same generation code, KV cache and logits
+// processors):
+//   embed     e = shared[ids], dropout; no position embeddings, no scaling
+//   layers    pre-norm, T5LayerNorm = RMS norm without bias or mean (weight only, norm_eps):
+//             x = x + dropout(sublayer(norm(x))); encoder: self-attention, FFN; decoder:
+//             causal self-attention, cross-attention, FFN; a final_layer_norm (then dropout) per
+//             stack
+//   attention q/k/v/o without bias, inner dim NH * d_kv (d_kv independent of d_model),
+//             scores q k^T WITHOUT 1/sqrt(d_kv), plus the relative position bias
+//             table[bucket(j - i)] (relative_buckets, relative_max_distance; bidirectional buckets
+//             in the encoder, unidirectional in the decoder): only block 0 of each stack has the
+//             table (NB, NH), later blocks add the same bias; cross-attention has none
+//   FFN       wo(act(wi(x))) ("relu": T5DenseActDense) or wo(act(wi_0(x)) * wi_1(x)) (gated_ffn:
+//             T5DenseGatedActDense, "gated-gelu" = gelu_new), dropout after the activation
+//   head      tie_word_embeddings: logits = (h * d_model^-0.5 when scale_decoder_outputs) @
+//             shared^T; untied (t5-v1_1, flan-t5): lm_head.weight (V, C) of its own; no
+//             final_logits_bias. transformers 5 decides the scale by scale_decoder_outputs
+//             (config.json's tie_word_embeddings when absent) and unties lm_head when the file's
+//             lm_head.weight differs from shared.weight; ds/models/seq2seq_io.h reads both so.
+//   names     shared.weight, {encoder,decoder}.block.{i}.layer.0.SelfAttention.{q,k,v,o}.weight,
+//             {..}.block.0.layer.0.SelfAttention.relative_attention_bias.weight,
+//             {..}.layer.{0,1|2}.layer_norm.weight, decoder.block.{i}.layer.1.EncDecAttention.*,
+//             {..}.layer.{1|2}.DenseReluDense.{wi,wi_0,wi_1,wo}.weight,
+//             {encoder,decoder}.final_layer_norm.weight, lm_head.weight (untied only)
+//   the pad row of shared trains like any other (T5's nn.Embedding has no padding_idx);
+//   decoder_start_token_id is pad (0), eos 1; sequence lengths are unbounded (max_positions is
+//   not used).
 //
 // Like torch's nn.Embedding(padding_idx), the row of model.shared at pad_token_id gets no gradient
 // from the embedding lookups (the tied lm_head still trains it, as in transformers).
@@ -51,8 +79,8 @@
 namespace ds::models {
 
 struct Seq2SeqConfig {
-  // "bart" or "blenderbot": the family's architecture flags below are set by the Hugging Face
-  // reader (ds/models/seq2seq_io.h) and checked against the family by validate().
+  // "bart", "blenderbot" or "t5": the family's architecture flags below are set by the Hugging
+  // Face reader (ds/models/seq2seq_io.h) and checked against the family by validate().
   std::string family = "bart";
   int64_t vocab_size = 50265;    // V
   int64_t max_positions = 1024;  // max_position_embeddings: longest source / target
@@ -81,11 +109,22 @@ struct Seq2SeqConfig {
   int64_t eos_token_id = 2;
   int64_t decoder_start_token_id = 2;
   int64_t forced_eos_token_id = 2;  // generation: the token forced at max length; -1 = none
-  float init_std = 0.02f;           // std of the normal initialisation
-  uint64_t seed = 0;                // parameter initialisation
+  // std of the normal initialisation; T5: initializer_factor (each module's std is a factor of
+  // it, as T5PreTrainedModel._init_weights)
+  float init_std = 0.02f;
+  uint64_t seed = 0;  // parameter initialisation
+  // T5 only (the BART families need the defaults). d_kv = head size (T5 needs it > 0);
+  // encoder_heads = decoder_heads, encoder_ffn = decoder_ffn (T5Config's num_heads, d_ff).
+  int64_t d_kv = 0;
+  int64_t relative_buckets = 32;        // relative_attention_num_buckets
+  int64_t relative_max_distance = 128;  // relative_attention_max_distance
+  bool gated_ffn = false;               // feed_forward_proj "gated-<act>"
+  bool tie_word_embeddings = true;      // lm_head is shared.weight; false: a parameter of its own
+  bool scale_decoder_outputs = true;    // decoder output * d_model^-0.5 before lm_head
 
-  // The family's defaults for the architecture flags (bart / blenderbot).
+  // The family's defaults for the architecture flags (bart / blenderbot / t5).
   void set_family_architecture();
+  bool is_t5() const { return family == "t5"; }
   // Throws "[model] ..." naming the first bad field (an architecture flag that differs from the
   // family's is an error: no checkpoint of that family computes it).
   void validate() const;
@@ -149,9 +188,11 @@ class Seq2Seq : public nn::Module {
  public:
   // Validates, builds and (unless init is false) initialises: Linear and Embedding weights
   // N(0, init_std) from config.seed, biases 0, LayerNorms 1 and 0, the pad row of model.shared 0
-  // (transformers' _init_weights); final_logits_bias 0. init = false leaves the parameters zero
-  // (LayerNorm weights one), for weights loaded next. Under nn::PartitionedInit nothing is
-  // initialised here: ZeRO-3 draws each shard from init_parameter_range, the same values.
+  // (transformers' _init_weights); final_logits_bias 0. T5: T5PreTrainedModel._init_weights with
+  // init_std as initializer_factor (src/models/seq2seq_t5.cpp; norms at the factor). init = false
+  // leaves the parameters zero (LayerNorm weights one), for weights loaded next. Under
+  // nn::PartitionedInit nothing is initialised here: ZeRO-3 draws each shard from
+  // init_parameter_range, the same values.
   explicit Seq2Seq(Seq2SeqConfig config, bool init = true);
   const Seq2SeqConfig& config() const { return config_; }
 
@@ -189,11 +230,14 @@ class Seq2Seq : public nn::Module {
   Tensor forward(const Tensor& ids) override;
   Tensor loss(const Tensor& ids, const Tensor& labels) override;
 
-  const Tensor& final_logits_bias() const { return final_logits_bias_; }  // (1, V), buffer
+  // (1, V), buffer; undefined for T5 (no such buffer)
+  const Tensor& final_logits_bias() const { return final_logits_bias_; }
 
   // Checkpoint every encoder and decoder layer (recomputed in backward; the same gradients).
-  // Hides Module::set_gradient_checkpointing, as GPT's does. A decoder layer then takes its input
-  // and the encoder output as one tensor, so the recomputation sees both.
+  // Hides Module::set_gradient_checkpointing, as GPT's does. T5: each checkpointed block looks
+  // the relative position bias up from block 0's table inside its recomputation. A
+  // decoder layer then takes its input and the encoder output as one tensor, so the recomputation
+  // sees both.
   void set_gradient_checkpointing(bool on);
 
   void init_weights();
@@ -205,6 +249,7 @@ class Seq2Seq : public nn::Module {
   class Attention;
   class Layer;
   class Stack;
+  class T5Stack;  // src/models/seq2seq_t5.cpp
   // One decoder layer's keys and values during generation: self-attention's grow by one
   // position a step (B, NH, t, hd), cross-attention's are the encoder output's (B, NH, S, hd),
   // projected once.
@@ -213,10 +258,23 @@ class Seq2Seq : public nn::Module {
   };
   Seq2SeqConfig config_;
   std::shared_ptr<nn::Embedding> shared_;
-  std::shared_ptr<Stack> encoder_, decoder_;
-  std::shared_ptr<nn::Linear> lm_head_;  // tied to shared_
+  std::shared_ptr<Stack> encoder_, decoder_;          // BART / BlenderBot
+  std::shared_ptr<T5Stack> t5_encoder_, t5_decoder_;  // T5
+  std::shared_ptr<nn::Linear> lm_head_;  // tied to shared_ (unless T5 with tie_word_embeddings off)
   Tensor final_logits_bias_;
   mutable std::vector<std::string> param_names_;
+
+  // Logits (B, T, V) of the decoder's last hidden states (B, T, C): the head of the family.
+  Tensor head(const Tensor& h);
+  void build_t5();  // the T5 module tree (seq2seq_t5.cpp)
+  // T5Stack::run of the encoder (decoder false) or the decoder, and T5Stack::step of the decoder.
+  Tensor t5_run(bool decoder, const Tensor& tokens, std::vector<int64_t> self_lengths,
+                Tensor memory, std::vector<int64_t> cross_lengths);
+  Tensor t5_step(const Tensor& tokens, int64_t pos, const Tensor& memory,
+                 std::vector<int64_t> cross_lengths, std::vector<LayerCache>& caches);
+  void t5_checkpoint(bool on);
+  bool init_t5_range(const std::string& name, size_t index, int64_t begin, int64_t count,
+                     float* out) const;
 
   // Logits (B, 1, V) of the decoder input ids (B, 1) at position pos, the earlier positions'
   // keys and values in caches (one per decoder layer; filled on the first step).

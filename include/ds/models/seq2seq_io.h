@@ -1,7 +1,8 @@
 #pragma once
 // Hugging Face import and export for models::Seq2Seq (ds/models/seq2seq.h):
-// BartForConditionalGeneration and BlenderbotForConditionalGeneration folders (config.json +
-// model.safetensors or shards, F32 / BF16 / F16), transformers 4.x or 5.x config form.
+// BartForConditionalGeneration, BlenderbotForConditionalGeneration and T5ForConditionalGeneration
+// folders (config.json + model.safetensors or shards, F32 / BF16 / F16), transformers 4.x or 5.x
+// config form.
 //
 //   auto cfg = models::read_hf_seq2seq_config("bart-folder");   // from config.json
 //   auto model = std::make_shared<models::Seq2Seq>(*cfg, /*init=*/false);
@@ -13,7 +14,11 @@
 // final_logits_bias). Tied copies of the shared embedding (model.encoder.embed_tokens.weight,
 // model.decoder.embed_tokens.weight, lm_head.weight: 4.x files carry them) are checked to equal
 // model.shared.weight and skipped; a file without final_logits_bias leaves it zero (transformers'
-// _keys_to_ignore_on_load_missing). Any other tensor that is not a parameter is an error, and so
+// _keys_to_ignore_on_load_missing). T5: names without the "model." prefix (shared.weight,
+// encoder.block.0.layer.0.SelfAttention.q.weight, ...); the tied copies are
+// {encoder,decoder}.embed_tokens.weight and, when tied, lm_head.weight; an untied model has
+// lm_head.weight as a parameter; decoder.block.0.layer.1.EncDecAttention.relative_attention_bias
+// .weight is skipped (transformers' _keys_to_ignore_on_load_unexpected). Any other tensor that is not a parameter is an error, and so
 // is every missing or mis-shaped tensor: one error lists them all.
 #include <filesystem>
 #include <optional>
@@ -27,8 +32,9 @@
 
 namespace ds::models {
 
-// The Seq2SeqConfig a config.json describes (model_type bart or blenderbot;
-// src/models/families/bart.cpp). Our exporter also writes our own config under "ds_cpp", used as
+// The Seq2SeqConfig a config.json describes (model_type bart or blenderbot:
+// src/models/families/bart.cpp; t5: src/models/families/t5.cpp, which refuses by name a
+// feed_forward_proj it does not compute, tie_encoder_decoder, is_decoder and unknown fields). Our exporter also writes our own config under "ds_cpp", used as
 // is when present. Throws "[hf_io] <source>: ..." naming the field for another model type, for an
 // unknown field (it may change the math), for an unsupported activation_function, for
 // tie_word_embeddings false, for layerdrop, and for the 4.x architecture switches
@@ -39,12 +45,14 @@ Seq2SeqConfig seq2seq_config_from_json(const nlohmann::json& j,
                                        const std::string& source = "config.json");
 // The config.json our exporter writes: the class's fields plus "ds_cpp".
 nlohmann::json seq2seq_config_to_json(const Seq2SeqConfig& c);
-// "bart, blenderbot".
+// "bart, blenderbot, t5".
 std::string supported_seq2seq_model_types();
 // True for the model_type values seq2seq_config_from_json reads.
 bool is_seq2seq_model_type(const std::string& model_type);
-// The config.json of a folder whose model_type is bart or blenderbot; nullopt for a folder without
-// config.json or with another model_type.
+// The config.json of a folder whose model_type is bart, blenderbot or t5; nullopt for a folder
+// without config.json or with another model_type. T5 as transformers 5.24 loads it: a config
+// that says tied but a folder whose lm_head.weight differs from shared.weight gives an untied
+// model (tie_word_embeddings false).
 std::optional<Seq2SeqConfig> read_hf_seq2seq_config(const std::filesystem::path& path);
 
 // Generation options of a checkpoint: dir/generation_config.json (transformers 5 saves one), or
@@ -71,7 +79,8 @@ struct Seq2SeqLoadReport {
 Seq2SeqLoadReport load_hf_seq2seq_weights(Seq2Seq& model, const std::filesystem::path& path);
 
 // Writes dir/config.json and dir/model.safetensors (tensors in `dtype`, final_logits_bias
-// included, tied copies left out as transformers 5 saves them), creating dir.
+// included (BART / BlenderBot), tied copies left out as transformers 5 saves them; T5: the
+// hub's config form, tie_word_embeddings false with lm_head.weight when untied), creating dir.
 void export_hf_seq2seq(const Seq2Seq& model, const std::filesystem::path& dir,
                        DType dtype = DType::f32);
 

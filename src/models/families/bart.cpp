@@ -38,11 +38,11 @@ void expect_field(const json& j, const char* key, T want, const std::string& mod
 }  // namespace
 
 std::string supported_seq2seq_model_types() {
-  return "bart, blenderbot";
+  return "bart, blenderbot, t5";
 }
 
 bool is_seq2seq_model_type(const std::string& t) {
-  return t == "bart" || t == "blenderbot";
+  return t == "bart" || t == "blenderbot" || t == "t5";
 }
 
 Seq2SeqConfig seq2seq_config_from_json(const json& j, const std::string& source) {
@@ -62,6 +62,7 @@ Seq2SeqConfig seq2seq_config_from_json(const json& j, const std::string& source)
       DS_THROW("[hf_io] {}: \"ds_cpp\": {}", source, e.what());
     }
   }
+  if (type == "t5") return hf::t5_config_from_json(j, source);
   // BartConfig's fields, the 4.x architecture switches checked below, and keys that change
   // nothing here: the classification head's dropout and label count (no such head),
   // gradient_checkpointing (memory), unk/mask token ids, 4.x generation switches.
@@ -167,6 +168,11 @@ Seq2SeqConfig seq2seq_config_from_json(const json& j, const std::string& source)
 }
 
 json seq2seq_config_to_json(const Seq2SeqConfig& c) {
+  if (c.is_t5()) {
+    json t = hf::t5_config_to_json(c);
+    t["ds_cpp"] = c.to_json();
+    return t;
+  }
   json j = {
       {"model_type", c.family},
       {"architectures", json::array({c.family == "blenderbot" ? "BlenderbotForConditionalGeneration"
