@@ -100,7 +100,7 @@ EOF
       --max_steps "$STEPS" --per_device_train_batch_size "$BATCH" --learning_rate 2e-5 \
       --eval_steps 0 --eval_batches 1 --logging_steps 1 --threads 2 --export_hf none --no_shuffle)"
     ours_t+=" $(dstrain_steps "$WORK/logs/bert_ours_$1.log")"
-    echo "  ours  (ds_train):  $(grep -c 's/step' "$WORK/logs/bert_ours_$1.log") steps, timed: $(dstrain_steps "$WORK/logs/bert_ours_$1.log")s"
+    echo "  ours  (ds_train):  $(grep -c 's\/step$' "$WORK/logs/bert_ours_$1.log") steps, timed: $(dstrain_steps "$WORK/logs/bert_ours_$1.log")s"
   }
   bert_peer() {  # $1 round, $2 engine
     local log="$WORK/logs/bert_$2_$1.log" py="$PY" m
