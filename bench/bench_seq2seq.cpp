@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/parallel.h"
@@ -62,7 +62,8 @@ long status_kib(const char* key) {
 Tensor random_ids(int64_t b, int64_t t, int64_t vocab, uint64_t stream) {
   std::vector<int64_t> ids(static_cast<size_t>(b * t));
   for (size_t i = 0; i < ids.size(); ++i)
-    ids[i] = 3 + static_cast<int64_t>(rng::hash3(4321, stream, i) % static_cast<uint64_t>(vocab - 3));
+    ids[i] =
+        3 + static_cast<int64_t>(rng::hash3(4321, stream, i) % static_cast<uint64_t>(vocab - 3));
   for (int64_t r = 0; r < b; ++r) ids[static_cast<size_t>(r * t + t - 1)] = 2;
   return Tensor::from_ints(ids, {b, t}, DType::i64);
 }
@@ -167,10 +168,9 @@ int main(int argc, char** argv) {
       std::printf(
           "BENCH seq2seq_train batch=%lld src=%lld tgt=%lld stage=%d step_s=%.3f steps=%s "
           "tokens_per_s=%.1f peak_rss_mib=%.0f forward_s=%.3f backward_s=%.3f optimizer_s=%.3f\n",
-          static_cast<long long>(batch), static_cast<long long>(src),
-          static_cast<long long>(tgt), stage, med, join(total).c_str(),
-          static_cast<double>(batch * (src + tgt)) / med, status_kib("VmHWM") / 1024.0,
-          median(fwd), median(bwd), median(upd));
+          static_cast<long long>(batch), static_cast<long long>(src), static_cast<long long>(tgt),
+          stage, med, join(total).c_str(), static_cast<double>(batch * (src + tgt)) / med,
+          status_kib("VmHWM") / 1024.0, median(fwd), median(bwd), median(upd));
     } else {
       if (batch == 0) batch = 4;
       if (src == 0) src = 64;
@@ -178,8 +178,8 @@ int main(int argc, char** argv) {
       autograd::NoGradGuard no_grad;
       const Tensor ids = random_ids(batch, src, V, 999);
       if (!ids_out.empty()) write_rows(ids_out, ids);
-      const Tensor mask = Tensor::from_ints(std::vector<int64_t>(static_cast<size_t>(batch * src), 1),
-                                            {batch, src}, DType::i64);
+      const Tensor mask = Tensor::from_ints(
+          std::vector<int64_t>(static_cast<size_t>(batch * src), 1), {batch, src}, DType::i64);
       models::BeamOptions bo;
       bo.num_beams = beams;
       bo.max_new_tokens = new_tokens;
