@@ -10,6 +10,7 @@
 //     step times. Prints
 //     BENCH seq2seq_train batch=B src=S tgt=T step_s=<median of the timed steps> tokens_per_s=..
 //       peak_rss_mib=<VmHWM> forward_s=.. backward_s=.. optimizer_s=..   (medians)
+//     after a line with the model-state bytes and the caching allocator's peak in use / reserved.
 //     tokens = B * (S + T) per step, as bench/families_peer.py counts them.
 //
 //   bench_seq2seq --model DIR beam [--batch 4] [--src 64] [--beams 4] [--new_tokens 32] [--reps 3]
@@ -29,6 +30,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ds/autograd/grad_mode.h"
+#include "ds/core/allocator.h"
 #include "ds/core/parallel.h"
 #include "ds/core/rng.h"
 #include "ds/models/seq2seq.h"
@@ -165,6 +167,14 @@ int main(int argc, char** argv) {
       DS_CHECK(!total.empty(), "[bench_seq2seq] --steps {} leaves no timed step after --warmup {}",
                steps, warmup);
       const double med = median(total);
+      const runtime::MemoryBudget mem = engine->memory_budget();
+      const AllocatorStats as = cpu_allocator().stats();
+      std::printf(
+          "memory: model states %.1f MiB (params %.1f, grads %.1f, optimizer %.1f); allocator peak "
+          "in use %.1f MiB, reserved %.1f MiB\n",
+          mem.total() / 1048576.0, mem.params / 1048576.0, mem.grads / 1048576.0,
+          mem.optimizer_states / 1048576.0, as.peak_bytes_in_use / 1048576.0,
+          as.bytes_reserved / 1048576.0);
       std::printf(
           "BENCH seq2seq_train batch=%lld src=%lld tgt=%lld stage=%d step_s=%.3f steps=%s "
           "tokens_per_s=%.1f peak_rss_mib=%.0f forward_s=%.3f backward_s=%.3f optimizer_s=%.3f\n",
