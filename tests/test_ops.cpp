@@ -103,6 +103,36 @@ TEST(FastMathCpu, TanhGeluSilu) {
   }
 }
 
+// Few rows against a large weight matrix (decode steps, beam search) take the row kernel instead
+// of the BLAS (gemm_few_rows in src/backend/cpu/decode.cpp): 1..8 rows, padded row strides, the
+// four-row and one-row paths, against a double loop.
+TEST(GemmCpu, FewRowsAgainstAWeightMatrixMatchNaive) {
+  const int64_t N = 300, K = 259;  // N * K past the row kernel's threshold; K not a multiple of 16
+  std::vector<float> w(static_cast<size_t>(N * K));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(std::sin(0.37 * i)) * 0.2f;
+  for (int64_t m : {1, 3, 4, 5, 8}) {
+    const int64_t lda = K + 3, ldc = N + 5;
+    std::vector<float> a(static_cast<size_t>(m * lda)), c(static_cast<size_t>(m * ldc), -7.0f);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(std::cos(0.11 * i + m));
+    backend::Gemm g;
+    g.trans_b = true;
+    g.m = m, g.n = N, g.k = K;
+    g.a = a.data(), g.lda = lda, g.b = w.data(), g.ldb = K, g.c = c.data(), g.ldc = ldc;
+    backend::cpu().gemm(g);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double want = 0;
+        for (int64_t e = 0; e < K; ++e)
+          want += static_cast<double>(a[static_cast<size_t>(i * lda + e)]) *
+                  w[static_cast<size_t>(j * K + e)];
+        ASSERT_NEAR(c[static_cast<size_t>(i * ldc + j)], want, 1e-4 * (1 + std::abs(want)))
+            << "m " << m << " row " << i << " col " << j;
+      }
+    for (int64_t i = 0; i < m; ++i)  // the padding between rows of C is untouched
+      for (int64_t j = N; j < ldc; ++j) ASSERT_EQ(c[static_cast<size_t>(i * ldc + j)], -7.0f);
+  }
+}
+
 // The device-parameterised tests: one instance per device, skipped where a kernel is missing.
 class Ops : public ds::testing::DeviceTest {};
 

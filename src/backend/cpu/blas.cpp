@@ -162,6 +162,7 @@ void CpuBackend::gemm(const Gemm& g) {
     }
     return;
   }
+  if (!omp_in_parallel() && gemm_few_rows(g)) return;
   auto one = [&](int64_t i) {
     if (use_sbgemm) {
       const auto* a = static_cast<const uint16_t*>(g.a) + i * g.stride_a;

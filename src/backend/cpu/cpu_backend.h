@@ -65,4 +65,9 @@ class CpuBackend final : public Backend {
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// C = A B^T for fp32 A with at most 8 rows against a large B (N, K) (a weight matrix: decode steps,
+// beam search), through the decode row kernel instead of the BLAS; false (nothing done) for any
+// other shape (decode.cpp).
+bool gemm_few_rows(const Gemm& g);
+
 }  // namespace ds::backend

@@ -66,7 +66,41 @@ void dot4(const float* w, const float* x, int64_t n, float* out, int64_t out_str
   out[3 * out_stride] = dot_finish(a30, a31, w, x3, i, n);
 }
 
+// Y (rows, out) = X (rows, in) W^T, row strides ldx / ldw / ldy: each weight row read once and
+// dotted with every row of X while it sits in L1 (see linear_rows).
+void rows_times_weights(const float* X, int64_t ldx, const float* W, int64_t ldw, float* Y,
+                        int64_t ldy, int64_t rows, int64_t out, int64_t in) {
+  parallel_for(out, 64, [&](int64_t lo, int64_t hi) {
+    std::vector<float> packed;  // rows of X gathered contiguous for dot4 when ldx != in
+    const float* x = X;
+    if (ldx != in && rows > 1) {
+      packed.resize(static_cast<size_t>(rows * in));
+      for (int64_t m = 0; m < rows; ++m) std::copy_n(X + m * ldx, in, packed.data() + m * in);
+      x = packed.data();
+    }
+    const int64_t xs = (ldx != in && rows > 1) ? in : ldx;
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* wr = W + r * ldw;
+      int64_t m = 0;
+      if (xs == in)
+        for (; m + 4 <= rows; m += 4) dot4(wr, x + m * in, in, Y + m * ldy + r, ldy);
+      for (; m < rows; ++m) Y[m * ldy + r] = dot_row(wr, x + m * xs, in);
+    }
+  });
+}
+
 }  // namespace
+
+bool gemm_few_rows(const Gemm& g) {
+  // Few rows against a weight matrix (x W^T, decode steps and beam search): OpenBLAS packs W on
+  // every call and reads it twice; the row kernel reads it once.
+  if (g.dtype != DType::f32 || g.batch != 1 || g.trans_a || !g.trans_b || g.m > 8 ||
+      g.alpha != 1.0f || g.beta != 0.0f || g.n * g.k < (1 << 16))
+    return false;
+  rows_times_weights(static_cast<const float*>(g.a), g.lda, static_cast<const float*>(g.b), g.ldb,
+                     static_cast<float*>(g.c), g.ldc, g.m, g.n, g.k);
+  return true;
+}
 
 // A BLAS sgemm with few rows packs W on every call (OpenBLAS 0.3.21 has no GEMV forwarding),
 // reading the weights twice, and its sums depend on how many rows it is given. Here each weight
