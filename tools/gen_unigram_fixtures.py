@@ -19,7 +19,9 @@ plus a multilingual paragraph) and converted by transformers 5 exactly as it con
 
 and unigram_cases.json: for each folder and each tricky string, what the `tokenizers` library gives
 (ids, offsets, decode with and without skipping special tokens) and, for pairs, ids and type ids,
-checked against AutoTokenizer.
+checked against AutoTokenizer; and tests/fixtures/classification/deberta_cases.json: sentence pairs
+(and single sentences) as transformers' tokenizer(a, b, truncation=True, max_length=T) encodes them
+with the DeBERTa folder, for ds_prepare --task classification (tests/test_classification.cpp).
 
     /work/venv-hf/bin/python tools/gen_unigram_fixtures.py   # transformers 5, sentencepiece, protobuf
 
@@ -175,6 +177,33 @@ def cases(folder):
     return {"vocab_size": tok.get_vocab_size(), "singles": singles, "pairs": pairs}
 
 
+# Sentence pairs for ds_prepare --task classification on the DeBERTa folder (--seq_len
+# CLASSIFY_SEQ_LEN, HF longest_first truncation), and for its truncation at several lengths.
+CLASSIFY_SEQ_LEN = 24
+CLASSIFY_PAIRS = [
+    ("The Congress shall make no law", "respecting an establishment of religion"),
+    ("Mr. Speaker, Mr. President, distinguished Members of Congress, honored guests",
+     "and fellow citizens: tonight we gather"),
+    ("  multiple   spaces\tand tabs ", "Café naïve ünïcödé"),
+    ("你好世界", "emoji 👋🏽"),
+    ("short", "a much longer second sentence that will be cut by longest first truncation"),
+    ("a much longer first sentence that will be cut by longest first truncation too", "short"),
+]
+
+
+def classification_cases(folder):
+    """transformers' tokenizer(a, b, truncation=True, max_length=T) for the DeBERTa folder."""
+    hf = AutoTokenizer.from_pretrained(str(folder))
+    out = []
+    for a, b in CLASSIFY_PAIRS + [(a, None) for a, _ in CLASSIFY_PAIRS[:3]]:
+        for max_length in (8, 13, CLASSIFY_SEQ_LEN, 64):
+            e = hf(a, b, truncation=True, max_length=max_length) if b is not None else \
+                hf(a, truncation=True, max_length=max_length)
+            out.append({"a": a, "b": b, "max_length": max_length, "ids": e["input_ids"],
+                        "type_ids": e["token_type_ids"], "label": len(out) % 2})
+    return out
+
+
 def main():
     deberta, t5, bf = OUT / "deberta_unigram", OUT / "t5_unigram", OUT / "unigram_bytefallback"
     make_deberta(deberta)
@@ -184,6 +213,10 @@ def main():
     for folder in (deberta, t5, bf):
         out[folder.name] = cases(folder)
     (OUT / "unigram_cases.json").write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    cls = {"tokenizer": "tokenizers/deberta_unigram", "seq_len": CLASSIFY_SEQ_LEN,
+           "cases": classification_cases(deberta)}
+    (ROOT / "tests" / "fixtures" / "classification" / "deberta_cases.json").write_text(
+        json.dumps(cls, ensure_ascii=False, separators=(",", ":")) + "\n")
 
 
 if __name__ == "__main__":
