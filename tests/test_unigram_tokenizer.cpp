@@ -98,3 +98,131 @@ TEST(Unigram, PairsMatchTokenizers) {
     }
   }
 }
+
+TEST(Unigram, SpecialTokensAndConfig) {
+  auto deb = load_tokenizer(kFixtures / "deberta_unigram");
+  const auto& c = deb->config();
+  EXPECT_EQ(c.cls_id, deb->token_to_id("[CLS]"));
+  EXPECT_EQ(c.sep_id, deb->token_to_id("[SEP]"));
+  EXPECT_EQ(c.pad_id, deb->token_to_id("[PAD]"));
+  EXPECT_EQ(c.mask_id, deb->token_to_id("[MASK]"));
+  EXPECT_EQ(c.unk_id, deb->token_to_id("[UNK]"));
+  EXPECT_TRUE(deb->is_special(c.cls_id));
+  EXPECT_FALSE(deb->is_special(deb->token_to_id("\xE2\x96\x81the")));
+  // post_process is the pair template encode_pair uses (what classification.h truncates for).
+  const std::vector<int32_t> a = {10, 11}, b = {12};
+  const std::span<const int32_t> sb(b);
+  const auto p = deb->post_process(a, &sb);
+  EXPECT_EQ(p.ids, (std::vector<int32_t>{c.cls_id, 10, 11, c.sep_id, 12, c.sep_id}));
+  EXPECT_EQ(p.type_ids, (std::vector<uint32_t>{0, 0, 0, 0, 1, 1}));
+  auto t5 = load_tokenizer(kFixtures / "t5_unigram");
+  EXPECT_EQ(t5->config().eos_id, t5->token_to_id("</s>"));
+  EXPECT_EQ(t5->encode("", true), std::vector<int32_t>{t5->config().eos_id});
+}
+
+TEST(Unigram, ExportReloadsIdentically) {
+  for (const std::string name : kFolders) {
+    auto tok = load_tokenizer(kFixtures / name);
+    TempDir tmp;
+    ds::data::export_tokenizer(*tok, tmp.path);
+    auto back = load_tokenizer(tmp.path);
+    EXPECT_EQ(back->kind(), "unigram");
+    EXPECT_EQ(back->vocab_size(), tok->vocab_size());
+    EXPECT_EQ(back->config().eos_id, tok->config().eos_id) << name;
+    EXPECT_EQ(back->config().pad_id, tok->config().pad_id) << name;
+    for (const json& c : unigram_cases()[name]["singles"]) {
+      const std::string text = c["text"];
+      EXPECT_EQ(back->encode(text, true), ids_of(c["ids_with_special"])) << name << ": " << text;
+    }
+  }
+}
+
+TEST(Unigram, UnsupportedComponentsAreNamed) {
+  std::ifstream in(kFixtures / "deberta_unigram" / "tokenizer.json");
+  const json base = json::parse(in);
+  auto expect_error = [&](const std::function<void(json&)>& edit, const std::string& needle) {
+    TempDir tmp;
+    json j = base;
+    edit(j);
+    std::ofstream(tmp.path / "tokenizer.json") << j.dump();
+    std::string what = "(no error)";
+    try {
+      load_tokenizer(tmp.path);
+    } catch (const ds::Error& e) {
+      what = e.what();
+    }
+    EXPECT_NE(what.find(needle), std::string::npos) << what;
+    EXPECT_NE(what.find("tokenizer.json"), std::string::npos) << what;
+  };
+  expect_error(
+      [](json& j) {
+        j["normalizer"] = {{"type", "BertNormalizer"}};
+      },
+      "normalizer.type 'BertNormalizer'");
+  expect_error([](json& j) { j["normalizer"]["normalizers"][0]["pattern"]["Regex"] = "\\d+"; },
+               "normalizer.normalizers[0].pattern.Regex '\\d+'");
+  expect_error([](json& j) { j["normalizer"]["normalizers"][2]["strip_left"] = "no"; },
+               "normalizer.normalizers[2].strip_left");
+  expect_error(
+      [](json& j) {
+        j["pre_tokenizer"] = {{"type", "ByteLevel"}};
+      },
+      "pre_tokenizer.type 'ByteLevel'");
+  expect_error(
+      [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["prepend_scheme"] = "sometimes"; },
+      "prepend_scheme");
+  expect_error([](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, "decoder.type 'WordPiece'");
+  expect_error([](json& j) { j["model"]["unk_id"] = 100000; }, "model.unk_id");
+  expect_error([](json& j) { j["model"]["vocab"][5] = "x"; }, "model.vocab[5]");
+  expect_error([](json& j) { j["model"]["dropout"] = 0.1; }, "model.dropout");
+  expect_error([](json& j) { j["added_tokens"][0]["lstrip"] = true; }, "added_tokens[0].lstrip");
+  expect_error(
+      [](json& j) {
+        j["post_processor"] = {{"type", "RobertaProcessing"}};
+      },
+      "post_processor.type 'RobertaProcessing'");
+}
+
+TEST(Unigram, ViterbiUnkAndByteFallback) {
+  // A hand-made vocabulary: the best segmentation by total score, ties to the shorter first
+  // piece, unknown characters fused into one unk (or split into <0xNN> pieces with byte_fallback).
+  json j = {
+      {"version", "1.0"},
+      {"added_tokens", json::array()},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", nullptr},
+      {"post_processor", nullptr},
+      {"decoder",
+       {{"type", "Sequence"}, {"decoders", {{{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}}},
+      {"model",
+       {{"type", "Unigram"}, {"unk_id", 0}, {"byte_fallback", false}, {"vocab", json::array()}}}};
+  for (const auto& [piece, score] : std::vector<std::pair<std::string, double>>{{"<unk>", 0.0},
+                                                                                {"a", -1.0},
+                                                                                {"b", -1.0},
+                                                                                {"c", -1.0},
+                                                                                {"d", -1.0},
+                                                                                {"cd", -1.0},
+                                                                                {"ab", -2.0},
+                                                                                {"abc", -5.0},
+                                                                                {"abcd", -1.5},
+                                                                                {"<0xC3>", -1.0},
+                                                                                {"<0xA9>", -1.0}})
+    j["model"]["vocab"].push_back(json::array({piece, score}));
+
+  TempDir tmp;
+  std::ofstream(tmp.path / "tokenizer.json") << j.dump();
+  auto tok = load_tokenizer(tmp.path);
+  EXPECT_EQ(tok->encode("abcd"), (std::vector<int32_t>{8}));        // abcd (-1.5)
+  EXPECT_EQ(tok->encode("abcdab"), (std::vector<int32_t>{8, 6}));   // abcd ab
+  EXPECT_EQ(tok->encode("acd"), (std::vector<int32_t>{1, 5}));      // a cd
+  EXPECT_EQ(tok->encode("axyb"), (std::vector<int32_t>{1, 0, 2}));  // xy fused into one unk
+  EXPECT_EQ(tok->encode("x\xC3\xA9"), (std::vector<int32_t>{0}));   // "xé": one unk
+  j["model"]["byte_fallback"] = true;
+  std::ofstream(tmp.path / "tokenizer.json") << j.dump();
+  tok = load_tokenizer(tmp.path);
+  EXPECT_EQ(tok->encode("a\xC3\xA9"), (std::vector<int32_t>{1, 9, 10}));  // é as its two bytes
+  EXPECT_EQ(tok->decode(std::vector<int32_t>{1, 9, 10}), "a\xC3\xA9");
+  EXPECT_EQ(tok->encode("ax"), (std::vector<int32_t>{1, 0}));       // no <0x78>: unk
+  EXPECT_EQ(tok->decode(std::vector<int32_t>{9}), "\xEF\xBF\xBD");  // a lone byte: U+FFFD
+  EXPECT_THROW(tok->decode(std::vector<int32_t>{tok->vocab_size()}), ds::Error);
+}
