@@ -18,6 +18,7 @@
 #include "ds/core/error.h"
 #include "ds/data/text_tokenizer.h"
 #include "ds/data/tokenizer_export.h"
+#include "ds/serve/text_tokenizer.h"
 
 namespace fs = std::filesystem;
 using ds::data::load_tokenizer;
@@ -225,4 +226,16 @@ TEST(Unigram, ViterbiUnkAndByteFallback) {
   EXPECT_EQ(tok->encode("ax"), (std::vector<int32_t>{1, 0}));       // no <0x78>: unk
   EXPECT_EQ(tok->decode(std::vector<int32_t>{9}), "\xEF\xBF\xBD");  // a lone byte: U+FFFD
   EXPECT_THROW(tok->decode(std::vector<int32_t>{tok->vocab_size()}), ds::Error);
+}
+
+// ds_generate / ds_serve load a model folder's tokenizer through serve::load_text_tokenizer: a T5
+// folder encodes with its template ("... </s>"), decodes without special tokens, stops at </s>.
+TEST(Unigram, ServeTokenizerTakesT5Folder) {
+  auto tok = ds::serve::load_text_tokenizer(kFixtures / "t5_unigram");
+  EXPECT_EQ(tok->name(), "unigram");
+  const json& c = unigram_cases()["t5_unigram"]["singles"][2];  // "Hello world"
+  ASSERT_EQ(c["text"], "Hello world");
+  EXPECT_EQ(tok->encode("Hello world"), ids_of(c["ids_with_special"]));
+  EXPECT_EQ(tok->decode(ids_of(c["ids_with_special"])), c["decoded_skip"].get<std::string>());
+  EXPECT_EQ(tok->eos_ids(), std::vector<int32_t>{1});
 }
