@@ -16,6 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/core/error.h"
+#include "ds/data/dataset.h"
+#include "ds/data/prepare.h"
 #include "ds/data/text_tokenizer.h"
 #include "ds/data/tokenizer_export.h"
 #include "ds/serve/text_tokenizer.h"
@@ -238,4 +240,59 @@ TEST(Unigram, ServeTokenizerTakesT5Folder) {
   EXPECT_EQ(tok->encode("Hello world"), ids_of(c["ids_with_special"]));
   EXPECT_EQ(tok->decode(ids_of(c["ids_with_special"])), c["decoded_skip"].get<std::string>());
   EXPECT_EQ(tok->eos_ids(), std::vector<int32_t>{1});
+}
+
+// ds_prepare (language-model shards) with a Hugging Face folder: every document is its eos token
+// then encode(file), in file order, whatever the thread count; meta.json names the tokenizer.
+TEST(Unigram, PrepareCorpusWithT5Folder) {
+  TempDir tmp;
+  const std::vector<std::string> docs = {"The Congress shall make no law.\n\nSecond  paragraph.",
+                                         "Café 你好 👋\tend", "x"};
+  for (size_t k = 0; k < docs.size(); ++k)
+    std::ofstream(tmp.path / fmt::format("doc{}.txt", k)) << docs[k];
+  auto tok = load_tokenizer(kFixtures / "t5_unigram");
+  ds::data::PrepareOptions o;
+  o.inputs = {tmp.path};
+  o.tokenizer_dir = kFixtures / "t5_unigram";
+  o.output_dir = tmp.path / "out";
+  o.val_fraction = 0.0;
+  o.threads = 2;
+  const auto r = ds::data::prepare_corpus(o);
+  EXPECT_EQ(r.train.documents, docs.size());
+  std::vector<int32_t> expected;
+  for (const std::string& d : docs) {
+    expected.push_back(tok->config().eos_id);
+    const auto ids = tok->encode(d);
+    expected.insert(expected.end(), ids.begin(), ids.end());
+  }
+  const auto ds = ds::data::TokenDataset::open_split(o.output_dir, "train", /*verify=*/true);
+  ASSERT_EQ(ds.num_tokens(), expected.size());
+  std::vector<int32_t> got(expected.size());
+  ds.read_tokens(0, got);
+  EXPECT_EQ(got, expected);
+  std::ifstream meta_in(o.output_dir / "meta.json");
+  const json meta = json::parse(meta_in);
+  EXPECT_EQ(meta["tokenizer"]["name"], "unigram");
+  EXPECT_EQ(meta["tokenizer"]["eot_id"], tok->config().eos_id);
+  EXPECT_EQ(meta["tokenizer"]["vocab_size"], tok->vocab_size());
+
+  // GPT-2's <|endoftext|> splitting is refused by name; so is a folder without an eos token.
+  o.split_on_eot = true;
+  o.output_dir = tmp.path / "out2";
+  try {
+    ds::data::prepare_corpus(o);
+    ADD_FAILURE() << "split_on_eot accepted";
+  } catch (const ds::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("split_on_eot"), std::string::npos) << e.what();
+  }
+  o.split_on_eot = false;
+  fs::create_directories(tmp.path / "noeos");
+  fs::copy_file(kFixtures / "t5_unigram" / "tokenizer.json", tmp.path / "noeos" / "tokenizer.json");
+  o.tokenizer_dir = tmp.path / "noeos";
+  try {
+    ds::data::prepare_corpus(o);
+    ADD_FAILURE() << "a folder without eos_token accepted";
+  } catch (const ds::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("eos_token"), std::string::npos) << e.what();
+  }
 }
