@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -294,5 +296,22 @@ TEST(Unigram, PrepareCorpusWithT5Folder) {
     ADD_FAILURE() << "a folder without eos_token accepted";
   } catch (const ds::Error& e) {
     EXPECT_NE(std::string(e.what()).find("eos_token"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Unigram, LongInputsStayFast) {
+  // 256 kB of prose and a 100 kB run without spaces: linear in the length for each folder.
+  std::string text;
+  while (text.size() < (1u << 18)) text += "The Quick, brown fox jumps over the lazy dog! Café. ";
+  const std::string run(100000, 'x');
+  for (const std::string name : kFolders) {
+    auto tok = load_tokenizer(kFixtures / name);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_GT(tok->encode(text).size(), text.size() / 8) << name;
+    EXPECT_GT(tok->encode(run).size(), 1000u) << name;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(seconds, 10.0) << name;
+    std::printf("%s: %.2f s for 356 kB\n", name.c_str(), seconds);
   }
 }
