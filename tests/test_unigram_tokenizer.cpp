@@ -315,3 +315,52 @@ TEST(Unigram, LongInputsStayFast) {
     std::printf("%s: %.2f s for 356 kB\n", name.c_str(), seconds);
   }
 }
+
+// A DeBERTa-v3 folder as the hub ships it (spm.model, tokenizer_config.json, no tokenizer.json)
+// loads as the pipeline transformers 5 builds from it: the same ids, decodes and pairs as the
+// tokenizer.json transformers saved from the same model; export writes that tokenizer.json.
+TEST(Unigram, DebertaSpmModelFolder) {
+  auto tok = load_tokenizer(kFixtures / "deberta_spm");
+  EXPECT_EQ(tok->kind(), "unigram");
+  const json& f = unigram_cases()["deberta_unigram"];
+  EXPECT_EQ(tok->vocab_size(), f["vocab_size"].get<int>());
+  for (const json& c : f["singles"]) {
+    const std::string text = c["text"];
+    EXPECT_EQ(tok->encode(text, false), ids_of(c["ids"])) << text;
+    const auto with = tok->encode(text, true);
+    EXPECT_EQ(with, ids_of(c["ids_with_special"])) << text;
+    EXPECT_EQ(tok->decode(with, true), c["decoded_skip"].get<std::string>()) << text;
+  }
+  for (const json& c : f["pairs"]) {
+    const auto e = tok->encode_pair(c["a"].get<std::string>(), c["b"].get<std::string>(), true);
+    EXPECT_EQ(e.ids, ids_of(c["ids"]));
+    EXPECT_EQ(e.type_ids, c["type_ids"].get<std::vector<uint32_t>>());
+  }
+  EXPECT_EQ(tok->config().cls_id, tok->token_to_id("[CLS]"));
+  EXPECT_EQ(tok->config().mask_id, tok->token_to_id("[MASK]"));
+  TempDir tmp;
+  ds::data::export_tokenizer(*tok, tmp.path);
+  EXPECT_TRUE(fs::exists(tmp.path / "tokenizer.json"));
+  auto back = load_tokenizer(tmp.path);
+  EXPECT_EQ(back->encode("Hello  world", true), tok->encode("Hello  world", true));
+
+  // DeBERTa-v3's [MASK] is not a piece of spm.model: added_tokens.json gives its id after them.
+  TempDir v3;
+  fs::copy_file(kFixtures / "deberta_spm" / "spm.model", v3.path / "spm.model");
+  std::ofstream(v3.path / "tokenizer_config.json")
+      << R"({"mask_token": "[MASK2]", "tokenizer_class": "DebertaV2Tokenizer"})";
+  std::ofstream(v3.path / "added_tokens.json") << R"({"[MASK2]": 1000})";
+  auto t3 = load_tokenizer(v3.path);
+  EXPECT_EQ(t3->vocab_size(), 1001);
+  EXPECT_EQ(t3->config().mask_id, 1000);
+  // transformers 5.24 on this folder: [274, 1000, 408], with specials [2, 274, 1000, 408, 3].
+  EXPECT_EQ(t3->encode("a [MASK2] b"), (std::vector<int32_t>{274, 1000, 408}));
+  EXPECT_EQ(t3->encode("a [MASK2] b", true), (std::vector<int32_t>{2, 274, 1000, 408, 3}));
+  std::ofstream(v3.path / "tokenizer_config.json") << R"({"split_by_punct": true})";
+  try {
+    load_tokenizer(v3.path);
+    ADD_FAILURE() << "split_by_punct accepted";
+  } catch (const ds::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("split_by_punct"), std::string::npos) << e.what();
+  }
+}

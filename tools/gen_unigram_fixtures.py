@@ -8,7 +8,9 @@ plus a multilingual paragraph) and converted by transformers 5 exactly as it con
   deberta_unigram/  DebertaV2Tokenizer.from_pretrained(<folder with spm.model>).save_pretrained():
                     Sequence[Replace(\\s{2,}|[\\n\\r\\t] -> " "), NFC, Strip(right)] normalizer,
                     Metaspace(always, split) pre-tokenizer, Unigram, [CLS] $A [SEP] /
-                    [CLS] $A [SEP] $B [SEP] template with type ids, Metaspace decoder
+                    [CLS] $A [SEP] $B [SEP] template with type ids, Metaspace decoder;
+  deberta_spm/      the same tokenizer as the hub ships DeBERTa-v3: spm.model and a
+                    tokenizer_config.json naming DebertaV2Tokenizer, no tokenizer.json
   t5_unigram/       T5Tokenizer.from_pretrained(<folder with spiece.model>, extra_ids=0): Precompiled
                     normalizer (sentencepiece's nmt_nfkc charsmap), WhitespaceSplit + Metaspace,
                     "$A </s>" template, Metaspace decoder
@@ -101,6 +103,14 @@ def make_deberta(folder):
         (pathlib.Path(tmp) / "spm.model").write_bytes(model)
         tok = DebertaV2Tokenizer.from_pretrained(tmp)
         save(tok, folder)
+    # The folder as the hub ships DeBERTa-v3 (spm.model, no tokenizer.json): load_tokenizer builds
+    # the same pipeline from it.
+    spm_folder = folder.parent / "deberta_spm"
+    spm_folder.mkdir(parents=True, exist_ok=True)
+    (spm_folder / "spm.model").write_bytes(model)
+    (spm_folder / "tokenizer_config.json").write_text(json.dumps(
+        {"do_lower_case": False, "vocab_type": "spm", "tokenizer_class": "DebertaV2Tokenizer"},
+        indent=2) + "\n")
 
 
 def make_t5(folder):

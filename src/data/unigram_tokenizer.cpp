@@ -191,7 +191,8 @@ void UnigramTokenizer::set_model(const ojson& model, const ojson& added, const f
     min_score_ = std::min(min_score_, scores_[id]);
   }
   if (model.contains("unk_id") && !model["unk_id"].is_null()) {
-    DS_CHECK(model["unk_id"].is_number_unsigned() && model["unk_id"].get<uint64_t>() < n,
+    DS_CHECK(model["unk_id"].is_number_integer() && model["unk_id"].get<int64_t>() >= 0 &&
+                 model["unk_id"].get<uint64_t>() < n,
              "[tokenizer] '{}': model.unk_id must be an id in model.vocab (0..{})", file.string(),
              n - 1);
     unk_id_ = model["unk_id"].get<int32_t>();
