@@ -7,8 +7,10 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -274,3 +276,59 @@ TEST(ClassifyScores, AccuracyAndF1) {
 }
 
 }  // namespace
+
+// DeBERTa-v2's Unigram tokenizer.json ([CLS] A [SEP] B [SEP], types 0/1): encode_example's
+// longest_first truncation, and ds_prepare --task classification as a program, give the ids and
+// token type ids of transformers' tokenizer(a, b, truncation=True, max_length=T)
+// (tests/fixtures/classification/deberta_cases.json, tools/gen_unigram_fixtures.py).
+TEST_F(Classification, DebertaUnigramMatchesTransformers) {
+  const fs::path fx_dir = fs::path(DS_FIXTURE_DIR) / "classification";
+  const fs::path tok_dir = fs::path(DS_FIXTURE_DIR) / "tokenizers" / "deberta_unigram";
+  const json fx = json::parse(std::ifstream(fx_dir / "deberta_cases.json"));
+  const auto tok = data::load_tokenizer(tok_dir);
+  int cut = 0;
+  std::string jsonl;
+  std::vector<const json*> pairs;  // the cases ds_prepare gets: pairs at seq_len
+  const auto seq_len = fx["seq_len"].get<size_t>();
+  for (const json& c : fx["cases"]) {
+    const std::optional<std::string> b =
+        c["b"].is_null() ? std::nullopt : std::optional<std::string>(c["b"].get<std::string>());
+    const auto e = data::encode_example(*tok, c["a"], b, c["max_length"].get<size_t>());
+    EXPECT_EQ(e.tokens.ids, c["ids"].get<std::vector<int32_t>>()) << c.dump();
+    EXPECT_EQ(e.tokens.type_ids, c["type_ids"].get<std::vector<uint32_t>>()) << c.dump();
+    cut += e.truncated;
+    if (b && c["max_length"].get<size_t>() == seq_len) {
+      pairs.push_back(&c);
+      jsonl +=
+          json{{"sentence1", c["a"]}, {"sentence2", c["b"]}, {"label", c["label"]}}.dump() + "\n";
+    }
+  }
+  EXPECT_GT(cut, 10);
+  ASSERT_GE(pairs.size(), 5u);
+
+#ifdef DS_PREPARE_BIN
+  const fs::path input = write("deberta.jsonl", jsonl), out = dir_ / "deberta_set";
+  const std::string cmd = fmt::format(
+      "{} --task classification --tokenizer {} --seq_len {} --val_fraction 0 --output {} {} > {} "
+      "2>&1",
+      DS_PREPARE_BIN, tok_dir.string(), seq_len, out.string(), input.string(),
+      (dir_ / "log.txt").string());
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const auto set = data::ClassificationSet::open_split(out, "train");
+  ASSERT_EQ(set.size(), static_cast<int64_t>(pairs.size()));
+  EXPECT_EQ(set.pad_id(), tok->config().pad_id);
+  std::vector<int32_t> ids(seq_len), types(seq_len), mask(seq_len);
+  for (int64_t i = 0; i < set.size(); ++i) {
+    int32_t label = -1;
+    set.get(i, ids, types, mask, label);
+    const json& c = *pairs[static_cast<size_t>(i)];
+    const auto want = c["ids"].get<std::vector<int32_t>>();
+    const auto want_types = c["type_ids"].get<std::vector<int32_t>>();
+    ASSERT_EQ(set.length(i), static_cast<int32_t>(want.size())) << c.dump();
+    EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.begin() + set.length(i)), want) << c.dump();
+    EXPECT_EQ(std::vector<int32_t>(types.begin(), types.begin() + set.length(i)), want_types)
+        << c.dump();
+    EXPECT_EQ(label, c["label"].get<int32_t>());
+  }
+#endif
+}

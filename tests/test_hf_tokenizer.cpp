@@ -241,7 +241,7 @@ TEST(HfTokenizer, UnsupportedFieldsAreErrorsNamingThem) {
     fs::remove_all(tmp.path / fixture);
   };
   expect_error(
-      "gpt2_bpe", [](json& j) { j["model"]["type"] = "Unigram"; }, "model.type 'Unigram'");
+      "gpt2_bpe", [](json& j) { j["model"]["type"] = "WordLevel"; }, "model.type 'WordLevel'");
   expect_error(
       "gpt2_bpe",
       [](json& j) {

@@ -206,7 +206,7 @@ TEST(WordPiece, UnsupportedFieldsAreErrorsNamingThem) {
   expect_error([](json& j) { j["added_tokens"][4]["normalized"] = true; },
                "added_tokens[4].normalized");
   expect_error([](json& j) { j["truncation"] = {{"max_length", 8}}; }, "truncation is set");
-  expect_error([](json& j) { j["model"]["type"] = "Unigram"; }, "model.type 'Unigram'");
+  expect_error([](json& j) { j["model"]["type"] = "WordLevel"; }, "model.type 'WordLevel'");
 }
 
 TEST(WordPiece, NoDecoderJoinsTokensWithSpaces) {

@@ -149,8 +149,9 @@ int run_classification(const ds::data::ClassificationPrepareOptions& o) {
 int main(int argc, char** argv) {
   ds::data::PrepareOptions o;
   CLI::App app{
-      "Tokenize text files with the GPT-2 tokenizer into token shards (train/val) plus a "
-      "meta.json.\nEach file is one document, preceded by <|endoftext|>. Files are taken in "
+      "Tokenize text files with the GPT-2 tokenizer (or a Hugging Face folder's) into token shards "
+      "(train/val) plus a meta.json.\nEach file is one document, preceded by <|endoftext|> (the "
+      "folder's eos token). Files are taken in "
       "sorted path order.\nExample:\n  ds_prepare --tokenizer .cache/data/gpt2 --output "
       "data/sotu --val_from_year 2001 .cache/data/sotu",
       "ds_prepare"};
@@ -164,8 +165,8 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--tokenizer", tokenizer,
                  "Folder holding encoder.json and vocab.bpe (scripts/fetch_data.sh puts them in "
-                 ".cache/data/gpt2); with --sft, a Hugging Face folder (tokenizer.json, "
-                 "tokenizer.model or vocab.json + merges.txt)")
+                 ".cache/data/gpt2), or a Hugging Face folder (tokenizer.json, tokenizer.model or "
+                 "vocab.json + merges.txt; documents are then preceded by its eos token)")
       ->required();
   std::string sft_format, chat_template;
   size_t seq_len = 0;

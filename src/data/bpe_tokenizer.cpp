@@ -591,9 +591,10 @@ std::unique_ptr<TextTokenizer> load_tokenizer_json(const fs::path& file,
            file.string());
   const std::string type = type_of(j["model"]);
   if (type == "WordPiece") return load_wordpiece_tokenizer_json(file, std::move(text), j, config);
+  if (type == "Unigram") return load_unigram_tokenizer_json(file, std::move(text), j, config);
   DS_CHECK(type == "BPE",
            "[tokenizer] '{}': model.type '{}' is not supported; tokenizer.json files with a "
-           "byte-level BPE or a WordPiece model are (SentencePiece models load from "
+           "byte-level BPE, a WordPiece or a Unigram model are (SentencePiece models load from "
            "tokenizer.model)",
            file.string(), type);
   return load_bpe_tokenizer_json(file, std::move(text), j, config);

@@ -12,7 +12,8 @@
 
 namespace ds::data::detail {
 
-// A tokenizer.json, by model.type: BPE or WordPiece (the others are a ds::Error naming the type).
+// A tokenizer.json, by model.type: BPE, WordPiece or Unigram (the others are a ds::Error naming the
+// type).
 std::unique_ptr<TextTokenizer> load_tokenizer_json(const std::filesystem::path& file,
                                                    const TokenizerConfig& config);
 // Byte-level BPE from a tokenizer.json (bpe_tokenizer.cpp); json_text is the file's bytes, j
@@ -26,11 +27,20 @@ std::unique_ptr<TextTokenizer> load_wordpiece_tokenizer_json(const std::filesyst
                                                              std::string json_text,
                                                              const nlohmann::json& j,
                                                              const TokenizerConfig& config);
+// Unigram (DeBERTa-v2, T5, ...) from a tokenizer.json (unigram_tokenizer.cpp).
+std::unique_ptr<TextTokenizer> load_unigram_tokenizer_json(const std::filesystem::path& file,
+                                                           std::string json_text,
+                                                           const nlohmann::json& j,
+                                                           const TokenizerConfig& config);
 // Byte-level BPE with GPT-2's pre-tokenizer from vocab.json + merges.txt (or encoder.json +
 // vocab.bpe); "<|endoftext|>" is a special token when the vocabulary has it.
 std::unique_ptr<TextTokenizer> load_bpe_vocab_merges(const std::filesystem::path& vocab_json,
                                                      const std::filesystem::path& merges_txt,
                                                      const TokenizerConfig& config);
+// DeBERTa-v2/v3's spm.model (+ tokenizer_config.json, added_tokens.json): the Unigram pipeline
+// transformers 5's DebertaV2Tokenizer builds from it (deberta_spm.cpp).
+std::unique_ptr<TextTokenizer> load_deberta_spm(const std::filesystem::path& file,
+                                                TokenizerConfig config);
 // SentencePiece tokenizer.model (sp_tokenizer.cpp).
 std::unique_ptr<TextTokenizer> load_sentencepiece(const std::filesystem::path& file,
                                                   const TokenizerConfig& config);

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <sstream>
@@ -21,6 +22,7 @@
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
 #include "ds/data/shard.h"
+#include "ds/data/text_tokenizer.h"
 #include "ds/data/tokenizer.h"
 
 namespace ds::data {
@@ -195,12 +197,38 @@ PrepareReport prepare_corpus(const PrepareOptions& o) {
   const std::vector<InputFile> files = list_inputs(o.inputs, o.extension);
   PrepareReport report;
   const std::vector<bool> is_val = assign_val(files, o, &report.split_rule);
-  const Tokenizer tok = Tokenizer::load_gpt2(o.tokenizer_dir);
+  // GPT-2's encoder.json + vocab.bpe (the reference encoder, memoised words), or any Hugging Face
+  // folder load_tokenizer reads; then documents are preceded by its eos token.
+  const bool gpt2 =
+      fs::exists(o.tokenizer_dir / "encoder.json") || !has_tokenizer_files(o.tokenizer_dir);
+  std::optional<Tokenizer> gpt2_tok;
+  std::unique_ptr<TextTokenizer> hf_tok;
+  int32_t sep_id = -1, vocab_size = 0;
+  std::string tok_name = "gpt2";
+  if (gpt2) {
+    gpt2_tok.emplace(Tokenizer::load_gpt2(o.tokenizer_dir));
+    sep_id = gpt2_tok->eot_id();
+    vocab_size = gpt2_tok->vocab_size();
+  } else {
+    hf_tok = load_tokenizer(o.tokenizer_dir);
+    sep_id = hf_tok->config().eos_id;
+    if (sep_id < 0) sep_id = hf_tok->token_to_id("<|endoftext|>");  // GPT-2 files, no config
+    DS_CHECK(sep_id >= 0,
+             "[prepare] tokenizer folder '{}' names no eos_token (tokenizer_config.json); language-"
+             "model shards put it before every document. Add \"eos_token\" there",
+             o.tokenizer_dir.string());
+    DS_CHECK(!o.split_on_eot,
+             "[prepare] split_on_eot splits on GPT-2's <|endoftext|>; it needs the GPT-2 tokenizer "
+             "folder (encoder.json + vocab.bpe), not '{}'",
+             o.tokenizer_dir.string());
+    vocab_size = hf_tok->vocab_size();
+    tok_name = std::string(hf_tok->kind());
+  }
 
   DS_CHECK(!o.output_dir.empty(), "[prepare] no output folder given");
   fs::create_directories(o.output_dir);
-  SplitWriter train("train", o.output_dir, o.shard_tokens, static_cast<uint32_t>(tok.vocab_size()));
-  SplitWriter val("val", o.output_dir, o.shard_tokens, static_cast<uint32_t>(tok.vocab_size()));
+  SplitWriter train("train", o.output_dir, o.shard_tokens, static_cast<uint32_t>(vocab_size));
+  SplitWriter val("val", o.output_dir, o.shard_tokens, static_cast<uint32_t>(vocab_size));
 
   const int threads = o.threads > 0
                           ? o.threads
@@ -251,9 +279,14 @@ PrepareReport prepare_corpus(const PrepareOptions& o) {
             text.resize(text.size() - Tokenizer::kEndOfText.size());
           if (!text.empty()) {
             r.tokens.reserve(text.size() / 4 + 16);
-            r.tokens.push_back(tok.eot_id());
-            tok.encode(text, r.tokens, caches[t], special);
-            r.documents = std::count(r.tokens.begin(), r.tokens.end(), tok.eot_id());
+            r.tokens.push_back(sep_id);
+            if (gpt2_tok) {
+              gpt2_tok->encode(text, r.tokens, caches[t], special);
+              r.documents = std::count(r.tokens.begin(), r.tokens.end(), sep_id);
+            } else {
+              hf_tok->encode(text, /*add_special_tokens=*/false, r.tokens);
+              r.documents = 1;
+            }
           }
           bytes_done += files[i].size;
           tokens_done += r.tokens.size();
@@ -298,9 +331,10 @@ PrepareReport prepare_corpus(const PrepareOptions& o) {
   nlohmann::json meta = {
       {"format", "DSTOKENS"},
       {"version", kShardVersion},
-      {"token_dtype", token_bytes_for_vocab(tok.vocab_size()) == 2 ? "uint16" : "uint32"},
-      {"tokenizer", {{"name", "gpt2"}, {"vocab_size", tok.vocab_size()}, {"eot_id", tok.eot_id()}}},
-      {"documents", "each document is preceded by the <|endoftext|> token"},
+      {"token_dtype", token_bytes_for_vocab(vocab_size) == 2 ? "uint16" : "uint32"},
+      {"tokenizer", {{"name", tok_name}, {"vocab_size", vocab_size}, {"eot_id", sep_id}}},
+      {"documents", gpt2 ? "each document is preceded by the <|endoftext|> token"
+                         : "each document is preceded by the tokenizer's eos token"},
       {"split_rule", report.split_rule},
       {"shard_tokens", o.shard_tokens},
       {"source_bytes", report.bytes},

@@ -138,7 +138,7 @@ PairEncoding TextTokenizer::post_process(std::span<const int32_t>,
 bool has_tokenizer_files(const fs::path& dir) {
   std::error_code ec;
   auto has = [&](const char* name) { return fs::exists(dir / name, ec); };
-  return has("tokenizer.json") || has("tokenizer.model") ||
+  return has("tokenizer.json") || has("spm.model") || has("tokenizer.model") ||
          (has("vocab.json") && has("merges.txt")) || (has("encoder.json") && has("vocab.bpe"));
 }
 
@@ -146,6 +146,8 @@ std::unique_ptr<TextTokenizer> load_tokenizer(const fs::path& folder) {
   DS_CHECK(fs::is_directory(folder), "[tokenizer] '{}' is not a folder", folder.string());
   if (fs::exists(folder / "tokenizer.json"))
     return detail::load_tokenizer_json(folder / "tokenizer.json", read_config(folder, false));
+  if (fs::exists(folder / "spm.model"))  // DeBERTa-v2/v3 as the hub ships it
+    return detail::load_deberta_spm(folder / "spm.model", read_config(folder, false));
   if (fs::exists(folder / "tokenizer.model"))
     return detail::load_sentencepiece(folder / "tokenizer.model", read_config(folder, true));
   for (auto [vocab, merges] :
@@ -154,7 +156,7 @@ std::unique_ptr<TextTokenizer> load_tokenizer(const fs::path& folder) {
       return detail::load_bpe_vocab_merges(folder / vocab, folder / merges,
                                            read_config(folder, false));
   DS_THROW(
-      "[tokenizer] '{}' holds no tokenizer: looked for tokenizer.json, tokenizer.model, "
+      "[tokenizer] '{}' holds no tokenizer: looked for tokenizer.json, spm.model, tokenizer.model, "
       "vocab.json + merges.txt and encoder.json + vocab.bpe",
       folder.string());
 }

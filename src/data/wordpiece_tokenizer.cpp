@@ -21,6 +21,7 @@
 
 #include "ds/core/error.h"
 #include "ds/data/unicode.h"
+#include "hf_template.h"
 #include "hf_tokenizer_internal.h"
 
 namespace ds::data::detail {
@@ -161,13 +162,6 @@ struct BertNormalizer {
   }
 };
 
-// One piece of a post-processor template: a special token's ids or sequence A / B.
-struct TemplatePiece {
-  enum Kind { kSpecial, kA, kB } kind;
-  uint32_t type_id = 0;
-  std::vector<int32_t> ids;  // kSpecial only
-};
-
 class WordPieceTokenizer final : public TextTokenizer {
  public:
   std::string_view kind() const override { return "wordpiece"; }
@@ -205,9 +199,6 @@ class WordPieceTokenizer final : public TextTokenizer {
   void set_normalizer(const ojson& j, const fs::path& file);
   void set_post_processor(const ojson& j, const fs::path& file);
   void set_decoder(const ojson& j, const fs::path& file);
-  std::vector<TemplatePiece> parse_template(const ojson& items, const ojson& specials,
-                                            const std::string& field, const fs::path& file,
-                                            bool pair) const;
 
   // Calls on_added(match) and on_text(segment) for the text between added tokens, left to right.
   template <class OnText, class OnAdded>
@@ -229,7 +220,7 @@ class WordPieceTokenizer final : public TextTokenizer {
   std::string prefix_ = "##";
   int32_t unk_id_ = -1;
   size_t max_input_chars_per_word_ = 100;
-  std::vector<TemplatePiece> single_, pair_;  // empty: no post-processor
+  PairTemplate template_;  // empty: no post-processor
   bool has_decoder_ = false;
   std::string decoder_prefix_ = "##";
   bool decoder_cleanup_ = true;
@@ -342,96 +333,8 @@ void WordPieceTokenizer::set_normalizer(const ojson& j, const fs::path& file) {
                                   : normalizer_.lowercase;
 }
 
-std::vector<TemplatePiece> WordPieceTokenizer::parse_template(const ojson& items,
-                                                              const ojson& specials,
-                                                              const std::string& field,
-                                                              const fs::path& file,
-                                                              bool pair) const {
-  DS_CHECK(items.is_array(), "[tokenizer] '{}': {} must be an array", file.string(), field);
-  std::vector<TemplatePiece> out;
-  int seen_a = 0, seen_b = 0;
-  for (size_t k = 0; k < items.size(); ++k) {
-    const ojson& item = items[k];
-    const std::string where = fmt::format("{}[{}]", field, k);
-    DS_CHECK(item.is_object() && item.size() == 1 &&
-                 (item.contains("Sequence") || item.contains("SpecialToken")),
-             "[tokenizer] '{}': {} must be {{\"Sequence\": ...}} or {{\"SpecialToken\": ...}}",
-             file.string(), where);
-    const bool seq = item.contains("Sequence");
-    const ojson& body = seq ? item["Sequence"] : item["SpecialToken"];
-    check_keys(body, {"id", "type_id"}, where, file);
-    DS_CHECK(body.contains("id") && body["id"].is_string() && body.contains("type_id") &&
-                 body["type_id"].is_number_unsigned(),
-             "[tokenizer] '{}': {} needs a string 'id' and a non-negative 'type_id'", file.string(),
-             where);
-    TemplatePiece p{TemplatePiece::kSpecial, body["type_id"].get<uint32_t>(), {}};
-    const std::string id = body["id"];
-    if (seq) {
-      DS_CHECK(id == "A" || (pair && id == "B"),
-               "[tokenizer] '{}': {} names sequence '{}'; a {} template holds {}", file.string(),
-               where, id, pair ? "pair" : "single", pair ? "A and B" : "A only");
-      p.kind = id == "A" ? TemplatePiece::kA : TemplatePiece::kB;
-      (id == "A" ? seen_a : seen_b)++;
-    } else {
-      DS_CHECK(specials.contains(id) && specials[id].is_object() && specials[id].contains("ids") &&
-                   specials[id]["ids"].is_array(),
-               "[tokenizer] '{}': {} uses special token '{}', which post_processor.special_tokens "
-               "does not define",
-               file.string(), where, id);
-      for (const ojson& i : specials[id]["ids"]) {
-        DS_CHECK(i.is_number_integer() && i.get<int64_t>() >= 0 && i.get<int64_t>() < vocab_size(),
-                 "[tokenizer] '{}': post_processor.special_tokens['{}'] has id {} outside the "
-                 "vocabulary",
-                 file.string(), id, i.dump());
-        p.ids.push_back(i.get<int32_t>());
-      }
-    }
-    out.push_back(std::move(p));
-  }
-  DS_CHECK(seen_a == 1 && seen_b == (pair ? 1 : 0),
-           "[tokenizer] '{}': {} must hold sequence A once{}", file.string(), field,
-           pair ? " and sequence B once" : "");
-  return out;
-}
-
 void WordPieceTokenizer::set_post_processor(const ojson& j, const fs::path& file) {
-  if (j.is_null()) return;
-  const std::string type = type_of(j);
-  if (type == "BertProcessing") {
-    check_keys(j, {"type", "sep", "cls"}, "post_processor", file);
-    auto token = [&](const char* key) {
-      const ojson& t = j.value(key, ojson());
-      DS_CHECK(t.is_array() && t.size() == 2 && t[0].is_string() && t[1].is_number_integer() &&
-                   t[1].get<int64_t>() >= 0 && t[1].get<int64_t>() < vocab_size(),
-               "[tokenizer] '{}': post_processor.{} must be [\"token\", id] with an id in the "
-               "vocabulary",
-               file.string(), key);
-      return t[1].get<int32_t>();
-    };
-    const int32_t cls = token("cls"), sep = token("sep");
-    using P = TemplatePiece;
-    single_ = {{P::kSpecial, 0, {cls}}, {P::kA, 0, {}}, {P::kSpecial, 0, {sep}}};
-    pair_ = {{P::kSpecial, 0, {cls}},
-             {P::kA, 0, {}},
-             {P::kSpecial, 0, {sep}},
-             {P::kB, 1, {}},
-             {P::kSpecial, 1, {sep}}};
-    return;
-  }
-  DS_CHECK(type == "TemplateProcessing",
-           "[tokenizer] '{}': post_processor.type '{}' is not supported by the WordPiece loader "
-           "(supported: none, TemplateProcessing, BertProcessing)",
-           file.string(), type);
-  check_keys(j, {"type", "single", "pair", "special_tokens"}, "post_processor", file);
-  const ojson& specials = j.value("special_tokens", ojson::object());
-  DS_CHECK(specials.is_object(),
-           "[tokenizer] '{}': post_processor.special_tokens must be an object", file.string());
-  for (const auto& [name, s] : specials.items())
-    check_keys(s, {"id", "ids", "tokens"}, fmt::format("post_processor.special_tokens['{}']", name),
-               file);
-  single_ =
-      parse_template(j.value("single", ojson()), specials, "post_processor.single", file, false);
-  pair_ = parse_template(j.value("pair", ojson()), specials, "post_processor.pair", file, true);
+  template_ = parse_post_processor(j, vocab_size(), file, "WordPiece");
 }
 
 void WordPieceTokenizer::set_decoder(const ojson& j, const fs::path& file) {
@@ -593,13 +496,13 @@ void WordPieceTokenizer::encode_sequence(std::string_view text, std::vector<int3
 
 void WordPieceTokenizer::encode(std::string_view text, bool add_special_tokens,
                                 std::vector<int32_t>& ids, std::vector<TokenSpan>* spans) const {
-  if (!add_special_tokens || single_.empty()) {
+  if (!add_special_tokens || template_.empty()) {
     encode_sequence(text, ids, spans);
     return;
   }
   const size_t before = spans ? spans->size() : 0;
   uint32_t end = 0;  // where the sequence's spans end, for the specials after it
-  for (const TemplatePiece& p : single_) {
+  for (const TemplatePiece& p : template_.single) {
     if (p.kind == TemplatePiece::kA) {
       encode_sequence(text, ids, spans);
       end = spans && spans->size() > before ? spans->back().end : 0;
@@ -631,23 +534,7 @@ PairEncoding WordPieceTokenizer::encode_pair(std::string_view a, std::string_vie
 
 PairEncoding WordPieceTokenizer::post_process(std::span<const int32_t> a,
                                               const std::span<const int32_t>* b) const {
-  PairEncoding out;
-  auto append = [&](std::span<const int32_t> ids, uint32_t type_id) {
-    out.ids.insert(out.ids.end(), ids.begin(), ids.end());
-    out.type_ids.insert(out.type_ids.end(), ids.size(), type_id);
-  };
-  const std::vector<TemplatePiece>& tmpl = b ? pair_ : single_;
-  if (tmpl.empty()) {  // no post-processor: the sequences as they are
-    append(a, 0);
-    if (b) append(*b, 1);
-    return out;
-  }
-  for (const TemplatePiece& p : tmpl)
-    append(p.kind == TemplatePiece::kA   ? a
-           : p.kind == TemplatePiece::kB ? *b
-                                         : std::span<const int32_t>(p.ids),
-           p.type_id);
-  return out;
+  return template_.apply(a, b);
 }
 
 // ---- decoding -----------------------------------------------------------------------------------

@@ -4,6 +4,9 @@
 # (train, evaluate, resume, export) and one ds_train process.
 ds_add_test(test_classification LABELS families data
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_classification.cpp)
+# ds_prepare --task classification as a program on a DeBERTa-v2 (Unigram) tokenizer folder.
+target_compile_definitions(test_classification PRIVATE DS_PREPARE_BIN="$<TARGET_FILE:ds_prepare>")
+add_dependencies(test_classification ds_prepare)
 ds_add_test(test_classifier_train LABELS families train
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_classifier_train.cpp)
 target_compile_definitions(test_classifier_train PRIVATE DS_TRAIN_BIN="$<TARGET_FILE:ds_train>"

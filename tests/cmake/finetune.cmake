@@ -2,7 +2,8 @@
 # chat templates. Fixtures from tools/gen_hf_tokenizer_fixtures.py. Label: finetune.
 ds_add_test(test_hf_tokenizer LABELS finetune data
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_tokenizer.cpp
-          ${CMAKE_CURRENT_SOURCE_DIR}/test_wordpiece_tokenizer.cpp)
+          ${CMAKE_CURRENT_SOURCE_DIR}/test_wordpiece_tokenizer.cpp
+          ${CMAKE_CURRENT_SOURCE_DIR}/test_unigram_tokenizer.cpp)
 ds_add_test(test_chat_template LABELS finetune data
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_chat_template.cpp)
 # ds_to_fp32 (DeepSpeed's zero_to_fp32): checkpoints of ZeRO stages 0, 2, 3 in fp32 and bf16

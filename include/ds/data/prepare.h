@@ -1,5 +1,8 @@
 #pragma once
-// Corpus preparation: text files -> GPT-2 tokens -> token shards (shard.h) + meta.json.
+// Corpus preparation: text files -> tokens -> token shards (shard.h) + meta.json. The tokenizer is
+// GPT-2's (encoder.json + vocab.bpe), or any Hugging Face folder load_tokenizer reads
+// (text_tokenizer.h: tokenizer.json of BPE, WordPiece or Unigram, tokenizer.model, ...), whose eos
+// token then takes the place of <|endoftext|> below.
 // The ds_prepare program is a command line over prepare_corpus(); see docs/data.md.
 //
 // Documents: each input file is one document (or, with split_on_eot, the literal text
@@ -39,14 +42,14 @@ struct PrepareProgress {
 struct PrepareOptions {
   std::vector<std::filesystem::path> inputs;  // files, or folders searched recursively
   std::string extension = ".txt";             // folders: only files ending so ("" = all files)
-  std::filesystem::path tokenizer_dir;        // holds encoder.json and vocab.bpe
+  std::filesystem::path tokenizer_dir;        // encoder.json + vocab.bpe, or a HF folder
   std::filesystem::path output_dir;           // created if missing
   std::optional<double> val_fraction;
   std::optional<int> val_from_year;
   std::string val_files;
   uint64_t shard_tokens = 0;  // 0: one file per split
   int threads = 0;            // 0: all hardware threads
-  bool split_on_eot = false;
+  bool split_on_eot = false;  // GPT-2 tokenizer only
   // Called on the calling thread about every 100 ms while tokenizing, and once at the end.
   std::function<void(const PrepareProgress&)> on_progress;
 };

@@ -8,8 +8,11 @@
 //   // -1 when the folder names none
 //
 // load_tokenizer looks in the folder, in this order, for:
-//   tokenizer.json               byte-level BPE (GPT-2, Llama-3, Qwen2, ...: bpe_tokenizer.cpp)
-//                                or WordPiece (BERT: wordpiece_tokenizer.cpp), by model.type
+//   tokenizer.json               byte-level BPE (GPT-2, Llama-3, Qwen2, ...: bpe_tokenizer.cpp),
+//                                WordPiece (BERT: wordpiece_tokenizer.cpp) or Unigram
+//                                (DeBERTa-v2/v3, T5: unigram_tokenizer.cpp), by model.type
+//   spm.model                    DeBERTa-v2/v3 as the hub ships it: the Unigram pipeline of
+//                                transformers 5's DebertaV2Tokenizer (deberta_spm.cpp)
 //   tokenizer.model              SentencePiece (LLaMA-1/2, Mistral v0.1), through libsentencepiece
 //   vocab.json + merges.txt      GPT-2's file pair (also encoder.json + vocab.bpe, OpenAI's names)
 // and reads tokenizer_config.json (and chat_template.jinja) when present, for the names of the
@@ -72,7 +75,7 @@ class TextTokenizer {
  public:
   virtual ~TextTokenizer() = default;
 
-  // "bpe" (byte-level BPE), "wordpiece" or "sentencepiece".
+  // "bpe" (byte-level BPE), "wordpiece", "unigram" (tokenizer.json) or "sentencepiece".
   virtual std::string_view kind() const = 0;
 
   // Append the tokens of text to ids; when spans is not null, append one TokenSpan per token.

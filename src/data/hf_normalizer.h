@@ -1,0 +1,71 @@
+#pragma once
+// Internal to src/data: tokenizer.json normalizers as Hugging Face `tokenizers` runs them, with the
+// alignment of every output byte to the input bytes it came from (for token offsets).
+//
+//   NormalizerChain n = parse_normalizer(j["normalizer"], file, "Unigram");
+//   NormalizedText t = NormalizedText::from(text, /*base=*/0);
+//   n.run(t);            // t.text normalized; t.span(a, b) = input range of t.text[a, b)
+//
+// Supported: NFC, NFD, NFKC, NFKD, Lowercase, Strip, Replace (string pattern, or the one regex
+// DeBERTa-v2 uses: \s{2,}|[\n\r\t]), Prepend, Precompiled (SentencePiece's precompiled_charsmap:
+// Darts double-array trie + normalized strings, looked up per grapheme as `tokenizers` does) and a
+// Sequence of them. Anything else is a ds::Error naming the type.
+//
+// Offsets follow `tokenizers`: a character replacing several keeps the range of the last of them
+// (Replace) or of the first (NFC and the other forms, Precompiled); inserted characters share the
+// range of the character before them (prepended ones: the first).
+// Immutable after parsing; run is const and thread-safe.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ds/data/text_tokenizer.h"
+
+namespace ds::data::detail {
+
+struct NormalizedText {
+  std::string text;
+  std::vector<TokenSpan> align;  // one per byte of text: the input byte range it came from
+
+  // text as it is; input offsets start at base.
+  static NormalizedText from(std::string_view text, uint32_t base);
+  // The input range of text[from, to) (from < to).
+  TokenSpan span(size_t from, size_t to) const { return {align[from].begin, align[to - 1].end}; }
+  // Append the UTF-8 bytes of one character, all aligned to s.
+  void push(std::string_view bytes, TokenSpan s) {
+    text.append(bytes);
+    align.insert(align.end(), bytes.size(), s);
+  }
+};
+
+class NormalizerStep {
+ public:
+  virtual ~NormalizerStep() = default;
+  virtual void run(NormalizedText& t) const = 0;
+};
+
+class NormalizerChain {
+ public:
+  void run(NormalizedText& t) const {
+    for (const auto& s : steps_) s->run(t);
+  }
+  bool empty() const { return steps_.empty(); }
+  void add(std::unique_ptr<NormalizerStep> s) { steps_.push_back(std::move(s)); }
+
+ private:
+  std::vector<std::shared_ptr<const NormalizerStep>> steps_;
+};
+
+// Parse a tokenizer.json normalizer (null: none). field names it in errors ("normalizer").
+NormalizerChain parse_normalizer(const nlohmann::json& j, const std::string& field,
+                                 const std::filesystem::path& file, std::string_view loader);
+
+// Rust's char::is_whitespace (the White_Space property), which Strip and WhitespaceSplit use.
+bool is_white_space(char32_t c);
+
+}  // namespace ds::data::detail

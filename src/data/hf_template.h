@@ -1,0 +1,45 @@
+#pragma once
+// Internal to src/data: a tokenizer.json post-processor that places special tokens around one
+// sequence or a pair (TemplateProcessing, BertProcessing), shared by the WordPiece and Unigram
+// loaders.
+//
+//   PairTemplate t = parse_post_processor(j["post_processor"], vocab_size, file, "Unigram");
+//   PairEncoding e = t.apply(ids_a, &ids_b);   // e.g. [CLS] a [SEP] b [SEP] with type ids
+//
+// Immutable after parsing; apply is const and thread-safe.
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ds/data/text_tokenizer.h"
+
+namespace ds::data::detail {
+
+// One piece of a post-processor template: a special token's ids or sequence A / B.
+struct TemplatePiece {
+  enum Kind { kSpecial, kA, kB } kind;
+  uint32_t type_id = 0;
+  std::vector<int32_t> ids;  // kSpecial only
+};
+
+struct PairTemplate {
+  std::vector<TemplatePiece> single, pair;  // both empty: no post-processor
+
+  bool empty() const { return single.empty(); }
+  // b null: the single template, else the pair template. Without a template: a (type 0), then b
+  // (type 1), as `tokenizers` does. specials false: the sequences only, with the template's type
+  // ids (T5's pair template gives B type 0), as `tokenizers` encodes with add_special_tokens=False.
+  PairEncoding apply(std::span<const int32_t> a, const std::span<const int32_t>* b,
+                     bool specials = true) const;
+};
+
+// Parse post_processor (null, TemplateProcessing or BertProcessing); ids must lie in
+// [0, vocab_size). loader names the loader in error messages ("WordPiece", "Unigram").
+PairTemplate parse_post_processor(const nlohmann::json& j, int32_t vocab_size,
+                                  const std::filesystem::path& file, std::string_view loader);
+
+}  // namespace ds::data::detail
