@@ -148,4 +148,26 @@ PairEncoding PairTemplate::apply(std::span<const int32_t> a, const std::span<con
   return out;
 }
 
+void PairTemplate::encode_single(
+    const std::function<void(std::vector<int32_t>&, std::vector<TokenSpan>*)>& encode_sequence,
+    std::vector<int32_t>& ids, std::vector<TokenSpan>* spans) const {
+  if (empty()) {
+    encode_sequence(ids, spans);
+    return;
+  }
+  const size_t before = spans ? spans->size() : 0;
+  uint32_t end = 0;  // where the sequence's spans end, for the specials after it
+  for (const TemplatePiece& p : single) {
+    if (p.kind == TemplatePiece::kA) {
+      encode_sequence(ids, spans);
+      end = spans && spans->size() > before ? spans->back().end : 0;
+      continue;
+    }
+    for (int32_t id : p.ids) {
+      ids.push_back(id);
+      if (spans) spans->push_back({end, end});
+    }
+  }
+}
+
 }  // namespace ds::data::detail

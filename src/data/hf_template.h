@@ -9,6 +9,7 @@
 // Immutable after parsing; apply is const and thread-safe.
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -35,6 +36,12 @@ struct PairTemplate {
   // ids (T5's pair template gives B type 0), as `tokenizers` encodes with add_special_tokens=False.
   PairEncoding apply(std::span<const int32_t> a, const std::span<const int32_t>* b,
                      bool specials = true) const;
+  // One sequence with the single template's specials around it: encode_sequence(ids, spans)
+  // appends the sequence's tokens (and their spans when spans is not null); each special gets an
+  // empty span where the sequence's spans end. Without a template: the sequence alone.
+  void encode_single(
+      const std::function<void(std::vector<int32_t>&, std::vector<TokenSpan>*)>& encode_sequence,
+      std::vector<int32_t>& ids, std::vector<TokenSpan>* spans) const;
 };
 
 // Parse post_processor (null, TemplateProcessing or BertProcessing); ids must lie in

@@ -557,23 +557,13 @@ void UnigramTokenizer::encode_sequence(std::string_view text, std::vector<int32_
 
 void UnigramTokenizer::encode(std::string_view text, bool add_special_tokens,
                               std::vector<int32_t>& ids, std::vector<TokenSpan>* spans) const {
-  if (!add_special_tokens || template_.empty()) {
-    encode_sequence(text, ids, spans);
-    return;
-  }
-  const size_t before = spans ? spans->size() : 0;
-  uint32_t end = 0;  // where the sequence's spans end, for the specials after it
-  for (const TemplatePiece& p : template_.single) {
-    if (p.kind == TemplatePiece::kA) {
-      encode_sequence(text, ids, spans);
-      end = spans && spans->size() > before ? spans->back().end : 0;
-      continue;
-    }
-    for (int32_t id : p.ids) {
-      ids.push_back(id);
-      if (spans) spans->push_back({end, end});
-    }
-  }
+  auto sequence = [&](std::vector<int32_t>& out, std::vector<TokenSpan>* sp) {
+    encode_sequence(text, out, sp);
+  };
+  if (!add_special_tokens)
+    sequence(ids, spans);
+  else
+    template_.encode_single(sequence, ids, spans);
 }
 
 PairEncoding UnigramTokenizer::encode_pair(std::string_view a, std::string_view b,
