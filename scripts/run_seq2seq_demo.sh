@@ -8,9 +8,10 @@
 #    package chitchat-dataset ships, fetched with pip download (no install) unless
 #    $OUT/chitchat/dataset.json exists; tools/make_chitchat_pairs.py turns each turn and the reply
 #    to it into {"source", "target"} records of at most 12 words (the last 200 conversations are
-#    validation).
-# 2. ds_prepare --task seq2seq with the GPT-2 tokenizer (.cache/data/gpt2; no BART tokenizer is
-#    reachable offline): sources of at most 24 ids, targets of at most 16 ending with eos.
+#    validation), and trains a BART-style byte-level BPE of 4000 ids on the training turns (the
+#    `tokenizers` package; no BART tokenizer is reachable offline, and GPT-2's 50,257 ids make a
+#    tiny model's output layer the whole cost: GPT2_TOKENIZER=1 uses .cache/data/gpt2 instead).
+# 2. ds_prepare --task seq2seq: sources of at most 24 ids, targets of at most 16 (<s> x </s>).
 # 3. Before: ds_train --eval_only on the randomly initialised tiny BART (the same --seed as the
 #    run): eval loss, BLEU of greedy answers to the first validation turns, three of them shown.
 # 4. ds_train for STEPS steps (d_model 128, 2 + 2 layers), evaluating every EVAL_STEPS steps
@@ -19,7 +20,7 @@
 #
 # Environment: DS_BUILD_DIR, DS_CACHE_DIR (default .cache/data), DS_SEQ2SEQ_OUT (default
 # out/seq2seq_demo), STEPS (300), EVAL_STEPS (100), BLEU_EXAMPLES (128), THREADS (all cores),
-# PYTHON (python3), DS_BUILD_JOBS.
+# PYTHON (python3, with the tokenizers package), GPT2_TOKENIZER (0), DS_BUILD_JOBS.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -45,8 +46,15 @@ for arg in "$@"; do
   fi
 done
 
-[[ -f "$CACHE/gpt2/encoder.json" ]] ||
-  die "no GPT-2 tokenizer in $CACHE/gpt2: run scripts/fetch_data.sh (or scripts/setup.sh) first"
+if [[ "${GPT2_TOKENIZER:-0}" == 1 ]]; then
+  [[ -f "$CACHE/gpt2/encoder.json" ]] ||
+    die "no GPT-2 tokenizer in $CACHE/gpt2: run scripts/fetch_data.sh (or scripts/setup.sh) first"
+  TOK="$CACHE/gpt2"
+  TRAIN_TOK=()
+else
+  TOK="$OUT/pairs/tokenizer"
+  TRAIN_TOK=(--train_tokenizer "$TOK" --vocab_size 4000)
+fi
 log "building ds_prepare, ds_train and ds_generate in $BUILD_DIR"
 cmake -S "$REPO" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null </dev/null
 cmake --build "$BUILD_DIR" -j"$JOBS" --target ds_prepare ds_train ds_generate </dev/null >/dev/null
@@ -73,10 +81,11 @@ with zipfile.ZipFile(wheel) as z:
             f.write(z.read(lic[0]))
 PYEOF
 fi
-"$PY" "$REPO/tools/make_chitchat_pairs.py" --dataset "$DATASET" --output "$OUT/pairs"
+"$PY" "$REPO/tools/make_chitchat_pairs.py" --dataset "$DATASET" --output "$OUT/pairs" \
+  "${TRAIN_TOK[@]}"
 
 # --- 2. the set ----------------------------------------------------------------------------------
-"$BIN/ds_prepare" --task seq2seq --tokenizer "$CACHE/gpt2" --max_source_len 24 \
+"$BIN/ds_prepare" --task seq2seq --tokenizer "$TOK" --max_source_len 24 \
   --max_target_len 16 --val_files 'val*' --output "$OUT/set" "$OUT/pairs/train.jsonl" \
   "$OUT/pairs/val.jsonl"
 cat >"$OUT/bart_chat_tiny.json" <<'JSON'
@@ -89,13 +98,13 @@ COMMON=(--train_data "$OUT/set" --model "$OUT/bart_chat_tiny.json" --seed 7 --th
 # --- 3. before -----------------------------------------------------------------------------------
 log "before training: the random tiny BART on the validation turns"
 "$BIN/ds_train" "${COMMON[@]}" --eval_only --output_dir "$OUT/before" 2>&1 |
-  grep -E 'eval only|source:|target:|output:'
+  grep --line-buffered -E 'eval only|source:|target:|output:'
 
 # --- 4. training ---------------------------------------------------------------------------------
 log "training $STEPS steps"
-"$BIN/ds_train" "${COMMON[@]}" --max_steps "$STEPS" --learning_rate 2e-3 --warmup_steps 20 \
+"$BIN/ds_train" "${COMMON[@]}" --max_steps "$STEPS" --learning_rate 3e-3 --warmup_steps 20 \
   --eval_steps "$EVAL_STEPS" --save_steps 0 --logging_steps 20 --output_dir "$OUT/run" 2>&1 |
-  grep -Ev '^\s*$'
+  grep --line-buffered -E '^\[ds_train\] |^    (source|target|output):'
 
 # --- 5. after ------------------------------------------------------------------------------------
 log "after training: ds_generate on the export ($OUT/run/hf_model)"

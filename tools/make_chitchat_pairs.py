@@ -9,6 +9,10 @@ order) go to val.jsonl, the others to train.jsonl.
   /work/venv-hf/bin/pip install chitchat-dataset
   python tools/make_chitchat_pairs.py --output .cache/chitchat
   # or, without installing: --dataset path/to/chitchat_dataset/dataset.json
+
+With --train_tokenizer DIR it also trains a BART-style byte-level BPE (<s> x </s>, <pad>, the
+`tokenizers` package from PyPI) of --vocab_size ids on the training turns: far smaller than
+GPT-2's 50,257, so that a tiny model's output layer is cheap and learns in minutes.
 """
 import argparse
 import json
@@ -35,6 +39,24 @@ def turns(conversation):
     return out
 
 
+def train_tokenizer(texts, out, vocab_size):
+    from tokenizers import ByteLevelBPETokenizer, processors  # PyPI: tokenizers
+
+    tok = ByteLevelBPETokenizer(add_prefix_space=True)
+    tok.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>"])
+    tok.post_processor = processors.RobertaProcessing(
+        ("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>")),
+        trim_offsets=True, add_prefix_space=True)
+    os.makedirs(out, exist_ok=True)
+    tok.save(os.path.join(out, "tokenizer.json"))
+    with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
+                   "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>",
+                   "cls_token": "<s>", "sep_token": "</s>", "model_max_length": 1024}, f, indent=2)
+    print(f"make_chitchat_pairs: trained a {tok.get_vocab_size()}-id byte-level BPE -> {out}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dataset", default="", help="dataset.json (default: the installed package's)")
@@ -42,6 +64,8 @@ def main():
     ap.add_argument("--max_words", type=int, default=12, help="longest source / target kept")
     ap.add_argument("--val_conversations", type=int, default=200)
     ap.add_argument("--max_pairs", type=int, default=0, help="training pairs at most (0: all)")
+    ap.add_argument("--train_tokenizer", default="", help="folder for a BPE trained on the pairs")
+    ap.add_argument("--vocab_size", type=int, default=4000)
     args = ap.parse_args()
 
     with open(dataset_path(args.dataset), encoding="utf-8") as f:
@@ -50,6 +74,7 @@ def main():
     split = len(conversations) - args.val_conversations
     os.makedirs(args.output, exist_ok=True)
     counts = {"train": 0, "val": 0}
+    train_texts = []
     with open(os.path.join(args.output, "train.jsonl"), "w", encoding="utf-8") as tr, \
             open(os.path.join(args.output, "val.jsonl"), "w", encoding="utf-8") as va:
         for i, conv in enumerate(conversations):
@@ -63,8 +88,12 @@ def main():
                 (tr if name == "train" else va).write(
                     json.dumps({"source": a, "target": b}, ensure_ascii=False) + "\n")
                 counts[name] += 1
+                if name == "train":
+                    train_texts += [a, b]
     print(f"make_chitchat_pairs: {len(conversations)} conversations -> {counts['train']} train, "
           f"{counts['val']} val pairs (<= {args.max_words} words) in {args.output}")
+    if args.train_tokenizer:
+        train_tokenizer(train_texts, args.train_tokenizer, args.vocab_size)
 
 
 if __name__ == "__main__":
