@@ -10,3 +10,11 @@ ds_add_test(test_seq2seq_train LABELS families train
 target_compile_definitions(test_seq2seq_train PRIVATE DS_TRAIN_BIN="$<TARGET_FILE:ds_train>"
   DS_PREPARE_BIN="$<TARGET_FILE:ds_prepare>" DS_GENERATE_BIN="$<TARGET_FILE:ds_generate>")
 add_dependencies(test_seq2seq_train ds_train ds_prepare ds_generate)
+# With MPI, a seq2seq model also trains on 2 ranks through the deepspeed launcher (ZeRO-3).
+if(DS_HAVE_MPI)
+  target_compile_definitions(test_seq2seq_train PRIVATE
+    DS_LAUNCHER_EXE="$<TARGET_FILE:ds_launcher>")
+  add_dependencies(test_seq2seq_train ds_launcher)
+  set_tests_properties(test_seq2seq_train PROPERTIES LABELS "families;train;distributed"
+    ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;DS_COMM_TIMEOUT=120")
+endif()
