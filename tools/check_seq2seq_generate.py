@@ -34,7 +34,7 @@ def main():
             ours = ours.rstrip("\n")
             kw = {"num_beams": 1, "do_sample": False, **s}
             # GenerationConfig's default max_length 20 counts the decoder start token.
-    kw.setdefault("max_new_tokens", (model.generation_config.max_length or 20) - 1)
+            kw.setdefault("max_new_tokens", (model.generation_config.max_length or 20) - 1)
             out = model.generate(**tok(prompt, return_tensors="pt"), **kw)
             theirs = tok.decode(out[0], skip_special_tokens=True)
             ok = ours == theirs
