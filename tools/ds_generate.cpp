@@ -5,17 +5,110 @@
 // The completion goes to stdout; the load time and the prefill and decode speeds to stderr.
 // --model is a Hugging Face folder (config.json + safetensors) or a ds_train --output_dir.
 // docs/serving.md has the sampling parameters and their defaults.
+//
+// An encoder-decoder folder (config.json model_type bart or blenderbot, e.g. ds_train's export of
+// a seq2seq run) takes the source text and prints the generated target: greedy or beam search
+// (transformers' generate(do_sample=False)), the defaults from the folder's generation_config.json
+// (models::read_hf_generation_options), overridden by --num_beams, --max_new_tokens,
+// --min_length, --no_repeat_ngram_size and --length_penalty.
+//
+//   ds_generate --model out/chat/hf_model --prompt "How are you?" --num_beams 4
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "ds/core/error.h"
 #include "ds/core/parallel.h"
+#include "ds/data/seq2seq_set.h"
+#include "ds/data/text_tokenizer.h"
 #include "ds/models/family.h"
+#include "ds/models/seq2seq_io.h"
 #include "ds/serve/api.h"
 #include "ds/serve/generate.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace ds;
+
+// The seq2seq options as given (nullopt: the folder's generation_config.json decides).
+struct Seq2SeqFlags {
+  std::optional<int64_t> num_beams, max_new_tokens, min_length, no_repeat_ngram_size;
+  std::optional<float> length_penalty;
+};
+
+// The folder holding an encoder-decoder's config.json: `model`, or its hf_model (a ds_train
+// --output_dir); "" when neither is one.
+fs::path seq2seq_folder(const fs::path& model) {
+  for (const fs::path& d : {model, model / "hf_model"})
+    if (models::read_hf_seq2seq_config(d)) return d;
+  return {};
+}
+
+int generate_seq2seq(const fs::path& dir, const std::string& source, const std::string& tok_dir,
+                     const Seq2SeqFlags& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const models::Seq2SeqConfig cfg = *models::read_hf_seq2seq_config(dir);
+  models::Seq2Seq model(cfg, /*init=*/false);
+  models::load_hf_seq2seq_weights(model, dir);
+  model.train(false);
+  const fs::path tdir = data::has_tokenizer_files(dir) ? dir : fs::path(tok_dir);
+  DS_CHECK(!tdir.empty(),
+           "[ds_generate] {} holds no tokenizer (tokenizer.json, vocab.json + merges.txt, ...); "
+           "give --tokenizer",
+           dir.string());
+  const auto tok = data::load_tokenizer(tdir);
+  models::BeamOptions opt = models::read_hf_generation_options(dir, cfg);
+  if (f.num_beams) opt.num_beams = *f.num_beams;
+  if (f.max_new_tokens) opt.max_new_tokens = *f.max_new_tokens;
+  if (f.min_length) opt.min_length = *f.min_length;
+  if (f.no_repeat_ngram_size) opt.no_repeat_ngram_size = *f.no_repeat_ngram_size;
+  if (f.length_penalty) opt.length_penalty = *f.length_penalty;
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The source as the tokenizer encodes it for the model: the template (<s> x </s>), cut to the
+  // model's positions.
+  const std::vector<int32_t> src =
+      data::encode_seq2seq_text(*tok, source, static_cast<size_t>(cfg.max_positions)).ids;
+  const int64_t S = static_cast<int64_t>(src.size());
+  const Tensor ids = Tensor::from_ints(std::vector<int64_t>(src.begin(), src.end()), {1, S});
+  const Tensor mask = Tensor::from_ints(std::vector<int64_t>(static_cast<size_t>(S), 1), {1, S});
+  const auto t1 = std::chrono::steady_clock::now();
+  const std::vector<int64_t> out = model.generate(ids, mask, opt).to_int_vector();
+  const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  std::vector<int32_t> tokens;
+  for (size_t k = 1; k < out.size(); ++k) {
+    if (out[k] == cfg.eos_token_id) break;
+    if (out[k] != cfg.pad_token_id) tokens.push_back(static_cast<int32_t>(out[k]));
+  }
+  const std::string text = tok->decode(tokens, true);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fprintf(
+      stderr, "%s",
+      fmt::format("ds_generate: {} ({} encoder-decoder, {:.1f}M parameters, tokenizer "
+                  "{}) loaded in {:.2f}s; {} threads\n",
+                  dir.string(), cfg.family, static_cast<double>(cfg.num_parameters()) / 1e6,
+                  tdir.string(), load_s, ds::num_threads())
+          .c_str());
+  std::fprintf(stderr, "%s",
+               fmt::format("ds_generate: source {} tokens; {} ({} beams, max_new_tokens {}, "
+                           "min_length {}, no_repeat_ngram_size {}, length_penalty {}): {} "
+                           "tokens in {:.3f}s\n",
+                           S, opt.num_beams > 1 ? "beam search" : "greedy", opt.num_beams,
+                           opt.max_new_tokens, opt.min_length, opt.no_repeat_ngram_size,
+                           opt.length_penalty, out.size() - 1, gen_s)
+                   .c_str());
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"ds_generate: one completion from a model (KV-cache decoding)"};
@@ -27,7 +120,29 @@ int main(int argc, char** argv) {
   int threads = 0;
   bool ignore_eos = false;
   app.add_option("--model", model, "Hugging Face folder or ds_train --output_dir")->required();
-  app.add_option("--prompt", prompt, "the prompt text")->required();
+  app.add_option("--prompt,--source", prompt, "the prompt text (encoder-decoders: the source text)")
+      ->required();
+  Seq2SeqFlags f2;
+  int64_t beams = 0, max_new = 0, min_len = 0, no_repeat = 0;
+  float length_penalty = 1.0f;
+  auto* o_beams = app.add_option("--num_beams", beams,
+                                 "encoder-decoders: beams (1 = greedy; default: "
+                                 "generation_config.json's)")
+                      ->check(CLI::Range(int64_t{1}, int64_t{256}));
+  auto* o_new = app.add_option("--max_new_tokens", max_new,
+                               "encoder-decoders: new tokens at most (default: "
+                               "generation_config.json's max_length - 1)")
+                    ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  auto* o_min = app.add_option("--min_length", min_len,
+                               "encoder-decoders: eos banned before this length (the decoder "
+                               "start token counts)")
+                    ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  auto* o_nr = app.add_option("--no_repeat_ngram_size", no_repeat,
+                              "encoder-decoders: no n-gram of this size twice (0 = off)")
+                   ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  auto* o_lp = app.add_option("--length_penalty", length_penalty,
+                              "encoder-decoders, beam search: score = log p / length^this")
+                   ->check(CLI::Range(-100.0, 100.0));
   app.add_option("--tokenizer", tokenizer,
                  "folder with vocab.json + merges.txt (or encoder.json + vocab.bpe) when the model "
                  "folder has none");
@@ -56,6 +171,29 @@ int main(int argc, char** argv) {
   }
   try {
     if (threads > 0) ds::set_num_threads(threads);
+    if (const fs::path dir = seq2seq_folder(model); !dir.empty()) {
+      // Sampling is not implemented for encoder-decoders: refuse its options by name.
+      for (CLI::Option* op : {o_t, o_k, o_p, o_r, o_max})
+        DS_CHECK(op->count() == 0,
+                 "[ds_generate] {} does not apply to the encoder-decoder in {} (greedy or beam "
+                 "search: --num_beams, --max_new_tokens, --min_length, --no_repeat_ngram_size, "
+                 "--length_penalty)",
+                 op->get_name(), dir.string());
+      DS_CHECK(s.stop.empty() && !ignore_eos,
+               "[ds_generate] --stop / --ignore_eos do not apply to the encoder-decoder in {}",
+               dir.string());
+      if (*o_beams) f2.num_beams = beams;
+      if (*o_new) f2.max_new_tokens = max_new;
+      if (*o_min) f2.min_length = min_len;
+      if (*o_nr) f2.no_repeat_ngram_size = no_repeat;
+      if (*o_lp) f2.length_penalty = length_penalty;
+      return generate_seq2seq(dir, prompt, tokenizer, f2);
+    }
+    for (CLI::Option* op : {o_beams, o_new, o_min, o_nr, o_lp})
+      DS_CHECK(op->count() == 0,
+               "[ds_generate] {} applies to encoder-decoders (BART, BlenderBot) only; {} is a "
+               "decoder model (use --max_tokens, --temperature, --top_k, --top_p)",
+               op->get_name(), model);
     const auto t0 = std::chrono::steady_clock::now();
     ds::serve::LoadedModel m = ds::serve::load_model(model, tokenizer);
     const double load_s =

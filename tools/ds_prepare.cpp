@@ -14,8 +14,14 @@
 //   ds_prepare --task classification --tokenizer bert_folder --seq_len 128 --val_files 'dev*'
 //              --output data/mrpc train.tsv dev.tsv
 //
+// Sequence-to-sequence sets (JSONL source/target records -> source ids and labels) for an
+// encoder-decoder (BART, BlenderBot):
+//
+//   ds_prepare --task seq2seq --tokenizer bart_folder --max_source_len 128 --max_target_len 64
+//              --output data/chat train.jsonl
+//
 // See docs/data.md for the shard format and ds/data/prepare.h, ds/data/sft.h,
-// ds/data/classification_set.h for the rules.
+// ds/data/classification_set.h, ds/data/seq2seq_set.h for the rules.
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +37,7 @@
 #include "ds/core/error.h"
 #include "ds/data/classification_set.h"
 #include "ds/data/prepare.h"
+#include "ds/data/seq2seq_set.h"
 #include "ds/data/sft.h"
 
 namespace {
@@ -144,6 +151,32 @@ int run_classification(const ds::data::ClassificationPrepareOptions& o) {
   return 0;
 }
 
+int run_seq2seq(const ds::data::Seq2SeqPrepareOptions& o) {
+  try {
+    const ds::data::Seq2SeqPrepareReport r = ds::data::prepare_seq2seq(o);
+    for (const auto& [file, n] : r.files) fmt::print("ds_prepare: {}: {} records\n", file, n);
+    fmt::print(
+        "ds_prepare: seq2seq task, fields '{}' -> '{}', source <= {} ids (padded with id {}), "
+        "labels <= {} ids (ending with eos {}, padded with -100), decoder start id {}\n",
+        r.source_field, r.target_field, o.max_source_len, r.pad_id, o.max_target_len, r.eos_id,
+        r.decoder_start_id);
+    fmt::print("ds_prepare: split rule: {}\n", r.split_rule);
+    for (const auto& [name, s] : {std::pair{"train", &r.train}, std::pair{"val", &r.val}}) {
+      if (s->examples == 0) {
+        fmt::print("ds_prepare: {:5}: empty (no examples)\n", name);
+        continue;
+      }
+      fmt::print("ds_prepare: {:5}: {} examples ({} sources and {} targets truncated) -> {}\n",
+                 name, s->examples, s->truncated_source, s->truncated_target, s->file);
+    }
+    fmt::print("ds_prepare: {:.2f}s; wrote {}\n", r.seconds, r.meta.string());
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "ds_prepare: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -185,17 +218,34 @@ int main(int argc, char** argv) {
   auto* task_opt =
       app.add_option("--task", task,
                      "lm (language-model token shards, the default) or classification "
-                     "(GLUE TSV / JSONL sentence(-pair) records for an encoder classifier; "
-                     "docs/data.md)")
-          ->check(CLI::IsMember({"lm", "classification"}));
+                     "(GLUE TSV / JSONL sentence(-pair) records for an encoder classifier) or "
+                     "seq2seq (JSONL source/target records for an encoder-decoder); docs/data.md")
+          ->check(CLI::IsMember({"lm", "classification", "seq2seq"}));
+  size_t max_source_len = 128, max_target_len = 128;
+  std::string source_field, target_field;
+  auto* src_len_opt = app.add_option("--max_source_len", max_source_len,
+                                     "--task seq2seq: source ids per example after truncation "
+                                     "(special tokens included; default 128)");
+  auto* tgt_len_opt = app.add_option("--max_target_len", max_target_len,
+                                     "--task seq2seq: label ids per example after truncation "
+                                     "(eos included; default 128)");
+  auto* src_field_opt = app.add_option(
+      "--source_field", source_field,
+      "--task seq2seq: the JSONL field holding the source text (default: source, src, prompt, "
+      "input or question, whichever pair the first record has)");
+  auto* tgt_field_opt =
+      app.add_option("--target_field", target_field,
+                     "--task seq2seq: the JSONL field holding the target text (default: target, "
+                     "tgt, response, output or answer)");
   std::string labels;
   auto* labels_opt = app.add_option(
       "--labels", labels,
       "--task classification: the label names in class-id order, comma-separated (default: "
       "integer labels as they are, or the sorted distinct names)");
-  auto* tmpl_opt = app.add_option("--template", chat_template,
-                                  "--sft: chat format chatglm, alpaca, chatml, qwen2, llama3 or glm4 "
-                                  "(default: the tokenizer folder's chat_template)");
+  auto* tmpl_opt =
+      app.add_option("--template", chat_template,
+                     "--sft: chat format chatglm, alpaca, chatml, qwen2, llama3 or glm4 "
+                     "(default: the tokenizer folder's chat_template)");
   app.add_option("--output", output, "Output folder for the shards and meta.json")->required();
   auto* frac_opt = app.add_option("--val_fraction", val_fraction,
                                   "Last fraction of files (in path order) used for validation; "
@@ -226,10 +276,40 @@ int main(int argc, char** argv) {
                    "Treat the literal text <|endoftext|> inside files as a document separator");
   app.add_flag("-q,--quiet", quiet, "No progress output");
   labels_opt->needs(task_opt);
+  for (CLI::Option* s2s : {src_len_opt, tgt_len_opt, src_field_opt, tgt_field_opt})
+    s2s->needs(task_opt);
   tmpl_opt->needs(sft_opt);
   sft_opt->excludes(shard_opt)->excludes(eot_opt);
   CLI11_PARSE(app, argc, argv);
 
+  if (task == "seq2seq") {
+    for (CLI::Option* other :
+         {sft_opt, tmpl_opt, year_opt, shard_opt, eot_opt, ext_opt, seq_opt, labels_opt})
+      if (other->count()) {
+        fmt::print(stderr,
+                   "ds_prepare: error: {} does not apply to --task seq2seq (its options: "
+                   "--tokenizer, --output, --max_source_len, --max_target_len, --source_field, "
+                   "--target_field, --val_fraction, --val_files)\n",
+                   other->get_name());
+        return 2;
+      }
+    ds::data::Seq2SeqPrepareOptions so;
+    for (const auto& in : inputs) so.inputs.emplace_back(in);
+    so.tokenizer_dir = tokenizer;
+    so.output_dir = output;
+    so.max_source_len = max_source_len;
+    so.max_target_len = max_target_len;
+    so.source_field = source_field;
+    so.target_field = target_field;
+    if (frac_opt->count()) so.val_fraction = val_fraction;
+    so.val_files = o.val_files;
+    return run_seq2seq(so);
+  }
+  for (CLI::Option* s2s : {src_len_opt, tgt_len_opt, src_field_opt, tgt_field_opt})
+    if (s2s->count()) {
+      fmt::print(stderr, "ds_prepare: error: {} needs --task seq2seq\n", s2s->get_name());
+      return 2;
+    }
   if (task == "classification") {
     // Options of the other formats would be ignored: refuse them by name.
     for (CLI::Option* other : {sft_opt, tmpl_opt, year_opt, shard_opt, eot_opt, ext_opt})

@@ -1,5 +1,6 @@
 // ds_train: train a GPT model with a DeepSpeed config, Hugging Face Trainer style (or, on a
-// classification set, an encoder classifier: tools/train/classify_run.cpp).
+// classification set, an encoder classifier: tools/train/classify_run.cpp; on a seq2seq set, an
+// encoder-decoder: tools/train/seq2seq_run.cpp).
 //
 //   ds_prepare --tokenizer .cache/data/gpt2 --output .cache/prepared/sotu
 //              --val_from_year 2001 .cache/data/sotu
@@ -34,11 +35,13 @@
 #include "ds/runtime/config.h"
 #include "ds/runtime/monitor.h"
 #include "ds/train/classifier.h"
+#include "ds/train/seq2seq_trainer.h"
 #include "ds/train/train_util.h"
 #include "ds/train/trainer.h"
 #include "ds_train_default_config.h"
 #include "options.h"
 #include "progress.h"
+#include "seq2seq_run.h"
 
 namespace fs = std::filesystem;
 using ds::train::human_count;
@@ -64,6 +67,16 @@ int run(const ds::train::Options& o, const ds::train::Given& g) {
     ds::set_num_threads(o.threads);
   }
   // A classification set trains an encoder classifier (tools/train/classify_run.cpp).
+  // A seq2seq set trains an encoder-decoder (tools/train/seq2seq_run.cpp).
+  if (ds::train::is_seq2seq_run(o)) return ds::train::run_seq2seq(o, g, kDefaultDeepSpeedConfig);
+  // The generation options of seq2seq evaluations would be ignored elsewhere.
+  for (auto [given, name] : {std::pair{g.eval_bleu_examples, "--eval_bleu_examples"},
+                             std::pair{g.generation_num_beams, "--generation_num_beams"},
+                             std::pair{g.generation_max_length, "--generation_max_length"}})
+    DS_CHECK(!given,
+             "[ds_train] {} applies to seq2seq sets only (ds_prepare --task seq2seq), but "
+             "--train_data {} is not one; remove it",
+             name, o.train_data);
   if (ds::train::is_classification_run(o))
     return ds::train::run_classifier(o, g, kDefaultDeepSpeedConfig);
   ds::train::RunPlan plan = ds::train::plan_run(o, g, kDefaultDeepSpeedConfig);
@@ -186,7 +199,8 @@ int main(int argc, char** argv) {
       "Trainer; \"auto\" values in the config take them. docs/training.md has the details.\n"
       "On a classification set (ds_prepare --task classification) it fine-tunes an encoder "
       "classifier (BERT, RoBERTa, DeBERTa-v2) and reports accuracy and F1 (docs/training.md, "
-      "\"Encoder classifiers\").\n"
+      "\"Encoder classifiers\"); on a seq2seq set (ds_prepare --task seq2seq) it fine-tunes an "
+      "encoder-decoder (BART, BlenderBot) and reports loss and BLEU (\"Encoder-decoders\").\n"
       "Example:\n  ds_train --deepspeed configs/ds_demo.json --model tiny --train_data "
       ".cache/prepared/sotu --output_dir out/demo --max_steps 300 --learning_rate 1e-3",
       "ds_train"};

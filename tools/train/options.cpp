@@ -188,15 +188,30 @@ void add_options(CLI::App& app, Options& o, Given& g,
                "Start even when the start-up estimate says the run does not fit in memory");
   app.add_flag("--no_shuffle", o.no_shuffle,
                "Read the training samples in file order (every epoch the same order)");
-  app.add_flag("--eval_only", o.eval_only,
-               "Evaluate the model (--init_from, --resume_from_checkpoint or a new one) on the "
-               "eval data, print loss and perplexity (classifiers: loss, accuracy, F1), and stop: no "
+  app.add_flag(
+      "--eval_only", o.eval_only,
+      "Evaluate the model (--init_from, --resume_from_checkpoint or a new one) on the "
+      "eval data, print loss and perplexity (classifiers: loss, accuracy, F1), and stop: no "
       "training, no outputs");
   opt("--eval_batches", o.eval_batches,
       "Validation micro-batches per evaluation (classifiers: default all of the eval data)",
       &g.eval_batches)
       ->capture_default_str()
       ->check(integer_in(1, 1 << 30));
+  opt("--eval_bleu_examples", o.eval_bleu_examples,
+      "Seq2seq sets: validation examples generated for BLEU at each evaluation (0: loss only)",
+      &g.eval_bleu_examples)
+      ->capture_default_str()
+      ->check(integer_in(0, 1 << 30));
+  opt("--generation_num_beams", o.generation_num_beams,
+      "Seq2seq sets: beams of the evaluation's generations (1: greedy)", &g.generation_num_beams)
+      ->capture_default_str()
+      ->check(integer_in(1, 64));
+  opt("--generation_max_length", o.generation_max_length,
+      "Seq2seq sets: new tokens at most per evaluation generation (default: the set's "
+      "max_target_len)",
+      &g.generation_max_length)
+      ->check(integer_in(1, 1 << 20));
   opt("--resume_from_checkpoint", o.resume_from_checkpoint,
       "'latest' (the newest checkpoint in --output_dir) or a checkpoint folder");
   opt("--init_from", o.init_from,

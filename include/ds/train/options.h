@@ -36,7 +36,7 @@ struct Options {
   bool gradient_checkpointing = false;
   int tensor_parallel_size = 0;    // 0: the config's tensor_parallel.autotp_size, else 1
   int pipeline_parallel_size = 0;  // 0: the config's pipeline.stages, else 1
-  std::string device = "cpu";  // cpu or cuda (cuda:0): where the model trains (docs/cuda.md)
+  std::string device = "cpu";      // cpu or cuda (cuda:0): where the model trains (docs/cuda.md)
   double device_memory_limit_gib = 0.0;  // --device_memory_limit: GPU memory cap, 0 = none
   bool skip_memory_check = false;
   bool no_shuffle = false;  // the data in file order (every epoch the same)
@@ -46,6 +46,13 @@ struct Options {
   std::string export_hf;
   int64_t block_size = 0;  // 0: min(256, the model's block_size)
   int64_t eval_batches = 20;
+  // Seq2seq runs only (ds/train/seq2seq_trainer.h; transformers' Seq2SeqTrainingArguments names):
+  // each evaluation generates for the first eval_bleu_examples validation examples (0: none) with
+  // generation_num_beams beams (1: greedy) and at most generation_max_length new tokens (0: the
+  // set's max_target_len), and reports their corpus BLEU.
+  int64_t eval_bleu_examples = 64;
+  int64_t generation_num_beams = 1;
+  int64_t generation_max_length = 0;
   std::string sample_prompt;
   int64_t sample_tokens = 64;
   int64_t sample_top_k = 40;
@@ -69,7 +76,8 @@ struct Given {
        adam_epsilon = false, max_grad_norm = false, warmup_steps = false, max_steps = false,
        num_train_epochs = false, bf16 = false, fp16 = false, model = false, deepspeed = false,
        lora_alpha = false, lora_module_name = false, lora_dropout = false, eval_batches = false,
-       sample_tokens = false, sample_top_k = false;
+       sample_tokens = false, sample_top_k = false, eval_bleu_examples = false,
+       generation_num_beams = false, generation_max_length = false;
 };
 
 // Where the GPT-2 tokenizer files are by default: $DS_CACHE_DIR/gpt2 or .cache/data/gpt2.

@@ -1,0 +1,164 @@
+#pragma once
+// Fine-tuning an encoder-decoder (models::Seq2Seq: BART, BlenderBot) on a seq2seq set (ds_prepare
+// --task seq2seq; ds/data/seq2seq_set.h): transformers' Seq2SeqTrainer with
+// predict_with_generate, reporting the loss and the corpus BLEU (ds/train/bleu.h, sacreBLEU's
+// defaults) of generations on the validation set.
+//
+// ds_train picks this trainer when --train_data is a seq2seq set (is_seq2seq_run), as it picks
+// ClassifierTrainer for a classification set; the GPT path is untouched. The same config handling
+// (train::resolve_run_config: "auto" values, batch sizes, run length, precisions, ZeRO stages
+// 0-3, offload), checkpoints (DeepSpeed's layout, with the data position: a resumed run takes the
+// steps of one that never stopped, bit for bit) and TrainerObserver, plus on_seq2seq_eval.
+//
+//   train::Seq2SeqPlan plan = train::plan_seq2seq(spec, given, builtin_config_json);
+//   train::Seq2SeqTrainer trainer(std::move(plan), observer);
+//   trainer.resume();                 // spec.resume_from_checkpoint, when given
+//   trainer.fit();                    // steps, evaluations (loss, BLEU), checkpoints
+//   trainer.export_model(dir);        // a Hugging Face *ForConditionalGeneration folder
+//
+// The model: --init_from a Hugging Face folder whose model_type is bart or blenderbot, or
+// --model: the presets "bart-tiny" (BART's layout: 2 + 2 layers, d_model 64, 4 heads, FFN 128)
+// and "blenderbot-tiny" (the same sizes, BlenderBot's pre-LN layout), a Seq2SeqConfig JSON file
+// (our form, models::Seq2SeqConfig::to_json) or a Hugging Face config.json (with model_type).
+// For presets and our JSON, absent vocab_size, pad / bos / eos / decoder start ids and
+// max_positions come from the data; parameters are drawn from --seed. The data must use the
+// model's pad and decoder start ids and fit its vocabulary and positions (errors say so).
+//
+// What a seq2seq run refuses, naming the option: LoRA options, tensor or pipeline parallelism, the
+// sample options, --device other than cpu, --block_size, --model with --init_from.
+// --gradient_checkpointing checkpoints every encoder and decoder layer.
+//
+// Batches: one micro-batch is B examples; the engine receives inputs (2, B, S) int32 = [source
+// ids, attention mask] and targets (B, T) int32 labels (-100 = ignored); the loss function calls
+// Seq2Seq::loss with the decoder input shift_tokens_right(labels), so the loss is the mean cross
+// entropy over target tokens only. Evaluation: the loss of every validation example in order (or
+// the first eval_batches x B when --eval_batches is given), in micro-batches of B (the last one
+// smaller), as the mean over target tokens; then (rank 0) generations for the first
+// eval_bleu_examples examples from an fp32 copy of the whole model (greedy, or beam search with
+// generation_num_beams; at most generation_max_length new tokens, default the set's T), decoded
+// without special tokens, and their corpus BLEU against the decoded targets.
+//
+// Collectives and threading: as train::Trainer (every rank calls the same methods in order; one
+// thread per rank). evaluate() and export_model() are collective (ZeRO-3 gathers).
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ds/data/sampler.h"
+#include "ds/data/seq2seq_set.h"
+#include "ds/data/text_tokenizer.h"
+#include "ds/models/seq2seq.h"
+#include "ds/runtime/engine.h"
+#include "ds/train/bleu.h"
+#include "ds/train/plan.h"
+#include "ds/train/trainer.h"
+
+namespace ds::train {
+
+// Whether spec.train_data is a seq2seq set (then ds_train runs Seq2SeqTrainer).
+bool is_seq2seq_run(const Options& spec);
+
+struct Seq2SeqPlan {
+  Options spec;
+  Given given;
+  std::filesystem::path train_dir;
+  std::shared_ptr<const data::Seq2SeqSet> train, val;  // val null: none
+  std::string val_from;
+  std::filesystem::path tokenizer_dir;  // decodes generations, copied beside the export ("": none)
+  models::Seq2SeqConfig model;
+  std::string model_name;
+  RunConfig run;
+  int world_size = 1;
+  int64_t source_len = 0, target_len = 0;  // S, T: the set's
+  int64_t eval_examples = 0;               // loss: all of val, or eval_batches x B
+  int64_t bleu_examples = 0;               // generated per evaluation
+  models::BeamOptions generation;          // the evaluation's generation settings
+  std::vector<std::string> notes;
+
+  const runtime::DeepSpeedConfig& config() const { return run.cfg; }
+  int64_t micro_batch() const { return run.cfg.batch.train_micro_batch_size_per_gpu; }
+  int64_t grad_accum() const { return run.cfg.batch.gradient_accumulation_steps; }
+  int64_t global_batch() const { return run.cfg.batch.train_batch_size; }
+  int64_t total_steps() const { return run.total_steps; }
+};
+
+// Opens the set, resolves the model and the config, and checks what a seq2seq run refuses (above).
+// Throws "[ds_train] ..." / "[config] ..." naming the option or file. Reads files only.
+Seq2SeqPlan plan_seq2seq(const Options& spec, const Given& given, const char* builtin_config);
+
+struct Seq2SeqEvalReport {
+  int64_t step = 0, samples = 0;
+  double loss = 0.0;  // mean cross entropy per target token
+  int64_t examples = 0, tokens = 0;
+  std::optional<BleuScore> bleu;  // none without generations (eval_bleu_examples 0, no tokenizer)
+  int64_t generated = 0;          // examples generated for BLEU
+  std::vector<std::string> sources, hypotheses, references;  // the first few, for a look
+  double seconds = 0.0;
+};
+
+// TrainerObserver plus the seq2seq evaluations (on_eval is not called by this trainer).
+class Seq2SeqObserver : public TrainerObserver {
+ public:
+  virtual void on_seq2seq_eval(const Seq2SeqEvalReport& r) { (void)r; }
+};
+
+class Seq2SeqTrainer {
+ public:
+  // Builds the model (imports spec.init_from), the engine and the sampler. Collective.
+  Seq2SeqTrainer(Seq2SeqPlan plan, Seq2SeqObserver& observer);
+  ~Seq2SeqTrainer();
+  Seq2SeqTrainer(const Seq2SeqTrainer&) = delete;
+  Seq2SeqTrainer& operator=(const Seq2SeqTrainer&) = delete;
+
+  // spec.resume_from_checkpoint ("latest", a folder holding tags, or one tag's folder); nullopt
+  // when none was asked for. Throws for a missing checkpoint or one of another kind of run.
+  std::optional<ResumeReport> resume();
+  SaveReport save();
+  // Loss and BLEU over the evaluation examples; nullopt without eval data. Collective.
+  std::optional<Seq2SeqEvalReport> evaluate();
+  void evaluate_now();  // evaluate() reported through on_seq2seq_eval, once per step
+  StepReport step();
+  int64_t fit();  // to the plan's total steps, evaluating and saving as ds_train does
+  // Generations for source ids (B, S) / mask (B, S) with `opt`, decoded without special tokens,
+  // from an fp32 copy of the whole model. Collective (ZeRO-3 gathers); the texts on rank 0, empty
+  // on the others.
+  std::vector<std::string> generate(const Tensor& ids, const Tensor& mask,
+                                    const models::BeamOptions& opt);
+  // The Hugging Face export (config.json, generation_config.json, model.safetensors, the
+  // tokenizer). Collective (ZeRO-3 gathers); rank 0 writes.
+  void export_model(const std::string& dir);
+
+  const Seq2SeqPlan& plan() const { return plan_; }
+  bool is_lead() const { return rank_ == 0; }
+  int64_t eval_steps() const;
+  runtime::Engine& engine() { return *engine_; }
+  models::Seq2Seq& model() { return *model_; }
+  const data::TextTokenizer* tokenizer() const { return tok_.get(); }
+  const std::filesystem::path& output_dir() const { return out_dir_; }
+  const std::optional<Seq2SeqEvalReport>& last_eval() const { return last_eval_; }
+
+ private:
+  void say(const std::string& s) { obs_.message(s); }
+  // Examples idx into a packed batch: inputs (2, n, S), targets (n, T).
+  runtime::MicroBatch pack(const data::Seq2SeqSet& set, const std::vector<uint64_t>& idx,
+                           uint64_t sample_base) const;
+  // An fp32 model with the engine's current weights (rank 0; nullptr on the others). Collective.
+  std::unique_ptr<models::Seq2Seq> whole_model();
+
+  Seq2SeqPlan plan_;
+  Seq2SeqObserver& obs_;
+  int rank_ = 0;
+  std::filesystem::path out_dir_;
+  std::shared_ptr<models::Seq2Seq> model_;
+  std::unique_ptr<runtime::Engine> engine_;
+  std::unique_ptr<data::DistributedSampler> sampler_;
+  std::unique_ptr<data::TextTokenizer> tok_;
+  std::optional<Seq2SeqEvalReport> last_eval_;
+  int64_t evaluated_at_ = -1, last_saved_ = -1;
+  std::vector<std::string> earlier_run_;
+};
+
+}  // namespace ds::train

@@ -1,0 +1,463 @@
+#include "ds/data/seq2seq_set.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "ds/core/error.h"
+#include "ds/core/file_io.h"
+#include "ds/core/text.h"
+#include "ds/data/prepare.h"
+
+namespace ds::data {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr char kMagic[8] = {'D', 'S', 'S', 'E', 'Q', '2', 'S', '1'};
+constexpr size_t kHeaderBytes = 64;
+constexpr int32_t kIgnore = -100;
+
+// The field pairs read when none is named, in order of preference.
+const std::vector<std::pair<std::string, std::string>> kPairs = {{"source", "target"},
+                                                                 {"src", "tgt"},
+                                                                 {"prompt", "response"},
+                                                                 {"input", "output"},
+                                                                 {"question", "answer"}};
+
+template <typename... Args>
+[[noreturn]] void fail(const fs::path& file, size_t line, fmt::format_string<Args...> f,
+                       Args&&... args) {
+  DS_THROW("[seq2seq] {}:{}: {}", file.string(), line, fmt::format(f, std::forward<Args>(args)...));
+}
+
+bool blank(const std::string& s) {
+  return s.find_first_not_of(" \t") == std::string::npos;
+}
+
+std::string known_pairs() {
+  std::vector<std::string> names;
+  for (const auto& [s, t] : kPairs) names.push_back(fmt::format("{}/{}", s, t));
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+json read_meta(const fs::path& dir) {
+  const fs::path path = dir / "meta.json";
+  std::ifstream in(path);
+  DS_CHECK(in.good(),
+           "[dataset] cannot open '{}'; prepare the set with ds_prepare --task seq2seq --output {}",
+           path.string(), dir.string());
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    DS_THROW("[dataset] '{}' is not valid JSON ({}); re-run ds_prepare", path.string(), e.what());
+  }
+}
+
+template <class T>
+void put(std::string& out, const T& v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+template <class T>
+void append_array(std::string& out, const std::vector<T>& v) {
+  out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+// The single-sequence template around `ids` (no template: ids as they are).
+std::vector<int32_t> apply_template(const TextTokenizer& tok, std::span<const int32_t> ids) {
+  try {
+    return tok.post_process(ids, nullptr).ids;
+  } catch (const ds::Error&) {
+    return {ids.begin(), ids.end()};
+  }
+}
+
+}  // namespace
+
+bool is_seq2seq_set(const fs::path& dir) {
+  std::ifstream in(dir / "meta.json");
+  if (!in) return false;
+  try {
+    const json meta = json::parse(in);
+    return meta.is_object() && meta.value("kind", std::string()) == "seq2seq";
+  } catch (const json::exception&) {
+    return false;
+  }
+}
+
+std::vector<Seq2SeqRecord> read_seq2seq_file(const fs::path& path, const std::string& source_field,
+                                             const std::string& target_field,
+                                             std::pair<std::string, std::string>* fields) {
+  const std::string ext = path.extension().string();
+  DS_CHECK(ext == ".jsonl" || ext == ".json",
+           "[seq2seq] {}: unknown file type '{}': give JSON Lines (.jsonl), one "
+           "{{\"source\": ..., \"target\": ...}} object per line",
+           path.string(), ext);
+  std::ifstream in(path, std::ios::binary);
+  DS_CHECK(in.good(), "[seq2seq] cannot read '{}'", path.string());
+  std::vector<Seq2SeqRecord> out;
+  std::string src_key = source_field, tgt_key = target_field;
+  std::string line;
+  for (size_t n = 1; std::getline(in, line); ++n) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (n == 1) line.erase(0, line.size() - strip_utf8_bom(line).size());
+    if (blank(line)) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception& e) {
+      fail(path, n, "not a JSON object ({}): {}", e.what(), quoted_excerpt(line, 120));
+    }
+    if (!j.is_object()) fail(path, n, "a record must be a JSON object, not {}", j.type_name());
+    if (src_key.empty() || tgt_key.empty()) {
+      // Detect the pair from the first record (a named field is kept).
+      for (const auto& [s, t] : kPairs) {
+        if ((!src_key.empty() && src_key != s) || (!tgt_key.empty() && tgt_key != t)) continue;
+        if (j.contains(src_key.empty() ? s : src_key) &&
+            j.contains(tgt_key.empty() ? t : tgt_key)) {
+          if (src_key.empty()) src_key = s;
+          if (tgt_key.empty()) tgt_key = t;
+          break;
+        }
+      }
+      if (src_key.empty() || tgt_key.empty()) {
+        std::vector<std::string> keys;
+        for (const auto& [k, v] : j.items()) keys.push_back(k);
+        fail(path, n,
+             "no source/target fields: the record has {} but none of the pairs {}{}; name them "
+             "with --source_field / --target_field",
+             keys.empty() ? "no fields" : fmt::format("fields {}", fmt::join(keys, ", ")),
+             known_pairs(),
+             source_field.empty() && target_field.empty()
+                 ? ""
+                 : fmt::format(" (given: source '{}', target '{}')", source_field, target_field));
+      }
+    }
+    Seq2SeqRecord r;
+    r.line = n;
+    for (auto [key, dst] : {std::pair{&src_key, &r.source}, std::pair{&tgt_key, &r.target}}) {
+      const auto it = j.find(*key);
+      if (it == j.end() || it->is_null())
+        fail(path, n, "field '{}' is missing (the {} text of each record)", *key,
+             dst == &r.source ? "source" : "target");
+      if (!it->is_string())
+        fail(path, n, "field '{}' must be a string, not {} ({})", *key, it->type_name(),
+             quoted_excerpt(it->dump(), 60));
+      *dst = it->get<std::string>();
+    }
+    if (r.source.empty()) fail(path, n, "field '{}' (the source) is empty", src_key);
+    out.push_back(std::move(r));
+  }
+  DS_CHECK(!out.empty(), "[seq2seq] {}: no records (the file is empty or blank)", path.string());
+  if (fields) *fields = {src_key, tgt_key};
+  return out;
+}
+
+EncodedText encode_seq2seq_text(const TextTokenizer& tok, const std::string& text,
+                                size_t max_length, bool append_eos, int32_t eos_id) {
+  std::vector<int32_t> ids = tok.encode(text, false);
+  const std::vector<int32_t> empty = apply_template(tok, {});
+  // Whether the template ends with eos (BART's </s>): then nothing is appended.
+  const bool add = append_eos && eos_id >= 0 && (empty.empty() || empty.back() != eos_id);
+  const size_t specials = empty.size() + (add ? 1 : 0);
+  DS_CHECK(max_length > specials,
+           "[seq2seq] a maximum length of {} cannot hold the {} special tokens and a token of "
+           "text; raise --max_source_len / --max_target_len",
+           max_length, specials);
+  EncodedText out;
+  if (ids.size() > max_length - specials) {
+    ids.resize(max_length - specials);
+    out.truncated = true;
+  }
+  out.ids = apply_template(tok, ids);
+  if (add) out.ids.push_back(eos_id);
+  return out;
+}
+
+// ---- the set on disk --------------------------------------------------------------------------
+
+Seq2SeqSet Seq2SeqSet::open_split(const fs::path& dir, const std::string& split) {
+  const json meta = read_meta(dir);
+  const std::string where = (dir / "meta.json").string();
+  DS_CHECK(meta.is_object() && meta.value("kind", std::string()) == "seq2seq",
+           "[dataset] '{}' is not a seq2seq set (format '{}', no \"kind\": \"seq2seq\"); prepare "
+           "source/target records with ds_prepare --task seq2seq",
+           where, meta.is_object() ? meta.value("format", std::string("?")) : "?");
+  DS_CHECK(meta.value("format", std::string()) == kSeq2SeqFormat &&
+               meta.value("version", 0) == kSeq2SeqVersion,
+           "[dataset] '{}': format '{}' version {}, but this build reads {} version {}; re-run "
+           "ds_prepare --task seq2seq",
+           where, meta.value("format", std::string()), meta.value("version", 0), kSeq2SeqFormat,
+           kSeq2SeqVersion);
+  const json& splits = meta.value("splits", json::object());
+  if (!splits.contains(split)) {
+    std::vector<std::string> have;
+    for (const auto& [k, v] : splits.items()) have.push_back(k);
+    DS_THROW(
+        "[dataset] '{}' has no split '{}' (it has: {}); check the split rule given to "
+        "ds_prepare",
+        where, split, fmt::join(have, ", "));
+  }
+  Seq2SeqSet s;
+  s.dir_ = dir;
+  const json& c = meta.at("seq2seq");
+  s.pad_id_ = c.value("pad_id", 0);
+  s.eos_id_ = c.value("eos_id", -1);
+  s.bos_id_ = c.value("bos_id", -1);
+  s.start_id_ = c.value("decoder_start_id", 0);
+  s.tokenizer_ = meta.value("tokenizer", json::object()).value("path", std::string());
+  s.file_ = dir / splits[split].at("files").at(0).get<std::string>();
+
+  std::ifstream in(s.file_, std::ios::binary);
+  DS_CHECK(in.good(), "[dataset] cannot read '{}' (listed in {})", s.file_.string(), where);
+  char head[kHeaderBytes];
+  in.read(head, kHeaderBytes);
+  DS_CHECK(in.gcount() == static_cast<std::streamsize>(kHeaderBytes) &&
+               std::memcmp(head, kMagic, 8) == 0,
+           "[dataset] '{}' is not a seq2seq split file (no DSSEQ2S1 header)", s.file_.string());
+  uint32_t version, S, T, vocab;
+  uint64_t n;
+  std::memcpy(&version, head + 8, 4);
+  std::memcpy(&S, head + 12, 4);
+  std::memcpy(&T, head + 16, 4);
+  std::memcpy(&vocab, head + 20, 4);
+  std::memcpy(&n, head + 24, 8);
+  DS_CHECK(version == kSeq2SeqVersion, "[dataset] '{}': version {}, this build reads {}",
+           s.file_.string(), version, kSeq2SeqVersion);
+  DS_CHECK(S > 0 && T > 0 && n == splits[split].value("examples", n),
+           "[dataset] '{}' does not match {} (S {}, T {}, {} examples); re-run ds_prepare",
+           s.file_.string(), where, S, T, n);
+  s.n_ = static_cast<int64_t>(n);
+  s.s_ = S;
+  s.t_ = T;
+  s.vocab_ = vocab;
+  s.src_.resize(n * S);
+  s.src_len_.resize(n);
+  s.labels_.resize(n * T);
+  s.tgt_len_.resize(n);
+  auto read = [&](auto& v) {
+    in.read(reinterpret_cast<char*>(v.data()),
+            static_cast<std::streamsize>(v.size() * sizeof(v[0])));
+  };
+  read(s.src_);
+  read(s.src_len_);
+  read(s.labels_);
+  read(s.tgt_len_);
+  DS_CHECK(in.good() && in.peek() == std::char_traits<char>::eof(),
+           "[dataset] '{}' has the wrong size for {} examples of {} + {} ids (cut short or "
+           "damaged); re-run ds_prepare",
+           s.file_.string(), n, S, T);
+  for (size_t i = 0; i < n; ++i)
+    DS_CHECK(s.src_len_[i] >= 1 && s.src_len_[i] <= S && s.tgt_len_[i] >= 1 && s.tgt_len_[i] <= T,
+             "[dataset] '{}': example {} has source length {} (of {}) and target length {} (of "
+             "{}); damaged file",
+             s.file_.string(), i, s.src_len_[i], S, s.tgt_len_[i], T);
+  return s;
+}
+
+void Seq2SeqSet::get(int64_t i, std::span<int32_t> source, std::span<int32_t> mask,
+                     std::span<int32_t> labels) const {
+  DS_CHECK(i >= 0 && i < n_, "[dataset] example {} outside [0, {})", i, n_);
+  const size_t S = static_cast<size_t>(s_), T = static_cast<size_t>(t_);
+  const size_t k = static_cast<size_t>(i);
+  const uint32_t len = src_len_[k];
+  for (size_t j = 0; j < S; ++j) {
+    source[j] = src_[k * S + j];
+    mask[j] = j < len ? 1 : 0;
+  }
+  std::copy_n(labels_.begin() + static_cast<std::ptrdiff_t>(k * T), T, labels.begin());
+}
+
+std::vector<int32_t> Seq2SeqSet::source(int64_t i) const {
+  DS_CHECK(i >= 0 && i < n_, "[dataset] example {} outside [0, {})", i, n_);
+  const auto at = src_.begin() + static_cast<std::ptrdiff_t>(i * s_);
+  return {at, at + src_len_[static_cast<size_t>(i)]};
+}
+
+std::vector<int32_t> Seq2SeqSet::target(int64_t i) const {
+  DS_CHECK(i >= 0 && i < n_, "[dataset] example {} outside [0, {})", i, n_);
+  const auto at = labels_.begin() + static_cast<std::ptrdiff_t>(i * t_);
+  return {at, at + tgt_len_[static_cast<size_t>(i)]};
+}
+
+// ---- ds_prepare --task seq2seq ----------------------------------------------------------------
+
+Seq2SeqPrepareReport prepare_seq2seq(const Seq2SeqPrepareOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  DS_CHECK(o.max_source_len > 0 && o.max_target_len > 0,
+           "[seq2seq] --max_source_len and --max_target_len must be positive");
+  DS_CHECK(!o.output_dir.empty(), "[seq2seq] no output folder given");
+  DS_CHECK(!(o.val_fraction && !o.val_files.empty()),
+           "[seq2seq] give at most one split rule (--val_fraction or --val_files)");
+  std::vector<InputFile> files;
+  for (InputFile& f : list_inputs(o.inputs, "")) {
+    const std::string ext = f.path.extension().string();
+    if (ext == ".jsonl" || ext == ".json") files.push_back(std::move(f));
+  }
+  DS_CHECK(!files.empty(),
+           "[seq2seq] no .jsonl file among the inputs ({}); seq2seq records are JSON Lines with "
+           "a source and a target field",
+           [&] {
+             std::vector<std::string> names;
+             for (const auto& p : o.inputs) names.push_back(p.string());
+             return fmt::format("{}", fmt::join(names, ", "));
+           }());
+  Seq2SeqPrepareReport report;
+  std::vector<bool> file_is_val(files.size(), false);
+  if (!o.val_files.empty()) {
+    PrepareOptions po;
+    po.val_files = o.val_files;
+    file_is_val = assign_val(files, po, &report.split_rule);
+  }
+
+  struct Loaded {
+    Seq2SeqRecord r;
+    size_t file;
+  };
+  std::vector<Loaded> records;
+  for (size_t f = 0; f < files.size(); ++f) {
+    std::pair<std::string, std::string> used;
+    // Every file with the first file's fields, unless named.
+    auto rs = read_seq2seq_file(
+        files[f].path, o.source_field.empty() ? report.source_field : o.source_field,
+        o.target_field.empty() ? report.target_field : o.target_field, &used);
+    report.source_field = used.first;
+    report.target_field = used.second;
+    report.files.emplace_back(files[f].path.string(), static_cast<int64_t>(rs.size()));
+    for (auto& r : rs) records.push_back({std::move(r), f});
+  }
+  auto where = [&](const Loaded& l) {
+    return fmt::format("{}:{}", files[l.file].path.string(), l.r.line);
+  };
+
+  size_t first_val = records.size();
+  if (o.val_files.empty()) {
+    const double f = o.val_fraction.value_or(0.1);
+    DS_CHECK(f >= 0 && f < 1, "[seq2seq] --val_fraction must be in [0, 1), got {}", f);
+    size_t n_val = static_cast<size_t>(std::ceil(f * static_cast<double>(records.size())));
+    if (!o.val_fraction && records.size() < 2) n_val = 0;
+    DS_CHECK(n_val < records.size(),
+             "[seq2seq] --val_fraction {} would put all {} records in validation", f,
+             records.size());
+    first_val = records.size() - n_val;
+    report.split_rule = fmt::format(
+        "val_fraction={}: the last {} of {} records (files in path order) are validation", f, n_val,
+        records.size());
+  }
+
+  const auto tok = load_tokenizer(o.tokenizer_dir);
+  const TokenizerConfig& tc = tok->config();
+  DS_CHECK(tc.eos_id >= 0,
+           "[seq2seq] the tokenizer in {} names no eos token (tokenizer_config.json "
+           "\"eos_token\"): a target needs one to end with",
+           o.tokenizer_dir.string());
+  report.eos_id = tc.eos_id;
+  // No pad token (GPT-2's tokenizer): unk, else eos, as the data's padding id.
+  report.pad_id = tc.pad_id >= 0 ? tc.pad_id : tc.unk_id >= 0 ? tc.unk_id : tc.eos_id;
+  report.decoder_start_id = tc.eos_id;
+  const size_t S = o.max_source_len, T = o.max_target_len;
+  struct Split {
+    std::vector<int32_t> src, labels;
+    std::vector<uint32_t> src_len, tgt_len;
+    Seq2SeqSplitReport rep;
+  } train, val;
+  for (size_t k = 0; k < records.size(); ++k) {
+    const Loaded& l = records[k];
+    EncodedText a, b;
+    try {
+      a = encode_seq2seq_text(*tok, l.r.source, S);
+      b = encode_seq2seq_text(*tok, l.r.target, T, /*append_eos=*/true, tc.eos_id);
+    } catch (const ds::Error& err) {
+      DS_THROW("[seq2seq] {}: {}", where(l), err.what());
+    }
+    Split& s = (o.val_files.empty() ? k >= first_val : file_is_val[l.file]) ? val : train;
+    s.src.insert(s.src.end(), a.ids.begin(), a.ids.end());
+    s.src.insert(s.src.end(), S - a.ids.size(), report.pad_id);
+    s.src_len.push_back(static_cast<uint32_t>(a.ids.size()));
+    s.labels.insert(s.labels.end(), b.ids.begin(), b.ids.end());
+    s.labels.insert(s.labels.end(), T - b.ids.size(), kIgnore);
+    s.tgt_len.push_back(static_cast<uint32_t>(b.ids.size()));
+    s.rep.examples += 1;
+    s.rep.truncated_source += a.truncated;
+    s.rep.truncated_target += b.truncated;
+  }
+  DS_CHECK(train.rep.examples > 0,
+           "[seq2seq] no training example: all {} records went to validation ({})", records.size(),
+           report.split_rule);
+
+  fs::create_directories(o.output_dir);
+  const uint32_t vocab = static_cast<uint32_t>(tok->vocab_size());
+  json splits = json::object();
+  for (auto [name, s] : {std::pair{"train", &train}, std::pair{"val", &val}}) {
+    const fs::path file = o.output_dir / (std::string(name) + ".s2s");
+    if (s->rep.examples == 0) {
+      fs::remove(file);
+      continue;
+    }
+    std::string bytes(kMagic, 8);
+    put(bytes, static_cast<uint32_t>(kSeq2SeqVersion));
+    put(bytes, static_cast<uint32_t>(S));
+    put(bytes, static_cast<uint32_t>(T));
+    put(bytes, vocab);
+    put(bytes, static_cast<uint64_t>(s->rep.examples));
+    bytes.resize(kHeaderBytes, '\0');
+    append_array(bytes, s->src);
+    append_array(bytes, s->src_len);
+    append_array(bytes, s->labels);
+    append_array(bytes, s->tgt_len);
+    ds::write_file_atomic(file, bytes);
+    s->rep.file = file.filename().string();
+    splits[name] = {{"files", {s->rep.file}},
+                    {"examples", s->rep.examples},
+                    {"truncated_source", s->rep.truncated_source},
+                    {"truncated_target", s->rep.truncated_target}};
+  }
+  report.train = train.rep;
+  report.val = val.rep;
+  json inputs = json::array();
+  for (const auto& [f, n] : report.files) inputs.push_back({{"file", f}, {"records", n}});
+  const json meta = {
+      {"format", kSeq2SeqFormat},
+      {"kind", "seq2seq"},
+      {"version", kSeq2SeqVersion},
+      {"tokenizer",
+       {{"name", fs::absolute(o.tokenizer_dir).lexically_normal().filename().string()},
+        {"path", o.tokenizer_dir.string()},
+        {"kind", std::string(tok->kind())},
+        {"vocab_size", vocab},
+        {"pad_id", tc.pad_id},
+        {"eos_id", tc.eos_id},
+        {"bos_id", tc.bos_id}}},
+      {"seq2seq",
+       {{"max_source_len", S},
+        {"max_target_len", T},
+        {"pad_id", report.pad_id},
+        {"eos_id", tc.eos_id},
+        {"bos_id", tc.bos_id},
+        {"decoder_start_id", report.decoder_start_id},
+        {"source_field", report.source_field},
+        {"target_field", report.target_field},
+        {"truncation",
+         "tokenizer(text, truncation=True, max_length) (the template's special tokens kept); "
+         "labels end with eos"},
+        {"padding", "source right-padded with pad_id (lengths give the mask); labels with -100"},
+        {"inputs", inputs}}},
+      {"split_rule", report.split_rule},
+      {"created_by", "ds_prepare --task seq2seq"},
+      {"splits", splits}};
+  report.meta = o.output_dir / "meta.json";
+  ds::write_file_atomic(report.meta, meta.dump(2) + "\n");
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return report;
+}
+
+}  // namespace ds::data
