@@ -424,37 +424,42 @@ TEST_F(ClassifierTrain, LoraZero3MatchesZero0AndExportsAnAdapter) {
     return std::make_unique<train::ClassifierTrainer>(
         train::plan_classifier(o, g, builtin_.c_str()), rec);
   };
+  // One engine at a time (stage 0 to the end, then stage 3).
   Recorder r0, r3;
-  auto t0 = run(0, "lora0", r0);
-  auto t3 = run(3, "lora3", r3);
-  // Trainable: the LoRA matrices (2 layers x query, value x (A 4x64 + B 64x4)) and the classifier
-  // (2x64 + 2); the pooler and everything else frozen.
-  int64_t trainable = 0;
-  std::map<std::string, std::vector<float>> initial;
-  for (const auto& [n, p] : t0->model().named_parameters()) {
-    if (p.requires_grad()) {
-      trainable += p.numel();
-      EXPECT_TRUE(nn::is_lora_parameter(n) || n.rfind("classifier.", 0) == 0) << n;
+  std::map<std::string, std::vector<float>> initial, w0;
+  {
+    auto t0 = run(0, "lora0", r0);
+    // Trainable: the LoRA matrices (2 layers x query, value x (A 4x64 + B 64x4)) and the
+    // classifier (2x64 + 2); the pooler and everything else frozen.
+    int64_t trainable = 0;
+    for (const auto& [n, p] : t0->model().named_parameters()) {
+      if (p.requires_grad()) {
+        trainable += p.numel();
+        EXPECT_TRUE(nn::is_lora_parameter(n) || n.rfind("classifier.", 0) == 0) << n;
+      }
     }
+    EXPECT_EQ(trainable, 2 * 2 * (4 * 64 + 64 * 4) + 2 * 64 + 2);
+    for (const auto& [n, w] : t0->engine().full_weights()) initial[n] = w.to_vector();
+    t0->fit();
+    for (const auto& [n, w] : t0->engine().full_weights()) w0[n] = w.to_vector();
   }
-  EXPECT_EQ(trainable, 2 * 2 * (4 * 64 + 64 * 4) + 2 * 64 + 2);
-  for (const auto& [n, w] : t0->engine().full_weights()) initial[n] = w.to_vector();
-  t0->fit();
+  auto t3 = run(3, "lora3", r3);
   t3->fit();
   ASSERT_EQ(r0.steps.size(), 4u);
   ASSERT_EQ(r3.steps.size(), 4u);
   for (size_t i = 0; i < 4; ++i)
     EXPECT_NEAR(r3.steps[i].loss, r0.steps[i].loss, 1e-6 * std::abs(r0.steps[i].loss)) << i;
-  const auto w0 = t0->engine().full_weights(), w3 = t3->engine().full_weights();
+  const auto w3 = t3->engine().full_weights();
   ASSERT_EQ(w0.size(), w3.size());
-  for (size_t i = 0; i < w0.size(); ++i) {
-    const auto a = w0[i].second.to_vector(), b = w3[i].second.to_vector();
+  for (const auto& [n, t] : w3) {
+    const auto& a = w0.at(n);
+    const auto b = t.to_vector();
+    ASSERT_EQ(a.size(), b.size()) << n;
     double diff = 0;
     for (size_t k = 0; k < a.size(); ++k) diff = std::max(diff, std::abs(double(a[k]) - b[k]));
-    EXPECT_LT(diff, 1e-5) << w0[i].first;
-    const bool trains = nn::is_lora_parameter(w0[i].first) ||
-                        w0[i].first.rfind("classifier.", 0) == 0;
-    EXPECT_EQ(a == initial.at(w0[i].first), !trains) << w0[i].first;
+    EXPECT_LT(diff, 1e-5) << n;
+    const bool trains = nn::is_lora_parameter(n) || n.rfind("classifier.", 0) == 0;
+    EXPECT_EQ(a == initial.at(n), !trains) << n;
   }
   // The adapter of the ZeRO-3 run over the from-scratch base gives the engine's weights.
   const fs::path dir = root_ / "lora3" / "adapter";

@@ -544,17 +544,17 @@ void ClassifierTrainer::export_model(const std::string& dir) {
   const std::optional<nn::LoraConfig>& lora = plan_.lora;
   if (lora && !plan_.spec.merge_lora && lora->only_optimize_lora) {
     // Only LoRA and the head trained: PEFT's adapter holds everything that changed.
-    const std::string base = plan_.spec.init_from.empty()
-                                 ? std::string()
-                                 : fs::absolute(plan_.spec.init_from).lexically_normal().string();
+    std::error_code ec;
+    const std::string base =
+        plan_.spec.init_from.empty()
+            ? std::string()
+            : fs::absolute(plan_.spec.init_from, ec).lexically_normal().string();
     models::export_peft_classifier_adapter(*model_, weights, *lora, dir, base);
     say(fmt::format(
         "{} (PEFT SEQ_CLS adapter: adapter_config.json + adapter_model.safetensors{})", dir,
         base.empty() ? "; the base is this run's from-scratch model: --merge_lora exports it whole"
                      : "; base " + base));
-    say(export_tokenizer_beside(dir, {fs::path(plan_.spec.init_from), plan_.tokenizer_dir},
-                                plan_.model.vocab_size));
-    return;
+    return;  // as a decoder's adapter: no tokenizer (the base folder has it)
   }
   // Merged (--merge_lora, or other weights trained too): W + scaling B A, the plain classifier.
   if (lora) weights = nn::merge_lora_weights(weights, lora->scaling());
