@@ -408,7 +408,7 @@ std::unique_ptr<runtime::Engine> make_engine(std::shared_ptr<models::GPT> m, int
 // Global micro-batch losses of `steps` optimizer steps (2 micro-steps each); rank r takes its own
 // samples of each global batch. `check` runs after every backward.
 std::vector<double> train_steps(runtime::Engine& e, int steps, int first_step = 0,
-                          const std::function<void()>& check = {}) {
+                                const std::function<void()>& check = {}) {
   const int n = e.world_size(), r = e.rank();
   std::vector<double> losses;
   for (int s = first_step; s < first_step + steps; ++s)
@@ -701,9 +701,8 @@ TEST_P(LoraClassifierPeft, DefaultsLogitsLossAndGradientsMatchPeft) {
 
 TEST_P(LoraClassifierPeft, AdapterAndMergedExportsRoundTrip) {
   ClsCase c = load_cls_case(GetParam());
-  const fs::path dir =
-      fs::temp_directory_path() /
-      fmt::format("ds_lora_cls_{}_{}_{}", GetParam(), comm::world()->rank(), ::getpid());
+  const fs::path dir = fs::temp_directory_path() / fmt::format("ds_lora_cls_{}_{}_{}", GetParam(),
+                                                               comm::world()->rank(), ::getpid());
   fs::remove_all(dir);
   models::export_peft_classifier_adapter(*c.model, c.model->named_parameters(), c.lora,
                                          dir / "adapter", "/base");
@@ -718,8 +717,8 @@ TEST_P(LoraClassifierPeft, AdapterAndMergedExportsRoundTrip) {
   for (const auto& n : want) EXPECT_EQ(max_rel(ours.get(n), theirs.get(n)), 0.0) << n;
   const auto cfg = read_json(dir / "adapter" / "adapter_config.json");
   const auto peft = read_json(kClsFixtures / GetParam() / "adapter" / "adapter_config.json");
-  for (const char* k : {"peft_type", "task_type", "r", "lora_alpha", "fan_in_fan_out", "bias",
-                        "modules_to_save"})
+  for (const char* k :
+       {"peft_type", "task_type", "r", "lora_alpha", "fan_in_fan_out", "bias", "modules_to_save"})
     EXPECT_EQ(cfg.at(k), peft.at(k)) << k;
   auto t1 = cfg.at("target_modules").get<std::vector<std::string>>(),
        t2 = peft.at("target_modules").get<std::vector<std::string>>();
@@ -756,8 +755,7 @@ TEST_P(LoraClassifierPeft, AdapterAndMergedExportsRoundTrip) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, LoraClassifierPeft,
-                         ::testing::Values("bert", "roberta", "deberta-v2"),
-                         [](const auto& info) {
+                         ::testing::Values("bert", "roberta", "deberta-v2"), [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
@@ -767,7 +765,8 @@ TEST(LoraClassifier, PeftTargetRuleAndErrors) {
   // PEFT's rule: "query_proj" selects ...self.query_proj, not ...self.pos_query_proj.
   nn::LoraConfig c;
   c.peft_match = true;
-  EXPECT_TRUE(nn::lora_target_matches(c, "encoder.layer.0.attention.self.query_proj", "query_proj"));
+  EXPECT_TRUE(
+      nn::lora_target_matches(c, "encoder.layer.0.attention.self.query_proj", "query_proj"));
   EXPECT_FALSE(
       nn::lora_target_matches(c, "encoder.layer.0.attention.self.pos_query_proj", "query_proj"));
   c.peft_match = false;  // DeepSpeed-Chat's substring rule for decoders

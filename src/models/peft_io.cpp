@@ -12,9 +12,9 @@
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
-#include "ds/models/hf_io.h"
 #include "ds/models/encoder_family.h"
 #include "ds/models/family.h"
+#include "ds/models/hf_io.h"
 #include "ds/nn/layers.h"
 
 namespace ds::models {
@@ -255,12 +255,11 @@ void export_peft_classifier_adapter(
   fs::create_directories(dir, ec);
   DS_CHECK(!ec, "[peft] cannot create '{}': {}", dir.string(), ec.message());
   safetensors::save((dir / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
-  const json to_save =
-      lora.modules_to_save.empty() ? json(nullptr) : json(lora.modules_to_save);
-  write_text(dir / "adapter_config.json",
-             adapter_config(lora, targets, "SEQ_CLS", false, to_save, base_model_name_or_path)
-                     .dump(2) +
-                 "\n");
+  const json to_save = lora.modules_to_save.empty() ? json(nullptr) : json(lora.modules_to_save);
+  write_text(
+      dir / "adapter_config.json",
+      adapter_config(lora, targets, "SEQ_CLS", false, to_save, base_model_name_or_path).dump(2) +
+          "\n");
 }
 
 int64_t load_peft_classifier_adapter(SequenceClassifier& model, const nn::LoraConfig& lora,

@@ -20,8 +20,8 @@
 #include "ds/models/encoder_io.h"
 #include "ds/models/peft_io.h"
 #include "ds/nn/lora.h"
-#include "ds/train/lora.h"
 #include "ds/ops/ops.h"
+#include "ds/train/lora.h"
 #include "ds/train/outputs.h"
 #include "ds/train/train_util.h"
 

@@ -58,8 +58,9 @@ std::optional<nn::LoraConfig> lora_config(const Options& o, const Given& g,
 std::optional<nn::LoraConfig> lora_config(const Options& o, const Given& g,
                                           const models::GPTConfig& model) {
   return lora_config(o, g,
-                     model.layout == nn::Layout::llama ? std::vector<std::string>{"q_proj", "v_proj"}
-                                                       : std::vector<std::string>{"c_attn"});
+                     model.layout == nn::Layout::llama
+                         ? std::vector<std::string>{"q_proj", "v_proj"}
+                         : std::vector<std::string>{"c_attn"});
 }
 
 std::optional<nn::LoraConfig> encoder_lora_config(const Options& o, const Given& g,
@@ -100,7 +101,7 @@ std::string describe_lora(const nn::LoraConfig& c, const nn::LoraReport& rep) {
       c.r, c.alpha, c.scaling(), c.dropout, rep.modules.size(), fmt::join(c.targets, ","),
       rep.trainable_params, rep.total_params,
       100.0 * static_cast<double>(rep.trainable_params) / static_cast<double>(rep.total_params),
-      !c.only_optimize_lora          ? " (base weights of adapted modules frozen)"
+      !c.only_optimize_lora       ? " (base weights of adapted modules frozen)"
       : c.modules_to_save.empty() ? ", only LoRA trained"
                                   : fmt::format(", only LoRA and the modules to save ({}) trained",
                                                 fmt::join(c.modules_to_save, ", ")));

@@ -25,8 +25,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/core/dtype.h"
-#include "ds/models/gpt.h"
 #include "ds/models/encoder.h"
+#include "ds/models/gpt.h"
 #include "ds/nn/lora.h"
 
 namespace ds::models {

@@ -45,7 +45,7 @@ struct LoraConfig {
   // Modules kept trainable under only_optimize_lora, by PEFT's rule above: PEFT's modules_to_save
   // (for TaskType.SEQ_CLS "classifier" and "score": the classification head).
   std::vector<std::string> modules_to_save;
-  uint64_t seed = 0;                 // A's initialisation (rank-independent)
+  uint64_t seed = 0;  // A's initialisation (rank-independent)
 
   float scaling() const { return alpha / static_cast<float>(r); }
   // Throws "[lora] ..." naming the bad field (r <= 0, alpha <= 0, dropout outside [0, 1), no

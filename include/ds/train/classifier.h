@@ -29,7 +29,8 @@
 // is a PEFT SEQ_CLS adapter with --only_optimize_lora (the LoRA matrices and the head), else
 // (or with --merge_lora) the merged plain classifier.
 //
-// What a classifier run refuses, naming the option (it would otherwise be ignored): tensor or pipeline parallelism (flags or config), the sample options, --gradient_checkpointing,
+// What a classifier run refuses, naming the option (it would otherwise be ignored): tensor or
+// pipeline parallelism (flags or config), the sample options, --gradient_checkpointing,
 // --device other than cpu, --block_size other than the set's seq_len, --model with --init_from.
 //
 // Batches: one micro-batch is B examples of the set's T ids; the engine receives them packed as
