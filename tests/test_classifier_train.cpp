@@ -411,6 +411,7 @@ TEST_F(ClassifierTrain, LoraZero3MatchesZero0AndExportsAnAdapter) {
     train::Options o = options(out);
     o.model = (root_ / "bert_nodrop.json").string();
     o.max_steps = 4;
+    o.eval_batches = 1;  // the steps are the point
     o.lora_dim = 4;
     o.lora_alpha = 8;
     o.only_optimize_lora = true;
@@ -420,7 +421,7 @@ TEST_F(ClassifierTrain, LoraZero3MatchesZero0AndExportsAnAdapter) {
             "zero_optimization": {{"stage": {}}}}})",
         stage);
     train::Given g = given();
-    g.deepspeed = g.lora_alpha = true;
+    g.deepspeed = g.lora_alpha = g.eval_batches = true;
     return std::make_unique<train::ClassifierTrainer>(
         train::plan_classifier(o, g, builtin_.c_str()), rec);
   };
