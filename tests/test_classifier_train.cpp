@@ -476,6 +476,54 @@ TEST_F(ClassifierTrain, LoraZero3MatchesZero0AndExportsAnAdapter) {
     EXPECT_EQ(p.to_vector(), by_name.at(n).to_vector()) << n;
 }
 
+// A LoRA classifier's checkpoint resumes to the uninterrupted run's losses and weights; resuming
+// it without LoRA is an error.
+TEST_F(ClassifierTrain, LoraResumeReproducesAnUninterruptedRun) {
+  auto opts = [&](const std::string& out) {
+    train::Options o = options(out);
+    o.model = (root_ / "bert_nodrop.json").string();
+    o.max_steps = 4;
+    o.eval_batches = 1;
+    o.lora_dim = 4;
+    o.lora_dropout = 0.1;  // the resume must restore the dropout stream
+    o.only_optimize_lora = true;
+    return o;
+  };
+  train::Given g = given();
+  g.eval_batches = g.lora_dropout = true;
+  Recorder ra;
+  train::ClassifierTrainer ta(train::plan_classifier(opts("lora_a"), g, builtin_.c_str()), ra);
+  ta.fit();
+  train::Options b = opts("lora_b");
+  {
+    Recorder r;
+    train::ClassifierTrainer t(train::plan_classifier(b, g, builtin_.c_str()), r);
+    t.step();
+    t.step();
+    t.save();
+  }
+  b.resume_from_checkpoint = "latest";
+  Recorder rb;
+  train::ClassifierTrainer tb(train::plan_classifier(b, g, builtin_.c_str()), rb);
+  ASSERT_TRUE(tb.resume().has_value());
+  tb.fit();
+  ASSERT_EQ(rb.steps.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(rb.steps[i].loss, ra.steps[2 + i].loss) << i;
+  const auto wa = ta.engine().full_weights(), wb = tb.engine().full_weights();
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t i = 0; i < wa.size(); ++i)
+    EXPECT_EQ(wa[i].second.to_vector(), wb[i].second.to_vector()) << wa[i].first;
+  train::Options c = b;
+  c.lora_dim = 0;
+  c.lora_dropout = 0;
+  c.only_optimize_lora = false;
+  train::Given gc = g;
+  gc.lora_dropout = false;
+  Recorder rc;
+  train::ClassifierTrainer tc(train::plan_classifier(c, gc, builtin_.c_str()), rc);
+  EXPECT_THROW(tc.resume(), ds::Error);
+}
+
 #ifdef DS_TRAIN_BIN
 TEST_F(ClassifierTrain, DsTrainProcessZero3ExportAndEvalOnly) {
   const fs::path out = root_ / "proc";
