@@ -620,7 +620,7 @@ TEST_F(ClassifierTrain, DsTrainProcessZero3ExportAndEvalOnly) {
 
 #ifdef DS_LAUNCHER_EXE
 // Two ranks under ZeRO-3 train on the same global batches as one process (micro-batch 4 x 2
-// ranks = 8): the same losses and scores within fp32 summation order.
+// ranks = 8): the same losses and scores within fp32 summation order; plainly and with LoRA.
 TEST_F(ClassifierTrain, TwoRanksZero3MatchOneProcess) {
   auto run = [&](const std::string& launcher, const std::string& args, std::string* log) {
     const fs::path file = root_ / "ranks_log.txt";
@@ -639,31 +639,37 @@ TEST_F(ClassifierTrain, TwoRanksZero3MatchOneProcess) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   };
   std::string log;
-  const fs::path one = root_ / "ranks1", two = root_ / "ranks2";
-  ASSERT_EQ(run("", "--output_dir " + one.string(), &log), 0) << log;
-  ASSERT_EQ(
-      run(std::string(DS_LAUNCHER_EXE) + " --num_procs 2 ", "--output_dir " + two.string(), &log),
-      0)
-      << log;
-  EXPECT_NE(log.find("micro-batch 4 x accumulation 1"), std::string::npos) << log;
-  auto column = [](const fs::path& f) {
-    std::vector<double> v;
-    std::ifstream in(f);
-    std::string line;
-    std::getline(in, line);
-    while (std::getline(in, line)) v.push_back(std::stod(line.substr(line.rfind(',') + 1)));
-    return v;
-  };
-  for (const char* name :
-       {"Train_Samples_train_loss", "Eval_Samples_eval_loss", "Eval_Samples_eval_accuracy"}) {
-    const auto a = column(one / "metrics" / (std::string(name) + ".csv")),
-               b = column(two / "metrics" / (std::string(name) + ".csv"));
-    ASSERT_EQ(a.size(), b.size()) << name;
-    ASSERT_FALSE(a.empty()) << name;
-    for (size_t i = 0; i < a.size(); ++i)
-      EXPECT_NEAR(b[i], a[i], 1e-4 * std::abs(a[i]) + 1e-6) << name;
+  // Plainly, and with LoRA (only the LoRA matrices and the head train; the adapter is exported).
+  for (const std::string lora : {"", " --lora_dim 4 --lora_alpha 8 --only_optimize_lora"}) {
+    SCOPED_TRACE(lora);
+    const std::string tag = lora.empty() ? "" : "_lora";
+    const fs::path one = root_ / ("ranks1" + tag), two = root_ / ("ranks2" + tag);
+    ASSERT_EQ(run("", "--output_dir " + one.string() + lora, &log), 0) << log;
+    ASSERT_EQ(run(std::string(DS_LAUNCHER_EXE) + " --num_procs 2 ",
+                  "--output_dir " + two.string() + lora, &log),
+              0)
+        << log;
+    EXPECT_NE(log.find("micro-batch 4 x accumulation 1"), std::string::npos) << log;
+    auto column = [](const fs::path& f) {
+      std::vector<double> v;
+      std::ifstream in(f);
+      std::string line;
+      std::getline(in, line);
+      while (std::getline(in, line)) v.push_back(std::stod(line.substr(line.rfind(',') + 1)));
+      return v;
+    };
+    for (const char* name :
+         {"Train_Samples_train_loss", "Eval_Samples_eval_loss", "Eval_Samples_eval_accuracy"}) {
+      const auto a = column(one / "metrics" / (std::string(name) + ".csv")),
+                 b = column(two / "metrics" / (std::string(name) + ".csv"));
+      ASSERT_EQ(a.size(), b.size()) << name;
+      ASSERT_FALSE(a.empty()) << name;
+      for (size_t i = 0; i < a.size(); ++i)
+        EXPECT_NEAR(b[i], a[i], 1e-4 * std::abs(a[i]) + 1e-6) << name;
+    }
+    EXPECT_TRUE(fs::exists(two / "hf_model" /
+                           (lora.empty() ? "model.safetensors" : "adapter_model.safetensors")));
   }
-  EXPECT_TRUE(fs::exists(two / "hf_model" / "model.safetensors"));
 }
 #endif
 #endif
