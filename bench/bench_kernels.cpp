@@ -13,6 +13,7 @@
 // cache, so the numbers are DRAM numbers, as in a training step.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -127,6 +128,25 @@ int main(int argc, char** argv) {
     const double b = time_it([&](int) { be.cross_entropy_backward(logits, targets, -100, lse, 1.0f / N, dlogits); });
     report("cross_entropy bwd (2048, 50257)", b, 2 * bytes, triad);
     std::printf("%-44s %9.2f ms\n", "cross_entropy fwd+bwd", (f + b) * 1e3);
+  }
+  {  // exact GELU over BERT-base's FFN activations (8 x 128, 3072), against the scalar libm loop
+     // it replaced (std::erfc per element, 2 threads)
+    const int64_t n = 8 * 128 * 3072;
+    Tensor x = rand_tensor({n}, 7, 8.0f), y = Tensor::empty({n}), dx = Tensor::empty({n});
+    const float* px = x.data<float>();
+    float* py = y.data<float>();
+    const double libm = time_it([&](int) {
+      parallel_for(n, 1 << 14, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i)
+          py[i] = 0.5f * px[i] * std::erfc(-px[i] * static_cast<float>(M_SQRT1_2));
+      });
+    });
+    const double f = time_it([&](int) { be.gelu_erf_forward(x, y); });
+    const double b = time_it([&](int) { be.gelu_erf_backward(x, x, dx); });
+    report("gelu_erf fwd (3.1M)", f, 2.0 * n * 4, triad);
+    report("gelu_erf bwd (3.1M)", b, 3.0 * n * 4, triad);
+    std::printf("%-44s %9.2f ms  %5.2fx the libm loop\n", "gelu_erf fwd, scalar std::erfc loop",
+                libm * 1e3, libm / f);
   }
   {  // layer norm (N, C), 8 rotating copies (~100 MB) to defeat the last-level cache
     constexpr int kCopies = 8;

@@ -91,6 +91,29 @@ TEST(FastMathCpu, ExpSaturatesInsteadOfOverflowingEarly) {
   EXPECT_LT(backend::fm::exp(-1000.0f), 1e-37f);
 }
 
+TEST(FastMathCpu, ErfcRelativeErrorAndExactGelu) {
+  // Relative error wherever erfc is above 1e-30 (x < 8.2), where exact GELU needs it.
+  double worst = 0.0;
+  float worst_x = 0.0f;
+  for (float x = -6.0f; x <= 8.2f; x += 1e-4f) {
+    const double want = std::erfc(static_cast<double>(x));
+    const double rel = std::abs(backend::fm::erfc(x) - want) / want;
+    if (rel > worst) worst = rel, worst_x = x;
+  }
+  EXPECT_LT(worst, 1e-6) << "at x = " << worst_x;
+  std::printf("fm::erfc worst relative error %.3g at x = %.6g\n", worst,
+              static_cast<double>(worst_x));
+  for (float x = -12.0f; x <= 12.0f; x += 1e-3f) {
+    const double xd = x, cdf = 0.5 * std::erfc(-xd / std::sqrt(2.0));
+    const double g = xd * cdf, dg = cdf + xd * std::exp(-0.5 * xd * xd) / std::sqrt(2.0 * M_PI);
+    // x / sqrt 2 is rounded to float: for negative x that alone moves erfc by up to x^2 6e-8
+    // relative (d log erfc(z) / dz ~ -2z), as in any float GELU; the values there are tiny.
+    const double rel = 1e-6 * (1.0 + xd * xd / 4.0);
+    ASSERT_NEAR(backend::fm::gelu_erf(x), g, rel * std::abs(g) + 1e-30) << x;
+    ASSERT_NEAR(backend::fm::gelu_erf_grad(x), dg, 1e-6 * (1 + std::abs(dg))) << x;
+  }
+}
+
 TEST(FastMathCpu, TanhGeluSilu) {
   for (float x = -12.0f; x <= 12.0f; x += 1e-3f) {
     ASSERT_NEAR(backend::fm::tanh(x), std::tanh(static_cast<double>(x)), 3e-7) << x;

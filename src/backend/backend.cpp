@@ -39,6 +39,26 @@ void Backend::set_memory_limit(uint64_t bytes) {
   DS_THROW("[backend] {}: device memory limits apply to GPUs (asked for {} bytes)", name(), bytes);
 }
 
+namespace {
+Tensor on_host(const Tensor& t) {
+  Tensor h = Tensor::empty(t.shape(), t.dtype(), kCPU);
+  h.copy_from(t);
+  return h;
+}
+}  // namespace
+
+void Backend::gelu_erf_forward(const Tensor& x, const Tensor& out) {
+  Tensor h = Tensor::empty(out.shape(), DType::f32, kCPU);
+  cpu().gelu_erf_forward(on_host(x), h);
+  out.copy_from(h);
+}
+
+void Backend::gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  Tensor h = Tensor::empty(dx.shape(), DType::f32, kCPU);
+  cpu().gelu_erf_backward(on_host(dy), on_host(x), h);
+  dx.copy_from(h);
+}
+
 void Backend::linear_rows(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
   const int64_t N = w.size(0), K = w.size(1), R = x.numel() / K;
   DS_CHECK(x.dtype() == DType::f32 && w.dtype() == DType::f32 && y.dtype() == DType::f32 &&

@@ -179,38 +179,17 @@ Tensor from_host(const Tensor& h, Device device, DType dt) {
 
 Tensor gelu_erf(const Tensor& x) {
   detail::check_float(x, "gelu_erf");
-  const Tensor hx = host_f32(x);
-  const int64_t n = hx.numel();
-  Tensor y = Tensor::empty(hx.shape(), DType::f32, kCPU);
-  {
-    const float* px = hx.data<float>();
-    float* py = y.data<float>();
-#pragma omp parallel for if (n > 65536)
-    for (int64_t i = 0; i < n; ++i)
-      py[i] = 0.5f * px[i] * std::erfc(-px[i] * static_cast<float>(M_SQRT1_2));
-  }
-  Tensor out = from_host(y, x.device(), x.dtype());
+  Tensor fx = f32c(x);
+  Tensor y = empty_f32(x.shape(), x);
+  be(x).gelu_erf_forward(fx, y);
+  Tensor out = as_dtype(y, x.dtype());
   if (!wants_grad({x})) return out;
-  const Tensor sx = hx.detach();
-  const Device dev = x.device();
+  Tensor sx = fx.detach();
   const DType dt = x.dtype();
-  return autograd::record(out, "GeluErfBackward", {x}, [sx, dev, dt](const Tensor& g) -> std::vector<Tensor> {
-    // d/dx x Phi(x) = Phi(x) + x phi(x), phi the standard normal density.
-    const Tensor hg = host_f32(g);
-    const int64_t m = sx.numel();
-    Tensor dx = Tensor::empty(sx.shape(), DType::f32, kCPU);
-    const float* px = sx.data<float>();
-    const float* pg = hg.data<float>();
-    float* pd = dx.data<float>();
-    constexpr float kInvSqrt2Pi = 0.3989422804014327f;
-#pragma omp parallel for if (m > 65536)
-    for (int64_t i = 0; i < m; ++i) {
-      const float v = px[i];
-      // Phi(v) by erfc: 1 + erf(v / sqrt 2) cancels for v < -3 (all of Phi lost near v = -5).
-      const float cdf = 0.5f * std::erfc(-v * static_cast<float>(M_SQRT1_2));
-      pd[i] = pg[i] * (cdf + v * kInvSqrt2Pi * std::exp(-0.5f * v * v));
-    }
-    return {from_host(dx, dev, dt)};
+  return autograd::record(out, "GeluErfBackward", {x}, [sx, dt](const Tensor& g) -> std::vector<Tensor> {
+    Tensor dx = empty_f32(sx.shape(), sx);
+    be(sx).gelu_erf_backward(f32c(g), sx, dx);
+    return {as_dtype(dx, dt)};
   });
 }
 

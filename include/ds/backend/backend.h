@@ -197,6 +197,12 @@ class Backend {
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                       int64_t ignore_index, const Tensor& lse, float scale,
                                       const Tensor& dlogits) = 0;
+  // Exact GELU (erf form, BERT's "gelu"): out = x Phi(x); dx = dy (Phi(x) + x phi(x)). fp32,
+  // contiguous, one shape. Default: the CPU backend's kernel on host copies (correct on any
+  // device; a device without its own kernel pays two copies each way).
+  virtual void gelu_erf_forward(const Tensor& x, const Tensor& out);
+  virtual void gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor& dx);
+
   // ---- decoding (inference only: models::IncrementalDecoder) ----
   // y (R, N) = x (R, K) w^T + b, for R independent rows (decode: one row per sequence). Every row
   // is computed in one fixed order whatever R is, so row r equals the call with x's row r alone,

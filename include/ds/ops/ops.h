@@ -59,8 +59,9 @@ Tensor embedding(const Tensor& weight, const Tensor& ids);  // (V, C), ids (...)
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps = 1e-5f);
 Tensor rms_norm(const Tensor& x, const Tensor& w, float eps = 1e-6f);
 Tensor gelu(const Tensor& x);  // tanh approximation (GPT-2's "gelu_new")
-// Exact GELU, x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) (BERT's "gelu", torch's default). The kernel
-// runs on the host (a device tensor is copied there and back) until Backend has an erf kernel.
+// Exact GELU, x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) (BERT's "gelu", torch's default):
+// Backend::gelu_erf_forward / _backward (a device without its own kernel runs the CPU's on host
+// copies).
 Tensor gelu_erf(const Tensor& x);
 Tensor silu(const Tensor& x);
 Tensor swiglu(const Tensor& gate, const Tensor& up);  // silu(gate) * up

@@ -53,6 +53,8 @@ class CpuBackend final : public Backend {
                               const Tensor& lse, float scale, const Tensor& dlogits) override;
   void dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t base,
                const Tensor& out) override;
+  void gelu_erf_forward(const Tensor& x, const Tensor& out) override;
+  void gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) override;
   void linear_rows(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override;
   void decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t p0,
                         float scale, const Tensor& out) override;

@@ -73,6 +73,28 @@ void run_unary(F f, const float* x, float* o, int64_t n) {
 
 }  // namespace
 
+void CpuBackend::gelu_erf_forward(const Tensor& x, const Tensor& out) {
+  DS_CHECK(x.dtype() == DType::f32 && out.dtype() == DType::f32 && x.is_contiguous() &&
+               out.is_contiguous() && x.numel() == out.numel(),
+           "[cpu:gelu_erf] x and out must be contiguous fp32 of one size");
+  run_unary([](float v) { return fm::gelu_erf(v); }, x.data<float>(), out.data<float>(),
+            x.numel());
+}
+
+void CpuBackend::gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  DS_CHECK(dy.dtype() == DType::f32 && x.dtype() == DType::f32 && dx.dtype() == DType::f32 &&
+               dy.is_contiguous() && x.is_contiguous() && dx.is_contiguous() &&
+               dy.numel() == x.numel() && dx.numel() == x.numel(),
+           "[cpu:gelu_erf] dy, x and dx must be contiguous fp32 of one size");
+  const float* g = dy.data<float>();
+  const float* px = x.data<float>();
+  float* pd = dx.data<float>();
+  parallel_for(x.numel(), kGrain, [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) pd[i] = g[i] * fm::gelu_erf_grad(px[i]);
+  });
+}
+
 bool CpuBackend::supports(const std::string& op, DType dtype) const {
   if (op == "copy" || op == "fill" || op == "axpy") return true;
   if (op == "adam") return false;  // src/optim's SIMD kernels (see CpuBackend::adam)
