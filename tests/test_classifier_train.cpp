@@ -14,6 +14,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -24,6 +26,9 @@
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
 #include "ds/data/classification_set.h"
+#include "ds/models/encoder_family.h"
+#include "ds/models/peft_io.h"
+#include "ds/nn/lora.h"
 #include "ds/train/classifier.h"
 
 namespace fs = std::filesystem;
@@ -344,8 +349,8 @@ TEST_F(ClassifierTrain, RefusesWhatDoesNotApplyByName) {
   train::Given g = given();
   {
     auto x = o;
-    x.lora_dim = 4;
-    expect(x, g, "--lora_dim");
+    x.only_optimize_lora = true;  // a LoRA flag without --lora_dim
+    expect(x, g, "--only_optimize_lora needs LoRA");
   }
   {
     auto x = o;
@@ -398,6 +403,127 @@ TEST_F(ClassifierTrain, RefusesWhatDoesNotApplyByName) {
   }
 }
 
+// LoRA with --only_optimize_lora: ZeRO-3 steps equal ZeRO-0's; only the LoRA matrices and the
+// head (PEFT's modules_to_save) train, the rest keeps its initial values; the adapter export
+// loads back (over the same from-scratch base) to the engine's weights.
+TEST_F(ClassifierTrain, LoraZero3MatchesZero0AndExportsAnAdapter) {
+  auto run = [&](int stage, const std::string& out, Recorder& rec) {
+    train::Options o = options(out);
+    o.model = (root_ / "bert_nodrop.json").string();
+    o.max_steps = 4;
+    o.eval_batches = 1;  // the steps are the point
+    o.lora_dim = 4;
+    o.lora_alpha = 8;
+    o.only_optimize_lora = true;
+    o.deepspeed = fmt::format(
+        R"({{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+            "optimizer": {{"type": "AdamW", "params": {{"lr": "auto"}}}},
+            "zero_optimization": {{"stage": {}}}}})",
+        stage);
+    train::Given g = given();
+    g.deepspeed = g.lora_alpha = g.eval_batches = true;
+    return std::make_unique<train::ClassifierTrainer>(
+        train::plan_classifier(o, g, builtin_.c_str()), rec);
+  };
+  // One engine at a time (stage 0 to the end, then stage 3).
+  Recorder r0, r3;
+  std::map<std::string, std::vector<float>> initial, w0;
+  {
+    auto t0 = run(0, "lora0", r0);
+    // Trainable: the LoRA matrices (2 layers x query, value x (A 4x64 + B 64x4)) and the
+    // classifier (2x64 + 2); the pooler and everything else frozen.
+    int64_t trainable = 0;
+    for (const auto& [n, p] : t0->model().named_parameters()) {
+      if (p.requires_grad()) {
+        trainable += p.numel();
+        EXPECT_TRUE(nn::is_lora_parameter(n) || n.rfind("classifier.", 0) == 0) << n;
+      }
+    }
+    EXPECT_EQ(trainable, 2 * 2 * (4 * 64 + 64 * 4) + 2 * 64 + 2);
+    for (const auto& [n, w] : t0->engine().full_weights()) initial[n] = w.to_vector();
+    t0->fit();
+    for (const auto& [n, w] : t0->engine().full_weights()) w0[n] = w.to_vector();
+  }
+  auto t3 = run(3, "lora3", r3);
+  t3->fit();
+  ASSERT_EQ(r0.steps.size(), 4u);
+  ASSERT_EQ(r3.steps.size(), 4u);
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_NEAR(r3.steps[i].loss, r0.steps[i].loss, 1e-6 * std::abs(r0.steps[i].loss)) << i;
+  const auto w3 = t3->engine().full_weights();
+  ASSERT_EQ(w0.size(), w3.size());
+  for (const auto& [n, t] : w3) {
+    const auto& a = w0.at(n);
+    const auto b = t.to_vector();
+    ASSERT_EQ(a.size(), b.size()) << n;
+    double diff = 0;
+    for (size_t k = 0; k < a.size(); ++k) diff = std::max(diff, std::abs(double(a[k]) - b[k]));
+    EXPECT_LT(diff, 1e-5) << n;
+    const bool trains = nn::is_lora_parameter(n) || n.rfind("classifier.", 0) == 0;
+    EXPECT_EQ(a == initial.at(n), !trains) << n;
+  }
+  // The adapter of the ZeRO-3 run over the from-scratch base gives the engine's weights.
+  const fs::path dir = root_ / "lora3" / "adapter";
+  t3->export_model(dir.string());
+  const json cfg = json::parse(std::ifstream(dir / "adapter_config.json"));
+  EXPECT_EQ(cfg["task_type"], "SEQ_CLS");
+  EXPECT_EQ(cfg["target_modules"], json({"query", "value"}));
+  auto fresh = models::make_encoder_classifier(t3->plan().model, /*init=*/true);
+  nn::apply_lora(*fresh, *t3->plan().lora);
+  EXPECT_EQ(models::load_peft_classifier_adapter(*fresh, *t3->plan().lora, dir), 2 * 2 * 2 + 2);
+  std::map<std::string, Tensor> by_name(w3.begin(), w3.end());
+  for (const auto& [n, p] : fresh->named_parameters())
+    EXPECT_EQ(p.to_vector(), by_name.at(n).to_vector()) << n;
+}
+
+// A LoRA classifier's checkpoint resumes to the uninterrupted run's losses and weights; resuming
+// it without LoRA is an error.
+TEST_F(ClassifierTrain, LoraResumeReproducesAnUninterruptedRun) {
+  auto opts = [&](const std::string& out) {
+    train::Options o = options(out);
+    o.model = (root_ / "bert_nodrop.json").string();
+    o.max_steps = 4;
+    o.eval_batches = 1;
+    o.lora_dim = 4;
+    o.lora_dropout = 0.1;  // the resume must restore the dropout stream
+    o.only_optimize_lora = true;
+    return o;
+  };
+  train::Given g = given();
+  g.eval_batches = g.lora_dropout = true;
+  Recorder ra;
+  train::ClassifierTrainer ta(train::plan_classifier(opts("lora_a"), g, builtin_.c_str()), ra);
+  ta.fit();
+  train::Options b = opts("lora_b");
+  {
+    Recorder r;
+    train::ClassifierTrainer t(train::plan_classifier(b, g, builtin_.c_str()), r);
+    t.step();
+    t.step();
+    t.save();
+  }
+  b.resume_from_checkpoint = "latest";
+  Recorder rb;
+  train::ClassifierTrainer tb(train::plan_classifier(b, g, builtin_.c_str()), rb);
+  ASSERT_TRUE(tb.resume().has_value());
+  tb.fit();
+  ASSERT_EQ(rb.steps.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(rb.steps[i].loss, ra.steps[2 + i].loss) << i;
+  const auto wa = ta.engine().full_weights(), wb = tb.engine().full_weights();
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t i = 0; i < wa.size(); ++i)
+    EXPECT_EQ(wa[i].second.to_vector(), wb[i].second.to_vector()) << wa[i].first;
+  train::Options c = b;
+  c.lora_dim = 0;
+  c.lora_dropout = 0;
+  c.only_optimize_lora = false;
+  train::Given gc = g;
+  gc.lora_dropout = false;
+  Recorder rc;
+  train::ClassifierTrainer tc(train::plan_classifier(c, gc, builtin_.c_str()), rc);
+  EXPECT_THROW(tc.resume(), ds::Error);
+}
+
 #ifdef DS_TRAIN_BIN
 TEST_F(ClassifierTrain, DsTrainProcessZero3ExportAndEvalOnly) {
   const fs::path out = root_ / "proc";
@@ -435,11 +561,33 @@ TEST_F(ClassifierTrain, DsTrainProcessZero3ExportAndEvalOnly) {
       << log;
   EXPECT_NE(log.find(fmt::format("accuracy {:.4f}", acc)), std::string::npos) << log;
   // An option that does not apply: exit 1, named.
-  EXPECT_EQ(run("--model bert-tiny --max_steps 1 --lora_dim 4 --output_dir " +
+  EXPECT_EQ(run("--model bert-tiny --max_steps 1 --gradient_checkpointing --output_dir " +
                     (root_ / "proc_err").string(),
                 &log),
             1);
-  EXPECT_NE(log.find("--lora_dim"), std::string::npos) << log;
+  EXPECT_NE(log.find("--gradient_checkpointing"), std::string::npos) << log;
+  // LoRA (PEFT SEQ_CLS): only LoRA and the head train; the export is an adapter folder; with
+  // --merge_lora a plain classifier folder.
+  const std::string lora_run = "--model " + (root_ / "bert_dropout.json").string() +
+                               " --max_steps 3 --per_device_train_batch_size 8 --lora_dim 4 "
+                               "--lora_alpha 8 --only_optimize_lora --output_dir ";
+  ASSERT_EQ(run(lora_run + (root_ / "proc_lora").string(), &log), 0) << log;
+  EXPECT_NE(log.find("LoRA: r 4, alpha 8 (scaling 2), dropout 0, 4 modules matching query,value"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("only LoRA and the modules to save (classifier, score) trained"),
+            std::string::npos)
+      << log;
+  const json acfg =
+      json::parse(std::ifstream(root_ / "proc_lora" / "hf_model" / "adapter_config.json"));
+  EXPECT_EQ(acfg["task_type"], "SEQ_CLS");
+  EXPECT_EQ(acfg["modules_to_save"], json({"classifier", "score"}));
+  EXPECT_TRUE(fs::exists(root_ / "proc_lora" / "hf_model" / "adapter_model.safetensors"));
+  ASSERT_EQ(run(lora_run + (root_ / "proc_merged").string() + " --merge_lora", &log), 0) << log;
+  for (const auto& n :
+       safetensors::Reader((root_ / "proc_merged" / "hf_model" / "model.safetensors").string())
+           .names())
+    EXPECT_EQ(n.find("lora_"), std::string::npos) << n;
 
   // ds_prepare --task classification as a program: the report, and an option of another format
   // refused by name (exit 2).
@@ -472,7 +620,7 @@ TEST_F(ClassifierTrain, DsTrainProcessZero3ExportAndEvalOnly) {
 
 #ifdef DS_LAUNCHER_EXE
 // Two ranks under ZeRO-3 train on the same global batches as one process (micro-batch 4 x 2
-// ranks = 8): the same losses and scores within fp32 summation order.
+// ranks = 8): the same losses and scores within fp32 summation order; plainly and with LoRA.
 TEST_F(ClassifierTrain, TwoRanksZero3MatchOneProcess) {
   auto run = [&](const std::string& launcher, const std::string& args, std::string* log) {
     const fs::path file = root_ / "ranks_log.txt";
@@ -491,31 +639,37 @@ TEST_F(ClassifierTrain, TwoRanksZero3MatchOneProcess) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   };
   std::string log;
-  const fs::path one = root_ / "ranks1", two = root_ / "ranks2";
-  ASSERT_EQ(run("", "--output_dir " + one.string(), &log), 0) << log;
-  ASSERT_EQ(
-      run(std::string(DS_LAUNCHER_EXE) + " --num_procs 2 ", "--output_dir " + two.string(), &log),
-      0)
-      << log;
-  EXPECT_NE(log.find("micro-batch 4 x accumulation 1"), std::string::npos) << log;
-  auto column = [](const fs::path& f) {
-    std::vector<double> v;
-    std::ifstream in(f);
-    std::string line;
-    std::getline(in, line);
-    while (std::getline(in, line)) v.push_back(std::stod(line.substr(line.rfind(',') + 1)));
-    return v;
-  };
-  for (const char* name :
-       {"Train_Samples_train_loss", "Eval_Samples_eval_loss", "Eval_Samples_eval_accuracy"}) {
-    const auto a = column(one / "metrics" / (std::string(name) + ".csv")),
-               b = column(two / "metrics" / (std::string(name) + ".csv"));
-    ASSERT_EQ(a.size(), b.size()) << name;
-    ASSERT_FALSE(a.empty()) << name;
-    for (size_t i = 0; i < a.size(); ++i)
-      EXPECT_NEAR(b[i], a[i], 1e-4 * std::abs(a[i]) + 1e-6) << name;
+  // Plainly, and with LoRA (only the LoRA matrices and the head train; the adapter is exported).
+  for (const std::string lora : {"", " --lora_dim 4 --lora_alpha 8 --only_optimize_lora"}) {
+    SCOPED_TRACE(lora);
+    const std::string tag = lora.empty() ? "" : "_lora";
+    const fs::path one = root_ / ("ranks1" + tag), two = root_ / ("ranks2" + tag);
+    ASSERT_EQ(run("", "--output_dir " + one.string() + lora, &log), 0) << log;
+    ASSERT_EQ(run(std::string(DS_LAUNCHER_EXE) + " --num_procs 2 ",
+                  "--output_dir " + two.string() + lora, &log),
+              0)
+        << log;
+    EXPECT_NE(log.find("micro-batch 4 x accumulation 1"), std::string::npos) << log;
+    auto column = [](const fs::path& f) {
+      std::vector<double> v;
+      std::ifstream in(f);
+      std::string line;
+      std::getline(in, line);
+      while (std::getline(in, line)) v.push_back(std::stod(line.substr(line.rfind(',') + 1)));
+      return v;
+    };
+    for (const char* name :
+         {"Train_Samples_train_loss", "Eval_Samples_eval_loss", "Eval_Samples_eval_accuracy"}) {
+      const auto a = column(one / "metrics" / (std::string(name) + ".csv")),
+                 b = column(two / "metrics" / (std::string(name) + ".csv"));
+      ASSERT_EQ(a.size(), b.size()) << name;
+      ASSERT_FALSE(a.empty()) << name;
+      for (size_t i = 0; i < a.size(); ++i)
+        EXPECT_NEAR(b[i], a[i], 1e-4 * std::abs(a[i]) + 1e-6) << name;
+    }
+    EXPECT_TRUE(fs::exists(two / "hf_model" /
+                           (lora.empty() ? "model.safetensors" : "adapter_model.safetensors")));
   }
-  EXPECT_TRUE(fs::exists(two / "hf_model" / "model.safetensors"));
 }
 #endif
 #endif

@@ -6,7 +6,11 @@
 //   - the adapter export round trip, and merged weights giving the unmerged model's logits;
 //   - under ZeRO stages 0-3 (plainly and under mpirun with 2 ranks): frozen parameters get no
 //     gradient, no optimizer state and no change; the LoRA losses of every stage agree with
-//     stage 0's (stage 1 bitwise, 2 and 3 within 1e-6); a checkpoint resumes bitwise.
+//     stage 0's (stage 1 bitwise, 2 and 3 within 1e-6); a checkpoint resumes bitwise;
+//   - encoder sequence classifiers (BERT, RoBERTa, DeBERTa-v2) with PEFT's SEQ_CLS semantics:
+//     default targets, trainable set, logits, loss and gradients against peft
+//     (tests/fixtures/lora_classifier, tools/gen_lora_classifier_fixture.py), the adapter (peft's
+//     names incl. modules_to_save) and merged exports round trip.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -23,6 +27,8 @@
 #include "ds/comm/group.h"
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
+#include "ds/models/encoder_family.h"
+#include "ds/models/encoder_io.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
 #include "ds/models/peft_io.h"
@@ -30,6 +36,8 @@
 #include "ds/nn/lora.h"
 #include "ds/ops/ops.h"
 #include "ds/runtime/engine.h"
+#include "ds/train/lora.h"
+#include "ds/train/options.h"
 #include "gradcheck.h"
 
 using namespace ds;
@@ -399,8 +407,8 @@ std::unique_ptr<runtime::Engine> make_engine(std::shared_ptr<models::GPT> m, int
 
 // Global micro-batch losses of `steps` optimizer steps (2 micro-steps each); rank r takes its own
 // samples of each global batch. `check` runs after every backward.
-std::vector<double> train(runtime::Engine& e, int steps, int first_step = 0,
-                          const std::function<void()>& check = {}) {
+std::vector<double> train_steps(runtime::Engine& e, int steps, int first_step = 0,
+                                const std::function<void()>& check = {}) {
   const int n = e.world_size(), r = e.rank();
   std::vector<double> losses;
   for (int s = first_step; s < first_step + steps; ++s)
@@ -460,7 +468,7 @@ TEST_P(LoraZero, FrozenParametersHaveNoGradientStateOrChangeAndStagesAgree) {
     EXPECT_LT(opt, trainable + frozen / 4);
     const auto mem = z.memory();
     EXPECT_LE(mem.grads, static_cast<int64_t>((trainable + 64 * n) * sizeof(float)));
-    const auto losses = train(*e, 3, 0, [&] {
+    const auto losses = train_steps(*e, 3, 0, [&] {
       for (const auto& [name, p] : model->named_parameters())
         if (!p.requires_grad()) {
           EXPECT_FALSE(p.grad().defined()) << name;
@@ -543,16 +551,16 @@ TEST_P(LoraCheckpoint, ResumesBitwise) {
   std::vector<double> continuous;
   {
     auto e = make_engine(lora_model("test-llama", true), stage, "bf16");
-    continuous = train(*e, 4);
+    continuous = train_steps(*e, 4);
   }
   {
     auto e = make_engine(lora_model("test-llama", true), stage, "bf16");
-    train(*e, 2);
+    train_steps(*e, 2);
     e->save_checkpoint(dir.string());
   }
   auto e = make_engine(lora_model("test-llama", true), stage, "bf16");
   e->load_checkpoint(dir.string());
-  const auto resumed = train(*e, 2, 2);
+  const auto resumed = train_steps(*e, 2, 2);
   for (size_t i = 0; i < resumed.size(); ++i)
     EXPECT_EQ(resumed[i], continuous[4 + i]) << "micro-step " << i;
   // Without LoRA the checkpoint does not fit, and the message says what to do.
@@ -581,5 +589,201 @@ TEST(LoraZeroErrors, EverythingFrozenIsRefused) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("frozen"), std::string::npos) << e.what();
+  }
+}
+
+// ---- encoder sequence classifiers: PEFT's TaskType.SEQ_CLS ----
+// tests/fixtures/lora_classifier (tools/gen_lora_classifier_fixture.py): a tiny BERT, RoBERTa and
+// DeBERTa-v2 (separate position projections: pos_query_proj must stay unadapted, as in PEFT) with
+// a SEQ_CLS adapter of peft's default targets and the head as modules_to_save.
+
+namespace {
+
+const fs::path kClsFixtures = fs::path(DS_FIXTURE_DIR) / "lora_classifier";
+
+struct ClsCase {
+  std::shared_ptr<models::SequenceClassifier> model;
+  nn::LoraConfig lora;
+  std::map<std::string, Tensor> ref;
+  models::EncoderInputs in;
+};
+
+// ds_train's LoRA flags as a SEQ_CLS run gets them: --lora_dim 4 --lora_alpha 8
+// --only_optimize_lora, default targets.
+nn::LoraConfig cls_lora(const models::EncoderConfig& cfg) {
+  train::Options o;
+  o.lora_dim = 4;
+  o.lora_alpha = 8;
+  o.only_optimize_lora = true;
+  train::Given g;
+  g.lora_alpha = true;
+  return *train::encoder_lora_config(o, g, cfg);
+}
+
+ClsCase load_cls_case(const std::string& name) {
+  const fs::path dir = kClsFixtures / name;
+  ClsCase c;
+  const auto cfg = models::read_hf_encoder_config(dir / "base");
+  EXPECT_TRUE(cfg.has_value());
+  c.model = models::make_encoder_classifier(*cfg, /*init=*/false);
+  models::load_hf_encoder_weights(*c.model, dir / "base");
+  c.lora = cls_lora(*cfg);
+  nn::apply_lora(*c.model, c.lora);
+  models::load_peft_classifier_adapter(*c.model, c.lora, dir / "adapter");
+  c.model->train(false);
+  safetensors::Reader r((dir / "reference.safetensors").string());
+  for (const auto& n : r.names()) c.ref.emplace(n, r.get(n));
+  c.in = {c.ref.at("input_ids").to(DType::i32), c.ref.at("attention_mask").to(DType::i32),
+          c.ref.at("token_type_ids").to(DType::i32)};
+  return c;
+}
+
+}  // namespace
+
+class LoraClassifierPeft : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LoraClassifierPeft, DefaultsLogitsLossAndGradientsMatchPeft) {
+  ClsCase c = load_cls_case(GetParam());
+  models::SequenceClassifier& m = *c.model;
+  // The family's default targets and the head to save are peft's.
+  const auto peft = read_json(kClsFixtures / GetParam() / "adapter" / "adapter_config.json");
+  auto want = peft.at("target_modules").get<std::vector<std::string>>(), got = c.lora.targets;
+  std::sort(want.begin(), want.end());
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(c.lora.modules_to_save, peft.at("modules_to_save").get<std::vector<std::string>>());
+  EXPECT_EQ(peft.at("task_type"), "SEQ_CLS");
+
+  Tensor logits;
+  {
+    autograd::NoGradGuard ng;
+    logits = m.logits(c.in);
+  }
+  EXPECT_LT(max_rel(logits, c.ref.at("logits")), 1e-5);
+  Tensor loss = ops::cross_entropy(m.logits(c.in), c.ref.at("labels").to(DType::i32), -100);
+  EXPECT_LT(max_rel(loss, c.ref.at("loss")), 1e-5);
+  loss.backward();
+  // Trainable: exactly what peft trains (the LoRA matrices and the head), every gradient equal.
+  int trainable = 0;
+  double worst = 0;
+  for (const auto& [name, p] : m.named_parameters()) {
+    if (!p.requires_grad()) {
+      EXPECT_FALSE(p.grad().defined()) << name << ": a frozen parameter got a gradient";
+      continue;
+    }
+    ++trainable;
+    const std::string key = "grad." + models::peft_classifier_name(m.config(), name);
+    ASSERT_TRUE(c.ref.count(key)) << name << " trains, peft's " << key << " does not";
+    ASSERT_TRUE(p.grad().defined()) << name;
+    const double err = max_rel(p.grad(), c.ref.at(key));
+    EXPECT_LT(err, 1e-5) << name;
+    worst = std::max(worst, err);
+  }
+  int ref_grads = 0;
+  for (const auto& [k, v] : c.ref) ref_grads += k.rfind("grad.", 0) == 0;
+  EXPECT_EQ(trainable, ref_grads);
+  std::printf("%s SEQ_CLS vs peft: logits %.2e, loss %.2e, worst gradient %.2e of %d trainable\n",
+              GetParam().c_str(), max_rel(logits, c.ref.at("logits")),
+              max_rel(loss, c.ref.at("loss")), worst, trainable);
+
+  // For tools/gen_lora_classifier_fixture.py --check-export: our adapter and merged folder.
+  if (const char* out = std::getenv("DS_LORA_EXPORT_DIR")) {
+    const fs::path dir = fs::path(out) / GetParam();
+    models::export_peft_classifier_adapter(m, m.named_parameters(), c.lora, dir / "adapter");
+    const auto plain = models::make_encoder_classifier(m.config(), /*init=*/false);
+    std::map<std::string, Tensor> merged;
+    for (auto& [n, t] : nn::merge_lora_weights(m.named_parameters(), c.lora.scaling()))
+      merged.emplace(n, t);
+    for (auto& [n, t] : plain->named_parameters()) t.copy_from(merged.at(n));
+    models::export_hf_encoder(*plain, dir / "merged");
+  }
+}
+
+TEST_P(LoraClassifierPeft, AdapterAndMergedExportsRoundTrip) {
+  ClsCase c = load_cls_case(GetParam());
+  const fs::path dir = fs::temp_directory_path() / fmt::format("ds_lora_cls_{}_{}_{}", GetParam(),
+                                                               comm::world()->rank(), ::getpid());
+  fs::remove_all(dir);
+  models::export_peft_classifier_adapter(*c.model, c.model->named_parameters(), c.lora,
+                                         dir / "adapter", "/base");
+  // peft's tensor names (LoRA and modules_to_save), values and config fields.
+  safetensors::Reader ours((dir / "adapter" / "adapter_model.safetensors").string());
+  safetensors::Reader theirs(
+      (kClsFixtures / GetParam() / "adapter" / "adapter_model.safetensors").string());
+  auto names = ours.names(), want = theirs.names();
+  std::sort(names.begin(), names.end());
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(names, want);
+  for (const auto& n : want) EXPECT_EQ(max_rel(ours.get(n), theirs.get(n)), 0.0) << n;
+  const auto cfg = read_json(dir / "adapter" / "adapter_config.json");
+  const auto peft = read_json(kClsFixtures / GetParam() / "adapter" / "adapter_config.json");
+  for (const char* k :
+       {"peft_type", "task_type", "r", "lora_alpha", "fan_in_fan_out", "bias", "modules_to_save"})
+    EXPECT_EQ(cfg.at(k), peft.at(k)) << k;
+  auto t1 = cfg.at("target_modules").get<std::vector<std::string>>(),
+       t2 = peft.at("target_modules").get<std::vector<std::string>>();
+  std::sort(t1.begin(), t1.end());
+  std::sort(t2.begin(), t2.end());
+  EXPECT_EQ(t1, t2);
+  EXPECT_EQ(cfg.at("base_model_name_or_path"), "/base");
+
+  autograd::NoGradGuard ng;
+  const Tensor logits = c.model->logits(c.in);
+  // Our reload: the base from the fixture, the adapter from our folder: the same logits.
+  const auto base_cfg = *models::read_hf_encoder_config(kClsFixtures / GetParam() / "base");
+  auto fresh = models::make_encoder_classifier(base_cfg, /*init=*/false);
+  models::load_hf_encoder_weights(*fresh, kClsFixtures / GetParam() / "base");
+  nn::apply_lora(*fresh, c.lora);
+  EXPECT_EQ(models::load_peft_classifier_adapter(*fresh, c.lora, dir / "adapter"),
+            static_cast<int64_t>(want.size()));
+  fresh->train(false);
+  EXPECT_EQ(max_rel(fresh->logits(c.in), logits), 0.0);
+
+  // Merged: a plain classifier folder with the same logits (W + s B A rounded once).
+  const auto plain = models::make_encoder_classifier(base_cfg, /*init=*/false);
+  std::map<std::string, Tensor> merged;
+  for (auto& [n, t] : nn::merge_lora_weights(c.model->named_parameters(), c.lora.scaling()))
+    merged.emplace(n, t);
+  for (auto& [n, t] : plain->named_parameters()) t.copy_from(merged.at(n));
+  models::export_hf_encoder(*plain, dir / "merged");
+  auto reread = models::make_encoder_classifier(*models::read_hf_encoder_config(dir / "merged"),
+                                                /*init=*/false);
+  models::load_hf_encoder_weights(*reread, dir / "merged");
+  reread->train(false);
+  EXPECT_LT(max_rel(reread->logits(c.in), logits), 1e-5);
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, LoraClassifierPeft,
+                         ::testing::Values("bert", "roberta", "deberta-v2"), [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+TEST(LoraClassifier, PeftTargetRuleAndErrors) {
+  // PEFT's rule: "query_proj" selects ...self.query_proj, not ...self.pos_query_proj.
+  nn::LoraConfig c;
+  c.peft_match = true;
+  EXPECT_TRUE(
+      nn::lora_target_matches(c, "encoder.layer.0.attention.self.query_proj", "query_proj"));
+  EXPECT_FALSE(
+      nn::lora_target_matches(c, "encoder.layer.0.attention.self.pos_query_proj", "query_proj"));
+  c.peft_match = false;  // DeepSpeed-Chat's substring rule for decoders
+  EXPECT_TRUE(
+      nn::lora_target_matches(c, "encoder.layer.0.attention.self.pos_query_proj", "query_proj"));
+  c.modules_to_save = {"classifier"};
+  EXPECT_TRUE(nn::in_modules_to_save(c, "classifier.out_proj.weight"));
+  EXPECT_TRUE(nn::in_modules_to_save(c, "classifier.bias"));
+  EXPECT_FALSE(nn::in_modules_to_save(c, "pooler.dense.weight"));
+  // A LoRA flag without --lora_dim names the flag.
+  train::Options o;
+  o.merge_lora = true;
+  const auto cfg = *models::read_hf_encoder_config(kClsFixtures / "bert" / "base");
+  try {
+    train::encoder_lora_config(o, train::Given{}, cfg);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--merge_lora needs LoRA"), std::string::npos) << e.what();
   }
 }

@@ -5,14 +5,16 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
-#include "ds/models/hf_io.h"
+#include "ds/models/encoder_family.h"
 #include "ds/models/family.h"
+#include "ds/models/hf_io.h"
 #include "ds/nn/layers.h"
 
 namespace ds::models {
@@ -67,10 +69,14 @@ std::string peft_name(nn::Layout layout, const std::string& ours) {
   return kPeftPrefix + hf_module(layout, ours.substr(0, cut)) + ours.substr(cut);
 }
 
-json peft_adapter_config(const GPTConfig& config, const nn::LoraConfig& lora,
-                         const std::vector<std::string>& modules,
-                         const std::vector<std::string>& all_linear_modules,
-                         const std::string& base_model_name_or_path) {
+namespace {
+
+// target_modules: the adapted modules' last names when they select exactly the adapted modules
+// among all Linear modules (PEFT's rule: equal or ending in ".<name>"), else their full Hugging
+// Face names (`hf` maps ours to those).
+json target_modules(const std::vector<std::string>& modules,
+                    const std::vector<std::string>& all_linear_modules,
+                    const std::function<std::string(const std::string&)>& hf) {
   std::set<std::string> leaves, adapted(modules.begin(), modules.end()), selected;
   for (const auto& m : modules) leaves.insert(leaf(m));
   for (const auto& m : all_linear_modules)
@@ -79,24 +85,30 @@ json peft_adapter_config(const GPTConfig& config, const nn::LoraConfig& lora,
   if (selected == adapted) {
     for (const auto& l : leaves) targets.push_back(l);
   } else {
-    for (const auto& m : modules) targets.push_back(hf_module(config.layout, m));
+    for (const auto& m : modules) targets.push_back(hf(m));
   }
+  return targets;
+}
+
+json adapter_config(const nn::LoraConfig& lora, json targets, const char* task_type,
+                    bool fan_in_fan_out, json modules_to_save,
+                    const std::string& base_model_name_or_path) {
   return json{
       {"peft_type", "LORA"},
-      {"task_type", "CAUSAL_LM"},
+      {"task_type", task_type},
       {"base_model_name_or_path", base_model_name_or_path},
       {"r", lora.r},
       // An integral alpha as an integer, as peft writes it.
       {"lora_alpha", lora.alpha == std::floor(lora.alpha) ? json(static_cast<int64_t>(lora.alpha))
                                                           : json(lora.alpha)},
       {"lora_dropout", lora.dropout},
-      {"target_modules", targets},
+      {"target_modules", std::move(targets)},
       {"bias", "none"},
-      {"fan_in_fan_out", config.layout == nn::Layout::gpt2},
+      {"fan_in_fan_out", fan_in_fan_out},
       {"use_rslora", false},
       {"use_dora", false},
       {"init_lora_weights", true},
-      {"modules_to_save", nullptr},
+      {"modules_to_save", std::move(modules_to_save)},
       {"layers_to_transform", nullptr},
       {"layers_pattern", nullptr},
       {"rank_pattern", json::object()},
@@ -104,6 +116,54 @@ json peft_adapter_config(const GPTConfig& config, const nn::LoraConfig& lora,
       {"inference_mode", true},
       {"revision", nullptr},
   };
+}
+
+// Reads the tensors `want` (PEFT name -> our parameter) from an adapter; every tensor of the file
+// must be wanted and every wanted one there with the parameter's shape.
+int64_t read_adapter(const fs::path& path,
+                     const std::vector<std::pair<std::string, Tensor>>& want) {
+  const fs::path file =
+      fs::is_directory(path) ? path / "adapter_model.safetensors" : fs::path(path);
+  DS_CHECK(fs::exists(file), "[peft] no adapter at '{}' (expected adapter_model.safetensors)",
+           path.string());
+  safetensors::Reader reader(file.string());
+  std::vector<std::string> problems;
+  std::set<std::string> used;
+  std::vector<std::pair<std::string, Tensor>> todo;
+  for (const auto& [pn, p] : want) {
+    if (!reader.contains(pn)) {
+      problems.push_back("missing " + pn);
+      continue;
+    }
+    used.insert(pn);
+    if (reader.entry(pn).shape != p.shape()) {
+      problems.push_back(fmt::format("{}: shape {} in the file, {} in the model", pn,
+                                     shape_str(reader.entry(pn).shape), shape_str(p.shape())));
+      continue;
+    }
+    todo.emplace_back(pn, p);
+  }
+  for (const auto& n : reader.names())
+    if (!used.count(n)) problems.push_back("unexpected " + n);
+  DS_CHECK(todo.size() + problems.size() > 0,
+           "[peft] the model has no LoRA matrices: apply LoRA before loading an adapter");
+  DS_CHECK(problems.empty(), "[peft] {} does not match the model's LoRA: {}", file.string(),
+           fmt::join(problems, "; "));
+  for (const auto& [pn, p] : todo) reader.read_into(pn, p);
+  return static_cast<int64_t>(todo.size());
+}
+
+}  // namespace
+
+json peft_adapter_config(const GPTConfig& config, const nn::LoraConfig& lora,
+                         const std::vector<std::string>& modules,
+                         const std::vector<std::string>& all_linear_modules,
+                         const std::string& base_model_name_or_path) {
+  const json targets = target_modules(modules, all_linear_modules, [&](const std::string& m) {
+    return hf_module(config.layout, m);
+  });
+  return adapter_config(lora, targets, "CAUSAL_LM", config.layout == nn::Layout::gpt2, nullptr,
+                        base_model_name_or_path);
 }
 
 void export_peft_adapter(const GPT& model,
@@ -145,38 +205,70 @@ void export_peft_adapter(const GPT& model,
 }
 
 int64_t load_peft_adapter(GPT& model, const fs::path& path) {
-  const fs::path file =
-      fs::is_directory(path) ? path / "adapter_model.safetensors" : fs::path(path);
-  DS_CHECK(fs::exists(file), "[peft] no adapter at '{}' (expected adapter_model.safetensors)",
-           path.string());
-  safetensors::Reader reader(file.string());
   const nn::Layout layout = model.config().layout;
-  std::vector<std::string> problems;
-  std::set<std::string> used;
-  std::vector<std::pair<std::string, Tensor>> todo;
-  for (const auto& [name, p] : model.named_parameters()) {
-    if (!nn::is_lora_parameter(name)) continue;
-    const std::string pn = peft_name(layout, name);
-    if (!reader.contains(pn)) {
-      problems.push_back("missing " + pn);
-      continue;
-    }
-    used.insert(pn);
-    if (reader.entry(pn).shape != p.shape()) {
-      problems.push_back(fmt::format("{}: shape {} in the file, {} in the model", pn,
-                                     shape_str(reader.entry(pn).shape), shape_str(p.shape())));
-      continue;
-    }
-    todo.emplace_back(pn, p);
+  std::vector<std::pair<std::string, Tensor>> want;
+  for (const auto& [name, p] : model.named_parameters())
+    if (nn::is_lora_parameter(name)) want.emplace_back(peft_name(layout, name), p);
+  return read_adapter(path, want);
+}
+
+// ---- encoder sequence classifiers (TaskType.SEQ_CLS) -----------------------------------------
+
+std::string peft_classifier_name(const EncoderConfig& config, const std::string& ours) {
+  const EncoderFamily& f = encoder_family_of(config);
+  if (!nn::is_lora_parameter(ours)) return kPeftPrefix + f.place(config, ours);
+  const size_t cut = ours.rfind(".lora_");
+  const std::string w = f.place(config, ours.substr(0, cut) + ".weight");
+  return kPeftPrefix + w.substr(0, w.size() - 7) + ours.substr(cut);
+}
+
+void export_peft_classifier_adapter(
+    const SequenceClassifier& model,
+    const std::vector<std::pair<std::string, Tensor>>& named_weights, const nn::LoraConfig& lora,
+    const fs::path& dir, const std::string& base_model_name_or_path, DType dtype) {
+  autograd::NoGradGuard no_grad;
+  const EncoderConfig& cfg = model.config();
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  bool any_lora = false;
+  for (const auto& [name, t] : named_weights) {
+    const bool is_lora = nn::is_lora_parameter(name);
+    if (!is_lora && !nn::in_modules_to_save(lora, name)) continue;
+    any_lora = any_lora || is_lora;
+    tensors.emplace_back(peft_classifier_name(cfg, name), t.detach().contiguous().to(dtype));
   }
-  for (const auto& n : reader.names())
-    if (!used.count(n)) problems.push_back("unexpected " + n);
-  DS_CHECK(todo.size() + problems.size() > 0,
-           "[peft] the model has no LoRA matrices: apply LoRA before loading an adapter");
-  DS_CHECK(problems.empty(), "[peft] {} does not match the model's LoRA: {}", file.string(),
-           fmt::join(problems, "; "));
-  for (const auto& [pn, p] : todo) reader.read_into(pn, p);
-  return static_cast<int64_t>(todo.size());
+  DS_CHECK(any_lora,
+           "[peft] the weights hold no LoRA matrix: apply LoRA (--lora_dim) before exporting an "
+           "adapter");
+  std::vector<std::string> all, adapted;
+  for (const auto& [name, m] : model.named_modules()) {
+    const auto* lin = dynamic_cast<const nn::Linear*>(m);
+    if (!lin || nn::is_lora_parameter(name + ".weight")) continue;
+    all.push_back(name);
+    if (lin->has_lora()) adapted.push_back(name);
+  }
+  const EncoderFamily& f = encoder_family_of(cfg);
+  const json targets = target_modules(adapted, all, [&](const std::string& m) {
+    const std::string w = f.place(cfg, m + ".weight");
+    return w.substr(0, w.size() - 7);
+  });
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  DS_CHECK(!ec, "[peft] cannot create '{}': {}", dir.string(), ec.message());
+  safetensors::save((dir / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
+  const json to_save = lora.modules_to_save.empty() ? json(nullptr) : json(lora.modules_to_save);
+  write_text(
+      dir / "adapter_config.json",
+      adapter_config(lora, targets, "SEQ_CLS", false, to_save, base_model_name_or_path).dump(2) +
+          "\n");
+}
+
+int64_t load_peft_classifier_adapter(SequenceClassifier& model, const nn::LoraConfig& lora,
+                                     const fs::path& path) {
+  std::vector<std::pair<std::string, Tensor>> want;
+  for (const auto& [name, p] : model.named_parameters())
+    if (nn::is_lora_parameter(name) || nn::in_modules_to_save(lora, name))
+      want.emplace_back(peft_classifier_name(model.config(), name), p);
+  return read_adapter(path, want);
 }
 
 }  // namespace ds::models

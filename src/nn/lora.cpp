@@ -34,6 +34,23 @@ void LoraConfig::validate() const {
     DS_CHECK(!t.empty(), "[lora] an empty target module name (a stray comma in lora_module_name?)");
 }
 
+bool lora_target_matches(const LoraConfig& config, const std::string& name,
+                         const std::string& target) {
+  if (!config.peft_match) return name.find(target) != std::string::npos;
+  return name == target || ends_with(name, "." + target);
+}
+
+bool in_modules_to_save(const LoraConfig& config, const std::string& name) {
+  // Every enclosing module path of the parameter: "classifier.dense.weight" -> "classifier",
+  // "classifier.dense".
+  for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', dot + 1)) {
+    const std::string module = name.substr(0, dot);
+    for (const auto& m : config.modules_to_save)
+      if (module == m || ends_with(module, "." + m)) return true;
+  }
+  return false;
+}
+
 bool is_lora_parameter(const std::string& name) {
   return ends_with(name, ".lora_A.weight") || ends_with(name, ".lora_B.weight") ||
          name == "lora_A.weight" || name == "lora_B.weight";
@@ -53,7 +70,7 @@ LoraReport apply_lora(Module& root, const LoraConfig& config) {
     if (!lin || is_lora_parameter(name + ".weight")) continue;
     linears.push_back(name);
     bool match = false;
-    for (const auto& t : config.targets) match = match || name.find(t) != std::string::npos;
+    for (const auto& t : config.targets) match = match || lora_target_matches(config, name, t);
     if (!match) continue;
     DS_CHECK(!lin->has_lora(), "[lora] module '{}' already has LoRA", name);
     const std::string own = name.empty() ? "weight" : name + ".weight";
@@ -72,13 +89,16 @@ LoraReport apply_lora(Module& root, const LoraConfig& config) {
     std::string some;
     for (size_t i = 0; i < linears.size() && i < 6; ++i) some += (i ? ", " : "") + linears[i];
     DS_THROW(
-        "[lora] no Linear module name contains any of lora_module_name '{}'; the model's Linear "
-        "modules are e.g. {}",
+        "[lora] no Linear module name {} of lora_module_name '{}'; the model's Linear modules "
+        "are e.g. {}",
+        config.peft_match ? "is, or ends in '.' and, one (PEFT's target_modules rule)"
+                          : "contains any",
         fmt::join(config.targets, ","), some);
   }
 
   if (config.only_optimize_lora)
-    for (auto& p : root.parameters()) p.set_requires_grad(false);
+    for (auto& [name, p] : root.named_parameters())
+      p.set_requires_grad(in_modules_to_save(config, name));
   for (size_t k = 0; k < chosen.size(); ++k) {
     Linear* lin = chosen[k];
     Tensor base = lin->weight();

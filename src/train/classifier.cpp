@@ -18,7 +18,10 @@
 #include "ds/core/safetensors.h"
 #include "ds/models/encoder_family.h"
 #include "ds/models/encoder_io.h"
+#include "ds/models/peft_io.h"
+#include "ds/nn/lora.h"
 #include "ds/ops/ops.h"
+#include "ds/train/lora.h"
 #include "ds/train/outputs.h"
 #include "ds/train/train_util.h"
 
@@ -144,13 +147,6 @@ ClassifierPlan plan_classifier(const Options& o, const Given& g, const char* bui
     DS_CHECK(!given, "[ds_train] {} does not apply to encoder classifiers ({}); remove it", option,
              why);
   };
-  const char* lora = "LoRA is implemented for decoder models only";
-  refuse(o.lora_dim > 0, "--lora_dim", lora);
-  refuse(g.lora_alpha, "--lora_alpha", lora);
-  refuse(g.lora_module_name, "--lora_module_name", lora);
-  refuse(g.lora_dropout, "--lora_dropout", lora);
-  refuse(o.only_optimize_lora, "--only_optimize_lora", lora);
-  refuse(o.merge_lora, "--merge_lora", lora);
   refuse(!o.sample_prompt.empty(), "--sample_prompt", "a classifier generates no text");
   refuse(g.sample_tokens, "--sample_tokens", "a classifier generates no text");
   refuse(g.sample_top_k, "--sample_top_k", "a classifier generates no text");
@@ -215,6 +211,7 @@ ClassifierPlan plan_classifier(const Options& o, const Given& g, const char* bui
            "[ds_train] the data is padded with id {}, the model's pad_token_id is {}: prepare the "
            "data with the model's tokenizer",
            tr.pad_id(), m.pad_token_id);
+  p.lora = encoder_lora_config(o, g, m);
   for (const data::ClassificationSet* set : {p.train.get(), p.val.get()})
     DS_CHECK(!set || set->max_type_id() < m.type_vocab_size,
              "[ds_train] {} has token type ids up to {}, the model's type_vocab_size is {}: "
@@ -285,6 +282,11 @@ ClassifierTrainer::ClassifierTrainer(ClassifierPlan plan, ClassifierObserver& ob
             : fmt::format("; new classifier head (not in the folder, initialised "
                           "from --seed): {}",
                           fmt::join(rep.missing_head, ", "))));
+  }
+  if (p.lora) {
+    // Before the engine: it lays out gradients and optimizer states for what requires grad.
+    const nn::LoraReport rep = nn::apply_lora(*model_, *p.lora);
+    say(describe_lora(*p.lora, rep));
   }
   const models::EncoderConfig& m = p.model;
   say(
@@ -537,8 +539,25 @@ int64_t ClassifierTrainer::fit() {
 }
 
 void ClassifierTrainer::export_model(const std::string& dir) {
-  const auto weights = engine_->full_weights();  // ZeRO-3: every rank gathers, rank 0 receives
+  auto weights = engine_->full_weights();  // ZeRO-3: every rank gathers, rank 0 receives
   if (!is_lead()) return;
+  const std::optional<nn::LoraConfig>& lora = plan_.lora;
+  if (lora && !plan_.spec.merge_lora && lora->only_optimize_lora) {
+    // Only LoRA and the head trained: PEFT's adapter holds everything that changed.
+    std::error_code ec;
+    const std::string base =
+        plan_.spec.init_from.empty()
+            ? std::string()
+            : fs::absolute(plan_.spec.init_from, ec).lexically_normal().string();
+    models::export_peft_classifier_adapter(*model_, weights, *lora, dir, base);
+    say(fmt::format(
+        "{} (PEFT SEQ_CLS adapter: adapter_config.json + adapter_model.safetensors{})", dir,
+        base.empty() ? "; the base is this run's from-scratch model: --merge_lora exports it whole"
+                     : "; base " + base));
+    return;  // as a decoder's adapter: no tokenizer (the base folder has it)
+  }
+  // Merged (--merge_lora, or other weights trained too): W + scaling B A, the plain classifier.
+  if (lora) weights = nn::merge_lora_weights(weights, lora->scaling());
   // A whole fp32 copy (the engine's parameters may be 16-bit or ZeRO-3 shards).
   const auto whole = models::make_encoder_classifier(plan_.model, /*init=*/false);
   std::map<std::string, Tensor> by_name(weights.begin(), weights.end());

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "ds/core/error.h"
+#include "ds/models/encoder_family.h"
 #include "ds/models/hf_io.h"
 #include "ds/models/peft_io.h"
 #include "ds/nn/layers.h"
@@ -11,7 +12,7 @@
 namespace ds::train {
 
 std::optional<nn::LoraConfig> lora_config(const Options& o, const Given& g,
-                                          const models::GPTConfig& model) {
+                                          const std::vector<std::string>& default_targets) {
   if (o.lora_dim == 0) {
     const char* stray = o.only_optimize_lora ? "--only_optimize_lora"
                         : o.merge_lora       ? "--merge_lora"
@@ -43,14 +44,31 @@ std::optional<nn::LoraConfig> lora_config(const Options& o, const Given& g,
       rest = rest.substr(comma + 1);
     }
   } else {
-    c.targets = model.layout == nn::Layout::llama ? std::vector<std::string>{"q_proj", "v_proj"}
-                                                  : std::vector<std::string>{"c_attn"};
+    c.targets = default_targets;
   }
   try {
     c.validate();
   } catch (const Error& e) {
     DS_THROW("[ds_train] {} (flags --lora_dim, --lora_alpha, --lora_dropout, --lora_module_name)",
              e.what());
+  }
+  return c;
+}
+
+std::optional<nn::LoraConfig> lora_config(const Options& o, const Given& g,
+                                          const models::GPTConfig& model) {
+  return lora_config(o, g,
+                     model.layout == nn::Layout::llama
+                         ? std::vector<std::string>{"q_proj", "v_proj"}
+                         : std::vector<std::string>{"c_attn"});
+}
+
+std::optional<nn::LoraConfig> encoder_lora_config(const Options& o, const Given& g,
+                                                  const models::EncoderConfig& model) {
+  auto c = lora_config(o, g, models::encoder_family_of(model).lora_targets);
+  if (c) {
+    c->peft_match = true;
+    c->modules_to_save = {"classifier", "score"};
   }
   return c;
 }
@@ -67,7 +85,7 @@ LoraCounts count_lora(const models::GPTConfig& model, const nn::LoraConfig& c) {
     const auto* lin = dynamic_cast<const nn::Linear*>(m);
     if (!lin) continue;
     bool match = false;
-    for (const auto& t : c.targets) match = match || name.find(t) != std::string::npos;
+    for (const auto& t : c.targets) match = match || nn::lora_target_matches(c, name, t);
     if (!match) continue;
     n.lora_params += c.r * (lin->in_features() + lin->out_features());
     adapted_weights += lin->weight().numel();
@@ -83,7 +101,10 @@ std::string describe_lora(const nn::LoraConfig& c, const nn::LoraReport& rep) {
       c.r, c.alpha, c.scaling(), c.dropout, rep.modules.size(), fmt::join(c.targets, ","),
       rep.trainable_params, rep.total_params,
       100.0 * static_cast<double>(rep.trainable_params) / static_cast<double>(rep.total_params),
-      c.only_optimize_lora ? ", only LoRA trained" : " (base weights of adapted modules frozen)");
+      !c.only_optimize_lora       ? " (base weights of adapted modules frozen)"
+      : c.modules_to_save.empty() ? ", only LoRA trained"
+                                  : fmt::format(", only LoRA and the modules to save ({}) trained",
+                                                fmt::join(c.modules_to_save, ", ")));
 }
 
 std::string export_lora(const models::GPT& model,

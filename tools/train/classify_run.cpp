@@ -150,11 +150,18 @@ int run_classifier(const Options& o, const Given& g, const char* builtin_config)
   }
   out.message(fmt::format("checkpoint: {}/{} (resume: --resume_from_checkpoint latest)",
                           out_dir.string(), latest_tag(out_dir)));
-  if (export_dir != "none")
+  const auto& lora = trainer.plan().lora;
+  if (export_dir != "none" && lora && lora->only_optimize_lora && !o.merge_lora)
+    out.message(fmt::format(
+        "HF export:  {} (PEFT SEQ_CLS adapter: adapter_config.json + adapter_model.safetensors; "
+        "PeftModel.from_pretrained(AutoModelForSequenceClassification.from_pretrained(base), "
+        "dir) reads it)",
+        export_dir));
+  else if (export_dir != "none")
     out.message(
-        fmt::format("HF export:  {} (config.json + model.safetensors + tokenizer; "
+        fmt::format("HF export:  {} (config.json + model.safetensors + tokenizer{}; "
                     "AutoModelForSequenceClassification.from_pretrained reads it)",
-                    export_dir));
+                    export_dir, lora ? ", LoRA merged" : ""));
   return 0;
 }
 

@@ -247,11 +247,14 @@ void add_options(CLI::App& app, Options& o, Given& g,
       ->check(number_in(0, INFINITY, true));
   opt("--lora_module_name", o.lora_module_name,
       "Comma list; LoRA goes to every Linear whose name contains one (default: PEFT's targets, "
-      "q_proj,v_proj for llama, c_attn for gpt2; 'layers.' adapts every LLaMA projection)",
+      "q_proj,v_proj for llama, c_attn for gpt2; 'layers.' adapts every LLaMA projection). "
+      "Encoder classifiers: PEFT's rule (the name or its last part; default query,value, "
+      "deberta-v2 query_proj,value_proj)",
       &g.lora_module_name);
   app.add_flag("--only_optimize_lora", o.only_optimize_lora,
                "Train the LoRA matrices only: freeze embeddings, norms, biases and the other "
-               "Linears (no gradients, no optimizer state)");
+               "Linears (no gradients, no optimizer state); encoder classifiers also train their "
+               "classifier head (PEFT's modules_to_save)");
   opt("--lora_dropout", o.lora_dropout, "Dropout on the LoRA path's input", &g.lora_dropout)
       ->capture_default_str()
       ->check(number_in(0, 1, false, true));

@@ -37,6 +37,10 @@ struct EncoderFamily {
   // allow_missing_head may leave fresh (transformers initialises them for a pretraining
   // checkpoint). bert, roberta: classifier.; deberta-v2: pooler. and classifier.
   std::vector<std::string> head_prefixes = {"classifier."};
+  // PEFT's default LoRA target_modules for the model type (peft's
+  // TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING): bert, roberta query,value; deberta-v2
+  // query_proj,value_proj.
+  std::vector<std::string> lora_targets = {"query", "value"};
   // File tensors (without prefix) of pretraining heads that allow_missing_head skips.
   std::vector<std::string> pretraining_heads = {"cls.", "lm_head."};
 

@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/core/dtype.h"
+#include "ds/models/encoder.h"
 #include "ds/models/gpt.h"
 #include "ds/nn/lora.h"
 
@@ -55,5 +56,31 @@ void export_peft_adapter(const GPT& model,
 // adapter folder or .safetensors file; returns the number of tensors read. Throws "[peft] ..."
 // listing every missing, extra or mis-shaped tensor; nothing is written unless all match.
 int64_t load_peft_adapter(GPT& model, const std::filesystem::path& path);
+
+// ---- encoder sequence classifiers: PEFT's TaskType.SEQ_CLS adapter ----------------------------
+// adapter_config.json: task_type "SEQ_CLS", modules_to_save the config's (["classifier", "score"]),
+// target_modules the adapted modules' last names (PEFT's rule); adapter_model.safetensors: the
+// LoRA matrices under the class's names (base_model.model.bert.encoder.layer.0.attention.self.
+// query.lora_A.weight) and every parameter of the modules to save under its file name
+// (base_model.model.classifier.weight; roberta: classifier.dense.* and classifier.out_proj.*), as
+// PeftModel.save_pretrained writes them (checked by tools/gen_lora_classifier_fixture.py).
+
+// The PEFT name of our LoRA matrix or head parameter `ours`.
+std::string peft_classifier_name(const EncoderConfig& config, const std::string& ours);
+
+// Writes the adapter folder from whole weights by our names (rank 0's Engine::full_weights()),
+// in `dtype`. `model` names the Linear modules (its LoRA decides the adapted ones). Throws
+// "[peft] ..." when the weights hold no LoRA matrix.
+void export_peft_classifier_adapter(
+    const SequenceClassifier& model,
+    const std::vector<std::pair<std::string, Tensor>>& named_weights, const nn::LoraConfig& lora,
+    const std::filesystem::path& dir, const std::string& base_model_name_or_path = "",
+    DType dtype = DType::f32);
+
+// Fills the LoRA matrices and the modules to save of `model` (LoRA applied with `lora`) from a
+// SEQ_CLS adapter folder or file; returns the tensors read. Throws "[peft] ..." listing every
+// missing, extra or mis-shaped tensor; nothing is written unless all match.
+int64_t load_peft_classifier_adapter(SequenceClassifier& model, const nn::LoraConfig& lora,
+                                     const std::filesystem::path& path);
 
 }  // namespace ds::models

@@ -38,7 +38,14 @@ struct LoraConfig {
   float dropout = 0.0f;              // on the LoRA path's input, in training
   std::vector<std::string> targets;  // substrings of module names; at least one
   bool only_optimize_lora = false;   // freeze everything but the LoRA matrices
-  uint64_t seed = 0;                 // A's initialisation (rank-independent)
+  // How a target selects a module: false (DeepSpeed-Chat) when the module name contains it; true
+  // (PEFT's target_modules rule, encoder classifiers) when the name equals it or ends in
+  // ".<target>" ("query_proj" then leaves DeBERTa's "pos_query_proj" alone, as PEFT does).
+  bool peft_match = false;
+  // Modules kept trainable under only_optimize_lora, by PEFT's rule above: PEFT's modules_to_save
+  // (for TaskType.SEQ_CLS "classifier" and "score": the classification head).
+  std::vector<std::string> modules_to_save;
+  uint64_t seed = 0;  // A's initialisation (rank-independent)
 
   float scaling() const { return alpha / static_cast<float>(r); }
   // Throws "[lora] ..." naming the bad field (r <= 0, alpha <= 0, dropout outside [0, 1), no
@@ -58,6 +65,13 @@ struct LoraReport {
 // "[lora] ..." when no Linear matches (listing a few Linear names), or when a matching Linear's
 // weight is tied to another parameter (GPT-2's LM head shares wte: exclude it from the targets).
 LoraReport apply_lora(Module& root, const LoraConfig& config);
+
+// Whether module `name` is selected by `target` under the config's rule (peft_match above).
+bool lora_target_matches(const LoraConfig& config, const std::string& name,
+                         const std::string& target);
+// Whether parameter `name` belongs to one of the config's modules_to_save (the module itself or
+// one of its children, matched by PEFT's rule).
+bool in_modules_to_save(const LoraConfig& config, const std::string& name);
 
 // Whether a parameter name is a LoRA matrix ("....lora_A.weight" / "....lora_B.weight").
 bool is_lora_parameter(const std::string& name);

@@ -24,8 +24,13 @@
 // form, models::EncoderConfig::to_json; absent vocab_size / num_labels / pad_token_id come from the
 // data), randomly initialised from --seed.
 //
-// What a classifier run refuses, naming the option (it would otherwise be ignored): LoRA options,
-// tensor or pipeline parallelism (flags or config), the sample options, --gradient_checkpointing,
+// LoRA (--lora_dim and the other LoRA flags, docs/finetuning.md) with PEFT's TaskType.SEQ_CLS
+// semantics (train::encoder_lora_config): applied after the import, before the engine; the export
+// is a PEFT SEQ_CLS adapter with --only_optimize_lora (the LoRA matrices and the head), else
+// (or with --merge_lora) the merged plain classifier.
+//
+// What a classifier run refuses, naming the option (it would otherwise be ignored): tensor or
+// pipeline parallelism (flags or config), the sample options, --gradient_checkpointing,
 // --device other than cpu, --block_size other than the set's seq_len, --model with --init_from.
 //
 // Batches: one micro-batch is B examples of the set's T ids; the engine receives them packed as
@@ -46,6 +51,7 @@
 #include "ds/data/classification_set.h"
 #include "ds/data/sampler.h"
 #include "ds/models/encoder.h"
+#include "ds/nn/lora.h"
 #include "ds/runtime/engine.h"
 #include "ds/train/classify_metrics.h"
 #include "ds/train/plan.h"
@@ -65,6 +71,7 @@ struct ClassifierPlan {
   std::filesystem::path tokenizer_dir;  // copied beside the export: --tokenizer, else the set's
   models::EncoderConfig model;
   std::string model_name;
+  std::optional<nn::LoraConfig> lora;  // --lora_dim > 0 (train::encoder_lora_config)
   RunConfig run;
   int world_size = 1;
   int data_parallel = 1;

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "ds/models/encoder.h"
 #include "ds/models/gpt.h"
 #include "ds/nn/lora.h"
 #include "ds/train/options.h"
@@ -18,6 +19,19 @@ namespace ds::train {
 // Throws "[ds_train] --lora_... ..." saying what to change.
 std::optional<nn::LoraConfig> lora_config(const Options& o, const Given& g,
                                           const models::GPTConfig& model);
+
+// The same with the default targets given (used when --lora_module_name is not).
+std::optional<nn::LoraConfig> lora_config(const Options& o, const Given& g,
+                                          const std::vector<std::string>& default_targets);
+
+// An encoder sequence classifier's LoRA, with PEFT's TaskType.SEQ_CLS semantics: targets matched
+// as PEFT's target_modules (nn::LoraConfig::peft_match), by default the family's
+// (models::EncoderFamily::lora_targets: bert/roberta query,value; deberta-v2
+// query_proj,value_proj), and the head ("classifier", "score": PEFT's modules_to_save) kept
+// trainable with
+// --only_optimize_lora.
+std::optional<nn::LoraConfig> encoder_lora_config(const Options& o, const Given& g,
+                                                  const models::EncoderConfig& model);
 
 // Elements LoRA would add to a model of `model`'s shape and the elements it would freeze, from the
 // shapes alone (the model is built under nn::PartitionedInit: nothing allocated), for the start-up

@@ -185,6 +185,7 @@ EncoderFamily make() {
   f.architecture = "DebertaV2ForSequenceClassification";
   f.prefix = "deberta.";
   f.head_prefixes = {"pooler.", "classifier."};
+  f.lora_targets = {"query_proj", "value_proj"};
   f.pretraining_heads = {"cls.", "lm_predictions.", "mask_predictions.", "lm_head."};
   f.read_config = read;
   f.write_config = write;
