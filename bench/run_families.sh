@@ -25,7 +25,7 @@
 #   ROUNDS       interleaved rounds (default 2); STEPS training steps per process (default 3, the
 #                first one not timed); REPS generations per process (default 2)
 #   BATCH        training micro-batch (default 8)
-#   PYTHON_TORCH interpreter with torch + transformers (default /work/venv-hf/bin/python)
+#   PYTHON_TORCH interpreter with torch + transformers (default python3; e.g. a venv with torch and transformers from PyPI)
 #   PYTHON_DS    interpreter with deepspeed as well (default /tmp/dsvenv_bench/bin/python; absent:
 #                the DeepSpeed peer is skipped). Made as in bench/RESULTS.md ("families"):
 #                python3 -m venv /tmp/dsvenv_bench && echo <venv-hf site-packages> >
@@ -42,7 +42,7 @@ ROUNDS="${ROUNDS:-2}"
 STEPS="${STEPS:-3}"
 REPS="${REPS:-2}"
 BATCH="${BATCH:-8}"
-PY="${PYTHON_TORCH:-/work/venv-hf/bin/python}"
+PY="${PYTHON_TORCH:-python3}"
 DSPY="${PYTHON_DS:-/tmp/dsvenv_bench/bin/python}"
 WORK="${WORK:-/tmp/ds_bench_families}"
 PEER="$REPO/bench/families_peer.py"

@@ -4,7 +4,7 @@ for greedy decoding, beam search with no_repeat_ngram_size, and beam search with
 length_penalty, for a few prompts. A manual check (tests never run Python); the folder is e.g.
 the export of scripts/run_seq2seq_demo.sh.
 
-  /work/venv-hf/bin/python tools/check_seq2seq_generate.py out/seq2seq_demo/run/hf_model \
+  $VENV/bin/python tools/check_seq2seq_generate.py out/seq2seq_demo/run/hf_model \
       build/tools/ds_generate
 """
 import subprocess

@@ -3,8 +3,8 @@
 smooth exp, no lowercasing, 4-grams) and 13a tokenizations for tricky sentences, which
 tests/test_seq2seq_data.cpp checks train::corpus_bleu / tokenize_13a against.
 
-  /work/venv-hf/bin/pip install sacrebleu
-  /work/venv-hf/bin/python tools/gen_bleu_fixture.py
+  $VENV/bin/pip install sacrebleu
+  $VENV/bin/python tools/gen_bleu_fixture.py
 """
 import json
 import os

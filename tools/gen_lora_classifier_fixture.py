@@ -19,9 +19,9 @@ The suite never runs Python. This script (re)writes the fixtures, and checks wha
 exports when DS_LORA_EXPORT_DIR is set (our adapter loads in peft over the base, our merged folder
 in transformers, both giving the reference logits):
 
-    /work/venv-hf/bin/python tools/gen_lora_classifier_fixture.py
+    $VENV/bin/python tools/gen_lora_classifier_fixture.py
     DS_LORA_EXPORT_DIR=/tmp/lora_export build/tests/test_lora
-    /work/venv-hf/bin/python tools/gen_lora_classifier_fixture.py --check-export /tmp/lora_export
+    $VENV/bin/python tools/gen_lora_classifier_fixture.py --check-export /tmp/lora_export
 
 Tested with torch 2.15, transformers 5.24, peft 0.21.2.
 """

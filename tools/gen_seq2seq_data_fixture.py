@@ -4,7 +4,7 @@ truncation=True, max_length=L) gives with the RoBERTa/BART-style BPE fixture tok
 (tests/fixtures/classification/roberta_bpe: <s> x </s>), which ds_prepare --task seq2seq must
 reproduce for sources (tests/test_seq2seq_data.cpp).
 
-  /work/venv-hf/bin/python tools/gen_seq2seq_data_fixture.py
+  $VENV/bin/python tools/gen_seq2seq_data_fixture.py
 """
 import json
 import os

@@ -25,7 +25,7 @@ checked against AutoTokenizer; and tests/fixtures/classification/deberta_cases.j
 (and single sentences) as transformers' tokenizer(a, b, truncation=True, max_length=T) encodes them
 with the DeBERTa folder, for ds_prepare --task classification (tests/test_classification.cpp).
 
-    /work/venv-hf/bin/python tools/gen_unigram_fixtures.py   # transformers 5, sentencepiece, protobuf
+    $VENV/bin/python tools/gen_unigram_fixtures.py   # transformers 5, sentencepiece, protobuf
 
 The C++ tests (tests/test_unigram_tokenizer.cpp) never run Python.
 """

@@ -6,7 +6,7 @@ a source, the other speaker's next turn its target. Short pairs only (--max_word
 model learns something in minutes. The last --val_conversations conversations (in the file's
 order) go to val.jsonl, the others to train.jsonl.
 
-  /work/venv-hf/bin/pip install chitchat-dataset
+  $VENV/bin/pip install chitchat-dataset
   python tools/make_chitchat_pairs.py --output .cache/chitchat
   # or, without installing: --dataset path/to/chitchat_dataset/dataset.json
 
