@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
       pipe.train_batch([&] {
         Tensor x = tokens(batch, seq, vocab, static_cast<uint64_t>(k * 64 + mb));
         Tensor y = tokens(batch, seq, vocab, static_cast<uint64_t>(k * 64 + mb++ + 1000));
-        return runtime::PipeBatch{x, y};
+        return runtime::PipeBatch{{.input_ids = x, .labels = y}};
       });
       if (k == 0) continue;  // warm-up
       const runtime::PipelineTimes& t = pipe.last_times();

@@ -154,10 +154,10 @@ TEST_F(EngineTest, TrainBatchIsTheMicroBatchLoop) {
       auto mb = b.loader->next();
       seen.push_back(static_cast<uint64_t>(seen.size() * 2));
       return runtime::MicroBatch{
-          Tensor::from_ints(std::vector<int64_t>(mb.inputs.begin(), mb.inputs.end()), {2, 16},
-                            DType::i32),
-          Tensor::from_ints(std::vector<int64_t>(mb.targets.begin(), mb.targets.end()), {2, 16},
-                            DType::i32),
+          {.input_ids = Tensor::from_ints(std::vector<int64_t>(mb.inputs.begin(), mb.inputs.end()),
+                                          {2, 16}, DType::i32),
+           .labels = Tensor::from_ints(std::vector<int64_t>(mb.targets.begin(), mb.targets.end()),
+                                       {2, 16}, DType::i32)},
           seen.back()};
     });
     EXPECT_NEAR(loss, manual, 1e-6 * std::abs(manual));  // float vs double summation
@@ -170,6 +170,27 @@ TEST_F(EngineTest, TrainBatchIsTheMicroBatchLoop) {
   // Not at a boundary: refused, naming the micro-steps already run.
   micro_step(b);
   EXPECT_THROW(b.engine->train_batch([]() -> runtime::MicroBatch { return {}; }), Error);
+}
+
+// The batch contract by role (nn::Batch): a decoder LM's loss reads input_ids and labels, and an
+// input it would ignore is refused by name rather than dropped.
+TEST_F(EngineTest, NamedBatchInputsAModelWouldIgnoreAreRefused) {
+  TrainRun r = start(config_json("fp32", 1), corpus_);
+  const Tensor ids = Tensor::from_ints(std::vector<int64_t>(32, 3), {2, 16}, DType::i32);
+  const Tensor eval = r.engine->eval_loss(nn::Batch{.input_ids = ids, .labels = ids});
+  EXPECT_EQ(eval.item(), r.engine->eval_loss(ids, ids).item());
+  for (const char* field : {"attention_mask", "token_type_ids", "decoder_input_ids"}) {
+    nn::Batch b{.input_ids = ids, .labels = ids};
+    (std::string(field) == "attention_mask"   ? b.attention_mask
+     : std::string(field) == "token_type_ids" ? b.token_type_ids
+                                              : b.decoder_input_ids) = ids;
+    try {
+      r.engine->eval_loss(b);
+      ADD_FAILURE() << field << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST_F(EngineTest, Bf16ParamsAreTheRoundedMasterWeights) {

@@ -273,9 +273,9 @@ TEST_P(HFDeberta, TrainsUnderTheEngineWithZeRO3) {
   models::load_hf_encoder_weights(*m, case_dir(GetParam()));
   const models::EncoderInputs in = batch();
   runtime::InitOptions opt;
-  opt.loss_fn = [in](nn::Module& model, const Tensor& ids, const Tensor& labels) {
+  opt.loss_fn = [in](nn::Module& model, const nn::Batch& b) {
     return static_cast<models::SequenceClassifier&>(model).loss(
-        {ids, in.attention_mask, in.token_type_ids}, labels);
+        {b.input_ids, in.attention_mask, in.token_type_ids}, b.labels);
   };
   opt.log = [](const std::string&) {};
   auto engine = runtime::initialize(m, R"({

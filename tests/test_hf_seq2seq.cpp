@@ -390,10 +390,7 @@ TEST_P(HFSeq2Seq, TrainsUnderTheEngineWithZeRO2And3) {
     m->set_gradient_checkpointing(run == 2);
     const models::Seq2SeqInputs in = batch();
     runtime::InitOptions opt;
-    opt.loss_fn = [in](nn::Module& model, const Tensor& ids, const Tensor& labels) {
-      return static_cast<models::Seq2Seq&>(model).loss({ids, in.attention_mask, {}, labels});
-    };
-    opt.log = [](const std::string&) {};
+    opt.log = [](const std::string&) {};  // the default loss: Seq2Seq::loss of the named batch
     auto engine = runtime::initialize(m,
                                       fmt::format(R"({{
       "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 1,
@@ -403,7 +400,8 @@ TEST_P(HFSeq2Seq, TrainsUnderTheEngineWithZeRO2And3) {
                                       opt);
     std::vector<float> losses;
     for (int step = 0; step < 5; ++step) {
-      Tensor loss = engine->forward(in.input_ids, in.labels);
+      Tensor loss = engine->forward(nn::Batch{
+          .input_ids = in.input_ids, .labels = in.labels, .attention_mask = in.attention_mask});
       engine->backward(loss);
       engine->step();
       losses.push_back(static_cast<float>(loss.item()));
@@ -465,8 +463,9 @@ TEST_P(HFSeq2Seq, TrainsInBf16UnderZeRO3) {
   models::load_hf_seq2seq_weights(*m, case_dir(GetParam()));
   const models::Seq2SeqInputs in = batch();
   runtime::InitOptions opt;
-  opt.loss_fn = [in](nn::Module& model, const Tensor& ids, const Tensor& labels) {
-    return static_cast<models::Seq2Seq&>(model).loss({ids, in.attention_mask, {}, labels});
+  opt.loss_fn = [in](nn::Module& model, const nn::Batch& b) {
+    return static_cast<models::Seq2Seq&>(model).loss(
+        models::Seq2SeqInputs{b.input_ids, in.attention_mask, {}, b.labels});
   };
   opt.log = [](const std::string&) {};
   auto engine = runtime::initialize(m, R"({

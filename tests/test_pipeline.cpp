@@ -304,7 +304,7 @@ TEST_P(PipelineTraining, SameLossesAsOneProcess) {
           const float got = pipe.train_batch([&] {
             const int64_t first = (k * kGas + m++) * b * dp + d * b;
             auto [x, y] = batch(first, b, c.vocab_size);
-            return runtime::PipeBatch{x, y, static_cast<uint64_t>(first)};
+            return runtime::PipeBatch{{.input_ids = x, .labels = y}, static_cast<uint64_t>(first)};
           });
           EXPECT_NEAR(got, want[k], 1e-5 * std::abs(want[k])) << "step " << k;
         }
@@ -351,7 +351,7 @@ TEST(PipelineTraining, Zero3WithNvmeOffloadMatchesOneProcess) {
     const float got = pipe.train_batch([&] {
       const int64_t first = (k * kGas + m++) * 2;
       auto [x, y] = batch(first, 2, c.vocab_size);
-      return runtime::PipeBatch{x, y, static_cast<uint64_t>(first)};
+      return runtime::PipeBatch{{.input_ids = x, .labels = y}, static_cast<uint64_t>(first)};
     });
     EXPECT_NEAR(got, want[k], 1e-5 * std::abs(want[k])) << "step " << k;
   }
@@ -392,7 +392,7 @@ TEST(PipelineTraining, Bf16MatchesOneProcess) {
       const float got = pipe.train_batch([&] {
         const int64_t first = (k * kGas + m++) * b * dp + d * b;
         auto [x, y] = batch(first, b, c.vocab_size);
-        return runtime::PipeBatch{x, y, static_cast<uint64_t>(first)};
+        return runtime::PipeBatch{{.input_ids = x, .labels = y}, static_cast<uint64_t>(first)};
       });
       worst = std::max(worst, std::abs(got - want[k]) / std::abs(want[k]));
       EXPECT_NEAR(got, want[k], 5e-3 * std::abs(want[k])) << "step " << k;
@@ -423,7 +423,7 @@ TEST(PipelineTraining, ShapeMismatchFailsOnEveryRankNamingBothStages) {
   try {
     pipe.train_batch([&] {
       auto [x, y] = batch(0, s == n - 1 ? 3 : 2, c.vocab_size);  // the last stage gets B = 3
-      return runtime::PipeBatch{x, y};
+      return runtime::PipeBatch{{.input_ids = x, .labels = y}};
     });
     ADD_FAILURE() << "not refused";
   } catch (const Error& e) {
@@ -437,7 +437,7 @@ TEST(PipelineTraining, ShapeMismatchFailsOnEveryRankNamingBothStages) {
     pipe.train_batch([&]() -> runtime::PipeBatch {
       if (s == n - 1) throw Error("[data] shard 3 is damaged");
       auto [x, y] = batch(0, 2, c.vocab_size);
-      return runtime::PipeBatch{x, y};
+      return runtime::PipeBatch{{.input_ids = x, .labels = y}};
     });
     ADD_FAILURE() << "not refused";
   } catch (const Error& e) {
@@ -450,7 +450,7 @@ TEST(PipelineTraining, ShapeMismatchFailsOnEveryRankNamingBothStages) {
   // The engine is still usable after the refused batches.
   const float loss = pipe.train_batch([&] {
     auto [x, y] = batch(0, 2, c.vocab_size);
-    return runtime::PipeBatch{x, y};
+    return runtime::PipeBatch{{.input_ids = x, .labels = y}};
   });
   EXPECT_TRUE(std::isfinite(loss));
 }
@@ -505,7 +505,7 @@ TEST(PipelineTraining, DeadStageDemo) {
   if (s == 1) return;  // the last stage leaves: stage 0 waits for its gradients
   pipe.train_batch([&] {
     auto [x, y] = batch(0, 2, c.vocab_size);
-    return runtime::PipeBatch{x, y};
+    return runtime::PipeBatch{{.input_ids = x, .labels = y}};
   });
 }
 
@@ -540,7 +540,7 @@ TEST(PipelineCheckpoints, ResumeAtAnyLayout) {
       return p.train_batch([&] {
         const int64_t first = (k * kGas + m++) * b * dp + d * b;
         auto [x, y] = batch(first, b, c.vocab_size);
-        return runtime::PipeBatch{x, y, static_cast<uint64_t>(first)};
+        return runtime::PipeBatch{{.input_ids = x, .labels = y}, static_cast<uint64_t>(first)};
       });
     };
     rng::dropout_state() = {};

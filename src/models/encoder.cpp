@@ -437,4 +437,11 @@ Tensor SequenceClassifier::loss(const Tensor& ids, const Tensor& labels) {
   return loss(EncoderInputs{ids, {}, {}}, labels);
 }
 
+Tensor SequenceClassifier::loss(const nn::Batch& b) {
+  DS_CHECK(!b.decoder_input_ids.defined(),
+           "[encoder] a sequence classifier has no decoder: the batch's decoder_input_ids would be "
+           "ignored");
+  return loss(EncoderInputs{b.input_ids, b.attention_mask, b.token_type_ids}, b.labels);
+}
+
 }  // namespace ds::models

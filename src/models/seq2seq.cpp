@@ -675,6 +675,13 @@ Tensor Seq2Seq::loss(const Tensor& ids, const Tensor& labels) {
   return loss(Seq2SeqInputs{ids, {}, {}, labels});
 }
 
+Tensor Seq2Seq::loss(const nn::Batch& b) {
+  DS_CHECK(!b.token_type_ids.defined(),
+           "[seq2seq] an encoder-decoder has no token types: the batch's token_type_ids would be "
+           "ignored");
+  return loss(Seq2SeqInputs{b.input_ids, b.attention_mask, b.decoder_input_ids, b.labels});
+}
+
 Tensor Seq2Seq::decode_step(const Tensor& ids, int64_t pos, const Tensor& memory,
                             const Tensor& attention_mask, std::vector<LayerCache>& caches) {
   auto lens = key_lengths(attention_mask, memory.size(0), memory.size(1));

@@ -35,6 +35,18 @@ Tensor Module::loss(const Tensor&, const Tensor&) {
       type_name_);
 }
 
+Tensor Module::loss(const Batch& b) {
+  const char* extra = b.attention_mask.defined()      ? "attention_mask"
+                      : b.token_type_ids.defined()    ? "token_type_ids"
+                      : b.decoder_input_ids.defined() ? "decoder_input_ids"
+                                                      : nullptr;
+  DS_CHECK(!extra,
+           "[module] {} takes input ids and labels only; the batch also has {}, which it would "
+           "ignore",
+           type_name_, extra);
+  return loss(b.input_ids, b.labels);
+}
+
 bool Module::init_parameter_range(size_t, int64_t, int64_t, float*) const {
   return false;
 }

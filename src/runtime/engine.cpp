@@ -60,7 +60,7 @@ std::string optimizer_name(const OptimizerConfig& o) {
 }
 
 LossFn default_loss_fn() {
-  return [](nn::Module& m, const Tensor& x, const Tensor& y) { return m.loss(x, y); };
+  return [](nn::Module& m, const nn::Batch& b) { return m.loss(b); };
 }
 
 // The environment variables that came before the config keys (deprecated): "0" still turns its
@@ -176,10 +176,11 @@ Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOp
            : options_.group  ? options_.group
                              : comm::world();
   const int tp_size = options_.topology ? options_.topology->tensor_parallel()->size() : 1;
-  DS_CHECK(config_.tensor_parallel.size == tp_size,
-           "[engine] the config's tensor_parallel.autotp_size is {} but the engine's topology has "
-           "tensor-parallel size {}; build the Topology (and the model) with {} (docs/parallelism.md)",
-           config_.tensor_parallel.size, tp_size, config_.tensor_parallel.size);
+  DS_CHECK(
+      config_.tensor_parallel.size == tp_size,
+      "[engine] the config's tensor_parallel.autotp_size is {} but the engine's topology has "
+      "tensor-parallel size {}; build the Topology (and the model) with {} (docs/parallelism.md)",
+      config_.tensor_parallel.size, tp_size, config_.tensor_parallel.size);
   const int n = group_->size();
   DS_CHECK(config_.batch.world_size == n,
            "[engine] the config's batch sizes were resolved for {} ranks but the job has {}; pass "
@@ -271,36 +272,50 @@ std::string Engine::step_label() const {
 }
 
 namespace {
-// The batch on the model's device (the first parameter's): a loader's host batch goes up to a GPU
-// model here, so callers feed the engine the same tensors on any device.
-Tensor on_device_of(const nn::Module& model, const Tensor& t) {
-  if (!t.defined()) return t;
+
+// The batch's tensors on the model's device (the first parameter's): a loader's host batch goes
+// up to a GPU model here, so callers feed the engine the same tensors on any device.
+nn::Batch batch_on_device(const nn::Module& model, const nn::Batch& b) {
   const auto params = model.named_parameters();
-  if (params.empty() || params.front().second.device() == t.device()) return t;
-  Tensor out = Tensor::empty(t.shape(), t.dtype(), params.front().second.device());
-  out.copy_from(t);
-  return out;
+  if (params.empty()) return b;
+  const Device dev = params.front().second.device();
+  auto move = [&](const Tensor& t) {
+    if (!t.defined() || t.device() == dev) return t;
+    Tensor out = Tensor::empty(t.shape(), t.dtype(), dev);
+    out.copy_from(t);
+    return out;
+  };
+  return {move(b.input_ids), move(b.labels), move(b.attention_mask), move(b.token_type_ids),
+          move(b.decoder_input_ids)};
 }
+
 }  // namespace
 
-Tensor Engine::forward(const Tensor& inputs, const Tensor& targets) {
+Tensor Engine::forward(const nn::Batch& batch) {
   const WallClockBreakdown::Scope timed(wall_clock_, WallClockBreakdown::kForward);
   model_->train(true);
   zero_->begin_forward(/*training=*/true);
-  return options_.loss_fn(*model_, on_device_of(*model_, inputs), on_device_of(*model_, targets));
+  return options_.loss_fn(*model_, batch_on_device(*model_, batch));
 }
 
-Tensor Engine::eval_loss(const Tensor& inputs, const Tensor& targets) {
+Tensor Engine::forward(const Tensor& inputs, const Tensor& targets) {
+  return forward(nn::Batch{.input_ids = inputs, .labels = targets});
+}
+
+Tensor Engine::eval_loss(const nn::Batch& batch) {
   autograd::NoGradGuard no_grad;
   const bool was_training = model_->is_training();
   model_->train(false);
   // Evaluation gathers in its own order: ZeRO-3 neither records nor follows its trace.
   zero_->begin_forward(/*training=*/false);
-  Tensor loss =
-      options_.loss_fn(*model_, on_device_of(*model_, inputs), on_device_of(*model_, targets));
+  Tensor loss = options_.loss_fn(*model_, batch_on_device(*model_, batch));
   model_->train(was_training);
   zero_->end_eval();
   return loss;
+}
+
+Tensor Engine::eval_loss(const Tensor& inputs, const Tensor& targets) {
+  return eval_loss(nn::Batch{.input_ids = inputs, .labels = targets});
 }
 
 bool Engine::steps_in_backward() const {
@@ -386,7 +401,7 @@ double Engine::train_batch(const std::function<MicroBatch()>& next) {
     const MicroBatch b = next();
     // Dropout masks are keyed by the global sample position, as in a run that never stopped.
     rng::dropout_state().sample_base = b.sample_base;
-    Tensor loss = forward(b.inputs, b.targets);
+    Tensor loss = forward(b.batch);
     float local = loss.item();
     if (n > 1) group_->all_reduce(&local, 1, DType::f32, comm::ReduceOp::sum, "loss for logging");
     loss_sum += static_cast<double>(local) / n;

@@ -51,8 +51,10 @@ PipelineEngine::PipelineEngine(std::shared_ptr<nn::Module> stage, DeepSpeedConfi
   hidden_ = stage_->hidden_size();
 
   const bool last = stage_->is_last_stage();
-  options.loss_fn = [last](nn::Module& m, const Tensor& x, const Tensor& y) {
-    return last ? m.loss(x, y) : m(x);
+  // A stage's input is the previous stage's activations (or the ids on the first stage); only the
+  // last stage has labels and a loss.
+  options.loss_fn = [last](nn::Module& m, const nn::Batch& b) {
+    return last ? m.loss(b.input_ids, b.labels) : m(b.input_ids);
   };
   engine_ = std::make_unique<Engine>(module_, std::move(config), std::move(options));
   // The first stage sends the tied embedding to the last after every step: under ZeRO-3 it stays
@@ -126,12 +128,12 @@ void PipelineEngine::agree_on_shapes(const std::vector<PipeBatch>& batches, int 
   if (!load_error.empty()) {
     mine[4] = 2;  // next() threw here: every stage learns it below instead of waiting
   } else if (!batches.empty()) {
-    const Tensor& ref = stage_->is_first_stage() ? batches[0].inputs : batches[0].targets;
+    const Tensor& ref = stage_->is_first_stage() ? batches[0].batch.input_ids : batches[0].batch.labels;
     for (const PipeBatch& b : batches) {
-      const Tensor& t = stage_->is_first_stage() ? b.inputs : b.targets;
+      const Tensor& t = stage_->is_first_stage() ? b.batch.input_ids : b.batch.labels;
       const bool ok = t.defined() && t.dim() == 2 && ref.defined() && t.shape() == ref.shape() &&
-                      (!stage_->is_last_stage() || (b.targets.defined() && b.targets.dim() == 2)) &&
-                      (!stage_->is_first_stage() || (b.inputs.defined() && b.inputs.dim() == 2));
+                      (!stage_->is_last_stage() || (b.batch.labels.defined() && b.batch.labels.dim() == 2)) &&
+                      (!stage_->is_first_stage() || (b.batch.input_ids.defined() && b.batch.input_ids.dim() == 2));
       if (!ok) mine[4] = 1;
     }
     if (mine[4] == 0) {
@@ -257,8 +259,8 @@ float PipelineEngine::train_batch(const std::function<PipeBatch()>& next) {
                 offset0 + static_cast<uint64_t>(mb * dropout_total_ + dropout_prefix_);
             rng::dropout_state().sample_base = static_cast<uint64_t>(sample_base[mb]);
           }
-          const Tensor x = first ? batches[mb].inputs : in[mb];
-          Tensor y = engine_->forward(x, last ? batches[mb].targets : Tensor());
+          const Tensor x = first ? batches[mb].batch.input_ids : in[mb];
+          Tensor y = engine_->forward(x, last ? batches[mb].batch.labels : Tensor());
           if (last) {
             loss_sum += static_cast<double>(y.item());
           } else {
@@ -379,8 +381,8 @@ float PipelineEngine::eval_batch(const std::function<PipeBatch()>& next, int mic
           pipe.recv(in[mb], s - 1, kActivationTag, ctx + " activation");
           break;
         case PipeOp::forward: {
-          Tensor y = engine_->eval_loss(first ? batches[mb].inputs : in[mb],
-                                        last ? batches[mb].targets : Tensor());
+          Tensor y = engine_->eval_loss(first ? batches[mb].batch.input_ids : in[mb],
+                                        last ? batches[mb].batch.labels : Tensor());
           if (last) loss_sum += static_cast<double>(y.item());
           in[mb] = Tensor();
           out[mb] = y.contiguous();

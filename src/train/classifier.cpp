@@ -295,22 +295,17 @@ ClassifierTrainer::ClassifierTrainer(ClassifierPlan plan, ClassifierObserver& ob
                   p.model_name, m.family, m.n_layer, m.n_head, m.n_embd, m.vocab_size, m.num_labels,
                   human_count(static_cast<double>(model_->num_parameters()))));
 
-  // The loss: unpack (3, B, T) = [ids, token types, mask]; keep the logits for evaluation.
+  // The loss of the batch's ids, mask and token types against its labels; the logits are kept
+  // for evaluation.
   runtime::InitOptions init;
   init.ctx = p.run.ctx;
   init.log = [this](const std::string& s) { obs_.detail(s); };
   std::shared_ptr<Tensor> keep = logits_;
-  init.loss_fn = [keep](nn::Module& module, const Tensor& x, const Tensor& y) {
+  init.loss_fn = [keep](nn::Module& module, const nn::Batch& b) {
     auto& enc = dynamic_cast<models::SequenceClassifier&>(module);
-    const int64_t B = x.size(1), T = x.size(2);
-    const Tensor xc = x.contiguous();
-    auto part = [&](int64_t k) {
-      return Tensor::from_storage(xc.storage(), {B, T}, xc.dtype(),
-                                  xc.storage_offset() + k * B * T);
-    };
-    Tensor logits = enc.logits({part(0), part(2), part(1)});
+    Tensor logits = enc.logits({b.input_ids, b.attention_mask, b.token_type_ids});
     *keep = logits.detach();
-    return ops::cross_entropy(logits, ops::reshape(y, {B}), -100);
+    return ops::cross_entropy(logits, ops::reshape(b.labels, {b.input_ids.size(0)}), -100);
   };
   engine_ = runtime::initialize(model_, p.config(), std::move(init));
   rng::dropout_state() = rng::DropoutState{o.seed, 0, 0};
@@ -362,15 +357,19 @@ runtime::MicroBatch ClassifierTrainer::pack(const data::ClassificationSet& set,
                                             const std::vector<uint64_t>& idx,
                                             uint64_t sample_base) const {
   const int64_t n = static_cast<int64_t>(idx.size()), T = set.seq_len();
-  runtime::MicroBatch b{Tensor::empty({3, n, T}, DType::i32), Tensor::empty({n}, DType::i32),
+  runtime::MicroBatch b{{.input_ids = Tensor::empty({n, T}, DType::i32),
+                         .labels = Tensor::empty({n}, DType::i32),
+                         .attention_mask = Tensor::empty({n, T}, DType::i32),
+                         .token_type_ids = Tensor::empty({n, T}, DType::i32)},
                         sample_base};
-  int32_t* x = b.inputs.data<int32_t>();
-  int32_t* y = b.targets.data<int32_t>();
+  int32_t* x = b.batch.input_ids.data<int32_t>();
+  int32_t* types = b.batch.token_type_ids.data<int32_t>();
+  int32_t* mask = b.batch.attention_mask.data<int32_t>();
+  int32_t* y = b.batch.labels.data<int32_t>();
   for (int64_t i = 0; i < n; ++i) {
-    const size_t at = static_cast<size_t>(i * T), plane = static_cast<size_t>(n * T);
+    const size_t at = static_cast<size_t>(i * T);
     set.get(static_cast<int64_t>(idx[static_cast<size_t>(i)]), {x + at, static_cast<size_t>(T)},
-            {x + plane + at, static_cast<size_t>(T)}, {x + 2 * plane + at, static_cast<size_t>(T)},
-            y[i]);
+            {types + at, static_cast<size_t>(T)}, {mask + at, static_cast<size_t>(T)}, y[i]);
   }
   return b;
 }
@@ -458,7 +457,7 @@ std::optional<ClassifyEvalReport> ClassifierTrainer::evaluate() {
     for (int64_t i = first; i < std::min(N, first + B); ++i)
       idx.push_back(static_cast<uint64_t>(i));
     const runtime::MicroBatch b = pack(val, idx, 0);
-    const double loss = engine_->eval_loss(b.inputs, b.targets).item();
+    const double loss = engine_->eval_loss(b.batch).item();
     loss_sum += loss * static_cast<double>(idx.size());
     const std::vector<float> lg = logits_->to_vector();
     const int64_t NL = val.num_labels();

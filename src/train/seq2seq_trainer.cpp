@@ -281,17 +281,7 @@ Seq2SeqTrainer::Seq2SeqTrainer(Seq2SeqPlan plan, Seq2SeqObserver& observer)
   runtime::InitOptions init;
   init.ctx = p.run.ctx;
   init.log = [this](const std::string& s) { obs_.detail(s); };
-  // The loss: unpack (2, B, S) = [source ids, mask]; targets (B, T) are the labels.
-  init.loss_fn = [](nn::Module& module, const Tensor& x, const Tensor& y) {
-    auto& s2s = dynamic_cast<models::Seq2Seq&>(module);
-    const int64_t B = x.size(1), S = x.size(2);
-    const Tensor xc = x.contiguous();
-    auto part = [&](int64_t k) {
-      return Tensor::from_storage(xc.storage(), {B, S}, xc.dtype(),
-                                  xc.storage_offset() + k * B * S);
-    };
-    return s2s.loss(models::Seq2SeqInputs{part(0), part(1), {}, y});
-  };
+  // The loss: the engine's default, Seq2Seq::loss of the batch (source ids, mask, labels).
   engine_ = runtime::initialize(model_, p.config(), std::move(init));
   rng::dropout_state() = rng::DropoutState{o.seed, 0, 0};
   const auto mem = engine_->memory_budget();
@@ -346,15 +336,17 @@ runtime::MicroBatch Seq2SeqTrainer::pack(const data::Seq2SeqSet& set,
                                          const std::vector<uint64_t>& idx,
                                          uint64_t sample_base) const {
   const int64_t n = static_cast<int64_t>(idx.size()), S = set.source_len(), T = set.target_len();
-  runtime::MicroBatch b{Tensor::empty({2, n, S}, DType::i32), Tensor::empty({n, T}, DType::i32),
+  runtime::MicroBatch b{{.input_ids = Tensor::empty({n, S}, DType::i32),
+                         .labels = Tensor::empty({n, T}, DType::i32),
+                         .attention_mask = Tensor::empty({n, S}, DType::i32)},
                         sample_base};
-  int32_t* x = b.inputs.data<int32_t>();
-  int32_t* y = b.targets.data<int32_t>();
-  const size_t plane = static_cast<size_t>(n * S);
+  int32_t* x = b.batch.input_ids.data<int32_t>();
+  int32_t* mask = b.batch.attention_mask.data<int32_t>();
+  int32_t* y = b.batch.labels.data<int32_t>();
   for (int64_t i = 0; i < n; ++i) {
     const size_t at = static_cast<size_t>(i * S);
     set.get(static_cast<int64_t>(idx[static_cast<size_t>(i)]), {x + at, static_cast<size_t>(S)},
-            {x + plane + at, static_cast<size_t>(S)},
+            {mask + at, static_cast<size_t>(S)},
             {y + static_cast<size_t>(i * T), static_cast<size_t>(T)});
   }
   return b;
@@ -484,7 +476,7 @@ std::optional<Seq2SeqEvalReport> Seq2SeqTrainer::evaluate() {
     }
     const runtime::MicroBatch b = pack(val, idx, 0);
     // The batch's mean over its target tokens, weighted back to a sum.
-    loss_sum += engine_->eval_loss(b.inputs, b.targets).item() * static_cast<double>(tokens);
+    loss_sum += engine_->eval_loss(b.batch).item() * static_cast<double>(tokens);
     r.tokens += tokens;
   }
   r.examples = N;

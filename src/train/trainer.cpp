@@ -37,11 +37,11 @@ Tensor ids(int64_t B, int64_t T) {
 
 // Samples first .. first + B of `d` in order into fresh (B, T) inputs and targets.
 runtime::MicroBatch read_batch(const data::TokenDataset& d, uint64_t first, int64_t B, int64_t T) {
-  runtime::MicroBatch b{ids(B, T), ids(B, T), first};
+  runtime::MicroBatch b{{.input_ids = ids(B, T), .labels = ids(B, T)}, first};
   for (int64_t i = 0; i < B; ++i)
     d.get(first + static_cast<uint64_t>(i), static_cast<size_t>(T),
-          std::span<int32_t>(b.inputs.data<int32_t>() + i * T, static_cast<size_t>(T)),
-          std::span<int32_t>(b.targets.data<int32_t>() + i * T, static_cast<size_t>(T)));
+          std::span<int32_t>(b.batch.input_ids.data<int32_t>() + i * T, static_cast<size_t>(T)),
+          std::span<int32_t>(b.batch.labels.data<int32_t>() + i * T, static_cast<size_t>(T)));
   return b;
 }
 
@@ -432,7 +432,7 @@ double Trainer::evaluate(int64_t batches) {
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     const runtime::MicroBatch b = read_batch(val, static_cast<uint64_t>(i * B), B, T);
-    sum += engine_->eval_loss(b.inputs, b.targets).item();
+    sum += engine_->eval_loss(b.batch).item();
   }
   return sum / static_cast<double>(n);
 }
@@ -472,9 +472,9 @@ StepReport Trainer::step() {
   auto next = [&] {
     const uint64_t position = loader_->sampler().next_sample_position();
     loader_->next(x, y);
-    runtime::MicroBatch b{ids(B, T), ids(B, T), position};
-    std::copy(x.begin(), x.end(), b.inputs.data<int32_t>());
-    std::copy(y.begin(), y.end(), b.targets.data<int32_t>());
+    runtime::MicroBatch b{{.input_ids = ids(B, T), .labels = ids(B, T)}, position};
+    std::copy(x.begin(), x.end(), b.batch.input_ids.data<int32_t>());
+    std::copy(y.begin(), y.end(), b.batch.labels.data<int32_t>());
     return b;
   };
   StepReport r;

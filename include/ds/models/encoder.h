@@ -154,6 +154,8 @@ class SequenceClassifier : public nn::Module {
   // attention_mask and token_type_ids left out) -> logits (B, NL); loss(ids, labels) likewise.
   Tensor forward(const Tensor& ids) override;
   Tensor loss(const Tensor& ids, const Tensor& labels) override;
+  // The engine's form (ds/nn/batch.h): input_ids, attention_mask, token_type_ids, labels (B).
+  Tensor loss(const nn::Batch& batch) override;
 };
 
 class EncoderClassifier : public SequenceClassifier {

@@ -181,6 +181,7 @@ class GPT : public nn::Module, public nn::PipelineStage {
   // the head computes it a block of rows at a time (ops::linear_cross_entropy: the (B*T, V) logits
   // never exist whole); with it, the logits (B*T, V_local) go to the vocab-parallel cross entropy.
   Tensor loss(const Tensor& ids, const Tensor& targets) override;
+  using nn::Module::loss;  // loss(const nn::Batch&): input_ids and labels
 
   // Checkpoint every Block (recomputed in backward). Hides Module::set_gradient_checkpointing,
   // which would checkpoint the whole model as one segment and save nothing.

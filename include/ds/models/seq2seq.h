@@ -230,6 +230,9 @@ class Seq2Seq : public nn::Module {
   // input shift_tokens_right(ids) (forward); loss(ids, labels): labels (B, T) with -100 ignored.
   Tensor forward(const Tensor& ids) override;
   Tensor loss(const Tensor& ids, const Tensor& labels) override;
+  // The engine's form (ds/nn/batch.h): input_ids and attention_mask of the source, labels,
+  // decoder_input_ids optional.
+  Tensor loss(const nn::Batch& batch) override;
 
   // (1, V), buffer; undefined for T5 (no such buffer)
   const Tensor& final_logits_bias() const { return final_logits_bias_; }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ds/core/tensor.h"
+#include "ds/nn/batch.h"
 
 namespace ds::nn {
 
@@ -61,9 +62,12 @@ class Module {
   Tensor call(const Tensor& x, const std::function<Tensor(const Tensor&)>& body);
 
   // The training loss of a batch, for modules that define one (a language model: inputs and
-  // targets (B, T) ids -> scalar). The engine's default loss function calls it; the default throws
-  // "[module] <type> has no loss(...)".
+  // targets (B, T) ids -> scalar). The default throws "[module] <type> has no loss(...)".
   virtual Tensor loss(const Tensor& inputs, const Tensor& targets);
+  // The loss of a batch by role (ds/nn/batch.h): what the engine's default loss function calls.
+  // The default is loss(input_ids, labels) and refuses a batch with other inputs (naming them):
+  // models that read them (encoders, encoder-decoders) override it.
+  virtual Tensor loss(const Batch& batch);
   // Initial values of elements [begin, begin + count) of parameter `index` (named_parameters()
   // order) as fp32 into out, for a parameter that was never materialised (a model built under
   // nn::PartitionedInit, whose ZeRO-3 shards are initialised piece by piece). Returns false when

@@ -52,6 +52,7 @@
 #include "ds/comm/topology.h"
 #include "ds/core/tensor.h"
 #include "ds/nn/flat.h"
+#include "ds/nn/batch.h"
 #include "ds/nn/module.h"
 #include "ds/optim/optimizer.h"
 #include "ds/runtime/config.h"
@@ -63,13 +64,14 @@
 
 namespace ds::runtime {
 
-// Computes the scalar training loss of a batch: the glue between a model and the engine.
-using LossFn =
-    std::function<Tensor(nn::Module& model, const Tensor& inputs, const Tensor& targets)>;
+// Computes the scalar training loss of a batch (its tensors by role, ds/nn/batch.h, already on
+// the model's device): the glue between a model and the engine.
+using LossFn = std::function<Tensor(nn::Module& model, const nn::Batch& batch)>;
 
 struct InitOptions {
   ConfigContext ctx;  // world size, the trainer's arguments ("auto"), the model's hidden size
-  // Default: the model's own loss(inputs, targets) (nn::Module::loss; models::GPT defines it).
+  // Default: the model's own loss(batch) (nn::Module::loss: input_ids and labels for a decoder
+  // LM; encoders and encoder-decoders read their other inputs).
   LossFn loss_fn;
   // The data-parallel group ZeRO shards over; default comm::world() (MPI under mpirun, else a
   // size-1 group). With tensor or pipeline parallelism, give `topology` instead: ZeRO then takes
@@ -95,8 +97,7 @@ struct MemoryBudget {
 
 // One micro-batch for Engine::train_batch and PipelineEngine (which calls it PipeBatch).
 struct MicroBatch {
-  Tensor inputs;   // (B, T) int token ids
-  Tensor targets;  // (B, T) int, -100 = ignored
+  nn::Batch batch;  // by role; a decoder LM's: input_ids (B, T), labels (B, T) with -100 ignored
   // The dropout stream's position of the micro-batch's first sample (rng::DropoutState::
   // sample_base; ds_train: the loader's global sample position), so that a resumed run draws the
   // masks of a run that never stopped.
@@ -110,9 +111,12 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Training forward: records the graph. inputs/targets (B, T) int.
+  // Training forward: records the graph. The batch's tensors move to the model's device.
+  Tensor forward(const nn::Batch& batch);
+  // A decoder LM's batch: inputs/targets (B, T) int (= forward({.input_ids, .labels})).
   Tensor forward(const Tensor& inputs, const Tensor& targets);
   // Loss without a graph (evaluation); eval mode for the call.
+  Tensor eval_loss(const nn::Batch& batch);
   Tensor eval_loss(const Tensor& inputs, const Tensor& targets);
   // Backpropagates loss * loss_scale / gradient_accumulation_steps into the flat gradients. With
   // ZeRO-3 offload, no gradient_clipping and no fp16, the boundary micro-step's backward also
