@@ -1,10 +1,13 @@
 #pragma once
 // Small tensor helpers shared by the sequence-to-sequence families (seq2seq.cpp: BART /
 // BlenderBot, seq2seq_t5.cpp: T5) and beam search (seq2seq_beam.cpp). Internal to src/models.
+#include <cstddef>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "ds/core/tensor.h"
+#include "ds/nn/layers.h"
 #include "ds/ops/ops.h"
 
 namespace ds::models::detail {
@@ -50,6 +53,37 @@ inline Tensor additive_mask(const ops::AttentionMask& mask, int64_t B, int64_t T
       }
   if (!any) return Tensor();
   return on_device(Tensor::from_data(bias, {B, 1, Tq, Tk}), like.device()).to(like.dtype());
+}
+
+// l(x), or per row (ops::linear_rows: a row's result does not depend on the other rows) when
+// row_kernel and the weights allow it (fp32, no LoRA).
+inline Tensor project(nn::Linear& l, const Tensor& x, bool row_kernel) {
+  if (row_kernel && !l.has_lora() && x.dtype() == DType::f32 && l.weight().dtype() == DType::f32)
+    return ops::linear_rows(x, l.weight(), l.bias());
+  return l(x);
+}
+
+// Rows [off, off + n) of t along dim 0 (t itself when that is all of it).
+inline Tensor rows_of(const Tensor& t, int64_t off, int64_t n) {
+  return off == 0 && n == t.size(0) ? t : ops::contiguous(ops::slice(t, 0, off, off + n));
+}
+
+// Appends the new positions' keys or values (n, NH, 1, hd) to a cache (n, NH, t, hd).
+inline void append_positions(Tensor& cache, const Tensor& step) {
+  cache = cache.defined() ? ops::concat({cache, step}, 2) : step;
+}
+
+// A cached decoder step's attention, group by group (Seq2Seq::decode_step): q (N, NH, 1, hd);
+// attend(group, index, first row, its q rows) -> (rows, NH, 1, hd); -> (N, NH, 1, hd).
+template <class Group, class F>
+Tensor attend_groups(const Tensor& q, std::span<const Group> groups, F&& attend) {
+  std::vector<Tensor> out;
+  int64_t off = 0;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    out.push_back(attend(groups[i], i, off, rows_of(q, off, groups[i].rows)));
+    off += groups[i].rows;
+  }
+  return out.size() == 1 ? out[0] : ops::concat(out, 0);
 }
 
 }  // namespace ds::models::detail
