@@ -335,20 +335,9 @@ class Seq2Seq::Attention : public nn::Module {
     Tensor k, v;
     if (self) std::tie(k, v) = keys_values(h, row_kernel);
     const Tensor a = detail::attend_groups(
-        q, groups, [&](const Group& g, size_t, int64_t off, const Tensor& qg) {
-          auto& cache = (*g.caches)[li];
-          ops::AttentionMask mask;  // the one query is the newest position: it sees every key
-          mask.causal = false;
-          if (self) {
-            detail::append_positions(cache.self_k, detail::rows_of(k, off, g.rows));
-            detail::append_positions(cache.self_v, detail::rows_of(v, off, g.rows));
-            return ops::attention(qg, cache.self_k, cache.self_v, mask);
-          }
-          if (!cache.cross_k.defined())
-            std::tie(cache.cross_k, cache.cross_v) = keys_values(g.memory, row_kernel);
-          mask.key_lengths = g.cross_lengths;
-          return ops::attention(qg, cache.cross_k, cache.cross_v, mask);
-        });
+        q, k, v, groups, li, [&](const Tensor& memory) { return keys_values(memory, row_kernel); },
+        [](size_t, const Tensor& qg, const Tensor& keys, const Tensor& values,
+           const ops::AttentionMask& mask) { return ops::attention(qg, keys, values, mask); });
     return output(a, row_kernel);
   }
 

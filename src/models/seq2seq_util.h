@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ds/core/tensor.h"
@@ -68,20 +70,36 @@ inline Tensor rows_of(const Tensor& t, int64_t off, int64_t n) {
   return off == 0 && n == t.size(0) ? t : ops::contiguous(ops::slice(t, 0, off, off + n));
 }
 
-// Appends the new positions' keys or values (n, NH, 1, hd) to a cache (n, NH, t, hd).
-inline void append_positions(Tensor& cache, const Tensor& step) {
-  cache = cache.defined() ? ops::concat({cache, step}, 2) : step;
-}
-
-// A cached decoder step's attention, group by group (Seq2Seq::decode_step): q (N, NH, 1, hd);
-// attend(group, index, first row, its q rows) -> (rows, NH, 1, hd); -> (N, NH, 1, hd).
-template <class Group, class F>
-Tensor attend_groups(const Tensor& q, std::span<const Group> groups, F&& attend) {
+// A cached decoder step's attention, group by group (Seq2Seq::decode_step: groups of consecutive
+// rows, each with its caches): q (N, NH, 1, hd), the groups' rows in order. Self-attention (k, v
+// (N, NH, 1, hd) defined): each group's rows of k and v are appended to its layer-`li` cache,
+// which the group attends to. Cross-attention (k undefined): the group attends to its source,
+// projected by kv_of(memory) -> (keys, values) into the cache on its first step, masked by its
+// cross_lengths. attend(group index, q rows, keys, values, mask) -> (rows, NH, 1, hd).
+// -> (N, NH, 1, hd)
+template <class Group, class KV, class F>
+Tensor attend_groups(const Tensor& q, const Tensor& k, const Tensor& v,
+                     std::span<const Group> groups, size_t li, KV&& kv_of, F&& attend) {
   std::vector<Tensor> out;
   int64_t off = 0;
   for (size_t i = 0; i < groups.size(); ++i) {
-    out.push_back(attend(groups[i], i, off, rows_of(q, off, groups[i].rows)));
-    off += groups[i].rows;
+    const Group& g = groups[i];
+    auto& cache = (*g.caches)[li];
+    ops::AttentionMask mask;  // the one query is the newest position: it sees every key
+    mask.causal = false;
+    const Tensor qg = rows_of(q, off, g.rows);
+    if (k.defined()) {
+      for (auto [c, t] : {std::pair{&cache.self_k, &k}, std::pair{&cache.self_v, &v}}) {
+        const Tensor rows = rows_of(*t, off, g.rows);
+        *c = c->defined() ? ops::concat({*c, rows}, 2) : rows;
+      }
+      out.push_back(attend(i, qg, cache.self_k, cache.self_v, mask));
+    } else {
+      if (!cache.cross_k.defined()) std::tie(cache.cross_k, cache.cross_v) = kv_of(g.memory);
+      mask.key_lengths = g.cross_lengths;
+      out.push_back(attend(i, qg, cache.cross_k, cache.cross_v, mask));
+    }
+    off += g.rows;
   }
   return out.size() == 1 ? out[0] : ops::concat(out, 0);
 }
