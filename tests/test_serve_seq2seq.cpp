@@ -351,7 +351,7 @@ TEST_F(ServeSeq2Seq, ChatAndGuideRenderTheConversationAsTheSource) {
   ASSERT_EQ(status, 200) << j.dump();
   EXPECT_EQ(j["choices"][0]["message"]["content"], greedy_text(serve::render_blenderbot(conv), 6));
   auto [gs, g] = post("/", {{"prompt", "Fine."},
-                            {"history", {{"Hi!", "Hello, how are you?"}}},
+                            {"history", json::array({json::array({"Hi!", "Hello, how are you?"})})},
                             {"max_length", 7},
                             {"temperature", 0.01},
                             {"top_p", 0.01}});
