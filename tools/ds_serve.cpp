@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ds/core/parallel.h"
+#include "ds/models/seq2seq_decoder.h"
 #include "serve/server.h"
 
 namespace {
@@ -90,20 +91,34 @@ int main(int argc, char** argv) {
   try {
     if (threads > 0) ds::set_num_threads(threads);
     ds::serve::LoadedModel m = ds::serve::load_model(model, tokenizer);
-    const auto& c = m.model->config();
-    const std::string desc =
-        fmt::format("{} ({} layout, {:.1f}M parameters, context {}, tokenizer {})", m.id,
-                    ds::nn::layout_name(c.layout), static_cast<double>(c.num_parameters()) / 1e6,
-                    c.block_size, m.tokenizer->name());
-    // The KV caches' budget: one per running sequence, each up to the context (fp32 K and V).
-    const double kv_mib =
-        2.0 * static_cast<double>(c.n_layer * c.block_size * c.kv_heads() * c.head_dim() * 4) /
-        (1 << 20);
+    std::string desc;
+    double kv_mib = 0.0;  // the KV caches: one per running sequence, each at its longest (fp32)
+    if (m.seq2seq) {
+      // The target's self-attention (its positions) and the source's cross-attention (as many).
+      const auto& c = m.seq2seq->config();
+      const int64_t P = ds::models::Seq2SeqDecoder(m.seq2seq).capacity_limit();
+      const int64_t width = c.is_t5() ? c.decoder_heads * c.d_kv : c.d_model;
+      kv_mib = 4.0 * static_cast<double>(c.decoder_layers * P * width * 4) / (1 << 20);
+      desc = fmt::format(
+          "{} ({} encoder-decoder, {:.1f}M parameters, source and target up to {} "
+          "tokens, tokenizer {})",
+          m.id, c.family, static_cast<double>(c.num_parameters()) / 1e6, P, m.tokenizer->name());
+    } else {
+      const auto& c = m.model->config();
+      desc =
+          fmt::format("{} ({} layout, {:.1f}M parameters, context {}, tokenizer {})", m.id,
+                      ds::nn::layout_name(c.layout), static_cast<double>(c.num_parameters()) / 1e6,
+                      c.block_size, m.tokenizer->name());
+      kv_mib = 2.0 *
+               static_cast<double>(c.n_layer * c.block_size * c.kv_heads() * c.head_dim() * 4) /
+               (1 << 20);
+    }
     const std::string budget =
         fmt::format("KV cache up to {:.1f} MiB per sequence, {:.1f} MiB for --max_batch {}", kv_mib,
                     kv_mib * o.max_batch, o.max_batch);
     const std::string chat_note =
-        fmt::format("chat format {}{}", m.chat_template->name(),
+        fmt::format("chat format {}{}",
+                    m.chat_template ? m.chat_template->name() : "turns joined as BlenderBot does",
                     m.chat_template_note.empty() ? "" : " (" + m.chat_template_note + ")");
     ds::serve::Server server(std::move(m), o);
     const int port = server.bind();

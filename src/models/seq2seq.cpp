@@ -313,24 +313,46 @@ class Seq2Seq::Attention : public nn::Module {
     return attend_heads(x, heads(*k_proj_, kv), heads(*v_proj_, kv), mask, attn_p, training);
   }
   // The keys and values of kv (B, Tk, C) as (B, NH, Tk, hd) each.
-  std::pair<Tensor, Tensor> keys_values(const Tensor& kv) {
-    return {heads(*k_proj_, kv), heads(*v_proj_, kv)};
+  std::pair<Tensor, Tensor> keys_values(const Tensor& kv, bool row_kernel = false) {
+    return {heads(*k_proj_, kv, row_kernel), heads(*v_proj_, kv, row_kernel)};
   }
   // x (B, Tq, C) attends to given keys and values (B, NH, Tk, hd) -> (B, Tq, C).
   Tensor attend_heads(const Tensor& x, const Tensor& k, const Tensor& v,
                       const ops::AttentionMask& mask, float attn_p, bool training) {
-    const int64_t B = x.size(0), Tq = x.size(1), C = x.size(2);
     const Tensor q = heads(*q_proj_, x);
     Tensor a = training && attn_p > 0.0f ? formed_attention(q, k, v, mask, attn_p)
                                          : ops::attention(q, k, v, mask);  // (B, NH, Tq, hd)
-    a = ops::reshape(ops::contiguous(ops::transpose(a, 1, 2)), {B, Tq, C});
-    return (*out_proj_)(a);
+    return output(a, false);
+  }
+  // A cached decoder step (Seq2Seq::decode_step): h (N, 1, C), the groups' rows in order.
+  // Self-attention appends each group's new keys and values to its layer-`li` cache and attends
+  // to all of it; cross-attention attends to the group's source (its memory projected into the
+  // cache on the first step). -> (N, 1, C)
+  template <class Group>
+  Tensor attend_step(const Tensor& h, std::span<const Group> groups, size_t li, bool self,
+                     bool row_kernel) {
+    const Tensor q = heads(*q_proj_, h, row_kernel);  // (N, NH, 1, hd)
+    Tensor k, v;
+    if (self) std::tie(k, v) = keys_values(h, row_kernel);
+    const Tensor a = detail::attend_groups(
+        q, k, v, groups, li, [&](const Tensor& memory) { return keys_values(memory, row_kernel); },
+        [](size_t, const Tensor& qg, const Tensor& keys, const Tensor& values,
+           const ops::AttentionMask& mask) { return ops::attention(qg, keys, values, mask); });
+    return output(a, row_kernel);
   }
 
  private:
-  Tensor heads(nn::Linear& proj, const Tensor& in) {  // (B, T, C) -> (B, NH, T, hd)
+  // (B, T, C) -> (B, NH, T, hd)
+  Tensor heads(nn::Linear& proj, const Tensor& in, bool row_kernel = false) {
     const int64_t B = in.size(0), T = in.size(1), C = in.size(2), NH = n_head_;
-    return ops::contiguous(ops::transpose(ops::reshape(proj(in), {B, T, NH, C / NH}), 1, 2));
+    return ops::contiguous(ops::transpose(
+        ops::reshape(detail::project(proj, in, row_kernel), {B, T, NH, C / NH}), 1, 2));
+  }
+  // The heads' outputs (B, NH, T, hd) -> out_proj -> (B, T, C).
+  Tensor output(const Tensor& a, bool row_kernel) {
+    const int64_t B = a.size(0), T = a.size(2), C = a.size(1) * a.size(3);
+    return detail::project(
+        *out_proj_, ops::reshape(ops::contiguous(ops::transpose(a, 1, 2)), {B, T, C}), row_kernel);
   }
 
   int64_t n_head_;
@@ -360,9 +382,8 @@ class Seq2Seq::Layer : public nn::Module {
 
   Tensor forward(const Tensor& x) override {  // (B, T, C) -> (B, T, C)
     if (packed_len_ > 0)                      // [x, memory] (B, T + S, C): see set_packed
-      return run(ops::slice(x, 1, 0, packed_len_), nullptr,
-                 ops::slice(x, 1, packed_len_, x.size(1)));
-    return run(x, nullptr, ctx_->memory);
+      return run(ops::slice(x, 1, 0, packed_len_), ops::slice(x, 1, packed_len_, x.size(1)));
+    return run(x, ctx_->memory);
   }
 
   // A checkpointed decoder layer takes [x, memory] concatenated along time, (B, T + S, C), so that
@@ -371,12 +392,18 @@ class Seq2Seq::Layer : public nn::Module {
   // 0 = not packed.
   void set_packed(int64_t T) { packed_len_ = T; }
 
-  // Generation: x (B, 1, C) is the next position; `cache` holds the earlier positions' keys and
-  // values (appended to here) and the encoder output's (projected on the first call).
-  Tensor step(const Tensor& x, LayerCache& cache) { return run(x, &cache, ctx_->memory); }
+  // Generation (Seq2Seq::decode_step): x (N, 1, C), the next position of each group's rows; the
+  // groups' caches of this layer (`li`) hold the earlier positions' keys and values (appended to
+  // here) and the encoder output's (projected on the first step).
+  Tensor step(const Tensor& x, std::span<const StepGroup> groups, size_t li, bool row_kernel) {
+    return run(x, Tensor(), groups, li, row_kernel);
+  }
 
  private:
-  Tensor run(const Tensor& x_in, LayerCache* cache, const Tensor& memory) {
+  // groups empty: the whole sequence x attends to itself (causal in the decoder) and to memory;
+  // else a cached step.
+  Tensor run(const Tensor& x_in, const Tensor& memory, std::span<const StepGroup> groups = {},
+             size_t li = 0, bool row_kernel = false) {
     const bool tr = is_training();
     const float p = c_.dropout;
     // A residual sublayer: pre-LN x + f(LN(x)), post-LN LN(x + f(x)).
@@ -384,27 +411,20 @@ class Seq2Seq::Layer : public nn::Module {
       if (c_.pre_norm) return ops::add(x, ops::dropout(f(norm(x)), p, tr));
       return norm(ops::add(x, ops::dropout(f(x), p, tr)));
     };
+    const bool cached = !groups.empty();
     Tensor x = residual(x_in, *self_norm_, [&](const Tensor& h) {
-      if (!cache) return self_attn_->attend(h, h, ctx_->self_mask, c_.attention_dropout, tr);
-      auto [k, v] = self_attn_->keys_values(h);
-      cache->self_k = cache->self_k.defined() ? ops::concat({cache->self_k, k}, 2) : k;
-      cache->self_v = cache->self_v.defined() ? ops::concat({cache->self_v, v}, 2) : v;
-      ops::AttentionMask all;  // the one query is the last position: it sees every key
-      all.causal = false;
-      return self_attn_->attend_heads(h, cache->self_k, cache->self_v, all, 0.0f, false);
+      if (cached) return self_attn_->attend_step(h, groups, li, /*self=*/true, row_kernel);
+      return self_attn_->attend(h, h, ctx_->self_mask, c_.attention_dropout, tr);
     });
     if (cross_attn_)
       x = residual(x, *cross_norm_, [&](const Tensor& h) {
-        if (!cache)
-          return cross_attn_->attend(h, memory, ctx_->cross_mask, c_.attention_dropout, tr);
-        if (!cache->cross_k.defined())
-          std::tie(cache->cross_k, cache->cross_v) = cross_attn_->keys_values(memory);
-        return cross_attn_->attend_heads(h, cache->cross_k, cache->cross_v, ctx_->cross_mask, 0.0f,
-                                         false);
+        if (cached) return cross_attn_->attend_step(h, groups, li, /*self=*/false, row_kernel);
+        return cross_attn_->attend(h, memory, ctx_->cross_mask, c_.attention_dropout, tr);
       });
     return residual(x, *final_norm_, [&](const Tensor& h) {
-      Tensor f = ops::dropout(activate((*fc1_)(h), c_.activation), c_.activation_dropout, tr);
-      return (*fc2_)(f);
+      Tensor f = ops::dropout(activate(detail::project(*fc1_, h, row_kernel), c_.activation),
+                              c_.activation_dropout, tr);
+      return detail::project(*fc2_, f, row_kernel);
     });
   }
 
@@ -459,16 +479,23 @@ class Seq2Seq::Stack : public nn::Module {
     return x;
   }
 
-  // Generation (decoder): tokens (B, 1, C) at position pos -> (B, 1, C), with the layers' caches
-  // (one per layer, created on the first step).
-  Tensor step(const Tensor& tokens, int64_t pos, const Tensor& memory,
-              std::vector<int64_t> cross_lengths, std::vector<LayerCache>& caches) {
-    Tensor x = embed(tokens, pos);
-    ctx_->cross_mask.key_lengths = std::move(cross_lengths);
-    ctx_->memory = memory;
-    caches.resize(layers_.size());
-    for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->step(x, caches[i]);
-    ctx_->memory = Tensor();
+  // Generation (decoder): tokens (N, 1, C), each group's rows at its position -> (N, 1, C), with
+  // the groups' caches (one per layer, created on the first step).
+  Tensor step(const Tensor& tokens, std::span<const StepGroup> groups, bool row_kernel) {
+    std::vector<int64_t> pos;
+    for (const StepGroup& g : groups) {
+      DS_CHECK(g.pos + 1 <= c_.max_positions,
+               "[seq2seq] target length {} exceeds max_position_embeddings {}", g.pos + 1,
+               c_.max_positions);
+      pos.insert(pos.end(), static_cast<size_t>(g.rows), g.pos + c_.position_offset);
+      g.caches->resize(layers_.size());
+    }
+    const int64_t N = tokens.size(0);
+    Tensor x = ops::add(tokens, (*positions_)(on_device(Tensor::from_ints(pos, {N, 1}),
+                                                        tokens.device())));  // (N, 1, C)
+    if (emb_norm_) x = (*emb_norm_)(x);
+    x = ops::dropout(x, c_.dropout, is_training());
+    for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->step(x, groups, i, row_kernel);
     if (final_norm_) x = (*final_norm_)(x);
     return x;
   }
@@ -625,8 +652,8 @@ Tensor Seq2Seq::head_input(const Tensor& h) const {
              : h;
 }
 
-Tensor Seq2Seq::head(const Tensor& h) {
-  Tensor lg = (*lm_head_)(head_input(h));  // (B, T, V)
+Tensor Seq2Seq::head(const Tensor& h, bool row_kernel) {
+  Tensor lg = detail::project(*lm_head_, head_input(h), row_kernel);  // (B, T, V)
   if (config_.is_t5()) return lg;
   return ops::add(lg, final_logits_bias_.dtype() == lg.dtype() ? final_logits_bias_
                                                                : final_logits_bias_.to(lg.dtype()));
@@ -684,10 +711,16 @@ Tensor Seq2Seq::loss(const nn::Batch& b) {
 
 Tensor Seq2Seq::decode_step(const Tensor& ids, int64_t pos, const Tensor& memory,
                             const Tensor& attention_mask, std::vector<LayerCache>& caches) {
-  auto lens = key_lengths(attention_mask, memory.size(0), memory.size(1));
-  Tensor tokens = scaled_tokens(*shared_, ids, config_);
-  return head(config_.is_t5() ? t5_step(tokens, pos, memory, std::move(lens), caches)
-                              : decoder_->step(tokens, pos, memory, std::move(lens), caches));
+  StepGroup all{&caches, ids.size(0), pos, memory,
+                key_lengths(attention_mask, memory.size(0), memory.size(1))};
+  return decode_step(ids, std::span<const StepGroup>(&all, 1), /*row_kernel=*/false);
+}
+
+Tensor Seq2Seq::decode_step(const Tensor& ids, std::span<const StepGroup> groups, bool row_kernel) {
+  Tensor tokens = scaled_tokens(*shared_, ids, config_);  // (N, 1, C)
+  return head(config_.is_t5() ? t5_step(tokens, groups, row_kernel)
+                              : decoder_->step(tokens, groups, row_kernel),
+              row_kernel);
 }
 
 Tensor Seq2Seq::generate(const Tensor& input_ids, const Tensor& attention_mask,

@@ -79,34 +79,59 @@ class T5Attention : public nn::Module {
   nn::Embedding* table() const { return table_.get(); }
 
   // The keys and values of kv (B, Tk, C) as (B, NH, Tk, d_kv) each.
-  std::pair<Tensor, Tensor> keys_values(const Tensor& kv) {
-    return {heads(*k_, kv), heads(*v_, kv)};
+  std::pair<Tensor, Tensor> keys_values(const Tensor& kv, bool row_kernel = false) {
+    return {heads(*k_, kv, row_kernel), heads(*v_, kv, row_kernel)};
   }
 
   // x (B, Tq, C) attends to keys and values (B, NH, Tk, d_kv): softmax(q k^T + bias + mask) (no
   // 1/sqrt(d_kv)), dropout p on the probabilities in training, @ v, then o -> (B, Tq, C).
   Tensor attend(const Tensor& x, const Tensor& k, const Tensor& v, const ops::AttentionMask& mask,
                 const Tensor& bias, float p, bool training) {
-    const int64_t B = x.size(0), Tq = x.size(1), Tk = k.size(2);
-    const Tensor q = heads(*q_, x);
-    Tensor a;  // (B, NH, Tq, d_kv)
-    if (!bias.defined() && !(training && p > 0.0f)) {
-      a = ops::attention(q, k, v, mask, 1.0f);
-    } else {
-      Tensor s = ops::matmul(q, ops::transpose(k, 2, 3));  // (B, NH, Tq, Tk)
-      if (bias.defined()) s = ops::add(s, bias.dtype() == s.dtype() ? bias : bias.to(s.dtype()));
-      const Tensor mb = detail::additive_mask(mask, B, Tq, Tk, s);
-      if (mb.defined()) s = ops::add(s, mb);
-      a = ops::matmul(ops::dropout(ops::softmax(s), p, training), v);
-    }
-    a = ops::reshape(ops::contiguous(ops::transpose(a, 1, 2)), {B, Tq, n_head_ * d_kv_});
-    return (*o_)(a);
+    return output(attend_heads(heads(*q_, x), k, v, mask, bias, p, training), false);
+  }
+
+  // A cached decoder step (Seq2Seq::decode_step), as Seq2Seq::Attention::attend_step; bias[i]
+  // (1, NH, 1, Tk) is group i's relative position bias (self-attention only).
+  template <class Group>
+  Tensor attend_step(const Tensor& h, std::span<const Group> groups, size_t li, bool self,
+                     bool row_kernel, const std::vector<Tensor>& bias) {
+    const Tensor q = heads(*q_, h, row_kernel);  // (N, NH, 1, d_kv)
+    Tensor k, v;
+    if (self) std::tie(k, v) = keys_values(h, row_kernel);
+    const Tensor a = detail::attend_groups(
+        q, k, v, groups, li, [&](const Tensor& memory) { return keys_values(memory, row_kernel); },
+        [&](size_t i, const Tensor& qg, const Tensor& keys, const Tensor& values,
+            const ops::AttentionMask& mask) {
+          return attend_heads(qg, keys, values, mask, self ? bias[i] : Tensor(), 0.0f, false);
+        });
+    return output(a, row_kernel);
   }
 
  private:
-  Tensor heads(nn::Linear& proj, const Tensor& in) {  // (B, T, C) -> (B, NH, T, d_kv)
+  // (B, T, C) -> (B, NH, T, d_kv)
+  Tensor heads(nn::Linear& proj, const Tensor& in, bool row_kernel = false) {
     const int64_t B = in.size(0), T = in.size(1);
-    return ops::contiguous(ops::transpose(ops::reshape(proj(in), {B, T, n_head_, d_kv_}), 1, 2));
+    return ops::contiguous(ops::transpose(
+        ops::reshape(detail::project(proj, in, row_kernel), {B, T, n_head_, d_kv_}), 1, 2));
+  }
+  // q (B, NH, Tq, d_kv) -> the heads' outputs (B, NH, Tq, d_kv).
+  static Tensor attend_heads(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const ops::AttentionMask& mask, const Tensor& bias, float p,
+                             bool training) {
+    if (!bias.defined() && !(training && p > 0.0f)) return ops::attention(q, k, v, mask, 1.0f);
+    const int64_t B = q.size(0), Tq = q.size(2), Tk = k.size(2);
+    Tensor s = ops::matmul(q, ops::transpose(k, 2, 3));  // (B, NH, Tq, Tk)
+    if (bias.defined()) s = ops::add(s, bias.dtype() == s.dtype() ? bias : bias.to(s.dtype()));
+    const Tensor mb = detail::additive_mask(mask, B, Tq, Tk, s);
+    if (mb.defined()) s = ops::add(s, mb);
+    return ops::matmul(ops::dropout(ops::softmax(s), p, training), v);
+  }
+  // (B, NH, T, d_kv) -> o -> (B, T, C)
+  Tensor output(const Tensor& a, bool row_kernel) {
+    const int64_t B = a.size(0), T = a.size(2);
+    return detail::project(
+        *o_, ops::reshape(ops::contiguous(ops::transpose(a, 1, 2)), {B, T, n_head_ * d_kv_}),
+        row_kernel);
   }
 
   int64_t n_head_, d_kv_;
@@ -128,10 +153,13 @@ class T5Dense : public nn::Module {
     wo_ = register_module("wo", std::make_shared<nn::Linear>(F, C, false));
     p_ = c.activation_dropout;
   }
-  Tensor forward(const Tensor& x) override {  // (B, T, C) -> (B, T, C)
-    Tensor h = wi_ ? activate((*wi_)(x), act_)
-                   : ops::mul(activate((*wi_0_)(x), act_), (*wi_1_)(x));  // (B, T, F)
-    return (*wo_)(ops::dropout(h, p_, is_training()));
+  Tensor forward(const Tensor& x) override { return apply(x, false); }
+  // (B, T, C) -> (B, T, C); row_kernel: the projections per row (detail::project).
+  Tensor apply(const Tensor& x, bool row_kernel) {
+    auto lin = [&](nn::Linear& l, const Tensor& in) { return detail::project(l, in, row_kernel); };
+    Tensor h = wi_ ? activate(lin(*wi_, x), act_)
+                   : ops::mul(activate(lin(*wi_0_, x), act_), lin(*wi_1_, x));  // (B, T, F)
+    return lin(*wo_, ops::dropout(h, p_, is_training()));
   }
 
  private:
@@ -183,53 +211,59 @@ class Seq2Seq::T5Stack : public nn::Module {
 
     Tensor forward(const Tensor& x) override {  // (B, T, C) -> (B, T, C)
       if (packed_len_ > 0)                      // [x, memory] (B, T + S, C): see set_packed
-        return run(ops::slice(x, 1, 0, packed_len_), nullptr,
-                   ops::slice(x, 1, packed_len_, x.size(1)));
-      return run(x, nullptr, ctx_->memory);
+        return run(ops::slice(x, 1, 0, packed_len_), ops::slice(x, 1, packed_len_, x.size(1)));
+      return run(x, ctx_->memory);
     }
     // As Seq2Seq::Layer's: a checkpointed decoder block takes [x, memory] concatenated along time,
     // so that its recomputation sees the encoder output and the gradient reaches it; 0 = not
     // packed.
     void set_packed(int64_t T) { packed_len_ = T; }
-    // Generation: x (B, 1, C) is the next position; the cache as Seq2Seq::Layer's.
-    Tensor step(const Tensor& x, LayerCache& cache) { return run(x, &cache, ctx_->memory); }
+    // Generation (Seq2Seq::decode_step): x (N, 1, C), the groups' caches of this block (`li`) as
+    // Seq2Seq::Layer::step's; bias[i] is group i's relative position bias.
+    Tensor step(const Tensor& x, std::span<const StepGroup> groups, size_t li, bool row_kernel,
+                const std::vector<Tensor>& bias) {
+      const T5Step s{groups, li, row_kernel, &bias};
+      return run(x, Tensor(), &s);
+    }
 
    private:
-    Tensor run(const Tensor& x_in, LayerCache* cache, const Tensor& memory) {
+    struct T5Step {
+      std::span<const StepGroup> groups;
+      size_t li;
+      bool row_kernel;
+      const std::vector<Tensor>* bias;
+    };
+    // step null: the whole sequence x attends to itself and to memory; else a cached step.
+    Tensor run(const Tensor& x_in, const Tensor& memory, const T5Step* step = nullptr) {
       const bool tr = is_training();
       const float p = c_.dropout, pa = c_.attention_dropout;
       const T5Context& ctx = *ctx_;
-      // Undefined while checkpointing: each block looks the bias up inside its recomputation.
-      const Tensor bias = ctx.position_bias.defined() ? ctx.position_bias : ctx.lookup_bias();
       Tensor h = self_->norm()(x_in);
       T5Attention& sa = self_->inner();
       Tensor a;
-      if (!cache) {
+      if (!step) {
+        // Undefined while checkpointing: each block looks the bias up inside its recomputation.
+        const Tensor bias = ctx.position_bias.defined() ? ctx.position_bias : ctx.lookup_bias();
         auto [k, v] = sa.keys_values(h);
         a = sa.attend(h, k, v, ctx.self_mask, bias, pa, tr);
       } else {
-        auto [k, v] = sa.keys_values(h);
-        cache->self_k = cache->self_k.defined() ? ops::concat({cache->self_k, k}, 2) : k;
-        cache->self_v = cache->self_v.defined() ? ops::concat({cache->self_v, v}, 2) : v;
-        ops::AttentionMask all;  // the one query is the last position: it sees every key
-        all.causal = false;
-        a = sa.attend(h, cache->self_k, cache->self_v, all, bias, 0.0f, false);
+        a = sa.attend_step(h, step->groups, step->li, /*self=*/true, step->row_kernel, *step->bias);
       }
       Tensor x = ops::add(x_in, ops::dropout(a, p, tr));
       if (cross_) {
         h = cross_->norm()(x);
         T5Attention& ca = cross_->inner();
-        if (!cache) {
+        if (!step) {
           auto [k, v] = ca.keys_values(memory);
           a = ca.attend(h, k, v, ctx.cross_mask, Tensor(), pa, tr);
         } else {
-          if (!cache->cross_k.defined())
-            std::tie(cache->cross_k, cache->cross_v) = ca.keys_values(memory);
-          a = ca.attend(h, cache->cross_k, cache->cross_v, ctx.cross_mask, Tensor(), 0.0f, false);
+          a = ca.attend_step(h, step->groups, step->li, /*self=*/false, step->row_kernel,
+                             *step->bias);
         }
         x = ops::add(x, ops::dropout(a, p, tr));
       }
-      return ops::add(x, ops::dropout(ff_->inner()(ff_->norm()(x)), p, tr));
+      return ops::add(
+          x, ops::dropout(ff_->inner().apply(ff_->norm()(x), step && step->row_kernel), p, tr));
     }
 
     const Seq2SeqConfig c_;  // a copy: a block may outlive the model that built it
@@ -279,19 +313,18 @@ class Seq2Seq::T5Stack : public nn::Module {
     return ops::dropout((*final_norm_)(x), c_.dropout, is_training());
   }
 
-  // Generation (decoder): tokens (B, 1, C) at position pos -> (B, 1, C); the bias is the query
-  // at pos against keys 0..pos (transformers' past_seen_tokens).
-  Tensor step(const Tensor& tokens, int64_t pos, const Tensor& memory,
-              std::vector<int64_t> cross_lengths, std::vector<LayerCache>& caches) {
-    ctx_->cross_mask.key_lengths = std::move(cross_lengths);
-    ctx_->memory = memory;
-    set_buckets(1, pos + 1, pos, tokens.device());
-    ctx_->position_bias = ctx_->lookup_bias();
-    caches.resize(blocks_.size());
+  // Generation (decoder): tokens (N, 1, C), each group's rows at its position -> (N, 1, C); a
+  // group's bias is its query at pos against keys 0..pos (transformers' past_seen_tokens).
+  Tensor step(const Tensor& tokens, std::span<const StepGroup> groups, bool row_kernel) {
+    std::vector<Tensor> bias;  // (1, NH, 1, pos + 1) per group
+    for (const StepGroup& g : groups) {
+      set_buckets(1, g.pos + 1, g.pos, tokens.device());
+      bias.push_back(ctx_->lookup_bias());
+      g.caches->resize(blocks_.size());
+    }
     Tensor x = tokens;
-    for (size_t i = 0; i < blocks_.size(); ++i) x = blocks_[i]->step(x, caches[i]);
-    ctx_->memory = Tensor();
-    ctx_->position_bias = Tensor();
+    for (size_t i = 0; i < blocks_.size(); ++i)
+      x = blocks_[i]->step(x, groups, i, row_kernel, bias);
     return (*final_norm_)(x);
   }
 
@@ -338,9 +371,8 @@ void Seq2Seq::t5_checkpoint(bool on) {
   t5_decoder_->checkpoint_blocks(on);
 }
 
-Tensor Seq2Seq::t5_step(const Tensor& tokens, int64_t pos, const Tensor& memory,
-                        std::vector<int64_t> cross_lengths, std::vector<LayerCache>& caches) {
-  return t5_decoder_->step(tokens, pos, memory, std::move(cross_lengths), caches);
+Tensor Seq2Seq::t5_step(const Tensor& tokens, std::span<const StepGroup> groups, bool row_kernel) {
+  return t5_decoder_->step(tokens, groups, row_kernel);
 }
 
 // T5PreTrainedModel._init_weights with factor = init_std (initializer_factor): shared and an

@@ -1,10 +1,15 @@
 #pragma once
 // Small tensor helpers shared by the sequence-to-sequence families (seq2seq.cpp: BART /
 // BlenderBot, seq2seq_t5.cpp: T5) and beam search (seq2seq_beam.cpp). Internal to src/models.
+#include <cstddef>
+#include <span>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ds/core/tensor.h"
+#include "ds/nn/layers.h"
 #include "ds/ops/ops.h"
 
 namespace ds::models::detail {
@@ -50,6 +55,53 @@ inline Tensor additive_mask(const ops::AttentionMask& mask, int64_t B, int64_t T
       }
   if (!any) return Tensor();
   return on_device(Tensor::from_data(bias, {B, 1, Tq, Tk}), like.device()).to(like.dtype());
+}
+
+// l(x), or per row (ops::linear_rows: a row's result does not depend on the other rows) when
+// row_kernel and the weights allow it (fp32, no LoRA).
+inline Tensor project(nn::Linear& l, const Tensor& x, bool row_kernel) {
+  if (row_kernel && !l.has_lora() && x.dtype() == DType::f32 && l.weight().dtype() == DType::f32)
+    return ops::linear_rows(x, l.weight(), l.bias());
+  return l(x);
+}
+
+// Rows [off, off + n) of t along dim 0 (t itself when that is all of it).
+inline Tensor rows_of(const Tensor& t, int64_t off, int64_t n) {
+  return off == 0 && n == t.size(0) ? t : ops::contiguous(ops::slice(t, 0, off, off + n));
+}
+
+// A cached decoder step's attention, group by group (Seq2Seq::decode_step: groups of consecutive
+// rows, each with its caches): q (N, NH, 1, hd), the groups' rows in order. Self-attention (k, v
+// (N, NH, 1, hd) defined): each group's rows of k and v are appended to its layer-`li` cache,
+// which the group attends to. Cross-attention (k undefined): the group attends to its source,
+// projected by kv_of(memory) -> (keys, values) into the cache on its first step, masked by its
+// cross_lengths. attend(group index, q rows, keys, values, mask) -> (rows, NH, 1, hd).
+// -> (N, NH, 1, hd)
+template <class Group, class KV, class F>
+Tensor attend_groups(const Tensor& q, const Tensor& k, const Tensor& v,
+                     std::span<const Group> groups, size_t li, KV&& kv_of, F&& attend) {
+  std::vector<Tensor> out;
+  int64_t off = 0;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const Group& g = groups[i];
+    auto& cache = (*g.caches)[li];
+    ops::AttentionMask mask;  // the one query is the newest position: it sees every key
+    mask.causal = false;
+    const Tensor qg = rows_of(q, off, g.rows);
+    if (k.defined()) {
+      for (auto [c, t] : {std::pair{&cache.self_k, &k}, std::pair{&cache.self_v, &v}}) {
+        const Tensor rows = rows_of(*t, off, g.rows);
+        *c = c->defined() ? ops::concat({*c, rows}, 2) : rows;
+      }
+      out.push_back(attend(i, qg, cache.self_k, cache.self_v, mask));
+    } else {
+      if (!cache.cross_k.defined()) std::tie(cache.cross_k, cache.cross_v) = kv_of(g.memory);
+      mask.key_lengths = g.cross_lengths;
+      out.push_back(attend(i, qg, cache.cross_k, cache.cross_v, mask));
+    }
+    off += g.rows;
+  }
+  return out.size() == 1 ? out[0] : ops::concat(out, 0);
 }
 
 }  // namespace ds::models::detail

@@ -427,6 +427,16 @@ std::string render_chatglm(const std::vector<std::pair<std::string, std::string>
   return s + fmt::format("[Round {}]\n问：{}\n答：", history.size(), prompt);
 }
 
+std::string render_blenderbot(const std::vector<ChatMessage>& messages) {
+  std::string s;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i].role == "user") s += ' ';
+    s += messages[i].content;
+    if (i + 1 < messages.size()) s += "  ";
+  }
+  return s;
+}
+
 std::string local_time_string() {
   const std::time_t t = std::time(nullptr);
   std::tm tm{};

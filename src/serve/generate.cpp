@@ -7,7 +7,10 @@
 
 #include "ds/core/error.h"
 #include "ds/core/memory_info.h"
+#include "ds/models/family.h"
 #include "ds/models/hf_io.h"
+#include "ds/models/seq2seq_decoder.h"
+#include "ds/models/seq2seq_io.h"
 
 namespace ds::serve {
 namespace fs = std::filesystem;
@@ -30,9 +33,15 @@ size_t incomplete_utf8_tail(std::string_view s) {
   return back + 1 < need ? back + 1 : 0;
 }
 
+ContextBudget ContextBudget::of(const models::IncrementalDecoder& decoder) {
+  if (!decoder.encoder_decoder()) return ContextBudget(decoder.capacity_limit());
+  return ContextBudget(decoder.capacity_limit(), decoder.prompt_limit(),
+                       decoder.decoder_start_token());
+}
+
 Sequence::Sequence(const TextTokenizer& tokenizer, std::span<const int32_t> prompt,
                    SamplingParams params, std::vector<int32_t> eos_ids, TextCallback on_text,
-                   int64_t context)
+                   ContextBudget context)
     : tokenizer_(&tokenizer),
       params_(std::move(params)),
       eos_ids_(std::move(eos_ids)),
@@ -43,10 +52,23 @@ Sequence::Sequence(const TextTokenizer& tokenizer, std::span<const int32_t> prom
   params_.validate();
   const int64_t n_prompt = static_cast<int64_t>(prompt_.size());
   DS_CHECK(n_prompt > 0, "[generate] the prompt is empty (no tokens)");
-  DS_CHECK(n_prompt + params_.max_tokens <= context,
-           "[generate] the prompt ({} tokens) + max_tokens ({}) exceed the model's context length "
-           "of {} tokens; shorten the prompt or lower max_tokens",
-           n_prompt, params_.max_tokens, context);
+  if (context.encoder_decoder()) {
+    DS_CHECK(n_prompt <= context.prompt_limit,
+             "[generate] the source ({} tokens) exceeds the model's longest source of {} tokens; "
+             "shorten the prompt",
+             n_prompt, context.prompt_limit);
+    DS_CHECK(params_.max_tokens + 1 <= context.context,
+             "[generate] max_tokens ({}) + the decoder start token exceed the model's longest "
+             "target of {} positions; lower max_tokens to at most {}",
+             params_.max_tokens, context.context, context.context - 1);
+    history_ = {context.decoder_start};
+  } else {
+    DS_CHECK(n_prompt + params_.max_tokens <= context.context,
+             "[generate] the prompt ({} tokens) + max_tokens ({}) exceed the model's context "
+             "length of {} tokens; shorten the prompt or lower max_tokens",
+             n_prompt, params_.max_tokens, context.context);
+  }
+  history_prompt_ = static_cast<int64_t>(history_.size());
   r_.prompt_tokens = n_prompt;
   r_.finish_reason = "length";
 }
@@ -79,8 +101,9 @@ bool Sequence::advance(std::span<float> logits) {
     return false;
   }
   if (step_ > 0) ++r_.decode_steps;
+  if (processor_) processor_(prompt_, history_, logits);
   const int32_t next =
-      sample_next(logits, history_, r_.prompt_tokens, params_, static_cast<uint64_t>(step_));
+      sample_next(logits, history_, history_prompt_, params_, static_cast<uint64_t>(step_));
   if (step_ == 0) r_.first_token_seconds = seconds_since(t0_);
   ++r_.completion_tokens;
   if (std::find(eos_ids_.begin(), eos_ids_.end(), next) != eos_ids_.end()) {
@@ -123,7 +146,7 @@ GenerationResult generate(models::IncrementalDecoder& decoder, const TextTokeniz
                           std::span<const int32_t> prompt, const SamplingParams& params,
                           const std::vector<int32_t>& eos_ids, const TextCallback& on_text,
                           const CancelCheck& cancelled) {
-  Sequence s(tokenizer, prompt, params, eos_ids, on_text, decoder.capacity_limit());
+  Sequence s(tokenizer, prompt, params, eos_ids, on_text, ContextBudget::of(decoder));
   if (cancelled && cancelled()) {
     s.cancel();
     return std::move(s.result());
@@ -148,32 +171,49 @@ LoadedModel load_model(const fs::path& path, const fs::path& tokenizer_dir) {
   fs::path folder = path;
   if (!fs::exists(path / "config.json") && fs::exists(path / "hf_model" / "config.json"))
     folder = path / "hf_model";  // a ds_train --output_dir: its Hugging Face export
-  auto cfg = models::read_hf_config(folder);
-  DS_CHECK(cfg.has_value(),
+  if (auto s2s = models::read_hf_seq2seq_config(folder)) {
+    m.seq2seq = std::make_shared<models::Seq2Seq>(*s2s, /*init=*/false);
+    models::load_hf_seq2seq_weights(*m.seq2seq, folder);
+    m.seq2seq->train(false);
+    m.seq2seq_options = models::read_hf_generation_options(folder, *s2s);
+  }
+  const std::optional<models::GPTConfig> cfg =
+      m.seq2seq ? std::nullopt : models::read_hf_config(folder);
+  DS_CHECK(m.seq2seq || cfg.has_value(),
            "[serve] {} holds no config.json (nor hf_model/config.json): give a Hugging Face model "
            "folder or a ds_train --output_dir",
            path.string());
-  models::check_model_fits(*cfg, DType::f32, available_memory_bytes(),
-                           (folder / "config.json").string());
-  m.model = std::make_shared<models::GPT>(*cfg, /*init=*/false);
-  models::load_hf_weights(*m.model, folder);
-  m.model->train(false);
+  if (cfg) {
+    models::check_model_fits(*cfg, DType::f32, available_memory_bytes(),
+                             (folder / "config.json").string());
+    m.model = std::make_shared<models::GPT>(*cfg, /*init=*/false);
+    models::load_hf_weights(*m.model, folder);
+    m.model->train(false);
+  }
+  const int64_t vocab = m.vocab_size();
   if (has_tokenizer_files(folder))
     m.tokenizer = load_text_tokenizer(folder);
   else if (!tokenizer_dir.empty())
     m.tokenizer = load_text_tokenizer(tokenizer_dir);
-  else if (cfg->vocab_size == 257)
+  else if (vocab == 257)
     m.tokenizer = make_byte_tokenizer();
   else
     DS_THROW(
         "[serve] {} holds no tokenizer (tokenizer.json, tokenizer.model, vocab.json + merges.txt "
         "or encoder.json + vocab.bpe); pass --tokenizer <folder>",
         folder.string());
-  DS_CHECK(m.tokenizer->vocab_size() <= cfg->vocab_size,
+  DS_CHECK(m.tokenizer->vocab_size() <= vocab,
            "[serve] the tokenizer has {} ids but the model's vocabulary only {}: wrong tokenizer?",
-           m.tokenizer->vocab_size(), cfg->vocab_size);
+           m.tokenizer->vocab_size(), vocab);
   m.defaults = GenerationDefaults::load(folder);
   m.eos_ids = m.tokenizer->eos_ids();
+  if (m.seq2seq) {
+    // transformers' GenerationConfig: do_sample false unless set (ds_generate decodes greedily).
+    if (!m.defaults.do_sample) m.defaults.do_sample = false;
+    const int64_t eos = m.seq2seq_options.eos_token_id == -2 ? m.seq2seq->config().eos_token_id
+                                                             : m.seq2seq_options.eos_token_id;
+    if (eos >= 0) m.defaults.eos_token_ids.push_back(static_cast<int32_t>(eos));
+  }
   for (int32_t id : m.defaults.eos_token_ids)
     if (std::find(m.eos_ids.begin(), m.eos_ids.end(), id) == m.eos_ids.end())
       m.eos_ids.push_back(id);
@@ -185,14 +225,16 @@ LoadedModel load_model(const fs::path& path, const fs::path& tokenizer_dir) {
         m.chat_template = data::ChatTemplate::from_jinja(jinja);
       } catch (const Error& e) {
         m.chat_template_note =
-            fmt::format("chat template not recognised, using chatml: {}", e.what());
+            fmt::format("chat template not recognised, using {}: {}",
+                        m.seq2seq ? "the turns joined as BlenderBot does" : "chatml", e.what());
       }
     }
     // Turn-end tokens of the chat formats end a chat answer (they are special: decode hides them).
     for (const char* t : {"<|im_end|>", "<|eot_id|>", "<|endoftext|>"})
       if (int32_t id = hf->token_to_id(t); id >= 0) m.chat_eos_ids.push_back(id);
   }
-  if (!m.chat_template) m.chat_template = data::ChatTemplate::by_name("chatml");
+  // Encoder-decoders without a template of their own: ds_serve joins the turns (BlenderBot's way).
+  if (!m.chat_template && !m.seq2seq) m.chat_template = data::ChatTemplate::by_name("chatml");
   for (int32_t id : m.eos_ids)
     if (std::find(m.chat_eos_ids.begin(), m.chat_eos_ids.end(), id) == m.chat_eos_ids.end())
       m.chat_eos_ids.push_back(id);
@@ -200,6 +242,18 @@ LoadedModel load_model(const fs::path& path, const fs::path& tokenizer_dir) {
   m.id = norm.has_filename() ? norm.filename().string() : norm.parent_path().filename().string();
   m.folder = folder;
   return m;
+}
+
+std::unique_ptr<models::IncrementalDecoder> LoadedModel::make_decoder() const {
+  if (seq2seq) return std::make_unique<models::Seq2SeqDecoder>(seq2seq);
+  DS_CHECK(model != nullptr, "[serve] no model loaded");
+  return models::make_decoder(model);
+}
+
+int64_t LoadedModel::vocab_size() const {
+  if (seq2seq) return seq2seq->config().vocab_size;
+  DS_CHECK(model != nullptr, "[serve] no model loaded");
+  return model->config().vocab_size;
 }
 
 }  // namespace ds::serve

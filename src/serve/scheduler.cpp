@@ -15,7 +15,7 @@ using Clock = std::chrono::steady_clock;
 struct Scheduler::Entry {
   GenerationRequest req;
   std::promise<GenerationResult> done;
-  std::optional<Sequence> seq;     // from admission on
+  std::optional<Sequence> seq;                      // from admission on
   std::unique_ptr<models::IncrementalDecoder> dec;  // while in the batch
   Clock::time_point submitted = Clock::now();
   double queue_seconds = 0.0;
@@ -133,12 +133,13 @@ void Scheduler::step(std::vector<std::shared_ptr<Entry>>& batch) {
       waiting_.pop_front();
     }
   }
-  const int64_t context = prototype_->capacity_limit();
+  const ContextBudget context = ContextBudget::of(*prototype_);
   for (auto& e : admitted) {
     e->queue_seconds = std::chrono::duration<double>(Clock::now() - e->submitted).count();
     try {
       e->seq.emplace(tokenizer_, e->req.prompt, e->req.params, e->req.eos_ids, e->req.on_text,
                      context);
+      if (e->req.processor) e->seq->set_logits_processor(e->req.processor);
     } catch (...) {
       e->end_unstarted(std::current_exception());
       continue;

@@ -17,6 +17,7 @@
 #include <functional>
 #include <optional>
 #include <random>
+#include <span>
 #include <thread>
 
 #include <fmt/format.h>
@@ -24,7 +25,9 @@
 
 #include "ds/core/error.h"
 #include "ds/core/text.h"
+#include "ds/data/seq2seq_set.h"
 #include "ds/models/family.h"
+#include "ds/models/seq2seq_decoder.h"
 #include "ds/serve/api.h"
 #include "ds/serve/scheduler.h"
 
@@ -44,6 +47,8 @@ struct Server::Impl {
   // Response ids differ across restarts too: the counter starts from a random point.
   const uint64_t id_base = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
   std::time_t created = std::time(nullptr);
+  // The room a request has: the context (decoder-only), or the source and target limits.
+  const ContextBudget limits;
   // Owns the model from here on; last, so that it stops (cancelling what runs) before the rest.
   Scheduler scheduler;
 
@@ -52,7 +57,8 @@ struct Server::Impl {
         opt(std::move(o)),
         http(http_options(opt), [this](const ReadResult& r) { return refused(r); }),
         admission(opt.max_batch, opt.max_queue),
-        scheduler(models::make_decoder(m.model), *m.tokenizer, scheduler_options()) {}
+        limits(ContextBudget::of(*m.make_decoder())),
+        scheduler(m.make_decoder(), *m.tokenizer, scheduler_options()) {}
 
   SchedulerOptions scheduler_options() {
     SchedulerOptions so;
@@ -86,7 +92,8 @@ struct Server::Impl {
     return body.dump(-1, ' ', false, json::error_handler_t::replace);
   }
 
-  int64_t context() const { return m.model->config().block_size; }
+  // Decoder-only: the prompt and the answer's positions; encoder-decoders: the target's.
+  int64_t context() const { return limits.context; }
   // "cmpl-<16 hex>": distinct within a run (splitmix64's finalizer is a bijection) and, from a
   // random base, across restarts.
   std::string new_id(const char* prefix) {
@@ -142,6 +149,12 @@ struct Server::Impl {
     req.prompt = std::move(ids);
     req.params = std::move(p);
     req.eos_ids = chat ? m.chat_eos_ids : m.eos_ids;
+    if (m.seq2seq) {  // generation_config.json's processors, as Seq2Seq::generate_greedy's
+      const auto proc = models::Seq2SeqProcessors::of(m.seq2seq_options, m.seq2seq->config(),
+                                                      req.params.max_tokens);
+      req.processor = [proc](std::span<const int32_t> source, std::span<const int32_t> target,
+                             std::span<float> logits) { proc.apply(source, target, logits); };
+    }
     req.cancelled = [this, &job, pipe] { return cancel_all || pipe->gone || job.conn.closed(); };
     if (on_text)
       req.on_text = [pipe](std::string_view piece) {
@@ -226,10 +239,28 @@ struct Server::Impl {
     return g;
   }
 
-  // The prompt of a conversation in the model's chat format (ChatML when it has none we know).
+  // A prompt text's ids: decoder-only, as the tokenizer encodes it; an encoder-decoder's source
+  // as ds_generate encodes it (the tokenizer's template: BART's <s> x </s>), never cut (a source
+  // over the model's positions is a 400).
+  std::vector<int32_t> prompt_ids(const std::string& text) {
+    const data::TextTokenizer* hf = m.tokenizer->hf();
+    if (!m.seq2seq || !hf) return m.tokenizer->encode(text);
+    return data::encode_seq2seq_text(*hf, text, size_t{1} << 30).ids;
+  }
+
+  // The prompt of a conversation in the model's chat format (ChatML when it has none we know;
+  // an encoder-decoder without one: render_blenderbot).
   std::vector<int32_t> chat_ids(const std::vector<ChatMessage>& messages) {
     std::vector<data::ChatMessage> conv;
     for (const auto& msg : messages) conv.push_back({msg.role, msg.content});
+    if (m.seq2seq) {  // the conversation is the source text
+      if (!m.chat_template) return prompt_ids(render_blenderbot(messages));
+      try {
+        return prompt_ids(m.chat_template->render(conv, true).text);
+      } catch (const ds::Error& e) {
+        throw ApiError(400, e.what(), "messages");
+      }
+    }
     try {
       if (const data::TextTokenizer* hf = m.tokenizer->hf())
         return m.chat_template->encode(*hf, conv, /*add_generation_prompt=*/true).ids;
@@ -243,6 +274,23 @@ struct Server::Impl {
   int64_t budget(int64_t n_prompt, std::optional<int64_t> requested, int64_t fallback,
                  const std::string& param) {
     if (n_prompt == 0) throw ApiError(400, "the prompt encodes to no tokens", param);
+    if (limits.encoder_decoder()) {  // the source and the target have their own positions
+      if (n_prompt > limits.prompt_limit)
+        throw ApiError(400,
+                       fmt::format("the source is {} tokens; this encoder-decoder's longest source "
+                                   "is {} tokens",
+                                   n_prompt, limits.prompt_limit),
+                       param, "invalid_request_error", "context_length_exceeded");
+      const int64_t room = context() - 1;  // the decoder start token takes a position
+      if (requested && *requested > room)
+        throw ApiError(400,
+                       fmt::format("max_tokens ({}) + the decoder start token exceed this "
+                                   "encoder-decoder's longest target of {} positions; lower "
+                                   "max_tokens to at most {}",
+                                   *requested, context(), room),
+                       "max_tokens", "invalid_request_error", "context_length_exceeded");
+      return requested ? *requested : std::min(fallback, room);
+    }
     if (n_prompt >= context())
       throw ApiError(400,
                      fmt::format("the prompt is {} tokens; this model's context length is {} "
@@ -260,6 +308,12 @@ struct Server::Impl {
       return *requested;
     }
     return std::min(fallback, room);
+  }
+
+  // max_tokens when neither the request nor generation_config.json's max_new_tokens sets it:
+  // decoder_only's, or an encoder-decoder's generation setting (max_length - 1).
+  int64_t default_max_tokens(int64_t decoder_only) const {
+    return m.seq2seq ? m.seq2seq_options.max_new_tokens : decoder_only;
   }
 
   uint64_t seed_or_random(const RequestSampling& s) {
@@ -287,17 +341,35 @@ struct Server::Impl {
 
   void guide(const httplib::Request& req, httplib::Response& res) {
     const GuideRequest g = parse_guide_request(parse_json_body(req.body));
-    const std::vector<int32_t> ids = m.tokenizer->encode(render_chatglm(g.history, g.prompt));
+    std::vector<int32_t> ids;
+    SamplingParams p;
+    if (m.seq2seq) {  // the history and the prompt are the source; max_length bounds the target
+      std::vector<ChatMessage> conv;
+      for (const auto& [q, a] : g.history) {
+        conv.push_back({"user", q});
+        conv.push_back({"assistant", a});
+      }
+      conv.push_back({"user", g.prompt});
+      ids = chat_ids(conv);
+      if (g.max_length < 2)
+        throw ApiError(400,
+                       "max_length counts the decoder start token here (an encoder-decoder): it "
+                       "must be at least 2",
+                       "max_length");
+      p.max_tokens =
+          budget(static_cast<int64_t>(ids.size()), std::nullopt, g.max_length - 1, "prompt");
+    } else {
+      ids = m.tokenizer->encode(render_chatglm(g.history, g.prompt));
+    }
     const int64_t max_len = std::min(g.max_length, context());
     const int64_t n = static_cast<int64_t>(ids.size());
-    if (n >= max_len)
+    if (!m.seq2seq && n >= max_len)
       throw ApiError(400,
                      fmt::format("the prompt with its history is {} tokens, which reaches "
                                  "max_length {} (this model's context length is {})",
                                  n, max_len, context()),
                      n >= context() ? "prompt" : "max_length");
-    SamplingParams p;
-    p.max_tokens = max_len - n;
+    if (!m.seq2seq) p.max_tokens = max_len - n;
     p.temperature = g.temperature;
     p.top_p = g.top_p;
     p.seed = 0;  // the guide's API has no seed: the same request gets the same answer
@@ -366,15 +438,14 @@ struct Server::Impl {
 
   void completions(const httplib::Request& req, httplib::Response& res) {
     const CompletionRequest c = parse_completion_request(parse_json_body(req.body));
-    std::vector<int32_t> ids = c.prompt_ids.empty() ? m.tokenizer->encode(c.prompt) : c.prompt_ids;
+    std::vector<int32_t> ids = c.prompt_ids.empty() ? prompt_ids(c.prompt) : c.prompt_ids;
     for (int32_t id : ids)
-      if (id >= m.model->config().vocab_size)
-        throw ApiError(400,
-                       fmt::format("token id {} is outside the vocabulary [0, {})", id,
-                                   m.model->config().vocab_size),
-                       "prompt");
+      if (id >= m.vocab_size())
+        throw ApiError(
+            400, fmt::format("token id {} is outside the vocabulary [0, {})", id, m.vocab_size()),
+            "prompt");
     const int64_t n = static_cast<int64_t>(ids.size());
-    SamplingParams p = c.sampling.resolve(m.defaults, 16);
+    SamplingParams p = c.sampling.resolve(m.defaults, default_max_tokens(16));
     p.max_tokens =
         budget(n, c.sampling.max_tokens ? std::optional<int64_t>(p.max_tokens) : std::nullopt,
                p.max_tokens, "prompt");
@@ -411,17 +482,18 @@ struct Server::Impl {
     const ChatRequest c = parse_chat_request(parse_json_body(req.body));
     std::vector<int32_t> ids = chat_ids(c.messages);
     const int64_t n = static_cast<int64_t>(ids.size());
-    SamplingParams p = c.sampling.resolve(m.defaults, context());
+    SamplingParams p = c.sampling.resolve(m.defaults, default_max_tokens(context()));
     p.max_tokens =
         budget(n, c.sampling.max_tokens ? std::optional<int64_t>(p.max_tokens) : std::nullopt,
                p.max_tokens, "messages");
     p.seed = seed_or_random(c.sampling);
-    const auto fmt_ = m.chat_template->format();
+    const std::optional<data::ChatFormat> fmt_ =
+        m.chat_template ? std::optional(m.chat_template->format()) : std::nullopt;
     if (fmt_ == data::ChatFormat::kChatML || fmt_ == data::ChatFormat::kQwen2)
       p.stop.push_back(kChatStop);  // as text too: tokenizers without the special token
     if (fmt_ == data::ChatFormat::kGlm4)
       p.stop.push_back("<|user|>");  // GLM-4 ends its turn by opening the user's
-    auto job = admit(req);          // held until the reply (or stream) ends
+    auto job = admit(req);           // held until the reply (or stream) ends
     const std::string id = new_id("chatcmpl");
     const std::time_t now = std::time(nullptr);
     if (c.stream) {

@@ -13,6 +13,10 @@
 // weights read once for all of them; row b equals decoders[b]->forward({ids[b]}) bit for bit
 // where the family says so (the GPT decoder does for fp32 weights).
 //
+// Encoder-decoders (BART, BlenderBot, T5) have models::Seq2SeqDecoder
+// (ds/models/seq2seq_decoder.h): there the prompt is the source, not the start of the cache
+// (encoder_decoder() below).
+//
 // Families make their decoder through the registry (models::Family::make_decoder, family.h); the
 // decoders of one family share its weights with the model (no copy), which must outlive them and
 // not change while a decoder holds a cache (reset() after loading weights).
@@ -51,6 +55,16 @@ class IncrementalDecoder {
   virtual int64_t cache_bytes() const = 0;  // what the cache holds now
   // An empty decoder over the same model and weights (another sequence).
   virtual std::unique_ptr<IncrementalDecoder> fresh() const = 0;
+
+  // What the prompt is. Decoder-only (false): the prompt is the sequence's first positions, the
+  // generated tokens follow it in the cache, both within capacity_limit(). Encoder-decoders
+  // (models::Seq2SeqDecoder, true): the first forward() on an empty decoder encodes the prompt as
+  // the SOURCE (at most prompt_limit() tokens, not cache positions) and feeds
+  // decoder_start_token(); the cache then holds the target only (the decoder start and the tokens
+  // fed after it), which length(), capacity_limit() and truncate() count.
+  virtual bool encoder_decoder() const { return false; }
+  virtual int64_t prompt_limit() const { return capacity_limit(); }  // the longest prompt
+  virtual int32_t decoder_start_token() const { return -1; }         // encoder-decoders only
 };
 
 }  // namespace ds::models

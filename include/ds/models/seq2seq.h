@@ -68,6 +68,7 @@
 // the next forward (the recomputation reads the latest forward's masks).
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -253,12 +254,24 @@ class Seq2Seq : public nn::Module {
   class Attention;
   class Layer;
   class Stack;
-  class T5Stack;  // src/models/seq2seq_t5.cpp
+  class T5Stack;                // src/models/seq2seq_t5.cpp
+  friend class Seq2SeqDecoder;  // ds/models/seq2seq_decoder.h: serving runs decode_step
   // One decoder layer's keys and values during generation: self-attention's grow by one
   // position a step (B, NH, t, hd), cross-attention's are the encoder output's (B, NH, S, hd),
   // projected once.
   struct LayerCache {
     Tensor self_k, self_v, cross_k, cross_v;
+  };
+  // Rows of one decode step that share their caches: a batch of sequences at one position
+  // (generate_greedy, beam search: one group of B rows) or one sequence (Seq2SeqDecoder: a group
+  // each, at its own position, over its own source).
+  struct StepGroup {
+    std::vector<LayerCache>* caches = nullptr;  // one per decoder layer (made on the first step)
+    int64_t rows = 1;                           // the step's next `rows` rows are this group's
+    int64_t pos = 0;                            // their decoder position
+    Tensor
+        memory;  // (rows, S, C) encoder output: projected into the cross caches on the first step
+    std::vector<int64_t> cross_lengths;  // memory's source length per row; {} = all S
   };
   Seq2SeqConfig config_;
   std::shared_ptr<nn::Embedding> shared_;
@@ -274,13 +287,13 @@ class Seq2Seq : public nn::Module {
   // What the LM head multiplies: h, or h * d_model^-0.5 (T5's scale_decoder_outputs).
   Tensor head_input(const Tensor& h) const;
   // Logits (B, T, V) of the decoder's last hidden states (B, T, C): the head of the family.
-  Tensor head(const Tensor& h);
+  // row_kernel: see decode_step.
+  Tensor head(const Tensor& h, bool row_kernel = false);
   void build_t5();  // the T5 module tree (seq2seq_t5.cpp)
   // T5Stack::run of the encoder (decoder false) or the decoder, and T5Stack::step of the decoder.
   Tensor t5_run(bool decoder, const Tensor& tokens, std::vector<int64_t> self_lengths,
                 Tensor memory, std::vector<int64_t> cross_lengths);
-  Tensor t5_step(const Tensor& tokens, int64_t pos, const Tensor& memory,
-                 std::vector<int64_t> cross_lengths, std::vector<LayerCache>& caches);
+  Tensor t5_step(const Tensor& tokens, std::span<const StepGroup> groups, bool row_kernel);
   void t5_checkpoint(bool on);
   bool init_t5_range(const std::string& name, size_t index, int64_t begin, int64_t count,
                      float* out) const;
@@ -289,6 +302,13 @@ class Seq2Seq : public nn::Module {
   // keys and values in caches (one per decoder layer; filled on the first step).
   Tensor decode_step(const Tensor& ids, int64_t pos, const Tensor& memory,
                      const Tensor& attention_mask, std::vector<LayerCache>& caches);
+  // The one cached decoder step every generation runs: logits (N, 1, V) of ids (N, 1), the rows
+  // split into groups in order (their rows sum to N); each group attends to its own caches (its
+  // rows' keys and values appended) and source. The projections and the FFN run once over all N
+  // rows; attention runs per group. row_kernel: the projections per row (ops::linear_rows, fp32
+  // weights without LoRA), so that a row's logits do not depend on the other rows (continuous
+  // batching); false: GEMMs. Eval mode and no gradient are the caller's.
+  Tensor decode_step(const Tensor& ids, std::span<const StepGroup> groups, bool row_kernel);
 };
 
 }  // namespace ds::models

@@ -95,6 +95,12 @@ inline constexpr const char* kChatStop = "<|im_end|>";
 std::string render_chatglm(const std::vector<std::pair<std::string, std::string>>& history,
                            const std::string& prompt);
 
+// An encoder-decoder's conversation as its source text when its tokenizer has no chat template:
+// transformers 4.x's BlenderbotTokenizer default template without its final eos_token (the
+// source's encoding adds the tokenizer's end token): the turns' contents joined by two spaces,
+// each user turn prefixed by a space.
+std::string render_blenderbot(const std::vector<ChatMessage>& messages);
+
 // Local time as "%Y-%m-%d %H:%M:%S" (the guide's "time").
 std::string local_time_string();
 

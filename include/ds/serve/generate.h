@@ -24,8 +24,8 @@
 
 #include "ds/data/chat_template.h"
 #include "ds/models/gpt.h"
-#include "ds/models/gpt.h"
 #include "ds/models/incremental_decoder.h"
+#include "ds/models/seq2seq.h"
 #include "ds/serve/sampling.h"
 #include "ds/serve/text_tokenizer.h"
 
@@ -52,6 +52,29 @@ using TextCallback = std::function<bool(std::string_view piece)>;
 // finish_reason "cancelled" (ds_serve: the client disconnected, or a drain ran out of time).
 using CancelCheck = std::function<bool()>;
 
+// Changes one step's logits (V) in place before sampling (banned tokens -> -inf): encoder-decoders'
+// transformers processors (models::Seq2SeqProcessors). source: the prompt; sequence: what the
+// decoder has seen (decoder-only: prompt + generated; encoder-decoders: the decoder start +
+// generated).
+using LogitsProcessor = std::function<void(
+    std::span<const int32_t> source, std::span<const int32_t> sequence, std::span<float> logits)>;
+
+// The room a decoder gives one generation. Decoder-only (decoder_start < 0): the prompt and the
+// generated tokens share `context` positions. Encoder-decoders: the prompt is a source of at most
+// prompt_limit tokens; the target (decoder_start + the generated tokens but the last) has at most
+// `context` positions: max_tokens + 1 <= context (transformers' max_length counts the start).
+struct ContextBudget {
+  int64_t context = 0;
+  int64_t prompt_limit = 0;
+  int32_t decoder_start = -1;
+  ContextBudget(int64_t decoder_only_context)  // NOLINT: a context length reads as a budget
+      : context(decoder_only_context), prompt_limit(decoder_only_context) {}
+  ContextBudget(int64_t context, int64_t prompt_limit, int32_t decoder_start)
+      : context(context), prompt_limit(prompt_limit), decoder_start(decoder_start) {}
+  static ContextBudget of(const models::IncrementalDecoder& decoder);
+  bool encoder_decoder() const { return decoder_start >= 0; }
+};
+
 // One generation's state between forwards: sampling with its own params and seed, end-of-sequence,
 // stop strings, max_tokens, and the streaming of final text. Its driver runs the prefill, calls
 // prefilled(), then hands the logits of each last position to advance() and feeds next_token()
@@ -64,10 +87,15 @@ using CancelCheck = std::function<bool()>;
 class Sequence {
  public:
   // Validates params and the budget: throws "[generate] ..." when the prompt is empty or prompt +
-  // max_tokens exceeds context. Starts the clock of first_token_seconds and prefill_seconds.
+  // max_tokens exceeds context (encoder-decoders: the source exceeds prompt_limit, or max_tokens +
+  // 1 the target's context). Starts the clock of first_token_seconds and prefill_seconds. The
+  // repetition penalty counts the prompt (decoder-only) or the decoder start (encoder-decoders,
+  // as transformers: the source is not the decoder's input).
   Sequence(const TextTokenizer& tokenizer, std::span<const int32_t> prompt, SamplingParams params,
-           std::vector<int32_t> eos_ids, TextCallback on_text, int64_t context);
+           std::vector<int32_t> eos_ids, TextCallback on_text, ContextBudget context);
   const std::vector<int32_t>& prompt() const { return prompt_; }
+  // Applied to every step's logits before sampling (encoder-decoders' generation settings).
+  void set_logits_processor(LogitsProcessor p) { processor_ = std::move(p); }
   void prefilled();  // the prefill's forward is done
   // logits (V) of the last position (modified in place): samples the next token, streams text.
   // true: feed next_token() to the next decode step; false: finished (eos, stop, length, or the
@@ -85,7 +113,10 @@ class Sequence {
   SamplingParams params_;
   std::vector<int32_t> eos_ids_;
   TextCallback on_text_;
-  std::vector<int32_t> prompt_, history_;  // the prompt; prompt + generated
+  LogitsProcessor processor_;
+  // the prompt; the decoder's input so far: prompt (decoder start) + generated
+  std::vector<int32_t> prompt_, history_;
+  int64_t history_prompt_ = 0;  // the prompt's (decoder start's) part of history_
   GenerationResult r_;
   size_t emitted_ = 0;  // bytes of r_.text handed to on_text
   int64_t step_ = 0;
@@ -102,12 +133,21 @@ GenerationResult generate(models::IncrementalDecoder& decoder, const TextTokeniz
                           const CancelCheck& cancelled = {});
 
 struct LoadedModel {
-  std::shared_ptr<models::GPT> model;
+  std::shared_ptr<models::GPT> model;  // decoder-only; null for an encoder-decoder
+  // Encoder-decoders (config.json model_type bart, blenderbot or t5): the model, and its
+  // generation settings (models::read_hf_generation_options: the logits processors ds_serve
+  // applies; max_new_tokens the default max_tokens).
+  std::shared_ptr<models::Seq2Seq> seq2seq;
+  models::BeamOptions seq2seq_options;
+  // A decoder of the model (models::make_decoder, or a models::Seq2SeqDecoder).
+  std::unique_ptr<models::IncrementalDecoder> make_decoder() const;
+  int64_t vocab_size() const;
   std::unique_ptr<TextTokenizer> tokenizer;
   GenerationDefaults defaults;   // generation_config.json
   std::vector<int32_t> eos_ids;  // the tokenizer's, plus generation_config.json's
   // The chat format: the tokenizer's chat_template when ds::data::ChatTemplate recognises it, else
-  // ChatML; chat_template_note says why it was not used. chat_eos_ids: eos_ids plus the turn-end
+  // ChatML (encoder-decoders: none, ds_serve then joins the turns as BlenderBot does);
+  // chat_template_note says why it was not used. chat_eos_ids: eos_ids plus the turn-end
   // tokens the vocabulary has (<|im_end|>, <|eot_id|>, <|endoftext|>).
   std::optional<data::ChatTemplate> chat_template;
   std::string chat_template_note;
@@ -117,8 +157,11 @@ struct LoadedModel {
 };
 
 // path: a Hugging Face folder (config.json + safetensors) or a ds_train --output_dir (its hf_model/
-// export). The tokenizer comes from the folder, else from tokenizer_dir, else the byte tokenizer
-// when the vocabulary has exactly 257 ids (tiny test models). Throws naming what is missing.
+// export); decoder-only or encoder-decoder (LoadedModel::seq2seq; generation_config.json's
+// do_sample defaults to false there, as transformers': greedy unless a request sets a
+// temperature). The tokenizer comes from the folder, else from tokenizer_dir, else the byte
+// tokenizer when the vocabulary has exactly 257 ids (tiny test models). Throws naming what is
+// missing.
 LoadedModel load_model(const std::filesystem::path& path,
                        const std::filesystem::path& tokenizer_dir = {});
 

@@ -1,8 +1,8 @@
 #pragma once
 // Continuous batching: one thread owns the model and advances every running generation by one
-// token per step, in one batched decode forward (models::IncrementalDecoder::decode_batch), as vLLM, TGI and
-// llama.cpp's server do. On a CPU decode is bound by reading the weights; a step of B sequences
-// reads them once, so B requests progress at nearly the speed of one.
+// token per step, in one batched decode forward (models::IncrementalDecoder::decode_batch), as
+// vLLM, TGI and llama.cpp's server do. On a CPU decode is bound by reading the weights; a step of B
+// sequences reads them once, so B requests progress at nearly the speed of one.
 //
 //   serve::Scheduler sched(model, tokenizer, {.max_batch = 8});
 //   auto done = sched.submit({.prompt = ids, .params = p, .eos_ids = eos, .on_text = cb});
@@ -15,8 +15,12 @@
 // next waiting requests at the next step. A request's tokens equal those of generate() alone (same
 // prefill, decode rows equal bit for bit, the same sampler draws), whatever else shares its steps.
 //
-// Memory: one KV cache per running sequence (IncrementalDecoder::cache_bytes, up to block_size positions
-// each), kept for reuse: at most max_batch caches.
+// Encoder-decoders (models::Seq2SeqDecoder) run the same way: the prefill encodes the prompt as
+// the source and runs the decoder start token; the budget a request is checked against is the
+// decoder's (ContextBudget::of: the source limit and the target's positions).
+//
+// Memory: one KV cache per running sequence (IncrementalDecoder::cache_bytes, up to block_size
+// positions each), kept for reuse: at most max_batch caches.
 //
 // Threading: submit(), running(), waiting() and decode_steps() may be called from any thread. A
 // request's on_text, cancelled and on_finish run on the scheduler's thread, between steps: they
@@ -33,8 +37,8 @@
 #include <vector>
 
 #include "ds/models/gpt.h"
-#include "ds/serve/generate.h"
 #include "ds/models/incremental_decoder.h"
+#include "ds/serve/generate.h"
 #include "ds/serve/text_tokenizer.h"
 
 namespace ds::serve {
@@ -52,6 +56,7 @@ struct GenerationRequest {
   TextCallback on_text;             // final text as it comes (generate()'s on_text)
   CancelCheck cancelled;            // asked every step, waiting or running: true ends the request
   std::function<void()> on_finish;  // after the result is ready (wakes a waiting thread)
+  LogitsProcessor processor;        // each step's logits before sampling (Sequence); may be empty
 };
 
 class Scheduler {
@@ -85,7 +90,8 @@ class Scheduler {
   std::unique_ptr<models::IncrementalDecoder> prototype_;
   const TextTokenizer& tokenizer_;
   SchedulerOptions opt_;
-  std::vector<std::unique_ptr<models::IncrementalDecoder>> free_;  // caches of retired sequences, for reuse
+  std::vector<std::unique_ptr<models::IncrementalDecoder>>
+      free_;  // caches of retired sequences, for reuse
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Entry>> waiting_;  // arrival order
