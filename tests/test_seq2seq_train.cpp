@@ -23,6 +23,7 @@
 #include "ds/core/error.h"
 #include "ds/data/seq2seq_set.h"
 #include "ds/train/seq2seq_trainer.h"
+#include "task_fixture.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -56,12 +57,10 @@ std::string lookup_task(int n, uint32_t seed) {
   return text;
 }
 
-class Seq2SeqTrain : public ::testing::Test {
+class Seq2SeqTrain : public ds::testing::TaskTrainTest<train::Seq2SeqPlan, train::plan_seq2seq> {
  protected:
   static void SetUpTestSuite() {
-    root_ = fs::temp_directory_path() / ("s2s_train_" + std::to_string(::getpid()));
-    fs::remove_all(root_);
-    fs::create_directories(root_);
+    set_up_suite("s2s_train_");
     std::ofstream(root_ / "train.jsonl") << lookup_task(256, 1);
     std::ofstream(root_ / "dev.jsonl") << lookup_task(16, 2);
     data::Seq2SeqPrepareOptions o;
@@ -72,8 +71,6 @@ class Seq2SeqTrain : public ::testing::Test {
     o.max_target_len = 12;
     o.val_files = "dev*";
     data::prepare_seq2seq(o);
-    std::ifstream cfg(fs::path(DS_SOURCE_DIR) / "configs" / "ds_demo.json");
-    builtin_ = {std::istreambuf_iterator<char>(cfg), {}};
     // Tiny BARTs (our JSON form; the data fills vocabulary and special ids), with and without
     // dropout (the resume must restore the dropout stream).
     std::ofstream(root_ / "bart_dropout.json")
@@ -84,7 +81,6 @@ class Seq2SeqTrain : public ::testing::Test {
               "encoder_heads": 2, "decoder_heads": 2, "encoder_ffn": 64, "decoder_ffn": 64,
               "dropout": 0.0})";
   }
-  static void TearDownTestSuite() { fs::remove_all(root_); }
 
   train::Options options(const std::string& out) const {
     train::Options o;
@@ -100,25 +96,7 @@ class Seq2SeqTrain : public ::testing::Test {
     o.eval_bleu_examples = 16;
     return o;
   }
-  train::Given given() const {
-    train::Given g;
-    g.model = g.per_device_train_batch_size = g.learning_rate = g.warmup_steps = g.max_steps = true;
-    return g;
-  }
-  static std::string error_of(const train::Options& o, const train::Given& g) {
-    try {
-      train::plan_seq2seq(o, g, builtin_.c_str());
-    } catch (const ds::Error& e) {
-      return e.what();
-    }
-    return "";
-  }
-
-  static fs::path root_;
-  static std::string builtin_;
 };
-fs::path Seq2SeqTrain::root_;
-std::string Seq2SeqTrain::builtin_;
 
 // About 15 s on 2 cores: 100 steps are what the tiny model needs to learn the task reliably.
 TEST_F(Seq2SeqTrain, LearnsTheLookupTaskAndExports) {
@@ -322,12 +300,7 @@ TEST_F(Seq2SeqTrain, ProcessesPrepareTrainGenerate) {
   std::string log;
   // Runs cmd; log = its stdout and stderr (stdout only when `quiet_stderr`).
   auto sh = [&](const std::string& cmd, bool quiet_stderr = false) {
-    const fs::path file = root_ / "proc_log.txt";
-    const std::string err = quiet_stderr ? (root_ / "proc_err.txt").string() : "&1";
-    const int status = std::system((cmd + " > " + file.string() + " 2>" + err).c_str());
-    std::ifstream f(file);
-    log = {std::istreambuf_iterator<char>(f), {}};
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return run_command(cmd, &log, "proc_log.txt", quiet_stderr);
   };
   // Records in the {"prompt", "response"} style.
   {
@@ -398,20 +371,17 @@ TEST_F(Seq2SeqTrain, ProcessesPrepareTrainGenerate) {
 // eight examples when the ranks hold different numbers of target tokens: within 0.2%.
 TEST_F(Seq2SeqTrain, TwoRanksZero3MatchOneProcess) {
   auto run = [&](const std::string& launcher, const std::string& args, std::string* log) {
-    const fs::path file = root_ / "ranks_log.txt";
-    const std::string cmd =
+    return run_command(
         launcher + std::string(DS_TRAIN_BIN) + " --train_data " + (root_ / "set").string() +
-        " --model " + (root_ / "bart_nodrop.json").string() +
-        " --threads 1 --max_steps 6 --learning_rate 1e-2 --eval_steps 3 --eval_bleu_examples 4 "
-        "--deepspeed '{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": "
-        "\"auto\", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": "
-        "\"auto\"}}, \"zero_optimization\": {\"stage\": 3, "
-        "\"stage3_param_persistence_threshold\": 0}}' " +
-        args + " > " + file.string() + " 2>&1";
-    const int status = std::system(cmd.c_str());
-    std::ifstream f(file);
-    *log = {std::istreambuf_iterator<char>(f), {}};
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+            " --model " + (root_ / "bart_nodrop.json").string() +
+            " --threads 1 --max_steps 6 --learning_rate 1e-2 --eval_steps 3 "
+            "--eval_bleu_examples 4 "
+            "--deepspeed '{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": "
+            "\"auto\", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": "
+            "\"auto\"}}, \"zero_optimization\": {\"stage\": 3, "
+            "\"stage3_param_persistence_threshold\": 0}}' " +
+            args,
+        log, "ranks_log.txt");
   };
   std::string log;
   const fs::path one = root_ / "ranks1", two = root_ / "ranks2";
@@ -421,14 +391,7 @@ TEST_F(Seq2SeqTrain, TwoRanksZero3MatchOneProcess) {
       0)
       << log;
   EXPECT_NE(log.find("micro-batch 4 x accumulation 1"), std::string::npos) << log;
-  auto column = [](const fs::path& f) {
-    std::vector<double> v;
-    std::ifstream in(f);
-    std::string line;
-    std::getline(in, line);
-    while (std::getline(in, line)) v.push_back(std::stod(line.substr(line.rfind(',') + 1)));
-    return v;
-  };
+  auto column = [](const fs::path& f) { return csv_column(f); };
   for (const char* name :
        {"Train_Samples_train_loss", "Eval_Samples_eval_loss", "Eval_Samples_eval_bleu"}) {
     const auto a = column(one / "metrics" / (std::string(name) + ".csv")),
