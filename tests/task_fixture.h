@@ -95,6 +95,12 @@ class TaskTrainTest : public ::testing::Test {
     *log = {std::istreambuf_iterator<char>(f), {}};
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
+  // The --deepspeed of the two-rank tests: a global batch of 8, ZeRO-3 partitioning every
+  // parameter, followed by a space.
+  static constexpr const char* kZero3Batch8 =
+      "--deepspeed '{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": \"auto\", "
+      "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\"}}, "
+      "\"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 0}}' ";
   // The value column of a csv_monitor file (step,value rows after a header).
   static std::vector<double> csv_column(const std::filesystem::path& f) {
     std::vector<double> v;

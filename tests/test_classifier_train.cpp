@@ -596,12 +596,7 @@ TEST_F(ClassifierTrain, TwoRanksZero3MatchOneProcess) {
     return run_command(
         launcher + std::string(DS_TRAIN_BIN) + " --train_data " + (root_ / "set").string() +
             " --model " + (root_ / "bert_nodrop.json").string() +
-            " --threads 1 --max_steps 6 --learning_rate 1e-3 --eval_steps 3 "
-            "--deepspeed '{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": "
-            "\"auto\", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": "
-            "\"auto\"}}, \"zero_optimization\": {\"stage\": 3, "
-            "\"stage3_param_persistence_threshold\": 0}}' " +
-            args,
+            " --threads 1 --max_steps 6 --learning_rate 1e-3 --eval_steps 3 " + kZero3Batch8 + args,
         log, "ranks_log.txt");
   };
   std::string log;

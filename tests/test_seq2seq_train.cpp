@@ -371,17 +371,13 @@ TEST_F(Seq2SeqTrain, ProcessesPrepareTrainGenerate) {
 // eight examples when the ranks hold different numbers of target tokens: within 0.2%.
 TEST_F(Seq2SeqTrain, TwoRanksZero3MatchOneProcess) {
   auto run = [&](const std::string& launcher, const std::string& args, std::string* log) {
-    return run_command(
-        launcher + std::string(DS_TRAIN_BIN) + " --train_data " + (root_ / "set").string() +
-            " --model " + (root_ / "bart_nodrop.json").string() +
-            " --threads 1 --max_steps 6 --learning_rate 1e-2 --eval_steps 3 "
-            "--eval_bleu_examples 4 "
-            "--deepspeed '{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": "
-            "\"auto\", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": "
-            "\"auto\"}}, \"zero_optimization\": {\"stage\": 3, "
-            "\"stage3_param_persistence_threshold\": 0}}' " +
-            args,
-        log, "ranks_log.txt");
+    return run_command(launcher + std::string(DS_TRAIN_BIN) + " --train_data " +
+                           (root_ / "set").string() + " --model " +
+                           (root_ / "bart_nodrop.json").string() +
+                           " --threads 1 --max_steps 6 --learning_rate 1e-2 --eval_steps 3 "
+                           "--eval_bleu_examples 4 " +
+                           kZero3Batch8 + args,
+                       log, "ranks_log.txt");
   };
   std::string log;
   const fs::path one = root_ / "ranks1", two = root_ / "ranks2";

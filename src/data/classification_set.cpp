@@ -208,22 +208,24 @@ ClassificationPrepareReport prepare_classification(const ClassificationPrepareOp
   const uint32_t vocab = static_cast<uint32_t>(tok->vocab_size());
   std::vector<SetSplit> splits;
   for (Split* s : {&train, &val}) {
+    auto bytes = [&, s] {
+      return SplitFileBytes(kMagic)
+          .field(static_cast<uint32_t>(kClassificationVersion))
+          .field(static_cast<uint32_t>(T))
+          .field(static_cast<uint64_t>(s->rep.examples))
+          .field(vocab)
+          .field(static_cast<uint32_t>(labels.size()))
+          .array(s->ids)
+          .array(s->types)
+          .array(s->lengths)
+          .array(s->labels)
+          .take();
+    };
     splits.push_back({s == &train ? "train" : "val",
                       s->rep.examples,
-                      [&, s] {
-                        return SplitFileBytes(kMagic)
-                            .field(static_cast<uint32_t>(kClassificationVersion))
-                            .field(static_cast<uint32_t>(T))
-                            .field(static_cast<uint64_t>(s->rep.examples))
-                            .field(vocab)
-                            .field(static_cast<uint32_t>(labels.size()))
-                            .array(s->ids)
-                            .array(s->types)
-                            .array(s->lengths)
-                            .array(s->labels)
-                            .take();
-                      },
-                      {{"truncated", s->rep.truncated}, {"label_counts", s->rep.label_counts}}});
+                      bytes,
+                      {{"truncated", s->rep.truncated}, {"label_counts", s->rep.label_counts}},
+                      &s->rep.file});
   }
   SetMeta meta;
   meta.format = kClassificationFormat;
@@ -242,9 +244,7 @@ ClassificationPrepareReport prepare_classification(const ClassificationPrepareOp
                {"padding", "right, with pad_id; lengths[] give the attention mask"}};
   meta.inputs = report.files;
   meta.split_rule = report.split_rule;
-  const auto names = write_task_set(o.output_dir, ".cls", *tok, meta, splits, &report.meta);
-  train.rep.file = names[0];
-  val.rep.file = names[1];
+  report.meta = write_task_set(o.output_dir, ".cls", *tok, meta, splits);
   report.train = train.rep;
   report.val = val.rep;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

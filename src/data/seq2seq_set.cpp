@@ -309,23 +309,25 @@ Seq2SeqPrepareReport prepare_seq2seq(const Seq2SeqPrepareOptions& o) {
   const uint32_t vocab = static_cast<uint32_t>(tok->vocab_size());
   std::vector<SetSplit> splits;
   for (Split* s : {&train, &val}) {
+    auto bytes = [&, s] {
+      return SplitFileBytes(kMagic)
+          .field(static_cast<uint32_t>(kSeq2SeqVersion))
+          .field(static_cast<uint32_t>(S))
+          .field(static_cast<uint32_t>(T))
+          .field(vocab)
+          .field(static_cast<uint64_t>(s->rep.examples))
+          .array(s->src)
+          .array(s->src_len)
+          .array(s->labels)
+          .array(s->tgt_len)
+          .take();
+    };
     splits.push_back({s == &train ? "train" : "val",
                       s->rep.examples,
-                      [&, s] {
-                        return SplitFileBytes(kMagic)
-                            .field(static_cast<uint32_t>(kSeq2SeqVersion))
-                            .field(static_cast<uint32_t>(S))
-                            .field(static_cast<uint32_t>(T))
-                            .field(vocab)
-                            .field(static_cast<uint64_t>(s->rep.examples))
-                            .array(s->src)
-                            .array(s->src_len)
-                            .array(s->labels)
-                            .array(s->tgt_len)
-                            .take();
-                      },
+                      bytes,
                       {{"truncated_source", s->rep.truncated_source},
-                       {"truncated_target", s->rep.truncated_target}}});
+                       {"truncated_target", s->rep.truncated_target}},
+                      &s->rep.file});
   }
   SetMeta meta;
   meta.format = kSeq2SeqFormat;
@@ -348,9 +350,7 @@ Seq2SeqPrepareReport prepare_seq2seq(const Seq2SeqPrepareOptions& o) {
       {"padding", "source right-padded with pad_id (lengths give the mask); labels with -100"}};
   meta.inputs = report.files;
   meta.split_rule = report.split_rule;
-  const auto names = write_task_set(o.output_dir, ".s2s", *tok, meta, splits, &report.meta);
-  train.rep.file = names[0];
-  val.rep.file = names[1];
+  report.meta = write_task_set(o.output_dir, ".s2s", *tok, meta, splits);
   report.train = train.rep;
   report.val = val.rep;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -62,23 +62,21 @@ void RecordSplit::count(size_t records) {
                   f, n_val, records);
 }
 
-std::vector<std::string> write_task_set(const fs::path& dir, const std::string& ext,
-                                        const TextTokenizer& tok, const SetMeta& m,
-                                        const std::vector<SetSplit>& splits, fs::path* meta_file) {
+fs::path write_task_set(const fs::path& dir, const std::string& ext, const TextTokenizer& tok,
+                        const SetMeta& m, const std::vector<SetSplit>& splits) {
   fs::create_directories(dir);
-  std::vector<std::string> names;
   json entries = json::object();
   for (const SetSplit& s : splits) {
     const fs::path file = dir / (s.name + ext);
-    if (s.examples == 0) {
+    const std::string name = s.examples > 0 ? file.filename().string() : "";
+    if (s.file_name) *s.file_name = name;
+    if (name.empty()) {
       fs::remove(file);
-      names.emplace_back();
       continue;
     }
     ds::write_file_atomic(file, s.bytes());
-    names.push_back(file.filename().string());
     json entry = s.stats;
-    entry["files"] = {names.back()};
+    entry["files"] = {name};
     entry["examples"] = s.examples;
     entries[s.name] = entry;
   }
@@ -98,9 +96,9 @@ std::vector<std::string> write_task_set(const fs::path& dir, const std::string& 
                      {"split_rule", m.split_rule},
                      {"created_by", "ds_prepare --task " + m.kind},
                      {"splits", entries}};
-  *meta_file = dir / "meta.json";
-  ds::write_file_atomic(*meta_file, meta.dump(2) + "\n");
-  return names;
+  const fs::path meta_file = dir / "meta.json";
+  ds::write_file_atomic(meta_file, meta.dump(2) + "\n");
+  return meta_file;
 }
 
 // ---- reading a set ------------------------------------------------------------------------------

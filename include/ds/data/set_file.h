@@ -92,6 +92,7 @@ struct SetSplit {
   int64_t examples = 0;                // none: no file and no meta.json entry
   std::function<std::string()> bytes;  // the split file (made when it is written)
   nlohmann::json stats;                // its meta.json entry's fields beyond files and examples
+  std::string* file_name = nullptr;    // receives the file's name ("" when none)
 };
 
 // What meta.json says beyond the splits.
@@ -106,12 +107,10 @@ struct SetMeta {
 };
 
 // Writes the splits with examples as dir/<name><ext> (removing the file of a split without any),
-// then dir/meta.json, durably (write_file_atomic). Returns each split's file name ("" for none),
-// in `splits` order, and the meta.json path in *meta_file.
-std::vector<std::string> write_task_set(const std::filesystem::path& dir, const std::string& ext,
-                                        const TextTokenizer& tok, const SetMeta& meta,
-                                        const std::vector<SetSplit>& splits,
-                                        std::filesystem::path* meta_file);
+// then dir/meta.json, durably (write_file_atomic). Returns the meta.json path.
+std::filesystem::path write_task_set(const std::filesystem::path& dir, const std::string& ext,
+                                     const TextTokenizer& tok, const SetMeta& meta,
+                                     const std::vector<SetSplit>& splits);
 
 // ---- reading a set ------------------------------------------------------------------------------
 
