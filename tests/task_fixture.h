@@ -101,6 +101,37 @@ class TaskTrainTest : public ::testing::Test {
       "--deepspeed '{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": \"auto\", "
       "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\"}}, "
       "\"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 0}}' ";
+  // The train losses (Train_Samples_train_loss.csv's text) of `ds_train_cmd` (the program, the
+  // data and the model) for 4 ZeRO-3 steps at a global batch of 8 into root_/offload_<tag>, with
+  // `offload` ("" or offload sections ending ", ") in zero_optimization; checks that the log
+  // names NVMe exactly when `offload` is given.
+  static std::string zero3_losses(const std::string& ds_train_cmd, const std::string& tag,
+                                  const std::string& offload) {
+    const std::filesystem::path out = root_ / ("offload_" + tag);
+    std::string said;
+    EXPECT_EQ(run_command(ds_train_cmd +
+                              " --threads 1 --max_steps 4 --learning_rate 1e-2 --eval_steps 0 "
+                              "--export_hf none --output_dir " +
+                              out.string() +
+                              " --deepspeed '{\"train_batch_size\": 8, "
+                              "\"train_micro_batch_size_per_gpu\": 8, \"optimizer\": {\"type\": "
+                              "\"AdamW\", \"params\": {\"lr\": \"auto\"}}, "
+                              "\"zero_optimization\": {\"stage\": 3, " +
+                              offload + "\"stage3_param_persistence_threshold\": 0}}'",
+                          &said, "offload_" + tag + ".txt"),
+              0)
+        << said;
+    EXPECT_EQ(said.find("\"nvme\"") != std::string::npos, !offload.empty()) << said;
+    std::ifstream f(out / "metrics" / "Train_Samples_train_loss.csv");
+    return {std::istreambuf_iterator<char>(f), {}};
+  }
+  // The offload sections that put the optimizer state and the parameters on NVMe under `dir`.
+  static std::string nvme_offload(const std::filesystem::path& dir) {
+    std::filesystem::create_directories(dir);
+    const std::string d = dir.string();
+    return "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + d +
+           "\"}, \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" + d + "\"}, ";
+  }
   // The value column of a csv_monitor file (step,value rows after a header).
   static std::vector<double> csv_column(const std::filesystem::path& f) {
     std::vector<double> v;
