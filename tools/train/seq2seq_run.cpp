@@ -14,6 +14,7 @@
 #include "ds/core/file_io.h"
 #include "ds/runtime/config.h"
 #include "ds/runtime/monitor.h"
+#include "ds/train/lora.h"
 #include "ds/train/seq2seq_trainer.h"
 #include "ds/train/train_util.h"
 
@@ -164,10 +165,7 @@ int run_seq2seq(const Options& o, const Given& g, const char* builtin_config) {
   out.message(fmt::format("checkpoint: {}/{} (resume: --resume_from_checkpoint latest)",
                           out_dir.string(), latest_tag(out_dir)));
   if (export_dir != "none")
-    out.message(
-        fmt::format("HF export:  {} (config.json + model.safetensors + tokenizer; "
-                    "AutoModelForSeq2SeqLM.from_pretrained reads it, ds_generate --model too)",
-                    export_dir));
+    out.message(fmt::format("HF export:  {} ({})", export_dir, seq2seq_export_note(p.lora, o)));
   return 0;
 }
 
