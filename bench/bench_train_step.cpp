@@ -73,6 +73,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed steps (after one warm-up step)")->capture_default_str();
   app.add_option("--threads", threads, "threads for BLAS and kernels")->capture_default_str();
   app.add_flag("--gradient_checkpointing", checkpointing, "recompute blocks in backward");
+  bool peak_only = false;
+  app.add_flag(
+      "--peak_only", peak_only,
+      "print the sgemm peak line only (other benchmarks' reference, e.g. run_families.sh)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -80,6 +84,7 @@ int main(int argc, char** argv) {
     std::printf("GEMM path: %s\n", backend::cpu().gemm_info().c_str());
     const double peak = sgemm_peak_gflops();
     std::printf("sgemm peak (2048^3, %d threads): %.1f GFLOP/s\n", threads, peak);
+    if (peak_only) return 0;
 
     models::GPTConfig cfg = models::GPTConfig::preset(model_name);
     models::GPT model(cfg);
@@ -110,8 +115,9 @@ int main(int argc, char** argv) {
       flat.grads.zero_();
       const double to = seconds_since(t2);
       const double tt = seconds_since(t0);
-      std::printf("step %d: loss %.4f  forward %.2f s  backward %.2f s  adamw %.2f s  total %.2f s\n",
-                  s, loss.item(), tf, tb, to, tt);
+      std::printf(
+          "step %d: loss %.4f  forward %.2f s  backward %.2f s  adamw %.2f s  total %.2f s\n", s,
+          loss.item(), tf, tb, to, tt);
       if (s == 0) {
         misses_after_warmup = cpu_allocator().stats().misses;
         continue;
@@ -124,13 +130,15 @@ int main(int argc, char** argv) {
     const double step_s = median(total);
     const double tokens = static_cast<double>(batch * seq);
     const double achieved = 6.0 * params * tokens / step_s / 1e9;
-    std::printf("median: forward %.2f s, backward %.2f s, adamw %.2f s; allocator misses after "
-                "warm-up: %llu\n",
-                median(fwd), median(bwd), median(opt),
-                static_cast<unsigned long long>(cpu_allocator().stats().misses - misses_after_warmup));
-    std::printf("BENCH train_step model=%s tokens_per_s=%.1f achieved_gflops=%.1f peak_gflops=%.1f "
-                "fraction=%.3f\n",
-                model_name.c_str(), tokens / step_s, achieved, peak, achieved / peak);
+    std::printf(
+        "median: forward %.2f s, backward %.2f s, adamw %.2f s; allocator misses after "
+        "warm-up: %llu\n",
+        median(fwd), median(bwd), median(opt),
+        static_cast<unsigned long long>(cpu_allocator().stats().misses - misses_after_warmup));
+    std::printf(
+        "BENCH train_step model=%s tokens_per_s=%.1f achieved_gflops=%.1f peak_gflops=%.1f "
+        "fraction=%.3f\n",
+        model_name.c_str(), tokens / step_s, achieved, peak, achieved / peak);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;

@@ -16,6 +16,11 @@
 # times of all rounds (the first step of each process not counted) give its median. Peak RSS is
 # each process's maximum resident set (/usr/bin/time %M, whole process: ds_train's includes its
 # end-of-run evaluation and checkpoint; the largest over the rounds).
+# The training lines also give the step's useful FLOPs (GEMMs and attention, counted from the
+# shapes: 6 x weights x tokens + the attention products), the sgemm peak of this machine measured
+# at the start of the same run (bench_train_step --peak_only, 2048^3, 2 threads) and each side's
+# fraction of it; ratio_torch_at_peak is the most a side running at the peak could gain over
+# PyTorch (torch_step_s / the FLOPs at the peak).
 #
 #   bash bench/run_families.sh                 # everything, ~25 min on a loaded 2-core machine
 #   PARTS="beam" ROUNDS=3 bash bench/run_families.sh
@@ -53,11 +58,34 @@ echo "CPU: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores); $(grep -q a
 echo "start: $(date -u +%FT%TZ) $(uptime)"
 echo "OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-<unset>} rounds=$ROUNDS steps=$STEPS reps=$REPS batch=$BATCH"
 [[ "${SKIP_BUILD:-0}" == 1 ]] ||
-  cmake --build "$BUILD" -j2 --target ds_train ds_prepare bench_seq2seq >/dev/null
+  cmake --build "$BUILD" -j2 --target ds_train ds_prepare bench_seq2seq bench_train_step >/dev/null
+PEAK=$(OMP_NUM_THREADS=2 "$BUILD/bench/bench_train_step" --threads 2 --peak_only |
+  sed -n 's/^sgemm peak.*: \([0-9.]*\) GFLOP.*/\1/p')
+echo "sgemm peak (2048^3, 2 threads, this run): $PEAK GFLOP/s"
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 maxof() { tr ' ' '\n' | grep -v '^$' | sort -g | tail -1; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+# peak_fields GFLOP OURS_S TORCH_S: the step's FLOPs against this run's sgemm peak
+peak_fields() {
+  awk -v f="$1" -v o="$2" -v t="$3" -v p="$PEAK" 'BEGIN {
+    floor = f / p; printf "gflop=%.1f peak_gflops=%.1f ours_peak_fraction=%.2f torch_peak_fraction=%.2f ratio_torch_at_peak=%.2f", f, p, floor / o, floor / t, t / floor }'
+}
+# Useful GFLOPs of a training step (forward + backward = 3 x the forward's 2 flops per MAC).
+# BERT-base classifier: L layers of 4C^2 + 2CF weights over B*T tokens, attention QK^T and AV.
+bert_gflop() {  # B T
+  awk -v B="$1" -v T="$2" 'BEGIN { L = 12; C = 768; F = 3072
+    printf "%.1f", 6 * B * T * L * (4 * C * C + 2 * C * F) / 1e9 + 12 * B * T * T * C * L / 1e9 }'
+}
+# BART-base: 6 encoder layers over B*S tokens; 6 decoder layers (self-attention, cross q/o and
+# the FFN over B*T tokens, cross k/v over B*S); the tied LM head (C x V) over B*T tokens.
+bart_gflop() {  # B S T
+  awk -v B="$1" -v S="$2" -v T="$3" 'BEGIN { L = 6; C = 768; F = 3072; V = 50265
+    w = 6 * B * S * L * (4 * C * C + 2 * C * F) + 6 * B * T * L * (6 * C * C + 2 * C * F) \
+      + 6 * B * S * L * 2 * C * C + 6 * B * T * C * V
+    a = 12 * B * C * L * (S * S + T * T + T * S)
+    printf "%.1f", (w + a) / 1e9 }'
+}
 # run LOG CMD...: the command's output to LOG; its peak RSS (MiB) on the last line of LOG.rss
 run() {
   local log="$1"; shift
@@ -124,7 +152,7 @@ EOF
   tok=$((BATCH * 128))
   o=$(median <<<"$ours_t") t=$(median <<<"$torch_t")
   ot=$(awk -v s="$o" -v n="$tok" 'BEGIN{printf "%.1f", n/s}') tt=$(awk -v s="$t" -v n="$tok" 'BEGIN{printf "%.1f", n/s}')
-  line="BENCH families task=bert_train batch=$BATCH seq=128 ours_step_s=$o ours_tokens_per_s=$ot ours_peak_rss_mib=$(maxof <<<"$ours_m") torch_step_s=$t torch_tokens_per_s=$tt torch_peak_rss_mib=$(maxof <<<"$torch_m") ratio_torch=$(ratio "$t" "$o")"
+  line="BENCH families task=bert_train batch=$BATCH seq=128 ours_step_s=$o ours_tokens_per_s=$ot ours_peak_rss_mib=$(maxof <<<"$ours_m") torch_step_s=$t torch_tokens_per_s=$tt torch_peak_rss_mib=$(maxof <<<"$torch_m") ratio_torch=$(ratio "$t" "$o") $(peak_fields "$(bert_gflop "$BATCH" 128)" "$o" "$t")"
   if (( have_ds )); then
     d=$(median <<<"$ds_t")
     line+=" ds_step_s=$d ds_tokens_per_s=$(awk -v s="$d" -v n="$tok" 'BEGIN{printf "%.1f", n/s}') ds_peak_rss_mib=$(maxof <<<"$ds_m") ratio_ds=$(ratio "$d" "$o")"
@@ -155,7 +183,7 @@ if [[ " $PARTS " == *" bart "* ]]; then
   done
   tok=$((BATCH * (128 + 64)))
   o=$(median <<<"$ours_t") t=$(median <<<"$torch_t")
-  echo "BENCH families task=bart_train batch=$BATCH src=128 tgt=64 ours_step_s=$o ours_tokens_per_s=$(awk -v s="$o" -v n="$tok" 'BEGIN{printf "%.1f", n/s}') ours_peak_rss_mib=$(maxof <<<"$ours_m") torch_step_s=$t torch_tokens_per_s=$(awk -v s="$t" -v n="$tok" 'BEGIN{printf "%.1f", n/s}') torch_peak_rss_mib=$(maxof <<<"$torch_m") ratio_torch=$(ratio "$t" "$o")"
+  echo "BENCH families task=bart_train batch=$BATCH src=128 tgt=64 ours_step_s=$o ours_tokens_per_s=$(awk -v s="$o" -v n="$tok" 'BEGIN{printf "%.1f", n/s}') ours_peak_rss_mib=$(maxof <<<"$ours_m") torch_step_s=$t torch_tokens_per_s=$(awk -v s="$t" -v n="$tok" 'BEGIN{printf "%.1f", n/s}') torch_peak_rss_mib=$(maxof <<<"$torch_m") ratio_torch=$(ratio "$t" "$o") $(peak_fields "$(bart_gflop "$BATCH" 128 64)" "$o" "$t")"
 fi
 
 # ---- BART-base beam search: generate_beam vs transformers generate ----

@@ -618,6 +618,39 @@ TEST_F(ClassifierTrain, DsTrainProcessZero3ExportAndEvalOnly) {
       << log;
 }
 
+// ZeRO-3 with the optimizer state and the parameters on NVMe trains the classifier bit for bit as in
+// RAM (the swap path holds the same fp32 values).
+TEST_F(ClassifierTrain, Zero3NvmeOffloadMatchesInRam) {
+  auto losses = [&](const std::string& tag, const std::string& offload) {
+    const fs::path out = root_ / ("offload_" + tag), log = root_ / ("offload_" + tag + ".txt");
+    fs::create_directories(root_ / "nvme");
+    const std::string cmd =
+        std::string(DS_TRAIN_BIN) + " --train_data " + (root_ / "set").string() + " --model " +
+        (root_ / "bert_nodrop.json").string() +
+        " --threads 1 --max_steps 4 --learning_rate 1e-2 --eval_steps 0 --export_hf none "
+        "--output_dir " + out.string() +
+        " --deepspeed '{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": 8, "
+        "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\"}}, "
+        "\"zero_optimization\": {\"stage\": 3, " + offload +
+        "\"stage3_param_persistence_threshold\": 0}}' > " + log.string() + " 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    std::ifstream l(log);
+    const std::string said{std::istreambuf_iterator<char>(l), {}};
+    EXPECT_EQ(said.find("\"nvme\"") != std::string::npos, !offload.empty()) << said;
+    std::ifstream f(out / "metrics" / "Train_Samples_train_loss.csv");
+    const std::string text{std::istreambuf_iterator<char>(f), {}};
+    return text;
+  };
+  const std::string nvme = (root_ / "nvme").string();
+  const std::string ram = losses("ram", "");
+  const std::string disk = losses(
+      "nvme", "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + nvme +
+                  "\"}, \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" +
+                  nvme + "\"}, ");
+  EXPECT_EQ(std::count(ram.begin(), ram.end(), '\n'), 5) << ram;  // header + 4 steps
+  EXPECT_EQ(disk, ram);
+}
+
 #ifdef DS_LAUNCHER_EXE
 // Two ranks under ZeRO-3 train on the same global batches as one process (micro-batch 4 x 2
 // ranks = 8): the same losses and scores within fp32 summation order; plainly and with LoRA.

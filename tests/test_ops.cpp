@@ -245,7 +245,8 @@ TEST_P(Ops, StridedCopiesAndBroadcasts) {
           ASSERT_EQ(pv[static_cast<size_t>(((a * 4 + c) * 3 + b) * 5 + d)],
                     xv[static_cast<size_t>(((a * 3 + b) * 4 + c) * 5 + d)]);
   // A slice of a transpose, made contiguous.
-  const auto sv = host_vector(ops::slice(ops::transpose(x, 2, 3), 3, 1, 3).contiguous());  // (2,3,5,2)
+  const auto sv =
+      host_vector(ops::slice(ops::transpose(x, 2, 3), 3, 1, 3).contiguous());  // (2,3,5,2)
   for (int a = 0; a < 2; ++a)
     for (int b = 0; b < 3; ++b)
       for (int d = 0; d < 5; ++d)
@@ -286,7 +287,8 @@ TEST_P(Ops, ReductionsOfEveryShape) {
         for (int64_t i = 0; i < inner; ++i) {
           const double v = xv[static_cast<size_t>((o * red + r) * inner + i)];
           sum[static_cast<size_t>(o * inner + i)] += v;
-          mx[static_cast<size_t>(o * inner + i)] = std::max(mx[static_cast<size_t>(o * inner + i)], v);
+          mx[static_cast<size_t>(o * inner + i)] =
+              std::max(mx[static_cast<size_t>(o * inner + i)], v);
         }
     const std::string what = shape_str(c.shape) + " over dim " + std::to_string(c.dim);
     const auto s1 = host_vector(ops::sum(x, {c.dim}));
@@ -297,7 +299,8 @@ TEST_P(Ops, ReductionsOfEveryShape) {
 }
 
 // The optimizer's step on the parameters' device (optim::adam_update over tensors) is bitwise the
-// CPU kernel's, in every mode: AdamW, L2 decay, no bias correction, a gradient scale, a 16-bit copy.
+// CPU kernel's, in every mode: AdamW, L2 decay, no bias correction, a gradient scale, a 16-bit
+// copy.
 TEST_P(Ops, AdamStepIsBitwiseTheCpuOptimizer) {
   const int64_t n = 100003;  // not a multiple of any tile or vector width
   struct Mode {
@@ -305,8 +308,9 @@ TEST_P(Ops, AdamStepIsBitwiseTheCpuOptimizer) {
     float wd, grad_scale;
     DType out16;
   };
-  for (const Mode md : {Mode{true, true, 0.1f, 1.0f, DType::f32}, Mode{false, true, 0.01f, 0.5f, DType::bf16},
-                        Mode{true, false, 0.0f, 2.0f, DType::f16}}) {
+  for (const Mode md :
+       {Mode{true, true, 0.1f, 1.0f, DType::f32}, Mode{false, true, 0.01f, 0.5f, DType::bf16},
+        Mode{true, false, 0.0f, 2.0f, DType::f16}}) {
     optim::AdamConfig c;
     c.lr = 3e-3f;
     c.weight_decay = md.wd;
@@ -342,8 +346,9 @@ TEST_P(Ops, AdamStepIsBitwiseTheCpuOptimizer) {
   if (!device().is_cpu()) {
     const Tensor dp = Tensor::zeros({4}, DType::f32, device());
     optim::AdamConfig c;
-    EXPECT_NE(error_of([&] { optim::adam_update(dp, elsewhere, dp, dp, 1, c); })
-                  .find("keep the optimizer state with the parameters"),
+    EXPECT_NE(error_of([&] {
+                optim::adam_update(dp, elsewhere, dp, dp, 1, c);
+              }).find("keep the optimizer state with the parameters"),
               std::string::npos);
   }
 }
@@ -401,7 +406,8 @@ TEST_P(Ops, TransferQueueOrdersCopiesAgainstKernels) {
 }
 
 // The fused LM head + cross entropy against linear + cross_entropy: the loss and both gradients,
-// fp32 (summation order only) and bf16 (the same roundings), in one block and in several.
+// fp32 (summation order only) and bf16 (the same roundings), in one block and in several, with
+// and without a constant logit bias (BART's final_logits_bias).
 TEST_P(Ops, LinearCrossEntropyMatchesLinearThenCrossEntropy) {
   DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "gemm", "cross_entropy_forward",
                            "cross_entropy_backward");
@@ -410,36 +416,50 @@ TEST_P(Ops, LinearCrossEntropyMatchesLinearThenCrossEntropy) {
   for (int64_t i = 0; i < N; ++i) tv[static_cast<size_t>(i)] = i % 7 == 3 ? -100 : (i * 13) % V;
   const Tensor targets = ds::testing::to_device(Tensor::from_ints(tv, {N}), device());
   for (const DType dt : {DType::f32, DType::bf16}) {
-    for (const int64_t block : {int64_t{0}, int64_t{8}}) {
-      auto make = [&](const Shape& s, uint64_t seed) {
-        Tensor t = ds::testing::to_device(randn(s, seed, 0.5f).to(dt), device());
-        t.set_requires_grad(true);
-        return t;
-      };
-      const Tensor x1 = make({N, C}, 70), w1 = make({V, C}, 71);
-      const Tensor x2 = make({N, C}, 70), w2 = make({V, C}, 71);
-      const Tensor ref = ops::cross_entropy(ops::linear(x1, w1), targets);
-      const Tensor fused = ops::linear_cross_entropy(x2, w2, targets, -100, block);
-      ops::mul(ref, 3.0f).backward();
-      ops::mul(fused, 3.0f).backward();
-      const double tol = dt == DType::f32 ? 2e-6 : 2e-2;
-      const std::string what = std::string(dtype_name(dt)) + " block " + std::to_string(block);
-      EXPECT_NEAR(fused.item(), ref.item(), tol * std::abs(ref.item())) << what;
-      for (const auto& [a, b] : {std::pair{x1, x2}, std::pair{w1, w2}}) {
-        const std::vector<float> ga = host_vector(a.grad()), gb = host_vector(b.grad());
-        double worst = 0, scale = 0;
-        for (size_t i = 0; i < ga.size(); ++i) {
-          worst = std::max(worst, static_cast<double>(std::abs(ga[i] - gb[i])));
-          scale = std::max(scale, static_cast<double>(std::abs(ga[i])));
+    for (const int64_t block : {int64_t{0}, int64_t{8}})
+      for (const bool with_bias : {false, true}) {
+        auto make = [&](const Shape& s, uint64_t seed) {
+          Tensor t = ds::testing::to_device(randn(s, seed, 0.5f).to(dt), device());
+          t.set_requires_grad(true);
+          return t;
+        };
+        const Tensor x1 = make({N, C}, 70), w1 = make({V, C}, 71);
+        const Tensor x2 = make({N, C}, 70), w2 = make({V, C}, 71);
+        const Tensor bias =
+            with_bias ? ds::testing::to_device(randn({1, V}, 72, 2.0f).to(dt), device()) : Tensor();
+        Tensor lg = ops::linear(x1, w1);
+        if (with_bias) lg = ops::add(lg, bias);
+        const Tensor ref = ops::cross_entropy(lg, targets);
+        const Tensor fused = ops::linear_cross_entropy(x2, w2, targets, -100, block, bias);
+        ops::mul(ref, 3.0f).backward();
+        ops::mul(fused, 3.0f).backward();
+        const double tol = dt == DType::f32 ? 2e-6 : 2e-2;
+        const std::string what = std::string(dtype_name(dt)) + " block " + std::to_string(block) +
+                                 (with_bias ? " bias" : "");
+        EXPECT_NEAR(fused.item(), ref.item(), tol * std::abs(ref.item())) << what;
+        for (const auto& [a, b] : {std::pair{x1, x2}, std::pair{w1, w2}}) {
+          const std::vector<float> ga = host_vector(a.grad()), gb = host_vector(b.grad());
+          double worst = 0, scale = 0;
+          for (size_t i = 0; i < ga.size(); ++i) {
+            worst = std::max(worst, static_cast<double>(std::abs(ga[i] - gb[i])));
+            scale = std::max(scale, static_cast<double>(std::abs(ga[i])));
+          }
+          EXPECT_LE(worst, tol * scale) << what;
         }
-        EXPECT_LE(worst, tol * scale) << what;
       }
-    }
   }
   EXPECT_NE(error_of([&] {
               ops::linear_cross_entropy(Tensor::zeros({4, 3}, DType::f32, device()),
                                         Tensor::zeros({5, 2}, DType::f32, device()), targets);
             }).find("must be (N, C) and (V, C)"),
+            std::string::npos);
+  Tensor trained_bias = Tensor::zeros({V}, DType::f32, device());
+  trained_bias.set_requires_grad(true);
+  EXPECT_NE(error_of([&] {
+              ops::linear_cross_entropy(Tensor::zeros({N, C}, DType::f32, device()),
+                                        Tensor::zeros({V, C}, DType::f32, device()), targets, -100,
+                                        0, trained_bias);
+            }).find("logit_bias is a constant"),
             std::string::npos);
 }
 

@@ -15,8 +15,14 @@
 #include "ds/core/checksum.h"
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
+#include "ds/models/encoder.h"
+#include "ds/models/encoder_family.h"
+#include "ds/models/encoder_io.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
+#include "ds/models/recorded_model.h"
+#include "ds/models/seq2seq.h"
+#include "ds/models/seq2seq_io.h"
 #include "ds/nn/module.h"
 #include "ds/runtime/consolidate.h"
 #include "ds/runtime/engine.h"
@@ -341,6 +347,97 @@ TEST_F(ToFp32Single, HfExportWithoutARecordedModelNeedsModel) {
                                      ck.string(), (dir_ / "hf").string(), log);
   EXPECT_EQ(std::system(ok.c_str()), 0);
   EXPECT_TRUE(fs::exists(dir_ / "hf" / "model.safetensors"));
+}
+
+// Checkpoints of encoder-decoders (BART, T5 tied and untied) and encoder classifiers (BERT,
+// DeBERTa-v2), as ds_train writes them (the model's config recorded in client_state), become HF
+// folders of their own kind whose parameters are the master weights bit for bit and whose
+// buffers (BART's final_logits_bias) are the model's: checkpoints carry them
+// (model_buffers.safetensors), and a resume restores them too.
+TEST_F(ToFp32Single, EncoderDecodersAndClassifiersExportTheirKind) {
+  const fs::path fixtures = fs::path(DS_FIXTURE_DIR) / "hf_families";
+  for (const std::string name :
+       {"bart_s2s", "t5_relu_tied", "t5_gated_untied", "bert_cls", "deberta_types"}) {
+    SCOPED_TRACE(name);
+    const fs::path src = fixtures / name;
+    std::shared_ptr<nn::Module> model;
+    nlohmann::json recorded;
+    if (auto c = models::read_hf_seq2seq_config(src)) {
+      auto m = std::make_shared<models::Seq2Seq>(*c, /*init=*/false);
+      models::load_hf_seq2seq_weights(*m, src);
+      model = m;
+      recorded = c->to_json();
+    } else {
+      const models::EncoderConfig ec = *models::read_hf_encoder_config(src);
+      auto m = models::make_encoder_classifier(ec, /*init=*/false);
+      models::load_hf_encoder_weights(*m, src);
+      model = m;
+      recorded = ec.to_json();
+    }
+    EXPECT_NE(models::recorded_model_kind(recorded), models::ModelKind::decoder);
+    runtime::InitOptions opt;
+    opt.group = comm::single_process_group();
+    opt.log = [](const std::string&) {};
+    auto e = runtime::initialize(model, ds_config(3, "fp32"), opt);
+    const fs::path run = dir_ / name;
+    e->save_checkpoint(run.string(), "", {{"ds_train", {{"model", recorded}}}});
+    // The buffers (the fixtures' random final_logits_bias) are in the checkpoint: a resume into
+    // a model that lost them restores them.
+    std::vector<std::vector<float>> buffers;
+    for (const auto& [n, b] : model->named_buffers()) {
+      buffers.push_back(b.to_vector());
+      b.zero_();
+    }
+    if (name.rfind("bart", 0) == 0) ASSERT_EQ(buffers.size(), 1u);
+    e->load_checkpoint(run.string());
+    for (size_t i = 0; i < buffers.size(); ++i)
+      EXPECT_EQ(model->named_buffers()[i].second.to_vector(), buffers[i]) << "resumed buffer";
+    const fs::path out = dir_ / (name + "_hf"), log = dir_ / "tool.log";
+    const int rc = std::system(
+        fmt::format("{} {} {} > {} 2>&1", DS_TO_FP32_BIN, run.string(), out.string(), log.string())
+            .c_str());
+    std::ifstream in(log);
+    const std::string text{std::istreambuf_iterator<char>(in), {}};
+    ASSERT_EQ(rc, 0) << text;
+    runtime::CheckpointShards shards(run);
+    std::shared_ptr<nn::Module> back;
+    if (auto c = models::read_hf_seq2seq_config(out)) {
+      auto m = std::make_shared<models::Seq2Seq>(*c, /*init=*/false);
+      models::load_hf_seq2seq_weights(*m, out);
+      back = m;
+    } else {
+      ASSERT_TRUE(models::read_hf_encoder_config(out).has_value()) << text;
+      auto m = models::make_encoder_classifier(*models::read_hf_encoder_config(out), false);
+      models::load_hf_encoder_weights(*m, out);
+      back = m;
+    }
+    ASSERT_EQ(back->named_parameters().size(), shards.parameters().size());
+    ASSERT_EQ(back->named_buffers().size(), buffers.size());
+    for (size_t i = 0; i < buffers.size(); ++i)
+      EXPECT_EQ(back->named_buffers()[i].second.to_vector(), buffers[i]) << "exported buffer";
+    for (size_t i = 0; i < shards.parameters().size(); ++i) {
+      const Tensor want = shards.parameter(i);
+      Tensor got;
+      for (const auto& [n, p] : back->named_parameters())
+        if (n == shards.parameters()[i].name) got = p;
+      ASSERT_TRUE(got.defined()) << shards.parameters()[i].name;
+      EXPECT_EQ(std::memcmp(got.data<float>(), want.data<float>(), want.nbytes()), 0)
+          << shards.parameters()[i].name;
+    }
+  }
+  // Weights that do not fit the recorded model are refused by name.
+  const models::Seq2SeqConfig c = *models::read_hf_seq2seq_config(fixtures / "bart_s2s");
+  models::Seq2Seq m(c, /*init=*/false);
+  auto named = m.named_parameters();
+  named.pop_back();
+  EXPECT_NE(error_of([&] { models::export_hf_recorded(c.to_json(), named, dir_ / "bad"); })
+                .find("no weight for parameter"),
+            std::string::npos);
+  named = m.named_parameters();
+  named.emplace_back("model.encoder.layers.9.fc1.weight", named.front().second);
+  EXPECT_NE(error_of([&] { models::export_hf_recorded(c.to_json(), named, dir_ / "bad"); })
+                .find("is not a parameter of the recorded encoder-decoder model"),
+            std::string::npos);
 }
 
 // The output must never land on the checkpoint it reads (it replaced a shard and exited 0), and an

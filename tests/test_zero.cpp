@@ -13,6 +13,7 @@
 #include "ds/comm/group.h"
 #include "ds/comm/topology.h"
 #include "ds/comm/logger.h"
+#include "ds/core/allocator.h"
 #include "ds/core/rng.h"
 #include "ds/models/gpt.h"
 #include "ds/nn/module.h"
@@ -364,6 +365,29 @@ TEST_P(Zero, CheckpointResumesBitwiseAndLoadsAtAnotherWorldSize) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, Zero, ::testing::Values(0, 1, 2, 3));
+
+// Stage 2 on one rank has nothing to reduce: each gradient is added into the partition directly
+// (as stage 0 accumulates into its flat buffer), so a micro-step's allocator peak above what is
+// resident before it is stage 0's, not one bucket (here the whole model) more.
+TEST(ZeroStage2, OneRankAddsGradientsWithoutAStagingBucket) {
+  int64_t above[3] = {0, 0, 0}, model_bytes = 0;
+  for (int stage : {0, 2}) {
+    auto e = make_engine(zero_config(stage, "fp32", kB, 0.0, /*bucket=*/int64_t{1} << 22),
+                         comm::single_process_group());
+    model_bytes = e->flat().params.numel() * 4;
+    train(*e, 1);  // the first step allocates the optimizer state
+    auto [x, y] = batch(0, kB, 64);
+    const uint64_t before = cpu_allocator().stats().bytes_in_use;
+    cpu_allocator().reset_peak();
+    Tensor loss = e->forward(x, y);
+    e->backward(loss);
+    e->step();
+    above[stage] = static_cast<int64_t>(cpu_allocator().stats().peak_bytes_in_use - before);
+  }
+  EXPECT_LT(above[2], above[0] + model_bytes / 2)
+      << "stage 2 peaked " << above[2] << " bytes above the resident state, stage 0 " << above[0]
+      << "; the model is " << model_bytes << " bytes";
+}
 
 TEST(ZeroPlan, PartitionsAndBuckets) {
   // Pure arithmetic, constructing ranks 0..N-1 in one process.

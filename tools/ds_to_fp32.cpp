@@ -1,7 +1,8 @@
 // ds_to_fp32: DeepSpeed's zero_to_fp32 for our checkpoints. Consolidates the fp32 master weights of
 // a checkpoint written by any world size, ZeRO stage and tensor-parallel size, offline, into one
 // safetensors file (our parameter names) or a Hugging Face folder (config.json, model.safetensors,
-// tokenizer files).
+// tokenizer files) of any model kind ds_train trains: a decoder LM, an encoder classifier
+// (BERT, RoBERTa, DeBERTa-v2) or an encoder-decoder (BART, BlenderBot, T5).
 //
 //   ds_to_fp32 out/run model.safetensors                    ('latest' of the run folder, fp32)
 //   ds_to_fp32 out/run/global_step200 model.safetensors --dtype bf16
@@ -22,10 +23,11 @@
 #include <CLI/CLI.hpp>
 
 #include "ds/core/error.h"
-#include "ds/core/memory_info.h"
 #include "ds/core/file_io.h"
+#include "ds/core/memory_info.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
+#include "ds/models/recorded_model.h"
 #include "ds/nn/lora.h"
 #include "ds/runtime/consolidate.h"
 #include "ds/train/outputs.h"
@@ -33,10 +35,6 @@
 namespace fs = std::filesystem;
 
 namespace {
-
-ds::models::GPTConfig resolve_model(const std::string& name) {
-  return ds::models::resolve_model_config(name, "ds_to_fp32");
-}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -70,10 +68,11 @@ void check_output(const std::string& output, const fs::path& tag_folder, bool ov
     if (e.is_directory(ec) && e.path().filename().string().rfind("global_step", 0) == 0)
       guarded.push_back(fs::weakly_canonical(e.path(), ec));
   for (const auto& g : guarded)
-    DS_CHECK(!inside(out, g) && !inside(g, out),
-             "[ds_to_fp32] the output {} is inside the checkpoint folder {} (or holds it): it would "
-             "overwrite the checkpoint it reads. Write it elsewhere, e.g. {}",
-             output, g.string(), (root / "consolidated.safetensors").string());
+    DS_CHECK(
+        !inside(out, g) && !inside(g, out),
+        "[ds_to_fp32] the output {} is inside the checkpoint folder {} (or holds it): it would "
+        "overwrite the checkpoint it reads. Write it elsewhere, e.g. {}",
+        output, g.string(), (root / "consolidated.safetensors").string());
   DS_CHECK(out != root / "latest",
            "[ds_to_fp32] the output {} is the checkpoint's 'latest' file; write it elsewhere",
            output);
@@ -158,22 +157,35 @@ int main(int argc, char** argv) {
       return 0;
     }
 
-    // HF folder: the model's config from the checkpoint (ds_train records it) or --model.
-    ds::models::GPTConfig cfg;
+    // HF folder: the model's config from the checkpoint (ds_train records it) or --model; a
+    // decoder LM, an encoder classifier or an encoder-decoder (ds/models/recorded_model.h).
+    nlohmann::json cfg;
     if (!model.empty()) {
-      cfg = resolve_model(model);
+      cfg = ds::models::recorded_model_json(model, "ds_to_fp32");
     } else {
       DS_CHECK(ck.model_config().has_value(),
                "[ds_to_fp32] {} does not record the model's config (client_state.ds_train.model: "
                "it was not saved by ds_train); give --model (a preset, a model JSON file or an HF "
                "folder), or write one .safetensors file instead",
                ck.folder().string());
-      cfg = ds::models::GPTConfig::from_json(*ck.model_config());
+      cfg = *ck.model_config();
     }
+    const ds::models::ModelKind kind = ds::models::recorded_model_kind(cfg);
     // An HF export holds the whole model in fp32: refuse before reading if it cannot fit.
-    ds::models::check_model_fits(cfg, ds::DType::f32, ds::available_memory_bytes(),
-                                 model.empty() ? ck.folder().string() + " (its recorded model)"
-                                               : model);
+    const std::string what = model.empty() ? ck.folder().string() + " (its recorded model)" : model;
+    if (kind == ds::models::ModelKind::decoder) {
+      ds::models::check_model_fits(ds::models::GPTConfig::from_json(cfg), ds::DType::f32,
+                                   ds::available_memory_bytes(), what);
+    } else {
+      // The weights once as read and once in the model the exporter writes from.
+      const uint64_t need = static_cast<uint64_t>(ck.numel()) * 4 * 2;
+      DS_CHECK(need <= ds::available_memory_bytes(),
+               "[ds_to_fp32] {}: the HF export of this {} model needs {:.1f} GiB of memory, {:.1f} "
+               "GiB are available; write a .safetensors file instead (read parameter by "
+               "parameter)",
+               what, ds::models::model_kind_name(kind), static_cast<double>(need) / (1 << 30),
+               static_cast<double>(ds::available_memory_bytes()) / (1 << 30));
+    }
     // A LoRA checkpoint's master weights cover the trainable parameters only (the frozen base is
     // in the model file, in the training dtype): no complete HF model can be made from them.
     for (const auto& p : ck.parameters())
@@ -197,7 +209,14 @@ int main(int argc, char** argv) {
         parent / fmt::format(".{}.tmp-{}", out.filename().string(), static_cast<long>(::getpid()));
     fs::remove_all(tmp, ec);
     try {
-      ds::models::export_hf(cfg, ck.weights(ds::DType::f32), tmp, dtype);
+      ds::models::export_hf_recorded(cfg, ck.weights(ds::DType::f32), tmp, dtype, ck.buffers());
+      if (kind == ds::models::ModelKind::seq2seq && ck.buffers().empty() &&
+          cfg.value("family", std::string()) != "t5")
+        fmt::print(
+            "note: {} predates model_buffers.safetensors: final_logits_bias is written as zeros "
+            "(transformers' initial value; a bias loaded with --init_from is not in this "
+            "checkpoint)\n",
+            ck.folder().string());
       std::vector<fs::path> sources;
       if (!tokenizer.empty()) {
         sources.push_back(tokenizer);
@@ -205,14 +224,15 @@ int main(int argc, char** argv) {
         const fs::path run = ck.folder().parent_path();
         sources = {run, run / "hf_model", run / "tokenizer"};
       }
-      const std::string note = ds::train::export_tokenizer_beside(tmp, sources, cfg.vocab_size);
+      const std::string note =
+          ds::train::export_tokenizer_beside(tmp, sources, ds::models::recorded_vocab_size(cfg));
       DS_CHECK(tokenizer.empty() || note.rfind("tokenizer (", 0) == 0,
                "[ds_to_fp32] --tokenizer {}: {}", tokenizer, note);
       fmt::print("{}\n", note);
       // The old folder (empty, or replaced under --overwrite) steps aside before the new one takes
       // its name, and goes only after: a crash leaves one of the two complete.
-      const fs::path old =
-          parent / fmt::format(".{}.old-{}", out.filename().string(), static_cast<long>(::getpid()));
+      const fs::path old = parent / fmt::format(".{}.old-{}", out.filename().string(),
+                                                static_cast<long>(::getpid()));
       const bool had_old = fs::exists(out, ec);
       if (had_old) fs::rename(out, old);
       fs::rename(tmp, out);

@@ -608,20 +608,26 @@ Tensor Seq2Seq::decode(const Tensor& decoder_input_ids, const Tensor& memory,
            "[seq2seq] decode needs the encoder output (B, S, C) = ({}, S, {}), got {}",
            decoder_input_ids.size(0), config_.d_model,
            memory.defined() ? shape_str(memory.shape()) : "undefined");
+  return head(decoder_hidden(decoder_input_ids, memory, attention_mask));
+}
+
+Tensor Seq2Seq::decoder_hidden(const Tensor& decoder_input_ids, const Tensor& memory,
+                               const Tensor& attention_mask) {
   auto lens = key_lengths(attention_mask, memory.size(0), memory.size(1));
   Tensor tokens = scaled_tokens(*shared_, decoder_input_ids, config_);
-  return head(config_.is_t5() ? t5_run(true, tokens, {}, memory, std::move(lens))
-                              : decoder_->run(tokens, {}, memory, std::move(lens)));
+  return config_.is_t5() ? t5_run(true, tokens, {}, memory, std::move(lens))
+                         : decoder_->run(tokens, {}, memory, std::move(lens));
+}
+
+Tensor Seq2Seq::head_input(const Tensor& h) const {
+  return config_.is_t5() && config_.scale_decoder_outputs
+             ? ops::mul(h, 1.0f / std::sqrt(static_cast<float>(config_.d_model)))
+             : h;
 }
 
 Tensor Seq2Seq::head(const Tensor& h) {
-  if (config_.is_t5()) {
-    const Tensor x = config_.scale_decoder_outputs
-                         ? ops::mul(h, 1.0f / std::sqrt(static_cast<float>(config_.d_model)))
-                         : h;
-    return (*lm_head_)(x);  // (B, T, V)
-  }
-  Tensor lg = (*lm_head_)(h);  // (B, T, V)
+  Tensor lg = (*lm_head_)(head_input(h));  // (B, T, V)
+  if (config_.is_t5()) return lg;
   return ops::add(lg, final_logits_bias_.dtype() == lg.dtype() ? final_logits_bias_
                                                                : final_logits_bias_.to(lg.dtype()));
 }
@@ -641,16 +647,24 @@ Tensor Seq2Seq::logits(const Seq2SeqInputs& in) {
 Tensor Seq2Seq::loss(const Seq2SeqInputs& in) {
   DS_CHECK(in.labels.defined(), "[seq2seq] loss needs labels");
   check_ids(in.labels, "labels");
-  Tensor lg = logits(in);  // (B, T, V)
-  const int64_t B = lg.size(0), T = lg.size(1), V = lg.size(2);
+  Tensor dec = in.decoder_input_ids;
+  if (!dec.defined())
+    dec = on_device(
+        shift_tokens_right(in.labels, config_.pad_token_id, config_.decoder_start_token_id),
+        in.input_ids.defined() ? in.input_ids.device() : kCPU);
+  const Tensor h = decoder_hidden(dec, encode(in.input_ids, in.attention_mask),
+                                  in.attention_mask);  // (B, T, C)
+  const int64_t B = h.size(0), T = h.size(1), V = lm_head_->out_features();
   DS_CHECK(in.labels.size(0) == B && in.labels.size(1) == T,
            "[seq2seq] labels {} do not match the decoder input ({}, {})",
            shape_str(in.labels.shape()), B, T);
   for (int64_t v : in.labels.to_int_vector())
     DS_CHECK(v == -100 || (v >= 0 && v < V), "[seq2seq] label {} outside [0, {}) (-100 ignores)", v,
              V);
-  return ops::cross_entropy(ops::reshape(lg, {B * T, V}),
-                            ops::reshape(on_device(in.labels, lg.device()), {B * T}), -100);
+  // The LM head and the loss fused (ops::linear_cross_entropy): the (B, T, V) logits and their
+  // gradient are never formed whole; final_logits_bias is a constant added to each row.
+  return lm_head_->cross_entropy(head_input(h), on_device(in.labels, h.device()), -100,
+                                 config_.is_t5() ? Tensor() : final_logits_bias_);
 }
 
 Tensor Seq2Seq::forward(const Tensor& ids) {

@@ -47,20 +47,22 @@ bool Linear::fuses_cross_entropy(DType x_dtype) const {
   return !bias_.defined() && !lora_A_ && x_dtype != DType::f16;
 }
 
-Tensor Linear::cross_entropy(const Tensor& x, const Tensor& targets, int64_t ignore_index) {
+Tensor Linear::cross_entropy(const Tensor& x, const Tensor& targets, int64_t ignore_index,
+                             const Tensor& logit_bias) {
   DS_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in_features(),
            "[linear] cross_entropy input {} does not match weight {}",
            x.defined() ? shape_str(x.shape()) : "undefined", shape_str(weight_.shape()));
   if (!fuses_cross_entropy(x.dtype())) {
-    const Tensor y = (*this)(x);
-    return ops::cross_entropy(ops::reshape(y, {-1, out_features()}), ops::reshape(targets, {-1}),
-                              ignore_index);
+    Tensor y = ops::reshape((*this)(x), {-1, out_features()});
+    if (logit_bias.defined())
+      y = ops::add(y, logit_bias.dtype() == y.dtype() ? logit_bias : logit_bias.to(y.dtype()));
+    return ops::cross_entropy(y, ops::reshape(targets, {-1}), ignore_index);
   }
   // The hooks run around the fused computation as around forward (ZeRO-3 gathers the weight).
-  return call(x, [this, targets, ignore_index](const Tensor& in) {
+  return call(x, [this, targets, ignore_index, logit_bias](const Tensor& in) {
     const Tensor w = weight_.dtype() == in.dtype() ? weight_ : ops::cast(weight_, in.dtype());
     return ops::linear_cross_entropy(ops::reshape(in, {-1, in_features()}), w,
-                                     ops::reshape(targets, {-1}), ignore_index);
+                                     ops::reshape(targets, {-1}), ignore_index, 0, logit_bias);
   });
 }
 
@@ -268,16 +270,17 @@ void check_ffn(const BlockConfig& cfg) {
 GPT2Block::GPT2Block(const BlockConfig& cfg) : Block("GPT2Block") {
   check_ffn(cfg);
   DS_CHECK(!cfg.sandwich_norm, "[block] sandwich_norm needs the llama layout");
-  norm_1_ = register_module("ln_1", std::make_shared<LayerNorm>(cfg.n_embd, cfg.norm_eps, cfg.bias));
+  norm_1_ =
+      register_module("ln_1", std::make_shared<LayerNorm>(cfg.n_embd, cfg.norm_eps, cfg.bias));
   attn_ = register_module("attn", std::make_shared<FusedQKVAttention>(cfg));
-  norm_2_ = register_module("ln_2", std::make_shared<LayerNorm>(cfg.n_embd, cfg.norm_eps, cfg.bias));
+  norm_2_ =
+      register_module("ln_2", std::make_shared<LayerNorm>(cfg.n_embd, cfg.norm_eps, cfg.bias));
   mlp_ = register_module("mlp", std::make_shared<MLP>(cfg));
 }
 
 LlamaBlock::LlamaBlock(const BlockConfig& cfg) : Block("LlamaBlock") {
   check_ffn(cfg);
-  norm_1_ =
-      register_module("input_layernorm", std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
+  norm_1_ = register_module("input_layernorm", std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
   attn_ = register_module("self_attn", std::make_shared<GroupedQueryAttention>(cfg));
   norm_2_ = register_module("post_attention_layernorm",
                             std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));

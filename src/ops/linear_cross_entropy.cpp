@@ -4,7 +4,8 @@
 // dtype and back, as the unfused linear's output would be), the cross-entropy kernels give the
 // losses, each row's log-sum-exp and, when a gradient is wanted, dlogits = (softmax - onehot) /
 // count; then dx_r = dlogits @ w and dw += dlogits^T @ x_r (fp32 accumulation). Backward only
-// scales the stored dx and dw by the upstream gradient.
+// scales the stored dx and dw by the upstream gradient. A constant logit bias is added to each
+// block's logits (in place, a stride-0 view of the (V) bias as the second operand).
 #include <algorithm>
 
 #include "ds/autograd/grad_mode.h"
@@ -53,7 +54,7 @@ int64_t linear_cross_entropy_block_rows(int64_t rows, int64_t vocab) {
 }
 
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
-                            int64_t ignore_index, int64_t block_rows) {
+                            int64_t ignore_index, int64_t block_rows, const Tensor& logit_bias) {
   detail::check_float(x, "linear_cross_entropy");
   detail::check_float(w, "linear_cross_entropy");
   detail::check_same_device(x, w, "linear_cross_entropy");
@@ -68,6 +69,16 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   DS_CHECK(targets.dim() == 1 && targets.size(0) == N,
            "[linear_cross_entropy] targets {} must be ({}), one per row of x",
            shape_str(targets.shape()), N);
+  if (logit_bias.defined()) {
+    detail::check_float(logit_bias, "linear_cross_entropy");
+    detail::check_same_device(x, logit_bias, "linear_cross_entropy");
+    DS_CHECK(logit_bias.numel() == V && logit_bias.size(-1) == V,
+             "[linear_cross_entropy] logit_bias {} must hold one value per class ({})",
+             shape_str(logit_bias.shape()), V);
+    DS_CHECK(!logit_bias.requires_grad(),
+             "[linear_cross_entropy] logit_bias is a constant (a buffer such as BART's "
+             "final_logits_bias); for a trained bias use linear + cross_entropy");
+  }
   const Tensor tc = targets.contiguous();
   const int64_t count = detail::count_targets(tc, V, ignore_index);
   // The GEMMs run in the operands' common dtype (fp32 when they differ), as ops::linear's.
@@ -88,16 +99,26 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
                lse = Tensor::empty({N}, DType::f32, dev);
   const Tensor dx = grad && need_x ? Tensor::empty({N, C}, DType::f32, dev) : Tensor();
   const Tensor dw = grad && need_w ? Tensor::empty({V, C}, DType::f32, dev) : Tensor();
+  // The bias in fp32, read by each block as a stride-0 (r, V) view.
+  const Tensor bias = logit_bias.defined() ? logit_bias.to(DType::f32).contiguous() : Tensor();
   const float inv_count = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t r = std::min(R, N - r0);
     const Tensor xr = block(xc, r0 * C, r, C);
     const Tensor lg = block(logits, 0, r, V);
     gemm(bk, dt, xr, false, wc, true, lg, false);  // (r, C) @ (V, C)^T
-    if (rounded.defined()) {                       // what a 16-bit linear's output holds
+    auto round_16 = [&] {                          // what a 16-bit op's output holds
+      if (!rounded.defined()) return;
       const Tensor lg16 = block(rounded, 0, r, V);
       lg16.copy_from(lg);
       lg.copy_from(lg16);
+    };
+    round_16();            // the linear's output
+    if (bias.defined()) {  // then add(logits, bias), rounded as its output
+      const Tensor rows =
+          Tensor::from_storage(bias.storage(), {r, V}, DType::f32, bias.storage_offset(), {0, 1});
+      bk.binary(backend::BinaryOp::add, lg, rows, lg);
+      round_16();
     }
     const Tensor tr = tc.flat_range(r0, r);
     const Tensor lr = lse.flat_range(r0, r);

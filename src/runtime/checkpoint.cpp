@@ -9,6 +9,8 @@
 //                                                            fp32 master weights and moments
 //                                                            (padding stripped) + "ds_optimizer"
 //                                                            metadata
+//   dir/<tag>/model_buffers.safetensors                      the module's buffers (not trained:
+//                                                            BART's final_logits_bias), if any
 //   dir/<tag>/checksums.json                                 size and XXH64 of every file above
 //
 // A tag is written into a hidden temporary folder and renamed into place only when every file is
@@ -237,6 +239,15 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
       }
       meta["ds_engine"] = engine_state.dump();
       safetensors::save((tmp / detail::model_file_name(mp_rank)).string(), weights, meta);
+      // Buffers are not parameters (no master weights, no optimizer state): their own file, so
+      // that a resume or ds_to_fp32 without the model's source folder still has them.
+      std::vector<std::pair<std::string, Tensor>> buffers;
+      for (const auto& [name, b] : model_->named_buffers()) {
+        Tensor host = Tensor::empty(b.shape(), b.dtype(), kCPU);
+        host.copy_from(b);
+        buffers.emplace_back(name, host);
+      }
+      if (!buffers.empty()) safetensors::save((tmp / detail::kBuffersFile).string(), buffers);
     }
 
     // Optimizer shard: this rank's fp32 master weights and moments. `segments` maps them to the
@@ -445,6 +456,29 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
     model_parts.push_back(std::move(part));
   }
   const auto model_sources = detail::plan_sources(model_parts, ck.string(), "[checkpoint]");
+  // The model's buffers, when the checkpoint has them (older ones do not: the buffers then keep
+  // the values the model was built or loaded with). Exactly the model's names and shapes.
+  std::map<std::string, Tensor> file_buffers;
+  if (ckpt.lists(detail::kBuffersFile)) {
+    const fs::path bf = ck / detail::kBuffersFile;
+    ckpt.verify(detail::kBuffersFile);
+    file_buffers = safetensors::load(bf.string());
+    std::vector<std::string> bad;
+    std::set<std::string> model_buffers;
+    for (const auto& [name, b] : model_->named_buffers()) {
+      model_buffers.insert(name);
+      const auto it = file_buffers.find(name);
+      if (it == file_buffers.end())
+        bad.push_back("missing " + name);
+      else if (it->second.shape() != b.shape())
+        bad.push_back(fmt::format("{}: shape {} in the file, {} in the model", name,
+                                  shape_str(it->second.shape()), shape_str(b.shape())));
+    }
+    for (const auto& [name, t] : file_buffers)
+      if (!model_buffers.count(name)) bad.push_back("unexpected " + name);
+    DS_CHECK(bad.empty(), "[checkpoint] {} does not match this model's buffers: {}", bf.string(),
+             fmt::join(bad, "; "));
+  }
 
   // This rank's part of every parameter (whole without tensor parallelism).
   const std::map<std::string, nn::TPSplit> splits = nn::tp_splits(*model_);
@@ -703,6 +737,8 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
       }
     }
   });
+  for (const auto& [name, b] : model_->named_buffers())
+    if (auto it = file_buffers.find(name); it != file_buffers.end()) b.copy_from(it->second);
   // The state objects check their own fields; their messages get the file's name in front.
   const std::string model_path = (ck / kModelFile).string();
   auto in_file = [](const std::string& file, auto&& load) {

@@ -41,6 +41,11 @@ CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
   training_dtype_ = ckpt.training_dtype();
   std::tie(tensor_parallel_, pipeline_parallel_) = ckpt.model_parallel();
   model_config_ = ckpt.model_config();
+  if (ckpt.lists(detail::kBuffersFile)) {
+    ckpt.verify(detail::kBuffersFile);
+    for (auto& [name, t] : safetensors::load((folder_ / detail::kBuffersFile).string()))
+      buffers_.emplace_back(name, std::move(t));
+  }
 
   // Optimizer shards: those checksums.json lists and those in the folder, by model-parallel part
   // (mp_rank_XX) and data-parallel rank.

@@ -17,11 +17,13 @@ GradientBuckets::GradientBuckets(Setup setup, std::shared_ptr<comm::Group> group
       param_buckets_[static_cast<size_t>(i)].push_back(static_cast<int>(b));
   pending_params_.assign(buckets_.size(), 0);
   staging_.assign(buckets_.size(), Tensor());
+  direct_ = s_.stage == 2 && group_->size() == 1 && s_.comm_dtype == s_.partition_grads.dtype();
 }
 
 void GradientBuckets::begin(const std::string& ctx) {
   ctx_ = ctx;
   active_ = true;
+  if (direct_) return;  // nothing to reduce: no bucket is armed
   for (size_t b = 0; b < buckets_.size(); ++b)
     pending_params_[b] = static_cast<int>(buckets_[b].params.size());
 }
@@ -29,6 +31,13 @@ void GradientBuckets::begin(const std::string& ctx) {
 void GradientBuckets::on_grad_ready(int i, const Tensor& p) {
   if (!active_) return;
   const auto& e = s_.flat->entries[static_cast<size_t>(i)];
+  if (direct_) {
+    // One rank: the reduction is the identity, so the gradient is added where the staged bucket
+    // would have been added (the same sum, bit for bit) without a bucket-sized staging buffer.
+    ops::add_(s_.partition_grads.flat_range(e.offset - s_.partition_begin, e.numel), p.grad());
+    p.set_grad({});
+    return;
+  }
   if (s_.stage == 2) {
     // Copy this parameter's gradient into each bucket it overlaps, then drop it: after this hook
     // the rank holds no full-size gradient of the parameter.
@@ -36,7 +45,8 @@ void GradientBuckets::on_grad_ready(int i, const Tensor& p) {
     for (int b : param_buckets_[static_cast<size_t>(i)]) {
       const auto& bk = buckets_[static_cast<size_t>(b)];
       Tensor& staging = staging_[static_cast<size_t>(b)];
-      if (!staging.defined()) staging = Tensor::zeros({bk.end - bk.begin}, s_.comm_dtype, g.device());
+      if (!staging.defined())
+        staging = Tensor::zeros({bk.end - bk.begin}, s_.comm_dtype, g.device());
       const int64_t lo = std::max(bk.begin, e.offset), hi = std::min(bk.end, e.offset + e.numel);
       staging.flat_range(lo - bk.begin, hi - lo).copy_from(g.flat_range(lo - e.offset, hi - lo));
     }

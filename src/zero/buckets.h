@@ -7,7 +7,9 @@
 //   stage 2  each parameter's gradient is copied into the staging buffer of every bucket it
 //            overlaps and dropped at once; a full bucket is reduced to the owners of its pieces
 //            (or all-reduced with reduce_scatter off), and the owner adds its piece into its
-//            partition's gradients.
+//            partition's gradients. With one rank (and the communication dtype the gradients'),
+//            there is nothing to reduce: each gradient is added into the partition directly,
+//            without staging (the same sums; a bucket-sized buffer less at the peak).
 //
 // Buckets are laid from the end of the buffer (plan_buckets): backward produces the last layers'
 // gradients first. Threading: the training thread only (the hooks run inside backward).
@@ -64,6 +66,7 @@ class GradientBuckets {
   std::vector<std::vector<int>> param_buckets_;  // for each flat entry, the buckets it writes
   std::vector<int> pending_params_;              // parameters not yet ready, per bucket
   std::vector<Tensor> staging_;                  // stage 2: a bucket's gradients until reduced
+  bool direct_ = false;  // stage 2 on one rank: gradients go straight into partition_grads
   std::vector<Pending> in_flight_;
   std::string ctx_;
   bool active_ = false;

@@ -144,7 +144,8 @@ class Backend {
   virtual void gemm(const Gemm& g) = 0;
 
   // ---- elementwise ----
-  // a and b are broadcast views of out's shape (stride 0 on broadcast dims); out contiguous.
+  // a and b are broadcast views of out's shape (stride 0 on broadcast dims); out contiguous and
+  // may be a itself (in place: each element is read before it is written).
   virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   virtual void unary(UnaryOp op, const Tensor& x, const Tensor& out, float scalar = 0.0f) = 0;
 

@@ -17,7 +17,8 @@
 //             (lm_head is tied to model.shared; final_logits_bias (1, V) is a buffer: loaded,
 //             exported, never trained)
 //   loss      mean cross entropy over labels != -100; the decoder input is
-//             shift_tokens_right(labels, pad_token_id, decoder_start_token_id) unless given
+//             shift_tokens_right(labels, pad_token_id, decoder_start_token_id) unless given;
+//             the head and the loss fused (nn::Linear::cross_entropy: no (B, T, V) logits)
 //
 // Parameter names are transformers' (model.shared.weight, model.encoder.embed_positions.weight,
 // model.encoder.layers.{i}.self_attn.{q,k,v,out}_proj.{weight,bias},
@@ -264,6 +265,11 @@ class Seq2Seq : public nn::Module {
   Tensor final_logits_bias_;
   mutable std::vector<std::string> param_names_;
 
+  // The decoder's last hidden states (B, T, C) (decode without the head).
+  Tensor decoder_hidden(const Tensor& decoder_input_ids, const Tensor& memory,
+                        const Tensor& attention_mask);
+  // What the LM head multiplies: h, or h * d_model^-0.5 (T5's scale_decoder_outputs).
+  Tensor head_input(const Tensor& h) const;
   // Logits (B, T, V) of the decoder's last hidden states (B, T, C): the head of the family.
   Tensor head(const Tensor& h);
   void build_t5();  // the T5 module tree (seq2seq_t5.cpp)

@@ -40,15 +40,15 @@ struct BlockConfig {
   int64_t head_dim = 0;    // hd; 0 = C / NH (gpt2 requires that)
   int64_t ffn_hidden = 0;  // hidden width of the MLP (resolved: never 0 here)
   float norm_eps = 1e-5f;
-  float rope_theta = 10000.0f;  // llama only
-  RopeScaling rope_scaling;     // llama only
-  float dropout = 0.0f;         // after attention and MLP outputs, in training
-  bool bias = true;             // biases in Linear layers (and, for gpt2, in LayerNorms)
-  bool qkv_bias = false;        // llama: q/k/v_proj biases even without `bias` (Qwen2)
-  bool qk_norm = false;         // llama: per-head RMSNorm of q and k before RoPE (Qwen3)
-  int64_t rotary_dim = 0;       // llama: dims of each head that rotate (GLM: hd/2); 0 = hd
+  float rope_theta = 10000.0f;    // llama only
+  RopeScaling rope_scaling;       // llama only
+  float dropout = 0.0f;           // after attention and MLP outputs, in training
+  bool bias = true;               // biases in Linear layers (and, for gpt2, in LayerNorms)
+  bool qkv_bias = false;          // llama: q/k/v_proj biases even without `bias` (Qwen2)
+  bool qk_norm = false;           // llama: per-head RMSNorm of q and k before RoPE (Qwen3)
+  int64_t rotary_dim = 0;         // llama: dims of each head that rotate (GLM: hd/2); 0 = hd
   bool rope_interleaved = false;  // llama: rotate pairs (2i, 2i+1), not (i, i + r/2) (GLM)
-  bool sandwich_norm = false;   // llama: RMSNorm after attention and after the MLP too (GLM-4)
+  bool sandwich_norm = false;     // llama: RMSNorm after attention and after the MLP too (GLM-4)
   // Tensor parallelism (tensor_parallel.h): attention heads (and K/V heads), the MLP's hidden
   // width cut over tp->size() ranks; null = none. Shapes below are then the full model's.
   std::shared_ptr<TensorParallel> tp;
@@ -71,7 +71,9 @@ class Linear : public Module {
   // The mean cross entropy of forward(x) against targets without forming the (..., out) outputs
   // (ops::linear_cross_entropy), the hooks run as for forward: x (..., in), targets (...) int ids.
   // Falls back to forward + ops::cross_entropy (same result) when fuses_cross_entropy() is false.
-  Tensor cross_entropy(const Tensor& x, const Tensor& targets, int64_t ignore_index = -100);
+  // logit_bias (out), optional: a constant (no gradient) added to the outputs first.
+  Tensor cross_entropy(const Tensor& x, const Tensor& targets, int64_t ignore_index = -100,
+                       const Tensor& logit_bias = {});
   // Fused unless there is a bias or LoRA, or x is fp16 (its loss-scaled gradient would underflow
   // before the scale is applied; ops.h).
   bool fuses_cross_entropy(DType x_dtype) const;

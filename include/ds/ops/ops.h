@@ -44,7 +44,7 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end);  // [start, end)
 Tensor concat(const std::vector<Tensor>& xs, int64_t dim);
-Tensor contiguous(const Tensor& x);  // differentiable copy when not contiguous
+Tensor contiguous(const Tensor& x);         // differentiable copy when not contiguous
 Tensor cast(const Tensor& x, DType dtype);  // differentiable dtype conversion
 
 // ---- linear algebra ----
@@ -103,8 +103,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 // (16-bit inputs: logits and their gradient rounded to that dtype as the unfused ops round them).
 // Backward scales the kept gradients by the upstream one: for 16-bit inputs with loss scaling
 // (fp16), where the unscaled gradient may underflow, use the unfused pair.
+// logit_bias (V), optional: a constant added to every row of logits (BART's final_logits_bias:
+// a buffer, so it must not require a gradient), as add(linear(x, w), logit_bias) would.
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
-                            int64_t ignore_index = -100, int64_t block_rows = 0);
+                            int64_t ignore_index = -100, int64_t block_rows = 0,
+                            const Tensor& logit_bias = {});
 // Rows per block linear_cross_entropy picks: about 16M logits (64 MiB in fp32), at least 1.
 int64_t linear_cross_entropy_block_rows(int64_t rows, int64_t vocab);
 // Binary cross entropy on logits (torch's BCEWithLogitsLoss, mean): logits and targets the same

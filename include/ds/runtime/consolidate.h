@@ -75,6 +75,9 @@ class CheckpointShards {
   // client_state.ds_train.model of the model-states file (ds_train stores its GPTConfig there);
   // nullopt when the checkpoint was written by other code.
   const std::optional<nlohmann::json>& model_config() const { return model_config_; }
+  // The model's buffers saved beside the weights (model_buffers.safetensors: BART's
+  // final_logits_bias), by name, as stored; empty when the checkpoint has none (older ones).
+  const std::vector<std::pair<std::string, Tensor>>& buffers() const { return buffers_; }
 
   // Parameter `index` (flat order) in fp32, exactly the master weights: (shape).
   Tensor parameter(size_t index) const;
@@ -110,6 +113,7 @@ class CheckpointShards {
   DType training_dtype_ = DType::f32;
   std::vector<std::string> shard_files_;
   std::optional<nlohmann::json> model_config_;
+  std::vector<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::unique_ptr<Shard>> shards_;
   // Per model-parallel part: sorted by flat begin; cover the part's [0, numel) exactly.
   std::vector<std::vector<Piece>> part_pieces_;
