@@ -13,7 +13,9 @@
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
 #include "ds/models/seq2seq_io.h"
+#include "ds/nn/lora.h"
 #include "ds/ops/ops.h"
+#include "ds/train/lora.h"
 #include "ds/train/outputs.h"
 #include "ds/train/train_util.h"
 
@@ -134,14 +136,6 @@ Seq2SeqPlan plan_seq2seq(const Options& o, const Given& g, const char* builtin_c
   auto refuse = [&p](bool given, const char* option, const char* why) {
     refuse_option(p.names, given, option, why);
   };
-  const char* lora = "LoRA is implemented for decoder models only";
-  refuse(o.lora_dim > 0, "--lora_dim", lora);
-  refuse(g.lora_alpha, "--lora_alpha", lora);
-  refuse(g.lora_module_name, "--lora_module_name", lora);
-  refuse(g.lora_dropout, "--lora_dropout", lora);
-  refuse(o.only_optimize_lora, "--only_optimize_lora", lora);
-  refuse(o.merge_lora, "--merge_lora", lora);
-
   refuse_common_options(p.names, o, g,
                         "evaluations generate from the validation sources and report BLEU");
   refuse(o.block_size > 0, "--block_size",
@@ -181,6 +175,7 @@ Seq2SeqPlan plan_seq2seq(const Options& o, const Given& g, const char* builtin_c
            p.source_len, p.target_len, m.max_positions);
   m.seed = o.seed;
   m.validate();
+  p.lora = seq2seq_lora_config(o, g, m);
   p.tokenizer_dir = pick_tokenizer(o, tr);
 
   // ---- config, run length ----
@@ -217,6 +212,8 @@ Seq2SeqTrainer::Seq2SeqTrainer(Seq2SeqPlan plan, Seq2SeqObserver& observer)
         "initialised from {}: {} tensors{}", fmt::join(rep.files, ", "), rep.tensors,
         rep.ignored.empty() ? "" : fmt::format("; tied copies skipped: {}", rep.ignored.size())));
   }
+  // Before the engine: it lays out gradients and optimizer states for what requires grad.
+  if (p.lora) say(describe_lora(*p.lora, nn::apply_lora(*model_, *p.lora)));
   model_->set_gradient_checkpointing(o.gradient_checkpointing);
   const models::Seq2SeqConfig& m = p.model;
   say(fmt::format(
@@ -299,8 +296,9 @@ void Seq2SeqTrainer::check_checkpoint(const json& d) const {
 // ---- evaluation and generation ---------------------------------------------------------------
 
 std::unique_ptr<models::Seq2Seq> Seq2SeqTrainer::whole_model() {
-  const auto weights = engine().full_weights();  // ZeRO-3: every rank gathers, rank 0 receives
+  auto weights = engine().full_weights();  // ZeRO-3: every rank gathers, rank 0 receives
   if (!is_lead()) return nullptr;
+  if (plan_.lora) weights = nn::merge_lora_weights(weights, plan_.lora->scaling());
   auto whole = std::make_unique<models::Seq2Seq>(plan_.model, /*init=*/false);
   copy_weights(*whole, weights);
   // final_logits_bias is a buffer (never trained): the imported values.
@@ -399,6 +397,11 @@ void Seq2SeqTrainer::report_evaluation() {
 // ---- the export ------------------------------------------------------------------------------
 
 void Seq2SeqTrainer::export_model(const std::string& dir) {
+  if (exports_lora_adapter(plan_.lora, plan_.spec)) {
+    const auto weights = engine().full_weights();  // collective
+    if (is_lead()) say(export_seq2seq_lora_adapter(*model_, weights, *plan_.lora, plan_.spec, dir));
+    return;  // as a decoder's adapter: no tokenizer (the base folder has it)
+  }
   const auto whole = whole_model();
   if (!whole) return;
   models::export_hf_seq2seq(*whole, dir);

@@ -526,13 +526,8 @@ std::string Trainer::export_model(const std::string& dir) {
   if (!is_lead()) return "";
   // LoRA: a PEFT adapter when only the LoRA matrices trained (and --merge_lora is not given);
   // otherwise the merged weights (an adapter alone would lose the other trained parameters).
-  const bool merge = lora && (o.merge_lora || !lora->only_optimize_lora);
-  if (lora && !merge) {
-    std::error_code ec;
-    const std::string base =
-        o.init_from.empty() ? "" : fs::absolute(o.init_from, ec).lexically_normal().string();
-    return export_lora(*model_, weights, *lora, false, dir, base);
-  }
+  if (exports_lora_adapter(lora, o))
+    return export_lora(*model_, weights, *lora, false, dir, lora_adapter_base(o));
   std::string note;
   if (lora)
     note = export_lora(*model_, weights, *lora, true, dir, "");

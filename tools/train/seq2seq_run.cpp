@@ -5,6 +5,7 @@
 
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
+#include "ds/train/lora.h"
 #include "ds/train/seq2seq_trainer.h"
 #include "task_run.h"
 
@@ -82,11 +83,8 @@ int run_seq2seq(const Options& o, const Given& g, const char* builtin_config) {
     out.say(fmt::format("eval: loss {:.4f}{} -> {}", e->loss, bleu_text(*e),
                         (out_dir / "eval_results.json").string()));
   };
-  text.export_line = [](const std::string& dir) {
-    return fmt::format(
-        "HF export:  {} (config.json + model.safetensors + tokenizer; "
-        "AutoModelForSeq2SeqLM.from_pretrained reads it, ds_generate --model too)",
-        dir);
+  text.export_line = [&](const std::string& dir) {
+    return fmt::format("HF export:  {} ({})", dir, seq2seq_export_note(trainer.plan().lora, o));
   };
   return run_task(out, trainer, trainer.plan(), text);
 }

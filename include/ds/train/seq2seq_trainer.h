@@ -24,8 +24,13 @@
 // max_positions come from the data; parameters are drawn from --seed. The data must use the
 // model's pad and decoder start ids and fit its vocabulary and positions (errors say so).
 //
-// What a seq2seq run refuses, naming the option: LoRA options, tensor or pipeline parallelism, the
-// sample options, --device other than cpu, --block_size, --model with --init_from.
+// What a seq2seq run refuses, naming the option: tensor or pipeline parallelism, the sample
+// options, --device other than cpu, --block_size, --model with --init_from.
+//
+// LoRA (--lora_dim and the other LoRA flags, docs/finetuning.md) with PEFT's TaskType.SEQ_2_SEQ_LM
+// semantics (train::seq2seq_lora_config): applied after the import, before the engine;
+// evaluations generate from the merged weights; the export is a PEFT SEQ_2_SEQ_LM adapter with
+// --only_optimize_lora (the LoRA matrices), else (or with --merge_lora) the merged plain model.
 // --gradient_checkpointing checkpoints every encoder and decoder layer.
 //
 // Batches: one micro-batch is B examples; the engine receives inputs (2, B, S) int32 = [source
@@ -52,6 +57,7 @@
 #include "ds/data/seq2seq_set.h"
 #include "ds/data/text_tokenizer.h"
 #include "ds/models/seq2seq.h"
+#include "ds/nn/lora.h"
 #include "ds/runtime/engine.h"
 #include "ds/train/bleu.h"
 #include "ds/train/plan.h"
@@ -71,6 +77,7 @@ struct Seq2SeqPlan : TaskPlan {
   int64_t source_len = 0, target_len = 0;  // S, T: the set's
   int64_t bleu_examples = 0;               // generated per evaluation
   models::BeamOptions generation;          // the evaluation's generation settings
+  std::optional<nn::LoraConfig> lora;      // --lora_dim > 0 (train::seq2seq_lora_config)
 };
 
 // Opens the set, resolves the model and the config, and checks what a seq2seq run refuses (above).
@@ -110,7 +117,8 @@ class Seq2SeqTrainer : public TaskTrainer {
   std::vector<std::string> generate(const Tensor& ids, const Tensor& mask,
                                     const models::BeamOptions& opt);
   // The Hugging Face export (config.json, generation_config.json, model.safetensors, the
-  // tokenizer). Collective (ZeRO-3 gathers); rank 0 writes.
+  // tokenizer; LoRA merged), or a PEFT adapter folder (train::exports_lora_adapter). Collective
+  // (ZeRO-3 gathers); rank 0 writes.
   void export_model(const std::string& dir) override;
 
   const Seq2SeqPlan& plan() const { return plan_; }
