@@ -22,6 +22,7 @@
 #include "ds/data/dataset.h"
 #include "ds/data/text_tokenizer.h"
 #include "ds/train/classify_metrics.h"
+#include "task_fixture.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -31,31 +32,9 @@ namespace {
 
 const fs::path kTok = fs::path(DS_FIXTURE_DIR) / "tokenizers" / "bert_wordpiece";
 
-class Classification : public ::testing::Test {
+class Classification : public ds::testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("cls_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path write(const std::string& name, const std::string& text) {
-    std::ofstream(dir_ / name, std::ios::binary) << text;
-    return dir_ / name;
-  }
-  // The message of the ds::Error that f throws ("" when it does not throw).
-  template <class F>
-  static std::string error_of(F&& f) {
-    try {
-      f();
-    } catch (const ds::Error& e) {
-      return e.what();
-    }
-    return "";
-  }
-  fs::path dir_;
+  Classification() : ScratchDirTest("cls_test_") {}
 };
 
 TEST_F(Classification, ReadsGlueTsvMrpcHeaderAndJsonl) {

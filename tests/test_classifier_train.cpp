@@ -30,6 +30,7 @@
 #include "ds/models/peft_io.h"
 #include "ds/nn/lora.h"
 #include "ds/train/classifier.h"
+#include "task_fixture.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -77,12 +78,11 @@ std::string pair_task(int n, uint32_t seed) {
   return text;
 }
 
-class ClassifierTrain : public ::testing::Test {
+class ClassifierTrain
+    : public ds::testing::TaskTrainTest<train::ClassifierPlan, train::plan_classifier> {
  protected:
   static void SetUpTestSuite() {
-    root_ = fs::temp_directory_path() / ("cls_train_" + std::to_string(::getpid()));
-    fs::remove_all(root_);
-    fs::create_directories(root_);
+    set_up_suite("cls_train_");
     std::ofstream(root_ / "train.jsonl") << pair_task(640, 1);
     std::ofstream(root_ / "dev.jsonl") << pair_task(160, 2);
     data::ClassificationPrepareOptions o;
@@ -92,8 +92,6 @@ class ClassifierTrain : public ::testing::Test {
     o.seq_len = 32;
     o.val_files = "dev*";
     data::prepare_classification(o);
-    std::ifstream cfg(fs::path(DS_SOURCE_DIR) / "configs" / "ds_demo.json");
-    builtin_ = {std::istreambuf_iterator<char>(cfg), {}};
     // A tiny BERT with dropout (the resume must restore the dropout stream) and one without.
     std::ofstream(root_ / "bert_dropout.json")
         << R"({"n_layer": 2, "n_head": 2, "n_embd": 64, "ffn_hidden": 128})";
@@ -101,7 +99,6 @@ class ClassifierTrain : public ::testing::Test {
         << R"({"n_layer": 2, "n_head": 2, "n_embd": 64, "ffn_hidden": 128, "hidden_dropout": 0.0,
               "attention_dropout": 0.0})";
   }
-  static void TearDownTestSuite() { fs::remove_all(root_); }
 
   train::Options options(const std::string& out) const {
     train::Options o;
@@ -116,25 +113,7 @@ class ClassifierTrain : public ::testing::Test {
     o.export_hf = "none";
     return o;
   }
-  train::Given given() const {
-    train::Given g;
-    g.model = g.per_device_train_batch_size = g.learning_rate = g.warmup_steps = g.max_steps = true;
-    return g;
-  }
-  static std::string error_of(const train::Options& o, const train::Given& g) {
-    try {
-      train::plan_classifier(o, g, builtin_.c_str());
-    } catch (const ds::Error& e) {
-      return e.what();
-    }
-    return "";
-  }
-
-  static fs::path root_;
-  static std::string builtin_;
 };
-fs::path ClassifierTrain::root_;
-std::string ClassifierTrain::builtin_;
 
 TEST_F(ClassifierTrain, LearnsThePairTaskAndExports) {
   train::Options o = options("learn");
@@ -528,14 +507,9 @@ TEST_F(ClassifierTrain, LoraResumeReproducesAnUninterruptedRun) {
 TEST_F(ClassifierTrain, DsTrainProcessZero3ExportAndEvalOnly) {
   const fs::path out = root_ / "proc";
   auto run = [&](const std::string& args, std::string* log) {
-    const fs::path file = root_ / "proc_log.txt";
-    const std::string cmd = std::string(DS_TRAIN_BIN) + " --train_data " +
-                            (root_ / "set").string() + " --threads 1 " + args + " > " +
-                            file.string() + " 2>&1";
-    const int status = std::system(cmd.c_str());
-    std::ifstream f(file);
-    *log = {std::istreambuf_iterator<char>(f), {}};
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return run_command(std::string(DS_TRAIN_BIN) + " --train_data " + (root_ / "set").string() +
+                           " --threads 1 " + args,
+                       log);
   };
   std::string log;
   ASSERT_EQ(run("--model " + (root_ / "bert_dropout.json").string() +
@@ -592,14 +566,10 @@ TEST_F(ClassifierTrain, DsTrainProcessZero3ExportAndEvalOnly) {
   // ds_prepare --task classification as a program: the report, and an option of another format
   // refused by name (exit 2).
   auto prepare = [&](const std::string& args) {
-    const fs::path file = root_ / "prep_log.txt";
-    const std::string cmd = std::string(DS_PREPARE_BIN) + " --task classification --tokenizer " +
-                            (fs::path(DS_FIXTURE_DIR) / "tokenizers" / "bert_wordpiece").string() +
-                            " " + args + " > " + file.string() + " 2>&1";
-    const int status = std::system(cmd.c_str());
-    std::ifstream f(file);
-    log = {std::istreambuf_iterator<char>(f), {}};
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return run_command(std::string(DS_PREPARE_BIN) + " --task classification --tokenizer " +
+                           (fs::path(DS_FIXTURE_DIR) / "tokenizers" / "bert_wordpiece").string() +
+                           " " + args,
+                       &log, "prep_log.txt");
   };
   const std::string inputs =
       " " + (root_ / "train.jsonl").string() + " " + (root_ / "dev.jsonl").string();
@@ -618,35 +588,14 @@ TEST_F(ClassifierTrain, DsTrainProcessZero3ExportAndEvalOnly) {
       << log;
 }
 
-// ZeRO-3 with the optimizer state and the parameters on NVMe trains the classifier bit for bit as in
-// RAM (the swap path holds the same fp32 values).
+// ZeRO-3 with the optimizer state and the parameters on NVMe trains the classifier bit for bit as
+// in RAM (the swap path holds the same fp32 values).
 TEST_F(ClassifierTrain, Zero3NvmeOffloadMatchesInRam) {
-  auto losses = [&](const std::string& tag, const std::string& offload) {
-    const fs::path out = root_ / ("offload_" + tag), log = root_ / ("offload_" + tag + ".txt");
-    fs::create_directories(root_ / "nvme");
-    const std::string cmd =
-        std::string(DS_TRAIN_BIN) + " --train_data " + (root_ / "set").string() + " --model " +
-        (root_ / "bert_nodrop.json").string() +
-        " --threads 1 --max_steps 4 --learning_rate 1e-2 --eval_steps 0 --export_hf none "
-        "--output_dir " + out.string() +
-        " --deepspeed '{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": 8, "
-        "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\"}}, "
-        "\"zero_optimization\": {\"stage\": 3, " + offload +
-        "\"stage3_param_persistence_threshold\": 0}}' > " + log.string() + " 2>&1";
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    std::ifstream l(log);
-    const std::string said{std::istreambuf_iterator<char>(l), {}};
-    EXPECT_EQ(said.find("\"nvme\"") != std::string::npos, !offload.empty()) << said;
-    std::ifstream f(out / "metrics" / "Train_Samples_train_loss.csv");
-    const std::string text{std::istreambuf_iterator<char>(f), {}};
-    return text;
-  };
-  const std::string nvme = (root_ / "nvme").string();
-  const std::string ram = losses("ram", "");
-  const std::string disk = losses(
-      "nvme", "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + nvme +
-                  "\"}, \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" +
-                  nvme + "\"}, ");
+  const std::string train = std::string(DS_TRAIN_BIN) + " --train_data " +
+                            (root_ / "set").string() + " --model " +
+                            (root_ / "bert_nodrop.json").string();
+  const std::string ram = zero3_losses(train, "ram", "");
+  const std::string disk = zero3_losses(train, "nvme", nvme_offload(root_ / "nvme"));
   EXPECT_EQ(std::count(ram.begin(), ram.end(), '\n'), 5) << ram;  // header + 4 steps
   EXPECT_EQ(disk, ram);
 }
@@ -656,20 +605,11 @@ TEST_F(ClassifierTrain, Zero3NvmeOffloadMatchesInRam) {
 // ranks = 8): the same losses and scores within fp32 summation order; plainly and with LoRA.
 TEST_F(ClassifierTrain, TwoRanksZero3MatchOneProcess) {
   auto run = [&](const std::string& launcher, const std::string& args, std::string* log) {
-    const fs::path file = root_ / "ranks_log.txt";
-    const std::string cmd =
+    return run_command(
         launcher + std::string(DS_TRAIN_BIN) + " --train_data " + (root_ / "set").string() +
-        " --model " + (root_ / "bert_nodrop.json").string() +
-        " --threads 1 --max_steps 6 --learning_rate 1e-3 --eval_steps 3 "
-        "--deepspeed '{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": "
-        "\"auto\", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": "
-        "\"auto\"}}, \"zero_optimization\": {\"stage\": 3, "
-        "\"stage3_param_persistence_threshold\": 0}}' " +
-        args + " > " + file.string() + " 2>&1";
-    const int status = std::system(cmd.c_str());
-    std::ifstream f(file);
-    *log = {std::istreambuf_iterator<char>(f), {}};
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+            " --model " + (root_ / "bert_nodrop.json").string() +
+            " --threads 1 --max_steps 6 --learning_rate 1e-3 --eval_steps 3 " + kZero3Batch8 + args,
+        log, "ranks_log.txt");
   };
   std::string log;
   // Plainly, and with LoRA (only the LoRA matrices and the head train; the adapter is exported).
@@ -683,14 +623,7 @@ TEST_F(ClassifierTrain, TwoRanksZero3MatchOneProcess) {
               0)
         << log;
     EXPECT_NE(log.find("micro-batch 4 x accumulation 1"), std::string::npos) << log;
-    auto column = [](const fs::path& f) {
-      std::vector<double> v;
-      std::ifstream in(f);
-      std::string line;
-      std::getline(in, line);
-      while (std::getline(in, line)) v.push_back(std::stod(line.substr(line.rfind(',') + 1)));
-      return v;
-    };
+    auto column = [](const fs::path& f) { return csv_column(f); };
     for (const char* name :
          {"Train_Samples_train_loss", "Eval_Samples_eval_loss", "Eval_Samples_eval_accuracy"}) {
       const auto a = column(one / "metrics" / (std::string(name) + ".csv")),

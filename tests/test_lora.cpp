@@ -10,7 +10,12 @@
 //   - encoder sequence classifiers (BERT, RoBERTa, DeBERTa-v2) with PEFT's SEQ_CLS semantics:
 //     default targets, trainable set, logits, loss and gradients against peft
 //     (tests/fixtures/lora_classifier, tools/gen_lora_classifier_fixture.py), the adapter (peft's
-//     names incl. modules_to_save) and merged exports round trip.
+//     names incl. modules_to_save) and merged exports round trip;
+//   - encoder-decoders (BART, BlenderBot, T5) with PEFT's SEQ_2_SEQ_LM semantics: default
+//     targets, only the adapters trainable, logits, loss and gradients against peft
+//     (tests/fixtures/lora_seq2seq, tools/gen_lora_classifier_fixture.py --task seq2seq), the
+//     adapter and merged exports round trip, greedy generation merged = unmerged = peft's, and
+//     ZeRO-3 steps equal ZeRO-0's.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -32,6 +37,8 @@
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
 #include "ds/models/peft_io.h"
+#include "ds/models/seq2seq.h"
+#include "ds/models/seq2seq_io.h"
 #include "ds/nn/layers.h"
 #include "ds/nn/lora.h"
 #include "ds/ops/ops.h"
@@ -397,7 +404,7 @@ std::shared_ptr<models::GPT> lora_model(const std::string& preset, bool only_lor
   return m;
 }
 
-std::unique_ptr<runtime::Engine> make_engine(std::shared_ptr<models::GPT> m, int stage,
+std::unique_ptr<runtime::Engine> make_engine(std::shared_ptr<nn::Module> m, int stage,
                                              const std::string& precision = "fp32") {
   runtime::InitOptions opt;
   opt.group = comm::world();
@@ -785,5 +792,292 @@ TEST(LoraClassifier, PeftTargetRuleAndErrors) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--merge_lora needs LoRA"), std::string::npos) << e.what();
+  }
+}
+
+// ---- encoder-decoders: PEFT's TaskType.SEQ_2_SEQ_LM ----
+// tests/fixtures/lora_seq2seq (tools/gen_lora_classifier_fixture.py --task seq2seq): adapters of
+// peft's default targets over the seq2seq fixtures tests/fixtures/hf_families/{bart_s2s,
+// blenderbot_s2s, t5_relu_tied}, with peft's logits, loss, gradients and greedy generation.
+
+namespace {
+
+const fs::path kS2sFixtures = fs::path(DS_FIXTURE_DIR) / "lora_seq2seq";
+const fs::path kS2sBases = fs::path(DS_FIXTURE_DIR) / "hf_families";
+
+// ds_train's LoRA flags as a seq2seq run gets them: --lora_dim 4 --lora_alpha 8
+// [--only_optimize_lora], default targets.
+nn::LoraConfig s2s_lora(const models::Seq2SeqConfig& cfg, bool only_lora = true) {
+  train::Options o;
+  o.lora_dim = 4;
+  o.lora_alpha = 8;
+  o.only_optimize_lora = only_lora;
+  o.seed = 7;
+  train::Given g;
+  g.lora_alpha = true;
+  return *train::seq2seq_lora_config(o, g, cfg);
+}
+
+// The base fixture `name`, its dropout optionally off (training steps then compare exactly).
+std::shared_ptr<models::Seq2Seq> load_s2s_base(const std::string& name, bool no_dropout = false) {
+  auto cfg = models::read_hf_seq2seq_config(kS2sBases / name);
+  EXPECT_TRUE(cfg.has_value());
+  if (no_dropout) cfg->dropout = cfg->attention_dropout = cfg->activation_dropout = 0.0f;
+  auto m = std::make_shared<models::Seq2Seq>(*cfg, /*init=*/false);
+  models::load_hf_seq2seq_weights(*m, kS2sBases / name);
+  return m;
+}
+
+struct S2sCase {
+  std::shared_ptr<models::Seq2Seq> model;
+  nn::LoraConfig lora;
+  nn::LoraReport report;
+  std::map<std::string, Tensor> ref;
+  models::Seq2SeqInputs in;
+};
+
+S2sCase load_s2s_case(const std::string& name) {
+  S2sCase c;
+  c.model = load_s2s_base(name);
+  c.lora = s2s_lora(c.model->config());
+  c.report = nn::apply_lora(*c.model, c.lora);
+  models::load_peft_seq2seq_adapter(*c.model, kS2sFixtures / name / "adapter");
+  c.model->train(false);
+  safetensors::Reader r((kS2sFixtures / name / "reference.safetensors").string());
+  for (const auto& n : r.names()) c.ref.emplace(n, r.get(n));
+  c.in = {c.ref.at("input_ids").to(DType::i32),
+          c.ref.at("attention_mask").to(DType::i32),
+          {},
+          c.ref.at("labels").to(DType::i32)};
+  return c;
+}
+
+// A plain model of `m`'s config holding `m`'s weights with LoRA merged (W + s B A) and its
+// buffers (final_logits_bias).
+std::unique_ptr<models::Seq2Seq> merged_s2s(models::Seq2Seq& m, const nn::LoraConfig& lora) {
+  auto plain = std::make_unique<models::Seq2Seq>(m.config(), /*init=*/false);
+  std::map<std::string, Tensor> merged, buffers;
+  for (auto& [n, t] : nn::merge_lora_weights(m.named_parameters(), lora.scaling()))
+    merged.emplace(n, t);
+  for (auto& [n, t] : m.named_buffers()) buffers.emplace(n, t);
+  autograd::NoGradGuard ng;
+  for (auto& [n, t] : plain->named_parameters()) t.copy_from(merged.at(n));
+  for (auto& [n, t] : plain->named_buffers()) t.copy_from(buffers.at(n));
+  plain->train(false);
+  return plain;
+}
+
+std::vector<int64_t> greedy(models::Seq2Seq& m, const S2sCase& c) {
+  models::GreedyOptions opt;
+  opt.max_new_tokens = c.ref.at("generated").size(1) - 1;
+  return m.generate_greedy(c.in.input_ids, c.in.attention_mask, opt).to_int_vector();
+}
+
+}  // namespace
+
+class LoraSeq2SeqPeft : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LoraSeq2SeqPeft, DefaultsLogitsLossAndGradientsMatchPeft) {
+  S2sCase c = load_s2s_case(GetParam());
+  models::Seq2Seq& m = *c.model;
+  // The family's default targets are peft's (blenderbot: the fixture names BART's, which peft's
+  // table lacks); nothing besides LoRA to save.
+  const auto peft = read_json(kS2sFixtures / GetParam() / "adapter" / "adapter_config.json");
+  auto want = peft.at("target_modules").get<std::vector<std::string>>(), got = c.lora.targets;
+  std::sort(want.begin(), want.end());
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, want);
+  EXPECT_TRUE(peft.at("modules_to_save").is_null());
+  EXPECT_TRUE(c.lora.modules_to_save.empty());
+  EXPECT_EQ(peft.at("task_type"), "SEQ_2_SEQ_LM");
+  // q and v of every attention: encoder self, decoder self and cross.
+  const auto& cfg = m.config();
+  EXPECT_EQ(c.report.modules.size(),
+            static_cast<size_t>(2 * (cfg.encoder_layers + 2 * cfg.decoder_layers)));
+
+  Tensor logits;
+  {
+    autograd::NoGradGuard ng;
+    logits = m.logits(c.in);
+  }
+  EXPECT_LT(max_rel(logits, c.ref.at("logits")), 1e-5);
+  Tensor loss = m.loss(c.in);
+  EXPECT_LT(max_rel(loss, c.ref.at("loss")), 1e-5);
+  loss.backward();
+  // Trainable: exactly what peft trains (the LoRA matrices; the tied shared embedding frozen),
+  // every gradient equal.
+  int trainable = 0;
+  int64_t elements = 0;
+  double worst = 0;
+  for (const auto& [name, p] : m.named_parameters()) {
+    if (!p.requires_grad()) {
+      EXPECT_FALSE(p.grad().defined()) << name << ": a frozen parameter got a gradient";
+      continue;
+    }
+    ++trainable;
+    elements += p.numel();
+    EXPECT_TRUE(nn::is_lora_parameter(name)) << name;
+    const std::string key = "grad." + models::peft_seq2seq_name(name);
+    ASSERT_TRUE(c.ref.count(key)) << name << " trains, peft's " << key << " does not";
+    ASSERT_TRUE(p.grad().defined()) << name;
+    const double err = max_rel(p.grad(), c.ref.at(key));
+    EXPECT_LT(err, 1e-5) << name;
+    worst = std::max(worst, err);
+  }
+  int ref_grads = 0;
+  for (const auto& [k, v] : c.ref) ref_grads += k.rfind("grad.", 0) == 0;
+  EXPECT_EQ(trainable, ref_grads);
+  EXPECT_EQ(elements, c.report.lora_params);
+  EXPECT_EQ(c.report.trainable_params, c.report.lora_params);
+  std::printf(
+      "%s SEQ_2_SEQ_LM vs peft: logits %.2e, loss %.2e, worst gradient %.2e of %d "
+      "trainable (%lld elements of %lld)\n",
+      GetParam().c_str(), max_rel(logits, c.ref.at("logits")), max_rel(loss, c.ref.at("loss")),
+      worst, trainable, static_cast<long long>(elements),
+      static_cast<long long>(c.report.total_params));
+
+  // For tools/gen_lora_classifier_fixture.py --task seq2seq --check-export.
+  if (const char* out = std::getenv("DS_LORA_EXPORT_DIR")) {
+    const fs::path dir = fs::path(out) / GetParam();
+    models::export_peft_seq2seq_adapter(m, m.named_parameters(), c.lora, dir / "adapter");
+    models::export_hf_seq2seq(*merged_s2s(m, c.lora), dir / "merged");
+  }
+}
+
+TEST_P(LoraSeq2SeqPeft, AdapterAndMergedExportsRoundTripAndGenerateAlike) {
+  S2sCase c = load_s2s_case(GetParam());
+  const fs::path dir = fs::temp_directory_path() / fmt::format("ds_lora_s2s_{}_{}_{}", GetParam(),
+                                                               comm::world()->rank(), ::getpid());
+  fs::remove_all(dir);
+  models::export_peft_seq2seq_adapter(*c.model, c.model->named_parameters(), c.lora,
+                                      dir / "adapter", "/base");
+  // peft's tensor names, values and config fields.
+  safetensors::Reader ours((dir / "adapter" / "adapter_model.safetensors").string());
+  safetensors::Reader theirs(
+      (kS2sFixtures / GetParam() / "adapter" / "adapter_model.safetensors").string());
+  auto names = ours.names(), want = theirs.names();
+  std::sort(names.begin(), names.end());
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(names, want);
+  for (const auto& n : want) EXPECT_EQ(max_rel(ours.get(n), theirs.get(n)), 0.0) << n;
+  const auto cfg = read_json(dir / "adapter" / "adapter_config.json");
+  const auto peft = read_json(kS2sFixtures / GetParam() / "adapter" / "adapter_config.json");
+  for (const char* k :
+       {"peft_type", "task_type", "r", "lora_alpha", "fan_in_fan_out", "bias", "modules_to_save"})
+    EXPECT_EQ(cfg.at(k), peft.at(k)) << k;
+  auto t1 = cfg.at("target_modules").get<std::vector<std::string>>(),
+       t2 = peft.at("target_modules").get<std::vector<std::string>>();
+  std::sort(t1.begin(), t1.end());
+  std::sort(t2.begin(), t2.end());
+  EXPECT_EQ(t1, t2);
+  EXPECT_EQ(cfg.at("base_model_name_or_path"), "/base");
+
+  autograd::NoGradGuard ng;
+  const Tensor logits = c.model->logits(c.in);
+  // Our reload: the base fixture, LoRA, the adapter from our folder: the same logits.
+  auto fresh = load_s2s_base(GetParam());
+  nn::apply_lora(*fresh, c.lora);
+  EXPECT_EQ(models::load_peft_seq2seq_adapter(*fresh, dir / "adapter"),
+            static_cast<int64_t>(want.size()));
+  fresh->train(false);
+  EXPECT_EQ(max_rel(fresh->logits(c.in), logits), 0.0);
+
+  // Merged: a plain folder (as --merge_lora writes it) with the same logits (W + s B A rounded
+  // once), and the same greedy generation as the unmerged adapters and as peft.
+  models::export_hf_seq2seq(*merged_s2s(*c.model, c.lora), dir / "merged");
+  auto reread = std::make_shared<models::Seq2Seq>(*models::read_hf_seq2seq_config(dir / "merged"),
+                                                  /*init=*/false);
+  models::load_hf_seq2seq_weights(*reread, dir / "merged");
+  reread->train(false);
+  EXPECT_LT(max_rel(reread->logits(c.in), logits), 1e-5);
+  const auto unmerged = greedy(*c.model, c), merged = greedy(*reread, c);
+  EXPECT_EQ(merged, unmerged);
+  EXPECT_EQ(unmerged, c.ref.at("generated").to_int_vector());
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, LoraSeq2SeqPeft,
+                         ::testing::Values("bart_s2s", "blenderbot_s2s", "t5_relu_tied"));
+
+// ZeRO-3 with LoRA on an encoder-decoder takes the steps of ZeRO-0: the same losses, LoRA
+// matrices and untouched frozen weights (one and two ranks, as LoraZero).
+class LoraSeq2SeqZero : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LoraSeq2SeqZero, Stage3StepsEqualStage0) {
+  std::vector<double> losses0;
+  std::map<std::string, Tensor> lora0;
+  for (int stage : {0, 3}) {
+    SCOPED_TRACE(fmt::format("{} stage {}", GetParam(), stage));
+    auto model = load_s2s_base(GetParam(), /*no_dropout=*/true);
+    const auto rep = nn::apply_lora(*model, s2s_lora(model->config()));
+    std::map<std::string, std::vector<float>> frozen_before;
+    for (const auto& [name, p] : model->named_parameters())
+      if (!p.requires_grad()) frozen_before[name] = ds::testing::host_vector(p);
+    auto e = make_engine(model, stage);
+    EXPECT_EQ(e->strategy().flat().numel, rep.lora_params);  // only the adapters train
+    const auto losses = train_steps(*e, 3);
+    for (const auto& [name, p] : model->named_parameters())
+      if (name.ends_with("lora_B.weight") && p.is_materialized()) {  // B trained away from zero
+        double sum = 0;
+        for (float v : ds::testing::host_vector(p)) sum += std::abs(v);
+        EXPECT_GT(sum, 0.0) << name;
+      } else if (!p.requires_grad()) {
+        ASSERT_TRUE(p.is_materialized()) << name;
+        EXPECT_EQ(ds::testing::host_vector(p), frozen_before[name]) << name;
+      }
+    std::map<std::string, Tensor> lora;
+    for (const auto& [name, t] : e->full_weights())
+      if (nn::is_lora_parameter(name)) lora.emplace(name, t);
+    if (stage == 0) {
+      losses0 = losses;
+      lora0 = lora;
+      continue;
+    }
+    double worst = 0;
+    for (size_t i = 0; i < losses.size(); ++i) {
+      EXPECT_NEAR(losses[i], losses0[i], 1e-6 * std::abs(losses0[i])) << "micro-step " << i;
+      worst = std::max(worst, std::abs(losses[i] - losses0[i]) / std::abs(losses0[i]));
+    }
+    if (comm::world()->rank() == 0) {
+      ASSERT_EQ(lora.size(), lora0.size());
+      for (const auto& [name, t] : lora) EXPECT_LT(max_rel(t, lora0.at(name)), 1e-5) << name;
+      std::printf("%s LoRA, %d ranks: stage 3 vs stage 0 losses, max rel diff %.2e\n",
+                  GetParam().c_str(), comm::world()->size(), worst);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, LoraSeq2SeqZero, ::testing::Values("bart_s2s", "t5_relu_tied"));
+
+TEST(LoraSeq2Seq, FamilyTargetsAndErrors) {
+  models::Seq2SeqConfig bart, t5;
+  t5.family = "t5";
+  EXPECT_EQ(train::seq2seq_lora_targets(bart), (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(train::seq2seq_lora_targets(t5), (std::vector<std::string>{"q", "v"}));
+  train::Options o;
+  EXPECT_FALSE(train::seq2seq_lora_config(o, train::Given{}, bart).has_value());
+  o.only_optimize_lora = true;  // a LoRA flag without --lora_dim names the flag
+  try {
+    train::seq2seq_lora_config(o, train::Given{}, bart);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--only_optimize_lora needs LoRA"), std::string::npos)
+        << e.what();
+  }
+  // PEFT's rule: "q" adapts T5's SelfAttention.q and EncDecAttention.q, nothing else.
+  o.lora_dim = 2;
+  auto m = load_s2s_base("t5_relu_tied");
+  const auto rep = nn::apply_lora(*m, *train::seq2seq_lora_config(o, train::Given{}, m->config()));
+  for (const auto& name : rep.modules)
+    EXPECT_TRUE(name.ends_with(".q") || name.ends_with(".v")) << name;
+  // A seq2seq adapter saves nothing besides LoRA.
+  nn::LoraConfig bad = s2s_lora(m->config());
+  bad.modules_to_save = {"lm_head"};
+  try {
+    models::export_peft_seq2seq_adapter(*m, m->named_parameters(), bad,
+                                        fs::temp_directory_path() / "ds_lora_s2s_never");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("modules_to_save"), std::string::npos) << e.what();
   }
 }

@@ -20,6 +20,7 @@
 #include "ds/data/seq2seq_set.h"
 #include "ds/data/text_tokenizer.h"
 #include "ds/train/bleu.h"
+#include "task_fixture.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -29,30 +30,9 @@ namespace {
 
 const fs::path kTok = fs::path(DS_FIXTURE_DIR) / "classification" / "roberta_bpe";
 
-class Seq2SeqData : public ::testing::Test {
+class Seq2SeqData : public ds::testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("s2s_data_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path write(const std::string& name, const std::string& text) {
-    std::ofstream(dir_ / name, std::ios::binary) << text;
-    return dir_ / name;
-  }
-  template <class F>
-  static std::string error_of(F&& f) {
-    try {
-      f();
-    } catch (const ds::Error& e) {
-      return e.what();
-    }
-    return "";
-  }
-  fs::path dir_;
+  Seq2SeqData() : ScratchDirTest("s2s_data_") {}
 };
 
 #define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)

@@ -2,8 +2,10 @@
 // prepared with the BART-style BPE fixture tokenizer: the library's Seq2SeqTrainer called
 // directly (eval loss falls and BLEU rises; the HF export evaluates the same when a run starts
 // from it; a resumed run reproduces an uninterrupted one bit for bit; BlenderBot's preset trains
-// and exports; options that do not apply are refused by name), then ds_prepare --task seq2seq,
-// ds_train (ZeRO-3) and ds_generate as processes.
+// and exports; LoRA trains the adapters only and exports a PEFT adapter that reloads and
+// generates as the trainer's merged model; options that do not apply are refused by name), then
+// ds_prepare --task seq2seq, ds_train (ZeRO-3; LoRA adapter and merged) and ds_generate as
+// processes.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -14,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -23,7 +26,11 @@
 
 #include "ds/core/error.h"
 #include "ds/data/seq2seq_set.h"
+#include "ds/models/peft_io.h"
+#include "ds/models/seq2seq_io.h"
+#include "ds/nn/lora.h"
 #include "ds/train/seq2seq_trainer.h"
+#include "task_fixture.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -57,12 +64,10 @@ std::string lookup_task(int n, uint32_t seed) {
   return text;
 }
 
-class Seq2SeqTrain : public ::testing::Test {
+class Seq2SeqTrain : public ds::testing::TaskTrainTest<train::Seq2SeqPlan, train::plan_seq2seq> {
  protected:
   static void SetUpTestSuite() {
-    root_ = fs::temp_directory_path() / ("s2s_train_" + std::to_string(::getpid()));
-    fs::remove_all(root_);
-    fs::create_directories(root_);
+    set_up_suite("s2s_train_");
     std::ofstream(root_ / "train.jsonl") << lookup_task(256, 1);
     std::ofstream(root_ / "dev.jsonl") << lookup_task(16, 2);
     data::Seq2SeqPrepareOptions o;
@@ -73,8 +78,6 @@ class Seq2SeqTrain : public ::testing::Test {
     o.max_target_len = 12;
     o.val_files = "dev*";
     data::prepare_seq2seq(o);
-    std::ifstream cfg(fs::path(DS_SOURCE_DIR) / "configs" / "ds_demo.json");
-    builtin_ = {std::istreambuf_iterator<char>(cfg), {}};
     // Tiny BARTs (our JSON form; the data fills vocabulary and special ids), with and without
     // dropout (the resume must restore the dropout stream).
     std::ofstream(root_ / "bart_dropout.json")
@@ -85,7 +88,6 @@ class Seq2SeqTrain : public ::testing::Test {
               "encoder_heads": 2, "decoder_heads": 2, "encoder_ffn": 64, "decoder_ffn": 64,
               "dropout": 0.0})";
   }
-  static void TearDownTestSuite() { fs::remove_all(root_); }
 
   train::Options options(const std::string& out) const {
     train::Options o;
@@ -101,25 +103,7 @@ class Seq2SeqTrain : public ::testing::Test {
     o.eval_bleu_examples = 16;
     return o;
   }
-  train::Given given() const {
-    train::Given g;
-    g.model = g.per_device_train_batch_size = g.learning_rate = g.warmup_steps = g.max_steps = true;
-    return g;
-  }
-  static std::string error_of(const train::Options& o, const train::Given& g) {
-    try {
-      train::plan_seq2seq(o, g, builtin_.c_str());
-    } catch (const ds::Error& e) {
-      return e.what();
-    }
-    return "";
-  }
-
-  static fs::path root_;
-  static std::string builtin_;
 };
-fs::path Seq2SeqTrain::root_;
-std::string Seq2SeqTrain::builtin_;
 
 // About 15 s on 2 cores: 100 steps are what the tiny model needs to learn the task reliably.
 TEST_F(Seq2SeqTrain, LearnsTheLookupTaskAndExports) {
@@ -233,6 +217,96 @@ TEST_F(Seq2SeqTrain, ResumeReproducesAnUninterruptedRun) {
   EXPECT_THROW(tc.resume(), ds::Error);
 }
 
+// LoRA with PEFT's SEQ_2_SEQ_LM semantics over a base folder (the tiny BART from --seed, exported):
+// only the adapters train (the count), the base weights stay, the evaluation generates from the
+// merged weights, and the adapter export reloads over the base to the engine's LoRA matrices and
+// generates what the trainer's (merged) generate() does.
+TEST_F(Seq2SeqTrain, LoraTrainsAdaptersOnlyAndExportsAnAdapter) {
+  train::Options b = options("lora_base_plan");
+  b.model = (root_ / "bart_nodrop.json").string();
+  b.max_steps = 1;
+  const fs::path base = root_ / "lora_base";
+  {
+    const models::Seq2Seq from_seed(train::plan_seq2seq(b, given(), builtin_.c_str()).model);
+    models::export_hf_seq2seq(from_seed, base);
+  }
+  train::Options o = options("lora");
+  o.model.clear();
+  o.init_from = base.string();
+  o.max_steps = 20;
+  o.lora_dim = 4;
+  o.lora_alpha = 8;
+  o.only_optimize_lora = true;
+  o.eval_bleu_examples = 4;
+  o.export_hf = (root_ / "lora" / "adapter").string();
+  train::Given g = given();
+  g.model = false;
+  g.lora_alpha = true;
+  Recorder rec;
+  train::Seq2SeqTrainer t(train::plan_seq2seq(o, g, builtin_.c_str()), rec);
+  ASSERT_TRUE(t.plan().lora.has_value());
+  EXPECT_EQ(t.plan().lora->targets, (std::vector<std::string>{"q_proj", "v_proj"}));
+  // q_proj and v_proj of the encoder's self-attention and the decoder's self- and
+  // cross-attention (one layer each): 6 x (A (4, 32) + B (32, 4)), nothing else.
+  int64_t trainable = 0;
+  for (const auto& [name, p] : t.model().named_parameters())
+    if (p.requires_grad()) {
+      EXPECT_TRUE(nn::is_lora_parameter(name)) << name;
+      trainable += p.numel();
+    }
+  EXPECT_EQ(trainable, 6 * 2 * 4 * 32);
+  bool described = false;
+  for (const auto& m : rec.messages)
+    described = described ||
+                m.find("LoRA: r 4, alpha 8 (scaling 2), dropout 0, 6 modules") != std::string::npos;
+  EXPECT_TRUE(described);
+  const auto before = t.evaluate();
+  t.fit();
+  ASSERT_TRUE(before.has_value() && t.last_eval().has_value());
+  std::printf("LoRA r 4 on the lookup task: eval loss %.4f -> %.4f\n", before->loss,
+              t.last_eval()->loss);
+  EXPECT_LT(t.last_eval()->loss, before->loss);
+
+  // The base weights did not change; the adapter holds the LoRA matrices under peft's names.
+  auto fresh = std::make_shared<models::Seq2Seq>(*models::read_hf_seq2seq_config(base), false);
+  models::load_hf_seq2seq_weights(*fresh, base);
+  std::map<std::string, Tensor> trained;
+  for (const auto& [name, w] : t.engine().full_weights()) trained.emplace(name, w);
+  for (const auto& [name, p] : fresh->named_parameters())
+    EXPECT_EQ(p.to_vector(), trained.at(name).to_vector()) << name;
+  t.export_model(o.export_hf);
+  const fs::path adapter(o.export_hf);
+  EXPECT_FALSE(fs::exists(adapter / "model.safetensors"));
+  const json acfg = json::parse(std::ifstream(adapter / "adapter_config.json"));
+  EXPECT_EQ(acfg["task_type"], "SEQ_2_SEQ_LM");
+  EXPECT_EQ(acfg["base_model_name_or_path"], fs::absolute(base).lexically_normal().string());
+  nn::apply_lora(*fresh, *t.plan().lora);
+  EXPECT_EQ(models::load_peft_seq2seq_adapter(*fresh, adapter), 12);
+  for (const auto& [name, p] : fresh->named_parameters())
+    if (nn::is_lora_parameter(name)) EXPECT_EQ(p.to_vector(), trained.at(name).to_vector()) << name;
+
+  // Greedy generation: the reloaded base + adapter (unmerged) = the trainer's merged model.
+  fresh->train(false);
+  models::BeamOptions greedy;
+  greedy.num_beams = 1;
+  greedy.max_new_tokens = 12;
+  const data::Seq2SeqSet& val = *t.plan().val;
+  const auto& m = t.plan().model;
+  for (int64_t i = 0; i < 4; ++i) {
+    const auto src = val.source(i);
+    const int64_t S = static_cast<int64_t>(src.size());
+    const Tensor ids = Tensor::from_ints({src.begin(), src.end()}, {1, S});
+    const Tensor mask = Tensor::from_ints(std::vector<int64_t>(S, 1), {1, S});
+    const auto merged = t.generate(ids, mask, greedy);
+    const auto out = fresh->generate(ids, mask, greedy).to_int_vector();
+    std::vector<int32_t> row;
+    for (size_t k = 1; k < out.size() && out[k] != m.eos_token_id; ++k)
+      if (out[k] != m.pad_token_id) row.push_back(static_cast<int32_t>(out[k]));
+    ASSERT_EQ(merged.size(), 1u);
+    EXPECT_EQ(merged[0], t.tokenizer()->decode(row, true)) << "example " << i;
+  }
+}
+
 // The BlenderBot preset (pre-LN, final norms) with gradient checkpointing and bf16.
 TEST_F(Seq2SeqTrain, BlenderbotPresetTrainsAndExports) {
   train::Options o = options("blender");
@@ -266,8 +340,8 @@ TEST_F(Seq2SeqTrain, RefusesWhatDoesNotApplyByName) {
   const train::Given g = given();
   {
     auto x = o;
-    x.lora_dim = 4;
-    expect(x, g, "--lora_dim");
+    x.merge_lora = true;  // LoRA applies, but needs --lora_dim
+    expect(x, g, "--merge_lora needs LoRA");
   }
   {
     auto x = o;
@@ -323,12 +397,7 @@ TEST_F(Seq2SeqTrain, ProcessesPrepareTrainGenerate) {
   std::string log;
   // Runs cmd; log = its stdout and stderr (stdout only when `quiet_stderr`).
   auto sh = [&](const std::string& cmd, bool quiet_stderr = false) {
-    const fs::path file = root_ / "proc_log.txt";
-    const std::string err = quiet_stderr ? (root_ / "proc_err.txt").string() : "&1";
-    const int status = std::system((cmd + " > " + file.string() + " 2>" + err).c_str());
-    std::ifstream f(file);
-    log = {std::istreambuf_iterator<char>(f), {}};
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return run_command(cmd, &log, "proc_log.txt", quiet_stderr);
   };
   // Records in the {"prompt", "response"} style.
   {
@@ -386,40 +455,51 @@ TEST_F(Seq2SeqTrain, ProcessesPrepareTrainGenerate) {
                " --prompt hi --temperature 0.7"),
             1);
   EXPECT_NE(log.find("--temperature does not apply"), std::string::npos) << log;
+
+  // LoRA over that export (PEFT's SEQ_2_SEQ_LM): a PEFT adapter with --only_optimize_lora; the
+  // merged model with --merge_lora (ZeRO-3), which ds_generate reads.
+  const fs::path lora = root_ / "proc_lora", merged = root_ / "proc_lora_merged";
+  const std::string lora_run = std::string(DS_TRAIN_BIN) + " --train_data " + set.string() +
+                               " --init_from " + (out / "hf_model").string() +
+                               " --threads 1 --max_steps 3 --per_device_train_batch_size 8 "
+                               "--learning_rate 1e-4 --eval_bleu_examples 2 --lora_dim 4 "
+                               "--lora_alpha 8 ";
+  ASSERT_EQ(sh(lora_run + "--only_optimize_lora --output_dir " + lora.string()), 0) << log;
+  EXPECT_NE(log.find("LoRA: r 4, alpha 8 (scaling 2), dropout 0, 6 modules matching "
+                     "q_proj,v_proj; trainable 1536 of "),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("PEFT SEQ_2_SEQ_LM adapter"), std::string::npos) << log;
+  EXPECT_TRUE(fs::exists(lora / "hf_model" / "adapter_model.safetensors")) << log;
+  EXPECT_FALSE(fs::exists(lora / "hf_model" / "model.safetensors")) << log;
+  ASSERT_EQ(sh(lora_run +
+               "--merge_lora --deepspeed '{\"train_micro_batch_size_per_gpu\": \"auto\", "
+               "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\"}}, "
+               "\"zero_optimization\": {\"stage\": 3}}' --output_dir " +
+               merged.string()),
+            0)
+      << log;
+  EXPECT_NE(log.find("ZeRO stage 3"), std::string::npos) << log;
+  EXPECT_NE(log.find("LoRA merged"), std::string::npos) << log;
+  ASSERT_EQ(sh(std::string(DS_GENERATE_BIN) + " --model " + (merged / "hf_model").string() +
+                   " --prompt 'say 3' --num_beams 2 --max_new_tokens 5",
+               true),
+            0)
+      << log;
+  EXPECT_EQ(log, "ok\n");
   // A generation option on a GPT run is refused by ds_train.
   EXPECT_EQ(sh(std::string(DS_TRAIN_BIN) + " --train_data " + set.string() +
                "/nothing --generation_num_beams 2 --output_dir " + (root_ / "e").string()),
             1);
 }
-// ZeRO-3 with the optimizer state and the parameters on NVMe trains the encoder-decoder bit for bit as in
-// RAM (the swap path holds the same fp32 values).
+// ZeRO-3 with the optimizer state and the parameters on NVMe trains the encoder-decoder bit for bit
+// as in RAM (the swap path holds the same fp32 values).
 TEST_F(Seq2SeqTrain, Zero3NvmeOffloadMatchesInRam) {
-  auto losses = [&](const std::string& tag, const std::string& offload) {
-    const fs::path out = root_ / ("offload_" + tag), log = root_ / ("offload_" + tag + ".txt");
-    fs::create_directories(root_ / "nvme");
-    const std::string cmd =
-        std::string(DS_TRAIN_BIN) + " --train_data " + (root_ / "set").string() + " --model " +
-        (root_ / "bart_nodrop.json").string() +
-        " --threads 1 --max_steps 4 --learning_rate 1e-2 --eval_steps 0 --export_hf none "
-        "--output_dir " + out.string() +
-        " --deepspeed '{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": 8, "
-        "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\"}}, "
-        "\"zero_optimization\": {\"stage\": 3, " + offload +
-        "\"stage3_param_persistence_threshold\": 0}}' > " + log.string() + " 2>&1";
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    std::ifstream l(log);
-    const std::string said{std::istreambuf_iterator<char>(l), {}};
-    EXPECT_EQ(said.find("\"nvme\"") != std::string::npos, !offload.empty()) << said;
-    std::ifstream f(out / "metrics" / "Train_Samples_train_loss.csv");
-    const std::string text{std::istreambuf_iterator<char>(f), {}};
-    return text;
-  };
-  const std::string nvme = (root_ / "nvme").string();
-  const std::string ram = losses("ram", "");
-  const std::string disk = losses(
-      "nvme", "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + nvme +
-                  "\"}, \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" +
-                  nvme + "\"}, ");
+  const std::string train = std::string(DS_TRAIN_BIN) + " --train_data " +
+                            (root_ / "set").string() + " --model " +
+                            (root_ / "bart_nodrop.json").string();
+  const std::string ram = zero3_losses(train, "ram", "");
+  const std::string disk = zero3_losses(train, "nvme", nvme_offload(root_ / "nvme"));
   EXPECT_EQ(std::count(ram.begin(), ram.end(), '\n'), 5) << ram;  // header + 4 steps
   EXPECT_EQ(disk, ram);
 }
@@ -434,20 +514,13 @@ TEST_F(Seq2SeqTrain, Zero3NvmeOffloadMatchesInRam) {
 // weigh the tokens of the two halves by their counts instead: another loss, ~1e-5 apart here.)
 TEST_F(Seq2SeqTrain, TwoRanksZero3MatchOneProcess) {
   auto run = [&](const std::string& launcher, const std::string& args, std::string* log) {
-    const fs::path file = root_ / "ranks_log.txt";
-    const std::string cmd =
-        launcher + std::string(DS_TRAIN_BIN) + " --train_data " + (root_ / "set").string() +
-        " --model " + (root_ / "bart_nodrop.json").string() +
-        " --threads 1 --max_steps 6 --learning_rate 1e-2 --eval_steps 3 --eval_bleu_examples 4 "
-        "--deepspeed '{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": "
-        "\"auto\", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": "
-        "\"auto\"}}, \"zero_optimization\": {\"stage\": 3, "
-        "\"stage3_param_persistence_threshold\": 0}}' " +
-        args + " > " + file.string() + " 2>&1";
-    const int status = std::system(cmd.c_str());
-    std::ifstream f(file);
-    *log = {std::istreambuf_iterator<char>(f), {}};
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return run_command(launcher + std::string(DS_TRAIN_BIN) + " --train_data " +
+                           (root_ / "set").string() + " --model " +
+                           (root_ / "bart_nodrop.json").string() +
+                           " --threads 1 --max_steps 6 --learning_rate 1e-2 --eval_steps 3 "
+                           "--eval_bleu_examples 4 " +
+                           kZero3Batch8 + args,
+                       log, "ranks_log.txt");
   };
   std::string log;
   const fs::path one = root_ / "ranks1", two = root_ / "ranks2";
@@ -459,14 +532,7 @@ TEST_F(Seq2SeqTrain, TwoRanksZero3MatchOneProcess) {
             0)
       << log;
   EXPECT_NE(log.find("micro-batch 4 x accumulation 1"), std::string::npos) << log;
-  auto column = [](const fs::path& f) {
-    std::vector<double> v;
-    std::ifstream in(f);
-    std::string line;
-    std::getline(in, line);
-    while (std::getline(in, line)) v.push_back(std::stod(line.substr(line.rfind(',') + 1)));
-    return v;
-  };
+  auto column = [](const fs::path& f) { return csv_column(f); };
   for (const char* name :
        {"Train_Samples_train_loss", "Eval_Samples_eval_loss", "Eval_Samples_eval_bleu"}) {
     const auto a = column(one / "metrics" / (std::string(name) + ".csv")),

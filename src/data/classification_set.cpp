@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
-#include <cmath>
-#include <cstring>
 #include <fstream>
 #include <set>
 
@@ -16,6 +14,7 @@
 #include "ds/core/file_io.h"
 #include "ds/data/classification.h"
 #include "ds/data/prepare.h"
+#include "ds/data/set_file.h"
 #include "ds/data/text_tokenizer.h"
 
 namespace ds::data {
@@ -26,47 +25,15 @@ using nlohmann::json;
 namespace {
 
 constexpr char kMagic[8] = {'D', 'S', 'C', 'L', 'A', 'S', 'S', '1'};
-constexpr size_t kHeaderBytes = 64;
-
-json read_meta(const fs::path& dir) {
-  const fs::path path = dir / "meta.json";
-  std::ifstream in(path);
-  DS_CHECK(in.good(),
-           "[dataset] cannot open '{}'; prepare the set with ds_prepare --task classification "
-           "--output {}",
-           path.string(), dir.string());
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    DS_THROW("[dataset] '{}' is not valid JSON ({}); re-run ds_prepare", path.string(), e.what());
-  }
-}
-
-template <class T>
-void put(std::string& out, const T& v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(T));
-}
-
-template <class T>
-void append_array(std::string& out, const std::vector<T>& v) {
-  out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-}
 
 }  // namespace
 
 bool is_classification_set(const fs::path& dir) {
-  std::ifstream in(dir / "meta.json");
-  if (!in) return false;
-  try {
-    const json meta = json::parse(in);
-    return meta.is_object() && meta.value("kind", std::string()) == "classification";
-  } catch (const json::exception&) {
-    return false;
-  }
+  return is_set_of_kind(dir, "classification");
 }
 
 ClassificationSet ClassificationSet::open_split(const fs::path& dir, const std::string& split) {
-  const json meta = read_meta(dir);
+  const json meta = read_set_meta(dir, "classification");
   const std::string where = (dir / "meta.json").string();
   DS_CHECK(meta.is_object() && meta.value("kind", std::string()) == "classification",
            "[dataset] '{}' is not a classification set (format '{}', no \"kind\": "
@@ -75,47 +42,23 @@ ClassificationSet ClassificationSet::open_split(const fs::path& dir, const std::
            where, meta.is_object() ? meta.value("format", std::string("?")) : "?",
            meta.is_object() && meta.contains("sft") ? "an SFT set (ds_prepare --sft)"
                                                     : "language-model tokens (ds_prepare)");
-  DS_CHECK(meta.value("format", std::string()) == kClassificationFormat &&
-               meta.value("version", 0) == kClassificationVersion,
-           "[dataset] '{}': format '{}' version {}, but this build reads {} version {}; re-run "
-           "ds_prepare --task classification",
-           where, meta.value("format", std::string()), meta.value("version", 0),
-           kClassificationFormat, kClassificationVersion);
-  const json& splits = meta.value("splits", json::object());
-  if (!splits.contains(split)) {
-    std::vector<std::string> have;
-    for (const auto& [k, v] : splits.items()) have.push_back(k);
-    DS_THROW(
-        "[dataset] '{}' has no split '{}' (it has: {}); check the split rule given to "
-        "ds_prepare",
-        where, split, fmt::join(have, ", "));
-  }
+  const json& entry = set_split_entry(meta, where, kClassificationFormat, kClassificationVersion,
+                                      "classification", split);
   ClassificationSet s;
   s.dir_ = dir;
   const json& c = meta.at("classification");
   s.label_names_ = c.at("labels").get<std::vector<std::string>>();
   s.pair_ = c.value("pair", true);
   s.pad_id_ = c.value("pad_id", 0);
-  s.file_ = dir / splits[split].at("files").at(0).get<std::string>();
+  s.file_ = dir / entry.at("files").at(0).get<std::string>();
 
-  std::ifstream in(s.file_, std::ios::binary);
-  DS_CHECK(in.good(), "[dataset] cannot read '{}' (listed in {})", s.file_.string(), where);
-  char head[kHeaderBytes];
-  in.read(head, kHeaderBytes);
-  DS_CHECK(in.gcount() == static_cast<std::streamsize>(kHeaderBytes) &&
-               std::memcmp(head, kMagic, 8) == 0,
-           "[dataset] '{}' is not a classification split file (no DSCLASS1 header)",
-           s.file_.string());
-  uint32_t version, t, vocab, nl;
-  uint64_t n;
-  std::memcpy(&version, head + 8, 4);
-  std::memcpy(&t, head + 12, 4);
-  std::memcpy(&n, head + 16, 8);
-  std::memcpy(&vocab, head + 24, 4);
-  std::memcpy(&nl, head + 28, 4);
+  SplitFileReader in(s.file_, kMagic, "a classification split file", where);
+  const auto version = in.field<uint32_t>(8), t = in.field<uint32_t>(12);
+  const auto n = in.field<uint64_t>(16);
+  const auto vocab = in.field<uint32_t>(24), nl = in.field<uint32_t>(28);
   DS_CHECK(version == kClassificationVersion, "[dataset] '{}': version {}, this build reads {}",
            s.file_.string(), version, kClassificationVersion);
-  DS_CHECK(t > 0 && nl == s.label_names_.size() && n == splits[split].value("examples", n),
+  DS_CHECK(t > 0 && nl == s.label_names_.size() && n == entry.value("examples", n),
            "[dataset] '{}' does not match {} (T {}, {} labels, {} examples); re-run ds_prepare",
            s.file_.string(), where, t, nl, n);
   s.n_ = static_cast<int64_t>(n);
@@ -127,11 +70,11 @@ ClassificationSet ClassificationSet::open_split(const fs::path& dir, const std::
   s.types_.resize(nt);
   s.lengths_.resize(n);
   s.labels_.resize(n);
-  in.read(reinterpret_cast<char*>(s.ids_.data()), static_cast<std::streamsize>(nt * 4));
-  in.read(reinterpret_cast<char*>(s.types_.data()), static_cast<std::streamsize>(nt));
-  in.read(reinterpret_cast<char*>(s.lengths_.data()), static_cast<std::streamsize>(n * 4));
-  in.read(reinterpret_cast<char*>(s.labels_.data()), static_cast<std::streamsize>(n * 4));
-  DS_CHECK(in.good() && in.peek() == std::char_traits<char>::eof(),
+  in.read(s.ids_);
+  in.read(s.types_);
+  in.read(s.lengths_);
+  in.read(s.labels_);
+  DS_CHECK(in.complete(),
            "[dataset] '{}' has the wrong size for {} examples of {} ids (cut short or damaged); "
            "re-run ds_prepare",
            s.file_.string(), n, t);
@@ -161,28 +104,11 @@ ClassificationPrepareReport prepare_classification(const ClassificationPrepareOp
   const auto t0 = std::chrono::steady_clock::now();
   DS_CHECK(o.seq_len > 0, "[classification] --seq_len must be positive");
   DS_CHECK(!o.output_dir.empty(), "[classification] no output folder given");
-  DS_CHECK(!(o.val_fraction && !o.val_files.empty()),
-           "[classification] give at most one split rule (--val_fraction or --val_files)");
-  std::vector<InputFile> files;
-  for (InputFile& f : list_inputs(o.inputs, "")) {
-    const std::string ext = f.path.extension().string();
-    if (ext == ".tsv" || ext == ".jsonl" || ext == ".json") files.push_back(std::move(f));
-  }
-  DS_CHECK(!files.empty(),
-           "[classification] no .tsv or .jsonl file among the inputs ({}); classification "
-           "records are GLUE TSV or JSON Lines",
-           [&] {
-             std::vector<std::string> names;
-             for (const auto& p : o.inputs) names.push_back(p.string());
-             return fmt::format("{}", fmt::join(names, ", "));
-           }());
+  const std::vector<InputFile> files =
+      list_set_inputs(o.inputs, {".tsv", ".jsonl", ".json"}, "classification", ".tsv or .jsonl",
+                      "classification records are GLUE TSV or JSON Lines");
   ClassificationPrepareReport report;
-  std::vector<bool> file_is_val(files.size(), false);
-  if (!o.val_files.empty()) {
-    PrepareOptions po;
-    po.val_files = o.val_files;
-    file_is_val = assign_val(files, po, &report.split_rule);
-  }
+  RecordSplit split(files, o.val_fraction, o.val_files, "classification");
 
   // ---- read every record ----
   struct Loaded {
@@ -235,20 +161,8 @@ ClassificationPrepareReport prepare_classification(const ClassificationPrepareOp
   report.labels = labels.list();
 
   // ---- the split ----
-  size_t first_val = records.size();
-  if (o.val_files.empty()) {
-    const double f = o.val_fraction.value_or(0.1);
-    DS_CHECK(f >= 0 && f < 1, "[classification] --val_fraction must be in [0, 1), got {}", f);
-    size_t n_val = static_cast<size_t>(std::ceil(f * static_cast<double>(records.size())));
-    if (!o.val_fraction && records.size() < 2) n_val = 0;
-    DS_CHECK(n_val < records.size(),
-             "[classification] --val_fraction {} would put all {} records in validation", f,
-             records.size());
-    first_val = records.size() - n_val;
-    report.split_rule = fmt::format(
-        "val_fraction={}: the last {} of {} records (files in path order) are validation", f, n_val,
-        records.size());
-  }
+  split.count(records.size());
+  report.split_rule = split.rule();
 
   // ---- encode ----
   const auto tok = load_tokenizer(o.tokenizer_dir);
@@ -271,7 +185,7 @@ ClassificationPrepareReport prepare_classification(const ClassificationPrepareOp
     } catch (const ds::Error& err) {
       DS_THROW("[classification] {}: {}", where(l), err.what());
     }
-    Split& s = (o.val_files.empty() ? k >= first_val : file_is_val[l.file]) ? val : train;
+    Split& s = split.is_val(k, l.file) ? val : train;
     const size_t n = e.tokens.ids.size();
     s.ids.insert(s.ids.end(), e.tokens.ids.begin(), e.tokens.ids.end());
     s.ids.insert(s.ids.end(), T - n, report.pad_id);
@@ -291,65 +205,48 @@ ClassificationPrepareReport prepare_classification(const ClassificationPrepareOp
            records.size(), report.split_rule);
 
   // ---- write: the split files, then meta.json ----
-  fs::create_directories(o.output_dir);
   const uint32_t vocab = static_cast<uint32_t>(tok->vocab_size());
-  json splits = json::object();
-  for (auto [name, s] : {std::pair{"train", &train}, std::pair{"val", &val}}) {
-    const fs::path file = o.output_dir / (std::string(name) + ".cls");
-    if (s->rep.examples == 0) {
-      fs::remove(file);
-      continue;
-    }
-    std::string bytes(kMagic, 8);
-    put(bytes, static_cast<uint32_t>(kClassificationVersion));
-    put(bytes, static_cast<uint32_t>(T));
-    put(bytes, static_cast<uint64_t>(s->rep.examples));
-    put(bytes, vocab);
-    put(bytes, static_cast<uint32_t>(labels.size()));
-    bytes.resize(kHeaderBytes, '\0');
-    append_array(bytes, s->ids);
-    append_array(bytes, s->types);
-    append_array(bytes, s->lengths);
-    append_array(bytes, s->labels);
-    ds::write_file_atomic(file, bytes);
-    s->rep.file = file.filename().string();
-    splits[name] = {{"files", {s->rep.file}},
-                    {"examples", s->rep.examples},
-                    {"truncated", s->rep.truncated},
-                    {"label_counts", s->rep.label_counts}};
+  std::vector<SetSplit> splits;
+  for (Split* s : {&train, &val}) {
+    auto bytes = [&, s] {
+      return SplitFileBytes(kMagic)
+          .field(static_cast<uint32_t>(kClassificationVersion))
+          .field(static_cast<uint32_t>(T))
+          .field(static_cast<uint64_t>(s->rep.examples))
+          .field(vocab)
+          .field(static_cast<uint32_t>(labels.size()))
+          .array(s->ids)
+          .array(s->types)
+          .array(s->lengths)
+          .array(s->labels)
+          .take();
+    };
+    splits.push_back({s == &train ? "train" : "val",
+                      s->rep.examples,
+                      bytes,
+                      {{"truncated", s->rep.truncated}, {"label_counts", s->rep.label_counts}},
+                      &s->rep.file});
   }
+  SetMeta meta;
+  meta.format = kClassificationFormat;
+  meta.kind = "classification";
+  meta.version = kClassificationVersion;
+  meta.tokenizer_dir = o.tokenizer_dir;
+  meta.tokenizer = {{"pad_id", report.pad_id}, {"cls_id", tc.cls_id}, {"sep_id", tc.sep_id}};
+  meta.task = {{"seq_len", T},
+               {"num_labels", labels.size()},
+               {"labels", labels.list()},
+               {"pair", report.pair},
+               {"pad_id", report.pad_id},
+               {"truncation",
+                "longest_first (Hugging Face tokenizers), to seq_len ids with the "
+                "template's special tokens"},
+               {"padding", "right, with pad_id; lengths[] give the attention mask"}};
+  meta.inputs = report.files;
+  meta.split_rule = report.split_rule;
+  report.meta = write_task_set(o.output_dir, ".cls", *tok, meta, splits);
   report.train = train.rep;
   report.val = val.rep;
-  json inputs = json::array();
-  for (const auto& [f, n] : report.files) inputs.push_back({{"file", f}, {"records", n}});
-  const json meta = {
-      {"format", kClassificationFormat},
-      {"kind", "classification"},
-      {"version", kClassificationVersion},
-      {"tokenizer",
-       {{"name", fs::absolute(o.tokenizer_dir).lexically_normal().filename().string()},
-        {"path", o.tokenizer_dir.string()},
-        {"kind", std::string(tok->kind())},
-        {"vocab_size", vocab},
-        {"pad_id", report.pad_id},
-        {"cls_id", tc.cls_id},
-        {"sep_id", tc.sep_id}}},
-      {"classification",
-       {{"seq_len", T},
-        {"num_labels", labels.size()},
-        {"labels", labels.list()},
-        {"pair", report.pair},
-        {"pad_id", report.pad_id},
-        {"truncation",
-         "longest_first (Hugging Face tokenizers), to seq_len ids with the "
-         "template's special tokens"},
-        {"padding", "right, with pad_id; lengths[] give the attention mask"},
-        {"inputs", inputs}}},
-      {"split_rule", report.split_rule},
-      {"created_by", "ds_prepare --task classification"},
-      {"splits", splits}};
-  report.meta = o.output_dir / "meta.json";
-  ds::write_file_atomic(report.meta, meta.dump(2) + "\n");
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
 }

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <cstring>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -14,6 +12,7 @@
 #include "ds/core/file_io.h"
 #include "ds/core/text.h"
 #include "ds/data/prepare.h"
+#include "ds/data/set_file.h"
 
 namespace ds::data {
 
@@ -23,7 +22,6 @@ using nlohmann::json;
 namespace {
 
 constexpr char kMagic[8] = {'D', 'S', 'S', 'E', 'Q', '2', 'S', '1'};
-constexpr size_t kHeaderBytes = 64;
 constexpr int32_t kIgnore = -100;
 
 // The field pairs read when none is named, in order of preference.
@@ -49,29 +47,6 @@ std::string known_pairs() {
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
-json read_meta(const fs::path& dir) {
-  const fs::path path = dir / "meta.json";
-  std::ifstream in(path);
-  DS_CHECK(in.good(),
-           "[dataset] cannot open '{}'; prepare the set with ds_prepare --task seq2seq --output {}",
-           path.string(), dir.string());
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    DS_THROW("[dataset] '{}' is not valid JSON ({}); re-run ds_prepare", path.string(), e.what());
-  }
-}
-
-template <class T>
-void put(std::string& out, const T& v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(T));
-}
-
-template <class T>
-void append_array(std::string& out, const std::vector<T>& v) {
-  out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-}
-
 // The single-sequence template around `ids` (no template: ids as they are).
 std::vector<int32_t> apply_template(const TextTokenizer& tok, std::span<const int32_t> ids) {
   try {
@@ -84,14 +59,7 @@ std::vector<int32_t> apply_template(const TextTokenizer& tok, std::span<const in
 }  // namespace
 
 bool is_seq2seq_set(const fs::path& dir) {
-  std::ifstream in(dir / "meta.json");
-  if (!in) return false;
-  try {
-    const json meta = json::parse(in);
-    return meta.is_object() && meta.value("kind", std::string()) == "seq2seq";
-  } catch (const json::exception&) {
-    return false;
-  }
+  return is_set_of_kind(dir, "seq2seq");
 }
 
 std::vector<Seq2SeqRecord> read_seq2seq_file(const fs::path& path, const std::string& source_field,
@@ -186,27 +154,14 @@ EncodedText encode_seq2seq_text(const TextTokenizer& tok, const std::string& tex
 // ---- the set on disk --------------------------------------------------------------------------
 
 Seq2SeqSet Seq2SeqSet::open_split(const fs::path& dir, const std::string& split) {
-  const json meta = read_meta(dir);
+  const json meta = read_set_meta(dir, "seq2seq");
   const std::string where = (dir / "meta.json").string();
   DS_CHECK(meta.is_object() && meta.value("kind", std::string()) == "seq2seq",
            "[dataset] '{}' is not a seq2seq set (format '{}', no \"kind\": \"seq2seq\"); prepare "
            "source/target records with ds_prepare --task seq2seq",
            where, meta.is_object() ? meta.value("format", std::string("?")) : "?");
-  DS_CHECK(meta.value("format", std::string()) == kSeq2SeqFormat &&
-               meta.value("version", 0) == kSeq2SeqVersion,
-           "[dataset] '{}': format '{}' version {}, but this build reads {} version {}; re-run "
-           "ds_prepare --task seq2seq",
-           where, meta.value("format", std::string()), meta.value("version", 0), kSeq2SeqFormat,
-           kSeq2SeqVersion);
-  const json& splits = meta.value("splits", json::object());
-  if (!splits.contains(split)) {
-    std::vector<std::string> have;
-    for (const auto& [k, v] : splits.items()) have.push_back(k);
-    DS_THROW(
-        "[dataset] '{}' has no split '{}' (it has: {}); check the split rule given to "
-        "ds_prepare",
-        where, split, fmt::join(have, ", "));
-  }
+  const json& entry =
+      set_split_entry(meta, where, kSeq2SeqFormat, kSeq2SeqVersion, "seq2seq", split);
   Seq2SeqSet s;
   s.dir_ = dir;
   const json& c = meta.at("seq2seq");
@@ -215,25 +170,15 @@ Seq2SeqSet Seq2SeqSet::open_split(const fs::path& dir, const std::string& split)
   s.bos_id_ = c.value("bos_id", -1);
   s.start_id_ = c.value("decoder_start_id", 0);
   s.tokenizer_ = meta.value("tokenizer", json::object()).value("path", std::string());
-  s.file_ = dir / splits[split].at("files").at(0).get<std::string>();
+  s.file_ = dir / entry.at("files").at(0).get<std::string>();
 
-  std::ifstream in(s.file_, std::ios::binary);
-  DS_CHECK(in.good(), "[dataset] cannot read '{}' (listed in {})", s.file_.string(), where);
-  char head[kHeaderBytes];
-  in.read(head, kHeaderBytes);
-  DS_CHECK(in.gcount() == static_cast<std::streamsize>(kHeaderBytes) &&
-               std::memcmp(head, kMagic, 8) == 0,
-           "[dataset] '{}' is not a seq2seq split file (no DSSEQ2S1 header)", s.file_.string());
-  uint32_t version, S, T, vocab;
-  uint64_t n;
-  std::memcpy(&version, head + 8, 4);
-  std::memcpy(&S, head + 12, 4);
-  std::memcpy(&T, head + 16, 4);
-  std::memcpy(&vocab, head + 20, 4);
-  std::memcpy(&n, head + 24, 8);
+  SplitFileReader in(s.file_, kMagic, "a seq2seq split file", where);
+  const auto version = in.field<uint32_t>(8), S = in.field<uint32_t>(12),
+             T = in.field<uint32_t>(16), vocab = in.field<uint32_t>(20);
+  const auto n = in.field<uint64_t>(24);
   DS_CHECK(version == kSeq2SeqVersion, "[dataset] '{}': version {}, this build reads {}",
            s.file_.string(), version, kSeq2SeqVersion);
-  DS_CHECK(S > 0 && T > 0 && n == splits[split].value("examples", n),
+  DS_CHECK(S > 0 && T > 0 && n == entry.value("examples", n),
            "[dataset] '{}' does not match {} (S {}, T {}, {} examples); re-run ds_prepare",
            s.file_.string(), where, S, T, n);
   s.n_ = static_cast<int64_t>(n);
@@ -244,15 +189,11 @@ Seq2SeqSet Seq2SeqSet::open_split(const fs::path& dir, const std::string& split)
   s.src_len_.resize(n);
   s.labels_.resize(n * T);
   s.tgt_len_.resize(n);
-  auto read = [&](auto& v) {
-    in.read(reinterpret_cast<char*>(v.data()),
-            static_cast<std::streamsize>(v.size() * sizeof(v[0])));
-  };
-  read(s.src_);
-  read(s.src_len_);
-  read(s.labels_);
-  read(s.tgt_len_);
-  DS_CHECK(in.good() && in.peek() == std::char_traits<char>::eof(),
+  in.read(s.src_);
+  in.read(s.src_len_);
+  in.read(s.labels_);
+  in.read(s.tgt_len_);
+  DS_CHECK(in.complete(),
            "[dataset] '{}' has the wrong size for {} examples of {} + {} ids (cut short or "
            "damaged); re-run ds_prepare",
            s.file_.string(), n, S, T);
@@ -296,28 +237,11 @@ Seq2SeqPrepareReport prepare_seq2seq(const Seq2SeqPrepareOptions& o) {
   DS_CHECK(o.max_source_len > 0 && o.max_target_len > 0,
            "[seq2seq] --max_source_len and --max_target_len must be positive");
   DS_CHECK(!o.output_dir.empty(), "[seq2seq] no output folder given");
-  DS_CHECK(!(o.val_fraction && !o.val_files.empty()),
-           "[seq2seq] give at most one split rule (--val_fraction or --val_files)");
-  std::vector<InputFile> files;
-  for (InputFile& f : list_inputs(o.inputs, "")) {
-    const std::string ext = f.path.extension().string();
-    if (ext == ".jsonl" || ext == ".json") files.push_back(std::move(f));
-  }
-  DS_CHECK(!files.empty(),
-           "[seq2seq] no .jsonl file among the inputs ({}); seq2seq records are JSON Lines with "
-           "a source and a target field",
-           [&] {
-             std::vector<std::string> names;
-             for (const auto& p : o.inputs) names.push_back(p.string());
-             return fmt::format("{}", fmt::join(names, ", "));
-           }());
+  const std::vector<InputFile> files =
+      list_set_inputs(o.inputs, {".jsonl", ".json"}, "seq2seq", ".jsonl",
+                      "seq2seq records are JSON Lines with a source and a target field");
   Seq2SeqPrepareReport report;
-  std::vector<bool> file_is_val(files.size(), false);
-  if (!o.val_files.empty()) {
-    PrepareOptions po;
-    po.val_files = o.val_files;
-    file_is_val = assign_val(files, po, &report.split_rule);
-  }
+  RecordSplit split(files, o.val_fraction, o.val_files, "seq2seq");
 
   struct Loaded {
     Seq2SeqRecord r;
@@ -339,20 +263,8 @@ Seq2SeqPrepareReport prepare_seq2seq(const Seq2SeqPrepareOptions& o) {
     return fmt::format("{}:{}", files[l.file].path.string(), l.r.line);
   };
 
-  size_t first_val = records.size();
-  if (o.val_files.empty()) {
-    const double f = o.val_fraction.value_or(0.1);
-    DS_CHECK(f >= 0 && f < 1, "[seq2seq] --val_fraction must be in [0, 1), got {}", f);
-    size_t n_val = static_cast<size_t>(std::ceil(f * static_cast<double>(records.size())));
-    if (!o.val_fraction && records.size() < 2) n_val = 0;
-    DS_CHECK(n_val < records.size(),
-             "[seq2seq] --val_fraction {} would put all {} records in validation", f,
-             records.size());
-    first_val = records.size() - n_val;
-    report.split_rule = fmt::format(
-        "val_fraction={}: the last {} of {} records (files in path order) are validation", f, n_val,
-        records.size());
-  }
+  split.count(records.size());
+  report.split_rule = split.rule();
 
   const auto tok = load_tokenizer(o.tokenizer_dir);
   const TokenizerConfig& tc = tok->config();
@@ -379,7 +291,7 @@ Seq2SeqPrepareReport prepare_seq2seq(const Seq2SeqPrepareOptions& o) {
     } catch (const ds::Error& err) {
       DS_THROW("[seq2seq] {}: {}", where(l), err.what());
     }
-    Split& s = (o.val_files.empty() ? k >= first_val : file_is_val[l.file]) ? val : train;
+    Split& s = split.is_val(k, l.file) ? val : train;
     s.src.insert(s.src.end(), a.ids.begin(), a.ids.end());
     s.src.insert(s.src.end(), S - a.ids.size(), report.pad_id);
     s.src_len.push_back(static_cast<uint32_t>(a.ids.size()));
@@ -394,68 +306,53 @@ Seq2SeqPrepareReport prepare_seq2seq(const Seq2SeqPrepareOptions& o) {
            "[seq2seq] no training example: all {} records went to validation ({})", records.size(),
            report.split_rule);
 
-  fs::create_directories(o.output_dir);
   const uint32_t vocab = static_cast<uint32_t>(tok->vocab_size());
-  json splits = json::object();
-  for (auto [name, s] : {std::pair{"train", &train}, std::pair{"val", &val}}) {
-    const fs::path file = o.output_dir / (std::string(name) + ".s2s");
-    if (s->rep.examples == 0) {
-      fs::remove(file);
-      continue;
-    }
-    std::string bytes(kMagic, 8);
-    put(bytes, static_cast<uint32_t>(kSeq2SeqVersion));
-    put(bytes, static_cast<uint32_t>(S));
-    put(bytes, static_cast<uint32_t>(T));
-    put(bytes, vocab);
-    put(bytes, static_cast<uint64_t>(s->rep.examples));
-    bytes.resize(kHeaderBytes, '\0');
-    append_array(bytes, s->src);
-    append_array(bytes, s->src_len);
-    append_array(bytes, s->labels);
-    append_array(bytes, s->tgt_len);
-    ds::write_file_atomic(file, bytes);
-    s->rep.file = file.filename().string();
-    splits[name] = {{"files", {s->rep.file}},
-                    {"examples", s->rep.examples},
-                    {"truncated_source", s->rep.truncated_source},
-                    {"truncated_target", s->rep.truncated_target}};
+  std::vector<SetSplit> splits;
+  for (Split* s : {&train, &val}) {
+    auto bytes = [&, s] {
+      return SplitFileBytes(kMagic)
+          .field(static_cast<uint32_t>(kSeq2SeqVersion))
+          .field(static_cast<uint32_t>(S))
+          .field(static_cast<uint32_t>(T))
+          .field(vocab)
+          .field(static_cast<uint64_t>(s->rep.examples))
+          .array(s->src)
+          .array(s->src_len)
+          .array(s->labels)
+          .array(s->tgt_len)
+          .take();
+    };
+    splits.push_back({s == &train ? "train" : "val",
+                      s->rep.examples,
+                      bytes,
+                      {{"truncated_source", s->rep.truncated_source},
+                       {"truncated_target", s->rep.truncated_target}},
+                      &s->rep.file});
   }
+  SetMeta meta;
+  meta.format = kSeq2SeqFormat;
+  meta.kind = "seq2seq";
+  meta.version = kSeq2SeqVersion;
+  meta.tokenizer_dir = o.tokenizer_dir;
+  meta.tokenizer = {{"pad_id", tc.pad_id}, {"eos_id", tc.eos_id}, {"bos_id", tc.bos_id}};
+  meta.task = {
+      {"max_source_len", S},
+      {"max_target_len", T},
+      {"pad_id", report.pad_id},
+      {"eos_id", tc.eos_id},
+      {"bos_id", tc.bos_id},
+      {"decoder_start_id", report.decoder_start_id},
+      {"source_field", report.source_field},
+      {"target_field", report.target_field},
+      {"truncation",
+       "tokenizer(text, truncation=True, max_length) (the template's special tokens kept); "
+       "labels end with eos"},
+      {"padding", "source right-padded with pad_id (lengths give the mask); labels with -100"}};
+  meta.inputs = report.files;
+  meta.split_rule = report.split_rule;
+  report.meta = write_task_set(o.output_dir, ".s2s", *tok, meta, splits);
   report.train = train.rep;
   report.val = val.rep;
-  json inputs = json::array();
-  for (const auto& [f, n] : report.files) inputs.push_back({{"file", f}, {"records", n}});
-  const json meta = {
-      {"format", kSeq2SeqFormat},
-      {"kind", "seq2seq"},
-      {"version", kSeq2SeqVersion},
-      {"tokenizer",
-       {{"name", fs::absolute(o.tokenizer_dir).lexically_normal().filename().string()},
-        {"path", o.tokenizer_dir.string()},
-        {"kind", std::string(tok->kind())},
-        {"vocab_size", vocab},
-        {"pad_id", tc.pad_id},
-        {"eos_id", tc.eos_id},
-        {"bos_id", tc.bos_id}}},
-      {"seq2seq",
-       {{"max_source_len", S},
-        {"max_target_len", T},
-        {"pad_id", report.pad_id},
-        {"eos_id", tc.eos_id},
-        {"bos_id", tc.bos_id},
-        {"decoder_start_id", report.decoder_start_id},
-        {"source_field", report.source_field},
-        {"target_field", report.target_field},
-        {"truncation",
-         "tokenizer(text, truncation=True, max_length) (the template's special tokens kept); "
-         "labels end with eos"},
-        {"padding", "source right-padded with pad_id (lengths give the mask); labels with -100"},
-        {"inputs", inputs}}},
-      {"split_rule", report.split_rule},
-      {"created_by", "ds_prepare --task seq2seq"},
-      {"splits", splits}};
-  report.meta = o.output_dir / "meta.json";
-  ds::write_file_atomic(report.meta, meta.dump(2) + "\n");
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
 }

@@ -38,7 +38,7 @@ std::string leaf(const std::string& module) {
 }
 
 // The Linear modules of `model` (not the LoRA matrices themselves) and those with LoRA.
-void linear_modules(const GPT& model, std::vector<std::string>& all,
+void linear_modules(const nn::Module& model, std::vector<std::string>& all,
                     std::vector<std::string>& lora) {
   for (const auto& [name, m] : model.named_modules()) {
     const auto* lin = dynamic_cast<const nn::Linear*>(m);
@@ -212,6 +212,44 @@ int64_t load_peft_adapter(GPT& model, const fs::path& path) {
   return read_adapter(path, want);
 }
 
+namespace {
+
+// Writes an adapter folder for a task model (SEQ_CLS, SEQ_2_SEQ_LM) from whole weights by our
+// names: the LoRA matrices and the modules to save, under peft's names (`peft_of`), in `dtype`;
+// adapter_config.json is `config` with target_modules by PEFT's rule over the model's Linear
+// modules (`hf_module` maps our module names to the class's). Throws when the weights hold no
+// LoRA matrix.
+void write_task_adapter(const nn::Module& model,
+                        const std::vector<std::pair<std::string, Tensor>>& named_weights,
+                        const nn::LoraConfig& lora, const fs::path& dir,
+                        const std::function<std::string(const std::string&)>& peft_of,
+                        const std::function<std::string(const std::string&)>& hf_module,
+                        json config, DType dtype) {
+  autograd::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  bool any_lora = false;
+  for (const auto& [name, t] : named_weights) {
+    const bool is_lora = nn::is_lora_parameter(name);
+    if (!is_lora && !nn::in_modules_to_save(lora, name)) continue;
+    any_lora = any_lora || is_lora;
+    tensors.emplace_back(peft_of(name), t.detach().contiguous().to(dtype));
+  }
+  DS_CHECK(any_lora,
+           "[peft] the weights hold no LoRA matrix: apply LoRA (--lora_dim) before exporting an "
+           "adapter");
+  std::vector<std::string> all, adapted;
+  linear_modules(model, all, adapted);
+  config["target_modules"] = target_modules(adapted, all, hf_module);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  DS_CHECK(!ec, "[peft] cannot create '{}': {}", dir.string(), ec.message());
+  // PEFT's loader requires the format metadata, as transformers does.
+  safetensors::save((dir / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
+  write_text(dir / "adapter_config.json", config.dump(2) + "\n");
+}
+
+}  // namespace
+
 // ---- encoder sequence classifiers (TaskType.SEQ_CLS) -----------------------------------------
 
 std::string peft_classifier_name(const EncoderConfig& config, const std::string& ours) {
@@ -226,40 +264,17 @@ void export_peft_classifier_adapter(
     const SequenceClassifier& model,
     const std::vector<std::pair<std::string, Tensor>>& named_weights, const nn::LoraConfig& lora,
     const fs::path& dir, const std::string& base_model_name_or_path, DType dtype) {
-  autograd::NoGradGuard no_grad;
   const EncoderConfig& cfg = model.config();
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  bool any_lora = false;
-  for (const auto& [name, t] : named_weights) {
-    const bool is_lora = nn::is_lora_parameter(name);
-    if (!is_lora && !nn::in_modules_to_save(lora, name)) continue;
-    any_lora = any_lora || is_lora;
-    tensors.emplace_back(peft_classifier_name(cfg, name), t.detach().contiguous().to(dtype));
-  }
-  DS_CHECK(any_lora,
-           "[peft] the weights hold no LoRA matrix: apply LoRA (--lora_dim) before exporting an "
-           "adapter");
-  std::vector<std::string> all, adapted;
-  for (const auto& [name, m] : model.named_modules()) {
-    const auto* lin = dynamic_cast<const nn::Linear*>(m);
-    if (!lin || nn::is_lora_parameter(name + ".weight")) continue;
-    all.push_back(name);
-    if (lin->has_lora()) adapted.push_back(name);
-  }
   const EncoderFamily& f = encoder_family_of(cfg);
-  const json targets = target_modules(adapted, all, [&](const std::string& m) {
-    const std::string w = f.place(cfg, m + ".weight");
-    return w.substr(0, w.size() - 7);
-  });
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  DS_CHECK(!ec, "[peft] cannot create '{}': {}", dir.string(), ec.message());
-  safetensors::save((dir / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
   const json to_save = lora.modules_to_save.empty() ? json(nullptr) : json(lora.modules_to_save);
-  write_text(
-      dir / "adapter_config.json",
-      adapter_config(lora, targets, "SEQ_CLS", false, to_save, base_model_name_or_path).dump(2) +
-          "\n");
+  write_task_adapter(
+      model, named_weights, lora, dir,
+      [&](const std::string& ours) { return peft_classifier_name(cfg, ours); },
+      [&](const std::string& m) {
+        const std::string w = f.place(cfg, m + ".weight");
+        return w.substr(0, w.size() - 7);
+      },
+      adapter_config(lora, nullptr, "SEQ_CLS", false, to_save, base_model_name_or_path), dtype);
 }
 
 int64_t load_peft_classifier_adapter(SequenceClassifier& model, const nn::LoraConfig& lora,
@@ -268,6 +283,33 @@ int64_t load_peft_classifier_adapter(SequenceClassifier& model, const nn::LoraCo
   for (const auto& [name, p] : model.named_parameters())
     if (nn::is_lora_parameter(name) || nn::in_modules_to_save(lora, name))
       want.emplace_back(peft_classifier_name(model.config(), name), p);
+  return read_adapter(path, want);
+}
+
+// ---- encoder-decoders (TaskType.SEQ_2_SEQ_LM) -------------------------------------------------
+
+std::string peft_seq2seq_name(const std::string& ours) {
+  DS_CHECK(nn::is_lora_parameter(ours), "[peft] '{}' is not a LoRA matrix", ours);
+  return kPeftPrefix + ours;  // our names are the class's
+}
+
+void export_peft_seq2seq_adapter(const Seq2Seq& model,
+                                 const std::vector<std::pair<std::string, Tensor>>& named_weights,
+                                 const nn::LoraConfig& lora, const fs::path& dir,
+                                 const std::string& base_model_name_or_path, DType dtype) {
+  DS_CHECK(lora.modules_to_save.empty(),
+           "[peft] a SEQ_2_SEQ_LM adapter saves no modules besides LoRA; modules_to_save {} given",
+           fmt::join(lora.modules_to_save, ","));
+  write_task_adapter(
+      model, named_weights, lora, dir, peft_seq2seq_name, [](const std::string& m) { return m; },
+      adapter_config(lora, nullptr, "SEQ_2_SEQ_LM", false, nullptr, base_model_name_or_path),
+      dtype);
+}
+
+int64_t load_peft_seq2seq_adapter(Seq2Seq& model, const fs::path& path) {
+  std::vector<std::pair<std::string, Tensor>> want;
+  for (const auto& [name, p] : model.named_parameters())
+    if (nn::is_lora_parameter(name)) want.emplace_back(peft_seq2seq_name(name), p);
   return read_adapter(path, want);
 }
 

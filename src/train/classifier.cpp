@@ -2,19 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <fstream>
-#include <map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "ds/comm/group.h"
-#include "ds/config/config.h"
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
-#include "ds/core/rng.h"
 #include "ds/core/safetensors.h"
 #include "ds/models/encoder_family.h"
 #include "ds/models/encoder_io.h"
@@ -109,13 +104,7 @@ models::EncoderConfig resolve_encoder(const Options& o, const Given& g,
              "the preset bert-tiny, an encoder config JSON file (models::EncoderConfig's fields), "
              "or --init_from a bert/roberta Hugging Face folder",
              model);
-    json file;
-    try {
-      file = json::parse(std::ifstream(model));
-    } catch (const json::exception& e) {
-      DS_THROW("[ds_train] --model {}: not valid JSON ({})", model, e.what());
-    }
-    DS_CHECK(file.is_object(), "[ds_train] --model {}: not a JSON object", model);
+    const json file = read_model_json(model);
     if (file.contains("model_type")) {  // a Hugging Face config.json
       const auto c = models::encoder_config_from_json(file, model);
       *name = fs::path(model).stem().string();
@@ -138,44 +127,20 @@ bool is_classification_run(const Options& spec) {
   return !spec.train_data.empty() && data::is_classification_set(spec.train_data);
 }
 
+constexpr TaskNames kClassifier{"classification", "classifier", "encoder classifiers"};
+
 ClassifierPlan plan_classifier(const Options& o, const Given& g, const char* builtin_config) {
   ClassifierPlan p;
+  p.names = kClassifier;
   p.spec = o;
   p.given = g;
   // ---- options that do not apply to a classifier: errors, not silence ----
-  auto refuse = [](bool given, const char* option, const char* why) {
-    DS_CHECK(!given, "[ds_train] {} does not apply to encoder classifiers ({}); remove it", option,
-             why);
-  };
-  refuse(!o.sample_prompt.empty(), "--sample_prompt", "a classifier generates no text");
-  refuse(g.sample_tokens, "--sample_tokens", "a classifier generates no text");
-  refuse(g.sample_top_k, "--sample_top_k", "a classifier generates no text");
-  refuse(o.tensor_parallel_size > 1, "--tensor_parallel_size",
-         "tensor parallelism is implemented for decoder models only");
-  refuse(o.pipeline_parallel_size > 1, "--pipeline_parallel_size",
-         "pipeline parallelism is implemented for decoder models only");
-  refuse(o.gradient_checkpointing, "--gradient_checkpointing",
-         "not wired for encoder classifiers yet");
-  refuse(o.skip_memory_check, "--skip_memory_check",
-         "a classifier run makes no start-up memory check to skip");
-  DS_CHECK(o.device == "cpu",
-           "[ds_train] --device {}: encoder classifiers train on the CPU only for now; use "
-           "--device cpu",
-           o.device);
+  refuse_common_options(p.names, o, g, "a classifier generates no text");
+  refuse_option(p.names, o.gradient_checkpointing, "--gradient_checkpointing",
+                "not wired for encoder classifiers yet");
 
   // ---- data ----
-  p.train_dir = o.train_data;
-  p.train = std::make_shared<data::ClassificationSet>(
-      data::ClassificationSet::open_split(p.train_dir, "train"));
-  if (!o.eval_data.empty()) {
-    p.val = std::make_shared<data::ClassificationSet>(
-        data::ClassificationSet::open_split(o.eval_data, "val"));
-    p.val_from = o.eval_data;
-  } else if (has_split(p.train_dir, "val")) {
-    p.val = std::make_shared<data::ClassificationSet>(
-        data::ClassificationSet::open_split(p.train_dir, "val"));
-    p.val_from = p.train_dir.string();
-  }
+  open_task_splits(p, &p.train, &p.val);
   const data::ClassificationSet& tr = *p.train;
   if (p.val)
     DS_CHECK(p.val->seq_len() == tr.seq_len() && p.val->labels() == tr.labels(),
@@ -183,7 +148,7 @@ ClassifierPlan plan_classifier(const Options& o, const Given& g, const char* bui
              "({}; {}); prepare both with the same --seq_len and --labels",
              p.val_from, p.val->seq_len(), fmt::join(p.val->labels(), ", "), tr.seq_len(),
              fmt::join(tr.labels(), ", "));
-  p.seq_len = tr.seq_len();
+  p.seq_len = p.tokens_per_example = tr.seq_len();
   DS_CHECK(o.block_size <= 0 || o.block_size == p.seq_len,
            "[ds_train] --block_size {}: the classification set {} was prepared with --seq_len {} "
            "(every example is {} ids); give --block_size {} or none, or re-run ds_prepare",
@@ -226,46 +191,16 @@ ClassifierPlan plan_classifier(const Options& o, const Given& g, const char* bui
   m.validate();
 
   // ---- config, run length ----
-  {
-    // Model parallelism in the config would otherwise first meet the rank-count check.
-    std::string source = "built-in default (configs/ds_demo.json)";
-    const json raw =
-        g.deepspeed ? runtime::load_config_json(o.deepspeed, &source)
-                    : runtime::load_config_json(strip_leading_comments(builtin_config), &source);
-    const config::ParallelSizes sizes = config::read_parallel_sizes(raw, source);
-    DS_CHECK(sizes.tensor_parallel.size <= 1 && sizes.pipeline.stages <= 1,
-             "[ds_train] {}: tensor_parallel.autotp_size {} / pipeline.stages {} do not apply to "
-             "encoder classifiers (tensor and pipeline parallelism are implemented for decoder "
-             "models only); remove them from the config",
-             g.deepspeed ? o.deepspeed : source, sizes.tensor_parallel.size, sizes.pipeline.stages);
-  }
-  // resolve_run_config reads the model's width ("auto" sizes) and depth (pipeline stages, refused
-  // below) from a GPTConfig.
-  models::GPTConfig shape;
-  shape.n_embd = m.n_embd;
-  shape.n_layer = m.n_layer;
-  p.run =
-      resolve_run_config(o, g, shape, static_cast<uint64_t>(tr.size()), p.seq_len, builtin_config);
-  DS_CHECK(p.run.tensor_parallel == 1 && p.run.pipeline_parallel == 1,
-           "[ds_train] {}: tensor_parallel.autotp_size {} / pipeline.stages {} do not apply to "
-           "encoder classifiers (decoder models only); remove them from the config",
-           p.run.source, p.run.tensor_parallel, p.run.pipeline_parallel);
-  p.world_size = comm::world()->size();
-  p.data_parallel = p.run.ctx.world_size;
-  const int64_t B = p.micro_batch();
-  if (p.val)
-    p.eval_examples =
-        g.eval_batches ? std::min<int64_t>(p.val->size(), o.eval_batches * B) : p.val->size();
+  resolve_task_run(p, m.n_embd, m.n_layer, p.val ? p.val->size() : 0, builtin_config);
   return p;
 }
 
 // ---- the trainer -----------------------------------------------------------------------------
 
 ClassifierTrainer::ClassifierTrainer(ClassifierPlan plan, ClassifierObserver& observer)
-    : plan_(std::move(plan)),
+    : TaskTrainer(observer),
+      plan_(std::move(plan)),
       obs_(observer),
-      rank_(comm::world()->rank()),
-      out_dir_(plan_.spec.output_dir),
       logits_(std::make_shared<Tensor>()) {
   const ClassifierPlan& p = plan_;
   const Options& o = p.spec;
@@ -297,61 +232,33 @@ ClassifierTrainer::ClassifierTrainer(ClassifierPlan plan, ClassifierObserver& ob
 
   // The loss of the batch's ids, mask and token types against its labels; the logits are kept
   // for evaluation.
-  runtime::InitOptions init;
-  init.ctx = p.run.ctx;
-  init.log = [this](const std::string& s) { obs_.detail(s); };
   std::shared_ptr<Tensor> keep = logits_;
-  init.loss_fn = [keep](nn::Module& module, const nn::Batch& b) {
+  start(model_, [keep](nn::Module& module, const nn::Batch& b) {
     auto& enc = dynamic_cast<models::SequenceClassifier&>(module);
     Tensor logits = enc.logits({b.input_ids, b.attention_mask, b.token_type_ids});
     *keep = logits.detach();
     return ops::cross_entropy(logits, ops::reshape(b.labels, {b.input_ids.size(0)}), -100);
-  };
-  engine_ = runtime::initialize(model_, p.config(), std::move(init));
-  rng::dropout_state() = rng::DropoutState{o.seed, 0, 0};
-  const auto mem = engine_->memory_budget();
-  say(fmt::format(
-      "memory, ZeRO stage {}, {} params: model states {} (parameters {}, gradients "
-      "{}, master weights {}, optimizer states {})",
-      p.config().zero_optimization.stage, dtype_name(engine_->training_dtype()), mib(mem.total()),
-      mib(mem.params), mib(mem.grads), mib(mem.master_weights), mib(mem.optimizer_states)));
+  });
+}
 
-  sampler_ = std::make_unique<data::DistributedSampler>(
-      data::SamplerOptions{.num_samples = static_cast<uint64_t>(p.train->size()),
-                           .micro_batch = static_cast<int>(p.micro_batch()),
-                           .grad_accum = static_cast<int>(p.grad_accum()),
-                           .world_size = engine_->world_size(),
-                           .rank = engine_->rank(),
-                           .seed = o.seed,
-                           .shuffle = !o.no_shuffle});
+ClassifierTrainer::~ClassifierTrainer() = default;
+
+std::vector<std::string> ClassifierTrainer::describe_data() const {
+  const ClassifierPlan& p = plan_;
   const auto& tr = *p.train;
-  say(
+  std::vector<std::string> lines = {
       fmt::format("train data: {}: {} {} examples of T {} ({} labels: {}) -> {} steps/epoch at {} "
                   "examples/step (micro-batch {} x accumulation {})",
                   p.train_dir.string(), tr.size(), tr.pair() ? "sentence-pair" : "single-sentence",
                   tr.seq_len(), tr.num_labels(), fmt::join(tr.labels(), ", "),
-                  p.run.steps_per_epoch, p.global_batch(), p.micro_batch(), p.grad_accum()));
+                  p.run.steps_per_epoch, p.global_batch(), p.micro_batch(), p.grad_accum())};
   if (p.val)
-    say(fmt::format("eval data: {} (val): {} of {} examples per evaluation; loss, accuracy, {}",
+    lines.push_back(
+        fmt::format("eval data: {} (val): {} of {} examples per evaluation; loss, accuracy, {}",
                     p.val_from, p.eval_examples, p.val->size(),
                     tr.num_labels() == 2 ? "binary F1 of label 1" : "macro F1"));
-  else
-    say("eval data: none (no val split; give --eval_data to evaluate)");
-  fs::create_directories(out_dir_);
-  if (is_lead()) {
-    // Temporaries a killed run left (a checkpoint or export cut short): this run owns the folder.
-    const std::string& e = o.export_hf;
-    const fs::path export_dir = e.empty()     ? out_dir_ / "hf_model"
-                                : e == "none" ? fs::path()
-                                              : fs::path(e);
-    const auto stale = remove_stale_temporaries(out_dir_, export_dir);
-    if (!stale.empty())
-      say(fmt::format("removed {} temporaries left by an interrupted earlier run in {}",
-                      stale.size(), out_dir_.string()));
-  }
+  return lines;
 }
-
-ClassifierTrainer::~ClassifierTrainer() = default;
 
 runtime::MicroBatch ClassifierTrainer::pack(const data::ClassificationSet& set,
                                             const std::vector<uint64_t>& idx,
@@ -376,71 +283,16 @@ runtime::MicroBatch ClassifierTrainer::pack(const data::ClassificationSet& set,
 
 // ---- checkpoints -----------------------------------------------------------------------------
 
-std::optional<ResumeReport> ClassifierTrainer::resume() {
-  const std::string& from = plan_.spec.resume_from_checkpoint;
-  if (from.empty()) {
-    // An earlier run's checkpoints in the folder: --save_total_limit never rotates them away.
-    earlier_run_.clear();
-    for (const auto& f : checkpoint_folders(out_dir_))
-      earlier_run_.push_back(f.filename().string());
-    if (!earlier_run_.empty())
-      say(
-          fmt::format("note: {} holds checkpoints of an earlier run ({}); this run starts afresh "
-                      "(--resume_from_checkpoint latest would continue it) and never deletes them",
-                      out_dir_.string(), fmt::join(earlier_run_, ", ")));
-    return std::nullopt;
-  }
-  fs::path dir = from == "latest" ? out_dir_ : fs::path(from);
-  std::string tag;
-  DS_CHECK(from != "latest" || fs::exists(out_dir_ / "latest"),
-           "[ds_train] --resume_from_checkpoint latest: {} has no 'latest' file; name a "
-           "global_step folder",
-           out_dir_.string());
-  if (from != "latest" && !fs::exists(dir / "latest") && fs::is_directory(dir)) {
-    tag = dir.filename().string();
-    dir = dir.parent_path();
-  }
-  const json client = engine_->load_checkpoint(dir.string(), tag);
-  DS_CHECK(client.contains("data") && client.contains("ds_train") &&
-               client["ds_train"].value("task", std::string()) == "classification",
-           "[ds_train] the checkpoint in {} is not a classifier run's (written by ds_train on a "
-           "classification set); cannot resume it here",
-           dir.string());
-  const json& d = client["ds_train"];
+json ClassifierTrainer::checkpoint_fields() const {
+  return {{"seq_len", plan_.seq_len},
+          {"model", plan_.model.to_json()},
+          {"labels", plan_.train->labels()}};
+}
+
+void ClassifierTrainer::check_checkpoint(const json& d) const {
   DS_CHECK(d.value("seq_len", plan_.seq_len) == plan_.seq_len,
            "[ds_train] the checkpoint was trained on examples of {} ids, this run's set has {}",
            d.value("seq_len", plan_.seq_len), plan_.seq_len);
-  sampler_->load_state(client["data"]);
-  ResumeReport r{dir, tag.empty() ? latest_tag(dir) : tag, engine_->global_steps(),
-                 engine_->global_samples()};
-  say(fmt::format("resumed from {} (tag {}): step {}, {} samples seen", r.dir.string(), r.tag,
-                  r.step, r.samples));
-  last_saved_ = engine_->global_steps();
-  return r;
-}
-
-SaveReport ClassifierTrainer::save() {
-  const auto t0 = std::chrono::steady_clock::now();
-  const json client = {{"data", sampler_->state()},
-                       {"ds_train",
-                        {{"task", "classification"},
-                         {"seq_len", plan_.seq_len},
-                         {"model", plan_.model.to_json()},
-                         {"labels", plan_.train->labels()},
-                         {"total_steps", plan_.total_steps()},
-                         {"seed", plan_.spec.seed},
-                         {"train_data", plan_.train_dir.string()}}}};
-  engine_->save_checkpoint(out_dir_.string(), "", client);
-  last_saved_ = engine_->global_steps();
-  std::erase(earlier_run_, fmt::format("global_step{}", last_saved_));  // this run's folder now
-  SaveReport r;
-  r.step = last_saved_;
-  r.dir = out_dir_;
-  if (is_lead())
-    r.deleted = rotate_checkpoints(out_dir_, plan_.spec.save_total_limit, earlier_run_);
-  r.seconds = seconds_since(t0);
-  obs_.on_save(r);
-  return r;
 }
 
 // ---- evaluation ------------------------------------------------------------------------------
@@ -452,12 +304,9 @@ std::optional<ClassifyEvalReport> ClassifierTrainer::evaluate() {
   const int64_t N = plan_.eval_examples, B = plan_.micro_batch();
   std::vector<int32_t> pred, labels;
   double loss_sum = 0.0;
-  for (int64_t first = 0; first < N; first += B) {
-    std::vector<uint64_t> idx;
-    for (int64_t i = first; i < std::min(N, first + B); ++i)
-      idx.push_back(static_cast<uint64_t>(i));
+  for (const std::vector<uint64_t>& idx : eval_batches(N, B)) {
     const runtime::MicroBatch b = pack(val, idx, 0);
-    const double loss = engine_->eval_loss(b.batch).item();
+    const double loss = engine().eval_loss(b.batch).item();
     loss_sum += loss * static_cast<double>(idx.size());
     const std::vector<float> lg = logits_->to_vector();
     const int64_t NL = val.num_labels();
@@ -468,77 +317,23 @@ std::optional<ClassifyEvalReport> ClassifierTrainer::evaluate() {
     }
   }
   ClassifyEvalReport r;
-  r.step = engine_->global_steps();
-  r.samples = engine_->global_samples();
+  r.step = engine().global_steps();
+  r.samples = engine().global_samples();
   r.loss = loss_sum / static_cast<double>(N);
   r.scores = classify_scores(pred, labels, val.num_labels());
   r.seconds = seconds_since(t0);
   return r;
 }
 
-void ClassifierTrainer::evaluate_now() {
-  if (!plan_.val || evaluated_at_ == engine_->global_steps()) return;
-  evaluated_at_ = engine_->global_steps();
+void ClassifierTrainer::report_evaluation() {
   last_eval_ = evaluate();
   if (last_eval_) obs_.on_classify_eval(*last_eval_);
 }
 
-// ---- the loop --------------------------------------------------------------------------------
-
-int64_t ClassifierTrainer::eval_steps() const {
-  return plan_.spec.eval_steps >= 0 ? plan_.spec.eval_steps
-                                    : std::max<int64_t>(1, plan_.total_steps() / 10);
-}
-
-StepReport ClassifierTrainer::step() {
-  const auto t0 = std::chrono::steady_clock::now();
-  const double lr = engine_->get_lr();
-  const data::ClassificationSet& train = *plan_.train;
-  auto next = [&] {
-    const uint64_t position = sampler_->next_sample_position();
-    return pack(train, sampler_->next(), position);
-  };
-  StepReport r;
-  r.loss = engine_->train_batch(next);
-  r.seconds = seconds_since(t0);
-  r.step = engine_->global_steps();
-  r.total_steps = plan_.total_steps();
-  r.samples = engine_->global_samples();
-  r.lr = lr;
-  r.grad_norm = engine_->last_grad_norm();
-  r.loss_scale = engine_->loss_scale();
-  r.skipped_steps = engine_->skipped_steps();
-  r.tokens_per_second =
-      static_cast<double>(plan_.global_batch() * plan_.seq_len) / std::max(r.seconds, 1e-9);
-  obs_.on_step(r);
-  return r;
-}
-
-int64_t ClassifierTrainer::fit() {
-  const int64_t total = plan_.total_steps(), save_steps = plan_.spec.save_steps;
-  const int64_t every_eval = eval_steps(), first = engine_->global_steps();
-  const int64_t skipped_before = engine_->skipped_steps();
-  while (engine_->global_steps() < total) {
-    const int64_t s = step().step;
-    if (every_eval > 0 && s % every_eval == 0 && s != total) evaluate_now();
-    if (save_steps > 0 && s % save_steps == 0 && s != total) save();
-  }
-  obs_.on_steps_done();
-  engine_->synchronize();
-  const int64_t run = engine_->global_steps() - first;
-  if (run > 0 && engine_->skipped_steps() - skipped_before >= run)
-    DS_THROW(
-        "[ds_train] every one of the {} steps of this run was skipped for non-finite gradients: "
-        "the model did not train and nothing was saved. Lower --learning_rate, set "
-        "gradient_clipping, use bf16 instead of fp16, or check the data",
-        run);
-  evaluate_now();
-  if (last_saved_ != engine_->global_steps()) save();
-  return run;
-}
+// ---- the export ------------------------------------------------------------------------------
 
 void ClassifierTrainer::export_model(const std::string& dir) {
-  auto weights = engine_->full_weights();  // ZeRO-3: every rank gathers, rank 0 receives
+  auto weights = engine().full_weights();  // ZeRO-3: every rank gathers, rank 0 receives
   if (!is_lead()) return;
   const std::optional<nn::LoraConfig>& lora = plan_.lora;
   if (lora && !plan_.spec.merge_lora && lora->only_optimize_lora) {
@@ -559,12 +354,7 @@ void ClassifierTrainer::export_model(const std::string& dir) {
   if (lora) weights = nn::merge_lora_weights(weights, lora->scaling());
   // A whole fp32 copy (the engine's parameters may be 16-bit or ZeRO-3 shards).
   const auto whole = models::make_encoder_classifier(plan_.model, /*init=*/false);
-  std::map<std::string, Tensor> by_name(weights.begin(), weights.end());
-  for (auto& [name, t] : whole->named_parameters()) {
-    const auto it = by_name.find(name);
-    DS_CHECK(it != by_name.end(), "[ds_train] export: the engine has no parameter '{}'", name);
-    t.copy_from(it->second);
-  }
+  copy_weights(*whole, weights);
   models::export_hf_encoder(*whole, dir);
   // The set's label names (MRPC: 0 / 1; names given to ds_prepare --labels) as id2label.
   const fs::path cfg_file = fs::path(dir) / "config.json";

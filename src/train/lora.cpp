@@ -11,6 +11,8 @@
 
 namespace ds::train {
 
+namespace fs = std::filesystem;
+
 std::optional<nn::LoraConfig> lora_config(const Options& o, const Given& g,
                                           const std::vector<std::string>& default_targets) {
   if (o.lora_dim == 0) {
@@ -71,6 +73,51 @@ std::optional<nn::LoraConfig> encoder_lora_config(const Options& o, const Given&
     c->modules_to_save = {"classifier", "score"};
   }
   return c;
+}
+
+std::vector<std::string> seq2seq_lora_targets(const models::Seq2SeqConfig& model) {
+  if (model.is_t5()) return {"q", "v"};
+  return {"q_proj", "v_proj"};  // bart; blenderbot (not in peft's table) the same modules
+}
+
+std::optional<nn::LoraConfig> seq2seq_lora_config(const Options& o, const Given& g,
+                                                  const models::Seq2SeqConfig& model) {
+  auto c = lora_config(o, g, seq2seq_lora_targets(model));
+  if (c) c->peft_match = true;
+  return c;
+}
+
+bool exports_lora_adapter(const std::optional<nn::LoraConfig>& lora, const Options& o) {
+  return lora && lora->only_optimize_lora && !o.merge_lora;
+}
+
+std::string lora_adapter_base(const Options& o) {
+  std::error_code ec;
+  return o.init_from.empty() ? std::string()
+                             : fs::absolute(o.init_from, ec).lexically_normal().string();
+}
+
+std::string export_seq2seq_lora_adapter(const models::Seq2Seq& model,
+                                        const std::vector<std::pair<std::string, Tensor>>& weights,
+                                        const nn::LoraConfig& c, const Options& o,
+                                        const fs::path& dir) {
+  const std::string base = lora_adapter_base(o);
+  models::export_peft_seq2seq_adapter(model, weights, c, dir, base);
+  return fmt::format(
+      "{} (PEFT SEQ_2_SEQ_LM adapter: adapter_config.json + adapter_model.safetensors{})",
+      dir.string(),
+      base.empty() ? "; the base is this run's from-scratch model: --merge_lora exports it whole"
+                   : "; base " + base);
+}
+
+std::string seq2seq_export_note(const std::optional<nn::LoraConfig>& lora, const Options& o) {
+  if (exports_lora_adapter(lora, o))
+    return "PEFT SEQ_2_SEQ_LM adapter: adapter_config.json + adapter_model.safetensors; "
+           "PeftModel.from_pretrained(AutoModelForSeq2SeqLM.from_pretrained(base), dir) reads it";
+  return fmt::format(
+      "config.json + model.safetensors + tokenizer{}; AutoModelForSeq2SeqLM.from_pretrained reads "
+      "it, ds_generate --model too",
+      lora ? ", LoRA merged" : "");
 }
 
 LoraCounts count_lora(const models::GPTConfig& model, const nn::LoraConfig& c) {

@@ -10,13 +10,12 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "ds/comm/group.h"
-#include "ds/config/config.h"
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
-#include "ds/core/rng.h"
 #include "ds/models/seq2seq_io.h"
+#include "ds/nn/lora.h"
 #include "ds/ops/ops.h"
+#include "ds/train/lora.h"
 #include "ds/train/outputs.h"
 #include "ds/train/train_util.h"
 
@@ -82,13 +81,7 @@ models::Seq2SeqConfig resolve_seq2seq(const Options& o, const Given& g, const da
              "bart-tiny or blenderbot-tiny, a Seq2SeqConfig JSON file, a bart/blenderbot "
              "config.json, or --init_from a BART/BlenderBot Hugging Face folder",
              model);
-    json file;
-    try {
-      file = json::parse(std::ifstream(model));
-    } catch (const json::exception& e) {
-      DS_THROW("[ds_train] --model {}: not valid JSON ({})", model, e.what());
-    }
-    DS_CHECK(file.is_object(), "[ds_train] --model {}: not a JSON object", model);
+    const json file = read_model_json(model);
     *name = fs::path(model).stem().string();
     if (file.contains("model_type")) return models::seq2seq_config_from_json(file, model);
     models::Seq2SeqConfig base;
@@ -133,48 +126,23 @@ bool is_seq2seq_run(const Options& spec) {
   return !spec.train_data.empty() && data::is_seq2seq_set(spec.train_data);
 }
 
+constexpr TaskNames kSeq2Seq{"seq2seq", "seq2seq", "encoder-decoders"};
+
 Seq2SeqPlan plan_seq2seq(const Options& o, const Given& g, const char* builtin_config) {
   Seq2SeqPlan p;
+  p.names = kSeq2Seq;
   p.spec = o;
   p.given = g;
-  auto refuse = [](bool given, const char* option, const char* why) {
-    DS_CHECK(!given, "[ds_train] {} does not apply to encoder-decoders ({}); remove it", option,
-             why);
+  auto refuse = [&p](bool given, const char* option, const char* why) {
+    refuse_option(p.names, given, option, why);
   };
-  const char* lora = "LoRA is implemented for decoder models only";
-  refuse(o.lora_dim > 0, "--lora_dim", lora);
-  refuse(g.lora_alpha, "--lora_alpha", lora);
-  refuse(g.lora_module_name, "--lora_module_name", lora);
-  refuse(g.lora_dropout, "--lora_dropout", lora);
-  refuse(o.only_optimize_lora, "--only_optimize_lora", lora);
-  refuse(o.merge_lora, "--merge_lora", lora);
-  const char* sample = "evaluations generate from the validation sources and report BLEU";
-  refuse(!o.sample_prompt.empty(), "--sample_prompt", sample);
-  refuse(g.sample_tokens, "--sample_tokens", sample);
-  refuse(g.sample_top_k, "--sample_top_k", sample);
-  refuse(o.tensor_parallel_size > 1, "--tensor_parallel_size",
-         "tensor parallelism is implemented for decoder models only");
-  refuse(o.pipeline_parallel_size > 1, "--pipeline_parallel_size",
-         "pipeline parallelism is implemented for decoder models only");
+  refuse_common_options(p.names, o, g,
+                        "evaluations generate from the validation sources and report BLEU");
   refuse(o.block_size > 0, "--block_size",
          "the set's --max_source_len / --max_target_len fix the lengths");
-  refuse(o.skip_memory_check, "--skip_memory_check",
-         "a seq2seq run makes no start-up memory check to skip");
-  DS_CHECK(o.device == "cpu",
-           "[ds_train] --device {}: encoder-decoders train on the CPU only for now; use --device "
-           "cpu",
-           o.device);
 
   // ---- data ----
-  p.train_dir = o.train_data;
-  p.train = std::make_shared<data::Seq2SeqSet>(data::Seq2SeqSet::open_split(p.train_dir, "train"));
-  if (!o.eval_data.empty()) {
-    p.val = std::make_shared<data::Seq2SeqSet>(data::Seq2SeqSet::open_split(o.eval_data, "val"));
-    p.val_from = o.eval_data;
-  } else if (has_split(p.train_dir, "val")) {
-    p.val = std::make_shared<data::Seq2SeqSet>(data::Seq2SeqSet::open_split(p.train_dir, "val"));
-    p.val_from = p.train_dir.string();
-  }
+  open_task_splits(p, &p.train, &p.val);
   const data::Seq2SeqSet& tr = *p.train;
   if (p.val)
     DS_CHECK(p.val->source_len() == tr.source_len() && p.val->target_len() == tr.target_len() &&
@@ -184,7 +152,7 @@ Seq2SeqPlan plan_seq2seq(const Options& o, const Given& g, const char* builtin_c
              p.val_from, p.val->source_len(), p.val->target_len(), p.val->pad_id(), tr.source_len(),
              tr.target_len(), tr.pad_id());
   p.source_len = tr.source_len();
-  p.target_len = tr.target_len();
+  p.target_len = p.tokens_per_example = tr.target_len();
 
   // ---- model ----
   p.model = resolve_seq2seq(o, g, tr, &p.model_name);
@@ -207,36 +175,13 @@ Seq2SeqPlan plan_seq2seq(const Options& o, const Given& g, const char* builtin_c
            p.source_len, p.target_len, m.max_positions);
   m.seed = o.seed;
   m.validate();
+  p.lora = seq2seq_lora_config(o, g, m);
   p.tokenizer_dir = pick_tokenizer(o, tr);
 
   // ---- config, run length ----
-  {
-    std::string source = "built-in default (configs/ds_demo.json)";
-    const json raw =
-        g.deepspeed ? runtime::load_config_json(o.deepspeed, &source)
-                    : runtime::load_config_json(strip_leading_comments(builtin_config), &source);
-    const config::ParallelSizes sizes = config::read_parallel_sizes(raw, source);
-    DS_CHECK(sizes.tensor_parallel.size <= 1 && sizes.pipeline.stages <= 1,
-             "[ds_train] {}: tensor_parallel.autotp_size {} / pipeline.stages {} do not apply to "
-             "encoder-decoders (tensor and pipeline parallelism are implemented for decoder "
-             "models only); remove them from the config",
-             g.deepspeed ? o.deepspeed : source, sizes.tensor_parallel.size, sizes.pipeline.stages);
-  }
-  // resolve_run_config reads the model's width ("auto" sizes) and depth from a GPTConfig.
-  models::GPTConfig shape;
-  shape.n_embd = m.d_model;
-  shape.n_layer = m.encoder_layers + m.decoder_layers;
-  p.run = resolve_run_config(o, g, shape, static_cast<uint64_t>(tr.size()), p.target_len,
-                             builtin_config);
-  DS_CHECK(p.run.tensor_parallel == 1 && p.run.pipeline_parallel == 1,
-           "[ds_train] {}: tensor_parallel.autotp_size {} / pipeline.stages {} do not apply to "
-           "encoder-decoders (decoder models only); remove them from the config",
-           p.run.source, p.run.tensor_parallel, p.run.pipeline_parallel);
-  p.world_size = comm::world()->size();
-  const int64_t B = p.micro_batch();
+  resolve_task_run(p, m.d_model, m.encoder_layers + m.decoder_layers, p.val ? p.val->size() : 0,
+                   builtin_config);
   if (p.val) {
-    p.eval_examples =
-        g.eval_batches ? std::min<int64_t>(p.val->size(), o.eval_batches * B) : p.val->size();
     p.bleu_examples = std::min<int64_t>(p.val->size(), o.eval_bleu_examples);
     if (p.bleu_examples > 0 && p.tokenizer_dir.empty()) {
       p.notes.push_back(
@@ -256,10 +201,7 @@ Seq2SeqPlan plan_seq2seq(const Options& o, const Given& g, const char* builtin_c
 // ---- the trainer -----------------------------------------------------------------------------
 
 Seq2SeqTrainer::Seq2SeqTrainer(Seq2SeqPlan plan, Seq2SeqObserver& observer)
-    : plan_(std::move(plan)),
-      obs_(observer),
-      rank_(comm::world()->rank()),
-      out_dir_(plan_.spec.output_dir) {
+    : TaskTrainer(observer), plan_(std::move(plan)), obs_(observer) {
   const Seq2SeqPlan& p = plan_;
   const Options& o = p.spec;
   const bool import = !o.init_from.empty();
@@ -270,6 +212,8 @@ Seq2SeqTrainer::Seq2SeqTrainer(Seq2SeqPlan plan, Seq2SeqObserver& observer)
         "initialised from {}: {} tensors{}", fmt::join(rep.files, ", "), rep.tensors,
         rep.ignored.empty() ? "" : fmt::format("; tied copies skipped: {}", rep.ignored.size())));
   }
+  // Before the engine: it lays out gradients and optimizer states for what requires grad.
+  if (p.lora) say(describe_lora(*p.lora, nn::apply_lora(*model_, *p.lora)));
   model_->set_gradient_checkpointing(o.gradient_checkpointing);
   const models::Seq2SeqConfig& m = p.model;
   say(fmt::format(
@@ -278,36 +222,23 @@ Seq2SeqTrainer::Seq2SeqTrainer(Seq2SeqPlan plan, Seq2SeqObserver& observer)
       p.model_name, m.family, m.encoder_layers, m.decoder_layers, m.encoder_heads, m.d_model,
       m.vocab_size, human_count(static_cast<double>(model_->num_parameters()))));
 
-  runtime::InitOptions init;
-  init.ctx = p.run.ctx;
-  init.log = [this](const std::string& s) { obs_.detail(s); };
-  // The loss: the engine's default, Seq2Seq::loss of the batch (source ids, mask, labels).
-  engine_ = runtime::initialize(model_, p.config(), std::move(init));
-  rng::dropout_state() = rng::DropoutState{o.seed, 0, 0};
-  const auto mem = engine_->memory_budget();
-  say(fmt::format(
-      "memory, ZeRO stage {}, {} params: model states {} (parameters {}, gradients "
-      "{}, master weights {}, optimizer states {})",
-      p.config().zero_optimization.stage, dtype_name(engine_->training_dtype()), mib(mem.total()),
-      mib(mem.params), mib(mem.grads), mib(mem.master_weights), mib(mem.optimizer_states)));
-
-  sampler_ = std::make_unique<data::DistributedSampler>(
-      data::SamplerOptions{.num_samples = static_cast<uint64_t>(p.train->size()),
-                           .micro_batch = static_cast<int>(p.micro_batch()),
-                           .grad_accum = static_cast<int>(p.grad_accum()),
-                           .world_size = engine_->world_size(),
-                           .rank = engine_->rank(),
-                           .seed = o.seed,
-                           .shuffle = !o.no_shuffle});
   if (!p.tokenizer_dir.empty()) tok_ = data::load_tokenizer(p.tokenizer_dir);
+  // The loss: the engine's default, Seq2Seq::loss of the batch (source ids, mask, labels).
+  start(model_, {});
+}
+
+Seq2SeqTrainer::~Seq2SeqTrainer() = default;
+
+std::vector<std::string> Seq2SeqTrainer::describe_data() const {
+  const Seq2SeqPlan& p = plan_;
   const auto& tr = *p.train;
-  say(
+  std::vector<std::string> lines = {
       fmt::format("train data: {}: {} source/target examples (S {}, T {}) -> {} steps/epoch at {} "
                   "examples/step (micro-batch {} x accumulation {})",
                   p.train_dir.string(), tr.size(), tr.source_len(), tr.target_len(),
-                  p.run.steps_per_epoch, p.global_batch(), p.micro_batch(), p.grad_accum()));
+                  p.run.steps_per_epoch, p.global_batch(), p.micro_batch(), p.grad_accum())};
   if (p.val)
-    say(fmt::format(
+    lines.push_back(fmt::format(
         "eval data: {} (val): loss over {} of {} examples; BLEU of {} generations ({}, at most "
         "{} new tokens){}",
         p.val_from, p.eval_examples, p.val->size(), p.bleu_examples,
@@ -315,22 +246,8 @@ Seq2SeqTrainer::Seq2SeqTrainer(Seq2SeqPlan plan, Seq2SeqObserver& observer)
                                    : "greedy",
         p.generation.max_new_tokens,
         p.tokenizer_dir.empty() ? "" : fmt::format("; decoded with {}", p.tokenizer_dir.string())));
-  else
-    say("eval data: none (no val split; give --eval_data to evaluate)");
-  fs::create_directories(out_dir_);
-  if (is_lead()) {
-    const std::string& e = o.export_hf;
-    const fs::path export_dir = e.empty()     ? out_dir_ / "hf_model"
-                                : e == "none" ? fs::path()
-                                              : fs::path(e);
-    const auto stale = remove_stale_temporaries(out_dir_, export_dir);
-    if (!stale.empty())
-      say(fmt::format("removed {} temporaries left by an interrupted earlier run in {}",
-                      stale.size(), out_dir_.string()));
-  }
+  return lines;
 }
-
-Seq2SeqTrainer::~Seq2SeqTrainer() = default;
 
 runtime::MicroBatch Seq2SeqTrainer::pack(const data::Seq2SeqSet& set,
                                          const std::vector<uint64_t>& idx,
@@ -354,88 +271,29 @@ runtime::MicroBatch Seq2SeqTrainer::pack(const data::Seq2SeqSet& set,
 
 // ---- checkpoints -----------------------------------------------------------------------------
 
-std::optional<ResumeReport> Seq2SeqTrainer::resume() {
-  const std::string& from = plan_.spec.resume_from_checkpoint;
-  if (from.empty()) {
-    earlier_run_.clear();
-    for (const auto& f : checkpoint_folders(out_dir_))
-      earlier_run_.push_back(f.filename().string());
-    if (!earlier_run_.empty())
-      say(
-          fmt::format("note: {} holds checkpoints of an earlier run ({}); this run starts afresh "
-                      "(--resume_from_checkpoint latest would continue it) and never deletes them",
-                      out_dir_.string(), fmt::join(earlier_run_, ", ")));
-    return std::nullopt;
-  }
-  fs::path dir = from == "latest" ? out_dir_ : fs::path(from);
-  std::string tag;
-  DS_CHECK(from != "latest" || fs::exists(out_dir_ / "latest"),
-           "[ds_train] --resume_from_checkpoint latest: {} has no 'latest' file; name a "
-           "global_step folder",
-           out_dir_.string());
-  if (from != "latest" && !fs::exists(dir / "latest") && fs::is_directory(dir)) {
-    tag = dir.filename().string();
-    dir = dir.parent_path();
-  }
-  const json client = engine_->load_checkpoint(dir.string(), tag);
-  DS_CHECK(client.contains("data") && client.contains("ds_train") &&
-               client["ds_train"].value("task", std::string()) == "seq2seq",
-           "[ds_train] the checkpoint in {} is not a seq2seq run's (written by ds_train on a "
-           "seq2seq set); cannot resume it here",
-           dir.string());
-  const json& d = client["ds_train"];
+json Seq2SeqTrainer::checkpoint_fields() const {
+  return {{"source_len", plan_.source_len},
+          {"target_len", plan_.target_len},
+          {"model", plan_.model.to_json()}};
+}
+
+void Seq2SeqTrainer::check_checkpoint(const json& d) const {
   DS_CHECK(d.value("source_len", plan_.source_len) == plan_.source_len &&
                d.value("target_len", plan_.target_len) == plan_.target_len,
            "[ds_train] the checkpoint was trained on examples of {} + {} ids, this run's set has "
            "{} + {}",
            d.value("source_len", plan_.source_len), d.value("target_len", plan_.target_len),
            plan_.source_len, plan_.target_len);
-  sampler_->load_state(client["data"]);
-  ResumeReport r{dir, tag.empty() ? latest_tag(dir) : tag, engine_->global_steps(),
-                 engine_->global_samples()};
-  say(fmt::format("resumed from {} (tag {}): step {}, {} samples seen", r.dir.string(), r.tag,
-                  r.step, r.samples));
-  last_saved_ = engine_->global_steps();
-  return r;
-}
-
-SaveReport Seq2SeqTrainer::save() {
-  const auto t0 = std::chrono::steady_clock::now();
-  const json client = {{"data", sampler_->state()},
-                       {"ds_train",
-                        {{"task", "seq2seq"},
-                         {"source_len", plan_.source_len},
-                         {"target_len", plan_.target_len},
-                         {"model", plan_.model.to_json()},
-                         {"total_steps", plan_.total_steps()},
-                         {"seed", plan_.spec.seed},
-                         {"train_data", plan_.train_dir.string()}}}};
-  engine_->save_checkpoint(out_dir_.string(), "", client);
-  last_saved_ = engine_->global_steps();
-  std::erase(earlier_run_, fmt::format("global_step{}", last_saved_));
-  SaveReport r;
-  r.step = last_saved_;
-  r.dir = out_dir_;
-  if (is_lead())
-    r.deleted = rotate_checkpoints(out_dir_, plan_.spec.save_total_limit, earlier_run_);
-  r.seconds = seconds_since(t0);
-  obs_.on_save(r);
-  return r;
 }
 
 // ---- evaluation and generation ---------------------------------------------------------------
 
 std::unique_ptr<models::Seq2Seq> Seq2SeqTrainer::whole_model() {
-  const auto weights = engine_->full_weights();  // ZeRO-3: every rank gathers, rank 0 receives
+  auto weights = engine().full_weights();  // ZeRO-3: every rank gathers, rank 0 receives
   if (!is_lead()) return nullptr;
-  models::Seq2SeqConfig c = plan_.model;
-  auto whole = std::make_unique<models::Seq2Seq>(c, /*init=*/false);
-  std::map<std::string, Tensor> by_name(weights.begin(), weights.end());
-  for (auto& [name, t] : whole->named_parameters()) {
-    const auto it = by_name.find(name);
-    DS_CHECK(it != by_name.end(), "[ds_train] the engine has no parameter '{}'", name);
-    t.copy_from(it->second);
-  }
+  if (plan_.lora) weights = nn::merge_lora_weights(weights, plan_.lora->scaling());
+  auto whole = std::make_unique<models::Seq2Seq>(plan_.model, /*init=*/false);
+  copy_weights(*whole, weights);
   // final_logits_bias is a buffer (never trained): the imported values.
   std::map<std::string, Tensor> buffers;
   for (auto& [name, t] : model_->named_buffers()) buffers.emplace(name, t);
@@ -467,16 +325,13 @@ std::optional<Seq2SeqEvalReport> Seq2SeqTrainer::evaluate() {
   const int64_t N = plan_.eval_examples, B = plan_.micro_batch();
   Seq2SeqEvalReport r;
   double loss_sum = 0.0;
-  for (int64_t first = 0; first < N; first += B) {
-    std::vector<uint64_t> idx;
+  for (const std::vector<uint64_t>& idx : eval_batches(N, B)) {
     int64_t tokens = 0;
-    for (int64_t i = first; i < std::min(N, first + B); ++i) {
-      idx.push_back(static_cast<uint64_t>(i));
-      tokens += static_cast<int64_t>(val.target(i).size());
-    }
+    for (const uint64_t i : idx)
+      tokens += static_cast<int64_t>(val.target(static_cast<int64_t>(i)).size());
     const runtime::MicroBatch b = pack(val, idx, 0);
     // The batch's mean over its target tokens, weighted back to a sum.
-    loss_sum += engine_->eval_loss(b.batch).item() * static_cast<double>(tokens);
+    loss_sum += engine().eval_loss(b.batch).item() * static_cast<double>(tokens);
     r.tokens += tokens;
   }
   r.examples = N;
@@ -521,74 +376,25 @@ std::optional<Seq2SeqEvalReport> Seq2SeqTrainer::evaluate() {
       r.generated = G;
     }
   }
-  r.step = engine_->global_steps();
-  r.samples = engine_->global_samples();
+  r.step = engine().global_steps();
+  r.samples = engine().global_samples();
   r.seconds = seconds_since(t0);
   return r;
 }
 
-void Seq2SeqTrainer::evaluate_now() {
-  if (!plan_.val || evaluated_at_ == engine_->global_steps()) return;
-  evaluated_at_ = engine_->global_steps();
+void Seq2SeqTrainer::report_evaluation() {
   last_eval_ = evaluate();
   if (last_eval_) obs_.on_seq2seq_eval(*last_eval_);
 }
 
-// ---- the loop --------------------------------------------------------------------------------
-
-int64_t Seq2SeqTrainer::eval_steps() const {
-  return plan_.spec.eval_steps >= 0 ? plan_.spec.eval_steps
-                                    : std::max<int64_t>(1, plan_.total_steps() / 10);
-}
-
-StepReport Seq2SeqTrainer::step() {
-  const auto t0 = std::chrono::steady_clock::now();
-  const double lr = engine_->get_lr();
-  const data::Seq2SeqSet& train = *plan_.train;
-  auto next = [&] {
-    const uint64_t position = sampler_->next_sample_position();
-    return pack(train, sampler_->next(), position);
-  };
-  StepReport r;
-  r.loss = engine_->train_batch(next);
-  r.seconds = seconds_since(t0);
-  r.step = engine_->global_steps();
-  r.total_steps = plan_.total_steps();
-  r.samples = engine_->global_samples();
-  r.lr = lr;
-  r.grad_norm = engine_->last_grad_norm();
-  r.loss_scale = engine_->loss_scale();
-  r.skipped_steps = engine_->skipped_steps();
-  r.tokens_per_second =
-      static_cast<double>(plan_.global_batch() * plan_.target_len) / std::max(r.seconds, 1e-9);
-  obs_.on_step(r);
-  return r;
-}
-
-int64_t Seq2SeqTrainer::fit() {
-  const int64_t total = plan_.total_steps(), save_steps = plan_.spec.save_steps;
-  const int64_t every_eval = eval_steps(), first = engine_->global_steps();
-  const int64_t skipped_before = engine_->skipped_steps();
-  while (engine_->global_steps() < total) {
-    const int64_t s = step().step;
-    if (every_eval > 0 && s % every_eval == 0 && s != total) evaluate_now();
-    if (save_steps > 0 && s % save_steps == 0 && s != total) save();
-  }
-  obs_.on_steps_done();
-  engine_->synchronize();
-  const int64_t run = engine_->global_steps() - first;
-  if (run > 0 && engine_->skipped_steps() - skipped_before >= run)
-    DS_THROW(
-        "[ds_train] every one of the {} steps of this run was skipped for non-finite gradients: "
-        "the model did not train and nothing was saved. Lower --learning_rate, set "
-        "gradient_clipping, use bf16 instead of fp16, or check the data",
-        run);
-  evaluate_now();
-  if (last_saved_ != engine_->global_steps()) save();
-  return run;
-}
+// ---- the export ------------------------------------------------------------------------------
 
 void Seq2SeqTrainer::export_model(const std::string& dir) {
+  if (exports_lora_adapter(plan_.lora, plan_.spec)) {
+    const auto weights = engine().full_weights();  // collective
+    if (is_lead()) say(export_seq2seq_lora_adapter(*model_, weights, *plan_.lora, plan_.spec, dir));
+    return;  // as a decoder's adapter: no tokenizer (the base folder has it)
+  }
   const auto whole = whole_model();
   if (!whole) return;
   models::export_hf_seq2seq(*whole, dir);

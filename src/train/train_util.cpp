@@ -106,6 +106,11 @@ std::vector<fs::path> rotate_checkpoints(const fs::path& dir, int64_t keep,
   return deleted;
 }
 
+fs::path export_folder(const Options& o) {
+  if (o.export_hf == "none") return {};
+  return o.export_hf.empty() ? fs::path(o.output_dir) / "hf_model" : fs::path(o.export_hf);
+}
+
 std::vector<fs::path> remove_stale_temporaries(const fs::path& out_dir,
                                                const fs::path& export_dir) {
   std::vector<fs::path> removed = runtime::remove_stale_checkpoint_temporaries(out_dir);

@@ -21,6 +21,7 @@
 #include "ds/runtime/pipeline_partition.h"
 #include "ds/train/fit.h"
 #include "ds/train/lora.h"
+#include "ds/train/step_loop.h"
 #include "ds/train/train_util.h"
 
 namespace ds::train {
@@ -291,11 +292,7 @@ void Trainer::open_data() {
 void Trainer::remove_stale_temporaries() {
   // A crash (kill, full disk) can leave temporaries as large as a checkpoint: this run owns the
   // folder, so they go now.
-  const std::string& e = plan_.spec.export_hf;
-  const fs::path export_dir = e.empty()     ? out_dir_ / "hf_model"
-                              : e == "none" ? fs::path()
-                                            : fs::path(e);
-  const auto stale = train::remove_stale_temporaries(out_dir_, export_dir);
+  const auto stale = train::remove_stale_temporaries(out_dir_, export_folder(plan_.spec));
   if (stale.empty()) return;
   std::vector<std::string> names;
   for (const auto& f : stale) names.push_back(f.lexically_relative(out_dir_).string());
@@ -477,46 +474,20 @@ StepReport Trainer::step() {
     std::copy(y.begin(), y.end(), b.batch.labels.data<int32_t>());
     return b;
   };
-  StepReport r;
-  r.loss = pipe_ ? static_cast<double>(pipe_->train_batch(next)) : engine_->train_batch(next);
-  r.seconds = seconds_since(t0);
-  r.step = engine_->global_steps();
-  r.total_steps = plan_.total_steps();
-  r.samples = engine_->global_samples();
-  r.lr = lr;
-  r.grad_norm = engine_->last_grad_norm();
-  r.loss_scale = engine_->loss_scale();
-  r.skipped_steps = engine_->skipped_steps();
+  const double loss =
+      pipe_ ? static_cast<double>(pipe_->train_batch(next)) : engine_->train_batch(next);
+  StepReport r = engine_step_report(*engine_, loss, lr, seconds_since(t0), plan_.total_steps());
   r.tokens_per_second = static_cast<double>(tokens_per_step()) / r.seconds;
   obs_.on_step(r);
   return r;
 }
 
 int64_t Trainer::fit() {
-  const int64_t total_steps = plan_.total_steps(), save_steps = plan_.spec.save_steps;
-  const int64_t every_eval = eval_steps();
-  const int64_t first_step = engine_->global_steps();
-  const int64_t skipped_before = engine_->skipped_steps();
-  while (engine_->global_steps() < total_steps) {
-    const int64_t s = step().step;
-    if (every_eval > 0 && s % every_eval == 0 && s != total_steps) evaluate_now();
-    if (save_steps > 0 && s % save_steps == 0 && s != total_steps) save();
-  }
-  obs_.on_steps_done();
-  engine_->synchronize();  // the last optimizer step may still run in the background (offload)
-
-  // A run that never applied a step trained nothing: its checkpoint and export would be the
-  // starting weights. Fail instead of reporting success.
-  const int64_t steps_run = engine_->global_steps() - first_step;
-  if (steps_run > 0 && engine_->skipped_steps() - skipped_before >= steps_run)
-    DS_THROW(
-        "[ds_train] every one of the {} steps of this run was skipped for non-finite gradients: "
-        "the model did not train and nothing was saved. Lower --learning_rate, set "
-        "gradient_clipping, use bf16 instead of fp16, or check the data",
-        steps_run);
-  evaluate_now();
-  if (last_saved_ != engine_->global_steps()) save();
-  return steps_run;
+  return run_fit(*engine_, obs_, plan_.total_steps(), eval_steps(), plan_.spec.save_steps,
+                 {.step = [this] { return step().step; },
+                  .evaluate_now = [this] { evaluate_now(); },
+                  .save = [this] { save(); },
+                  .saved_now = [this] { return last_saved_ == engine_->global_steps(); }});
 }
 
 // ---- the end ---------------------------------------------------------------------------------
@@ -555,13 +526,8 @@ std::string Trainer::export_model(const std::string& dir) {
   if (!is_lead()) return "";
   // LoRA: a PEFT adapter when only the LoRA matrices trained (and --merge_lora is not given);
   // otherwise the merged weights (an adapter alone would lose the other trained parameters).
-  const bool merge = lora && (o.merge_lora || !lora->only_optimize_lora);
-  if (lora && !merge) {
-    std::error_code ec;
-    const std::string base =
-        o.init_from.empty() ? "" : fs::absolute(o.init_from, ec).lexically_normal().string();
-    return export_lora(*model_, weights, *lora, false, dir, base);
-  }
+  if (exports_lora_adapter(lora, o))
+    return export_lora(*model_, weights, *lora, false, dir, lora_adapter_base(o));
   std::string note;
   if (lora)
     note = export_lora(*model_, weights, *lora, true, dir, "");

@@ -15,7 +15,8 @@ add_executable(ds_train
   ${CMAKE_CURRENT_SOURCE_DIR}/train/console.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/train/options.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/train/progress.cpp
-  ${CMAKE_CURRENT_SOURCE_DIR}/train/seq2seq_run.cpp)
+  ${CMAKE_CURRENT_SOURCE_DIR}/train/seq2seq_run.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/train/task_run.cpp)
 target_include_directories(ds_train PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/train
   ${CMAKE_CURRENT_BINARY_DIR}/generated)
 target_link_libraries(ds_train PRIVATE deepspeed)

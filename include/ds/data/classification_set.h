@@ -18,7 +18,8 @@
 // "tokenizer": {...}, "classification": {"seq_len", "num_labels", "labels": [names], "pair",
 // "pad_id", ...}, "split_rule", "splits": {"train": {"files": ["train.cls"], "examples",
 // "label_counts"}, "val": ...}}. The LM and SFT formats (dataset.h) are "DSTOKENS"; each loader
-// refuses the other's folder with an error naming its meta.json.
+// refuses the other's folder with an error naming its meta.json. The frame both task sets share
+// (header, meta.json, the train/val split of records) is written and read by ds/data/set_file.h.
 //
 // A split is read into memory whole (GLUE tasks are megabytes). Thread safety: a loaded set is
 // immutable; get() may be called from many threads.

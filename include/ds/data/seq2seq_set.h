@@ -32,7 +32,8 @@
 // "max_target_len", "pad_id", "eos_id", "bos_id", "decoder_start_id", "source_field",
 // "target_field", ...}, "split_rule", "splits": {"train": {"files", "examples", "truncated_source",
 // "truncated_target"}, "val": ...}}. decoder_start_id is eos (BART and BlenderBot's convention) or,
-// without one, bos.
+// without one, bos. The frame both task sets share (header, meta.json, the train/val split of
+// records) is written and read by ds/data/set_file.h.
 //
 // A split is read into memory whole. Thread safety: a loaded set is immutable; get() may be called
 // from many threads; the functions are pure.

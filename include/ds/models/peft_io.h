@@ -27,6 +27,7 @@
 #include "ds/core/dtype.h"
 #include "ds/models/encoder.h"
 #include "ds/models/gpt.h"
+#include "ds/models/seq2seq.h"
 #include "ds/nn/lora.h"
 
 namespace ds::models {
@@ -82,5 +83,31 @@ void export_peft_classifier_adapter(
 // missing, extra or mis-shaped tensor; nothing is written unless all match.
 int64_t load_peft_classifier_adapter(SequenceClassifier& model, const nn::LoraConfig& lora,
                                      const std::filesystem::path& path);
+
+// ---- encoder-decoders: PEFT's TaskType.SEQ_2_SEQ_LM adapter -----------------------------------
+// adapter_config.json: task_type "SEQ_2_SEQ_LM", modules_to_save null, target_modules the adapted
+// modules' last names (PEFT's rule; e.g. ["q_proj", "v_proj"], T5 ["q", "v"]);
+// adapter_model.safetensors: the LoRA matrices only, under the class's names with peft's prefix
+// (base_model.model.model.encoder.layers.0.self_attn.q_proj.lora_A.weight for BART / BlenderBot,
+// base_model.model.encoder.block.0.layer.0.SelfAttention.q.lora_A.weight for T5), as
+// PeftModelForSeq2SeqLM.save_pretrained writes them (checked by
+// tools/gen_lora_classifier_fixture.py --task seq2seq).
+
+// The PEFT name of our LoRA matrix `ours` (Seq2Seq's names are the Hugging Face class's).
+std::string peft_seq2seq_name(const std::string& ours);
+
+// Writes the adapter folder from whole weights by our names (rank 0's Engine::full_weights()), in
+// `dtype`. `model` names the Linear modules (its LoRA decides the adapted ones). Throws
+// "[peft] ..." when the weights hold no LoRA matrix or `lora` has modules to save.
+void export_peft_seq2seq_adapter(const Seq2Seq& model,
+                                 const std::vector<std::pair<std::string, Tensor>>& named_weights,
+                                 const nn::LoraConfig& lora, const std::filesystem::path& dir,
+                                 const std::string& base_model_name_or_path = "",
+                                 DType dtype = DType::f32);
+
+// Fills the LoRA matrices of `model` (LoRA applied with the adapter's r and targets) from a
+// SEQ_2_SEQ_LM adapter folder or file; returns the tensors read. Throws "[peft] ..." listing every
+// missing, extra or mis-shaped tensor; nothing is written unless all match.
+int64_t load_peft_seq2seq_adapter(Seq2Seq& model, const std::filesystem::path& path);
 
 }  // namespace ds::models

@@ -39,8 +39,9 @@
 // every validation example in order (or the first eval_batches x B when --eval_batches is given),
 // in micro-batches of B (the last one smaller), on every rank (ZeRO-3 gathers together).
 //
-// Collectives and threading: as train::Trainer (every rank calls the same methods in order; one
-// thread per rank).
+// The skeleton (engine, sampler, checkpoints, the step loop, the evaluation schedule) is
+// train::TaskTrainer's (task_trainer.h); this class is the classifier's batches, evaluation and
+// export. Collectives and threading: as TaskTrainer's.
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -49,12 +50,12 @@
 #include <vector>
 
 #include "ds/data/classification_set.h"
-#include "ds/data/sampler.h"
 #include "ds/models/encoder.h"
 #include "ds/nn/lora.h"
 #include "ds/runtime/engine.h"
 #include "ds/train/classify_metrics.h"
 #include "ds/train/plan.h"
+#include "ds/train/task_trainer.h"
 #include "ds/train/trainer.h"
 
 namespace ds::train {
@@ -62,28 +63,13 @@ namespace ds::train {
 // Whether spec.train_data is a classification set (then ds_train runs ClassifierTrainer).
 bool is_classification_run(const Options& spec);
 
-struct ClassifierPlan {
-  Options spec;
-  Given given;
-  std::filesystem::path train_dir;
+// The TaskPlan (task_plan.h: spec, config, run length, eval_examples, ...) plus the sets and the
+// encoder.
+struct ClassifierPlan : TaskPlan {
   std::shared_ptr<const data::ClassificationSet> train, val;  // val null: none
-  std::string val_from;
-  std::filesystem::path tokenizer_dir;  // copied beside the export: --tokenizer, else the set's
   models::EncoderConfig model;
-  std::string model_name;
   std::optional<nn::LoraConfig> lora;  // --lora_dim > 0 (train::encoder_lora_config)
-  RunConfig run;
-  int world_size = 1;
-  int data_parallel = 1;
-  int64_t seq_len = 0;        // T, the set's
-  int64_t eval_examples = 0;  // per evaluation (all of val, or eval_batches x B)
-  std::vector<std::string> notes;
-
-  const runtime::DeepSpeedConfig& config() const { return run.cfg; }
-  int64_t micro_batch() const { return run.cfg.batch.train_micro_batch_size_per_gpu; }
-  int64_t grad_accum() const { return run.cfg.batch.gradient_accumulation_steps; }
-  int64_t global_batch() const { return run.cfg.batch.train_batch_size; }
-  int64_t total_steps() const { return run.total_steps; }
+  int64_t seq_len = 0;                 // T, the set's
 };
 
 // Opens the set, resolves the model and the config, and checks what a classifier run refuses
@@ -103,52 +89,47 @@ class ClassifierObserver : public TrainerObserver {
   virtual void on_classify_eval(const ClassifyEvalReport& r) { (void)r; }
 };
 
-class ClassifierTrainer {
+class ClassifierTrainer : public TaskTrainer {
  public:
-  // Builds the model (imports spec.init_from), the engine and the sampler. Collective.
+  // Builds the model (imports spec.init_from, applies LoRA), the engine and the sampler.
+  // Collective.
   ClassifierTrainer(ClassifierPlan plan, ClassifierObserver& observer);
-  ~ClassifierTrainer();
-  ClassifierTrainer(const ClassifierTrainer&) = delete;
-  ClassifierTrainer& operator=(const ClassifierTrainer&) = delete;
+  ~ClassifierTrainer() override;
 
-  // spec.resume_from_checkpoint ("latest", a folder holding tags, or one tag's folder); nullopt
-  // when none was asked for. Throws for a missing checkpoint or one of another kind of run.
-  std::optional<ResumeReport> resume();
-  SaveReport save();
+  // resume(), save(), evaluate_now(), step(), fit(): TaskTrainer's.
+
   // Loss, accuracy and F1 over the evaluation examples; nullopt without eval data. Collective.
   std::optional<ClassifyEvalReport> evaluate();
-  void evaluate_now();  // evaluate() reported through on_classify_eval, once per step
-  StepReport step();
-  int64_t fit();  // to the plan's total steps, evaluating and saving as ds_train does
   // The Hugging Face export (config.json with id2label from the set's labels, model.safetensors,
-  // the tokenizer). Collective (ZeRO-3 gathers); rank 0 writes.
-  void export_model(const std::string& dir);
+  // the tokenizer), or with LoRA a PEFT SEQ_CLS adapter (see the top). Collective (ZeRO-3
+  // gathers); rank 0 writes.
+  void export_model(const std::string& dir) override;
 
   const ClassifierPlan& plan() const { return plan_; }
-  bool is_lead() const { return rank_ == 0; }
-  int64_t eval_steps() const;
-  runtime::Engine& engine() { return *engine_; }
   models::SequenceClassifier& model() { return *model_; }
-  const std::filesystem::path& output_dir() const { return out_dir_; }
   const std::optional<ClassifyEvalReport>& last_eval() const { return last_eval_; }
 
  private:
-  void say(const std::string& s) { obs_.message(s); }
   // Examples idx into a packed batch: inputs (3, n, T), targets (n).
   runtime::MicroBatch pack(const data::ClassificationSet& set, const std::vector<uint64_t>& idx,
                            uint64_t sample_base) const;
 
+  // ---- TaskTrainer's hooks ----
+  const TaskPlan& task_plan() const override { return plan_; }
+  runtime::MicroBatch pack_train(const std::vector<uint64_t>& idx,
+                                 uint64_t sample_base) const override {
+    return pack(*plan_.train, idx, sample_base);
+  }
+  nlohmann::json checkpoint_fields() const override;
+  void check_checkpoint(const nlohmann::json& ds_train) const override;
+  std::vector<std::string> describe_data() const override;
+  void report_evaluation() override;
+
   ClassifierPlan plan_;
   ClassifierObserver& obs_;
-  int rank_ = 0;
-  std::filesystem::path out_dir_;
   std::shared_ptr<models::SequenceClassifier> model_;  // the family's class
-  std::unique_ptr<runtime::Engine> engine_;
-  std::unique_ptr<data::DistributedSampler> sampler_;
   std::shared_ptr<Tensor> logits_;  // the loss function's latest logits (evaluation reads them)
   std::optional<ClassifyEvalReport> last_eval_;
-  int64_t evaluated_at_ = -1, last_saved_ = -1;
-  std::vector<std::string> earlier_run_;  // global_step folders found at a fresh start: kept
 };
 
 }  // namespace ds::train

@@ -9,6 +9,7 @@
 
 #include "ds/models/encoder.h"
 #include "ds/models/gpt.h"
+#include "ds/models/seq2seq.h"
 #include "ds/nn/lora.h"
 #include "ds/train/options.h"
 
@@ -32,6 +33,34 @@ std::optional<nn::LoraConfig> lora_config(const Options& o, const Given& g,
 // --only_optimize_lora.
 std::optional<nn::LoraConfig> encoder_lora_config(const Options& o, const Given& g,
                                                   const models::EncoderConfig& model);
+
+// An encoder-decoder's LoRA (models::Seq2Seq: BART, BlenderBot, T5), with PEFT's
+// TaskType.SEQ_2_SEQ_LM semantics: targets matched as PEFT's target_modules (peft_match), by
+// default seq2seq_lora_targets; no modules to save (peft saves and trains the adapters only: the
+// tied shared embedding and lm_head stay frozen under --only_optimize_lora).
+std::optional<nn::LoraConfig> seq2seq_lora_config(const Options& o, const Given& g,
+                                                  const models::Seq2SeqConfig& model);
+// peft's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING for the family (peft 0.21.2): bart
+// q_proj,v_proj (the encoder's and decoder's self_attn and the decoder's encoder_attn), t5 q,v
+// (SelfAttention and EncDecAttention). blenderbot, which the table lacks (peft then asks for
+// target_modules), gets BART's: the same attention modules.
+std::vector<std::string> seq2seq_lora_targets(const models::Seq2SeqConfig& model);
+
+// Whether a run's export is a PEFT adapter: LoRA on, only the LoRA matrices (and modules to save)
+// trained (--only_optimize_lora), no --merge_lora. Otherwise the export holds the merged weights
+// (an adapter alone would lose the other trained parameters).
+bool exports_lora_adapter(const std::optional<nn::LoraConfig>& lora, const Options& o);
+// The adapter's base_model_name_or_path: --init_from made absolute; "" for a from-scratch run.
+std::string lora_adapter_base(const Options& o);
+
+// Writes a seq2seq run's PEFT SEQ_2_SEQ_LM adapter at `dir` from `weights` (rank 0's
+// Engine::full_weights()); returns the summary line's text.
+std::string export_seq2seq_lora_adapter(const models::Seq2Seq& model,
+                                        const std::vector<std::pair<std::string, Tensor>>& weights,
+                                        const nn::LoraConfig& c, const Options& o,
+                                        const std::filesystem::path& dir);
+// What a seq2seq run's export folder holds and what reads it, for the closing "HF export:" line.
+std::string seq2seq_export_note(const std::optional<nn::LoraConfig>& lora, const Options& o);
 
 // Elements LoRA would add to a model of `model`'s shape and the elements it would freeze, from the
 // shapes alone (the model is built under nn::PartitionedInit: nothing allocated), for the start-up

@@ -24,8 +24,13 @@
 // max_positions come from the data; parameters are drawn from --seed. The data must use the
 // model's pad and decoder start ids and fit its vocabulary and positions (errors say so).
 //
-// What a seq2seq run refuses, naming the option: LoRA options, tensor or pipeline parallelism, the
-// sample options, --device other than cpu, --block_size, --model with --init_from.
+// What a seq2seq run refuses, naming the option: tensor or pipeline parallelism, the sample
+// options, --device other than cpu, --block_size, --model with --init_from.
+//
+// LoRA (--lora_dim and the other LoRA flags, docs/finetuning.md) with PEFT's TaskType.SEQ_2_SEQ_LM
+// semantics (train::seq2seq_lora_config): applied after the import, before the engine;
+// evaluations generate from the merged weights; the export is a PEFT SEQ_2_SEQ_LM adapter with
+// --only_optimize_lora (the LoRA matrices), else (or with --merge_lora) the merged plain model.
 // --gradient_checkpointing checkpoints every encoder and decoder layer.
 //
 // Batches: one micro-batch is B examples; the engine receives inputs (2, B, S) int32 = [source
@@ -38,8 +43,10 @@
 // generation_num_beams; at most generation_max_length new tokens, default the set's T), decoded
 // without special tokens, and their corpus BLEU against the decoded targets.
 //
-// Collectives and threading: as train::Trainer (every rank calls the same methods in order; one
-// thread per rank). evaluate() and export_model() are collective (ZeRO-3 gathers).
+// The skeleton (engine, sampler, checkpoints, the step loop, the evaluation schedule) is
+// train::TaskTrainer's (task_trainer.h); this class is the encoder-decoder's batches, evaluation
+// (loss and BLEU) and export. Collectives and threading: as TaskTrainer's; evaluate(),
+// generate() and export_model() are collective (ZeRO-3 gathers).
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -47,13 +54,14 @@
 #include <string>
 #include <vector>
 
-#include "ds/data/sampler.h"
 #include "ds/data/seq2seq_set.h"
 #include "ds/data/text_tokenizer.h"
 #include "ds/models/seq2seq.h"
+#include "ds/nn/lora.h"
 #include "ds/runtime/engine.h"
 #include "ds/train/bleu.h"
 #include "ds/train/plan.h"
+#include "ds/train/task_trainer.h"
 #include "ds/train/trainer.h"
 
 namespace ds::train {
@@ -61,28 +69,15 @@ namespace ds::train {
 // Whether spec.train_data is a seq2seq set (then ds_train runs Seq2SeqTrainer).
 bool is_seq2seq_run(const Options& spec);
 
-struct Seq2SeqPlan {
-  Options spec;
-  Given given;
-  std::filesystem::path train_dir;
+// The TaskPlan (task_plan.h: spec, config, run length, eval_examples, ...) plus the sets, the
+// encoder-decoder and the evaluation's generation settings.
+struct Seq2SeqPlan : TaskPlan {
   std::shared_ptr<const data::Seq2SeqSet> train, val;  // val null: none
-  std::string val_from;
-  std::filesystem::path tokenizer_dir;  // decodes generations, copied beside the export ("": none)
   models::Seq2SeqConfig model;
-  std::string model_name;
-  RunConfig run;
-  int world_size = 1;
   int64_t source_len = 0, target_len = 0;  // S, T: the set's
-  int64_t eval_examples = 0;               // loss: all of val, or eval_batches x B
   int64_t bleu_examples = 0;               // generated per evaluation
   models::BeamOptions generation;          // the evaluation's generation settings
-  std::vector<std::string> notes;
-
-  const runtime::DeepSpeedConfig& config() const { return run.cfg; }
-  int64_t micro_batch() const { return run.cfg.batch.train_micro_batch_size_per_gpu; }
-  int64_t grad_accum() const { return run.cfg.batch.gradient_accumulation_steps; }
-  int64_t global_batch() const { return run.cfg.batch.train_batch_size; }
-  int64_t total_steps() const { return run.total_steps; }
+  std::optional<nn::LoraConfig> lora;      // --lora_dim > 0 (train::seq2seq_lora_config)
 };
 
 // Opens the set, resolves the model and the config, and checks what a seq2seq run refuses (above).
@@ -105,60 +100,55 @@ class Seq2SeqObserver : public TrainerObserver {
   virtual void on_seq2seq_eval(const Seq2SeqEvalReport& r) { (void)r; }
 };
 
-class Seq2SeqTrainer {
+class Seq2SeqTrainer : public TaskTrainer {
  public:
-  // Builds the model (imports spec.init_from), the engine and the sampler. Collective.
+  // Builds the model (imports spec.init_from), the engine and the sampler; loads the tokenizer
+  // that decodes generations (plan.tokenizer_dir). Collective.
   Seq2SeqTrainer(Seq2SeqPlan plan, Seq2SeqObserver& observer);
-  ~Seq2SeqTrainer();
-  Seq2SeqTrainer(const Seq2SeqTrainer&) = delete;
-  Seq2SeqTrainer& operator=(const Seq2SeqTrainer&) = delete;
+  ~Seq2SeqTrainer() override;
 
-  // spec.resume_from_checkpoint ("latest", a folder holding tags, or one tag's folder); nullopt
-  // when none was asked for. Throws for a missing checkpoint or one of another kind of run.
-  std::optional<ResumeReport> resume();
-  SaveReport save();
+  // resume(), save(), evaluate_now(), step(), fit(): TaskTrainer's.
+
   // Loss and BLEU over the evaluation examples; nullopt without eval data. Collective.
   std::optional<Seq2SeqEvalReport> evaluate();
-  void evaluate_now();  // evaluate() reported through on_seq2seq_eval, once per step
-  StepReport step();
-  int64_t fit();  // to the plan's total steps, evaluating and saving as ds_train does
   // Generations for source ids (B, S) / mask (B, S) with `opt`, decoded without special tokens,
   // from an fp32 copy of the whole model. Collective (ZeRO-3 gathers); the texts on rank 0, empty
   // on the others.
   std::vector<std::string> generate(const Tensor& ids, const Tensor& mask,
                                     const models::BeamOptions& opt);
   // The Hugging Face export (config.json, generation_config.json, model.safetensors, the
-  // tokenizer). Collective (ZeRO-3 gathers); rank 0 writes.
-  void export_model(const std::string& dir);
+  // tokenizer; LoRA merged), or a PEFT adapter folder (train::exports_lora_adapter). Collective
+  // (ZeRO-3 gathers); rank 0 writes.
+  void export_model(const std::string& dir) override;
 
   const Seq2SeqPlan& plan() const { return plan_; }
-  bool is_lead() const { return rank_ == 0; }
-  int64_t eval_steps() const;
-  runtime::Engine& engine() { return *engine_; }
   models::Seq2Seq& model() { return *model_; }
   const data::TextTokenizer* tokenizer() const { return tok_.get(); }
-  const std::filesystem::path& output_dir() const { return out_dir_; }
   const std::optional<Seq2SeqEvalReport>& last_eval() const { return last_eval_; }
 
  private:
-  void say(const std::string& s) { obs_.message(s); }
   // Examples idx into a packed batch: inputs (2, n, S), targets (n, T).
   runtime::MicroBatch pack(const data::Seq2SeqSet& set, const std::vector<uint64_t>& idx,
                            uint64_t sample_base) const;
   // An fp32 model with the engine's current weights (rank 0; nullptr on the others). Collective.
   std::unique_ptr<models::Seq2Seq> whole_model();
 
+  // ---- TaskTrainer's hooks ----
+  const TaskPlan& task_plan() const override { return plan_; }
+  runtime::MicroBatch pack_train(const std::vector<uint64_t>& idx,
+                                 uint64_t sample_base) const override {
+    return pack(*plan_.train, idx, sample_base);
+  }
+  nlohmann::json checkpoint_fields() const override;
+  void check_checkpoint(const nlohmann::json& ds_train) const override;
+  std::vector<std::string> describe_data() const override;
+  void report_evaluation() override;
+
   Seq2SeqPlan plan_;
   Seq2SeqObserver& obs_;
-  int rank_ = 0;
-  std::filesystem::path out_dir_;
   std::shared_ptr<models::Seq2Seq> model_;
-  std::unique_ptr<runtime::Engine> engine_;
-  std::unique_ptr<data::DistributedSampler> sampler_;
   std::unique_ptr<data::TextTokenizer> tok_;
   std::optional<Seq2SeqEvalReport> last_eval_;
-  int64_t evaluated_at_ = -1, last_saved_ = -1;
-  std::vector<std::string> earlier_run_;
 };
 
 }  // namespace ds::train

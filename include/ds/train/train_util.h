@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ds/data/dataset.h"
+#include "ds/train/options.h"
 
 namespace ds::train {
 
@@ -40,6 +41,9 @@ std::vector<std::filesystem::path> rotate_checkpoints(
 // export_dir (skipped when empty). Returns what it deleted.
 std::vector<std::filesystem::path> remove_stale_temporaries(
     const std::filesystem::path& out_dir, const std::filesystem::path& export_dir);
+
+// The export folder of a run: --export_hf, else output_dir/hf_model; "" for --export_hf none.
+std::filesystem::path export_folder(const Options& o);
 
 // ---- data ----
 struct UnigramStats {

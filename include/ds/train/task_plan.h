@@ -1,0 +1,93 @@
+#pragma once
+// The planning shared by the task trainers (task_trainer.h): what every task run decides the same
+// way (the data folder and its val split, the DeepSpeed config and run length, the options no task
+// model takes), kept in a TaskPlan that each task's plan struct extends (ClassifierPlan,
+// Seq2SeqPlan). A task's plan_<task>() opens its set with open_task_splits, resolves its model,
+// and calls resolve_task_run; what differs (the model, the set's lengths, the task's own
+// refusals) stays in the task's plan function.
+//
+// Everything here reads files only (collective-free: every rank plans the same run) and throws
+// "[ds_train] ..." / "[config] ..." naming the option or file.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ds/train/options.h"
+#include "ds/train/plan.h"
+
+namespace ds::train {
+
+// The words a task's messages and checkpoints use.
+struct TaskNames {
+  const char* task = "";    // the set's kind and a checkpoint's ds_train.task: "classification"
+  const char* run = "";     // "classifier": "not a classifier run's checkpoint"
+  const char* models = "";  // "encoder classifiers": "--x does not apply to encoder classifiers"
+};
+
+// What every task run plans; a task's plan struct derives from it and adds its sets and model.
+struct TaskPlan {
+  TaskNames names;
+  Options spec;
+  Given given;
+  std::filesystem::path train_dir;
+  std::string val_from;                 // where the val split came from ("": no val split)
+  std::filesystem::path tokenizer_dir;  // copied beside the export ("": none)
+  std::string model_name;               // the preset, file or folder name (messages)
+  RunConfig run;
+  int world_size = 1;
+  int data_parallel = 1;           // the ranks ZeRO shards over (all of them: no tp or pp)
+  int64_t train_examples = 0;      // N of the train split
+  int64_t tokens_per_example = 0;  // tokens an example counts for in throughput and "auto" sizes
+  int64_t eval_examples = 0;       // per evaluation: all of val, or eval_batches x B
+  std::vector<std::string> notes;  // lines for the caller to show
+
+  bool has_val() const { return !val_from.empty(); }
+  const runtime::DeepSpeedConfig& config() const { return run.cfg; }
+  int64_t micro_batch() const { return run.cfg.batch.train_micro_batch_size_per_gpu; }
+  int64_t grad_accum() const { return run.cfg.batch.gradient_accumulation_steps; }
+  int64_t global_batch() const { return run.cfg.batch.train_batch_size; }
+  int64_t total_steps() const { return run.total_steps; }
+};
+
+// Throws "[ds_train] OPTION does not apply to <names.models> (WHY); remove it" when `given`.
+void refuse_option(const TaskNames& names, bool given, const char* option, const char* why);
+
+// The refusals every task run makes: the sample options (`sample_why` says why), tensor and
+// pipeline parallelism, --skip_memory_check, a --device other than cpu.
+void refuse_common_options(const TaskNames& names, const Options& o, const Given& g,
+                           const char* sample_why);
+
+// The val split's folder: --eval_data, else train_dir when it has a val split; nullopt: none.
+std::optional<std::filesystem::path> val_split_dir(const Options& o,
+                                                   const std::filesystem::path& train_dir);
+
+// Opens spec.train_data's train split and the val split (val_split_dir) as `Set`s (a set class
+// with open_split and size()), filling train_dir, val_from and train_examples.
+template <class Set>
+void open_task_splits(TaskPlan& p, std::shared_ptr<const Set>* train,
+                      std::shared_ptr<const Set>* val) {
+  p.train_dir = p.spec.train_data;
+  *train = std::make_shared<Set>(Set::open_split(p.train_dir, "train"));
+  if (const auto dir = val_split_dir(p.spec, p.train_dir)) {
+    *val = std::make_shared<Set>(Set::open_split(*dir, "val"));
+    p.val_from = dir->string();
+  }
+  p.train_examples = (*train)->size();
+}
+
+// --model FILE read as a JSON object (a Hugging Face config.json or the task's config form).
+nlohmann::json read_model_json(const std::string& file);
+
+// The DeepSpeed config and run length (resolve_run_config) for a task model `width` wide and
+// `depth` layers deep, over p.train_examples examples of p.tokens_per_example tokens; tensor or
+// pipeline parallelism in the config is refused by name. Fills p.run, world_size, data_parallel
+// and eval_examples (`val_examples`: the val split's size, 0 without one).
+void resolve_task_run(TaskPlan& p, int64_t width, int64_t depth, int64_t val_examples,
+                      const char* builtin_config);
+
+}  // namespace ds::train
