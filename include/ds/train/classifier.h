@@ -33,9 +33,9 @@
 // pipeline parallelism (flags or config), the sample options, --gradient_checkpointing,
 // --device other than cpu, --block_size other than the set's seq_len, --model with --init_from.
 //
-// Batches: one micro-batch is B examples of the set's T ids; the engine receives them packed as
-// inputs (3, B, T) int32 = [ids, token types, attention mask] and targets (B) int32 labels, and
-// the loss function unpacks them (the cross entropy of SequenceClassifier::loss). Evaluation runs
+// Batches: one micro-batch is B examples of the set's T ids; the engine receives an nn::Batch of
+// input_ids, token_type_ids, attention_mask (B, T) int32 and labels (B) int32, and the loss
+// function is the cross entropy of the classifier's logits (kept for evaluation's metrics). Evaluation runs
 // every validation example in order (or the first eval_batches x B when --eval_batches is given),
 // in micro-batches of B (the last one smaller), on every rank (ZeRO-3 gathers together).
 //
@@ -110,7 +110,7 @@ class ClassifierTrainer : public TaskTrainer {
   const std::optional<ClassifyEvalReport>& last_eval() const { return last_eval_; }
 
  private:
-  // Examples idx into a packed batch: inputs (3, n, T), targets (n).
+  // Examples idx as a named batch: input_ids, token_type_ids, attention_mask (n, T), labels (n).
   runtime::MicroBatch pack(const data::ClassificationSet& set, const std::vector<uint64_t>& idx,
                            uint64_t sample_base) const;
 

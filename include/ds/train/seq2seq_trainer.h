@@ -33,9 +33,9 @@
 // --only_optimize_lora (the LoRA matrices), else (or with --merge_lora) the merged plain model.
 // --gradient_checkpointing checkpoints every encoder and decoder layer.
 //
-// Batches: one micro-batch is B examples; the engine receives inputs (2, B, S) int32 = [source
-// ids, attention mask] and targets (B, T) int32 labels (-100 = ignored); the loss function calls
-// Seq2Seq::loss with the decoder input shift_tokens_right(labels), so the loss is the mean cross
+// Batches: one micro-batch is B examples; the engine receives an nn::Batch of input_ids and
+// attention_mask (B, S) int32 (the source) and labels (B, T) int32 (-100 = ignored); the engine's
+// default loss is Seq2Seq::loss(batch) with the decoder input shift_tokens_right(labels), so the loss is the mean cross
 // entropy over target tokens only. Evaluation: the loss of every validation example in order (or
 // the first eval_batches x B when --eval_batches is given), in micro-batches of B (the last one
 // smaller), as the mean over target tokens; then (rank 0) generations for the first
@@ -127,7 +127,7 @@ class Seq2SeqTrainer : public TaskTrainer {
   const std::optional<Seq2SeqEvalReport>& last_eval() const { return last_eval_; }
 
  private:
-  // Examples idx into a packed batch: inputs (2, n, S), targets (n, T).
+  // Examples idx as a named batch: input_ids, attention_mask (n, S), labels (n, T).
   runtime::MicroBatch pack(const data::Seq2SeqSet& set, const std::vector<uint64_t>& idx,
                            uint64_t sample_base) const;
   // An fp32 model with the engine's current weights (rank 0; nullptr on the others). Collective.
