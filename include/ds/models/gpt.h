@@ -205,9 +205,7 @@ class GPT : public nn::Module, public nn::PipelineStage {
   Tensor generate(const Tensor& prompt, int64_t max_new_tokens, int64_t top_k = 1,
                   uint64_t seed = 0, float temperature = 1.0f);
 
-  // ---- incremental decoding (models::GPTDecoder, nn/decode.h) ----
-  // The blocks this model (or stage) holds, in order.
-  const std::vector<std::shared_ptr<nn::Block>>& blocks() const { return blocks_; }
+  // ---- incremental decoding (models::GPTDecoder, nn/decode.h; blocks() above) ----
   // ids (1, N) int on the model's device -> the token embedding (1, N, C), plus the learned
   // position embedding of `positions` (N values) where the family has one. Needs the embedding.
   Tensor decode_embed(const Tensor& ids, std::span<const int64_t> positions) const;
