@@ -59,8 +59,8 @@ TEST_P(GradcheckNN, ExactGelu) {
 
 TEST_P(GradcheckNN, BinaryCrossEntropyWithLogits) {
   // Against the formula in double, then the gradient (targets soft and hard, logits both signs).
-  const Tensor x = Tensor::from_data({-30.0f, -1.5f, 0.0f, 0.7f, 4.0f, 40.0f}, {2, 3});
-  const Tensor y = Tensor::from_data({0.0f, 1.0f, 0.5f, 0.25f, 1.0f, 0.0f}, {2, 3});
+  const Tensor x = from_data({-30.0f, -1.5f, 0.0f, 0.7f, 4.0f, 40.0f}, {2, 3});
+  const Tensor y = from_data({0.0f, 1.0f, 0.5f, 0.25f, 1.0f, 0.0f}, {2, 3});
   double want = 0.0;
   const std::vector<float> xs = x.to_vector(), ys = y.to_vector();
   for (size_t i = 0; i < xs.size(); ++i)
@@ -69,8 +69,7 @@ TEST_P(GradcheckNN, BinaryCrossEntropyWithLogits) {
   EXPECT_NEAR(ops::bce_with_logits(x, y).item(), want / 6.0, 1e-6);
   gradcheck(
       [](const V& v) {
-        const Tensor t = Tensor::from_data({0.0f, 1.0f, 0.3f, 1.0f, 0.0f, 0.5f, 0.9f, 0.1f},
-                                           {2, 4});
+        const Tensor t = from_data({0.0f, 1.0f, 0.3f, 1.0f, 0.0f, 0.5f, 0.9f, 0.1f}, {2, 4});
         return ops::bce_with_logits(v[0], t);
       },
       {leaf({2, 4}, 15, 2.0f)});

@@ -874,6 +874,162 @@ TEST_P(Ops, CrossEntropyRejectsOutOfRangeTargets) {
   EXPECT_NE(error_of([&] { ops::cross_entropy(logits, from_ints({0, 0, 0}, {3})); }), "");
 }
 
+// ---- the kernels that replaced host loops: bce_with_logits, max's backward, the
+// vocabulary-parallel cross entropy. Each against the host loop it replaced (bitwise on the CPU),
+// and the base-class default (Backend::..., composed of other kernels: what a device without its
+// own kernel runs) against the same loop, called on this device's backend by qualified name. ----
+
+namespace {
+// The host loops of src/ops/nn.cpp and src/nn/tensor_parallel.cpp before they became kernels.
+double old_bce_sum(const std::vector<float>& x, const std::vector<float>& y) {
+  double total = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i];
+    total += std::max(v, 0.0) - v * y[i] + std::log1p(std::exp(-std::abs(v)));
+  }
+  return total;
+}
+struct OldVocabCe {
+  std::vector<float> max, sum_exp, target, grad;
+};
+OldVocabCe old_vocab_ce(const std::vector<float>& L, const std::vector<int64_t>& t, int64_t N,
+                        int64_t Vl, int64_t v0, int64_t ignore, float scale) {
+  OldVocabCe r{std::vector<float>(N), std::vector<float>(N), std::vector<float>(N),
+               std::vector<float>(static_cast<size_t>(N * Vl))};
+  for (int64_t n = 0; n < N; ++n) {
+    const float* row = L.data() + n * Vl;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < Vl; ++j) m = std::max(m, row[j]);
+    r.max[n] = m;
+    const int64_t v = t[n] - v0;
+    r.target[n] = (v >= 0 && v < Vl) ? row[v] : 0.0f;
+    double s = 0.0;
+    for (int64_t j = 0; j < Vl; ++j) s += std::exp(static_cast<double>(row[j] - m));
+    r.sum_exp[n] = static_cast<float>(s);
+    float* dr = r.grad.data() + n * Vl;
+    if (t[n] == ignore) continue;  // zeros
+    const float inv = 1.0f / r.sum_exp[n];
+    for (int64_t j = 0; j < Vl; ++j) dr[j] = std::exp(row[j] - m) * inv * scale;
+    if (v >= 0 && v < Vl) dr[v] -= scale;
+  }
+  return r;
+}
+}  // namespace
+
+TEST_P(Ops, BceWithLogitsKernelIsTheHostLoop) {
+  backend::Backend& be = backend::get(device());
+  for (int64_t n : {int64_t{1000}, int64_t{70000}}) {  // one tile, and two (2^16 each)
+    Tensor x = randn({n}, 60, 8.0f), y = uniform({n}, 61, 0.0f, 1.0f);
+    const auto xv = host_vector(x), yv = host_vector(y);
+    const double want = old_bce_sum(xv, yv);
+    const double got = be.bce_with_logits_sum(x, y);
+    const bool cpu = device().is_cpu();  // elsewhere the kernel may be the composed default
+    if (cpu && n <= 65536) EXPECT_EQ(got, want);  // same terms, same order
+    EXPECT_NEAR(got, want, (cpu ? 1e-12 : 1e-5) * std::abs(want)) << n;
+    // The composed default sums fp32 terms.
+    EXPECT_NEAR(be.backend::Backend::bce_with_logits_sum(x, y), want, 1e-5 * std::abs(want)) << n;
+    const double scale = 0.37 / static_cast<double>(n);
+    Tensor d = Tensor::empty({n}, DType::f32, device()),
+           dd = Tensor::empty({n}, DType::f32, device());
+    be.bce_with_logits_backward(x, y, scale, d);
+    be.backend::Backend::bce_with_logits_backward(x, y, scale, dd);
+    const auto dv = host_vector(d), ddv = host_vector(dd);
+    for (int64_t i = 0; i < n; ++i) {
+      const float w =
+          static_cast<float>((1.0 / (1.0 + std::exp(-static_cast<double>(xv[i]))) - yv[i]) * scale);
+      if (cpu) ASSERT_EQ(dv[i], w) << i;
+      ASSERT_NEAR(dv[i], w, 1e-6 * scale) << i;
+      ASSERT_NEAR(ddv[i], w, 1e-6 * scale) << i;
+    }
+  }
+  // The op: mean and gradient, on this device.
+  Tensor x = leaf({3, 5}, 62, 3.0f);
+  Tensor y = uniform({3, 5}, 63, 0.0f, 1.0f);
+  Tensor loss = ops::bce_with_logits(x, y);
+  EXPECT_EQ(loss.device(), device());
+  const float want = static_cast<float>(old_bce_sum(host_vector(x), host_vector(y)) / 15.0);
+  if (device().is_cpu()) EXPECT_EQ(to_host(loss).item(), want);
+  EXPECT_NEAR(to_host(loss).item(), want, 1e-6 * std::abs(want));
+  loss.backward();
+  EXPECT_EQ(x.grad().device(), device());
+}
+
+TEST_P(Ops, MaxBackwardGoesToTheFirstMaximum) {
+  backend::Backend& be = backend::get(device());
+  // (outer, reduced, inner) = (3, 4, 5) with ties: columns hold each value twice.
+  std::vector<float> xv(60);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = static_cast<float>((i * 7) % 11 % 4);
+  const int64_t outer = 3, red = 4, inner = 5;
+  Tensor x = from_data(xv, {outer, red, inner});
+  x.set_requires_grad(true);
+  Tensor m = ops::max(x, 1);
+  const auto mv = host_vector(m);
+  std::vector<float> gv(15);
+  for (size_t i = 0; i < gv.size(); ++i) gv[i] = 1.0f + static_cast<float>(i);
+  ops::sum(ops::mul(m, from_data(gv, {outer, inner}))).backward();
+  std::vector<float> want(60, 0.0f);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i)
+      for (int64_t r = 0; r < red; ++r)
+        if (xv[(o * red + r) * inner + i] == mv[o * inner + i]) {
+          want[(o * red + r) * inner + i] = gv[o * inner + i];
+          break;
+        }
+  EXPECT_EQ(host_vector(x.grad()), want);
+  // The default (host copies through the CPU kernel) gives the same.
+  Tensor dx = Tensor::empty({outer, red, inner}, DType::f32, device());
+  be.backend::Backend::max_backward(x.detach(), m.detach(), from_data(gv, {outer, inner}), outer,
+                                    red, inner, dx);
+  EXPECT_EQ(host_vector(dx), want);
+}
+
+TEST_P(Ops, VocabParallelCrossEntropyKernelsAreTheHostLoops) {
+  backend::Backend& be = backend::get(device());
+  // This rank holds columns [40, 40 + 300) of a larger vocabulary: targets here, elsewhere, on
+  // either edge, and ignored.
+  const int64_t N = 6, Vl = 300, v0 = 40, ignore = -100;
+  const float scale = 0.25f;
+  std::vector<float> lv = host_vector(randn({N, Vl}, 64, 4.0f));
+  lv[2 * Vl + 7] = -std::numeric_limits<float>::infinity();  // a masked logit
+  const std::vector<int64_t> tv = {40, 339, 5, ignore, 1000, 41 + 100};
+  const Tensor logits = from_data(lv, {N, Vl}), targets = from_ints(tv, {N});
+  const OldVocabCe want = old_vocab_ce(lv, tv, N, Vl, v0, ignore, scale);
+  auto run = [&](bool base) {
+    OldVocabCe got;
+    Tensor mx = Tensor::empty({N}, DType::f32, device()),
+           tl = Tensor::empty({N}, DType::f32, device());
+    Tensor se = Tensor::empty({N}, DType::f32, device());
+    Tensor d = Tensor::empty({N, Vl}, DType::f32, device());
+    if (base) {
+      be.backend::Backend::vocab_ce_stats(logits, targets, v0, mx, tl);
+      be.backend::Backend::vocab_ce_sum_exp(logits, mx, se);
+      be.backend::Backend::vocab_ce_backward(logits, targets, v0, ignore, mx, se, scale, d);
+    } else {
+      be.vocab_ce_stats(logits, targets, v0, mx, tl);
+      be.vocab_ce_sum_exp(logits, mx, se);
+      be.vocab_ce_backward(logits, targets, v0, ignore, mx, se, scale, d);
+    }
+    return OldVocabCe{host_vector(mx), host_vector(se), host_vector(tl), host_vector(d)};
+  };
+  const OldVocabCe got = run(false), def = run(true);
+  EXPECT_EQ(got.max, want.max);
+  EXPECT_EQ(got.target, want.target);
+  EXPECT_EQ(def.max, want.max);
+  EXPECT_EQ(def.target, want.target);
+  if (device().is_cpu()) {
+    EXPECT_EQ(got.sum_exp, want.sum_exp);
+    EXPECT_EQ(got.grad, want.grad);
+  }
+  for (int64_t n = 0; n < N; ++n) {
+    EXPECT_NEAR(got.sum_exp[n], want.sum_exp[n], 1e-6 * want.sum_exp[n]) << n;
+    EXPECT_NEAR(def.sum_exp[n], want.sum_exp[n], 1e-5 * want.sum_exp[n]) << n;
+  }
+  for (size_t i = 0; i < want.grad.size(); ++i) {
+    ASSERT_NEAR(got.grad[i], want.grad[i], 1e-6) << i;
+    ASSERT_NEAR(def.grad[i], want.grad[i], 1e-6) << i;
+  }
+}
+
 // ---- embedding ----
 
 TEST_P(Ops, EmbeddingGathersRowsAndRejectsBadIds) {

@@ -97,6 +97,47 @@ TEST(GPTDecoder, CachedEqualsFullForwardGlm4SandwichNorm) {
   check_cached_equals_full(serve_test::tiny_llama("glm4"));
 }
 
+// The decoder runs the model's own layers (nn::Block::decode): a LoRA adapter that is attached and
+// not merged takes part, as in the full forward.
+TEST(GPTDecoder, UnmergedLoraTakesPart) {
+  for (const models::GPTConfig& cfg : {serve_test::tiny_gpt2(), serve_test::tiny_llama("qwen3")}) {
+    auto m = make_model(cfg);
+    int adapted = 0;
+    for (const auto& [name, mod] : m->named_modules()) {
+      auto* lin = dynamic_cast<nn::Linear*>(mod);
+      if (!lin || name.find(".0.") == std::string::npos || name.find("lora") != std::string::npos)
+        continue;
+      lin->add_lora(2, 0.5f, 0.0f);
+      ++adapted;
+    }
+    ASSERT_GT(adapted, 2);
+    for (const auto& [name, p] : m->named_parameters())
+      if (name.find("lora_") != std::string::npos)
+        for (int64_t i = 0; i < p.numel(); ++i)
+          p.data<float>()[i] = 0.05f * static_cast<float>((i * 7 + name.size()) % 11) - 0.25f;
+    const std::vector<int32_t> ids = seq(12, 5);
+    const std::vector<float> full = full_logits(*m, ids);
+    const int64_t V = cfg.vocab_size;
+    models::GPTDecoder dec(m);
+    const std::vector<float> pre = dec.forward(std::span(ids).subspan(0, 11), true).to_vector();
+    EXPECT_LT(max_abs_diff(pre, full.data(), pre.size()), 1e-5f) << cfg.family;
+    const std::vector<float> last = dec.forward(std::span(ids).subspan(11, 1)).to_vector();
+    EXPECT_LT(max_abs_diff(last, full.data() + 11 * V, static_cast<size_t>(V)), 2e-4f)
+        << cfg.family;
+  }
+}
+
+TEST(GPTDecoder, RefusesAPipelineStage) {
+  auto stage =
+      std::make_shared<models::GPT>(serve_test::tiny_gpt2(), nullptr, models::PipeRange{0, 2});
+  try {
+    models::GPTDecoder dec(stage);
+    FAIL() << "a pipeline stage was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs the whole model"), std::string::npos) << e.what();
+  }
+}
+
 TEST(GPTDecoder, CacheHoldsKvHeadsOnlyAndRefusesPastContext) {
   auto m = make_model(serve_test::tiny_llama("llama", 16));
   models::GPTDecoder dec(m);

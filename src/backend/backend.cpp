@@ -1,5 +1,8 @@
 #include "ds/backend/backend.h"
 
+#include <cstdint>
+#include <vector>
+
 #include "backend/cpu/cpu_backend.h"
 #include "ds/core/error.h"
 
@@ -57,6 +60,140 @@ void Backend::gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor&
   Tensor h = Tensor::empty(dx.shape(), DType::f32, kCPU);
   cpu().gelu_erf_backward(on_host(dy), on_host(x), h);
   dx.copy_from(h);
+}
+
+namespace {
+
+// (N) as an (N, C) view repeating each element along its row (stride 0): a binary kernel operand.
+Tensor rows_broadcast(const Tensor& v, int64_t N, int64_t C) {
+  return Tensor::from_storage(v.storage(), {N, C}, v.dtype(), v.storage_offset(), {1, 0});
+}
+
+// A host tensor copied to `device` (itself on the CPU).
+Tensor to_device(const Tensor& h, Device device) {
+  if (device.is_cpu()) return h;
+  Tensor d = Tensor::empty(h.shape(), h.dtype(), device);
+  d.copy_from(h);
+  return d;
+}
+
+}  // namespace
+
+double Backend::bce_with_logits_sum(const Tensor& x, const Tensor& y) {
+  const int64_t n = x.numel();
+  const Device dev = x.device();
+  // max(x, 0) + log(1 + exp(-|x|)) - x y with |x| = sqrt(x^2) (exact below 1.8e19) and
+  // max(x, 0) = (x + |x|) / 2 (exact).
+  Tensor ax = Tensor::empty(x.shape(), DType::f32, dev),
+         t = Tensor::empty(x.shape(), DType::f32, dev);
+  Tensor term = Tensor::empty(x.shape(), DType::f32, dev);
+  unary(UnaryOp::square, x, ax);
+  unary(UnaryOp::sqrt, ax, ax);
+  binary(BinaryOp::add, x, ax, term);
+  unary(UnaryOp::mul_scalar, term, term, 0.5f);  // max(x, 0)
+  unary(UnaryOp::neg, ax, ax);
+  unary(UnaryOp::exp, ax, ax);
+  unary(UnaryOp::add_scalar, ax, ax, 1.0f);
+  unary(UnaryOp::log, ax, ax);  // log(1 + exp(-|x|))
+  binary(BinaryOp::add, term, ax, term);
+  binary(BinaryOp::mul, x, y, t);
+  binary(BinaryOp::sub, term, t, term);
+  Tensor total = Tensor::empty({1}, DType::f32, dev);
+  reduce(ReduceOp::sum, term, 1, n, 1, total);
+  return static_cast<double>(total.item());
+}
+
+void Backend::bce_with_logits_backward(const Tensor& x, const Tensor& y, double scale,
+                                       const Tensor& dx) {
+  unary(UnaryOp::mul_scalar, x, dx, 0.5f);
+  unary(UnaryOp::tanh, dx, dx);
+  unary(UnaryOp::mul_scalar, dx, dx, 0.5f);
+  unary(UnaryOp::add_scalar, dx, dx, 0.5f);  // sigmoid(x) = (1 + tanh(x / 2)) / 2
+  binary(BinaryOp::sub, dx, y, dx);
+  unary(UnaryOp::mul_scalar, dx, dx, static_cast<float>(scale));
+}
+
+void Backend::max_backward(const Tensor& x, const Tensor& vals, const Tensor& dy, int64_t outer,
+                           int64_t reduced, int64_t inner, const Tensor& dx) {
+  Tensor h = Tensor::empty(dx.shape(), DType::f32, kCPU);
+  cpu().max_backward(on_host(x), on_host(vals), on_host(dy), outer, reduced, inner, h);
+  dx.copy_from(h);
+}
+
+namespace {
+
+// Where each row's target sits among `Vl` local columns: flat indices n * Vl + column into the
+// (N * Vl) logits (column 0 when the target is elsewhere), `here` 1 where it is here and 0
+// elsewhere, and `kept` 0 for ignored rows (1 otherwise).
+struct TargetColumns {
+  std::vector<int64_t> flat;
+  std::vector<float> here, kept;
+};
+
+TargetColumns target_columns(const Tensor& targets, int64_t vocab_begin, int64_t Vl,
+                             int64_t ignore_index) {
+  const std::vector<int64_t> t = targets.to_int_vector();
+  TargetColumns c;
+  for (size_t n = 0; n < t.size(); ++n) {
+    const int64_t v = t[n] - vocab_begin;
+    const bool mine = t[n] != ignore_index && v >= 0 && v < Vl;
+    c.flat.push_back(static_cast<int64_t>(n) * Vl + (mine ? v : 0));
+    c.here.push_back(mine ? 1.0f : 0.0f);
+    c.kept.push_back(t[n] == ignore_index ? 0.0f : 1.0f);
+  }
+  return c;
+}
+
+}  // namespace
+
+void Backend::vocab_ce_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                             const Tensor& row_max, const Tensor& target_logit) {
+  const int64_t N = logits.size(0), Vl = logits.size(1);
+  const Device dev = logits.device();
+  reduce(ReduceOp::max, logits, N, Vl, 1, row_max);
+  // The target column gathered as an embedding row of the (N * Vl, 1) logits; rows whose target
+  // is elsewhere read column 0, zeroed on the host (N values: a product with a mask would turn a
+  // -inf logit there into NaN). The statistics ignore no row: the loss skips ignored ones.
+  const TargetColumns c = target_columns(targets, vocab_begin, Vl, /*ignore_index=*/INT64_MIN);
+  const Tensor flat =
+      Tensor::from_storage(logits.storage(), {N * Vl, 1}, DType::f32, logits.storage_offset());
+  const Tensor picked = Tensor::empty({N, 1}, DType::f32, dev);
+  embedding_forward(flat, to_device(Tensor::from_ints(c.flat, {N}), dev), picked);
+  std::vector<float> p = picked.to_vector();
+  for (size_t n = 0; n < p.size(); ++n)
+    if (c.here[n] == 0.0f) p[n] = 0.0f;
+  target_logit.copy_from(Tensor::from_data(p, target_logit.shape()));
+}
+
+void Backend::vocab_ce_sum_exp(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp) {
+  const int64_t N = logits.size(0), Vl = logits.size(1);
+  Tensor e = Tensor::empty({N, Vl}, DType::f32, logits.device());
+  binary(BinaryOp::sub, logits, rows_broadcast(row_max, N, Vl), e);
+  unary(UnaryOp::exp, e, e);
+  reduce(ReduceOp::sum, e, N, Vl, 1, sum_exp);
+}
+
+void Backend::vocab_ce_backward(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                                int64_t ignore_index, const Tensor& row_max, const Tensor& sum_exp,
+                                float scale, const Tensor& dlogits) {
+  const int64_t N = logits.size(0), Vl = logits.size(1);
+  const Device dev = logits.device();
+  const Tensor d =
+      Tensor::from_storage(dlogits.storage(), {N, Vl}, DType::f32, dlogits.storage_offset());
+  binary(BinaryOp::sub, logits, rows_broadcast(row_max, N, Vl), d);
+  unary(UnaryOp::exp, d, d);
+  binary(BinaryOp::div, d, rows_broadcast(sum_exp, N, Vl), d);
+  unary(UnaryOp::mul_scalar, d, d, scale);
+  // Minus scale at the target column: an embedding scatter of (N, 1) rows into (N * Vl, 1).
+  const TargetColumns c = target_columns(targets, vocab_begin, Vl, ignore_index);
+  std::vector<float> minus(c.here.size());
+  for (size_t n = 0; n < minus.size(); ++n) minus[n] = -scale * c.here[n];
+  embedding_backward(
+      to_device(Tensor::from_data(minus, {N, 1}), dev),
+      to_device(Tensor::from_ints(c.flat, {N}), dev),
+      Tensor::from_storage(dlogits.storage(), {N * Vl, 1}, DType::f32, dlogits.storage_offset()));
+  const Tensor kept = to_device(Tensor::from_data(c.kept, {N}), dev);
+  binary(BinaryOp::mul, d, rows_broadcast(kept, N, Vl), d);  // ignored rows: zero
 }
 
 void Backend::linear_rows(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {

@@ -584,6 +584,40 @@ Tensor GPT::forward(const Tensor& in) {
   return (*lm_head_)(x);  // (B, T, V)
 }
 
+Tensor GPT::decode_embed(const Tensor& ids, std::span<const int64_t> positions) const {
+  DS_CHECK(has_embedding(),
+           "[generate] decoding needs the embedding: this pipeline stage holds "
+           "layers [{}, {})",
+           range_.begin, range_.end);
+  Tensor x = tok_emb_->forward(ids);  // (1, N, C)
+  if (!pos_emb_) return x;
+  const Device dev = pos_emb_->weight().device();
+  Tensor pos = Tensor::from_ints(std::vector<int64_t>(positions.begin(), positions.end()),
+                                 {static_cast<int64_t>(positions.size())});
+  if (!dev.is_cpu()) {
+    Tensor d = Tensor::empty(pos.shape(), pos.dtype(), dev);
+    d.copy_from(pos);
+    pos = d;
+  }
+  return ops::add(x, pos_emb_->forward(pos));  // + (N, C)
+}
+
+Tensor GPT::decode_final_norm(const Tensor& x) const {
+  DS_CHECK(norm_f_ != nullptr,
+           "[generate] decoding needs the final norm: this pipeline stage "
+           "holds layers [{}, {})",
+           range_.begin, range_.end);
+  return norm_f_->forward(x);
+}
+
+Tensor GPT::decode_head(const Tensor& x, bool rows) const {
+  DS_CHECK(lm_head_ != nullptr,
+           "[generate] decoding needs the LM head: this pipeline stage holds "
+           "layers [{}, {})",
+           range_.begin, range_.end);
+  return lm_head_->decode(x, rows);
+}
+
 Tensor GPT::loss(const Tensor& ids, const Tensor& targets) {
   DS_CHECK(has_head(), "[model] loss() needs the LM head: this pipeline stage holds layers [{}, {})",
            range_.begin, range_.end);

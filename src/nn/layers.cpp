@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "ds/core/error.h"
 #include "ds/ops/ops.h"
@@ -41,6 +42,14 @@ Tensor Linear::forward(const Tensor& x) {
   // lora_A and lora_B there while the frozen base weight stays resident).
   const Tensor h = lora_dropout_ > 0.0f ? ops::dropout(x, lora_dropout_, is_training()) : x;
   return ops::add(y, ops::mul((*lora_B_)((*lora_A_)(h)), lora_scaling_));
+}
+
+Tensor Linear::decode(const Tensor& x, bool rows) const {
+  const bool each_row = rows || x.numel() == in_features();
+  Tensor y = each_row ? ops::linear_rows(x, weight_, bias_) : ops::linear(x, weight_, bias_);
+  if (!lora_A_) return y;
+  return ops::add(y,
+                  ops::mul(lora_B_->decode(lora_A_->decode(x, each_row), each_row), lora_scaling_));
 }
 
 bool Linear::fuses_cross_entropy(DType x_dtype) const {
@@ -129,7 +138,7 @@ std::shared_ptr<Linear> row(const BlockConfig& cfg, int64_t in, int64_t out, boo
 
 }  // namespace
 
-MLP::MLP(const BlockConfig& cfg) : Module("MLP"), dropout_(cfg.dropout) {
+MLP::MLP(const BlockConfig& cfg) : FeedForward("MLP"), dropout_(cfg.dropout) {
   c_fc_ = register_module("c_fc", column(cfg, cfg.n_embd, cfg.ffn_hidden, cfg.bias));
   c_proj_ = register_module("c_proj", row(cfg, cfg.ffn_hidden, cfg.n_embd, cfg.bias));
 }
@@ -139,7 +148,11 @@ Tensor MLP::forward(const Tensor& x) {
   return ops::dropout((*c_proj_)(h), dropout_, is_training());
 }
 
-SwiGLUMLP::SwiGLUMLP(const BlockConfig& cfg) : Module("SwiGLUMLP"), dropout_(cfg.dropout) {
+Tensor MLP::decode(const Tensor& x, bool rows) const {
+  return c_proj_->decode(ops::gelu(c_fc_->decode(x, rows)), rows);
+}
+
+SwiGLUMLP::SwiGLUMLP(const BlockConfig& cfg) : FeedForward("SwiGLUMLP"), dropout_(cfg.dropout) {
   gate_proj_ = register_module("gate_proj", column(cfg, cfg.n_embd, cfg.ffn_hidden, cfg.bias));
   up_proj_ = register_module("up_proj", column(cfg, cfg.n_embd, cfg.ffn_hidden, cfg.bias));
   down_proj_ = register_module("down_proj", row(cfg, cfg.ffn_hidden, cfg.n_embd, cfg.bias));
@@ -148,6 +161,11 @@ SwiGLUMLP::SwiGLUMLP(const BlockConfig& cfg) : Module("SwiGLUMLP"), dropout_(cfg
 Tensor SwiGLUMLP::forward(const Tensor& x) {
   Tensor h = ops::swiglu((*gate_proj_)(x), (*up_proj_)(x));  // (B, T, H)
   return ops::dropout((*down_proj_)(h), dropout_, is_training());
+}
+
+Tensor SwiGLUMLP::decode(const Tensor& x, bool rows) const {
+  return down_proj_->decode(ops::swiglu(gate_proj_->decode(x, rows), up_proj_->decode(x, rows)),
+                            rows);
 }
 
 // ---- attention ----
@@ -168,7 +186,7 @@ void check_input(const Tensor& x, int64_t C) {
 }  // namespace
 
 FusedQKVAttention::FusedQKVAttention(const BlockConfig& cfg)
-    : Module("FusedQKVAttention"),
+    : SelfAttention("FusedQKVAttention"),
       n_embd_(cfg.n_embd),
       n_head_(cfg.n_head),
       head_dim_(cfg.resolved_head_dim()),
@@ -198,8 +216,26 @@ Tensor FusedQKVAttention::forward(const Tensor& x) {
   return ops::dropout(y, dropout_, is_training());
 }
 
+// The projections once over every row of the step; each sequence's heads and cached attention on
+// its own rows (the module's split of c_attn: [q | k | v], each head a contiguous hd slice).
+Tensor FusedQKVAttention::decode(const Tensor& x, const DecodeStep& step) const {
+  const int64_t NH = n_head_, hd = head_dim_;
+  const Tensor qkv_all = c_attn_->decode(x, step.rows);  // (1, N, 3C)
+  std::vector<Tensor> ys;
+  for (const DecodeSeq& seq : step.seqs) {
+    const int64_t n = seq.n;
+    Tensor qkv = ops::reshape(decode_rows(qkv_all, step, seq), {1, n, 3, NH, hd});
+    qkv = ops::contiguous(ops::permute(qkv, {2, 0, 3, 1, 4}));  // (3, 1, NH, n, hd)
+    ys.push_back(attend_cached(ops::reshape(ops::slice(qkv, 0, 0, 1), {1, NH, n, hd}),
+                               ops::reshape(ops::slice(qkv, 0, 1, 2), {1, NH, n, hd}),
+                               ops::reshape(ops::slice(qkv, 0, 2, 3), {1, NH, n, hd}), seq,
+                               x.dtype()));
+  }
+  return c_proj_->decode(join_decode_rows(ys), step.rows);  // (1, N, C)
+}
+
 GroupedQueryAttention::GroupedQueryAttention(const BlockConfig& cfg)
-    : Module("GroupedQueryAttention"),
+    : SelfAttention("GroupedQueryAttention"),
       n_embd_(cfg.n_embd),
       n_head_(cfg.n_head),
       n_kv_head_(cfg.resolved_kv_heads()),
@@ -259,6 +295,29 @@ Tensor GroupedQueryAttention::forward(const Tensor& x) {
   return ops::dropout(y, dropout_, is_training());
 }
 
+Tensor GroupedQueryAttention::decode(const Tensor& x, const DecodeStep& step) const {
+  const int64_t NH = n_head_, KV = n_kv_head_, hd = head_dim_;
+  const Tensor q_all = q_proj_->decode(x, step.rows);  // (1, N, NH*hd)
+  const Tensor k_all = k_proj_->decode(x, step.rows);  // (1, N, KV*hd)
+  const Tensor v_all = v_proj_->decode(x, step.rows);
+  std::vector<Tensor> ys;
+  for (const DecodeSeq& seq : step.seqs) {
+    // (1, n, h*hd) -> (1, h, n, hd), normalised per head first when norm is given.
+    auto heads = [&](const Tensor& t, int64_t h, RMSNorm* norm) {
+      Tensor r = ops::reshape(decode_rows(t, step, seq), {1, seq.n, h, hd});
+      if (norm) r = norm->forward(r);
+      return ops::contiguous(ops::transpose(r, 1, 2));
+    };
+    auto rotate = [&](const Tensor& h) {
+      return ops::rope(h, rope_inv_freq_, rope_scale_, seq.p0, rope_interleaved_);
+    };
+    ys.push_back(attend_cached(rotate(heads(q_all, NH, q_norm_.get())),
+                               rotate(heads(k_all, KV, k_norm_.get())), heads(v_all, KV, nullptr),
+                               seq, x.dtype()));
+  }
+  return o_proj_->decode(join_decode_rows(ys), step.rows);  // (1, N, C)
+}
+
 // ---- blocks ----
 
 namespace {
@@ -310,6 +369,16 @@ Tensor Block::forward(const Tensor& x) {
   Tensor m = (*mlp_)((*norm_2_)(h));
   if (norm_4_) m = (*norm_4_)(m);
   return ops::add(h, m);  // (B, T, C)
+}
+
+// forward's arithmetic, through the layers' decode steps (no hooks, no dropout).
+Tensor Block::decode(const Tensor& x, const DecodeStep& step) const {
+  Tensor a = attn_->decode(norm_1_->forward(x), step);
+  if (norm_3_) a = norm_3_->forward(a);
+  const Tensor h = ops::add(x, a);  // (1, N, C)
+  Tensor m = mlp_->decode(norm_2_->forward(h), step.rows);
+  if (norm_4_) m = norm_4_->forward(m);
+  return ops::add(h, m);  // (1, N, C)
 }
 
 }  // namespace ds::nn

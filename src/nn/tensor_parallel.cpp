@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ds/autograd/node.h"
+#include "ds/backend/backend.h"
 #include "ds/core/error.h"
 #include "ds/core/parallel.h"
 #include "ds/ops/ops.h"
@@ -86,6 +87,23 @@ Tensor tp_shared(const Tensor& w, const std::shared_ptr<comm::Group>& sharing) {
 
 // ---- cross entropy over a cut vocabulary ----
 
+namespace {
+
+// All-reduces t in place over the tensor-parallel group; comm takes host tensors, so a device
+// tensor goes through a host copy (N statistics per step).
+void all_reduced(Tensor& t, comm::ReduceOp op, const TensorParallel& tp, const char* what) {
+  if (t.device().is_cpu()) {
+    tp.group().all_reduce(t, op, what);
+    return;
+  }
+  Tensor h = Tensor::empty(t.shape(), t.dtype(), kCPU);
+  h.copy_from(t);
+  tp.group().all_reduce(h, op, what);
+  t.copy_from(h);
+}
+
+}  // namespace
+
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
                                     int64_t vocab_begin, int64_t vocab_size,
                                     const TensorParallel& tp, int64_t ignore_index) {
@@ -107,65 +125,33 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
              v, n, vocab_size, ignore_index);
     ++count;
   }
+  // The statistics come from the logits' backend; only the all-reduces (comm/) and the (N)
+  // statistics that make the scalar loss are on the host.
   const Tensor fl = logits.detach().to(DType::f32).contiguous();
-  const float* L = fl.data<float>();
-  Tensor mx = Tensor::full({N}, -std::numeric_limits<float>::infinity());
-  Tensor se = Tensor::zeros({N}), tl = Tensor::zeros({N});
-  float* M = mx.data<float>();
-  float* S = se.data<float>();
-  float* TL = tl.data<float>();
-  parallel_for(N, 64, [&](int64_t lo, int64_t hi) {
-    for (int64_t n = lo; n < hi; ++n) {
-      const float* row = L + n * Vl;
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < Vl; ++j) m = std::max(m, row[j]);
-      M[n] = m;
-      const int64_t v = t[static_cast<size_t>(n)] - vocab_begin;
-      TL[n] = (v >= 0 && v < Vl) ? row[v] : 0.0f;
-    }
-  });
-  tp.group().all_reduce(mx, comm::ReduceOp::max, "tensor parallel: logit maxima");
-  parallel_for(N, 64, [&](int64_t lo, int64_t hi) {
-    for (int64_t n = lo; n < hi; ++n) {
-      const float* row = L + n * Vl;
-      double s = 0.0;
-      for (int64_t j = 0; j < Vl; ++j) s += std::exp(static_cast<double>(row[j] - M[n]));
-      S[n] = static_cast<float>(s);
-    }
-  });
-  tp.group().all_reduce(se, comm::ReduceOp::sum, "tensor parallel: sums of exponentials");
-  tp.group().all_reduce(tl, comm::ReduceOp::sum, "tensor parallel: target logits");
+  const Device dev = fl.device();
+  backend::Backend& be = backend::get(dev);
+  const Tensor tc = targets.contiguous();
+  Tensor mx = Tensor::empty({N}, DType::f32, dev), se = Tensor::empty({N}, DType::f32, dev);
+  Tensor tl = Tensor::empty({N}, DType::f32, dev);
+  be.vocab_ce_stats(fl, tc, vocab_begin, mx, tl);
+  all_reduced(mx, comm::ReduceOp::max, tp, "tensor parallel: logit maxima");
+  be.vocab_ce_sum_exp(fl, mx, se);
+  all_reduced(se, comm::ReduceOp::sum, tp, "tensor parallel: sums of exponentials");
+  all_reduced(tl, comm::ReduceOp::sum, tp, "tensor parallel: target logits");
+  const std::vector<float> M = mx.to_vector(), S = se.to_vector(), TL = tl.to_vector();
   double total = 0.0;
   for (int64_t n = 0; n < N; ++n)
     if (t[static_cast<size_t>(n)] != ignore_index)
       total += static_cast<double>(std::log(S[n]) + M[n] - TL[n]);
   const float loss = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.0f;
-  Tensor out = Tensor::full({}, loss, logits.dtype(), logits.device());
+  Tensor out = Tensor::full({}, loss, logits.dtype(), dev);
   const DType dt = logits.dtype();
   return autograd::record(
       out, "VocabParallelCrossEntropyBackward", {logits},
       [=](const Tensor& g) -> std::vector<Tensor> {
         const float scale = count > 0 ? g.item() / static_cast<float>(count) : 0.0f;
-        Tensor d = Tensor::empty({N, Vl});
-        float* D = d.data<float>();
-        const float* L2 = fl.data<float>();
-        const float* M2 = mx.data<float>();
-        const float* S2 = se.data<float>();
-        parallel_for(N, 64, [&](int64_t lo, int64_t hi) {
-          for (int64_t n = lo; n < hi; ++n) {
-            float* dr = D + n * Vl;
-            const int64_t tv = t[static_cast<size_t>(n)];
-            if (tv == ignore_index) {
-              std::fill(dr, dr + Vl, 0.0f);
-              continue;
-            }
-            const float* row = L2 + n * Vl;
-            const float inv = 1.0f / S2[n];
-            for (int64_t j = 0; j < Vl; ++j) dr[j] = std::exp(row[j] - M2[n]) * inv * scale;
-            const int64_t v = tv - vocab_begin;
-            if (v >= 0 && v < Vl) dr[v] -= scale;
-          }
-        });
+        Tensor d = Tensor::empty({N, Vl}, DType::f32, dev);
+        backend::get(dev).vocab_ce_backward(fl, tc, vocab_begin, ignore_index, mx, se, scale, d);
         return {dt == DType::f32 ? d : ops::cast(d, dt).detach()};
       });
 }
@@ -276,46 +262,40 @@ Tensor gather_full(const Tensor& local, const TPSplit& s, const TensorParallel& 
   const int64_t len = s.end - s.begin;
   // Shared parts (copies > 1): rank r holds the (r / copies)-th of n / copies equal ranges.
   const int64_t Fb = s.full / s.blocks, per = s.copies > 1 ? len : (Fb + n - 1) / n;
-  const Tensor x = local.detach().to(DType::f32).contiguous();
-  const float* src = x.data<float>();
-  Shape full_shape = local.shape();
-  full_shape[static_cast<size_t>(s.dim)] = s.full;
-  Tensor full = Tensor::zeros(full_shape);
-  float* dst = full.data<float>();
   auto range = [&](int r) {
     const int64_t b = std::min(Fb, (s.copies > 1 ? r / s.copies : r) * per);
     return std::pair<int64_t, int64_t>{b, std::min(Fb, b + per)};
   };
-  if (s.dim == 0) {
-    const int64_t cols = local.dim() == 2 ? local.size(1) : 1;
-    const int64_t chunk = s.blocks * per * cols;
-    std::vector<float> send(static_cast<size_t>(chunk), 0.0f), recv(static_cast<size_t>(chunk * n));
-    for (int64_t j = 0; j < s.blocks; ++j)
-      std::copy(src + j * len * cols, src + (j + 1) * len * cols, send.data() + j * per * cols);
-    tp.group().all_gather(send.data(), recv.data(), static_cast<size_t>(chunk), DType::f32,
-                          "tensor parallel: gathering a parameter");
-    for (int r = 0; r < n; r += s.copies) {  // a shared part from the first of its holders
-      const auto [b, e] = range(r);
-      for (int64_t j = 0; j < s.blocks; ++j) {
-        const float* from = recv.data() + r * chunk + j * per * cols;
-        std::copy(from, from + (e - b) * cols, dst + (j * Fb + b) * cols);
-      }
-    }
-  } else {
-    DS_CHECK(s.blocks == 1, "[tensor parallel] gather_full: blocks along dimension 1");
-    const int64_t rows = local.size(0), chunk = rows * per;
-    std::vector<float> send(static_cast<size_t>(chunk), 0.0f), recv(static_cast<size_t>(chunk * n));
-    for (int64_t i = 0; i < rows; ++i)
-      std::copy(src + i * len, src + (i + 1) * len, send.data() + i * per);
-    tp.group().all_gather(send.data(), recv.data(), static_cast<size_t>(chunk), DType::f32,
-                          "tensor parallel: gathering a parameter");
-    for (int r = 0; r < n; r += s.copies) {
-      const auto [b, e] = range(r);
-      for (int64_t i = 0; i < rows; ++i) {
-        const float* from = recv.data() + r * chunk + i * per;
-        std::copy(from, from + (e - b), dst + i * s.full + b);
-      }
-    }
+  // Both cuts as (rows, blocks, cut, cols): dim 0 of a (blocks * len, cols) part is (1, blocks,
+  // len, cols); dim 1 of a (rows, len) part is (rows, 1, len, 1). Packing and unpacking are
+  // strided copies on the part's device (Backend::copy); comm moves the packed parts.
+  const Device dev = local.device();
+  const Tensor x = local.detach().to(DType::f32).contiguous();
+  const int64_t rows = s.dim == 0 ? 1 : local.size(0);
+  const int64_t cols = s.dim == 0 && local.dim() == 2 ? local.size(1) : 1;
+  DS_CHECK(s.dim == 0 || s.blocks == 1, "[tensor parallel] gather_full: blocks along dimension 1");
+  const Shape packed{rows, s.blocks, per, cols};
+  Tensor send = Tensor::zeros(packed, DType::f32, dev);
+  ops::slice(send, 2, 0, len).copy_from(ops::reshape(x, {rows, s.blocks, len, cols}));
+  Tensor recv = Tensor::empty({n, rows, s.blocks, per, cols}, DType::f32, dev);
+  if (dev.is_cpu()) {
+    tp.group().all_gather(send, recv, "tensor parallel: gathering a parameter");
+  } else {  // comm takes host tensors
+    Tensor hs = Tensor::empty(packed, DType::f32, kCPU);
+    Tensor hr = Tensor::empty(recv.shape(), DType::f32, kCPU);
+    hs.copy_from(send);
+    tp.group().all_gather(hs, hr, "tensor parallel: gathering a parameter");
+    recv.copy_from(hr);
+  }
+  Shape full_shape = local.shape();
+  full_shape[static_cast<size_t>(s.dim)] = s.full;
+  Tensor full = Tensor::zeros(full_shape, DType::f32, dev);
+  const Tensor full4 = ops::reshape(full, {rows, s.blocks, Fb, cols});
+  for (int r = 0; r < n; r += s.copies) {  // a shared part from the first of its holders
+    const auto [b, e] = range(r);
+    if (e == b) continue;
+    const Tensor part = ops::reshape(ops::slice(recv, 0, r, r + 1), packed);
+    ops::slice(full4, 2, b, e).copy_from(ops::slice(part, 2, 0, e - b));
   }
   return local.dtype() == DType::f32 ? full : full.to(local.dtype());
 }

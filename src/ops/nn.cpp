@@ -154,29 +154,6 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) {
 Tensor gelu(const Tensor& x) {
   return activation(UnaryOp::gelu, BinaryOp::gelu_backward, "gelu", "GeluBackward", x);
 }
-namespace {
-
-// t as a contiguous fp32 tensor in host memory (a copy unless it is one already).
-Tensor host_f32(const Tensor& t) {
-  Tensor c = f32c(t);
-  if (c.device().is_cpu()) return c;
-  Tensor h = Tensor::empty(c.shape(), DType::f32, kCPU);
-  h.copy_from(c);
-  return h;
-}
-
-// A host fp32 result moved to `device` in dtype dt.
-Tensor from_host(const Tensor& h, Device device, DType dt) {
-  Tensor out = h;
-  if (!device.is_cpu()) {
-    out = Tensor::empty(h.shape(), DType::f32, device);
-    out.copy_from(h);
-  }
-  return as_dtype(out, dt);
-}
-
-}  // namespace
-
 Tensor gelu_erf(const Tensor& x) {
   detail::check_float(x, "gelu_erf");
   Tensor fx = f32c(x);
@@ -414,33 +391,20 @@ Tensor bce_with_logits(const Tensor& logits, const Tensor& targets) {
   DS_CHECK(logits.shape() == targets.shape(),
            "[bce_with_logits] targets {} must have the shape of the logits {}",
            shape_str(targets.shape()), shape_str(logits.shape()));
+  detail::check_same_device(logits, targets, "bce_with_logits");
   const int64_t n = logits.numel();
   DS_CHECK(n > 0, "[bce_with_logits] empty logits");
-  const Tensor hx = host_f32(logits), hy = host_f32(targets);
-  double total = 0.0;  // fixed order, double
-  {
-    const float* x = hx.data<float>();
-    const float* y = hy.data<float>();
-    for (int64_t i = 0; i < n; ++i) {
-      const double v = x[i];
-      total += std::max(v, 0.0) - v * y[i] + std::log1p(std::exp(-std::abs(v)));
-    }
-  }
+  const Tensor fx = f32c(logits), fy = f32c(targets);
+  const double total = be(logits).bce_with_logits_sum(fx, fy);
   Tensor out = Tensor::full({}, total / static_cast<double>(n), logits.dtype(), logits.device());
   if (!wants_grad({logits})) return out;
-  const Tensor sx = hx.detach(), sy = hy.detach();
-  const Device dev = logits.device();
+  const Tensor sx = fx.detach(), sy = fy.detach();
   const DType dt = logits.dtype();
   return autograd::record(out, "BCEWithLogitsBackward", {logits}, [=](const Tensor& g) -> std::vector<Tensor> {
     // d/dx = (sigmoid(x) - y) / n
-    const double scale = g.item() / static_cast<double>(n);
-    Tensor d = Tensor::empty(sx.shape(), DType::f32, kCPU);
-    const float* x = sx.data<float>();
-    const float* y = sy.data<float>();
-    float* pd = d.data<float>();
-    for (int64_t i = 0; i < n; ++i)
-      pd[i] = static_cast<float>((1.0 / (1.0 + std::exp(-static_cast<double>(x[i]))) - y[i]) * scale);
-    return {from_host(d, dev, dt)};
+    Tensor d = empty_f32(sx.shape(), sx);
+    be(sx).bce_with_logits_backward(sx, sy, g.item() / static_cast<double>(n), d);
+    return {as_dtype(d, dt)};
   });
 }
 

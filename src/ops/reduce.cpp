@@ -106,37 +106,9 @@ Tensor max(const Tensor& x, int64_t dim_in, bool keepdim) {
   if (!autograd::is_grad_enabled() || !x.requires_grad()) return out;
   Tensor sx = xf.detach(), sv = vals.detach();
   return autograd::record(out, "MaxBackward", {x}, [=](const Tensor& g) -> std::vector<Tensor> {
-    // Gradient goes to the first position holding the maximum (as torch.max(dim) does). Not a
-    // kernel: computed on host copies and moved back for a device tensor (rarely on a hot path).
-    const Device dev = sx.device();
-    auto host = [](const Tensor& t) {
-      if (t.device().is_cpu()) return t;
-      Tensor h = Tensor::empty(t.shape(), t.dtype(), kCPU);
-      h.copy_from(t);
-      return h;
-    };
-    const Tensor hx = host(sx), hv = host(sv), gc = host(detail::f32c(g));
-    Tensor gx = Tensor::zeros(s, DType::f32, kCPU);
-    const float* px = hx.data<float>();
-    const float* pv = hv.data<float>();
-    const float* pg = gc.data<float>();
-    float* po = gx.data<float>();
-    for (int64_t o = 0; o < outer; ++o)
-      for (int64_t i = 0; i < inner; ++i) {
-        const float m = pv[o * inner + i];
-        for (int64_t r = 0; r < red; ++r) {
-          const int64_t at = (o * red + r) * inner + i;
-          if (px[at] == m) {
-            po[at] = pg[o * inner + i];
-            break;
-          }
-        }
-      }
-    if (!dev.is_cpu()) {
-      Tensor d = Tensor::empty(s, DType::f32, dev);
-      d.copy_from(gx);
-      gx = d;
-    }
+    // Gradient goes to the first position holding the maximum (as torch.max(dim) does).
+    Tensor gx = Tensor::empty(s, DType::f32, sx.device());
+    be(sx).max_backward(sx, sv, detail::f32c(g), outer, red, inner, gx);
     return {detail::as_dtype(gx, sx.dtype())};
   });
 }

@@ -198,6 +198,42 @@ class Backend {
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                       int64_t ignore_index, const Tensor& lse, float scale,
                                       const Tensor& dlogits) = 0;
+  // ---- losses and gradients with a CPU kernel and a default composed of the kernels above ----
+  // Binary cross entropy with logits (ops::bce_with_logits): x (logits) and y (targets in [0, 1])
+  // contiguous fp32 of one size; returns sum_i max(x_i, 0) - x_i y_i + log1p(exp(-|x_i|)).
+  // CPU: each term and the sum in double, over fixed tiles of 2^16 elements added in order (one
+  // value for any thread count). Default: the terms from unary/binary kernels and their sum from
+  // reduce, in fp32 on the device (no host copy of x or y; within ~1e-6 relative of the CPU's).
+  virtual double bce_with_logits_sum(const Tensor& x, const Tensor& y);
+  // dx = (sigmoid(x) - y) * scale, x, y, dx contiguous fp32 of one size. CPU: in double, rounded.
+  // Default: sigmoid(x) = (1 + tanh(x / 2)) / 2 from unary/binary kernels, in fp32.
+  virtual void bce_with_logits_backward(const Tensor& x, const Tensor& y, double scale,
+                                        const Tensor& dx);
+  // The backward of max over a dim (ops::max): x contiguous fp32 read as (outer, reduced, inner),
+  // vals (outer, inner) its maxima (reduce's output), dy (outer, inner); dx (outer, reduced,
+  // inner) gets dy at the first r where x == vals (as torch.max(dim) picks its index) and 0
+  // everywhere else. Default: the CPU backend's kernel on host copies (choosing the first maximum
+  // is a scan no other kernel does; a device without its own kernel pays the copies).
+  virtual void max_backward(const Tensor& x, const Tensor& vals, const Tensor& dy, int64_t outer,
+                            int64_t reduced, int64_t inner, const Tensor& dx);
+  // Cross entropy over a vocabulary cut by columns (nn::vocab_parallel_cross_entropy): logits
+  // (N, Vl) contiguous fp32 hold vocabulary entries [vocab_begin, vocab_begin + Vl); targets (N)
+  // int32/int64 contiguous ids of the whole vocabulary (ignore_index marks ignored rows). The
+  // caller all-reduces the statistics between the calls (comm/ does the communication):
+  //   vocab_ce_stats:    row_max (N) = max_j logits[n, j]; target_logit (N) = logits[n,
+  //                      targets[n] - vocab_begin] where that column is here, else 0.
+  //   vocab_ce_sum_exp:  sum_exp (N) = sum_j exp(logits[n, j] - row_max[n]) (row_max: the
+  //                      all-reduced maxima). CPU: accumulated in double, rounded.
+  //   vocab_ce_backward: dlogits (N, Vl) = exp(logits - row_max) / sum_exp * scale, minus scale
+  //                      at the target's column when it is here; zero rows where ignored.
+  // Defaults: reduce, binary, unary and embedding kernels (the gather and scatter of the target
+  // column), with the column indices made on the host from the ids (N integers).
+  virtual void vocab_ce_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                              const Tensor& row_max, const Tensor& target_logit);
+  virtual void vocab_ce_sum_exp(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp);
+  virtual void vocab_ce_backward(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                                 int64_t ignore_index, const Tensor& row_max, const Tensor& sum_exp,
+                                 float scale, const Tensor& dlogits);
   // Exact GELU (erf form, BERT's "gelu"): out = x Phi(x); dx = dy (Phi(x) + x phi(x)). fp32,
   // contiguous, one shape. Default: the CPU backend's kernel on host copies (correct on any
   // device; a device without its own kernel pays two copies each way).

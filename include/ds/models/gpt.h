@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -204,6 +205,15 @@ class GPT : public nn::Module, public nn::PipelineStage {
   // given seed gives the same text on any number of processes. Eval mode is used and restored.
   Tensor generate(const Tensor& prompt, int64_t max_new_tokens, int64_t top_k = 1,
                   uint64_t seed = 0, float temperature = 1.0f);
+
+  // ---- incremental decoding (models::GPTDecoder, nn/decode.h; blocks() above) ----
+  // ids (1, N) int on the model's device -> the token embedding (1, N, C), plus the learned
+  // position embedding of `positions` (N values) where the family has one. Needs the embedding.
+  Tensor decode_embed(const Tensor& ids, std::span<const int64_t> positions) const;
+  Tensor decode_final_norm(const Tensor& x) const;  // (1, N, C) -> (1, N, C). Needs the head.
+  // x (1, R, C) -> logits (1, R, V); rows as nn::Linear::decode. Needs the head (untied or tied
+  // to this model's embedding).
+  Tensor decode_head(const Tensor& x, bool rows) const;
 
   // ---- initialisation ----
   // One entry per named_parameters() entry: GPT-2: Linear and Embedding weights N(0, 0.02),

@@ -5,9 +5,11 @@
 //
 //   models::GPTDecoder dec(model);
 //
-// It reads the model's parameters by name (the Hugging Face names of gpt.h) and runs the ops the
-// modules run, in both layouts (GPT-2; the LLaMA family with grouped-query attention, q/k norm,
-// partial or interleaved rotary, rope scaling, GLM-4's sandwich norms), on the model's device.
+// It owns the caches and the step (which rows belong to which sequence, at which positions) and
+// knows no layout: the model's blocks do each family's arithmetic (nn::Block::decode and the
+// attention and MLP classes, nn/decode.h), the model its embedding and head (GPT::decode_embed,
+// decode_head), on the model's device. The model must be whole on this rank (no pipeline stage,
+// no tensor parallelism).
 //
 // Cache: per layer, K and V of every cached position, (capacity, KV, hd) position-major fp32
 // tensors on the model's device (KV = kv_heads, hd = head_dim: GQA stores the KV heads only),
@@ -48,7 +50,7 @@ class GPTDecoder final : public IncrementalDecoder {
   const GPT& model() const;
 
  private:
-  struct Weights;  // the model's tensors by role, shared by every decoder of one model
+  struct Weights;  // the model and its device, shared by every decoder of one model
   // A sequence's rows in a step: n new tokens of dec at positions p0.., rows off.. of x.
   struct Chunk {
     GPTDecoder* dec;
@@ -58,12 +60,6 @@ class GPTDecoder final : public IncrementalDecoder {
   void reserve(int64_t positions);
   // The forward of one step over every chunk's rows (shared weights, each chunk's cache).
   Tensor run(std::span<const Chunk> seqs, std::span<const int32_t> ids, bool all_logits);
-  Tensor attention(int64_t layer, const Tensor& x, std::span<const Chunk> seqs,
-                   bool rows) const;  // (1, N, C) -> (1, N, C)
-  // q (1, NH, n, hd), k and v (1, KV, n, hd) of this sequence's n new rows at p0 -> (1, n, NH*hd)
-  Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, int64_t p0,
-                DType dtype);
-  Tensor mlp(int64_t layer, const Tensor& x, bool rows) const;
 
   std::shared_ptr<const Weights> weights_;
   std::vector<Tensor> k_, v_;  // per layer: (capacity, KV, hd) fp32 on the model's device

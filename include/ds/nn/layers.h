@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 
+#include "ds/nn/decode.h"
 #include "ds/nn/module.h"
 #include "ds/nn/rope.h"
 
@@ -67,6 +68,10 @@ class Linear : public Module {
   // The weight is registered here too; named_parameters() lists it once, under its first owner.
   explicit Linear(Tensor weight, Tensor bias = {});
   Tensor forward(const Tensor& x) override;  // (..., in) -> (..., out)
+  // forward for inference steps (nn/decode.h), without hooks or dropout: ops::linear_rows when
+  // `rows` or x is one row (each row computed as it would be alone), ops::linear otherwise; LoRA,
+  // when present, added the same way.
+  Tensor decode(const Tensor& x, bool rows) const;
 
   // The mean cross entropy of forward(x) against targets without forming the (..., out) outputs
   // (ops::linear_cross_entropy), the hooks run as for forward: x (..., in), targets (...) int ids.
@@ -134,11 +139,22 @@ class RMSNorm : public Module {
   float eps_;
 };
 
+// A block's MLP: forward, and the same computation for an inference step (nn/decode.h).
+class FeedForward : public Module {
+ public:
+  // x (1, N, C) -> (1, N, C); rows as Linear::decode.
+  virtual Tensor decode(const Tensor& x, bool rows) const = 0;
+
+ protected:
+  using Module::Module;
+};
+
 // GPT-2 MLP: c_proj(gelu(c_fc(x))), hidden = ffn_hidden (4C by default), then dropout.
-class MLP : public Module {
+class MLP : public FeedForward {
  public:
   explicit MLP(const BlockConfig& cfg);
   Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
+  Tensor decode(const Tensor& x, bool rows) const override;
 
  private:
   std::shared_ptr<Linear> c_fc_, c_proj_;
@@ -146,10 +162,11 @@ class MLP : public Module {
 };
 
 // LLaMA MLP: down_proj(silu(gate_proj(x)) * up_proj(x)), then dropout.
-class SwiGLUMLP : public Module {
+class SwiGLUMLP : public FeedForward {
  public:
   explicit SwiGLUMLP(const BlockConfig& cfg);
   Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
+  Tensor decode(const Tensor& x, bool rows) const override;
 
  private:
   std::shared_ptr<Linear> gate_proj_, up_proj_, down_proj_;
@@ -161,12 +178,25 @@ class SwiGLUMLP : public Module {
 // attention probabilities (GPT-2's attn_dropout) is not supported: the fused kernel never forms
 // them.
 //
+// Both derive from SelfAttention, whose decode() is the same attention for an inference step
+// (nn/decode.h): the new rows' keys and values go into each sequence's cache and its queries attend
+// to every cached position (nn::attend_cached), the projections running once over all rows.
+class SelfAttention : public Module {
+ public:
+  // x (1, N, C), the rows of every sequence of the step -> (1, N, C).
+  virtual Tensor decode(const Tensor& x, const DecodeStep& step) const = 0;
+
+ protected:
+  using Module::Module;
+};
+
 // GPT-2's: qkv = c_attn(x) (B, T, 3C) split as [q | k | v], each head a contiguous hd slice;
 // y = c_proj(attention). NH * hd == C, no grouped-query attention, no rotary embedding.
-class FusedQKVAttention : public Module {
+class FusedQKVAttention : public SelfAttention {
  public:
   explicit FusedQKVAttention(const BlockConfig& cfg);
   Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
+  Tensor decode(const Tensor& x, const DecodeStep& step) const override;
 
  private:
   int64_t n_embd_, n_head_, head_dim_;
@@ -179,10 +209,11 @@ class FusedQKVAttention : public Module {
 // per-head q_norm/k_norm (RMSNorm over hd, Qwen3), RoPE on q and k (positions 0..T-1, rotate_half
 // pairs (i, i + hd/2), frequencies from nn::rope_inv_freq; GLM: only the first rotary_dim dims,
 // pairs (2i, 2i+1)), y = o_proj (NH*hd -> C).
-class GroupedQueryAttention : public Module {
+class GroupedQueryAttention : public SelfAttention {
  public:
   explicit GroupedQueryAttention(const BlockConfig& cfg);
   Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
+  Tensor decode(const Tensor& x, const DecodeStep& step) const override;
 
  private:
   int64_t n_embd_, n_head_, n_kv_head_, head_dim_;
@@ -217,14 +248,18 @@ class ModuleList : public Module {
 //   x = x + norm_3(attn(norm_1(x)));  x = x + norm_4(mlp(norm_2(x)))
 // A family's block registers its modules under its Hugging Face names; models hold blocks as
 // Block and make them with make_block(). With gradient checkpointing on (Module), the whole block
-// is recomputed in backward.
+// is recomputed in backward. decode() is the same block for an inference step (nn/decode.h; the
+// step's rows, this block's caches): models::GPTDecoder runs every family through it.
 class Block : public Module {
  public:
   Tensor forward(const Tensor& x) override;  // (B, T, C) -> (B, T, C)
+  Tensor decode(const Tensor& x, const DecodeStep& step) const;  // (1, N, C) -> (1, N, C)
 
  protected:
   explicit Block(const char* type) : Module(type) {}
-  std::shared_ptr<Module> norm_1_, attn_, norm_2_, mlp_;
+  std::shared_ptr<Module> norm_1_, norm_2_;
+  std::shared_ptr<SelfAttention> attn_;
+  std::shared_ptr<FeedForward> mlp_;
   std::shared_ptr<Module> norm_3_, norm_4_;  // sandwich norms only
 };
 

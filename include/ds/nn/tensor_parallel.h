@@ -83,7 +83,9 @@ Tensor tp_shared(const Tensor& w, const std::shared_ptr<comm::Group>& sharing);
 // Mean cross entropy over targets != ignore_index, from logits (N, V_local) holding vocabulary
 // entries [vocab_begin, vocab_begin + V_local) of vocab_size. targets (N) int, the same on every
 // rank of the group. Equal to ops::cross_entropy on the gathered (N, vocab_size) logits up to fp32
-// summation order.
+// summation order. The per-rank pieces are Backend kernels on the logits' device
+// (vocab_ce_stats / vocab_ce_sum_exp / vocab_ce_backward); the all-reduces go through comm, by
+// way of host copies of the (N) statistics for a device tensor.
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
                                     int64_t vocab_begin, int64_t vocab_size,
                                     const TensorParallel& tp, int64_t ignore_index = -100);

@@ -111,8 +111,9 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
 // Rows per block linear_cross_entropy picks: about 16M logits (64 MiB in fp32), at least 1.
 int64_t linear_cross_entropy_block_rows(int64_t rows, int64_t vocab);
 // Binary cross entropy on logits (torch's BCEWithLogitsLoss, mean): logits and targets the same
-// shape, targets floats in [0, 1] -> scalar mean of max(x, 0) - x y + log(1 + exp(-|x|)). Computed
-// on the host in double (as gelu_erf); targets get no gradient.
+// shape, targets floats in [0, 1], both on one device -> scalar mean of max(x, 0) - x y +
+// log(1 + exp(-|x|)) (Backend::bce_with_logits_sum / _backward: the CPU's terms in double);
+// targets get no gradient.
 Tensor bce_with_logits(const Tensor& logits, const Tensor& targets);
 
 // ---- decoding (inference: never recorded, no gradient) ----

@@ -53,6 +53,18 @@ class CpuBackend final : public Backend {
                               const Tensor& lse, float scale, const Tensor& dlogits) override;
   void dropout(const Tensor& x, float p, uint64_t seed, uint64_t stream, uint64_t base,
                const Tensor& out) override;
+  double bce_with_logits_sum(const Tensor& x, const Tensor& y) override;
+  void bce_with_logits_backward(const Tensor& x, const Tensor& y, double scale,
+                                const Tensor& dx) override;
+  void max_backward(const Tensor& x, const Tensor& vals, const Tensor& dy, int64_t outer,
+                    int64_t reduced, int64_t inner, const Tensor& dx) override;
+  void vocab_ce_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                      const Tensor& row_max, const Tensor& target_logit) override;
+  void vocab_ce_sum_exp(const Tensor& logits, const Tensor& row_max,
+                        const Tensor& sum_exp) override;
+  void vocab_ce_backward(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                         int64_t ignore_index, const Tensor& row_max, const Tensor& sum_exp,
+                         float scale, const Tensor& dlogits) override;
   void gelu_erf_forward(const Tensor& x, const Tensor& out) override;
   void gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) override;
   void linear_rows(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override;

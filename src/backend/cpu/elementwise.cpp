@@ -286,4 +286,37 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t red
   });
 }
 
+// dx = dy at the first maximum of each (outer, inner) column, 0 elsewhere (torch.max(dim)'s index).
+void CpuBackend::max_backward(const Tensor& x, const Tensor& vals, const Tensor& dy, int64_t outer,
+                              int64_t red, int64_t inner, const Tensor& dx) {
+  for (const Tensor* t : {&x, &vals, &dy, &dx}) require_f32(*t, "max_backward");
+  DS_CHECK(x.is_contiguous() && vals.is_contiguous() && dy.is_contiguous() && dx.is_contiguous() &&
+               x.numel() == outer * red * inner && dx.numel() == x.numel() &&
+               vals.numel() == outer * inner && dy.numel() == outer * inner,
+           "[cpu:max_backward] x and dx ({}, {}, {}), vals and dy ({}, {}), contiguous; got x {}, "
+           "vals {}, dy {}, dx {}",
+           outer, red, inner, outer, inner, shape_str(x.shape()), shape_str(vals.shape()),
+           shape_str(dy.shape()), shape_str(dx.shape()));
+  const float* px = x.data<float>();
+  const float* pv = vals.data<float>();
+  const float* pg = dy.data<float>();
+  float* po = dx.data<float>();
+  parallel_for(outer, std::max<int64_t>(1, kGrain / std::max<int64_t>(red * inner, 1)),
+               [&](int64_t b, int64_t e) {
+                 for (int64_t o = b; o < e; ++o) {
+                   float* out = po + o * red * inner;
+                   std::fill(out, out + red * inner, 0.0f);
+                   for (int64_t i = 0; i < inner; ++i) {
+                     const float m = pv[o * inner + i];
+                     for (int64_t r = 0; r < red; ++r) {
+                       if (px[(o * red + r) * inner + i] == m) {
+                         out[r * inner + i] = pg[o * inner + i];
+                         break;
+                       }
+                     }
+                   }
+                 }
+               });
+}
+
 }  // namespace ds::backend
