@@ -1,6 +1,6 @@
 # Fine-tuning: Hugging Face tokenizers (tokenizer.json, vocab/merges, SentencePiece), their export,
 # chat templates. Fixtures from tools/gen_hf_tokenizer_fixtures.py. Label: finetune.
-ds_add_test(test_hf_tokenizer LABELS finetune data
+ds_add_test(test_hf_tokenizer LABELS finetune data families
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_tokenizer.cpp
           ${CMAKE_CURRENT_SOURCE_DIR}/test_wordpiece_tokenizer.cpp
           ${CMAKE_CURRENT_SOURCE_DIR}/test_unigram_tokenizer.cpp)
@@ -9,7 +9,7 @@ ds_add_test(test_chat_template LABELS finetune data
 # ds_to_fp32 (DeepSpeed's zero_to_fp32): checkpoints of ZeRO stages 0, 2, 3 in fp32 and bf16
 # consolidate into exactly the master weights; the tool's file and HF outputs; damaged checkpoints.
 # Also under mpirun with 2 ranks (stage 3 shards from two ranks). Labels: finetune, train.
-ds_add_test(test_to_fp32 LABELS finetune train
+ds_add_test(test_to_fp32 LABELS finetune train families
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_to_fp32.cpp)
 target_compile_definitions(test_to_fp32 PRIVATE DS_TO_FP32_BIN="$<TARGET_FILE:ds_to_fp32>")
 add_dependencies(test_to_fp32 ds_to_fp32)

@@ -4,10 +4,10 @@
 # tools/gen_lora_classifier_fixture.py), PEFT adapter and merged export, stage agreement and bitwise
 # resume. Plainly and under mpirun with 2 ranks.
 # Labels: finetune, train (train puts it in scripts/test.sh's sanitizer pass).
-ds_add_test(test_lora LABELS finetune train SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_lora.cpp)
+ds_add_test(test_lora LABELS finetune train families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_lora.cpp)
 if(DS_HAVE_MPI)
   add_test(NAME test_lora_np2 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2
     --oversubscribe --allow-run-as-root $<TARGET_FILE:test_lora>)
-  set_tests_properties(test_lora_np2 PROPERTIES LABELS "finetune;train;distributed" TIMEOUT 600
+  set_tests_properties(test_lora_np2 PROPERTIES LABELS "finetune;train;distributed;families" TIMEOUT 600
     ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;DS_COMM_TIMEOUT=120;OMP_NUM_THREADS=1")
 endif()

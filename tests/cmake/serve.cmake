@@ -4,7 +4,7 @@
 ds_add_test(test_serve LABELS serve SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_serve.cpp)
 # test_serve_seq2seq.cpp: encoder-decoders (models::Seq2SeqDecoder on the tests/fixtures/hf_families
 # BART / BlenderBot / T5 cases, and ds_serve over a tiny BART built in the test).
-ds_add_test(test_serve_http LABELS serve SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_serve_http.cpp
+ds_add_test(test_serve_http LABELS serve families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_serve_http.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/test_serve_seq2seq.cpp)
 target_link_libraries(test_serve_http PRIVATE ds_serve_http)
 # ds_serve and ds_generate as programs: SIGTERM drains (new requests refused, in-flight ones
