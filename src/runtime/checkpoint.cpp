@@ -240,14 +240,17 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
       meta["ds_engine"] = engine_state.dump();
       safetensors::save((tmp / detail::model_file_name(mp_rank)).string(), weights, meta);
       // Buffers are not parameters (no master weights, no optimizer state): their own file, so
-      // that a resume or ds_to_fp32 without the model's source folder still has them.
+      // that a resume or ds_to_fp32 without the model's source folder still has them. One file for
+      // the whole model: written without model parallelism only (no model with buffers runs
+      // under tensor or pipeline parallelism; each part would hold only its own).
       std::vector<std::pair<std::string, Tensor>> buffers;
       for (const auto& [name, b] : model_->named_buffers()) {
         Tensor host = Tensor::empty(b.shape(), b.dtype(), kCPU);
         host.copy_from(b);
         buffers.emplace_back(name, host);
       }
-      if (!buffers.empty()) safetensors::save((tmp / detail::kBuffersFile).string(), buffers);
+      if (!buffers.empty() && mp_size == 1)
+        safetensors::save((tmp / detail::kBuffersFile).string(), buffers);
     }
 
     // Optimizer shard: this rank's fp32 master weights and moments. `segments` maps them to the
@@ -457,8 +460,12 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
   }
   const auto model_sources = detail::plan_sources(model_parts, ck.string(), "[checkpoint]");
   // The model's buffers, when the checkpoint has them (older ones do not: the buffers then keep
-  // the values the model was built or loaded with). Exactly the model's names and shapes.
+  // the values the model was built or loaded with). Exactly the model's names and shapes (a
+  // model-parallel part takes those it has).
   std::map<std::string, Tensor> file_buffers;
+  const bool part_only = options_.topology && options_.topology->grid().tp *
+                                                      options_.topology->grid().pp >
+                                                  1;
   if (ckpt.lists(detail::kBuffersFile)) {
     const fs::path bf = ck / detail::kBuffersFile;
     ckpt.verify(detail::kBuffersFile);
@@ -468,14 +475,15 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
     for (const auto& [name, b] : model_->named_buffers()) {
       model_buffers.insert(name);
       const auto it = file_buffers.find(name);
-      if (it == file_buffers.end())
-        bad.push_back("missing " + name);
+      if (it == file_buffers.end()) {
+        if (!part_only) bad.push_back("missing " + name);
+      }
       else if (it->second.shape() != b.shape())
         bad.push_back(fmt::format("{}: shape {} in the file, {} in the model", name,
                                   shape_str(it->second.shape()), shape_str(b.shape())));
     }
     for (const auto& [name, t] : file_buffers)
-      if (!model_buffers.count(name)) bad.push_back("unexpected " + name);
+      if (!model_buffers.count(name) && !part_only) bad.push_back("unexpected " + name);
     DS_CHECK(bad.empty(), "[checkpoint] {} does not match this model's buffers: {}", bf.string(),
              fmt::join(bad, "; "));
   }

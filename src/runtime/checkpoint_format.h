@@ -17,7 +17,8 @@ namespace ds::runtime::detail {
 // Model weights and engine state of a (data-parallel) checkpoint, as DeepSpeed names them.
 inline constexpr const char* kModelFile = "mp_rank_00_model_states.safetensors";
 // The model's buffers (Module::named_buffers: state that is not trained, such as BART's
-// final_logits_bias), by name, when it has any; written by rank 0, absent in older checkpoints.
+// final_logits_bias), by name, when it has any; written by world rank 0 of a run without tensor or
+// pipeline parallelism; absent in older checkpoints.
 inline constexpr const char* kBuffersFile = "model_buffers.safetensors";
 
 // The whole file as text ("" when it cannot be read; callers check existence first).

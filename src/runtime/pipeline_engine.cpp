@@ -117,7 +117,19 @@ std::vector<PipeBatch> PipelineEngine::load(const std::function<PipeBatch()>& ne
   if (!stage_->is_first_stage() && !stage_->is_last_stage()) return out;
   DS_CHECK(next, "[pipeline] stage {} needs micro-batches: pass a next() function",
            stage_id());
-  for (int i = 0; i < count; ++i) out.push_back(next());
+  for (int i = 0; i < count; ++i) {
+    out.push_back(next());
+    // A decoder LM's batch only: another input would be dropped on the way through the stages.
+    const nn::Batch& b = out.back().batch;
+    DS_CHECK(!b.attention_mask.defined() && !b.token_type_ids.defined() &&
+                 !b.decoder_input_ids.defined(),
+             "[pipeline] micro-batch {}: a pipeline runs decoder LMs on input ids and labels only; "
+             "the batch also has {}, which it would ignore",
+             i,
+             b.attention_mask.defined()   ? "attention_mask"
+             : b.token_type_ids.defined() ? "token_type_ids"
+                                          : "decoder_input_ids");
+  }
   return out;
 }
 

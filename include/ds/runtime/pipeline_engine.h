@@ -51,8 +51,9 @@
 
 namespace ds::runtime {
 
-// inputs (B, T), targets (B, T) and the sample_base of the micro-batch's first sample; stage 0's
-// sample_base reaches every stage, so each stage draws the masks the one-process model would.
+// batch.input_ids (B, T), batch.labels (B, T) (a decoder LM's; other inputs are refused by name) and
+// the sample_base of the micro-batch's first sample; stage 0's sample_base reaches every stage, so
+// each stage draws the masks the one-process model would.
 using PipeBatch = MicroBatch;
 
 // Where one stage's time went in the last train_batch (the bubble benchmark): compute is forward

@@ -7,7 +7,7 @@
 //   auto z = zero::make_strategy(model, group, options);    // flattens / shards the model
 //   z->attach_optimizer(optimizer, log);                     // master + moments: RAM or NVMe
 //   per micro-step:
-//     z->begin_forward(/*training=*/true);  loss = loss_fn(model, x, y);
+//     z->begin_forward(/*training=*/true);  loss = loss_fn(model, batch);
 //     z->begin_backward(boundary, "step 17");  loss.backward();  z->end_backward();
 //   at an accumulation boundary:
 //     Tensor g = z->reduced_gradients(ctx);                  // (optimizer_numel,) fp32
