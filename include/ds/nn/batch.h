@@ -13,12 +13,14 @@
 
 namespace ds::nn {
 
+// Every field has a default (undefined) so that designated initializers may name only the inputs
+// a batch has.
 struct Batch {
-  Tensor input_ids;
-  Tensor labels;
-  Tensor attention_mask;
-  Tensor token_type_ids;
-  Tensor decoder_input_ids;
+  Tensor input_ids{};
+  Tensor labels{};
+  Tensor attention_mask{};
+  Tensor token_type_ids{};
+  Tensor decoder_input_ids{};
 };
 
 }  // namespace ds::nn
