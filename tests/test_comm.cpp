@@ -512,6 +512,53 @@ TEST(Comm, TensorOverloads) {
   EXPECT_THROW(W->broadcast(t, n), Error);  // root out of range
 }
 
+// Tensors on a device (the `sim` emulator: memory the host cannot read) travel through host
+// memory: inputs copied down at issue, outputs copied up inside wait() - so a tensor holds its
+// result once wait() returns, and an output is untouched before (comm/group.h).
+TEST(Comm, DeviceTensorsGoThroughHostMemory) {
+  const int n = W->size(), me = W->rank();
+  const Device sim{DeviceType::sim, 0};
+  auto on_sim = [&](const Tensor& host) { return host.to(sim); };
+  Tensor t = on_sim(Tensor::full({4, 5}, me + 1.0, DType::bf16));
+  Work w = W->all_reduce_async(t, ReduceOp::sum, "device tensor");
+  w.wait();
+  w.wait();  // a second wait copies nothing again
+  EXPECT_EQ(t.device(), sim);
+  EXPECT_EQ(t.to_vector()[13], n * (n + 1) / 2.0f);
+
+  Tensor in = on_sim(Tensor::full({n * 6}, 1.0, DType::f32)), out = on_sim(Tensor::zeros({6}));
+  W->reduce_scatter(in, out);
+  EXPECT_EQ(out.to_vector(), std::vector<float>(6, float(n)));
+  Tensor host_out = Tensor::zeros({6});  // a device input into a host output
+  W->reduce_scatter(in, host_out);
+  EXPECT_EQ(host_out.to_vector(), std::vector<float>(6, float(n)));
+
+  Tensor part = on_sim(Tensor::full({3}, me, DType::f16));
+  Tensor all = on_sim(Tensor::zeros({n * 3}, DType::f16));
+  Work g = W->all_gather_async(part, all);
+  part = Tensor();  // the Work keeps the staging alive
+  g.wait();
+  EXPECT_EQ(all.to_vector()[3 * (n - 1)], float(n - 1));
+
+  for (int root = 0; root < n; ++root) {
+    Tensor r = on_sim(Tensor::full({2}, 1.0));
+    W->reduce(r, root);
+    EXPECT_EQ(r.to_vector()[1], me == root ? float(n) : 1.0f) << "root " << root;
+  }
+  Tensor b = on_sim(Tensor::full({2}, me == 0 ? 7.0 : 0.0, DType::i64));
+  W->broadcast(b, 0);
+  EXPECT_EQ(b.to_int_vector(), (std::vector<int64_t>{7, 7}));
+
+  if (n > 1) {  // a ring of device tensors
+    Tensor send = on_sim(Tensor::full({5}, me, DType::f32)), recv = on_sim(Tensor::zeros({5}));
+    Work rw = W->recv_async(recv, (me + n - 1) % n, 5, "device ring");
+    Work sw = W->send_async(send, (me + 1) % n, 5, "device ring");
+    sw.wait();
+    rw.wait();
+    EXPECT_EQ(recv.to_vector()[4], float((me + n - 1) % n));
+  }
+}
+
 TEST(Comm, CommsLoggerCountsBytes) {
   CommsLogger& log = comms_logger();
   log.reset();

@@ -314,6 +314,56 @@ TEST_P(PipelineTraining, SameLossesAsOneProcess) {
   }
 }
 
+// Stages on a device (the `sim` emulator: memory the host cannot read, the CPU's kernels) train
+// exactly as on the host: activations and gradients are received on the stage's device, the tied
+// embedding travels from device to device through host memory, under every ZeRO stage and with
+// tensor parallelism inside the stages. Any host loop left over device memory crashes here.
+TEST_P(PipelineTraining, StagesOnADeviceTrainAsOnTheHost) {
+  const int zero_stage = GetParam();
+  auto w = comm::world();
+  const int n = w->size();
+  if (n != 2 && n != 4) GTEST_SKIP() << "runs with 2 ranks (pp=2) and 4 (pp=2 x tp=2)";
+  const Layout3D l = n == 2 ? Layout3D{2, 1} : Layout3D{2, 2};
+  const models::GPTConfig c = model_config("gpt2");
+  const int steps = 3;
+  auto run = [&](Device device) {
+    auto topo = std::make_shared<comm::Topology>(w, l.tp, l.pp);
+    const int dp = topo->data_parallel()->size(), d = topo->dp_rank(), s = topo->stage();
+    const int64_t b = 2;
+    const auto bounds = stage_bounds(c, l.pp, "parameters");
+    auto tp = l.tp > 1 ? std::make_shared<nn::TensorParallel>(topo->tensor_parallel()) : nullptr;
+    auto stage = std::make_shared<models::GPT>(c, tp, models::PipeRange{bounds[s], bounds[s + 1]});
+    stage->to(device);
+    runtime::InitOptions opt;
+    opt.topology = topo;
+    opt.log = [](const std::string&) {};
+    rng::dropout_state() = {};
+    runtime::PipelineEngine pipe(
+        stage,
+        runtime::parse_config(engine_config(zero_stage, b, l.tp, 0, l.pp), {.world_size = dp}),
+        opt);
+    std::vector<double> losses;
+    for (int k = 0; k < steps; ++k) {
+      int64_t m = 0;
+      losses.push_back(pipe.train_batch([&] {
+        const int64_t first = (k * kGas + m++) * b * dp + d * b;
+        auto [x, y] = batch(first, b, c.vocab_size);
+        return runtime::PipeBatch{{.input_ids = x, .labels = y}, static_cast<uint64_t>(first)};
+      }));
+    }
+    const auto weights = pipe.full_weights();
+    return std::make_pair(losses, weights);
+  };
+  SCOPED_TRACE(fmt::format("ZeRO {} pp {} tp {}", zero_stage, l.pp, l.tp));
+  const auto [want, host_weights] = run(kCPU);
+  const auto [got, dev_weights] = run(Device{DeviceType::sim, 0});
+  EXPECT_EQ(got, want);
+  ASSERT_EQ(dev_weights.size(), host_weights.size());
+  for (size_t i = 0; i < dev_weights.size(); ++i)
+    EXPECT_EQ(dev_weights[i].second.to_vector(), host_weights[i].second.to_vector())
+        << host_weights[i].first;
+}
+
 INSTANTIATE_TEST_SUITE_P(ZeroStages, PipelineTraining, ::testing::Values(0, 1, 2, 3));
 
 // ZeRO-3 with the optimizer state and the parameters on NVMe: the step runs in the background

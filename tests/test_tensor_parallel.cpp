@@ -255,6 +255,43 @@ TEST_P(TensorParallelTraining, SameLossesAsOneProcess) {
   }
 }
 
+// The model on a device (the `sim` emulator: memory the host cannot read, the CPU's kernels) trains
+// as on the host with tensor parallelism: the layers' all-reduces, the vocabulary-parallel loss
+// (its statistics and the shared K/V heads' gradients) and the gathers for export go through host
+// memory. The vocabulary-parallel loss runs the Backend's default kernels on a device (composed in
+// fp32, the CPU's own kernels accumulate in double), hence a tolerance instead of equality.
+TEST_P(TensorParallelTraining, ModelOnADeviceTrainsAsOnTheHost) {
+  const int stage = GetParam();
+  auto w = comm::world();
+  const int n = w->size();
+  for (const std::string layout : {"gpt2", "llama_kv1"}) {
+    SCOPED_TRACE(fmt::format("{} stage {} tp {}", layout, stage, n));
+    const models::GPTConfig c = model_config(layout, n);
+    auto run = [&](Device device) {
+      auto topo = std::make_shared<comm::Topology>(w, n, /*pp=*/1);
+      runtime::InitOptions opt;
+      opt.topology = topo;
+      opt.log = [](const std::string&) {};
+      auto model = std::make_shared<models::GPT>(
+          c, std::make_shared<nn::TensorParallel>(topo->tensor_parallel()));
+      model->to(device);
+      auto e = runtime::initialize(model, engine_config(stage, 2, 0.05, n), opt);
+      const auto losses = train(*e, 3, c.vocab_size);
+      return std::make_pair(losses, e->full_weights());
+    };
+    const auto [want, host_weights] = run(kCPU);
+    const auto [got, dev_weights] = run(Device{DeviceType::sim, 0});
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-6 * std::abs(want[i])) << "micro-step " << i;
+    ASSERT_EQ(dev_weights.size(), host_weights.size());
+    for (size_t i = 0; i < dev_weights.size(); ++i)
+      EXPECT_LE(max_diff(dev_weights[i].second, host_weights[i].second),
+                1e-5 * std::max(1.0, max_abs(host_weights[i].second)))
+          << host_weights[i].first;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Stages, TensorParallelTraining, ::testing::Values(0, 1, 2, 3));
 
 // The config's tensor_parallel.autotp_size and the topology must agree.

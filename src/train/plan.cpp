@@ -183,11 +183,14 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
 Device parse_device(const std::string& name) {
   if (name == "cpu") return kCPU;
   if (name == "cuda" || name == "cuda:0") return Device{DeviceType::cuda, 0};
+  // The device emulator (backend::sim): GPU-like memory on the CPU's kernels, for testing a run's
+  // device code paths on a machine without a GPU (docs/cuda.md); not a performance device.
+  if (name == "sim" || name == "sim:0") return Device{DeviceType::sim, 0};
   DS_CHECK(name.rfind("cuda:", 0) != 0,
            "[ds_train] --device {}: one GPU per process, seen as cuda:0; choose the GPU with "
            "CUDA_VISIBLE_DEVICES and pass --device cuda",
            name);
-  DS_THROW("[ds_train] --device '{}' is not a device: use cpu or cuda", name);
+  DS_THROW("[ds_train] --device '{}' is not a device: use cpu, cuda or sim (the emulator)", name);
 }
 
 RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {

@@ -174,9 +174,11 @@ void add_options(CLI::App& app, Options& o, Given& g,
       "docs/parallelism.md). 0: the config's pipeline.stages, else 1")
       ->check(CLI::NonNegativeNumber);
   opt("--device", o.device,
-      "Where the model trains: cpu, or cuda (cuda:0; a -DDS_WITH_CUDA=ON build): parameters, "
-      "activations and gradients on the GPU, fp32 master weights and Adam state in host memory "
-      "(ZeRO-Offload's layout; one process, ZeRO stage 0-2; docs/cuda.md)")
+      "Where the model trains: cpu, or cuda (cuda:0, one GPU per rank; a -DDS_WITH_CUDA=ON "
+      "build): parameters, activations and gradients on the GPU, fp32 master weights and Adam "
+      "state in host memory (ZeRO-Offload's layout; every ZeRO stage, pipeline and tensor "
+      "parallelism; collectives through host memory; docs/cuda.md); or sim, the device emulator "
+      "for tests (GPU-like memory on the CPU's kernels)")
       ->capture_default_str();
   opt("--device_memory_limit", o.device_memory_limit_gib,
       "With --device cuda: cap the GPU memory this process may reserve, in GiB (as a smaller "
