@@ -33,6 +33,16 @@ T* host_ptr(T* p, const char* operand) {
   return static_cast<T*>(host_address(p));
 }
 
+// Ids on a device are checked by its backend, not the ops layer: CUDA's message, on the host alias.
+const Tensor& checked_ids(const Tensor& ids, int64_t V) {
+  const std::vector<int64_t> h = ids.to_int_vector();
+  for (size_t n = 0; n < h.size(); ++n)
+    DS_CHECK(h[n] >= 0 && h[n] < V,
+             "[embedding] id {} (at position {}) is out of range for vocabulary size {} (on sim:0)",
+             h[n], n, V);
+  return ids;
+}
+
 SimBackend& sim_backend() {
   // Never destroyed: tensors that outlive main() still return their memory to its allocator.
   static SimBackend* b = new SimBackend();
@@ -145,10 +155,10 @@ void SimBackend::rope(const Tensor& x, int64_t pos0, const std::vector<double>& 
   cpu().rope(host(x), pos0, inv_freq, scale, interleaved, inverse, host(out));
 }
 void SimBackend::embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& out) {
-  cpu().embedding_forward(host(weight), host(ids), host(out));
+  cpu().embedding_forward(host(weight), checked_ids(host(ids), weight.size(0)), host(out));
 }
 void SimBackend::embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& dweight) {
-  cpu().embedding_backward(host(dout), host(ids), host(dweight));
+  cpu().embedding_backward(host(dout), checked_ids(host(ids), dweight.size(0)), host(dweight));
 }
 void SimBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targets,
                                        int64_t ignore_index, const Tensor& losses,
