@@ -221,7 +221,7 @@ TEST(Backend, CudaStubExplainsItself) {
   backend::cpu().synchronize();
 }
 
-// ---- the sim device (src/backend/sim): GPU-like memory the host cannot read, the CPU's kernels ----
+// ---- the sim device (src/backend/sim): memory the host cannot read, the CPU's kernels ----
 
 const Device kSimDevice{DeviceType::sim, 0};
 
@@ -244,9 +244,10 @@ TEST(Sim, RoundTripThroughTheDeviceIsBitwise) {
   v[3] = std::numeric_limits<float>::denorm_min();
   const Tensor h = Tensor::from_data(v, {10, 100});
   const Tensor d = Tensor::empty({10, 100}, DType::f32, kSimDevice);
-  d.copy_from(h);                 // cpu -> sim
-  const Tensor d2 = d.clone();    // sim -> sim
-  const Tensor dt = ops::transpose(d2, 0, 1).contiguous();  // a strided sim -> sim copy
+  d.copy_from(h);               // cpu -> sim
+  const Tensor d2 = d.clone();  // sim -> sim
+  // A strided sim -> sim copy.
+  const Tensor dt = ops::transpose(d2, 0, 1).contiguous();
   Tensor back = Tensor::empty({10, 100}), back_t = Tensor::empty({100, 10});
   back.copy_from(d2);  // sim -> cpu
   back_t.copy_from(dt);

@@ -34,7 +34,8 @@ const DeviceOps& device_ops(Device device) {
   const DeviceOps& ops = registry()[static_cast<size_t>(device.type)];
   DS_CHECK(ops.allocator != nullptr,
            "[device] no backend registered for {}: this build has no backend for it (a CUDA "
-           "device needs a build with -DDS_WITH_CUDA=ON and backend::cuda({}) before use; sim registers itself when the library is linked)",
+           "device needs a build with -DDS_WITH_CUDA=ON and backend::cuda({}) before use; sim "
+           "registers itself when the library is linked)",
            device.str(), device.index);
   return ops;
 }

@@ -16,9 +16,12 @@ struct Device {
   bool is_cpu() const { return type == DeviceType::cpu; }
   std::string str() const {
     switch (type) {
-      case DeviceType::cpu: return "cpu";
-      case DeviceType::cuda: return "cuda:" + std::to_string(index);
-      case DeviceType::sim: return "sim:" + std::to_string(index);
+      case DeviceType::cpu:
+        return "cpu";
+      case DeviceType::cuda:
+        return "cuda:" + std::to_string(index);
+      case DeviceType::sim:
+        return "sim:" + std::to_string(index);
     }
     return "unknown:" + std::to_string(index);
   }

@@ -50,8 +50,12 @@ SimBackend& sim_backend() {
 }
 
 // Core's copy and fill for sim devices (Tensor's factories, clone, to(dtype), copy_from).
-void registry_copy(const Tensor& src, const Tensor& dst) { sim_backend().copy(src, dst); }
-void registry_fill(const Tensor& dst, double value) { sim_backend().fill(dst, value); }
+void registry_copy(const Tensor& src, const Tensor& dst) {
+  sim_backend().copy(src, dst);
+}
+void registry_fill(const Tensor& dst, double value) {
+  sim_backend().fill(dst, value);
+}
 
 // Registered when the library's backend layer is linked, before main: Tensor::empty(..., sim:0)
 // works before anything has asked for the backend.
@@ -68,7 +72,9 @@ SimBackend::SimBackend() : allocator_(new_sim_allocator(memory_limit_)) {
   register_device(DeviceType::sim, DeviceOps{allocator_.get(), &registry_copy, &registry_fill});
 }
 
-std::string SimBackend::gemm_info() { return "sim (the CPU's: " + cpu().gemm_info() + ")"; }
+std::string SimBackend::gemm_info() {
+  return "sim (the CPU's: " + cpu().gemm_info() + ")";
+}
 
 bool SimBackend::supports(const std::string& op, DType dtype) const {
   if (op == "adam") return dtype == DType::f32;
@@ -88,11 +94,15 @@ uint64_t SimBackend::available_memory() {
 void SimBackend::copy(const Tensor& src, const Tensor& dst) {
   cpu().copy(host(src, true), host(dst, true));
 }
-void SimBackend::fill(const Tensor& dst, double value) { cpu().fill(host(dst), value); }
+void SimBackend::fill(const Tensor& dst, double value) {
+  cpu().fill(host(dst), value);
+}
 void SimBackend::axpy(const Tensor& y, const Tensor& x, float alpha) {
   cpu().axpy(host(y), host(x), alpha);
 }
-double SimBackend::sum_of_squares(const Tensor& x) { return cpu().sum_of_squares(host(x)); }
+double SimBackend::sum_of_squares(const Tensor& x) {
+  return cpu().sum_of_squares(host(x));
+}
 
 void SimBackend::gemm(const Gemm& g) {
   Gemm h = g;
@@ -108,8 +118,8 @@ void SimBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
 void SimBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, float scalar) {
   cpu().unary(op, host(x), host(out), scalar);
 }
-void SimBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t reduced,
-                        int64_t inner, const Tensor& out) {
+void SimBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t reduced, int64_t inner,
+                        const Tensor& out) {
   cpu().reduce(op, host(x), outer, reduced, inner, host(out));
 }
 
@@ -120,8 +130,8 @@ void SimBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Tens
 void SimBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
                                      const Tensor& mean, const Tensor& rstd, const Tensor& dx,
                                      const Tensor& dw, const Tensor& db) {
-  cpu().layer_norm_backward(host(dy), host(x), host(w), host(mean), host(rstd), host(dx),
-                            host(dw), host(db));
+  cpu().layer_norm_backward(host(dy), host(x), host(w), host(mean), host(rstd), host(dx), host(dw),
+                            host(db));
 }
 void SimBackend::rms_norm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
                                   const Tensor& rstd) {
@@ -140,8 +150,7 @@ void SimBackend::softmax_backward(const Tensor& y, const Tensor& dy, const Tenso
 void SimBackend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                                    bool causal, std::span<const int64_t> key_lens,
                                    const Tensor& out, const Tensor& lse) {
-  cpu().attention_forward(host(q), host(k), host(v), scale, causal, key_lens, host(out),
-                          host(lse));
+  cpu().attention_forward(host(q), host(k), host(v), scale, causal, key_lens, host(out), host(lse));
 }
 void SimBackend::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                     const Tensor& v, const Tensor& out, const Tensor& lse,
