@@ -295,7 +295,7 @@ TEST_F(EngineTest, ResumeIsBitwiseIdentical) {
 // A model on a GPU trains through the same engine (ZeRO-Offload's layout: parameters and
 // gradients on the GPU, fp32 master weights and Adam moments in host memory, the CPU optimizer):
 // the losses follow the CPU engine's in every precision and stage 0-2, and resume is bitwise.
-// Skipped without a GPU (tests/devices.h).
+// Runs on the first non-CPU device of tests/devices.h: the sim emulator without a GPU.
 TEST_F(EngineTest, OnGpuFollowsTheCpuEngineAndResumesBitwise) {
   std::vector<Device> gpus;
   for (const Device d : ds::testing::test_devices())

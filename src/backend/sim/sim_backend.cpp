@@ -1,8 +1,8 @@
 // The sim backend (sim_backend.h): the CPU backend's kernels on host aliases of sim tensors.
 #include "backend/sim/sim_backend.h"
 
-#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "backend/sim/sim_memory.h"
 #include "ds/core/device_registry.h"
