@@ -160,6 +160,15 @@ Work completed_work(Group::Op op, const std::string& group_name, int group_size,
 
 // ---- Work ----
 
+namespace detail {
+// Work::after_wait's continuation: run once, by the first successful wait().
+struct AfterWait {
+  std::mutex mu;
+  bool ran = false;
+  std::function<void()> f;
+};
+}  // namespace detail
+
 bool Work::test() const {
   if (!state_) return true;
   std::lock_guard lk(state_->mu);
@@ -167,24 +176,41 @@ bool Work::test() const {
 }
 
 void Work::wait() const {
-  if (!state_) return;
-  detail::WorkState& s = *state_;
-  std::unique_lock lk(s.mu);
-  if (!s.cv.wait_until(lk, s.deadline, [&] { return s.done; })) {
-    lk.unlock();
-    std::shared_ptr<detail::WorkOwner> owner = s.owner.lock();
-    throw TimeoutError(
-        owner ? owner->on_timeout(s)
-              : fmt::format("[comm] {} did not complete before its deadline", s.describe()));
+  if (state_) {
+    detail::WorkState& s = *state_;
+    std::unique_lock lk(s.mu);
+    if (!s.cv.wait_until(lk, s.deadline, [&] { return s.done; })) {
+      lk.unlock();
+      std::shared_ptr<detail::WorkOwner> owner = s.owner.lock();
+      throw TimeoutError(
+          owner ? owner->on_timeout(s)
+                : fmt::format("[comm] {} did not complete before its deadline", s.describe()));
+    }
+    if (!s.error.empty()) {
+      if (s.timed_out) throw TimeoutError(s.error);
+      throw Error(s.error);
+    }
   }
-  if (!s.error.empty()) {
-    if (s.timed_out) throw TimeoutError(s.error);
-    throw Error(s.error);
+  if (after_) {
+    std::lock_guard lk(after_->mu);
+    if (!after_->ran) {
+      after_->f();
+      after_->ran = true;
+      after_->f = nullptr;  // drops the staging it kept alive
+    }
   }
 }
 
 uint64_t Work::sequence() const {
   return state_ ? state_->seq : 0;
+}
+
+Work Work::after_wait(std::function<void()> f) const {
+  DS_CHECK(!after_, "[comm] internal: a Work takes one after_wait continuation");
+  Work w = *this;
+  w.after_ = std::make_shared<detail::AfterWait>();
+  w.after_->f = std::move(f);
+  return w;
 }
 
 // ---- Group: argument checks shared by every backend ----
@@ -318,27 +344,42 @@ namespace {
 
 void check_tensor(const Tensor& t, const char* op, const char* which) {
   DS_CHECK(t.defined(), "[comm] {}: {} tensor is undefined", op, which);
-  DS_CHECK(t.device().is_cpu(), "[comm] {}: {} tensor is on {}; the MPI backend takes host tensors",
-           op, which, t.device().str());
   DS_CHECK(t.is_contiguous(), "[comm] {}: {} tensor {} is not contiguous; pass t.contiguous()", op,
            which, shape_str(t.shape()));
   DS_CHECK(t.is_materialized(), "[comm] {}: {} tensor's storage is released (gather it first)", op,
            which);
 }
 
+// The host side of a tensor for the MPI backend: t itself in host memory; for a device tensor a
+// host copy (its values copied down when `values`, else uninitialised: an output).
+Tensor host_side(const Tensor& t, bool values) {
+  if (t.device().is_cpu()) return t;
+  Tensor h = Tensor::empty(t.shape(), t.dtype(), kCPU);
+  if (values) h.copy_from(t);
+  return h;
+}
+
+// w, with the result copied up from host staging h into device tensor t by its wait() (nothing
+// to do when t is in host memory: then h is t).
+Work copy_up_on_wait(Work w, const Tensor& h, const Tensor& t) {
+  if (t.device().is_cpu()) return w;
+  return w.after_wait([h, t] { t.copy_from(h); });
+}
+
 }  // namespace
 
 Work Group::all_reduce_async(const Tensor& t, ReduceOp op, std::string_view context) {
   check_tensor(t, "all_reduce", "the");
+  const Tensor h = host_side(t, /*values=*/true);
   Op o{.kind = OpKind::all_reduce,
-       .in = t.raw_data(),
-       .out = t.raw_data(),
-       .count = static_cast<size_t>(t.numel()),
-       .dtype = t.dtype(),
+       .in = h.raw_data(),
+       .out = h.raw_data(),
+       .count = static_cast<size_t>(h.numel()),
+       .dtype = h.dtype(),
        .reduce = op,
        .context = std::string(context),
-       .keep_alive = {t}};
-  return issue(std::move(o));
+       .keep_alive = {h}};
+  return copy_up_on_wait(issue(std::move(o)), h, t);
 }
 
 Work Group::reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op,
@@ -350,29 +391,32 @@ Work Group::reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp o
   DS_CHECK(in.numel() == out.numel() * size(),
            "[comm] reduce_scatter: input has {} elements, expected output {} x group size {} = {}",
            in.numel(), out.numel(), size(), out.numel() * size());
+  const Tensor hin = host_side(in, true), hout = host_side(out, false);
   Op o{.kind = OpKind::reduce_scatter,
-       .in = in.raw_data(),
-       .out = out.raw_data(),
-       .count = static_cast<size_t>(out.numel()),
-       .dtype = out.dtype(),
+       .in = hin.raw_data(),
+       .out = hout.raw_data(),
+       .count = static_cast<size_t>(hout.numel()),
+       .dtype = hout.dtype(),
        .reduce = op,
        .context = std::string(context),
-       .keep_alive = {in, out}};
-  return issue(std::move(o));
+       .keep_alive = {hin, hout}};
+  return copy_up_on_wait(issue(std::move(o)), hout, out);
 }
 
 Work Group::reduce_async(const Tensor& t, int root, ReduceOp op, std::string_view context) {
   check_tensor(t, "reduce", "the");
+  const Tensor h = host_side(t, true);
   Op o{.kind = OpKind::reduce,
-       .in = t.raw_data(),
-       .out = t.raw_data(),
-       .count = static_cast<size_t>(t.numel()),
-       .dtype = t.dtype(),
+       .in = h.raw_data(),
+       .out = h.raw_data(),
+       .count = static_cast<size_t>(h.numel()),
+       .dtype = h.dtype(),
        .reduce = op,
        .peer = root,
        .context = std::string(context),
-       .keep_alive = {t}};
-  return issue(std::move(o));
+       .keep_alive = {h}};
+  Work w = issue(std::move(o));
+  return rank() == root ? copy_up_on_wait(std::move(w), h, t) : w;  // elsewhere t is only read
 }
 
 Work Group::all_gather_async(const Tensor& in, const Tensor& out, std::string_view context) {
@@ -383,53 +427,57 @@ Work Group::all_gather_async(const Tensor& in, const Tensor& out, std::string_vi
   DS_CHECK(out.numel() == in.numel() * size(),
            "[comm] all_gather: output has {} elements, expected input {} x group size {} = {}",
            out.numel(), in.numel(), size(), in.numel() * size());
+  const Tensor hin = host_side(in, true), hout = host_side(out, false);
   Op o{.kind = OpKind::all_gather,
-       .in = in.raw_data(),
-       .out = out.raw_data(),
-       .count = static_cast<size_t>(in.numel()),
-       .dtype = in.dtype(),
+       .in = hin.raw_data(),
+       .out = hout.raw_data(),
+       .count = static_cast<size_t>(hin.numel()),
+       .dtype = hin.dtype(),
        .context = std::string(context),
-       .keep_alive = {in, out}};
-  return issue(std::move(o));
+       .keep_alive = {hin, hout}};
+  return copy_up_on_wait(issue(std::move(o)), hout, out);
 }
 
 Work Group::broadcast_async(const Tensor& t, int root, std::string_view context) {
   check_tensor(t, "broadcast", "the");
+  const Tensor h = host_side(t, true);
   Op o{.kind = OpKind::broadcast,
-       .in = t.raw_data(),
-       .out = t.raw_data(),
-       .count = static_cast<size_t>(t.numel()),
-       .dtype = t.dtype(),
+       .in = h.raw_data(),
+       .out = h.raw_data(),
+       .count = static_cast<size_t>(h.numel()),
+       .dtype = h.dtype(),
        .peer = root,
        .context = std::string(context),
-       .keep_alive = {t}};
-  return issue(std::move(o));
+       .keep_alive = {h}};
+  return copy_up_on_wait(issue(std::move(o)), h, t);
 }
 
 Work Group::send_async(const Tensor& t, int dst, int tag, std::string_view context) {
   check_tensor(t, "send", "the");
+  const Tensor h = host_side(t, true);
   Op o{.kind = OpKind::send,
-       .in = t.raw_data(),
-       .count = static_cast<size_t>(t.numel()),
-       .dtype = t.dtype(),
+       .in = h.raw_data(),
+       .count = static_cast<size_t>(h.numel()),
+       .dtype = h.dtype(),
        .peer = dst,
        .tag = tag,
        .context = std::string(context),
-       .keep_alive = {t}};
+       .keep_alive = {h}};
   return issue(std::move(o));
 }
 
 Work Group::recv_async(const Tensor& t, int src, int tag, std::string_view context) {
   check_tensor(t, "recv", "the");
+  const Tensor h = host_side(t, false);
   Op o{.kind = OpKind::recv,
-       .out = t.raw_data(),
-       .count = static_cast<size_t>(t.numel()),
-       .dtype = t.dtype(),
+       .out = h.raw_data(),
+       .count = static_cast<size_t>(h.numel()),
+       .dtype = h.dtype(),
        .peer = src,
        .tag = tag,
        .context = std::string(context),
-       .keep_alive = {t}};
-  return issue(std::move(o));
+       .keep_alive = {h}};
+  return copy_up_on_wait(issue(std::move(o)), h, t);
 }
 
 // ---- the size-1 group ----

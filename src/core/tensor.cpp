@@ -189,6 +189,13 @@ Tensor Tensor::to(DType dt) const {
   return out;
 }
 
+Tensor Tensor::to(Device device) const {
+  if (device == this->device()) return *this;
+  Tensor out = empty(shape(), dtype(), device);
+  out.copy_from(*this);
+  return out;
+}
+
 Tensor Tensor::detach() const {
   const auto& im = impl_of(*this);
   return from_storage(im.storage, im.shape, im.dtype, im.offset, im.strides);

@@ -17,7 +17,6 @@ namespace ds::models {
 using detail::check_ids;
 using detail::Container;
 using detail::init_encoder_values;
-using detail::on_device;
 using detail::zero_span;
 
 using nlohmann::json;
@@ -369,7 +368,7 @@ void DebertaClassifier::init_weights() {
     const Tensor& p = named[k].second;
     std::vector<float> v(static_cast<size_t>(p.numel()));
     init_parameter_range(k, 0, p.numel(), v.data());
-    p.detach().copy_from(on_device(Tensor::from_data(v, p.shape()), p.device()).to(p.dtype()));
+    p.detach().copy_from(Tensor::from_data(v, p.shape()).to(p.device()).to(p.dtype()));
   }
 }
 
@@ -386,7 +385,7 @@ Tensor DebertaClassifier::embed(const EncoderInputs& in, const Tensor& mask) {
   if (x.requires_grad() && std::find(id.begin(), id.end(), c.pad_token_id) != id.end()) {
     std::vector<float> k(id.size());
     for (size_t i = 0; i < id.size(); ++i) k[i] = id[i] == c.pad_token_id ? 0.0f : 1.0f;
-    const Tensor keep = on_device(Tensor::from_data(k, {B, T, 1}), dev).to(x.dtype());
+    const Tensor keep = Tensor::from_data(k, {B, T, 1}).to(dev).to(x.dtype());
     x = ops::add(ops::mul(x, keep), ops::mul(x.detach(), ops::add(ops::neg(keep), 1.0f)));
   }
   if (position_) {
@@ -394,7 +393,7 @@ Tensor DebertaClassifier::embed(const EncoderInputs& in, const Tensor& mask) {
              "[deberta] sequence length {} exceeds the model's {} positions "
              "(max_position_embeddings); shorten the inputs",
              T, c.max_positions);
-    x = ops::add(x, (*position_)(on_device(Tensor::arange(T), dev)));
+    x = ops::add(x, (*position_)(Tensor::arange(T).to(dev)));
   }
   if (token_type_) {
     Tensor types;
@@ -406,7 +405,7 @@ Tensor DebertaClassifier::embed(const EncoderInputs& in, const Tensor& mask) {
                  c.type_vocab_size);
       types = in.token_type_ids;
     } else {
-      types = on_device(Tensor::zeros({B, T}, DType::i64), dev);
+      types = Tensor::zeros({B, T}, DType::i64).to(dev);
     }
     x = ops::add(x, (*token_type_)(types));
   }
@@ -442,8 +441,8 @@ Tensor DebertaClassifier::encode(const EncoderInputs& in) {
       DS_CHECK(m[static_cast<size_t>(b * T)] == 1,
                "[deberta] attention_mask row {} masks token 0, which the classifier pools", b);
     if (any) {
-      mask = on_device(Tensor::from_data(keep, {B, T, 1}), dev);
-      batch_->key_bias = on_device(Tensor::from_data(bias, {B, 1, 1, T}), dev);
+      mask = Tensor::from_data(keep, {B, T, 1}).to(dev);
+      batch_->key_bias = Tensor::from_data(bias, {B, 1, 1, T}).to(dev);
     }
   }
 
@@ -462,11 +461,11 @@ Tensor DebertaClassifier::encode(const EncoderInputs& in) {
       p2c[static_cast<size_t>(m)] = std::clamp<int64_t>(-r + S, 0, 2 * S - 1);
     }
     // The whole table through its module's call (ZeRO-3 holds the weight only inside).
-    Tensor rel = (*rel_)(on_device(Tensor::from_ints(all, {2 * S}), dev));  // (2S, C)
+    Tensor rel = (*rel_)(Tensor::from_ints(all, {2 * S}).to(dev));  // (2S, C)
     if (rel_norm_) rel = (*rel_norm_)(rel);
     batch_->rel = rel;
-    batch_->c2p_ids = on_device(Tensor::from_ints(c2p, {L}), dev);
-    batch_->p2c_ids = on_device(Tensor::from_ints(p2c, {L}), dev);
+    batch_->c2p_ids = Tensor::from_ints(c2p, {L}).to(dev);
+    batch_->p2c_ids = Tensor::from_ints(p2c, {L}).to(dev);
   }
   Tensor x = x0;
   for (size_t i = 0; i < layers_.size(); ++i) {

@@ -19,7 +19,6 @@ namespace ds::models {
 using detail::check_ids;
 using detail::Container;
 using detail::init_encoder_values;
-using detail::on_device;
 using detail::zero_span;
 
 using nlohmann::json;
@@ -296,7 +295,7 @@ void EncoderClassifier::init_weights() {
     const Tensor& p = named[k].second;
     std::vector<float> v(static_cast<size_t>(p.numel()));
     init_parameter_range(k, 0, p.numel(), v.data());
-    p.detach().copy_from(on_device(Tensor::from_data(v, p.shape()), p.device()).to(p.dtype()));
+    p.detach().copy_from(Tensor::from_data(v, p.shape()).to(p.device()).to(p.dtype()));
   }
 }
 
@@ -330,7 +329,7 @@ Tensor EncoderClassifier::embed(const EncoderInputs& in) {
            "[encoder] sequence length {} needs position {} but the model has {} positions "
            "(max_position_embeddings); shorten the inputs",
            T, max_pos, c.max_positions);
-  const Tensor positions = on_device(Tensor::from_ints(pos, {B, T}), dev);
+  const Tensor positions = Tensor::from_ints(pos, {B, T}).to(dev);
 
   Tensor types;
   if (in.token_type_ids.defined()) {
@@ -341,7 +340,7 @@ Tensor EncoderClassifier::embed(const EncoderInputs& in) {
                c.type_vocab_size);
     types = in.token_type_ids;
   } else {
-    types = on_device(Tensor::zeros({B, T}, DType::i64), dev);
+    types = Tensor::zeros({B, T}, DType::i64).to(dev);
   }
 
   // (B, T, 1) 1 where the token is not the pad id (padding_idx rows get no gradient).
@@ -349,7 +348,7 @@ Tensor EncoderClassifier::embed(const EncoderInputs& in) {
   if (any_pad) {
     std::vector<float> k(id.size());
     for (size_t i = 0; i < id.size(); ++i) k[i] = id[i] == c.pad_token_id ? 0.0f : 1.0f;
-    keep = on_device(Tensor::from_data(k, {B, T, 1}), dev).to(word_->weight().dtype());
+    keep = Tensor::from_data(k, {B, T, 1}).to(dev).to(word_->weight().dtype());
   }
   Tensor x = lookup(*word_, ids, keep);    // (B, T, C)
   x = ops::add(x, (*token_type_)(types));  // transformers' order

@@ -24,14 +24,6 @@ class Container : public nn::Module {
   }
 };
 
-// A host tensor (int ids or fp32 values) on `device`.
-inline Tensor on_device(const Tensor& host, Device device) {
-  if (device.is_cpu()) return host;
-  Tensor t = Tensor::empty(host.shape(), host.dtype(), device);
-  t.copy_from(host);
-  return t;
-}
-
 // t is a (B, T) int32/int64 tensor (any (B, T) when B < 0); errors start with "[<model>]".
 inline void check_ids(const Tensor& t, const char* model, const char* what, int64_t B, int64_t T) {
   DS_CHECK(t.defined() && t.dim() == 2 && (t.dtype() == DType::i32 || t.dtype() == DType::i64),

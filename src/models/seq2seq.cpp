@@ -218,7 +218,6 @@ Seq2SeqConfig Seq2SeqConfig::from_json(const json& j) {
 // ---- helpers ----
 
 using detail::activate;
-using detail::on_device;
 
 namespace {
 
@@ -285,7 +284,7 @@ Tensor lookup(nn::Embedding& emb, const Tensor& ids, int64_t pad) {
   std::vector<float> k(id.size());
   for (size_t i = 0; i < id.size(); ++i) k[i] = id[i] == pad ? 0.0f : 1.0f;
   const Tensor keep =
-      on_device(Tensor::from_data(k, {ids.size(0), ids.size(1), 1}), e.device()).to(e.dtype());
+      Tensor::from_data(k, {ids.size(0), ids.size(1), 1}).to(e.device()).to(e.dtype());
   return ops::add(ops::mul(e, keep), ops::mul(e.detach(), ops::add(ops::neg(keep), 1.0f)));
 }
 
@@ -491,8 +490,7 @@ class Seq2Seq::Stack : public nn::Module {
       g.caches->resize(layers_.size());
     }
     const int64_t N = tokens.size(0);
-    Tensor x = ops::add(tokens, (*positions_)(on_device(Tensor::from_ints(pos, {N, 1}),
-                                                        tokens.device())));  // (N, 1, C)
+    Tensor x = ops::add(tokens, (*positions_)(Tensor::from_ints(pos, {N, 1}).to(tokens.device())));  // (N, 1, C)
     if (emb_norm_) x = (*emb_norm_)(x);
     x = ops::dropout(x, c_.dropout, is_training());
     for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->step(x, groups, i, row_kernel);
@@ -509,8 +507,7 @@ class Seq2Seq::Stack : public nn::Module {
              c_.max_positions);
     std::vector<int64_t> pos(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(t)] = pos0 + t + c_.position_offset;
-    Tensor x = ops::add(tokens, (*positions_)(on_device(Tensor::from_ints(pos, {T}),
-                                                        tokens.device())));  // (B, T, C)
+    Tensor x = ops::add(tokens, (*positions_)(Tensor::from_ints(pos, {T}).to(tokens.device())));  // (B, T, C)
     if (emb_norm_) x = (*emb_norm_)(x);
     return ops::dropout(x, c_.dropout, is_training());
   }
@@ -603,7 +600,7 @@ void Seq2Seq::init_weights() {
     const Tensor& p = named[k].second;
     std::vector<float> v(static_cast<size_t>(p.numel()));
     init_parameter_range(k, 0, p.numel(), v.data());
-    p.detach().copy_from(on_device(Tensor::from_data(v, p.shape()), p.device()).to(p.dtype()));
+    p.detach().copy_from(Tensor::from_data(v, p.shape()).to(p.device()).to(p.dtype()));
   }
   if (final_logits_bias_.defined()) ops::fill_(final_logits_bias_, 0.0);
 }
@@ -663,9 +660,7 @@ Tensor Seq2Seq::logits(const Seq2SeqInputs& in) {
   Tensor dec = in.decoder_input_ids;
   if (!dec.defined()) {
     DS_CHECK(in.labels.defined(), "[seq2seq] logits need decoder_input_ids or labels");
-    dec = on_device(
-        shift_tokens_right(in.labels, config_.pad_token_id, config_.decoder_start_token_id),
-        in.input_ids.defined() ? in.input_ids.device() : kCPU);
+    dec = shift_tokens_right(in.labels, config_.pad_token_id, config_.decoder_start_token_id).to(in.input_ids.defined() ? in.input_ids.device() : kCPU);
   }
   Tensor memory = encode(in.input_ids, in.attention_mask);
   return decode(dec, memory, in.attention_mask);
@@ -676,9 +671,7 @@ Tensor Seq2Seq::loss(const Seq2SeqInputs& in) {
   check_ids(in.labels, "labels");
   Tensor dec = in.decoder_input_ids;
   if (!dec.defined())
-    dec = on_device(
-        shift_tokens_right(in.labels, config_.pad_token_id, config_.decoder_start_token_id),
-        in.input_ids.defined() ? in.input_ids.device() : kCPU);
+    dec = shift_tokens_right(in.labels, config_.pad_token_id, config_.decoder_start_token_id).to(in.input_ids.defined() ? in.input_ids.device() : kCPU);
   const Tensor h = decoder_hidden(dec, encode(in.input_ids, in.attention_mask),
                                   in.attention_mask);  // (B, T, C)
   const int64_t B = h.size(0), T = h.size(1), V = lm_head_->out_features();
@@ -690,7 +683,7 @@ Tensor Seq2Seq::loss(const Seq2SeqInputs& in) {
              V);
   // The LM head and the loss fused (ops::linear_cross_entropy): the (B, T, V) logits and their
   // gradient are never formed whole; final_logits_bias is a constant added to each row.
-  return lm_head_->cross_entropy(head_input(h), on_device(in.labels, h.device()), -100,
+  return lm_head_->cross_entropy(head_input(h), in.labels.to(h.device()), -100,
                                  config_.is_t5() ? Tensor() : final_logits_bias_);
 }
 
@@ -771,12 +764,12 @@ Tensor Seq2Seq::generate_greedy(const Tensor& input_ids, const Tensor& attention
     if (opt.use_cache) {
       std::vector<int64_t> newest;
       for (const auto& s : seqs) newest.push_back(s.back());
-      last = decode_step(on_device(Tensor::from_ints(newest, {B, 1}), input_ids.device()), cur - 1,
+      last = decode_step(Tensor::from_ints(newest, {B, 1}).to(input_ids.device()), cur - 1,
                          memory, attention_mask, caches);
     } else {
       std::vector<int64_t> flat;
       for (const auto& s : seqs) flat.insert(flat.end(), s.begin(), s.end());
-      const Tensor dec = on_device(Tensor::from_ints(flat, {B, cur}), input_ids.device());
+      const Tensor dec = Tensor::from_ints(flat, {B, cur}).to(input_ids.device());
       last = ops::slice(decode(dec, memory, attention_mask), 1, cur - 1, cur);
     }
     std::vector<float> lg = ops::contiguous(last).to(DType::f32).to_vector();  // (B, V)

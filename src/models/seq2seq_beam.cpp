@@ -17,7 +17,6 @@
 
 namespace ds::models {
 
-using detail::on_device;
 
 namespace {
 
@@ -105,7 +104,7 @@ Tensor Seq2Seq::generate_beam(const Tensor& input_ids, const Tensor& attention_m
              shape_str(attention_mask.shape()), B, S);
     std::vector<int64_t> rows;
     for (int64_t b : expand) rows.insert(rows.end(), m.begin() + b * S, m.begin() + (b + 1) * S);
-    mask = on_device(Tensor::from_ints(rows, {B * NB, S}), input_ids.device());
+    mask = Tensor::from_ints(rows, {B * NB, S}).to(input_ids.device());
   }
 
   // Per batch row: the running beams (best first), the finished list (best first) and its flags.
@@ -128,13 +127,13 @@ Tensor Seq2Seq::generate_beam(const Tensor& input_ids, const Tensor& attention_m
       std::vector<int64_t> newest;
       for (const auto& r : running)
         for (const auto& h : r) newest.push_back(h.tokens.back());
-      last = decode_step(on_device(Tensor::from_ints(newest, {B * NB, 1}), input_ids.device()),
+      last = decode_step(Tensor::from_ints(newest, {B * NB, 1}).to(input_ids.device()),
                          cur_len - 1, memory, mask, caches);
     } else {
       std::vector<int64_t> flat;
       for (const auto& r : running)
         for (const auto& h : r) flat.insert(flat.end(), h.tokens.begin(), h.tokens.end());
-      const Tensor dec = on_device(Tensor::from_ints(flat, {B * NB, cur_len}), input_ids.device());
+      const Tensor dec = Tensor::from_ints(flat, {B * NB, cur_len}).to(input_ids.device());
       last = ops::slice(decode(dec, memory, mask), 1, cur_len - 1, cur_len);
     }
     const std::vector<float> logits = ops::contiguous(last).to(DType::f32).to_vector();

@@ -11,7 +11,6 @@
 
 namespace ds::models {
 
-using detail::on_device;
 
 Seq2SeqDecoder::Seq2SeqDecoder(std::shared_ptr<Seq2Seq> model) : model_(std::move(model)) {
   DS_CHECK(model_ != nullptr, "[generate] Seq2SeqDecoder needs a model");
@@ -82,7 +81,7 @@ Tensor Seq2SeqDecoder::step(std::span<Seq2SeqDecoder* const> decoders, std::span
   autograd::NoGradGuard no_grad;
   detail::EvalMode eval(*model_);
   const Tensor ids_t =
-      on_device(Tensor::from_ints(tokens, {B, 1}), model_->shared_->weight().device());
+      Tensor::from_ints(tokens, {B, 1}).to(model_->shared_->weight().device());
   const Tensor lg = model_->decode_step(ids_t, groups, /*row_kernel=*/true);  // (B, 1, V)
   for (Seq2SeqDecoder* d : decoders) ++d->length_;
   Tensor out = ops::reshape(lg, {B, c.vocab_size});
@@ -114,7 +113,7 @@ Tensor Seq2SeqDecoder::forward(std::span<const int32_t> ids, bool all_logits) {
       autograd::NoGradGuard no_grad;
       detail::EvalMode eval(*model_);
       memory = model_->encode(
-          on_device(Tensor::from_ints(src, {1, S}), model_->shared_->weight().device()));
+          Tensor::from_ints(src, {1, S}).to(model_->shared_->weight().device()));
     }
     caches_.clear();
     source_length_ = S;

@@ -16,7 +16,6 @@
 namespace ds::models {
 
 using detail::activate;
-using detail::on_device;
 
 namespace {
 
@@ -336,7 +335,7 @@ class Seq2Seq::T5Stack : public nn::Module {
       for (int64_t j = 0; j < Tk; ++j)
         ids[static_cast<size_t>(i * Tk + j)] = relative_bucket(
             j - (past + i), !decoder_, c_.relative_buckets, c_.relative_max_distance);
-    ctx_->bucket_ids = on_device(Tensor::from_ints(ids, {Tq, Tk}), device);
+    ctx_->bucket_ids = Tensor::from_ints(ids, {Tq, Tk}).to(device);
   }
 
   const Seq2SeqConfig c_;

@@ -14,14 +14,6 @@
 
 namespace ds::models::detail {
 
-// A host tensor on `device` (the same tensor when device is the CPU).
-inline Tensor on_device(const Tensor& host, Device device) {
-  if (device.is_cpu()) return host;
-  Tensor t = Tensor::empty(host.shape(), host.dtype(), device);
-  t.copy_from(host);
-  return t;
-}
-
 // transformers' ACT2FN for the names the seq2seq configs use: "gelu" (exact, erf), "gelu_new" /
 // "gelu_pytorch_tanh" (tanh approximation), "silu" / "swish", else "relu".
 inline Tensor activate(const Tensor& x, const std::string& act) {
@@ -54,7 +46,7 @@ inline Tensor additive_mask(const ops::AttentionMask& mask, int64_t B, int64_t T
         }
       }
   if (!any) return Tensor();
-  return on_device(Tensor::from_data(bias, {B, 1, Tq, Tk}), like.device()).to(like.dtype());
+  return Tensor::from_data(bias, {B, 1, Tq, Tk}).to(like.device()).to(like.dtype());
 }
 
 // l(x), or per row (ops::linear_rows: a row's result does not depend on the other rows) when

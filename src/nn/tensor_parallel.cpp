@@ -89,17 +89,10 @@ Tensor tp_shared(const Tensor& w, const std::shared_ptr<comm::Group>& sharing) {
 
 namespace {
 
-// All-reduces t in place over the tensor-parallel group; comm takes host tensors, so a device
-// tensor goes through a host copy (N statistics per step).
+// All-reduces t in place over the tensor-parallel group (a device tensor through host memory:
+// comm's Tensor overloads; N statistics per step).
 void all_reduced(Tensor& t, comm::ReduceOp op, const TensorParallel& tp, const char* what) {
-  if (t.device().is_cpu()) {
-    tp.group().all_reduce(t, op, what);
-    return;
-  }
-  Tensor h = Tensor::empty(t.shape(), t.dtype(), kCPU);
-  h.copy_from(t);
-  tp.group().all_reduce(h, op, what);
-  t.copy_from(h);
+  tp.group().all_reduce(t, op, what);
 }
 
 }  // namespace
@@ -245,8 +238,9 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids) {
   }
   Shape mask_shape = ids.shape();
   mask_shape.push_back(1);
-  Tensor rows = ops::embedding(weight(), Tensor::from_ints(local, ids.shape()));  // (..., C)
-  Tensor mask = Tensor::from_data(keep, mask_shape).to(rows.dtype());
+  const Device dev = weight().device();
+  Tensor rows = ops::embedding(weight(), Tensor::from_ints(local, ids.shape()).to(dev));  // (..., C)
+  Tensor mask = Tensor::from_data(keep, mask_shape).to(dev).to(rows.dtype());
   return tp_reduce(ops::mul(rows, mask), *tp_);
 }
 
@@ -278,15 +272,7 @@ Tensor gather_full(const Tensor& local, const TPSplit& s, const TensorParallel& 
   Tensor send = Tensor::zeros(packed, DType::f32, dev);
   ops::slice(send, 2, 0, len).copy_from(ops::reshape(x, {rows, s.blocks, len, cols}));
   Tensor recv = Tensor::empty({n, rows, s.blocks, per, cols}, DType::f32, dev);
-  if (dev.is_cpu()) {
-    tp.group().all_gather(send, recv, "tensor parallel: gathering a parameter");
-  } else {  // comm takes host tensors
-    Tensor hs = Tensor::empty(packed, DType::f32, kCPU);
-    Tensor hr = Tensor::empty(recv.shape(), DType::f32, kCPU);
-    hs.copy_from(send);
-    tp.group().all_gather(hs, hr, "tensor parallel: gathering a parameter");
-    recv.copy_from(hr);
-  }
+  tp.group().all_gather(send, recv, "tensor parallel: gathering a parameter");
   Shape full_shape = local.shape();
   full_shape[static_cast<size_t>(s.dim)] = s.full;
   Tensor full = Tensor::zeros(full_shape, DType::f32, dev);

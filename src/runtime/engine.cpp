@@ -279,12 +279,7 @@ nn::Batch batch_on_device(const nn::Module& model, const nn::Batch& b) {
   const auto params = model.named_parameters();
   if (params.empty()) return b;
   const Device dev = params.front().second.device();
-  auto move = [&](const Tensor& t) {
-    if (!t.defined() || t.device() == dev) return t;
-    Tensor out = Tensor::empty(t.shape(), t.dtype(), dev);
-    out.copy_from(t);
-    return out;
-  };
+  auto move = [&](const Tensor& t) { return t.defined() ? t.to(dev) : t; };
   return {move(b.input_ids), move(b.labels), move(b.attention_mask), move(b.token_type_ids),
           move(b.decoder_input_ids)};
 }

@@ -49,6 +49,8 @@ PipelineEngine::PipelineEngine(std::shared_ptr<nn::Module> stage, DeepSpeedConfi
     stage_->set_activation_checkpoint_interval(config.pipeline.activation_checkpoint_interval);
   act_dtype_ = config.training_dtype();
   hidden_ = stage_->hidden_size();
+  if (const auto params = module_->named_parameters(); !params.empty())
+    device_ = params.front().second.device();
 
   const bool last = stage_->is_last_stage();
   // A stage's input is the previous stage's activations (or the ids on the first stage); only the
@@ -87,8 +89,8 @@ int64_t PipelineEngine::count_dropout_calls() {
   const bool was_training = module_->is_training();
   module_->train(true);
   const rng::DropoutState saved = rng::dropout_state();
-  const Tensor in = stage_->is_first_stage() ? Tensor::zeros({1, 1}, DType::i64)
-                                             : Tensor::zeros({1, 1, hidden_}, act_dtype_);
+  const Tensor in = stage_->is_first_stage() ? Tensor::zeros({1, 1}, DType::i64, device_)
+                                             : Tensor::zeros({1, 1, hidden_}, act_dtype_, device_);
   (void)(*module_)(in);
   const int64_t calls = static_cast<int64_t>(rng::dropout_state().offset - saved.offset);
   rng::dropout_state() = saved;
@@ -106,7 +108,7 @@ void PipelineEngine::sync_tied_weight() {
     engine_->strategy().keep_gathered(w);
     pipe.send(w.detach().contiguous(), p - 1, kTiedWeightTag, "pipeline tied weight");
   } else if (Tensor h = stage_->tied_head_weight(); h.defined()) {
-    Tensor buf = Tensor::empty(h.shape(), act_dtype_);
+    Tensor buf = Tensor::empty(h.shape(), act_dtype_, device_);
     pipe.recv(buf, 0, kTiedWeightTag, "pipeline tied weight");
     h.detach().copy_from(buf);
   }
@@ -196,7 +198,7 @@ void PipelineEngine::agree_on_shapes(const std::vector<PipeBatch>& batches, int 
 }
 
 Tensor PipelineEngine::new_activation() const {
-  return Tensor::empty({batch_, seq_, hidden_}, act_dtype_);
+  return Tensor::empty({batch_, seq_, hidden_}, act_dtype_, device_);
 }
 
 float PipelineEngine::aggregate_loss(double loss_sum, int micro_batches) {
@@ -314,7 +316,7 @@ float PipelineEngine::train_batch(const std::function<PipeBatch()>& next) {
             if (final_backward)
               if (Tensor w = stage_->tied_embedding_weight(); w.defined()) {
                 // The last stage's gradient of the tied copy joins this backward as a second root.
-                Tensor g = Tensor::empty(w.shape(), DType::f32);
+                Tensor g = Tensor::empty(w.shape(), DType::f32, device_);
                 times_.compute_s += seconds_since(t);
                 const auto tw = Clock::now();
                 pipe.recv(g, p - 1, kTiedGradTag, ctx + " tied weight gradient");

@@ -61,24 +61,39 @@ FitPlan plan_fit(const models::GPTConfig& model, const runtime::DeepSpeedConfig&
 }
 
 GpuFitPlan plan_fit_gpu(const models::GPTConfig& model, const runtime::DeepSpeedConfig& cfg,
-                        int64_t activations, int64_t lora_params, int64_t frozen) {
-  // As the engine lays it out (zero/flat_strategy.cpp, Strategy::device_optimizer_step): one
-  // process, so no sharding; trainable elements in the flat buffers, frozen ones beside them.
-  const int64_t P = model.num_parameters() + lora_params;
-  const int64_t trainable = P - frozen;
+                        int64_t activations, int64_t lora_params, int64_t frozen, int data_parallel,
+                        int model_parallel) {
+  // As the engine lays it out (zero/flat_strategy.cpp, Strategy::device_optimizer_step; stage 3:
+  // zero/stage3.cpp): this rank's part of the model (1/model_parallel of it: its tensor slices or
+  // pipeline stage), trainable elements in the flat buffers, frozen ones beside them; the fp32
+  // master weights and moments of this rank's ZeRO partition in host memory.
+  const int64_t mp = std::max(1, model_parallel), dp = std::max(1, data_parallel);
+  const int64_t P = (model.num_parameters() + lora_params + mp - 1) / mp;
+  const int64_t trainable = P - (frozen + mp - 1) / mp;
+  const auto& z = cfg.zero_optimization;
+  const int64_t part = z.stage == 0 ? trainable : (trainable + dp - 1) / dp;
   const DType train = cfg.training_dtype(), grads = runtime::gradient_dtype(cfg);
   const int64_t t = static_cast<int64_t>(dtype_size(train)),
                 g = static_cast<int64_t>(dtype_size(grads));
   GpuFitPlan p;
-  p.params = P * t;
-  // Stages 0-1 accumulate into the flat gradient buffer; stage 2 into its partition (here the
-  // whole range) with the per-parameter gradients freed bucket by bucket.
-  p.grads = trainable * g;
   p.activations = activations;
+  p.host_build = 4 * P;
+  if (z.stage == 3) {
+    // Gathered parameters only (what is live at once: max_live_parameters plus a prefetch
+    // bucket), gradients reduced to host memory as each is complete; the host keeps the shards
+    // of the working parameters and the gradients beside the master weights and moments.
+    p.params = std::min<int64_t>(P, z.stage3_max_live_parameters + z.stage3_prefetch_bucket_size) * t;
+    p.grads = 0;
+    p.host_states = part * (4 + 8 + g + t) + (train != DType::f32 ? part * 4 : 0);
+    return p;
+  }
+  p.params = P * t;
+  // Stages 0-1 accumulate into the flat gradient buffer; stage 2 into its partition with the
+  // per-parameter gradients freed bucket by bucket.
+  p.grads = (z.stage == 2 ? part : trainable) * g;
   // Master weights (fp32) and two Adam moments; the gradients come down in their own dtype and
   // 16-bit training stages the rounded parameters on the way up.
-  p.host_states = trainable * (4 + 8 + g + (train != DType::f32 ? t : 0));
-  p.host_build = 4 * P;
+  p.host_states = part * (4 + 8 + g + (train != DType::f32 ? t : 0));
   return p;
 }
 

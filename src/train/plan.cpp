@@ -292,15 +292,8 @@ RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {
   }
   p.device = parse_device(o.device);
   if (!p.device.is_cpu()) {
-    DS_CHECK(p.world_size == 1 && tp == 1 && pp == 1,
-             "[ds_train] --device {}: training on a GPU runs in one process for now ({} ranks, "
-             "tensor parallel {}, pipeline {}); collectives between GPUs (NCCL) are not built "
-             "yet. Run one process",
-             o.device, p.world_size, tp, pp);
-    DS_CHECK(cfg.zero_optimization.stage <= 2,
-             "[ds_train] --device {}: ZeRO stage 3 keeps its shards in host memory for now; set "
-             "zero_optimization.stage to 0, 1 or 2 (docs/cuda.md)",
-             o.device);
+    // Every stage, pipeline and tensor parallelism run on a device; collectives go through host
+    // memory (comm/group.h: GPU-to-GPU collectives, NCCL, are not built yet).
     backend::get(p.device);  // a build without CUDA, or no GPU, says so here
   } else {
     DS_CHECK(o.device_memory_limit_gib == 0.0,
@@ -309,8 +302,9 @@ RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {
   }
   // A pipeline stage is built whole (its layers only) and then sharded; so is a tensor-parallel
   // rank's part (its slices).
+  // A model on a device is built whole in host memory and then moved (Module::to).
   p.partitioned_build = cfg.zero_optimization.stage == 3 && o.init_from.empty() && !p.lora &&
-                        pp == 1 && tp == 1;
+                        pp == 1 && tp == 1 && p.device.is_cpu();
   p.model_name = g.model                ? (fs::exists(o.model) ? fs::path(o.model).stem().string()
                                                                : o.model)
                  : !o.init_from.empty() ? fs::path(o.init_from).filename().string()

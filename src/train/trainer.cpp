@@ -79,9 +79,10 @@ Trainer::~Trainer() = default;
 void Trainer::check_memory() {
   const RunPlan& p = plan_;
   const LoraCounts lc = p.lora ? count_lora(p.model, *p.lora) : LoraCounts{};
-  if (!p.device.is_cpu()) {  // one process: the GPU and host memory, ZeRO-Offload's way
+  if (!p.device.is_cpu()) {  // the GPU and host memory, ZeRO-Offload's way
     const GpuFitPlan g =
-        plan_fit_gpu(p.model, p.config(), p.activation_bytes, lc.lora_params, lc.frozen);
+        plan_fit_gpu(p.model, p.config(), p.activation_bytes, lc.lora_params, lc.frozen,
+                     p.data_parallel, p.tensor_parallel() * p.pipeline_parallel());
     const std::string note =
         check_fit_gpu(g, static_cast<int64_t>(backend::get(p.device).available_memory()),
                       available_memory_bytes(), p.device.str(), p.config());

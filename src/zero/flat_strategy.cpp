@@ -38,13 +38,10 @@ class FlatStrategy final : public Strategy {
     place_frozen();
     const auto trainable = nn::trainable_parameters(model_);
     // A model on a GPU trains ZeRO-Offload's way: its flat parameters and gradients stay on the
-    // GPU, this rank's fp32 master weights and the optimizer state in host memory (docs/cuda.md).
+    // GPU, this rank's fp32 master weights and the optimizer state in host memory (docs/cuda.md);
+    // collectives between ranks go through host memory (comm/group.h).
     device_ = trainable.front().second.device();
     if (!device_.is_cpu()) {
-      DS_CHECK(n == 1,
-               "[zero] the model is on {}: training on a GPU runs in one process for now (GPU "
-               "collectives, NCCL, are not built yet); launch one rank",
-               device_.str());
       DS_CHECK(!offloaded(),
                "[zero] the model is on {}: NVMe offload (offload_optimizer/offload_param device "
                "\"nvme\") works with models in host memory only for now; use device \"cpu\" or "

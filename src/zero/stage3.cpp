@@ -12,8 +12,16 @@
 // parameters around its forward and its backward and release them after, except persistent small
 // ones; each parameter's gradient is reduce-scattered as soon as it is complete, in chunks of at
 // most reduce_bucket_size elements. Prefetching along the recorded trace: prefetch.h.
+//
+// A model on a device (a GPU, or the `sim` device in tests) keeps the same layout with the
+// shards in host memory (ZeRO-Infinity's offload_param "cpu": the ZeRO-Offload layout FlatStrategy
+// uses on a GPU, docs/cuda.md): each parameter's gatherable buffer, its gradient and the reduction
+// staging are on the device; the all-gather lands in host memory and is copied up by the Work's
+// wait() (comm's Tensor overloads), each gradient chunk is packed on the device and copied down
+// for the reduce-scatter, and the optimizer steps the host shards as on the CPU.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "ds/core/error.h"
 #include "ds/ops/ops.h"
@@ -31,6 +39,7 @@ class Stage3Strategy final : public Strategy {
       : Strategy(model, std::move(group), o) {
     const int n = group_->size(), r = group_->rank();
     partitioned_ = n > 1;
+    device_ = model_device(model);
     // Frozen parameters (LoRA's base) are not partitioned: they stay whole on every rank in
     // frozen_, outside the gathers, the gradient reduce-scatter and the optimizer's shard.
     place_frozen();
@@ -87,7 +96,8 @@ class Stage3Strategy final : public Strategy {
     }
     for (auto& sp : params_) {
       // Rebind the parameter to its own gatherable buffer, released until first use.
-      sp.full = Storage::allocate(static_cast<size_t>(n * sp.part) * dtype_size(o.train_dtype));
+      sp.full = Storage::allocate(static_cast<size_t>(n * sp.part) * dtype_size(o.train_dtype),
+                                  device_);
       TensorImpl* impl = sp.param.impl();
       impl->storage = sp.full;
       impl->offset = 0;
@@ -244,12 +254,13 @@ class Stage3Strategy final : public Strategy {
     const Trace::Paused paused = trace_.pause();
     for (size_t i = 0; i < params_.size(); ++i) {
       gather({static_cast<int>(i)}, "checkpoint");
-      if (group_->rank() == 0) out.emplace_back(flat_.entries[i].name, params_[i].param.clone());
+      if (group_->rank() == 0) out.emplace_back(flat_.entries[i].name, host_copy(params_[i].param));
       release({static_cast<int>(i)});
     }
     // Frozen parameters are whole on every rank already.
     if (group_->rank() == 0)
-      for (const auto& [name, p] : nn::frozen_parameters(model_)) out.emplace_back(name, p.clone());
+      for (const auto& [name, p] : nn::frozen_parameters(model_))
+        out.emplace_back(name, host_copy(p));
     trace_.resume(paused);
     return out;
   }
@@ -374,6 +385,32 @@ class Stage3Strategy final : public Strategy {
     refresh();  // persistent parameters are gathered once and kept
   }
 
+  int64_t n_ranks() const { return group_->size(); }
+  // t itself in host memory, else a host copy (the device's staging kept for the caller).
+  static Tensor host_side(const Tensor& t) {
+    if (t.device().is_cpu()) return t;
+    Tensor h = Tensor::empty(t.shape(), t.dtype(), kCPU);
+    h.copy_from(t);
+    return h;
+  }
+  // A new host copy of t (checkpoints and exports read host memory).
+  static Tensor host_copy(const Tensor& t) {
+    if (t.device().is_cpu()) return t.clone();
+    return host_side(t);
+  }
+  // Where the model's trainable parameters live (one device for all of them).
+  static Device model_device(nn::Module& model) {
+    std::optional<Device> d;
+    for (const auto& [name, p] : model.named_parameters()) {
+      if (!p.requires_grad()) continue;
+      if (!d) d = p.device();
+      DS_CHECK(p.device() == *d, "[zero] parameter '{}' is on {}, the model's others on {}: "
+               "move the whole model to one device before ZeRO stage 3", name, p.device().str(),
+               d->str());
+    }
+    return d.value_or(kCPU);
+  }
+
   struct Param {
     Tensor param;                   // the model's parameter (its storage: `full`)
     std::shared_ptr<Storage> full;  // (N * part,) training dtype; released when not in use
@@ -447,8 +484,14 @@ class Stage3Strategy final : public Strategy {
         src = failed_reads_.back().data();
       }
     }
+    // The Tensor overload: on a device the gather lands in host memory and is copied up by the
+    // Work's wait() (comm/group.h), so the parameter holds its values once gather() waited.
+    const Tensor piece = Tensor::from_storage(
+        Storage::external(const_cast<char*>(src), static_cast<size_t>(sp.part) * esz, kCPU),
+        {sp.part}, options_.train_dtype);
+    const Tensor full = Tensor::from_storage(sp.full, {n_ranks() * sp.part}, options_.train_dtype);
     return group_->all_gather_async(
-        src, sp.full->data(), static_cast<size_t>(sp.part), options_.train_dtype,
+        piece, full,
         fmt::format("gather {} for {}", flat_.entries[static_cast<size_t>(i)].name, label));
   }
 
@@ -539,7 +582,8 @@ class Stage3Strategy final : public Strategy {
         if (have < len) staging.flat_range(r * len + have, len - have).zero_();
       }
       if (comm_prescale_ != 1.0f && n > 1) ops::mul_(staging, comm_prescale_);
-      Tensor out = n > 1 ? Tensor::empty({len}, cd) : staging;
+      // The reduced chunk lands in host memory beside the shard (on a device: copied down).
+      Tensor out = n > 1 ? Tensor::empty({len}, cd, kCPU) : host_side(staging);
       comm::Work w = n > 1 ? group_->reduce_scatter_async(
                                  staging, out, comm::ReduceOp::sum,
                                  fmt::format("{} gradient of {}", ctx_,
@@ -592,6 +636,7 @@ class Stage3Strategy final : public Strategy {
     failed_reads_.clear();  // every gather has completed (the prefetches were waited above)
   }
 
+  Device device_ = kCPU;  // the model's: gathered parameters and their gradients live there
   std::vector<Param> params_;
   // Zeros gathered in place of pieces whose read failed; kept until no gather can read them
   // (drop_gathered). Moving the outer vector keeps each buffer where it is.

@@ -416,11 +416,6 @@ std::unique_ptr<Strategy> make_strategy(nn::Module& model, std::shared_ptr<comm:
   DS_CHECK(options.stage >= 0 && options.stage <= 3, "[zero] stage must be 0-3, got {}",
            options.stage);
   if (options.stage == 3) {
-    const auto params = model.named_parameters();
-    DS_CHECK(params.empty() || params.front().second.device().is_cpu(),
-             "[zero] the model is on {}: ZeRO stage 3 keeps its shards in host memory for now; use "
-             "stage 0, 1 or 2 on a GPU (docs/cuda.md)",
-             params.empty() ? std::string("cpu") : params.front().second.device().str());
     return detail::make_stage3_strategy(model, std::move(group), options);
   }
   return detail::make_flat_strategy(model, std::move(group), options);

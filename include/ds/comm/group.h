@@ -13,6 +13,12 @@
 // another). Buffers must stay alive and untouched until the Work completes; the Tensor overloads
 // keep their tensors alive themselves.
 //
+// Device tensors: the MPI backend moves host memory, so the Tensor overloads take a tensor on a
+// GPU (or the `sim` device) through host memory: an input is copied down when the operation is
+// issued, an output copied up inside the Work's wait() (on the waiting thread), so the tensor holds
+// the result once wait() returns, as for a host tensor. This costs a copy each way and serialises
+// the copy with the collective; GPU-to-GPU collectives (NCCL) are not built yet (docs/cuda.md).
+//
 // Execution (MPI backend): each group owns a communication thread that executes its operations in
 // issue order, so the caller returns at once and computes while the collective runs. Within one
 // node, all_reduce, reduce_scatter, barrier, large reduces and broadcasts run as our shared-memory
@@ -36,6 +42,7 @@
 // most). MAX propagates NaN for floating dtypes.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -83,6 +90,7 @@ struct Capabilities {
 
 namespace detail {
 struct WorkState;
+struct AfterWait;
 }
 
 // Handle to an issued operation. Copyable; a default-constructed Work is already complete.
@@ -97,9 +105,14 @@ class Work {
   void wait() const;
   // The operation's sequence number in its group (collectives count 1, 2, ...; 0 for send/recv).
   uint64_t sequence() const;
+  // This Work with f run once, on the thread whose wait() first returns successfully, before that
+  // wait() returns (every copy of the returned Work shares it). The Tensor overloads use it to copy
+  // a device tensor's result up from its host staging on the caller's thread.
+  Work after_wait(std::function<void()> f) const;
 
  private:
   std::shared_ptr<detail::WorkState> state_;
+  std::shared_ptr<detail::AfterWait> after_;
 };
 
 class Group {
@@ -178,7 +191,7 @@ class Group {
     recv_async(buf, count, dtype, src, tag, context).wait();
   }
 
-  // ---- tensors: contiguous, on the CPU, materialised; the Work keeps them alive ----
+  // ---- tensors: contiguous, materialised, on any device (above); the Work keeps them alive ----
   Work all_reduce_async(const Tensor& t, ReduceOp op = ReduceOp::sum,
                         std::string_view context = {});
   // in.numel() == size() * out.numel(), same dtype.

@@ -78,6 +78,9 @@ class Tensor {
   Tensor contiguous() const;  // self if already contiguous
   Tensor clone() const;       // always a new contiguous copy
   Tensor to(DType dtype) const;  // self if same dtype
+  // A contiguous copy on `device` (self if already there; not recorded by autograd): ids and
+  // masks made on the host go to the model's device this way.
+  Tensor to(Device device) const;
   Tensor detach() const;      // same storage, no autograd history
   void copy_from(const Tensor& src) const;  // same shape; converts dtype
   void zero_() const;

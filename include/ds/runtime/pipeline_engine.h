@@ -120,6 +120,9 @@ class PipelineEngine {
   std::unique_ptr<Engine> engine_;
   int64_t batch_ = 0, seq_ = 0, hidden_ = 0;  // the agreed activation shape (B, T, C)
   DType act_dtype_ = DType::f32;
+  // Where this stage's parameters live: activations and gradients between stages are received
+  // there (comm takes a device tensor through host memory).
+  Device device_ = kCPU;
   int64_t dropout_prefix_ = 0;  // dropout calls of the stages before this one, per forward
   int64_t dropout_total_ = 0;   // dropout calls of one forward of the whole model
   PipelineTimes times_;

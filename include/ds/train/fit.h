@@ -45,8 +45,10 @@ FitPlan plan_fit(const models::GPTConfig& model, const runtime::DeepSpeedConfig&
                  bool partitioned_build = false, int64_t lora_params = 0, int64_t frozen = 0,
                  int model_parallel = 1);
 
-// A GPU run (--device cuda; one process, ZeRO stage 0-2, ZeRO-Offload's layout: docs/cuda.md).
-// What the GPU holds and what host memory holds, in bytes.
+// A GPU run (--device cuda; ZeRO-Offload's layout: docs/cuda.md). What one rank's GPU holds and
+// what its host memory holds, in bytes: its 1/model_parallel of the model (tensor x pipeline
+// parallel), its ZeRO partition of the optimizer state over data_parallel ranks; stage 3 keeps
+// only the gathered parameters on the device.
 struct GpuFitPlan {
   int64_t params = 0;       // the working parameters, in the training dtype
   int64_t grads = 0;        // the flat gradients (accumulation dtype), and stage 2's partition
@@ -57,7 +59,8 @@ struct GpuFitPlan {
   int64_t host() const { return std::max(host_states, host_build); }
 };
 GpuFitPlan plan_fit_gpu(const models::GPTConfig& model, const runtime::DeepSpeedConfig& cfg,
-                        int64_t activations, int64_t lora_params = 0, int64_t frozen = 0);
+                        int64_t activations, int64_t lora_params = 0, int64_t frozen = 0,
+                        int data_parallel = 1, int model_parallel = 1);
 
 // Throws "[ds_train] this run does not fit on <device>: ..." naming the need, what is available
 // (`device_available`: the card's free memory, or --device_memory_limit when lower) and what
