@@ -27,7 +27,7 @@
 #include "ds/core/tensor.h"
 
 namespace ds {
-// GoogleTest prints test parameters with this ("cpu", "cuda:0") instead of their bytes.
+// GoogleTest prints test parameters with this ("cpu", "sim:0", "cuda:0") instead of their bytes.
 inline void PrintTo(const Device& device, std::ostream* os) {
   *os << device.str();
 }
@@ -35,16 +35,18 @@ inline void PrintTo(const Device& device, std::ostream* os) {
 
 namespace ds::testing {
 
-// kCPU always, plus the first GPU when the build has the CUDA backend (-DDS_WITH_CUDA=ON) and the
-// machine has one: a CUDA build still runs its CPU tests on a machine without a GPU. The CUDA
-// backend runs one GPU per process (cuda:0).
+// kCPU and the sim emulator always (sim:0, src/backend/sim: device memory the host cannot
+// dereference, the CPU's kernels, so a test that reads device memory on the host crashes there),
+// plus the first GPU when the build has the CUDA backend (-DDS_WITH_CUDA=ON) and the machine has
+// one: a CUDA build still runs its CPU tests on a machine without a GPU. The CUDA backend runs one
+// GPU per process (cuda:0).
 inline std::vector<Device> test_devices() {
-  std::vector<Device> devices{kCPU};
+  std::vector<Device> devices{kCPU, Device{DeviceType::sim, 0}};
   if (backend::cuda_device_count() > 0) devices.push_back(Device{DeviceType::cuda, 0});
   return devices;
 }
 
-// "cpu", "cuda_0": GoogleTest parameter names allow only letters, digits and '_'.
+// "cpu", "sim_0", "cuda_0": GoogleTest parameter names allow only letters, digits and '_'.
 inline std::string device_param_name(const ::testing::TestParamInfo<Device>& info) {
   std::string name = info.param.str();
   for (char& c : name)

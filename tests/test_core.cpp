@@ -1,6 +1,7 @@
 // Tensors, dtypes, storage and the caching allocator.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include <cmath>
@@ -8,10 +9,12 @@
 
 #include "ds/backend/backend.h"
 #include "ds/core/allocator.h"
+#include "ds/core/device_registry.h"
 #include "ds/core/error.h"
 #include "ds/core/tensor.h"
 #include "ds/core/text.h"
 #include "ds/ops/ops.h"
+#include "ds/optim/kernels.h"
 
 using namespace ds;
 
@@ -216,6 +219,114 @@ TEST(Backend, CudaStubExplainsItself) {
         << e.what();
   }
   backend::cpu().synchronize();
+}
+
+// ---- the sim device (src/backend/sim): memory the host cannot read, the CPU's kernels ----
+
+const Device kSimDevice{DeviceType::sim, 0};
+
+TEST(Sim, HostDereferenceOfItsMemoryFaults) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  const Tensor t = Tensor::zeros({16}, DType::f32, kSimDevice);
+  EXPECT_EQ(t.device().str(), "sim:0");
+  EXPECT_EQ(backend::get(kSimDevice).name(), "sim:0");
+  const volatile float* p = t.data<float>();
+  EXPECT_DEATH({ std::printf("%f\n", static_cast<double>(p[3])); }, "");
+  volatile float* q = t.data<float>();
+  EXPECT_DEATH({ q[0] = 1.0f; }, "");
+  EXPECT_THROW(backend::get(Device{DeviceType::sim, 1}), Error);
+}
+
+TEST(Sim, RoundTripThroughTheDeviceIsBitwise) {
+  std::vector<float> v(1000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(static_cast<float>(i) * 1.7f) * 1e3f;
+  v[0] = -0.0f, v[1] = INFINITY, v[2] = std::numeric_limits<float>::quiet_NaN();
+  v[3] = std::numeric_limits<float>::denorm_min();
+  const Tensor h = Tensor::from_data(v, {10, 100});
+  const Tensor d = Tensor::empty({10, 100}, DType::f32, kSimDevice);
+  d.copy_from(h);               // cpu -> sim
+  const Tensor d2 = d.clone();  // sim -> sim
+  // A strided sim -> sim copy.
+  const Tensor dt = ops::transpose(d2, 0, 1).contiguous();
+  Tensor back = Tensor::empty({10, 100}), back_t = Tensor::empty({100, 10});
+  back.copy_from(d2);  // sim -> cpu
+  back_t.copy_from(dt);
+  EXPECT_EQ(d2.device(), kSimDevice);
+  EXPECT_EQ(std::memcmp(back.raw_data(), h.raw_data(), h.nbytes()), 0);
+  const Tensor want_t = ops::transpose(h, 0, 1).contiguous();
+  EXPECT_EQ(std::memcmp(back_t.raw_data(), want_t.raw_data(), h.nbytes()), 0);
+  // Conversions and fills on the device.
+  const Tensor b16 = d.to(DType::bf16), hb16 = h.to(DType::bf16);
+  Tensor back16 = Tensor::empty({10, 100}, DType::bf16);
+  back16.copy_from(b16);
+  EXPECT_EQ(std::memcmp(back16.raw_data(), hb16.raw_data(), hb16.nbytes()), 0);
+  EXPECT_EQ(Tensor::full({3}, 2.5, DType::f32, kSimDevice).to_vector(),
+            std::vector<float>(3, 2.5f));
+}
+
+TEST(Sim, AdamIsBitwiseTheCpuOptimizer) {
+  const int64_t n = 5003;  // every SIMD width's body and a scalar tail
+  std::vector<float> p(n), g(n), m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = static_cast<float>(i);
+    p[i] = std::sin(x * 0.37f), g[i] = std::cos(x * 1.3f) * 3.0f;
+    m[i] = std::sin(x * 2.1f) * 0.1f, v[i] = std::abs(std::cos(x * 0.7f)) * 0.01f;
+  }
+  auto on_sim = [](const std::vector<float>& x) {
+    Tensor t = Tensor::empty({static_cast<int64_t>(x.size())}, DType::f32, kSimDevice);
+    t.copy_from(Tensor::from_data(x, {static_cast<int64_t>(x.size())}));
+    return t;
+  };
+  for (const bool adam_w : {true, false}) {
+    for (const DType o16 : {DType::bf16, DType::f16}) {
+      optim::AdamConfig c;
+      c.lr = 3e-3f, c.weight_decay = 0.1f, c.adam_w_mode = adam_w;
+      std::vector<float> cp = p, cm = m, cv = v;
+      std::vector<uint16_t> c16(n);
+      optim::adam_update(cp.data(), g.data(), cm.data(), cv.data(), n, 7, c, 0.25f, c16.data(),
+                         o16);
+      const Tensor sp = on_sim(p), sg = on_sim(g), sm = on_sim(m), sv = on_sim(v);
+      const Tensor s16 = Tensor::empty({n}, o16, kSimDevice);
+      optim::adam_update(sp, sg, sm, sv, 7, c, 0.25f, s16);
+      Tensor h16 = Tensor::empty({n}, o16);
+      h16.copy_from(s16);
+      const std::string what = std::string(adam_w ? "AdamW " : "Adam ") + dtype_name(o16);
+      EXPECT_EQ(sp.to_vector(), cp) << what;  // operator== on floats: no NaN here
+      EXPECT_EQ(sm.to_vector(), cm) << what;
+      EXPECT_EQ(sv.to_vector(), cv) << what;
+      EXPECT_EQ(std::memcmp(h16.raw_data(), c16.data(), c16.size() * 2), 0) << what;
+    }
+  }
+  EXPECT_TRUE(backend::get(kSimDevice).supports("adam", DType::f32));
+  EXPECT_FALSE(backend::cpu().supports("adam", DType::f32));
+}
+
+TEST(Sim, AllocatorStatsAndLimitAreTheDevicesOwn) {
+  backend::Backend& sim = backend::sim();
+  Allocator& a = sim.allocator();
+  EXPECT_EQ(device_ops(kSimDevice).allocator, &a);
+  EXPECT_NE(&a, &cpu_allocator());
+  const uint64_t sim0 = a.stats().bytes_in_use, cpu0 = cpu_allocator().stats().bytes_in_use;
+  {
+    const Tensor t = Tensor::empty({1 << 18}, DType::f32, kSimDevice);  // 1 MiB
+    EXPECT_GE(a.stats().bytes_in_use, sim0 + (1u << 20));
+    EXPECT_EQ(cpu_allocator().stats().bytes_in_use, cpu0);
+  }
+  EXPECT_EQ(a.stats().bytes_in_use, sim0);
+  EXPECT_EQ(sim.host_staging(64)->device(), kCPU);
+  // A cap, as --device_memory_limit sets on a GPU.
+  EXPECT_EQ(sim.available_memory(), 0u);  // no cap: unknown
+  sim.set_memory_limit(sim0 + (4u << 20));
+  EXPECT_EQ(sim.available_memory(), 4u << 20);
+  try {
+    Tensor::empty({2 << 20}, DType::f32, kSimDevice);  // 8 MiB
+    ADD_FAILURE() << "expected an out-of-memory error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[sim:0] out of memory allocating"), std::string::npos)
+        << e.what();
+  }
+  sim.set_memory_limit(0);
+  EXPECT_NO_THROW(Tensor::empty({2 << 20}, DType::f32, kSimDevice));
 }
 
 TEST(Text, QuotedExcerptEscapesAndCuts) {

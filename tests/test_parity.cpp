@@ -156,7 +156,7 @@ TEST_P(Parity, TenAdamWSteps) {
   std::printf("[parity] %s: 10 AdamW steps, worst loss error %.2e\n", GetParam().c_str(), worst);
 }
 
-// The same checks with the model on each GPU (tests/devices.h; skipped without one): logits, loss
+// The same checks with the model on each device (tests/devices.h: sim, and a GPU): logits, loss
 // and every gradient within the same tolerance of the float64 reference, and checkpointed
 // gradients bitwise equal to the plain ones (the CUDA kernels are deterministic too).
 TEST_P(Parity, LogitsLossAndEveryGradientOnGpu) {
@@ -203,8 +203,9 @@ TEST_P(Parity, LogitsLossAndEveryGradientOnGpu) {
   if (!ran) GTEST_SKIP() << "no GPU in this build or on this machine";
 }
 
-// Ten AdamW steps trained on each GPU: flat parameters, gradients and moments in device memory,
-// the step on the device (optim::adam_update over tensors), losses against PyTorch's.
+// Ten AdamW steps trained on each device (sim, and a GPU): flat parameters, gradients and moments
+// in device memory, the step on the device (optim::adam_update over tensors), losses against
+// PyTorch's.
 TEST_P(Parity, TenAdamWStepsOnGpu) {
   bool ran = false;
   for (const Device dev : ds::testing::test_devices()) {

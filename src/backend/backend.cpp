@@ -20,6 +20,10 @@ class SynchronousTransferQueue final : public TransferQueue {
              "[backend] transfer of {} {} elements into {} {} elements: the queue copies "
              "contiguous tensors of one dtype and size",
              src.numel(), dtype_name(src.dtype()), dst.numel(), dtype_name(dst.dtype()));
+    // A device's queue (sim's) moves data between it and host memory, as a GPU's does.
+    DS_CHECK(src.device().is_cpu() || dst.device().is_cpu(),
+             "[backend] transfer from {} to {}: the queue copies between the GPU and host memory",
+             src.device().str(), dst.device().str());
     dst.copy_from(src);
     return ++tickets_;
   }
@@ -248,8 +252,17 @@ Backend& cpu() {
 }
 
 Backend& get(Device device) {
-  if (device.type == DeviceType::cpu) return cpu();
-  return cuda(device.index);
+  switch (device.type) {
+    case DeviceType::cpu:
+      return cpu();
+    case DeviceType::cuda:
+      return cuda(device.index);
+    case DeviceType::sim:
+      DS_CHECK(device.index == 0, "[sim] device {} requested: the emulator has one device, sim:0",
+               device.str());
+      return sim();
+  }
+  DS_THROW("[backend] unknown device type {}", static_cast<int>(device.type));
 }
 
 }  // namespace ds::backend

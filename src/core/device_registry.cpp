@@ -9,9 +9,12 @@
 namespace ds {
 namespace {
 
-std::array<DeviceOps, 2>& registry() {
-  static std::array<DeviceOps, 2> r = [] {
-    std::array<DeviceOps, 2> init{};
+// One entry per DeviceType (cpu, cuda, sim).
+constexpr size_t kDeviceTypes = static_cast<size_t>(DeviceType::sim) + 1;
+
+std::array<DeviceOps, kDeviceTypes>& registry() {
+  static std::array<DeviceOps, kDeviceTypes> r = [] {
+    std::array<DeviceOps, kDeviceTypes> init{};
     init[static_cast<size_t>(DeviceType::cpu)] =
         DeviceOps{&cpu_allocator(), &host_copy, &host_fill};
     return init;
@@ -31,7 +34,8 @@ const DeviceOps& device_ops(Device device) {
   const DeviceOps& ops = registry()[static_cast<size_t>(device.type)];
   DS_CHECK(ops.allocator != nullptr,
            "[device] no backend registered for {}: this build has no backend for it (a CUDA "
-           "device needs a build with -DDS_WITH_CUDA=ON and backend::cuda({}) before use)",
+           "device needs a build with -DDS_WITH_CUDA=ON and backend::cuda({}) before use; sim "
+           "registers itself when the library is linked)",
            device.str(), device.index);
   return ops;
 }

@@ -277,5 +277,9 @@ Backend& cpu();
 Backend& cuda(int index);
 // The CUDA devices this process sees: 0 without DS_WITH_CUDA, without a driver or without a GPU.
 int cuda_device_count();
+// The sim device emulator (sim:0, src/backend/sim): a device for tests whose memory the host
+// cannot dereference (a host read of it faults at once) and whose kernels are the CPU's, so CI
+// without a GPU runs device code paths. Always built; not a performance device. One per process.
+Backend& sim();
 
 }  // namespace ds::backend
