@@ -18,6 +18,7 @@
 #include <cstring>
 #include <thread>
 
+#include "ds/backend/backend.h"
 #include "ds/comm/group.h"
 #include "ds/comm/logger.h"
 #include "ds/core/tensor.h"
@@ -518,6 +519,7 @@ TEST(Comm, TensorOverloads) {
 TEST(Comm, DeviceTensorsGoThroughHostMemory) {
   const int n = W->size(), me = W->rank();
   const Device sim{DeviceType::sim, 0};
+  backend::get(sim);  // registers the device (core/device_registry.h)
   auto on_sim = [&](const Tensor& host) { return host.to(sim); };
   Tensor t = on_sim(Tensor::full({4, 5}, me + 1.0, DType::bf16));
   Work w = W->all_reduce_async(t, ReduceOp::sum, "device tensor");

@@ -278,6 +278,8 @@ TEST_P(Zero, ModelOnADeviceTrainsAsOnTheHost) {
     auto dev = make_engine(cfg, g, false, sim);
     ASSERT_EQ(dev->module().named_parameters().front().second.device(), sim);
     const auto got = train(*dev, 3);
+    for (const auto& [name, p] : dev->module().named_parameters())
+      EXPECT_EQ(p.device(), sim) << name << " left the device";
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "micro-step " << i;
     const auto a = dev->full_weights(), b = host->full_weights();

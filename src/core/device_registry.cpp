@@ -33,10 +33,10 @@ void register_device(DeviceType type, const DeviceOps& ops) {
 const DeviceOps& device_ops(Device device) {
   const DeviceOps& ops = registry()[static_cast<size_t>(device.type)];
   DS_CHECK(ops.allocator != nullptr,
-           "[device] no backend registered for {}: this build has no backend for it (a CUDA "
-           "device needs a build with -DDS_WITH_CUDA=ON and backend::cuda({}) before use; sim "
-           "registers itself when the library is linked)",
-           device.str(), device.index);
+           "[device] no backend registered for {}: a device's backend registers it when it "
+           "initialises: call backend::get({}) (backend::cuda / backend::sim) before creating "
+           "tensors there (CUDA also needs a build with -DDS_WITH_CUDA=ON)",
+           device.str(), device.str());
   return ops;
 }
 

@@ -57,8 +57,9 @@ void registry_fill(const Tensor& dst, double value) {
   sim_backend().fill(dst, value);
 }
 
-// Registered when the library's backend layer is linked, before main: Tensor::empty(..., sim:0)
-// works before anything has asked for the backend.
+// Registered before main when this file is linked in - which a static library does only when
+// something references it (backend::get does): callers of a sim tensor call backend::sim() or
+// backend::get(sim) first, as for CUDA (core/device_registry.h).
 const bool kRegistered = (sim_backend(), true);
 
 }  // namespace
