@@ -383,6 +383,41 @@ TEST_F(DsTrain, TensorParallelTrainsAsOneProcess) {
 // Pipeline parallelism on 2 ranks (pp = 2, two micro-batches per step through 1F1B): the partition
 // and every rank's coordinates at start-up, the same losses, gradient norms and eval losses as one
 // process, and one HF export holding both stages' weights (the tied wte once).
+// --device sim (the device emulator: GPU-like memory on the CPU's kernels) runs what a GPU run
+// does - the model moved after the HF/tp/pp build, collectives through host memory, ZeRO-3's
+// device buffers around host shards, checkpoints and the export from host copies - and gives the
+// host's metrics under ZeRO-3 with a pipeline and with tensor parallelism on 2 ranks.
+TEST_F(DsTrain, DeviceRunsPipelineAndTensorParallelZero3AsTheHost) {
+  const std::string launcher = std::string(DS_LAUNCHER_EXE) + " --num_procs 2";
+  const std::string flags =
+      " --max_steps 2 --eval_steps 2 --sample_tokens 0 --deepspeed '{\"train_batch_size\": "
+      "\"auto\", \"train_micro_batch_size_per_gpu\": \"auto\", "
+      "\"gradient_accumulation_steps\": \"auto\", \"zero_optimization\": {\"stage\": 3, "
+      "\"stage3_param_persistence_threshold\": 0}}'";
+  for (const std::string layout : {"--pipeline_parallel_size 2", "--tensor_parallel_size 2"}) {
+    SCOPED_TRACE(layout);
+    const fs::path host = dir_ / ("host_" + layout.substr(2, 4)),
+                   dev = dir_ / ("sim_" + layout.substr(2, 4));
+    ASSERT_EQ(run(flags + " " + layout + " --output_dir " + host.string(), true, launcher), 0)
+        << log_;
+    ASSERT_EQ(run(flags + " " + layout + " --device sim --output_dir " + dev.string(), true,
+                  launcher),
+              0)
+        << log_;
+    EXPECT_NE(log_.find("device: sim:0"), std::string::npos) << log_;
+    expect_same_metrics(host, dev,
+                        {"Train_Samples_train_loss", "Train_Samples_grad_norm",
+                         "Eval_Samples_eval_loss"});
+    // The pipeline's export is bitwise the host's; with tensor parallelism the vocabulary-parallel
+    // loss runs the Backend's default kernels on a device (fp32, where the CPU's accumulate in
+    // double), so only the metrics' tolerance holds there.
+    const fs::path exported = dev / "hf_model" / "model.safetensors";
+    EXPECT_EQ(fs::file_size(exported), fs::file_size(host / "hf_model" / "model.safetensors"));
+    if (layout.find("pipeline") != std::string::npos)
+      EXPECT_TRUE(read(exported) == read(host / "hf_model" / "model.safetensors"));
+  }
+}
+
 TEST_F(DsTrain, PipelineTrainsAsOneProcess) {
   const std::string launcher = std::string(DS_LAUNCHER_EXE) + " --num_procs 2";
   const fs::path one = dir_ / "one", two = dir_ / "two";
