@@ -357,10 +357,20 @@ TEST_P(PipelineTraining, StagesOnADeviceTrainAsOnTheHost) {
   SCOPED_TRACE(fmt::format("ZeRO {} pp {} tp {}", zero_stage, l.pp, l.tp));
   const auto [want, host_weights] = run(kCPU);
   const auto [got, dev_weights] = run(Device{DeviceType::sim, 0});
-  EXPECT_EQ(got, want);
   ASSERT_EQ(dev_weights.size(), host_weights.size());
+  if (l.tp == 1) {  // bit for bit
+    EXPECT_EQ(got, want);
+    for (size_t i = 0; i < dev_weights.size(); ++i)
+      EXPECT_TRUE(dev_weights[i].second.to_vector() == host_weights[i].second.to_vector())
+          << host_weights[i].first;
+    return;
+  }
+  // With tensor parallelism the vocabulary-parallel loss runs the Backend's default kernels on a
+  // device (composed in fp32; the CPU's own kernels accumulate in double): rounding apart.
+  for (size_t k = 0; k < want.size(); ++k)
+    EXPECT_NEAR(got[k], want[k], 1e-6 * std::abs(want[k])) << "step " << k;
   for (size_t i = 0; i < dev_weights.size(); ++i)
-    EXPECT_EQ(dev_weights[i].second.to_vector(), host_weights[i].second.to_vector())
+    EXPECT_LE(max_diff(dev_weights[i].second, host_weights[i].second), 1e-5)
         << host_weights[i].first;
 }
 
