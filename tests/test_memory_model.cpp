@@ -264,6 +264,27 @@ TEST(FitCheck, GpuRunCountsTheGpuAndHostSeparately) {
   bf16g.data_types.grad_accum_dtype = DType::bf16;
   EXPECT_EQ(train::plan_fit_gpu(mc, bf16g, act).grads, 2 * P);
 
+  // Several ranks: each holds its 1/(tp x pp) of the model and its ZeRO partition of the optimizer
+  // state over the data-parallel ranks; stage 2 keeps only its partition of the gradients.
+  runtime::DeepSpeedConfig z2 = bf16;
+  z2.zero_optimization.stage = 2;
+  const train::GpuFitPlan c = train::plan_fit_gpu(mc, z2, act, 0, 0, /*dp=*/4, /*mp=*/2);
+  const int64_t half = (P + 1) / 2, quarter = (half + 3) / 4;
+  EXPECT_EQ(c.params, 2 * half);
+  EXPECT_EQ(c.grads, 4 * quarter);
+  EXPECT_EQ(c.host_states, 18 * quarter);
+  EXPECT_EQ(c.host_build, 4 * half);
+  // Stage 3: the GPU holds what is gathered at once (max_live_parameters + a prefetch bucket), no
+  // lasting gradients; host memory the shards of the working parameters and gradients too.
+  runtime::DeepSpeedConfig z3 = bf16;
+  z3.zero_optimization.stage = 3;
+  const train::GpuFitPlan d = train::plan_fit_gpu(mc, z3, act, 0, 0, 4, 1);
+  const int64_t live = z3.zero_optimization.stage3_max_live_parameters +
+                       z3.zero_optimization.stage3_prefetch_bucket_size;
+  EXPECT_EQ(d.params, 2 * std::min(P, live));
+  EXPECT_EQ(d.grads, 0);
+  EXPECT_EQ(d.host_states, (4 + 8 + 4 + 2) * ((P + 3) / 4));  // master, moments, grads, bf16
+
   const int64_t GiB = int64_t{1} << 30;
   EXPECT_EQ(train::check_fit_gpu(b, 24 * GiB, 128 * GiB, "cuda:0", bf16), "");
   EXPECT_NE(train::check_fit_gpu(b, b.device() + b.device() / 20, 0, "cuda:0", bf16)

@@ -84,7 +84,10 @@ GpuFitPlan plan_fit_gpu(const models::GPTConfig& model, const runtime::DeepSpeed
     // of the working parameters and the gradients beside the master weights and moments.
     p.params = std::min<int64_t>(P, z.stage3_max_live_parameters + z.stage3_prefetch_bucket_size) * t;
     p.grads = 0;
-    p.host_states = part * (4 + 8 + g + t) + (train != DType::f32 ? part * 4 : 0);
+    // Master weights and moments, the gradient shard (and its fp32 copy when it is 16-bit), the
+    // working shard in 16-bit training (in fp32 the master weights are the working shard).
+    p.host_states =
+        part * (4 + 8 + g + (grads != DType::f32 ? 4 : 0) + (train != DType::f32 ? t : 0));
     return p;
   }
   p.params = P * t;
