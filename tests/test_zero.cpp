@@ -268,9 +268,18 @@ TEST_P(Zero, ModelOnADeviceTrainsAsOnTheHost) {
   const int stage = GetParam();
   auto g = world();
   const Device sim{DeviceType::sim, 0};
-  for (const std::string precision : {"fp32", "bf16"}) {
+  // Stage 3 also with its parameters and optimizer state on NVMe (the background step).
+  const fs::path swap = fs::temp_directory_path() / fmt::format("ds_zero_sim_{}_{}", ::getpid(), g->rank());
+  fs::create_directories(swap);
+  const std::string nvme = fmt::format(
+      R"(, "offload_optimizer": {{"device": "nvme", "nvme_path": "{0}"}},
+      "offload_param": {{"device": "nvme", "nvme_path": "{0}"}})", swap.string());
+  for (const std::string precision : {"fp32", "bf16", "bf16 nvme"}) {
     SCOPED_TRACE(precision);
-    const std::string cfg = zero_config(stage, precision, kB, 0.05);
+    const bool on_nvme = precision.find("nvme") != std::string::npos;
+    if (on_nvme && stage != 3) continue;
+    const std::string cfg = zero_config(stage, precision.substr(0, 4), kB, 0.05, 4000,
+                                        on_nvme ? nvme : std::string());
     rng::dropout_state() = {};
     auto host = make_engine(cfg, g);
     const auto want = train(*host, 3);
@@ -289,6 +298,7 @@ TEST_P(Zero, ModelOnADeviceTrainsAsOnTheHost) {
       EXPECT_EQ(a[i].second.to_vector(), b[i].second.to_vector()) << a[i].first;
     }
   }
+  fs::remove_all(swap);
 }
 
 TEST_P(Zero, Bf16MatchesOneProcessWithinRounding) {
