@@ -261,6 +261,15 @@ struct Layout3D {
   int pp, tp;
 };
 
+// This rank's stage of model c under topology topo (its layers, its tensor slices when tp > 1).
+std::shared_ptr<models::GPT> make_stage(const models::GPTConfig& c, const Layout3D& l,
+                                        const std::shared_ptr<comm::Topology>& topo) {
+  const auto bounds = stage_bounds(c, l.pp, "parameters");
+  const int s = topo->stage();
+  auto tp = l.tp > 1 ? std::make_shared<nn::TensorParallel>(topo->tensor_parallel()) : nullptr;
+  return std::make_shared<models::GPT>(c, tp, models::PipeRange{bounds[s], bounds[s + 1]});
+}
+
 }  // namespace
 
 class PipelineTraining : public ::testing::TestWithParam<int> {};
@@ -283,11 +292,9 @@ TEST_P(PipelineTraining, SameLossesAsOneProcess) {
         SCOPED_TRACE(fmt::format("{} ZeRO {} pp {} tp {} of {}, checkpoint interval {}", layout,
                                  zero_stage, l.pp, l.tp, n, ckpt));
         auto topo = std::make_shared<comm::Topology>(w, l.tp, l.pp);
-        const int dp = topo->data_parallel()->size(), d = topo->dp_rank(), s = topo->stage();
+        const int dp = topo->data_parallel()->size(), d = topo->dp_rank();
         const int64_t b = 2;
-        const auto bounds = stage_bounds(c, l.pp, "parameters");
-        auto tp = l.tp > 1 ? std::make_shared<nn::TensorParallel>(topo->tensor_parallel()) : nullptr;
-        auto stage = std::make_shared<models::GPT>(c, tp, models::PipeRange{bounds[s], bounds[s + 1]});
+        auto stage = make_stage(c, l, topo);
         runtime::InitOptions opt;
         opt.topology = topo;
         opt.log = [](const std::string&) {};
@@ -328,11 +335,9 @@ TEST_P(PipelineTraining, StagesOnADeviceTrainAsOnTheHost) {
   const int steps = 3;
   auto run = [&](Device device) {
     auto topo = std::make_shared<comm::Topology>(w, l.tp, l.pp);
-    const int dp = topo->data_parallel()->size(), d = topo->dp_rank(), s = topo->stage();
+    const int dp = topo->data_parallel()->size(), d = topo->dp_rank();
     const int64_t b = 2;
-    const auto bounds = stage_bounds(c, l.pp, "parameters");
-    auto tp = l.tp > 1 ? std::make_shared<nn::TensorParallel>(topo->tensor_parallel()) : nullptr;
-    auto stage = std::make_shared<models::GPT>(c, tp, models::PipeRange{bounds[s], bounds[s + 1]});
+    auto stage = make_stage(c, l, topo);
     stage->to(device);
     runtime::InitOptions opt;
     opt.topology = topo;
