@@ -4,7 +4,7 @@
 #   bash scripts/cuda_device_check.sh DIR [quick|train|full]
 #
 # DIR holds bin/ (test_ops, test_gradcheck_basic, test_gradcheck_nn, test_parity, test_core,
-# test_engine, test_trainer, ds_train, bench_cuda from a -DDS_WITH_CUDA=ON build) and lib/ (the shared libraries they
+# test_engine, test_trainer, test_zero, test_tensor_parallel, ds_train, bench_cuda from a -DDS_WITH_CUDA=ON build) and lib/ (the shared libraries they
 # need that the GPU machine may lack; scripts/cuda_pack.sh makes both). Runs every op test and gradient check on
 # cuda:0, the GPU parity fixtures, the engine on a GPU, then bench_cuda beside PyTorch on the same GPU
 # (bench/torch_cuda_step.py). `quick`: the tests only; `train`: the tests and ds_train; `full`
@@ -61,6 +61,10 @@ run_test test_gradcheck_nn '*cuda*'
 run_test test_parity '*OnGpu*'
 run_test test_engine '*OnGpu*'
 run_test test_trainer '*OnGpu*'
+# The model on the GPU under ZeRO 0-3 (stage 3: host shards, device buffers; also on NVMe) and
+# tensor parallelism, against the host (one process here: no mpirun on the device machine).
+run_test test_zero '*OnADevice*'
+run_test test_tensor_parallel '*OnADevice*'
 
 # ds_train --device cuda: GPT-2 124M on a prepared corpus (DIR/sotu: ds_prepare's output), when
 # packed. fp32, then bf16.

@@ -11,7 +11,8 @@ DIR="${2:?usage: cuda_pack.sh BUILD_DIR DIR}"
 rm -rf "$DIR"
 mkdir -p "$DIR/bin" "$DIR/lib"
 for t in tests/test_ops tests/test_gradcheck_basic tests/test_gradcheck_nn tests/test_parity \
-  tests/test_core tests/test_engine tests/test_trainer tools/ds_train bench/bench_cuda; do
+  tests/test_core tests/test_engine tests/test_trainer tests/test_zero tests/test_tensor_parallel \
+  tools/ds_train bench/bench_cuda; do
   strip -o "$DIR/bin/$(basename "$t")" "$BUILD/$t"
 done
 # Every library the binaries resolve here, less glibc's own and the GPU driver's; cuBLAS stays
