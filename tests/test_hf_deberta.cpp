@@ -33,6 +33,7 @@
 #include "ds/nn/flat.h"
 #include "ds/optim/optimizer.h"
 #include "ds/runtime/engine.h"
+#include "device_parity.h"
 #include "hf_fixture.h"
 
 using namespace ds;
@@ -331,6 +332,18 @@ TEST_P(HFDeberta, ExportRoundTrip) {
   }
   EXPECT_EQ(a->logits(batch()).to_vector(), b->logits(batch()).to_vector());
   if (!keep) fs::remove_all(dir);
+}
+
+// On the sim device (tests/device_parity.h): loss and every gradient of the fixture's batch,
+// then three engine steps (dropout on) at ZeRO 0 and 3, as the host copy computes them.
+TEST_P(HFDeberta, TrainsOnADeviceAsOnTheHost) {
+  const models::EncoderInputs in = batch();
+  const nn::Batch b{.input_ids = in.input_ids,
+                    .labels = ref_->get("labels"),
+                    .attention_mask = in.attention_mask,
+                    .token_type_ids = in.token_type_ids};
+  ds::testing::expect_device_as_host([&] { return import(case_dir(GetParam())); }, b,
+                                     ds::testing::sim_device(), 0.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Deberta, HFDeberta,
