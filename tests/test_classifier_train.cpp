@@ -319,6 +319,15 @@ TEST_F(ClassifierTrain, DebertaV2TrainsAndExports) {
   EXPECT_EQ(cfg["architectures"][0], "DebertaV2ForSequenceClassification");
 }
 
+// --device sim: the classifier trains, evaluates and exports on the device as on the CPU.
+TEST_F(ClassifierTrain, DeviceRunTrainsEvaluatesAndExportsAsTheHost) {
+  expect_device_run_as_host<train::ClassifierTrainer, Recorder>(
+      options("device"), "device", 4,
+      [](const train::ClassifierTrainer& host, const train::ClassifierTrainer& dev) {
+        EXPECT_EQ(dev.last_eval()->scores.accuracy, host.last_eval()->scores.accuracy);
+      });
+}
+
 TEST_F(ClassifierTrain, RefusesWhatDoesNotApplyByName) {
   auto expect = [&](train::Options o, train::Given g, const std::string& part) {
     const std::string e = error_of(o, g);

@@ -331,6 +331,16 @@ TEST_F(Seq2SeqTrain, BlenderbotPresetTrainsAndExports) {
   EXPECT_EQ(cfg["architectures"][0], "BlenderbotForConditionalGeneration");
 }
 
+// --device sim: the encoder-decoder trains, evaluates (BLEU of its generations) and exports on
+// the device as on the CPU.
+TEST_F(Seq2SeqTrain, DeviceRunTrainsEvaluatesAndExportsAsTheHost) {
+  expect_device_run_as_host<train::Seq2SeqTrainer, Recorder>(
+      options("device"), "device", 4,
+      [](const train::Seq2SeqTrainer& host, const train::Seq2SeqTrainer& dev) {
+        EXPECT_EQ(dev.last_eval()->hypotheses, host.last_eval()->hypotheses);
+      });
+}
+
 TEST_F(Seq2SeqTrain, RefusesWhatDoesNotApplyByName) {
   auto expect = [&](train::Options o, train::Given g, const std::string& part) {
     const std::string e = error_of(o, g);

@@ -77,6 +77,13 @@ int64_t activation_estimate(const models::GPTConfig& c, int64_t B, int64_t T, bo
 // --device's value as a Device: "cpu", "cuda" or "cuda:0"; anything else is an error naming the
 // flag (cuda:N > 0 says to choose the GPU with CUDA_VISIBLE_DEVICES).
 Device parse_device(const std::string& name);
+// --device and --device_memory_limit of any run (plan_run, the task runs' resolve_task_run):
+// parse_device(o.device) with its backend initialised (a build without CUDA, or no GPU, says so
+// here); --device_memory_limit is refused without a device.
+Device plan_device(const Options& o);
+// Caps `device`'s memory at --device_memory_limit (before anything is allocated there) and
+// returns the line to show; "" when there is no limit (or the run is on the CPU).
+std::string apply_device_memory_limit(Device device, const Options& o);
 
 struct RunPlan {
   Options spec;
