@@ -135,8 +135,7 @@ class TaskTrainTest : public ::testing::Test {
   // where it runs, and its step losses, evaluation loss and exported tensors equal the host's bit
   // for bit; check(host, device) compares what else the task reports.
   template <class Trainer, class Recorder, class Check>
-  void expect_device_run_as_host(train::Options o, const std::string& tag, int steps,
-                                 Check check) {
+  void expect_device_run_as_host(train::Options o, const std::string& tag, int steps, Check check) {
     std::unique_ptr<Trainer> t[2];
     Recorder rec[2];
     std::map<std::string, Tensor> exported[2];

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "device_parity.h"
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
 #include "ds/models/encoder.h"
@@ -33,7 +34,6 @@
 #include "ds/ops/ops.h"
 #include "ds/optim/optimizer.h"
 #include "ds/runtime/engine.h"
-#include "device_parity.h"
 #include "hf_fixture.h"
 
 using namespace ds;

@@ -56,8 +56,7 @@ Trainer::Trainer(RunPlan plan, TrainerObserver& observer)
       eval_baseline_(std::nan("")),
       last_eval_(std::nan("")) {
   // Before the fit check, which reads what the limit leaves.
-  if (const std::string limit = apply_device_memory_limit(plan_.device, plan_.spec);
-      !limit.empty())
+  if (const std::string limit = apply_device_memory_limit(plan_.device, plan_.spec); !limit.empty())
     say(limit);
   if (!plan_.spec.skip_memory_check) check_memory();
   say(fmt::format("GEMM: {}", backend::cpu().gemm_info()));
