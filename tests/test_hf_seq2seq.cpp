@@ -493,8 +493,8 @@ TEST_P(HFSeq2Seq, TrainsInBf16UnderZeRO3) {
 // three engine steps (dropout on) at ZeRO 0 and 3 bitwise as the host copy's; the serving decoder
 // (Seq2SeqDecoder) gives the same greedy tokens, its logits and a decode_batch step's within 2e-6
 // (linear_rows runs Backend's default on the device, the CPU's AVX2 kernel on the host); and
-// generate_greedy / beam search over the padded batch given as device tensors give the host's
-// tokens.
+// generate_greedy / beam search over the padded batch given as device tensors (and as host
+// tensors) give the host's tokens.
 TEST_P(HFSeq2Seq, TrainsAndDecodesOnADeviceAsOnTheHost) {
   const Device sim = ds::testing::sim_device();
   const models::Seq2SeqInputs in = batch();
@@ -524,8 +524,11 @@ TEST_P(HFSeq2Seq, TrainsAndDecodesOnADeviceAsOnTheHost) {
   beam.encoder_no_repeat_ngram_size = 2;
   const Tensor got = dev->generate_beam(dev_ids, dev_mask, beam);
   EXPECT_TRUE(got.device().is_cpu());
-  EXPECT_EQ(got.to_int_vector(),
-            host->generate_beam(in.input_ids, in.attention_mask, beam).to_int_vector());
+  const std::vector<int64_t> want =
+      host->generate_beam(in.input_ids, in.attention_mask, beam).to_int_vector();
+  EXPECT_EQ(got.to_int_vector(), want);
+  // Ids in host memory (ds_generate's source) go to the model's device.
+  EXPECT_EQ(dev->generate_beam(in.input_ids, in.attention_mask, beam).to_int_vector(), want);
 }
 
 INSTANTIATE_TEST_SUITE_P(Seq2Seq, HFSeq2Seq,

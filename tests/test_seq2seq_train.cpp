@@ -450,16 +450,20 @@ TEST_F(Seq2SeqTrain, ProcessesPrepareTrainGenerate) {
   EXPECT_TRUE(res.contains("eval_bleu")) << res.dump();
   EXPECT_LT(res["eval_loss"].get<double>(), 1.0) << log;  // "ok" is easy to learn
 
-  // ds_generate on the export (and on the output folder): the learnt answer.
+  // ds_generate on the export (and on the output folder, the model on the sim device): the learnt
+  // answer.
   ASSERT_EQ(sh(std::string(DS_GENERATE_BIN) + " --model " + (out / "hf_model").string() +
                    " --prompt 'say 3' --num_beams 2 --max_new_tokens 5",
                true),
             0)
       << log;
   EXPECT_EQ(log, "ok\n");
-  ASSERT_EQ(sh(std::string(DS_GENERATE_BIN) + " --model " + out.string() + " --source 'say 5'"), 0)
+  ASSERT_EQ(sh(std::string(DS_GENERATE_BIN) + " --model " + out.string() +
+                   " --source 'say 5' --device sim"),
+            0)
       << log;
   EXPECT_NE(log.find("greedy"), std::string::npos) << log;
+  EXPECT_NE(log.find("on sim:0"), std::string::npos) << log;
   EXPECT_NE(log.find("\nok\n"), std::string::npos) << log;
   EXPECT_EQ(sh(std::string(DS_GENERATE_BIN) + " --model " + out.string() +
                " --prompt hi --temperature 0.7"),

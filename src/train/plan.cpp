@@ -187,10 +187,10 @@ Device parse_device(const std::string& name) {
   // device code paths on a machine without a GPU (docs/cuda.md); not a performance device.
   if (name == "sim" || name == "sim:0") return Device{DeviceType::sim, 0};
   DS_CHECK(name.rfind("cuda:", 0) != 0,
-           "[ds_train] --device {}: one GPU per process, seen as cuda:0; choose the GPU with "
+           "[device] --device {}: one GPU per process, seen as cuda:0; choose the GPU with "
            "CUDA_VISIBLE_DEVICES and pass --device cuda",
            name);
-  DS_THROW("[ds_train] --device '{}' is not a device: use cpu, cuda or sim (the emulator)", name);
+  DS_THROW("[device] --device '{}' is not a device: use cpu, cuda or sim (the emulator)", name);
 }
 
 Device plan_device(const Options& o) {
