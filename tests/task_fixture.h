@@ -129,13 +129,15 @@ class TaskTrainTest : public ::testing::Test {
     std::ifstream f(out / "metrics" / "Train_Samples_train_loss.csv");
     return {std::istreambuf_iterator<char>(f), {}};
   }
-  // The task trainer `Trainer` (observer `Recorder`) from options `o`, on the CPU and with
-  // --device sim (the emulator: device memory on the CPU's kernels) into root_/<tag>_<device>:
-  // `steps` steps, the evaluation fit() ends with and the Hugging Face export. The device run says
-  // where it runs, and its step losses, evaluation loss and exported tensors equal the host's bit
-  // for bit; check(host, device) compares what else the task reports.
+  // The task trainer `Trainer` (observer `Recorder`) from options `o` (`g` given), on the CPU and
+  // with --device sim (the emulator: device memory on the CPU's kernels) into
+  // root_/<tag>_<device>: `steps` steps, the evaluation fit() ends with and the Hugging Face export
+  // (the model, or a LoRA run's PEFT adapter). The device run says where it runs, and its step
+  // losses, evaluation loss and exported tensors equal the host's bit for bit; check(host, device)
+  // compares what else the task reports.
   template <class Trainer, class Recorder, class Check>
-  void expect_device_run_as_host(train::Options o, const std::string& tag, int steps, Check check) {
+  void expect_device_run_as_host(train::Options o, const train::Given& g, const std::string& tag,
+                                 int steps, Check check) {
     std::unique_ptr<Trainer> t[2];
     Recorder rec[2];
     std::map<std::string, Tensor> exported[2];
@@ -143,10 +145,13 @@ class TaskTrainTest : public ::testing::Test {
       o.device = i ? "sim" : "cpu";
       o.output_dir = (root_ / (tag + "_" + o.device)).string();
       o.max_steps = steps;
-      t[i] = std::make_unique<Trainer>(plan(o, given(), builtin_.c_str()), rec[i]);
+      t[i] = std::make_unique<Trainer>(plan(o, g, builtin_.c_str()), rec[i]);
       t[i]->fit();
-      t[i]->export_model(o.output_dir + "/hf");
-      exported[i] = safetensors::load(o.output_dir + "/hf/model.safetensors");
+      const std::filesystem::path hf = std::filesystem::path(o.output_dir) / "hf";
+      t[i]->export_model(hf.string());
+      const bool adapter = std::filesystem::exists(hf / "adapter_model.safetensors");
+      exported[i] = safetensors::load(
+          (hf / (adapter ? "adapter_model.safetensors" : "model.safetensors")).string());
     }
     bool said = false;
     for (const std::string& m : rec[1].messages) said |= m.rfind("device: sim:0", 0) == 0;

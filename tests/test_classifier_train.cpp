@@ -319,13 +319,20 @@ TEST_F(ClassifierTrain, DebertaV2TrainsAndExports) {
   EXPECT_EQ(cfg["architectures"][0], "DebertaV2ForSequenceClassification");
 }
 
-// --device sim: the classifier trains, evaluates and exports on the device as on the CPU.
+// --device sim: the classifier trains, evaluates and exports on the device as on the CPU, and so
+// does a LoRA run (--only_optimize_lora: its PEFT adapter).
 TEST_F(ClassifierTrain, DeviceRunTrainsEvaluatesAndExportsAsTheHost) {
-  expect_device_run_as_host<train::ClassifierTrainer, Recorder>(
-      options("device"), "device", 4,
-      [](const train::ClassifierTrainer& host, const train::ClassifierTrainer& dev) {
-        EXPECT_EQ(dev.last_eval()->scores.accuracy, host.last_eval()->scores.accuracy);
-      });
+  auto same_accuracy = [](const train::ClassifierTrainer& host,
+                          const train::ClassifierTrainer& dev) {
+    EXPECT_EQ(dev.last_eval()->scores.accuracy, host.last_eval()->scores.accuracy);
+  };
+  expect_device_run_as_host<train::ClassifierTrainer, Recorder>(options("device"), given(),
+                                                                "device", 4, same_accuracy);
+  train::Options o = options("device_lora");
+  o.lora_dim = 4;
+  o.only_optimize_lora = true;
+  expect_device_run_as_host<train::ClassifierTrainer, Recorder>(o, given(), "device_lora", 4,
+                                                                same_accuracy);
 }
 
 TEST_F(ClassifierTrain, RefusesWhatDoesNotApplyByName) {

@@ -332,13 +332,18 @@ TEST_F(Seq2SeqTrain, BlenderbotPresetTrainsAndExports) {
 }
 
 // --device sim: the encoder-decoder trains, evaluates (BLEU of its generations) and exports on
-// the device as on the CPU.
+// the device as on the CPU, and so does a LoRA run (--only_optimize_lora: its PEFT adapter).
 TEST_F(Seq2SeqTrain, DeviceRunTrainsEvaluatesAndExportsAsTheHost) {
-  expect_device_run_as_host<train::Seq2SeqTrainer, Recorder>(
-      options("device"), "device", 4,
-      [](const train::Seq2SeqTrainer& host, const train::Seq2SeqTrainer& dev) {
-        EXPECT_EQ(dev.last_eval()->hypotheses, host.last_eval()->hypotheses);
-      });
+  auto same_generations = [](const train::Seq2SeqTrainer& host, const train::Seq2SeqTrainer& dev) {
+    EXPECT_EQ(dev.last_eval()->hypotheses, host.last_eval()->hypotheses);
+  };
+  expect_device_run_as_host<train::Seq2SeqTrainer, Recorder>(options("device"), given(), "device",
+                                                             4, same_generations);
+  train::Options o = options("device_lora");
+  o.lora_dim = 4;
+  o.only_optimize_lora = true;
+  expect_device_run_as_host<train::Seq2SeqTrainer, Recorder>(o, given(), "device_lora", 4,
+                                                             same_generations);
 }
 
 TEST_F(Seq2SeqTrain, RefusesWhatDoesNotApplyByName) {
