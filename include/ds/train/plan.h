@@ -72,8 +72,6 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
 int64_t activation_estimate(const models::GPTConfig& c, int64_t B, int64_t T, bool ckpt,
                             int64_t elem_bytes);
 
-// Everything decided before the model is built. Made by plan_run; read-only afterwards (the
-// datasets are shared with the Trainer's loader, which only reads them).
 // --device's value as a Device: "cpu", "cuda" or "cuda:0", "sim" or "sim:0"; anything else is an
 // error naming the flag (cuda:N > 0 says to choose the GPU with CUDA_VISIBLE_DEVICES). ds_train,
 // ds_serve and ds_generate read --device with it.
@@ -86,6 +84,8 @@ Device plan_device(const Options& o);
 // returns the line to show; "" when there is no limit (or the run is on the CPU).
 std::string apply_device_memory_limit(Device device, const Options& o);
 
+// Everything decided before the model is built. Made by plan_run; read-only afterwards (the
+// datasets are shared with the Trainer's loader, which only reads them).
 struct RunPlan {
   Options spec;
   Given given;
