@@ -12,11 +12,15 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "ds/core/error.h"
+#include "ds/core/safetensors.h"
+#include "ds/core/tensor.h"
 #include "ds/train/options.h"
 
 namespace ds::testing {
@@ -124,6 +128,44 @@ class TaskTrainTest : public ::testing::Test {
     EXPECT_EQ(said.find("\"nvme\"") != std::string::npos, !offload.empty()) << said;
     std::ifstream f(out / "metrics" / "Train_Samples_train_loss.csv");
     return {std::istreambuf_iterator<char>(f), {}};
+  }
+  // The task trainer `Trainer` (observer `Recorder`) from options `o` (`g` given), on the CPU and
+  // with --device sim (the emulator: device memory on the CPU's kernels) into
+  // root_/<tag>_<device>: `steps` steps, the evaluation fit() ends with and the Hugging Face export
+  // (the model, or a LoRA run's PEFT adapter). The device run says where it runs, and its step
+  // losses, evaluation loss and exported tensors equal the host's bit for bit; check(host, device)
+  // compares what else the task reports.
+  template <class Trainer, class Recorder, class Check>
+  void expect_device_run_as_host(train::Options o, const train::Given& g, const std::string& tag,
+                                 int steps, Check check) {
+    std::unique_ptr<Trainer> t[2];
+    Recorder rec[2];
+    std::map<std::string, Tensor> exported[2];
+    for (int i : {0, 1}) {
+      o.device = i ? "sim" : "cpu";
+      o.output_dir = (root_ / (tag + "_" + o.device)).string();
+      o.max_steps = steps;
+      t[i] = std::make_unique<Trainer>(plan(o, g, builtin_.c_str()), rec[i]);
+      t[i]->fit();
+      const std::filesystem::path hf = std::filesystem::path(o.output_dir) / "hf";
+      t[i]->export_model(hf.string());
+      const bool adapter = std::filesystem::exists(hf / "adapter_model.safetensors");
+      exported[i] = safetensors::load(
+          (hf / (adapter ? "adapter_model.safetensors" : "model.safetensors")).string());
+    }
+    bool said = false;
+    for (const std::string& m : rec[1].messages) said |= m.rfind("device: sim:0", 0) == 0;
+    EXPECT_TRUE(said) << "the device run does not say where it runs";
+    ASSERT_EQ(rec[0].steps.size(), static_cast<size_t>(steps));
+    ASSERT_EQ(rec[1].steps.size(), rec[0].steps.size());
+    for (size_t k = 0; k < rec[0].steps.size(); ++k)
+      EXPECT_EQ(rec[1].steps[k].loss, rec[0].steps[k].loss) << "step " << k;
+    ASSERT_TRUE(t[0]->last_eval() && t[1]->last_eval());
+    EXPECT_EQ(t[1]->last_eval()->loss, t[0]->last_eval()->loss);
+    ASSERT_EQ(exported[1].size(), exported[0].size());
+    for (const auto& [name, host] : exported[0])
+      EXPECT_EQ(exported[1].at(name).to_vector(), host.to_vector()) << name;
+    check(*t[0], *t[1]);
   }
   // The offload sections that put the optimizer state and the parameters on NVMe under `dir`.
   static std::string nvme_offload(const std::filesystem::path& dir) {

@@ -319,6 +319,22 @@ TEST_F(ClassifierTrain, DebertaV2TrainsAndExports) {
   EXPECT_EQ(cfg["architectures"][0], "DebertaV2ForSequenceClassification");
 }
 
+// --device sim: the classifier trains, evaluates and exports on the device as on the CPU, and so
+// does a LoRA run (--only_optimize_lora: its PEFT adapter).
+TEST_F(ClassifierTrain, DeviceRunTrainsEvaluatesAndExportsAsTheHost) {
+  auto same_accuracy = [](const train::ClassifierTrainer& host,
+                          const train::ClassifierTrainer& dev) {
+    EXPECT_EQ(dev.last_eval()->scores.accuracy, host.last_eval()->scores.accuracy);
+  };
+  expect_device_run_as_host<train::ClassifierTrainer, Recorder>(options("device"), given(),
+                                                                "device", 4, same_accuracy);
+  train::Options o = options("device_lora");
+  o.lora_dim = 4;
+  o.only_optimize_lora = true;
+  expect_device_run_as_host<train::ClassifierTrainer, Recorder>(o, given(), "device_lora", 4,
+                                                                same_accuracy);
+}
+
 TEST_F(ClassifierTrain, RefusesWhatDoesNotApplyByName) {
   auto expect = [&](train::Options o, train::Given g, const std::string& part) {
     const std::string e = error_of(o, g);
@@ -612,16 +628,19 @@ TEST_F(ClassifierTrain, TwoRanksZero3MatchOneProcess) {
         log, "ranks_log.txt");
   };
   std::string log;
-  // Plainly, and with LoRA (only the LoRA matrices and the head train; the adapter is exported).
+  // Plainly (the two ranks' models on the sim device: ZeRO-3's collectives through host memory),
+  // and with LoRA (only the LoRA matrices and the head train; the adapter is exported).
   for (const std::string lora : {"", " --lora_dim 4 --lora_alpha 8 --only_optimize_lora"}) {
     SCOPED_TRACE(lora);
     const std::string tag = lora.empty() ? "" : "_lora";
+    const std::string device = lora.empty() ? " --device sim" : "";
     const fs::path one = root_ / ("ranks1" + tag), two = root_ / ("ranks2" + tag);
     ASSERT_EQ(run("", "--output_dir " + one.string() + lora, &log), 0) << log;
     ASSERT_EQ(run(std::string(DS_LAUNCHER_EXE) + " --num_procs 2 ",
-                  "--output_dir " + two.string() + lora, &log),
+                  "--output_dir " + two.string() + lora + device, &log),
               0)
         << log;
+    if (!device.empty()) EXPECT_NE(log.find("device: sim:0"), std::string::npos) << log;
     EXPECT_NE(log.find("micro-batch 4 x accumulation 1"), std::string::npos) << log;
     auto column = [](const fs::path& f) { return csv_column(f); };
     for (const char* name :

@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "device_parity.h"
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
 #include "ds/models/deberta.h"
@@ -331,6 +332,35 @@ TEST_P(HFDeberta, ExportRoundTrip) {
   }
   EXPECT_EQ(a->logits(batch()).to_vector(), b->logits(batch()).to_vector());
   if (!keep) fs::remove_all(dir);
+}
+
+// On the sim device (tests/device_parity.h): loss and every gradient of the fixture's batch,
+// then three engine steps (dropout on) at ZeRO 0 and 3, as the host copy computes them, bitwise.
+// deberta_xl again as a multi-label classifier (multi-hot labels): its binary cross entropy runs
+// Backend's composed default on the device (bce_with_logits_*), the CPU's fused kernel on the
+// host, a rounding apart.
+TEST_P(HFDeberta, TrainsOnADeviceAsOnTheHost) {
+  const models::EncoderInputs in = batch();
+  nn::Batch b{.input_ids = in.input_ids,
+              .labels = ref_->get("labels"),
+              .attention_mask = in.attention_mask,
+              .token_type_ids = in.token_type_ids};
+  ds::testing::expect_device_as_host([&] { return import(case_dir(GetParam())); }, b,
+                                     ds::testing::sim_device(), 0.0);
+  if (GetParam() != "deberta_xl") return;
+  const int64_t B = in.input_ids.size(0), NL = 3;
+  std::vector<float> multi_hot(static_cast<size_t>(B * NL));
+  for (size_t i = 0; i < multi_hot.size(); ++i) multi_hot[i] = static_cast<float>(i % 3 != 1);
+  b.labels = Tensor::from_data(multi_hot, {B, NL});
+  auto multi_label = [&] {
+    auto cfg = models::read_hf_encoder_config(case_dir(GetParam()));
+    cfg->problem_type = "multi_label_classification";
+    auto m = models::make_encoder_classifier(*cfg, /*init=*/false);
+    models::load_hf_encoder_weights(*m, case_dir(GetParam()));
+    m->train(false);
+    return m;
+  };
+  ds::testing::expect_device_as_host(multi_label, b, ds::testing::sim_device(), 1e-6);
 }
 
 INSTANTIATE_TEST_SUITE_P(Deberta, HFDeberta,

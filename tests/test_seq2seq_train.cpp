@@ -331,6 +331,21 @@ TEST_F(Seq2SeqTrain, BlenderbotPresetTrainsAndExports) {
   EXPECT_EQ(cfg["architectures"][0], "BlenderbotForConditionalGeneration");
 }
 
+// --device sim: the encoder-decoder trains, evaluates (BLEU of its generations) and exports on
+// the device as on the CPU, and so does a LoRA run (--only_optimize_lora: its PEFT adapter).
+TEST_F(Seq2SeqTrain, DeviceRunTrainsEvaluatesAndExportsAsTheHost) {
+  auto same_generations = [](const train::Seq2SeqTrainer& host, const train::Seq2SeqTrainer& dev) {
+    EXPECT_EQ(dev.last_eval()->hypotheses, host.last_eval()->hypotheses);
+  };
+  expect_device_run_as_host<train::Seq2SeqTrainer, Recorder>(options("device"), given(), "device",
+                                                             4, same_generations);
+  train::Options o = options("device_lora");
+  o.lora_dim = 4;
+  o.only_optimize_lora = true;
+  expect_device_run_as_host<train::Seq2SeqTrainer, Recorder>(o, given(), "device_lora", 4,
+                                                             same_generations);
+}
+
 TEST_F(Seq2SeqTrain, RefusesWhatDoesNotApplyByName) {
   auto expect = [&](train::Options o, train::Given g, const std::string& part) {
     const std::string e = error_of(o, g);
@@ -440,16 +455,20 @@ TEST_F(Seq2SeqTrain, ProcessesPrepareTrainGenerate) {
   EXPECT_TRUE(res.contains("eval_bleu")) << res.dump();
   EXPECT_LT(res["eval_loss"].get<double>(), 1.0) << log;  // "ok" is easy to learn
 
-  // ds_generate on the export (and on the output folder): the learnt answer.
+  // ds_generate on the export (and on the output folder, the model on the sim device): the learnt
+  // answer.
   ASSERT_EQ(sh(std::string(DS_GENERATE_BIN) + " --model " + (out / "hf_model").string() +
                    " --prompt 'say 3' --num_beams 2 --max_new_tokens 5",
                true),
             0)
       << log;
   EXPECT_EQ(log, "ok\n");
-  ASSERT_EQ(sh(std::string(DS_GENERATE_BIN) + " --model " + out.string() + " --source 'say 5'"), 0)
+  ASSERT_EQ(sh(std::string(DS_GENERATE_BIN) + " --model " + out.string() +
+                   " --source 'say 5' --device sim"),
+            0)
       << log;
   EXPECT_NE(log.find("greedy"), std::string::npos) << log;
+  EXPECT_NE(log.find("on sim:0"), std::string::npos) << log;
   EXPECT_NE(log.find("\nok\n"), std::string::npos) << log;
   EXPECT_EQ(sh(std::string(DS_GENERATE_BIN) + " --model " + out.string() +
                " --prompt hi --temperature 0.7"),

@@ -684,6 +684,31 @@ TEST(LoadModel, HfFolderAndTrainOutputDir) {
   }
 }
 
+// ds_serve / ds_generate --device: a model loaded onto a device (the sim emulator) generates what
+// the host's copy does, greedy and seeded sampling, under the scheduler's continuous batching
+// (its logits differ from the host's by the decode kernels' rounding: Backend's linear_rows and
+// decode_attention on the device, the CPU's own on the host).
+TEST(LoadModel, OnADeviceGeneratesAsOnTheHost) {
+  serve_test::TempDir dir("load_dev");
+  models::export_hf(*make_model(serve_test::tiny_llama("qwen3")), dir.path());
+  const Device sim{DeviceType::sim, 0};
+  const serve::LoadedModel host = serve::load_model(dir.path());
+  const serve::LoadedModel dev = serve::load_model(dir.path(), {}, sim);
+  for (const auto& [name, p] : dev.model->named_parameters()) EXPECT_EQ(p.device(), sim) << name;
+  const std::vector<Case> cases = mixed_cases();
+  serve::Scheduler sched(dev.make_decoder(), *dev.tokenizer, {.max_batch = 4});
+  std::vector<std::future<serve::GenerationResult>> futures;
+  for (const Case& c : cases) futures.push_back(sched.submit({c.prompt, c.params, dev.eos_ids}));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto dec = host.make_decoder();
+    const serve::GenerationResult want =
+        serve::generate(*dec, *host.tokenizer, cases[i].prompt, cases[i].params, host.eos_ids);
+    const serve::GenerationResult got = futures[i].get();
+    EXPECT_EQ(got.tokens, want.tokens) << "request " << i;
+    EXPECT_EQ(got.finish_reason, want.finish_reason) << "request " << i;
+  }
+}
+
 TEST(Api, ParsesAndRejectsWithTheField) {
   using nlohmann::json;
   auto param_of = [](auto fn) -> std::string {

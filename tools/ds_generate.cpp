@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "ds/backend/backend.h"
 #include "ds/core/error.h"
 #include "ds/core/parallel.h"
 #include "ds/data/seq2seq_set.h"
@@ -31,6 +32,7 @@
 #include "ds/models/seq2seq_io.h"
 #include "ds/serve/api.h"
 #include "ds/serve/generate.h"
+#include "ds/train/plan.h"
 
 namespace {
 
@@ -52,12 +54,16 @@ fs::path seq2seq_folder(const fs::path& model) {
 }
 
 int generate_seq2seq(const fs::path& dir, const std::string& source, const std::string& tok_dir,
-                     const Seq2SeqFlags& f) {
+                     const Seq2SeqFlags& f, Device device) {
   const auto t0 = std::chrono::steady_clock::now();
   const models::Seq2SeqConfig cfg = *models::read_hf_seq2seq_config(dir);
   models::Seq2Seq model(cfg, /*init=*/false);
   models::load_hf_seq2seq_weights(model, dir);
   model.train(false);
+  if (!device.is_cpu()) {
+    backend::get(device);  // registers it (a build without CUDA, or no GPU, says so here)
+    model.to(device);
+  }
   const fs::path tdir = data::has_tokenizer_files(dir) ? dir : fs::path(tok_dir);
   DS_CHECK(!tdir.empty(),
            "[ds_generate] {} holds no tokenizer (tokenizer.json, vocab.json + merges.txt, ...); "
@@ -93,9 +99,9 @@ int generate_seq2seq(const fs::path& dir, const std::string& source, const std::
   std::fprintf(
       stderr, "%s",
       fmt::format("ds_generate: {} ({} encoder-decoder, {:.1f}M parameters, tokenizer "
-                  "{}) loaded in {:.2f}s; {} threads\n",
+                  "{}) loaded in {:.2f}s on {}; {} threads\n",
                   dir.string(), cfg.family, static_cast<double>(cfg.num_parameters()) / 1e6,
-                  tdir.string(), load_s, ds::num_threads())
+                  tdir.string(), load_s, device.str(), ds::num_threads())
           .c_str());
   std::fprintf(stderr, "%s",
                fmt::format("ds_generate: source {} tokens; {} ({} beams, max_new_tokens {}, "
@@ -119,7 +125,12 @@ int main(int argc, char** argv) {
   uint64_t seed = 0;
   int threads = 0;
   bool ignore_eos = false;
+  std::string device_name = "cpu";
   app.add_option("--model", model, "Hugging Face folder or ds_train --output_dir")->required();
+  app.add_option("--device", device_name,
+                 "where the model runs: cpu, cuda (a -DDS_WITH_CUDA=ON build) or sim (the device "
+                 "emulator, for tests)")
+      ->capture_default_str();
   app.add_option("--prompt,--source", prompt, "the prompt text (encoder-decoders: the source text)")
       ->required();
   Seq2SeqFlags f2;
@@ -171,6 +182,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (threads > 0) ds::set_num_threads(threads);
+    const Device device = train::parse_device(device_name);
     if (const fs::path dir = seq2seq_folder(model); !dir.empty()) {
       // Sampling is not implemented for encoder-decoders: refuse its options by name.
       for (CLI::Option* op : {o_t, o_k, o_p, o_r, o_max})
@@ -187,7 +199,7 @@ int main(int argc, char** argv) {
       if (*o_min) f2.min_length = min_len;
       if (*o_nr) f2.no_repeat_ngram_size = no_repeat;
       if (*o_lp) f2.length_penalty = length_penalty;
-      return generate_seq2seq(dir, prompt, tokenizer, f2);
+      return generate_seq2seq(dir, prompt, tokenizer, f2, device);
     }
     for (CLI::Option* op : {o_beams, o_new, o_min, o_nr, o_lp})
       DS_CHECK(op->count() == 0,
@@ -195,7 +207,7 @@ int main(int argc, char** argv) {
                "decoder model (use --max_tokens, --temperature, --top_k, --top_p)",
                op->get_name(), model);
     const auto t0 = std::chrono::steady_clock::now();
-    ds::serve::LoadedModel m = ds::serve::load_model(model, tokenizer);
+    ds::serve::LoadedModel m = ds::serve::load_model(model, tokenizer, device);
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (*o_t) s.temperature = temperature;
@@ -218,10 +230,10 @@ int main(int argc, char** argv) {
     const auto& c = m.model->config();
     std::fprintf(stderr, "%s",
                  fmt::format("ds_generate: {} ({} layout, {:.1f}M parameters, tokenizer {}) "
-                             "loaded in {:.2f}s; {} threads\n",
+                             "loaded in {:.2f}s on {}; {} threads\n",
                              m.id, ds::nn::layout_name(c.layout),
                              static_cast<double>(c.num_parameters()) / 1e6, m.tokenizer->name(),
-                             load_s, ds::num_threads())
+                             load_s, device.str(), ds::num_threads())
                      .c_str());
     std::fprintf(
         stderr, "%s",

@@ -17,6 +17,7 @@
 
 #include "ds/core/parallel.h"
 #include "ds/models/seq2seq_decoder.h"
+#include "ds/train/plan.h"
 #include "serve/server.h"
 
 namespace {
@@ -32,7 +33,12 @@ int main(int argc, char** argv) {
   std::string model, tokenizer;
   ds::serve::ServerOptions o;
   int threads = 0;
+  std::string device_name = "cpu";
   app.add_option("--model", model, "Hugging Face folder or ds_train --output_dir")->required();
+  app.add_option("--device", device_name,
+                 "where the model runs: cpu, cuda (a -DDS_WITH_CUDA=ON build) or sim (the device "
+                 "emulator, for tests)")
+      ->capture_default_str();
   app.add_option("--tokenizer", tokenizer,
                  "folder with vocab.json + merges.txt (or encoder.json + vocab.bpe) when the model "
                  "folder has none");
@@ -90,7 +96,8 @@ int main(int argc, char** argv) {
   }
   try {
     if (threads > 0) ds::set_num_threads(threads);
-    ds::serve::LoadedModel m = ds::serve::load_model(model, tokenizer);
+    const ds::Device device = ds::train::parse_device(device_name);
+    ds::serve::LoadedModel m = ds::serve::load_model(model, tokenizer, device);
     std::string desc;
     double kv_mib = 0.0;  // the KV caches: one per running sequence, each at its longest (fp32)
     if (m.seq2seq) {
@@ -139,10 +146,10 @@ int main(int argc, char** argv) {
       }
     });
     std::fprintf(stderr,
-                 "ds_serve: %s on http://%s:%d (%d compute threads; up to %d generations per "
-                 "decode step)\nds_serve: %s\n",
-                 desc.c_str(), o.host.c_str(), port, ds::num_threads(), o.max_batch,
-                 budget.c_str());
+                 "ds_serve: %s on http://%s:%d (%s, %d compute threads; up to %d generations "
+                 "per decode step)\nds_serve: %s\n",
+                 desc.c_str(), o.host.c_str(), port, device.str().c_str(), ds::num_threads(),
+                 o.max_batch, budget.c_str());
     server.run();
     stopped = true;
     watcher.join();

@@ -732,6 +732,9 @@ Tensor Seq2Seq::generate(const Tensor& input_ids, const Tensor& attention_mask,
 
 Tensor Seq2Seq::generate_greedy(const Tensor& input_ids, const Tensor& attention_mask,
                                 const GreedyOptions& opt) {
+  // The source in host memory (ds_generate's) goes to the model's device first.
+  if (const Device d = shared_->weight().device(); input_ids.defined() && input_ids.device() != d)
+    return generate_greedy(input_ids.to(d), attention_mask, opt);
   DS_CHECK(opt.max_new_tokens >= 1, "[seq2seq] max_new_tokens must be at least 1, got {}",
            opt.max_new_tokens);
   const int64_t eos = opt.eos_token_id == -2 ? config_.eos_token_id : opt.eos_token_id;

@@ -53,6 +53,9 @@ struct Hyp {
 
 Tensor Seq2Seq::generate_beam(const Tensor& input_ids, const Tensor& attention_mask,
                               const BeamOptions& opt) {
+  // The source in host memory (ds_generate's) goes to the model's device first.
+  if (const Device d = shared_->weight().device(); input_ids.defined() && input_ids.device() != d)
+    return generate_beam(input_ids.to(d), attention_mask, opt);
   const Seq2SeqConfig& c = config_;
   const int64_t NB = opt.num_beams, V = c.vocab_size;
   DS_CHECK(NB >= 1, "[seq2seq] num_beams must be at least 1, got {}", NB);

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "ds/backend/backend.h"
 #include "ds/core/error.h"
 #include "ds/core/memory_info.h"
 #include "ds/models/family.h"
@@ -166,7 +167,7 @@ GenerationResult generate(models::IncrementalDecoder& decoder, const TextTokeniz
   return std::move(s.result());
 }
 
-LoadedModel load_model(const fs::path& path, const fs::path& tokenizer_dir) {
+LoadedModel load_model(const fs::path& path, const fs::path& tokenizer_dir, Device device) {
   LoadedModel m;
   fs::path folder = path;
   if (!fs::exists(path / "config.json") && fs::exists(path / "hf_model" / "config.json"))
@@ -189,6 +190,11 @@ LoadedModel load_model(const fs::path& path, const fs::path& tokenizer_dir) {
     m.model = std::make_shared<models::GPT>(*cfg, /*init=*/false);
     models::load_hf_weights(*m.model, folder);
     m.model->train(false);
+  }
+  if (!device.is_cpu()) {
+    backend::get(device);  // registers it (a build without CUDA, or no GPU, says so here)
+    if (m.seq2seq) m.seq2seq->to(device);
+    if (m.model) m.model->to(device);
   }
   const int64_t vocab = m.vocab_size();
   if (has_tokenizer_files(folder))

@@ -187,10 +187,29 @@ Device parse_device(const std::string& name) {
   // device code paths on a machine without a GPU (docs/cuda.md); not a performance device.
   if (name == "sim" || name == "sim:0") return Device{DeviceType::sim, 0};
   DS_CHECK(name.rfind("cuda:", 0) != 0,
-           "[ds_train] --device {}: one GPU per process, seen as cuda:0; choose the GPU with "
+           "[device] --device {}: one GPU per process, seen as cuda:0; choose the GPU with "
            "CUDA_VISIBLE_DEVICES and pass --device cuda",
            name);
-  DS_THROW("[ds_train] --device '{}' is not a device: use cpu, cuda or sim (the emulator)", name);
+  DS_THROW("[device] --device '{}' is not a device: use cpu, cuda or sim (the emulator)", name);
+}
+
+Device plan_device(const Options& o) {
+  const Device device = parse_device(o.device);
+  if (!device.is_cpu()) {
+    backend::get(device);  // a build without CUDA, or no GPU, says so here
+  } else {
+    DS_CHECK(o.device_memory_limit_gib == 0.0,
+             "[ds_train] --device_memory_limit {} caps GPU memory: it needs --device cuda",
+             o.device_memory_limit_gib);
+  }
+  return device;
+}
+
+std::string apply_device_memory_limit(Device device, const Options& o) {
+  if (device.is_cpu() || o.device_memory_limit_gib <= 0.0) return "";
+  backend::get(device).set_memory_limit(
+      static_cast<uint64_t>(o.device_memory_limit_gib * 1024.0 * 1024.0 * 1024.0));
+  return fmt::format("device memory limit: {:.1f} GiB", o.device_memory_limit_gib);
 }
 
 RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {
@@ -293,16 +312,9 @@ RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {
     DS_CHECK(!p.lora, "[ds_train] LoRA (--lora_dim) with --tensor_parallel_size {} is not "
              "implemented yet; use --tensor_parallel_size 1", tp);
   }
-  p.device = parse_device(o.device);
-  if (!p.device.is_cpu()) {
-    // Every stage, pipeline and tensor parallelism run on a device; collectives go through host
-    // memory (comm/group.h: GPU-to-GPU collectives, NCCL, are not built yet).
-    backend::get(p.device);  // a build without CUDA, or no GPU, says so here
-  } else {
-    DS_CHECK(o.device_memory_limit_gib == 0.0,
-             "[ds_train] --device_memory_limit {} caps GPU memory: it needs --device cuda",
-             o.device_memory_limit_gib);
-  }
+  // Every stage, pipeline and tensor parallelism run on a device; collectives go through host
+  // memory (comm/group.h: GPU-to-GPU collectives, NCCL, are not built yet).
+  p.device = plan_device(o);
   // A pipeline stage is built whole (its layers only) and then sharded; so is a tensor-parallel
   // rank's part (its slices).
   // A model on a device is built whole in host memory and then moved (Module::to).

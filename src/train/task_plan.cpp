@@ -30,9 +30,6 @@ void refuse_common_options(const TaskNames& n, const Options& o, const Given& g,
   const std::string no_check =
       fmt::format("a {} run makes no start-up memory check to skip", n.run);
   refuse_option(n, o.skip_memory_check, "--skip_memory_check", no_check.c_str());
-  DS_CHECK(o.device == "cpu",
-           "[ds_train] --device {}: {} train on the CPU only for now; use --device cpu", o.device,
-           n.models);
 }
 
 std::optional<fs::path> val_split_dir(const Options& o, const fs::path& train_dir) {
@@ -56,6 +53,7 @@ void resolve_task_run(TaskPlan& p, int64_t width, int64_t depth, int64_t val_exa
                       const char* builtin_config) {
   const Options& o = p.spec;
   const Given& g = p.given;
+  p.device = plan_device(o);  // TaskTrainer::start moves the model there
   {
     // Model parallelism in the config would otherwise first meet the rank-count check.
     std::string source = "built-in default (configs/ds_demo.json)";

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "ds/backend/backend.h"
 #include "ds/comm/group.h"
 #include "ds/core/error.h"
 #include "ds/core/rng.h"
@@ -27,6 +28,14 @@ void TaskTrainer::start(std::shared_ptr<nn::Module> model, runtime::LossFn loss_
   const TaskPlan& p = task_plan();
   const Options& o = p.spec;
   out_dir_ = o.output_dir;
+  if (!p.device.is_cpu()) {
+    // As Trainer::build_model: the engine keeps the model where it is (parameters, activations
+    // and gradients on the device; master weights and optimizer state in host memory).
+    if (const std::string limit = apply_device_memory_limit(p.device, o); !limit.empty())
+      say(limit);
+    model->to(p.device);
+    say(fmt::format("device: {} ({})", p.device.str(), backend::get(p.device).gemm_info()));
+  }
   runtime::InitOptions init;
   init.ctx = p.run.ctx;
   init.log = [this](const std::string& s) { observer_.detail(s); };

@@ -55,13 +55,9 @@ Trainer::Trainer(RunPlan plan, TrainerObserver& observer)
       out_dir_(plan_.spec.output_dir),
       eval_baseline_(std::nan("")),
       last_eval_(std::nan("")) {
-  if (!plan_.device.is_cpu() && plan_.spec.device_memory_limit_gib > 0.0) {
-    // Before the fit check, which reads what the limit leaves.
-    backend::get(plan_.device)
-        .set_memory_limit(
-            static_cast<uint64_t>(plan_.spec.device_memory_limit_gib * 1024.0 * 1024.0 * 1024.0));
-    say(fmt::format("device memory limit: {:.1f} GiB", plan_.spec.device_memory_limit_gib));
-  }
+  // Before the fit check, which reads what the limit leaves.
+  if (const std::string limit = apply_device_memory_limit(plan_.device, plan_.spec); !limit.empty())
+    say(limit);
   if (!plan_.spec.skip_memory_check) check_memory();
   say(fmt::format("GEMM: {}", backend::cpu().gemm_info()));
   build_model();

@@ -210,8 +210,9 @@ class Seq2Seq : public nn::Module {
   Tensor loss(const Seq2SeqInputs& in);
 
   // Greedy generation: the encoder runs once, the decoder one position per step with a KV cache
-  // (GreedyOptions::use_cache). -> (B, 1 + n) i64 on the host: decoder_start_token_id, then the
-  // tokens; stops early when every row has ended (n < max_new_tokens), as transformers.
+  // (GreedyOptions::use_cache). input_ids and attention_mask may be in host memory or on the
+  // model's device (as generate_beam's). -> (B, 1 + n) i64 on the host: decoder_start_token_id,
+  // then the tokens; stops early when every row has ended (n < max_new_tokens), as transformers.
   Tensor generate_greedy(const Tensor& input_ids, const Tensor& attention_mask,
                          const GreedyOptions& opt = {});
   // Beam search (src/models/seq2seq_beam.cpp), transformers' algorithm step for step: the

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ds/core/device.h"
 #include "ds/data/chat_template.h"
 #include "ds/models/gpt.h"
 #include "ds/models/incremental_decoder.h"
@@ -161,9 +162,11 @@ struct LoadedModel {
 // do_sample defaults to false there, as transformers': greedy unless a request sets a
 // temperature). The tokenizer comes from the folder, else from tokenizer_dir, else the byte
 // tokenizer when the vocabulary has exactly 257 ids (tiny test models). Throws naming what is
-// missing.
+// missing. device: where the weights go once loaded (Module::to; its backend is initialised here):
+// the decoders run there and hand their logits back in host memory (ds_serve / ds_generate
+// --device).
 LoadedModel load_model(const std::filesystem::path& path,
-                       const std::filesystem::path& tokenizer_dir = {});
+                       const std::filesystem::path& tokenizer_dir = {}, Device device = kCPU);
 
 // Whether s ends inside a UTF-8 character: the number of bytes to hold back (0-3).
 size_t incomplete_utf8_tail(std::string_view s);

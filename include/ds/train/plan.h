@@ -72,12 +72,20 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
 int64_t activation_estimate(const models::GPTConfig& c, int64_t B, int64_t T, bool ckpt,
                             int64_t elem_bytes);
 
+// --device's value as a Device: "cpu", "cuda" or "cuda:0", "sim" or "sim:0"; anything else is an
+// error naming the flag (cuda:N > 0 says to choose the GPU with CUDA_VISIBLE_DEVICES). ds_train,
+// ds_serve and ds_generate read --device with it.
+Device parse_device(const std::string& name);
+// --device and --device_memory_limit of any run (plan_run, the task runs' resolve_task_run):
+// parse_device(o.device) with its backend initialised (a build without CUDA, or no GPU, says so
+// here); --device_memory_limit is refused without a device.
+Device plan_device(const Options& o);
+// Caps `device`'s memory at --device_memory_limit (before anything is allocated there) and
+// returns the line to show; "" when there is no limit (or the run is on the CPU).
+std::string apply_device_memory_limit(Device device, const Options& o);
+
 // Everything decided before the model is built. Made by plan_run; read-only afterwards (the
 // datasets are shared with the Trainer's loader, which only reads them).
-// --device's value as a Device: "cpu", "cuda" or "cuda:0"; anything else is an error naming the
-// flag (cuda:N > 0 says to choose the GPU with CUDA_VISIBLE_DEVICES).
-Device parse_device(const std::string& name);
-
 struct RunPlan {
   Options spec;
   Given given;

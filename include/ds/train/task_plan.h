@@ -39,6 +39,7 @@ struct TaskPlan {
   std::filesystem::path tokenizer_dir;  // copied beside the export ("": none)
   std::string model_name;               // the preset, file or folder name (messages)
   RunConfig run;
+  Device device = kCPU;  // --device (plan_device): where the model trains
   int world_size = 1;
   int data_parallel = 1;           // the ranks ZeRO shards over (all of them: no tp or pp)
   int64_t train_examples = 0;      // N of the train split
@@ -58,7 +59,7 @@ struct TaskPlan {
 void refuse_option(const TaskNames& names, bool given, const char* option, const char* why);
 
 // The refusals every task run makes: the sample options (`sample_why` says why), tensor and
-// pipeline parallelism, --skip_memory_check, a --device other than cpu.
+// pipeline parallelism, --skip_memory_check.
 void refuse_common_options(const TaskNames& names, const Options& o, const Given& g,
                            const char* sample_why);
 
@@ -85,8 +86,9 @@ nlohmann::json read_model_json(const std::string& file);
 
 // The DeepSpeed config and run length (resolve_run_config) for a task model `width` wide and
 // `depth` layers deep, over p.train_examples examples of p.tokens_per_example tokens; tensor or
-// pipeline parallelism in the config is refused by name. Fills p.run, world_size, data_parallel
-// and eval_examples (`val_examples`: the val split's size, 0 without one).
+// pipeline parallelism in the config is refused by name. Fills p.device (plan_device), p.run,
+// world_size, data_parallel and eval_examples (`val_examples`: the val split's size, 0 without
+// one).
 void resolve_task_run(TaskPlan& p, int64_t width, int64_t depth, int64_t val_examples,
                       const char* builtin_config);
 

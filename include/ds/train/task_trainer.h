@@ -80,11 +80,12 @@ class TaskTrainer {
   // `observer` must outlive the trainer.
   explicit TaskTrainer(TrainerObserver& observer);
 
-  // Builds the engine over `model` with the plan's config and `loss_fn` (the loss of the task's
-  // named micro-batches; empty: the model's own loss(const nn::Batch&)), seeds the dropout stream, reports the memory budget, builds the sampler over
-  // the training split, says describe_data() and removes temporaries an interrupted run left in
-  // the output folder. The task's constructor calls it once, after its plan is in place.
-  // Collective.
+  // Moves `model` to the plan's device (--device; with --device_memory_limit applied first), builds
+  // the engine over it with the plan's config and `loss_fn` (the loss of the task's
+  // named micro-batches; empty: the model's own loss(const nn::Batch&)), seeds the dropout stream,
+  // reports the memory budget, builds the sampler over the training split, says describe_data() and
+  // removes temporaries an interrupted run left in the output folder. The task's constructor calls
+  // it once, after its plan is in place. Collective.
   void start(std::shared_ptr<nn::Module> model, runtime::LossFn loss_fn);
   void say(const std::string& s) { observer_.message(s); }
 
