@@ -336,13 +336,9 @@ void ClassifierTrainer::export_model(const std::string& dir) {
   auto weights = engine().full_weights();  // ZeRO-3: every rank gathers, rank 0 receives
   if (!is_lead()) return;
   const std::optional<nn::LoraConfig>& lora = plan_.lora;
-  if (lora && !plan_.spec.merge_lora && lora->only_optimize_lora) {
+  if (exports_lora_adapter(lora, plan_.spec)) {
     // Only LoRA and the head trained: PEFT's adapter holds everything that changed.
-    std::error_code ec;
-    const std::string base =
-        plan_.spec.init_from.empty()
-            ? std::string()
-            : fs::absolute(plan_.spec.init_from, ec).lexically_normal().string();
+    const std::string base = lora_adapter_base(plan_.spec);
     models::export_peft_classifier_adapter(*model_, weights, *lora, dir, base);
     say(fmt::format(
         "{} (PEFT SEQ_CLS adapter: adapter_config.json + adapter_model.safetensors{})", dir,
