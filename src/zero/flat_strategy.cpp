@@ -181,11 +181,7 @@ class FlatStrategy final : public Strategy {
   std::vector<std::pair<std::string, Tensor>> full_weights() override {
     auto weights = model_.named_parameters();
     if (!device_.is_cpu())  // host copies: checkpoints and exports read them from host memory
-      for (auto& [name, t] : weights) {
-        Tensor h = Tensor::empty(t.shape(), t.dtype(), kCPU);
-        h.copy_from(t);
-        t = h;
-      }
+      for (auto& [name, t] : weights) t = t.to(kCPU);
     return weights;
   }
 

@@ -385,19 +385,8 @@ class Stage3Strategy final : public Strategy {
     refresh();  // persistent parameters are gathered once and kept
   }
 
-  int64_t n_ranks() const { return group_->size(); }
-  // t itself in host memory, else a host copy (the device's staging kept for the caller).
-  static Tensor host_side(const Tensor& t) {
-    if (t.device().is_cpu()) return t;
-    Tensor h = Tensor::empty(t.shape(), t.dtype(), kCPU);
-    h.copy_from(t);
-    return h;
-  }
   // A new host copy of t (checkpoints and exports read host memory).
-  static Tensor host_copy(const Tensor& t) {
-    if (t.device().is_cpu()) return t.clone();
-    return host_side(t);
-  }
+  static Tensor host_copy(const Tensor& t) { return t.device().is_cpu() ? t.clone() : t.to(kCPU); }
   // Where the model's trainable parameters live (one device for all of them).
   static Device model_device(nn::Module& model) {
     std::optional<Device> d;
@@ -489,7 +478,8 @@ class Stage3Strategy final : public Strategy {
     const Tensor piece = Tensor::from_storage(
         Storage::external(const_cast<char*>(src), static_cast<size_t>(sp.part) * esz, kCPU),
         {sp.part}, options_.train_dtype);
-    const Tensor full = Tensor::from_storage(sp.full, {n_ranks() * sp.part}, options_.train_dtype);
+    const Tensor full =
+        Tensor::from_storage(sp.full, {group_->size() * sp.part}, options_.train_dtype);
     return group_->all_gather_async(
         piece, full,
         fmt::format("gather {} for {}", flat_.entries[static_cast<size_t>(i)].name, label));
@@ -583,7 +573,7 @@ class Stage3Strategy final : public Strategy {
       }
       if (comm_prescale_ != 1.0f && n > 1) ops::mul_(staging, comm_prescale_);
       // The reduced chunk lands in host memory beside the shard (on a device: copied down).
-      Tensor out = n > 1 ? Tensor::empty({len}, cd, kCPU) : host_side(staging);
+      Tensor out = n > 1 ? Tensor::empty({len}, cd, kCPU) : staging.to(kCPU);
       comm::Work w = n > 1 ? group_->reduce_scatter_async(
                                  staging, out, comm::ReduceOp::sum,
                                  fmt::format("{} gradient of {}", ctx_,
