@@ -5,15 +5,20 @@
 // other's loader, and accuracy / F1.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "ds/core/error.h"
@@ -254,6 +259,57 @@ TEST(ClassifyScores, AccuracyAndF1) {
   EXPECT_THROW(train::classify_scores(p3, y, 2), ds::Error);
 }
 
+#ifdef DS_PREPARE_BIN
+// Issue 31, items 4, 5, 13 and 18 through the program: bounds on the lengths (negative and huge),
+// --labels outside --task classification, a dead run's temporaries cleaned, and the output folder
+// given as input.
+TEST_F(Classification, DsPrepareBoundsLabelsTemporariesAndOutputAsInput) {
+  const fs::path input = write("a.tsv", "sentence\tlabel\na\t0\nb\t1\nc\t0\n");
+  const fs::path out = dir_ / "set", log = dir_ / "log.txt";
+  auto run = [&](const std::string& args) {
+    const int rc = std::system(
+        fmt::format("{} --tokenizer {} --output {} {} > {} 2>&1", DS_PREPARE_BIN, kTok.string(),
+                    out.string(), args, log.string())
+            .c_str());
+    std::ifstream in(log);
+    return std::pair{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1,
+                     std::string{std::istreambuf_iterator<char>(in), {}}};
+  };
+  auto [rc, text] = run("--task classification --seq_len -1 " + input.string());
+  EXPECT_EQ(rc, 2) << text;
+  EXPECT_NE(text.find("--seq_len -1 is outside [1, 1048576]"), std::string::npos) << text;
+  std::tie(rc, text) = run("--task seq2seq --max_target_len 4000000000 " + input.string());
+  EXPECT_EQ(rc, 2) << text;
+  EXPECT_NE(text.find("--max_target_len 4000000000 is outside"), std::string::npos) << text;
+  std::tie(rc, text) = run("--task lm --labels a,b " + input.string());
+  EXPECT_EQ(rc, 2) << text;
+  EXPECT_NE(text.find("--labels needs --task classification"), std::string::npos) << text;
+  EXPECT_FALSE(fs::exists(out));
+
+  // A killed run's temporary (its process is gone) is removed; a live process's is not touched.
+  fs::create_directories(out);
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const fs::path stale = out / fmt::format("train.cls.tmp-{}", dead);
+  const fs::path live = out / fmt::format("train.cls.tmp-{}", ::getpid());
+  std::ofstream(stale) << "half";
+  std::ofstream(live) << "busy";
+  std::tie(rc, text) = run("--task classification --seq_len 8 --val_fraction 0 " + input.string());
+  ASSERT_EQ(rc, 0) << text;
+  EXPECT_FALSE(fs::exists(stale)) << text;
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_NE(text.find("left by an interrupted earlier run"), std::string::npos) << text;
+  EXPECT_NE(text.find("per label: 0: 2, 1: 1"), std::string::npos) << text;
+  fs::remove(live);
+
+  // ds_prepare --output D D, run again: its own meta.json is not input.
+  std::tie(rc, text) = run("--task classification --seq_len 8 " + out.string());
+  EXPECT_EQ(rc, 1) << text;
+  EXPECT_NE(text.find("is the output folder"), std::string::npos) << text;
+}
+#endif
+
 }  // namespace
 
 // DeBERTa-v2's Unigram tokenizer.json ([CLS] A [SEP] B [SEP], types 0/1): encode_example's
@@ -286,10 +342,11 @@ TEST_F(Classification, DebertaUnigramMatchesTransformers) {
   ASSERT_GE(pairs.size(), 5u);
 
 #ifdef DS_PREPARE_BIN
+  // --labels: these pairs happen to be of one class, which ds_prepare refuses to guess around.
   const fs::path input = write("deberta.jsonl", jsonl), out = dir_ / "deberta_set";
   const std::string cmd = fmt::format(
-      "{} --task classification --tokenizer {} --seq_len {} --val_fraction 0 --output {} {} > {} "
-      "2>&1",
+      "{} --task classification --tokenizer {} --seq_len {} --val_fraction 0 --labels 0,1 "
+      "--output {} {} > {} 2>&1",
       DS_PREPARE_BIN, tok_dir.string(), seq_len, out.string(), input.string(),
       (dir_ / "log.txt").string());
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
@@ -310,4 +367,126 @@ TEST_F(Classification, DebertaUnigramMatchesTransformers) {
     EXPECT_EQ(label, c["label"].get<int32_t>());
   }
 #endif
+}
+
+// Issue 31, item 7: labels are trimmed and parsed strictly; mixed kinds, repeated headers, doubled
+// label columns and single-class files are errors naming the place; per-class counts reported.
+TEST_F(Classification, LabelsAreNormalisedAndAmbiguityRefused) {
+  auto prepare = [&](const std::vector<fs::path>& inputs, std::vector<std::string> labels = {}) {
+    data::ClassificationPrepareOptions o;
+    o.inputs = inputs;
+    o.tokenizer_dir = kTok;
+    o.output_dir = dir_ / "set";
+    o.seq_len = 8;
+    o.val_fraction = 0.0;
+    o.labels = std::move(labels);
+    fs::remove_all(o.output_dir);
+    return data::prepare_classification(o);
+  };
+  // A trailing or leading space, "+1" and "01": the class ids 0 and 1, in id order.
+  auto r = prepare({write("sp.tsv", "sentence\tlabel\na\t0\nb\t1 \nc\t 1\nd\t+1\ne\t0 \nf\t01\n")});
+  EXPECT_EQ(r.labels, (std::vector<std::string>{"0", "1"}));
+  EXPECT_EQ(r.train.label_counts, (std::vector<int64_t>{2, 4}));
+  auto set = data::ClassificationSet::open_split(dir_ / "set", "train");
+  EXPECT_EQ(set.label(3), 1);  // "+1"
+  // JSON strings holding integers are class ids too (a TSV converted to JSON keeps them text).
+  r = prepare({write("s.jsonl", "{\"sentence1\": \"a\", \"label\": \" 1\"}\n"
+                                "{\"sentence1\": \"b\", \"label\": 0}\n")});
+  EXPECT_EQ(r.labels, (std::vector<std::string>{"0", "1"}));
+  // Names are trimmed as well.
+  r = prepare({write("n.tsv", "sentence\tlabel\na\tyes \nb\tno\nc\t yes\n")});
+  EXPECT_EQ(r.labels, (std::vector<std::string>{"no", "yes"}));
+  EXPECT_EQ(r.train.label_counts, (std::vector<int64_t>{1, 2}));
+
+  // One name among ids: refused naming both lines, not a silent switch to names.
+  std::string e = error_of(
+      [&] { prepare({write("mix.tsv", "sentence\tlabel\na\t0\nb\t1\nc\tone\nd\t0\n")}); });
+  EXPECT_NE(e.find("mix.tsv:4"), std::string::npos) << e;
+  EXPECT_NE(e.find("mix.tsv:2"), std::string::npos) << e;
+  EXPECT_NE(e.find("'one'"), std::string::npos) << e;
+  // A repeated header row (cat train.tsv dev.tsv).
+  e = error_of([&] {
+    prepare({write("cat.tsv", "sentence\tlabel\na\t0\nb\t1\nsentence\tlabel\nc\t1\n")});
+  });
+  EXPECT_NE(e.find("cat.tsv:4"), std::string::npos) << e;
+  EXPECT_NE(e.find("repeats the header"), std::string::npos) << e;
+  // Two label columns.
+  e = error_of([&] { prepare({write("two.tsv", "sentence\tlabel\tlabel\na\t0\t1\nb\t1\t0\n")}); });
+  EXPECT_NE(e.find("two.tsv:1"), std::string::npos) << e;
+  EXPECT_NE(e.find("'label' 2 times"), std::string::npos) << e;
+  // One class: no invented second class with no example.
+  e = error_of([&] { prepare({write("one.tsv", "sentence\tlabel\na\t0\nb\t0\n")}); });
+  EXPECT_NE(e.find("two classes"), std::string::npos) << e;
+  EXPECT_NE(e.find("--labels 0,1"), std::string::npos) << e;
+  // ... unless the classes are listed: then the empty one is reported.
+  r = prepare({dir_ / "one.tsv"}, {"0", "1"});
+  EXPECT_EQ(r.train.label_counts, (std::vector<int64_t>{2, 0}));
+  ASSERT_EQ(r.notes.size(), 1u);
+  EXPECT_NE(r.notes[0].find("label '1' (class 1) has no training example"), std::string::npos)
+      << r.notes[0];
+}
+
+// Issue 31, items 4 and 18, and the damaged-header half of 4: lengths are bounded before anything
+// is allocated; an input that is (or holds) the output folder is refused; a header with absurd
+// counts is "re-run ds_prepare", not a failed allocation.
+TEST_F(Classification, LengthsBoundedOutputOutsideInputsAndAbsurdHeaders) {
+  data::ClassificationPrepareOptions o;
+  o.inputs = {write("a.tsv", "sentence\tlabel\na\t0\nb\t1\nc\t0\n")};
+  o.tokenizer_dir = kTok;
+  o.output_dir = dir_ / "set";
+  o.val_fraction = 0.0;
+  o.seq_len = 10'000'000;
+  std::string e = error_of([&] { data::prepare_classification(o); });
+  EXPECT_NE(e.find("--seq_len 10000000 exceeds"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(o.output_dir));
+  // The tokenizer's model_max_length bounds it where the folder gives one.
+  const fs::path tok = dir_ / "tok";
+  fs::copy(kTok, tok, fs::copy_options::recursive);
+  json tc = json::parse(std::ifstream(tok / "tokenizer_config.json"));
+  tc["model_max_length"] = 64;
+  std::ofstream(tok / "tokenizer_config.json") << tc.dump();
+  o.tokenizer_dir = tok;
+  o.seq_len = 65;
+  e = error_of([&] { data::prepare_classification(o); });
+  EXPECT_NE(e.find("model_max_length 64"), std::string::npos) << e;
+  o.seq_len = 64;
+  data::prepare_classification(o);
+
+  // The output folder as input (ds_prepare --output D D, run twice), and an output inside an
+  // input folder.
+  auto again = o;
+  again.inputs = {o.output_dir};
+  e = error_of([&] { data::prepare_classification(again); });
+  EXPECT_NE(e.find("is the output folder"), std::string::npos) << e;
+  again.inputs = {dir_};
+  e = error_of([&] { data::prepare_classification(again); });
+  EXPECT_NE(e.find("inside the input folder"), std::string::npos) << e;
+
+  // Absurd example counts in a split file's header (and meta.json agreeing): the size check.
+  const fs::path split = o.output_dir / "train.cls";
+  std::string bytes;
+  {
+    std::ifstream in(split, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const uint64_t huge = uint64_t{1} << 62;
+  std::memcpy(bytes.data() + 16, &huge, 8);
+  std::ofstream(split, std::ios::binary) << bytes;
+  json meta = json::parse(std::ifstream(o.output_dir / "meta.json"));
+  meta["splits"]["train"]["examples"] = huge;
+  std::ofstream(o.output_dir / "meta.json") << meta.dump();
+  e = error_of([&] { data::ClassificationSet::open_split(o.output_dir, "train"); });
+  EXPECT_NE(e.find("wrong size"), std::string::npos) << e;
+  EXPECT_NE(e.find("re-run ds_prepare"), std::string::npos) << e;
+}
+
+// Issue 31, item 16: a loader given another kind of set says which kind it holds.
+TEST_F(Classification, WrongKindOfSetIsNamed) {
+  fs::create_directories(dir_ / "s2s");
+  std::ofstream(dir_ / "s2s" / "meta.json") << R"({"format": "DSSEQ2SEQ", "kind": "seq2seq"})";
+  std::string e = error_of([&] { data::ClassificationSet::open_split(dir_ / "s2s", "train"); });
+  EXPECT_NE(e.find("holds a seq2seq set"), std::string::npos) << e;
+  EXPECT_EQ(e.find("language-model tokens"), std::string::npos) << e;
+  e = error_of([&] { data::TokenDataset::open_split(dir_ / "s2s", "train"); });
+  EXPECT_NE(e.find("holds a seq2seq set"), std::string::npos) << e;
 }

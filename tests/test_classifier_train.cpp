@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -26,10 +27,13 @@
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
 #include "ds/data/classification_set.h"
+#include "ds/data/shard.h"
 #include "ds/models/encoder_family.h"
 #include "ds/models/peft_io.h"
 #include "ds/nn/lora.h"
 #include "ds/train/classifier.h"
+#include "ds/train/plan.h"
+#include "ds/train/trainer.h"
 #include "task_fixture.h"
 
 namespace fs = std::filesystem;
@@ -396,6 +400,155 @@ TEST_F(ClassifierTrain, RefusesWhatDoesNotApplyByName) {
     y.per_device_train_batch_size = false;
     expect(x, y, "pipeline.stages");
   }
+}
+
+// Issue 31, item 1: DeBERTa-v2 with type_vocab_size 0 (deberta-v2-xlarge's setting) trains and
+// evaluates on a pair set: the token type ids are ignored, as transformers ignores them.
+TEST_F(ClassifierTrain, DebertaWithoutTokenTypesTrainsOnPairs) {
+  std::ofstream(root_ / "deberta_notypes.json")
+      << R"({"family": "deberta-v2", "n_layer": 1, "n_head": 2, "n_embd": 32, "ffn_hidden": 64,
+            "type_vocab_size": 0})";
+  train::Options o = options("deberta_notypes");
+  o.model = (root_ / "deberta_notypes.json").string();
+  o.max_steps = 2;
+  Recorder rec;
+  train::ClassifierTrainer t(train::plan_classifier(o, given(), builtin_.c_str()), rec);
+  EXPECT_EQ(t.plan().model.type_vocab_size, 0);
+  t.fit();
+  ASSERT_TRUE(t.last_eval().has_value());
+  EXPECT_TRUE(std::isfinite(t.last_eval()->loss));
+}
+
+// Issue 31, items 6, 11 and 17: what would fail at the first evaluation or the export fails at
+// start-up; --model takes a Hugging Face folder.
+TEST_F(ClassifierTrain, StartUpChecksEvalDataTokenizerAndModelFolder) {
+  const fs::path roberta = fs::path(DS_FIXTURE_DIR) / "classification" / "roberta_bpe";
+  {
+    // An eval set prepared with another tokenizer (700 ids; the model has the data's 400).
+    data::ClassificationPrepareOptions p;
+    p.inputs = {root_ / "train.jsonl", root_ / "dev.jsonl"};
+    p.tokenizer_dir = roberta;
+    p.output_dir = root_ / "set_roberta";
+    p.seq_len = 32;
+    p.val_files = "dev*";
+    data::prepare_classification(p);
+  }
+  train::Options o = options("startup");
+  o.max_steps = 2;
+  o.eval_data = (root_ / "set_roberta").string();
+  std::string e = error_of(o, given());
+  EXPECT_NE(e.find("does not fit the model's vocab_size"), std::string::npos) << e;
+  EXPECT_NE(e.find("val.cls"), std::string::npos) << e;
+
+  o = options("startup");
+  o.max_steps = 2;
+  o.tokenizer = (root_ / "no_such_tokenizer").string();
+  e = error_of(o, given());
+  EXPECT_NE(e.find("--tokenizer " + o.tokenizer + ": no such folder"), std::string::npos) << e;
+  o.tokenizer = roberta.string();
+  e = error_of(o, given());
+  EXPECT_NE(e.find("prepared with a tokenizer of"), std::string::npos) << e;
+
+  // --model FOLDER reads FOLDER/config.json (random weights of that shape).
+  o = options("startup");
+  o.max_steps = 2;
+  fs::create_directories(root_ / "bert_folder");
+  json cfg = json::parse(std::ifstream(fs::path(DS_FIXTURE_DIR) / "hf_families" / "bert_cls" /
+                                       "config.json"));
+  cfg["vocab_size"] = 400;
+  cfg["max_position_embeddings"] = 64;
+  cfg.erase("id2label");
+  cfg.erase("label2id");
+  std::ofstream(root_ / "bert_folder" / "config.json") << cfg.dump();
+  o.model = (root_ / "bert_folder").string();
+  const train::ClassifierPlan plan = train::plan_classifier(o, given(), builtin_.c_str());
+  EXPECT_EQ(plan.model.n_embd, 32);
+  EXPECT_EQ(plan.model_name, "bert_folder");
+  o.model = (root_ / "no_such_model").string();
+  e = error_of(o, given());
+  EXPECT_NE(e.find("deberta-v2"), std::string::npos) << e;  // the families it takes
+}
+
+// Issue 31, item 6: the final checkpoint is written before the final evaluation, so an evaluation
+// that fails never costs the training.
+TEST_F(ClassifierTrain, FailedFinalEvaluationKeepsTheCheckpoint) {
+  struct Failing : Recorder {
+    void on_classify_eval(const train::ClassifyEvalReport&) override {
+      throw std::runtime_error("evaluation broke");
+    }
+  } rec;
+  train::Options o = options("final_eval_fails");
+  o.max_steps = 2;
+  train::ClassifierTrainer t(train::plan_classifier(o, given(), builtin_.c_str()), rec);
+  const std::string e = ds::testing::error_message([&] { t.fit(); });
+  EXPECT_NE(e.find("evaluation broke"), std::string::npos) << e;
+  EXPECT_NE(e.find("the final evaluation failed, but the training is kept"), std::string::npos)
+      << e;
+  EXPECT_TRUE(fs::exists(fs::path(o.output_dir) / "global_step2" /
+                         "mp_rank_00_model_states.safetensors"));
+}
+
+// Issue 31, items 12 and 14: a resume with another --max_steps says the schedule is re-planned,
+// and a checkpoint of another task kind is refused by kind before anything loads, both ways.
+TEST_F(ClassifierTrain, ResumeNamesReplanningAndOtherTaskKinds) {
+  train::Options o = options("replan");
+  o.max_steps = 2;
+  {
+    Recorder rec;
+    train::ClassifierTrainer t(train::plan_classifier(o, given(), builtin_.c_str()), rec);
+    t.fit();
+  }
+  o.max_steps = 3;
+  o.resume_from_checkpoint = "latest";
+  Recorder rec;
+  train::ClassifierTrainer t(train::plan_classifier(o, given(), builtin_.c_str()), rec);
+  ASSERT_TRUE(t.resume().has_value());
+  bool said = false;
+  for (const std::string& m : rec.messages)
+    said |= m.find("planned for 2 steps, this one for 3") != std::string::npos;
+  EXPECT_TRUE(said) << "no re-planning note";
+
+  // A language-model run (token shards) beside it.
+  fs::create_directories(root_ / "lm_set");
+  std::vector<int32_t> tokens(2000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7) % 64);
+  data::write_shard(root_ / "lm_set" / "train.bin", tokens, 64);
+  std::ofstream(root_ / "lm_set" / "meta.json")
+      << json{{"splits", {{"train", {{"files", {"train.bin"}}, {"tokens", tokens.size()}}}}}}
+             .dump();
+  std::ofstream(root_ / "lm_model.json") << R"({"preset": "test-gpt2"})";
+  train::Options lm;
+  train::Given lg;
+  lm.train_data = (root_ / "lm_set").string();
+  lm.model = (root_ / "lm_model.json").string();
+  lm.output_dir = (root_ / "lm_run").string();
+  lm.block_size = 16;
+  lm.per_device_train_batch_size = 2;
+  lm.max_steps = 1;
+  lm.sample_tokens = 0;
+  lm.export_hf = "none";
+  lg.model = lg.per_device_train_batch_size = lg.max_steps = true;
+  {
+    Recorder lrec;
+    train::Trainer lt(train::plan_run(lm, lg, builtin_.c_str()), lrec);
+    lt.fit();
+  }
+  // The classifier resumes the LM checkpoint; the LM trainer the classifier's.
+  train::Options c = options("cross");
+  c.max_steps = 2;
+  c.resume_from_checkpoint = (root_ / "lm_run").string();
+  Recorder crec;
+  train::ClassifierTrainer ct(train::plan_classifier(c, given(), builtin_.c_str()), crec);
+  std::string e = ds::testing::error_message([&] { ct.resume(); });
+  EXPECT_NE(e.find("is a language-model run's"), std::string::npos) << e;
+  EXPECT_NE(e.find("is a classification set"), std::string::npos) << e;
+  lm.resume_from_checkpoint = (root_ / "replan").string();
+  lm.output_dir = (root_ / "lm_run2").string();
+  Recorder lrec;
+  train::Trainer lt(train::plan_run(lm, lg, builtin_.c_str()), lrec);
+  e = ds::testing::error_message([&] { lt.resume(); });
+  EXPECT_NE(e.find("is an encoder classifier run's"), std::string::npos) << e;
+  EXPECT_NE(e.find("language-model set"), std::string::npos) << e;
 }
 
 // LoRA with --only_optimize_lora: ZeRO-3 steps equal ZeRO-0's; only the LoRA matrices and the

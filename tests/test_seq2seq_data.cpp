@@ -8,8 +8,10 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -233,6 +235,39 @@ TEST(Bleu, CorpusBleuMatchesSacrebleu) {
     }
   }
   EXPECT_THROW(train::corpus_bleu({"a"}, {}), ds::Error);
+}
+
+// Issue 31, item 4: the lengths are bounded (1e7 once wrote a 4.9 GB temporary), and a split file
+// whose header claims absurd lengths is "re-run ds_prepare", not a failed allocation.
+TEST_F(Seq2SeqData, LengthsBoundedAndAbsurdHeaderRefused) {
+  write("a.jsonl", "{\"source\": \"hi there\", \"target\": \"yo\"}\n"
+                   "{\"source\": \"and you\", \"target\": \"me\"}\n");
+  data::Seq2SeqPrepareOptions o;
+  o.inputs = {dir_ / "a.jsonl"};
+  o.tokenizer_dir = kTok;
+  o.output_dir = dir_ / "set";
+  o.val_fraction = 0.0;
+  o.max_source_len = 10'000'000;
+  EXPECT_HAS(error_of([&] { data::prepare_seq2seq(o); }), "--max_source_len 10000000 exceeds");
+  o.max_source_len = 8;
+  o.max_target_len = size_t{4'000'000'000};
+  EXPECT_HAS(error_of([&] { data::prepare_seq2seq(o); }), "--max_target_len 4000000000 exceeds");
+  EXPECT_FALSE(fs::exists(o.output_dir));
+  o.max_target_len = 8;
+  data::prepare_seq2seq(o);
+  const fs::path split = o.output_dir / "train.s2s";
+  std::string bytes;
+  {
+    std::ifstream in(split, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const uint32_t huge = 4'000'000'000u;  // S and T
+  std::memcpy(bytes.data() + 12, &huge, 4);
+  std::memcpy(bytes.data() + 16, &huge, 4);
+  std::ofstream(split, std::ios::binary) << bytes;
+  const std::string e = error_of([&] { data::Seq2SeqSet::open_split(o.output_dir, "train"); });
+  EXPECT_HAS(e, "wrong size");
+  EXPECT_HAS(e, "re-run ds_prepare");
 }
 
 }  // namespace

@@ -4,12 +4,16 @@
 // plainly and under mpirun with 2 ranks (each rank checks the master weights it holds).
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <tuple>
 
 #include "ds/comm/group.h"
 #include "ds/core/checksum.h"
@@ -380,7 +384,10 @@ TEST_F(ToFp32Single, EncoderDecodersAndClassifiersExportTheirKind) {
     opt.log = [](const std::string&) {};
     auto e = runtime::initialize(model, ds_config(3, "fp32"), opt);
     const fs::path run = dir_ / name;
-    e->save_checkpoint(run.string(), "", {{"ds_train", {{"model", recorded}}}});
+    // A classifier run records its label names beside the model (issue 31, item 8).
+    nlohmann::json ds_train = {{"model", recorded}};
+    if (name == "bert_cls") ds_train["labels"] = {"neg", "neu", "pos"};
+    e->save_checkpoint(run.string(), "", {{"ds_train", ds_train}});
     // The buffers (the fixtures' random final_logits_bias) are in the checkpoint: a resume into
     // a model that lost them restores them.
     std::vector<std::vector<float>> buffers;
@@ -411,6 +418,11 @@ TEST_F(ToFp32Single, EncoderDecodersAndClassifiersExportTheirKind) {
       models::load_hf_encoder_weights(*m, out);
       back = m;
     }
+    if (name == "bert_cls") {  // the run's id2label, not LABEL_0..2
+      const auto cfg = nlohmann::json::parse(std::ifstream(out / "config.json"));
+      EXPECT_EQ(cfg["id2label"], nlohmann::json({{"0", "neg"}, {"1", "neu"}, {"2", "pos"}}));
+      EXPECT_EQ(cfg["label2id"]["pos"], 2);
+    }
     ASSERT_EQ(back->named_parameters().size(), shards.parameters().size());
     ASSERT_EQ(back->named_buffers().size(), buffers.size());
     for (size_t i = 0; i < buffers.size(); ++i)
@@ -438,6 +450,46 @@ TEST_F(ToFp32Single, EncoderDecodersAndClassifiersExportTheirKind) {
   EXPECT_NE(error_of([&] { models::export_hf_recorded(c.to_json(), named, dir_ / "bad"); })
                 .find("is not a parameter of the recorded encoder-decoder model"),
             std::string::npos);
+}
+
+// Issue 31, item 5: what a killed ds_to_fp32 left beside its output is cleaned by the next run of
+// that output: a dead process's temporary goes; the previous output set aside (".old-<pid>") comes
+// back when the replacement never took its name; another output's and a live process's stay.
+TEST_F(ToFp32Single, CleansTheTemporariesOfAKilledRun) {
+  auto mc = models::GPTConfig::preset("test-gpt2");
+  save(mc, {{"ds_train", {{"model", mc.to_json()}}}});
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const fs::path tmp = dir_ / fmt::format(".hf.tmp-{}", dead);
+  const fs::path other = dir_ / fmt::format(".other.tmp-{}", dead);
+  const fs::path live = dir_ / fmt::format(".hf.tmp-{}", ::getpid());
+  const fs::path single = dir_ / fmt::format("m.safetensors.tmp.{}", dead);
+  for (const fs::path& p : {tmp, other, live}) fs::create_directories(p);
+  std::ofstream(single) << "half";
+  const std::string log = (dir_ / "tool.log").string();
+  auto run = [&](const std::string& out) {
+    const int rc = std::system(fmt::format("{} {} {} > {} 2>&1", DS_TO_FP32_BIN,
+                                           (dir_ / "run").string(), out, log)
+                                   .c_str());
+    std::ifstream in(log);
+    return std::pair{rc, std::string{std::istreambuf_iterator<char>(in), {}}};
+  };
+  auto [rc, text] = run((dir_ / "m.safetensors").string());
+  ASSERT_EQ(rc, 0) << text;
+  EXPECT_FALSE(fs::exists(single)) << text;
+  EXPECT_TRUE(fs::exists(tmp));  // another output's
+  std::tie(rc, text) = run((dir_ / "hf").string());
+  ASSERT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("left by an interrupted earlier ds_to_fp32"), std::string::npos) << text;
+  EXPECT_FALSE(fs::exists(tmp));
+  EXPECT_TRUE(fs::exists(other));
+  EXPECT_TRUE(fs::exists(live));
+  // Killed between setting the old folder aside and renaming the new one in: the old one is back.
+  fs::rename(dir_ / "hf", dir_ / fmt::format(".hf.old-{}", dead));
+  std::tie(rc, text) = run((dir_ / "hf").string());
+  EXPECT_NE(rc, 0) << text;  // restored, so the output exists again: --overwrite is needed
+  EXPECT_TRUE(fs::exists(dir_ / "hf" / "config.json")) << text;
 }
 
 // The output must never land on the checkpoint it reads (it replaced a shard and exited 0), and an

@@ -35,6 +35,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ds/core/error.h"
+#include "ds/core/file_io.h"
 #include "ds/data/classification_set.h"
 #include "ds/data/prepare.h"
 #include "ds/data/seq2seq_set.h"
@@ -140,9 +141,13 @@ int run_classification(const ds::data::ClassificationPrepareOptions& o) {
         fmt::print("ds_prepare: {:5}: empty (no examples)\n", name);
         continue;
       }
+      std::vector<std::string> counts;
+      for (size_t c = 0; c < r.labels.size(); ++c)
+        counts.push_back(fmt::format("{}: {}", r.labels[c], s->label_counts[c]));
       fmt::print("ds_prepare: {:5}: {} examples (per label: {}), {} truncated -> {}\n", name,
-                 s->examples, fmt::join(s->label_counts, " / "), s->truncated, s->file);
+                 s->examples, fmt::join(counts, ", "), s->truncated, s->file);
     }
+    for (const std::string& n : r.notes) fmt::print(stderr, "ds_prepare: {}\n", n);
     fmt::print("ds_prepare: {:.2f}s; wrote {}\n", r.seconds, r.meta.string());
   } catch (const std::exception& e) {
     fmt::print(stderr, "ds_prepare: error: {}\n", e.what());
@@ -202,7 +207,7 @@ int main(int argc, char** argv) {
                  "vocab.json + merges.txt; documents are then preceded by its eos token)")
       ->required();
   std::string sft_format, chat_template;
-  size_t seq_len = 0;
+  int64_t seq_len = 0;  // signed: CLI11 would wrap "-1" into a huge size_t
   auto* sft_opt =
       app.add_option(
              "--sft", sft_format,
@@ -221,7 +226,7 @@ int main(int argc, char** argv) {
                      "(GLUE TSV / JSONL sentence(-pair) records for an encoder classifier) or "
                      "seq2seq (JSONL source/target records for an encoder-decoder); docs/data.md")
           ->check(CLI::IsMember({"lm", "classification", "seq2seq"}));
-  size_t max_source_len = 128, max_target_len = 128;
+  int64_t max_source_len = 128, max_target_len = 128;
   std::string source_field, target_field;
   auto* src_len_opt = app.add_option("--max_source_len", max_source_len,
                                      "--task seq2seq: source ids per example after truncation "
@@ -281,6 +286,23 @@ int main(int argc, char** argv) {
   tmpl_opt->needs(sft_opt);
   sft_opt->excludes(shard_opt)->excludes(eot_opt);
   CLI11_PARSE(app, argc, argv);
+  // Lengths are bounded before anything is read: a huge one would allocate (or write) gigabytes.
+  for (auto [opt, v] : {std::pair{seq_opt, seq_len}, std::pair{src_len_opt, max_source_len},
+                        std::pair{tgt_len_opt, max_target_len}})
+    if (opt->count() && (v <= 0 || v > ds::data::kMaxPreparedLength)) {
+      fmt::print(stderr, "ds_prepare: error: {} {} is outside [1, {}]\n", opt->get_name(), v,
+                 ds::data::kMaxPreparedLength);
+      return 2;
+    }
+  // What an earlier ds_prepare killed mid-write left in the output folder.
+  try {
+    for (const auto& p : ds::remove_dead_temporaries(output))
+      fmt::print(stderr, "ds_prepare: removed {} (left by an interrupted earlier run)\n",
+                 p.string());
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "ds_prepare: error: {}\n", e.what());
+    return 1;
+  }
 
   if (task == "seq2seq") {
     for (CLI::Option* other :
@@ -297,8 +319,8 @@ int main(int argc, char** argv) {
     for (const auto& in : inputs) so.inputs.emplace_back(in);
     so.tokenizer_dir = tokenizer;
     so.output_dir = output;
-    so.max_source_len = max_source_len;
-    so.max_target_len = max_target_len;
+    so.max_source_len = static_cast<size_t>(max_source_len);
+    so.max_target_len = static_cast<size_t>(max_target_len);
     so.source_field = source_field;
     so.target_field = target_field;
     if (frac_opt->count()) so.val_fraction = val_fraction;
@@ -324,7 +346,7 @@ int main(int argc, char** argv) {
     for (const auto& in : inputs) co.inputs.emplace_back(in);
     co.tokenizer_dir = tokenizer;
     co.output_dir = output;
-    if (seq_opt->count()) co.seq_len = seq_len;
+    if (seq_opt->count()) co.seq_len = static_cast<size_t>(seq_len);
     if (frac_opt->count()) co.val_fraction = val_fraction;
     co.val_files = o.val_files;
     for (size_t at = 0; labels_opt->count() && at <= labels.size();) {
@@ -336,6 +358,10 @@ int main(int argc, char** argv) {
   }
   if (seq_opt->count() && !sft_opt->count()) {
     fmt::print(stderr, "ds_prepare: error: --seq_len needs --sft or --task classification\n");
+    return 2;
+  }
+  if (labels_opt->count()) {
+    fmt::print(stderr, "ds_prepare: error: --labels needs --task classification\n");
     return 2;
   }
 
@@ -351,7 +377,7 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "ds_prepare: error: --sft needs --seq_len T (examples of T + 1 tokens)\n");
       return 1;
     }
-    so.seq_len = seq_len;
+    so.seq_len = static_cast<size_t>(seq_len);
     if (frac_opt->count()) so.val_fraction = val_fraction;
     if (year_opt->count()) so.val_from_year = val_from_year;
     so.val_files = o.val_files;

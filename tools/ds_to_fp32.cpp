@@ -25,6 +25,7 @@
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
 #include "ds/core/memory_info.h"
+#include "ds/models/encoder_io.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
 #include "ds/models/recorded_model.h"
@@ -147,6 +148,14 @@ int main(int argc, char** argv) {
             : "",
         ck.parameters().size(), ck.numel(), ck.shard_files().size(),
         ck.shard_files().size() == 1 ? "" : "s");
+    {
+      // What an earlier ds_to_fp32 of this output, killed mid-write, left beside it.
+      const fs::path out = fs::path(output).lexically_normal();
+      const fs::path name = out.has_filename() ? out.filename() : out.parent_path().filename();
+      const fs::path dir = out.has_filename() ? out.parent_path() : out.parent_path().parent_path();
+      for (const fs::path& p : ds::remove_dead_temporaries(dir.empty() ? "." : dir, name.string()))
+        fmt::print("removed {} (left by an interrupted earlier ds_to_fp32)\n", p.string());
+    }
     check_output(output, ck.folder(), overwrite);
     if (!to_folder) {
       const fs::path out(output);
@@ -210,6 +219,9 @@ int main(int argc, char** argv) {
     fs::remove_all(tmp, ec);
     try {
       ds::models::export_hf_recorded(cfg, ck.weights(ds::DType::f32), tmp, dtype, ck.buffers());
+      // A classifier's label names (the run's id2label) are in the checkpoint, not the config.
+      if (kind == ds::models::ModelKind::encoder_classifier && !ck.label_names().empty())
+        ds::models::write_hf_label_names(tmp, ck.label_names());
       if (kind == ds::models::ModelKind::seq2seq && ck.buffers().empty() &&
           cfg.value("family", std::string()) != "t5")
         fmt::print(

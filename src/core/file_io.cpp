@@ -2,11 +2,14 @@
 #include "ds/core/file_io.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <cstdlib>
 #include <fstream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -41,6 +44,35 @@ void fsync_dir(const fs::path& dir) {
     ::fsync(dfd);
     ::close(dfd);
   }
+}
+
+std::vector<fs::path> remove_dead_temporaries(const fs::path& dir, const std::string& name) {
+  static const std::regex kTemp(R"(^\.?(.+)\.(tmp-|tmp\.|old-)(\d+)$)");
+  std::vector<fs::path> done;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return done;
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir, ec)) names.push_back(e.path().filename().string());
+  for (const std::string& n : names) {
+    std::smatch m;
+    if (!std::regex_match(n, m, kTemp)) continue;
+    const std::string base = m[1].str();
+    if (!name.empty() && base != name) continue;
+    const long pid = std::strtol(m[3].str().c_str(), nullptr, 10);
+    if (pid <= 0 || pid == static_cast<long>(::getpid())) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // it still runs
+    const fs::path p = dir / n;
+    if (m[2].str() == "old-" && !fs::exists(dir / base, ec)) {
+      fs::rename(p, dir / base, ec);  // the replacement never took the name: the old one goes back
+      DS_CHECK(!ec, "[io] cannot restore '{}' to '{}': {}", p.string(), (dir / base).string(),
+               ec.message());
+    } else {
+      fs::remove_all(p, ec);
+      DS_CHECK(!ec, "[io] cannot delete the stale temporary '{}': {}", p.string(), ec.message());
+    }
+    done.push_back(p);
+  }
+  return done;
 }
 
 fs::path temporary_name(const fs::path& path) {

@@ -31,12 +31,20 @@ const std::vector<std::string> kFirst = {"sentence1", "sentence", "#1 String",
 const std::vector<std::string> kSecond = {"sentence2", "#2 String", "question2"};
 const std::vector<std::string> kLabel = {"label", "Quality"};
 
+// An integer as pandas and Python's int() read one: an optional sign, then digits ("+1", "-2",
+// "01"); the caller has trimmed the text.
 bool is_int_text(const std::string& s) {
-  size_t i = s.size() > 1 && s[0] == '-' ? 1 : 0;
+  size_t i = s.size() > 1 && (s[0] == '-' || s[0] == '+') ? 1 : 0;
   if (i == s.size()) return false;
   for (; i < s.size(); ++i)
     if (s[i] < '0' || s[i] > '9') return false;
   return true;
+}
+
+// The text without leading and trailing spaces and tabs ("1 " and " 1" are the label "1").
+std::string trimmed(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
+  return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
 }
 
 std::vector<std::string> split_tabs(const std::string& line) {
@@ -84,6 +92,14 @@ std::vector<ClassificationRecord> read_tsv(const fs::path& path) {
     return std::nullopt;
   };
   const auto c1 = column(kFirst), c2 = column(kSecond), cl = column(kLabel);
+  // A name twice would silently take the first of two columns.
+  for (const auto& c : {c1, c2, cl}) {
+    if (!c) continue;
+    const auto n = std::count(header.begin(), header.end(), header[*c]);
+    if (n > 1)
+      fail(path, h + 1, "the header names column '{}' {} times; rename the extra ones",
+           header[*c], n);
+  }
   if (!c1)
     fail(path, h + 1,
          "the header has no first-sentence column (field 'sentence1'; also read: {}); the "
@@ -97,6 +113,11 @@ std::vector<ClassificationRecord> read_tsv(const fs::path& path) {
   std::vector<ClassificationRecord> out;
   for (size_t i = h + 1; i < lines.size(); ++i) {
     if (blank(lines[i])) continue;
+    if (lines[i] == lines[h])
+      fail(path, i + 1,
+           "this line repeats the header row of line {} (files joined with cat?); remove it, or "
+           "give the files to ds_prepare separately",
+           h + 1);
     const std::vector<std::string> f = split_tabs(lines[i]);
     if (f.size() != header.size())
       fail(path, i + 1,
@@ -107,7 +128,7 @@ std::vector<ClassificationRecord> read_tsv(const fs::path& path) {
     r.line = i + 1;
     r.sentence1 = f[*c1];
     if (c2) r.sentence2 = f[*c2];
-    r.label = f[*cl];
+    r.label = trimmed(f[*cl]);
     if (r.label.empty()) fail(path, i + 1, "field '{}' (the label) is empty", header[*cl]);
     r.label_is_int = is_int_text(r.label);
     out.push_back(std::move(r));
@@ -154,8 +175,10 @@ std::vector<ClassificationRecord> read_jsonl(const fs::path& path) {
       r.label = std::to_string(it->get<int64_t>());
       r.label_is_int = true;
     } else if (it->is_string()) {
-      r.label = it->get<std::string>();
+      // As in TSV, where every label is text: " 1" is the class id 1.
+      r.label = trimmed(it->get<std::string>());
       if (r.label.empty()) fail(path, n, "field 'label' is empty");
+      r.label_is_int = is_int_text(r.label);
     } else {
       fail(path, n, "field 'label' must be an integer or a string, not {} ({})", it->type_name(),
            it->dump());

@@ -40,8 +40,7 @@ ClassificationSet ClassificationSet::open_split(const fs::path& dir, const std::
            "\"classification\"): it holds {}; prepare sentence(-pair) classification data with "
            "ds_prepare --task classification",
            where, meta.is_object() ? meta.value("format", std::string("?")) : "?",
-           meta.is_object() && meta.contains("sft") ? "an SFT set (ds_prepare --sft)"
-                                                    : "language-model tokens (ds_prepare)");
+           set_kind_words(meta));
   const json& entry = set_split_entry(meta, where, kClassificationFormat, kClassificationVersion,
                                       "classification", split);
   ClassificationSet s;
@@ -61,6 +60,10 @@ ClassificationSet ClassificationSet::open_split(const fs::path& dir, const std::
   DS_CHECK(t > 0 && nl == s.label_names_.size() && n == entry.value("examples", n),
            "[dataset] '{}' does not match {} (T {}, {} labels, {} examples); re-run ds_prepare",
            s.file_.string(), where, t, nl, n);
+  DS_CHECK(in.payload_is({{n, t, 4}, {n, t, 1}, {n, 1, 4}, {n, 1, 4}}),
+           "[dataset] '{}' has the wrong size for {} examples of {} ids (cut short or damaged); "
+           "re-run ds_prepare",
+           s.file_.string(), n, t);
   s.n_ = static_cast<int64_t>(n);
   s.t_ = t;
   s.nl_ = nl;
@@ -102,8 +105,9 @@ void ClassificationSet::get(int64_t i, std::span<int32_t> ids, std::span<int32_t
 
 ClassificationPrepareReport prepare_classification(const ClassificationPrepareOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  DS_CHECK(o.seq_len > 0, "[classification] --seq_len must be positive");
+  check_sequence_length("classification", "--seq_len", static_cast<int64_t>(o.seq_len), 0, {});
   DS_CHECK(!o.output_dir.empty(), "[classification] no output folder given");
+  check_output_outside_inputs(o.inputs, o.output_dir, "classification");
   const std::vector<InputFile> files =
       list_set_inputs(o.inputs, {".tsv", ".jsonl", ".json"}, "classification", ".tsv or .jsonl",
                       "classification records are GLUE TSV or JSON Lines");
@@ -136,27 +140,53 @@ ClassificationPrepareReport prepare_classification(const ClassificationPrepareOp
   LabelMap labels;
   if (!o.labels.empty()) {
     labels = LabelMap::names(o.labels);
-  } else if (std::all_of(records.begin(), records.end(),
-                         [](const Loaded& l) { return l.r.label_is_int; })) {
-    int64_t top = 1;
-    for (const Loaded& l : records) {
-      int64_t v = 0;
-      const auto [end, ec] =
-          std::from_chars(l.r.label.data(), l.r.label.data() + l.r.label.size(), v);
-      DS_CHECK(ec == std::errc() && end == l.r.label.data() + l.r.label.size(),
-               "[classification] {}: field 'label': '{}' is not a class id", where(l), l.r.label);
-      DS_CHECK(v >= 0,
-               "[classification] {}: field 'label': {} is negative; class ids are 0, 1, ...",
-               where(l), v);
-      DS_CHECK(v < 100000, "[classification] {}: field 'label': class id {} is too large", where(l),
-               v);
-      top = std::max(top, v);
-    }
-    labels = LabelMap::integers(top + 1);
   } else {
-    std::set<std::string> seen;
-    for (const Loaded& l : records) seen.insert(l.r.label);
-    labels = LabelMap::names({seen.begin(), seen.end()});
+    // All class ids or all names: one name among ids (or the reverse) is a typo or another file's
+    // convention, and would silently turn every id into a name.
+    const auto first_int = std::find_if(records.begin(), records.end(),
+                                        [](const Loaded& l) { return l.r.label_is_int; });
+    const auto first_name = std::find_if(records.begin(), records.end(),
+                                         [](const Loaded& l) { return !l.r.label_is_int; });
+    if (first_int != records.end() && first_name != records.end()) {
+      const bool name_later = first_name > first_int;
+      const Loaded& odd = name_later ? *first_name : *first_int;
+      const Loaded& seen = name_later ? *first_int : *first_name;
+      DS_THROW(
+          "[classification] {}: field 'label': '{}' is {}, but {} has {} '{}': labels must be "
+          "all class ids (0, 1, ...) or all names; fix the record, or give --labels with every "
+          "name in class-id order",
+          where(odd), odd.r.label, name_later ? "a name" : "a class id", where(seen),
+          name_later ? "the class id" : "the name", seen.r.label);
+    }
+    if (first_name == records.end()) {
+      int64_t top = 0;
+      for (Loaded& l : records) {
+        int64_t v = 0;
+        const char* b = l.r.label.data() + (l.r.label[0] == '+' ? 1 : 0);
+        const char* e = l.r.label.data() + l.r.label.size();
+        const auto [end, ec] = std::from_chars(b, e, v);
+        DS_CHECK(ec == std::errc() && end == e,
+                 "[classification] {}: field 'label': '{}' is not a class id", where(l), l.r.label);
+        DS_CHECK(v >= 0,
+                 "[classification] {}: field 'label': {} is negative; class ids are 0, 1, ...",
+                 where(l), v);
+        DS_CHECK(v < 100000, "[classification] {}: field 'label': class id {} is too large",
+                 where(l), v);
+        l.r.label = std::to_string(v);  // "+1" and "01" are the class 1
+        top = std::max(top, v);
+      }
+      labels = LabelMap::integers(top + 1);
+    } else {
+      std::set<std::string> seen;
+      for (const Loaded& l : records) seen.insert(l.r.label);
+      labels = LabelMap::names({seen.begin(), seen.end()});
+    }
+    DS_CHECK(labels.size() >= 2,
+             "[classification] every one of the {} records has the label '{}': a classifier needs "
+             "two classes at least; if the files lack the others, give them all with --labels "
+             "(e.g. --labels {})",
+             records.size(), records.front().r.label,
+             first_name == records.end() ? "0,1" : records.front().r.label + ",other");
   }
   report.labels = labels.list();
 
@@ -167,6 +197,8 @@ ClassificationPrepareReport prepare_classification(const ClassificationPrepareOp
   // ---- encode ----
   const auto tok = load_tokenizer(o.tokenizer_dir);
   const TokenizerConfig& tc = tok->config();
+  check_sequence_length("classification", "--seq_len", static_cast<int64_t>(o.seq_len),
+                        tc.model_max_length, o.tokenizer_dir);
   report.pad_id = tc.pad_id >= 0 ? tc.pad_id : 0;
   const size_t T = o.seq_len;
   struct Split {
@@ -203,6 +235,11 @@ ClassificationPrepareReport prepare_classification(const ClassificationPrepareOp
   DS_CHECK(train.rep.examples > 0,
            "[classification] no training example: all {} records went to validation ({})",
            records.size(), report.split_rule);
+  for (size_t c = 0; c < labels.list().size(); ++c)
+    if (train.rep.label_counts[c] == 0)
+      report.notes.push_back(fmt::format(
+          "warning: label '{}' (class {}) has no training example{}", labels.list()[c], c,
+          val.rep.label_counts[c] > 0 ? " (only validation ones)" : ""));
 
   // ---- write: the split files, then meta.json ----
   const uint32_t vocab = static_cast<uint32_t>(tok->vocab_size());

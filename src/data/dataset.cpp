@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/core/error.h"
+#include "ds/data/set_file.h"
 
 namespace ds::data {
 
@@ -97,6 +98,10 @@ TokenDataset TokenDataset::open_split(const fs::path& dir, std::string_view spli
            "language-model tokens: it trains an encoder classifier (ds_train --init_from an "
            "encoder folder: bert, roberta, deberta-v2; or --model bert-tiny; docs/training.md)",
            meta_path.string());
+  DS_CHECK(!meta.is_object() || !meta.contains("kind"),
+           "[dataset] '{}' holds {}, not language-model tokens: train it on its own (ds_train "
+           "--train_data), or prepare language-model tokens with ds_prepare",
+           meta_path.string(), set_kind_words(meta));
   const auto& splits = meta.value("splits", nlohmann::json::object());
   if (!splits.contains(std::string(split))) {
     std::vector<std::string> have;

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <exception>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -118,6 +119,46 @@ nlohmann::json split_json(const SplitReport& s) {
 
 }  // namespace
 
+void check_output_outside_inputs(const std::vector<fs::path>& inputs, const fs::path& output_dir,
+                                 const char* tag) {
+  std::error_code ec;
+  const fs::path out = fs::weakly_canonical(fs::absolute(output_dir, ec), ec);
+  // Whether `inner` is `outer` or inside it (component-wise prefix).
+  auto within = [](const fs::path& inner, const fs::path& outer) {
+    auto i = inner.begin();
+    for (auto o = outer.begin(); o != outer.end(); ++o, ++i) {
+      if (o->empty() && std::next(o) == outer.end()) break;  // "a/b/" ends with an empty name
+      if (i == inner.end() || *i != *o) return false;
+    }
+    return true;
+  };
+  for (const fs::path& in : inputs) {
+    const fs::path p = fs::weakly_canonical(fs::absolute(in, ec), ec);
+    DS_CHECK(!within(p, out),
+             "[{}] the input {} {} the output folder {}: a run would read its own meta.json and "
+             "split files as input; give the source files, or another --output",
+             tag, in.string(), p == out ? "is" : "is inside", output_dir.string());
+    DS_CHECK(!fs::is_directory(p, ec) || !within(out, p),
+             "[{}] the output folder {} is inside the input folder {}: the next run would read "
+             "this one's meta.json and split files as input; choose an --output outside the inputs",
+             tag, output_dir.string(), in.string());
+  }
+}
+
+void check_sequence_length(const char* tag, const char* option, int64_t value,
+                           int64_t model_max_length, const fs::path& tokenizer_dir) {
+  DS_CHECK(value > 0, "[{}] {} must be positive, got {}", tag, option, value);
+  const bool by_tokenizer = model_max_length > 0 && model_max_length < kMaxPreparedLength;
+  const int64_t limit = by_tokenizer ? model_max_length : kMaxPreparedLength;
+  DS_CHECK(value <= limit, "[{}] {} {} exceeds {}; give at most {}", tag, option, value,
+           by_tokenizer ? fmt::format("the tokenizer's model_max_length {} ({}/"
+                                      "tokenizer_config.json: the model's longest input)",
+                                      model_max_length, tokenizer_dir.string())
+                        : fmt::format("the largest length a set is prepared for ({} ids)",
+                                      kMaxPreparedLength),
+           limit);
+}
+
 std::vector<InputFile> list_inputs(const std::vector<fs::path>& inputs,
                                    std::string_view extension) {
   DS_CHECK(!inputs.empty(), "[prepare] no inputs given; pass text files or folders");
@@ -194,6 +235,7 @@ std::vector<bool> assign_val(const std::vector<InputFile>& files, const PrepareO
 }
 
 PrepareReport prepare_corpus(const PrepareOptions& o) {
+  check_output_outside_inputs(o.inputs, o.output_dir, "prepare");
   const std::vector<InputFile> files = list_inputs(o.inputs, o.extension);
   PrepareReport report;
   const std::vector<bool> is_val = assign_val(files, o, &report.split_rule);

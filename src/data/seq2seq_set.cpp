@@ -157,9 +157,10 @@ Seq2SeqSet Seq2SeqSet::open_split(const fs::path& dir, const std::string& split)
   const json meta = read_set_meta(dir, "seq2seq");
   const std::string where = (dir / "meta.json").string();
   DS_CHECK(meta.is_object() && meta.value("kind", std::string()) == "seq2seq",
-           "[dataset] '{}' is not a seq2seq set (format '{}', no \"kind\": \"seq2seq\"); prepare "
-           "source/target records with ds_prepare --task seq2seq",
-           where, meta.is_object() ? meta.value("format", std::string("?")) : "?");
+           "[dataset] '{}' is not a seq2seq set (format '{}', no \"kind\": \"seq2seq\"): it holds "
+           "{}; prepare source/target records with ds_prepare --task seq2seq",
+           where, meta.is_object() ? meta.value("format", std::string("?")) : "?",
+           set_kind_words(meta));
   const json& entry =
       set_split_entry(meta, where, kSeq2SeqFormat, kSeq2SeqVersion, "seq2seq", split);
   Seq2SeqSet s;
@@ -181,6 +182,10 @@ Seq2SeqSet Seq2SeqSet::open_split(const fs::path& dir, const std::string& split)
   DS_CHECK(S > 0 && T > 0 && n == entry.value("examples", n),
            "[dataset] '{}' does not match {} (S {}, T {}, {} examples); re-run ds_prepare",
            s.file_.string(), where, S, T, n);
+  DS_CHECK(in.payload_is({{n, S, 4}, {n, 1, 4}, {n, T, 4}, {n, 1, 4}}),
+           "[dataset] '{}' has the wrong size for {} examples of {} + {} ids (cut short or "
+           "damaged); re-run ds_prepare",
+           s.file_.string(), n, S, T);
   s.n_ = static_cast<int64_t>(n);
   s.s_ = S;
   s.t_ = T;
@@ -234,9 +239,12 @@ std::vector<int32_t> Seq2SeqSet::target(int64_t i) const {
 
 Seq2SeqPrepareReport prepare_seq2seq(const Seq2SeqPrepareOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  DS_CHECK(o.max_source_len > 0 && o.max_target_len > 0,
-           "[seq2seq] --max_source_len and --max_target_len must be positive");
+  check_sequence_length("seq2seq", "--max_source_len", static_cast<int64_t>(o.max_source_len), 0,
+                        {});
+  check_sequence_length("seq2seq", "--max_target_len", static_cast<int64_t>(o.max_target_len), 0,
+                        {});
   DS_CHECK(!o.output_dir.empty(), "[seq2seq] no output folder given");
+  check_output_outside_inputs(o.inputs, o.output_dir, "seq2seq");
   const std::vector<InputFile> files =
       list_set_inputs(o.inputs, {".jsonl", ".json"}, "seq2seq", ".jsonl",
                       "seq2seq records are JSON Lines with a source and a target field");
@@ -272,6 +280,10 @@ Seq2SeqPrepareReport prepare_seq2seq(const Seq2SeqPrepareOptions& o) {
            "[seq2seq] the tokenizer in {} names no eos token (tokenizer_config.json "
            "\"eos_token\"): a target needs one to end with",
            o.tokenizer_dir.string());
+  for (auto [option, n] : {std::pair{"--max_source_len", o.max_source_len},
+                           std::pair{"--max_target_len", o.max_target_len}})
+    check_sequence_length("seq2seq", option, static_cast<int64_t>(n), tc.model_max_length,
+                          o.tokenizer_dir);
   report.eos_id = tc.eos_id;
   // No pad token (GPT-2's tokenizer): unk, else eos, as the data's padding id.
   report.pad_id = tc.pad_id >= 0 ? tc.pad_id : tc.unk_id >= 0 ? tc.unk_id : tc.eos_id;

@@ -116,6 +116,16 @@ json read_set_meta(const fs::path& dir, const std::string& kind) {
   }
 }
 
+std::string set_kind_words(const json& meta) {
+  if (!meta.is_object()) return "no set (meta.json is not a JSON object)";
+  const std::string kind = meta.value("kind", std::string());
+  if (kind == "seq2seq") return "a seq2seq set (ds_prepare --task seq2seq)";
+  if (kind == "classification") return "a classification set (ds_prepare --task classification)";
+  if (!kind.empty()) return fmt::format("an unknown kind of set ('{}')", kind);
+  if (meta.contains("sft")) return "an SFT set (ds_prepare --sft)";
+  return "language-model tokens (ds_prepare)";
+}
+
 bool is_set_of_kind(const fs::path& dir, const std::string& kind) {
   std::ifstream in(dir / "meta.json");
   if (!in) return false;
@@ -151,10 +161,22 @@ SplitFileReader::SplitFileReader(const fs::path& file, const char (&magic)[8], c
                                  const std::string& listed_in)
     : in_(file, std::ios::binary) {
   DS_CHECK(in_.good(), "[dataset] cannot read '{}' (listed in {})", file.string(), listed_in);
+  std::error_code ec;
+  file_bytes_ = fs::file_size(file, ec);
   in_.read(head_, kSetHeaderBytes);
   DS_CHECK(in_.gcount() == static_cast<std::streamsize>(kSetHeaderBytes) &&
                std::memcmp(head_, magic, 8) == 0,
            "[dataset] '{}' is not {} (no {} header)", file.string(), what, std::string(magic, 8));
+}
+
+bool SplitFileReader::payload_is(std::initializer_list<std::array<uint64_t, 3>> arrays) const {
+  unsigned __int128 want = kSetHeaderBytes;
+  for (const auto& [rows, cols, bytes] : arrays) {
+    const unsigned __int128 n = static_cast<unsigned __int128>(rows) * cols;  // < 2^128
+    if (n > file_bytes_) return false;  // also keeps the sum below from wrapping
+    want += n * bytes;
+  }
+  return want == file_bytes_;
 }
 
 }  // namespace ds::data

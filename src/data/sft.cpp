@@ -335,7 +335,9 @@ std::optional<SftExample> build_sft_example(const TextTokenizer& tok, const Chat
 SftReport prepare_sft(const SftOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   DS_CHECK(o.seq_len > 0, "[sft] --seq_len is required: every example is seq_len + 1 tokens");
+  check_sequence_length("sft", "--seq_len", static_cast<int64_t>(o.seq_len), 0, {});
   DS_CHECK(!o.output_dir.empty(), "[sft] no output folder given");
+  check_output_outside_inputs(o.inputs, o.output_dir, "sft");
   const std::vector<InputFile> files = list_inputs(o.inputs, o.extension);
   SftReport report;
 
@@ -352,6 +354,8 @@ SftReport prepare_sft(const SftOptions& o) {
   }
 
   const auto tok = load_tokenizer(o.tokenizer_dir);
+  check_sequence_length("sft", "--seq_len", static_cast<int64_t>(o.seq_len),
+                        tok->config().model_max_length, o.tokenizer_dir);
   // The folder's template unless one is named; say which flag picks one when it cannot be used.
   auto pick_template = [&] {
     if (!o.template_name.empty()) return ChatTemplate::by_name(o.template_name);

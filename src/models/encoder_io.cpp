@@ -184,6 +184,28 @@ EncoderLoadReport load_hf_encoder_weights(SequenceClassifier& model, const fs::p
   return report;
 }
 
+void write_hf_label_names(const fs::path& dir, const std::vector<std::string>& names) {
+  const fs::path file = dir / "config.json";
+  json cfg;
+  try {
+    cfg = json::parse(std::ifstream(file));
+  } catch (const json::exception& e) {
+    DS_THROW("[hf_io] {}: not valid JSON ({})", file.string(), e.what());
+  }
+  const int64_t nl = cfg.value(
+      "num_labels", static_cast<int64_t>(cfg.value("id2label", json::object()).size()));
+  DS_CHECK(static_cast<int64_t>(names.size()) == nl,
+           "[hf_io] {}: {} label names for a model of {} labels", file.string(), names.size(), nl);
+  json id2label = json::object(), label2id = json::object();
+  for (size_t i = 0; i < names.size(); ++i) {
+    id2label[std::to_string(i)] = names[i];
+    label2id[names[i]] = static_cast<int64_t>(i);
+  }
+  cfg["id2label"] = id2label;
+  cfg["label2id"] = label2id;
+  detail::write_text_atomic(file, cfg.dump(2) + "\n");
+}
+
 void export_hf_encoder(const SequenceClassifier& model, const fs::path& dir, DType dtype) {
   const EncoderConfig& cfg = model.config();
   const EncoderFamily& family = encoder_family_of(cfg);

@@ -41,6 +41,11 @@ CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
   training_dtype_ = ckpt.training_dtype();
   std::tie(tensor_parallel_, pipeline_parallel_) = ckpt.model_parallel();
   model_config_ = ckpt.model_config();
+  if (const nlohmann::json cs = ckpt.client_state();
+      cs.contains("ds_train") && cs["ds_train"].is_object() && cs["ds_train"].contains("labels") &&
+      cs["ds_train"]["labels"].is_array())
+    for (const auto& n : cs["ds_train"]["labels"])
+      if (n.is_string()) label_names_.push_back(n.get<std::string>());
   if (ckpt.lists(detail::kBuffersFile)) {
     ckpt.verify(detail::kBuffersFile);
     for (auto& [name, t] : safetensors::load((folder_ / detail::kBuffersFile).string()))

@@ -98,20 +98,22 @@ models::EncoderConfig resolve_encoder(const Options& o, const Given& g,
     j.update(bert_tiny());
     *name = "bert-tiny";
   } else {
+    const std::string file_name = model_json_file(model);
     std::error_code ec;
-    DS_CHECK(fs::is_regular_file(model, ec),
+    DS_CHECK(fs::is_regular_file(file_name, ec),
              "[ds_train] --model {}: a classification set trains an encoder classifier: give "
              "the preset bert-tiny, an encoder config JSON file (models::EncoderConfig's fields), "
-             "or --init_from a bert/roberta Hugging Face folder",
-             model);
-    const json file = read_model_json(model);
+             "a Hugging Face folder or config.json of model_type {} (random weights), or "
+             "--init_from such a folder (its weights)",
+             model, models::supported_encoder_model_types());
+    const json file = read_model_json(file_name);
     if (file.contains("model_type")) {  // a Hugging Face config.json
-      const auto c = models::encoder_config_from_json(file, model);
-      *name = fs::path(model).stem().string();
+      const auto c = models::encoder_config_from_json(file, file_name);
+      *name = model_display_name(model);
       return c;
     }
     j.update(file);
-    *name = fs::path(model).stem().string();
+    *name = model_display_name(model);
   }
   j["seed"] = o.seed;
   try {
@@ -153,7 +155,6 @@ ClassifierPlan plan_classifier(const Options& o, const Given& g, const char* bui
            "[ds_train] --block_size {}: the classification set {} was prepared with --seq_len {} "
            "(every example is {} ids); give --block_size {} or none, or re-run ds_prepare",
            o.block_size, p.train_dir.string(), p.seq_len, p.seq_len, p.seq_len);
-  p.tokenizer_dir = o.tokenizer.empty() ? set_tokenizer(p.train_dir) : fs::path(o.tokenizer);
 
   // ---- model ----
   p.model = resolve_encoder(o, g, tr, &p.model_name);
@@ -168,17 +169,24 @@ ClassifierPlan plan_classifier(const Options& o, const Given& g, const char* bui
            "any)",
            p.model_name, m.num_labels, tr.num_labels(), fmt::join(tr.labels(), ", "),
            tr.num_labels());
-  DS_CHECK(tr.vocab_size() <= m.vocab_size,
-           "[ds_train] the data's vocabulary ({} ids) does not fit the model's vocab_size {}: "
-           "prepare the data with the model's tokenizer",
-           tr.vocab_size(), m.vocab_size);
+  // The eval set too: a mismatch found at the first evaluation would cost the steps before it.
+  for (const data::ClassificationSet* set : {p.train.get(), p.val.get()})
+    DS_CHECK(!set || set->vocab_size() <= m.vocab_size,
+             "[ds_train] {}: the data's vocabulary ({} ids) does not fit the model's vocab_size "
+             "{}: prepare the data with the model's tokenizer",
+             set ? set->file().string() : "", set ? set->vocab_size() : 0, m.vocab_size);
   DS_CHECK(tr.pad_id() == m.pad_token_id,
            "[ds_train] the data is padded with id {}, the model's pad_token_id is {}: prepare the "
            "data with the model's tokenizer",
            tr.pad_id(), m.pad_token_id);
+  p.tokenizer_dir = o.tokenizer.empty()
+                       ? set_tokenizer(p.train_dir)
+                       : checked_tokenizer_option(o, tr.vocab_size(), m.vocab_size);
   p.lora = encoder_lora_config(o, g, m);
+  // DeBERTa-v2 with type_vocab_size 0 (deberta-v2-xlarge) has no token type embedding: it ignores
+  // the ids, as transformers does.
   for (const data::ClassificationSet* set : {p.train.get(), p.val.get()})
-    DS_CHECK(!set || set->max_type_id() < m.type_vocab_size,
+    DS_CHECK(!set || m.type_vocab_size == 0 || set->max_type_id() < m.type_vocab_size,
              "[ds_train] {} has token type ids up to {}, the model's type_vocab_size is {}: "
              "prepare the data with the model's tokenizer (RoBERTa's pairs have type 0 only)",
              set ? set->file().string() : "", set ? set->max_type_id() : 0, m.type_vocab_size);
@@ -353,17 +361,7 @@ void ClassifierTrainer::export_model(const std::string& dir) {
   copy_weights(*whole, weights);
   models::export_hf_encoder(*whole, dir);
   // The set's label names (MRPC: 0 / 1; names given to ds_prepare --labels) as id2label.
-  const fs::path cfg_file = fs::path(dir) / "config.json";
-  json cfg = json::parse(std::ifstream(cfg_file));
-  json id2label = json::object(), label2id = json::object();
-  const auto& names = plan_.train->labels();
-  for (size_t i = 0; i < names.size(); ++i) {
-    id2label[std::to_string(i)] = names[i];
-    label2id[names[i]] = static_cast<int64_t>(i);
-  }
-  cfg["id2label"] = id2label;
-  cfg["label2id"] = label2id;
-  write_file_atomic(cfg_file, cfg.dump(2) + "\n");
+  models::write_hf_label_names(dir, plan_.train->labels());
   say(export_tokenizer_beside(dir, {fs::path(plan_.spec.init_from), plan_.tokenizer_dir},
                               plan_.model.vocab_size));
   // A PreTrainedTokenizerFast folder (what the tokenizer export writes) returns no token type ids

@@ -110,14 +110,16 @@ std::string export_seq2seq_lora_adapter(const models::Seq2Seq& model,
                    : "; base " + base);
 }
 
-std::string seq2seq_export_note(const std::optional<nn::LoraConfig>& lora, const Options& o) {
+std::string seq2seq_export_note(const std::optional<nn::LoraConfig>& lora, const Options& o,
+                                bool with_tokenizer) {
   if (exports_lora_adapter(lora, o))
     return "PEFT SEQ_2_SEQ_LM adapter: adapter_config.json + adapter_model.safetensors; "
            "PeftModel.from_pretrained(AutoModelForSeq2SeqLM.from_pretrained(base), dir) reads it";
   return fmt::format(
-      "config.json + model.safetensors + tokenizer{}; AutoModelForSeq2SeqLM.from_pretrained reads "
-      "it, ds_generate --model too",
-      lora ? ", LoRA merged" : "");
+      "config.json + model.safetensors{}{}; AutoModelForSeq2SeqLM.from_pretrained reads it, "
+      "ds_generate --model too{}",
+      with_tokenizer ? " + tokenizer" : " (no tokenizer)", lora ? ", LoRA merged" : "",
+      with_tokenizer ? "" : " with --tokenizer");
 }
 
 LoraCounts count_lora(const models::GPTConfig& model, const nn::LoraConfig& c) {

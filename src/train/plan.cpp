@@ -288,9 +288,13 @@ RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {
   DS_CHECK(T <= mcfg.block_size,
            "[ds_train] --block_size {} exceeds the model's block_size {} (its position table)", T,
            mcfg.block_size);
-  DS_CHECK(static_cast<int64_t>(p.train->vocab_size()) <= mcfg.vocab_size,
-           "[ds_train] the data's vocabulary ({} ids) does not fit the model's vocab_size {}",
-           p.train->vocab_size(), mcfg.vocab_size);
+  // The eval set too: a mismatch found at the first evaluation would cost the steps before it.
+  for (const data::TokenDataset* d : {p.train.get(), p.val.get()})
+    DS_CHECK(!d || static_cast<int64_t>(d->vocab_size()) <= mcfg.vocab_size,
+             "[ds_train] {}: the data's vocabulary ({} ids) does not fit the model's vocab_size "
+             "{}; prepare it with the model's tokenizer",
+             d == p.train.get() ? "--train_data " + o.train_data : "the eval data",
+             d ? d->vocab_size() : 0, mcfg.vocab_size);
   p.seq_len = T;
   p.samples = p.train->num_samples(static_cast<size_t>(T));
 

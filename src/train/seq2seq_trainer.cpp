@@ -75,15 +75,17 @@ models::Seq2SeqConfig resolve_seq2seq(const Options& o, const Given& g, const da
     j.update(from_data);
     *name = model;
   } else {
+    const std::string file_name = model_json_file(model);
     std::error_code ec;
-    DS_CHECK(fs::is_regular_file(model, ec),
+    DS_CHECK(fs::is_regular_file(file_name, ec),
              "[ds_train] --model {}: a seq2seq set trains an encoder-decoder: give the preset "
-             "bart-tiny or blenderbot-tiny, a Seq2SeqConfig JSON file, a bart/blenderbot "
-             "config.json, or --init_from a BART/BlenderBot Hugging Face folder",
-             model);
-    const json file = read_model_json(model);
-    *name = fs::path(model).stem().string();
-    if (file.contains("model_type")) return models::seq2seq_config_from_json(file, model);
+             "bart-tiny or blenderbot-tiny, a Seq2SeqConfig JSON file, a Hugging Face folder or "
+             "config.json of model_type {} (random weights), or --init_from such a folder (its "
+             "weights)",
+             model, models::supported_seq2seq_model_types());
+    const json file = read_model_json(file_name);
+    *name = model_display_name(model);
+    if (file.contains("model_type")) return models::seq2seq_config_from_json(file, file_name);
     models::Seq2SeqConfig base;
     base.family = file.value("family", std::string("bart"));
     base.set_family_architecture();
@@ -99,10 +101,10 @@ models::Seq2SeqConfig resolve_seq2seq(const Options& o, const Given& g, const da
   }
 }
 
-// The tokenizer that decodes generations: --tokenizer, the set's, the --init_from folder.
+// The tokenizer that decodes generations without --tokenizer: the set's, the --init_from folder.
 fs::path pick_tokenizer(const Options& o, const data::Seq2SeqSet& set) {
   std::error_code ec;
-  for (const fs::path& p : {fs::path(o.tokenizer), set.tokenizer_path(), fs::path(o.init_from)})
+  for (const fs::path& p : {set.tokenizer_path(), fs::path(o.init_from)})
     if (!p.empty() && fs::is_directory(p, ec) && data::has_tokenizer_files(p)) return p;
   return {};
 }
@@ -157,10 +159,12 @@ Seq2SeqPlan plan_seq2seq(const Options& o, const Given& g, const char* builtin_c
   // ---- model ----
   p.model = resolve_seq2seq(o, g, tr, &p.model_name);
   models::Seq2SeqConfig& m = p.model;
-  DS_CHECK(tr.vocab_size() <= m.vocab_size,
-           "[ds_train] the data's vocabulary ({} ids) does not fit the model's vocab_size {}: "
-           "prepare the data with the model's tokenizer",
-           tr.vocab_size(), m.vocab_size);
+  // The eval set too: a mismatch found at the first evaluation would cost the steps before it.
+  for (const data::Seq2SeqSet* set : {p.train.get(), p.val.get()})
+    DS_CHECK(!set || set->vocab_size() <= m.vocab_size,
+             "[ds_train] {}: the data's vocabulary ({} ids) does not fit the model's vocab_size "
+             "{}: prepare the data with the model's tokenizer",
+             set ? set->file().string() : "", set ? set->vocab_size() : 0, m.vocab_size);
   DS_CHECK(tr.pad_id() == m.pad_token_id,
            "[ds_train] the data is padded with id {}, the model's pad_token_id is {}: prepare the "
            "data with the model's tokenizer",
@@ -176,7 +180,9 @@ Seq2SeqPlan plan_seq2seq(const Options& o, const Given& g, const char* builtin_c
   m.seed = o.seed;
   m.validate();
   p.lora = seq2seq_lora_config(o, g, m);
-  p.tokenizer_dir = pick_tokenizer(o, tr);
+  p.tokenizer_dir = o.tokenizer.empty()
+                       ? pick_tokenizer(o, tr)
+                       : checked_tokenizer_option(o, tr.vocab_size(), m.vocab_size);
 
   // ---- config, run length ----
   resolve_task_run(p, m.d_model, m.encoder_layers + m.decoder_layers, p.val ? p.val->size() : 0,
@@ -193,8 +199,17 @@ Seq2SeqPlan plan_seq2seq(const Options& o, const Given& g, const char* builtin_c
   // Generation: transformers' defaults with the config's eos, as Seq2SeqTrainer with
   // predict_with_generate, generation_num_beams and generation_max_length.
   p.generation.num_beams = o.generation_num_beams;
-  p.generation.max_new_tokens =
-      o.generation_max_length > 0 ? o.generation_max_length : p.target_len;
+  // Checked here, not at the first evaluation: a run must not train for hours and then fail.
+  // Learned positions (BART, BlenderBot) hold the start token and max_new_tokens more.
+  const int64_t positions = m.is_t5() ? INT64_MAX : m.max_positions - 1;
+  DS_CHECK(o.generation_max_length <= positions,
+           "[ds_train] --generation_max_length {}: the decoder start token and {} generated "
+           "tokens need {} positions, the model has {} (max_position_embeddings); give at most {}",
+           o.generation_max_length, o.generation_max_length, o.generation_max_length + 1,
+           m.max_positions, positions);
+  p.generation.max_new_tokens = o.generation_max_length > 0
+                                    ? o.generation_max_length
+                                    : std::min<int64_t>(p.target_len, positions);
   return p;
 }
 

@@ -40,8 +40,18 @@ int64_t run_fit(runtime::Engine& engine, TrainerObserver& observer, int64_t tota
         "the model did not train and nothing was saved. Lower --learning_rate, set "
         "gradient_clipping, use bf16 instead of fp16, or check the data",
         steps_run);
-  calls.evaluate_now();
+  // The final checkpoint first: an evaluation that fails (a bad eval set, a generation error)
+  // must never cost the training.
   if (!calls.saved_now()) calls.save();
+  try {
+    calls.evaluate_now();
+  } catch (const std::exception& e) {
+    DS_THROW(
+        "{}\n[ds_train] the final evaluation failed, but the training is kept: the checkpoint of "
+        "step {} is saved (ds_to_fp32 exports it; --resume_from_checkpoint latest --eval_only "
+        "evaluates it again once the cause is fixed)",
+        e.what(), engine.global_steps());
+  }
   return steps_run;
 }
 

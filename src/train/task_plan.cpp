@@ -8,6 +8,7 @@
 #include "ds/comm/group.h"
 #include "ds/config/config.h"
 #include "ds/core/error.h"
+#include "ds/data/text_tokenizer.h"
 
 namespace ds::train {
 
@@ -36,6 +37,40 @@ std::optional<fs::path> val_split_dir(const Options& o, const fs::path& train_di
   if (!o.eval_data.empty()) return fs::path(o.eval_data);
   if (has_split(train_dir, "val")) return train_dir;
   return std::nullopt;
+}
+
+fs::path checked_tokenizer_option(const Options& o, int64_t data_vocab, int64_t model_vocab) {
+  if (o.tokenizer.empty()) return {};
+  const fs::path dir(o.tokenizer);
+  std::error_code ec;
+  DS_CHECK(fs::is_directory(dir, ec) && data::has_tokenizer_files(dir),
+           "[ds_train] --tokenizer {}: {}; give the folder of the tokenizer the data was prepared "
+           "with (tokenizer.json, tokenizer.model, vocab.txt or vocab.json + merges.txt)",
+           o.tokenizer, fs::exists(dir, ec) ? "holds no tokenizer files" : "no such folder");
+  std::unique_ptr<data::TextTokenizer> tok;
+  try {
+    tok = data::load_tokenizer(dir);
+  } catch (const Error& e) {
+    DS_THROW("[ds_train] --tokenizer {}: {}", o.tokenizer, e.what());
+  }
+  DS_CHECK(tok->vocab_size() == data_vocab && tok->vocab_size() <= model_vocab,
+           "[ds_train] --tokenizer {}: {} ids, but the data was prepared with a tokenizer of {} "
+           "ids (and the model has {}): give the tokenizer the data was prepared with",
+           o.tokenizer, tok->vocab_size(), data_vocab, model_vocab);
+  return dir;
+}
+
+std::string model_json_file(const std::string& model) {
+  std::error_code ec;
+  return fs::is_directory(model, ec) ? (fs::path(model) / "config.json").string() : model;
+}
+
+std::string model_display_name(const std::string& model) {
+  std::error_code ec;
+  fs::path p = fs::path(model).lexically_normal();
+  if (!fs::is_directory(p, ec)) return p.stem().string();
+  if (p.filename().empty()) p = p.parent_path();  // "folder/"
+  return p.filename().string();
 }
 
 json read_model_json(const std::string& file) {

@@ -96,6 +96,7 @@ std::optional<ResumeReport> TaskTrainer::resume() {
     tag = dir.filename().string();
     dir = dir.parent_path();
   }
+  check_checkpoint_task(dir, tag, p.names.task, p.train_dir.string());  // before any tensor loads
   const json client = engine_->load_checkpoint(dir.string(), tag);
   DS_CHECK(client.contains("data") && client.contains("ds_train") &&
                client["ds_train"].value("task", std::string()) == p.names.task,
@@ -103,6 +104,12 @@ std::optional<ResumeReport> TaskTrainer::resume() {
            "cannot resume it here",
            dir.string(), p.names.run, p.names.task);
   check_checkpoint(client["ds_train"]);
+  // As the LM trainer says it: a longer (or shorter) run re-plans the schedule from here.
+  const int64_t planned = client["ds_train"].value("total_steps", p.total_steps());
+  if (planned != p.total_steps())
+    say(fmt::format("note: the checkpoint's run was planned for {} steps, this one for {}; the "
+                    "learning-rate schedule follows the new length from here",
+                    planned, p.total_steps()));
   sampler_->load_state(client["data"]);
   ResumeReport r{dir, tag.empty() ? latest_tag(dir) : tag, engine_->global_steps(),
                  engine_->global_samples()};

@@ -7,8 +7,10 @@
 #include <regex>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "ds/core/error.h"
+#include "ds/core/safetensors.h"
 #include "ds/runtime/checkpoint_files.h"
 
 namespace ds::train {
@@ -135,6 +137,45 @@ std::vector<fs::path> remove_stale_temporaries(const fs::path& out_dir,
     }
   }
   return removed;
+}
+
+namespace {
+
+// "a seq2seq run's (an encoder-decoder trained on a seq2seq set)", by ds_train.task.
+std::string task_run_words(const std::string& task) {
+  if (task == "classification")
+    return "an encoder classifier run's (trained on a classification set)";
+  if (task == "seq2seq") return "an encoder-decoder run's (trained on a seq2seq set)";
+  if (task == "lm") return "a language-model run's (trained on token shards or an SFT set)";
+  return fmt::format("a '{}' run's", task);
+}
+
+}  // namespace
+
+void check_checkpoint_task(const fs::path& dir, const std::string& tag, const std::string& task,
+                           const std::string& train_data) {
+  std::string have;
+  fs::path folder;
+  try {
+    std::string t = tag;
+    if (t.empty()) t = latest_tag(dir);
+    if (t.empty()) return;
+    folder = dir / t;
+    const safetensors::Reader r((folder / "mp_rank_00_model_states.safetensors").string());
+    const auto it = r.metadata().find("ds_engine");
+    if (it == r.metadata().end()) return;
+    const nlohmann::json engine = nlohmann::json::parse(it->second);
+    const nlohmann::json& d = engine.at("client_state").at("ds_train");
+    if (!d.is_object()) return;
+    have = d.value("task", std::string("lm"));
+  } catch (const std::exception&) {
+    return;  // not ours to judge: the load names what is wrong
+  }
+  DS_CHECK(have == task,
+           "[ds_train] the checkpoint {} is {}, but --train_data {} is a {} set: resume it "
+           "with data of its kind, or start a new run in another --output_dir",
+           folder.string(), task_run_words(have), train_data,
+           task == "lm" ? "language-model" : task);
 }
 
 UnigramStats unigram_stats(const data::TokenDataset& ds, uint64_t max_tokens) {

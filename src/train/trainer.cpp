@@ -347,6 +347,7 @@ std::optional<ResumeReport> Trainer::resume_from(const std::string& from) {
     tag = dir.filename().string();
     dir = dir.parent_path();
   }
+  check_checkpoint_task(dir, tag, "lm", plan_.train_dir.string());  // before any tensor loads
   // A pipeline also restores the last stage's copy of the tied embedding.
   const json client = pipe_ ? pipe_->load_checkpoint(dir.string(), tag)
                             : engine_->load_checkpoint(dir.string(), tag);

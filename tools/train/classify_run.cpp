@@ -5,6 +5,7 @@
 
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
+#include "ds/data/text_tokenizer.h"
 #include "ds/train/classifier.h"
 #include "task_run.h"
 
@@ -74,9 +75,10 @@ int run_classifier(const Options& o, const Given& g, const char* builtin_config)
           "dir) reads it)",
           dir);
     return fmt::format(
-        "HF export:  {} (config.json + model.safetensors + tokenizer{}; "
+        "HF export:  {} (config.json + model.safetensors{}{}; "
         "AutoModelForSequenceClassification.from_pretrained reads it)",
-        dir, lora ? ", LoRA merged" : "");
+        dir, data::has_tokenizer_files(dir) ? " + tokenizer" : " (no tokenizer)",
+        lora ? ", LoRA merged" : "");
   };
   return run_task(out, trainer, trainer.plan(), text);
 }

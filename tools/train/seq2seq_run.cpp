@@ -5,6 +5,7 @@
 
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
+#include "ds/data/text_tokenizer.h"
 #include "ds/train/lora.h"
 #include "ds/train/seq2seq_trainer.h"
 #include "task_run.h"
@@ -84,7 +85,8 @@ int run_seq2seq(const Options& o, const Given& g, const char* builtin_config) {
                         (out_dir / "eval_results.json").string()));
   };
   text.export_line = [&](const std::string& dir) {
-    return fmt::format("HF export:  {} ({})", dir, seq2seq_export_note(trainer.plan().lora, o));
+    return fmt::format("HF export:  {} ({})", dir,
+                       seq2seq_export_note(trainer.plan().lora, o, data::has_tokenizer_files(dir)));
   };
   return run_task(out, trainer, trainer.plan(), text);
 }

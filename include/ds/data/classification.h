@@ -14,10 +14,13 @@
 // a ds::Error "[classification] FILE:LINE: ..." naming the field (a missing column names the
 // header line).
 //
-// Labels: integers 0..NL-1, or strings mapped through a label list (LabelMap): the list given
-// (ds_prepare --labels a,b,c; an unknown label is an error naming the file, line and label), or
-// else the distinct strings of every input file, sorted. The list is recorded in meta.json and
-// becomes the export's id2label.
+// Labels are trimmed of spaces and tabs. Integers 0..NL-1 (a JSON number, or text of an optional
+// sign and digits: "+1" and "01" are class 1), or strings mapped through a label list (LabelMap):
+// the list given (ds_prepare --labels a,b,c; an unknown label is an error naming the file, line
+// and label), or else the distinct strings of every input file, sorted. Without --labels the
+// records' labels are all integers or all names (a mix is an error naming both lines), and there
+// are two classes at least. A TSV line that repeats the header row, and a header naming a column
+// twice, are errors. The list is recorded in meta.json and becomes the export's id2label.
 //
 // Encoding (encode_example): the tokenizer's post-processor template ([CLS] A [SEP] B [SEP] with
 // token types 0 through the first [SEP], then 1, for BERT's WordPiece), after truncating A and B
@@ -37,8 +40,8 @@ namespace ds::data {
 struct ClassificationRecord {
   std::string sentence1;
   std::optional<std::string> sentence2;  // absent: a single-sentence task
-  std::string label;                     // as written: "1", "equivalent"
-  bool label_is_int = false;             // an integer in the file (JSON number, TSV digits)
+  std::string label;                     // as written, trimmed of spaces/tabs: "1", "+1", "equivalent"
+  bool label_is_int = false;             // an integer: a JSON number, or text [+-]digits
   size_t line = 0;                       // 1-based line in its file
 };
 

@@ -105,6 +105,7 @@ struct ClassificationPrepareReport {
   std::string split_rule;
   std::filesystem::path meta;
   double seconds = 0;
+  std::vector<std::string> notes;  // "warning: label 'x' (class 2) has no training example"
 };
 
 // Reads, labels, encodes and writes the set, meta.json last. Errors name the input file and line.

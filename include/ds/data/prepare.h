@@ -81,6 +81,20 @@ struct PrepareReport {
 std::vector<InputFile> list_inputs(const std::vector<std::filesystem::path>& inputs,
                                    std::string_view extension);
 
+// Refuses an input that is the output folder or lies inside it, and an output folder inside an
+// input folder: a second run would read the first run's meta.json and splits as input. Paths are
+// compared after resolving symlinks and "..". Throws "[TAG] ..." naming both.
+void check_output_outside_inputs(const std::vector<std::filesystem::path>& inputs,
+                                 const std::filesystem::path& output_dir, const char* tag);
+
+// The longest sequence a set may be prepared for (--seq_len, --max_source_len, --max_target_len):
+// the tokenizer's model_max_length when its tokenizer_config.json gives one, else 1,048,576
+// (2^20) ids, past which a set of even one example is more memory than any model here can use.
+// Throws "[TAG] OPTION N ..." naming the limit and where it comes from.
+void check_sequence_length(const char* tag, const char* option, int64_t value,
+                           int64_t model_max_length, const std::filesystem::path& tokenizer_dir);
+inline constexpr int64_t kMaxPreparedLength = int64_t{1} << 20;
+
 // For each file (in list_inputs order), whether it goes to val under the options' rule; `rule`
 // receives a one-line description of the rule for meta.json and logs.
 std::vector<bool> assign_val(const std::vector<InputFile>& files, const PrepareOptions& options,

@@ -12,11 +12,13 @@
 // Adding a set kind: its records and encoding, a SplitFileBytes per split, write_task_set;
 // reading: read_set_meta, set_split_entry, SplitFileReader. Thread safety: functions are pure
 // apart from the files they read and write; a SplitFileBytes or SplitFileReader is one thread's.
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>
@@ -117,6 +119,10 @@ std::filesystem::path write_task_set(const std::filesystem::path& dir, const std
 // dir/meta.json parsed. Throws "[dataset] cannot open ...; prepare the set with ds_prepare --task
 // KIND --output DIR" or "... is not valid JSON".
 nlohmann::json read_set_meta(const std::filesystem::path& dir, const std::string& kind);
+// What a parsed meta.json holds, in the words of an error that met the wrong kind: "a seq2seq set
+// (ds_prepare --task seq2seq)", "a classification set (...)", "an SFT set (ds_prepare --sft)",
+// "language-model tokens (ds_prepare)", or "an unknown kind of set ('x')".
+std::string set_kind_words(const nlohmann::json& meta);
 // Whether dir/meta.json says "kind": kind (false when it is missing or unreadable).
 bool is_set_of_kind(const std::filesystem::path& dir, const std::string& kind);
 // meta's entry for `split` after checking its format and version (`where`: the meta.json path for
@@ -146,10 +152,15 @@ class SplitFileReader {
   }
   // Whether every array was there and nothing follows.
   bool complete() { return in_.good() && in_.peek() == std::char_traits<char>::eof(); }
+  // Whether the file after the header is exactly the arrays {rows, columns, bytes per element},
+  // in 128-bit arithmetic: checked before anything is allocated, so a damaged header's huge
+  // counts are an error, not a failed allocation.
+  bool payload_is(std::initializer_list<std::array<uint64_t, 3>> arrays) const;
 
  private:
   std::ifstream in_;
   char head_[kSetHeaderBytes];
+  uint64_t file_bytes_ = 0;
 };
 
 }  // namespace ds::data

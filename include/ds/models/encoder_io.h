@@ -72,4 +72,9 @@ EncoderLoadReport load_hf_encoder_weights(SequenceClassifier& model,
 void export_hf_encoder(const SequenceClassifier& model, const std::filesystem::path& dir,
                        DType dtype = DType::f32);
 
+// Rewrites dir/config.json's id2label / label2id with `names` (class-id order), as a classifier
+// trained on named labels exports them (ds_train and ds_to_fp32 alike). names.size() must be the
+// config's num_labels.
+void write_hf_label_names(const std::filesystem::path& dir, const std::vector<std::string>& names);
+
 }  // namespace ds::models

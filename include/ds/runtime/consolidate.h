@@ -75,6 +75,9 @@ class CheckpointShards {
   // client_state.ds_train.model of the model-states file (ds_train stores its GPTConfig there);
   // nullopt when the checkpoint was written by other code.
   const std::optional<nlohmann::json>& model_config() const { return model_config_; }
+  // client_state.ds_train.labels: a classifier run's label names in class-id order (the set's:
+  // "0", "1" or ds_prepare --labels / the records' names); empty for other runs.
+  const std::vector<std::string>& label_names() const { return label_names_; }
   // The model's buffers saved beside the weights (model_buffers.safetensors: BART's
   // final_logits_bias), by name, as stored; empty when the checkpoint has none (older ones).
   const std::vector<std::pair<std::string, Tensor>>& buffers() const { return buffers_; }
@@ -113,6 +116,7 @@ class CheckpointShards {
   DType training_dtype_ = DType::f32;
   std::vector<std::string> shard_files_;
   std::optional<nlohmann::json> model_config_;
+  std::vector<std::string> label_names_;
   std::vector<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::unique_ptr<Shard>> shards_;
   // Per model-parallel part: sorted by flat begin; cover the part's [0, numel) exactly.

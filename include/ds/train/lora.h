@@ -59,8 +59,10 @@ std::string export_seq2seq_lora_adapter(const models::Seq2Seq& model,
                                         const std::vector<std::pair<std::string, Tensor>>& weights,
                                         const nn::LoraConfig& c, const Options& o,
                                         const std::filesystem::path& dir);
-// What a seq2seq run's export folder holds and what reads it, for the closing "HF export:" line.
-std::string seq2seq_export_note(const std::optional<nn::LoraConfig>& lora, const Options& o);
+// What a seq2seq run's export folder holds and what reads it, for the closing "HF export:" line
+// (`with_tokenizer`: whether tokenizer files were written beside it).
+std::string seq2seq_export_note(const std::optional<nn::LoraConfig>& lora, const Options& o,
+                                bool with_tokenizer);
 
 // Elements LoRA would add to a model of `model`'s shape and the elements it would freeze, from the
 // shapes alone (the model is built under nn::PartitionedInit: nothing allocated), for the start-up

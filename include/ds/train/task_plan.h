@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ds/core/error.h"
 #include "ds/train/options.h"
 #include "ds/train/plan.h"
 
@@ -75,11 +76,28 @@ void open_task_splits(TaskPlan& p, std::shared_ptr<const Set>* train,
   p.train_dir = p.spec.train_data;
   *train = std::make_shared<Set>(Set::open_split(p.train_dir, "train"));
   if (const auto dir = val_split_dir(p.spec, p.train_dir)) {
-    *val = std::make_shared<Set>(Set::open_split(*dir, "val"));
+    try {
+      *val = std::make_shared<Set>(Set::open_split(*dir, "val"));
+    } catch (const Error& e) {
+      if (p.spec.eval_data.empty()) throw;
+      DS_THROW("[ds_train] --eval_data {}: {}", p.spec.eval_data, e.what());
+    }
     p.val_from = dir->string();
   }
   p.train_examples = (*train)->size();
 }
+
+// --tokenizer, checked at start-up (a run must not find out at its first evaluation or its export):
+// a folder load_tokenizer reads whose vocabulary is the one the data was prepared with
+// (`data_vocab` ids) and fits the model's. Returns the folder; "" when --tokenizer is not given.
+std::filesystem::path checked_tokenizer_option(const Options& o, int64_t data_vocab,
+                                               int64_t model_vocab);
+
+// The JSON file --model names: the argument itself, or <folder>/config.json for a folder (a
+// Hugging Face model folder, as the decoder path takes it).
+std::string model_json_file(const std::string& model);
+// What messages call --model: a file's stem ("bert_small"), a folder's name ("deberta-v3-base").
+std::string model_display_name(const std::string& model);
 
 // --model FILE read as a JSON object (a Hugging Face config.json or the task's config form).
 nlohmann::json read_model_json(const std::string& file);

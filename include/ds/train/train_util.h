@@ -42,6 +42,13 @@ std::vector<std::filesystem::path> rotate_checkpoints(
 std::vector<std::filesystem::path> remove_stale_temporaries(
     const std::filesystem::path& out_dir, const std::filesystem::path& export_dir);
 
+// Refuses to resume the checkpoint dir/<tag or latest> with data of another task kind, before
+// anything is loaded (a load would fail first, on the other kind's tensors): `task` is this run's
+// ("lm", "classification", "seq2seq"; an LM checkpoint records none). Reads only the model-states
+// file's metadata; a checkpoint it cannot read is left to the load's own errors.
+void check_checkpoint_task(const std::filesystem::path& dir, const std::string& tag,
+                           const std::string& task, const std::string& train_data);
+
 // The export folder of a run: --export_hf, else output_dir/hf_model; "" for --export_hf none.
 std::filesystem::path export_folder(const Options& o);
 
