@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "added_token_cases.h"
 #include "ds/core/error.h"
 #include "ds/data/text_tokenizer.h"
 #include "ds/data/tokenizer_export.h"
@@ -277,8 +278,14 @@ TEST(HfTokenizer, UnsupportedFieldsAreErrorsNamingThem) {
       "post_processor.type 'BertProcessing'");
   expect_error(
       "gpt2_bpe", [](json& j) { j["model"]["merges"].push_back("Ġ zzzzq"); }, "merge");
+  // An added-token option we do not know is refused, not ignored (`tokenizers` ignores it).
   expect_error(
-      "gpt2_bpe", [](json& j) { j["added_tokens"][0]["lstrip"] = true; }, "lstrip=true");
+      "gpt2_bpe", [](json& j) { j["added_tokens"][0]["strip_all"] = true; },
+      "added_tokens[0].strip_all is not supported by the BPE loader (supported keys: id, content, "
+      "single_word, lstrip, rstrip, normalized, special)");
+  expect_error(
+      "gpt2_bpe", [](json& j) { j["added_tokens"][0]["lstrip"] = "yes"; },
+      "added_tokens[0].lstrip must be true or false");
   // A named special token missing from the vocabulary.
   const fs::path f = edited_copy(tmp, "qwen2_bpe", [](json&) {});
   std::ofstream(f / "tokenizer_config.json") << R"({"eos_token": "<|nope|>"})";
@@ -286,6 +293,51 @@ TEST(HfTokenizer, UnsupportedFieldsAreErrorsNamingThem) {
   EXPECT_NE(error_of(tmp.path / "empty_missing").find("is not a folder"), std::string::npos);
   fs::create_directories(tmp.path / "empty");
   EXPECT_NE(error_of(tmp.path / "empty").find("looked for tokenizer.json"), std::string::npos);
+}
+
+TEST(HfTokenizer, AddedTokenFlagsMatchTokenizers) {
+  // lstrip (BlenderBot's <mask>), rstrip, single_word and normalized on byte-level BPE: the ids of
+  // the `tokenizers` library (added_token_cases.json, tools/gen_added_token_fixtures.py).
+  const int n =
+      ds::test::for_each_added_token_case("bpe_", [](const json& c, const TextTokenizer& tok) {
+        const std::string name = c["name"];
+        for (const json& t : c["texts"]) {
+          const std::string text = t["text"];
+          std::vector<int32_t> ids;
+          std::vector<ds::data::TokenSpan> spans;
+          tok.encode(text, false, ids, &spans);
+          EXPECT_EQ(ids, ids_of(t["ids"])) << name << ": '" << text << "'";
+          EXPECT_EQ(tok.encode(text, true), ids_of(t["ids_with_special"])) << name << ": '" << text;
+          ASSERT_EQ(spans.size(), ids.size()) << name << ": '" << text << "'";
+          // An added token's span covers the whitespace it strips, as its offsets there (the other
+          // cases' ByteLevel post-processor trims offsets; ours are untrimmed).
+          if (name != "bpe_blenderbot") continue;
+          for (size_t k = 0; k < ids.size(); ++k)
+            if (ids[k] >= 700)
+              EXPECT_EQ((std::vector<uint32_t>{spans[k].begin, spans[k].end}),
+                        t["offsets"][k].get<std::vector<uint32_t>>())
+                  << name << ": '" << text << "' token " << k;
+        }
+      });
+  EXPECT_EQ(n, 3);
+}
+
+TEST(HfTokenizer, AddedTokenFlagsSurviveExport) {
+  // Every kind: the exported tokenizer.json keeps the flags as read and encodes the same.
+  TempDir tmp;
+  for (const json& c : ds::test::added_token_cases()["cases"]) {
+    const std::string name = c["name"];
+    const json written = ds::test::write_added_token_case(c, tmp.path / name / "in");
+    auto tok = load_tokenizer(tmp.path / name / "in");
+    fs::create_directories(tmp.path / name / "out");
+    ds::data::export_tokenizer(*tok, tmp.path / name / "out");
+    std::ifstream in(tmp.path / name / "out" / "tokenizer.json");
+    EXPECT_EQ(json::parse(in)["added_tokens"], written["added_tokens"]) << name;
+    auto again = load_tokenizer(tmp.path / name / "out");
+    for (const json& t : c["texts"])
+      EXPECT_EQ(again->encode(t["text"].get<std::string>(), true), ids_of(t["ids_with_special"]))
+          << name << ": '" << t["text"].get<std::string>() << "'";
+  }
 }
 
 TEST(HfTokenizer, OnigurumaUnicodeClasses) {

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "added_token_cases.h"
 #include "ds/core/error.h"
 #include "ds/data/dataset.h"
 #include "ds/data/prepare.h"
@@ -180,12 +181,37 @@ TEST(Unigram, UnsupportedComponentsAreNamed) {
   expect_error([](json& j) { j["model"]["unk_id"] = 100000; }, "model.unk_id");
   expect_error([](json& j) { j["model"]["vocab"][5] = "x"; }, "model.vocab[5]");
   expect_error([](json& j) { j["model"]["dropout"] = 0.1; }, "model.dropout");
-  expect_error([](json& j) { j["added_tokens"][0]["lstrip"] = true; }, "added_tokens[0].lstrip");
+  expect_error([](json& j) { j["added_tokens"][0]["strip"] = true; },
+               "added_tokens[0].strip is not supported by the Unigram loader");
+  expect_error([](json& j) { j["added_tokens"][0]["rstrip"] = "no"; },
+               "added_tokens[0].rstrip must be true or false");
   expect_error(
       [](json& j) {
         j["post_processor"] = {{"type", "RobertaProcessing"}};
       },
       "post_processor.type 'RobertaProcessing'");
+}
+
+TEST(Unigram, AddedTokenFlagsMatchTokenizers) {
+  // lstrip, rstrip, single_word; normalized=true tokens met through the normalizer (T5's NFKC
+  // charsmap, Lowercase), normalized=false ones only as written; DeBERTa's [MASK] with lstrip.
+  // Ids and offsets of the `tokenizers` library (added_token_cases.json).
+  const int n = ds::test::for_each_added_token_case(
+      "unigram_", [](const json& c, const ds::data::TextTokenizer& tok) {
+        for (const json& t : c["texts"]) {
+          const std::string text = t["text"];
+          std::vector<int32_t> ids;
+          std::vector<TokenSpan> spans;
+          tok.encode(text, false, ids, &spans);
+          EXPECT_EQ(ids, ids_of(t["ids"])) << c["name"] << ": '" << text << "'";
+          EXPECT_EQ(tok.encode(text, true), ids_of(t["ids_with_special"])) << text;
+          std::vector<std::vector<uint32_t>> got;
+          for (const TokenSpan& s : spans) got.push_back({s.begin, s.end});
+          EXPECT_EQ(got, t["offsets"].get<std::vector<std::vector<uint32_t>>>())
+              << c["name"] << ": '" << text << "'";
+        }
+      });
+  EXPECT_EQ(n, 3);
 }
 
 TEST(Unigram, ViterbiUnkAndByteFallback) {

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "added_token_cases.h"
 #include "ds/core/error.h"
 #include "ds/data/text_tokenizer.h"
 #include "ds/data/tokenizer_export.h"
@@ -202,11 +203,44 @@ TEST(WordPiece, UnsupportedFieldsAreErrorsNamingThem) {
                "post_processor.pair[3]");
   expect_error([](json& j) { j["post_processor"]["single"][0]["SpecialToken"]["id"] = "[BOS]"; },
                "special token '[BOS]'");
-  expect_error([](json& j) { j["added_tokens"][4]["lstrip"] = true; }, "added_tokens[4].lstrip");
-  expect_error([](json& j) { j["added_tokens"][4]["normalized"] = true; },
-               "added_tokens[4].normalized");
+  expect_error([](json& j) { j["added_tokens"][4]["left_strip"] = true; },
+               "added_tokens[4].left_strip is not supported by the WordPiece loader");
+  expect_error([](json& j) { j["added_tokens"][4]["normalized"] = 1; },
+               "added_tokens[4].normalized must be true or false");
   expect_error([](json& j) { j["truncation"] = {{"max_length", 8}}; }, "truncation is set");
   expect_error([](json& j) { j["model"]["type"] = "WordLevel"; }, "model.type 'WordLevel'");
+}
+
+TEST(WordPiece, AddedTokenFlagsMatchTokenizers) {
+  // BertNormalizer lowercases: a normalized=true token ("Hello") matches "HELLO", a
+  // normalized=false one ("World") only "World"; single_word on the normalized text; lstrip and
+  // rstrip ([MASK] lstrip=true). Ids of the `tokenizers` library (added_token_cases.json).
+  const int n = ds::test::for_each_added_token_case(
+      "wordpiece_", [](const json& c, const TextTokenizer& tok) {
+        for (const json& t : c["texts"]) {
+          const std::string text = t["text"];
+          std::vector<int32_t> ids;
+          std::vector<ds::data::TokenSpan> spans;
+          tok.encode(text, false, ids, &spans);
+          EXPECT_EQ(ids, ids_of(t["ids"])) << c["name"] << ": '" << text << "'";
+          EXPECT_EQ(tok.encode(text, true), ids_of(t["ids_with_special"])) << text;
+          // Spans tile normalize(text) in order; an added token's covers the whitespace it strips.
+          const std::string normalized = tok.normalize(text);
+          ASSERT_EQ(spans.size(), ids.size()) << text;
+          for (size_t k = 0; k < ids.size(); ++k) {
+            ASSERT_LE(spans[k].end, normalized.size()) << text;
+            if (k > 0) EXPECT_LE(spans[k - 1].end, spans[k].begin) << text;
+          }
+        }
+      });
+  EXPECT_EQ(n, 1);
+  // normalize() keeps raw-matched tokens with their stripped spaces, and normalizes the rest.
+  TempDir tmp;
+  const json& c = ds::test::added_token_cases()["cases"];
+  for (const json& one : c)
+    if (one["name"] == "wordpiece_lower") ds::test::write_added_token_case(one, tmp.path);
+  auto tok = load_tokenizer(tmp.path);
+  EXPECT_EQ(tok->normalize("HeLLo  <x>  [MASK] World"), "hello  <x>  [MASK] World");
 }
 
 TEST(WordPiece, NoDecoderJoinsTokensWithSpaces) {

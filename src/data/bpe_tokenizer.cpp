@@ -1,6 +1,7 @@
 // Byte-level BPE as Hugging Face `tokenizers` runs it for tokenizer.json (GPT-2, Llama-3, Qwen2):
-// added tokens -> normalizer (none or NFC) -> pre-tokenizer (ByteLevel / Split / Sequence) -> BPE
-// (with ignore_merges) -> post-processor (ByteLevel / TemplateProcessing / Sequence).
+// added tokens (added_tokens.h) -> normalizer (none or NFC) -> pre-tokenizer (ByteLevel / Split /
+// Sequence) -> BPE (with ignore_merges) -> post-processor (ByteLevel / TemplateProcessing /
+// Sequence).
 #include <algorithm>
 #include <array>
 #include <climits>
@@ -10,6 +11,7 @@
 
 #include <utf8proc.h>
 
+#include "added_tokens.h"
 #include "ds/core/error.h"
 #include "ds/data/unicode.h"
 #include "hf_tokenizer_internal.h"
@@ -120,10 +122,6 @@ class BpeTokenizer final : public TextTokenizer {
     int32_t rank;
     int32_t result;
   };
-  struct Added {
-    std::string content;
-    int32_t id;
-  };
   static uint64_t pair_key(int32_t a, int32_t b) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
@@ -145,7 +143,7 @@ class BpeTokenizer final : public TextTokenizer {
   int32_t byte_token_[256] = {};
   std::unordered_map<uint64_t, Merge> merges_;
   std::vector<std::pair<int32_t, int32_t>> merge_list_;  // by rank
-  std::array<std::vector<Added>, 256> added_by_first_;   // longest first
+  AddedVocabulary added_;
   bool nfc_ = false;
   bool add_prefix_space_ = false;
   bool byte_level_ = false;
@@ -161,7 +159,8 @@ class BpeTokenizer final : public TextTokenizer {
 void BpeTokenizer::set_vocab(const ojson& vocab, const ojson& added, const fs::path& file) {
   DS_CHECK(vocab.is_object() && !vocab.empty(),
            "[tokenizer] '{}': model.vocab must be a non-empty object token -> id", file.string());
-  std::unordered_map<std::string, const ojson*> added_by_content;
+  added_ = AddedVocabulary(added, file, "BPE");
+  std::unordered_map<std::string, const AddedToken*> added_by_content;
   int64_t max_id = -1;
   for (const auto& [tok, id] : vocab.items()) {
     DS_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0,
@@ -169,18 +168,9 @@ void BpeTokenizer::set_vocab(const ojson& vocab, const ojson& added, const fs::p
              tok);
     max_id = std::max(max_id, id.get<int64_t>());
   }
-  for (const auto& a : added) {
-    DS_CHECK(a.is_object() && a.contains("id") && a.contains("content") &&
-                 a["id"].is_number_integer() && a["content"].is_string(),
-             "[tokenizer] '{}': every added_tokens entry needs an integer 'id' and a 'content'",
-             file.string());
-    const std::string content = a["content"];
-    for (const char* flag : {"single_word", "lstrip", "rstrip"})
-      DS_CHECK(!a.value(flag, false),
-               "[tokenizer] '{}': added_tokens entry '{}' sets {}=true, which is not supported",
-               file.string(), content, flag);
-    added_by_content[content] = &a;
-    max_id = std::max(max_id, a["id"].get<int64_t>());
+  for (const AddedToken& a : added_.tokens()) {
+    added_by_content[a.content] = &a;
+    max_id = std::max(max_id, static_cast<int64_t>(a.id));
   }
   DS_CHECK(max_id < INT32_MAX, "[tokenizer] '{}': token id {} is too large", file.string(), max_id);
   const size_t n = static_cast<size_t>(max_id + 1);
@@ -209,20 +199,15 @@ void BpeTokenizer::set_vocab(const ojson& vocab, const ojson& added, const fs::p
     by_bytes_.emplace(raw, id);
   }
   for (const auto& [content, a] : added_by_content) {
-    const auto id = (*a)["id"].get<int32_t>();
+    const int32_t id = a->id;
     DS_CHECK(spelled_[id].empty() || spelled_[id] == content,
              "[tokenizer] '{}': added token '{}' has id {}, which model.vocab gives to '{}'",
              file.string(), content, id, spelled_[id]);
-    DS_CHECK(!content.empty(), "[tokenizer] '{}': added token {} is empty", file.string(), id);
     spelled_[id] = content;
     tokens_[id] = content;
     by_spelling_[content] = id;
-    special_[id] = a->value("special", false) ? 1 : 0;
-    added_by_first_[static_cast<uint8_t>(content[0])].push_back({content, id});
+    special_[id] = a->special ? 1 : 0;
   }
-  for (auto& list : added_by_first_)
-    std::sort(list.begin(), list.end(),
-              [](const Added& a, const Added& b) { return a.content.size() > b.content.size(); });
   for (int b = 0; b < 256; ++b) {
     auto it = by_bytes_.find(std::string(1, static_cast<char>(b)));
     DS_CHECK(it != by_bytes_.end(),
@@ -417,6 +402,7 @@ void BpeTokenizer::finish(const TokenizerConfig& config, std::string json_text,
       file.string());
   for (int32_t id : prefix_ids_) checked(id);
   for (int32_t id : suffix_ids_) checked(id);
+  added_.set_normalizer(file, [this](std::string_view s) { return normalize(s); });
   config_ = config;
   resolve_special_ids(*this, config_, file);
   json_text_ = std::move(json_text);
@@ -471,11 +457,6 @@ void BpeTokenizer::bpe(std::string_view word, std::vector<int32_t>& out) const {
 
 void BpeTokenizer::encode_segment(std::string_view seg, uint32_t seg_begin,
                                   std::vector<int32_t>& ids, std::vector<TokenSpan>* spans) const {
-  std::string normalized;
-  if (nfc_) {
-    normalized = nfc(seg);
-    seg = normalized;
-  }
   std::string prefixed;
   uint32_t shift = 0;  // bytes added in front of the segment
   if (add_prefix_space_ && !seg.starts_with(' ')) {
@@ -526,27 +507,36 @@ void BpeTokenizer::encode(std::string_view text, bool add_special_tokens, std::v
       ids.push_back(id);
       if (spans) spans->push_back({0, 0});
     }
-  // Added tokens first: the leftmost match, the longest at that position.
-  size_t seg = 0;
-  for (size_t i = 0; i < text.size();) {
-    const Added* hit = nullptr;
-    for (const Added& a : added_by_first_[static_cast<uint8_t>(text[i])])
-      if (text.substr(i).starts_with(a.content)) {
-        hit = &a;
-        break;
-      }
-    if (!hit) {
-      ++i;
+  // Added tokens first (normalized=false in the raw text, then normalized=true in the NFC of the
+  // rest); spans of the second kind, and of what lies between them, are offsets into the NFC of
+  // the piece, from the piece's start.
+  std::vector<AddedSplit> raw, norm;
+  std::string normalized;
+  added_.split(text, AddedVocabulary::kRaw, raw);
+  for (const AddedSplit& p : raw) {
+    const auto at = static_cast<uint32_t>(p.begin);
+    if (p.token) {
+      ids.push_back(p.token->id);
+      if (spans) spans->push_back({at, static_cast<uint32_t>(p.end)});
       continue;
     }
-    if (i > seg) encode_segment(text.substr(seg, i - seg), static_cast<uint32_t>(seg), ids, spans);
-    ids.push_back(hit->id);
-    if (spans)
-      spans->push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(i + hit->content.size())});
-    i += hit->content.size();
-    seg = i;
+    std::string_view piece = text.substr(p.begin, p.end - p.begin);
+    if (nfc_) {
+      normalized = nfc(piece);
+      piece = normalized;
+    }
+    added_.split(piece, AddedVocabulary::kNormalized, norm);
+    for (const AddedSplit& q : norm) {
+      if (!q.token) {
+        encode_segment(piece.substr(q.begin, q.end - q.begin), at + static_cast<uint32_t>(q.begin),
+                       ids, spans);
+        continue;
+      }
+      ids.push_back(q.token->id);
+      if (spans)
+        spans->push_back({at + static_cast<uint32_t>(q.begin), at + static_cast<uint32_t>(q.end)});
+    }
   }
-  if (seg < text.size()) encode_segment(text.substr(seg), static_cast<uint32_t>(seg), ids, spans);
   if (add_special_tokens)
     for (int32_t id : suffix_ids_) {
       ids.push_back(id);

@@ -1,6 +1,6 @@
 // Unigram (SentencePiece-style) tokenizer.json as Hugging Face `tokenizers` runs it, e.g. what
 // transformers 5 writes for DebertaV2Tokenizer and T5Tokenizer:
-// added tokens (raw text) -> normalizer (hf_normalizer.h) -> pre-tokenizer (WhitespaceSplit,
+// added tokens (added_tokens.h) -> normalizer (hf_normalizer.h) -> pre-tokenizer (WhitespaceSplit,
 // Metaspace) -> Unigram (Viterbi over the pieces' log-probabilities; unknown characters are the
 // unk piece with score min - 10, consecutive ones fused; optional <0xNN> byte fallback) ->
 // TemplateProcessing (hf_template.h). Decoding runs the decoder chain (Metaspace, Replace,
@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "added_tokens.h"
 #include "ds/core/error.h"
 #include "ds/data/unicode.h"
 #include "hf_normalizer.h"
@@ -125,10 +126,6 @@ class UnigramTokenizer final : public TextTokenizer {
             const fs::path& file);
 
  private:
-  struct Added {
-    std::string content;
-    int32_t id;
-  };
   int32_t checked(int32_t id) const {
     DS_CHECK(id >= 0 && id < vocab_size(),
              "[tokenizer] token id {} is not in the vocabulary (size {})", id, vocab_size());
@@ -138,6 +135,9 @@ class UnigramTokenizer final : public TextTokenizer {
   void set_pre_tokenizer(const ojson& j, const std::string& field, const fs::path& file);
   void set_decoder(const ojson& j, const std::string& field, const fs::path& file);
 
+  // Calls on_text(piece) for the normalized text between added tokens and on_added(token, span,
+  // match) for each added token, left to right (span: input offsets; match: the text it matched,
+  // normalized for normalized=true tokens).
   template <class OnText, class OnAdded>
   void split_added(std::string_view text, OnText&& on_text, OnAdded&& on_added) const;
   void encode_sequence(std::string_view text, std::vector<int32_t>& ids,
@@ -155,8 +155,8 @@ class UnigramTokenizer final : public TextTokenizer {
   double min_score_ = 0;
   int32_t unk_id_ = -1;
   bool byte_fallback_ = false;
-  std::array<int32_t, 256> byte_ids_{};                 // <0xNN> piece ids, -1 when missing
-  std::array<std::vector<Added>, 256> added_by_first_;  // longest first
+  std::array<int32_t, 256> byte_ids_{};  // <0xNN> piece ids, -1 when missing
+  AddedVocabulary added_;
 
   NormalizerChain normalizer_;
   bool whitespace_split_ = false;  // WhitespaceSplit before Metaspace
@@ -204,47 +204,24 @@ void UnigramTokenizer::set_model(const ojson& model, const ojson& added, const f
     if (it != model_ids_.end()) byte_ids_[b] = it->second;
   }
 
-  DS_CHECK(added.is_array(), "[tokenizer] '{}': added_tokens must be an array", file.string());
+  added_ = AddedVocabulary(added, file, kLoader);
   int64_t max_id = static_cast<int64_t>(n) - 1;
-  for (size_t k = 0; k < added.size(); ++k) {
-    const ojson& a = added[k];
-    const std::string field = fmt::format("added_tokens[{}]", k);
-    check_keys(a, {"id", "content", "single_word", "lstrip", "rstrip", "normalized", "special"},
-               field, file);
-    DS_CHECK(a.contains("id") && a["id"].is_number_integer() && a["id"].get<int64_t>() >= 0 &&
-                 a["id"].get<int64_t>() < INT32_MAX && a.contains("content") &&
-                 a["content"].is_string() && !a["content"].get<std::string>().empty(),
-             "[tokenizer] '{}': {} needs a non-negative integer 'id' and a non-empty 'content'",
-             file.string(), field);
-    for (const char* flag : {"single_word", "lstrip", "rstrip", "normalized"})
-      DS_CHECK(!get_bool(a, flag, false, field, file),
-               "[tokenizer] '{}': {}.{}=true ('{}') is not supported by the Unigram loader; set it "
-               "to false",
-               file.string(), field, flag, a["content"].get<std::string>());
-    max_id = std::max(max_id, a["id"].get<int64_t>());
-  }
+  for (const AddedToken& a : added_.tokens()) max_id = std::max(max_id, static_cast<int64_t>(a.id));
   tokens_.resize(static_cast<size_t>(max_id + 1));
   special_.assign(tokens_.size(), 0);
   for (const auto& [piece, id] : model_ids_) by_token_[piece] = id;
-  for (const ojson& a : added) {
-    const std::string content = a["content"];
-    const auto id = a["id"].get<int32_t>();
-    DS_CHECK(static_cast<size_t>(id) >= n || tokens_[id] == content,
+  for (const AddedToken& a : added_.tokens()) {
+    DS_CHECK(static_cast<size_t>(a.id) >= n || tokens_[a.id] == a.content,
              "[tokenizer] '{}': added token '{}' has id {}, which model.vocab gives to '{}'",
-             file.string(), content, id, tokens_[id]);
-    tokens_[id] = content;
-    by_token_[content] = id;
-    special_[id] = get_bool(a, "special", false, "added_tokens", file) ? 1 : 0;
-    added_by_first_[static_cast<uint8_t>(content[0])].push_back({content, id});
+             file.string(), a.content, a.id, tokens_[a.id]);
+    tokens_[a.id] = a.content;
+    by_token_[a.content] = a.id;
+    special_[a.id] = a.special ? 1 : 0;
   }
   for (size_t id = n; id < tokens_.size(); ++id)
     DS_CHECK(!tokens_[id].empty(),
              "[tokenizer] '{}': id {} is neither in model.vocab nor an added token", file.string(),
              id);
-  for (auto& list : added_by_first_)
-    std::stable_sort(list.begin(), list.end(), [](const Added& a, const Added& b) {
-      return a.content.size() > b.content.size();
-    });
 }
 
 void UnigramTokenizer::set_pre_tokenizer(const ojson& j, const std::string& field,
@@ -342,6 +319,11 @@ void UnigramTokenizer::load(const ojson& j, std::string json_text, const Tokeniz
              file.string(), key, key);
   set_model(j["model"], j.value("added_tokens", ojson::array()), file);
   normalizer_ = parse_normalizer(j.value("normalizer", ojson()), "normalizer", file, kLoader);
+  added_.set_normalizer(file, [this](std::string_view s) {
+    NormalizedText t = NormalizedText::from(s, 0);
+    normalizer_.run(t);
+    return t.text;
+  });
   set_pre_tokenizer(j.value("pre_tokenizer", ojson()), "pre_tokenizer", file);
   template_ = parse_post_processor(j.value("post_processor", ojson()), vocab_size(), file, kLoader);
   set_decoder(j.value("decoder", ojson()), "decoder", file);
@@ -355,37 +337,42 @@ void UnigramTokenizer::load(const ojson& j, std::string json_text, const Tokeniz
 template <class OnText, class OnAdded>
 void UnigramTokenizer::split_added(std::string_view text, OnText&& on_text,
                                    OnAdded&& on_added) const {
-  // The leftmost match, the longest at that position, as HF's AddedVocabulary.
-  size_t seg = 0;
-  for (size_t i = 0; i < text.size();) {
-    const Added* hit = nullptr;
-    for (const Added& a : added_by_first_[static_cast<uint8_t>(text[i])])
-      if (text.substr(i).starts_with(a.content)) {
-        hit = &a;
-        break;
-      }
-    if (!hit) {
-      ++i;
+  std::vector<AddedSplit> raw, norm;
+  added_.split(text, AddedVocabulary::kRaw, raw);
+  for (const AddedSplit& p : raw) {
+    if (p.token) {
+      on_added(*p.token, TokenSpan{static_cast<uint32_t>(p.begin), static_cast<uint32_t>(p.end)},
+               text.substr(p.begin, p.end - p.begin));
       continue;
     }
-    if (i > seg) on_text(text.substr(seg, i - seg), seg);
-    on_added(*hit, i);
-    i += hit->content.size();
-    seg = i;
+    NormalizedText t =
+        NormalizedText::from(text.substr(p.begin, p.end - p.begin), static_cast<uint32_t>(p.begin));
+    normalizer_.run(t);
+    added_.split(t.text, AddedVocabulary::kNormalized, norm);
+    if (norm.size() == 1 && !norm[0].token) {  // the common case: no normalized token in it
+      on_text(t);
+      continue;
+    }
+    for (const AddedSplit& q : norm) {
+      if (q.token) {
+        on_added(*q.token, t.span(q.begin, q.end),
+                 std::string_view(t.text).substr(q.begin, q.end - q.begin));
+        continue;
+      }
+      NormalizedText piece;
+      piece.text = t.text.substr(q.begin, q.end - q.begin);
+      piece.align.assign(t.align.begin() + q.begin, t.align.begin() + q.end);
+      on_text(piece);
+    }
   }
-  if (seg < text.size()) on_text(text.substr(seg), seg);
 }
 
 std::string UnigramTokenizer::normalize(std::string_view text) const {
+  // Added tokens as they stand in the text (normalized=true ones: as normalized).
   std::string out;
   split_added(
-      text,
-      [&](std::string_view seg, size_t at) {
-        NormalizedText t = NormalizedText::from(seg, static_cast<uint32_t>(at));
-        normalizer_.run(t);
-        out += t.text;
-      },
-      [&](const Added& a, size_t) { out += a.content; });
+      text, [&](const NormalizedText& t) { out += t.text; },
+      [&](const AddedToken&, TokenSpan, std::string_view match) { out += match; });
   return out;
 }
 
@@ -477,7 +464,7 @@ void UnigramTokenizer::encode_sequence(std::string_view text, std::vector<int32_
   DS_CHECK(text.size() < UINT32_MAX / 4,
            "[tokenizer] text of {} bytes is too long to encode at once", text.size());
   const std::string& rep = metaspace_.replacement;
-  auto metaspace = [&](NormalizedText& t, bool at_start) {
+  auto metaspace = [&](const NormalizedText& t, bool at_start) {
     // ' ' -> replacement, character for character.
     NormalizedText r;
     for (size_t i = 0; i < t.text.size(); ++i) {
@@ -513,9 +500,7 @@ void UnigramTokenizer::encode_sequence(std::string_view text, std::vector<int32_
     }
     flush(r.text.size());
   };
-  auto on_text = [&](std::string_view seg, size_t at) {
-    NormalizedText t = NormalizedText::from(seg, static_cast<uint32_t>(at));
-    normalizer_.run(t);
+  auto on_text = [&](const NormalizedText& t) {
     if (!has_metaspace_) {
       // No pre-tokenizer (or WhitespaceSplit alone): words, or the whole text.
       if (!whitespace_split_) return unigram(t, ids, spans);
@@ -547,10 +532,9 @@ void UnigramTokenizer::encode_sequence(std::string_view text, std::vector<int32_
     }
     if (w != SIZE_MAX) word(w, t.text.size());
   };
-  auto on_added = [&](const Added& a, size_t at) {
+  auto on_added = [&](const AddedToken& a, TokenSpan s, std::string_view) {
     ids.push_back(a.id);
-    if (spans)
-      spans->push_back({static_cast<uint32_t>(at), static_cast<uint32_t>(at + a.content.size())});
+    if (spans) spans->push_back(s);
   };
   split_added(text, on_text, on_added);
 }

@@ -1,5 +1,5 @@
 // WordPiece as Hugging Face `tokenizers` runs it for a BERT tokenizer.json:
-// added tokens (raw text) -> BertNormalizer -> BertPreTokenizer -> WordPiece (greedy longest
+// added tokens (added_tokens.h) -> BertNormalizer -> BertPreTokenizer -> WordPiece (greedy longest
 // match, "##" continuations, [UNK] for a word that cannot be covered or is too long) ->
 // TemplateProcessing / BertProcessing ([CLS] A [SEP], [CLS] A [SEP] B [SEP] with type ids 0/1).
 // Decoding is the WordPiece decoder (prefix removal, " " between words, cleanup).
@@ -19,6 +19,7 @@
 
 #include <utf8proc.h>
 
+#include "added_tokens.h"
 #include "ds/core/error.h"
 #include "ds/data/unicode.h"
 #include "hf_template.h"
@@ -186,10 +187,6 @@ class WordPieceTokenizer final : public TextTokenizer {
             const fs::path& file);
 
  private:
-  struct Added {
-    std::string content;
-    int32_t id;
-  };
   int32_t checked(int32_t id) const {
     DS_CHECK(id >= 0 && id < vocab_size() && !tokens_[id].empty(),
              "[tokenizer] token id {} is not in the vocabulary (size {})", id, vocab_size());
@@ -200,7 +197,9 @@ class WordPieceTokenizer final : public TextTokenizer {
   void set_post_processor(const ojson& j, const fs::path& file);
   void set_decoder(const ojson& j, const fs::path& file);
 
-  // Calls on_added(match) and on_text(segment) for the text between added tokens, left to right.
+  // Calls on_text(piece) for the normalized text between added tokens and on_added(token, match)
+  // for each added token (match: the text it matched, normalized for normalized=true tokens), left
+  // to right; the pieces and matches in order spell normalize(text).
   template <class OnText, class OnAdded>
   void split_added(std::string_view text, OnText&& on_text, OnAdded&& on_added) const;
   // Tokens of one sequence (no template); spans are offsets into normalize(text) plus base.
@@ -214,7 +213,7 @@ class WordPieceTokenizer final : public TextTokenizer {
   std::vector<uint8_t> in_model_;    // id -> listed in model.vocab (written to vocab.txt)
   std::unordered_map<std::string, int32_t> by_token_;
   std::unordered_map<std::string, int32_t> model_vocab_;  // what WordPiece matches against
-  std::array<std::vector<Added>, 256> added_by_first_;    // longest first
+  AddedVocabulary added_;
   BertNormalizer normalizer_;
   bool bert_pre_tokenizer_ = false;
   std::string prefix_ = "##";
@@ -258,24 +257,8 @@ void WordPieceTokenizer::set_vocab(const ojson& model, const ojson& added, const
              tok);
     max_id = std::max(max_id, id.get<int64_t>());
   }
-  DS_CHECK(added.is_array(), "[tokenizer] '{}': added_tokens must be an array", file.string());
-  for (size_t k = 0; k < added.size(); ++k) {
-    const ojson& a = added[k];
-    const std::string field = fmt::format("added_tokens[{}]", k);
-    check_keys(a, {"id", "content", "single_word", "lstrip", "rstrip", "normalized", "special"},
-               field, file);
-    DS_CHECK(a.contains("id") && a["id"].is_number_integer() && a["id"].get<int64_t>() >= 0 &&
-                 a["id"].get<int64_t>() < INT32_MAX && a.contains("content") &&
-                 a["content"].is_string() && !a["content"].get<std::string>().empty(),
-             "[tokenizer] '{}': {} needs a non-negative integer 'id' and a non-empty 'content'",
-             file.string(), field);
-    for (const char* flag : {"single_word", "lstrip", "rstrip", "normalized"})
-      DS_CHECK(!get_bool(a, flag, false, field, file),
-               "[tokenizer] '{}': {}.{}=true ('{}') is not supported by the WordPiece loader; "
-               "set it to false",
-               file.string(), field, flag, a["content"].get<std::string>());
-    max_id = std::max(max_id, a["id"].get<int64_t>());
-  }
+  added_ = AddedVocabulary(added, file, "WordPiece");
+  for (const AddedToken& a : added_.tokens()) max_id = std::max(max_id, static_cast<int64_t>(a.id));
   const size_t n = static_cast<size_t>(max_id + 1);
   tokens_.assign(n, {});
   special_.assign(n, 0);
@@ -291,21 +274,14 @@ void WordPieceTokenizer::set_vocab(const ojson& model, const ojson& added, const
     by_token_[tok] = id;
     model_vocab_[tok] = id;
   }
-  for (const ojson& a : added) {
-    const std::string content = a["content"];
-    const auto id = a["id"].get<int32_t>();
-    DS_CHECK(tokens_[id].empty() || tokens_[id] == content,
+  for (const AddedToken& a : added_.tokens()) {
+    DS_CHECK(tokens_[a.id].empty() || tokens_[a.id] == a.content,
              "[tokenizer] '{}': added token '{}' has id {}, which model.vocab gives to '{}'",
-             file.string(), content, id, tokens_[id]);
-    tokens_[id] = content;
-    by_token_[content] = id;
-    special_[id] = get_bool(a, "special", false, "added_tokens", file) ? 1 : 0;
-    added_by_first_[static_cast<uint8_t>(content[0])].push_back({content, id});
+             file.string(), a.content, a.id, tokens_[a.id]);
+    tokens_[a.id] = a.content;
+    by_token_[a.content] = a.id;
+    special_[a.id] = a.special ? 1 : 0;
   }
-  for (auto& list : added_by_first_)
-    std::stable_sort(list.begin(), list.end(), [](const Added& a, const Added& b) {
-      return a.content.size() > b.content.size();
-    });
   const std::string unk = model["unk_token"];
   auto it = model_vocab_.find(unk);
   DS_CHECK(it != model_vocab_.end(),
@@ -366,6 +342,7 @@ void WordPieceTokenizer::load(const ojson& j, std::string json_text, const Token
              file.string(), key, key);
   set_vocab(j["model"], j.value("added_tokens", ojson::array()), file);
   set_normalizer(j.value("normalizer", ojson()), file);
+  added_.set_normalizer(file, [this](std::string_view s) { return normalizer_.run(s); });
   const ojson& pre = j.value("pre_tokenizer", ojson());
   DS_CHECK(type_of(pre) == "BertPreTokenizer",
            "[tokenizer] '{}': pre_tokenizer.type '{}' is not supported by the WordPiece loader "
@@ -385,32 +362,31 @@ void WordPieceTokenizer::load(const ojson& j, std::string json_text, const Token
 template <class OnText, class OnAdded>
 void WordPieceTokenizer::split_added(std::string_view text, OnText&& on_text,
                                      OnAdded&& on_added) const {
-  // The leftmost match, the longest at that position, as HF's AddedVocabulary.
-  size_t seg = 0;
-  for (size_t i = 0; i < text.size();) {
-    const Added* hit = nullptr;
-    for (const Added& a : added_by_first_[static_cast<uint8_t>(text[i])])
-      if (text.substr(i).starts_with(a.content)) {
-        hit = &a;
-        break;
-      }
-    if (!hit) {
-      ++i;
+  std::vector<AddedSplit> raw, norm;
+  added_.split(text, AddedVocabulary::kRaw, raw);
+  for (const AddedSplit& p : raw) {
+    if (p.token) {
+      on_added(*p.token, text.substr(p.begin, p.end - p.begin));
       continue;
     }
-    if (i > seg) on_text(text.substr(seg, i - seg));
-    on_added(*hit);
-    i += hit->content.size();
-    seg = i;
+    const std::string n = normalizer_.run(text.substr(p.begin, p.end - p.begin));
+    added_.split(n, AddedVocabulary::kNormalized, norm);
+    for (const AddedSplit& q : norm) {
+      const std::string_view piece = std::string_view(n).substr(q.begin, q.end - q.begin);
+      if (q.token) {
+        on_added(*q.token, piece);
+      } else {
+        on_text(piece);
+      }
+    }
   }
-  if (seg < text.size()) on_text(text.substr(seg));
 }
 
 std::string WordPieceTokenizer::normalize(std::string_view text) const {
   std::string out;
   split_added(
-      text, [&](std::string_view seg) { out += normalizer_.run(seg); },
-      [&](const Added& a) { out += a.content; });
+      text, [&](std::string_view piece) { out += piece; },
+      [&](const AddedToken&, std::string_view match) { out += match; });
   return out;
 }
 
@@ -461,13 +437,12 @@ void WordPieceTokenizer::encode_sequence(std::string_view text, std::vector<int3
   DS_CHECK(text.size() < UINT32_MAX / 4,
            "[tokenizer] text of {} bytes is too long to encode at once", text.size());
   uint32_t pos = 0;  // offset in normalize(text)
-  auto on_text = [&](std::string_view seg) {
-    const std::string norm = normalizer_.run(seg);
+  auto on_text = [&](std::string_view norm) {
     // BertPreTokenizer: whitespace separates words and is dropped; punctuation is a word alone.
     size_t word_begin = 0;
     auto flush = [&](size_t end) {
       if (end > word_begin)
-        wordpiece(std::string_view(norm).substr(word_begin, end - word_begin),
+        wordpiece(norm.substr(word_begin, end - word_begin),
                   pos + static_cast<uint32_t>(word_begin), ids, spans);
     };
     for (size_t i = 0; i < norm.size();) {
@@ -477,8 +452,7 @@ void WordPieceTokenizer::encode_sequence(std::string_view text, std::vector<int3
         word_begin = i + u.len;
       } else if (is_bert_punctuation(u.cp)) {
         flush(i);
-        wordpiece(std::string_view(norm).substr(i, u.len), pos + static_cast<uint32_t>(i), ids,
-                  spans);
+        wordpiece(norm.substr(i, u.len), pos + static_cast<uint32_t>(i), ids, spans);
         word_begin = i + u.len;
       }
       i += u.len;
@@ -486,10 +460,10 @@ void WordPieceTokenizer::encode_sequence(std::string_view text, std::vector<int3
     flush(norm.size());
     pos += static_cast<uint32_t>(norm.size());
   };
-  auto on_added = [&](const Added& a) {
+  auto on_added = [&](const AddedToken& a, std::string_view match) {
     ids.push_back(a.id);
-    if (spans) spans->push_back({pos, pos + static_cast<uint32_t>(a.content.size())});
-    pos += static_cast<uint32_t>(a.content.size());
+    if (spans) spans->push_back({pos, pos + static_cast<uint32_t>(match.size())});
+    pos += static_cast<uint32_t>(match.size());
   };
   split_added(text, on_text, on_added);
 }

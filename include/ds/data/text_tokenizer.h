@@ -21,8 +21,9 @@
 // regex, normalizer, ...) is a ds::Error naming the file and the field, never a silently different
 // tokenization.
 //
-// Encoding follows HF `tokenizers` for tokenizer.json: added tokens (special or not) are matched in
-// the raw text first (leftmost, longest), the rest is normalized, pre-tokenized and BPE-merged
+// Encoding follows HF `tokenizers` for tokenizer.json: added tokens (special or not) are matched
+// first (leftmost, longest; normalized=true ones in the normalized text; lstrip/rstrip/single_word
+// as there), the rest is normalized, pre-tokenized and BPE-merged
 // (WordPiece: split greedily into the longest vocabulary pieces);
 // with add_special_tokens the post-processor's tokens (e.g. Llama-3's BOS) are added. SentencePiece
 // folders encode as the sentencepiece library does (text that spells "<s>" stays text).
