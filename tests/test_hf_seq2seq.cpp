@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "device_parity.h"
+#include "ds/core/allocator.h"
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
 #include "ds/models/seq2seq.h"
@@ -885,6 +886,118 @@ TEST(HFSeq2SeqGeneration, OptionsAreReadFromTheCheckpoint) {
   std::ofstream(dir / "generation_config.json") << R"({"repetition_penalty":1.2})";
   EXPECT_HAS(error_of([&] { models::read_hf_generation_options(dir, cfg); }), "repetition_penalty");
   fs::remove_all(dir);
+}
+
+// ---- generation memory: bounded by the KV cache's capacity, not by the steps taken ----
+
+// A tiny random BART (C 32, 2 + 2 layers, 1024 positions), no dropout.
+std::shared_ptr<models::Seq2Seq> tiny_bart(int64_t max_positions = 1024) {
+  models::Seq2SeqConfig c;
+  c.vocab_size = 64;
+  c.max_positions = max_positions;
+  c.d_model = 32;
+  c.encoder_layers = c.decoder_layers = 2;
+  c.encoder_heads = c.decoder_heads = 4;
+  c.encoder_ffn = c.decoder_ffn = 64;
+  c.dropout = 0.0f;
+  c.seed = 7;
+  auto m = std::make_shared<models::Seq2Seq>(c);
+  m->train(false);
+  return m;
+}
+
+// What `run` leaves the process holding: the caching allocator's reserved bytes after it, less
+// before it, from an emptied cache (freed blocks are kept and never given back, so this is what
+// the generation costs in memory, as RSS would show it).
+template <class F>
+int64_t reserved_by(F&& run) {
+  Allocator& a = cpu_allocator();
+  a.empty_cache();
+  const int64_t before = static_cast<int64_t>(a.stats().bytes_reserved);
+  run();
+  return static_cast<int64_t>(a.stats().bytes_reserved) - before;
+}
+
+// Greedy decoding of 1,000 tokens and beam search (8 beams x 400 tokens) hold their
+// self-attention caches at a capacity allocated ahead (doubling, up to 1 + max_new_tokens
+// positions) and written in place; beam search reorders them by a gather into one more layer's
+// worth. Before, each step concatenated a one-position-longer copy and the allocator kept every
+// outgrown size: the greedy run left 80 MB reserved and the beam run 411 MB; now 1.0 MB and 4.4 MB
+// (the same tokens). The bound: the caches at full capacity (self-attention keys and values of
+// every decoder layer) three times over, plus 1 MiB of the step's activations.
+TEST(HFSeq2SeqGeneration, CacheMemoryIsBoundedByItsCapacity) {
+  auto m = tiny_bart();
+  const models::Seq2SeqConfig& c = m->config();
+  const Tensor src = Tensor::from_ints({5, 9, 13, 4, 22, 31, 8, 2}, {1, 8});
+  auto cache_bytes = [&](int64_t rows, int64_t positions) {
+    return 2 * c.decoder_layers * rows * positions * c.d_model * 4;  // self k and v, fp32
+  };
+  models::GreedyOptions g;
+  g.max_new_tokens = 1000;
+  g.eos_token_id = g.forced_eos_token_id = -1;  // all 1,000 steps
+  Tensor greedy;
+  const int64_t greedy_bytes = reserved_by([&] { greedy = m->generate_greedy(src, Tensor(), g); });
+  EXPECT_EQ(greedy.shape(), (Shape{1, 1001}));
+  EXPECT_LE(greedy_bytes, 3 * cache_bytes(1, 1001) + (1 << 20));
+
+  models::BeamOptions b;
+  b.num_beams = 8;
+  b.max_new_tokens = 400;
+  b.eos_token_id = b.forced_eos_token_id = -1;
+  Tensor beams;
+  const int64_t beam_bytes = reserved_by([&] { beams = m->generate_beam(src, Tensor(), b); });
+  EXPECT_EQ(beams.shape(), (Shape{1, 401}));
+  EXPECT_LE(beam_bytes, 3 * cache_bytes(8, 401) + (1 << 20));
+  std::printf("[ memory ] greedy 1000 tokens: %lld bytes reserved; 8 beams x 400: %lld\n",
+              static_cast<long long>(greedy_bytes), static_cast<long long>(beam_bytes));
+
+  // The tokens are those of the full decoder (no cache): the in-place cache changes no result.
+  g.max_new_tokens = 40;
+  b.max_new_tokens = 40;
+  models::GreedyOptions g2 = g;
+  g2.use_cache = false;
+  EXPECT_EQ(m->generate_greedy(src, Tensor(), g).to_int_vector(),
+            m->generate_greedy(src, Tensor(), g2).to_int_vector());
+  models::BeamOptions b2 = b;
+  b2.use_cache = false;
+  EXPECT_EQ(m->generate_beam(src, Tensor(), b).to_int_vector(),
+            m->generate_beam(src, Tensor(), b2).to_int_vector());
+}
+
+// ds_serve's decoders: each sequence's cache stays within cache_bytes_limit() (what ds_serve
+// announces per sequence) up to the longest target, and 8 sequences decoded together to it leave
+// the process holding at most twice their limits (the caches grow by doubling: the outgrown
+// blocks stay with the allocator for the next sequences). Before, the same run held 80 MB; now
+// 5.3 MB.
+TEST(HFSeq2SeqGeneration, ServedSequencesStayWithinTheAnnouncedCacheBytes) {
+  auto m = tiny_bart(/*max_positions=*/384);
+  models::Seq2SeqDecoder proto(m);
+  const int64_t limit = proto.cache_bytes_limit(), P = proto.capacity_limit();
+  EXPECT_EQ(limit, 4 * 2 * 384 * 32 * 4);
+  std::vector<std::unique_ptr<models::IncrementalDecoder>> decs;
+  std::vector<models::IncrementalDecoder*> ptrs;
+  const int64_t bytes = reserved_by([&] {
+    for (int i = 0; i < 8; ++i) {
+      decs.push_back(proto.fresh());
+      const std::vector<int32_t> src(static_cast<size_t>(10 + 40 * i), 7 + i);
+      decs.back()->forward(src);
+      ptrs.push_back(decs.back().get());
+    }
+    std::vector<int32_t> ids(8, 11);
+    while (decs[0]->length() < P) {
+      decs[0]->decode_batch(ptrs, ids);
+      for (auto* d : ptrs) EXPECT_LE(d->cache_bytes(), limit);
+    }
+  });
+  EXPECT_EQ(decs[7]->length(), P);
+  EXPECT_LE(bytes, 2 * 8 * limit + (1 << 20));
+  std::printf("[ memory ] 8 served sequences of %lld positions: %lld bytes reserved (limit %lld "
+              "each)\n",
+              static_cast<long long>(P), static_cast<long long>(bytes),
+              static_cast<long long>(limit));
+  // truncate keeps the capacity; the tokens after it are those of a fresh sequence.
+  decs[1]->truncate(5);
+  EXPECT_LE(decs[1]->cache_bytes(), limit);
 }
 
 // A bad file: a missing tensor and an extra one are listed together.

@@ -103,9 +103,9 @@ int main(int argc, char** argv) {
     if (m.seq2seq) {
       // The target's self-attention (its positions) and the source's cross-attention (as many).
       const auto& c = m.seq2seq->config();
-      const int64_t P = ds::models::Seq2SeqDecoder(m.seq2seq).capacity_limit();
-      const int64_t width = c.is_t5() ? c.decoder_heads * c.d_kv : c.d_model;
-      kv_mib = 4.0 * static_cast<double>(c.decoder_layers * P * width * 4) / (1 << 20);
+      const ds::models::Seq2SeqDecoder probe(m.seq2seq);
+      const int64_t P = probe.capacity_limit();
+      kv_mib = static_cast<double>(probe.cache_bytes_limit()) / (1 << 20);
       desc = fmt::format(
           "{} ({} encoder-decoder, {:.1f}M parameters, source and target up to {} "
           "tokens, tokenizer {})",

@@ -31,6 +31,20 @@ Tensor take_rows(const Tensor& t, const std::vector<int64_t>& rows) {
   return ops::contiguous(ops::concat(parts, 0));
 }
 
+// cache (N, ...) with row r replaced by row idx[r] (idx (N) i64 on cache's device): one gather
+// into a tensor of the same size, whose block the next layer's gather reuses, so reordering the
+// beams costs no memory beyond one layer's cache however long the search runs.
+Tensor gather_rows(const Tensor& cache, const Tensor& idx) {
+  const Shape shape = cache.shape();
+  return ops::reshape(ops::embedding(ops::reshape(cache, {shape[0], -1}), idx), shape);
+}
+
+bool is_identity(const std::vector<int64_t>& rows) {
+  for (size_t r = 0; r < rows.size(); ++r)
+    if (rows[r] != static_cast<int64_t>(r)) return false;
+  return true;
+}
+
 // Indices of the k largest values, largest first; ties keep the lower index first.
 std::vector<int64_t> top_k(const std::vector<double>& v, int64_t k) {
   std::vector<int64_t> idx(v.size());
@@ -131,7 +145,7 @@ Tensor Seq2Seq::generate_beam(const Tensor& input_ids, const Tensor& attention_m
       for (const auto& r : running)
         for (const auto& h : r) newest.push_back(h.tokens.back());
       last = decode_step(Tensor::from_ints(newest, {B * NB, 1}).to(input_ids.device()),
-                         cur_len - 1, memory, mask, caches);
+                         cur_len - 1, memory, mask, caches, max_length);
     } else {
       std::vector<int64_t> flat;
       for (const auto& r : running)
@@ -218,11 +232,13 @@ Tensor Seq2Seq::generate_beam(const Tensor& input_ids, const Tensor& attention_m
       fin = std::move(new_fin);
       fdone = std::move(new_done);
     }
-    if (opt.use_cache)  // the caches follow their hypotheses
+    if (opt.use_cache && !is_identity(sources)) {  // the caches follow their hypotheses
+      const Tensor idx = Tensor::from_ints(sources, {B * NB}).to(input_ids.device());
       for (auto& lc : caches) {
-        lc.self_k = take_rows(lc.self_k, sources);
-        lc.self_v = take_rows(lc.self_v, sources);
+        lc.self_k = gather_rows(lc.self_k, idx);
+        lc.self_v = gather_rows(lc.self_v, idx);
       }
+    }
     ++cur_len;
     // transformers' _check_early_stop_heuristic and _beam_search_has_unfinished_sequences.
     bool any_improvable = false, all_done = true;

@@ -257,9 +257,12 @@ class Seq2Seq : public nn::Module {
   class Stack;
   class T5Stack;                // src/models/seq2seq_t5.cpp
   friend class Seq2SeqDecoder;  // ds/models/seq2seq_decoder.h: serving runs decode_step
-  // One decoder layer's keys and values during generation: self-attention's grow by one
-  // position a step (B, NH, t, hd), cross-attention's are the encoder output's (B, NH, S, hd),
-  // projected once.
+  // One decoder layer's keys and values during generation. Self-attention's (B, NH, P, hd) are
+  // allocated ahead for P positions (detail::self_cache_capacity: doubled when full, at least 64,
+  // at most the group's max_positions) and written in place, one position a step; positions at
+  // and past the group's are not read (zero, or stale after Seq2SeqDecoder::truncate), so memory
+  // is bounded by P, not by the steps taken. Cross-attention's are the encoder output's
+  // (B, NH, S, hd), projected once.
   struct LayerCache {
     Tensor self_k, self_v, cross_k, cross_v;
   };
@@ -273,6 +276,7 @@ class Seq2Seq : public nn::Module {
     Tensor
         memory;  // (rows, S, C) encoder output: projected into the cross caches on the first step
     std::vector<int64_t> cross_lengths;  // memory's source length per row; {} = all S
+    int64_t max_positions = 0;           // the self-attention caches' limit (>= pos + 1)
   };
   Seq2SeqConfig config_;
   std::shared_ptr<nn::Embedding> shared_;
@@ -300,9 +304,11 @@ class Seq2Seq : public nn::Module {
                      float* out) const;
 
   // Logits (B, 1, V) of the decoder input ids (B, 1) at position pos, the earlier positions'
-  // keys and values in caches (one per decoder layer; filled on the first step).
+  // keys and values in caches (one per decoder layer; filled on the first step), which hold at
+  // most max_positions target positions.
   Tensor decode_step(const Tensor& ids, int64_t pos, const Tensor& memory,
-                     const Tensor& attention_mask, std::vector<LayerCache>& caches);
+                     const Tensor& attention_mask, std::vector<LayerCache>& caches,
+                     int64_t max_positions);
   // The one cached decoder step every generation runs: logits (N, 1, V) of ids (N, 1), the rows
   // split into groups in order (their rows sum to N); each group attends to its own caches (its
   // rows' keys and values appended) and source. The projections and the FFN run once over all N
