@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 
 #include <fmt/format.h>
@@ -865,7 +866,9 @@ TEST(HFSeq2SeqGeneration, OptionsAreReadFromTheCheckpoint) {
   EXPECT_EQ(o.encoder_no_repeat_ngram_size, 3);  // BlenderbotConfig's default
   EXPECT_EQ(o.forced_eos_token_id, 2);
   EXPECT_EQ(o.eos_token_id, 2);
-  EXPECT_EQ(o.max_new_tokens, 19);  // max_length 20 with the decoder start
+  // No max_length anywhere: transformers 5 generates 20 new tokens, the length capped at
+  // max_position_embeddings (20 in this fixture: 19 new tokens).
+  EXPECT_EQ(o.max_new_tokens, 19);
   const fs::path dir = fs::temp_directory_path() / ("ds_s2s_gen_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::ofstream(dir / "config.json") << R"({"model_type":"blenderbot","num_beams":10,
@@ -998,6 +1001,117 @@ TEST(HFSeq2SeqGeneration, ServedSequencesStayWithinTheAnnouncedCacheBytes) {
   // truncate keeps the capacity; the tokens after it are those of a fresh sequence.
   decs[1]->truncate(5);
   EXPECT_LE(decs[1]->cache_bytes(), limit);
+}
+
+// Without max_length or max_new_tokens in the folder's files, transformers 5 generates 20 new
+// tokens (max_length 20 + the decoder start; capped at max_position_embeddings, which BART's 24
+// does not reach, and none for T5): the same 21 positions here (we gave 19 before). With a
+// max_length, it counts the decoder start (19 new). tools/gen_seq2seq_fixture.py's models; the
+// tokens are transformers 5.24's `model.generate(input_ids, attention_mask=mask)`.
+TEST(HFSeq2SeqGeneration, DefaultLengthsAreTransformers) {
+  const std::map<std::string, std::vector<int64_t>> want = {
+      {"bart_s2s", {2, 9, 44, 44, 44, 44, 44, 44, 44, 44, 44, 9, 44, 44, 44, 44, 44, 44, 44, 44, 2,
+                    2, 9, 9,  9,  9,  9,  9,  9,  9,  9,  9, 9,  9,  9,  9,  9,  9,  9,  9,  9, 2,
+                    2, 9, 9,  9,  9,  9,  9,  9,  9,  9,  9, 9,  9,  9,  9,  9,  9,  9,  9,  9, 2}},
+      {"t5_relu_tied", {0, 19, 23, 36, 22, 22, 52, 22, 52, 22, 52, 22, 52, 22, 52, 22, 52, 22,
+                        52, 22, 52, 0,  4,  4,  4,  6,  18, 4,  58, 58, 52, 52, 52, 52, 52, 52,
+                        52, 52, 52, 52, 52, 52, 0,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,
+                        6,  6,  6,  6,  6,  6,  6,  6,  6}}};
+  for (const auto& [name, tokens] : want) {
+    auto m = import(case_dir(name));
+    const models::BeamOptions o = models::read_hf_generation_options(case_dir(name), m->config());
+    EXPECT_EQ(o.max_new_tokens, 20) << name;
+    EXPECT_EQ(o.min_length, 0) << name;
+    const safetensors::Reader ref((case_dir(name) / "reference.safetensors").string());
+    const Tensor got = m->generate(ref.get("input_ids"), ref.get("attention_mask"), o);
+    EXPECT_EQ(got.shape(), (Shape{3, 21})) << name;
+    EXPECT_EQ(got.to_int_vector(), tokens) << name;
+  }
+  // A config.json without generation_config.json: its generation keys, as transformers reads
+  // them into the generation config (GenerationConfig.from_model_config); max_length counts the
+  // decoder start, min_new_tokens bans eos for that many new tokens (min_length 1 + it).
+  const fs::path dir = fs::temp_directory_path() / ("ds_s2s_len_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto cfg = *models::read_hf_seq2seq_config(case_dir("bart_s2s"));
+  std::ofstream(dir / "config.json") << R"({"model_type":"bart","max_length":30,"min_length":5,
+    "num_beams":4,"length_penalty":2.0,"no_repeat_ngram_size":3,"early_stopping":true,
+    "forced_bos_token_id":0,"forced_eos_token_id":2,"max_new_tokens":null})";
+  models::BeamOptions h = models::read_hf_generation_options(dir, cfg);
+  EXPECT_EQ(h.max_new_tokens, 29);
+  EXPECT_EQ(h.min_length, 5);
+  EXPECT_EQ(h.num_beams, 4);
+  EXPECT_FLOAT_EQ(h.length_penalty, 2.0f);
+  EXPECT_EQ(h.no_repeat_ngram_size, 3);
+  EXPECT_EQ(h.early_stopping, "true");
+  EXPECT_EQ(h.forced_bos_token_id, 0);
+  std::ofstream(dir / "generation_config.json") << R"({"max_length":20,"min_new_tokens":4})";
+  h = models::read_hf_generation_options(dir, cfg);
+  EXPECT_EQ(h.max_new_tokens, 19);  // the file's, not config.json's
+  EXPECT_EQ(h.min_length, 5);
+  EXPECT_EQ(h.num_beams, 1);
+  std::ofstream(dir / "generation_config.json") << R"({"max_new_tokens":0})";
+  EXPECT_HAS(error_of([&] { models::read_hf_generation_options(dir, cfg); }), "max_new_tokens");
+  fs::remove_all(dir);
+}
+
+// forced_bos_token_id (ForcedBOSTokenLogitsProcessor: the first new token) and min_new_tokens,
+// greedy and beam search, against transformers 5.24's generate(forced_bos_token_id=5,
+// max_new_tokens=6[, num_beams=3]) and generate(min_new_tokens=4, max_new_tokens=6) on the T5 and
+// BART fixtures.
+TEST(HFSeq2SeqGeneration, ForcedBosAndMinNewTokensAsTransformers) {
+  auto t5 = import(case_dir("t5_relu_tied"));
+  const safetensors::Reader ref((case_dir("t5_relu_tied") / "reference.safetensors").string());
+  const Tensor ids = ref.get("input_ids"), mask = ref.get("attention_mask");
+  models::BeamOptions o;
+  o.num_beams = 1;
+  o.max_new_tokens = 6;
+  o.forced_bos_token_id = 5;
+  EXPECT_EQ(t5->generate(ids, mask, o).to_int_vector(),
+            (std::vector<int64_t>{0, 5, 29, 36, 36, 22, 36, 0, 5, 19, 19, 19, 19, 19, 0, 5, 19, 6,
+                                  6, 6, 6}));
+  o.num_beams = 3;
+  EXPECT_EQ(t5->generate(ids, mask, o).to_int_vector(),
+            (std::vector<int64_t>{0, 5, 29, 36, 29, 41, 41, 0, 5, 19, 19, 29, 18, 19, 0, 5, 19, 6,
+                                  6, 6, 6}));
+  // ds_serve's processors force it too.
+  const auto proc = models::Seq2SeqProcessors::of(o, t5->config(), 6);
+  std::vector<float> logits(static_cast<size_t>(t5->config().vocab_size), 0.0f);
+  const std::vector<int32_t> source = {31, 61}, target = {0};
+  proc.apply(source, target, logits);
+  for (size_t v = 0; v < logits.size(); ++v) EXPECT_EQ(std::isinf(logits[v]), v != 5) << v;
+
+  auto bart = import(case_dir("bart_s2s"));
+  const safetensors::Reader bref((case_dir("bart_s2s") / "reference.safetensors").string());
+  const fs::path dir = fs::temp_directory_path() / ("ds_s2s_mnt_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "generation_config.json") << R"({"min_new_tokens":4,"max_new_tokens":6})";
+  const models::BeamOptions m = models::read_hf_generation_options(dir, bart->config());
+  fs::remove_all(dir);
+  EXPECT_EQ(bart->generate(bref.get("input_ids"), bref.get("attention_mask"), m).to_int_vector(),
+            (std::vector<int64_t>{2, 9, 44, 44, 44, 44, 2, 2, 9, 9, 9, 9, 9, 2, 2, 9, 9, 9, 9, 9,
+                                  2}));
+}
+
+// A length penalty that is not a finite number is refused by name (nan made every beam score nan:
+// no hypothesis, an empty output); so are the other bad settings.
+TEST(HFSeq2SeqGeneration, BadOptionsAreRefusedByName) {
+  auto m = import(case_dir("bart_s2s"));
+  const Tensor ids = Tensor::from_ints({5, 9, 2}, {1, 3});
+  for (float lp : {std::nanf(""), INFINITY, -INFINITY}) {
+    models::BeamOptions o;
+    o.length_penalty = lp;
+    EXPECT_HAS(error_of([&] { o.validate(); }), "length_penalty must be a finite number");
+    o.num_beams = 1;  // greedy ignores it, but it was asked for: refused as well
+    EXPECT_HAS(error_of([&] { m->generate(ids, Tensor(), o); }), "length_penalty");
+    o.num_beams = 2;
+    EXPECT_HAS(error_of([&] { m->generate_beam(ids, Tensor(), o); }), "length_penalty");
+  }
+  models::BeamOptions o;
+  o.min_length = -1;
+  EXPECT_HAS(error_of([&] { o.validate(); }), "min_length");
+  o = {};
+  o.early_stopping = "sometimes";
+  EXPECT_HAS(error_of([&] { o.validate(); }), "early_stopping");
 }
 
 // A bad file: a missing tensor and an extra one are listed together.

@@ -723,7 +723,9 @@ Tensor Seq2Seq::generate(const Tensor& input_ids, const Tensor& attention_mask,
   GreedyOptions g;
   g.max_new_tokens = opt.max_new_tokens;
   g.eos_token_id = opt.eos_token_id;
+  opt.validate();
   g.forced_eos_token_id = opt.forced_eos_token_id;
+  g.forced_bos_token_id = opt.forced_bos_token_id;
   g.min_length = opt.min_length;
   g.no_repeat_ngram_size = opt.no_repeat_ngram_size;
   g.encoder_no_repeat_ngram_size = opt.encoder_no_repeat_ngram_size;
@@ -754,6 +756,7 @@ Tensor Seq2Seq::generate_greedy(const Tensor& input_ids, const Tensor& attention
   processors.min_length = opt.min_length;
   processors.eos = eos;
   processors.forced_eos = forced;
+  processors.forced_bos = opt.forced_bos_token_id;
   processors.no_repeat_ngram_size = opt.no_repeat_ngram_size;
   processors.encoder_no_repeat_ngram_size = opt.encoder_no_repeat_ngram_size;
   const std::vector<int64_t> src = input_ids.to_int_vector();

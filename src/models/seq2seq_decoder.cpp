@@ -160,6 +160,7 @@ Seq2SeqProcessors Seq2SeqProcessors::of(const BeamOptions& opt, const Seq2SeqCon
   p.eos = opt.eos_token_id == -2 ? config.eos_token_id : opt.eos_token_id;
   p.forced_eos =
       opt.forced_eos_token_id == -2 ? config.forced_eos_token_id : opt.forced_eos_token_id;
+  p.forced_bos = opt.forced_bos_token_id;
   p.vocab_size = config.vocab_size;
   return p;
 }
@@ -174,6 +175,7 @@ void Seq2SeqProcessors::apply(std::span<const int32_t> source, std::span<const i
   p.min_length = min_length;
   p.eos = eos;
   p.forced_eos = forced_eos;
+  p.forced_bos = forced_bos;
   p.no_repeat_ngram_size = no_repeat_ngram_size;
   p.encoder_no_repeat_ngram_size = encoder_no_repeat_ngram_size;
   p.apply(std::vector<int64_t>(target.begin(), target.end()),

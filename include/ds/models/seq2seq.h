@@ -158,6 +158,9 @@ struct GreedyOptions {
   // only token allowed at the last step (transformers' ForcedEOSTokenLogitsProcessor).
   int64_t eos_token_id = -2;
   int64_t forced_eos_token_id = -2;
+  // The only token allowed at the first step (transformers' ForcedBOSTokenLogitsProcessor);
+  // -1 = none.
+  int64_t forced_bos_token_id = -1;
   // transformers' logits processors (as BeamOptions): eos banned below min_length (the decoder
   // start counts), no repeated n-grams of the output / of the source row; 0 = off.
   int64_t min_length = 0;
@@ -183,7 +186,14 @@ struct BeamOptions {
   std::string early_stopping = "false";
   int64_t eos_token_id = -2;         // -2 = the config's; -1 = none
   int64_t forced_eos_token_id = -2;  // -2 = the config's; -1 = none
+  int64_t forced_bos_token_id = -1;  // as GreedyOptions'; -1 = none
   bool use_cache = true;             // as GreedyOptions::use_cache
+
+  // Throws "[seq2seq] <field> ..." naming the first bad value: num_beams, max_new_tokens < 1,
+  // a negative min_length or n-gram size, a length_penalty that is not a finite number (nan or
+  // inf would make every score nan: no hypothesis, an empty output), an early_stopping other
+  // than false / true / never. ds_generate, ds_serve and generate() call it.
+  void validate() const;
 };
 
 class Seq2Seq : public nn::Module {

@@ -94,6 +94,7 @@ struct Seq2SeqProcessors {
   int64_t encoder_no_repeat_ngram_size = 0;
   int64_t eos = -1;         // -1 = none
   int64_t forced_eos = -1;  // the only token allowed at the last step; -1 = none
+  int64_t forced_bos = -1;  // the only token allowed at the first step; -1 = none
   int64_t vocab_size = 0;
 
   // A generation's settings (BeamOptions' processors, -2 ids resolved from config) for at most
