@@ -994,10 +994,10 @@ TEST(HFSeq2SeqGeneration, ServedSequencesStayWithinTheAnnouncedCacheBytes) {
   });
   EXPECT_EQ(decs[7]->length(), P);
   EXPECT_LE(bytes, 2 * 8 * limit + (1 << 20));
-  std::printf("[ memory ] 8 served sequences of %lld positions: %lld bytes reserved (limit %lld "
-              "each)\n",
-              static_cast<long long>(P), static_cast<long long>(bytes),
-              static_cast<long long>(limit));
+  std::printf(
+      "[ memory ] 8 served sequences of %lld positions: %lld bytes reserved (limit %lld "
+      "each)\n",
+      static_cast<long long>(P), static_cast<long long>(bytes), static_cast<long long>(limit));
   // truncate keeps the capacity; the tokens after it are those of a fresh sequence.
   decs[1]->truncate(5);
   EXPECT_LE(decs[1]->cache_bytes(), limit);
@@ -1010,13 +1010,14 @@ TEST(HFSeq2SeqGeneration, ServedSequencesStayWithinTheAnnouncedCacheBytes) {
 // tokens are transformers 5.24's `model.generate(input_ids, attention_mask=mask)`.
 TEST(HFSeq2SeqGeneration, DefaultLengthsAreTransformers) {
   const std::map<std::string, std::vector<int64_t>> want = {
-      {"bart_s2s", {2, 9, 44, 44, 44, 44, 44, 44, 44, 44, 44, 9, 44, 44, 44, 44, 44, 44, 44, 44, 2,
-                    2, 9, 9,  9,  9,  9,  9,  9,  9,  9,  9, 9,  9,  9,  9,  9,  9,  9,  9,  9, 2,
-                    2, 9, 9,  9,  9,  9,  9,  9,  9,  9,  9, 9,  9,  9,  9,  9,  9,  9,  9,  9, 2}},
-      {"t5_relu_tied", {0, 19, 23, 36, 22, 22, 52, 22, 52, 22, 52, 22, 52, 22, 52, 22, 52, 22,
-                        52, 22, 52, 0,  4,  4,  4,  6,  18, 4,  58, 58, 52, 52, 52, 52, 52, 52,
-                        52, 52, 52, 52, 52, 52, 0,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,
-                        6,  6,  6,  6,  6,  6,  6,  6,  6}}};
+      {"bart_s2s",
+       {2, 9, 44, 44, 44, 44, 44, 44, 44, 44, 44, 9, 44, 44, 44, 44, 44, 44, 44, 44, 2,
+        2, 9, 9,  9,  9,  9,  9,  9,  9,  9,  9,  9, 9,  9,  9,  9,  9,  9,  9,  9,  2,
+        2, 9, 9,  9,  9,  9,  9,  9,  9,  9,  9,  9, 9,  9,  9,  9,  9,  9,  9,  9,  2}},
+      {"t5_relu_tied",
+       {0, 19, 23, 36, 22, 22, 52, 22, 52, 22, 52, 22, 52, 22, 52, 22, 52, 22, 52, 22, 52,
+        0, 4,  4,  4,  6,  18, 4,  58, 58, 52, 52, 52, 52, 52, 52, 52, 52, 52, 52, 52, 52,
+        0, 6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6}}};
   for (const auto& [name, tokens] : want) {
     auto m = import(case_dir(name));
     const models::BeamOptions o = models::read_hf_generation_options(case_dir(name), m->config());
@@ -1067,12 +1068,12 @@ TEST(HFSeq2SeqGeneration, ForcedBosAndMinNewTokensAsTransformers) {
   o.max_new_tokens = 6;
   o.forced_bos_token_id = 5;
   EXPECT_EQ(t5->generate(ids, mask, o).to_int_vector(),
-            (std::vector<int64_t>{0, 5, 29, 36, 36, 22, 36, 0, 5, 19, 19, 19, 19, 19, 0, 5, 19, 6,
-                                  6, 6, 6}));
+            (std::vector<int64_t>{0,  5,  29, 36, 36, 22, 36, 0, 5, 19, 19,
+                                  19, 19, 19, 0,  5,  19, 6,  6, 6, 6}));
   o.num_beams = 3;
   EXPECT_EQ(t5->generate(ids, mask, o).to_int_vector(),
-            (std::vector<int64_t>{0, 5, 29, 36, 29, 41, 41, 0, 5, 19, 19, 29, 18, 19, 0, 5, 19, 6,
-                                  6, 6, 6}));
+            (std::vector<int64_t>{0,  5,  29, 36, 29, 41, 41, 0, 5, 19, 19,
+                                  29, 18, 19, 0,  5,  19, 6,  6, 6, 6}));
   // ds_serve's processors force it too.
   const auto proc = models::Seq2SeqProcessors::of(o, t5->config(), 6);
   std::vector<float> logits(static_cast<size_t>(t5->config().vocab_size), 0.0f);
@@ -1087,9 +1088,9 @@ TEST(HFSeq2SeqGeneration, ForcedBosAndMinNewTokensAsTransformers) {
   std::ofstream(dir / "generation_config.json") << R"({"min_new_tokens":4,"max_new_tokens":6})";
   const models::BeamOptions m = models::read_hf_generation_options(dir, bart->config());
   fs::remove_all(dir);
-  EXPECT_EQ(bart->generate(bref.get("input_ids"), bref.get("attention_mask"), m).to_int_vector(),
-            (std::vector<int64_t>{2, 9, 44, 44, 44, 44, 2, 2, 9, 9, 9, 9, 9, 2, 2, 9, 9, 9, 9, 9,
-                                  2}));
+  EXPECT_EQ(
+      bart->generate(bref.get("input_ids"), bref.get("attention_mask"), m).to_int_vector(),
+      (std::vector<int64_t>{2, 9, 44, 44, 44, 44, 2, 2, 9, 9, 9, 9, 9, 2, 2, 9, 9, 9, 9, 9, 2}));
 }
 
 // A length penalty that is not a finite number is refused by name (nan made every beam score nan:

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "cli_checks.h"
 #include "ds/core/parallel.h"
 #include "ds/models/seq2seq_decoder.h"
 #include "ds/train/plan.h"
@@ -59,10 +60,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 900));
   app.add_option("--header_timeout", o.header_timeout_seconds,
                  "seconds a request's line and headers may take to arrive (408 after)")
+      ->check(ds::tools::finite_number())
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0));
   app.add_option("--body_timeout", o.body_timeout_seconds,
                  "seconds a request's body may take to arrive after its headers (408 after)")
+      ->check(ds::tools::finite_number())
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0));
   app.add_option("--max_batch", o.max_batch,
@@ -81,12 +84,14 @@ int main(int argc, char** argv) {
          "--sse_ping_seconds", o.sse_ping_seconds,
          "a streaming request waiting for its turn gets an SSE comment (: ping) this often, "
          "so that clients and proxies do not time it out (0 = never)")
+      ->check(ds::tools::finite_number())
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   double drain_timeout = 60.0;
   app.add_option("--drain_timeout", drain_timeout,
                  "seconds that requests in flight may take to finish after SIGTERM/SIGINT before "
                  "they are cancelled (a second signal cancels them at once)")
+      ->check(ds::tools::finite_number())
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   try {

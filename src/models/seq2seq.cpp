@@ -325,8 +325,8 @@ class Seq2Seq::Attention : public nn::Module {
   }
   // A cached decoder step (Seq2Seq::decode_step): h (N, 1, C), the groups' rows in order.
   // Self-attention writes each group's new keys and values into its layer-`li` cache and attends
-  // to the positions so far; cross-attention attends to the group's source (its memory projected into the
-  // cache on the first step). -> (N, 1, C)
+  // to the positions so far; cross-attention attends to the group's source (its memory projected
+  // into the cache on the first step). -> (N, 1, C)
   template <class Group>
   Tensor attend_step(const Tensor& h, std::span<const Group> groups, size_t li, bool self,
                      bool row_kernel) {
@@ -705,8 +705,12 @@ Tensor Seq2Seq::loss(const nn::Batch& b) {
 Tensor Seq2Seq::decode_step(const Tensor& ids, int64_t pos, const Tensor& memory,
                             const Tensor& attention_mask, std::vector<LayerCache>& caches,
                             int64_t max_positions) {
-  StepGroup all{&caches, ids.size(0), pos, memory,
-                key_lengths(attention_mask, memory.size(0), memory.size(1)), max_positions};
+  StepGroup all{&caches,
+                ids.size(0),
+                pos,
+                memory,
+                key_lengths(attention_mask, memory.size(0), memory.size(1)),
+                max_positions};
   return decode_step(ids, std::span<const StepGroup>(&all, 1), /*row_kernel=*/false);
 }
 
@@ -771,8 +775,8 @@ Tensor Seq2Seq::generate_greedy(const Tensor& input_ids, const Tensor& attention
     if (opt.use_cache) {
       std::vector<int64_t> newest;
       for (const auto& s : seqs) newest.push_back(s.back());
-      last = decode_step(Tensor::from_ints(newest, {B, 1}).to(input_ids.device()), cur - 1,
-                         memory, attention_mask, caches, processors.max_length);
+      last = decode_step(Tensor::from_ints(newest, {B, 1}).to(input_ids.device()), cur - 1, memory,
+                         attention_mask, caches, processors.max_length);
     } else {
       std::vector<int64_t> flat;
       for (const auto& s : seqs) flat.insert(flat.end(), s.begin(), s.end());

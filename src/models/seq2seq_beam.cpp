@@ -153,8 +153,8 @@ Tensor Seq2Seq::generate_beam(const Tensor& input_ids, const Tensor& attention_m
       std::vector<int64_t> newest;
       for (const auto& r : running)
         for (const auto& h : r) newest.push_back(h.tokens.back());
-      last = decode_step(Tensor::from_ints(newest, {B * NB, 1}).to(input_ids.device()),
-                         cur_len - 1, memory, mask, caches, max_length);
+      last = decode_step(Tensor::from_ints(newest, {B * NB, 1}).to(input_ids.device()), cur_len - 1,
+                         memory, mask, caches, max_length);
     } else {
       std::vector<int64_t> flat;
       for (const auto& r : running)

@@ -183,9 +183,9 @@ BeamOptions read_hf_generation_options(const fs::path& dir, const Seq2SeqConfig&
     else if (k == "diversity_penalty")
       DS_CHECK(v.is_null() || (v.is_number() && v.get<double>() == 0.0),
                "[hf_io] {}: \"{}\" = {} is not supported (0.0)", source, k, v.dump());
-    else if (k == "bad_words_ids" || k == "suppress_tokens" ||
-             k == "begin_suppress_tokens" || k == "force_words_ids" ||
-             k == "exponential_decay_length_penalty" || k == "sequence_bias")
+    else if (k == "bad_words_ids" || k == "suppress_tokens" || k == "begin_suppress_tokens" ||
+             k == "force_words_ids" || k == "exponential_decay_length_penalty" ||
+             k == "sequence_bias")
       DS_CHECK(v.is_null(), "[hf_io] {}: \"{}\" = {} is not supported", source, k, v.dump());
     else if (own)
       DS_CHECK(harmless.count(k),

@@ -81,8 +81,8 @@ int64_t self_cache_capacity(const Group& g, const Tensor& cache) {
 // cache (R, NH, P0, hd) with its first `keep` positions, in a zeroed (R, NH, P, hd) of like's
 // dtype and device (like: the rows to be written, (R, NH, 1, hd)).
 inline Tensor regrow_cache(const Tensor& cache, const Tensor& like, int64_t keep, int64_t P) {
-  Tensor grown = Tensor::zeros({like.size(0), like.size(1), P, like.size(3)}, like.dtype(),
-                               like.device());
+  Tensor grown =
+      Tensor::zeros({like.size(0), like.size(1), P, like.size(3)}, like.dtype(), like.device());
   if (cache.defined() && keep > 0)
     ops::slice(grown, 2, 0, keep).copy_from(ops::slice(cache, 2, 0, keep));
   return grown;
