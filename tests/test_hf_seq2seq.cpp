@@ -998,7 +998,7 @@ TEST(HFSeq2SeqGeneration, ServedSequencesStayWithinTheAnnouncedCacheBytes) {
       "[ memory ] 8 served sequences of %lld positions: %lld bytes reserved (limit %lld "
       "each)\n",
       static_cast<long long>(P), static_cast<long long>(bytes), static_cast<long long>(limit));
-  // truncate keeps the capacity; the tokens after it are those of a fresh sequence.
+  // truncate keeps the capacity (Seq2SeqDecoderTest.TruncateAndErrors: the same logits after it).
   decs[1]->truncate(5);
   EXPECT_LE(decs[1]->cache_bytes(), limit);
 }
