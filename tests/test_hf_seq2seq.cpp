@@ -22,12 +22,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "device_parity.h"
+#include "ds/core/allocator.h"
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
 #include "ds/models/seq2seq.h"
@@ -864,7 +866,9 @@ TEST(HFSeq2SeqGeneration, OptionsAreReadFromTheCheckpoint) {
   EXPECT_EQ(o.encoder_no_repeat_ngram_size, 3);  // BlenderbotConfig's default
   EXPECT_EQ(o.forced_eos_token_id, 2);
   EXPECT_EQ(o.eos_token_id, 2);
-  EXPECT_EQ(o.max_new_tokens, 19);  // max_length 20 with the decoder start
+  // No max_length anywhere: transformers 5 generates 20 new tokens, the length capped at
+  // max_position_embeddings (20 in this fixture: 19 new tokens).
+  EXPECT_EQ(o.max_new_tokens, 19);
   const fs::path dir = fs::temp_directory_path() / ("ds_s2s_gen_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::ofstream(dir / "config.json") << R"({"model_type":"blenderbot","num_beams":10,
@@ -885,6 +889,230 @@ TEST(HFSeq2SeqGeneration, OptionsAreReadFromTheCheckpoint) {
   std::ofstream(dir / "generation_config.json") << R"({"repetition_penalty":1.2})";
   EXPECT_HAS(error_of([&] { models::read_hf_generation_options(dir, cfg); }), "repetition_penalty");
   fs::remove_all(dir);
+}
+
+// ---- generation memory: bounded by the KV cache's capacity, not by the steps taken ----
+
+// A tiny random BART (C 32, 2 + 2 layers, 1024 positions), no dropout.
+std::shared_ptr<models::Seq2Seq> tiny_bart(int64_t max_positions = 1024) {
+  models::Seq2SeqConfig c;
+  c.vocab_size = 64;
+  c.max_positions = max_positions;
+  c.d_model = 32;
+  c.encoder_layers = c.decoder_layers = 2;
+  c.encoder_heads = c.decoder_heads = 4;
+  c.encoder_ffn = c.decoder_ffn = 64;
+  c.dropout = 0.0f;
+  c.seed = 7;
+  auto m = std::make_shared<models::Seq2Seq>(c);
+  m->train(false);
+  return m;
+}
+
+// What `run` leaves the process holding: the caching allocator's reserved bytes after it, less
+// before it, from an emptied cache (freed blocks are kept and never given back, so this is what
+// the generation costs in memory, as RSS would show it).
+template <class F>
+int64_t reserved_by(F&& run) {
+  Allocator& a = cpu_allocator();
+  a.empty_cache();
+  const int64_t before = static_cast<int64_t>(a.stats().bytes_reserved);
+  run();
+  return static_cast<int64_t>(a.stats().bytes_reserved) - before;
+}
+
+// Greedy decoding of 1,000 tokens and beam search (8 beams x 400 tokens) hold their
+// self-attention caches at a capacity allocated ahead (doubling, up to 1 + max_new_tokens
+// positions) and written in place; beam search reorders them by a gather into one more layer's
+// worth. Before, each step concatenated a one-position-longer copy and the allocator kept every
+// outgrown size: the greedy run left 80 MB reserved and the beam run 411 MB; now 1.0 MB and 4.4 MB
+// (the same tokens). The bound: the caches at full capacity (self-attention keys and values of
+// every decoder layer) three times over, plus 1 MiB of the step's activations.
+TEST(HFSeq2SeqGeneration, CacheMemoryIsBoundedByItsCapacity) {
+  auto m = tiny_bart();
+  const models::Seq2SeqConfig& c = m->config();
+  const Tensor src = Tensor::from_ints({5, 9, 13, 4, 22, 31, 8, 2}, {1, 8});
+  auto cache_bytes = [&](int64_t rows, int64_t positions) {
+    return 2 * c.decoder_layers * rows * positions * c.d_model * 4;  // self k and v, fp32
+  };
+  models::GreedyOptions g;
+  g.max_new_tokens = 1000;
+  g.eos_token_id = g.forced_eos_token_id = -1;  // all 1,000 steps
+  Tensor greedy;
+  const int64_t greedy_bytes = reserved_by([&] { greedy = m->generate_greedy(src, Tensor(), g); });
+  EXPECT_EQ(greedy.shape(), (Shape{1, 1001}));
+  EXPECT_LE(greedy_bytes, 3 * cache_bytes(1, 1001) + (1 << 20));
+
+  models::BeamOptions b;
+  b.num_beams = 8;
+  b.max_new_tokens = 400;
+  b.eos_token_id = b.forced_eos_token_id = -1;
+  Tensor beams;
+  const int64_t beam_bytes = reserved_by([&] { beams = m->generate_beam(src, Tensor(), b); });
+  EXPECT_EQ(beams.shape(), (Shape{1, 401}));
+  EXPECT_LE(beam_bytes, 3 * cache_bytes(8, 401) + (1 << 20));
+  std::printf("[ memory ] greedy 1000 tokens: %lld bytes reserved; 8 beams x 400: %lld\n",
+              static_cast<long long>(greedy_bytes), static_cast<long long>(beam_bytes));
+
+  // The tokens are those of the full decoder (no cache): the in-place cache changes no result.
+  g.max_new_tokens = 40;
+  b.max_new_tokens = 40;
+  models::GreedyOptions g2 = g;
+  g2.use_cache = false;
+  EXPECT_EQ(m->generate_greedy(src, Tensor(), g).to_int_vector(),
+            m->generate_greedy(src, Tensor(), g2).to_int_vector());
+  models::BeamOptions b2 = b;
+  b2.use_cache = false;
+  EXPECT_EQ(m->generate_beam(src, Tensor(), b).to_int_vector(),
+            m->generate_beam(src, Tensor(), b2).to_int_vector());
+}
+
+// ds_serve's decoders: each sequence's cache stays within cache_bytes_limit() (what ds_serve
+// announces per sequence) up to the longest target, and 8 sequences decoded together to it leave
+// the process holding at most twice their limits (the caches grow by doubling: the outgrown
+// blocks stay with the allocator for the next sequences). Before, the same run held 80 MB; now
+// 5.3 MB.
+TEST(HFSeq2SeqGeneration, ServedSequencesStayWithinTheAnnouncedCacheBytes) {
+  auto m = tiny_bart(/*max_positions=*/384);
+  models::Seq2SeqDecoder proto(m);
+  const int64_t limit = proto.cache_bytes_limit(), P = proto.capacity_limit();
+  EXPECT_EQ(limit, 4 * 2 * 384 * 32 * 4);
+  std::vector<std::unique_ptr<models::IncrementalDecoder>> decs;
+  std::vector<models::IncrementalDecoder*> ptrs;
+  const int64_t bytes = reserved_by([&] {
+    for (int i = 0; i < 8; ++i) {
+      decs.push_back(proto.fresh());
+      const std::vector<int32_t> src(static_cast<size_t>(10 + 40 * i), 7 + i);
+      decs.back()->forward(src);
+      ptrs.push_back(decs.back().get());
+    }
+    std::vector<int32_t> ids(8, 11);
+    while (decs[0]->length() < P) {
+      decs[0]->decode_batch(ptrs, ids);
+      for (auto* d : ptrs) EXPECT_LE(d->cache_bytes(), limit);
+    }
+  });
+  EXPECT_EQ(decs[7]->length(), P);
+  EXPECT_LE(bytes, 2 * 8 * limit + (1 << 20));
+  std::printf(
+      "[ memory ] 8 served sequences of %lld positions: %lld bytes reserved (limit %lld "
+      "each)\n",
+      static_cast<long long>(P), static_cast<long long>(bytes), static_cast<long long>(limit));
+  // truncate keeps the capacity (Seq2SeqDecoderTest.TruncateAndErrors: the same logits after it).
+  decs[1]->truncate(5);
+  EXPECT_LE(decs[1]->cache_bytes(), limit);
+}
+
+// Without max_length or max_new_tokens in the folder's files, transformers 5 generates 20 new
+// tokens (max_length 20 + the decoder start; capped at max_position_embeddings, which BART's 24
+// does not reach, and none for T5): the same 21 positions here (we gave 19 before). With a
+// max_length, it counts the decoder start (19 new). tools/gen_seq2seq_fixture.py's models; the
+// tokens are transformers 5.24's `model.generate(input_ids, attention_mask=mask)`.
+TEST(HFSeq2SeqGeneration, DefaultLengthsAreTransformers) {
+  const std::map<std::string, std::vector<int64_t>> want = {
+      {"bart_s2s",
+       {2, 9, 44, 44, 44, 44, 44, 44, 44, 44, 44, 9, 44, 44, 44, 44, 44, 44, 44, 44, 2,
+        2, 9, 9,  9,  9,  9,  9,  9,  9,  9,  9,  9, 9,  9,  9,  9,  9,  9,  9,  9,  2,
+        2, 9, 9,  9,  9,  9,  9,  9,  9,  9,  9,  9, 9,  9,  9,  9,  9,  9,  9,  9,  2}},
+      {"t5_relu_tied",
+       {0, 19, 23, 36, 22, 22, 52, 22, 52, 22, 52, 22, 52, 22, 52, 22, 52, 22, 52, 22, 52,
+        0, 4,  4,  4,  6,  18, 4,  58, 58, 52, 52, 52, 52, 52, 52, 52, 52, 52, 52, 52, 52,
+        0, 6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6,  6}}};
+  for (const auto& [name, tokens] : want) {
+    auto m = import(case_dir(name));
+    const models::BeamOptions o = models::read_hf_generation_options(case_dir(name), m->config());
+    EXPECT_EQ(o.max_new_tokens, 20) << name;
+    EXPECT_EQ(o.min_length, 0) << name;
+    const safetensors::Reader ref((case_dir(name) / "reference.safetensors").string());
+    const Tensor got = m->generate(ref.get("input_ids"), ref.get("attention_mask"), o);
+    EXPECT_EQ(got.shape(), (Shape{3, 21})) << name;
+    EXPECT_EQ(got.to_int_vector(), tokens) << name;
+  }
+  // A config.json without generation_config.json: its generation keys, as transformers reads
+  // them into the generation config (GenerationConfig.from_model_config); max_length counts the
+  // decoder start, min_new_tokens bans eos for that many new tokens (min_length 1 + it).
+  const fs::path dir = fs::temp_directory_path() / ("ds_s2s_len_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto cfg = *models::read_hf_seq2seq_config(case_dir("bart_s2s"));
+  std::ofstream(dir / "config.json") << R"({"model_type":"bart","max_length":30,"min_length":5,
+    "num_beams":4,"length_penalty":2.0,"no_repeat_ngram_size":3,"early_stopping":true,
+    "forced_bos_token_id":0,"forced_eos_token_id":2,"max_new_tokens":null})";
+  models::BeamOptions h = models::read_hf_generation_options(dir, cfg);
+  EXPECT_EQ(h.max_new_tokens, 29);
+  EXPECT_EQ(h.min_length, 5);
+  EXPECT_EQ(h.num_beams, 4);
+  EXPECT_FLOAT_EQ(h.length_penalty, 2.0f);
+  EXPECT_EQ(h.no_repeat_ngram_size, 3);
+  EXPECT_EQ(h.early_stopping, "true");
+  EXPECT_EQ(h.forced_bos_token_id, 0);
+  std::ofstream(dir / "generation_config.json") << R"({"max_length":20,"min_new_tokens":4})";
+  h = models::read_hf_generation_options(dir, cfg);
+  EXPECT_EQ(h.max_new_tokens, 19);  // the file's, not config.json's
+  EXPECT_EQ(h.min_length, 5);
+  EXPECT_EQ(h.num_beams, 1);
+  std::ofstream(dir / "generation_config.json") << R"({"max_new_tokens":0})";
+  EXPECT_HAS(error_of([&] { models::read_hf_generation_options(dir, cfg); }), "max_new_tokens");
+  fs::remove_all(dir);
+}
+
+// forced_bos_token_id (ForcedBOSTokenLogitsProcessor: the first new token) and min_new_tokens,
+// greedy and beam search, against transformers 5.24's generate(forced_bos_token_id=5,
+// max_new_tokens=6[, num_beams=3]) and generate(min_new_tokens=4, max_new_tokens=6) on the T5 and
+// BART fixtures.
+TEST(HFSeq2SeqGeneration, ForcedBosAndMinNewTokensAsTransformers) {
+  auto t5 = import(case_dir("t5_relu_tied"));
+  const safetensors::Reader ref((case_dir("t5_relu_tied") / "reference.safetensors").string());
+  const Tensor ids = ref.get("input_ids"), mask = ref.get("attention_mask");
+  models::BeamOptions o;
+  o.num_beams = 1;
+  o.max_new_tokens = 6;
+  o.forced_bos_token_id = 5;
+  EXPECT_EQ(t5->generate(ids, mask, o).to_int_vector(),
+            (std::vector<int64_t>{0,  5,  29, 36, 36, 22, 36, 0, 5, 19, 19,
+                                  19, 19, 19, 0,  5,  19, 6,  6, 6, 6}));
+  o.num_beams = 3;
+  EXPECT_EQ(t5->generate(ids, mask, o).to_int_vector(),
+            (std::vector<int64_t>{0,  5,  29, 36, 29, 41, 41, 0, 5, 19, 19,
+                                  29, 18, 19, 0,  5,  19, 6,  6, 6, 6}));
+  // ds_serve's processors force it too.
+  const auto proc = models::Seq2SeqProcessors::of(o, t5->config(), 6);
+  std::vector<float> logits(static_cast<size_t>(t5->config().vocab_size), 0.0f);
+  const std::vector<int32_t> source = {31, 61}, target = {0};
+  proc.apply(source, target, logits);
+  for (size_t v = 0; v < logits.size(); ++v) EXPECT_EQ(std::isinf(logits[v]), v != 5) << v;
+
+  auto bart = import(case_dir("bart_s2s"));
+  const safetensors::Reader bref((case_dir("bart_s2s") / "reference.safetensors").string());
+  const fs::path dir = fs::temp_directory_path() / ("ds_s2s_mnt_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "generation_config.json") << R"({"min_new_tokens":4,"max_new_tokens":6})";
+  const models::BeamOptions m = models::read_hf_generation_options(dir, bart->config());
+  fs::remove_all(dir);
+  EXPECT_EQ(
+      bart->generate(bref.get("input_ids"), bref.get("attention_mask"), m).to_int_vector(),
+      (std::vector<int64_t>{2, 9, 44, 44, 44, 44, 2, 2, 9, 9, 9, 9, 9, 2, 2, 9, 9, 9, 9, 9, 2}));
+}
+
+// A length penalty that is not a finite number is refused by name (nan made every beam score nan:
+// no hypothesis, an empty output); so are the other bad settings.
+TEST(HFSeq2SeqGeneration, BadOptionsAreRefusedByName) {
+  auto m = import(case_dir("bart_s2s"));
+  const Tensor ids = Tensor::from_ints({5, 9, 2}, {1, 3});
+  for (float lp : {std::nanf(""), INFINITY, -INFINITY}) {
+    models::BeamOptions o;
+    o.length_penalty = lp;
+    EXPECT_HAS(error_of([&] { o.validate(); }), "length_penalty must be a finite number");
+    o.num_beams = 1;  // greedy ignores it, but it was asked for: refused as well
+    EXPECT_HAS(error_of([&] { m->generate(ids, Tensor(), o); }), "length_penalty");
+    o.num_beams = 2;
+    EXPECT_HAS(error_of([&] { m->generate_beam(ids, Tensor(), o); }), "length_penalty");
+  }
+  models::BeamOptions o;
+  o.min_length = -1;
+  EXPECT_HAS(error_of([&] { o.validate(); }), "min_length");
+  o = {};
+  o.early_stopping = "sometimes";
+  EXPECT_HAS(error_of([&] { o.validate(); }), "early_stopping");
 }
 
 // A bad file: a missing tensor and an extra one are listed together.

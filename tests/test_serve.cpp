@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <future>
@@ -24,6 +25,7 @@
 #include "serve_fixture.h"
 
 using namespace ds;
+namespace fs = std::filesystem;
 using serve_test::make_model;
 
 namespace {
@@ -569,6 +571,24 @@ TEST(Sampling, InvalidParamsNameTheField) {
   serve::SamplingParams p;
   p.top_p = 0.0f;
   EXPECT_THROW(p.validate(), Error);
+  // nan and inf in every float field: refused by name (nan passes range checks).
+  for (float bad : {std::nanf(""), INFINITY, -INFINITY})
+    for (const char* field :
+         {"temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty"}) {
+      serve::SamplingParams q;
+      const std::string f = field;
+      (f == "temperature"          ? q.temperature
+       : f == "top_p"              ? q.top_p
+       : f == "repetition_penalty" ? q.repetition_penalty
+       : f == "presence_penalty"   ? q.presence_penalty
+                                   : q.frequency_penalty) = bad;
+      try {
+        q.validate();
+        ADD_FAILURE() << field << " " << bad << " accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+      }
+    }
   p = {};
   p.temperature = -1.0f;
   try {
@@ -684,6 +704,67 @@ TEST(LoadModel, HfFolderAndTrainOutputDir) {
   }
 }
 
+// Folders that hold no model ds_serve and ds_generate can load say what they are and what to do
+// (before: "holds no config.json" for a run folder and an adapter, and for mT5 the decoder
+// reader's list of decoders).
+TEST(LoadModel, FoldersItCannotLoadSayWhy) {
+  serve_test::TempDir dir("why");
+  auto write = [](const fs::path& file, const std::string& text) {
+    fs::create_directories(file.parent_path());
+    std::ofstream(file) << text;
+  };
+  auto error = [](const fs::path& p) -> std::string {
+    try {
+      serve::load_model(p);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "<loaded>";
+  };
+  auto expect_has = [](const std::string& text, const std::string& part) {
+    EXPECT_NE(text.find(part), std::string::npos) << text;
+  };
+  // A PEFT adapter (ds_train --only_optimize_lora), as a folder and as a run's export.
+  const fs::path adapter = dir.path() / "adapter";
+  write(adapter / "adapter_config.json",
+        R"({"peft_type": "LORA", "task_type": "SEQ_2_SEQ_LM", "r": 4,
+            "base_model_name_or_path": "/models/bart-base"})");
+  write(adapter / "adapter_model.safetensors", "");
+  for (const fs::path& p : {adapter, dir.path() / "lora_run"}) {
+    if (p != adapter) {
+      write(p / "latest", "global_step3\n");
+      fs::create_directories(p / "global_step3");
+      fs::copy(adapter, p / "hf_model");
+    }
+    const std::string e = error(p);
+    expect_has(e, "is a PEFT LoRA adapter");
+    expect_has(e, "/models/bart-base");
+    expect_has(e, "--merge_lora");
+    expect_has(e, "docs/finetuning.md");
+  }
+  // A ds_train run folder whose export is elsewhere (--export_hf) or not written yet.
+  const fs::path run = dir.path() / "run";
+  write(run / "latest", "global_step6\n");
+  fs::create_directories(run / "global_step6");
+  std::string e = error(run);
+  expect_has(e, "is a ds_train run folder");
+  expect_has(e, "--export_hf");
+  expect_has(e, "ds_to_fp32 " + run.string());
+  // Families we do not generate with, by model_type.
+  for (const char* type : {"mt5", "umt5"}) {
+    write(dir.path() / type / "config.json", fmt::format(R"({{"model_type": "{}"}})", type));
+    e = error(dir.path() / type);
+    expect_has(e, fmt::format("model_type \"{}\"", type));
+    expect_has(e, "mT5 and UMT5 are not implemented yet");
+    expect_has(e, "encoder-decoders bart, blenderbot, t5");
+  }
+  write(dir.path() / "bert" / "config.json", R"({"model_type": "bert"})");
+  expect_has(error(dir.path() / "bert"), "an encoder classifier");
+  expect_has(error(dir.path() / "nothing_here"), "is not a folder");
+  fs::create_directories(dir.path() / "empty");
+  expect_has(error(dir.path() / "empty"), "holds no config.json");
+}
+
 // ds_serve / ds_generate --device: a model loaded onto a device (the sim emulator) generates what
 // the host's copy does, greedy and seeded sampling, under the scheduler's continuous batching
 // (its logits differ from the host's by the decode kernels' rounding: Backend's linear_rows and
@@ -722,6 +803,18 @@ TEST(Api, ParsesAndRejectsWithTheField) {
   };
   EXPECT_EQ(param_of([] { serve::parse_json_body("{nope"); }), "body");
   EXPECT_EQ(param_of([] { serve::parse_json_body("[1]"); }), "body");
+  // NaN and Infinity (what Python's json.dumps writes for them) are no JSON: the field is named.
+  EXPECT_EQ(param_of([] { serve::parse_json_body(R"({"prompt": "x", "temperature": NaN})"); }),
+            "temperature");
+  EXPECT_EQ(param_of([] { serve::parse_json_body(R"({"prompt": "x", "top_p": -Infinity})"); }),
+            "top_p");
+  try {
+    serve::parse_json_body(R"({"messages": [], "repetition_penalty": Infinity})");
+  } catch (const serve::ApiError& e) {
+    EXPECT_NE(std::string(e.what()).find("'repetition_penalty' must be a finite number"),
+              std::string::npos)
+        << e.what();
+  }
   EXPECT_EQ(param_of([] {
               serve::parse_completion_request({{"prompt", "x"}, {"temprature", 1}});
             }),

@@ -1,6 +1,7 @@
 // ds_serve and ds_generate as programs: SIGTERM drains (new requests are refused, the stream in
 // flight runs to its end, the process exits 0), a second signal cancels what is left at once, and
-// the served answers equal ds_generate's for the same seed.
+// the served answers equal ds_generate's for the same seed; non-finite options and folders neither
+// program can load are refused by name.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -298,4 +299,75 @@ TEST(ServeProgram, ServedAnswersEqualDsGenerate) {
   }
   p.signal(SIGTERM);
   EXPECT_EQ(p.wait_exit(60), 0) << p.log_text();
+}
+
+namespace {
+
+// Runs cmd through the shell; -> (exit status, stdout and stderr).
+std::pair<int, std::string> run_program(const std::string& cmd) {
+  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
+  if (f == nullptr) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  const int st = pclose(f);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+}  // namespace
+
+// nan and inf in a float option of either program are refused naming the option (before:
+// ds_generate --length_penalty nan ran, printed nothing and "18446744073709551615 tokens", exit 0);
+// folders they cannot load say why before any option is judged against them (before: an mT5
+// folder or an adapter with --max_new_tokens was told "--max_new_tokens applies to
+// encoder-decoders only", a run folder "holds no config.json").
+TEST(ServeProgram, NonFiniteOptionsAndUnloadableFoldersAreRefusedByName) {
+  const std::string model =
+      (std::filesystem::path(DS_FIXTURE_DIR) / "hf_families" / "bart_s2s").string();
+  const std::string gen = fmt::format("'{}' --model '{}' --prompt hi ", DS_GENERATE_BIN, model);
+  for (const char* opt :
+       {"--length_penalty nan", "--length_penalty inf", "--temperature nan", "--temperature inf",
+        "--top_p nan", "--repetition_penalty nan", "--repetition_penalty -inf"}) {
+    const auto [rc, out] = run_program(gen + opt);
+    EXPECT_NE(rc, 0) << opt << ": " << out;
+    const std::string name = std::string(opt).substr(0, std::string(opt).find(' '));
+    EXPECT_NE(out.find(name), std::string::npos) << opt << ": " << out;
+    EXPECT_NE(out.find("finite"), std::string::npos) << opt << ": " << out;
+  }
+  const std::string serve = fmt::format("'{}' --model '{}' --port 0 ", DS_SERVE_BIN, model);
+  for (const char* opt : {"--header_timeout nan", "--body_timeout inf", "--sse_ping_seconds inf",
+                          "--drain_timeout nan"}) {
+    const auto [rc, out] = run_program(serve + opt);
+    EXPECT_NE(rc, 0) << opt << ": " << out;
+    const std::string name = std::string(opt).substr(0, std::string(opt).find(' '));
+    EXPECT_NE(out.find(name + ": must be a finite number"), std::string::npos)
+        << opt << ": " << out;
+  }
+
+  serve_test::TempDir dir("why");
+  const auto& d = dir.path();
+  std::filesystem::create_directories(d / "mt5");
+  std::ofstream(d / "mt5" / "config.json") << R"({"model_type": "mt5"})";
+  std::filesystem::create_directories(d / "lora" / "hf_model");
+  std::ofstream(d / "lora" / "hf_model" / "adapter_config.json")
+      << R"({"peft_type": "LORA", "base_model_name_or_path": "/models/bart-base"})";
+  std::filesystem::create_directories(d / "run" / "global_step2");
+  std::ofstream(d / "run" / "latest") << "global_step2\n";
+  const struct {
+    std::string folder, reason;
+  } cases[] = {{"mt5", "model_type \"mt5\""},
+               {"lora", "is a PEFT LoRA adapter"},
+               {"run", "is a ds_train run folder"}};
+  for (const auto& c : cases) {
+    const std::string folder = (d / c.folder).string();
+    for (const std::string& cmd :
+         {fmt::format("'{}' --model '{}' --prompt hi --max_new_tokens 5", DS_GENERATE_BIN, folder),
+          fmt::format("'{}' --model '{}' --prompt hi", DS_GENERATE_BIN, folder),
+          fmt::format("'{}' --model '{}' --port 0", DS_SERVE_BIN, folder)}) {
+      const auto [rc, out] = run_program(cmd);
+      EXPECT_EQ(rc, 1) << cmd << ": " << out;
+      EXPECT_NE(out.find(c.reason), std::string::npos) << cmd << ": " << out;
+      EXPECT_EQ(out.find("applies to encoder-decoders"), std::string::npos) << cmd << ": " << out;
+    }
+  }
 }

@@ -6,11 +6,13 @@
 // --model is a Hugging Face folder (config.json + safetensors) or a ds_train --output_dir.
 // docs/serving.md has the sampling parameters and their defaults.
 //
-// An encoder-decoder folder (config.json model_type bart or blenderbot, e.g. ds_train's export of
-// a seq2seq run) takes the source text and prints the generated target: greedy or beam search
-// (transformers' generate(do_sample=False)), the defaults from the folder's generation_config.json
+// An encoder-decoder folder (config.json model_type bart, blenderbot or t5, e.g. ds_train's export
+// of a seq2seq run) takes the source text and prints the generated target: greedy or beam search
+// (transformers' generate(do_sample=False)), the defaults from the folder's
+// generation_config.json, else its config.json's generation keys, else transformers 5's
 // (models::read_hf_generation_options), overridden by --num_beams, --max_new_tokens,
-// --min_length, --no_repeat_ngram_size and --length_penalty.
+// --min_length, --no_repeat_ngram_size and --length_penalty. Float options must be finite numbers
+// (nan and inf are refused by name).
 //
 //   ds_generate --model out/chat/hf_model --prompt "How are you?" --num_beams 4
 #include <chrono>
@@ -23,6 +25,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "cli_checks.h"
 #include "ds/backend/backend.h"
 #include "ds/core/error.h"
 #include "ds/core/parallel.h"
@@ -44,14 +47,6 @@ struct Seq2SeqFlags {
   std::optional<int64_t> num_beams, max_new_tokens, min_length, no_repeat_ngram_size;
   std::optional<float> length_penalty;
 };
-
-// The folder holding an encoder-decoder's config.json: `model`, or its hf_model (a ds_train
-// --output_dir); "" when neither is one.
-fs::path seq2seq_folder(const fs::path& model) {
-  for (const fs::path& d : {model, model / "hf_model"})
-    if (models::read_hf_seq2seq_config(d)) return d;
-  return {};
-}
 
 int generate_seq2seq(const fs::path& dir, const std::string& source, const std::string& tok_dir,
                      const Seq2SeqFlags& f, Device device) {
@@ -109,7 +104,7 @@ int generate_seq2seq(const fs::path& dir, const std::string& source, const std::
                            "tokens in {:.3f}s\n",
                            S, opt.num_beams > 1 ? "beam search" : "greedy", opt.num_beams,
                            opt.max_new_tokens, opt.min_length, opt.no_repeat_ngram_size,
-                           opt.length_penalty, out.size() - 1, gen_s)
+                           opt.length_penalty, out.empty() ? 0 : out.size() - 1, gen_s)
                    .c_str());
   return 0;
 }
@@ -141,8 +136,8 @@ int main(int argc, char** argv) {
                                  "generation_config.json's)")
                       ->check(CLI::Range(int64_t{1}, int64_t{256}));
   auto* o_new = app.add_option("--max_new_tokens", max_new,
-                               "encoder-decoders: new tokens at most (default: "
-                               "generation_config.json's max_length - 1)")
+                               "encoder-decoders: new tokens at most (default: the folder's "
+                               "max_new_tokens, else max_length - 1, else 20 as transformers)")
                     ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   auto* o_min = app.add_option("--min_length", min_len,
                                "encoder-decoders: eos banned before this length (the decoder "
@@ -153,6 +148,7 @@ int main(int argc, char** argv) {
                    ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   auto* o_lp = app.add_option("--length_penalty", length_penalty,
                               "encoder-decoders, beam search: score = log p / length^this")
+                   ->check(ds::tools::finite_number())
                    ->check(CLI::Range(-100.0, 100.0));
   app.add_option("--tokenizer", tokenizer,
                  "folder with vocab.json + merges.txt (or encoder.json + vocab.bpe) when the model "
@@ -162,13 +158,16 @@ int main(int argc, char** argv) {
                                "max_new_tokens, else 64)")
                     ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   auto* o_t = app.add_option("--temperature", temperature, "0 = greedy (default 1)")
+                  ->check(ds::tools::finite_number())
                   ->check(CLI::Range(0.0, 100.0));
   auto* o_k = app.add_option("--top_k", top_k, "keep the k most likely tokens (0 = off)")
                   ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   auto* o_p = app.add_option("--top_p", top_p, "nucleus sampling, (0, 1] (1 = off)")
+                  ->check(ds::tools::finite_number())
                   ->check(CLI::Range(1e-9, 1.0));
-  auto* o_r =
-      app.add_option("--repetition_penalty", rep, "> 0 (1 = off)")->check(CLI::Range(1e-9, 100.0));
+  auto* o_r = app.add_option("--repetition_penalty", rep, "> 0 (1 = off)")
+                  ->check(ds::tools::finite_number())
+                  ->check(CLI::Range(1e-9, 100.0));
   app.add_option("--seed", seed, "sampling seed (default 0)");
   app.add_option("--stop", s.stop, "stop string (repeat for several)");
   app.add_option("--threads", threads, "compute threads (default: all cores)")
@@ -183,7 +182,10 @@ int main(int argc, char** argv) {
   try {
     if (threads > 0) ds::set_num_threads(threads);
     const Device device = train::parse_device(device_name);
-    if (const fs::path dir = seq2seq_folder(model); !dir.empty()) {
+    // The model's folder first: an adapter, a run folder without export or a family we do not
+    // generate with is refused for what it is, before any option is judged against it.
+    if (const fs::path dir = ds::serve::model_folder(model);
+        ds::models::read_hf_seq2seq_config(dir)) {
       // Sampling is not implemented for encoder-decoders: refuse its options by name.
       for (CLI::Option* op : {o_t, o_k, o_p, o_r, o_max})
         DS_CHECK(op->count() == 0,
@@ -203,7 +205,7 @@ int main(int argc, char** argv) {
     }
     for (CLI::Option* op : {o_beams, o_new, o_min, o_nr, o_lp})
       DS_CHECK(op->count() == 0,
-               "[ds_generate] {} applies to encoder-decoders (BART, BlenderBot) only; {} is a "
+               "[ds_generate] {} applies to encoder-decoders (BART, BlenderBot, T5) only; {} is a "
                "decoder model (use --max_tokens, --temperature, --top_k, --top_p)",
                op->get_name(), model);
     const auto t0 = std::chrono::steady_clock::now();

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "cli_checks.h"
 #include "ds/core/parallel.h"
 #include "ds/models/seq2seq_decoder.h"
 #include "ds/train/plan.h"
@@ -59,10 +60,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 900));
   app.add_option("--header_timeout", o.header_timeout_seconds,
                  "seconds a request's line and headers may take to arrive (408 after)")
+      ->check(ds::tools::finite_number())
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0));
   app.add_option("--body_timeout", o.body_timeout_seconds,
                  "seconds a request's body may take to arrive after its headers (408 after)")
+      ->check(ds::tools::finite_number())
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0));
   app.add_option("--max_batch", o.max_batch,
@@ -81,12 +84,14 @@ int main(int argc, char** argv) {
          "--sse_ping_seconds", o.sse_ping_seconds,
          "a streaming request waiting for its turn gets an SSE comment (: ping) this often, "
          "so that clients and proxies do not time it out (0 = never)")
+      ->check(ds::tools::finite_number())
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   double drain_timeout = 60.0;
   app.add_option("--drain_timeout", drain_timeout,
                  "seconds that requests in flight may take to finish after SIGTERM/SIGINT before "
                  "they are cancelled (a second signal cancels them at once)")
+      ->check(ds::tools::finite_number())
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   try {
@@ -103,9 +108,9 @@ int main(int argc, char** argv) {
     if (m.seq2seq) {
       // The target's self-attention (its positions) and the source's cross-attention (as many).
       const auto& c = m.seq2seq->config();
-      const int64_t P = ds::models::Seq2SeqDecoder(m.seq2seq).capacity_limit();
-      const int64_t width = c.is_t5() ? c.decoder_heads * c.d_kv : c.d_model;
-      kv_mib = 4.0 * static_cast<double>(c.decoder_layers * P * width * 4) / (1 << 20);
+      const ds::models::Seq2SeqDecoder probe(m.seq2seq);
+      const int64_t P = probe.capacity_limit();
+      kv_mib = static_cast<double>(probe.cache_bytes_limit()) / (1 << 20);
       desc = fmt::format(
           "{} ({} encoder-decoder, {:.1f}M parameters, source and target up to {} "
           "tokens, tokenizer {})",

@@ -35,12 +35,12 @@ const Family& family_for_model_type(const std::string& model_type, const std::st
                 "(ds/models/encoder_io.h), not as a decoder; ds_train fine-tunes them on a "
                 "classification set (ds_prepare --task classification)";
   else if (model_type == "bart" || model_type == "blenderbot" || model_type == "t5" ||
-           model_type == "mt5")
-    why = model_type != "mt5"
+           model_type == "mt5" || model_type == "umt5")
+    why = model_type != "mt5" && model_type != "umt5"
               ? "; encoder-decoders are read by models::read_hf_seq2seq_config into a Seq2Seq "
                 "(ds/models/seq2seq_io.h), not as a decoder; ds_train fine-tunes them on a seq2seq "
                 "set (ds_prepare --task seq2seq)"
-              : "; mT5 is not supported yet (t5 is, as a Seq2Seq)";
+              : "; mT5 and UMT5 are not supported yet (t5 is, as a Seq2Seq)";
   DS_THROW("[hf_io] {}: model_type \"{}\" is not supported (supported: {}){}", source, model_type,
            supported_model_types(), why);
 }

@@ -324,9 +324,9 @@ class Seq2Seq::Attention : public nn::Module {
     return output(a, false);
   }
   // A cached decoder step (Seq2Seq::decode_step): h (N, 1, C), the groups' rows in order.
-  // Self-attention appends each group's new keys and values to its layer-`li` cache and attends
-  // to all of it; cross-attention attends to the group's source (its memory projected into the
-  // cache on the first step). -> (N, 1, C)
+  // Self-attention writes each group's new keys and values into its layer-`li` cache and attends
+  // to the positions so far; cross-attention attends to the group's source (its memory projected
+  // into the cache on the first step). -> (N, 1, C)
   template <class Group>
   Tensor attend_step(const Tensor& h, std::span<const Group> groups, size_t li, bool self,
                      bool row_kernel) {
@@ -392,7 +392,7 @@ class Seq2Seq::Layer : public nn::Module {
   void set_packed(int64_t T) { packed_len_ = T; }
 
   // Generation (Seq2Seq::decode_step): x (N, 1, C), the next position of each group's rows; the
-  // groups' caches of this layer (`li`) hold the earlier positions' keys and values (appended to
+  // groups' caches of this layer (`li`) hold the earlier positions' keys and values (written to
   // here) and the encoder output's (projected on the first step).
   Tensor step(const Tensor& x, std::span<const StepGroup> groups, size_t li, bool row_kernel) {
     return run(x, Tensor(), groups, li, row_kernel);
@@ -703,9 +703,14 @@ Tensor Seq2Seq::loss(const nn::Batch& b) {
 }
 
 Tensor Seq2Seq::decode_step(const Tensor& ids, int64_t pos, const Tensor& memory,
-                            const Tensor& attention_mask, std::vector<LayerCache>& caches) {
-  StepGroup all{&caches, ids.size(0), pos, memory,
-                key_lengths(attention_mask, memory.size(0), memory.size(1))};
+                            const Tensor& attention_mask, std::vector<LayerCache>& caches,
+                            int64_t max_positions) {
+  StepGroup all{&caches,
+                ids.size(0),
+                pos,
+                memory,
+                key_lengths(attention_mask, memory.size(0), memory.size(1)),
+                max_positions};
   return decode_step(ids, std::span<const StepGroup>(&all, 1), /*row_kernel=*/false);
 }
 
@@ -722,7 +727,9 @@ Tensor Seq2Seq::generate(const Tensor& input_ids, const Tensor& attention_mask,
   GreedyOptions g;
   g.max_new_tokens = opt.max_new_tokens;
   g.eos_token_id = opt.eos_token_id;
+  opt.validate();
   g.forced_eos_token_id = opt.forced_eos_token_id;
+  g.forced_bos_token_id = opt.forced_bos_token_id;
   g.min_length = opt.min_length;
   g.no_repeat_ngram_size = opt.no_repeat_ngram_size;
   g.encoder_no_repeat_ngram_size = opt.encoder_no_repeat_ngram_size;
@@ -753,6 +760,7 @@ Tensor Seq2Seq::generate_greedy(const Tensor& input_ids, const Tensor& attention
   processors.min_length = opt.min_length;
   processors.eos = eos;
   processors.forced_eos = forced;
+  processors.forced_bos = opt.forced_bos_token_id;
   processors.no_repeat_ngram_size = opt.no_repeat_ngram_size;
   processors.encoder_no_repeat_ngram_size = opt.encoder_no_repeat_ngram_size;
   const std::vector<int64_t> src = input_ids.to_int_vector();
@@ -767,8 +775,8 @@ Tensor Seq2Seq::generate_greedy(const Tensor& input_ids, const Tensor& attention
     if (opt.use_cache) {
       std::vector<int64_t> newest;
       for (const auto& s : seqs) newest.push_back(s.back());
-      last = decode_step(Tensor::from_ints(newest, {B, 1}).to(input_ids.device()), cur - 1,
-                         memory, attention_mask, caches);
+      last = decode_step(Tensor::from_ints(newest, {B, 1}).to(input_ids.device()), cur - 1, memory,
+                         attention_mask, caches, processors.max_length);
     } else {
       std::vector<int64_t> flat;
       for (const auto& s : seqs) flat.insert(flat.end(), s.begin(), s.end());

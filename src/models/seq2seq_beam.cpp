@@ -31,6 +31,20 @@ Tensor take_rows(const Tensor& t, const std::vector<int64_t>& rows) {
   return ops::contiguous(ops::concat(parts, 0));
 }
 
+// cache (N, ...) with row r replaced by row idx[r] (idx (N) i64 on cache's device): one gather
+// into a tensor of the same size, whose block the next layer's gather reuses, so reordering the
+// beams costs no memory beyond one layer's cache however long the search runs.
+Tensor gather_rows(const Tensor& cache, const Tensor& idx) {
+  const Shape shape = cache.shape();
+  return ops::reshape(ops::embedding(ops::reshape(cache, {shape[0], -1}), idx), shape);
+}
+
+bool is_identity(const std::vector<int64_t>& rows) {
+  for (size_t r = 0; r < rows.size(); ++r)
+    if (rows[r] != static_cast<int64_t>(r)) return false;
+  return true;
+}
+
 // Indices of the k largest values, largest first; ties keep the lower index first.
 std::vector<int64_t> top_k(const std::vector<double>& v, int64_t k) {
   std::vector<int64_t> idx(v.size());
@@ -51,6 +65,21 @@ struct Hyp {
 
 }  // namespace
 
+void BeamOptions::validate() const {
+  DS_CHECK(num_beams >= 1, "[seq2seq] num_beams must be at least 1, got {}", num_beams);
+  DS_CHECK(max_new_tokens >= 1, "[seq2seq] max_new_tokens must be at least 1, got {}",
+           max_new_tokens);
+  DS_CHECK(min_length >= 0, "[seq2seq] min_length must not be negative, got {}", min_length);
+  DS_CHECK(no_repeat_ngram_size >= 0 && encoder_no_repeat_ngram_size >= 0,
+           "[seq2seq] n-gram sizes must not be negative (no_repeat_ngram_size {}, "
+           "encoder_no_repeat_ngram_size {})",
+           no_repeat_ngram_size, encoder_no_repeat_ngram_size);
+  DS_CHECK(std::isfinite(length_penalty),
+           "[seq2seq] length_penalty must be a finite number, got {}", length_penalty);
+  DS_CHECK(early_stopping == "false" || early_stopping == "true" || early_stopping == "never",
+           "[seq2seq] early_stopping \"{}\" is not one of false, true, never", early_stopping);
+}
+
 Tensor Seq2Seq::generate_beam(const Tensor& input_ids, const Tensor& attention_mask,
                               const BeamOptions& opt) {
   // The source in host memory (ds_generate's) goes to the model's device first.
@@ -58,17 +87,10 @@ Tensor Seq2Seq::generate_beam(const Tensor& input_ids, const Tensor& attention_m
     return generate_beam(input_ids.to(d), attention_mask, opt);
   const Seq2SeqConfig& c = config_;
   const int64_t NB = opt.num_beams, V = c.vocab_size;
-  DS_CHECK(NB >= 1, "[seq2seq] num_beams must be at least 1, got {}", NB);
-  DS_CHECK(opt.max_new_tokens >= 1, "[seq2seq] max_new_tokens must be at least 1, got {}",
-           opt.max_new_tokens);
+  opt.validate();
   DS_CHECK(c.is_t5() || opt.max_new_tokens + 1 <= c.max_positions,
            "[seq2seq] 1 + max_new_tokens {} exceeds max_position_embeddings {}", opt.max_new_tokens,
            c.max_positions);
-  DS_CHECK(opt.early_stopping == "false" || opt.early_stopping == "true" ||
-               opt.early_stopping == "never",
-           "[seq2seq] early_stopping \"{}\" is not one of false, true, never", opt.early_stopping);
-  DS_CHECK(opt.no_repeat_ngram_size >= 0 && opt.encoder_no_repeat_ngram_size >= 0,
-           "[seq2seq] n-gram sizes must not be negative");
   DS_CHECK(input_ids.defined() && input_ids.dim() == 2,
            "[seq2seq] input_ids must be (B, S), got {}",
            input_ids.defined() ? shape_str(input_ids.shape()) : "undefined");
@@ -87,6 +109,7 @@ Tensor Seq2Seq::generate_beam(const Tensor& input_ids, const Tensor& attention_m
   processors.min_length = opt.min_length;
   processors.eos = eos;
   processors.forced_eos = forced;
+  processors.forced_bos = opt.forced_bos_token_id;
   processors.no_repeat_ngram_size = opt.no_repeat_ngram_size;
   processors.encoder_no_repeat_ngram_size = opt.encoder_no_repeat_ngram_size;
 
@@ -130,8 +153,8 @@ Tensor Seq2Seq::generate_beam(const Tensor& input_ids, const Tensor& attention_m
       std::vector<int64_t> newest;
       for (const auto& r : running)
         for (const auto& h : r) newest.push_back(h.tokens.back());
-      last = decode_step(Tensor::from_ints(newest, {B * NB, 1}).to(input_ids.device()),
-                         cur_len - 1, memory, mask, caches);
+      last = decode_step(Tensor::from_ints(newest, {B * NB, 1}).to(input_ids.device()), cur_len - 1,
+                         memory, mask, caches, max_length);
     } else {
       std::vector<int64_t> flat;
       for (const auto& r : running)
@@ -218,11 +241,13 @@ Tensor Seq2Seq::generate_beam(const Tensor& input_ids, const Tensor& attention_m
       fin = std::move(new_fin);
       fdone = std::move(new_done);
     }
-    if (opt.use_cache)  // the caches follow their hypotheses
+    if (opt.use_cache && !is_identity(sources)) {  // the caches follow their hypotheses
+      const Tensor idx = Tensor::from_ints(sources, {B * NB}).to(input_ids.device());
       for (auto& lc : caches) {
-        lc.self_k = take_rows(lc.self_k, sources);
-        lc.self_v = take_rows(lc.self_v, sources);
+        lc.self_k = gather_rows(lc.self_k, idx);
+        lc.self_v = gather_rows(lc.self_v, idx);
       }
+    }
     ++cur_len;
     // transformers' _check_early_stop_heuristic and _beam_search_has_unfinished_sequences.
     bool any_improvable = false, all_done = true;

@@ -45,11 +45,7 @@ void Seq2SeqDecoder::truncate(int64_t n) {
     length_ = source_length_ = 0;
     return;
   }
-  for (Seq2Seq::LayerCache& c : caches_) {
-    c.self_k = ops::contiguous(ops::slice(c.self_k, 2, 0, n));
-    c.self_v = ops::contiguous(ops::slice(c.self_v, 2, 0, n));
-  }
-  length_ = n;
+  length_ = n;  // the self-attention caches keep their size: positions >= n are not read
 }
 
 int64_t Seq2SeqDecoder::cache_bytes() const {
@@ -58,6 +54,12 @@ int64_t Seq2SeqDecoder::cache_bytes() const {
     for (const Tensor* t : {&c.self_k, &c.self_v, &c.cross_k, &c.cross_v})
       if (t->defined()) bytes += static_cast<int64_t>(t->nbytes());
   return bytes;
+}
+
+int64_t Seq2SeqDecoder::cache_bytes_limit() const {
+  const Seq2SeqConfig& c = model_->config();
+  const int64_t width = c.is_t5() ? c.decoder_heads * c.d_kv : c.d_model;  // NH * head_dim
+  return 4 * c.decoder_layers * capacity_limit() * width * 4;
 }
 
 Tensor Seq2SeqDecoder::step(std::span<Seq2SeqDecoder* const> decoders, std::span<const int32_t> ids,
@@ -75,7 +77,7 @@ Tensor Seq2SeqDecoder::step(std::span<Seq2SeqDecoder* const> decoders, std::span
         d.length_ + 1 <= d.capacity_limit(),
         "[generate] {} cached + 1 new target positions exceed the model's longest target of {}",
         d.length_, d.capacity_limit());
-    groups.push_back({&d.caches_, 1, d.length_, memory, {}});
+    groups.push_back({&d.caches_, 1, d.length_, memory, {}, d.capacity_limit()});
     tokens.push_back(id);
   }
   autograd::NoGradGuard no_grad;
@@ -158,6 +160,7 @@ Seq2SeqProcessors Seq2SeqProcessors::of(const BeamOptions& opt, const Seq2SeqCon
   p.eos = opt.eos_token_id == -2 ? config.eos_token_id : opt.eos_token_id;
   p.forced_eos =
       opt.forced_eos_token_id == -2 ? config.forced_eos_token_id : opt.forced_eos_token_id;
+  p.forced_bos = opt.forced_bos_token_id;
   p.vocab_size = config.vocab_size;
   return p;
 }
@@ -172,6 +175,7 @@ void Seq2SeqProcessors::apply(std::span<const int32_t> source, std::span<const i
   p.min_length = min_length;
   p.eos = eos;
   p.forced_eos = forced_eos;
+  p.forced_bos = forced_bos;
   p.no_repeat_ngram_size = no_repeat_ngram_size;
   p.encoder_no_repeat_ngram_size = encoder_no_repeat_ngram_size;
   p.apply(std::vector<int64_t>(target.begin(), target.end()),

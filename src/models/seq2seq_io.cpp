@@ -1,6 +1,7 @@
 // Hugging Face import and export of sequence-to-sequence models (ds/models/seq2seq_io.h).
 #include "ds/models/seq2seq_io.h"
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
@@ -109,7 +110,8 @@ BeamOptions read_hf_generation_options(const fs::path& dir, const Seq2SeqConfig&
   o.num_beams = 1;
   o.eos_token_id = c.eos_token_id;
   o.forced_eos_token_id = c.forced_eos_token_id;
-  int64_t max_length = 20, max_new_tokens = -1;
+  // -1 = not set (null counts as not set: transformers drops a config's None values).
+  int64_t max_length = -1, max_new_tokens = -1, min_new_tokens = -1;
   // Settings that change nothing when do_sample is false, and bookkeeping.
   static const std::set<std::string> harmless = {"_from_model_config",
                                                  "transformers_version",
@@ -144,9 +146,11 @@ BeamOptions read_hf_generation_options(const fs::path& dir, const Seq2SeqConfig&
     if (k == "num_beams")
       o.num_beams = num(int64_t{});
     else if (k == "max_length")
-      max_length = v.is_null() ? 20 : num(int64_t{});
+      max_length = v.is_null() ? -1 : num(int64_t{});
     else if (k == "max_new_tokens")
       max_new_tokens = v.is_null() ? -1 : num(int64_t{});
+    else if (k == "min_new_tokens")
+      min_new_tokens = v.is_null() ? -1 : num(int64_t{});
     else if (k == "min_length")
       o.min_length = v.is_null() ? 0 : num(int64_t{});
     else if (k == "length_penalty")
@@ -163,6 +167,8 @@ BeamOptions read_hf_generation_options(const fs::path& dir, const Seq2SeqConfig&
       o.eos_token_id = token_setting(v, "eos_token_id", source);
     else if (k == "forced_eos_token_id")
       o.forced_eos_token_id = token_setting(v, "forced_eos_token_id", source);
+    else if (k == "forced_bos_token_id")
+      o.forced_bos_token_id = token_setting(v, "forced_bos_token_id", source);
     else if (k == "do_sample")
       DS_CHECK(!v.is_boolean() || !v.get<bool>(),
                "[hf_io] {}: \"do_sample\" true: sampling is not supported (greedy and beam "
@@ -177,9 +183,9 @@ BeamOptions read_hf_generation_options(const fs::path& dir, const Seq2SeqConfig&
     else if (k == "diversity_penalty")
       DS_CHECK(v.is_null() || (v.is_number() && v.get<double>() == 0.0),
                "[hf_io] {}: \"{}\" = {} is not supported (0.0)", source, k, v.dump());
-    else if (k == "forced_bos_token_id" || k == "bad_words_ids" || k == "suppress_tokens" ||
-             k == "begin_suppress_tokens" || k == "force_words_ids" ||
-             k == "exponential_decay_length_penalty" || k == "sequence_bias")
+    else if (k == "bad_words_ids" || k == "suppress_tokens" || k == "begin_suppress_tokens" ||
+             k == "force_words_ids" || k == "exponential_decay_length_penalty" ||
+             k == "sequence_bias")
       DS_CHECK(v.is_null(), "[hf_io] {}: \"{}\" = {} is not supported", source, k, v.dump());
     else if (own)
       DS_CHECK(harmless.count(k),
@@ -190,10 +196,23 @@ BeamOptions read_hf_generation_options(const fs::path& dir, const Seq2SeqConfig&
   DS_CHECK(o.early_stopping == "true" || o.early_stopping == "false" || o.early_stopping == "never",
            "[hf_io] {}: early_stopping {} is not true, false or \"never\"", source,
            j.value("early_stopping", json()).dump());
-  o.max_new_tokens = max_new_tokens >= 0 ? max_new_tokens : max_length - 1;
-  DS_CHECK(o.num_beams >= 1 && o.max_new_tokens >= 1,
-           "[hf_io] {}: num_beams {} and max_new_tokens {} must be at least 1", source, o.num_beams,
-           o.max_new_tokens);
+  // transformers 5's _prepare_generated_length: max_new_tokens wins; else max_length counts the
+  // decoder start token; neither set: 20 new tokens, the length capped at max_position_embeddings
+  // (T5's config has none: no cap).
+  if (max_new_tokens >= 0)
+    o.max_new_tokens = max_new_tokens;
+  else if (max_length >= 0)
+    o.max_new_tokens = max_length - 1;
+  else
+    o.max_new_tokens = c.is_t5() ? 20 : std::min<int64_t>(20, c.max_positions - 1);
+  // MinNewTokensLengthLogitsProcessor bans eos for min_new_tokens steps after the decoder start:
+  // the same as a min_length one longer (both apply: the larger wins).
+  if (min_new_tokens > 0) o.min_length = std::max(o.min_length, 1 + min_new_tokens);
+  try {
+    o.validate();
+  } catch (const Error& e) {
+    DS_THROW("[hf_io] {}: {}", source, e.what());
+  }
   return o;
 }
 

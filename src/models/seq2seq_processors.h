@@ -11,6 +11,8 @@
 //     included (EncoderNoRepeatNGramLogitsProcessor);
 //   min_length: eos while the hypothesis (decoder start included) is shorter
 //     (MinLengthLogitsProcessor);
+//   forced_bos: everything but forced_bos at length 1, the first generated token
+//     (ForcedBOSTokenLogitsProcessor);
 //   forced_eos: everything but forced_eos at length max_length - 1 (ForcedEOSTokenLogitsProcessor,
 //     last, so it wins).
 #include <cstdint>
@@ -41,6 +43,7 @@ struct LogitsProcessors {
   int64_t min_length = 0;
   int64_t eos = -1;
   int64_t forced_eos = -1;
+  int64_t forced_bos = -1;
   int64_t no_repeat_ngram_size = 0;
   int64_t encoder_no_repeat_ngram_size = 0;
 
@@ -51,6 +54,8 @@ struct LogitsProcessors {
     ban_ngrams(seq, source, encoder_no_repeat_ngram_size, scores);
     const int64_t cur_len = static_cast<int64_t>(seq.size());
     if (eos >= 0 && cur_len < min_length) scores[eos] = kNegInf;
+    if (forced_bos >= 0 && cur_len == 1)
+      for (int64_t v = 0; v < vocab_size; ++v) scores[v] = v == forced_bos ? T(0) : kNegInf;
     if (forced_eos >= 0 && cur_len == max_length - 1)
       for (int64_t v = 0; v < vocab_size; ++v) scores[v] = v == forced_eos ? T(0) : kNegInf;
   }

@@ -90,7 +90,8 @@ class T5Attention : public nn::Module {
   }
 
   // A cached decoder step (Seq2Seq::decode_step), as Seq2Seq::Attention::attend_step; bias[i]
-  // (1, NH, 1, Tk) is group i's relative position bias (self-attention only).
+  // (1, NH, 1, P) is group i's relative position bias over its whole self-attention cache, -1e30
+  // past the group's position (so it is the self-attention's mask too: no key lengths).
   template <class Group>
   Tensor attend_step(const Tensor& h, std::span<const Group> groups, size_t li, bool self,
                      bool row_kernel, const std::vector<Tensor>& bias) {
@@ -101,7 +102,9 @@ class T5Attention : public nn::Module {
         q, k, v, groups, li, [&](const Tensor& memory) { return keys_values(memory, row_kernel); },
         [&](size_t i, const Tensor& qg, const Tensor& keys, const Tensor& values,
             const ops::AttentionMask& mask) {
-          return attend_heads(qg, keys, values, mask, self ? bias[i] : Tensor(), 0.0f, false);
+          if (!self) return attend_heads(qg, keys, values, mask, Tensor(), 0.0f, false);
+          return attend_heads(qg, keys, values, ops::AttentionMask{false, {}}, bias[i], 0.0f,
+                              false);
         });
     return output(a, row_kernel);
   }
@@ -313,13 +316,20 @@ class Seq2Seq::T5Stack : public nn::Module {
   }
 
   // Generation (decoder): tokens (N, 1, C), each group's rows at its position -> (N, 1, C); a
-  // group's bias is its query at pos against keys 0..pos (transformers' past_seen_tokens).
+  // group's bias is its query at pos against keys 0..pos (transformers' past_seen_tokens), over
+  // the P positions its caches will hold (detail::self_cache_capacity), -1e30 past pos: the
+  // same sizes every step until the caches grow, so the allocator reuses its blocks.
   Tensor step(const Tensor& tokens, std::span<const StepGroup> groups, bool row_kernel) {
-    std::vector<Tensor> bias;  // (1, NH, 1, pos + 1) per group
+    std::vector<Tensor> bias;  // (1, NH, 1, P) per group
     for (const StepGroup& g : groups) {
-      set_buckets(1, g.pos + 1, g.pos, tokens.device());
-      bias.push_back(ctx_->lookup_bias());
       g.caches->resize(blocks_.size());
+      const int64_t P = detail::self_cache_capacity(g, g.caches->front().self_k);
+      set_buckets(1, P, g.pos, tokens.device());
+      std::vector<float> future(static_cast<size_t>(P), 0.0f);
+      std::fill(future.begin() + g.pos + 1, future.end(), -1e30f);
+      Tensor b = ctx_->lookup_bias();
+      const Tensor m = Tensor::from_data(future, {1, 1, 1, P}).to(b.device()).to(b.dtype());
+      bias.push_back(ops::add(b, m));
     }
     Tensor x = tokens;
     for (size_t i = 0; i < blocks_.size(); ++i)

@@ -1,6 +1,7 @@
 #pragma once
 // Small tensor helpers shared by the sequence-to-sequence families (seq2seq.cpp: BART /
 // BlenderBot, seq2seq_t5.cpp: T5) and beam search (seq2seq_beam.cpp). Internal to src/models.
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -8,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "ds/core/error.h"
 #include "ds/core/tensor.h"
 #include "ds/nn/layers.h"
 #include "ds/ops/ops.h"
@@ -62,13 +64,38 @@ inline Tensor rows_of(const Tensor& t, int64_t off, int64_t n) {
   return off == 0 && n == t.size(0) ? t : ops::contiguous(ops::slice(t, 0, off, off + n));
 }
 
+// The positions P a group's self-attention cache (rows, NH, P, hd) holds for its step at g.pos:
+// the cache's own when they suffice, else twice as many (at least 64, at least g.pos + 1, at most
+// g.max_positions), so that a generation of T positions reallocates log2(T) times and holds at
+// most max_positions. cache: the group's layer cache's self_k (undefined before the first step).
+template <class Group>
+int64_t self_cache_capacity(const Group& g, const Tensor& cache) {
+  const int64_t need = g.pos + 1, have = cache.defined() ? cache.size(2) : 0;
+  if (need <= have) return have;
+  DS_CHECK(need <= g.max_positions,
+           "[seq2seq] target position {} is past the cache's limit of {} positions", g.pos,
+           g.max_positions);
+  return std::min(g.max_positions, std::max({need, 2 * have, int64_t{64}}));
+}
+
+// cache (R, NH, P0, hd) with its first `keep` positions, in a zeroed (R, NH, P, hd) of like's
+// dtype and device (like: the rows to be written, (R, NH, 1, hd)).
+inline Tensor regrow_cache(const Tensor& cache, const Tensor& like, int64_t keep, int64_t P) {
+  Tensor grown =
+      Tensor::zeros({like.size(0), like.size(1), P, like.size(3)}, like.dtype(), like.device());
+  if (cache.defined() && keep > 0)
+    ops::slice(grown, 2, 0, keep).copy_from(ops::slice(cache, 2, 0, keep));
+  return grown;
+}
+
 // A cached decoder step's attention, group by group (Seq2Seq::decode_step: groups of consecutive
 // rows, each with its caches): q (N, NH, 1, hd), the groups' rows in order. Self-attention (k, v
-// (N, NH, 1, hd) defined): each group's rows of k and v are appended to its layer-`li` cache,
-// which the group attends to. Cross-attention (k undefined): the group attends to its source,
-// projected by kv_of(memory) -> (keys, values) into the cache on its first step, masked by its
-// cross_lengths. attend(group index, q rows, keys, values, mask) -> (rows, NH, 1, hd).
-// -> (N, NH, 1, hd)
+// (N, NH, 1, hd) defined): each group's rows of k and v are written at position g.pos of its
+// layer-`li` cache (grown by self_cache_capacity when full), which the group attends to whole,
+// with key lengths g.pos + 1 (the rows past them are not read). Cross-attention (k undefined):
+// the group attends to its source, projected by kv_of(memory) -> (keys, values) into the cache on
+// its first step, masked by its cross_lengths. attend(group index, q rows, keys, values, mask) ->
+// (rows, NH, 1, hd). -> (N, NH, 1, hd)
 template <class Group, class KV, class F>
 Tensor attend_groups(const Tensor& q, const Tensor& k, const Tensor& v,
                      std::span<const Group> groups, size_t li, KV&& kv_of, F&& attend) {
@@ -81,10 +108,13 @@ Tensor attend_groups(const Tensor& q, const Tensor& k, const Tensor& v,
     mask.causal = false;
     const Tensor qg = rows_of(q, off, g.rows);
     if (k.defined()) {
+      const int64_t P = self_cache_capacity(g, cache.self_k);
       for (auto [c, t] : {std::pair{&cache.self_k, &k}, std::pair{&cache.self_v, &v}}) {
-        const Tensor rows = rows_of(*t, off, g.rows);
-        *c = c->defined() ? ops::concat({*c, rows}, 2) : rows;
+        const Tensor rows = rows_of(*t, off, g.rows);  // (rows, NH, 1, hd)
+        if (!c->defined() || c->size(2) != P) *c = regrow_cache(*c, rows, g.pos, P);
+        ops::slice(*c, 2, g.pos, g.pos + 1).copy_from(rows);
       }
+      mask.key_lengths.assign(static_cast<size_t>(g.rows), g.pos + 1);
       out.push_back(attend(i, qg, cache.self_k, cache.self_v, mask));
     } else {
       if (!cache.cross_k.defined()) std::tie(cache.cross_k, cache.cross_v) = kv_of(g.memory);

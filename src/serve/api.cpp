@@ -275,7 +275,23 @@ json parse_json_body(const std::string& body) {
                                param, e.what()),
                    param);
   } catch (const json::exception& e) {
-    throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()), "body");
+    // Where it failed, when inside a field: NaN, Infinity and -Infinity are no JSON numbers
+    // (Python's json.dumps writes them), and the field they were meant for is named.
+    PathSax where;
+    json::sax_parse(body, &where);
+    const std::string param = where.path.empty() ? "body" : where.path;
+    const bool non_finite =
+        body.find("NaN") != std::string::npos || body.find("Infinity") != std::string::npos;
+    throw ApiError(
+        400,
+        fmt::format("the request body is not valid JSON{}: {}{}",
+                    where.path.empty() ? "" : fmt::format(" at '{}'", where.path), e.what(),
+                    non_finite && !where.path.empty()
+                        ? fmt::format(" ('{}' must be a finite number: NaN and "
+                                      "Infinity are not JSON)",
+                                      where.path)
+                        : ""),
+        param);
   }
   if (!j.is_object())
     throw ApiError(400, fmt::format("the request body must be a JSON object, got {}", json_kind(j)),

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "ds/backend/backend.h"
 #include "ds/core/error.h"
 #include "ds/core/memory_info.h"
+#include "ds/models/encoder_family.h"
 #include "ds/models/family.h"
 #include "ds/models/hf_io.h"
 #include "ds/models/seq2seq_decoder.h"
@@ -167,11 +170,102 @@ GenerationResult generate(models::IncrementalDecoder& decoder, const TextTokeniz
   return std::move(s.result());
 }
 
+namespace {
+
+bool is_file(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_regular_file(p, ec);
+}
+
+// A ds_train --output_dir: checkpoints (the `latest` file, global_step<N> folders) or its metrics.
+bool is_run_folder(const fs::path& dir) {
+  std::error_code ec;
+  if (is_file(dir / "latest")) return true;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_directory(ec) && e.path().filename().string().rfind("global_step", 0) == 0)
+      return true;
+  return false;
+}
+
+// config.json's model_type when it is one neither loader reads: refused by name, with what is
+// supported (the decoder reader's own message would list the decoders only).
+void check_model_type(const fs::path& folder) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(std::ifstream(folder / "config.json"));
+  } catch (const nlohmann::json::exception&) {
+    return;  // the readers say what is wrong with the file
+  }
+  if (!j.is_object() || !j.contains("model_type") || !j["model_type"].is_string()) return;
+  const std::string type = j["model_type"].get<std::string>();
+  if (models::is_seq2seq_model_type(type)) return;
+  for (const models::Family* f : models::all_families())
+    if (std::find(f->model_types.begin(), f->model_types.end(), type) != f->model_types.end())
+      return;
+  std::string why;
+  if (type == "mt5" || type == "umt5")
+    why = " (mT5 and UMT5 are not implemented yet; T5 is)";
+  else if (models::find_encoder_family(type))
+    why = " (an encoder classifier: it labels text, it does not generate any)";
+  DS_THROW(
+      "[serve] {}: model_type \"{}\" is not a family we generate with{}; supported: "
+      "decoders {}; encoder-decoders {}",
+      (folder / "config.json").string(), type, why, models::supported_model_types(),
+      models::supported_seq2seq_model_types());
+}
+
+}  // namespace
+
+fs::path model_folder(const fs::path& path) {
+  std::error_code ec;
+  DS_CHECK(fs::is_directory(path, ec),
+           "[serve] {} is not a folder: give a Hugging Face model "
+           "folder (config.json + model.safetensors) or a ds_train --output_dir",
+           path.string());
+  fs::path folder;
+  if (is_file(path / "config.json"))
+    folder = path;
+  else if (is_file(path / "hf_model" / "config.json"))
+    folder = path / "hf_model";  // a ds_train --output_dir: its Hugging Face export
+  if (folder.empty()) {
+    // A PEFT adapter (ds_train --only_optimize_lora's export): LoRA matrices without the base.
+    for (const fs::path& d : {path, path / "hf_model"}) {
+      if (!is_file(d / "adapter_config.json")) continue;
+      std::string base = "its base model";
+      try {
+        const auto j = nlohmann::json::parse(std::ifstream(d / "adapter_config.json"));
+        if (j.is_object() && j.contains("base_model_name_or_path") &&
+            j["base_model_name_or_path"].is_string())
+          base = "its base model " + j["base_model_name_or_path"].get<std::string>();
+      } catch (const nlohmann::json::exception&) {
+      }
+      DS_THROW(
+          "[serve] {} is a PEFT LoRA adapter (adapter_config.json + "
+          "adapter_model.safetensors: the low-rank matrices over {}), not a whole model; "
+          "ds_generate and ds_serve load whole models: export the merged model with ds_train "
+          "--merge_lora (rerun the run's ds_train command with --resume_from_checkpoint "
+          "latest --merge_lora: a complete run exports at once; docs/finetuning.md, "
+          "\"Export\"), or merge with PEFT (merge_and_unload) and give that folder",
+          d.string(), base);
+    }
+    DS_CHECK(!is_run_folder(path),
+             "[serve] {} is a ds_train run folder (checkpoints) without an export in {}: give "
+             "--model the folder the run exported to (its --export_hf, which the run's last "
+             "lines name), or export the checkpoint: ds_to_fp32 {} {} (docs/checkpoints.md)",
+             path.string(), (path / "hf_model").string(), path.string(),
+             (path / "hf_model").string());
+    DS_THROW(
+        "[serve] {} holds no config.json (nor hf_model/config.json): give a Hugging Face "
+        "model folder or a ds_train --output_dir",
+        path.string());
+  }
+  check_model_type(folder);
+  return folder;
+}
+
 LoadedModel load_model(const fs::path& path, const fs::path& tokenizer_dir, Device device) {
   LoadedModel m;
-  fs::path folder = path;
-  if (!fs::exists(path / "config.json") && fs::exists(path / "hf_model" / "config.json"))
-    folder = path / "hf_model";  // a ds_train --output_dir: its Hugging Face export
+  const fs::path folder = model_folder(path);
   if (auto s2s = models::read_hf_seq2seq_config(folder)) {
     m.seq2seq = std::make_shared<models::Seq2Seq>(*s2s, /*init=*/false);
     models::load_hf_seq2seq_weights(*m.seq2seq, folder);
@@ -180,10 +274,6 @@ LoadedModel load_model(const fs::path& path, const fs::path& tokenizer_dir, Devi
   }
   const std::optional<models::GPTConfig> cfg =
       m.seq2seq ? std::nullopt : models::read_hf_config(folder);
-  DS_CHECK(m.seq2seq || cfg.has_value(),
-           "[serve] {} holds no config.json (nor hf_model/config.json): give a Hugging Face model "
-           "folder or a ds_train --output_dir",
-           path.string());
   if (cfg) {
     models::check_model_fits(*cfg, DType::f32, available_memory_bytes(),
                              (folder / "config.json").string());

@@ -158,6 +158,9 @@ struct GreedyOptions {
   // only token allowed at the last step (transformers' ForcedEOSTokenLogitsProcessor).
   int64_t eos_token_id = -2;
   int64_t forced_eos_token_id = -2;
+  // The only token allowed at the first step (transformers' ForcedBOSTokenLogitsProcessor);
+  // -1 = none.
+  int64_t forced_bos_token_id = -1;
   // transformers' logits processors (as BeamOptions): eos banned below min_length (the decoder
   // start counts), no repeated n-grams of the output / of the source row; 0 = off.
   int64_t min_length = 0;
@@ -183,7 +186,14 @@ struct BeamOptions {
   std::string early_stopping = "false";
   int64_t eos_token_id = -2;         // -2 = the config's; -1 = none
   int64_t forced_eos_token_id = -2;  // -2 = the config's; -1 = none
+  int64_t forced_bos_token_id = -1;  // as GreedyOptions'; -1 = none
   bool use_cache = true;             // as GreedyOptions::use_cache
+
+  // Throws "[seq2seq] <field> ..." naming the first bad value: num_beams, max_new_tokens < 1,
+  // a negative min_length or n-gram size, a length_penalty that is not a finite number (nan or
+  // inf would make every score nan: no hypothesis, an empty output), an early_stopping other
+  // than false / true / never. ds_generate, ds_serve and generate() call it.
+  void validate() const;
 };
 
 class Seq2Seq : public nn::Module {
@@ -257,9 +267,12 @@ class Seq2Seq : public nn::Module {
   class Stack;
   class T5Stack;                // src/models/seq2seq_t5.cpp
   friend class Seq2SeqDecoder;  // ds/models/seq2seq_decoder.h: serving runs decode_step
-  // One decoder layer's keys and values during generation: self-attention's grow by one
-  // position a step (B, NH, t, hd), cross-attention's are the encoder output's (B, NH, S, hd),
-  // projected once.
+  // One decoder layer's keys and values during generation. Self-attention's (B, NH, P, hd) are
+  // allocated ahead for P positions (detail::self_cache_capacity: doubled when full, at least 64,
+  // at most the group's max_positions) and written in place, one position a step; positions at
+  // and past the group's are not read (zero, or stale after Seq2SeqDecoder::truncate), so memory
+  // is bounded by P, not by the steps taken. Cross-attention's are the encoder output's
+  // (B, NH, S, hd), projected once.
   struct LayerCache {
     Tensor self_k, self_v, cross_k, cross_v;
   };
@@ -273,6 +286,7 @@ class Seq2Seq : public nn::Module {
     Tensor
         memory;  // (rows, S, C) encoder output: projected into the cross caches on the first step
     std::vector<int64_t> cross_lengths;  // memory's source length per row; {} = all S
+    int64_t max_positions = 0;           // the self-attention caches' limit (>= pos + 1)
   };
   Seq2SeqConfig config_;
   std::shared_ptr<nn::Embedding> shared_;
@@ -300,9 +314,11 @@ class Seq2Seq : public nn::Module {
                      float* out) const;
 
   // Logits (B, 1, V) of the decoder input ids (B, 1) at position pos, the earlier positions'
-  // keys and values in caches (one per decoder layer; filled on the first step).
+  // keys and values in caches (one per decoder layer; filled on the first step), which hold at
+  // most max_positions target positions.
   Tensor decode_step(const Tensor& ids, int64_t pos, const Tensor& memory,
-                     const Tensor& attention_mask, std::vector<LayerCache>& caches);
+                     const Tensor& attention_mask, std::vector<LayerCache>& caches,
+                     int64_t max_positions);
   // The one cached decoder step every generation runs: logits (N, 1, V) of ids (N, 1), the rows
   // split into groups in order (their rows sum to N); each group attends to its own caches (its
   // rows' keys and values appended) and source. The projections and the FFN run once over all N

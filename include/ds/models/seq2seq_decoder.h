@@ -21,6 +21,10 @@
 //     kT5MaxPositions for T5, whose relative positions have no bound (a cap on the caches).
 //   truncate(0) forgets the source too (the next forward encodes a new one); truncate(n >= 1)
 //     keeps the source and target positions 0 .. n-1.
+//   cache_bytes(): the self-attention caches are allocated ahead, doubling (64 positions, 128,
+//     ...) up to capacity_limit(), and written in place; the cross-attention caches hold the
+//     source's positions. At most 4 * decoder_layers * capacity_limit() * NH * head_dim * 4
+//     bytes (fp32), what ds_serve announces per sequence.
 //   decode_batch: one target position for B decoders of one model (different source and target
 //     lengths), through the same step as generate_greedy (Seq2Seq::decode_step): the projections,
 //     FFNs and LM head run once over the B rows, per row (ops::linear_rows for fp32 weights),
@@ -61,6 +65,9 @@ class Seq2SeqDecoder : public IncrementalDecoder {
   int64_t prompt_limit() const override;
   int32_t decoder_start_token() const override;
 
+  // The most cache_bytes() can be: self- and cross-attention keys and values of capacity_limit()
+  // positions each, fp32 (ds_serve's "KV cache up to ... per sequence").
+  int64_t cache_bytes_limit() const;
   int64_t source_length() const { return source_length_; }  // 0 while empty
   const Seq2Seq& model() const { return *model_; }
 
@@ -87,6 +94,7 @@ struct Seq2SeqProcessors {
   int64_t encoder_no_repeat_ngram_size = 0;
   int64_t eos = -1;         // -1 = none
   int64_t forced_eos = -1;  // the only token allowed at the last step; -1 = none
+  int64_t forced_bos = -1;  // the only token allowed at the first step; -1 = none
   int64_t vocab_size = 0;
 
   // A generation's settings (BeamOptions' processors, -2 ids resolved from config) for at most

@@ -168,6 +168,14 @@ struct LoadedModel {
 LoadedModel load_model(const std::filesystem::path& path,
                        const std::filesystem::path& tokenizer_dir = {}, Device device = kCPU);
 
+// The folder load_model reads for path: path itself when it holds config.json, else its
+// hf_model/ (a ds_train --output_dir's export). Throws "[serve] ..." with the reason when there is
+// none, before any option is looked at: a PEFT adapter folder (adapter_config.json: merge it,
+// ds_train --merge_lora), a ds_train run folder without an export (its --export_hf, or
+// ds_to_fp32), no config.json at all; or config.json's model_type is no family we generate with
+// (mt5, umt5, an encoder classifier, ...: named, with the supported ones).
+std::filesystem::path model_folder(const std::filesystem::path& path);
+
 // Whether s ends inside a UTF-8 character: the number of bytes to hold back (0-3).
 size_t incomplete_utf8_tail(std::string_view s);
 
