@@ -452,15 +452,23 @@ TEST_F(Classification, LengthsBoundedOutputOutsideInputsAndAbsurdHeaders) {
   o.seq_len = 64;
   data::prepare_classification(o);
 
-  // The output folder as input (ds_prepare --output D D, run twice), and an output inside an
-  // input folder.
+  // The output folder as input (ds_prepare --output D D, run twice) is refused; an output folder
+  // inside an input folder is skipped (its meta.json is not a record file).
   auto again = o;
   again.inputs = {o.output_dir};
   e = error_of([&] { data::prepare_classification(again); });
   EXPECT_NE(e.find("is the output folder"), std::string::npos) << e;
-  again.inputs = {dir_};
-  e = error_of([&] { data::prepare_classification(again); });
-  EXPECT_NE(e.find("inside the input folder"), std::string::npos) << e;
+  fs::create_directories(dir_ / "in");
+  fs::copy_file(dir_ / "a.tsv", dir_ / "in" / "a.tsv");
+  again.inputs = {dir_ / "in"};
+  again.output_dir = dir_ / "in" / "set";
+  again.tokenizer_dir = kTok;
+  again.seq_len = 16;
+  for (int run = 0; run < 2; ++run) {  // the second run finds the first one's meta.json there
+    const auto rep = data::prepare_classification(again);
+    ASSERT_EQ(rep.files.size(), 1u) << run;  // in/a.tsv only
+    EXPECT_EQ(rep.files[0].first, (dir_ / "in" / "a.tsv").string());
+  }
 
   // Absurd example counts in a split file's header (and meta.json agreeing): the size check.
   const fs::path split = o.output_dir / "train.cls";

@@ -110,7 +110,7 @@ ClassificationPrepareReport prepare_classification(const ClassificationPrepareOp
   check_output_outside_inputs(o.inputs, o.output_dir, "classification");
   const std::vector<InputFile> files =
       list_set_inputs(o.inputs, {".tsv", ".jsonl", ".json"}, "classification", ".tsv or .jsonl",
-                      "classification records are GLUE TSV or JSON Lines");
+                      "classification records are GLUE TSV or JSON Lines", o.output_dir);
   ClassificationPrepareReport report;
   RecordSplit split(files, o.val_fraction, o.val_files, "classification");
 

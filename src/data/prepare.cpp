@@ -138,10 +138,6 @@ void check_output_outside_inputs(const std::vector<fs::path>& inputs, const fs::
              "[{}] the input {} {} the output folder {}: a run would read its own meta.json and "
              "split files as input; give the source files, or another --output",
              tag, in.string(), p == out ? "is" : "is inside", output_dir.string());
-    DS_CHECK(!fs::is_directory(p, ec) || !within(out, p),
-             "[{}] the output folder {} is inside the input folder {}: the next run would read "
-             "this one's meta.json and split files as input; choose an --output outside the inputs",
-             tag, output_dir.string(), in.string());
   }
 }
 
@@ -160,8 +156,11 @@ void check_sequence_length(const char* tag, const char* option, int64_t value,
 }
 
 std::vector<InputFile> list_inputs(const std::vector<fs::path>& inputs,
-                                   std::string_view extension) {
+                                   std::string_view extension, const fs::path& output_dir) {
   DS_CHECK(!inputs.empty(), "[prepare] no inputs given; pass text files or folders");
+  std::error_code ec;
+  const fs::path skip =
+      output_dir.empty() ? fs::path() : fs::weakly_canonical(fs::absolute(output_dir, ec), ec);
   std::vector<InputFile> files;
   std::set<fs::path> seen;
   auto add = [&](const fs::path& p, std::string rel) {
@@ -172,8 +171,15 @@ std::vector<InputFile> list_inputs(const std::vector<fs::path>& inputs,
   for (const auto& in : inputs) {
     DS_CHECK(fs::exists(in), "[prepare] input '{}' does not exist", in.string());
     if (fs::is_directory(in)) {
-      for (const auto& e :
-           fs::recursive_directory_iterator(in, fs::directory_options::follow_directory_symlink)) {
+      for (auto it = fs::recursive_directory_iterator(
+               in, fs::directory_options::follow_directory_symlink);
+           it != fs::recursive_directory_iterator(); ++it) {
+        const auto& e = *it;
+        // The output folder inside an input folder: its meta.json and splits are not input.
+        if (!skip.empty() && e.is_directory(ec) && fs::weakly_canonical(e.path(), ec) == skip) {
+          it.disable_recursion_pending();
+          continue;
+        }
         if (!e.is_regular_file()) continue;
         const std::string name = e.path().filename().string();
         if (name.starts_with(".")) continue;  // stamps, editor files
@@ -236,7 +242,7 @@ std::vector<bool> assign_val(const std::vector<InputFile>& files, const PrepareO
 
 PrepareReport prepare_corpus(const PrepareOptions& o) {
   check_output_outside_inputs(o.inputs, o.output_dir, "prepare");
-  const std::vector<InputFile> files = list_inputs(o.inputs, o.extension);
+  const std::vector<InputFile> files = list_inputs(o.inputs, o.extension, o.output_dir);
   PrepareReport report;
   const std::vector<bool> is_val = assign_val(files, o, &report.split_rule);
   // GPT-2's encoder.json + vocab.bpe (the reference encoder, memoised words), or any Hugging Face

@@ -247,7 +247,8 @@ Seq2SeqPrepareReport prepare_seq2seq(const Seq2SeqPrepareOptions& o) {
   check_output_outside_inputs(o.inputs, o.output_dir, "seq2seq");
   const std::vector<InputFile> files =
       list_set_inputs(o.inputs, {".jsonl", ".json"}, "seq2seq", ".jsonl",
-                      "seq2seq records are JSON Lines with a source and a target field");
+                      "seq2seq records are JSON Lines with a source and a target field",
+                      o.output_dir);
   Seq2SeqPrepareReport report;
   RecordSplit split(files, o.val_fraction, o.val_files, "seq2seq");
 

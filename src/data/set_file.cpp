@@ -18,9 +18,10 @@ using nlohmann::json;
 
 std::vector<InputFile> list_set_inputs(const std::vector<fs::path>& inputs,
                                        const std::vector<std::string>& extensions, const char* tag,
-                                       const char* extensions_text, const char* what) {
+                                       const char* extensions_text, const char* what,
+                                       const fs::path& output_dir) {
   std::vector<InputFile> files;
-  for (InputFile& f : list_inputs(inputs, "")) {
+  for (InputFile& f : list_inputs(inputs, "", output_dir)) {
     const std::string ext = f.path.extension().string();
     if (std::find(extensions.begin(), extensions.end(), ext) != extensions.end())
       files.push_back(std::move(f));

@@ -338,7 +338,7 @@ SftReport prepare_sft(const SftOptions& o) {
   check_sequence_length("sft", "--seq_len", static_cast<int64_t>(o.seq_len), 0, {});
   DS_CHECK(!o.output_dir.empty(), "[sft] no output folder given");
   check_output_outside_inputs(o.inputs, o.output_dir, "sft");
-  const std::vector<InputFile> files = list_inputs(o.inputs, o.extension);
+  const std::vector<InputFile> files = list_inputs(o.inputs, o.extension, o.output_dir);
   SftReport report;
 
   // Whole-file rules come from prepare.h; the fraction rule applies to records, below.

@@ -76,14 +76,17 @@ struct PrepareReport {
   std::filesystem::path meta;
 };
 
-// The input files, deduplicated and sorted by path. Throws if an input does not exist or nothing
-// is found.
+// The input files, deduplicated and sorted by path; folders are searched recursively, skipping
+// `output_dir` when it lies inside one (its meta.json and splits are not input). Throws if an
+// input does not exist or nothing is found.
 std::vector<InputFile> list_inputs(const std::vector<std::filesystem::path>& inputs,
-                                   std::string_view extension);
+                                   std::string_view extension,
+                                   const std::filesystem::path& output_dir = {});
 
-// Refuses an input that is the output folder or lies inside it, and an output folder inside an
-// input folder: a second run would read the first run's meta.json and splits as input. Paths are
-// compared after resolving symlinks and "..". Throws "[TAG] ..." naming both.
+// Refuses an input that is the output folder or lies inside it: a second run would read the first
+// run's meta.json and splits as input (an output folder inside an input folder is skipped by
+// list_inputs instead). Paths are compared after resolving symlinks and "..". Throws "[TAG] ..."
+// naming both.
 void check_output_outside_inputs(const std::vector<std::filesystem::path>& inputs,
                                  const std::filesystem::path& output_dir, const char* tag);
 

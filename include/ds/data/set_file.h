@@ -35,11 +35,12 @@ inline constexpr size_t kSetHeaderBytes = 64;
 
 // ---- preparing a set ----------------------------------------------------------------------------
 
-// The input files (list_inputs) whose extension is one of `extensions`. Throws "[TAG] no
-// <extensions_text> file among the inputs (...); <what>" when there is none.
+// The input files (list_inputs, skipping `output_dir`) whose extension is one of `extensions`.
+// Throws "[TAG] no <extensions_text> file among the inputs (...); <what>" when there is none.
 std::vector<InputFile> list_set_inputs(const std::vector<std::filesystem::path>& inputs,
                                        const std::vector<std::string>& extensions, const char* tag,
-                                       const char* extensions_text, const char* what);
+                                       const char* extensions_text, const char* what,
+                                       const std::filesystem::path& output_dir);
 
 // The train / val split of a task set's records (at most one rule): val_files, a glob choosing
 // whole files (assign_val), or val_fraction f: the last ceil(f * records) records (files in path
