@@ -12,6 +12,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu/fast_math.h"
@@ -154,6 +155,73 @@ TEST(GemmCpu, FewRowsAgainstAWeightMatrixMatchNaive) {
     for (int64_t i = 0; i < m; ++i)  // the padding between rows of C is untouched
       for (int64_t j = N; j < ldc; ++j) ASSERT_EQ(c[static_cast<size_t>(i * ldc + j)], -7.0f);
   }
+}
+
+// bf16 GEMMs (oneDNN on AVX512-BF16 / AMX CPUs, else cblas_sbgemm or converted operands): every
+// transpose, odd sizes (tails of the kernels' blocks), padded leading dimensions, alpha and beta,
+// a batch, against a double-precision product of the same bf16 values. Each product is a sum of K
+// exact bf16 x bf16 products accumulated in fp32, so the error is fp32 rounding of the partial
+// sums: below K * 2^-24 relative to the sum of |terms|.
+TEST(GemmCpu, Bf16ProductsMatchDoubleOfTheSameValues) {
+  std::printf("%s\n", backend::cpu().gemm_info().c_str());
+  auto bf16_bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+  };
+  auto value = [](uint16_t h) {
+    const uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true})
+      for (const auto [m, n, k] : {std::tuple{37, 45, 129}, std::tuple{64, 256, 768},
+                                   std::tuple{1, 77, 33}, std::tuple{130, 3, 500}}) {
+        const int64_t batch = 2, lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;
+        const int64_t a_rows = ta ? k : m, b_rows = tb ? n : k;
+        std::vector<uint16_t> a(static_cast<size_t>(batch * a_rows * lda)),
+            b(static_cast<size_t>(batch * b_rows * ldb));
+        for (size_t i = 0; i < a.size(); ++i)
+          a[i] = bf16_bits(static_cast<float>(std::sin(0.37 * i + m)));
+        for (size_t i = 0; i < b.size(); ++i)
+          b[i] = bf16_bits(static_cast<float>(std::cos(0.23 * i + n)));
+        const float alpha = 0.75f, beta = 0.5f;
+        std::vector<float> c(static_cast<size_t>(batch * m * ldc));
+        for (size_t i = 0; i < c.size(); ++i) c[i] = static_cast<float>(std::sin(0.5 * i));
+        const std::vector<float> c0 = c;
+        backend::Gemm g;
+        g.dtype = DType::bf16;
+        g.trans_a = ta, g.trans_b = tb, g.m = m, g.n = n, g.k = k, g.alpha = alpha, g.beta = beta;
+        g.a = a.data(), g.lda = lda, g.b = b.data(), g.ldb = ldb, g.c = c.data(), g.ldc = ldc;
+        g.batch = batch, g.stride_a = a_rows * lda, g.stride_b = b_rows * ldb, g.stride_c = m * ldc;
+        backend::cpu().gemm(g);
+        for (int64_t s = 0; s < batch; ++s)
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              double want = 0, mag = 0;
+              for (int64_t e = 0; e < k; ++e) {
+                const double x = value(a[static_cast<size_t>(
+                                 s * a_rows * lda + (ta ? e * lda + i : i * lda + e))]),
+                             y = value(b[static_cast<size_t>(
+                                 s * b_rows * ldb + (tb ? j * ldb + e : e * ldb + j))]);
+                want += x * y;
+                mag += std::abs(x * y);
+              }
+              const size_t at = static_cast<size_t>(s * m * ldc + i * ldc + j);
+              want = alpha * want + beta * c0[at];
+              ASSERT_NEAR(c[at], want, (k * 6e-8 + 1e-6) * (alpha * mag + std::abs(c0[at])))
+                  << "ta " << ta << " tb " << tb << " m " << m << " n " << n << " k " << k
+                  << " at " << s << "," << i << "," << j;
+            }
+        for (int64_t s = 0; s < batch; ++s)  // C's padding columns are untouched
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = n; j < ldc; ++j) {
+              const size_t at = static_cast<size_t>(s * m * ldc + i * ldc + j);
+              ASSERT_EQ(c[at], c0[at]);
+            }
+      }
 }
 
 // The device-parameterised tests: one instance per device, skipped where a kernel is missing.

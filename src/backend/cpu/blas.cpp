@@ -118,6 +118,23 @@ void fallback_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alp
   }
 }
 
+// How a bf16 product runs: oneDNN on the CPU's bf16 units when it loaded (onednn.cpp decides,
+// DS_BF16_GEMM=onednn|blas|convert overrides), else the BLAS's cblas_sbgemm when it has one, else
+// both operands widened to fp32 for sgemm.
+enum class Bf16Path { onednn, sbgemm, convert };
+Bf16Path bf16_path() {
+  static const Bf16Path p = [] {
+    const char* mode = std::getenv("DS_BF16_GEMM");
+    const std::string m = mode ? mode : "auto";
+    DS_CHECK(m == "auto" || m == "onednn" || m == "blas" || m == "convert",
+             "[cpu:gemm] DS_BF16_GEMM={} is not one of auto, onednn, blas, convert", m);
+    if (m != "blas" && m != "convert" && onednn_gemm_bf16_available()) return Bf16Path::onednn;
+    if (m != "convert" && blas().sbgemm) return Bf16Path::sbgemm;
+    return Bf16Path::convert;
+  }();
+  return p;
+}
+
 }  // namespace
 
 void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
@@ -138,7 +155,12 @@ std::string CpuBackend::gemm_info() {
   std::string s = fmt::format("{} ({}), core {} ({}), {} threads", bl.library,
                               bl.config.empty() ? "cblas" : bl.config, bl.core, bl.core_origin,
                               omp_get_max_threads());
-  s += bl.sbgemm ? "; bf16 GEMM: cblas_sbgemm" : "; bf16 GEMM: converted to fp32 (no cblas_sbgemm)";
+  if (bf16_path() == Bf16Path::onednn)
+    s += "; bf16 GEMM: " + onednn_gemm_info();
+  else if (bf16_path() == Bf16Path::sbgemm)
+    s += "; bf16 GEMM: cblas_sbgemm";
+  else
+    s += "; bf16 GEMM: converted to fp32 (" + onednn_gemm_info() + ")";
   return s;
 }
 
@@ -146,8 +168,9 @@ void CpuBackend::gemm(const Gemm& g) {
   const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
   const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
   auto* c = static_cast<float*>(g.c);
-  const bool use_sbgemm = g.dtype == DType::bf16 && blas().sbgemm;
-  if (g.dtype != DType::f32 && !use_sbgemm) {
+  const Bf16Path path = g.dtype == DType::bf16 ? bf16_path() : Bf16Path::convert;
+  const bool use_onednn = path == Bf16Path::onednn, use_sbgemm = path == Bf16Path::sbgemm;
+  if (g.dtype != DType::f32 && !use_sbgemm && !use_onednn) {
     // 16-bit operands without a 16-bit GEMM: convert each batch item to fp32 and run sgemm.
     std::vector<float> a32(static_cast<size_t>((a_rows - 1) * g.lda + a_cols));
     std::vector<float> b32(static_cast<size_t>((b_rows - 1) * g.ldb + b_cols));
@@ -164,7 +187,12 @@ void CpuBackend::gemm(const Gemm& g) {
   }
   if (!omp_in_parallel() && gemm_few_rows(g)) return;
   auto one = [&](int64_t i) {
-    if (use_sbgemm) {
+    if (use_onednn) {
+      onednn_gemm_bf16(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha,
+                       static_cast<const uint16_t*>(g.a) + i * g.stride_a, g.lda,
+                       static_cast<const uint16_t*>(g.b) + i * g.stride_b, g.ldb, g.beta,
+                       c + i * g.stride_c, g.ldc);
+    } else if (use_sbgemm) {
       const auto* a = static_cast<const uint16_t*>(g.a) + i * g.stride_a;
       const auto* b = static_cast<const uint16_t*>(g.b) + i * g.stride_b;
       blas().sbgemm(kRowMajor, g.trans_a ? kTrans : kNoTrans, g.trans_b ? kTrans : kNoTrans,

@@ -79,6 +79,17 @@ class CpuBackend final : public Backend {
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// bf16 GEMM on the CPU's bf16 units through oneDNN (onednn.cpp), row-major like sgemm, fp32 C
+// (C = alpha op(A) op(B) + beta C). False when oneDNN's bf16 path is not in use (no library, a
+// CPU without AVX512-BF16 / AMX-BF16, or DS_BF16_GEMM says otherwise); nothing is done then.
+bool onednn_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                      const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
+                      float* c, int64_t ldc);
+bool onednn_gemm_bf16_available();
+// What the bf16 path is ("oneDNN 2.6.3 (libdnnl.so.2, dnnl_gemm_bf16bf16f32)"), or why there is
+// none.
+std::string onednn_gemm_info();
+
 // C = A B^T for fp32 A with at most 8 rows against a large B (N, K) (a weight matrix: decode steps,
 // beam search), through the decode row kernel instead of the BLAS; false (nothing done) for any
 // other shape (decode.cpp).
