@@ -239,6 +239,13 @@ class Backend {
   // device; a device without its own kernel pays two copies each way).
   virtual void gelu_erf_forward(const Tensor& x, const Tensor& out);
   virtual void gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor& dx);
+  // SwiGLU (ops::swiglu): out = silu(gate) * up; the backward writes dgate = dy * up * silu'(gate)
+  // and dup = dy * silu(gate), each unless undefined. Contiguous, one size. Default: the unary and
+  // binary kernels (silu, mul, silu_backward) in fp32, one temporary per product; the CPU fuses
+  // each into one pass with the same fp32 arithmetic (bitwise the default's result).
+  virtual void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out);
+  virtual void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up,
+                               const Tensor& dgate, const Tensor& dup);
 
   // ---- decoding (inference only: models::IncrementalDecoder) ----
   // y (R, N) = x (R, K) w^T + b, for R independent rows (decode: one row per sequence). Every row
