@@ -1322,6 +1322,64 @@ TEST_P(Ops, Bf16KernelsEqualTheFp32PathBitwise) {
   }
 }
 
+// The unary and binary kernels on 16-bit operands (broadcast and strided views, mixed dtypes, in
+// place) against the fp32 kernels on widened copies with the same strides, rounded: bitwise.
+TEST_P(Ops, Bf16UnaryAndBinaryKernelsEqualFp32) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::bf16, "unary", "binary", "copy");
+  using backend::BinaryOp;
+  using backend::UnaryOp;
+  backend::Backend& be = backend::get(device());
+  const Shape shape{3, 4, 37};
+  // A view of t's storage as `shape` with the given strides (t fp32 or bf16, same layout).
+  auto view = [&](const Tensor& t, const Shape& strides) {
+    return Tensor::from_storage(t.storage(), shape, t.dtype(), t.storage_offset(), strides);
+  };
+  const Tensor a16 = randn(shape, 1, 1.0f, DType::bf16), a32 = a16.to(DType::f32);
+  const Tensor r16 = randn({3, 37}, 2, 1.0f, DType::bf16), r32 = r16.to(DType::f32);  // rows
+  const Tensor t16 = randn({37, 12}, 3, 1.0f, DType::bf16), t32 = t16.to(DType::f32);  // transposed
+  const Tensor c16 = randn({3, 4}, 4, 1.0f, DType::bf16), c32 = c16.to(DType::f32);   // per row
+  struct Operand {
+    const char* what;
+    Tensor v16, v32;
+  };
+  const std::vector<Operand> others = {
+      {"contiguous", a16, a32},
+      {"broadcast rows (stride 0 in dim 1)", view(r16, {37, 0, 1}), view(r32, {37, 0, 1})},
+      {"strided last dim (12)", view(t16, {4, 1, 12}), view(t32, {4, 1, 12})},
+      {"broadcast along the last dim", view(c16, {4, 1, 0}), view(c32, {4, 1, 0})},
+  };
+  for (const Operand& o : others) {
+    for (const BinaryOp op : {BinaryOp::add, BinaryOp::mul, BinaryOp::div,
+                              BinaryOp::gelu_backward, BinaryOp::silu_backward}) {
+      SCOPED_TRACE(std::string(o.what) + " op " + std::to_string(static_cast<int>(op)));
+      Tensor want = Tensor::empty(shape, DType::f32, device());
+      be.binary(op, o.v32, a32, want);
+      Tensor got = Tensor::empty(shape, DType::bf16, device());
+      be.binary(op, o.v16, a16, got);  // 16-bit both
+      EXPECT_EQ(bits_of(got), bits_of(want.to(DType::bf16)));
+      Tensor mixed = Tensor::empty(shape, DType::f32, device());
+      be.binary(op, o.v16, a32, mixed);  // 16-bit and fp32 operands, fp32 out
+      EXPECT_EQ(bits_of(mixed), bits_of(want));
+    }
+  }
+  Tensor inplace = a16.clone();  // out is a itself
+  be.binary(BinaryOp::sub, inplace, view(r16, {37, 0, 1}), inplace);
+  Tensor want = Tensor::empty(shape, DType::f32, device());
+  be.binary(BinaryOp::sub, a32, view(r32, {37, 0, 1}), want);
+  EXPECT_EQ(bits_of(inplace), bits_of(want.to(DType::bf16)));
+  for (const UnaryOp op :
+       {UnaryOp::exp, UnaryOp::tanh, UnaryOp::mul_scalar, UnaryOp::gelu, UnaryOp::silu}) {
+    for (const DType dt : {DType::bf16, DType::f16}) {
+      const Tensor x = randn({7, 2500}, 5, 2.0f, dt);
+      Tensor got = Tensor::empty(x.shape(), dt, device());
+      Tensor w = Tensor::empty(x.shape(), DType::f32, device());
+      be.unary(op, x, got, 0.75f);
+      be.unary(op, x.to(DType::f32), w, 0.75f);
+      EXPECT_EQ(bits_of(got), bits_of(w.to(dt))) << static_cast<int>(op) << " " << dtype_name(dt);
+    }
+  }
+}
+
 // Softmax and attention: the forward is bitwise the fp32 path's; the backward reads the op's saved
 // output, which on the direct path is the rounded 16-bit one (no fp32 copy of it is kept, as in
 // PyTorch's bf16 softmax and FlashAttention's bf16 backward), so the gradients differ by what that
