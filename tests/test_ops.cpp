@@ -1121,18 +1121,23 @@ TEST_P(Ops, DropoutContract) {
 // ---- thread-count independence (CPU backend only: its parallel_for and chunking) ----
 
 TEST(OpsCpu, KernelsAreBitwiseIndependentOfThreadCount) {
-  auto run = [] {
+  // fp32, and bf16 through the kernels' 16-bit path (row blocks, per-head scratch).
+  auto run = [](DType dt) {
     std::vector<std::vector<float>> r;
-    using ds::testing::randn;
-    Tensor x = randn({300, 96}, 22), w = ds::testing::uniform({96}, 23, 0.5f, 1.5f),
-           b = randn({96}, 24);
+    auto randn = [dt](const Shape& s, uint64_t seed) {
+      return ds::testing::randn(s, seed, 1.0f, dt);
+    };
+    auto uniform = [dt](const Shape& s, uint64_t seed) {
+      return ds::testing::uniform(s, seed, 0.5f, 1.5f).to(dt);
+    };
+    Tensor x = randn({300, 96}, 22), w = uniform({96}, 23), b = randn({96}, 24);
     for (Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
     Tensor y = ops::layer_norm(x, w, b);
     ops::sum(ops::mul(y, randn({300, 96}, 25))).backward();
     r.push_back(y.to_vector());
     for (Tensor* t : {&x, &w, &b}) r.push_back(t->grad().to_vector());
 
-    Tensor w2 = ds::testing::uniform({96}, 26, 0.5f, 1.5f);
+    Tensor w2 = uniform({96}, 26);
     w2.set_requires_grad(true);
     ops::sum(ops::mul(ops::rms_norm(x.detach(), w2), randn({300, 96}, 27))).backward();
     r.push_back(w2.grad().to_vector());
@@ -1150,19 +1155,29 @@ TEST(OpsCpu, KernelsAreBitwiseIndependentOfThreadCount) {
                       randn({8, 40}, 33)))
         .backward();
     r.push_back(e.grad().to_vector());
+
+    Tensor s = randn({300, 96}, 34), gate = randn({300, 96}, 35), up = randn({300, 96}, 36);
+    for (Tensor* t : {&s, &gate, &up}) t->set_requires_grad(true);
+    Tensor z = ops::add(ops::softmax(s), ops::swiglu(gate, up));
+    ops::sum(ops::mul(z, randn({300, 96}, 37))).backward();
+    r.push_back(z.to_vector());
+    for (Tensor* t : {&s, &gate, &up}) r.push_back(t->grad().to_vector());
     return r;
   };
-  std::vector<std::vector<float>> one, two;
-  {
-    ThreadCount t(1);
-    one = run();
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    std::vector<std::vector<float>> one, two;
+    {
+      ThreadCount t(1);
+      one = run(dt);
+    }
+    {
+      ThreadCount t(2);
+      two = run(dt);
+    }
+    ASSERT_EQ(one.size(), two.size());
+    for (size_t i = 0; i < one.size(); ++i)
+      EXPECT_EQ(one[i], two[i]) << "result " << i << " " << dtype_name(dt);
   }
-  {
-    ThreadCount t(2);
-    two = run();
-  }
-  ASSERT_EQ(one.size(), two.size());
-  for (size_t i = 0; i < one.size(); ++i) EXPECT_EQ(one[i], two[i]) << "result " << i;
 }
 
 // ---- 16-bit inputs ----

@@ -155,6 +155,10 @@ class Backend {
                       const Tensor& out) = 0;
 
   // ---- neural-network kernels (rows = all leading dims flattened, C = last dim) ----
+  // Contiguous fp32 tensors, except where supports(kernel, dt) says a backend takes a 16-bit dt:
+  // then activations, their gradients and weights may be bf16/fp16 (each its own dtype), computed
+  // in fp32; row statistics (mean, rstd, lse) and weight gradients (dw, db) stay fp32. The CPU does
+  // so for the norms, softmax, attention, rope, gelu_erf and swiglu (docs/architecture.md).
   virtual void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
                                   const Tensor& y, const Tensor& mean, const Tensor& rstd) = 0;
   // dw and db are accumulated into (+=); db may be undefined (no bias).
