@@ -3,7 +3,13 @@
 //   memory-bound kernels (cross-entropy, layer norm, softmax) against a STREAM-style triad,
 //   attention against a plain sgemm of the same useful FLOPs.
 //
-//   bench_kernels [--threads N] [--reps 5] [--cpu-time]
+//   bench_kernels [--threads N] [--reps 5] [--cpu-time] [--bf16-only] [--no-ce]
+//
+// --no-ce skips the cross-entropy and LM-head sections (minutes on a loaded machine).
+//
+// The bf16 section times the ops (ops::layer_norm, ...) on bf16 tensors, forward alone and
+// forward + backward, at the same shapes: the ops layer is where 16-bit tensors used to be widened
+// to whole fp32 copies, so that is the level at which native bf16 kernels are compared.
 //
 // --cpu-time times with the process CPU clock instead of the wall clock: on a shared machine it
 // discounts the time the process was descheduled (meaningful with --threads 1).
@@ -35,6 +41,8 @@ namespace {
 
 int g_reps = 5;
 bool g_cpu_time = false;
+bool g_bf16_only = false;
+bool g_no_ce = false;
 
 double now_seconds() {
   if (!g_cpu_time) return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
@@ -96,6 +104,9 @@ void report(const char* name, double sec, double bytes, double triad) {
   std::printf("%-44s %9.2f ms  %7.1f GB/s  %5.2fx triad\n", name, sec * 1e3, gbps, gbps / triad);
 }
 
+void bench_fp32(backend::Backend& be, double triad, double peak);
+void bench_bf16(double triad);
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,19 +115,29 @@ int main(int argc, char** argv) {
     if (a == "--threads" && i + 1 < argc) set_num_threads(std::atoi(argv[++i]));
     else if (a == "--reps" && i + 1 < argc) g_reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--cpu-time") g_cpu_time = true;
+    else if (a == "--bf16-only") g_bf16_only = true;
+    else if (a == "--no-ce") g_no_ce = true;
     else {
-      std::printf("usage: bench_kernels [--threads N] [--reps N] [--cpu-time]\n");
+      std::printf(
+          "usage: bench_kernels [--threads N] [--reps N] [--cpu-time] [--bf16-only] [--no-ce]\n");
       return a == "--help" ? 0 : 2;
     }
   }
   autograd::NoGradGuard no_grad;
   auto& be = backend::cpu();
-  const int64_t B = 8, T = 256, C = 768, NH = 12, hd = C / NH, V = 50257, N = B * T;
   std::printf("threads %d, %s\n", num_threads(), be.gemm_info().c_str());
   const double triad = triad_gbps(), peak = sgemm_gflops();
   std::printf("reference: triad %.1f GB/s, sgemm 1024^3 %.1f GFLOP/s\n\n", triad, peak);
+  if (!g_bf16_only) bench_fp32(be, triad, peak);
+  bench_bf16(triad);
+  return 0;
+}
 
-  {  // cross-entropy (N, V): ~412 MB of logits, larger than any cache by itself
+namespace {
+
+void bench_fp32(backend::Backend& be, double triad, double peak) {
+  const int64_t B = 8, T = 256, C = 768, NH = 12, hd = C / NH, V = 50257, N = B * T;
+  if (!g_no_ce) {  // cross-entropy (N, V): ~412 MB of logits, larger than any cache by itself
     Tensor logits = rand_tensor({N, V}, 5, 8.0f), dlogits = Tensor::empty({N, V});
     std::vector<int64_t> tv(static_cast<size_t>(N));
     for (int64_t i = 0; i < N; ++i) tv[static_cast<size_t>(i)] = (i * 7919) % V;
@@ -197,7 +218,7 @@ int main(int argc, char** argv) {
                 bf / b / 1e9, bf / b / 1e9 / peak);
     std::printf("%-44s %9.2f ms\n", "attention fwd+bwd", (f + b) * 1e3);
   }
-  {  // the LM head + loss, forward and backward: linear then cross_entropy, against the fused
+  if (!g_no_ce) {  // the LM head + loss, forward and backward: linear then cross_entropy, against the fused
      // linear_cross_entropy (the logits a block of rows at a time); time and peak tensor memory
     autograd::GradModeGuard grad_on(true);
     Tensor x = rand_tensor({N, C}, 50), w = rand_tensor({V, C}, 51, 0.1f);
@@ -228,5 +249,82 @@ int main(int argc, char** argv) {
                 "  fused (linear_cross_entropy)", sec[1] * 1e3, peak[1] / 1048576.0,
                 sec[1] / sec[0]);
   }
-  return 0;
 }
+
+Tensor bf16_tensor(const Shape& s, uint32_t seed, float scale = 1.0f) {
+  return rand_tensor(s, seed, scale).to(DType::bf16);
+}
+
+// One op on bf16 tensors: forward alone (no grad) and forward + backward from a bf16 upstream
+// gradient, over `copies` rotating input sets. fwd(r) returns the output of input set r; the
+// leaves' gradients are cleared before each backward, so no accumulation is timed.
+void bench_op16(const char* name, int copies, double bytes, const std::function<Tensor(int)>& fwd,
+                const Shape& out_shape, const std::vector<Tensor>& leaves, double triad) {
+  const Tensor g = bf16_tensor(out_shape, 99);
+  const double f = time_it([&](int r) { fwd(r % copies); });
+  const double fb = time_it([&](int r) {
+    for (const Tensor& t : leaves) t.set_grad(Tensor());
+    autograd::GradModeGuard grad_on(true);
+    fwd(r % copies).backward(g);
+  });
+  char label[96];
+  std::snprintf(label, sizeof label, "%s bf16 fwd", name);
+  report(label, f, bytes, triad);
+  std::snprintf(label, sizeof label, "%s bf16 fwd+bwd", name);
+  std::printf("%-44s %9.2f ms\n", label, fb * 1e3);
+}
+
+void bench_bf16(double triad) {
+  const int64_t B = 8, T = 256, C = 768, NH = 12, hd = C / NH, N = B * T;
+  std::printf("\nbf16 ops (GB/s counts 2-byte elements: one read of each input, one write)\n");
+  // Leaves that require grad: the backward computes every input's gradient, as in training.
+  auto leaf = [](Tensor t) {
+    t.set_requires_grad(true);
+    return t;
+  };
+  auto all = [](std::vector<Tensor> a, const std::vector<Tensor>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  {
+    constexpr int kCopies = 8;
+    std::vector<Tensor> xs;
+    for (int i = 0; i < kCopies; ++i) xs.push_back(leaf(bf16_tensor({N, C}, 10 + i)));
+    const Tensor w = leaf(bf16_tensor({C}, 6)), b = leaf(bf16_tensor({C}, 7));
+    bench_op16("layer_norm (2048, 768)", kCopies, 2.0 * N * C * 2,
+               [&](int r) { return ops::layer_norm(xs[r], w, b); }, {N, C}, all(xs, {w, b}), triad);
+    bench_op16("rms_norm (2048, 768)", kCopies, 2.0 * N * C * 2,
+               [&](int r) { return ops::rms_norm(xs[r], w); }, {N, C}, all(xs, {w, b}), triad);
+  }
+  {
+    constexpr int kCopies = 4;
+    std::vector<Tensor> xs, us;
+    for (int i = 0; i < kCopies; ++i) {
+      xs.push_back(leaf(bf16_tensor({N, 4 * C}, 60 + i, 8.0f)));
+      us.push_back(leaf(bf16_tensor({N, 4 * C}, 70 + i)));
+    }
+    bench_op16("gelu (2048, 3072)", kCopies, 2.0 * N * 4 * C * 2,
+               [&](int r) { return ops::gelu(xs[r]); }, {N, 4 * C}, xs, triad);
+    bench_op16("gelu_erf (2048, 3072)", kCopies, 2.0 * N * 4 * C * 2,
+               [&](int r) { return ops::gelu_erf(xs[r]); }, {N, 4 * C}, xs, triad);
+    bench_op16("swiglu (2048, 3072)", kCopies, 3.0 * N * 4 * C * 2,
+               [&](int r) { return ops::swiglu(xs[r], us[r]); }, {N, 4 * C}, all(xs, us), triad);
+  }
+  {
+    constexpr int kCopies = 4;
+    std::vector<Tensor> xs;
+    for (int i = 0; i < kCopies; ++i) xs.push_back(leaf(bf16_tensor({B * NH * T, T}, 30 + i, 8.0f)));
+    bench_op16("softmax (24576, 256)", kCopies, 2.0 * B * NH * T * T * 2,
+               [&](int r) { return ops::softmax(xs[r]); }, {B * NH * T, T}, xs, triad);
+  }
+  {
+    const Tensor q = leaf(bf16_tensor({B, NH, T, hd}, 40, 2.0f)), k = leaf(bf16_tensor({B, NH, T, hd}, 41, 2.0f));
+    const Tensor v = leaf(bf16_tensor({B, NH, T, hd}, 42));
+    bench_op16("attention (8, 12, 256, 64)", 1, 4.0 * B * NH * T * hd * 2,
+               [&](int) { return ops::causal_attention(q, k, v); }, {B, NH, T, hd}, {q, k, v}, triad);
+    bench_op16("rope (8, 12, 256, 64)", 1, 2.0 * B * NH * T * hd * 2,
+               [&](int) { return ops::rope(q); }, {B, NH, T, hd}, {q}, triad);
+  }
+}
+
+}  // namespace

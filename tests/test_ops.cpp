@@ -17,6 +17,7 @@
 
 #include "backend/cpu/fast_math.h"
 #include "ds/backend/backend.h"
+#include "ds/core/allocator.h"
 #include "ds/core/error.h"
 #include "ds/core/parallel.h"
 #include "ds/core/rng.h"
@@ -1188,18 +1189,23 @@ TEST_P(Ops, DropoutContract) {
 // ---- thread-count independence (CPU backend only: its parallel_for and chunking) ----
 
 TEST(OpsCpu, KernelsAreBitwiseIndependentOfThreadCount) {
-  auto run = [] {
+  // fp32, and bf16 through the kernels' 16-bit path (row blocks, per-head scratch).
+  auto run = [](DType dt) {
     std::vector<std::vector<float>> r;
-    using ds::testing::randn;
-    Tensor x = randn({300, 96}, 22), w = ds::testing::uniform({96}, 23, 0.5f, 1.5f),
-           b = randn({96}, 24);
+    auto randn = [dt](const Shape& s, uint64_t seed) {
+      return ds::testing::randn(s, seed, 1.0f, dt);
+    };
+    auto uniform = [dt](const Shape& s, uint64_t seed) {
+      return ds::testing::uniform(s, seed, 0.5f, 1.5f).to(dt);
+    };
+    Tensor x = randn({300, 96}, 22), w = uniform({96}, 23), b = randn({96}, 24);
     for (Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
     Tensor y = ops::layer_norm(x, w, b);
     ops::sum(ops::mul(y, randn({300, 96}, 25))).backward();
     r.push_back(y.to_vector());
     for (Tensor* t : {&x, &w, &b}) r.push_back(t->grad().to_vector());
 
-    Tensor w2 = ds::testing::uniform({96}, 26, 0.5f, 1.5f);
+    Tensor w2 = uniform({96}, 26);
     w2.set_requires_grad(true);
     ops::sum(ops::mul(ops::rms_norm(x.detach(), w2), randn({300, 96}, 27))).backward();
     r.push_back(w2.grad().to_vector());
@@ -1217,25 +1223,36 @@ TEST(OpsCpu, KernelsAreBitwiseIndependentOfThreadCount) {
                       randn({8, 40}, 33)))
         .backward();
     r.push_back(e.grad().to_vector());
+
+    Tensor s = randn({300, 96}, 34), gate = randn({300, 96}, 35), up = randn({300, 96}, 36);
+    for (Tensor* t : {&s, &gate, &up}) t->set_requires_grad(true);
+    Tensor z = ops::add(ops::softmax(s), ops::swiglu(gate, up));
+    ops::sum(ops::mul(z, randn({300, 96}, 37))).backward();
+    r.push_back(z.to_vector());
+    for (Tensor* t : {&s, &gate, &up}) r.push_back(t->grad().to_vector());
     return r;
   };
-  std::vector<std::vector<float>> one, two;
-  {
-    ThreadCount t(1);
-    one = run();
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    std::vector<std::vector<float>> one, two;
+    {
+      ThreadCount t(1);
+      one = run(dt);
+    }
+    {
+      ThreadCount t(2);
+      two = run(dt);
+    }
+    ASSERT_EQ(one.size(), two.size());
+    for (size_t i = 0; i < one.size(); ++i)
+      EXPECT_EQ(one[i], two[i]) << "result " << i << " " << dtype_name(dt);
   }
-  {
-    ThreadCount t(2);
-    two = run();
-  }
-  ASSERT_EQ(one.size(), two.size());
-  for (size_t i = 0; i < one.size(); ++i) EXPECT_EQ(one[i], two[i]) << "result " << i;
 }
 
 // ---- 16-bit inputs ----
 
 TEST_P(Ops, Bf16InputsGiveBf16OutputsCloseToFp32) {
-  // The ops upcast 16-bit inputs with copy and run their fp32 kernels (backend.h).
+  // On a backend whose kernels take bf16 (supports) the ops pass it through; otherwise they upcast
+  // 16-bit inputs with copy and run the fp32 kernels (src/ops/nn.cpp).
   DS_SKIP_UNLESS_SUPPORTED(device(), DType::bf16, "copy");
   DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "layer_norm_forward", "layer_norm_backward",
                            "rms_norm_forward", "unary", "binary", "softmax_forward",
@@ -1274,5 +1291,286 @@ TEST_P(Ops, Bf16InputsGiveBf16OutputsCloseToFp32) {
   EXPECT_EQ(xb.grad().dtype(), DType::bf16);
 }
 
+// ---- 16-bit kernels ----
+// The CPU's (and so sim's) norm, activation, softmax, attention and rotary kernels take bf16 and
+// fp16 tensors directly (Backend::supports). Before they did, the ops widened 16-bit inputs to fp32
+// copies, ran the fp32 kernels and rounded the results: each op on 16-bit tensors is checked
+// against exactly that, forward and backward, at sizes with vector-loop tails, several row blocks
+// (rows16.h) and several threads' ranges.
+
+namespace {
+
+std::vector<uint32_t> bits_of(const Tensor& t) {
+  const std::vector<float> v = host_vector(t);  // widening 16-bit values is exact and one-to-one
+  std::vector<uint32_t> b(v.size());
+  std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+  return b;
+}
+
+// Largest |got - want| over the largest |want|, both read as fp32.
+double max_rel_diff(const Tensor& got, const Tensor& want) {
+  const auto a = host_vector(got), b = host_vector(want);
+  double d = 0.0, m = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d = std::max(d, std::abs(static_cast<double>(a[i]) - b[i]));
+    m = std::max(m, std::abs(static_cast<double>(b[i])));
+  }
+  return m > 0.0 ? d / m : d;
+}
+
+struct Path16 {
+  Tensor out16, out32;                  // the op's output on 16-bit inputs; on their fp32 copies
+  std::vector<Tensor> grad16, grad32;   // each input's gradient, likewise
+};
+
+// Runs f on leaves made from `inputs` (16-bit, dtype dt) and on their fp32 copies, and back from
+// one 16-bit upstream gradient (fed widened to the fp32 run).
+Path16 run_both(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                const std::vector<Tensor>& inputs, uint64_t gseed) {
+  std::vector<Tensor> a16, a32;
+  for (const Tensor& t : inputs) {
+    a16.push_back(t.detach());
+    a32.push_back(t.to(DType::f32));
+  }
+  for (std::vector<Tensor>* v : {&a16, &a32})
+    for (Tensor& t : *v) t.set_requires_grad(true);
+  Path16 r;
+  r.out16 = f(a16);
+  r.out32 = f(a32);
+  const DType dt = inputs[0].dtype();
+  const Tensor g = ds::testing::randn(r.out16.shape(), gseed, 1.0f, dt, r.out16.device());
+  r.out16.backward(g);
+  r.out32.backward(g.to(DType::f32));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    r.grad16.push_back(a16[i].grad());
+    r.grad32.push_back(a32[i].grad());
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_P(Ops, Bf16KernelsEqualTheFp32PathBitwise) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::bf16, "copy");
+  for (const DType dt : {DType::bf16, DType::f16}) {
+    // CPU and sim: their kernels take dt, so this tests the direct path (not the f32c one).
+    if (device().type != DeviceType::cuda) {
+      for (const char* k : {"layer_norm_forward", "layer_norm_backward", "rms_norm_forward",
+                            "rms_norm_backward", "unary", "binary", "gelu_erf_forward",
+                            "gelu_erf_backward", "swiglu_forward", "swiglu_backward",
+                            "softmax_forward", "attention_forward", "rope"})
+        EXPECT_TRUE(ds::testing::supported(device(), k, dt)) << k << " " << dtype_name(dt);
+    }
+    auto in = [&](const Shape& s, uint64_t seed, float scale = 1.0f) {
+      return randn(s, seed, scale, dt);
+    };
+    struct Case {
+      const char* what;
+      std::function<Tensor(const std::vector<Tensor>&)> f;
+      std::vector<Tensor> inputs;
+    };
+    std::vector<double> inv{1.0, 0.3, 0.05};  // partial rotary: 6 of 10 dims
+    const std::vector<Case> cases = {
+        // C = 37: vector tails; 15 rows in one block.
+        {"layer_norm", [](auto& a) { return ops::layer_norm(a[0], a[1], a[2]); },
+         {in({3, 5, 37}, 1), in({37}, 2), in({37}, 3)}},
+        // C = 2051: one row per block, longer than a block.
+        {"layer_norm C=2051 no bias", [](auto& a) { return ops::layer_norm(a[0], a[1], Tensor()); },
+         {in({9, 2051}, 4, 3.0f), in({2051}, 5)}},
+        // 70 rows of 45: two row blocks (45 rows each) and a remainder.
+        {"rms_norm", [](auto& a) { return ops::rms_norm(a[0], a[1]); },
+         {in({70, 45}, 6), in({45}, 7)}},
+        // 17500 elements: two threads' ranges (kGrain 16384), 2048-element chunks and tails.
+        {"gelu", [](auto& a) { return ops::gelu(a[0]); }, {in({7, 2500}, 8, 3.0f)}},
+        {"gelu_erf", [](auto& a) { return ops::gelu_erf(a[0]); }, {in({7, 2500}, 9, 3.0f)}},
+        {"silu", [](auto& a) { return ops::silu(a[0]); }, {in({7, 2500}, 10, 3.0f)}},
+        {"swiglu", [](auto& a) { return ops::swiglu(a[0], a[1]); },
+         {in({7, 2500}, 11, 3.0f), in({7, 2500}, 12)}},
+        {"rope", [](auto& a) { return ops::rope(a[0], 10000.0f, 3); }, {in({2, 3, 11, 10}, 13)}},
+        // 800 rows of 6: several row blocks of 341.
+        {"rope interleaved partial",
+         [inv](auto& a) { return ops::rope(a[0], inv, 1.5f, 4, /*interleaved=*/true); },
+         {in({2, 4, 100, 10}, 14)}},
+    };
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(c.what) + " " + dtype_name(dt));
+      const Path16 r = run_both(c.f, c.inputs, 99);
+      EXPECT_EQ(r.out16.dtype(), dt);
+      EXPECT_EQ(bits_of(r.out16), bits_of(r.out32.to(dt)));
+      for (size_t i = 0; i < r.grad16.size(); ++i) {
+        EXPECT_EQ(r.grad16[i].dtype(), dt) << "input " << i;
+        EXPECT_EQ(bits_of(r.grad16[i]), bits_of(r.grad32[i].to(dt))) << "input " << i;
+      }
+    }
+  }
+}
+
+// The unary and binary kernels on 16-bit operands (broadcast and strided views, mixed dtypes, in
+// place) against the fp32 kernels on widened copies with the same strides, rounded: bitwise.
+TEST_P(Ops, Bf16UnaryAndBinaryKernelsEqualFp32) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::bf16, "unary", "binary", "copy");
+  using backend::BinaryOp;
+  using backend::UnaryOp;
+  backend::Backend& be = backend::get(device());
+  const Shape shape{3, 4, 37};
+  // A view of t's storage as `shape` with the given strides (t fp32 or bf16, same layout).
+  auto view = [&](const Tensor& t, const Shape& strides) {
+    return Tensor::from_storage(t.storage(), shape, t.dtype(), t.storage_offset(), strides);
+  };
+  const Tensor a16 = randn(shape, 1, 1.0f, DType::bf16), a32 = a16.to(DType::f32);
+  const Tensor r16 = randn({3, 37}, 2, 1.0f, DType::bf16), r32 = r16.to(DType::f32);  // rows
+  const Tensor t16 = randn({37, 12}, 3, 1.0f, DType::bf16), t32 = t16.to(DType::f32);  // transposed
+  const Tensor c16 = randn({3, 4}, 4, 1.0f, DType::bf16), c32 = c16.to(DType::f32);   // per row
+  struct Operand {
+    const char* what;
+    Tensor v16, v32;
+  };
+  const std::vector<Operand> others = {
+      {"contiguous", a16, a32},
+      {"broadcast rows (stride 0 in dim 1)", view(r16, {37, 0, 1}), view(r32, {37, 0, 1})},
+      {"strided last dim (12)", view(t16, {4, 1, 12}), view(t32, {4, 1, 12})},
+      {"broadcast along the last dim", view(c16, {4, 1, 0}), view(c32, {4, 1, 0})},
+  };
+  for (const Operand& o : others) {
+    for (const BinaryOp op : {BinaryOp::add, BinaryOp::mul, BinaryOp::div,
+                              BinaryOp::gelu_backward, BinaryOp::silu_backward}) {
+      SCOPED_TRACE(std::string(o.what) + " op " + std::to_string(static_cast<int>(op)));
+      Tensor want = Tensor::empty(shape, DType::f32, device());
+      be.binary(op, o.v32, a32, want);
+      Tensor got = Tensor::empty(shape, DType::bf16, device());
+      be.binary(op, o.v16, a16, got);  // 16-bit both
+      EXPECT_EQ(bits_of(got), bits_of(want.to(DType::bf16)));
+      Tensor mixed = Tensor::empty(shape, DType::f32, device());
+      be.binary(op, o.v16, a32, mixed);  // 16-bit and fp32 operands, fp32 out
+      EXPECT_EQ(bits_of(mixed), bits_of(want));
+    }
+  }
+  Tensor inplace = a16.clone();  // out is a itself
+  be.binary(BinaryOp::sub, inplace, view(r16, {37, 0, 1}), inplace);
+  Tensor want = Tensor::empty(shape, DType::f32, device());
+  be.binary(BinaryOp::sub, a32, view(r32, {37, 0, 1}), want);
+  EXPECT_EQ(bits_of(inplace), bits_of(want.to(DType::bf16)));
+  for (const UnaryOp op :
+       {UnaryOp::exp, UnaryOp::tanh, UnaryOp::mul_scalar, UnaryOp::gelu, UnaryOp::silu}) {
+    for (const DType dt : {DType::bf16, DType::f16}) {
+      const Tensor x = randn({7, 2500}, 5, 2.0f, dt);
+      Tensor got = Tensor::empty(x.shape(), dt, device());
+      Tensor w = Tensor::empty(x.shape(), DType::f32, device());
+      be.unary(op, x, got, 0.75f);
+      be.unary(op, x.to(DType::f32), w, 0.75f);
+      EXPECT_EQ(bits_of(got), bits_of(w.to(dt))) << static_cast<int>(op) << " " << dtype_name(dt);
+    }
+  }
+}
+
+// Softmax and attention: the forward is bitwise the fp32 path's; the backward reads the op's saved
+// output, which on the direct path is the rounded 16-bit one (no fp32 copy of it is kept, as in
+// PyTorch's bf16 softmax and FlashAttention's bf16 backward), so the gradients differ by what that
+// rounding moves: y * (g - sum y g) and D = dO . O see y and O with relative error <= 2^-9 (bf16)
+// or 2^-12 (fp16), and the gradient is rounded once more. The bound below is four ulps of the dtype
+// relative to the gradient's largest element (measured: about one; the worst case is printed).
+TEST_P(Ops, Bf16SoftmaxAndAttentionMatchTheFp32Path) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::bf16, "copy");
+  for (const DType dt : {DType::bf16, DType::f16}) {
+    if (device().type != DeviceType::cuda) {
+      for (const char* k : {"softmax_forward", "softmax_backward", "attention_forward",
+                            "attention_backward"})
+        EXPECT_TRUE(ds::testing::supported(device(), k, dt)) << k << " " << dtype_name(dt);
+    }
+    const double tol = dt == DType::bf16 ? 1.6e-2 : 2e-3;  // 4 ulps at 1 (2^-8 and 2^-11 each)
+    auto in = [&](const Shape& s, uint64_t seed, float scale = 1.0f) {
+      return randn(s, seed, scale, dt);
+    };
+    ops::AttentionMask cross;
+    cross.causal = false;
+    cross.key_lengths = {13, 7};
+    struct Case {
+      const char* what;
+      std::function<Tensor(const std::vector<Tensor>&)> f;
+      std::vector<Tensor> inputs;
+    };
+    const std::vector<Case> cases = {
+        {"softmax", [](auto& a) { return ops::softmax(a[0]); }, {in({33, 75}, 21, 3.0f)}},
+        {"causal attention", [](auto& a) { return ops::causal_attention(a[0], a[1], a[2]); },
+         {in({2, 3, 13, 20}, 22), in({2, 3, 13, 20}, 23), in({2, 3, 13, 20}, 24)}},
+        {"cross attention, padded keys",
+         [cross](auto& a) { return ops::attention(a[0], a[1], a[2], cross); },
+         {in({2, 3, 5, 20}, 25), in({2, 3, 13, 20}, 26), in({2, 3, 13, 20}, 27)}},
+    };
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(c.what) + " " + dtype_name(dt));
+      const Path16 r = run_both(c.f, c.inputs, 98);
+      EXPECT_EQ(r.out16.dtype(), dt);
+      EXPECT_EQ(bits_of(r.out16), bits_of(r.out32.to(dt)));
+      for (size_t i = 0; i < r.grad16.size(); ++i) {
+        EXPECT_EQ(r.grad16[i].dtype(), dt) << "input " << i;
+        const double d = max_rel_diff(r.grad16[i], r.grad32[i]);
+        std::printf("%s %s: gradient %zu within %.2g of the fp32 path's\n", c.what,
+                    dtype_name(dt), i, d);
+        EXPECT_LE(d, tol) << "input " << i;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllDevices, Ops, ::testing::ValuesIn(ds::testing::test_devices()),
                          ds::testing::device_param_name);
+
+// ---- no whole-tensor fp32 copies on the 16-bit path (CPU allocator statistics) ----
+
+namespace {
+// Bytes the CPU allocator holds at its peak during fn beyond what it held before.
+int64_t peak_growth(const std::function<void()>& fn) {
+  Allocator& a = cpu_allocator();
+  a.reset_peak();
+  const int64_t base = static_cast<int64_t>(a.stats().bytes_in_use);
+  fn();
+  return static_cast<int64_t>(a.stats().peak_bytes_in_use) - base;
+}
+}  // namespace
+
+TEST(OpsCpu, Bf16NormAndAttentionMakeNoFp32Copies) {
+  using ds::testing::randn;
+  // (B, T, C) = (4, 128, 512): n = 2^18 elements, 512 KiB in bf16 and 1 MiB as an fp32 copy. The
+  // forward may allocate its bf16 output and fp32 row statistics; the backward its bf16 input
+  // gradient and fp32 weight gradients. The old path also held fp32 copies of x, y, dy and dx.
+  // The leaves' gradients exist beforehand, so that autograd adds into them instead of allocating
+  // its own copy of each.
+  auto with_grad = [](Tensor& t) {
+    t.set_requires_grad(true);
+    t.set_grad(Tensor::zeros(t.shape(), t.dtype()));
+  };
+  const int64_t B = 4, T = 128, C = 512, n = B * T * C, f32_copy = 4 * n, b16 = 2 * n;
+  {
+    Tensor x = randn({B, T, C}, 1, 1.0f, DType::bf16), w = randn({C}, 2, 1.0f, DType::bf16),
+           b = randn({C}, 3, 1.0f, DType::bf16), g = randn({B, T, C}, 4, 1.0f, DType::bf16);
+    for (Tensor* t : {&x, &w, &b}) with_grad(*t);
+    Tensor y;
+    const int64_t fwd = peak_growth([&] { y = ops::layer_norm(x, w, b); });
+    const int64_t bwd = peak_growth([&] { y.backward(g); });
+    std::printf("layer_norm bf16 (%lld elements): forward +%lld bytes, backward +%lld bytes\n",
+                static_cast<long long>(n), static_cast<long long>(fwd),
+                static_cast<long long>(bwd));
+    EXPECT_LT(fwd, f32_copy);  // the bf16 output and (B*T) fp32 mean, rstd
+    EXPECT_LT(fwd, b16 + 64 * 1024);
+    EXPECT_LT(bwd, f32_copy);  // the bf16 dx and (C) fp32 dw, db
+    EXPECT_LT(bwd, b16 + 64 * 1024);
+    EXPECT_EQ(x.grad().dtype(), DType::bf16);
+  }
+  {
+    const int64_t NH = 8, hd = C / NH;
+    const Shape s{B, NH, T, hd};  // n elements each
+    Tensor q = randn(s, 5, 1.0f, DType::bf16), k = randn(s, 6, 1.0f, DType::bf16),
+           v = randn(s, 7, 1.0f, DType::bf16), g = randn(s, 8, 1.0f, DType::bf16);
+    for (Tensor* t : {&q, &k, &v}) with_grad(*t);
+    Tensor o;
+    const int64_t fwd = peak_growth([&] { o = ops::causal_attention(q, k, v); });
+    const int64_t bwd = peak_growth([&] { o.backward(g); });
+    std::printf("attention bf16 (3 x %lld elements): forward +%lld bytes, backward +%lld bytes\n",
+                static_cast<long long>(n), static_cast<long long>(fwd),
+                static_cast<long long>(bwd));
+    EXPECT_LT(fwd, b16 + 64 * 1024);      // the bf16 output and (B, NH, T) fp32 lse
+    EXPECT_LT(bwd, 3 * b16 + 64 * 1024);  // the bf16 dq, dk, dv
+    EXPECT_EQ(q.grad().dtype(), DType::bf16);
+  }
+}

@@ -8,13 +8,16 @@
 
 namespace ds::backend {
 
-// q (B, NH, Tq, hd), k and v (B, NH, Tk, hd), contiguous fp32; Tq <= Tk when causal; key_lens
-// empty or one length in [1, Tk] per batch row. `who` prefixes the message ("cpu:attention").
+// q (B, NH, Tq, hd), k and v (B, NH, Tk, hd), contiguous fp32 (any float dtype with
+// any_float: a backend whose kernels take 16-bit inputs); Tq <= Tk when causal; key_lens empty or
+// one length in [1, Tk] per batch row. `who` prefixes the message ("cpu:attention").
 inline void check_attention_args(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                 std::span<const int64_t> key_lens, const std::string& who) {
+                                 std::span<const int64_t> key_lens, const std::string& who,
+                                 bool any_float = false) {
   for (const Tensor* t : {&q, &k, &v})
-    DS_CHECK(t->dtype() == DType::f32 && t->is_contiguous(),
-             "[{}] kernel takes contiguous fp32, got {}{}", who, dtype_name(t->dtype()),
+    DS_CHECK((any_float ? is_floating(t->dtype()) : t->dtype() == DType::f32) && t->is_contiguous(),
+             "[{}] kernel takes contiguous {}, got {}{}", who,
+             any_float ? "fp32, bf16 or fp16" : "fp32", dtype_name(t->dtype()),
              t->is_contiguous() ? "" : " (strided)");
   DS_CHECK(q.dim() == 4 && k.dim() == 4 && k.shape() == v.shape() && k.size(0) == q.size(0) &&
                k.size(1) == q.size(1) && k.size(3) == q.size(3),

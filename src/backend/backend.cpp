@@ -66,6 +66,26 @@ void Backend::gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor&
   dx.copy_from(h);
 }
 
+void Backend::swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  Tensor s = Tensor::empty(gate.shape(), DType::f32, gate.device());  // silu(gate)
+  unary(UnaryOp::silu, gate, s, 0.0f);
+  binary(BinaryOp::mul, s, up, out);
+}
+
+void Backend::swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up,
+                              const Tensor& dgate, const Tensor& dup) {
+  if (dgate.defined()) {  // dgate = (dy * up) * silu'(gate)
+    Tensor gu = Tensor::empty(gate.shape(), DType::f32, gate.device());
+    binary(BinaryOp::mul, dy, up, gu);
+    binary(BinaryOp::silu_backward, gu, gate, dgate);
+  }
+  if (dup.defined()) {  // dup = dy * silu(gate), recomputed rather than saved
+    Tensor s = Tensor::empty(gate.shape(), DType::f32, gate.device());
+    unary(UnaryOp::silu, gate, s, 0.0f);
+    binary(BinaryOp::mul, dy, s, dup);
+  }
+}
+
 namespace {
 
 // (N) as an (N, C) view repeating each element along its row (stride 0): a binary kernel operand.

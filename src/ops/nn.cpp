@@ -1,8 +1,11 @@
 // Neural-network ops: embedding, normalisation, activations, softmax, attention, rotary embedding,
-// dropout and cross-entropy. Each validates its arguments, runs the fp32 kernel of the tensors'
-// backend (16-bit inputs are upcast, results returned in the input dtype) and records its backward.
-// Backward closures save detached fp32 copies of what they need, never the op's own output with
-// its history.
+// dropout and cross-entropy. Each validates its arguments, runs the kernel of the tensors' backend
+// and records its backward. Results come back in the input's dtype. A 16-bit input goes to the
+// kernel as it is when the backend says its kernels take that dtype (Backend::supports: the CPU's
+// norms, activations, softmax, attention and rotary kernels do, computing in fp32 a block at a
+// time; see direct16 below); otherwise it is widened to an fp32 copy (f32c), the fp32 kernel runs
+// and the result is narrowed. Backward closures save detached tensors (16-bit as they are on the direct
+// path, fp32 copies otherwise), never the op's own output with its history.
 #include <algorithm>
 #include <cmath>
 
@@ -52,21 +55,47 @@ void check_norm_args(const Tensor& x, const Tensor& w, const Tensor& b, const ch
   }
 }
 
+// Whether x is 16-bit and its backend's kernels (every one named: forward and backward) take that
+// dtype directly. Then the op hands its tensors over as they are (contiguous) and allocates outputs
+// in x's dtype: no fp32 copy of the activations. Otherwise (fp32, or a backend without such
+// kernels: CUDA today) the f32c path: fp32 inputs, fp32 outputs narrowed to x's dtype.
+bool direct16(const Tensor& x, std::initializer_list<const char*> kernels) {
+  if (x.dtype() == DType::f32) return false;
+  for (const char* k : kernels)
+    if (!be(x).supports(k, x.dtype())) return false;
+  return true;
+}
+
+// A kernel input on either path (undefined stays undefined).
+Tensor kin(const Tensor& t, bool direct) {
+  if (!t.defined()) return t;
+  return direct ? t.contiguous() : f32c(t);
+}
+
+// A kernel output of shape s for an op on `like` (like's dtype on the direct path, else fp32).
+Tensor kout(const Shape& s, const Tensor& like, bool direct) {
+  return Tensor::empty(s, direct ? like.dtype() : DType::f32, like.device());
+}
+
+// A kernel output as the op's result in dtype dt.
+Tensor result(const Tensor& y, DType dt, bool direct) { return direct ? y : as_dtype(y, dt); }
+
 // A unary activation whose backward is a BinaryOp of (upstream gradient, saved input).
 Tensor activation(UnaryOp fwd, BinaryOp bwd, const char* name, const char* node_name, const Tensor& x) {
   detail::check_float(x, name);
-  Tensor fx = f32c(x);
-  Tensor y = empty_f32(x.shape(), x);
+  const bool d16 = direct16(x, {"unary", "binary"});
+  Tensor fx = kin(x, d16);
+  Tensor y = kout(x.shape(), x, d16);
   be(x).unary(fwd, fx, y, 0.0f);
-  Tensor out = as_dtype(y, x.dtype());
+  Tensor out = result(y, x.dtype(), d16);
   if (!wants_grad({x})) return out;
   Tensor sx = fx.detach();
   const DType dt = x.dtype();
-  return autograd::record(out, node_name, {x}, [sx, bwd, dt](const Tensor& g) -> std::vector<Tensor> {
-    Tensor gc = f32c(g);
-    Tensor dx = empty_f32(sx.shape(), sx);
+  return autograd::record(out, node_name, {x}, [sx, bwd, dt, d16](const Tensor& g) -> std::vector<Tensor> {
+    Tensor gc = kin(g, d16);
+    Tensor dx = kout(sx.shape(), sx, d16);
     be(sx).binary(bwd, gc, sx, dx);
-    return {as_dtype(dx, dt)};
+    return {result(dx, dt, d16)};
   });
 }
 
@@ -111,41 +140,44 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
   check_norm_args(x, w, b, "layer_norm");
   const int64_t C = x.size(-1), rows = rows_of(x);
-  Tensor fx = f32c(x), fw = f32c(w), fb = b.defined() ? f32c(b) : Tensor();
-  Tensor y = empty_f32(x.shape(), x);
+  const bool d16 = direct16(x, {"layer_norm_forward", "layer_norm_backward"});
+  Tensor fx = kin(x, d16), fw = kin(w, d16), fb = kin(b, d16);
+  Tensor y = kout(x.shape(), x, d16);
   Tensor mean = empty_f32({rows}, x), rstd = empty_f32({rows}, x);  // (rows)
   be(x).layer_norm_forward(fx, fw, fb, eps, y, mean, rstd);
-  Tensor out = as_dtype(y, x.dtype());
+  Tensor out = result(y, x.dtype(), d16);
   if (!wants_grad({x, w, b})) return out;
   const Tensor sx = fx.detach(), sw = fw.detach();
   const bool has_b = b.defined();
   const DType xd = x.dtype(), wd = w.dtype(), bd = has_b ? b.dtype() : DType::f32;
   return autograd::record(out, "LayerNormBackward", {x, w, b},
                           [=](const Tensor& g) -> std::vector<Tensor> {
-                            Tensor dx = empty_f32(sx.shape(), sx);
+                            Tensor dx = kout(sx.shape(), sx, d16);
+                            // Weight gradients: fp32 sums over the rows, whatever x's dtype.
                             Tensor dw = Tensor::zeros({C}, DType::f32, sx.device());
                             Tensor db = has_b ? Tensor::zeros({C}, DType::f32, sx.device()) : Tensor();
-                            be(sx).layer_norm_backward(f32c(g), sx, sw, mean, rstd, dx, dw, db);
-                            return {as_dtype(dx, xd), as_dtype(dw, wd), has_b ? as_dtype(db, bd) : Tensor()};
+                            be(sx).layer_norm_backward(kin(g, d16), sx, sw, mean, rstd, dx, dw, db);
+                            return {result(dx, xd, d16), as_dtype(dw, wd), has_b ? as_dtype(db, bd) : Tensor()};
                           });
 }
 
 Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) {
   check_norm_args(x, w, Tensor(), "rms_norm");
   const int64_t C = x.size(-1), rows = rows_of(x);
-  Tensor fx = f32c(x), fw = f32c(w);
-  Tensor y = empty_f32(x.shape(), x);
+  const bool d16 = direct16(x, {"rms_norm_forward", "rms_norm_backward"});
+  Tensor fx = kin(x, d16), fw = kin(w, d16);
+  Tensor y = kout(x.shape(), x, d16);
   Tensor rstd = empty_f32({rows}, x);  // (rows)
   be(x).rms_norm_forward(fx, fw, eps, y, rstd);
-  Tensor out = as_dtype(y, x.dtype());
+  Tensor out = result(y, x.dtype(), d16);
   if (!wants_grad({x, w})) return out;
   const Tensor sx = fx.detach(), sw = fw.detach();
   const DType xd = x.dtype(), wd = w.dtype();
   return autograd::record(out, "RMSNormBackward", {x, w}, [=](const Tensor& g) -> std::vector<Tensor> {
-    Tensor dx = empty_f32(sx.shape(), sx);
-    Tensor dw = Tensor::zeros({C}, DType::f32, sx.device());
-    be(sx).rms_norm_backward(f32c(g), sx, sw, rstd, dx, dw);
-    return {as_dtype(dx, xd), as_dtype(dw, wd)};
+    Tensor dx = kout(sx.shape(), sx, d16);
+    Tensor dw = Tensor::zeros({C}, DType::f32, sx.device());  // fp32 sum over the rows
+    be(sx).rms_norm_backward(kin(g, d16), sx, sw, rstd, dx, dw);
+    return {result(dx, xd, d16), as_dtype(dw, wd)};
   });
 }
 
@@ -156,17 +188,18 @@ Tensor gelu(const Tensor& x) {
 }
 Tensor gelu_erf(const Tensor& x) {
   detail::check_float(x, "gelu_erf");
-  Tensor fx = f32c(x);
-  Tensor y = empty_f32(x.shape(), x);
+  const bool d16 = direct16(x, {"gelu_erf_forward", "gelu_erf_backward"});
+  Tensor fx = kin(x, d16);
+  Tensor y = kout(x.shape(), x, d16);
   be(x).gelu_erf_forward(fx, y);
-  Tensor out = as_dtype(y, x.dtype());
+  Tensor out = result(y, x.dtype(), d16);
   if (!wants_grad({x})) return out;
   Tensor sx = fx.detach();
   const DType dt = x.dtype();
-  return autograd::record(out, "GeluErfBackward", {x}, [sx, dt](const Tensor& g) -> std::vector<Tensor> {
-    Tensor dx = empty_f32(sx.shape(), sx);
-    be(sx).gelu_erf_backward(f32c(g), sx, dx);
-    return {as_dtype(dx, dt)};
+  return autograd::record(out, "GeluErfBackward", {x}, [sx, dt, d16](const Tensor& g) -> std::vector<Tensor> {
+    Tensor dx = kout(sx.shape(), sx, d16);
+    be(sx).gelu_erf_backward(kin(g, d16), sx, dx);
+    return {result(dx, dt, d16)};
   });
 }
 
@@ -182,34 +215,21 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
            shape_str(gate.shape()), shape_str(up.shape()));
   DS_CHECK(gate.dtype() == up.dtype(), "[swiglu] dtypes differ: {} and {}", dtype_name(gate.dtype()),
            dtype_name(up.dtype()));
-  Tensor fg = f32c(gate), fu = f32c(up);
-  Tensor s = empty_f32(gate.shape(), gate);  // silu(gate)
-  be(gate).unary(UnaryOp::silu, fg, s, 0.0f);
-  Tensor y = empty_f32(gate.shape(), gate);
-  be(gate).binary(BinaryOp::mul, s, fu, y);
-  Tensor out = as_dtype(y, gate.dtype());
+  const bool d16 = direct16(gate, {"swiglu_forward", "swiglu_backward"});
+  Tensor fg = kin(gate, d16), fu = kin(up, d16);
+  Tensor y = kout(gate.shape(), gate, d16);
+  be(gate).swiglu_forward(fg, fu, y);
+  Tensor out = result(y, gate.dtype(), d16);
   if (!wants_grad({gate, up})) return out;
   const Tensor sg = fg.detach(), su = fu.detach();
   const bool ng = gate.requires_grad(), nu = up.requires_grad();
   const DType dt = gate.dtype();
   return autograd::record(out, "SwiGLUBackward", {gate, up}, [=](const Tensor& g) -> std::vector<Tensor> {
-    Tensor gc = f32c(g);
-    Tensor dgate, dup;
-    if (ng) {  // dgate = g * up * silu'(gate)
-      Tensor gu = empty_f32(sg.shape(), sg);
-      be(sg).binary(BinaryOp::mul, gc, su, gu);
-      Tensor d = empty_f32(sg.shape(), sg);
-      be(sg).binary(BinaryOp::silu_backward, gu, sg, d);
-      dgate = as_dtype(d, dt);
-    }
-    if (nu) {  // dup = g * silu(gate), recomputed rather than saved
-      Tensor sv = empty_f32(sg.shape(), sg);
-      be(sg).unary(UnaryOp::silu, sg, sv, 0.0f);
-      Tensor d = empty_f32(sg.shape(), sg);
-      be(sg).binary(BinaryOp::mul, gc, sv, d);
-      dup = as_dtype(d, dt);
-    }
-    return {dgate, dup};
+    // dgate = g * up * silu'(gate), dup = g * silu(gate) (silu recomputed rather than saved)
+    Tensor dgate = ng ? kout(sg.shape(), sg, d16) : Tensor();
+    Tensor dup = nu ? kout(sg.shape(), sg, d16) : Tensor();
+    be(sg).swiglu_backward(kin(g, d16), sg, su, dgate, dup);
+    return {ng ? result(dgate, dt, d16) : Tensor(), nu ? result(dup, dt, d16) : Tensor()};
   });
 }
 
@@ -218,17 +238,19 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
 Tensor softmax(const Tensor& x) {
   detail::check_float(x, "softmax");
   DS_CHECK(x.dim() >= 1, "[softmax] input must have at least one dim");
-  Tensor fx = f32c(x);
-  Tensor y = empty_f32(x.shape(), x);
+  const bool d16 = direct16(x, {"softmax_forward", "softmax_backward"});
+  Tensor fx = kin(x, d16);
+  Tensor y = kout(x.shape(), x, d16);
   be(x).softmax_forward(fx, y);
-  Tensor out = as_dtype(y, x.dtype());
+  Tensor out = result(y, x.dtype(), d16);
   if (!wants_grad({x})) return out;
+  // The backward reads y: fp32 on the f32c path, the rounded 16-bit output on the direct path.
   const Tensor sy = y.detach();
   const DType dt = x.dtype();
-  return autograd::record(out, "SoftmaxBackward", {x}, [sy, dt](const Tensor& g) -> std::vector<Tensor> {
-    Tensor dx = empty_f32(sy.shape(), sy);
-    be(sy).softmax_backward(sy, f32c(g), dx);
-    return {as_dtype(dx, dt)};
+  return autograd::record(out, "SoftmaxBackward", {x}, [sy, dt, d16](const Tensor& g) -> std::vector<Tensor> {
+    Tensor dx = kout(sy.shape(), sy, d16);
+    be(sy).softmax_backward(sy, kin(g, d16), dx);
+    return {result(dx, dt, d16)};
   });
 }
 
@@ -256,19 +278,21 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
              "visible key",
              mask.key_lengths[b], b, Tk);
   const float scale = scale_in > 0.0f ? scale_in : 1.0f / std::sqrt(static_cast<float>(hd));
-  Tensor fq = f32c(q), fk = f32c(k), fv = f32c(v);
-  Tensor o = empty_f32(q.shape(), q);  // (B, NH, Tq, hd)
-  Tensor lse = empty_f32({B, NH, Tq}, q);
+  const bool d16 = direct16(q, {"attention_forward", "attention_backward"});
+  Tensor fq = kin(q, d16), fk = kin(k, d16), fv = kin(v, d16);
+  Tensor o = kout(q.shape(), q, d16);  // (B, NH, Tq, hd)
+  Tensor lse = empty_f32({B, NH, Tq}, q);  // fp32 on both paths
   be(q).attention_forward(fq, fk, fv, scale, mask.causal, mask.key_lengths, o, lse);
-  Tensor out = as_dtype(o, q.dtype());
+  Tensor out = result(o, q.dtype(), d16);
   if (!wants_grad({q, k, v})) return out;
+  // The backward reads o: fp32 on the f32c path, the rounded 16-bit output on the direct path.
   const Tensor sq = fq.detach(), sk = fk.detach(), sv = fv.detach(), so = o.detach();
   const DType dt = q.dtype();
   const bool nq = q.requires_grad(), nk = k.requires_grad(), nv = v.requires_grad();
   return autograd::record(out, mask.causal ? "CausalAttentionBackward" : "AttentionBackward", {q, k, v}, [=](const Tensor& g) -> std::vector<Tensor> {
-    Tensor dq = empty_f32(sq.shape(), sq), dk = empty_f32(sk.shape(), sk), dv = empty_f32(sv.shape(), sv);
-    be(sq).attention_backward(f32c(g), sq, sk, sv, so, lse, scale, mask.causal, mask.key_lengths, dq, dk, dv);
-    return {nq ? as_dtype(dq, dt) : Tensor(), nk ? as_dtype(dk, dt) : Tensor(), nv ? as_dtype(dv, dt) : Tensor()};
+    Tensor dq = kout(sq.shape(), sq, d16), dk = kout(sk.shape(), sk, d16), dv = kout(sv.shape(), sv, d16);
+    be(sq).attention_backward(kin(g, d16), sq, sk, sv, so, lse, scale, mask.causal, mask.key_lengths, dq, dk, dv);
+    return {nq ? result(dq, dt, d16) : Tensor(), nk ? result(dk, dt, d16) : Tensor(), nv ? result(dv, dt, d16) : Tensor()};
   });
 }
 
@@ -304,19 +328,20 @@ Tensor rope(const Tensor& x, const std::vector<double>& inv_freq, float scale, i
            "dims rotate)",
            inv_freq.size(), x.size(3), inv_freq.size());
   DS_CHECK(pos0 >= 0, "[rope] pos0 must be non-negative, got {}", pos0);
-  Tensor fx = f32c(x);
-  Tensor y = empty_f32(x.shape(), x);
+  const bool d16 = direct16(x, {"rope"});
+  Tensor fx = kin(x, d16);
+  Tensor y = kout(x.shape(), x, d16);
   be(x).rope(fx, pos0, inv_freq, scale, interleaved, /*inverse=*/false, y);
-  Tensor out = as_dtype(y, x.dtype());
+  Tensor out = result(y, x.dtype(), d16);
   if (!wants_grad({x})) return out;
   const DType dt = x.dtype();
   // scale * rotation: its transpose is scale * the inverse rotation, the gradient's map (the
   // dims that pass through pass their gradient through).
-  return autograd::record(out, "RopeBackward", {x}, [inv_freq, scale, pos0, interleaved, dt](const Tensor& g) -> std::vector<Tensor> {
-    Tensor gc = f32c(g);
-    Tensor dx = empty_f32(gc.shape(), gc);
+  return autograd::record(out, "RopeBackward", {x}, [inv_freq, scale, pos0, interleaved, dt, d16](const Tensor& g) -> std::vector<Tensor> {
+    Tensor gc = kin(g, d16);
+    Tensor dx = Tensor::empty(gc.shape(), d16 ? dt : DType::f32, gc.device());
     be(gc).rope(gc, pos0, inv_freq, scale, interleaved, /*inverse=*/true, dx);
-    return {as_dtype(dx, dt)};
+    return {result(dx, dt, d16)};
   });
 }
 

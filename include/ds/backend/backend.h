@@ -155,6 +155,10 @@ class Backend {
                       const Tensor& out) = 0;
 
   // ---- neural-network kernels (rows = all leading dims flattened, C = last dim) ----
+  // Contiguous fp32 tensors, except where supports(kernel, dt) says a backend takes a 16-bit dt:
+  // then activations, their gradients and weights may be bf16/fp16 (each its own dtype), computed
+  // in fp32; row statistics (mean, rstd, lse) and weight gradients (dw, db) stay fp32. The CPU does
+  // so for the norms, softmax, attention, rope, gelu_erf and swiglu (docs/architecture.md).
   virtual void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
                                   const Tensor& y, const Tensor& mean, const Tensor& rstd) = 0;
   // dw and db are accumulated into (+=); db may be undefined (no bias).
@@ -239,6 +243,13 @@ class Backend {
   // device; a device without its own kernel pays two copies each way).
   virtual void gelu_erf_forward(const Tensor& x, const Tensor& out);
   virtual void gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor& dx);
+  // SwiGLU (ops::swiglu): out = silu(gate) * up; the backward writes dgate = dy * up * silu'(gate)
+  // and dup = dy * silu(gate), each unless undefined. Contiguous, one size. Default: the unary and
+  // binary kernels (silu, mul, silu_backward) in fp32, one temporary per product; the CPU fuses
+  // each into one pass with the same fp32 arithmetic (bitwise the default's result).
+  virtual void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out);
+  virtual void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up,
+                               const Tensor& dgate, const Tensor& dup);
 
   // ---- decoding (inference only: models::IncrementalDecoder) ----
   // y (R, N) = x (R, K) w^T + b, for R independent rows (decode: one row per sequence). Every row

@@ -10,6 +10,12 @@
 // (r1 - r0, T), which at T = 256 and kBlock = 64 skips 3/8 of the score and P V products a full
 // (T, T) product would spend on masked entries. Per thread the scratch is two (kBlock, Tk) buffers,
 // less than one (T, T) block.
+//
+// q, k, v, out and the gradients may be fp32, bf16 or fp16 (each its own dtype): a 16-bit head is
+// widened into per-thread fp32 scratch (one head's (T, hd) block per operand, rows16.h), runs the
+// same fp32 head functions, and its outputs are narrowed as they are stored. lse stays fp32. The
+// backward reads `out` in its dtype: for a 16-bit forward that is the rounded output autograd
+// saved, so D = dO . O uses the rounded O (FlashAttention's bf16 backward does the same).
 #include <omp.h>
 
 #include <algorithm>
@@ -19,6 +25,7 @@
 #include "backend/attention_args.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/fast_math.h"
+#include "backend/cpu/rows16.h"
 #include "ds/core/error.h"
 
 namespace ds::backend {
@@ -37,7 +44,7 @@ void require_f32(const Tensor& t, const char* op) {
 
 void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                std::span<const int64_t> key_lens, const char* op) {
-  check_attention_args(q, k, v, causal, key_lens, std::string("cpu:") + op);
+  check_attention_args(q, k, v, causal, key_lens, std::string("cpu:") + op, /*any_float=*/true);
 }
 
 // The keys row r (of Tq) sees: a prefix of length min(klen, r + 1 + Tk - Tq) causally, klen else.
@@ -133,24 +140,25 @@ void CpuBackend::attention_forward(const Tensor& q, const Tensor& k, const Tenso
                                    bool causal, std::span<const int64_t> key_lens,
                                    const Tensor& out, const Tensor& lse) {
   check_qkv(q, k, v, causal, key_lens, "attention");
-  require_f32(out, "attention");
+  require_float_rows(out, "attention");
   require_f32(lse, "attention");
   const int64_t NH = q.size(1), BH = q.size(0) * NH, Tq = q.size(2), Tk = k.size(2),
                 hd = q.size(3);
   if (BH == 0 || Tq == 0) return;
-  const float* pq = q.data<float>();
-  const float* pk = k.data<float>();
-  const float* pv = v.data<float>();
-  float* po = out.data<float>();
+  // One row per (batch, head): (BH, T * hd).
+  const Rows qr(q, Tq * hd), kr(k, Tk * hd), vr(v, Tk * hd), outr(out, Tq * hd);
   float* pl = lse.data<float>();
 #pragma omp parallel if (worth_threads(BH, std::max(Tq, Tk), hd))
   {
     std::vector<float> pbuf(static_cast<size_t>(std::min(kBlock, Tq) * Tk));  // scores / P
+    RowReader qin(qr, 1), kin(kr, 1), vin(vr, 1);
+    RowWriter oout(outr, 1);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < BH; ++bh) {
       const int64_t klen = key_lens.empty() ? Tk : key_lens[static_cast<size_t>(bh / NH)];
-      forward_head(pq + bh * Tq * hd, pk + bh * Tk * hd, pv + bh * Tk * hd, Tq, Tk, hd, scale,
-                   causal, klen, po + bh * Tq * hd, pl + bh * Tq, pbuf.data());
+      forward_head(qin.read(bh, 1), kin.read(bh, 1), vin.read(bh, 1), Tq, Tk, hd, scale, causal,
+                   klen, oout.rows(bh, 1), pl + bh * Tq, pbuf.data());
+      oout.commit();
     }
   }
 }
@@ -160,29 +168,31 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& q, const T
                                     float scale, bool causal, std::span<const int64_t> key_lens,
                                     const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   check_qkv(q, k, v, causal, key_lens, "attention_backward");
-  for (const Tensor* t : {&dout, &out, &lse, &dq, &dk, &dv}) require_f32(*t, "attention_backward");
+  for (const Tensor* t : {&dout, &out, &dq, &dk, &dv}) require_float_rows(*t, "attention_backward");
+  require_f32(lse, "attention_backward");
   const int64_t NH = q.size(1), BH = q.size(0) * NH, Tq = q.size(2), Tk = k.size(2),
                 hd = q.size(3);
   if (BH == 0 || Tq == 0) return;
-  const float* pdo = dout.data<float>();
-  const float* pq = q.data<float>();
-  const float* pk = k.data<float>();
-  const float* pv = v.data<float>();
-  const float* po = out.data<float>();
+  // One row per (batch, head): (BH, T * hd).
+  const Rows dor(dout, Tq * hd), qr(q, Tq * hd), kr(k, Tk * hd), vr(v, Tk * hd), outr(out, Tq * hd);
+  const Rows dqr(dq, Tq * hd), dkr(dk, Tk * hd), dvr(dv, Tk * hd);
   const float* pl = lse.data<float>();
-  float* pdq = dq.data<float>();
-  float* pdk = dk.data<float>();
-  float* pdv = dv.data<float>();
 #pragma omp parallel if (worth_threads(BH, std::max(Tq, Tk), hd))
   {
     const size_t blk = static_cast<size_t>(std::min(kBlock, Tq) * Tk);
     std::vector<float> pbuf(blk), dpbuf(blk);  // (kBlock, Tk) each: P and dP / dS
+    RowReader doin(dor, 1), qin(qr, 1), kin(kr, 1), vin(vr, 1), oin(outr, 1);
+    RowWriter dqout(dqr, 1), dkout(dkr, 1), dvout(dvr, 1);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < BH; ++bh) {
       const int64_t klen = key_lens.empty() ? Tk : key_lens[static_cast<size_t>(bh / NH)];
-      const int64_t oq = bh * Tq * hd, ok = bh * Tk * hd;
-      backward_head(pdo + oq, pq + oq, pk + ok, pv + ok, po + oq, pl + bh * Tq, Tq, Tk, hd, scale,
-                    causal, klen, pdq + oq, pdk + ok, pdv + ok, pbuf.data(), dpbuf.data());
+      backward_head(doin.read(bh, 1), qin.read(bh, 1), kin.read(bh, 1), vin.read(bh, 1),
+                    oin.read(bh, 1), pl + bh * Tq, Tq, Tk, hd, scale, causal, klen,
+                    dqout.rows(bh, 1), dkout.rows(bh, 1), dvout.rows(bh, 1), pbuf.data(),
+                    dpbuf.data());
+      dqout.commit();
+      dkout.commit();
+      dvout.commit();
     }
   }
 }

@@ -67,6 +67,9 @@ class CpuBackend final : public Backend {
                          float scale, const Tensor& dlogits) override;
   void gelu_erf_forward(const Tensor& x, const Tensor& out) override;
   void gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) override;
+  void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+  void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, const Tensor& dgate,
+                       const Tensor& dup) override;
   void linear_rows(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override;
   void decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t p0,
                         float scale, const Tensor& out) override;

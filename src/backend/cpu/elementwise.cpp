@@ -1,13 +1,20 @@
 // CPU kernels: copies, fills, elementwise arithmetic with broadcasting, reductions.
+//
+// unary, binary, gelu_erf and swiglu take fp32, bf16 or fp16 operands (each its own dtype): 16-bit
+// operands go through fp32 scratch a chunk of 2048 elements at a time (rows16.h), widened on the
+// way in and narrowed (round to nearest even) on the way out, so the math is the fp32 kernel's and
+// no whole-tensor fp32 copy is made. reduce and max_backward are fp32 only.
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/fast_math.h"
+#include "backend/cpu/rows16.h"
 #include "ds/core/error.h"
 #include "ds/core/host_memory.h"
 #include "ds/core/parallel.h"
@@ -42,64 +49,215 @@ inline void binary_row(F f, const float* a, int64_t sa, const float* b, int64_t 
   }
 }
 
+// One operand's row segment [off, off + m * stride) as fp32: its own memory when it is fp32 (stride
+// kept), otherwise widened into buf, contiguous (stride 1) or one broadcast value (stride 0).
+inline const float* widen_segment(const char* base, DType dt, int64_t off, int64_t stride,
+                                  int64_t m, float* buf, int64_t* stride_out) {
+  if (dt == DType::f32) {
+    *stride_out = stride;
+    return reinterpret_cast<const float*>(base) + off;
+  }
+  const int64_t es = static_cast<int64_t>(dtype_size(dt));
+  *stride_out = stride == 0 ? 0 : 1;
+  if (stride == 0 || stride == 1) {
+    convert(base + off * es, dt, buf, DType::f32, static_cast<size_t>(stride == 0 ? 1 : m));
+  } else {
+    for (int64_t j = 0; j < m; ++j)
+      convert(base + (off + j * stride) * es, dt, buf + j, DType::f32, 1);
+  }
+  return buf;
+}
+
 template <class F>
 void run_binary(F f, const Tensor& a, const Tensor& b, const Tensor& out) {
   const Shape& shape = out.shape();
   const int64_t n = out.numel();
   if (n == 0) return;
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
-  float* po = out.data<float>();
   const int64_t cols = shape.empty() ? 1 : shape.back();
   const int64_t rows = n / cols;
   const int64_t la = shape.empty() ? 0 : a.strides().back();
   const int64_t lb = shape.empty() ? 0 : b.strides().back();
-  parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
-               [&](int64_t r0, int64_t r1) {
-                 for_each_row(shape, a.strides(), b.strides(), r0, r1,
-                              [&](int64_t r, int64_t oa, int64_t ob) {
-                                binary_row(f, pa + oa, la, pb + ob, lb, po + r * cols, cols);
-                              });
-               });
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1));
+  if (a.dtype() == DType::f32 && b.dtype() == DType::f32 && out.dtype() == DType::f32) {
+    const float* pa = a.data<float>();
+    const float* pb = b.data<float>();
+    float* po = out.data<float>();
+    parallel_for(rows, grain, [&](int64_t r0, int64_t r1) {
+      for_each_row(shape, a.strides(), b.strides(), r0, r1, [&](int64_t r, int64_t oa, int64_t ob) {
+        binary_row(f, pa + oa, la, pb + ob, lb, po + r * cols, cols);
+      });
+    });
+    return;
+  }
+  // 16-bit operands: each row in segments of kRowBlockFloats through fp32 scratch.
+  const char* pa = static_cast<const char*>(a.raw_data());
+  const char* pb = static_cast<const char*>(b.raw_data());
+  const Rows outr(out, 1);  // out is contiguous: element i is "row" i
+  parallel_for(rows, grain, [&](int64_t r0, int64_t r1) {
+    std::vector<float> fa(static_cast<size_t>(kRowBlockFloats)), fb(fa.size());
+    RowWriter wr(outr, kRowBlockFloats);
+    for_each_row(shape, a.strides(), b.strides(), r0, r1, [&](int64_t r, int64_t oa, int64_t ob) {
+      for (int64_t c0 = 0; c0 < cols; c0 += kRowBlockFloats) {
+        const int64_t m = std::min(kRowBlockFloats, cols - c0);
+        int64_t sa = 0, sb = 0;
+        const float* xa = widen_segment(pa, a.dtype(), oa + c0 * la, la, m, fa.data(), &sa);
+        const float* xb = widen_segment(pb, b.dtype(), ob + c0 * lb, lb, m, fb.data(), &sb);
+        binary_row(f, xa, sa, xb, sb, wr.rows(r * cols + c0, m), m);
+        wr.commit();
+      }
+    });
+  });
 }
 
 template <class F>
-void run_unary(F f, const float* x, float* o, int64_t n) {
-  parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+void unary_chunk(F f, const float* __restrict x, float* __restrict o, int64_t n) {
 #pragma omp simd
-    for (int64_t i = b; i < e; ++i) o[i] = f(x[i]);
+  for (int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
+}
+
+// Elementwise over n elements of contiguous operands of any float dtype: fn(in0, in1, in2, out0,
+// out1, m) on fp32 chunks of m <= kRowBlockFloats elements (null for an undefined operand). The
+// chunks of a thread are consecutive pieces of its parallel_for range, so a vector loop's tail
+// falls where an fp32 kernel over the same range has it.
+template <class F>
+void run_elementwise(int64_t n, std::initializer_list<const Tensor*> ins,
+                     std::initializer_list<const Tensor*> outs, F fn) {
+  std::array<Rows, 3> ri;
+  std::array<Rows, 2> ro;
+  size_t j = 0;
+  for (const Tensor* t : ins) ri[j++] = t && t->defined() ? Rows(*t, 1) : Rows();
+  j = 0;
+  for (const Tensor* t : outs) ro[j++] = t && t->defined() ? Rows(*t, 1) : Rows();
+  parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+    const int64_t blk = std::min(kRowBlockFloats, e - b);
+    RowReader r0(ri[0], blk), r1(ri[1], blk), r2(ri[2], blk);
+    RowWriter w0(ro[0], blk), w1(ro[1], blk);
+    for (int64_t i = b; i < e; i += kRowBlockFloats) {
+      const int64_t m = std::min(kRowBlockFloats, e - i);
+      const float* x0 = ri[0].base ? r0.read(i, m) : nullptr;
+      const float* x1 = ri[1].base ? r1.read(i, m) : nullptr;
+      const float* x2 = ri[2].base ? r2.read(i, m) : nullptr;
+      float* y0 = ro[0].base ? w0.rows(i, m) : nullptr;
+      float* y1 = ro[1].base ? w1.rows(i, m) : nullptr;
+      fn(x0, x1, x2, y0, y1, m);
+      if (y0) w0.commit();
+      if (y1) w1.commit();
+    }
   });
+}
+
+template <class F>
+void run_unary(F f, const Tensor& x, const Tensor& out) {
+  const int64_t n = x.numel();
+  if (x.dtype() == DType::f32 && out.dtype() == DType::f32) {
+    const float* px = x.data<float>();
+    float* po = out.data<float>();
+    parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+#pragma omp simd
+      for (int64_t i = b; i < e; ++i) po[i] = f(px[i]);
+    });
+    return;
+  }
+  run_elementwise(n, {&x}, {&out}, [&](const float* px, const float*, const float*, float* po,
+                                       float*, int64_t m) { unary_chunk(f, px, po, m); });
+}
+
+// The fused SwiGLU passes, one chunk (each the value of the unfused kernels' sequence of fp32
+// operations, so equal to it bit for bit).
+void swiglu_chunk(const float* __restrict g, const float* __restrict u, float* __restrict o,
+                  int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) o[i] = fm::silu(g[i]) * u[i];
+}
+
+void swiglu_dgate_chunk(const float* __restrict dy, const float* __restrict g,
+                        const float* __restrict u, float* __restrict d, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) d[i] = (dy[i] * u[i]) * fm::silu_grad(g[i]);
+}
+
+void swiglu_dup_chunk(const float* __restrict dy, const float* __restrict g, float* __restrict d,
+                      int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) d[i] = dy[i] * fm::silu(g[i]);
+}
+
+void gelu_erf_chunk(const float* __restrict x, float* __restrict o, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) o[i] = fm::gelu_erf(x[i]);
+}
+
+void gelu_erf_grad_chunk(const float* __restrict g, const float* __restrict x,
+                         float* __restrict d, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) d[i] = g[i] * fm::gelu_erf_grad(x[i]);
+}
+
+void require_same_size(std::initializer_list<const Tensor*> ts, int64_t n, const char* op) {
+  for (const Tensor* t : ts) {
+    if (!t->defined()) continue;
+    require_float_rows(*t, op);
+    DS_CHECK(t->numel() == n, "[cpu:{}] operands of {} and {} elements", op, t->numel(), n);
+  }
 }
 
 }  // namespace
 
 void CpuBackend::gelu_erf_forward(const Tensor& x, const Tensor& out) {
-  DS_CHECK(x.dtype() == DType::f32 && out.dtype() == DType::f32 && x.is_contiguous() &&
-               out.is_contiguous() && x.numel() == out.numel(),
-           "[cpu:gelu_erf] x and out must be contiguous fp32 of one size");
-  run_unary([](float v) { return fm::gelu_erf(v); }, x.data<float>(), out.data<float>(),
-            x.numel());
+  require_same_size({&x, &out}, x.numel(), "gelu_erf");
+  run_elementwise(x.numel(), {&x}, {&out}, [](const float* px, const float*, const float*,
+                                              float* po, float*, int64_t m) {
+    gelu_erf_chunk(px, po, m);
+  });
 }
 
 void CpuBackend::gelu_erf_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
-  DS_CHECK(dy.dtype() == DType::f32 && x.dtype() == DType::f32 && dx.dtype() == DType::f32 &&
-               dy.is_contiguous() && x.is_contiguous() && dx.is_contiguous() &&
-               dy.numel() == x.numel() && dx.numel() == x.numel(),
-           "[cpu:gelu_erf] dy, x and dx must be contiguous fp32 of one size");
-  const float* g = dy.data<float>();
-  const float* px = x.data<float>();
-  float* pd = dx.data<float>();
-  parallel_for(x.numel(), kGrain, [&](int64_t b, int64_t e) {
-#pragma omp simd
-    for (int64_t i = b; i < e; ++i) pd[i] = g[i] * fm::gelu_erf_grad(px[i]);
+  require_same_size({&dy, &x, &dx}, x.numel(), "gelu_erf_backward");
+  run_elementwise(x.numel(), {&dy, &x}, {&dx}, [](const float* g, const float* px, const float*,
+                                                  float* pd, float*, int64_t m) {
+    gelu_erf_grad_chunk(g, px, pd, m);
   });
 }
+
+void CpuBackend::swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  require_same_size({&gate, &up, &out}, gate.numel(), "swiglu");
+  run_elementwise(gate.numel(), {&gate, &up}, {&out}, [](const float* g, const float* u,
+                                                         const float*, float* o, float*,
+                                                         int64_t m) { swiglu_chunk(g, u, o, m); });
+}
+
+void CpuBackend::swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up,
+                                 const Tensor& dgate, const Tensor& dup) {
+  require_same_size({&dy, &gate, &up, &dgate, &dup}, gate.numel(), "swiglu_backward");
+  run_elementwise(gate.numel(), {&dy, &gate, &up}, {&dgate, &dup},
+                  [](const float* g, const float* x, const float* u, float* dg, float* du,
+                     int64_t m) {
+                    if (dg) swiglu_dgate_chunk(g, x, u, dg, m);
+                    if (du) swiglu_dup_chunk(g, x, du, m);
+                  });
+}
+
+namespace {
+// The kernels that take 16-bit operands directly (nothing for the ops layer to widen first).
+bool takes_16bit(const std::string& op) {
+  static const char* const kOps[] = {
+      "unary",           "binary",           "gelu_erf_forward",   "gelu_erf_backward",
+      "swiglu_forward",  "swiglu_backward",  "layer_norm_forward", "layer_norm_backward",
+      "rms_norm_forward", "rms_norm_backward", "softmax_forward",  "softmax_backward",
+      "attention_forward", "attention_backward", "rope"};
+  for (const char* k : kOps)
+    if (op == k) return true;
+  return false;
+}
+}  // namespace
 
 bool CpuBackend::supports(const std::string& op, DType dtype) const {
   if (op == "copy" || op == "fill" || op == "axpy") return true;
   if (op == "adam") return false;  // src/optim's SIMD kernels (see CpuBackend::adam)
   if (op == "gemm") return is_floating(dtype);
   if (op == "dropout") return is_floating(dtype);  // masks any float dtype in place
+  // These compute in fp32 on 16-bit operands loaded a block at a time (rows16.h).
+  if (takes_16bit(op)) return is_floating(dtype);
   return dtype == DType::f32;  // every other kernel computes in fp32; ops upcast 16-bit inputs
 }
 
@@ -181,9 +339,9 @@ void CpuBackend::axpy(const Tensor& y, const Tensor& x, float alpha) {
 }
 
 void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
-  require_f32(a, "binary");
-  require_f32(b, "binary");
-  require_f32(out, "binary");
+  for (const Tensor* t : {&a, &b, &out})
+    DS_CHECK(is_floating(t->dtype()), "[cpu:binary] kernel takes fp32, bf16 or fp16, got {}",
+             dtype_name(t->dtype()));
   switch (op) {
     case BinaryOp::add:
       return run_binary([](float x, float y) { return x + y; }, a, b, out);
@@ -201,35 +359,31 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
 }
 
 void CpuBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, float s) {
-  require_f32(x, "unary");
-  require_f32(out, "unary");
-  DS_CHECK(x.is_contiguous() && out.is_contiguous(), "[cpu:unary] needs contiguous tensors");
-  const float* px = x.data<float>();
-  float* po = out.data<float>();
-  const int64_t n = x.numel();
+  require_float_rows(x, "unary");
+  require_float_rows(out, "unary");
   switch (op) {
     case UnaryOp::neg:
-      return run_unary([](float v) { return -v; }, px, po, n);
+      return run_unary([](float v) { return -v; }, x, out);
     case UnaryOp::exp:
-      return run_unary([](float v) { return std::exp(v); }, px, po, n);
+      return run_unary([](float v) { return std::exp(v); }, x, out);
     case UnaryOp::log:
-      return run_unary([](float v) { return std::log(v); }, px, po, n);
+      return run_unary([](float v) { return std::log(v); }, x, out);
     case UnaryOp::sqrt:
-      return run_unary([](float v) { return std::sqrt(v); }, px, po, n);
+      return run_unary([](float v) { return std::sqrt(v); }, x, out);
     case UnaryOp::tanh:
-      return run_unary([](float v) { return std::tanh(v); }, px, po, n);
+      return run_unary([](float v) { return std::tanh(v); }, x, out);
     case UnaryOp::square:
-      return run_unary([](float v) { return v * v; }, px, po, n);
+      return run_unary([](float v) { return v * v; }, x, out);
     case UnaryOp::add_scalar:
-      return run_unary([s](float v) { return v + s; }, px, po, n);
+      return run_unary([s](float v) { return v + s; }, x, out);
     case UnaryOp::mul_scalar:
-      return run_unary([s](float v) { return v * s; }, px, po, n);
+      return run_unary([s](float v) { return v * s; }, x, out);
     case UnaryOp::pow_scalar:
-      return run_unary([s](float v) { return std::pow(v, s); }, px, po, n);
+      return run_unary([s](float v) { return std::pow(v, s); }, x, out);
     case UnaryOp::gelu:
-      return run_unary([](float v) { return fm::gelu(v); }, px, po, n);
+      return run_unary([](float v) { return fm::gelu(v); }, x, out);
     case UnaryOp::silu:
-      return run_unary([](float v) { return fm::silu(v); }, px, po, n);
+      return run_unary([](float v) { return fm::silu(v); }, x, out);
   }
 }
 

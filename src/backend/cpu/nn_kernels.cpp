@@ -22,6 +22,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/fast_math.h"
+#include "backend/cpu/rows16.h"
 #include "ds/core/error.h"
 #include "ds/core/parallel.h"
 #include "ds/core/rng.h"
@@ -298,47 +299,76 @@ void add_partials(const float* partials, int64_t nchunks, int64_t C, float* out)
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+// Layer norm, RMS norm, softmax and rotary embedding take fp32, bf16 or fp16 activations (x, y,
+// dy, dx; each its own dtype) through RowReader / RowWriter (rows16.h): a 16-bit row block is
+// widened into L1 scratch, runs the same fp32 row helper as an fp32 tensor, and its outputs are
+// narrowed as they are written, so the result is the fp32 kernel's, rounded once. Weights may be
+// any float dtype (widened once, C values); statistics (mean, rstd) and weight gradients are fp32.
+//
 // Layer norm: y = (x - mean) * rstd * w + b over the last dim.
 
 void CpuBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
                                     const Tensor& y, const Tensor& mean, const Tensor& rstd) {
-  for (const Tensor* t : {&x, &w, &y, &mean, &rstd}) require_f32(*t, "layer_norm");
-  if (b.defined()) require_f32(b, "layer_norm");
+  for (const Tensor* t : {&x, &w, &y}) require_float_rows(*t, "layer_norm");
+  if (b.defined()) require_float_rows(b, "layer_norm");
+  require_f32(mean, "layer_norm");
+  require_f32(rstd, "layer_norm");
   const int64_t C = x.size(-1), rows = x.numel() / std::max<int64_t>(C, 1);
-  const float* px = x.data<float>();
-  const float* pw = w.data<float>();
-  const float* pb = b.defined() ? b.data<float>() : nullptr;
-  float* py = y.data<float>();
+  const Floats fw(w), fb(b);
+  const float* pw = fw.get();
+  const float* pb = fb.get();  // null without a bias
+  const Rows xr(x, C), yr(y, C);
   float* pm = mean.data<float>();  // (rows)
   float* pr = rstd.data<float>();  // (rows)
+  const int64_t blk = rows_per_block(C);
   parallel_for(rows, row_grain(C), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) ln_forward_row(px + r * C, pw, pb, eps, C, py + r * C, pm + r, pr + r);
+    RowReader in(xr, blk);
+    RowWriter out(yr, blk);
+    for (int64_t b0 = r0; b0 < r1; b0 += blk) {
+      const int64_t n = std::min(blk, r1 - b0);
+      const float* px = in.read(b0, n);
+      float* py = out.rows(b0, n);
+      for (int64_t i = 0; i < n; ++i)
+        ln_forward_row(px + i * C, pw, pb, eps, C, py + i * C, pm + b0 + i, pr + b0 + i);
+      out.commit();
+    }
   });
 }
 
 void CpuBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
                                      const Tensor& mean, const Tensor& rstd, const Tensor& dx,
                                      const Tensor& dw, const Tensor& db) {
-  for (const Tensor* t : {&dy, &x, &w, &mean, &rstd, &dx, &dw}) require_f32(*t, "layer_norm_backward");
+  for (const Tensor* t : {&dy, &x, &w, &dx}) require_float_rows(*t, "layer_norm_backward");
+  for (const Tensor* t : {&mean, &rstd, &dw}) require_f32(*t, "layer_norm_backward");
   if (db.defined()) require_f32(db, "layer_norm_backward");
   const int64_t C = x.size(-1), rows = x.numel() / std::max<int64_t>(C, 1);
   if (rows == 0) return;
-  const float* pdy = dy.data<float>();
-  const float* px = x.data<float>();
-  const float* pw = w.data<float>();
+  const Floats fw(w);
+  const float* pw = fw.get();
   const float* pm = mean.data<float>();
   const float* pr = rstd.data<float>();
-  float* pdx = dx.data<float>();
+  const Rows gr(dy, C), xr(x, C), dxr(dx, C);
   const bool has_b = db.defined();
-  const int64_t nchunks = std::min(rows, kReduceChunks);
+  const int64_t nchunks = std::min(rows, kReduceChunks), blk = rows_per_block(C);
   // (nchunks, C) partial dw, then (nchunks, C) partial db
   std::vector<float> part(static_cast<size_t>(nchunks * C * (has_b ? 2 : 1)), 0.0f);
   parallel_for(nchunks, 1, [&](int64_t k0, int64_t k1) {
+    RowReader gin(gr, blk), xin(xr, blk);
+    RowWriter out(dxr, blk);
     for (int64_t k = k0; k < k1; ++k) {
       float* dwp = part.data() + k * C;
       float* dbp = has_b ? part.data() + (nchunks + k) * C : nullptr;
-      for (int64_t r = rows * k / nchunks; r < rows * (k + 1) / nchunks; ++r)
-        ln_backward_row(pdy + r * C, px + r * C, pw, pm[r], pr[r], C, pdx + r * C, dwp, dbp);
+      const int64_t e = rows * (k + 1) / nchunks;
+      for (int64_t b0 = rows * k / nchunks; b0 < e; b0 += blk) {
+        const int64_t n = std::min(blk, e - b0);
+        const float* pg = gin.read(b0, n);
+        const float* px = xin.read(b0, n);
+        float* pd = out.rows(b0, n);
+        for (int64_t i = 0; i < n; ++i)
+          ln_backward_row(pg + i * C, px + i * C, pw, pm[b0 + i], pr[b0 + i], C, pd + i * C, dwp,
+                          dbp);
+        out.commit();
+      }
     }
   });
   add_partials(part.data(), nchunks, C, dw.data<float>());
@@ -350,59 +380,100 @@ void CpuBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Te
 
 void CpuBackend::rms_norm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
                                   const Tensor& rstd) {
-  for (const Tensor* t : {&x, &w, &y, &rstd}) require_f32(*t, "rms_norm");
+  for (const Tensor* t : {&x, &w, &y}) require_float_rows(*t, "rms_norm");
+  require_f32(rstd, "rms_norm");
   const int64_t C = x.size(-1), rows = x.numel() / std::max<int64_t>(C, 1);
-  const float* px = x.data<float>();
-  const float* pw = w.data<float>();
-  float* py = y.data<float>();
+  const Floats fw(w);
+  const float* pw = fw.get();
+  const Rows xr(x, C), yr(y, C);
   float* pr = rstd.data<float>();  // (rows)
+  const int64_t blk = rows_per_block(C);
   parallel_for(rows, row_grain(C), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) pr[r] = rms_forward_row(px + r * C, pw, eps, C, py + r * C);
+    RowReader in(xr, blk);
+    RowWriter out(yr, blk);
+    for (int64_t b0 = r0; b0 < r1; b0 += blk) {
+      const int64_t n = std::min(blk, r1 - b0);
+      const float* px = in.read(b0, n);
+      float* py = out.rows(b0, n);
+      for (int64_t i = 0; i < n; ++i)
+        pr[b0 + i] = rms_forward_row(px + i * C, pw, eps, C, py + i * C);
+      out.commit();
+    }
   });
 }
 
 void CpuBackend::rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
                                    const Tensor& rstd, const Tensor& dx, const Tensor& dw) {
-  for (const Tensor* t : {&dy, &x, &w, &rstd, &dx, &dw}) require_f32(*t, "rms_norm_backward");
+  for (const Tensor* t : {&dy, &x, &w, &dx}) require_float_rows(*t, "rms_norm_backward");
+  require_f32(rstd, "rms_norm_backward");
+  require_f32(dw, "rms_norm_backward");
   const int64_t C = x.size(-1), rows = x.numel() / std::max<int64_t>(C, 1);
   if (rows == 0) return;
-  const float* pdy = dy.data<float>();
-  const float* px = x.data<float>();
-  const float* pw = w.data<float>();
+  const Floats fw(w);
+  const float* pw = fw.get();
   const float* pr = rstd.data<float>();
-  float* pdx = dx.data<float>();
-  const int64_t nchunks = std::min(rows, kReduceChunks);
+  const Rows gr(dy, C), xr(x, C), dxr(dx, C);
+  const int64_t nchunks = std::min(rows, kReduceChunks), blk = rows_per_block(C);
   std::vector<float> part(static_cast<size_t>(nchunks * C), 0.0f);  // (nchunks, C) partial dw
   parallel_for(nchunks, 1, [&](int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; ++k)
-      for (int64_t r = rows * k / nchunks; r < rows * (k + 1) / nchunks; ++r)
-        rms_backward_row(pdy + r * C, px + r * C, pw, pr[r], C, pdx + r * C, part.data() + k * C);
+    RowReader gin(gr, blk), xin(xr, blk);
+    RowWriter out(dxr, blk);
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t e = rows * (k + 1) / nchunks;
+      for (int64_t b0 = rows * k / nchunks; b0 < e; b0 += blk) {
+        const int64_t n = std::min(blk, e - b0);
+        const float* pg = gin.read(b0, n);
+        const float* px = xin.read(b0, n);
+        float* pd = out.rows(b0, n);
+        for (int64_t i = 0; i < n; ++i)
+          rms_backward_row(pg + i * C, px + i * C, pw, pr[b0 + i], C, pd + i * C,
+                           part.data() + k * C);
+        out.commit();
+      }
+    }
   });
   add_partials(part.data(), nchunks, C, dw.data<float>());
 }
 
 // ---------------------------------------------------------------------------------------------
-// Softmax over the last dim.
+// Softmax over the last dim. The backward reads y in its own dtype: a 16-bit forward's rounded
+// output (what autograd saved), as PyTorch's bf16 softmax backward does.
 
 void CpuBackend::softmax_forward(const Tensor& x, const Tensor& y) {
-  require_f32(x, "softmax");
-  require_f32(y, "softmax");
+  require_float_rows(x, "softmax");
+  require_float_rows(y, "softmax");
   const int64_t C = x.size(-1), rows = x.numel() / std::max<int64_t>(C, 1);
-  const float* px = x.data<float>();
-  float* py = y.data<float>();
+  const Rows xr(x, C), yr(y, C);
+  const int64_t blk = rows_per_block(C);
   parallel_for(rows, row_grain(C), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) softmax_forward_row(px + r * C, C, py + r * C);
+    RowReader in(xr, blk);
+    RowWriter out(yr, blk);
+    for (int64_t b0 = r0; b0 < r1; b0 += blk) {
+      const int64_t n = std::min(blk, r1 - b0);
+      const float* px = in.read(b0, n);
+      float* py = out.rows(b0, n);
+      for (int64_t i = 0; i < n; ++i) softmax_forward_row(px + i * C, C, py + i * C);
+      out.commit();
+    }
   });
 }
 
 void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
-  for (const Tensor* t : {&y, &dy, &dx}) require_f32(*t, "softmax_backward");
+  for (const Tensor* t : {&y, &dy, &dx}) require_float_rows(*t, "softmax_backward");
   const int64_t C = y.size(-1), rows = y.numel() / std::max<int64_t>(C, 1);
-  const float* py = y.data<float>();
-  const float* pg = dy.data<float>();
-  float* pdx = dx.data<float>();
+  const Rows yr(y, C), gr(dy, C), dxr(dx, C);
+  const int64_t blk = rows_per_block(C);
   parallel_for(rows, row_grain(C), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) softmax_backward_row(py + r * C, pg + r * C, C, pdx + r * C);
+    RowReader yin(yr, blk), gin(gr, blk);
+    RowWriter out(dxr, blk);
+    for (int64_t b0 = r0; b0 < r1; b0 += blk) {
+      const int64_t n = std::min(blk, r1 - b0);
+      const float* py = yin.read(b0, n);
+      const float* pg = gin.read(b0, n);
+      float* pd = out.rows(b0, n);
+      for (int64_t i = 0; i < n; ++i) softmax_backward_row(py + i * C, pg + i * C, C, pd + i * C);
+      out.commit();
+    }
   });
 }
 
@@ -411,8 +482,8 @@ void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, const Tenso
 
 void CpuBackend::rope(const Tensor& x, int64_t pos0, const std::vector<double>& inv_freq,
                       float scale, bool interleaved, bool inverse, const Tensor& out) {
-  require_f32(x, "rope");
-  require_f32(out, "rope");
+  require_float_rows(x, "rope");
+  require_float_rows(out, "rope");
   DS_CHECK(x.dim() == 4, "[cpu:rope] needs (B, NH, T, hd), got {}", shape_str(x.shape()));
   const int64_t T = x.size(2), hd = x.size(3), half = static_cast<int64_t>(inv_freq.size());
   DS_CHECK(half > 0 && 2 * half <= hd,
@@ -429,13 +500,21 @@ void CpuBackend::rope(const Tensor& x, int64_t pos0, const std::vector<double>& 
       sin_t[static_cast<size_t>(t * half + i)] = static_cast<float>(inverse ? -s : s);
     }
   }
-  const float* px = x.data<float>();
-  float* po = out.data<float>();
+  const Rows xr(x, hd), outr(out, hd);
+  const int64_t blk = rows_per_block(hd);
   parallel_for(rows, row_grain(hd), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t t = r % T;
-      rope_row(px + r * hd, cos_t.data() + t * half, sin_t.data() + t * half, half, hd,
-               interleaved, po + r * hd);
+    RowReader in(xr, blk);
+    RowWriter wr(outr, blk);
+    for (int64_t b0 = r0; b0 < r1; b0 += blk) {
+      const int64_t n = std::min(blk, r1 - b0);
+      const float* px = in.read(b0, n);  // may be po itself (fp32 in place): rope_row allows it
+      float* po = wr.rows(b0, n);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t t = (b0 + i) % T;
+        rope_row(px + i * hd, cos_t.data() + t * half, sin_t.data() + t * half, half, hd,
+                 interleaved, po + i * hd);
+      }
+      wr.commit();
     }
   });
 }

@@ -8,8 +8,8 @@
 // ds::backend::get(Device{DeviceType::sim, 0}).
 //
 // Only the pure-virtual kernels are overridden: Backend's composed defaults (bce_with_logits_*,
-// max_backward, vocab_ce_*, gelu_erf_*, linear_rows, decode_attention) run as they do on a GPU
-// without a kernel of its own, so CI tests those defaults on a device.
+// max_backward, vocab_ce_*, gelu_erf_*, swiglu_*, linear_rows, decode_attention) run as they do on
+// a GPU without a kernel of its own, so CI tests those defaults on a device.
 //
 // Threading: as the CPU backend's (kernels are synchronous; synchronize() has nothing to wait for).
 #include <atomic>
