@@ -1573,4 +1573,20 @@ TEST(OpsCpu, Bf16NormAndAttentionMakeNoFp32Copies) {
     EXPECT_LT(bwd, 3 * b16 + 64 * 1024);  // the bf16 dq, dk, dv
     EXPECT_EQ(q.grad().dtype(), DType::bf16);
   }
+  {
+    // Elementwise ops (the residual adds, a bias broadcast, a scale): the bf16 output only, and
+    // the same bits as the fp32 path rounded once.
+    Tensor x = randn({B, T, C}, 9, 1.0f, DType::bf16), r = randn({B, T, C}, 10, 1.0f, DType::bf16),
+           bias = randn({C}, 11, 1.0f, DType::bf16);
+    Tensor y;
+    EXPECT_LT(peak_growth([&] { y = ops::add(x, r); }), b16 + 64 * 1024);
+    EXPECT_EQ(y.dtype(), DType::bf16);
+    EXPECT_EQ(y.to(DType::f32).to_vector(),
+              ops::add(x.to(DType::f32), r.to(DType::f32)).to(DType::bf16).to(DType::f32).to_vector());
+    EXPECT_LT(peak_growth([&] { y = ops::mul(x, bias); }), b16 + 64 * 1024);
+    EXPECT_EQ(y.to(DType::f32).to_vector(),
+              ops::mul(x.to(DType::f32), bias.to(DType::f32)).to(DType::bf16).to(DType::f32).to_vector());
+    EXPECT_LT(peak_growth([&] { y = ops::mul(x, 0.5f); }), b16 + 64 * 1024);
+    EXPECT_EQ(y.dtype(), DType::bf16);
+  }
 }

@@ -1,5 +1,7 @@
-// Elementwise ops with broadcasting. Kernels compute in fp32; 16-bit inputs are upcast and the
-// result is returned in the input dtype.
+// Elementwise ops with broadcasting. Kernels compute in fp32 and the result is returned in the
+// input dtype. 16-bit inputs go to the backend's kernel as they are when it reads them directly
+// (Backend::supports("binary" / "unary", dtype): the CPU's), else they are upcast to fp32 copies.
+// Either way each element is the fp32 result rounded once, so the two paths give the same bits.
 #include <cmath>
 
 #include "ds/autograd/grad_mode.h"
@@ -54,6 +56,11 @@ Tensor reduce_to(const Tensor& g, const Shape& shape) {
 
 Tensor binary_kernel(BinaryOp op, const Tensor& a, const Tensor& b) {
   const Shape shape = broadcast_shapes(a.shape(), b.shape());
+  if (a.dtype() != DType::f32 && a.dtype() == b.dtype() && be(a).supports("binary", a.dtype())) {
+    Tensor out = Tensor::empty(shape, a.dtype(), a.device());
+    be(a).binary(op, expand_view(a, shape), expand_view(b, shape), out);
+    return out;
+  }
   Tensor fa = f32c(a), fb = f32c(b);
   Tensor out = Tensor::empty(shape, DType::f32, a.device());
   be(a).binary(op, expand_view(fa, shape), expand_view(fb, shape), out);
@@ -98,6 +105,11 @@ Tensor binary(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
 }
 
 Tensor unary_kernel(UnaryOp op, const Tensor& x, float s) {
+  if (x.dtype() != DType::f32 && be(x).supports("unary", x.dtype())) {
+    Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+    be(x).unary(op, x.contiguous(), out, s);  // a strided view: a 16-bit copy, not an fp32 one
+    return out;
+  }
   Tensor fx = f32c(x);
   Tensor out = Tensor::empty(x.shape(), DType::f32, x.device());
   be(x).unary(op, fx, out, s);
