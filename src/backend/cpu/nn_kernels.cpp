@@ -71,6 +71,25 @@ inline int64_t index_at(const void* ids, bool i64, int64_t n) {
 // Rows per task for a row kernel over (rows, C): at least ~16K elements per task.
 int64_t row_grain(int64_t C) { return std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(C, 1)); }
 
+// fn(r, x, y) for every row r of `in` (rows of C), writing row r of `out`: in parallel tasks, a
+// block of rows at a time through fp32 scratch (rows16.h; fp32 tensors are read in place, and `in`
+// may be `out` when fn allows it).
+template <class F>
+void map_rows(const Rows& in, const Rows& out, int64_t rows, int64_t C, F fn) {
+  const int64_t blk = rows_per_block(C);
+  parallel_for(rows, row_grain(C), [&](int64_t r0, int64_t r1) {
+    RowReader rd(in, blk);
+    RowWriter wr(out, blk);
+    for (int64_t b0 = r0; b0 < r1; b0 += blk) {
+      const int64_t n = std::min(blk, r1 - b0);
+      const float* px = rd.read(b0, n);
+      float* py = wr.rows(b0, n);
+      for (int64_t i = 0; i < n; ++i) fn(b0 + i, px + i * C, py + i * C);
+      wr.commit();
+    }
+  });
+}
+
 // ---- per-row helpers ----
 
 inline float row_sum(const float* __restrict x, int64_t n) {
@@ -317,21 +336,10 @@ void CpuBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Tens
   const Floats fw(w), fb(b);
   const float* pw = fw.get();
   const float* pb = fb.get();  // null without a bias
-  const Rows xr(x, C), yr(y, C);
   float* pm = mean.data<float>();  // (rows)
   float* pr = rstd.data<float>();  // (rows)
-  const int64_t blk = rows_per_block(C);
-  parallel_for(rows, row_grain(C), [&](int64_t r0, int64_t r1) {
-    RowReader in(xr, blk);
-    RowWriter out(yr, blk);
-    for (int64_t b0 = r0; b0 < r1; b0 += blk) {
-      const int64_t n = std::min(blk, r1 - b0);
-      const float* px = in.read(b0, n);
-      float* py = out.rows(b0, n);
-      for (int64_t i = 0; i < n; ++i)
-        ln_forward_row(px + i * C, pw, pb, eps, C, py + i * C, pm + b0 + i, pr + b0 + i);
-      out.commit();
-    }
+  map_rows(Rows(x, C), Rows(y, C), rows, C, [&](int64_t r, const float* px, float* py) {
+    ln_forward_row(px, pw, pb, eps, C, py, pm + r, pr + r);
   });
 }
 
@@ -385,20 +393,9 @@ void CpuBackend::rms_norm_forward(const Tensor& x, const Tensor& w, float eps, c
   const int64_t C = x.size(-1), rows = x.numel() / std::max<int64_t>(C, 1);
   const Floats fw(w);
   const float* pw = fw.get();
-  const Rows xr(x, C), yr(y, C);
   float* pr = rstd.data<float>();  // (rows)
-  const int64_t blk = rows_per_block(C);
-  parallel_for(rows, row_grain(C), [&](int64_t r0, int64_t r1) {
-    RowReader in(xr, blk);
-    RowWriter out(yr, blk);
-    for (int64_t b0 = r0; b0 < r1; b0 += blk) {
-      const int64_t n = std::min(blk, r1 - b0);
-      const float* px = in.read(b0, n);
-      float* py = out.rows(b0, n);
-      for (int64_t i = 0; i < n; ++i)
-        pr[b0 + i] = rms_forward_row(px + i * C, pw, eps, C, py + i * C);
-      out.commit();
-    }
+  map_rows(Rows(x, C), Rows(y, C), rows, C, [&](int64_t r, const float* px, float* py) {
+    pr[r] = rms_forward_row(px, pw, eps, C, py);
   });
 }
 
@@ -443,19 +440,8 @@ void CpuBackend::softmax_forward(const Tensor& x, const Tensor& y) {
   require_float_rows(x, "softmax");
   require_float_rows(y, "softmax");
   const int64_t C = x.size(-1), rows = x.numel() / std::max<int64_t>(C, 1);
-  const Rows xr(x, C), yr(y, C);
-  const int64_t blk = rows_per_block(C);
-  parallel_for(rows, row_grain(C), [&](int64_t r0, int64_t r1) {
-    RowReader in(xr, blk);
-    RowWriter out(yr, blk);
-    for (int64_t b0 = r0; b0 < r1; b0 += blk) {
-      const int64_t n = std::min(blk, r1 - b0);
-      const float* px = in.read(b0, n);
-      float* py = out.rows(b0, n);
-      for (int64_t i = 0; i < n; ++i) softmax_forward_row(px + i * C, C, py + i * C);
-      out.commit();
-    }
-  });
+  map_rows(Rows(x, C), Rows(y, C), rows, C,
+           [&](int64_t, const float* px, float* py) { softmax_forward_row(px, C, py); });
 }
 
 void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
@@ -500,22 +486,10 @@ void CpuBackend::rope(const Tensor& x, int64_t pos0, const std::vector<double>& 
       sin_t[static_cast<size_t>(t * half + i)] = static_cast<float>(inverse ? -s : s);
     }
   }
-  const Rows xr(x, hd), outr(out, hd);
-  const int64_t blk = rows_per_block(hd);
-  parallel_for(rows, row_grain(hd), [&](int64_t r0, int64_t r1) {
-    RowReader in(xr, blk);
-    RowWriter wr(outr, blk);
-    for (int64_t b0 = r0; b0 < r1; b0 += blk) {
-      const int64_t n = std::min(blk, r1 - b0);
-      const float* px = in.read(b0, n);  // may be po itself (fp32 in place): rope_row allows it
-      float* po = wr.rows(b0, n);
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t t = (b0 + i) % T;
-        rope_row(px + i * hd, cos_t.data() + t * half, sin_t.data() + t * half, half, hd,
-                 interleaved, po + i * hd);
-      }
-      wr.commit();
-    }
+  // px may be po itself (fp32 in place): rope_row allows it.
+  map_rows(Rows(x, hd), Rows(out, hd), rows, hd, [&](int64_t r, const float* px, float* po) {
+    const int64_t t = r % T;
+    rope_row(px, cos_t.data() + t * half, sin_t.data() + t * half, half, hd, interleaved, po);
   });
 }
 

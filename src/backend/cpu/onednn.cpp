@@ -12,6 +12,9 @@
 // libdnnl still builds and runs), and DS_ONEDNN_LIBRARY names another build, as DS_BLAS_LIBRARY
 // does for the BLAS. oneDNN's OpenMP runtime is libgomp, the one our kernels and OpenBLAS share.
 #include <dlfcn.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include <cstdint>
 #include <cstdlib>
@@ -43,16 +46,16 @@ struct OneDnn {
 };
 
 bool cpu_has_bf16_units() {
-  __builtin_cpu_init();
+#if defined(__x86_64__)
   // AVX512-BF16 (Cooper Lake, Sapphire Rapids, Zen 4/5) or AMX-BF16 (Sapphire Rapids on): without
   // either oneDNN would emulate bf16 with fp32 arithmetic, no faster than converting once.
-  unsigned a, b, c, d;
-  bool amx = false;
-  if (__builtin_cpu_supports("avx512f")) {
-    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-    amx = (d >> 22) & 1;  // CPUID.(EAX=7,ECX=0):EDX[22] AMX-BF16
-  }
+  __builtin_cpu_init();
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 22) & 1);  // EDX[22] AMX-BF16
   return __builtin_cpu_supports("avx512bf16") || amx;
+#else
+  return false;
+#endif
 }
 
 OneDnn load_onednn() {
