@@ -1358,7 +1358,9 @@ TEST_P(Ops, Bf16KernelsEqualTheFp32PathBitwise) {
       for (const char* k : {"layer_norm_forward", "layer_norm_backward", "rms_norm_forward",
                             "rms_norm_backward", "unary", "binary", "gelu_erf_forward",
                             "gelu_erf_backward", "swiglu_forward", "swiglu_backward",
-                            "softmax_forward", "attention_forward", "rope"})
+                            "softmax_forward", "attention_forward", "rope",
+                            "embedding_forward", "embedding_backward", "cross_entropy_forward",
+                            "cross_entropy_backward"})
         EXPECT_TRUE(ds::testing::supported(device(), k, dt)) << k << " " << dtype_name(dt);
     }
     auto in = [&](const Shape& s, uint64_t seed, float scale = 1.0f) {
@@ -1370,6 +1372,13 @@ TEST_P(Ops, Bf16KernelsEqualTheFp32PathBitwise) {
       std::vector<Tensor> inputs;
     };
     std::vector<double> inv{1.0, 0.3, 0.05};  // partial rotary: 6 of 10 dims
+    // Ids with repeats (each row of the table's gradient sums several upstream rows, in order)
+    // and targets with ignored rows; V = 4500: rows longer than one cross-entropy chunk (2048).
+    std::vector<int64_t> idv(40), tv(6);
+    for (size_t i = 0; i < idv.size(); ++i) idv[i] = static_cast<int64_t>((i * 7) % 13);
+    for (size_t i = 0; i < tv.size(); ++i) tv[i] = i == 2 ? -100 : static_cast<int64_t>(i * 797 + 5);
+    const Tensor ids = ds::testing::to_device(Tensor::from_ints(idv, {5, 8}), device());
+    const Tensor targets = ds::testing::to_device(Tensor::from_ints(tv, {6}), device());
     const std::vector<Case> cases = {
         // C = 37: vector tails; 15 rows in one block.
         {"layer_norm", [](auto& a) { return ops::layer_norm(a[0], a[1], a[2]); },
@@ -1391,6 +1400,9 @@ TEST_P(Ops, Bf16KernelsEqualTheFp32PathBitwise) {
         {"rope interleaved partial",
          [inv](auto& a) { return ops::rope(a[0], inv, 1.5f, 4, /*interleaved=*/true); },
          {in({2, 4, 100, 10}, 14)}},
+        {"embedding", [ids](auto& a) { return ops::embedding(a[0], ids); }, {in({16, 37}, 15)}},
+        {"cross_entropy", [targets](auto& a) { return ops::cross_entropy(a[0], targets); },
+         {in({6, 4500}, 16, 4.0f)}},
     };
     for (const Case& c : cases) {
       SCOPED_TRACE(std::string(c.what) + " " + dtype_name(dt));
@@ -1572,6 +1584,44 @@ TEST(OpsCpu, Bf16NormAndAttentionMakeNoFp32Copies) {
     EXPECT_LT(fwd, b16 + 64 * 1024);      // the bf16 output and (B, NH, T) fp32 lse
     EXPECT_LT(bwd, 3 * b16 + 64 * 1024);  // the bf16 dq, dk, dv
     EXPECT_EQ(q.grad().dtype(), DType::bf16);
+  }
+  {
+    // The token embedding: a bf16 table is gathered as it is and its gradient is a bf16 table
+    // (fp32 sums per row, rounded once); no (V, C) fp32 table in either direction.
+    const int64_t V = 4096, E = 256, tokens = 512;  // (V, E): 1 MiB in bf16, 4 MiB in fp32
+    std::vector<int64_t> idv(tokens);
+    for (int64_t i = 0; i < tokens; ++i) idv[static_cast<size_t>(i)] = (i * 37) % 300;
+    const Tensor ids = Tensor::from_ints(idv, {tokens});
+    Tensor w = randn({V, E}, 12, 1.0f, DType::bf16), g = randn({tokens, E}, 13, 1.0f, DType::bf16);
+    with_grad(w);
+    Tensor y;
+    const int64_t fwd = peak_growth([&] { y = ops::embedding(w, ids); });
+    const int64_t bwd = peak_growth([&] { y.backward(g); });
+    std::printf("embedding bf16 (%lld x %lld table): forward +%lld bytes, backward +%lld bytes\n",
+                static_cast<long long>(V), static_cast<long long>(E), static_cast<long long>(fwd),
+                static_cast<long long>(bwd));
+    EXPECT_LT(fwd, 2 * tokens * E + 64 * 1024);  // the bf16 rows only
+    EXPECT_LT(bwd, 2 * V * E + 64 * 1024);       // the bf16 table gradient, not an fp32 one
+    EXPECT_EQ(w.grad().dtype(), DType::bf16);
+  }
+  {
+    // Cross entropy on bf16 logits: read as they are (no fp32 copy), gradient in bf16.
+    // 2 MiB of bf16 logits, 4 MiB as an fp32 copy (the allocator rounds from 1 MiB to 2 MiB).
+    const int64_t N = 128, V = 8192;
+    std::vector<int64_t> tv(N);
+    for (int64_t i = 0; i < N; ++i) tv[static_cast<size_t>(i)] = (i * 131) % V;
+    const Tensor targets = Tensor::from_ints(tv, {N});
+    Tensor lg = randn({N, V}, 14, 3.0f, DType::bf16);
+    with_grad(lg);
+    Tensor loss;
+    const int64_t fwd = peak_growth([&] { loss = ops::cross_entropy(lg, targets); });
+    const int64_t bwd = peak_growth([&] { loss.backward(); });
+    std::printf("cross_entropy bf16 (%lld x %lld): forward +%lld bytes, backward +%lld bytes\n",
+                static_cast<long long>(N), static_cast<long long>(V), static_cast<long long>(fwd),
+                static_cast<long long>(bwd));
+    EXPECT_LT(fwd, 64 * 1024);                // (N) fp32 losses and lse
+    EXPECT_LT(bwd, 2 * N * V + 64 * 1024);    // the bf16 gradient
+    EXPECT_EQ(lg.grad().dtype(), DType::bf16);
   }
   {
     // Elementwise ops (the residual adds, a bias broadcast, a scale): the bf16 output only, and

@@ -1,9 +1,10 @@
 // ops::linear_cross_entropy (ds/ops/ops.h): the cross entropy of x @ w^T computed a block of rows
 // at a time, so the (N, V) logits and their gradient never exist whole (Liger-Kernel's fused linear
 // cross entropy). Per block: logits = x_r @ w^T (GEMM, fp32 out; rounded to the inputs' 16-bit
-// dtype and back, as the unfused linear's output would be), the cross-entropy kernels give the
-// losses, each row's log-sum-exp and, when a gradient is wanted, dlogits = (softmax - onehot) /
-// count; then dx_r = dlogits @ w and dw += dlogits^T @ x_r (fp32 accumulation). Backward only
+// dtype, as the unfused linear's output would be, and read in that dtype by the cross-entropy
+// kernels), the kernels give the losses, each row's log-sum-exp and, when a gradient is wanted,
+// dlogits = (softmax - onehot) / count (in the inputs' dtype); then dx_r = dlogits @ w and
+// dw += dlogits^T @ x_r (fp32 accumulation). Backward only
 // scales the stored dx and dw by the upstream gradient. A constant logit bias is added to each
 // block's logits (in place, a stride-0 view of the (V) bias as the second operand).
 #include <algorithm>
@@ -92,9 +93,16 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
 
   const int64_t R = block_rows > 0 ? std::min(block_rows, std::max<int64_t>(N, 1))
                                    : linear_cross_entropy_block_rows(N, V);
+  // 16-bit inputs: each block's logits are the linear's output rounded to that dtype. Where the
+  // backend's cross-entropy kernels take 16-bit logits, they read that rounded block directly and
+  // write the 16-bit gradient over it (the GEMMs' operand), so the only fp32 block is the GEMM's
+  // output; otherwise the rounded values go back to fp32 for the kernels (the old path).
+  const bool narrow = dt != DType::f32;
+  const bool direct = narrow && bk.supports("cross_entropy_forward", dt) &&
+                      bk.supports("cross_entropy_backward", dt);
   const Tensor logits = Tensor::empty({R * V}, DType::f32, dev);  // one block's
-  const Tensor rounded = dt != DType::f32 ? Tensor::empty({R * V}, dt, dev) : Tensor();
-  const Tensor dlogits = grad ? Tensor::empty({R * V}, DType::f32, dev) : Tensor();
+  const Tensor rounded = narrow ? Tensor::empty({R * V}, dt, dev) : Tensor();
+  const Tensor dlogits = grad && !direct ? Tensor::empty({R * V}, DType::f32, dev) : Tensor();
   const Tensor losses = Tensor::empty({N}, DType::f32, dev),
                lse = Tensor::empty({N}, DType::f32, dev);
   const Tensor dx = grad && need_x ? Tensor::empty({N, C}, DType::f32, dev) : Tensor();
@@ -102,7 +110,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   // The bias in fp32, read by each block as a stride-0 (r, V) view; for 16-bit inputs first
   // rounded to their dtype, as add(linear(x, w), logit_bias.to(dtype)) rounds it.
   const Tensor bias = !logit_bias.defined() ? Tensor()
-                      : dt != DType::f32    ? logit_bias.to(dt).to(DType::f32).contiguous()
+                      : narrow              ? logit_bias.to(dt).to(DType::f32).contiguous()
                                             : logit_bias.to(DType::f32).contiguous();
   const float inv_count = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
   for (int64_t r0 = 0; r0 < N; r0 += R) {
@@ -110,29 +118,33 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
     const Tensor xr = block(xc, r0 * C, r, C);
     const Tensor lg = block(logits, 0, r, V);
     gemm(bk, dt, xr, false, wc, true, lg, false);  // (r, C) @ (V, C)^T
-    auto round_16 = [&] {                          // what a 16-bit op's output holds
-      if (!rounded.defined()) return;
-      const Tensor lg16 = block(rounded, 0, r, V);
-      lg16.copy_from(lg);
-      lg.copy_from(lg16);
-    };
-    round_16();            // the linear's output
+    // The logits the kernels read: fp32, or 16-bit as the linear's (and the bias add's) output.
+    Tensor in = lg;
+    if (narrow) {
+      in = block(rounded, 0, r, V);
+      in.copy_from(lg);  // the linear's output
+    }
     if (bias.defined()) {  // then add(logits, bias), rounded as its output
       const Tensor rows =
           Tensor::from_storage(bias.storage(), {r, V}, DType::f32, bias.storage_offset(), {0, 1});
-      bk.binary(backend::BinaryOp::add, lg, rows, lg);
-      round_16();
+      bk.binary(backend::BinaryOp::add, in, rows, in);
+    }
+    if (narrow && !direct) {
+      lg.copy_from(in);
+      in = lg;
     }
     const Tensor tr = tc.flat_range(r0, r);
     const Tensor lr = lse.flat_range(r0, r);
-    bk.cross_entropy_forward(lg, tr, ignore_index, losses.flat_range(r0, r), lr);
+    bk.cross_entropy_forward(in, tr, ignore_index, losses.flat_range(r0, r), lr);
     if (!grad) continue;
-    const Tensor d = block(dlogits, 0, r, V);
-    bk.cross_entropy_backward(lg, tr, ignore_index, lr, inv_count, d);
-    Tensor dd = d;  // the GEMM operand: 16-bit as the unfused backward's
-    if (rounded.defined()) {
-      dd = block(rounded, 0, r, V);
-      dd.copy_from(d);
+    // The GEMM operand: 16-bit as the unfused backward's (written over the 16-bit logits when
+    // the kernel takes them), else fp32.
+    Tensor dd = direct ? in : block(dlogits, 0, r, V);
+    bk.cross_entropy_backward(in, tr, ignore_index, lr, inv_count, dd);
+    if (narrow && !direct) {
+      const Tensor d16 = block(rounded, 0, r, V);
+      d16.copy_from(dd);
+      dd = d16;
     }
     if (dx.defined()) gemm(bk, dt, dd, false, wc, false, block(dx, r0 * C, r, C), false);
     if (dw.defined()) gemm(bk, dt, dd, true, xr, false, dw, r0 > 0);  // (r, V)^T @ (r, C)

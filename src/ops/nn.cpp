@@ -122,16 +122,19 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   }
   Shape os = ids.shape();
   os.push_back(C);
-  Tensor y = empty_f32(os, weight);
-  be(weight).embedding_forward(f32c(weight), idc, y);
-  Tensor out = as_dtype(y, weight.dtype());
+  // 16-bit tables are gathered as they are and their gradient summed into a 16-bit table (fp32
+  // sums, rounded once) where the backend can: no fp32 copy of the (V, C) table either way.
+  const bool d16 = direct16(weight, {"embedding_forward", "embedding_backward"});
+  Tensor y = kout(os, weight, d16);
+  be(weight).embedding_forward(kin(weight, d16), idc, y);
+  Tensor out = result(y, weight.dtype(), d16);
   if (!wants_grad({weight})) return out;
   const DType wd = weight.dtype();
   const Tensor sid = idc.detach();
-  return autograd::record(out, "EmbeddingBackward", {weight}, [sid, V, C, wd](const Tensor& g) -> std::vector<Tensor> {
-    Tensor dw = Tensor::zeros({V, C}, DType::f32, g.device());
-    be(g).embedding_backward(f32c(g), sid, dw);
-    return {as_dtype(dw, wd)};
+  return autograd::record(out, "EmbeddingBackward", {weight}, [sid, V, C, wd, d16](const Tensor& g) -> std::vector<Tensor> {
+    Tensor dw = Tensor::zeros({V, C}, d16 ? wd : DType::f32, g.device());
+    be(g).embedding_backward(kin(g, d16), sid, dw);
+    return {result(dw, wd, d16)};
   });
 }
 
@@ -389,7 +392,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   DS_CHECK(V > 0, "[cross_entropy] logits have no classes");
   Tensor tc = targets.contiguous();
   const int64_t count = detail::count_targets(tc, V, ignore_index);
-  Tensor fl = f32c(logits);
+  // 16-bit logits go to the kernels as they are where the backend takes them (fp32 math on the
+  // widened values, a chunk at a time), and the gradient comes back in their dtype.
+  const bool d16 = direct16(logits, {"cross_entropy_forward", "cross_entropy_backward"});
+  Tensor fl = kin(logits, d16);
   Tensor losses = empty_f32({N}, logits), lse = empty_f32({N}, logits);  // (N)
   be(logits).cross_entropy_forward(fl, tc, ignore_index, losses, lse);
   double total = 0.0;  // fixed order, double: deterministic and exact enough for any N
@@ -404,9 +410,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   const DType dt = logits.dtype();
   return autograd::record(out, "CrossEntropyBackward", {logits}, [=](const Tensor& g) -> std::vector<Tensor> {
     const float scale = count > 0 ? g.item() / static_cast<float>(count) : 0.0f;
-    Tensor d = empty_f32(sl.shape(), sl);
+    Tensor d = kout(sl.shape(), sl, d16);
     be(sl).cross_entropy_backward(sl, tc, ignore_index, lse, scale, d);
-    return {as_dtype(d, dt)};
+    return {result(d, dt, d16)};
   });
 }
 

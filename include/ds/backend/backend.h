@@ -190,15 +190,20 @@ class Backend {
   // (2i, 2i+1) when interleaved (GLM, ChatGLM, GPT-J). inverse rotates by -angle (the backward).
   virtual void rope(const Tensor& x, int64_t pos0, const std::vector<double>& inv_freq,
                     float scale, bool interleaved, bool inverse, const Tensor& out) = 0;
-  // out (N, C) = weight[ids]; ids int32 or int64 (N).
+  // out (N, C) = weight[ids]; ids int32 or int64 (N). 16-bit where supports(): out has weight's
+  // dtype and the rows are copied as they are.
   virtual void embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& out) = 0;
-  // dweight (V, C) += scatter of dout rows by ids (deterministic order).
+  // dweight (V, C) += scatter of dout rows by ids (deterministic order: each row's additions in
+  // input order, from its current value). 16-bit where supports(): each touched row summed in
+  // fp32 and rounded once, so the result is that of an fp32 dweight narrowed.
   virtual void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& dweight) = 0;
   // losses (N) = lse - logit[target] (0 where target == ignore_index); lse (N) saved for backward.
+  // losses and lse fp32; logits 16-bit where supports() (fp32 math on the widened values).
   virtual void cross_entropy_forward(const Tensor& logits, const Tensor& targets,
                                      int64_t ignore_index, const Tensor& losses,
                                      const Tensor& lse) = 0;
-  // dlogits = (softmax(logits) - onehot(target)) * scale per row (0 for ignored rows).
+  // dlogits = (softmax(logits) - onehot(target)) * scale per row (0 for ignored rows). logits and
+  // dlogits 16-bit where supports() (dlogits rounded from fp32; with one dtype it may alias logits).
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                       int64_t ignore_index, const Tensor& lse, float scale,
                                       const Tensor& dlogits) = 0;

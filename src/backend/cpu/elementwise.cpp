@@ -244,7 +244,9 @@ bool takes_16bit(const std::string& op) {
       "unary",           "binary",           "gelu_erf_forward",   "gelu_erf_backward",
       "swiglu_forward",  "swiglu_backward",  "layer_norm_forward", "layer_norm_backward",
       "rms_norm_forward", "rms_norm_backward", "softmax_forward",  "softmax_backward",
-      "attention_forward", "attention_backward", "rope"};
+      "attention_forward", "attention_backward", "rope",
+      "embedding_forward", "embedding_backward", "cross_entropy_forward",
+      "cross_entropy_backward"};
   for (const char* k : kOps)
     if (op == k) return true;
   return false;

@@ -292,6 +292,45 @@ void cross_entropy_grad_row(const float* __restrict x, int64_t V, int64_t t, boo
   }
 }
 
+// The 16-bit forms of the two row helpers above: each chunk of the row is widened into buf (fp32,
+// kCeChunk floats, in L1) and the same fp32 passes run on it, so the results equal those of the
+// fp32 helpers on the widened row bit for bit (same chunks, same order); the gradient is narrowed
+// into d (round to nearest even) as the old path's whole-tensor narrowing did.
+float logsumexp_row16(const char* x, DType dt, int64_t V, float* __restrict buf) {
+  const int64_t es = static_cast<int64_t>(dtype_size(dt));
+  float m = kNegInf, s = 0.0f;
+  for (int64_t c0 = 0; c0 < V; c0 += kCeChunk) {
+    const int64_t len = std::min(kCeChunk, V - c0);
+    convert(x + c0 * es, dt, buf, DType::f32, static_cast<size_t>(len));
+    const float cm = fm::max_of(buf, len);
+    if (cm == kNegInf) continue;
+    if (cm > m) {
+      s = m == kNegInf ? 0.0f : s * fm::exp(m - cm);
+      m = cm;
+    }
+    for (int64_t b0 = 0; b0 < len; b0 += kPrefetchBlock)
+      s += sum_exp(buf + b0, std::min(kPrefetchBlock, len - b0), m);
+  }
+  return m + std::log(s);
+}
+
+void cross_entropy_grad_row16(const char* x, DType xt, int64_t V, int64_t t, bool ignored,
+                              float lse, float scale, char* d, DType dt,
+                              float* __restrict xbuf, float* __restrict gbuf /* (kCeChunk) */) {
+  const int64_t xs = static_cast<int64_t>(dtype_size(xt)), ds = static_cast<int64_t>(dtype_size(dt));
+  for (int64_t c0 = 0; c0 < V; c0 += kCeChunk) {
+    const int64_t len = std::min(kCeChunk, V - c0);
+    if (ignored) {
+      std::fill(gbuf, gbuf + len, 0.0f);
+    } else {
+      convert(x + c0 * xs, xt, xbuf, DType::f32, static_cast<size_t>(len));
+      softmax_scaled_chunk(xbuf, len, lse, scale, gbuf);
+      if (t >= c0 && t < c0 + len) gbuf[t - c0] -= scale;
+    }
+    convert(gbuf, DType::f32, d + c0 * ds, dt, static_cast<size_t>(len));
+  }
+}
+
 // out[i] = x[i] * keep(index0 + i) / (1 - p) for a chunk.
 void dropout_chunk(const float* __restrict x, int64_t n, uint64_t seed, uint64_t stream,
                    uint64_t index0, uint64_t threshold, float keep_scale, float* __restrict out) {
@@ -497,38 +536,96 @@ void CpuBackend::rope(const Tensor& x, int64_t pos0, const std::vector<double>& 
 // Embedding.
 
 void CpuBackend::embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& out) {
-  require_f32(weight, "embedding");
-  require_f32(out, "embedding");
+  // Any float dtype: rows are copied as they are (out has weight's dtype), so a 16-bit table is
+  // never widened.
+  require_float_rows(weight, "embedding");
+  require_float_rows(out, "embedding");
+  DS_CHECK(weight.dtype() == out.dtype(), "[cpu:embedding] weight {} and out {} dtypes differ",
+           dtype_name(weight.dtype()), dtype_name(out.dtype()));
   check_ids(ids, "embedding");
   const int64_t V = weight.size(0), C = weight.size(1), N = ids.numel();
   check_id_range(ids, V, "embedding", "id");
   const bool i64 = ids.dtype() == DType::i64;
   const void* pid = ids.raw_data();
-  const float* pw = weight.data<float>();
-  float* po = out.data<float>();  // (N, C)
+  const size_t row_bytes = static_cast<size_t>(C) * dtype_size(weight.dtype());
+  const char* pw = static_cast<const char*>(weight.raw_data());
+  char* po = static_cast<char*>(out.raw_data());  // (N, C)
   parallel_for(N, row_grain(C), [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n)
-      std::memcpy(po + n * C, pw + index_at(pid, i64, n) * C, static_cast<size_t>(C) * sizeof(float));
+      std::memcpy(po + static_cast<size_t>(n) * row_bytes,
+                  pw + static_cast<size_t>(index_at(pid, i64, n)) * row_bytes, row_bytes);
   });
 }
 
-void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& dweight) {
-  require_f32(dout, "embedding_backward");
-  require_f32(dweight, "embedding_backward");
-  check_ids(ids, "embedding_backward");
+namespace {
+
+// embedding_backward with a 16-bit dweight: the positions of each id in input order (a counting
+// sort), then one id per task: its row widened, the upstream rows added in input order in fp32,
+// the sum narrowed once. The fp32 path adds the same rows in the same order from the same start,
+// so the result is its narrowing bit for bit, without a (V, C) fp32 gradient.
+void embedding_backward16(const Tensor& dout, const Tensor& ids, const Tensor& dweight) {
   const int64_t V = dweight.size(0), C = dweight.size(1), N = ids.numel();
-  check_id_range(ids, V, "embedding_backward", "id");
   const bool i64 = ids.dtype() == DType::i64;
   const void* pid = ids.raw_data();
-  const float* pg = dout.data<float>();  // (N, C)
-  float* pw = dweight.data<float>();     // (V, C)
+  std::vector<int64_t> start(static_cast<size_t>(V) + 1, 0), order(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) ++start[static_cast<size_t>(index_at(pid, i64, n)) + 1];
+  for (int64_t v = 0; v < V; ++v) start[static_cast<size_t>(v) + 1] += start[static_cast<size_t>(v)];
+  std::vector<int64_t> fill(start.begin(), start.end() - 1), touched;
+  for (int64_t n = 0; n < N; ++n) order[static_cast<size_t>(fill[static_cast<size_t>(index_at(pid, i64, n))]++)] = n;
+  for (int64_t v = 0; v < V; ++v)
+    if (start[static_cast<size_t>(v) + 1] > start[static_cast<size_t>(v)]) touched.push_back(v);
+  const DType gt = dout.dtype(), wt = dweight.dtype();
+  const int64_t gs = static_cast<int64_t>(dtype_size(gt)), ws = static_cast<int64_t>(dtype_size(wt));
+  const char* pg = static_cast<const char*>(dout.raw_data());
+  char* pw = static_cast<char*>(dweight.raw_data());
+  parallel_for(static_cast<int64_t>(touched.size()), 1, [&](int64_t k0, int64_t k1) {
+    std::vector<float> acc(static_cast<size_t>(C)), row(static_cast<size_t>(C));
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t v = touched[static_cast<size_t>(k)];
+      convert(pw + v * C * ws, wt, acc.data(), DType::f32, acc.size());
+      for (int64_t j = start[static_cast<size_t>(v)]; j < start[static_cast<size_t>(v) + 1]; ++j) {
+        convert(pg + order[static_cast<size_t>(j)] * C * gs, gt, row.data(), DType::f32, row.size());
+        add_row(acc.data(), row.data(), C);
+      }
+      convert(acc.data(), DType::f32, pw + v * C * ws, wt, acc.size());
+    }
+  });
+}
+
+}  // namespace
+
+void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& dweight) {
+  require_float_rows(dout, "embedding_backward");
+  require_float_rows(dweight, "embedding_backward");
+  check_ids(ids, "embedding_backward");
+  const int64_t V = dweight.size(0), C = dweight.size(1), N = ids.numel();
+  DS_CHECK(dout.numel() == N * C, "[cpu:embedding_backward] dout has {} values for {} ids x {}",
+           dout.numel(), N, C);
+  check_id_range(ids, V, "embedding_backward", "id");
+  if (dweight.dtype() != DType::f32) return embedding_backward16(dout, ids, dweight);
+  const bool i64 = ids.dtype() == DType::i64;
+  const void* pid = ids.raw_data();
+  float* pw = dweight.data<float>();  // (V, C)
   // Deterministic scatter without atomics: threads own column slices of dweight and add the rows
-  // in input order, so a repeated id always accumulates in the same order.
+  // in input order, so a repeated id always accumulates in the same order. A 16-bit dout is
+  // widened a column slice at a time.
   constexpr int64_t kCols = 64;
   const int64_t nslices = (C + kCols - 1) / kCols;
+  const DType gt = dout.dtype();
+  const int64_t gs = static_cast<int64_t>(dtype_size(gt));
+  const char* pg = static_cast<const char*>(dout.raw_data());  // (N, C)
   parallel_for(nslices, 1, [&](int64_t s0, int64_t s1) {
     const int64_t c0 = s0 * kCols, c1 = std::min(C, s1 * kCols);
-    for (int64_t n = 0; n < N; ++n) add_row(pw + index_at(pid, i64, n) * C + c0, pg + n * C + c0, c1 - c0);
+    std::vector<float> buf(gt == DType::f32 ? 0 : static_cast<size_t>(c1 - c0));
+    for (int64_t n = 0; n < N; ++n) {
+      const char* src = pg + (n * C + c0) * gs;
+      const float* g = reinterpret_cast<const float*>(src);
+      if (gt != DType::f32) {
+        convert(src, gt, buf.data(), DType::f32, buf.size());
+        g = buf.data();
+      }
+      add_row(pw + index_at(pid, i64, n) * C + c0, g, c1 - c0);
+    }
   });
 }
 
@@ -539,16 +636,35 @@ void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, const
 
 void CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targets,
                                        int64_t ignore_index, const Tensor& losses, const Tensor& lse) {
-  for (const Tensor* t : {&logits, &losses, &lse}) require_f32(*t, "cross_entropy");
+  require_float_rows(logits, "cross_entropy");
+  for (const Tensor* t : {&losses, &lse}) require_f32(*t, "cross_entropy");
   check_ids(targets, "cross_entropy");
   const int64_t V = logits.size(-1), N = logits.numel() / std::max<int64_t>(V, 1);
   DS_CHECK(targets.numel() == N, "[cpu:cross_entropy] {} targets for {} rows", targets.numel(), N);
   check_id_range(targets, V, "cross_entropy", "target", &ignore_index);
   const bool i64 = targets.dtype() == DType::i64;
   const void* pt = targets.raw_data();
-  const float* px = logits.data<float>();
   float* pl = losses.data<float>();  // (N)
   float* ps = lse.data<float>();     // (N)
+  if (logits.dtype() != DType::f32) {  // 16-bit logits, widened a chunk at a time
+    const DType dt = logits.dtype();
+    const int64_t es = static_cast<int64_t>(dtype_size(dt));
+    const char* px = static_cast<const char*>(logits.raw_data());
+    parallel_for(N, 1, [&](int64_t n0, int64_t n1) {
+      alignas(64) float buf[kCeChunk];
+      for (int64_t n = n0; n < n1; ++n) {
+        const char* row = px + n * V * es;
+        const float l = logsumexp_row16(row, dt, V, buf);
+        const int64_t t = index_at(pt, i64, n);
+        ps[n] = l;
+        float xt = 0.0f;
+        if (t != ignore_index) convert(row + t * es, dt, &xt, DType::f32, 1);
+        pl[n] = t == ignore_index ? 0.0f : l - xt;
+      }
+    });
+    return;
+  }
+  const float* px = logits.data<float>();
   parallel_for(N, 1, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const float* row = px + n * V;
@@ -563,15 +679,37 @@ void CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targe
 void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets,
                                         int64_t ignore_index, const Tensor& lse, float scale,
                                         const Tensor& dlogits) {
-  for (const Tensor* t : {&logits, &lse, &dlogits}) require_f32(*t, "cross_entropy_backward");
+  require_float_rows(logits, "cross_entropy_backward");
+  require_float_rows(dlogits, "cross_entropy_backward");
+  require_f32(lse, "cross_entropy_backward");
   check_ids(targets, "cross_entropy_backward");
   const int64_t V = logits.size(-1), N = logits.numel() / std::max<int64_t>(V, 1);
   DS_CHECK(targets.numel() == N, "[cpu:cross_entropy_backward] {} targets for {} rows", targets.numel(), N);
+  DS_CHECK(dlogits.numel() == logits.numel(),
+           "[cpu:cross_entropy_backward] dlogits has {} values for {} logits", dlogits.numel(),
+           logits.numel());
   check_id_range(targets, V, "cross_entropy_backward", "target", &ignore_index);
   const bool i64 = targets.dtype() == DType::i64;
   const void* pt = targets.raw_data();
-  const float* px = logits.data<float>();
   const float* ps = lse.data<float>();
+  if (logits.dtype() != DType::f32 || dlogits.dtype() != DType::f32) {
+    // 16-bit logits or gradient: chunks widened and narrowed in L1. With one dtype the gradient
+    // may be written over the logits (the same buffer): each chunk is read before it is written.
+    const DType xt = logits.dtype(), dt = dlogits.dtype();
+    const int64_t xs = static_cast<int64_t>(dtype_size(xt)), ds = static_cast<int64_t>(dtype_size(dt));
+    const char* px = static_cast<const char*>(logits.raw_data());
+    char* pd = static_cast<char*>(dlogits.raw_data());
+    parallel_for(N, 1, [&](int64_t n0, int64_t n1) {
+      alignas(64) float xbuf[kCeChunk], gbuf[kCeChunk];
+      for (int64_t n = n0; n < n1; ++n) {
+        const int64_t t = index_at(pt, i64, n);
+        cross_entropy_grad_row16(px + n * V * xs, xt, V, t, t == ignore_index, ps[n], scale,
+                                 pd + n * V * ds, dt, xbuf, gbuf);
+      }
+    });
+    return;
+  }
+  const float* px = logits.data<float>();
   float* pd = dlogits.data<float>();  // (N, V)
   parallel_for(N, 1, [&](int64_t n0, int64_t n1) {
     alignas(32) float buf[kCeChunk];  // one chunk of a row's gradient, computed in L1
