@@ -2,7 +2,7 @@
 // written by tools/gen_bf16_parity_fixture.py from the fp32 parity fixture's model, parameters and
 // batch), and 100 steps of bf16 training against the same run in fp32.
 //
-// Our bf16 mode is DeepSpeed's (docs/training.md, "bf16 numerics"): bf16 parameters and
+// Our bf16 mode is DeepSpeed's (docs/precision.md): bf16 parameters and
 // activations, fp32 master weights, optimizer and gradient accumulation. Its PyTorch analogue is
 // the module in bf16 (model.to(torch.bfloat16)), the fixture's "torch_bf16" run; the fixture also
 // holds torch.autocast("cpu", bfloat16) (fp32 parameters and residual stream, bf16 matmuls),
@@ -21,12 +21,12 @@
 //   ours <= max(kRatio * torch, kFloor)   and   ours <= kCap (logits, gradients)
 // kRatio = 2: our kernels round no more often than PyTorch's (fused attention rounds its output
 // once where PyTorch rounds q k^T, the scaled scores, the softmax and p v; the head's cross-entropy
-// runs in fp32 on the rounded logits as PyTorch's does; weight gradients of tied/shared weights
-// accumulate in fp32), so there is no reason to be worse at all; 2 leaves room for the scatter
-// of a per-tensor maximum, which is one element's error (measured ours / PyTorch: 0.3 to 1.5).
-// kFloor = 2^-8: one bf16 ulp at the tensor's scale, below which a tensor can be off by the
-// final rounding alone (a lucky PyTorch result on a small tensor must not make
-// the ratio meaningless). kCap = 5e-2: an absolute bound, ~2x PyTorch's worst gradient.
+// runs in fp32 on the rounded logits as PyTorch's does; norms and activations compute in fp32 and
+// round their output once, as PyTorch's CPU kernels do), so there is no reason to be worse at all;
+// 2 leaves room for the scatter of a per-tensor maximum, which is one element's error (measured
+// ours / PyTorch: 0.3 to 1.5). kFloor = 2^-8: one bf16 ulp at the tensor's scale, below which a
+// tensor can be off by the final rounding alone (a lucky PyTorch result on a small tensor must not
+// make the ratio meaningless). kCap = 5e-2: an absolute bound, ~2x PyTorch's worst gradient.
 // Averaged over all gradients that luck evens out, and there we demand
 // kMeanRatio = 1.1, no worse than PyTorch (measured 0.68 gpt2, 0.85 llama) with 10% for other
 // machines' GEMM kernels (oneDNN picks AMX, AVX-512 bf16 or its fp32 fallback by CPU).

@@ -13,7 +13,7 @@ arithmetic alone, not by the parameter rounding they all share.
 Three runs, each forward + backward of the mean cross-entropy:
   ref        float64 module (parameters: the bf16 values, exactly widened)
   torch_bf16 the module in bf16 (model.to(torch.bfloat16)): bf16 parameters, activations and
-             gradients. DeepSpeed's bf16 mode, and ours (docs/training.md, "bf16 numerics").
+             gradients. DeepSpeed's bf16 mode, and ours (docs/precision.md).
   autocast   fp32 module (parameters: the bf16 values, held in fp32) under
              torch.autocast("cpu", dtype=torch.bfloat16). On the CPU autocast casts to bf16 for
              matmul/linear (lower_precision_fp list) and to fp32 for cross_entropy; softmax,
