@@ -15,3 +15,6 @@ ds_add_test(test_hf_deberta LABELS parity families SOURCES ${CMAKE_CURRENT_SOURC
 # BART / BlenderBot / T5 encoder-decoders against transformers (tests/fixtures/hf_families/{bart_s2s,
 # bart_relu_scaled,blenderbot_s2s,t5_relu_tied,t5_gated_untied}, by tools/gen_seq2seq_fixture.py).
 ds_add_test(test_hf_seq2seq LABELS parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_seq2seq.cpp)
+# bf16 against PyTorch's own bf16 (tests/fixtures/parity/*_bf16, written by
+# tools/gen_bf16_parity_fixture.py) and 100 bf16 training steps against fp32.
+ds_add_test(test_bf16_parity LABELS parity precision SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_bf16_parity.cpp)
