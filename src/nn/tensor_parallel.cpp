@@ -137,7 +137,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
     if (t[static_cast<size_t>(n)] != ignore_index)
       total += static_cast<double>(std::log(S[n]) + M[n] - TL[n]);
   const float loss = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.0f;
-  Tensor out = Tensor::full({}, loss, logits.dtype(), dev);
+  Tensor out = Tensor::full({}, loss, DType::f32, dev);
   const DType dt = logits.dtype();
   return autograd::record(
       out, "VocabParallelCrossEntropyBackward", {logits},

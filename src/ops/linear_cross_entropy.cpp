@@ -156,7 +156,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
     for (float l : lv) total += l;
   }
   const float loss = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.0f;
-  Tensor out = Tensor::full({}, loss, x.dtype(), dev);
+  Tensor out = Tensor::full({}, loss, DType::f32, dev);
   if (!grad) return out;
   const DType xt = x.dtype(), wt = w.dtype();
   return autograd::record(out, "LinearCrossEntropyBackward", {x, w},

@@ -404,7 +404,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
     for (float l : lv) total += l;
   }
   const float loss = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.0f;
-  Tensor out = Tensor::full({}, loss, logits.dtype(), logits.device());
+  Tensor out = Tensor::full({}, loss, DType::f32, logits.device());
   if (!wants_grad({logits})) return out;
   const Tensor sl = fl.detach();
   const DType dt = logits.dtype();
@@ -427,7 +427,7 @@ Tensor bce_with_logits(const Tensor& logits, const Tensor& targets) {
   DS_CHECK(n > 0, "[bce_with_logits] empty logits");
   const Tensor fx = f32c(logits), fy = f32c(targets);
   const double total = be(logits).bce_with_logits_sum(fx, fy);
-  Tensor out = Tensor::full({}, total / static_cast<double>(n), logits.dtype(), logits.device());
+  Tensor out = Tensor::full({}, total / static_cast<double>(n), DType::f32, logits.device());
   if (!wants_grad({logits})) return out;
   const Tensor sx = fx.detach(), sy = fy.detach();
   const DType dt = logits.dtype();

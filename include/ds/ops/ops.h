@@ -94,6 +94,9 @@ Tensor rope(const Tensor& x, const std::vector<double>& inv_freq, float scale = 
 // reproducible and independent of the rank. Identity when !training or p == 0.
 Tensor dropout(const Tensor& x, float p, bool training);
 // logits (N, V), targets (N) int32/int64 -> scalar mean loss over targets != ignore_index.
+// The losses (this, linear_cross_entropy, bce_with_logits) are computed in fp32 and returned as
+// an fp32 scalar for any input dtype, as torch.autocast and Hugging Face models (which upcast
+// the logits) give them: a bf16 loss would carry up to 2^-9 relative rounding into the logs.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
 // cross_entropy(linear(x, w), targets) without forming the (N, V) logits: x (N, C), w (V, C) ->
 // scalar mean loss. Rows go block_rows at a time (0: linear_cross_entropy_block_rows), and when a
