@@ -118,6 +118,18 @@ Tensor reduce_batch(const Tensor& g, const Shape& shape) {
   return reshape(sum(g, dims, true), shape);
 }
 
+// Column sums (cols) in fp32 of a (rows, cols) tensor: the bias gradient. A 16-bit one is read as
+// it is where the backend's reduce takes it (no fp32 copy); the sums are those of its fp32 copy.
+Tensor column_sums(const Tensor& g, int64_t rows, int64_t cols) {
+  const Tensor gc = g.contiguous();
+  const Tensor x = gc.dtype() == DType::f32 || be(gc).supports("reduce", gc.dtype())
+                       ? gc
+                       : gc.to(DType::f32);
+  Tensor out = Tensor::empty({cols}, DType::f32, g.device());
+  be(x).reduce(backend::ReduceOp::sum, x, 1, rows, cols, out);
+  return out;
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -163,9 +175,16 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   Tensor wc = w.dtype() == compute ? w.contiguous() : w.to(compute);
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
   out_shape.push_back(outf);
-  Tensor y = Tensor::empty(out_shape, DType::f32, x.device());
+  // 16-bit operands (and bias): the GEMM writes the 16-bit result itself where the backend can (no
+  // fp32 copy of the output); else an fp32 result, rounded. A 16-bit C holds a 16-bit bias
+  // exactly, so starting C from the bias rounds nothing more. The same for the gradients.
+  const bool gemm16 = compute != DType::f32 && be(x).supports("gemm_out16", compute);
+  const bool out16 = gemm16 && (!b.defined() || b.dtype() == compute);
+  const DType ydt = out16 ? compute : DType::f32;
+  Tensor y = Tensor::empty(out_shape, ydt, x.device());
   backend::Gemm g;
   g.dtype = compute;
+  g.c_dtype = ydt;
   g.m = rows;
   g.n = outf;
   g.k = in;
@@ -178,13 +197,13 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   g.ldc = outf;
   if (b.defined()) {
     // Start C from the bias rows, then accumulate the product into it (beta = 1).
-    Tensor bf = detail::f32c(b);
-    be(x).copy(Tensor::from_storage(bf.storage(), {rows, outf}, DType::f32, bf.storage_offset(), {0, 1}),
-               Tensor::from_storage(y.storage(), {rows, outf}, DType::f32));
+    Tensor bf = out16 ? b.contiguous() : detail::f32c(b);
+    be(x).copy(Tensor::from_storage(bf.storage(), {rows, outf}, bf.dtype(), bf.storage_offset(), {0, 1}),
+               Tensor::from_storage(y.storage(), {rows, outf}, ydt));
     g.beta = 1.0f;
   }
   be(x).gemm(g);
-  Tensor out = detail::as_dtype(y, x.dtype());
+  Tensor out = out16 ? y : detail::as_dtype(y, x.dtype());  // out16: y has x's dtype
   if (!autograd::is_grad_enabled() || !autograd::any_requires_grad({x, w, b})) return out;
   Tensor sx = xc.detach(), sw = wc.detach();
   const bool nx = x.requires_grad(), nw = w.requires_grad(), nb = b.defined() && b.requires_grad();
@@ -194,28 +213,32 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     Tensor gc = gout.dtype() == compute ? gout.contiguous() : gout.to(compute);
     Tensor gx, gw, gb;
     if (nx) {  // dX (rows, in) = G (rows, out) @ W (out, in)
-      Tensor dx = Tensor::empty(xs, DType::f32, gc.device());
+      const DType cd = gemm16 && xd == compute ? xd : DType::f32;
+      Tensor dx = Tensor::empty(xs, cd, gc.device());
       backend::Gemm d;
       d.dtype = compute;
+      d.c_dtype = cd;
       d.m = rows; d.n = in; d.k = outf;
       d.a = gc.raw_data(); d.lda = outf;
       d.b = sw.raw_data(); d.ldb = in;
       d.c = dx.raw_data(); d.ldc = in;
       backend::get(gc.device()).gemm(d);
-      gx = detail::as_dtype(dx, xd);
+      gx = cd == xd ? dx : detail::as_dtype(dx, xd);
     }
     if (nw) {  // dW (out, in) = G^T (out, rows) @ X (rows, in)
-      Tensor dw = Tensor::empty({outf, in}, DType::f32, gc.device());
+      const DType cd = gemm16 && wd == compute ? wd : DType::f32;
+      Tensor dw = Tensor::empty({outf, in}, cd, gc.device());
       backend::Gemm d;
       d.dtype = compute;
+      d.c_dtype = cd;
       d.m = outf; d.n = in; d.k = rows;
       d.a = gc.raw_data(); d.trans_a = true; d.lda = outf;
       d.b = sx.raw_data(); d.ldb = in;
       d.c = dw.raw_data(); d.ldc = in;
       backend::get(gc.device()).gemm(d);
-      gw = detail::as_dtype(dw, wd);
+      gw = cd == wd ? dw : detail::as_dtype(dw, wd);
     }
-    if (nb) gb = detail::as_dtype(sum(reshape(detail::f32c(gout), {rows, outf}), {0}), bd);
+    if (nb) gb = detail::as_dtype(column_sums(gout, rows, outf), bd);
     return {gx, gw, gb};
   });
 }

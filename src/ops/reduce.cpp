@@ -25,7 +25,8 @@ Shape drop_dims(const Shape& s, const std::vector<int64_t>& dims) {
   return out;
 }
 
-// Sum over one contiguous run of dims [d0, d1] of a contiguous fp32 tensor, keeping dims.
+// Sum over one contiguous run of dims [d0, d1] of a contiguous tensor (fp32, or 16-bit where the
+// backend's reduce reads it), keeping dims; the result is fp32.
 Tensor sum_range(const Tensor& x, int64_t d0, int64_t d1) {
   const Shape& s = x.shape();
   int64_t outer = 1, red = 1, inner = 1;
@@ -55,7 +56,10 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
   detail::check_float(x, "sum");
   const int64_t nd = x.dim();
   const auto dims = normalize_dims(dims_in, nd, "sum");
-  Tensor r = detail::f32c(x);
+  // A 16-bit x goes to the kernel as it is where the backend reads it (the first reduction's
+  // output, and every later one, is fp32).
+  const bool direct = x.dtype() != DType::f32 && be(x).supports("reduce", x.dtype());
+  Tensor r = direct && !dims.empty() ? x.contiguous() : detail::f32c(x);
   // Reduce maximal runs of consecutive dims, last run first so earlier indices stay valid.
   size_t i = dims.size();
   while (i > 0) {

@@ -57,7 +57,9 @@ struct Gemm {
   void* c = nullptr;
   int64_t ldc = 0, stride_c = 0;
   int64_t batch = 1;
-  DType dtype = DType::f32;  // of A and B; C is fp32 unless dtype == f32 (then fp32 too)
+  DType dtype = DType::f32;    // of A and B
+  DType c_dtype = DType::f32;  // of C: fp32, or (where supports("gemm_out16", dtype)) a 16-bit
+                               // dtype: the fp32 result (beta: plus C widened) rounded once into C
 };
 
 // One fused Adam/AdamW step's constants, computed once per step by the optimizer layer
@@ -149,8 +151,8 @@ class Backend {
   virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   virtual void unary(UnaryOp op, const Tensor& x, const Tensor& out, float scalar = 0.0f) = 0;
 
-  // ---- reductions: x is contiguous and read as (outer, reduced, inner); out is (outer, inner)
-  // ----
+  // ---- reductions: x is contiguous and read as (outer, reduced, inner); out is (outer, inner),
+  // fp32; x fp32, or 16-bit where supports("reduce", dt) (read as its exact fp32 values) ----
   virtual void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t reduced, int64_t inner,
                       const Tensor& out) = 0;
 

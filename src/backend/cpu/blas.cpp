@@ -135,11 +135,28 @@ Bf16Path bf16_path() {
   return p;
 }
 
+// How an fp32 product runs: oneDNN's dnnl_sgemm on AVX-512 CPUs when it loaded (there it is the
+// faster of the two, bench/RESULTS.md, and it dispatches on the CPU itself, so an
+// OPENBLAS_CORETYPE that pins OpenBLAS to older kernels does not hold fp32 back), else the BLAS.
+// DS_FP32_GEMM=onednn|blas overrides.
+bool fp32_on_onednn() {
+  static const bool on = [] {
+    const char* mode = std::getenv("DS_FP32_GEMM");
+    const std::string m = mode ? mode : "auto";
+    DS_CHECK(m == "auto" || m == "onednn" || m == "blas",
+             "[cpu:gemm] DS_FP32_GEMM={} is not one of auto, onednn, blas", m);
+    return m != "blas" && onednn_sgemm_available();
+  }();
+  return on;
+}
+
 }  // namespace
 
 void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
+  if (fp32_on_onednn() && onednn_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+    return;
   const auto& bl = blas();
   if (!bl.sgemm) return fallback_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   bl.sgemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, static_cast<int>(m),
@@ -149,12 +166,15 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
 
 std::string CpuBackend::gemm_info() {
   const auto& bl = blas();
+  std::string s;
+  if (fp32_on_onednn())
+    s = fmt::format("fp32 GEMM: {}, {} threads; BLAS ", onednn_sgemm_info(), omp_get_max_threads());
   if (!bl.sgemm)
-    return "portable fallback GEMM (no BLAS found; install libopenblas0-openmp: expect ~5-10x "
-           "slower training)";
-  std::string s = fmt::format("{} ({}), core {} ({}), {} threads", bl.library,
-                              bl.config.empty() ? "cblas" : bl.config, bl.core, bl.core_origin,
-                              omp_get_max_threads());
+    return s + "portable fallback GEMM (no BLAS found; install libopenblas0-openmp: expect ~5-10x "
+               "slower training)";
+  s += fmt::format("{} ({}), core {} ({}), {} threads", bl.library,
+                   bl.config.empty() ? "cblas" : bl.config, bl.core, bl.core_origin,
+                   omp_get_max_threads());
   if (bf16_path() == Bf16Path::onednn)
     s += "; bf16 GEMM: " + onednn_gemm_info();
   else if (bf16_path() == Bf16Path::sbgemm)
@@ -164,7 +184,57 @@ std::string CpuBackend::gemm_info() {
   return s;
 }
 
+namespace {
+
+// A GEMM whose C is 16-bit: bf16 products on oneDNN write it directly (its matmul primitive
+// rounds the fp32 accumulators in registers); any other goes through an fp32 C per batch item,
+// rounded into C once. Same values either way up to the GEMMs' own summation order.
+void gemm_16bit_c(CpuBackend& be, const Gemm& g) {
+  DS_CHECK(g.c_dtype == DType::bf16 || g.c_dtype == DType::f16,
+           "[cpu:gemm] C must be fp32, bf16 or fp16, got {}", dtype_name(g.c_dtype));
+  const size_t es = dtype_size(g.dtype), cs = dtype_size(g.c_dtype);
+  auto a_at = [&](int64_t i) { return static_cast<const char*>(g.a) + i * g.stride_a * es; };
+  auto b_at = [&](int64_t i) { return static_cast<const char*>(g.b) + i * g.stride_b * es; };
+  auto c_at = [&](int64_t i) { return static_cast<char*>(g.c) + i * g.stride_c * cs; };
+  if (g.dtype == DType::bf16 && g.c_dtype == DType::bf16 && bf16_path() == Bf16Path::onednn &&
+      g.alpha == 1.0f && (g.beta == 0.0f || g.beta == 1.0f) && g.batch > 0) {
+    // The first item tells whether oneDNN takes this shape; the rest have the same one.
+    auto item = [&](int64_t i) {
+      return onednn_matmul_bf16_out(g.trans_a, g.trans_b, g.m, g.n, g.k,
+                                    reinterpret_cast<const uint16_t*>(a_at(i)), g.lda,
+                                    reinterpret_cast<const uint16_t*>(b_at(i)), g.ldb,
+                                    g.beta != 0.0f, reinterpret_cast<uint16_t*>(c_at(i)), g.ldc);
+    };
+    if (item(0)) {
+      for (int64_t i = 1; i < g.batch; ++i) item(i);
+      return;
+    }
+  }
+  std::vector<float> c32(static_cast<size_t>(g.m * g.n));
+  Gemm f = g;
+  f.c_dtype = DType::f32;
+  f.batch = 1;
+  f.c = c32.data();
+  f.ldc = g.n;
+  for (int64_t i = 0; i < g.batch; ++i) {
+    f.a = a_at(i);
+    f.b = b_at(i);
+    char* c = c_at(i);
+    if (g.beta != 0.0f)
+      for (int64_t r = 0; r < g.m; ++r)
+        convert(c + r * g.ldc * cs, g.c_dtype, c32.data() + r * g.n, DType::f32,
+                static_cast<size_t>(g.n));
+    be.gemm(f);
+    for (int64_t r = 0; r < g.m; ++r)
+      convert(c32.data() + r * g.n, DType::f32, c + r * g.ldc * cs, g.c_dtype,
+              static_cast<size_t>(g.n));
+  }
+}
+
+}  // namespace
+
 void CpuBackend::gemm(const Gemm& g) {
+  if (g.c_dtype != DType::f32) return gemm_16bit_c(*this, g);
   const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
   const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
   auto* c = static_cast<float*>(g.c);

@@ -246,7 +246,7 @@ bool takes_16bit(const std::string& op) {
       "rms_norm_forward", "rms_norm_backward", "softmax_forward",  "softmax_backward",
       "attention_forward", "attention_backward", "rope",
       "embedding_forward", "embedding_backward", "cross_entropy_forward",
-      "cross_entropy_backward"};
+      "cross_entropy_backward", "reduce"};
   for (const char* k : kOps)
     if (op == k) return true;
   return false;
@@ -256,7 +256,7 @@ bool takes_16bit(const std::string& op) {
 bool CpuBackend::supports(const std::string& op, DType dtype) const {
   if (op == "copy" || op == "fill" || op == "axpy") return true;
   if (op == "adam") return false;  // src/optim's SIMD kernels (see CpuBackend::adam)
-  if (op == "gemm") return is_floating(dtype);
+  if (op == "gemm" || op == "gemm_out16") return is_floating(dtype);
   if (op == "dropout") return is_floating(dtype);  // masks any float dtype in place
   // These compute in fp32 on 16-bit operands loaded a block at a time (rows16.h).
   if (takes_16bit(op)) return is_floating(dtype);
@@ -389,26 +389,37 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, float s) 
   }
 }
 
-void CpuBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t red, int64_t inner,
-                        const Tensor& out) {
-  require_f32(x, "reduce");
-  require_f32(out, "reduce");
-  const float* px = x.data<float>();
-  float* po = out.data<float>();
-  const bool is_sum = op == ReduceOp::sum;
+namespace {
+
+// Element loads of the reduce kernel: fp32 as it is, 16-bit widened (exactly) on the fly.
+struct LoadF32 {
+  const float* p;
+  float operator()(int64_t i) const { return p[i]; }
+};
+struct LoadBf16 {
+  const uint16_t* p;
+  float operator()(int64_t i) const { return bf16_to_float(p[i]); }
+};
+struct LoadF16 {
+  const uint16_t* p;
+  float operator()(int64_t i) const { return f16_to_float(p[i]); }
+};
+
+template <class Load>
+void reduce_impl(Load x, bool is_sum, int64_t outer, int64_t red, int64_t inner, float* po) {
   if (inner == 1) {
     // Rows: fixed-order accumulation in double (deterministic and accurate for long rows).
     parallel_for(outer, std::max<int64_t>(1, kGrain / std::max<int64_t>(red, 1)),
                  [&](int64_t b, int64_t e) {
                    for (int64_t o = b; o < e; ++o) {
-                     const float* row = px + o * red;
+                     const int64_t row = o * red;
                      if (is_sum) {
                        double acc = 0.0;
-                       for (int64_t r = 0; r < red; ++r) acc += row[r];
+                       for (int64_t r = 0; r < red; ++r) acc += x(row + r);
                        po[o] = static_cast<float>(acc);
                      } else {
                        float m = -std::numeric_limits<float>::infinity();
-                       for (int64_t r = 0; r < red; ++r) m = std::max(m, row[r]);
+                       for (int64_t r = 0; r < red; ++r) m = std::max(m, x(row + r));
                        po[o] = m;
                      }
                    }
@@ -423,23 +434,47 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t red
     for (int64_t t = b; t < e; ++t) {
       const int64_t o = t / nchunks, c0 = (t % nchunks) * chunk;
       const int64_t c1 = std::min(inner, c0 + chunk);
-      const float* base = px + o * red * inner;
+      const int64_t base = o * red * inner;
       for (int64_t c = c0; c < c1; ++c)
         acc[static_cast<size_t>(c - c0)] = is_sum ? 0.0 : -std::numeric_limits<double>::infinity();
       for (int64_t r = 0; r < red; ++r) {
-        const float* row = base + r * inner;
+        const int64_t row = base + r * inner;
         if (is_sum) {
-          for (int64_t c = c0; c < c1; ++c) acc[static_cast<size_t>(c - c0)] += row[c];
+          for (int64_t c = c0; c < c1; ++c) acc[static_cast<size_t>(c - c0)] += x(row + c);
         } else {
           for (int64_t c = c0; c < c1; ++c)
             acc[static_cast<size_t>(c - c0)] =
-                std::max<double>(acc[static_cast<size_t>(c - c0)], row[c]);
+                std::max<double>(acc[static_cast<size_t>(c - c0)], x(row + c));
         }
       }
       for (int64_t c = c0; c < c1; ++c)
         po[o * inner + c] = static_cast<float>(acc[static_cast<size_t>(c - c0)]);
     }
   });
+}
+
+}  // namespace
+
+// x contiguous of any float dtype (16-bit values widened exactly as they are read: the result is
+// that of the fp32 copy), out fp32.
+void CpuBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t red, int64_t inner,
+                        const Tensor& out) {
+  DS_CHECK(is_floating(x.dtype()) && x.is_contiguous(),
+           "[cpu:reduce] kernel takes contiguous fp32, bf16 or fp16, got {}{}",
+           dtype_name(x.dtype()), x.is_contiguous() ? "" : " (strided)");
+  require_f32(out, "reduce");
+  float* po = out.data<float>();
+  const bool is_sum = op == ReduceOp::sum;
+  switch (x.dtype()) {
+    case DType::bf16:
+      return reduce_impl(LoadBf16{static_cast<const uint16_t*>(x.raw_data())}, is_sum, outer, red,
+                         inner, po);
+    case DType::f16:
+      return reduce_impl(LoadF16{static_cast<const uint16_t*>(x.raw_data())}, is_sum, outer, red,
+                         inner, po);
+    default:
+      return reduce_impl(LoadF32{x.data<float>()}, is_sum, outer, red, inner, po);
+  }
 }
 
 // dx = dy at the first maximum of each (outer, inner) column, 0 elsewhere (torch.max(dim)'s index).

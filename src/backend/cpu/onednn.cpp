@@ -1,4 +1,4 @@
-// oneDNN's GEMMs, loaded at run time as the BLAS is (blas.cpp), for 16-bit products.
+// oneDNN's GEMMs, loaded at run time as the BLAS is (blas.cpp).
 //
 // Why oneDNN: the BLAS we load (Debian's OpenBLAS 0.3.21, and the PyPI wheels) has no bf16 GEMM
 // (cblas_sbgemm), so a bf16 product was two widened fp32 copies and an sgemm. oneDNN is PyTorch's
@@ -7,8 +7,16 @@
 // without declaring it in dnnl.h, so its signature is written here from its definition (oneDNN
 // src/common/gemm.cpp): char transa/transb ('N'/'T'), dnnl_dim_t (int64_t) sizes and leading
 // dimensions, bf16 operands as raw uint16_t bits, an fp32 C, dnnl_status_t (0 = success).
+// dnnl_sgemm (declared in dnnl.h, same convention) is the fp32 GEMM blas.cpp uses instead of the
+// BLAS on AVX-512 CPUs, where it is the faster of the two (bench/RESULTS.md).
 //
-// Why dlopen: the library is optional (an AVX2-only CPU keeps the fp32 path; a machine without
+// A bf16 product whose result is wanted in bf16 (ops::linear's output and gradients) goes through
+// oneDNN's matmul primitive with a bf16 destination instead: the fp32 accumulators are rounded in
+// registers, so no fp32 copy of the result is written and read back. Primitives are made per shape
+// and kept (a model has a handful of shapes); the C API of oneDNN 2.x is compiled in when its
+// header is present (Debian's libdnnl-dev) and used only when the loaded library is a 2.x.
+//
+// Why dlopen: the library is optional (an AVX2-only CPU keeps the BLAS path; a machine without
 // libdnnl still builds and runs), and DS_ONEDNN_LIBRARY names another build, as DS_BLAS_LIBRARY
 // does for the BLAS. oneDNN's OpenMP runtime is libgomp, the one our kernels and OpenBLAS share.
 #include <dlfcn.h>
@@ -18,10 +26,20 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
+
+#if __has_include(<oneapi/dnnl/dnnl.h>)
+#include <oneapi/dnnl/dnnl.h>
+#if DNNL_VERSION_MAJOR == 2
+#define DS_ONEDNN_MATMUL 1
+#endif
+#endif
 
 #include "backend/cpu/cpu_backend.h"
 #include "ds/core/error.h"
@@ -31,6 +49,8 @@ namespace {
 
 using GemmBf16Fn = int (*)(char, char, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t,
                            const uint16_t*, int64_t, float, float*, int64_t);
+using SgemmFn = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                        const float*, int64_t, float, float*, int64_t);
 struct DnnlVersion {  // dnnl_version_t
   int major, minor, patch;
   const char* hash;
@@ -38,11 +58,62 @@ struct DnnlVersion {  // dnnl_version_t
 };
 using VersionFn = const DnnlVersion* (*)();
 
+#ifdef DS_ONEDNN_MATMUL
+// The entry points of oneDNN 2.x's C API that a matmul needs, looked up in the loaded library.
+struct MatmulApi {
+  decltype(&dnnl_engine_create) engine_create = nullptr;
+  decltype(&dnnl_stream_create) stream_create = nullptr;
+  decltype(&dnnl_memory_desc_init_by_strides) md_init = nullptr;
+  decltype(&dnnl_matmul_desc_init) matmul_init = nullptr;
+  decltype(&dnnl_primitive_attr_create) attr_create = nullptr;
+  decltype(&dnnl_primitive_attr_destroy) attr_destroy = nullptr;
+  decltype(&dnnl_post_ops_create) post_ops_create = nullptr;
+  decltype(&dnnl_post_ops_destroy) post_ops_destroy = nullptr;
+  decltype(&dnnl_post_ops_append_sum) append_sum = nullptr;
+  decltype(&dnnl_primitive_attr_set_post_ops) set_post_ops = nullptr;
+  decltype(&dnnl_primitive_desc_create) pd_create = nullptr;
+  decltype(&dnnl_primitive_desc_destroy) pd_destroy = nullptr;
+  decltype(&dnnl_primitive_create) primitive_create = nullptr;
+  decltype(&dnnl_memory_create) memory_create = nullptr;
+  decltype(&dnnl_memory_destroy) memory_destroy = nullptr;
+  decltype(&dnnl_primitive_execute) execute = nullptr;
+  decltype(&dnnl_stream_wait) stream_wait = nullptr;
+
+  bool load(void* h) {
+    auto get = [h](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
+      return fn != nullptr;
+    };
+    return get(engine_create, "dnnl_engine_create") && get(stream_create, "dnnl_stream_create") &&
+           get(md_init, "dnnl_memory_desc_init_by_strides") &&
+           get(matmul_init, "dnnl_matmul_desc_init") &&
+           get(attr_create, "dnnl_primitive_attr_create") &&
+           get(attr_destroy, "dnnl_primitive_attr_destroy") &&
+           get(post_ops_create, "dnnl_post_ops_create") &&
+           get(post_ops_destroy, "dnnl_post_ops_destroy") &&
+           get(append_sum, "dnnl_post_ops_append_sum") &&
+           get(set_post_ops, "dnnl_primitive_attr_set_post_ops") &&
+           get(pd_create, "dnnl_primitive_desc_create") &&
+           get(pd_destroy, "dnnl_primitive_desc_destroy") &&
+           get(primitive_create, "dnnl_primitive_create") &&
+           get(memory_create, "dnnl_memory_create") &&
+           get(memory_destroy, "dnnl_memory_destroy") &&
+           get(execute, "dnnl_primitive_execute") && get(stream_wait, "dnnl_stream_wait");
+  }
+};
+#endif
+
 struct OneDnn {
-  GemmBf16Fn gemm_bf16 = nullptr;
-  std::string library;  // the file loaded ("" when none)
-  std::string version;  // "2.6.3"
-  std::string why_not;  // why the bf16 path is not used, for gemm_info
+  GemmBf16Fn gemm_bf16 = nullptr;  // set when the CPU has bf16 units (or DS_BF16_GEMM=onednn)
+  SgemmFn sgemm = nullptr;         // set whenever the library loaded
+  bool matmul = false;             // the bf16-destination matmul is usable
+  std::string library;             // the file loaded ("" when none)
+  std::string version;             // "2.6.3"
+  std::string why_not;             // why the bf16 path is not used, for onednn_gemm_info
+#ifdef DS_ONEDNN_MATMUL
+  MatmulApi api;
+  dnnl_engine_t engine = nullptr;
+#endif
 };
 
 bool cpu_has_bf16_units() {
@@ -58,33 +129,59 @@ bool cpu_has_bf16_units() {
 #endif
 }
 
+bool cpu_has_avx512() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
 OneDnn load_onednn() {
   OneDnn o;
-  const char* mode = std::getenv("DS_BF16_GEMM");
-  if (mode && std::string(mode) != "onednn" && std::string(mode) != "auto") {
-    o.why_not = fmt::format("DS_BF16_GEMM={}", mode);
-    return o;
-  }
-  const bool forced = mode && std::string(mode) == "onednn";
-  if (!forced && !cpu_has_bf16_units()) {
+  const std::string bf16_mode = env_or("DS_BF16_GEMM", "auto");
+  const std::string fp32_mode = env_or("DS_FP32_GEMM", "auto");
+  const bool want_bf16 = bf16_mode == "onednn" || (bf16_mode == "auto" && cpu_has_bf16_units());
+  const bool want_fp32 = fp32_mode == "onednn" || (fp32_mode == "auto" && cpu_has_avx512());
+  if (bf16_mode != "onednn" && bf16_mode != "auto")
+    o.why_not = fmt::format("DS_BF16_GEMM={}", bf16_mode);
+  else if (!want_bf16)
     o.why_not = "this CPU has no AVX512-BF16 or AMX-BF16";
-    return o;
-  }
+  if (!want_bf16 && !want_fp32) return o;
   std::vector<std::string> candidates;
   if (const char* lib = std::getenv("DS_ONEDNN_LIBRARY")) candidates.emplace_back(lib);
   candidates.insert(candidates.end(), {"libdnnl.so.3", "libdnnl.so.2", "libdnnl.so"});
   for (const auto& name : candidates) {
     void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!h) continue;
-    auto fn = reinterpret_cast<GemmBf16Fn>(dlsym(h, "dnnl_gemm_bf16bf16f32"));
-    if (!fn) continue;
-    o.gemm_bf16 = fn;
+    auto bf16 = reinterpret_cast<GemmBf16Fn>(dlsym(h, "dnnl_gemm_bf16bf16f32"));
+    auto sg = reinterpret_cast<SgemmFn>(dlsym(h, "dnnl_sgemm"));
+    if (!bf16 || !sg) continue;
+    if (want_bf16) o.gemm_bf16 = bf16;
+    o.sgemm = sg;
     o.library = name;
-    if (auto v = reinterpret_cast<VersionFn>(dlsym(h, "dnnl_version")))
+    int major = 0;
+    if (auto v = reinterpret_cast<VersionFn>(dlsym(h, "dnnl_version"))) {
       o.version = fmt::format("{}.{}.{}", v()->major, v()->minor, v()->patch);
+      major = v()->major;
+    }
+#ifdef DS_ONEDNN_MATMUL
+    if (o.gemm_bf16 && major == DNNL_VERSION_MAJOR && o.api.load(h) &&
+        o.api.engine_create(&o.engine, dnnl_cpu, 0) == dnnl_success)
+      o.matmul = true;
+#else
+    (void)major;
+#endif
     return o;
   }
-  o.why_not = "no libdnnl found (scripts/setup.sh installs libdnnl-dev)";
+  if (want_bf16) o.why_not = "no libdnnl found (scripts/setup.sh installs libdnnl-dev)";
   return o;
 }
 
@@ -92,6 +189,66 @@ const OneDnn& onednn() {
   static const OneDnn o = load_onednn();
   return o;
 }
+
+#ifdef DS_ONEDNN_MATMUL
+// One matmul primitive per operand layout: C (m, n) bf16 [+]= op(A) (m, k) @ op(B) (k, n).
+using MatmulKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+
+dnnl_memory_desc_t matrix_desc(const MatmulApi& api, int64_t rows, int64_t cols, int64_t ld,
+                               bool trans) {
+  // A row-major matrix (rows, cols) with leading dimension ld, or the transpose of one.
+  dnnl_memory_desc_t md;
+  const dnnl_dims_t dims = {rows, cols};
+  const dnnl_dims_t strides = {trans ? 1 : ld, trans ? ld : 1};
+  DS_CHECK(api.md_init(&md, 2, dims, dnnl_bf16, strides) == dnnl_success,
+           "[cpu:gemm] oneDNN refused a ({}, {}) bf16 matrix with leading dimension {}", rows, cols,
+           ld);
+  return md;
+}
+
+dnnl_primitive_t make_matmul(const OneDnn& o, const MatmulKey& key) {
+  const auto [ta, tb, m, n, k, lda, ldb, ldc, accumulate] = key;
+  const MatmulApi& api = o.api;
+  const dnnl_memory_desc_t a = matrix_desc(api, m, k, lda, ta), b = matrix_desc(api, k, n, ldb, tb),
+                           c = matrix_desc(api, m, n, ldc, false);
+  dnnl_matmul_desc_t desc;
+  DS_CHECK(api.matmul_init(&desc, &a, &b, nullptr, &c) == dnnl_success,
+           "[cpu:gemm] oneDNN refused a matmul of M {} N {} K {}", m, n, k);
+  dnnl_primitive_attr_t attr = nullptr;
+  dnnl_post_ops_t post = nullptr;
+  DS_CHECK(api.attr_create(&attr) == dnnl_success, "[cpu:gemm] oneDNN: no primitive attributes");
+  if (accumulate) {  // C += product: a sum post-op (C read in fp32, the total rounded once)
+    DS_CHECK(api.post_ops_create(&post) == dnnl_success && api.append_sum(post, 1.0f) == dnnl_success &&
+                 api.set_post_ops(attr, post) == dnnl_success,
+             "[cpu:gemm] oneDNN: no sum post-op");
+  }
+  dnnl_primitive_desc_t pd = nullptr;
+  const dnnl_status_t st = api.pd_create(&pd, &desc, attr, o.engine, nullptr);
+  if (post) api.post_ops_destroy(post);
+  api.attr_destroy(attr);
+  DS_CHECK(st == dnnl_success, "[cpu:gemm] oneDNN has no bf16 matmul for M {} N {} K {} (status "
+           "{}); set DS_BF16_GEMM=convert to use the fp32 path", m, n, k, static_cast<int>(st));
+  dnnl_primitive_t p = nullptr;
+  const dnnl_status_t st2 = api.primitive_create(&p, pd);
+  api.pd_destroy(pd);
+  DS_CHECK(st2 == dnnl_success, "[cpu:gemm] oneDNN could not create a bf16 matmul for M {} N {} "
+           "K {} (status {})", m, n, k, static_cast<int>(st2));
+  return p;
+}
+
+// The primitive for key, made on first use. Primitives are kept for the process (a model has a
+// handful of shapes; a run with a new length per batch makes one per length, each ~1 ms, up to
+// kMaxPrimitives, after which new shapes fall back to the fp32-destination GEMM).
+dnnl_primitive_t matmul_for(const OneDnn& o, const MatmulKey& key) {
+  constexpr size_t kMaxPrimitives = 512;
+  static std::mutex mu;
+  static std::map<MatmulKey, dnnl_primitive_t> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  if (cache.size() >= kMaxPrimitives) return nullptr;
+  return cache[key] = make_matmul(o, key);
+}
+#endif
 
 }  // namespace
 
@@ -109,14 +266,70 @@ bool onednn_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float a
   return true;
 }
 
+bool onednn_matmul_bf16_out(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t* a,
+                            int64_t lda, const uint16_t* b, int64_t ldb, bool accumulate,
+                            uint16_t* c, int64_t ldc) {
+#ifdef DS_ONEDNN_MATMUL
+  const OneDnn& o = onednn();
+  if (!o.matmul || m <= 0 || n <= 0 || k <= 0) return false;
+  const dnnl_primitive_t p = matmul_for(o, MatmulKey{ta, tb, m, n, k, lda, ldb, ldc, accumulate});
+  if (!p) return false;
+  const MatmulApi& api = o.api;
+  // A stream per thread (streams are not shared between threads); memory objects per call (they
+  // only wrap the pointers).
+  thread_local dnnl_stream_t stream = nullptr;
+  if (!stream)
+    DS_CHECK(api.stream_create(&stream, o.engine, dnnl_stream_default_flags) == dnnl_success,
+             "[cpu:gemm] oneDNN: no stream");
+  const dnnl_memory_desc_t da = matrix_desc(api, m, k, lda, ta), db = matrix_desc(api, k, n, ldb, tb),
+                           dc = matrix_desc(api, m, n, ldc, false);
+  dnnl_memory_t ma = nullptr, mb = nullptr, mc = nullptr;
+  bool ok = api.memory_create(&ma, &da, o.engine, const_cast<uint16_t*>(a)) == dnnl_success &&
+            api.memory_create(&mb, &db, o.engine, const_cast<uint16_t*>(b)) == dnnl_success &&
+            api.memory_create(&mc, &dc, o.engine, c) == dnnl_success;
+  if (ok) {
+    const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+    ok = api.execute(p, stream, 3, args) == dnnl_success && api.stream_wait(stream) == dnnl_success;
+  }
+  for (dnnl_memory_t mem : {ma, mb, mc})
+    if (mem) api.memory_destroy(mem);
+  DS_CHECK(ok, "[cpu:gemm] oneDNN's bf16 matmul failed for M {} N {} K {}; set "
+           "DS_BF16_GEMM=convert to use the fp32 path", m, n, k);
+  return true;
+#else
+  (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb,
+      (void)accumulate, (void)c, (void)ldc;
+  return false;
+#endif
+}
+
+bool onednn_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const OneDnn& o = onednn();
+  if (!o.sgemm) return false;
+  const int status =
+      o.sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  DS_CHECK(status == 0,
+           "[cpu:gemm] oneDNN's dnnl_sgemm failed (status {}) for M {} N {} K {} (lda {}, ldb {}, "
+           "ldc {}); set DS_FP32_GEMM=blas to use the BLAS",
+           status, m, n, k, lda, ldb, ldc);
+  return true;
+}
+
 std::string onednn_gemm_info() {
   const OneDnn& o = onednn();
   if (!o.gemm_bf16) return o.why_not;
-  return fmt::format("oneDNN {} ({}, dnnl_gemm_bf16bf16f32)", o.version, o.library);
+  return fmt::format("oneDNN {} ({}, dnnl_gemm_bf16bf16f32{})", o.version, o.library,
+                     o.matmul ? "; bf16 results by its matmul primitive" : "");
 }
 
-bool onednn_gemm_bf16_available() {
-  return onednn().gemm_bf16 != nullptr;
+std::string onednn_sgemm_info() {
+  const OneDnn& o = onednn();
+  return o.sgemm ? fmt::format("oneDNN {} ({}, dnnl_sgemm)", o.version, o.library) : "";
 }
+
+bool onednn_gemm_bf16_available() { return onednn().gemm_bf16 != nullptr; }
+
+bool onednn_sgemm_available() { return onednn().sgemm != nullptr; }
 
 }  // namespace ds::backend
