@@ -258,6 +258,10 @@ bool CpuBackend::supports(const std::string& op, DType dtype) const {
   if (op == "dropout") return is_floating(dtype);  // masks any float dtype in place
   // These compute in fp32 on 16-bit operands loaded a block at a time (rows16.h).
   if (takes_16bit(op)) return is_floating(dtype);
+  // The decode kernels read bf16 weights (linear_rows) and bf16 KV caches (decode_attention) as
+  // they are, widening in registers (src/backend/cpu/decode.cpp); fp16 goes through fp32 copies.
+  if (op == "linear_rows" || op == "decode_attention")
+    return dtype == DType::f32 || dtype == DType::bf16;
   return dtype == DType::f32;  // every other kernel computes in fp32; ops upcast 16-bit inputs
 }
 
