@@ -371,3 +371,32 @@ TEST(ServeProgram, NonFiniteOptionsAndUnloadableFoldersAreRefusedByName) {
     }
   }
 }
+
+// --dtype bf16: ds_generate decodes the tiny LLaMA fixture (an fp32 checkpoint, rounded) with bf16
+// weights and cache and says so; auto keeps a float32 checkpoint in fp32; encoder-decoders refuse
+// bf16 in both programs, and another dtype is refused by the option's check.
+TEST(ServeProgram, DtypeBf16DecodesAndEncoderDecodersRefuseIt) {
+  const std::string llama = (std::filesystem::path(DS_FIXTURE_DIR) / "generate/llama_gqa").string();
+  const std::string bart =
+      (std::filesystem::path(DS_FIXTURE_DIR) / "hf_families" / "bart_s2s").string();
+  const std::string gen =
+      fmt::format("'{}' --model '{}' --prompt Hello --max_tokens 8 --temperature 0 --threads 1 ",
+                  DS_GENERATE_BIN, llama);
+  auto [rc, out] = run_program(gen + "--dtype bf16");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("parameters in bf16"), std::string::npos) << out;
+  EXPECT_NE(out.find("decode 7 tokens"), std::string::npos) << out;
+  std::tie(rc, out) = run_program(gen + "--dtype auto");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("parameters in fp32"), std::string::npos) << out;
+  std::tie(rc, out) = run_program(gen + "--dtype fp16");
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("--dtype"), std::string::npos) << out;
+  for (const std::string& cmd :
+       {fmt::format("'{}' --model '{}' --prompt hi --dtype bf16", DS_GENERATE_BIN, bart),
+        fmt::format("'{}' --model '{}' --port 0 --dtype bf16", DS_SERVE_BIN, bart)}) {
+    std::tie(rc, out) = run_program(cmd);
+    EXPECT_EQ(rc, 1) << cmd << ": " << out;
+    EXPECT_NE(out.find("decode in fp32"), std::string::npos) << cmd << ": " << out;
+  }
+}
