@@ -1607,6 +1607,25 @@ int64_t peak_growth(const std::function<void()>& fn) {
 }
 }  // namespace
 
+// A bf16 decode step reads its weights as they are: the embedding gathers bf16 rows (the old path
+// widened the whole table on every call: 4 bytes a value of allocation and traffic per token) and
+// linear_rows reads the bf16 weight; neither allocates more than its few rows. Values: those of
+// the fp32 table / weight holding the same bf16 values.
+TEST(OpsCpu, Bf16DecodeOpsMakeNoFp32CopyOfTheWeights) {
+  using ds::testing::randn;
+  const int64_t V = 8192, C = 512, f32_copy = 4 * V * C;
+  const Tensor table = randn({V, C}, 1, 1.0f, DType::bf16);
+  const Tensor ids = Tensor::from_ints({5, 8191, 0}, {1, 3});
+  Tensor e;
+  EXPECT_LT(peak_growth([&] { e = ops::embedding(table, ids); }), 64 * 1024);
+  EXPECT_EQ(e.dtype(), DType::bf16);
+  EXPECT_EQ(e.to(DType::f32).to_vector(), ops::embedding(table.to(DType::f32), ids).to_vector());
+  const Tensor x = randn({1, C}, 2, 1.0f, DType::bf16);
+  Tensor y;
+  EXPECT_LT(peak_growth([&] { y = ops::linear_rows(x, table); }), f32_copy / 8);
+  EXPECT_EQ(y.dtype(), DType::bf16);
+}
+
 TEST(OpsCpu, Bf16NormAndAttentionMakeNoFp32Copies) {
   using ds::testing::randn;
   // (B, T, C) = (4, 128, 512): n = 2^18 elements, 512 KiB in bf16 and 1 MiB as an fp32 copy. The

@@ -122,9 +122,12 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   }
   Shape os = ids.shape();
   os.push_back(C);
-  Tensor y = empty_f32(os, weight);
-  be(weight).embedding_forward(f32c(weight), idc, y);
-  Tensor out = as_dtype(y, weight.dtype());
+  // A 16-bit table goes to a kernel that copies its rows as they are (never a widened copy of the
+  // whole table per call: a decode step would pay for it).
+  const bool d16 = direct16(weight, {"embedding_forward"});
+  Tensor y = kout(os, weight, d16);
+  be(weight).embedding_forward(kin(weight, d16), idc, y);
+  Tensor out = result(y, weight.dtype(), d16);
   if (!wants_grad({weight})) return out;
   const DType wd = weight.dtype();
   const Tensor sid = idc.detach();

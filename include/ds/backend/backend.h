@@ -190,7 +190,8 @@ class Backend {
   // (2i, 2i+1) when interleaved (GLM, ChatGLM, GPT-J). inverse rotates by -angle (the backward).
   virtual void rope(const Tensor& x, int64_t pos0, const std::vector<double>& inv_freq,
                     float scale, bool interleaved, bool inverse, const Tensor& out) = 0;
-  // out (N, C) = weight[ids]; ids int32 or int64 (N).
+  // out (N, C) = weight[ids]; ids int32 or int64 (N). weight and out fp32, or both of a 16-bit
+  // dtype where supports("embedding_forward", dt) (the rows copied as they are).
   virtual void embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& out) = 0;
   // dweight (V, C) += scatter of dout rows by ids (deterministic order).
   virtual void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& dweight) = 0;

@@ -240,11 +240,13 @@ void CpuBackend::swiglu_backward(const Tensor& dy, const Tensor& gate, const Ten
 namespace {
 // The kernels that take 16-bit operands directly (nothing for the ops layer to widen first).
 bool takes_16bit(const std::string& op) {
+  // clang-format off
   static const char* const kOps[] = {
       "unary",           "binary",           "gelu_erf_forward",   "gelu_erf_backward",
       "swiglu_forward",  "swiglu_backward",  "layer_norm_forward", "layer_norm_backward",
       "rms_norm_forward", "rms_norm_backward", "softmax_forward",  "softmax_backward",
-      "attention_forward", "attention_backward", "rope"};
+      "attention_forward", "attention_backward", "rope",           "embedding_forward"};
+  // clang-format on
   for (const char* k : kOps)
     if (op == k) return true;
   return false;
