@@ -814,6 +814,84 @@ TEST_P(Ops, LinearRowsEachRowIndependentOfTheBatch) {
   }
 }
 
+// bf16 decode (ds_generate / ds_serve --dtype bf16): bf16 weights and bf16 KV caches go to the
+// decode kernels as they are where the backend says it takes them (the CPU: widened in registers,
+// fp32 accumulation). Reference: the same kernels on the fp32 widening of the same bf16 values.
+// Tolerance where the kernel takes bf16: none (bit for bit: the widening is exact and the
+// arithmetic after the load is the fp32 kernel's, in its order). Elsewhere (sim: ops::linear for
+// a bf16 weight, the caches' rows widened for Backend's default) within fp32 rounding: 1e-5
+// absolute and relative on outputs of O(1) (K = 45 or 160 products of O(0.3)).
+TEST_P(Ops, Bf16DecodeKernelsEqualFp32OnTheWidenedValues) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "linear_rows", "decode_attention", "gemm", "copy",
+                           "attention_forward");
+  const bool takes_w = backend::get(device()).supports("linear_rows", DType::bf16);
+  const bool takes_kv = backend::get(device()).supports("decode_attention", DType::bf16);
+  if (device().is_cpu()) {
+    EXPECT_TRUE(takes_w);
+    EXPECT_TRUE(takes_kv);
+  }
+  auto expect_equal = [&](const std::vector<float>& got, const std::vector<float>& want,
+                          bool bitwise, const std::string& what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    if (bitwise) {
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << what << " at " << i;
+    } else {
+      expect_close(got, std::vector<double>(want.begin(), want.end()), 1e-5, 1e-5, what.c_str());
+    }
+  };
+  // linear_rows: K with a tail (45) and a multiple of the 16-value chunk (160); 7 rows take the
+  // four-row and the one-row paths; x in fp32 and in bf16 (the bf16 model's activations).
+  for (int64_t K : {45, 160}) {
+    const int64_t R = 7, N = 33;
+    const Tensor w16 = randn({N, K}, 31, 0.3f).to(DType::bf16), b = randn({N}, 32);
+    const Tensor w32 = w16.to(DType::f32);
+    const Tensor x = randn({R, K}, 33);
+    const std::string what = "K " + std::to_string(K);
+    const std::vector<float> all = host_vector(ops::linear_rows(x, w16, b));
+    expect_equal(all, host_vector(ops::linear_rows(x, w32, b)), takes_w, "linear_rows " + what);
+    const Tensor x16 = x.to(DType::bf16);
+    const Tensor y16 = ops::linear_rows(x16, w16, b);
+    EXPECT_EQ(y16.dtype(), DType::bf16);
+    expect_equal(
+        host_vector(y16.to(DType::f32)),
+        host_vector(ops::linear_rows(x16.to(DType::f32), w32, b).to(DType::bf16).to(DType::f32)),
+        takes_w, "bf16 x, " + what);
+    if (!takes_w) continue;
+    // Each row alone is the batch's row, bit for bit (continuous batching with bf16 weights).
+    for (int64_t r = 0; r < R; ++r) {
+      const std::vector<float> one =
+          host_vector(ops::linear_rows(ops::slice(x, 0, r, r + 1).contiguous(), w16, b));
+      for (int64_t c = 0; c < N; ++c)
+        ASSERT_EQ(one[static_cast<size_t>(c)], all[static_cast<size_t>(r * N + c)])
+            << what << " row " << r << " col " << c;
+    }
+  }
+  // decode_attention with bf16 caches: grouped heads, head sizes with and without a tail past
+  // the 8-lane chunks, 1 and 3 new rows after 0, 5 and 70 cached positions, rows past p0 + n
+  // unread.
+  const int64_t NH = 4, KV = 2;
+  for (int64_t hd : {16, 20})
+    for (int64_t p0 : {0, 5, 70})
+      for (int64_t n : {1, 3}) {
+        const int64_t P = p0 + n + 2;
+        const uint64_t seed = static_cast<uint64_t>(p0 * 10 + n + hd * 1000);
+        const Tensor q = randn({NH, n, hd}, seed);
+        const Tensor kc = randn({P, KV, hd}, seed + 1).to(DType::bf16),
+                     vc = randn({P, KV, hd}, seed + 2).to(DType::bf16);
+        const std::string what =
+            "hd " + std::to_string(hd) + " p0 " + std::to_string(p0) + " n " + std::to_string(n);
+        expect_equal(
+            host_vector(ops::decode_attention(q, kc, vc, p0, 0.25f)),
+            host_vector(ops::decode_attention(q, kc.to(DType::f32), vc.to(DType::f32), p0, 0.25f)),
+            true, "decode_attention " + what);
+      }
+  EXPECT_NE(error_of([&] {
+              ops::decode_attention(randn({4, 1, 16}, 1), randn({8, 2, 16}, 2).to(DType::bf16),
+                                    randn({8, 2, 16}, 3), 0, 1.0f);
+            }).find("both alike"),
+            std::string::npos);
+}
+
 // ---- rope ----
 
 TEST_P(Ops, RopeMatchesRotateHalf) {
@@ -1545,6 +1623,25 @@ int64_t peak_growth(const std::function<void()>& fn) {
   return static_cast<int64_t>(a.stats().peak_bytes_in_use) - base;
 }
 }  // namespace
+
+// A bf16 decode step reads its weights as they are: the embedding gathers bf16 rows (the old path
+// widened the whole table on every call: 4 bytes a value of allocation and traffic per token) and
+// linear_rows reads the bf16 weight; neither allocates more than its few rows. Values: those of
+// the fp32 table / weight holding the same bf16 values.
+TEST(OpsCpu, Bf16DecodeOpsMakeNoFp32CopyOfTheWeights) {
+  using ds::testing::randn;
+  const int64_t V = 8192, C = 512, f32_copy = 4 * V * C;
+  const Tensor table = randn({V, C}, 1, 1.0f, DType::bf16);
+  const Tensor ids = Tensor::from_ints({5, 8191, 0}, {1, 3});
+  Tensor e;
+  EXPECT_LT(peak_growth([&] { e = ops::embedding(table, ids); }), 64 * 1024);
+  EXPECT_EQ(e.dtype(), DType::bf16);
+  EXPECT_EQ(e.to(DType::f32).to_vector(), ops::embedding(table.to(DType::f32), ids).to_vector());
+  const Tensor x = randn({1, C}, 2, 1.0f, DType::bf16);
+  Tensor y;
+  EXPECT_LT(peak_growth([&] { y = ops::linear_rows(x, table); }), f32_copy / 8);
+  EXPECT_EQ(y.dtype(), DType::bf16);
+}
 
 TEST(OpsCpu, Bf16NormAndAttentionMakeNoFp32Copies) {
   using ds::testing::randn;

@@ -16,10 +16,12 @@
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
 #include "ds/data/text_tokenizer.h"
-#include "ds/serve/api.h"
-#include "ds/serve/generate.h"
 #include "ds/models/family.h"
 #include "ds/models/gpt_decoder.h"
+#include "ds/models/hf_io.h"
+#include "ds/nn/flat.h"
+#include "ds/serve/api.h"
+#include "ds/serve/generate.h"
 #include "ds/serve/sampling.h"
 #include "ds/serve/scheduler.h"
 #include "serve_fixture.h"
@@ -182,8 +184,9 @@ TEST(Generate, GreedyEqualsUncachedGenerate) {
 
 // decode_batch: sequences of different lengths advance together, and each row is bit for bit
 // what its own decoder gives alone (the row kernel sums in one order whatever the batch).
-void check_decode_batch_equals_alone(const models::GPTConfig& cfg) {
+void check_decode_batch_equals_alone(const models::GPTConfig& cfg, DType dtype = DType::f32) {
   auto m = make_model(cfg);
+  if (dtype != DType::f32) nn::flatten_parameters(*m, dtype, DType::f32, 1, /*with_grads=*/false);
   const int64_t V = cfg.vocab_size;
   constexpr int kSeqs = 5;  // rows 0-3 take the four-row kernel, row 4 the one-row kernel
   std::vector<std::unique_ptr<models::GPTDecoder>> batched, alone;
@@ -233,6 +236,157 @@ TEST(GPTDecoder, DecodeBatchEqualsAloneQwen3QkNorm) {
 }
 TEST(GPTDecoder, DecodeBatchEqualsAloneGlm4) {
   check_decode_batch_equals_alone(serve_test::tiny_llama("glm4"));
+}
+
+// ---- bf16 decoding (ds_generate / ds_serve --dtype bf16) ----
+
+namespace {
+
+// The model of cfg with its weights in bf16 (rounded to nearest even from make_model's), and its
+// fp32 twin holding the same rounded values widened.
+std::pair<std::shared_ptr<models::GPT>, std::shared_ptr<models::GPT>> bf16_and_fp32_twin(
+    const models::GPTConfig& cfg) {
+  auto m16 = make_model(cfg);
+  nn::flatten_parameters(*m16, DType::bf16, DType::f32, 1, /*with_grads=*/false);
+  auto m32 = make_model(cfg);
+  for (auto& [name, p] : m32->named_parameters()) p.copy_from(p.to(DType::bf16));
+  return {m16, m32};
+}
+
+int32_t argmax(const float* v, int64_t n) {
+  return static_cast<int32_t>(std::max_element(v, v + n) - v);
+}
+
+// The gap between the largest and the second largest logit.
+float top2_gap(const float* v, int64_t n) {
+  float a = -INFINITY, b = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    if (v[i] > a) {
+      b = a;
+      a = v[i];
+    } else if (v[i] > b) {
+      b = v[i];
+    }
+  }
+  return a - b;
+}
+
+// A bf16 model decodes with bf16 weights and a bf16 KV cache (half the fp32 cache's bytes), and
+// tracks the fp32 run of the same bf16-rounded weights: teacher-forced on the fp32 run's greedy
+// tokens, every step's logits are within kTol of the fp32 ones, and the greedy choice is the
+// same wherever the fp32 run's top two logits are further apart than twice that step's largest
+// difference. Free-running, the bf16 greedy tokens equal the fp32 ones up to the first step
+// where they are not (a near tie: random tiny models have top-two gaps of 0.005 to 1.4).
+// Bitwise equality is not expected: the bf16 run rounds its activations to bf16 between
+// ops (as transformers' bf16 generate() does), the fp32 run keeps them in fp32.
+void check_bf16_tracks_fp32(const models::GPTConfig& cfg) {
+  // bf16 activations round by up to 2^-9 relative at each op of two layers; measured max logit
+  // differences 0.03 (gpt2) to 0.055 (llama): about 3x that.
+  constexpr float kTol = 0.15f;
+  const auto [m16, m32] = bf16_and_fp32_twin(cfg);
+  const int64_t V = cfg.vocab_size;
+  for (const auto& [name, p] : m16->named_parameters()) ASSERT_EQ(p.dtype(), DType::bf16) << name;
+  const std::vector<int32_t> prompt = seq(9, 4);
+  constexpr int kNew = 24;
+  serve::SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.max_tokens = kNew;
+  auto tok = serve::make_byte_tokenizer();
+  models::GPTDecoder d32(m32), d16(m16);
+  const auto r32 = serve::generate(d32, *tok, prompt, greedy, {});
+  const auto r16 = serve::generate(d16, *tok, prompt, greedy, {});
+  ASSERT_EQ(r32.tokens.size(), static_cast<size_t>(kNew));
+  EXPECT_EQ(d16.length(), d32.length());
+  EXPECT_EQ(2 * d16.cache_bytes(), d32.cache_bytes());
+  // Teacher-forced: both decoders read the fp32 run's context.
+  d32.truncate(0);
+  d16.truncate(0);
+  const std::vector<float> p32 = d32.forward(prompt).to_vector(),
+                           p16 = d16.forward(prompt).to_vector();
+  std::vector<float> l32 = p32, l16 = p16;  // the logits predicting token s
+  float worst = 0.0f;
+  int first_tie = kNew;
+  for (int s = 0; s < kNew; ++s) {
+    const float diff = max_abs_diff(l32, l16.data(), static_cast<size_t>(V));
+    worst = std::max(worst, diff);
+    EXPECT_LT(diff, kTol) << "step " << s;
+    ASSERT_EQ(argmax(l32.data(), V), r32.tokens[static_cast<size_t>(s)]) << "step " << s;
+    // No logit moved by more than diff: the top one stays on top when it leads by more than 2 diff.
+    if (top2_gap(l32.data(), V) > 2 * diff)
+      EXPECT_EQ(argmax(l16.data(), V), r32.tokens[static_cast<size_t>(s)]) << "step " << s;
+    else
+      first_tie = std::min(first_tie, s);
+    const int32_t t = r32.tokens[static_cast<size_t>(s)];
+    l32 = d32.forward(std::span(&t, 1)).to_vector();
+    l16 = d16.forward(std::span(&t, 1)).to_vector();
+  }
+  ASSERT_EQ(r16.tokens.size(), r32.tokens.size());
+  for (int s = 0; s < first_tie; ++s)
+    EXPECT_EQ(r16.tokens[static_cast<size_t>(s)], r32.tokens[static_cast<size_t>(s)])
+        << "step " << s;
+  std::printf(
+      "%s: bf16 vs fp32 logits max |diff| %.4f, greedy tokens equal for the first %d of %d "
+      "(first near tie at %d)\n",
+      cfg.family.empty() ? "gpt2" : cfg.family.c_str(), worst,
+      static_cast<int>(
+          std::mismatch(r16.tokens.begin(), r16.tokens.end(), r32.tokens.begin()).first -
+          r16.tokens.begin()),
+      kNew, first_tie);
+}
+
+}  // namespace
+
+TEST(GPTDecoder, Bf16TracksFp32TwinGpt2) {
+  check_bf16_tracks_fp32(serve_test::tiny_gpt2());
+}
+TEST(GPTDecoder, Bf16TracksFp32TwinLlamaGqa) {
+  check_bf16_tracks_fp32(serve_test::tiny_llama("llama"));
+}
+TEST(GPTDecoder, Bf16TracksFp32TwinQwen3QkNorm) {
+  check_bf16_tracks_fp32(serve_test::tiny_llama("qwen3"));
+}
+
+// Continuous batching with bf16 weights and caches: each row still equals its decoder alone, bit
+// for bit (the bf16 row kernel sums in one order whatever the batch).
+TEST(GPTDecoder, DecodeBatchEqualsAloneBf16LlamaGqa) {
+  models::GPTConfig cfg = serve_test::tiny_llama("llama");
+  check_decode_batch_equals_alone(cfg, DType::bf16);
+}
+TEST(GPTDecoder, DecodeBatchEqualsAloneBf16Gpt2) {
+  check_decode_batch_equals_alone(serve_test::tiny_gpt2(), DType::bf16);
+}
+
+// load_model's dtype: bf16 weights from an fp32 export (rounded) and from a bf16 one (as they
+// are); --dtype auto follows config.json's dtype; encoder-decoders refuse bf16.
+TEST(LoadModel, Bf16DtypeAndAuto) {
+  serve_test::TempDir dir("load_bf16");
+  const models::GPTConfig cfg = serve_test::tiny_llama("qwen3");
+  const auto [m16, m32] = bf16_and_fp32_twin(cfg);
+  models::export_hf(*m32, dir.path() / "f32", DType::f32);
+  models::export_hf(*m32, dir.path() / "b16", DType::bf16);
+  EXPECT_EQ(serve::decode_dtype("auto", dir.path() / "f32"), DType::f32);
+  EXPECT_EQ(serve::decode_dtype("auto", dir.path() / "b16"), DType::bf16);
+  EXPECT_EQ(serve::decode_dtype("fp32", dir.path() / "b16"), DType::f32);
+  EXPECT_EQ(serve::decode_dtype("bf16", dir.path() / "f32"), DType::bf16);
+  EXPECT_THROW(serve::decode_dtype("fp16", dir.path() / "f32"), Error);
+  const auto want = m16->named_parameters();
+  for (const char* sub : {"f32", "b16"}) {
+    const serve::LoadedModel lm = serve::load_model(dir.path() / sub, {}, kCPU, DType::bf16);
+    EXPECT_EQ(lm.dtype, DType::bf16);
+    const auto got = lm.model->named_parameters();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].second.dtype(), DType::bf16) << sub << " " << got[i].first;
+      EXPECT_EQ(got[i].second.to_vector(), want[i].second.to_vector())
+          << sub << " " << got[i].first;
+    }
+    // The KV cache is bf16: half the bytes of the fp32 model's after the same tokens.
+    const auto dec = lm.make_decoder();
+    dec->forward(seq(5, 1));
+    const auto d32 = serve::load_model(dir.path() / sub).make_decoder();
+    d32->forward(seq(5, 1));
+    EXPECT_EQ(2 * dec->cache_bytes(), d32->cache_bytes()) << sub;
+  }
 }
 
 // Serving takes its decoder from the family registry: each decoder-only family's entry makes one

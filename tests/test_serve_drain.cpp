@@ -34,13 +34,14 @@ namespace {
 class ServeProcess {
  public:
   ServeProcess(const std::filesystem::path& model, const std::filesystem::path& log,
-               const std::string& drain_timeout = "120")
+               const std::string& drain_timeout = "120", const std::vector<std::string>& extra = {})
       : log_(log) {
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     std::vector<std::string> args = {DS_SERVE_BIN, "--model", model.string(),    "--port",     "0",
                                      "--threads",  "2",       "--drain_timeout", drain_timeout};
+    args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -257,11 +258,13 @@ TEST_F(ServeDrain, GenerationCancelledByTheDrainTimeoutIs503) {
 // one over HTTP and one on the command line, on the tiny LLaMA fixture. ds_generate writes raw
 // bytes; the server's JSON replaces invalid UTF-8 (random weights make some) with U+FFFD, so
 // ds_generate's text goes through the same replacement before comparing.
-TEST(ServeProgram, ServedAnswersEqualDsGenerate) {
+// dtype: both programs' --dtype (bf16: the same bf16 weights and caches on both sides).
+void check_served_equals_generate(const std::string& dtype) {
   serve_test::TempDir dir("programs");
   const std::filesystem::path model = std::filesystem::path(DS_FIXTURE_DIR) / "generate/llama_gqa";
-  ServeProcess p(model, dir.path() / "serve.log");
+  ServeProcess p(model, dir.path() / "serve.log", "120", {"--dtype", dtype});
   ASSERT_GT(p.port(), 0);
+  EXPECT_NE(p.log_text().find("parameters in " + dtype), std::string::npos) << p.log_text();
   struct Case {
     std::string prompt;
     double temperature;
@@ -281,8 +284,8 @@ TEST(ServeProgram, ServedAnswersEqualDsGenerate) {
     const std::string served = json::parse(r->body)["choices"][0]["text"];
     const std::string cmd = fmt::format(
         "'{}' --model '{}' --prompt '{}' --max_tokens 20 --temperature {} --top_k {} --top_p {} "
-        "--seed {} --threads 1 2>/dev/null",
-        DS_GENERATE_BIN, model.string(), c.prompt, c.temperature, c.top_k, c.top_p, c.seed);
+        "--seed {} --threads 1 --dtype {} 2>/dev/null",
+        DS_GENERATE_BIN, model.string(), c.prompt, c.temperature, c.top_k, c.top_p, c.seed, dtype);
     FILE* f = popen(cmd.c_str(), "r");
     ASSERT_NE(f, nullptr);
     std::string out;
@@ -299,6 +302,13 @@ TEST(ServeProgram, ServedAnswersEqualDsGenerate) {
   }
   p.signal(SIGTERM);
   EXPECT_EQ(p.wait_exit(60), 0) << p.log_text();
+}
+
+TEST(ServeProgram, ServedAnswersEqualDsGenerate) {
+  check_served_equals_generate("fp32");
+}
+TEST(ServeProgram, ServedAnswersEqualDsGenerateBf16) {
+  check_served_equals_generate("bf16");
 }
 
 namespace {
@@ -369,5 +379,34 @@ TEST(ServeProgram, NonFiniteOptionsAndUnloadableFoldersAreRefusedByName) {
       EXPECT_NE(out.find(c.reason), std::string::npos) << cmd << ": " << out;
       EXPECT_EQ(out.find("applies to encoder-decoders"), std::string::npos) << cmd << ": " << out;
     }
+  }
+}
+
+// --dtype bf16: ds_generate decodes the tiny LLaMA fixture (an fp32 checkpoint, rounded) with bf16
+// weights and cache and says so; auto keeps a float32 checkpoint in fp32; encoder-decoders refuse
+// bf16 in both programs, and another dtype is refused by the option's check.
+TEST(ServeProgram, DtypeBf16DecodesAndEncoderDecodersRefuseIt) {
+  const std::string llama = (std::filesystem::path(DS_FIXTURE_DIR) / "generate/llama_gqa").string();
+  const std::string bart =
+      (std::filesystem::path(DS_FIXTURE_DIR) / "hf_families" / "bart_s2s").string();
+  const std::string gen =
+      fmt::format("'{}' --model '{}' --prompt Hello --max_tokens 8 --temperature 0 --threads 1 ",
+                  DS_GENERATE_BIN, llama);
+  auto [rc, out] = run_program(gen + "--dtype bf16");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("parameters in bf16"), std::string::npos) << out;
+  EXPECT_NE(out.find("decode 7 tokens"), std::string::npos) << out;
+  std::tie(rc, out) = run_program(gen + "--dtype auto");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("parameters in fp32"), std::string::npos) << out;
+  std::tie(rc, out) = run_program(gen + "--dtype fp16");
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("--dtype"), std::string::npos) << out;
+  for (const std::string& cmd :
+       {fmt::format("'{}' --model '{}' --prompt hi --dtype bf16", DS_GENERATE_BIN, bart),
+        fmt::format("'{}' --model '{}' --port 0 --dtype bf16", DS_SERVE_BIN, bart)}) {
+    std::tie(rc, out) = run_program(cmd);
+    EXPECT_EQ(rc, 1) << cmd << ": " << out;
+    EXPECT_NE(out.find("decode in fp32"), std::string::npos) << cmd << ": " << out;
   }
 }

@@ -4,6 +4,7 @@
 //
 // The completion goes to stdout; the load time and the prefill and decode speeds to stderr.
 // --model is a Hugging Face folder (config.json + safetensors) or a ds_train --output_dir.
+// --dtype bf16 (or auto on a bfloat16 checkpoint) keeps the weights and the KV cache in bf16.
 // docs/serving.md has the sampling parameters and their defaults.
 //
 // An encoder-decoder folder (config.json model_type bart, blenderbot or t5, e.g. ds_train's export
@@ -126,6 +127,12 @@ int main(int argc, char** argv) {
                  "where the model runs: cpu, cuda (a -DDS_WITH_CUDA=ON build) or sim (the device "
                  "emulator, for tests)")
       ->capture_default_str();
+  std::string dtype_opt = "fp32";
+  app.add_option("--dtype", dtype_opt,
+                 "the weights' and KV cache's dtype: fp32, bf16 (decoder-only models) or auto (the "
+                 "checkpoint's: config.json's dtype bfloat16 gives bf16, else fp32)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
   app.add_option("--prompt,--source", prompt, "the prompt text (encoder-decoders: the source text)")
       ->required();
   Seq2SeqFlags f2;
@@ -186,6 +193,11 @@ int main(int argc, char** argv) {
     // generate with is refused for what it is, before any option is judged against it.
     if (const fs::path dir = ds::serve::model_folder(model);
         ds::models::read_hf_seq2seq_config(dir)) {
+      DS_CHECK(
+          ds::serve::decode_dtype(dtype_opt, dir) == ds::DType::f32,
+          "[ds_generate] --dtype {}: the encoder-decoder in {} must decode in fp32 (bf16 is for "
+          "decoder-only models)",
+          dtype_opt, dir.string());
       // Sampling is not implemented for encoder-decoders: refuse its options by name.
       for (CLI::Option* op : {o_t, o_k, o_p, o_r, o_max})
         DS_CHECK(op->count() == 0,
@@ -209,7 +221,8 @@ int main(int argc, char** argv) {
                "decoder model (use --max_tokens, --temperature, --top_k, --top_p)",
                op->get_name(), model);
     const auto t0 = std::chrono::steady_clock::now();
-    ds::serve::LoadedModel m = ds::serve::load_model(model, tokenizer, device);
+    const ds::DType dtype = ds::serve::decode_dtype(dtype_opt, model);
+    ds::serve::LoadedModel m = ds::serve::load_model(model, tokenizer, device, dtype);
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (*o_t) s.temperature = temperature;
@@ -231,11 +244,11 @@ int main(int argc, char** argv) {
     std::fputc('\n', stdout);
     const auto& c = m.model->config();
     std::fprintf(stderr, "%s",
-                 fmt::format("ds_generate: {} ({} layout, {:.1f}M parameters, tokenizer {}) "
-                             "loaded in {:.2f}s on {}; {} threads\n",
+                 fmt::format("ds_generate: {} ({} layout, {:.1f}M parameters in {}, tokenizer "
+                             "{}) loaded in {:.2f}s on {}; {} threads\n",
                              m.id, ds::nn::layout_name(c.layout),
-                             static_cast<double>(c.num_parameters()) / 1e6, m.tokenizer->name(),
-                             load_s, device.str(), ds::num_threads())
+                             static_cast<double>(c.num_parameters()) / 1e6, ds::dtype_name(m.dtype),
+                             m.tokenizer->name(), load_s, device.str(), ds::num_threads())
                      .c_str());
     std::fprintf(
         stderr, "%s",

@@ -40,6 +40,12 @@ int main(int argc, char** argv) {
                  "where the model runs: cpu, cuda (a -DDS_WITH_CUDA=ON build) or sim (the device "
                  "emulator, for tests)")
       ->capture_default_str();
+  std::string dtype_opt = "fp32";
+  app.add_option("--dtype", dtype_opt,
+                 "the weights' and KV caches' dtype: fp32, bf16 (decoder-only models) or auto (the "
+                 "checkpoint's: config.json's dtype bfloat16 gives bf16, else fp32)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
   app.add_option("--tokenizer", tokenizer,
                  "folder with vocab.json + merges.txt (or encoder.json + vocab.bpe) when the model "
                  "folder has none");
@@ -102,9 +108,10 @@ int main(int argc, char** argv) {
   try {
     if (threads > 0) ds::set_num_threads(threads);
     const ds::Device device = ds::train::parse_device(device_name);
-    ds::serve::LoadedModel m = ds::serve::load_model(model, tokenizer, device);
+    const ds::DType dtype = ds::serve::decode_dtype(dtype_opt, model);
+    ds::serve::LoadedModel m = ds::serve::load_model(model, tokenizer, device, dtype);
     std::string desc;
-    double kv_mib = 0.0;  // the KV caches: one per running sequence, each at its longest (fp32)
+    double kv_mib = 0.0;  // the KV caches: one per running sequence, each at its longest
     if (m.seq2seq) {
       // The target's self-attention (its positions) and the source's cross-attention (as many).
       const auto& c = m.seq2seq->config();
@@ -118,11 +125,12 @@ int main(int argc, char** argv) {
     } else {
       const auto& c = m.model->config();
       desc =
-          fmt::format("{} ({} layout, {:.1f}M parameters, context {}, tokenizer {})", m.id,
+          fmt::format("{} ({} layout, {:.1f}M parameters in {}, context {}, tokenizer {})", m.id,
                       ds::nn::layout_name(c.layout), static_cast<double>(c.num_parameters()) / 1e6,
-                      c.block_size, m.tokenizer->name());
+                      ds::dtype_name(m.dtype), c.block_size, m.tokenizer->name());
       kv_mib = 2.0 *
-               static_cast<double>(c.n_layer * c.block_size * c.kv_heads() * c.head_dim() * 4) /
+               static_cast<double>(c.n_layer * c.block_size * c.kv_heads() * c.head_dim() *
+                                   static_cast<int64_t>(ds::dtype_size(m.dtype))) /
                (1 << 20);
     }
     const std::string budget =

@@ -17,6 +17,9 @@ struct GPTDecoder::Weights {
   std::shared_ptr<const GPT> model;
   GPTConfig cfg;
   Device device;
+  // The KV caches': the weights' when bf16 (a bf16 model decodes with bf16 caches, read as they
+  // are by decode_attention), else fp32.
+  DType cache_dtype = DType::f32;
 };
 
 namespace {
@@ -51,6 +54,7 @@ GPTDecoder::GPTDecoder(std::shared_ptr<const GPT> model) {
   const auto params = m.named_parameters();
   DS_CHECK(!params.empty(), "[generate] the model has no parameters");
   w->device = params.front().second.device();
+  if (params.front().second.dtype() == DType::bf16) w->cache_dtype = DType::bf16;
   weights_ = std::move(w);
   k_.resize(static_cast<size_t>(weights_->cfg.n_layer));
   v_.resize(static_cast<size_t>(weights_->cfg.n_layer));
@@ -79,7 +83,8 @@ void GPTDecoder::truncate(int64_t n) {
 
 int64_t GPTDecoder::cache_bytes() const {
   const GPTConfig& c = weights_->cfg;
-  return 2 * c.n_layer * capacity_ * c.kv_heads() * c.head_dim() * 4;
+  return 2 * c.n_layer * capacity_ * c.kv_heads() * c.head_dim() *
+         static_cast<int64_t>(dtype_size(weights_->cache_dtype));
 }
 
 void GPTDecoder::reserve(int64_t positions) {
@@ -88,7 +93,8 @@ void GPTDecoder::reserve(int64_t positions) {
   const int64_t cap = std::min(c.block_size, std::max({positions, capacity_ * 2, int64_t{64}}));
   for (auto* caches : {&k_, &v_})
     for (Tensor& t : *caches) {  // position-major: the cached rows keep their place
-      Tensor grown = Tensor::empty({cap, c.kv_heads(), c.head_dim()}, DType::f32, weights_->device);
+      Tensor grown =
+          Tensor::empty({cap, c.kv_heads(), c.head_dim()}, weights_->cache_dtype, weights_->device);
       if (len_ > 0) ops::slice(grown, 0, 0, len_).copy_from(ops::slice(t, 0, 0, len_));
       t = grown;
     }

@@ -15,6 +15,7 @@
 #include "ds/models/hf_io.h"
 #include "ds/models/seq2seq_decoder.h"
 #include "ds/models/seq2seq_io.h"
+#include "ds/nn/flat.h"
 
 namespace ds::serve {
 namespace fs = std::filesystem;
@@ -263,10 +264,32 @@ fs::path model_folder(const fs::path& path) {
   return folder;
 }
 
-LoadedModel load_model(const fs::path& path, const fs::path& tokenizer_dir, Device device) {
+DType decode_dtype(const std::string& name, const fs::path& path) {
+  if (name == "fp32" || name == "float32") return DType::f32;
+  if (name == "bf16" || name == "bfloat16") return DType::bf16;
+  DS_CHECK(name == "auto", "[serve] --dtype {}: use fp32, bf16 or auto (the checkpoint's)", name);
+  const fs::path folder = model_folder(path);
+  if (models::read_hf_seq2seq_config(folder)) return DType::f32;
+  std::ifstream in(folder / "config.json");
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  for (const char* key : {"dtype", "torch_dtype"})
+    if (j.is_object() && j.contains(key) && j[key].is_string())
+      return j[key].get<std::string>() == "bfloat16" ? DType::bf16 : DType::f32;
+  return DType::f32;
+}
+
+LoadedModel load_model(const fs::path& path, const fs::path& tokenizer_dir, Device device,
+                       DType dtype) {
   LoadedModel m;
   const fs::path folder = model_folder(path);
+  DS_CHECK(dtype == DType::f32 || dtype == DType::bf16,
+           "[serve] models decode in fp32 or bf16, not {}", dtype_name(dtype));
+  m.dtype = dtype;
   if (auto s2s = models::read_hf_seq2seq_config(folder)) {
+    DS_CHECK(dtype == DType::f32,
+             "[serve] {} is an encoder-decoder ({}): those decode in fp32 (--dtype bf16 is for "
+             "decoder-only models)",
+             folder.string(), s2s->family);
     m.seq2seq = std::make_shared<models::Seq2Seq>(*s2s, /*init=*/false);
     models::load_hf_seq2seq_weights(*m.seq2seq, folder);
     m.seq2seq->train(false);
@@ -278,6 +301,10 @@ LoadedModel load_model(const fs::path& path, const fs::path& tokenizer_dir, Devi
     models::check_model_fits(*cfg, DType::f32, available_memory_bytes(),
                              (folder / "config.json").string());
     m.model = std::make_shared<models::GPT>(*cfg, /*init=*/false);
+    // bf16: every parameter a view of one bf16 buffer before the weights are read, so that a bf16
+    // checkpoint's values arrive as they are (an fp32 one's rounded to nearest even).
+    if (dtype != DType::f32)
+      nn::flatten_parameters(*m.model, dtype, DType::f32, 1, /*with_grads=*/false);
     models::load_hf_weights(*m.model, folder);
     m.model->train(false);
   }

@@ -263,15 +263,19 @@ class Backend {
   // is computed in one fixed order whatever R is, so row r equals the call with x's row r alone,
   // bit for bit (continuous batching then equals one-at-a-time decoding); a BLAS GEMM's sums depend
   // on R. Decode is bound by reading w once per step: a backend reads each weight row once for
-  // all R rows. x, y contiguous fp32; w (N, K) contiguous fp32; b (N) fp32 or undefined.
-  // Default: one gemm per row (M = 1), which is row-invariant on any device.
+  // all R rows. x, y contiguous fp32; w (N, K) contiguous fp32, or bf16 where
+  // supports("linear_rows", bf16) (read as it is, fp32 accumulation: the result is that of w's
+  // fp32 widening); b (N) fp32 or undefined. Default: one fp32 gemm per row (M = 1), which is
+  // row-invariant on any device.
   virtual void linear_rows(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y);
   // Attention of n new query rows at positions p0 .. p0+n-1 against a key/value cache:
   // q (NH, n, hd); k_cache and v_cache (P, KV, hd) position-major (the rows a sequence has
   // cached, P >= p0 + n, rows p0.. already holding the new keys); out (n, NH, hd). Query head h
   // reads KV head h / (NH / KV) (grouped-query attention); query row i sees positions 0 .. p0+i.
   // Scores are scaled by `scale`, softmax and the weighted sum accumulate in fp32. All fp32,
-  // contiguous. Default: gathers the cache into (1, NH, p0+n, hd) and runs attention_forward.
+  // contiguous; the caches bf16 where supports("decode_attention", bf16) (widened as read: the
+  // result is that of the caches' fp32 widening). Default (fp32): gathers the cache into
+  // (1, NH, p0+n, hd) and runs attention_forward.
   virtual void decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                 int64_t p0, float scale, const Tensor& out);
 

@@ -121,12 +121,15 @@ Tensor bce_with_logits(const Tensor& logits, const Tensor& targets);
 
 // ---- decoding (inference: never recorded, no gradient) ----
 // x (..., K) @ w^T + b -> (..., N) for decode rows (Backend::linear_rows): each row of x computed
-// alone, so a row's result does not depend on the other rows (continuous batching). x, w, b fp32
-// (a 16-bit operand: ops::linear instead, whose sums may depend on the row count).
+// alone, so a row's result does not depend on the other rows (continuous batching). The result is
+// in x's dtype. w fp32, or bf16 where the backend takes it (supports("linear_rows", bf16): read as
+// it is, fp32 accumulation); x and b of any float dtype (widened: a few rows). Otherwise (an fp16
+// weight, a backend without the bf16 kernel) ops::linear, whose sums may depend on the row count.
 Tensor linear_rows(const Tensor& x, const Tensor& w, const Tensor& b = {});
 // q (NH, n, hd) at positions p0 .. p0+n-1 against the caches (P, KV, hd) (rows 0 .. p0+n-1 valid)
 // -> (n, NH, hd) in q's dtype, computed in fp32 (Backend::decode_attention: grouped-query heads,
-// query i sees positions 0 .. p0+i).
+// query i sees positions 0 .. p0+i). The caches fp32 or bf16 (both alike, contiguous): bf16 ones
+// are read as they are where supports("decode_attention", bf16), else widened rows 0 .. p0+n-1.
 Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t p0,
                         float scale);
 

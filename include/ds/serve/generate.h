@@ -153,6 +153,7 @@ struct LoadedModel {
   std::optional<data::ChatTemplate> chat_template;
   std::string chat_template_note;
   std::vector<int32_t> chat_eos_ids;
+  DType dtype = DType::f32;      // the weights' and KV caches' (load_model's dtype)
   std::string id;                // the folder's name: /v1/models and "model" in replies
   std::filesystem::path folder;  // the Hugging Face folder the weights came from
 };
@@ -164,9 +165,18 @@ struct LoadedModel {
 // tokenizer when the vocabulary has exactly 257 ids (tiny test models). Throws naming what is
 // missing. device: where the weights go once loaded (Module::to; its backend is initialised here):
 // the decoders run there and hand their logits back in host memory (ds_serve / ds_generate
-// --device).
+// --device). dtype: the weights' and so the KV caches' (ds_serve / ds_generate --dtype): fp32, or
+// bf16 for decoder-only models (a bf16 checkpoint's values as they are, an fp32 one's rounded;
+// the CPU's decode kernels read them without fp32 copies; encoder-decoders refuse it).
 LoadedModel load_model(const std::filesystem::path& path,
-                       const std::filesystem::path& tokenizer_dir = {}, Device device = kCPU);
+                       const std::filesystem::path& tokenizer_dir = {}, Device device = kCPU,
+                       DType dtype = DType::f32);
+
+// --dtype's value for the model at path: "fp32" (float32), "bf16" (bfloat16), or "auto": the
+// checkpoint's, as transformers' from_pretrained(dtype="auto") - config.json's dtype (or
+// torch_dtype) bfloat16 gives bf16, anything else (float32, float16, none) fp32, and an
+// encoder-decoder fp32. Throws "[serve] --dtype ..." for another name.
+DType decode_dtype(const std::string& name, const std::filesystem::path& path);
 
 // The folder load_model reads for path: path itself when it holds config.json, else its
 // hf_model/ (a ds_train --output_dir's export). Throws "[serve] ..." with the reason when there is

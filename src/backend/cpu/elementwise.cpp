@@ -240,6 +240,7 @@ void CpuBackend::swiglu_backward(const Tensor& dy, const Tensor& gate, const Ten
 namespace {
 // The kernels that take 16-bit operands directly (nothing for the ops layer to widen first).
 bool takes_16bit(const std::string& op) {
+  // clang-format off
   static const char* const kOps[] = {
       "unary",           "binary",           "gelu_erf_forward",   "gelu_erf_backward",
       "swiglu_forward",  "swiglu_backward",  "layer_norm_forward", "layer_norm_backward",
@@ -247,6 +248,7 @@ bool takes_16bit(const std::string& op) {
       "attention_forward", "attention_backward", "rope",
       "embedding_forward", "embedding_backward", "cross_entropy_forward",
       "cross_entropy_backward", "reduce"};
+  // clang-format on
   for (const char* k : kOps)
     if (op == k) return true;
   return false;
@@ -260,6 +262,10 @@ bool CpuBackend::supports(const std::string& op, DType dtype) const {
   if (op == "dropout") return is_floating(dtype);  // masks any float dtype in place
   // These compute in fp32 on 16-bit operands loaded a block at a time (rows16.h).
   if (takes_16bit(op)) return is_floating(dtype);
+  // The decode kernels read bf16 weights (linear_rows) and bf16 KV caches (decode_attention) as
+  // they are, widening in registers (src/backend/cpu/decode.cpp); fp16 goes through fp32 copies.
+  if (op == "linear_rows" || op == "decode_attention")
+    return dtype == DType::f32 || dtype == DType::bf16;
   return dtype == DType::f32;  // every other kernel computes in fp32; ops upcast 16-bit inputs
 }
 

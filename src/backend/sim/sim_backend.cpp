@@ -79,6 +79,9 @@ std::string SimBackend::gemm_info() {
 
 bool SimBackend::supports(const std::string& op, DType dtype) const {
   if (op == "adam") return dtype == DType::f32;
+  // Backend's composed defaults run here (see sim_backend.h): fp32 only, as on a GPU without a
+  // kernel of its own.
+  if (op == "linear_rows" || op == "decode_attention") return dtype == DType::f32;
   return cpu().supports(op, dtype);
 }
 
