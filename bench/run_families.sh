@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The new model families on the CPU, each against its peer in the same run (issue 22):
+# The new model families on the CPU, each against its peer in the same run (issue 22; bf16: 32):
 #   bert  training steps of a BERT-base-shaped sequence classifier (12 x 768, 12 heads, vocab 30522,
 #         2 labels) by ds_train on an MRPC-style pair set (tools/make_pair_task.py, ds_prepare
 #         --task classification, seq 128), ZeRO-2, against transformers'
@@ -17,8 +17,9 @@
 #         CPU with AVX512-BF16 / AMX), fp32 master weights, gradient reduction and AdamW;
 #   torch: forward and loss under torch.autocast("cpu", dtype=torch.bfloat16), fp32 parameters
 #         and torch AdamW (what Trainer's bf16=True is on the CPU; families_peer.py --dtype bf16);
-#   DeepSpeed: its config's "bf16": {"enabled": true}; if DeepSpeed fails on the CPU in bf16 the
-#         peer is dropped with the reason printed (its log kept in $WORK/logs).
+#   DeepSpeed: its config's "bf16": {"enabled": true} (the model in bf16, fp32 master weights in
+#         its ZeRO optimizer; works on the CPU with 0.19.8); if it fails there the peer is
+#         dropped with the reason printed (its log kept in $WORK/logs).
 # AdamW lr 2e-5, weight decay 0, gradient clipping 1.0, 2 threads on every side. Ours and
 # the peers run interleaved (round 1: ours first, round 2: peers first, ...); each side's step
 # times of all rounds (the first step of each process not counted) give its median. Peak RSS is
@@ -35,6 +36,7 @@
 #   bash bench/run_families.sh                 # everything, ~25 min on a loaded 2-core machine
 #   PARTS="beam" ROUNDS=3 bash bench/run_families.sh
 #   DTYPE=bf16 PARTS="bert bart" PYTHON_TORCH=/root/venv/bin/python bash bench/run_families.sh
+#                                              # ~6 min on a quiet 2-core machine (BATCH=8 ROUNDS=2)
 #
 # Environment:
 #   DTYPE        fp32 (default) or bf16, for the bert and bart parts (see above)
@@ -47,7 +49,8 @@
 #                the DeepSpeed peer is skipped). Made as in bench/RESULTS.md ("families"):
 #                python3 -m venv /tmp/dsvenv_bench && echo <venv-hf site-packages> >
 #                /tmp/dsvenv_bench/lib/python3.11/site-packages/venvhf.pth &&
-#                /tmp/dsvenv_bench/bin/pip install deepspeed==0.19.8
+#                /tmp/dsvenv_bench/bin/pip install deepspeed==0.19.8 (its first run builds its CPU
+#                ops, a few minutes, cached in ~/.cache/torch_extensions; not in the step times)
 #   WORK         scratch folder for data, models and logs (default /tmp/ds_bench_families)
 #   DS_BUILD_DIR build folder (default build); SKIP_BUILD=1 does not build
 #   OMP_WAIT_POLICY is passed to every side as set (see RESULTS.md: "passive" on a loaded machine)
