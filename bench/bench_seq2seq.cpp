@@ -179,11 +179,11 @@ int main(int argc, char** argv) {
       const runtime::MemoryBudget mem = engine->memory_budget();
       const AllocatorStats as = cpu_allocator().stats();
       std::printf(
-          "memory: model states %.1f MiB (params %.1f, grads %.1f, optimizer %.1f); allocator peak "
-          "in use %.1f MiB, reserved %.1f MiB\n",
+          "memory: model states %.1f MiB (params %.1f, grads %.1f, master weights %.1f, optimizer "
+          "%.1f); allocator peak in use %.1f MiB, reserved %.1f MiB\n",
           mem.total() / 1048576.0, mem.params / 1048576.0, mem.grads / 1048576.0,
-          mem.optimizer_states / 1048576.0, as.peak_bytes_in_use / 1048576.0,
-          as.bytes_reserved / 1048576.0);
+          mem.master_weights / 1048576.0, mem.optimizer_states / 1048576.0,
+          as.peak_bytes_in_use / 1048576.0, as.bytes_reserved / 1048576.0);
       std::printf(
           "BENCH seq2seq_train batch=%lld src=%lld tgt=%lld stage=%d dtype=%s step_s=%.3f "
           "steps=%s "

@@ -153,6 +153,8 @@ EOF
       --max_steps "$STEPS" --per_device_train_batch_size "$BATCH" --learning_rate 2e-5 \
       --eval_steps 0 --eval_batches 1 --logging_steps 1 --threads 2 --export_hf none --no_shuffle)"
     ours_t+=" $(dstrain_steps "$WORK/logs/bert_ours_$1.log")"
+    grep -q "ZeRO stage 2, $DTYPE params" "$WORK/logs/bert_ours_$1.log" ||
+      { echo "ds_train did not train in $DTYPE (see $WORK/logs/bert_ours_$1.log)" >&2; exit 1; }
     echo "  ours  (ds_train):  $(grep -c 's\/step$' "$WORK/logs/bert_ours_$1.log") steps, timed: $(dstrain_steps "$WORK/logs/bert_ours_$1.log")s"
   }
   bert_peer() {  # $1 round, $2 engine
@@ -199,6 +201,10 @@ if [[ " $PARTS " == *" bart "* ]]; then
     ours_m+=" $(run "$log" "$BUILD/bench/bench_seq2seq" --model "$WORK/bart" --threads 2 train \
       --batch "$BATCH" --src 128 --tgt 64 --steps "$STEPS" --warmup 1 --stage 2 --dtype "$DTYPE")"
     ours_t+=" $(peer_steps "$log")"
+    # bf16: the engine keeps fp32 master weights beside the bf16 parameters (none in fp32)
+    local kind=bf16
+    grep -q "master weights 0.0, " "$log" && kind=fp32
+    [[ "$kind" == "$DTYPE" ]] || { echo "bench_seq2seq did not train in $DTYPE (see $log)" >&2; exit 1; }
     echo "  ours: timed: $(peer_steps "$log")s ($(sed -n 's/.*\(forward_s=.*\)/\1/p' "$log"))"
   }
   bart_torch() {
