@@ -3,13 +3,15 @@
 // transformers (bench/families_peer.py) on the same folder; results in bench/RESULTS.md.
 //
 //   bench_seq2seq --model DIR train [--batch 8] [--src 128] [--tgt 64] [--steps 4] [--warmup 1]
-//                 [--stage 2] [--threads 2]
+//                 [--stage 2] [--dtype fp32|bf16] [--threads 2]
 //     AdamW (lr 2e-5, weight decay 0, betas 0.9 / 0.999, eps 1e-8), gradient clipping 1.0, the
-//     given ZeRO stage (one process), fp32, the folder's dropout (training mode); random source ids
-//     (B, S) ending in eos and random labels (B, T), no padding. Per step: forward, backward and
-//     step times. Prints
-//     BENCH seq2seq_train batch=B src=S tgt=T step_s=<median of the timed steps> tokens_per_s=..
-//       peak_rss_mib=<VmHWM> forward_s=.. backward_s=.. optimizer_s=..   (medians)
+//     given ZeRO stage (one process), fp32 or, with --dtype bf16, the engine with "bf16" enabled
+//     as ds_train runs it (bf16 parameters and activations, fp32 master weights and AdamW), the
+//     folder's dropout (training mode); random source ids (B, S) ending in eos and random labels
+//     (B, T), no padding. Per step: forward, backward and step times. Prints
+//     BENCH seq2seq_train batch=B src=S tgt=T stage=Z dtype=D step_s=<median of the timed steps>
+//       steps=<the timed steps> tokens_per_s=.. peak_rss_mib=<VmHWM> forward_s=.. backward_s=..
+//       optimizer_s=..   (medians)
 //     after a line with the model-state bytes and the caching allocator's peak in use / reserved.
 //     tokens = B * (S + T) per step, as bench/families_peer.py counts them.
 //
@@ -102,7 +104,7 @@ int main(int argc, char** argv) {
   std::string model_dir;
   int64_t batch = 0, src = 0, tgt = 64, beams = 4, new_tokens = 32;
   int steps = 4, warmup = 1, stage = 2, threads = 2, reps = 3;
-  std::string ids_out, out;
+  std::string ids_out, out, dtype_name = "fp32";
   app.add_option("--model", model_dir, "Hugging Face BART folder")->required();
   app.add_option("--threads", threads, "threads for BLAS and kernels")->capture_default_str();
   app.require_subcommand(1);
@@ -113,6 +115,12 @@ int main(int argc, char** argv) {
   train->add_option("--steps", steps, "steps in all")->capture_default_str();
   train->add_option("--warmup", warmup, "first steps not timed")->capture_default_str();
   train->add_option("--stage", stage, "ZeRO stage")->capture_default_str();
+  train
+      ->add_option("--dtype", dtype_name,
+                   "fp32, or bf16 (the engine config's \"bf16\": {\"enabled\": true}: bf16 "
+                   "parameters and activations, fp32 master weights and AdamW)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   auto* beam = app.add_subcommand("beam", "time beam-search generation");
   beam->add_option("--batch", batch, "source rows (default 4)");
   beam->add_option("--src", src, "source length (default 64)");
@@ -132,15 +140,16 @@ int main(int argc, char** argv) {
       if (src == 0) src = 128;
       runtime::InitOptions opt;
       opt.log = [](const std::string&) {};
-      auto engine = runtime::initialize(model,
-                                        fmt::format(R"({{
+      auto engine = runtime::initialize(
+          model,
+          fmt::format(R"({{
         "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 1,
-        "gradient_clipping": 1.0,
+        "gradient_clipping": 1.0,{}
         "optimizer": {{"type": "AdamW", "params": {{"lr": 2e-5, "weight_decay": 0.0,
                        "betas": [0.9, 0.999], "eps": 1e-8}}}},
         "zero_optimization": {{"stage": {}}}}})",
-                                                    batch, stage),
-                                        opt);
+                      batch, dtype_name == "bf16" ? R"( "bf16": {"enabled": true},)" : "", stage),
+          opt);
       std::vector<double> total, fwd, bwd, upd;
       for (int s = 0; s < steps; ++s) {
         const Tensor ids = random_ids(batch, src, V, 2 * s);
@@ -170,17 +179,19 @@ int main(int argc, char** argv) {
       const runtime::MemoryBudget mem = engine->memory_budget();
       const AllocatorStats as = cpu_allocator().stats();
       std::printf(
-          "memory: model states %.1f MiB (params %.1f, grads %.1f, optimizer %.1f); allocator peak "
-          "in use %.1f MiB, reserved %.1f MiB\n",
+          "memory: model states %.1f MiB (params %.1f, grads %.1f, master weights %.1f, optimizer "
+          "%.1f); allocator peak in use %.1f MiB, reserved %.1f MiB\n",
           mem.total() / 1048576.0, mem.params / 1048576.0, mem.grads / 1048576.0,
-          mem.optimizer_states / 1048576.0, as.peak_bytes_in_use / 1048576.0,
-          as.bytes_reserved / 1048576.0);
+          mem.master_weights / 1048576.0, mem.optimizer_states / 1048576.0,
+          as.peak_bytes_in_use / 1048576.0, as.bytes_reserved / 1048576.0);
       std::printf(
-          "BENCH seq2seq_train batch=%lld src=%lld tgt=%lld stage=%d step_s=%.3f steps=%s "
+          "BENCH seq2seq_train batch=%lld src=%lld tgt=%lld stage=%d dtype=%s step_s=%.3f "
+          "steps=%s "
           "tokens_per_s=%.1f peak_rss_mib=%.0f forward_s=%.3f backward_s=%.3f optimizer_s=%.3f\n",
           static_cast<long long>(batch), static_cast<long long>(src), static_cast<long long>(tgt),
-          stage, med, join(total).c_str(), static_cast<double>(batch * (src + tgt)) / med,
-          status_kib("VmHWM") / 1024.0, median(fwd), median(bwd), median(upd));
+          stage, dtype_name.c_str(), med, join(total).c_str(),
+          static_cast<double>(batch * (src + tgt)) / med, status_kib("VmHWM") / 1024.0, median(fwd),
+          median(bwd), median(upd));
     } else {
       if (batch == 0) batch = 4;
       if (src == 0) src = 64;

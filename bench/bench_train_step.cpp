@@ -5,6 +5,10 @@
 //   bench_train_step --dtype bf16 ...   # ds_train's bf16 step: the engine with "bf16" enabled
 //                                       # (bf16 parameters and activations, fp32 master weights and
 //                                       # AdamW), against the bf16 GEMM peak of the same backend
+//   bench_train_step --peak_only [--dtype bf16]
+//                                       # the sgemm peak line only; with --dtype bf16 also
+//                                       # "bf16 GEMM peak (2048^3, N threads): X GFLOP/s"
+//                                       # (bench/run_families.sh's reference in either dtype)
 //
 // achieved_gflops = 6 * params * tokens / step time (the convention of machine.md; attention FLOPs
 // are not counted, so the fraction is a slight underestimate of the hardware's utilisation).
@@ -145,7 +149,8 @@ int main(int argc, char** argv) {
   bool peak_only = false;
   app.add_flag(
       "--peak_only", peak_only,
-      "print the sgemm peak line only (other benchmarks' reference, e.g. run_families.sh)");
+      "print the sgemm peak line only (other benchmarks' reference, e.g. run_families.sh); with "
+      "--dtype bf16 the bf16 GEMM peak line after it");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -153,7 +158,12 @@ int main(int argc, char** argv) {
     std::printf("GEMM path: %s\n", backend::cpu().gemm_info().c_str());
     const double peak = gemm_peak_gflops();
     std::printf("sgemm peak (2048^3, %d threads): %.1f GFLOP/s\n", threads, peak);
-    if (peak_only) return 0;
+    if (peak_only) {
+      if (dtype_name == "bf16")
+        std::printf("bf16 GEMM peak (2048^3, %d threads): %.1f GFLOP/s\n", threads,
+                    gemm_peak_gflops(DType::bf16));
+      return 0;
+    }
     if (dtype_name == "bf16") return bf16_engine_steps(model_name, batch, seq, steps, threads);
 
     models::GPTConfig cfg = models::GPTConfig::preset(model_name);

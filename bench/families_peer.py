@@ -1,6 +1,7 @@
 """PyTorch / transformers / DeepSpeed peers for bench/run_families.sh (the encoder and seq2seq families).
 
-Subcommands (all fp32, random weights from a fixed seed, dropout as the configs say):
+Subcommands (fp32 unless --dtype bf16, random weights from a fixed seed, dropout as the configs
+say):
 
   save-bert DIR            BertForSequenceClassification, BERT-base shape (12 x 768, 12 heads,
                            vocab 30522, 2 labels, pad id 0) saved as a Hugging Face folder
@@ -19,6 +20,12 @@ Subcommands (all fp32, random weights from a fixed seed, dropout as the configs 
   train-bart DIR           Training steps (AdamW + clip 1.0) on random source / label ids
                            (--batch x --src, --batch x --tgt; the same ids bench_seq2seq draws are
                            not needed: the work depends on the shapes only).
+  --dtype bf16 (train-bert, train-bart): mixed precision as a PyTorch / Hugging Face user runs it
+                           on the CPU (Trainer's bf16=True there is autocast): --engine torch:
+                           forward and loss under torch.autocast("cpu", dtype=torch.bfloat16),
+                           fp32 parameters, gradients and AdamW; --engine deepspeed: the config's
+                           "bf16": {"enabled": true} (DeepSpeed's bf16 parameters with fp32 master
+                           weights; its CPU support varies: a failure ends the run with the error).
   gen-bart DIR             generate(num_beams=--beams, max_new_tokens=--new_tokens) for --batch
                            rows of source ids read from --ids (written by bench_seq2seq), timed
                            --reps times; writes the output ids to --out (one row a line).
@@ -122,12 +129,15 @@ def train(a, model_cls, batches, task):
                              "params": {"lr": a.lr, "weight_decay": 0.0, "betas": [0.9, 0.999],
                                         "eps": 1e-8}},
                "zero_optimization": {"stage": a.stage}, "steps_per_print": 1 << 30}
+        if a.dtype == "bf16":
+            cfg["bf16"] = {"enabled": True}
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                config=cfg)
         version = f"deepspeed={deepspeed.__version__} torch={torch.__version__}"
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
         version = f"torch={torch.__version__}"
+    autocast = a.dtype == "bf16" and a.engine == "torch"
     times = []
     for s, b in enumerate(batches(a)):
         t = time.perf_counter()
@@ -136,7 +146,8 @@ def train(a, model_cls, batches, task):
             engine.backward(loss)
             engine.step()
         else:
-            loss = model(**b).loss
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = model(**b).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
@@ -147,7 +158,7 @@ def train(a, model_cls, batches, task):
     med = statistics.median(timed)
     tokens = a.batch * (a.seq if task == "bert_train" else a.src + a.tgt)
     print(f"BENCH families_peer task={task} engine={a.engine} stage={a.stage if a.engine == 'deepspeed' else '-'}"
-          f" batch={a.batch} step_s={med:.3f} steps={' '.join(f'{x:.3f}' for x in timed)}"
+          f" dtype={a.dtype}{'_autocast' if autocast else ''} batch={a.batch} step_s={med:.3f} steps={' '.join(f'{x:.3f}' for x in timed)}"
           f" tokens_per_s={tokens / med:.1f} peak_rss_mib={peak_rss_mib():.0f} {version}",
           flush=True)
 
@@ -183,6 +194,8 @@ def main():
     ap.add_argument("dir")
     ap.add_argument("--engine", choices=["torch", "deepspeed"], default="torch")
     ap.add_argument("--stage", type=int, default=2)
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                    help="train-*: bf16 = torch.autocast (engine torch) or DeepSpeed's bf16")
     ap.add_argument("--tsv")
     ap.add_argument("--tokenizer")
     ap.add_argument("--batch", type=int, default=8)
