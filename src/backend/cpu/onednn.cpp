@@ -8,7 +8,7 @@
 // src/common/gemm.cpp): char transa/transb ('N'/'T'), dnnl_dim_t (int64_t) sizes and leading
 // dimensions, bf16 operands as raw uint16_t bits, an fp32 C, dnnl_status_t (0 = success).
 // dnnl_sgemm (declared in dnnl.h, same convention) is the fp32 GEMM blas.cpp uses instead of the
-// BLAS on AVX-512 CPUs, where it is the faster of the two (bench/RESULTS.md).
+// BLAS when DS_FP32_GEMM=onednn asks for it (blas.cpp says why it is not the default).
 //
 // A bf16 product whose result is wanted in bf16 (ops::linear's output and gradients) goes through
 // oneDNN's matmul primitive with a bf16 destination instead: the fp32 accumulators are rounded in
@@ -129,16 +129,6 @@ bool cpu_has_bf16_units() {
 #endif
 }
 
-bool cpu_has_avx512() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl");
-#else
-  return false;
-#endif
-}
-
 std::string env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
   return v ? v : fallback;
@@ -149,7 +139,7 @@ OneDnn load_onednn() {
   const std::string bf16_mode = env_or("DS_BF16_GEMM", "auto");
   const std::string fp32_mode = env_or("DS_FP32_GEMM", "auto");
   const bool want_bf16 = bf16_mode == "onednn" || (bf16_mode == "auto" && cpu_has_bf16_units());
-  const bool want_fp32 = fp32_mode == "onednn" || (fp32_mode == "auto" && cpu_has_avx512());
+  const bool want_fp32 = fp32_mode == "onednn";  // opt-in: blas.cpp says why
   if (bf16_mode != "onednn" && bf16_mode != "auto")
     o.why_not = fmt::format("DS_BF16_GEMM={}", bf16_mode);
   else if (!want_bf16)
