@@ -225,6 +225,114 @@ TEST(GemmCpu, Bf16ProductsMatchDoubleOfTheSameValues) {
       }
 }
 
+// A 16-bit C (Gemm::c_dtype): the product rounded once into C (beta 1: added to C's values first),
+// on oneDNN's matmul primitive for bf16 and through an fp32 C otherwise (fp16, alpha != 1). Each
+// element is within half a 16-bit ulp of the double-precision value plus the fp32 sum's error;
+// C's padding columns are untouched; a C that is not fp32, bf16 or fp16 is refused.
+TEST(GemmCpu, SixteenBitResultsAreTheProductRoundedOnce) {
+  using ds::testing::randn;
+  for (const DType dt : {DType::bf16, DType::f16})
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true})
+        for (const float beta : {0.0f, 1.0f})
+          for (const float alpha : {1.0f, 0.5f})
+            for (const auto [m, n, k] : {std::tuple{37, 45, 129}, std::tuple{64, 256, 768},
+                                         std::tuple{1, 77, 33}}) {
+              const int64_t batch = 2, lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5,
+                            ldc = n + 2;
+              const int64_t a_rows = ta ? k : m, b_rows = tb ? n : k;
+              const Tensor a = randn({batch * a_rows * lda}, 1, 1.0f, dt),
+                           b = randn({batch * b_rows * ldb}, 2, 1.0f, dt),
+                           c0 = randn({batch * m * ldc}, 3, 4.0f, dt);
+              const Tensor c = c0.clone();
+              backend::Gemm g;
+              g.dtype = dt;
+              g.c_dtype = dt;
+              g.trans_a = ta, g.trans_b = tb, g.m = m, g.n = n, g.k = k, g.alpha = alpha,
+              g.beta = beta;
+              g.a = a.raw_data(), g.lda = lda, g.b = b.raw_data(), g.ldb = ldb,
+              g.c = c.raw_data(), g.ldc = ldc;
+              g.batch = batch, g.stride_a = a_rows * lda, g.stride_b = b_rows * ldb,
+              g.stride_c = m * ldc;
+              backend::cpu().gemm(g);
+              const std::vector<float> av = a.to_vector(), bv = b.to_vector(), cv = c.to_vector(),
+                                       c0v = c0.to_vector();
+              const double half_ulp = dt == DType::bf16 ? 1.0 / 256 : 1.0 / 2048;
+              for (int64_t s = 0; s < batch; ++s)
+                for (int64_t i = 0; i < m; ++i)
+                  for (int64_t j = 0; j < ldc; ++j) {
+                    const size_t at = static_cast<size_t>(s * m * ldc + i * ldc + j);
+                    if (j >= n) {  // padding
+                      ASSERT_EQ(cv[at], c0v[at]);
+                      continue;
+                    }
+                    double want = 0, mag = 0;
+                    for (int64_t e = 0; e < k; ++e) {
+                      const double x = av[static_cast<size_t>(
+                                       s * a_rows * lda + (ta ? e * lda + i : i * lda + e))],
+                                   y = bv[static_cast<size_t>(
+                                       s * b_rows * ldb + (tb ? j * ldb + e : e * ldb + j))];
+                      want += x * y;
+                      mag += std::abs(x * y);
+                    }
+                    want = alpha * want + beta * c0v[at];
+                    ASSERT_NEAR(cv[at], want,
+                                half_ulp * std::abs(want) +
+                                    (k * 6e-8 + 1e-6) * (alpha * mag + std::abs(c0v[at])))
+                        << dtype_name(dt) << " ta " << ta << " tb " << tb << " alpha " << alpha
+                        << " beta " << beta << " m " << m << " n " << n << " k " << k << " at "
+                        << s << "," << i << "," << j;
+                  }
+            }
+  backend::Gemm bad;
+  bad.m = bad.n = bad.k = 1;
+  bad.c_dtype = DType::i32;
+  EXPECT_NE(error_of([&] { backend::cpu().gemm(bad); }).find("C must be fp32, bf16 or fp16"),
+            std::string::npos);
+}
+
+// ops::linear on bf16: the output and both gradients are written in bf16 by the GEMM (no fp32
+// result of the (rows, out) shape is allocated), and they are the fp32 path's values rounded once
+// (up to the GEMMs' summation order: within one bf16 ulp).
+TEST(OpsCpu, Bf16LinearWritesItsResultsInBf16) {
+  using ds::testing::randn;
+  // output: 2 MiB in bf16, 4 MiB in fp32 (the allocator rounds from 1 MiB up to 2 MiB blocks)
+  const int64_t rows = 512, in = 256, out = 2048;
+  Tensor x = randn({rows, in}, 1, 1.0f, DType::bf16), w = randn({out, in}, 2, 0.1f, DType::bf16),
+         b = randn({out}, 3, 1.0f, DType::bf16), g = randn({rows, out}, 4, 1.0f, DType::bf16);
+  for (Tensor* t : {&x, &w, &b}) {
+    t->set_requires_grad(true);
+    t->set_grad(Tensor::zeros(t->shape(), DType::bf16));
+  }
+  Allocator& al = cpu_allocator();
+  al.reset_peak();
+  const int64_t base = static_cast<int64_t>(al.stats().bytes_in_use);
+  Tensor y = ops::linear(x, w, b);
+  const int64_t fwd = static_cast<int64_t>(al.stats().peak_bytes_in_use) - base;
+  EXPECT_EQ(y.dtype(), DType::bf16);
+  EXPECT_LT(fwd, 2 * rows * out + 64 * 1024) << "an fp32 output was allocated";
+  y.backward(g);
+  // The fp32 path on the same values, rounded.
+  Tensor x32 = x.detach().to(DType::f32), w32 = w.detach().to(DType::f32),
+         b32 = b.detach().to(DType::f32);
+  for (Tensor* t : {&x32, &w32, &b32}) t->set_requires_grad(true);
+  Tensor y32 = ops::linear(x32, w32, b32);
+  y32.backward(g.to(DType::f32));
+  // One bf16 ulp of the value, plus the fp32 sums' own order differences (1e-5 of the tensor's
+  // scale: entries near zero by cancellation).
+  auto within_an_ulp = [](const Tensor& got16, const Tensor& want32, const char* what) {
+    const std::vector<float> a = got16.to_vector(), w = want32.to(DType::bf16).to_vector();
+    float scale = 0;
+    for (float v : w) scale = std::max(scale, std::abs(v));
+    for (size_t i = 0; i < a.size(); ++i)
+      ASSERT_LE(std::abs(a[i] - w[i]), std::abs(w[i]) / 128 + 1e-5f * scale) << what << " " << i;
+  };
+  within_an_ulp(y, y32, "y");
+  within_an_ulp(x.grad(), x32.grad(), "dx");
+  within_an_ulp(w.grad(), w32.grad(), "dw");
+  within_an_ulp(b.grad(), b32.grad(), "db");
+}
+
 // The device-parameterised tests: one instance per device, skipped where a kernel is missing.
 class Ops : public ds::testing::DeviceTest {};
 
