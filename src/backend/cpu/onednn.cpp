@@ -163,7 +163,8 @@ OneDnn load_onednn() {
       major = v()->major;
     }
 #ifdef DS_ONEDNN_MATMUL
-    if (o.gemm_bf16 && major == DNNL_VERSION_MAJOR && o.api.load(h) &&
+    if (o.gemm_bf16 && major == DNNL_VERSION_MAJOR && env_or("DS_ONEDNN_MATMUL", "1") != "0" &&
+        o.api.load(h) &&
         o.api.engine_create(&o.engine, dnnl_cpu, 0) == dnnl_success)
       o.matmul = true;
 #else
