@@ -56,7 +56,7 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev libfmt-dev  # configs, command lines, formatting
   libopenmpi-dev openmpi-bin             # collectives and mpirun (multi-process tests)
   liburing-dev                           # io_uring: NVMe offload's asynchronous I/O
-  libdnnl2                               # oneDNN: bf16 GEMMs on AVX512-BF16 / AMX (dlopen'ed)
+  libdnnl-dev                            # oneDNN: bf16 GEMMs on AVX512-BF16 / AMX (dlopen'ed; the header for its matmul API)
   libsentencepiece-dev libutf8proc-dev   # tokenizers: tokenizer.model, NFC normalization
   libcpp-httplib-dev                     # ds_serve's HTTP server (cpp-httplib 0.11)
   fio                                    # the disk reference in bench/run_ds_io.sh

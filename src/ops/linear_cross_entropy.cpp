@@ -25,11 +25,13 @@ Tensor block(const Tensor& buf, int64_t offset, int64_t rows, int64_t cols) {
                               buf.storage_offset() + offset);
 }
 
-// c (m, n) fp32 = or += op(a) @ op(b), row-major operands of dtype dt.
+// c (m, n) = or += op(a) @ op(b), row-major operands of dtype dt; c fp32, or 16-bit where the
+// backend supports("gemm_out16", dt) (rounded once).
 void gemm(backend::Backend& bk, DType dt, const Tensor& a, bool trans_a, const Tensor& b,
           bool trans_b, const Tensor& c, bool accumulate) {
   backend::Gemm g;
   g.dtype = dt;
+  g.c_dtype = c.dtype();
   g.trans_a = trans_a;
   g.trans_b = trans_b;
   g.m = c.size(0);
@@ -95,12 +97,14 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
                                    : linear_cross_entropy_block_rows(N, V);
   // 16-bit inputs: each block's logits are the linear's output rounded to that dtype. Where the
   // backend's cross-entropy kernels take 16-bit logits, they read that rounded block directly and
-  // write the 16-bit gradient over it (the GEMMs' operand), so the only fp32 block is the GEMM's
-  // output; otherwise the rounded values go back to fp32 for the kernels (the old path).
+  // write the 16-bit gradient over it (the GEMMs' operand), and where its GEMM writes a 16-bit C
+  // the block is never fp32 at all; otherwise the rounded values go back to fp32 for the kernels.
   const bool narrow = dt != DType::f32;
   const bool direct = narrow && bk.supports("cross_entropy_forward", dt) &&
                       bk.supports("cross_entropy_backward", dt);
-  const Tensor logits = Tensor::empty({R * V}, DType::f32, dev);  // one block's
+  // On that path the GEMM writes the 16-bit block itself where it can: no fp32 block at all.
+  const bool gemm16 = direct && bk.supports("gemm_out16", dt);
+  const Tensor logits = gemm16 ? Tensor() : Tensor::empty({R * V}, DType::f32, dev);  // one block's
   const Tensor rounded = narrow ? Tensor::empty({R * V}, dt, dev) : Tensor();
   const Tensor dlogits = grad && !direct ? Tensor::empty({R * V}, DType::f32, dev) : Tensor();
   const Tensor losses = Tensor::empty({N}, DType::f32, dev),
@@ -116,13 +120,14 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t r = std::min(R, N - r0);
     const Tensor xr = block(xc, r0 * C, r, C);
-    const Tensor lg = block(logits, 0, r, V);
-    gemm(bk, dt, xr, false, wc, true, lg, false);  // (r, C) @ (V, C)^T
     // The logits the kernels read: fp32, or 16-bit as the linear's (and the bias add's) output.
-    Tensor in = lg;
-    if (narrow) {
-      in = block(rounded, 0, r, V);
-      in.copy_from(lg);  // the linear's output
+    const Tensor lg = gemm16 ? Tensor() : block(logits, 0, r, V);
+    Tensor in = narrow ? block(rounded, 0, r, V) : lg;
+    if (gemm16) {
+      gemm(bk, dt, xr, false, wc, true, in, false);  // (r, C) @ (V, C)^T, rounded in the GEMM
+    } else {
+      gemm(bk, dt, xr, false, wc, true, lg, false);
+      if (narrow) in.copy_from(lg);  // the linear's output
     }
     if (bias.defined()) {  // then add(logits, bias), rounded as its output
       const Tensor rows =
