@@ -53,8 +53,10 @@
 #include "ds/models/gpt.h"
 #include "ds/nn/flat.h"
 #include "ds/runtime/engine.h"
+#include "hf_fixture.h"
 
 using namespace ds;
+using ds::testing::rel_err;
 using models::GPT;
 using models::GPTConfig;
 
@@ -66,15 +68,6 @@ constexpr double kCap = 5e-2;           // absolute, logits and gradients
 constexpr double kLossTol = 2.0 / 256;  // loss, relative to the reference
 constexpr double kMeanRatio = 1.1;      // mean over all gradients, ours / PyTorch-bf16
 
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0.0, scale = 0.0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-  }
-  return diff / std::max(scale, 1e-30);
-}
 
 std::string fixture_path(const std::string& name) {
   return std::string(DS_FIXTURE_DIR) + "/parity/" + name + ".safetensors";

@@ -26,8 +26,10 @@
 #include "ds/nn/flat.h"
 #include "ds/optim/kernels.h"
 #include "ds/optim/optimizer.h"
+#include "hf_fixture.h"
 
 using namespace ds;
+using ds::testing::rel_err;
 using models::GPT;
 using models::GPTConfig;
 
@@ -36,15 +38,6 @@ namespace {
 constexpr double kTol = 1e-5;      // logits, loss, gradients (see above)
 constexpr double kAdamTol = 1e-4;  // AdamW losses (see above)
 
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0.0, scale = 0.0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-  }
-  return diff / std::max(scale, 1e-30);
-}
 
 std::string fixture_path(const std::string& layout) {
   return std::string(DS_FIXTURE_DIR) + "/parity/" + layout + ".safetensors";
