@@ -546,6 +546,51 @@ TEST(OptimObject, StateBuffersAreAlignedZeroedAndNamed) {
   EXPECT_THROW(sgd->betas(), ds::Error);
 }
 
+// What zero::Strategy::step_16bit_gradients relies on: begin_step() and step_slice() over chunks
+// of the optimizer's own state buffers, with each chunk's 16-bit gradients widened, give step()
+// over the whole widened gradients bit for bit (parameters, moments and the rounded bf16 copy),
+// here for AdamW over three steps and a length that is not a multiple of the chunk.
+TEST(OptimObject, ChunkedStepsOverItsOwnStateEqualOneWholeStep) {
+  const int64_t n = 600001, chunk = int64_t{1} << 18;
+  std::vector<float> p0(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) p0[static_cast<size_t>(i)] = std::sin(0.001 * i);
+  std::vector<float> pa = p0, pb = p0;
+  std::vector<uint16_t> out_a(static_cast<size_t>(n)), out_b(static_cast<size_t>(n));
+  OptimizerParams hp;
+  hp.lr = 1e-2f;
+  hp.weight_decay = 0.1f;
+  auto a = make_optimizer("AdamW", hp), b = make_optimizer("AdamW", hp);
+  a->init_state(n);
+  b->init_state(n);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<uint16_t> g16(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      g16[static_cast<size_t>(i)] =
+          float_to_bf16(static_cast<float>(std::cos(0.0007 * i * (step + 1))));
+    std::vector<float> g32(static_cast<size_t>(n));
+    convert(g16.data(), DType::bf16, g32.data(), DType::f32, g32.size());
+    a->step(pa.data(), g32.data(), n, 0.5f, out_a.data(), DType::bf16);
+    const auto states = b->state_buffers();
+    std::vector<float*> at(states.size());
+    std::vector<float> chunk32(static_cast<size_t>(chunk));
+    b->begin_step();
+    for (int64_t off = 0; off < n; off += chunk) {
+      const int64_t len = std::min(chunk, n - off);
+      convert(g16.data() + off, DType::bf16, chunk32.data(), DType::f32, static_cast<size_t>(len));
+      for (size_t k = 0; k < states.size(); ++k) at[k] = states[k].data + off;
+      b->step_slice(pb.data() + off, chunk32.data(), at.data(), len, 0.5f, out_b.data() + off,
+                    DType::bf16);
+    }
+  }
+  EXPECT_EQ(a->step_count(), b->step_count());
+  EXPECT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)));
+  EXPECT_EQ(out_a, out_b);
+  const auto sa = a->state_buffers(), sb = b->state_buffers();
+  for (size_t k = 0; k < sa.size(); ++k)
+    EXPECT_EQ(0, std::memcmp(sa[k].data, sb[k].data, static_cast<size_t>(n) * sizeof(float)))
+        << sa[k].name;
+}
+
 TEST(OptimObject, HyperParametersForSchedulers) {
   auto adam = make_optimizer("Adam");
   adam->set_lr(0.5f);

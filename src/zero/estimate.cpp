@@ -22,6 +22,7 @@ MemorySpec deepspeed_estimator_spec(int stage, bool cpu_offload, bool cpu_offloa
   // deepspeed/runtime/zero/stage_1_and_2.py and stage3.py).
   s.grad_dtype = stage == 3 ? DType::f32 : DType::f16;
   s.state_floats = 2;
+  s.whole_tensor_optimizer = true;  // DeepSpeed's fp32 gradient partition (its "fp32 grads 4")
   s.optimizer = cpu_offload ? OffloadTarget::cpu : OffloadTarget::none;
   s.params = cpu_offload_params ? OffloadTarget::cpu : OffloadTarget::none;
   return s;

@@ -72,10 +72,8 @@ class FlatStrategy final : public Strategy {
       flat_ = nn::flatten_parameters(trainable, o.train_dtype, o.grad_dtype, multiple, full_grads);
     }
     if (!full_grads) grads_part_ = Tensor::zeros({opt_numel_}, o.grad_dtype, device_);
-    // 16-bit gradients are widened for the optimizer into an fp32 copy; on a GPU they go down to
-    // the host optimizer as they are and are widened there (device_optimizer_step).
-    if (o.grad_dtype != DType::f32 && !offloaded() && device_.is_cpu())
-      grads32_ = Tensor::zeros({opt_numel_}, DType::f32, device_);
+    // 16-bit gradients go to the optimizer as they are: widened a chunk at a time in RAM
+    // (step_16bit_gradients), on the host after the copy down from a GPU (device_optimizer_step).
 
     // Every rank starts from rank 0's weights (initialisation is rank-independent already; this
     // also covers models initialised by the caller).
@@ -162,9 +160,7 @@ class FlatStrategy final : public Strategy {
       }
     }
     Tensor g = options_.stage >= 2 ? grads_part_ : flat_.grads.flat_range(begin_, opt_numel_);
-    if (g.dtype() == DType::f32 || offloaded() || !device_.is_cpu()) return g;
-    grads32_.copy_from(g);
-    return grads32_;
+    return g;
   }
 
   void after_step(const std::string& ctx) override {
@@ -214,7 +210,6 @@ class FlatStrategy final : public Strategy {
   Device device_ = kCPU;  // where the model's trainable parameters live
   int64_t begin_ = 0;  // the range of the flat buffer this rank optimises starts here
   Tensor grads_part_;  // stage 2: (opt_numel,) accumulated gradients of this rank's partition
-  Tensor grads32_;     // (opt_numel,) fp32 scratch when gradients are 16-bit
   std::optional<GradientBuckets> buckets_;
 };
 

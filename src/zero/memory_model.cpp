@@ -104,11 +104,12 @@ PerElementBytes per_element_bytes(const MemorySpec& s) {
   const bool master = sixteen || (s.params == OffloadTarget::nvme && params_offload);
   e.master_weights = term(s.stage, 1, master ? 4 : 0);
   e.moments = term(s.stage, 1, 4 * static_cast<int64_t>(s.state_floats));
-  // The in-RAM optimizer reads 16-bit gradients through an fp32 copy of its range; anything on
-  // NVMe widens one sub-group at a time instead (Strategy::offloaded()).
+  // An in-RAM whole-tensor optimizer (Lamb, SGD) reads 16-bit gradients through an fp32 copy of
+  // its range; Adam widens them a chunk at a time, anything on NVMe one sub-group at a time
+  // (Strategy::step_16bit_gradients, Strategy::offloaded()).
   const bool nvme =
       s.optimizer == OffloadTarget::nvme || (s.params == OffloadTarget::nvme && params_offload);
-  e.grad_copy = term(s.stage, 1, grads16 && !nvme ? 4 : 0);
+  e.grad_copy = term(s.stage, 1, grads16 && !nvme && s.whole_tensor_optimizer ? 4 : 0);
   e.gathered = s.stage == 3 ? 2 * bytes_of(s.param_dtype) : 0;
 
   if (s.optimizer == OffloadTarget::cpu) {

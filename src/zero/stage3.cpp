@@ -72,7 +72,6 @@ class Stage3Strategy final : public Strategy {
     opt_numel_ =
         (shard_offset + kPartitionAlignment - 1) / kPartitionAlignment * kPartitionAlignment;
     grads_part_ = Tensor::zeros({opt_numel_}, o.grad_dtype);
-    if (o.grad_dtype != DType::f32 && !offloaded()) grads32_ = Tensor::zeros({opt_numel_});
     numel_.resize(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) numel_[i] = params_[i].numel;
 
@@ -229,11 +228,7 @@ class Stage3Strategy final : public Strategy {
     trace_.end_micro_step();
   }
 
-  Tensor reduced_gradients(const std::string&) override {
-    if (grads_part_.dtype() == DType::f32 || offloaded()) return grads_part_;
-    grads32_.copy_from(grads_part_);
-    return grads32_;
-  }
+  Tensor reduced_gradients(const std::string&) override { return grads_part_; }
 
   void after_step(const std::string&) override {
     if (!step_pending()) return refresh();
@@ -634,7 +629,6 @@ class Stage3Strategy final : public Strategy {
   std::vector<int64_t> numel_;  // params_[i].numel, for the prefetch planner
   Tensor shard_params_;         // (opt_numel,) training dtype: this rank's piece of every parameter
   Tensor grads_part_;           // (opt_numel,) accumulated gradients of this rank's pieces
-  Tensor grads32_;              // (opt_numel,) fp32 scratch when gradients are 16-bit
   std::vector<PendingReduction> in_flight_;
   std::string ctx_;  // "step N", for the gradient reductions' messages
   Trace trace_;

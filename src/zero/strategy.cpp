@@ -175,7 +175,7 @@ void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float 
     if (const Tensor dev = device_parameters(); dev.defined())
       return device_optimizer_step(opt, grads, grad_scale, dev);
     // Everything in RAM: one call over the whole range (Lamb's trust ratios need it).
-    DS_CHECK(grads.dtype() == DType::f32, "[zero] in-RAM optimizer steps take fp32 gradients");
+    if (grads.dtype() != DType::f32) return step_16bit_gradients(opt, grads, grad_scale);
     opt.step(master_.data<float>(), grads.data<float>(), opt_numel_, grad_scale, params16(),
              train != DType::f32 ? train : DType::bf16);
     return;
@@ -202,6 +202,35 @@ void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float 
                         group_->rank(), ctx, e.what());
   }
   comm::raise_if_any_failed(*group_, error, ctx + ": optimizer step on NVMe-offloaded state");
+}
+
+void Strategy::step_16bit_gradients(optim::Optimizer& opt, const Tensor& grads, float grad_scale) {
+  const DType train = options_.train_dtype;
+  const DType out16_dtype = train != DType::f32 ? train : DType::bf16;
+  char* p16 = static_cast<char*>(params16());
+  float* master = master_.data<float>();
+  if (!opt.steps_in_slices()) {
+    if (!grads32_.defined()) grads32_ = Tensor::empty({opt_numel_}, DType::f32);
+    grads32_.copy_from(grads);
+    opt.step(master, grads32_.data<float>(), opt_numel_, grad_scale, p16, out16_dtype);
+    return;
+  }
+  // 256K elements: 1 MiB of fp32 scratch, large enough that each slice runs at full speed.
+  constexpr int64_t kChunk = int64_t{1} << 18;
+  std::vector<float> g32(static_cast<size_t>(std::min(kChunk, opt_numel_)));
+  const std::vector<optim::StateBuffer> states = opt.state_buffers();
+  std::vector<float*> at(states.size());
+  const char* pg = static_cast<const char*>(grads.raw_data());
+  const int64_t gs = static_cast<int64_t>(dtype_size(grads.dtype()));
+  const int64_t ps = static_cast<int64_t>(dtype_size(out16_dtype));
+  opt.begin_step();
+  for (int64_t off = 0; off < opt_numel_; off += kChunk) {
+    const int64_t len = std::min(kChunk, opt_numel_ - off);
+    convert(pg + off * gs, grads.dtype(), g32.data(), DType::f32, static_cast<size_t>(len));
+    for (size_t i = 0; i < states.size(); ++i) at[i] = states[i].data + off;
+    opt.step_slice(master + off, g32.data(), at.data(), len, grad_scale,
+                   p16 ? p16 + off * ps : nullptr, out16_dtype);
+  }
 }
 
 void Strategy::device_optimizer_step(optim::Optimizer& opt, const Tensor& grads, float grad_scale,

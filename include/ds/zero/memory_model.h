@@ -64,6 +64,9 @@ struct MemorySpec {
   DType param_dtype = DType::f32;  // the training dtype
   DType grad_dtype = DType::f32;   // the gradient accumulation dtype
   int state_floats = 2;            // fp32 optimizer values per element (Adam 2, SGD 0 or 1)
+  // Lamb and SGD step whole tensors, so 16-bit gradients get an fp32 copy for them; Adam/AdamW
+  // read 16-bit gradients a chunk at a time (zero::Strategy::step_16bit_gradients).
+  bool whole_tensor_optimizer = false;
   OffloadTarget optimizer = OffloadTarget::none;  // offload_optimizer.device
   OffloadTarget params = OffloadTarget::none;     // offload_param.device (stage 3 only)
   // NVMe offload (zero::NvmeOffloadOptions, zero::NvmeParamOffloadOptions; DeepSpeed's defaults).
@@ -120,7 +123,7 @@ struct RankMemory {
   int64_t grads = 0;             // gradient buffers (accumulation dtype)
   int64_t master_weights = 0;    // fp32 master weights in RAM (0 when the params are the master)
   int64_t optimizer_states = 0;  // moments in RAM, plus the NVMe store's ring of swap buffers
-  int64_t grad_copy = 0;         // fp32 copy of 16-bit gradients the in-RAM optimizer reads
+  int64_t grad_copy = 0;         // fp32 copy of 16-bit gradients a whole-tensor optimizer reads
   int64_t buffers = 0;           // NVMe swap ring and parameter read-ahead (within the above)
   int64_t gathered = 0;          // stage 3: the largest layer gathered with its gradient
   int64_t host = 0;              // on the host ("cpu" offload)

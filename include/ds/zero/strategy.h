@@ -313,6 +313,12 @@ class Strategy {
   std::vector<SharedRange> tp_shared_;
   // The step for parameters on a GPU (device_parameters() defined): gradients copied to host
   // memory, the CPU optimizer over master(), the new parameters (fp32 or rounded) copied back.
+  // In RAM with 16-bit gradients (data_types.grad_accum_dtype): an elementwise optimizer reads them
+  // a chunk at a time, widened into a small fp32 scratch (begin_step + step_slice: the same step
+  // bit for bit), so no fp32 copy of the gradients is kept; Lamb and SGD, which step whole
+  // tensors, get one fp32 copy, made on first use (grads32_).
+  void step_16bit_gradients(optim::Optimizer& opt, const Tensor& grads, float grad_scale);
+  Tensor grads32_;
   void device_optimizer_step(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
                              const Tensor& device_params);
   Tensor host_grads_;  // (optimizer_numel,) host, gradients' dtype: the device step's staging
