@@ -199,17 +199,11 @@ void gemm_16bit_c(CpuBackend& be, const Gemm& g) {
   auto c_at = [&](int64_t i) { return static_cast<char*>(g.c) + i * g.stride_c * cs; };
   if (g.dtype == DType::bf16 && g.c_dtype == DType::bf16 && bf16_path() == Bf16Path::onednn &&
       g.alpha == 1.0f && (g.beta == 0.0f || g.beta == 1.0f) && g.batch > 0) {
-    // The first item tells whether oneDNN takes this shape; the rest have the same one.
-    auto item = [&](int64_t i) {
-      return onednn_matmul_bf16_out(g.trans_a, g.trans_b, g.m, g.n, g.k,
-                                    reinterpret_cast<const uint16_t*>(a_at(i)), g.lda,
-                                    reinterpret_cast<const uint16_t*>(b_at(i)), g.ldb,
-                                    g.beta != 0.0f, reinterpret_cast<uint16_t*>(c_at(i)), g.ldc);
-    };
-    if (item(0)) {
-      for (int64_t i = 1; i < g.batch; ++i) item(i);
+    if (onednn_matmul_bf16_out(g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k,
+                               static_cast<const uint16_t*>(g.a), g.lda, g.stride_a,
+                               static_cast<const uint16_t*>(g.b), g.ldb, g.stride_b,
+                               g.beta != 0.0f, static_cast<uint16_t*>(g.c), g.ldc, g.stride_c))
       return;
-    }
   }
   std::vector<float> c32(static_cast<size_t>(g.m * g.n));
   Gemm f = g;

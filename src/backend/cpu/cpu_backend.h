@@ -89,11 +89,14 @@ bool onednn_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
                       const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
                       float* c, int64_t ldc);
 // The same product with a bf16 C (C = op(A) op(B), or C += when accumulate: C read in fp32, the
-// total rounded once to nearest even) through oneDNN's matmul primitive: the fp32 accumulators
-// are rounded in registers. False (nothing done) when that primitive is not available.
-bool onednn_matmul_bf16_out(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                            const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
-                            bool accumulate, uint16_t* c, int64_t ldc);
+// total rounded once to nearest even) through oneDNN's matmul primitive, for `batch` products
+// whose operands are stride_a / stride_b / stride_c elements apart (one call): the fp32
+// accumulators are rounded in registers. False (nothing done) when that primitive is not
+// available.
+bool onednn_matmul_bf16_out(bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n,
+                            int64_t k, const uint16_t* a, int64_t lda, int64_t stride_a,
+                            const uint16_t* b, int64_t ldb, int64_t stride_b, bool accumulate,
+                            uint16_t* c, int64_t ldc, int64_t stride_c);
 // fp32 GEMM through oneDNN's dnnl_sgemm (row-major, as sgemm); false when oneDNN did not load.
 bool onednn_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,

@@ -182,33 +182,54 @@ const OneDnn& onednn() {
 }
 
 #ifdef DS_ONEDNN_MATMUL
-// One matmul primitive per operand layout: C (m, n) bf16 [+]= op(A) (m, k) @ op(B) (k, n).
-using MatmulKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+// One matmul primitive per operand layout: C (batch, m, n) bf16 [+]= op(A) (batch, m, k) @
+// op(B) (batch, k, n), each operand's items a constant stride apart.
+struct MatmulShape {
+  bool ta, tb;
+  int64_t batch, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c;
+  bool accumulate;
+  auto key() const {
+    return std::tuple{ta, tb, batch, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c,
+                      accumulate};
+  }
+};
+using MatmulKey = decltype(MatmulShape{}.key());
 
-dnnl_memory_desc_t matrix_desc(const MatmulApi& api, int64_t rows, int64_t cols, int64_t ld,
-                               bool trans) {
-  // A row-major matrix (rows, cols) with leading dimension ld, or the transpose of one.
+dnnl_memory_desc_t matrix_desc(const MatmulApi& api, int64_t batch, int64_t rows, int64_t cols,
+                               int64_t ld, bool trans, int64_t stride) {
+  // A row-major matrix (rows, cols) with leading dimension ld, or the transpose of one; batch of
+  // them `stride` elements apart (a 3-d descriptor) when batch > 1.
   dnnl_memory_desc_t md;
-  const dnnl_dims_t dims = {rows, cols};
-  const dnnl_dims_t strides = {trans ? 1 : ld, trans ? ld : 1};
-  DS_CHECK(api.md_init(&md, 2, dims, dnnl_bf16, strides) == dnnl_success,
-           "[cpu:gemm] oneDNN refused a ({}, {}) bf16 matrix with leading dimension {}", rows, cols,
-           ld);
+  const int nd = batch > 1 ? 3 : 2;
+  const dnnl_dims_t dims2 = {rows, cols}, strides2 = {trans ? 1 : ld, trans ? ld : 1};
+  const dnnl_dims_t dims3 = {batch, rows, cols},
+                    strides3 = {stride, trans ? 1 : ld, trans ? ld : 1};
+  DS_CHECK(api.md_init(&md, nd, nd == 3 ? dims3 : dims2, dnnl_bf16,
+                       nd == 3 ? strides3 : strides2) == dnnl_success,
+           "[cpu:gemm] oneDNN refused {} ({}, {}) bf16 matrices with leading dimension {}", batch,
+           rows, cols, ld);
   return md;
 }
 
-dnnl_primitive_t make_matmul(const OneDnn& o, const MatmulKey& key) {
-  const auto [ta, tb, m, n, k, lda, ldb, ldc, accumulate] = key;
+struct MatmulDescs {
+  dnnl_memory_desc_t a, b, c;
+};
+MatmulDescs descs_of(const MatmulApi& api, const MatmulShape& s) {
+  return {matrix_desc(api, s.batch, s.m, s.k, s.lda, s.ta, s.stride_a),
+          matrix_desc(api, s.batch, s.k, s.n, s.ldb, s.tb, s.stride_b),
+          matrix_desc(api, s.batch, s.m, s.n, s.ldc, false, s.stride_c)};
+}
+
+dnnl_primitive_t make_matmul(const OneDnn& o, const MatmulShape& s) {
   const MatmulApi& api = o.api;
-  const dnnl_memory_desc_t a = matrix_desc(api, m, k, lda, ta), b = matrix_desc(api, k, n, ldb, tb),
-                           c = matrix_desc(api, m, n, ldc, false);
+  const MatmulDescs d = descs_of(api, s);
   dnnl_matmul_desc_t desc;
-  DS_CHECK(api.matmul_init(&desc, &a, &b, nullptr, &c) == dnnl_success,
-           "[cpu:gemm] oneDNN refused a matmul of M {} N {} K {}", m, n, k);
+  DS_CHECK(api.matmul_init(&desc, &d.a, &d.b, nullptr, &d.c) == dnnl_success,
+           "[cpu:gemm] oneDNN refused a matmul of {} x M {} N {} K {}", s.batch, s.m, s.n, s.k);
   dnnl_primitive_attr_t attr = nullptr;
   dnnl_post_ops_t post = nullptr;
   DS_CHECK(api.attr_create(&attr) == dnnl_success, "[cpu:gemm] oneDNN: no primitive attributes");
-  if (accumulate) {  // C += product: a sum post-op (C read in fp32, the total rounded once)
+  if (s.accumulate) {  // C += product: a sum post-op (C read in fp32, the total rounded once)
     DS_CHECK(api.post_ops_create(&post) == dnnl_success && api.append_sum(post, 1.0f) == dnnl_success &&
                  api.set_post_ops(attr, post) == dnnl_success,
              "[cpu:gemm] oneDNN: no sum post-op");
@@ -217,27 +238,28 @@ dnnl_primitive_t make_matmul(const OneDnn& o, const MatmulKey& key) {
   const dnnl_status_t st = api.pd_create(&pd, &desc, attr, o.engine, nullptr);
   if (post) api.post_ops_destroy(post);
   api.attr_destroy(attr);
-  DS_CHECK(st == dnnl_success, "[cpu:gemm] oneDNN has no bf16 matmul for M {} N {} K {} (status "
-           "{}); set DS_BF16_GEMM=convert to use the fp32 path", m, n, k, static_cast<int>(st));
+  DS_CHECK(st == dnnl_success, "[cpu:gemm] oneDNN has no bf16 matmul for {} x M {} N {} K {} "
+           "(status {}); set DS_BF16_GEMM=convert to use the fp32 path", s.batch, s.m, s.n, s.k,
+           static_cast<int>(st));
   dnnl_primitive_t p = nullptr;
   const dnnl_status_t st2 = api.primitive_create(&p, pd);
   api.pd_destroy(pd);
-  DS_CHECK(st2 == dnnl_success, "[cpu:gemm] oneDNN could not create a bf16 matmul for M {} N {} "
-           "K {} (status {})", m, n, k, static_cast<int>(st2));
+  DS_CHECK(st2 == dnnl_success, "[cpu:gemm] oneDNN could not create a bf16 matmul for {} x M {} "
+           "N {} K {} (status {})", s.batch, s.m, s.n, s.k, static_cast<int>(st2));
   return p;
 }
 
-// The primitive for key, made on first use. Primitives are kept for the process (a model has a
-// handful of shapes; a run with a new length per batch makes one per length, each ~1 ms, up to
+// The primitive for a shape, made on first use. Primitives are kept for the process (a model has
+// a handful of shapes; a run with a new length per batch makes one per length, each ~1 ms, up to
 // kMaxPrimitives, after which new shapes fall back to the fp32-destination GEMM).
-dnnl_primitive_t matmul_for(const OneDnn& o, const MatmulKey& key) {
+dnnl_primitive_t matmul_for(const OneDnn& o, const MatmulShape& s) {
   constexpr size_t kMaxPrimitives = 512;
   static std::mutex mu;
   static std::map<MatmulKey, dnnl_primitive_t> cache;
   std::lock_guard<std::mutex> lock(mu);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  if (auto it = cache.find(s.key()); it != cache.end()) return it->second;
   if (cache.size() >= kMaxPrimitives) return nullptr;
-  return cache[key] = make_matmul(o, key);
+  return cache[s.key()] = make_matmul(o, s);
 }
 #endif
 
@@ -257,13 +279,17 @@ bool onednn_gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float a
   return true;
 }
 
-bool onednn_matmul_bf16_out(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t* a,
-                            int64_t lda, const uint16_t* b, int64_t ldb, bool accumulate,
-                            uint16_t* c, int64_t ldc) {
+bool onednn_matmul_bf16_out(bool ta, bool tb, int64_t batch, int64_t m, int64_t n, int64_t k,
+                            const uint16_t* a, int64_t lda, int64_t stride_a, const uint16_t* b,
+                            int64_t ldb, int64_t stride_b, bool accumulate, uint16_t* c,
+                            int64_t ldc, int64_t stride_c) {
 #ifdef DS_ONEDNN_MATMUL
   const OneDnn& o = onednn();
-  if (!o.matmul || m <= 0 || n <= 0 || k <= 0) return false;
-  const dnnl_primitive_t p = matmul_for(o, MatmulKey{ta, tb, m, n, k, lda, ldb, ldc, accumulate});
+  if (!o.matmul || batch <= 0 || m <= 0 || n <= 0 || k <= 0) return false;
+  if (batch == 1) stride_a = stride_b = stride_c = 0;  // one key for every single product
+  const MatmulShape shape{ta, tb, batch, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c,
+                          accumulate};
+  const dnnl_primitive_t p = matmul_for(o, shape);
   if (!p) return false;
   const MatmulApi& api = o.api;
   // A stream per thread (streams are not shared between threads); memory objects per call (they
@@ -272,24 +298,23 @@ bool onednn_matmul_bf16_out(bool ta, bool tb, int64_t m, int64_t n, int64_t k, c
   if (!stream)
     DS_CHECK(api.stream_create(&stream, o.engine, dnnl_stream_default_flags) == dnnl_success,
              "[cpu:gemm] oneDNN: no stream");
-  const dnnl_memory_desc_t da = matrix_desc(api, m, k, lda, ta), db = matrix_desc(api, k, n, ldb, tb),
-                           dc = matrix_desc(api, m, n, ldc, false);
+  const MatmulDescs d = descs_of(api, shape);
   dnnl_memory_t ma = nullptr, mb = nullptr, mc = nullptr;
-  bool ok = api.memory_create(&ma, &da, o.engine, const_cast<uint16_t*>(a)) == dnnl_success &&
-            api.memory_create(&mb, &db, o.engine, const_cast<uint16_t*>(b)) == dnnl_success &&
-            api.memory_create(&mc, &dc, o.engine, c) == dnnl_success;
+  bool ok = api.memory_create(&ma, &d.a, o.engine, const_cast<uint16_t*>(a)) == dnnl_success &&
+            api.memory_create(&mb, &d.b, o.engine, const_cast<uint16_t*>(b)) == dnnl_success &&
+            api.memory_create(&mc, &d.c, o.engine, c) == dnnl_success;
   if (ok) {
     const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
     ok = api.execute(p, stream, 3, args) == dnnl_success && api.stream_wait(stream) == dnnl_success;
   }
   for (dnnl_memory_t mem : {ma, mb, mc})
     if (mem) api.memory_destroy(mem);
-  DS_CHECK(ok, "[cpu:gemm] oneDNN's bf16 matmul failed for M {} N {} K {}; set "
-           "DS_BF16_GEMM=convert to use the fp32 path", m, n, k);
+  DS_CHECK(ok, "[cpu:gemm] oneDNN's bf16 matmul failed for {} x M {} N {} K {}; set "
+           "DS_BF16_GEMM=convert to use the fp32 path", batch, m, n, k);
   return true;
 #else
-  (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb,
-      (void)accumulate, (void)c, (void)ldc;
+  (void)ta, (void)tb, (void)batch, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)stride_a,
+      (void)b, (void)ldb, (void)stride_b, (void)accumulate, (void)c, (void)ldc, (void)stride_c;
   return false;
 #endif
 }
