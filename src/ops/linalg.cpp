@@ -46,9 +46,7 @@ Operand as_operand(const Tensor& x_in, DType compute) {
   return {cx, cx.raw_data(), false, c, r * c};
 }
 
-// op(a) @ b in fp32, or (out16, where the backend's GEMM writes a 16-bit C) in the operands'
-// common 16-bit dtype, rounded once.
-Tensor matmul_impl(const Tensor& a, const Tensor& b, bool out16 = false) {
+Tensor matmul_impl(const Tensor& a, const Tensor& b) {
   DS_CHECK(a.dim() >= 2 && b.dim() >= 2, "[matmul] operands need at least 2 dims, got {} and {}",
            shape_str(a.shape()), shape_str(b.shape()));
   const int64_t m = a.size(-2), k = a.size(-1), k2 = b.size(-2), n = b.size(-1);
@@ -56,13 +54,9 @@ Tensor matmul_impl(const Tensor& a, const Tensor& b, bool out16 = false) {
   const DType compute = a.dtype() == b.dtype() ? a.dtype() : DType::f32;
   const Shape ab(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
   Shape out_shape;
-  const DType cdt = out16 && compute != DType::f32 && be(a).supports("gemm_out16", compute)
-                        ? compute
-                        : DType::f32;
 
   backend::Gemm g;
   g.dtype = compute;
-  g.c_dtype = cdt;
   g.m = m;
   g.n = n;
   g.k = k;
@@ -74,7 +68,7 @@ Tensor matmul_impl(const Tensor& a, const Tensor& b, bool out16 = false) {
     out_shape = ab;
     out_shape.push_back(m);
     out_shape.push_back(n);
-    Tensor out = Tensor::empty(out_shape, cdt, a.device());
+    Tensor out = Tensor::empty(out_shape, DType::f32, a.device());
     g.m = rows;
     g.a = ac.raw_data();
     g.lda = k;
@@ -95,7 +89,7 @@ Tensor matmul_impl(const Tensor& a, const Tensor& b, bool out16 = false) {
   Operand oa = as_operand(ax, compute), ob = as_operand(bx, compute);
   out_shape = batch;
   out_shape.insert(out_shape.end(), {m, n});
-  Tensor out = Tensor::empty(out_shape, cdt, a.device());
+  Tensor out = Tensor::empty(out_shape, DType::f32, a.device());
   g.batch = shape_numel(batch);
   g.a = oa.data;
   g.trans_a = oa.trans;
@@ -143,38 +137,23 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   detail::check_float(b, "matmul");
   detail::check_same_device(a, b, "matmul");
   const DType out_dtype = a.dtype() == b.dtype() ? a.dtype() : DType::f32;
-  // A 16-bit result comes out of the GEMM as it is (where the backend can); so do the gradients
-  // that need no sum over a broadcast batch (a sum of rounded products would round twice).
-  Tensor y = matmul_impl(a, b, /*out16=*/true);
-  Tensor out = y.dtype() == out_dtype ? y : detail::as_dtype(y, out_dtype);
+  Tensor out = detail::as_dtype(matmul_impl(a, b), out_dtype);
   if (!autograd::is_grad_enabled() || !autograd::any_requires_grad({a, b})) return out;
   Tensor sa = a.detach(), sb = b.detach();
   const bool need_a = a.requires_grad(), need_b = b.requires_grad();
-  auto finish = [](const Tensor& r, DType dt) { return r.dtype() == dt ? r : detail::as_dtype(r, dt); };
   return autograd::record(out, "MatmulBackward", {a, b}, [=](const Tensor& g) -> std::vector<Tensor> {
     Tensor ga, gb;
-    if (need_a) {
-      const Tensor bt = transpose(sb, -1, -2);
-      const bool whole = g.shape().size() == sa.shape().size() &&
-                         Shape(g.shape().begin(), g.shape().end() - 2) ==
-                             Shape(sa.shape().begin(), sa.shape().end() - 2);
-      ga = finish(reduce_batch(matmul_impl(g, bt, whole && g.dtype() == sa.dtype()), sa.shape()),
-                  sa.dtype());
-    }
+    if (need_a) ga = detail::as_dtype(reduce_batch(matmul_impl(g, transpose(sb, -1, -2)), sa.shape()), sa.dtype());
     if (need_b) {
       if (sb.dim() == 2) {
         // dB = A^T @ G with the batch folded into the rows.
         Tensor a2 = reshape(sa.contiguous(), {-1, sa.size(-1)});
         Tensor g2 = reshape(g.contiguous(), {-1, g.size(-1)});
-        gb = matmul_impl(transpose(a2, 0, 1), g2, g.dtype() == sb.dtype());
+        gb = matmul_impl(transpose(a2, 0, 1), g2);
       } else {
-        const bool whole = g.shape().size() == sb.shape().size() &&
-                           Shape(g.shape().begin(), g.shape().end() - 2) ==
-                               Shape(sb.shape().begin(), sb.shape().end() - 2);
-        gb = reduce_batch(matmul_impl(transpose(sa, -1, -2), g, whole && g.dtype() == sb.dtype()),
-                          sb.shape());
+        gb = reduce_batch(matmul_impl(transpose(sa, -1, -2), g), sb.shape());
       }
-      gb = finish(gb, sb.dtype());
+      gb = detail::as_dtype(gb, sb.dtype());
     }
     return {ga, gb};
   });
