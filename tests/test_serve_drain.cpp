@@ -20,7 +20,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "ds/autograd/grad_mode.h"
 #include "ds/models/hf_io.h"
+#include "ds/models/seq2seq.h"
+#include "ds/models/seq2seq_io.h"
+#include "ds/ops/ops.h"
 #include "serve_fixture.h"
 
 extern char** environ;
@@ -383,12 +387,10 @@ TEST(ServeProgram, NonFiniteOptionsAndUnloadableFoldersAreRefusedByName) {
 }
 
 // --dtype bf16: ds_generate decodes the tiny LLaMA fixture (an fp32 checkpoint, rounded) with bf16
-// weights and cache and says so; auto keeps a float32 checkpoint in fp32; encoder-decoders refuse
-// bf16 in both programs, and another dtype is refused by the option's check.
-TEST(ServeProgram, DtypeBf16DecodesAndEncoderDecodersRefuseIt) {
+// weights and cache and says so; auto keeps a float32 checkpoint in fp32; another dtype is refused
+// by the option's check. Encoder-decoders decode in bf16 too (DtypeBf16DecodesEncoderDecoders).
+TEST(ServeProgram, DtypeBf16Decodes) {
   const std::string llama = (std::filesystem::path(DS_FIXTURE_DIR) / "generate/llama_gqa").string();
-  const std::string bart =
-      (std::filesystem::path(DS_FIXTURE_DIR) / "hf_families" / "bart_s2s").string();
   const std::string gen =
       fmt::format("'{}' --model '{}' --prompt Hello --max_tokens 8 --temperature 0 --threads 1 ",
                   DS_GENERATE_BIN, llama);
@@ -402,11 +404,77 @@ TEST(ServeProgram, DtypeBf16DecodesAndEncoderDecodersRefuseIt) {
   std::tie(rc, out) = run_program(gen + "--dtype fp16");
   EXPECT_NE(rc, 0) << out;
   EXPECT_NE(out.find("--dtype"), std::string::npos) << out;
-  for (const std::string& cmd :
-       {fmt::format("'{}' --model '{}' --prompt hi --dtype bf16", DS_GENERATE_BIN, bart),
-        fmt::format("'{}' --model '{}' --port 0 --dtype bf16", DS_SERVE_BIN, bart)}) {
-    std::tie(rc, out) = run_program(cmd);
-    EXPECT_EQ(rc, 1) << cmd << ": " << out;
-    EXPECT_NE(out.find("decode in fp32"), std::string::npos) << cmd << ": " << out;
+}
+
+// A tiny BART exported as bfloat16 with the tokenizers/gpt2_bpe fixture's tokenizer (vocabulary
+// 700): ds_generate decodes it in bf16 with --dtype bf16 or auto (greedy and beam search), in fp32
+// with --dtype fp32, and ds_serve --dtype auto loads it in bf16 and serves ds_generate --dtype
+// bf16's greedy answer.
+TEST(ServeProgram, DtypeBf16DecodesEncoderDecoders) {
+  using namespace ds;
+  serve_test::TempDir dir("s2s_bf16");
+  const std::filesystem::path bart = dir.path() / "bart";
+  {
+    models::Seq2SeqConfig c;
+    c.family = "bart";
+    c.set_family_architecture();
+    c.vocab_size = 700;
+    c.max_positions = 64;
+    c.d_model = 32;
+    c.encoder_layers = c.decoder_layers = 2;
+    c.encoder_heads = c.decoder_heads = 4;
+    c.encoder_ffn = c.decoder_ffn = 64;
+    c.pad_token_id = 1;
+    c.bos_token_id = 0;
+    c.eos_token_id = c.decoder_start_token_id = 0;  // gpt2_bpe's <|endoftext|>
+    c.forced_eos_token_id = -1;
+    c.seed = 11;
+    models::Seq2Seq m(c);
+    {  // logits far from ties (bf16 and fp32 pick the same tokens)
+      autograd::NoGradGuard no_grad;
+      for (auto& [name, p] : m.named_parameters())
+        if (p.dim() == 2) ops::mul_(p, 8.0f);
+    }
+    models::export_hf_seq2seq(m, bart, DType::bf16);
+    const auto tok = std::filesystem::path(DS_FIXTURE_DIR) / "tokenizers/gpt2_bpe";
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+      std::filesystem::copy_file(tok / f, bart / f);
+    std::ofstream(bart / "generation_config.json") << R"({"max_length": 9})";
   }
+  const std::string gen = fmt::format("'{}' --model '{}' --prompt 'hello there' --threads 1 ",
+                                      DS_GENERATE_BIN, bart.string());
+  std::string greedy16;
+  for (const std::string& opts : {"--dtype bf16", "--dtype auto", "--dtype fp32",
+                                  "--dtype bf16 --num_beams 3", "--dtype auto --num_beams 3"}) {
+    const auto [rc, out] = run_program(gen + opts);
+    EXPECT_EQ(rc, 0) << opts << ": " << out;
+    const bool fp32 = opts == "--dtype fp32";
+    EXPECT_NE(out.find(fp32 ? "parameters in fp32" : "parameters in bf16"), std::string::npos)
+        << opts << ": " << out;
+    EXPECT_NE(out.find(opts.find("beams") != std::string::npos ? "beam search (3 beams"
+                                                               : "greedy (1 beams"),
+              std::string::npos)
+        << opts << ": " << out;
+    if (opts == "--dtype bf16") {
+      const auto [rc2, text] = run_program("{ " + gen + opts + " 2>/dev/null; }");
+      ASSERT_EQ(rc2, 0);
+      ASSERT_FALSE(text.empty());
+      greedy16 = text.substr(0, text.size() - 1);  // ds_generate ends its output with a newline
+      EXPECT_FALSE(greedy16.empty());
+    }
+  }
+  ServeProcess p(bart, dir.path() / "serve.log", "120", {"--dtype", "auto"});
+  ASSERT_GT(p.port(), 0) << p.log_text();
+  EXPECT_NE(p.log_text().find("parameters in bf16"), std::string::npos) << p.log_text();
+  httplib::Client http("127.0.0.1", p.port());
+  http.set_read_timeout(60, 0);
+  const json req = {{"prompt", "hello there"}, {"temperature", 0.0}};
+  auto r = http.Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::string served = json::parse(r->body)["choices"][0]["text"];
+  EXPECT_EQ(json::parse(json(greedy16).dump(-1, ' ', false, json::error_handler_t::replace)),
+            served);
+  p.signal(SIGTERM);
+  EXPECT_EQ(p.wait_exit(60), 0) << p.log_text();
 }

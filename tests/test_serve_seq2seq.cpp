@@ -6,7 +6,9 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <future>
@@ -22,6 +24,7 @@
 #include "ds/core/safetensors.h"
 #include "ds/models/seq2seq_decoder.h"
 #include "ds/models/seq2seq_io.h"
+#include "ds/nn/flat.h"
 #include "ds/ops/ops.h"
 #include "ds/serve/api.h"
 #include "ds/serve/generate.h"
@@ -185,6 +188,109 @@ TEST_P(Seq2SeqDecoderTest, TruncateAndErrors) {
   } else {
     EXPECT_EQ(d.capacity_limit(), models::Seq2SeqDecoder::kT5MaxPositions);
   }
+}
+
+// The fixture loaded with bf16 parameters (one bf16 buffer, the fixture's fp32 values rounded to
+// nearest even) and its fp32 twin: the same model with each parameter rounded to bf16 and widened.
+std::pair<std::shared_ptr<models::Seq2Seq>, std::shared_ptr<models::Seq2Seq>> bf16_and_fp32_twin(
+    const std::string& name) {
+  const auto dir = ds::testing::case_dir(name);
+  auto m16 = std::make_shared<models::Seq2Seq>(*models::read_hf_seq2seq_config(dir), false);
+  nn::flatten_parameters(*m16, DType::bf16, DType::f32, 1, /*with_grads=*/false);
+  models::load_hf_seq2seq_weights(*m16, dir);
+  m16->train(false);
+  auto m32 = import_case(name);
+  for (auto& [n, p] : m32->named_parameters()) p.copy_from(p.to(DType::bf16));
+  return {m16, m32};
+}
+
+int32_t argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// The gap between the largest and the second largest entry.
+float top2_gap(const std::vector<float>& v) {
+  float a = -INFINITY, b = -INFINITY;
+  for (float x : v) {
+    if (x > a) {
+      b = a;
+      a = x;
+    } else if (x > b) {
+      b = x;
+    }
+  }
+  return a - b;
+}
+
+// A bf16 encoder-decoder decodes with bf16 weights, a bf16 encoder and bf16 self- and
+// cross-attention caches (half the fp32 caches' bytes), and tracks the fp32 run of the same
+// bf16-rounded weights (GPTDecoder.Bf16TracksFp32Twin*'s test): teacher-forced on the fp32 run's
+// greedy tokens, every step's logits are within kTol of the fp32 ones, and the greedy choice is
+// the same wherever the fp32 run's top two logits are further apart than twice that step's
+// largest difference. Free-running, the bf16 greedy tokens (through the seam and by
+// generate_greedy) equal the fp32 ones up to the first such near tie, and beam search
+// (Seq2Seq::generate, ds_generate's path) runs in bf16.
+TEST_P(Seq2SeqDecoderTest, Bf16TracksFp32Twin) {
+  // bf16 activations round by up to 2^-9 relative at each op of the encoder and the decoder:
+  // measured max logit differences in the printed line, this about 3x the largest.
+  constexpr float kTol = 0.15f;
+  constexpr int kNew = 12;
+  const auto [m16, m32] = bf16_and_fp32_twin(GetParam());
+  for (const auto& [name, p] : m16->named_parameters()) ASSERT_EQ(p.dtype(), DType::bf16) << name;
+  const std::vector<int32_t> src = {5, 9, 13, 4, 17, 22, 8};
+  models::BeamOptions b;
+  b.eos_token_id = -1;  // kNew tokens whatever the model says
+  b.forced_eos_token_id = -1;
+  const auto proc = models::Seq2SeqProcessors::of(b, m32->config(), kNew);
+  models::Seq2SeqDecoder d32(m32), d16(m16);
+  const std::vector<int64_t> g32 = seam_greedy(d32, src, proc), g16 = seam_greedy(d16, src, proc);
+  ASSERT_EQ(g32.size(), static_cast<size_t>(kNew + 1));
+  EXPECT_EQ(2 * d16.cache_bytes(), d32.cache_bytes());
+  EXPECT_EQ(2 * d16.cache_bytes_limit(), d32.cache_bytes_limit());
+  // Teacher-forced: both decoders read the fp32 run's target.
+  d32.reset();
+  d16.reset();
+  std::vector<float> l32 = d32.forward(src).to_vector(), l16 = d16.forward(src).to_vector();
+  float worst = 0.0f;
+  int first_tie = kNew;
+  for (int s = 0; s < kNew; ++s) {
+    const int32_t t = static_cast<int32_t>(g32[static_cast<size_t>(s + 1)]);
+    float diff = 0.0f;
+    for (size_t v = 0; v < l32.size(); ++v) diff = std::max(diff, std::abs(l32[v] - l16[v]));
+    worst = std::max(worst, diff);
+    EXPECT_LT(diff, kTol) << "step " << s;
+    ASSERT_EQ(argmax(l32), t) << "step " << s;
+    // No logit moved by more than diff: the top one stays on top when it leads by more than 2 diff.
+    if (top2_gap(l32) > 2 * diff)
+      EXPECT_EQ(argmax(l16), t) << "step " << s;
+    else
+      first_tie = std::min(first_tie, s);
+    l32 = d32.forward(std::span(&t, 1)).to_vector();
+    l16 = d16.forward(std::span(&t, 1)).to_vector();
+  }
+  models::GreedyOptions g;
+  g.max_new_tokens = kNew;
+  g.eos_token_id = -1;
+  g.forced_eos_token_id = -1;
+  const std::vector<int64_t> gen16 = m16->generate_greedy(ids_tensor(src), Tensor(), g).to_int_vector();
+  ASSERT_EQ(gen16.size(), g32.size());
+  for (int s = 0; s <= first_tie; ++s) {
+    EXPECT_EQ(g16[static_cast<size_t>(s)], g32[static_cast<size_t>(s)]) << "step " << s;
+    EXPECT_EQ(gen16[static_cast<size_t>(s)], g32[static_cast<size_t>(s)]) << "step " << s;
+  }
+  models::BeamOptions beam;
+  beam.num_beams = 3;
+  beam.max_new_tokens = kNew;
+  const std::vector<int64_t> b32 = m32->generate(ids_tensor(src), Tensor(), beam).to_int_vector(),
+                             b16 = m16->generate(ids_tensor(src), Tensor(), beam).to_int_vector();
+  ASSERT_FALSE(b16.empty());
+  EXPECT_EQ(b16[0], m16->config().decoder_start_token_id);
+  std::printf(
+      "%s: bf16 vs fp32 logits max |diff| %.4f, greedy tokens equal for the first %d of %d (first "
+      "near tie at %d); beam search (3 beams) %s\n",
+      GetParam().c_str(), worst,
+      static_cast<int>(std::mismatch(g16.begin(), g16.end(), g32.begin()).first - g16.begin()) - 1,
+      kNew, first_tie, b16 == b32 ? "the same tokens" : "different tokens");
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Seq2SeqDecoderTest,

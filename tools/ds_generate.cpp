@@ -4,7 +4,8 @@
 //
 // The completion goes to stdout; the load time and the prefill and decode speeds to stderr.
 // --model is a Hugging Face folder (config.json + safetensors) or a ds_train --output_dir.
-// --dtype bf16 (or auto on a bfloat16 checkpoint) keeps the weights and the KV cache in bf16.
+// --dtype bf16 (or auto on a bfloat16 checkpoint) keeps the weights and the KV cache in bf16
+// (decoder-only models and encoder-decoders alike).
 // docs/serving.md has the sampling parameters and their defaults.
 //
 // An encoder-decoder folder (config.json model_type bart, blenderbot or t5, e.g. ds_train's export
@@ -34,6 +35,7 @@
 #include "ds/data/text_tokenizer.h"
 #include "ds/models/family.h"
 #include "ds/models/seq2seq_io.h"
+#include "ds/nn/flat.h"
 #include "ds/serve/api.h"
 #include "ds/serve/generate.h"
 #include "ds/train/plan.h"
@@ -50,10 +52,14 @@ struct Seq2SeqFlags {
 };
 
 int generate_seq2seq(const fs::path& dir, const std::string& source, const std::string& tok_dir,
-                     const Seq2SeqFlags& f, Device device) {
+                     const Seq2SeqFlags& f, Device device, DType dtype) {
   const auto t0 = std::chrono::steady_clock::now();
   const models::Seq2SeqConfig cfg = *models::read_hf_seq2seq_config(dir);
   models::Seq2Seq model(cfg, /*init=*/false);
+  // bf16: the parameters one bf16 buffer before the weights are read (serve::load_model's way);
+  // the encoder, both attention caches and the decoder then run in bf16, the logits widened.
+  if (dtype != DType::f32)
+    nn::flatten_parameters(model, dtype, DType::f32, 1, /*with_grads=*/false);
   models::load_hf_seq2seq_weights(model, dir);
   model.train(false);
   if (!device.is_cpu()) {
@@ -94,10 +100,10 @@ int generate_seq2seq(const fs::path& dir, const std::string& source, const std::
   std::fputc('\n', stdout);
   std::fprintf(
       stderr, "%s",
-      fmt::format("ds_generate: {} ({} encoder-decoder, {:.1f}M parameters, tokenizer "
+      fmt::format("ds_generate: {} ({} encoder-decoder, {:.1f}M parameters in {}, tokenizer "
                   "{}) loaded in {:.2f}s on {}; {} threads\n",
                   dir.string(), cfg.family, static_cast<double>(cfg.num_parameters()) / 1e6,
-                  tdir.string(), load_s, device.str(), ds::num_threads())
+                  dtype_name(dtype), tdir.string(), load_s, device.str(), ds::num_threads())
           .c_str());
   std::fprintf(stderr, "%s",
                fmt::format("ds_generate: source {} tokens; {} ({} beams, max_new_tokens {}, "
@@ -129,7 +135,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   std::string dtype_opt = "fp32";
   app.add_option("--dtype", dtype_opt,
-                 "the weights' and KV cache's dtype: fp32, bf16 (decoder-only models) or auto (the "
+                 "the weights' and KV cache's dtype: fp32, bf16 or auto (the "
                  "checkpoint's: config.json's dtype bfloat16 gives bf16, else fp32)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
@@ -193,11 +199,6 @@ int main(int argc, char** argv) {
     // generate with is refused for what it is, before any option is judged against it.
     if (const fs::path dir = ds::serve::model_folder(model);
         ds::models::read_hf_seq2seq_config(dir)) {
-      DS_CHECK(
-          ds::serve::decode_dtype(dtype_opt, dir) == ds::DType::f32,
-          "[ds_generate] --dtype {}: the encoder-decoder in {} must decode in fp32 (bf16 is for "
-          "decoder-only models)",
-          dtype_opt, dir.string());
       // Sampling is not implemented for encoder-decoders: refuse its options by name.
       for (CLI::Option* op : {o_t, o_k, o_p, o_r, o_max})
         DS_CHECK(op->count() == 0,
@@ -213,7 +214,8 @@ int main(int argc, char** argv) {
       if (*o_min) f2.min_length = min_len;
       if (*o_nr) f2.no_repeat_ngram_size = no_repeat;
       if (*o_lp) f2.length_penalty = length_penalty;
-      return generate_seq2seq(dir, prompt, tokenizer, f2, device);
+      return generate_seq2seq(dir, prompt, tokenizer, f2, device,
+                              ds::serve::decode_dtype(dtype_opt, dir));
     }
     for (CLI::Option* op : {o_beams, o_new, o_min, o_nr, o_lp})
       DS_CHECK(op->count() == 0,

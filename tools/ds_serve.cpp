@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   std::string dtype_opt = "fp32";
   app.add_option("--dtype", dtype_opt,
-                 "the weights' and KV caches' dtype: fp32, bf16 (decoder-only models) or auto (the "
+                 "the weights' and KV caches' dtype: fp32, bf16 or auto (the "
                  "checkpoint's: config.json's dtype bfloat16 gives bf16, else fp32)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
@@ -119,9 +119,10 @@ int main(int argc, char** argv) {
       const int64_t P = probe.capacity_limit();
       kv_mib = static_cast<double>(probe.cache_bytes_limit()) / (1 << 20);
       desc = fmt::format(
-          "{} ({} encoder-decoder, {:.1f}M parameters, source and target up to {} "
+          "{} ({} encoder-decoder, {:.1f}M parameters in {}, source and target up to {} "
           "tokens, tokenizer {})",
-          m.id, c.family, static_cast<double>(c.num_parameters()) / 1e6, P, m.tokenizer->name());
+          m.id, c.family, static_cast<double>(c.num_parameters()) / 1e6, ds::dtype_name(m.dtype),
+          P, m.tokenizer->name());
     } else {
       const auto& c = m.model->config();
       desc =

@@ -59,7 +59,9 @@ int64_t Seq2SeqDecoder::cache_bytes() const {
 int64_t Seq2SeqDecoder::cache_bytes_limit() const {
   const Seq2SeqConfig& c = model_->config();
   const int64_t width = c.is_t5() ? c.decoder_heads * c.d_kv : c.d_model;  // NH * head_dim
-  return 4 * c.decoder_layers * capacity_limit() * width * 4;
+  // The caches take the weights' dtype (a bf16 model's keys and values are bf16).
+  const int64_t bytes = static_cast<int64_t>(dtype_size(model_->shared_->weight().dtype()));
+  return 4 * c.decoder_layers * capacity_limit() * width * bytes;
 }
 
 Tensor Seq2SeqDecoder::step(std::span<Seq2SeqDecoder* const> decoders, std::span<const int32_t> ids,

@@ -52,9 +52,11 @@ inline Tensor additive_mask(const ops::AttentionMask& mask, int64_t B, int64_t T
 }
 
 // l(x), or per row (ops::linear_rows: a row's result does not depend on the other rows) when
-// row_kernel and the weights allow it (fp32, no LoRA).
+// row_kernel and the weights allow it (no LoRA; x and the weights both fp32 or both bf16: a bf16
+// model's decode step reads its bf16 weights as they are, fp32 accumulation, bf16 result).
 inline Tensor project(nn::Linear& l, const Tensor& x, bool row_kernel) {
-  if (row_kernel && !l.has_lora() && x.dtype() == DType::f32 && l.weight().dtype() == DType::f32)
+  const DType wd = l.weight().dtype();
+  if (row_kernel && !l.has_lora() && x.dtype() == wd && (wd == DType::f32 || wd == DType::bf16))
     return ops::linear_rows(x, l.weight(), l.bias());
   return l(x);
 }

@@ -269,7 +269,6 @@ DType decode_dtype(const std::string& name, const fs::path& path) {
   if (name == "bf16" || name == "bfloat16") return DType::bf16;
   DS_CHECK(name == "auto", "[serve] --dtype {}: use fp32, bf16 or auto (the checkpoint's)", name);
   const fs::path folder = model_folder(path);
-  if (models::read_hf_seq2seq_config(folder)) return DType::f32;
   std::ifstream in(folder / "config.json");
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   for (const char* key : {"dtype", "torch_dtype"})
@@ -286,11 +285,11 @@ LoadedModel load_model(const fs::path& path, const fs::path& tokenizer_dir, Devi
            "[serve] models decode in fp32 or bf16, not {}", dtype_name(dtype));
   m.dtype = dtype;
   if (auto s2s = models::read_hf_seq2seq_config(folder)) {
-    DS_CHECK(dtype == DType::f32,
-             "[serve] {} is an encoder-decoder ({}): those decode in fp32 (--dtype bf16 is for "
-             "decoder-only models)",
-             folder.string(), s2s->family);
     m.seq2seq = std::make_shared<models::Seq2Seq>(*s2s, /*init=*/false);
+    // bf16 as below: the parameters one bf16 buffer before the weights are read (final_logits_bias,
+    // a buffer, stays fp32 and is rounded where the logits are added).
+    if (dtype != DType::f32)
+      nn::flatten_parameters(*m.seq2seq, dtype, DType::f32, 1, /*with_grads=*/false);
     models::load_hf_seq2seq_weights(*m.seq2seq, folder);
     m.seq2seq->train(false);
     m.seq2seq_options = models::read_hf_generation_options(folder, *s2s);
