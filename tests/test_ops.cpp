@@ -292,8 +292,8 @@ TEST(GemmCpu, SixteenBitResultsAreTheProductRoundedOnce) {
 }
 
 // ops::linear on bf16: the output and both gradients are written in bf16 by the GEMM (no fp32
-// result of the (rows, out) shape is allocated), and they are the fp32 path's values rounded once
-// (up to the GEMMs' summation order: within one bf16 ulp).
+// result of the (rows, out) shape is allocated where oneDNN's matmul runs), and they are the fp32
+// path's values rounded once (up to the GEMMs' summation order: within one bf16 ulp).
 TEST(OpsCpu, Bf16LinearWritesItsResultsInBf16) {
   using ds::testing::randn;
   // output: 2 MiB in bf16, 4 MiB in fp32 (the allocator rounds from 1 MiB up to 2 MiB blocks)
@@ -310,7 +310,11 @@ TEST(OpsCpu, Bf16LinearWritesItsResultsInBf16) {
   Tensor y = ops::linear(x, w, b);
   const int64_t fwd = static_cast<int64_t>(al.stats().peak_bytes_in_use) - base;
   EXPECT_EQ(y.dtype(), DType::bf16);
-  EXPECT_LT(fwd, 2 * rows * out + 64 * 1024) << "an fp32 output was allocated";
+  // With oneDNN's matmul (an AVX512-BF16 / AMX CPU) the GEMM writes bf16 itself; elsewhere an fp32
+  // C is made for the product and rounded into the bf16 output.
+  const bool direct =
+      backend::cpu().gemm_info().find("bf16 results by its matmul primitive") != std::string::npos;
+  EXPECT_LT(fwd, (direct ? 2 : 6) * rows * out + 64 * 1024) << "an fp32 output was allocated";
   y.backward(g);
   // The fp32 path on the same values, rounded.
   Tensor x32 = x.detach().to(DType::f32), w32 = w.detach().to(DType::f32),

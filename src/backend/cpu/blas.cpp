@@ -205,11 +205,14 @@ void gemm_16bit_c(CpuBackend& be, const Gemm& g) {
                                g.beta != 0.0f, static_cast<uint16_t*>(g.c), g.ldc, g.stride_c))
       return;
   }
-  std::vector<float> c32(static_cast<size_t>(g.m * g.n));
+  // The fp32 C from the caching allocator: a fresh heap block per GEMM would fault its pages in
+  // on every call.
+  const Tensor c32t = Tensor::empty({g.m * g.n}, DType::f32);
+  float* c32 = c32t.data<float>();
   Gemm f = g;
   f.c_dtype = DType::f32;
   f.batch = 1;
-  f.c = c32.data();
+  f.c = c32;
   f.ldc = g.n;
   for (int64_t i = 0; i < g.batch; ++i) {
     f.a = a_at(i);
@@ -217,11 +220,11 @@ void gemm_16bit_c(CpuBackend& be, const Gemm& g) {
     char* c = c_at(i);
     if (g.beta != 0.0f)
       for (int64_t r = 0; r < g.m; ++r)
-        convert(c + r * g.ldc * cs, g.c_dtype, c32.data() + r * g.n, DType::f32,
+        convert(c + r * g.ldc * cs, g.c_dtype, c32 + r * g.n, DType::f32,
                 static_cast<size_t>(g.n));
     be.gemm(f);
     for (int64_t r = 0; r < g.m; ++r)
-      convert(c32.data() + r * g.n, DType::f32, c + r * g.ldc * cs, g.c_dtype,
+      convert(c32 + r * g.n, DType::f32, c + r * g.ldc * cs, g.c_dtype,
               static_cast<size_t>(g.n));
   }
 }
