@@ -5,3 +5,7 @@ ds_add_test(test_autograd LABELS autograd SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/te
 add_test(NAME citations COMMAND ${CMAKE_COMMAND} -DDS_SOURCE_DIR=${PROJECT_SOURCE_DIR}
   -P ${CMAKE_CURRENT_SOURCE_DIR}/check_citations.cmake)
 set_tests_properties(citations PROPERTIES LABELS "core")
+# docs/architecture.md's "Where is X" table names files that exist.
+add_test(NAME where_is COMMAND ${CMAKE_COMMAND} -DDS_SOURCE_DIR=${PROJECT_SOURCE_DIR}
+  -P ${CMAKE_CURRENT_SOURCE_DIR}/check_where_is.cmake)
+set_tests_properties(where_is PROPERTIES LABELS "core")
