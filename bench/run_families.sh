@@ -35,7 +35,7 @@
 #
 #   bash bench/run_families.sh                 # everything, ~25 min on a loaded 2-core machine
 #   PARTS="beam" ROUNDS=3 bash bench/run_families.sh
-#   DTYPE=bf16 PARTS="bert bart" PYTHON_TORCH=/root/venv/bin/python bash bench/run_families.sh
+#   DTYPE=bf16 PARTS="bert bart" PYTHON_TORCH=$VENV/bin/python bash bench/run_families.sh
 #                                              # ~6 min on a quiet 2-core machine (BATCH=8 ROUNDS=2)
 #
 # Environment:

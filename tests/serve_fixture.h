@@ -13,9 +13,27 @@
 
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
+#include "ds/models/seq2seq.h"
 #include "ds/ops/ops.h"
 
 namespace serve_test {
+
+// A tiny BART (2 + 2 layers of width 32, 4 heads, FFN 64, pad 1, bos 0) for the serving tests; the
+// caller sets the end and start tokens of its tokenizer and the seed.
+inline ds::models::Seq2SeqConfig tiny_bart_config(int64_t vocab, int64_t positions) {
+  ds::models::Seq2SeqConfig c;
+  c.family = "bart";
+  c.set_family_architecture();
+  c.vocab_size = vocab;
+  c.max_positions = positions;
+  c.d_model = 32;
+  c.encoder_layers = c.decoder_layers = 2;
+  c.encoder_heads = c.decoder_heads = 4;
+  c.encoder_ffn = c.decoder_ffn = 64;
+  c.pad_token_id = 1;
+  c.bos_token_id = 0;
+  return c;
+}
 
 namespace fs = std::filesystem;
 

@@ -415,17 +415,7 @@ TEST(ServeProgram, DtypeBf16DecodesEncoderDecoders) {
   serve_test::TempDir dir("s2s_bf16");
   const std::filesystem::path bart = dir.path() / "bart";
   {
-    models::Seq2SeqConfig c;
-    c.family = "bart";
-    c.set_family_architecture();
-    c.vocab_size = 700;
-    c.max_positions = 64;
-    c.d_model = 32;
-    c.encoder_layers = c.decoder_layers = 2;
-    c.encoder_heads = c.decoder_heads = 4;
-    c.encoder_ffn = c.decoder_ffn = 64;
-    c.pad_token_id = 1;
-    c.bos_token_id = 0;
+    models::Seq2SeqConfig c = serve_test::tiny_bart_config(700, 64);
     c.eos_token_id = c.decoder_start_token_id = 0;  // gpt2_bpe's <|endoftext|>
     c.forced_eos_token_id = -1;
     c.seed = 11;

@@ -302,17 +302,7 @@ class ServeSeq2Seq : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new serve_test::TempDir("s2s");
-    models::Seq2SeqConfig c;
-    c.family = "bart";
-    c.set_family_architecture();
-    c.vocab_size = 257;
-    c.max_positions = 48;
-    c.d_model = 32;
-    c.encoder_layers = c.decoder_layers = 2;
-    c.encoder_heads = c.decoder_heads = 4;
-    c.encoder_ffn = c.decoder_ffn = 64;
-    c.pad_token_id = 1;
-    c.bos_token_id = 0;
+    models::Seq2SeqConfig c = serve_test::tiny_bart_config(257, 48);
     c.eos_token_id = c.decoder_start_token_id = c.forced_eos_token_id = 256;
     c.seed = 5;
     models::Seq2Seq m(c);

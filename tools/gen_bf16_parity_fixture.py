@@ -30,14 +30,14 @@ Each fixture holds (names prefixed ref., torch_bf16., autocast.)
 and metadata: config, source (the parity fixture), torch version, the autocast dtype of each op
 kind as observed during the run.
 
-Needs PyTorch and safetensors (the project's venv: /root/venv/bin/python).
+Needs PyTorch and safetensors (a virtual environment outside the project, e.g.
+`python3 -m venv $VENV && $VENV/bin/pip install torch safetensors`):
 
-    /root/venv/bin/python tools/gen_bf16_parity_fixture.py [--out tests/fixtures/parity]
+    $VENV/bin/python tools/gen_bf16_parity_fixture.py [--out tests/fixtures/parity]
 """
 import argparse
 import json
 import os
-import struct
 import sys
 
 import torch
@@ -48,26 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_parity_fixture as base  # noqa: E402  (the reference modules and configs)
 
 
-def write_safetensors(path, tensors, metadata):
-    names = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64"}
-    header, blobs, offset = {"__metadata__": metadata}, [], 0
-    for name, t in tensors.items():
-        t = t.detach().contiguous()
-        raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
-        data = raw.numpy().tobytes()  # little-endian on every machine we run on
-        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-    os.replace(tmp, path)
+write_safetensors = base.write_safetensors
 
 
 def run(model, ids, targets, V, autocast=False):

@@ -227,11 +227,13 @@ def randomize(model, gen):
 
 
 def write_safetensors(path, tensors, metadata):
-    names = {torch.float32: "F32", torch.int64: "I64"}
+    """fp32, bf16 (as its raw 16 bits) and int64 tensors; also used by gen_bf16_parity_fixture.py."""
+    names = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64"}
     header, blobs, offset = {"__metadata__": metadata}, [], 0
     for name, t in tensors.items():
         t = t.detach().contiguous()
-        data = t.numpy().tobytes()  # little-endian on every machine we run on
+        raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+        data = raw.numpy().tobytes()  # little-endian on every machine we run on
         header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)

@@ -170,6 +170,8 @@ std::string CpuBackend::gemm_info() {
   std::string s;
   if (fp32_on_onednn())
     s = fmt::format("fp32 GEMM: {}, {} threads; BLAS ", onednn_sgemm_info(), omp_get_max_threads());
+  else if (const char* m = std::getenv("DS_FP32_GEMM"); m && std::string(m) == "onednn")
+    s = "fp32 GEMM: DS_FP32_GEMM=onednn asked for oneDNN, but no libdnnl loaded, so the BLAS: ";
   if (!bl.sgemm)
     return s + "portable fallback GEMM (no BLAS found; install libopenblas0-openmp: expect ~5-10x "
                "slower training)";

@@ -138,6 +138,9 @@ OneDnn load_onednn() {
   OneDnn o;
   const std::string bf16_mode = env_or("DS_BF16_GEMM", "auto");
   const std::string fp32_mode = env_or("DS_FP32_GEMM", "auto");
+  const std::string matmul_mode = env_or("DS_ONEDNN_MATMUL", "1");
+  DS_CHECK(matmul_mode == "0" || matmul_mode == "1",
+           "[cpu:gemm] DS_ONEDNN_MATMUL={} is not 0 or 1", matmul_mode);
   const bool want_bf16 = bf16_mode == "onednn" || (bf16_mode == "auto" && cpu_has_bf16_units());
   const bool want_fp32 = fp32_mode == "onednn";  // opt-in: blas.cpp says why
   if (bf16_mode != "onednn" && bf16_mode != "auto")
@@ -163,7 +166,7 @@ OneDnn load_onednn() {
       major = v()->major;
     }
 #ifdef DS_ONEDNN_MATMUL
-    if (o.gemm_bf16 && major == DNNL_VERSION_MAJOR && env_or("DS_ONEDNN_MATMUL", "1") != "0" &&
+    if (o.gemm_bf16 && major == DNNL_VERSION_MAJOR && matmul_mode == "1" &&
         o.api.load(h) &&
         o.api.engine_create(&o.engine, dnnl_cpu, 0) == dnnl_success)
       o.matmul = true;
