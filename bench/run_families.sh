@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The new model families on the CPU, each against its peer in the same run (issue 22; bf16: 32):
 #   bert  training steps of a BERT-base-shaped sequence classifier (12 x 768, 12 heads, vocab 30522,
-#         2 labels) by ds_train on an MRPC-style pair set (tools/make_pair_task.py, ds_prepare
+#         2 labels) by ds_train on an MRPC-style pair set (scripts/make_pair_task.py, ds_prepare
 #         --task classification, seq 128), ZeRO-2, against transformers'
 #         BertForSequenceClassification + torch AdamW and against DeepSpeed (PyPI) ZeRO-2, same
 #         batches, same random weights (a Hugging Face folder written by transformers);
@@ -125,7 +125,7 @@ dstrain_steps() { sed -n 's/.*| \([0-9.]*\)s\/step$/\1/p' "$1" | tail -n +2 | tr
 # ---- data and models (kept in $WORK between runs) ----
 if [[ " $PARTS " == *" bert "* ]]; then
   [[ -f "$WORK/pairs/tok/tokenizer.json" ]] ||
-    "$PY" "$REPO/tools/make_pair_task.py" --sotu "$REPO/.cache/data/sotu" --out "$WORK/pairs" \
+    "$PY" "$REPO/scripts/make_pair_task.py" --sotu "$REPO/.cache/data/sotu" --out "$WORK/pairs" \
       --train_tokenizer "$WORK/pairs/tok" --vocab_size 30522 >/dev/null
   [[ -f "$WORK/prepared/meta.json" ]] ||
     "$BUILD/tools/ds_prepare" --task classification --tokenizer "$WORK/pairs/tok" --seq_len 128 \

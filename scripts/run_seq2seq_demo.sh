@@ -6,7 +6,7 @@
 #
 # 1. The corpus: the Chit-Chat Challenge conversations (BYU PCC lab, MIT licence) that the PyPI
 #    package chitchat-dataset ships, fetched with pip download (no install) unless
-#    $OUT/chitchat/dataset.json exists; tools/make_chitchat_pairs.py turns each turn and the reply
+#    $OUT/chitchat/dataset.json exists; scripts/make_chitchat_pairs.py turns each turn and the reply
 #    to it into {"source", "target"} records of at most 12 words (the last 200 conversations are
 #    validation), and trains a BART-style byte-level BPE of 4000 ids on the training turns (the
 #    `tokenizers` package; no BART tokenizer is reachable offline, and GPT-2's 50,257 ids make a
@@ -81,7 +81,7 @@ with zipfile.ZipFile(wheel) as z:
             f.write(z.read(lic[0]))
 PYEOF
 fi
-"$PY" "$REPO/tools/make_chitchat_pairs.py" --dataset "$DATASET" --output "$OUT/pairs" \
+"$PY" "$REPO/scripts/make_chitchat_pairs.py" --dataset "$DATASET" --output "$OUT/pairs" \
   "${TRAIN_TOK[@]}"
 
 # --- 2. the set ----------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ PACKAGES=(
   python3                                # helper scripts
 )
 if [[ "$with_torch" == 1 ]]; then
-  PACKAGES+=(python3-torch python3-numpy)  # fixture generators only (tools/gen_*.py)
+  PACKAGES+=(python3-torch python3-numpy)  # fixture generators only (tests/fixtures/generators/gen_*.py)
 fi
 
 if [[ ! -r /etc/debian_version ]] || ! command -v dpkg-query >/dev/null; then

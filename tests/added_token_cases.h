@@ -1,6 +1,6 @@
 #pragma once
 // The cases of tests/fixtures/tokenizers/added_token_cases.json
-// (tools/gen_added_token_fixtures.py): a fixture's tokenizer.json with a JSON patch that adds
+// (tests/fixtures/generators/gen_added_token_fixtures.py): a fixture's tokenizer.json with a JSON patch that adds
 // tokens with lstrip, rstrip, single_word, normalized, and for each text the ids, ids with special
 // tokens and offsets `tokenizers` gives.
 #include <gtest/gtest.h>

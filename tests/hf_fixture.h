@@ -14,7 +14,7 @@
 
 namespace ds::testing {
 
-// tests/fixtures/hf_families/<name> (written by the tools/gen_*_fixture.py generators).
+// tests/fixtures/hf_families/<name> (written by the tests/fixtures/generators/gen_*_fixture.py generators).
 inline std::filesystem::path case_dir(const std::string& name) {
   return std::filesystem::path(DS_FIXTURE_DIR) / "hf_families" / name;
 }

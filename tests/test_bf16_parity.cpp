@@ -1,5 +1,5 @@
 // bf16 numerics against PyTorch's own bf16 (tests/fixtures/parity/<layout>_bf16.safetensors,
-// written by tools/gen_bf16_parity_fixture.py from the fp32 parity fixture's model, parameters and
+// written by tests/fixtures/generators/gen_bf16_parity_fixture.py from the fp32 parity fixture's model, parameters and
 // batch), and 100 steps of bf16 training against the same run in fp32.
 //
 // Our bf16 mode is DeepSpeed's (docs/precision.md): bf16 parameters and

@@ -1,5 +1,5 @@
 // Chat templates (chat_template.h) against transformers' apply_chat_template on the same
-// conversations (tests/fixtures/tokenizers/cases.json, tools/gen_hf_tokenizer_fixtures.py).
+// conversations (tests/fixtures/tokenizers/cases.json, tests/fixtures/generators/gen_hf_tokenizer_fixtures.py).
 #include <gtest/gtest.h>
 
 #include <filesystem>

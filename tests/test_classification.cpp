@@ -1,6 +1,6 @@
 // Classification data and scores: GLUE TSV (MRPC's header too) and JSONL records and their errors
 // (file, line, field), labels, Hugging Face's longest_first pair truncation against `tokenizers`
-// (tests/fixtures/classification, tools/gen_classification_fixture.py), the DSCLASSIFY set
+// (tests/fixtures/classification, tests/fixtures/generators/gen_classification_fixture.py), the DSCLASSIFY set
 // written by prepare_classification and read back, the refusal of each format's folder by the
 // other's loader, and accuracy / F1.
 #include <gtest/gtest.h>
@@ -315,7 +315,7 @@ TEST_F(Classification, DsPrepareBoundsLabelsTemporariesAndOutputAsInput) {
 // DeBERTa-v2's Unigram tokenizer.json ([CLS] A [SEP] B [SEP], types 0/1): encode_example's
 // longest_first truncation, and ds_prepare --task classification as a program, give the ids and
 // token type ids of transformers' tokenizer(a, b, truncation=True, max_length=T)
-// (tests/fixtures/classification/deberta_cases.json, tools/gen_unigram_fixtures.py).
+// (tests/fixtures/classification/deberta_cases.json, tests/fixtures/generators/gen_unigram_fixtures.py).
 TEST_F(Classification, DebertaUnigramMatchesTransformers) {
   const fs::path fx_dir = fs::path(DS_FIXTURE_DIR) / "classification";
   const fs::path tok_dir = fs::path(DS_FIXTURE_DIR) / "tokenizers" / "deberta_unigram";

@@ -1,5 +1,5 @@
 // DeepSpeed's memory estimator (zero/estimate.h) against DeepSpeed 0.19.8's own functions
-// (tests/fixtures/zero/estimates.json, made by tools/gen_estimate_fixture.py): every option's
+// (tests/fixtures/zero/estimates.json, made by tests/fixtures/generators/gen_estimate_fixture.py): every option's
 // bytes and the printed tables byte for byte; parameter counting as DeepSpeed's _all_live does it.
 #include <fmt/format.h>
 #include <gtest/gtest.h>

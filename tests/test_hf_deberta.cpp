@@ -2,7 +2,7 @@
 // encoder_family.h) against transformers' DebertaV2ForSequenceClassification:
 // tests/fixtures/hf_families/{deberta_xl,deberta_types,deberta_regression} are tiny fp32 models as
 // transformers 5 saved them, with transformers' float64 logits, loss, every gradient and ten AdamW
-// losses (tools/gen_deberta_fixture.py): deberta_xl has microsoft/deberta-v2-xlarge's switches
+// losses (tests/fixtures/generators/gen_deberta_fixture.py): deberta_xl has microsoft/deberta-v2-xlarge's switches
 // (log-bucketed shared relative attention, rel LayerNorm, the conv layer, no absolute positions or
 // token types) and a padded batch; deberta_types absolute positions, token types, embed_proj,
 // separate pos_key/pos_query projections, clamped unbucketed distances, a padded batch;
@@ -12,7 +12,7 @@
 // (fp32 against the float64 reference from the same fp32 weights).
 //
 // With DS_HF_EXPORT_DIR set, the export of every case is left in $DS_HF_EXPORT_DIR/<case> for
-// `tools/gen_deberta_fixture.py --check-export` (transformers loads it, same logits).
+// `tests/fixtures/generators/gen_deberta_fixture.py --check-export` (transformers loads it, same logits).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -246,7 +246,7 @@ TEST_P(HFDeberta, TenAdamWStepsFollowTorch) {
   optim::OptimizerParams hp;
   hp.lr = 1e-3f;
   hp.weight_decay = 0.1f;
-  hp.eps = 1e-6f;  // the fixture's (tools/gen_deberta_fixture.py says why)
+  hp.eps = 1e-6f;  // the fixture's (tests/fixtures/generators/gen_deberta_fixture.py says why)
   auto opt = optim::make_optimizer("AdamW", hp);
   const std::vector<float> ref = ref_->get("adamw_losses").to_vector();
   ASSERT_EQ(ref.size(), 10u);

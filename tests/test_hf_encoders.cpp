@@ -2,7 +2,7 @@
 // BertForSequenceClassification and RobertaForSequenceClassification:
 // tests/fixtures/hf_families/{bert_cls,roberta_cls,bert_regression,bert_multilabel} are folders as
 // transformers 5 saved them, with transformers' float64 logits, loss and every gradient for a
-// padded batch with token types (tools/gen_encoder_fixture.py). Each is imported through the public
+// padded batch with token types (tests/fixtures/generators/gen_encoder_fixture.py). Each is imported through the public
 // path, compared, exported and re-imported; padding is shown to be masked; bad config fields are
 // refused by name.
 //
@@ -10,7 +10,7 @@
 // 1e-5. We compute in fp32 from the same (bf16/fp32-rounded) weights the float64 reference used.
 //
 // With DS_HF_EXPORT_DIR set, the export of every case is also left in $DS_HF_EXPORT_DIR/<case>
-// for `tools/gen_encoder_fixture.py --check-export` (transformers loads it, same logits).
+// for `tests/fixtures/generators/gen_encoder_fixture.py --check-export` (transformers loads it, same logits).
 #include <gtest/gtest.h>
 
 #include <unistd.h>

@@ -2,7 +2,7 @@
 // transformers itself:
 // tests/fixtures/hf_families/<case> are folders as transformers 5 saved them (some rewritten into
 // the 4.x config form), with transformers' float64 logits, loss and every gradient
-// (tools/gen_hf_family_fixture.py; chatglm2 is the glm case rewritten into ChatGLM2's remote-code
+// (tests/fixtures/generators/gen_hf_family_fixture.py; chatglm2 is the glm case rewritten into ChatGLM2's remote-code
 // layout, checked against glm's reference). Each is imported through the public path (read_hf_config +
 // load_hf_weights), compared, exported and re-imported; the config fields that change the math
 // and that we do not implement are refused by name.
@@ -12,7 +12,7 @@
 // reference itself keeps transformers' fp32 RoPE tables, RMSNorm and softmax, ~1e-7 of the scale.
 //
 // With DS_HF_EXPORT_DIR set, the export of every case is also left in $DS_HF_EXPORT_DIR/<case>
-// for `tools/gen_hf_family_fixture.py --check-export` (transformers loads it, same logits).
+// for `tests/fixtures/generators/gen_hf_family_fixture.py --check-export` (transformers loads it, same logits).
 #include <gtest/gtest.h>
 
 #include <unistd.h>

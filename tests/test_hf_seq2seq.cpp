@@ -3,7 +3,7 @@
 // tests/fixtures/hf_families/{bart_s2s,bart_relu_scaled,blenderbot_s2s,t5_relu_tied,
 // t5_gated_untied} are folders as
 // transformers 5 saved them, with transformers' float64 logits, loss, every gradient and greedy
-// generation for a padded batch (tools/gen_seq2seq_fixture.py). Each is imported through the
+// generation for a padded batch (tests/fixtures/generators/gen_seq2seq_fixture.py). Each is imported through the
 // public path, compared, exported and re-imported; bad config fields are refused by name; the
 // engine trains the model under ZeRO-2 and ZeRO-3.
 //
@@ -11,7 +11,7 @@
 // 1e-5, computing in fp32 from the same fp32 weights the float64 reference used.
 //
 // With DS_HF_EXPORT_DIR set, the export of every case is also left in $DS_HF_EXPORT_DIR/<case>
-// for `tools/gen_seq2seq_fixture.py --check-export` (transformers loads it, same logits).
+// for `tests/fixtures/generators/gen_seq2seq_fixture.py --check-export` (transformers loads it, same logits).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -1006,7 +1006,7 @@ TEST(HFSeq2SeqGeneration, ServedSequencesStayWithinTheAnnouncedCacheBytes) {
 // Without max_length or max_new_tokens in the folder's files, transformers 5 generates 20 new
 // tokens (max_length 20 + the decoder start; capped at max_position_embeddings, which BART's 24
 // does not reach, and none for T5): the same 21 positions here (we gave 19 before). With a
-// max_length, it counts the decoder start (19 new). tools/gen_seq2seq_fixture.py's models; the
+// max_length, it counts the decoder start (19 new). tests/fixtures/generators/gen_seq2seq_fixture.py's models; the
 // tokens are transformers 5.24's `model.generate(input_ids, attention_mask=mask)`.
 TEST(HFSeq2SeqGeneration, DefaultLengthsAreTransformers) {
   const std::map<std::string, std::vector<int64_t>> want = {

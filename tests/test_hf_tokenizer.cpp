@@ -1,6 +1,6 @@
 // Hugging Face tokenizers (text_tokenizer.h, tokenizer_export.h) against ids that transformers 5 /
 // tokenizers / sentencepiece gave for the same folders (tests/fixtures/tokenizers, written by
-// tools/gen_hf_tokenizer_fixtures.py). The real GPT-2 vocabulary comes from scripts/fetch_data.sh.
+// tests/fixtures/generators/gen_hf_tokenizer_fixtures.py). The real GPT-2 vocabulary comes from scripts/fetch_data.sh.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -186,7 +186,7 @@ TEST(HfTokenizer, RealGpt2Vocabulary) {
 }
 
 TEST(HfTokenizer, ExportReloadsIdentically) {
-  // DS_TOKENIZER_EXPORT_DIR keeps the exports for tools/check_tokenizer_export.py.
+  // DS_TOKENIZER_EXPORT_DIR keeps the exports for tests/fixtures/generators/check_tokenizer_export.py.
   const char* keep = std::getenv("DS_TOKENIZER_EXPORT_DIR");
   TempDir tmp;
   const fs::path root = keep && *keep ? fs::path(keep) : tmp.path;
@@ -297,7 +297,7 @@ TEST(HfTokenizer, UnsupportedFieldsAreErrorsNamingThem) {
 
 TEST(HfTokenizer, AddedTokenFlagsMatchTokenizers) {
   // lstrip (BlenderBot's <mask>), rstrip, single_word and normalized on byte-level BPE: the ids of
-  // the `tokenizers` library (added_token_cases.json, tools/gen_added_token_fixtures.py).
+  // the `tokenizers` library (added_token_cases.json, tests/fixtures/generators/gen_added_token_fixtures.py).
   const int n =
       ds::test::for_each_added_token_case("bpe_", [](const json& c, const TextTokenizer& tok) {
         const std::string name = c["name"];

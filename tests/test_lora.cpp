@@ -1,7 +1,7 @@
 // LoRA (nn/lora.h, models/peft_io.h) and frozen parameters under ZeRO (zero/strategy.h):
 //   - the LoRA Linear's gradients by finite differences, its frozen base without gradient;
 //   - forward, loss and every LoRA gradient against peft for a tiny LLaMA and a tiny GPT-2
-//     (tests/fixtures/lora, written by tools/gen_lora_fixture.py, which also checks that our
+//     (tests/fixtures/lora, written by tests/fixtures/generators/gen_lora_fixture.py, which also checks that our
 //     exported adapter loads in peft: DS_LORA_EXPORT_DIR);
 //   - the adapter export round trip, and merged weights giving the unmerged model's logits;
 //   - under ZeRO stages 0-3 (plainly and under mpirun with 2 ranks): frozen parameters get no
@@ -9,11 +9,11 @@
 //     stage 0's (stage 1 bitwise, 2 and 3 within 1e-6); a checkpoint resumes bitwise;
 //   - encoder sequence classifiers (BERT, RoBERTa, DeBERTa-v2) with PEFT's SEQ_CLS semantics:
 //     default targets, trainable set, logits, loss and gradients against peft
-//     (tests/fixtures/lora_classifier, tools/gen_lora_classifier_fixture.py), the adapter (peft's
+//     (tests/fixtures/lora_classifier, tests/fixtures/generators/gen_lora_classifier_fixture.py), the adapter (peft's
 //     names incl. modules_to_save) and merged exports round trip;
 //   - encoder-decoders (BART, BlenderBot, T5) with PEFT's SEQ_2_SEQ_LM semantics: default
 //     targets, only the adapters trainable, logits, loss and gradients against peft
-//     (tests/fixtures/lora_seq2seq, tools/gen_lora_classifier_fixture.py --task seq2seq), the
+//     (tests/fixtures/lora_seq2seq, tests/fixtures/generators/gen_lora_classifier_fixture.py --task seq2seq), the
 //     adapter and merged exports round trip, greedy generation merged = unmerged = peft's, and
 //     ZeRO-3 steps equal ZeRO-0's.
 #include <gtest/gtest.h>
@@ -250,7 +250,7 @@ TEST_P(LoraPeft, ForwardLossAndGradientsMatchPeft) {
   for (const auto& [k, v] : c.ref) ref_grads += k.rfind("grad.", 0) == 0;
   EXPECT_EQ(lora, ref_grads);
 
-  // For tools/gen_lora_fixture.py --check-export: our adapter and our merged model.
+  // For tests/fixtures/generators/gen_lora_fixture.py --check-export: our adapter and our merged model.
   if (const char* out = std::getenv("DS_LORA_EXPORT_DIR")) {
     const fs::path dir = fs::path(out) / GetParam();
     models::export_peft_adapter(m, m.named_parameters(), c.lora, dir / "adapter");
@@ -600,7 +600,7 @@ TEST(LoraZeroErrors, EverythingFrozenIsRefused) {
 }
 
 // ---- encoder sequence classifiers: PEFT's TaskType.SEQ_CLS ----
-// tests/fixtures/lora_classifier (tools/gen_lora_classifier_fixture.py): a tiny BERT, RoBERTa and
+// tests/fixtures/lora_classifier (tests/fixtures/generators/gen_lora_classifier_fixture.py): a tiny BERT, RoBERTa and
 // DeBERTa-v2 (separate position projections: pos_query_proj must stay unadapted, as in PEFT) with
 // a SEQ_CLS adapter of peft's default targets and the head as modules_to_save.
 
@@ -693,7 +693,7 @@ TEST_P(LoraClassifierPeft, DefaultsLogitsLossAndGradientsMatchPeft) {
               GetParam().c_str(), max_rel(logits, c.ref.at("logits")),
               max_rel(loss, c.ref.at("loss")), worst, trainable);
 
-  // For tools/gen_lora_classifier_fixture.py --check-export: our adapter and merged folder.
+  // For tests/fixtures/generators/gen_lora_classifier_fixture.py --check-export: our adapter and merged folder.
   if (const char* out = std::getenv("DS_LORA_EXPORT_DIR")) {
     const fs::path dir = fs::path(out) / GetParam();
     models::export_peft_classifier_adapter(m, m.named_parameters(), c.lora, dir / "adapter");
@@ -796,7 +796,7 @@ TEST(LoraClassifier, PeftTargetRuleAndErrors) {
 }
 
 // ---- encoder-decoders: PEFT's TaskType.SEQ_2_SEQ_LM ----
-// tests/fixtures/lora_seq2seq (tools/gen_lora_classifier_fixture.py --task seq2seq): adapters of
+// tests/fixtures/lora_seq2seq (tests/fixtures/generators/gen_lora_classifier_fixture.py --task seq2seq): adapters of
 // peft's default targets over the seq2seq fixtures tests/fixtures/hf_families/{bart_s2s,
 // blenderbot_s2s, t5_relu_tied}, with peft's logits, loss, gradients and greedy generation.
 
@@ -936,7 +936,7 @@ TEST_P(LoraSeq2SeqPeft, DefaultsLogitsLossAndGradientsMatchPeft) {
       worst, trainable, static_cast<long long>(elements),
       static_cast<long long>(c.report.total_params));
 
-  // For tools/gen_lora_classifier_fixture.py --task seq2seq --check-export.
+  // For tests/fixtures/generators/gen_lora_classifier_fixture.py --task seq2seq --check-export.
   if (const char* out = std::getenv("DS_LORA_EXPORT_DIR")) {
     const fs::path dir = fs::path(out) / GetParam();
     models::export_peft_seq2seq_adapter(m, m.named_parameters(), c.lora, dir / "adapter");

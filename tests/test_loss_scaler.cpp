@@ -1,5 +1,5 @@
 // The loss-scaler state machine (§5), driven by injected overflow sequences: DeepSpeed's own
-// DynamicLossScaler trajectories (fixture from tools/gen_schedule_fixture.py), then each rule on
+// DynamicLossScaler trajectories (fixture from tests/fixtures/generators/gen_schedule_fixture.py), then each rule on
 // its own: hysteresis, growth after the window, consecutive_hysteresis, the minimum-scale error,
 // static scale, checkpoint state, and the fused unscale/clip coefficient.
 #include <gtest/gtest.h>

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -15,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/fast_math.h"
 #include "ds/backend/backend.h"
 #include "ds/core/allocator.h"
@@ -223,6 +225,99 @@ TEST(GemmCpu, Bf16ProductsMatchDoubleOfTheSameValues) {
               ASSERT_EQ(c[at], c0[at]);
             }
       }
+}
+
+// fp16 GEMMs with an fp32 C (oneDNN's f16 matmul on CPUs with AVX512-FP16 / AMX-FP16, else both
+// operands widened to fp32): every transpose, odd and padded shapes, alpha and beta (alpha != 1 or
+// beta outside {0, 1} always take the conversion path), a batch, against a double-precision product
+// of the same fp16 values. fp16 x fp16 is exact in fp32, so the error is the fp32 sums' rounding.
+TEST(GemmCpu, Fp16ProductsMatchDoubleOfTheSameValues) {
+  using ds::testing::randn;
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true})
+      for (const auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{1.0f, 1.0f},
+                                       std::pair{0.75f, 0.5f}})
+        for (const auto [m, n, k] : {std::tuple{37, 45, 129}, std::tuple{64, 256, 768},
+                                     std::tuple{1, 77, 33}}) {
+          const int64_t batch = 2, lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;
+          const int64_t a_rows = ta ? k : m, b_rows = tb ? n : k;
+          const Tensor a = randn({batch * a_rows * lda}, 4, 1.0f, DType::f16),
+                       b = randn({batch * b_rows * ldb}, 5, 1.0f, DType::f16),
+                       c0 = randn({batch * m * ldc}, 6, 2.0f, DType::f32);
+          const Tensor c = c0.clone();
+          backend::Gemm g;
+          g.dtype = DType::f16;
+          g.trans_a = ta, g.trans_b = tb, g.m = m, g.n = n, g.k = k, g.alpha = alpha, g.beta = beta;
+          g.a = a.raw_data(), g.lda = lda, g.b = b.raw_data(), g.ldb = ldb, g.c = c.raw_data(),
+          g.ldc = ldc;
+          g.batch = batch, g.stride_a = a_rows * lda, g.stride_b = b_rows * ldb,
+          g.stride_c = m * ldc;
+          backend::cpu().gemm(g);
+          const std::vector<float> av = a.to_vector(), bv = b.to_vector(), cv = c.to_vector(),
+                                   c0v = c0.to_vector();
+          for (int64_t s = 0; s < batch; ++s)
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < ldc; ++j) {
+                const size_t at = static_cast<size_t>(s * m * ldc + i * ldc + j);
+                if (j >= n) {  // padding
+                  ASSERT_EQ(cv[at], c0v[at]);
+                  continue;
+                }
+                double want = 0, mag = 0;
+                for (int64_t e = 0; e < k; ++e) {
+                  const double x = av[static_cast<size_t>(
+                                   s * a_rows * lda + (ta ? e * lda + i : i * lda + e))],
+                               y = bv[static_cast<size_t>(
+                                   s * b_rows * ldb + (tb ? j * ldb + e : e * ldb + j))];
+                  want += x * y;
+                  mag += std::abs(x * y);
+                }
+                want = alpha * want + beta * c0v[at];
+                ASSERT_NEAR(cv[at], want,
+                            (k * 6e-8 + 1e-6) * (alpha * mag + std::abs(beta * c0v[at])))
+                    << "ta " << ta << " tb " << tb << " alpha " << alpha << " beta " << beta
+                    << " m " << m << " n " << n << " k " << k << " at " << s << "," << i << ","
+                    << j;
+              }
+        }
+}
+
+// How fp16 products run is decided once per process and said in the start-up GEMM line: oneDNN's
+// f16 matmul where the CPU has fp16 units (checked here against /proc/cpuinfo, independently of
+// the cpuid reading in onednn.cpp) and oneDNN a kernel for them that is not a reference loop, else
+// "converted to fp32" with the reason. ctest runs GemmCpu again with DS_FP16_GEMM=onednn and
+// =convert (tests/cmake/nn_ops.cmake), so on a CPU with fp16 units the product tests above and
+// below run on oneDNN's kernel.
+TEST(GemmCpu, SaysHowFp16ProductsRun) {
+  const std::string info = backend::cpu().gemm_info(), why = backend::onednn_f16_info();
+  const char* env = std::getenv("DS_FP16_GEMM");
+  const std::string mode = env ? env : "auto";
+  std::string flags;
+  if (FILE* f = std::fopen("/proc/cpuinfo", "r")) {
+    char line[8192];
+    while (std::fgets(line, sizeof line, f))
+      if (std::strncmp(line, "flags", 5) == 0) {
+        flags = line;
+        break;
+      }
+    std::fclose(f);
+  }
+  const bool units = flags.find(" avx512_fp16") != std::string::npos ||
+                     flags.find(" amx_fp16") != std::string::npos;
+  std::printf("DS_FP16_GEMM=%s, fp16 units in /proc/cpuinfo: %s\n%s\n", mode.c_str(),
+              units ? "yes" : "no", info.c_str());
+  if (backend::onednn_f16_available()) {
+    EXPECT_NE(info.find("fp16 GEMM: oneDNN"), std::string::npos) << info;
+    EXPECT_EQ(why.find("ref"), std::string::npos) << why;
+    EXPECT_NE(mode, "convert");
+    if (!flags.empty() && mode == "auto") EXPECT_TRUE(units) << flags;
+  } else {
+    EXPECT_FALSE(why.empty());
+    EXPECT_NE(info.find("fp16 GEMM: converted to fp32 (" + why + ")"), std::string::npos) << info;
+    if (mode == "convert") EXPECT_EQ(why, "DS_FP16_GEMM=convert");
+    if (!flags.empty() && !units && mode == "auto")
+      EXPECT_EQ(why, "this CPU has no AVX512-FP16 or AMX-FP16");
+  }
 }
 
 // A 16-bit C (Gemm::c_dtype): the product rounded once into C (beta 1: added to C's values first),

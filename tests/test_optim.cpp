@@ -1,4 +1,4 @@
-// Optimizers: parity with PyTorch / DeepSpeed formulas (fixture from tools/gen_optim_fixture.py),
+// Optimizers: parity with PyTorch / DeepSpeed formulas (fixture from tests/fixtures/generators/gen_optim_fixture.py),
 // SIMD paths against the scalar path, tails and buffer guards, the fused grad scale and 16-bit
 // copy, thread-count independence, the Optimizer objects (factory, hyper-parameters, checkpoint
 // state and bitwise resume) and argument errors.
@@ -126,7 +126,7 @@ AdamConfig adam_cfg(bool adamw, bool bias_correction = true) {
 nlohmann::json load_fixture() {
   const std::string path = std::string(DS_FIXTURE_DIR) + "/optim/optim_parity.json";
   std::ifstream f(path);
-  if (!f) throw std::runtime_error("cannot open " + path + "; run tools/gen_optim_fixture.py");
+  if (!f) throw std::runtime_error("cannot open " + path + "; run tests/fixtures/generators/gen_optim_fixture.py");
   return nlohmann::json::parse(f);
 }
 

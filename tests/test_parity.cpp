@@ -1,6 +1,6 @@
 // Parity with PyTorch: logits, loss, every parameter gradient and ten AdamW steps of both layouts
 // against a float64 PyTorch reference (tests/fixtures/parity, written by
-// tools/gen_parity_fixture.py).
+// tests/fixtures/generators/gen_parity_fixture.py).
 //
 // Error measure, per tensor: rel = max|ours - ref| / max(max|ref|, 1e-30), i.e. the worst absolute
 // error relative to the tensor's scale (an elementwise relative error would blow up on entries

@@ -1,6 +1,6 @@
 // Pipeline parallelism (runtime/pipeline_engine.h, pipeline_schedule.h, models::GPT stages).
 //   - the 1F1B and inference schedules equal DeepSpeed's own instruction streams (fixture written
-//     by tools/gen_pipeline_schedule_fixture.py from deepspeed 0.19);
+//     by tests/fixtures/generators/gen_pipeline_schedule_fixture.py from deepspeed 0.19);
 //   - stages built from one config, chained by hand in one process, are the whole model: same
 //     initial values, same loss, same gradients (the tied wte's two parts summed);
 //   - under mpirun (tests/CMakeLists.txt: 2, 4 and 8 ranks) the pipeline engine trains to one

@@ -1,5 +1,5 @@
 // Pipeline layer partitioning against DeepSpeed's own partition_uniform / partition_balanced
-// (tests/fixtures/pipeline/partitions.json, written by tools/gen_pipeline_partition_fixture.py
+// (tests/fixtures/pipeline/partitions.json, written by tests/fixtures/generators/gen_pipeline_partition_fixture.py
 // with deepspeed 0.19), and partition_layers' methods and errors.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // LR schedules (§4): values against DeepSpeed's own Python schedulers (fixture made by
-// tools/gen_schedule_fixture.py from DeepSpeed 0.19.8: lr, beta1 and beta2 at every step,
+// tests/fixtures/generators/gen_schedule_fixture.py from DeepSpeed 0.19.8: lr, beta1 and beta2 at every step,
 // OneCycle's stairs included) and against the formulas restated here.
 #include <gtest/gtest.h>
 

@@ -1,9 +1,9 @@
 // Seq2seq data and BLEU: JSONL source/target records (field detection, named fields, errors with
 // file, line and field), transformers' truncation of sources against
-// tests/fixtures/seq2seq/truncation_cases.json (tools/gen_seq2seq_data_fixture.py), the
+// tests/fixtures/seq2seq/truncation_cases.json (tests/fixtures/generators/gen_seq2seq_data_fixture.py), the
 // DSSEQ2SEQ set written by prepare_seq2seq and read back (labels ending with eos, -100 padding,
 // the refusal of other folders), and corpus BLEU and the 13a tokenizer against sacreBLEU
-// (tests/fixtures/bleu/cases.json, tools/gen_bleu_fixture.py).
+// (tests/fixtures/bleu/cases.json, tests/fixtures/generators/gen_bleu_fixture.py).
 #include <gtest/gtest.h>
 
 #include <unistd.h>

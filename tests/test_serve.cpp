@@ -1036,7 +1036,7 @@ TEST(LoadModel, HfTokenizerAndItsChatTemplate) {
   EXPECT_GE(r.completion_tokens, 1);
 }
 
-// ---- Greedy parity with transformers (tests/fixtures/generate, tools/gen_generate_fixture.py)
+// ---- Greedy parity with transformers (tests/fixtures/generate, tests/fixtures/generators/gen_generate_fixture.py)
 // ----
 //
 // Tiny GPT-2, LLaMA (GQA, llama3 rope) and Qwen3 (q/k norm) models saved by transformers, with the

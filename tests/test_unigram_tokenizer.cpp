@@ -1,7 +1,7 @@
 // Unigram tokenizer.json (DeBERTa-v2, T5 with a Precompiled normalizer, and a byte-fallback
 // variant) against the ids, offsets, decodes and pair encodings that Hugging Face `tokenizers` gave
 // for the same folders (tests/fixtures/tokenizers/{deberta_unigram,t5_unigram,
-// unigram_bytefallback}, unigram_cases.json, written by tools/gen_unigram_fixtures.py).
+// unigram_bytefallback}, unigram_cases.json, written by tests/fixtures/generators/gen_unigram_fixtures.py).
 #include <gtest/gtest.h>
 
 #include <unistd.h>

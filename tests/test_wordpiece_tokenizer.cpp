@@ -1,6 +1,6 @@
 // WordPiece tokenizer.json (BERT style) against the ids, token type ids and decoded text that
 // Hugging Face `tokenizers` gave for the same folders (tests/fixtures/tokenizers/bert_wordpiece*,
-// wordpiece_cases.json, written by tools/gen_hf_tokenizer_fixtures.py --only wordpiece).
+// wordpiece_cases.json, written by tests/fixtures/generators/gen_hf_tokenizer_fixtures.py --only wordpiece).
 #include <gtest/gtest.h>
 
 #include <unistd.h>

@@ -22,7 +22,7 @@ constexpr std::array<std::string_view, 7> kKeys = {"id",     "content",    "sing
 
 // The regex crate's Unicode \w: Alphabetic, M, Nd, Pc, Join_Control. Alphabetic is L, Nl and
 // Other_Alphabetic, which outside M holds only the circled and squared Latin letters (So);
-// checked against tokenizers 0.23 over every code point (tools/gen_added_token_fixtures.py).
+// checked against tokenizers 0.23 over every code point (tests/fixtures/generators/gen_added_token_fixtures.py).
 bool is_word_char(char32_t c) {
   if (c == 0x200C || c == 0x200D || (c >= 0x24B6 && c <= 0x24E9) ||
       (c >= 0x1F130 && c <= 0x1F149) || (c >= 0x1F150 && c <= 0x1F169) ||

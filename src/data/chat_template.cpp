@@ -12,7 +12,7 @@ namespace {
 
 // Published sources (Meta-Llama-3-8B-Instruct, Qwen2-7B-Instruct, the transformers docs' ChatML),
 // and our own for the two formats that have none (checked against apply_chat_template by
-// tools/gen_hf_tokenizer_fixtures.py).
+// tests/fixtures/generators/gen_hf_tokenizer_fixtures.py).
 constexpr std::string_view kChatMLJinja =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] "
     "+ '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ "

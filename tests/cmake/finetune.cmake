@@ -1,5 +1,5 @@
 # Fine-tuning: Hugging Face tokenizers (tokenizer.json, vocab/merges, SentencePiece), their export,
-# chat templates. Fixtures from tools/gen_hf_tokenizer_fixtures.py. Label: finetune.
+# chat templates. Fixtures from tests/fixtures/generators/gen_hf_tokenizer_fixtures.py. Label: finetune.
 ds_add_test(test_hf_tokenizer LABELS finetune data families
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_tokenizer.cpp
           ${CMAKE_CURRENT_SOURCE_DIR}/test_wordpiece_tokenizer.cpp

@@ -1,7 +1,7 @@
 # LoRA (nn/lora.h, models/peft_io.h) and frozen parameters under ZeRO stages 0-3: gradient check,
-# parity with peft (tests/fixtures/lora from tools/gen_lora_fixture.py; encoder classifiers and
+# parity with peft (tests/fixtures/lora from tests/fixtures/generators/gen_lora_fixture.py; encoder classifiers and
 # encoder-decoders: tests/fixtures/lora_classifier, lora_seq2seq from
-# tools/gen_lora_classifier_fixture.py), PEFT adapter and merged export, stage agreement and bitwise
+# tests/fixtures/generators/gen_lora_classifier_fixture.py), PEFT adapter and merged export, stage agreement and bitwise
 # resume. Plainly and under mpirun with 2 ranks.
 # Labels: finetune, train (train puts it in scripts/test.sh's sanitizer pass).
 ds_add_test(test_lora LABELS finetune train families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_lora.cpp)

@@ -1,20 +1,20 @@
 # Layers, models, the safetensors format and parity with PyTorch (tests/fixtures/parity, written by
-# tools/gen_parity_fixture.py).
+# tests/fixtures/generators/gen_parity_fixture.py).
 ds_add_test(test_safetensors LABELS core SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_safetensors.cpp)
 ds_add_test(test_parity LABELS parity SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_parity.cpp)
 ds_add_test(test_nn LABELS core SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_nn.cpp)
 # LLaMA-family Hugging Face import/export against transformers (tests/fixtures/hf_families, written
-# by tools/gen_hf_family_fixture.py).
+# by tests/fixtures/generators/gen_hf_family_fixture.py).
 ds_add_test(test_hf_families LABELS finetune parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_families.cpp)
 # BERT / RoBERTa sequence classifiers against transformers (tests/fixtures/hf_families/{bert_cls,
-# roberta_cls,bert_regression}, written by tools/gen_encoder_fixture.py).
+# roberta_cls,bert_regression}, written by tests/fixtures/generators/gen_encoder_fixture.py).
 ds_add_test(test_hf_encoders LABELS parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_encoders.cpp)
 # DeBERTa-v2 sequence classifier against transformers (tests/fixtures/hf_families/deberta_*,
-# written by tools/gen_deberta_fixture.py).
+# written by tests/fixtures/generators/gen_deberta_fixture.py).
 ds_add_test(test_hf_deberta LABELS parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_deberta.cpp)
 # BART / BlenderBot / T5 encoder-decoders against transformers (tests/fixtures/hf_families/{bart_s2s,
-# bart_relu_scaled,blenderbot_s2s,t5_relu_tied,t5_gated_untied}, by tools/gen_seq2seq_fixture.py).
+# bart_relu_scaled,blenderbot_s2s,t5_relu_tied,t5_gated_untied}, by tests/fixtures/generators/gen_seq2seq_fixture.py).
 ds_add_test(test_hf_seq2seq LABELS parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_seq2seq.cpp)
 # bf16 against PyTorch's own bf16 (tests/fixtures/parity/*_bf16, written by
-# tools/gen_bf16_parity_fixture.py) and 100 bf16 training steps against fp32.
+# tests/fixtures/generators/gen_bf16_parity_fixture.py) and 100 bf16 training steps against fp32.
 ds_add_test(test_bf16_parity LABELS parity precision SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_bf16_parity.cpp)

@@ -1,7 +1,7 @@
 #pragma once
 // UTF-8 decoding and the three Unicode classes GPT-2's pre-tokenizer regex uses (\p{L}, \p{N}, \s).
 // std::regex has no Unicode classes, so the classes are range tables generated from the Python
-// `regex` module (tools/gen_unicode_tables.py), the same module the reference encoder uses.
+// `regex` module (scripts/codegen/gen_unicode_tables.py), the same module the reference encoder uses.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -20,7 +20,7 @@ CharClass classify(char32_t cp);
 
 // Class of one code point as Oniguruma, the regex engine of Hugging Face `tokenizers`, sees it:
 // classify() except for the code points its older Unicode tables do not know (e.g. Unicode 17
-// letters, which it takes as kOther). tools/gen_onig_unicode_delta.py generates the differences.
+// letters, which it takes as kOther). scripts/codegen/gen_onig_unicode_delta.py generates the differences.
 CharClass classify_onig(char32_t cp);
 
 struct Utf8Char {

@@ -10,7 +10,7 @@
 //                                  and .lora_B.weight (out, r); metadata {"format": "pt"}
 //
 // so that peft.PeftModel.from_pretrained(base, dir) loads it (checked by
-// tools/gen_lora_fixture.py --check-adapter). A and B are stored as we hold them for both layouts:
+// tests/fixtures/generators/gen_lora_fixture.py --check-adapter). A and B are stored as we hold them for both layouts:
 // PEFT's LoRA on GPT-2's Conv1D keeps A (r, in) and B (out, r) too; only its merge transposes.
 //
 //   auto rep = nn::apply_lora(*model, lora);
@@ -64,7 +64,7 @@ int64_t load_peft_adapter(GPT& model, const std::filesystem::path& path);
 // LoRA matrices under the class's names (base_model.model.bert.encoder.layer.0.attention.self.
 // query.lora_A.weight) and every parameter of the modules to save under its file name
 // (base_model.model.classifier.weight; roberta: classifier.dense.* and classifier.out_proj.*), as
-// PeftModel.save_pretrained writes them (checked by tools/gen_lora_classifier_fixture.py).
+// PeftModel.save_pretrained writes them (checked by tests/fixtures/generators/gen_lora_classifier_fixture.py).
 
 // The PEFT name of our LoRA matrix or head parameter `ours`.
 std::string peft_classifier_name(const EncoderConfig& config, const std::string& ours);
@@ -91,7 +91,7 @@ int64_t load_peft_classifier_adapter(SequenceClassifier& model, const nn::LoraCo
 // (base_model.model.model.encoder.layers.0.self_attn.q_proj.lora_A.weight for BART / BlenderBot,
 // base_model.model.encoder.block.0.layer.0.SelfAttention.q.lora_A.weight for T5), as
 // PeftModelForSeq2SeqLM.save_pretrained writes them (checked by
-// tools/gen_lora_classifier_fixture.py --task seq2seq).
+// tests/fixtures/generators/gen_lora_classifier_fixture.py --task seq2seq).
 
 // The PEFT name of our LoRA matrix `ours` (Seq2Seq's names are the Hugging Face class's).
 std::string peft_seq2seq_name(const std::string& ours);

@@ -2,7 +2,7 @@
 // How a pipeline assigns a model's layers to its stages: DeepSpeed's PipelineModule
 // partition_method (deepspeed/runtime/pipe/module.py), with the same results as its
 // runtime/utils.py partition_uniform / partition_balanced (tests compare with a fixture DeepSpeed
-// wrote: tools/gen_pipeline_partition_fixture.py).
+// wrote: tests/fixtures/generators/gen_pipeline_partition_fixture.py).
 //
 //   auto parts = ds::runtime::partition_layers(layers, /*num_stages=*/2, "parameters");
 //   // stage s runs layers [parts[s], parts[s + 1])

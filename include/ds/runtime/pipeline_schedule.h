@@ -2,7 +2,7 @@
 // DeepSpeed's pipeline schedules (deepspeed/runtime/pipe/schedule.py; docs/parallelism.md)
 // as instruction lists: a schedule is a sequence of steps, each a list of instructions one stage
 // runs in order. Pure functions of (micro_batches, stages, stage): the pipeline engine executes
-// them, tests compare them with DeepSpeed's own (tools/gen_pipeline_schedule_fixture.py).
+// them, tests compare them with DeepSpeed's own (tests/fixtures/generators/gen_pipeline_schedule_fixture.py).
 //
 // train_schedule: synchronous 1F1B (PipeDream-Flush). Every stage runs 2 (m + p - 1) steps; stage s
 // runs the forward of micro-batch i at step 2i + s and its backward at step 2i + 2p - 1 - s.

@@ -3,7 +3,7 @@
 // tokenize "13a" (mteval-v13a's tokenizer), smooth "exp", no lowercasing, n-grams up to 4,
 // effective_order off. The seq2seq trainer (ds/train/seq2seq_trainer.h) reports it for its
 // generations; tests/fixtures/bleu holds sacrebleu's scores for tricky cases
-// (tools/gen_bleu_fixture.py).
+// (tests/fixtures/generators/gen_bleu_fixture.py).
 //
 //   train::BleuScore s = train::corpus_bleu({"the cat sat"}, {{"the cat sat down"}});
 //   s.score;  // 0-100, sacrebleu's BLEUScore.score

@@ -184,14 +184,19 @@ std::string CpuBackend::gemm_info() {
     s += "; bf16 GEMM: cblas_sbgemm";
   else
     s += "; bf16 GEMM: converted to fp32 (" + onednn_gemm_info() + ")";
+  if (onednn_f16_available())
+    s += "; fp16 GEMM: " + onednn_f16_info();
+  else
+    s += "; fp16 GEMM: converted to fp32 (" + onednn_f16_info() + ")";
   return s;
 }
 
 namespace {
 
-// A GEMM whose C is 16-bit: bf16 products on oneDNN write it directly (its matmul primitive
-// rounds the fp32 accumulators in registers); any other goes through an fp32 C per batch item,
-// rounded into C once. Same values either way up to the GEMMs' own summation order.
+// A GEMM whose C is 16-bit: bf16 products on oneDNN, and fp16 ones where oneDNN runs fp16, write
+// it directly (its matmul primitive rounds the fp32 accumulators in registers); any other goes
+// through an fp32 C per batch item, rounded into C once. Same values either way up to the GEMMs'
+// own summation order.
 void gemm_16bit_c(CpuBackend& be, const Gemm& g) {
   DS_CHECK(g.c_dtype == DType::bf16 || g.c_dtype == DType::f16,
            "[cpu:gemm] C must be fp32, bf16 or fp16, got {}", dtype_name(g.c_dtype));
@@ -199,14 +204,12 @@ void gemm_16bit_c(CpuBackend& be, const Gemm& g) {
   auto a_at = [&](int64_t i) { return static_cast<const char*>(g.a) + i * g.stride_a * es; };
   auto b_at = [&](int64_t i) { return static_cast<const char*>(g.b) + i * g.stride_b * es; };
   auto c_at = [&](int64_t i) { return static_cast<char*>(g.c) + i * g.stride_c * cs; };
-  if (g.dtype == DType::bf16 && g.c_dtype == DType::bf16 && bf16_path() == Bf16Path::onednn &&
-      g.alpha == 1.0f && (g.beta == 0.0f || g.beta == 1.0f) && g.batch > 0) {
-    if (onednn_matmul_bf16_out(g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k,
-                               static_cast<const uint16_t*>(g.a), g.lda, g.stride_a,
-                               static_cast<const uint16_t*>(g.b), g.ldb, g.stride_b,
-                               g.beta != 0.0f, static_cast<uint16_t*>(g.c), g.ldc, g.stride_c))
-      return;
-  }
+  const bool onednn_c = g.dtype == g.c_dtype &&
+                        (g.dtype == DType::f16 || bf16_path() == Bf16Path::onednn);
+  if (onednn_c && g.alpha == 1.0f && (g.beta == 0.0f || g.beta == 1.0f) &&
+      onednn_matmul(g.dtype, g.c_dtype, g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, g.a, g.lda,
+                    g.stride_a, g.b, g.ldb, g.stride_b, g.beta != 0.0f, g.c, g.ldc, g.stride_c))
+    return;
   // The fp32 C from the caching allocator: a fresh heap block per GEMM would fault its pages in
   // on every call.
   const Tensor c32t = Tensor::empty({g.m * g.n}, DType::f32);
@@ -238,6 +241,13 @@ void CpuBackend::gemm(const Gemm& g) {
   const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
   const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
   auto* c = static_cast<float*>(g.c);
+  // fp16 on oneDNN's f16 matmul (fp32 C) where it runs on this CPU's fp16 units; alpha and beta
+  // other than 1 and {0, 1} take the conversion path below.
+  if (g.dtype == DType::f16 && g.alpha == 1.0f && (g.beta == 0.0f || g.beta == 1.0f) &&
+      onednn_matmul(DType::f16, DType::f32, g.trans_a, g.trans_b, g.batch, g.m, g.n, g.k, g.a,
+                    g.lda, g.stride_a, g.b, g.ldb, g.stride_b, g.beta != 0.0f, c, g.ldc,
+                    g.stride_c))
+    return;
   const Bf16Path path = g.dtype == DType::bf16 ? bf16_path() : Bf16Path::convert;
   const bool use_onednn = path == Bf16Path::onednn, use_sbgemm = path == Bf16Path::sbgemm;
   if (g.dtype != DType::f32 && !use_sbgemm && !use_onednn) {

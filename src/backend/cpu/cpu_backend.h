@@ -88,25 +88,30 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
 bool onednn_gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                       const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
                       float* c, int64_t ldc);
-// The same product with a bf16 C (C = op(A) op(B), or C += when accumulate: C read in fp32, the
-// total rounded once to nearest even) through oneDNN's matmul primitive, for `batch` products
-// whose operands are stride_a / stride_b / stride_c elements apart (one call): the fp32
-// accumulators are rounded in registers. False (nothing done) when that primitive is not
-// available.
-bool onednn_matmul_bf16_out(bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n,
-                            int64_t k, const uint16_t* a, int64_t lda, int64_t stride_a,
-                            const uint16_t* b, int64_t ldb, int64_t stride_b, bool accumulate,
-                            uint16_t* c, int64_t ldc, int64_t stride_c);
+// C = op(A) op(B) (or C += when accumulate: C read in fp32, the total rounded once to nearest
+// even) through oneDNN's matmul primitive, for `batch` products whose operands are stride_a /
+// stride_b / stride_c elements apart (one call): the fp32 accumulators are converted in registers.
+// A and B are `ab`: bf16 (C bf16: the bf16 results of ops::linear) or fp16 (C fp32 or fp16, on a
+// CPU whose fp16 units oneDNN has a kernel for). False (nothing done) when the primitive is not
+// available for these types.
+bool onednn_matmul(DType ab, DType c_type, bool trans_a, bool trans_b, int64_t batch, int64_t m,
+                   int64_t n, int64_t k, const void* a, int64_t lda, int64_t stride_a,
+                   const void* b, int64_t ldb, int64_t stride_b, bool accumulate, void* c,
+                   int64_t ldc, int64_t stride_c);
 // fp32 GEMM through oneDNN's dnnl_sgemm (row-major, as sgemm); false when oneDNN did not load.
 bool onednn_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                   int64_t ldc);
 bool onednn_gemm_bf16_available();
+bool onednn_f16_available();
 bool onednn_sgemm_available();
 // What the bf16 path is ("oneDNN 2.6.3 (libdnnl.so.2, dnnl_gemm_bf16bf16f32)"), or why there is
 // none; what the fp32 one would be ("" when oneDNN did not load).
 std::string onednn_gemm_info();
 std::string onednn_sgemm_info();
+// What the fp16 path is ("oneDNN 3.5.0 (libdnnl.so.3, matmul brg:avx512_core_fp16)"), or why
+// fp16 products are converted to fp32 ("this CPU has no AVX512-FP16 or AMX-FP16").
+std::string onednn_f16_info();
 
 // C = A B^T for fp32 A with at most 8 rows against a large B (N, K) (a weight matrix: decode steps,
 // beam search), through the decode row kernel instead of the BLAS; false (nothing done) for any

@@ -7,7 +7,7 @@ model learns something in minutes. The last --val_conversations conversations (i
 order) go to val.jsonl, the others to train.jsonl.
 
   $VENV/bin/pip install chitchat-dataset
-  python tools/make_chitchat_pairs.py --output .cache/chitchat
+  python scripts/make_chitchat_pairs.py --output .cache/chitchat
   # or, without installing: --dataset path/to/chitchat_dataset/dataset.json
 
 With --train_tokenizer DIR it also trains a BART-style byte-level BPE (<s> x </s>, <pad>, the

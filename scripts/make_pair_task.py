@@ -15,7 +15,7 @@ with MRPC's header "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String" and about as ma
 negatives. Then (docs/data.md, "A sentence-pair task from the demo corpus"):
 
     bash scripts/fetch_data.sh
-    python3 tools/make_pair_task.py --out .cache/pairs
+    python3 scripts/make_pair_task.py --out .cache/pairs
     ds_prepare --task classification --tokenizer BERT_FOLDER --seq_len 128 --val_files 'dev*' \
         --output .cache/prepared/pairs .cache/pairs/train.tsv .cache/pairs/dev.tsv
 
