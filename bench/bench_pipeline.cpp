@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
             "zero_optimization": {{"stage": 0}}, "pipeline": {{"stages": {}}},
             "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-4}}}}}})",
         batch, m, p);
-    runtime::PipelineEngine pipe(stage, runtime::parse_config(cfg, {.world_size = 1}), opt);
+    runtime::PipelineEngine pipe(stage, config::parse_config(cfg, {.world_size = 1}), opt);
     std::vector<double> idle, busy, total;
     for (int k = 0; k <= steps; ++k) {
       int64_t mb = 0;

@@ -10,27 +10,29 @@
 #include <fstream>
 
 #include "ds/core/error.h"
-#include "ds/runtime/config.h"
+#include "ds/config/config.h"
+#include "ds/runtime/engine.h"
+#include "ds/zero/strategy.h"
 
-using namespace ds::runtime;
+using namespace ds;
 using nlohmann::json;
 
 namespace {
 
-DeepSpeedConfig parse(const std::string& text, ConfigContext ctx = {}) {
-  return parse_config(text, ctx);
+config::DeepSpeedConfig parse(const std::string& text, config::ConfigContext ctx = {}) {
+  return config::parse_config(text, ctx);
 }
 
-ConfigContext world(int n) {
-  ConfigContext c;
+config::ConfigContext world(int n) {
+  config::ConfigContext c;
   c.world_size = n;
   return c;
 }
 
 // The message of the ds::Error that parsing throws ("" when it does not throw).
-std::string error_of(const std::string& text, ConfigContext ctx = {}) {
+std::string error_of(const std::string& text, config::ConfigContext ctx = {}) {
   try {
-    parse_config(text, ctx);
+    config::parse_config(text, ctx);
   } catch (const ds::Error& e) {
     return e.what();
   }
@@ -41,14 +43,14 @@ std::string error_of(const std::string& text, ConfigContext ctx = {}) {
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos) \
       << "expected to find: " << (needle) << "\nin: " << (haystack)
 
-const ConfigValue& entry(const DeepSpeedConfig& c, std::string_view path) {
-  const ConfigValue* v = c.find(path);
+const config::ConfigValue& entry(const config::DeepSpeedConfig& c, std::string_view path) {
+  const config::ConfigValue* v = c.find(path);
   EXPECT_NE(v, nullptr) << path;
-  static ConfigValue none;
+  static config::ConfigValue none;
   return v ? *v : none;
 }
 
-bool has_warning(const DeepSpeedConfig& c, std::string_view needle) {
+bool has_warning(const config::DeepSpeedConfig& c, std::string_view needle) {
   for (const auto& w : c.warnings)
     if (w.find(needle) != std::string::npos) return true;
   return false;
@@ -81,8 +83,8 @@ TEST(ConfigDefaults, MinimalConfigGetsDeepSpeedDefaults) {
   EXPECT_FALSE(c.fp16.auto_cast);
   EXPECT_FALSE(c.bf16.enabled);
   EXPECT_FALSE(c.data_types.grad_accum_dtype.has_value());
-  EXPECT_EQ(c.optimizer.type, OptimizerType::None);
-  EXPECT_EQ(c.scheduler.type, SchedulerType::None);
+  EXPECT_EQ(c.optimizer.type, config::OptimizerType::None);
+  EXPECT_EQ(c.scheduler.type, config::SchedulerType::None);
 
   const auto& z = c.zero_optimization;
   EXPECT_EQ(z.stage, 0);
@@ -93,7 +95,7 @@ TEST(ConfigDefaults, MinimalConfigGetsDeepSpeedDefaults) {
   EXPECT_EQ(z.allgather_bucket_size, 500000000);
   EXPECT_FALSE(z.overlap_comm);
   EXPECT_FALSE(z.round_robin_gradients);
-  EXPECT_EQ(z.offload_optimizer.device, OffloadDevice::None);
+  EXPECT_EQ(z.offload_optimizer.device, config::OffloadDevice::None);
   EXPECT_EQ(z.offload_optimizer.buffer_count, 4);
   EXPECT_EQ(z.offload_optimizer.ratio, 1.0);
   EXPECT_EQ(z.offload_param.buffer_count, 5);
@@ -114,7 +116,7 @@ TEST(ConfigDefaults, MinimalConfigGetsDeepSpeedDefaults) {
   EXPECT_FALSE(c.aio.single_submit);
   EXPECT_TRUE(c.aio.overlap_events);
   EXPECT_FALSE(c.aio.use_gds);
-  EXPECT_EQ(c.checkpoint.tag_validation, TagValidation::Warn);
+  EXPECT_EQ(c.checkpoint.tag_validation, config::TagValidation::Warn);
   EXPECT_FALSE(c.checkpoint.load_universal);
   EXPECT_EQ(c.flops_profiler.profile_step, 1);
   EXPECT_EQ(c.flops_profiler.module_depth, -1);
@@ -124,6 +126,46 @@ TEST(ConfigDefaults, MinimalConfigGetsDeepSpeedDefaults) {
   EXPECT_EQ(c.csv_monitor.job_name, "DeepSpeedJobName");
   EXPECT_EQ(c.wandb.project, "deepspeed");
   EXPECT_TRUE(c.warnings.empty());
+}
+
+// One set of defaults: a minimal config mapped onto the ZeRO layer's options (zero_options, what
+// the engine and the fit check build) gives zero::Options' and the offload options' own defaults
+// (both start from zero/defaults.h), and the aio section io::AioOptions'.
+TEST(ConfigDefaults, ZeroLayerOptionsStartFromTheSameDefaults) {
+  const auto c = parse(R"({"train_batch_size": 16, "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"},
+      "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}})");
+  const zero::Options want;
+  const zero::Options got = runtime::zero_options(c, ds::DType::f32, 1);
+  EXPECT_EQ(got.reduce_bucket_size, want.reduce_bucket_size);
+  EXPECT_EQ(got.param_persistence_threshold, want.param_persistence_threshold);
+  EXPECT_EQ(got.prefetch_bucket_size, want.prefetch_bucket_size);
+  EXPECT_EQ(got.max_live_parameters, want.max_live_parameters);
+  EXPECT_EQ(got.max_reuse_distance, want.max_reuse_distance);
+  EXPECT_EQ(got.sub_group_size, want.sub_group_size);
+  ASSERT_TRUE(got.nvme_optimizer && got.nvme_params);
+  const zero::NvmeOffloadOptions opt;
+  const zero::NvmeParamOffloadOptions par;
+  EXPECT_EQ(got.nvme_optimizer->buffer_count, opt.buffer_count);
+  EXPECT_EQ(got.nvme_params->buffer_count, par.buffer_count);
+  EXPECT_EQ(got.nvme_params->buffer_size, par.buffer_size);
+  EXPECT_EQ(got.nvme_params->max_in_cpu, par.max_in_cpu);
+  const io::AioOptions aio;
+  EXPECT_EQ(got.nvme_optimizer->aio.block_size, aio.block_size);
+  EXPECT_EQ(got.nvme_optimizer->aio.queue_depth, aio.queue_depth);
+  EXPECT_EQ(got.nvme_optimizer->aio.threads, aio.threads);
+  EXPECT_EQ(got.nvme_optimizer->aio.single_submit, aio.single_submit);
+  EXPECT_EQ(got.nvme_optimizer->aio.overlap_events, aio.overlap_events);
+  EXPECT_EQ(got.nvme_optimizer->aio.use_direct_io, aio.use_direct_io);
+}
+
+// NVMe offload needs a swap buffer: buffer_count 0 is refused by the config, naming the key.
+TEST(ConfigDefaults, NvmeOffloadNeedsABuffer) {
+  for (const char* section : {"offload_optimizer", "offload_param"})
+    EXPECT_HAS(error_of(fmt::format(R"({{"train_batch_size": 16, "zero_optimization": {{"stage": 3,
+        "{}": {{"device": "nvme", "nvme_path": "/tmp", "buffer_count": 0}}}}}})",
+                                    section)),
+               fmt::format("zero_optimization.{}.buffer_count = 0", section));
 }
 
 TEST(ConfigDefaults, OverlapCommDependsOnStage) {
@@ -138,7 +180,7 @@ TEST(ConfigDefaults, OverlapCommDependsOnStage) {
 
 TEST(ConfigDefaults, AdamMeansAdamWUnlessAdamWModeFalse) {
   auto c = parse(R"({"train_batch_size": 4, "optimizer": {"type": "adam"}})");
-  EXPECT_EQ(c.optimizer.type, OptimizerType::Adam);
+  EXPECT_EQ(c.optimizer.type, config::OptimizerType::Adam);
   EXPECT_TRUE(c.optimizer.adam_w_mode);
   EXPECT_EQ(c.optimizer.lr, 1e-3);
   EXPECT_EQ(c.optimizer.betas[0], 0.9);
@@ -158,7 +200,7 @@ TEST(ConfigDefaults, AdamMeansAdamWUnlessAdamWModeFalse) {
 TEST(ConfigDefaults, OptimizerTypesAndTheirKeys) {
   auto c = parse(R"({"train_batch_size": 4, "optimizer": {"type": "Lamb",
                      "params": {"lr": 0.01, "max_coeff": 5.0, "min_coeff": 0.1}}})");
-  EXPECT_EQ(c.optimizer.type, OptimizerType::Lamb);
+  EXPECT_EQ(c.optimizer.type, config::OptimizerType::Lamb);
   EXPECT_EQ(c.optimizer.max_coeff, 5.0);
   EXPECT_EQ(c.optimizer.min_coeff, 0.1);
   c = parse(R"({"train_batch_size": 4, "optimizer": {"type": "Lamb"}})");
@@ -173,7 +215,7 @@ TEST(ConfigDefaults, OptimizerTypesAndTheirKeys) {
   EXPECT_EQ(c.optimizer.eps, 1e-10);
   c = parse(
       R"({"train_batch_size": 4, "optimizer": {"type": "LION", "params": {"betas": [0.95, 0.98]}}})");
-  EXPECT_EQ(c.optimizer.type, OptimizerType::Lion);
+  EXPECT_EQ(c.optimizer.type, config::OptimizerType::Lion);
   EXPECT_EQ(c.optimizer.betas[1], 0.98);
   // SGD has no betas: an Adam key there is unknown.
   EXPECT_HAS(
@@ -200,7 +242,7 @@ TEST(ConfigBatch, AllThreeGivenAndConsistent) {
   EXPECT_EQ(c.batch.train_micro_batch_size_per_gpu, 4);
   EXPECT_EQ(c.batch.gradient_accumulation_steps, 2);
   EXPECT_EQ(c.batch.world_size, 4);
-  EXPECT_EQ(entry(c, "gradient_accumulation_steps").origin, Origin::File);
+  EXPECT_EQ(entry(c, "gradient_accumulation_steps").origin, config::Origin::File);
 }
 
 TEST(ConfigBatch, AllThreeInconsistentUsesDeepSpeedMessage) {
@@ -219,7 +261,7 @@ TEST(ConfigBatch, TrainAndMicroDeriveGas) {
   auto c = parse(R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4})", world(2));
   EXPECT_EQ(c.batch.gradient_accumulation_steps, 8);  // 64 // 4 // 2
   const auto& e = entry(c, "gradient_accumulation_steps");
-  EXPECT_EQ(e.origin, Origin::Derived);
+  EXPECT_EQ(e.origin, config::Origin::Derived);
   EXPECT_EQ(e.value, 8);
   EXPECT_HAS(e.note, "64 // 4 // 2");
 }
@@ -227,14 +269,14 @@ TEST(ConfigBatch, TrainAndMicroDeriveGas) {
 TEST(ConfigBatch, TrainAndGasDeriveMicro) {
   auto c = parse(R"({"train_batch_size": 64, "gradient_accumulation_steps": 4})", world(2));
   EXPECT_EQ(c.batch.train_micro_batch_size_per_gpu, 8);  // 64 // 2 // 4
-  EXPECT_EQ(entry(c, "train_micro_batch_size_per_gpu").origin, Origin::Derived);
+  EXPECT_EQ(entry(c, "train_micro_batch_size_per_gpu").origin, config::Origin::Derived);
 }
 
 TEST(ConfigBatch, MicroAndGasDeriveTrain) {
   auto c =
       parse(R"({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 5})", world(4));
   EXPECT_EQ(c.batch.train_batch_size, 60);
-  EXPECT_EQ(entry(c, "train_batch_size").origin, Origin::Derived);
+  EXPECT_EQ(entry(c, "train_batch_size").origin, config::Origin::Derived);
 }
 
 TEST(ConfigBatch, TrainOnly) {
@@ -302,8 +344,8 @@ constexpr const char* kAutoConfig = R"({
                         "stage3_param_persistence_threshold": "auto"}
 })";
 
-ConfigContext full_args() {
-  ConfigContext c;
+config::ConfigContext full_args() {
+  config::ConfigContext c;
   c.world_size = 2;
   c.args.per_device_train_batch_size = 4;
   c.args.gradient_accumulation_steps = 3;
@@ -335,7 +377,7 @@ TEST(ConfigAuto, EveryAutoFilledFromTrainerAndModel) {
   EXPECT_EQ(c.optimizer.betas[1], 0.95);
   EXPECT_EQ(c.optimizer.eps, 1e-6);
   EXPECT_EQ(c.optimizer.weight_decay, 0.1);
-  const auto& w = std::get<WarmupDecayLRParams>(c.scheduler.params);
+  const auto& w = std::get<config::WarmupDecayLRParams>(c.scheduler.params);
   EXPECT_EQ(w.warmup_min_lr, 0.0);
   EXPECT_EQ(w.warmup_max_lr, 3e-4);
   EXPECT_EQ(w.warmup_num_steps, 100);
@@ -346,7 +388,7 @@ TEST(ConfigAuto, EveryAutoFilledFromTrainerAndModel) {
   for (const char* p : {"train_batch_size", "optimizer.params.lr", "optimizer.params.betas",
                         "scheduler.params.total_num_steps", "bf16.enabled",
                         "zero_optimization.reduce_bucket_size"}) {
-    EXPECT_EQ(entry(c, p).origin, Origin::Auto) << p;
+    EXPECT_EQ(entry(c, p).origin, config::Origin::Auto) << p;
   }
   EXPECT_HAS(entry(c, "optimizer.params.lr").note, "learning_rate");
   EXPECT_HAS(entry(c, "zero_optimization.reduce_bucket_size").note, "hidden_size 768");
@@ -357,7 +399,7 @@ TEST(ConfigAuto, BatchAutoWithoutTrainerValueIsDerived) {
                      "gradient_accumulation_steps": 2})",
                  world(2));
   EXPECT_EQ(c.batch.train_batch_size, 16);
-  EXPECT_EQ(entry(c, "train_batch_size").origin, Origin::Derived);
+  EXPECT_EQ(entry(c, "train_batch_size").origin, config::Origin::Derived);
   auto msg = error_of(R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"})");
   EXPECT_HAS(msg, "Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided");
   EXPECT_HAS(msg,
@@ -388,7 +430,7 @@ TEST(ConfigAuto, HiddenSizeKeys) {
   EXPECT_HAS(msg,
              "zero_optimization.reduce_bucket_size, zero_optimization.stage3_prefetch_bucket_size");
   // Below stage 3 the stage-3 keys keep their defaults, like DeepSpeed.
-  ConfigContext ctx;
+  config::ConfigContext ctx;
   ctx.hidden_size = 1024;
   auto c = parse(R"({"train_batch_size": 8,
                      "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto",
@@ -396,11 +438,11 @@ TEST(ConfigAuto, HiddenSizeKeys) {
                  ctx);
   EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 1024 * 1024);
   EXPECT_EQ(c.zero_optimization.stage3_prefetch_bucket_size, 50000000);
-  EXPECT_EQ(entry(c, "zero_optimization.stage3_prefetch_bucket_size").origin, Origin::Default);
+  EXPECT_EQ(entry(c, "zero_optimization.stage3_prefetch_bucket_size").origin, config::Origin::Default);
 }
 
 TEST(ConfigAuto, ContradictingArgumentsListEveryMismatch) {
-  ConfigContext ctx;
+  config::ConfigContext ctx;
   ctx.args.per_device_train_batch_size = 8;
   ctx.args.learning_rate = 3e-4;
   ctx.args.adam_beta2 = 0.95;
@@ -424,7 +466,7 @@ TEST(ConfigAuto, ContradictingArgumentsListEveryMismatch) {
 }
 
 TEST(ConfigAuto, ComputedTrainBatchMismatch) {
-  ConfigContext ctx;
+  config::ConfigContext ctx;
   ctx.world_size = 2;
   ctx.args.per_device_train_batch_size = 4;
   ctx.args.gradient_accumulation_steps = 2;
@@ -621,9 +663,9 @@ TEST(ConfigRules, OffloadChecks) {
   c = parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
                 "offload_optimizer": {"device": "cpu", "pin_memory": true},
                 "offload_param": {"device": "cpu"}}})");
-  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadDevice::CPU);
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, config::OffloadDevice::CPU);
   EXPECT_TRUE(c.zero_optimization.offload_optimizer.pin_memory);
-  EXPECT_EQ(c.zero_optimization.offload_param.device, OffloadDevice::CPU);
+  EXPECT_EQ(c.zero_optimization.offload_param.device, config::OffloadDevice::CPU);
   // CPU offload: the user is told once per section what it does, never silently ignored.
   EXPECT_EQ(c.warnings.size(), 2u) << fmt::format("{}", fmt::join(c.warnings, "\n"));
   EXPECT_TRUE(has_warning(c, "offload_optimizer.device = \"cpu\": the optimizer state is in host "
@@ -641,7 +683,7 @@ TEST(ConfigRules, OffloadChecks) {
 TEST(ConfigRules, CommunicationDtypeFollowsTraining) {
   auto c = parse(R"({"train_batch_size": 8, "fp16": {"enabled": true}})");
   EXPECT_EQ(c.communication_data_type, ds::DType::f16);
-  EXPECT_EQ(entry(c, "communication_data_type").origin, Origin::Derived);
+  EXPECT_EQ(entry(c, "communication_data_type").origin, config::Origin::Derived);
   c = parse(R"({"train_batch_size": 8, "bf16": {"enabled": true}, "communication_data_type": "fp32",
                 "data_types": {"grad_accum_dtype": "fp32"}})");
   EXPECT_EQ(c.communication_data_type, ds::DType::f32);
@@ -652,9 +694,9 @@ TEST(ConfigRules, CommunicationDtypeFollowsTraining) {
 TEST(ConfigRules, OneCycleWithoutBetasDisablesMomentum) {
   auto c = parse(R"({"train_batch_size": 8, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
                      "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.01, "cycle_max_lr": 0.1}}})");
-  EXPECT_FALSE(std::get<OneCycleParams>(c.scheduler.params).cycle_momentum);
+  EXPECT_FALSE(std::get<config::OneCycleParams>(c.scheduler.params).cycle_momentum);
   EXPECT_TRUE(has_warning(c, "cycle_momentum is disabled"));
-  EXPECT_EQ(std::get<OneCycleParams>(c.scheduler.params).cycle_second_step_size, 2000);
+  EXPECT_EQ(std::get<config::OneCycleParams>(c.scheduler.params).cycle_second_step_size, 2000);
 }
 
 // ---- accepted but not implemented -------------------------------------------------------------
@@ -682,14 +724,14 @@ TEST(ConfigWarnings, OneWarningPerUnimplementedKey) {
   }
   EXPECT_EQ(c.warnings.size(), 9u) << fmt::format("{}", fmt::join(c.warnings, "\n"));
   for (const auto& w : c.warnings) EXPECT_EQ(w.rfind("[config] ", 0), 0u) << w;
-  EXPECT_EQ(c.optimizer.type, OptimizerType::OneBitAdam);
+  EXPECT_EQ(c.optimizer.type, config::OptimizerType::OneBitAdam);
   EXPECT_EQ(c.optimizer.freeze_step, 400);
-  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadDevice::CPU);
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, config::OffloadDevice::CPU);
   EXPECT_EQ(c.zero_optimization.offload_optimizer.nvme_path, "/local_nvme");
   EXPECT_EQ(c.flops_profiler.profile_step, 3);
 
   std::FILE* f = std::tmpfile();
-  print_config_warnings(c, f);
+  config::print_config_warnings(c, f);
   std::rewind(f);
   char buf[8192] = {};
   size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
@@ -715,14 +757,14 @@ TEST(ConfigWarnings, DisabledOrDefaultValuesDoNotWarn) {
 TEST(ConfigDeprecated, CpuOffloadFlags) {
   auto c = parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "cpu_offload": true,
                      "cpu_offload_param": true, "cpu_offload_use_pin_memory": true}})");
-  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadDevice::CPU);
-  EXPECT_EQ(c.zero_optimization.offload_param.device, OffloadDevice::CPU);
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, config::OffloadDevice::CPU);
+  EXPECT_EQ(c.zero_optimization.offload_param.device, config::OffloadDevice::CPU);
   EXPECT_TRUE(c.zero_optimization.offload_optimizer.pin_memory);
   EXPECT_TRUE(c.zero_optimization.offload_param.pin_memory);
   EXPECT_TRUE(has_warning(c, "zero_optimization.cpu_offload is deprecated"));
   EXPECT_HAS(entry(c, "zero_optimization.offload_optimizer.device").note, "cpu_offload");
   c = parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "cpu_offload": false}})");
-  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadDevice::None);
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, config::OffloadDevice::None);
   EXPECT_HAS(
       error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "cpu_offload": true,
                           "offload_optimizer": {"device": "cpu"}}})"),
@@ -790,11 +832,11 @@ TEST(ConfigJson, DuplicateKeysAreAnError) {
 }
 
 TEST(ConfigJson, StripTrailingCommas) {
-  EXPECT_EQ(strip_trailing_commas(R"({"a": [1, 2,], })"), R"({"a": [1, 2 ]  })");
-  EXPECT_EQ(strip_trailing_commas(R"({"a": ",}"})"), R"({"a": ",}"})");
-  EXPECT_EQ(strip_trailing_commas("{\"a\": 1, // c,\n}"), "{\"a\": 1  // c,\n}");
-  EXPECT_EQ(strip_trailing_commas(R"({"a": "x\",}", "b": 2,})"), R"({"a": "x\",}", "b": 2 })");
-  EXPECT_EQ(strip_trailing_commas("[1, /* , */ 2, /* x */ ]"), "[1, /* , */ 2  /* x */ ]");
+  EXPECT_EQ(config::strip_trailing_commas(R"({"a": [1, 2,], })"), R"({"a": [1, 2 ]  })");
+  EXPECT_EQ(config::strip_trailing_commas(R"({"a": ",}"})"), R"({"a": ",}"})");
+  EXPECT_EQ(config::strip_trailing_commas("{\"a\": 1, // c,\n}"), "{\"a\": 1  // c,\n}");
+  EXPECT_EQ(config::strip_trailing_commas(R"({"a": "x\",}", "b": 2,})"), R"({"a": "x\",}", "b": 2 })");
+  EXPECT_EQ(config::strip_trailing_commas("[1, /* , */ 2, /* x */ ]"), "[1, /* , */ 2  /* x */ ]");
 }
 
 TEST(ConfigJson, FilePathAndSyntaxErrors) {
@@ -806,7 +848,7 @@ TEST(ConfigJson, FilePathAndSyntaxErrors) {
     std::ofstream(path)
         << "{\n  \"train_batch_size\": 8,\n  // comment\n  \"fp16\": {\"enabled\": true,},\n}\n";
   }
-  auto c = parse_config(path);
+  auto c = config::parse_config(path);
   EXPECT_TRUE(c.fp16.enabled);
   EXPECT_EQ(c.source, path);
   { std::ofstream(path) << "{\n  \"train_batch_size\": 8\n  \"fp16\": {}\n}\n"; }
@@ -816,7 +858,7 @@ TEST(ConfigJson, FilePathAndSyntaxErrors) {
   EXPECT_HAS(error_of(path), "in " + path);  // messages name the file
   EXPECT_HAS(error_of((dir / "missing.json").string()), "no such file");
   EXPECT_HAS(error_of("[1, 2]"), "no such file");  // not an object, not a path
-  ConfigContext named;
+  config::ConfigContext named;
   named.source_name = "trainer --deepspeed_config";
   EXPECT_HAS(error_of(R"({"train_batch_size": 0})", named), "trainer --deepspeed_config");
   std::filesystem::remove_all(dir);
@@ -824,34 +866,34 @@ TEST(ConfigJson, FilePathAndSyntaxErrors) {
 
 TEST(ConfigJson, ParseJsonObjectDirectly) {
   json j = {{"train_micro_batch_size_per_gpu", 2}, {"gradient_accumulation_steps", 2}};
-  auto c = parse_config_json(j, world(8));
+  auto c = config::parse_config_json(j, world(8));
   EXPECT_EQ(c.batch.train_batch_size, 32);
   EXPECT_EQ(j.size(), 2u);  // the caller's object is not modified
 }
 
 TEST(ConfigJson, EditDistance) {
-  EXPECT_EQ(edit_distance("stage3_prefetch_bucket_sze", "stage3_prefetch_bucket_size"), 1u);
-  EXPECT_EQ(edit_distance("hysteresis", "hysteresis"), 0u);
-  EXPECT_EQ(edit_distance("ab", "ba"), 1u);  // a transposition is one edit
-  EXPECT_EQ(edit_distance("", "abc"), 3u);
+  EXPECT_EQ(config::edit_distance("stage3_prefetch_bucket_sze", "stage3_prefetch_bucket_size"), 1u);
+  EXPECT_EQ(config::edit_distance("hysteresis", "hysteresis"), 0u);
+  EXPECT_EQ(config::edit_distance("ab", "ba"), 1u);  // a transposition is one edit
+  EXPECT_EQ(config::edit_distance("", "abc"), 3u);
 }
 
 // ---- effective config ------------------------------------------------------------------------
 
 TEST(ConfigReport, EveryValueWithItsOrigin) {
-  ConfigContext ctx;
+  config::ConfigContext ctx;
   ctx.world_size = 2;
   ctx.args.learning_rate = 2e-4;
   auto c = parse(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4,
                      "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
                      "zero_optimization": {"stage": 2, "cpu_offload": true}})",
                  ctx);
-  EXPECT_EQ(entry(c, "train_batch_size").origin, Origin::File);
-  EXPECT_EQ(entry(c, "gradient_accumulation_steps").origin, Origin::Derived);
-  EXPECT_EQ(entry(c, "optimizer.params.lr").origin, Origin::Auto);
-  EXPECT_EQ(entry(c, "fp16.hysteresis").origin, Origin::Default);
+  EXPECT_EQ(entry(c, "train_batch_size").origin, config::Origin::File);
+  EXPECT_EQ(entry(c, "gradient_accumulation_steps").origin, config::Origin::Derived);
+  EXPECT_EQ(entry(c, "optimizer.params.lr").origin, config::Origin::Auto);
+  EXPECT_EQ(entry(c, "fp16.hysteresis").origin, config::Origin::Default);
   EXPECT_EQ(entry(c, "fp16.hysteresis").value, 2);
-  const std::string text = format_effective_config(c);
+  const std::string text = config::format_effective_config(c);
   EXPECT_HAS(text, "world size 2");
   auto line_of = [&](const std::string& key) {
     auto pos = text.find("\n  " + key + " ");
@@ -878,41 +920,41 @@ TEST(ConfigShipped, ReadyConfigsParse) {
   for (const char* name : {"ds_config_zero0.json", "ds_config_zero1.json", "ds_config_zero2.json",
                            "ds_config_zero3.json", "ds_config_bf16.json", "ds_config_fp16.json"}) {
     SCOPED_TRACE(name);
-    ConfigContext ctx;
+    config::ConfigContext ctx;
     ctx.world_size = 2;
     ctx.hidden_size = 768;
-    DeepSpeedConfig c;
-    ASSERT_NO_THROW(c = parse_config(dir + name, ctx));
+    config::DeepSpeedConfig c;
+    ASSERT_NO_THROW(c = config::parse_config(dir + name, ctx));
     EXPECT_TRUE(c.warnings.empty()) << fmt::format("{}", fmt::join(c.warnings, "\n"));
   }
-  auto z3 = parse_config(dir + "ds_config_zero3.json", world(2));
+  auto z3 = config::parse_config(dir + "ds_config_zero3.json", world(2));
   EXPECT_EQ(z3.zero_optimization.stage, 3);
-  EXPECT_EQ(parse_config(dir + "ds_config_zero0.json", world(2)).training_dtype(), ds::DType::f32);
-  EXPECT_TRUE(parse_config(dir + "ds_config_bf16.json", world(2)).bf16.enabled);
-  EXPECT_TRUE(parse_config(dir + "ds_config_fp16.json", world(2)).fp16.enabled);
+  EXPECT_EQ(config::parse_config(dir + "ds_config_zero0.json", world(2)).training_dtype(), ds::DType::f32);
+  EXPECT_TRUE(config::parse_config(dir + "ds_config_bf16.json", world(2)).bf16.enabled);
+  EXPECT_TRUE(config::parse_config(dir + "ds_config_fp16.json", world(2)).fp16.enabled);
 }
 
 // ---- configs as users write them ----------------------------------------------------------------
 
 TEST(ConfigShipped, HuggingFaceZero3TemplateWithTrainerArgs) {
   // The ZeRO-3 offload template from the Hugging Face DeepSpeed integration docs, verbatim.
-  ConfigContext ctx = full_args();
+  config::ConfigContext ctx = full_args();
   ctx.world_size = 8;
-  auto c = parse_config(std::string(DS_FIXTURE_DIR) + "/config/hf_zero3_offload.json", ctx);
+  auto c = config::parse_config(std::string(DS_FIXTURE_DIR) + "/config/hf_zero3_offload.json", ctx);
   EXPECT_EQ(c.batch.train_batch_size, 8 * 4 * 3);
   EXPECT_TRUE(c.bf16.enabled);
   EXPECT_FALSE(c.fp16.enabled);
   EXPECT_EQ(c.zero_optimization.stage, 3);
-  EXPECT_EQ(c.zero_optimization.offload_param.device, OffloadDevice::CPU);
+  EXPECT_EQ(c.zero_optimization.offload_param.device, config::OffloadDevice::CPU);
   EXPECT_TRUE(c.zero_optimization.offload_optimizer.pin_memory);
   EXPECT_EQ(c.zero_optimization.stage3_param_persistence_threshold, 7680);
   EXPECT_EQ(c.steps_per_print, 2000);
-  EXPECT_EQ(std::get<WarmupLRParams>(c.scheduler.params).warmup_num_steps, 100);
+  EXPECT_EQ(std::get<config::WarmupLRParams>(c.scheduler.params).warmup_num_steps, 100);
   // Its only warnings: CPU offload, one for each section, saying what it does here.
   EXPECT_EQ(c.warnings.size(), 2u) << fmt::format("{}", fmt::join(c.warnings, "\n"));
   for (const auto& w : c.warnings) EXPECT_HAS(w, "device = \"cpu\"");
   // Without the trainer's arguments the first unresolved "auto" is named.
-  ConfigContext bare;
+  config::ConfigContext bare;
   bare.hidden_size = 768;
   EXPECT_HAS(error_of(std::string(DS_FIXTURE_DIR) + "/config/hf_zero3_offload.json", bare),
              "is \"auto\"");
@@ -920,11 +962,11 @@ TEST(ConfigShipped, HuggingFaceZero3TemplateWithTrainerArgs) {
 
 TEST(ConfigShipped, LegacyDeepSpeedExampleConfig) {
   auto c =
-      parse_config(std::string(DS_FIXTURE_DIR) + "/config/deepspeed_legacy_zero2.json", world(4));
+      config::parse_config(std::string(DS_FIXTURE_DIR) + "/config/deepspeed_legacy_zero2.json", world(4));
   EXPECT_EQ(c.batch.train_micro_batch_size_per_gpu, 8);  // 64 // 4 // 2
-  EXPECT_EQ(c.optimizer.type, OptimizerType::Adam);
+  EXPECT_EQ(c.optimizer.type, config::OptimizerType::Adam);
   EXPECT_TRUE(c.optimizer.adam_w_mode);
-  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadDevice::CPU);
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, config::OffloadDevice::CPU);
   EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 200000000);
   EXPECT_TRUE(c.fp16.enabled);
   // cpu_offload: deprecated, and CPU offload's notice.
@@ -970,8 +1012,8 @@ TEST(ConfigRules, NullIsRefusedWhereDeepSpeedRefusesIt) {
                      "zero_optimization": {"stage": 2, "offload_optimizer": null},
                      "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4,
                        "cycle_max_lr": 1e-3, "cycle_second_step_size": null}}})");
-  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadDevice::None);
-  EXPECT_EQ(std::get<OneCycleParams>(c.scheduler.params).cycle_second_step_size, 2000);
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, config::OffloadDevice::None);
+  EXPECT_EQ(std::get<config::OneCycleParams>(c.scheduler.params).cycle_second_step_size, 2000);
 }
 
 // DeepSpeed's pydantic sections (zero_optimization, fp16, bf16, the monitors) coerce in lax mode,
@@ -1048,7 +1090,7 @@ TEST(ConfigTrainer, ParallelSizesAreTheTypedSections) {
 }
 
 TEST(ConfigTrainer, BatchSizesAloneFollowTheRules) {
-  ConfigContext ctx = world(2);
+  config::ConfigContext ctx = world(2);
   ctx.args.per_device_train_batch_size = 4;
   ctx.args.gradient_accumulation_steps = 3;
   const auto b = ds::config::resolve_batch_sizes(
@@ -1081,7 +1123,7 @@ TEST(ConfigTrainer, PipelineStagesAuto) {
   EXPECT_EQ(c.pipeline.stages, 0);
   EXPECT_EQ(entry(c, "pipeline.stages").value, "auto");
   EXPECT_EQ(ds::config::read_parallel_sizes(json::parse(cfg), "t.json").pipeline.stages, 0);
-  ConfigContext ctx;
+  config::ConfigContext ctx;
   ctx.args.pipeline_parallel_size = 2;
   c = parse(cfg, ctx);
   EXPECT_EQ(c.pipeline.stages, 2);
@@ -1090,7 +1132,7 @@ TEST(ConfigTrainer, PipelineStagesAuto) {
 }
 
 TEST(ConfigTrainer, TrainerParallelSizesSetOpenSectionsAndMustAgree) {
-  ConfigContext ctx;
+  config::ConfigContext ctx;
   ctx.args.tensor_parallel_size = 2;
   ctx.args.pipeline_parallel_size = 2;
   auto c = parse(R"({"train_batch_size": 8})", ctx);

@@ -9,9 +9,10 @@
 #include <limits>
 
 #include "ds/core/error.h"
-#include "ds/runtime/config.h"
+#include "ds/config/config.h"
 #include "ds/runtime/loss_scaler.h"
 
+using namespace ds;
 using namespace ds::runtime;
 using nlohmann::json;
 
@@ -122,7 +123,7 @@ TEST(LossScaler, MinimumScaleIsAnError) {
 }
 
 TEST(LossScaler, StaticScaleNeverChanges) {
-  FP16Config fp16;
+  config::FP16Config fp16;
   fp16.enabled = true;
   fp16.loss_scale = 128;
   LossScaler s = LossScaler::from_config(fp16);
@@ -137,18 +138,18 @@ TEST(LossScaler, StaticScaleNeverChanges) {
 }
 
 TEST(LossScaler, FromConfig) {
-  FP16Config off;
+  config::FP16Config off;
   LossScaler none = LossScaler::from_config(off);
   EXPECT_FALSE(none.dynamic());
   EXPECT_EQ(none.scale(), 1.0);
 
-  auto cfg = parse_config(R"({"train_batch_size": 8, "fp16": {"enabled": true}})");
+  auto cfg = config::parse_config(R"({"train_batch_size": 8, "fp16": {"enabled": true}})");
   LossScaler d = LossScaler::from_config(cfg.fp16);
   EXPECT_TRUE(d.dynamic());
   EXPECT_EQ(d.scale(), 65536.0);  // documented defaults: 2^16, hysteresis 2 (not DeepSpeed's 2^32)
   EXPECT_EQ(d.cur_hysteresis(), 2);
 
-  auto cfg2 = parse_config(
+  auto cfg2 = config::parse_config(
       R"({"train_batch_size": 8, "fp16": {"enabled": true, "initial_scale_power": 12,
           "loss_scale_window": 2, "hysteresis": 1, "min_loss_scale": 1024}})");
   LossScaler e = LossScaler::from_config(cfg2.fp16);

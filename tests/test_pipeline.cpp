@@ -30,7 +30,7 @@
 #include "ds/models/hf_io.h"
 #include "ds/nn/tensor_parallel.h"
 #include "ds/ops/ops.h"
-#include "ds/runtime/config.h"
+#include "ds/config/config.h"
 #include "ds/runtime/engine.h"
 #include "ds/runtime/pipeline_engine.h"
 #include "ds/runtime/pipeline_partition.h"
@@ -302,7 +302,7 @@ TEST_P(PipelineTraining, SameLossesAsOneProcess) {
         rng::dropout_state() = {};
         runtime::PipelineEngine pipe(
             stage,
-            runtime::parse_config(engine_config(zero_stage, b, l.tp, ckpt, l.pp),
+            config::parse_config(engine_config(zero_stage, b, l.tp, ckpt, l.pp),
                                   {.world_size = dp}),
             opt);
         const auto want = reference(c, zero_stage, b * dp, steps);
@@ -346,7 +346,7 @@ TEST_P(PipelineTraining, StagesOnADeviceTrainAsOnTheHost) {
     rng::dropout_state() = {};
     runtime::PipelineEngine pipe(
         stage,
-        runtime::parse_config(engine_config(zero_stage, b, l.tp, 0, l.pp), {.world_size = dp}),
+        config::parse_config(engine_config(zero_stage, b, l.tp, 0, l.pp), {.world_size = dp}),
         opt);
     std::vector<double> losses;
     for (int k = 0; k < steps; ++k) {
@@ -414,7 +414,7 @@ TEST(PipelineTraining, Zero3WithNvmeOffloadMatchesOneProcess) {
   opt.topology = topo;
   opt.log = [](const std::string&) {};
   rng::dropout_state() = {};
-  runtime::PipelineEngine pipe(stage, runtime::parse_config(cfg, {.world_size = 1}), opt);
+  runtime::PipelineEngine pipe(stage, config::parse_config(cfg, {.world_size = 1}), opt);
   const auto want = reference(c, 3, 2, steps);
   rng::dropout_state() = {};
   for (int k = 0; k < steps; ++k) {
@@ -456,7 +456,7 @@ TEST(PipelineTraining, Bf16MatchesOneProcess) {
     opt.topology = topo;
     opt.log = [](const std::string&) {};
     runtime::PipelineEngine pipe(
-        stage, runtime::parse_config(engine_config(1, b, 1, 0, 2, true), {.world_size = dp}), opt);
+        stage, config::parse_config(engine_config(1, b, 1, 0, 2, true), {.world_size = dp}), opt);
     double worst = 0;
     for (int k = 0; k < steps; ++k) {
       int64_t m = 0;
@@ -488,7 +488,7 @@ TEST(PipelineTraining, ShapeMismatchFailsOnEveryRankNamingBothStages) {
   opt.log = [](const std::string&) {};
   runtime::PipelineEngine pipe(
       stage,
-      runtime::parse_config(engine_config(0, 2, 1, 0, n),
+      config::parse_config(engine_config(0, 2, 1, 0, n),
                             {.world_size = topo->data_parallel()->size()}),
       opt);
   try {
@@ -555,7 +555,7 @@ TEST(PipelineTraining, RefusesWhatItCannotDo) {
     auto stage =
         std::make_shared<models::GPT>(c, nullptr, models::PipeRange{bounds[s], bounds[s + 1]});
     runtime::PipelineEngine pipe(
-        stage, runtime::parse_config(cfg, {.world_size = topo->data_parallel()->size()}), opt);
+        stage, config::parse_config(cfg, {.world_size = topo->data_parallel()->size()}), opt);
   };
   auto expect_error = [&](const std::string& cfg, const std::string& needle) {
     try {
@@ -566,7 +566,7 @@ TEST(PipelineTraining, RefusesWhatItCannotDo) {
     }
   };
   expect_error(engine_config(0, 2, 1, 0, n + 1), "pipeline.stages is");
-  EXPECT_THROW(runtime::parse_config_json(nlohmann::json::parse(
+  EXPECT_THROW(config::parse_config_json(nlohmann::json::parse(
                    R"({"train_micro_batch_size_per_gpu": 1, "pipeline": {"partition": "best-ish"}})"),
                                           {}),
                Error);
@@ -585,7 +585,7 @@ TEST(PipelineTraining, DeadStageDemo) {
   runtime::InitOptions opt;
   opt.topology = topo;
   runtime::PipelineEngine pipe(
-      stage, runtime::parse_config(engine_config(0, 2, 1, 0, 2), {.world_size = w->size() / 2}),
+      stage, config::parse_config(engine_config(0, 2, 1, 0, 2), {.world_size = w->size() / 2}),
       opt);
   if (s == 1) return;  // the last stage leaves: stage 0 waits for its gradients
   pipe.train_batch([&] {
@@ -618,7 +618,7 @@ TEST(PipelineCheckpoints, ResumeAtAnyLayout) {
       auto stage =
           std::make_shared<models::GPT>(c, nullptr, models::PipeRange{bounds[s], bounds[s + 1]});
       return std::make_unique<runtime::PipelineEngine>(
-          stage, runtime::parse_config(engine_config(1, b, 1, 0, 2), {.world_size = dp}), opt);
+          stage, config::parse_config(engine_config(1, b, 1, 0, 2), {.world_size = dp}), opt);
     };
     auto step = [&](runtime::PipelineEngine& p, int k) {
       int64_t m = 0;

@@ -8,9 +8,10 @@
 #include <numbers>
 
 #include "ds/core/error.h"
-#include "ds/runtime/config.h"
+#include "ds/config/config.h"
 #include "ds/runtime/lr_schedule.h"
 
+using namespace ds;
 using namespace ds::runtime;
 using nlohmann::json;
 
@@ -23,11 +24,11 @@ json load_fixture(const char* name) {
 }
 
 // The scheduler exactly as a DeepSpeed config file would describe it, through the parser.
-DeepSpeedConfig config_for(const std::string& type, const json& params, double base_lr) {
+config::DeepSpeedConfig config_for(const std::string& type, const json& params, double base_lr) {
   json root = {{"train_batch_size", 1},
                {"optimizer", {{"type", "Adam"}, {"params", {{"lr", base_lr}}}}},
                {"scheduler", {{"type", type}, {"params", params}}}};
-  return parse_config_json(root);
+  return config::parse_config_json(root);
 }
 
 // Python and C++ call the same libm and we keep DeepSpeed's operation order, so values agree to
@@ -89,10 +90,10 @@ TEST(Schedule, OneCycleStairsOfIssue12) {
 TEST(Schedule, WarmupLRMaxDefaultsToOptimizerLr) {
   // DeepSpeed 0.19: WarmupLR without warmup_max_lr warms up to the optimizer's lr.
   auto cfg = config_for("WarmupLR", {{"warmup_num_steps", 4}, {"warmup_type", "linear"}}, 3e-4);
-  EXPECT_DOUBLE_EQ(std::get<WarmupLRParams>(cfg.scheduler.params).warmup_max_lr, 3e-4);
+  EXPECT_DOUBLE_EQ(std::get<config::WarmupLRParams>(cfg.scheduler.params).warmup_max_lr, 3e-4);
   // WarmupDecayLR keeps its own default of 1e-3.
   auto dec = config_for("WarmupDecayLR", {{"total_num_steps", 10}}, 3e-4);
-  EXPECT_DOUBLE_EQ(std::get<WarmupDecayLRParams>(dec.scheduler.params).warmup_max_lr, 1e-3);
+  EXPECT_DOUBLE_EQ(std::get<config::WarmupDecayLRParams>(dec.scheduler.params).warmup_max_lr, 1e-3);
 }
 
 TEST(Schedule, OneCycleBeta2WarnsWhenReplaced) {
@@ -104,8 +105,8 @@ TEST(Schedule, OneCycleBeta2WarnsWhenReplaced) {
 }
 
 TEST(Schedule, WarmupLRFormula) {
-  WarmupLRParams p{1e-5, 1e-3, 100, WarmupType::Log};
-  LRScheduler s(SchedulerConfig{SchedulerType::WarmupLR, p}, 0.5);
+  config::WarmupLRParams p{1e-5, 1e-3, 100, config::WarmupType::Log};
+  LRScheduler s(config::SchedulerConfig{config::SchedulerType::WarmupLR, p}, 0.5);
   EXPECT_DOUBLE_EQ(s.get_lr(), 1e-5);  // t = -1: the first optimizer step runs at warmup_min_lr
   for (int64_t t : {0, 1, 9, 50, 99}) {
     s.step_to(t);
@@ -116,16 +117,16 @@ TEST(Schedule, WarmupLRFormula) {
     s.step_to(t);
     EXPECT_DOUBLE_EQ(s.get_lr(), 1e-3);
   }
-  p.warmup_type = WarmupType::Linear;
-  LRScheduler lin(SchedulerConfig{SchedulerType::WarmupLR, p}, 0.5);
+  p.warmup_type = config::WarmupType::Linear;
+  LRScheduler lin(config::SchedulerConfig{config::SchedulerType::WarmupLR, p}, 0.5);
   lin.step_to(25);
   EXPECT_NEAR(lin.get_lr(), 1e-5 + (1e-3 - 1e-5) * 0.25, 1e-17);
 }
 
 TEST(Schedule, WarmupStepsBelowTwoUseTwo) {
   // W = max(2, warmup_num_steps): ln(W) must not be 0.
-  WarmupLRParams p{0.0, 1.0, 0, WarmupType::Log};
-  LRScheduler s(SchedulerConfig{SchedulerType::WarmupLR, p}, 1.0);
+  config::WarmupLRParams p{0.0, 1.0, 0, config::WarmupType::Log};
+  LRScheduler s(config::SchedulerConfig{config::SchedulerType::WarmupLR, p}, 1.0);
   s.step_to(0);
   EXPECT_DOUBLE_EQ(s.get_lr(), 0.0);
   s.step_to(1);
@@ -133,8 +134,8 @@ TEST(Schedule, WarmupStepsBelowTwoUseTwo) {
 }
 
 TEST(Schedule, WarmupDecayLRFormula) {
-  WarmupDecayLRParams p{110, 0.0, 1e-3, 10, WarmupType::Linear};
-  LRScheduler s(SchedulerConfig{SchedulerType::WarmupDecayLR, p}, 0.5);
+  config::WarmupDecayLRParams p{110, 0.0, 1e-3, 10, config::WarmupType::Linear};
+  LRScheduler s(config::SchedulerConfig{config::SchedulerType::WarmupDecayLR, p}, 0.5);
   s.step_to(5);
   EXPECT_DOUBLE_EQ(s.get_lr(), 1e-3 * 0.5);
   s.step_to(10);
@@ -148,9 +149,9 @@ TEST(Schedule, WarmupDecayLRFormula) {
 }
 
 TEST(Schedule, WarmupCosineHoldsFloorAfterEnd) {
-  WarmupCosineLRParams p{100, 0.0, 10, 0.05, WarmupType::Linear};
+  config::WarmupCosineLRParams p{100, 0.0, 10, 0.05, config::WarmupType::Linear};
   const double base = 2e-3;
-  LRScheduler s(SchedulerConfig{SchedulerType::WarmupCosineLR, p}, base);
+  LRScheduler s(config::SchedulerConfig{config::SchedulerType::WarmupCosineLR, p}, base);
   EXPECT_EQ(s.get_lr(), 0.0);  // DeepSpeed's value before the first step
   s.step_to(4);
   EXPECT_DOUBLE_EQ(s.get_lr(), base * 0.4);
@@ -172,7 +173,7 @@ TEST(Schedule, WarmupCosineHoldsFloorAfterEnd) {
 }
 
 TEST(Schedule, OneCycleLrAndMomentum) {
-  OneCycleParams p;
+  config::OneCycleParams p;
   p.cycle_min_lr = 1e-4;
   p.cycle_max_lr = 1e-3;
   p.cycle_first_step_size = 10;
@@ -180,7 +181,7 @@ TEST(Schedule, OneCycleLrAndMomentum) {
   p.decay_step_size = 5;
   p.decay_lr_rate = 0.5;
   p.decay_mom_rate = 0.1;
-  LRScheduler s(SchedulerConfig{SchedulerType::OneCycle, p}, 0.1);
+  LRScheduler s(config::SchedulerConfig{config::SchedulerType::OneCycle, p}, 0.1);
   EXPECT_DOUBLE_EQ(s.get_lr(), 1e-4);
   EXPECT_DOUBLE_EQ(*s.get_beta1(), 0.8);  // t = -1: DeepSpeed's constructor writes cycle_min_mom
   s.step_to(9);                           // i = 10: the peak
@@ -195,13 +196,13 @@ TEST(Schedule, OneCycleLrAndMomentum) {
 }
 
 TEST(Schedule, LRRangeTestFormula) {
-  LRRangeTestParams p{1e-4, 10, 3.0, false};
-  LRScheduler s(SchedulerConfig{SchedulerType::LRRangeTest, p}, 0.1);
+  config::LRRangeTestParams p{1e-4, 10, 3.0, false};
+  LRScheduler s(config::SchedulerConfig{config::SchedulerType::LRRangeTest, p}, 0.1);
   EXPECT_DOUBLE_EQ(s.get_lr(), 1e-4);
   s.step_to(4);
   EXPECT_DOUBLE_EQ(s.get_lr(), 1e-4 * (1 + 3.0 * 0.5));
   p.lr_range_test_staircase = true;
-  LRScheduler st(SchedulerConfig{SchedulerType::LRRangeTest, p}, 0.1);
+  LRScheduler st(config::SchedulerConfig{config::SchedulerType::LRRangeTest, p}, 0.1);
   st.step_to(8);
   EXPECT_DOUBLE_EQ(st.get_lr(), 1e-4);
   st.step_to(9);
@@ -209,9 +210,9 @@ TEST(Schedule, LRRangeTestFormula) {
 }
 
 TEST(Schedule, ConstantWithoutScheduler) {
-  auto cfg = parse_config(
+  auto cfg = config::parse_config(
       R"({"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}})");
-  EXPECT_EQ(cfg.scheduler.type, SchedulerType::None);
+  EXPECT_EQ(cfg.scheduler.type, config::SchedulerType::None);
   LRScheduler s(cfg.scheduler, cfg.optimizer.lr);
   for (int i = 0; i < 5; ++i) {
     EXPECT_DOUBLE_EQ(s.get_lr(), 3e-4);
@@ -221,8 +222,8 @@ TEST(Schedule, ConstantWithoutScheduler) {
 }
 
 TEST(Schedule, StateSaveLoadResumesExactly) {
-  WarmupDecayLRParams p{200, 1e-6, 1e-3, 20, WarmupType::Log};
-  SchedulerConfig c{SchedulerType::WarmupDecayLR, p};
+  config::WarmupDecayLRParams p{200, 1e-6, 1e-3, 20, config::WarmupType::Log};
+  config::SchedulerConfig c{config::SchedulerType::WarmupDecayLR, p};
   LRScheduler a(c, 0.1);
   for (int i = 0; i < 37; ++i) a.step();
   json state = a.state_dict();
@@ -251,7 +252,7 @@ TEST(Schedule, ResumeFromConfigLastBatchIteration) {
 }
 
 TEST(Schedule, MismatchedConfigRejected) {
-  SchedulerConfig bad{SchedulerType::WarmupLR, OneCycleParams{}};
+  config::SchedulerConfig bad{config::SchedulerType::WarmupLR, config::OneCycleParams{}};
   EXPECT_THROW(LRScheduler(bad, 0.1), ds::Error);
-  EXPECT_THROW(LRScheduler(SchedulerConfig{}, -1.0), ds::Error);
+  EXPECT_THROW(LRScheduler(config::SchedulerConfig{}, -1.0), ds::Error);
 }

@@ -27,7 +27,7 @@
 #include "ds/models/gpt.h"
 #include "ds/nn/tensor_parallel.h"
 #include "ds/ops/ops.h"
-#include "ds/runtime/config.h"
+#include "ds/config/config.h"
 #include "ds/runtime/consolidate.h"
 #include "ds/runtime/engine.h"
 #include "devices.h"
@@ -317,7 +317,7 @@ TEST(TensorParallelTraining, ConfigAndTopologyMustAgree) {
         << err.what();
   }
   // tp.tp_size must be 1 or autotp_size (DeepSpeed's rule).
-  EXPECT_THROW(runtime::parse_config_json(nlohmann::json::parse(
+  EXPECT_THROW(config::parse_config_json(nlohmann::json::parse(
                    R"({"train_micro_batch_size_per_gpu": 1,
                        "tensor_parallel": {"autotp_size": 2, "tp": {"tp_size": 3}}})"),
                                           {}),

@@ -116,153 +116,182 @@ int generate_seq2seq(const fs::path& dir, const std::string& source, const std::
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"ds_generate: one completion from a model (KV-cache decoding)"};
-  std::string model, prompt, tokenizer;
+// Every option's value, and the options whose presence matters.
+struct Args {
+  std::string model, prompt, tokenizer, device_name = "cpu", dtype_opt = "fp32";
   ds::serve::RequestSampling s;
-  float temperature = 0, top_p = 0, rep = 0;
-  int64_t max_tokens = 0, top_k = 0;
+  float temperature = 0, top_p = 0, rep = 0, length_penalty = 1.0f;
+  int64_t max_tokens = 0, top_k = 0, beams = 0, max_new = 0, min_len = 0, no_repeat = 0;
   uint64_t seed = 0;
   int threads = 0;
   bool ignore_eos = false;
-  std::string device_name = "cpu";
-  app.add_option("--model", model, "Hugging Face folder or ds_train --output_dir")->required();
-  app.add_option("--device", device_name,
+  CLI::Option *beams_opt = nullptr, *new_opt = nullptr, *min_opt = nullptr, *nr_opt = nullptr,
+              *lp_opt = nullptr, *max_opt = nullptr, *t_opt = nullptr, *k_opt = nullptr,
+              *p_opt = nullptr, *r_opt = nullptr;
+};
+
+void add_common_options(CLI::App& app, Args& a) {
+  app.add_option("--model", a.model, "Hugging Face folder or ds_train --output_dir")->required();
+  app.add_option("--device", a.device_name,
                  "where the model runs: cpu, cuda (a -DDS_WITH_CUDA=ON build) or sim (the device "
                  "emulator, for tests)")
       ->capture_default_str();
-  std::string dtype_opt = "fp32";
-  app.add_option("--dtype", dtype_opt,
+  app.add_option("--dtype", a.dtype_opt,
                  "the weights' and KV cache's dtype: fp32, bf16 or auto (the "
                  "checkpoint's: config.json's dtype bfloat16 gives bf16, else fp32)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
-  app.add_option("--prompt,--source", prompt, "the prompt text (encoder-decoders: the source text)")
+  app.add_option("--prompt,--source", a.prompt,
+                 "the prompt text (encoder-decoders: the source text)")
       ->required();
-  Seq2SeqFlags f2;
-  int64_t beams = 0, max_new = 0, min_len = 0, no_repeat = 0;
-  float length_penalty = 1.0f;
-  auto* o_beams = app.add_option("--num_beams", beams,
-                                 "encoder-decoders: beams (1 = greedy; default: "
-                                 "generation_config.json's)")
-                      ->check(CLI::Range(int64_t{1}, int64_t{256}));
-  auto* o_new = app.add_option("--max_new_tokens", max_new,
-                               "encoder-decoders: new tokens at most (default: the folder's "
-                               "max_new_tokens, else max_length - 1, else 20 as transformers)")
-                    ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  auto* o_min = app.add_option("--min_length", min_len,
-                               "encoder-decoders: eos banned before this length (the decoder "
-                               "start token counts)")
-                    ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
-  auto* o_nr = app.add_option("--no_repeat_ngram_size", no_repeat,
-                              "encoder-decoders: no n-gram of this size twice (0 = off)")
-                   ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
-  auto* o_lp = app.add_option("--length_penalty", length_penalty,
-                              "encoder-decoders, beam search: score = log p / length^this")
-                   ->check(ds::tools::finite_number())
-                   ->check(CLI::Range(-100.0, 100.0));
-  app.add_option("--tokenizer", tokenizer,
+  app.add_option("--tokenizer", a.tokenizer,
                  "folder with vocab.json + merges.txt (or encoder.json + vocab.bpe) when the model "
                  "folder has none");
-  auto* o_max = app.add_option("--max_tokens", max_tokens,
-                               "new tokens at most (default: generation_config.json's "
-                               "max_new_tokens, else 64)")
-                    ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
-  auto* o_t = app.add_option("--temperature", temperature, "0 = greedy (default 1)")
-                  ->check(ds::tools::finite_number())
-                  ->check(CLI::Range(0.0, 100.0));
-  auto* o_k = app.add_option("--top_k", top_k, "keep the k most likely tokens (0 = off)")
-                  ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
-  auto* o_p = app.add_option("--top_p", top_p, "nucleus sampling, (0, 1] (1 = off)")
-                  ->check(ds::tools::finite_number())
-                  ->check(CLI::Range(1e-9, 1.0));
-  auto* o_r = app.add_option("--repetition_penalty", rep, "> 0 (1 = off)")
-                  ->check(ds::tools::finite_number())
-                  ->check(CLI::Range(1e-9, 100.0));
-  app.add_option("--seed", seed, "sampling seed (default 0)");
-  app.add_option("--stop", s.stop, "stop string (repeat for several)");
-  app.add_option("--threads", threads, "compute threads (default: all cores)")
+  app.add_option("--threads", a.threads, "compute threads (default: all cores)")
       ->check(CLI::Range(1, 1 << 12));
-  app.add_flag("--ignore_eos", ignore_eos,
+}
+
+// Greedy and beam search of encoder-decoders.
+void add_seq2seq_options(CLI::App& app, Args& a) {
+  a.beams_opt = app.add_option("--num_beams", a.beams,
+                               "encoder-decoders: beams (1 = greedy; default: "
+                               "generation_config.json's)")
+                    ->check(CLI::Range(int64_t{1}, int64_t{256}));
+  a.new_opt = app.add_option("--max_new_tokens", a.max_new,
+                             "encoder-decoders: new tokens at most (default: the folder's "
+                             "max_new_tokens, else max_length - 1, else 20 as transformers)")
+                  ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  a.min_opt = app.add_option("--min_length", a.min_len,
+                             "encoder-decoders: eos banned before this length (the decoder "
+                             "start token counts)")
+                  ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  a.nr_opt = app.add_option("--no_repeat_ngram_size", a.no_repeat,
+                            "encoder-decoders: no n-gram of this size twice (0 = off)")
+                 ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  a.lp_opt = app.add_option("--length_penalty", a.length_penalty,
+                            "encoder-decoders, beam search: score = log p / length^this")
+                 ->check(ds::tools::finite_number())
+                 ->check(CLI::Range(-100.0, 100.0));
+}
+
+// Sampling of decoder models.
+void add_sampling_options(CLI::App& app, Args& a) {
+  a.max_opt = app.add_option("--max_tokens", a.max_tokens,
+                             "new tokens at most (default: generation_config.json's "
+                             "max_new_tokens, else 64)")
+                  ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  a.t_opt = app.add_option("--temperature", a.temperature, "0 = greedy (default 1)")
+                ->check(ds::tools::finite_number())
+                ->check(CLI::Range(0.0, 100.0));
+  a.k_opt = app.add_option("--top_k", a.top_k, "keep the k most likely tokens (0 = off)")
+                ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  a.p_opt = app.add_option("--top_p", a.top_p, "nucleus sampling, (0, 1] (1 = off)")
+                ->check(ds::tools::finite_number())
+                ->check(CLI::Range(1e-9, 1.0));
+  a.r_opt = app.add_option("--repetition_penalty", a.rep, "> 0 (1 = off)")
+                ->check(ds::tools::finite_number())
+                ->check(CLI::Range(1e-9, 100.0));
+  app.add_option("--seed", a.seed, "sampling seed (default 0)");
+  app.add_option("--stop", a.s.stop, "stop string (repeat for several)");
+  app.add_flag("--ignore_eos", a.ignore_eos,
                "generate max_tokens even past the end-of-sequence token (benchmarks)");
+}
+
+// The encoder-decoder in `dir`: sampling is not implemented for them, so its options are refused
+// by name; the search options given override the folder's.
+int run_seq2seq(const Args& a, const fs::path& dir, Device device) {
+  for (CLI::Option* op : {a.t_opt, a.k_opt, a.p_opt, a.r_opt, a.max_opt})
+    DS_CHECK(op->count() == 0,
+             "[ds_generate] {} does not apply to the encoder-decoder in {} (greedy or beam "
+             "search: --num_beams, --max_new_tokens, --min_length, --no_repeat_ngram_size, "
+             "--length_penalty)",
+             op->get_name(), dir.string());
+  DS_CHECK(a.s.stop.empty() && !a.ignore_eos,
+           "[ds_generate] --stop / --ignore_eos do not apply to the encoder-decoder in {}",
+           dir.string());
+  Seq2SeqFlags f;
+  if (*a.beams_opt) f.num_beams = a.beams;
+  if (*a.new_opt) f.max_new_tokens = a.max_new;
+  if (*a.min_opt) f.min_length = a.min_len;
+  if (*a.nr_opt) f.no_repeat_ngram_size = a.no_repeat;
+  if (*a.lp_opt) f.length_penalty = a.length_penalty;
+  return generate_seq2seq(dir, a.prompt, a.tokenizer, f, device,
+                          ds::serve::decode_dtype(a.dtype_opt, dir));
+}
+
+// A decoder model: the prompt's completion streamed to stdout, the speeds to stderr.
+int run_decoder(const Args& a, Device device) {
+  for (CLI::Option* op : {a.beams_opt, a.new_opt, a.min_opt, a.nr_opt, a.lp_opt})
+    DS_CHECK(op->count() == 0,
+             "[ds_generate] {} applies to encoder-decoders (BART, BlenderBot, T5) only; {} is a "
+             "decoder model (use --max_tokens, --temperature, --top_k, --top_p)",
+             op->get_name(), a.model);
+  const auto t0 = std::chrono::steady_clock::now();
+  const ds::DType dtype = ds::serve::decode_dtype(a.dtype_opt, a.model);
+  ds::serve::LoadedModel m = ds::serve::load_model(a.model, a.tokenizer, device, dtype);
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ds::serve::RequestSampling s = a.s;
+  if (*a.t_opt) s.temperature = a.temperature;
+  if (*a.k_opt) s.top_k = a.top_k;
+  if (*a.p_opt) s.top_p = a.top_p;
+  if (*a.r_opt) s.repetition_penalty = a.rep;
+  if (*a.max_opt) s.max_tokens = a.max_tokens;
+  s.seed = a.seed;
+  const ds::serve::SamplingParams p = s.resolve(m.defaults, 64);
+  const std::vector<int32_t> ids = m.tokenizer->encode(a.prompt);
+  if (a.ignore_eos) m.eos_ids.clear();
+  const auto dec = ds::models::make_decoder(m.model);
+  const auto r =
+      ds::serve::generate(*dec, *m.tokenizer, ids, p, m.eos_ids, [](std::string_view piece) {
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+        return true;
+      });
+  std::fputc('\n', stdout);
+  const auto& c = m.model->config();
+  std::fprintf(stderr, "%s",
+               fmt::format("ds_generate: {} ({} layout, {:.1f}M parameters in {}, tokenizer "
+                           "{}) loaded in {:.2f}s on {}; {} threads\n",
+                           m.id, ds::nn::layout_name(c.layout),
+                           static_cast<double>(c.num_parameters()) / 1e6, ds::dtype_name(m.dtype),
+                           m.tokenizer->name(), load_s, device.str(), ds::num_threads())
+                   .c_str());
+  std::fprintf(
+      stderr, "%s",
+      fmt::format("ds_generate: prefill {} tokens in {:.3f}s = {:.1f} tokens/s; decode {} "
+                  "tokens in {:.3f}s = {:.1f} tokens/s; finish_reason {}\n",
+                  r.prompt_tokens, r.prefill_seconds,
+                  static_cast<double>(r.prompt_tokens) / std::max(r.prefill_seconds, 1e-9),
+                  r.decode_steps, r.decode_seconds,
+                  static_cast<double>(r.decode_steps) / std::max(r.decode_seconds, 1e-9),
+                  r.finish_reason)
+          .c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ds_generate: one completion from a model (KV-cache decoding)"};
+  Args a;
+  add_common_options(app, a);
+  add_seq2seq_options(app, a);
+  add_sampling_options(app, a);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   try {
-    if (threads > 0) ds::set_num_threads(threads);
-    const Device device = train::parse_device(device_name);
+    if (a.threads > 0) ds::set_num_threads(a.threads);
+    const Device device = train::parse_device(a.device_name);
     // The model's folder first: an adapter, a run folder without export or a family we do not
     // generate with is refused for what it is, before any option is judged against it.
-    if (const fs::path dir = ds::serve::model_folder(model);
-        ds::models::read_hf_seq2seq_config(dir)) {
-      // Sampling is not implemented for encoder-decoders: refuse its options by name.
-      for (CLI::Option* op : {o_t, o_k, o_p, o_r, o_max})
-        DS_CHECK(op->count() == 0,
-                 "[ds_generate] {} does not apply to the encoder-decoder in {} (greedy or beam "
-                 "search: --num_beams, --max_new_tokens, --min_length, --no_repeat_ngram_size, "
-                 "--length_penalty)",
-                 op->get_name(), dir.string());
-      DS_CHECK(s.stop.empty() && !ignore_eos,
-               "[ds_generate] --stop / --ignore_eos do not apply to the encoder-decoder in {}",
-               dir.string());
-      if (*o_beams) f2.num_beams = beams;
-      if (*o_new) f2.max_new_tokens = max_new;
-      if (*o_min) f2.min_length = min_len;
-      if (*o_nr) f2.no_repeat_ngram_size = no_repeat;
-      if (*o_lp) f2.length_penalty = length_penalty;
-      return generate_seq2seq(dir, prompt, tokenizer, f2, device,
-                              ds::serve::decode_dtype(dtype_opt, dir));
-    }
-    for (CLI::Option* op : {o_beams, o_new, o_min, o_nr, o_lp})
-      DS_CHECK(op->count() == 0,
-               "[ds_generate] {} applies to encoder-decoders (BART, BlenderBot, T5) only; {} is a "
-               "decoder model (use --max_tokens, --temperature, --top_k, --top_p)",
-               op->get_name(), model);
-    const auto t0 = std::chrono::steady_clock::now();
-    const ds::DType dtype = ds::serve::decode_dtype(dtype_opt, model);
-    ds::serve::LoadedModel m = ds::serve::load_model(model, tokenizer, device, dtype);
-    const double load_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (*o_t) s.temperature = temperature;
-    if (*o_k) s.top_k = top_k;
-    if (*o_p) s.top_p = top_p;
-    if (*o_r) s.repetition_penalty = rep;
-    if (*o_max) s.max_tokens = max_tokens;
-    s.seed = seed;
-    ds::serve::SamplingParams p = s.resolve(m.defaults, 64);
-    const std::vector<int32_t> ids = m.tokenizer->encode(prompt);
-    if (ignore_eos) m.eos_ids.clear();
-    const auto dec = ds::models::make_decoder(m.model);
-    const auto r =
-        ds::serve::generate(*dec, *m.tokenizer, ids, p, m.eos_ids, [](std::string_view piece) {
-          std::fwrite(piece.data(), 1, piece.size(), stdout);
-          std::fflush(stdout);
-          return true;
-        });
-    std::fputc('\n', stdout);
-    const auto& c = m.model->config();
-    std::fprintf(stderr, "%s",
-                 fmt::format("ds_generate: {} ({} layout, {:.1f}M parameters in {}, tokenizer "
-                             "{}) loaded in {:.2f}s on {}; {} threads\n",
-                             m.id, ds::nn::layout_name(c.layout),
-                             static_cast<double>(c.num_parameters()) / 1e6, ds::dtype_name(m.dtype),
-                             m.tokenizer->name(), load_s, device.str(), ds::num_threads())
-                     .c_str());
-    std::fprintf(
-        stderr, "%s",
-        fmt::format("ds_generate: prefill {} tokens in {:.3f}s = {:.1f} tokens/s; decode {} "
-                    "tokens in {:.3f}s = {:.1f} tokens/s; finish_reason {}\n",
-                    r.prompt_tokens, r.prefill_seconds,
-                    static_cast<double>(r.prompt_tokens) / std::max(r.prefill_seconds, 1e-9),
-                    r.decode_steps, r.decode_seconds,
-                    static_cast<double>(r.decode_steps) / std::max(r.decode_seconds, 1e-9),
-                    r.finish_reason)
-            .c_str());
-    return 0;
+    if (const fs::path dir = ds::serve::model_folder(a.model);
+        ds::models::read_hf_seq2seq_config(dir))
+      return run_seq2seq(a, dir, device);
+    return run_decoder(a, device);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ds_generate: error: %s\n", e.what());
     return 1;

@@ -182,216 +182,192 @@ int run_seq2seq(const ds::data::Seq2SeqPrepareOptions& o) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// Every option's value, and the options whose presence matters (which task they belong to).
+struct Args {
   ds::data::PrepareOptions o;
-  CLI::App app{
-      "Tokenize text files with the GPT-2 tokenizer (or a Hugging Face folder's) into token shards "
-      "(train/val) plus a meta.json.\nEach file is one document, preceded by <|endoftext|> (the "
-      "folder's eos token). Files are taken in "
-      "sorted path order.\nExample:\n  ds_prepare --tokenizer .cache/data/gpt2 --output "
-      "data/sotu --val_from_year 2001 .cache/data/sotu",
-      "ds_prepare"};
   std::vector<std::string> inputs;
-  std::string tokenizer, output;
+  std::string tokenizer, output, sft_format, chat_template, task = "lm", source_field,
+      target_field, labels;
   double val_fraction = 0.1;
   int val_from_year = 0;
   bool quiet = false;
-  app.add_option("inputs", inputs,
+  int64_t seq_len = 0;  // signed: CLI11 would wrap "-1" into a huge size_t
+  int64_t max_source_len = 128, max_target_len = 128;
+  CLI::Option *sft = nullptr, *seq = nullptr, *task_opt = nullptr, *src_len = nullptr,
+              *tgt_len = nullptr, *src_field = nullptr, *tgt_field = nullptr, *labels_opt = nullptr,
+              *tmpl = nullptr, *frac = nullptr, *year = nullptr, *glob = nullptr, *shard = nullptr,
+              *ext = nullptr, *eot = nullptr;
+};
+
+// Inputs, tokenizer, output and the choice of task.
+void add_common_options(CLI::App& app, Args& a) {
+  app.add_option("inputs", a.inputs,
                  "Text files or folders (searched recursively); with --sft, JSONL files")
       ->required();
-  app.add_option("--tokenizer", tokenizer,
+  app.add_option("--tokenizer", a.tokenizer,
                  "Folder holding encoder.json and vocab.bpe (scripts/fetch_data.sh puts them in "
                  ".cache/data/gpt2), or a Hugging Face folder (tokenizer.json, tokenizer.model or "
                  "vocab.json + merges.txt; documents are then preceded by its eos token)")
       ->required();
-  std::string sft_format, chat_template;
-  int64_t seq_len = 0;  // signed: CLI11 would wrap "-1" into a huge size_t
-  auto* sft_opt =
-      app.add_option(
-             "--sft", sft_format,
-             "Supervised fine-tuning set from JSONL records: auto (detect per file), chatglm "
-             "({prompt, response, history}), alpaca ({instruction, input, output}) or messages "
-             "({messages: [{role, content}]}); see docs/data.md")
-          ->check(CLI::IsMember({"auto", "chatglm", "alpaca", "messages"}));
-  auto* seq_opt = app.add_option("--seq_len", seq_len,
-                                 "--sft: sequence length T; every example is T + 1 tokens "
-                                 "(train with ds_train --block_size T); --task classification: "
-                                 "ids per example after truncation and padding (default 128)");
-  std::string task = "lm";
-  auto* task_opt =
-      app.add_option("--task", task,
+  a.task_opt =
+      app.add_option("--task", a.task,
                      "lm (language-model token shards, the default) or classification "
                      "(GLUE TSV / JSONL sentence(-pair) records for an encoder classifier) or "
                      "seq2seq (JSONL source/target records for an encoder-decoder); docs/data.md")
           ->check(CLI::IsMember({"lm", "classification", "seq2seq"}));
-  int64_t max_source_len = 128, max_target_len = 128;
-  std::string source_field, target_field;
-  auto* src_len_opt = app.add_option("--max_source_len", max_source_len,
-                                     "--task seq2seq: source ids per example after truncation "
-                                     "(special tokens included; default 128)");
-  auto* tgt_len_opt = app.add_option("--max_target_len", max_target_len,
-                                     "--task seq2seq: label ids per example after truncation "
-                                     "(eos included; default 128)");
-  auto* src_field_opt = app.add_option(
-      "--source_field", source_field,
+  app.add_option("--output", a.output, "Output folder for the shards and meta.json")->required();
+  a.seq = app.add_option("--seq_len", a.seq_len,
+                         "--sft: sequence length T; every example is T + 1 tokens "
+                         "(train with ds_train --block_size T); --task classification: "
+                         "ids per example after truncation and padding (default 128)");
+  app.add_flag("-q,--quiet", a.quiet, "No progress output");
+}
+
+// --sft, --task seq2seq and --task classification.
+void add_task_options(CLI::App& app, Args& a) {
+  a.sft = app.add_option(
+                 "--sft", a.sft_format,
+                 "Supervised fine-tuning set from JSONL records: auto (detect per file), chatglm "
+                 "({prompt, response, history}), alpaca ({instruction, input, output}) or messages "
+                 "({messages: [{role, content}]}); see docs/data.md")
+              ->check(CLI::IsMember({"auto", "chatglm", "alpaca", "messages"}));
+  a.src_len = app.add_option("--max_source_len", a.max_source_len,
+                             "--task seq2seq: source ids per example after truncation "
+                             "(special tokens included; default 128)");
+  a.tgt_len = app.add_option("--max_target_len", a.max_target_len,
+                             "--task seq2seq: label ids per example after truncation "
+                             "(eos included; default 128)");
+  a.src_field = app.add_option(
+      "--source_field", a.source_field,
       "--task seq2seq: the JSONL field holding the source text (default: source, src, prompt, "
       "input or question, whichever pair the first record has)");
-  auto* tgt_field_opt =
-      app.add_option("--target_field", target_field,
+  a.tgt_field =
+      app.add_option("--target_field", a.target_field,
                      "--task seq2seq: the JSONL field holding the target text (default: target, "
                      "tgt, response, output or answer)");
-  std::string labels;
-  auto* labels_opt = app.add_option(
-      "--labels", labels,
+  a.labels_opt = app.add_option(
+      "--labels", a.labels,
       "--task classification: the label names in class-id order, comma-separated (default: "
       "integer labels as they are, or the sorted distinct names)");
-  auto* tmpl_opt =
-      app.add_option("--template", chat_template,
-                     "--sft: chat format chatglm, alpaca, chatml, qwen2, llama3 or glm4 "
-                     "(default: the tokenizer folder's chat_template)");
-  app.add_option("--output", output, "Output folder for the shards and meta.json")->required();
-  auto* frac_opt = app.add_option("--val_fraction", val_fraction,
-                                  "Last fraction of files (in path order) used for validation; "
-                                  "the default rule when no other is given")
-                       ->capture_default_str()
-                       ->check(CLI::Range(0.0, 1.0));
-  auto* year_opt = app.add_option("--val_from_year", val_from_year,
-                                  "Files whose name starts with a year >= this go to validation "
-                                  "(SOTU: 2001)");
-  auto* glob_opt =
-      app.add_option("--val_files", o.val_files,
-                     "Glob (on file name or relative path) selecting validation files");
-  frac_opt->excludes(year_opt)->excludes(glob_opt);
-  year_opt->excludes(glob_opt);
-  auto* shard_opt =
+  a.tmpl = app.add_option("--template", a.chat_template,
+                          "--sft: chat format chatglm, alpaca, chatml, qwen2, llama3 or glm4 "
+                          "(default: the tokenizer folder's chat_template)");
+  a.labels_opt->needs(a.task_opt);
+  for (CLI::Option* s2s : {a.src_len, a.tgt_len, a.src_field, a.tgt_field}) s2s->needs(a.task_opt);
+  a.tmpl->needs(a.sft);
+}
+
+// The validation split and the language-model shards' options.
+void add_split_options(CLI::App& app, Args& a) {
+  a.frac = app.add_option("--val_fraction", a.val_fraction,
+                          "Last fraction of files (in path order) used for validation; "
+                          "the default rule when no other is given")
+               ->capture_default_str()
+               ->check(CLI::Range(0.0, 1.0));
+  a.year = app.add_option("--val_from_year", a.val_from_year,
+                          "Files whose name starts with a year >= this go to validation "
+                          "(SOTU: 2001)");
+  a.glob = app.add_option("--val_files", a.o.val_files,
+                          "Glob (on file name or relative path) selecting validation files");
+  a.frac->excludes(a.year)->excludes(a.glob);
+  a.year->excludes(a.glob);
+  a.shard =
       app.add_option(
-             "--shard_tokens", o.shard_tokens,
+             "--shard_tokens", a.o.shard_tokens,
              "Split each split into files of at most this many tokens (0: one file per split)")
           ->capture_default_str();
-  app.add_option("--threads", o.threads, "Tokenizer threads (0: all hardware threads)")
+  app.add_option("--threads", a.o.threads, "Tokenizer threads (0: all hardware threads)")
       ->capture_default_str();
-  auto* ext_opt =
-      app.add_option("--ext", o.extension,
-                     "In folders, take only files ending so ('' for all; --sft: default .jsonl)")
-          ->capture_default_str();
-  auto* eot_opt =
-      app.add_flag("--split_on_eot", o.split_on_eot,
-                   "Treat the literal text <|endoftext|> inside files as a document separator");
-  app.add_flag("-q,--quiet", quiet, "No progress output");
-  labels_opt->needs(task_opt);
-  for (CLI::Option* s2s : {src_len_opt, tgt_len_opt, src_field_opt, tgt_field_opt})
-    s2s->needs(task_opt);
-  tmpl_opt->needs(sft_opt);
-  sft_opt->excludes(shard_opt)->excludes(eot_opt);
-  CLI11_PARSE(app, argc, argv);
-  // Lengths are bounded before anything is read: a huge one would allocate (or write) gigabytes.
-  for (auto [opt, v] : {std::pair{seq_opt, seq_len}, std::pair{src_len_opt, max_source_len},
-                        std::pair{tgt_len_opt, max_target_len}})
-    if (opt->count() && (v <= 0 || v > ds::data::kMaxPreparedLength)) {
-      fmt::print(stderr, "ds_prepare: error: {} {} is outside [1, {}]\n", opt->get_name(), v,
-                 ds::data::kMaxPreparedLength);
+  a.ext = app.add_option("--ext", a.o.extension,
+                         "In folders, take only files ending so ('' for all; --sft: default "
+                         ".jsonl)")
+              ->capture_default_str();
+  a.eot = app.add_flag("--split_on_eot", a.o.split_on_eot,
+                       "Treat the literal text <|endoftext|> inside files as a document separator");
+  a.sft->excludes(a.shard)->excludes(a.eot);
+}
+
+// "ds_prepare: error: <option> does not apply to --task <task> (its options: ...)" for the first
+// given option of `others`; 0 when none is given.
+int refuse_others(std::initializer_list<CLI::Option*> others, const char* task,
+                  const char* its_options) {
+  for (CLI::Option* other : others)
+    if (other->count()) {
+      fmt::print(stderr, "ds_prepare: error: {} does not apply to --task {} (its options: {})\n",
+                 other->get_name(), task, its_options);
       return 2;
     }
-  // What an earlier ds_prepare killed mid-write left in the output folder.
-  try {
-    for (const auto& p : ds::remove_dead_temporaries(output))
-      fmt::print(stderr, "ds_prepare: removed {} (left by an interrupted earlier run)\n",
-                 p.string());
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "ds_prepare: error: {}\n", e.what());
+  return 0;
+}
+
+int seq2seq_task(const Args& a) {
+  if (int rc = refuse_others({a.sft, a.tmpl, a.year, a.shard, a.eot, a.ext, a.seq, a.labels_opt},
+                             "seq2seq",
+                             "--tokenizer, --output, --max_source_len, --max_target_len, "
+                             "--source_field, --target_field, --val_fraction, --val_files"))
+    return rc;
+  ds::data::Seq2SeqPrepareOptions so;
+  for (const auto& in : a.inputs) so.inputs.emplace_back(in);
+  so.tokenizer_dir = a.tokenizer;
+  so.output_dir = a.output;
+  so.max_source_len = static_cast<size_t>(a.max_source_len);
+  so.max_target_len = static_cast<size_t>(a.max_target_len);
+  so.source_field = a.source_field;
+  so.target_field = a.target_field;
+  if (a.frac->count()) so.val_fraction = a.val_fraction;
+  so.val_files = a.o.val_files;
+  return run_seq2seq(so);
+}
+
+int classification_task(const Args& a) {
+  // Options of the other formats would be ignored: refuse them by name.
+  if (int rc = refuse_others({a.sft, a.tmpl, a.year, a.shard, a.eot, a.ext}, "classification",
+                             "--tokenizer, --output, --seq_len, --labels, --val_fraction, "
+                             "--val_files"))
+    return rc;
+  ds::data::ClassificationPrepareOptions co;
+  for (const auto& in : a.inputs) co.inputs.emplace_back(in);
+  co.tokenizer_dir = a.tokenizer;
+  co.output_dir = a.output;
+  if (a.seq->count()) co.seq_len = static_cast<size_t>(a.seq_len);
+  if (a.frac->count()) co.val_fraction = a.val_fraction;
+  co.val_files = a.o.val_files;
+  for (size_t at = 0; a.labels_opt->count() && at <= a.labels.size();) {
+    const size_t comma = std::min(a.labels.find(',', at), a.labels.size());
+    co.labels.push_back(a.labels.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return run_classification(co);
+}
+
+int sft_task(const Args& a) {
+  ds::data::SftOptions so;
+  for (const auto& in : a.inputs) so.inputs.emplace_back(in);
+  if (a.ext->count()) so.extension = a.o.extension;
+  so.tokenizer_dir = a.tokenizer;
+  so.template_name = a.chat_template;
+  so.format = ds::data::parse_sft_format(a.sft_format);
+  so.output_dir = a.output;
+  if (!a.seq->count()) {
+    fmt::print(stderr, "ds_prepare: error: --sft needs --seq_len T (examples of T + 1 tokens)\n");
     return 1;
   }
+  so.seq_len = static_cast<size_t>(a.seq_len);
+  if (a.frac->count()) so.val_fraction = a.val_fraction;
+  if (a.year->count()) so.val_from_year = a.val_from_year;
+  so.val_files = a.o.val_files;
+  return run_sft(so);
+}
 
-  if (task == "seq2seq") {
-    for (CLI::Option* other :
-         {sft_opt, tmpl_opt, year_opt, shard_opt, eot_opt, ext_opt, seq_opt, labels_opt})
-      if (other->count()) {
-        fmt::print(stderr,
-                   "ds_prepare: error: {} does not apply to --task seq2seq (its options: "
-                   "--tokenizer, --output, --max_source_len, --max_target_len, --source_field, "
-                   "--target_field, --val_fraction, --val_files)\n",
-                   other->get_name());
-        return 2;
-      }
-    ds::data::Seq2SeqPrepareOptions so;
-    for (const auto& in : inputs) so.inputs.emplace_back(in);
-    so.tokenizer_dir = tokenizer;
-    so.output_dir = output;
-    so.max_source_len = static_cast<size_t>(max_source_len);
-    so.max_target_len = static_cast<size_t>(max_target_len);
-    so.source_field = source_field;
-    so.target_field = target_field;
-    if (frac_opt->count()) so.val_fraction = val_fraction;
-    so.val_files = o.val_files;
-    return run_seq2seq(so);
-  }
-  for (CLI::Option* s2s : {src_len_opt, tgt_len_opt, src_field_opt, tgt_field_opt})
-    if (s2s->count()) {
-      fmt::print(stderr, "ds_prepare: error: {} needs --task seq2seq\n", s2s->get_name());
-      return 2;
-    }
-  if (task == "classification") {
-    // Options of the other formats would be ignored: refuse them by name.
-    for (CLI::Option* other : {sft_opt, tmpl_opt, year_opt, shard_opt, eot_opt, ext_opt})
-      if (other->count()) {
-        fmt::print(stderr,
-                   "ds_prepare: error: {} does not apply to --task classification (its options: "
-                   "--tokenizer, --output, --seq_len, --labels, --val_fraction, --val_files)\n",
-                   other->get_name());
-        return 2;
-      }
-    ds::data::ClassificationPrepareOptions co;
-    for (const auto& in : inputs) co.inputs.emplace_back(in);
-    co.tokenizer_dir = tokenizer;
-    co.output_dir = output;
-    if (seq_opt->count()) co.seq_len = static_cast<size_t>(seq_len);
-    if (frac_opt->count()) co.val_fraction = val_fraction;
-    co.val_files = o.val_files;
-    for (size_t at = 0; labels_opt->count() && at <= labels.size();) {
-      const size_t comma = std::min(labels.find(',', at), labels.size());
-      co.labels.push_back(labels.substr(at, comma - at));
-      at = comma + 1;
-    }
-    return run_classification(co);
-  }
-  if (seq_opt->count() && !sft_opt->count()) {
-    fmt::print(stderr, "ds_prepare: error: --seq_len needs --sft or --task classification\n");
-    return 2;
-  }
-  if (labels_opt->count()) {
-    fmt::print(stderr, "ds_prepare: error: --labels needs --task classification\n");
-    return 2;
-  }
-
-  if (sft_opt->count()) {
-    ds::data::SftOptions so;
-    for (const auto& in : inputs) so.inputs.emplace_back(in);
-    if (ext_opt->count()) so.extension = o.extension;
-    so.tokenizer_dir = tokenizer;
-    so.template_name = chat_template;
-    so.format = ds::data::parse_sft_format(sft_format);
-    so.output_dir = output;
-    if (!seq_opt->count()) {
-      fmt::print(stderr, "ds_prepare: error: --sft needs --seq_len T (examples of T + 1 tokens)\n");
-      return 1;
-    }
-    so.seq_len = static_cast<size_t>(seq_len);
-    if (frac_opt->count()) so.val_fraction = val_fraction;
-    if (year_opt->count()) so.val_from_year = val_from_year;
-    so.val_files = o.val_files;
-    return run_sft(so);
-  }
-
-  for (const auto& in : inputs) o.inputs.emplace_back(in);
-  o.tokenizer_dir = tokenizer;
-  o.output_dir = output;
-  if (frac_opt->count()) o.val_fraction = val_fraction;
-  if (year_opt->count()) o.val_from_year = val_from_year;
+int lm_task(Args& a) {
+  ds::data::PrepareOptions& o = a.o;
+  for (const auto& in : a.inputs) o.inputs.emplace_back(in);
+  o.tokenizer_dir = a.tokenizer;
+  o.output_dir = a.output;
+  if (a.frac->count()) o.val_fraction = a.val_fraction;
+  if (a.year->count()) o.val_from_year = a.val_from_year;
   ProgressPrinter printer;
-  if (!quiet) o.on_progress = [&](const ds::data::PrepareProgress& p) { printer(p); };
-
+  if (!a.quiet) o.on_progress = [&](const ds::data::PrepareProgress& p) { printer(p); };
   try {
     const ds::data::PrepareReport r = ds::data::prepare_corpus(o);
     const double tps = r.seconds > 0 ? (r.train.tokens + r.val.tokens) / r.seconds : 0;
@@ -413,4 +389,59 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+// The task the options ask for, after the checks that apply across tasks.
+int dispatch(Args& a) {
+  if (a.task == "seq2seq") return seq2seq_task(a);
+  for (CLI::Option* s2s : {a.src_len, a.tgt_len, a.src_field, a.tgt_field})
+    if (s2s->count()) {
+      fmt::print(stderr, "ds_prepare: error: {} needs --task seq2seq\n", s2s->get_name());
+      return 2;
+    }
+  if (a.task == "classification") return classification_task(a);
+  if (a.seq->count() && !a.sft->count()) {
+    fmt::print(stderr, "ds_prepare: error: --seq_len needs --sft or --task classification\n");
+    return 2;
+  }
+  if (a.labels_opt->count()) {
+    fmt::print(stderr, "ds_prepare: error: --labels needs --task classification\n");
+    return 2;
+  }
+  return a.sft->count() ? sft_task(a) : lm_task(a);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "Tokenize text files with the GPT-2 tokenizer (or a Hugging Face folder's) into token shards "
+      "(train/val) plus a meta.json.\nEach file is one document, preceded by <|endoftext|> (the "
+      "folder's eos token). Files are taken in "
+      "sorted path order.\nExample:\n  ds_prepare --tokenizer .cache/data/gpt2 --output "
+      "data/sotu --val_from_year 2001 .cache/data/sotu",
+      "ds_prepare"};
+  Args a;
+  add_common_options(app, a);
+  add_task_options(app, a);
+  add_split_options(app, a);
+  CLI11_PARSE(app, argc, argv);
+  // Lengths are bounded before anything is read: a huge one would allocate (or write) gigabytes.
+  for (auto [opt, v] : {std::pair{a.seq, a.seq_len}, std::pair{a.src_len, a.max_source_len},
+                        std::pair{a.tgt_len, a.max_target_len}})
+    if (opt->count() && (v <= 0 || v > ds::data::kMaxPreparedLength)) {
+      fmt::print(stderr, "ds_prepare: error: {} {} is outside [1, {}]\n", opt->get_name(), v,
+                 ds::data::kMaxPreparedLength);
+      return 2;
+    }
+  // What an earlier ds_prepare killed mid-write left in the output folder.
+  try {
+    for (const auto& p : ds::remove_dead_temporaries(a.output))
+      fmt::print(stderr, "ds_prepare: removed {} (left by an interrupted earlier run)\n",
+                 p.string());
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "ds_prepare: error: {}\n", e.what());
+    return 1;
+  }
+  return dispatch(a);
 }

@@ -32,7 +32,7 @@
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
 #include "ds/core/parallel.h"
-#include "ds/runtime/config.h"
+#include "ds/config/config.h"
 #include "ds/runtime/monitor.h"
 #include "ds/train/classifier.h"
 #include "ds/train/seq2seq_trainer.h"
@@ -51,21 +51,133 @@ using ds::train::seconds_since;
 
 namespace {
 
+// --threads, with a warning when it exceeds the cores this process may use.
+void set_threads(int threads, ds::train::ProgressReport& out) {
+  if (threads <= 0) return;
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (cores > 0 && static_cast<unsigned>(threads) > cores)
+    out.message(
+        fmt::format("warning: --threads {} is more than the {} cores this process may "
+                    "use; the threads will compete for them (slower, and OpenBLAS may "
+                    "spin)",
+                    threads, cores));
+  ds::set_num_threads(threads);
+}
+
+// The metrics: DeepSpeed's csv_monitor layout; a resumed run drops rows past its step, and a run
+// resumed at its end (nothing left to train) must not evaluate, and log, that step twice.
+void start_metrics(ds::train::Trainer& trainer, ds::train::ProgressReport& out) {
+  const ds::config::DeepSpeedConfig& cfg = trainer.plan().config();
+  auto& engine = trainer.engine();
+  const fs::path csv_root = cfg.csv_monitor.output_path.empty()
+                                ? trainer.output_dir()
+                                : fs::path(cfg.csv_monitor.output_path);
+  out.monitor.emplace(
+      csv_root, cfg.csv_monitor.enabled ? cfg.csv_monitor.job_name : "metrics",
+      trainer.resumed() ? std::optional<int64_t>(engine.global_samples()) : std::nullopt);
+  if (trainer.resumed())
+    for (const auto& [samples, loss] :
+         ds::runtime::CsvMonitor::read(out.monitor->file_of("Eval/Samples/eval_loss")))
+      if (samples == engine.global_samples()) trainer.mark_evaluated(engine.global_steps(), loss);
+}
+
+// --eval_only: the model as loaded, on the eval data, and nothing else (no step, checkpoint or
+// export).
+int eval_only(ds::train::Trainer& trainer, const ds::train::Options& o,
+              ds::train::ProgressReport& out) {
+  const ds::train::RunPlan& p = trainer.plan();
+  const int64_t B = p.micro_batch(), T = p.seq_len;
+  DS_CHECK(p.val, "[ds_train] --eval_only needs eval data: a 'val' split in {} or --eval_data",
+           p.train_dir.string());
+  const int64_t batches = std::min<int64_t>(
+      o.eval_batches, static_cast<int64_t>(p.val->num_samples(static_cast<size_t>(T))) / B);
+  DS_CHECK(batches > 0,
+           "[ds_train] --eval_only: the eval data has fewer than one batch of {} x {} tokens", B,
+           T);
+  const auto t0 = std::chrono::steady_clock::now();
+  const double loss = trainer.evaluate(o.eval_batches);
+  out.message(
+      fmt::format("eval only: loss {:.6f}, perplexity {:.4f} over {} batches of {} x {} "
+                  "({:.1f}s)",
+                  loss, std::exp(loss), batches, B, T, seconds_since(t0)));
+  return 0;
+}
+
+// What the end of a run wrote, one line each.
+struct RunOutputs {
+  fs::path svg;
+  std::string export_dir, export_note, sample_note;
+  std::vector<ds::train::RankMemory> ranks;
+};
+
+void print_summary(ds::train::Trainer& trainer, ds::train::ProgressReport& out,
+                   const RunOutputs& r) {
+  const fs::path out_dir = trainer.output_dir();
+  double recent_mean = 0.0;
+  for (double l : out.recent) recent_mean += l / static_cast<double>(out.recent.size());
+  auto say = [&](const std::string& s) { out.message(s); };
+  say(fmt::format("done: {} steps in {}", trainer.engine().global_steps(),
+                  human_duration(seconds_since(out.t_start))));
+  if (!out.recent.empty())
+    say(fmt::format("train loss {:.4f} (mean of the last {} steps; unigram entropy {:.3f})",
+                    recent_mean, out.recent.size(), trainer.unigram().entropy_nats));
+  if (std::isfinite(trainer.last_eval()))
+    say(fmt::format("eval loss  {:.4f}, perplexity {:.1f} (train unigram frequencies: {:.3f})",
+                    trainer.last_eval(), std::exp(trainer.last_eval()), trainer.eval_baseline()));
+  say(fmt::format("metrics:    {}/*.csv", out.monitor->log_dir().string()));
+  say(fmt::format("loss curve: {}", r.svg.string()));
+  say(fmt::format("checkpoint: {}/{} (resume: --resume_from_checkpoint latest)", out_dir.string(),
+                  ds::train::latest_tag(out_dir)));
+  if (r.export_dir != "none")
+    say(fmt::format("HF export:  {}", r.export_note.empty()
+                                          ? r.export_dir + " (config.json + model.safetensors)"
+                                          : r.export_note));
+  if (!r.sample_note.empty()) say(fmt::format("sample:     {}", r.sample_note));
+  int64_t max_rss = 0;
+  for (const auto& m : r.ranks) max_rss = std::max(max_rss, m.peak_rss_bytes);
+  say(fmt::format(
+      "memory:     {}/memory.json (peak RSS {}{})", out_dir.string(),
+      mib(r.ranks.front().peak_rss_bytes),
+      r.ranks.size() > 1 ? fmt::format(" on rank 0, {} on the largest rank", mib(max_rss)) : ""));
+}
+
+// The end of a run: memory.json, the loss picture, the sample, comms_logger, the export and the
+// summary.
+void finish(ds::train::Trainer& trainer, const ds::train::Options& o,
+            ds::train::ProgressReport& out, bool lead) {
+  const ds::train::RunPlan& p = trainer.plan();
+  const fs::path out_dir = trainer.output_dir();
+  RunOutputs r;
+  r.ranks = trainer.report_memory(out_dir / "memory.json");
+  // The picture is drawn from the CSV files, which hold the whole run across resumes.
+  r.svg = out_dir / "loss.svg";
+  if (lead)
+    ds::train::write_loss_chart(
+        r.svg, *out.monitor, p.global_batch(), p.seq_len,
+        fmt::format("{} on {}", p.model_name, p.train_dir.filename().string()),
+        trainer.unigram().entropy_nats, trainer.eval_baseline());
+  const auto t0 = std::chrono::steady_clock::now();
+  if (const auto text = trainer.generate_sample()) {
+    if (lead) ds::write_file_atomic(out_dir / "sample.txt", *text + "\n");
+    out.message(fmt::format("sample ({} tokens, top-k {}, seed {}, {:.1f}s):", o.sample_tokens,
+                            o.sample_top_k, o.seed, seconds_since(t0)));
+    out.con.line("---\n" + *text + "\n---");
+    r.sample_note = (out_dir / "sample.txt").string();
+  }
+  // comms_logger: per-operation counts, bytes and times of this rank's collectives.
+  if (p.config().comms_logger.enabled && lead)
+    out.con.line("comms_logger (rank 0):\n" + ds::comm::comms_logger().table());
+  r.export_dir = o.export_hf.empty() ? (out_dir / "hf_model").string() : o.export_hf;
+  r.export_note = r.export_dir == "none" ? "" : trainer.export_model(r.export_dir);
+  print_summary(trainer, out, r);
+}
+
 int run(const ds::train::Options& o, const ds::train::Given& g) {
   const auto world = ds::comm::world();
   const bool lead = world->rank() == 0;
   ds::train::ProgressReport out;
   out.con.set_quiet(!lead);
-  if (o.threads > 0) {
-    const unsigned cores = std::thread::hardware_concurrency();
-    if (cores > 0 && static_cast<unsigned>(o.threads) > cores)
-      out.message(
-          fmt::format("warning: --threads {} is more than the {} cores this process may "
-                      "use; the threads will compete for them (slower, and OpenBLAS may "
-                      "spin)",
-                      o.threads, cores));
-    ds::set_num_threads(o.threads);
-  }
+  set_threads(o.threads, out);
   // A classification set trains an encoder classifier (tools/train/classify_run.cpp).
   // A seq2seq set trains an encoder-decoder (tools/train/seq2seq_run.cpp).
   if (ds::train::is_seq2seq_run(o)) return ds::train::run_seq2seq(o, g, kDefaultDeepSpeedConfig);
@@ -83,109 +195,25 @@ int run(const ds::train::Options& o, const ds::train::Given& g) {
   out.logging_steps = o.logging_steps > 0 ? o.logging_steps : plan.config().steps_per_print;
   for (const std::string& note : plan.notes) out.message(note);
   out.message(fmt::format("DeepSpeed config: {}", plan.run.source));
-  out.con.line(ds::runtime::format_effective_config(plan.config()));
-  ds::runtime::print_config_warnings(plan.config(), stdout);
+  out.con.line(ds::config::format_effective_config(plan.config()));
+  ds::config::print_config_warnings(plan.config(), stdout);
 
   ds::train::Trainer trainer(std::move(plan), out);
   out.trainer = &trainer;
   const ds::train::RunPlan& p = trainer.plan();
-  const ds::runtime::DeepSpeedConfig& cfg = p.config();
   trainer.resume();
-  auto& engine = trainer.engine();
-
-  // ---- metrics: DeepSpeed's csv_monitor layout; a resumed run drops rows past its step ----
-  const fs::path out_dir = trainer.output_dir();
-  const fs::path csv_root =
-      cfg.csv_monitor.output_path.empty() ? out_dir : fs::path(cfg.csv_monitor.output_path);
-  out.monitor.emplace(
-      csv_root, cfg.csv_monitor.enabled ? cfg.csv_monitor.job_name : "metrics",
-      trainer.resumed() ? std::optional<int64_t>(engine.global_samples()) : std::nullopt);
-  // A run resumed at its end (nothing left to train) must not evaluate, and log, that step twice.
-  if (trainer.resumed())
-    for (const auto& [samples, loss] :
-         ds::runtime::CsvMonitor::read(out.monitor->file_of("Eval/Samples/eval_loss")))
-      if (samples == engine.global_samples()) trainer.mark_evaluated(engine.global_steps(), loss);
-
+  start_metrics(trainer, out);
   const int64_t eval_steps = trainer.eval_steps();
   out.message(fmt::format(
       "training {} steps ({}), {} tokens/step; logging every {}, eval every {}, "
       "checkpoint every {} -> {}",
       p.total_steps(), p.run.total_why, human_count(static_cast<double>(trainer.tokens_per_step())),
       out.logging_steps, eval_steps > 0 ? std::to_string(eval_steps) : "- (end only)",
-      o.save_steps > 0 ? std::to_string(o.save_steps) : "- (end only)", out_dir.string()));
-
-  const int64_t B = p.micro_batch(), T = p.seq_len;
-  if (o.eval_only) {
-    // The model as loaded, on the eval data, and nothing else: no step, checkpoint or export.
-    DS_CHECK(p.val, "[ds_train] --eval_only needs eval data: a 'val' split in {} or --eval_data",
-             p.train_dir.string());
-    const int64_t batches = std::min<int64_t>(
-        o.eval_batches, static_cast<int64_t>(p.val->num_samples(static_cast<size_t>(T))) / B);
-    DS_CHECK(batches > 0,
-             "[ds_train] --eval_only: the eval data has fewer than one batch of {} x {} tokens", B,
-             T);
-    const auto t0 = std::chrono::steady_clock::now();
-    const double loss = trainer.evaluate(o.eval_batches);
-    out.message(
-        fmt::format("eval only: loss {:.6f}, perplexity {:.4f} over {} batches of {} x {} "
-                    "({:.1f}s)",
-                    loss, std::exp(loss), batches, B, T, seconds_since(t0)));
-    return 0;
-  }
-
+      o.save_steps > 0 ? std::to_string(o.save_steps) : "- (end only)",
+      trainer.output_dir().string()));
+  if (o.eval_only) return eval_only(trainer, o, out);
   trainer.fit();
-
-  // ---- the end: memory.json, picture, sample, export, summary ----
-  const auto ranks = trainer.report_memory(out_dir / "memory.json");
-  // The picture is drawn from the CSV files, which hold the whole run across resumes.
-  const fs::path svg = out_dir / "loss.svg";
-  if (lead)
-    ds::train::write_loss_chart(
-        svg, *out.monitor, p.global_batch(), T,
-        fmt::format("{} on {}", p.model_name, p.train_dir.filename().string()),
-        trainer.unigram().entropy_nats, trainer.eval_baseline());
-  std::string sample_note;
-  const auto t0 = std::chrono::steady_clock::now();
-  if (const auto text = trainer.generate_sample()) {
-    if (lead) ds::write_file_atomic(out_dir / "sample.txt", *text + "\n");
-    out.message(fmt::format("sample ({} tokens, top-k {}, seed {}, {:.1f}s):", o.sample_tokens,
-                            o.sample_top_k, o.seed, seconds_since(t0)));
-    out.con.line("---\n" + *text + "\n---");
-    sample_note = (out_dir / "sample.txt").string();
-  }
-  // comms_logger: per-operation counts, bytes and times of this rank's collectives.
-  if (cfg.comms_logger.enabled && lead)
-    out.con.line("comms_logger (rank 0):\n" + ds::comm::comms_logger().table());
-  const std::string export_dir =
-      o.export_hf.empty() ? (out_dir / "hf_model").string() : o.export_hf;
-  const std::string export_note = export_dir == "none" ? "" : trainer.export_model(export_dir);
-
-  double recent_mean = 0.0;
-  for (double l : out.recent) recent_mean += l / static_cast<double>(out.recent.size());
-  auto say = [&](const std::string& s) { out.message(s); };
-  say(fmt::format("done: {} steps in {}", engine.global_steps(),
-                  human_duration(seconds_since(out.t_start))));
-  if (!out.recent.empty())
-    say(fmt::format("train loss {:.4f} (mean of the last {} steps; unigram entropy {:.3f})",
-                    recent_mean, out.recent.size(), trainer.unigram().entropy_nats));
-  if (std::isfinite(trainer.last_eval()))
-    say(fmt::format("eval loss  {:.4f}, perplexity {:.1f} (train unigram frequencies: {:.3f})",
-                    trainer.last_eval(), std::exp(trainer.last_eval()), trainer.eval_baseline()));
-  say(fmt::format("metrics:    {}/*.csv", out.monitor->log_dir().string()));
-  say(fmt::format("loss curve: {}", svg.string()));
-  say(fmt::format("checkpoint: {}/{} (resume: --resume_from_checkpoint latest)", out_dir.string(),
-                  ds::train::latest_tag(out_dir)));
-  if (export_dir != "none")
-    say(fmt::format("HF export:  {}", export_note.empty()
-                                          ? export_dir + " (config.json + model.safetensors)"
-                                          : export_note));
-  if (!sample_note.empty()) say(fmt::format("sample:     {}", sample_note));
-  int64_t max_rss = 0;
-  for (const auto& r : ranks) max_rss = std::max(max_rss, r.peak_rss_bytes);
-  say(fmt::format(
-      "memory:     {}/memory.json (peak RSS {}{})", out_dir.string(),
-      mib(ranks.front().peak_rss_bytes),
-      ranks.size() > 1 ? fmt::format(" on rank 0, {} on the largest rank", mib(max_rss)) : ""));
+  finish(trainer, o, out, lead);
   return 0;
 }
 

@@ -146,6 +146,15 @@ class GroupState : public WorkOwner, public std::enable_shared_from_this<GroupSt
   // 64 KiB-4 MiB, 1.1-4.3x at 8-64 MiB).
   static constexpr size_t kShmReduceMin = size_t(8) << 20;
   void shm_run(WorkState& w);
+  // shm_run's collectives, each over the double-buffered node regions (shm.cpp): between two
+  // barriers a rank writes the regions of write_parity() and reads what was written before the
+  // barrier, in read_parity().
+  int write_parity() const { return static_cast<int>(interval_ & 1); }
+  int read_parity() const { return static_cast<int>((interval_ + 1) & 1); }
+  void shm_reduce_scatter(WorkState& w);
+  void shm_reduce(WorkState& w);
+  void shm_all_reduce(WorkState& w);
+  void shm_broadcast(WorkState& w);
   void shm_barrier(WorkState& w);
   char* region(int node_rank, int parity, int which) const;  // which: 0 input, 1 result
   size_t slot_bytes = 0;

@@ -65,13 +65,6 @@ void GroupState::shm_barrier(WorkState& w) {
 
 void GroupState::shm_run(WorkState& w) {
   Group::Op& op = w.op;
-  const int n = size, me = rank;  // single node: node-local rank == group rank
-  const size_t es = dtype_size(op.dtype);
-  std::vector<const void*> srcs(n);
-  // Parities of the current interval: write into `wp`, read what was written before the barrier.
-  auto wp = [&] { return static_cast<int>(interval_ & 1); };
-  auto rp = [&] { return static_cast<int>((interval_ + 1) & 1); };
-
   board_[node_rank]->write_exec({w.seq, static_cast<uint32_t>(op.kind),
                                  static_cast<uint32_t>(op.dtype), static_cast<uint32_t>(op.reduce),
                                  op.count, op.peer});
@@ -83,111 +76,122 @@ void GroupState::shm_run(WorkState& w) {
     return;
   }
   switch (op.kind) {
-    case OpKind::reduce_scatter: {
-      const size_t c = op.count;
-      const char* in = static_cast<const char*>(op.in);
-      char* out = static_cast<char*>(op.out);
-      std::vector<char> tmp;
-      // out == in + me * c is safe (each piece is copied in before its result is written);
-      // any other overlap is not.
-      if (out != in + me * c * es && overlaps(in, n * c * es, out, c * es)) {
-        tmp.assign(in, in + n * c * es);
-        in = tmp.data();
-      }
-      const size_t e = std::max(kAlign, round_down(slot_bytes / (n * es), kAlign));
-      const size_t pieces = ceil_div(c, e);
-      for (size_t t = 0; t <= pieces; ++t) {
-        if (t >= 1) {
-          const size_t off = (t - 1) * e, len = std::min(e, c - off);
-          for (int r = 0; r < n; ++r) srcs[r] = region(r, rp(), 0) + me * e * es;
-          reduce_n(out + off * es, srcs.data(), n, len, op.dtype, op.reduce);
-        }
-        if (t < pieces) {
-          const size_t off = t * e, len = std::min(e, c - off);
-          char* slot = region(me, wp(), 0);
-          for (int d = 0; d < n; ++d)
-            std::memcpy(slot + d * e * es, in + (d * c + off) * es, len * es);
-          shm_barrier(w);
-        }
-      }
-      return;
-    }
+    case OpKind::reduce_scatter: return shm_reduce_scatter(w);
+    case OpKind::reduce: return shm_reduce(w);
+    case OpKind::all_reduce: return shm_all_reduce(w);
+    case OpKind::broadcast: return shm_broadcast(w);
+    default: DS_THROW("[comm] {} has no shared-memory form", op_name(op.kind));
+  }
+}
 
-    case OpKind::reduce: {
-      const size_t total = op.count;
-      char* buf = static_cast<char*>(op.out);
-      const size_t e = std::max(kAlign, round_down(slot_bytes / es, kAlign));
-      const size_t pieces = ceil_div(total, e);
-      for (size_t t = 0; t <= pieces; ++t) {
-        if (t >= 1 && me == op.peer) {
-          const size_t off = (t - 1) * e, len = std::min(e, total - off);
-          for (int r = 0; r < n; ++r) srcs[r] = region(r, rp(), 0);
-          reduce_n(buf + off * es, srcs.data(), n, len, op.dtype, op.reduce);
-        }
-        if (t < pieces) {
-          const size_t off = t * e, len = std::min(e, total - off);
-          std::memcpy(region(me, wp(), 0), buf + off * es, len * es);
-          shm_barrier(w);
-        }
-      }
-      return;
-    }
+// Single node: node-local rank == group rank.
 
-    case OpKind::all_reduce: {
-      const size_t total = op.count;
-      char* buf = static_cast<char*>(op.out);
-      const size_t e = std::max(kAlign, round_down(slot_bytes / (n * es), kAlign));
-      const size_t step = e * n, pieces = ceil_div(total, step);
-      auto seg = [&](size_t p) {  // elements per rank in piece p (the last piece may be short)
-        return round_up(ceil_div(std::min(step, total - p * step), n), kAlign);
-      };
-      for (size_t t = 0; t < pieces + 2; ++t) {
-        if (t >= 2) {  // copy out every rank's reduced segment of piece t-2
-          const size_t p = t - 2, off = p * step, len = std::min(step, total - off), s = seg(p);
-          for (int r = 0; r < n; ++r) {
-            const size_t b = std::min(len, r * s), en = std::min(len, (r + 1) * s);
-            if (en > b) std::memcpy(buf + (off + b) * es, region(r, rp(), 1), (en - b) * es);
-          }
-        }
-        if (t >= 1 && t - 1 < pieces) {  // reduce my segment of piece t-1
-          const size_t p = t - 1, len = std::min(step, total - p * step), s = seg(p);
-          const size_t b = std::min(len, me * s), en = std::min(len, (me + 1) * s);
-          for (int r = 0; r < n; ++r) srcs[r] = region(r, rp(), 0) + b * es;
-          if (en > b) reduce_n(region(me, wp(), 1), srcs.data(), n, en - b, op.dtype, op.reduce);
-        }
-        if (t < pieces) {
-          const size_t off = t * step, len = std::min(step, total - off);
-          std::memcpy(region(me, wp(), 0), buf + off * es, len * es);
-        }
-        if (t < pieces + 1) shm_barrier(w);
-      }
-      return;
+void GroupState::shm_reduce_scatter(WorkState& w) {
+  Group::Op& op = w.op;
+  const int n = size, me = rank;
+  const size_t es = dtype_size(op.dtype), c = op.count;
+  std::vector<const void*> srcs(n);
+  const char* in = static_cast<const char*>(op.in);
+  char* out = static_cast<char*>(op.out);
+  std::vector<char> tmp;
+  // out == in + me * c is safe (each piece is copied in before its result is written); any other
+  // overlap is not.
+  if (out != in + me * c * es && overlaps(in, n * c * es, out, c * es)) {
+    tmp.assign(in, in + n * c * es);
+    in = tmp.data();
+  }
+  const size_t e = std::max(kAlign, round_down(slot_bytes / (n * es), kAlign));
+  const size_t pieces = ceil_div(c, e);
+  for (size_t t = 0; t <= pieces; ++t) {
+    if (t >= 1) {
+      const size_t off = (t - 1) * e, len = std::min(e, c - off);
+      for (int r = 0; r < n; ++r) srcs[r] = region(r, read_parity(), 0) + me * e * es;
+      reduce_n(out + off * es, srcs.data(), n, len, op.dtype, op.reduce);
     }
-
-    case OpKind::broadcast: {
-      const size_t total = op.count;
-      char* buf = static_cast<char*>(op.out);
-      const int root = op.peer;
-      const size_t e = std::max(kAlign, round_down(slot_bytes / es, kAlign));
-      const size_t pieces = ceil_div(total, e);
-      for (size_t t = 0; t <= pieces; ++t) {
-        if (t >= 1 && me != root) {
-          const size_t off = (t - 1) * e, len = std::min(e, total - off);
-          std::memcpy(buf + off * es, region(root, rp(), 0), len * es);
-        }
-        if (t < pieces) {
-          if (me == root) {
-            const size_t off = t * e, len = std::min(e, total - off);
-            std::memcpy(region(me, wp(), 0), buf + off * es, len * es);
-          }
-          shm_barrier(w);
-        }
-      }
-      return;
+    if (t < pieces) {
+      const size_t off = t * e, len = std::min(e, c - off);
+      char* slot = region(me, write_parity(), 0);
+      for (int d = 0; d < n; ++d) std::memcpy(slot + d * e * es, in + (d * c + off) * es, len * es);
+      shm_barrier(w);
     }
+  }
+}
 
-    default:
-      DS_THROW("[comm] {} has no shared-memory form", op_name(op.kind));
+void GroupState::shm_reduce(WorkState& w) {
+  Group::Op& op = w.op;
+  const int n = size, me = rank;
+  const size_t es = dtype_size(op.dtype), total = op.count;
+  std::vector<const void*> srcs(n);
+  char* buf = static_cast<char*>(op.out);
+  const size_t e = std::max(kAlign, round_down(slot_bytes / es, kAlign));
+  const size_t pieces = ceil_div(total, e);
+  for (size_t t = 0; t <= pieces; ++t) {
+    if (t >= 1 && me == op.peer) {
+      const size_t off = (t - 1) * e, len = std::min(e, total - off);
+      for (int r = 0; r < n; ++r) srcs[r] = region(r, read_parity(), 0);
+      reduce_n(buf + off * es, srcs.data(), n, len, op.dtype, op.reduce);
+    }
+    if (t < pieces) {
+      const size_t off = t * e, len = std::min(e, total - off);
+      std::memcpy(region(me, write_parity(), 0), buf + off * es, len * es);
+      shm_barrier(w);
+    }
+  }
+}
+
+void GroupState::shm_all_reduce(WorkState& w) {
+  Group::Op& op = w.op;
+  const int n = size, me = rank;
+  const size_t es = dtype_size(op.dtype), total = op.count;
+  std::vector<const void*> srcs(n);
+  char* buf = static_cast<char*>(op.out);
+  const size_t e = std::max(kAlign, round_down(slot_bytes / (n * es), kAlign));
+  const size_t step = e * n, pieces = ceil_div(total, step);
+  auto seg = [&](size_t p) {  // elements per rank in piece p (the last piece may be short)
+    return round_up(ceil_div(std::min(step, total - p * step), n), kAlign);
+  };
+  for (size_t t = 0; t < pieces + 2; ++t) {
+    if (t >= 2) {  // copy out every rank's reduced segment of piece t-2
+      const size_t p = t - 2, off = p * step, len = std::min(step, total - off), s = seg(p);
+      for (int r = 0; r < n; ++r) {
+        const size_t b = std::min(len, r * s), en = std::min(len, (r + 1) * s);
+        if (en > b) std::memcpy(buf + (off + b) * es, region(r, read_parity(), 1), (en - b) * es);
+      }
+    }
+    if (t >= 1 && t - 1 < pieces) {  // reduce my segment of piece t-1
+      const size_t p = t - 1, len = std::min(step, total - p * step), s = seg(p);
+      const size_t b = std::min(len, me * s), en = std::min(len, (me + 1) * s);
+      for (int r = 0; r < n; ++r) srcs[r] = region(r, read_parity(), 0) + b * es;
+      if (en > b)
+        reduce_n(region(me, write_parity(), 1), srcs.data(), n, en - b, op.dtype, op.reduce);
+    }
+    if (t < pieces) {
+      const size_t off = t * step, len = std::min(step, total - off);
+      std::memcpy(region(me, write_parity(), 0), buf + off * es, len * es);
+    }
+    if (t < pieces + 1) shm_barrier(w);
+  }
+}
+
+void GroupState::shm_broadcast(WorkState& w) {
+  Group::Op& op = w.op;
+  const int me = rank, root = op.peer;
+  const size_t es = dtype_size(op.dtype), total = op.count;
+  char* buf = static_cast<char*>(op.out);
+  const size_t e = std::max(kAlign, round_down(slot_bytes / es, kAlign));
+  const size_t pieces = ceil_div(total, e);
+  for (size_t t = 0; t <= pieces; ++t) {
+    if (t >= 1 && me != root) {
+      const size_t off = (t - 1) * e, len = std::min(e, total - off);
+      std::memcpy(buf + off * es, region(root, read_parity(), 0), len * es);
+    }
+    if (t < pieces) {
+      if (me == root) {
+        const size_t off = t * e, len = std::min(e, total - off);
+        std::memcpy(region(me, write_parity(), 0), buf + off * es, len * es);
+      }
+      shm_barrier(w);
+    }
   }
 }
 

@@ -103,6 +103,138 @@ void read_bf16(Section s, BF16Config& c) {
   s.finish();
 }
 
+// Adam's and Lamb's shared parameters.
+void read_adam_like(Section& p, OptimizerConfig& c) {
+  c.lr = p.number("lr", 1e-3, at_least(0));
+  c.betas = p.number_pair("betas", {0.9, 0.999}, between(0, 1));
+  c.eps = p.number("eps", 1e-8, at_least(0));
+  c.weight_decay = p.number("weight_decay", 0.0, at_least(0));
+  c.bias_correction = p.boolean("bias_correction", true);
+}
+
+void refuse_amsgrad(Section& p, const ParseState& st) {
+  if (p.boolean("amsgrad", false))
+    DS_THROW(
+        "[config] optimizer.params.amsgrad = true is not supported in {} (DeepSpeed's fused "
+        "and CPU optimizers refuse it too): remove it",
+        st.source);
+}
+
+// The 1-bit optimizers' communication settings, plus their own `keys` kept as given.
+void read_one_bit_extras(Section& p, OptimizerConfig& c, std::initializer_list<const char*> keys) {
+  c.cuda_aware = p.boolean("cuda_aware", false);
+  c.comm_backend_name = p.string("comm_backend_name", "nccl");
+  for (const char* k : keys) {
+    json v = p.any(k, nullptr);
+    if (!v.is_null()) c.extra_params[k] = v;
+  }
+}
+
+// 16-bit optimizer states are not implemented: the key is accepted, and said when false.
+void read_fp32_states(Section& p, OptimizerConfig& c) {
+  c.fp32_optimizer_states = p.boolean("fp32_optimizer_states", true);
+  p.todo("fp32_optimizer_states", "16-bit optimizer states (they are always fp32 here)");
+}
+
+// Adam, AdamW, OneBitAdam, ZeroOneAdam, MuAdam, MuAdamW.
+void read_adam_params(Section& p, OptimizerConfig& c, ParseState& st, const std::string& type) {
+  read_adam_like(p, c);
+  const bool adamw = c.type == OptimizerType::AdamW || c.type == OptimizerType::MuAdamW;
+  c.adam_w_mode = p.boolean("adam_w_mode", true);
+  if (adamw && !c.adam_w_mode) {
+    st.warn(
+        fmt::format("[config] optimizer.params.adam_w_mode = false is ignored for type {} "
+                    "(AdamW always decouples weight decay; use \"type\": \"Adam\" with "
+                    "\"adam_w_mode\": false for L2 regularisation)",
+                    type));
+    c.adam_w_mode = true;
+  }
+  c.torch_adam = p.boolean("torch_adam", false);
+  read_fp32_states(p, c);
+  p.boolean("set_grad_none", true);  // a PyTorch memory knob; meaningless here
+  refuse_amsgrad(p, st);
+  if (c.type == OptimizerType::OneBitAdam) {
+    c.freeze_step = p.integer("freeze_step", 100000, at_least(0));
+    read_one_bit_extras(p, c, {});
+  } else if (c.type == OptimizerType::ZeroOneAdam) {
+    read_one_bit_extras(
+        p, c, {"var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper"});
+  }
+}
+
+// Lamb and OneBitLamb.
+void read_lamb_params(Section& p, OptimizerConfig& c, ParseState& st) {
+  read_adam_like(p, c);
+  c.max_coeff = p.number("max_coeff", 10.0, at_least(0));
+  c.min_coeff = p.number("min_coeff", 0.01, at_least(0));
+  p.boolean("eps_inside_sqrt", false);
+  p.todo("eps_inside_sqrt", "Lamb's eps inside the square root");
+  refuse_amsgrad(p, st);
+  if (c.type == OptimizerType::OneBitLamb) {
+    c.freeze_step = p.integer("freeze_step", 100000, at_least(0));
+    read_one_bit_extras(p, c, {"coeff_beta", "factor_max", "factor_min", "factor_threshold"});
+  }
+}
+
+// SGD and MuSGD.
+void read_sgd_params(Section& p, OptimizerConfig& c, const ParseState& st) {
+  c.lr = p.number("lr", 1e-3, at_least(0));
+  c.momentum = p.number("momentum", 0.0, at_least(0));
+  c.dampening = p.number("dampening", 0.0, any_value());
+  c.weight_decay = p.number("weight_decay", 0.0, at_least(0));
+  c.nesterov = p.boolean("nesterov", false);
+  if (c.nesterov && (c.momentum <= 0 || c.dampening != 0))
+    DS_THROW(
+        "[config] optimizer.params.nesterov = true needs momentum > 0 and dampening 0 in "
+        "{} (got momentum {}, dampening {})",
+        st.source, c.momentum, c.dampening);
+}
+
+void read_adagrad_params(Section& p, OptimizerConfig& c, ParseState& st) {
+  c.lr = p.number("lr", 1e-2, at_least(0));
+  c.eps = p.number("eps", 1e-10, at_least(0));
+  c.weight_decay = p.number("weight_decay", 0.0, at_least(0));
+  c.lr_decay = p.number("lr_decay", 0.0, at_least(0));
+  c.initial_accumulator_value = p.number("initial_accumulator_value", 0.0, at_least(0));
+  read_fp32_states(p, c);
+  refuse_amsgrad(p, st);
+}
+
+void read_lion_params(Section& p, OptimizerConfig& c) {
+  c.lr = p.number("lr", 1e-3, at_least(0));
+  c.betas = p.number_pair("betas", {0.9, 0.999}, between(0, 1));
+  c.weight_decay = p.number("weight_decay", 0.0, at_least(0));
+  read_fp32_states(p, c);
+  p.boolean("set_grad_none", true);
+}
+
+// Types accepted whose distinguishing part is not implemented yet: said, not silently ignored.
+void warn_unimplemented_optimizer(const OptimizerConfig& c, ParseState& st,
+                                  const std::string& type) {
+  switch (c.type) {
+    case OptimizerType::OneBitAdam:
+    case OptimizerType::ZeroOneAdam:
+    case OptimizerType::OneBitLamb:
+      st.warn(
+          fmt::format("[config] optimizer.type = \"{}\": 1-bit compressed communication is not "
+                      "implemented in deepspeed.cpp yet; the type is accepted and its "
+                      "compression settings are ignored",
+                      type));
+      break;
+    case OptimizerType::MuAdam:
+    case OptimizerType::MuAdamW:
+    case OptimizerType::MuSGD:
+      st.warn(
+          fmt::format("[config] optimizer.type = \"{}\": muP scaling is not implemented in "
+                      "deepspeed.cpp yet; the type is accepted and the muP width scaling "
+                      "ignored",
+                      type));
+      break;
+    default:
+      break;
+  }
+}
+
 void read_optimizer(Section s, OptimizerConfig& c, ParseState& st) {
   if (!s.present()) {
     s.declare("type");
@@ -119,140 +251,28 @@ void read_optimizer(Section s, OptimizerConfig& c, ParseState& st) {
     if (*type == o.name) c.type = o.type;
   c.legacy_fusion = s.boolean("legacy_fusion", false);
   s.todo("legacy_fusion", "legacy optimizer fusion");
-
   Section p = s.child("params");
   if (const json* mg = p.raw_value("max_grad_norm"))
     DS_THROW(
         "[config] optimizer.params.max_grad_norm = {} is not allowed in {}: DeepSpeed clips "
         "gradients itself; use the top-level \"gradient_clipping\": {} instead",
         detail::json_show(*mg), st.source, detail::json_show(*mg));
-
-  const Range any = any_value();
-  const Range beta = between(0, 1);
-  const Range nonneg = at_least(0);
-  auto adam_like = [&] {
-    c.lr = p.number("lr", 1e-3, nonneg);
-    c.betas = p.number_pair("betas", {0.9, 0.999}, beta);
-    c.eps = p.number("eps", 1e-8, nonneg);
-    c.weight_decay = p.number("weight_decay", 0.0, nonneg);
-    c.bias_correction = p.boolean("bias_correction", true);
-  };
-  auto no_amsgrad = [&] {
-    if (p.boolean("amsgrad", false))
-      DS_THROW(
-          "[config] optimizer.params.amsgrad = true is not supported in {} (DeepSpeed's fused "
-          "and CPU optimizers refuse it too): remove it",
-          st.source);
-  };
-  auto one_bit_extras = [&](std::initializer_list<const char*> keys) {
-    c.cuda_aware = p.boolean("cuda_aware", false);
-    c.comm_backend_name = p.string("comm_backend_name", "nccl");
-    for (const char* k : keys) {
-      json v = p.any(k, nullptr);
-      if (!v.is_null()) c.extra_params[k] = v;
-    }
-  };
   switch (c.type) {
     case OptimizerType::Adam:
     case OptimizerType::AdamW:
     case OptimizerType::OneBitAdam:
     case OptimizerType::ZeroOneAdam:
     case OptimizerType::MuAdam:
-    case OptimizerType::MuAdamW: {
-      adam_like();
-      const bool adamw = c.type == OptimizerType::AdamW || c.type == OptimizerType::MuAdamW;
-      c.adam_w_mode = p.boolean("adam_w_mode", true);
-      if (adamw && !c.adam_w_mode) {
-        st.warn(
-            fmt::format("[config] optimizer.params.adam_w_mode = false is ignored for type {} "
-                        "(AdamW always decouples weight decay; use \"type\": \"Adam\" with "
-                        "\"adam_w_mode\": false for L2 regularisation)",
-                        *type));
-        c.adam_w_mode = true;
-      }
-      c.torch_adam = p.boolean("torch_adam", false);
-      c.fp32_optimizer_states = p.boolean("fp32_optimizer_states", true);
-      p.todo("fp32_optimizer_states", "16-bit optimizer states (they are always fp32 here)");
-      p.boolean("set_grad_none", true);  // a PyTorch memory knob; meaningless here
-      no_amsgrad();
-      if (c.type == OptimizerType::OneBitAdam) {
-        c.freeze_step = p.integer("freeze_step", 100000, nonneg);
-        one_bit_extras({});
-      } else if (c.type == OptimizerType::ZeroOneAdam) {
-        one_bit_extras(
-            {"var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper"});
-      }
-      break;
-    }
+    case OptimizerType::MuAdamW: read_adam_params(p, c, st, *type); break;
     case OptimizerType::Lamb:
-    case OptimizerType::OneBitLamb:
-      adam_like();
-      c.max_coeff = p.number("max_coeff", 10.0, nonneg);
-      c.min_coeff = p.number("min_coeff", 0.01, nonneg);
-      p.boolean("eps_inside_sqrt", false);
-      p.todo("eps_inside_sqrt", "Lamb's eps inside the square root");
-      no_amsgrad();
-      if (c.type == OptimizerType::OneBitLamb) {
-        c.freeze_step = p.integer("freeze_step", 100000, nonneg);
-        one_bit_extras({"coeff_beta", "factor_max", "factor_min", "factor_threshold"});
-      }
-      break;
+    case OptimizerType::OneBitLamb: read_lamb_params(p, c, st); break;
     case OptimizerType::SGD:
-    case OptimizerType::MuSGD:
-      c.lr = p.number("lr", 1e-3, nonneg);
-      c.momentum = p.number("momentum", 0.0, nonneg);
-      c.dampening = p.number("dampening", 0.0, any);
-      c.weight_decay = p.number("weight_decay", 0.0, nonneg);
-      c.nesterov = p.boolean("nesterov", false);
-      if (c.nesterov && (c.momentum <= 0 || c.dampening != 0))
-        DS_THROW(
-            "[config] optimizer.params.nesterov = true needs momentum > 0 and dampening 0 in "
-            "{} (got momentum {}, dampening {})",
-            st.source, c.momentum, c.dampening);
-      break;
-    case OptimizerType::Adagrad:
-      c.lr = p.number("lr", 1e-2, nonneg);
-      c.eps = p.number("eps", 1e-10, nonneg);
-      c.weight_decay = p.number("weight_decay", 0.0, nonneg);
-      c.lr_decay = p.number("lr_decay", 0.0, nonneg);
-      c.initial_accumulator_value = p.number("initial_accumulator_value", 0.0, nonneg);
-      c.fp32_optimizer_states = p.boolean("fp32_optimizer_states", true);
-      p.todo("fp32_optimizer_states", "16-bit optimizer states (they are always fp32 here)");
-      no_amsgrad();
-      break;
-    case OptimizerType::Lion:
-      c.lr = p.number("lr", 1e-3, nonneg);
-      c.betas = p.number_pair("betas", {0.9, 0.999}, beta);
-      c.weight_decay = p.number("weight_decay", 0.0, nonneg);
-      c.fp32_optimizer_states = p.boolean("fp32_optimizer_states", true);
-      p.todo("fp32_optimizer_states", "16-bit optimizer states (they are always fp32 here)");
-      p.boolean("set_grad_none", true);
-      break;
-    case OptimizerType::None:
-      break;
+    case OptimizerType::MuSGD: read_sgd_params(p, c, st); break;
+    case OptimizerType::Adagrad: read_adagrad_params(p, c, st); break;
+    case OptimizerType::Lion: read_lion_params(p, c); break;
+    case OptimizerType::None: break;
   }
-  switch (c.type) {
-    case OptimizerType::OneBitAdam:
-    case OptimizerType::ZeroOneAdam:
-    case OptimizerType::OneBitLamb:
-      st.warn(
-          fmt::format("[config] optimizer.type = \"{}\": 1-bit compressed communication is not "
-                      "implemented in deepspeed.cpp yet; the type is accepted and its "
-                      "compression settings are ignored",
-                      *type));
-      break;
-    case OptimizerType::MuAdam:
-    case OptimizerType::MuAdamW:
-    case OptimizerType::MuSGD:
-      st.warn(
-          fmt::format("[config] optimizer.type = \"{}\": muP scaling is not implemented in "
-                      "deepspeed.cpp yet; the type is accepted and the muP width scaling "
-                      "ignored",
-                      *type));
-      break;
-    default:
-      break;
-  }
+  warn_unimplemented_optimizer(c, st, *type);
   p.finish();
   s.finish();
 }
@@ -413,10 +433,10 @@ void read_zero(Section s, ZeroConfig& z, ParseState& st) {
   z.stage = static_cast<int>(s.integer("stage", 0, between(0, 3)));
   z.contiguous_gradients = s.boolean("contiguous_gradients", true);
   z.reduce_scatter = s.boolean("reduce_scatter", true);
-  z.reduce_bucket_size = s.integer("reduce_bucket_size", 500000000, nonneg);
+  z.reduce_bucket_size = s.integer("reduce_bucket_size", z.reduce_bucket_size, nonneg);
   z.use_multi_rank_bucket_allreduce = s.boolean("use_multi_rank_bucket_allreduce", true);
   z.allgather_partitions = s.boolean("allgather_partitions", true);
-  z.allgather_bucket_size = s.integer("allgather_bucket_size", 500000000, nonneg);
+  z.allgather_bucket_size = s.integer("allgather_bucket_size", z.allgather_bucket_size, nonneg);
   auto overlap = s.opt_boolean("overlap_comm");
   z.overlap_comm = overlap.value_or(z.stage == 3);
   if (!overlap)
@@ -431,7 +451,7 @@ void read_zero(Section s, ZeroConfig& z, ParseState& st) {
     auto& c = z.offload_optimizer;
     c.device = read_device(o);
     c.nvme_path = o.opt_string("nvme_path").value_or("");
-    c.buffer_count = o.integer("buffer_count", 4, nonneg);
+    c.buffer_count = o.integer("buffer_count", c.buffer_count, nonneg);
     c.pin_memory = o.boolean("pin_memory", false);
     // DeepSpeed's defaults are false (no overlap); deepspeed.cpp overlaps unless told not to.
     for (auto [key, field] : {std::pair{"pipeline_read", &c.pipeline_read},
@@ -456,21 +476,24 @@ void read_zero(Section s, ZeroConfig& z, ParseState& st) {
     auto& c = z.offload_param;
     c.device = read_device(o);
     c.nvme_path = o.opt_string("nvme_path").value_or("");
-    c.buffer_count = o.integer("buffer_count", 5, nonneg);
-    c.buffer_size = o.integer("buffer_size", 100000000, nonneg);
-    c.max_in_cpu = o.integer("max_in_cpu", 1000000000, nonneg);
+    c.buffer_count = o.integer("buffer_count", c.buffer_count, nonneg);
+    c.buffer_size = o.integer("buffer_size", c.buffer_size, nonneg);
+    c.max_in_cpu = o.integer("max_in_cpu", c.max_in_cpu, nonneg);
     c.pin_memory = o.boolean("pin_memory", false);
     o.finish();
   }
-  z.sub_group_size = s.integer("sub_group_size", 1000000000, nonneg);
-  z.stage3_prefetch_bucket_size = s.integer("stage3_prefetch_bucket_size", 50000000, nonneg);
-  z.stage3_param_persistence_threshold =
-      s.integer("stage3_param_persistence_threshold", 100000, nonneg);
+  z.sub_group_size = s.integer("sub_group_size", z.sub_group_size, nonneg);
+  z.stage3_prefetch_bucket_size =
+      s.integer("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, nonneg);
+  z.stage3_param_persistence_threshold = s.integer(
+      "stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, nonneg);
   z.stage3_model_persistence_threshold =
       s.integer("stage3_model_persistence_threshold", INT64_MAX, nonneg);
   s.todo("stage3_model_persistence_threshold", "a model-wide persistence budget");
-  z.stage3_max_live_parameters = s.integer("stage3_max_live_parameters", 1000000000, nonneg);
-  z.stage3_max_reuse_distance = s.integer("stage3_max_reuse_distance", 1000000000, nonneg);
+  z.stage3_max_live_parameters =
+      s.integer("stage3_max_live_parameters", z.stage3_max_live_parameters, nonneg);
+  z.stage3_max_reuse_distance =
+      s.integer("stage3_max_reuse_distance", z.stage3_max_reuse_distance, nonneg);
   z.stage3_gather_16bit_weights_on_model_save =
       s.boolean("stage3_gather_16bit_weights_on_model_save", false);
   z.stage3_module_granularity_threshold =
@@ -516,13 +539,13 @@ void read_zero(Section s, ZeroConfig& z, ParseState& st) {
 }
 
 void read_aio(Section s, AioConfig& a) {
-  a.block_size = s.integer("block_size", 1048576, at_least(1));
-  a.queue_depth = s.integer("queue_depth", 8, at_least(1));
-  a.intra_op_parallelism = s.integer("intra_op_parallelism", 1, at_least(1));
-  a.single_submit = s.boolean("single_submit", false);
-  a.overlap_events = s.boolean("overlap_events", true);
+  a.block_size = s.integer("block_size", a.block_size, at_least(1));
+  a.queue_depth = s.integer("queue_depth", a.queue_depth, at_least(1));
+  a.intra_op_parallelism = s.integer("intra_op_parallelism", a.intra_op_parallelism, at_least(1));
+  a.single_submit = s.boolean("single_submit", a.single_submit);
+  a.overlap_events = s.boolean("overlap_events", a.overlap_events);
   a.use_gds = s.boolean("use_gds", false);
-  a.use_direct_io = s.boolean("use_direct_io", true);  // deepspeed.cpp's own key (offload.md)
+  a.use_direct_io = s.boolean("use_direct_io", a.use_direct_io);  // our own key (offload.md)
   DS_CHECK(!a.use_gds,
            "[config] aio.use_gds = true: GPUDirect Storage needs a CUDA device and deepspeed.cpp "
            "has no GPU backend yet; remove the key or set it to false");
@@ -883,6 +906,13 @@ void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
     DS_CHECK(!path->empty(),
              "[config] zero_optimization.{}.nvme_path is required when device is \"nvme\" in {}",
              name, st.source);
+    const int64_t buffers = std::string_view(name) == "offload_param"
+                                ? z.offload_param.buffer_count
+                                : z.offload_optimizer.buffer_count;
+    DS_CHECK(buffers >= 1,
+             "[config] zero_optimization.{}.buffer_count = {} in {}: NVMe offload streams through "
+             "at least one swap buffer (4 or more overlap reading, stepping and writing)",
+             name, buffers, st.source);
     const bool pinned = std::string_view(name) == "offload_param" ? z.offload_param.pin_memory
                                                                    : z.offload_optimizer.pin_memory;
     if (pinned)

@@ -198,11 +198,12 @@ void normalize_deprecated(json& root, ParseState& st) {
     rename_key(root["aio"], "aio", "thread_count", "intra_op_parallelism", /*deprecated=*/true, st);
 }
 
-void resolve_auto(json& root, const ConfigContext& ctx, ParseState& st) {
-  const TrainerArgs& a = ctx.args;
-  AutoFiller f(root, st);
+namespace {
 
-  // Batch triad. An "auto" without a trainer value is treated as absent, so §2 derives it.
+// The batch triad. An "auto" without a trainer value is treated as absent, so that the batch
+// rules derive it.
+void fill_batch(AutoFiller& f, json& root, const ConfigContext& ctx, ParseState& st) {
+  const TrainerArgs& a = ctx.args;
   f.fill("train_micro_batch_size_per_gpu", opt_json(a.per_device_train_batch_size),
          "per_device_train_batch_size");
   f.fill("gradient_accumulation_steps", opt_json(a.gradient_accumulation_steps),
@@ -223,65 +224,62 @@ void resolve_auto(json& root, const ConfigContext& ctx, ParseState& st) {
       st.auto_hints.erase(k);
     }
   }
+}
 
-  f.fill("gradient_clipping", opt_json(a.max_grad_norm), "max_grad_norm");
-  f.fill("optimizer.params.lr", opt_json(a.learning_rate), "learning_rate");
-  {
-    // betas pairs two arguments: "auto" needs both, an explicit pair is checked element-wise.
-    std::string key;
-    json* params = parent_of(root, "optimizer.params.betas", &key);
-    if (params) {
-      json& v = (*params)[key];
-      if (is_auto(v)) {
-        if (a.adam_beta1 && a.adam_beta2) {
-          v = json::array({*a.adam_beta1, *a.adam_beta2});
-          st.auto_filled.insert("optimizer.params.betas");
-          st.notes["optimizer.params.betas"] = "auto: trainer [adam_beta1, adam_beta2]";
-        } else {
-          st.auto_hints["optimizer.params.betas"] =
-              "the trainer did not give both adam_beta1 and adam_beta2; pass them or write "
-              "[beta1, beta2]";
-        }
-      } else if (v.is_array() && v.size() == 2) {
-        if (a.adam_beta1 && v[0].is_number() && !values_equal(v[0], json(*a.adam_beta1)))
-          f.add_mismatch(fmt::format("  - ds optimizer.params.betas[0]={} vs trainer adam_beta1={}",
-                                     v[0].dump(), json(*a.adam_beta1).dump()));
-        if (a.adam_beta2 && v[1].is_number() && !values_equal(v[1], json(*a.adam_beta2)))
-          f.add_mismatch(fmt::format("  - ds optimizer.params.betas[1]={} vs trainer adam_beta2={}",
-                                     v[1].dump(), json(*a.adam_beta2).dump()));
-      }
+// optimizer.params.betas pairs two arguments: "auto" needs both, an explicit pair is checked
+// element-wise.
+void fill_betas(AutoFiller& f, json& root, const TrainerArgs& a, ParseState& st) {
+  std::string key;
+  json* params = parent_of(root, "optimizer.params.betas", &key);
+  if (!params) return;
+  json& v = (*params)[key];
+  if (is_auto(v)) {
+    if (a.adam_beta1 && a.adam_beta2) {
+      v = json::array({*a.adam_beta1, *a.adam_beta2});
+      st.auto_filled.insert("optimizer.params.betas");
+      st.notes["optimizer.params.betas"] = "auto: trainer [adam_beta1, adam_beta2]";
+    } else {
+      st.auto_hints["optimizer.params.betas"] =
+          "the trainer did not give both adam_beta1 and adam_beta2; pass them or write "
+          "[beta1, beta2]";
     }
+  } else if (v.is_array() && v.size() == 2) {
+    if (a.adam_beta1 && v[0].is_number() && !values_equal(v[0], json(*a.adam_beta1)))
+      f.add_mismatch(fmt::format("  - ds optimizer.params.betas[0]={} vs trainer adam_beta1={}",
+                                 v[0].dump(), json(*a.adam_beta1).dump()));
+    if (a.adam_beta2 && v[1].is_number() && !values_equal(v[1], json(*a.adam_beta2)))
+      f.add_mismatch(fmt::format("  - ds optimizer.params.betas[1]={} vs trainer adam_beta2={}",
+                                 v[1].dump(), json(*a.adam_beta2).dump()));
   }
-  f.fill("optimizer.params.eps", opt_json(a.adam_epsilon), "adam_epsilon");
-  f.fill("optimizer.params.weight_decay", opt_json(a.weight_decay), "weight_decay");
-  f.fill("scheduler.params.warmup_min_lr", json(0.0), "(none: 0 by convention)",
-         /*must_match=*/false);
-  f.fill("scheduler.params.warmup_max_lr", opt_json(a.learning_rate), "learning_rate");
-  f.fill("scheduler.params.warmup_num_steps", opt_json(a.warmup_steps), "warmup_steps");
-  f.fill("scheduler.params.total_num_steps", opt_json(a.total_steps), "total_steps");
-  f.fill("fp16.enabled", opt_json(a.fp16), "fp16");
-  f.fill("bf16.enabled", opt_json(a.bf16), "bf16");
+}
 
-  // Hidden-size based keys, filled from the model.
+// The value of a hidden-size based key ("auto": DeepSpeed's H*H, 0.9*H*H, 10*H) and how it was
+// found.
+std::pair<int64_t, std::string> hidden_size_value(std::string_view k, int64_t h) {
+  if (k == "reduce_bucket_size") return {h * h, fmt::format("auto: model hidden_size {}: H*H", h)};
+  if (k == "stage3_prefetch_bucket_size")
+    return {static_cast<int64_t>(0.9 * static_cast<double>(h) * static_cast<double>(h)),
+            fmt::format("auto: model hidden_size {}: 0.9*H*H", h)};
+  return {10 * h, fmt::format("auto: model hidden_size {}: 10*H", h)};
+}
+
+// The zero_optimization keys filled from the model's hidden size; the stage-3 ones are dropped
+// below stage 3 (DeepSpeed drops the "auto" too: the default stays).
+void fill_hidden_size_keys(json& root, const ConfigContext& ctx, ParseState& st) {
   int64_t stage = 0;
   if (root.contains("zero_optimization") && root["zero_optimization"].is_object()) {
     const json& s = root["zero_optimization"].value("stage", json(0));
     if (s.is_number_integer()) stage = s.get<int64_t>();
   }
   std::vector<std::string> missing;
-  struct HiddenKey {
-    const char* key;
-    bool stage3_only;
-  };
-  for (auto [k, stage3_only] :
-       {HiddenKey{"reduce_bucket_size", false}, HiddenKey{"stage3_prefetch_bucket_size", true},
-        HiddenKey{"stage3_param_persistence_threshold", true}}) {
+  for (auto [k, stage3_only] : {std::pair{"reduce_bucket_size", false},
+                                std::pair{"stage3_prefetch_bucket_size", true},
+                                std::pair{"stage3_param_persistence_threshold", true}}) {
     const std::string path = std::string("zero_optimization.") + k;
     std::string key;
     json* zero = parent_of(root, path, &key);
     if (!zero || !is_auto((*zero)[key])) continue;
     if (stage3_only && stage != 3) {
-      // Meaningless below stage 3 (DeepSpeed drops the "auto" too): keep the default.
       zero->erase(key);
       st.notes[path] = fmt::format("was \"auto\"; unused at stage {}", stage);
       continue;
@@ -290,19 +288,7 @@ void resolve_auto(json& root, const ConfigContext& ctx, ParseState& st) {
       missing.push_back(path);
       continue;
     }
-    const int64_t h = *ctx.hidden_size;
-    int64_t v = 0;
-    std::string how;
-    if (std::string_view(k) == "reduce_bucket_size") {
-      v = h * h;
-      how = fmt::format("auto: model hidden_size {}: H*H", h);
-    } else if (std::string_view(k) == "stage3_prefetch_bucket_size") {
-      v = static_cast<int64_t>(0.9 * static_cast<double>(h) * static_cast<double>(h));
-      how = fmt::format("auto: model hidden_size {}: 0.9*H*H", h);
-    } else {
-      v = 10 * h;
-      how = fmt::format("auto: model hidden_size {}: 10*H", h);
-    }
+    const auto [v, how] = hidden_size_value(k, *ctx.hidden_size);
     (*zero)[key] = v;
     st.auto_filled.insert(path);
     st.notes[path] = how;
@@ -313,7 +299,27 @@ void resolve_auto(json& root, const ConfigContext& ctx, ParseState& st) {
         "{}. Write integers for these keys (DeepSpeed's defaults: reduce_bucket_size 5e8, "
         "stage3_prefetch_bucket_size 5e7, stage3_param_persistence_threshold 1e5)",
         st.source, fmt::join(missing, ", "));
+}
 
+}  // namespace
+
+void resolve_auto(json& root, const ConfigContext& ctx, ParseState& st) {
+  const TrainerArgs& a = ctx.args;
+  AutoFiller f(root, st);
+  fill_batch(f, root, ctx, st);
+  f.fill("gradient_clipping", opt_json(a.max_grad_norm), "max_grad_norm");
+  f.fill("optimizer.params.lr", opt_json(a.learning_rate), "learning_rate");
+  fill_betas(f, root, a, st);
+  f.fill("optimizer.params.eps", opt_json(a.adam_epsilon), "adam_epsilon");
+  f.fill("optimizer.params.weight_decay", opt_json(a.weight_decay), "weight_decay");
+  f.fill("scheduler.params.warmup_min_lr", json(0.0), "(none: 0 by convention)",
+         /*must_match=*/false);
+  f.fill("scheduler.params.warmup_max_lr", opt_json(a.learning_rate), "learning_rate");
+  f.fill("scheduler.params.warmup_num_steps", opt_json(a.warmup_steps), "warmup_steps");
+  f.fill("scheduler.params.total_num_steps", opt_json(a.total_steps), "total_steps");
+  f.fill("fp16.enabled", opt_json(a.fp16), "fp16");
+  f.fill("bf16.enabled", opt_json(a.bf16), "bf16");
+  fill_hidden_size_keys(root, ctx, st);
   if (!f.mismatches().empty())
     DS_THROW(
         "[config] {} contradicts the trainer's arguments:\n{}\nSet these config values to "

@@ -1,6 +1,7 @@
 #include "ds/data/classification_set.h"
 
 #include <algorithm>
+#include <functional>
 #include <charconv>
 #include <chrono>
 #include <fstream>
@@ -103,22 +104,25 @@ void ClassificationSet::get(int64_t i, std::span<int32_t> ids, std::span<int32_t
   label = labels_[static_cast<size_t>(i)];
 }
 
-ClassificationPrepareReport prepare_classification(const ClassificationPrepareOptions& o) {
-  const auto t0 = std::chrono::steady_clock::now();
-  check_sequence_length("classification", "--seq_len", static_cast<int64_t>(o.seq_len), 0, {});
-  DS_CHECK(!o.output_dir.empty(), "[classification] no output folder given");
-  check_output_outside_inputs(o.inputs, o.output_dir, "classification");
-  const std::vector<InputFile> files =
-      list_set_inputs(o.inputs, {".tsv", ".jsonl", ".json"}, "classification", ".tsv or .jsonl",
-                      "classification records are GLUE TSV or JSON Lines", o.output_dir);
-  ClassificationPrepareReport report;
-  RecordSplit split(files, o.val_fraction, o.val_files, "classification");
+namespace {
 
-  // ---- read every record ----
-  struct Loaded {
-    ClassificationRecord r;
-    size_t file;
-  };
+// A record and the input file (index into the file list) it came from.
+struct Loaded {
+  ClassificationRecord r;
+  size_t file;
+};
+
+// One split's examples as the set file stores them.
+struct Split {
+  std::vector<int32_t> ids, labels;
+  std::vector<uint8_t> types;
+  std::vector<uint32_t> lengths;
+  ClassificationSplitReport rep;
+};
+
+// Every record of every file, in file order; all single sentences or all pairs (report.pair).
+std::vector<Loaded> read_records(const std::vector<InputFile>& files,
+                                 ClassificationPrepareReport& report) {
   std::vector<Loaded> records;
   for (size_t f = 0; f < files.size(); ++f) {
     auto rs = read_classification_file(files[f].path);
@@ -132,117 +136,102 @@ ClassificationPrepareReport prepare_classification(const ClassificationPrepareOp
              "inputs must be one task",
              files[l.file].path.string(), l.r.line, l.r.sentence2 ? "present" : "missing",
              files[records.front().file].path.string(), report.pair ? "holds" : "holds no");
-  auto where = [&](const Loaded& l) {
-    return fmt::format("{}:{}", files[l.file].path.string(), l.r.line);
-  };
+  return records;
+}
 
-  // ---- the label list ----
+// Integer labels: each a class id 0 .. 99999 ("+1" and "01" are the class 1, rewritten so);
+// the classes are 0 .. the largest.
+LabelMap integer_labels(std::vector<Loaded>& records,
+                        const std::function<std::string(const Loaded&)>& where) {
+  int64_t top = 0;
+  for (Loaded& l : records) {
+    int64_t v = 0;
+    const char* b = l.r.label.data() + (l.r.label[0] == '+' ? 1 : 0);
+    const char* e = l.r.label.data() + l.r.label.size();
+    const auto [end, ec] = std::from_chars(b, e, v);
+    DS_CHECK(ec == std::errc() && end == e,
+             "[classification] {}: field 'label': '{}' is not a class id", where(l), l.r.label);
+    DS_CHECK(v >= 0,
+             "[classification] {}: field 'label': {} is negative; class ids are 0, 1, ...",
+             where(l), v);
+    DS_CHECK(v < 100000, "[classification] {}: field 'label': class id {} is too large",
+             where(l), v);
+    l.r.label = std::to_string(v);
+    top = std::max(top, v);
+  }
+  return LabelMap::integers(top + 1);
+}
+
+// The classes: --labels, else the records' class ids, else their sorted distinct names.
+LabelMap label_map(std::vector<Loaded>& records, const std::vector<std::string>& given,
+                   const std::function<std::string(const Loaded&)>& where) {
+  if (!given.empty()) return LabelMap::names(given);
+  // All class ids or all names: one name among ids (or the reverse) is a typo or another file's
+  // convention, and would silently turn every id into a name.
+  const auto first_int = std::find_if(records.begin(), records.end(),
+                                      [](const Loaded& l) { return l.r.label_is_int; });
+  const auto first_name = std::find_if(records.begin(), records.end(),
+                                       [](const Loaded& l) { return !l.r.label_is_int; });
+  if (first_int != records.end() && first_name != records.end()) {
+    const bool name_later = first_name > first_int;
+    const Loaded& odd = name_later ? *first_name : *first_int;
+    const Loaded& seen = name_later ? *first_int : *first_name;
+    DS_THROW(
+        "[classification] {}: field 'label': '{}' is {}, but {} has {} '{}': labels must be "
+        "all class ids (0, 1, ...) or all names; fix the record, or give --labels with every "
+        "name in class-id order",
+        where(odd), odd.r.label, name_later ? "a name" : "a class id", where(seen),
+        name_later ? "the class id" : "the name", seen.r.label);
+  }
+  const bool ids = first_name == records.end();
   LabelMap labels;
-  if (!o.labels.empty()) {
-    labels = LabelMap::names(o.labels);
+  if (ids) {
+    labels = integer_labels(records, where);
   } else {
-    // All class ids or all names: one name among ids (or the reverse) is a typo or another file's
-    // convention, and would silently turn every id into a name.
-    const auto first_int = std::find_if(records.begin(), records.end(),
-                                        [](const Loaded& l) { return l.r.label_is_int; });
-    const auto first_name = std::find_if(records.begin(), records.end(),
-                                         [](const Loaded& l) { return !l.r.label_is_int; });
-    if (first_int != records.end() && first_name != records.end()) {
-      const bool name_later = first_name > first_int;
-      const Loaded& odd = name_later ? *first_name : *first_int;
-      const Loaded& seen = name_later ? *first_int : *first_name;
-      DS_THROW(
-          "[classification] {}: field 'label': '{}' is {}, but {} has {} '{}': labels must be "
-          "all class ids (0, 1, ...) or all names; fix the record, or give --labels with every "
-          "name in class-id order",
-          where(odd), odd.r.label, name_later ? "a name" : "a class id", where(seen),
-          name_later ? "the class id" : "the name", seen.r.label);
-    }
-    if (first_name == records.end()) {
-      int64_t top = 0;
-      for (Loaded& l : records) {
-        int64_t v = 0;
-        const char* b = l.r.label.data() + (l.r.label[0] == '+' ? 1 : 0);
-        const char* e = l.r.label.data() + l.r.label.size();
-        const auto [end, ec] = std::from_chars(b, e, v);
-        DS_CHECK(ec == std::errc() && end == e,
-                 "[classification] {}: field 'label': '{}' is not a class id", where(l), l.r.label);
-        DS_CHECK(v >= 0,
-                 "[classification] {}: field 'label': {} is negative; class ids are 0, 1, ...",
-                 where(l), v);
-        DS_CHECK(v < 100000, "[classification] {}: field 'label': class id {} is too large",
-                 where(l), v);
-        l.r.label = std::to_string(v);  // "+1" and "01" are the class 1
-        top = std::max(top, v);
-      }
-      labels = LabelMap::integers(top + 1);
-    } else {
-      std::set<std::string> seen;
-      for (const Loaded& l : records) seen.insert(l.r.label);
-      labels = LabelMap::names({seen.begin(), seen.end()});
-    }
-    DS_CHECK(labels.size() >= 2,
-             "[classification] every one of the {} records has the label '{}': a classifier needs "
-             "two classes at least; if the files lack the others, give them all with --labels "
-             "(e.g. --labels {})",
-             records.size(), records.front().r.label,
-             first_name == records.end() ? "0,1" : records.front().r.label + ",other");
+    std::set<std::string> seen;
+    for (const Loaded& l : records) seen.insert(l.r.label);
+    labels = LabelMap::names({seen.begin(), seen.end()});
   }
-  report.labels = labels.list();
+  DS_CHECK(labels.size() >= 2,
+           "[classification] every one of the {} records has the label '{}': a classifier needs "
+           "two classes at least; if the files lack the others, give them all with --labels "
+           "(e.g. --labels {})",
+           records.size(), records.front().r.label,
+           ids ? "0,1" : records.front().r.label + ",other");
+  return labels;
+}
 
-  // ---- the split ----
-  split.count(records.size());
-  report.split_rule = split.rule();
+// Record `l` encoded to T ids (padded with pad_id) and appended to `s`.
+void append_example(Split& s, const Loaded& l, int32_t y, const TextTokenizer& tok, size_t T,
+                    int32_t pad_id, const std::string& where) {
+  EncodedExample e;
+  try {
+    e = encode_example(tok, l.r.sentence1, l.r.sentence2, T);
+  } catch (const ds::Error& err) {
+    DS_THROW("[classification] {}: {}", where, err.what());
+  }
+  const size_t n = e.tokens.ids.size();
+  s.ids.insert(s.ids.end(), e.tokens.ids.begin(), e.tokens.ids.end());
+  s.ids.insert(s.ids.end(), T - n, pad_id);
+  for (uint32_t t : e.tokens.type_ids) {
+    DS_CHECK(t < 256, "[classification] {}: token type id {} does not fit a byte", where, t);
+    s.types.push_back(static_cast<uint8_t>(t));
+  }
+  s.types.insert(s.types.end(), T - n, 0);
+  s.lengths.push_back(static_cast<uint32_t>(n));
+  s.labels.push_back(y);
+  s.rep.examples += 1;
+  s.rep.truncated += e.truncated;
+  s.rep.label_counts[static_cast<size_t>(y)] += 1;
+}
 
-  // ---- encode ----
-  const auto tok = load_tokenizer(o.tokenizer_dir);
-  const TokenizerConfig& tc = tok->config();
-  check_sequence_length("classification", "--seq_len", static_cast<int64_t>(o.seq_len),
-                        tc.model_max_length, o.tokenizer_dir);
-  report.pad_id = tc.pad_id >= 0 ? tc.pad_id : 0;
+// The split files and meta.json into o.output_dir.
+std::filesystem::path write_set(const ClassificationPrepareOptions& o, const TextTokenizer& tok,
+                                const LabelMap& labels, ClassificationPrepareReport& report,
+                                Split& train, Split& val) {
+  const TokenizerConfig& tc = tok.config();
   const size_t T = o.seq_len;
-  struct Split {
-    std::vector<int32_t> ids, labels;
-    std::vector<uint8_t> types;
-    std::vector<uint32_t> lengths;
-    ClassificationSplitReport rep;
-  } train, val;
-  for (Split* s : {&train, &val}) s->rep.label_counts.assign(labels.list().size(), 0);
-  for (size_t k = 0; k < records.size(); ++k) {
-    const Loaded& l = records[k];
-    const int32_t y = labels.id(l.r.label, where(l));
-    EncodedExample e;
-    try {
-      e = encode_example(*tok, l.r.sentence1, l.r.sentence2, T);
-    } catch (const ds::Error& err) {
-      DS_THROW("[classification] {}: {}", where(l), err.what());
-    }
-    Split& s = split.is_val(k, l.file) ? val : train;
-    const size_t n = e.tokens.ids.size();
-    s.ids.insert(s.ids.end(), e.tokens.ids.begin(), e.tokens.ids.end());
-    s.ids.insert(s.ids.end(), T - n, report.pad_id);
-    for (uint32_t t : e.tokens.type_ids) {
-      DS_CHECK(t < 256, "[classification] {}: token type id {} does not fit a byte", where(l), t);
-      s.types.push_back(static_cast<uint8_t>(t));
-    }
-    s.types.insert(s.types.end(), T - n, 0);
-    s.lengths.push_back(static_cast<uint32_t>(n));
-    s.labels.push_back(y);
-    s.rep.examples += 1;
-    s.rep.truncated += e.truncated;
-    s.rep.label_counts[static_cast<size_t>(y)] += 1;
-  }
-  DS_CHECK(train.rep.examples > 0,
-           "[classification] no training example: all {} records went to validation ({})",
-           records.size(), report.split_rule);
-  for (size_t c = 0; c < labels.list().size(); ++c)
-    if (train.rep.label_counts[c] == 0)
-      report.notes.push_back(fmt::format(
-          "warning: label '{}' (class {}) has no training example{}", labels.list()[c], c,
-          val.rep.label_counts[c] > 0 ? " (only validation ones)" : ""));
-
-  // ---- write: the split files, then meta.json ----
-  const uint32_t vocab = static_cast<uint32_t>(tok->vocab_size());
+  const uint32_t vocab = static_cast<uint32_t>(tok.vocab_size());
   std::vector<SetSplit> splits;
   for (Split* s : {&train, &val}) {
     auto bytes = [&, s] {
@@ -281,7 +270,51 @@ ClassificationPrepareReport prepare_classification(const ClassificationPrepareOp
                {"padding", "right, with pad_id; lengths[] give the attention mask"}};
   meta.inputs = report.files;
   meta.split_rule = report.split_rule;
-  report.meta = write_task_set(o.output_dir, ".cls", *tok, meta, splits);
+  return write_task_set(o.output_dir, ".cls", tok, meta, splits);
+}
+
+}  // namespace
+
+ClassificationPrepareReport prepare_classification(const ClassificationPrepareOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  check_sequence_length("classification", "--seq_len", static_cast<int64_t>(o.seq_len), 0, {});
+  DS_CHECK(!o.output_dir.empty(), "[classification] no output folder given");
+  check_output_outside_inputs(o.inputs, o.output_dir, "classification");
+  const std::vector<InputFile> files =
+      list_set_inputs(o.inputs, {".tsv", ".jsonl", ".json"}, "classification", ".tsv or .jsonl",
+                      "classification records are GLUE TSV or JSON Lines", o.output_dir);
+  ClassificationPrepareReport report;
+  RecordSplit split(files, o.val_fraction, o.val_files, "classification");
+  std::vector<Loaded> records = read_records(files, report);
+  const std::function<std::string(const Loaded&)> where = [&](const Loaded& l) {
+    return fmt::format("{}:{}", files[l.file].path.string(), l.r.line);
+  };
+  const LabelMap labels = label_map(records, o.labels, where);
+  report.labels = labels.list();
+  split.count(records.size());
+  report.split_rule = split.rule();
+
+  const auto tok = load_tokenizer(o.tokenizer_dir);
+  const TokenizerConfig& tc = tok->config();
+  check_sequence_length("classification", "--seq_len", static_cast<int64_t>(o.seq_len),
+                        tc.model_max_length, o.tokenizer_dir);
+  report.pad_id = tc.pad_id >= 0 ? tc.pad_id : 0;
+  Split train, val;
+  for (Split* s : {&train, &val}) s->rep.label_counts.assign(labels.list().size(), 0);
+  for (size_t k = 0; k < records.size(); ++k) {
+    const Loaded& l = records[k];
+    append_example(split.is_val(k, l.file) ? val : train, l, labels.id(l.r.label, where(l)), *tok,
+                   o.seq_len, report.pad_id, where(l));
+  }
+  DS_CHECK(train.rep.examples > 0,
+           "[classification] no training example: all {} records went to validation ({})",
+           records.size(), report.split_rule);
+  for (size_t c = 0; c < labels.list().size(); ++c)
+    if (train.rep.label_counts[c] == 0)
+      report.notes.push_back(fmt::format(
+          "warning: label '{}' (class {}) has no training example{}", labels.list()[c], c,
+          val.rep.label_counts[c] > 0 ? " (only validation ones)" : ""));
+  report.meta = write_set(o, *tok, labels, report, train, val);
   report.train = train.rep;
   report.val = val.rep;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -3,6 +3,7 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <functional>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -240,27 +241,26 @@ std::vector<bool> assign_val(const std::vector<InputFile>& files, const PrepareO
   return val;
 }
 
-PrepareReport prepare_corpus(const PrepareOptions& o) {
-  check_output_outside_inputs(o.inputs, o.output_dir, "prepare");
-  const std::vector<InputFile> files = list_inputs(o.inputs, o.extension, o.output_dir);
-  PrepareReport report;
-  const std::vector<bool> is_val = assign_val(files, o, &report.split_rule);
-  // GPT-2's encoder.json + vocab.bpe (the reference encoder, memoised words), or any Hugging Face
-  // folder load_tokenizer reads; then documents are preceded by its eos token.
-  const bool gpt2 =
-      fs::exists(o.tokenizer_dir / "encoder.json") || !has_tokenizer_files(o.tokenizer_dir);
-  std::optional<Tokenizer> gpt2_tok;
-  std::unique_ptr<TextTokenizer> hf_tok;
+namespace {
+
+// The corpus tokenizer: GPT-2's encoder.json + vocab.bpe (the reference encoder, memoised words),
+// or any Hugging Face folder load_tokenizer reads; documents are preceded by its eos token.
+struct CorpusTokenizer {
+  std::optional<Tokenizer> gpt2;
+  std::unique_ptr<TextTokenizer> hf;
   int32_t sep_id = -1, vocab_size = 0;
-  std::string tok_name = "gpt2";
-  if (gpt2) {
-    gpt2_tok.emplace(Tokenizer::load_gpt2(o.tokenizer_dir));
-    sep_id = gpt2_tok->eot_id();
-    vocab_size = gpt2_tok->vocab_size();
-  } else {
-    hf_tok = load_tokenizer(o.tokenizer_dir);
-    sep_id = hf_tok->config().eos_id;
-    if (sep_id < 0) sep_id = hf_tok->token_to_id("<|endoftext|>");  // GPT-2 files, no config
+  std::string name = "gpt2";
+
+  explicit CorpusTokenizer(const PrepareOptions& o) {
+    if (fs::exists(o.tokenizer_dir / "encoder.json") || !has_tokenizer_files(o.tokenizer_dir)) {
+      gpt2.emplace(Tokenizer::load_gpt2(o.tokenizer_dir));
+      sep_id = gpt2->eot_id();
+      vocab_size = gpt2->vocab_size();
+      return;
+    }
+    hf = load_tokenizer(o.tokenizer_dir);
+    sep_id = hf->config().eos_id;
+    if (sep_id < 0) sep_id = hf->token_to_id("<|endoftext|>");  // GPT-2 files, no config
     DS_CHECK(sep_id >= 0,
              "[prepare] tokenizer folder '{}' names no eos_token (tokenizer_config.json); language-"
              "model shards put it before every document. Add \"eos_token\" there",
@@ -269,101 +269,146 @@ PrepareReport prepare_corpus(const PrepareOptions& o) {
              "[prepare] split_on_eot splits on GPT-2's <|endoftext|>; it needs the GPT-2 tokenizer "
              "folder (encoder.json + vocab.bpe), not '{}'",
              o.tokenizer_dir.string());
-    vocab_size = hf_tok->vocab_size();
-    tok_name = std::string(hf_tok->kind());
+    vocab_size = hf->vocab_size();
+    name = std::string(hf->kind());
   }
 
+  // A file's text, preceded by the separator, appended to `tokens`; returns its documents.
+  uint64_t encode(const std::string& text, std::vector<int32_t>& tokens, WordCache& cache,
+                  SpecialTokens special) const {
+    tokens.push_back(sep_id);
+    if (!gpt2) {
+      hf->encode(text, /*add_special_tokens=*/false, tokens);
+      return 1;
+    }
+    gpt2->encode(text, tokens, cache, special);
+    return std::count(tokens.begin(), tokens.end(), sep_id);
+  }
+};
+
+// One file's tokens and documents.
+struct FileTokens {
+  std::vector<int32_t> tokens;
+  uint64_t documents = 0;
+};
+
+// Counters the workers update and the progress callback reads.
+struct CorpusProgress {
+  std::atomic<uint64_t> bytes{0}, tokens{0}, files{0};
+};
+
+// Files [begin, end) tokenized on `caches.size()` threads (one word cache each); the first error
+// stops the others and is rethrown. `tick` runs every 100 ms while they work.
+std::vector<FileTokens> tokenize_chunk(const std::vector<InputFile>& files, size_t begin,
+                                       size_t end, const CorpusTokenizer& tok, bool split_on_eot,
+                                       std::vector<WordCache>& caches, CorpusProgress& counters,
+                                       const std::function<void()>& tick) {
+  const SpecialTokens special = split_on_eot ? SpecialTokens::kAllow : SpecialTokens::kAsText;
+  std::vector<FileTokens> results(end - begin);
+  std::atomic<size_t> next{begin};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex mu;
+  std::condition_variable cv;
+  int running = static_cast<int>(caches.size());
+  auto work = [&](int t) {
+    try {
+      for (size_t i; !failed && (i = next++) < end;) {
+        std::string text = read_text(files[i].path);
+        FileTokens& r = results[i - begin];
+        if (split_on_eot && std::string_view(text).ends_with(Tokenizer::kEndOfText))
+          text.resize(text.size() - Tokenizer::kEndOfText.size());
+        if (!text.empty()) {
+          r.tokens.reserve(text.size() / 4 + 16);
+          r.documents = tok.encode(text, r.tokens, caches[static_cast<size_t>(t)], special);
+        }
+        counters.bytes += files[i].size;
+        counters.tokens += r.tokens.size();
+        ++counters.files;
+      }
+    } catch (...) {
+      std::lock_guard lock(mu);
+      if (!error) error = std::current_exception();
+      failed = true;
+    }
+    std::lock_guard lock(mu);
+    if (--running == 0) cv.notify_all();
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < static_cast<int>(caches.size()); ++t) pool.emplace_back(work, t);
+  {
+    std::unique_lock lock(mu);
+    while (!cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return running == 0; })) {
+      lock.unlock();
+      tick();
+      lock.lock();
+    }
+  }
+  for (auto& th : pool) th.join();
+  if (error) std::rethrow_exception(error);
+  return results;
+}
+
+nlohmann::json corpus_meta(const PrepareOptions& o, const CorpusTokenizer& tok,
+                           const PrepareReport& report) {
+  nlohmann::json meta = {
+      {"format", "DSTOKENS"},
+      {"version", kShardVersion},
+      {"token_dtype", token_bytes_for_vocab(tok.vocab_size) == 2 ? "uint16" : "uint32"},
+      {"tokenizer", {{"name", tok.name}, {"vocab_size", tok.vocab_size}, {"eot_id", tok.sep_id}}},
+      {"documents", tok.gpt2 ? "each document is preceded by the <|endoftext|> token"
+                             : "each document is preceded by the tokenizer's eos token"},
+      {"split_rule", report.split_rule},
+      {"shard_tokens", o.shard_tokens},
+      {"source_bytes", report.bytes},
+      {"created_by", "ds_prepare"},
+      {"splits", nlohmann::json::object()}};
+  if (report.train.tokens > 0) meta["splits"]["train"] = split_json(report.train);
+  if (report.val.tokens > 0) meta["splits"]["val"] = split_json(report.val);
+  return meta;
+}
+
+}  // namespace
+
+PrepareReport prepare_corpus(const PrepareOptions& o) {
+  check_output_outside_inputs(o.inputs, o.output_dir, "prepare");
+  const std::vector<InputFile> files = list_inputs(o.inputs, o.extension, o.output_dir);
+  PrepareReport report;
+  const std::vector<bool> is_val = assign_val(files, o, &report.split_rule);
+  const CorpusTokenizer tok(o);
   DS_CHECK(!o.output_dir.empty(), "[prepare] no output folder given");
   fs::create_directories(o.output_dir);
-  SplitWriter train("train", o.output_dir, o.shard_tokens, static_cast<uint32_t>(vocab_size));
-  SplitWriter val("val", o.output_dir, o.shard_tokens, static_cast<uint32_t>(vocab_size));
-
-  const int threads = o.threads > 0
-                          ? o.threads
-                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  report.threads = threads;
-  std::vector<WordCache> caches(threads);
-
+  const auto vocab = static_cast<uint32_t>(tok.vocab_size);
+  SplitWriter train("train", o.output_dir, o.shard_tokens, vocab);
+  SplitWriter val("val", o.output_dir, o.shard_tokens, vocab);
+  report.threads = o.threads > 0
+                       ? o.threads
+                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  std::vector<WordCache> caches(static_cast<size_t>(report.threads));
   PrepareProgress progress;
   progress.files_total = files.size();
   for (const auto& f : files) progress.bytes_total += f.size;
-  std::atomic<uint64_t> bytes_done{0}, tokens_done{0}, files_done{0};
+  CorpusProgress counters;
   const auto t0 = Clock::now();
   auto report_progress = [&] {
     if (!o.on_progress) return;
-    progress.bytes_done = bytes_done.load();
-    progress.tokens = tokens_done.load();
-    progress.files_done = files_done.load();
+    progress.bytes_done = counters.bytes.load();
+    progress.tokens = counters.tokens.load();
+    progress.files_done = counters.files.load();
     progress.seconds = seconds_since(t0);
     o.on_progress(progress);
   };
-
-  const SpecialTokens special = o.split_on_eot ? SpecialTokens::kAllow : SpecialTokens::kAsText;
   for (size_t begin = 0; begin < files.size();) {
     // Chunk [begin, end): at least one file, at most about kChunkBytes.
     size_t end = begin;
     uint64_t chunk_bytes = 0;
     while (end < files.size() && (end == begin || chunk_bytes + files[end].size <= kChunkBytes))
       chunk_bytes += files[end++].size;
-
-    struct Result {
-      std::vector<int32_t> tokens;
-      uint64_t documents = 0;
-    };
-    std::vector<Result> results(end - begin);
-    std::atomic<size_t> next{begin};
-    std::atomic<bool> failed{false};
-    std::exception_ptr error;
-    std::mutex mu;
-    std::condition_variable cv;
-    int running = threads;
-
-    auto work = [&](int t) {
-      try {
-        for (size_t i; !failed && (i = next++) < end;) {
-          std::string text = read_text(files[i].path);
-          Result& r = results[i - begin];
-          if (o.split_on_eot && std::string_view(text).ends_with(Tokenizer::kEndOfText))
-            text.resize(text.size() - Tokenizer::kEndOfText.size());
-          if (!text.empty()) {
-            r.tokens.reserve(text.size() / 4 + 16);
-            r.tokens.push_back(sep_id);
-            if (gpt2_tok) {
-              gpt2_tok->encode(text, r.tokens, caches[t], special);
-              r.documents = std::count(r.tokens.begin(), r.tokens.end(), sep_id);
-            } else {
-              hf_tok->encode(text, /*add_special_tokens=*/false, r.tokens);
-              r.documents = 1;
-            }
-          }
-          bytes_done += files[i].size;
-          tokens_done += r.tokens.size();
-          ++files_done;
-        }
-      } catch (...) {
-        std::lock_guard lock(mu);
-        if (!error) error = std::current_exception();
-        failed = true;
-      }
-      std::lock_guard lock(mu);
-      if (--running == 0) cv.notify_all();
-    };
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) pool.emplace_back(work, t);
-    {
-      std::unique_lock lock(mu);
-      while (!cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return running == 0; })) {
-        lock.unlock();
-        report_progress();
-        lock.lock();
-      }
-    }
-    for (auto& th : pool) th.join();
-    if (error) std::rethrow_exception(error);
-
+    std::vector<FileTokens> results =
+        tokenize_chunk(files, begin, end, tok, o.split_on_eot, caches, counters, report_progress);
     // Write in file order: the output is independent of which thread finished first.
     for (size_t i = begin; i < end; ++i) {
-      Result& r = results[i - begin];
+      FileTokens& r = results[i - begin];
       if (r.tokens.empty()) continue;
       (is_val[i] ? val : train).write_document(r.tokens, r.documents);
       std::vector<int32_t>().swap(r.tokens);
@@ -375,23 +420,8 @@ PrepareReport prepare_corpus(const PrepareOptions& o) {
   report.bytes = progress.bytes_total;
   report.seconds = seconds_since(t0);
   report_progress();
-
-  nlohmann::json meta = {
-      {"format", "DSTOKENS"},
-      {"version", kShardVersion},
-      {"token_dtype", token_bytes_for_vocab(vocab_size) == 2 ? "uint16" : "uint32"},
-      {"tokenizer", {{"name", tok_name}, {"vocab_size", vocab_size}, {"eot_id", sep_id}}},
-      {"documents", gpt2 ? "each document is preceded by the <|endoftext|> token"
-                         : "each document is preceded by the tokenizer's eos token"},
-      {"split_rule", report.split_rule},
-      {"shard_tokens", o.shard_tokens},
-      {"source_bytes", report.bytes},
-      {"created_by", "ds_prepare"},
-      {"splits", nlohmann::json::object()}};
-  if (report.train.tokens > 0) meta["splits"]["train"] = split_json(report.train);
-  if (report.val.tokens > 0) meta["splits"]["val"] = split_json(report.val);
   report.meta = o.output_dir / "meta.json";
-  ds::write_file_atomic(report.meta, meta.dump(2) + "\n");
+  ds::write_file_atomic(report.meta, corpus_meta(o, tok, report).dump(2) + "\n");
   return report;
 }
 

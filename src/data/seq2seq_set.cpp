@@ -237,29 +237,26 @@ std::vector<int32_t> Seq2SeqSet::target(int64_t i) const {
 
 // ---- ds_prepare --task seq2seq ----------------------------------------------------------------
 
-Seq2SeqPrepareReport prepare_seq2seq(const Seq2SeqPrepareOptions& o) {
-  const auto t0 = std::chrono::steady_clock::now();
-  check_sequence_length("seq2seq", "--max_source_len", static_cast<int64_t>(o.max_source_len), 0,
-                        {});
-  check_sequence_length("seq2seq", "--max_target_len", static_cast<int64_t>(o.max_target_len), 0,
-                        {});
-  DS_CHECK(!o.output_dir.empty(), "[seq2seq] no output folder given");
-  check_output_outside_inputs(o.inputs, o.output_dir, "seq2seq");
-  const std::vector<InputFile> files =
-      list_set_inputs(o.inputs, {".jsonl", ".json"}, "seq2seq", ".jsonl",
-                      "seq2seq records are JSON Lines with a source and a target field",
-                      o.output_dir);
-  Seq2SeqPrepareReport report;
-  RecordSplit split(files, o.val_fraction, o.val_files, "seq2seq");
+namespace {
 
-  struct Loaded {
-    Seq2SeqRecord r;
-    size_t file;
-  };
-  std::vector<Loaded> records;
+struct LoadedPair {
+  Seq2SeqRecord r;
+  size_t file;
+};
+
+// One split's examples as the set file stores them.
+struct PairSplit {
+  std::vector<int32_t> src, labels;
+  std::vector<uint32_t> src_len, tgt_len;
+  Seq2SeqSplitReport rep;
+};
+
+// Every record of every file, each file read with the first file's fields unless they are named.
+std::vector<LoadedPair> read_pairs(const std::vector<InputFile>& files,
+                                   const Seq2SeqPrepareOptions& o, Seq2SeqPrepareReport& report) {
+  std::vector<LoadedPair> records;
   for (size_t f = 0; f < files.size(); ++f) {
     std::pair<std::string, std::string> used;
-    // Every file with the first file's fields, unless named.
     auto rs = read_seq2seq_file(
         files[f].path, o.source_field.empty() ? report.source_field : o.source_field,
         o.target_field.empty() ? report.target_field : o.target_field, &used);
@@ -268,15 +265,13 @@ Seq2SeqPrepareReport prepare_seq2seq(const Seq2SeqPrepareOptions& o) {
     report.files.emplace_back(files[f].path.string(), static_cast<int64_t>(rs.size()));
     for (auto& r : rs) records.push_back({std::move(r), f});
   }
-  auto where = [&](const Loaded& l) {
-    return fmt::format("{}:{}", files[l.file].path.string(), l.r.line);
-  };
+  return records;
+}
 
-  split.count(records.size());
-  report.split_rule = split.rule();
-
-  const auto tok = load_tokenizer(o.tokenizer_dir);
-  const TokenizerConfig& tc = tok->config();
+// The tokenizer's ids the set uses (eos ends every target; no pad token, as GPT-2's: unk, else
+// eos, pads), after checking the lengths against its model_max_length.
+void tokenizer_ids(const TokenizerConfig& tc, const Seq2SeqPrepareOptions& o,
+                   Seq2SeqPrepareReport& report) {
   DS_CHECK(tc.eos_id >= 0,
            "[seq2seq] the tokenizer in {} names no eos token (tokenizer_config.json "
            "\"eos_token\"): a target needs one to end with",
@@ -286,42 +281,40 @@ Seq2SeqPrepareReport prepare_seq2seq(const Seq2SeqPrepareOptions& o) {
     check_sequence_length("seq2seq", option, static_cast<int64_t>(n), tc.model_max_length,
                           o.tokenizer_dir);
   report.eos_id = tc.eos_id;
-  // No pad token (GPT-2's tokenizer): unk, else eos, as the data's padding id.
   report.pad_id = tc.pad_id >= 0 ? tc.pad_id : tc.unk_id >= 0 ? tc.unk_id : tc.eos_id;
   report.decoder_start_id = tc.eos_id;
-  const size_t S = o.max_source_len, T = o.max_target_len;
-  struct Split {
-    std::vector<int32_t> src, labels;
-    std::vector<uint32_t> src_len, tgt_len;
-    Seq2SeqSplitReport rep;
-  } train, val;
-  for (size_t k = 0; k < records.size(); ++k) {
-    const Loaded& l = records[k];
-    EncodedText a, b;
-    try {
-      a = encode_seq2seq_text(*tok, l.r.source, S);
-      b = encode_seq2seq_text(*tok, l.r.target, T, /*append_eos=*/true, tc.eos_id);
-    } catch (const ds::Error& err) {
-      DS_THROW("[seq2seq] {}: {}", where(l), err.what());
-    }
-    Split& s = split.is_val(k, l.file) ? val : train;
-    s.src.insert(s.src.end(), a.ids.begin(), a.ids.end());
-    s.src.insert(s.src.end(), S - a.ids.size(), report.pad_id);
-    s.src_len.push_back(static_cast<uint32_t>(a.ids.size()));
-    s.labels.insert(s.labels.end(), b.ids.begin(), b.ids.end());
-    s.labels.insert(s.labels.end(), T - b.ids.size(), kIgnore);
-    s.tgt_len.push_back(static_cast<uint32_t>(b.ids.size()));
-    s.rep.examples += 1;
-    s.rep.truncated_source += a.truncated;
-    s.rep.truncated_target += b.truncated;
-  }
-  DS_CHECK(train.rep.examples > 0,
-           "[seq2seq] no training example: all {} records went to validation ({})", records.size(),
-           report.split_rule);
+}
 
-  const uint32_t vocab = static_cast<uint32_t>(tok->vocab_size());
+// Record `l` encoded (source to S ids padded with pad_id, labels to T padded with -100) into `s`.
+void append_pair(PairSplit& s, const LoadedPair& l, const TextTokenizer& tok, size_t S, size_t T,
+                 int32_t pad_id, const std::string& where) {
+  EncodedText a, b;
+  try {
+    a = encode_seq2seq_text(tok, l.r.source, S);
+    b = encode_seq2seq_text(tok, l.r.target, T, /*append_eos=*/true, tok.config().eos_id);
+  } catch (const ds::Error& err) {
+    DS_THROW("[seq2seq] {}: {}", where, err.what());
+  }
+  s.src.insert(s.src.end(), a.ids.begin(), a.ids.end());
+  s.src.insert(s.src.end(), S - a.ids.size(), pad_id);
+  s.src_len.push_back(static_cast<uint32_t>(a.ids.size()));
+  s.labels.insert(s.labels.end(), b.ids.begin(), b.ids.end());
+  s.labels.insert(s.labels.end(), T - b.ids.size(), kIgnore);
+  s.tgt_len.push_back(static_cast<uint32_t>(b.ids.size()));
+  s.rep.examples += 1;
+  s.rep.truncated_source += a.truncated;
+  s.rep.truncated_target += b.truncated;
+}
+
+// The split files and meta.json into o.output_dir.
+std::filesystem::path write_pair_set(const Seq2SeqPrepareOptions& o, const TextTokenizer& tok,
+                                     const Seq2SeqPrepareReport& report, PairSplit& train,
+                                     PairSplit& val) {
+  const TokenizerConfig& tc = tok.config();
+  const size_t S = o.max_source_len, T = o.max_target_len;
+  const uint32_t vocab = static_cast<uint32_t>(tok.vocab_size());
   std::vector<SetSplit> splits;
-  for (Split* s : {&train, &val}) {
+  for (PairSplit* s : {&train, &val}) {
     auto bytes = [&, s] {
       return SplitFileBytes(kMagic)
           .field(static_cast<uint32_t>(kSeq2SeqVersion))
@@ -363,7 +356,41 @@ Seq2SeqPrepareReport prepare_seq2seq(const Seq2SeqPrepareOptions& o) {
       {"padding", "source right-padded with pad_id (lengths give the mask); labels with -100"}};
   meta.inputs = report.files;
   meta.split_rule = report.split_rule;
-  report.meta = write_task_set(o.output_dir, ".s2s", *tok, meta, splits);
+  return write_task_set(o.output_dir, ".s2s", tok, meta, splits);
+}
+
+}  // namespace
+
+Seq2SeqPrepareReport prepare_seq2seq(const Seq2SeqPrepareOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  check_sequence_length("seq2seq", "--max_source_len", static_cast<int64_t>(o.max_source_len), 0,
+                        {});
+  check_sequence_length("seq2seq", "--max_target_len", static_cast<int64_t>(o.max_target_len), 0,
+                        {});
+  DS_CHECK(!o.output_dir.empty(), "[seq2seq] no output folder given");
+  check_output_outside_inputs(o.inputs, o.output_dir, "seq2seq");
+  const std::vector<InputFile> files =
+      list_set_inputs(o.inputs, {".jsonl", ".json"}, "seq2seq", ".jsonl",
+                      "seq2seq records are JSON Lines with a source and a target field",
+                      o.output_dir);
+  Seq2SeqPrepareReport report;
+  RecordSplit split(files, o.val_fraction, o.val_files, "seq2seq");
+  const std::vector<LoadedPair> records = read_pairs(files, o, report);
+  split.count(records.size());
+  report.split_rule = split.rule();
+  const auto tok = load_tokenizer(o.tokenizer_dir);
+  tokenizer_ids(tok->config(), o, report);
+  PairSplit train, val;
+  for (size_t k = 0; k < records.size(); ++k) {
+    const LoadedPair& l = records[k];
+    append_pair(split.is_val(k, l.file) ? val : train, l, *tok, o.max_source_len,
+                o.max_target_len, report.pad_id,
+                fmt::format("{}:{}", files[l.file].path.string(), l.r.line));
+  }
+  DS_CHECK(train.rep.examples > 0,
+           "[seq2seq] no training example: all {} records went to validation ({})", records.size(),
+           report.split_rule);
+  report.meta = write_pair_set(o, *tok, report, train, val);
   report.train = train.rep;
   report.val = val.rep;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

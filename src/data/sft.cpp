@@ -332,52 +332,31 @@ std::optional<SftExample> build_sft_example(const TextTokenizer& tok, const Chat
   }
 }
 
-SftReport prepare_sft(const SftOptions& o) {
-  const auto t0 = std::chrono::steady_clock::now();
-  DS_CHECK(o.seq_len > 0, "[sft] --seq_len is required: every example is seq_len + 1 tokens");
-  check_sequence_length("sft", "--seq_len", static_cast<int64_t>(o.seq_len), 0, {});
-  DS_CHECK(!o.output_dir.empty(), "[sft] no output folder given");
-  check_output_outside_inputs(o.inputs, o.output_dir, "sft");
-  const std::vector<InputFile> files = list_inputs(o.inputs, o.extension, o.output_dir);
-  SftReport report;
+namespace {
 
-  // Whole-file rules come from prepare.h; the fraction rule applies to records, below.
-  const bool by_files = o.val_from_year || !o.val_files.empty();
-  DS_CHECK(!(by_files && o.val_fraction),
-           "[sft] give at most one split rule (val_fraction, val_from_year, val_files)");
-  std::vector<bool> file_is_val(files.size(), false);
-  if (by_files) {
-    PrepareOptions po;
-    po.val_from_year = o.val_from_year;
-    po.val_files = o.val_files;
-    file_is_val = assign_val(files, po, &report.split_rule);
+struct LoadedSft {
+  size_t file;
+  SftRecord record;
+};
+
+// The folder's template unless one is named; says which flag picks one when it cannot be used.
+ChatTemplate pick_template(const SftOptions& o, const TextTokenizer& tok) {
+  if (!o.template_name.empty()) return ChatTemplate::by_name(o.template_name);
+  try {
+    return ChatTemplate::from_jinja(tok.config().chat_template);
+  } catch (const ds::Error& e) {
+    DS_THROW("[sft] cannot use the chat template of '{}': {}; give --template {}",
+             o.tokenizer_dir.string(), e.what(), fmt::join(ChatTemplate::names(), "|"));
   }
+}
 
-  const auto tok = load_tokenizer(o.tokenizer_dir);
-  check_sequence_length("sft", "--seq_len", static_cast<int64_t>(o.seq_len),
-                        tok->config().model_max_length, o.tokenizer_dir);
-  // The folder's template unless one is named; say which flag picks one when it cannot be used.
-  auto pick_template = [&] {
-    if (!o.template_name.empty()) return ChatTemplate::by_name(o.template_name);
-    try {
-      return ChatTemplate::from_jinja(tok->config().chat_template);
-    } catch (const ds::Error& e) {
-      DS_THROW("[sft] cannot use the chat template of '{}': {}; give --template {}",
-               o.tokenizer_dir.string(), e.what(), fmt::join(ChatTemplate::names(), "|"));
-    }
-  };
-  const ChatTemplate tmpl = pick_template();
-  report.template_name = tmpl.name();
-  report.pad_id = sft_pad_id(*tok);
-
-  struct Loaded {
-    size_t file;
-    SftRecord record;
-  };
-  std::vector<Loaded> records;
+// Every record of every file, in file order (each file's format detected or as given).
+std::vector<LoadedSft> read_records(const std::vector<InputFile>& files, SftFormat format,
+                                    SftReport& report) {
+  std::vector<LoadedSft> records;
   for (size_t i = 0; i < files.size(); ++i) {
-    SftFormat used = o.format;
-    for (SftRecord& r : read_sft_file(files[i].path, o.format, &used))
+    SftFormat used = format;
+    for (SftRecord& r : read_sft_file(files[i].path, format, &used))
       records.push_back({i, std::move(r)});
     report.file_formats.emplace_back(files[i].path.string(), sft_format_name(used));
   }
@@ -386,80 +365,62 @@ SftReport prepare_sft(const SftOptions& o) {
            "[sft] {}: no records (every line is empty or blank); each line must be one JSON "
            "object: check that this is the right file",
            files_named(files));
+  return records;
+}
 
-  size_t first_val = records.size();  // the fraction rule: records [first_val, end) are val
-  if (!by_files) {
-    const double f = o.val_fraction.value_or(0.1);
-    DS_CHECK(f >= 0 && f < 1, "[sft] val_fraction must be in [0, 1), got {}", f);
-    size_t n_val = static_cast<size_t>(std::ceil(f * static_cast<double>(records.size())));
-    if (!o.val_fraction && records.size() < 2) n_val = 0;
-    DS_CHECK(n_val < records.size(),
-             "[sft] val_fraction {} would put all {} records in validation; give more records or "
-             "a smaller fraction",
-             f, records.size());
-    first_val = records.size() - n_val;
-    report.split_rule = fmt::format(
-        "val_fraction={}: the last {} of {} records (files in path order) are "
-        "validation",
-        f, n_val, records.size());
-  }
+// The fraction rule: records [first, end) are validation.
+size_t first_val_record(std::optional<double> val_fraction, size_t records, SftReport& report) {
+  const double f = val_fraction.value_or(0.1);
+  DS_CHECK(f >= 0 && f < 1, "[sft] val_fraction must be in [0, 1), got {}", f);
+  size_t n_val = static_cast<size_t>(std::ceil(f * static_cast<double>(records)));
+  if (!val_fraction && records < 2) n_val = 0;
+  DS_CHECK(n_val < records,
+           "[sft] val_fraction {} would put all {} records in validation; give more records or "
+           "a smaller fraction",
+           f, records);
+  report.split_rule = fmt::format(
+      "val_fraction={}: the last {} of {} records (files in path order) are validation", f, n_val,
+      records);
+  return records - n_val;
+}
 
-  fs::create_directories(o.output_dir);
-  const auto vocab = static_cast<uint32_t>(tok->vocab_size());
-  SplitOut train("train", o.output_dir, vocab), val("val", o.output_dir, vocab);
-  std::vector<std::string> empty_where;  // the first few records with an empty answer
-  for (size_t k = 0; k < records.size(); ++k) {
-    const Loaded& r = records[k];
-    SftDrop why = SftDrop::kNone;
-    std::optional<SftExample> e;
-    try {
-      e = build_sft_example(*tok, tmpl, r.record.messages, o.seq_len, report.pad_id, &why);
-    } catch (const ds::Error& err) {
-      DS_THROW("[sft] {}:{}: {}", files[r.file].path.string(), r.record.line, err.what());
-    }
-    if (!e) {
-      (why == SftDrop::kTooLong ? report.dropped_too_long : report.dropped_no_response) += 1;
-      continue;
-    }
-    // An answer of "" still trains its end-of-turn token: the model would learn to stop at once.
-    const bool empty_answer =
-        std::all_of(r.record.messages.begin(), r.record.messages.end(), [](const ChatMessage& m) {
-          return m.role != "assistant" ||
-                 m.content.find_first_not_of(" \t\r\n") == std::string::npos;
-        });
-    report.empty_responses += empty_answer;
-    if (empty_answer && empty_where.size() < 3)
-      empty_where.push_back(fmt::format("{}:{}", files[r.file].path.string(), r.record.line));
-    report.truncated += e->truncated;
-    report.history_trimmed += e->rounds_dropped > 0;
-    const bool is_val = by_files ? file_is_val[r.file] : k >= first_val;
-    (is_val ? val : train).write(*e);
-  }
-  report.train = train.finish();
-  report.val = val.finish();
-  const uint64_t written = report.train.examples + report.val.examples;
-  // Nothing to learn from is an error naming the input; some empty answers are a warning with the
-  // counts and where the first ones are.
-  DS_CHECK(written == 0 || report.empty_responses < written,
+// Whether every assistant answer of the record is empty (or only spaces): such an example still
+// trains its end-of-turn token, so the model would learn to stop at once.
+bool empty_answer(const SftRecord& r) {
+  return std::all_of(r.messages.begin(), r.messages.end(), [](const ChatMessage& m) {
+    return m.role != "assistant" || m.content.find_first_not_of(" \t\r\n") == std::string::npos;
+  });
+}
+
+// Nothing to learn from is an error naming the input; some empty answers are a warning with the
+// counts and where the first ones are.
+void check_written(const SftReport& r, const SftOptions& o, const std::vector<InputFile>& files,
+                   const std::vector<std::string>& empty_where, std::vector<std::string>& warnings) {
+  const uint64_t written = r.train.examples + r.val.examples;
+  DS_CHECK(written == 0 || r.empty_responses < written,
            "[sft] {}: every one of the {} examples ({} records read) has an empty answer "
            "(assistant content \"\" or only spaces; first at {}): training on them would only "
            "teach the model to end its turn at once. Fill in the answer field (response, output, "
            "or the assistant messages)",
-           files_named(files), written, report.records, fmt::join(empty_where, ", "));
-  if (report.empty_responses > 0)
-    report.warnings.push_back(fmt::format(
+           files_named(files), written, r.records, fmt::join(empty_where, ", "));
+  if (r.empty_responses > 0)
+    warnings.push_back(fmt::format(
         "warning: {} of {} examples have an empty answer (assistant content \"\" or only "
         "spaces; {} records read; first at {}); each trains only its end-of-turn token. Check "
         "the answer field of those records",
-        report.empty_responses, written, report.records, fmt::join(empty_where, ", ")));
-  DS_CHECK(report.train.examples > 0,
+        r.empty_responses, written, r.records, fmt::join(empty_where, ", ")));
+  DS_CHECK(r.train.examples > 0,
            "[sft] {}: no training example was written ({} records read: {} dropped as too long "
            "for --seq_len {}, {} without an assistant answer, {} in validation); raise --seq_len, "
            "lower the validation share or check the data",
-           files_named(files), report.records, report.dropped_too_long, o.seq_len,
-           report.dropped_no_response, report.val.examples);
+           files_named(files), r.records, r.dropped_too_long, o.seq_len, r.dropped_no_response,
+           r.val.examples);
+}
 
-  const TokenizerConfig& tc = tok->config();
+// meta.json: the shards' format, the tokenizer, the SFT counts and the splits.
+json sft_meta(const SftOptions& o, const TextTokenizer& tok, const SftReport& report) {
+  const TokenizerConfig& tc = tok.config();
+  const auto vocab = static_cast<uint32_t>(tok.vocab_size());
   json meta = {
       {"format", "DSTOKENS"},
       {"version", kShardVersion},
@@ -467,7 +428,7 @@ SftReport prepare_sft(const SftOptions& o) {
       {"tokenizer",
        {{"name", fs::absolute(o.tokenizer_dir).lexically_normal().filename().string()},
         {"path", o.tokenizer_dir.string()},
-        {"kind", std::string(tok->kind())},
+        {"kind", std::string(tok.kind())},
         {"vocab_size", vocab},
         {"eos_id", tc.eos_id},
         {"pad_id", report.pad_id}}},
@@ -494,8 +455,71 @@ SftReport prepare_sft(const SftOptions& o) {
     meta["sft"]["input_formats"][file] = format;
   if (report.train.examples > 0) meta["splits"]["train"] = split_json(report.train);
   if (report.val.examples > 0) meta["splits"]["val"] = split_json(report.val);
+  return meta;
+}
+
+}  // namespace
+
+SftReport prepare_sft(const SftOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  DS_CHECK(o.seq_len > 0, "[sft] --seq_len is required: every example is seq_len + 1 tokens");
+  check_sequence_length("sft", "--seq_len", static_cast<int64_t>(o.seq_len), 0, {});
+  DS_CHECK(!o.output_dir.empty(), "[sft] no output folder given");
+  check_output_outside_inputs(o.inputs, o.output_dir, "sft");
+  const std::vector<InputFile> files = list_inputs(o.inputs, o.extension, o.output_dir);
+  SftReport report;
+  // Whole-file rules come from prepare.h; the fraction rule applies to records, below.
+  const bool by_files = o.val_from_year || !o.val_files.empty();
+  DS_CHECK(!(by_files && o.val_fraction),
+           "[sft] give at most one split rule (val_fraction, val_from_year, val_files)");
+  std::vector<bool> file_is_val(files.size(), false);
+  if (by_files) {
+    PrepareOptions po;
+    po.val_from_year = o.val_from_year;
+    po.val_files = o.val_files;
+    file_is_val = assign_val(files, po, &report.split_rule);
+  }
+  const auto tok = load_tokenizer(o.tokenizer_dir);
+  check_sequence_length("sft", "--seq_len", static_cast<int64_t>(o.seq_len),
+                        tok->config().model_max_length, o.tokenizer_dir);
+  const ChatTemplate tmpl = pick_template(o, *tok);
+  report.template_name = tmpl.name();
+  report.pad_id = sft_pad_id(*tok);
+  const std::vector<LoadedSft> records = read_records(files, o.format, report);
+  const size_t first_val = by_files ? records.size()
+                                    : first_val_record(o.val_fraction, records.size(), report);
+
+  fs::create_directories(o.output_dir);
+  const auto vocab = static_cast<uint32_t>(tok->vocab_size());
+  SplitOut train("train", o.output_dir, vocab), val("val", o.output_dir, vocab);
+  std::vector<std::string> empty_where;  // the first few records with an empty answer
+  for (size_t k = 0; k < records.size(); ++k) {
+    const LoadedSft& r = records[k];
+    SftDrop why = SftDrop::kNone;
+    std::optional<SftExample> e;
+    try {
+      e = build_sft_example(*tok, tmpl, r.record.messages, o.seq_len, report.pad_id, &why);
+    } catch (const ds::Error& err) {
+      DS_THROW("[sft] {}:{}: {}", files[r.file].path.string(), r.record.line, err.what());
+    }
+    if (!e) {
+      (why == SftDrop::kTooLong ? report.dropped_too_long : report.dropped_no_response) += 1;
+      continue;
+    }
+    const bool empty = empty_answer(r.record);
+    report.empty_responses += empty;
+    if (empty && empty_where.size() < 3)
+      empty_where.push_back(fmt::format("{}:{}", files[r.file].path.string(), r.record.line));
+    report.truncated += e->truncated;
+    report.history_trimmed += e->rounds_dropped > 0;
+    const bool is_val = by_files ? file_is_val[r.file] : k >= first_val;
+    (is_val ? val : train).write(*e);
+  }
+  report.train = train.finish();
+  report.val = val.finish();
+  check_written(report, o, files, empty_where, report.warnings);
   report.meta = o.output_dir / "meta.json";
-  ds::write_file_atomic(report.meta, meta.dump(2) + "\n");
+  ds::write_file_atomic(report.meta, sft_meta(o, *tok, report).dump(2) + "\n");
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
 }

@@ -31,9 +31,98 @@ struct CheckpointShards::Shard {
 
 CheckpointShards::~CheckpointShards() = default;
 
+// One model-parallel part as its shards list it: each parameter's slice of the whole and its
+// offset in the part's flat space, in the part's order.
+struct CheckpointShards::PartLayout {
+  detail::PartIndex index;
+  std::map<std::string, int64_t> offsets;
+  std::vector<std::string> order;
+};
+
+namespace {
+
+// The pieces of one part's flat space [0, numel) must tile it once: a gap leaves a parameter
+// without master weights, an overlap means shards of different saves. Sorts `pieces`.
+template <typename Piece>
+void check_tiling(std::vector<Piece>& pieces, const std::vector<ShardedParameter>& params,
+                  int64_t numel, const std::string& where) {
+  std::sort(pieces.begin(), pieces.end(),
+            [](const Piece& a, const Piece& b) { return a.flat_begin < b.flat_begin; });
+  auto param_at = [&](int64_t flat) {
+    for (const auto& p : params)
+      if (flat >= p.offset && flat < p.offset + p.numel)
+        return fmt::format("parameter {} (elements {}..)", p.name, flat - p.offset);
+    return fmt::format("flat element {}", flat);
+  };
+  int64_t at = 0;
+  for (const Piece& p : pieces) {
+    DS_CHECK(p.flat_begin <= at,
+             "[ds_to_fp32] the shards in {} do not cover flat elements [{}, {}): {} has no "
+             "master weights; a shard is missing or damaged",
+             where, at, p.flat_begin, param_at(at));
+    DS_CHECK(p.flat_begin == at,
+             "[ds_to_fp32] the shards in {} both hold flat element {} ({}): they overlap; the "
+             "folder mixes shards of different saves",
+             where, p.flat_begin, param_at(p.flat_begin));
+    at = p.flat_end;
+  }
+  DS_CHECK(at == numel,
+           "[ds_to_fp32] the shards in {} cover {} of the {} flat elements: {} has no master "
+           "weights; a shard is missing or damaged",
+           where, at, numel, param_at(at));
+}
+
+// The shards' ranks must be 0 .. partition_count - 1, each once.
+void check_ranks(const std::map<int64_t, std::string>& by_rank, int64_t partition_count,
+                 const fs::path& folder, bool bf16, int mp, const std::string& where) {
+  std::vector<std::string> missing;
+  for (int64_t r = 0; r < partition_count; ++r)
+    if (!by_rank.count(r))
+      missing.push_back((folder / detail::optim_file_name(bf16, static_cast<int>(r), mp)).string());
+  DS_CHECK(missing.empty(),
+           "[ds_to_fp32] {} was written by {} partitions but {} missing: the checkpoint is "
+           "incomplete; copy the missing shard(s) from the run's checkpoint folder",
+           where, partition_count,
+           fmt::format("{} {}", fmt::join(missing, ", "), missing.size() == 1 ? "is" : "are"));
+  DS_CHECK(static_cast<int64_t>(by_rank.size()) == partition_count,
+           "[ds_to_fp32] {} holds {} shards but they say the run had {} partitions: the folder "
+           "mixes shards of different world sizes; use the files of one save only",
+           where, by_rank.size(), partition_count);
+}
+
+}  // namespace
+
 CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag) {
   CheckpointReader ckpt(path, tag, CheckpointReader::Use::Consolidate);
   folder_ = ckpt.folder();
+  read_record(ckpt);
+  // Optimizer shards: those checksums.json lists and those in the folder, by model-parallel part
+  // (mp_rank_XX) and data-parallel rank.
+  const bool bf16 = training_dtype_ == DType::bf16;
+  const std::map<int, std::map<int, std::string>> names = ckpt.optimizer_files(bf16);
+  DS_CHECK(!names.empty(),
+           "[ds_to_fp32] {} holds no optimizer shard ({}zero_pp_rank_<r>_mp_rank_XX_optim_states"
+           ".safetensors): the master weights are there; the checkpoint is incomplete",
+           folder_.string(), bf16 ? "bf16_" : "");
+  const int mp_parts = tensor_parallel_ * pipeline_parallel_;
+  DS_CHECK(names.rbegin()->first < mp_parts,
+           "[ds_to_fp32] {} holds {}, but its model-states file says the run had {} model-parallel "
+           "part(s): the folder mixes saves of different layouts; use the files of one save only",
+           folder_.string(), names.rbegin()->second.begin()->second, mp_parts);
+  std::vector<PartLayout> layouts(static_cast<size_t>(mp_parts));
+  part_pieces_.assign(static_cast<size_t>(mp_parts), {});
+  for (int mp = 0; mp < mp_parts; ++mp) {
+    DS_CHECK(names.count(mp),
+             "[ds_to_fp32] {} holds no optimizer shard of model-parallel part {} ({} is missing): "
+             "the checkpoint is incomplete; copy the missing shard(s) from the run's checkpoint "
+             "folder",
+             folder_.string(), mp, (folder_ / detail::optim_file_name(bf16, 0, mp)).string());
+    read_part(ckpt, mp, names.at(mp), layouts[static_cast<size_t>(mp)]);
+  }
+  if (mp_parts > 1) place_whole_parameters(layouts);
+}
+
+void CheckpointShards::read_record(CheckpointReader& ckpt) {
   // Model states: metadata only (its weights are in the training dtype).
   global_steps_ = ckpt.global_steps();
   world_size_ = ckpt.world_size();
@@ -51,138 +140,75 @@ CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
     for (auto& [name, t] : safetensors::load((folder_ / detail::kBuffersFile).string()))
       buffers_.emplace_back(name, std::move(t));
   }
+}
 
-  // Optimizer shards: those checksums.json lists and those in the folder, by model-parallel part
-  // (mp_rank_XX) and data-parallel rank.
+void CheckpointShards::read_part(CheckpointReader& ckpt, int mp,
+                                 const std::map<int, std::string>& by_dp, PartLayout& layout) {
   const bool bf16 = training_dtype_ == DType::bf16;
-  const std::string prefix = std::string(bf16 ? "bf16_" : "") + "zero_pp_rank_";
-  const std::string suffix = "_mp_rank_XX_optim_states.safetensors";
-  const std::map<int, std::map<int, std::string>> names = ckpt.optimizer_files(bf16);
-  DS_CHECK(!names.empty(),
-           "[ds_to_fp32] {} holds no optimizer shard ({}<r>{}): the master weights are there; "
-           "the checkpoint is incomplete",
-           folder_.string(), prefix, suffix);
-  const int mp_parts = tensor_parallel_ * pipeline_parallel_;
-  DS_CHECK(names.rbegin()->first < mp_parts,
-           "[ds_to_fp32] {} holds {}, but its model-states file says the run had {} model-parallel "
-           "part(s): the folder mixes saves of different layouts; use the files of one save only",
-           folder_.string(), names.rbegin()->second.begin()->second, mp_parts);
-
-  std::vector<detail::PartIndex> parts(static_cast<size_t>(mp_parts));
-  std::vector<std::map<std::string, int64_t>> part_offsets(static_cast<size_t>(mp_parts));
-  std::vector<std::vector<std::string>> part_order(static_cast<size_t>(mp_parts));
-  part_pieces_.assign(static_cast<size_t>(mp_parts), {});
-  std::vector<int64_t> part_numel(static_cast<size_t>(mp_parts), 0);
-  for (int mp = 0; mp < mp_parts; ++mp) {
-    DS_CHECK(names.count(mp),
-             "[ds_to_fp32] {} holds no optimizer shard of model-parallel part {} ({} is missing): "
-             "the checkpoint is incomplete; copy the missing shard(s) from the run's checkpoint "
-             "folder",
-             folder_.string(), mp, (folder_ / detail::optim_file_name(bf16, 0, mp)).string());
-    const auto& by_dp = names.at(mp);
-    detail::ShardMeta first;  // the part's first shard: the others must repeat its layout
-    std::map<int64_t, std::string> by_rank;
-    std::vector<Piece> pieces;
-    for (const auto& [dp, f] : by_dp) {
-      ckpt.verify(f);
-      auto shard = std::make_unique<Shard>(Shard{safetensors::Reader((folder_ / f).string())});
-      const std::string file = shard->reader.path();
-      shard->master = detail::shard_tensor(shard->reader, "fp32_master",
-                                           CheckpointReader::Use::Consolidate, &shard->count);
-      detail::ShardMeta meta =
-          detail::read_shard_meta(shard->reader, CheckpointReader::Use::Consolidate, shard->count);
-      if (!first.file.empty()) {
-        DS_CHECK(meta.partition_count == first.partition_count,
-                 "[ds_to_fp32] {} was written by a run of {} partitions, {} by one of {}: the "
-                 "folder mixes shards of different world sizes; use the files of one save only",
-                 file, meta.partition_count, first.file, first.partition_count);
-        DS_CHECK(meta.numel == first.numel && meta.same_layout(first),
-                 "[ds_to_fp32] {} lists other parameters (names, shapes, offsets or slices) than "
-                 "{}: the folder mixes shards of different models; use the files of one save only",
-                 file, first.file);
-      }
-      const int64_t rank = *meta.rank;
-      DS_CHECK(!by_rank.count(rank), "[ds_to_fp32] {} and {} both say they are rank {}",
-               by_rank.count(rank) ? by_rank[rank] : "", file, rank);
-      by_rank[rank] = file;
-      for (const detail::ShardSegment& seg : meta.segments)
-        pieces.push_back({seg.begin, seg.end, shards_.size(), seg.offset});
-      shard_files_.push_back(f);
-      shards_.push_back(std::move(shard));
-      if (first.file.empty()) first = std::move(meta);
+  detail::ShardMeta first;  // the part's first shard: the others must repeat its layout
+  std::map<int64_t, std::string> by_rank;
+  std::vector<Piece> pieces;
+  for (const auto& [dp, f] : by_dp) {
+    ckpt.verify(f);
+    auto shard = std::make_unique<Shard>(Shard{safetensors::Reader((folder_ / f).string())});
+    const std::string file = shard->reader.path();
+    shard->master = detail::shard_tensor(shard->reader, "fp32_master",
+                                         CheckpointReader::Use::Consolidate, &shard->count);
+    detail::ShardMeta meta =
+        detail::read_shard_meta(shard->reader, CheckpointReader::Use::Consolidate, shard->count);
+    if (!first.file.empty()) {
+      DS_CHECK(meta.partition_count == first.partition_count,
+               "[ds_to_fp32] {} was written by a run of {} partitions, {} by one of {}: the "
+               "folder mixes shards of different world sizes; use the files of one save only",
+               file, meta.partition_count, first.file, first.partition_count);
+      DS_CHECK(meta.numel == first.numel && meta.same_layout(first),
+               "[ds_to_fp32] {} lists other parameters (names, shapes, offsets or slices) than "
+               "{}: the folder mixes shards of different models; use the files of one save only",
+               file, first.file);
     }
-    const int64_t partition_count = first.partition_count, numel = first.numel;
-    const std::string& first_file = first.file;
-    const std::string where =
-        mp_parts == 1 ? folder_.string()
-                      : fmt::format("{} (model-parallel part {})", folder_.string(), mp);
-    std::vector<std::string> missing;
-    for (int64_t r = 0; r < partition_count; ++r)
-      if (!by_rank.count(r))
-        missing.push_back(
-            (folder_ / detail::optim_file_name(bf16, static_cast<int>(r), mp)).string());
-    DS_CHECK(missing.empty(),
-             "[ds_to_fp32] {} was written by {} partitions but {} missing: the checkpoint is "
-             "incomplete; copy the missing shard(s) from the run's checkpoint folder",
-             where, partition_count,
-             fmt::format("{} {}", fmt::join(missing, ", "), missing.size() == 1 ? "is" : "are"));
-    DS_CHECK(static_cast<int64_t>(by_rank.size()) == partition_count,
-             "[ds_to_fp32] {} holds {} shards but they say the run had {} partitions: the folder "
-             "mixes shards of different world sizes; use the files of one save only",
-             where, by_rank.size(), partition_count);
-
-    // This part's parameters in its flat order, with the slice of the whole each one is.
-    std::vector<ShardedParameter> local;
-    for (detail::ShardParameter& sp :
-         detail::shard_parameters(first, CheckpointReader::Use::Consolidate)) {
-      parts[static_cast<size_t>(mp)].slices[sp.name] = sp.slice;
-      part_offsets[static_cast<size_t>(mp)][sp.name] = sp.offset;
-      part_order[static_cast<size_t>(mp)].push_back(sp.name);
-      local.push_back({std::move(sp.name), std::move(sp.shape), sp.offset, sp.numel});
-    }
-    parts[static_cast<size_t>(mp)].file = first_file;
-
-    // The pieces must tile [0, numel) once: a gap leaves a parameter without master weights.
-    std::sort(pieces.begin(), pieces.end(),
-              [](const Piece& a, const Piece& b) { return a.flat_begin < b.flat_begin; });
-    int64_t at = 0;
-    auto param_at = [&](int64_t flat) {
-      for (const auto& p : local)
-        if (flat >= p.offset && flat < p.offset + p.numel)
-          return fmt::format("parameter {} (elements {}..)", p.name, flat - p.offset);
-      return fmt::format("flat element {}", flat);
-    };
-    for (const Piece& p : pieces) {
-      DS_CHECK(p.flat_begin <= at,
-               "[ds_to_fp32] the shards in {} do not cover flat elements [{}, {}): {} has no "
-               "master weights; a shard is missing or damaged",
-               where, at, p.flat_begin, param_at(at));
-      DS_CHECK(p.flat_begin == at,
-               "[ds_to_fp32] the shards in {} both hold flat element {} ({}): they overlap; the "
-               "folder mixes shards of different saves",
-               where, p.flat_begin, param_at(p.flat_begin));
-      at = p.flat_end;
-    }
-    DS_CHECK(at == numel,
-             "[ds_to_fp32] the shards in {} cover {} of the {} flat elements: {} has no master "
-             "weights; a shard is missing or damaged",
-             where, at, numel, param_at(at));
-    part_pieces_[static_cast<size_t>(mp)] = std::move(pieces);
-    part_numel[static_cast<size_t>(mp)] = numel;
-    if (mp_parts == 1) params_ = std::move(local);
+    const int64_t rank = *meta.rank;
+    DS_CHECK(!by_rank.count(rank), "[ds_to_fp32] {} and {} both say they are rank {}",
+             by_rank.count(rank) ? by_rank[rank] : "", file, rank);
+    by_rank[rank] = file;
+    for (const detail::ShardSegment& seg : meta.segments)
+      pieces.push_back({seg.begin, seg.end, shards_.size(), seg.offset});
+    shard_files_.push_back(f);
+    shards_.push_back(std::move(shard));
+    if (first.file.empty()) first = std::move(meta);
   }
-  if (mp_parts == 1) {
-    numel_ = part_numel[0];
-    return;
+  const int parts = tensor_parallel_ * pipeline_parallel_;
+  const std::string where = parts == 1
+                                ? folder_.string()
+                                : fmt::format("{} (model-parallel part {})", folder_.string(), mp);
+  check_ranks(by_rank, first.partition_count, folder_, bf16, mp, where);
+  // This part's parameters in its flat order, with the slice of the whole each one is.
+  std::vector<ShardedParameter> local;
+  for (detail::ShardParameter& sp :
+       detail::shard_parameters(first, CheckpointReader::Use::Consolidate)) {
+    layout.index.slices[sp.name] = sp.slice;
+    layout.offsets[sp.name] = sp.offset;
+    layout.order.push_back(sp.name);
+    local.push_back({std::move(sp.name), std::move(sp.shape), sp.offset, sp.numel});
   }
+  layout.index.file = first.file;
+  check_tiling(pieces, local, first.numel, where);
+  part_pieces_[static_cast<size_t>(mp)] = std::move(pieces);
+  if (parts == 1) {
+    params_ = std::move(local);
+    numel_ = first.numel;
+  }
+}
 
-  // Several parts: whole parameters in the order the parts list them (part 0's first: a
-  // tensor-parallel rank holds every name; pipeline stages hold the model's layers in order), at
-  // offsets of a virtual whole flat layout, each read through the runs of its distinct slices.
-  const auto sources = detail::plan_sources(parts, folder_.string(), "[ds_to_fp32]");
+void CheckpointShards::place_whole_parameters(const std::vector<PartLayout>& layouts) {
+  // Whole parameters in the order the parts list them (part 0's first: a tensor-parallel rank
+  // holds every name; pipeline stages hold the model's layers in order), at offsets of a virtual
+  // whole flat layout, each read through the runs of its distinct slices.
+  std::vector<detail::PartIndex> index;
+  for (const PartLayout& l : layouts) index.push_back(l.index);
+  const auto sources = detail::plan_sources(index, folder_.string(), "[ds_to_fp32]");
   std::set<std::string> placed;
-  for (int mp = 0; mp < mp_parts; ++mp)
-    for (const std::string& name : part_order[static_cast<size_t>(mp)]) {
+  for (const PartLayout& layout : layouts)
+    for (const std::string& name : layout.order) {
       if (!placed.insert(name).second) continue;
       const std::vector<detail::Source>& v = sources.at(name);
       const detail::Slice whole = detail::Slice::whole(v.front().slice.full);
@@ -194,7 +220,7 @@ CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
       numel_ += p.numel;
       std::vector<ParamRun> runs;
       for (const detail::Source& s : v) {
-        const int64_t base = part_offsets[s.part].at(name);
+        const int64_t base = layouts[s.part].offsets.at(name);
         for (const detail::Run& r : detail::overlap_runs(s.slice, whole))
           runs.push_back({s.part, base + r.src, r.dst, r.len});
       }

@@ -23,7 +23,7 @@
 namespace ds::runtime {
 namespace {
 
-optim::OptimizerParams optimizer_params(const OptimizerConfig& o) {
+optim::OptimizerParams optimizer_params(const config::OptimizerConfig& o) {
   optim::OptimizerParams p;
   p.lr = static_cast<float>(o.lr);
   p.beta1 = static_cast<float>(o.betas[0]);
@@ -40,22 +40,22 @@ optim::OptimizerParams optimizer_params(const OptimizerConfig& o) {
   return p;
 }
 
-std::string optimizer_name(const OptimizerConfig& o) {
+std::string optimizer_name(const config::OptimizerConfig& o) {
   switch (o.type) {
-    case OptimizerType::None:   // no optimizer section: DeepSpeed leaves it to the client; we
-    case OptimizerType::AdamW:  // default to AdamW with the section's defaults
+    case config::OptimizerType::None:   // no optimizer section: DeepSpeed leaves it to the client; we
+    case config::OptimizerType::AdamW:  // default to AdamW with the section's defaults
       return "AdamW";
-    case OptimizerType::Adam:
+    case config::OptimizerType::Adam:
       return "Adam";
-    case OptimizerType::Lamb:
+    case config::OptimizerType::Lamb:
       return "Lamb";
-    case OptimizerType::SGD:
+    case config::OptimizerType::SGD:
       return "SGD";
     default:
       DS_THROW(
           "[engine] optimizer '{}' is accepted by the config but not implemented yet; use "
           "Adam, AdamW, Lamb or SGD",
-          optimizer_type_name(o.type));
+          config::optimizer_type_name(o.type));
   }
 }
 
@@ -109,7 +109,7 @@ void apply_deprecated_offload_env(zero::Options& o,
 
 }  // namespace
 
-zero::Options zero_options(const DeepSpeedConfig& c, DType grads, int world_size) {
+zero::Options zero_options(const config::DeepSpeedConfig& c, DType grads, int world_size) {
   const auto& z = c.zero_optimization;
   zero::Options o;
   o.stage = z.stage;
@@ -137,8 +137,8 @@ zero::Options zero_options(const DeepSpeedConfig& c, DType grads, int world_size
   aio.single_submit = c.aio.single_submit;
   aio.overlap_events = c.aio.overlap_events;
   aio.use_direct_io = c.aio.use_direct_io;
-  if (z.offload_param.device == OffloadDevice::NVMe && z.stage == 3) {
-    const OffloadParamConfig& f = z.offload_param;
+  if (z.offload_param.device == config::OffloadDevice::NVMe && z.stage == 3) {
+    const config::OffloadParamConfig& f = z.offload_param;
     zero::NvmeParamOffloadOptions n;
     n.nvme_path = f.nvme_path;
     n.buffer_count = f.buffer_count;
@@ -147,8 +147,8 @@ zero::Options zero_options(const DeepSpeedConfig& c, DType grads, int world_size
     n.aio = aio;
     o.nvme_params = n;
   }
-  if (z.offload_optimizer.device == OffloadDevice::NVMe) {
-    const OffloadOptimizerConfig& f = z.offload_optimizer;
+  if (z.offload_optimizer.device == config::OffloadDevice::NVMe) {
+    const config::OffloadOptimizerConfig& f = z.offload_optimizer;
     zero::NvmeOffloadOptions n;
     n.nvme_path = f.nvme_path;
     n.buffer_count = f.buffer_count;
@@ -162,7 +162,7 @@ zero::Options zero_options(const DeepSpeedConfig& c, DType grads, int world_size
   return o;
 }
 
-Engine::Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOptions options)
+Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config, InitOptions options)
     : model_(std::move(model)),
       config_(std::move(config)),
       options_(std::move(options)),
@@ -513,12 +513,12 @@ MemoryBudget Engine::memory_budget() const {
   return b;
 }
 
-DType gradient_dtype(const DeepSpeedConfig& c) {
+DType gradient_dtype(const config::DeepSpeedConfig& c) {
   if (c.data_types.grad_accum_dtype) return *c.data_types.grad_accum_dtype;
   return c.fp16.enabled ? DType::f16 : DType::f32;
 }
 
-std::unique_ptr<Engine> initialize(std::shared_ptr<nn::Module> model, DeepSpeedConfig config,
+std::unique_ptr<Engine> initialize(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config,
                                    InitOptions options) {
   return std::make_unique<Engine>(std::move(model), std::move(config), std::move(options));
 }
@@ -532,7 +532,7 @@ std::unique_ptr<Engine> initialize(std::shared_ptr<nn::Module> model,
     if (!options.group) options.group = comm::world();
     options.ctx.world_size = options.group->size();
   }
-  DeepSpeedConfig cfg = parse_config(config_path_or_json, options.ctx);
+  config::DeepSpeedConfig cfg = config::parse_config(config_path_or_json, options.ctx);
   return initialize(std::move(model), std::move(cfg), std::move(options));
 }
 

@@ -47,7 +47,7 @@ LossScaler LossScaler::make_static(double scale) {
   return s;
 }
 
-LossScaler LossScaler::from_config(const FP16Config& fp16) {
+LossScaler LossScaler::from_config(const config::FP16Config& fp16) {
   if (!fp16.enabled) return make_static(1.0);
   if (!fp16.dynamic()) return make_static(fp16.loss_scale);
   return LossScaler(std::ldexp(1.0, fp16.initial_scale_power), fp16.loss_scale_window,

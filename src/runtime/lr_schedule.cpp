@@ -13,8 +13,8 @@ namespace ds::runtime {
 namespace {
 
 // γ in [0, 1) during warm-up; W = max(2, warmup_num_steps) keeps ln(W) > 0.
-double warmup_gamma(int64_t t, int64_t w, WarmupType type) {
-  if (type == WarmupType::Log) {
+double warmup_gamma(int64_t t, int64_t w, config::WarmupType type) {
+  if (type == config::WarmupType::Log) {
     const double inverse_log_warm_up = 1.0 / std::log(static_cast<double>(w));
     return inverse_log_warm_up * std::log(static_cast<double>(t + 1));
   }
@@ -27,7 +27,7 @@ double warmup_lr(const P& p, int64_t t, double gamma) {
   return p.warmup_min_lr + delta * gamma;
 }
 
-double one_cycle_scale_factor(const OneCycleParams& p, int64_t t) {
+double one_cycle_scale_factor(const config::OneCycleParams& p, int64_t t) {
   const double first = static_cast<double>(p.cycle_first_step_size);
   const double second = static_cast<double>(p.cycle_second_step_size);
   const double total = first + second;
@@ -58,31 +58,31 @@ double one_cycle_scale_factor(const OneCycleParams& p, int64_t t) {
   return scale_factor;
 }
 
-double one_cycle_total(const OneCycleParams& p) {
+double one_cycle_total(const config::OneCycleParams& p) {
   return static_cast<double>(p.cycle_first_step_size) +
          static_cast<double>(p.cycle_second_step_size);
 }
 
 }  // namespace
 
-LRScheduler::LRScheduler(const SchedulerConfig& cfg, double base_lr)
+LRScheduler::LRScheduler(const config::SchedulerConfig& cfg, double base_lr)
     : cfg_(cfg), base_lr_(base_lr), last_batch_iteration_(cfg.last_batch_iteration) {
   DS_CHECK(std::isfinite(base_lr) && base_lr >= 0,
            "[lr_schedule] the optimizer's base lr must be a finite number >= 0, got {}", base_lr);
   DS_CHECK(cfg.last_batch_iteration >= -1,
            "[lr_schedule] last_batch_iteration must be >= -1, got {}", cfg.last_batch_iteration);
   const bool matches =
-      (cfg.type == SchedulerType::None && std::holds_alternative<std::monostate>(cfg.params)) ||
-      (cfg.type == SchedulerType::WarmupLR && std::holds_alternative<WarmupLRParams>(cfg.params)) ||
-      (cfg.type == SchedulerType::WarmupDecayLR &&
-       std::holds_alternative<WarmupDecayLRParams>(cfg.params)) ||
-      (cfg.type == SchedulerType::WarmupCosineLR &&
-       std::holds_alternative<WarmupCosineLRParams>(cfg.params)) ||
-      (cfg.type == SchedulerType::OneCycle && std::holds_alternative<OneCycleParams>(cfg.params)) ||
-      (cfg.type == SchedulerType::LRRangeTest &&
-       std::holds_alternative<LRRangeTestParams>(cfg.params));
+      (cfg.type == config::SchedulerType::None && std::holds_alternative<std::monostate>(cfg.params)) ||
+      (cfg.type == config::SchedulerType::WarmupLR && std::holds_alternative<config::WarmupLRParams>(cfg.params)) ||
+      (cfg.type == config::SchedulerType::WarmupDecayLR &&
+       std::holds_alternative<config::WarmupDecayLRParams>(cfg.params)) ||
+      (cfg.type == config::SchedulerType::WarmupCosineLR &&
+       std::holds_alternative<config::WarmupCosineLRParams>(cfg.params)) ||
+      (cfg.type == config::SchedulerType::OneCycle && std::holds_alternative<config::OneCycleParams>(cfg.params)) ||
+      (cfg.type == config::SchedulerType::LRRangeTest &&
+       std::holds_alternative<config::LRRangeTestParams>(cfg.params));
   DS_CHECK(matches, "[lr_schedule] SchedulerConfig type {} does not match its params",
-           scheduler_type_name(cfg.type));
+           config::scheduler_type_name(cfg.type));
 }
 
 void LRScheduler::step() {
@@ -104,16 +104,16 @@ std::optional<double> LRScheduler::get_beta1() const {
 
 double LRScheduler::lr_at(int64_t t) const {
   switch (cfg_.type) {
-    case SchedulerType::None:
+    case config::SchedulerType::None:
       return base_lr_;
-    case SchedulerType::WarmupLR: {
-      const auto& p = std::get<WarmupLRParams>(cfg_.params);
+    case config::SchedulerType::WarmupLR: {
+      const auto& p = std::get<config::WarmupLRParams>(cfg_.params);
       if (t < 0) return p.warmup_min_lr;
       const int64_t w = std::max<int64_t>(2, p.warmup_num_steps);
       return warmup_lr(p, t, t < w ? warmup_gamma(t, w, p.warmup_type) : 1.0);
     }
-    case SchedulerType::WarmupDecayLR: {
-      const auto& p = std::get<WarmupDecayLRParams>(cfg_.params);
+    case config::SchedulerType::WarmupDecayLR: {
+      const auto& p = std::get<config::WarmupDecayLRParams>(cfg_.params);
       if (t < 0) return p.warmup_min_lr;
       const int64_t w = std::max<int64_t>(2, p.warmup_num_steps);
       double gamma;
@@ -125,8 +125,8 @@ double LRScheduler::lr_at(int64_t t) const {
       }
       return warmup_lr(p, t, gamma);
     }
-    case SchedulerType::WarmupCosineLR: {
-      const auto& p = std::get<WarmupCosineLRParams>(cfg_.params);
+    case config::SchedulerType::WarmupCosineLR: {
+      const auto& p = std::get<config::WarmupCosineLRParams>(cfg_.params);
       if (t < 0) return 0.0;  // DeepSpeed's value before the first step()
       const int64_t w = std::max<int64_t>(2, p.warmup_num_steps);
       double ratio;
@@ -150,8 +150,8 @@ double LRScheduler::lr_at(int64_t t) const {
       }
       return base_lr_ * ratio;
     }
-    case SchedulerType::OneCycle: {
-      const auto& p = std::get<OneCycleParams>(cfg_.params);
+    case config::SchedulerType::OneCycle: {
+      const auto& p = std::get<config::OneCycleParams>(cfg_.params);
       const double total = one_cycle_total(p);
       if (static_cast<double>(t) < total) {
         const double base_height = (p.cycle_max_lr - p.cycle_min_lr) * one_cycle_scale_factor(p, t);
@@ -163,8 +163,8 @@ double LRScheduler::lr_at(int64_t t) const {
       const double lr_decay_factor = 1 + p.decay_lr_rate * decay_interval;
       return p.cycle_min_lr / lr_decay_factor;
     }
-    case SchedulerType::LRRangeTest: {
-      const auto& p = std::get<LRRangeTestParams>(cfg_.params);
+    case config::SchedulerType::LRRangeTest: {
+      const auto& p = std::get<config::LRRangeTestParams>(cfg_.params);
       double interval = static_cast<double>(t + 1) / static_cast<double>(p.lr_range_test_step_size);
       if (p.lr_range_test_staircase) interval = std::floor(interval);
       return p.lr_range_test_min_lr * (1 + p.lr_range_test_step_rate * interval);
@@ -174,8 +174,8 @@ double LRScheduler::lr_at(int64_t t) const {
 }
 
 std::optional<double> LRScheduler::beta1_at(int64_t t) const {
-  if (cfg_.type != SchedulerType::OneCycle) return std::nullopt;
-  const auto& p = std::get<OneCycleParams>(cfg_.params);
+  if (cfg_.type != config::SchedulerType::OneCycle) return std::nullopt;
+  const auto& p = std::get<config::OneCycleParams>(cfg_.params);
   if (!p.cycle_momentum) return std::nullopt;
   // Before the first step DeepSpeed's constructor writes cycle_min_mom, not the formula's value.
   if (t < 0) return p.cycle_min_mom;
@@ -192,7 +192,7 @@ std::optional<double> LRScheduler::beta1_at(int64_t t) const {
 }
 
 nlohmann::json LRScheduler::state_dict() const {
-  return nlohmann::json{{"type", scheduler_type_name(cfg_.type)},
+  return nlohmann::json{{"type", config::scheduler_type_name(cfg_.type)},
                         {"last_batch_iteration", last_batch_iteration_}};
 }
 

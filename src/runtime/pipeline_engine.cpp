@@ -26,7 +26,7 @@ double seconds_since(Clock::time_point t0) {
 
 }  // namespace
 
-PipelineEngine::PipelineEngine(std::shared_ptr<nn::Module> stage, DeepSpeedConfig config,
+PipelineEngine::PipelineEngine(std::shared_ptr<nn::Module> stage, config::DeepSpeedConfig config,
                                InitOptions options)
     : module_(std::move(stage)), topology_(options.topology) {
   DS_CHECK(module_, "[pipeline] PipelineEngine needs this rank's stage module");
@@ -216,154 +216,169 @@ float PipelineEngine::aggregate_loss(double loss_sum, int micro_batches) {
   return v;
 }
 
-float PipelineEngine::train_batch(const std::function<PipeBatch()>& next) {
-  DS_CHECK(autograd::is_grad_enabled(),
-           "[pipeline] train_batch() needs gradients enabled; use eval_batch() for evaluation");
-  const auto t0 = Clock::now();
-  times_ = {};
-  const int m = static_cast<int>(engine_->config().batch.gradient_accumulation_steps);
-  const int p = num_stages(), s = stage_id();
-  const bool first = stage_->is_first_stage(), last = stage_->is_last_stage();
+// One train_batch's state: the micro-batches, their activations and gradients, the sends in
+// flight, the loss so far and the dropout positions.
+struct PipelineEngine::TrainState {
+  int m = 0;
+  std::string ctx;
   std::vector<PipeBatch> batches;
-  std::string load_error;
-  try {
-    batches = load(next, m);
-  } catch (const std::exception& e) {
-    load_error = e.what();
-  }
-  agree_on_shapes(batches, m, "train_batch", load_error);
-  auto& pipe = *topology_->pipeline();
-  const std::string ctx = fmt::format("step {} pipeline", engine_->global_steps() + 1);
-  // Dropout: stage 0's sample positions, and each forward where the whole model's would be.
-  std::vector<int64_t> sample_base(static_cast<size_t>(m), 0);
-  const uint64_t offset0 = rng::dropout_state().offset;
-  if (dropout_total_ > 0) {
-    if (stage_->is_first_stage())
-      for (int k = 0; k < m; ++k) sample_base[k] = static_cast<int64_t>(batches[k].sample_base);
-    if (p > 1) pipe.broadcast(sample_base.data(), sample_base.size(), DType::i64, 0, ctx + " samples");
-  }
-
-  std::vector<Tensor> in(m), out(m), grad_out(m);
-  std::vector<comm::Work> act_sent(m), grad_sent(m);
+  std::vector<int64_t> sample_base;
+  uint64_t offset0 = 0;
+  std::vector<Tensor> in, out, grad_out;
+  std::vector<comm::Work> act_sent, grad_sent;
   comm::Work tied_sent;
   double loss_sum = 0.0;
+};
+
+Tensor PipelineEngine::receive(TrainState& st, int from, int tag, const char* what) {
+  Tensor a = new_activation();
+  comm::Work w = topology_->pipeline()->recv_async(a, from, tag, st.ctx + " " + what);
+  const auto t = Clock::now();
+  w.wait();
+  times_.wait_s += seconds_since(t);
+  return a;
+}
+
+void PipelineEngine::train_forward(TrainState& st, int mb) {
+  const int s = stage_id();
+  const bool first = stage_->is_first_stage(), last = stage_->is_last_stage();
+  const auto t = Clock::now();
+  if (dropout_total_ > 0) {
+    rng::dropout_state().offset =
+        st.offset0 + static_cast<uint64_t>(mb * dropout_total_ + dropout_prefix_);
+    rng::dropout_state().sample_base = static_cast<uint64_t>(st.sample_base[mb]);
+  }
+  const Tensor x = first ? st.batches[mb].batch.input_ids : st.in[mb];
+  Tensor y = engine_->forward(x, last ? st.batches[mb].batch.labels : Tensor());
+  if (last) {
+    st.loss_sum += static_cast<double>(y.item());
+  } else {
+    DS_CHECK(y.dim() == 3 && y.size(0) == batch_ && y.size(1) == seq_ && y.size(2) == hidden_ &&
+                 y.dtype() == act_dtype_,
+             "[pipeline] internal: stage {} produced {} {} instead of ({}, {}, {}) {}", s,
+             shape_str(y.shape()), dtype_name(y.dtype()), batch_, seq_, hidden_,
+             dtype_name(act_dtype_));
+  }
+  st.out[mb] = y;
+  times_.compute_s += seconds_since(t);
+  // Sent as soon as it exists (DeepSpeed sends at its SendActivation one step later, because its
+  // sends block): the next stage can start while this one receives.
+  if (!last)
+    st.act_sent[mb] = topology_->pipeline()->send_async(
+        st.out[mb].detach().contiguous(), s + 1, kActivationTag, st.ctx + " activation");
+}
+
+void PipelineEngine::train_backward(TrainState& st, int mb) {
+  const int p = num_stages(), s = stage_id();
+  auto& pipe = *topology_->pipeline();
+  const auto t = Clock::now();
+  const bool final_backward = mb == st.m - 1;
+  if (stage_->is_last_stage()) {
+    engine_->backward(st.out[mb]);
+    if (final_backward)
+      if (Tensor h = stage_->tied_head_weight(); h.defined() && p > 1)
+        st.tied_sent = pipe.send_async(h.grad().contiguous(), 0, kTiedGradTag,
+                                       st.ctx + " tied weight gradient");
+  } else {
+    std::vector<Tensor> roots{st.out[mb]}, grads{st.grad_out[mb]};
+    if (final_backward)
+      if (Tensor w = stage_->tied_embedding_weight(); w.defined()) {
+        // The last stage's gradient of the tied copy joins this backward as a second root.
+        Tensor g = Tensor::empty(w.shape(), DType::f32, device_);
+        times_.compute_s += seconds_since(t);
+        const auto tw = Clock::now();
+        pipe.recv(g, p - 1, kTiedGradTag, st.ctx + " tied weight gradient");
+        times_.wait_s += seconds_since(tw);
+        roots.push_back(w);
+        grads.push_back(g.to(w.dtype()));
+      }
+    st.act_sent[mb].wait();  // its buffer is the output dropped below
+    engine_->backward(roots, grads);
+  }
+  // Every micro-step but the last counts here; the last is the optimizer step.
+  if (!final_backward) engine_->step();
+  st.out[mb] = Tensor();
+  st.grad_out[mb] = Tensor();
+  times_.compute_s += seconds_since(t);
+  if (s > 0)  // as soon as it exists, like the activations
+    st.grad_sent[mb] =
+        pipe.send_async(st.in[mb].grad().contiguous(), s - 1, kGradTag, st.ctx + " gradient");
+}
+
+void PipelineEngine::train_optimizer_step(TrainState& st) {
   auto wait_timed = [&](comm::Work& w) {
     const auto t = Clock::now();
     w.wait();
     times_.wait_s += seconds_since(t);
   };
-  for (const PipeStep& step : train_schedule(m, p, s)) {
+  for (auto* works : {&st.act_sent, &st.grad_sent})
+    for (comm::Work& w : *works) wait_timed(w);
+  wait_timed(st.tied_sent);
+  {  // the stages that finished early wait here for the rest: the end of the bubble
+    const auto t = Clock::now();
+    topology_->pipeline()->barrier(st.ctx + " end of schedule");
+    times_.wait_s += seconds_since(t);
+  }
+  const auto t = Clock::now();
+  engine_->step();
+  sync_tied_weight();
+  if (Tensor h = stage_->tied_head_weight(); h.defined() && h.grad().defined()) h.grad().zero_();
+  times_.step_s += seconds_since(t);
+}
+
+float PipelineEngine::train_batch(const std::function<PipeBatch()>& next) {
+  DS_CHECK(autograd::is_grad_enabled(),
+           "[pipeline] train_batch() needs gradients enabled; use eval_batch() for evaluation");
+  const auto t0 = Clock::now();
+  times_ = {};
+  TrainState st;
+  st.m = static_cast<int>(engine_->config().batch.gradient_accumulation_steps);
+  const int m = st.m, p = num_stages(), s = stage_id();
+  std::string load_error;
+  try {
+    st.batches = load(next, m);
+  } catch (const std::exception& e) {
+    load_error = e.what();
+  }
+  agree_on_shapes(st.batches, m, "train_batch", load_error);
+  st.ctx = fmt::format("step {} pipeline", engine_->global_steps() + 1);
+  // Dropout: stage 0's sample positions, and each forward where the whole model's would be.
+  st.sample_base.assign(static_cast<size_t>(m), 0);
+  st.offset0 = rng::dropout_state().offset;
+  if (dropout_total_ > 0) {
+    if (stage_->is_first_stage())
+      for (int k = 0; k < m; ++k) st.sample_base[k] = static_cast<int64_t>(st.batches[k].sample_base);
+    if (p > 1)
+      topology_->pipeline()->broadcast(st.sample_base.data(), st.sample_base.size(), DType::i64,
+                                       0, st.ctx + " samples");
+  }
+  st.in.resize(m);
+  st.out.resize(m);
+  st.grad_out.resize(m);
+  st.act_sent.resize(m);
+  st.grad_sent.resize(m);
+  for (const PipeStep& step : train_schedule(m, p, s))
     for (const PipeInstr& ins : step) {
       const int mb = ins.micro_batch;
       switch (ins.op) {
-        case PipeOp::load_micro_batch:  // loaded before the schedule (agree_on_shapes)
+        case PipeOp::recv_activation:
+          st.in[mb] = receive(st, s - 1, kActivationTag, "activation");
+          st.in[mb].set_requires_grad(true);
           break;
-        case PipeOp::recv_activation: {
-          Tensor a = new_activation();
-          comm::Work w = pipe.recv_async(a, s - 1, kActivationTag, ctx + " activation");
-          wait_timed(w);
-          a.set_requires_grad(true);
-          in[mb] = a;
-          break;
-        }
-        case PipeOp::forward: {
-          const auto t = Clock::now();
-          if (dropout_total_ > 0) {
-            rng::dropout_state().offset =
-                offset0 + static_cast<uint64_t>(mb * dropout_total_ + dropout_prefix_);
-            rng::dropout_state().sample_base = static_cast<uint64_t>(sample_base[mb]);
-          }
-          const Tensor x = first ? batches[mb].batch.input_ids : in[mb];
-          Tensor y = engine_->forward(x, last ? batches[mb].batch.labels : Tensor());
-          if (last) {
-            loss_sum += static_cast<double>(y.item());
-          } else {
-            DS_CHECK(y.dim() == 3 && y.size(0) == batch_ && y.size(1) == seq_ &&
-                         y.size(2) == hidden_ && y.dtype() == act_dtype_,
-                     "[pipeline] internal: stage {} produced {} {} instead of ({}, {}, {}) {}", s,
-                     shape_str(y.shape()), dtype_name(y.dtype()), batch_, seq_, hidden_,
-                     dtype_name(act_dtype_));
-          }
-          out[mb] = y;
-          times_.compute_s += seconds_since(t);
-          // Sent as soon as it exists (DeepSpeed sends at its SendActivation one step later,
-          // because its sends block): the next stage can start while this one receives.
-          if (!last)
-            act_sent[mb] = pipe.send_async(out[mb].detach().contiguous(), s + 1, kActivationTag,
-                                           ctx + " activation");
-          break;
-        }
-        case PipeOp::send_activation:  // issued right after the forward
-          break;
-        case PipeOp::recv_grad: {
-          Tensor g = new_activation();
-          comm::Work w = pipe.recv_async(g, s + 1, kGradTag, ctx + " gradient");
-          wait_timed(w);
-          grad_out[mb] = g;
-          break;
-        }
-        case PipeOp::backward: {
-          const auto t = Clock::now();
-          const bool final_backward = mb == m - 1;
-          if (last) {
-            engine_->backward(out[mb]);
-            if (final_backward)
-              if (Tensor h = stage_->tied_head_weight(); h.defined() && p > 1)
-                tied_sent = pipe.send_async(h.grad().contiguous(), 0, kTiedGradTag,
-                                            ctx + " tied weight gradient");
-          } else {
-            std::vector<Tensor> roots{out[mb]}, grads{grad_out[mb]};
-            if (final_backward)
-              if (Tensor w = stage_->tied_embedding_weight(); w.defined()) {
-                // The last stage's gradient of the tied copy joins this backward as a second root.
-                Tensor g = Tensor::empty(w.shape(), DType::f32, device_);
-                times_.compute_s += seconds_since(t);
-                const auto tw = Clock::now();
-                pipe.recv(g, p - 1, kTiedGradTag, ctx + " tied weight gradient");
-                times_.wait_s += seconds_since(tw);
-                roots.push_back(w);
-                grads.push_back(g.to(w.dtype()));
-              }
-            act_sent[mb].wait();  // its buffer is the output dropped below
-            engine_->backward(roots, grads);
-          }
-          // Every micro-step but the last counts here; the last is the optimizer step below.
-          if (!final_backward) engine_->step();
-          out[mb] = Tensor();
-          grad_out[mb] = Tensor();
-          times_.compute_s += seconds_since(t);
-          if (s > 0)  // as soon as it exists, like the activations
-            grad_sent[mb] = pipe.send_async(in[mb].grad().contiguous(), s - 1, kGradTag,
-                                            ctx + " gradient");
-          break;
-        }
-        case PipeOp::send_grad:  // issued right after the backward
-          break;
+        case PipeOp::forward: train_forward(st, mb); break;
+        case PipeOp::recv_grad: st.grad_out[mb] = receive(st, s + 1, kGradTag, "gradient"); break;
+        case PipeOp::backward: train_backward(st, mb); break;
+        case PipeOp::optimizer_step: train_optimizer_step(st); break;
+        case PipeOp::load_micro_batch:   // loaded before the schedule (agree_on_shapes)
+        case PipeOp::send_activation:    // issued right after the forward
+        case PipeOp::send_grad:          // issued right after the backward
         case PipeOp::reduce_tied_grads:  // the tied gradient joined the first stage's backward
         case PipeOp::reduce_grads:       // the strategy reduces in step()
           break;
-        case PipeOp::optimizer_step: {
-          for (auto* works : {&act_sent, &grad_sent})
-            for (comm::Work& w : *works) wait_timed(w);
-          wait_timed(tied_sent);
-          {  // the stages that finished early wait here for the rest: the end of the bubble
-            const auto t = Clock::now();
-            pipe.barrier(ctx + " end of schedule");
-            times_.wait_s += seconds_since(t);
-          }
-          const auto t = Clock::now();
-          engine_->step();
-          sync_tied_weight();
-          if (Tensor h = stage_->tied_head_weight(); h.defined() && h.grad().defined())
-            h.grad().zero_();
-          times_.step_s += seconds_since(t);
-          break;
-        }
       }
     }
-  }
-  if (dropout_total_ > 0) rng::dropout_state().offset = offset0 + m * dropout_total_;
-  const float loss = aggregate_loss(loss_sum, m);
+  if (dropout_total_ > 0) rng::dropout_state().offset = st.offset0 + m * dropout_total_;
+  const float loss = aggregate_loss(st.loss_sum, m);
   times_.total_s = seconds_since(t0);
   return loss;
 }

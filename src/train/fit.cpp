@@ -27,7 +27,7 @@ namespace {
 // host memory in every run. A GPU run (--device cuda) is counted as if it all lived in host memory
 // (its parameters and gradients are on the GPU): an overestimate of RAM, never an underestimate.
 zero::RankMemory model_state_bytes(int64_t params, int64_t frozen,
-                                   const runtime::DeepSpeedConfig& cfg, int world_size) {
+                                   const config::DeepSpeedConfig& cfg, int world_size) {
   const zero::Options o = runtime::zero_options(cfg, runtime::gradient_dtype(cfg), world_size);
   const zero::MemorySpec spec = zero::memory_spec(o, world_size, /*state_floats=*/2);  // Adam
   return zero::model_state_memory(spec, params, frozen);
@@ -35,7 +35,7 @@ zero::RankMemory model_state_bytes(int64_t params, int64_t frozen,
 
 }  // namespace
 
-FitPlan plan_fit(const models::GPTConfig& model, const runtime::DeepSpeedConfig& cfg,
+FitPlan plan_fit(const models::GPTConfig& model, const config::DeepSpeedConfig& cfg,
                  int world_size, int ranks_on_node, int64_t activations, bool partitioned_build,
                  int64_t lora_params, int64_t frozen, int model_parallel) {
   FitPlan p;
@@ -48,7 +48,7 @@ FitPlan plan_fit(const models::GPTConfig& model, const runtime::DeepSpeedConfig&
   p.nvme = m.disk();
   p.offload_buffers = m.buffers;
   const auto& z = cfg.zero_optimization;
-  p.nvme_path = z.offload_optimizer.device == runtime::OffloadDevice::NVMe
+  p.nvme_path = z.offload_optimizer.device == config::OffloadDevice::NVMe
                     ? z.offload_optimizer.nvme_path
                     : z.offload_param.nvme_path;
   // Stage 3 built piecewise holds only its fp32 piece before the optimizer state moves to disk.
@@ -60,7 +60,7 @@ FitPlan plan_fit(const models::GPTConfig& model, const runtime::DeepSpeedConfig&
   return p;
 }
 
-GpuFitPlan plan_fit_gpu(const models::GPTConfig& model, const runtime::DeepSpeedConfig& cfg,
+GpuFitPlan plan_fit_gpu(const models::GPTConfig& model, const config::DeepSpeedConfig& cfg,
                         int64_t activations, int64_t lora_params, int64_t frozen, int data_parallel,
                         int model_parallel) {
   // As the engine lays it out (zero/flat_strategy.cpp, Strategy::device_optimizer_step; stage 3:
@@ -101,7 +101,7 @@ GpuFitPlan plan_fit_gpu(const models::GPTConfig& model, const runtime::DeepSpeed
 }
 
 std::string check_fit_gpu(const GpuFitPlan& plan, int64_t device_available, int64_t host_available,
-                          const std::string& device, const runtime::DeepSpeedConfig& cfg) {
+                          const std::string& device, const config::DeepSpeedConfig& cfg) {
   std::string warning;
   if (device_available > 0) {
     const int64_t need = plan.device();
@@ -164,7 +164,7 @@ int local_ranks() {
 }
 
 std::string check_fit(const FitPlan& plan, int64_t available, const models::GPTConfig& model,
-                      const runtime::DeepSpeedConfig& cfg, int world_size,
+                      const config::DeepSpeedConfig& cfg, int world_size,
                       const std::string& scratch_dir) {
   // Disk first: an NVMe offload that cannot reserve its swap files fails anyway, later.
   if (plan.nvme > 0) {
@@ -200,13 +200,13 @@ std::string check_fit(const FitPlan& plan, int64_t available, const models::GPTC
   // What would fit: a higher stage (same ranks), then bf16, then NVMe offload.
   std::vector<std::string> fixes;
   const int64_t P = model.num_parameters() + plan.lora_params;
-  auto fits = [&](const runtime::DeepSpeedConfig& c) {
+  auto fits = [&](const config::DeepSpeedConfig& c) {
     const FitPlan q = plan_fit(model, c, world_size, plan.ranks_on_node, plan.activations,
                                plan.model_build < 4 * P, plan.lora_params, plan.frozen);
     return std::pair{q.per_node() <= available, q};
   };
   for (int s = cfg.zero_optimization.stage + 1; s <= 3; ++s) {
-    runtime::DeepSpeedConfig c = cfg;
+    config::DeepSpeedConfig c = cfg;
     c.zero_optimization.stage = s;
     if (auto [ok, q] = fits(c); ok) {
       fixes.push_back(fmt::format("zero_optimization.stage {} ({} of model states per rank)", s,
@@ -217,7 +217,7 @@ std::string check_fit(const FitPlan& plan, int64_t available, const models::GPTC
   if (cfg.training_dtype() == DType::f32) {
     // bf16 keeps fp32 master weights and (by default) fp32 gradients: it only helps when sharding
     // spreads those over ranks.
-    runtime::DeepSpeedConfig c = cfg;
+    config::DeepSpeedConfig c = cfg;
     c.bf16.enabled = true;
     if (auto [ok, q] = fits(c); ok)
       fixes.push_back(
@@ -226,11 +226,11 @@ std::string check_fit(const FitPlan& plan, int64_t available, const models::GPTC
   // NVMe offload: the optimizer state first; with stage 3 the parameters too.
   const int64_t free_here = io::available_bytes(scratch_dir);
   for (bool params : {false, true}) {
-    runtime::DeepSpeedConfig c = cfg;
+    config::DeepSpeedConfig c = cfg;
     auto& z = c.zero_optimization;
-    if (z.offload_optimizer.device == runtime::OffloadDevice::NVMe && (!params || z.stage < 3))
+    if (z.offload_optimizer.device == config::OffloadDevice::NVMe && (!params || z.stage < 3))
       continue;
-    z.offload_optimizer.device = runtime::OffloadDevice::NVMe;
+    z.offload_optimizer.device = config::OffloadDevice::NVMe;
     z.offload_optimizer.nvme_path = scratch_dir;
     // Swap buffers within an eighth of the memory: sub-groups of at most this many elements.
     const int64_t group = std::clamp<int64_t>(
@@ -238,7 +238,7 @@ std::string check_fit(const FitPlan& plan, int64_t available, const models::GPTC
     z.sub_group_size = std::min<int64_t>(z.sub_group_size, group);
     if (params) {
       z.stage = 3;
-      z.offload_param.device = runtime::OffloadDevice::NVMe;
+      z.offload_param.device = config::OffloadDevice::NVMe;
       z.offload_param.nvme_path = scratch_dir;
       z.offload_param.max_in_cpu = 0;
     }

@@ -34,8 +34,8 @@ Slot slot(const json& root, const std::string& path) {
   return node->is_string() && node->get<std::string>() == "auto" ? Slot::Auto : Slot::Value;
 }
 
-runtime::TrainerArgs trainer_args(const Options& o, const Given& g, const json& raw) {
-  runtime::TrainerArgs a;
+config::TrainerArgs trainer_args(const Options& o, const Given& g, const json& raw) {
+  config::TrainerArgs a;
   auto is_auto = [&](const char* p) { return slot(raw, p) == Slot::Auto; };
   const bool train_explicit = slot(raw, "train_batch_size") == Slot::Value;
   if (g.per_device_train_batch_size ||
@@ -95,8 +95,8 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
                              uint64_t S, int64_t T, const char* builtin_config) {
   std::string cfg_source;
   const json raw =
-      g.deepspeed ? runtime::load_config_json(o.deepspeed, &cfg_source)
-                  : runtime::load_config_json(strip_leading_comments(builtin_config), &cfg_source);
+      g.deepspeed ? config::load_config_json(o.deepspeed, &cfg_source)
+                  : config::load_config_json(strip_leading_comments(builtin_config), &cfg_source);
   if (!g.deepspeed) cfg_source = "built-in default (configs/ds_demo.json)";
   // ---- the model-parallel sizes first: the batch sizes count data-parallel ranks, world / (tp x
   // pp) (DeepSpeed's rule). The flag, or the config's tensor_parallel.autotp_size /
@@ -122,7 +122,7 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
            "[ds_train] --pipeline_parallel_size {} exceeds the model's {} pipeline layers "
            "(embedding, {} blocks, head): every stage needs at least one",
            pp, mcfg.n_layer + 2, mcfg.n_layer);
-  runtime::ConfigContext ctx;
+  config::ConfigContext ctx;
   ctx.world_size = world / (tp * pp);
   ctx.hidden_size = mcfg.n_embd;
   ctx.source_name = cfg_source;
@@ -168,7 +168,7 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
 
   // ---- the one parse ----
   RunConfig r;
-  r.cfg = runtime::parse_config_json(raw, ctx);
+  r.cfg = config::parse_config_json(raw, ctx);
   if (!in_epochs) steps_per_epoch = per_epoch(r.cfg.batch.train_batch_size);
   r.tensor_parallel = tp;
   r.pipeline_parallel = pp;
@@ -300,7 +300,7 @@ RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {
 
   // ---- config, run length, parallel sizes ----
   p.run = resolve_run_config(o, g, mcfg, p.samples, T, builtin_config);
-  const runtime::DeepSpeedConfig& cfg = p.run.cfg;
+  const config::DeepSpeedConfig& cfg = p.run.cfg;
   p.activation_bytes =
       activation_estimate(mcfg, p.micro_batch(), T, o.gradient_checkpointing,
                           static_cast<int64_t>(dtype_size(cfg.training_dtype())));

@@ -93,8 +93,8 @@ void resolve_task_run(TaskPlan& p, int64_t width, int64_t depth, int64_t val_exa
     // Model parallelism in the config would otherwise first meet the rank-count check.
     std::string source = "built-in default (configs/ds_demo.json)";
     const json raw =
-        g.deepspeed ? runtime::load_config_json(o.deepspeed, &source)
-                    : runtime::load_config_json(strip_leading_comments(builtin_config), &source);
+        g.deepspeed ? config::load_config_json(o.deepspeed, &source)
+                    : config::load_config_json(strip_leading_comments(builtin_config), &source);
     const config::ParallelSizes sizes = config::read_parallel_sizes(raw, source);
     DS_CHECK(sizes.tensor_parallel.size <= 1 && sizes.pipeline.stages <= 1,
              "[ds_train] {}: tensor_parallel.autotp_size {} / pipeline.stages {} do not apply to "

@@ -99,7 +99,7 @@ void Trainer::build_model() {
   const RunPlan& p = plan_;
   const Options& o = p.spec;
   const models::GPTConfig& mcfg = p.model;
-  const runtime::DeepSpeedConfig& cfg = p.config();
+  const config::DeepSpeedConfig& cfg = p.config();
   const int tp_size = p.tensor_parallel(), pp_size = p.pipeline_parallel();
   const auto world = comm::world();
   std::optional<nn::PartitionedInit> pieces_only;
@@ -208,7 +208,7 @@ void Trainer::build_engine() {
 }
 
 void Trainer::report_memory_budget() {
-  const runtime::DeepSpeedConfig& cfg = plan_.config();
+  const config::DeepSpeedConfig& cfg = plan_.config();
   mem_ = engine_->memory_budget();
   if (plan_.world_size > 1) {
     // Every rank's model-state bytes, next to the ZeRO paper's prediction.

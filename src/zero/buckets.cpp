@@ -9,8 +9,7 @@ namespace ds::zero::detail {
 
 GradientBuckets::GradientBuckets(Setup setup, std::shared_ptr<comm::Group> group)
     : s_(std::move(setup)), group_(std::move(group)) {
-  buckets_ =
-      plan_buckets(s_.flat->entries, s_.plan.padded_numel, std::max<int64_t>(1, s_.bucket_numel));
+  buckets_ = plan_buckets(s_.flat->entries, s_.plan.padded_numel, s_.bucket_numel);
   param_buckets_.assign(s_.flat->entries.size(), {});
   for (size_t b = 0; b < buckets_.size(); ++b)
     for (int i : buckets_[b].params)

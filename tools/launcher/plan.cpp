@@ -411,77 +411,74 @@ std::string first_slurm_host(std::string_view nodelist) {
   return fmt::format("{}{}{}", nodelist.substr(0, bracket), first, suffix);
 }
 
-Plan make_plan(const Options& o, const std::optional<HostPool>& pool, const EnvList& env_files,
-               const Machine& m) {
-  Plan p;
-  p.kind = parse_launcher(o.launcher);
-  DS_CHECK(!o.program.empty(), "[deepspeed] no program given: deepspeed [options] program [args]");
-  if (o.num_nodes >= 0 || o.num_procs >= 0)
-    DS_CHECK(o.include.empty() && o.exclude.empty(),
-             "[deepspeed] Cannot specify num_nodes/gpus with include/exclude");
-  DS_CHECK(o.master_port > 0 && o.master_port < 65536, "[deepspeed] bad --master_port {}",
-           o.master_port);
+namespace {
 
-  std::string master = o.master_addr;
+// The hosts to run on without a hostfile: inside a Slurm allocation srun knows the nodes (only
+// their number and ranks per node are needed), otherwise this machine. Sets *master from
+// SLURM_JOB_NODELIST or to loopback when it is still empty.
+HostPool default_hosts(const Options& o, LauncherKind kind, const Machine& m, bool& hosts_known,
+                       std::string& master) {
   HostPool hosts;
-  if (pool) {
-    hosts = *pool;
-  } else if (p.kind == LauncherKind::kSlurm) {
-    // Inside an allocation srun knows the nodes; we only need their number and ranks per node.
-    auto from_env = [&](std::initializer_list<const char*> keys) -> std::optional<int> {
-      for (const char* k : keys)
-        if (const std::string* v = env_get(m.environment, k)) {
-          // SLURM_NTASKS_PER_NODE / SLURM_TASKS_PER_NODE look like "4" or "4(x2)".
-          const std::optional<int> n = to_int(std::string_view(*v).substr(0, v->find('(')));
-          if (n && *n > 0) return n;
-        }
-      return std::nullopt;
-    };
-    const int nodes = o.num_nodes > 0
-                          ? o.num_nodes
-                          : from_env({"SLURM_JOB_NUM_NODES", "SLURM_NNODES"}).value_or(1);
-    const int per_node =
-        o.num_procs > 0 ? o.num_procs : from_env({"SLURM_NTASKS_PER_NODE"}).value_or(m.cores);
-    for (int i = 0; i < nodes; ++i) hosts.push_back({fmt::format("node{}", i), per_node});
-    p.hosts_known = false;
-    if (master.empty())
-      if (const std::string* list = env_get(m.environment, "SLURM_JOB_NODELIST"))
-        master = first_slurm_host(*list);
-  } else {
+  if (kind != LauncherKind::kSlurm) {
     DS_CHECK(o.num_nodes <= 1,
              "[deepspeed] Num nodes is >1 but no extra nodes available via "
              "hostfile");
     hosts.push_back({"localhost", o.num_procs > 0 ? o.num_procs : m.cores});
     if (master.empty()) master = "127.0.0.1";
+    return hosts;
   }
+  auto from_env = [&](std::initializer_list<const char*> keys) -> std::optional<int> {
+    for (const char* k : keys)
+      if (const std::string* v = env_get(m.environment, k)) {
+        // SLURM_NTASKS_PER_NODE / SLURM_TASKS_PER_NODE look like "4" or "4(x2)".
+        const std::optional<int> n = to_int(std::string_view(*v).substr(0, v->find('(')));
+        if (n && *n > 0) return n;
+      }
+    return std::nullopt;
+  };
+  const int nodes =
+      o.num_nodes > 0 ? o.num_nodes : from_env({"SLURM_JOB_NUM_NODES", "SLURM_NNODES"}).value_or(1);
+  const int per_node =
+      o.num_procs > 0 ? o.num_procs : from_env({"SLURM_NTASKS_PER_NODE"}).value_or(m.cores);
+  for (int i = 0; i < nodes; ++i) hosts.push_back({fmt::format("node{}", i), per_node});
+  hosts_known = false;
+  if (master.empty())
+    if (const std::string* list = env_get(m.environment, "SLURM_JOB_NODELIST"))
+      master = first_slurm_host(*list);
+  return hosts;
+}
 
-  p.active = parse_inclusion_exclusion(hosts, o.include, o.exclude);
-  if (o.num_nodes > 0 && static_cast<int>(p.active.size()) > o.num_nodes)
-    p.active.resize(static_cast<size_t>(o.num_nodes));
+// The hosts and slots the job runs on: --include/--exclude, then --num_nodes and --num_gpus.
+std::vector<HostSlots> active_hosts(const Options& o, const HostPool& hosts, bool from_hostfile) {
+  std::vector<HostSlots> active = parse_inclusion_exclusion(hosts, o.include, o.exclude);
+  if (o.num_nodes > 0 && static_cast<int>(active.size()) > o.num_nodes)
+    active.resize(static_cast<size_t>(o.num_nodes));
   if (o.num_procs > 0)
-    for (HostSlots& h : p.active) {
+    for (HostSlots& h : active) {
       h.slots.resize(static_cast<size_t>(o.num_procs));
       std::iota(h.slots.begin(), h.slots.end(), 0);
     }
-  std::erase_if(p.active, [](const HostSlots& h) { return h.slots.empty(); });
-  DS_CHECK(!p.active.empty(),
+  std::erase_if(active, [](const HostSlots& h) { return h.slots.empty(); });
+  DS_CHECK(!active.empty(),
            "[deepspeed] no slots left to run on (hostfile {}, --include '{}', --exclude '{}')",
-           pool ? o.hostfile : "none", o.include, o.exclude);
+           from_hostfile ? o.hostfile : "none", o.include, o.exclude);
+  return active;
+}
 
-  if (master.empty() && p.hosts_known) {
-    // Loopback only when every rank is on this machine; remote ranks need a reachable name.
-    const bool all_local = std::all_of(p.active.begin(), p.active.end(), [&](const HostSlots& h) {
-      return is_local_host(h.host, m.hostname);
-    });
-    const std::string& first = p.active[0].host;
-    master = all_local                                                 ? "127.0.0.1"
-             : is_local_host(first, m.hostname) && !m.hostname.empty() ? m.hostname
-                                                                       : first;
-  }
-  DS_CHECK(!master.empty(),
-           "[deepspeed] cannot tell the master address (no hostfile, no SLURM_JOB_NODELIST): pass "
-           "--master_addr");
+// The master address when none was given: loopback only when every rank is on this machine;
+// remote ranks need a reachable name.
+std::string choose_master(const Plan& p, const Machine& m) {
+  const bool all_local = std::all_of(p.active.begin(), p.active.end(), [&](const HostSlots& h) {
+    return is_local_host(h.host, m.hostname);
+  });
+  const std::string& first = p.active[0].host;
+  return all_local                                                 ? "127.0.0.1"
+         : is_local_host(first, m.hostname) && !m.hostname.empty() ? m.hostname
+                                                                   : first;
+}
 
+// --launcher local runs on this machine only; more ranks than cores here is oversubscribed.
+void check_placement(Plan& p, const Machine& m) {
   if (p.kind == LauncherKind::kLocal) {
     const bool local = p.active.size() == 1 && is_local_host(p.active[0].host, m.hostname);
     std::vector<std::string> names;
@@ -495,8 +492,13 @@ Plan make_plan(const Options& o, const std::optional<HostPool>& pool, const EnvL
     if (p.hosts_known && is_local_host(h.host, m.hostname) &&
         static_cast<int>(h.slots.size()) > m.cores)
       p.oversubscribed = true;
+}
 
-  RankSpec& s = p.spec;
+// What every rank gets: the layout, devices, master, program line, core binding, logs and the
+// forwarded environment (forwarded variables first, .deepspeed_env on top: DeepSpeed's order).
+RankSpec rank_spec(const Options& o, const Plan& p, const std::string& master,
+                   const EnvList& env_files, const Machine& m) {
+  RankSpec s;
   bool narrowed = false;
   for (const HostSlots& h : p.active) {
     s.layout.push_back(static_cast<int>(h.slots.size()));
@@ -512,13 +514,10 @@ Plan make_plan(const Options& o, const std::optional<HostPool>& pool, const EnvL
   s.master_port = o.master_port;
   s.local_rank_arg = !o.no_local_rank;
   const std::string& script = o.program[0];
-  if (!o.no_python && script.size() > 3 && script.ends_with(".py")) {
-    // DeepSpeed runs the user script with the Python interpreter (`python -u script`).
-    s.program = {"python3", "-u"};
-    s.local_rank_at = 3;
-  } else {
-    s.local_rank_at = 1;
-  }
+  // DeepSpeed runs the user script with the Python interpreter (`python -u script`).
+  const bool python = !o.no_python && script.size() > 3 && script.ends_with(".py");
+  if (python) s.program = {"python3", "-u"};
+  s.local_rank_at = python ? 3 : 1;
   s.program.insert(s.program.end(), o.program.begin(), o.program.end());
   s.bind_cores = o.bind_cores_to_rank;
   s.bind_core_list = o.bind_core_list;
@@ -527,8 +526,6 @@ Plan make_plan(const Options& o, const std::optional<HostPool>& pool, const EnvL
     s.log_dir = std::filesystem::absolute(o.each_rank_log).lexically_normal().string();
     s.log_prefix = m.timestamp;
   }
-
-  // Forwarded variables first, .deepspeed_env on top (DeepSpeed's order).
   for (const auto& [k, v] : m.environment)
     for (const char* prefix : kForwardedPrefixes)
       if (k.starts_with(prefix)) {
@@ -536,7 +533,30 @@ Plan make_plan(const Options& o, const std::optional<HostPool>& pool, const EnvL
         break;
       }
   for (const auto& [k, v] : env_files) env_set(s.exports, k, v);
+  return s;
+}
 
+}  // namespace
+
+Plan make_plan(const Options& o, const std::optional<HostPool>& pool, const EnvList& env_files,
+               const Machine& m) {
+  Plan p;
+  p.kind = parse_launcher(o.launcher);
+  DS_CHECK(!o.program.empty(), "[deepspeed] no program given: deepspeed [options] program [args]");
+  if (o.num_nodes >= 0 || o.num_procs >= 0)
+    DS_CHECK(o.include.empty() && o.exclude.empty(),
+             "[deepspeed] Cannot specify num_nodes/gpus with include/exclude");
+  DS_CHECK(o.master_port > 0 && o.master_port < 65536, "[deepspeed] bad --master_port {}",
+           o.master_port);
+  std::string master = o.master_addr;
+  const HostPool hosts = pool ? *pool : default_hosts(o, p.kind, m, p.hosts_known, master);
+  p.active = active_hosts(o, hosts, pool.has_value());
+  if (master.empty() && p.hosts_known) master = choose_master(p, m);
+  DS_CHECK(!master.empty(),
+           "[deepspeed] cannot tell the master address (no hostfile, no SLURM_JOB_NODELIST): pass "
+           "--master_addr");
+  check_placement(p, m);
+  p.spec = rank_spec(o, p, master, env_files, m);
   p.launcher_args = shell_split(o.launcher_args);
   return p;
 }

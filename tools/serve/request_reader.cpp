@@ -107,12 +107,98 @@ RequestReader::Fill RequestReader::fill(Clock::time_point deadline) {
   }
 }
 
-ReadResult RequestReader::next(bool first) {
-  ReadResult r;
-  auto after = [](double seconds) {
-    return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                              std::chrono::duration<double>(std::max(0.0, seconds)));
-  };
+namespace {
+
+std::chrono::steady_clock::time_point after(double seconds) {
+  using Clock = std::chrono::steady_clock;
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(std::max(0.0, seconds)));
+}
+
+// METHOD /path HTTP/1.x into r (the path without its query); false when malformed.
+bool parse_request_line(std::string_view line, ReadResult& r) {
+  std::vector<std::string_view> parts;
+  size_t a = 0;
+  while (a <= line.size()) {
+    size_t b = line.find(' ', a);
+    if (b == std::string_view::npos) b = line.size();
+    parts.push_back(line.substr(a, b - a));
+    a = b + 1;
+  }
+  if (parts.size() == 3) {
+    r.method = parts[0];
+    r.path = std::string(parts[1].substr(0, parts[1].find('?')));
+    r.version = parts[2];
+  }
+  return parts.size() == 3 && (r.version == "HTTP/1.1" || r.version == "HTTP/1.0");
+}
+
+// How the body is framed, from the headers.
+struct Framing {
+  std::optional<std::string> content_length;
+  bool chunked = false, expect_continue = false;
+};
+
+// A Content-Length value: "5, 5" and repeated equal values are one length (RFC 9110 8.6);
+// differing ones are a request that proxies may frame differently: refused. Returns the error.
+std::optional<std::string> add_content_length(std::string_view value, Framing& f) {
+  size_t a = 0;
+  while (a <= value.size()) {
+    size_t b = value.find(',', a);
+    if (b == std::string_view::npos) b = value.size();
+    const std::string_view v = trim(value.substr(a, b - a));
+    if (v.empty() || v.size() > 18 || v.find_first_not_of("0123456789") != std::string::npos)
+      return fmt::format("invalid Content-Length {}", ds::quoted_excerpt(value, 60));
+    if (f.content_length && *f.content_length != v)
+      return fmt::format("conflicting Content-Length headers ({} and {})", *f.content_length, v);
+    f.content_length = std::string(v);
+    a = b + 1;
+  }
+  return std::nullopt;
+}
+
+// The header lines after the request line (from `pos` of head): the framing headers into f, the
+// others copied to out (HTTP/1.0's Connection dropped: replaced by the caller). A rejection, or
+// nullopt.
+std::optional<ReadResult> parse_headers(const std::string& head, size_t pos, bool http10,
+                                        ReadResult& r, std::string& out, Framing& f) {
+  for (size_t next_pos = 0;; pos = next_pos) {
+    const std::string_view line = *line_at(head, pos, next_pos);
+    if (line.empty()) return std::nullopt;
+    if (line.front() == ' ' || line.front() == '\t')
+      return reject(r, 400, "a header line starts with white space (obsolete line folding)");
+    const size_t colon = line.find(':');
+    const std::string_view name = colon == std::string_view::npos ? "" : line.substr(0, colon);
+    if (name.empty() || name.find_first_of(" \t") != std::string_view::npos)
+      return reject(r, 400, fmt::format("malformed header line {}", ds::quoted_excerpt(line, 120)));
+    const std::string_view value = trim(line.substr(colon + 1));
+    if (ds::iequals(name, "Content-Length")) {
+      if (auto error = add_content_length(value, f))
+        return reject(r, 400, *error, "Content-Length");
+    } else if (ds::iequals(name, "Transfer-Encoding")) {
+      if (f.chunked || !ds::iequals(value, "chunked"))
+        return reject(r, f.chunked ? 400 : 501,
+                      fmt::format("Transfer-Encoding {} is not supported (only chunked)",
+                                  ds::quoted_excerpt(value, 60)),
+                      "Transfer-Encoding");
+      f.chunked = true;
+    } else if (ds::iequals(name, "Expect")) {
+      if (!ds::iequals(value, "100-continue"))
+        return reject(r, 417,
+                      fmt::format("Expect {} is not supported (only 100-continue)",
+                                  ds::quoted_excerpt(value, 60)),
+                      "Expect");
+      f.expect_continue = true;
+    } else if (!(http10 && ds::iequals(name, "Connection"))) {
+      out.append(line.data(), line.size());
+      out += "\r\n";
+    }
+  }
+}
+
+}  // namespace
+
+std::optional<std::string> RequestReader::read_head(ReadResult& r, bool first) {
   // Empty lines before a request line are ignored (RFC 9112 2.2).
   auto skip_blank = [&] {
     size_t i = 0;
@@ -122,7 +208,7 @@ ReadResult RequestReader::next(bool first) {
   skip_blank();
   const auto idle_deadline = after(first ? limits_.header_seconds : limits_.idle_seconds);
   while (buf_.empty()) {
-    if (fill(idle_deadline) != Fill::kOk) return r;  // idle, closed or stopping: close quietly
+    if (fill(idle_deadline) != Fill::kOk) return std::nullopt;  // idle, closed or stopping
     skip_blank();
   }
   // The head: within header_seconds of its first byte, at most max_head_bytes.
@@ -131,111 +217,48 @@ ReadResult RequestReader::next(bool first) {
   while ((end = head_end(buf_)) == std::string::npos) {
     if (buf_.size() > limits_.max_head_bytes) break;
     const Fill f = fill(head_deadline);
-    if (f == Fill::kTimeout)
-      return reject(r, 408,
-                    fmt::format("the request line and headers did not arrive within {} s",
-                                limits_.header_seconds));
-    if (f != Fill::kOk) return r;
+    if (f == Fill::kTimeout) {
+      r = reject(r, 408,
+                 fmt::format("the request line and headers did not arrive within {} s",
+                             limits_.header_seconds));
+      return std::nullopt;
+    }
+    if (f != Fill::kOk) return std::nullopt;
   }
-  if (end == std::string::npos || end > limits_.max_head_bytes)
-    return reject(r, 431,
-                  fmt::format("the request line and headers are larger than {} bytes",
-                              limits_.max_head_bytes));
-  const std::string head = buf_.substr(0, end);
+  if (end == std::string::npos || end > limits_.max_head_bytes) {
+    r = reject(r, 431,
+               fmt::format("the request line and headers are larger than {} bytes",
+                           limits_.max_head_bytes));
+    return std::nullopt;
+  }
+  std::string head = buf_.substr(0, end);
   buf_.erase(0, end);
+  return head;
+}
 
-  size_t pos = 0, next_pos = 0;
-  const std::string_view request_line = *line_at(head, pos, next_pos);
-  pos = next_pos;
-  {
-    std::vector<std::string_view> parts;
-    size_t a = 0;
-    while (a <= request_line.size()) {
-      size_t b = request_line.find(' ', a);
-      if (b == std::string_view::npos) b = request_line.size();
-      parts.push_back(request_line.substr(a, b - a));
-      a = b + 1;
-    }
-    if (parts.size() == 3) {
-      r.method = parts[0];
-      r.path = std::string(parts[1].substr(0, parts[1].find('?')));
-      r.version = parts[2];
-    }
-    if (parts.size() != 3 || (r.version != "HTTP/1.1" && r.version != "HTTP/1.0"))
-      return reject(r, 400,
-                    fmt::format("malformed request line {} (expected METHOD /path HTTP/1.1)",
-                                ds::quoted_excerpt(request_line, 120)));
-  }
+ReadResult RequestReader::next(bool first) {
+  ReadResult r;
+  const std::optional<std::string> head = read_head(r, first);
+  if (!head) return r;
+  size_t pos = 0;
+  const std::string_view request_line = *line_at(*head, 0, pos);
+  if (!parse_request_line(request_line, r))
+    return reject(r, 400,
+                  fmt::format("malformed request line {} (expected METHOD /path HTTP/1.1)",
+                              ds::quoted_excerpt(request_line, 120)));
   const bool http10 = r.version == "HTTP/1.0";
-
   std::string out = std::string(request_line) + "\r\n";
-  std::optional<std::string> content_length;
-  bool chunked = false, expect_continue = false, transfer_encoding = false;
-  for (;;) {
-    const std::string_view line = *line_at(head, pos, next_pos);
-    pos = next_pos;
-    if (line.empty()) break;
-    if (line.front() == ' ' || line.front() == '\t')
-      return reject(r, 400, "a header line starts with white space (obsolete line folding)");
-    const size_t colon = line.find(':');
-    const std::string_view name = colon == std::string_view::npos ? "" : line.substr(0, colon);
-    if (name.empty() || name.find_first_of(" \t") != std::string_view::npos)
-      return reject(r, 400, fmt::format("malformed header line {}", ds::quoted_excerpt(line, 120)));
-    const std::string_view value = trim(line.substr(colon + 1));
-    if (ds::iequals(name, "Content-Length")) {
-      // "Content-Length: 5, 5" and repeated equal values are one length (RFC 9110 8.6);
-      // differing ones are a request that proxies may frame differently: refused.
-      size_t a = 0;
-      while (a <= value.size()) {
-        size_t b = value.find(',', a);
-        if (b == std::string_view::npos) b = value.size();
-        const std::string_view v = trim(value.substr(a, b - a));
-        if (v.empty() || v.size() > 18 || v.find_first_not_of("0123456789") != std::string::npos)
-          return reject(r, 400,
-                        fmt::format("invalid Content-Length {}", ds::quoted_excerpt(value, 60)),
-                        "Content-Length");
-        if (content_length && *content_length != v)
-          return reject(
-              r, 400,
-              fmt::format("conflicting Content-Length headers ({} and {})", *content_length, v),
-              "Content-Length");
-        content_length = std::string(v);
-        a = b + 1;
-      }
-      continue;
-    }
-    if (ds::iequals(name, "Transfer-Encoding")) {
-      if (transfer_encoding || !ds::iequals(value, "chunked"))
-        return reject(r, transfer_encoding ? 400 : 501,
-                      fmt::format("Transfer-Encoding {} is not supported (only chunked)",
-                                  ds::quoted_excerpt(value, 60)),
-                      "Transfer-Encoding");
-      transfer_encoding = chunked = true;
-      continue;
-    }
-    if (ds::iequals(name, "Expect")) {
-      if (!ds::iequals(value, "100-continue"))
-        return reject(r, 417,
-                      fmt::format("Expect {} is not supported (only 100-continue)",
-                                  ds::quoted_excerpt(value, 60)),
-                      "Expect");
-      expect_continue = true;
-      continue;
-    }
-    if (http10 && ds::iequals(name, "Connection")) continue;  // replaced below
-    out.append(line.data(), line.size());
-    out += "\r\n";
-  }
-  if (chunked && content_length)
+  Framing f;
+  if (auto rejected = parse_headers(*head, pos, http10, r, out, f)) return *rejected;
+  if (f.chunked && f.content_length)
     return reject(r, 400, "both Content-Length and Transfer-Encoding: chunked; send one",
                   "Content-Length");
   // HTTP/1.0 gets no keep-alive: a streaming reply is then delimited by the close (RFC 9112 6.3
   // forbids chunked to a 1.0 client).
   if (http10) out += "Connection: close\r\n";
-
   size_t length = 0;
-  if (content_length) {
-    length = std::stoull(*content_length);
+  if (f.content_length) {
+    length = std::stoull(*f.content_length);
     if (length > limits_.max_body_bytes)
       return reject(r, 413,
                     fmt::format("the request body ({} bytes) is larger than the limit of {} bytes "
@@ -244,12 +267,12 @@ ReadResult RequestReader::next(bool first) {
                     "body");
   }
   std::string body;
-  if (content_length || chunked) {
-    ReadResult failed = read_body(r, length, chunked, expect_continue, body);
+  if (f.content_length || f.chunked) {
+    ReadResult failed = read_body(r, length, f.chunked, f.expect_continue, body);
     if (failed.kind != ReadResult::kRequest) return failed;
   }
-  if (!body.empty() || content_length || chunked || r.method == "POST" || r.method == "PUT" ||
-      r.method == "PATCH")
+  if (!body.empty() || f.content_length || f.chunked || r.method == "POST" ||
+      r.method == "PUT" || r.method == "PATCH")
     out += fmt::format("Content-Length: {}\r\n", body.size());
   out += "\r\n";
   out += body;

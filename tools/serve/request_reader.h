@@ -33,6 +33,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <string>
 
 namespace ds::serve {
@@ -67,6 +68,10 @@ class RequestReader {
   enum class Fill { kOk, kTimeout, kEof, kStop };
   // Appends what the socket has to buf_, waiting until `deadline` for at least one byte.
   Fill fill(Clock::time_point deadline);
+  // The next request's head (request line and headers, through the empty line) taken off buf_;
+  // nullopt with r set when there is none: the connection went idle or closed (r.kind stays
+  // kNone), or the head is late or too large (a rejection).
+  std::optional<std::string> read_head(ReadResult& r, bool first);
   ReadResult read_body(ReadResult& r, size_t content_length, bool chunked, bool expect_continue,
                        std::string& body);
 

@@ -79,18 +79,23 @@ constexpr int64_t kMaxSteps = 1'000'000'000'000;  // far beyond any run, far bel
 
 }  // namespace
 
-void add_options(CLI::App& app, Options& o, Given& g,
-                 std::vector<std::pair<CLI::Option*, bool*>>& given) {
-  app.get_formatter()->column_width(40);
-  // A later value wins, so wrappers (scripts/run_demo.sh) can put defaults first and pass the
-  // user's flags after them.
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  auto opt = [&](const std::string& name, auto& var, const std::string& help,
-                 bool* flag = nullptr) {
+namespace {
+
+// Adds options to one CLI11 app, recording which ones the user gave (Given) through `given`.
+struct Adder {
+  CLI::App& app;
+  std::vector<std::pair<CLI::Option*, bool*>>& given;
+  template <typename T>
+  CLI::Option* operator()(const std::string& name, T& var, const std::string& help,
+                          bool* flag = nullptr) {
     CLI::Option* op = app.add_option(name, var, help);
     if (flag) given.emplace_back(op, flag);
     return op;
-  };
+  }
+};
+
+// The run: config, model, data, output folder and batch sizes.
+void add_run_options(Adder& opt, Options& o, Given& g) {
   opt("--deepspeed", o.deepspeed,
       "DeepSpeed config: a JSON file or inline JSON (default: the built-in configs/ds_demo.json)",
       &g.deepspeed);
@@ -112,6 +117,10 @@ void add_options(CLI::App& app, Options& o, Given& g,
   opt("--gradient_accumulation_steps", o.gradient_accumulation_steps,
       "Micro-batches per optimizer step [1 when neither sets it]", &g.gradient_accumulation_steps)
       ->check(integer_in(1, 1 << 20));
+}
+
+// The optimizer, the schedule and the step counts.
+void add_optimizer_options(Adder& opt, Options& o, Given& g) {
   opt("--learning_rate", o.learning_rate, "Peak learning rate (optimizer lr, warmup_max_lr)",
       &g.learning_rate)
       ->capture_default_str()
@@ -161,6 +170,12 @@ void add_options(CLI::App& app, Options& o, Given& g,
   opt("--seed", o.seed, "Seed of the data order, dropout and the sample")
       ->capture_default_str()
       ->check(unsigned_integer());
+}
+
+// Precision, parallelism, device and memory.
+void add_engine_options(Adder& opt, Options& o, Given& g) {
+  CLI::App& app = opt.app;
+  auto& given = opt.given;
   given.emplace_back(app.add_flag("--bf16", o.bf16, "bf16 mixed precision (config bf16.enabled)"),
                      &g.bf16);
   given.emplace_back(app.add_flag("--fp16", o.fp16, "fp16 with loss scaling (config fp16.enabled)"),
@@ -190,6 +205,11 @@ void add_options(CLI::App& app, Options& o, Given& g,
                "Start even when the start-up estimate says the run does not fit in memory");
   app.add_flag("--no_shuffle", o.no_shuffle,
                "Read the training samples in file order (every epoch the same order)");
+}
+
+// Evaluation and the evaluation generations of seq2seq sets.
+void add_eval_options(Adder& opt, Options& o, Given& g) {
+  CLI::App& app = opt.app;
   app.add_flag(
       "--eval_only", o.eval_only,
       "Evaluate the model (--init_from, --resume_from_checkpoint or a new one) on the "
@@ -214,6 +234,10 @@ void add_options(CLI::App& app, Options& o, Given& g,
       "max_target_len)",
       &g.generation_max_length)
       ->check(integer_in(1, 1 << 20));
+}
+
+// Checkpoints, initial weights, the export and the end-of-run sample.
+void add_io_options(Adder& opt, Options& o, Given& g) {
   opt("--resume_from_checkpoint", o.resume_from_checkpoint,
       "'latest' (the newest checkpoint in --output_dir) or a checkpoint folder");
   opt("--init_from", o.init_from,
@@ -238,6 +262,11 @@ void add_options(CLI::App& app, Options& o, Given& g,
   opt("--tokenizer", o.tokenizer,
       "Folder with encoder.json and vocab.bpe, for the sample (default: $DS_CACHE_DIR/gpt2 or "
       ".cache/data/gpt2)");
+}
+
+// LoRA, and the launcher's and threads' options.
+void add_lora_options(Adder& opt, Options& o, Given& g) {
+  CLI::App& app = opt.app;
   opt("--lora_dim", o.lora_dim,
       "LoRA rank r (0: off): adds A (r, in) and B (out, r) to the Linear modules named by "
       "--lora_module_name and freezes their base weights (docs/finetuning.md)")
@@ -268,6 +297,23 @@ void add_options(CLI::App& app, Options& o, Given& g,
   opt("--local_rank", o.local_rank,
       "Accepted for the DeepSpeed launcher (the rank comes from mpirun's environment)")
       ->check(integer_in(-1, 1 << 20));
+}
+
+}  // namespace
+
+void add_options(CLI::App& app, Options& o, Given& g,
+                 std::vector<std::pair<CLI::Option*, bool*>>& given) {
+  app.get_formatter()->column_width(40);
+  // A later value wins, so wrappers (scripts/run_demo.sh) can put defaults first and pass the
+  // user's flags after them.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  Adder opt{app, given};
+  add_run_options(opt, o, g);
+  add_optimizer_options(opt, o, g);
+  add_engine_options(opt, o, g);
+  add_eval_options(opt, o, g);
+  add_io_options(opt, o, g);
+  add_lora_options(opt, o, g);
 }
 
 }  // namespace ds::train

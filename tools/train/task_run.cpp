@@ -4,7 +4,7 @@
 
 #include "ds/comm/group.h"
 #include "ds/core/error.h"
-#include "ds/runtime/config.h"
+#include "ds/config/config.h"
 #include "ds/train/train_util.h"
 
 namespace ds::train {
@@ -43,7 +43,7 @@ void start_task_log(TaskLog& log, const TaskPlan& plan, const std::string& run_l
   for (const std::string& n : plan.notes) log.say(n);
   log.say(run_line);
   log.say(fmt::format("DeepSpeed config: {}", plan.run.source));
-  log.con.line(runtime::format_effective_config(plan.config()));
+  log.con.line(config::format_effective_config(plan.config()));
 }
 
 int run_task(TaskLog& log, TaskTrainer& trainer, const TaskPlan& p, const TaskRunText& text) {

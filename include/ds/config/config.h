@@ -29,6 +29,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/core/dtype.h"
+#include "ds/io/aio.h"
+#include "ds/zero/defaults.h"
 
 namespace ds::config {
 
@@ -208,7 +210,7 @@ struct OffloadOptimizerConfig {
   OffloadDevice device = OffloadDevice::None;
   std::string nvme_path;
   bool pin_memory = false;
-  int64_t buffer_count = 4;
+  int64_t buffer_count = zero::defaults::kOptimizerBufferCount;
   bool pipeline_read = false;
   bool pipeline_write = false;
   bool fast_init = false;
@@ -224,31 +226,31 @@ struct OffloadParamConfig {
   OffloadDevice device = OffloadDevice::None;
   std::string nvme_path;
   bool pin_memory = false;
-  int64_t buffer_count = 5;
-  int64_t buffer_size = 100000000;
-  int64_t max_in_cpu = 1000000000;
+  int64_t buffer_count = zero::defaults::kParamBufferCount;
+  int64_t buffer_size = zero::defaults::kParamBufferSize;
+  int64_t max_in_cpu = zero::defaults::kParamMaxInCpu;
 };
 
 struct ZeroConfig {
   int stage = 0;
   bool contiguous_gradients = true;
   bool reduce_scatter = true;
-  int64_t reduce_bucket_size = 500000000;  // elements
+  int64_t reduce_bucket_size = zero::defaults::kReduceBucketSize;  // elements
   bool use_multi_rank_bucket_allreduce = true;
   bool allgather_partitions = true;
-  int64_t allgather_bucket_size = 500000000;
+  int64_t allgather_bucket_size = zero::defaults::kAllgatherBucketSize;
   bool overlap_comm = false;  // default: true for stage 3, false otherwise
   bool load_from_fp32_weights = true;
   bool elastic_checkpoint = false;
   OffloadOptimizerConfig offload_optimizer;  // device None = not offloaded
   OffloadParamConfig offload_param;          // stage 3 only
-  int64_t sub_group_size = 1000000000;
+  int64_t sub_group_size = zero::defaults::kSubGroupSize;
   // Stage 3 (each also accepted without the stage3_ prefix).
-  int64_t stage3_prefetch_bucket_size = 50000000;
-  int64_t stage3_param_persistence_threshold = 100000;
+  int64_t stage3_prefetch_bucket_size = zero::defaults::kPrefetchBucketSize;
+  int64_t stage3_param_persistence_threshold = zero::defaults::kParamPersistenceThreshold;
   int64_t stage3_model_persistence_threshold = INT64_MAX;
-  int64_t stage3_max_live_parameters = 1000000000;
-  int64_t stage3_max_reuse_distance = 1000000000;
+  int64_t stage3_max_live_parameters = zero::defaults::kMaxLiveParameters;
+  int64_t stage3_max_reuse_distance = zero::defaults::kMaxReuseDistance;
   bool stage3_gather_16bit_weights_on_model_save = false;
   int64_t stage3_module_granularity_threshold = 0;
   bool stage3_use_all_reduce_for_fetch_params = false;
@@ -270,14 +272,15 @@ struct ZeroConfig {
   bool log_trace_cache_warnings = false;
 };
 
+// The aio section; its defaults are io::AioOptions' (DeepSpeed's).
 struct AioConfig {
-  int64_t block_size = 1048576;
-  int64_t queue_depth = 8;
-  int64_t intra_op_parallelism = 1;  // old name: thread_count
-  bool single_submit = false;
-  bool overlap_events = true;
+  int64_t block_size = io::AioOptions{}.block_size;
+  int64_t queue_depth = io::AioOptions{}.queue_depth;
+  int64_t intra_op_parallelism = io::AioOptions{}.threads;  // old name: thread_count
+  bool single_submit = io::AioOptions{}.single_submit;
+  bool overlap_events = io::AioOptions{}.overlap_events;
   bool use_gds = false;
-  bool use_direct_io = true;  // deepspeed.cpp's own key: O_DIRECT for the swap files
+  bool use_direct_io = io::AioOptions{}.use_direct_io;  // deepspeed.cpp's own key: O_DIRECT swaps
 };
 
 struct ActivationCheckpointingConfig {

@@ -33,6 +33,7 @@
 // Not thread-safe; the object keeps the shards mapped for its lifetime.
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -107,6 +108,14 @@ class CheckpointShards {
     size_t part = 0;
     int64_t src = 0, dst = 0, len = 0;
   };
+  // The constructor's steps (consolidate.cpp): the engine record and buffers; one model-parallel
+  // part's shards (their pieces, checked to tile the part once, and its parameters); the whole
+  // parameters of several parts.
+  struct PartLayout;
+  void read_record(CheckpointReader& ckpt);
+  void read_part(CheckpointReader& ckpt, int mp, const std::map<int, std::string>& by_dp,
+                 PartLayout& layout);
+  void place_whole_parameters(const std::vector<PartLayout>& layouts);
 
   std::filesystem::path folder_;
   std::vector<ShardedParameter> params_;

@@ -55,7 +55,7 @@
 #include "ds/nn/batch.h"
 #include "ds/nn/module.h"
 #include "ds/optim/optimizer.h"
-#include "ds/runtime/config.h"
+#include "ds/config/config.h"
 #include "ds/runtime/loss_scaler.h"
 #include "ds/runtime/lr_schedule.h"
 #include "ds/runtime/wall_clock.h"
@@ -69,7 +69,7 @@ namespace ds::runtime {
 using LossFn = std::function<Tensor(nn::Module& model, const nn::Batch& batch)>;
 
 struct InitOptions {
-  ConfigContext ctx;  // world size, the trainer's arguments ("auto"), the model's hidden size
+  config::ConfigContext ctx;  // world size, the trainer's arguments ("auto"), the model's hidden size
   // Default: the model's own loss(batch) (nn::Module::loss: input_ids and labels for a decoder
   // LM; encoders and encoder-decoders read their other inputs).
   LossFn loss_fn;
@@ -106,7 +106,7 @@ struct MicroBatch {
 
 class Engine {
  public:
-  Engine(std::shared_ptr<nn::Module> model, DeepSpeedConfig config, InitOptions options);
+  Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config, InitOptions options);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -149,7 +149,7 @@ class Engine {
   double last_grad_norm() const { return last_grad_norm_; }
   bool last_step_skipped() const { return last_step_skipped_; }
 
-  const DeepSpeedConfig& config() const { return config_; }
+  const config::DeepSpeedConfig& config() const { return config_; }
   nn::Module& module() { return *model_; }
   std::shared_ptr<nn::Module> module_ptr() { return model_; }
   // Names, shapes and flat offsets of every trainable parameter (and, stages 0-2, the flat
@@ -208,9 +208,17 @@ class Engine {
   // calls local_part_done() (the ranks' agreement), then restores the collective rest.
   nlohmann::json load_checkpoint_files(const std::string& dir, const std::string& tag,
                                        const std::function<void()>& local_part_done);
+  // save_checkpoint's parts (checkpoint.cpp): the ds_engine record; rank 0's model-states file
+  // (weights: this model-parallel part's, gathered) and buffers file; this rank's optimizer shard.
+  // Each writes into the tag's temporary folder `tmp`.
+  nlohmann::json checkpoint_record(const nlohmann::json& client_state) const;
+  void write_model_states(const std::string& tmp,
+                          const std::vector<std::pair<std::string, Tensor>>& weights,
+                          const nlohmann::json& client_state) const;
+  void write_optimizer_shard(const std::string& tmp) const;
 
   std::shared_ptr<nn::Module> model_;
-  DeepSpeedConfig config_;
+  config::DeepSpeedConfig config_;
   InitOptions options_;
   std::shared_ptr<comm::Group> group_;
   DType grad_dtype_ = DType::f32;
@@ -232,18 +240,18 @@ class Engine {
 // The gradient accumulation dtype a config trains with: data_types.grad_accum_dtype when given;
 // otherwise fp32 for fp32 and bf16 training (DeepSpeed's bf16 optimizer accumulates in fp32) and
 // fp16 for fp16 training.
-DType gradient_dtype(const DeepSpeedConfig& config);
+DType gradient_dtype(const config::DeepSpeedConfig& config);
 
 // What the ZeRO strategy is told of a config (zero_optimization, the gradient-averaging keys,
 // NVMe offload and aio) for `world_size` data-parallel ranks accumulating gradients in `grads`.
 // initialize() builds the strategy from it; train::plan_fit's memory model reads it too.
-zero::Options zero_options(const DeepSpeedConfig& config, DType grads, int world_size);
+zero::Options zero_options(const config::DeepSpeedConfig& config, DType grads, int world_size);
 
 // Parses the config (path or JSON text) with ctx and builds the engine.
 std::unique_ptr<Engine> initialize(std::shared_ptr<nn::Module> model,
                                    const std::string& config_path_or_json,
                                    InitOptions options = {});
-std::unique_ptr<Engine> initialize(std::shared_ptr<nn::Module> model, DeepSpeedConfig config,
+std::unique_ptr<Engine> initialize(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config,
                                    InitOptions options = {});
 
 }  // namespace ds::runtime

@@ -19,7 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ds/runtime/config.h"
+#include "ds/config/config.h"
 
 namespace ds::runtime {
 
@@ -42,7 +42,7 @@ class LossScaler {
 
   // From the fp16 section: dynamic when enabled with loss_scale 0 (starting at
   // 2^initial_scale_power), static at loss_scale when > 0, static 1.0 when fp16 is off.
-  static LossScaler from_config(const FP16Config& fp16);
+  static LossScaler from_config(const config::FP16Config& fp16);
 
   // Advances the state machine by one optimizer step. Throws ds::Error
   // "[loss_scaler] Current loss scale already at minimum - cannot decrease scale anymore ..."

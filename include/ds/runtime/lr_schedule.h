@@ -19,7 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ds/runtime/config.h"
+#include "ds/config/config.h"
 
 namespace ds::runtime {
 
@@ -27,7 +27,7 @@ class LRScheduler {
  public:
   // `base_lr` is the optimizer's configured lr: the constant lr without a scheduler, and the
   // value WarmupCosineLR multiplies by its ratio (the other schedules carry their own lrs).
-  LRScheduler(const SchedulerConfig& cfg, double base_lr);
+  LRScheduler(const config::SchedulerConfig& cfg, double base_lr);
 
   // Advances t by one (call after each applied optimizer step).
   void step();
@@ -42,7 +42,7 @@ class LRScheduler {
   static constexpr double kOneCycleBeta2 = 0.99;  // DeepSpeed's OneCycle pairs beta1 with 0.99
 
   int64_t last_batch_iteration() const { return last_batch_iteration_; }
-  SchedulerType type() const { return cfg_.type; }
+  config::SchedulerType type() const { return cfg_.type; }
   double base_lr() const { return base_lr_; }
 
   // Checkpoint state: {"type": <name>, "last_batch_iteration": t}. load_state_dict also accepts
@@ -56,7 +56,7 @@ class LRScheduler {
   std::optional<double> beta1_at(int64_t t) const;
 
  private:
-  SchedulerConfig cfg_;
+  config::SchedulerConfig cfg_;
   double base_lr_;
   int64_t last_batch_iteration_;
 };

@@ -70,7 +70,7 @@ class PipelineEngine {
  public:
   // stage: this rank's part of the model, an nn::Module that is an nn::PipelineStage.
   // options.topology is required; the engine's ZeRO group is its data-parallel group.
-  PipelineEngine(std::shared_ptr<nn::Module> stage, DeepSpeedConfig config, InitOptions options);
+  PipelineEngine(std::shared_ptr<nn::Module> stage, config::DeepSpeedConfig config, InitOptions options);
   ~PipelineEngine();
   PipelineEngine(const PipelineEngine&) = delete;
   PipelineEngine& operator=(const PipelineEngine&) = delete;
@@ -113,6 +113,13 @@ class PipelineEngine {
   float aggregate_loss(double loss_sum, int micro_batches);
   Tensor new_activation() const;
   int64_t count_dropout_calls();  // of one forward of this stage (a tiny probe)
+  // train_batch's schedule, one instruction kind each (pipeline_engine.cpp): the micro-batches'
+  // activations, gradients and sends in flight live in TrainState.
+  struct TrainState;
+  void train_forward(TrainState& st, int mb);
+  void train_backward(TrainState& st, int mb);
+  void train_optimizer_step(TrainState& st);
+  Tensor receive(TrainState& st, int from, int tag, const char* what);
 
   std::shared_ptr<nn::Module> module_;
   nn::PipelineStage* stage_ = nullptr;

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "ds/models/gpt.h"
-#include "ds/runtime/config.h"
+#include "ds/config/config.h"
 
 namespace ds::train {
 
@@ -40,7 +40,7 @@ struct FitPlan {
 // tensor slices of its stage's layers) before ZeRO shards them over `world_size` data-parallel
 // ranks; the estimate divides evenly (replicated norms and uneven stages make it a few percent
 // low for the largest part: bench/RESULTS.md, "Memory per rank").
-FitPlan plan_fit(const models::GPTConfig& model, const runtime::DeepSpeedConfig& cfg,
+FitPlan plan_fit(const models::GPTConfig& model, const config::DeepSpeedConfig& cfg,
                  int world_size, int ranks_on_node, int64_t activations,
                  bool partitioned_build = false, int64_t lora_params = 0, int64_t frozen = 0,
                  int model_parallel = 1);
@@ -58,7 +58,7 @@ struct GpuFitPlan {
   int64_t device() const { return params + grads + activations; }
   int64_t host() const { return std::max(host_states, host_build); }
 };
-GpuFitPlan plan_fit_gpu(const models::GPTConfig& model, const runtime::DeepSpeedConfig& cfg,
+GpuFitPlan plan_fit_gpu(const models::GPTConfig& model, const config::DeepSpeedConfig& cfg,
                         int64_t activations, int64_t lora_params = 0, int64_t frozen = 0,
                         int data_parallel = 1, int model_parallel = 1);
 
@@ -69,7 +69,7 @@ GpuFitPlan plan_fit_gpu(const models::GPTConfig& model, const runtime::DeepSpeed
 // is within 10%; "" otherwise. device_available 0 = unknown: no device check.
 std::string check_fit_gpu(const GpuFitPlan& plan, int64_t device_available,
                           int64_t host_available, const std::string& device,
-                          const runtime::DeepSpeedConfig& cfg);
+                          const config::DeepSpeedConfig& cfg);
 
 // Bytes this process may still allocate: min(MemAvailable, cgroup memory.max - memory.current);
 // 0 when unknown.
@@ -84,7 +84,7 @@ int local_ranks();
 // a warning line when RAM is within 10% of it; "" otherwise. available 0 = unknown: no RAM check.
 // `scratch_dir`: where an NVMe suggestion measures free disk (the output folder).
 std::string check_fit(const FitPlan& plan, int64_t available, const models::GPTConfig& model,
-                      const runtime::DeepSpeedConfig& cfg, int world_size,
+                      const config::DeepSpeedConfig& cfg, int world_size,
                       const std::string& scratch_dir = ".");
 
 }  // namespace ds::train

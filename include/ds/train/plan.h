@@ -16,7 +16,7 @@
 #include "ds/data/tokenizer.h"
 #include "ds/models/gpt.h"
 #include "ds/nn/lora.h"
-#include "ds/runtime/config.h"
+#include "ds/config/config.h"
 #include "ds/train/options.h"
 
 namespace ds::train {
@@ -30,7 +30,7 @@ Slot slot(const nlohmann::json& root, const std::string& path);
 // config values, so a default never contradicts a file). Batch sizes: with neither the file nor
 // the user giving them, micro-batch 8 and no accumulation. total_steps is left to
 // resolve_run_config.
-runtime::TrainerArgs trainer_args(const Options& o, const Given& g, const nlohmann::json& raw);
+config::TrainerArgs trainer_args(const Options& o, const Given& g, const nlohmann::json& raw);
 
 // The built-in default config starts with comment lines, but an inline config must start with '{'.
 std::string strip_leading_comments(const std::string& text);
@@ -42,8 +42,8 @@ models::GPTConfig resolve_model(const Options& o, const Given& g);
 bool has_split(const std::filesystem::path& dir, const std::string& split);
 
 struct RunConfig {
-  runtime::DeepSpeedConfig cfg;
-  runtime::ConfigContext ctx;   // what resolved it (InitOptions::ctx)
+  config::DeepSpeedConfig cfg;
+  config::ConfigContext ctx;   // what resolved it (InitOptions::ctx)
   std::string source;           // the config's name in messages
   int64_t steps_per_epoch = 0;  // floor(samples / train_batch_size)
   int64_t total_steps = 0;      // optimizer steps of this run
@@ -113,7 +113,7 @@ struct RunPlan {
   int64_t activation_bytes = 0;    // per rank, activation_estimate for B x T
   std::vector<std::string> notes;  // lines for the caller to show (a skipped sample, ...)
 
-  const runtime::DeepSpeedConfig& config() const { return run.cfg; }
+  const config::DeepSpeedConfig& config() const { return run.cfg; }
   int tensor_parallel() const { return run.tensor_parallel; }
   int pipeline_parallel() const { return run.pipeline_parallel; }
   int64_t micro_batch() const { return run.cfg.batch.train_micro_batch_size_per_gpu; }  // B

@@ -49,7 +49,7 @@ struct TaskPlan {
   std::vector<std::string> notes;  // lines for the caller to show
 
   bool has_val() const { return !val_from.empty(); }
-  const runtime::DeepSpeedConfig& config() const { return run.cfg; }
+  const config::DeepSpeedConfig& config() const { return run.cfg; }
   int64_t micro_batch() const { return run.cfg.batch.train_micro_batch_size_per_gpu; }
   int64_t grad_accum() const { return run.cfg.batch.gradient_accumulation_steps; }
   int64_t global_batch() const { return run.cfg.batch.train_batch_size; }

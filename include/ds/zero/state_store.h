@@ -37,6 +37,7 @@
 #include "ds/core/tensor.h"
 #include "ds/io/aio.h"
 #include "ds/optim/optimizer.h"
+#include "ds/zero/defaults.h"
 
 namespace ds::zero {
 
@@ -56,11 +57,11 @@ using ChunkOrder = std::function<int64_t()>;
 // zero_optimization.offload_optimizer with device "nvme", plus sub_group_size and the aio section.
 struct NvmeOffloadOptions {
   std::string nvme_path;
-  int64_t buffer_count = 4;
+  int64_t buffer_count = defaults::kOptimizerBufferCount;
   bool pipeline_read = true;   // read sub-group k+1.. ahead while k is stepped
   bool pipeline_write = true;  // write sub-group k back while k+1 is stepped
   double ratio = 1.0;          // fraction of sub-groups on NVMe (the rest in RAM)
-  int64_t sub_group_size = 1000000000;
+  int64_t sub_group_size = defaults::kSubGroupSize;
   io::AioOptions aio;
 };
 

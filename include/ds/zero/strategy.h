@@ -40,6 +40,7 @@
 #include "ds/nn/module.h"
 #include "ds/optim/kernels.h"
 #include "ds/optim/optimizer.h"
+#include "ds/zero/defaults.h"
 #include "ds/zero/partition.h"
 #include "ds/zero/state_store.h"
 
@@ -56,9 +57,9 @@ class StepScheduler;  // src/zero/offload/step_scheduler.h: stage 3's background
 // zero_optimization.offload_param with device "nvme" (stage 3) plus the aio section.
 struct NvmeParamOffloadOptions {
   std::string nvme_path;
-  int64_t buffer_count = 5;
-  int64_t buffer_size = 100000000;  // elements; read-ahead stages at most count x size
-  int64_t max_in_cpu = 1000000000;  // elements of this rank's pieces kept in RAM
+  int64_t buffer_count = defaults::kParamBufferCount;
+  int64_t buffer_size = defaults::kParamBufferSize;  // read-ahead stages at most count x size
+  int64_t max_in_cpu = defaults::kParamMaxInCpu;  // elements of this rank's pieces kept in RAM
   io::AioOptions aio;
 };
 
@@ -69,7 +70,7 @@ struct Options {
   DType train_dtype = DType::f32;  // parameters
   DType grad_dtype = DType::f32;   // gradient accumulation
   DType comm_dtype = DType::f32;   // gradients travel in this dtype (communication_data_type)
-  int64_t reduce_bucket_size = 500000000;  // elements per gradient reduction message
+  int64_t reduce_bucket_size = defaults::kReduceBucketSize;  // elements per reduction message (>= 1)
   bool overlap_comm = false;               // keep two reductions in flight during backward
   bool reduce_scatter = true;  // stage 2: reduce each bucket piece to its owner (else all-reduce)
   // Gradient averaging: prescale divides by N before the reduction; otherwise by
@@ -77,12 +78,13 @@ struct Options {
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
   // Stage 3.
-  int64_t param_persistence_threshold = 100000;  // numel <= this: gathered once and kept
-  int64_t prefetch_bucket_size = 50000000;       // elements gathered ahead along the trace
-  int64_t max_live_parameters = 1000000000;      // elements gathered at once at most
-  int64_t max_reuse_distance = 1000000000;       // keep a parameter used again within this many
+  // numel <= this: gathered once and kept
+  int64_t param_persistence_threshold = defaults::kParamPersistenceThreshold;
+  int64_t prefetch_bucket_size = defaults::kPrefetchBucketSize;  // gathered ahead along the trace
+  int64_t max_live_parameters = defaults::kMaxLiveParameters;    // gathered at once at most
+  int64_t max_reuse_distance = defaults::kMaxReuseDistance;  // keep one used again within this
   // The optimizer's sub-group (elements): the unit the optimizer state is streamed in.
-  int64_t sub_group_size = 1000000000;
+  int64_t sub_group_size = defaults::kSubGroupSize;
   // How an offloaded step is scheduled (deepspeed.cpp's own keys in offload_optimizer,
   // docs/offload.md); they matter only when something is on NVMe.
   // overlap_step: stage 3 steps on a worker thread while the next forward gathers (optimizer_step).
