@@ -1039,7 +1039,8 @@ TEST(LoadModel, HfTokenizerAndItsChatTemplate) {
 // ---- Greedy parity with transformers (tests/fixtures/generate, tests/fixtures/generators/gen_generate_fixture.py)
 // ----
 //
-// Tiny GPT-2, LLaMA (GQA, llama3 rope) and Qwen3 (q/k norm) models saved by transformers, with the
+// Tiny GPT-2, LLaMA (GQA, llama3 rope), Qwen3 (q/k norm) and Phi-3 (fused qkv_proj and
+// gate_up_proj, LongRoPE's short table) models saved by transformers, with the
 // ids its greedy generate() produced. We load the folder as ds_serve does (HF import, byte
 // tokenizer, generation_config.json's eos) and must produce the same ids, token for token, through
 // the KV decoder and through the uncached forward. The fixture's smallest top-1/top-2 logit gap
@@ -1110,4 +1111,7 @@ TEST(GreedyParity, LlamaGqaMatchesTransformersGenerate) {
 }
 TEST(GreedyParity, Qwen3GqaMatchesTransformersGenerate) {
   check_greedy_parity("qwen3_gqa");
+}
+TEST(GreedyParity, Phi3LongropeMatchesTransformersGenerate) {
+  check_greedy_parity("phi3");
 }
