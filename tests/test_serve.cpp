@@ -100,6 +100,9 @@ TEST(GPTDecoder, CachedEqualsFullForwardGlmPartialInterleavedRope) {
 TEST(GPTDecoder, CachedEqualsFullForwardGlm4SandwichNorm) {
   check_cached_equals_full(serve_test::tiny_llama("glm4"));
 }
+TEST(GPTDecoder, CachedEqualsFullForwardPhi3Longrope) {
+  check_cached_equals_full(serve_test::tiny_llama("phi3"));
+}
 
 // The decoder runs the model's own layers (nn::Block::decode): a LoRA adapter that is attached and
 // not merged takes part, as in the full forward.
