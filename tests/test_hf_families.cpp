@@ -524,7 +524,25 @@ TEST(HFConfig, Phi3FieldsAndRefusals) {
              "short_factor must be a list of numbers");
   EXPECT_HAS(config_error(phi3({{"attention_dropout", 0.1}})), "attention_dropout 0.1");
   EXPECT_HAS(config_error(phi3({{"attention_bias", true}})),
-             "field \"attention_bias\" is not understood for model_type phi3");
+             "attention_bias true is not supported for phi3");
+  EXPECT_HAS(config_error(phi3({{"quantization_config", json::object()}})),
+             "field \"quantization_config\" is not understood for model_type phi3");
+  // Phi-3-mini-4k-instruct as published (4.x form, remote-code auto_map, sliding window 2047).
+  const json mini = json::parse(R"({"_name_or_path":"Phi-3-mini-4k-instruct",
+      "architectures":["Phi3ForCausalLM"],"attention_dropout":0.0,"auto_map":{
+      "AutoConfig":"configuration_phi3.Phi3Config",
+      "AutoModelForCausalLM":"modeling_phi3.Phi3ForCausalLM"},"bos_token_id":1,"embd_pdrop":0.0,
+      "eos_token_id":32000,"hidden_act":"silu","hidden_size":3072,"initializer_range":0.02,
+      "intermediate_size":8192,"max_position_embeddings":4096,"model_type":"phi3",
+      "num_attention_heads":32,"num_hidden_layers":32,"num_key_value_heads":32,
+      "original_max_position_embeddings":4096,"pad_token_id":32000,"resid_pdrop":0.0,
+      "rms_norm_eps":1e-05,"rope_scaling":null,"rope_theta":10000.0,"sliding_window":2047,
+      "tie_word_embeddings":false,"torch_dtype":"bfloat16","transformers_version":"4.40.2",
+      "use_cache":true,"attention_bias":false,"vocab_size":32064})");
+  c = models::hf_config_from_json(mini);
+  EXPECT_EQ(c.num_parameters(), 3821079552);
+  EXPECT_EQ(c.block_size, 2047);
+  EXPECT_TRUE(c.rope_scaling.is_default());
 }
 
 TEST(HFConfig, FieldsThatChangeTheMathAreRefusedByName) {

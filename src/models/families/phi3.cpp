@@ -1,5 +1,5 @@
-// Phi-3: transformers' Phi3ForCausalLM ("phi3"; Phi-3-mini/-small/-medium 4k and 128k, Phi-3.5-mini,
-// Phi-4-mini). The math is the llama layout's; the file fuses projections and the 128k models
+// Phi-3: transformers' Phi3ForCausalLM ("phi3"; Phi-3-mini and -medium 4k and 128k, Phi-3.5-mini,
+// Phi-4-mini; not Phi-3-small, whose remote-code "phi3small" is other math). The math is the llama layout's; the file fuses projections and the 128k models
 // scale their rotary frequencies with LongRoPE.
 //
 //   model.embed_tokens.weight, model.layers.{i}.input_layernorm.weight,
@@ -13,6 +13,7 @@
 // default or longrope ("su" and "yarn" are longrope to Phi3Config). LongRoPE's
 // original_max_position_embeddings is the top-level field (default 4096), which transformers puts
 // over rope_parameters' own. resid_pdrop is our dropout; embd_pdrop is not used by the class.
+#include <algorithm>
 #include <regex>
 
 #include "ds/core/error.h"
@@ -88,8 +89,15 @@ void check_phi3(const GPTConfig& c) {
 
 GPTConfig read(const json& j, const std::string& type, const std::string& source) {
   std::set<std::string> handled = hf::decoder_fields();
-  handled.insert({"resid_pdrop", "embd_pdrop", "sliding_window"});
+  // auto_map: Phi-3's first checkpoints name their remote code, the same class as transformers'.
+  handled.insert({"resid_pdrop", "embd_pdrop", "sliding_window", "attention_bias", "auto_map"});
   hf::check_known_fields(j, handled, type, source);
+  // Phi3ForCausalLM has no biases whatever attention_bias says: a true would mean bias tensors
+  // that transformers drops, so it is refused rather than guessed.
+  DS_CHECK(!hf::get_field<bool>(j, "attention_bias", false, source),
+           "[hf_io] {}: attention_bias true is not supported for phi3 (Phi3ForCausalLM has no "
+           "biases)",
+           source);
   GPTConfig c = hf::read_decoder_fields(normalized(j), type, source, defaults());
   // Dropout is training-only; ours sits where resid_pdrop does (attention and MLP outputs).
   DS_CHECK(hf::get_field<float>(j, "attention_dropout", 0.0f, source) == 0.0f,
