@@ -119,7 +119,6 @@ TEST_P(HFFamily, ConfigIsReadAsTransformersReadsIt) {
   } else if (n == "phi3_default") {
     EXPECT_TRUE(c.rope_scaling.is_default());  // the top-level original_max_position_embeddings
     EXPECT_EQ(c.rope_theta, 1e5f);             // (4096) means nothing to default rope
-    EXPECT_FLOAT_EQ(c.dropout, 0.1f);          // resid_pdrop
   }
   if (n == "llama3_gqa") {
     EXPECT_EQ(c.family, "llama");
@@ -496,9 +495,9 @@ TEST(HFConfig, MistralWindowLimitsTheSequenceLength) {
 TEST(HFConfig, Phi3FieldsAndRefusals) {
   const json lr = {{"rope_type", "longrope"}, {"short_factor", {1.0, 2.0, 3.0, 4.0}},
                    {"long_factor", {2.0, 3.0, 4.0, 5.0}}};
-  auto phi3 = [&](json extra) {
+  auto phi3 = [&](const json& extra) {
     json j = llama({{"model_type", "phi3"}, {"hidden_size", 32}, {"rope_parameters", lr}});
-    j.update(extra);
+    if (extra.is_object()) j.update(extra);
     return j;
   };
   // original_max_position_embeddings defaults to 4096 (the top-level field, over the dict's).
@@ -511,9 +510,11 @@ TEST(HFConfig, Phi3FieldsAndRefusals) {
   c = models::hf_config_from_json(
       phi3({{"rope_parameters", in_dict}, {"original_max_position_embeddings", 32}}));
   EXPECT_EQ(c.rope_scaling.original_max_position, 32);
-  // Phi-3-mini-4k's sliding window limits the sequence as Mistral's does.
-  c = models::hf_config_from_json(phi3({{"sliding_window", 47}}));
+  // Phi-3-mini-4k's sliding window limits the sequence as Mistral's does; resid_pdrop is our
+  // dropout.
+  c = models::hf_config_from_json(phi3({{"sliding_window", 47}, {"resid_pdrop", 0.1}}));
   EXPECT_EQ(c.block_size, 47);
+  EXPECT_FLOAT_EQ(c.dropout, 0.1f);
   EXPECT_HAS(config_error(phi3({{"rope_parameters", {{"rope_type", "linear"}, {"factor", 2.0}}}})),
              "family phi3 has rope_type default or longrope, not linear");
   EXPECT_HAS(config_error(phi3({{"rope_parameters", {{"rope_type", "longrope"},
