@@ -318,8 +318,8 @@ Tensor GroupedQueryAttention::decode(const Tensor& x, const DecodeStep& step) co
       if (norm) r = norm->forward(r);
       return ops::contiguous(ops::transpose(r, 1, 2));
     };
-    // A step's table by its sequence so far (largest position + 1), as transformers' cached
-    // generate() picks it: keys cached before a longrope switch keep the table they had.
+    // A step's table by its sequence so far (largest position + 1); a step that switches
+    // longrope's table is recomputed from position 0 by the decoder (models::GPTDecoder).
     auto rotate = [&](const Tensor& h) {
       return ops::rope(h, inv_freq_for(seq.p0 + seq.n), rope_scale_, seq.p0, rope_interleaved_);
     };
