@@ -1,6 +1,7 @@
 #pragma once
 // models::GPT's incremental decoder (models::IncrementalDecoder): the inference forward of every
-// decoder-only family (GPT-2, LLaMA, Mistral, Qwen2/3, GLM, GLM-4, ChatGLM) with a key/value cache.
+// decoder-only family (GPT-2, LLaMA, Mistral, Qwen2/3, GLM, GLM-4, ChatGLM, Phi-3) with a key/value
+// cache.
 // Made by the registry (models::make_decoder, family.h) or directly:
 //
 //   models::GPTDecoder dec(model);
