@@ -1,18 +1,18 @@
-// LLaMA-, GLM- and Phi-3-family Hugging Face import/export (ds/models/hf_io.h, ds/models/family.h) against
-// transformers itself:
-// tests/fixtures/hf_families/<case> are folders as transformers 5 saved them (some rewritten into
-// the 4.x config form), with transformers' float64 logits, loss and every gradient
-// (tests/fixtures/generators/gen_hf_family_fixture.py; chatglm2 is the glm case rewritten into ChatGLM2's remote-code
-// layout, checked against glm's reference). Each is imported through the public path (read_hf_config +
-// load_hf_weights), compared, exported and re-imported; the config fields that change the math
-// and that we do not implement are refused by name.
+// LLaMA-, GLM- and Phi-3-family Hugging Face import/export (ds/models/hf_io.h, ds/models/family.h)
+// against transformers itself: tests/fixtures/hf_families/<case> are folders as transformers 5
+// saved them (some rewritten into the 4.x config form), with transformers' float64 logits, loss and
+// every gradient (tests/fixtures/generators/gen_hf_family_fixture.py; chatglm2 is the glm case
+// rewritten into ChatGLM2's remote-code layout, checked against glm's reference). Each is imported
+// through the public path (read_hf_config + load_hf_weights), compared, exported and re-imported;
+// the config fields that change the math and that we do not implement are refused by name.
 //
 // Error measure and tolerance as in test_parity: per tensor max|ours - ref| / max|ref| <= 1e-5.
 // We compute in fp32 from the same (bf16/fp16/fp32-rounded) weights the reference used; the
 // reference itself keeps transformers' fp32 RoPE tables, RMSNorm and softmax, ~1e-7 of the scale.
 //
 // With DS_HF_EXPORT_DIR set, the export of every case is also left in $DS_HF_EXPORT_DIR/<case>
-// for `tests/fixtures/generators/gen_hf_family_fixture.py --check-export` (transformers loads it, same logits).
+// for `tests/fixtures/generators/gen_hf_family_fixture.py --check-export` (transformers loads it,
+// same logits).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -493,7 +493,8 @@ TEST(HFConfig, MistralWindowLimitsTheSequenceLength) {
 
 // Phi-3's fields: what transformers' Phi3Config reads, the math it cannot have refused by name.
 TEST(HFConfig, Phi3FieldsAndRefusals) {
-  const json lr = {{"rope_type", "longrope"}, {"short_factor", {1.0, 2.0, 3.0, 4.0}},
+  const json lr = {{"rope_type", "longrope"},
+                   {"short_factor", {1.0, 2.0, 3.0, 4.0}},
                    {"long_factor", {2.0, 3.0, 4.0, 5.0}}};
   auto phi3 = [&](const json& extra) {
     json j = llama({{"model_type", "phi3"}, {"hidden_size", 32}, {"rope_parameters", lr}});
@@ -517,9 +518,10 @@ TEST(HFConfig, Phi3FieldsAndRefusals) {
   EXPECT_FLOAT_EQ(c.dropout, 0.1f);
   EXPECT_HAS(config_error(phi3({{"rope_parameters", {{"rope_type", "linear"}, {"factor", 2.0}}}})),
              "family phi3 has rope_type default or longrope, not linear");
-  EXPECT_HAS(config_error(phi3({{"rope_parameters", {{"rope_type", "longrope"},
-                                                     {"short_factor", {1.0, 2.0}},
-                                                     {"long_factor", {1.0, 2.0}}}}})),
+  EXPECT_HAS(config_error(phi3({{"rope_parameters",
+                                 {{"rope_type", "longrope"},
+                                  {"short_factor", {1.0, 2.0}},
+                                  {"long_factor", {1.0, 2.0}}}}})),
              "one factor per rotary pair (4 = rotary dims 8 / 2), got 2 and 2");
   EXPECT_HAS(config_error(phi3({{"rope_parameters", {{"rope_type", "longrope"}}}})),
              "short_factor must be a list of numbers");
@@ -544,6 +546,13 @@ TEST(HFConfig, Phi3FieldsAndRefusals) {
   EXPECT_EQ(c.num_parameters(), 3821079552);
   EXPECT_EQ(c.block_size, 2047);
   EXPECT_TRUE(c.rope_scaling.is_default());
+  // Our own config: longrope's lists must pair up, and only phi3 has the rope type.
+  models::GPTConfig ours = models::hf_config_from_json(phi3(json::object()));
+  ours.rope_scaling.long_factor.pop_back();
+  EXPECT_HAS(error_of([&] { ours.validate(); }), "must be non-empty and of one length");
+  ours = models::hf_config_from_json(phi3(json::object()));
+  ours.family = "llama";
+  EXPECT_HAS(error_of([&] { ours.validate(); }), "rope type longrope needs family phi3");
 }
 
 TEST(HFConfig, FieldsThatChangeTheMathAreRefusedByName) {

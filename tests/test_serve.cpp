@@ -1076,7 +1076,8 @@ TEST(LoadModel, HfTokenizerAndItsChatTemplate) {
   EXPECT_GE(r.completion_tokens, 1);
 }
 
-// ---- Greedy parity with transformers (tests/fixtures/generate, tests/fixtures/generators/gen_generate_fixture.py)
+// ---- Greedy parity with transformers (tests/fixtures/generate,
+// tests/fixtures/generators/gen_generate_fixture.py)
 // ----
 //
 // Tiny GPT-2, LLaMA (GQA, llama3 rope), Qwen3 (q/k norm) and Phi-3 (fused qkv_proj and

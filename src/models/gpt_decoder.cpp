@@ -117,7 +117,8 @@ Tensor GPTDecoder::recompute(std::span<const int32_t> ids, bool all_logits) {
 }
 
 Tensor GPTDecoder::forward(std::span<const int32_t> ids, bool all_logits) {
-  if (switches_rope_table(len_, static_cast<int64_t>(ids.size()))) return recompute(ids, all_logits);
+  if (switches_rope_table(len_, static_cast<int64_t>(ids.size())))
+    return recompute(ids, all_logits);
   const Chunk c{this, len_, static_cast<int64_t>(ids.size()), 0};
   return run(std::span(&c, 1), ids, all_logits);
 }

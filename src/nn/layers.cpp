@@ -263,8 +263,7 @@ GroupedQueryAttention::GroupedQueryAttention(const BlockConfig& cfg)
   rope_inv_freq_ = rope_inv_freq(cfg.rope_scaling, cfg.rope_theta, rd);
   if (cfg.rope_scaling.type == "longrope") {  // the table of sequences past the original context
     rope_long_after_ = cfg.rope_scaling.original_max_position;
-    rope_inv_freq_long_ =
-        rope_inv_freq(cfg.rope_scaling, cfg.rope_theta, rd, rope_long_after_ + 1);
+    rope_inv_freq_long_ = rope_inv_freq(cfg.rope_scaling, cfg.rope_theta, rd, rope_long_after_ + 1);
   }
   rope_interleaved_ = cfg.rope_interleaved;
   rope_scale_ = rope_attention_scale(cfg.rope_scaling);
@@ -275,8 +274,7 @@ GroupedQueryAttention::GroupedQueryAttention(const BlockConfig& cfg)
 }
 
 const std::vector<double>& GroupedQueryAttention::inv_freq_for(int64_t seq_len) const {
-  return rope_long_after_ > 0 && seq_len > rope_long_after_ ? rope_inv_freq_long_
-                                                            : rope_inv_freq_;
+  return rope_long_after_ > 0 && seq_len > rope_long_after_ ? rope_inv_freq_long_ : rope_inv_freq_;
 }
 
 Tensor GroupedQueryAttention::forward(const Tensor& x) {

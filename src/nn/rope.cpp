@@ -134,8 +134,7 @@ bool rope_uses_long_table(const RopeScaling& s, int64_t seq_len) {
   return s.type == "longrope" && seq_len > s.original_max_position;
 }
 
-std::vector<double> rope_inv_freq(const RopeScaling& s, double theta, int64_t hd,
-                                  int64_t seq_len) {
+std::vector<double> rope_inv_freq(const RopeScaling& s, double theta, int64_t hd, int64_t seq_len) {
   DS_CHECK(hd > 0 && hd % 2 == 0, "[rope] head size {} must be even", hd);
   const int64_t half = hd / 2;
   const double dim = static_cast<double>(hd);
@@ -144,8 +143,8 @@ std::vector<double> rope_inv_freq(const RopeScaling& s, double theta, int64_t hd
   if (s.type == "linear") {
     for (auto& f : inv) f /= s.factor;
   } else if (s.type == "longrope") {
-    const std::vector<double>& ext = rope_uses_long_table(s, seq_len) ? s.long_factor
-                                                                      : s.short_factor;
+    const std::vector<double>& ext =
+        rope_uses_long_table(s, seq_len) ? s.long_factor : s.short_factor;
     DS_CHECK(static_cast<int64_t>(ext.size()) == half,
              "[rope] longrope has {} factors for {} rotary dims; it needs one per pair ({})",
              ext.size(), hd, half);

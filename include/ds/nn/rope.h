@@ -17,8 +17,8 @@
 //
 // dynamic (NTK) is not supported: the importer refuses it by name. longrope is the one type whose
 // table depends on the sequence: rope_inv_freq takes its length, the attention picks the table per
-// forward and per decode step, and models::GPTDecoder recomputes a cached sequence when a step takes
-// it past original_max_position (as Phi3ForCausalLM's generate() does). The rotation pairs
+// forward and per decode step, and models::GPTDecoder recomputes a cached sequence when a step
+// takes it past original_max_position (as Phi3ForCausalLM's generate() does). The rotation pairs
 // (i, i + hd/2) ("rotate_half"), see ops::rope.
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>

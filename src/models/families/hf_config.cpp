@@ -155,8 +155,8 @@ std::optional<double> rope_number(const json& rp, const char* key, const std::st
 // attention_factor), attention_factor.
 void read_longrope(const json& rp, const std::string& field, int64_t max_positions,
                    const std::string& source, nn::RopeScaling& s, std::set<std::string>& allowed) {
-  allowed.insert({"short_factor", "long_factor", "original_max_position_embeddings",
-                  "attention_factor"});
+  allowed.insert(
+      {"short_factor", "long_factor", "original_max_position_embeddings", "attention_factor"});
   const auto o = rope_number(rp, "original_max_position_embeddings", field, source);
   DS_CHECK(o && *o > 0,
            "[hf_io] {}: {}.original_max_position_embeddings is required for rope_type longrope "
@@ -167,9 +167,9 @@ void read_longrope(const json& rp, const std::string& field, int64_t max_positio
   s.factor = f ? *f : static_cast<double>(max_positions) / static_cast<double>(*o);
   if (auto a = rope_number(rp, "attention_factor", field, source)) s.attention_factor = *a;
   for (const char* key : {"short_factor", "long_factor"}) {
-    const bool ok = rp.contains(key) && rp[key].is_array() &&
-                    std::all_of(rp[key].begin(), rp[key].end(),
-                                [](const json& v) { return v.is_number(); });
+    const bool ok =
+        rp.contains(key) && rp[key].is_array() &&
+        std::all_of(rp[key].begin(), rp[key].end(), [](const json& v) { return v.is_number(); });
     DS_CHECK(ok, "[hf_io] {}: {}.{} must be a list of numbers for rope_type longrope, got {}",
              source, field, key, rp.value(key, json()).dump());
     (std::string(key) == "short_factor" ? s.short_factor : s.long_factor) =
@@ -263,8 +263,8 @@ void read_rope(const json& rp, const std::string& field, int64_t max_positions,
 
 }  // namespace
 
-void read_rope_fields(const json& j, int64_t max_positions, const std::string& source,
-                      GPTConfig& c, bool longrope) {
+void read_rope_fields(const json& j, int64_t max_positions, const std::string& source, GPTConfig& c,
+                      bool longrope) {
   std::string field;
   const json rp = rope_parameters_of(j, source, field);
   read_rope(rp, field, max_positions, source, c, longrope);

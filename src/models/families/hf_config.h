@@ -69,8 +69,8 @@ void check_dtype_fields(const json& j, const std::string& source);
 // or 5.x rope_parameters, possibly nested by layer type) into c; unknown keys and types are errors.
 // The family's check() decides whether a partial_rotary_factor other than 1 is expressible;
 // rope_type longrope is read only for a family that passes longrope (its class computes it: Phi-3).
-void read_rope_fields(const json& j, int64_t max_positions, const std::string& source,
-                      GPTConfig& c, bool longrope = false);
+void read_rope_fields(const json& j, int64_t max_positions, const std::string& source, GPTConfig& c,
+                      bool longrope = false);
 // transformers 5's rope_parameters for our rope_theta, RopeScaling and partial_rotary_factor.
 json rope_parameters(const GPTConfig& c);
 // The fields a LLaMA-like decoder class shares (LlamaConfig's names): vocab_size,

@@ -1,6 +1,7 @@
 // Phi-3: transformers' Phi3ForCausalLM ("phi3"; Phi-3-mini and -medium 4k and 128k, Phi-3.5-mini,
-// Phi-4-mini; not Phi-3-small, whose remote-code "phi3small" is other math). The math is the llama layout's; the file fuses projections and the 128k models
-// scale their rotary frequencies with LongRoPE.
+// Phi-4-mini; not Phi-3-small, whose remote-code "phi3small" is other math). The math is the llama
+// layout's; the file fuses projections and the 128k models scale their rotary frequencies with
+// LongRoPE.
 //
 //   model.embed_tokens.weight, model.layers.{i}.input_layernorm.weight,
 //   model.layers.{i}.self_attn.qkv_proj.weight = [q_proj; k_proj; v_proj]
@@ -81,10 +82,11 @@ void check_phi3(const GPTConfig& c) {
   DS_CHECK(s.is_default() || s.type == "longrope",
            "[model] family phi3 has rope_type default or longrope, not {}", s.type);
   const size_t pairs = static_cast<size_t>(c.rotary_dim() / 2);
-  DS_CHECK(s.type != "longrope" || (s.short_factor.size() == pairs && s.long_factor.size() == pairs),
-           "[model] longrope's short_factor and long_factor need one factor per rotary pair ({} = "
-           "rotary dims {} / 2), got {} and {}",
-           pairs, c.rotary_dim(), s.short_factor.size(), s.long_factor.size());
+  DS_CHECK(
+      s.type != "longrope" || (s.short_factor.size() == pairs && s.long_factor.size() == pairs),
+      "[model] longrope's short_factor and long_factor need one factor per rotary pair ({} = "
+      "rotary dims {} / 2), got {} and {}",
+      pairs, c.rotary_dim(), s.short_factor.size(), s.long_factor.size());
 }
 
 GPTConfig read(const json& j, const std::string& type, const std::string& source) {
