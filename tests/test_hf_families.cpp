@@ -491,6 +491,35 @@ TEST(HFConfig, MistralWindowLimitsTheSequenceLength) {
   EXPECT_HAS(error_of([&] { bad.validate(); }), "sliding_window 32 < block_size 64");
 }
 
+// LongRoPE's rule (transformers' _compute_longrope_parameters, written out): frequency i of
+// theta^(-2i/hd) divided by short_factor[i] up to original_max_position, by long_factor[i] past it;
+// cos and sin scaled by sqrt(1 + ln(factor) / ln(L0)) unless attention_factor is given.
+TEST(Rope, LongropeTablesAndAttentionFactor) {
+  nn::RopeScaling s;
+  s.type = "longrope";
+  s.original_max_position = 16;
+  s.factor = 8.0;
+  s.short_factor = {1.0, 1.5, 2.5, 4.0};
+  s.long_factor = {2.0, 3.0, 5.0, 8.0};
+  s.validate();
+  const double theta = 10000.0;
+  for (int64_t len : {1, 16, 17, 100}) {
+    const auto& ext = len > 16 ? s.long_factor : s.short_factor;
+    EXPECT_EQ(nn::rope_uses_long_table(s, len), len > 16);
+    const std::vector<double> inv = nn::rope_inv_freq(s, theta, 8, len);
+    ASSERT_EQ(inv.size(), 4u);
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_DOUBLE_EQ(inv[i], std::pow(theta, -2.0 * static_cast<double>(i) / 8.0) / ext[i]);
+  }
+  EXPECT_FLOAT_EQ(nn::rope_attention_scale(s), std::sqrt(1.0 + std::log(8.0) / std::log(16.0)));
+  s.attention_factor = 1.3;
+  EXPECT_FLOAT_EQ(nn::rope_attention_scale(s), 1.3f);
+  EXPECT_EQ(nn::RopeScaling::from_json(s.to_json()), s);
+  EXPECT_HAS(error_of([&] { nn::rope_inv_freq(s, theta, 16); }), "longrope has 4 factors");
+  s.long_factor[1] = 0.0;
+  EXPECT_HAS(error_of([&] { s.validate(); }), "rope_scaling.long_factor holds 0");
+}
+
 // Phi-3's fields: what transformers' Phi3Config reads, the math it cannot have refused by name.
 TEST(HFConfig, Phi3FieldsAndRefusals) {
   const json lr = {{"rope_type", "longrope"},
