@@ -50,7 +50,8 @@ inline ds::models::GPTConfig tiny_gpt2(int64_t block = 64) {
 
 // LLaMA layout with grouped-query attention (4 query heads, 2 KV heads) and a head size other
 // than C / NH; family picks qwen2 (q/k/v biases), qwen3 (q/k norm), glm (partial interleaved
-// rotary) or glm4 (+ sandwich norms) variants.
+// rotary), glm4 (+ sandwich norms) or phi3 (LongRoPE's short table on half of each head: the
+// original context is the block, so every sequence here stays within it) variants.
 inline ds::models::GPTConfig tiny_llama(const std::string& family = "llama", int64_t block = 64) {
   ds::models::GPTConfig c = ds::models::GPTConfig::defaults(ds::nn::Layout::llama);
   c.vocab_size = 257;
@@ -70,6 +71,14 @@ inline ds::models::GPTConfig tiny_llama(const std::string& family = "llama", int
     c.partial_rotary_factor = 0.5f;
     c.rope_interleaved = true;
     c.sandwich_norm = family == "glm4";
+  }
+  if (family == "phi3") {
+    c.partial_rotary_factor = 0.5f;
+    c.rope_scaling.type = "longrope";
+    c.rope_scaling.original_max_position = block;
+    c.rope_scaling.factor = 4.0;
+    c.rope_scaling.short_factor = {1.1, 1.9, 3.7, 6.2};
+    c.rope_scaling.long_factor = {1.5, 2.8, 7.4, 13.0};
   }
   if (family == "llama") {
     c.rope_theta = 500000.0f;

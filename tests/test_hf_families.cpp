@@ -1,18 +1,18 @@
-// LLaMA- and GLM-family Hugging Face import/export (ds/models/hf_io.h, ds/models/family.h) against
-// transformers itself:
-// tests/fixtures/hf_families/<case> are folders as transformers 5 saved them (some rewritten into
-// the 4.x config form), with transformers' float64 logits, loss and every gradient
-// (tests/fixtures/generators/gen_hf_family_fixture.py; chatglm2 is the glm case rewritten into ChatGLM2's remote-code
-// layout, checked against glm's reference). Each is imported through the public path (read_hf_config +
-// load_hf_weights), compared, exported and re-imported; the config fields that change the math
-// and that we do not implement are refused by name.
+// LLaMA-, GLM- and Phi-3-family Hugging Face import/export (ds/models/hf_io.h, ds/models/family.h)
+// against transformers itself: tests/fixtures/hf_families/<case> are folders as transformers 5
+// saved them (some rewritten into the 4.x config form), with transformers' float64 logits, loss and
+// every gradient (tests/fixtures/generators/gen_hf_family_fixture.py; chatglm2 is the glm case
+// rewritten into ChatGLM2's remote-code layout, checked against glm's reference). Each is imported
+// through the public path (read_hf_config + load_hf_weights), compared, exported and re-imported;
+// the config fields that change the math and that we do not implement are refused by name.
 //
 // Error measure and tolerance as in test_parity: per tensor max|ours - ref| / max|ref| <= 1e-5.
 // We compute in fp32 from the same (bf16/fp16/fp32-rounded) weights the reference used; the
 // reference itself keeps transformers' fp32 RoPE tables, RMSNorm and softmax, ~1e-7 of the scale.
 //
 // With DS_HF_EXPORT_DIR set, the export of every case is also left in $DS_HF_EXPORT_DIR/<case>
-// for `tests/fixtures/generators/gen_hf_family_fixture.py --check-export` (transformers loads it, same logits).
+// for `tests/fixtures/generators/gen_hf_family_fixture.py --check-export` (transformers loads it,
+// same logits).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -33,6 +33,7 @@
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
 #include "ds/nn/flat.h"
+#include "ds/nn/rope.h"
 #include "ds/ops/ops.h"
 #include "hf_fixture.h"
 
@@ -62,6 +63,23 @@ std::string reference_case(const std::string& name) {
   return name == "chatglm2" ? "glm" : name;
 }
 
+// Our parameter `name`'s rows of g, the file tensor (or its gradient) that holds it: the whole of
+// g, or for a stacked tensor the rows after the parts before it, each as long as our parameter in
+// that part (Phi-3's qkv_proj under grouped-query attention: q NH*hd rows, k and v KV*hd each).
+Tensor part_of(const Tensor& g, const models::Family& fam, const models::GPTConfig& c,
+               const std::vector<std::pair<std::string, Tensor>>& named, const std::string& name) {
+  const models::HFPlace place = fam.place(c, name);
+  if (place.parts == 1) return g;
+  int64_t row = 0, rows = 0;
+  for (const auto& [n, p] : named) {
+    const models::HFPlace q = fam.place(c, n);
+    if (q.name != place.name) continue;
+    if (q.part < place.part) row += p.size(0);
+    if (q.part == place.part) rows = p.size(0);
+  }
+  return ops::slice(g, 0, row, row + rows).contiguous();
+}
+
 class HFFamily : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -77,6 +95,31 @@ TEST_P(HFFamily, ConfigIsReadAsTransformersReadsIt) {
   EXPECT_EQ(c.layout, nn::Layout::llama);
   EXPECT_EQ(c.kv_heads(), 2);
   EXPECT_EQ(c.head_dim(), n == "qwen2_linear" ? 4 : n == "glm4" ? 16 : 8);  // Qwen2: no head_dim
+  if (n.rfind("phi3", 0) == 0) {
+    EXPECT_EQ(c.family, "phi3");
+    EXPECT_FALSE(c.bias || c.qkv_bias || c.qk_norm || c.rope_interleaved);
+    EXPECT_EQ(c.block_size, 64);
+  }
+  if (n == "phi3") {  // LongRoPE, the extension 64 / 16 setting the attention factor
+    EXPECT_EQ(c.rope_scaling.type, "longrope");
+    EXPECT_EQ(c.rope_scaling.original_max_position, 16);
+    EXPECT_EQ(c.rope_scaling.factor, 4.0);
+    EXPECT_EQ(c.rope_scaling.short_factor, (std::vector<double>{1.05, 1.7, 2.9, 4.3}));
+    EXPECT_EQ(c.rope_scaling.long_factor, (std::vector<double>{1.3, 2.2, 5.1, 9.7}));
+    EXPECT_FLOAT_EQ(nn::rope_attention_scale(c.rope_scaling),
+                    std::sqrt(1.0 + std::log(4.0) / std::log(16.0)));
+    EXPECT_FALSE(c.tie_embeddings);
+  } else if (n == "phi3_long") {  // 4.x "su" = longrope; the top-level original context (4)
+    EXPECT_EQ(c.rope_scaling.type, "longrope");
+    EXPECT_EQ(c.rope_scaling.original_max_position, 4);
+    EXPECT_EQ(c.rope_scaling.attention_factor, 1.15);
+    EXPECT_EQ(c.rotary_dim(), 4);  // partial_rotary_factor 0.5 of head_dim 8
+    EXPECT_TRUE(nn::rope_uses_long_table(c.rope_scaling, 8));
+    EXPECT_TRUE(c.tie_embeddings);
+  } else if (n == "phi3_default") {
+    EXPECT_TRUE(c.rope_scaling.is_default());  // the top-level original_max_position_embeddings
+    EXPECT_EQ(c.rope_theta, 1e5f);             // (4096) means nothing to default rope
+  }
   if (n == "llama3_gqa") {
     EXPECT_EQ(c.family, "llama");
     EXPECT_EQ(c.rope_scaling.type, "llama3");
@@ -147,11 +190,7 @@ TEST_P(HFFamily, LogitsLossAndEveryGradientMatchTransformers) {
     const models::HFPlace place = fam.place(native, name);
     const std::string hf = "grad." + place.name;
     ASSERT_TRUE(ref_->contains(hf)) << hf;
-    Tensor g = ref_->get(hf);
-    if (place.parts > 1) {
-      const int64_t rows = g.size(0) / place.parts;  // equal parts in the families tested here
-      g = ops::slice(g, 0, place.part * rows, (place.part + 1) * rows).contiguous();
-    }
+    const Tensor g = part_of(ref_->get(hf), fam, native, named, name);
     const double e = rel_err(p.grad().to_vector(), g.to_vector());
     EXPECT_LE(e, kTol) << "gradient of " << name;
     if (e > worst) worst = e, worst_name = name;
@@ -240,15 +279,12 @@ TEST_P(HFFamily, TrainsInBf16CloseToTransformersFp32) {
   const models::Family& fam = models::family_of(native);
   double worst = 0.0, sum = 0.0;
   int count = 0;
-  for (const auto& [name, p] : m->named_parameters()) {
+  const auto named = m->named_parameters();
+  for (const auto& [name, p] : named) {
     ASSERT_TRUE(p.grad().defined()) << name << " got no gradient";
     EXPECT_EQ(p.grad().dtype(), DType::f32) << name;
     const models::HFPlace place = fam.place(native, name);
-    Tensor g = ref_->get("grad." + place.name);
-    if (place.parts > 1) {
-      const int64_t rows = g.size(0) / place.parts;
-      g = ops::slice(g, 0, place.part * rows, (place.part + 1) * rows).contiguous();
-    }
+    const Tensor g = part_of(ref_->get("grad." + place.name), fam, native, named, name);
     const double e = rel_err(p.grad().to_vector(), g.to_vector());
     EXPECT_LE(e, 0.1) << "gradient of " << name;
     worst = std::max(worst, e);
@@ -262,7 +298,8 @@ TEST_P(HFFamily, TrainsInBf16CloseToTransformersFp32) {
 
 INSTANTIATE_TEST_SUITE_P(Families, HFFamily,
                          ::testing::Values("llama3_gqa", "llama_yarn_tied", "mistral",
-                                           "qwen2_linear", "qwen3", "glm", "glm4", "chatglm2"));
+                                           "qwen2_linear", "qwen3", "glm", "glm4", "chatglm2",
+                                           "phi3", "phi3_long", "phi3_default"));
 
 json llama(json extra = json::object()) {
   json j = {{"model_type", "llama"},          {"hidden_size", 64},      {"num_attention_heads", 4},
@@ -452,6 +489,99 @@ TEST(HFConfig, MistralWindowLimitsTheSequenceLength) {
   models::GPTConfig bad = c;
   bad.block_size = 64;
   EXPECT_HAS(error_of([&] { bad.validate(); }), "sliding_window 32 < block_size 64");
+}
+
+// LongRoPE's rule (transformers' _compute_longrope_parameters, written out): frequency i of
+// theta^(-2i/hd) divided by short_factor[i] up to original_max_position, by long_factor[i] past it;
+// cos and sin scaled by sqrt(1 + ln(factor) / ln(L0)) unless attention_factor is given.
+TEST(Rope, LongropeTablesAndAttentionFactor) {
+  nn::RopeScaling s;
+  s.type = "longrope";
+  s.original_max_position = 16;
+  s.factor = 8.0;
+  s.short_factor = {1.0, 1.5, 2.5, 4.0};
+  s.long_factor = {2.0, 3.0, 5.0, 8.0};
+  s.validate();
+  const double theta = 10000.0;
+  for (int64_t len : {1, 16, 17, 100}) {
+    const auto& ext = len > 16 ? s.long_factor : s.short_factor;
+    EXPECT_EQ(nn::rope_uses_long_table(s, len), len > 16);
+    const std::vector<double> inv = nn::rope_inv_freq(s, theta, 8, len);
+    ASSERT_EQ(inv.size(), 4u);
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_DOUBLE_EQ(inv[i], std::pow(theta, -2.0 * static_cast<double>(i) / 8.0) / ext[i]);
+  }
+  EXPECT_FLOAT_EQ(nn::rope_attention_scale(s), std::sqrt(1.0 + std::log(8.0) / std::log(16.0)));
+  s.attention_factor = 1.3;
+  EXPECT_FLOAT_EQ(nn::rope_attention_scale(s), 1.3f);
+  EXPECT_EQ(nn::RopeScaling::from_json(s.to_json()), s);
+  EXPECT_HAS(error_of([&] { nn::rope_inv_freq(s, theta, 16); }), "longrope has 4 factors");
+  s.long_factor[1] = 0.0;
+  EXPECT_HAS(error_of([&] { s.validate(); }), "rope_scaling.long_factor holds 0");
+}
+
+// Phi-3's fields: what transformers' Phi3Config reads, the math it cannot have refused by name.
+TEST(HFConfig, Phi3FieldsAndRefusals) {
+  const json lr = {{"rope_type", "longrope"},
+                   {"short_factor", {1.0, 2.0, 3.0, 4.0}},
+                   {"long_factor", {2.0, 3.0, 4.0, 5.0}}};
+  auto phi3 = [&](const json& extra) {
+    json j = llama({{"model_type", "phi3"}, {"hidden_size", 32}, {"rope_parameters", lr}});
+    if (extra.is_object()) j.update(extra);
+    return j;
+  };
+  // original_max_position_embeddings defaults to 4096 (the top-level field, over the dict's).
+  auto c = models::hf_config_from_json(phi3({}));
+  EXPECT_EQ(c.rope_scaling.original_max_position, 4096);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 128.0 / 4096.0);
+  EXPECT_EQ(nn::rope_attention_scale(c.rope_scaling), 1.0f);  // factor <= 1
+  json in_dict = lr;
+  in_dict["original_max_position_embeddings"] = 16;
+  c = models::hf_config_from_json(
+      phi3({{"rope_parameters", in_dict}, {"original_max_position_embeddings", 32}}));
+  EXPECT_EQ(c.rope_scaling.original_max_position, 32);
+  // Phi-3-mini-4k's sliding window limits the sequence as Mistral's does; resid_pdrop is our
+  // dropout.
+  c = models::hf_config_from_json(phi3({{"sliding_window", 47}, {"resid_pdrop", 0.1}}));
+  EXPECT_EQ(c.block_size, 47);
+  EXPECT_FLOAT_EQ(c.dropout, 0.1f);
+  EXPECT_HAS(config_error(phi3({{"rope_parameters", {{"rope_type", "linear"}, {"factor", 2.0}}}})),
+             "family phi3 has rope_type default or longrope, not linear");
+  EXPECT_HAS(config_error(phi3({{"rope_parameters",
+                                 {{"rope_type", "longrope"},
+                                  {"short_factor", {1.0, 2.0}},
+                                  {"long_factor", {1.0, 2.0}}}}})),
+             "one factor per rotary pair (4 = rotary dims 8 / 2), got 2 and 2");
+  EXPECT_HAS(config_error(phi3({{"rope_parameters", {{"rope_type", "longrope"}}}})),
+             "short_factor must be a list of numbers");
+  EXPECT_HAS(config_error(phi3({{"attention_dropout", 0.1}})), "attention_dropout 0.1");
+  EXPECT_HAS(config_error(phi3({{"attention_bias", true}})),
+             "attention_bias true is not supported for phi3");
+  EXPECT_HAS(config_error(phi3({{"quantization_config", json::object()}})),
+             "field \"quantization_config\" is not understood for model_type phi3");
+  // Phi-3-mini-4k-instruct as published (4.x form, remote-code auto_map, sliding window 2047).
+  const json mini = json::parse(R"({"_name_or_path":"Phi-3-mini-4k-instruct",
+      "architectures":["Phi3ForCausalLM"],"attention_dropout":0.0,"auto_map":{
+      "AutoConfig":"configuration_phi3.Phi3Config",
+      "AutoModelForCausalLM":"modeling_phi3.Phi3ForCausalLM"},"bos_token_id":1,"embd_pdrop":0.0,
+      "eos_token_id":32000,"hidden_act":"silu","hidden_size":3072,"initializer_range":0.02,
+      "intermediate_size":8192,"max_position_embeddings":4096,"model_type":"phi3",
+      "num_attention_heads":32,"num_hidden_layers":32,"num_key_value_heads":32,
+      "original_max_position_embeddings":4096,"pad_token_id":32000,"resid_pdrop":0.0,
+      "rms_norm_eps":1e-05,"rope_scaling":null,"rope_theta":10000.0,"sliding_window":2047,
+      "tie_word_embeddings":false,"torch_dtype":"bfloat16","transformers_version":"4.40.2",
+      "use_cache":true,"attention_bias":false,"vocab_size":32064})");
+  c = models::hf_config_from_json(mini);
+  EXPECT_EQ(c.num_parameters(), 3821079552);
+  EXPECT_EQ(c.block_size, 2047);
+  EXPECT_TRUE(c.rope_scaling.is_default());
+  // Our own config: longrope's lists must pair up, and only phi3 has the rope type.
+  models::GPTConfig ours = models::hf_config_from_json(phi3(json::object()));
+  ours.rope_scaling.long_factor.pop_back();
+  EXPECT_HAS(error_of([&] { ours.validate(); }), "must be non-empty and of one length");
+  ours = models::hf_config_from_json(phi3(json::object()));
+  ours.family = "llama";
+  EXPECT_HAS(error_of([&] { ours.validate(); }), "rope type longrope needs family phi3");
 }
 
 TEST(HFConfig, FieldsThatChangeTheMathAreRefusedByName) {

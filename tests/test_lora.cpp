@@ -373,6 +373,60 @@ TEST(LoraFamilies, Glm4MergedExportAndAdapterTargets) {
   fs::remove_all(dir);
 }
 
+// Phi-3 from its Hugging Face fixture with LoRA on every projection: the merged export (q, k, v
+// stacked again into qkv_proj, of their own sizes under GQA) gives the adapted model's logits; a
+// PEFT adapter on q_proj (part of Phi3ForCausalLM's qkv_proj, no module of its own) is refused,
+// one on o_proj and down_proj names the class's modules.
+TEST(LoraFamilies, Phi3MergedExportAndAdapterTargets) {
+  const fs::path fixture = fs::path(DS_FIXTURE_DIR) / "hf_families" / "phi3";
+  auto m = std::make_shared<models::GPT>(*models::read_hf_config(fixture), false);
+  models::load_hf_weights(*m, fixture);
+  nn::LoraConfig c;
+  c.r = 4;
+  c.alpha = 8;
+  c.targets = {"layers."};
+  c.seed = 5;
+  nn::apply_lora(*m, c);
+  {  // B is zero after apply_lora: give the adapter an effect
+    autograd::NoGradGuard ng;
+    for (const auto& [name, p] : m->named_parameters())
+      if (name.find("lora_B") != std::string::npos)
+        p.copy_from(ops::mul(Tensor::ones(p.shape()), 0.05f));
+  }
+  const fs::path dir = fs::temp_directory_path() /
+                       fmt::format("ds_lora_phi3_{}_{}", comm::world()->rank(), ::getpid());
+  fs::remove_all(dir);
+  const auto merged = nn::merge_lora_weights(m->named_parameters(), c.scaling());
+  models::export_hf(m->config(), merged, dir / "merged");
+  auto plain = std::make_shared<models::GPT>(*models::read_hf_config(dir / "merged"), false);
+  models::load_hf_weights(*plain, dir / "merged");
+  m->train(false);
+  plain->train(false);
+  autograd::NoGradGuard ng;
+  const Tensor ids = Tensor::from_ints({1, 5, 9, 2, 7, 3}, {1, 6});
+  EXPECT_LT(max_rel(plain->logits(ids), m->logits(ids)), 1e-5);
+  std::string msg = "(no error)";
+  try {
+    models::export_peft_adapter(*m, m->named_parameters(), c, dir / "adapter");
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("cannot be written as a PEFT adapter for Phi3ForCausalLM: that class holds "
+                     "it as part of 'model.layers.0.self_attn.qkv_proj.weight'"),
+            std::string::npos)
+      << msg;
+
+  auto od = std::make_shared<models::GPT>(*models::read_hf_config(fixture), false);
+  models::load_hf_weights(*od, fixture);
+  c.targets = {"o_proj", "down_proj"};
+  nn::apply_lora(*od, c);
+  models::export_peft_adapter(*od, od->named_parameters(), c, dir / "adapter");
+  safetensors::Reader r((dir / "adapter" / "adapter_model.safetensors").string());
+  EXPECT_TRUE(r.contains("base_model.model.model.layers.1.self_attn.o_proj.lora_B.weight"));
+  EXPECT_TRUE(r.contains("base_model.model.model.layers.0.mlp.down_proj.lora_A.weight"));
+  fs::remove_all(dir);
+}
+
 // ---- frozen parameters under ZeRO ----
 
 namespace {

@@ -100,6 +100,46 @@ TEST(GPTDecoder, CachedEqualsFullForwardGlmPartialInterleavedRope) {
 TEST(GPTDecoder, CachedEqualsFullForwardGlm4SandwichNorm) {
   check_cached_equals_full(serve_test::tiny_llama("glm4"));
 }
+TEST(GPTDecoder, CachedEqualsFullForwardPhi3Longrope) {
+  check_cached_equals_full(serve_test::tiny_llama("phi3"));
+}
+
+// LongRoPE past its original context (12 here): each position's logits are those of a full forward
+// of the sequence so far (short table up to 12 tokens, long beyond), whether the decoder steps
+// alone, crosses inside a prefill chunk, or crosses in a batched step beside one that does not.
+TEST(GPTDecoder, LongropeSwitchRecomputesOnTheLongTable) {
+  models::GPTConfig cfg = serve_test::tiny_llama("phi3");
+  cfg.rope_scaling.original_max_position = 12;
+  auto m = make_model(cfg);
+  const int64_t V = cfg.vocab_size;
+  const std::vector<int32_t> ids = seq(24, 3);
+  auto full_last = [&](size_t len) {  // (V) logits of position len - 1 from a full forward
+    const std::vector<float> f = full_logits(*m, {ids.begin(), ids.begin() + len});
+    return std::vector<float>(f.end() - V, f.end());
+  };
+  models::GPTDecoder dec(m);
+  dec.forward(std::span(ids).subspan(0, 9));
+  for (size_t t = 9; t < 16; ++t) {
+    const Tensor one = dec.forward(std::span(ids).subspan(t, 1));
+    EXPECT_LT(max_abs_diff(full_last(t + 1), one.to_vector().data(), V), 2e-4f) << "position " << t;
+  }
+  models::GPTDecoder chunked(m);  // 10 then a chunk of 4 across 12
+  chunked.forward(std::span(ids).subspan(0, 10));
+  const Tensor c = chunked.forward(std::span(ids).subspan(10, 4), /*all_logits=*/true);
+  ASSERT_EQ(c.shape(), (Shape{4, V}));
+  EXPECT_LT(max_abs_diff(full_last(14), c.to_vector().data() + 3 * V, V), 2e-4f);
+  // A batched step: a crosses 12 (recomputed alone), b stays short.
+  auto a = dec.fresh(), b = dec.fresh();
+  a->forward(std::span(ids).subspan(0, 12));
+  b->forward(std::span(ids).subspan(0, 5));
+  std::vector<models::IncrementalDecoder*> both = {a.get(), b.get()};
+  const std::vector<int32_t> step = {ids[12], ids[5]};
+  const std::vector<float> rows = dec.decode_batch(both, step).to_vector();
+  EXPECT_LT(max_abs_diff(full_last(13), rows.data(), V), 2e-4f);
+  EXPECT_LT(max_abs_diff(full_last(6), rows.data() + V, V), 2e-4f);
+  EXPECT_EQ(a->length(), 13);
+  EXPECT_EQ(b->length(), 6);
+}
 
 // The decoder runs the model's own layers (nn::Block::decode): a LoRA adapter that is attached and
 // not merged takes part, as in the full forward.
@@ -1036,10 +1076,12 @@ TEST(LoadModel, HfTokenizerAndItsChatTemplate) {
   EXPECT_GE(r.completion_tokens, 1);
 }
 
-// ---- Greedy parity with transformers (tests/fixtures/generate, tests/fixtures/generators/gen_generate_fixture.py)
+// ---- Greedy parity with transformers (tests/fixtures/generate,
+// tests/fixtures/generators/gen_generate_fixture.py)
 // ----
 //
-// Tiny GPT-2, LLaMA (GQA, llama3 rope) and Qwen3 (q/k norm) models saved by transformers, with the
+// Tiny GPT-2, LLaMA (GQA, llama3 rope), Qwen3 (q/k norm) and Phi-3 (fused qkv_proj and
+// gate_up_proj, LongRoPE's short table) models saved by transformers, with the
 // ids its greedy generate() produced. We load the folder as ds_serve does (HF import, byte
 // tokenizer, generation_config.json's eos) and must produce the same ids, token for token, through
 // the KV decoder and through the uncached forward. The fixture's smallest top-1/top-2 logit gap
@@ -1110,4 +1152,12 @@ TEST(GreedyParity, LlamaGqaMatchesTransformersGenerate) {
 }
 TEST(GreedyParity, Qwen3GqaMatchesTransformersGenerate) {
   check_greedy_parity("qwen3_gqa");
+}
+TEST(GreedyParity, Phi3LongropeMatchesTransformersGenerate) {
+  check_greedy_parity("phi3");
+}
+// Three prompts pass original_max_position_embeddings (8) while generating: the step that does
+// recomputes the sequence on LongRoPE's long table, as Phi3ForCausalLM's generate() does.
+TEST(GreedyParity, Phi3LongropeSwitchMatchesTransformersGenerate) {
+  check_greedy_parity("phi3_crossing");
 }

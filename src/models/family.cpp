@@ -9,8 +9,8 @@ namespace ds::models {
 
 const std::vector<const Family*>& all_families() {
   static const std::vector<const Family*> all = {
-      &families::gpt2,  &families::llama, &families::mistral, &families::qwen2,
-      &families::qwen3, &families::glm,   &families::glm4,    &families::chatglm};
+      &families::gpt2, &families::llama, &families::mistral, &families::qwen2, &families::qwen3,
+      &families::glm,  &families::glm4,  &families::chatglm, &families::phi3};
   return all;
 }
 

@@ -79,6 +79,7 @@ void GPTDecoder::truncate(int64_t n) {
   DS_CHECK(n >= 0 && n <= len_, "[generate] cannot truncate the cache of {} positions to {}", len_,
            n);
   len_ = n;
+  ids_.resize(static_cast<size_t>(n));
 }
 
 int64_t GPTDecoder::cache_bytes() const {
@@ -101,7 +102,23 @@ void GPTDecoder::reserve(int64_t positions) {
   capacity_ = cap;
 }
 
+bool GPTDecoder::switches_rope_table(int64_t p0, int64_t n) const {
+  const nn::RopeScaling& s = weights_->cfg.rope_scaling;
+  return p0 > 0 && !nn::rope_uses_long_table(s, p0) && nn::rope_uses_long_table(s, p0 + n);
+}
+
+Tensor GPTDecoder::recompute(std::span<const int32_t> ids, bool all_logits) {
+  std::vector<int32_t> all(ids_.begin(), ids_.begin() + len_);
+  all.insert(all.end(), ids.begin(), ids.end());
+  const int64_t total = static_cast<int64_t>(all.size()), n = static_cast<int64_t>(ids.size());
+  const Chunk c{this, 0, total, 0};
+  const Tensor logits = run(std::span(&c, 1), all, all_logits);  // (total, V) or (1, V)
+  return all_logits ? ops::slice(logits, 0, total - n, total).contiguous() : logits;
+}
+
 Tensor GPTDecoder::forward(std::span<const int32_t> ids, bool all_logits) {
+  if (switches_rope_table(len_, static_cast<int64_t>(ids.size())))
+    return recompute(ids, all_logits);
   const Chunk c{this, len_, static_cast<int64_t>(ids.size()), 0};
   return run(std::span(&c, 1), ids, all_logits);
 }
@@ -119,9 +136,28 @@ Tensor GPTDecoder::decode_batch(std::span<IncrementalDecoder* const> decoders,
              b);
     for (size_t e = 0; e < b; ++e)
       DS_CHECK(decoders[e] != d, "[generate] decode_batch: decoder {} appears twice", b);
-    seqs.push_back({d, d->len_, 1, static_cast<int64_t>(b)});
   }
-  return run(seqs, ids, /*all_logits=*/true);
+  // A sequence whose step switches LongRoPE's table is recomputed alone; the rest step together.
+  std::vector<int32_t> step_ids;
+  std::vector<Tensor> alone(decoders.size());
+  for (size_t b = 0; b < decoders.size(); ++b) {
+    auto* d = static_cast<GPTDecoder*>(decoders[b]);
+    if (d->switches_rope_table(d->len_, 1)) {
+      alone[b] = d->recompute(ids.subspan(b, 1), /*all_logits=*/true);  // (1, V)
+      continue;
+    }
+    seqs.push_back({d, d->len_, 1, static_cast<int64_t>(step_ids.size())});
+    step_ids.push_back(ids[b]);
+  }
+  if (seqs.size() == decoders.size()) return run(seqs, ids, /*all_logits=*/true);
+  const Tensor stepped = seqs.empty() ? Tensor() : run(seqs, step_ids, /*all_logits=*/true);
+  Tensor out = Tensor::empty({static_cast<int64_t>(decoders.size()), vocab_size()}, DType::f32);
+  for (int64_t b = 0, r = 0; b < static_cast<int64_t>(decoders.size()); ++b) {
+    const Tensor& row = alone[static_cast<size_t>(b)];
+    ops::slice(out, 0, b, b + 1).copy_from(row.defined() ? row : ops::slice(stepped, 0, r, r + 1));
+    r += row.defined() ? 0 : 1;
+  }
+  return out;
 }
 
 Tensor GPTDecoder::run(std::span<const Chunk> seqs, std::span<const int32_t> ids,
@@ -157,7 +193,11 @@ Tensor GPTDecoder::run(std::span<const Chunk> seqs, std::span<const int32_t> ids
     }
     x = model.blocks()[static_cast<size_t>(li)]->decode(x, nn::DecodeStep{layer_seqs, rows});
   }
-  for (const Chunk& c : seqs) c.dec->len_ = c.p0 + c.n;
+  for (const Chunk& c : seqs) {
+    c.dec->len_ = c.p0 + c.n;
+    c.dec->ids_.resize(static_cast<size_t>(c.p0));
+    c.dec->ids_.insert(c.dec->ids_.end(), ids.begin() + c.off, ids.begin() + c.off + c.n);
+  }
   x = model.decode_final_norm(x);
   if (!all_logits && N > 1) x = ops::slice(x, 1, N - 1, N);  // the LM head on the last row only
   const int64_t out_rows = x.size(1);

@@ -261,12 +261,20 @@ GroupedQueryAttention::GroupedQueryAttention(const BlockConfig& cfg)
   DS_CHECK(rd > 0 && rd <= head_dim_ && rd % 2 == 0,
            "[attention] rotary_dim {} must be even and within the head size {}", rd, head_dim_);
   rope_inv_freq_ = rope_inv_freq(cfg.rope_scaling, cfg.rope_theta, rd);
+  if (cfg.rope_scaling.type == "longrope") {  // the table of sequences past the original context
+    rope_long_after_ = cfg.rope_scaling.original_max_position;
+    rope_inv_freq_long_ = rope_inv_freq(cfg.rope_scaling, cfg.rope_theta, rd, rope_long_after_ + 1);
+  }
   rope_interleaved_ = cfg.rope_interleaved;
   rope_scale_ = rope_attention_scale(cfg.rope_scaling);
   if (cfg.tp) {  // this rank's heads (the projections above checked that they divide evenly)
     n_head_ /= cfg.tp->size();
     n_kv_head_ = std::max<int64_t>(1, n_kv_head_ / cfg.tp->size());  // one when shared
   }
+}
+
+const std::vector<double>& GroupedQueryAttention::inv_freq_for(int64_t seq_len) const {
+  return rope_long_after_ > 0 && seq_len > rope_long_after_ ? rope_inv_freq_long_ : rope_inv_freq_;
 }
 
 Tensor GroupedQueryAttention::forward(const Tensor& x) {
@@ -286,7 +294,7 @@ Tensor GroupedQueryAttention::forward(const Tensor& x) {
     return ops::reshape(ops::contiguous(e), {B, NH, T, hd});
   };
   auto rotate = [&](const Tensor& h) {
-    return ops::rope(h, rope_inv_freq_, rope_scale_, 0, rope_interleaved_);
+    return ops::rope(h, inv_freq_for(T), rope_scale_, 0, rope_interleaved_);
   };
   const Tensor q = rotate(heads(*q_proj_, NH, q_norm_.get()));
   const Tensor k = repeat_kv(rotate(heads(*k_proj_, KV, k_norm_.get())));
@@ -308,8 +316,10 @@ Tensor GroupedQueryAttention::decode(const Tensor& x, const DecodeStep& step) co
       if (norm) r = norm->forward(r);
       return ops::contiguous(ops::transpose(r, 1, 2));
     };
+    // A step's table by its sequence so far (largest position + 1); a step that switches
+    // longrope's table is recomputed from position 0 by the decoder (models::GPTDecoder).
     auto rotate = [&](const Tensor& h) {
-      return ops::rope(h, rope_inv_freq_, rope_scale_, seq.p0, rope_interleaved_);
+      return ops::rope(h, inv_freq_for(seq.p0 + seq.n), rope_scale_, seq.p0, rope_interleaved_);
     };
     ys.push_back(attend_cached(rotate(heads(q_all, NH, q_norm_.get())),
                                rotate(heads(k_all, KV, k_norm_.get())), heads(v_all, KV, nullptr),

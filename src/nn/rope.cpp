@@ -8,8 +8,32 @@
 
 namespace ds::nn {
 
+namespace {
+
+void validate_longrope(const RopeScaling& s) {
+  DS_CHECK(s.original_max_position > 0,
+           "[model] rope_scaling.original_max_position_embeddings must be positive for longrope, "
+           "got {}",
+           s.original_max_position);
+  DS_CHECK(s.factor > 0.0, "[model] rope_scaling.factor must be positive, got {}", s.factor);
+  DS_CHECK(s.attention_factor >= 0.0,
+           "[model] rope_scaling.attention_factor must be >= 0 (0 = default), got {}",
+           s.attention_factor);
+  DS_CHECK(!s.short_factor.empty() && s.short_factor.size() == s.long_factor.size(),
+           "[model] rope_scaling.short_factor and long_factor must be non-empty and of one length "
+           "(rotary dims / 2), got {} and {}",
+           s.short_factor.size(), s.long_factor.size());
+  for (const auto* v : {&s.short_factor, &s.long_factor})
+    for (double f : *v)
+      DS_CHECK(std::isfinite(f) && f > 0.0,
+               "[model] rope_scaling.{} holds {}: every factor must be positive",
+               v == &s.short_factor ? "short_factor" : "long_factor", f);
+}
+
+}  // namespace
+
 const std::vector<std::string>& RopeScaling::type_names() {
-  static const std::vector<std::string> names = {"default", "linear", "llama3", "yarn"};
+  static const std::vector<std::string> names = {"default", "linear", "llama3", "yarn", "longrope"};
   return names;
 }
 
@@ -19,6 +43,7 @@ void RopeScaling::validate() const {
            "[model] rope_scaling.type \"{}\" is not supported (supported: {})", type,
            fmt::join(names, ", "));
   if (is_default()) return;
+  if (type == "longrope") return validate_longrope(*this);
   DS_CHECK(factor >= 1.0, "[model] rope_scaling.factor must be >= 1, got {}", factor);
   if (type == "llama3" || type == "yarn")
     DS_CHECK(
@@ -55,6 +80,12 @@ nlohmann::json RopeScaling::to_json() const {
     j["attention_factor"] = attention_factor;
     j["truncate"] = truncate;
   }
+  if (type == "longrope") {
+    j["original_max_position_embeddings"] = original_max_position;
+    j["attention_factor"] = attention_factor;
+    j["short_factor"] = short_factor;
+    j["long_factor"] = long_factor;
+  }
   return j;
 }
 
@@ -81,11 +112,15 @@ RopeScaling RopeScaling::from_json(const nlohmann::json& j) {
         s.attention_factor = v.get<double>();
       else if (key == "truncate")
         s.truncate = v.get<bool>();
+      else if (key == "short_factor")
+        s.short_factor = v.get<std::vector<double>>();
+      else if (key == "long_factor")
+        s.long_factor = v.get<std::vector<double>>();
       else
         DS_THROW(
             "[model] unknown key '{}' in rope_scaling (known: type, factor, low_freq_factor, "
             "high_freq_factor, original_max_position_embeddings, beta_fast, beta_slow, "
-            "attention_factor, truncate)",
+            "attention_factor, truncate, short_factor, long_factor)",
             key);
     } catch (const nlohmann::json::exception& e) {
       DS_THROW("[model] bad value for rope_scaling.{}: {}", key, e.what());
@@ -95,7 +130,11 @@ RopeScaling RopeScaling::from_json(const nlohmann::json& j) {
   return s;
 }
 
-std::vector<double> rope_inv_freq(const RopeScaling& s, double theta, int64_t hd) {
+bool rope_uses_long_table(const RopeScaling& s, int64_t seq_len) {
+  return s.type == "longrope" && seq_len > s.original_max_position;
+}
+
+std::vector<double> rope_inv_freq(const RopeScaling& s, double theta, int64_t hd, int64_t seq_len) {
   DS_CHECK(hd > 0 && hd % 2 == 0, "[rope] head size {} must be even", hd);
   const int64_t half = hd / 2;
   const double dim = static_cast<double>(hd);
@@ -103,6 +142,13 @@ std::vector<double> rope_inv_freq(const RopeScaling& s, double theta, int64_t hd
   for (int64_t i = 0; i < half; ++i) inv[i] = std::pow(theta, -2.0 * static_cast<double>(i) / dim);
   if (s.type == "linear") {
     for (auto& f : inv) f /= s.factor;
+  } else if (s.type == "longrope") {
+    const std::vector<double>& ext =
+        rope_uses_long_table(s, seq_len) ? s.long_factor : s.short_factor;
+    DS_CHECK(static_cast<int64_t>(ext.size()) == half,
+             "[rope] longrope has {} factors for {} rotary dims; it needs one per pair ({})",
+             ext.size(), hd, half);
+    for (int64_t i = 0; i < half; ++i) inv[i] /= ext[i];
   } else if (s.type == "llama3") {
     const double L0 = static_cast<double>(s.original_max_position);
     const double low_wavelen = L0 / s.low_freq_factor, high_wavelen = L0 / s.high_freq_factor;
@@ -141,9 +187,13 @@ std::vector<double> rope_inv_freq(const RopeScaling& s, double theta, int64_t hd
 }
 
 float rope_attention_scale(const RopeScaling& s) {
-  if (s.type != "yarn") return 1.0f;
+  if (s.type != "yarn" && s.type != "longrope") return 1.0f;
   if (s.attention_factor > 0.0) return static_cast<float>(s.attention_factor);
-  return s.factor <= 1.0 ? 1.0f : static_cast<float>(0.1 * std::log(s.factor) + 1.0);
+  if (s.factor <= 1.0) return 1.0f;
+  if (s.type == "longrope")  // LongRoPE's scale for the context extended `factor` times
+    return static_cast<float>(std::sqrt(
+        1.0 + std::log(s.factor) / std::log(static_cast<double>(s.original_max_position))));
+  return static_cast<float>(0.1 * std::log(s.factor) + 1.0);
 }
 
 }  // namespace ds::nn

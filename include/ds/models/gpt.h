@@ -64,8 +64,8 @@ struct GPTConfig {
   bool rope_interleaved = false;
   bool sandwich_norm = false;
   // The model family (ds/models/family.h): the Hugging Face model_type an export writes ("gpt2",
-  // "llama", "mistral", "qwen2", "qwen3", "glm", "glm4"); "" = from the layout and features (gpt2;
-  // qk_norm -> qwen3, qkv_bias -> qwen2, else llama).
+  // "llama", "mistral", "qwen2", "qwen3", "glm", "glm4", "phi3"); "" = from the layout and features
+  // (gpt2; qk_norm -> qwen3, qkv_bias -> qwen2, else llama).
   std::string family;
 
   // The defaults of a layout (gpt2 = GPT-2 124M; llama = the same shape with LLaMA's choices).

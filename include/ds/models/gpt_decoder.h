@@ -1,6 +1,7 @@
 #pragma once
 // models::GPT's incremental decoder (models::IncrementalDecoder): the inference forward of every
-// decoder-only family (GPT-2, LLaMA, Mistral, Qwen2/3, GLM, GLM-4, ChatGLM) with a key/value cache.
+// decoder-only family (GPT-2, LLaMA, Mistral, Qwen2/3, GLM, GLM-4, ChatGLM, Phi-3) with a key/value
+// cache.
 // Made by the registry (models::make_decoder, family.h) or directly:
 //
 //   models::GPTDecoder dec(model);
@@ -19,6 +20,10 @@
 // sequence, decode_batch) take ops::linear_rows (Backend::linear_rows): each row computed as it
 // would be alone, so batched decoding equals one-at-a-time decoding bit for bit with fp32 weights
 // (16-bit weights take ops::linear, whose sums may depend on the batch).
+//
+// LongRoPE (Phi-3): a step that takes the sequence past original_max_position recomputes it from
+// position 0 on the long table, as Phi3ForCausalLM's generate() drops its cache there: the cached
+// keys were rotated on the short table. The decoder keeps its cached tokens for that.
 //
 // Threading and lifetime: as models::IncrementalDecoder.
 #include <cstdint>
@@ -58,11 +63,17 @@ class GPTDecoder final : public IncrementalDecoder {
   };
   explicit GPTDecoder(std::shared_ptr<const Weights> weights);
   void reserve(int64_t positions);
+  // Whether n tokens after p0 cached ones take the sequence from LongRoPE's short table to its
+  // long one (the cache then holds keys of the wrong table).
+  bool switches_rope_table(int64_t p0, int64_t n) const;
+  // forward() from position 0 over the cached tokens and ids: logits of ids' positions.
+  Tensor recompute(std::span<const int32_t> ids, bool all_logits);
   // The forward of one step over every chunk's rows (shared weights, each chunk's cache).
   Tensor run(std::span<const Chunk> seqs, std::span<const int32_t> ids, bool all_logits);
 
   std::shared_ptr<const Weights> weights_;
   std::vector<Tensor> k_, v_;  // per layer: (capacity, KV, hd) fp32 on the model's device
+  std::vector<int32_t> ids_;   // (len_) the cached positions' tokens
   int64_t len_ = 0, capacity_ = 0;
 };
 

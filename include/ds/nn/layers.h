@@ -218,9 +218,15 @@ class GroupedQueryAttention : public SelfAttention {
  private:
   int64_t n_embd_, n_head_, n_kv_head_, head_dim_;
   float dropout_;
-  std::vector<double> rope_inv_freq_;  // (rotary_dim/2)
+  // The rotary table of a sequence of seq_len (largest position + 1): longrope's long one past
+  // rope_long_after_, else rope_inv_freq_.
+  const std::vector<double>& inv_freq_for(int64_t seq_len) const;
+
+  std::vector<double> rope_inv_freq_;       // (rotary_dim/2)
+  std::vector<double> rope_inv_freq_long_;  // (rotary_dim/2), longrope only
+  int64_t rope_long_after_ = 0;             // longrope's original_max_position; 0 = one table
   bool rope_interleaved_ = false;
-  float rope_scale_ = 1.0f;  // yarn's attention factor on cos/sin
+  float rope_scale_ = 1.0f;  // yarn's and longrope's attention factor on cos/sin
   std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;
   std::shared_ptr<RMSNorm> q_norm_, k_norm_;  // qk_norm
 };

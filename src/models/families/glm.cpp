@@ -122,6 +122,8 @@ void check_glm(const GPTConfig& c) {
   DS_CHECK(c.sandwich_norm == (fam == "glm4"),
            "[model] sandwich_norm is {} for family {} (glm4 has it, glm has not)",
            c.sandwich_norm, fam);
+  DS_CHECK(c.rope_scaling.type != "longrope",
+           "[model] rope type longrope needs family phi3 (got {})", fam);
 }
 
 // ---- chatglm (ChatGLM2-6B, ChatGLM3-6B; remote code) ----
@@ -224,7 +226,8 @@ bool is_buffer_chatglm(const std::string& name) {
 
 void check_chatglm(const GPTConfig& c) {
   DS_CHECK(c.layout == nn::Layout::llama && !c.bias && !c.qk_norm && !c.sandwich_norm &&
-               c.rope_interleaved && c.partial_rotary_factor == 0.5f,
+               c.rope_interleaved && c.partial_rotary_factor == 0.5f &&
+               c.rope_scaling.type != "longrope",
            "[model] family chatglm is ChatGLM2/3's layout: llama layout, q/k/v biases at most, "
            "rotary on half of each head (pairs 2i, 2i+1), no other norms");
 }

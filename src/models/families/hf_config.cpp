@@ -140,15 +140,47 @@ json rope_parameters_of(const json& j, const std::string& source, std::string& f
   return rp;
 }
 
+// rope parameter `key` as a number; nullopt when absent or null.
+std::optional<double> rope_number(const json& rp, const char* key, const std::string& field,
+                                  const std::string& source) {
+  if (!rp.contains(key) || rp[key].is_null()) return std::nullopt;
+  DS_CHECK(rp[key].is_number(), "[hf_io] {}: {}.{} must be a number, got {}", source, field, key,
+           rp[key].dump());
+  return rp[key].get<double>();
+}
+
+// LongRoPE's fields (transformers' _compute_longrope_parameters): short_factor and long_factor
+// (one per rotary pair), original_max_position_embeddings (required), factor (default
+// max_position_embeddings / original_max_position_embeddings; it sets the default
+// attention_factor), attention_factor.
+void read_longrope(const json& rp, const std::string& field, int64_t max_positions,
+                   const std::string& source, nn::RopeScaling& s, std::set<std::string>& allowed) {
+  allowed.insert(
+      {"short_factor", "long_factor", "original_max_position_embeddings", "attention_factor"});
+  const auto o = rope_number(rp, "original_max_position_embeddings", field, source);
+  DS_CHECK(o && *o > 0,
+           "[hf_io] {}: {}.original_max_position_embeddings is required for rope_type longrope "
+           "(the context short_factor covers)",
+           source, field);
+  s.original_max_position = static_cast<int64_t>(*o);
+  const auto f = rope_number(rp, "factor", field, source);
+  s.factor = f ? *f : static_cast<double>(max_positions) / static_cast<double>(*o);
+  if (auto a = rope_number(rp, "attention_factor", field, source)) s.attention_factor = *a;
+  for (const char* key : {"short_factor", "long_factor"}) {
+    const bool ok =
+        rp.contains(key) && rp[key].is_array() &&
+        std::all_of(rp[key].begin(), rp[key].end(), [](const json& v) { return v.is_number(); });
+    DS_CHECK(ok, "[hf_io] {}: {}.{} must be a list of numbers for rope_type longrope, got {}",
+             source, field, key, rp.value(key, json()).dump());
+    (std::string(key) == "short_factor" ? s.short_factor : s.long_factor) =
+        rp[key].get<std::vector<double>>();
+  }
+}
+
 // rope_theta and RopeScaling from the merged rope parameters; unknown keys and types are errors.
 void read_rope(const json& rp, const std::string& field, int64_t max_positions,
-               const std::string& source, GPTConfig& c) {
-  auto num = [&](const char* key) -> std::optional<double> {
-    if (!rp.contains(key) || rp[key].is_null()) return std::nullopt;
-    DS_CHECK(rp[key].is_number(), "[hf_io] {}: {}.{} must be a number, got {}", source, field, key,
-             rp[key].dump());
-    return rp[key].get<double>();
-  };
+               const std::string& source, GPTConfig& c, bool longrope) {
+  auto num = [&](const char* key) { return rope_number(rp, key, field, source); };
   std::string type = "default";
   for (const char* key : {"rope_type", "type"})
     if (rp.contains(key) && rp[key].is_string()) {
@@ -158,11 +190,13 @@ void read_rope(const json& rp, const std::string& field, int64_t max_positions,
   nn::RopeScaling& s = c.rope_scaling;
   s = nn::RopeScaling{};
   s.type = type;
-  const auto& names = nn::RopeScaling::type_names();
+  std::vector<std::string> names = nn::RopeScaling::type_names();
+  if (!longrope) names.erase(std::find(names.begin(), names.end(), "longrope"));
   DS_CHECK(std::find(names.begin(), names.end(), type) != names.end(),
-           "[hf_io] {}: {}.rope_type \"{}\" is not supported (supported: {}); dynamic and "
-           "longrope change the frequencies with the sequence length",
-           source, field, type, fmt::join(names, ", "));
+           "[hf_io] {}: {}.rope_type \"{}\" is not supported (supported: {}); dynamic changes the "
+           "frequencies with the sequence length{}",
+           source, field, type, fmt::join(names, ", "),
+           longrope ? "" : "; longrope is read for model_type phi3");
   c.rope_theta = static_cast<float>(*num("rope_theta"));
   if (auto p = num("partial_rotary_factor")) {
     DS_CHECK(*p > 0.0 && *p <= 1.0, "[hf_io] {}: {}.partial_rotary_factor {} must be in (0, 1]",
@@ -170,7 +204,10 @@ void read_rope(const json& rp, const std::string& field, int64_t max_positions,
     c.partial_rotary_factor = static_cast<float>(*p);
   }
   std::set<std::string> allowed = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
-  if (type != "default") {
+  if (type == "longrope") {
+    allowed.insert("factor");
+    read_longrope(rp, field, max_positions, source, s, allowed);
+  } else if (type != "default") {
     allowed.insert("factor");
     const auto f = num("factor");
     DS_CHECK(f || type == "yarn", "[hf_io] {}: {}.factor is required for rope_type {}", source,
@@ -226,11 +263,11 @@ void read_rope(const json& rp, const std::string& field, int64_t max_positions,
 
 }  // namespace
 
-void read_rope_fields(const json& j, int64_t max_positions, const std::string& source,
-                      GPTConfig& c) {
+void read_rope_fields(const json& j, int64_t max_positions, const std::string& source, GPTConfig& c,
+                      bool longrope) {
   std::string field;
   const json rp = rope_parameters_of(j, source, field);
-  read_rope(rp, field, max_positions, source, c);
+  read_rope(rp, field, max_positions, source, c, longrope);
 }
 
 // transformers 5's rope_parameters for our rope_theta and RopeScaling.
@@ -251,6 +288,12 @@ json rope_parameters(const GPTConfig& c) {
     r["beta_fast"] = s.beta_fast;
     r["beta_slow"] = s.beta_slow;
     r["truncate"] = s.truncate;
+    if (s.attention_factor > 0.0) r["attention_factor"] = s.attention_factor;
+  }
+  if (s.type == "longrope") {
+    r["original_max_position_embeddings"] = s.original_max_position;
+    r["short_factor"] = s.short_factor;
+    r["long_factor"] = s.long_factor;
     if (s.attention_factor > 0.0) r["attention_factor"] = s.attention_factor;
   }
   return r;
@@ -310,7 +353,7 @@ GPTConfig read_decoder_fields(const json& j, const std::string& type, const std:
   DS_CHECK(act == "silu", "[hf_io] {}: hidden_act \"{}\" is not supported (model_type {} uses silu)",
            source, act, type);
   check_dtype_fields(j, source);
-  read_rope_fields(j, max_positions, source, c);
+  read_rope_fields(j, max_positions, source, c, d.longrope);
   return c;
 }
 

@@ -67,9 +67,10 @@ void check_known_fields(const json& j, const std::set<std::string>& handled,
 void check_dtype_fields(const json& j, const std::string& source);
 // Reads rope_theta, rope scaling and partial_rotary_factor (4.x top-level rope_theta/rope_scaling
 // or 5.x rope_parameters, possibly nested by layer type) into c; unknown keys and types are errors.
-// The family's check() decides whether a partial_rotary_factor other than 1 is expressible.
-void read_rope_fields(const json& j, int64_t max_positions, const std::string& source,
-                      GPTConfig& c);
+// The family's check() decides whether a partial_rotary_factor other than 1 is expressible;
+// rope_type longrope is read only for a family that passes longrope (its class computes it: Phi-3).
+void read_rope_fields(const json& j, int64_t max_positions, const std::string& source, GPTConfig& c,
+                      bool longrope = false);
 // transformers 5's rope_parameters for our rope_theta, RopeScaling and partial_rotary_factor.
 json rope_parameters(const GPTConfig& c);
 // The fields a LLaMA-like decoder class shares (LlamaConfig's names): vocab_size,
@@ -88,6 +89,7 @@ struct DecoderDefaults {
   int64_t head_dim = 0;  // 0: hidden_size / num_attention_heads
   float rms_norm_eps = 1e-6f;
   bool tie_word_embeddings = false;
+  bool longrope = false;  // rope_type longrope is read (read_rope_fields)
 };
 const std::set<std::string>& decoder_fields();
 GPTConfig read_decoder_fields(const json& j, const std::string& model_type,

@@ -132,6 +132,9 @@ void check(const GPTConfig& c) {
   DS_CHECK(fam == "qwen2" || !c.qkv_bias || c.bias,
            "[model] qkv_bias (q/k/v biases alone) needs family qwen2 or glm (got {})", fam);
   DS_CHECK(fam != "mistral" || !c.bias, "[model] family mistral has no biases");
+  // LongRoPE's switch (generate() recomputing at the original context) is Phi-3's class's.
+  DS_CHECK(c.rope_scaling.type != "longrope",
+           "[model] rope type longrope needs family phi3 (got {})", fam);
 }
 
 Family make(const std::string& name, const std::string& arch) {
