@@ -266,6 +266,130 @@ GPTConfig resolve_model_config(const std::string& name, const std::string& tool)
   return GPTConfig::load(name);
 }
 
+namespace {
+
+// A file tensor: which reader holds it, and its entry.
+struct Found {
+  size_t reader;
+  const safetensors::Entry* entry;
+};
+
+// Every file tensor by its key (the name without the family's prefix); a name twice is a problem.
+std::map<std::string, Found> index_file_tensors(const Family& family,
+                                                const std::vector<safetensors::Reader>& readers,
+                                                std::vector<std::string>& problems) {
+  std::map<std::string, Found> by_key;
+  for (size_t r = 0; r < readers.size(); ++r)
+    for (const auto& e : readers[r].entries()) {
+      const std::string key = key_of(family, e.name);
+      auto [it, inserted] = by_key.emplace(key, Found{r, &e});
+      if (!inserted)
+        problems.push_back(fmt::format("duplicate: '{}' and '{}' are the same tensor '{}'",
+                                       it->second.entry->name, e.name, key));
+    }
+  return by_key;
+}
+
+// A pipeline stage holds part of the model: the keys of the file's tensors that belong to other
+// stages (checked against the whole model's names, so a wrong file is still an error). A tied
+// head's copy of the embedding (GPT::tied_head_weight) joins `params`, filled from the
+// embedding's tensor.
+std::set<std::string> other_stage_keys(const GPT& model, const Family& family,
+                                       std::vector<std::pair<std::string, Tensor>>& params) {
+  std::set<std::string> other_stages;
+  if (model.is_whole()) return other_stages;
+  const GPTConfig& cfg = model.config();
+  std::set<std::string> here;
+  for (const auto& [name, p] : params) here.insert(key_of(family, family.place(cfg, name).name));
+  nn::PartitionedInit no_memory;  // names only: the parameters get no storage
+  const GPT whole(cfg, nullptr, /*init=*/false);
+  for (const auto& [name, p] : whole.named_parameters()) {
+    const std::string key = key_of(family, family.place(cfg, name).name);
+    if (!here.count(key)) other_stages.insert(key);
+  }
+  if (Tensor h = model.tied_head_weight(); h.defined()) {
+    const std::string embedding =
+        cfg.layout == nn::Layout::gpt2 ? "wte.weight" : "embed_tokens.weight";
+    params.emplace_back(embedding, h);
+    other_stages.erase(key_of(family, family.place(cfg, embedding).name));
+  }
+  return other_stages;
+}
+
+// The file tensor of group `g`, or the problem with it (missing, mis-shaped, unsupported dtype).
+std::optional<Found> match_group(const Group& g, const Family& family,
+                                 const std::map<std::string, Found>& by_key,
+                                 std::set<std::string>& used, std::vector<std::string>& problems) {
+  std::vector<std::string> absent;
+  for (size_t i = 0; i < g.parts.size(); ++i)
+    if (!g.parts[i].second.defined()) absent.push_back(std::to_string(i));
+  DS_CHECK(absent.empty(), "[hf_io] internal: parts {} of '{}' are not parameters here",
+           fmt::join(absent, ", "), g.place.name);
+  const Shape want = file_shape(g);
+  const std::string key = key_of(family, g.place.name);
+  auto it = by_key.find(key);
+  if (it == by_key.end()) {
+    problems.push_back(fmt::format("missing: '{}' {}", g.place.name, shape_str(want)));
+    return std::nullopt;
+  }
+  used.insert(key);
+  const safetensors::Entry& e = *it->second.entry;
+  if (e.shape != want) {
+    std::string layout_note;
+    if (g.place.transposed) layout_note = " (Conv1D layout: (in, out))";
+    if (g.parts.size() > 1) {
+      std::vector<std::string> names;
+      for (const auto& [n, t] : g.parts) names.push_back(n + " " + shape_str(t.shape()));
+      layout_note = fmt::format(" (our {} stacked)", fmt::join(names, " and "));
+    }
+    problems.push_back(fmt::format("mis-shaped: '{}' is {} in the file, the model needs {}{}",
+                                   e.name, shape_str(e.shape), shape_str(want), layout_note));
+    return std::nullopt;
+  }
+  if (!e.supported) {
+    problems.push_back(fmt::format("unsupported dtype: '{}' is {} (F32, BF16 and F16 are read)",
+                                   e.name, e.dtype_name));
+    return std::nullopt;
+  }
+  return it->second;
+}
+
+// Group `g`'s parameters from its file tensor (split into its parts, transposed back), each
+// checked for non-finite values after the copy.
+void copy_group(const Group& g, const Found& found,
+                const std::vector<safetensors::Reader>& readers, HFLoadReport& report) {
+  Tensor t = readers[found.reader].get(found.entry->name);
+  if (g.place.transposed) {
+    t = ops::transpose(t, 0, 1);
+    ++report.transposed;
+  }
+  int64_t row = 0;
+  for (const auto& [name, param] : g.parts) {
+    const int64_t rows = param.size(0);
+    const Tensor part = g.parts.size() == 1 ? t : ops::slice(t, 0, row, row + rows);
+    row += rows;
+    param.detach().copy_from(part);
+    // A NaN or Inf in the weights (a checkpoint saved after training diverged, or a damaged file)
+    // would otherwise surface as "!!!!!!" from ds_generate or a loss blamed on the learning rate.
+    // Checked after the copy, so a value the model's dtype cannot hold counts too.
+    const int64_t bad = first_non_finite(param.detach());
+    DS_CHECK(bad < 0,
+             "[hf_io] {}: tensor '{}'{} holds a non-finite value (NaN or Inf) at element {} of "
+             "{}{}; these weights cannot be used: take an earlier checkpoint, or check how this "
+             "file was written",
+             readers[found.reader].path(), found.entry->name,
+             g.parts.size() > 1 ? fmt::format(" (its part {})", name) : std::string(), bad,
+             param.numel(),
+             param.dtype() != found.entry->dtype
+                 ? fmt::format(" (after conversion from {} to {})", found.entry->dtype_name,
+                               dtype_name(param.dtype()))
+                 : std::string());
+    ++report.tensors;
+  }
+}
+
+}  // namespace
+
 HFLoadReport load_hf_weights(GPT& model, const fs::path& path) {
   const GPTConfig& cfg = model.config();
   const Family& family = family_of(cfg);
@@ -278,82 +402,17 @@ HFLoadReport load_hf_weights(GPT& model, const fs::path& path) {
     report.files.push_back(f.string());
   }
   const std::string where = report.files.size() == 1 ? report.files[0] : path.string();
-
-  struct Found {
-    size_t reader;
-    const safetensors::Entry* entry;
-  };
-  std::map<std::string, Found> by_key;  // file tensor name without the prefix -> the tensor
   std::vector<std::string> problems;
-  for (size_t r = 0; r < readers.size(); ++r) {
-    for (const auto& e : readers[r].entries()) {
-      const std::string key = key_of(family, e.name);
-      auto [it, inserted] = by_key.emplace(key, Found{r, &e});
-      if (!inserted)
-        problems.push_back(fmt::format("duplicate: '{}' and '{}' are the same tensor '{}'",
-                                       it->second.entry->name, e.name, key));
-    }
-  }
-
-  // A pipeline stage holds part of the model: the file's other tensors belong to other stages
-  // (checked against the whole model's names, so a wrong file is still an error), and a tied
-  // head's copy of the embedding (GPT::tied_head_weight) is filled from the embedding's tensor.
-  std::set<std::string> other_stages;  // keys
+  const std::map<std::string, Found> by_key = index_file_tensors(family, readers, problems);
   std::vector<std::pair<std::string, Tensor>> params = model.named_parameters();
-  const std::string embedding_name = cfg.layout == nn::Layout::gpt2 ? "wte.weight"
-                                                                     : "embed_tokens.weight";
-  if (!model.is_whole()) {
-    std::set<std::string> here;
-    for (const auto& [name, p] : params) here.insert(key_of(family, family.place(cfg, name).name));
-    nn::PartitionedInit no_memory;  // names only: the parameters get no storage
-    const GPT whole(cfg, nullptr, /*init=*/false);
-    for (const auto& [name, p] : whole.named_parameters()) {
-      const std::string key = key_of(family, family.place(cfg, name).name);
-      if (!here.count(key)) other_stages.insert(key);
-    }
-    if (Tensor h = model.tied_head_weight(); h.defined()) {
-      params.emplace_back(embedding_name, h);
-      other_stages.erase(key_of(family, family.place(cfg, embedding_name).name));
-    }
-  }
+  const std::set<std::string> other_stages = other_stage_keys(model, family, params);
   const std::string tied_head_key =
       cfg.tie_embeddings ? key_of(family, family.place(cfg, "lm_head.weight").name) : "";
-
   std::set<std::string> used;
   std::vector<std::pair<const Group*, Found>> plan;  // parameters <- file tensor
   const std::vector<Group> groups = group_by_file_tensor(family, cfg, params);
-  for (const Group& g : groups) {
-    const std::string key = key_of(family, g.place.name);
-    std::vector<std::string> absent;
-    for (size_t i = 0; i < g.parts.size(); ++i)
-      if (!g.parts[i].second.defined()) absent.push_back(std::to_string(i));
-    DS_CHECK(absent.empty(), "[hf_io] internal: parts {} of '{}' are not parameters here",
-             fmt::join(absent, ", "), g.place.name);
-    const Shape want = file_shape(g);
-    auto it = by_key.find(key);
-    if (it == by_key.end()) {
-      problems.push_back(fmt::format("missing: '{}' {}", g.place.name, shape_str(want)));
-      continue;
-    }
-    used.insert(key);
-    const safetensors::Entry& e = *it->second.entry;
-    if (e.shape != want) {
-      std::string layout_note;
-      if (g.place.transposed) layout_note = " (Conv1D layout: (in, out))";
-      if (g.parts.size() > 1) {
-        std::vector<std::string> names;
-        for (const auto& [n, t] : g.parts) names.push_back(n + " " + shape_str(t.shape()));
-        layout_note = fmt::format(" (our {} stacked)", fmt::join(names, " and "));
-      }
-      problems.push_back(fmt::format("mis-shaped: '{}' is {} in the file, the model needs {}{}",
-                                     e.name, shape_str(e.shape), shape_str(want), layout_note));
-    } else if (!e.supported) {
-      problems.push_back(fmt::format("unsupported dtype: '{}' is {} (F32, BF16 and F16 are read)",
-                                     e.name, e.dtype_name));
-    } else {
-      plan.emplace_back(&g, it->second);
-    }
-  }
+  for (const Group& g : groups)
+    if (auto found = match_group(g, family, by_key, used, problems)) plan.emplace_back(&g, *found);
   for (const auto& [key, found] : by_key) {
     if (used.count(key) || other_stages.count(key)) continue;
     if (key == tied_head_key || family.is_buffer(found.entry->name)) {
@@ -370,38 +429,8 @@ HFLoadReport load_hf_weights(GPT& model, const fs::path& path) {
         "to",
         where, problems.size(), problems.size() == 1 ? "" : "s", family.name, cfg.n_layer,
         cfg.n_embd, cfg.vocab_size, fmt::join(problems, "\n  "));
-
   autograd::NoGradGuard no_grad;
-  for (const auto& [group, found] : plan) {
-    Tensor t = readers[found.reader].get(found.entry->name);
-    if (group->place.transposed) {
-      t = ops::transpose(t, 0, 1);
-      ++report.transposed;
-    }
-    int64_t row = 0;
-    for (const auto& [name, param] : group->parts) {
-      const int64_t rows = param.size(0);
-      const Tensor part = group->parts.size() == 1 ? t : ops::slice(t, 0, row, row + rows);
-      row += rows;
-      param.detach().copy_from(part);
-      // A NaN or Inf in the weights (a checkpoint saved after training diverged, or a damaged
-      // file) would otherwise surface as "!!!!!!" from ds_generate or a loss blamed on the
-      // learning rate. Checked after the copy, so a value the model's dtype cannot hold counts too.
-      const int64_t bad = first_non_finite(param.detach());
-      DS_CHECK(bad < 0,
-               "[hf_io] {}: tensor '{}'{} holds a non-finite value (NaN or Inf) at element {} of "
-               "{}{}; these weights cannot be used: take an earlier checkpoint, or check how this "
-               "file was written",
-               readers[found.reader].path(), found.entry->name,
-               group->parts.size() > 1 ? fmt::format(" (its part {})", name) : std::string(), bad,
-               param.numel(),
-               param.dtype() != found.entry->dtype
-                   ? fmt::format(" (after conversion from {} to {})", found.entry->dtype_name,
-                                 dtype_name(param.dtype()))
-                   : std::string());
-      ++report.tensors;
-    }
-  }
+  for (const auto& [group, found] : plan) copy_group(*group, found, readers, report);
   return report;
 }
 

@@ -45,27 +45,12 @@ bool is_seq2seq_model_type(const std::string& t) {
   return t == "bart" || t == "blenderbot" || t == "t5";
 }
 
-Seq2SeqConfig seq2seq_config_from_json(const json& j, const std::string& source) {
-  DS_CHECK(j.is_object(), "[hf_io] {}: config.json must be a JSON object", source);
-  DS_CHECK(j.contains("model_type") && j["model_type"].is_string(),
-           "[hf_io] {}: no \"model_type\"; a sequence-to-sequence config.json names {}", source,
-           supported_seq2seq_model_types());
-  const std::string type = j["model_type"].get<std::string>();
-  DS_CHECK(is_seq2seq_model_type(type),
-           "[hf_io] {}: model_type \"{}\" is not a sequence-to-sequence model we read "
-           "(supported: {})",
-           source, type, supported_seq2seq_model_types());
-  if (j.contains("ds_cpp")) {
-    try {
-      return Seq2SeqConfig::from_json(j["ds_cpp"]);
-    } catch (const Error& e) {
-      DS_THROW("[hf_io] {}: \"ds_cpp\": {}", source, e.what());
-    }
-  }
-  if (type == "t5") return hf::t5_config_from_json(j, source);
-  // BartConfig's fields, the 4.x architecture switches checked below, and keys that change
-  // nothing here: the classification head's dropout and label count (no such head),
-  // gradient_checkpointing (memory), unk/mask token ids, 4.x generation switches.
+namespace {
+
+// BartConfig's fields, the 4.x architecture switches checked in check_bart_switches, and keys that
+// change nothing here: the classification head's dropout and label count (no such head),
+// gradient_checkpointing (memory), unk/mask token ids, 4.x generation switches.
+const std::set<std::string>& bart_fields() {
   static const std::set<std::string> fields = {"vocab_size",
                                                "max_position_embeddings",
                                                "d_model",
@@ -102,13 +87,12 @@ Seq2SeqConfig seq2seq_config_from_json(const json& j, const std::string& source)
                                                "layernorm_variant",
                                                "extra_layer_norm",
                                                "do_blenderbot_90_layernorm"};
-  hf::check_known_fields(j, fields, type, source);
-  hf::check_dtype_fields(j, source);
-  const bool blender = type == "blenderbot";
-  const Defaults& d = blender ? kBlenderbot : kBart;
-  Seq2SeqConfig c;
-  c.family = type;
-  c.set_family_architecture();
+  return fields;
+}
+
+// BART's and BlenderBot's sizes, activation, dropout and token ids (their own defaults).
+void read_bart_sizes(const json& j, const Defaults& d, const std::string& source,
+                     Seq2SeqConfig& c) {
   c.vocab_size = hf::get_field<int64_t>(j, "vocab_size", d.vocab_size, source);
   c.max_positions = hf::get_field<int64_t>(j, "max_position_embeddings", d.max_positions, source);
   c.d_model = hf::get_field<int64_t>(j, "d_model", d.d_model, source);
@@ -137,6 +121,12 @@ Seq2SeqConfig seq2seq_config_from_json(const json& j, const std::string& source)
   c.forced_eos_token_id = hf::get_field<int64_t>(j, "forced_eos_token_id", 2, source);
   if (j.contains("forced_eos_token_id") && j["forced_eos_token_id"].is_null())
     c.forced_eos_token_id = -1;
+}
+
+// What the class cannot express (an untied head, LayerDrop, a different encoder depth) and the
+// 4.x architecture switches, which must say what the family's class computes.
+void check_bart_switches(const json& j, const std::string& type, const std::string& source,
+                         const Seq2SeqConfig& c) {
   DS_CHECK(hf::get_field<bool>(j, "tie_word_embeddings", true, source),
            "[hf_io] {}: tie_word_embeddings false (an lm_head of its own) is not supported",
            source);
@@ -155,10 +145,38 @@ Seq2SeqConfig seq2seq_config_from_json(const json& j, const std::string& source)
   expect_field(j, "static_position_embeddings", false, type, source);
   expect_field(j, "add_bias_logits", false, type, source);
   expect_field(j, "extra_layer_norm", false, type, source);
-  if (blender)
-    expect_field(j, "layernorm_variant", std::string("prelayernorm"), type, source);
-  else
-    expect_field(j, "layernorm_variant", std::string("postlayernorm"), type, source);
+  expect_field(j, "layernorm_variant",
+               std::string(type == "blenderbot" ? "prelayernorm" : "postlayernorm"), type,
+               source);
+}
+
+}  // namespace
+
+Seq2SeqConfig seq2seq_config_from_json(const json& j, const std::string& source) {
+  DS_CHECK(j.is_object(), "[hf_io] {}: config.json must be a JSON object", source);
+  DS_CHECK(j.contains("model_type") && j["model_type"].is_string(),
+           "[hf_io] {}: no \"model_type\"; a sequence-to-sequence config.json names {}", source,
+           supported_seq2seq_model_types());
+  const std::string type = j["model_type"].get<std::string>();
+  DS_CHECK(is_seq2seq_model_type(type),
+           "[hf_io] {}: model_type \"{}\" is not a sequence-to-sequence model we read "
+           "(supported: {})",
+           source, type, supported_seq2seq_model_types());
+  if (j.contains("ds_cpp")) {
+    try {
+      return Seq2SeqConfig::from_json(j["ds_cpp"]);
+    } catch (const Error& e) {
+      DS_THROW("[hf_io] {}: \"ds_cpp\": {}", source, e.what());
+    }
+  }
+  if (type == "t5") return hf::t5_config_from_json(j, source);
+  hf::check_known_fields(j, bart_fields(), type, source);
+  hf::check_dtype_fields(j, source);
+  Seq2SeqConfig c;
+  c.family = type;
+  c.set_family_architecture();
+  read_bart_sizes(j, type == "blenderbot" ? kBlenderbot : kBart, source, c);
+  check_bart_switches(j, type, source, c);
   try {
     c.validate();
   } catch (const Error& e) {
