@@ -1,18 +1,18 @@
-// LLaMA- and GLM-family Hugging Face import/export (ds/models/hf_io.h, ds/models/family.h) against
-// transformers itself:
-// tests/fixtures/hf_families/<case> are folders as transformers 5 saved them (some rewritten into
-// the 4.x config form), with transformers' float64 logits, loss and every gradient
-// (tests/fixtures/generators/gen_hf_family_fixture.py; chatglm2 is the glm case rewritten into ChatGLM2's remote-code
-// layout, checked against glm's reference). Each is imported through the public path (read_hf_config +
-// load_hf_weights), compared, exported and re-imported; the config fields that change the math
-// and that we do not implement are refused by name.
+// LLaMA-, GLM- and Gemma-family Hugging Face import/export (ds/models/hf_io.h, ds/models/family.h)
+// against transformers itself: tests/fixtures/hf_families/<case> are folders as transformers 5
+// saved them (some rewritten into the 4.x config form), with transformers' float64 logits, loss and
+// every gradient (tests/fixtures/generators/gen_hf_family_fixture.py; chatglm2 is the glm case
+// rewritten into ChatGLM2's remote-code layout, checked against glm's reference). Each is imported
+// through the public path (read_hf_config + load_hf_weights), compared, exported and re-imported;
+// the config fields that change the math and that we do not implement are refused by name.
 //
 // Error measure and tolerance as in test_parity: per tensor max|ours - ref| / max|ref| <= 1e-5.
 // We compute in fp32 from the same (bf16/fp16/fp32-rounded) weights the reference used; the
 // reference itself keeps transformers' fp32 RoPE tables, RMSNorm and softmax, ~1e-7 of the scale.
 //
 // With DS_HF_EXPORT_DIR set, the export of every case is also left in $DS_HF_EXPORT_DIR/<case>
-// for `tests/fixtures/generators/gen_hf_family_fixture.py --check-export` (transformers loads it, same logits).
+// for `tests/fixtures/generators/gen_hf_family_fixture.py --check-export` (transformers loads it,
+// same logits).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -116,6 +116,28 @@ TEST_P(HFFamily, ConfigIsReadAsTransformersReadsIt) {
     EXPECT_FALSE(c.qkv_bias);  // attention_bias false
     EXPECT_EQ(c.rotary_dim(), 4);  // partial_rotary_factor 0.25 of head_dim 16
     EXPECT_TRUE(c.sandwich_norm);
+  } else if (n == "gemma3" || n == "gemma3_legacy") {
+    EXPECT_EQ(c.family, "gemma3_text");
+    EXPECT_TRUE(c.qk_norm && c.sandwich_norm && c.norm_unit_offset && c.geglu && c.embed_scale);
+    EXPECT_TRUE(c.tie_embeddings);
+    EXPECT_EQ(c.query_pre_attn_scalar, 12.0f);
+    EXPECT_EQ(c.sliding_window, 4);  // < T = 8 of the fixture: the windows slide
+    EXPECT_EQ(c.layer_types, (std::vector<std::string>{"sliding_attention", "full_attention"}));
+    // 5.x rope_parameters by layer type; 4.x rope_theta / rope_local_base_freq.
+    EXPECT_EQ(c.rope_theta, n == "gemma3" ? 1e6f : 5e5f);
+    EXPECT_EQ(c.rope_local_theta, n == "gemma3" ? 1e4f : 2e4f);
+    EXPECT_EQ(c.rope_scaling.type, n == "gemma3" ? "linear" : "default");
+    EXPECT_EQ(c.block_config(0).sliding_window, 4);
+    EXPECT_EQ(c.block_config(0).rope_scaling.type, "default");  // local layers: no scaling
+    EXPECT_EQ(c.block_config(1).sliding_window, 0);
+  } else if (n == "gemma2") {
+    EXPECT_EQ(c.family, "gemma2");
+    EXPECT_FALSE(c.qk_norm);
+    EXPECT_TRUE(c.sandwich_norm && c.norm_unit_offset && c.geglu && c.embed_scale);
+    EXPECT_EQ(c.attn_logit_softcapping, 1.5f);
+    EXPECT_EQ(c.final_logit_softcapping, 3.0f);
+    EXPECT_EQ(c.block_config(0).sliding_window, 4);
+    EXPECT_EQ(c.block_config(1).attn_softcap, 1.5f);
   }
 }
 
@@ -262,7 +284,8 @@ TEST_P(HFFamily, TrainsInBf16CloseToTransformersFp32) {
 
 INSTANTIATE_TEST_SUITE_P(Families, HFFamily,
                          ::testing::Values("llama3_gqa", "llama_yarn_tied", "mistral",
-                                           "qwen2_linear", "qwen3", "glm", "glm4", "chatglm2"));
+                                           "qwen2_linear", "qwen3", "glm", "glm4", "chatglm2",
+                                           "gemma3", "gemma3_legacy", "gemma2"));
 
 json llama(json extra = json::object()) {
   json j = {{"model_type", "llama"},          {"hidden_size", 64},      {"num_attention_heads", 4},
@@ -493,6 +516,74 @@ TEST(HFConfig, FieldsThatChangeTheMathAreRefusedByName) {
   EXPECT_HAS(config_error(llama({{"num_key_value_heads", 3}})),
              "num_key_value_heads 3 must divide num_attention_heads 4");
   EXPECT_HAS(config_error(llama({{"model_type", "gemma"}})), "model_type \"gemma\"");
+}
+
+json gemma3(json extra = json::object()) {
+  json j = {{"model_type", "gemma3_text"}, {"hidden_size", 64}, {"num_attention_heads", 4},
+            {"num_key_value_heads", 1},    {"head_dim", 16},    {"num_hidden_layers", 6},
+            {"intermediate_size", 96},     {"vocab_size", 32},  {"max_position_embeddings", 128},
+            {"sliding_window", 16}};
+  j.update(extra);
+  return j;
+}
+
+TEST(HFConfig, Gemma3LayerTypesRopeAndRefusals) {
+  // 4.x defaults: sliding_window_pattern 6 (every sixth layer full), local theta 1e4, global 1e6.
+  auto c = models::hf_config_from_json(gemma3());
+  EXPECT_EQ(c.layer_types[4], "sliding_attention");
+  EXPECT_EQ(c.layer_types[5], "full_attention");
+  EXPECT_EQ(c.rope_theta, 1e6f);
+  EXPECT_EQ(c.rope_local_theta, 1e4f);
+  EXPECT_EQ(c.query_pre_attn_scalar, 256.0f);
+  EXPECT_EQ(c.block_config(0).attn_scale, 1.0f / 16.0f);
+  EXPECT_EQ(c.block_config(0).rope_theta, 1e4f);
+  EXPECT_EQ(c.block_config(5).rope_theta, 1e6f);
+  // 4.x rope_scaling applies to the full layers only (Gemma 3 27B's linear factor 8).
+  c = models::hf_config_from_json(
+      gemma3({{"rope_scaling", {{"rope_type", "linear"}, {"factor", 8.0}}}}));
+  EXPECT_EQ(c.rope_scaling.factor, 8.0);
+  EXPECT_EQ(c.block_config(0).rope_scaling.type, "default");
+  EXPECT_EQ(c.final_logit_softcapping, 0.0f);  // Gemma 3: none unless named
+  EXPECT_EQ(models::hf_config_from_json(gemma3({{"final_logit_softcapping", 30.0}}))
+                .final_logit_softcapping,
+            30.0f);
+  // transformers' Gemma3Attention keeps attn_logit_softcapping without applying it: refused.
+  EXPECT_HAS(config_error(gemma3({{"attn_logit_softcapping", 50.0}})),
+             "attn_logit_softcapping 50.0 is not supported for gemma3_text");
+  EXPECT_HAS(config_error(gemma3({{"hidden_activation", "gelu"}})), "hidden_activation \"gelu\"");
+  EXPECT_HAS(config_error(gemma3({{"use_bidirectional_attention", true}})),
+             "use_bidirectional_attention true");
+  EXPECT_HAS(config_error(gemma3({{"layer_types", {"full_attention"}}})),
+             "layer_types has 1 entries for num_hidden_layers 6");
+  EXPECT_HAS(config_error(gemma3({{"layer_types", json(6, "chunked_attention")}})),
+             "layer_types entry \"chunked_attention\" is not supported");
+  EXPECT_HAS(
+      config_error(gemma3({{"rope_parameters",
+                            {{"full_attention", {{"rope_theta", 1e6}}},
+                             {"sliding_attention", {{"rope_type", "linear"}, {"factor", 2.0}}}}}})),
+      "rope_parameters.sliding_attention");
+  // A config outside what Gemma3ForCausalLM expresses is refused before anything is built.
+  models::GPTConfig bad = c;
+  bad.geglu = false;
+  EXPECT_HAS(error_of([&] { bad.validate(); }), "family gemma3_text has sandwich norms");
+  bad = models::GPTConfig::preset("test-llama");
+  bad.geglu = true;
+  EXPECT_HAS(error_of([&] { bad.validate(); }), "need family gemma2 or gemma3_text");
+  // Gemma 2: alternating layers (sliding first), one rotary base, both soft-cappings by default
+  // (absent = 50 and 30, null = none), no q/k norms.
+  json g2 = gemma3({{"model_type", "gemma2"}});
+  c = models::hf_config_from_json(g2);
+  EXPECT_EQ(c.layer_types[0], "sliding_attention");
+  EXPECT_EQ(c.layer_types[1], "full_attention");
+  EXPECT_EQ(c.attn_logit_softcapping, 50.0f);
+  EXPECT_EQ(c.final_logit_softcapping, 30.0f);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.rope_local_theta, 0.0f);
+  EXPECT_EQ(c.block_config(0).attn_softcap, 50.0f);
+  g2["final_logit_softcapping"] = nullptr;
+  EXPECT_EQ(models::hf_config_from_json(g2).final_logit_softcapping, 0.0f);
+  g2["rope_local_base_freq"] = 10000.0;  // a Gemma 3 field
+  EXPECT_HAS(config_error(g2), "field \"rope_local_base_freq\" is not understood");
 }
 
 TEST(HFConfig, OurConfigExpressesEveryFieldAndRoundTrips) {

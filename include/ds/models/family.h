@@ -84,7 +84,7 @@ std::unique_ptr<IncrementalDecoder> make_decoder(std::shared_ptr<const GPT> mode
 std::string supported_model_types();
 
 namespace families {  // the entries (src/models/families/*.cpp)
-extern const Family gpt2, llama, mistral, qwen2, qwen3, glm, glm4, chatglm;
+extern const Family gpt2, llama, mistral, qwen2, qwen3, glm, glm4, chatglm, gemma2, gemma3_text;
 }  // namespace families
 
 }  // namespace ds::models
