@@ -241,7 +241,11 @@ TEST_P(HFFamily, TrainsAndDecodesOnADeviceAsOnTheHost) {
 // whose two extra norms per layer round twice more), mean gradient error 1.3e-2 .. 5.2e-2 (glm4),
 // worst gradient 7.9e-2 (glm4). Demanded: logits and the mean gradient error within 6e-2, each
 // gradient within 0.1 of its scale, the loss within 1e-2 relative (fp32, a mean). A wrong kernel (a
-// wrong index, scale or missing term, not a rounding) shows up at 0.3 or more.
+// wrong index, scale or missing term, not a rounding) shows up at 0.3 or more. Gemma rounds at
+// more places (four norms and two q/k norms per layer, GeGLU, the soft-capping) and is held to
+// 8e-2 for the logits and 0.15 per gradient: measured gemma3 (fp32 weights rounded here) worst
+// gradient 0.125, gemma2 logits 6.4e-2 (capped at 3, so small); PyTorch's own bf16 run of the same
+// models (transformers loading the fixture with dtype=torch.bfloat16) gives 0.25 and 6.2e-2.
 TEST_P(HFFamily, TrainsInBf16CloseToTransformersFp32) {
   auto m = import(case_dir(GetParam()));
   const nn::FlatParameters flat =
@@ -251,7 +255,9 @@ TEST_P(HFFamily, TrainsInBf16CloseToTransformersFp32) {
   const Tensor logits = m->logits(ids);
   EXPECT_EQ(logits.dtype(), DType::bf16);
   const double e_logits = rel_err(logits.to(DType::f32).to_vector(), ref_->get("logits").to_vector());
-  EXPECT_LE(e_logits, 6e-2) << "logits";
+  const bool gemma = GetParam().rfind("gemma", 0) == 0;
+  const double tol_logits = gemma ? 8e-2 : 6e-2, tol_grad = gemma ? 0.15 : 0.1;
+  EXPECT_LE(e_logits, tol_logits) << "logits";
   Tensor loss = m->loss(ids, targets);
   EXPECT_EQ(loss.dtype(), DType::f32);
   const double ref_loss = ref_->get("loss").item();
@@ -272,7 +278,7 @@ TEST_P(HFFamily, TrainsInBf16CloseToTransformersFp32) {
       g = ops::slice(g, 0, place.part * rows, (place.part + 1) * rows).contiguous();
     }
     const double e = rel_err(p.grad().to_vector(), g.to_vector());
-    EXPECT_LE(e, 0.1) << "gradient of " << name;
+    EXPECT_LE(e, tol_grad) << "gradient of " << name;
     worst = std::max(worst, e);
     sum += e;
     ++count;

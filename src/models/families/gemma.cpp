@@ -195,9 +195,11 @@ json write(const GPTConfig& c) {
           {"rope_theta",
            hf::shortest(c.rope_local_theta > 0.0f ? c.rope_local_theta : c.rope_theta)}}}};
   auto cap = [](float v) { return v > 0.0f ? json(hf::shortest(v)) : json(nullptr); };
-  j["query_pre_attn_scalar"] = c.query_pre_attn_scalar > 0.0f
-                                   ? json(hf::shortest(c.query_pre_attn_scalar))
-                                   : json(c.head_dim());
+  // An int in transformers' (strict) config class; our float holds it exactly.
+  const float qs =
+      c.query_pre_attn_scalar > 0.0f ? c.query_pre_attn_scalar : static_cast<float>(c.head_dim());
+  j["query_pre_attn_scalar"] =
+      qs == std::trunc(qs) ? json(static_cast<int64_t>(qs)) : json(hf::shortest(qs));
   j["sliding_window"] = c.sliding_window > 0 ? c.sliding_window : c.block_size;
   j["layer_types"] = c.layer_types.empty()
                          ? std::vector<std::string>(static_cast<size_t>(c.n_layer), kFull)
