@@ -393,6 +393,31 @@ TEST(HFConfig, PublishedConfigsOfEachFamily) {
        "tie_word_embeddings":true,"torch_dtype":"bfloat16","transformers_version":"4.51.0",
        "use_cache":true,"use_sliding_window":false,"vocab_size":151936})",
        596049920},
+      // Gemma's counts are transformers 5.24's for these configs (meta-device models).
+      {"gemma-3-1b-pt",
+       R"({"architectures":["Gemma3ForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
+       "attn_logit_softcapping":null,"bos_token_id":2,"cache_implementation":"hybrid",
+       "eos_token_id":[1,106],"final_logit_softcapping":null,"head_dim":256,
+       "hidden_activation":"gelu_pytorch_tanh","hidden_size":1152,"initializer_range":0.02,
+       "intermediate_size":6912,"max_position_embeddings":32768,"model_type":"gemma3_text",
+       "num_attention_heads":4,"num_hidden_layers":26,"num_key_value_heads":1,"pad_token_id":0,
+       "query_pre_attn_scalar":256,"rms_norm_eps":1e-06,"rope_local_base_freq":10000,
+       "rope_scaling":null,"rope_theta":1000000,"sliding_window":512,"sliding_window_pattern":6,
+       "torch_dtype":"bfloat16","transformers_version":"4.50.0.dev0","use_cache":true,
+       "vocab_size":262144})",
+       999885952},
+      {"gemma-2-2b",
+       R"({"architectures":["Gemma2ForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
+       "attn_logit_softcapping":50.0,"bos_token_id":2,"cache_implementation":"hybrid",
+       "eos_token_id":1,"final_logit_softcapping":30.0,"head_dim":256,
+       "hidden_act":"gelu_pytorch_tanh","hidden_activation":"gelu_pytorch_tanh",
+       "hidden_size":2304,"initializer_range":0.02,"intermediate_size":9216,
+       "max_position_embeddings":8192,"model_type":"gemma2","num_attention_heads":8,
+       "num_hidden_layers":26,"num_key_value_heads":4,"pad_token_id":0,
+       "query_pre_attn_scalar":256,"rms_norm_eps":1e-06,"rope_theta":10000.0,
+       "sliding_window":4096,"torch_dtype":"float32","transformers_version":"4.42.4",
+       "use_cache":true,"vocab_size":256000})",
+       2614341888},
   };
   for (const auto& c : cases) {
     const models::GPTConfig cfg = models::hf_config_from_json(json::parse(c.config), c.name);
@@ -403,6 +428,10 @@ TEST(HFConfig, PublishedConfigsOfEachFamily) {
   const auto llama3 = models::hf_config_from_json(json::parse(cases[1].config));
   EXPECT_EQ(llama3.rope_theta, 500000.0f);
   EXPECT_EQ(llama3.rope_scaling.original_max_position, 8192);
+  const auto gemma3 = models::hf_config_from_json(json::parse(cases[5].config));
+  EXPECT_EQ(gemma3.block_size, 32768);  // per-layer windows do not limit the sequence
+  EXPECT_EQ(gemma3.block_config(0).sliding_window, 512);
+  EXPECT_EQ(gemma3.block_config(5).sliding_window, 0);
 }
 
 // GLM-4-9B (native glm, 4.x form with top-level partial_rotary_factor) and ChatGLM3-6B (remote code):
