@@ -207,8 +207,11 @@ void bench_fp32(backend::Backend& be, double triad, double peak) {
     Tensor out = Tensor::empty({B, NH, T, hd}), lse = Tensor::empty({B, NH, T});
     Tensor dq = Tensor::empty({B, NH, T, hd}), dk = Tensor::empty({B, NH, T, hd}), dv = Tensor::empty({B, NH, T, hd});
     const float scale = 1.0f / 8.0f;
-    const double f = time_it([&](int) { be.attention_forward(q, k, v, scale, true, {}, out, lse); });
-    const double b = time_it([&](int) { be.attention_backward(dout, q, k, v, out, lse, scale, true, {}, dq, dk, dv); });
+    const double f =
+        time_it([&](int) { be.attention_forward(q, k, v, scale, true, {}, 0, 0.0f, out, lse); });
+    const double b = time_it([&](int) {
+      be.attention_backward(dout, q, k, v, out, lse, scale, true, {}, 0, 0.0f, dq, dk, dv);
+    });
     // Useful (causal, lower-triangle) FLOPs: forward 2 products, backward 5 (with the recompute).
     const double tri = static_cast<double>(B * NH) * T * (T + 1) / 2.0 * hd * 2.0;
     const double ff = 2 * tri, bf = 5 * tri;

@@ -116,6 +116,30 @@ TEST_P(GradcheckNN, AttentionPaddedCrossAndBidirectional) {
             {leaf({1, 1, 66, 2}, 30), leaf({1, 1, 66, 2}, 31), leaf({1, 1, 66, 2}, 32)});
 }
 
+TEST_P(GradcheckNN, SlidingWindowAndSoftCappedAttention) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "attention_forward", "attention_backward");
+  // Gemma's local layers: window 3 over T 7 (every element checked), and window 5 over T 70,
+  // where the second 64-row block's keys start past 0.
+  ops::AttentionMask w3;
+  w3.window = 3;
+  GradcheckOptions opt;
+  opt.max_elements = 112;
+  gradcheck([w3](const V& x) { return ops::attention(x[0], x[1], x[2], w3, 0.4f); },
+            {leaf({2, 2, 7, 4}, 33), leaf({2, 2, 7, 4}, 34), leaf({2, 2, 7, 4}, 35)}, opt);
+  ops::AttentionMask w5;
+  w5.window = 5;
+  gradcheck([w5](const V& x) { return ops::attention(x[0], x[1], x[2], w5); },
+            {leaf({1, 1, 70, 3}, 36), leaf({1, 1, 70, 3}, 37), leaf({1, 1, 70, 3}, 38)});
+  // Gemma 2's soft-capped scores, with and without a window.
+  for (int64_t window : {0, 3}) {
+    ops::AttentionMask capped;
+    capped.window = window;
+    capped.softcap = 0.8f;
+    gradcheck([capped](const V& x) { return ops::attention(x[0], x[1], x[2], capped); },
+              {leaf({1, 2, 6, 4}, 39, 2.0f), leaf({1, 2, 6, 4}, 40, 2.0f), leaf({1, 2, 6, 4}, 41)});
+  }
+}
+
 TEST_P(GradcheckNN, CausalAttentionSingleInputNeedsGrad) {
   DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "attention_forward", "attention_backward");
   Tensor q = randn({1, 2, 5, 4}, 20), k = leaf({1, 2, 5, 4}, 21), v = randn({1, 2, 5, 4}, 22);

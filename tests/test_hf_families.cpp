@@ -1,4 +1,5 @@
-// LLaMA-, GLM- and Phi-3-family Hugging Face import/export (ds/models/hf_io.h, ds/models/family.h)
+// LLaMA-, GLM-, Phi-3- and Gemma-family Hugging Face import/export (ds/models/hf_io.h,
+// ds/models/family.h)
 // against transformers itself: tests/fixtures/hf_families/<case> are folders as transformers 5
 // saved them (some rewritten into the 4.x config form), with transformers' float64 logits, loss and
 // every gradient (tests/fixtures/generators/gen_hf_family_fixture.py; chatglm2 is the glm case
@@ -159,6 +160,28 @@ TEST_P(HFFamily, ConfigIsReadAsTransformersReadsIt) {
     EXPECT_FALSE(c.qkv_bias);  // attention_bias false
     EXPECT_EQ(c.rotary_dim(), 4);  // partial_rotary_factor 0.25 of head_dim 16
     EXPECT_TRUE(c.sandwich_norm);
+  } else if (n == "gemma3" || n == "gemma3_legacy") {
+    EXPECT_EQ(c.family, "gemma3_text");
+    EXPECT_TRUE(c.qk_norm && c.sandwich_norm && c.norm_unit_offset && c.geglu && c.embed_scale);
+    EXPECT_TRUE(c.tie_embeddings);
+    EXPECT_EQ(c.query_pre_attn_scalar, 12.0f);
+    EXPECT_EQ(c.sliding_window, 4);  // < T = 8 of the fixture: the windows slide
+    EXPECT_EQ(c.layer_types, (std::vector<std::string>{"sliding_attention", "full_attention"}));
+    // 5.x rope_parameters by layer type; 4.x rope_theta / rope_local_base_freq.
+    EXPECT_EQ(c.rope_theta, n == "gemma3" ? 1e6f : 5e5f);
+    EXPECT_EQ(c.rope_local_theta, n == "gemma3" ? 1e4f : 2e4f);
+    EXPECT_EQ(c.rope_scaling.type, n == "gemma3" ? "linear" : "default");
+    EXPECT_EQ(c.block_config(0).sliding_window, 4);
+    EXPECT_EQ(c.block_config(0).rope_scaling.type, "default");  // local layers: no scaling
+    EXPECT_EQ(c.block_config(1).sliding_window, 0);
+  } else if (n == "gemma2") {
+    EXPECT_EQ(c.family, "gemma2");
+    EXPECT_FALSE(c.qk_norm);
+    EXPECT_TRUE(c.sandwich_norm && c.norm_unit_offset && c.geglu && c.embed_scale);
+    EXPECT_EQ(c.attn_logit_softcapping, 1.5f);
+    EXPECT_EQ(c.final_logit_softcapping, 3.0f);
+    EXPECT_EQ(c.block_config(0).sliding_window, 4);
+    EXPECT_EQ(c.block_config(1).attn_softcap, 1.5f);
   }
 }
 
@@ -258,7 +281,11 @@ TEST_P(HFFamily, TrainsAndDecodesOnADeviceAsOnTheHost) {
 // whose two extra norms per layer round twice more), mean gradient error 1.3e-2 .. 5.2e-2 (glm4),
 // worst gradient 7.9e-2 (glm4). Demanded: logits and the mean gradient error within 6e-2, each
 // gradient within 0.1 of its scale, the loss within 1e-2 relative (fp32, a mean). A wrong kernel (a
-// wrong index, scale or missing term, not a rounding) shows up at 0.3 or more.
+// wrong index, scale or missing term, not a rounding) shows up at 0.3 or more. Gemma rounds at
+// more places (four norms and two q/k norms per layer, GeGLU, the soft-capping) and is held to
+// 8e-2 for the logits and 0.15 per gradient: measured gemma3 (fp32 weights rounded here) worst
+// gradient 0.125, gemma2 logits 6.4e-2 (capped at 3, so small); PyTorch's own bf16 run of the same
+// models (transformers loading the fixture with dtype=torch.bfloat16) gives 0.25 and 6.2e-2.
 TEST_P(HFFamily, TrainsInBf16CloseToTransformersFp32) {
   auto m = import(case_dir(GetParam()));
   const nn::FlatParameters flat =
@@ -268,7 +295,9 @@ TEST_P(HFFamily, TrainsInBf16CloseToTransformersFp32) {
   const Tensor logits = m->logits(ids);
   EXPECT_EQ(logits.dtype(), DType::bf16);
   const double e_logits = rel_err(logits.to(DType::f32).to_vector(), ref_->get("logits").to_vector());
-  EXPECT_LE(e_logits, 6e-2) << "logits";
+  const bool gemma = GetParam().rfind("gemma", 0) == 0;
+  const double tol_logits = gemma ? 8e-2 : 6e-2, tol_grad = gemma ? 0.15 : 0.1;
+  EXPECT_LE(e_logits, tol_logits) << "logits";
   Tensor loss = m->loss(ids, targets);
   EXPECT_EQ(loss.dtype(), DType::f32);
   const double ref_loss = ref_->get("loss").item();
@@ -286,7 +315,7 @@ TEST_P(HFFamily, TrainsInBf16CloseToTransformersFp32) {
     const models::HFPlace place = fam.place(native, name);
     const Tensor g = part_of(ref_->get("grad." + place.name), fam, native, named, name);
     const double e = rel_err(p.grad().to_vector(), g.to_vector());
-    EXPECT_LE(e, 0.1) << "gradient of " << name;
+    EXPECT_LE(e, tol_grad) << "gradient of " << name;
     worst = std::max(worst, e);
     sum += e;
     ++count;
@@ -299,7 +328,8 @@ TEST_P(HFFamily, TrainsInBf16CloseToTransformersFp32) {
 INSTANTIATE_TEST_SUITE_P(Families, HFFamily,
                          ::testing::Values("llama3_gqa", "llama_yarn_tied", "mistral",
                                            "qwen2_linear", "qwen3", "glm", "glm4", "chatglm2",
-                                           "phi3", "phi3_long", "phi3_default"));
+                                           "phi3", "phi3_long", "phi3_default",
+                                           "gemma3", "gemma3_legacy", "gemma2"));
 
 json llama(json extra = json::object()) {
   json j = {{"model_type", "llama"},          {"hidden_size", 64},      {"num_attention_heads", 4},
@@ -401,6 +431,31 @@ TEST(HFConfig, PublishedConfigsOfEachFamily) {
        "tie_word_embeddings":true,"torch_dtype":"bfloat16","transformers_version":"4.51.0",
        "use_cache":true,"use_sliding_window":false,"vocab_size":151936})",
        596049920},
+      // Gemma's counts are transformers 5.24's for these configs (meta-device models).
+      {"gemma-3-1b-pt",
+       R"({"architectures":["Gemma3ForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
+       "attn_logit_softcapping":null,"bos_token_id":2,"cache_implementation":"hybrid",
+       "eos_token_id":[1,106],"final_logit_softcapping":null,"head_dim":256,
+       "hidden_activation":"gelu_pytorch_tanh","hidden_size":1152,"initializer_range":0.02,
+       "intermediate_size":6912,"max_position_embeddings":32768,"model_type":"gemma3_text",
+       "num_attention_heads":4,"num_hidden_layers":26,"num_key_value_heads":1,"pad_token_id":0,
+       "query_pre_attn_scalar":256,"rms_norm_eps":1e-06,"rope_local_base_freq":10000,
+       "rope_scaling":null,"rope_theta":1000000,"sliding_window":512,"sliding_window_pattern":6,
+       "torch_dtype":"bfloat16","transformers_version":"4.50.0.dev0","use_cache":true,
+       "vocab_size":262144})",
+       999885952},
+      {"gemma-2-2b",
+       R"({"architectures":["Gemma2ForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
+       "attn_logit_softcapping":50.0,"bos_token_id":2,"cache_implementation":"hybrid",
+       "eos_token_id":1,"final_logit_softcapping":30.0,"head_dim":256,
+       "hidden_act":"gelu_pytorch_tanh","hidden_activation":"gelu_pytorch_tanh",
+       "hidden_size":2304,"initializer_range":0.02,"intermediate_size":9216,
+       "max_position_embeddings":8192,"model_type":"gemma2","num_attention_heads":8,
+       "num_hidden_layers":26,"num_key_value_heads":4,"pad_token_id":0,
+       "query_pre_attn_scalar":256,"rms_norm_eps":1e-06,"rope_theta":10000.0,
+       "sliding_window":4096,"torch_dtype":"float32","transformers_version":"4.42.4",
+       "use_cache":true,"vocab_size":256000})",
+       2614341888},
   };
   for (const auto& c : cases) {
     const models::GPTConfig cfg = models::hf_config_from_json(json::parse(c.config), c.name);
@@ -411,6 +466,10 @@ TEST(HFConfig, PublishedConfigsOfEachFamily) {
   const auto llama3 = models::hf_config_from_json(json::parse(cases[1].config));
   EXPECT_EQ(llama3.rope_theta, 500000.0f);
   EXPECT_EQ(llama3.rope_scaling.original_max_position, 8192);
+  const auto gemma3 = models::hf_config_from_json(json::parse(cases[5].config));
+  EXPECT_EQ(gemma3.block_size, 32768);  // per-layer windows do not limit the sequence
+  EXPECT_EQ(gemma3.block_config(0).sliding_window, 512);
+  EXPECT_EQ(gemma3.block_config(5).sliding_window, 0);
 }
 
 // GLM-4-9B (native glm, 4.x form with top-level partial_rotary_factor) and ChatGLM3-6B (remote code):
@@ -623,6 +682,74 @@ TEST(HFConfig, FieldsThatChangeTheMathAreRefusedByName) {
   EXPECT_HAS(config_error(llama({{"num_key_value_heads", 3}})),
              "num_key_value_heads 3 must divide num_attention_heads 4");
   EXPECT_HAS(config_error(llama({{"model_type", "gemma"}})), "model_type \"gemma\"");
+}
+
+json gemma3(json extra = json::object()) {
+  json j = {{"model_type", "gemma3_text"}, {"hidden_size", 64}, {"num_attention_heads", 4},
+            {"num_key_value_heads", 1},    {"head_dim", 16},    {"num_hidden_layers", 6},
+            {"intermediate_size", 96},     {"vocab_size", 32},  {"max_position_embeddings", 128},
+            {"sliding_window", 16}};
+  j.update(extra);
+  return j;
+}
+
+TEST(HFConfig, Gemma3LayerTypesRopeAndRefusals) {
+  // 4.x defaults: sliding_window_pattern 6 (every sixth layer full), local theta 1e4, global 1e6.
+  auto c = models::hf_config_from_json(gemma3());
+  EXPECT_EQ(c.layer_types[4], "sliding_attention");
+  EXPECT_EQ(c.layer_types[5], "full_attention");
+  EXPECT_EQ(c.rope_theta, 1e6f);
+  EXPECT_EQ(c.rope_local_theta, 1e4f);
+  EXPECT_EQ(c.query_pre_attn_scalar, 256.0f);
+  EXPECT_EQ(c.block_config(0).attn_scale, 1.0f / 16.0f);
+  EXPECT_EQ(c.block_config(0).rope_theta, 1e4f);
+  EXPECT_EQ(c.block_config(5).rope_theta, 1e6f);
+  // 4.x rope_scaling applies to the full layers only (Gemma 3 27B's linear factor 8).
+  c = models::hf_config_from_json(
+      gemma3({{"rope_scaling", {{"rope_type", "linear"}, {"factor", 8.0}}}}));
+  EXPECT_EQ(c.rope_scaling.factor, 8.0);
+  EXPECT_EQ(c.block_config(0).rope_scaling.type, "default");
+  EXPECT_EQ(c.final_logit_softcapping, 0.0f);  // Gemma 3: none unless named
+  EXPECT_EQ(models::hf_config_from_json(gemma3({{"final_logit_softcapping", 30.0}}))
+                .final_logit_softcapping,
+            30.0f);
+  // transformers' Gemma3Attention keeps attn_logit_softcapping without applying it: refused.
+  EXPECT_HAS(config_error(gemma3({{"attn_logit_softcapping", 50.0}})),
+             "attn_logit_softcapping 50.0 is not supported for gemma3_text");
+  EXPECT_HAS(config_error(gemma3({{"hidden_activation", "gelu"}})), "hidden_activation \"gelu\"");
+  EXPECT_HAS(config_error(gemma3({{"use_bidirectional_attention", true}})),
+             "use_bidirectional_attention true");
+  EXPECT_HAS(config_error(gemma3({{"layer_types", {"full_attention"}}})),
+             "layer_types has 1 entries for num_hidden_layers 6");
+  EXPECT_HAS(config_error(gemma3({{"layer_types", json(6, "chunked_attention")}})),
+             "layer_types entry \"chunked_attention\" is not supported");
+  EXPECT_HAS(
+      config_error(gemma3({{"rope_parameters",
+                            {{"full_attention", {{"rope_theta", 1e6}}},
+                             {"sliding_attention", {{"rope_type", "linear"}, {"factor", 2.0}}}}}})),
+      "rope_parameters.sliding_attention");
+  // A config outside what Gemma3ForCausalLM expresses is refused before anything is built.
+  models::GPTConfig bad = c;
+  bad.geglu = false;
+  EXPECT_HAS(error_of([&] { bad.validate(); }), "family gemma3_text has sandwich norms");
+  bad = models::GPTConfig::preset("test-llama");
+  bad.geglu = true;
+  EXPECT_HAS(error_of([&] { bad.validate(); }), "need family gemma2 or gemma3_text");
+  // Gemma 2: alternating layers (sliding first), one rotary base, both soft-cappings by default
+  // (absent = 50 and 30, null = none), no q/k norms.
+  json g2 = gemma3({{"model_type", "gemma2"}});
+  c = models::hf_config_from_json(g2);
+  EXPECT_EQ(c.layer_types[0], "sliding_attention");
+  EXPECT_EQ(c.layer_types[1], "full_attention");
+  EXPECT_EQ(c.attn_logit_softcapping, 50.0f);
+  EXPECT_EQ(c.final_logit_softcapping, 30.0f);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.rope_local_theta, 0.0f);
+  EXPECT_EQ(c.block_config(0).attn_softcap, 50.0f);
+  g2["final_logit_softcapping"] = nullptr;
+  EXPECT_EQ(models::hf_config_from_json(g2).final_logit_softcapping, 0.0f);
+  g2["rope_local_base_freq"] = 10000.0;  // a Gemma 3 field
+  EXPECT_HAS(config_error(g2), "field \"rope_local_base_freq\" is not understood");
 }
 
 TEST(HFConfig, OurConfigExpressesEveryFieldAndRoundTrips) {

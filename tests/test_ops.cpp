@@ -928,6 +928,130 @@ TEST_P(Ops, AttentionModelHeadSizesForwardAndBackward) {
   }
 }
 
+namespace {
+// Sliding-window attention by the definition: a masked softmax in doubles, query i (position
+// p = i + Tk - Tq) seeing keys p - window < j <= p (window 0: every earlier key), scores
+// soft-capped (cap * tanh(s / cap)) when softcap > 0, and the gradients of sum(out * g).
+struct WindowedRef {
+  std::vector<double> out, dq, dk, dv;
+};
+WindowedRef windowed_attention_ref(const std::vector<float>& q, const std::vector<float>& k,
+                                   const std::vector<float>& v, const std::vector<float>& g,
+                                   int64_t BH, int64_t Tq, int64_t Tk, int64_t hd, int64_t window,
+                                   double scale, double softcap = 0.0) {
+  WindowedRef r{std::vector<double>(q.size()), std::vector<double>(q.size()),
+                std::vector<double>(k.size()), std::vector<double>(k.size())};
+  for (int64_t bh = 0; bh < BH; ++bh)
+    for (int64_t i = 0; i < Tq; ++i) {
+      const int64_t pos = i + Tk - Tq, lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+      const size_t qi = static_cast<size_t>((bh * Tq + i) * hd);
+      auto kr = [&](int64_t j) { return static_cast<size_t>((bh * Tk + j) * hd); };
+      std::vector<double> p(static_cast<size_t>(Tk), 0.0), dp(static_cast<size_t>(Tk), 0.0),
+          slope(static_cast<size_t>(Tk), 1.0);
+      double m = -INFINITY, sum = 0, D = 0;
+      for (int64_t j = lo; j <= pos; ++j) {
+        double sc = 0;
+        for (int64_t e = 0; e < hd; ++e) {
+          sc += static_cast<double>(q[qi + e]) * k[kr(j) + e];
+          dp[static_cast<size_t>(j)] += static_cast<double>(g[qi + e]) * v[kr(j) + e];
+        }
+        sc *= scale;
+        if (softcap > 0.0) {
+          const double t = std::tanh(sc / softcap);
+          sc = softcap * t;
+          slope[static_cast<size_t>(j)] = 1.0 - t * t;
+        }
+        p[static_cast<size_t>(j)] = sc;
+        m = std::max(m, sc);
+      }
+      for (int64_t j = lo; j <= pos; ++j)
+        sum += (p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - m));
+      for (int64_t j = lo; j <= pos; ++j)
+        D += (p[static_cast<size_t>(j)] /= sum) * dp[static_cast<size_t>(j)];
+      for (int64_t j = lo; j <= pos; ++j) {
+        const double pj = p[static_cast<size_t>(j)], ds = pj * (dp[static_cast<size_t>(j)] - D) *
+                                                          slope[static_cast<size_t>(j)] * scale;
+        for (int64_t e = 0; e < hd; ++e) {
+          r.out[qi + e] += pj * v[kr(j) + e];
+          r.dv[kr(j) + e] += pj * g[qi + e];
+          r.dq[qi + e] += ds * k[kr(j) + e];
+          r.dk[kr(j) + e] += ds * q[qi + e];
+        }
+      }
+    }
+  return r;
+}
+}  // namespace
+
+// Sliding-window attention (Gemma's local layers; transformers' boundary: key j visible to the
+// query at position p iff p - window < j <= p), forward and every gradient against the masked
+// softmax reference: windows of 1 (each query itself), 4 and 5 over 64-row block boundaries (a
+// block's rows then start their keys at different positions), the queries as the last Tq of Tk
+// positions, a given scale, and a window holding the whole sequence (equal to causal attention).
+TEST_P(Ops, SlidingWindowAndSoftCappedAttentionForwardAndBackward) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "attention_forward", "attention_backward");
+  struct Case {
+    int64_t Tq, Tk, hd, window;
+    float scale;
+  };
+  for (const Case c :
+       {Case{8, 8, 4, 4, 0.0f}, Case{150, 150, 8, 5, 0.0f}, Case{70, 70, 16, 1, 0.3f},
+        Case{3, 9, 4, 4, 0.0f}, Case{130, 130, 8, 64, 0.0f}, Case{6, 6, 4, 6, 0.0f}}) {
+    const int64_t B = 2, NH = 2;
+    Tensor q = randn({B, NH, c.Tq, c.hd}, 50, 1.5f), k = randn({B, NH, c.Tk, c.hd}, 51, 1.5f),
+           v = randn({B, NH, c.Tk, c.hd}, 52), g = randn({B, NH, c.Tq, c.hd}, 53);
+    for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+    const double scale = c.scale > 0.0f ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.hd));
+    const WindowedRef want =
+        windowed_attention_ref(host_vector(q), host_vector(k), host_vector(v), host_vector(g),
+                               B * NH, c.Tq, c.Tk, c.hd, c.window, scale);
+    ops::AttentionMask mask;
+    mask.window = c.window;
+    Tensor y = ops::attention(q, k, v, mask, c.scale);
+    const std::string what = "Tq " + std::to_string(c.Tq) + " Tk " + std::to_string(c.Tk) +
+                             " window " + std::to_string(c.window);
+    expect_close(host_vector(y), want.out, 2e-5, 1e-4, ("windowed attention " + what).c_str());
+    ops::sum(ops::mul(y, g)).backward();
+    expect_close(host_vector(q.grad()), want.dq, 5e-5, 5e-4, ("dq " + what).c_str());
+    expect_close(host_vector(k.grad()), want.dk, 5e-5, 5e-4, ("dk " + what).c_str());
+    expect_close(host_vector(v.grad()), want.dv, 5e-5, 5e-4, ("dv " + what).c_str());
+  }
+  // Soft-capped scores (Gemma 2), alone and with a window, across a 64-row block boundary.
+  for (const Case c :
+       {Case{70, 70, 8, 0, 0.0f}, Case{70, 70, 8, 6, 0.0f}, Case{5, 9, 4, 0, 0.0f}}) {
+    const int64_t B = 1, NH = 2;
+    const float cap = 1.5f;  // scores of O(3) at this scale: tanh well into its bend
+    Tensor q = randn({B, NH, c.Tq, c.hd}, 55, 2.0f), k = randn({B, NH, c.Tk, c.hd}, 56, 2.0f),
+           v = randn({B, NH, c.Tk, c.hd}, 57), g = randn({B, NH, c.Tq, c.hd}, 58);
+    for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+    const WindowedRef want = windowed_attention_ref(
+        host_vector(q), host_vector(k), host_vector(v), host_vector(g), B * NH, c.Tq, c.Tk, c.hd,
+        c.window, 1.0 / std::sqrt(static_cast<double>(c.hd)), cap);
+    ops::AttentionMask mask;
+    mask.window = c.window;
+    mask.softcap = cap;
+    Tensor y = ops::attention(q, k, v, mask);
+    const std::string what =
+        "softcap, Tq " + std::to_string(c.Tq) + " window " + std::to_string(c.window);
+    expect_close(host_vector(y), want.out, 2e-5, 1e-4, ("attention " + what).c_str());
+    ops::sum(ops::mul(y, g)).backward();
+    expect_close(host_vector(q.grad()), want.dq, 5e-5, 5e-4, ("dq " + what).c_str());
+    expect_close(host_vector(k.grad()), want.dk, 5e-5, 5e-4, ("dk " + what).c_str());
+    expect_close(host_vector(v.grad()), want.dv, 5e-5, 5e-4, ("dv " + what).c_str());
+  }
+  // A window is causal and unpadded only.
+  Tensor q = randn({1, 1, 4, 2}, 54);
+  ops::AttentionMask bad;
+  bad.window = 2;
+  bad.causal = false;
+  EXPECT_NE(error_of([&] { ops::attention(q, q, q, bad); }).find("sliding window (2)"),
+            std::string::npos);
+  bad.causal = true;
+  bad.key_lengths = {3};
+  EXPECT_NE(error_of([&] { ops::attention(q, q, q, bad); }).find("without key lengths"),
+            std::string::npos);
+}
+
 TEST_P(Ops, CausalAttentionAcceptsStridedInputs) {
   // A GPT block hands attention permuted views; the op makes them contiguous for the kernel.
   DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "attention_forward", "copy");
@@ -981,7 +1105,7 @@ TEST_P(Ops, DecodeAttentionMatchesNaiveWithGroupedHeads) {
       expect_close(host_vector(ops::decode_attention(q, kc, vc, p0, scale)), want, 2e-6, 1e-5,
                    what.c_str());
       Tensor out = Tensor::empty({n, NH, hd}, DType::f32, device());
-      backend::get(device()).backend::Backend::decode_attention(q, kc, vc, p0, scale, out);
+      backend::get(device()).backend::Backend::decode_attention(q, kc, vc, p0, scale, 0.0f, out);
       expect_close(host_vector(out), want, 2e-6, 1e-5, ("default, " + what).c_str());
     }
   EXPECT_NE(error_of([&] {

@@ -1080,8 +1080,9 @@ TEST(LoadModel, HfTokenizerAndItsChatTemplate) {
 // tests/fixtures/generators/gen_generate_fixture.py)
 // ----
 //
-// Tiny GPT-2, LLaMA (GQA, llama3 rope), Qwen3 (q/k norm) and Phi-3 (fused qkv_proj and
-// gate_up_proj, LongRoPE's short table) models saved by transformers, with the
+// Tiny GPT-2, LLaMA (GQA, llama3 rope), Qwen3 (q/k norm), Phi-3 (fused qkv_proj and
+// gate_up_proj, LongRoPE's short table), Gemma 3 (sliding windows) and Gemma 2 (sliding windows,
+// soft-capping) models saved by transformers, with the
 // ids its greedy generate() produced. We load the folder as ds_serve does (HF import, byte
 // tokenizer, generation_config.json's eos) and must produce the same ids, token for token, through
 // the KV decoder and through the uncached forward. The fixture's smallest top-1/top-2 logit gap
@@ -1160,4 +1161,13 @@ TEST(GreedyParity, Phi3LongropeMatchesTransformersGenerate) {
 // recomputes the sequence on LongRoPE's long table, as Phi3ForCausalLM's generate() does.
 TEST(GreedyParity, Phi3LongropeSwitchMatchesTransformersGenerate) {
   check_greedy_parity("phi3_crossing");
+}
+// Gemma 3: two sliding-window layers (window 4) around a full one; prompts plus 32 new tokens run
+// far past the window, so the decoder's windowed attention against the cache decides the tokens.
+TEST(GreedyParity, Gemma3SlidingWindowMatchesTransformersGenerate) {
+  check_greedy_parity("gemma3");
+}
+// Gemma 2: sliding and full layers alternating, attention scores and logits soft-capped.
+TEST(GreedyParity, Gemma2SoftCappedMatchesTransformersGenerate) {
+  check_greedy_parity("gemma2");
 }

@@ -241,7 +241,7 @@ void Backend::linear_rows(const Tensor& x, const Tensor& w, const Tensor& b, con
 }
 
 void Backend::decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                               int64_t p0, float scale, const Tensor& out) {
+                               int64_t p0, float scale, float softcap, const Tensor& out) {
   const int64_t NH = q.size(0), n = q.size(1), hd = q.size(2), KV = k_cache.size(1);
   const int64_t T = p0 + n;
   DS_CHECK(KV > 0 && NH % KV == 0 && k_cache.size(0) >= T && k_cache.shape() == v_cache.shape(),
@@ -261,7 +261,7 @@ void Backend::decode_attention(const Tensor& q, const Tensor& k_cache, const Ten
                                          q.storage_offset());
   const Tensor o4 = Tensor::empty({1, NH, n, hd}, DType::f32, q.device());
   const Tensor lse = Tensor::empty({1, NH, n}, DType::f32, q.device());
-  attention_forward(q4, k, v, scale, /*causal=*/true, {}, o4, lse);
+  attention_forward(q4, k, v, scale, /*causal=*/true, {}, /*window=*/0, softcap, o4, lse);
   // (1, NH, n, hd) -> out (n, NH, hd)
   copy(Tensor::from_storage(o4.storage(), {n, NH, hd}, DType::f32, 0, {hd, n * hd, 1}), out);
 }

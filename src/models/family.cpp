@@ -9,8 +9,9 @@ namespace ds::models {
 
 const std::vector<const Family*>& all_families() {
   static const std::vector<const Family*> all = {
-      &families::gpt2, &families::llama, &families::mistral, &families::qwen2, &families::qwen3,
-      &families::glm,  &families::glm4,  &families::chatglm, &families::phi3};
+      &families::gpt2,   &families::llama,      &families::mistral, &families::qwen2,
+      &families::qwen3,  &families::glm,        &families::glm4,    &families::chatglm,
+      &families::phi3,   &families::gemma2,     &families::gemma3_text};
   return all;
 }
 
@@ -41,6 +42,11 @@ const Family& family_for_model_type(const std::string& model_type, const std::st
                 "(ds/models/seq2seq_io.h), not as a decoder; ds_train fine-tunes them on a seq2seq "
                 "set (ds_prepare --task seq2seq)"
               : "; mT5 and UMT5 are not supported yet (t5 is, as a Seq2Seq)";
+  else if (model_type == "gemma" || model_type == "gemma3")
+    why = model_type == "gemma"
+              ? "; Gemma (v1) is not supported yet (gemma2 and gemma3_text are)"
+              : "; gemma3 is the multimodal Gemma3ForConditionalGeneration: its text model "
+                "(text_config, model_type gemma3_text) is supported, the vision tower not";
   DS_THROW("[hf_io] {}: model_type \"{}\" is not supported (supported: {}){}", source, model_type,
            supported_model_types(), why);
 }

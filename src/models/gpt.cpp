@@ -106,16 +106,32 @@ void GPTConfig::validate() const {
   DS_CHECK(n_kv_head >= 0 && n_head % kv_heads() == 0,
            "[model] n_kv_head {} must divide n_head {} (0 = n_head)", n_kv_head, n_head);
   DS_CHECK(sliding_window >= 0, "[model] sliding_window must be >= 0, got {}", sliding_window);
-  DS_CHECK(sliding_window == 0 || sliding_window >= block_size,
-           "[model] sliding_window {} < block_size {}: sliding-window attention is not "
-           "implemented; use block_size <= sliding_window (every window then holds the whole "
-           "sequence)",
+  DS_CHECK(sliding_window == 0 || sliding_window >= block_size || !layer_types.empty(),
+           "[model] sliding_window {} < block_size {} on every layer (no layer_types) is not "
+           "supported; use block_size <= sliding_window (every window then holds the whole "
+           "sequence), or layer_types to name the sliding layers",
            sliding_window, block_size);
+  DS_CHECK(layer_types.empty() || static_cast<int64_t>(layer_types.size()) == n_layer,
+           "[model] layer_types has {} entries for n_layer {}", layer_types.size(), n_layer);
+  for (const auto& t : layer_types)
+    DS_CHECK(t == "full_attention" || t == "sliding_attention",
+             "[model] layer_types entry \"{}\" is unknown (full_attention, sliding_attention)", t);
+  DS_CHECK(rope_local_theta >= 0.0f && query_pre_attn_scalar >= 0.0f &&
+               attn_logit_softcapping >= 0.0f && final_logit_softcapping >= 0.0f,
+           "[model] rope_local_theta {}, query_pre_attn_scalar {}, attn_logit_softcapping {} and "
+           "final_logit_softcapping {} must be >= 0 (0 = unset)",
+           rope_local_theta, query_pre_attn_scalar, attn_logit_softcapping,
+           final_logit_softcapping);
   if (layout == Layout::gpt2) {
     DS_CHECK(kv_heads() == n_head && head_dim() * n_head == n_embd && !qkv_bias && !qk_norm &&
-                 rope_scaling.is_default() && sliding_window == 0,
-             "[model] n_kv_head, head_size, qkv_bias, qk_norm, rope_scaling and sliding_window "
-             "are llama-layout fields; the gpt2 layout has none of them");
+                 rope_scaling.is_default() && sliding_window == 0 && layer_types.empty() &&
+                 rope_local_theta == 0.0f && !norm_unit_offset && !geglu && !embed_scale &&
+                 query_pre_attn_scalar == 0.0f && attn_logit_softcapping == 0.0f &&
+                 final_logit_softcapping == 0.0f,
+             "[model] n_kv_head, head_size, qkv_bias, qk_norm, rope_scaling, sliding_window, "
+             "layer_types, rope_local_theta, norm_unit_offset, geglu, embed_scale, "
+             "query_pre_attn_scalar and the soft-cappings are llama-layout fields; the gpt2 "
+             "layout has none of them");
   } else {
     DS_CHECK(head_dim() % 2 == 0,
              "[model] rotary embeddings need an even head size, got {} (n_embd {} / n_head {} or "
@@ -161,6 +177,27 @@ nn::BlockConfig GPTConfig::block_config() const {
   b.rope_theta = rope_theta;
   b.dropout = dropout;
   b.bias = bias;
+  b.norm_unit_offset = norm_unit_offset;
+  b.geglu = geglu;
+  b.attn_scale = query_pre_attn_scalar > 0.0f ? 1.0f / std::sqrt(query_pre_attn_scalar) : 0.0f;
+  b.attn_softcap = attn_logit_softcapping;
+  return b;
+}
+
+bool GPTConfig::layer_slides(int64_t layer) const {
+  return layer >= 0 && layer < static_cast<int64_t>(layer_types.size()) &&
+         layer_types[static_cast<size_t>(layer)] == "sliding_attention";
+}
+
+nn::BlockConfig GPTConfig::block_config(int64_t layer) const {
+  nn::BlockConfig b = block_config();
+  if (!layer_slides(layer)) return b;
+  // A window that holds the whole sequence changes nothing: the kernels' plain causal path.
+  if (sliding_window > 0 && sliding_window < block_size) b.sliding_window = sliding_window;
+  if (rope_local_theta > 0.0f) {
+    b.rope_theta = rope_local_theta;
+    b.rope_scaling = nn::RopeScaling{};
+  }
   return b;
 }
 
@@ -252,6 +289,14 @@ nlohmann::json GPTConfig::to_json() const {
   if (partial_rotary_factor != 1.0f) j["partial_rotary_factor"] = partial_rotary_factor;
   if (rope_interleaved) j["rope_interleaved"] = true;
   if (sandwich_norm) j["sandwich_norm"] = true;
+  if (!layer_types.empty()) j["layer_types"] = layer_types;
+  if (rope_local_theta != 0.0f) j["rope_local_theta"] = rope_local_theta;
+  if (norm_unit_offset) j["norm_unit_offset"] = true;
+  if (geglu) j["geglu"] = true;
+  if (embed_scale) j["embed_scale"] = true;
+  if (query_pre_attn_scalar != 0.0f) j["query_pre_attn_scalar"] = query_pre_attn_scalar;
+  if (attn_logit_softcapping != 0.0f) j["attn_logit_softcapping"] = attn_logit_softcapping;
+  if (final_logit_softcapping != 0.0f) j["final_logit_softcapping"] = final_logit_softcapping;
   if (!family.empty()) j["family"] = family;
   return j;
 }
@@ -321,6 +366,14 @@ const std::map<std::string, Setter>& config_fields() {
       DS_FIELD(partial_rotary_factor, float),
       DS_FIELD(rope_interleaved, bool),
       DS_FIELD(sandwich_norm, bool),
+      DS_FIELD(layer_types, std::vector<std::string>),
+      DS_FIELD(rope_local_theta, float),
+      DS_FIELD(norm_unit_offset, bool),
+      DS_FIELD(geglu, bool),
+      DS_FIELD(embed_scale, bool),
+      DS_FIELD(query_pre_attn_scalar, float),
+      DS_FIELD(attn_logit_softcapping, float),
+      DS_FIELD(final_logit_softcapping, float),
       DS_FIELD(family, std::string),
   };
   return fields;
@@ -415,8 +468,6 @@ GPT::GPT(GPTConfig config, std::shared_ptr<nn::TensorParallel> tp, PipeRange lay
            "[model] pipeline stage layers [{}, {}) outside the model's {} layers (embedding, {} "
            "blocks, head)",
            range_.begin, range_.end, n_pipe, c.n_layer);
-  nn::BlockConfig bc = c.block_config();
-  bc.tp = tp_;
   const bool gpt2 = c.layout == Layout::gpt2;
   DS_CHECK(!(tp_ && nn::PartitionedInit::active()),
            "[model] a tensor-parallel model is built whole on each rank (its parts), not under "
@@ -446,15 +497,19 @@ GPT::GPT(GPTConfig config, std::shared_ptr<nn::TensorParallel> tp, PipeRange lay
   if (end_block > first_block) {
     auto list = register_module(gpt2 ? "h" : "layers",
                                 std::make_shared<nn::ModuleList>(first_block));
-    for (int64_t i = first_block; i < end_block; ++i)
-      blocks_.push_back(list->append(nn::make_block(bc)));
+    for (int64_t i = first_block; i < end_block; ++i) {
+      nn::BlockConfig bi = c.block_config(i);
+      bi.tp = tp_;
+      blocks_.push_back(list->append(nn::make_block(bi)));
+    }
   }
   if (has_head()) {
     if (gpt2)
       norm_f_ =
           register_module("ln_f", std::make_shared<nn::LayerNorm>(c.n_embd, c.norm_eps, c.bias));
     else
-      norm_f_ = register_module("norm", std::make_shared<nn::RMSNorm>(c.n_embd, c.norm_eps));
+      norm_f_ = register_module(
+          "norm", std::make_shared<nn::RMSNorm>(c.n_embd, c.norm_eps, c.norm_unit_offset));
     if (c.tie_embeddings && !has_embedding()) {
       // The head's copy of wte lives outside the parameters (see tied_head_weight()).
       tied_head_ = Tensor::zeros({tp_ ? vocab_split_.end - vocab_split_.begin : c.vocab_size,
@@ -537,7 +592,7 @@ Tensor GPT::forward(const Tensor& in) {
     const int64_t T = ids.size(1);
     DS_CHECK(T >= 1 && T <= config_.block_size,
              "[model] sequence length {} outside [1, block_size {}]", T, config_.block_size);
-    x = (*tok_emb_)(ids);                                                         // (B, T, C)
+    x = scale_embedding((*tok_emb_)(ids));                                        // (B, T, C)
     if (pos_emb_) x = ops::add(x, (*pos_emb_)(ops::slice(positions_, 0, 0, T)));  // + (T, C)
     x = ops::dropout(x, config_.dropout, is_training());
   } else {
@@ -566,6 +621,11 @@ Tensor GPT::forward(const Tensor& in) {
   }
   if (!has_head()) return x;
   x = (*norm_f_)(x);
+  if (loss_targets_.defined() && config_.final_logit_softcapping > 0.0f) {
+    // Capped logits: formed whole, then the plain cross entropy.
+    const Tensor lg = cap_logits(head_logits(x));
+    return ops::cross_entropy(ops::reshape(lg, {-1, lg.size(-1)}), loss_targets_, -100);
+  }
   if (loss_targets_.defined()) {  // loss(): the head's loss, fused where it can be
     const Tensor targets = loss_targets_;
     if (lm_head_) return lm_head_->cross_entropy(x, targets, -100);
@@ -575,6 +635,10 @@ Tensor GPT::forward(const Tensor& in) {
     return x.dtype() == DType::f16 ? ops::cross_entropy(ops::linear(x2, w, Tensor()), targets, -100)
                                    : ops::linear_cross_entropy(x2, w, targets, -100);
   }
+  return cap_logits(head_logits(x));  // (B, T, V)
+}
+
+Tensor GPT::head_logits(const Tensor& x) {
   if (tied_head_.defined()) {
     // The tied head without its embedding: what ColumnParallelLinear / Linear would compute.
     return ops::linear(tp_ ? nn::tp_copy(x, *tp_) : x,
@@ -584,12 +648,18 @@ Tensor GPT::forward(const Tensor& in) {
   return (*lm_head_)(x);  // (B, T, V)
 }
 
+Tensor GPT::cap_logits(const Tensor& logits) const {
+  const float cap = config_.final_logit_softcapping;
+  if (cap <= 0.0f) return logits;
+  return ops::mul(ops::tanh(ops::mul(logits, 1.0f / cap)), cap);
+}
+
 Tensor GPT::decode_embed(const Tensor& ids, std::span<const int64_t> positions) const {
   DS_CHECK(has_embedding(),
            "[generate] decoding needs the embedding: this pipeline stage holds "
            "layers [{}, {})",
            range_.begin, range_.end);
-  Tensor x = tok_emb_->forward(ids);  // (1, N, C)
+  Tensor x = scale_embedding(tok_emb_->forward(ids));  // (1, N, C)
   if (!pos_emb_) return x;
   const Device dev = pos_emb_->weight().device();
   Tensor pos = Tensor::from_ints(std::vector<int64_t>(positions.begin(), positions.end()),
@@ -600,6 +670,15 @@ Tensor GPT::decode_embed(const Tensor& ids, std::span<const int64_t> positions) 
     pos = d;
   }
   return ops::add(x, pos_emb_->forward(pos));  // + (N, C)
+}
+
+Tensor GPT::scale_embedding(const Tensor& x) const {
+  if (!config_.embed_scale) return x;
+  // sqrt(C) rounded to the embedding's dtype first, as transformers' Gemma embedding does.
+  float s = std::sqrt(static_cast<float>(config_.n_embd));
+  if (x.dtype() == DType::bf16) s = bf16_to_float(float_to_bf16(s));
+  if (x.dtype() == DType::f16) s = f16_to_float(float_to_f16(s));
+  return ops::mul(x, s);
 }
 
 Tensor GPT::decode_final_norm(const Tensor& x) const {
@@ -615,7 +694,7 @@ Tensor GPT::decode_head(const Tensor& x, bool rows) const {
            "[generate] decoding needs the LM head: this pipeline stage holds "
            "layers [{}, {})",
            range_.begin, range_.end);
-  return lm_head_->decode(x, rows);
+  return cap_logits(lm_head_->decode(x, rows));
 }
 
 Tensor GPT::loss(const Tensor& ids, const Tensor& targets) {
@@ -764,7 +843,7 @@ std::vector<ParamInit> GPT::init_plan() const {
       set(ln->weight(), {ParamInit::ones, 0.0f});
       set(ln->bias(), {ParamInit::zeros, 0.0f});
     } else if (auto* rms = dynamic_cast<const nn::RMSNorm*>(m)) {
-      set(rms->weight(), {ParamInit::ones, 0.0f});
+      set(rms->weight(), {rms->unit_offset() ? ParamInit::zeros : ParamInit::ones, 0.0f});
     }
   }
   std::vector<ParamInit> plan;

@@ -108,12 +108,17 @@ Tensor LayerNorm::forward(const Tensor& x) {
   return ops::layer_norm(x, weight_, bias_, eps_);
 }
 
-RMSNorm::RMSNorm(int64_t dim, float eps) : Module("RMSNorm"), eps_(eps) {
-  weight_ = register_parameter("weight", Tensor::ones({dim}));
+RMSNorm::RMSNorm(int64_t dim, float eps, bool unit_offset)
+    : Module("RMSNorm"), eps_(eps), unit_offset_(unit_offset) {
+  weight_ = register_parameter("weight", unit_offset ? Tensor::zeros({dim}) : Tensor::ones({dim}));
 }
 
 Tensor RMSNorm::forward(const Tensor& x) {
-  return ops::rms_norm(x, weight_, eps_);
+  if (!unit_offset_) return ops::rms_norm(x, weight_, eps_);
+  // (1 + w) in fp32 as transformers' Gemma norms compute it, also for 16-bit weights and inputs
+  // (the kernel takes each in its own dtype): 1 + w rounded to bf16 would lose w's low bits.
+  const Tensor w32 = weight_.dtype() == DType::f32 ? weight_ : ops::cast(weight_, DType::f32);
+  return ops::rms_norm(x, ops::add(w32, 1.0f), eps_);
 }
 
 // ---- MLPs ----
@@ -152,20 +157,24 @@ Tensor MLP::decode(const Tensor& x, bool rows) const {
   return c_proj_->decode(ops::gelu(c_fc_->decode(x, rows)), rows);
 }
 
-SwiGLUMLP::SwiGLUMLP(const BlockConfig& cfg) : FeedForward("SwiGLUMLP"), dropout_(cfg.dropout) {
+SwiGLUMLP::SwiGLUMLP(const BlockConfig& cfg)
+    : FeedForward("SwiGLUMLP"), dropout_(cfg.dropout), geglu_(cfg.geglu) {
   gate_proj_ = register_module("gate_proj", column(cfg, cfg.n_embd, cfg.ffn_hidden, cfg.bias));
   up_proj_ = register_module("up_proj", column(cfg, cfg.n_embd, cfg.ffn_hidden, cfg.bias));
   down_proj_ = register_module("down_proj", row(cfg, cfg.ffn_hidden, cfg.n_embd, cfg.bias));
 }
 
+Tensor SwiGLUMLP::act(const Tensor& gate, const Tensor& up) const {
+  return geglu_ ? ops::mul(ops::gelu(gate), up) : ops::swiglu(gate, up);
+}
+
 Tensor SwiGLUMLP::forward(const Tensor& x) {
-  Tensor h = ops::swiglu((*gate_proj_)(x), (*up_proj_)(x));  // (B, T, H)
+  Tensor h = act((*gate_proj_)(x), (*up_proj_)(x));  // (B, T, H)
   return ops::dropout((*down_proj_)(h), dropout_, is_training());
 }
 
 Tensor SwiGLUMLP::decode(const Tensor& x, bool rows) const {
-  return down_proj_->decode(ops::swiglu(gate_proj_->decode(x, rows), up_proj_->decode(x, rows)),
-                            rows);
+  return down_proj_->decode(act(gate_proj_->decode(x, rows), up_proj_->decode(x, rows)), rows);
 }
 
 // ---- attention ----
@@ -240,9 +249,14 @@ GroupedQueryAttention::GroupedQueryAttention(const BlockConfig& cfg)
       n_head_(cfg.n_head),
       n_kv_head_(cfg.resolved_kv_heads()),
       head_dim_(cfg.resolved_head_dim()),
-      dropout_(cfg.dropout) {
+      dropout_(cfg.dropout),
+      attn_scale_(cfg.attn_scale),
+      window_(cfg.sliding_window),
+      softcap_(cfg.attn_softcap) {
   DS_CHECK(n_head_ > 0 && head_dim_ > 0, "[attention] n_head {} and head size {} must be positive",
            n_head_, head_dim_);
+  DS_CHECK(attn_scale_ >= 0.0f && window_ >= 0,
+           "[attention] attn_scale {} and sliding_window {} must be >= 0", attn_scale_, window_);
   DS_CHECK(n_head_ % n_kv_head_ == 0, "[attention] n_head {} not divisible by n_kv_head {}",
            n_head_, n_kv_head_);
   const int64_t C = n_embd_, Q = n_head_ * head_dim_, KV = n_kv_head_ * head_dim_;
@@ -254,8 +268,10 @@ GroupedQueryAttention::GroupedQueryAttention(const BlockConfig& cfg)
   v_proj_ = register_module("v_proj", column(cfg, C, KV, qkv_bias, head_dim_, 1, true));
   o_proj_ = register_module("o_proj", row(cfg, Q, C, cfg.bias, head_dim_));
   if (cfg.qk_norm) {
-    q_norm_ = register_module("q_norm", std::make_shared<RMSNorm>(head_dim_, cfg.norm_eps));
-    k_norm_ = register_module("k_norm", std::make_shared<RMSNorm>(head_dim_, cfg.norm_eps));
+    q_norm_ = register_module(
+        "q_norm", std::make_shared<RMSNorm>(head_dim_, cfg.norm_eps, cfg.norm_unit_offset));
+    k_norm_ = register_module(
+        "k_norm", std::make_shared<RMSNorm>(head_dim_, cfg.norm_eps, cfg.norm_unit_offset));
   }
   const int64_t rd = cfg.resolved_rotary_dim();
   DS_CHECK(rd > 0 && rd <= head_dim_ && rd % 2 == 0,
@@ -299,7 +315,11 @@ Tensor GroupedQueryAttention::forward(const Tensor& x) {
   const Tensor q = rotate(heads(*q_proj_, NH, q_norm_.get()));
   const Tensor k = repeat_kv(rotate(heads(*k_proj_, KV, k_norm_.get())));
   const Tensor v = repeat_kv(heads(*v_proj_, KV, nullptr));
-  const Tensor y = (*o_proj_)(merge_heads(ops::causal_attention(q, k, v)));  // (B, T, C)
+  ops::AttentionMask mask;
+  mask.window = window_;
+  mask.softcap = softcap_;
+  const Tensor y =
+      (*o_proj_)(merge_heads(ops::attention(q, k, v, mask, attn_scale_)));  // (B, T, C)
   return ops::dropout(y, dropout_, is_training());
 }
 
@@ -323,7 +343,7 @@ Tensor GroupedQueryAttention::decode(const Tensor& x, const DecodeStep& step) co
     };
     ys.push_back(attend_cached(rotate(heads(q_all, NH, q_norm_.get())),
                                rotate(heads(k_all, KV, k_norm_.get())), heads(v_all, KV, nullptr),
-                               seq, x.dtype()));
+                               seq, x.dtype(), attn_scale_, window_, softcap_));
   }
   return o_proj_->decode(join_decode_rows(ys), step.rows);  // (1, N, C)
 }
@@ -349,16 +369,16 @@ GPT2Block::GPT2Block(const BlockConfig& cfg) : Block("GPT2Block") {
 
 LlamaBlock::LlamaBlock(const BlockConfig& cfg) : Block("LlamaBlock") {
   check_ffn(cfg);
-  norm_1_ = register_module("input_layernorm", std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
+  auto norm = [&] {
+    return std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps, cfg.norm_unit_offset);
+  };
+  norm_1_ = register_module("input_layernorm", norm());
   attn_ = register_module("self_attn", std::make_shared<GroupedQueryAttention>(cfg));
-  norm_2_ = register_module("post_attention_layernorm",
-                            std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
+  norm_2_ = register_module("post_attention_layernorm", norm());
   mlp_ = register_module("mlp", std::make_shared<SwiGLUMLP>(cfg));
   if (cfg.sandwich_norm) {
-    norm_3_ = register_module("post_self_attn_layernorm",
-                              std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
-    norm_4_ =
-        register_module("post_mlp_layernorm", std::make_shared<RMSNorm>(cfg.n_embd, cfg.norm_eps));
+    norm_3_ = register_module("post_self_attn_layernorm", norm());
+    norm_4_ = register_module("post_mlp_layernorm", norm());
   }
 }
 

@@ -35,7 +35,7 @@ Tensor linear_rows(const Tensor& x, const Tensor& w, const Tensor& b) {
 }
 
 Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t p0,
-                        float scale) {
+                        float scale, float softcap) {
   DS_CHECK(q.dim() == 3 && k_cache.dim() == 3 && k_cache.shape() == v_cache.shape() &&
                k_cache.size(2) == q.size(2) && k_cache.size(1) > 0 &&
                q.size(0) % k_cache.size(1) == 0 && p0 >= 0 && p0 + q.size(1) <= k_cache.size(0),
@@ -53,12 +53,12 @@ Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   const Tensor qc = f32_contiguous(q);
   Tensor out = Tensor::empty({q.size(1), q.size(0), q.size(2)}, DType::f32, q.device());
   if (cd == DType::f32 || be(q).supports("decode_attention", cd)) {
-    be(q).decode_attention(qc, k_cache, v_cache, p0, scale, out);
+    be(q).decode_attention(qc, k_cache, v_cache, p0, scale, softcap, out);
   } else {
     // A backend without the 16-bit kernel: the valid rows widened (the same values, exactly).
     const int64_t T = p0 + q.size(1);
     be(q).decode_attention(qc, f32_contiguous(slice(k_cache, 0, 0, T)),
-                           f32_contiguous(slice(v_cache, 0, 0, T)), p0, scale, out);
+                           f32_contiguous(slice(v_cache, 0, 0, T)), p0, scale, softcap, out);
   }
   return q.dtype() == DType::f32 ? out : out.to(q.dtype());
 }

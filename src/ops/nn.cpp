@@ -280,12 +280,19 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
              "[attention] key length {} of batch row {} outside [1, {}]: every row needs a "
              "visible key",
              mask.key_lengths[b], b, Tk);
+  DS_CHECK(mask.window >= 0 && (mask.window == 0 || (mask.causal && mask.key_lengths.empty())),
+           "[attention] a sliding window ({}) must be >= 0 and needs causal attention without key "
+           "lengths",
+           mask.window);
+  DS_CHECK(mask.softcap >= 0.0f && std::isfinite(mask.softcap),
+           "[attention] softcap must be finite and >= 0 (0 = none), got {}", mask.softcap);
   const float scale = scale_in > 0.0f ? scale_in : 1.0f / std::sqrt(static_cast<float>(hd));
   const bool d16 = direct16(q, {"attention_forward", "attention_backward"});
   Tensor fq = kin(q, d16), fk = kin(k, d16), fv = kin(v, d16);
   Tensor o = kout(q.shape(), q, d16);  // (B, NH, Tq, hd)
   Tensor lse = empty_f32({B, NH, Tq}, q);  // fp32 on both paths
-  be(q).attention_forward(fq, fk, fv, scale, mask.causal, mask.key_lengths, o, lse);
+  be(q).attention_forward(fq, fk, fv, scale, mask.causal, mask.key_lengths, mask.window,
+                          mask.softcap, o, lse);
   Tensor out = result(o, q.dtype(), d16);
   if (!wants_grad({q, k, v})) return out;
   // The backward reads o: fp32 on the f32c path, the rounded 16-bit output on the direct path.
@@ -294,7 +301,8 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   const bool nq = q.requires_grad(), nk = k.requires_grad(), nv = v.requires_grad();
   return autograd::record(out, mask.causal ? "CausalAttentionBackward" : "AttentionBackward", {q, k, v}, [=](const Tensor& g) -> std::vector<Tensor> {
     Tensor dq = kout(sq.shape(), sq, d16), dk = kout(sk.shape(), sk, d16), dv = kout(sv.shape(), sv, d16);
-    be(sq).attention_backward(kin(g, d16), sq, sk, sv, so, lse, scale, mask.causal, mask.key_lengths, dq, dk, dv);
+    be(sq).attention_backward(kin(g, d16), sq, sk, sv, so, lse, scale, mask.causal,
+                              mask.key_lengths, mask.window, mask.softcap, dq, dk, dv);
     return {nq ? result(dq, dt, d16) : Tensor(), nk ? result(dk, dt, d16) : Tensor(), nv ? result(dv, dt, d16) : Tensor()};
   });
 }

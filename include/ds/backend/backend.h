@@ -177,14 +177,19 @@ class Backend {
   // row's log-sum-exp so that backward recomputes the scores one block of rows at a time instead of
   // storing them. Query i of batch b sees keys j < key_lens[b] (every key when key_lens is empty:
   // right padding) and, when causal, j <= i + Tk - Tq (the queries are the last Tq positions;
-  // Tq <= Tk). Every row must see at least one key.
+  // Tq <= Tk). window > 0 (causal, no key_lens): a sliding window, query at position
+  // p = i + Tk - Tq sees keys p - window < j <= p (transformers' sliding_window mask; Gemma's
+  // local layers); 0 = none. softcap > 0: each scaled score s becomes softcap * tanh(s / softcap)
+  // before the mask and softmax (Gemma 2's attention logit soft-capping); 0 = none. A backend
+  // without windows or soft-capping refuses them by name. Every row must see at least one key.
   virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                                 bool causal, std::span<const int64_t> key_lens, const Tensor& out,
-                                 const Tensor& lse) = 0;
+                                 bool causal, std::span<const int64_t> key_lens, int64_t window,
+                                 float softcap, const Tensor& out, const Tensor& lse) = 0;
   virtual void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const Tensor& out, const Tensor& lse,
                                   float scale, bool causal, std::span<const int64_t> key_lens,
-                                  const Tensor& dq, const Tensor& dk, const Tensor& dv) = 0;
+                                  int64_t window, float softcap, const Tensor& dq, const Tensor& dk,
+                                  const Tensor& dv) = 0;
   // Rotary embedding on x (B, NH, T, hd), positions pos0 .. pos0+T-1. The first r = 2 *
   // inv_freq.size() <= hd dims rotate (the rest are copied: partial rotary, GLM's r = hd/2), pair i
   // by angle p * inv_freq[i], cos and sin multiplied by scale (yarn's attention factor; 1
@@ -272,12 +277,13 @@ class Backend {
   // q (NH, n, hd); k_cache and v_cache (P, KV, hd) position-major (the rows a sequence has
   // cached, P >= p0 + n, rows p0.. already holding the new keys); out (n, NH, hd). Query head h
   // reads KV head h / (NH / KV) (grouped-query attention); query row i sees positions 0 .. p0+i.
-  // Scores are scaled by `scale`, softmax and the weighted sum accumulate in fp32. All fp32,
+  // Scores are scaled by `scale` (then soft-capped, softcap > 0: softcap * tanh(s / softcap)),
+  // softmax and the weighted sum accumulate in fp32. All fp32,
   // contiguous; the caches bf16 where supports("decode_attention", bf16) (widened as read: the
   // result is that of the caches' fp32 widening). Default (fp32): gathers the cache into
   // (1, NH, p0+n, hd) and runs attention_forward.
   virtual void decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                int64_t p0, float scale, const Tensor& out);
+                                int64_t p0, float scale, float softcap, const Tensor& out);
 
   // ---- optimizer ----
   // One Adam step over flat contiguous fp32 p, g, m, v of equal length (p, m, v updated in place);

@@ -84,7 +84,8 @@ std::unique_ptr<IncrementalDecoder> make_decoder(std::shared_ptr<const GPT> mode
 std::string supported_model_types();
 
 namespace families {  // the entries (src/models/families/*.cpp)
-extern const Family gpt2, llama, mistral, qwen2, qwen3, glm, glm4, chatglm, phi3;
+extern const Family gpt2, llama, mistral, qwen2, qwen3, glm, glm4, chatglm, phi3, gemma2,
+    gemma3_text;
 }  // namespace families
 
 }  // namespace ds::models

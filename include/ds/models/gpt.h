@@ -9,10 +9,11 @@
 //          layers.{i}.self_attn.{q,k,v,o}_proj.weight (+ q/k/v .bias with qkv_bias or bias),
 //          layers.{i}.self_attn.{q,k}_norm.weight (qk_norm),
 //          layers.{i}.post_attention_layernorm.weight, layers.{i}.mlp.{gate,up,down}_proj.weight,
-//          norm.weight, lm_head.weight (untied). The llama layout covers LLaMA 2/3, Mistral, Qwen2
-//          and Qwen3 (family picks the Hugging Face class an export names): grouped-query attention
-//          (n_kv_head), a head size other than C / NH (head_size), rope scaling, q/k/v biases,
-//          per-head q/k RMSNorm.
+//          norm.weight, lm_head.weight (untied). The llama layout covers LLaMA 2/3, Mistral, Qwen2,
+//          Qwen3, GLM and Gemma 3 (family picks the Hugging Face class an export names):
+//          grouped-query attention (n_kv_head), a head size other than C / NH (head_size), rope
+//          scaling, q/k/v biases, per-head q/k RMSNorm, sandwich norms, per-layer sliding windows,
+//          Gemma's (1 + w) norms, GeGLU and scaled embeddings.
 //
 // Our Linear weights are (out, in) like torch.nn.Linear. Hugging Face's GPT-2 uses Conv1D, whose
 // weights are stored (in, out): an importer transposes c_attn, c_proj and c_fc weights.
@@ -54,9 +55,28 @@ struct GPTConfig {
   bool qkv_bias = false;         // q/k/v_proj biases while o_proj and the MLP have none (Qwen2)
   bool qk_norm = false;          // per-head RMSNorm of q and k before RoPE (Qwen3)
   nn::RopeScaling rope_scaling;  // JSON "rope_scaling": {"type": ..., ...}; see ds/nn/rope.h
-  // Mistral's sliding-window attention: 0 = none. Only recorded: a window must be >= block_size,
-  // where it changes nothing (the importer lowers block_size to the window; see hf_io.h).
+  // Sliding-window attention: 0 = none. With layer_types empty (Mistral) it covers every layer and
+  // is only recorded: it must be >= block_size, where it changes nothing (the importer lowers
+  // block_size to the window; see hf_io.h). With layer_types, the layers named
+  // "sliding_attention" attend to their last sliding_window keys (Gemma's local layers).
   int64_t sliding_window = 0;
+  // One entry per layer, "full_attention" or "sliding_attention"; empty = every layer alike.
+  std::vector<std::string> layer_types;
+  // Rotary base of the sliding_attention layers (Gemma's rope_local_base_freq), which take no
+  // rope_scaling; 0 = rope_theta and rope_scaling like every other layer.
+  float rope_local_theta = 0.0f;
+  // Gemma: RMSNorms scale by (1 + w) (weights start at zero), GeGLU MLP (gelu, tanh
+  // approximation), token embeddings multiplied by sqrt(n_embd) (rounded to the embedding's
+  // dtype), attention scores scaled by query_pre_attn_scalar^-0.5 (0 = 1/sqrt(head_dim)).
+  bool norm_unit_offset = false;
+  bool geglu = false;
+  bool embed_scale = false;
+  float query_pre_attn_scalar = 0.0f;
+  // Gemma 2's soft-capping, cap * tanh(x / cap): of the attention scores (every layer) and of the
+  // logits; 0 = none. The capped logits' loss is not fused (ops::linear_cross_entropy): the head
+  // forms the (B*T, V) logits.
+  float attn_logit_softcapping = 0.0f;
+  float final_logit_softcapping = 0.0f;
   // GLM: rotary embedding on the first head_size * partial_rotary_factor dims of each head only,
   // rotating pairs (2i, 2i+1) when rope_interleaved (ChatGLM's layout); GLM-4's sandwich_norm adds
   // an RMSNorm after attention and after the MLP (post_self_attn_layernorm, post_mlp_layernorm).
@@ -94,6 +114,9 @@ struct GPTConfig {
   std::string resolved_family() const;
   int64_t resolved_ffn_hidden() const;
   nn::BlockConfig block_config() const;
+  // Layer `layer`'s block: block_config() with its sliding window and rotary base (layer_types).
+  nn::BlockConfig block_config(int64_t layer) const;
+  bool layer_slides(int64_t layer) const;  // layer_types[layer] == "sliding_attention"
   // Parameter count from the shapes alone (no model built); tied weights counted once.
   int64_t num_parameters() const;
 };
@@ -248,6 +271,9 @@ class GPT : public nn::Module, public nn::PipelineStage {
   // named_parameters()[i] is parameter param_index_[i] of the whole model (initialisation draws).
   std::vector<uint64_t> param_index_;
   int64_t full_index(size_t local) const;
+  Tensor scale_embedding(const Tensor& x) const;  // (.., C): * sqrt(C) with embed_scale
+  Tensor cap_logits(const Tensor& logits) const;  // (.., V): final_logit_softcapping
+  Tensor head_logits(const Tensor& x);            // (B, T, C) -> (B, T, V), uncapped
 };
 
 }  // namespace ds::models

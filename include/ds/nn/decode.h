@@ -45,7 +45,10 @@ Tensor join_decode_rows(const std::vector<Tensor>& ys);
 // when KV < NH). Writes k and v into the cache rows p0 .. p0+n-1, then attends: a chunk at
 // position 0 runs the fused causal attention of training (prefill equals the module's forward
 // exactly), a later chunk ops::decode_attention against the cache. Returns (1, n, NH*hd) in dtype.
+// scale: of the scores (0 = 1/sqrt(hd)); window > 0: each row at position p sees cached positions
+// p - window < j <= p only (a sliding-window layer; the cache still holds every position);
+// softcap > 0: the scores soft-capped (ops::AttentionMask::softcap).
 Tensor attend_cached(const Tensor& q, const Tensor& k, const Tensor& v, const DecodeSeq& seq,
-                     DType dtype);
+                     DType dtype, float scale = 0.0f, int64_t window = 0, float softcap = 0.0f);
 
 }  // namespace ds::nn

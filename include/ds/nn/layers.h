@@ -50,6 +50,16 @@ struct BlockConfig {
   int64_t rotary_dim = 0;         // llama: dims of each head that rotate (GLM: hd/2); 0 = hd
   bool rope_interleaved = false;  // llama: rotate pairs (2i, 2i+1), not (i, i + r/2) (GLM)
   bool sandwich_norm = false;     // llama: RMSNorm after attention and after the MLP too (GLM-4)
+  // Gemma (llama layout): every RMSNorm scales by (1 + w) (weights stored as offsets from one),
+  // the MLP's gate goes through gelu (tanh approximation: GeGLU) instead of silu, attention scores
+  // are scaled by attn_scale (query_pre_attn_scalar^-0.5; 0 = 1/sqrt(hd)), and a layer with
+  // sliding_window > 0 attends causally to its last sliding_window keys only (local layers);
+  // attn_softcap > 0 soft-caps the scaled scores, cap * tanh(s / cap) (Gemma 2).
+  bool norm_unit_offset = false;
+  bool geglu = false;
+  float attn_scale = 0.0f;
+  int64_t sliding_window = 0;
+  float attn_softcap = 0.0f;
   // Tensor parallelism (tensor_parallel.h): attention heads (and K/V heads), the MLP's hidden
   // width cut over tp->size() ranks; null = none. Shapes below are then the full model's.
   std::shared_ptr<TensorParallel> tp;
@@ -128,15 +138,19 @@ class LayerNorm : public Module {
   float eps_;
 };
 
+// x / rms(x) * w, or * (1 + w) with unit_offset (Gemma: the weight is stored as an offset from
+// one and starts at zero).
 class RMSNorm : public Module {
  public:
-  explicit RMSNorm(int64_t dim, float eps = 1e-6f);
+  explicit RMSNorm(int64_t dim, float eps = 1e-6f, bool unit_offset = false);
   Tensor forward(const Tensor& x) override;  // (..., C) -> (..., C)
   const Tensor& weight() const { return weight_; }
+  bool unit_offset() const { return unit_offset_; }
 
  private:
   Tensor weight_;
   float eps_;
+  bool unit_offset_ = false;
 };
 
 // A block's MLP: forward, and the same computation for an inference step (nn/decode.h).
@@ -161,7 +175,8 @@ class MLP : public FeedForward {
   float dropout_;
 };
 
-// LLaMA MLP: down_proj(silu(gate_proj(x)) * up_proj(x)), then dropout.
+// LLaMA MLP: down_proj(silu(gate_proj(x)) * up_proj(x)), then dropout; with cfg.geglu, gelu (tanh
+// approximation, Gemma's gelu_pytorch_tanh) in place of silu.
 class SwiGLUMLP : public FeedForward {
  public:
   explicit SwiGLUMLP(const BlockConfig& cfg);
@@ -171,6 +186,8 @@ class SwiGLUMLP : public FeedForward {
  private:
   std::shared_ptr<Linear> gate_proj_, up_proj_, down_proj_;
   float dropout_;
+  bool geglu_ = false;
+  Tensor act(const Tensor& gate, const Tensor& up) const;  // (.., H) x 2 -> (.., H)
 };
 
 // Causal multi-head self-attention, scale 1/sqrt(hd), in two classes, one per family of weight
@@ -208,7 +225,8 @@ class FusedQKVAttention : public SelfAttention {
 // KV < NH: query head h reads K/V head h / (NH/KV), as Hugging Face's repeat_kv), optional
 // per-head q_norm/k_norm (RMSNorm over hd, Qwen3), RoPE on q and k (positions 0..T-1, rotate_half
 // pairs (i, i + hd/2), frequencies from nn::rope_inv_freq; GLM: only the first rotary_dim dims,
-// pairs (2i, 2i+1)), y = o_proj (NH*hd -> C).
+// pairs (2i, 2i+1)), y = o_proj (NH*hd -> C). Scores scaled by cfg.attn_scale (1/sqrt(hd) when 0);
+// with cfg.sliding_window > 0 each query sees its last sliding_window keys (ops::AttentionMask).
 class GroupedQueryAttention : public SelfAttention {
  public:
   explicit GroupedQueryAttention(const BlockConfig& cfg);
@@ -227,6 +245,9 @@ class GroupedQueryAttention : public SelfAttention {
   int64_t rope_long_after_ = 0;             // longrope's original_max_position; 0 = one table
   bool rope_interleaved_ = false;
   float rope_scale_ = 1.0f;  // yarn's and longrope's attention factor on cos/sin
+  float attn_scale_ = 0.0f;  // 0: 1/sqrt(hd)
+  int64_t window_ = 0;       // sliding window; 0 = every earlier key
+  float softcap_ = 0.0f;     // attention logit soft-capping; 0 = none
   std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;
   std::shared_ptr<RMSNorm> q_norm_, k_norm_;  // qk_norm
 };

@@ -74,6 +74,12 @@ struct AttentionMask {
   // (B) keys [0, len_b) of batch row b are visible (right padding: an encoder's or a
   // cross-attention's attention_mask as lengths); empty = all Tk. Each in [1, Tk].
   std::vector<int64_t> key_lengths;
+  // Causal only, no key_lengths: a sliding window of this many keys, query at position p seeing
+  // keys p - window < j <= p (transformers' sliding_window mask, Gemma's local layers); 0 = none.
+  int64_t window = 0;
+  // > 0: scaled scores s become softcap * tanh(s / softcap) before the mask (Gemma 2's
+  // attn_logit_softcapping); 0 = none.
+  float softcap = 0.0f;
 };
 // q (B, NH, Tq, hd), k, v (B, NH, Tk, hd) -> (B, NH, Tq, hd), scale 1/sqrt(hd) (or `scale` when
 // > 0: T5 uses 1). Holds one block of scores per head per thread at a time; backward recomputes
@@ -130,8 +136,9 @@ Tensor linear_rows(const Tensor& x, const Tensor& w, const Tensor& b = {});
 // -> (n, NH, hd) in q's dtype, computed in fp32 (Backend::decode_attention: grouped-query heads,
 // query i sees positions 0 .. p0+i). The caches fp32 or bf16 (both alike, contiguous): bf16 ones
 // are read as they are where supports("decode_attention", bf16), else widened rows 0 .. p0+n-1.
+// softcap > 0: scores soft-capped as in AttentionMask.
 Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t p0,
-                        float scale);
+                        float scale, float softcap = 0.0f);
 
 // ---- in place, never recorded (optimizers, gradient bookkeeping) ----
 void add_(const Tensor& dst, const Tensor& src, float alpha = 1.0f);  // dst += alpha * src

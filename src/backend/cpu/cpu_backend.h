@@ -37,12 +37,12 @@ class CpuBackend final : public Backend {
   void softmax_forward(const Tensor& x, const Tensor& y) override;
   void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                         bool causal, std::span<const int64_t> key_lens, const Tensor& out,
-                         const Tensor& lse) override;
+                         bool causal, std::span<const int64_t> key_lens, int64_t window,
+                         float softcap, const Tensor& out, const Tensor& lse) override;
   void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& out, const Tensor& lse, float scale, bool causal,
-                          std::span<const int64_t> key_lens, const Tensor& dq, const Tensor& dk,
-                          const Tensor& dv) override;
+                          std::span<const int64_t> key_lens, int64_t window, float softcap,
+                          const Tensor& dq, const Tensor& dk, const Tensor& dv) override;
   void rope(const Tensor& x, int64_t pos0, const std::vector<double>& inv_freq, float scale,
             bool interleaved, bool inverse, const Tensor& out) override;
   void embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& out) override;
@@ -72,7 +72,7 @@ class CpuBackend final : public Backend {
                        const Tensor& dup) override;
   void linear_rows(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override;
   void decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t p0,
-                        float scale, const Tensor& out) override;
+                        float scale, float softcap, const Tensor& out) override;
   void adam(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
             const AdamStep& step, const Tensor& out16) override;
 };

@@ -157,7 +157,8 @@ inline void axpy_head(float p, const T* v, float* acc, int64_t hd) {
 // widened where it is read, so a bf16 cache gives what its fp32 widening gives, bit for bit.
 template <typename T>
 void decode_attention_of(const float* qs, const T* kc, const T* vc, float* ys, int64_t NH,
-                         int64_t n, int64_t hd, int64_t KV, int64_t p0, float scale) {
+                         int64_t n, int64_t hd, int64_t KV, int64_t p0, float scale,
+                         float softcap) {
   const int64_t group = NH / KV;
   parallel_for(NH * n, 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> s(static_cast<size_t>(p0 + n));
@@ -167,9 +168,10 @@ void decode_attention_of(const float* qs, const T* kc, const T* vc, float* ys, i
       const float* qi = qs + (h * n + i) * hd;
       float mx = -INFINITY;
       for (int64_t j = 0; j <= last; ++j) {
-        const float d = dot_head(qi, kc + (j * KV + kvh) * hd, hd);
-        s[static_cast<size_t>(j)] = d * scale;
-        mx = std::max(mx, d * scale);
+        float d = dot_head(qi, kc + (j * KV + kvh) * hd, hd) * scale;
+        if (softcap > 0.0f) d = softcap * std::tanh(d / softcap);
+        s[static_cast<size_t>(j)] = d;
+        mx = std::max(mx, d);
       }
       float z = 0.0f;
       std::fill(acc.begin(), acc.end(), 0.0f);
@@ -222,7 +224,7 @@ void CpuBackend::linear_rows(const Tensor& x, const Tensor& w, const Tensor& b, 
 }
 
 void CpuBackend::decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                  int64_t p0, float scale, const Tensor& out) {
+                                  int64_t p0, float scale, float softcap, const Tensor& out) {
   const int64_t NH = q.size(0), n = q.size(1), hd = q.size(2), KV = k_cache.size(1);
   DS_CHECK(q.dim() == 3 && k_cache.dim() == 3 && k_cache.shape() == v_cache.shape() && KV > 0 &&
                NH % KV == 0 && k_cache.size(2) == hd && k_cache.size(0) >= p0 + n &&
@@ -240,10 +242,10 @@ void CpuBackend::decode_attention(const Tensor& q, const Tensor& k_cache, const 
              dtype_name(t->dtype()));
   if (cache == DType::bf16)
     decode_attention_of(q.data<float>(), k_cache.data<uint16_t>(), v_cache.data<uint16_t>(),
-                        out.data<float>(), NH, n, hd, KV, p0, scale);
+                        out.data<float>(), NH, n, hd, KV, p0, scale, softcap);
   else
     decode_attention_of(q.data<float>(), k_cache.data<float>(), v_cache.data<float>(),
-                        out.data<float>(), NH, n, hd, KV, p0, scale);
+                        out.data<float>(), NH, n, hd, KV, p0, scale, softcap);
 }
 
 }  // namespace ds::backend

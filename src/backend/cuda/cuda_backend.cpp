@@ -426,19 +426,24 @@ void CudaBackend::softmax_backward(const Tensor& y, const Tensor& dy, const Tens
 namespace {
 
 void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-               std::span<const int64_t> key_lens, const char* op) {
-  check_attention_args(q, k, v, causal, key_lens, std::string("cuda:") + op);
+               std::span<const int64_t> key_lens, int64_t window, float softcap, const char* op) {
+  check_attention_args(q, k, v, causal, key_lens, window, std::string("cuda:") + op);
+  // The CUDA kernels mask causally and by key length only (attention.cu, attention_tiled.cu).
+  DS_CHECK(window == 0 && softcap == 0.0f,
+           "[cuda:{}] sliding-window attention (window {}) and attention logit soft-capping "
+           "(softcap {}) are not implemented on CUDA (Gemma's layers); run the model on the CPU",
+           op, window, softcap);
   DS_CHECK(q.size(3) <= k::kMaxHeadDim, "[cuda:{}] head size {} is over the kernel's {}", op,
            q.size(3), k::kMaxHeadDim);
 }
 
 }  // namespace
 
-void CudaBackend::attention_forward(const Tensor& q, const Tensor& kk, const Tensor& v,
-                                    float scale, bool causal, std::span<const int64_t> key_lens,
-                                    const Tensor& out, const Tensor& lse) {
+void CudaBackend::attention_forward(const Tensor& q, const Tensor& kk, const Tensor& v, float scale,
+                                    bool causal, std::span<const int64_t> key_lens, int64_t window,
+                                    float softcap, const Tensor& out, const Tensor& lse) {
   const ProfileScope profile_scope(*this, "attention_forward");
-  check_qkv(q, kk, v, causal, key_lens, "attention");
+  check_qkv(q, kk, v, causal, key_lens, window, softcap, "attention");
   require_device(q, device_, "attention");
   CudaDeviceGuard guard(device_);
   const Tensor lens = device_int64(key_lens);
@@ -452,9 +457,10 @@ void CudaBackend::attention_forward(const Tensor& q, const Tensor& kk, const Ten
 void CudaBackend::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& kk,
                                      const Tensor& v, const Tensor& out, const Tensor& lse,
                                      float scale, bool causal, std::span<const int64_t> key_lens,
-                                     const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                                     int64_t window, float softcap, const Tensor& dq,
+                                     const Tensor& dk, const Tensor& dv) {
   const ProfileScope profile_scope(*this, "attention_backward");
-  check_qkv(q, kk, v, causal, key_lens, "attention_backward");
+  check_qkv(q, kk, v, causal, key_lens, window, softcap, "attention_backward");
   for (const Tensor* t : {&dout, &out, &lse, &dq, &dk, &dv}) require_f32(*t, "attention_backward");
   require_device(q, device_, "attention_backward");
   CudaDeviceGuard guard(device_);

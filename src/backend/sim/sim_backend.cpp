@@ -152,16 +152,18 @@ void SimBackend::softmax_backward(const Tensor& y, const Tensor& dy, const Tenso
   cpu().softmax_backward(host(y), host(dy), host(dx));
 }
 void SimBackend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                                   bool causal, std::span<const int64_t> key_lens,
-                                   const Tensor& out, const Tensor& lse) {
-  cpu().attention_forward(host(q), host(k), host(v), scale, causal, key_lens, host(out), host(lse));
+                                   bool causal, std::span<const int64_t> key_lens, int64_t window,
+                                   float softcap, const Tensor& out, const Tensor& lse) {
+  cpu().attention_forward(host(q), host(k), host(v), scale, causal, key_lens, window, softcap,
+                          host(out), host(lse));
 }
 void SimBackend::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                     const Tensor& v, const Tensor& out, const Tensor& lse,
                                     float scale, bool causal, std::span<const int64_t> key_lens,
-                                    const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                                    int64_t window, float softcap, const Tensor& dq,
+                                    const Tensor& dk, const Tensor& dv) {
   cpu().attention_backward(host(dout), host(q), host(k), host(v), host(out), host(lse), scale,
-                           causal, key_lens, host(dq), host(dk), host(dv));
+                           causal, key_lens, window, softcap, host(dq), host(dk), host(dv));
 }
 void SimBackend::rope(const Tensor& x, int64_t pos0, const std::vector<double>& inv_freq,
                       float scale, bool interleaved, bool inverse, const Tensor& out) {

@@ -55,12 +55,12 @@ class SimBackend final : public Backend {
   void softmax_forward(const Tensor& x, const Tensor& y) override;
   void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                         bool causal, std::span<const int64_t> key_lens, const Tensor& out,
-                         const Tensor& lse) override;
+                         bool causal, std::span<const int64_t> key_lens, int64_t window,
+                         float softcap, const Tensor& out, const Tensor& lse) override;
   void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& out, const Tensor& lse, float scale, bool causal,
-                          std::span<const int64_t> key_lens, const Tensor& dq, const Tensor& dk,
-                          const Tensor& dv) override;
+                          std::span<const int64_t> key_lens, int64_t window, float softcap,
+                          const Tensor& dq, const Tensor& dk, const Tensor& dv) override;
   void rope(const Tensor& x, int64_t pos0, const std::vector<double>& inv_freq, float scale,
             bool interleaved, bool inverse, const Tensor& out) override;
   void embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& out) override;

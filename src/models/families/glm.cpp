@@ -117,6 +117,12 @@ void check_glm(const GPTConfig& c) {
            "[model] family {} has q/k/v biases at most (qkv_bias), no other biases, no q/k norms "
            "and no sliding window",
            fam);
+  DS_CHECK(!c.norm_unit_offset && !c.geglu && !c.embed_scale && c.query_pre_attn_scalar == 0.0f &&
+               c.layer_types.empty() && c.rope_local_theta == 0.0f &&
+               c.attn_logit_softcapping == 0.0f && c.final_logit_softcapping == 0.0f,
+           "[model] norm_unit_offset, geglu, embed_scale, query_pre_attn_scalar, layer_types, "
+           "rope_local_theta and the soft-cappings need family gemma2 or gemma3_text (got {})",
+           fam);
   DS_CHECK(c.rope_interleaved, "[model] family {} rotates pairs (2i, 2i+1): rope_interleaved true",
            fam);
   DS_CHECK(c.sandwich_norm == (fam == "glm4"),

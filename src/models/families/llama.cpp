@@ -124,6 +124,12 @@ void check(const GPTConfig& c) {
            "[model] partial_rotary_factor, rope_interleaved and sandwich_norm need family glm "
            "or glm4 (got {})",
            fam);
+  DS_CHECK(!c.norm_unit_offset && !c.geglu && !c.embed_scale && c.query_pre_attn_scalar == 0.0f &&
+               c.layer_types.empty() && c.rope_local_theta == 0.0f &&
+               c.attn_logit_softcapping == 0.0f && c.final_logit_softcapping == 0.0f,
+           "[model] norm_unit_offset, geglu, embed_scale, query_pre_attn_scalar, layer_types, "
+           "rope_local_theta and the soft-cappings need family gemma2 or gemma3_text (got {})",
+           fam);
   DS_CHECK(fam == "qwen3" || !c.qk_norm, "[model] qk_norm needs family qwen3 (got {})", fam);
   DS_CHECK(fam != "qwen3" || (c.qk_norm && !c.bias && !c.qkv_bias),
            "[model] family qwen3 has qk_norm and no biases");
