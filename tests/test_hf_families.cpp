@@ -643,6 +643,29 @@ TEST(HFConfig, Phi3FieldsAndRefusals) {
   EXPECT_HAS(error_of([&] { ours.validate(); }), "rope type longrope needs family phi3");
 }
 
+// Each family's features are an allow-list: every name it lists is a GPTConfig feature, and a
+// feature no entry lists is refused for that family, naming those that have it (a Phi-3 config with
+// Gemma's GeGLU was accepted while each family denied the others' features one by one).
+TEST(HFFamilyRegistry, FeaturesAreAllowListsOfKnownNames) {
+  std::set<std::string> known;
+  for (const models::GPTFeature& f : models::gpt_features()) known.insert(f.name);
+  for (const models::Family* f : models::all_families())
+    for (const std::string& name : f->features)
+      EXPECT_TRUE(known.count(name)) << f->name << " lists unknown feature " << name;
+  models::GPTConfig c = models::GPTConfig::preset("test-llama");
+  c.family = "phi3";
+  c.validate();
+  c.geglu = true;
+  EXPECT_HAS(error_of([&] { c.validate(); }), "geglu needs family gemma2 or gemma3_text (got phi3)");
+  c = models::GPTConfig::preset("test-llama");
+  c.family = "qwen3";
+  c.qk_norm = true;
+  c.validate();  // qwen3 lists qk_norm
+  c.sandwich_norm = true;
+  EXPECT_HAS(error_of([&] { c.validate(); }),
+             "sandwich_norm needs family glm4 or gemma2 or gemma3_text (got qwen3)");
+}
+
 TEST(HFConfig, FieldsThatChangeTheMathAreRefusedByName) {
   EXPECT_HAS(
       config_error(llama({{"rope_parameters", {{"rope_type", "dynamic"}, {"factor", 2.0}}}})),
@@ -734,7 +757,8 @@ TEST(HFConfig, Gemma3LayerTypesRopeAndRefusals) {
   EXPECT_HAS(error_of([&] { bad.validate(); }), "family gemma3_text has sandwich norms");
   bad = models::GPTConfig::preset("test-llama");
   bad.geglu = true;
-  EXPECT_HAS(error_of([&] { bad.validate(); }), "need family gemma2 or gemma3_text");
+  EXPECT_HAS(error_of([&] { bad.validate(); }),
+             "geglu needs family gemma2 or gemma3_text (got llama)");
   // Gemma 2: alternating layers (sliding first), one rotary base, both soft-cappings by default
   // (absent = 50 and 30, null = none), no q/k norms.
   json g2 = gemma3({{"model_type", "gemma2"}});

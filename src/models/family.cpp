@@ -1,11 +1,49 @@
 #include "ds/models/family.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "ds/core/error.h"
 
 namespace ds::models {
+
+const std::vector<GPTFeature>& gpt_features() {
+  static const std::vector<GPTFeature> all = {
+      {"qk_norm", [](const GPTConfig& c) { return c.qk_norm; }},
+      {"partial_rotary_factor", [](const GPTConfig& c) { return c.partial_rotary_factor != 1.0f; }},
+      {"rope_interleaved", [](const GPTConfig& c) { return c.rope_interleaved; }},
+      {"sandwich_norm", [](const GPTConfig& c) { return c.sandwich_norm; }},
+      {"norm_unit_offset", [](const GPTConfig& c) { return c.norm_unit_offset; }},
+      {"geglu", [](const GPTConfig& c) { return c.geglu; }},
+      {"embed_scale", [](const GPTConfig& c) { return c.embed_scale; }},
+      {"query_pre_attn_scalar", [](const GPTConfig& c) { return c.query_pre_attn_scalar != 0.0f; }},
+      {"layer_types", [](const GPTConfig& c) { return !c.layer_types.empty(); }},
+      {"rope_local_theta", [](const GPTConfig& c) { return c.rope_local_theta != 0.0f; }},
+      {"attn_logit_softcapping",
+       [](const GPTConfig& c) { return c.attn_logit_softcapping != 0.0f; }},
+      {"final_logit_softcapping",
+       [](const GPTConfig& c) { return c.final_logit_softcapping != 0.0f; }},
+      // LongRoPE's switch (generate() recomputing at the original context) is Phi-3's class's.
+      {"rope type longrope", [](const GPTConfig& c) { return c.rope_scaling.type == "longrope"; }},
+  };
+  return all;
+}
+
+void check_features(const Family& f, const GPTConfig& c) {
+  for (const GPTFeature& feature : gpt_features()) {
+    if (!feature.used(c)) continue;
+    if (std::find(f.features.begin(), f.features.end(), feature.name) != f.features.end())
+      continue;
+    std::vector<std::string> have;
+    for (const Family* other : all_families())
+      if (std::find(other->features.begin(), other->features.end(), feature.name) !=
+          other->features.end())
+        have.push_back(other->name);
+    DS_THROW("[model] {} needs family {} (got {})", feature.name, fmt::join(have, " or "), f.name);
+  }
+}
 
 const std::vector<const Family*>& all_families() {
   static const std::vector<const Family*> all = {

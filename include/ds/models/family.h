@@ -12,7 +12,8 @@
 // One entry per family, in src/models/families/<name>.cpp; docs/architecture.md ("Adding a model
 // family") walks through adding one, with GLM as the example. The entries share GPT's module
 // layouts (nn::Layout gpt2 / llama and the features of GPTConfig); a family whose math needs a new
-// feature adds it to GPTConfig / nn::BlockConfig and checks it in check().
+// feature adds it to GPTConfig / nn::BlockConfig and to gpt_features(), and lists it in its
+// Family::features (the allow-list check_features applies).
 //
 // Thread safety: the registry is immutable after static initialisation; everything is const.
 #include <cstdint>
@@ -60,7 +61,12 @@ struct Family {
   HFPlace (*place)(const GPTConfig& c, const std::string& ours) = nullptr;
   // File tensors that are buffers, not parameters (causal masks, rotary frequencies): skipped.
   bool (*is_buffer)(const std::string& file_name) = nullptr;
-  // Throws "[model] ..." when `c` holds something this family's class cannot express.
+  // The GPTConfig features beyond the plain decoder that this family's class expresses (names from
+  // gpt_features(): "qk_norm", "sandwich_norm", ...): an allow-list. A config using any other is
+  // refused by check_features, which names the families that have it.
+  std::vector<std::string> features;
+  // Throws "[model] ..." when `c` breaks a rule of this family's own (qwen3 always has q/k norms,
+  // GLM always rotates pairs); what other families' features it lacks is check_features' job.
   void (*check)(const GPTConfig& c) = nullptr;
   // The family's incremental decoder (serving, ds_generate): every decoder-only family here runs
   // GPT's modules, so the default is GPT's KV-cache decoder (ds/models/gpt_decoder.h); a family
@@ -68,6 +74,18 @@ struct Family {
   std::unique_ptr<IncrementalDecoder> (*make_decoder)(std::shared_ptr<const GPT> model) =
       &make_gpt_decoder;
 };
+
+// A GPTConfig feature a family may express: its name (Family::features) and whether a config
+// uses it.
+struct GPTFeature {
+  const char* name;
+  bool (*used)(const GPTConfig& c);
+};
+// Every such feature, in GPTConfig's order.
+const std::vector<GPTFeature>& gpt_features();
+// Throws "[model] <feature> needs family <those that have it> (got <family>)" for the first feature
+// `c` uses that f.features does not list. GPTConfig::validate calls it before f.check.
+void check_features(const Family& f, const GPTConfig& c);
 
 // Every family, in the order docs/models.md lists them.
 const std::vector<const Family*>& all_families();

@@ -113,23 +113,15 @@ bool is_buffer_glm(const std::string& name) {
 void check_glm(const GPTConfig& c) {
   const std::string fam = c.resolved_family();
   DS_CHECK(c.layout == nn::Layout::llama, "[model] family \"{}\" needs the llama layout", fam);
-  DS_CHECK(!c.bias && !c.qk_norm && c.sliding_window == 0,
-           "[model] family {} has q/k/v biases at most (qkv_bias), no other biases, no q/k norms "
-           "and no sliding window",
-           fam);
-  DS_CHECK(!c.norm_unit_offset && !c.geglu && !c.embed_scale && c.query_pre_attn_scalar == 0.0f &&
-               c.layer_types.empty() && c.rope_local_theta == 0.0f &&
-               c.attn_logit_softcapping == 0.0f && c.final_logit_softcapping == 0.0f,
-           "[model] norm_unit_offset, geglu, embed_scale, query_pre_attn_scalar, layer_types, "
-           "rope_local_theta and the soft-cappings need family gemma2 or gemma3_text (got {})",
+  DS_CHECK(!c.bias && c.sliding_window == 0,
+           "[model] family {} has q/k/v biases at most (qkv_bias), no other biases and no sliding "
+           "window",
            fam);
   DS_CHECK(c.rope_interleaved, "[model] family {} rotates pairs (2i, 2i+1): rope_interleaved true",
            fam);
   DS_CHECK(c.sandwich_norm == (fam == "glm4"),
            "[model] sandwich_norm is {} for family {} (glm4 has it, glm has not)",
            c.sandwich_norm, fam);
-  DS_CHECK(c.rope_scaling.type != "longrope",
-           "[model] rope type longrope needs family phi3 (got {})", fam);
 }
 
 // ---- chatglm (ChatGLM2-6B, ChatGLM3-6B; remote code) ----
@@ -231,9 +223,8 @@ bool is_buffer_chatglm(const std::string& name) {
 }
 
 void check_chatglm(const GPTConfig& c) {
-  DS_CHECK(c.layout == nn::Layout::llama && !c.bias && !c.qk_norm && !c.sandwich_norm &&
-               c.rope_interleaved && c.partial_rotary_factor == 0.5f &&
-               c.rope_scaling.type != "longrope",
+  DS_CHECK(c.layout == nn::Layout::llama && !c.bias && c.rope_interleaved &&
+               c.partial_rotary_factor == 0.5f,
            "[model] family chatglm is ChatGLM2/3's layout: llama layout, q/k/v biases at most, "
            "rotary on half of each head (pairs 2i, 2i+1), no other norms");
 }
@@ -245,6 +236,8 @@ Family make_glm(const std::string& name, const std::string& arch) {
   f.architecture = arch;
   f.layout = nn::Layout::llama;
   f.prefix = "model.";
+  f.features = {"partial_rotary_factor", "rope_interleaved"};
+  if (name == "glm4") f.features.push_back("sandwich_norm");
   f.read_config = read_glm;
   f.write_config = write_glm;
   f.place = place_glm;
@@ -261,6 +254,7 @@ Family make_chatglm() {
   f.layout = nn::Layout::llama;
   f.prefix = "";  // names are placed whole
   f.export_as = "glm";  // remote code: exported as native glm, which transformers loads itself
+  f.features = {"partial_rotary_factor", "rope_interleaved"};
   f.read_config = read_chatglm;
   f.write_config = write_glm;
   f.place = place_chatglm;

@@ -74,10 +74,7 @@ hf::DecoderDefaults defaults() {
 // longrope with one factor per rotary pair.
 void check_phi3(const GPTConfig& c) {
   DS_CHECK(c.layout == nn::Layout::llama, "[model] family phi3 needs the llama layout");
-  DS_CHECK(!c.bias && !c.qkv_bias && !c.qk_norm && !c.rope_interleaved && !c.sandwich_norm,
-           "[model] family phi3 has no biases, no q/k norms, no sandwich norms and rotates pairs "
-           "(i, i + rotary_dim/2): bias, qkv_bias, qk_norm, rope_interleaved and sandwich_norm "
-           "false");
+  DS_CHECK(!c.bias && !c.qkv_bias, "[model] family phi3 has no biases: bias and qkv_bias false");
   const nn::RopeScaling& s = c.rope_scaling;
   DS_CHECK(s.is_default() || s.type == "longrope",
            "[model] family phi3 has rope_type default or longrope, not {}", s.type);
@@ -167,6 +164,7 @@ Family make() {
   f.architecture = "Phi3ForCausalLM";
   f.layout = nn::Layout::llama;
   f.prefix = "model.";
+  f.features = {"partial_rotary_factor", "rope type longrope"};
   f.read_config = read;
   f.write_config = write;
   f.place = place;
