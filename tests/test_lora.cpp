@@ -319,14 +319,22 @@ TEST_P(LoraPeft, MergedWeightsGiveTheUnmergedLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Families, LoraPeft, ::testing::Values("llama", "gpt2"));
 
-// GLM-4 from its Hugging Face fixture with LoRA on every projection, the MLP's gate and up among
-// them: the merged export (stacked again into gate_up_proj) gives the adapted model's logits; a
-// PEFT adapter on q/v names GlmForCausalLM's modules, and one on gate_proj (no module of its own
-// in that class) is refused, saying what to do.
-TEST(LoraFamilies, Glm4MergedExportAndAdapterTargets) {
-  const fs::path fixture = fs::path(DS_FIXTURE_DIR) / "hf_families" / "glm4";
+namespace {
+
+// A model imported from tests/fixtures/hf_families/<name>.
+std::shared_ptr<models::GPT> load_family_fixture(const std::string& name) {
+  const fs::path fixture = fs::path(DS_FIXTURE_DIR) / "hf_families" / name;
   auto m = std::make_shared<models::GPT>(*models::read_hf_config(fixture), false);
   models::load_hf_weights(*m, fixture);
+  return m;
+}
+
+// The fixture `name` with LoRA (r 4, alpha 8) on every projection and B set so that the adapter has
+// an effect; checks that its merged export (written under `dir`) gives the adapted model's logits.
+// Returns the adapted model and its LoRA config.
+std::pair<std::shared_ptr<models::GPT>, nn::LoraConfig> merged_export_matches(
+    const std::string& name, const fs::path& dir) {
+  auto m = load_family_fixture(name);
   nn::LoraConfig c;
   c.r = 4;
   c.alpha = 8;
@@ -335,13 +343,10 @@ TEST(LoraFamilies, Glm4MergedExportAndAdapterTargets) {
   nn::apply_lora(*m, c);
   {  // B is zero after apply_lora: give the adapter an effect
     autograd::NoGradGuard ng;
-    for (const auto& [name, p] : m->named_parameters())
-      if (name.find("lora_B") != std::string::npos)
+    for (const auto& [pname, p] : m->named_parameters())
+      if (pname.find("lora_B") != std::string::npos)
         p.copy_from(ops::mul(Tensor::ones(p.shape()), 0.05f));
   }
-  const fs::path dir = fs::temp_directory_path() /
-                       fmt::format("ds_lora_glm4_{}_{}", comm::world()->rank(), ::getpid());
-  fs::remove_all(dir);
   const auto merged = nn::merge_lora_weights(m->named_parameters(), c.scaling());
   models::export_hf(m->config(), merged, dir / "merged");
   auto plain = std::make_shared<models::GPT>(*models::read_hf_config(dir / "merged"), false);
@@ -350,21 +355,44 @@ TEST(LoraFamilies, Glm4MergedExportAndAdapterTargets) {
   plain->train(false);
   autograd::NoGradGuard ng;
   const Tensor ids = Tensor::from_ints({1, 5, 9, 2, 7, 3}, {1, 6});
-  EXPECT_LT(max_rel(plain->logits(ids), m->logits(ids)), 1e-5);
-  std::string msg = "(no error)";
+  EXPECT_LT(max_rel(plain->logits(ids), m->logits(ids)), 1e-5) << name;
+  return {m, c};
+}
+
+// The error of writing m's adapter as a PEFT adapter into dir/adapter ("(no error)" if none).
+std::string peft_adapter_error(models::GPT& m, const nn::LoraConfig& c, const fs::path& dir) {
   try {
-    models::export_peft_adapter(*m, m->named_parameters(), c, dir / "adapter");
+    models::export_peft_adapter(m, m.named_parameters(), c, dir / "adapter");
   } catch (const Error& e) {
-    msg = e.what();
+    return e.what();
   }
+  return "(no error)";
+}
+
+fs::path scratch_dir(const std::string& what) {
+  const fs::path dir = fs::temp_directory_path() /
+                       fmt::format("ds_lora_{}_{}_{}", what, comm::world()->rank(), ::getpid());
+  fs::remove_all(dir);
+  return dir;
+}
+
+}  // namespace
+
+// GLM-4 from its Hugging Face fixture with LoRA on every projection, the MLP's gate and up among
+// them: the merged export (stacked again into gate_up_proj) gives the adapted model's logits; a
+// PEFT adapter on q/v names GlmForCausalLM's modules, and one on gate_proj (no module of its own
+// in that class) is refused, saying what to do.
+TEST(LoraFamilies, Glm4MergedExportAndAdapterTargets) {
+  const fs::path dir = scratch_dir("glm4");
+  auto [m, c] = merged_export_matches("glm4", dir);
+  const std::string msg = peft_adapter_error(*m, c, dir);
   EXPECT_NE(msg.find("'layers.0.mlp.gate_proj' cannot be written as a PEFT adapter for "
                      "Glm4ForCausalLM"),
             std::string::npos)
       << msg;
   EXPECT_NE(msg.find("--merge_lora"), std::string::npos) << msg;
 
-  auto qv = std::make_shared<models::GPT>(*models::read_hf_config(fixture), false);
-  models::load_hf_weights(*qv, fixture);
+  auto qv = load_family_fixture("glm4");
   c.targets = {"q_proj", "v_proj"};
   nn::apply_lora(*qv, c);
   models::export_peft_adapter(*qv, qv->named_parameters(), c, dir / "adapter");
@@ -378,46 +406,15 @@ TEST(LoraFamilies, Glm4MergedExportAndAdapterTargets) {
 // PEFT adapter on q_proj (part of Phi3ForCausalLM's qkv_proj, no module of its own) is refused,
 // one on o_proj and down_proj names the class's modules.
 TEST(LoraFamilies, Phi3MergedExportAndAdapterTargets) {
-  const fs::path fixture = fs::path(DS_FIXTURE_DIR) / "hf_families" / "phi3";
-  auto m = std::make_shared<models::GPT>(*models::read_hf_config(fixture), false);
-  models::load_hf_weights(*m, fixture);
-  nn::LoraConfig c;
-  c.r = 4;
-  c.alpha = 8;
-  c.targets = {"layers."};
-  c.seed = 5;
-  nn::apply_lora(*m, c);
-  {  // B is zero after apply_lora: give the adapter an effect
-    autograd::NoGradGuard ng;
-    for (const auto& [name, p] : m->named_parameters())
-      if (name.find("lora_B") != std::string::npos)
-        p.copy_from(ops::mul(Tensor::ones(p.shape()), 0.05f));
-  }
-  const fs::path dir = fs::temp_directory_path() /
-                       fmt::format("ds_lora_phi3_{}_{}", comm::world()->rank(), ::getpid());
-  fs::remove_all(dir);
-  const auto merged = nn::merge_lora_weights(m->named_parameters(), c.scaling());
-  models::export_hf(m->config(), merged, dir / "merged");
-  auto plain = std::make_shared<models::GPT>(*models::read_hf_config(dir / "merged"), false);
-  models::load_hf_weights(*plain, dir / "merged");
-  m->train(false);
-  plain->train(false);
-  autograd::NoGradGuard ng;
-  const Tensor ids = Tensor::from_ints({1, 5, 9, 2, 7, 3}, {1, 6});
-  EXPECT_LT(max_rel(plain->logits(ids), m->logits(ids)), 1e-5);
-  std::string msg = "(no error)";
-  try {
-    models::export_peft_adapter(*m, m->named_parameters(), c, dir / "adapter");
-  } catch (const Error& e) {
-    msg = e.what();
-  }
+  const fs::path dir = scratch_dir("phi3");
+  auto [m, c] = merged_export_matches("phi3", dir);
+  const std::string msg = peft_adapter_error(*m, c, dir);
   EXPECT_NE(msg.find("cannot be written as a PEFT adapter for Phi3ForCausalLM: that class holds "
                      "it as part of 'model.layers.0.self_attn.qkv_proj.weight'"),
             std::string::npos)
       << msg;
 
-  auto od = std::make_shared<models::GPT>(*models::read_hf_config(fixture), false);
-  models::load_hf_weights(*od, fixture);
+  auto od = load_family_fixture("phi3");
   c.targets = {"o_proj", "down_proj"};
   nn::apply_lora(*od, c);
   models::export_peft_adapter(*od, od->named_parameters(), c, dir / "adapter");

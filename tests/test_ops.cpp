@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -227,6 +228,22 @@ TEST(GemmCpu, Bf16ProductsMatchDoubleOfTheSameValues) {
       }
 }
 
+// Element (i, j) of batch item s of op(A) op(B) in double, from the operands' values as floats
+// (A and B laid out as g says), and the sum of |terms|: fp32 accumulation's error scales with it.
+std::pair<double, double> reference_dot(const std::vector<float>& a, const std::vector<float>& b,
+                                        const backend::Gemm& g, int64_t s, int64_t i, int64_t j) {
+  double dot = 0, mag = 0;
+  for (int64_t e = 0; e < g.k; ++e) {
+    const double x = a[static_cast<size_t>(s * g.stride_a +
+                                           (g.trans_a ? e * g.lda + i : i * g.lda + e))],
+                 y = b[static_cast<size_t>(s * g.stride_b +
+                                           (g.trans_b ? j * g.ldb + e : e * g.ldb + j))];
+    dot += x * y;
+    mag += std::abs(x * y);
+  }
+  return {dot, mag};
+}
+
 // fp16 GEMMs with an fp32 C (oneDNN's f16 matmul on CPUs with AVX512-FP16 / AMX-FP16, else both
 // operands widened to fp32): every transpose, odd and padded shapes, alpha and beta (alpha != 1 or
 // beta outside {0, 1} always take the conversion path), a batch, against a double-precision product
@@ -263,16 +280,8 @@ TEST(GemmCpu, Fp16ProductsMatchDoubleOfTheSameValues) {
                   ASSERT_EQ(cv[at], c0v[at]);
                   continue;
                 }
-                double want = 0, mag = 0;
-                for (int64_t e = 0; e < k; ++e) {
-                  const double x = av[static_cast<size_t>(
-                                   s * a_rows * lda + (ta ? e * lda + i : i * lda + e))],
-                               y = bv[static_cast<size_t>(
-                                   s * b_rows * ldb + (tb ? j * ldb + e : e * ldb + j))];
-                  want += x * y;
-                  mag += std::abs(x * y);
-                }
-                want = alpha * want + beta * c0v[at];
+                const auto [dot, mag] = reference_dot(av, bv, g, s, i, j);
+                const double want = alpha * dot + beta * c0v[at];
                 ASSERT_NEAR(cv[at], want,
                             (k * 6e-8 + 1e-6) * (alpha * mag + std::abs(beta * c0v[at])))
                     << "ta " << ta << " tb " << tb << " alpha " << alpha << " beta " << beta
@@ -361,16 +370,8 @@ TEST(GemmCpu, SixteenBitResultsAreTheProductRoundedOnce) {
                       ASSERT_EQ(cv[at], c0v[at]);
                       continue;
                     }
-                    double want = 0, mag = 0;
-                    for (int64_t e = 0; e < k; ++e) {
-                      const double x = av[static_cast<size_t>(
-                                       s * a_rows * lda + (ta ? e * lda + i : i * lda + e))],
-                                   y = bv[static_cast<size_t>(
-                                       s * b_rows * ldb + (tb ? j * ldb + e : e * ldb + j))];
-                      want += x * y;
-                      mag += std::abs(x * y);
-                    }
-                    want = alpha * want + beta * c0v[at];
+                    const auto [dot, mag] = reference_dot(av, bv, g, s, i, j);
+                    const double want = alpha * dot + beta * c0v[at];
                     ASSERT_NEAR(cv[at], want,
                                 half_ulp * std::abs(want) +
                                     (k * 6e-8 + 1e-6) * (alpha * mag + std::abs(c0v[at])))

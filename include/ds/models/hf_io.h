@@ -38,10 +38,11 @@ namespace ds::models {
 // qwen3; transformers 4.x or 5.x form: rope_theta/rope_scaling or rope_parameters, torch_dtype or
 // dtype). Our exporter also writes our own config under "ds_cpp"; when present it is used as is (an
 // exact round trip, including choices Hugging Face's classes cannot express, such as a bias-free
-// GPT-2). Throws "[hf_io] <source>: ..." naming the field for another model type, a feature our
-// models lack (dynamic/longrope rope, partial rotary, sliding-window layers, an activation other
-// than silu / GPT-2's tanh GELU, ...) and, for the llama family, any key it does not know: an
-// unknown field may change the math. A Mistral sliding_window below max_position_embeddings
+// GPT-2). Throws "[hf_io] <source>: ..." naming the field for another model type, a feature the
+// family's class has that our models lack (dynamic rope; longrope outside phi3; partial rotary
+// outside GLM and Phi-3; per-layer sliding windows outside Gemma; an activation other than silu /
+// GPT-2's tanh GELU / Gemma's GeGLU, ...) and any key the family does not know: an unknown field
+// may change the math. A Mistral sliding_window below max_position_embeddings
 // lowers block_size to the window (no sequence then reaches past it). docs/models.md has the list.
 GPTConfig hf_config_from_json(const nlohmann::json& j, const std::string& source = "config.json");
 // The config.json our exporter writes: Hugging Face's fields plus "ds_cpp".
