@@ -28,7 +28,7 @@
 #include "ds/core/safetensors.h"
 #include "ds/data/classification_set.h"
 #include "ds/data/shard.h"
-#include "ds/models/encoder_family.h"
+#include "ds/models/family.h"
 #include "ds/models/peft_io.h"
 #include "ds/nn/lora.h"
 #include "ds/train/classifier.h"

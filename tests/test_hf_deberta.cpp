@@ -1,5 +1,5 @@
 // The DeBERTa-v2 sequence classifier (ds/models/deberta.h, through encoder_io.h and
-// encoder_family.h) against transformers' DebertaV2ForSequenceClassification:
+// family.h) against transformers' DebertaV2ForSequenceClassification:
 // tests/fixtures/hf_families/{deberta_xl,deberta_types,deberta_regression} are tiny fp32 models as
 // transformers 5 saved them, with transformers' float64 logits, loss, every gradient and ten AdamW
 // losses (tests/fixtures/generators/gen_deberta_fixture.py): deberta_xl has microsoft/deberta-v2-xlarge's switches
@@ -29,7 +29,7 @@
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
 #include "ds/models/deberta.h"
-#include "ds/models/encoder_family.h"
+#include "ds/models/family.h"
 #include "ds/models/encoder_io.h"
 #include "ds/nn/flat.h"
 #include "ds/optim/optimizer.h"
@@ -82,18 +82,18 @@ class HFDeberta : public ::testing::TestWithParam<std::string> {
   // Every gradient of m against the reference; returns the worst relative error.
   double check_gradients(const models::SequenceClassifier& m, std::string* worst_name = nullptr,
                          double* worst_zero_out = nullptr) const {
-    const models::EncoderFamily& fam = models::encoder_family_of(m.config());
+    const models::Family& fam = models::family_of(m.config());
     const auto named = m.named_parameters();
     size_t in_file = 0;
     for (const auto& e : ref_->entries()) in_file += e.name.rfind("grad.", 0) == 0;
     EXPECT_EQ(named.size(), in_file) << "our parameters and transformers' differ";
     double largest = 0.0;
     for (const auto& [name, p] : named)
-      for (float v : ref_->get("grad." + fam.place(m.config(), name)).to_vector())
+      for (float v : ref_->get("grad." + fam.encoder.place(m.config(), name).name).to_vector())
         largest = std::max(largest, std::abs(static_cast<double>(v)));
     double worst = 0.0, worst_zero = 0.0;
     for (const auto& [name, p] : named) {
-      const std::string hf = "grad." + fam.place(m.config(), name);
+      const std::string hf = "grad." + fam.encoder.place(m.config(), name).name;
       if (!p.grad().defined()) {
         ADD_FAILURE() << name << " got no gradient";
         continue;

@@ -1,4 +1,4 @@
-// Encoder classifiers (ds/models/encoder.h, encoder_io.h, encoder_family.h) against transformers'
+// Encoder classifiers (ds/models/encoder.h, encoder_io.h, family.h) against transformers'
 // BertForSequenceClassification and RobertaForSequenceClassification:
 // tests/fixtures/hf_families/{bert_cls,roberta_cls,bert_regression,bert_multilabel} are folders as
 // transformers 5 saved them, with transformers' float64 logits, loss and every gradient for a
@@ -27,7 +27,7 @@
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
 #include "ds/models/encoder.h"
-#include "ds/models/encoder_family.h"
+#include "ds/models/family.h"
 #include "ds/models/encoder_io.h"
 #include "ds/models/hf_io.h"
 #include "ds/nn/flat.h"
@@ -108,7 +108,7 @@ TEST_P(HFEncoder, LogitsLossAndEveryGradientMatchTransformers) {
   const double e_loss = std::abs(loss.item() - ref_loss) / std::abs(ref_loss);
   EXPECT_LE(e_loss, kTol) << "loss " << loss.item() << " vs " << ref_loss;
   loss.backward();
-  const models::EncoderFamily& fam = models::encoder_family_of(m->config());
+  const models::Family& fam = models::family_of(m->config());
   size_t in_file = 0;
   for (const auto& e : ref_->entries()) in_file += e.name.rfind("grad.", 0) == 0;
   const auto named = m->named_parameters();
@@ -119,13 +119,13 @@ TEST_P(HFEncoder, LogitsLossAndEveryGradientMatchTransformers) {
   // gradient of the model instead of its own.
   double largest = 0.0;
   for (const auto& [name, p] : named)
-    for (float v : ref_->get("grad." + fam.place(m->config(), name)).to_vector())
+    for (float v : ref_->get("grad." + fam.encoder.place(m->config(), name).name).to_vector())
       largest = std::max(largest, std::abs(static_cast<double>(v)));
   double worst = 0.0, worst_zero = 0.0;
   std::string worst_name;
   for (const auto& [name, p] : named) {
     ASSERT_TRUE(p.grad().defined()) << name << " got no gradient";
-    const std::string hf = "grad." + fam.place(m->config(), name);
+    const std::string hf = "grad." + fam.encoder.place(m->config(), name).name;
     ASSERT_TRUE(ref_->contains(hf)) << hf;
     const std::vector<float> ours = p.grad().to_vector(), ref = ref_->get(hf).to_vector();
     double ref_max = 0.0, diff = 0.0;
@@ -170,13 +170,13 @@ TEST_P(HFEncoder, AttentionDropoutPathMatchesTransformers) {
   EXPECT_LE(std::abs(loss.item() - ref_->get("loss").item()) / std::abs(ref_->get("loss").item()),
             kTol);
   loss.backward();
-  const models::EncoderFamily& fam = models::encoder_family_of(m.config());
+  const models::Family& fam = models::family_of(m.config());
   double largest = 0.0;
   for (const auto& [name, p] : m.named_parameters())
-    for (float v : ref_->get("grad." + fam.place(m.config(), name)).to_vector())
+    for (float v : ref_->get("grad." + fam.encoder.place(m.config(), name).name).to_vector())
       largest = std::max(largest, std::abs(static_cast<double>(v)));
   for (const auto& [name, p] : m.named_parameters()) {
-    const std::vector<float> ref = ref_->get("grad." + fam.place(m.config(), name)).to_vector();
+    const std::vector<float> ref = ref_->get("grad." + fam.encoder.place(m.config(), name).name).to_vector();
     const std::vector<float> ours = p.grad().to_vector();
     if (name.find("attention.self.key.bias") != std::string::npos) {  // zero: see above
       double diff = 0.0;
@@ -303,7 +303,7 @@ TEST_P(HFEncoder, ExportRoundTrip) {
   std::ifstream in(dir / "config.json");
   json j = json::parse(in);
   EXPECT_EQ(j.value("dtype", ""), "float32");
-  EXPECT_EQ(j["architectures"][0], models::encoder_family_of(a->config()).architecture);
+  EXPECT_EQ(j["architectures"][0], models::family_of(a->config()).architecture);
   // The Hugging Face fields alone (without our "ds_cpp" block) describe the same model.
   json hf_only = j;
   hf_only.erase("ds_cpp");
@@ -356,17 +356,17 @@ TEST_P(HFEncoder, TrainsInBf16CloseToTransformersFp32) {
   const double e_loss = std::abs(loss.item() - ref_loss) / std::abs(ref_loss);
   EXPECT_LE(e_loss, 3e-2) << "loss " << loss.item() << " vs " << ref_loss;
   loss.backward();
-  const models::EncoderFamily& fam = models::encoder_family_of(m->config());
+  const models::Family& fam = models::family_of(m->config());
   double largest = 0.0;
   for (const auto& [name, p] : m->named_parameters())
-    for (float v : ref_->get("grad." + fam.place(m->config(), name)).to_vector())
+    for (float v : ref_->get("grad." + fam.encoder.place(m->config(), name).name).to_vector())
       largest = std::max(largest, std::abs(static_cast<double>(v)));
   double worst = 0.0, sum = 0.0;
   int count = 0;
   for (const auto& [name, p] : m->named_parameters()) {
     ASSERT_TRUE(p.grad().defined()) << name << " got no gradient";
     const std::vector<float> ours = p.grad().to_vector(),
-                             ref = ref_->get("grad." + fam.place(m->config(), name)).to_vector();
+                             ref = ref_->get("grad." + fam.encoder.place(m->config(), name).name).to_vector();
     double ref_max = 0.0, diff = 0.0;
     for (size_t i = 0; i < ref.size(); ++i) {
       ref_max = std::max(ref_max, std::abs(static_cast<double>(ref[i])));
@@ -428,7 +428,7 @@ TEST(HFEncoderConfig, FieldsThatChangeTheMathAreRefusedByName) {
   EXPECT_EQ(c.num_labels, 2);  // PretrainedConfig's default
   // An export of either kind read by the other importer names the right one, ds_cpp or not.
   json gpt_export = models::hf_config_to_json(models::GPTConfig::preset("test-llama"));
-  EXPECT_HAS(config_error(gpt_export), "not an encoder classifier");
+  EXPECT_HAS(config_error(gpt_export), "is not supported as an encoder classifier");
   EXPECT_FALSE(models::read_hf_encoder_config(case_dir("llama3_gqa")).has_value());
   json enc_export =
       models::encoder_config_to_json(*models::read_hf_encoder_config(case_dir("bert_cls")));

@@ -32,7 +32,7 @@
 #include "ds/comm/group.h"
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
-#include "ds/models/encoder_family.h"
+#include "ds/models/family.h"
 #include "ds/models/encoder_io.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"

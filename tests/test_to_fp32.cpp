@@ -20,7 +20,7 @@
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
 #include "ds/models/encoder.h"
-#include "ds/models/encoder_family.h"
+#include "ds/models/family.h"
 #include "ds/models/encoder_io.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"

@@ -28,6 +28,7 @@
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
 #include "ds/models/seq2seq.h"
+#include "ds/models/recorded_model.h"
 #include "ds/models/seq2seq_io.h"
 #include "ds/nn/module.h"
 #include "ds/zero/estimate.h"
@@ -138,7 +139,10 @@ int main(int argc, char** argv) {
     // An encoder-decoder folder (config.json with model_type bart / blenderbot / t5): the count
     // from Seq2SeqConfig's shapes, the largest layer from a one-layer model of the same shapes.
     std::optional<ds::models::Seq2SeqConfig> s2s;
-    if (!model.empty() && std::filesystem::is_directory(model))
+    const ds::models::Family* family = !model.empty() && std::filesystem::is_directory(model)
+                                           ? ds::models::hf_folder_family(model)
+                                           : nullptr;
+    if (family && family->kind == ds::models::ModelKind::seq2seq)
       s2s = ds::models::read_hf_seq2seq_config(model);
     if (s2s) {
       params = s2s->num_parameters();

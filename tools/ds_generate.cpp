@@ -34,6 +34,7 @@
 #include "ds/data/seq2seq_set.h"
 #include "ds/data/text_tokenizer.h"
 #include "ds/models/family.h"
+#include "ds/models/recorded_model.h"
 #include "ds/models/seq2seq_io.h"
 #include "ds/nn/flat.h"
 #include "ds/serve/api.h"
@@ -288,8 +289,9 @@ int main(int argc, char** argv) {
     const Device device = train::parse_device(a.device_name);
     // The model's folder first: an adapter, a run folder without export or a family we do not
     // generate with is refused for what it is, before any option is judged against it.
-    if (const fs::path dir = ds::serve::model_folder(a.model);
-        ds::models::read_hf_seq2seq_config(dir))
+    const fs::path dir = ds::serve::model_folder(a.model);
+    if (const ds::models::Family* f = ds::models::hf_folder_family(dir);
+        f && f->kind == ds::models::ModelKind::seq2seq)
       return run_seq2seq(a, dir, device);
     return run_decoder(a, device);
   } catch (const std::exception& e) {

@@ -10,6 +10,7 @@
 
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
+#include "ds/models/family.h"
 #include "ds/models/deberta.h"
 #include "ds/models/gpt.h"  // ParamInit / GPT::init_values: the same counter-based draws
 #include "module_util.h"
@@ -31,8 +32,7 @@ bool EncoderConfig::regression() const {
 }
 
 void EncoderConfig::validate() const {
-  DS_CHECK(family == "bert" || family == "roberta" || family == "deberta-v2",
-           "[model] encoder family \"{}\" is unknown (known: bert, roberta, deberta-v2)", family);
+  family_of(*this);  // throws for an unknown family, naming the known ones
   DS_CHECK(type_vocab_size > 0 || (is_deberta() && type_vocab_size == 0),
            "[model] encoder type_vocab_size must be positive{}, got {}",
            is_deberta() ? " or 0" : "", type_vocab_size);

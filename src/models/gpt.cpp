@@ -151,7 +151,7 @@ void GPTConfig::validate() const {
              "fields; the gpt2 layout has none of them");
   // What the family's Hugging Face class can express, so that an export loads as the same model.
   check_features(family_of(*this), *this);
-  family_of(*this).check(*this);
+  family_of(*this).decoder.check(*this);
   DS_CHECK(ffn_hidden >= 0, "[model] ffn_hidden must be >= 0 (0 = default), got {}", ffn_hidden);
   DS_CHECK(ffn_multiple_of > 0, "[model] ffn_multiple_of must be positive, got {}",
            ffn_multiple_of);

@@ -12,7 +12,6 @@
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
-#include "ds/models/encoder_family.h"
 #include "ds/models/family.h"
 #include "ds/models/hf_io.h"
 #include "ds/nn/layers.h"
@@ -186,7 +185,7 @@ void export_peft_adapter(const GPT& model,
   const GPTConfig& cfg = model.config();
   const Family& family = export_family_of(cfg);
   for (const auto& m : adapted) {
-    const HFPlace p = family.place(cfg, m + ".weight");
+    const HFPlace p = family.decoder.place(cfg, m + ".weight");
     DS_CHECK(p.parts == 1,
              "[peft] LoRA on '{}' cannot be written as a PEFT adapter for {}: that class holds it "
              "as part of '{}'. Target other modules (--lora_module_name), or pass --merge_lora to "
@@ -253,10 +252,10 @@ void write_task_adapter(const nn::Module& model,
 // ---- encoder sequence classifiers (TaskType.SEQ_CLS) -----------------------------------------
 
 std::string peft_classifier_name(const EncoderConfig& config, const std::string& ours) {
-  const EncoderFamily& f = encoder_family_of(config);
-  if (!nn::is_lora_parameter(ours)) return kPeftPrefix + f.place(config, ours);
+  const Family& f = family_of(config);
+  if (!nn::is_lora_parameter(ours)) return kPeftPrefix + f.encoder.place(config, ours).name;
   const size_t cut = ours.rfind(".lora_");
-  const std::string w = f.place(config, ours.substr(0, cut) + ".weight");
+  const std::string w = f.encoder.place(config, ours.substr(0, cut) + ".weight").name;
   return kPeftPrefix + w.substr(0, w.size() - 7) + ours.substr(cut);
 }
 
@@ -265,13 +264,13 @@ void export_peft_classifier_adapter(
     const std::vector<std::pair<std::string, Tensor>>& named_weights, const nn::LoraConfig& lora,
     const fs::path& dir, const std::string& base_model_name_or_path, DType dtype) {
   const EncoderConfig& cfg = model.config();
-  const EncoderFamily& f = encoder_family_of(cfg);
+  const Family& f = family_of(cfg);
   const json to_save = lora.modules_to_save.empty() ? json(nullptr) : json(lora.modules_to_save);
   write_task_adapter(
       model, named_weights, lora, dir,
       [&](const std::string& ours) { return peft_classifier_name(cfg, ours); },
       [&](const std::string& m) {
-        const std::string w = f.place(cfg, m + ".weight");
+        const std::string w = f.encoder.place(cfg, m + ".weight").name;
         return w.substr(0, w.size() - 7);
       },
       adapter_config(lora, nullptr, "SEQ_CLS", false, to_save, base_model_name_or_path), dtype);

@@ -1,12 +1,12 @@
 // A model from the config ds_train records, of any kind (ds/models/recorded_model.h).
 #include "ds/models/recorded_model.h"
 
+#include <fstream>
 #include <map>
 #include <set>
 
 #include "ds/core/error.h"
 #include "ds/models/encoder.h"
-#include "ds/models/encoder_family.h"
 #include "ds/models/encoder_io.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
@@ -63,30 +63,36 @@ void fill_buffers(const nn::Module& model,
 ModelKind recorded_model_kind(const nlohmann::json& config) {
   DS_CHECK(config.is_object(), "[export] a recorded model config must be a JSON object");
   const std::string family = config.value("family", std::string());
-  for (const EncoderFamily* f : all_encoder_families())
-    if (f->name == family) return ModelKind::encoder_classifier;
-  if (family == "bart" || family == "blenderbot" || family == "t5") return ModelKind::seq2seq;
+  for (const Family* f : all_families())
+    if (f->name == family) return f->kind;
   return ModelKind::decoder;
 }
 
-const char* model_kind_name(ModelKind kind) {
-  switch (kind) {
-    case ModelKind::encoder_classifier:
-      return "encoder classifier";
-    case ModelKind::seq2seq:
-      return "encoder-decoder";
-    case ModelKind::decoder:
-      break;
+const Family* hf_folder_family(const std::filesystem::path& dir) {
+  const std::filesystem::path file = dir / "config.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) return nullptr;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(std::ifstream(file));
+  } catch (const nlohmann::json::exception& e) {
+    DS_THROW("[hf_io] {}: not valid JSON ({})", file.string(), e.what());
   }
-  return "decoder";
+  if (!j.is_object() || !j.contains("model_type") || !j["model_type"].is_string()) return nullptr;
+  return find_family(j["model_type"].get<std::string>());
 }
 
 nlohmann::json recorded_model_json(const std::string& name, const std::string& tool) {
   const std::filesystem::path path(name);
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    if (auto c = read_hf_seq2seq_config(path)) return c->to_json();
-    if (auto c = read_hf_encoder_config(path)) return c->to_json();
+  const Family* f = std::filesystem::is_directory(path, ec) ? hf_folder_family(path) : nullptr;
+  switch (f ? f->kind : ModelKind::decoder) {
+    case ModelKind::encoder_classifier:
+      return read_hf_encoder_config(path)->to_json();
+    case ModelKind::seq2seq:
+      return read_hf_seq2seq_config(path)->to_json();
+    case ModelKind::decoder:
+      break;
   }
   return resolve_model_config(name, tool).to_json();
 }

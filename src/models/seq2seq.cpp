@@ -12,6 +12,7 @@
 
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
+#include "ds/models/family.h"
 #include "ds/models/gpt.h"  // ParamInit / GPT::init_values: the same counter-based draws
 #include "seq2seq_processors.h"
 #include "seq2seq_util.h"
@@ -23,16 +24,11 @@ using nlohmann::json;
 // ---- config ----
 
 void Seq2SeqConfig::set_family_architecture() {
-  const bool pre = family == "blenderbot" || family == "t5";
-  pre_norm = pre;
-  embedding_norm = !pre;
-  final_norm = pre;
-  position_offset = family == "bart" ? 2 : 0;
+  family_of(*this).seq2seq.set_architecture(*this);
 }
 
 void Seq2SeqConfig::validate() const {
-  DS_CHECK(family == "bart" || family == "blenderbot" || family == "t5",
-           "[model] seq2seq family \"{}\" is unknown (known: bart, blenderbot, t5)", family);
+  family_of(*this);  // throws for an unknown family, naming the known ones
   for (const auto& [name, v] : {std::pair<const char*, int64_t>{"vocab_size", vocab_size},
                                 {"max_positions", max_positions},
                                 {"d_model", d_model},
@@ -537,16 +533,8 @@ Tensor shift_tokens_right(const Tensor& labels, int64_t pad_token_id,
 
 // ---- the model ----
 
-namespace {
-const char* class_name(const std::string& family) {
-  return family == "blenderbot" ? "BlenderbotForConditionalGeneration"
-         : family == "t5"       ? "T5ForConditionalGeneration"
-                                : "BartForConditionalGeneration";
-}
-}  // namespace
-
 Seq2Seq::Seq2Seq(Seq2SeqConfig config, bool init)
-    : Module(class_name(config.family)), config_(std::move(config)) {
+    : Module(family_of(config).architecture), config_(std::move(config)) {
   config_.validate();
   const Seq2SeqConfig& c = config_;
   if (c.is_t5()) {

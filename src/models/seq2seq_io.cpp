@@ -12,7 +12,8 @@
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
 #include "ds/core/safetensors.h"
-#include "hf_files.h"
+#include "ds/models/family.h"
+#include "hf_weights.h"
 
 namespace ds::models {
 
@@ -20,26 +21,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-// The shared embedding's name in the files of the family.
-std::string shared_name(const Seq2SeqConfig& c) {
-  return c.is_t5() ? "shared.weight" : "model.shared.weight";
-}
-
-// File tensors that are copies of the shared embedding (tied): 4.x files carry them.
-bool is_tied_copy(const Seq2SeqConfig& c, const std::string& name) {
-  if (c.is_t5())
-    return name == "encoder.embed_tokens.weight" || name == "decoder.embed_tokens.weight" ||
-           (c.tie_word_embeddings && name == "lm_head.weight");
-  return name == "model.encoder.embed_tokens.weight" ||
-         name == "model.decoder.embed_tokens.weight" || name == "lm_head.weight";
-}
-
-// T5ForConditionalGeneration._keys_to_ignore_on_load_unexpected.
-bool is_ignored_unexpected(const Seq2SeqConfig& c, const std::string& name) {
-  return c.is_t5() &&
-         name == "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight";
-}
 
 json read_json_file(const fs::path& p) {
   std::ifstream in(p);
@@ -53,14 +34,37 @@ json read_json_file(const fs::path& p) {
 
 }  // namespace
 
+Seq2SeqConfig seq2seq_config_from_json(const json& j, const std::string& source) {
+  DS_CHECK(j.is_object(), "[hf_io] {}: config.json must be a JSON object", source);
+  DS_CHECK(j.contains("model_type") && j["model_type"].is_string(),
+           "[hf_io] {}: no \"model_type\"; a sequence-to-sequence config.json names {}", source,
+           supported_model_types(ModelKind::seq2seq));
+  const std::string type = j["model_type"].get<std::string>();
+  const Family& family = family_for_model_type(type, source, ModelKind::seq2seq);
+  if (j.contains("ds_cpp")) {
+    try {
+      return Seq2SeqConfig::from_json(j["ds_cpp"]);
+    } catch (const Error& e) {
+      DS_THROW("[hf_io] {}: \"ds_cpp\": {}", source, e.what());
+    }
+  }
+  return family.seq2seq.read_config(j, type, source);
+}
+
+json seq2seq_config_to_json(const Seq2SeqConfig& c) {
+  json j = family_of(c).seq2seq.write_config(c);
+  j["ds_cpp"] = c.to_json();
+  return j;
+}
+
 std::optional<Seq2SeqConfig> read_hf_seq2seq_config(const fs::path& path) {
   const fs::path file = path / "config.json";
   std::error_code ec;
   if (!fs::is_regular_file(file, ec)) return std::nullopt;
   const json j = read_json_file(file);
-  if (!j.is_object() || !j.contains("model_type") || !j["model_type"].is_string() ||
-      !is_seq2seq_model_type(j["model_type"].get<std::string>()))
-    return std::nullopt;
+  if (!j.is_object() || !j.contains("model_type") || !j["model_type"].is_string()) return std::nullopt;
+  const Family* f = find_family(j["model_type"].get<std::string>());
+  if (!f || f->kind != ModelKind::seq2seq) return std::nullopt;
   Seq2SeqConfig c = seq2seq_config_from_json(j, file.string());
   // transformers 5 always builds T5's lm_head tied, and unties it when the file's lm_head.weight
   // differs from shared.weight (a t5-v1_1 / flan-t5 model saved by 5.x says tie_word_embeddings
@@ -218,110 +222,48 @@ BeamOptions read_hf_generation_options(const fs::path& dir, const Seq2SeqConfig&
 
 Seq2SeqLoadReport load_hf_seq2seq_weights(Seq2Seq& model, const fs::path& path) {
   const Seq2SeqConfig& cfg = model.config();
-  Seq2SeqLoadReport report;
-  std::vector<safetensors::Reader> readers;
-  for (const auto& f : detail::weight_files(path)) {
-    DS_CHECK(fs::is_regular_file(f), "[hf_io] '{}' (named by the index) does not exist",
-             f.string());
-    readers.emplace_back(f.string());
-    report.files.push_back(f.string());
-  }
-  const std::string where = report.files.size() == 1 ? report.files[0] : path.string();
-
-  struct Found {
-    size_t reader;
-    const safetensors::Entry* entry;
-  };
-  std::map<std::string, Found> by_name;
-  std::vector<std::string> problems;
-  for (size_t r = 0; r < readers.size(); ++r)
-    for (const auto& e : readers[r].entries()) {
-      auto [it, inserted] = by_name.emplace(e.name, Found{r, &e});
-      if (!inserted) problems.push_back(fmt::format("duplicate: '{}'", e.name));
-    }
-
+  const Family& family = family_of(cfg);
+  const Seq2SeqParts& s2s = family.seq2seq;
   // Parameters, then the buffer (optional: transformers' _keys_to_ignore_on_load_missing).
-  std::vector<std::pair<std::string, Tensor>> targets = model.named_parameters();
+  std::vector<detail::Target> targets;
+  for (const auto& [name, p] : model.named_parameters()) targets.push_back({name, p, {name}});
   if (model.final_logits_bias().defined())
-    targets.emplace_back("final_logits_bias", model.final_logits_bias());
-  std::set<std::string> used;
-  std::vector<std::pair<Tensor, Found>> plan;
-  for (const auto& [name, param] : targets) {
-    auto it = by_name.find(name);
-    if (it == by_name.end()) {
-      if (name != "final_logits_bias")
-        problems.push_back(fmt::format("missing: '{}' {}", name, shape_str(param.shape())));
-      continue;
-    }
-    used.insert(name);
-    const safetensors::Entry& e = *it->second.entry;
-    if (e.shape != param.shape())
-      problems.push_back(fmt::format("mis-shaped: '{}' is {} in the file, the model needs {}",
-                                     e.name, shape_str(e.shape), shape_str(param.shape())));
-    else if (!e.supported)
-      problems.push_back(fmt::format("unsupported dtype: '{}' is {} (F32, BF16 and F16 are read)",
-                                     e.name, e.dtype_name));
-    else
-      plan.emplace_back(param, it->second);
-  }
-  const std::string shared_key = shared_name(cfg);
-  const auto shared = by_name.find(shared_key);
-  for (const auto& [name, found] : by_name) {
-    if (used.count(name)) continue;
-    if (is_ignored_unexpected(cfg, name)) {
-      report.ignored.push_back(name);
-      continue;
-    }
-    if (is_tied_copy(cfg, name) && shared != by_name.end()) {
-      const safetensors::Entry& e = *found.entry;
-      if (e.shape != shared->second.entry->shape || !e.supported ||
-          readers[found.reader].get(name).to_vector() !=
-              readers[shared->second.reader].get(shared_key).to_vector())
-        problems.push_back(fmt::format(
-            "untied: '{}' differs from {} ({})", name, shared_key,
-            cfg.is_t5() ? "the config ties lm_head to shared: set tie_word_embeddings false, or "
-                          "read the folder with read_hf_seq2seq_config, which unties it"
-                        : "tie_word_embeddings is required"));
-      else
-        report.ignored.push_back(name);
-      continue;
-    }
-    problems.push_back(fmt::format("extra: '{}' {} is not a parameter of this model", name,
-                                   shape_str(found.entry->shape)));
-  }
-  if (!problems.empty())
-    DS_THROW(
-        "[hf_io] {}: {} problem{} loading weights into a {} model ({} + {} layers, d_model {}, "
-        "vocab {}):\n  {}\nCheck that config.json describes the model these weights belong to",
-        where, problems.size(), problems.size() == 1 ? "" : "s", cfg.family, cfg.encoder_layers,
-        cfg.decoder_layers, cfg.d_model, cfg.vocab_size, fmt::join(problems, "\n  "));
-
-  autograd::NoGradGuard no_grad;
-  for (const auto& [param, found] : plan) {
-    param.detach().copy_from(readers[found.reader].get(found.entry->name));
-    const int64_t bad = detail::first_non_finite(param.detach());
-    DS_CHECK(bad < 0,
-             "[hf_io] {}: tensor '{}' holds a non-finite value (NaN or Inf) at element {} of {}",
-             readers[found.reader].path(), found.entry->name, bad, param.numel());
-    ++report.tensors;
-  }
-  return report;
+    targets.push_back({"final_logits_bias", model.final_logits_bias(), {"final_logits_bias"}, true});
+  detail::ImportRules rules;
+  rules.describe = fmt::format("a {} model ({} + {} layers, d_model {}, vocab {})", cfg.family,
+                               cfg.encoder_layers, cfg.decoder_layers, cfg.d_model,
+                               cfg.vocab_size);
+  // A tied copy of the shared embedding must equal it: it is skipped, not read.
+  rules.unused = [&](const std::string& name, const detail::FileTensor& t,
+                     const detail::FileIndex& files) {
+    using detail::Unused;
+    if (family.is_buffer(name)) return Unused{Unused::ignored, ""};
+    const auto shared = files.find(s2s.shared_embedding);
+    const bool copy = std::find(s2s.tied_copies.begin(), s2s.tied_copies.end(), name) !=
+                      s2s.tied_copies.end();
+    if (!copy || shared == files.end()) return Unused{Unused::extra, ""};
+    const safetensors::Entry& e = *t.entry;
+    if (e.shape == shared->second.entry->shape && e.supported &&
+        t.read().to_vector() == shared->second.read().to_vector())
+      return Unused{Unused::ignored, ""};
+    return Unused{Unused::problem,
+                  fmt::format("untied: '{}' differs from {} ({})", name, s2s.shared_embedding,
+                              cfg.is_t5() ? "the config ties lm_head to shared: set "
+                                            "tie_word_embeddings false, or read the folder with "
+                                            "read_hf_seq2seq_config, which unties it"
+                                          : "tie_word_embeddings is required")};
+  };
+  const detail::ImportReport r = detail::import_weights(path, targets, rules);
+  return {r.files, r.tensors, r.ignored};
 }
 
 void export_hf_seq2seq(const Seq2Seq& model, const fs::path& dir, DType dtype) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  DS_CHECK(!ec, "[hf_io] cannot create '{}': {}", dir.string(), ec.message());
-  autograd::NoGradGuard no_grad;
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& [name, p] : model.named_parameters())
-    tensors.emplace_back(name, p.detach().contiguous().to(dtype));
+  std::vector<std::pair<std::string, Tensor>> named = model.named_parameters();
   if (model.final_logits_bias().defined())
-    tensors.emplace_back("final_logits_bias", model.final_logits_bias().contiguous().to(dtype));
-  safetensors::save((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  json j = seq2seq_config_to_json(model.config());
-  j["dtype"] = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
-  detail::write_text_atomic(dir / "config.json", j.dump(2) + "\n");
+    named.emplace_back("final_logits_bias", model.final_logits_bias());
+  const auto place = [](const std::string& ours) { return HFPlace{ours}; };
+  detail::write_hf_folder(dir, detail::export_tensors(named, place, dtype),
+                          seq2seq_config_to_json(model.config()), dtype);
 }
 
 }  // namespace ds::models

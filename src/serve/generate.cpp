@@ -10,7 +10,6 @@
 #include "ds/backend/backend.h"
 #include "ds/core/error.h"
 #include "ds/core/memory_info.h"
-#include "ds/models/encoder_family.h"
 #include "ds/models/family.h"
 #include "ds/models/hf_io.h"
 #include "ds/models/seq2seq_decoder.h"
@@ -199,20 +198,18 @@ void check_model_type(const fs::path& folder) {
   }
   if (!j.is_object() || !j.contains("model_type") || !j["model_type"].is_string()) return;
   const std::string type = j["model_type"].get<std::string>();
-  if (models::is_seq2seq_model_type(type)) return;
-  for (const models::Family* f : models::all_families())
-    if (std::find(f->model_types.begin(), f->model_types.end(), type) != f->model_types.end())
-      return;
+  const models::Family* f = models::find_family(type);
+  if (f && f->kind != models::ModelKind::encoder_classifier) return;
   std::string why;
   if (type == "mt5" || type == "umt5")
     why = " (mT5 and UMT5 are not implemented yet; T5 is)";
-  else if (models::find_encoder_family(type))
+  else if (f)
     why = " (an encoder classifier: it labels text, it does not generate any)";
   DS_THROW(
       "[serve] {}: model_type \"{}\" is not a family we generate with{}; supported: "
       "decoders {}; encoder-decoders {}",
       (folder / "config.json").string(), type, why, models::supported_model_types(),
-      models::supported_seq2seq_model_types());
+      models::supported_model_types(models::ModelKind::seq2seq));
 }
 
 }  // namespace

@@ -11,7 +11,7 @@
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
 #include "ds/core/safetensors.h"
-#include "ds/models/encoder_family.h"
+#include "ds/models/family.h"
 #include "ds/models/encoder_io.h"
 #include "ds/models/peft_io.h"
 #include "ds/nn/lora.h"
@@ -81,7 +81,7 @@ models::EncoderConfig resolve_encoder(const Options& o, const Given& g,
     DS_CHECK(c.has_value(),
              "[ds_train] --init_from {}: no config.json with an encoder model_type ({}) there, "
              "but --train_data {} is a classification set, which trains an encoder classifier",
-             o.init_from, models::supported_encoder_model_types(), o.train_data);
+             o.init_from, models::supported_model_types(models::ModelKind::encoder_classifier), o.train_data);
     *name = fs::path(o.init_from).filename().string();
     models::EncoderConfig m = *c;
     if ((m.num_labels != set.num_labels() || m.regression()) && !has_classifier_head(o.init_from)) {
@@ -105,7 +105,7 @@ models::EncoderConfig resolve_encoder(const Options& o, const Given& g,
              "the preset bert-tiny, an encoder config JSON file (models::EncoderConfig's fields), "
              "a Hugging Face folder or config.json of model_type {} (random weights), or "
              "--init_from such a folder (its weights)",
-             model, models::supported_encoder_model_types());
+             model, models::supported_model_types(models::ModelKind::encoder_classifier));
     const json file = read_model_json(file_name);
     if (file.contains("model_type")) {  // a Hugging Face config.json
       const auto c = models::encoder_config_from_json(file, file_name);

@@ -4,7 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "ds/core/error.h"
-#include "ds/models/encoder_family.h"
+#include "ds/models/family.h"
 #include "ds/models/hf_io.h"
 #include "ds/models/peft_io.h"
 #include "ds/nn/layers.h"
@@ -59,15 +59,12 @@ std::optional<nn::LoraConfig> lora_config(const Options& o, const Given& g,
 
 std::optional<nn::LoraConfig> lora_config(const Options& o, const Given& g,
                                           const models::GPTConfig& model) {
-  return lora_config(o, g,
-                     model.layout == nn::Layout::llama
-                         ? std::vector<std::string>{"q_proj", "v_proj"}
-                         : std::vector<std::string>{"c_attn"});
+  return lora_config(o, g, models::family_of(model).lora_targets);
 }
 
 std::optional<nn::LoraConfig> encoder_lora_config(const Options& o, const Given& g,
                                                   const models::EncoderConfig& model) {
-  auto c = lora_config(o, g, models::encoder_family_of(model).lora_targets);
+  auto c = lora_config(o, g, models::family_of(model).lora_targets);
   if (c) {
     c->peft_match = true;
     c->modules_to_save = {"classifier", "score"};
@@ -76,8 +73,7 @@ std::optional<nn::LoraConfig> encoder_lora_config(const Options& o, const Given&
 }
 
 std::vector<std::string> seq2seq_lora_targets(const models::Seq2SeqConfig& model) {
-  if (model.is_t5()) return {"q", "v"};
-  return {"q_proj", "v_proj"};  // bart; blenderbot (not in peft's table) the same modules
+  return models::family_of(model).lora_targets;
 }
 
 std::optional<nn::LoraConfig> seq2seq_lora_config(const Options& o, const Given& g,

@@ -12,6 +12,7 @@
 
 #include "ds/core/error.h"
 #include "ds/core/file_io.h"
+#include "ds/models/family.h"
 #include "ds/models/seq2seq_io.h"
 #include "ds/nn/lora.h"
 #include "ds/ops/ops.h"
@@ -54,7 +55,7 @@ models::Seq2SeqConfig resolve_seq2seq(const Options& o, const Given& g, const da
     DS_CHECK(c.has_value(),
              "[ds_train] --init_from {}: no config.json with an encoder-decoder model_type ({}) "
              "there, but --train_data {} is a seq2seq set, which trains an encoder-decoder",
-             o.init_from, models::supported_seq2seq_model_types(), o.train_data);
+             o.init_from, models::supported_model_types(models::ModelKind::seq2seq), o.train_data);
     *name = fs::path(o.init_from).filename().string();
     return *c;
   }
@@ -82,7 +83,7 @@ models::Seq2SeqConfig resolve_seq2seq(const Options& o, const Given& g, const da
              "bart-tiny or blenderbot-tiny, a Seq2SeqConfig JSON file, a Hugging Face folder or "
              "config.json of model_type {} (random weights), or --init_from such a folder (its "
              "weights)",
-             model, models::supported_seq2seq_model_types());
+             model, models::supported_model_types(models::ModelKind::seq2seq));
     const json file = read_model_json(file_name);
     *name = model_display_name(model);
     if (file.contains("model_type")) return models::seq2seq_config_from_json(file, file_name);

@@ -3,7 +3,7 @@
 // RobertaForSequenceClassification, configured by EncoderConfig and computing what they compute
 // (eval mode exactly; in training, dropout at the same places, the attention probabilities too).
 // SequenceClassifier is what every encoder classifier offers (this one and DeBERTa-v2's,
-// ds/models/deberta.h); make_encoder_classifier (ds/models/encoder_family.h) builds the right one
+// ds/models/deberta.h); make_encoder_classifier (ds/models/family.h) builds the right one
 // for a config.
 //
 //   embeddings   x = LayerNorm(word[ids] + position[pos] + token_type[types])         (B, T, C)
@@ -28,7 +28,7 @@
 //   bert:    pooler.dense.{weight,bias}, classifier.{weight,bias}
 //   roberta: classifier.dense.{weight,bias}, classifier.out_proj.{weight,bias}
 // Linear weights are (out, in) as torch.nn.Linear. Hugging Face import and export:
-// ds/models/encoder_io.h; the families: ds/models/encoder_family.h.
+// ds/models/encoder_io.h; the families: ds/models/family.h.
 //
 // Like torch's nn.Embedding(padding_idx), the rows of word_embeddings (and, for RoBERTa,
 // position_embeddings) at pad_token_id get no gradient: pad tokens read them, never train them.
@@ -73,7 +73,7 @@ struct DebertaOptions {
 };
 
 struct EncoderConfig {
-  // The encoder family (ds/models/encoder_family.h): "bert", "roberta" or "deberta-v2". It picks
+  // The encoder family (ds/models/family.h): "bert", "roberta" or "deberta-v2". It picks
   // the model class (deberta-v2: DebertaClassifier), the position ids (roberta: offset past
   // pad_token_id) and the classification head (bert: pooler + classifier; roberta:
   // classifier.dense + classifier.out_proj; deberta-v2: pooler.dense + classifier).

@@ -5,7 +5,7 @@
 // model.safetensors or shards, F32 / BF16 / F16), transformers 4.x or 5.x config form.
 //
 //   auto cfg = models::read_hf_encoder_config("bert-folder");   // from config.json
-//   auto model = models::make_encoder_classifier(*cfg, /*init=*/false);  // encoder_family.h
+//   auto model = models::make_encoder_classifier(*cfg, /*init=*/false);  // family.h
 //   models::load_hf_encoder_weights(*model, "bert-folder");
 //   ...
 //   models::export_hf_encoder(*model, "out/hf_model");          // config.json + model.safetensors
@@ -57,7 +57,7 @@ struct EncoderLoadReport {
 
 // Fills every parameter of `model` from `path` (a folder or a .safetensors file), converting to
 // the parameter dtype. Nothing is written unless every parameter has exactly one tensor of the
-// right shape, except that with allow_missing_head the head's (EncoderFamily::head_prefixes) may
+// right shape, except that with allow_missing_head the head's (EncoderParts::head_prefixes) may
 // be absent and keep their values, and pretraining heads in the file are skipped. A head whose
 // label count differs from config.json's is an error naming the tensor (re-initialise it by
 // loading a file without it under allow_missing_head). Throws "[hf_io] <file>: ..." listing every

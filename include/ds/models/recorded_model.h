@@ -7,8 +7,7 @@
 //   const nlohmann::json cfg = *reader.model_config();          // or recorded_model_json(--model)
 //   models::export_hf_recorded(cfg, shards.weights(), "out/hf", DType::f32);
 //
-// The kind is told by the config's "family": bert / roberta / deberta-v2 are encoder classifiers,
-// bart / blenderbot / t5 encoder-decoders, anything else (or none) a decoder LM.
+// The kind is told by the config's "family" through the family registry (ds/models/family.h).
 //
 // Threading: plain functions, no shared state.
 #include <cstdint>
@@ -20,13 +19,19 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/core/tensor.h"
+#include "ds/models/family.h"
 
 namespace ds::models {
 
-enum class ModelKind { decoder, encoder_classifier, seq2seq };
-
+// The kind of the model a recorded config describes: its family's (family.h), a decoder LM when
+// it names none.
 ModelKind recorded_model_kind(const nlohmann::json& config);
-const char* model_kind_name(ModelKind kind);  // "decoder", "encoder classifier", "encoder-decoder"
+
+// The family of the Hugging Face folder `dir`: config.json's model_type through the registry, of
+// any kind. nullptr for a folder without config.json, without a model_type (old GPT-2 configs:
+// the decoder reader decides) or with one no family reads (the kind's reader says why). Throws
+// "[hf_io] <file>: not valid JSON" for a damaged config.json.
+const Family* hf_folder_family(const std::filesystem::path& dir);
 
 // The recorded form of `name`: a Hugging Face folder of any supported kind (config.json's
 // model_type decides), or what GPTConfig's resolve_model_config takes (a preset, a model JSON

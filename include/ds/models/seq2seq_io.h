@@ -45,10 +45,6 @@ Seq2SeqConfig seq2seq_config_from_json(const nlohmann::json& j,
                                        const std::string& source = "config.json");
 // The config.json our exporter writes: the class's fields plus "ds_cpp".
 nlohmann::json seq2seq_config_to_json(const Seq2SeqConfig& c);
-// "bart, blenderbot, t5".
-std::string supported_seq2seq_model_types();
-// True for the model_type values seq2seq_config_from_json reads.
-bool is_seq2seq_model_type(const std::string& model_type);
 // The config.json of a folder whose model_type is bart, blenderbot or t5; nullopt for a folder
 // without config.json or with another model_type. T5 as transformers 5.24 loads it: a config
 // that says tied but a folder whose lm_head.weight differs from shared.weight gives an untied

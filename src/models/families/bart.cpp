@@ -5,7 +5,8 @@
 #include <set>
 
 #include "ds/core/error.h"
-#include "ds/models/seq2seq_io.h"
+#include "ds/models/family.h"
+#include "ds/models/seq2seq.h"
 #include "hf_config.h"
 
 namespace ds::models {
@@ -34,18 +35,6 @@ void expect_field(const json& j, const char* key, T want, const std::string& mod
            "stops",
            source, key, j[key].dump(), model_type, model_type, json(want).dump());
 }
-
-}  // namespace
-
-std::string supported_seq2seq_model_types() {
-  return "bart, blenderbot, t5";
-}
-
-bool is_seq2seq_model_type(const std::string& t) {
-  return t == "bart" || t == "blenderbot" || t == "t5";
-}
-
-namespace {
 
 // BartConfig's fields, the 4.x architecture switches checked in check_bart_switches, and keys that
 // change nothing here: the classification head's dropout and label count (no such head),
@@ -150,26 +139,8 @@ void check_bart_switches(const json& j, const std::string& type, const std::stri
                source);
 }
 
-}  // namespace
-
-Seq2SeqConfig seq2seq_config_from_json(const json& j, const std::string& source) {
-  DS_CHECK(j.is_object(), "[hf_io] {}: config.json must be a JSON object", source);
-  DS_CHECK(j.contains("model_type") && j["model_type"].is_string(),
-           "[hf_io] {}: no \"model_type\"; a sequence-to-sequence config.json names {}", source,
-           supported_seq2seq_model_types());
-  const std::string type = j["model_type"].get<std::string>();
-  DS_CHECK(is_seq2seq_model_type(type),
-           "[hf_io] {}: model_type \"{}\" is not a sequence-to-sequence model we read "
-           "(supported: {})",
-           source, type, supported_seq2seq_model_types());
-  if (j.contains("ds_cpp")) {
-    try {
-      return Seq2SeqConfig::from_json(j["ds_cpp"]);
-    } catch (const Error& e) {
-      DS_THROW("[hf_io] {}: \"ds_cpp\": {}", source, e.what());
-    }
-  }
-  if (type == "t5") return hf::t5_config_from_json(j, source);
+// config.json (model_type bart or blenderbot, without ds_cpp) -> our config.
+Seq2SeqConfig read(const json& j, const std::string& type, const std::string& source) {
   hf::check_known_fields(j, bart_fields(), type, source);
   hf::check_dtype_fields(j, source);
   Seq2SeqConfig c;
@@ -185,16 +156,10 @@ Seq2SeqConfig seq2seq_config_from_json(const json& j, const std::string& source)
   return c;
 }
 
-json seq2seq_config_to_json(const Seq2SeqConfig& c) {
-  if (c.is_t5()) {
-    json t = hf::t5_config_to_json(c);
-    t["ds_cpp"] = c.to_json();
-    return t;
-  }
+json write(const Seq2SeqConfig& c) {
   json j = {
       {"model_type", c.family},
-      {"architectures", json::array({c.family == "blenderbot" ? "BlenderbotForConditionalGeneration"
-                                                              : "BartForConditionalGeneration"})},
+      {"architectures", json::array({family_of(c).architecture})},
       {"vocab_size", c.vocab_size},
       {"max_position_embeddings", c.max_positions},
       {"d_model", c.d_model},
@@ -220,8 +185,47 @@ json seq2seq_config_to_json(const Seq2SeqConfig& c) {
       {"tie_word_embeddings", true},
       {"encoder_layerdrop", 0.0},
       {"decoder_layerdrop", 0.0}};
-  j["ds_cpp"] = c.to_json();
   return j;
 }
+
+// BART: post-LN with layernorm_embedding, learned positions offset by 2; BlenderBot: pre-LN with
+// a final layer_norm, offset 0.
+void set_bart_architecture(Seq2SeqConfig& c) {
+  c.pre_norm = false;
+  c.embedding_norm = true;
+  c.final_norm = false;
+  c.position_offset = 2;
+}
+void set_blenderbot_architecture(Seq2SeqConfig& c) {
+  c.pre_norm = true;
+  c.embedding_norm = false;
+  c.final_norm = true;
+  c.position_offset = 0;
+}
+
+Family make(const char* name, const char* arch, void (*set_architecture)(Seq2SeqConfig&)) {
+  Family f;
+  f.name = name;
+  f.kind = ModelKind::seq2seq;
+  f.model_types = {name};
+  f.architecture = arch;
+  f.lora_targets = {"q_proj", "v_proj"};  // peft's bart entry; blenderbot (not in it) the same
+  f.is_buffer = [](const std::string&) { return false; };
+  f.seq2seq.read_config = read;
+  f.seq2seq.write_config = write;
+  f.seq2seq.set_architecture = set_architecture;
+  f.seq2seq.shared_embedding = "model.shared.weight";
+  f.seq2seq.tied_copies = {"model.encoder.embed_tokens.weight",
+                           "model.decoder.embed_tokens.weight", "lm_head.weight"};
+  return f;
+}
+
+}  // namespace
+
+namespace families {
+const Family bart = make("bart", "BartForConditionalGeneration", set_bart_architecture);
+const Family blenderbot =
+    make("blenderbot", "BlenderbotForConditionalGeneration", set_blenderbot_architecture);
+}  // namespace families
 
 }  // namespace ds::models

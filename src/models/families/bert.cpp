@@ -1,5 +1,5 @@
 // BERT and RoBERTa: BertForSequenceClassification and RobertaForSequenceClassification
-// (ds/models/encoder_family.h). Both read BertConfig's fields; they differ in defaults, in position
+// (ds/models/family.h). Both read BertConfig's fields; they differ in defaults, in position
 // ids (RoBERTa's start past pad_token_id) and in the head (bert: pooler.dense + classifier;
 // roberta: classifier.dense + classifier.out_proj), which EncoderConfig::family selects.
 //
@@ -11,7 +11,7 @@
 #include <regex>
 
 #include "ds/core/error.h"
-#include "ds/models/encoder_family.h"
+#include "ds/models/family.h"
 #include "hf_config.h"
 
 namespace ds::models {
@@ -108,14 +108,14 @@ json write(const EncoderConfig& c) {
   return j;
 }
 
-std::string place_with(const std::string& prefix, const std::string& ours) {
-  return ours.rfind("classifier.", 0) == 0 ? ours : prefix + ours;
+HFPlace place_with(const std::string& prefix, const std::string& ours) {
+  return {ours.rfind("classifier.", 0) == 0 ? ours : prefix + ours};
 }
 
-std::string place_bert(const EncoderConfig&, const std::string& ours) {
+HFPlace place_bert(const EncoderConfig&, const std::string& ours) {
   return place_with("bert.", ours);
 }
-std::string place_roberta(const EncoderConfig&, const std::string& ours) {
+HFPlace place_roberta(const EncoderConfig&, const std::string& ours) {
   return place_with("roberta.", ours);
 }
 
@@ -131,20 +131,22 @@ bool is_buffer_roberta(const std::string& name) {
   return is_buffer(name) || std::regex_match(name, pooler);
 }
 
-EncoderFamily make(const char* name, const char* arch, const char* prefix,
+Family make(const char* name, const char* arch, const char* prefix,
                    EncoderConfig (*read)(const json&, const std::string&, const std::string&),
-                   std::string (*place)(const EncoderConfig&, const std::string&),
+                   HFPlace (*place)(const EncoderConfig&, const std::string&),
                    bool (*buffer)(const std::string&)) {
-  EncoderFamily f;
+  Family f;
   f.name = name;
+  f.kind = ModelKind::encoder_classifier;
   f.model_types = {name};
   f.architecture = arch;
   f.prefix = prefix;
-  f.read_config = read;
-  f.write_config = write;
-  f.place = place;
+  f.lora_targets = {"query", "value"};
+  f.encoder.read_config = read;
+  f.encoder.write_config = write;
+  f.encoder.place = place;
   f.is_buffer = buffer;
-  f.build = [](const EncoderConfig& c, bool init) -> std::shared_ptr<SequenceClassifier> {
+  f.encoder.build = [](const EncoderConfig& c, bool init) -> std::shared_ptr<SequenceClassifier> {
     return std::make_shared<EncoderClassifier>(c, init);
   };
   return f;
@@ -152,11 +154,11 @@ EncoderFamily make(const char* name, const char* arch, const char* prefix,
 
 }  // namespace
 
-namespace encoder_families {
-const EncoderFamily bert =
+namespace families {
+const Family bert =
     make("bert", "BertForSequenceClassification", "bert.", read_bert, place_bert, is_buffer);
-const EncoderFamily roberta = make("roberta", "RobertaForSequenceClassification", "roberta.",
+const Family roberta = make("roberta", "RobertaForSequenceClassification", "roberta.",
                                    read_roberta, place_roberta, is_buffer_roberta);
-}  // namespace encoder_families
+}  // namespace families
 
 }  // namespace ds::models

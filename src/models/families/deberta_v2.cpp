@@ -1,4 +1,4 @@
-// DeBERTa-v2: DebertaV2ForSequenceClassification (ds/models/encoder_family.h, the model in
+// DeBERTa-v2: DebertaV2ForSequenceClassification (ds/models/family.h, the model in
 // ds/models/deberta.h). Reads DebertaV2Config's fields, including those transformers reads by
 // getattr with a default (position_buckets, share_att_key, norm_rel_ebd, conv_*, embedding_size,
 // cls_dropout, attention_head_size, pooler_hidden_size).
@@ -11,7 +11,7 @@
 
 #include "ds/core/error.h"
 #include "ds/models/deberta.h"
-#include "ds/models/encoder_family.h"
+#include "ds/models/family.h"
 #include "hf_config.h"
 
 namespace ds::models {
@@ -167,9 +167,9 @@ json write(const EncoderConfig& c) {
   return j;
 }
 
-std::string place(const EncoderConfig&, const std::string& ours) {
-  return ours.rfind("classifier.", 0) == 0 || ours.rfind("pooler.", 0) == 0 ? ours
-                                                                            : "deberta." + ours;
+HFPlace place(const EncoderConfig&, const std::string& ours) {
+  const bool head = ours.rfind("classifier.", 0) == 0 || ours.rfind("pooler.", 0) == 0;
+  return {head ? ours : "deberta." + ours};
 }
 
 bool is_buffer(const std::string& name) {
@@ -178,20 +178,21 @@ bool is_buffer(const std::string& name) {
   return std::regex_match(name, buffers);
 }
 
-EncoderFamily make() {
-  EncoderFamily f;
+Family make() {
+  Family f;
   f.name = "deberta-v2";
+  f.kind = ModelKind::encoder_classifier;
   f.model_types = {"deberta-v2"};
   f.architecture = "DebertaV2ForSequenceClassification";
   f.prefix = "deberta.";
-  f.head_prefixes = {"pooler.", "classifier."};
+  f.encoder.head_prefixes = {"pooler.", "classifier."};
   f.lora_targets = {"query_proj", "value_proj"};
-  f.pretraining_heads = {"cls.", "lm_predictions.", "mask_predictions.", "lm_head."};
-  f.read_config = read;
-  f.write_config = write;
-  f.place = place;
+  f.encoder.pretraining_heads = {"cls.", "lm_predictions.", "mask_predictions.", "lm_head."};
+  f.encoder.read_config = read;
+  f.encoder.write_config = write;
+  f.encoder.place = place;
   f.is_buffer = is_buffer;
-  f.build = [](const EncoderConfig& c, bool init) -> std::shared_ptr<SequenceClassifier> {
+  f.encoder.build = [](const EncoderConfig& c, bool init) -> std::shared_ptr<SequenceClassifier> {
     return std::make_shared<DebertaClassifier>(c, init);
   };
   return f;
@@ -199,8 +200,8 @@ EncoderFamily make() {
 
 }  // namespace
 
-namespace encoder_families {
-const EncoderFamily deberta_v2 = make();
-}  // namespace encoder_families
+namespace families {
+const Family deberta_v2 = make();
+}  // namespace families
 
 }  // namespace ds::models

@@ -247,7 +247,8 @@ Family make(const std::string& name, const std::string& arch) {
   f.name = name;
   f.model_types = {name};
   f.architecture = arch;
-  f.layout = nn::Layout::llama;
+  f.decoder.layout = nn::Layout::llama;
+  f.lora_targets = {"q_proj", "v_proj"};
   f.prefix = "model.";
   // Gemma 3 adds q/k norms and a rotary base of its own for the sliding layers, and stores but
   // never applies attn_logit_softcapping (transformers 5.24's Gemma3Attention).
@@ -256,11 +257,11 @@ Family make(const std::string& name, const std::string& arch) {
                 "final_logit_softcapping"};
   if (name == "gemma2") f.features.push_back("attn_logit_softcapping");
   if (name == "gemma3_text") f.features.insert(f.features.end(), {"qk_norm", "rope_local_theta"});
-  f.read_config = read;
-  f.write_config = write;
-  f.place = place;
+  f.decoder.read_config = read;
+  f.decoder.write_config = write;
+  f.decoder.place = place;
   f.is_buffer = is_buffer;
-  f.check = check;
+  f.decoder.check = check;
   return f;
 }
 

@@ -234,15 +234,16 @@ Family make_glm(const std::string& name, const std::string& arch) {
   f.name = name;
   f.model_types = {name};
   f.architecture = arch;
-  f.layout = nn::Layout::llama;
+  f.decoder.layout = nn::Layout::llama;
+  f.lora_targets = {"q_proj", "v_proj"};
   f.prefix = "model.";
   f.features = {"partial_rotary_factor", "rope_interleaved"};
   if (name == "glm4") f.features.push_back("sandwich_norm");
-  f.read_config = read_glm;
-  f.write_config = write_glm;
-  f.place = place_glm;
+  f.decoder.read_config = read_glm;
+  f.decoder.write_config = write_glm;
+  f.decoder.place = place_glm;
   f.is_buffer = is_buffer_glm;
-  f.check = check_glm;
+  f.decoder.check = check_glm;
   return f;
 }
 
@@ -251,15 +252,16 @@ Family make_chatglm() {
   f.name = "chatglm";
   f.model_types = {"chatglm"};
   f.architecture = "ChatGLMForConditionalGeneration";
-  f.layout = nn::Layout::llama;
+  f.decoder.layout = nn::Layout::llama;
+  f.lora_targets = {"q_proj", "v_proj"};
   f.prefix = "";  // names are placed whole
   f.export_as = "glm";  // remote code: exported as native glm, which transformers loads itself
   f.features = {"partial_rotary_factor", "rope_interleaved"};
-  f.read_config = read_chatglm;
-  f.write_config = write_glm;
-  f.place = place_chatglm;
+  f.decoder.read_config = read_chatglm;
+  f.decoder.write_config = write_glm;
+  f.decoder.place = place_chatglm;
   f.is_buffer = is_buffer_chatglm;
-  f.check = check_chatglm;
+  f.decoder.check = check_chatglm;
   return f;
 }
 

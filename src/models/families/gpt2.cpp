@@ -113,13 +113,14 @@ Family make() {
   f.name = "gpt2";
   f.model_types = {"gpt2"};
   f.architecture = "GPT2LMHeadModel";
-  f.layout = nn::Layout::gpt2;
+  f.decoder.layout = nn::Layout::gpt2;
+  f.lora_targets = {"c_attn"};
   f.prefix = "transformer.";
-  f.read_config = read;
-  f.write_config = write;
-  f.place = place;
+  f.decoder.read_config = read;
+  f.decoder.write_config = write;
+  f.decoder.place = place;
   f.is_buffer = is_buffer;
-  f.check = check;
+  f.decoder.check = check;
   return f;
 }
 

@@ -99,9 +99,4 @@ json write_decoder_fields(const GPTConfig& c);
 // A float field as the decimal it was written as (1e-5, not 9.999999747378752e-06).
 double shortest(float v);
 
-// T5 (t5.cpp): T5Config's config.json -> Seq2SeqConfig (family "t5") and back (without the
-// "ds_cpp" copy, which seq2seq_config_to_json adds).
-Seq2SeqConfig t5_config_from_json(const json& j, const std::string& source);
-json t5_config_to_json(const Seq2SeqConfig& c);
-
 }  // namespace ds::models::hf

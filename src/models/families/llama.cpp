@@ -134,14 +134,15 @@ Family make(const std::string& name, const std::string& arch) {
   f.name = name;
   f.model_types = {name};
   f.architecture = arch;
-  f.layout = nn::Layout::llama;
+  f.decoder.layout = nn::Layout::llama;
+  f.lora_targets = {"q_proj", "v_proj"};
   f.prefix = "model.";
   if (name == "qwen3") f.features = {"qk_norm"};
-  f.read_config = read;
-  f.write_config = write;
-  f.place = place;
+  f.decoder.read_config = read;
+  f.decoder.write_config = write;
+  f.decoder.place = place;
   f.is_buffer = is_buffer;
-  f.check = check;
+  f.decoder.check = check;
   return f;
 }
 

@@ -162,14 +162,15 @@ Family make() {
   f.name = "phi3";
   f.model_types = {"phi3"};
   f.architecture = "Phi3ForCausalLM";
-  f.layout = nn::Layout::llama;
+  f.decoder.layout = nn::Layout::llama;
+  f.lora_targets = {"q_proj", "v_proj"};
   f.prefix = "model.";
   f.features = {"partial_rotary_factor", "rope type longrope"};
-  f.read_config = read;
-  f.write_config = write;
-  f.place = place;
+  f.decoder.read_config = read;
+  f.decoder.write_config = write;
+  f.decoder.place = place;
   f.is_buffer = is_buffer;
-  f.check = check_phi3;
+  f.decoder.check = check_phi3;
   return f;
 }
 

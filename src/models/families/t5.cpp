@@ -5,14 +5,17 @@
 #include <set>
 
 #include "ds/core/error.h"
-#include "ds/models/seq2seq_io.h"
+#include "ds/models/family.h"
+#include "ds/models/seq2seq.h"
 #include "hf_config.h"
 
-namespace ds::models::hf {
+namespace ds::models {
+
+namespace {
 
 using nlohmann::json;
 
-Seq2SeqConfig t5_config_from_json(const json& j, const std::string& source) {
+Seq2SeqConfig read(const json& j, const std::string&, const std::string& source) {
   // T5Config's fields; n_positions / output_past / task_specific_params / gradient_checkpointing
   // (4.x leftovers and per-task generation prefixes) and the classification head's dropout change
   // nothing here; dense_act_fn and is_gated_act are recomputed from feed_forward_proj by
@@ -117,7 +120,7 @@ Seq2SeqConfig t5_config_from_json(const json& j, const std::string& source) {
   return c;
 }
 
-json t5_config_to_json(const Seq2SeqConfig& c) {
+json write(const Seq2SeqConfig& c) {
   json j = {{"model_type", "t5"},
             {"architectures", json::array({"T5ForConditionalGeneration"})},
             {"vocab_size", c.vocab_size},
@@ -147,4 +150,41 @@ json t5_config_to_json(const Seq2SeqConfig& c) {
   return j;
 }
 
-}  // namespace ds::models::hf
+// Pre-LN (RMS norms) with a final norm; relative position buckets instead of positions.
+void set_architecture(Seq2SeqConfig& c) {
+  c.pre_norm = true;
+  c.embedding_norm = false;
+  c.final_norm = true;
+  c.position_offset = 0;
+}
+
+// T5ForConditionalGeneration._keys_to_ignore_on_load_unexpected.
+bool is_buffer(const std::string& name) {
+  return name == "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight";
+}
+
+Family make() {
+  Family f;
+  f.name = "t5";
+  f.kind = ModelKind::seq2seq;
+  f.model_types = {"t5"};
+  f.architecture = "T5ForConditionalGeneration";
+  f.lora_targets = {"q", "v"};
+  f.is_buffer = is_buffer;
+  f.seq2seq.read_config = read;
+  f.seq2seq.write_config = write;
+  f.seq2seq.set_architecture = set_architecture;
+  f.seq2seq.shared_embedding = "shared.weight";
+  // lm_head.weight is a copy only when tied; an untied model has it as a parameter.
+  f.seq2seq.tied_copies = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
+                           "lm_head.weight"};
+  return f;
+}
+
+}  // namespace
+
+namespace families {
+const Family t5 = make();
+}  // namespace families
+
+}  // namespace ds::models
