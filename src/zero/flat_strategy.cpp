@@ -26,7 +26,7 @@ class FlatStrategy final : public Strategy {
     const int n = group_->size();
     const int stage = o.stage;
     const bool sharded = stage >= 1 && n > 1;
-    partitioned_ = sharded;
+    set_partitioned(sharded);
     const bool full_grads = stage < 2;
     const int64_t multiple = padding_multiple(n);
     // Flatten in fp32 first: that buffer becomes the master copy (or the parameters themselves in
@@ -129,7 +129,7 @@ class FlatStrategy final : public Strategy {
     b.params = static_cast<int64_t>(flat_.params.nbytes()) + frozen_bytes();
     b.grads =
         static_cast<int64_t>(flat_.grads.defined() ? flat_.grads.nbytes() : grads_part_.nbytes());
-    b.scratch = grads32_.defined() ? static_cast<int64_t>(grads32_.nbytes()) : 0;
+    b.scratch = host_step_.scratch_bytes();
     b.master_weights = master_bytes();
     return b;
   }

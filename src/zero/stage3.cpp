@@ -38,7 +38,7 @@ class Stage3Strategy final : public Strategy {
   Stage3Strategy(nn::Module& model, std::shared_ptr<comm::Group> group, const Options& o)
       : Strategy(model, std::move(group), o) {
     const int n = group_->size(), r = group_->rank();
-    partitioned_ = n > 1;
+    set_partitioned(n > 1);
     device_ = model_device(model);
     // Frozen parameters (LoRA's base) are not partitioned: they stay whole on every rank in
     // frozen_, outside the gathers, the gradient reduce-scatter and the optimizer's shard.
@@ -184,7 +184,7 @@ class Stage3Strategy final : public Strategy {
       if (sp.persistent) b.params += static_cast<int64_t>(sp.full->nbytes());
     b.params += frozen_bytes();
     b.grads = static_cast<int64_t>(grads_part_.nbytes());
-    b.scratch = grads32_.defined() ? static_cast<int64_t>(grads32_.nbytes()) : 0;
+    b.scratch = host_step_.scratch_bytes();
     b.master_weights = master_bytes();
     return b;
   }
@@ -362,7 +362,7 @@ class Stage3Strategy final : public Strategy {
   // skipping a non-finite step).
   StepScheduler* scheduler() const override { return scheduler_.get(); }
   bool can_step_in_backward() const override {
-    return scheduler_->background() && options_.step_in_backward && !tp_ && !pipe_;
+    return scheduler_->background() && options_.step_in_backward && !norm_.beside_other_axes();
   }
   void chunks_starting() override {
     if (param_file_) param_file_->take_durable();  // the writes before this step

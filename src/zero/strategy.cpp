@@ -18,7 +18,7 @@
 namespace ds::zero {
 
 Strategy::Strategy(nn::Module& model, std::shared_ptr<comm::Group> group, Options options)
-    : model_(model), group_(std::move(group)), options_(options) {
+    : model_(model), group_(std::move(group)), options_(options), norm_(group_) {
   const int n = group_->size();
   if (options_.prescale_gradients) {
     comm_prescale_ = static_cast<float>(1.0 / n);
@@ -51,43 +51,11 @@ double Strategy::global_sum_of_squares(const Tensor& g, const std::string& ctx) 
   DS_CHECK(is_floating(g.dtype()) && g.numel() == opt_numel_ && g.is_contiguous(),
            "[zero] the gradients for the norm must be ({},) floating point, got {} {}", opt_numel_,
            shape_str(g.shape()), dtype_name(g.dtype()));
-  double sq = local_sum_of_squares(g);
-  if (tp_) {
-    // A part held by c tp ranks is counted 1/c times on each, so once over the tp group.
-    for (const SharedRange& r : tp_shared_)
-      sq -= local_sum_of_squares(g.flat_range(r.begin, r.end - r.begin)) * (1.0 - 1.0 / r.copies);
-  }
-  return reduce_sum_of_squares(sq, ctx);
-}
-
-double Strategy::local_sum_of_squares(const Tensor& g) const {
-  return backend::get(g.device()).sum_of_squares(g);
-}
-
-double Strategy::reduce_sum_of_squares(double sq, const std::string& ctx) {
-  if (partitioned_) {
-    // Global norm over the partitions; inf/NaN on any rank reaches every rank through the sum.
-    float part = static_cast<float>(sq);
-    group_->all_reduce(&part, 1, DType::f32, comm::ReduceOp::sum, ctx + " gradient norm");
-    sq = part;
-  }
-  if (tp_) {
-    float part = static_cast<float>(sq);
-    tp_->all_reduce(&part, 1, DType::f32, comm::ReduceOp::sum,
-                    ctx + " gradient norm over tensor-parallel ranks");
-    sq = part;
-  }
-  if (pipe_) {
-    float part = static_cast<float>(sq);
-    pipe_->all_reduce(&part, 1, DType::f32, comm::ReduceOp::sum,
-                      ctx + " gradient norm over pipeline stages");
-    sq = part;
-  }
-  return sq;
+  return norm_.reduce(norm_.local(g), ctx);
 }
 
 void Strategy::set_pipeline_parallel(std::shared_ptr<comm::Group> pipe) {
-  if (pipe && pipe->size() > 1) pipe_ = std::move(pipe);
+  norm_.set_pipeline_parallel(std::move(pipe));
 }
 
 void Strategy::set_tensor_parallel(std::shared_ptr<comm::Group> tp,
@@ -102,13 +70,13 @@ void Strategy::set_tensor_parallel(std::shared_ptr<comm::Group> tp,
     cut.insert(name);
     if (c > 1) shared[c].insert(name);
   }
-  tp_shared_.clear();
+  std::vector<GradNorm::SharedRange> ranges;
   for (auto [a, z] : optimizer_ranges_of(cut, /*complement=*/true))
-    tp_shared_.push_back({a, z, tp->size()});
+    ranges.push_back({a, z, tp->size()});
   for (const auto& [c, names] : shared)
     for (auto [a, z] : optimizer_ranges_of(names, /*complement=*/false))
-      tp_shared_.push_back({a, z, c});
-  tp_ = std::move(tp);
+      ranges.push_back({a, z, c});
+  norm_.set_tensor_parallel(std::move(tp), std::move(ranges));
 }
 
 void Strategy::attach_optimizer(optim::Optimizer& opt,
@@ -173,12 +141,9 @@ void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float 
   if (!offloaded()) {
     // Parameters on a GPU: the gradients (fp32 or 16-bit) come to the host optimizer in chunks.
     if (const Tensor dev = device_parameters(); dev.defined())
-      return device_optimizer_step(opt, grads, grad_scale, dev);
-    // Everything in RAM: one call over the whole range (Lamb's trust ratios need it).
-    if (grads.dtype() != DType::f32) return step_16bit_gradients(opt, grads, grad_scale);
-    opt.step(master_.data<float>(), grads.data<float>(), opt_numel_, grad_scale, params16(),
-             train != DType::f32 ? train : DType::bf16);
-    return;
+      return host_step_.run_for_device(opt, master_, grads, grad_scale, dev, train,
+                                       options_.sub_group_size);
+    return host_step_.run(opt, master_, grads, grad_scale, params16(), train);
   }
   DS_CHECK(!step_pending(), "[zero] {}: the previous optimizer step is still running; call "
            "synchronize() first", ctx);
@@ -202,99 +167,6 @@ void Strategy::optimizer_step(optim::Optimizer& opt, const Tensor& grads, float 
                         group_->rank(), ctx, e.what());
   }
   comm::raise_if_any_failed(*group_, error, ctx + ": optimizer step on NVMe-offloaded state");
-}
-
-void Strategy::step_16bit_gradients(optim::Optimizer& opt, const Tensor& grads, float grad_scale) {
-  const DType train = options_.train_dtype;
-  const DType out16_dtype = train != DType::f32 ? train : DType::bf16;
-  char* p16 = static_cast<char*>(params16());
-  float* master = master_.data<float>();
-  if (!opt.steps_in_slices()) {
-    if (!grads32_.defined()) grads32_ = Tensor::empty({opt_numel_}, DType::f32);
-    grads32_.copy_from(grads);
-    opt.step(master, grads32_.data<float>(), opt_numel_, grad_scale, p16, out16_dtype);
-    return;
-  }
-  // 256K elements: 1 MiB of fp32 scratch, large enough that each slice runs at full speed.
-  constexpr int64_t kChunk = int64_t{1} << 18;
-  std::vector<float> g32(static_cast<size_t>(std::min(kChunk, opt_numel_)));
-  const std::vector<optim::StateBuffer> states = opt.state_buffers();
-  std::vector<float*> at(states.size());
-  const char* pg = static_cast<const char*>(grads.raw_data());
-  const int64_t gs = static_cast<int64_t>(dtype_size(grads.dtype()));
-  const int64_t ps = static_cast<int64_t>(dtype_size(out16_dtype));
-  opt.begin_step();
-  for (int64_t off = 0; off < opt_numel_; off += kChunk) {
-    const int64_t len = std::min(kChunk, opt_numel_ - off);
-    convert(pg + off * gs, grads.dtype(), g32.data(), DType::f32, static_cast<size_t>(len));
-    for (size_t i = 0; i < states.size(); ++i) at[i] = states[i].data + off;
-    opt.step_slice(master + off, g32.data(), at.data(), len, grad_scale,
-                   p16 ? p16 + off * ps : nullptr, out16_dtype);
-  }
-}
-
-void Strategy::device_optimizer_step(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
-                                     const Tensor& device_params) {
-  const DType train = options_.train_dtype;
-  const DType out16_dtype = train != DType::f32 ? train : DType::bf16;
-  // Page-locked staging buffers where the device offers them: the copies run at the link's speed
-  // and, being page-locked, asynchronously.
-  backend::Backend& be = backend::get(device_params.device());
-  auto staging = [&](DType dt) {
-    return Tensor::from_storage(be.host_staging(static_cast<size_t>(opt_numel_) * dtype_size(dt)),
-                                {opt_numel_}, dt);
-  };
-  // The gradients come down in their own dtype: 16-bit ones (data_types.grad_accum_dtype) move
-  // half the bytes and are widened on the host, exactly, a chunk at a time.
-  const bool wide = grads.dtype() == DType::f32;
-  if (!host_grads_.defined() || host_grads_.dtype() != grads.dtype())
-    host_grads_ = staging(grads.dtype());
-  if (train != DType::f32 && !host16_.defined()) host16_ = staging(train);
-  const Tensor& up = train == DType::f32 ? master_ : host16_;  // what goes back to the GPU
-  if (!opt.steps_in_slices()) {
-    // Lamb's trust ratios need whole tensors: every gradient down, one step, everything up.
-    host_grads_.copy_from(grads);  // waits for the backward that produced them
-    const Tensor g32 = wide ? host_grads_ : host_grads_.to(DType::f32);
-    opt.step(master_.data<float>(), g32.data<float>(), opt_numel_, grad_scale,
-             train != DType::f32 ? host16_.raw_data() : nullptr, out16_dtype);
-    device_params.copy_from(up);
-    return;
-  }
-  // Elementwise optimizers (Adam, AdamW) step chunk by chunk while the copies run beside them:
-  // chunk i+1's gradients come down and chunk i-1's parameters go up (two queues: a GPU has a
-  // copy engine per direction) while the CPU steps chunk i. Slices make one step equal to a whole
-  // step(), so the results are bitwise those of the synchronous order.
-  if (!to_host_) {
-    to_host_ = be.transfer_queue();
-    to_device_ = be.transfer_queue();
-  }
-  opt.init_state(opt_numel_);
-  const std::vector<optim::StateBuffer> bufs = opt.state_buffers();
-  const int64_t chunk = std::min(kDeviceStepChunk, options_.sub_group_size);
-  const int64_t chunks = (opt_numel_ + chunk - 1) / chunk;
-  to_host_->after_kernels();  // the gradients are final once backward's kernels are done
-  std::vector<uint64_t> arrived(static_cast<size_t>(chunks));
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t b = c * chunk, n = std::min(chunk, opt_numel_ - b);
-    arrived[static_cast<size_t>(c)] =
-        to_host_->copy(grads.flat_range(b, n), host_grads_.flat_range(b, n));
-  }
-  opt.begin_step();
-  std::vector<float*> states(bufs.size());
-  const int64_t esize = static_cast<int64_t>(dtype_size(train));
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t b = c * chunk, n = std::min(chunk, opt_numel_ - b);
-    to_host_->wait(arrived[static_cast<size_t>(c)]);
-    for (size_t i = 0; i < bufs.size(); ++i) states[i] = bufs[i].data + b;
-    void* out16 =
-        train != DType::f32 ? static_cast<char*>(host16_.raw_data()) + b * esize : nullptr;
-    const float* g = wide ? host_grads_.data<float>() + b : widen_gradients(host_grads_, b, n);
-    opt.step_slice(master_.data<float>() + b, g, states.data(), n, grad_scale, out16, out16_dtype);
-    to_device_->copy(up.flat_range(b, n), device_params.flat_range(b, n));
-  }
-  // The next forward's kernels wait for the last parameters on the GPU; the host goes on. The
-  // host buffers are next written after the next backward, which runs after those kernels.
-  to_device_->before_kernels();
 }
 
 void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
@@ -324,7 +196,7 @@ void Strategy::step_chunks(optim::Optimizer& opt, const Tensor& grads, float gra
       for (int64_t t = 0; t < c.numel; t += kTile) {
         const int64_t len = std::min(kTile, c.numel - t);
         for (size_t i = 0; i < states.size(); ++i) states[i] = c.states[i] + t;
-        opt.step_slice(c.master + t, widen_gradients(grads, c.begin + t, len), states.data(), len,
+        opt.step_slice(c.master + t, host_step_.widen(grads, c.begin + t, len), states.data(), len,
                        grad_scale, step_out ? static_cast<char*>(step_out) + t * esize : nullptr,
                        out16_dtype);
       }
@@ -381,7 +253,7 @@ bool Strategy::start_planned_step(const std::string& ctx) {
 
 double Strategy::step_in_backward_sum_of_squares(const std::string& ctx) {
   DS_CHECK(scheduler(), "[zero] internal: no optimizer step ran in a finished backward");
-  return reduce_sum_of_squares(scheduler()->take_in_backward_sum(), ctx);
+  return norm_.reduce(scheduler()->take_in_backward_sum(), ctx);
 }
 
 void Strategy::join_step() noexcept {
@@ -401,12 +273,6 @@ void Strategy::synchronize(const std::string& ctx) {
 void Strategy::prefetch_optimizer_state(bool boundary) {
   if (!boundary || !store_ || step_pending() || !options_.prefetch_in_backward) return;
   store_->prefetch();
-}
-
-const float* Strategy::widen_gradients(const Tensor& grads, int64_t begin, int64_t numel) {
-  if (!grad_chunk_.defined() || grad_chunk_.numel() < numel) grad_chunk_ = Tensor::empty({numel});
-  grad_chunk_.flat_range(0, numel).copy_from(grads.flat_range(begin, numel));
-  return grad_chunk_.data<float>();
 }
 
 int64_t Strategy::master_bytes() const {

@@ -15,7 +15,12 @@
 //     z->optimizer_step(optimizer, g, scale, ctx);           // through z->state()
 //     z->after_step(ctx);  z->zero_grads();
 //
-// One implementation per stage family: FlatStrategy (stages 0-2: one flat buffer, cut into
+// A strategy is the interface below with its shared implementation, composed of parts each in a
+// file of its own: the global gradient norm across the parallel axes (GradNorm, grad_norm.h), the
+// optimizer step over host memory (HostStep, host_step.h), the optimizer state's home (StateStore,
+// state_store.h), the NVMe step's background scheduler (src/zero/offload/step_scheduler.h) and the
+// partition arithmetic (PartitionPlan, partition.h). The sharding policy is the subclass:
+// one implementation per stage family: FlatStrategy (stages 0-2: one flat buffer, cut into
 // contiguous partitions from stage 1 on; src/zero/flat_strategy.cpp, gradient buckets in
 // src/zero/buckets.cpp) and Stage3Strategy (every parameter cut into N pieces, gathered around use;
 // src/zero/stage3.cpp, prefetch along the recorded trace in src/zero/prefetch.cpp, and with
@@ -41,12 +46,10 @@
 #include "ds/optim/kernels.h"
 #include "ds/optim/optimizer.h"
 #include "ds/zero/defaults.h"
+#include "ds/zero/grad_norm.h"
+#include "ds/zero/host_step.h"
 #include "ds/zero/partition.h"
 #include "ds/zero/state_store.h"
-
-namespace ds::backend {
-class TransferQueue;
-}  // namespace ds::backend
 
 namespace ds::zero {
 
@@ -290,7 +293,12 @@ class Strategy {
   }
   int64_t opt_numel_ = 0;
   Tensor master_;
-  bool partitioned_ = false;
+  bool partitioned_ = false;  // set_partitioned()
+  // Whether the optimizer range is a partition of the whole (the stages' constructors say).
+  void set_partitioned(bool partitioned) {
+    partitioned_ = partitioned;
+    norm_.set_partitioned(partitioned);
+  }
   std::unique_ptr<StateStore> store_;  // attach_optimizer()
   // True when anything is on NVMe: the optimizer then steps sub-group by sub-group, and
   // reduced_gradients() may return the accumulation dtype (widened per sub-group).
@@ -304,37 +312,12 @@ class Strategy {
   // `names` (complement: every other trainable parameter).
   virtual std::vector<std::pair<int64_t, int64_t>> optimizer_ranges_of(
       const std::set<std::string>& names, bool complement) const = 0;
-  std::shared_ptr<comm::Group> tp_;    // set_tensor_parallel()
-  std::shared_ptr<comm::Group> pipe_;  // set_pipeline_parallel()
-  // Optimizer ranges held by several tp ranks, with the number of ranks holding each (the norm
-  // counts them 1 / copies times per rank).
-  struct SharedRange {
-    int64_t begin, end;
-    int copies;
-  };
-  std::vector<SharedRange> tp_shared_;
-  // The step for parameters on a GPU (device_parameters() defined): gradients copied to host
-  // memory, the CPU optimizer over master(), the new parameters (fp32 or rounded) copied back.
-  // In RAM with 16-bit gradients (data_types.grad_accum_dtype): an elementwise optimizer reads them
-  // a chunk at a time, widened into a small fp32 scratch (begin_step + step_slice: the same step
-  // bit for bit), so no fp32 copy of the gradients is kept; Lamb and SGD, which step whole
-  // tensors, get one fp32 copy, made on first use (grads32_).
-  void step_16bit_gradients(optim::Optimizer& opt, const Tensor& grads, float grad_scale);
-  Tensor grads32_;
-  void device_optimizer_step(optim::Optimizer& opt, const Tensor& grads, float grad_scale,
-                             const Tensor& device_params);
-  Tensor host_grads_;  // (optimizer_numel,) host, gradients' dtype: the device step's staging
-  Tensor host16_;      // (optimizer_numel,) training dtype, host: the rounded new parameters
-  // Elements per chunk of the pipelined device step (16 MiB of fp32 gradients; sub_group_size when
-  // smaller): small enough that the first and last copies, which nothing overlaps, are short;
-  // large enough that the CPU optimizer's threads each get a long run.
-  static constexpr int64_t kDeviceStepChunk = int64_t{1} << 22;
-  // The device step's copies (declared after every buffer they touch: destroyed, and so waited
-  // for, first).
-  std::unique_ptr<backend::TransferQueue> to_host_, to_device_;
-  // fp32 copy of grads[begin, begin + numel) in a reused scratch buffer.
-  const float* widen_gradients(const Tensor& grads, int64_t begin, int64_t numel);
-  Tensor grad_chunk_;
+  // The global norm's sums over the parallel axes (set_partitioned by the stages' constructors;
+  // set_tensor_parallel / set_pipeline_parallel above).
+  GradNorm norm_;
+  // The step with the optimizer state in host memory (RAM, or the parameters on a GPU); declared
+  // after master_, whose copies to the GPU its queues carry, so that it is destroyed first.
+  HostStep host_step_;
   // Parameters on NVMe (stage 3): the optimizer writes each sub-group's new parameters into
   // params_out(c) and params_written(c) sends them to disk; params_flushed() waits for all.
   virtual bool params_on_nvme() const { return false; }
@@ -384,12 +367,6 @@ class Strategy {
   float comm_prescale_ = 1.0f;    // applied to gradients before a reduction
   double grad_post_scale_ = 1.0;  // folded into the optimizer's gradient scale after it
   int64_t reductions_in_flight() const { return options_.overlap_comm ? 2 : 0; }
-
- private:
-  // The sum of squares of a 16-bit or fp32 gradient range, as global_sum_of_squares() counts it.
-  double local_sum_of_squares(const Tensor& g) const;
-  // Sums `local` over the data-parallel, tensor and pipeline groups (global_sum_of_squares()).
-  double reduce_sum_of_squares(double local, const std::string& ctx);
 };
 
 // The strategy for options.stage over `group`. Moves the model's parameters into the strategy's
