@@ -128,10 +128,10 @@ class TrainerBase {
   explicit TrainerBase(TrainerObserver& observer);
 
   // The set-up steps a derived constructor calls, in this order. attach_engine: `engine` (owned
-  // by the derived trainer, or its PipelineEngine) is the one that steps; seeds the dropout
-  // stream from spec.seed and reports the memory budget (a table of every rank's model states
-  // with several ranks; collective). open_output: creates spec.output_dir and (rank 0) removes the
-  // temporaries an interrupted run left there.
+  // by the derived trainer, or its PipelineEngine) is the one that steps; output_dir() becomes
+  // spec.output_dir; seeds the dropout stream from spec.seed and reports the memory budget (a
+  // table of every rank's model states with several ranks; collective). open_output: creates
+  // spec.output_dir and (rank 0) removes the temporaries an interrupted run left there.
   void attach_engine(runtime::Engine& engine);
   void open_output();
   // Moves `model` to the plan's device and says so; nothing on the CPU. The engine keeps the model
