@@ -340,9 +340,9 @@ void ClassifierTrainer::report_evaluation() {
 
 // ---- the export ------------------------------------------------------------------------------
 
-void ClassifierTrainer::export_model(const std::string& dir) {
+std::string ClassifierTrainer::export_model(const std::string& dir) {
   auto weights = engine().full_weights();  // ZeRO-3: every rank gathers, rank 0 receives
-  if (!is_lead()) return;
+  if (!is_lead()) return "";
   const std::optional<nn::LoraConfig>& lora = plan_.lora;
   if (exports_lora_adapter(lora, plan_.spec)) {
     // Only LoRA and the head trained: PEFT's adapter holds everything that changed.
@@ -352,7 +352,7 @@ void ClassifierTrainer::export_model(const std::string& dir) {
         "{} (PEFT SEQ_CLS adapter: adapter_config.json + adapter_model.safetensors{})", dir,
         base.empty() ? "; the base is this run's from-scratch model: --merge_lora exports it whole"
                      : "; base " + base));
-    return;  // as a decoder's adapter: no tokenizer (the base folder has it)
+    return "";  // as a decoder's adapter: no tokenizer (the base folder has it)
   }
   // Merged (--merge_lora, or other weights trained too): W + scaling B A, the plain classifier.
   if (lora) weights = nn::merge_lora_weights(weights, lora->scaling());
@@ -375,6 +375,7 @@ void ClassifierTrainer::export_model(const std::string& dir) {
       write_file_atomic(tok_cfg, t.dump(2) + "\n");
     }
   }
+  return "";
 }
 
 }  // namespace ds::train

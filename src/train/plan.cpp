@@ -295,7 +295,7 @@ RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {
              "{}; prepare it with the model's tokenizer",
              d == p.train.get() ? "--train_data " + o.train_data : "the eval data",
              d ? d->vocab_size() : 0, mcfg.vocab_size);
-  p.seq_len = T;
+  p.seq_len = p.tokens_per_example = T;
   p.samples = p.train->num_samples(static_cast<size_t>(T));
 
   // ---- config, run length, parallel sizes ----

@@ -405,14 +405,14 @@ void Seq2SeqTrainer::report_evaluation() {
 
 // ---- the export ------------------------------------------------------------------------------
 
-void Seq2SeqTrainer::export_model(const std::string& dir) {
+std::string Seq2SeqTrainer::export_model(const std::string& dir) {
   if (exports_lora_adapter(plan_.lora, plan_.spec)) {
     const auto weights = engine().full_weights();  // collective
     if (is_lead()) say(export_seq2seq_lora_adapter(*model_, weights, *plan_.lora, plan_.spec, dir));
-    return;  // as a decoder's adapter: no tokenizer (the base folder has it)
+    return "";  // as a decoder's adapter: no tokenizer (the base folder has it)
   }
   const auto whole = whole_model();
-  if (!whole) return;
+  if (!whole) return "";
   models::export_hf_seq2seq(*whole, dir);
   // The --init_from folder's generation settings (num_beams, length_penalty, ...) go along, as
   // save_pretrained writes them.
@@ -423,6 +423,7 @@ void Seq2SeqTrainer::export_model(const std::string& dir) {
                   fs::copy_options::overwrite_existing);
   say(export_tokenizer_beside(dir, {fs::path(plan_.spec.init_from), plan_.tokenizer_dir},
                               plan_.model.vocab_size));
+  return "";
 }
 
 }  // namespace ds::train

@@ -21,7 +21,6 @@
 #include "ds/runtime/pipeline_partition.h"
 #include "ds/train/fit.h"
 #include "ds/train/lora.h"
-#include "ds/train/step_loop.h"
 #include "ds/train/train_util.h"
 
 namespace ds::train {
@@ -49,10 +48,8 @@ runtime::MicroBatch read_batch(const data::TokenDataset& d, uint64_t first, int6
 }  // namespace
 
 Trainer::Trainer(RunPlan plan, TrainerObserver& observer)
-    : plan_(std::move(plan)),
-      obs_(observer),
-      rank_(comm::world()->rank()),
-      out_dir_(plan_.spec.output_dir),
+    : TrainerBase(observer),
+      plan_(std::move(plan)),
       eval_baseline_(std::nan("")),
       last_eval_(std::nan("")) {
   // Before the fit check, which reads what the limit leaves.
@@ -62,10 +59,8 @@ Trainer::Trainer(RunPlan plan, TrainerObserver& observer)
   say(fmt::format("GEMM: {}", backend::cpu().gemm_info()));
   build_model();
   build_engine();
-  report_memory_budget();
   open_data();
-  fs::create_directories(out_dir_);
-  if (is_lead()) remove_stale_temporaries();
+  open_output();
 }
 
 Trainer::~Trainer() = default;
@@ -180,12 +175,7 @@ void Trainer::build_model() {
   }
   if (p.lora) say(describe_lora(*p.lora, nn::apply_lora(*model_, *p.lora)));
   if (o.gradient_checkpointing) model_->set_gradient_checkpointing(true);
-  if (!p.device.is_cpu()) {
-    // The engine keeps the model where it is: its flat parameters and gradients stay on the GPU,
-    // the master weights and optimizer state go to host memory (docs/cuda.md).
-    model_->to(p.device);
-    say(fmt::format("device: {} ({})", p.device.str(), backend::get(p.device).gemm_info()));
-  }
+  move_to_device(*model_);
   say(fmt::format("model: {} ({}, L {}, NH {}, C {}, V {}, block {}): {} parameters{}",
                   p.model_name, nn::layout_name(mcfg.layout), mcfg.n_layer, mcfg.n_head,
                   mcfg.n_embd, mcfg.vocab_size, mcfg.block_size,
@@ -194,54 +184,14 @@ void Trainer::build_model() {
 }
 
 void Trainer::build_engine() {
-  runtime::InitOptions init;
-  init.ctx = plan_.run.ctx;
+  runtime::InitOptions init = engine_options();
   init.topology = topology_;
-  init.log = [this](const std::string& m) { line(m); };
   // A pipeline stage trains through the PipelineEngine, which owns the stage's Engine.
   if (plan_.pipeline_parallel() > 1)
     pipe_ = std::make_unique<runtime::PipelineEngine>(model_, plan_.config(), init);
   else
     engine_owner_ = runtime::initialize(model_, plan_.config(), init);
-  engine_ = pipe_ ? &pipe_->engine() : engine_owner_.get();
-  rng::dropout_state() = rng::DropoutState{plan_.spec.seed, 0, 0};
-}
-
-void Trainer::report_memory_budget() {
-  const config::DeepSpeedConfig& cfg = plan_.config();
-  mem_ = engine_->memory_budget();
-  if (plan_.world_size > 1) {
-    // Every rank's model-state bytes, next to the ZeRO paper's prediction.
-    const auto ranks = gather_memory(*engine_, {.rank = rank_, .mem = mem_});
-    say(fmt::format("model-state memory per rank, ZeRO stage {}, {} params, {} grads:",
-                    cfg.zero_optimization.stage, dtype_name(engine_->training_dtype()),
-                    dtype_name(engine_->grad_dtype())));
-    print_memory_table(ranks, paper_model_state_bytes(*engine_),
-                       [&](const std::string& l) { line(l); });
-  } else {
-    say(fmt::format("memory, ZeRO stage {}, {} params, {} grads:", cfg.zero_optimization.stage,
-                    dtype_name(engine_->training_dtype()), dtype_name(engine_->grad_dtype())));
-    line(fmt::format("  parameters        {:>12}", mib(mem_.params)));
-    line(fmt::format("  gradients         {:>12}", mib(mem_.grads)));
-    line(fmt::format("  master weights    {:>12}", mib(mem_.master_weights)));
-    line(fmt::format("  optimizer states  {:>12}", mib(mem_.optimizer_states)));
-    line(fmt::format("  model states      {:>12}", mib(mem_.total())));
-  }
-  if (const auto& fz = engine_->strategy().frozen(); fz.numel > 0)
-    line(
-        fmt::format("  frozen            {:>12}  (in parameters: {} frozen weights, whole on "
-                    "every rank, without gradients or optimizer state)",
-                    mib(static_cast<int64_t>(fz.params.nbytes())), human_count(fz.numel)));
-  if (mem_.nvme > 0)
-    line(
-        fmt::format("  on NVMe           {:>12}  (optimizer state swapped through RAM buffers; "
-                    "docs/offload.md)",
-                    mib(mem_.nvme)));
-  if (mem_.scratch > 0)
-    line(
-        fmt::format("  gradient scratch  {:>12}  (fp32 copy of the 16-bit gradients for the "
-                    "optimizer)",
-                    mib(mem_.scratch)));
+  attach_engine(pipe_ ? pipe_->engine() : *engine_owner_);
   line(fmt::format("  activations     ~ {:>12}  (estimate for B {} x T {}; docs/training.md)",
                    mib(plan_.activation_bytes), plan_.micro_batch(), plan_.seq_len));
 }
@@ -249,14 +199,7 @@ void Trainer::report_memory_budget() {
 void Trainer::open_data() {
   const RunPlan& p = plan_;
   const int64_t B = p.micro_batch(), T = p.seq_len;
-  loader_ = std::make_unique<data::DataLoader>(
-      p.train, static_cast<size_t>(T),
-      data::SamplerOptions{.micro_batch = static_cast<int>(B),
-                           .grad_accum = static_cast<int>(p.grad_accum()),
-                           .world_size = engine_->world_size(),
-                           .rank = engine_->rank(),
-                           .seed = p.spec.seed,
-                           .shuffle = !p.spec.no_shuffle});
+  loader_ = std::make_unique<data::DataLoader>(p.train, static_cast<size_t>(T), sampler_options());
   unigram_ = unigram_stats(*p.train);
   say(
       fmt::format("train data: {}: {} tokens, {} samples of T {} -> {} steps/epoch at {} "
@@ -286,122 +229,30 @@ void Trainer::open_data() {
   }
 }
 
-void Trainer::remove_stale_temporaries() {
-  // A crash (kill, full disk) can leave temporaries as large as a checkpoint: this run owns the
-  // folder, so they go now.
-  const auto stale = train::remove_stale_temporaries(out_dir_, export_folder(plan_.spec));
-  if (stale.empty()) return;
-  std::vector<std::string> names;
-  for (const auto& f : stale) names.push_back(f.lexically_relative(out_dir_).string());
-  say(fmt::format("removed {} temporar{} left by an interrupted earlier run in {}: {}",
-                  stale.size(), stale.size() == 1 ? "y" : "ies", out_dir_.string(),
-                  fmt::join(names, ", ")));
-}
-
 // ---- checkpoints -----------------------------------------------------------------------------
 
-std::optional<ResumeReport> Trainer::resume() {
-  const std::string& from = plan_.spec.resume_from_checkpoint;
-  if (!from.empty()) return resume_from(from);
-  // An earlier run's checkpoints: say so, and never rotate them away (DeepSpeed users lose runs
-  // exactly this way: a restart without resume plus save_total_limit deleted the old run).
-  earlier_run_.clear();
-  for (const auto& p : checkpoint_folders(out_dir_)) earlier_run_.push_back(p.filename().string());
-  if (!earlier_run_.empty()) {
-    const std::string tag = latest_tag(out_dir_);
-    say(fmt::format(
-        "note: {} holds checkpoints of an earlier run ({}{}); this run starts afresh "
-        "(--resume_from_checkpoint {} would continue that run). A save at the same step replaces "
-        "that step's folder; --save_total_limit rotates only this run's checkpoints and keeps the "
-        "earlier ones: delete them yourself when no longer needed",
-        out_dir_.string(), fmt::join(earlier_run_, ", "),
-        tag.empty() ? "; no 'latest' file" : fmt::format("; latest: {}", tag),
-        tag.empty() ? (out_dir_ / earlier_run_.back()).string() : "latest"));
-  }
-  return std::nullopt;
+json Trainer::checkpoint_fields() const {
+  return {{"seq_len", plan_.seq_len}, {"model", plan_.model.to_json()}};
 }
 
-std::optional<ResumeReport> Trainer::resume_from(const std::string& from) {
-  const int64_t T = plan_.seq_len, total_steps = plan_.total_steps();
-  fs::path dir = from == "latest" ? out_dir_ : fs::path(from);
-  std::string tag;
-  if (from == "latest" && !fs::exists(out_dir_ / "latest")) {
-    // `latest` is written last by a save: without it the newest folder may be incomplete, but the
-    // folders are there, and starting afresh is what loses them.
-    std::vector<std::string> tags;
-    for (const auto& p : checkpoint_folders(out_dir_)) tags.push_back(p.filename().string());
-    DS_CHECK(!tags.empty(),
-             "[ds_train] --resume_from_checkpoint latest: {} holds no checkpoint (no 'latest' "
-             "file and no global_step* folder); start without --resume_from_checkpoint",
-             out_dir_.string());
-    DS_THROW(
-        "[ds_train] --resume_from_checkpoint latest: {} has no 'latest' file, but it holds the "
-        "checkpoint folders {}. Resume from one explicitly, newest first: "
-        "--resume_from_checkpoint {} (each folder's checksums are verified when it loads; if the "
-        "newest was cut short, take the one before). Starting without --resume_from_checkpoint "
-        "would begin a new run in this folder",
-        out_dir_.string(), fmt::join(tags, ", "), (out_dir_ / tags.back()).string());
-  }
-  if (from != "latest" && !fs::exists(dir / "latest") && fs::is_directory(dir)) {
-    // A tag folder (out/global_step100) rather than the folder holding the tags.
-    tag = dir.filename().string();
-    dir = dir.parent_path();
-  }
-  check_checkpoint_task(dir, tag, "lm", plan_.train_dir.string());  // before any tensor loads
-  // A pipeline also restores the last stage's copy of the tied embedding.
-  const json client = pipe_ ? pipe_->load_checkpoint(dir.string(), tag)
-                            : engine_->load_checkpoint(dir.string(), tag);
-  DS_CHECK(client.contains("data"),
-           "[ds_train] the checkpoint in {} has no data-loader position (not written by "
-           "ds_train?); cannot resume exactly",
-           dir.string());
-  if (client.contains("ds_train")) {
-    const json& d = client["ds_train"];
-    DS_CHECK(d.value("seq_len", T) == T,
-             "[ds_train] the checkpoint was trained with --block_size {}, this run uses {}",
-             d.value("seq_len", T), T);
-  }
-  loader_->load_state(client["data"]);
-  if (client.contains("ds_train") &&
-      client["ds_train"].value("total_steps", total_steps) != total_steps)
-    say(
-        fmt::format("note: the checkpoint's run was planned for {} steps, this one for {}; the "
-                    "learning-rate schedule follows the new length from here",
-                    client["ds_train"].value("total_steps", total_steps), total_steps));
-  ResumeReport r{dir, tag.empty() ? latest_tag(dir) : tag, engine_->global_steps(),
-                 engine_->global_samples()};
-  say(fmt::format("resumed from {} (tag {}): step {}, {} samples seen", r.dir.string(), r.tag,
-                  r.step, r.samples));
-  resumed_ = true;
-  last_saved_ = engine_->global_steps();  // that checkpoint exists already
-  return r;
+void Trainer::check_checkpoint(const json& d) const {
+  const int64_t T = plan_.seq_len;
+  DS_CHECK(d.value("seq_len", T) == T,
+           "[ds_train] the checkpoint was trained with --block_size {}, this run uses {}",
+           d.value("seq_len", T), T);
 }
 
-SaveReport Trainer::save() {
-  const auto t0 = std::chrono::steady_clock::now();
-  const RunPlan& p = plan_;
-  const json client = {{"data", loader_->state()},
-                       {"ds_train",
-                        {{"seq_len", p.seq_len},
-                         {"model", p.model.to_json()},
-                         {"total_steps", p.total_steps()},
-                         {"seed", p.spec.seed},
-                         {"train_data", p.train_dir.string()}}}};
-  // Tensor- and pipeline-parallel checkpoints load at any (dp, pp, tp) (docs/checkpoints.md).
+// Tensor- and pipeline-parallel checkpoints load at any (dp, pp, tp) (docs/checkpoints.md); a
+// pipeline also restores the last stage's copy of the tied embedding.
+json Trainer::load_checkpoint(const std::string& dir, const std::string& tag) {
+  return pipe_ ? pipe_->load_checkpoint(dir, tag) : TrainerBase::load_checkpoint(dir, tag);
+}
+
+void Trainer::save_checkpoint(const std::string& dir, const json& client) {
   if (pipe_)
-    pipe_->save_checkpoint(out_dir_.string(), "", client);
+    pipe_->save_checkpoint(dir, "", client);
   else
-    engine_->save_checkpoint(out_dir_.string(), "", client);
-  last_saved_ = engine_->global_steps();
-  // This run's folder now, even if an earlier run had written one of the same step.
-  std::erase(earlier_run_, fmt::format("global_step{}", last_saved_));
-  SaveReport r;
-  r.step = engine_->global_steps();
-  r.dir = out_dir_;
-  if (is_lead()) r.deleted = rotate_checkpoints(out_dir_, p.spec.save_total_limit, earlier_run_);
-  r.seconds = seconds_since(t0);
-  obs_.on_save(r);
-  return r;
+    TrainerBase::save_checkpoint(dir, client);
 }
 
 // ---- evaluation ------------------------------------------------------------------------------
@@ -427,65 +278,40 @@ double Trainer::evaluate(int64_t batches) {
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     const runtime::MicroBatch b = read_batch(val, static_cast<uint64_t>(i * B), B, T);
-    sum += engine_->eval_loss(b.batch).item();
+    sum += engine().eval_loss(b.batch).item();
   }
   return sum / static_cast<double>(n);
 }
 
-void Trainer::evaluate_now() {
-  if (!plan_.val || evaluated_at_ == engine_->global_steps()) return;
-  evaluated_at_ = engine_->global_steps();
+void Trainer::report_evaluation() {
+  if (!plan_.val) return;
   const auto t0 = std::chrono::steady_clock::now();
   last_eval_ = evaluate(plan_.spec.eval_batches);
   if (!std::isfinite(last_eval_)) return;
-  obs_.on_eval({engine_->global_steps(), engine_->global_samples(), last_eval_, seconds_since(t0)});
+  observer().on_eval(
+      {engine().global_steps(), engine().global_samples(), last_eval_, seconds_since(t0)});
 }
 
 void Trainer::mark_evaluated(int64_t step, double loss) {
-  evaluated_at_ = step;
+  set_evaluated_at(step);
   last_eval_ = loss;
 }
 
-// ---- the loop --------------------------------------------------------------------------------
+// ---- the step ------------------------------------------------------------------------------
 
-int64_t Trainer::eval_steps() const {
-  return plan_.spec.eval_steps >= 0 ? plan_.spec.eval_steps
-                                    : std::max<int64_t>(1, plan_.total_steps() / 10);
-}
-
-int64_t Trainer::tokens_per_step() const {
-  return plan_.micro_batch() * plan_.seq_len * plan_.grad_accum() * plan_.data_parallel;
-}
-
-StepReport Trainer::step() {
+// This rank's micro-batches of the global batch; the first and last pipeline stage read the same
+// ones. Dropout masks follow each micro-batch's global sample position.
+runtime::MicroBatch Trainer::next_micro_batch() {
   const int64_t B = plan_.micro_batch(), T = plan_.seq_len;
-  const auto t0 = std::chrono::steady_clock::now();
-  const double lr = engine_->get_lr();  // the rate this step applies
-  // This rank's micro-batches of the global batch; the first and last pipeline stage read the
-  // same ones. Dropout masks follow each micro-batch's global sample position.
-  std::vector<int32_t> x(static_cast<size_t>(B * T)), y(static_cast<size_t>(B * T));
-  auto next = [&] {
-    const uint64_t position = loader_->sampler().next_sample_position();
-    loader_->next(x, y);
-    runtime::MicroBatch b{{.input_ids = ids(B, T), .labels = ids(B, T)}, position};
-    std::copy(x.begin(), x.end(), b.batch.input_ids.data<int32_t>());
-    std::copy(y.begin(), y.end(), b.batch.labels.data<int32_t>());
-    return b;
-  };
-  const double loss =
-      pipe_ ? static_cast<double>(pipe_->train_batch(next)) : engine_->train_batch(next);
-  StepReport r = engine_step_report(*engine_, loss, lr, seconds_since(t0), plan_.total_steps());
-  r.tokens_per_second = static_cast<double>(tokens_per_step()) / r.seconds;
-  obs_.on_step(r);
-  return r;
+  runtime::MicroBatch b{{.input_ids = ids(B, T), .labels = ids(B, T)},
+                        loader_->sampler().next_sample_position()};
+  loader_->next(std::span<int32_t>(b.batch.input_ids.data<int32_t>(), static_cast<size_t>(B * T)),
+                std::span<int32_t>(b.batch.labels.data<int32_t>(), static_cast<size_t>(B * T)));
+  return b;
 }
 
-int64_t Trainer::fit() {
-  return run_fit(*engine_, obs_, plan_.total_steps(), eval_steps(), plan_.spec.save_steps,
-                 {.step = [this] { return step().step; },
-                  .evaluate_now = [this] { evaluate_now(); },
-                  .save = [this] { save(); },
-                  .saved_now = [this] { return last_saved_ == engine_->global_steps(); }});
+double Trainer::train_batch(const std::function<runtime::MicroBatch()>& next) {
+  return pipe_ ? static_cast<double>(pipe_->train_batch(next)) : TrainerBase::train_batch(next);
 }
 
 // ---- the end ---------------------------------------------------------------------------------
@@ -493,13 +319,13 @@ int64_t Trainer::fit() {
 std::vector<RankMemory> Trainer::report_memory(const fs::path& json_file) {
   // One file for the job, written by rank 0 from every rank's numbers.
   const auto ranks = gather_memory(
-      *engine_,
-      {.rank = rank_,
-       .mem = mem_,
+      engine(),
+      {.rank = rank(),
+       .mem = memory_budget(),
        .peak_tensor_bytes = static_cast<int64_t>(cpu_allocator().stats().peak_bytes_in_use),
        .peak_rss_bytes = peak_rss_bytes()});
   if (is_lead() && !json_file.empty())
-    write_memory_json(json_file, *engine_, ranks, plan_.activation_bytes);
+    write_memory_json(json_file, engine(), ranks, plan_.activation_bytes);
   return ranks;
 }
 
@@ -520,7 +346,7 @@ std::string Trainer::export_model(const std::string& dir) {
   const std::optional<nn::LoraConfig>& lora = plan_.lora;
   // Under ZeRO-3 no rank holds the whole model: every rank takes part in gathering it, rank 0
   // writes it (DeepSpeed's stage3_gather_16bit_weights_on_model_save).
-  const auto weights = pipe_ ? pipe_->full_weights() : engine_->full_weights();
+  const auto weights = pipe_ ? pipe_->full_weights() : engine().full_weights();
   if (!is_lead()) return "";
   // LoRA: a PEFT adapter when only the LoRA matrices trained (and --merge_lora is not given);
   // otherwise the merged weights (an adapter alone would lose the other trained parameters).

@@ -35,13 +35,15 @@
 //
 // Batches: one micro-batch is B examples of the set's T ids; the engine receives an nn::Batch of
 // input_ids, token_type_ids, attention_mask (B, T) int32 and labels (B) int32, and the loss
-// function is the cross entropy of the classifier's logits (kept for evaluation's metrics). Evaluation runs
-// every validation example in order (or the first eval_batches x B when --eval_batches is given),
-// in micro-batches of B (the last one smaller), on every rank (ZeRO-3 gathers together).
+// function is the cross entropy of the classifier's logits (kept for evaluation's metrics).
+// Evaluation runs every validation example in order (or the first eval_batches x B when
+// --eval_batches is given), in micro-batches of B (the last one smaller), on every rank (ZeRO-3
+// gathers together).
 //
-// The skeleton (engine, sampler, checkpoints, the step loop, the evaluation schedule) is
-// train::TaskTrainer's (task_trainer.h); this class is the classifier's batches, evaluation and
-// export. Collectives and threading: as TaskTrainer's.
+// The skeleton (checkpoints, the step loop, the evaluation schedule) is train::TrainerBase's
+// (trainer_base.h), the engine and sampler train::TaskTrainer's (task_trainer.h); this class is
+// the classifier's batches, loss, evaluation and export. Collectives and threading: as
+// TrainerBase's.
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -56,7 +58,6 @@
 #include "ds/train/classify_metrics.h"
 #include "ds/train/plan.h"
 #include "ds/train/task_trainer.h"
-#include "ds/train/trainer.h"
 
 namespace ds::train {
 
@@ -96,14 +97,14 @@ class ClassifierTrainer : public TaskTrainer {
   ClassifierTrainer(ClassifierPlan plan, ClassifierObserver& observer);
   ~ClassifierTrainer() override;
 
-  // resume(), save(), evaluate_now(), step(), fit(): TaskTrainer's.
+  // resume(), save(), evaluate_now(), step(), fit(): TrainerBase's (trainer_base.h).
 
   // Loss, accuracy and F1 over the evaluation examples; nullopt without eval data. Collective.
   std::optional<ClassifyEvalReport> evaluate();
   // The Hugging Face export (config.json with id2label from the set's labels, model.safetensors,
   // the tokenizer), or with LoRA a PEFT SEQ_CLS adapter (see the top). Collective (ZeRO-3
   // gathers); rank 0 writes.
-  void export_model(const std::string& dir) override;
+  std::string export_model(const std::string& dir) override;
 
   const ClassifierPlan& plan() const { return plan_; }
   models::SequenceClassifier& model() { return *model_; }
@@ -114,8 +115,8 @@ class ClassifierTrainer : public TaskTrainer {
   runtime::MicroBatch pack(const data::ClassificationSet& set, const std::vector<uint64_t>& idx,
                            uint64_t sample_base) const;
 
-  // ---- TaskTrainer's hooks ----
-  const TaskPlan& task_plan() const override { return plan_; }
+  // ---- TaskTrainer's and TrainerBase's hooks ----
+  const PlanBase& plan_base() const override { return plan_; }
   runtime::MicroBatch pack_train(const std::vector<uint64_t>& idx,
                                  uint64_t sample_base) const override {
     return pack(*plan_.train, idx, sample_base);

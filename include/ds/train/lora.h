@@ -27,7 +27,7 @@ std::optional<nn::LoraConfig> lora_config(const Options& o, const Given& g,
 
 // An encoder sequence classifier's LoRA, with PEFT's TaskType.SEQ_CLS semantics: targets matched
 // as PEFT's target_modules (nn::LoraConfig::peft_match), by default the family's
-// (models::EncoderFamily::lora_targets: bert/roberta query,value; deberta-v2
+// (models::Family::lora_targets: bert/roberta query,value; deberta-v2
 // query_proj,value_proj), and the head ("classifier", "score": PEFT's modules_to_save) kept
 // trainable with
 // --only_optimize_lora.

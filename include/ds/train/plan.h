@@ -84,42 +84,60 @@ Device plan_device(const Options& o);
 // returns the line to show; "" when there is no limit (or the run is on the CPU).
 std::string apply_device_memory_limit(Device device, const Options& o);
 
-// Everything decided before the model is built. Made by plan_run; read-only afterwards (the
-// datasets are shared with the Trainer's loader, which only reads them).
-struct RunPlan {
+// The words a run's messages and checkpoints use.
+struct TaskNames {
+  const char* task = "";    // the set's kind and a checkpoint's ds_train.task: "classification"
+  const char* run = "";     // "classifier": "not a classifier run's checkpoint"
+  const char* models = "";  // "encoder classifiers": "--x does not apply to encoder classifiers"
+};
+// A decoder LM run's: its checkpoints record no task (check_checkpoint_task reads none as "lm").
+inline constexpr TaskNames kLmNames{"lm", "language-model", "decoder language models"};
+
+// What every run plans, whatever it trains: the options, the data folder, the resolved DeepSpeed
+// config and run length, the device and the data-parallel size. RunPlan (the decoder LM's) and
+// TaskPlan (task_plan.h: the task trainers') derive from it; train::TrainerBase
+// (trainer_base.h) reads only this part.
+struct PlanBase {
+  TaskNames names = kLmNames;
   Options spec;
   Given given;
+  std::filesystem::path train_dir;      // the ds_prepare folder of --train_data
+  std::string val_from;                 // where the val split came from ("": none), for messages
+  std::filesystem::path tokenizer_dir;  // copied beside the export ("": none)
+  std::string model_name;               // the preset, file or folder name (messages, chart title)
+  RunConfig run;                        // the resolved DeepSpeed config, run length, tp and pp
+  Device device = kCPU;                 // --device, checked: where the model trains
+  int world_size = 1;                   // ranks of the job: data x pipeline x tensor
+  int data_parallel = 1;                // world / (tp x pp): the ranks ZeRO shards over
+  int64_t tokens_per_example = 0;       // tokens a sample counts for in throughput (LM: T)
+  std::vector<std::string> notes;       // lines for the caller to show (a skipped sample, ...)
+
+  const config::DeepSpeedConfig& config() const { return run.cfg; }
+  int64_t micro_batch() const { return run.cfg.batch.train_micro_batch_size_per_gpu; }  // B
+  int64_t grad_accum() const { return run.cfg.batch.gradient_accumulation_steps; }      // A
+  int64_t global_batch() const { return run.cfg.batch.train_batch_size; }               // G
+  int64_t total_steps() const { return run.total_steps; }
+};
+
+// Everything decided before the model is built. Made by plan_run; read-only afterwards (the
+// datasets are shared with the Trainer's loader, which only reads them).
+struct RunPlan : PlanBase {
   // ---- data ----
-  std::filesystem::path train_dir;              // the ds_prepare folder of --train_data
-  std::shared_ptr<data::TokenDataset> train;    // its "train" split
-  std::shared_ptr<data::TokenDataset> val;      // --eval_data's or train_dir's "val"; null: none
-  std::string val_from;                         // where val came from, for messages
-  std::filesystem::path tokenizer_dir;          // --tokenizer, else default_tokenizer_dir()
+  std::shared_ptr<data::TokenDataset> train;  // train_dir's "train" split
+  std::shared_ptr<data::TokenDataset> val;    // --eval_data's or train_dir's "val"; null: none
   std::optional<data::Tokenizer> sample_tokenizer;  // for the end-of-run sample, when asked for
   int64_t seq_len = 0;                          // T: tokens per sample
   uint64_t samples = 0;                         // S: training windows of T tokens
   // ---- model ----
   models::GPTConfig model;
-  std::string model_name;             // the preset, file or folder name (messages, chart title)
   std::optional<nn::LoraConfig> lora;  // --lora_dim > 0
-  // ---- config, run length, parallelism ----
-  RunConfig run;  // the resolved DeepSpeed config, run length, tp and pp
-  Device device = kCPU;     // --device, checked: where the model trains
-  int world_size = 1;       // ranks of the job: data x pipeline x tensor
-  int data_parallel = 1;    // world / (tp x pp): the ranks ZeRO shards over
   // Stage 3 builds each rank's piece of every parameter only (DeepSpeed's zero.Init), unless the
   // weights come from a Hugging Face folder, LoRA needs the base whole, or tp/pp slice it first.
   bool partitioned_build = false;
-  int64_t activation_bytes = 0;    // per rank, activation_estimate for B x T
-  std::vector<std::string> notes;  // lines for the caller to show (a skipped sample, ...)
+  int64_t activation_bytes = 0;  // per rank, activation_estimate for B x T
 
-  const config::DeepSpeedConfig& config() const { return run.cfg; }
   int tensor_parallel() const { return run.tensor_parallel; }
   int pipeline_parallel() const { return run.pipeline_parallel; }
-  int64_t micro_batch() const { return run.cfg.batch.train_micro_batch_size_per_gpu; }  // B
-  int64_t grad_accum() const { return run.cfg.batch.gradient_accumulation_steps; }       // A
-  int64_t global_batch() const { return run.cfg.batch.train_batch_size; }               // G
-  int64_t total_steps() const { return run.total_steps; }
 };
 
 // Opens the data, resolves the model, the config ("auto" from the arguments, the builtin config

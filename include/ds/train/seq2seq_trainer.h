@@ -35,18 +35,19 @@
 //
 // Batches: one micro-batch is B examples; the engine receives an nn::Batch of input_ids and
 // attention_mask (B, S) int32 (the source) and labels (B, T) int32 (-100 = ignored); the engine's
-// default loss is Seq2Seq::loss(batch) with the decoder input shift_tokens_right(labels), so the loss is the mean cross
-// entropy over target tokens only. Evaluation: the loss of every validation example in order (or
-// the first eval_batches x B when --eval_batches is given), in micro-batches of B (the last one
-// smaller), as the mean over target tokens; then (rank 0) generations for the first
-// eval_bleu_examples examples from an fp32 copy of the whole model (greedy, or beam search with
-// generation_num_beams; at most generation_max_length new tokens, default the set's T), decoded
-// without special tokens, and their corpus BLEU against the decoded targets.
+// default loss is Seq2Seq::loss(batch) with the decoder input shift_tokens_right(labels), so the
+// loss is the mean cross entropy over target tokens only. Evaluation: the loss of every validation
+// example in order (or the first eval_batches x B when --eval_batches is given), in micro-batches
+// of B (the last one smaller), as the mean over target tokens; then (rank 0) generations for the
+// first eval_bleu_examples examples from an fp32 copy of the whole model (greedy, or beam search
+// with generation_num_beams; at most generation_max_length new tokens, default the set's T),
+// decoded without special tokens, and their corpus BLEU against the decoded targets.
 //
-// The skeleton (engine, sampler, checkpoints, the step loop, the evaluation schedule) is
-// train::TaskTrainer's (task_trainer.h); this class is the encoder-decoder's batches, evaluation
-// (loss and BLEU) and export. Collectives and threading: as TaskTrainer's; evaluate(),
-// generate() and export_model() are collective (ZeRO-3 gathers).
+// The skeleton (checkpoints, the step loop, the evaluation schedule) is train::TrainerBase's
+// (trainer_base.h), the engine and sampler train::TaskTrainer's (task_trainer.h); this class is
+// the encoder-decoder's batches, evaluation (loss and BLEU) and export. Collectives and
+// threading: as TrainerBase's; evaluate(), generate() and export_model() are collective (ZeRO-3
+// gathers).
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -62,7 +63,6 @@
 #include "ds/train/bleu.h"
 #include "ds/train/plan.h"
 #include "ds/train/task_trainer.h"
-#include "ds/train/trainer.h"
 
 namespace ds::train {
 
@@ -107,7 +107,7 @@ class Seq2SeqTrainer : public TaskTrainer {
   Seq2SeqTrainer(Seq2SeqPlan plan, Seq2SeqObserver& observer);
   ~Seq2SeqTrainer() override;
 
-  // resume(), save(), evaluate_now(), step(), fit(): TaskTrainer's.
+  // resume(), save(), evaluate_now(), step(), fit(): TrainerBase's (trainer_base.h).
 
   // Loss and BLEU over the evaluation examples; nullopt without eval data. Collective.
   std::optional<Seq2SeqEvalReport> evaluate();
@@ -119,7 +119,7 @@ class Seq2SeqTrainer : public TaskTrainer {
   // The Hugging Face export (config.json, generation_config.json, model.safetensors, the
   // tokenizer; LoRA merged), or a PEFT adapter folder (train::exports_lora_adapter). Collective
   // (ZeRO-3 gathers); rank 0 writes.
-  void export_model(const std::string& dir) override;
+  std::string export_model(const std::string& dir) override;
 
   const Seq2SeqPlan& plan() const { return plan_; }
   models::Seq2Seq& model() { return *model_; }
@@ -133,8 +133,8 @@ class Seq2SeqTrainer : public TaskTrainer {
   // An fp32 model with the engine's current weights (rank 0; nullptr on the others). Collective.
   std::unique_ptr<models::Seq2Seq> whole_model();
 
-  // ---- TaskTrainer's hooks ----
-  const TaskPlan& task_plan() const override { return plan_; }
+  // ---- TaskTrainer's and TrainerBase's hooks ----
+  const PlanBase& plan_base() const override { return plan_; }
   runtime::MicroBatch pack_train(const std::vector<uint64_t>& idx,
                                  uint64_t sample_base) const override {
     return pack(*plan_.train, idx, sample_base);

@@ -23,37 +23,13 @@
 
 namespace ds::train {
 
-// The words a task's messages and checkpoints use.
-struct TaskNames {
-  const char* task = "";    // the set's kind and a checkpoint's ds_train.task: "classification"
-  const char* run = "";     // "classifier": "not a classifier run's checkpoint"
-  const char* models = "";  // "encoder classifiers": "--x does not apply to encoder classifiers"
-};
-
-// What every task run plans; a task's plan struct derives from it and adds its sets and model.
-struct TaskPlan {
-  TaskNames names;
-  Options spec;
-  Given given;
-  std::filesystem::path train_dir;
-  std::string val_from;                 // where the val split came from ("": no val split)
-  std::filesystem::path tokenizer_dir;  // copied beside the export ("": none)
-  std::string model_name;               // the preset, file or folder name (messages)
-  RunConfig run;
-  Device device = kCPU;  // --device (plan_device): where the model trains
-  int world_size = 1;
-  int data_parallel = 1;           // the ranks ZeRO shards over (all of them: no tp or pp)
-  int64_t train_examples = 0;      // N of the train split
-  int64_t tokens_per_example = 0;  // tokens an example counts for in throughput and "auto" sizes
-  int64_t eval_examples = 0;       // per evaluation: all of val, or eval_batches x B
-  std::vector<std::string> notes;  // lines for the caller to show
+// What every task run plans (PlanBase, plan.h, with the task's names); a task's plan struct
+// derives from it and adds its sets and model.
+struct TaskPlan : PlanBase {
+  int64_t train_examples = 0;  // N of the train split
+  int64_t eval_examples = 0;   // per evaluation: all of val, or eval_batches x B
 
   bool has_val() const { return !val_from.empty(); }
-  const config::DeepSpeedConfig& config() const { return run.cfg; }
-  int64_t micro_batch() const { return run.cfg.batch.train_micro_batch_size_per_gpu; }
-  int64_t grad_accum() const { return run.cfg.batch.gradient_accumulation_steps; }
-  int64_t global_batch() const { return run.cfg.batch.train_batch_size; }
-  int64_t total_steps() const { return run.total_steps; }
 };
 
 // Throws "[ds_train] OPTION does not apply to <names.models> (WHY); remove it" when `given`.
