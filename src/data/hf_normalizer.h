@@ -65,6 +65,42 @@ class NormalizerChain {
 NormalizerChain parse_normalizer(const nlohmann::json& j, const std::string& field,
                                  const std::filesystem::path& file, std::string_view loader);
 
+// BertNormalizer's options (WordPiece).
+struct BertOptions {
+  bool clean_text = true, handle_chinese_chars = true, strip_accents = true, lowercase = true;
+};
+
+// The normalizer of a tokenizer.json pipeline (hf_pipeline.h), in the family its model accepts:
+//   kChain  the chain above; token spans are input offsets (Unigram).
+//   kBert   BertNormalizer (WordPiece) and
+//   kNfc    NFC or a Sequence of NFC (byte-level BPE; text that is not valid UTF-8 stays as it is):
+//           text-only, so token spans are offsets into the normalized text (text_tokenizer.h),
+//           one range per byte (a byte-level token may end inside a character).
+// Immutable after construction; const methods are thread-safe.
+class Normalizer {
+ public:
+  enum Family { kChain, kBert, kNfc };
+
+  Normalizer() = default;
+  // Parse j (null: none, the identity). A type the family does not hold is a
+  // ds::Error naming the file, the field and loader (the model's name in messages).
+  Normalizer(const nlohmann::json& j, Family family, const std::filesystem::path& file,
+             std::string_view loader);
+  // s normalized. Alignment: input offsets from input_base (kChain), else offsets into the
+  // normalized text from output_base.
+  NormalizedText run(std::string_view s, uint32_t input_base, uint32_t output_base) const;
+  // s normalized, text only (what AddedVocabulary matches normalized=true tokens against).
+  std::string text(std::string_view s) const;
+  // Whether run's alignment is input offsets (else normalized-text offsets).
+  bool input_offsets() const { return family_ == kChain; }
+
+ private:
+  Family family_ = kChain;
+  bool none_ = true;
+  NormalizerChain chain_;
+  BertOptions bert_;
+};
+
 // Rust's char::is_whitespace (the White_Space property), which Strip and WhitespaceSplit use.
 bool is_white_space(char32_t c);
 
