@@ -505,7 +505,8 @@ std::string bert_normalize(const BertOptions& o, std::string_view text) {
     } else if (u.cp == 0x130) {  // Rust's full lowercase mapping: İ -> i + combining dot above
       out += "i\xCC\x87";
     } else {
-      utf8_append(out, static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(u.cp))));
+      utf8_append(out,
+                  static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(u.cp))));
     }
   }
   return out;
@@ -544,8 +545,7 @@ void parse_nfc(const ojson& j, const std::string& field, const fs::path& file,
 
 }  // namespace
 
-Normalizer::Normalizer(const ojson& j, Family family, const fs::path& file,
-                       std::string_view loader)
+Normalizer::Normalizer(const ojson& j, Family family, const fs::path& file, std::string_view loader)
     : family_(family), none_(j.is_null()) {
   if (none_) return;
   switch (family) {
@@ -587,7 +587,8 @@ NormalizedText Normalizer::run(std::string_view s, uint32_t input_base,
   t.text = text(s);
   t.align.resize(t.text.size());
   for (size_t i = 0; i < t.align.size(); ++i)
-    t.align[i] = {output_base + static_cast<uint32_t>(i), output_base + static_cast<uint32_t>(i + 1)};
+    t.align[i] = {output_base + static_cast<uint32_t>(i),
+                  output_base + static_cast<uint32_t>(i + 1)};
   return t;
 }
 

@@ -2,8 +2,9 @@
 // Internal to src/data: tokenizer.json pre-tokenizers, run over normalized text with its alignment
 // (hf_normalizer.h), each word handed on as a view.
 //
-//   PreTokenizer pre(j["pre_tokenizer"], {"Metaspace", "WhitespaceSplit", "Sequence"}, file, "Unigram");
-//   pre.run(WordView::of(normalized, 0, n), [&](const WordView& w) { model.tokenize(w, ...); });
+//   PreTokenizer pre(j["pre_tokenizer"], {"Metaspace", "WhitespaceSplit", "Sequence"}, file,
+//   "Unigram"); pre.run(WordView::of(normalized, 0, n), [&](const WordView& w) { model.tokenize(w,
+//   ...); });
 //
 // Supported (a model accepts a subset, PreTokenizer's `accepted`):
 //   ByteLevel        add_prefix_space (a space before a text that lacks one), use_regex (GPT-2's
@@ -38,7 +39,9 @@ struct WordView {
   static WordView of(const NormalizedText& t, size_t from, size_t to) {
     return {std::string_view(t.text).substr(from, to - from), t.align.data() + from};
   }
-  WordView sub(size_t from, size_t to) const { return {text.substr(from, to - from), align + from}; }
+  WordView sub(size_t from, size_t to) const {
+    return {text.substr(from, to - from), align + from};
+  }
   // The range of text[from, to) (from < to).
   TokenSpan span(size_t from, size_t to) const { return {align[from].begin, align[to - 1].end}; }
 };
@@ -72,8 +75,8 @@ class PreTokenizer {
  private:
   struct Step {
     enum Kind { kByteLevel, kSplit, kBert, kWhitespace, kMetaspace } kind;
-    bool prefix_space = false;  // kByteLevel
-    bool use_regex = true;      // kByteLevel
+    bool prefix_space = false;                   // kByteLevel
+    bool use_regex = true;                       // kByteLevel
     SplitPattern pattern = SplitPattern::kGpt2;  // kSplit
     Metaspace metaspace;                         // kMetaspace
   };

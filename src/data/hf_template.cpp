@@ -85,8 +85,10 @@ void parse_into(PairTemplate& t, const ojson& j, const std::string& field, int32
                  file, loader, accepted);
     return;
   }
-  DS_CHECK(t.empty(), "[tokenizer] '{}': {} is a second post-processor with special tokens; not "
-           "supported", file.string(), field);
+  DS_CHECK(t.empty(),
+           "[tokenizer] '{}': {} is a second post-processor with special tokens; not "
+           "supported",
+           file.string(), field);
   if (type == "BertProcessing" || type == "RobertaProcessing") {
     // Bert: [CLS] A [SEP] / [CLS] A [SEP] B [SEP] (B type 1); Roberta: <s> A </s> /
     // <s> A </s></s> B </s>, every type id 0 (tokenizers' roberta.rs).
@@ -108,8 +110,11 @@ void parse_into(PairTemplate& t, const ojson& j, const std::string& field, int32
     using P = TemplatePiece;
     t.single = {{P::kSpecial, 0, {cls}}, {P::kA, 0, {}}, {P::kSpecial, 0, {sep}}};
     if (roberta)
-      t.pair = {{P::kSpecial, 0, {cls}}, {P::kA, 0, {}},     {P::kSpecial, 0, {sep, sep}},
-                {P::kB, 0, {}},          {P::kSpecial, 0, {sep}}};
+      t.pair = {{P::kSpecial, 0, {cls}},
+                {P::kA, 0, {}},
+                {P::kSpecial, 0, {sep, sep}},
+                {P::kB, 0, {}},
+                {P::kSpecial, 0, {sep}}};
     else
       t.pair = {{P::kSpecial, 0, {cls}},
                 {P::kA, 0, {}},

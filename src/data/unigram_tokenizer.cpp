@@ -359,6 +359,8 @@ std::string UnigramModel::decode(std::span<const int32_t> ids, const HfVocab& vo
 
 }  // namespace
 
-std::unique_ptr<HfModel> make_unigram_model() { return std::make_unique<UnigramModel>(); }
+std::unique_ptr<HfModel> make_unigram_model() {
+  return std::make_unique<UnigramModel>();
+}
 
 }  // namespace ds::data::detail

@@ -215,6 +215,8 @@ void WordPieceModel::save_files(const fs::path& dir, const HfVocab& vocab) const
 
 }  // namespace
 
-std::unique_ptr<HfModel> make_wordpiece_model() { return std::make_unique<WordPieceModel>(); }
+std::unique_ptr<HfModel> make_wordpiece_model() {
+  return std::make_unique<WordPieceModel>();
+}
 
 }  // namespace ds::data::detail
