@@ -586,9 +586,9 @@ NormalizedText Normalizer::run(std::string_view s, uint32_t input_base,
   NormalizedText t;
   t.text = text(s);
   t.align.resize(t.text.size());
+  const uint32_t base = family_ == kNfc ? input_base : output_base;
   for (size_t i = 0; i < t.align.size(); ++i)
-    t.align[i] = {output_base + static_cast<uint32_t>(i),
-                  output_base + static_cast<uint32_t>(i + 1)};
+    t.align[i] = {base + static_cast<uint32_t>(i), base + static_cast<uint32_t>(i + 1)};
   return t;
 }
 

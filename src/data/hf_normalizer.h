@@ -72,10 +72,13 @@ struct BertOptions {
 
 // The normalizer of a tokenizer.json pipeline (hf_pipeline.h), in the family its model accepts:
 //   kChain  the chain above; token spans are input offsets (Unigram).
-//   kBert   BertNormalizer (WordPiece) and
-//   kNfc    NFC or a Sequence of NFC (byte-level BPE; text that is not valid UTF-8 stays as it is):
-//           text-only, so token spans are offsets into the normalized text (text_tokenizer.h),
-//           one range per byte (a byte-level token may end inside a character).
+//   kBert   BertNormalizer (WordPiece): text-only, spans are offsets into the whole normalized
+//           text (normalize() of text_tokenizer.h).
+//   kNfc    NFC or a Sequence of NFC (byte-level BPE; text that is not valid UTF-8 stays as it
+//           is): text-only, spans are the input offset where the piece between two
+//           normalized=false added tokens starts plus the offset in its NFC (input offsets
+//           wherever NFC leaves the text as it is).
+// Text-only alignments have one range per byte (a byte-level token may end inside a character).
 // Immutable after construction; const methods are thread-safe.
 class Normalizer {
  public:
@@ -86,13 +89,14 @@ class Normalizer {
   // ds::Error naming the file, the field and loader (the model's name in messages).
   Normalizer(const nlohmann::json& j, Family family, const std::filesystem::path& file,
              std::string_view loader);
-  // s normalized. Alignment: input offsets from input_base (kChain), else offsets into the
-  // normalized text from output_base.
+  // s normalized. Alignment (see the families): from input_base, the input offset of s, or
+  // (kBert) from output_base, the normalized length of the text before s.
   NormalizedText run(std::string_view s, uint32_t input_base, uint32_t output_base) const;
   // s normalized, text only (what AddedVocabulary matches normalized=true tokens against).
   std::string text(std::string_view s) const;
-  // Whether run's alignment is input offsets (else normalized-text offsets).
-  bool input_offsets() const { return family_ == kChain; }
+  // Whether spans are input offsets where s starts (all but kBert): what the span of an added
+  // token matched before normalization is.
+  bool input_offsets() const { return family_ != kBert; }
 
  private:
   Family family_ = kChain;

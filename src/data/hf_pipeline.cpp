@@ -107,8 +107,8 @@ void HfTokenizer::encode_sequence(std::string_view text, std::vector<int32_t>& i
     if (spans) spans->push_back(s);
   };
   auto word = [&](const WordView& w) { model_->tokenize(w, ids, spans); };
-  // Spans: input offsets, or (text-only normalizers) offsets into the normalized text, where out
-  // is the normalized length so far.
+  // Spans: input offsets, or (BertNormalizer) offsets into the normalized text, where out is the
+  // normalized length so far (hf_normalizer.h).
   const bool input = normalizer_.input_offsets();
   uint32_t out = 0;
   std::vector<AddedSplit> raw, norm;
