@@ -41,4 +41,15 @@ inline bool json_bool(const nlohmann::json& j, const char* key, bool fallback,
   return j[key].get<bool>();
 }
 
+// A {"type": "Sequence", key: [...]}: calls each(item, "field.key[k]") for its items in order.
+template <class Each>
+void for_each_in_sequence(const nlohmann::json& j, const char* key, const std::string& field,
+                          const std::filesystem::path& file, std::string_view loader, Each&& each) {
+  check_keys(j, {"type", key}, field, file, loader);
+  DS_CHECK(j.contains(key) && j[key].is_array(), "[tokenizer] '{}': {}.{} must be an array",
+           file.string(), field, key);
+  for (size_t k = 0; k < j[key].size(); ++k)
+    each(j[key][k], fmt::format("{}.{}[{}]", field, key, k));
+}
+
 }  // namespace ds::data::detail

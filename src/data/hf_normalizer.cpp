@@ -374,12 +374,9 @@ void parse_into(NormalizerChain& chain, const ojson& j, const std::string& field
     return j[key].get<std::string>();
   };
   if (type == "Sequence") {
-    check_keys(j, {"type", "normalizers"}, field, file, loader);
-    DS_CHECK(j.contains("normalizers") && j["normalizers"].is_array(),
-             "[tokenizer] '{}': {}.normalizers must be an array", file.string(), field);
-    for (size_t k = 0; k < j["normalizers"].size(); ++k)
-      parse_into(chain, j["normalizers"][k], fmt::format("{}.normalizers[{}]", field, k), file,
-                 loader);
+    for_each_in_sequence(
+        j, "normalizers", field, file, loader,
+        [&](const ojson& item, const std::string& f) { parse_into(chain, item, f, file, loader); });
   } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
     check_keys(j, {"type"}, field, file, loader);
     int options = type[type.size() - 1] == 'C' ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE;
@@ -532,9 +529,10 @@ BertOptions parse_bert(const ojson& j, const fs::path& file, std::string_view lo
 void parse_nfc(const ojson& j, const std::string& field, const fs::path& file,
                std::string_view loader) {
   const std::string type = json_type(j);
-  if (type == "Sequence" && j.contains("normalizers") && j["normalizers"].is_array()) {
-    for (size_t k = 0; k < j["normalizers"].size(); ++k)
-      parse_nfc(j["normalizers"][k], fmt::format("{}.normalizers[{}]", field, k), file, loader);
+  if (type == "Sequence") {
+    for_each_in_sequence(
+        j, "normalizers", field, file, loader,
+        [&](const ojson& item, const std::string& f) { parse_nfc(item, f, file, loader); });
     return;
   }
   DS_CHECK(type == "NFC",

@@ -48,8 +48,9 @@ struct HfVocab {
   void add_model_token(const std::string& token, int32_t id);
 };
 
-// What a model accepts around it. Lists name tokenizer.json "type"s ("null": the field may be
-// null; "Sequence": a sequence of the others).
+// What a model accepts around it. Lists name tokenizer.json "type"s ("Sequence": a sequence of
+// the others; in pre_tokenizers, "null": the field may be null, as the normalizer, post-processor
+// and decoder always may).
 struct ModelSpec {
   std::string_view kind;    // TextTokenizer::kind()
   std::string_view loader;  // in errors: "... is not supported by the BPE loader"

@@ -90,11 +90,8 @@ void PreTokenizer::parse(const ojson& j, const std::string& field, const fs::pat
            file.string(), field, type);
   Step s{};
   if (type == "Sequence") {
-    check_keys(j, {"type", "pretokenizers"}, field, file, loader_);
-    DS_CHECK(j.contains("pretokenizers") && j["pretokenizers"].is_array(),
-             "[tokenizer] '{}': {}.pretokenizers must be an array", file.string(), field);
-    for (size_t k = 0; k < j["pretokenizers"].size(); ++k)
-      parse(j["pretokenizers"][k], fmt::format("{}.pretokenizers[{}]", field, k), file);
+    for_each_in_sequence(j, "pretokenizers", field, file, loader_,
+                         [&](const ojson& item, const std::string& f) { parse(item, f, file); });
     return;
   } else if (type == "ByteLevel") {
     check_keys(j, {"type", "add_prefix_space", "trim_offsets", "use_regex"}, field, file, loader_);

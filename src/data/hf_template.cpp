@@ -77,12 +77,10 @@ void parse_into(PairTemplate& t, const ojson& j, const std::string& field, int32
            file.string(), field, type, loader, fmt::join(accepted, ", "));
   if (type == "ByteLevel") return;  // offsets only
   if (type == "Sequence") {
-    check_keys(j, {"type", "processors"}, field, file, loader);
-    DS_CHECK(j.contains("processors") && j["processors"].is_array(),
-             "[tokenizer] '{}': {}.processors must be an array", file.string(), field);
-    for (size_t k = 0; k < j["processors"].size(); ++k)
-      parse_into(t, j["processors"][k], fmt::format("{}.processors[{}]", field, k), vocab_size,
-                 file, loader, accepted);
+    for_each_in_sequence(j, "processors", field, file, loader,
+                         [&](const ojson& item, const std::string& f) {
+                           parse_into(t, item, f, vocab_size, file, loader, accepted);
+                         });
     return;
   }
   DS_CHECK(t.empty(),

@@ -120,11 +120,9 @@ void UnigramModel::add_decoder(const ojson& j, const std::string& field, const f
   const std::string type = json_type(j);
   DecodeStep s{};
   if (type == "Sequence") {
-    check_keys(j, {"type", "decoders"}, field, file, kLoader);
-    DS_CHECK(j.contains("decoders") && j["decoders"].is_array(),
-             "[tokenizer] '{}': {}.decoders must be an array", file.string(), field);
-    for (size_t k = 0; k < j["decoders"].size(); ++k)
-      add_decoder(j["decoders"][k], fmt::format("{}.decoders[{}]", field, k), file);
+    for_each_in_sequence(
+        j, "decoders", field, file, kLoader,
+        [&](const ojson& item, const std::string& f) { add_decoder(item, f, file); });
     return;
   } else if (type == "Metaspace") {
     s.kind = DecodeStep::kMetaspace;
