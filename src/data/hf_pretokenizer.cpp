@@ -79,9 +79,13 @@ bool PreTokenizer::has_byte_level() const {
 
 void PreTokenizer::parse(const ojson& j, const std::string& field, const fs::path& file) {
   const std::string type = j.is_null() ? std::string("null") : json_type(j);
-  DS_CHECK(std::find(accepted_.begin(), accepted_.end(), type) != accepted_.end(),
-           "[tokenizer] '{}': {}.type '{}' is not supported by the {} loader (supported: {})",
-           file.string(), field, type, loader_, fmt::join(accepted_, ", "));
+  if (std::find(accepted_.begin(), accepted_.end(), type) == accepted_.end()) {
+    std::vector<std::string_view> supported(accepted_);
+    std::replace(supported.begin(), supported.end(), std::string_view("null"),
+                 std::string_view("none"));
+    DS_THROW("[tokenizer] '{}': {}.type '{}' is not supported by the {} loader (supported: {})",
+             file.string(), field, type, loader_, fmt::join(supported, ", "));
+  }
   if (j.is_null()) return;
   auto has = [&](Step::Kind k) {
     return std::any_of(steps_.begin(), steps_.end(), [&](const Step& s) { return s.kind == k; });
