@@ -9,7 +9,8 @@
 // Supported: NFC, NFD, NFKC, NFKD, Lowercase, Strip, Replace (string pattern, or the one regex
 // DeBERTa-v2 uses: \s{2,}|[\n\r\t]), Prepend, Precompiled (SentencePiece's precompiled_charsmap:
 // Darts double-array trie + normalized strings, looked up per grapheme as `tokenizers` does) and a
-// Sequence of them. Anything else is a ds::Error naming the type.
+// Sequence of them. Anything else is a ds::Error naming the type. Normalizer (below) is what a
+// tokenizer.json pipeline holds: this chain, or the text-only BertNormalizer or NFC.
 //
 // Offsets follow `tokenizers`: a character replacing several keeps the range of the last of them
 // (Replace) or of the first (NFC and the other forms, Precompiled); inserted characters share the
