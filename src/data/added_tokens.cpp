@@ -8,6 +8,7 @@
 
 #include "ds/core/error.h"
 #include "ds/data/unicode.h"
+#include "hf_json.h"
 #include "hf_normalizer.h"
 
 namespace ds::data::detail {
@@ -17,12 +18,10 @@ using ojson = nlohmann::json;
 
 namespace {
 
-constexpr std::array<std::string_view, 7> kKeys = {"id",     "content",    "single_word", "lstrip",
-                                                   "rstrip", "normalized", "special"};
-
 // The regex crate's Unicode \w: Alphabetic, M, Nd, Pc, Join_Control. Alphabetic is L, Nl and
 // Other_Alphabetic, which outside M holds only the circled and squared Latin letters (So);
-// checked against tokenizers 0.23 over every code point (tests/fixtures/generators/gen_added_token_fixtures.py).
+// checked against tokenizers 0.23 over every code point
+// (tests/fixtures/generators/gen_added_token_fixtures.py).
 bool is_word_char(char32_t c) {
   if (c == 0x200C || c == 0x200D || (c >= 0x24B6 && c <= 0x24E9) ||
       (c >= 0x1F130 && c <= 0x1F149) || (c >= 0x1F150 && c <= 0x1F169) ||
@@ -97,12 +96,8 @@ AddedVocabulary::AddedVocabulary(const ojson& added, const fs::path& file,
   for (size_t k = 0; k < added.size(); ++k) {
     const ojson& a = added[k];
     const std::string field = fmt::format("added_tokens[{}]", k);
-    DS_CHECK(a.is_object(), "[tokenizer] '{}': {} must be an object", file.string(), field);
-    for (const auto& [key, value] : a.items())
-      DS_CHECK(std::find(kKeys.begin(), kKeys.end(), key) != kKeys.end(),
-               "[tokenizer] '{}': {}.{} is not supported by the {} loader (supported keys: {}); "
-               "remove it or convert the tokenizer",
-               file.string(), field, key, loader, fmt::join(kKeys, ", "));
+    check_keys(a, {"id", "content", "single_word", "lstrip", "rstrip", "normalized", "special"},
+               field, file, loader);
     DS_CHECK(a.contains("id") && a["id"].is_number_integer() && a["id"].get<int64_t>() >= 0 &&
                  a["id"].get<int64_t>() < INT32_MAX && a.contains("content") &&
                  a["content"].is_string() && !a["content"].get<std::string>().empty(),

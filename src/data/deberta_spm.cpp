@@ -184,7 +184,7 @@ std::unique_ptr<TextTokenizer> load_deberta_spm(const fs::path& file, TokenizerC
                                         ids.at(config.sep_token))},
       {"decoder", metaspace}};
   std::string text = j.dump();
-  return load_unigram_tokenizer_json(file, std::move(text), j, config);
+  return load_tokenizer_json(file, std::move(text), j, config);
 }
 
 }  // namespace ds::data::detail

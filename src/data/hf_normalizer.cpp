@@ -5,11 +5,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <optional>
 
 #include <utf8proc.h>
 
 #include "ds/core/error.h"
 #include "ds/data/unicode.h"
+#include "hf_json.h"
 
 namespace ds::data::detail {
 
@@ -37,21 +39,6 @@ NormalizedText NormalizedText::from(std::string_view text, uint32_t base) {
 }
 
 namespace {
-
-std::string type_of(const ojson& j) {
-  return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>()
-                                                                      : std::string("?");
-}
-
-void check_keys(const ojson& j, std::initializer_list<std::string_view> allowed,
-                const std::string& field, const fs::path& file, std::string_view loader) {
-  DS_CHECK(j.is_object(), "[tokenizer] '{}': {} must be an object", file.string(), field);
-  for (const auto& [key, value] : j.items())
-    DS_CHECK(std::find(allowed.begin(), allowed.end(), key) != allowed.end(),
-             "[tokenizer] '{}': {}.{} is not supported by the {} loader (supported keys: {}); "
-             "remove it or convert the tokenizer",
-             file.string(), field, key, loader, fmt::join(allowed, ", "));
-}
 
 struct Char {
   size_t at;  // byte offset in the text
@@ -104,16 +91,29 @@ std::vector<TokenSpan> spans_of(const NormalizedText& t, const std::vector<Char>
 
 // ---- Unicode normalization forms ----------------------------------------------------------------
 
-std::string utf8proc_form(std::string_view text, int options) {
-  if (text.empty()) return {};
+// utf8proc_map with options, or nullopt (*error: utf8proc's code) when it fails, e.g. on text that
+// is not valid UTF-8.
+std::optional<std::string> utf8proc_try(std::string_view text, int options,
+                                        utf8proc_ssize_t* error = nullptr) {
+  if (text.empty()) return std::string();
   utf8proc_uint8_t* out = nullptr;
   const auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
                               static_cast<utf8proc_ssize_t>(text.size()), &out,
                               static_cast<utf8proc_option_t>(UTF8PROC_STABLE | options));
-  DS_CHECK(n >= 0, "[tokenizer] Unicode normalization failed: {}", utf8proc_errmsg(n));
+  if (n < 0) {
+    if (error) *error = n;
+    return std::nullopt;
+  }
   std::string result(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
   std::free(out);
   return result;
+}
+
+std::string utf8proc_form(std::string_view text, int options) {
+  utf8proc_ssize_t error = 0;
+  std::optional<std::string> s = utf8proc_try(text, options, &error);
+  DS_CHECK(s.has_value(), "[tokenizer] Unicode normalization failed: {}", utf8proc_errmsg(error));
+  return std::move(*s);
 }
 
 class UnicodeForm final : public NormalizerStep {
@@ -367,19 +367,16 @@ class Precompiled final : public NormalizerStep {
 
 void parse_into(NormalizerChain& chain, const ojson& j, const std::string& field,
                 const fs::path& file, std::string_view loader) {
-  const std::string type = type_of(j);
+  const std::string type = json_type(j);
   auto string_field = [&](const char* key) {
     DS_CHECK(j.contains(key) && j[key].is_string(), "[tokenizer] '{}': {}.{} must be a string",
              file.string(), field, key);
     return j[key].get<std::string>();
   };
   if (type == "Sequence") {
-    check_keys(j, {"type", "normalizers"}, field, file, loader);
-    DS_CHECK(j.contains("normalizers") && j["normalizers"].is_array(),
-             "[tokenizer] '{}': {}.normalizers must be an array", file.string(), field);
-    for (size_t k = 0; k < j["normalizers"].size(); ++k)
-      parse_into(chain, j["normalizers"][k], fmt::format("{}.normalizers[{}]", field, k), file,
-                 loader);
+    for_each_in_sequence(
+        j, "normalizers", field, file, loader,
+        [&](const ojson& item, const std::string& f) { parse_into(chain, item, f, file, loader); });
   } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
     check_keys(j, {"type"}, field, file, loader);
     int options = type[type.size() - 1] == 'C' ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE;
@@ -442,6 +439,155 @@ NormalizerChain parse_normalizer(const ojson& j, const std::string& field, const
   NormalizerChain chain;
   if (!j.is_null()) parse_into(chain, j, field, file, loader);
   return chain;
+}
+
+// ---- text-only normalizers ----------------------------------------------------------------------
+
+namespace {
+
+utf8proc_category_t category(char32_t cp) {
+  return static_cast<utf8proc_category_t>(
+      utf8proc_get_property(static_cast<utf8proc_int32_t>(cp))->category);
+}
+
+// BertNormalizer's is_control: Cc, Cf, Co, Cs except \t \n \r (which count as whitespace).
+bool is_bert_control(char32_t c) {
+  if (c == '\t' || c == '\n' || c == '\r') return false;
+  const auto cat = category(c);
+  return cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CF ||
+         cat == UTF8PROC_CATEGORY_CO || cat == UTF8PROC_CATEGORY_CS;
+}
+
+// The CJK ideograph blocks BERT puts spaces around (not Hangul, Hiragana or Katakana).
+bool is_chinese_char(char32_t c) {
+  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) ||
+         (c >= 0x20000 && c <= 0x2A6DF) || (c >= 0x2A700 && c <= 0x2B73F) ||
+         (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
+         (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+}
+
+// BertNormalizer's steps in its order: clean, space CJK, NFD + drop Mn, lowercase. The Unicode
+// classes come from libutf8proc; `tokenizers` takes them from Rust's std and the
+// unicode_categories crate, so code points whose category changed between those Unicode versions
+// may differ. Unassigned code points (Cn) are not "control" there, and stay.
+std::string bert_normalize(const BertOptions& o, std::string_view text) {
+  std::string s;
+  s.reserve(text.size() + text.size() / 2);
+  for (size_t i = 0; i < text.size();) {
+    const Utf8Char u = utf8_decode(text, i);  // invalid bytes read as U+FFFD
+    i += u.len;
+    char32_t c = u.cp;
+    if (o.clean_text) {
+      if (c == 0 || c == 0xFFFD || is_bert_control(c)) continue;
+      if (is_white_space(c)) c = ' ';
+    }
+    if (o.handle_chinese_chars && is_chinese_char(c)) {
+      s.push_back(' ');
+      utf8_append(s, c);
+      s.push_back(' ');
+    } else {
+      utf8_append(s, c);
+    }
+  }
+  if (!o.strip_accents && !o.lowercase) return s;
+  if (o.strip_accents) s = utf8proc_form(s, UTF8PROC_DECOMPOSE);
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const Utf8Char u = utf8_decode(s, i);
+    i += u.len;
+    if (o.strip_accents && category(u.cp) == UTF8PROC_CATEGORY_MN) continue;
+    if (!o.lowercase) {
+      utf8_append(out, u.cp);
+    } else if (u.cp == 0x130) {  // Rust's full lowercase mapping: İ -> i + combining dot above
+      out += "i\xCC\x87";
+    } else {
+      utf8_append(out,
+                  static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(u.cp))));
+    }
+  }
+  return out;
+}
+
+BertOptions parse_bert(const ojson& j, const fs::path& file, std::string_view loader) {
+  DS_CHECK(json_type(j) == "BertNormalizer",
+           "[tokenizer] '{}': normalizer.type '{}' is not supported by the {} loader "
+           "(supported: none, BertNormalizer)",
+           file.string(), json_type(j), loader);
+  check_keys(j, {"type", "clean_text", "handle_chinese_chars", "strip_accents", "lowercase"},
+             "normalizer", file, loader);
+  BertOptions o;
+  o.clean_text = json_bool(j, "clean_text", true, "normalizer", file);
+  o.handle_chinese_chars = json_bool(j, "handle_chinese_chars", true, "normalizer", file);
+  o.lowercase = json_bool(j, "lowercase", true, "normalizer", file);
+  // strip_accents: null follows lowercase (bert-base-uncased strips, cased models keep accents).
+  o.strip_accents = json_bool(j, "strip_accents", o.lowercase, "normalizer", file);
+  return o;
+}
+
+// NFC, or a Sequence of NFC.
+void parse_nfc(const ojson& j, const std::string& field, const fs::path& file,
+               std::string_view loader) {
+  const std::string type = json_type(j);
+  if (type == "Sequence") {
+    for_each_in_sequence(
+        j, "normalizers", field, file, loader,
+        [&](const ojson& item, const std::string& f) { parse_nfc(item, f, file, loader); });
+    return;
+  }
+  DS_CHECK(type == "NFC",
+           "[tokenizer] '{}': {}.type '{}' is not supported by the {} loader (supported: none, "
+           "NFC, a Sequence of NFC)",
+           file.string(), field, type, loader);
+}
+
+}  // namespace
+
+Normalizer::Normalizer(const ojson& j, Family family, const fs::path& file, std::string_view loader)
+    : family_(family), none_(j.is_null()) {
+  if (none_) return;
+  switch (family) {
+    case kChain:
+      chain_ = parse_normalizer(j, "normalizer", file, loader);
+      break;
+    case kBert:
+      bert_ = parse_bert(j, file, loader);
+      break;
+    case kNfc:
+      parse_nfc(j, "normalizer", file, loader);
+      break;
+  }
+}
+
+std::string Normalizer::text(std::string_view s) const {
+  if (none_) return std::string(s);
+  switch (family_) {
+    case kBert:
+      return bert_normalize(bert_, s);
+    case kNfc:
+      return utf8proc_try(s, UTF8PROC_COMPOSE).value_or(std::string(s));  // HF sees valid UTF-8
+    default:
+      break;
+  }
+  NormalizedText t = NormalizedText::from(s, 0);
+  chain_.run(t);
+  return std::move(t.text);
+}
+
+NormalizedText Normalizer::run(std::string_view s, uint32_t input_base,
+                               uint32_t output_base) const {
+  if (family_ == kChain) {
+    NormalizedText t = NormalizedText::from(s, input_base);
+    chain_.run(t);
+    return t;
+  }
+  NormalizedText t;
+  t.text = text(s);
+  t.align.resize(t.text.size());
+  const uint32_t base = family_ == kNfc ? input_base : output_base;
+  for (size_t i = 0; i < t.align.size(); ++i)
+    t.align[i] = {base + static_cast<uint32_t>(i), base + static_cast<uint32_t>(i + 1)};
+  return t;
 }
 
 }  // namespace ds::data::detail

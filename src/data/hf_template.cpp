@@ -2,10 +2,10 @@
 #include "hf_template.h"
 
 #include <algorithm>
-#include <initializer_list>
 #include <string>
 
 #include "ds/core/error.h"
+#include "hf_json.h"
 
 namespace ds::data::detail {
 
@@ -13,16 +13,6 @@ namespace fs = std::filesystem;
 using ojson = nlohmann::json;
 
 namespace {
-
-void check_keys(const ojson& j, std::initializer_list<std::string_view> allowed,
-                const std::string& field, const fs::path& file, std::string_view loader) {
-  DS_CHECK(j.is_object(), "[tokenizer] '{}': {} must be an object", file.string(), field);
-  for (const auto& [key, value] : j.items())
-    DS_CHECK(std::find(allowed.begin(), allowed.end(), key) != allowed.end(),
-             "[tokenizer] '{}': {}.{} is not supported by the {} loader (supported keys: {}); "
-             "remove it or convert the tokenizer",
-             file.string(), field, key, loader, fmt::join(allowed, ", "));
-}
 
 std::vector<TemplatePiece> parse_template(const ojson& items, const ojson& specials,
                                           const std::string& field, const fs::path& file, bool pair,
@@ -74,54 +64,84 @@ std::vector<TemplatePiece> parse_template(const ojson& items, const ojson& speci
   return out;
 }
 
-std::string type_of(const ojson& j) {
-  return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>()
-                                                                      : std::string("?");
-}
-
 }  // namespace
 
-PairTemplate parse_post_processor(const ojson& j, int32_t vocab_size, const fs::path& file,
-                                  std::string_view loader) {
-  PairTemplate t;
-  if (j.is_null()) return t;
-  const std::string type = type_of(j);
-  if (type == "BertProcessing") {
-    check_keys(j, {"type", "sep", "cls"}, "post_processor", file, loader);
+namespace {
+
+void parse_into(PairTemplate& t, const ojson& j, const std::string& field, int32_t vocab_size,
+                const fs::path& file, std::string_view loader,
+                const std::vector<std::string_view>& accepted) {
+  const std::string type = json_type(j);
+  DS_CHECK(std::find(accepted.begin(), accepted.end(), type) != accepted.end(),
+           "[tokenizer] '{}': {}.type '{}' is not supported by the {} loader (supported: none, {})",
+           file.string(), field, type, loader, fmt::join(accepted, ", "));
+  if (type == "ByteLevel") return;  // offsets only
+  if (type == "Sequence") {
+    for_each_in_sequence(j, "processors", field, file, loader,
+                         [&](const ojson& item, const std::string& f) {
+                           parse_into(t, item, f, vocab_size, file, loader, accepted);
+                         });
+    return;
+  }
+  DS_CHECK(t.empty(),
+           "[tokenizer] '{}': {} is a second post-processor with special tokens; not "
+           "supported",
+           file.string(), field);
+  if (type == "BertProcessing" || type == "RobertaProcessing") {
+    // Bert: [CLS] A [SEP] / [CLS] A [SEP] B [SEP] (B type 1); Roberta: <s> A </s> /
+    // <s> A </s></s> B </s>, every type id 0 (tokenizers' roberta.rs).
+    const bool roberta = type == "RobertaProcessing";
+    if (roberta)
+      check_keys(j, {"type", "sep", "cls", "trim_offsets", "add_prefix_space"}, field, file,
+                 loader);
+    else
+      check_keys(j, {"type", "sep", "cls"}, field, file, loader);
     auto token = [&](const char* key) {
       const ojson& v = j.value(key, ojson());
       DS_CHECK(v.is_array() && v.size() == 2 && v[0].is_string() && v[1].is_number_integer() &&
                    v[1].get<int64_t>() >= 0 && v[1].get<int64_t>() < vocab_size,
-               "[tokenizer] '{}': post_processor.{} must be [\"token\", id] with an id in the "
-               "vocabulary",
-               file.string(), key);
+               "[tokenizer] '{}': {}.{} must be [\"token\", id] with an id in the vocabulary",
+               file.string(), field, key);
       return v[1].get<int32_t>();
     };
     const int32_t cls = token("cls"), sep = token("sep");
     using P = TemplatePiece;
     t.single = {{P::kSpecial, 0, {cls}}, {P::kA, 0, {}}, {P::kSpecial, 0, {sep}}};
-    t.pair = {{P::kSpecial, 0, {cls}},
-              {P::kA, 0, {}},
-              {P::kSpecial, 0, {sep}},
-              {P::kB, 1, {}},
-              {P::kSpecial, 1, {sep}}};
-    return t;
+    if (roberta)
+      t.pair = {{P::kSpecial, 0, {cls}},
+                {P::kA, 0, {}},
+                {P::kSpecial, 0, {sep, sep}},
+                {P::kB, 0, {}},
+                {P::kSpecial, 0, {sep}}};
+    else
+      t.pair = {{P::kSpecial, 0, {cls}},
+                {P::kA, 0, {}},
+                {P::kSpecial, 0, {sep}},
+                {P::kB, 1, {}},
+                {P::kSpecial, 1, {sep}}};
+    return;
   }
-  DS_CHECK(type == "TemplateProcessing",
-           "[tokenizer] '{}': post_processor.type '{}' is not supported by the {} loader "
-           "(supported: none, TemplateProcessing, BertProcessing)",
-           file.string(), type, loader);
-  check_keys(j, {"type", "single", "pair", "special_tokens"}, "post_processor", file, loader);
+  check_keys(j, {"type", "single", "pair", "special_tokens"}, field, file, loader);
   const ojson& specials = j.value("special_tokens", ojson::object());
-  DS_CHECK(specials.is_object(),
-           "[tokenizer] '{}': post_processor.special_tokens must be an object", file.string());
+  DS_CHECK(specials.is_object(), "[tokenizer] '{}': {}.special_tokens must be an object",
+           file.string(), field);
   for (const auto& [name, s] : specials.items())
-    check_keys(s, {"id", "ids", "tokens"}, fmt::format("post_processor.special_tokens['{}']", name),
+    check_keys(s, {"id", "ids", "tokens"}, fmt::format("{}.special_tokens['{}']", field, name),
                file, loader);
-  t.single = parse_template(j.value("single", ojson()), specials, "post_processor.single", file,
-                            false, vocab_size, loader);
-  t.pair = parse_template(j.value("pair", ojson()), specials, "post_processor.pair", file, true,
+  t.single = parse_template(j.value("single", ojson()), specials, field + ".single", file, false,
+                            vocab_size, loader);
+  t.pair = parse_template(j.value("pair", ojson()), specials, field + ".pair", file, true,
                           vocab_size, loader);
+  t.template_types = true;
+}
+
+}  // namespace
+
+PairTemplate parse_post_processor(const ojson& j, int32_t vocab_size, const fs::path& file,
+                                  std::string_view loader,
+                                  const std::vector<std::string_view>& accepted) {
+  PairTemplate t;
+  if (!j.is_null()) parse_into(t, j, "post_processor", vocab_size, file, loader, accepted);
   return t;
 }
 
@@ -133,7 +153,7 @@ PairEncoding PairTemplate::apply(std::span<const int32_t> a, const std::span<con
     out.type_ids.insert(out.type_ids.end(), ids.size(), type_id);
   };
   const std::vector<TemplatePiece>& tmpl = b ? pair : single;
-  if (tmpl.empty()) {
+  if (tmpl.empty() || (!specials && !template_types)) {
     append(a, 0);
     if (b) append(*b, 1);
     return out;

@@ -13,25 +13,13 @@
 namespace ds::data::detail {
 
 // A tokenizer.json, by model.type: BPE, WordPiece or Unigram (the others are a ds::Error naming the
-// type).
+// type), through the pipeline of hf_pipeline.h.
 std::unique_ptr<TextTokenizer> load_tokenizer_json(const std::filesystem::path& file,
                                                    const TokenizerConfig& config);
-// Byte-level BPE from a tokenizer.json (bpe_tokenizer.cpp); json_text is the file's bytes, j
-// parsed.
-std::unique_ptr<TextTokenizer> load_bpe_tokenizer_json(const std::filesystem::path& file,
-                                                       std::string json_text,
-                                                       const nlohmann::json& j,
-                                                       const TokenizerConfig& config);
-// WordPiece (BERT) from a tokenizer.json (wordpiece_tokenizer.cpp).
-std::unique_ptr<TextTokenizer> load_wordpiece_tokenizer_json(const std::filesystem::path& file,
-                                                             std::string json_text,
-                                                             const nlohmann::json& j,
-                                                             const TokenizerConfig& config);
-// Unigram (DeBERTa-v2, T5, ...) from a tokenizer.json (unigram_tokenizer.cpp).
-std::unique_ptr<TextTokenizer> load_unigram_tokenizer_json(const std::filesystem::path& file,
-                                                           std::string json_text,
-                                                           const nlohmann::json& j,
-                                                           const TokenizerConfig& config);
+// The same from the file's bytes (what export writes back) and their parse.
+std::unique_ptr<TextTokenizer> load_tokenizer_json(const std::filesystem::path& file,
+                                                   std::string json_text, const nlohmann::json& j,
+                                                   const TokenizerConfig& config);
 // Byte-level BPE with GPT-2's pre-tokenizer from vocab.json + merges.txt (or encoder.json +
 // vocab.bpe); "<|endoftext|>" is a special token when the vocabulary has it.
 std::unique_ptr<TextTokenizer> load_bpe_vocab_merges(const std::filesystem::path& vocab_json,

@@ -91,7 +91,7 @@ class TextTokenizer {
   // Encode the pair (a, b). With add_special_tokens, as the post-processor's pair template places
   // them (WordPiece/BERT: [CLS] a [SEP] b [SEP], type ids 0 through the first [SEP], then 1);
   // without, a's tokens (type 0) then b's (type 1), as `tokenizers` does. Throws ds::Error for
-  // tokenizers that have no pair template (byte-level BPE, SentencePiece).
+  // tokenizers that have no pair template (byte-level BPE without one, as GPT-2; SentencePiece).
   virtual PairEncoding encode_pair(std::string_view a, std::string_view b,
                                    bool add_special_tokens = true) const;
 
