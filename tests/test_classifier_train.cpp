@@ -673,6 +673,26 @@ TEST_F(ClassifierTrain, LoraResumeReproducesAnUninterruptedRun) {
 }
 
 #ifdef DS_TRAIN_BIN
+TEST_F(ClassifierTrain, StartUpMemoryCheckRefusesARunThatCannotFit) {
+  // The task runs share the LM's start-up check (train/fit.h through TrainerBase's task layer):
+  // the tiny BERT's model states are ~1 MB, and DS_MEMORY_LIMIT makes the check believe 200 KB
+  // are available. The run stops before the engine allocates anything, naming the need and what
+  // would fit; --skip_memory_check runs it anyway.
+  const fs::path out = root_ / "nofit";
+  const std::string cmd = std::string(DS_TRAIN_BIN) + " --train_data " + (root_ / "set").string() +
+                          " --threads 1 --model " + (root_ / "bert_nodrop.json").string() +
+                          " --max_steps 1 --eval_steps 0 --export_hf none --output_dir " +
+                          out.string();
+  std::string log;
+  EXPECT_EQ(run_command("env DS_MEMORY_LIMIT=200K " + cmd, &log), 1) << log;
+  EXPECT_NE(log.find("this run does not fit in memory"), std::string::npos) << log;
+  EXPECT_NE(log.find("model states"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(out / "global_step1")) << log;
+  EXPECT_EQ(run_command("env DS_MEMORY_LIMIT=200K " + cmd + " --skip_memory_check", &log), 0)
+      << log;
+  EXPECT_TRUE(fs::exists(out / "global_step1")) << log;
+}
+
 TEST_F(ClassifierTrain, DsTrainProcessZero3ExportAndEvalOnly) {
   const fs::path out = root_ / "proc";
   auto run = [&](const std::string& args, std::string* log) {

@@ -68,7 +68,7 @@ TEST_P(MemoryModel, MatchesTheEngines) {
     // at stage 3 it leaves out per-parameter padding (< N elements each) and the persistent
     // parameters (numel <= 100 here, whole on every rank).
     const train::FitPlan fit =
-        train::plan_fit(models::GPTConfig::preset("test-gpt2"), e->config(), n, 1, 0);
+        train::plan_fit(models::GPTConfig::preset("test-gpt2").num_parameters(), e->config(), n, 1, 0);
     const int64_t engine_ram = got.total() + got.scratch;
     if (stage < 3) {
       EXPECT_EQ(fit.model_states, engine_ram) << what;
@@ -252,7 +252,7 @@ TEST(FitCheck, GpuRunCountsTheGpuAndHostSeparately) {
   const models::GPTConfig mc = models::GPTConfig::preset("gpt2-xl");
   const int64_t P = mc.num_parameters();
   config::DeepSpeedConfig fp32;
-  const train::GpuFitPlan a = train::plan_fit_gpu(mc, fp32, 0);
+  const train::GpuFitPlan a = train::plan_fit_gpu(mc.num_parameters(), fp32, 0);
   EXPECT_EQ(a.params, 4 * P);
   EXPECT_EQ(a.grads, 4 * P);
   EXPECT_EQ(a.host_states, 16 * P);  // master 4 + moments 8 + fp32 gradient staging 4
@@ -260,20 +260,20 @@ TEST(FitCheck, GpuRunCountsTheGpuAndHostSeparately) {
   config::DeepSpeedConfig bf16 = fp32;
   bf16.bf16.enabled = true;
   const int64_t act = int64_t{2} << 30;
-  const train::GpuFitPlan b = train::plan_fit_gpu(mc, bf16, act);
+  const train::GpuFitPlan b = train::plan_fit_gpu(mc.num_parameters(), bf16, act);
   EXPECT_EQ(b.params, 2 * P);
   EXPECT_EQ(b.grads, 4 * P);  // bf16 training accumulates in fp32 unless grad_accum_dtype says
   EXPECT_EQ(b.host_states, 18 * P);  // + the bf16 parameters staged on the way up
   EXPECT_EQ(b.device(), 6 * P + act);
   config::DeepSpeedConfig bf16g = bf16;
   bf16g.data_types.grad_accum_dtype = DType::bf16;
-  EXPECT_EQ(train::plan_fit_gpu(mc, bf16g, act).grads, 2 * P);
+  EXPECT_EQ(train::plan_fit_gpu(mc.num_parameters(), bf16g, act).grads, 2 * P);
 
   // Several ranks: each holds its 1/(tp x pp) of the model and its ZeRO partition of the optimizer
   // state over the data-parallel ranks; stage 2 keeps only its partition of the gradients.
   config::DeepSpeedConfig z2 = bf16;
   z2.zero_optimization.stage = 2;
-  const train::GpuFitPlan c = train::plan_fit_gpu(mc, z2, act, 0, 0, /*dp=*/4, /*mp=*/2);
+  const train::GpuFitPlan c = train::plan_fit_gpu(mc.num_parameters(), z2, act, 0, 0, /*dp=*/4, /*mp=*/2);
   const int64_t half = (P + 1) / 2, quarter = (half + 3) / 4;
   EXPECT_EQ(c.params, 2 * half);
   EXPECT_EQ(c.grads, 4 * quarter);
@@ -283,7 +283,7 @@ TEST(FitCheck, GpuRunCountsTheGpuAndHostSeparately) {
   // lasting gradients; host memory the shards of the working parameters and gradients too.
   config::DeepSpeedConfig z3 = bf16;
   z3.zero_optimization.stage = 3;
-  const train::GpuFitPlan d = train::plan_fit_gpu(mc, z3, act, 0, 0, 4, 1);
+  const train::GpuFitPlan d = train::plan_fit_gpu(mc.num_parameters(), z3, act, 0, 0, 4, 1);
   const int64_t live = z3.zero_optimization.stage3_max_live_parameters +
                        z3.zero_optimization.stage3_prefetch_bucket_size;
   EXPECT_EQ(d.params, 2 * std::min(P, live));

@@ -251,6 +251,15 @@ ClassifierTrainer::ClassifierTrainer(ClassifierPlan plan, ClassifierObserver& ob
 
 ClassifierTrainer::~ClassifierTrainer() = default;
 
+int64_t ClassifierTrainer::activation_bytes() const {
+  // The encoder's layers over B x T tokens, then its final hidden states (the head reads one row
+  // of each sequence).
+  const models::EncoderConfig& m = plan_.model;
+  return stack_activation_estimate(plan_.micro_batch() * plan_.seq_len, m.n_layer, m.n_embd,
+                                   m.ffn_hidden, 2 * m.n_embd, /*ckpt=*/false,
+                                   static_cast<int64_t>(dtype_size(plan_.config().training_dtype())));
+}
+
 std::vector<std::string> ClassifierTrainer::describe_data() const {
   const ClassifierPlan& p = plan_;
   const auto& tr = *p.train;

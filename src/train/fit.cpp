@@ -35,14 +35,14 @@ zero::RankMemory model_state_bytes(int64_t params, int64_t frozen,
 
 }  // namespace
 
-FitPlan plan_fit(const models::GPTConfig& model, const config::DeepSpeedConfig& cfg,
+FitPlan plan_fit(int64_t model_params, const config::DeepSpeedConfig& cfg,
                  int world_size, int ranks_on_node, int64_t activations, bool partitioned_build,
                  int64_t lora_params, int64_t frozen, int model_parallel) {
   FitPlan p;
   p.lora_params = lora_params;
   p.frozen = frozen;
   const int64_t mp = std::max(1, model_parallel);
-  const int64_t P = (model.num_parameters() + lora_params + mp - 1) / mp;
+  const int64_t P = (model_params + lora_params + mp - 1) / mp;
   const zero::RankMemory m = model_state_bytes(P - frozen, frozen, cfg, world_size);
   p.model_states = m.ram();
   p.nvme = m.disk();
@@ -60,7 +60,7 @@ FitPlan plan_fit(const models::GPTConfig& model, const config::DeepSpeedConfig& 
   return p;
 }
 
-GpuFitPlan plan_fit_gpu(const models::GPTConfig& model, const config::DeepSpeedConfig& cfg,
+GpuFitPlan plan_fit_gpu(int64_t model_params, const config::DeepSpeedConfig& cfg,
                         int64_t activations, int64_t lora_params, int64_t frozen, int data_parallel,
                         int model_parallel) {
   // As the engine lays it out (zero/flat_strategy.cpp, Strategy::device_optimizer_step; stage 3:
@@ -68,7 +68,7 @@ GpuFitPlan plan_fit_gpu(const models::GPTConfig& model, const config::DeepSpeedC
   // pipeline stage), trainable elements in the flat buffers, frozen ones beside them; the fp32
   // master weights and moments of this rank's ZeRO partition in host memory.
   const int64_t mp = std::max(1, model_parallel), dp = std::max(1, data_parallel);
-  const int64_t P = (model.num_parameters() + lora_params + mp - 1) / mp;
+  const int64_t P = (model_params + lora_params + mp - 1) / mp;
   const int64_t trainable = P - (frozen + mp - 1) / mp;
   const auto& z = cfg.zero_optimization;
   const int64_t part = z.stage == 0 ? trainable : (trainable + dp - 1) / dp;
@@ -163,7 +163,7 @@ int local_ranks() {
   return 1;
 }
 
-std::string check_fit(const FitPlan& plan, int64_t available, const models::GPTConfig& model,
+std::string check_fit(const FitPlan& plan, int64_t available, int64_t model_params,
                       const config::DeepSpeedConfig& cfg, int world_size,
                       const std::string& scratch_dir) {
   // Disk first: an NVMe offload that cannot reserve its swap files fails anyway, later.
@@ -199,9 +199,9 @@ std::string check_fit(const FitPlan& plan, int64_t available, const models::GPTC
   }
   // What would fit: a higher stage (same ranks), then bf16, then NVMe offload.
   std::vector<std::string> fixes;
-  const int64_t P = model.num_parameters() + plan.lora_params;
+  const int64_t P = model_params + plan.lora_params;
   auto fits = [&](const config::DeepSpeedConfig& c) {
-    const FitPlan q = plan_fit(model, c, world_size, plan.ranks_on_node, plan.activations,
+    const FitPlan q = plan_fit(model_params, c, world_size, plan.ranks_on_node, plan.activations,
                                plan.model_build < 4 * P, plan.lora_params, plan.frozen);
     return std::pair{q.per_node() <= available, q};
   };

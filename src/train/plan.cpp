@@ -333,10 +333,16 @@ RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {
 
 int64_t activation_estimate(const models::GPTConfig& c, int64_t B, int64_t T, bool ckpt,
                             int64_t elem_bytes) {
-  const int64_t C = c.n_embd, F = c.resolved_ffn_hidden(), V = c.vocab_size, L = c.n_layer;
+  const int64_t C = c.n_embd, V = c.vocab_size;
+  return stack_activation_estimate(B * T, c.n_layer, C, c.resolved_ffn_hidden(), 2 * C + 2 * V,
+                                   ckpt, elem_bytes);
+}
+
+int64_t stack_activation_estimate(int64_t tokens, int64_t L, int64_t C, int64_t F, int64_t after,
+                                  bool ckpt, int64_t elem_bytes) {
   const int64_t per_layer = 14 * C + 2 * F;
-  const int64_t per_token = (ckpt ? L * C + per_layer : L * per_layer) + 2 * C + 2 * V;
-  return B * T * per_token * elem_bytes;
+  const int64_t per_token = (ckpt ? L * C + per_layer : L * per_layer) + after;
+  return tokens * per_token * elem_bytes;
 }
 
 std::string default_tokenizer_dir() {

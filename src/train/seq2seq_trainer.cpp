@@ -245,6 +245,19 @@ Seq2SeqTrainer::Seq2SeqTrainer(Seq2SeqPlan plan, Seq2SeqObserver& observer)
 
 Seq2SeqTrainer::~Seq2SeqTrainer() = default;
 
+int64_t Seq2SeqTrainer::activation_bytes() const {
+  // The encoder over B x S source tokens; the decoder over B x T target tokens, each layer's
+  // cross-attention as 2 C more of its MLP, then the final norm and the logits with their gradient.
+  const models::Seq2SeqConfig& m = plan_.model;
+  const int64_t B = plan_.micro_batch(), C = m.d_model;
+  const bool ckpt = plan_.spec.gradient_checkpointing;
+  const int64_t e = static_cast<int64_t>(dtype_size(plan_.config().training_dtype()));
+  return stack_activation_estimate(B * plan_.source_len, m.encoder_layers, C, m.encoder_ffn,
+                                   2 * C, ckpt, e) +
+         stack_activation_estimate(B * plan_.target_len, m.decoder_layers, C,
+                                   m.decoder_ffn + 2 * C, 2 * C + 2 * m.vocab_size, ckpt, e);
+}
+
 std::vector<std::string> Seq2SeqTrainer::describe_data() const {
   const Seq2SeqPlan& p = plan_;
   const auto& tr = *p.train;

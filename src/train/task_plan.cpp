@@ -28,9 +28,6 @@ void refuse_common_options(const TaskNames& n, const Options& o, const Given& g,
                 "tensor parallelism is implemented for decoder models only");
   refuse_option(n, o.pipeline_parallel_size > 1, "--pipeline_parallel_size",
                 "pipeline parallelism is implemented for decoder models only");
-  const std::string no_check =
-      fmt::format("a {} run makes no start-up memory check to skip", n.run);
-  refuse_option(n, o.skip_memory_check, "--skip_memory_check", no_check.c_str());
 }
 
 std::optional<fs::path> val_split_dir(const Options& o, const fs::path& train_dir) {

@@ -5,7 +5,9 @@
 
 #include <fmt/format.h>
 
+#include "ds/backend/backend.h"
 #include "ds/core/error.h"
+#include "ds/train/fit.h"
 #include "ds/train/train_util.h"
 
 namespace ds::train {
@@ -18,6 +20,7 @@ void TaskTrainer::start(std::shared_ptr<nn::Module> model, runtime::LossFn loss_
   const TaskPlan& p = task_plan();
   const Options& o = p.spec;
   if (const std::string limit = apply_device_memory_limit(p.device, o); !limit.empty()) say(limit);
+  if (!o.skip_memory_check) check_memory(*model);
   move_to_device(*model);
   runtime::InitOptions init = engine_options();
   init.loss_fn = std::move(loss_fn);
@@ -29,6 +32,28 @@ void TaskTrainer::start(std::shared_ptr<nn::Module> model, runtime::LossFn loss_
   for (const std::string& l : describe_data()) say(l);
   if (!p.has_val()) say("eval data: none (no val split; give --eval_data to evaluate)");
   open_output();
+}
+
+void TaskTrainer::check_memory(const nn::Module& model) {
+  const TaskPlan& p = task_plan();
+  int64_t params = 0, frozen = 0;
+  for (const auto& [name, t] : model.named_parameters()) params += t.numel();
+  for (const auto& [name, t] : nn::frozen_parameters(model)) frozen += t.numel();
+  std::string note;
+  if (!p.device.is_cpu()) {
+    const GpuFitPlan g = plan_fit_gpu(params, p.config(), activation_bytes(), 0, frozen,
+                                      p.data_parallel);
+    note = check_fit_gpu(g, static_cast<int64_t>(backend::get(p.device).available_memory()),
+                         available_memory_bytes(), p.device.str(), p.config());
+  } else {
+    // The model is built already (imported, LoRA applied): what the check can still prevent is
+    // the engine's states and the activations going past the memory.
+    const FitPlan fit = plan_fit(params, p.config(), p.data_parallel, local_ranks(),
+                                 activation_bytes(), /*partitioned_build=*/false, 0, frozen);
+    note = check_fit(fit, available_memory_bytes(), params, p.config(), p.data_parallel,
+                     p.spec.output_dir);
+  }
+  if (!note.empty()) say(note);
 }
 
 runtime::MicroBatch TaskTrainer::next_micro_batch() {

@@ -72,7 +72,7 @@ void Trainer::check_memory() {
   const LoraCounts lc = p.lora ? count_lora(p.model, *p.lora) : LoraCounts{};
   if (!p.device.is_cpu()) {  // the GPU and host memory, ZeRO-Offload's way
     const GpuFitPlan g =
-        plan_fit_gpu(p.model, p.config(), p.activation_bytes, lc.lora_params, lc.frozen,
+        plan_fit_gpu(p.model.num_parameters(), p.config(), p.activation_bytes, lc.lora_params, lc.frozen,
                      p.data_parallel, p.tensor_parallel() * p.pipeline_parallel());
     const std::string note =
         check_fit_gpu(g, static_cast<int64_t>(backend::get(p.device).available_memory()),
@@ -80,12 +80,12 @@ void Trainer::check_memory() {
     if (!note.empty()) say(note);
     return;
   }
-  const FitPlan fit = plan_fit(p.model, p.config(), p.data_parallel, local_ranks(),
+  const FitPlan fit = plan_fit(p.model.num_parameters(), p.config(), p.data_parallel, local_ranks(),
                                p.activation_bytes, p.partitioned_build, lc.lora_params, lc.frozen,
                                p.tensor_parallel() * p.pipeline_parallel());
   std::error_code ec;
   fs::create_directories(p.spec.output_dir, ec);
-  const std::string note = check_fit(fit, available_memory_bytes(), p.model, p.config(),
+  const std::string note = check_fit(fit, available_memory_bytes(), p.model.num_parameters(), p.config(),
                                      p.data_parallel, p.spec.output_dir);
   if (!note.empty()) say(note);
 }

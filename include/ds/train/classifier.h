@@ -124,6 +124,7 @@ class ClassifierTrainer : public TaskTrainer {
   nlohmann::json checkpoint_fields() const override;
   void check_checkpoint(const nlohmann::json& ds_train) const override;
   std::vector<std::string> describe_data() const override;
+  int64_t activation_bytes() const override;
   void report_evaluation() override;
 
   ClassifierPlan plan_;

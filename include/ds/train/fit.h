@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "ds/models/gpt.h"
 #include "ds/config/config.h"
 
 namespace ds::train {
@@ -31,7 +30,8 @@ struct FitPlan {
   int64_t nvme_per_node() const { return nvme * ranks_on_node; }
 };
 
-// `partitioned_build`: stage 3 builds each rank's piece only (nn::PartitionedInit), never the
+// `model_params`: the whole model's parameter count, of any kind (GPTConfig::num_parameters, an
+// encoder classifier's or encoder-decoder's). `partitioned_build`: stage 3 builds each rank's piece only (nn::PartitionedInit), never the
 // whole fp32 model. Offload (zero/state_store.h, zero/offload/) moves master weights, moments and
 // stage-3 parameter pieces to disk and adds its buffers. `lora_params` and `frozen` (elements,
 // e.g. from train::count_lora): the ZeRO formulas then apply to the trainable elements
@@ -40,7 +40,7 @@ struct FitPlan {
 // tensor slices of its stage's layers) before ZeRO shards them over `world_size` data-parallel
 // ranks; the estimate divides evenly (replicated norms and uneven stages make it a few percent
 // low for the largest part: bench/RESULTS.md, "Memory per rank").
-FitPlan plan_fit(const models::GPTConfig& model, const config::DeepSpeedConfig& cfg,
+FitPlan plan_fit(int64_t model_params, const config::DeepSpeedConfig& cfg,
                  int world_size, int ranks_on_node, int64_t activations,
                  bool partitioned_build = false, int64_t lora_params = 0, int64_t frozen = 0,
                  int model_parallel = 1);
@@ -58,7 +58,7 @@ struct GpuFitPlan {
   int64_t device() const { return params + grads + activations; }
   int64_t host() const { return std::max(host_states, host_build); }
 };
-GpuFitPlan plan_fit_gpu(const models::GPTConfig& model, const config::DeepSpeedConfig& cfg,
+GpuFitPlan plan_fit_gpu(int64_t model_params, const config::DeepSpeedConfig& cfg,
                         int64_t activations, int64_t lora_params = 0, int64_t frozen = 0,
                         int data_parallel = 1, int model_parallel = 1);
 
@@ -83,7 +83,7 @@ int local_ranks();
 // `available`, or when the NVMe offload needs more disk than nvme_path's filesystem has; returns
 // a warning line when RAM is within 10% of it; "" otherwise. available 0 = unknown: no RAM check.
 // `scratch_dir`: where an NVMe suggestion measures free disk (the output folder).
-std::string check_fit(const FitPlan& plan, int64_t available, const models::GPTConfig& model,
+std::string check_fit(const FitPlan& plan, int64_t available, int64_t model_params,
                       const config::DeepSpeedConfig& cfg, int world_size,
                       const std::string& scratch_dir = ".");
 

@@ -71,6 +71,12 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
 // input (C) and one layer is recomputed at a time.
 int64_t activation_estimate(const models::GPTConfig& c, int64_t B, int64_t T, bool ckpt,
                             int64_t elem_bytes);
+// The same count for any stack of L layers of width C and MLP width F over `tokens` tokens, with
+// `after` values per token after the stack (2 C + 2 V for an LM's final norm and logits): what the
+// task trainers estimate their encoders and decoders with (a decoder layer's cross-attention
+// counted as 2 C more of F).
+int64_t stack_activation_estimate(int64_t tokens, int64_t L, int64_t C, int64_t F, int64_t after,
+                                  bool ckpt, int64_t elem_bytes);
 
 // --device's value as a Device: "cpu", "cuda" or "cuda:0", "sim" or "sim:0"; anything else is an
 // error naming the flag (cuda:N > 0 says to choose the GPU with CUDA_VISIBLE_DEVICES). ds_train,

@@ -45,8 +45,9 @@ class TaskTrainer : public TrainerBase {
   // `observer` must outlive the trainer.
   explicit TaskTrainer(TrainerObserver& observer);
 
-  // Moves `model` to the plan's device (--device; with --device_memory_limit applied first),
-  // builds the engine over it with the plan's config and `loss_fn` (the loss of the task's named
+  // Checks that the run fits (unless --skip_memory_check: train/fit.h, from the model's parameter
+  // count, its frozen ones and activation_bytes()), moves `model` to the plan's device (--device;
+  // with --device_memory_limit applied first), builds the engine over it with the plan's config and `loss_fn` (the loss of the task's named
   // micro-batches; empty: the model's own loss(const nn::Batch&)), attaches it (dropout stream,
   // memory budget), builds the sampler over the training split, says describe_data() and opens
   // the output folder. The task's constructor calls it once, after its plan is in place.
@@ -59,9 +60,15 @@ class TaskTrainer : public TrainerBase {
   virtual runtime::MicroBatch pack_train(const std::vector<uint64_t>& idx,
                                          uint64_t sample_base) const = 0;
   virtual std::vector<std::string> describe_data() const = 0;  // the start-up lines
+  // Bytes the forward pass keeps for backward per rank, estimated (train::stack_activation_estimate
+  // over the task's micro-batch and lengths).
+  virtual int64_t activation_bytes() const = 0;
 
  private:
   const TaskPlan& task_plan() const { return static_cast<const TaskPlan&>(plan_base()); }
+  // The start-up memory check (train/fit.h) for `model` as built; says a warning, throws "[ds_train]
+  // this run does not fit ..." with what would fit.
+  void check_memory(const nn::Module& model);
   runtime::MicroBatch next_micro_batch() override;
   nlohmann::json data_state() const override { return sampler_->state(); }
   void load_data_state(const nlohmann::json& state) override { sampler_->load_state(state); }
