@@ -224,7 +224,7 @@ TEST(AioFiles, FreeSpaceCheckCountsDeadRunsByTheirLockAndNamesThem) {
   plan.nvme_path = root.string();
   const auto mc = models::GPTConfig::preset("test-gpt2");
   try {
-    train::check_fit(plan, 0, mc, config::DeepSpeedConfig{}, 1, root.string());
+    train::check_fit(plan, 0, mc.num_parameters(), config::DeepSpeedConfig{}, 1, root.string());
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     expect_contains(e.what(), {"[ds_train]", "is free there", dead.string(), "counted as free",
@@ -235,7 +235,7 @@ TEST(AioFiles, FreeSpaceCheckCountsDeadRunsByTheirLockAndNamesThem) {
   const int64_t free = io::available_bytes(root.string());
   ASSERT_GT(free, 0);
   plan.nvme = free + (16 << 20);
-  EXPECT_NO_THROW(train::check_fit(plan, 0, mc, config::DeepSpeedConfig{}, 1, root.string()));
+  EXPECT_NO_THROW(train::check_fit(plan, 0, mc.num_parameters(), config::DeepSpeedConfig{}, 1, root.string()));
   ::close(fd);
   fs::remove_all(root);
 }

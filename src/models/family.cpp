@@ -170,6 +170,14 @@ std::unique_ptr<IncrementalDecoder> make_decoder(std::shared_ptr<const GPT> mode
   return f.decoder.make_decoder(std::move(model));
 }
 
+std::unique_ptr<IncrementalDecoder> make_decoder(std::shared_ptr<Seq2Seq> model) {
+  DS_CHECK(model != nullptr, "[generate] make_decoder: no model");
+  const Family& f = family_of(model->config());
+  DS_CHECK(f.seq2seq.make_decoder != nullptr, "[generate] the {} family has no incremental decoder",
+           f.name);
+  return f.seq2seq.make_decoder(std::move(model));
+}
+
 std::shared_ptr<SequenceClassifier> make_encoder_classifier(const EncoderConfig& c, bool init) {
   return family_of(c).encoder.build(c, init);
 }

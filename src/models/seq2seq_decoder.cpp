@@ -184,4 +184,8 @@ void Seq2SeqProcessors::apply(std::span<const int32_t> source, std::span<const i
           std::vector<int64_t>(source.begin(), source.end()), logits.data());
 }
 
+std::unique_ptr<IncrementalDecoder> make_seq2seq_decoder(std::shared_ptr<Seq2Seq> model) {
+  return std::make_unique<Seq2SeqDecoder>(std::move(model));
+}
+
 }  // namespace ds::models

@@ -364,7 +364,7 @@ LoadedModel load_model(const fs::path& path, const fs::path& tokenizer_dir, Devi
 }
 
 std::unique_ptr<models::IncrementalDecoder> LoadedModel::make_decoder() const {
-  if (seq2seq) return std::make_unique<models::Seq2SeqDecoder>(seq2seq);
+  if (seq2seq) return models::make_decoder(seq2seq);
   DS_CHECK(model != nullptr, "[serve] no model loaded");
   return models::make_decoder(model);
 }

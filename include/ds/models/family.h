@@ -33,12 +33,12 @@
 #include "ds/models/gpt.h"
 #include "ds/models/gpt_decoder.h"
 #include "ds/models/incremental_decoder.h"
+#include "ds/models/seq2seq_decoder.h"
 
 namespace ds::models {
 
 struct EncoderConfig;
 class SequenceClassifier;
-struct Seq2SeqConfig;
 
 // The kinds of model a family can be. A checkpoint's recorded config tells its kind by its family
 // (recorded_model.h).
@@ -108,6 +108,10 @@ struct Seq2SeqParts {
   void (*set_architecture)(Seq2SeqConfig& c) = nullptr;
   std::string shared_embedding;         // the shared embedding's file name ("model.shared.weight")
   std::vector<std::string> tied_copies;  // file tensors that copy it (4.x files carry them)
+  // The family's incremental decoder (serving, ds_generate): the encoder-decoders here share
+  // Seq2SeqDecoder (ds/models/seq2seq_decoder.h: self- and cross-attention caches).
+  std::unique_ptr<IncrementalDecoder> (*make_decoder)(std::shared_ptr<Seq2Seq> model) =
+      &make_seq2seq_decoder;
 };
 
 struct Family {
@@ -168,8 +172,10 @@ const Family& family_of(const EncoderConfig& c);
 const Family& family_of(const Seq2SeqConfig& c);
 // The family an export of c writes (family_of(c), or its export_as).
 const Family& export_family_of(const GPTConfig& c);
-// The incremental decoder of model's family (DecoderParts::make_decoder).
+// The incremental decoder of model's family (DecoderParts::make_decoder,
+// Seq2SeqParts::make_decoder).
 std::unique_ptr<IncrementalDecoder> make_decoder(std::shared_ptr<const GPT> model);
+std::unique_ptr<IncrementalDecoder> make_decoder(std::shared_ptr<Seq2Seq> model);
 // The classifier a config describes, of its family's class (EncoderParts::build).
 std::shared_ptr<SequenceClassifier> make_encoder_classifier(const EncoderConfig& c,
                                                             bool init = true);

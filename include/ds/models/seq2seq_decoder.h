@@ -45,6 +45,9 @@
 
 namespace ds::models {
 
+// The KV-cache decoder of an encoder-decoder (Seq2SeqParts::make_decoder's default).
+std::unique_ptr<IncrementalDecoder> make_seq2seq_decoder(std::shared_ptr<Seq2Seq> model);
+
 class Seq2SeqDecoder : public IncrementalDecoder {
  public:
   // T5's longest source and target (its relative position bias has no bound; the caches do).
