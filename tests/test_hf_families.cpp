@@ -795,6 +795,11 @@ TEST(HFConfig, Ernie45FieldsAndRefusals) {
                                           {{"rope_type", "default"}, {"rope_theta", 1e4}}}}));
   EXPECT_TRUE(c.bias);
   EXPECT_EQ(c.rope_theta, 1e4f);
+  // attention_dropout is no field of Ernie4_5Config and its attention never drops out.
+  EXPECT_EQ(models::hf_config_from_json(llama({{"model_type", "ernie4_5"},
+                                               {"attention_dropout", 0.1}}))
+                .dropout,
+            0.0f);
   const json hf = models::hf_config_to_json(c);
   EXPECT_EQ(hf["architectures"][0], "Ernie4_5ForCausalLM");
   EXPECT_EQ(hf["use_bias"], true);

@@ -10,6 +10,7 @@
 //   model.layers.{i}.mlp.{gate,up,down}_proj.weight (+ .bias with use_bias), model.norm.weight;
 //   lm_head.weight only when untied.
 //
+// attention_dropout is read and ignored, as the class ignores it (its attention_dropout is 0.0).
 // The class's rotary base defaults to 500000 (Ernie4_5Config.default_theta) when the config names
 // none. The MoE models (ernie4_5_moe) and the remote-code checkpoints (model_type "ernie4_5" with
 // Baidu's own fields, such as "use_rmsnorm" or "fuse_rope") are not read: the unknown fields stop
@@ -43,6 +44,7 @@ GPTConfig read(const json& j, const std::string& type, const std::string& source
   handled.insert("use_bias");
   hf::check_known_fields(j, handled, type, source);
   json jj = j;
+  jj.erase("attention_dropout");  // not a field of the class: Ernie4_5Attention never drops out
   if (!names_theta(j)) jj["rope_theta"] = 500000.0;  // Ernie4_5Config.default_theta
   // Ernie4_5Config's defaults (ERNIE-4.5-0.3B's sizes).
   if (!has(jj, "intermediate_size")) jj["intermediate_size"] = 3072;
