@@ -691,7 +691,8 @@ TEST(HFFamilyRegistry, FeaturesAreAllowListsOfKnownNames) {
   c.family = "phi3";
   c.validate();
   c.geglu = true;
-  EXPECT_HAS(error_of([&] { c.validate(); }), "geglu needs family gemma or gemma2 or gemma3_text (got phi3)");
+  EXPECT_HAS(error_of([&] { c.validate(); }),
+             "geglu needs family gemma or gemma2 or gemma3_text (got phi3)");
   c = models::GPTConfig::preset("test-llama");
   c.family = "qwen3";
   c.qk_norm = true;

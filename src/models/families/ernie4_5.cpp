@@ -93,7 +93,8 @@ void check(const GPTConfig& c) {
   DS_CHECK(!c.qkv_bias || c.bias,
            "[model] family ernie4_5 has biases on every projection or none (bias), not on q/k/v "
            "alone (qkv_bias)");
-  DS_CHECK(c.sliding_window == 0, "[model] family ernie4_5 attends to every key (sliding_window 0)");
+  DS_CHECK(c.sliding_window == 0,
+           "[model] family ernie4_5 attends to every key (sliding_window 0)");
 }
 
 Family make() {

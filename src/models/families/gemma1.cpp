@@ -2,12 +2,13 @@
 // transformers 5, 4.x configs read too). The llama layout with three of Gemma's choices, each a
 // GPTConfig feature: RMSNorm scaling by (1 + w) (norm_unit_offset), GeGLU with gelu_pytorch_tanh
 // (geglu), token embeddings times sqrt(hidden_size) rounded to the embedding's dtype (embed_scale);
-// head_dim apart from hidden_size / heads (256 in both releases), a tied head, scores scaled by
-// head_dim^-0.5, no sandwich norms, no soft-capping and no sliding window (Gemma 2 and 3 add those:
-// gemma.cpp).
+// head_dim apart from hidden_size / heads (256; gemma-7b's C 3072 / NH 16 is 192), a tied head,
+// scores scaled by head_dim^-0.5, no sandwich norms, no soft-capping and no sliding window
+// (Gemma 2 and 3 add those: gemma.cpp).
 //
 //   model.embed_tokens.weight, model.layers.{i}.input_layernorm.weight,
-//   model.layers.{i}.self_attn.{q,k,v,o}_proj.weight, model.layers.{i}.post_attention_layernorm.weight,
+//   model.layers.{i}.self_attn.{q,k,v,o}_proj.weight,
+//   model.layers.{i}.post_attention_layernorm.weight,
 //   model.layers.{i}.mlp.{gate,up,down}_proj.weight, model.norm.weight; lm_head.weight only when
 //   untied.
 //
