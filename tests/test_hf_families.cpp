@@ -1,4 +1,4 @@
-// LLaMA-, GLM-, Phi-3- and Gemma-family Hugging Face import/export (ds/models/hf_io.h,
+// LLaMA-, GLM-, Phi-3-, Gemma- and ERNIE-4.5-family Hugging Face import/export (ds/models/hf_io.h,
 // ds/models/family.h)
 // against transformers itself: tests/fixtures/hf_families/<case> are folders as transformers 5
 // saved them (some rewritten into the 4.x config form), with transformers' float64 logits, loss and
@@ -182,6 +182,22 @@ TEST_P(HFFamily, ConfigIsReadAsTransformersReadsIt) {
     EXPECT_EQ(c.final_logit_softcapping, 3.0f);
     EXPECT_EQ(c.block_config(0).sliding_window, 4);
     EXPECT_EQ(c.block_config(1).attn_softcap, 1.5f);
+  } else if (n == "gemma") {  // 4.x form, hidden_act "gelu" read as gelu_pytorch_tanh
+    EXPECT_EQ(c.family, "gemma");
+    EXPECT_TRUE(c.norm_unit_offset && c.geglu && c.embed_scale && c.tie_embeddings);
+    EXPECT_FALSE(c.qk_norm || c.sandwich_norm || c.bias || c.qkv_bias);
+    EXPECT_EQ(c.n_embd / c.n_head, 4);  // head_dim 8 is independent of hidden / heads
+    EXPECT_TRUE(c.layer_types.empty());
+    EXPECT_EQ(c.sliding_window, 0);
+    EXPECT_EQ(c.query_pre_attn_scalar, 0.0f);  // scores scaled by head_dim^-0.5
+    EXPECT_EQ(c.final_logit_softcapping, 0.0f);
+  } else if (n == "ernie4_5") {  // no rope fields at all: the class's rotary base
+    EXPECT_EQ(c.family, "ernie4_5");
+    EXPECT_TRUE(c.rope_interleaved && c.bias);  // use_bias: every projection
+    EXPECT_FALSE(c.qkv_bias || c.tie_embeddings || c.norm_unit_offset);
+    EXPECT_EQ(c.rotary_dim(), 8);
+    EXPECT_EQ(c.rope_theta, 500000.0f);
+    EXPECT_EQ(c.norm_eps, 1e-5f);
   }
 }
 
@@ -329,7 +345,8 @@ INSTANTIATE_TEST_SUITE_P(Families, HFFamily,
                          ::testing::Values("llama3_gqa", "llama_yarn_tied", "mistral",
                                            "qwen2_linear", "qwen3", "glm", "glm4", "chatglm2",
                                            "phi3", "phi3_long", "phi3_default",
-                                           "gemma3", "gemma3_legacy", "gemma2"));
+                                           "gemma3", "gemma3_legacy", "gemma2", "gemma",
+                                           "ernie4_5"));
 
 json llama(json extra = json::object()) {
   json j = {{"model_type", "llama"},          {"hidden_size", 64},      {"num_attention_heads", 4},
@@ -456,6 +473,24 @@ TEST(HFConfig, PublishedConfigsOfEachFamily) {
        "sliding_window":4096,"torch_dtype":"float32","transformers_version":"4.42.4",
        "use_cache":true,"vocab_size":256000})",
        2614341888},
+      // Gemma (v1) and ERNIE 4.5: counts from transformers 5.24 (meta-device models).
+      {"gemma-2b",
+       R"({"architectures":["GemmaForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
+       "bos_token_id":2,"eos_token_id":1,"head_dim":256,"hidden_act":"gelu","hidden_size":2048,
+       "initializer_range":0.02,"intermediate_size":16384,"max_position_embeddings":8192,
+       "model_type":"gemma","num_attention_heads":8,"num_hidden_layers":18,
+       "num_key_value_heads":1,"pad_token_id":0,"rms_norm_eps":1e-06,"rope_scaling":null,
+       "rope_theta":10000.0,"torch_dtype":"bfloat16","transformers_version":"4.38.0.dev0",
+       "use_cache":true,"vocab_size":256000})",
+       2506172416},
+      {"ERNIE-4.5-0.3B-PT",
+       R"({"architectures":["Ernie4_5ForCausalLM"],"bos_token_id":1,"eos_token_id":2,
+       "head_dim":128,"hidden_act":"silu","hidden_size":1024,"intermediate_size":3072,
+       "max_position_embeddings":131072,"model_type":"ernie4_5","num_attention_heads":16,
+       "num_hidden_layers":18,"num_key_value_heads":2,"pad_token_id":0,"rms_norm_eps":1e-05,
+       "rope_theta":500000,"tie_word_embeddings":true,"torch_dtype":"bfloat16","use_bias":false,
+       "use_cache":false,"vocab_size":103424})",
+       360748032},
   };
   for (const auto& c : cases) {
     const models::GPTConfig cfg = models::hf_config_from_json(json::parse(c.config), c.name);
@@ -656,7 +691,8 @@ TEST(HFFamilyRegistry, FeaturesAreAllowListsOfKnownNames) {
   c.family = "phi3";
   c.validate();
   c.geglu = true;
-  EXPECT_HAS(error_of([&] { c.validate(); }), "geglu needs family gemma2 or gemma3_text (got phi3)");
+  EXPECT_HAS(error_of([&] { c.validate(); }),
+             "geglu needs family gemma or gemma2 or gemma3_text (got phi3)");
   c = models::GPTConfig::preset("test-llama");
   c.family = "qwen3";
   c.qk_norm = true;
@@ -704,7 +740,79 @@ TEST(HFConfig, FieldsThatChangeTheMathAreRefusedByName) {
   EXPECT_HAS(config_error(llama({{"model_type", "qwen2"}, {"use_mrope", true}})), "use_mrope true");
   EXPECT_HAS(config_error(llama({{"num_key_value_heads", 3}})),
              "num_key_value_heads 3 must divide num_attention_heads 4");
-  EXPECT_HAS(config_error(llama({{"model_type", "gemma"}})), "model_type \"gemma\"");
+  EXPECT_HAS(config_error(llama({{"model_type", "gemma3"}})), "model_type \"gemma3\"");
+}
+
+// Gemma (v1): the released hidden_act "gelu" is gelu_pytorch_tanh (GemmaConfig's conversion), the
+// class's defaults, and the switches it does not express refused by name.
+TEST(HFConfig, GemmaFieldsAndRefusals) {
+  json j = llama({{"model_type", "gemma"}, {"hidden_act", "gelu"}, {"head_dim", 32}});
+  j.erase("intermediate_size");
+  auto c = models::hf_config_from_json(j);
+  EXPECT_EQ(c.family, "gemma");
+  EXPECT_TRUE(c.norm_unit_offset && c.geglu && c.embed_scale && c.tie_embeddings);
+  EXPECT_EQ(c.resolved_ffn_hidden(), 24576);  // GemmaConfig's intermediate_size
+  EXPECT_EQ(c.head_dim(), 32);
+  EXPECT_EQ(models::hf_config_to_json(c)["hidden_act"], "gelu_pytorch_tanh");
+  c = models::hf_config_from_json(llama({{"model_type", "gemma"},
+                                         {"hidden_act", "gelu_pytorch_tanh"},
+                                         {"hidden_activation", "gelu_pytorch_tanh"}}));
+  EXPECT_TRUE(c.geglu);
+  EXPECT_HAS(config_error(llama({{"model_type", "gemma"}, {"hidden_act", "silu"}})),
+             "hidden_act \"silu\" is not supported for gemma");
+  EXPECT_HAS(config_error(llama({{"model_type", "gemma"}, {"hidden_activation", "gelu"}})),
+             "hidden_activation \"gelu\" is not supported for gemma");
+  EXPECT_HAS(config_error(llama({{"model_type", "gemma"}, {"attention_bias", true}})),
+             "attention_bias true is not supported for gemma");
+  EXPECT_HAS(config_error(llama({{"model_type", "gemma"}, {"use_bidirectional_attention", true}})),
+             "use_bidirectional_attention true");
+  EXPECT_HAS(config_error(llama({{"model_type", "gemma"}, {"query_pre_attn_scalar", 64}})),
+             "field \"query_pre_attn_scalar\" is not understood for model_type gemma");
+  EXPECT_HAS(config_error(llama({{"model_type", "gemma"}, {"partial_rotary_factor", 0.5}})),
+             "partial_rotary_factor 0.5 is not supported for gemma");
+  // Gemma 2's features are not Gemma's.
+  models::GPTConfig bad = models::hf_config_from_json(llama({{"model_type", "gemma"}}));
+  bad.sandwich_norm = true;
+  EXPECT_HAS(error_of([&] { bad.validate(); }),
+             "sandwich_norm needs family glm4 or gemma2 or gemma3_text (got gemma)");
+  bad = models::hf_config_from_json(llama({{"model_type", "gemma"}}));
+  bad.embed_scale = false;
+  EXPECT_HAS(error_of([&] { bad.validate(); }), "family gemma has (1 + w) norms");
+}
+
+// ERNIE 4.5: the class's rotary base (500000) when none is named, use_bias on every projection,
+// pairs (2i, 2i+1) on the whole head; Baidu's remote-code fields and a partial rotary refused.
+TEST(HFConfig, Ernie45FieldsAndRefusals) {
+  auto c = models::hf_config_from_json(llama({{"model_type", "ernie4_5"}}));
+  EXPECT_EQ(c.family, "ernie4_5");
+  EXPECT_EQ(c.rope_theta, 500000.0f);
+  EXPECT_TRUE(c.rope_interleaved && c.tie_embeddings);
+  EXPECT_FALSE(c.bias || c.qkv_bias);
+  EXPECT_EQ(c.head_dim(), 128);  // Ernie4_5Config's head_dim, not hidden / heads = 16
+  c = models::hf_config_from_json(llama({{"model_type", "ernie4_5"},
+                                         {"use_bias", true},
+                                         {"head_dim", 16},
+                                         {"rope_parameters",
+                                          {{"rope_type", "default"}, {"rope_theta", 1e4}}}}));
+  EXPECT_TRUE(c.bias);
+  EXPECT_EQ(c.rope_theta, 1e4f);
+  // attention_dropout is no field of Ernie4_5Config and its attention never drops out.
+  EXPECT_EQ(models::hf_config_from_json(llama({{"model_type", "ernie4_5"},
+                                               {"attention_dropout", 0.1}}))
+                .dropout,
+            0.0f);
+  const json hf = models::hf_config_to_json(c);
+  EXPECT_EQ(hf["architectures"][0], "Ernie4_5ForCausalLM");
+  EXPECT_EQ(hf["use_bias"], true);
+  EXPECT_HAS(config_error(llama({{"model_type", "ernie4_5"}, {"use_rmsnorm", true}})),
+             "field \"use_rmsnorm\" is not understood for model_type ernie4_5");
+  EXPECT_HAS(config_error(llama({{"model_type", "ernie4_5"}, {"partial_rotary_factor", 0.5}})),
+             "partial_rotary_factor 0.5 is not supported for ernie4_5");
+  EXPECT_HAS(config_error(llama({{"model_type", "ernie4_5"}, {"hidden_act", "gelu"}})),
+             "hidden_act \"gelu\"");
+  models::GPTConfig bad = c;
+  bad.rope_interleaved = false;
+  EXPECT_HAS(error_of([&] { bad.validate(); }), "family ernie4_5 rotates pairs");
 }
 
 json gemma3(json extra = json::object()) {
@@ -758,7 +866,7 @@ TEST(HFConfig, Gemma3LayerTypesRopeAndRefusals) {
   bad = models::GPTConfig::preset("test-llama");
   bad.geglu = true;
   EXPECT_HAS(error_of([&] { bad.validate(); }),
-             "geglu needs family gemma2 or gemma3_text (got llama)");
+             "geglu needs family gemma or gemma2 or gemma3_text (got llama)");
   // Gemma 2: alternating layers (sliding first), one rotary base, both soft-cappings by default
   // (absent = 50 and 30, null = none), no q/k norms.
   json g2 = gemma3({{"model_type", "gemma2"}});

@@ -1171,3 +1171,11 @@ TEST(GreedyParity, Gemma3SlidingWindowMatchesTransformersGenerate) {
 TEST(GreedyParity, Gemma2SoftCappedMatchesTransformersGenerate) {
   check_greedy_parity("gemma2");
 }
+// Gemma (v1): (1 + w) norms, GeGLU and scaled embeddings under multi-query attention.
+TEST(GreedyParity, GemmaMatchesTransformersGenerate) {
+  check_greedy_parity("gemma");
+}
+// ERNIE 4.5: rotary pairs (2i, 2i+1) on the whole head, biases on every projection.
+TEST(GreedyParity, Ernie45MatchesTransformersGenerate) {
+  check_greedy_parity("ernie4_5");
+}

@@ -69,9 +69,9 @@ const std::vector<const Family*>& all_families() {
   static const std::vector<const Family*> all = {
       &families::gpt2,    &families::llama,  &families::mistral,    &families::qwen2,
       &families::qwen3,   &families::glm,    &families::glm4,       &families::chatglm,
-      &families::phi3,    &families::gemma2, &families::gemma3_text, &families::bert,
-      &families::roberta, &families::deberta_v2, &families::bart,  &families::blenderbot,
-      &families::t5};
+      &families::phi3,    &families::gemma,  &families::gemma2,     &families::gemma3_text,
+      &families::ernie4_5, &families::bert,  &families::roberta,    &families::deberta_v2,
+      &families::bart,    &families::blenderbot, &families::t5};
   return all;
 }
 
@@ -97,7 +97,6 @@ std::string why_unsupported(const std::string& model_type) {
   if (model_type == "deberta") return "; DeBERTa (v1) is not supported (DeBERTa-v2 is)";
   if (model_type == "mt5" || model_type == "umt5")
     return "; mT5 and UMT5 are not supported yet (t5 is)";
-  if (model_type == "gemma") return "; Gemma (v1) is not supported yet (gemma2 and gemma3_text are)";
   if (model_type == "gemma3")
     return "; gemma3 is the multimodal Gemma3ForConditionalGeneration: its text model "
            "(text_config, model_type gemma3_text) is supported, the vision tower not";

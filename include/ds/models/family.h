@@ -183,8 +183,8 @@ std::shared_ptr<SequenceClassifier> make_encoder_classifier(const EncoderConfig&
 std::string supported_model_types(ModelKind kind = ModelKind::decoder);
 
 namespace families {  // the entries (src/models/families/*.cpp)
-extern const Family gpt2, llama, mistral, qwen2, qwen3, glm, glm4, chatglm, phi3, gemma2,
-    gemma3_text;                        // decoders
+extern const Family gpt2, llama, mistral, qwen2, qwen3, glm, glm4, chatglm, phi3, gemma, gemma2,
+    gemma3_text, ernie4_5;              // decoders
 extern const Family bert, roberta, deberta_v2;  // encoder classifiers
 extern const Family bart, blenderbot, t5;       // encoder-decoders
 }  // namespace families
