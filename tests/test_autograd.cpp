@@ -6,6 +6,9 @@
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/allocator.h"
 #include "ds/core/error.h"
+#include "ds/backend/backend.h"
+#include "ds/config/config.h"
+#include "ds/runtime/activation_stash.h"
 #include "gradcheck.h"
 
 using namespace ds;
@@ -151,4 +154,63 @@ TEST(Autograd, CheckpointGivesIdenticalGradientsAndLowerPeakMemory) {
   // Without checkpointing the forward keeps 4 blocks x 3 activations of 256 x 4096 floats (12 MiB);
   // with it, none. Demand at least a 4x drop.
   EXPECT_LT(ckpt * 4, plain) << "peak forward memory: plain " << plain << " B, checkpointed " << ckpt << " B";
+}
+
+TEST(Autograd, CpuCheckpointingKeepsCheckpointedInputsOffTheDevice) {
+  // activation_checkpointing.cpu_checkpointing on the sim device (device memory the host cannot
+  // read): each checkpointed segment's input waits in host memory and comes back for the
+  // recompute. Gradients are bitwise those of keeping it on the device; the device then holds L - 1
+  // fewer inputs after the forward (the first is the caller's own tensor): the formula
+  // (L - 1) x B x C x 4 bytes, within the allocator's size-class rounding.
+  const Device sim{DeviceType::sim, 0};
+  Allocator& alloc = backend::get(sim).allocator();
+  const Tensor w1 = randn({256, 256}, 50, 0.05f).to(sim), w2 = randn({256, 256}, 51, 0.05f).to(sim);
+  w1.set_requires_grad(true);
+  w2.set_requires_grad(true);
+  const Tensor x0 = randn({512, 256}, 52).to(sim);
+  constexpr int L = 4;
+  const int64_t input_bytes = 512 * 256 * 4;
+  struct Result {
+    std::vector<float> g1, g2, gx;
+    uint64_t kept = 0;  // device bytes held after the forward
+  };
+  auto run = [&](const config::ActivationCheckpointingConfig& section) {
+    runtime::ActivationStashScope scope(section);
+    w1.set_grad({});
+    w2.set_grad({});
+    Tensor x = x0.detach().clone();
+    x.set_requires_grad(true);
+    const uint64_t base = alloc.stats().bytes_in_use;
+    Tensor h = x;
+    for (int i = 0; i < L; ++i)
+      h = autograd::checkpoint([&](const Tensor& in) { return wide_block(in, w1, w2); }, h);
+    Tensor loss = ops::sum(h);
+    Result r;
+    r.kept = alloc.stats().bytes_in_use - base;
+    loss.backward();
+    r.g1 = w1.grad().to(kCPU).to_vector();
+    r.g2 = w2.grad().to(kCPU).to_vector();
+    r.gx = x.grad().to(kCPU).to_vector();
+    if (section.cpu_checkpointing) {
+      EXPECT_EQ(scope.stash()->stats().stashed, L);
+      EXPECT_EQ(scope.stash()->stats().host_bytes, L * input_bytes);
+    }
+    if (section.synchronize_checkpoint_boundary) {
+      EXPECT_EQ(scope.stash()->stats().synchronized, L);
+    }
+    return r;
+  };
+  const Result plain = run({});
+  config::ActivationCheckpointingConfig host;
+  host.cpu_checkpointing = true;
+  host.synchronize_checkpoint_boundary = true;
+  const Result stashed = run(host);
+  EXPECT_EQ(plain.g1, stashed.g1);
+  EXPECT_EQ(plain.g2, stashed.g2);
+  EXPECT_EQ(plain.gx, stashed.gx);
+  const int64_t saved = static_cast<int64_t>(plain.kept) - static_cast<int64_t>(stashed.kept);
+  EXPECT_GE(saved, (L - 1) * input_bytes) << "plain " << plain.kept << " B, stashed " << stashed.kept;
+  EXPECT_LE(saved, (L - 1) * input_bytes * 5 / 4) << "plain " << plain.kept << " B, stashed " << stashed.kept;
+  // The scope put the previous (absent) stash back.
+  EXPECT_EQ(autograd::checkpoint_stash(), nullptr);
 }

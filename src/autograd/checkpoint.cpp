@@ -11,13 +11,19 @@ namespace {
 
 class CheckpointNode final : public Node {
  public:
-  CheckpointNode(std::function<Tensor(const Tensor&)> fn, Tensor input, rng::DropoutState rng)
-      : fn_(std::move(fn)), input_(std::move(input)), rng_(rng) {}
+  CheckpointNode(std::function<Tensor(const Tensor&)> fn, const Tensor& input,
+                 rng::DropoutState rng)
+      : fn_(std::move(fn)),
+        stash_(checkpoint_stash()),
+        input_(stash_ ? stash_->stash(input) : input),
+        device_(input.device()),
+        dtype_(input.dtype()),
+        rng_(rng) {}
   const char* name() const override { return "CheckpointBackward"; }
 
   std::vector<Tensor> apply(const Tensor& grad_output) override {
     DS_CHECK(fn_, "[checkpoint] backward through a checkpointed segment a second time");
-    Tensor x = input_.detach();
+    Tensor x = stash_ ? stash_->unstash(input_, device_, dtype_) : input_.detach();
     if (is_floating(x.dtype())) x.set_requires_grad(true);
     // Replay the random stream so dropout draws the same masks as the first forward.
     const rng::DropoutState now = rng::dropout_state();
@@ -41,11 +47,28 @@ class CheckpointNode final : public Node {
 
  private:
   std::function<Tensor(const Tensor&)> fn_;
+  std::shared_ptr<CheckpointStash> stash_;  // where input_ waits (null: as it is)
   Tensor input_;
+  Device device_;
+  DType dtype_;
   rng::DropoutState rng_;
 };
 
+std::shared_ptr<CheckpointStash>& stash_slot() {
+  static std::shared_ptr<CheckpointStash> stash;
+  return stash;
+}
+
 }  // namespace
+
+std::shared_ptr<CheckpointStash> set_checkpoint_stash(std::shared_ptr<CheckpointStash> stash) {
+  std::swap(stash_slot(), stash);
+  return stash;
+}
+
+const std::shared_ptr<CheckpointStash>& checkpoint_stash() {
+  return stash_slot();
+}
 
 Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x) {
   if (!is_grad_enabled()) return fn(x);
@@ -58,6 +81,7 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
   // The output needs a gradient whenever the segment holds parameters, which cannot be seen
   // under no_grad; so it is always recorded, with an edge to x only if x needs one.
   auto node = std::make_shared<CheckpointNode>(fn, x.detach(), rng_before);
+  if (const auto& stash = checkpoint_stash()) stash->at_boundary(x.device());
   node->next_edges = {gradient_edge(x)};
   Tensor out = y.detach();
   out.impl()->grad_fn = std::move(node);

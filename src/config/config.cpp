@@ -557,10 +557,10 @@ void read_activation_checkpointing(Section s, ActivationCheckpointingConfig& a) 
   a.partition_activations = s.boolean("partition_activations", false);
   s.todo("partition_activations", "partitioning checkpointed activations across ranks");
   a.cpu_checkpointing = s.boolean("cpu_checkpointing", false);
-  s.todo("cpu_checkpointing", "offloading checkpointed activations to CPU memory");
   a.contiguous_memory_optimization = s.boolean("contiguous_memory_optimization", false);
   s.todo("contiguous_memory_optimization", "contiguous checkpoint buffers");
   a.number_checkpoints = s.opt_integer("number_checkpoints", at_least(1));
+  s.todo("number_checkpoints", "contiguous checkpoint buffers (contiguous_memory_optimization)");
   a.synchronize_checkpoint_boundary = s.boolean("synchronize_checkpoint_boundary", false);
   a.profile = s.boolean("profile", false);
   s.todo("profile", "activation checkpointing profiling");

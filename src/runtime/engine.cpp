@@ -10,6 +10,8 @@
 #include <set>
 #include <string>
 
+#include <fmt/ranges.h>
+
 #include "ds/autograd/engine.h"
 #include "ds/autograd/grad_mode.h"
 #include "ds/comm/logger.h"
@@ -191,6 +193,19 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
   scaler_.set_rank(group_->rank());
   scaler_.set_log_sink([this](const std::string& m) { log(m); });
   grad_dtype_ = gradient_dtype(config_);
+  activation_stash_ = std::make_unique<ActivationStashScope>(config_.activation_checkpointing);
+  if (activation_stash_->stash()) {
+    const auto& ac = config_.activation_checkpointing;
+    std::vector<std::string> what;
+    if (ac.cpu_checkpointing)
+      what.push_back("checkpointed layers' inputs wait in host memory (cpu_checkpointing)");
+    if (ac.synchronize_checkpoint_boundary)
+      what.push_back("the device is synchronized after each checkpointed layer "
+                     "(synchronize_checkpoint_boundary)");
+    log(fmt::format("activation checkpointing: {}; for the layers checkpointed "
+                    "(ds_train --gradient_checkpointing, nn::Module::set_gradient_checkpointing)",
+                    fmt::join(what, "; ")));
+  }
   {
     const auto params = model_->named_parameters();
     wall_clock_ = WallClockBreakdown(config_.wall_clock_breakdown,

@@ -56,6 +56,7 @@
 #include "ds/nn/module.h"
 #include "ds/optim/optimizer.h"
 #include "ds/config/config.h"
+#include "ds/runtime/activation_stash.h"
 #include "ds/runtime/loss_scaler.h"
 #include "ds/runtime/lr_schedule.h"
 #include "ds/runtime/wall_clock.h"
@@ -235,6 +236,9 @@ class Engine {
   bool last_step_skipped_ = false;
   bool logged_step_in_backward_ = false;
   WallClockBreakdown wall_clock_;  // config's wall_clock_breakdown
+  // activation_checkpointing's stash for checkpointed layers (cpu_checkpointing,
+  // synchronize_checkpoint_boundary), installed for the engine's lifetime.
+  std::unique_ptr<ActivationStashScope> activation_stash_;
 };
 
 // The gradient accumulation dtype a config trains with: data_types.grad_accum_dtype when given;

@@ -1,0 +1,65 @@
+#pragma once
+// DeepSpeed's activation_checkpointing section, applied to what a checkpointed segment keeps
+// (autograd::CheckpointStash, ds/autograd/checkpoint.h): segments are the layers ds_train's
+// --gradient_checkpointing (or a model's set_gradient_checkpointing) wraps.
+//
+//   cpu_checkpointing               each segment's input waits in host memory and comes back to
+//                                   the device for the recompute: a GPU run keeps none of the
+//                                   L x B x T x C checkpoint values on the device (on a CPU run
+//                                   they are in host memory already: nothing changes).
+//   synchronize_checkpoint_boundary the device is synchronized after each segment's forward
+//                                   (DeepSpeed's torch.cuda.synchronize() there; for timing).
+//
+// partition_activations, contiguous_memory_optimization and number_checkpoints are not
+// implemented (the config says so at start-up: config.cpp).
+//
+//   ActivationStashScope scope(config.activation_checkpointing);   // the engine holds one
+//   ... forward / backward ...
+//   scope.stash()->stats();   // segments stashed, bytes that went to host memory
+//
+// Threading: the training thread. Lifetime: the scope installs its stash for its own lifetime and
+// puts the previous one back; segments recorded under it keep it until their backward.
+#include <cstdint>
+#include <memory>
+
+#include "ds/autograd/checkpoint.h"
+#include "ds/config/config.h"
+
+namespace ds::runtime {
+
+class ActivationStash final : public autograd::CheckpointStash {
+ public:
+  struct Stats {
+    int64_t stashed = 0;        // segments stashed
+    int64_t host_bytes = 0;     // of them, bytes copied to host memory (cpu_checkpointing)
+    int64_t synchronized = 0;   // boundaries synchronized
+  };
+
+  ActivationStash(bool to_host, bool synchronize) : to_host_(to_host), sync_(synchronize) {}
+  Tensor stash(const Tensor& x) override;
+  Tensor unstash(const Tensor& stored, Device device, DType dtype) override;
+  void at_boundary(Device device) override;
+  const Stats& stats() const { return stats_; }
+
+ private:
+  bool to_host_, sync_;
+  Stats stats_;
+};
+
+class ActivationStashScope {
+ public:
+  // Installs a stash when the section asks for cpu_checkpointing or
+  // synchronize_checkpoint_boundary; nothing otherwise.
+  explicit ActivationStashScope(const config::ActivationCheckpointingConfig& c);
+  ~ActivationStashScope();
+  ActivationStashScope(const ActivationStashScope&) = delete;
+  ActivationStashScope& operator=(const ActivationStashScope&) = delete;
+
+  const ActivationStash* stash() const { return stash_.get(); }  // null when none
+
+ private:
+  std::shared_ptr<ActivationStash> stash_;
+  std::shared_ptr<autograd::CheckpointStash> previous_;
+};
+
+}  // namespace ds::runtime
