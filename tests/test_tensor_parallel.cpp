@@ -29,6 +29,7 @@
 #include "ds/ops/ops.h"
 #include "ds/config/config.h"
 #include "ds/runtime/consolidate.h"
+#include "ds/runtime/activation_stash.h"
 #include "ds/runtime/engine.h"
 #include "devices.h"
 
@@ -301,6 +302,40 @@ TEST_P(TensorParallelTraining, ModelOnADeviceTrainsAsOnTheHost) {
 INSTANTIATE_TEST_SUITE_P(Stages, TensorParallelTraining, ::testing::Values(0, 1, 2, 3));
 
 // The config's tensor_parallel.autotp_size and the topology must agree.
+TEST(TensorParallelTraining, PartitionedActivationCheckpointsTrainAsWholeOnes) {
+  // activation_checkpointing.partition_activations with every layer checkpointed: each
+  // tensor-parallel rank keeps 1/tp of a layer's input and the group gathers it for the recompute.
+  // The recompute sees the same input, so the losses are bitwise those of keeping it whole, and
+  // each rank keeps ceil(B x T x C / tp) of every checkpointed input.
+  auto w = comm::world();
+  const int n = w->size();
+  if (n == 1) GTEST_SKIP() << "needs several ranks (the np tests)";
+  auto topo = std::make_shared<comm::Topology>(w, n, /*pp=*/1);
+  const models::GPTConfig c = model_config("llama", n);
+  const int64_t b = 2;
+  auto run = [&](bool partition, runtime::ActivationStash::Stats* stats) {
+    auto model = std::make_shared<models::GPT>(
+        c, std::make_shared<nn::TensorParallel>(topo->tensor_parallel()));
+    model->set_gradient_checkpointing(true);
+    nlohmann::json cfg = nlohmann::json::parse(engine_config(1, b, 0.05, n));
+    cfg["activation_checkpointing"] = {{"partition_activations", partition}};
+    runtime::InitOptions opt;
+    opt.topology = topo;
+    opt.log = [](const std::string&) {};
+    auto e = runtime::initialize(model, cfg.dump(), opt);
+    EXPECT_EQ(e->activation_stash() != nullptr, partition);
+    const auto losses = train(*e, 4, c.vocab_size);
+    if (partition) *stats = e->activation_stash()->stats();
+    return losses;
+  };
+  runtime::ActivationStash::Stats stats;
+  const auto whole = run(false, nullptr), parted = run(true, &stats);
+  EXPECT_EQ(whole, parted);
+  EXPECT_EQ(stats.stashed, 4 * kGas * c.n_layer);
+  EXPECT_EQ(stats.kept_bytes, stats.stashed * ((b * kT * c.n_embd + n - 1) / n) * 4);
+  EXPECT_EQ(stats.host_bytes, 0);
+}
+
 TEST(TensorParallelTraining, ConfigAndTopologyMustAgree) {
   auto w = comm::world();
   auto topo = std::make_shared<comm::Topology>(w, w->size(), 1);

@@ -16,6 +16,7 @@ class CheckpointNode final : public Node {
       : fn_(std::move(fn)),
         stash_(checkpoint_stash()),
         input_(stash_ ? stash_->stash(input) : input),
+        shape_(input.shape()),
         device_(input.device()),
         dtype_(input.dtype()),
         rng_(rng) {}
@@ -23,7 +24,7 @@ class CheckpointNode final : public Node {
 
   std::vector<Tensor> apply(const Tensor& grad_output) override {
     DS_CHECK(fn_, "[checkpoint] backward through a checkpointed segment a second time");
-    Tensor x = stash_ ? stash_->unstash(input_, device_, dtype_) : input_.detach();
+    Tensor x = stash_ ? stash_->unstash(input_, shape_, device_, dtype_) : input_.detach();
     if (is_floating(x.dtype())) x.set_requires_grad(true);
     // Replay the random stream so dropout draws the same masks as the first forward.
     const rng::DropoutState now = rng::dropout_state();
@@ -49,6 +50,7 @@ class CheckpointNode final : public Node {
   std::function<Tensor(const Tensor&)> fn_;
   std::shared_ptr<CheckpointStash> stash_;  // where input_ waits (null: as it is)
   Tensor input_;
+  Shape shape_;
   Device device_;
   DType dtype_;
   rng::DropoutState rng_;

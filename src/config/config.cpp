@@ -555,7 +555,6 @@ void read_aio(Section s, AioConfig& a) {
 
 void read_activation_checkpointing(Section s, ActivationCheckpointingConfig& a) {
   a.partition_activations = s.boolean("partition_activations", false);
-  s.todo("partition_activations", "partitioning checkpointed activations across ranks");
   a.cpu_checkpointing = s.boolean("cpu_checkpointing", false);
   a.contiguous_memory_optimization = s.boolean("contiguous_memory_optimization", false);
   s.todo("contiguous_memory_optimization", "contiguous checkpoint buffers");

@@ -193,12 +193,19 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
   scaler_.set_rank(group_->rank());
   scaler_.set_log_sink([this](const std::string& m) { log(m); });
   grad_dtype_ = gradient_dtype(config_);
-  activation_stash_ = std::make_unique<ActivationStashScope>(config_.activation_checkpointing);
+  activation_stash_ = std::make_unique<ActivationStashScope>(
+      config_.activation_checkpointing,
+      options_.topology ? options_.topology->tensor_parallel() : nullptr);
   if (activation_stash_->stash()) {
     const auto& ac = config_.activation_checkpointing;
     std::vector<std::string> what;
     if (ac.cpu_checkpointing)
       what.push_back("checkpointed layers' inputs wait in host memory (cpu_checkpointing)");
+    if (ac.partition_activations && tp_size > 1)
+      what.push_back(fmt::format(
+          "each tensor-parallel rank keeps 1/{} of a checkpointed layer's input, gathered for the "
+          "recompute (partition_activations)",
+          tp_size));
     if (ac.synchronize_checkpoint_boundary)
       what.push_back("the device is synchronized after each checkpointed layer "
                      "(synchronize_checkpoint_boundary)");
@@ -206,6 +213,10 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
                     "(ds_train --gradient_checkpointing, nn::Module::set_gradient_checkpointing)",
                     fmt::join(what, "; ")));
   }
+  if (config_.activation_checkpointing.partition_activations && tp_size == 1)
+    log("activation checkpointing: partition_activations changes nothing without tensor "
+        "parallelism (it cuts checkpointed inputs over the tensor-parallel ranks, which hold them "
+        "whole; here there is one)");
   {
     const auto params = model_->named_parameters();
     wall_clock_ = WallClockBreakdown(config_.wall_clock_breakdown,

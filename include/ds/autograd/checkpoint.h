@@ -6,7 +6,8 @@
 //
 // What a segment keeps until backward is its input x. Where x waits is a CheckpointStash's
 // choice (DeepSpeed's activation_checkpointing section; the runtime installs one for a run,
-// runtime/activation_stash.h): as it is (no stash), a host copy (cpu_checkpointing), ... The
+// runtime/activation_stash.h): as it is (no stash), this rank's part of it
+// (partition_activations), a host copy (cpu_checkpointing). The
 // stash's boundary hook runs after each segment's forward (synchronize_checkpoint_boundary).
 //
 // Threading: the stash is per process and set from the training thread; checkpoint() and the
@@ -23,8 +24,8 @@ class CheckpointStash {
   virtual ~CheckpointStash() = default;
   // The form a segment's input x (detached) waits in until backward.
   virtual Tensor stash(const Tensor& x) = 0;
-  // x again, on `device` in `dtype`, from what stash() returned.
-  virtual Tensor unstash(const Tensor& stored, Device device, DType dtype) = 0;
+  // x again (its `shape`, on `device` in `dtype`) from what stash() returned.
+  virtual Tensor unstash(const Tensor& stored, const Shape& shape, Device device, DType dtype) = 0;
   // After each segment's forward.
   virtual void at_boundary(Device device) { (void)device; }
 };

@@ -9,9 +9,14 @@
 //                                   they are in host memory already: nothing changes).
 //   synchronize_checkpoint_boundary the device is synchronized after each segment's forward
 //                                   (DeepSpeed's torch.cuda.synchronize() there; for timing).
+//   partition_activations           with tensor parallelism, each tensor-parallel rank keeps 1/tp
+//                                   of a segment's input (which every rank of the group holds
+//                                   whole) and the group all-gathers it for the recompute
+//                                   (DeepSpeed's partition_activations over Megatron's mp group).
+//                                   Without tensor parallelism it changes nothing (and says so).
 //
-// partition_activations, contiguous_memory_optimization and number_checkpoints are not
-// implemented (the config says so at start-up: config.cpp).
+// contiguous_memory_optimization and number_checkpoints are not implemented (the config says so
+// at start-up: config.cpp).
 //
 //   ActivationStashScope scope(config.activation_checkpointing);   // the engine holds one
 //   ... forward / backward ...
@@ -23,6 +28,7 @@
 #include <memory>
 
 #include "ds/autograd/checkpoint.h"
+#include "ds/comm/group.h"
 #include "ds/config/config.h"
 
 namespace ds::runtime {
@@ -31,26 +37,32 @@ class ActivationStash final : public autograd::CheckpointStash {
  public:
   struct Stats {
     int64_t stashed = 0;        // segments stashed
+    int64_t kept_bytes = 0;     // bytes kept of their inputs (1/tp of each when partitioned)
     int64_t host_bytes = 0;     // of them, bytes copied to host memory (cpu_checkpointing)
     int64_t synchronized = 0;   // boundaries synchronized
   };
 
-  ActivationStash(bool to_host, bool synchronize) : to_host_(to_host), sync_(synchronize) {}
+  // partition: the tensor-parallel group inputs are cut over (null or of size 1: none). Its
+  // all-gathers run in backward, a collective over the group.
+  ActivationStash(bool to_host, bool synchronize, std::shared_ptr<comm::Group> partition = nullptr);
   Tensor stash(const Tensor& x) override;
-  Tensor unstash(const Tensor& stored, Device device, DType dtype) override;
+  Tensor unstash(const Tensor& stored, const Shape& shape, Device device, DType dtype) override;
   void at_boundary(Device device) override;
   const Stats& stats() const { return stats_; }
 
  private:
   bool to_host_, sync_;
+  std::shared_ptr<comm::Group> partition_;
   Stats stats_;
 };
 
 class ActivationStashScope {
  public:
-  // Installs a stash when the section asks for cpu_checkpointing or
-  // synchronize_checkpoint_boundary; nothing otherwise.
-  explicit ActivationStashScope(const config::ActivationCheckpointingConfig& c);
+  // Installs a stash when the section asks for cpu_checkpointing, synchronize_checkpoint_boundary
+  // or partition_activations with a tensor-parallel group of more than one rank; nothing
+  // otherwise.
+  explicit ActivationStashScope(const config::ActivationCheckpointingConfig& c,
+                                std::shared_ptr<comm::Group> tensor_parallel = nullptr);
   ~ActivationStashScope();
   ActivationStashScope(const ActivationStashScope&) = delete;
   ActivationStashScope& operator=(const ActivationStashScope&) = delete;

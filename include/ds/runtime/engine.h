@@ -196,6 +196,12 @@ class Engine {
   // Returns the client state.
   nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag = "");
 
+  // The activation_checkpointing section's stash (its statistics), or null when the section asks
+  // for nothing (runtime/activation_stash.h).
+  const ActivationStash* activation_stash() const {
+    return activation_stash_ ? activation_stash_->stash() : nullptr;
+  }
+
  private:
   void log(const std::string& line) const;
   // Whether the boundary micro-step's backward starts the optimizer step (zero/strategy.h, "the
@@ -237,7 +243,7 @@ class Engine {
   bool logged_step_in_backward_ = false;
   WallClockBreakdown wall_clock_;  // config's wall_clock_breakdown
   // activation_checkpointing's stash for checkpointed layers (cpu_checkpointing,
-  // synchronize_checkpoint_boundary), installed for the engine's lifetime.
+  // synchronize_checkpoint_boundary, partition_activations), installed for the engine's lifetime.
   std::unique_ptr<ActivationStashScope> activation_stash_;
 };
 
