@@ -162,9 +162,10 @@ TEST_F(Monitor, TensorBoardFileReadsBack) {
     // Flushed after each batch: readable while the monitor is open.
     EXPECT_EQ(read_tensorboard_events(file).size(), 3u);
     tb.write_events({{"Train/Samples/train_loss", 9.25, 16}});
+    tb.write_events({{"Train/Samples/lr", 0.0, 24}});  // a zero is a value too (a oneof member)
   }
   const auto ev = read_tensorboard_events(file);
-  ASSERT_EQ(ev.size(), 4u);
+  ASSERT_EQ(ev.size(), 5u);
   EXPECT_EQ(ev[0].file_version, "brain.Event:2");
   EXPECT_TRUE(ev[0].scalars.empty());
   EXPECT_FALSE(ev[0].session_start);
@@ -174,6 +175,8 @@ TEST_F(Monitor, TensorBoardFileReadsBack) {
   EXPECT_EQ(ev[2].scalars[0], (std::pair<std::string, float>{"Train/Samples/lr", 1e-3f}));
   EXPECT_EQ(ev[3].scalars[0].second, 9.25f);
   EXPECT_EQ(ev[3].step, 16);
+  ASSERT_EQ(ev[4].scalars.size(), 1u);
+  EXPECT_EQ(ev[4].scalars[0], (std::pair<std::string, float>{"Train/Samples/lr", 0.0f}));
   for (const auto& e : ev) EXPECT_GE(e.wall_time, ev[0].wall_time);
 }
 

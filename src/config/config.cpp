@@ -667,7 +667,8 @@ void read_file_monitor(Section s, FileMonitorConfig& m) {
 // rank alike, instead of a warning that scrolls by while the run logs nowhere the user looks.
 void refuse_unavailable_monitor(Section& s, bool enabled, std::string_view section) {
   if (enabled)
-    DS_THROW("[config] {} = true: {}", s.key_path("enabled"), unavailable_monitor_message(section));
+    DS_THROW("[config] {0} = true: {1}; then set {0} to false", s.key_path("enabled"),
+             unavailable_monitor_message(section));
 }
 
 }  // namespace
@@ -679,12 +680,11 @@ std::string unavailable_monitor_message(std::string_view section) {
            "of the wandb Python package. Log to TensorBoard instead (config \"tensorboard\": "
            "{\"enabled\": true}, or ds_train --report_to tensorboard) and upload the event "
            "files with `wandb sync --sync-tensorboard <output_path>/<job_name>`, or to CSV files "
-           "(\"csv_monitor\"); then set wandb.enabled to false";
+           "(\"csv_monitor\")";
   return "Comet logging is not available in deepspeed.cpp: Comet has no C++ client, and its "
          "offline experiment archives are an internal format of the comet_ml Python package. Log "
          "to TensorBoard instead (config \"tensorboard\": {\"enabled\": true}, or ds_train "
-         "--report_to tensorboard) or to CSV files (\"csv_monitor\"); then set comet.enabled to "
-         "false";
+         "--report_to tensorboard) or to CSV files (\"csv_monitor\")";
 }
 
 namespace {
