@@ -74,13 +74,4 @@ void MonitorMaster::write_events(const std::vector<MonitorEvent>& events) {
   csv_.write_events(events);
 }
 
-std::vector<std::string> MonitorMaster::describe() const {
-  std::vector<std::string> lines;
-  if (tb_)
-    lines.push_back(fmt::format("tensorboard: {} (tensorboard --logdir {})", tb_->file().string(),
-                                tb_->log_dir().parent_path().string()));
-  lines.push_back(fmt::format("csv:         {}/*.csv", csv_.log_dir().string()));
-  return lines;
-}
-
 }  // namespace ds::runtime

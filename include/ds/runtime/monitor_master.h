@@ -62,10 +62,7 @@ class MonitorMaster : public Monitor {
   void write_events(const std::vector<MonitorEvent>& events) override;
 
   const CsvMonitor& csv() const { return csv_; }
-  const TensorBoardMonitor* tensorboard() const { return tb_.get(); }
-  // One line per monitor for the console, e.g. "tensorboard: out/run/DeepSpeedJobName
-  // (tensorboard --logdir out/run)".
-  std::vector<std::string> describe() const;
+  const TensorBoardMonitor* tensorboard() const { return tb_.get(); }  // null when off
 
  private:
   bool lead_;
