@@ -59,6 +59,7 @@ PACKAGES=(
   libdnnl-dev                            # oneDNN: bf16 GEMMs on AVX512-BF16 / AMX (dlopen'ed; the header for its matmul API)
   libsentencepiece-dev libutf8proc-dev   # tokenizers: tokenizer.model, NFC normalization
   libcpp-httplib-dev                     # ds_serve's HTTP server (cpp-httplib 0.11)
+  libprotobuf-c-dev protobuf-c-compiler  # TensorBoard event files (protoc-c generated event protos)
   fio                                    # the disk reference in bench/run_ds_io.sh
   python3                                # helper scripts
 )

@@ -7,10 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -19,6 +21,7 @@
 #include "ds/data/text_tokenizer.h"
 #include "ds/core/safetensors.h"
 #include "ds/data/shard.h"
+#include "ds/runtime/tensorboard_monitor.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -163,6 +166,58 @@ TEST_F(DsTrain, OutputsAndExactResume) {
 
 // The HF export carries the tokenizer (AutoTokenizer.from_pretrained(export) then loads), with
 // config.json's special-token ids from it; one larger than the model's vocabulary is not written.
+// --report_to tensorboard: DeepSpeed's TensorBoard folder (<output_dir>/DeepSpeedJobName) beside
+// the CSV files, with the same values; a run resumed from an earlier checkpoint adds a file that
+// starts a session there, so that TensorBoard drops the steps trained again, as the CSV files do.
+// --report_to wandb stops before any work and names the alternative.
+TEST_F(DsTrain, ReportToTensorBoard) {
+  const fs::path a = dir_ / "a";
+  const std::string flags =
+      "--max_steps 4 --save_steps 2 --eval_steps 2 --report_to tensorboard --output_dir " +
+      a.string();
+  ASSERT_EQ(run(flags), 0) << log_;
+  const std::string events_line = "TensorBoard events: " + (a / "DeepSpeedJobName").string();
+  EXPECT_NE(log_.find(events_line), std::string::npos) << log_;
+  EXPECT_EQ(log_.find("not implemented"), std::string::npos) << log_;
+  ASSERT_EQ(run(flags + " --resume_from_checkpoint " + (a / "global_step2").string()), 0) << log_;
+
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(a / "DeepSpeedJobName")) files.push_back(e.path());
+  std::sort(files.begin(), files.end());  // TensorBoard's order: by name, that is by time
+  ASSERT_EQ(files.size(), 2u);
+  // What TensorBoard shows: each file's scalars, a session start dropping steps >= its step.
+  std::map<std::string, std::vector<std::pair<int64_t, float>>> shown;
+  for (const fs::path& f : files) {
+    const auto events = ds::runtime::read_tensorboard_events(f);
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(events[0].file_version, "brain.Event:2");
+    for (const auto& e : events) {
+      if (e.session_start) {
+        EXPECT_EQ(e.step, 9);  // resumed at 2 steps x 4 samples
+        for (auto& [tag, rows] : shown)
+          std::erase_if(rows, [&](const auto& r) { return r.first >= e.step; });
+      }
+      for (const auto& [tag, v] : e.scalars) shown[tag].emplace_back(e.step, v);
+    }
+  }
+  for (const char* tag : {"Train/Samples/train_loss", "Train/Samples/lr", "Train/Samples/grad_norm",
+                          "Eval/Samples/eval_loss"}) {
+    std::string stem = tag;
+    std::replace(stem.begin(), stem.end(), '/', '_');
+    const auto csv = values(a / "metrics" / (stem + ".csv"));
+    const auto& tb = shown[tag];
+    ASSERT_EQ(tb.size(), csv.size()) << tag;
+    ASSERT_FALSE(csv.empty()) << tag;
+    for (size_t i = 0; i < csv.size(); ++i)
+      EXPECT_NEAR(tb[i].second, csv[i], 1e-6 * std::abs(csv[i]) + 1e-12) << tag << " " << i;
+  }
+  EXPECT_EQ(shown["Train/Samples/train_loss"].back().first, 16);
+
+  ASSERT_NE(run("--max_steps 4 --report_to wandb --output_dir " + (dir_ / "w").string()), 0);
+  EXPECT_NE(log_.find("wandb sync --sync-tensorboard"), std::string::npos) << log_;
+  EXPECT_FALSE(fs::exists(dir_ / "w"));
+}
+
 TEST_F(DsTrain, ExportCarriesTheTokenizer) {
   const fs::path tok = fs::path(DS_FIXTURE_DIR) / "tokenizers" / "gpt2_bpe";
   std::ofstream(dir_ / "model_v.json") << R"({"preset": "test-gpt2", "vocab_size": 768})";

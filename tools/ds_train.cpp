@@ -33,7 +33,7 @@
 #include "ds/core/file_io.h"
 #include "ds/core/parallel.h"
 #include "ds/config/config.h"
-#include "ds/runtime/monitor.h"
+#include "ds/runtime/monitor_master.h"
 #include "ds/train/classifier.h"
 #include "ds/train/seq2seq_trainer.h"
 #include "ds/train/train_util.h"
@@ -64,20 +64,22 @@ void set_threads(int threads, ds::train::ProgressReport& out) {
   ds::set_num_threads(threads);
 }
 
-// The metrics: DeepSpeed's csv_monitor layout; a resumed run drops rows past its step, and a run
-// resumed at its end (nothing left to train) must not evaluate, and log, that step twice.
+// The metrics: the config's monitors and --report_to's (ds/runtime/monitor_master.h; the CSV files
+// always); a resumed run drops rows past its step, and a run resumed at its end (nothing left to
+// train) must not evaluate, and log, that step twice.
 void start_metrics(ds::train::Trainer& trainer, ds::train::ProgressReport& out) {
-  const ds::config::DeepSpeedConfig& cfg = trainer.plan().config();
   auto& engine = trainer.engine();
-  const fs::path csv_root = cfg.csv_monitor.output_path.empty()
-                                ? trainer.output_dir()
-                                : fs::path(cfg.csv_monitor.output_path);
-  out.monitor.emplace(
-      csv_root, cfg.csv_monitor.enabled ? cfg.csv_monitor.job_name : "metrics",
-      trainer.resumed() ? std::optional<int64_t>(engine.global_samples()) : std::nullopt);
+  ds::runtime::MonitorSetup ms;
+  ms.default_root = trainer.output_dir();
+  if (trainer.resumed()) ms.resumed_at = engine.global_samples();
+  ms.lead = trainer.is_lead();
+  ms.report_to = ds::runtime::parse_report_to(trainer.plan().spec.report_to);
+  out.monitor.emplace(trainer.plan().config(), ms);
+  if (const auto* tb = out.monitor->tensorboard())
+    out.message(fmt::format("TensorBoard events: {}", tb->file().string()));
   if (trainer.resumed())
     for (const auto& [samples, loss] :
-         ds::runtime::CsvMonitor::read(out.monitor->file_of("Eval/Samples/eval_loss")))
+         ds::runtime::CsvMonitor::read(out.monitor->csv().file_of("Eval/Samples/eval_loss")))
       if (samples == engine.global_samples()) trainer.mark_evaluated(engine.global_steps(), loss);
 }
 
@@ -124,7 +126,10 @@ void print_summary(ds::train::Trainer& trainer, ds::train::ProgressReport& out,
   if (std::isfinite(trainer.last_eval()))
     say(fmt::format("eval loss  {:.4f}, perplexity {:.1f} (train unigram frequencies: {:.3f})",
                     trainer.last_eval(), std::exp(trainer.last_eval()), trainer.eval_baseline()));
-  say(fmt::format("metrics:    {}/*.csv", out.monitor->log_dir().string()));
+  say(fmt::format("metrics:    {}/*.csv", out.monitor->csv().log_dir().string()));
+  if (const auto* tb = out.monitor->tensorboard())
+    say(fmt::format("tensorboard: {} (tensorboard --logdir {})", tb->log_dir().string(),
+                    tb->log_dir().parent_path().string()));
   say(fmt::format("loss curve: {}", r.svg.string()));
   say(fmt::format("checkpoint: {}/{} (resume: --resume_from_checkpoint latest)", out_dir.string(),
                   ds::train::latest_tag(out_dir)));
@@ -153,7 +158,7 @@ void finish(ds::train::Trainer& trainer, const ds::train::Options& o,
   r.svg = out_dir / "loss.svg";
   if (lead)
     ds::train::write_loss_chart(
-        r.svg, *out.monitor, p.global_batch(), p.seq_len,
+        r.svg, out.monitor->csv(), p.global_batch(), p.seq_len,
         fmt::format("{} on {}", p.model_name, p.train_dir.filename().string()),
         trainer.unigram().entropy_nats, trainer.eval_baseline());
   const auto t0 = std::chrono::steady_clock::now();
@@ -178,6 +183,7 @@ int run(const ds::train::Options& o, const ds::train::Given& g) {
   ds::train::ProgressReport out;
   out.con.set_quiet(!lead);
   set_threads(o.threads, out);
+  ds::runtime::parse_report_to(o.report_to);  // wandb, comet_ml or a typo: stop before any work
   // A classification set trains an encoder classifier (tools/train/classify_run.cpp).
   // A seq2seq set trains an encoder-decoder (tools/train/seq2seq_run.cpp).
   if (ds::train::is_seq2seq_run(o)) return ds::train::run_seq2seq(o, g, kDefaultDeepSpeedConfig);

@@ -645,9 +645,8 @@ void read_pipeline(Section s, PipelineConfig& c, ParseState& st) {
   s.finish();
 }
 
-void read_file_monitor(Section s, FileMonitorConfig& m, const char* todo_what) {
+void read_file_monitor(Section s, FileMonitorConfig& m) {
   m.enabled = s.boolean("enabled", false);
-  if (todo_what) s.todo("enabled", todo_what);
   m.output_path = s.string("output_path", "");
   m.job_name = s.string("job_name", "DeepSpeedJobName");
   // The job name becomes a folder under output_path: "../x" or "a/b" would write elsewhere.
@@ -662,9 +661,36 @@ void read_file_monitor(Section s, FileMonitorConfig& m, const char* todo_what) {
   s.finish();
 }
 
+// DeepSpeed raises at start-up when wandb or comet_ml cannot be imported (check_wandb_availability,
+// check_comet_availability); here neither can ever be, so "enabled": true stops the parse, on every
+// rank alike, instead of a warning that scrolls by while the run logs nowhere the user looks.
+void refuse_unavailable_monitor(Section& s, bool enabled, std::string_view section) {
+  if (enabled)
+    DS_THROW("[config] {0} = true: {1}; then set {0} to false", s.key_path("enabled"),
+             unavailable_monitor_message(section));
+}
+
+}  // namespace
+
+std::string unavailable_monitor_message(std::string_view section) {
+  if (section == "wandb")
+    return "Weights & Biases logging is not available in deepspeed.cpp: W&B has no C++ client, "
+           "and its offline run files (wandb/offline-run-*/run-*.wandb) are an internal format "
+           "of the wandb Python package. Log to TensorBoard instead (config \"tensorboard\": "
+           "{\"enabled\": true}, or ds_train --report_to tensorboard) and upload the event "
+           "files with `wandb sync --sync-tensorboard <output_path>/<job_name>`, or to CSV files "
+           "(\"csv_monitor\")";
+  return "Comet logging is not available in deepspeed.cpp: Comet has no C++ client, and its "
+         "offline experiment archives are an internal format of the comet_ml Python package. Log "
+         "to TensorBoard instead (config \"tensorboard\": {\"enabled\": true}, or ds_train "
+         "--report_to tensorboard) or to CSV files (\"csv_monitor\")";
+}
+
+namespace {
+
 void read_wandb(Section s, WandbConfig& w) {
   w.enabled = s.boolean("enabled", false);
-  s.todo("enabled", "Weights & Biases logging");
+  refuse_unavailable_monitor(s, w.enabled, "wandb");
   w.group = s.opt_string("group");
   w.team = s.opt_string("team");
   w.project = s.string("project", "deepspeed");
@@ -673,7 +699,7 @@ void read_wandb(Section s, WandbConfig& w) {
 
 void read_comet(Section s, CometConfig& c) {
   c.enabled = s.boolean("enabled", false);
-  s.todo("enabled", "Comet logging");
+  refuse_unavailable_monitor(s, c.enabled, "comet");
   c.samples_log_interval = s.integer("samples_log_interval", 100, at_least(1));
   c.project = s.opt_string("project");
   c.workspace = s.opt_string("workspace");
@@ -1075,8 +1101,8 @@ DeepSpeedConfig parse_config_json(const nlohmann::json& input, const ConfigConte
   read_tensor_parallel(top.child("tensor_parallel"), cfg.tensor_parallel, st);
   read_pipeline(top.child("pipeline"), cfg.pipeline, st);
   apply_parallel_sizes(ctx.args, cfg, st);
-  read_file_monitor(top.child("tensorboard"), cfg.tensorboard, "TensorBoard logging");
-  read_file_monitor(top.child("csv_monitor"), cfg.csv_monitor, nullptr);
+  read_file_monitor(top.child("tensorboard"), cfg.tensorboard);
+  read_file_monitor(top.child("csv_monitor"), cfg.csv_monitor);
   read_wandb(top.child("wandb"), cfg.wandb);
   read_comet(top.child("comet"), cfg.comet);
   read_flops_profiler(top.child("flops_profiler"), cfg.flops_profiler);

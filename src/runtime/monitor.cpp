@@ -21,18 +21,22 @@ namespace fs = std::filesystem;
 // ---------------------------------------------------------------------------------------------
 // CSV monitor
 
-CsvMonitor::CsvMonitor(const fs::path& output_path, const std::string& job_name,
-                       std::optional<int64_t> keep_up_to)
-    : log_dir_(output_path / job_name), keep_up_to_(keep_up_to) {
+fs::path make_log_dir(const fs::path& output_path, const std::string& job_name) {
   DS_CHECK(!job_name.empty() && job_name != "." && job_name != ".." &&
                job_name.find_first_of("/\\") == std::string::npos,
            "[monitor] job name '{}' must be a plain folder name (no '/' or '\\'): it is created "
            "under {}",
            job_name, output_path.string());
+  const fs::path dir = output_path / job_name;
   std::error_code ec;
-  fs::create_directories(log_dir_, ec);
-  DS_CHECK(!ec, "[monitor] cannot create '{}': {}", log_dir_.string(), ec.message());
+  fs::create_directories(dir, ec);
+  DS_CHECK(!ec, "[monitor] cannot create '{}': {}", dir.string(), ec.message());
+  return dir;
 }
+
+CsvMonitor::CsvMonitor(const fs::path& output_path, const std::string& job_name,
+                       std::optional<int64_t> keep_up_to)
+    : log_dir_(make_log_dir(output_path, job_name)), keep_up_to_(keep_up_to) {}
 
 std::string CsvMonitor::file_stem(std::string_view event_name) {
   std::string s(event_name);

@@ -293,6 +293,13 @@ void add_lora_options(Adder& opt, Options& o, Given& g) {
                "At the end, export the base weights with LoRA merged (W + alpha/r B A) as a plain "
                "Hugging Face folder instead of a PEFT adapter (adapter_config.json + "
                "adapter_model.safetensors)");
+  opt("--report_to", o.report_to,
+      "Where the metrics go besides the CSV files (the Hugging Face Trainer's flag): tensorboard, "
+      "csv, all (both) or none; several separated by spaces or commas. Enables the config's "
+      "tensorboard / csv_monitor section (an empty output_path: --output_dir). wandb and comet_ml "
+      "are not available: use tensorboard (docs/training.md, \"Metrics\")")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->delimiter(',');
   opt("--threads", o.threads, "Threads (default: all cores)")->check(integer_in(1, 4096));
   opt("--local_rank", o.local_rank,
       "Accepted for the DeepSpeed launcher (the rank comes from mpirun's environment)")

@@ -1,7 +1,7 @@
 #pragma once
 // ds_train's console and metric files for a run: what the trainer reports (train::TrainerObserver)
 // printed by rank 0 ("[ds_train] " lines on stdout, the progress bar on a terminal's stderr) and
-// written as DeepSpeed's csv_monitor files (rank 0).
+// written to the run's monitors (rank 0: DeepSpeed's csv_monitor files, TensorBoard when enabled).
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "console.h"
-#include "ds/runtime/monitor.h"
+#include "ds/runtime/monitor_master.h"
 #include "ds/train/trainer.h"
 
 namespace ds::train {
@@ -17,9 +17,9 @@ namespace ds::train {
 class ProgressReport : public TrainerObserver {
  public:
   Console con;
-  int64_t logging_steps = 10;                  // --logging_steps, else the config's steps_per_print
-  std::optional<runtime::CsvMonitor> monitor;  // opened once the run knows where it starts
-  Trainer* trainer = nullptr;                  // set once built (on_step reads its numbers)
+  int64_t logging_steps = 10;  // --logging_steps, else the config's steps_per_print
+  std::optional<runtime::MonitorMaster> monitor;  // opened once the run knows where it starts
+  Trainer* trainer = nullptr;                     // set once built (on_step reads its numbers)
   const std::chrono::steady_clock::time_point t_start = std::chrono::steady_clock::now();
   std::deque<double> recent;  // the last logging_steps losses, for the final report
 

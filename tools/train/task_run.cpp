@@ -50,12 +50,14 @@ int run_task(TaskLog& log, TaskTrainer& trainer, const TaskPlan& p, const TaskRu
   const Options& o = p.spec;
   const auto resumed = trainer.resume();
   const fs::path out_dir = trainer.output_dir();
-  const auto& cfg = p.config();
-  const fs::path csv_root =
-      cfg.csv_monitor.output_path.empty() ? out_dir : fs::path(cfg.csv_monitor.output_path);
-  log.monitor.emplace(
-      csv_root, cfg.csv_monitor.enabled ? cfg.csv_monitor.job_name : "metrics",
-      resumed ? std::optional<int64_t>(trainer.engine().global_samples()) : std::nullopt);
+  runtime::MonitorSetup ms;
+  ms.default_root = out_dir;
+  if (resumed) ms.resumed_at = trainer.engine().global_samples();
+  ms.lead = log.lead;
+  ms.report_to = runtime::parse_report_to(o.report_to);
+  log.monitor.emplace(p.config(), ms);
+  if (const auto* tb = log.monitor->tensorboard())
+    log.say(fmt::format("TensorBoard events: {}", tb->file().string()));
 
   if (o.eval_only) {
     DS_CHECK(p.has_val(),

@@ -12,20 +12,21 @@
 #include <string>
 
 #include "console.h"
-#include "ds/runtime/monitor.h"
+#include "ds/runtime/monitor_master.h"
 #include "ds/train/task_trainer.h"
 
 namespace ds::train {
 
 // What the console of a task run keeps and prints, whatever the task: "[ds_train] " lines, the
-// progress bar, csv_monitor rows of the steps (rank 0), a line every logging_steps steps.
+// progress bar, monitor rows of the steps (rank 0: csv_monitor, TensorBoard when enabled), a line
+// every logging_steps steps.
 class TaskLog {
  public:
   Console con;
-  std::optional<runtime::CsvMonitor> monitor;  // opened once the run knows where it starts
-  bool lead = true;                            // rank 0: prints and writes
-  int64_t logging_steps = 10;                  // --logging_steps, else the config's steps_per_print
-  std::deque<double> recent;                   // the last logging_steps losses, for the summary
+  std::optional<runtime::MonitorMaster> monitor;  // opened once the run knows where it starts
+  bool lead = true;                               // rank 0: prints and writes
+  int64_t logging_steps = 10;  // --logging_steps, else the config's steps_per_print
+  std::deque<double> recent;   // the last logging_steps losses, for the summary
 
   void say(const std::string& s) { con.line("[ds_train] " + s); }
   void log_step(const StepReport& r);
@@ -63,7 +64,7 @@ struct TaskRunText {
   std::function<std::string(const std::string& dir)> export_line;
 };
 
-// The run after the trainer is built: resume, the csv metrics, then --eval_only, or fit, the
+// The run after the trainer is built: resume, the monitors, then --eval_only, or fit, the
 // export and the closing lines. Returns the exit status.
 int run_task(TaskLog& log, TaskTrainer& trainer, const TaskPlan& plan, const TaskRunText& text);
 

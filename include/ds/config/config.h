@@ -301,7 +301,7 @@ struct CheckpointConfig {
   bool parallel_write_pipeline_stage = false;  // "parallel_write": {"pipeline_stage": ...}
 };
 
-// tensorboard and csv_monitor share this shape.
+// tensorboard and csv_monitor share this shape (ds/runtime/monitor_master.h writes them).
 struct FileMonitorConfig {
   bool enabled = false;
   std::string output_path;
@@ -319,6 +319,11 @@ struct CometConfig {
   std::optional<std::string> project, workspace, api_key, experiment_name, experiment_key, mode;
   std::optional<bool> online;
 };
+// wandb and comet have no C++ client (docs/config.md, "Monitors"): "enabled": true is an error
+// whose text is this, for `section` "wandb" or "comet"; it names TensorBoard and csv_monitor as
+// the alternatives (and, for W&B, `wandb sync --sync-tensorboard`). ds_train's --report_to wandb
+// says the same.
+std::string unavailable_monitor_message(std::string_view section);
 
 struct FlopsProfilerConfig {
   bool enabled = false;

@@ -1,5 +1,8 @@
 #pragma once
-// Training metrics on disk: DeepSpeed's csv_monitor layout, and a loss-curve picture (SVG).
+// Training metrics on disk: the Monitor interface (DeepSpeed's deepspeed/monitor/monitor.py), its
+// csv_monitor layout, and a loss-curve picture (SVG). The TensorBoard monitor is
+// ds/runtime/tensorboard_monitor.h; the set of a run's monitors, DeepSpeed's MonitorMaster, is
+// ds/runtime/monitor_master.h.
 //
 // CSV layout (DeepSpeed's deepspeed/monitor/csv_monitor.py): one file per metric under
 // <output_path>/<job_name>/, named after the event with '/' and ' ' replaced by '_', whose first
@@ -33,7 +36,20 @@ struct MonitorEvent {
   int64_t step = 0;
 };
 
-class CsvMonitor {
+// What DeepSpeed's monitors have in common: write_events(a batch of (name, value, step)).
+// Implementations write on the calling thread and are not thread-safe.
+class Monitor {
+ public:
+  virtual ~Monitor() = default;
+  virtual void write_events(const std::vector<MonitorEvent>& events) = 0;
+};
+
+// A monitor's folder, <output_path>/<job_name>, created (DeepSpeed's log_dir). Throws
+// "[monitor] ..." when job_name is not a plain folder name or the folder cannot be created.
+std::filesystem::path make_log_dir(const std::filesystem::path& output_path,
+                                   const std::string& job_name);
+
+class CsvMonitor : public Monitor {
  public:
   // keep_up_to: nullopt = a fresh run (files are rewritten on first use); a value = resume: rows
   // with step > keep_up_to are dropped from existing files on first use, then rows are appended.
@@ -41,7 +57,7 @@ class CsvMonitor {
   CsvMonitor(const std::filesystem::path& output_path, const std::string& job_name,
              std::optional<int64_t> keep_up_to = std::nullopt);
 
-  void write_events(const std::vector<MonitorEvent>& events);
+  void write_events(const std::vector<MonitorEvent>& events) override;
   void write(const std::string& name, double value, int64_t step) {
     write_events({{name, value, step}});
   }

@@ -4,6 +4,7 @@
 // these fields to ds_train's option table, and an embedding program fills them directly.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ds::train {
 
@@ -57,6 +58,9 @@ struct Options {
   int64_t sample_tokens = 64;
   int64_t sample_top_k = 40;
   std::string tokenizer;
+  // --report_to: monitors added to the config's (ds/runtime/monitor_master.h, parse_report_to):
+  // "tensorboard", "csv", "all", "none"; each may be a comma list.
+  std::vector<std::string> report_to;
   int threads = 0;
   int local_rank = -1;
   // LoRA (DeepSpeed-Chat's flag names; docs/finetuning.md). lora_dim 0 = off.
