@@ -214,3 +214,41 @@ TEST(Autograd, CpuCheckpointingKeepsCheckpointedInputsOffTheDevice) {
   // The scope put the previous (absent) stash back.
   EXPECT_EQ(autograd::checkpoint_stash(), nullptr);
 }
+
+TEST(Autograd, ContiguousCheckpointSlotsAreReusedAndBounded) {
+  // contiguous_memory_optimization with number_checkpoints = L: the L inputs of a forward go into
+  // the slots of one buffer (the same addresses every step), a slot is free again once its layer is
+  // recomputed, and gradients are bitwise those without the buffer. L + 1 checkpoints alive at
+  // once is an error naming number_checkpoints.
+  const Tensor w1 = randn({64, 32}, 60, 0.1f), w2 = randn({32, 64}, 61, 0.1f);
+  w1.set_requires_grad(true);
+  w2.set_requires_grad(true);
+  const Tensor x0 = randn({8, 32}, 62);
+  constexpr int L = 3;
+  config::ActivationCheckpointingConfig slots;
+  slots.partition_activations = true;  // one rank: the whole input is this rank's part
+  slots.contiguous_memory_optimization = true;
+  slots.number_checkpoints = L;
+  auto run = [&](const config::ActivationCheckpointingConfig& section, int layers) {
+    runtime::ActivationStashScope scope(section);
+    std::vector<float> grads;
+    for (int step = 0; step < 2; ++step) {
+      w1.set_grad({});
+      w2.set_grad({});
+      Tensor h = x0;
+      for (int i = 0; i < layers; ++i)
+        h = autograd::checkpoint([&](const Tensor& in) { return wide_block(in, w1, w2); }, h);
+      ops::sum(h).backward();
+      grads = w1.grad().to_vector();
+    }
+    if (scope.stash()) EXPECT_EQ(scope.stash()->stats().most_in_slots, layers);
+    return grads;
+  };
+  EXPECT_EQ(run({}, L), run(slots, L));
+  try {
+    run(slots, L + 1);
+    ADD_FAILURE() << "L + 1 checkpoints in L slots did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("number_checkpoints = 3"), std::string::npos) << e.what();
+  }
+}

@@ -306,7 +306,7 @@ TEST(TensorParallelTraining, PartitionedActivationCheckpointsTrainAsWholeOnes) {
   // activation_checkpointing.partition_activations with every layer checkpointed: each
   // tensor-parallel rank keeps 1/tp of a layer's input and the group gathers it for the recompute.
   // The recompute sees the same input, so the losses are bitwise those of keeping it whole, and
-  // each rank keeps ceil(B x T x C / tp) of every checkpointed input.
+  // each rank keeps ceil(B x T x C / tp) of every checkpointed input, in the slots of one buffer.
   auto w = comm::world();
   const int n = w->size();
   if (n == 1) GTEST_SKIP() << "needs several ranks (the np tests)";
@@ -318,7 +318,10 @@ TEST(TensorParallelTraining, PartitionedActivationCheckpointsTrainAsWholeOnes) {
         c, std::make_shared<nn::TensorParallel>(topo->tensor_parallel()));
     model->set_gradient_checkpointing(true);
     nlohmann::json cfg = nlohmann::json::parse(engine_config(1, b, 0.05, n));
-    cfg["activation_checkpointing"] = {{"partition_activations", partition}};
+    // With the partitions in one buffer of n_layer slots (contiguous_memory_optimization).
+    cfg["activation_checkpointing"] = {{"partition_activations", partition},
+                                       {"contiguous_memory_optimization", partition},
+                                       {"number_checkpoints", c.n_layer}};
     runtime::InitOptions opt;
     opt.topology = topo;
     opt.log = [](const std::string&) {};
@@ -334,6 +337,7 @@ TEST(TensorParallelTraining, PartitionedActivationCheckpointsTrainAsWholeOnes) {
   EXPECT_EQ(stats.stashed, 4 * kGas * c.n_layer);
   EXPECT_EQ(stats.kept_bytes, stats.stashed * ((b * kT * c.n_embd + n - 1) / n) * 4);
   EXPECT_EQ(stats.host_bytes, 0);
+  EXPECT_EQ(stats.most_in_slots, c.n_layer);  // a forward's inputs, the slots reused every step
 }
 
 TEST(TensorParallelTraining, ConfigAndTopologyMustAgree) {

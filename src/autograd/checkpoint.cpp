@@ -41,8 +41,12 @@ class CheckpointNode final : public Node {
     if (y.requires_grad()) backward({y}, {grad_output});
     return {x.requires_grad() ? x.grad() : Tensor()};
   }
+  ~CheckpointNode() override {
+    if (stash_ && input_.defined()) stash_->release(input_);
+  }
   void release_saved() override {
     fn_ = nullptr;
+    if (stash_ && input_.defined()) stash_->release(input_);
     input_ = Tensor();
   }
 

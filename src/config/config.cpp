@@ -557,9 +557,16 @@ void read_activation_checkpointing(Section s, ActivationCheckpointingConfig& a) 
   a.partition_activations = s.boolean("partition_activations", false);
   a.cpu_checkpointing = s.boolean("cpu_checkpointing", false);
   a.contiguous_memory_optimization = s.boolean("contiguous_memory_optimization", false);
-  s.todo("contiguous_memory_optimization", "contiguous checkpoint buffers");
   a.number_checkpoints = s.opt_integer("number_checkpoints", at_least(1));
-  s.todo("number_checkpoints", "contiguous checkpoint buffers (contiguous_memory_optimization)");
+  // As DeepSpeed's checkpointing.configure() asserts.
+  DS_CHECK(!a.contiguous_memory_optimization || a.partition_activations,
+           "[config] {} = true needs {} = true (DeepSpeed: contiguous checkpointing is only "
+           "available with partitioned activations)",
+           s.key_path("contiguous_memory_optimization"), s.key_path("partition_activations"));
+  DS_CHECK(!a.contiguous_memory_optimization || a.number_checkpoints.has_value(),
+           "[config] {} = true needs {}: the number of checkpointed layers (the slots of the "
+           "contiguous buffer)",
+           s.key_path("contiguous_memory_optimization"), s.key_path("number_checkpoints"));
   a.synchronize_checkpoint_boundary = s.boolean("synchronize_checkpoint_boundary", false);
   a.profile = s.boolean("profile", false);
   s.todo("profile", "activation checkpointing profiling");

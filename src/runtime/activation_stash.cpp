@@ -5,14 +5,50 @@
 
 #include "ds/autograd/grad_mode.h"
 #include "ds/backend/backend.h"
+#include "ds/core/error.h"
 #include "ds/ops/ops.h"
 
 namespace ds::runtime {
 
 ActivationStash::ActivationStash(bool to_host, bool synchronize,
-                                 std::shared_ptr<comm::Group> partition)
-    : to_host_(to_host), sync_(synchronize) {
+                                 std::shared_ptr<comm::Group> partition, int64_t slots)
+    : to_host_(to_host), sync_(synchronize), slots_(slots) {
   if (partition && partition->size() > 1) partition_ = std::move(partition);
+}
+
+Tensor ActivationStash::into_slot(const Tensor& keep) {
+  const int64_t n = keep.numel();
+  if (!buffer_.defined()) {
+    slot_numel_ = n;
+    buffer_ = Tensor::empty({slots_ * n}, keep.dtype(), keep.device());
+    for (int64_t s = slots_ - 1; s >= 0; --s) free_.push_back(s);
+  }
+  DS_CHECK(n == slot_numel_ && keep.dtype() == buffer_.dtype(),
+           "[activation checkpointing] contiguous_memory_optimization keeps every checkpointed "
+           "input in slots of one size ({} elements, from the first), but one has {}: turn "
+           "contiguous_memory_optimization off for this model",
+           slot_numel_, n);
+  DS_CHECK(!free_.empty(),
+           "[activation checkpointing] more checkpointed inputs are alive at once than "
+           "activation_checkpointing.number_checkpoints = {} slots: set it to the number of "
+           "checkpointed layers (times the micro-batches a pipeline keeps in flight)",
+           slots_);
+  const int64_t s = free_.back();
+  free_.pop_back();
+  stats_.most_in_slots = std::max(stats_.most_in_slots, slots_ - static_cast<int64_t>(free_.size()));
+  Tensor slot = buffer_.flat_range(s * n, n);
+  slot.copy_from(keep.flat_range(0, n));
+  return slot;
+}
+
+void ActivationStash::release(const Tensor& stored) {
+  if (!buffer_.defined() || stored.numel() != slot_numel_) return;
+  const auto* base = static_cast<const char*>(buffer_.raw_data());
+  const auto* at = static_cast<const char*>(stored.raw_data());
+  const int64_t bytes = static_cast<int64_t>(stored.nbytes());
+  const int64_t off = at - base;
+  if (off < 0 || off % bytes != 0 || off / bytes >= slots_) return;  // not one of the slots
+  free_.push_back(off / bytes);
 }
 
 Tensor ActivationStash::stash(const Tensor& x) {
@@ -32,6 +68,7 @@ Tensor ActivationStash::stash(const Tensor& x) {
     stats_.host_bytes += static_cast<int64_t>(keep.nbytes());
     keep = keep.to(kCPU);
   }
+  if (slots_ > 0) keep = into_slot(keep.contiguous());
   return keep;
 }
 
@@ -58,9 +95,12 @@ void ActivationStash::at_boundary(Device device) {
 ActivationStashScope::ActivationStashScope(const config::ActivationCheckpointingConfig& c,
                                            std::shared_ptr<comm::Group> tensor_parallel) {
   const bool partition = c.partition_activations && tensor_parallel && tensor_parallel->size() > 1;
-  if (!c.cpu_checkpointing && !c.synchronize_checkpoint_boundary && !partition) return;
+  const int64_t slots = c.contiguous_memory_optimization ? c.number_checkpoints.value_or(0) : 0;
+  if (!c.cpu_checkpointing && !c.synchronize_checkpoint_boundary && !partition && slots == 0)
+    return;
   stash_ = std::make_shared<ActivationStash>(c.cpu_checkpointing, c.synchronize_checkpoint_boundary,
-                                             partition ? std::move(tensor_parallel) : nullptr);
+                                             partition ? std::move(tensor_parallel) : nullptr,
+                                             slots);
   previous_ = autograd::set_checkpoint_stash(stash_);
 }
 

@@ -206,6 +206,10 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
           "each tensor-parallel rank keeps 1/{} of a checkpointed layer's input, gathered for the "
           "recompute (partition_activations)",
           tp_size));
+    if (ac.contiguous_memory_optimization && ac.number_checkpoints)
+      what.push_back(fmt::format(
+          "they are kept in one buffer of {} slots (contiguous_memory_optimization)",
+          *ac.number_checkpoints));
     if (ac.synchronize_checkpoint_boundary)
       what.push_back("the device is synchronized after each checkpointed layer "
                      "(synchronize_checkpoint_boundary)");

@@ -28,6 +28,9 @@ class CheckpointStash {
   virtual Tensor unstash(const Tensor& stored, const Shape& shape, Device device, DType dtype) = 0;
   // After each segment's forward.
   virtual void at_boundary(Device device) { (void)device; }
+  // What stash() returned is no longer needed (after the recompute, or when the segment's graph is
+  // dropped without a backward).
+  virtual void release(const Tensor& stored) { (void)stored; }
 };
 
 // The stash checkpoint() uses from now on (nullptr: keep inputs as they are); returns the previous

@@ -14,9 +14,14 @@
 //                                   whole) and the group all-gathers it for the recompute
 //                                   (DeepSpeed's partition_activations over Megatron's mp group).
 //                                   Without tensor parallelism it changes nothing (and says so).
+//   contiguous_memory_optimization  (with partition_activations, as DeepSpeed requires) the kept
+//   + number_checkpoints            inputs go into one buffer of number_checkpoints slots,
+//                                   allocated at the first checkpoint (on the device, or in host
+//                                   memory under cpu_checkpointing) instead of an allocation each;
+//                                   a slot is free again once its layer is recomputed. More inputs
+//                                   alive at once than slots is an error naming number_checkpoints.
 //
-// contiguous_memory_optimization and number_checkpoints are not implemented (the config says so
-// at start-up: config.cpp).
+// profile is not implemented (the config says so at start-up: config.cpp).
 //
 //   ActivationStashScope scope(config.activation_checkpointing);   // the engine holds one
 //   ... forward / backward ...
@@ -26,6 +31,7 @@
 // puts the previous one back; segments recorded under it keep it until their backward.
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "ds/autograd/checkpoint.h"
 #include "ds/comm/group.h"
@@ -40,19 +46,29 @@ class ActivationStash final : public autograd::CheckpointStash {
     int64_t kept_bytes = 0;     // bytes kept of their inputs (1/tp of each when partitioned)
     int64_t host_bytes = 0;     // of them, bytes copied to host memory (cpu_checkpointing)
     int64_t synchronized = 0;   // boundaries synchronized
+    int64_t most_in_slots = 0;  // contiguous slots in use at once, at most
   };
 
   // partition: the tensor-parallel group inputs are cut over (null or of size 1: none). Its
-  // all-gathers run in backward, a collective over the group.
-  ActivationStash(bool to_host, bool synchronize, std::shared_ptr<comm::Group> partition = nullptr);
+  // all-gathers run in backward, a collective over the group. slots > 0: contiguous buffers of
+  // that many checkpoints.
+  ActivationStash(bool to_host, bool synchronize, std::shared_ptr<comm::Group> partition = nullptr,
+                  int64_t slots = 0);
   Tensor stash(const Tensor& x) override;
   Tensor unstash(const Tensor& stored, const Shape& shape, Device device, DType dtype) override;
   void at_boundary(Device device) override;
+  void release(const Tensor& stored) override;
   const Stats& stats() const { return stats_; }
 
  private:
   bool to_host_, sync_;
   std::shared_ptr<comm::Group> partition_;
+  // contiguous_memory_optimization: slots_ checkpoints of slot_numel_ elements in buffer_, the
+  // free ones in free_ (allocated at the first stash).
+  Tensor into_slot(const Tensor& keep);
+  int64_t slots_ = 0, slot_numel_ = 0;
+  Tensor buffer_;
+  std::vector<int64_t> free_;
   Stats stats_;
 };
 
