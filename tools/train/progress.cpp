@@ -20,8 +20,10 @@ void ProgressReport::on_step(const StepReport& r) {
   std::vector<runtime::MonitorEvent> ev = {
       {"Train/Samples/train_loss", r.loss, r.samples},
       {"Train/Samples/lr", r.lr, r.samples},
-      {"Train/Samples/loss_scale", r.loss_scale, r.samples},
       {"Train/Samples/tokens_per_second", r.tokens_per_second, r.samples}};
+  // As DeepSpeed's engine: the loss scale only when fp16 has one.
+  if (trainer->plan().config().fp16.enabled)
+    ev.push_back({"Train/Samples/loss_scale", r.loss_scale, r.samples});
   if (std::isfinite(r.grad_norm)) ev.push_back({"Train/Samples/grad_norm", r.grad_norm, r.samples});
   if (trainer->is_lead()) monitor->write_events(ev);
   if (first_step_ == r.step - 1) {
