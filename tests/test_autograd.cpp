@@ -252,3 +252,31 @@ TEST(Autograd, ContiguousCheckpointSlotsAreReusedAndBounded) {
     EXPECT_NE(std::string(e.what()).find("number_checkpoints = 3"), std::string::npos) << e.what();
   }
 }
+
+TEST(Autograd, CheckpointProfileTimesEachSegment) {
+  // activation_checkpointing.profile: each checkpointed segment's forward and its recompute with
+  // backward are logged as DeepSpeed's timers print them ("time (ms) | forward: ..."), L of each.
+  const Tensor w1 = randn({64, 32}, 70, 0.1f), w2 = randn({32, 64}, 71, 0.1f);
+  w1.set_requires_grad(true);
+  w2.set_requires_grad(true);
+  config::ActivationCheckpointingConfig section;
+  section.profile = true;
+  std::vector<std::string> lines;
+  runtime::ActivationStashScope scope(section, nullptr,
+                                      [&](const std::string& l) { lines.push_back(l); });
+  ASSERT_NE(scope.stash(), nullptr);
+  Tensor h = randn({8, 32}, 72);
+  for (int i = 0; i < 3; ++i)
+    h = autograd::checkpoint([&](const Tensor& in) { return wide_block(in, w1, w2); }, h);
+  ops::sum(h).backward();
+  int forward = 0, backward = 0;
+  for (const std::string& l : lines) {
+    forward += l.rfind("time (ms) | forward: ", 0) == 0;
+    backward += l.rfind("time (ms) | backward: ", 0) == 0;
+  }
+  EXPECT_EQ(forward, 3);
+  EXPECT_EQ(backward, 3);
+  EXPECT_EQ(scope.stash()->stats().timed, 6);
+  // Without a log the section's profile asks nothing of the stash.
+  EXPECT_EQ(runtime::ActivationStashScope(section).stash(), nullptr);
+}

@@ -1,5 +1,7 @@
 #include "ds/autograd/checkpoint.h"
 
+#include <chrono>
+
 #include "ds/autograd/engine.h"
 #include "ds/autograd/grad_mode.h"
 #include "ds/autograd/node.h"
@@ -24,6 +26,17 @@ class CheckpointNode final : public Node {
 
   std::vector<Tensor> apply(const Tensor& grad_output) override {
     DS_CHECK(fn_, "[checkpoint] backward through a checkpointed segment a second time");
+    const bool timing = stash_ && stash_->timing();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<Tensor> out = recompute_and_backward(grad_output);
+    if (timing)
+      stash_->timed("backward", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                                    .count());
+    return out;
+  }
+
+ private:
+  std::vector<Tensor> recompute_and_backward(const Tensor& grad_output) {
     Tensor x = stash_ ? stash_->unstash(input_, shape_, device_, dtype_) : input_.detach();
     if (is_floating(x.dtype())) x.set_requires_grad(true);
     // Replay the random stream so dropout draws the same masks as the first forward.
@@ -41,6 +54,8 @@ class CheckpointNode final : public Node {
     if (y.requires_grad()) backward({y}, {grad_output});
     return {x.requires_grad() ? x.grad() : Tensor()};
   }
+
+ public:
   ~CheckpointNode() override {
     if (stash_ && input_.defined()) stash_->release(input_);
   }
@@ -79,6 +94,8 @@ const std::shared_ptr<CheckpointStash>& checkpoint_stash() {
 Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x) {
   if (!is_grad_enabled()) return fn(x);
   const rng::DropoutState rng_before = rng::dropout_state();
+  const std::shared_ptr<CheckpointStash>& stash = checkpoint_stash();
+  const auto t0 = std::chrono::steady_clock::now();
   Tensor y;
   {
     NoGradGuard no_grad;
@@ -87,7 +104,12 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
   // The output needs a gradient whenever the segment holds parameters, which cannot be seen
   // under no_grad; so it is always recorded, with an edge to x only if x needs one.
   auto node = std::make_shared<CheckpointNode>(fn, x.detach(), rng_before);
-  if (const auto& stash = checkpoint_stash()) stash->at_boundary(x.device());
+  if (stash) {
+    stash->at_boundary(x.device());
+    if (stash->timing())
+      stash->timed("forward",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   node->next_edges = {gradient_edge(x)};
   Tensor out = y.detach();
   out.impl()->grad_fn = std::move(node);

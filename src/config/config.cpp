@@ -569,7 +569,6 @@ void read_activation_checkpointing(Section s, ActivationCheckpointingConfig& a) 
            s.key_path("contiguous_memory_optimization"), s.key_path("number_checkpoints"));
   a.synchronize_checkpoint_boundary = s.boolean("synchronize_checkpoint_boundary", false);
   a.profile = s.boolean("profile", false);
-  s.todo("profile", "activation checkpointing profiling");
   s.finish();
 }
 

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "ds/autograd/grad_mode.h"
 #include "ds/backend/backend.h"
 #include "ds/core/error.h"
@@ -11,8 +13,9 @@
 namespace ds::runtime {
 
 ActivationStash::ActivationStash(bool to_host, bool synchronize,
-                                 std::shared_ptr<comm::Group> partition, int64_t slots)
-    : to_host_(to_host), sync_(synchronize), slots_(slots) {
+                                 std::shared_ptr<comm::Group> partition, int64_t slots,
+                                 std::function<void(const std::string&)> log)
+    : to_host_(to_host), sync_(synchronize), log_(std::move(log)), slots_(slots) {
   if (partition && partition->size() > 1) partition_ = std::move(partition);
 }
 
@@ -87,20 +90,29 @@ Tensor ActivationStash::unstash(const Tensor& stored, const Shape& shape, Device
 }
 
 void ActivationStash::at_boundary(Device device) {
-  if (!sync_) return;
-  backend::get(device).synchronize();
-  ++stats_.synchronized;
+  if (!sync_ && !log_) return;
+  backend::get(device).synchronize();  // profile: the forward's kernels are done when timed
+  if (sync_) ++stats_.synchronized;
+}
+
+void ActivationStash::timed(const char* phase, double seconds) {
+  ++stats_.timed;
+  log_(fmt::format("time (ms) | {}: {:.2f}", phase, seconds * 1e3));
 }
 
 ActivationStashScope::ActivationStashScope(const config::ActivationCheckpointingConfig& c,
-                                           std::shared_ptr<comm::Group> tensor_parallel) {
+                                           std::shared_ptr<comm::Group> tensor_parallel,
+                                           std::function<void(const std::string&)> log) {
   const bool partition = c.partition_activations && tensor_parallel && tensor_parallel->size() > 1;
   const int64_t slots = c.contiguous_memory_optimization ? c.number_checkpoints.value_or(0) : 0;
-  if (!c.cpu_checkpointing && !c.synchronize_checkpoint_boundary && !partition && slots == 0)
+  const bool profile = c.profile && log;
+  if (!c.cpu_checkpointing && !c.synchronize_checkpoint_boundary && !partition && slots == 0 &&
+      !profile)
     return;
-  stash_ = std::make_shared<ActivationStash>(c.cpu_checkpointing, c.synchronize_checkpoint_boundary,
-                                             partition ? std::move(tensor_parallel) : nullptr,
-                                             slots);
+  stash_ = std::make_shared<ActivationStash>(
+      c.cpu_checkpointing, c.synchronize_checkpoint_boundary,
+      partition ? std::move(tensor_parallel) : nullptr, slots,
+      profile ? std::move(log) : std::function<void(const std::string&)>());
   previous_ = autograd::set_checkpoint_stash(stash_);
 }
 

@@ -195,7 +195,8 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
   grad_dtype_ = gradient_dtype(config_);
   activation_stash_ = std::make_unique<ActivationStashScope>(
       config_.activation_checkpointing,
-      options_.topology ? options_.topology->tensor_parallel() : nullptr);
+      options_.topology ? options_.topology->tensor_parallel() : nullptr,
+      [this](const std::string& m) { log(m); });
   if (activation_stash_->stash()) {
     const auto& ac = config_.activation_checkpointing;
     std::vector<std::string> what;
@@ -210,6 +211,8 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
       what.push_back(fmt::format(
           "they are kept in one buffer of {} slots (contiguous_memory_optimization)",
           *ac.number_checkpoints));
+    if (ac.profile)
+      what.push_back("each one's forward and recompute are timed and logged (profile)");
     if (ac.synchronize_checkpoint_boundary)
       what.push_back("the device is synchronized after each checkpointed layer "
                      "(synchronize_checkpoint_boundary)");

@@ -28,6 +28,11 @@ class CheckpointStash {
   virtual Tensor unstash(const Tensor& stored, const Shape& shape, Device device, DType dtype) = 0;
   // After each segment's forward.
   virtual void at_boundary(Device device) { (void)device; }
+  // Whether segments should be timed (the runtime's activation_checkpointing.profile); then
+  // timed() receives each segment's forward ("forward") and recompute-and-backward ("backward")
+  // wall time, in seconds.
+  virtual bool timing() const { return false; }
+  virtual void timed(const char* phase, double seconds) { (void)phase, (void)seconds; }
   // What stash() returned is no longer needed (after the recompute, or when the segment's graph is
   // dropped without a backward).
   virtual void release(const Tensor& stored) { (void)stored; }
