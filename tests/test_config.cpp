@@ -710,6 +710,9 @@ TEST(ConfigRules, ActivationCheckpointingSectionSaysWhatItDoes) {
                 "contiguous_memory_optimization": true, "number_checkpoints": 4}})");
   EXPECT_TRUE(c.warnings.empty()) << fmt::format("{}", fmt::join(c.warnings, "\n"));
   EXPECT_EQ(c.activation_checkpointing.number_checkpoints, 4);
+  c = parse(R"({"train_batch_size": 8, "activation_checkpointing": {"number_checkpoints": 4}})");
+  EXPECT_TRUE(has_warning(c, "number_checkpoints = 4 has no effect without "
+                             "contiguous_memory_optimization"));
   c = parse(R"({"train_batch_size": 8, "activation_checkpointing": {"profile": true}})");
   EXPECT_TRUE(c.activation_checkpointing.profile);
   EXPECT_TRUE(c.warnings.empty()) << fmt::format("{}", fmt::join(c.warnings, "\n"));

@@ -319,9 +319,10 @@ TEST(TensorParallelTraining, PartitionedActivationCheckpointsTrainAsWholeOnes) {
     model->set_gradient_checkpointing(true);
     nlohmann::json cfg = nlohmann::json::parse(engine_config(1, b, 0.05, n));
     // With the partitions in one buffer of n_layer slots (contiguous_memory_optimization).
-    cfg["activation_checkpointing"] = {{"partition_activations", partition},
-                                       {"contiguous_memory_optimization", partition},
-                                       {"number_checkpoints", c.n_layer}};
+    if (partition)
+      cfg["activation_checkpointing"] = {{"partition_activations", true},
+                                         {"contiguous_memory_optimization", true},
+                                         {"number_checkpoints", c.n_layer}};
     runtime::InitOptions opt;
     opt.topology = topo;
     opt.log = [](const std::string&) {};

@@ -1103,6 +1103,12 @@ DeepSpeedConfig parse_config_json(const nlohmann::json& input, const ConfigConte
   read_aio(top.child("aio"), cfg.aio);
   read_activation_checkpointing(top.child("activation_checkpointing"),
                                 cfg.activation_checkpointing);
+  if (cfg.activation_checkpointing.number_checkpoints &&
+      !cfg.activation_checkpointing.contiguous_memory_optimization)
+    st.warn(fmt::format(
+        "[config] activation_checkpointing.number_checkpoints = {} has no effect without "
+        "contiguous_memory_optimization (it sizes the contiguous buffer; DeepSpeed ignores it too)",
+        *cfg.activation_checkpointing.number_checkpoints));
   read_checkpoint(top.child("checkpoint"), cfg.checkpoint);
   read_tensor_parallel(top.child("tensor_parallel"), cfg.tensor_parallel, st);
   read_pipeline(top.child("pipeline"), cfg.pipeline, st);

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "ds/backend/backend.h"
+#include "ds/comm/group.h"
 #include "ds/core/error.h"
 #include "ds/train/fit.h"
 #include "ds/train/train_util.h"
@@ -20,7 +21,17 @@ void TaskTrainer::start(std::shared_ptr<nn::Module> model, runtime::LossFn loss_
   const TaskPlan& p = task_plan();
   const Options& o = p.spec;
   if (const std::string limit = apply_device_memory_limit(p.device, o); !limit.empty()) say(limit);
-  if (!o.skip_memory_check) check_memory(*model);
+  if (!o.skip_memory_check) {
+    // Each rank measures its own node's memory: one that does not fit stops every rank, none is
+    // left waiting in the engine's first collective.
+    std::string error;
+    try {
+      check_memory(*model);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    comm::raise_if_any_failed(*comm::world(), error, "the start-up memory check");
+  }
   move_to_device(*model);
   runtime::InitOptions init = engine_options();
   init.loss_fn = std::move(loss_fn);

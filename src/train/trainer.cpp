@@ -55,7 +55,17 @@ Trainer::Trainer(RunPlan plan, TrainerObserver& observer)
   // Before the fit check, which reads what the limit leaves.
   if (const std::string limit = apply_device_memory_limit(plan_.device, plan_.spec); !limit.empty())
     say(limit);
-  if (!plan_.spec.skip_memory_check) check_memory();
+  if (!plan_.spec.skip_memory_check) {
+    // Each rank measures its own node's memory: one that does not fit stops every rank, none is
+    // left waiting in the model build's or the engine's first collective.
+    std::string error;
+    try {
+      check_memory();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    comm::raise_if_any_failed(*comm::world(), error, "the start-up memory check");
+  }
   say(fmt::format("GEMM: {}", backend::cpu().gemm_info()));
   build_model();
   build_engine();
