@@ -47,6 +47,7 @@ constexpr OptimizerName kOptimizers[] = {
     {OptimizerType::SGD, "SGD"},
     {OptimizerType::Adagrad, "Adagrad"},
     {OptimizerType::Lion, "Lion"},
+    {OptimizerType::Muon, "Muon"},
     {OptimizerType::OneBitAdam, "OneBitAdam"},
     {OptimizerType::ZeroOneAdam, "ZeroOneAdam"},
     {OptimizerType::OneBitLamb, "OneBitLamb"},
@@ -208,6 +209,20 @@ void read_lion_params(Section& p, OptimizerConfig& c) {
   p.boolean("set_grad_none", true);
 }
 
+// Muon: DeepSpeed 0.19's keys (engine._configure_basic_optimizer) and MuonWithAuxAdam's defaults.
+void read_muon_params(Section& p, OptimizerConfig& c) {
+  const std::optional<double> lr = p.opt_number("lr", at_least(0));
+  c.lr_given = lr.has_value();
+  c.lr = lr.value_or(0.02);  // the lr a schedule scales (Muon's default)
+  c.muon_lr = p.opt_number("muon_lr", at_least(0)).value_or(-1.0);
+  c.adam_lr = p.opt_number("adam_lr", at_least(0)).value_or(-1.0);
+  c.momentum = p.number("momentum", 0.95, between(0, 1));
+  c.weight_decay = p.number("weight_decay", 0.0, at_least(0));
+  c.betas = p.number_pair("betas", {0.9, 0.95}, between(0, 1));
+  c.eps = p.number("eps", 1e-10, at_least(0));
+  c.ns_method = p.choice("ns_method", "gram", {"gram", "standard"});
+}
+
 // Types accepted whose distinguishing part is not implemented yet: said, not silently ignored.
 void warn_unimplemented_optimizer(const OptimizerConfig& c, ParseState& st,
                                   const std::string& type) {
@@ -245,7 +260,7 @@ void read_optimizer(Section s, OptimizerConfig& c, ParseState& st) {
   auto type = s.opt_choice("type", names, /*ci=*/true);
   DS_CHECK(type.has_value(),
            "[config] optimizer.type is missing in {}: give one of Adam, AdamW, Lamb, SGD, Adagrad, "
-           "Lion (or remove the optimizer section to let the program choose)",
+           "Lion, Muon (or remove the optimizer section to let the program choose)",
            st.source);
   for (auto& o : kOptimizers)
     if (*type == o.name) c.type = o.type;
@@ -270,6 +285,7 @@ void read_optimizer(Section s, OptimizerConfig& c, ParseState& st) {
     case OptimizerType::MuSGD: read_sgd_params(p, c, st); break;
     case OptimizerType::Adagrad: read_adagrad_params(p, c, st); break;
     case OptimizerType::Lion: read_lion_params(p, c); break;
+    case OptimizerType::Muon: read_muon_params(p, c); break;
     case OptimizerType::None: break;
   }
   warn_unimplemented_optimizer(c, st, *type);
@@ -889,10 +905,10 @@ void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
   const auto t = cfg.optimizer.type;
   if (z.stage > 0 && t != OptimizerType::None && t != OptimizerType::Adam &&
       t != OptimizerType::AdamW && t != OptimizerType::Adagrad && t != OptimizerType::Lion &&
-      !cfg.zero_allow_untested_optimizer)
+      t != OptimizerType::Muon && !cfg.zero_allow_untested_optimizer)
     DS_THROW(
         "[config] optimizer {} is not supported with ZeRO (stage {}) in {}: ZeRO supports "
-        "Adam, AdamW, Adagrad and Lion (as in DeepSpeed); set \"zero_allow_untested_optimizer\": "
+        "Adam, AdamW, Adagrad, Lion and Muon (as in DeepSpeed); set \"zero_allow_untested_optimizer\": "
         "true to run it anyway{}",
         optimizer_type_name(t), z.stage, st.source,
         t == OptimizerType::Lamb

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "ds/core/allocator.h"
+#include "ds/optim/muon.h"
 #include "optim_internal.h"
 
 namespace ds::optim {
@@ -424,8 +425,9 @@ std::unique_ptr<Optimizer> make_optimizer(std::string_view type, const Optimizer
     c.nesterov = p.nesterov;
     return std::make_unique<Sgd>(c);
   }
+  if (t == "muon") return std::make_unique<Muon>(muon_config(p));
   DS_THROW(
-      "[optim] optimizer type '{}' is not implemented; supported: Adam, AdamW, Lamb, SGD "
+      "[optim] optimizer type '{}' is not implemented; supported: Adam, AdamW, Lamb, SGD, Muon "
       "(case-insensitive)",
       type);
 }

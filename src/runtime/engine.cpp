@@ -21,6 +21,8 @@
 #include "ds/nn/pipeline_stage.h"
 #include "ds/nn/tensor_parallel.h"
 #include "ds/ops/ops.h"
+#include "ds/optim/muon.h"
+#include "ds/zero/muon_plan.h"
 
 namespace ds::runtime {
 namespace {
@@ -39,6 +41,10 @@ optim::OptimizerParams optimizer_params(const config::OptimizerConfig& o) {
   p.momentum = static_cast<float>(o.momentum);
   p.dampening = static_cast<float>(o.dampening);
   p.nesterov = o.nesterov;
+  p.muon_lr = static_cast<float>(o.muon_lr);  // Muon's keys (config.h)
+  p.adam_lr = static_cast<float>(o.adam_lr);
+  p.lr_given = o.lr_given;
+  p.ns_method = o.ns_method;
   return p;
 }
 
@@ -275,6 +281,13 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
         sums[k] = total;
       }
     });
+  }
+  if (auto* muon = dynamic_cast<optim::Muon*>(optimizer_.get())) {
+    // Newton-Schulz needs each whole matrix; a tensor-parallel slice is not one.
+    DS_CHECK(!options_.topology || options_.topology->tensor_parallel()->size() == 1,
+             "[engine] the Muon optimizer does not support tensor parallelism (each rank would "
+             "orthogonalise its slice of a matrix, not the matrix); use AdamW or tensor_parallel 1");
+    zero::attach_muon(*muon, *zero_, [this](const std::string& m) { log(m); });
   }
   // Master weights and moments: in RAM, or streamed from NVMe (offload_optimizer).
   zero_->attach_optimizer(*optimizer_, [this](const std::string& m) { log(m); });
@@ -570,3 +583,4 @@ std::unique_ptr<Engine> initialize(std::shared_ptr<nn::Module> model,
 }
 
 }  // namespace ds::runtime
+

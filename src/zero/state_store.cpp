@@ -61,7 +61,7 @@ class HostStateStore final : public StateStore {
   std::string describe() const override { return "optimizer state in RAM"; }
   StoreStats stats() const override {
     StoreStats s;
-    s.ram_bytes = static_cast<int64_t>(opt_.state_numel()) * opt_.state_floats_per_param() * 4;
+    s.ram_bytes = opt_.state_bytes();
     return s;
   }
   bool holds_master() const override { return false; }

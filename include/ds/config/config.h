@@ -107,6 +107,7 @@ enum class OptimizerType {
   SGD,
   Adagrad,
   Lion,
+  Muon,  // DeepSpeed's MuonWithAuxAdam: Muon for hidden 2-D matrices, AdamW for the rest
   // DeepSpeed optimizers accepted with a warning (not implemented here yet).
   OneBitAdam,
   ZeroOneAdam,
@@ -138,6 +139,11 @@ struct OptimizerConfig {
   bool nesterov = false;
   double lr_decay = 0.0;  // Adagrad
   double initial_accumulator_value = 0.0;
+  // Muon (its defaults: momentum 0.95, betas (0.9, 0.95), eps 1e-10). < 0: not in the file.
+  double muon_lr = -1.0;
+  double adam_lr = -1.0;
+  bool lr_given = false;  // "lr" was in the file (Muon's groups then default to it)
+  std::string ns_method = "gram";
   // One-bit family (accepted, not implemented).
   int64_t freeze_step = 100000;
   bool cuda_aware = false;

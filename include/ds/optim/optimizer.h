@@ -40,7 +40,11 @@ struct OptimizerParams {
   float min_coeff = 0.01f;       // Lamb
   bool eps_inside_sqrt = false;  // Lamb
   bool lamb_legacy_bias_correction = false;  // Lamb: DeepSpeed <= 0.16.x formula (kernels.h)
-  float momentum = 0.0f;                     // SGD
+  float momentum = 0.0f;                     // SGD; Muon (its default 0.95 is set by the config)
+  float muon_lr = -1.0f;                     // Muon: < 0 = unset ("lr", else 0.02)
+  float adam_lr = -1.0f;                     // Muon: < 0 = unset ("lr", else 3e-4)
+  bool lr_given = true;                      // Muon: "lr" was in the config
+  std::string ns_method = "gram";            // Muon: "gram" or "standard"
   float dampening = 0.0f;                    // SGD
   bool nesterov = false;                     // SGD
 };
@@ -86,6 +90,11 @@ class Optimizer {
   // fp32 state floats kept per parameter (Adam, Lamb: 2; SGD: 1 with momentum, else 0): for the
   // memory budget printed at start-up.
   virtual int state_floats_per_param() const = 0;
+  // Bytes of fp32 state held for the range (Muon's mix of 1 and 2 floats per element is exact
+  // here; the others: state_numel() x state_floats_per_param() x 4).
+  virtual int64_t state_bytes() const {
+    return n_ < 0 ? 0 : n_ * state_floats_per_param() * static_cast<int64_t>(sizeof(float));
+  }
 
   // One step over params[0, n) with grads[0, n). grad_scale multiplies every gradient first (the
   // engine passes 1 / (clip_coef * loss_scale)); out16, when not null, receives the updated
@@ -111,7 +120,7 @@ class Optimizer {
   virtual void set_betas(float beta1, float beta2);
 
   // Per-tensor boundaries over the flat buffer ([offset, offset + numel), sorted, disjoint).
-  // Only Lamb uses them (its trust ratio is per tensor); the elementwise optimizers ignore them.
+  // Lamb and Muon use them (its trust ratio is per tensor); the elementwise optimizers ignore them.
   // Default: the whole buffer is one segment.
   virtual void set_segments(std::span<const Segment> segments);
 
