@@ -59,10 +59,12 @@ std::string optimizer_name(const config::OptimizerConfig& o) {
       return "Lamb";
     case config::OptimizerType::SGD:
       return "SGD";
+    case config::OptimizerType::Muon:
+      return "Muon";
     default:
       DS_THROW(
           "[engine] optimizer '{}' is accepted by the config but not implemented yet; use "
-          "Adam, AdamW, Lamb or SGD",
+          "Adam, AdamW, Lamb, SGD or Muon",
           config::optimizer_type_name(o.type));
   }
 }

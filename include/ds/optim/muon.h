@@ -107,6 +107,8 @@ class Muon final : public Optimizer {
   void set_exchange(int rank, int size, std::function<void(float* buf, int64_t count)> sum);
   const std::vector<MuonTensor>& tensors() const { return tensors_; }
   int64_t muon_numel() const;  // this rank's elements stepped by Muon
+  // Muon matrices no rank holds whole (exchanged each step); known after the first step.
+  size_t cut_matrices() const { return cut_.size(); }
 
   // lr(): the schedule's lr (base_lr scaled); both groups follow it proportionally.
   float lr() const override { return lr_; }
