@@ -5,6 +5,7 @@
 // plainly and under mpirun with 2 ranks (tests/cmake/optim.cmake); the single-process checks skip
 // themselves on more than one rank.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -241,6 +242,40 @@ TEST(MuonEngine, LossFallsAndStateIsSmallerThanAdamW) {
   EXPECT_LT(muon->state_bytes(), 8 * n);
 }
 
+// Pages of `p`'s [0, n) floats that are resident (mincore), over the whole pages inside it.
+int64_t resident_pages(const float* p, int64_t n) {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto lo = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const auto hi = reinterpret_cast<uintptr_t>(p + n) / page * page;
+  if (lo >= hi) return 0;
+  std::vector<unsigned char> v((hi - lo) / page);
+  EXPECT_EQ(mincore(reinterpret_cast<void*>(lo), hi - lo, v.data()), 0);
+  int64_t k = 0;
+  for (unsigned char c : v) k += c & 1;
+  return k;
+}
+
+// exp_avg_sq is address space for every element but memory only where AdamW writes it: a Muon
+// matrix costs one float per element, also after a checkpoint load wrote zeros over it.
+TEST(MuonState, MuonElementsKeepOneFloat) {
+  const int64_t rows = 256, cols = 1024, bias = 4096, n = rows * cols + bias;
+  optim::Muon opt(optim::MuonConfig{});
+  opt.set_tensors({{rows, cols, true, 0, 0, rows * cols}, {1, bias, false, rows * cols, 0, bias}});
+  std::vector<float> p(static_cast<size_t>(n), 0.01f), g(static_cast<size_t>(n), 0.001f);
+  opt.step(p.data(), g.data(), n);
+  EXPECT_EQ(opt.state_bytes(), 4 * (n + bias));
+  EXPECT_EQ(opt.state_floats_per_param(), 2);  // rounded up: some elements are AdamW's
+  auto bufs = opt.state_buffers();
+  ASSERT_EQ(bufs.size(), 2u);
+  EXPECT_EQ(bufs[1].name, "exp_avg_sq");
+  EXPECT_EQ(resident_pages(bufs[1].data, rows * cols), 0);
+  EXPECT_GT(resident_pages(bufs[1].data + rows * cols, bias), 0);
+  std::fill(bufs[1].data, bufs[1].data + n, 0.0f);  // as a checkpoint load writes it
+  EXPECT_GT(resident_pages(bufs[1].data, rows * cols), 0);
+  opt.step(p.data(), g.data(), n);
+  EXPECT_EQ(resident_pages(bufs[1].data, rows * cols), 0);
+}
+
 TEST(MuonEngine, Bf16TrainsThroughTheSixteenBitCopy) {
   if (!single()) GTEST_SKIP() << "single-process check";
   for (int stage : {0, 2}) {
@@ -299,6 +334,13 @@ TEST_P(MuonZero, CheckpointResumesBitwise) {
   const auto resumed = train(*e, 3, 3);
   for (size_t i = 0; i < resumed.size(); ++i)
     EXPECT_EQ(resumed[i], continuous[6 + i]) << "stage " << stage << " micro-step " << i;
+  // The same checkpoint in one process at stage 0 (another world size): the state is per element.
+  const int n = g->size();
+  auto one = make_engine(muon_config(0, kB * n, kParams), comm::single_process_group());
+  one->load_checkpoint(dir.string());
+  const auto again = train(*one, 3, 3);
+  for (size_t i = 0; i < again.size(); ++i)
+    EXPECT_LT(rel(again[i], continuous[6 + i]), 1e-5) << "stage " << stage << " micro-step " << i;
   g->barrier();
   if (g->rank() == 0) fs::remove_all(dir);
 }
