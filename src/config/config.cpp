@@ -236,15 +236,6 @@ void warn_unimplemented_optimizer(const OptimizerConfig& c, ParseState& st,
                       "compression settings are ignored",
                       type));
       break;
-    case OptimizerType::MuAdam:
-    case OptimizerType::MuAdamW:
-    case OptimizerType::MuSGD:
-      st.warn(
-          fmt::format("[config] optimizer.type = \"{}\": muP scaling is not implemented in "
-                      "deepspeed.cpp yet; the type is accepted and the muP width scaling "
-                      "ignored",
-                      type));
-      break;
     default:
       break;
   }
@@ -905,10 +896,11 @@ void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
   const auto t = cfg.optimizer.type;
   if (z.stage > 0 && t != OptimizerType::None && t != OptimizerType::Adam &&
       t != OptimizerType::AdamW && t != OptimizerType::Adagrad && t != OptimizerType::Lion &&
-      t != OptimizerType::Muon && !cfg.zero_allow_untested_optimizer)
+      t != OptimizerType::Muon && t != OptimizerType::MuAdam && t != OptimizerType::MuAdamW &&
+      !cfg.zero_allow_untested_optimizer)
     DS_THROW(
         "[config] optimizer {} is not supported with ZeRO (stage {}) in {}: ZeRO supports "
-        "Adam, AdamW, Adagrad, Lion and Muon (as in DeepSpeed); set \"zero_allow_untested_optimizer\": "
+        "Adam, AdamW, Adagrad, Lion, Muon, MuAdam and MuAdamW (as in DeepSpeed); set \"zero_allow_untested_optimizer\": "
         "true to run it anyway{}",
         optimizer_type_name(t), z.stage, st.source,
         t == OptimizerType::Lamb

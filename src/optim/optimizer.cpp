@@ -7,6 +7,7 @@
 
 #include "ds/core/allocator.h"
 #include "ds/optim/muon.h"
+#include "ds/optim/mup.h"
 #include "optim_internal.h"
 
 namespace ds::optim {
@@ -426,8 +427,26 @@ std::unique_ptr<Optimizer> make_optimizer(std::string_view type, const Optimizer
     return std::make_unique<Sgd>(c);
   }
   if (t == "muon") return std::make_unique<Muon>(muon_config(p));
+  if (t == "muadam" || t == "muadamw" || t == "musgd") {
+    AdamConfig a;
+    a.lr = p.lr;
+    a.beta1 = p.beta1;
+    a.beta2 = p.beta2;
+    a.eps = p.eps;
+    a.weight_decay = p.weight_decay;
+    a.bias_correction = p.bias_correction;
+    SgdConfig s;
+    s.lr = p.lr;
+    s.momentum = p.momentum;
+    s.dampening = p.dampening;
+    s.weight_decay = p.weight_decay;
+    s.nesterov = p.nesterov;
+    const MupKind k = t == "musgd" ? MupKind::sgd : t == "muadamw" ? MupKind::adamw : MupKind::adam;
+    return std::make_unique<Mup>(k, a, s);
+  }
   DS_THROW(
-      "[optim] optimizer type '{}' is not implemented; supported: Adam, AdamW, Lamb, SGD, Muon "
+      "[optim] optimizer type '{}' is not implemented; supported: Adam, AdamW, Lamb, SGD, Muon, "
+      "MuAdam, MuAdamW, MuSGD "
       "(case-insensitive)",
       type);
 }

@@ -22,6 +22,7 @@
 #include "ds/nn/tensor_parallel.h"
 #include "ds/ops/ops.h"
 #include "ds/optim/muon.h"
+#include "ds/optim/mup.h"
 #include "ds/zero/muon_plan.h"
 
 namespace ds::runtime {
@@ -61,10 +62,16 @@ std::string optimizer_name(const config::OptimizerConfig& o) {
       return "SGD";
     case config::OptimizerType::Muon:
       return "Muon";
+    case config::OptimizerType::MuAdam:
+      return "MuAdam";
+    case config::OptimizerType::MuAdamW:
+      return "MuAdamW";
+    case config::OptimizerType::MuSGD:
+      return "MuSGD";
     default:
       DS_THROW(
           "[engine] optimizer '{}' is accepted by the config but not implemented yet; use "
-          "Adam, AdamW, Lamb, SGD or Muon",
+          "Adam, AdamW, Lamb, SGD, Muon or the muP types",
           config::optimizer_type_name(o.type));
   }
 }
@@ -283,6 +290,16 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
         sums[k] = total;
       }
     });
+  }
+  if (auto* mup = dynamic_cast<optim::Mup*>(optimizer_.get())) {
+    // One multiplier pair per segment (= per flat entry), from the base shapes.
+    std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;
+    for (const auto& e : zero_->flat().entries) tensors.emplace_back(e.name, e.shape);
+    mup->set_scales(optim::mup_scales(mup->kind(), tensors, options_.mup_base_shapes));
+    if (options_.mup_base_shapes.empty())
+      log(fmt::format("[mup] {}: no base shapes (InitOptions::mup_base_shapes), so every width "
+                      "multiplier is 1: the plain optimizer",
+                      mup->name()));
   }
   if (auto* muon = dynamic_cast<optim::Muon*>(optimizer_.get())) {
     // Newton-Schulz needs each whole matrix; a tensor-parallel slice is not one.

@@ -13,3 +13,6 @@ if(DS_HAVE_MPI)
   set_tests_properties(test_muon_np2 PROPERTIES LABELS "distributed;optim;zero" TIMEOUT 900
     ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;DS_COMM_TIMEOUT=120;OMP_NUM_THREADS=1")
 endif()
+
+# muP: mup's width multipliers and the MuAdam / MuAdamW / MuSGD optimizers.
+ds_add_test(test_mup LABELS optim SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_mup.cpp)

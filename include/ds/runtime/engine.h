@@ -43,6 +43,7 @@
 // the division happens (before the reduction or folded into the optimizer's gradient scale).
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -83,6 +84,9 @@ struct InitOptions {
   int max_consecutive_skips = 50;
   // Receives the engine's log lines (OVERFLOW messages, skips); default: stderr on rank 0.
   std::function<void(const std::string&)> log;
+  // muP (optimizer MuAdam, MuAdamW, MuSGD): the base model's shape of every trainable parameter
+  // by name (what mup.set_base_shapes takes). Empty: width multipliers 1 (optim/mup.h).
+  std::map<std::string, std::vector<int64_t>> mup_base_shapes;
 };
 
 // Model-state bytes held by this rank, by kind (the ZeRO paper's accounting).
