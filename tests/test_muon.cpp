@@ -292,22 +292,26 @@ TEST_P(MuonZero, SameLossesAsOneProcess) {
   const int stage = GetParam();
   auto g = world();
   const int n = g->size();
-  rng::dropout_state() = {};
-  auto ref = make_engine(muon_config(0, kB * n, kParams), comm::single_process_group());
-  const auto want = train(*ref, 8);
-  rng::dropout_state() = {};
-  auto dist = make_engine(muon_config(stage, kB, kParams), g, stage == 3);
-  const auto got = train(*dist, 8);
-  auto* muon = dynamic_cast<optim::Muon*>(&dist->optimizer());
-  ASSERT_NE(muon, nullptr);
-  // test-gpt2 on 2 ranks: stages 1 and 2 cut one matrix at the partition boundary, stage 3 all 8.
-  if (n > 1 && stage > 0) EXPECT_GT(muon->cut_matrices(), 0u);
-  if (stage == 0 || n == 1) EXPECT_EQ(muon->cut_matrices(), 0u);
-  // fp32: gradients differ from one process only by the order of the cross-rank sums; the
-  // orthogonalisation is smooth, so the losses stay within a relative 1e-5 over 16 micro-steps.
-  for (size_t i = 0; i < want.size(); ++i)
-    EXPECT_LT(rel(got[i], want[i]), 1e-5) << "stage " << stage << " micro-step " << i << ": "
-                                          << got[i] << " vs " << want[i];
+  // With clipping too: the clip factor scales the gradient before the momentum on every rank.
+  for (const char* clip : {"", R"("gradient_clipping": 0.05,)"}) {
+    rng::dropout_state() = {};
+    auto ref = make_engine(muon_config(0, kB * n, kParams, clip), comm::single_process_group());
+    const auto want = train(*ref, 8);
+    rng::dropout_state() = {};
+    auto dist = make_engine(muon_config(stage, kB, kParams, clip), g, stage == 3);
+    const auto got = train(*dist, 8);
+    auto* muon = dynamic_cast<optim::Muon*>(&dist->optimizer());
+    ASSERT_NE(muon, nullptr);
+    // test-gpt2 on 2 ranks: stages 1 and 2 cut one matrix at the partition boundary, stage 3 all 8.
+    if (n > 1 && stage > 0) EXPECT_GT(muon->cut_matrices(), 0u);
+    if (stage == 0 || n == 1) EXPECT_EQ(muon->cut_matrices(), 0u);
+    // fp32: gradients differ from one process only by the order of the cross-rank sums; the
+    // orthogonalisation is smooth, so the losses stay within a relative 1e-5 over 16 micro-steps.
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_LT(rel(got[i], want[i]), 1e-5) << "stage " << stage << " clip '" << clip
+                                            << "' micro-step " << i << ": " << got[i] << " vs "
+                                            << want[i];
+  }
 }
 
 TEST_P(MuonZero, CheckpointResumesBitwise) {
