@@ -837,3 +837,16 @@ TEST_F(DsTrain, Zero3ExportsTheGatheredModel) {
 }
 
 }  // namespace
+
+// The Muon optimizer from a DeepSpeed config, under ZeRO-2: it trains, and the start-up budget
+// counts one state float per Muon element (less than AdamW's two per element).
+TEST_F(DsTrain, MuonOptimizerTrains) {
+  const std::string cfg =
+      " --deepspeed '{\"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\": "
+      "\"auto\", \"gradient_accumulation_steps\": \"auto\", \"zero_optimization\": {\"stage\": 2}, "
+      "\"optimizer\": {\"type\": \"Muon\", \"params\": {\"lr\": \"auto\", \"adam_lr\": 0.003}}}'";
+  ASSERT_EQ(run("--max_steps 6 --eval_steps 0 --output_dir " + (dir_ / "muon").string() + cfg), 0)
+      << log_;
+  EXPECT_NE(log_.find("[muon] 8 matrices"), std::string::npos) << log_;
+  EXPECT_NE(log_.find("step with Muon"), std::string::npos) << log_;
+}
