@@ -305,6 +305,17 @@ TEST_P(MuonZero, SameLossesAsOneProcess) {
     // test-gpt2 on 2 ranks: stages 1 and 2 cut one matrix at the partition boundary, stage 3 all 8.
     if (n > 1 && stage > 0) EXPECT_GT(muon->cut_matrices(), 0u);
     if (stage == 0 || n == 1) EXPECT_EQ(muon->cut_matrices(), 0u);
+    // Stage 0 on 2 ranks: every matrix is shared, each orthogonalised by one owner.
+    EXPECT_EQ(muon->shared_matrices(), stage == 0 && n > 1 ? 8u : 0u);
+    if (stage < 3) {  // replicas agree bitwise on the weights
+      const auto w = dist->flat().params.to_vector();
+      double h = 0;
+      for (size_t i = 0; i < w.size(); i += 7) h += w[i] * static_cast<double>(i % 13 + 1);
+      float hi = static_cast<float>(h), lo = static_cast<float>(-h);
+      g->all_reduce(&hi, 1, DType::f32, comm::ReduceOp::max);
+      g->all_reduce(&lo, 1, DType::f32, comm::ReduceOp::max);
+      EXPECT_EQ(hi, -lo) << "stage " << stage << ": the replicas' weights differ";
+    }
     // fp32: gradients differ from one process only by the order of the cross-rank sums; the
     // orthogonalisation is smooth, so the losses stay within a relative 1e-5 over 16 micro-steps.
     for (size_t i = 0; i < want.size(); ++i)

@@ -230,7 +230,10 @@ void Muon::do_step(float* params, const float* grads, float grad_scale, void* ou
   trim_pending_ = false;
   step_adam(params, grads, grad_scale, out16, out16_dtype);
   step_whole(params, grads, grad_scale, out16, out16_dtype);
-  step_cut(params, grads, grad_scale, out16, out16_dtype);
+  step_exchanged(cut_, cut_buckets_, /*assemble=*/true, params, grads, grad_scale, out16,
+                 out16_dtype);
+  step_exchanged(shared_, shared_buckets_, /*assemble=*/false, params, grads, grad_scale, out16,
+                 out16_dtype);
 }
 
 void Muon::step_adam(float* params, const float* grads, float grad_scale, void* out16, DType dt) {
@@ -255,8 +258,9 @@ void Muon::step_whole(float* params, const float* grads, float grad_scale, void*
   const float lr = group_lr(c_.muon_lr);
   float* m = buffer(0);
   std::vector<float> u;
-  for (const auto& t : tensors_) {
-    if (!t.use_muon || t.count == 0 || t.count != t.rows * t.cols) continue;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const auto& t = tensors_[i];
+    if (!t.use_muon || t.count == 0 || t.count != t.rows * t.cols || exchanged_[i]) continue;
     const int64_t o = t.local_offset;
     u.resize(static_cast<size_t>(t.count));
     momentum_nesterov(grads + o, m + o, u.data(), t.count, c_.momentum, grad_scale);
@@ -267,9 +271,33 @@ void Muon::step_whole(float* params, const float* grads, float grad_scale, void*
   }
 }
 
+namespace {
+
+// Buckets of consecutive matrices of `list` up to kMuonBucketFloats (one matrix when larger).
+std::vector<std::pair<size_t, size_t>> make_buckets(const std::vector<int>& list,
+                                                    const std::vector<MuonTensor>& tensors) {
+  std::vector<std::pair<size_t, size_t>> out;
+  size_t first = 0;
+  int64_t total = 0;
+  for (size_t k = 0; k < list.size(); ++k) {
+    const auto& t = tensors[static_cast<size_t>(list[k])];
+    if (k > first && total + t.rows * t.cols > kMuonBucketFloats) {
+      out.emplace_back(first, k);
+      first = k;
+      total = 0;
+    }
+    total += t.rows * t.cols;
+  }
+  if (first < list.size()) out.emplace_back(first, list.size());
+  return out;
+}
+
+}  // namespace
+
 void Muon::plan_cut() {
   planned_ = true;
-  // A Muon matrix is cut when no rank holds it whole: count the ranks that do (exact in floats).
+  // How many ranks hold each Muon matrix whole (exact in floats): none = cut between ranks;
+  // all (stage 0's replicas) = shared, so one owner orthogonalises it for everyone.
   std::vector<float> whole;
   std::vector<int> muon;
   for (size_t i = 0; i < tensors_.size(); ++i) {
@@ -283,52 +311,50 @@ void Muon::plan_cut() {
     sum_(whole.data(), static_cast<int64_t>(whole.size()));
   }
   for (size_t k = 0; k < muon.size(); ++k) {
-    if (whole[k] > 0.5f) continue;
-    DS_CHECK(size_ > 1, "[muon] a Muon matrix is cut but there is one rank: the tensor pieces "
-                        "must come from a ZeRO strategy with set_exchange()");
-    cut_.push_back(muon[k]);
-  }
-  // Buckets of consecutive cut matrices up to kMuonBucketFloats (one matrix when larger).
-  size_t first = 0;
-  int64_t total = 0;
-  for (size_t k = 0; k < cut_.size(); ++k) {
-    const auto& t = tensors_[static_cast<size_t>(cut_[k])];
-    const int64_t numel = t.rows * t.cols;
-    if (k > first && total + numel > kMuonBucketFloats) {
-      buckets_.emplace_back(first, k);
-      first = k;
-      total = 0;
+    if (whole[k] < 0.5f) {
+      DS_CHECK(size_ > 1, "[muon] a Muon matrix is cut but there is one rank: the tensor pieces "
+                          "must come from a ZeRO strategy with set_exchange()");
+      cut_.push_back(muon[k]);
+    } else if (size_ > 1 && whole[k] > static_cast<float>(size_) - 0.5f) {
+      shared_.push_back(muon[k]);
     }
-    total += numel;
   }
-  if (first < cut_.size()) buckets_.emplace_back(first, cut_.size());
+  exchanged_.assign(tensors_.size(), 0);
+  for (const auto* list : {&cut_, &shared_})
+    for (int i : *list) exchanged_[static_cast<size_t>(i)] = 1;
+  cut_buckets_ = make_buckets(cut_, tensors_);
+  shared_buckets_ = make_buckets(shared_, tensors_);
 }
 
-void Muon::step_cut(float* params, const float* grads, float grad_scale, void* out16, DType dt) {
+void Muon::step_exchanged(const std::vector<int>& list,
+                          const std::vector<std::pair<size_t, size_t>>& buckets, bool assemble,
+                          float* params, const float* grads, float grad_scale, void* out16,
+                          DType dt) {
   const float lr = group_lr(c_.muon_lr);
   float* m = buffer(0);
   std::vector<float> buf;
-  for (const auto& [k0, k1] : buckets_) {
+  for (const auto& [k0, k1] : buckets) {
     int64_t total = 0;
     for (size_t k = k0; k < k1; ++k) {
-      const auto& t = tensors_[static_cast<size_t>(cut_[k])];
+      const auto& t = tensors_[static_cast<size_t>(list[k])];
       total += t.rows * t.cols;
     }
     buf.assign(static_cast<size_t>(total), 0.0f);
-    // Each rank's pieces of U in place; the sum over ranks assembles the matrices.
+    // Each rank's pieces of U in place: a cut matrix is assembled by the sum over ranks; a shared
+    // one is whole here already.
     int64_t at = 0;
     for (size_t k = k0; k < k1; ++k) {
-      const auto& t = tensors_[static_cast<size_t>(cut_[k])];
+      const auto& t = tensors_[static_cast<size_t>(list[k])];
       if (t.count > 0)
         momentum_nesterov(grads + t.local_offset, m + t.local_offset, buf.data() + at + t.start,
                           t.count, c_.momentum, grad_scale);
       at += t.rows * t.cols;
     }
-    sum_(buf.data(), total);
+    if (assemble) sum_(buf.data(), total);
     // The owner orthogonalises; the others contribute zeros to the second sum.
     at = 0;
     for (size_t k = k0; k < k1; ++k) {
-      const auto& t = tensors_[static_cast<size_t>(cut_[k])];
+      const auto& t = tensors_[static_cast<size_t>(list[k])];
       float* x = buf.data() + at;
       const int64_t numel = t.rows * t.cols;
       if (static_cast<int>(k % static_cast<size_t>(size_)) == rank_) {
@@ -343,7 +369,7 @@ void Muon::step_cut(float* params, const float* grads, float grad_scale, void* o
     sum_(buf.data(), total);
     at = 0;
     for (size_t k = k0; k < k1; ++k) {
-      const auto& t = tensors_[static_cast<size_t>(cut_[k])];
+      const auto& t = tensors_[static_cast<size_t>(list[k])];
       if (t.count > 0)
         apply_update(params + t.local_offset, buf.data() + at + t.start, t.count, lr,
                      c_.weight_decay, offset16(out16, dt, t.local_offset), dt);

@@ -19,9 +19,10 @@
 // robin over the cut matrices); the ranks' pieces of U are summed into zeroed buffers (one
 // exchange: every piece lands in place, every other rank adds zeros, so the sum is exact), the
 // owner orthogonalises it, a second exchange brings O to every rank, and each keeps its slice.
-// Matrices held whole by one rank need no communication. The exchanges go in buckets of
-// kMuonBucketFloats floats at most (or one matrix, when larger). Every rank must call step():
-// the exchanges are collectives.
+// Matrices held whole by one rank need no communication; matrices every rank holds whole (stage
+// 0's replicas) are orthogonalised by their owner only and spread by one sum. The exchanges go in
+// buckets of kMuonBucketFloats floats at most (or one matrix, when larger). Every rank must call
+// step(): the exchanges are collectives.
 //
 // Differences from DeepSpeed, on purpose: Newton-Schulz runs in fp32 on the CPU (DeepSpeed uses
 // bf16 for "standard" and fp16 for "gram" on a GPU, fp32 without one); the gradient is unscaled and
@@ -109,6 +110,9 @@ class Muon final : public Optimizer {
   int64_t muon_numel() const;  // this rank's elements stepped by Muon
   // Muon matrices no rank holds whole (exchanged each step); known after the first step.
   size_t cut_matrices() const { return cut_.size(); }
+  // Muon matrices every rank holds whole (ZeRO stage 0 on several ranks): each is orthogonalised
+  // by one owner and the result summed to all, instead of by every rank.
+  size_t shared_matrices() const { return shared_.size(); }
 
   // lr(): the schedule's lr (base_lr scaled); both groups follow it proportionally.
   float lr() const override { return lr_; }
@@ -131,8 +135,12 @@ class Muon final : public Optimizer {
                DType out16_dtype) override;
   void step_adam(float* params, const float* grads, float grad_scale, void* out16, DType dt);
   void step_whole(float* params, const float* grads, float grad_scale, void* out16, DType dt);
-  void step_cut(float* params, const float* grads, float grad_scale, void* out16, DType dt);
-  void plan_cut();                 // first step: which matrices are cut, their owners, buckets
+  // The cut (assemble: summed from the ranks' pieces first) or shared (every rank holds them
+  // whole) matrices of `list`: one owner each orthogonalises, a sum spreads the result.
+  void step_exchanged(const std::vector<int>& list,
+                      const std::vector<std::pair<size_t, size_t>>& buckets, bool assemble,
+                      float* params, const float* grads, float grad_scale, void* out16, DType dt);
+  void plan_cut();  // first step: which matrices are cut or shared, their buckets
   void release_muon_sq_pages();    // drops exp_avg_sq pages that lie wholly on Muon elements
   float group_lr(float base) const;
 
@@ -142,8 +150,10 @@ class Muon final : public Optimizer {
   int rank_ = 0, size_ = 1;
   std::function<void(float*, int64_t)> sum_;
   bool planned_ = false;
-  std::vector<int> cut_;                    // indices of the cut Muon matrices (every rank)
-  std::vector<std::pair<size_t, size_t>> buckets_;  // [first, last) into cut_
+  std::vector<int> cut_;     // the Muon matrices no rank holds whole (indices, every rank)
+  std::vector<int> shared_;  // those every rank holds whole (stage 0 on several ranks)
+  std::vector<char> exchanged_;  // per tensor: in cut_ or shared_
+  std::vector<std::pair<size_t, size_t>> cut_buckets_, shared_buckets_;  // [first, last)
   float* sq_ = nullptr;  // exp_avg_sq: n_ floats of mmap'd address space
   size_t sq_bytes_ = 0;
   bool trim_pending_ = false;
