@@ -21,6 +21,7 @@
 #include "ds/data/text_tokenizer.h"
 #include "ds/core/safetensors.h"
 #include "ds/data/shard.h"
+#include "ds/models/gpt.h"
 #include "ds/runtime/tensorboard_monitor.h"
 
 namespace fs = std::filesystem;
@@ -849,4 +850,29 @@ TEST_F(DsTrain, MuonOptimizerTrains) {
       << log_;
   EXPECT_NE(log_.find("[muon] 8 matrices"), std::string::npos) << log_;
   EXPECT_NE(log_.find("step with Muon"), std::string::npos) << log_;
+}
+
+// muP from ds_train: MuAdamW with --mup_base_shapes (a base model at half the width, as JSON).
+TEST_F(DsTrain, MuAdamWWithBaseShapes) {
+  auto c = ds::models::GPTConfig::preset("test-gpt2");
+  c.n_embd /= 2;
+  ds::models::GPT half(c);
+  json base = json::object();
+  for (const auto& [name, p] : half.named_parameters()) base[name] = p.shape();
+  std::ofstream(dir_ / "base.json") << base.dump();
+  const std::string cfg =
+      " --deepspeed '{\"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\": "
+      "\"auto\", \"gradient_accumulation_steps\": \"auto\", "
+      "\"optimizer\": {\"type\": \"MuAdamW\", \"params\": {\"lr\": \"auto\"}}}'";
+  ASSERT_EQ(run("--max_steps 4 --eval_steps 0 --output_dir " + (dir_ / "mup").string() + cfg +
+                " --mup_base_shapes " + (dir_ / "base.json").string()),
+            0)
+      << log_;
+  EXPECT_EQ(log_.find("no base shapes"), std::string::npos) << log_;
+  // Names that are not the model's are an error.
+  std::ofstream(dir_ / "bad.json") << R"({"nothing.weight": [4, 4]})";
+  EXPECT_EQ(run("--max_steps 1 --output_dir " + (dir_ / "bad").string() + cfg +
+                " --mup_base_shapes " + (dir_ / "bad.json").string()),
+            1);
+  EXPECT_NE(log_.find("[mup] the base shapes must name exactly"), std::string::npos) << log_;
 }

@@ -2,7 +2,10 @@
 // MuSGD as Adam / AdamW / SGD with per-tensor lr and weight decay scaled by them; the engine with
 // a base model's shapes, and without (the plain optimizer, bitwise).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "ds/comm/group.h"
@@ -152,4 +155,29 @@ TEST(MupEngine, WithoutBaseShapesIsThePlainOptimizer) {
   const int64_t C = models::GPTConfig::preset("test-gpt2").n_embd;
   auto a = engine("AdamW", C), m = engine("MuAdamW", C);
   EXPECT_EQ(losses(*a, 5), losses(*m, 5));
+}
+
+// mup's .bsh (YAML as save_base_shapes writes it) and the JSON form read to the same shapes;
+// null is a finite dimension (0).
+TEST(MupBaseShapes, BshAndJsonFiles) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto bsh = dir / ("mup_" + std::to_string(::getpid()) + ".bsh");
+  const auto js = dir / ("mup_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(bsh) << "# This is a base shape file encoded in yaml\n"
+                        "# - `null` indicates a dimension is \"finite\"\n"
+                        "h.0.attn.c_attn.weight:\n- 48\n- 16\nwte.weight:\n- null\n- 16\n"
+                        "h.0.ln_1.bias:\n    - 16\n";
+  std::ofstream(js) << R"({"h.0.attn.c_attn.weight": [48, 16], "wte.weight": [null, 16],
+                           "h.0.ln_1.bias": [16]})";
+  const auto a = optim::load_mup_base_shapes(bsh.string());
+  const auto b = optim::load_mup_base_shapes(js.string());
+  EXPECT_EQ(a, b);
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_EQ(a.at("wte.weight"), (Shape{0, 16}));
+  // (V, C) with V finite: vector-like, SGD's lr x width_mult.
+  EXPECT_FLOAT_EQ(optim::mup_scale(MupKind::sgd, Shape{64, 32}, a.at("wte.weight")).lr, 2.0f);
+  std::ofstream(bsh) << "wte.weight:\n- wide\n";
+  EXPECT_THROW(optim::load_mup_base_shapes(bsh.string()), Error);
+  std::filesystem::remove(bsh);
+  std::filesystem::remove(js);
 }

@@ -2,6 +2,10 @@
 #include "ds/optim/mup.h"
 
 #include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "optim_internal.h"
 
@@ -10,15 +14,16 @@ namespace ds::optim {
 MupScale mup_scale(MupKind kind, std::span<const int64_t> shape, std::span<const int64_t> base) {
   DS_CHECK(shape.size() == base.size(), "[mup] the base shape has {} dimensions, the tensor {}",
            base.size(), shape.size());
-  // mup's InfDim: a dimension equal to the base's is finite (multiplier 1).
+  // mup's InfDim: a dimension equal to the base's, or with base 0 (null), is finite.
+  auto width = [&](size_t i) { return base[i] > 0 && shape[i] != base[i]; };
   auto mult = [&](size_t i) {
-    DS_CHECK(base[i] > 0, "[mup] base dimension {} must be > 0", base[i]);
-    return shape[i] == base[i] ? 1.0 : static_cast<double>(shape[i]) / static_cast<double>(base[i]);
+    DS_CHECK(base[i] >= 0, "[mup] base dimension {} must be >= 0", base[i]);
+    return width(i) ? static_cast<double>(shape[i]) / static_cast<double>(base[i]) : 1.0;
   };
   int ninf = 0;
   double main = 1.0;  // the last width dimension's multiplier (a matrix's fan-in)
   for (size_t i = 0; i < shape.size(); ++i)
-    if (shape[i] != base[i]) {
+    if (width(i)) {
       ++ninf;
       main = mult(i);
     }
@@ -198,6 +203,76 @@ std::vector<MupScale> mup_scales(
            missing.size(), missing.empty() ? std::string("-") : missing.front(), base.size(),
            tensors.size());
   return out;
+}
+
+}  // namespace ds::optim
+
+namespace ds::optim {
+
+namespace {
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+// mup's .bsh: a YAML mapping of name -> list of ints or null, as yaml.dump writes it.
+std::map<std::string, std::vector<int64_t>> parse_bsh(std::istream& in, const std::string& path) {
+  std::map<std::string, std::vector<int64_t>> out;
+  std::vector<int64_t>* cur = nullptr;
+  std::string raw;
+  for (int line = 1; std::getline(in, raw); ++line) {
+    const std::string t = trim(raw.substr(0, raw.find('#')));
+    if (t.empty()) continue;
+    if (t[0] == '-') {
+      DS_CHECK(cur, "[mup] {}:{}: a list item before any parameter name", path, line);
+      const std::string v = trim(t.substr(1));
+      if (v == "null" || v == "~") {
+        cur->push_back(0);
+      } else {
+        size_t used = 0;
+        int64_t d = -1;
+        try {
+          d = std::stoll(v, &used);
+        } catch (const std::exception&) {
+        }
+        DS_CHECK(used == v.size() && d > 0, "[mup] {}:{}: '{}' is not a dimension or null", path,
+                 line, v);
+        cur->push_back(d);
+      }
+    } else {
+      DS_CHECK(t.back() == ':', "[mup] {}:{}: expected 'name:' or '- dim', got '{}'", path, line,
+               t);
+      cur = &out[trim(t.substr(0, t.size() - 1))];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::map<std::string, std::vector<int64_t>> load_mup_base_shapes(const std::string& path) {
+  std::ifstream f(path);
+  DS_CHECK(f.good(), "[mup] cannot read the base shapes file {}", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  if (trim(text).starts_with("{")) {
+    std::map<std::string, std::vector<int64_t>> out;
+    const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    DS_CHECK(j.is_object(), "[mup] {} is not a JSON object of name -> [dims]", path);
+    for (const auto& [name, dims] : j.items()) {
+      DS_CHECK(dims.is_array(), "[mup] {}: {} is not a list of dimensions", path, name);
+      for (const auto& d : dims) {
+        DS_CHECK(d.is_null() || (d.is_number_integer() && d.get<int64_t>() > 0),
+                 "[mup] {}: {} has a dimension that is neither > 0 nor null", path, name);
+        out[name].push_back(d.is_null() ? 0 : d.get<int64_t>());
+      }
+    }
+    return out;
+  }
+  std::istringstream in(text);
+  return parse_bsh(in, path);
 }
 
 }  // namespace ds::optim

@@ -1,3 +1,4 @@
+#include "ds/optim/mup.h"
 #include "ds/train/trainer_base.h"
 
 #include <algorithm>
@@ -91,6 +92,8 @@ runtime::InitOptions TrainerBase::engine_options() {
   runtime::InitOptions init;
   init.ctx = plan_base().run.ctx;
   init.log = [this](const std::string& s) { line(s); };
+  if (!plan_base().spec.mup_base_shapes.empty())
+    init.mup_base_shapes = optim::load_mup_base_shapes(plan_base().spec.mup_base_shapes);
   return init;
 }
 

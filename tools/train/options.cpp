@@ -199,6 +199,10 @@ void add_engine_options(Adder& opt, Options& o, Given& g) {
       "With --device cuda: cap the GPU memory this process may reserve, in GiB (as a smaller "
       "card would; PyTorch's set_per_process_memory_fraction). 0: the whole card")
       ->check(CLI::NonNegativeNumber);
+  opt("--mup_base_shapes", o.mup_base_shapes,
+      "With optimizer MuAdam, MuAdamW or MuSGD: the base model's shapes by parameter name (mup's "
+      ".bsh file from save_base_shapes / make_base_shapes, or JSON {name: [dims, null = finite]}); "
+      "without it the muP width multipliers are 1");
   app.add_flag("--gradient_checkpointing", o.gradient_checkpointing,
                "Recompute each block's activations in backward (less memory, ~1/3 more compute)");
   app.add_flag("--skip_memory_check", o.skip_memory_check,

@@ -79,8 +79,13 @@ class Mup final : public Optimizer {
 
 namespace ds::optim {
 
+// Reads base shapes: mup's .bsh file (the YAML that mup.save_base_shapes writes: "name:" lines
+// followed by "- 256" / "- null" items, '#' comments) or JSON {"name": [256, null], ...}. null
+// (a finite dimension) reads as 0.
+std::map<std::string, std::vector<int64_t>> load_mup_base_shapes(const std::string& path);
+
 // The multipliers of `tensors` (name, shape; one per segment, in order) against the base model's
-// shapes by name. The name sets must be equal (mup's check); empty `base`: every multiplier 1
+// shapes by name (a base dimension of 0 is finite: mup's null). The name sets must be equal (mup's check); empty `base`: every multiplier 1
 // (mup's set_base_shapes(model, None)).
 std::vector<MupScale> mup_scales(
     MupKind kind, const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,

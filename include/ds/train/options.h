@@ -43,6 +43,7 @@ struct Options {
   bool no_shuffle = false;  // the data in file order (every epoch the same)
   bool eval_only = false;   // evaluate the model on the eval data and stop: no training
   std::string resume_from_checkpoint;
+  std::string mup_base_shapes;  // --mup_base_shapes: mup's base shapes (.bsh YAML or JSON)
   std::string init_from;
   std::string export_hf;
   int64_t block_size = 0;  // 0: min(256, the model's block_size)
