@@ -719,7 +719,6 @@ void read_comet(Section s, CometConfig& c) {
 
 void read_flops_profiler(Section s, FlopsProfilerConfig& f) {
   f.enabled = s.boolean("enabled", false);
-  s.todo("enabled", "the flops profiler");
   f.recompute_fwd_factor = s.number("recompute_fwd_factor", 0.0, at_least(0));
   f.profile_step = s.integer("profile_step", 1, at_least(1));
   f.module_depth = s.integer("module_depth", -1, at_least(-1));
