@@ -86,6 +86,16 @@ struct Options {
   int64_t prefetch_bucket_size = defaults::kPrefetchBucketSize;  // gathered ahead along the trace
   int64_t max_live_parameters = defaults::kMaxLiveParameters;    // gathered at once at most
   int64_t max_reuse_distance = defaults::kMaxReuseDistance;  // keep one used again within this
+  // ZeRO++ (stage 3; docs/zero.md, "ZeRO++"). quantized_weights (qwZ): the forward's and
+  // backward's gathers move each rank's piece as int8 blocks with one fp32 scale per
+  // kQuantBlock (zero/quantize.h) and dequantize it into the gathered parameter; the master
+  // weights, and the gathers of checkpoints and exports, stay exact.
+  bool quantized_weights = false;
+  // hpz_partition_size (hpZ) h > 1: the forward's gathers span the data-parallel group and each
+  // rank keeps 1/h of every gathered parameter (its secondary piece) when the parameter is
+  // released, so the backward's gathers (and recomputes) run within groups of h consecutive ranks
+  // (a node); the secondary pieces are dropped when the weights change. h must divide the group.
+  int64_t hpz_partition_size = 1;
   // The optimizer's sub-group (elements): the unit the optimizer state is streamed in.
   int64_t sub_group_size = defaults::kSubGroupSize;
   // How an offloaded step is scheduled (deepspeed.cpp's own keys in offload_optimizer,
@@ -172,6 +182,8 @@ class Strategy {
   virtual MemoryBytes memory() const = 0;
   // Stage 3: gathers issued ahead of use along the recorded trace (0 otherwise).
   virtual int64_t prefetched_gathers() const { return 0; }
+  // Stage 3 with hpZ: gathers served from the secondary pieces within an hpZ group.
+  virtual int64_t secondary_gathers() const { return 0; }
   // NVMe traffic since construction, optimizer state and parameters together: bytes moved, the
   // bytes reserved on disk, and the time the training thread waited for I/O.
   struct OffloadStats {
