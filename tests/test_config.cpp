@@ -774,11 +774,14 @@ TEST(ConfigWarnings, OneWarningPerUnimplementedKey) {
 TEST(ConfigWarnings, ZeroPlusPlusKeysOutsideStage3Warn) {
   auto c = parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
     "zero_quantized_weights": true, "zero_hpz_partition_size": 2,
-    "zero_quantized_nontrainable_weights": true}})");
-  ASSERT_EQ(c.warnings.size(), 3u) << fmt::format("{}", fmt::join(c.warnings, "\n"));
+    "zero_quantized_nontrainable_weights": true, "mics_shard_size": 2,
+    "mics_hierarchical_params_gather": true}})");
+  ASSERT_EQ(c.warnings.size(), 5u) << fmt::format("{}", fmt::join(c.warnings, "\n"));
   EXPECT_HAS(c.warnings[0], "zero_quantized_weights has no effect below stage 3 (stage is 2)");
   EXPECT_HAS(c.warnings[1], "zero_hpz_partition_size has no effect below stage 3");
-  EXPECT_HAS(c.warnings[2], "zero_quantized_nontrainable_weights = true changes nothing");
+  EXPECT_HAS(c.warnings[2], "mics_shard_size has no effect below stage 3");
+  EXPECT_HAS(c.warnings[3], "mics_hierarchical_params_gather = true changes nothing");
+  EXPECT_HAS(c.warnings[4], "zero_quantized_nontrainable_weights = true changes nothing");
 }
 
 // W&B and Comet have no C++ client: enabling them stops the parse with a message that names the

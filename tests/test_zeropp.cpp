@@ -1,11 +1,16 @@
 // ZeRO++ (docs/zero.md, "ZeRO++"): the blockwise quantizer against its error bound; qwZ (stage 3
 // gathers as int8 blocks) within a stated band of stage 3's losses, moving about a quarter of the
 // bytes of an fp32 gather, with checkpoints and exports still exact; hpZ (the backward gathers from
-// secondary pieces within groups of h ranks) giving stage 3's losses bitwise. Run plainly (the
-// quantizer) and under mpirun with 2 and 4 ranks (tests/cmake/zero.cmake): hpZ needs 4.
+// secondary pieces within groups of h ranks) giving stage 3's losses bitwise; MiCS (shard groups of
+// S ranks, replicated) against stage 3, its memory, and checkpoints that resume bitwise and load
+// into plain stage 3. Run plainly (the quantizer) and under mpirun with 2 and 4 ranks
+// (tests/cmake/zero.cmake): hpZ needs 4.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <vector>
 
 #include <fmt/format.h>
@@ -40,11 +45,12 @@ std::unique_ptr<runtime::Engine> make_engine(const std::string& cfg) {
   return runtime::initialize(model, cfg, opt);
 }
 
-// `steps` optimizer steps on a deterministic corpus; the global mean loss of each micro-step.
-std::vector<double> train(runtime::Engine& e, int steps) {
+// `steps` optimizer steps on a deterministic corpus from step `first`; the global mean loss of
+// each micro-step.
+std::vector<double> train(runtime::Engine& e, int steps, int64_t first = 0) {
   const int n = e.world_size(), r = e.rank();
   std::vector<double> losses;
-  for (int64_t s = 0; s < steps; ++s)
+  for (int64_t s = first; s < first + steps; ++s)
     for (int64_t m = 0; m < kGas; ++m) {
       Tensor x = Tensor::empty({2, kT}, DType::i32), y = Tensor::empty({2, kT}, DType::i32);
       for (int64_t b = 0; b < 2; ++b) {
@@ -183,4 +189,59 @@ TEST(ZeroPlusPlus, HpzPartitionMustDivideTheGroup) {
     EXPECT_NE(std::string(e.what()).find("must divide the data-parallel size"), std::string::npos)
         << e.what();
   }
+}
+
+TEST(ZeroPlusPlus, MicsShardsWithinGroupsAndMatchesStage3) {
+  const int n = comm::world()->size();
+  if (n < 2) GTEST_SKIP() << "needs mpirun -np 2 or more";
+  const int shard = n / 2;
+  rng::dropout_state() = {};
+  auto plain = make_engine(zero_config(""));
+  const auto want = train(*plain, 5);
+  rng::dropout_state() = {};
+  auto mics = make_engine(zero_config(fmt::format(R"(, "mics_shard_size": {})", shard)));
+  const auto got = train(*mics, 5);
+  // The same sums in another order (reduce-scatter within a shard group, then the replicas').
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(got[i] / want[i], 1.0, 1e-5) << "micro-step " << i;
+  EXPECT_EQ(mics->strategy().group().size(), shard);
+  ASSERT_NE(mics->strategy().replicas(), nullptr);
+  EXPECT_EQ(mics->strategy().replicas()->size(), 2);
+  // Each rank holds 1/shard of the gradients (and optimizer state) instead of 1/n.
+  EXPECT_NEAR(static_cast<double>(mics->memory_budget().grads) /
+                  static_cast<double>(plain->memory_budget().grads),
+              static_cast<double>(n) / shard, 0.05);
+}
+
+TEST(ZeroPlusPlus, MicsCheckpointResumesBitwiseAndLoadsIntoStage3) {
+  auto world = comm::world();
+  const int n = world->size();
+  if (n < 2) GTEST_SKIP() << "needs mpirun -np 2 or more";
+  // One folder for every rank: rank 0's process id.
+  int pid = static_cast<int>(::getpid());
+  world->broadcast(&pid, 1, DType::i32, 0);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("ds_mics_{}", pid);
+  const std::string cfg = zero_config(fmt::format(R"(, "mics_shard_size": {})", n / 2));
+  rng::dropout_state() = {};
+  auto a = make_engine(cfg);
+  train(*a, 3);
+  a->save_checkpoint(dir.string());
+  const auto want = train(*a, 2, 3);
+  // The first replica group wrote n / 2 optimizer shards.
+  if (world->rank() == 0) {
+    int shards = 0;
+    for (const auto& f : std::filesystem::directory_iterator(dir / "global_step3"))
+      shards += f.path().filename().string().find("optim_states") != std::string::npos;
+    EXPECT_EQ(shards, n / 2);
+  }
+  auto b = make_engine(cfg);
+  b->load_checkpoint(dir.string());
+  EXPECT_EQ(train(*b, 2, 3), want);
+  auto c = make_engine(zero_config(""));  // plain stage 3 over all n ranks
+  c->load_checkpoint(dir.string());
+  const auto got = train(*c, 2, 3);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i] / want[i], 1.0, 1e-5) << i;
+  world->barrier();
+  if (world->rank() == 0) std::filesystem::remove_all(dir);
 }

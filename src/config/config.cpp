@@ -515,9 +515,7 @@ void read_zero(Section s, ZeroConfig& z, ParseState& st) {
   z.zeropp_loco_param = s.any("zeropp_loco_param", nullptr);
   s.todo("zeropp_loco_param", "ZeRO++ LoCo error feedback");
   z.mics_shard_size = s.integer("mics_shard_size", -1, at_least(-1));
-  s.todo("mics_shard_size", "MiCS sharding");
   z.mics_hierarchical_params_gather = s.boolean("mics_hierarchical_params_gather", false);
-  s.todo("mics_hierarchical_params_gather", "MiCS hierarchical gathering");
   z.memory_efficient_linear = s.boolean("memory_efficient_linear", true);
   s.todo("memory_efficient_linear", "a PyTorch-specific linear-layer hook");
   z.pipeline_loading_checkpoint = s.boolean("pipeline_loading_checkpoint", false);
@@ -876,6 +874,16 @@ void warn_zeropp(const ZeroConfig& z, ParseState& st) {
       st.warn(fmt::format("[config] zero_optimization.{} has no effect below stage 3 (stage is "
                           "{}): it changes how stage 3 gathers parameters",
                           key, z.stage));
+  if (z.mics_shard_size > 0 && z.stage != 3)
+    st.warn(fmt::format("[config] zero_optimization.mics_shard_size has no effect below stage 3 "
+                        "(stage is {}): MiCS partitions stage 3's parameters",
+                        z.stage));
+  if (z.mics_hierarchical_params_gather)
+    st.warn("[config] zero_optimization.mics_hierarchical_params_gather = true changes nothing: "
+            "it splits a shard group's parameter gather into an intra-node and an inter-node "
+            "step, and deepspeed.cpp's gathers within a node already run as one shared-memory "
+            "collective (docs/communication.md); across nodes MPI's all-gather chooses its own "
+            "algorithm");
   if (z.zero_quantized_nontrainable_weights)
     st.warn("[config] zero_optimization.zero_quantized_nontrainable_weights = true changes "
             "nothing: deepspeed.cpp does not partition frozen parameters (LoRA's base weights "

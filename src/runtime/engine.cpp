@@ -131,6 +131,7 @@ zero::Options zero_options(const config::DeepSpeedConfig& c, DType grads, int wo
   o.max_reuse_distance = static_cast<int64_t>(z.stage3_max_reuse_distance);
   o.quantized_weights = z.zero_quantized_weights && z.stage == 3;
   o.hpz_partition_size = z.stage == 3 ? std::max<int64_t>(1, z.zero_hpz_partition_size) : 1;
+  o.mics_shard_size = z.stage == 3 ? z.mics_shard_size : -1;
   o.sub_group_size = std::max<int64_t>(1, static_cast<int64_t>(z.sub_group_size));
   o.overlap_step = z.offload_optimizer.overlap_step;
   o.step_in_backward = z.offload_optimizer.step_in_backward;

@@ -36,8 +36,11 @@ namespace {
 
 class Stage3Strategy final : public Strategy {
  public:
-  Stage3Strategy(nn::Module& model, std::shared_ptr<comm::Group> group, const Options& o)
-      : Strategy(model, std::move(group), o) {
+  // group: the ranks the parameters are partitioned over (MiCS: this rank's shard group);
+  // replicas: MiCS's replica group, or null.
+  Stage3Strategy(nn::Module& model, std::shared_ptr<comm::Group> group, const Options& o,
+                 std::shared_ptr<comm::Group> replicas)
+      : Strategy(model, std::move(group), o, std::move(replicas)) {
     const int n = group_->size(), r = group_->rank();
     set_partitioned(n > 1);
     device_ = model_device(model);
@@ -233,7 +236,12 @@ class Stage3Strategy final : public Strategy {
     trace_.end_micro_step();
   }
 
-  Tensor reduced_gradients(const std::string&) override { return grads_part_; }
+  Tensor reduced_gradients(const std::string& ctx) override {
+    // MiCS: each replica group reduced its own micro-batches; the shard's gradient is their sum.
+    if (replicas_ && replicas_->size() > 1)
+      replicas_->all_reduce(grads_part_, comm::ReduceOp::sum, ctx + " MiCS replica gradients");
+    return grads_part_;
+  }
 
   void after_step(const std::string&) override {
     if (!step_pending()) return refresh();
@@ -367,7 +375,9 @@ class Stage3Strategy final : public Strategy {
   // skipping a non-finite step).
   StepScheduler* scheduler() const override { return scheduler_.get(); }
   bool can_step_in_backward() const override {
-    return scheduler_->background() && options_.step_in_backward && !norm_.beside_other_axes();
+    // MiCS sums the replicas' gradients at the boundary, after backward.
+    return scheduler_->background() && options_.step_in_backward && !norm_.beside_other_axes() &&
+           !replicas_;
   }
   void chunks_starting() override {
     if (param_file_) param_file_->take_durable();  // the writes before this step
@@ -729,7 +739,20 @@ class Stage3Strategy final : public Strategy {
 std::unique_ptr<Strategy> make_stage3_strategy(nn::Module& model,
                                                std::shared_ptr<comm::Group> group,
                                                const Options& options) {
-  return std::make_unique<Stage3Strategy>(model, std::move(group), options);
+  const int n = group->size(), r = group->rank();
+  const int64_t s = options.mics_shard_size;
+  if (s <= 0 || s >= n) {
+    DS_CHECK(s <= n, "[zero] zero_optimization.mics_shard_size = {} is larger than the "
+             "data-parallel size {}", s, n);
+    return std::make_unique<Stage3Strategy>(model, std::move(group), options, nullptr);
+  }
+  DS_CHECK(n % s == 0,
+           "[zero] zero_optimization.mics_shard_size = {} must divide the data-parallel size {}",
+           s, n);
+  // Shard groups: s consecutive ranks; replica groups: the ranks of equal position in them.
+  auto shard = group->split(r / static_cast<int>(s));
+  auto replicas = group->split(r % static_cast<int>(s));
+  return std::make_unique<Stage3Strategy>(model, std::move(shard), options, std::move(replicas));
 }
 
 }  // namespace ds::zero::detail
