@@ -1,9 +1,9 @@
 // Muon (optim/muon.h): Newton-Schulz and Muon steps against DeepSpeed's formulas
 // (tests/fixtures/optim/muon_reference.json, tests/fixtures/generators/gen_muon_fixture.py), the
 // rule for which parameters get Muon, the config keys, a training run whose loss falls, bitwise
-// resume, the state memory against AdamW, and ZeRO 0-3 across ranks against one process. Run
-// plainly and under mpirun with 2 ranks (tests/cmake/optim.cmake); the single-process checks skip
-// themselves on more than one rank.
+// resume, the state memory against AdamW, and ZeRO 0-3 (and MiCS) across ranks against one
+// process. Run plainly and under mpirun with 2 and 4 ranks (tests/cmake/optim.cmake); the
+// single-process checks skip themselves on more than one rank.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -358,6 +358,30 @@ TEST_P(MuonZero, CheckpointResumesBitwise) {
     EXPECT_LT(rel(again[i], continuous[6 + i]), 1e-5) << "stage " << stage << " micro-step " << i;
   g->barrier();
   if (g->rank() == 0) fs::remove_all(dir);
+}
+
+// MiCS: stage 3 partitions within shard groups (z.group() is the shard group; the replicas' gradients
+// are summed before the step), so the Muon exchange runs within the shard group.
+TEST(MuonMics, ShardGroupsMatchOneProcess) {
+  auto g = world();
+  const int n = g->size();
+  if (n < 2) GTEST_SKIP() << "MiCS needs 2 or more ranks";
+  const int shard = n / 2;
+  auto mics = [&](int64_t micro) {
+    std::string c = muon_config(3, micro, kParams);
+    const std::string at = R"("stage3_param_persistence_threshold": 100)";
+    c.replace(c.find(at), at.size(), at + fmt::format(R"(, "mics_shard_size": {})", shard));
+    return c;
+  };
+  rng::dropout_state() = {};
+  auto ref = make_engine(muon_config(0, kB * n, kParams), comm::single_process_group());
+  const auto want = train(*ref, 6);
+  rng::dropout_state() = {};
+  auto dist = make_engine(mics(kB), g, true);
+  const auto got = train(*dist, 6);
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_LT(rel(got[i], want[i]), 1e-5) << "MiCS shard " << shard << " micro-step " << i << ": "
+                                          << got[i] << " vs " << want[i];
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, MuonZero, ::testing::Values(0, 1, 2, 3));
