@@ -66,11 +66,18 @@ int main(int argc, char** argv) {
   std::string ns = "gram";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
-    if (k == "--layers") L = std::atoll(argv[i + 1]);
-    else if (k == "--embd") C = std::atoll(argv[i + 1]);
-    else if (k == "--steps") steps = std::atoi(argv[i + 1]);
-    else if (k == "--ns") ns = argv[i + 1];
-    else { std::fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
+    if (k == "--layers")
+      L = std::atoll(argv[i + 1]);
+    else if (k == "--embd")
+      C = std::atoll(argv[i + 1]);
+    else if (k == "--steps")
+      steps = std::atoi(argv[i + 1]);
+    else if (k == "--ns")
+      ns = argv[i + 1];
+    else {
+      std::fprintf(stderr, "unknown option %s\n", argv[i]);
+      return 2;
+    }
   }
   const auto specs = gpt2(L, C, 50257, 1024);
   std::vector<optim::MuonTensor> tensors;
@@ -112,8 +119,10 @@ int main(int argc, char** argv) {
               100.0 * static_cast<double>(muon) / static_cast<double>(n));
   std::printf("optimizer step (median of %d): AdamW %.3f s, Muon (%s) %.3f s, Muon/AdamW %.2fx\n",
               steps, t_adam, ns.c_str(), t_muon, t_muon / t_adam);
-  std::printf("Newton-Schulz: %.1f GFLOP per step as the standard iteration counts them, %.1f "
-              "GFLOP/s of that\n", flops / 1e9, flops / 1e9 / t_muon);
+  std::printf(
+      "Newton-Schulz: %.1f GFLOP per step as the standard iteration counts them, %.1f "
+      "GFLOP/s of that\n",
+      flops / 1e9, flops / 1e9 / t_muon);
   std::printf("optimizer state: AdamW %.1f MiB, Muon %.1f MiB, Muon/AdamW %.3f\n",
               adam->state_bytes() / 1048576.0, m->state_bytes() / 1048576.0,
               static_cast<double>(m->state_bytes()) / static_cast<double>(adam->state_bytes()));

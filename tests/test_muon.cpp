@@ -29,7 +29,9 @@ namespace {
 
 constexpr int64_t kB = 2, kT = 16, kGas = 2, kVocab = 64;
 
-std::shared_ptr<comm::Group> world() { return comm::world(); }
+std::shared_ptr<comm::Group> world() {
+  return comm::world();
+}
 
 nlohmann::json fixture() {
   std::ifstream f(std::string(DS_FIXTURE_DIR) + "/optim/muon_reference.json");
@@ -98,9 +100,13 @@ std::vector<double> train(runtime::Engine& e, int steps, int64_t first_step = 0)
   return losses;
 }
 
-double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
+double rel(double a, double b) {
+  return std::abs(a - b) / std::max(std::abs(b), 1e-12);
+}
 
-bool single() { return world()->size() == 1; }
+bool single() {
+  return world()->size() == 1;
+}
 
 }  // namespace
 
@@ -114,8 +120,8 @@ TEST(MuonNewtonSchulz, MatchesDeepSpeedFormula) {
     // fp32 GEMMs against a float64 reference: five iterations with slope 3.4 at zero amplify the
     // inputs' rounding to a few 1e-6 on entries of size ~0.5.
     for (size_t i = 0; i < x.size(); ++i)
-      ASSERT_NEAR(x[i], want[i], 2e-5) << c["method"] << " (" << c["rows"] << ", " << c["cols"]
-                                       << ") element " << i;
+      ASSERT_NEAR(x[i], want[i], 2e-5)
+          << c["method"] << " (" << c["rows"] << ", " << c["cols"] << ") element " << i;
   }
 }
 
@@ -183,9 +189,9 @@ TEST(MuonRule, HiddenMatricesOnly) {
 
 TEST(MuonConfig, DeepSpeedKeysAndDefaults) {
   auto parse = [](const std::string& params) {
-    return config::parse_config_json(nlohmann::json::parse(
-        fmt::format(R"({{"train_batch_size": 4, "optimizer": {{"type": "muon", "params": {{{}}}}}}})",
-                    params)));
+    return config::parse_config_json(nlohmann::json::parse(fmt::format(
+        R"({{"train_batch_size": 4, "optimizer": {{"type": "muon", "params": {{{}}}}}}})",
+        params)));
   };
   const auto d = parse("").optimizer;
   EXPECT_EQ(d.type, config::OptimizerType::Muon);
@@ -194,8 +200,9 @@ TEST(MuonConfig, DeepSpeedKeysAndDefaults) {
   EXPECT_DOUBLE_EQ(d.eps, 1e-10);
   EXPECT_EQ(d.ns_method, "gram");
   EXPECT_FALSE(d.lr_given);
-  const auto e = parse(R"("lr": 1e-3, "muon_lr": 0.05, "ns_method": "standard", "betas": [0.8, 0.9])")
-                     .optimizer;
+  const auto e =
+      parse(R"("lr": 1e-3, "muon_lr": 0.05, "ns_method": "standard", "betas": [0.8, 0.9])")
+          .optimizer;
   EXPECT_TRUE(e.lr_given);
   EXPECT_DOUBLE_EQ(e.muon_lr, 0.05);
   EXPECT_LT(e.adam_lr, 0);
@@ -319,9 +326,9 @@ TEST_P(MuonZero, SameLossesAsOneProcess) {
     // fp32: gradients differ from one process only by the order of the cross-rank sums; the
     // orthogonalisation is smooth, so the losses stay within a relative 1e-5 over 16 micro-steps.
     for (size_t i = 0; i < want.size(); ++i)
-      EXPECT_LT(rel(got[i], want[i]), 1e-5) << "stage " << stage << " clip '" << clip
-                                            << "' micro-step " << i << ": " << got[i] << " vs "
-                                            << want[i];
+      EXPECT_LT(rel(got[i], want[i]), 1e-5)
+          << "stage " << stage << " clip '" << clip << "' micro-step " << i << ": " << got[i]
+          << " vs " << want[i];
   }
 }
 
@@ -330,7 +337,8 @@ TEST_P(MuonZero, CheckpointResumesBitwise) {
   auto g = world();
   int64_t id = ::getpid();
   g->broadcast(&id, 1, DType::i64, 0, "test folder");
-  fs::path dir = fs::temp_directory_path() / fmt::format("ds_muon_ck_{}_{}_{}", stage, g->size(), id);
+  fs::path dir =
+      fs::temp_directory_path() / fmt::format("ds_muon_ck_{}_{}_{}", stage, g->size(), id);
   if (g->rank() == 0) fs::remove_all(dir);
   g->barrier();
   std::vector<double> continuous;
@@ -360,8 +368,8 @@ TEST_P(MuonZero, CheckpointResumesBitwise) {
   if (g->rank() == 0) fs::remove_all(dir);
 }
 
-// MiCS: stage 3 partitions within shard groups (z.group() is the shard group; the replicas' gradients
-// are summed before the step), so the Muon exchange runs within the shard group.
+// MiCS: stage 3 partitions within shard groups (z.group() is the shard group; the replicas'
+// gradients are summed before the step), so the Muon exchange runs within the shard group.
 TEST(MuonMics, ShardGroupsMatchOneProcess) {
   auto g = world();
   const int n = g->size();
@@ -380,8 +388,8 @@ TEST(MuonMics, ShardGroupsMatchOneProcess) {
   auto dist = make_engine(mics(kB), g, true);
   const auto got = train(*dist, 6);
   for (size_t i = 0; i < want.size(); ++i)
-    EXPECT_LT(rel(got[i], want[i]), 1e-5) << "MiCS shard " << shard << " micro-step " << i << ": "
-                                          << got[i] << " vs " << want[i];
+    EXPECT_LT(rel(got[i], want[i]), 1e-5)
+        << "MiCS shard " << shard << " micro-step " << i << ": " << got[i] << " vs " << want[i];
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, MuonZero, ::testing::Values(0, 1, 2, 3));

@@ -20,7 +20,9 @@ namespace {
 
 using Shape = std::vector<int64_t>;
 
-optim::MupScale scale(MupKind k, Shape s, Shape b) { return optim::mup_scale(k, s, b); }
+optim::MupScale scale(MupKind k, Shape s, Shape b) {
+  return optim::mup_scale(k, s, b);
+}
 
 }  // namespace
 
@@ -98,8 +100,10 @@ std::unique_ptr<runtime::Engine> engine(const std::string& type, int64_t n_embd,
   opt.group = comm::single_process_group();
   opt.log = [](const std::string&) {};
   opt.mup_base_shapes = std::move(base);
-  return runtime::initialize(model, fmt::format(R"({{"train_batch_size": 2,
-      "optimizer": {{"type": "{}", "params": {{"lr": 3e-3, "weight_decay": 0.01}}}}}})", type),
+  return runtime::initialize(model,
+                             fmt::format(R"({{"train_batch_size": 2,
+      "optimizer": {{"type": "{}", "params": {{"lr": 3e-3, "weight_decay": 0.01}}}}}})",
+                                         type),
                              opt);
 }
 

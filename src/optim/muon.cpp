@@ -81,7 +81,9 @@ bool muon_uses(const std::string& name, std::span<const int64_t> shape) {
   return true;
 }
 
-Muon::Muon(const MuonConfig& c) : c_(c), lr_(c.base_lr) { check_muon_config(c_); }
+Muon::Muon(const MuonConfig& c) : c_(c), lr_(c.base_lr) {
+  check_muon_config(c_);
+}
 
 Muon::~Muon() {
   if (sq_) munmap(sq_, sq_bytes_);
@@ -158,9 +160,10 @@ void Muon::on_init_state() {
   allocate_buffers(1);
   // exp_avg_sq: address space for n floats, zero pages until written; only Adam elements are.
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  sq_bytes_ = std::max<size_t>(page, (static_cast<size_t>(n_) * sizeof(float) + page - 1) / page * page);
-  void* p = mmap(nullptr, sq_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
+  sq_bytes_ =
+      std::max<size_t>(page, (static_cast<size_t>(n_) * sizeof(float) + page - 1) / page * page);
+  void* p = mmap(nullptr, sq_bytes_, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   DS_CHECK(p != MAP_FAILED, "[muon] could not reserve {} bytes for exp_avg_sq", sq_bytes_);
   sq_ = static_cast<float*>(p);
 }
@@ -202,15 +205,24 @@ void Muon::load_scalar_state(const std::map<std::string, double>& s) {
   std::map<std::string, double> rest;
   for (const auto& [k, v] : s) {
     const auto f = static_cast<float>(v);
-    if (k == "lr") lr = f;
-    else if (k == "muon_lr") c.muon_lr = f;
-    else if (k == "adam_lr") c.adam_lr = f;
-    else if (k == "momentum") c.momentum = f;
-    else if (k == "weight_decay") c.weight_decay = f;
-    else if (k == "beta1") c.beta1 = f;
-    else if (k == "beta2") c.beta2 = f;
-    else if (k == "eps") c.eps = f;
-    else rest.emplace(k, v);
+    if (k == "lr")
+      lr = f;
+    else if (k == "muon_lr")
+      c.muon_lr = f;
+    else if (k == "adam_lr")
+      c.adam_lr = f;
+    else if (k == "momentum")
+      c.momentum = f;
+    else if (k == "weight_decay")
+      c.weight_decay = f;
+    else if (k == "beta1")
+      c.beta1 = f;
+    else if (k == "beta2")
+      c.beta2 = f;
+    else if (k == "eps")
+      c.eps = f;
+    else
+      rest.emplace(k, v);
   }
   check_muon_config(c);
   Optimizer::load_scalar_state(rest);
@@ -312,8 +324,9 @@ void Muon::plan_cut() {
   }
   for (size_t k = 0; k < muon.size(); ++k) {
     if (whole[k] < 0.5f) {
-      DS_CHECK(size_ > 1, "[muon] a Muon matrix is cut but there is one rank: the tensor pieces "
-                          "must come from a ZeRO strategy with set_exchange()");
+      DS_CHECK(size_ > 1,
+               "[muon] a Muon matrix is cut but there is one rank: the tensor pieces "
+               "must come from a ZeRO strategy with set_exchange()");
       cut_.push_back(muon[k]);
     } else if (size_ > 1 && whole[k] > static_cast<float>(size_) - 0.5f) {
       shared_.push_back(muon[k]);

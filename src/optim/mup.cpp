@@ -140,13 +140,20 @@ void Mup::load_scalar_state(const std::map<std::string, double>& s) {
   std::map<std::string, double> rest;
   for (const auto& [k, v] : s) {
     const auto f = static_cast<float>(v);
-    if (k == "lr") set_lr(f);
-    else if (k == "weight_decay") set_weight_decay(f);
-    else if (k == "beta1" && kind_ != MupKind::sgd) set_betas(f, adam_.beta2);
-    else if (k == "beta2" && kind_ != MupKind::sgd) set_betas(adam_.beta1, f);
-    else if (k == "momentum" && kind_ == MupKind::sgd) set_momentum(f);
-    else if (k == "momentum_started" && kind_ == MupKind::sgd) momentum_started_ = v != 0;
-    else rest.emplace(k, v);
+    if (k == "lr")
+      set_lr(f);
+    else if (k == "weight_decay")
+      set_weight_decay(f);
+    else if (k == "beta1" && kind_ != MupKind::sgd)
+      set_betas(f, adam_.beta2);
+    else if (k == "beta2" && kind_ != MupKind::sgd)
+      set_betas(adam_.beta1, f);
+    else if (k == "momentum" && kind_ == MupKind::sgd)
+      set_momentum(f);
+    else if (k == "momentum_started" && kind_ == MupKind::sgd)
+      momentum_started_ = v != 0;
+    else
+      rest.emplace(k, v);
   }
   Optimizer::load_scalar_state(rest);
 }

@@ -83,8 +83,8 @@ void ns_gram(float* x, int64_t n, int64_t m, int steps) {
 }  // namespace
 
 void newton_schulz(float* x, int64_t rows, int64_t cols, int steps, NsMethod method) {
-  DS_CHECK(rows > 0 && cols > 0 && steps >= 0, "[muon] newton_schulz: bad shape ({}, {}) or steps {}",
-           rows, cols, steps);
+  DS_CHECK(rows > 0 && cols > 0 && steps >= 0,
+           "[muon] newton_schulz: bad shape ({}, {}) or steps {}", rows, cols, steps);
   const int64_t numel = rows * cols;
   // Work on the wide orientation (n <= m): A = X X^T is then the smaller Gram matrix.
   const bool tall = rows > cols;
@@ -96,7 +96,8 @@ void newton_schulz(float* x, int64_t rows, int64_t cols, int steps, NsMethod met
   const float inv = 1.0f / (static_cast<float>(std::sqrt(ss)) + 1e-7f);
   if (tall) {
     for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) w[static_cast<size_t>(j * rows + i)] = x[i * cols + j] * inv;
+      for (int64_t j = 0; j < cols; ++j)
+        w[static_cast<size_t>(j * rows + i)] = x[i * cols + j] * inv;
   } else {
     for (int64_t i = 0; i < numel; ++i) w[static_cast<size_t>(i)] = x[i] * inv;
   }

@@ -52,7 +52,8 @@ void attach_muon(optim::Muon& opt, const Strategy& z,
     });
   }
   if (log)
-    log(fmt::format("[muon] {} matrices ({} elements on this rank) step with Muon, {} elements "
+    log(
+        fmt::format("[muon] {} matrices ({} elements on this rank) step with Muon, {} elements "
                     "with AdamW; state {:.1f} MiB vs AdamW's {:.1f} MiB",
                     matrices, muon, adam, static_cast<double>(muon + 2 * adam) * 4 / 1048576.0,
                     static_cast<double>(2 * (muon + adam)) * 4 / 1048576.0));

@@ -140,8 +140,8 @@ class Muon final : public Optimizer {
   void step_exchanged(const std::vector<int>& list,
                       const std::vector<std::pair<size_t, size_t>>& buckets, bool assemble,
                       float* params, const float* grads, float grad_scale, void* out16, DType dt);
-  void plan_cut();  // first step: which matrices are cut or shared, their buckets
-  void release_muon_sq_pages();    // drops exp_avg_sq pages that lie wholly on Muon elements
+  void plan_cut();               // first step: which matrices are cut or shared, their buckets
+  void release_muon_sq_pages();  // drops exp_avg_sq pages that lie wholly on Muon elements
   float group_lr(float base) const;
 
   MuonConfig c_;
@@ -150,8 +150,8 @@ class Muon final : public Optimizer {
   int rank_ = 0, size_ = 1;
   std::function<void(float*, int64_t)> sum_;
   bool planned_ = false;
-  std::vector<int> cut_;     // the Muon matrices no rank holds whole (indices, every rank)
-  std::vector<int> shared_;  // those every rank holds whole (stage 0 on several ranks)
+  std::vector<int> cut_;         // the Muon matrices no rank holds whole (indices, every rank)
+  std::vector<int> shared_;      // those every rank holds whole (stage 0 on several ranks)
   std::vector<char> exchanged_;  // per tensor: in cut_ or shared_
   std::vector<std::pair<size_t, size_t>> cut_buckets_, shared_buckets_;  // [first, last)
   float* sq_ = nullptr;  // exp_avg_sq: n_ floats of mmap'd address space

@@ -85,8 +85,8 @@ namespace ds::optim {
 std::map<std::string, std::vector<int64_t>> load_mup_base_shapes(const std::string& path);
 
 // The multipliers of `tensors` (name, shape; one per segment, in order) against the base model's
-// shapes by name (a base dimension of 0 is finite: mup's null). The name sets must be equal (mup's check); empty `base`: every multiplier 1
-// (mup's set_base_shapes(model, None)).
+// shapes by name (a base dimension of 0 is finite: mup's null). The name sets must be equal (mup's
+// check); empty `base`: every multiplier 1 (mup's set_base_shapes(model, None)).
 std::vector<MupScale> mup_scales(
     MupKind kind, const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
     const std::map<std::string, std::vector<int64_t>>& base);
