@@ -208,6 +208,11 @@ TEST(MuonConfig, DeepSpeedKeysAndDefaults) {
   EXPECT_LT(e.adam_lr, 0);
   EXPECT_EQ(e.ns_method, "standard");
   EXPECT_THROW(parse(R"("ns_steps": 5)"), Error);  // not a DeepSpeed key
+  // DeepSpeed 0.19's zero_optimization key for Muon's momentum under NVMe offload reads.
+  EXPECT_TRUE(config::parse_config_json(nlohmann::json::parse(R"({"train_batch_size": 4,
+      "zero_optimization": {"stage": 3, "save_muon_momentum_buffer_in_memory": true},
+      "optimizer": {"type": "Muon"}})"))
+                  .zero_optimization.save_muon_momentum_buffer_in_memory);
   EXPECT_THROW(parse(R"("ns_method": "svd")"), Error);
   // DeepSpeed's group lrs: muon_lr, else lr, else 0.02; adam_lr, else lr, else 3e-4.
   optim::OptimizerParams p;

@@ -531,6 +531,9 @@ void read_zero(Section s, ZeroConfig& z, ParseState& st) {
   s.todo("override_module_apply", "a PyTorch-specific module.apply override");
   z.log_trace_cache_warnings = s.boolean("log_trace_cache_warnings", false);
   s.todo("log_trace_cache_warnings", "PyTorch trace-cache warnings");
+  // Muon's momentum stays in RAM here in every run (NVMe offload of the optimizer state needs
+  // Adam or AdamW), which is what true asks for: accepted, nothing to do either way.
+  z.save_muon_momentum_buffer_in_memory = s.boolean("save_muon_momentum_buffer_in_memory", false);
   // Names that normalisation already mapped; offered in "did you mean" for typos of them.
   s.add_aliases({"cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory",
                  "stage3_gather_fp16_weights_on_model_save", "prefetch_bucket_size",

@@ -276,6 +276,7 @@ struct ZeroConfig {
   bool pipeline_loading_checkpoint = false;
   bool override_module_apply = true;
   bool log_trace_cache_warnings = false;
+  bool save_muon_momentum_buffer_in_memory = false;  // Muon with NVMe (refused): no effect here
 };
 
 // The aio section; its defaults are io::AioOptions' (DeepSpeed's).
