@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "optim_internal.h"
@@ -276,7 +277,7 @@ void Muon::step_whole(float* params, const float* grads, float grad_scale, void*
     const int64_t o = t.local_offset;
     u.resize(static_cast<size_t>(t.count));
     momentum_nesterov(grads + o, m + o, u.data(), t.count, c_.momentum, grad_scale);
-    newton_schulz(u.data(), t.rows, t.cols, c_.ns_steps, c_.ns_method);
+    newton_schulz(u.data(), t.rows, t.cols, c_.ns_steps, c_.ns_method, c_.ns_bf16);
     const float scale = std::sqrt(std::max(1.0f, static_cast<float>(t.rows) / t.cols));
     for (float& x : u) x *= scale;
     apply_update(params + o, u.data(), t.count, lr, c_.weight_decay, offset16(out16, dt, o), dt);
@@ -371,7 +372,7 @@ void Muon::step_exchanged(const std::vector<int>& list,
       float* x = buf.data() + at;
       const int64_t numel = t.rows * t.cols;
       if (static_cast<int>(k % static_cast<size_t>(size_)) == rank_) {
-        newton_schulz(x, t.rows, t.cols, c_.ns_steps, c_.ns_method);
+        newton_schulz(x, t.rows, t.cols, c_.ns_steps, c_.ns_method, c_.ns_bf16);
         const float scale = std::sqrt(std::max(1.0f, static_cast<float>(t.rows) / t.cols));
         for (int64_t i = 0; i < numel; ++i) x[i] *= scale;
       } else {
@@ -409,6 +410,11 @@ MuonConfig muon_config(const OptimizerParams& p) {
   DS_CHECK(p.ns_method == "gram" || p.ns_method == "standard",
            "[muon] ns_method must be \"gram\" or \"standard\", got \"{}\"", p.ns_method);
   c.ns_method = p.ns_method == "gram" ? NsMethod::gram : NsMethod::standard;
+  if (const char* e = std::getenv("DS_MUON_NS")) {
+    const std::string v(e);
+    DS_CHECK(v == "fp32" || v == "bf16", "[muon] DS_MUON_NS={} is not fp32 or bf16", v);
+    c.ns_bf16 = v == "bf16";
+  }
   return c;
 }
 

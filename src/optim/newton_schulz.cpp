@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "../backend/cpu/cpu_backend.h"
+#include "ds/core/dtype.h"
 #include "ds/core/error.h"
 #include "ds/optim/muon.h"
 
@@ -14,15 +15,38 @@ namespace {
 
 using backend::sgemm;
 
+// bf16 operands (DeepSpeed's GPU precision) through oneDNN, fp32 accumulation and results; set
+// per call of newton_schulz (one thread runs it: the GEMMs themselves are parallel).
+thread_local bool t_bf16 = false;
+thread_local std::vector<uint16_t> t_a16, t_b16;
+
+void to_bf16(const float* x, int64_t n, std::vector<uint16_t>& out) {
+  out.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = float_to_bf16(x[i]);
+}
+
+// c (m, n) = alpha * op(a) op(b) + beta * c, row-major, a (m, k) or (k, m), b (k, n) or (n, k).
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (t_bf16) {
+    to_bf16(a, m * k, t_a16);
+    to_bf16(b, k * n, t_b16);
+    if (backend::onednn_gemm_bf16(ta, tb, m, n, k, alpha, t_a16.data(), lda, t_b16.data(), ldb,
+                                  beta, c, ldc))
+      return;
+  }
+  sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 // c (n, n) = alpha * a (n, k) a^T + beta * c
 void gram(const float* a, int64_t n, int64_t k, float alpha, float beta, float* c) {
-  sgemm(false, true, n, n, k, alpha, a, k, a, k, beta, c, n);
+  gemm(false, true, n, n, k, alpha, a, k, a, k, beta, c, n);
 }
 
 // c (m, n) = alpha * a (m, k) b (k, n) + beta * c
 void mm(const float* a, const float* b, int64_t m, int64_t n, int64_t k, float alpha, float beta,
         float* c) {
-  sgemm(false, false, m, n, k, alpha, a, k, b, n, beta, c, n);
+  gemm(false, false, m, n, k, alpha, a, k, b, n, beta, c, n);
 }
 
 // z (n, n) = b * r + c * r r
@@ -82,7 +106,9 @@ void ns_gram(float* x, int64_t n, int64_t m, int steps) {
 
 }  // namespace
 
-void newton_schulz(float* x, int64_t rows, int64_t cols, int steps, NsMethod method) {
+void newton_schulz(float* x, int64_t rows, int64_t cols, int steps, NsMethod method,
+                   bool bf16_operands) {
+  t_bf16 = bf16_operands;
   DS_CHECK(rows > 0 && cols > 0 && steps >= 0,
            "[muon] newton_schulz: bad shape ({}, {}) or steps {}", rows, cols, steps);
   const int64_t numel = rows * cols;

@@ -57,8 +57,11 @@ inline constexpr int64_t kMuonBucketFloats = int64_t{16} << 20;
 // zeropower_via_gram_newtonschulz ("gram", the 0.19 default; equal in exact arithmetic, cheaper
 // for non-square matrices), in fp32 through the BLAS sgemm: x (rows, cols) row-major is replaced by
 // NS(x). No scaling by max(1, rows/cols) here. Uses the thread pool through the BLAS.
+// bf16_operands: the GEMMs' operands rounded to bf16 (DeepSpeed's precision on a GPU), fp32
+// accumulation, through oneDNN on a CPU with bf16 units (about twice the fp32 rate); fp32 where
+// oneDNN's bf16 GEMM is not available.
 void newton_schulz(float* x, int64_t rows, int64_t cols, int steps = kNsSteps,
-                   NsMethod method = NsMethod::gram);
+                   NsMethod method = NsMethod::gram, bool bf16_operands = false);
 
 // DeepSpeed's rule for which parameters get Muon (deepspeed.set_optimizer_flags): two or more
 // dimensions and a lower-cased name without "embed" or "lm_head". We also keep GPT-2's "wte" and
@@ -74,6 +77,8 @@ struct MuonConfig {
   float eps = 1e-10f;
   NsMethod ns_method = NsMethod::gram;
   int ns_steps = kNsSteps;
+  // Newton-Schulz GEMMs with bf16 operands (newton_schulz); from DS_MUON_NS=bf16 (default fp32).
+  bool ns_bf16 = false;
   // The lr the schedule scales: set_lr(x) multiplies both groups' lrs by x / base_lr (config "lr").
   float base_lr = 0.02f;
 };
