@@ -119,6 +119,8 @@ int main(int argc, char** argv) {
               100.0 * static_cast<double>(muon) / static_cast<double>(n));
   std::printf("optimizer step (median of %d): AdamW %.3f s, Muon (%s) %.3f s, Muon/AdamW %.2fx\n",
               steps, t_adam, ns.c_str(), t_muon, t_muon / t_adam);
+  std::printf("Newton-Schulz operands: %s (DS_MUON_NS)\n",
+              static_cast<optim::Muon&>(*m).config().ns_bf16 ? "bf16" : "fp32");
   std::printf(
       "Newton-Schulz: %.1f GFLOP per step as the standard iteration counts them, %.1f "
       "GFLOP/s of that\n",
