@@ -421,4 +421,43 @@ TEST(MuonMics, ShardGroupsMatchOneProcess) {
         << "MiCS shard " << shard << " micro-step " << i << ": " << got[i] << " vs " << want[i];
 }
 
+// muP's MuAdamW under ZeRO: per-tensor lr and weight decay on each rank's pieces (elementwise, so
+// cut tensors need nothing more) give one process's losses.
+TEST_P(MuonZero, MuAdamWMatchesOneProcess) {
+  const int stage = GetParam();
+  auto g = world();
+  const int n = g->size();
+  auto base_cfg = models::GPTConfig::preset("test-gpt2");
+  base_cfg.n_embd /= 2;
+  std::map<std::string, std::vector<int64_t>> base;
+  for (const auto& [name, p] : models::GPT(base_cfg).named_parameters()) base[name] = p.shape();
+  auto mup_engine = [&](int st, int64_t micro, std::shared_ptr<comm::Group> grp) {
+    std::string c = muon_config(st, micro, "");
+    const std::string from = R"("type": "Muon", "params": {})";
+    c.replace(c.find(from), from.size(),
+              R"("type": "MuAdamW", "params": {"lr": 5e-3, "weight_decay": 0.1})");
+    std::shared_ptr<models::GPT> model;
+    if (st == 3) {
+      nn::PartitionedInit no_full_model;
+      model = std::make_shared<models::GPT>(models::GPTConfig::preset("test-gpt2"));
+    } else {
+      model = std::make_shared<models::GPT>(models::GPTConfig::preset("test-gpt2"));
+    }
+    runtime::InitOptions opt;
+    opt.group = std::move(grp);
+    opt.log = [](const std::string&) {};
+    opt.mup_base_shapes = base;
+    return runtime::initialize(model, c, opt);
+  };
+  rng::dropout_state() = {};
+  auto ref = mup_engine(0, kB * n, comm::single_process_group());
+  const auto want = train(*ref, 6);
+  rng::dropout_state() = {};
+  auto dist = mup_engine(stage, kB, g);
+  const auto got = train(*dist, 6);
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_LT(rel(got[i], want[i]), 1e-5)
+        << "stage " << stage << " micro-step " << i << ": " << got[i] << " vs " << want[i];
+}
+
 INSTANTIATE_TEST_SUITE_P(Stages, MuonZero, ::testing::Values(0, 1, 2, 3));
