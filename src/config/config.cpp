@@ -157,8 +157,12 @@ void read_adam_params(Section& p, OptimizerConfig& c, ParseState& st, const std:
     c.freeze_step = p.integer("freeze_step", 100000, at_least(0));
     read_one_bit_extras(p, c, {});
   } else if (c.type == OptimizerType::ZeroOneAdam) {
-    read_one_bit_extras(
-        p, c, {"var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper"});
+    read_one_bit_extras(p, c, {});
+    // Kept in extra_params (the engine maps them onto optim::OneBitParams), checked here.
+    c.extra_params["var_freeze_step"] = p.integer("var_freeze_step", 100000, at_least(0));
+    c.extra_params["var_update_scaler"] = p.integer("var_update_scaler", 16, at_least(1));
+    c.extra_params["local_step_scaler"] = p.integer("local_step_scaler", 32678, at_least(1));
+    c.extra_params["local_step_clipper"] = p.integer("local_step_clipper", 16, at_least(1));
   }
 }
 
@@ -212,8 +216,6 @@ void read_lion_params(Section& p, OptimizerConfig& c) {
 void warn_unimplemented_optimizer(const OptimizerConfig& c, ParseState& st,
                                   const std::string& type) {
   switch (c.type) {
-    case OptimizerType::OneBitAdam:
-    case OptimizerType::ZeroOneAdam:
     case OptimizerType::OneBitLamb:
       st.warn(
           fmt::format("[config] optimizer.type = \"{}\": 1-bit compressed communication is not "
@@ -872,6 +874,23 @@ void derive_batch(std::optional<int64_t> tb, std::optional<int64_t> mb, std::opt
   b.world_size = n;
 }
 
+// The 1-bit optimizers average their momentum over every rank's whole copy: ZeRO stage 0 only
+// (DeepSpeed's engine asserts "1bit-Adam is not compatible with ZeRO", even with
+// zero_allow_untested_optimizer).
+void check_one_bit_zero(OptimizerType t, int stage, const ParseState& st) {
+  const char* ds_name = t == OptimizerType::OneBitAdam    ? "1bit-Adam"
+                        : t == OptimizerType::ZeroOneAdam ? "0/1 Adam"
+                        : t == OptimizerType::OneBitLamb  ? "1bit-Lamb"
+                                                          : nullptr;
+  if (ds_name && stage > 0)
+    DS_THROW(
+        "[config] optimizer.type = \"{}\" needs zero_optimization.stage 0, got stage {} in {}: "
+        "the 1-bit optimizers compress the momentum of the whole model on every rank (DeepSpeed: "
+        "\"{} is not compatible with ZeRO\"); set zero_optimization.stage to 0, or use Adam with "
+        "ZeRO",
+        optimizer_type_name(t), stage, st.source, ds_name);
+}
+
 void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
   DS_CHECK(!(cfg.fp16.enabled && cfg.bf16.enabled),
            "[config] fp16.enabled and bf16.enabled are both true in {}: bfloat16 and fp16 modes "
@@ -887,6 +906,7 @@ void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
 
   auto& z = cfg.zero_optimization;
   const auto t = cfg.optimizer.type;
+  check_one_bit_zero(t, z.stage, st);
   if (z.stage > 0 && t != OptimizerType::None && t != OptimizerType::Adam &&
       t != OptimizerType::AdamW && t != OptimizerType::Adagrad && t != OptimizerType::Lion &&
       !cfg.zero_allow_untested_optimizer)

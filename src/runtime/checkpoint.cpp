@@ -31,6 +31,7 @@
 
 #include "checkpoint_format.h"
 #include "checkpoint_parts.h"
+#include "checkpoint_rank_state.h"
 #include "ds/comm/group.h"
 #include "ds/core/checksum.h"
 #include "ds/core/error.h"
@@ -362,6 +363,9 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
     if (group_->rank() == 0) write_model_states(tmp.string(), weights, client_state);
     // Stage 0 ranks all hold the same full state: rank 0 writes it once.
     if (zero_->partitioned() || group_->rank() == 0) write_optimizer_shard(tmp.string());
+    // The 1-bit optimizers' error feedback differs on every rank: each writes its own.
+    detail::save_rank_state(*optimizer_, tmp, group_->rank(),
+                            options_.topology ? options_.topology->mp_rank() : 0, group_->size());
   } catch (const std::exception& e) {
     error = fmt::format(
         "[checkpoint] rank {} failed writing {}: {} (is the disk full or the folder read-only?)",
