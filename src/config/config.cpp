@@ -176,7 +176,12 @@ void read_lamb_params(Section& p, OptimizerConfig& c, ParseState& st) {
   refuse_amsgrad(p, st);
   if (c.type == OptimizerType::OneBitLamb) {
     c.freeze_step = p.integer("freeze_step", 100000, at_least(0));
-    read_one_bit_extras(p, c, {"coeff_beta", "factor_max", "factor_min", "factor_threshold"});
+    read_one_bit_extras(p, c, {});
+    // Kept in extra_params (the engine maps them onto optim::OneBitParams), checked here.
+    c.extra_params["coeff_beta"] = p.number("coeff_beta", 0.9, between(0, 1));
+    c.extra_params["factor_max"] = p.number("factor_max", 4.0, at_least(0));
+    c.extra_params["factor_min"] = p.number("factor_min", 0.5, at_least(0));
+    c.extra_params["factor_threshold"] = p.number("factor_threshold", 0.1, at_least(0));
   }
 }
 
@@ -216,13 +221,6 @@ void read_lion_params(Section& p, OptimizerConfig& c) {
 void warn_unimplemented_optimizer(const OptimizerConfig& c, ParseState& st,
                                   const std::string& type) {
   switch (c.type) {
-    case OptimizerType::OneBitLamb:
-      st.warn(
-          fmt::format("[config] optimizer.type = \"{}\": 1-bit compressed communication is not "
-                      "implemented in deepspeed.cpp yet; the type is accepted and its "
-                      "compression settings are ignored",
-                      type));
-      break;
     case OptimizerType::MuAdam:
     case OptimizerType::MuAdamW:
     case OptimizerType::MuSGD:

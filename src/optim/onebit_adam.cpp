@@ -1,4 +1,5 @@
 // DeepSpeed's OnebitAdam (include/ds/optim/onebit.h; deepspeed/runtime/fp16/onebit/adam.py).
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 
@@ -68,6 +69,17 @@ void CompressedOptimizer::set_group(std::shared_ptr<comm::Group> group) {
   DS_CHECK(step_count_ == 0 || group->size() == group_->size(),
            "[optim] {}: the group changes size after the first step", name());
   group_ = std::move(group);
+}
+
+void CompressedOptimizer::set_segments(std::span<const Segment> segments) {
+  segments_.assign(segments.begin(), segments.end());
+  used_end_ = 0;
+  for (const Segment& sg : segments_) used_end_ = std::max(used_end_, sg.offset + sg.numel);
+}
+
+void CompressedOptimizer::zero_padding(float* buf) const {
+  if (used_end_ < 0 || n_ <= used_end_) return;
+  std::fill(buf + used_end_, buf + n_, 0.0f);
 }
 
 OneBitAdam::OneBitAdam(const OneBitAdamConfig& c) : c_(c) {
@@ -145,6 +157,7 @@ void OneBitAdam::do_step(float* params, const float* grads, float grad_scale, vo
   if (group_->size() > 1)  // DeepSpeed compresses only with several ranks
     car_->run(buffer(0), worker_error_.data(), server_error_.data(),
               fmt::format("OneBitAdam step {} exp_avg", step_count_));
+  zero_padding(buffer(0));
   detail::frozen_variance_apply(params, buffer(0), buffer(1), n_, k, out16, out16_dtype);
 }
 
@@ -200,6 +213,22 @@ std::unique_ptr<Optimizer> make_onebit_optimizer(std::string_view type, const Op
     c.local_step_scaler = p.onebit.local_step_scaler;
     c.local_step_clipper = p.onebit.local_step_clipper;
     return std::make_unique<ZeroOneAdam>(c);
+  }
+  if (t == "onebitlamb") {
+    OneBitLambConfig c;
+    c.lr = p.lr;
+    c.beta1 = p.beta1;
+    c.beta2 = p.beta2;
+    c.eps = p.eps;
+    c.weight_decay = p.weight_decay;
+    c.max_coeff = p.max_coeff;
+    c.min_coeff = p.min_coeff;
+    c.freeze_step = p.onebit.freeze_step;
+    c.coeff_beta = p.onebit.coeff_beta;
+    c.factor_max = p.onebit.factor_max;
+    c.factor_min = p.onebit.factor_min;
+    c.factor_threshold = p.onebit.factor_threshold;
+    return std::make_unique<OneBitLamb>(c);
   }
   return nullptr;
 }

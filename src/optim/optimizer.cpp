@@ -428,7 +428,7 @@ std::unique_ptr<Optimizer> make_optimizer(std::string_view type, const Optimizer
   if (auto onebit = make_onebit_optimizer(t, p)) return onebit;
   DS_THROW(
       "[optim] optimizer type '{}' is not implemented; supported: Adam, AdamW, Lamb, SGD, "
-      "OneBitAdam, ZeroOneAdam (case-insensitive)",
+      "OneBitAdam, ZeroOneAdam, OneBitLamb (case-insensitive)",
       type);
 }
 

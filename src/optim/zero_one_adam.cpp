@@ -106,9 +106,11 @@ void ZeroOneAdam::reset_rank_state() {
 
 void ZeroOneAdam::compress(float* buf, const char* what) {
   ensure_compressor();
-  if (group_->size() > 1)
+  if (group_->size() > 1) {
     car_->run(buf, worker_error_.data(), server_error_.data(),
               fmt::format("ZeroOneAdam step {} {}", step_count_, what));
+    zero_padding(buf);
+  }
 }
 
 void ZeroOneAdam::sync_local_steps(float* params) {

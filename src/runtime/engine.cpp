@@ -50,6 +50,15 @@ optim::OptimizerParams optimizer_params(const config::OptimizerConfig& o) {
   extra("var_update_scaler", p.onebit.var_update_scaler);
   extra("local_step_scaler", p.onebit.local_step_scaler);
   extra("local_step_clipper", p.onebit.local_step_clipper);
+  // OneBitLamb's keys, checked by the config (read_lamb_params).
+  const auto real = [&](const char* key, float& out) {
+    if (auto it = o.extra_params.find(key); it != o.extra_params.end() && it->is_number())
+      out = it->get<float>();
+  };
+  real("coeff_beta", p.onebit.coeff_beta);
+  real("factor_max", p.onebit.factor_max);
+  real("factor_min", p.onebit.factor_min);
+  real("factor_threshold", p.onebit.factor_threshold);
   return p;
 }
 
@@ -68,10 +77,12 @@ std::string optimizer_name(const config::OptimizerConfig& o) {
       return "OneBitAdam";
     case config::OptimizerType::ZeroOneAdam:
       return "ZeroOneAdam";
+    case config::OptimizerType::OneBitLamb:
+      return "OneBitLamb";
     default:
       DS_THROW(
           "[engine] optimizer '{}' is accepted by the config but not implemented yet; use "
-          "Adam, AdamW, Lamb, SGD, OneBitAdam or ZeroOneAdam",
+          "Adam, AdamW, Lamb, SGD, OneBitAdam, ZeroOneAdam or OneBitLamb",
           config::optimizer_type_name(o.type));
   }
 }

@@ -109,8 +109,8 @@ enum class OptimizerType {
   Lion,
   OneBitAdam,   // optim/onebit.h (ZeRO stage 0 only)
   ZeroOneAdam,  // optim/onebit.h (ZeRO stage 0 only)
+  OneBitLamb,   // optim/onebit.h (ZeRO stage 0 only)
   // DeepSpeed optimizers accepted with a warning (not implemented here yet).
-  OneBitLamb,
   MuAdam,
   MuAdamW,
   MuSGD,

@@ -20,6 +20,7 @@
 //
 // Threading: the training thread only; step() issues collectives on the group after the freeze,
 // so every rank steps in the same order.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -48,9 +49,17 @@ class CompressedOptimizer : public Optimizer {
   // Called with the per-rank state missing at a resume (written by another number of ranks, or
   // by DeepSpeed's reset policy): zeroes it, as DeepSpeed does at every load.
   virtual void reset_rank_state() = 0;
+  // The tensors' segments; elements past the last one are padding, whose compressed values are
+  // dropped (zeroed) so that no update reaches them.
+  void set_segments(std::span<const Segment> segments) override;
 
  protected:
+  // Zeroes buf[used_end_, n): the padding after the last tensor (after a compressed all-reduce,
+  // which cannot represent zeros).
+  void zero_padding(float* buf) const;
   std::shared_ptr<comm::Group> group_ = comm::single_process_group();
+  std::vector<Segment> segments_;
+  int64_t used_end_ = -1;  // -1: no segments given, the whole buffer is used
 };
 
 // OneBitAdam's keys (DeepSpeed's OnebitAdam arguments; docs/config.md).
@@ -190,7 +199,90 @@ class ZeroOneAdam final : public CompressedOptimizer {
   bool freeze_ = false, errors_reset_ = false, allreduce_next_ = true;
 };
 
-// The 1-bit optimizer named by `type` ("OneBitAdam", "ZeroOneAdam"; case-insensitive), or nullptr when `type`
+// OneBitLamb's keys (DeepSpeed's OnebitLamb arguments; docs/config.md).
+struct OneBitLambConfig {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  float max_coeff = 10.0f;  // the warm-up trust ratio is clamped to [min_coeff, max_coeff]
+  float min_coeff = 0.01f;
+  int64_t freeze_step = 100000;
+  float coeff_beta = 0.9f;         // moving average of the warm-up trust ratios
+  float factor_max = 4.0f;         // the compression stage's ratio factor bounds
+  float factor_min = 0.5f;
+  float factor_threshold = 0.1f;   // largest relative change of the factor per step
+};
+
+// DeepSpeed's OnebitLamb (deepspeed/runtime/fp16/onebit/lamb.py; arXiv:2104.06069). Per tensor
+// (the segments), with t the step and g = grad_scale * grad:
+//   t == 1           initialisation: counted, nothing changes
+//   warm-up          Lamb without bias correction on averaged gradients: m, v updated;
+//                    update = m / (sqrt(v) + eps) + wd * p; coeff = clamp(||p|| / ||update||);
+//                    p -= lr * coeff * update; the trust ratios' moving average (coeff_beta) kept
+//                    per tensor; at t == freeze_step v_fresh = v
+//   compressed       (from the step after max(freeze_step, 2)) at the first such step every
+//                    tensor's momentum gets a scaling coefficient (the mean of the tensors'
+//                    ||m|| / sqrt(numel) over its own); m = beta1 m + (1 - beta1) g (local g),
+//                    scaled, compressed-all-reduced over the whole buffer, unscaled; v frozen,
+//                    v_fresh updated from the gradient reconstructed from m; the trust ratio is
+//                    the frozen average times a factor max((sqrt(v) + eps) / (sqrt(v_fresh) + eps))
+//                    (mixed with 1 by the update's decay share, clamped to [factor_min,
+//                    factor_max] and to +-factor_threshold of the last one).
+// Set the segments before the first step (the engine does), or the whole buffer is one tensor.
+class OneBitLamb final : public CompressedOptimizer {
+ public:
+  explicit OneBitLamb(const OneBitLambConfig& c);
+  const char* name() const override { return "OneBitLamb"; }
+  int state_floats_per_param() const override { return 3; }
+  const OneBitLambConfig& config() const { return c_; }
+  float lr() const override { return c_.lr; }
+  void set_lr(float lr) override;
+  float weight_decay() const override { return c_.weight_decay; }
+  void set_weight_decay(float wd) override;
+  float momentum() const override { return c_.beta1; }
+  void set_momentum(float m) override { set_betas(m, c_.beta2); }
+  std::pair<float, float> betas() const override { return {c_.beta1, c_.beta2}; }
+  void set_betas(float beta1, float beta2) override;
+  std::vector<std::string> state_names() const override {
+    return {"exp_avg", "exp_avg_sq", "exp_avg_sq_fresh"};
+  }
+  std::vector<StateBuffer> state_buffers() override;
+  // Also per tensor: lamb_coeff_freeze.<i>, last_factor.<i>, scaling_coeff.<i>.
+  std::map<std::string, double> scalar_state() const override;
+  void load_scalar_state(const std::map<std::string, double>& s) override;
+
+  bool wants_reduced_gradients() const override { return !compressed_step(step_count_ + 1); }
+  std::vector<StateBuffer> rank_state_buffers() override;
+  void reset_rank_state() override;
+  bool compressed_step(int64_t t) const { return t > std::max<int64_t>(c_.freeze_step, 2); }
+  // The trust ratios of the last step, one per tensor (DeepSpeed's get_lamb_coeffs()).
+  const std::vector<float>& lamb_coeffs() const { return coeffs_; }
+
+ private:
+  struct TensorState {
+    double lamb_coeff_freeze = 0.0, last_factor = 1.0, scaling_coeff = 0.0;
+  };
+  void on_init_state() override { allocate_buffers(3); }
+  void do_step(float* params, const float* grads, float grad_scale, void* out16,
+               DType out16_dtype) override;
+  void ensure_compressor();
+  std::vector<Segment> tensors() const;
+  void warmup_step(float* params, const float* grads, float grad_scale);
+  void compression_step(float* params, const float* grads, float grad_scale);
+  void set_scaling_coeffs();
+  OneBitLambConfig c_;
+  std::optional<comm::CompressedAllReduce> car_;
+  std::vector<float> worker_error_, server_error_;
+  std::vector<float> last_m_;  // (n,) scratch: m before this step
+  std::vector<TensorState> ts_;
+  bool scaled_ = false;  // the scaling coefficients are set (the first compressed step)
+  std::vector<float> coeffs_;
+};
+
+// The 1-bit optimizer named by `type` ("OneBitAdam", "ZeroOneAdam", "OneBitLamb";
+// case-insensitive), or nullptr when `type`
 // names none. make_optimizer() delegates here.
 std::unique_ptr<Optimizer> make_onebit_optimizer(std::string_view type, const OptimizerParams& p);
 

@@ -26,13 +26,18 @@
 
 namespace ds::optim {
 
-// The 1-bit optimizers' own keys (DeepSpeed's OnebitAdam / ZeroOneAdam arguments; onebit.h).
+// The 1-bit optimizers' own keys (DeepSpeed's OnebitAdam / ZeroOneAdam / OnebitLamb arguments;
+// onebit.h).
 struct OneBitParams {
   int64_t freeze_step = 100000;      // OneBitAdam: warm-up steps before compression
   int64_t var_freeze_step = 100000;  // ZeroOneAdam: the variance stops changing after this step
   int64_t var_update_scaler = 16;    // ZeroOneAdam: variance updates per interval before doubling
   int64_t local_step_scaler = 32678;  // ZeroOneAdam: steps per local-step interval doubling
   int64_t local_step_clipper = 16;    // ZeroOneAdam: the local-step interval's cap
+  float coeff_beta = 0.9f;            // OneBitLamb: the warm-up trust ratios' moving average
+  float factor_max = 4.0f;            // OneBitLamb: the compression stage's factor bounds
+  float factor_min = 0.5f;
+  float factor_threshold = 0.1f;      // OneBitLamb: the factor's largest change per step
 };
 
 // Every optimizer's parameters in one struct (DeepSpeed's "optimizer.params" keys and defaults,
@@ -52,7 +57,7 @@ struct OptimizerParams {
   float momentum = 0.0f;                     // SGD
   float dampening = 0.0f;                    // SGD
   bool nesterov = false;                     // SGD
-  OneBitParams onebit;                       // OneBitAdam, ZeroOneAdam
+  OneBitParams onebit;                       // OneBitAdam, ZeroOneAdam, OneBitLamb
 };
 
 // A named fp32 state buffer of numel elements (for checkpoints): "exp_avg", "exp_avg_sq",
