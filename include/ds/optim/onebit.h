@@ -14,9 +14,10 @@
 // the steps that do not want it (zero::Strategy::set_gradient_all_reduce) and passes each rank's
 // own gradient then. ZeRO stage 0 only (every rank holds the whole optimizer range), as DeepSpeed.
 //
-// State: exp_avg and exp_avg_sq (n,) as Adam, the same on every rank (checkpointed once); and
-// per rank the error-feedback buffers worker_error (padded,) and server_error (padded / N,),
-// different on every rank (rank_state_buffers(): checkpointed by every rank).
+// State: exp_avg and exp_avg_sq (n,) as Adam (plus each optimizer's own: momentum_accumulator,
+// exp_avg_sq_fresh), the same on every rank (checkpointed once); and per rank the error-feedback
+// buffers worker_error (padded,) and server_error (padded / N,), different on every rank
+// (rank_state_buffers(): checkpointed by every rank).
 //
 // Threading: the training thread only; step() issues collectives on the group after the freeze,
 // so every rank steps in the same order.
