@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "ds/core/allocator.h"
+#include "ds/optim/onebit.h"
 #include "optim_internal.h"
 
 namespace ds::optim {
@@ -424,9 +425,10 @@ std::unique_ptr<Optimizer> make_optimizer(std::string_view type, const Optimizer
     c.nesterov = p.nesterov;
     return std::make_unique<Sgd>(c);
   }
+  if (auto onebit = make_onebit_optimizer(t, p)) return onebit;
   DS_THROW(
-      "[optim] optimizer type '{}' is not implemented; supported: Adam, AdamW, Lamb, SGD "
-      "(case-insensitive)",
+      "[optim] optimizer type '{}' is not implemented; supported: Adam, AdamW, Lamb, SGD, "
+      "OneBitAdam, ZeroOneAdam, OneBitLamb (case-insensitive)",
       type);
 }
 

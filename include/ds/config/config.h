@@ -107,10 +107,10 @@ enum class OptimizerType {
   SGD,
   Adagrad,
   Lion,
+  OneBitAdam,   // optim/onebit.h (ZeRO stage 0 only)
+  ZeroOneAdam,  // optim/onebit.h (ZeRO stage 0 only)
+  OneBitLamb,   // optim/onebit.h (ZeRO stage 0 only)
   // DeepSpeed optimizers accepted with a warning (not implemented here yet).
-  OneBitAdam,
-  ZeroOneAdam,
-  OneBitLamb,
   MuAdam,
   MuAdamW,
   MuSGD,
@@ -138,7 +138,8 @@ struct OptimizerConfig {
   bool nesterov = false;
   double lr_decay = 0.0;  // Adagrad
   double initial_accumulator_value = 0.0;
-  // One-bit family (accepted, not implemented).
+  // One-bit family: freeze_step (OneBitAdam, OneBitLamb); cuda_aware and comm_backend_name are
+  // accepted and mean nothing here (the compressed all-reduce runs over comm::Group).
   int64_t freeze_step = 100000;
   bool cuda_aware = false;
   std::string comm_backend_name = "nccl";
