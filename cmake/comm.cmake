@@ -4,6 +4,7 @@
 option(DS_WITH_MPI "Build the MPI communication backend (needs libopenmpi-dev)" ON)
 
 target_sources(deepspeed PRIVATE
+  ${PROJECT_SOURCE_DIR}/src/comm/compressed.cpp
   ${PROJECT_SOURCE_DIR}/src/comm/group.cpp
   ${PROJECT_SOURCE_DIR}/src/comm/logger.cpp
   ${PROJECT_SOURCE_DIR}/src/comm/reduce.cpp

@@ -71,19 +71,23 @@ std::vector<double> train(runtime::Engine& e, int steps, int64_t first = 0) {
   return losses;
 }
 
-// all_gather bytes issued while fn runs.
+// Bytes of the `kinds` of collectives issued while fn runs.
 template <class F>
-uint64_t gathered_bytes(F&& fn) {
+uint64_t bytes_of(std::initializer_list<comm::OpKind> kinds, F&& fn) {
   auto& log = comm::comms_logger();
   log.enable(true);
   log.reset();
   fn();
   uint64_t bytes = 0;
   for (const auto& [op, e] : log.totals())
-    if (op == comm::OpKind::all_gather) bytes += e.bytes;
+    for (comm::OpKind k : kinds) bytes += op == k ? e.bytes : 0;
   log.reset();
   log.enable(false);
   return bytes;
+}
+template <class F>
+uint64_t gathered_bytes(F&& fn) {
+  return bytes_of({comm::OpKind::all_gather}, std::forward<F>(fn));
 }
 
 }  // namespace
@@ -143,6 +147,31 @@ TEST(ZeroPlusPlus, QuantizedWeightsStayWithinBandAndMoveAQuarterOfTheBytes) {
   EXPECT_LT(ratio, 0.27) << q_bytes << " vs " << exact_bytes;
   if (comm::world()->rank() == 0)
     std::printf("qwZ: worst relative loss change %.2e, all-gather bytes %.4f of stage 3's\n",
+                worst, ratio);
+}
+
+TEST(ZeroPlusPlus, QuantizedGradientsStayWithinBandAndMoveAnEighthOfTheBytes) {
+  if (comm::world()->size() < 2) GTEST_SKIP() << "needs mpirun -np 2 or more";
+  const auto reductions = {comm::OpKind::reduce_scatter, comm::OpKind::all_to_all};
+  std::vector<double> want, got;
+  rng::dropout_state() = {};
+  const uint64_t exact = bytes_of(reductions, [&] { want = train(*make_engine(zero_config("")), 6); });
+  rng::dropout_state() = {};
+  const uint64_t quantized = bytes_of(reductions, [&] {
+    got = train(*make_engine(zero_config(R"(, "zero_quantized_gradients": true)")), 6);
+  });
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    worst = std::max(worst, std::abs(got[i] - want[i]) / want[i]);
+  // int4 gradients (a scale per 2048 values): Adam normalises the update, the losses move little.
+  EXPECT_LT(worst, 5e-3) << "qgZ moved the losses by " << worst;
+  EXPECT_GT(worst, 0.0) << "qgZ changed nothing: were the gradients quantized?";
+  // fp32 gradients: half a byte per value plus the scales instead of 4 bytes.
+  const double ratio = static_cast<double>(quantized) / static_cast<double>(exact);
+  EXPECT_GT(ratio, 0.125);
+  EXPECT_LT(ratio, 0.14) << quantized << " vs " << exact;
+  if (comm::world()->rank() == 0)
+    std::printf("qgZ: worst relative loss change %.2e, reduction bytes %.4f of stage 3's\n",
                 worst, ratio);
 }
 

@@ -35,6 +35,8 @@ const char* op_name(OpKind op) {
       return "recv";
     case OpKind::split:
       return "split";
+    case OpKind::all_to_all:
+      return "all_to_all";
   }
   return "?";
 }
@@ -56,7 +58,7 @@ std::string Capabilities::str() const {
 
 size_t Group::Op::bytes() const {
   const size_t b = count * dtype_size(dtype);
-  if (kind == OpKind::reduce_scatter || kind == OpKind::all_gather)
+  if (kind == OpKind::reduce_scatter || kind == OpKind::all_gather || kind == OpKind::all_to_all)
     return b * static_cast<size_t>(group_size);
   return kind == OpKind::barrier || kind == OpKind::split ? 0 : b;
 }
@@ -233,6 +235,15 @@ Work Group::issue(Op op) {
     case OpKind::all_gather:
       DS_CHECK(op.count == 0 || (op.in && op.out), "[comm] {}: null buffer", what);
       break;
+    case OpKind::all_to_all: {
+      DS_CHECK(op.count == 0 || (op.in && op.out), "[comm] {}: null buffer", what);
+      const auto a = reinterpret_cast<uintptr_t>(op.in), b = reinterpret_cast<uintptr_t>(op.out);
+      const size_t n = op.count * dtype_size(op.dtype) * static_cast<size_t>(size());
+      DS_CHECK(n == 0 || a + n <= b || b + n <= a,
+               "[comm] {}: the input and output buffers overlap; all_to_all is not in place",
+               what);
+      break;
+    }
     case OpKind::broadcast:
     case OpKind::reduce:
       DS_CHECK(op.peer >= 0 && op.peer < size(), "[comm] {}: root {} outside group {} of size {}",
@@ -284,6 +295,17 @@ Work Group::reduce_async(void* buf, size_t count, DType dtype, int root, ReduceO
        .dtype = dtype,
        .reduce = op,
        .peer = root,
+       .context = std::string(context)};
+  return issue(std::move(o));
+}
+
+Work Group::all_to_all_async(const void* in, void* out, size_t chunk, DType dtype,
+                             std::string_view context) {
+  Op o{.kind = OpKind::all_to_all,
+       .in = in,
+       .out = out,
+       .count = chunk,
+       .dtype = dtype,
        .context = std::string(context)};
   return issue(std::move(o));
 }
@@ -527,6 +549,7 @@ class SingleProcessGroup final : public Group {
     switch (op.kind) {
       case OpKind::reduce_scatter:
       case OpKind::all_gather:
+      case OpKind::all_to_all:
         if (op.in != op.out && nbytes) std::memmove(op.out, op.in, nbytes);
         break;
       case OpKind::send: {

@@ -16,6 +16,7 @@ double bus_factor(OpKind op, int n) {
       return 2.0 * (n - 1) / n;
     case OpKind::reduce_scatter:
     case OpKind::all_gather:
+    case OpKind::all_to_all:
       return double(n - 1) / n;
     case OpKind::reduce:
     case OpKind::broadcast:

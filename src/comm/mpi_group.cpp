@@ -283,6 +283,11 @@ void GroupState::post(const std::shared_ptr<WorkState>& w) {
       check_mpi(MPI_Iallgather(in, n, type, op.out, n, type, comm, &r), "MPI_Iallgather");
       break;
     }
+    case OpKind::all_to_all: {
+      const int n = int_count(op.count, *w);
+      check_mpi(MPI_Ialltoall(op.in, n, type, op.out, n, type, comm, &r), "MPI_Ialltoall");
+      break;
+    }
     case OpKind::reduce:
       check_mpi(
           MPI_Ireduce(rank == op.peer ? MPI_IN_PLACE : op.out, op.out, int_count(op.count, *w),

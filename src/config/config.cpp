@@ -158,8 +158,12 @@ void read_adam_params(Section& p, OptimizerConfig& c, ParseState& st, const std:
     c.freeze_step = p.integer("freeze_step", 100000, at_least(0));
     read_one_bit_extras(p, c, {});
   } else if (c.type == OptimizerType::ZeroOneAdam) {
-    read_one_bit_extras(
-        p, c, {"var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper"});
+    read_one_bit_extras(p, c, {});
+    // Kept in extra_params (the engine maps them onto optim::OneBitParams), checked here.
+    c.extra_params["var_freeze_step"] = p.integer("var_freeze_step", 100000, at_least(0));
+    c.extra_params["var_update_scaler"] = p.integer("var_update_scaler", 16, at_least(1));
+    c.extra_params["local_step_scaler"] = p.integer("local_step_scaler", 32678, at_least(1));
+    c.extra_params["local_step_clipper"] = p.integer("local_step_clipper", 16, at_least(1));
   }
 }
 
@@ -173,7 +177,12 @@ void read_lamb_params(Section& p, OptimizerConfig& c, ParseState& st) {
   refuse_amsgrad(p, st);
   if (c.type == OptimizerType::OneBitLamb) {
     c.freeze_step = p.integer("freeze_step", 100000, at_least(0));
-    read_one_bit_extras(p, c, {"coeff_beta", "factor_max", "factor_min", "factor_threshold"});
+    read_one_bit_extras(p, c, {});
+    // Kept in extra_params (the engine maps them onto optim::OneBitParams), checked here.
+    c.extra_params["coeff_beta"] = p.number("coeff_beta", 0.9, between(0, 1));
+    c.extra_params["factor_max"] = p.number("factor_max", 4.0, at_least(0));
+    c.extra_params["factor_min"] = p.number("factor_min", 0.5, at_least(0));
+    c.extra_params["factor_threshold"] = p.number("factor_threshold", 0.1, at_least(0));
   }
 }
 
@@ -223,24 +232,6 @@ void read_muon_params(Section& p, OptimizerConfig& c) {
   c.ns_method = p.choice("ns_method", "gram", {"gram", "standard"});
 }
 
-// Types accepted whose distinguishing part is not implemented yet: said, not silently ignored.
-void warn_unimplemented_optimizer(const OptimizerConfig& c, ParseState& st,
-                                  const std::string& type) {
-  switch (c.type) {
-    case OptimizerType::OneBitAdam:
-    case OptimizerType::ZeroOneAdam:
-    case OptimizerType::OneBitLamb:
-      st.warn(
-          fmt::format("[config] optimizer.type = \"{}\": 1-bit compressed communication is not "
-                      "implemented in deepspeed.cpp yet; the type is accepted and its "
-                      "compression settings are ignored",
-                      type));
-      break;
-    default:
-      break;
-  }
-}
-
 void read_optimizer(Section s, OptimizerConfig& c, ParseState& st) {
   if (!s.present()) {
     s.declare("type");
@@ -279,7 +270,6 @@ void read_optimizer(Section s, OptimizerConfig& c, ParseState& st) {
     case OptimizerType::Muon: read_muon_params(p, c); break;
     case OptimizerType::None: break;
   }
-  warn_unimplemented_optimizer(c, st, *type);
   p.finish();
   s.finish();
 }
@@ -518,9 +508,14 @@ void read_zero(Section s, ZeroConfig& z, ParseState& st) {
   z.zero_quantized_weights = s.boolean("zero_quantized_weights", false);
   z.zero_quantized_nontrainable_weights = s.boolean("zero_quantized_nontrainable_weights", false);
   z.zero_quantized_gradients = s.boolean("zero_quantized_gradients", false);
-  s.todo("zero_quantized_gradients", "ZeRO++ quantized gradients (qgZ)");
   z.zeropp_loco_param = s.any("zeropp_loco_param", nullptr);
-  s.todo("zeropp_loco_param", "ZeRO++ LoCo error feedback");
+  // DeepSpeed 0.19 refuses the key (DeepSpeedConfigError); so does deepspeed.cpp.
+  DS_CHECK(z.zeropp_loco_param.is_null(),
+           "[config] zero_optimization.zeropp_loco_param in {}: LoCo-ZeRO++ has been removed from "
+           "DeepSpeed (0.19 refuses the key, deepspeedai/DeepSpeed#8489) and deepspeed.cpp does "
+           "not have it; remove the key to use ZeRO++ quantized gradients "
+           "(zero_quantized_gradients) without LoCo error feedback",
+           st.source);
   z.mics_shard_size = s.integer("mics_shard_size", -1, at_least(-1));
   z.mics_hierarchical_params_gather = s.boolean("mics_hierarchical_params_gather", false);
   z.memory_efficient_linear = s.boolean("memory_efficient_linear", true);
@@ -879,10 +874,11 @@ void derive_batch(std::optional<int64_t> tb, std::optional<int64_t> mb, std::opt
 // ZeRO++'s weight keys act on stage 3's parameter gathers (docs/zero.md, "ZeRO++").
 void warn_zeropp(const ZeroConfig& z, ParseState& st) {
   for (auto [key, on] : {std::pair<const char*, bool>{"zero_quantized_weights", z.zero_quantized_weights},
-                         {"zero_hpz_partition_size", z.zero_hpz_partition_size > 1}})
+                         {"zero_hpz_partition_size", z.zero_hpz_partition_size > 1},
+                         {"zero_quantized_gradients", z.zero_quantized_gradients}})
     if (on && z.stage != 3)
       st.warn(fmt::format("[config] zero_optimization.{} has no effect below stage 3 (stage is "
-                          "{}): it changes how stage 3 gathers parameters",
+                          "{}): it changes how stage 3 gathers parameters and reduces gradients",
                           key, z.stage));
   if (z.mics_shard_size > 0 && z.stage != 3)
     st.warn(fmt::format("[config] zero_optimization.mics_shard_size has no effect below stage 3 "
@@ -901,6 +897,23 @@ void warn_zeropp(const ZeroConfig& z, ParseState& st) {
             "quantized");
 }
 
+// The 1-bit optimizers average their momentum over every rank's whole copy: ZeRO stage 0 only
+// (DeepSpeed's engine asserts "1bit-Adam is not compatible with ZeRO", even with
+// zero_allow_untested_optimizer).
+void check_one_bit_zero(OptimizerType t, int stage, const ParseState& st) {
+  const char* ds_name = t == OptimizerType::OneBitAdam    ? "1bit-Adam"
+                        : t == OptimizerType::ZeroOneAdam ? "0/1 Adam"
+                        : t == OptimizerType::OneBitLamb  ? "1bit-Lamb"
+                                                          : nullptr;
+  if (ds_name && stage > 0)
+    DS_THROW(
+        "[config] optimizer.type = \"{}\" needs zero_optimization.stage 0, got stage {} in {}: "
+        "the 1-bit optimizers compress the momentum of the whole model on every rank (DeepSpeed: "
+        "\"{} is not compatible with ZeRO\"); set zero_optimization.stage to 0, or use Adam with "
+        "ZeRO",
+        optimizer_type_name(t), stage, st.source, ds_name);
+}
+
 void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
   DS_CHECK(!(cfg.fp16.enabled && cfg.bf16.enabled),
            "[config] fp16.enabled and bf16.enabled are both true in {}: bfloat16 and fp16 modes "
@@ -916,6 +929,7 @@ void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
 
   auto& z = cfg.zero_optimization;
   const auto t = cfg.optimizer.type;
+  check_one_bit_zero(t, z.stage, st);
   if (z.stage > 0 && t != OptimizerType::None && t != OptimizerType::Adam &&
       t != OptimizerType::AdamW && t != OptimizerType::Adagrad && t != OptimizerType::Lion &&
       t != OptimizerType::Muon && t != OptimizerType::MuAdam && t != OptimizerType::MuAdamW &&

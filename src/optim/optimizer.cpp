@@ -8,6 +8,7 @@
 #include "ds/core/allocator.h"
 #include "ds/optim/muon.h"
 #include "ds/optim/mup.h"
+#include "ds/optim/onebit.h"
 #include "optim_internal.h"
 
 namespace ds::optim {
@@ -444,10 +445,10 @@ std::unique_ptr<Optimizer> make_optimizer(std::string_view type, const Optimizer
     const MupKind k = t == "musgd" ? MupKind::sgd : t == "muadamw" ? MupKind::adamw : MupKind::adam;
     return std::make_unique<Mup>(k, a, s);
   }
+  if (auto onebit = make_onebit_optimizer(t, p)) return onebit;
   DS_THROW(
       "[optim] optimizer type '{}' is not implemented; supported: Adam, AdamW, Lamb, SGD, Muon, "
-      "MuAdam, MuAdamW, MuSGD "
-      "(case-insensitive)",
+      "MuAdam, MuAdamW, MuSGD, OneBitAdam, ZeroOneAdam, OneBitLamb (case-insensitive)",
       type);
 }
 

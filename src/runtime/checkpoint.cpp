@@ -31,6 +31,7 @@
 
 #include "checkpoint_format.h"
 #include "checkpoint_parts.h"
+#include "checkpoint_rank_state.h"
 #include "ds/comm/group.h"
 #include "ds/core/checksum.h"
 #include "ds/core/error.h"
@@ -366,6 +367,9 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
     // MiCS: the first replica group writes the shards (the others hold the same).
     if ((zero_->partitioned() && zero_->writes_optimizer_shard()) || group_->rank() == 0)
       write_optimizer_shard(tmp.string());
+    // The 1-bit optimizers' error feedback differs on every rank: each writes its own.
+    detail::save_rank_state(*optimizer_, tmp, group_->rank(),
+                            options_.topology ? options_.topology->mp_rank() : 0, group_->size());
   } catch (const std::exception& e) {
     error = fmt::format(
         "[checkpoint] rank {} failed writing {}: {} (is the disk full or the folder read-only?)",

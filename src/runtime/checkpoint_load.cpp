@@ -19,6 +19,7 @@
 
 #include "checkpoint_format.h"
 #include "checkpoint_parts.h"
+#include "checkpoint_rank_state.h"
 #include "ds/comm/group.h"
 #include "ds/core/error.h"
 #include "ds/core/rng.h"
@@ -537,6 +538,10 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
   in_file(shards.readers.front().path(), [&] {
     optimizer_->load_scalar_state(shards.scalar_state.get<std::map<std::string, double>>());
   });
+  const std::string reset =
+      detail::load_rank_state(*optimizer_, ckpt.folder(), group_->rank(),
+                              options_.topology ? options_.topology->mp_rank() : 0, group_->size());
+  if (!reset.empty()) log(reset);
   in_file((ckpt.folder() / kModelFile).string(), [&] {
     scheduler_.load_state_dict(record.lr_state);
     scaler_.load_state_dict(record.scaler_state);

@@ -24,6 +24,7 @@
 #include "ds/ops/ops.h"
 #include "ds/optim/muon.h"
 #include "ds/optim/mup.h"
+#include "ds/optim/onebit.h"
 #include "ds/zero/muon_plan.h"
 
 namespace ds::runtime {
@@ -47,6 +48,25 @@ optim::OptimizerParams optimizer_params(const config::OptimizerConfig& o) {
   p.adam_lr = static_cast<float>(o.adam_lr);
   p.lr_given = o.lr_given;
   p.ns_method = o.ns_method;
+  p.onebit.freeze_step = o.freeze_step;
+  // ZeroOneAdam's keys, checked by the config (config.cpp, read_adam_params).
+  const auto extra = [&](const char* key, int64_t& out) {
+    if (auto it = o.extra_params.find(key); it != o.extra_params.end() && it->is_number_integer())
+      out = it->get<int64_t>();
+  };
+  extra("var_freeze_step", p.onebit.var_freeze_step);
+  extra("var_update_scaler", p.onebit.var_update_scaler);
+  extra("local_step_scaler", p.onebit.local_step_scaler);
+  extra("local_step_clipper", p.onebit.local_step_clipper);
+  // OneBitLamb's keys, checked by the config (read_lamb_params).
+  const auto real = [&](const char* key, float& out) {
+    if (auto it = o.extra_params.find(key); it != o.extra_params.end() && it->is_number())
+      out = it->get<float>();
+  };
+  real("coeff_beta", p.onebit.coeff_beta);
+  real("factor_max", p.onebit.factor_max);
+  real("factor_min", p.onebit.factor_min);
+  real("factor_threshold", p.onebit.factor_threshold);
   return p;
 }
 
@@ -69,10 +89,16 @@ std::string optimizer_name(const config::OptimizerConfig& o) {
       return "MuAdamW";
     case config::OptimizerType::MuSGD:
       return "MuSGD";
+    case config::OptimizerType::OneBitAdam:
+      return "OneBitAdam";
+    case config::OptimizerType::ZeroOneAdam:
+      return "ZeroOneAdam";
+    case config::OptimizerType::OneBitLamb:
+      return "OneBitLamb";
     default:
       DS_THROW(
           "[engine] optimizer '{}' is accepted by the config but not implemented yet; use "
-          "Adam, AdamW, Lamb, SGD, Muon or the muP types",
+          "Adam, AdamW, Lamb, SGD, Muon, the muP types, OneBitAdam, ZeroOneAdam or OneBitLamb",
           config::optimizer_type_name(o.type));
   }
 }
@@ -145,6 +171,7 @@ zero::Options zero_options(const config::DeepSpeedConfig& c, DType grads, int wo
   o.max_live_parameters = static_cast<int64_t>(z.stage3_max_live_parameters);
   o.max_reuse_distance = static_cast<int64_t>(z.stage3_max_reuse_distance);
   o.quantized_weights = z.zero_quantized_weights && z.stage == 3;
+  o.quantized_gradients = z.zero_quantized_gradients && z.stage == 3;
   o.hpz_partition_size = z.stage == 3 ? std::max<int64_t>(1, z.zero_hpz_partition_size) : 1;
   o.mics_shard_size = z.stage == 3 ? z.mics_shard_size : -1;
   o.sub_group_size = std::max<int64_t>(1, static_cast<int64_t>(z.sub_group_size));
@@ -323,6 +350,12 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
              "orthogonalise its slice of a matrix, not the matrix); use AdamW or tensor_parallel 1");
     zero::attach_muon(*muon, *zero_, [this](const std::string& m) { log(m); });
   }
+  if (auto* onebit = dynamic_cast<optim::CompressedOptimizer*>(optimizer_.get())) {
+    // The 1-bit family averages its momentum over the data-parallel ranks itself.
+    DS_CHECK(zero_->stage() == 0, "[engine] {} needs ZeRO stage 0 (got {})", onebit->name(),
+             zero_->stage());
+    onebit->set_group(group_);
+  }
   // Master weights and moments: in RAM, or streamed from NVMe (offload_optimizer).
   zero_->attach_optimizer(*optimizer_, [this](const std::string& m) { log(m); });
 
@@ -401,6 +434,22 @@ bool Engine::steps_in_backward() const {
   return config_.gradient_clipping <= 0 && !config_.fp16.enabled && zero_->can_step_in_backward();
 }
 
+void Engine::follow_onebit_all_reduce() {
+  // DeepSpeed's 1-bit optimizers turn the engine's backward all-reduce off after their warm-up
+  // (enable_backward_allreduce = False): each rank's own gradient goes to the optimizer then.
+  if (auto* onebit = dynamic_cast<optim::CompressedOptimizer*>(optimizer_.get()))
+    zero_->set_gradient_all_reduce(onebit->wants_reduced_gradients());
+}
+
+bool Engine::any_rank_overflow(bool mine, const std::string& ctx) {
+  // With local gradients (1-bit optimizers after the freeze) the norm is this rank's own: the
+  // skip decision must still be the same everywhere, or ranks would issue different collectives.
+  if (zero_->gradient_all_reduce() || group_->size() == 1) return mine;
+  float flag = mine ? 1.0f : 0.0f;
+  group_->all_reduce(&flag, 1, DType::f32, comm::ReduceOp::max, ctx + " overflow check");
+  return flag != 0.0f;
+}
+
 void Engine::set_optimizer_schedule() {
   optimizer_->set_lr(static_cast<float>(scheduler_.get_lr()));
   if (auto beta1 = scheduler_.get_beta1())
@@ -428,6 +477,7 @@ void Engine::backward(const Tensor& loss) {
     zero_->plan_step_in_backward(*optimizer_,
                                  static_cast<float>(clip.factor * zero_->grad_post_scale()));
   }
+  follow_onebit_all_reduce();
   zero_->begin_backward(is_gradient_accumulation_boundary(), step_label());
   ops::mul(loss.dtype() == DType::f32 ? loss : ops::cast(loss, DType::f32),
            static_cast<float>(scaler_.scale() / gas))
@@ -443,6 +493,7 @@ void Engine::backward(const std::vector<Tensor>& roots, const std::vector<Tensor
            "[engine] a stage backward needs one gradient per root ({} roots, {} gradients)",
            roots.size(), grads.size());
   const WallClockBreakdown::Scope timed(wall_clock_, WallClockBreakdown::kBackward);
+  follow_onebit_all_reduce();
   zero_->begin_backward(is_gradient_accumulation_boundary(), step_label());
   autograd::backward(roots, grads);
   zero_->end_backward();
@@ -531,7 +582,7 @@ bool Engine::take_step() {
   const double scale = scaler_.scale();
   // The buffers hold prescale * sum over ranks; the average is that times grad_post_scale.
   const double norm_scaled = std::sqrt(sq) * zero_->grad_post_scale();
-  const bool overflow = !std::isfinite(norm_scaled);
+  const bool overflow = any_rank_overflow(!std::isfinite(norm_scaled), ctx);
   last_grad_norm_ = norm_scaled / scale;
   ++global_steps_;
 

@@ -137,7 +137,8 @@ class FlatStrategy final : public Strategy {
   void begin_backward(bool boundary, const std::string& ctx) override {
     // Stage 2 reduces every micro-step (each rank keeps only its partition); stage 0 reduces on
     // the boundary micro-step, overlapped with its backward; stage 1 reduce-scatters at the step.
-    if (buckets_ && (options_.stage == 2 || boundary)) buckets_->begin(ctx);
+    if (buckets_ && (options_.stage == 2 || boundary) && all_reduce_gradients_)
+      buckets_->begin(ctx);
     prefetch_optimizer_state(boundary);
   }
   void end_backward() override {

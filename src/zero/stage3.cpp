@@ -653,17 +653,42 @@ class Stage3Strategy final : public Strategy {
       if (comm_prescale_ != 1.0f && n > 1) ops::mul_(staging, comm_prescale_);
       // The reduced chunk lands in host memory beside the shard (on a device: copied down).
       Tensor out = n > 1 ? Tensor::empty({len}, cd, kCPU) : staging.to(kCPU);
-      comm::Work w = n > 1 ? group_->reduce_scatter_async(
-                                 staging, out, comm::ReduceOp::sum,
-                                 fmt::format("{} gradient of {}", ctx_,
-                                             flat_.entries[static_cast<size_t>(i)].name))
-                           : comm::Work();
+      const std::string what =
+          fmt::format("{} gradient of {}", ctx_, flat_.entries[static_cast<size_t>(i)].name);
+      comm::Work w = n == 1                        ? comm::Work()
+                     : options_.quantized_gradients ? launch_quantized_reduce(staging, out, what)
+                                                    : group_->reduce_scatter_async(
+                                                          staging, out, comm::ReduceOp::sum, what);
       in_flight_.push_back({i, c, staging, out, w});
       // Fold finished reductions into the shard as backward goes, so that only the last few
       // chunks' staging is alive at any time.
       finish_reductions(static_cast<size_t>(reductions_in_flight()));
     }
     p.set_grad({});
+  }
+
+  // qgZ: the reduce-scatter of `staging` (N slices of len) into `out` with int4 blocks: each
+  // slice is quantized (zero/quantize.h) and sent to its owner by one all-to-all; the owner
+  // dequantizes the N slices it receives and sums them in fp32, in rank order (Work::after_wait).
+  comm::Work launch_quantized_reduce(const Tensor& staging, const Tensor& out,
+                                     const std::string& what) {
+    const int64_t n = group_->size(), len = out.numel();
+    const int64_t words = quantized_words(len, 4);
+    auto send = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(words * n));
+    auto recv = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(words * n));
+    const Tensor values = staging.dtype() == DType::f32 && staging.device().is_cpu()
+                              ? staging.contiguous()
+                              : staging.to(kCPU).to(DType::f32);
+    for (int64_t r = 0; r < n; ++r)
+      quantize_blocks(values.data<float>() + r * len, len, 4, send->data() + r * words);
+    comm::Work w = group_->all_to_all_async(send->data(), recv->data(), static_cast<size_t>(words),
+                                            DType::i32, what + " (int4, qgZ)");
+    return w.after_wait([send, recv, out, n, len, words] {
+      Tensor sum = Tensor::zeros({len}, DType::f32, kCPU);
+      for (int64_t r = 0; r < n; ++r)
+        dequantize_blocks(recv->data() + r * words, len, 4, sum.data<float>(), /*accumulate=*/true);
+      out.copy_from(sum);
+    });
   }
 
   void finish_reductions(size_t keep) {

@@ -53,6 +53,13 @@ void Strategy::place_frozen() {
   if (group_->size() > 1) group_->broadcast(frozen_.params, 0, "initial frozen weights");
 }
 
+void Strategy::set_gradient_all_reduce(bool on) {
+  DS_CHECK(on || options_.stage == 0,
+           "[zero] the gradient all-reduce can be turned off at stage 0 only (stage {})",
+           options_.stage);
+  all_reduce_gradients_ = on;
+}
+
 double Strategy::global_sum_of_squares(const Tensor& g, const std::string& ctx) {
   DS_CHECK(is_floating(g.dtype()) && g.numel() == opt_numel_ && g.is_contiguous(),
            "[zero] the gradients for the norm must be ({},) floating point, got {} {}", opt_numel_,

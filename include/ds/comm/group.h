@@ -66,10 +66,11 @@ enum class OpKind : uint8_t {
   barrier,
   send,
   recv,
-  split
+  split,
+  all_to_all
 };
 const char* op_name(OpKind op);  // "all_reduce", ...
-inline constexpr int kNumOpKinds = 9;
+inline constexpr int kNumOpKinds = 10;
 
 // A deadline expired. what() names the operation, its sequence number, context and missing ranks.
 class TimeoutError : public Error {
@@ -157,6 +158,10 @@ class Group {
   Work broadcast_async(void* buf, size_t count, DType dtype, int root,
                        std::string_view context = {});
   Work barrier_async(std::string_view context = {});
+  // in (size() * chunk) -> out (size() * chunk): rank r's in[j * chunk, +chunk) lands at
+  // out[r * chunk, +chunk) of rank j (MPI_Alltoall). in and out must not overlap.
+  Work all_to_all_async(const void* in, void* out, size_t chunk, DType dtype,
+                        std::string_view context = {});
   // Point to point; (src, tag) pairs match in issue order. Not collective: no sequence number.
   Work send_async(const void* buf, size_t count, DType dtype, int dst, int tag,
                   std::string_view context = {});
@@ -183,6 +188,10 @@ class Group {
     broadcast_async(buf, count, dtype, root, context).wait();
   }
   void barrier(std::string_view context = {}) { barrier_async(context).wait(); }
+  void all_to_all(const void* in, void* out, size_t chunk, DType dtype,
+                  std::string_view context = {}) {
+    all_to_all_async(in, out, chunk, dtype, context).wait();
+  }
   void send(const void* buf, size_t count, DType dtype, int dst, int tag,
             std::string_view context = {}) {
     send_async(buf, count, dtype, dst, tag, context).wait();

@@ -107,11 +107,11 @@ enum class OptimizerType {
   SGD,
   Adagrad,
   Lion,
-  Muon,  // DeepSpeed's MuonWithAuxAdam: Muon for hidden 2-D matrices, AdamW for the rest
-  // DeepSpeed optimizers accepted with a warning (not implemented here yet).
-  OneBitAdam,
-  ZeroOneAdam,
-  OneBitLamb,
+  Muon,         // DeepSpeed's MuonWithAuxAdam: Muon for hidden 2-D matrices, AdamW for the rest
+  OneBitAdam,   // optim/onebit.h (ZeRO stage 0 only)
+  ZeroOneAdam,  // optim/onebit.h (ZeRO stage 0 only)
+  OneBitLamb,   // optim/onebit.h (ZeRO stage 0 only)
+  // muP (optim/mup.h): width multipliers from the program's base shapes.
   MuAdam,
   MuAdamW,
   MuSGD,
@@ -144,7 +144,8 @@ struct OptimizerConfig {
   double adam_lr = -1.0;
   bool lr_given = false;  // "lr" was in the file (Muon's groups then default to it)
   std::string ns_method = "gram";
-  // One-bit family (accepted, not implemented).
+  // One-bit family: freeze_step (OneBitAdam, OneBitLamb); cuda_aware and comm_backend_name are
+  // accepted and mean nothing here (the compressed all-reduce runs over comm::Group).
   int64_t freeze_step = 100000;
   bool cuda_aware = false;
   std::string comm_backend_name = "nccl";

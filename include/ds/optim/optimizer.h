@@ -26,6 +26,20 @@
 
 namespace ds::optim {
 
+// The 1-bit optimizers' own keys (DeepSpeed's OnebitAdam / ZeroOneAdam / OnebitLamb arguments;
+// onebit.h).
+struct OneBitParams {
+  int64_t freeze_step = 100000;      // OneBitAdam: warm-up steps before compression
+  int64_t var_freeze_step = 100000;  // ZeroOneAdam: the variance stops changing after this step
+  int64_t var_update_scaler = 16;    // ZeroOneAdam: variance updates per interval before doubling
+  int64_t local_step_scaler = 32678;  // ZeroOneAdam: steps per local-step interval doubling
+  int64_t local_step_clipper = 16;    // ZeroOneAdam: the local-step interval's cap
+  float coeff_beta = 0.9f;            // OneBitLamb: the warm-up trust ratios' moving average
+  float factor_max = 4.0f;            // OneBitLamb: the compression stage's factor bounds
+  float factor_min = 0.5f;
+  float factor_threshold = 0.1f;      // OneBitLamb: the factor's largest change per step
+};
+
 // Every optimizer's parameters in one struct (DeepSpeed's "optimizer.params" keys and defaults,
 // docs/config.md); each optimizer reads the fields it knows. The engine fills it from the config.
 struct OptimizerParams {
@@ -47,6 +61,7 @@ struct OptimizerParams {
   std::string ns_method = "gram";            // Muon: "gram" or "standard"
   float dampening = 0.0f;                    // SGD
   bool nesterov = false;                     // SGD
+  OneBitParams onebit;                       // OneBitAdam, ZeroOneAdam, OneBitLamb
 };
 
 // A named fp32 state buffer of numel elements (for checkpoints): "exp_avg", "exp_avg_sq",
@@ -279,7 +294,8 @@ class Sgd final : public Optimizer {
   bool momentum_started_ = false;  // the buffer holds a value (torch: state has momentum_buffer)
 };
 
-// The optimizer named by `type` ("Adam", "AdamW", "Lamb", "SGD"; case-insensitive), as DeepSpeed's
+// The optimizer named by `type` ("Adam", "AdamW", "Lamb", "SGD", and the 1-bit family of
+// onebit.h; case-insensitive), as DeepSpeed's
 // config names it. "Adam" honours p.adam_w_mode (default true: decoupled decay, as DeepSpeed);
 // "AdamW" always decouples. Other DeepSpeed types are an error that lists the supported ones.
 std::unique_ptr<Optimizer> make_optimizer(std::string_view type, const OptimizerParams& p = {});

@@ -216,6 +216,10 @@ class Engine {
   // optimizer step during backward"): offloaded stage 3, no gradient clipping, no fp16.
   bool steps_in_backward() const;
   void set_optimizer_schedule();  // the scheduler's lr (and OneCycle's beta1) into the optimizer
+  // The 1-bit optimizers (optim/onebit.h): the gradient all-reduce on or off for the coming step
+  // as the optimizer wants it, and the skip decision agreed by every rank while it is off.
+  void follow_onebit_all_reduce();
+  bool any_rank_overflow(bool mine, const std::string& ctx);
   bool take_step();  // step()'s work, timed by wall_clock_
   std::string step_label() const;  // "step N" of the step being computed, for collectives
   void check_single_model_part(const char* what) const;  // refuses pp > 1 checkpoints

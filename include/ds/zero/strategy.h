@@ -91,6 +91,9 @@ struct Options {
   // kQuantBlock (zero/quantize.h) and dequantize it into the gathered parameter; the master
   // weights, and the gathers of checkpoints and exports, stay exact.
   bool quantized_weights = false;
+  // quantized_gradients (qgZ): each gradient reduce-scatter becomes an all-to-all of int4 blocks
+  // (zero/quantize.h), dequantized and summed in fp32 by each piece's owner.
+  bool quantized_gradients = false;
   // hpz_partition_size (hpZ) h > 1: the forward's gathers span the data-parallel group and each
   // rank keeps 1/h of every gathered parameter (its secondary piece) when the parameter is
   // released, so the backward's gathers (and recomputes) run within groups of h consecutive ranks
@@ -234,8 +237,13 @@ class Strategy {
   // only, so it counts once). Call once, before the first step.
   void set_pipeline_parallel(std::shared_ptr<comm::Group> pipe);
   // The factor that turns the reduced gradients into the average over ranks (1 / N unless the
-  // reduction already divided by it).
-  double grad_post_scale() const { return grad_post_scale_; }
+  // reduction already divided by it); 1 while the gradient all-reduce is off.
+  double grad_post_scale() const { return all_reduce_gradients_ ? grad_post_scale_ : 1.0; }
+  // DeepSpeed's enable_backward_allreduce: off, the next backward leaves each rank's gradients
+  // its own (the 1-bit optimizers average their momentum themselves, optim/onebit.h). Stage 0
+  // only; set before begin_backward() of a step's first micro-step, and kept until changed.
+  void set_gradient_all_reduce(bool on);
+  bool gradient_all_reduce() const { return all_reduce_gradients_; }
   // The optimizer step on this rank's range: grads (optimizer_numel,) fp32 times grad_scale;
   // updates the master weights and params16() through state(). With NVMe offload a collective:
   // an I/O failure on any rank becomes an error on every rank.
@@ -389,6 +397,7 @@ class Strategy {
   int64_t master_bytes() const;
   // dst (optimizer_numel,) of the training dtype = the master weights, rounded (through state()).
   void round_master_into(const Tensor& dst);
+  bool all_reduce_gradients_ = true;  // set_gradient_all_reduce()
   float comm_prescale_ = 1.0f;    // applied to gradients before a reduction
   double grad_post_scale_ = 1.0;  // folded into the optimizer's gradient scale after it
   int64_t reductions_in_flight() const { return options_.overlap_comm ? 2 : 0; }
