@@ -5,7 +5,7 @@
 //   mpirun -np 2 --oversubscribe -x OMP_NUM_THREADS=1 build/bench/bench_zero \
 //       [--model tiny] [--stage 0..3] [--batch 8] [--seq 256] [--steps 5] [--warmup 1]
 //       [--bucket 5000000] [--threads 1] [--torch_tokens_per_s X] [--gradient_checkpointing]
-//       [--zero_json '"stage3_max_reuse_distance": 0, ...']
+//       [--zero_json '"stage3_max_reuse_distance": 0, ...'] [--comm_bytes]
 //
 // fp32, AdamW, gradient_accumulation_steps 1, micro-batch --batch per rank; each rank trains on its
 // own synthetic tokens. Stage 3 builds the model under nn::PartitionedInit (no rank ever holds the
@@ -18,6 +18,9 @@
 // allocator's peak in use and reserved bytes, peak RSS) and, last,
 //   BENCH zero stage=<s> tokens_per_s=<x> torch_ddp_tokens_per_s=<y> ratio=<x/y> peak_rss_mib=<m>
 // with peak_rss_mib the largest rank's VmHWM (the number a per-rank memory cap constrains).
+// --comm_bytes: comms_logger over the timed steps; rank 0 adds, per collective kind,
+//   COMM op=<all_gather|reduce_scatter|all_to_all|...> bytes_per_step=<b> count_per_step=<c>
+// (rank 0's message bytes, comm/logger.h). bench/run_zeropp.sh compares ZeRO++ and MiCS this way.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,6 +34,7 @@
 
 #include "ds/backend/backend.h"
 #include "ds/comm/group.h"
+#include "ds/comm/logger.h"
 #include "ds/core/allocator.h"
 #include "ds/core/parallel.h"
 #include "ds/core/rng.h"
@@ -75,7 +79,7 @@ int main(int argc, char** argv) {
   int stage = 0, steps = 5, warmup = 1, threads = 1;
   int64_t batch = 8, seq = 256, bucket = 5000000;
   double torch_tps = 0.0;
-  bool checkpointing = false;
+  bool checkpointing = false, comm_bytes = false;
   app.add_option("--model", model_name, "model preset (tiny, gpt2-124m, ...)")->capture_default_str();
   app.add_option("--stage", stage, "ZeRO stage 0-3")->check(CLI::Range(0, 3))->capture_default_str();
   app.add_option("--batch", batch, "micro-batch per rank")->capture_default_str();
@@ -88,6 +92,7 @@ int main(int argc, char** argv) {
   app.add_option("--torch_tokens_per_s", torch_tps, "PyTorch DDP tokens/s measured by the driver")
       ->capture_default_str();
   app.add_flag("--gradient_checkpointing", checkpointing, "recompute blocks in backward");
+  app.add_flag("--comm_bytes", comm_bytes, "print each collective's bytes per timed step");
   std::string zero_extra;
   app.add_option("--zero_json", zero_extra,
                  "extra zero_optimization keys, e.g. '\"stage3_max_reuse_distance\": 0'");
@@ -137,6 +142,10 @@ int main(int argc, char** argv) {
       const uint64_t stream = static_cast<uint64_t>(s) * static_cast<uint64_t>(n) + static_cast<uint64_t>(rank);
       Tensor x = tokens(batch, seq, cfg.vocab_size, 2 * stream);
       Tensor y = tokens(batch, seq, cfg.vocab_size, 2 * stream + 1);
+      if (comm_bytes && s == warmup) {
+        comm::comms_logger().enable(true);
+        comm::comms_logger().reset();
+      }
       auto t0 = Clock::now();
       Tensor loss = engine->forward(x, y);
       engine->backward(loss);
@@ -190,6 +199,10 @@ int main(int argc, char** argv) {
       std::printf("MEM zero stage=%d model_states_mib=%.1f alloc_peak_in_use_mib=%.1f "
                   "alloc_reserved_mib=%.1f peak_rss_mib=%.1f\n",
                   stage, mib(states), mib(in_use), mib(reserved), peak_kib / 1024.0);
+      if (comm_bytes && steps > 0)
+        for (const auto& [op, e] : comm::comms_logger().totals())
+          std::printf("COMM op=%s bytes_per_step=%.0f count_per_step=%.1f\n", comm::op_name(op),
+                      static_cast<double>(e.bytes) / steps, static_cast<double>(e.count) / steps);
       std::printf("BENCH zero stage=%d tokens_per_s=%.1f torch_ddp_tokens_per_s=%.1f ratio=%.3f peak_rss_mib=%.1f\n",
                   stage, tps, torch_tps, torch_tps > 0 ? tps / torch_tps : 0.0, peak_kib / 1024.0);
       std::fflush(stdout);
