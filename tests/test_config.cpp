@@ -735,11 +735,11 @@ TEST(ConfigWarnings, OneWarningPerUnimplementedKey) {
     "zero_optimization": {"stage": 3, "zero_quantized_weights": true, "zero_hpz_partition_size": 8,
                           "offload_optimizer": {"device": "cpu", "nvme_path": "/local_nvme"}},
     "optimizer": {"type": "MuAdam", "params": {"lr": 1e-3}},
-    "elasticity": {"enabled": true, "max_train_batch_size": 100},
+    "autotuning": {"enabled": true, "fast": true},
     "zero_allow_untested_optimizer": true
   })");
   for (const char* key :
-       {"zero_optimization.offload_optimizer.device = \"cpu\"", "elasticity"}) {
+       {"zero_optimization.offload_optimizer.device = \"cpu\"", "autotuning"}) {
     int n = 0;
     for (const auto& w : c.warnings) n += w.find(key) != std::string::npos;
     EXPECT_EQ(n, 1) << key;
@@ -766,7 +766,54 @@ TEST(ConfigWarnings, OneWarningPerUnimplementedKey) {
   std::fclose(f);
   std::string printed(buf, n);
   EXPECT_EQ(std::count(printed.begin(), printed.end(), '\n'), 2);
-  EXPECT_HAS(printed, "elasticity");
+  EXPECT_HAS(printed, "autotuning");
+}
+
+// Issue 34's acceptance: a config that turns on every section it covered (monitors, the flops
+// profiler, Muon or a 1-bit optimizer, ZeRO++, MiCS, the activation-checkpointing section) parses
+// without a single warning.
+TEST(ConfigWarnings, EverySectionOnStartsWithoutAWarning) {
+  const std::string common = R"(
+    "train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
+    "tensorboard": {"enabled": true, "output_path": "tb/", "job_name": "run"},
+    "csv_monitor": {"enabled": true, "output_path": "csv/"},
+    "flops_profiler": {"enabled": true, "profile_step": 2, "module_depth": 2, "top_modules": 3,
+                       "detailed": true, "output_file": "profile.txt", "recompute_fwd_factor": 1.0},
+    "activation_checkpointing": {"partition_activations": true, "cpu_checkpointing": true,
+      "contiguous_memory_optimization": true, "number_checkpoints": 4,
+      "synchronize_checkpoint_boundary": true, "profile": true},
+    "comms_logger": {"enabled": true})";
+  const auto zero3 = parse(fmt::format(R"({{{},
+    "optimizer": {{"type": "Muon", "params": {{"lr": 1e-3, "muon_lr": 0.02, "adam_lr": 3e-4}}}},
+    "zero_optimization": {{"stage": 3, "zero_quantized_weights": true,
+      "zero_quantized_gradients": true, "zero_hpz_partition_size": 2, "mics_shard_size": 4}}}})",
+                                       common));
+  EXPECT_TRUE(zero3.warnings.empty()) << fmt::format("{}", fmt::join(zero3.warnings, "\n"));
+  for (const char* type : {"OneBitAdam", "ZeroOneAdam", "OneBitLamb"}) {
+    const auto onebit = parse(fmt::format(R"({{{},
+      "optimizer": {{"type": "{}", "params": {{"lr": 1e-3, "freeze_step": 10}}}},
+      "zero_optimization": {{"stage": 0}}}})",
+                                          common, type));
+    EXPECT_TRUE(onebit.warnings.empty()) << type << ": " << fmt::join(onebit.warnings, "\n");
+  }
+  const auto mup = parse(fmt::format(R"({{{},
+    "optimizer": {{"type": "MuAdamW", "params": {{"lr": 1e-3}}}},
+    "zero_optimization": {{"stage": 2}}, "zero_allow_untested_optimizer": true}})",
+                                     common));
+  EXPECT_TRUE(mup.warnings.empty()) << fmt::format("{}", fmt::join(mup.warnings, "\n"));
+}
+
+// The sections DeepSpeed 0.19 removed are refused whatever their value, as DeepSpeed refuses them.
+TEST(ConfigWarnings, SectionsDeepSpeedRemovedAreRefused) {
+  for (const char* key : {"elasticity", "amp", "nebula", "sparse_attention", "graph_harvesting",
+                          "sparse_gradients", "progressive_layer_drop", "curriculum_learning",
+                          "eigenvalue", "quantize_training", "compression_training"}) {
+    const std::string e =
+        error_of(fmt::format(R"({{"train_batch_size": 8, "{}": {{"enabled": false}}}})", key));
+    EXPECT_HAS(e, fmt::format("[config] {} in", key));
+    EXPECT_HAS(e, "DeepSpeed 0.19 removed");
+    EXPECT_HAS(e, "remove the key");
+  }
 }
 
 // ZeRO++'s weight keys act on stage 3's gathers: below it they warn; quantizing frozen weights has
@@ -814,9 +861,9 @@ TEST(ConfigWarnings, WandbAndCometAreRefusedWithTheAlternatives) {
 
 TEST(ConfigWarnings, DisabledOrDefaultValuesDoNotWarn) {
   auto c = parse(R"({"train_batch_size": 8, "tensorboard": {"enabled": false, "output_path": "x"},
-                     "elasticity": {"enabled": false}, "flops_profiler": {"enabled": false},
+                     "autotuning": {"enabled": false}, "flops_profiler": {"enabled": false},
                      "zero_optimization": {"zero_quantized_weights": false, "zero_hpz_partition_size": 1},
-                     "amp": {}, "csv_monitor": {"enabled": true, "output_path": "logs/"},
+                     "hybrid_engine": {}, "csv_monitor": {"enabled": true, "output_path": "logs/"},
                      "comms_logger": {"enabled": true, "prof_ops": ["all_reduce"]}})");
   EXPECT_TRUE(c.warnings.empty()) << fmt::format("{}", fmt::join(c.warnings, "\n"));
   EXPECT_TRUE(c.csv_monitor.enabled);

@@ -744,21 +744,31 @@ struct OpaqueSection {
   const char* what;
 };
 constexpr OpaqueSection kOpaqueSections[] = {
-    {"amp", "NVIDIA Apex AMP (use fp16 or bf16)"},
-    {"sparse_attention", "sparse attention"},
-    {"elasticity", "elastic training"},
     {"autotuning", "the autotuner"},
-    {"compression_training", "compression training"},
     {"data_efficiency", "data efficiency (curriculum learning, random-LTD)"},
-    {"curriculum_learning", "legacy curriculum learning"},
-    {"nebula", "Nebula checkpointing"},
     {"weight_quantization", "weight quantization"},
     {"compile", "torch.compile integration"},
     {"timers", "DeepSpeed's throughput timers"},
     {"hybrid_engine", "the RLHF hybrid engine"},
-    {"eigenvalue", "eigenvalue computation"},
-    {"progressive_layer_drop", "progressive layer drop"},
-    {"quantize_training", "quantization-aware training"},
+};
+
+// Top-level keys DeepSpeed 0.19 removed and refuses when present, whatever their value
+// (runtime/config.py's _REMOVED_TOP_LEVEL_CONFIG_KEYS, deepspeedai/DeepSpeed#8489): refused here
+// too, with DeepSpeed's advice.
+constexpr OpaqueSection kRemovedSections[] = {
+    {"nebula", "Nebula checkpointing"},
+    {"compression_training", "the compression library"},
+    {"amp", "NVIDIA Apex AMP integration (use \"fp16\" or \"bf16\")"},
+    {"quantize_training", "Mixture-of-Quantization (MoQ)"},
+    {"sparse_gradients", "sparse compression of dense embedding gradients"},
+    {"eigenvalue", "eigenvalue-based MoQ"},
+    {"sparse_attention", "Sparse Attention"},
+    {"elasticity", "elastic training (set the batch sizes directly)"},
+    {"graph_harvesting", "graph harvesting"},
+    {"curriculum_learning",
+     "the legacy top-level curriculum_learning (DeepSpeed's replacement is "
+     "data_efficiency.data_sampling.curriculum_learning)"},
+    {"progressive_layer_drop", "Progressive Layer Dropping"},
 };
 
 bool section_active(const json& v) {
@@ -1166,15 +1176,11 @@ DeepSpeedConfig parse_config_json(const nlohmann::json& input, const ConfigConte
   read_comms_logger(top.child("comms_logger"), cfg.comms_logger);
 
   // Top-level switches of DeepSpeed features this project does not implement.
-  top.boolean("sparse_gradients", false);
-  top.todo("sparse_gradients", "sparse embedding gradients");
   top.boolean("disable_allgather", false);
   top.todo("disable_allgather", "disabling the parameter all-gather");
   top.opt_integer("vocabulary_size", at_least(1));
   top.boolean("dataloader_drop_last", false);
   top.todo("dataloader_drop_last", "DeepSpeed's data loader");
-  top.boolean("graph_harvesting", false);
-  top.todo("graph_harvesting", "CUDA graph harvesting");
   top.choice("seq_parallel_communication_data_type", "fp32", kDTypeNames);
   top.todo("seq_parallel_communication_data_type", "sequence parallelism");
   top.boolean("use_data_before_expert_parallelism", false);
@@ -1184,6 +1190,14 @@ DeepSpeedConfig parse_config_json(const nlohmann::json& input, const ConfigConte
     st.warn(
         "[config] allgather_size only applies to the old \"zero_optimization\": true form; "
         "use zero_optimization.allgather_bucket_size");
+  for (const auto& o : kRemovedSections) {
+    top.declare(o.key);
+    DS_CHECK(!top.raw_value(o.key),
+             "[config] {} in {}: DeepSpeed 0.19 removed {} and refuses the key "
+             "(deepspeedai/DeepSpeed#8489); deepspeed.cpp does not have it either: remove the "
+             "key",
+             o.key, st.source, o.what);
+  }
   for (const auto& o : kOpaqueSections) {
     top.declare(o.key);
     const json* v = top.raw_value(o.key);
