@@ -508,19 +508,14 @@ void read_zero(Section s, ZeroConfig& z, ParseState& st) {
   z.round_robin_gradients = s.boolean("round_robin_gradients", false);
   s.todo("round_robin_gradients", "round-robin gradient partitioning");
   z.zero_hpz_partition_size = s.integer("zero_hpz_partition_size", 1, nonneg);
-  s.todo("zero_hpz_partition_size", "ZeRO++ hierarchical partitioning (hpZ)");
   z.zero_quantized_weights = s.boolean("zero_quantized_weights", false);
-  s.todo("zero_quantized_weights", "ZeRO++ quantized weights (qwZ)");
   z.zero_quantized_nontrainable_weights = s.boolean("zero_quantized_nontrainable_weights", false);
-  s.todo("zero_quantized_nontrainable_weights", "ZeRO++ quantized non-trainable weights");
   z.zero_quantized_gradients = s.boolean("zero_quantized_gradients", false);
   s.todo("zero_quantized_gradients", "ZeRO++ quantized gradients (qgZ)");
   z.zeropp_loco_param = s.any("zeropp_loco_param", nullptr);
   s.todo("zeropp_loco_param", "ZeRO++ LoCo error feedback");
   z.mics_shard_size = s.integer("mics_shard_size", -1, at_least(-1));
-  s.todo("mics_shard_size", "MiCS sharding");
   z.mics_hierarchical_params_gather = s.boolean("mics_hierarchical_params_gather", false);
-  s.todo("mics_hierarchical_params_gather", "MiCS hierarchical gathering");
   z.memory_efficient_linear = s.boolean("memory_efficient_linear", true);
   s.todo("memory_efficient_linear", "a PyTorch-specific linear-layer hook");
   z.pipeline_loading_checkpoint = s.boolean("pipeline_loading_checkpoint", false);
@@ -719,7 +714,6 @@ void read_comet(Section s, CometConfig& c) {
 
 void read_flops_profiler(Section s, FlopsProfilerConfig& f) {
   f.enabled = s.boolean("enabled", false);
-  s.todo("enabled", "the flops profiler");
   f.recompute_fwd_factor = s.number("recompute_fwd_factor", 0.0, at_least(0));
   f.profile_step = s.integer("profile_step", 1, at_least(1));
   f.module_depth = s.integer("module_depth", -1, at_least(-1));
@@ -889,6 +883,31 @@ void check_one_bit_zero(OptimizerType t, int stage, const ParseState& st) {
         optimizer_type_name(t), stage, st.source, ds_name);
 }
 
+// ZeRO++'s weight keys act on stage 3's parameter gathers (docs/zero.md, "ZeRO++").
+void warn_zeropp(const ZeroConfig& z, ParseState& st) {
+  for (auto [key, on] : {std::pair<const char*, bool>{"zero_quantized_weights", z.zero_quantized_weights},
+                         {"zero_hpz_partition_size", z.zero_hpz_partition_size > 1}})
+    if (on && z.stage != 3)
+      st.warn(fmt::format("[config] zero_optimization.{} has no effect below stage 3 (stage is "
+                          "{}): it changes how stage 3 gathers parameters",
+                          key, z.stage));
+  if (z.mics_shard_size > 0 && z.stage != 3)
+    st.warn(fmt::format("[config] zero_optimization.mics_shard_size has no effect below stage 3 "
+                        "(stage is {}): MiCS partitions stage 3's parameters",
+                        z.stage));
+  if (z.mics_hierarchical_params_gather)
+    st.warn("[config] zero_optimization.mics_hierarchical_params_gather = true changes nothing: "
+            "it splits a shard group's parameter gather into an intra-node and an inter-node "
+            "step, and deepspeed.cpp's gathers within a node already run as one shared-memory "
+            "collective (docs/communication.md); across nodes MPI's all-gather chooses its own "
+            "algorithm");
+  if (z.zero_quantized_nontrainable_weights)
+    st.warn("[config] zero_optimization.zero_quantized_nontrainable_weights = true changes "
+            "nothing: deepspeed.cpp does not partition frozen parameters (LoRA's base weights "
+            "stay whole on every rank, outside the gathers), so there is nothing to gather "
+            "quantized");
+}
+
 void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
   DS_CHECK(!(cfg.fp16.enabled && cfg.bf16.enabled),
            "[config] fp16.enabled and bf16.enabled are both true in {}: bfloat16 and fp16 modes "
@@ -978,6 +997,7 @@ void cross_checks(DeepSpeedConfig& cfg, ParseState& st) {
         fmt::format("[config] zero_optimization.offload_param has no effect below stage 3 "
                     "(stage is {})",
                     z.stage));
+  warn_zeropp(z, st);
 }
 
 }  // namespace

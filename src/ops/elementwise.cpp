@@ -6,6 +6,7 @@
 
 #include "ds/autograd/grad_mode.h"
 #include "ds/autograd/node.h"
+#include "ds/ops/flop_count.h"
 #include "ds/ops/ops.h"
 #include "ops/op_util.h"
 
@@ -73,6 +74,9 @@ Tensor binary(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
   detail::check_same_device(a, b, name);
   DS_CHECK(a.dtype() == b.dtype(), "[{}] dtypes differ: {} and {}", name, dtype_name(a.dtype()),
            dtype_name(b.dtype()));
+  const detail::CountOp counted(
+      name, detail::elementwise_cost(static_cast<double>(
+                detail::counting_flops() ? shape_numel(broadcast_shapes(a.shape(), b.shape())) : 0)));
   Tensor out = detail::as_dtype(binary_kernel(op, a, b), a.dtype());
   if (!autograd::is_grad_enabled() || !autograd::any_requires_grad({a, b})) return out;
   Tensor sa = a.detach(), sb = b.detach();
@@ -119,6 +123,7 @@ Tensor unary_kernel(UnaryOp op, const Tensor& x, float s) {
 Tensor unary(UnaryOp op, const char* name, const Tensor& x, float s,
              std::function<Tensor(const Tensor& g, const Tensor& x, const Tensor& y)> grad) {
   detail::check_float(x, name);
+  const detail::CountOp counted(name, detail::elementwise_cost(static_cast<double>(x.numel())));
   Tensor y = unary_kernel(op, x, s);
   if (!autograd::is_grad_enabled() || !x.requires_grad()) return y;
   Tensor sx = x.detach(), sy = y.detach();

@@ -2,6 +2,7 @@
 // contiguous matrix are passed to the GEMM with a transpose flag instead of being copied.
 #include "ds/autograd/grad_mode.h"
 #include "ds/autograd/node.h"
+#include "ds/ops/flop_count.h"
 #include "ds/ops/ops.h"
 #include "ops/op_util.h"
 
@@ -136,6 +137,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   detail::check_float(a, "matmul");
   detail::check_float(b, "matmul");
   detail::check_same_device(a, b, "matmul");
+  const detail::CountOp counted(
+      "matmul", detail::gemm_cost(static_cast<double>(a.numel()) *
+                                  static_cast<double>(b.dim() > 0 ? b.size(-1) : 1)));
   const DType out_dtype = a.dtype() == b.dtype() ? a.dtype() : DType::f32;
   Tensor out = detail::as_dtype(matmul_impl(a, b), out_dtype);
   if (!autograd::is_grad_enabled() || !autograd::any_requires_grad({a, b})) return out;
@@ -170,6 +174,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
            shape_str(w.shape()));
   const int64_t in = w.size(1), outf = w.size(0);
   const int64_t rows = x.numel() / std::max<int64_t>(in, 1);
+  const detail::CountOp counted(
+      "linear", detail::gemm_cost(static_cast<double>(rows) * static_cast<double>(in) *
+                                  static_cast<double>(outf)));
   const DType compute = x.dtype() == w.dtype() ? x.dtype() : DType::f32;
   Tensor xc = x.dtype() == compute ? x.contiguous() : x.to(compute);
   Tensor wc = w.dtype() == compute ? w.contiguous() : w.to(compute);

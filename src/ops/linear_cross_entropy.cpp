@@ -11,6 +11,7 @@
 
 #include "ds/autograd/grad_mode.h"
 #include "ds/autograd/node.h"
+#include "ds/ops/flop_count.h"
 #include "ds/ops/ops.h"
 #include "ops/op_util.h"
 
@@ -68,6 +69,9 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
            "[linear_cross_entropy] x {} and w {} must be (N, C) and (V, C)", shape_str(x.shape()),
            shape_str(w.shape()));
   const int64_t N = x.size(0), C = x.size(1), V = w.size(0);
+  const detail::CountOp counted(
+      "linear_cross_entropy",
+      detail::gemm_cost(static_cast<double>(N) * static_cast<double>(C) * static_cast<double>(V)));
   DS_CHECK(V > 0, "[linear_cross_entropy] the weight has no classes");
   DS_CHECK(targets.dim() == 1 && targets.size(0) == N,
            "[linear_cross_entropy] targets {} must be ({}), one per row of x",

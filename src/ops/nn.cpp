@@ -12,6 +12,7 @@
 #include "ds/autograd/grad_mode.h"
 #include "ds/autograd/node.h"
 #include "ds/core/rng.h"
+#include "ds/ops/flop_count.h"
 #include "ds/ops/ops.h"
 #include "ops/op_util.h"
 
@@ -83,6 +84,7 @@ Tensor result(const Tensor& y, DType dt, bool direct) { return direct ? y : as_d
 // A unary activation whose backward is a BinaryOp of (upstream gradient, saved input).
 Tensor activation(UnaryOp fwd, BinaryOp bwd, const char* name, const char* node_name, const Tensor& x) {
   detail::check_float(x, name);
+  const detail::CountOp counted(name, detail::elementwise_cost(static_cast<double>(x.numel())));
   const bool d16 = direct16(x, {"unary", "binary"});
   Tensor fx = kin(x, d16);
   Tensor y = kout(x.shape(), x, d16);
@@ -142,6 +144,8 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
 
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
   check_norm_args(x, w, b, "layer_norm");
+  const detail::CountOp counted(
+      "layer_norm", detail::elementwise_cost(static_cast<double>(x.numel()), w.defined() ? 5 : 4));
   const int64_t C = x.size(-1), rows = rows_of(x);
   const bool d16 = direct16(x, {"layer_norm_forward", "layer_norm_backward"});
   Tensor fx = kin(x, d16), fw = kin(w, d16), fb = kin(b, d16);
@@ -166,6 +170,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) 
 
 Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) {
   check_norm_args(x, w, Tensor(), "rms_norm");
+  const detail::CountOp counted("rms_norm", detail::elementwise_cost(static_cast<double>(x.numel()), 4));
   const int64_t C = x.size(-1), rows = rows_of(x);
   const bool d16 = direct16(x, {"rms_norm_forward", "rms_norm_backward"});
   Tensor fx = kin(x, d16), fw = kin(w, d16);
@@ -191,6 +196,7 @@ Tensor gelu(const Tensor& x) {
 }
 Tensor gelu_erf(const Tensor& x) {
   detail::check_float(x, "gelu_erf");
+  const detail::CountOp counted("gelu_erf", detail::elementwise_cost(static_cast<double>(x.numel())));
   const bool d16 = direct16(x, {"gelu_erf_forward", "gelu_erf_backward"});
   Tensor fx = kin(x, d16);
   Tensor y = kout(x.shape(), x, d16);
@@ -218,6 +224,7 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
            shape_str(gate.shape()), shape_str(up.shape()));
   DS_CHECK(gate.dtype() == up.dtype(), "[swiglu] dtypes differ: {} and {}", dtype_name(gate.dtype()),
            dtype_name(up.dtype()));
+  const detail::CountOp counted("swiglu", detail::elementwise_cost(static_cast<double>(gate.numel())));
   const bool d16 = direct16(gate, {"swiglu_forward", "swiglu_backward"});
   Tensor fg = kin(gate, d16), fu = kin(up, d16);
   Tensor y = kout(gate.shape(), gate, d16);
@@ -241,6 +248,7 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
 Tensor softmax(const Tensor& x) {
   detail::check_float(x, "softmax");
   DS_CHECK(x.dim() >= 1, "[softmax] input must have at least one dim");
+  const detail::CountOp counted("softmax", detail::elementwise_cost(static_cast<double>(x.numel())));
   const bool d16 = direct16(x, {"softmax_forward", "softmax_backward"});
   Tensor fx = kin(x, d16);
   Tensor y = kout(x.shape(), x, d16);
@@ -287,6 +295,10 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   DS_CHECK(mask.softcap >= 0.0f && std::isfinite(mask.softcap),
            "[attention] softcap must be finite and >= 0 (0 = none), got {}", mask.softcap);
   const float scale = scale_in > 0.0f ? scale_in : 1.0f / std::sqrt(static_cast<float>(hd));
+  const detail::CountOp counted(
+      "attention", detail::gemm_cost(static_cast<double>(q.numel()) * static_cast<double>(Tk) +
+                                     static_cast<double>(B * NH * Tq) * static_cast<double>(Tk) *
+                                         static_cast<double>(v.size(3))));
   const bool d16 = direct16(q, {"attention_forward", "attention_backward"});
   Tensor fq = kin(q, d16), fk = kin(k, d16), fv = kin(v, d16);
   Tensor o = kout(q.shape(), q, d16);  // (B, NH, Tq, hd)
@@ -339,6 +351,7 @@ Tensor rope(const Tensor& x, const std::vector<double>& inv_freq, float scale, i
            "dims rotate)",
            inv_freq.size(), x.size(3), inv_freq.size());
   DS_CHECK(pos0 >= 0, "[rope] pos0 must be non-negative, got {}", pos0);
+  const detail::CountOp counted("rope", detail::elementwise_cost(static_cast<double>(x.numel()), 3));
   const bool d16 = direct16(x, {"rope"});
   Tensor fx = kin(x, d16);
   Tensor y = kout(x.shape(), x, d16);
@@ -362,6 +375,7 @@ Tensor dropout(const Tensor& x, float p, bool training) {
   detail::check_float(x, "dropout");
   DS_CHECK(p >= 0.0f && p < 1.0f, "[dropout] p = {} must be in [0, 1)", p);
   if (!training || p == 0.0f) return x;
+  const detail::CountOp counted("dropout", {});  // 0, as DeepSpeed's rule for F.dropout
   // One counter stream per call; the index within it is the element's global position, with the
   // batch offset of this rank's first sample, so the mask of a sample does not depend on which
   // rank (or how many) processes it.
@@ -390,6 +404,7 @@ Tensor dropout(const Tensor& x, float p, bool training) {
 // is zero (PyTorch returns NaN there; a batch of padding should not poison training).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
   detail::check_float(logits, "cross_entropy");
+  const detail::CountOp counted("cross_entropy", {});  // 0: DeepSpeed does not count F.cross_entropy
   check_index(targets, "cross_entropy", "targets");
   detail::check_same_device(logits, targets, "cross_entropy");
   DS_CHECK(logits.dim() >= 2, "[cross_entropy] logits must be (N, V), got {}", shape_str(logits.shape()));

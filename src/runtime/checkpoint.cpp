@@ -266,7 +266,9 @@ void Engine::write_optimizer_shard(const std::string& tmp) const {
   // 0-2, one piece per parameter for stage 3.
   const bool sharded = zero_->partitioned();
   const bool mp = options_.topology && options_.topology->model_parallel()->size() > 1;
-  const int rank = group_->rank(), mp_rank = options_.topology ? options_.topology->mp_rank() : 0;
+  // The ranks the state is partitioned over: the data-parallel group (MiCS: the shard group).
+  const comm::Group& shards = zero_->group();
+  const int rank = shards.rank(), mp_rank = options_.topology ? options_.topology->mp_rank() : 0;
   nlohmann::json segments = nlohmann::json::array();
   int64_t count = 0;  // elements of the buffers written: up to the end of the last range held
   for (const zero::HeldRange& h : zero_->held_ranges()) {
@@ -293,7 +295,7 @@ void Engine::write_optimizer_shard(const std::string& tmp) const {
       {"numel", flat.numel},
       {"padding", zero_->plan().padded_numel - flat.numel},
       {"segments", segments},
-      {"partition_count", sharded ? group_->size() : 1},
+      {"partition_count", sharded ? shards.size() : 1},
       {"zero_stage", zero_stage()},
       {"rank", rank},
   };
@@ -362,7 +364,9 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
   try {
     if (group_->rank() == 0) write_model_states(tmp.string(), weights, client_state);
     // Stage 0 ranks all hold the same full state: rank 0 writes it once.
-    if (zero_->partitioned() || group_->rank() == 0) write_optimizer_shard(tmp.string());
+    // MiCS: the first replica group writes the shards (the others hold the same).
+    if ((zero_->partitioned() && zero_->writes_optimizer_shard()) || group_->rank() == 0)
+      write_optimizer_shard(tmp.string());
     // The 1-bit optimizers' error feedback differs on every rank: each writes its own.
     detail::save_rank_state(*optimizer_, tmp, group_->rank(),
                             options_.topology ? options_.topology->mp_rank() : 0, group_->size());

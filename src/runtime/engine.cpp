@@ -1,6 +1,7 @@
 #include "ds/runtime/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -154,6 +155,9 @@ zero::Options zero_options(const config::DeepSpeedConfig& c, DType grads, int wo
   o.prefetch_bucket_size = static_cast<int64_t>(z.stage3_prefetch_bucket_size);
   o.max_live_parameters = static_cast<int64_t>(z.stage3_max_live_parameters);
   o.max_reuse_distance = static_cast<int64_t>(z.stage3_max_reuse_distance);
+  o.quantized_weights = z.zero_quantized_weights && z.stage == 3;
+  o.hpz_partition_size = z.stage == 3 ? std::max<int64_t>(1, z.zero_hpz_partition_size) : 1;
+  o.mics_shard_size = z.stage == 3 ? z.mics_shard_size : -1;
   o.sub_group_size = std::max<int64_t>(1, static_cast<int64_t>(z.sub_group_size));
   o.overlap_step = z.offload_optimizer.overlap_step;
   o.step_in_backward = z.offload_optimizer.step_in_backward;
@@ -250,6 +254,17 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
     log("activation checkpointing: partition_activations changes nothing without tensor "
         "parallelism (it cuts checkpointed inputs over the tensor-parallel ranks, which hold them "
         "whole; here there is one)");
+  if (config_.flops_profiler.enabled &&
+      (options_.topology ? options_.topology->rank() : group_->world_rank(group_->rank())) == 0) {
+    ProfileRun run;
+    run.world_size = options_.topology ? options_.topology->world()->size() : n;
+    run.dp_size = n;
+    run.mp_size = tp_size;
+    run.micro_batch = config_.batch.train_micro_batch_size_per_gpu;
+    flops_profile_ = std::make_unique<FlopsProfileStep>(
+        *model_, config_.flops_profiler, run, config_.wall_clock_breakdown,
+        [this](const std::string& m) { log(m); });
+  }
   {
     const auto params = model_->named_parameters();
     wall_clock_ = WallClockBreakdown(config_.wall_clock_breakdown,
@@ -355,7 +370,9 @@ Tensor Engine::forward(const nn::Batch& batch) {
   const WallClockBreakdown::Scope timed(wall_clock_, WallClockBreakdown::kForward);
   model_->train(true);
   zero_->begin_forward(/*training=*/true);
-  return options_.loss_fn(*model_, batch_on_device(*model_, batch));
+  const nn::Batch on_device = batch_on_device(*model_, batch);
+  const FlopsProfileStep::Forward profiled(flops_profile_.get(), global_steps_);
+  return options_.loss_fn(*model_, on_device);
 }
 
 Tensor Engine::forward(const Tensor& inputs, const Tensor& targets) {
@@ -410,6 +427,7 @@ void Engine::set_optimizer_schedule() {
 void Engine::backward(const Tensor& loss) {
   DS_CHECK(loss.defined() && loss.numel() == 1, "[engine] backward() needs the scalar loss");
   const WallClockBreakdown::Scope timed(wall_clock_, WallClockBreakdown::kBackward);
+  const auto started = std::chrono::steady_clock::now();
   const double gas = static_cast<double>(config_.batch.gradient_accumulation_steps);
   if (is_gradient_accumulation_boundary() && steps_in_backward()) {
     if (!logged_step_in_backward_) {
@@ -432,6 +450,9 @@ void Engine::backward(const Tensor& loss) {
            static_cast<float>(scaler_.scale() / gas))
       .backward();
   zero_->end_backward();
+  if (flops_profile_)
+    flops_profile_->add_backward_seconds(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
 }
 
 void Engine::backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads) {
@@ -492,10 +513,14 @@ double Engine::train_batch(const std::function<MicroBatch()>& next) {
 bool Engine::step() {
   const int64_t before = global_steps_;
   bool applied = false;
+  const auto started = std::chrono::steady_clock::now();
   {
     const WallClockBreakdown::Scope timed(wall_clock_, WallClockBreakdown::kStep);
     applied = take_step();
   }
+  if (flops_profile_)
+    flops_profile_->after_step(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   if (global_steps_ != before && wall_clock_.enabled()) {
     wall_clock_.step_done();
     if (config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0)

@@ -66,7 +66,10 @@ RankMemory memory_of(const MemorySpec& s, const Held& h, int64_t frozen) {
 MemorySpec memory_spec(const Options& o, int world_size, int state_floats) {
   MemorySpec s;
   s.stage = o.stage;
-  s.world_size = world_size;
+  // MiCS partitions over its shard groups.
+  s.world_size = o.stage == 3 && o.mics_shard_size > 0 && o.mics_shard_size < world_size
+                     ? static_cast<int>(o.mics_shard_size)
+                     : world_size;
   s.param_dtype = o.train_dtype;
   s.grad_dtype = o.grad_dtype;
   s.state_floats = state_floats;

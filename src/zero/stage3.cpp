@@ -25,6 +25,7 @@
 
 #include "ds/core/error.h"
 #include "ds/ops/ops.h"
+#include "ds/zero/quantize.h"
 #include "offload/param_file.h"
 #include "offload/step_scheduler.h"
 #include "prefetch.h"
@@ -35,11 +36,15 @@ namespace {
 
 class Stage3Strategy final : public Strategy {
  public:
-  Stage3Strategy(nn::Module& model, std::shared_ptr<comm::Group> group, const Options& o)
-      : Strategy(model, std::move(group), o) {
+  // group: the ranks the parameters are partitioned over (MiCS: this rank's shard group);
+  // replicas: MiCS's replica group, or null.
+  Stage3Strategy(nn::Module& model, std::shared_ptr<comm::Group> group, const Options& o,
+                 std::shared_ptr<comm::Group> replicas)
+      : Strategy(model, std::move(group), o, std::move(replicas)) {
     const int n = group_->size(), r = group_->rank();
     set_partitioned(n > 1);
     device_ = model_device(model);
+    start_hpz(o.hpz_partition_size);
     // Frozen parameters (LoRA's base) are not partitioned: they stay whole on every rank in
     // frozen_, outside the gathers, the gradient reduce-scatter and the optimizer's shard.
     place_frozen();
@@ -180,8 +185,10 @@ class Stage3Strategy final : public Strategy {
     b.params = param_file_ ? param_file_->ram_elements() *
                                  static_cast<int64_t>(dtype_size(options_.train_dtype))
                            : static_cast<int64_t>(shard_params_.nbytes());
-    for (const auto& sp : params_)
+    for (const auto& sp : params_) {
       if (sp.persistent) b.params += static_cast<int64_t>(sp.full->nbytes());
+      if (sp.secondary) b.params += static_cast<int64_t>(sp.secondary->nbytes());  // hpZ
+    }
     b.params += frozen_bytes();
     b.grads = static_cast<int64_t>(grads_part_.nbytes());
     b.scratch = host_step_.scratch_bytes();
@@ -190,6 +197,7 @@ class Stage3Strategy final : public Strategy {
   }
 
   int64_t prefetched_gathers() const override { return prefetch_count_; }
+  int64_t secondary_gathers() const override { return secondary_gathers_; }
 
   OffloadStats offload_stats() const override {
     OffloadStats o = Strategy::offload_stats();
@@ -228,7 +236,12 @@ class Stage3Strategy final : public Strategy {
     trace_.end_micro_step();
   }
 
-  Tensor reduced_gradients(const std::string&) override { return grads_part_; }
+  Tensor reduced_gradients(const std::string& ctx) override {
+    // MiCS: each replica group reduced its own micro-batches; the shard's gradient is their sum.
+    if (replicas_ && replicas_->size() > 1)
+      replicas_->all_reduce(grads_part_, comm::ReduceOp::sum, ctx + " MiCS replica gradients");
+    return grads_part_;
+  }
 
   void after_step(const std::string&) override {
     if (!step_pending()) return refresh();
@@ -248,7 +261,7 @@ class Stage3Strategy final : public Strategy {
     std::vector<std::pair<std::string, Tensor>> out;
     const Trace::Paused paused = trace_.pause();
     for (size_t i = 0; i < params_.size(); ++i) {
-      gather({static_cast<int>(i)}, "checkpoint");
+      gather({static_cast<int>(i)}, "checkpoint", /*exact=*/true);
       if (group_->rank() == 0) out.emplace_back(flat_.entries[i].name, host_copy(params_[i].param));
       release({static_cast<int>(i)});
     }
@@ -265,7 +278,7 @@ class Stage3Strategy final : public Strategy {
       if (!params_[i].param.same(param)) continue;
       params_[i].persistent = true;
       const Trace::Paused paused = trace_.pause();
-      gather({static_cast<int>(i)}, "a parameter kept whole");
+      gather({static_cast<int>(i)}, "a parameter kept whole", /*exact=*/true);
       trace_.resume(paused);
       return;
     }
@@ -362,7 +375,9 @@ class Stage3Strategy final : public Strategy {
   // skipping a non-finite step).
   StepScheduler* scheduler() const override { return scheduler_.get(); }
   bool can_step_in_backward() const override {
-    return scheduler_->background() && options_.step_in_backward && !norm_.beside_other_axes();
+    // MiCS sums the replicas' gradients at the boundary, after backward.
+    return scheduler_->background() && options_.step_in_backward && !norm_.beside_other_axes() &&
+           !replicas_;
   }
   void chunks_starting() override {
     if (param_file_) param_file_->take_durable();  // the writes before this step
@@ -401,6 +416,10 @@ class Stage3Strategy final : public Strategy {
     int64_t numel = 0, part = 0;    // part = ceil(numel / N)
     int64_t shard_offset = 0;       // of this rank's piece in the shard buffers
     bool persistent = false;
+    // hpZ: this rank's 1/h of the gathered parameter (n * part / h elements, training dtype, on
+    // the model's device), valid from its first release after the weights last changed.
+    std::shared_ptr<Storage> secondary;
+    bool secondary_valid = false;
     size_t model_index = 0;  // in the model's named_parameters() (init_parameter_range)
   };
   struct PendingReduction {
@@ -439,7 +458,8 @@ class Stage3Strategy final : public Strategy {
     }
   }
 
-  comm::Work launch_gather(int i, const std::string& label) {
+  // exact: gather the training-dtype values even under qwZ (checkpoints, exports, kept weights).
+  comm::Work launch_gather(int i, const std::string& label, bool exact = false) {
     auto& sp = params_[static_cast<size_t>(i)];
     const std::string& name = flat_.entries[static_cast<size_t>(i)].name;
     DS_CHECK(!deferred_init_,
@@ -449,6 +469,7 @@ class Stage3Strategy final : public Strategy {
     // A background step writes the new values of this piece first.
     scheduler_->wait_stepped(sp.shard_offset, sp.shard_offset + sp.part);
     sp.full->materialize();
+    if (hpz_ && sp.secondary_valid && !exact) return launch_secondary_gather(i, label);
     const size_t esz = dtype_size(options_.train_dtype);
     const char* src = nullptr;
     if (!param_file_) {
@@ -475,12 +496,71 @@ class Stage3Strategy final : public Strategy {
         {sp.part}, options_.train_dtype);
     const Tensor full =
         Tensor::from_storage(sp.full, {group_->size() * sp.part}, options_.train_dtype);
-    return group_->all_gather_async(
-        piece, full,
-        fmt::format("gather {} for {}", flat_.entries[static_cast<size_t>(i)].name, label));
+    const std::string what =
+        fmt::format("gather {} for {}", flat_.entries[static_cast<size_t>(i)].name, label);
+    if (options_.quantized_weights && !exact && group_->size() > 1)
+      return launch_quantized_gather(piece, full, what);
+    return group_->all_gather_async(piece, full, what);
   }
 
-  void gather(const std::vector<int>& params, const std::string& why) {
+  // qwZ: this rank's piece as int8 blocks (zero/quantize.h) to every rank; each dequantizes the
+  // N pieces into the parameter on the waiting thread (Work::after_wait).
+  comm::Work launch_quantized_gather(const Tensor& piece, const Tensor& full,
+                                     const std::string& what) {
+    const int64_t part = piece.numel(), n = group_->size();
+    const int64_t words = quantized_words(part, 8);
+    auto send = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(words));
+    auto recv = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(words * n));
+    const Tensor values = piece.dtype() == DType::f32 ? piece : piece.to(DType::f32);
+    quantize_blocks(values.data<float>(), part, 8, send->data());
+    comm::Work w = group_->all_gather_async(send->data(), recv->data(), static_cast<size_t>(words),
+                                            DType::i32, what + " (int8, qwZ)");
+    return w.after_wait([send, recv, full, part, n, words] {
+      Tensor host = Tensor::empty({n * part}, DType::f32, kCPU);
+      for (int64_t r = 0; r < n; ++r)
+        dequantize_blocks(recv->data() + r * words, part, 8, host.data<float>() + r * part);
+      full.copy_from(host);
+    });
+  }
+
+  // hpZ: split the group into groups of h consecutive ranks (h == 1 or the whole group: off).
+  void start_hpz(int64_t h) {
+    const int n = group_->size();
+    DS_CHECK(h >= 1 && n % h == 0,
+             "[zero] zero_optimization.zero_hpz_partition_size = {} must divide the data-parallel "
+             "size {} (ranks per node, typically)",
+             h, n);
+    if (h == 1 || h == n) return;  // one secondary piece per rank would be its whole primary
+    hpz_ = group_->split(group_->rank() / static_cast<int>(h));
+  }
+
+  // hpZ: the parameter from the secondary pieces of this rank's hpZ group (each holds 1/h).
+  comm::Work launch_secondary_gather(int i, const std::string& label) {
+    auto& sp = params_[static_cast<size_t>(i)];
+    const int64_t full_numel = group_->size() * sp.part, piece = full_numel / hpz_->size();
+    ++secondary_gathers_;
+    return hpz_->all_gather_async(
+        Tensor::from_storage(sp.secondary, {piece}, options_.train_dtype),
+        Tensor::from_storage(sp.full, {full_numel}, options_.train_dtype),
+        fmt::format("gather {} for {} (hpZ secondary)", flat_.entries[static_cast<size_t>(i)].name,
+                    label));
+  }
+
+  // hpZ: before a gathered parameter is released, this rank keeps its secondary piece of it.
+  void keep_secondary(Param& sp) {
+    if (!hpz_ || sp.secondary_valid) return;
+    const int64_t full_numel = group_->size() * sp.part, piece = full_numel / hpz_->size();
+    if (!sp.secondary)
+      sp.secondary = Storage::allocate(static_cast<size_t>(piece) * dtype_size(options_.train_dtype),
+                                       device_);
+    sp.secondary->materialize();
+    Tensor::from_storage(sp.secondary, {piece}, options_.train_dtype)
+        .copy_from(Tensor::from_storage(sp.full, {full_numel}, options_.train_dtype)
+                       .flat_range(hpz_->rank() * piece, piece));
+    sp.secondary_valid = true;
+  }
+
+  void gather(const std::vector<int>& params, const std::string& why, bool exact = false) {
     trace_.on_gather(params);
     std::vector<comm::Work> works;
     for (int i : params) {
@@ -491,7 +571,7 @@ class Stage3Strategy final : public Strategy {
         continue;
       }
       if (sp.full->is_materialized()) continue;
-      works.push_back(launch_gather(i, why));
+      works.push_back(launch_gather(i, why, exact));
     }
     // Gather the next modules' parameters ahead, on the communication thread, while this one runs.
     if (trace_.following()) {
@@ -528,7 +608,10 @@ class Stage3Strategy final : public Strategy {
     for (size_t a = 0; a < params.size(); ++a) {
       const int i = params[a];
       auto& sp = params_[static_cast<size_t>(i)];
-      if (!keep[a] && releasable(sp, i)) sp.full->release();
+      if (!keep[a] && releasable(sp, i)) {
+        keep_secondary(sp);
+        sp.full->release();
+      }
     }
     // Kept ones stay only within max_live_parameters gathered elements (DeepSpeed's bound on
     // what stays resident): the reuse distance alone would keep most of a large model gathered
@@ -540,6 +623,7 @@ class Stage3Strategy final : public Strategy {
       const int i = params[a];
       auto& sp = params_[static_cast<size_t>(i)];
       if (keep[a] && releasable(sp, i)) {
+        keep_secondary(sp);
         sp.full->release();
         live -= sp.numel;
       }
@@ -605,7 +689,8 @@ class Stage3Strategy final : public Strategy {
     std::vector<int> persistent;
     for (size_t i = 0; i < params_.size(); ++i)
       if (params_[i].persistent) persistent.push_back(static_cast<int>(i));
-    gather(persistent, "persistent parameters");
+    // Exact under qwZ too: they stay gathered, and checkpoints and exports read them as they are.
+    gather(persistent, "persistent parameters", /*exact=*/true);
     trace_.resume(paused);
   }
 
@@ -616,8 +701,10 @@ class Stage3Strategy final : public Strategy {
         prefetching_[i] = false;
       }
     refresh_staged();
-    for (auto& sp : params_)
+    for (auto& sp : params_) {
       if (sp.full->is_materialized()) sp.full->release();
+      sp.secondary_valid = false;  // the weights change: the next forward gathers whole again
+    }
     failed_reads_.clear();  // every gather has completed (the prefetches were waited above)
   }
 
@@ -636,6 +723,8 @@ class Stage3Strategy final : public Strategy {
   std::vector<comm::Work> prefetch_;  // per parameter: its pending gather (or a complete Work)
   std::vector<bool> prefetching_;
   int64_t prefetch_count_ = 0;
+  std::shared_ptr<comm::Group> hpz_;  // hpZ: the h consecutive ranks of this one (null: off)
+  int64_t secondary_gathers_ = 0;
   std::unique_ptr<ParamFile> param_file_;  // offload_param.device = "nvme"
   // The pieces are written by attach_optimizer() (initial_master()); nothing may be gathered before.
   bool deferred_init_ = false;
@@ -650,7 +739,20 @@ class Stage3Strategy final : public Strategy {
 std::unique_ptr<Strategy> make_stage3_strategy(nn::Module& model,
                                                std::shared_ptr<comm::Group> group,
                                                const Options& options) {
-  return std::make_unique<Stage3Strategy>(model, std::move(group), options);
+  const int n = group->size(), r = group->rank();
+  const int64_t s = options.mics_shard_size;
+  if (s <= 0 || s >= n) {
+    DS_CHECK(s <= n, "[zero] zero_optimization.mics_shard_size = {} is larger than the "
+             "data-parallel size {}", s, n);
+    return std::make_unique<Stage3Strategy>(model, std::move(group), options, nullptr);
+  }
+  DS_CHECK(n % s == 0,
+           "[zero] zero_optimization.mics_shard_size = {} must divide the data-parallel size {}",
+           s, n);
+  // Shard groups: s consecutive ranks; replica groups: the ranks of equal position in them.
+  auto shard = group->split(r / static_cast<int>(s));
+  auto replicas = group->split(r % static_cast<int>(s));
+  return std::make_unique<Stage3Strategy>(model, std::move(shard), options, std::move(replicas));
 }
 
 }  // namespace ds::zero::detail

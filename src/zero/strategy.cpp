@@ -17,9 +17,15 @@
 
 namespace ds::zero {
 
-Strategy::Strategy(nn::Module& model, std::shared_ptr<comm::Group> group, Options options)
-    : model_(model), group_(std::move(group)), options_(options), norm_(group_) {
-  const int n = group_->size();
+Strategy::Strategy(nn::Module& model, std::shared_ptr<comm::Group> group, Options options,
+                   std::shared_ptr<comm::Group> replicas)
+    : model_(model),
+      group_(std::move(group)),
+      replicas_(std::move(replicas)),
+      options_(options),
+      norm_(group_) {
+  // Gradients are averaged over every data-parallel rank: the group's, times MiCS's replicas.
+  const int n = group_->size() * (replicas_ ? replicas_->size() : 1);
   if (options_.prescale_gradients) {
     comm_prescale_ = static_cast<float>(1.0 / n);
     grad_post_scale_ = 1.0;

@@ -13,6 +13,20 @@ if(DS_HAVE_MPI)
   endforeach()
 endif()
 
+# ZeRO++ (qwZ, hpZ) and its quantizer: plainly (the quantizer) and under mpirun with 2 and 4 ranks.
+add_executable(test_zeropp ${CMAKE_CURRENT_SOURCE_DIR}/test_zeropp.cpp)
+target_link_libraries(test_zeropp PRIVATE deepspeed GTest::gtest GTest::gtest_main)
+add_test(NAME test_zeropp COMMAND test_zeropp)
+set_tests_properties(test_zeropp PROPERTIES LABELS "zero" TIMEOUT 300)
+if(DS_HAVE_MPI)
+  foreach(np 2 4)
+    add_test(NAME test_zeropp_np${np} COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np}
+      --oversubscribe --allow-run-as-root $<TARGET_FILE:test_zeropp>)
+    set_tests_properties(test_zeropp_np${np} PROPERTIES LABELS "distributed;zero" TIMEOUT 600
+      ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;DS_COMM_TIMEOUT=120;OMP_NUM_THREADS=1")
+  endforeach()
+endif()
+
 # The one memory model (zero/memory_model.h) against real engines' memory, plainly and at 2 ranks.
 add_executable(test_memory_model ${CMAKE_CURRENT_SOURCE_DIR}/test_memory_model.cpp)
 target_link_libraries(test_memory_model PRIVATE deepspeed GTest::gtest GTest::gtest_main)

@@ -57,6 +57,7 @@
 #include "ds/optim/optimizer.h"
 #include "ds/config/config.h"
 #include "ds/runtime/activation_stash.h"
+#include "ds/runtime/flops_profiler.h"
 #include "ds/runtime/loss_scaler.h"
 #include "ds/runtime/lr_schedule.h"
 #include "ds/runtime/wall_clock.h"
@@ -201,6 +202,9 @@ class Engine {
   const ActivationStash* activation_stash() const {
     return activation_stash_ ? activation_stash_->stash() : nullptr;
   }
+  // The flops_profiler section's profile (global rank 0, enabled; null otherwise): profiles the
+  // first forward of global step profile_step and prints it at that micro-step's step().
+  const FlopsProfileStep* flops_profile() const { return flops_profile_.get(); }
 
  private:
   void log(const std::string& line) const;
@@ -249,6 +253,7 @@ class Engine {
   // activation_checkpointing's stash for checkpointed layers (cpu_checkpointing,
   // synchronize_checkpoint_boundary, partition_activations), installed for the engine's lifetime.
   std::unique_ptr<ActivationStashScope> activation_stash_;
+  std::unique_ptr<FlopsProfileStep> flops_profile_;  // flops_profiler, on global rank 0
 };
 
 // The gradient accumulation dtype a config trains with: data_types.grad_accum_dtype when given;

@@ -86,6 +86,22 @@ struct Options {
   int64_t prefetch_bucket_size = defaults::kPrefetchBucketSize;  // gathered ahead along the trace
   int64_t max_live_parameters = defaults::kMaxLiveParameters;    // gathered at once at most
   int64_t max_reuse_distance = defaults::kMaxReuseDistance;  // keep one used again within this
+  // ZeRO++ (stage 3; docs/zero.md, "ZeRO++"). quantized_weights (qwZ): the forward's and
+  // backward's gathers move each rank's piece as int8 blocks with one fp32 scale per
+  // kQuantBlock (zero/quantize.h) and dequantize it into the gathered parameter; the master
+  // weights, and the gathers of checkpoints and exports, stay exact.
+  bool quantized_weights = false;
+  // hpz_partition_size (hpZ) h > 1: the forward's gathers span the data-parallel group and each
+  // rank keeps 1/h of every gathered parameter (its secondary piece) when the parameter is
+  // released, so the backward's gathers (and recomputes) run within groups of h consecutive ranks
+  // (a node); the secondary pieces are dropped when the weights change. h must divide the group.
+  int64_t hpz_partition_size = 1;
+  // MiCS (stage 3; docs/zero.md, "MiCS"), mics_shard_size S with 1 <= S < N: parameters,
+  // gradients and optimizer state are partitioned over groups of S consecutive ranks (the
+  // strategy's group() is this rank's shard group) and replicated across the N / S groups; each
+  // step sums a shard's gradients over its replicas (one all-reduce among the ranks of equal
+  // position in their shard groups). S must divide N; S <= 0 or S = N is plain stage 3.
+  int64_t mics_shard_size = -1;
   // The optimizer's sub-group (elements): the unit the optimizer state is streamed in.
   int64_t sub_group_size = defaults::kSubGroupSize;
   // How an offloaded step is scheduled (deepspeed.cpp's own keys in offload_optimizer,
@@ -132,6 +148,10 @@ class Strategy {
   int stage() const { return options_.stage; }
   const Options& options() const { return options_; }
   comm::Group& group() const { return *group_; }
+  // MiCS: the ranks holding the same shard as this one (null without MiCS). A checkpoint's
+  // optimizer shards are written by the first replica group alone (writes_optimizer_shard()).
+  const std::shared_ptr<comm::Group>& replicas() const { return replicas_; }
+  bool writes_optimizer_shard() const { return !replicas_ || replicas_->rank() == 0; }
 
   // ---- what this rank optimises ----
   // Names, shapes and flat offsets of every parameter (entries, numel); for stages 0-2 also the
@@ -172,6 +192,8 @@ class Strategy {
   virtual MemoryBytes memory() const = 0;
   // Stage 3: gathers issued ahead of use along the recorded trace (0 otherwise).
   virtual int64_t prefetched_gathers() const { return 0; }
+  // Stage 3 with hpZ: gathers served from the secondary pieces within an hpZ group.
+  virtual int64_t secondary_gathers() const { return 0; }
   // NVMe traffic since construction, optimizer state and parameters together: bytes moved, the
   // bytes reserved on disk, and the time the training thread waited for I/O.
   struct OffloadStats {
@@ -281,10 +303,13 @@ class Strategy {
       const std::function<void(const std::string& name, const Tensor& param)>& read_param) = 0;
 
  protected:
-  Strategy(nn::Module& model, std::shared_ptr<comm::Group> group, Options options);
+  // replicas: MiCS's replica group (gradient averaging then counts group x replicas ranks).
+  Strategy(nn::Module& model, std::shared_ptr<comm::Group> group, Options options,
+           std::shared_ptr<comm::Group> replicas = nullptr);
 
   nn::Module& model_;
   std::shared_ptr<comm::Group> group_;
+  std::shared_ptr<comm::Group> replicas_;  // MiCS; null otherwise
   Options options_;
   nn::FlatParameters flat_;
   nn::FlatParameters frozen_;  // place_frozen()
