@@ -89,7 +89,8 @@ class OneBitAdam final : public CompressedOptimizer {
  public:
   explicit OneBitAdam(const OneBitAdamConfig& c);
   const char* name() const override { return "OneBitAdam"; }
-  int state_floats_per_param() const override { return 2; }
+  // exp_avg, exp_avg_sq and the error feedback (worker_error n, server_error n / N) as one more.
+  int state_floats_per_param() const override { return 3; }
   const OneBitAdamConfig& config() const { return c_; }
   float lr() const override { return c_.lr; }
   void set_lr(float lr) override;
@@ -157,7 +158,8 @@ class ZeroOneAdam final : public CompressedOptimizer {
  public:
   explicit ZeroOneAdam(const ZeroOneAdamConfig& c);
   const char* name() const override { return "ZeroOneAdam"; }
-  int state_floats_per_param() const override { return 3; }
+  // exp_avg, exp_avg_sq, momentum_accumulator and the error feedback as one more.
+  int state_floats_per_param() const override { return 4; }
   const ZeroOneAdamConfig& config() const { return c_; }
   float lr() const override { return c_.lr; }
   void set_lr(float lr) override;
@@ -236,7 +238,8 @@ class OneBitLamb final : public CompressedOptimizer {
  public:
   explicit OneBitLamb(const OneBitLambConfig& c);
   const char* name() const override { return "OneBitLamb"; }
-  int state_floats_per_param() const override { return 3; }
+  // exp_avg, exp_avg_sq, exp_avg_sq_fresh and the error feedback as one more.
+  int state_floats_per_param() const override { return 4; }
   const OneBitLambConfig& config() const { return c_; }
   float lr() const override { return c_.lr; }
   void set_lr(float lr) override;
