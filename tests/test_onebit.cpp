@@ -699,3 +699,23 @@ TEST(OneBitAdamEngine, ModelOnTheSimDeviceTrainsAsOnTheHost) {
   const auto got = train(*dev, range(0, 10));
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1;
 }
+
+// Elements that never get a gradient (embedding rows of tokens the data never holds) keep a zero
+// variance; 1-bit compression would give them +-scale momentum and m / eps steps. Their momentum
+// is masked (DeepSpeed's exp_avg_mask, here from the variance): they stay where they are.
+TEST(OneBitAdam, ElementsWithoutGradientsStayPut) {
+  auto g = world();
+  const int64_t n = 1000, unseen = 100;
+  optim::OneBitAdam o({.lr = 1e-2f, .freeze_step = 3});
+  o.set_group(g);
+  std::vector<float> p(n), grads(n);
+  for (int64_t i = 0; i < n; ++i) p[i] = 0.01f * static_cast<float>(i % 13);
+  const std::vector<float> p0 = p;
+  for (int t = 1; t <= 12; ++t) {
+    for (int64_t i = 0; i < n; ++i)
+      grads[i] = i < unseen ? 0.0f : std::sin(0.1f * i + t + g->rank());
+    o.step(p.data(), grads.data(), n);
+  }
+  for (int64_t i = 0; i < unseen; ++i) ASSERT_EQ(p[i], p0[i]) << i;
+  for (int64_t i = unseen; i < n; ++i) ASSERT_NE(p[i], p0[i]) << i;
+}

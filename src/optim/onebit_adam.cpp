@@ -82,6 +82,13 @@ void CompressedOptimizer::zero_padding(float* buf) const {
   std::fill(buf + used_end_, buf + n_, 0.0f);
 }
 
+void CompressedOptimizer::mask_unseen(float* buf, const float* v) const {
+  parallel_for(n_, kTileElems, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      if (v[i] == 0.0f) buf[i] = 0.0f;
+  });
+}
+
 OneBitAdam::OneBitAdam(const OneBitAdamConfig& c) : c_(c) {
   check_config(adam_config(c_));
   DS_CHECK(c_.freeze_step >= 0, "[optim] OneBitAdam: freeze_step must be >= 0, got {}",
@@ -158,6 +165,7 @@ void OneBitAdam::do_step(float* params, const float* grads, float grad_scale, vo
     car_->run(buffer(0), worker_error_.data(), server_error_.data(),
               fmt::format("OneBitAdam step {} exp_avg", step_count_));
   zero_padding(buffer(0));
+  mask_unseen(buffer(0), buffer(1));
   detail::frozen_variance_apply(params, buffer(0), buffer(1), n_, k, out16, out16_dtype);
 }
 

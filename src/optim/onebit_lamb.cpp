@@ -161,6 +161,7 @@ void OneBitLamb::compression_step(float* params, const float* grads, float grad_
     car_->run(m, worker_error_.data(), server_error_.data(),
               fmt::format("OneBitLamb step {} exp_avg", step_count_));
     zero_padding(m);
+    mask_unseen(m, v);
   }
   for (size_t s = 0; s < segs.size(); ++s) {
     const int64_t o = segs[s].offset, len = segs[s].numel;

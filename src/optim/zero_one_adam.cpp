@@ -110,6 +110,7 @@ void ZeroOneAdam::compress(float* buf, const char* what) {
     car_->run(buf, worker_error_.data(), server_error_.data(),
               fmt::format("ZeroOneAdam step {} {}", step_count_, what));
     zero_padding(buf);
+    mask_unseen(buf, buffer(1));
   }
 }
 

@@ -58,6 +58,11 @@ class CompressedOptimizer : public Optimizer {
   // Zeroes buf[used_end_, n): the padding after the last tensor (after a compressed all-reduce,
   // which cannot represent zeros).
   void zero_padding(float* buf) const;
+  // Zeroes buf[i] wherever v[i] == 0: elements that never had a gradient (the embedding rows of
+  // tokens the data never holds). 1-bit compression cannot represent their zero momentum, and
+  // m / (sqrt(0) + eps) would move them by lr * scale / eps every step; DeepSpeed asks the user
+  // for this mask (exp_avg_mask), here it is the variance's own.
+  void mask_unseen(float* buf, const float* v) const;
   std::shared_ptr<comm::Group> group_ = comm::single_process_group();
   std::vector<Segment> segments_;
   int64_t used_end_ = -1;  // -1: no segments given, the whole buffer is used
@@ -83,8 +88,8 @@ struct OneBitAdamConfig {
 //                     m = compressed_all_reduce(m)      (every rank the same m)
 //                     v frozen; p -= lr * wd * p; p -= lr * m / (sqrt(v) + eps)
 // DeepSpeed's update never bias-corrects (bias_correction is accepted and ignored there and
-// here); eps is added outside the square root. exp_avg_mask (a tensor DeepSpeed takes from the
-// Python param group) has no config form and is not supported.
+// here); eps is added outside the square root. DeepSpeed's exp_avg_mask (a tensor from the Python
+// param group) is derived here: the compressed momentum is zeroed where v == 0 (mask_unseen).
 class OneBitAdam final : public CompressedOptimizer {
  public:
   explicit OneBitAdam(const OneBitAdamConfig& c);
