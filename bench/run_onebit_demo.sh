@@ -1,18 +1,20 @@
 #!/bin/bash
 # The demo corpus (scripts/run_demo.sh's model and flags) trained on N ranks with AdamW and with
-# OneBitAdam (freeze_step 60), for comparing their losses (bench/RESULTS.md, "1-bit optimizers").
+# OneBitAdam (freeze_step as given), for comparing their losses (bench/RESULTS.md, "1-bit optimizers").
 #
-#   bash bench/run_onebit_demo.sh [ranks 2] [steps 200] [build dir build] [tokenized corpus .cache/prepared/sotu]
+#   bash bench/run_onebit_demo.sh [ranks 2] [steps 200] [freeze_step 150] [build dir build] \
+#       [tokenized corpus .cache/prepared/sotu]
 #
 # The corpus is ds_prepare's output (scripts/run_demo.sh makes it). Runs go to /tmp/onebit-demo-*.
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-NP="${1:-2}"; STEPS="${2:-200}"; BUILD="${3:-$REPO/build}"; DATA="${4:-$REPO/.cache/prepared/sotu}"
+NP="${1:-2}"; STEPS="${2:-200}"; FREEZE="${3:-150}"; BUILD="${4:-$REPO/build}"
+DATA="${5:-$REPO/.cache/prepared/sotu}"
 SCHED='"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
   "warmup_num_steps": "auto", "total_num_steps": "auto", "warmup_type": "linear"}}'
 for OPT in AdamW OneBitAdam; do
   EXTRA=""
-  [[ "$OPT" == OneBitAdam ]] && EXTRA=', "freeze_step": 60'
+  [[ "$OPT" == OneBitAdam ]] && EXTRA=", \"freeze_step\": $FREEZE"
   CFG='{"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
     "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 10,
     "optimizer": {"type": "'$OPT'", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
