@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "ds/comm/group.h"
 #include "ds/comm/logger.h"
@@ -79,7 +79,8 @@ Measured run(const std::string& optimizer, const std::string& model_name, int64_
     Tensor loss = engine->forward(x, y);
     engine->backward(loss);
     engine->step();
-    auto t = static_cast<float>(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    auto t =
+        static_cast<float>(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     log.enable(false);
     world->all_reduce(&t, 1, DType::f32, comm::ReduceOp::max, "step time");  // the slowest rank's
     if (timed) ms.push_back(t);
@@ -116,19 +117,20 @@ int main(int argc, char** argv) {
     const Measured a = run("AdamW", model_name, batch, seq, steps, freeze);
     const Measured o = run(optimizer, model_name, batch, seq, steps, freeze);
     if (world->rank() == 0) {
-      std::printf("bench_onebit: model %s (%.1fM parameters), %d ranks x %d threads, micro-batch "
-                  "%lld x %lld\n",
-                  model_name.c_str(), models::GPTConfig::preset(model_name).num_parameters() / 1e6,
-                  world->size(), threads, static_cast<long long>(batch),
-                  static_cast<long long>(seq));
-      std::printf("  AdamW      bus %.0f B/step, message %.0f B/step, step %.1f ms\n",
-                  a.bus_bytes, a.message_bytes, a.step_ms);
-      std::printf("  %-10s bus %.0f B/step, message %.0f B/step, step %.1f ms\n",
-                  optimizer.c_str(), o.bus_bytes, o.message_bytes, o.step_ms);
-      std::printf("BENCH onebit optimizer=%s bus_bytes=%.0f adamw_bus_bytes=%.0f bytes_ratio=%.5f "
-                  "step_ms=%.2f adamw_step_ms=%.2f time_ratio=%.3f\n",
-                  optimizer.c_str(), o.bus_bytes, a.bus_bytes, o.bus_bytes / a.bus_bytes,
-                  o.step_ms, a.step_ms, o.step_ms / a.step_ms);
+      std::printf(
+          "bench_onebit: model %s (%.1fM parameters), %d ranks x %d threads, micro-batch "
+          "%lld x %lld\n",
+          model_name.c_str(), models::GPTConfig::preset(model_name).num_parameters() / 1e6,
+          world->size(), threads, static_cast<long long>(batch), static_cast<long long>(seq));
+      std::printf("  AdamW      bus %.0f B/step, message %.0f B/step, step %.1f ms\n", a.bus_bytes,
+                  a.message_bytes, a.step_ms);
+      std::printf("  %-10s bus %.0f B/step, message %.0f B/step, step %.1f ms\n", optimizer.c_str(),
+                  o.bus_bytes, o.message_bytes, o.step_ms);
+      std::printf(
+          "BENCH onebit optimizer=%s bus_bytes=%.0f adamw_bus_bytes=%.0f bytes_ratio=%.5f "
+          "step_ms=%.2f adamw_step_ms=%.2f time_ratio=%.3f\n",
+          optimizer.c_str(), o.bus_bytes, a.bus_bytes, o.bus_bytes / a.bus_bytes, o.step_ms,
+          a.step_ms, o.step_ms / a.step_ms);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_onebit: %s\n", e.what());

@@ -28,8 +28,8 @@ void momentum_update(float* m, const float* g, int64_t n, const AdamConsts& k) {
   });
 }
 
-void frozen_variance_apply(float* p, const float* m, const float* v, int64_t n,
-                           const AdamConsts& k, void* out16, DType out16_dtype) {
+void frozen_variance_apply(float* p, const float* m, const float* v, int64_t n, const AdamConsts& k,
+                           void* out16, DType out16_dtype) {
   const Out16 kind = out16_kind(out16, out16_dtype);
   auto* o16 = static_cast<uint16_t*>(out16);
   parallel_for(n, kTileElems, [&](int64_t b, int64_t e) {
@@ -184,12 +184,18 @@ void OneBitAdam::load_scalar_state(const std::map<std::string, double>& s) {
   std::map<std::string, double> rest;
   for (const auto& [k, v] : s) {
     const auto f = static_cast<float>(v);
-    if (k == "lr") c.lr = f;
-    else if (k == "beta1") c.beta1 = f;
-    else if (k == "beta2") c.beta2 = f;
-    else if (k == "eps") c.eps = f;
-    else if (k == "weight_decay") c.weight_decay = f;
-    else rest.emplace(k, v);
+    if (k == "lr")
+      c.lr = f;
+    else if (k == "beta1")
+      c.beta1 = f;
+    else if (k == "beta2")
+      c.beta2 = f;
+    else if (k == "eps")
+      c.eps = f;
+    else if (k == "weight_decay")
+      c.weight_decay = f;
+    else
+      rest.emplace(k, v);
   }
   check_config(adam_config(c));
   Optimizer::load_scalar_state(rest);

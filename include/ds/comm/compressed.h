@@ -62,7 +62,7 @@ class CompressedAllReduce {
   int64_t numel_ = 0, padded_ = 0, chunk_ = 0;
   int64_t words_ = 0;  // int32 words per chunk message: chunk_ / 32 sign words + 1 scale word
   std::vector<int32_t> send_, recv_;  // (N, words) messages: sign words then the scale
-  std::vector<float> y_;             // (chunk,) the compensated server chunk
+  std::vector<float> y_;              // (chunk,) the compensated server chunk
 };
 
 // The pieces run() is made of (tests check them against plain loops). Each runs over fixed

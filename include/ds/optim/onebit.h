@@ -217,10 +217,10 @@ struct OneBitLambConfig {
   float max_coeff = 10.0f;  // the warm-up trust ratio is clamped to [min_coeff, max_coeff]
   float min_coeff = 0.01f;
   int64_t freeze_step = 100000;
-  float coeff_beta = 0.9f;         // moving average of the warm-up trust ratios
-  float factor_max = 4.0f;         // the compression stage's ratio factor bounds
+  float coeff_beta = 0.9f;  // moving average of the warm-up trust ratios
+  float factor_max = 4.0f;  // the compression stage's ratio factor bounds
   float factor_min = 0.5f;
-  float factor_threshold = 0.1f;   // largest relative change of the factor per step
+  float factor_threshold = 0.1f;  // largest relative change of the factor per step
 };
 
 // DeepSpeed's OnebitLamb (deepspeed/runtime/fp16/onebit/lamb.py; arXiv:2104.06069). Per tensor
