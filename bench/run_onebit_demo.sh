@@ -6,6 +6,7 @@
 #       [tokenized corpus .cache/prepared/sotu]
 #
 # The corpus is ds_prepare's output (scripts/run_demo.sh makes it). Runs go to /tmp/onebit-demo-*.
+# BETA2=0.999 in the environment replaces the demo's beta2 0.95.
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 NP="${1:-2}"; STEPS="${2:-200}"; FREEZE="${3:-150}"; BUILD="${4:-$REPO/build}"
@@ -25,6 +26,6 @@ for OPT in AdamW OneBitAdam; do
     --model "$REPO/configs/model_demo.json" --train_data "$DATA" --output_dir "$OUT" \
     --tokenizer "$REPO/.cache/data/gpt2" --block_size 128 --per_device_train_batch_size 8 \
     --gradient_accumulation_steps 1 --learning_rate 3e-3 --warmup_steps 20 --weight_decay 0.1 \
-    --adam_beta2 0.95 --max_grad_norm 1.0 --max_steps "$STEPS" --logging_steps 25 \
+    --adam_beta2 "${BETA2:-0.95}" --max_grad_norm 1.0 --max_steps "$STEPS" --logging_steps 25 \
     --eval_steps 100 --eval_batches 10 --save_steps 100000 2>&1 | grep -E "step [0-9]+/|loss" | sed "s/^/$OPT: /"
 done
