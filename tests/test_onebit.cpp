@@ -13,6 +13,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
+#include <numeric>
 #include <random>
 
 #include "ds/comm/compressed.h"
@@ -20,6 +22,7 @@
 #include "ds/comm/logger.h"
 #include "ds/config/config.h"
 #include "ds/models/gpt.h"
+#include "ds/ops/ops.h"
 #include "ds/optim/onebit.h"
 #include "ds/runtime/engine.h"
 
@@ -624,4 +627,95 @@ TEST(OneBitLambEngine, TrainsCloseToLambAndResumesBitwise) {
     EXPECT_EQ(resumed[i], continuous[9 + i]) << "step " << 10 + i;
   g->barrier();
   if (g->rank() == 0) fs::remove_all(dir);
+}
+
+// ---- the engine's paths around the 1-bit step ------------------------------------------------
+
+// After the freeze only one rank overflows (fp16): every rank skips the step (one max all-reduce
+// of the flag), so no rank enters the compressed all-reduce alone.
+TEST(OneBitAdamEngine, Fp16OverflowOnOneRankSkipsEverywhereAfterTheFreeze) {
+  const std::string cfg = fmt::format(
+      R"({{"train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 1,
+      "fp16": {{"enabled": true, "initial_scale_power": 10, "hysteresis": 1}},
+      "optimizer": {}}})", kB, onebit(3));
+  auto e = make_engine(cfg);
+  const int n = e->world_size(), r = e->rank();
+  for (int64_t s = 0; s < 7; ++s) {
+    auto [x, y] = batch((s * n + r) * kB, kB);
+    Tensor loss = e->forward(x, y);
+    if (s == 5 && r == n - 1) loss = ops::mul(loss, std::numeric_limits<float>::infinity());
+    e->backward(loss);
+    e->step();
+  }
+  EXPECT_FALSE(e->strategy().gradient_all_reduce());
+  EXPECT_EQ(e->skipped_steps(), 1);
+  EXPECT_EQ(e->global_steps(), 7);
+  EXPECT_EQ(e->optimizer().step_count(), 6);
+  EXPECT_EQ(e->loss_scale(), 512.0);
+}
+
+// Gradient accumulation: each rank sums its own micro-steps' gradients after the freeze; the run
+// learns, and every rank keeps the same parameters (the compressed all-reduce gives every rank
+// the same momentum).
+TEST(OneBitAdamEngine, GradientAccumulationKeepsRanksIdentical) {
+  const std::string cfg = fmt::format(
+      R"({{"train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 2,
+      "gradient_clipping": 1.0, "optimizer": {}}})", kB, onebit(20));
+  auto e = make_engine(cfg);
+  const int n = e->world_size(), r = e->rank();
+  std::vector<double> losses;
+  for (int64_t s = 0; s < 60; ++s)
+    for (int64_t m = 0; m < 2; ++m) {
+      auto [x, y] = batch(((s * 2 + m) * n + r) * kB, kB);
+      Tensor loss = e->forward(x, y);
+      e->backward(loss);
+      e->step();
+      losses.push_back(loss.item());
+    }
+  EXPECT_EQ(e->global_steps(), 60);
+  const double first = std::accumulate(losses.begin(), losses.begin() + 10, 0.0) / 10;
+  EXPECT_LT(mean_tail(losses, 10), first * 0.6);
+  // Every rank holds the same parameters: their checksum agrees.
+  const Tensor& w = e->master_weights();
+  double sum = 0;
+  for (int64_t i = 0; i < w.numel(); ++i) sum += w.data<float>()[i] * (1.0 + 1e-3 * (i % 7));
+  std::vector<double> all(n);
+  e->group().all_gather(&sum, all.data(), 1, DType::i64);
+  for (int k = 0; k < n; ++k) EXPECT_EQ(std::memcmp(&all[k], &all[0], sizeof(double)), 0) << k;
+}
+
+// A model on the sim device trains as on the host (its optimizer state in host memory; the new
+// parameters go up to the device after every step), bitwise.
+TEST(OneBitAdamEngine, ModelOnTheSimDeviceTrainsAsOnTheHost) {
+  const std::string cfg = config_for(onebit(4));
+  auto host = make_engine(cfg);
+  const auto want = train(*host, range(0, 10));
+  auto model = std::make_shared<models::GPT>(models::GPTConfig::preset("test-gpt2"));
+  model->to(Device{DeviceType::sim, 0});
+  runtime::InitOptions opt;
+  opt.group = world();
+  opt.log = [](const std::string&) {};
+  auto dev = runtime::initialize(model, cfg, opt);
+  const auto got = train(*dev, range(0, 10));
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1;
+}
+
+// Elements that never get a gradient (embedding rows of tokens the data never holds) keep a zero
+// variance; 1-bit compression would give them +-scale momentum and m / eps steps. Their momentum
+// is masked (DeepSpeed's exp_avg_mask, here from the variance): they stay where they are.
+TEST(OneBitAdam, ElementsWithoutGradientsStayPut) {
+  auto g = world();
+  const int64_t n = 1000, unseen = 100;
+  optim::OneBitAdam o({.lr = 1e-2f, .freeze_step = 3});
+  o.set_group(g);
+  std::vector<float> p(n), grads(n);
+  for (int64_t i = 0; i < n; ++i) p[i] = 0.01f * static_cast<float>(i % 13);
+  const std::vector<float> p0 = p;
+  for (int t = 1; t <= 12; ++t) {
+    for (int64_t i = 0; i < n; ++i)
+      grads[i] = i < unseen ? 0.0f : std::sin(0.1f * i + t + g->rank());
+    o.step(p.data(), grads.data(), n);
+  }
+  for (int64_t i = 0; i < unseen; ++i) ASSERT_EQ(p[i], p0[i]) << i;
+  for (int64_t i = unseen; i < n; ++i) ASSERT_NE(p[i], p0[i]) << i;
 }

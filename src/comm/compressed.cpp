@@ -79,7 +79,6 @@ CompressedAllReduce::CompressedAllReduce(std::shared_ptr<Group> group, int64_t n
   padded_ = padded_numel(numel, n);
   chunk_ = padded_ / n;
   words_ = chunk_ / 32 + 1;
-  x_.resize(static_cast<size_t>(padded_));
   send_.resize(static_cast<size_t>(words_ * n));
   recv_.resize(static_cast<size_t>(words_ * n));
   y_.resize(static_cast<size_t>(chunk_));
@@ -90,10 +89,12 @@ void CompressedAllReduce::run(float* buf, float* worker_error, float* server_err
   if (numel_ == 0) return;
   const int n = group_->size();
   const size_t w = static_cast<size_t>(words_);
-  // Worker: compensate, compress, send chunk j of the bits with the scale to rank j.
-  float* x = x_.data();
-  parallel_for(padded_, 65536, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) x[i] = (i < numel_ ? buf[i] : 0.0f) + worker_error[i];
+  // Worker: compensate, compress, send chunk j of the bits with the scale to rank j. The
+  // compensated buffer is built in worker_error itself (the padding is 0 + error already), which
+  // compress() then overwrites element by element with the new error: no (padded,) scratch.
+  float* x = worker_error;
+  parallel_for(numel_, 65536, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) x[i] = buf[i] + x[i];
   });
   const float s = compressed::scale_of(x, padded_);
   for (int r = 0; r < n; ++r) {

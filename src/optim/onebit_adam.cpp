@@ -28,8 +28,8 @@ void momentum_update(float* m, const float* g, int64_t n, const AdamConsts& k) {
   });
 }
 
-void frozen_variance_apply(float* p, const float* m, const float* v, int64_t n,
-                           const AdamConsts& k, void* out16, DType out16_dtype) {
+void frozen_variance_apply(float* p, const float* m, const float* v, int64_t n, const AdamConsts& k,
+                           void* out16, DType out16_dtype) {
   const Out16 kind = out16_kind(out16, out16_dtype);
   auto* o16 = static_cast<uint16_t*>(out16);
   parallel_for(n, kTileElems, [&](int64_t b, int64_t e) {
@@ -80,6 +80,13 @@ void CompressedOptimizer::set_segments(std::span<const Segment> segments) {
 void CompressedOptimizer::zero_padding(float* buf) const {
   if (used_end_ < 0 || n_ <= used_end_) return;
   std::fill(buf + used_end_, buf + n_, 0.0f);
+}
+
+void CompressedOptimizer::mask_unseen(float* buf, const float* v) const {
+  parallel_for(n_, kTileElems, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      if (v[i] == 0.0f) buf[i] = 0.0f;
+  });
 }
 
 OneBitAdam::OneBitAdam(const OneBitAdamConfig& c) : c_(c) {
@@ -158,6 +165,7 @@ void OneBitAdam::do_step(float* params, const float* grads, float grad_scale, vo
     car_->run(buffer(0), worker_error_.data(), server_error_.data(),
               fmt::format("OneBitAdam step {} exp_avg", step_count_));
   zero_padding(buffer(0));
+  mask_unseen(buffer(0), buffer(1));
   detail::frozen_variance_apply(params, buffer(0), buffer(1), n_, k, out16, out16_dtype);
 }
 
@@ -176,12 +184,18 @@ void OneBitAdam::load_scalar_state(const std::map<std::string, double>& s) {
   std::map<std::string, double> rest;
   for (const auto& [k, v] : s) {
     const auto f = static_cast<float>(v);
-    if (k == "lr") c.lr = f;
-    else if (k == "beta1") c.beta1 = f;
-    else if (k == "beta2") c.beta2 = f;
-    else if (k == "eps") c.eps = f;
-    else if (k == "weight_decay") c.weight_decay = f;
-    else rest.emplace(k, v);
+    if (k == "lr")
+      c.lr = f;
+    else if (k == "beta1")
+      c.beta1 = f;
+    else if (k == "beta2")
+      c.beta2 = f;
+    else if (k == "eps")
+      c.eps = f;
+    else if (k == "weight_decay")
+      c.weight_decay = f;
+    else
+      rest.emplace(k, v);
   }
   check_config(adam_config(c));
   Optimizer::load_scalar_state(rest);

@@ -16,8 +16,8 @@ AdamConfig onebit_adam_config(float lr, float beta1, float beta2, float eps, flo
 void momentum_update(float* m, const float* g, int64_t n, const AdamConsts& k);
 
 // p -= lr * wd * p; p -= lr * m / (sqrt(v) + eps), v as it is (frozen); out16 as adam_update.
-void frozen_variance_apply(float* p, const float* m, const float* v, int64_t n,
-                           const AdamConsts& k, void* out16, DType out16_dtype);
+void frozen_variance_apply(float* p, const float* m, const float* v, int64_t n, const AdamConsts& k,
+                           void* out16, DType out16_dtype);
 
 // out16 = round(p) as out16_dtype (bf16 or fp16); nothing when out16 is null.
 void write_out16(const float* p, int64_t n, void* out16, DType out16_dtype);

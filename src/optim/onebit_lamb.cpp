@@ -18,8 +18,8 @@ void check(const OneBitLambConfig& c) {
   check_config(l);
   DS_CHECK(c.freeze_step >= 0, "[optim] OneBitLamb: freeze_step must be >= 0, got {}",
            c.freeze_step);
-  DS_CHECK(c.coeff_beta >= 0 && c.coeff_beta < 1, "[optim] OneBitLamb: coeff_beta {} outside [0, 1)",
-           c.coeff_beta);
+  DS_CHECK(c.coeff_beta >= 0 && c.coeff_beta < 1,
+           "[optim] OneBitLamb: coeff_beta {} outside [0, 1)", c.coeff_beta);
   DS_CHECK(c.factor_min > 0 && c.factor_min <= c.factor_max && c.factor_threshold >= 0,
            "[optim] OneBitLamb: needs 0 < factor_min <= factor_max and factor_threshold >= 0 "
            "(got {}, {}, {})",
@@ -111,8 +111,7 @@ void OneBitLamb::warmup_step(float* params, const float* grads, float grad_scale
     }
     double coeff = 1.0;
     if (w2 != 0.0 && u2 != 0.0)
-      coeff = std::clamp(std::sqrt(w2) / std::sqrt(u2), double{c_.min_coeff},
-                         double{c_.max_coeff});
+      coeff = std::clamp(std::sqrt(w2) / std::sqrt(u2), double{c_.min_coeff}, double{c_.max_coeff});
     TensorState& st = ts_[s];
     if (coeff != 1.0)
       st.lamb_coeff_freeze = c_.coeff_beta * st.lamb_coeff_freeze + (1.0 - c_.coeff_beta) * coeff;
@@ -161,6 +160,7 @@ void OneBitLamb::compression_step(float* params, const float* grads, float grad_
     car_->run(m, worker_error_.data(), server_error_.data(),
               fmt::format("OneBitLamb step {} exp_avg", step_count_));
     zero_padding(m);
+    mask_unseen(m, v);
   }
   for (size_t s = 0; s < segs.size(); ++s) {
     const int64_t o = segs[s].offset, len = segs[s].numel;
@@ -243,12 +243,18 @@ void OneBitLamb::load_scalar_state(const std::map<std::string, double>& s) {
   };
   for (const auto& [key, v] : s) {
     const auto f = static_cast<float>(v);
-    if (key == "lr") c.lr = f;
-    else if (key == "beta1") c.beta1 = f;
-    else if (key == "beta2") c.beta2 = f;
-    else if (key == "eps") c.eps = f;
-    else if (key == "weight_decay") c.weight_decay = f;
-    else if (key == "scaled") scaled_ = v != 0;
+    if (key == "lr")
+      c.lr = f;
+    else if (key == "beta1")
+      c.beta1 = f;
+    else if (key == "beta2")
+      c.beta2 = f;
+    else if (key == "eps")
+      c.eps = f;
+    else if (key == "weight_decay")
+      c.weight_decay = f;
+    else if (key == "scaled")
+      scaled_ = v != 0;
     else if (!per_tensor(key, "lamb_coeff_freeze", v) && !per_tensor(key, "last_factor", v) &&
              !per_tensor(key, "scaling_coeff", v))
       rest.emplace(key, v);

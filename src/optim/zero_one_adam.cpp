@@ -110,6 +110,7 @@ void ZeroOneAdam::compress(float* buf, const char* what) {
     car_->run(buf, worker_error_.data(), server_error_.data(),
               fmt::format("ZeroOneAdam step {} {}", step_count_, what));
     zero_padding(buf);
+    mask_unseen(buf, buffer(1));
   }
 }
 
@@ -213,20 +214,34 @@ void ZeroOneAdam::load_scalar_state(const std::map<std::string, double>& s) {
   auto count = [](double v) { return static_cast<int64_t>(v); };
   for (const auto& [key, v] : s) {
     const auto f = static_cast<float>(v);
-    if (key == "lr") c.lr = f;
-    else if (key == "beta1") c.beta1 = f;
-    else if (key == "beta2") c.beta2 = f;
-    else if (key == "eps") c.eps = f;
-    else if (key == "weight_decay") c.weight_decay = f;
-    else if (key == "var_interval") var_interval_ = std::max<int64_t>(1, count(v));
-    else if (key == "var_counter") var_counter_ = count(v);
-    else if (key == "local_step_interval") local_step_interval_ = std::max<int64_t>(1, count(v));
-    else if (key == "local_step_counter") local_step_counter_ = count(v);
-    else if (key == "lrs") lrs_ = v;
-    else if (key == "freeze") freeze_ = v != 0;
-    else if (key == "errors_reset") errors_reset_ = v != 0;
-    else if (key == "allreduce_next") allreduce_next_ = v != 0;
-    else rest.emplace(key, v);
+    if (key == "lr")
+      c.lr = f;
+    else if (key == "beta1")
+      c.beta1 = f;
+    else if (key == "beta2")
+      c.beta2 = f;
+    else if (key == "eps")
+      c.eps = f;
+    else if (key == "weight_decay")
+      c.weight_decay = f;
+    else if (key == "var_interval")
+      var_interval_ = std::max<int64_t>(1, count(v));
+    else if (key == "var_counter")
+      var_counter_ = count(v);
+    else if (key == "local_step_interval")
+      local_step_interval_ = std::max<int64_t>(1, count(v));
+    else if (key == "local_step_counter")
+      local_step_counter_ = count(v);
+    else if (key == "lrs")
+      lrs_ = v;
+    else if (key == "freeze")
+      freeze_ = v != 0;
+    else if (key == "errors_reset")
+      errors_reset_ = v != 0;
+    else if (key == "allreduce_next")
+      allreduce_next_ = v != 0;
+    else
+      rest.emplace(key, v);
   }
   check(c);
   Optimizer::load_scalar_state(rest);

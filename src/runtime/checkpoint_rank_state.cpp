@@ -29,8 +29,8 @@ void save_rank_state(optim::Optimizer& opt, const std::filesystem::path& folder,
                     {{"optimizer", opt.name()}, {"world_size", std::to_string(world_size)}});
 }
 
-std::string load_rank_state(optim::Optimizer& opt, const std::filesystem::path& folder,
-                            int dp_rank, int mp_rank, int world_size) {
+std::string load_rank_state(optim::Optimizer& opt, const std::filesystem::path& folder, int dp_rank,
+                            int mp_rank, int world_size) {
   auto* c = dynamic_cast<optim::CompressedOptimizer*>(&opt);
   if (!c) return "";
   const std::filesystem::path file = folder / rank_state_file_name(dp_rank, mp_rank);

@@ -20,7 +20,7 @@ void save_rank_state(optim::Optimizer& opt, const std::filesystem::path& folder,
 // Restores opt's per-rank state from `folder`. When the file is missing or was written by another
 // number of ranks, the state is reset to zeros, as DeepSpeed does at every load, and the returned
 // line says so ("" otherwise, and for optimizers without such state).
-std::string load_rank_state(optim::Optimizer& opt, const std::filesystem::path& folder,
-                            int dp_rank, int mp_rank, int world_size);
+std::string load_rank_state(optim::Optimizer& opt, const std::filesystem::path& folder, int dp_rank,
+                            int mp_rank, int world_size);
 
 }  // namespace ds::runtime::detail

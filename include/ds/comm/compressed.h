@@ -24,6 +24,9 @@
 //
 // Traffic per call (comms_logger): one all_to_all and one all_gather of N * (C / 32 + 1) words.
 //
+// Memory: besides the caller's error buffers, scratch of 2 x (P / 8) bytes of messages and the
+// (C,) server chunk.
+//
 // Threading: run() is called from one thread at a time (it owns scratch buffers); it issues
 // collectives on the group, so every rank calls it in the same order with the same n.
 #include <cstdint>
@@ -58,9 +61,8 @@ class CompressedAllReduce {
   std::shared_ptr<Group> group_;
   int64_t numel_ = 0, padded_ = 0, chunk_ = 0;
   int64_t words_ = 0;  // int32 words per chunk message: chunk_ / 32 sign words + 1 scale word
-  std::vector<float> x_;             // (padded,) the compensated worker buffer
   std::vector<int32_t> send_, recv_;  // (N, words) messages: sign words then the scale
-  std::vector<float> y_;             // (chunk,) the compensated server chunk
+  std::vector<float> y_;              // (chunk,) the compensated server chunk
 };
 
 // The pieces run() is made of (tests check them against plain loops). Each runs over fixed

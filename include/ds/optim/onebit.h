@@ -58,6 +58,11 @@ class CompressedOptimizer : public Optimizer {
   // Zeroes buf[used_end_, n): the padding after the last tensor (after a compressed all-reduce,
   // which cannot represent zeros).
   void zero_padding(float* buf) const;
+  // Zeroes buf[i] wherever v[i] == 0: elements that never had a gradient (the embedding rows of
+  // tokens the data never holds). 1-bit compression cannot represent their zero momentum, and
+  // m / (sqrt(0) + eps) would move them by lr * scale / eps every step; DeepSpeed asks the user
+  // for this mask (exp_avg_mask), here it is the variance's own.
+  void mask_unseen(float* buf, const float* v) const;
   std::shared_ptr<comm::Group> group_ = comm::single_process_group();
   std::vector<Segment> segments_;
   int64_t used_end_ = -1;  // -1: no segments given, the whole buffer is used
@@ -83,13 +88,14 @@ struct OneBitAdamConfig {
 //                     m = compressed_all_reduce(m)      (every rank the same m)
 //                     v frozen; p -= lr * wd * p; p -= lr * m / (sqrt(v) + eps)
 // DeepSpeed's update never bias-corrects (bias_correction is accepted and ignored there and
-// here); eps is added outside the square root. exp_avg_mask (a tensor DeepSpeed takes from the
-// Python param group) has no config form and is not supported.
+// here); eps is added outside the square root. DeepSpeed's exp_avg_mask (a tensor from the Python
+// param group) is derived here: the compressed momentum is zeroed where v == 0 (mask_unseen).
 class OneBitAdam final : public CompressedOptimizer {
  public:
   explicit OneBitAdam(const OneBitAdamConfig& c);
   const char* name() const override { return "OneBitAdam"; }
-  int state_floats_per_param() const override { return 2; }
+  // exp_avg, exp_avg_sq and the error feedback (worker_error n, server_error n / N) as one more.
+  int state_floats_per_param() const override { return 3; }
   const OneBitAdamConfig& config() const { return c_; }
   float lr() const override { return c_.lr; }
   void set_lr(float lr) override;
@@ -157,7 +163,8 @@ class ZeroOneAdam final : public CompressedOptimizer {
  public:
   explicit ZeroOneAdam(const ZeroOneAdamConfig& c);
   const char* name() const override { return "ZeroOneAdam"; }
-  int state_floats_per_param() const override { return 3; }
+  // exp_avg, exp_avg_sq, momentum_accumulator and the error feedback as one more.
+  int state_floats_per_param() const override { return 4; }
   const ZeroOneAdamConfig& config() const { return c_; }
   float lr() const override { return c_.lr; }
   void set_lr(float lr) override;
@@ -210,10 +217,10 @@ struct OneBitLambConfig {
   float max_coeff = 10.0f;  // the warm-up trust ratio is clamped to [min_coeff, max_coeff]
   float min_coeff = 0.01f;
   int64_t freeze_step = 100000;
-  float coeff_beta = 0.9f;         // moving average of the warm-up trust ratios
-  float factor_max = 4.0f;         // the compression stage's ratio factor bounds
+  float coeff_beta = 0.9f;  // moving average of the warm-up trust ratios
+  float factor_max = 4.0f;  // the compression stage's ratio factor bounds
   float factor_min = 0.5f;
-  float factor_threshold = 0.1f;   // largest relative change of the factor per step
+  float factor_threshold = 0.1f;  // largest relative change of the factor per step
 };
 
 // DeepSpeed's OnebitLamb (deepspeed/runtime/fp16/onebit/lamb.py; arXiv:2104.06069). Per tensor
@@ -236,7 +243,8 @@ class OneBitLamb final : public CompressedOptimizer {
  public:
   explicit OneBitLamb(const OneBitLambConfig& c);
   const char* name() const override { return "OneBitLamb"; }
-  int state_floats_per_param() const override { return 3; }
+  // exp_avg, exp_avg_sq, exp_avg_sq_fresh and the error feedback as one more.
+  int state_floats_per_param() const override { return 4; }
   const OneBitLambConfig& config() const { return c_; }
   float lr() const override { return c_.lr; }
   void set_lr(float lr) override;
