@@ -789,12 +789,14 @@ TEST(ConfigWarnings, EverySectionOnStartsWithoutAWarning) {
       "zero_quantized_gradients": true, "zero_hpz_partition_size": 2, "mics_shard_size": 4}}}})",
                                        common));
   EXPECT_TRUE(zero3.warnings.empty()) << fmt::format("{}", fmt::join(zero3.warnings, "\n"));
-  for (const char* type : {"OneBitAdam", "ZeroOneAdam", "OneBitLamb"}) {
+  for (const auto& [type, freeze] : {std::pair<const char*, const char*>{"OneBitAdam", "freeze_step"},
+                                     {"ZeroOneAdam", "var_freeze_step"},
+                                     {"OneBitLamb", "freeze_step"}}) {
     const auto onebit = parse(fmt::format(R"({{{},
-      "optimizer": {{"type": "{}", "params": {{"lr": 1e-3, "freeze_step": 10}}}},
+      "optimizer": {{"type": "{}", "params": {{"lr": 1e-3, "{}": 10}}}},
       "zero_optimization": {{"stage": 0}}}})",
-                                          common, type));
-    EXPECT_TRUE(onebit.warnings.empty()) << type << ": " << fmt::join(onebit.warnings, "\n");
+                                          common, type, freeze));
+    EXPECT_TRUE(onebit.warnings.empty()) << type << ": " << fmt::format("{}", fmt::join(onebit.warnings, "\n"));
   }
   const auto mup = parse(fmt::format(R"({{{},
     "optimizer": {{"type": "MuAdamW", "params": {{"lr": 1e-3}}}},
