@@ -239,6 +239,39 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
   scaler_.set_rank(group_->rank());
   scaler_.set_log_sink([this](const std::string& m) { log(m); });
   grad_dtype_ = gradient_dtype(config_);
+  install_activation_stash(tp_size);
+  install_flops_profile(tp_size);
+  {
+    const auto params = model_->named_parameters();
+    wall_clock_ = WallClockBreakdown(config_.wall_clock_breakdown,
+                                     params.empty() ? kCPU : params.front().second.device());
+  }
+
+  // Where parameters, gradients and master weights live, and how they are reduced and gathered.
+  zero::Options zo = zero_options(config_, grad_dtype_, n);
+  zo.log = [this](const std::string& m) { log(m); };
+  apply_deprecated_offload_env(zo, zo.log);
+  zero_ = zero::make_strategy(*model_, group_, zo);
+  set_parallel_axes();
+
+  optimizer_ =
+      optim::make_optimizer(optimizer_name(config_.optimizer), optimizer_params(config_.optimizer));
+  // One segment per parameter tensor over this rank's range (Lamb's trust ratio is per tensor).
+  optimizer_->set_segments(zero_->segments());
+  wire_optimizer();
+  // Master weights and moments: in RAM, or streamed from NVMe (offload_optimizer).
+  zero_->attach_optimizer(*optimizer_, [this](const std::string& m) { log(m); });
+
+  // The model's original parameter storages were just freed (everything now lives in the flat or
+  // shard buffers). Give their memory back rather than keep it cached: those blocks are sized per
+  // parameter and fragment the large pool, so the moments, gradients and activations allocated next
+  // would need new memory anyway (GPT-2 124M: ~540 MiB per rank that peak RSS would otherwise
+  // carry).
+  cpu_allocator().empty_cache();
+}
+
+// The activation_checkpointing section's stash, and a line saying what it does.
+void Engine::install_activation_stash(int tp_size) {
   activation_stash_ = std::make_unique<ActivationStashScope>(
       config_.activation_checkpointing,
       options_.topology ? options_.topology->tensor_parallel() : nullptr,
@@ -270,6 +303,11 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
     log("activation checkpointing: partition_activations changes nothing without tensor "
         "parallelism (it cuts checkpointed inputs over the tensor-parallel ranks, which hold them "
         "whole; here there is one)");
+}
+
+// flops_profiler: on global rank 0 only (DeepSpeed profiles there).
+void Engine::install_flops_profile(int tp_size) {
+  const int n = group_->size();
   if (config_.flops_profiler.enabled &&
       (options_.topology ? options_.topology->rank() : group_->world_rank(group_->rank())) == 0) {
     ProfileRun run;
@@ -281,17 +319,10 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
         *model_, config_.flops_profiler, run, config_.wall_clock_breakdown,
         [this](const std::string& m) { log(m); });
   }
-  {
-    const auto params = model_->named_parameters();
-    wall_clock_ = WallClockBreakdown(config_.wall_clock_breakdown,
-                                     params.empty() ? kCPU : params.front().second.device());
-  }
+}
 
-  // Where parameters, gradients and master weights live, and how they are reduced and gathered.
-  zero::Options zo = zero_options(config_, grad_dtype_, n);
-  zo.log = [this](const std::string& m) { log(m); };
-  apply_deprecated_offload_env(zo, zo.log);
-  zero_ = zero::make_strategy(*model_, group_, zo);
+// Tensor and pipeline parallelism beside ZeRO's data-parallel group.
+void Engine::set_parallel_axes() {
   if (options_.topology && options_.topology->tensor_parallel()->size() > 1) {
     // The model's cut parameters (nn/tensor_parallel.h) count once per distinct part in the
     // global norm.
@@ -312,11 +343,11 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
              options_.topology->pipeline()->size());
     zero_->set_pipeline_parallel(options_.topology->pipeline());
   }
+}
 
-  optimizer_ =
-      optim::make_optimizer(optimizer_name(config_.optimizer), optimizer_params(config_.optimizer));
-  // One segment per parameter tensor over this rank's range (Lamb's trust ratio is per tensor).
-  optimizer_->set_segments(zero_->segments());
+// What an optimizer needs from the strategy and the group: Lamb's cross-rank norms, muP's
+// multipliers, Muon's matrices, the 1-bit family's group.
+void Engine::wire_optimizer() {
   if (auto* lamb = dynamic_cast<optim::Lamb*>(optimizer_.get()); lamb && zero_->partitioned()) {
     // A tensor cut by partition boundaries has a piece on several ranks: its ||p||^2 and
     // ||update||^2 are the sums of the pieces'. Gathered as raw doubles and summed in rank order,
@@ -356,15 +387,6 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
              zero_->stage());
     onebit->set_group(group_);
   }
-  // Master weights and moments: in RAM, or streamed from NVMe (offload_optimizer).
-  zero_->attach_optimizer(*optimizer_, [this](const std::string& m) { log(m); });
-
-  // The model's original parameter storages were just freed (everything now lives in the flat or
-  // shard buffers). Give their memory back rather than keep it cached: those blocks are sized per
-  // parameter and fragment the large pool, so the moments, gradients and activations allocated next
-  // would need new memory anyway (GPT-2 124M: ~540 MiB per rank that peak RSS would otherwise
-  // carry).
-  cpu_allocator().empty_cache();
 }
 
 Engine::~Engine() {

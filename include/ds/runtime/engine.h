@@ -216,6 +216,11 @@ class Engine {
   // optimizer step during backward"): offloaded stage 3, no gradient clipping, no fp16.
   bool steps_in_backward() const;
   void set_optimizer_schedule();  // the scheduler's lr (and OneCycle's beta1) into the optimizer
+  // Parts of the constructor, in its order.
+  void install_activation_stash(int tp_size);
+  void install_flops_profile(int tp_size);
+  void set_parallel_axes();
+  void wire_optimizer();
   // The 1-bit optimizers (optim/onebit.h): the gradient all-reduce on or off for the coming step
   // as the optimizer wants it, and the skip decision agreed by every rank while it is off.
   void follow_onebit_all_reduce();
