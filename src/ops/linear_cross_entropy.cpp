@@ -57,8 +57,10 @@ int64_t linear_cross_entropy_block_rows(int64_t rows, int64_t vocab) {
                              std::max<int64_t>(rows, 1));
 }
 
-Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
-                            int64_t ignore_index, int64_t block_rows, const Tensor& logit_bias) {
+namespace {
+
+// The arguments' checks (errors name the op).
+void check_args(const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& logit_bias) {
   detail::check_float(x, "linear_cross_entropy");
   detail::check_float(w, "linear_cross_entropy");
   detail::check_same_device(x, w, "linear_cross_entropy");
@@ -68,10 +70,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   DS_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
            "[linear_cross_entropy] x {} and w {} must be (N, C) and (V, C)", shape_str(x.shape()),
            shape_str(w.shape()));
-  const int64_t N = x.size(0), C = x.size(1), V = w.size(0);
-  const detail::CountOp counted(
-      "linear_cross_entropy",
-      detail::gemm_cost(static_cast<double>(N) * static_cast<double>(C) * static_cast<double>(V)));
+  const int64_t N = x.size(0), V = w.size(0);
   DS_CHECK(V > 0, "[linear_cross_entropy] the weight has no classes");
   DS_CHECK(targets.dim() == 1 && targets.size(0) == N,
            "[linear_cross_entropy] targets {} must be ({}), one per row of x",
@@ -86,6 +85,17 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
              "[linear_cross_entropy] logit_bias is a constant (a buffer such as BART's "
              "final_logits_bias); for a trained bias use linear + cross_entropy");
   }
+}
+
+}  // namespace
+
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
+                            int64_t ignore_index, int64_t block_rows, const Tensor& logit_bias) {
+  check_args(x, w, targets, logit_bias);
+  const int64_t N = x.size(0), C = x.size(1), V = w.size(0);
+  const detail::CountOp counted(
+      "linear_cross_entropy",
+      detail::gemm_cost(static_cast<double>(N) * static_cast<double>(C) * static_cast<double>(V)));
   const Tensor tc = targets.contiguous();
   const int64_t count = detail::count_targets(tc, V, ignore_index);
   // The GEMMs run in the operands' common dtype (fp32 when they differ), as ops::linear's.
