@@ -6,6 +6,9 @@ ds_add_test(test_nn LABELS core SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_nn.cpp)
 # LLaMA-family Hugging Face import/export against transformers (tests/fixtures/hf_families, written
 # by tests/fixtures/generators/gen_hf_family_fixture.py).
 ds_add_test(test_hf_families LABELS finetune parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_families.cpp)
+# Mixture-of-experts decoders (Mixtral) against transformers (tests/fixtures/hf_families/mixtral*,
+# written by tests/fixtures/generators/gen_hf_moe_fixture.py).
+ds_add_test(test_hf_moe LABELS parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_moe.cpp)
 # BERT / RoBERTa sequence classifiers against transformers (tests/fixtures/hf_families/{bert_cls,
 # roberta_cls,bert_regression}, written by tests/fixtures/generators/gen_encoder_fixture.py).
 ds_add_test(test_hf_encoders LABELS parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_encoders.cpp)
