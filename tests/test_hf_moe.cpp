@@ -215,7 +215,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, HFMoELegacy,
 
 TEST(HFMoEConfig, RefusalsByName) {
   json j = {{"model_type", "mixtral"}, {"hidden_size", 16}, {"num_attention_heads", 4},
-            {"num_hidden_layers", 1}, {"vocab_size", 32}, {"intermediate_size", 8}};
+            {"num_key_value_heads", 2}, {"num_hidden_layers", 1}, {"vocab_size", 32},
+            {"intermediate_size", 8}};
   EXPECT_EQ(models::hf_config_from_json(j).num_experts, 8);  // MixtralConfig's default
   json jitter = j;
   jitter["router_jitter_noise"] = 0.1;
@@ -229,7 +230,8 @@ TEST(HFMoEConfig, RefusalsByName) {
   EXPECT_HAS(error_of([&] { c.validate(); }), "moe needs family mixtral");
   // Qwen3-MoE's dense layers among the sparse ones.
   json q = {{"model_type", "qwen3_moe"}, {"hidden_size", 16}, {"num_attention_heads", 4},
-            {"num_hidden_layers", 2}, {"vocab_size", 32}, {"num_experts", 4}};
+            {"num_hidden_layers", 2}, {"vocab_size", 32}, {"num_experts", 4},
+            {"num_experts_per_tok", 2}};
   EXPECT_EQ(models::hf_config_from_json(q).num_experts, 4);
   EXPECT_FALSE(models::hf_config_from_json(q).norm_topk_prob);  // Qwen3MoeConfig's default
   json dense = q;
