@@ -213,6 +213,42 @@ INSTANTIATE_TEST_SUITE_P(Cases, HFMoELegacy,
                          ::testing::Values("mixtral_legacy", "qwen3_moe_legacy"),
                          [](const auto& info) { return info.param; });
 
+// Published configs (Mixtral-8x7B-v0.1, Qwen3-30B-A3B): the parameter count from the shapes alone
+// equals transformers' (MixtralForCausalLM / Qwen3MoeForCausalLM built on the meta device), and a
+// tiny model's count equals its real parameters'. The training FLOPs count only the experts a
+// token runs.
+TEST(HFMoEConfig, PublishedConfigsAndParameterCounts) {
+  const json mixtral = {{"model_type", "mixtral"}, {"vocab_size", 32000}, {"hidden_size", 4096},
+                        {"intermediate_size", 14336}, {"num_hidden_layers", 32},
+                        {"num_attention_heads", 32}, {"num_key_value_heads", 8},
+                        {"num_local_experts", 8}, {"num_experts_per_tok", 2},
+                        {"max_position_embeddings", 32768}, {"rms_norm_eps", 1e-5},
+                        {"rope_theta", 1e6}, {"sliding_window", nullptr},
+                        {"torch_dtype", "bfloat16"}, {"router_aux_loss_coef", 0.02}};
+  EXPECT_EQ(models::hf_config_from_json(mixtral).num_parameters(), 46702792704);
+  const json qwen = {{"model_type", "qwen3_moe"}, {"vocab_size", 151936}, {"hidden_size", 2048},
+                     {"intermediate_size", 6144}, {"moe_intermediate_size", 768},
+                     {"num_hidden_layers", 48}, {"num_attention_heads", 32},
+                     {"num_key_value_heads", 4}, {"head_dim", 128}, {"num_experts", 128},
+                     {"num_experts_per_tok", 8}, {"norm_topk_prob", true},
+                     {"decoder_sparse_step", 1}, {"mlp_only_layers", json::array()},
+                     {"max_window_layers", 48}, {"use_sliding_window", false},
+                     {"sliding_window", nullptr}, {"rope_theta", 1e6},
+                     {"max_position_embeddings", 40960}, {"torch_dtype", "bfloat16"}};
+  EXPECT_EQ(models::hf_config_from_json(qwen).num_parameters(), 30532122624);
+  for (const std::string& name : {"mixtral", "qwen3_moe"}) {
+    auto m = import(case_dir(name));
+    int64_t n = 0;
+    for (const auto& [pname, p] : m->named_parameters()) n += p.numel();
+    EXPECT_EQ(n, m->config().num_parameters()) << name;
+    // Two of four experts idle per token: 6 * (N - L * 2 * 3 I C) + attention.
+    const models::GPTConfig& c = m->config();
+    const double idle = 2.0 * 2 * 3 * c.resolved_moe_ffn_hidden() * c.n_embd;
+    EXPECT_DOUBLE_EQ(m->flops_per_token(8),
+                     6.0 * (n - idle) + 12.0 * 2 * c.n_head * c.head_dim() * 8) << name;
+  }
+}
+
 TEST(HFMoEConfig, RefusalsByName) {
   json j = {{"model_type", "mixtral"}, {"hidden_size", 16}, {"num_attention_heads", 4},
             {"num_key_value_heads", 2}, {"num_hidden_layers", 1}, {"vocab_size", 32},
