@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <numeric>
 
+#include "ds/autograd/grad_mode.h"
+#include "ds/autograd/node.h"
 #include "ds/core/error.h"
+#include "ds/nn/grouped_linear.h"
 #include "ds/ops/ops.h"
 
 namespace ds::nn {
@@ -92,22 +95,73 @@ Tensor MoEExperts::forward(const Tensor& xs) { return compute(xs, counts_); }
 Tensor MoEExperts::compute(const Tensor& xs, const std::vector<int64_t>& counts) const {
   DS_CHECK(static_cast<int64_t>(counts.size()) == E_, "[moe] {} expert counts for {} experts",
            counts.size(), E_);
-  std::vector<Tensor> ys;
+  const Tensor h = grouped_linear(xs, gate_up_, counts);  // (M, 2I): [gate | up] per row
+  const Tensor a = ops::swiglu(ops::contiguous(ops::slice(h, 1, 0, I_)),
+                               ops::contiguous(ops::slice(h, 1, I_, 2 * I_)));  // (M, I)
+  return grouped_linear(a, down_, counts);                                     // (M, C)
+}
+
+// ---- grouped_linear ----
+
+namespace {
+
+// Expert e's rows [off, off + n) of t (M, k) for each expert with rows, as (n, k) views.
+std::vector<std::pair<int64_t, Tensor>> runs(const Tensor& t, const std::vector<int64_t>& counts) {
+  std::vector<std::pair<int64_t, Tensor>> out;
   int64_t off = 0;
-  for (int64_t e = 0; e < E_; ++e) {
-    const int64_t n = counts[static_cast<size_t>(e)];
-    if (n == 0) continue;  // no rows: no GEMM, a zero gradient for this expert
-    const Tensor rows = ops::slice(xs, 0, off, off + n);                                  // (n, C)
-    const Tensor wgu = ops::reshape(ops::slice(gate_up_, 0, e, e + 1), {2 * I_, C_});     // (2I, C)
-    const Tensor wd = ops::reshape(ops::slice(down_, 0, e, e + 1), {C_, I_});             // (C, I)
-    const Tensor h = ops::linear(rows, wgu);                                              // (n, 2I)
-    const Tensor a = ops::swiglu(ops::contiguous(ops::slice(h, 1, 0, I_)),
-                                 ops::contiguous(ops::slice(h, 1, I_, 2 * I_)));          // (n, I)
-    ys.push_back(ops::linear(a, wd));                                                     // (n, C)
-    off += n;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] > 0) out.emplace_back(static_cast<int64_t>(e), ops::slice(t, 0, off, off + counts[e]));
+    off += counts[e];
   }
-  DS_CHECK(off == xs.size(0), "[moe] expert counts sum to {}, rows {}", off, xs.size(0));
-  return ys.size() == 1 ? ys[0] : ops::concat(ys, 0);  // (M, C)
+  return out;
+}
+
+Tensor expert_weight(const Tensor& w, int64_t e) {  // (E, out, in) -> (out, in), a view
+  return ops::reshape(ops::slice(w, 0, e, e + 1), {w.size(1), w.size(2)});
+}
+
+Tensor join_rows(const std::vector<Tensor>& parts) {
+  return parts.size() == 1 ? parts[0].contiguous() : ops::concat(parts, 0);
+}
+
+}  // namespace
+
+Tensor grouped_linear(const Tensor& xs, const Tensor& w, const std::vector<int64_t>& counts) {
+  DS_CHECK(xs.dim() == 2 && w.dim() == 3 && xs.size(1) == w.size(2) &&
+               static_cast<int64_t>(counts.size()) == w.size(0),
+           "[grouped_linear] xs {} and w {} must be (M, in) and (E, out, in) with {} counts",
+           shape_str(xs.shape()), shape_str(w.shape()), counts.size());
+  int64_t M = 0;
+  for (int64_t n : counts) {
+    DS_CHECK(n >= 0, "[grouped_linear] negative count {}", n);
+    M += n;
+  }
+  DS_CHECK(M == xs.size(0) && M > 0, "[grouped_linear] counts sum to {}, xs has {} rows", M,
+           xs.size(0));
+  std::vector<Tensor> ys;
+  {
+    autograd::NoGradGuard no_grad;
+    for (const auto& [e, rows] : runs(xs, counts)) ys.push_back(ops::linear(rows, expert_weight(w, e)));
+  }
+  Tensor y = join_rows(ys);  // (M, out)
+  const Tensor sx = xs.detach();
+  const Tensor sw = w;  // the parameter's own handle: ZeRO-3 re-gathers into it
+  return autograd::record(y, "GroupedLinearBackward", {xs, w},
+                          [sx, sw, counts](const Tensor& g) -> std::vector<Tensor> {
+    const int64_t E = sw.size(0), out = sw.size(1), in = sw.size(2);
+    const Tensor wd = sw.detach();
+    const auto gs = runs(g, counts), xr = runs(sx, counts);
+    std::vector<Tensor> gx, gw(static_cast<size_t>(E));
+    for (size_t i = 0; i < gs.size(); ++i) {
+      const int64_t e = gs[i].first;
+      gx.push_back(ops::matmul(gs[i].second, expert_weight(wd, e)));  // (n, out) @ (out, in)
+      gw[static_cast<size_t>(e)] = ops::matmul(ops::contiguous(ops::transpose(gs[i].second, 0, 1)),
+                                               xr[i].second);  // (out, n) @ (n, in)
+    }
+    for (Tensor& t : gw)
+      if (!t.defined()) t = Tensor::zeros({out, in}, g.dtype(), g.device());
+    return {join_rows(gx), ops::reshape(ops::concat(gw, 0), {E, out, in})};
+  });
 }
 
 // ---- the block's feed-forward ----
