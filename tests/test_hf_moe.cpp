@@ -26,6 +26,7 @@
 #include "ds/models/family.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
+#include "ds/nn/flat.h"
 #include "ds/nn/moe.h"
 #include "ds/ops/ops.h"
 #include "hf_fixture.h"
@@ -166,6 +167,49 @@ TEST_P(HFMoE, DecodesAsTheFullForwardAndOnADevice) {
   auto host_dec = models::make_decoder(host), dev_dec = models::make_decoder(dev);
   const std::vector<int32_t> short_prompt(ids.begin(), ids.begin() + 4);
   ds::testing::expect_decoding_as_host(*host_dec, *dev_dec, short_prompt, 5, 2e-6);
+}
+
+// The 16-bit path (the engine's "bf16" layout: a bf16 parameter buffer, fp32 gradients) against
+// transformers' fp32 reference: logits and the mean gradient error within 6e-2 as in
+// test_hf_families, each gradient within 0.15 (measured: mixtral logits 2.1e-2, worst gradient
+// 0.111 (layers.1.self_attn.q_proj), mean 4.1e-2; qwen3_moe 1.2e-2, 6.8e-2, 2.3e-2). The router's
+// softmax runs in fp32 on bf16 logits and the routing weights are rounded to bf16 before they
+// scale the experts' rows. mixtral_aux is left out: bf16 rounding flips a top-2 choice there, so
+// its logits move by 0.36 of their scale, in PyTorch's own bf16 run too (transformers loading the
+// fixture with dtype=torch.bfloat16: 0.364; ours 0.360): routing is discontinuous.
+TEST_P(HFMoE, TrainsInBf16CloseToTransformersFp32) {
+  if (GetParam() == "mixtral_aux") GTEST_SKIP() << "bf16 flips a top-k choice (see above)";
+  auto m = import(case_dir(GetParam()));
+  const nn::FlatParameters flat =
+      nn::flatten_parameters(*m, DType::bf16, DType::f32, 1, /*with_grads=*/true);
+  ASSERT_EQ(flat.params.dtype(), DType::bf16);
+  const Tensor ids = ref_->get("input_ids"), targets = ref_->get("targets");
+  const Tensor logits = m->logits(ids);
+  EXPECT_EQ(logits.dtype(), DType::bf16);
+  const double e_logits = rel_err(logits.to(DType::f32).to_vector(), ref_->get("logits").to_vector());
+  EXPECT_LE(e_logits, 6e-2) << "logits";
+  Tensor loss = m->loss(ids, targets);
+  EXPECT_EQ(loss.dtype(), DType::f32);
+  const double ref_loss = ref_->get("loss").item();
+  const double e_loss = std::abs(loss.item() - ref_loss) / std::abs(ref_loss);
+  EXPECT_LE(e_loss, 1e-2) << "loss " << loss.item() << " vs " << ref_loss;
+  loss.backward();
+  const models::Family& fam = models::family_of(m->config());
+  double worst = 0.0, sum = 0.0;
+  int count = 0;
+  for (const auto& [name, p] : m->named_parameters()) {
+    ASSERT_TRUE(p.grad().defined()) << name << " got no gradient";
+    EXPECT_EQ(p.grad().dtype(), DType::f32) << name;
+    const std::string hf = "grad." + fam.decoder.place(m->config(), name).name;
+    const double e = rel_err(p.grad().to_vector(), ref_->get(hf).to_vector());
+    EXPECT_LE(e, 0.15) << "gradient of " << name;
+    worst = std::max(worst, e);
+    sum += e;
+    ++count;
+  }
+  EXPECT_LE(sum / count, 6e-2) << "mean gradient error";
+  std::printf("%s bf16: logits %.2e, loss %.2e, gradients worst %.2e mean %.2e\n",
+              GetParam().c_str(), e_logits, e_loss, worst, sum / count);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, HFMoE, ::testing::Values("mixtral", "mixtral_aux", "qwen3_moe"),
