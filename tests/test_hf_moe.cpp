@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -108,8 +109,11 @@ TEST_P(HFMoE, LogitsLossAndEveryGradientMatchTransformers) {
 
 TEST_P(HFMoE, ExportRoundTrip) {
   auto a = import(case_dir(GetParam()));
-  const fs::path dir = fs::temp_directory_path() /
-                       ("ds_hf_moe_" + std::to_string(::getpid()) + "_" + GetParam());
+  // DS_HF_EXPORT_DIR keeps the exports for the generator's --check-export (transformers loads them).
+  const char* keep = std::getenv("DS_HF_EXPORT_DIR");
+  const fs::path dir = keep ? fs::path(keep) / GetParam()
+                            : fs::temp_directory_path() /
+                                  ("ds_hf_moe_" + std::to_string(::getpid()) + "_" + GetParam());
   models::export_hf(*a, dir);
   std::ifstream in(dir / "config.json");
   json j = json::parse(in);
@@ -139,7 +143,7 @@ TEST_P(HFMoE, ExportRoundTrip) {
       }
     EXPECT_TRUE(found) << name;
   }
-  fs::remove_all(dir);
+  if (!keep) fs::remove_all(dir);
 }
 
 // On the sim device: loss and every gradient, and three engine steps at ZeRO 0 and 3, bitwise as
