@@ -109,7 +109,8 @@ TEST_P(HFMoE, LogitsLossAndEveryGradientMatchTransformers) {
 
 TEST_P(HFMoE, ExportRoundTrip) {
   auto a = import(case_dir(GetParam()));
-  // DS_HF_EXPORT_DIR keeps the exports for the generator's --check-export (transformers loads them).
+  // DS_HF_EXPORT_DIR keeps the exports for the generator's --check-export (transformers loads
+  // them).
   const char* keep = std::getenv("DS_HF_EXPORT_DIR");
   const fs::path dir = keep ? fs::path(keep) / GetParam()
                             : fs::temp_directory_path() /
@@ -165,7 +166,8 @@ TEST_P(HFMoE, DecodesAsTheFullForwardAndOnADevice) {
   const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 8);  // row 0
   auto dec = models::make_decoder(host);
   const std::vector<float> last = dec->forward(prompt).to_vector();
-  const Tensor full = ops::slice(ops::slice(host->logits(ref_->get("input_ids")), 0, 0, 1), 1, 7, 8);
+  const Tensor full =
+      ops::slice(ops::slice(host->logits(ref_->get("input_ids")), 0, 0, 1), 1, 7, 8);
   EXPECT_LE(rel_err(last, full.contiguous().to_vector()), 1e-5);
   dev->to(ds::testing::sim_device());
   auto host_dec = models::make_decoder(host), dev_dec = models::make_decoder(dev);
@@ -190,7 +192,8 @@ TEST_P(HFMoE, TrainsInBf16CloseToTransformersFp32) {
   const Tensor ids = ref_->get("input_ids"), targets = ref_->get("targets");
   const Tensor logits = m->logits(ids);
   EXPECT_EQ(logits.dtype(), DType::bf16);
-  const double e_logits = rel_err(logits.to(DType::f32).to_vector(), ref_->get("logits").to_vector());
+  const double e_logits =
+      rel_err(logits.to(DType::f32).to_vector(), ref_->get("logits").to_vector());
   EXPECT_LE(e_logits, 6e-2) << "logits";
   Tensor loss = m->loss(ids, targets);
   EXPECT_EQ(loss.dtype(), DType::f32);
@@ -272,8 +275,9 @@ TEST_P(HFMoELegacy, PerExpertFileReadsAsTheFusedOne) {
     EXPECT_EQ(a[i].second.to_vector(), b[i].second.to_vector()) << a[i].first;
   }
   const safetensors::Reader ref((case_dir(fused_case) / "reference.safetensors").string());
-  EXPECT_LE(rel_err(legacy->logits(ref.get("input_ids")).to_vector(), ref.get("logits").to_vector()),
-            kTol);
+  EXPECT_LE(
+      rel_err(legacy->logits(ref.get("input_ids")).to_vector(), ref.get("logits").to_vector()),
+      kTol);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, HFMoELegacy,
@@ -285,23 +289,35 @@ INSTANTIATE_TEST_SUITE_P(Cases, HFMoELegacy,
 // tiny model's count equals its real parameters'. The training FLOPs count only the experts a
 // token runs.
 TEST(HFMoEConfig, PublishedConfigsAndParameterCounts) {
-  const json mixtral = {{"model_type", "mixtral"}, {"vocab_size", 32000}, {"hidden_size", 4096},
-                        {"intermediate_size", 14336}, {"num_hidden_layers", 32},
-                        {"num_attention_heads", 32}, {"num_key_value_heads", 8},
-                        {"num_local_experts", 8}, {"num_experts_per_tok", 2},
-                        {"max_position_embeddings", 32768}, {"rms_norm_eps", 1e-5},
-                        {"rope_theta", 1e6}, {"sliding_window", nullptr},
-                        {"torch_dtype", "bfloat16"}, {"router_aux_loss_coef", 0.02}};
+  const json mixtral = {{"model_type", "mixtral"},     {"vocab_size", 32000},
+                        {"hidden_size", 4096},         {"intermediate_size", 14336},
+                        {"num_hidden_layers", 32},     {"num_attention_heads", 32},
+                        {"num_key_value_heads", 8},    {"num_local_experts", 8},
+                        {"num_experts_per_tok", 2},    {"max_position_embeddings", 32768},
+                        {"rms_norm_eps", 1e-5},        {"rope_theta", 1e6},
+                        {"sliding_window", nullptr},   {"torch_dtype", "bfloat16"},
+                        {"router_aux_loss_coef", 0.02}};
   EXPECT_EQ(models::hf_config_from_json(mixtral).num_parameters(), 46702792704);
-  const json qwen = {{"model_type", "qwen3_moe"}, {"vocab_size", 151936}, {"hidden_size", 2048},
-                     {"intermediate_size", 6144}, {"moe_intermediate_size", 768},
-                     {"num_hidden_layers", 48}, {"num_attention_heads", 32},
-                     {"num_key_value_heads", 4}, {"head_dim", 128}, {"num_experts", 128},
-                     {"num_experts_per_tok", 8}, {"norm_topk_prob", true},
-                     {"decoder_sparse_step", 1}, {"mlp_only_layers", json::array()},
-                     {"max_window_layers", 48}, {"use_sliding_window", false},
-                     {"sliding_window", nullptr}, {"rope_theta", 1e6},
-                     {"max_position_embeddings", 40960}, {"torch_dtype", "bfloat16"}};
+  const json qwen = {{"model_type", "qwen3_moe"},
+                     {"vocab_size", 151936},
+                     {"hidden_size", 2048},
+                     {"intermediate_size", 6144},
+                     {"moe_intermediate_size", 768},
+                     {"num_hidden_layers", 48},
+                     {"num_attention_heads", 32},
+                     {"num_key_value_heads", 4},
+                     {"head_dim", 128},
+                     {"num_experts", 128},
+                     {"num_experts_per_tok", 8},
+                     {"norm_topk_prob", true},
+                     {"decoder_sparse_step", 1},
+                     {"mlp_only_layers", json::array()},
+                     {"max_window_layers", 48},
+                     {"use_sliding_window", false},
+                     {"sliding_window", nullptr},
+                     {"rope_theta", 1e6},
+                     {"max_position_embeddings", 40960},
+                     {"torch_dtype", "bfloat16"}};
   EXPECT_EQ(models::hf_config_from_json(qwen).num_parameters(), 30532122624);
   for (const std::string& name : {"mixtral", "qwen3_moe"}) {
     auto m = import(case_dir(name));
@@ -312,12 +328,13 @@ TEST(HFMoEConfig, PublishedConfigsAndParameterCounts) {
     const models::GPTConfig& c = m->config();
     const double idle = 2.0 * 2 * 3 * c.resolved_moe_ffn_hidden() * c.n_embd;
     EXPECT_DOUBLE_EQ(m->flops_per_token(8),
-                     6.0 * (n - idle) + 12.0 * 2 * c.n_head * c.head_dim() * 8) << name;
+                     6.0 * (n - idle) + 12.0 * 2 * c.n_head * c.head_dim() * 8)
+        << name;
   }
 }
 
 TEST(HFMoEConfig, RefusalsByName) {
-  json j = {{"model_type", "mixtral"}, {"hidden_size", 16}, {"num_attention_heads", 4},
+  json j = {{"model_type", "mixtral"},  {"hidden_size", 16},      {"num_attention_heads", 4},
             {"num_key_value_heads", 2}, {"num_hidden_layers", 1}, {"vocab_size", 32},
             {"intermediate_size", 8}};
   EXPECT_EQ(models::hf_config_from_json(j).num_experts, 8);  // MixtralConfig's default
@@ -333,7 +350,7 @@ TEST(HFMoEConfig, RefusalsByName) {
   EXPECT_HAS(error_of([&] { c.validate(); }), "moe needs family mixtral");
   // Qwen3-MoE's dense layers among the sparse ones.
   json q = {{"model_type", "qwen3_moe"}, {"hidden_size", 16}, {"num_attention_heads", 4},
-            {"num_hidden_layers", 2}, {"vocab_size", 32}, {"num_experts", 4},
+            {"num_hidden_layers", 2},    {"vocab_size", 32},  {"num_experts", 4},
             {"num_experts_per_tok", 2}};
   EXPECT_EQ(models::hf_config_from_json(q).num_experts, 4);
   EXPECT_FALSE(models::hf_config_from_json(q).norm_topk_prob);  // Qwen3MoeConfig's default

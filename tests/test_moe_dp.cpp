@@ -37,7 +37,8 @@ std::shared_ptr<models::GPT> import_mixtral() {
 // The mean loss over the world of `steps` steps (AdamW lr 1e-2, ZeRO `stage`); each rank takes
 // rows [r * B / N, (r + 1) * B / N) of the fixture batch.
 std::vector<double> losses(std::shared_ptr<comm::Group> g, int stage, int steps) {
-  const safetensors::Reader ref((ds::testing::case_dir("mixtral") / "reference.safetensors").string());
+  const safetensors::Reader ref(
+      (ds::testing::case_dir("mixtral") / "reference.safetensors").string());
   const Tensor ids = ref.get("input_ids"), targets = ref.get("targets");
   const int64_t n = g->size(), r = g->rank(), B = ids.size(0), b = B / n;
   runtime::InitOptions opt;

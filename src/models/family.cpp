@@ -71,7 +71,8 @@ const std::vector<const Family*>& all_families() {
       &families::gpt2,    &families::llama,  &families::mistral,    &families::qwen2,
       &families::qwen3,   &families::glm,    &families::glm4,       &families::chatglm,
       &families::phi3,    &families::gemma,  &families::gemma2,     &families::gemma3_text,
-      &families::ernie4_5, &families::mixtral, &families::qwen3_moe, &families::bert,  &families::roberta,    &families::deberta_v2,
+      &families::ernie4_5, &families::mixtral, &families::qwen3_moe,
+      &families::bert,    &families::roberta, &families::deberta_v2,
       &families::bart,    &families::blenderbot, &families::t5};
   return all;
 }

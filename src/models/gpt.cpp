@@ -791,11 +791,12 @@ void GPT::set_activation_checkpoint_interval(int k) {
 double GPT::flops_per_token(int64_t seq_len) const {
   const double T = static_cast<double>(seq_len > 0 ? seq_len : config_.block_size);
   // A token runs experts_per_tok of the num_experts experts: the others' weights do no work for it.
-  const double idle = config_.num_experts > 0
-                          ? static_cast<double>(config_.n_layer) *
-                                static_cast<double>(config_.num_experts - config_.experts_per_tok) *
-                                3.0 * static_cast<double>(config_.resolved_moe_ffn_hidden()) *
-                                static_cast<double>(config_.n_embd)
+  const GPTConfig& c = config_;
+  const double idle = c.num_experts > 0
+                          ? static_cast<double>(c.n_layer) *
+                                static_cast<double>(c.num_experts - c.experts_per_tok) * 3.0 *
+                                static_cast<double>(c.resolved_moe_ffn_hidden()) *
+                                static_cast<double>(c.n_embd)
                           : 0.0;
   return 6.0 * (static_cast<double>(num_parameters()) - idle) +
          12.0 * static_cast<double>(config_.n_layer) *

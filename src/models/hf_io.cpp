@@ -152,7 +152,8 @@ struct Assembled {
 // Replaces each target that the file holds in its legacy pieces by those pieces; returns what to
 // assemble after the import.
 std::vector<Assembled> use_legacy_pieces(const GPTConfig& cfg, const Family& family,
-                                         const fs::path& path, std::vector<detail::Target>& targets) {
+                                         const fs::path& path,
+                                         std::vector<detail::Target>& targets) {
   std::vector<Assembled> out;
   if (!family.decoder.legacy_pieces) return out;
   const std::set<std::string> names = file_names(path);

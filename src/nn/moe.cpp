@@ -42,7 +42,8 @@ Routing route(const Tensor& probs, int64_t k) {
   }
   std::vector<int64_t> offset(static_cast<size_t>(E), 0);
   for (int64_t e = 1; e < E; ++e)
-    offset[static_cast<size_t>(e)] = offset[static_cast<size_t>(e - 1)] + r.counts[static_cast<size_t>(e - 1)];
+    offset[static_cast<size_t>(e)] =
+        offset[static_cast<size_t>(e - 1)] + r.counts[static_cast<size_t>(e - 1)];
   r.order.resize(static_cast<size_t>(N * k));
   r.back.resize(static_cast<size_t>(N * k));
   for (int64_t n = 0; n < N; ++n)
@@ -90,7 +91,9 @@ MoEExperts::MoEExperts(int64_t num_experts, int64_t n_embd, int64_t hidden)
   down_ = register_parameter("down_proj", Tensor::zeros({E_, C_, I_}));
 }
 
-Tensor MoEExperts::forward(const Tensor& xs) { return compute(xs, counts_); }
+Tensor MoEExperts::forward(const Tensor& xs) {
+  return compute(xs, counts_);
+}
 
 Tensor MoEExperts::compute(const Tensor& xs, const std::vector<int64_t>& counts) const {
   DS_CHECK(static_cast<int64_t>(counts.size()) == E_, "[moe] {} expert counts for {} experts",
@@ -98,7 +101,7 @@ Tensor MoEExperts::compute(const Tensor& xs, const std::vector<int64_t>& counts)
   const Tensor h = grouped_linear(xs, gate_up_, counts);  // (M, 2I): [gate | up] per row
   const Tensor a = ops::swiglu(ops::contiguous(ops::slice(h, 1, 0, I_)),
                                ops::contiguous(ops::slice(h, 1, I_, 2 * I_)));  // (M, I)
-  return grouped_linear(a, down_, counts);                                     // (M, C)
+  return grouped_linear(a, down_, counts);                                      // (M, C)
 }
 
 // ---- grouped_linear ----
@@ -110,7 +113,8 @@ std::vector<std::pair<int64_t, Tensor>> runs(const Tensor& t, const std::vector<
   std::vector<std::pair<int64_t, Tensor>> out;
   int64_t off = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
-    if (counts[e] > 0) out.emplace_back(static_cast<int64_t>(e), ops::slice(t, 0, off, off + counts[e]));
+    if (counts[e] > 0)
+      out.emplace_back(static_cast<int64_t>(e), ops::slice(t, 0, off, off + counts[e]));
     off += counts[e];
   }
   return out;
@@ -141,27 +145,30 @@ Tensor grouped_linear(const Tensor& xs, const Tensor& w, const std::vector<int64
   std::vector<Tensor> ys;
   {
     autograd::NoGradGuard no_grad;
-    for (const auto& [e, rows] : runs(xs, counts)) ys.push_back(ops::linear(rows, expert_weight(w, e)));
+    for (const auto& [e, rows] : runs(xs, counts))
+      ys.push_back(ops::linear(rows, expert_weight(w, e)));
   }
   Tensor y = join_rows(ys);  // (M, out)
   const Tensor sx = xs.detach();
   const Tensor sw = w;  // the parameter's own handle: ZeRO-3 re-gathers into it
-  return autograd::record(y, "GroupedLinearBackward", {xs, w},
-                          [sx, sw, counts](const Tensor& g) -> std::vector<Tensor> {
-    const int64_t E = sw.size(0), out = sw.size(1), in = sw.size(2);
-    const Tensor wd = sw.detach();
-    const auto gs = runs(g, counts), xr = runs(sx, counts);
-    std::vector<Tensor> gx, gw(static_cast<size_t>(E));
-    for (size_t i = 0; i < gs.size(); ++i) {
-      const int64_t e = gs[i].first;
-      gx.push_back(ops::matmul(gs[i].second, expert_weight(wd, e)));  // (n, out) @ (out, in)
-      gw[static_cast<size_t>(e)] = ops::matmul(ops::contiguous(ops::transpose(gs[i].second, 0, 1)),
-                                               xr[i].second);  // (out, n) @ (n, in)
-    }
-    for (Tensor& t : gw)
-      if (!t.defined()) t = Tensor::zeros({out, in}, g.dtype(), g.device());
-    return {join_rows(gx), ops::reshape(ops::concat(gw, 0), {E, out, in})};
-  });
+  return autograd::record(
+      y, "GroupedLinearBackward", {xs, w},
+      [sx, sw, counts](const Tensor& g) -> std::vector<Tensor> {
+        const int64_t E = sw.size(0), out = sw.size(1), in = sw.size(2);
+        const Tensor wd = sw.detach();
+        const auto gs = runs(g, counts), xr = runs(sx, counts);
+        std::vector<Tensor> gx, gw(static_cast<size_t>(E));
+        for (size_t i = 0; i < gs.size(); ++i) {
+          const int64_t e = gs[i].first;
+          gx.push_back(ops::matmul(gs[i].second, expert_weight(wd, e)));  // (n, out) @ (out, in)
+          gw[static_cast<size_t>(e)] =
+              ops::matmul(ops::contiguous(ops::transpose(gs[i].second, 0, 1)),
+                          xr[i].second);  // (out, n) @ (n, in)
+        }
+        for (Tensor& t : gw)
+          if (!t.defined()) t = Tensor::zeros({out, in}, g.dtype(), g.device());
+        return {join_rows(gx), ops::reshape(ops::concat(gw, 0), {E, out, in})};
+      });
 }
 
 // ---- the block's feed-forward ----
@@ -179,29 +186,31 @@ MoEMLP::MoEMLP(const BlockConfig& cfg)
   DS_CHECK(k_ >= 1 && k_ <= E_, "[moe] experts_per_tok {} must be in [1, num_experts {}]", k_, E_);
   DS_CHECK(!cfg.geglu, "[moe] the experts are SwiGLU (geglu is not supported)");
   gate_ = register_module("gate", std::make_shared<Linear>(cfg.n_embd, E_, false));
-  experts_ = register_module("experts",
-                             std::make_shared<MoEExperts>(E_, cfg.n_embd, cfg.moe_ffn_hidden));
+  experts_ =
+      register_module("experts", std::make_shared<MoEExperts>(E_, cfg.n_embd, cfg.moe_ffn_hidden));
 }
 
 template <class Experts>
 Tensor MoEMLP::mix(const Tensor& x2, const Tensor& logits, Experts&& experts, bool record) const {
   const int64_t N = x2.size(0), C = x2.size(1);
-  const Tensor probs =
-      ops::softmax(logits.dtype() == DType::f32 ? logits : ops::cast(logits, DType::f32));  // (N, E)
+  const Tensor probs = ops::softmax(
+      logits.dtype() == DType::f32 ? logits : ops::cast(logits, DType::f32));  // (N, E)
   const Routing r = route(probs, k_);
   if (record && log_ && log_->enabled) {
     log_->probs.push_back(probs);
     if (log_->counts.empty()) log_->counts.assign(static_cast<size_t>(E_), 0);
-    for (int64_t e = 0; e < E_; ++e) log_->counts[static_cast<size_t>(e)] += r.counts[static_cast<size_t>(e)];
+    for (int64_t e = 0; e < E_; ++e)
+      log_->counts[static_cast<size_t>(e)] += r.counts[static_cast<size_t>(e)];
   }
   const Device dev = x2.device();
-  Tensor w = ops::embedding(ops::reshape(probs, {N * E_, 1}), index_tensor(r.pick, dev));  // (Nk, 1)
+  Tensor w =
+      ops::embedding(ops::reshape(probs, {N * E_, 1}), index_tensor(r.pick, dev));  // (Nk, 1)
   w = ops::reshape(w, {N, k_});
   if (norm_topk_) w = ops::div(w, ops::sum(w, {1}, true));
   if (w.dtype() != x2.dtype()) w = ops::cast(w, x2.dtype());
   const Tensor xs = ops::embedding(x2, index_tensor(r.order, dev));  // (M, C) sorted by expert
-  const Tensor ys = experts(xs, r.counts);                          // (M, C)
-  const Tensor yt = ops::embedding(ys, index_tensor(r.back, dev));  // (N k, C) token order
+  const Tensor ys = experts(xs, r.counts);                           // (M, C)
+  const Tensor yt = ops::embedding(ys, index_tensor(r.back, dev));   // (N k, C) token order
   return ops::sum(ops::mul(ops::reshape(yt, {N, k_, C}), ops::reshape(w, {N, k_, 1})), {1});
 }
 

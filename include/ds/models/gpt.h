@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "ds/nn/layers.h"
-#include "ds/nn/moe.h"
 #include "ds/nn/module.h"
+#include "ds/nn/moe.h"
 #include "ds/nn/pipeline_stage.h"
 #include "ds/nn/tensor_parallel.h"
 
@@ -125,7 +125,9 @@ struct GPTConfig {
   // family, or the one derived from the layout and features when it is empty.
   std::string resolved_family() const;
   int64_t resolved_ffn_hidden() const;
-  int64_t resolved_moe_ffn_hidden() const { return moe_ffn_hidden > 0 ? moe_ffn_hidden : resolved_ffn_hidden(); }
+  int64_t resolved_moe_ffn_hidden() const {
+    return moe_ffn_hidden > 0 ? moe_ffn_hidden : resolved_ffn_hidden();
+  }
   nn::BlockConfig block_config() const;
   // Layer `layer`'s block: block_config() with its sliding window and rotary base (layer_types).
   nn::BlockConfig block_config(int64_t layer) const;

@@ -11,6 +11,8 @@
 // w per expert would cost in its backward. FLOPs are reported by the GEMMs it runs (ops::linear,
 // ops::matmul). Saves xs and w itself (not a view of it), so ZeRO-3's re-gathered w is what the
 // backward reads.
+//
+// Threading: a plain function; the result and the gradients belong to the caller.
 #include <cstdint>
 #include <vector>
 

@@ -31,7 +31,7 @@ namespace ds::nn {
 // record only while `enabled`.
 struct RouterLog {
   bool enabled = false;
-  std::vector<Tensor> probs;    // per MoE layer: softmax of the router logits (N, E) fp32, with graph
+  std::vector<Tensor> probs;  // per MoE layer: softmax of the router logits (N, E) fp32, with graph
   std::vector<int64_t> counts;  // (E): top-k assignments per expert, summed over layers
   void clear() {
     probs.clear();
@@ -69,7 +69,7 @@ class MoEExperts : public Module {
 class MoEMLP : public FeedForward {
  public:
   explicit MoEMLP(const BlockConfig& cfg);
-  Tensor forward(const Tensor& x) override;                   // (B, T, C) -> (B, T, C)
+  Tensor forward(const Tensor& x) override;                  // (B, T, C) -> (B, T, C)
   Tensor decode(const Tensor& x, bool rows) const override;  // (1, N, C) -> (1, N, C)
 
  private:

@@ -62,10 +62,11 @@ GPTConfig read(const json& j, const std::string& type, const std::string& source
   c.output_router_logits = hf::get_field<bool>(j, "output_router_logits", false, source);
   c.router_aux_loss_coef = hf::get_field<float>(j, "router_aux_loss_coef", 0.001f, source);
   const float jitter = hf::get_field<float>(j, "router_jitter_noise", 0.0f, source);
-  DS_CHECK(jitter == 0.0f,
-           "[hf_io] {}: router_jitter_noise {} is not supported (training-time multiplicative noise "
-           "on the router's input); set it to 0",
-           source, jitter);
+  DS_CHECK(
+      jitter == 0.0f,
+      "[hf_io] {}: router_jitter_noise {} is not supported (training-time multiplicative noise "
+      "on the router's input); set it to 0",
+      source, jitter);
   return c;
 }
 
@@ -88,7 +89,8 @@ HFPlace place(const GPTConfig&, const std::string& ours) {
 
 // transformers 4.x's per-expert tensors (block_sparse_moe.*), read on import.
 std::vector<HFPiece> legacy_pieces(const GPTConfig& c, const std::string& ours) {
-  static const std::regex moe(R"(layers\.(\d+)\.mlp\.(gate\.weight|experts\.gate_up_proj|experts\.down_proj))");
+  static const std::regex moe(
+      R"(layers\.(\d+)\.mlp\.(gate\.weight|experts\.gate_up_proj|experts\.down_proj))");
   std::smatch m;
   if (!std::regex_match(ours, m, moe)) return {};
   const std::string layer = "model.layers." + m[1].str() + ".block_sparse_moe.";
@@ -114,7 +116,8 @@ bool is_buffer(const std::string& name) {
 
 void check(const GPTConfig& c) {
   DS_CHECK(c.layout == nn::Layout::llama, "[model] family mixtral needs the llama layout");
-  DS_CHECK(c.num_experts > 0, "[model] family mixtral needs num_experts > 0 (a mixture of experts)");
+  DS_CHECK(c.num_experts > 0,
+           "[model] family mixtral needs num_experts > 0 (a mixture of experts)");
   DS_CHECK(!c.bias && !c.qkv_bias, "[model] family mixtral has no biases");
   DS_CHECK(c.norm_topk_prob,
            "[model] family mixtral always renormalises the top-k routing weights "

@@ -53,8 +53,8 @@ GPTConfig read(const json& j, const std::string& type, const std::string& source
   std::set<std::string> handled = hf::decoder_fields();
   handled.insert({"attention_bias", "use_sliding_window", "sliding_window", "max_window_layers",
                   "decoder_sparse_step", "moe_intermediate_size", "num_experts_per_tok",
-                  "num_experts", "num_local_experts", "norm_topk_prob", "output_router_logits", "router_aux_loss_coef",
-                  "mlp_only_layers"});
+                  "num_experts", "num_local_experts", "norm_topk_prob", "output_router_logits",
+                  "router_aux_loss_coef", "mlp_only_layers"});
   hf::check_known_fields(j, handled, type, source);
   GPTConfig c = hf::read_decoder_fields(j, type, source, defaults());
   if (!j.contains("intermediate_size")) c.ffn_hidden = 6144;
@@ -134,7 +134,8 @@ void check(const GPTConfig& c) {
   DS_CHECK(c.layout == nn::Layout::llama, "[model] family qwen3_moe needs the llama layout");
   DS_CHECK(c.num_experts > 0,
            "[model] family qwen3_moe needs num_experts > 0 (a mixture of experts)");
-  DS_CHECK(c.qk_norm && !c.bias && !c.qkv_bias, "[model] family qwen3_moe has qk_norm and no biases");
+  DS_CHECK(c.qk_norm && !c.bias && !c.qkv_bias,
+           "[model] family qwen3_moe has qk_norm and no biases");
   DS_CHECK(c.sliding_window == 0, "[model] family qwen3_moe has no sliding window here");
 }
 
