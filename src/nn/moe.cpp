@@ -1,6 +1,7 @@
 #include "ds/nn/moe.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "ds/autograd/grad_mode.h"
@@ -33,8 +34,14 @@ Routing route(const Tensor& probs, int64_t k) {
   std::vector<int64_t> idx(static_cast<size_t>(E));
   for (int64_t n = 0; n < N; ++n) {
     const float* row = p + n * E;
+    for (int64_t e = 0; e < E; ++e)
+      DS_CHECK(std::isfinite(row[e]),
+               "[moe] router probability of token {} is {}: the layer's input is not finite", n,
+               row[e]);
     std::iota(idx.begin(), idx.end(), 0);
-    std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return row[a] > row[b]; });
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int64_t a, int64_t b) {
+      return row[a] > row[b] || (row[a] == row[b] && a < b);
+    });
     for (int64_t j = 0; j < k; ++j) {
       r.pick[static_cast<size_t>(n * k + j)] = n * E + idx[static_cast<size_t>(j)];
       ++r.counts[static_cast<size_t>(idx[static_cast<size_t>(j)])];
