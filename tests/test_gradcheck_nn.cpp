@@ -2,6 +2,8 @@
 // differentiable input, on every backend (tests/devices.h).
 #include "gradcheck.h"
 
+#include "ds/nn/grouped_linear.h"
+
 using namespace ds;
 using ds::testing::gradcheck;
 using ds::testing::GradcheckOptions;
@@ -247,6 +249,15 @@ TEST_P(GradcheckNN, ComposedBlock) {
         return ops::gelu(a);
       },
       {leaf({1, 5, 4}, 30), leaf_near_one({4}, 31), leaf({4}, 32)}, opt);
+}
+
+// The MoE experts' GEMMs (nn/grouped_linear.h): rows sorted by expert, an expert without rows in
+// the middle (its weight's gradient is zero) and one at the end.
+TEST_P(GradcheckNN, GroupedLinearOverExperts) {
+  DS_SKIP_UNLESS_SUPPORTED(device(), DType::f32, "gemm", "copy");
+  const std::vector<int64_t> counts = {2, 0, 3, 0};
+  gradcheck([&](const V& x) { return nn::grouped_linear(x[0], x[1], counts); },
+            {leaf({5, 4}, 44), leaf({4, 3, 4}, 45)});
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDevices, GradcheckNN, ::testing::ValuesIn(ds::testing::test_devices()),

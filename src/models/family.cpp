@@ -29,6 +29,7 @@ const std::vector<GPTFeature>& gpt_features() {
        [](const GPTConfig& c) { return c.final_logit_softcapping != 0.0f; }},
       // LongRoPE's switch (generate() recomputing at the original context) is Phi-3's class's.
       {"rope type longrope", [](const GPTConfig& c) { return c.rope_scaling.type == "longrope"; }},
+      {"moe", [](const GPTConfig& c) { return c.num_experts > 0; }},
   };
   return all;
 }
@@ -70,7 +71,8 @@ const std::vector<const Family*>& all_families() {
       &families::gpt2,    &families::llama,  &families::mistral,    &families::qwen2,
       &families::qwen3,   &families::glm,    &families::glm4,       &families::chatglm,
       &families::phi3,    &families::gemma,  &families::gemma2,     &families::gemma3_text,
-      &families::ernie4_5, &families::bert,  &families::roberta,    &families::deberta_v2,
+      &families::ernie4_5, &families::mixtral, &families::qwen3_moe,
+      &families::bert,    &families::roberta, &families::deberta_v2,
       &families::bart,    &families::blenderbot, &families::t5};
   return all;
 }
@@ -97,6 +99,8 @@ std::string why_unsupported(const std::string& model_type) {
   if (model_type == "deberta") return "; DeBERTa (v1) is not supported (DeBERTa-v2 is)";
   if (model_type == "mt5" || model_type == "umt5")
     return "; mT5 and UMT5 are not supported yet (t5 is)";
+  if (model_type == "qwen2_moe")
+    return "; qwen2_moe (its shared expert) is not supported yet (mixtral and qwen3_moe are)";
   if (model_type == "gemma3")
     return "; gemma3 is the multimodal Gemma3ForConditionalGeneration: its text model "
            "(text_config, model_type gemma3_text) is supported, the vision tower not";

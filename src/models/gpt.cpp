@@ -149,6 +149,14 @@ void GPTConfig::validate() const {
     DS_CHECK(partial_rotary_factor == 1.0f && !rope_interleaved && !sandwich_norm,
              "[model] partial_rotary_factor, rope_interleaved and sandwich_norm are llama-layout "
              "fields; the gpt2 layout has none of them");
+  DS_CHECK(num_experts >= 0 && moe_ffn_hidden >= 0 && router_aux_loss_coef >= 0.0f,
+           "[model] num_experts {}, moe_ffn_hidden {} and router_aux_loss_coef {} must be >= 0",
+           num_experts, moe_ffn_hidden, router_aux_loss_coef);
+  if (num_experts > 0)
+    DS_CHECK(layout == Layout::llama && experts_per_tok >= 1 && experts_per_tok <= num_experts,
+             "[model] mixture of experts needs the llama layout and experts_per_tok in [1, "
+             "num_experts {}], got layout {} and experts_per_tok {}",
+             num_experts, nn::layout_name(layout), experts_per_tok);
   // What the family's Hugging Face class can express, so that an export loads as the same model.
   check_features(family_of(*this), *this);
   family_of(*this).decoder.check(*this);
@@ -182,6 +190,10 @@ nn::BlockConfig GPTConfig::block_config() const {
   b.geglu = geglu;
   b.attn_scale = query_pre_attn_scalar > 0.0f ? 1.0f / std::sqrt(query_pre_attn_scalar) : 0.0f;
   b.attn_softcap = attn_logit_softcapping;
+  b.num_experts = num_experts;
+  b.experts_per_tok = experts_per_tok;
+  b.moe_ffn_hidden = num_experts > 0 ? resolved_moe_ffn_hidden() : 0;
+  b.norm_topk_prob = norm_topk_prob;
   return b;
 }
 
@@ -223,7 +235,9 @@ int64_t GPTConfig::num_parameters() const {
                 + qb * (Q + 2 * KV) + b * C         // q/k/v biases, o bias
                 + (qk_norm ? 2 * I(head_dim()) : 0)  // q_norm, k_norm
                 + (sandwich_norm ? 2 * C : 0)        // post-attention / post-MLP norms (GLM-4)
-                + 3 * H * C + b * (2 * H + C);      // gate, up, down
+                + (num_experts > 0                  // router + experts, or gate, up, down
+                       ? I(num_experts) * C + I(num_experts) * 3 * I(resolved_moe_ffn_hidden()) * C
+                       : 3 * H * C + b * (2 * H + C));
     total += C;                                     // norm
   }
   total += I(n_layer) * per_layer;
@@ -298,6 +312,14 @@ nlohmann::json GPTConfig::to_json() const {
   if (query_pre_attn_scalar != 0.0f) j["query_pre_attn_scalar"] = query_pre_attn_scalar;
   if (attn_logit_softcapping != 0.0f) j["attn_logit_softcapping"] = attn_logit_softcapping;
   if (final_logit_softcapping != 0.0f) j["final_logit_softcapping"] = final_logit_softcapping;
+  if (num_experts != 0) {
+    j["num_experts"] = num_experts;
+    j["experts_per_tok"] = experts_per_tok;
+    j["moe_ffn_hidden"] = moe_ffn_hidden;
+    j["norm_topk_prob"] = norm_topk_prob;
+    j["router_aux_loss_coef"] = router_aux_loss_coef;
+    j["output_router_logits"] = output_router_logits;
+  }
   if (!family.empty()) j["family"] = family;
   return j;
 }
@@ -375,6 +397,12 @@ const std::map<std::string, Setter>& config_fields() {
       DS_FIELD(query_pre_attn_scalar, float),
       DS_FIELD(attn_logit_softcapping, float),
       DS_FIELD(final_logit_softcapping, float),
+      DS_FIELD(num_experts, int64_t),
+      DS_FIELD(experts_per_tok, int64_t),
+      DS_FIELD(moe_ffn_hidden, int64_t),
+      DS_FIELD(norm_topk_prob, bool),
+      DS_FIELD(router_aux_loss_coef, float),
+      DS_FIELD(output_router_logits, bool),
       DS_FIELD(family, std::string),
   };
   return fields;
@@ -498,9 +526,11 @@ GPT::GPT(GPTConfig config, std::shared_ptr<nn::TensorParallel> tp, PipeRange lay
   if (end_block > first_block) {
     auto list = register_module(gpt2 ? "h" : "layers",
                                 std::make_shared<nn::ModuleList>(first_block));
+    if (c.num_experts > 0) router_log_ = std::make_shared<nn::RouterLog>();
     for (int64_t i = first_block; i < end_block; ++i) {
       nn::BlockConfig bi = c.block_config(i);
       bi.tp = tp_;
+      bi.router_log = router_log_;
       blocks_.push_back(list->append(nn::make_block(bi)));
     }
   }
@@ -712,13 +742,39 @@ Tensor GPT::loss(const Tensor& ids, const Tensor& targets) {
       Tensor& t;
       ~Clear() { t = Tensor(); }
     } clear{loss_targets_};
-    return (*this)(ids);  // forward returns the loss (see loss_targets_)
+    if (!config_.output_router_logits || !router_log_)
+      return (*this)(ids);  // forward returns the loss (see loss_targets_)
+    return add_router_loss(ids);
   }
   const Tensor lg = logits(ids);  // (B, T, V_local) with tensor parallelism
   const nn::TPSplit& s = vocab_split_;
   return nn::vocab_parallel_cross_entropy(ops::reshape(lg, {N, s.end - s.begin}),
                                           ops::reshape(targets, {N}), s.begin, config_.vocab_size,
                                           *tp_, -100);
+}
+
+Tensor GPT::add_router_loss(const Tensor& ids) {
+  // Only here would the load-balancing loss be wrong: a recomputed block records its router in
+  // no-grad mode, and a pipeline stage sees only its own layers.
+  const bool recompute = checkpoint_interval_ > 0 ||
+                         (!blocks_.empty() && blocks_.front()->gradient_checkpointing());
+  DS_CHECK(!recompute || !autograd::is_grad_enabled(),
+           "[model] output_router_logits (the router's load-balancing loss) with activation "
+           "checkpointing is not supported: turn one of them off");
+  DS_CHECK(is_whole(), "[model] output_router_logits needs the whole model on one stage");
+  struct Off {
+    nn::RouterLog& log;
+    ~Off() {
+      log.enabled = false;
+      log.clear();
+    }
+  } off{*router_log_};
+  router_log_->clear();
+  router_log_->enabled = true;
+  const Tensor lm_loss = (*this)(ids);  // forward returns the loss (see loss_targets_)
+  if (router_log_->probs.empty()) return lm_loss;
+  const Tensor aux = nn::load_balancing_loss(*router_log_);
+  return ops::add(lm_loss, ops::mul(aux, config_.router_aux_loss_coef));
 }
 
 void GPT::set_gradient_checkpointing(bool on) {
@@ -734,7 +790,15 @@ void GPT::set_activation_checkpoint_interval(int k) {
 
 double GPT::flops_per_token(int64_t seq_len) const {
   const double T = static_cast<double>(seq_len > 0 ? seq_len : config_.block_size);
-  return 6.0 * static_cast<double>(num_parameters()) +
+  // A token runs experts_per_tok of the num_experts experts: the others' weights do no work for it.
+  const GPTConfig& c = config_;
+  const double idle = c.num_experts > 0
+                          ? static_cast<double>(c.n_layer) *
+                                static_cast<double>(c.num_experts - c.experts_per_tok) * 3.0 *
+                                static_cast<double>(c.resolved_moe_ffn_hidden()) *
+                                static_cast<double>(c.n_embd)
+                          : 0.0;
+  return 6.0 * (static_cast<double>(num_parameters()) - idle) +
          12.0 * static_cast<double>(config_.n_layer) *
              static_cast<double>(config_.n_head * config_.head_dim()) * T;
 }
@@ -843,6 +907,9 @@ std::vector<ParamInit> GPT::init_plan() const {
     } else if (auto* ln = dynamic_cast<const nn::LayerNorm*>(m)) {
       set(ln->weight(), {ParamInit::ones, 0.0f});
       set(ln->bias(), {ParamInit::zeros, 0.0f});
+    } else if (auto* ex = dynamic_cast<const nn::MoEExperts*>(m)) {
+      set(ex->gate_up_proj(), {ParamInit::normal, base});
+      set(ex->down_proj(), {ParamInit::normal, base});
     } else if (auto* rms = dynamic_cast<const nn::RMSNorm*>(m)) {
       set(rms->weight(), {rms->unit_offset() ? ParamInit::zeros : ParamInit::ones, 0.0f});
     }

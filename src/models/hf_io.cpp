@@ -5,7 +5,10 @@
 #include <optional>
 #include <set>
 
+#include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
+#include "ds/core/safetensors.h"
+#include "ds/ops/ops.h"
 #include "ds/models/family.h"
 #include "families/hf_config.h"
 #include "hf_weights.h"
@@ -129,6 +132,66 @@ std::set<std::string> other_stage_keys(const GPT& model, const Family& family,
   return other_stages;
 }
 
+// Every tensor name in the weight files of path (full names, prefix included).
+std::set<std::string> file_names(const fs::path& path) {
+  std::set<std::string> names;
+  for (const fs::path& f : detail::weight_files(path)) {
+    const safetensors::Reader r(f.string());
+    for (const auto& e : r.entries()) names.insert(e.name);
+  }
+  return names;
+}
+
+// A parameter read from an older layout's pieces (DecoderParts::legacy_pieces): the pieces'
+// temporaries are targets of the import, then copied into `param` in order.
+struct Assembled {
+  Tensor param;
+  std::vector<Tensor> pieces;
+};
+
+// Replaces each target that the file holds in its legacy pieces by those pieces; returns what to
+// assemble after the import.
+std::vector<Assembled> use_legacy_pieces(const GPTConfig& cfg, const Family& family,
+                                         const fs::path& path,
+                                         std::vector<detail::Target>& targets) {
+  std::vector<Assembled> out;
+  if (!family.decoder.legacy_pieces) return out;
+  const std::set<std::string> names = file_names(path);
+  auto holds = [&](const std::string& n) {
+    return names.count(n) > 0 ||
+           (n.rfind(family.prefix, 0) == 0 && names.count(n.substr(family.prefix.size())) > 0);
+  };
+  std::vector<detail::Target> kept;
+  for (const detail::Target& t : targets) {
+    const std::vector<HFPiece> pieces = family.decoder.legacy_pieces(cfg, t.ours);
+    if (pieces.empty() || holds(t.place.name) || !holds(pieces.front().name)) {
+      kept.push_back(t);
+      continue;
+    }
+    Assembled a{t.tensor, {}};
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      Tensor tmp = Tensor::zeros(pieces[i].shape, t.tensor.dtype());
+      a.pieces.push_back(tmp);
+      kept.push_back({t.ours + " (" + pieces[i].name + ")", tmp, HFPlace{pieces[i].name}});
+    }
+    out.push_back(std::move(a));
+  }
+  targets = std::move(kept);
+  return out;
+}
+
+void assemble(const std::vector<Assembled>& parts) {
+  for (const Assembled& a : parts) {
+    std::vector<Tensor> flat;
+    for (const Tensor& p : a.pieces) flat.push_back(ops::reshape(p, {-1}));
+    const Tensor all = ops::concat(flat, 0);
+    DS_CHECK(all.numel() == a.param.numel(),
+             "[hf_io] internal: legacy pieces hold {} values for a parameter of {}", all.numel(),
+             a.param.numel());
+    a.param.detach().copy_from(ops::reshape(all, a.param.shape()));
+  }
+}
+
 }  // namespace
 
 HFLoadReport load_hf_weights(GPT& model, const fs::path& path) {
@@ -143,6 +206,7 @@ HFLoadReport load_hf_weights(GPT& model, const fs::path& path) {
                                cfg.n_layer, cfg.n_embd, cfg.vocab_size);
   rules.advice = "Check that --model (or config.json) describes the model these weights belong to";
   rules.elsewhere = other_stage_keys(model, family, targets);
+  const std::vector<Assembled> legacy = use_legacy_pieces(cfg, family, path, targets);
   std::string tied_head = cfg.tie_embeddings ? family.decoder.place(cfg, "lm_head.weight").name : "";
   if (tied_head.rfind(family.prefix, 0) == 0) tied_head = tied_head.substr(family.prefix.size());
   rules.unused = [&](const std::string& key, const detail::FileTensor& t, const detail::FileIndex&) {
@@ -150,6 +214,10 @@ HFLoadReport load_hf_weights(GPT& model, const fs::path& path) {
     return detail::Unused{skip ? detail::Unused::ignored : detail::Unused::extra, ""};
   };
   const detail::ImportReport r = detail::import_weights(path, targets, rules);
+  {
+    autograd::NoGradGuard no_grad;
+    assemble(legacy);
+  }
   return {r.files, r.tensors, r.transposed, r.ignored};
 }
 

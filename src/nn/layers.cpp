@@ -1,5 +1,6 @@
 #include "ds/nn/layers.h"
 #include "ds/nn/tensor_parallel.h"
+#include "ds/nn/moe.h"
 
 #include <algorithm>
 #include <cmath>
@@ -375,7 +376,10 @@ LlamaBlock::LlamaBlock(const BlockConfig& cfg) : Block("LlamaBlock") {
   norm_1_ = register_module("input_layernorm", norm());
   attn_ = register_module("self_attn", std::make_shared<GroupedQueryAttention>(cfg));
   norm_2_ = register_module("post_attention_layernorm", norm());
-  mlp_ = register_module("mlp", std::make_shared<SwiGLUMLP>(cfg));
+  if (cfg.num_experts > 0)
+    mlp_ = register_module("mlp", std::make_shared<MoEMLP>(cfg));
+  else
+    mlp_ = register_module("mlp", std::make_shared<SwiGLUMLP>(cfg));
   if (cfg.sandwich_norm) {
     norm_3_ = register_module("post_self_attn_layernorm", norm());
     norm_4_ = register_module("post_mlp_layernorm", norm());

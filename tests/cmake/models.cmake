@@ -6,6 +6,17 @@ ds_add_test(test_nn LABELS core SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_nn.cpp)
 # LLaMA-family Hugging Face import/export against transformers (tests/fixtures/hf_families, written
 # by tests/fixtures/generators/gen_hf_family_fixture.py).
 ds_add_test(test_hf_families LABELS finetune parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_families.cpp)
+# Mixture-of-experts decoders (Mixtral) against transformers (tests/fixtures/hf_families/mixtral*,
+# written by tests/fixtures/generators/gen_hf_moe_fixture.py).
+ds_add_test(test_hf_moe LABELS parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_moe.cpp)
+# Mixture of experts under ZeRO data parallelism: plainly and under mpirun with 2 ranks.
+ds_add_test(test_moe_dp LABELS parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_moe_dp.cpp)
+if(DS_HAVE_MPI)
+  add_test(NAME test_moe_dp_np2 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2
+    --oversubscribe --allow-run-as-root $<TARGET_FILE:test_moe_dp>)
+  set_tests_properties(test_moe_dp_np2 PROPERTIES LABELS "distributed;families" TIMEOUT 600
+    ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;DS_COMM_TIMEOUT=120;OMP_NUM_THREADS=1")
+endif()
 # BERT / RoBERTa sequence classifiers against transformers (tests/fixtures/hf_families/{bert_cls,
 # roberta_cls,bert_regression}, written by tests/fixtures/generators/gen_encoder_fixture.py).
 ds_add_test(test_hf_encoders LABELS parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_encoders.cpp)

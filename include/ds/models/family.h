@@ -56,6 +56,13 @@ struct HFPlace {
   bool transposed = false;
 };
 
+// One file tensor of an older checkpoint layout that holds a piece of one of our parameters
+// (DecoderParts::legacy_pieces): its full name and shape.
+struct HFPiece {
+  std::string name;
+  Shape shape;
+};
+
 // A decoder LM family's functions (models::GPT, GPTConfig).
 struct DecoderParts {
   nn::Layout layout = nn::Layout::llama;  // GPT's module layout (gpt2 / llama)
@@ -67,6 +74,11 @@ struct DecoderParts {
   nlohmann::json (*write_config)(const GPTConfig& c) = nullptr;
   // The file tensor of our parameter `ours` (a whole-model name, "layers.0.mlp.gate_proj.weight").
   HFPlace (*place)(const GPTConfig& c, const std::string& ours) = nullptr;
+  // An older file layout, read on import only (never written): our parameter `ours` is the
+  // concatenation, flattened in order, of these file tensors (Mixtral 4.x: experts.gate_up_proj
+  // (E, 2I, C) from block_sparse_moe.experts.{j}.w1 and w3, (I, C) each). Empty: `place` alone.
+  // Used for a parameter whose place's tensor the file lacks while it holds the first piece.
+  std::vector<HFPiece> (*legacy_pieces)(const GPTConfig& c, const std::string& ours) = nullptr;
   // Throws "[model] ..." when `c` breaks a rule of this family's own (qwen3 always has q/k norms,
   // GLM always rotates pairs); what other families' features it lacks is check_features' job.
   void (*check)(const GPTConfig& c) = nullptr;
@@ -184,7 +196,7 @@ std::string supported_model_types(ModelKind kind = ModelKind::decoder);
 
 namespace families {  // the entries (src/models/families/*.cpp)
 extern const Family gpt2, llama, mistral, qwen2, qwen3, glm, glm4, chatglm, phi3, gemma, gemma2,
-    gemma3_text, ernie4_5;              // decoders
+    gemma3_text, ernie4_5, mixtral, qwen3_moe;  // decoders
 extern const Family bert, roberta, deberta_v2;  // encoder classifiers
 extern const Family bart, blenderbot, t5;       // encoder-decoders
 }  // namespace families

@@ -27,6 +27,7 @@
 
 #include "ds/nn/layers.h"
 #include "ds/nn/module.h"
+#include "ds/nn/moe.h"
 #include "ds/nn/pipeline_stage.h"
 #include "ds/nn/tensor_parallel.h"
 
@@ -83,6 +84,17 @@ struct GPTConfig {
   float partial_rotary_factor = 1.0f;
   bool rope_interleaved = false;
   bool sandwich_norm = false;
+  // Mixture of experts (llama layout; nn/moe.h; Mixtral, Qwen3-MoE): num_experts > 0 replaces every
+  // block's MLP by a router over num_experts SwiGLU experts of width moe_ffn_hidden (0 =
+  // resolved_ffn_hidden()), experts_per_tok of them per token, their routing weights renormalised
+  // to sum 1 when norm_topk_prob. output_router_logits adds router_aux_loss_coef times the
+  // router's load-balancing loss (transformers' load_balancing_loss_func) to loss().
+  int64_t num_experts = 0;
+  int64_t experts_per_tok = 2;
+  int64_t moe_ffn_hidden = 0;
+  bool norm_topk_prob = true;
+  float router_aux_loss_coef = 0.001f;
+  bool output_router_logits = false;
   // The model family (ds/models/family.h): the Hugging Face model_type an export writes ("gpt2",
   // "llama", "mistral", "qwen2", "qwen3", "glm", "glm4", "phi3"); "" = from the layout and features
   // (gpt2; qk_norm -> qwen3, qkv_bias -> qwen2, else llama).
@@ -113,6 +125,9 @@ struct GPTConfig {
   // family, or the one derived from the layout and features when it is empty.
   std::string resolved_family() const;
   int64_t resolved_ffn_hidden() const;
+  int64_t resolved_moe_ffn_hidden() const {
+    return moe_ffn_hidden > 0 ? moe_ffn_hidden : resolved_ffn_hidden();
+  }
   nn::BlockConfig block_config() const;
   // Layer `layer`'s block: block_config() with its sliding window and rotary base (layer_types).
   nn::BlockConfig block_config(int64_t layer) const;
@@ -215,7 +230,8 @@ class GPT : public nn::Module, public nn::PipelineStage {
   // Training FLOPs per token at sequence length seq_len (0 = block_size):
   //   6 * N                  forward + backward of every weight matmul (N = num_parameters(); the
   //                          tied wte counts once, for the LM head; wpe's lookup is counted though
-  //                          free, a < 1% overestimate)
+  //                          free, a < 1% overestimate; with experts, only experts_per_tok of
+  //                          each layer's experts count)
   // + 12 * L * C * seq_len   attention scores and weighted sum (QK^T and AV: 2 matmuls x 2 FLOPs
   //                          x 3 for backward), over the full T x T as in PaLM / nanoGPT; a causal
   //                          kernel does about half of it. C here is NH * hd (n_embd unless
@@ -274,6 +290,11 @@ class GPT : public nn::Module, public nn::PipelineStage {
   Tensor scale_embedding(const Tensor& x) const;  // (.., C): * sqrt(C) with embed_scale
   Tensor cap_logits(const Tensor& logits) const;  // (.., V): final_logit_softcapping
   Tensor head_logits(const Tensor& x);            // (B, T, C) -> (B, T, V), uncapped
+  // The MoE layers' router probabilities of the running loss() (output_router_logits); null
+  // without experts.
+  std::shared_ptr<nn::RouterLog> router_log_;
+  // loss()'s forward of ids (loss_targets_ set) plus coef * the routers' load-balancing loss.
+  Tensor add_router_loss(const Tensor& ids);
 };
 
 }  // namespace ds::models

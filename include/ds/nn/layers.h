@@ -24,6 +24,7 @@
 namespace ds::nn {
 
 class TensorParallel;  // tensor_parallel.h
+struct RouterLog;      // moe.h
 
 // Which transformer family a block follows.
 //   gpt2:  LayerNorm, fused c_attn (3C) + c_proj, GELU MLP (c_fc, c_proj), learned positions.
@@ -60,6 +61,15 @@ struct BlockConfig {
   float attn_scale = 0.0f;
   int64_t sliding_window = 0;
   float attn_softcap = 0.0f;
+  // Mixture of experts (llama layout, nn/moe.h): num_experts > 0 makes the block's MLP an MoEMLP
+  // of num_experts SwiGLU experts of width moe_ffn_hidden, experts_per_tok per token, the chosen
+  // routing weights renormalised to sum 1 when norm_topk_prob. router_log (the model's, may be
+  // null) receives the router probabilities for the load-balancing loss.
+  int64_t num_experts = 0;
+  int64_t experts_per_tok = 0;
+  int64_t moe_ffn_hidden = 0;
+  bool norm_topk_prob = true;
+  std::shared_ptr<RouterLog> router_log;
   // Tensor parallelism (tensor_parallel.h): attention heads (and K/V heads), the MLP's hidden
   // width cut over tp->size() ranks; null = none. Shapes below are then the full model's.
   std::shared_ptr<TensorParallel> tp;
@@ -296,8 +306,9 @@ class GPT2Block final : public Block {
   explicit GPT2Block(const BlockConfig& cfg);
 };
 
-// LLaMA, Mistral, Qwen2/3, GLM: input_layernorm (RMSNorm) / self_attn (GroupedQueryAttention) /
-// post_attention_layernorm / mlp (SwiGLUMLP), plus post_self_attn_layernorm and post_mlp_layernorm
+// LLaMA, Mistral, Qwen2/3, GLM, Mixtral: input_layernorm (RMSNorm) / self_attn
+// (GroupedQueryAttention) / post_attention_layernorm / mlp (SwiGLUMLP, or MoEMLP with
+// cfg.num_experts > 0), plus post_self_attn_layernorm and post_mlp_layernorm
 // with sandwich_norm (GLM-4).
 class LlamaBlock final : public Block {
  public:

@@ -1,0 +1,87 @@
+#pragma once
+// Mixture-of-experts feed-forward (Mixtral's MixtralSparseMoeBlock, Qwen3-MoE's
+// Qwen3MoeSparseMoeBlock): a router picks experts_per_tok SwiGLU experts per token and the block
+// returns their outputs weighted by the routing weights. Parameter names are transformers 5's:
+//
+//   gate.weight                (E, C)       the router (Linear C -> E, no bias)
+//   experts.gate_up_proj       (E, 2I, C)   expert e's [gate_proj; up_proj] rows
+//   experts.down_proj          (E, C, I)    expert e's down_proj
+//
+// The computation is grouped by expert, without a loop over tokens in the math:
+//   probs  = softmax(fp32(gate(x)))                         (N, E)
+//   top-k experts per token (on the host: indices take no gradient), weights = probs at them,
+//   renormalised to sum 1 when norm_topk_prob (Mixtral always)  (N, k)
+//   rows sorted by expert: xs = x[order] (M = N k, C); expert e's GEMMs on its run of rows;
+//   back to token order: y = sum_k weight(n, k) * ys[back(n, k)]            (N, C)
+// The gathers are ops::embedding of the activations (backward: a scatter-add), so gradients reach
+// the router through the softmax and the weights, and every expert's rows through one GEMM each.
+// Experts that receive no token get a zero gradient (as transformers, which skips them).
+//
+// Threading: a module; one forward at a time per instance (the router log is written in forward).
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ds/nn/layers.h"
+
+namespace ds::nn {
+
+// What the MoE layers of one forward record for the router's load-balancing loss (transformers'
+// load_balancing_loss_func). Owned by the model (models::GPT), shared with its MoE layers; layers
+// record only while `enabled`.
+struct RouterLog {
+  bool enabled = false;
+  std::vector<Tensor> probs;  // per MoE layer: softmax of the router logits (N, E) fp32, with graph
+  std::vector<int64_t> counts;  // (E): top-k assignments per expert, summed over layers
+  void clear() {
+    probs.clear();
+    counts.clear();
+  }
+};
+
+// transformers' load_balancing_loss_func without an attention mask, over every recorded layer:
+//   f_e = counts_e / (L N)   (a constant: top-k takes no gradient)
+//   P_e = sum_l sum_n probs_l[n, e] / (L N)
+//   loss = E * sum_e f_e P_e
+// A scalar fp32 tensor on the probabilities' device; throws when nothing was recorded.
+Tensor load_balancing_loss(const RouterLog& log);
+
+// The experts' stacked weights; forward(xs) runs expert e on rows [off_e, off_e + counts[e]) of
+// xs (M, C) (rows sorted by expert; set_counts first) and returns (M, C) in the same order.
+class MoEExperts : public Module {
+ public:
+  MoEExperts(int64_t num_experts, int64_t n_embd, int64_t hidden);
+  void set_counts(std::vector<int64_t> counts) { counts_ = std::move(counts); }
+  Tensor forward(const Tensor& xs) override;  // (M, C) -> (M, C)
+  // forward's arithmetic for given counts (no hooks; the decode path).
+  Tensor compute(const Tensor& xs, const std::vector<int64_t>& counts) const;
+  const Tensor& gate_up_proj() const { return gate_up_; }  // (E, 2I, C)
+  const Tensor& down_proj() const { return down_; }        // (E, C, I)
+
+ private:
+  int64_t E_, C_, I_;
+  Tensor gate_up_, down_;
+  std::vector<int64_t> counts_;
+};
+
+// The MoE block's feed-forward: (B, T, C) -> (B, T, C). cfg.num_experts experts of hidden width
+// cfg.moe_ffn_hidden, cfg.experts_per_tok per token; no tensor parallelism, no biases.
+class MoEMLP : public FeedForward {
+ public:
+  explicit MoEMLP(const BlockConfig& cfg);
+  Tensor forward(const Tensor& x) override;                  // (B, T, C) -> (B, T, C)
+  Tensor decode(const Tensor& x, bool rows) const override;  // (1, N, C) -> (1, N, C)
+
+ private:
+  int64_t E_, k_;
+  bool norm_topk_;
+  float dropout_;
+  std::shared_ptr<Linear> gate_;
+  std::shared_ptr<MoEExperts> experts_;
+  std::shared_ptr<RouterLog> log_;
+  // x2 (N, C), router logits (N, E) -> (N, C); experts(xs, counts) runs the experts.
+  template <class Experts>
+  Tensor mix(const Tensor& x2, const Tensor& logits, Experts&& experts, bool record) const;
+};
+
+}  // namespace ds::nn

@@ -1,0 +1,245 @@
+#include "ds/nn/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "ds/autograd/grad_mode.h"
+#include "ds/autograd/node.h"
+#include "ds/core/error.h"
+#include "ds/nn/grouped_linear.h"
+#include "ds/ops/ops.h"
+
+namespace ds::nn {
+
+namespace {
+
+// Where each token's chosen experts put it (host-side: top-k indices take no gradient).
+struct Routing {
+  std::vector<int64_t> counts;  // (E) rows per expert
+  std::vector<int64_t> order;   // (M = N k) token of each expert-sorted row
+  std::vector<int64_t> back;    // (N k) sorted row of token n's j-th choice, at n k + j
+  std::vector<int64_t> pick;    // (N k) n E + e of token n's j-th choice (its probability)
+};
+
+// probs (N, E) fp32 -> top-k per token (descending, ties to the lower index as torch.topk on
+// distinct values) and the expert-sorted order (tokens ascending within an expert).
+Routing route(const Tensor& probs, int64_t k) {
+  const Tensor host = probs.detach().to(kCPU).contiguous();
+  const int64_t N = host.size(0), E = host.size(1);
+  const float* p = host.data<float>();
+  Routing r;
+  r.counts.assign(static_cast<size_t>(E), 0);
+  r.pick.resize(static_cast<size_t>(N * k));
+  std::vector<int64_t> idx(static_cast<size_t>(E));
+  for (int64_t n = 0; n < N; ++n) {
+    const float* row = p + n * E;
+    for (int64_t e = 0; e < E; ++e)
+      DS_CHECK(std::isfinite(row[e]),
+               "[moe] router probability of token {} is {}: the layer's input is not finite", n,
+               row[e]);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int64_t a, int64_t b) {
+      return row[a] > row[b] || (row[a] == row[b] && a < b);
+    });
+    for (int64_t j = 0; j < k; ++j) {
+      r.pick[static_cast<size_t>(n * k + j)] = n * E + idx[static_cast<size_t>(j)];
+      ++r.counts[static_cast<size_t>(idx[static_cast<size_t>(j)])];
+    }
+  }
+  std::vector<int64_t> offset(static_cast<size_t>(E), 0);
+  for (int64_t e = 1; e < E; ++e)
+    offset[static_cast<size_t>(e)] =
+        offset[static_cast<size_t>(e - 1)] + r.counts[static_cast<size_t>(e - 1)];
+  r.order.resize(static_cast<size_t>(N * k));
+  r.back.resize(static_cast<size_t>(N * k));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = r.pick[static_cast<size_t>(n * k + j)] - n * E;
+      const int64_t m = offset[static_cast<size_t>(e)]++;
+      r.order[static_cast<size_t>(m)] = n;
+      r.back[static_cast<size_t>(n * k + j)] = m;
+    }
+  return r;
+}
+
+Tensor index_tensor(const std::vector<int64_t>& v, Device device) {
+  return Tensor::from_ints(v, {static_cast<int64_t>(v.size())}).to(device);
+}
+
+}  // namespace
+
+Tensor load_balancing_loss(const RouterLog& log) {
+  DS_CHECK(!log.probs.empty(), "[moe] load_balancing_loss: no router probabilities were recorded");
+  const int64_t E = log.probs[0].size(1);
+  int64_t rows = 0;
+  Tensor per_expert;  // (E): sum over layers and tokens of the probabilities
+  for (const Tensor& p : log.probs) {
+    rows += p.size(0);
+    const Tensor s = ops::sum(p, {0});
+    per_expert = per_expert.defined() ? ops::add(per_expert, s) : s;
+  }
+  // E * sum_e (counts_e / rows) * (P_e / rows): the counts are constants.
+  std::vector<float> c(static_cast<size_t>(E));
+  const double scale = static_cast<double>(E) / (static_cast<double>(rows) * rows);
+  for (int64_t e = 0; e < E; ++e)
+    c[static_cast<size_t>(e)] = static_cast<float>(log.counts[static_cast<size_t>(e)] * scale);
+  const Tensor ct = Tensor::from_data(c, {E}).to(per_expert.device());
+  return ops::sum(ops::mul(per_expert, ct));
+}
+
+// ---- experts ----
+
+MoEExperts::MoEExperts(int64_t num_experts, int64_t n_embd, int64_t hidden)
+    : Module("MoEExperts"), E_(num_experts), C_(n_embd), I_(hidden) {
+  DS_CHECK(E_ > 0 && C_ > 0 && I_ > 0, "[moe] experts {}, n_embd {}, hidden {} must be positive",
+           E_, C_, I_);
+  gate_up_ = register_parameter("gate_up_proj", Tensor::zeros({E_, 2 * I_, C_}));
+  down_ = register_parameter("down_proj", Tensor::zeros({E_, C_, I_}));
+}
+
+Tensor MoEExperts::forward(const Tensor& xs) {
+  return compute(xs, counts_);
+}
+
+Tensor MoEExperts::compute(const Tensor& xs, const std::vector<int64_t>& counts) const {
+  DS_CHECK(static_cast<int64_t>(counts.size()) == E_, "[moe] {} expert counts for {} experts",
+           counts.size(), E_);
+  const Tensor h = grouped_linear(xs, gate_up_, counts);  // (M, 2I): [gate | up] per row
+  const Tensor a = ops::swiglu(ops::contiguous(ops::slice(h, 1, 0, I_)),
+                               ops::contiguous(ops::slice(h, 1, I_, 2 * I_)));  // (M, I)
+  return grouped_linear(a, down_, counts);                                      // (M, C)
+}
+
+// ---- grouped_linear ----
+
+namespace {
+
+// Expert e's rows [off, off + n) of t (M, k) for each expert with rows, as (n, k) views.
+std::vector<std::pair<int64_t, Tensor>> runs(const Tensor& t, const std::vector<int64_t>& counts) {
+  std::vector<std::pair<int64_t, Tensor>> out;
+  int64_t off = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] > 0)
+      out.emplace_back(static_cast<int64_t>(e), ops::slice(t, 0, off, off + counts[e]));
+    off += counts[e];
+  }
+  return out;
+}
+
+Tensor expert_weight(const Tensor& w, int64_t e) {  // (E, out, in) -> (out, in), a view
+  return ops::reshape(ops::slice(w, 0, e, e + 1), {w.size(1), w.size(2)});
+}
+
+Tensor join_rows(const std::vector<Tensor>& parts) {
+  return parts.size() == 1 ? parts[0].contiguous() : ops::concat(parts, 0);
+}
+
+}  // namespace
+
+Tensor grouped_linear(const Tensor& xs, const Tensor& w, const std::vector<int64_t>& counts) {
+  DS_CHECK(xs.dim() == 2 && w.dim() == 3 && xs.size(1) == w.size(2) &&
+               static_cast<int64_t>(counts.size()) == w.size(0),
+           "[grouped_linear] xs {} and w {} must be (M, in) and (E, out, in) with {} counts",
+           shape_str(xs.shape()), shape_str(w.shape()), counts.size());
+  int64_t M = 0;
+  for (int64_t n : counts) {
+    DS_CHECK(n >= 0, "[grouped_linear] negative count {}", n);
+    M += n;
+  }
+  DS_CHECK(M == xs.size(0) && M > 0, "[grouped_linear] counts sum to {}, xs has {} rows", M,
+           xs.size(0));
+  std::vector<Tensor> ys;
+  {
+    autograd::NoGradGuard no_grad;
+    for (const auto& [e, rows] : runs(xs, counts))
+      ys.push_back(ops::linear(rows, expert_weight(w, e)));
+  }
+  Tensor y = join_rows(ys);  // (M, out)
+  const Tensor sx = xs.detach();
+  const Tensor sw = w;  // the parameter's own handle: ZeRO-3 re-gathers into it
+  return autograd::record(
+      y, "GroupedLinearBackward", {xs, w},
+      [sx, sw, counts](const Tensor& g) -> std::vector<Tensor> {
+        const int64_t E = sw.size(0), out = sw.size(1), in = sw.size(2);
+        const Tensor wd = sw.detach();
+        const auto gs = runs(g, counts), xr = runs(sx, counts);
+        std::vector<Tensor> gx, gw(static_cast<size_t>(E));
+        for (size_t i = 0; i < gs.size(); ++i) {
+          const int64_t e = gs[i].first;
+          gx.push_back(ops::matmul(gs[i].second, expert_weight(wd, e)));  // (n, out) @ (out, in)
+          gw[static_cast<size_t>(e)] =
+              ops::matmul(ops::contiguous(ops::transpose(gs[i].second, 0, 1)),
+                          xr[i].second);  // (out, n) @ (n, in)
+        }
+        for (Tensor& t : gw)
+          if (!t.defined()) t = Tensor::zeros({out, in}, g.dtype(), g.device());
+        return {join_rows(gx), ops::reshape(ops::concat(gw, 0), {E, out, in})};
+      });
+}
+
+// ---- the block's feed-forward ----
+
+MoEMLP::MoEMLP(const BlockConfig& cfg)
+    : FeedForward("MoEMLP"),
+      E_(cfg.num_experts),
+      k_(cfg.experts_per_tok),
+      norm_topk_(cfg.norm_topk_prob),
+      dropout_(cfg.dropout),
+      log_(cfg.router_log) {
+  DS_CHECK(cfg.tp == nullptr,
+           "[moe] mixture-of-experts layers do not support tensor parallelism yet (tp size > 1)");
+  DS_CHECK(!cfg.bias, "[moe] mixture-of-experts layers have no biases");
+  DS_CHECK(k_ >= 1 && k_ <= E_, "[moe] experts_per_tok {} must be in [1, num_experts {}]", k_, E_);
+  DS_CHECK(!cfg.geglu, "[moe] the experts are SwiGLU (geglu is not supported)");
+  gate_ = register_module("gate", std::make_shared<Linear>(cfg.n_embd, E_, false));
+  experts_ =
+      register_module("experts", std::make_shared<MoEExperts>(E_, cfg.n_embd, cfg.moe_ffn_hidden));
+}
+
+template <class Experts>
+Tensor MoEMLP::mix(const Tensor& x2, const Tensor& logits, Experts&& experts, bool record) const {
+  const int64_t N = x2.size(0), C = x2.size(1);
+  const Tensor probs = ops::softmax(
+      logits.dtype() == DType::f32 ? logits : ops::cast(logits, DType::f32));  // (N, E)
+  const Routing r = route(probs, k_);
+  if (record && log_ && log_->enabled) {
+    log_->probs.push_back(probs);
+    if (log_->counts.empty()) log_->counts.assign(static_cast<size_t>(E_), 0);
+    for (int64_t e = 0; e < E_; ++e)
+      log_->counts[static_cast<size_t>(e)] += r.counts[static_cast<size_t>(e)];
+  }
+  const Device dev = x2.device();
+  Tensor w =
+      ops::embedding(ops::reshape(probs, {N * E_, 1}), index_tensor(r.pick, dev));  // (Nk, 1)
+  w = ops::reshape(w, {N, k_});
+  if (norm_topk_) w = ops::div(w, ops::sum(w, {1}, true));
+  if (w.dtype() != x2.dtype()) w = ops::cast(w, x2.dtype());
+  const Tensor xs = ops::embedding(x2, index_tensor(r.order, dev));  // (M, C) sorted by expert
+  const Tensor ys = experts(xs, r.counts);                           // (M, C)
+  const Tensor yt = ops::embedding(ys, index_tensor(r.back, dev));   // (N k, C) token order
+  return ops::sum(ops::mul(ops::reshape(yt, {N, k_, C}), ops::reshape(w, {N, k_, 1})), {1});
+}
+
+Tensor MoEMLP::forward(const Tensor& x) {
+  const Shape shape = x.shape();
+  const int64_t C = shape.back();
+  const Tensor x2 = ops::reshape(x, {-1, C});  // (N, C)
+  auto run = [this](const Tensor& xs, const std::vector<int64_t>& counts) {
+    experts_->set_counts(counts);
+    return (*experts_)(xs);  // through its hooks (ZeRO-3 gathers the stacked weights there)
+  };
+  const Tensor y = mix(x2, (*gate_)(x2), run, true);
+  return ops::dropout(ops::reshape(y, shape), dropout_, is_training());
+}
+
+Tensor MoEMLP::decode(const Tensor& x, bool rows) const {
+  const Shape shape = x.shape();
+  const Tensor x2 = ops::reshape(x, {-1, shape.back()});
+  auto run = [this](const Tensor& xs, const std::vector<int64_t>& counts) {
+    return experts_->compute(xs, counts);
+  };
+  return ops::reshape(mix(x2, gate_->decode(x2, rows), run, false), shape);
+}
+
+}  // namespace ds::nn
