@@ -334,11 +334,20 @@ void FlopsProfileStep::after_step(double step_seconds) {
   if (wall_clock_) run_.bwd_seconds = bwd_seconds_, run_.step_seconds = step_seconds;
   const std::string text = profiler_.report(run_, cfg_);
   if (cfg_.output_file && !cfg_.output_file->empty()) {
-    const std::filesystem::path path(*cfg_.output_file);
-    if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-    write_file_atomic(path, text);
-    if (log_) log_(fmt::format("[flops_profiler] profile of step {} written to {}",
-                               cfg_.profile_step, *cfg_.output_file));
+    // Only rank 0 profiles: a file it cannot write must not stop it while the other ranks go on
+    // into the next step's collectives, so the failure is said and the profile printed instead.
+    try {
+      const std::filesystem::path path(*cfg_.output_file);
+      if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+      write_file_atomic(path, text);
+      if (log_) log_(fmt::format("[flops_profiler] profile of step {} written to {}",
+                                 cfg_.profile_step, *cfg_.output_file));
+    } catch (const std::exception& e) {
+      if (log_)
+        log_(fmt::format("[flops_profiler] could not write output_file {} ({}); the profile "
+                         "follows here instead\n{}",
+                         *cfg_.output_file, e.what(), text));
+    }
   } else if (log_) {
     log_(text);
   }
