@@ -438,6 +438,62 @@ TEST_F(DsTrain, TensorParallelTrainsAsOneProcess) {
 #endif
 
 #if defined(DS_LAUNCHER_EXE)
+// Expert parallelism on 2 ranks (each holds 2 of the 4 experts of every MoE layer): the losses
+// and gradient norms of plain data parallelism on those ranks (every expert on each; the same
+// global batch), ZeRO-2 and ZeRO-3, a checkpoint written at ep = 2 that one process resumes with
+// the same global batch, an HF export with the whole experts (the size of the plain run's), and
+// the flag against the config. (Equality with one process taking the whole batch:
+// tests/test_moe_ep.cpp.)
+TEST_F(DsTrain, ExpertParallelTrainsAsDataParallel) {
+  std::ofstream(dir_ / "moe.json") << R"({"preset": "test-llama", "family": "mixtral",
+    "num_experts": 4, "experts_per_tok": 2, "ffn_hidden": 48})";
+  const std::string launcher = std::string(DS_LAUNCHER_EXE) + " --num_procs 2";
+  const std::string flags = " --max_steps 4 --eval_steps 2 --sample_tokens 0 --model " +
+                            (dir_ / "moe.json").string();
+  for (int stage : {2, 3}) {
+    const std::string zero =
+        " --deepspeed '{\"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\": "
+        "\"auto\", \"gradient_accumulation_steps\": \"auto\", \"zero_optimization\": "
+        "{\"stage\": " + std::to_string(stage) + ", \"stage3_param_persistence_threshold\": 0}}'";
+    const fs::path one = dir_ / ("dp" + std::to_string(stage)),
+                   two = dir_ / ("ep" + std::to_string(stage));
+    ASSERT_EQ(run(flags + zero + " --output_dir " + one.string(), true, launcher), 0) << log_;
+    ASSERT_EQ(run(flags + zero + " --expert_parallel_size 2 --output_dir " + two.string(), true,
+                  launcher),
+              0)
+        << log_;
+    EXPECT_NE(log_.find("expert parallelism: the experts of 2 MoE layers split over 2 ranks"),
+              std::string::npos)
+        << log_;
+    EXPECT_TRUE(fs::exists(two / "global_step4" / "expp_rank_1_mp_rank_00_model_states.safetensors"))
+        << log_;
+    expect_same_metrics(one, two, {"Train_Samples_train_loss", "Train_Samples_grad_norm"});
+    EXPECT_EQ(fs::file_size(two / "hf_model" / "model.safetensors"),
+              fs::file_size(one / "hf_model" / "model.safetensors"));
+    if (stage == 2) {
+      // The ep = 2 checkpoint resumes in one process (no conversion step), the global batch
+      // kept: micro-batch 4 x accumulation 2.
+      fs::remove_all(two / "hf_model");
+      ASSERT_EQ(run(" --max_steps 6 --eval_steps 0 --sample_tokens 0 --model " +
+                    (dir_ / "moe.json").string() + zero + " --output_dir " + two.string() +
+                    " --per_device_train_batch_size 4 --resume_from_checkpoint latest"),
+                0)
+          << log_;
+      EXPECT_NE(log_.find("resumed from"), std::string::npos) << log_;
+      EXPECT_TRUE(fs::exists(two / "global_step6"));
+    }
+  }
+  const fs::path cfg = dir_ / "ep2.json";
+  std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 2,
+    "expert_parallel": {"enabled": true, "autoep_size": 2}})";
+  EXPECT_NE(run(flags + " --expert_parallel_size 4 --deepspeed " + cfg.string() +
+                    " --output_dir " + (dir_ / "bad").string()),
+            0);
+  EXPECT_NE(log_.find("disagrees with expert_parallel.autoep_size 2"), std::string::npos) << log_;
+}
+#endif
+
+#if defined(DS_LAUNCHER_EXE)
 // Pipeline parallelism on 2 ranks (pp = 2, two micro-batches per step through 1F1B): the partition
 // and every rank's coordinates at start-up, the same losses, gradient norms and eval losses as one
 // process, and one HF export holding both stages' weights (the tied wte once).

@@ -322,9 +322,11 @@ RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {
   p.device = plan_device(o);
   // A pipeline stage is built whole (its layers only) and then sharded; so is a tensor-parallel
   // rank's part (its slices).
-  // A model on a device is built whole in host memory and then moved (Module::to).
+  // A model on a device is built whole in host memory and then moved (Module::to). With expert
+  // parallelism each rank cuts its experts from the whole layers.
   p.partitioned_build = cfg.zero_optimization.stage == 3 && o.init_from.empty() && !p.lora &&
-                        pp == 1 && tp == 1 && p.device.is_cpu();
+                        pp == 1 && tp == 1 && p.device.is_cpu() &&
+                        cfg.expert_parallel.size <= 1;
   p.model_name = g.model                ? (fs::exists(o.model) ? fs::path(o.model).stem().string()
                                                                : o.model)
                  : !o.init_from.empty() ? fs::path(o.init_from).filename().string()
