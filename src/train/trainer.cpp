@@ -186,10 +186,17 @@ void Trainer::build_model() {
   if (p.lora) say(describe_lora(*p.lora, nn::apply_lora(*model_, *p.lora)));
   if (o.gradient_checkpointing) model_->set_gradient_checkpointing(true);
   move_to_device(*model_);
-  say(fmt::format("model: {} ({}, L {}, NH {}, C {}, V {}, block {}): {} parameters{}",
+  // A mixture of experts holds (and the fit check counts) every expert; a token runs k of them.
+  const std::string active =
+      mcfg.num_experts > 0
+          ? fmt::format(" ({} active per token: {} of {} experts)",
+                        human_count(static_cast<double>(mcfg.num_active_parameters())),
+                        mcfg.experts_per_tok, mcfg.num_experts)
+          : "";
+  say(fmt::format("model: {} ({}, L {}, NH {}, C {}, V {}, block {}): {} parameters{}{}",
                   p.model_name, nn::layout_name(mcfg.layout), mcfg.n_layer, mcfg.n_head,
                   mcfg.n_embd, mcfg.vocab_size, mcfg.block_size,
-                  human_count(model_->num_parameters()),
+                  human_count(model_->num_parameters()), active,
                   o.gradient_checkpointing ? ", gradient checkpointing" : ""));
 }
 
