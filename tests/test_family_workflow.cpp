@@ -167,9 +167,10 @@ TEST_F(FamilyWorkflow, GlmModelFromPrepareThroughTrainToTheGuideRoute) {
 }
 
 // LoRA on a mixture of experts (docs/finetuning.md): SFT records -> ds_prepare --sft -> ds_train
-// --init_from a Mixtral / Qwen3-MoE Hugging Face folder with LoRA on the attention projections
-// (only the LoRA matrices trained) -> a PEFT adapter with the Hugging Face module names. A target
-// that selects the stacked experts (PEFT's target_parameters) is refused by name at start-up.
+// --init_from a Mixtral / Qwen3-MoE Hugging Face folder with LoRA on the attention projections and
+// the routers (only the LoRA matrices trained) -> a PEFT adapter with the Hugging Face module names
+// (tests/fixtures/generators/check_moe_lora_adapter.py checks that peft loads it as we apply it).
+// A target that selects the stacked experts (PEFT's target_parameters) is refused at start-up.
 TEST_F(FamilyWorkflow, MoeLoraSftToPeftAdapter) {
   std::string records;
   for (int i = 0; i < 24; ++i)
@@ -222,9 +223,9 @@ TEST_F(FamilyWorkflow, MoeLoraSftToPeftAdapter) {
         " --max_steps 12 --eval_steps 0 --lora_dim 4 --lora_alpha 8 --only_optimize_lora"
         " --output_dir " +
         run.string();
-    ASSERT_EQ(sh(train + " --lora_module_name q_proj,k_proj,v_proj,o_proj", &log), 0) << log;
+    ASSERT_EQ(sh(train + " --lora_module_name q_proj,k_proj,v_proj,o_proj,gate", &log), 0) << log;
     EXPECT_NE(log.find("active per token: 2 of 4 experts"), std::string::npos) << log;
-    EXPECT_NE(log.find("8 modules matching"), std::string::npos) << log;
+    EXPECT_NE(log.find("10 modules matching"), std::string::npos) << log;
     std::ifstream csv(run / "metrics" / "Train_Samples_train_loss.csv");
     std::string header, row;
     std::getline(csv, header);
@@ -232,17 +233,28 @@ TEST_F(FamilyWorkflow, MoeLoraSftToPeftAdapter) {
     while (std::getline(csv, row)) losses.push_back(std::stod(row.substr(row.find(',') + 1)));
     ASSERT_EQ(losses.size(), 12u) << type;
     EXPECT_LT(losses.back(), losses.front()) << type << "\n" << log;
-    // The adapter: PEFT's names under the Hugging Face module paths, the routers and experts
-    // untouched (not in the adapter, no merged weights written).
+    // The adapter: PEFT's names under the Hugging Face module paths, the experts untouched (not
+    // in the adapter, no merged weights written).
     const json ac = json::parse(read(run / "hf_model" / "adapter_config.json"));
     EXPECT_EQ(ac["peft_type"], "LORA") << type;
     EXPECT_EQ(ac["r"], 4) << type;
     ds::safetensors::Reader adapter((run / "hf_model" / "adapter_model.safetensors").string());
-    EXPECT_EQ(adapter.names().size(), 2u * 2 * 4) << type;  // layers x (A, B) x projections
+    EXPECT_EQ(adapter.names().size(), 2u * 2 * 5) << type;  // layers x (A, B) x modules
     EXPECT_TRUE(adapter.contains("base_model.model.model.layers.1.self_attn.o_proj.lora_B.weight"))
         << type;
-    for (const auto& n : adapter.names()) EXPECT_EQ(n.find("mlp"), std::string::npos) << n;
+    EXPECT_TRUE(adapter.contains("base_model.model.model.layers.0.mlp.gate.lora_A.weight")) << type;
+    for (const auto& n : adapter.names()) EXPECT_EQ(n.find("experts"), std::string::npos) << n;
     EXPECT_FALSE(fs::exists(run / "hf_model" / "model.safetensors")) << type;
+
+    // --merge_lora: a plain Hugging Face folder (experts stacked as transformers 5 saves them)
+    // that ds_serve loads as the same family.
+    ASSERT_EQ(sh(train + "_m --lora_module_name q_proj,gate --merge_lora", &log), 0) << log;
+    ds::safetensors::Reader merged((dir_ / (type + "_run_m") / "hf_model" / "model.safetensors")
+                                       .string());
+    EXPECT_TRUE(merged.contains("model.layers.0.mlp.experts.gate_up_proj")) << type;
+    for (const auto& n : merged.names()) EXPECT_EQ(n.find("lora_"), std::string::npos) << n;
+    EXPECT_EQ(ds::serve::load_model(dir_ / (type + "_run_m") / "hf_model").model->config().family,
+              type);
 
     // Expert targets, by name and as PEFT's target_parameters write them: a start-up error.
     for (const std::string t : {"q_proj,down_proj", "mlp.experts.gate_up_proj", "experts"}) {
@@ -250,7 +262,8 @@ TEST_F(FamilyWorkflow, MoeLoraSftToPeftAdapter) {
       EXPECT_NE(log.find("selects the mixture-of-experts weights of 'layers.0.mlp.experts'"),
                 std::string::npos)
           << t << "\n" << log;
-      EXPECT_NE(log.find("q_proj, k_proj, v_proj, o_proj"), std::string::npos) << log;
+      EXPECT_NE(log.find("q_proj, k_proj, v_proj, o_proj and the router gate"), std::string::npos)
+          << log;
     }
   }
 }

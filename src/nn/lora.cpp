@@ -71,7 +71,7 @@ void check_lora_targets_not_experts(Module& root, const LoraConfig& config) {
                "(stacked experts.gate_up_proj (E, 2I, C) and experts.down_proj (E, C, I), which "
                "PEFT adapts through target_parameters): LoRA on experts is not supported. "
                "Targets that work on this model: the attention projections q_proj, k_proj, "
-               "v_proj, o_proj",
+               "v_proj, o_proj and the router gate (mlp.gate)",
                t, name);
     }
   }
