@@ -257,7 +257,7 @@ TEST_F(FamilyWorkflow, MoeLoraSftToPeftAdapter) {
               type);
 
     // Expert targets, by name and as PEFT's target_parameters write them: a start-up error.
-    for (const std::string t : {"q_proj,down_proj", "mlp.experts.gate_up_proj", "experts"}) {
+    for (const std::string t : {"q_proj,down_proj", "mlp.experts.gate_up_proj", "experts", "mlp"}) {
       EXPECT_EQ(sh(train + "_x --lora_module_name " + t, &log), 1) << t << "\n" << log;
       EXPECT_NE(log.find("selects the mixture-of-experts weights of 'layers.0.mlp.experts'"),
                 std::string::npos)
