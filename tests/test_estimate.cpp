@@ -115,7 +115,8 @@ TEST(Estimate, CountsTotalAndActiveExperts) {
     EXPECT_EQ(cfg->num_active_parameters(), want["active"].get<int64_t>()) << name;
   }
   // The published numbers: Mixtral-8x7B is 46.7B in total, 12.9B active.
-  const auto mixtral = models::read_hf_config(std::string(DS_FIXTURE_DIR) + "/zero/moe/mixtral_8x7b");
+  const auto mixtral =
+      models::read_hf_config(std::string(DS_FIXTURE_DIR) + "/zero/moe/mixtral_8x7b");
   EXPECT_EQ(mixtral->num_parameters(), 46702792704);
   EXPECT_EQ(mixtral->num_active_parameters(), 12879925248);
   // Without experts, active is total.

@@ -193,7 +193,7 @@ TEST_F(FamilyWorkflow, MoeLoraSftToPeftAdapter) {
                &log),
             0)
       << log;
-  const json shape = {{"hidden_size", 32},       {"num_attention_heads", 4},
+  const json shape = {{"hidden_size", 32},        {"num_attention_heads", 4},
                       {"num_key_value_heads", 2}, {"num_hidden_layers", 2},
                       {"intermediate_size", 48},  {"max_position_embeddings", 64},
                       {"num_experts_per_tok", 2}, {"vocab_size", qwen().vocab_size()}};
@@ -249,8 +249,8 @@ TEST_F(FamilyWorkflow, MoeLoraSftToPeftAdapter) {
     // --merge_lora: a plain Hugging Face folder (experts stacked as transformers 5 saves them)
     // that ds_serve loads as the same family.
     ASSERT_EQ(sh(train + "_m --lora_module_name q_proj,gate --merge_lora", &log), 0) << log;
-    ds::safetensors::Reader merged((dir_ / (type + "_run_m") / "hf_model" / "model.safetensors")
-                                       .string());
+    ds::safetensors::Reader merged(
+        (dir_ / (type + "_run_m") / "hf_model" / "model.safetensors").string());
     EXPECT_TRUE(merged.contains("model.layers.0.mlp.experts.gate_up_proj")) << type;
     for (const auto& n : merged.names()) EXPECT_EQ(n.find("lora_"), std::string::npos) << n;
     EXPECT_EQ(ds::serve::load_model(dir_ / (type + "_run_m") / "hf_model").model->config().family,
@@ -261,7 +261,8 @@ TEST_F(FamilyWorkflow, MoeLoraSftToPeftAdapter) {
       EXPECT_EQ(sh(train + "_x --lora_module_name " + t, &log), 1) << t << "\n" << log;
       EXPECT_NE(log.find("selects the mixture-of-experts weights of 'layers.0.mlp.experts'"),
                 std::string::npos)
-          << t << "\n" << log;
+          << t << "\n"
+          << log;
       EXPECT_NE(log.find("q_proj, k_proj, v_proj, o_proj and the router gate"), std::string::npos)
           << log;
     }

@@ -336,11 +336,14 @@ TEST(HFMoEConfig, PublishedConfigsAndParameterCounts) {
 // DeepSeek-V3 and GPT-OSS are mixtures of experts of another kind: refused by name, the message
 // saying what they need and which MoE families exist, from a config.json as ds_train reads it.
 TEST(HFMoEConfig, RefusesDeepSeekV3AndGptOss) {
-  const json base = {{"hidden_size", 16}, {"num_attention_heads", 4}, {"num_hidden_layers", 1},
-                     {"vocab_size", 32}, {"intermediate_size", 8}};
-  for (const auto& [type, what] : {std::pair<std::string, std::string>{"deepseek_v3",
-                                                                       "DeepSeek-V3 (multi-head"},
-                                   {"gpt_oss", "GPT-OSS (attention sinks"}}) {
+  const json base = {{"hidden_size", 16},
+                     {"num_attention_heads", 4},
+                     {"num_hidden_layers", 1},
+                     {"vocab_size", 32},
+                     {"intermediate_size", 8}};
+  for (const auto& [type, what] :
+       {std::pair<std::string, std::string>{"deepseek_v3", "DeepSeek-V3 (multi-head"},
+        {"gpt_oss", "GPT-OSS (attention sinks"}}) {
     json j = base;
     j["model_type"] = type;
     const std::string e = error_of([&] { models::hf_config_from_json(j); });

@@ -253,8 +253,8 @@ int64_t GPTConfig::num_active_parameters() const {
   const int64_t total = num_parameters();  // refuses a count past 64 bits first
   if (num_experts <= 0) return total;
   // Each idle expert: gate, up (I x C each) and down (C x I); no expert has a bias.
-  const __int128 idle = __int128(n_layer) * (num_experts - experts_per_tok) * 3 *
-                        resolved_moe_ffn_hidden() * n_embd;
+  const __int128 idle =
+      __int128(n_layer) * (num_experts - experts_per_tok) * 3 * resolved_moe_ffn_hidden() * n_embd;
   return static_cast<int64_t>(total - idle);
 }
 
