@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ds/models/gpt.h"
+#include "ds/models/hf_io.h"
 #include "ds/nn/module.h"
 #include "ds/zero/estimate.h"
 
@@ -94,4 +95,31 @@ TEST(Estimate, NvmeRowsFollowTheStoresLayout) {
   const double secs = 12.0 * p / 1e9 + 12.0 * p / 5e8;  // 6 + 12 = 18 s
   EXPECT_NE(t.find(fmt::format("{:10.1f}", secs)), std::string::npos) << t;
   EXPECT_EQ(zero::nvme_table(2, P, L, 2, 1, 0, 0).find("offload_param"), std::string::npos);
+}
+
+// Mixture of experts (tests/fixtures/zero/moe, gen_moe_count_fixture.py): the published configs
+// of Mixtral-8x7B and Qwen3-30B-A3B counted by transformers on the meta device. The memory
+// formulas take the total (every expert is held and trained); "active" is what one token runs
+// through (dense + experts_per_tok / num_experts of the experts).
+TEST(Estimate, CountsTotalAndActiveExperts) {
+  for (const char* name : {"mixtral_8x7b", "qwen3_30b_a3b"}) {
+    const std::string dir = std::string(DS_FIXTURE_DIR) + "/zero/moe/" + name;
+    std::ifstream in(dir + "/expected.json");
+    ASSERT_TRUE(in.good()) << dir;
+    const json want = json::parse(in);
+    const std::optional<models::GPTConfig> cfg = models::read_hf_config(dir);
+    ASSERT_TRUE(cfg.has_value()) << name;
+    EXPECT_EQ(cfg->num_experts, want["num_experts"].get<int64_t>()) << name;
+    EXPECT_EQ(cfg->experts_per_tok, want["experts_per_tok"].get<int64_t>()) << name;
+    EXPECT_EQ(cfg->num_parameters(), want["total"].get<int64_t>()) << name;
+    EXPECT_EQ(cfg->num_active_parameters(), want["active"].get<int64_t>()) << name;
+  }
+  // The published numbers: Mixtral-8x7B is 46.7B in total, 12.9B active.
+  const auto mixtral =
+      models::read_hf_config(std::string(DS_FIXTURE_DIR) + "/zero/moe/mixtral_8x7b");
+  EXPECT_EQ(mixtral->num_parameters(), 46702792704);
+  EXPECT_EQ(mixtral->num_active_parameters(), 12879925248);
+  // Without experts, active is total.
+  const auto gpt2 = models::GPTConfig::preset("gpt2");
+  EXPECT_EQ(gpt2.num_active_parameters(), gpt2.num_parameters());
 }

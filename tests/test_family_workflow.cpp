@@ -18,6 +18,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "ds/core/safetensors.h"
 #include "ds/data/text_tokenizer.h"
 #include "ds/models/gpt.h"
 #include "ds/models/hf_io.h"
@@ -41,6 +42,14 @@ const ds::data::TextTokenizer& qwen() {
 std::string read(const fs::path& p) {
   std::ifstream f(p);
   return {std::istreambuf_iterator<char>(f), {}};
+}
+
+// Runs `cmd` with its output in dir/log.txt, read into *log; the exit status (-1: killed).
+int shell(const fs::path& dir, const std::string& cmd, std::string* log) {
+  const fs::path out = dir / "log.txt";
+  const int status = std::system((cmd + " > " + out.string() + " 2>&1").c_str());
+  *log = read(out);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 class FamilyWorkflow : public ::testing::Test {
@@ -163,4 +172,116 @@ TEST_F(FamilyWorkflow, GlmModelFromPrepareThroughTrainToTheGuideRoute) {
   EXPECT_EQ(j["status"], 200);
   ASSERT_TRUE(j["response"].is_string());
   EXPECT_EQ(j["history"], json::array({json::array({"Count 3", j["response"]})}));
+}
+
+namespace {
+
+// One family of MoeLoraSftToPeftAdapter below: `hf` (a transformers config) saved as a Hugging Face
+// folder with the Qwen tokenizer beside it, trained with LoRA on dir/sft, its adapter and merged
+// exports checked, the expert targets refused.
+void train_moe_lora(const fs::path& dir, const json& hf) {
+  std::string log;
+  auto sh = [&](const std::string& cmd, std::string* out) { return shell(dir, cmd, out); };
+  const std::string type = hf["model_type"];
+  const fs::path base = dir / (type + "_base"), run = dir / (type + "_run");
+  models::GPTConfig c = models::hf_config_from_json(hf);
+  c.seed = 3;
+  {
+    models::GPT m(c);
+    models::export_hf(m, base);
+  }
+  for (const auto& e : fs::directory_iterator(kQwen))
+    fs::copy_file(e.path(), base / e.path().filename());
+  const std::string train =
+      std::string(DS_TRAIN_BIN) + " --train_data " + (dir / "sft").string() + " --init_from " +
+      base.string() +
+      " --per_device_train_batch_size 2 --gradient_accumulation_steps 1"
+      " --learning_rate 0.02 --warmup_steps 1 --eval_batches 1 --sample_tokens 0 --threads 1"
+      " --max_steps 12 --eval_steps 0 --lora_dim 4 --lora_alpha 8 --only_optimize_lora"
+      " --output_dir " +
+      run.string();
+  ASSERT_EQ(sh(train + " --lora_module_name q_proj,k_proj,v_proj,o_proj,gate", &log), 0) << log;
+  EXPECT_NE(log.find("active per token: 2 of 4 experts"), std::string::npos) << log;
+  EXPECT_NE(log.find("10 modules matching"), std::string::npos) << log;
+  std::ifstream csv(run / "metrics" / "Train_Samples_train_loss.csv");
+  std::string header, row;
+  std::getline(csv, header);
+  std::vector<double> losses;
+  while (std::getline(csv, row)) losses.push_back(std::stod(row.substr(row.find(',') + 1)));
+  ASSERT_EQ(losses.size(), 12u) << type;
+  EXPECT_LT(losses.back(), losses.front()) << type << "\n" << log;
+  // The adapter: PEFT's names under the Hugging Face module paths, the experts untouched (not
+  // in the adapter, no merged weights written).
+  const json ac = json::parse(read(run / "hf_model" / "adapter_config.json"));
+  EXPECT_EQ(ac["peft_type"], "LORA") << type;
+  EXPECT_EQ(ac["r"], 4) << type;
+  ds::safetensors::Reader adapter((run / "hf_model" / "adapter_model.safetensors").string());
+  EXPECT_EQ(adapter.names().size(), 2u * 2 * 5) << type;  // layers x (A, B) x modules
+  EXPECT_TRUE(adapter.contains("base_model.model.model.layers.1.self_attn.o_proj.lora_B.weight"))
+      << type;
+  EXPECT_TRUE(adapter.contains("base_model.model.model.layers.0.mlp.gate.lora_A.weight")) << type;
+  for (const auto& n : adapter.names()) EXPECT_EQ(n.find("experts"), std::string::npos) << n;
+  EXPECT_FALSE(fs::exists(run / "hf_model" / "model.safetensors")) << type;
+
+  // --merge_lora: a plain Hugging Face folder (experts stacked as transformers 5 saves them)
+  // that ds_serve loads as the same family.
+  ASSERT_EQ(sh(train + "_m --lora_module_name q_proj,gate --merge_lora", &log), 0) << log;
+  ds::safetensors::Reader merged(
+      (dir / (type + "_run_m") / "hf_model" / "model.safetensors").string());
+  EXPECT_TRUE(merged.contains("model.layers.0.mlp.experts.gate_up_proj")) << type;
+  for (const auto& n : merged.names()) EXPECT_EQ(n.find("lora_"), std::string::npos) << n;
+  EXPECT_EQ(ds::serve::load_model(dir / (type + "_run_m") / "hf_model").model->config().family,
+            type);
+
+  // Expert targets, by name and as PEFT's target_parameters write them: a start-up error.
+  for (const std::string t : {"q_proj,down_proj", "mlp.experts.gate_up_proj", "experts", "mlp"}) {
+    EXPECT_EQ(sh(train + "_x --lora_module_name " + t, &log), 1) << t << "\n" << log;
+    EXPECT_NE(log.find("selects the mixture-of-experts weights of 'layers.0.mlp.experts'"),
+              std::string::npos)
+        << t << "\n"
+        << log;
+    EXPECT_NE(log.find("q_proj, k_proj, v_proj, o_proj and the router gate"), std::string::npos)
+        << log;
+  }
+}
+
+}  // namespace
+
+// LoRA on a mixture of experts (docs/finetuning.md): SFT records -> ds_prepare --sft -> ds_train
+// --init_from a Mixtral / Qwen3-MoE Hugging Face folder with LoRA on the attention projections and
+// the routers (only the LoRA matrices trained) -> a PEFT adapter with the Hugging Face module names
+// (tests/fixtures/generators/check_moe_lora_adapter.py checks that peft loads it as we apply it).
+// A target that selects the stacked experts (PEFT's target_parameters) is refused at start-up.
+TEST_F(FamilyWorkflow, MoeLoraSftToPeftAdapter) {
+  std::string records;
+  for (int i = 0; i < 24; ++i)
+    records += json({{"messages",
+                      {{{"role", "user"}, {"content", "Count " + std::to_string(i)}},
+                       {{"role", "assistant"}, {"content", std::to_string(i + 1)}}}}})
+                   .dump() +
+               "\n";
+  write("in/msgs.jsonl", records);
+  std::string log;
+  ASSERT_EQ(shell(dir_,
+                  std::string(DS_PREPARE_BIN) + " --sft auto --tokenizer " + kQwen.string() +
+                      " --seq_len 48 --val_fraction 0.125 --output " + (dir_ / "sft").string() +
+                      " " + (dir_ / "in").string(),
+                  &log),
+            0)
+      << log;
+  const json shape = {{"hidden_size", 32},        {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2}, {"num_hidden_layers", 2},
+                      {"intermediate_size", 48},  {"max_position_embeddings", 64},
+                      {"num_experts_per_tok", 2}, {"vocab_size", qwen().vocab_size()}};
+  json mixtral = shape, qwen3_moe = shape;
+  mixtral["model_type"] = "mixtral";
+  mixtral["num_local_experts"] = 4;
+  qwen3_moe["model_type"] = "qwen3_moe";
+  qwen3_moe["num_experts"] = 4;
+  qwen3_moe["moe_intermediate_size"] = 24;
+  qwen3_moe["head_dim"] = 16;
+  for (const json& hf : {mixtral, qwen3_moe}) {
+    train_moe_lora(dir_, hf);
+    if (HasFatalFailure()) return;
+  }
 }

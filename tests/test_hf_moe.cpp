@@ -333,6 +333,32 @@ TEST(HFMoEConfig, PublishedConfigsAndParameterCounts) {
   }
 }
 
+// DeepSeek-V3 and GPT-OSS are mixtures of experts of another kind: refused by name, the message
+// saying what they need and which MoE families exist, from a config.json as ds_train reads it.
+TEST(HFMoEConfig, RefusesDeepSeekV3AndGptOss) {
+  const json base = {{"hidden_size", 16},
+                     {"num_attention_heads", 4},
+                     {"num_hidden_layers", 1},
+                     {"vocab_size", 32},
+                     {"intermediate_size", 8}};
+  for (const auto& [type, what] :
+       {std::pair<std::string, std::string>{"deepseek_v3", "DeepSeek-V3 (multi-head"},
+        {"gpt_oss", "GPT-OSS (attention sinks"}}) {
+    json j = base;
+    j["model_type"] = type;
+    const std::string e = error_of([&] { models::hf_config_from_json(j); });
+    EXPECT_HAS(e, "model_type \"" + type + "\" is not supported");
+    EXPECT_HAS(e, what);
+    EXPECT_HAS(e, "the mixture-of-experts families are mixtral and qwen3_moe");
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / ("ds_refuse_" + type + std::to_string(getpid()));
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "config.json") << j.dump();
+    EXPECT_HAS(error_of([&] { models::read_hf_config(dir); }), what);
+    std::filesystem::remove_all(dir);
+  }
+}
+
 TEST(HFMoEConfig, RefusalsByName) {
   json j = {{"model_type", "mixtral"},  {"hidden_size", 16},      {"num_attention_heads", 4},
             {"num_key_value_heads", 2}, {"num_hidden_layers", 1}, {"vocab_size", 32},

@@ -1080,13 +1080,14 @@ TEST(LoadModel, HfTokenizerAndItsChatTemplate) {
 // tests/fixtures/generators/gen_generate_fixture.py)
 // ----
 //
-// Tiny GPT-2, LLaMA (GQA, llama3 rope), Qwen3 (q/k norm), Phi-3 (fused qkv_proj and
-// gate_up_proj, LongRoPE's short table), Gemma 3 (sliding windows) and Gemma 2 (sliding windows,
-// soft-capping) models saved by transformers, with the
-// ids its greedy generate() produced. We load the folder as ds_serve does (HF import, byte
-// tokenizer, generation_config.json's eos) and must produce the same ids, token for token, through
-// the KV decoder and through the uncached forward. The fixture's smallest top-1/top-2 logit gap
-// (min_margin, >= 4e-3) is far above fp32 rounding, so a mismatch is a real difference.
+// Tiny GPT-2, LLaMA (GQA, llama3 rope), Qwen3 (q/k norm), Mixtral and Qwen3-MoE (experts),
+// Phi-3 (fused qkv_proj and gate_up_proj, LongRoPE's short table), Gemma 3 (sliding windows)
+// and Gemma 2 (sliding windows, soft-capping) models saved by transformers, with the ids its
+// greedy generate() produced. We load the folder as ds_serve does (HF import, byte tokenizer,
+// generation_config.json's eos) and must produce the same ids, token for token, through the KV
+// decoder and through the uncached forward. The fixture's smallest top-1/top-2 logit gap
+// (min_margin, >= 1e-3; for experts also the k-th/(k+1)-th router logit gap, min_router_gap) is
+// far above fp32 rounding, so a mismatch is a real difference.
 namespace {
 
 void check_greedy_parity(const std::string& name) {
@@ -1178,4 +1179,13 @@ TEST(GreedyParity, GemmaMatchesTransformersGenerate) {
 // ERNIE 4.5: rotary pairs (2i, 2i+1) on the whole head, biases on every projection.
 TEST(GreedyParity, Ernie45MatchesTransformersGenerate) {
   check_greedy_parity("ernie4_5");
+}
+// Mixtral: every block's MLP a router over 4 SwiGLU experts (top-2, weights renormalised); the
+// fixture's smallest router-logit gap (min_router_gap) keeps each expert choice clear of rounding.
+TEST(GreedyParity, MixtralMatchesTransformersGenerate) {
+  check_greedy_parity("mixtral");
+}
+// Qwen3-MoE: q/k norms, 8 experts of their own width, top-2 weights not renormalised.
+TEST(GreedyParity, Qwen3MoeMatchesTransformersGenerate) {
+  check_greedy_parity("qwen3_moe");
 }

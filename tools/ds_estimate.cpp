@@ -4,6 +4,7 @@
 //   ds_estimate --stage 2 --model gpt2-xl --num_gpus 1 --num_nodes 1
 //   ds_estimate --stage 3 --model out/hf_model          (an HF folder with config.json)
 //   ds_estimate --stage 3 --model t0_3b_folder          (encoder-decoders: bart, blenderbot, t5)
+//   ds_estimate --stage 3 --model mixtral_folder        (+ a line with total and active params)
 //   ds_estimate --stage 3 --model gpt2-xl --nvme_path /local_nvme   (+ NVMe offload rows)
 //
 // The tables are DeepSpeed's estimate_zero{2,3}_model_states_mem_needs_all_cold output byte for
@@ -40,6 +41,66 @@ constexpr int64_t kMaxParams = int64_t{1} << 50;
 
 ds::models::GPTConfig resolve_model(const std::string& name) {
   return ds::models::resolve_model_config(name, "ds_estimate");
+}
+
+// The line under the table for a mixture of experts: the table's count is the total (every
+// expert is held, trained and sharded); a token runs only experts_per_tok of them.
+std::string describe_experts(const ds::models::GPTConfig& cfg) {
+  return fmt::format(
+      "Mixture of experts: {} total params (the memory above), {} active per token ({} of {} "
+      "experts per layer)\n",
+      cfg.num_parameters(), cfg.num_active_parameters(), cfg.experts_per_tok, cfg.num_experts);
+}
+
+// The count from Seq2SeqConfig's shapes, the largest layer from a one-layer model of the same
+// shapes.
+ds::zero::ParameterCounts count_seq2seq(const std::string& model, ds::models::Seq2SeqConfig s2s) {
+  ds::zero::ParameterCounts c;
+  c.params = s2s.num_parameters();
+  DS_CHECK(c.params <= kMaxParams,
+           "[ds_estimate] --model {} describes {:.3g} parameters, more than the {:.3g} this "
+           "estimator takes; check the config's sizes",
+           model, static_cast<double>(c.params), static_cast<double>(kMaxParams));
+  s2s.encoder_layers = s2s.decoder_layers = 1;
+  ds::nn::PartitionedInit no_memory;  // shapes only: nothing is allocated
+  ds::models::Seq2Seq m(s2s, /*init=*/false);
+  c.largest_layer = ds::zero::count_parameters(m).largest_layer;
+  return c;
+}
+
+// The count comes from the config's shapes (128-bit, so a config.json of 1e9 layers or
+// hidden_size 2^40 is a number or a clear error, not a wrapped one); the largest layer from a
+// one-block model of the same shapes (every block is alike), so that no config, however deep,
+// builds millions of modules. A mixture of experts sets `moe_note` (describe_experts).
+ds::zero::ParameterCounts count_decoder(const std::string& model,
+                                        std::optional<std::string>& moe_note) {
+  ds::models::GPTConfig cfg = resolve_model(model);
+  ds::zero::ParameterCounts c;
+  c.params = cfg.num_parameters();
+  if (cfg.num_experts > 0) moe_note = describe_experts(cfg);
+  // The tables' byte counts are 64-bit integers: past --params' bound they would wrap.
+  DS_CHECK(c.params <= kMaxParams,
+           "[ds_estimate] --model {} describes {:.3g} parameters (n_layer {}, n_embd {}, ffn "
+           "{}, vocab_size {}, block_size {}), more than the {:.3g} this estimator takes; "
+           "check the config's sizes",
+           model, static_cast<double>(c.params), cfg.n_layer, cfg.n_embd, cfg.resolved_ffn_hidden(),
+           cfg.vocab_size, cfg.block_size, static_cast<double>(kMaxParams));
+  // The model is built with one block and a block_size of 1 (its position ids are a real
+  // buffer of block_size values; GPT-2's wpe, block_size x n_embd, is counted here instead).
+  const int64_t wpe = cfg.layout == ds::nn::Layout::gpt2 ? cfg.block_size * cfg.n_embd : 0;
+  // A block's experts are one module (its stacked gate_up_proj and down_proj: E x 3 x I x C);
+  // PartitionedInit still allocates each parameter once, so they are counted, not built.
+  const int64_t experts = cfg.num_experts * 3 * cfg.resolved_moe_ffn_hidden() * cfg.n_embd;
+  cfg.n_layer = std::min<int64_t>(cfg.n_layer, 1);
+  cfg.block_size = 1;
+  if (cfg.num_experts > 0) {  // experts of width 1 (a family may tie it to ffn_hidden)
+    cfg.ffn_hidden = 1;
+    if (cfg.moe_ffn_hidden > 0) cfg.moe_ffn_hidden = 1;
+  }
+  ds::nn::PartitionedInit no_memory;  // shapes only: nothing is allocated
+  ds::models::GPT gpt(cfg, /*init=*/false);
+  c.largest_layer = std::max({ds::zero::count_parameters(gpt).largest_layer, wpe, experts});
+  return c;
 }
 
 }  // namespace
@@ -136,52 +197,25 @@ int main(int argc, char** argv) {
   }
   try {
     DS_CHECK(params > 0 || !model.empty(), "[ds_estimate] give --params or --model");
-    // An encoder-decoder folder (config.json with model_type bart / blenderbot / t5): the count
-    // from Seq2SeqConfig's shapes, the largest layer from a one-layer model of the same shapes.
-    std::optional<ds::models::Seq2SeqConfig> s2s;
+    // An encoder-decoder folder (config.json with model_type bart / blenderbot / t5) or a decoder
+    // (a preset, a model JSON, an HF folder): counted from its config's shapes.
+    std::optional<std::string> moe_note;  // a mixture of experts: its active parameters
     const ds::models::Family* family = !model.empty() && std::filesystem::is_directory(model)
                                            ? ds::models::hf_folder_family(model)
                                            : nullptr;
+    std::optional<ds::models::Seq2SeqConfig> s2s;
     if (family && family->kind == ds::models::ModelKind::seq2seq)
       s2s = ds::models::read_hf_seq2seq_config(model);
-    if (s2s) {
-      params = s2s->num_parameters();
-      DS_CHECK(params <= kMaxParams,
-               "[ds_estimate] --model {} describes {:.3g} parameters, more than the {:.3g} this "
-               "estimator takes; check the config's sizes",
-               model, static_cast<double>(params), static_cast<double>(kMaxParams));
-      s2s->encoder_layers = s2s->decoder_layers = 1;
-      ds::nn::PartitionedInit no_memory;  // shapes only: nothing is allocated
-      ds::models::Seq2Seq m(*s2s, /*init=*/false);
-      if (largest_layer == 0) largest_layer = ds::zero::count_parameters(m).largest_layer;
-    } else if (!model.empty()) {
-      // The count comes from the config's shapes (128-bit, so a config.json of 1e9 layers or
-      // hidden_size 2^40 is a number or a clear error, not a wrapped one); the largest layer from
-      // a one-block model of the same shapes (every block is alike), so that no config, however
-      // deep, builds millions of modules.
-      ds::models::GPTConfig cfg = resolve_model(model);
-      params = cfg.num_parameters();
-      // The tables' byte counts are 64-bit integers: past --params' bound they would wrap.
-      DS_CHECK(params <= kMaxParams,
-               "[ds_estimate] --model {} describes {:.3g} parameters (n_layer {}, n_embd {}, ffn "
-               "{}, vocab_size {}, block_size {}), more than the {:.3g} this estimator takes; "
-               "check the config's sizes",
-               model, static_cast<double>(params), cfg.n_layer, cfg.n_embd,
-               cfg.resolved_ffn_hidden(), cfg.vocab_size, cfg.block_size,
-               static_cast<double>(kMaxParams));
-      // The model is built with one block and a block_size of 1 (its position ids are a real
-      // buffer of block_size values; GPT-2's wpe, block_size x n_embd, is counted here instead).
-      const int64_t wpe = cfg.layout == ds::nn::Layout::gpt2 ? cfg.block_size * cfg.n_embd : 0;
-      cfg.n_layer = std::min<int64_t>(cfg.n_layer, 1);
-      cfg.block_size = 1;
-      ds::nn::PartitionedInit no_memory;  // shapes only: nothing is allocated
-      ds::models::GPT gpt(cfg, /*init=*/false);
-      if (largest_layer == 0)
-        largest_layer = std::max(ds::zero::count_parameters(gpt).largest_layer, wpe);
+    if (!model.empty()) {
+      const ds::zero::ParameterCounts c =
+          s2s ? count_seq2seq(model, *s2s) : count_decoder(model, moe_note);
+      params = c.params;
+      if (largest_layer == 0) largest_layer = c.largest_layer;
     }
     std::fputs(stage == 2 ? ds::zero::zero2_table(params, gpus, nodes, abf).c_str()
                           : ds::zero::zero3_table(params, largest_layer, gpus, nodes, abf).c_str(),
                stdout);
+    if (moe_note) std::fputs(moe_note->c_str(), stdout);
     if (!nvme_path.empty()) {
       double read_bps = 0, write_bps = 0;
       if (probe_seconds > 0) {

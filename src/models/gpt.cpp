@@ -259,6 +259,15 @@ int64_t GPTConfig::num_parameters() const {
   return static_cast<int64_t>(total);
 }
 
+int64_t GPTConfig::num_active_parameters() const {
+  const int64_t total = num_parameters();  // refuses a count past 64 bits first
+  if (num_experts <= 0) return total;
+  // Each idle expert: gate, up (I x C each) and down (C x I); no expert has a bias.
+  const __int128 idle =
+      __int128(n_layer) * (num_experts - experts_per_tok) * 3 * resolved_moe_ffn_hidden() * n_embd;
+  return static_cast<int64_t>(total - idle);
+}
+
 void check_model_fits(const GPTConfig& c, DType dtype, int64_t available,
                       const std::string& source) {
   const int64_t n = c.num_parameters();
@@ -811,14 +820,8 @@ void GPT::set_activation_checkpoint_interval(int k) {
 double GPT::flops_per_token(int64_t seq_len) const {
   const double T = static_cast<double>(seq_len > 0 ? seq_len : config_.block_size);
   // A token runs experts_per_tok of the num_experts experts: the others' weights do no work for it.
-  const GPTConfig& c = config_;
-  const double idle = c.num_experts > 0
-                          ? static_cast<double>(c.n_layer) *
-                                static_cast<double>(c.num_experts - c.experts_per_tok) * 3.0 *
-                                static_cast<double>(c.resolved_moe_ffn_hidden()) *
-                                static_cast<double>(c.n_embd)
-                          : 0.0;
-  return 6.0 * (static_cast<double>(num_parameters()) - idle) +
+  const int64_t idle = config_.num_parameters() - config_.num_active_parameters();
+  return 6.0 * static_cast<double>(num_parameters() - idle) +
          12.0 * static_cast<double>(config_.n_layer) *
              static_cast<double>(config_.n_head * config_.head_dim()) * T;
 }

@@ -7,6 +7,7 @@
 #include "ds/core/error.h"
 #include "ds/core/rng.h"
 #include "ds/nn/layers.h"
+#include "ds/nn/moe.h"
 #include "ds/ops/ops.h"
 
 namespace ds::nn {
@@ -56,8 +57,29 @@ bool is_lora_parameter(const std::string& name) {
          name == "lora_A.weight" || name == "lora_B.weight";
 }
 
+void check_lora_targets_not_experts(Module& root, const LoraConfig& config) {
+  for (const auto& [name, m] : root.named_modules()) {
+    if (!dynamic_cast<const MoEExperts*>(m)) continue;
+    for (const auto& t : config.targets) {
+      bool hit = lora_target_matches(config, name, t);
+      // The stacked weights by their own name, or as PEFT's target_parameters names them
+      // ("mlp.experts.gate_up_proj" matches by suffix).
+      for (const std::string leaf : {"gate_up_proj", "down_proj"})
+        hit = hit || t == leaf || ends_with(name + "." + leaf, "." + t);
+      DS_CHECK(!hit,
+               "[lora] lora_module_name '{}' selects the mixture-of-experts weights of '{}' "
+               "(stacked experts.gate_up_proj (E, 2I, C) and experts.down_proj (E, C, I), which "
+               "PEFT adapts through target_parameters): LoRA on experts is not supported. "
+               "Targets that work on this model: the attention projections q_proj, k_proj, "
+               "v_proj, o_proj and the router gate (mlp.gate)",
+               t, name);
+    }
+  }
+}
+
 LoraReport apply_lora(Module& root, const LoraConfig& config) {
   config.validate();
+  check_lora_targets_not_experts(root, config);
   // Where each parameter is listed (its first owner), to tell tied weights apart.
   std::map<const TensorImpl*, std::string> listed;
   for (const auto& [name, p] : root.named_parameters()) listed.emplace(p.impl(), name);

@@ -124,6 +124,7 @@ LoraCounts count_lora(const models::GPTConfig& model, const nn::LoraConfig& c) {
     nn::PartitionedInit nothing_allocated;
     shapes.emplace(model, /*init=*/false);
   }
+  nn::check_lora_targets_not_experts(*shapes, c);  // at start-up, before anything is built
   LoraCounts n;
   int64_t adapted_weights = 0;
   for (const auto& [name, m] : shapes->named_modules()) {

@@ -45,6 +45,15 @@ runtime::MicroBatch read_batch(const data::TokenDataset& d, uint64_t first, int6
   return b;
 }
 
+// " (12.9B active per token: 2 of 8 experts)" for a mixture of experts, which holds (and the fit
+// check counts) every expert while a token runs experts_per_tok of them; "" otherwise.
+std::string active_note(const models::GPTConfig& c) {
+  if (c.num_experts <= 0) return "";
+  return fmt::format(" ({} active per token: {} of {} experts)",
+                     human_count(static_cast<double>(c.num_active_parameters())), c.experts_per_tok,
+                     c.num_experts);
+}
+
 }  // namespace
 
 Trainer::Trainer(RunPlan plan, TrainerObserver& observer)
@@ -186,10 +195,10 @@ void Trainer::build_model() {
   if (p.lora) say(describe_lora(*p.lora, nn::apply_lora(*model_, *p.lora)));
   if (o.gradient_checkpointing) model_->set_gradient_checkpointing(true);
   move_to_device(*model_);
-  say(fmt::format("model: {} ({}, L {}, NH {}, C {}, V {}, block {}): {} parameters{}",
+  say(fmt::format("model: {} ({}, L {}, NH {}, C {}, V {}, block {}): {} parameters{}{}",
                   p.model_name, nn::layout_name(mcfg.layout), mcfg.n_layer, mcfg.n_head,
                   mcfg.n_embd, mcfg.vocab_size, mcfg.block_size,
-                  human_count(model_->num_parameters()),
+                  human_count(model_->num_parameters()), active_note(mcfg),
                   o.gradient_checkpointing ? ", gradient checkpointing" : ""));
 }
 

@@ -62,3 +62,10 @@ add_test(NAME ds_estimate_t5_folder COMMAND $<TARGET_FILE:ds_estimate> --stage 3
   --model ${DS_FIXTURE_DIR}/zero/t0_3b)
 set_tests_properties(ds_estimate_t5_folder PROPERTIES LABELS "zero"
   PASS_REGULAR_EXPRESSION "Model with 2849M total params, 65M largest layer params")
+# A mixture of experts from its config.json (Mixtral-8x7B): the tables take the total (46.7B; the
+# largest layer is one block's 8 experts, 8 x 3 x 14336 x 4096),
+# a line under them gives the active count per token (2 of 8 experts).
+add_test(NAME ds_estimate_moe_folder COMMAND $<TARGET_FILE:ds_estimate> --stage 3
+  --model ${DS_FIXTURE_DIR}/zero/moe/mixtral_8x7b)
+set_tests_properties(ds_estimate_moe_folder PROPERTIES LABELS "zero"
+  PASS_REGULAR_EXPRESSION "Model with 46702M total params, 1409M largest layer params.*Mixture of experts: 46702792704 total params \\(the memory above\\), 12879925248 active per token \\(2 of 8 experts per layer\\)")

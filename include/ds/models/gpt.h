@@ -143,8 +143,13 @@ struct GPTConfig {
   // Layer `layer`'s block: block_config() with its sliding window and rotary base (layer_types).
   nn::BlockConfig block_config(int64_t layer) const;
   bool layer_slides(int64_t layer) const;  // layer_types[layer] == "sliding_attention"
-  // Parameter count from the shapes alone (no model built); tied weights counted once.
+  // Parameter count from the shapes alone (no model built); tied weights counted once. With
+  // experts this is the total (every expert): what memory, ZeRO and checkpoints hold.
   int64_t num_parameters() const;
+  // Parameters one token runs through: num_parameters() less, in every block, the
+  // num_experts - experts_per_tok experts it is not routed to (the router counts as active), so
+  // dense + experts_per_tok / num_experts of the experts. num_parameters() without experts.
+  int64_t num_active_parameters() const;
 };
 
 // Refuses, before anything is allocated, a config whose weights alone (num_parameters() elements

@@ -66,6 +66,13 @@ struct LoraReport {
 // weight is tied to another parameter (GPT-2's LM head shares wte: exclude it from the targets).
 LoraReport apply_lora(Module& root, const LoraConfig& config);
 
+// Throws "[lora] ..." naming the target, the experts module and the targets that work, when a
+// target selects a mixture of experts' stacked expert weights (nn::MoEExperts, by its module name
+// under the config's rule, or its gate_up_proj / down_proj by name or by the suffix PEFT's
+// target_parameters use, "mlp.experts.down_proj"): LoRA adapts Linear modules only, and silently
+// skipping the experts would train another model than the one asked for. apply_lora calls it.
+void check_lora_targets_not_experts(Module& root, const LoraConfig& config);
+
 // Whether module `name` is selected by `target` under the config's rule (peft_match above).
 bool lora_target_matches(const LoraConfig& config, const std::string& name,
                          const std::string& target);
