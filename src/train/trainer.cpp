@@ -99,9 +99,20 @@ void Trainer::check_memory() {
     if (!note.empty()) say(note);
     return;
   }
-  const FitPlan fit = plan_fit(p.model.num_parameters(), p.config(), p.data_parallel, local_ranks(),
-                               p.activation_bytes, p.partitioned_build, lc.lora_params, lc.frozen,
-                               p.tensor_parallel() * p.pipeline_parallel());
+  // Expert parallelism: a rank holds 1/ep of the experts, and ZeRO runs over the dp / ep ranks
+  // holding the same ones (docs/parallelism.md); the whole model is built first.
+  const int ep = std::max(1, p.config().expert_parallel.size);
+  int64_t params = p.model.num_parameters(), frozen = lc.frozen;
+  if (ep > 1) {
+    const int64_t experts = p.model.n_layer * p.model.num_experts * 3 *
+                            p.model.resolved_moe_ffn_hidden() * p.model.n_embd;
+    params -= experts - experts / ep;
+    if (frozen >= experts) frozen -= experts - experts / ep;  // LoRA: the experts are frozen
+  }
+  FitPlan fit = plan_fit(params, p.config(), p.data_parallel / ep, local_ranks(),
+                         p.activation_bytes, p.partitioned_build, lc.lora_params, frozen,
+                         p.tensor_parallel() * p.pipeline_parallel());
+  if (ep > 1) fit.model_build = 4 * p.model.num_parameters();
   std::error_code ec;
   fs::create_directories(p.spec.output_dir, ec);
   const std::string note = check_fit(fit, available_memory_bytes(), p.model.num_parameters(), p.config(),
