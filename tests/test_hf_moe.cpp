@@ -1,5 +1,6 @@
 // Mixture-of-experts decoder families against transformers 5 (tests/fixtures/hf_families/mixtral,
-// mixtral_aux, qwen3_moe and their *_legacy per-expert forms, written by
+// mixtral_aux, qwen3_moe, qwen2_moe (shared expert), qwen3_moe_dense (a dense layer) and the
+// *_legacy per-expert forms, written by
 // tests/fixtures/generators/gen_hf_moe_fixture.py): config.json read as
 // transformers reads it, logits, loss (with the router's load-balancing loss in mixtral_aux) and
 // every gradient within 1e-5 of transformers' float64 run, export and re-import, the same model on
@@ -18,6 +19,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -61,21 +64,44 @@ class HFMoE : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<safetensors::Reader> ref_;
 };
 
+// What each case's config.json says (gen_hf_moe_fixture.py's CASES).
+struct Expected {
+  std::string family, architecture;
+  int64_t moe_width;
+  bool norm_topk, qk_norm, aux;
+  float rope_theta, norm_eps;
+  int64_t shared = 0;
+  std::vector<int64_t> mlp_only = {};
+};
+
+Expected expected(const std::string& name) {
+  if (name == "mixtral" || name == "mixtral_aux")
+    return {"mixtral", "MixtralForCausalLM", 32, true, false, name == "mixtral_aux", 1e6f, 1e-5f};
+  if (name == "qwen2_moe")
+    return {"qwen2_moe", "Qwen2MoeForCausalLM", 24, false, false, true, 1e4f, 1e-6f, 20};
+  if (name == "qwen3_moe_dense")
+    return {"qwen3_moe", "Qwen3MoeForCausalLM", 24, true, true, true, 1e4f, 1e-6f, 0, {1}};
+  return {"qwen3_moe", "Qwen3MoeForCausalLM", 24, false, true, true, 1e4f, 1e-6f};
+}
+
 TEST_P(HFMoE, ConfigIsReadAsTransformersReadsIt) {
   const models::GPTConfig c = *models::read_hf_config(case_dir(GetParam()));
-  const bool qwen = GetParam() == "qwen3_moe";
-  EXPECT_EQ(c.family, qwen ? "qwen3_moe" : "mixtral");
+  const Expected x = expected(GetParam());
+  EXPECT_EQ(c.family, x.family);
   EXPECT_EQ(c.num_experts, 4);
   EXPECT_EQ(c.experts_per_tok, 2);
-  EXPECT_EQ(c.resolved_moe_ffn_hidden(), qwen ? 24 : 32);
-  EXPECT_EQ(c.norm_topk_prob, !qwen);
-  EXPECT_EQ(c.qk_norm, qwen);
+  EXPECT_EQ(c.resolved_moe_ffn_hidden(), x.moe_width);
+  EXPECT_EQ(c.norm_topk_prob, x.norm_topk);
+  EXPECT_EQ(c.qk_norm, x.qk_norm);
+  EXPECT_EQ(c.qkv_bias, x.family == "qwen2_moe");
+  EXPECT_EQ(c.shared_expert_hidden, x.shared);
+  EXPECT_EQ(c.mlp_only_layers, x.mlp_only);
+  EXPECT_EQ(c.num_moe_layers(), 2 - static_cast<int64_t>(x.mlp_only.size()));
   EXPECT_EQ(c.n_kv_head, 2);
-  EXPECT_EQ(c.rope_theta, qwen ? 1e4f : 1e6f);
-  EXPECT_EQ(c.norm_eps, qwen ? 1e-6f : 1e-5f);
-  const bool aux = GetParam() != "mixtral";
-  EXPECT_EQ(c.output_router_logits, aux);
-  EXPECT_EQ(c.router_aux_loss_coef, aux ? 0.05f : 0.001f);
+  EXPECT_EQ(c.rope_theta, x.rope_theta);
+  EXPECT_EQ(c.norm_eps, x.norm_eps);
+  EXPECT_EQ(c.output_router_logits, x.aux);
+  EXPECT_EQ(c.router_aux_loss_coef, x.aux ? 0.05f : 0.001f);
 }
 
 TEST_P(HFMoE, LogitsLossAndEveryGradientMatchTransformers) {
@@ -118,9 +144,9 @@ TEST_P(HFMoE, ExportRoundTrip) {
   models::export_hf(*a, dir);
   std::ifstream in(dir / "config.json");
   json j = json::parse(in);
-  const bool qwen = GetParam() == "qwen3_moe";
-  EXPECT_EQ(j["architectures"][0], qwen ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM");
-  EXPECT_EQ(j[qwen ? "num_experts" : "num_local_experts"], 4);
+  const Expected x = expected(GetParam());
+  EXPECT_EQ(j["architectures"][0], x.architecture);
+  EXPECT_EQ(j[x.family == "mixtral" ? "num_local_experts" : "num_experts"], 4);
   EXPECT_EQ(j["num_experts_per_tok"], 2);
   json hf_only = j;
   hf_only.erase("ds_cpp");
@@ -128,9 +154,14 @@ TEST_P(HFMoE, ExportRoundTrip) {
       << hf_only.dump(1);
   // transformers 5's fused expert names.
   safetensors::Reader w((dir / "model.safetensors").string());
-  EXPECT_TRUE(w.contains("model.layers.1.mlp.experts.gate_up_proj"));
-  EXPECT_TRUE(w.contains("model.layers.1.mlp.experts.down_proj"));
-  EXPECT_TRUE(w.contains("model.layers.1.mlp.gate.weight"));
+  EXPECT_TRUE(w.contains("model.layers.0.mlp.experts.gate_up_proj"));
+  EXPECT_TRUE(w.contains("model.layers.0.mlp.experts.down_proj"));
+  EXPECT_TRUE(w.contains("model.layers.0.mlp.gate.weight"));
+  if (x.shared > 0) {
+    EXPECT_TRUE(w.contains("model.layers.0.mlp.shared_expert.down_proj.weight"));
+    EXPECT_TRUE(w.contains("model.layers.0.mlp.shared_expert_gate.weight"));
+  }
+  if (!x.mlp_only.empty()) EXPECT_TRUE(w.contains("model.layers.1.mlp.down_proj.weight"));
   auto b = import(dir);
   EXPECT_EQ(b->config().to_json(), a->config().to_json());
   const Tensor ids = ref_->get("input_ids");
@@ -219,7 +250,9 @@ TEST_P(HFMoE, TrainsInBf16CloseToTransformersFp32) {
               GetParam().c_str(), e_logits, e_loss, worst, sum / count);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, HFMoE, ::testing::Values("mixtral", "mixtral_aux", "qwen3_moe"),
+INSTANTIATE_TEST_SUITE_P(Cases, HFMoE,
+                         ::testing::Values("mixtral", "mixtral_aux", "qwen3_moe", "qwen2_moe",
+                                           "qwen3_moe_dense"),
                          [](const auto& info) { return info.param; });
 
 // 20 engine steps (AdamW lr 1e-3) on the fixture batch, one process, ZeRO 0 and 3: the loss
@@ -349,7 +382,7 @@ TEST(HFMoEConfig, RefusesDeepSeekV3AndGptOss) {
     const std::string e = error_of([&] { models::hf_config_from_json(j); });
     EXPECT_HAS(e, "model_type \"" + type + "\" is not supported");
     EXPECT_HAS(e, what);
-    EXPECT_HAS(e, "the mixture-of-experts families are mixtral and qwen3_moe");
+    EXPECT_HAS(e, "the mixture-of-experts families are mixtral, qwen2_moe and qwen3_moe");
     const std::filesystem::path dir =
         std::filesystem::temp_directory_path() / ("ds_refuse_" + type + std::to_string(getpid()));
     std::filesystem::create_directories(dir);
@@ -367,9 +400,21 @@ TEST(HFMoEConfig, RefusalsByName) {
   json jitter = j;
   jitter["router_jitter_noise"] = 0.1;
   EXPECT_HAS(error_of([&] { models::hf_config_from_json(jitter); }), "router_jitter_noise");
+  // Qwen2-MoE: Qwen2MoeConfig's defaults (60 experts, top 4, a shared expert of 5632, q/k/v biases).
   json q2 = j;
   q2["model_type"] = "qwen2_moe";
-  EXPECT_HAS(error_of([&] { models::hf_config_from_json(q2); }), "shared expert");
+  q2.erase("intermediate_size");
+  const models::GPTConfig c2 = models::hf_config_from_json(q2);
+  EXPECT_EQ(c2.num_experts, 60);
+  EXPECT_EQ(c2.experts_per_tok, 4);
+  EXPECT_EQ(c2.shared_expert_hidden, 5632);
+  EXPECT_EQ(c2.resolved_moe_ffn_hidden(), 1408);
+  EXPECT_TRUE(c2.qkv_bias);
+  EXPECT_FALSE(c2.norm_topk_prob);
+  // A shared expert in a family without one.
+  models::GPTConfig shared = models::hf_config_from_json(j);
+  shared.shared_expert_hidden = 8;
+  EXPECT_HAS(error_of([&] { shared.validate(); }), "shared expert needs family qwen2_moe");
   // Experts in a family without them.
   models::GPTConfig c = models::hf_config_from_json(j);
   c.family = "llama";
@@ -380,12 +425,24 @@ TEST(HFMoEConfig, RefusalsByName) {
             {"num_experts_per_tok", 2}};
   EXPECT_EQ(models::hf_config_from_json(q).num_experts, 4);
   EXPECT_FALSE(models::hf_config_from_json(q).norm_topk_prob);  // Qwen3MoeConfig's default
+  // Its dense layers among the sparse ones: layer 1 dense by mlp_only_layers, layer 0 by the step.
   json dense = q;
   dense["mlp_only_layers"] = {1};
-  EXPECT_HAS(error_of([&] { models::hf_config_from_json(dense); }), "mlp_only_layers");
+  const models::GPTConfig d = models::hf_config_from_json(dense);
+  EXPECT_TRUE(d.layer_is_moe(0));
+  EXPECT_FALSE(d.layer_is_moe(1));
+  EXPECT_EQ(d.num_moe_layers(), 1);
   json step = q;
   step["decoder_sparse_step"] = 2;
-  EXPECT_HAS(error_of([&] { models::hf_config_from_json(step); }), "decoder_sparse_step");
+  const models::GPTConfig st = models::hf_config_from_json(step);
+  EXPECT_FALSE(st.layer_is_moe(0));
+  EXPECT_TRUE(st.layer_is_moe(1));
+  dense["mlp_only_layers"] = {2};
+  EXPECT_HAS(error_of([&] { models::hf_config_from_json(dense); }), "mlp_only_layers entry 2");
+  // Mixtral has no dense layers.
+  models::GPTConfig mixed = models::hf_config_from_json(j);
+  mixed.decoder_sparse_step = 2;
+  EXPECT_HAS(error_of([&] { mixed.validate(); }), "moe dense layers needs family");
   // The aux loss is refused under activation checkpointing (a recomputed router has no graph).
   models::GPTConfig a = models::hf_config_from_json(j);
   a.output_router_logits = true;

@@ -92,6 +92,8 @@ ds::zero::ParameterCounts count_decoder(const std::string& model,
   // PartitionedInit still allocates each parameter once, so they are counted, not built.
   const int64_t experts = cfg.num_experts * 3 * cfg.resolved_moe_ffn_hidden() * cfg.n_embd;
   cfg.n_layer = std::min<int64_t>(cfg.n_layer, 1);
+  cfg.mlp_only_layers.clear();  // the one block is a mixture of experts (when there are any)
+  cfg.decoder_sparse_step = 1;
   cfg.block_size = 1;
   if (cfg.num_experts > 0) {  // experts of width 1 (a family may tie it to ffn_hidden)
     cfg.ffn_hidden = 1;

@@ -30,6 +30,11 @@ const std::vector<GPTFeature>& gpt_features() {
       // LongRoPE's switch (generate() recomputing at the original context) is Phi-3's class's.
       {"rope type longrope", [](const GPTConfig& c) { return c.rope_scaling.type == "longrope"; }},
       {"moe", [](const GPTConfig& c) { return c.num_experts > 0; }},
+      {"moe dense layers",
+       [](const GPTConfig& c) {
+         return c.num_experts > 0 && (c.decoder_sparse_step != 1 || !c.mlp_only_layers.empty());
+       }},
+      {"shared expert", [](const GPTConfig& c) { return c.shared_expert_hidden > 0; }},
   };
   return all;
 }
@@ -71,7 +76,7 @@ const std::vector<const Family*>& all_families() {
       &families::gpt2,    &families::llama,  &families::mistral,    &families::qwen2,
       &families::qwen3,   &families::glm,    &families::glm4,       &families::chatglm,
       &families::phi3,    &families::gemma,  &families::gemma2,     &families::gemma3_text,
-      &families::ernie4_5, &families::mixtral, &families::qwen3_moe,
+      &families::ernie4_5, &families::mixtral, &families::qwen2_moe, &families::qwen3_moe,
       &families::bert,    &families::roberta, &families::deberta_v2,
       &families::bart,    &families::blenderbot, &families::t5};
   return all;
@@ -99,16 +104,14 @@ std::string why_unsupported(const std::string& model_type) {
   if (model_type == "deberta") return "; DeBERTa (v1) is not supported (DeBERTa-v2 is)";
   if (model_type == "mt5" || model_type == "umt5")
     return "; mT5 and UMT5 are not supported yet (t5 is)";
-  if (model_type == "qwen2_moe")
-    return "; qwen2_moe (its shared expert) is not supported yet (mixtral and qwen3_moe are)";
   // Mixtures of experts whose layers differ from the two we have (docs/models.md "Not yet").
   if (model_type == "deepseek_v3")
     return "; DeepSeek-V3 (multi-head latent attention, shared experts, grouped sigmoid routing, "
-           "dense first layers) is not supported; the mixture-of-experts families are mixtral "
-           "and qwen3_moe";
+           "dense first layers) is not supported; the mixture-of-experts families are "
+           "mixtral, qwen2_moe and qwen3_moe";
   if (model_type == "gpt_oss")
     return "; GPT-OSS (attention sinks, experts with biases and a clamped SwiGLU, MXFP4 weights) "
-           "is not supported; the mixture-of-experts families are mixtral and qwen3_moe";
+           "is not supported; the mixture-of-experts families are mixtral, qwen2_moe and qwen3_moe";
   if (model_type == "gemma3")
     return "; gemma3 is the multimodal Gemma3ForConditionalGeneration: its text model "
            "(text_config, model_type gemma3_text) is supported, the vision tower not";

@@ -156,6 +156,11 @@ void GPTConfig::validate() const {
            "[model] moe_capacity_factor {} and moe_eval_capacity_factor {} must be > 0 and "
            "moe_min_capacity {} >= 0",
            moe_capacity_factor, moe_eval_capacity_factor, moe_min_capacity);
+  DS_CHECK(decoder_sparse_step >= 1 && shared_expert_hidden >= 0,
+           "[model] decoder_sparse_step {} must be >= 1 and shared_expert_hidden {} >= 0",
+           decoder_sparse_step, shared_expert_hidden);
+  for (int64_t l : mlp_only_layers)
+    DS_CHECK(l >= 0 && l < n_layer, "[model] mlp_only_layers names layer {} of {}", l, n_layer);
   DS_CHECK(!moe_drop_tokens || num_experts > 0,
            "[model] moe_drop_tokens needs a mixture of experts (num_experts > 0)");
   if (num_experts > 0)
@@ -200,6 +205,7 @@ nn::BlockConfig GPTConfig::block_config() const {
   b.experts_per_tok = experts_per_tok;
   b.moe_ffn_hidden = num_experts > 0 ? resolved_moe_ffn_hidden() : 0;
   b.norm_topk_prob = norm_topk_prob;
+  b.shared_expert_hidden = num_experts > 0 ? shared_expert_hidden : 0;
   b.drop_tokens = moe_drop_tokens;
   b.capacity_factor = moe_capacity_factor;
   b.eval_capacity_factor = moe_eval_capacity_factor;
@@ -212,8 +218,27 @@ bool GPTConfig::layer_slides(int64_t layer) const {
          layer_types[static_cast<size_t>(layer)] == "sliding_attention";
 }
 
+bool GPTConfig::layer_is_moe(int64_t layer) const {
+  if (num_experts <= 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end())
+    return false;
+  return (layer + 1) % std::max<int64_t>(decoder_sparse_step, 1) == 0;
+}
+
+int64_t GPTConfig::num_moe_layers() const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < n_layer && num_experts > 0; ++i) n += layer_is_moe(i) ? 1 : 0;
+  return n;
+}
+
 nn::BlockConfig GPTConfig::block_config(int64_t layer) const {
   nn::BlockConfig b = block_config();
+  if (num_experts > 0 && !layer_is_moe(layer)) {  // a dense layer among the sparse ones
+    b.num_experts = 0;
+    b.moe_ffn_hidden = 0;
+    b.shared_expert_hidden = 0;
+    b.drop_tokens = false;
+  }
   if (!layer_slides(layer)) return b;
   // A window that holds the whole sequence changes nothing: the kernels' plain causal path.
   if (sliding_window > 0 && sliding_window < block_size) b.sliding_window = sliding_window;
@@ -245,12 +270,17 @@ int64_t GPTConfig::num_parameters() const {
                 + qb * (Q + 2 * KV) + b * C         // q/k/v biases, o bias
                 + (qk_norm ? 2 * I(head_dim()) : 0)  // q_norm, k_norm
                 + (sandwich_norm ? 2 * C : 0)        // post-attention / post-MLP norms (GLM-4)
-                + (num_experts > 0                  // router + experts, or gate, up, down
-                       ? I(num_experts) * C + I(num_experts) * 3 * I(resolved_moe_ffn_hidden()) * C
-                       : 3 * H * C + b * (2 * H + C));
+                + 3 * H * C + b * (2 * H + C);      // gate, up, down (a dense layer)
     total += C;                                     // norm
   }
   total += I(n_layer) * per_layer;
+  if (layout == Layout::llama && num_experts > 0) {
+    // An MoE layer's MLP: router + experts (+ the shared expert and its gate) instead of gate,
+    // up, down.
+    const I moe = I(num_experts) * C + I(num_experts) * 3 * I(resolved_moe_ffn_hidden()) * C +
+                  (shared_expert_hidden > 0 ? 3 * I(shared_expert_hidden) * C + C : 0);
+    total += I(num_moe_layers()) * (moe - (3 * H * C + b * (2 * H + C)));
+  }
   if (!tie_embeddings) total += V * C;  // lm_head (never a bias)
   DS_CHECK(total >= 0 && total <= I(INT64_MAX),
            "[model] the config describes more than 9.2e18 parameters (n_layer {}, n_embd {}, "
@@ -263,8 +293,8 @@ int64_t GPTConfig::num_active_parameters() const {
   const int64_t total = num_parameters();  // refuses a count past 64 bits first
   if (num_experts <= 0) return total;
   // Each idle expert: gate, up (I x C each) and down (C x I); no expert has a bias.
-  const __int128 idle =
-      __int128(n_layer) * (num_experts - experts_per_tok) * 3 * resolved_moe_ffn_hidden() * n_embd;
+  const __int128 idle = __int128(num_moe_layers()) * (num_experts - experts_per_tok) * 3 *
+                        resolved_moe_ffn_hidden() * n_embd;
   return static_cast<int64_t>(total - idle);
 }
 
@@ -338,6 +368,9 @@ nlohmann::json GPTConfig::to_json() const {
     j["norm_topk_prob"] = norm_topk_prob;
     j["router_aux_loss_coef"] = router_aux_loss_coef;
     j["output_router_logits"] = output_router_logits;
+    if (decoder_sparse_step != 1) j["decoder_sparse_step"] = decoder_sparse_step;
+    if (!mlp_only_layers.empty()) j["mlp_only_layers"] = mlp_only_layers;
+    if (shared_expert_hidden > 0) j["shared_expert_hidden"] = shared_expert_hidden;
     if (moe_drop_tokens) {
       j["moe_drop_tokens"] = true;
       j["moe_capacity_factor"] = moe_capacity_factor;
@@ -428,6 +461,9 @@ const std::map<std::string, Setter>& config_fields() {
       DS_FIELD(norm_topk_prob, bool),
       DS_FIELD(router_aux_loss_coef, float),
       DS_FIELD(output_router_logits, bool),
+      DS_FIELD(decoder_sparse_step, int64_t),
+      DS_FIELD(mlp_only_layers, std::vector<int64_t>),
+      DS_FIELD(shared_expert_hidden, int64_t),
       DS_FIELD(moe_drop_tokens, bool),
       DS_FIELD(moe_capacity_factor, float),
       DS_FIELD(moe_eval_capacity_factor, float),
@@ -506,11 +542,19 @@ std::vector<PipeLayerInfo> GPT::pipe_layers(const GPTConfig& c) {
   one.n_layer = 1;
   GPTConfig none = c;
   none.n_layer = 0;
+  one.mlp_only_layers.clear();  // the one block is a mixture of experts (when there are any)
+  one.decoder_sparse_step = 1;
+  none.mlp_only_layers.clear();
   const int64_t per_block = one.num_parameters() - none.num_parameters();
+  GPTConfig dense = one;
+  dense.num_experts = 0;
+  const int64_t per_dense_block = dense.num_parameters() - none.num_parameters();
   const int64_t norm = c.layout == Layout::gpt2 ? C + (c.bias ? C : 0) : C;
   std::vector<PipeLayerInfo> out;
   out.push_back({"GPTEmbedding", V * C + (c.layout == Layout::gpt2 ? c.block_size * C : 0)});
-  for (int64_t i = 0; i < L; ++i) out.push_back({"TransformerBlock", per_block});
+  for (int64_t i = 0; i < L; ++i)
+    out.push_back(
+        {"TransformerBlock", c.num_experts > 0 && !c.layer_is_moe(i) ? per_dense_block : per_block});
   out.push_back({"GPTHead", norm + V * C});
   return out;
 }

@@ -262,6 +262,22 @@ MoEMLP::MoEMLP(const BlockConfig& cfg)
   gate_ = register_module("gate", std::make_shared<Linear>(cfg.n_embd, E_, false));
   experts_ =
       register_module("experts", std::make_shared<MoEExperts>(E_, cfg.n_embd, cfg.moe_ffn_hidden));
+  if (cfg.shared_expert_hidden > 0) {
+    BlockConfig sc = cfg;  // a plain SwiGLU MLP of its own width; the block's dropout comes after
+    sc.ffn_hidden = cfg.shared_expert_hidden;
+    sc.dropout = 0.0f;
+    shared_ = register_module("shared_expert", std::make_shared<SwiGLUMLP>(sc));
+    shared_gate_ = register_module("shared_expert_gate", std::make_shared<Linear>(cfg.n_embd, 1, false));
+  }
+}
+
+Tensor MoEMLP::shared(const Tensor& x2, bool decode, bool rows) const {
+  const Tensor x3 = ops::reshape(x2, {1, x2.size(0), x2.size(1)});
+  const Tensor h = ops::reshape(decode ? shared_->decode(x3, rows) : (*shared_)(x3), x2.shape());
+  const Tensor z = decode ? shared_gate_->decode(x2, rows) : (*shared_gate_)(x2);  // (N, 1)
+  // sigmoid(z) = (1 + tanh(z / 2)) / 2
+  const Tensor g = ops::add(ops::mul(ops::tanh(ops::mul(z, 0.5f)), 0.5f), 0.5f);
+  return ops::mul(h, g);
 }
 
 int64_t MoEMLP::capacity(int64_t tokens, bool training) const {
@@ -368,7 +384,8 @@ Tensor MoEMLP::forward(const Tensor& x) {
   auto run = [this](const Tensor& xs, const std::vector<int64_t>& counts) {
     return run_experts(xs, counts);
   };
-  const Tensor y = mix(x2, (*gate_)(x2), run, true, capacity(x2.size(0), is_training()));
+  Tensor y = mix(x2, (*gate_)(x2), run, true, capacity(x2.size(0), is_training()));
+  if (shared_) y = ops::add(y, shared(x2, /*decode=*/false, false));
   return ops::dropout(ops::reshape(y, shape), dropout_, is_training());
 }
 
@@ -381,7 +398,9 @@ Tensor MoEMLP::decode(const Tensor& x, bool rows) const {
   auto run = [this](const Tensor& xs, const std::vector<int64_t>& counts) {
     return experts_->compute(xs, counts);
   };
-  return ops::reshape(mix(x2, gate_->decode(x2, rows), run, false, /*capacity=*/-1), shape);
+  Tensor y = mix(x2, gate_->decode(x2, rows), run, false, /*capacity=*/-1);
+  if (shared_) y = ops::add(y, shared(x2, /*decode=*/true, rows));
+  return ops::reshape(y, shape);
 }
 
 }  // namespace ds::nn

@@ -104,7 +104,7 @@ void Trainer::check_memory() {
   const int ep = std::max(1, p.config().expert_parallel.size);
   int64_t params = p.model.num_parameters(), frozen = lc.frozen;
   if (ep > 1) {
-    const int64_t experts = p.model.n_layer * p.model.num_experts * 3 *
+    const int64_t experts = p.model.num_moe_layers() * p.model.num_experts * 3 *
                             p.model.resolved_moe_ffn_hidden() * p.model.n_embd;
     params -= experts - experts / ep;
     if (frozen >= experts) frozen -= experts - experts / ep;  // LoRA: the experts are frozen

@@ -196,7 +196,7 @@ std::string supported_model_types(ModelKind kind = ModelKind::decoder);
 
 namespace families {  // the entries (src/models/families/*.cpp)
 extern const Family gpt2, llama, mistral, qwen2, qwen3, glm, glm4, chatglm, phi3, gemma, gemma2,
-    gemma3_text, ernie4_5, mixtral, qwen3_moe;  // decoders
+    gemma3_text, ernie4_5, mixtral, qwen2_moe, qwen3_moe;  // decoders
 extern const Family bert, roberta, deberta_v2;  // encoder classifiers
 extern const Family bart, blenderbot, t5;       // encoder-decoders
 }  // namespace families

@@ -95,6 +95,14 @@ struct GPTConfig {
   bool norm_topk_prob = true;
   float router_aux_loss_coef = 0.001f;
   bool output_router_logits = false;
+  // Qwen-MoE's dense layers among the sparse ones: layer i is a mixture of experts when it is not
+  // in mlp_only_layers and (i + 1) % decoder_sparse_step == 0, otherwise a SwiGLU MLP of
+  // ffn_hidden (layer_is_moe()).
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  // Qwen2-MoE's shared expert: > 0 adds to every MoE layer a SwiGLU MLP of this width, run on
+  // every token and gated by sigmoid(shared_expert_gate(x)) (a Linear C -> 1, no bias).
+  int64_t shared_expert_hidden = 0;
   // DeepSpeed MoE's token dropping (deepspeed.moe.layer.MoE's drop_tokens, capacity_factor,
   // eval_capacity_factor, min_capacity): with moe_drop_tokens each expert takes at most
   // max(moe_min_capacity, ceil(k N / E x factor)) of a forward's N tokens (this rank's), first
@@ -143,12 +151,17 @@ struct GPTConfig {
   // Layer `layer`'s block: block_config() with its sliding window and rotary base (layer_types).
   nn::BlockConfig block_config(int64_t layer) const;
   bool layer_slides(int64_t layer) const;  // layer_types[layer] == "sliding_attention"
+  // Whether layer `layer`'s MLP is a mixture of experts (num_experts > 0, mlp_only_layers,
+  // decoder_sparse_step), and how many layers are.
+  bool layer_is_moe(int64_t layer) const;
+  int64_t num_moe_layers() const;
   // Parameter count from the shapes alone (no model built); tied weights counted once. With
   // experts this is the total (every expert): what memory, ZeRO and checkpoints hold.
   int64_t num_parameters() const;
-  // Parameters one token runs through: num_parameters() less, in every block, the
-  // num_experts - experts_per_tok experts it is not routed to (the router counts as active), so
-  // dense + experts_per_tok / num_experts of the experts. num_parameters() without experts.
+  // Parameters one token runs through: num_parameters() less, in every MoE block, the
+  // num_experts - experts_per_tok experts it is not routed to (the router and a shared expert count
+  // as active), so dense + experts_per_tok / num_experts of the experts. num_parameters() without
+  // experts.
   int64_t num_active_parameters() const;
 };
 

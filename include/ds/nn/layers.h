@@ -69,6 +69,9 @@ struct BlockConfig {
   int64_t experts_per_tok = 0;
   int64_t moe_ffn_hidden = 0;
   bool norm_topk_prob = true;
+  // Qwen2-MoE: a shared SwiGLU expert of this width on every token, gated by
+  // sigmoid(shared_expert_gate(x)); 0 = none.
+  int64_t shared_expert_hidden = 0;
   // Token dropping (DeepSpeed MoE; models::GPTConfig::moe_drop_tokens): capacity per expert
   // max(min_capacity, ceil(k N / E x factor)); off = dropless.
   bool drop_tokens = false;

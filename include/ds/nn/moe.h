@@ -78,7 +78,10 @@ class MoEExperts : public Module {
 };
 
 // The MoE block's feed-forward: (B, T, C) -> (B, T, C). cfg.num_experts experts of hidden width
-// cfg.moe_ffn_hidden, cfg.experts_per_tok per token; no tensor parallelism, no biases.
+// cfg.moe_ffn_hidden, cfg.experts_per_tok per token; no tensor parallelism, no biases. With
+// cfg.shared_expert_hidden > 0 (Qwen2-MoE) it adds sigmoid(shared_expert_gate(x)) *
+// shared_expert(x): parameters shared_expert.{gate,up,down}_proj.weight and
+// shared_expert_gate.weight (1, C).
 class MoEMLP : public FeedForward {
  public:
   explicit MoEMLP(const BlockConfig& cfg);
@@ -99,12 +102,17 @@ class MoEMLP : public FeedForward {
   float dropout_;
   std::shared_ptr<Linear> gate_;
   std::shared_ptr<MoEExperts> experts_;
+  // Qwen2-MoE's shared expert and its gate (BlockConfig::shared_expert_hidden; null without).
+  std::shared_ptr<SwiGLUMLP> shared_;
+  std::shared_ptr<Linear> shared_gate_;
   std::shared_ptr<RouterLog> log_;
   std::shared_ptr<comm::Group> ep_;  // set_expert_parallel(); null: every expert here
   int64_t calls_ = 0;                // forwards under expert parallelism (names collectives)
   // xs (M, C) sorted by expert with counts (E): through this rank's experts, or with expert
   // parallelism through the group's (dispatch, experts, combine). (M, C), xs's order.
   Tensor run_experts(const Tensor& xs, const std::vector<int64_t>& counts);
+  // x2 (N, C) -> sigmoid(shared_expert_gate(x2)) * shared_expert(x2) (N, C).
+  Tensor shared(const Tensor& x2, bool decode, bool rows) const;
   // Choices each expert keeps of `tokens` tokens' top-k; -1: every one (dropless).
   int64_t capacity(int64_t tokens, bool training) const;
   // x2 (N, C), router logits (N, E) -> (N, C); experts(xs, counts) runs the experts; capacity as

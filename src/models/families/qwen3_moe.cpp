@@ -7,12 +7,11 @@
 //
 // 4.x files hold mlp.experts.{j}.{gate,up,down}_proj.weight per expert (DecoderParts::
 // legacy_pieces); export writes 5.x names. Dense layers among the sparse ones (mlp_only_layers,
-// decoder_sparse_step > 1) are refused: every layer here is a mixture of experts.
-#include <regex>
-
+// decoder_sparse_step > 1) are SwiGLU MLPs of intermediate_size (mlp.{gate,up,down}_proj).
 #include "ds/core/error.h"
 #include "ds/models/family.h"
 #include "hf_config.h"
+#include "qwen_moe.h"
 
 namespace ds::models {
 
@@ -31,30 +30,12 @@ hf::DecoderDefaults defaults() {
   return d;
 }
 
-void check_all_sparse(const json& j, int64_t layers, const std::string& source) {
-  const int64_t step = hf::get_field<int64_t>(j, "decoder_sparse_step", 1, source);
-  DS_CHECK(step == 1,
-           "[hf_io] {}: decoder_sparse_step {} (dense MLP layers between the sparse ones) is not "
-           "supported: every layer must be a mixture of experts",
-           source, step);
-  if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null())
-    DS_CHECK(j["mlp_only_layers"].empty(),
-             "[hf_io] {}: mlp_only_layers {} (dense MLP layers) is not supported: every layer must "
-             "be a mixture of experts",
-             source, j["mlp_only_layers"].dump());
-  const int64_t window_layers = hf::get_field<int64_t>(j, "max_window_layers", layers, source);
-  DS_CHECK(!hf::get_field<bool>(j, "use_sliding_window", false, source) || window_layers >= layers,
-           "[hf_io] {}: use_sliding_window true is not supported: sliding-window attention is not "
-           "implemented for qwen3_moe",
-           source);
-}
-
 GPTConfig read(const json& j, const std::string& type, const std::string& source) {
   std::set<std::string> handled = hf::decoder_fields();
   handled.insert({"attention_bias", "use_sliding_window", "sliding_window", "max_window_layers",
                   "decoder_sparse_step", "moe_intermediate_size", "num_experts_per_tok",
                   "num_experts", "num_local_experts", "norm_topk_prob", "output_router_logits",
-                  "router_aux_loss_coef", "mlp_only_layers"});
+                  "router_aux_loss_coef", "mlp_only_layers", "layer_types"});
   hf::check_known_fields(j, handled, type, source);
   GPTConfig c = hf::read_decoder_fields(j, type, source, defaults());
   if (!j.contains("intermediate_size")) c.ffn_hidden = 6144;
@@ -63,7 +44,7 @@ GPTConfig read(const json& j, const std::string& type, const std::string& source
            c.partial_rotary_factor);
   DS_CHECK(!hf::get_field<bool>(j, "attention_bias", false, source),
            "[hf_io] {}: attention_bias true is not supported for qwen3_moe", source);
-  check_all_sparse(j, c.n_layer, source);
+  qwen_moe::read_layers(j, c, type, source);
   c.qk_norm = true;
   // transformers 5 saves num_experts as num_local_experts (Qwen3MoeConfig's attribute_map);
   // released configs say num_experts.
@@ -86,11 +67,7 @@ GPTConfig read(const json& j, const std::string& type, const std::string& source
 json write(const GPTConfig& c) {
   json j = hf::write_decoder_fields(c);
   j["attention_bias"] = false;
-  j["use_sliding_window"] = false;
-  j["sliding_window"] = nullptr;
-  j["max_window_layers"] = c.n_layer;
-  j["decoder_sparse_step"] = 1;
-  j["mlp_only_layers"] = json::array();
+  qwen_moe::write_layers(c, j);
   j["moe_intermediate_size"] = c.resolved_moe_ffn_hidden();
   j["num_experts"] = c.num_experts;
   j["num_experts_per_tok"] = c.experts_per_tok;
@@ -98,36 +75,6 @@ json write(const GPTConfig& c) {
   j["output_router_logits"] = c.output_router_logits;
   j["router_aux_loss_coef"] = hf::shortest(c.router_aux_loss_coef);
   return j;
-}
-
-HFPlace place(const GPTConfig&, const std::string& ours) {
-  if (ours == "lm_head.weight") return {ours};
-  return {"model." + ours};
-}
-
-// transformers 4.x's per-expert tensors (mlp.experts.{j}.{gate,up,down}_proj), read on import.
-std::vector<HFPiece> legacy_pieces(const GPTConfig& c, const std::string& ours) {
-  static const std::regex moe(R"(layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj))");
-  std::smatch m;
-  if (!std::regex_match(ours, m, moe)) return {};
-  const std::string layer = "model.layers." + m[1].str() + ".mlp.experts.";
-  const int64_t E = c.num_experts, C = c.n_embd, I = c.resolved_moe_ffn_hidden();
-  std::vector<HFPiece> pieces;
-  for (int64_t j = 0; j < E; ++j) {
-    const std::string e = layer + std::to_string(j) + ".";
-    if (m[2] == "down_proj") {
-      pieces.push_back({e + "down_proj.weight", {C, I}});
-    } else {
-      pieces.push_back({e + "gate_proj.weight", {I, C}});
-      pieces.push_back({e + "up_proj.weight", {I, C}});
-    }
-  }
-  return pieces;
-}
-
-bool is_buffer(const std::string& name) {
-  static const std::regex rotary(R"((model\.)?layers\.\d+\.self_attn\.rotary_emb\.inv_freq)");
-  return std::regex_match(name, rotary);
 }
 
 void check(const GPTConfig& c) {
@@ -147,12 +94,12 @@ Family make() {
   f.decoder.layout = nn::Layout::llama;
   f.lora_targets = {"q_proj", "v_proj"};
   f.prefix = "model.";
-  f.features = {"qk_norm", "moe"};
+  f.features = {"qk_norm", "moe", "moe dense layers"};
   f.decoder.read_config = read;
   f.decoder.write_config = write;
-  f.decoder.place = place;
-  f.decoder.legacy_pieces = legacy_pieces;
-  f.is_buffer = is_buffer;
+  f.decoder.place = qwen_moe::place;
+  f.decoder.legacy_pieces = qwen_moe::legacy_pieces;
+  f.is_buffer = qwen_moe::is_buffer;
   f.decoder.check = check;
   return f;
 }

@@ -1,0 +1,117 @@
+// Qwen2-MoE: Qwen2MoeForCausalLM (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B; transformers 5, 4.x
+// per-expert files read too). Qwen2's attention (q/k/v biases, qkv_bias) with a mixture of experts
+// and a shared expert in every sparse block (nn::MoEMLP):
+//
+//   model.layers.{i}.mlp.gate.weight                          (E, C)      the router
+//   model.layers.{i}.mlp.experts.gate_up_proj                 (E, 2I, C)  [gate_proj; up_proj]
+//   model.layers.{i}.mlp.experts.down_proj                    (E, C, I)
+//   model.layers.{i}.mlp.shared_expert.{gate,up,down}_proj.weight        a SwiGLU MLP of width S
+//   model.layers.{i}.mlp.shared_expert_gate.weight            (1, C)      sigmoid gate of it
+//
+// Dense layers among the sparse ones (mlp_only_layers, decoder_sparse_step) are SwiGLU MLPs of
+// intermediate_size (mlp.{gate,up,down}_proj).
+#include "ds/core/error.h"
+#include "ds/models/family.h"
+#include "hf_config.h"
+#include "qwen_moe.h"
+
+namespace ds::models {
+
+namespace {
+
+using nlohmann::json;
+
+// Qwen2MoeConfig's defaults (transformers 5's configuration_qwen2_moe.py).
+hf::DecoderDefaults defaults() {
+  hf::DecoderDefaults d;
+  d.vocab_size = 151936;
+  d.max_positions = 32768;
+  d.hidden_size = 2048;
+  d.layers = 24;
+  d.kv_heads = 16;
+  return d;
+}
+
+GPTConfig read(const json& j, const std::string& type, const std::string& source) {
+  std::set<std::string> handled = hf::decoder_fields();
+  handled.insert({"qkv_bias", "use_sliding_window", "sliding_window", "max_window_layers",
+                  "decoder_sparse_step", "moe_intermediate_size", "shared_expert_intermediate_size",
+                  "num_experts_per_tok", "num_experts", "num_local_experts", "norm_topk_prob",
+                  "output_router_logits", "router_aux_loss_coef", "mlp_only_layers", "layer_types"});
+  hf::check_known_fields(j, handled, type, source);
+  GPTConfig c = hf::read_decoder_fields(j, type, source, defaults());
+  if (!j.contains("intermediate_size")) c.ffn_hidden = 5632;
+  DS_CHECK(c.partial_rotary_factor == 1.0f,
+           "[hf_io] {}: partial_rotary_factor {} is not supported for model_type qwen2_moe", source,
+           c.partial_rotary_factor);
+  c.qkv_bias = hf::get_field<bool>(j, "qkv_bias", true, source);
+  qwen_moe::read_layers(j, c, type, source);
+  c.num_experts = hf::get_field<int64_t>(
+      j, "num_local_experts", hf::get_field<int64_t>(j, "num_experts", 60, source), source);
+  c.experts_per_tok = hf::get_field<int64_t>(j, "num_experts_per_tok", 4, source);
+  DS_CHECK(c.num_experts >= 1 && c.experts_per_tok >= 1 && c.experts_per_tok <= c.num_experts,
+           "[hf_io] {}: num_experts {} and num_experts_per_tok {} must satisfy 1 <= "
+           "num_experts_per_tok <= num_experts",
+           source, c.num_experts, c.experts_per_tok);
+  c.moe_ffn_hidden = hf::get_field<int64_t>(j, "moe_intermediate_size", 1408, source);
+  c.shared_expert_hidden =
+      hf::get_field<int64_t>(j, "shared_expert_intermediate_size", 5632, source);
+  DS_CHECK(c.moe_ffn_hidden >= 1 && c.shared_expert_hidden >= 1,
+           "[hf_io] {}: moe_intermediate_size {} and shared_expert_intermediate_size {} must be "
+           "positive",
+           source, c.moe_ffn_hidden, c.shared_expert_hidden);
+  c.norm_topk_prob = hf::get_field<bool>(j, "norm_topk_prob", false, source);
+  c.output_router_logits = hf::get_field<bool>(j, "output_router_logits", false, source);
+  c.router_aux_loss_coef = hf::get_field<float>(j, "router_aux_loss_coef", 0.001f, source);
+  return c;
+}
+
+json write(const GPTConfig& c) {
+  json j = hf::write_decoder_fields(c);
+  j["qkv_bias"] = c.qkv_bias;
+  qwen_moe::write_layers(c, j);
+  j["moe_intermediate_size"] = c.resolved_moe_ffn_hidden();
+  j["shared_expert_intermediate_size"] = c.shared_expert_hidden;
+  j["num_experts"] = c.num_experts;
+  j["num_experts_per_tok"] = c.experts_per_tok;
+  j["norm_topk_prob"] = c.norm_topk_prob;
+  j["output_router_logits"] = c.output_router_logits;
+  j["router_aux_loss_coef"] = hf::shortest(c.router_aux_loss_coef);
+  return j;
+}
+
+void check(const GPTConfig& c) {
+  DS_CHECK(c.layout == nn::Layout::llama, "[model] family qwen2_moe needs the llama layout");
+  DS_CHECK(c.num_experts > 0 && c.shared_expert_hidden > 0,
+           "[model] family qwen2_moe needs num_experts > 0 and a shared expert "
+           "(shared_expert_hidden > 0)");
+  DS_CHECK(!c.qk_norm && !c.bias, "[model] family qwen2_moe has no q/k norms and no o_proj or MLP "
+                                  "biases (qkv_bias only)");
+  DS_CHECK(c.sliding_window == 0, "[model] family qwen2_moe has no sliding window here");
+}
+
+Family make() {
+  Family f;
+  f.name = "qwen2_moe";
+  f.model_types = {"qwen2_moe"};
+  f.architecture = "Qwen2MoeForCausalLM";
+  f.decoder.layout = nn::Layout::llama;
+  f.lora_targets = {"q_proj", "v_proj"};
+  f.prefix = "model.";
+  f.features = {"moe", "moe dense layers", "shared expert"};
+  f.decoder.read_config = read;
+  f.decoder.write_config = write;
+  f.decoder.place = qwen_moe::place;
+  f.decoder.legacy_pieces = qwen_moe::legacy_pieces;
+  f.is_buffer = qwen_moe::is_buffer;
+  f.decoder.check = check;
+  return f;
+}
+
+}  // namespace
+
+namespace families {
+const Family qwen2_moe = make();
+}  // namespace families
+
+}  // namespace ds::models
