@@ -191,4 +191,7 @@ if [[ " $PARTS " == *" ep "* ]]; then
     echo "BENCH moe task=ep ranks=2 batch_per_rank=$BATCH seq=$SEQ ep1_step_s=$e1 ep2_step_s=$e2 ratio_ep1_over_ep2=$(ratio "$e1" "$e2") ep1_rank0_peak_rss_mib=$(mem_field "$WORK/out_ep1/memory.json" peak_rss_bytes 0) ep2_rank0_peak_rss_mib=$(mem_field "$WORK/out_ep2/memory.json" peak_rss_bytes 0) ep1_rank0_states_mib=$(mem_field "$WORK/out_ep1/memory.json" model_state_bytes 0) ep2_rank0_states_mib=$(mem_field "$WORK/out_ep2/memory.json" model_state_bytes 0)"
   fi
 fi
+# the peak again: on a shared machine the load moves during the run (the FLOP fractions above use
+# the start's)
+echo "sgemm peak at the end: $(OMP_NUM_THREADS=2 "$BUILD/bench/bench_train_step" --threads 2 --peak_only | sed -n 's/^sgemm peak.*: \([0-9.]*\) GFLOP.*/\1/p') GFLOP/s"
 echo "end: $(date -u +%FT%TZ) $(uptime)"
