@@ -37,6 +37,8 @@ const char* op_name(OpKind op) {
       return "split";
     case OpKind::all_to_all:
       return "all_to_all";
+    case OpKind::all_to_all_v:
+      return "all_to_all_v";
   }
   return "?";
 }
@@ -60,6 +62,11 @@ size_t Group::Op::bytes() const {
   const size_t b = count * dtype_size(dtype);
   if (kind == OpKind::reduce_scatter || kind == OpKind::all_gather || kind == OpKind::all_to_all)
     return b * static_cast<size_t>(group_size);
+  if (kind == OpKind::all_to_all_v) {
+    size_t s = 0;
+    for (size_t c : send_counts) s += c;
+    return s * dtype_size(dtype);
+  }
   return kind == OpKind::barrier || kind == OpKind::split ? 0 : b;
 }
 
@@ -235,6 +242,25 @@ Work Group::issue(Op op) {
     case OpKind::all_gather:
       DS_CHECK(op.count == 0 || (op.in && op.out), "[comm] {}: null buffer", what);
       break;
+    case OpKind::all_to_all_v: {
+      const size_t n = static_cast<size_t>(size());
+      DS_CHECK(op.send_counts.size() == n && op.recv_counts.size() == n,
+               "[comm] {}: {} send and {} receive counts for a group of {}", what,
+               op.send_counts.size(), op.recv_counts.size(), n);
+      size_t s = 0, r = 0;
+      for (size_t j = 0; j < n; ++j) {
+        s += op.send_counts[j];
+        r += op.recv_counts[j];
+      }
+      op.count = std::max(s, r);
+      DS_CHECK((s == 0 || op.in) && (r == 0 || op.out), "[comm] {}: null buffer", what);
+      const auto a = reinterpret_cast<uintptr_t>(op.in), b = reinterpret_cast<uintptr_t>(op.out);
+      const size_t es = dtype_size(op.dtype);
+      DS_CHECK(s == 0 || r == 0 || a + s * es <= b || b + r * es <= a,
+               "[comm] {}: the input and output buffers overlap; all_to_all_v is not in place",
+               what);
+      break;
+    }
     case OpKind::all_to_all: {
       DS_CHECK(op.count == 0 || (op.in && op.out), "[comm] {}: null buffer", what);
       const auto a = reinterpret_cast<uintptr_t>(op.in), b = reinterpret_cast<uintptr_t>(op.out);
@@ -308,6 +334,29 @@ Work Group::all_to_all_async(const void* in, void* out, size_t chunk, DType dtyp
        .dtype = dtype,
        .context = std::string(context)};
   return issue(std::move(o));
+}
+
+Work Group::all_to_all_v_async(const void* in, std::vector<size_t> send_counts, void* out,
+                               std::vector<size_t> recv_counts, DType dtype,
+                               std::string_view context) {
+  Op o{.kind = OpKind::all_to_all_v,
+       .in = in,
+       .out = out,
+       .dtype = dtype,
+       .send_counts = std::move(send_counts),
+       .recv_counts = std::move(recv_counts),
+       .context = std::string(context)};
+  return issue(std::move(o));
+}
+
+std::vector<size_t> Group::all_to_all_counts(const std::vector<size_t>& send_counts,
+                                             std::string_view context) {
+  const size_t n = static_cast<size_t>(size());
+  DS_CHECK(send_counts.size() == n, "[comm] all_to_all_counts: {} counts for a group of {}",
+           send_counts.size(), n);
+  std::vector<int64_t> out(n), in(send_counts.begin(), send_counts.end());
+  all_to_all(in.data(), out.data(), 1, DType::i64, context);
+  return {out.begin(), out.end()};
 }
 
 Work Group::all_gather_async(const void* in, void* out, size_t chunk, DType dtype,
@@ -552,6 +601,14 @@ class SingleProcessGroup final : public Group {
       case OpKind::all_to_all:
         if (op.in != op.out && nbytes) std::memmove(op.out, op.in, nbytes);
         break;
+      case OpKind::all_to_all_v: {
+        const size_t n = op.send_counts[0] * dtype_size(op.dtype);
+        DS_CHECK(op.recv_counts[0] == op.send_counts[0],
+                 "[comm] all_to_all_v on group {}: sends {} elements to itself but expects {}",
+                 name(), op.send_counts[0], op.recv_counts[0]);
+        if (n) std::memmove(op.out, op.in, n);
+        break;
+      }
       case OpKind::send: {
         std::shared_ptr<detail::WorkState> r;
         {

@@ -17,6 +17,7 @@ double bus_factor(OpKind op, int n) {
     case OpKind::reduce_scatter:
     case OpKind::all_gather:
     case OpKind::all_to_all:
+    case OpKind::all_to_all_v:
       return double(n - 1) / n;
     case OpKind::reduce:
     case OpKind::broadcast:

@@ -198,7 +198,8 @@ void GroupState::check_same_collective(const WorkState& w) {
                         static_cast<uint32_t>(w.op.kind),
                         static_cast<uint32_t>(w.op.dtype),
                         static_cast<uint32_t>(w.op.reduce),
-                        w.op.count,
+                        // all_to_all_v's sizes differ by rank: only the operation must match.
+                        w.op.kind == OpKind::all_to_all_v ? 0 : w.op.count,
                         w.op.peer};
   for (int nr = 0; nr < node_size; ++nr) {
     if (nr == node_rank) continue;

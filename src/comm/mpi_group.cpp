@@ -288,6 +288,27 @@ void GroupState::post(const std::shared_ptr<WorkState>& w) {
       check_mpi(MPI_Ialltoall(op.in, n, type, op.out, n, type, comm, &r), "MPI_Ialltoall");
       break;
     }
+    case OpKind::all_to_all_v: {
+      // Counts and displacements must live until the request completes: the finisher owns them.
+      auto v = std::make_shared<std::vector<int>>(4 * static_cast<size_t>(size), 0);
+      int* sc = v->data();
+      int* sd = sc + size;
+      int* rc = sd + size;
+      int* rd = rc + size;
+      size_t so = 0, ro = 0;
+      for (int j = 0; j < size; ++j) {
+        sc[j] = int_count(op.send_counts[static_cast<size_t>(j)], *w);
+        rc[j] = int_count(op.recv_counts[static_cast<size_t>(j)], *w);
+        sd[j] = int_count(so, *w);
+        rd[j] = int_count(ro, *w);
+        so += op.send_counts[static_cast<size_t>(j)];
+        ro += op.recv_counts[static_cast<size_t>(j)];
+      }
+      a.finish = [v] {};
+      check_mpi(MPI_Ialltoallv(op.in, sc, sd, type, op.out, rc, rd, type, comm, &r),
+                "MPI_Ialltoallv");
+      break;
+    }
     case OpKind::reduce:
       check_mpi(
           MPI_Ireduce(rank == op.peer ? MPI_IN_PLACE : op.out, op.out, int_count(op.count, *w),

@@ -156,4 +156,22 @@ const std::shared_ptr<Group>& Topology::group(Axis axis) const {
   return axis == Axis::pipe ? pipe_ : axis == Axis::data ? data_ : model_;
 }
 
+ExpertGroups split_expert_parallel(const std::shared_ptr<Group>& data, int ep) {
+  DS_CHECK(data, "[topology] split_expert_parallel: no data-parallel group");
+  const int dp = data->size(), d = data->rank();
+  DS_CHECK(ep >= 1 && dp % ep == 0,
+           "[topology] expert-parallel size {} must divide the data-parallel size {} (experts are "
+           "split over groups of ep consecutive data-parallel ranks)",
+           ep, dp);
+  ExpertGroups g;
+  g.expert = data->split(d / ep, d % ep);
+  g.expert_data = data->split(d % ep, d / ep);
+  DS_CHECK(g.expert && g.expert->size() == ep && g.expert->rank() == d % ep && g.expert_data &&
+               g.expert_data->size() == dp / ep && g.expert_data->rank() == d / ep,
+           "[topology] internal: the expert-parallel split of {} ranks by {} gave groups of {} "
+           "and {}",
+           dp, ep, g.expert ? g.expert->size() : 0, g.expert_data ? g.expert_data->size() : 0);
+  return g;
+}
+
 }  // namespace ds::comm

@@ -612,6 +612,74 @@ void read_tensor_parallel(Section s, TensorParallelConfig& c, ParseState& st) {
   s.finish();
 }
 
+// DeepSpeed 0.19's AutoEP section (parse_autoep_config's keys and defaults).
+void read_expert_parallel(Section s, ExpertParallelConfig& c, const TrainerArgs& a,
+                          ParseState& st) {
+  c.enabled = s.boolean("enabled", false);
+  const int64_t size = s.integer("autoep_size", 1, {1, 1 << 16});
+  const auto preset = s.opt_string("preset_model");
+  if (preset) {
+    static const std::vector<std::string> kOurs = {"mixtral", "qwen3_moe"};
+    static const std::vector<std::string> kTheirs = {"qwen3_5_moe", "deepseek_v2", "deepseek_v3",
+                                                     "minimax_m3"};
+    DS_CHECK(std::find(kOurs.begin(), kOurs.end(), *preset) != kOurs.end(),
+             "[config] {}: expert_parallel.preset_model '{}' {}; the MoE families here are "
+             "mixtral and qwen3_moe (docs/models.md)",
+             st.source, *preset,
+             std::find(kTheirs.begin(), kTheirs.end(), *preset) != kTheirs.end()
+                 ? "is a DeepSpeed preset for a model family deepspeed.cpp does not have"
+                 : "is not an AutoEP preset");
+    c.preset_model = *preset;
+  }
+  const int64_t etp = s.integer("expert_tensor_parallel_size", 1, {1, 1 << 16});
+  DS_CHECK(etp == 1,
+           "[config] {}: expert_parallel.expert_tensor_parallel_size = {}: cutting each expert "
+           "over tensor-parallel ranks is not implemented; set it to 1",
+           st.source, etp);
+  if (const json* v = s.raw_value("load_balance_coeff"); v && !v->is_null())
+    DS_THROW("[config] {}: expert_parallel.load_balance_coeff = {}: auxiliary-loss-free load "
+             "balancing is not supported (DeepSpeed's AutoEP refuses it too); set it to null or "
+             "remove the key (the router's aux loss is the model config's router_aux_loss_coef)",
+             st.source, v->dump());
+  s.declare("load_balance_coeff");
+  s.boolean("use_grouped_mm", true);
+  s.todo("use_grouped_mm", "an ungrouped expert GEMM (the experts' GEMMs are always grouped)");
+  s.choice("comm_backend", "comm", {"comm", "deepep"});
+  s.todo("comm_backend", "DeepEP's dispatch (tokens travel by MPI all-to-all here)");
+  for (const char* k : {"validate_folding_routing", "async_split_plan", "disable_triton_grouped_mm"})
+    s.todo(k, "an AutoEP option for PyTorch's CUDA kernels");
+  for (const char* k : {"combine_impl", "row_weighting_impl", "gate_up_impl", "comm_num_sm",
+                        "comm_qp_margin", "comm_max_tokens_per_rank"})
+    s.todo(k, "an AutoEP kernel choice (the combine is a weighted sum in token order here)");
+  for (const char* k : {"moe_layer_pattern", "expert_pattern", "router_pattern", "expert_w1",
+                        "expert_w2", "expert_w3", "num_experts_attr", "top_k_attr",
+                        "has_shared_experts", "shared_experts_pattern",
+                        "shared_experts_gate_pattern", "expert_activation", "route_norm",
+                        "route_scale", "score_apply", "score_func", "top_k",
+                        "routed_scaling_factor", "num_expert_groups", "num_limited_groups"})
+    s.todo(k, "describing a PyTorch model's MoE layers to AutoEP (the model family's own file "
+              "describes them here, and its config.json sets the routing)");
+  s.finish();
+  c.size = c.enabled ? static_cast<int>(size) : 1;
+  if (!c.enabled && size > 1)
+    st.warn(fmt::format("[config] expert_parallel.autoep_size = {} has no effect while "
+                        "expert_parallel.enabled is false",
+                        size));
+  if (a.expert_parallel_size) {
+    const int ep = *a.expert_parallel_size;
+    DS_CHECK(ep >= 1, "[config] the trainer's expert_parallel_size must be >= 1, got {}", ep);
+    DS_CHECK(c.size <= 1 || c.size == ep,
+             "[config] the trainer's expert_parallel_size {} disagrees with "
+             "expert_parallel.autoep_size {} in {}; give one, or the same number",
+             ep, c.size, st.source);
+    if (ep > 1 && c.size != ep) {
+      c.enabled = true;
+      c.size = ep;
+      st.update("expert_parallel.autoep_size", ep, Origin::Auto, "trainer expert_parallel_size");
+    }
+  }
+}
+
 // DeepSpeed's get_pipeline_config defaults: stages "auto", partition "best", seed_layers false,
 // activation_checkpoint_interval 0, pipe/grad_partitioned true. DeepSpeed ignores stages and
 // partition (PipelineModule arguments decide); here they are used, and "best" (its unused
@@ -1168,6 +1236,7 @@ DeepSpeedConfig parse_config_json(const nlohmann::json& input, const ConfigConte
   read_tensor_parallel(top.child("tensor_parallel"), cfg.tensor_parallel, st);
   read_pipeline(top.child("pipeline"), cfg.pipeline, st);
   apply_parallel_sizes(ctx.args, cfg, st);
+  read_expert_parallel(top.child("expert_parallel"), cfg.expert_parallel, ctx.args, st);
   read_file_monitor(top.child("tensorboard"), cfg.tensorboard);
   read_file_monitor(top.child("csv_monitor"), cfg.csv_monitor);
   read_wandb(top.child("wandb"), cfg.wandb);
@@ -1184,7 +1253,9 @@ DeepSpeedConfig parse_config_json(const nlohmann::json& input, const ConfigConte
   top.choice("seq_parallel_communication_data_type", "fp32", kDTypeNames);
   top.todo("seq_parallel_communication_data_type", "sequence parallelism");
   top.boolean("use_data_before_expert_parallelism", false);
-  top.todo("use_data_before_expert_parallelism", "expert parallelism");
+  top.todo("use_data_before_expert_parallelism",
+           "the data-before-expert rank order (expert-parallel groups are consecutive "
+           "data-parallel ranks here)");
   top.declare("allgather_size");  // old form only; not a value of ours, so not in the report
   if (top.raw_value("allgather_size"))
     st.warn(

@@ -152,6 +152,12 @@ void GPTConfig::validate() const {
   DS_CHECK(num_experts >= 0 && moe_ffn_hidden >= 0 && router_aux_loss_coef >= 0.0f,
            "[model] num_experts {}, moe_ffn_hidden {} and router_aux_loss_coef {} must be >= 0",
            num_experts, moe_ffn_hidden, router_aux_loss_coef);
+  DS_CHECK(moe_capacity_factor > 0.0f && moe_eval_capacity_factor > 0.0f && moe_min_capacity >= 0,
+           "[model] moe_capacity_factor {} and moe_eval_capacity_factor {} must be > 0 and "
+           "moe_min_capacity {} >= 0",
+           moe_capacity_factor, moe_eval_capacity_factor, moe_min_capacity);
+  DS_CHECK(!moe_drop_tokens || num_experts > 0,
+           "[model] moe_drop_tokens needs a mixture of experts (num_experts > 0)");
   if (num_experts > 0)
     DS_CHECK(layout == Layout::llama && experts_per_tok >= 1 && experts_per_tok <= num_experts,
              "[model] mixture of experts needs the llama layout and experts_per_tok in [1, "
@@ -194,6 +200,10 @@ nn::BlockConfig GPTConfig::block_config() const {
   b.experts_per_tok = experts_per_tok;
   b.moe_ffn_hidden = num_experts > 0 ? resolved_moe_ffn_hidden() : 0;
   b.norm_topk_prob = norm_topk_prob;
+  b.drop_tokens = moe_drop_tokens;
+  b.capacity_factor = moe_capacity_factor;
+  b.eval_capacity_factor = moe_eval_capacity_factor;
+  b.min_capacity = moe_min_capacity;
   return b;
 }
 
@@ -319,6 +329,12 @@ nlohmann::json GPTConfig::to_json() const {
     j["norm_topk_prob"] = norm_topk_prob;
     j["router_aux_loss_coef"] = router_aux_loss_coef;
     j["output_router_logits"] = output_router_logits;
+    if (moe_drop_tokens) {
+      j["moe_drop_tokens"] = true;
+      j["moe_capacity_factor"] = moe_capacity_factor;
+      j["moe_eval_capacity_factor"] = moe_eval_capacity_factor;
+      j["moe_min_capacity"] = moe_min_capacity;
+    }
   }
   if (!family.empty()) j["family"] = family;
   return j;
@@ -403,6 +419,10 @@ const std::map<std::string, Setter>& config_fields() {
       DS_FIELD(norm_topk_prob, bool),
       DS_FIELD(router_aux_loss_coef, float),
       DS_FIELD(output_router_logits, bool),
+      DS_FIELD(moe_drop_tokens, bool),
+      DS_FIELD(moe_capacity_factor, float),
+      DS_FIELD(moe_eval_capacity_factor, float),
+      DS_FIELD(moe_min_capacity, int64_t),
       DS_FIELD(family, std::string),
   };
   return fields;

@@ -195,8 +195,7 @@ void publish(const fs::path& dir, const fs::path& tmp, const std::string& tag) {
 // Which slice of each whole parameter this rank's tensors are (whole without model parallelism).
 std::function<detail::Slice(const std::string&, const Shape&)> slices_of(nn::Module& model,
                                                                         bool model_parallel) {
-  std::map<std::string, nn::TPSplit> splits;
-  if (model_parallel) splits = nn::tp_splits(model);
+  std::map<std::string, nn::TPSplit> splits = detail::part_splits(model, model_parallel);
   return [splits = std::move(splits)](const std::string& name, const Shape& local) {
     auto it = splits.find(name);
     return detail::Slice::of(local, it == splits.end() ? nn::TPSplit{} : it->second);
@@ -227,6 +226,9 @@ nlohmann::json Engine::checkpoint_record(const nlohmann::json& client_state) con
     const comm::Grid& g = options_.topology->grid();
     record["model_parallel"] = {{"tp", g.tp}, {"pp", g.pp}, {"mp_rank", options_.topology->mp_rank()}};
   }
+  if (experts_.expert)
+    record["expert_parallel"] = {{"size", experts_.expert->size()},
+                                 {"rank", experts_.expert->rank()}};
   return record;
 }
 
@@ -237,15 +239,17 @@ void Engine::write_model_states(const std::string& tmp,
   // parallelism, which part of each whole parameter the file holds.
   const bool mp = options_.topology && options_.topology->model_parallel()->size() > 1;
   const int mp_rank = options_.topology ? options_.topology->mp_rank() : 0;
+  const int ep_rank = experts_.expert ? experts_.expert->rank() : 0;
   std::map<std::string, std::string> meta;
-  if (mp) {
-    const auto slice_of = slices_of(*model_, true);
+  if (mp || experts_.expert) {
+    const auto slice_of = slices_of(*model_, mp);
     nlohmann::json slices = nlohmann::json::object();
     for (const auto& [name, t] : weights) slices[name] = slice_of(name, t.shape()).to_json();
     meta["ds_slices"] = slices.dump();
   }
   meta["ds_engine"] = checkpoint_record(client_state).dump();
-  safetensors::save((fs::path(tmp) / detail::model_file_name(mp_rank)).string(), weights, meta);
+  safetensors::save((fs::path(tmp) / detail::model_file_name(mp_rank, ep_rank)).string(), weights,
+                    meta);
   // Buffers are not parameters (no master weights, no optimizer state): their own file, so that a
   // resume or ds_to_fp32 without the model's source folder still has them. One file for the whole
   // model: written without model parallelism only (no model with buffers runs under tensor or
@@ -256,7 +260,7 @@ void Engine::write_model_states(const std::string& tmp,
     host.copy_from(b);
     buffers.emplace_back(name, host);
   }
-  if (!buffers.empty() && !mp)
+  if (!buffers.empty() && !mp && ep_rank == 0)
     safetensors::save((fs::path(tmp) / detail::kBuffersFile).string(), buffers);
 }
 
@@ -276,6 +280,8 @@ void Engine::write_optimizer_shard(const std::string& tmp) const {
     count = std::max(count, h.offset + (h.flat_end - h.flat_begin));
   }
   const auto slice_of = slices_of(*model_, mp);
+  const bool parts = mp || experts_.expert;
+  const int ep_rank = experts_.expert ? experts_.expert->rank() : 0;
   nlohmann::json names = nlohmann::json::array(), shapes = nlohmann::json::array(),
                  offsets = nlohmann::json::array(), slices = nlohmann::json::array();
   const nn::FlatParameters& flat = zero_->flat();
@@ -299,11 +305,12 @@ void Engine::write_optimizer_shard(const std::string& tmp) const {
       {"zero_stage", zero_stage()},
       {"rank", rank},
   };
-  if (mp) {
+  if (parts) {
     // param_shapes are this part's local shapes; param_slices say where they sit in the whole
     // parameters, so that any layout can take its elements from here.
     opt_state["param_slices"] = slices;
     opt_state["mp_rank"] = mp_rank;
+    if (experts_.expert) opt_state["ep_rank"] = ep_rank;
   }
   // Streamed sub-group by sub-group from wherever the state lives (RAM, or NVMe swap files: each
   // sub-group is read once and never held whole).
@@ -311,7 +318,7 @@ void Engine::write_optimizer_shard(const std::string& tmp) const {
   std::vector<safetensors::Declared> declared = {{"fp32_master", DType::f32, {count}}};
   for (const auto& name : store.state_names()) declared.push_back({name, DType::f32, {count}});
   const std::string file =
-      detail::optim_file_name(training_dtype() == DType::bf16, sharded ? rank : 0, mp_rank);
+      detail::optim_file_name(training_dtype() == DType::bf16, sharded ? rank : 0, mp_rank, ep_rank);
   safetensors::save_streamed(
       (fs::path(tmp) / file).string(), declared, {{"ds_optimizer", opt_state.dump()}},
       [&](const safetensors::WriteAt& write_at) {
@@ -362,10 +369,12 @@ void Engine::save_checkpoint(const std::string& dir_in, const std::string& tag_i
   // slices, and every file says which part of each whole parameter it holds.
   const std::vector<std::pair<std::string, Tensor>> weights = zero_->full_weights();
   try {
-    if (group_->rank() == 0) write_model_states(tmp.string(), weights, client_state);
+    // The strategy's rank 0 (with expert parallelism, of each expert slice) writes the model file.
+    const bool first = (experts_.expert ? zero_->group() : *group_).rank() == 0;
+    if (first) write_model_states(tmp.string(), weights, client_state);
     // Stage 0 ranks all hold the same full state: rank 0 writes it once.
     // MiCS: the first replica group writes the shards (the others hold the same).
-    if ((zero_->partitioned() && zero_->writes_optimizer_shard()) || group_->rank() == 0)
+    if ((zero_->partitioned() && zero_->writes_optimizer_shard()) || first)
       write_optimizer_shard(tmp.string());
     // The 1-bit optimizers' error feedback differs on every rank: each writes its own.
     detail::save_rank_state(*optimizer_, tmp, group_->rank(),

@@ -66,7 +66,8 @@ EngineRecord read_engine_record(CheckpointReader& ckpt) {
 // Step 2: the model files of every model-parallel part (mp_rank_00 first) and where each whole
 // parameter's slices are.
 struct ModelFiles {
-  int parts = 1;       // tp x pp of the run that wrote it
+  int parts = 1;       // tp x pp x ep of the run that wrote it (part = mp rank x ep + ep rank)
+  int ep = 1;          // its expert-parallel size
   std::string layout;  // "tp=2 pp=1", for messages
   std::vector<const safetensors::Reader*> readers;
   std::vector<std::unique_ptr<safetensors::Reader>> owned;  // mp_rank_01 and on
@@ -103,23 +104,26 @@ ModelFiles open_model_files(CheckpointReader& ckpt) {
   const fs::path ck = ckpt.folder();
   ModelFiles m;
   const auto [tp, pp] = ckpt.model_parallel();
-  m.parts = tp * pp;
-  m.layout = fmt::format("tp={} pp={}", tp, pp);
+  const int ep = ckpt.expert_parallel();
+  m.ep = ep;
+  m.parts = tp * pp * ep;
+  m.layout = ep > 1 ? fmt::format("tp={} pp={} ep={}", tp, pp, ep) : fmt::format("tp={} pp={}", tp, pp);
   const nlohmann::json& sums = ckpt.checksums();
   for (auto it = sums.begin(); it != sums.end(); ++it)
-    if (auto mp = detail::parse_model_file_name(it.key()))
-      DS_CHECK(*mp < m.parts,
+    if (auto f = detail::parse_model_file_name(it.key()))
+      DS_CHECK(f->mp < tp * pp && f->ep < ep,
                "[checkpoint] {} lists {}, but {} says the checkpoint was written with {} ({} "
                "model-parallel part(s)): the folder mixes saves of different layouts",
                ckpt.checksums_path().string(), it.key(), (ck / kModelFile).string(), m.layout,
                m.parts);
   m.readers.push_back(&ckpt.model_file());
   for (int k = 1; k < m.parts; ++k) {
-    const std::string f = detail::model_file_name(k);
+    const std::string f = detail::model_file_name(k / ep, k % ep);
     DS_CHECK(ckpt.lists(f) && fs::exists(ck / f),
-             "[checkpoint] {} is missing: the checkpoint was written with {} ({} model-parallel "
-             "parts, mp_rank_00 to mp_rank_{:02d}); copy it from the run's checkpoint folder",
-             (ck / f).string(), m.layout, m.parts, m.parts - 1);
+             "[checkpoint] {} is missing: the checkpoint was written with {} ({} parts: "
+             "mp_rank_00 to mp_rank_{:02d}{}); copy it from the run's checkpoint folder",
+             (ck / f).string(), m.layout, m.parts, tp * pp - 1,
+             ep > 1 ? fmt::format(", each also as expp_rank_1_ to expp_rank_{}_", ep - 1) : "");
     m.owned.push_back(std::make_unique<safetensors::Reader>((ck / f).string()));
     m.readers.push_back(m.owned.back().get());
   }
@@ -235,8 +239,8 @@ struct OptimizerShards {
   Sources sources;
 };
 
-// The shards of one model-parallel part `mp` (by data-parallel rank), added to `s`.
-void open_part_shards(OptimizerShards& s, const fs::path& ck, int mp,
+// The shards of one part `mp` (mp rank x ep + ep rank; by data-parallel rank), added to `s`.
+void open_part_shards(OptimizerShards& s, const fs::path& ck, int mp, int ep,
                       const std::map<int, std::string>& by_dp, const std::string& optimizer,
                       bool bf16) {
   const size_t m = static_cast<size_t>(mp);
@@ -289,7 +293,7 @@ void open_part_shards(OptimizerShards& s, const fs::path& ck, int mp,
     DS_CHECK(by_dp.count(static_cast<int>(d)),
              "[checkpoint] {} is missing: the optimizer state of model-parallel part {} was "
              "written by {} data-parallel ranks; copy the file from the run's checkpoint folder",
-             (ck / detail::optim_file_name(bf16, static_cast<int>(d), mp)).string(), mp,
+             (ck / detail::optim_file_name(bf16, static_cast<int>(d), mp / ep, mp % ep)).string(), mp,
              partition_count);
   DS_CHECK(by_dp.rbegin()->first < partition_count,
            "[checkpoint] {} says the run had {} data-parallel partitions, but {} is there: the "
@@ -300,9 +304,9 @@ void open_part_shards(OptimizerShards& s, const fs::path& ck, int mp,
 // The optimizer shard files by model-parallel part and data-parallel rank; throws when there are
 // none for this run's precision.
 using ShardNames = std::map<int, std::map<int, std::string>>;
-ShardNames optimizer_shard_names(const CheckpointReader& ckpt, DType training_dtype) {
+ShardNames optimizer_shard_names(CheckpointReader& ckpt, DType training_dtype) {
   const bool bf16 = training_dtype == DType::bf16;
-  ShardNames names = ckpt.optimizer_files(bf16);
+  ShardNames names = ckpt.optimizer_files(bf16, ckpt.expert_parallel());
   if (!names.empty()) return names;
   DS_CHECK(ckpt.optimizer_files(!bf16).empty(),
            "[checkpoint] {} was written by a {} run; this run trains in {} (DeepSpeed names the "
@@ -328,13 +332,13 @@ OptimizerShards open_optimizer_shards(CheckpointReader& ckpt, const ModelFiles& 
              "model-parallel part(s)): the folder mixes saves of different layouts",
              ckpt.checksums_path().string(), by_dp.begin()->second, (ck / kModelFile).string(),
              files.layout, files.parts);
-    open_part_shards(s, ck, mp, by_dp, optimizer, bf16);
+    open_part_shards(s, ck, mp, files.ep, by_dp, optimizer, bf16);
   }
   for (int k = 0; k < files.parts; ++k)
     DS_CHECK(!s.first_file[static_cast<size_t>(k)].empty(),
              "[checkpoint] {} holds no optimizer shard of model-parallel part {} ({} is missing); "
              "the checkpoint is incomplete",
-             ck.string(), k, detail::optim_file_name(bf16, 0, k));
+             ck.string(), k, detail::optim_file_name(bf16, 0, k / files.ep, k % files.ep));
   for (auto& segs : s.segments)
     std::sort(segs.begin(), segs.end(), [](const auto& a, const auto& b) {
       return a.begin < b.begin;
@@ -515,7 +519,7 @@ nlohmann::json Engine::load_checkpoint_files(const std::string& dir_in, const st
   const ModelFiles files = open_model_files(ckpt);
   const std::map<std::string, Tensor> buffers =
       read_buffers(ckpt, *model_, options_.topology && grid.tp * grid.pp > 1);
-  const SliceOf slice_of{nn::tp_splits(*model_)};
+  const SliceOf slice_of{detail::part_splits(*model_, true)};
   check_model_parameters(*model_, ckpt, files, slice_of, options_.topology && grid.pp > 1);
   OptimizerShards shards = open_optimizer_shards(ckpt, files, names, optimizer_->name(),
                                                  training_dtype() == DType::bf16);

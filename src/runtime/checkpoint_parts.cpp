@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "ds/core/error.h"
+#include "ds/nn/expert_parallel.h"
 
 namespace ds::runtime::detail {
 namespace {
@@ -215,12 +216,14 @@ std::map<std::string, std::vector<Source>> plan_sources(const std::vector<PartIn
   return out;
 }
 
-std::string model_file_name(int mp_rank) {
-  return fmt::format("mp_rank_{:02d}_model_states.safetensors", mp_rank);
+std::string model_file_name(int mp_rank, int ep_rank) {
+  return fmt::format("{}mp_rank_{:02d}_model_states.safetensors",
+                     ep_rank > 0 ? fmt::format("expp_rank_{}_", ep_rank) : "", mp_rank);
 }
 
-std::string optim_file_name(bool bf16, int dp_rank, int mp_rank) {
-  return fmt::format("{}zero_pp_rank_{}_mp_rank_{:02d}_optim_states.safetensors",
+std::string optim_file_name(bool bf16, int dp_rank, int mp_rank, int ep_rank) {
+  return fmt::format("{}{}zero_pp_rank_{}_mp_rank_{:02d}_optim_states.safetensors",
+                     ep_rank > 0 ? fmt::format("expp_rank_{}_", ep_rank) : "",
                      bf16 ? "bf16_" : "", dp_rank, mp_rank);
 }
 
@@ -245,23 +248,46 @@ bool take(const std::string& s, size_t& at, std::string_view word) {
 
 }  // namespace
 
-std::optional<int> parse_model_file_name(const std::string& name) {
-  size_t at = 0;
-  if (!take(name, at, "mp_rank_")) return std::nullopt;
-  const auto mp = digits(name, at);
-  if (!mp || !take(name, at, "_model_states.safetensors") || at != name.size()) return std::nullopt;
-  return mp;
+namespace {
+
+// "expp_rank_E_" at `at` (advanced past it): E > 0; 0 when absent; nullopt when malformed.
+std::optional<int> expert_prefix(const std::string& name, size_t& at) {
+  if (!take(name, at, "expp_rank_")) return 0;
+  const auto ep = digits(name, at);
+  if (!ep || *ep == 0 || !take(name, at, "_")) return std::nullopt;
+  return ep;
 }
 
-std::optional<std::pair<int, int>> parse_optim_file_name(const std::string& name, bool bf16) {
+}  // namespace
+
+std::optional<FileRanks> parse_model_file_name(const std::string& name) {
   size_t at = 0;
+  const auto ep = expert_prefix(name, at);
+  if (!ep || !take(name, at, "mp_rank_")) return std::nullopt;
+  const auto mp = digits(name, at);
+  if (!mp || !take(name, at, "_model_states.safetensors") || at != name.size()) return std::nullopt;
+  return FileRanks{0, *mp, *ep};
+}
+
+std::optional<FileRanks> parse_optim_file_name(const std::string& name, bool bf16) {
+  size_t at = 0;
+  const auto ep = expert_prefix(name, at);
+  if (!ep) return std::nullopt;
   if (bf16 && !take(name, at, "bf16_")) return std::nullopt;
   if (!take(name, at, "zero_pp_rank_")) return std::nullopt;
   const auto dp = digits(name, at);
   if (!dp || !take(name, at, "_mp_rank_")) return std::nullopt;
   const auto mp = digits(name, at);
   if (!mp || !take(name, at, "_optim_states.safetensors") || at != name.size()) return std::nullopt;
-  return std::pair<int, int>{*dp, *mp};
+  return FileRanks{*dp, *mp, *ep};
+}
+
+std::map<std::string, nn::TPSplit> part_splits(const nn::Module& model, bool model_parallel) {
+  std::map<std::string, nn::TPSplit> splits;
+  if (model_parallel) splits = nn::tp_splits(model);
+  for (const auto& [name, e] : nn::expert_splits(model))
+    splits[name] = nn::TPSplit{.dim = 0, .full = e.full, .blocks = 1, .begin = e.begin, .end = e.end};
+  return splits;
 }
 
 void copy_runs(const std::vector<Run>& runs, const void* src, void* dst, size_t es) {

@@ -78,13 +78,25 @@ std::map<std::string, std::vector<Source>> plan_sources(const std::vector<PartIn
                                                         const std::string& folder, const char* tag);
 
 // File names (DeepSpeed's): mp_rank_XX_model_states and [bf16_]zero_pp_rank_D_mp_rank_XX_optim
-// _states, with .safetensors; XX two digits (more when mp >= 100).
-std::string model_file_name(int mp_rank);
-std::string optim_file_name(bool bf16, int dp_rank, int mp_rank);
-// The mp rank of a model-states file name; nullopt for any other name.
-std::optional<int> parse_model_file_name(const std::string& name);
-// (dp rank, mp rank) of an optimizer file name with (bf16) or without the bf16_ prefix.
-std::optional<std::pair<int, int>> parse_optim_file_name(const std::string& name, bool bf16);
+// _states, with .safetensors; XX two digits (more when mp >= 100). With expert parallelism each
+// expert-parallel rank E > 0 writes its own part (dense parameters and its slice of the experts)
+// under the prefix expp_rank_E_ (DeepSpeed's prefix for expert files). A checkpoint's parts are
+// numbered part = mp * ep + E (ep the expert-parallel size, 1 without).
+std::string model_file_name(int mp_rank, int ep_rank = 0);
+std::string optim_file_name(bool bf16, int dp_rank, int mp_rank, int ep_rank = 0);
+struct FileRanks {
+  int dp = 0, mp = 0, ep = 0;  // dp: optimizer files only
+  int part(int ep_size) const { return mp * ep_size + ep; }
+};
+// The ranks in a model-states file name; nullopt for any other name.
+std::optional<FileRanks> parse_model_file_name(const std::string& name);
+// The ranks in an optimizer file name with (bf16) or without the bf16_ prefix.
+std::optional<FileRanks> parse_optim_file_name(const std::string& name, bool bf16);
+
+// What part of each whole parameter this rank's tensor is: the tensor-parallel cuts when
+// model_parallel (nn::tp_splits), and the expert-parallel slices of the stacked experts
+// (nn::expert_splits, a cut of dimension 0). Parameters not listed are whole.
+std::map<std::string, nn::TPSplit> part_splits(const nn::Module& model, bool model_parallel);
 
 // Copies the runs of `runs` from src to dst (element size `es` bytes).
 void copy_runs(const std::vector<Run>& runs, const void* src, void* dst, size_t es);

@@ -206,6 +206,19 @@ std::pair<int, int> CheckpointReader::model_parallel() {
   return {static_cast<int>(tp), static_cast<int>(pp)};
 }
 
+int CheckpointReader::expert_parallel() {
+  const nlohmann::json& engine = engine_state();
+  const std::string& file = model_->path();
+  const auto ep = engine.find("expert_parallel");
+  if (ep == engine.end()) return 1;
+  DS_CHECK(ep->is_object() && ep->contains("size") && (*ep)["size"].is_number_integer() &&
+               (*ep)["size"].get<int64_t>() >= 1 && (*ep)["size"].get<int64_t>() <= (1 << 16),
+           "{} {}: ds_engine.expert_parallel must be an object with an integer size >= 1, got {}; "
+           "the file is damaged",
+           tag(), file, ep->dump());
+  return static_cast<int>((*ep)["size"].get<int64_t>());
+}
+
 nlohmann::json CheckpointReader::client_state() {
   const nlohmann::json& engine = engine_state();  // maps model_ first
   const Meta meta(engine, model_->path(), "ds_engine");
@@ -224,17 +237,18 @@ std::optional<nlohmann::json> CheckpointReader::model_config() {
   return std::nullopt;
 }
 
-std::map<int, std::map<int, std::string>> CheckpointReader::optimizer_files(bool bf16) const {
-  std::map<int, std::map<int, std::string>> names;  // mp -> dp -> file
+std::map<int, std::map<int, std::string>> CheckpointReader::optimizer_files(bool bf16,
+                                                                            int ep_size) const {
+  std::map<int, std::map<int, std::string>> names;  // part -> dp -> file
   for (auto it = sums_.begin(); it != sums_.end(); ++it)
     if (auto dm = detail::parse_optim_file_name(it.key(), bf16))
-      names[dm->second][dm->first] = it.key();
+      names[dm->part(ep_size)][dm->dp] = it.key();
   // ds_to_fp32 names a shard that checksums.json forgot (then refused by verify) rather than
   // reporting its elements as uncovered.
   if (use_ == Use::Consolidate)
     for (const auto& e : fs::directory_iterator(folder_)) {
       const std::string n = e.path().filename().string();
-      if (auto dm = detail::parse_optim_file_name(n, bf16)) names[dm->second][dm->first] = n;
+      if (auto dm = detail::parse_optim_file_name(n, bf16)) names[dm->part(ep_size)][dm->dp] = n;
     }
   return names;
 }

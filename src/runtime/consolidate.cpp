@@ -74,11 +74,13 @@ void check_tiling(std::vector<Piece>& pieces, const std::vector<ShardedParameter
 
 // The shards' ranks must be 0 .. partition_count - 1, each once.
 void check_ranks(const std::map<int64_t, std::string>& by_rank, int64_t partition_count,
-                 const fs::path& folder, bool bf16, int mp, const std::string& where) {
+                 const fs::path& folder, bool bf16, int part, int ep, const std::string& where) {
   std::vector<std::string> missing;
   for (int64_t r = 0; r < partition_count; ++r)
     if (!by_rank.count(r))
-      missing.push_back((folder / detail::optim_file_name(bf16, static_cast<int>(r), mp)).string());
+      missing.push_back(
+          (folder / detail::optim_file_name(bf16, static_cast<int>(r), part / ep, part % ep))
+              .string());
   DS_CHECK(missing.empty(),
            "[ds_to_fp32] {} was written by {} partitions but {} missing: the checkpoint is "
            "incomplete; copy the missing shard(s) from the run's checkpoint folder",
@@ -99,12 +101,13 @@ CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
   // Optimizer shards: those checksums.json lists and those in the folder, by model-parallel part
   // (mp_rank_XX) and data-parallel rank.
   const bool bf16 = training_dtype_ == DType::bf16;
-  const std::map<int, std::map<int, std::string>> names = ckpt.optimizer_files(bf16);
+  const std::map<int, std::map<int, std::string>> names =
+      ckpt.optimizer_files(bf16, expert_parallel_);
   DS_CHECK(!names.empty(),
            "[ds_to_fp32] {} holds no optimizer shard ({}zero_pp_rank_<r>_mp_rank_XX_optim_states"
            ".safetensors): the master weights are there; the checkpoint is incomplete",
            folder_.string(), bf16 ? "bf16_" : "");
-  const int mp_parts = tensor_parallel_ * pipeline_parallel_;
+  const int mp_parts = tensor_parallel_ * pipeline_parallel_ * expert_parallel_;
   DS_CHECK(names.rbegin()->first < mp_parts,
            "[ds_to_fp32] {} holds {}, but its model-states file says the run had {} model-parallel "
            "part(s): the folder mixes saves of different layouts; use the files of one save only",
@@ -116,7 +119,10 @@ CheckpointShards::CheckpointShards(const fs::path& path, const std::string& tag)
              "[ds_to_fp32] {} holds no optimizer shard of model-parallel part {} ({} is missing): "
              "the checkpoint is incomplete; copy the missing shard(s) from the run's checkpoint "
              "folder",
-             folder_.string(), mp, (folder_ / detail::optim_file_name(bf16, 0, mp)).string());
+             folder_.string(), mp,
+             (folder_ / detail::optim_file_name(bf16, 0, mp / expert_parallel_,
+                                                mp % expert_parallel_))
+                 .string());
     read_part(ckpt, mp, names.at(mp), layouts[static_cast<size_t>(mp)]);
   }
   if (mp_parts > 1) place_whole_parameters(layouts);
@@ -129,6 +135,7 @@ void CheckpointShards::read_record(CheckpointReader& ckpt) {
   zero_stage_ = ckpt.zero_stage();
   training_dtype_ = ckpt.training_dtype();
   std::tie(tensor_parallel_, pipeline_parallel_) = ckpt.model_parallel();
+  expert_parallel_ = ckpt.expert_parallel();
   model_config_ = ckpt.model_config();
   if (const nlohmann::json cs = ckpt.client_state();
       cs.contains("ds_train") && cs["ds_train"].is_object() && cs["ds_train"].contains("labels") &&
@@ -176,11 +183,11 @@ void CheckpointShards::read_part(CheckpointReader& ckpt, int mp,
     shards_.push_back(std::move(shard));
     if (first.file.empty()) first = std::move(meta);
   }
-  const int parts = tensor_parallel_ * pipeline_parallel_;
+  const int parts = tensor_parallel_ * pipeline_parallel_ * expert_parallel_;
   const std::string where = parts == 1
                                 ? folder_.string()
                                 : fmt::format("{} (model-parallel part {})", folder_.string(), mp);
-  check_ranks(by_rank, first.partition_count, folder_, bf16, mp, where);
+  check_ranks(by_rank, first.partition_count, folder_, bf16, mp, expert_parallel_, where);
   // This part's parameters in its flat order, with the slice of the whole each one is.
   std::vector<ShardedParameter> local;
   for (detail::ShardParameter& sp :
@@ -285,6 +292,7 @@ uint64_t CheckpointShards::write_safetensors(const fs::path& file, DType dtype) 
                                {"zero_stage", zero_stage_},
                                {"tensor_parallel", tensor_parallel_},
                                {"pipeline_parallel", pipeline_parallel_},
+                               {"expert_parallel", expert_parallel_},
                                {"training_dtype", dtype_name(training_dtype_)},
                                {"dtype", dtype_name(dtype)}};
   std::vector<float> buf;             // (min(numel, kChunk),) fp32

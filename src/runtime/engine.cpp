@@ -19,6 +19,7 @@
 #include "ds/core/allocator.h"
 #include "ds/core/error.h"
 #include "ds/core/rng.h"
+#include "ds/nn/expert_parallel.h"
 #include "ds/nn/pipeline_stage.h"
 #include "ds/nn/tensor_parallel.h"
 #include "ds/ops/ops.h"
@@ -251,7 +252,7 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
   zero::Options zo = zero_options(config_, grad_dtype_, n);
   zo.log = [this](const std::string& m) { log(m); };
   apply_deprecated_offload_env(zo, zo.log);
-  zero_ = zero::make_strategy(*model_, group_, zo);
+  zero_ = zero::make_strategy(*model_, split_experts(), zo);
   set_parallel_axes();
 
   optimizer_ =
@@ -322,7 +323,55 @@ void Engine::install_flops_profile(int tp_size) {
 }
 
 // Tensor and pipeline parallelism beside ZeRO's data-parallel group.
+std::shared_ptr<comm::Group> Engine::split_experts() {
+  const int ep = config_.expert_parallel.size;
+  if (ep <= 1) return group_;
+  const auto& z = config_.zero_optimization;
+  DS_CHECK(z.mics_shard_size <= 0 && z.zero_hpz_partition_size <= 1,
+           "[engine] expert parallelism (expert_parallel.autoep_size {}) with MiCS or hpZ "
+           "(zero_optimization.mics_shard_size / zero_hpz_partition_size) is not implemented; "
+           "use plain ZeRO or autoep_size 1",
+           ep);
+  DS_CHECK(z.offload_optimizer.device != config::OffloadDevice::NVMe &&
+               z.offload_param.device != config::OffloadDevice::NVMe,
+           "[engine] expert parallelism (expert_parallel.autoep_size {}) with NVMe offload is not "
+           "implemented yet; use autoep_size 1 or keep the optimizer state in RAM",
+           ep);
+  const std::string opt = optimizer_name(config_.optimizer);
+  for (const char* refused : {"OneBitAdam", "ZeroOneAdam", "OneBitLamb", "Muon"})
+    DS_CHECK(opt != refused,
+             "[engine] the {} optimizer does not combine with expert parallelism here "
+             "(expert_parallel.autoep_size {}); use AdamW or autoep_size 1",
+             opt, ep);
+  DS_CHECK(group_->size() % ep == 0,
+           "[engine] expert_parallel.autoep_size {} must divide the data-parallel size {} (each "
+           "group of {} consecutive data-parallel ranks holds every expert once)",
+           ep, group_->size(), ep);
+  experts_ = comm::split_expert_parallel(group_, ep);
+  // Every rank starts from data rank 0's weights (the strategy broadcasts only within its group,
+  // and the experts are cut from the whole layers next).
+  for (const auto& [name, p] : model_->named_parameters())
+    group_->broadcast(p, 0, "initial weights (expert parallelism)");
+  const int layers = nn::shard_experts(*model_, experts_.expert);
+  DS_CHECK(layers > 0 || (options_.topology && options_.topology->pipeline()->size() > 1),
+           "[engine] expert parallelism (expert_parallel.autoep_size {}) needs a "
+           "mixture-of-experts model (mixtral, qwen3_moe), and this one has no MoE layer; set "
+           "autoep_size to 1",
+           ep);
+  log(fmt::format("expert parallelism: the experts of {} MoE layers split over {} ranks (this "
+                  "rank: expert slice {} of {}); their gradients are summed over {} ranks, the "
+                  "dense ones over all {}",
+                  layers, ep, experts_.expert->rank(), ep, experts_.expert_data->size(),
+                  group_->size()));
+  return experts_.expert_data;
+}
+
 void Engine::set_parallel_axes() {
+  if (experts_.expert) {
+    std::set<std::string> names;
+    for (const auto& [name, split] : nn::expert_splits(*model_)) names.insert(name);
+    zero_->set_expert_parallel(experts_.expert, names);
+  }
   if (options_.topology && options_.topology->tensor_parallel()->size() > 1) {
     // The model's cut parameters (nn/tensor_parallel.h) count once per distinct part in the
     // global norm.
@@ -523,6 +572,20 @@ void Engine::backward(const std::vector<Tensor>& roots, const std::vector<Tensor
 
 std::vector<std::pair<std::string, Tensor>> Engine::full_weights() {
   std::vector<std::pair<std::string, Tensor>> weights = zero_->full_weights();
+  if (experts_.expert && !weights.empty()) {
+    // Each expert-parallel rank holds a slice of dimension 0 (under stage 3 only the ranks of
+    // expert-data rank 0 hold the list, the whole expert-parallel group of data rank 0).
+    const auto splits = nn::expert_splits(*model_);
+    comm::Group& ep = *experts_.expert;
+    for (auto& [name, t] : weights)
+      if (splits.count(name)) {
+        Shape whole = t.shape();
+        whole[0] *= ep.size();
+        Tensor all = Tensor::empty(whole, t.dtype(), t.device());
+        ep.all_gather(t.contiguous(), all, "gathering the experts of " + name);
+        t = all;
+      }
+  }
   if (!options_.topology || options_.topology->tensor_parallel()->size() == 1) return weights;
   const nn::TensorParallel tp(options_.topology->tensor_parallel());
   const auto splits = nn::tp_splits(*model_);

@@ -130,6 +130,7 @@ RunConfig resolve_run_config(const Options& o, const Given& g, const models::GPT
   // The sizes reach the typed config through the parse (a flag alone sets them too).
   if (tp > 1) ctx.args.tensor_parallel_size = tp;
   if (pp > 1) ctx.args.pipeline_parallel_size = pp;
+  if (o.expert_parallel_size > 0) ctx.args.expert_parallel_size = o.expert_parallel_size;
 
   // ---- the run length (docs/training.md, "Run length"): --max_steps, else the file's
   // scheduler.params.total_num_steps, else epochs of floor(samples / train_batch_size) steps,

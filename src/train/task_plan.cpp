@@ -28,6 +28,8 @@ void refuse_common_options(const TaskNames& n, const Options& o, const Given& g,
                 "tensor parallelism is implemented for decoder models only");
   refuse_option(n, o.pipeline_parallel_size > 1, "--pipeline_parallel_size",
                 "pipeline parallelism is implemented for decoder models only");
+  refuse_option(n, o.expert_parallel_size > 1, "--expert_parallel_size",
+                "expert parallelism needs a mixture-of-experts decoder (mixtral, qwen3_moe)");
 }
 
 std::optional<fs::path> val_split_dir(const Options& o, const fs::path& train_dir) {

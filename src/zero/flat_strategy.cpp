@@ -145,7 +145,7 @@ class FlatStrategy final : public Strategy {
     if (buckets_ && buckets_->active()) buckets_->end();
   }
 
-  Tensor reduced_gradients(const std::string& ctx) override {
+  Tensor reduce_gradients(const std::string& ctx) override {
     if (options_.stage == 1 && partitioned_) {
       // Each rank receives the sum of its partition (in place inside the full gradient buffer, or
       // through a converted copy when the communication dtype differs).

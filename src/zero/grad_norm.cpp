@@ -16,12 +16,20 @@ void GradNorm::set_pipeline_parallel(std::shared_ptr<comm::Group> pipe) {
   if (pipe && pipe->size() > 1) pipe_ = std::move(pipe);
 }
 
+void GradNorm::set_expert_parallel(std::shared_ptr<comm::Group> ep,
+                                   std::vector<SharedRange> dense) {
+  if (!ep || ep->size() == 1) return;
+  ep_ = std::move(ep);
+  ep_dense_ = std::move(dense);
+}
+
 double GradNorm::local(const Tensor& g) const {
   backend::Backend& be = backend::get(g.device());
   double sq = be.sum_of_squares(g);
-  // A part held by c tp ranks is counted 1/c times on each, so once over the tp group.
-  for (const SharedRange& r : tp_shared_)
-    sq -= be.sum_of_squares(g.flat_range(r.begin, r.end - r.begin)) * (1.0 - 1.0 / r.copies);
+  // A part held by c ranks of an axis is counted 1/c times on each, so once over the axis.
+  for (const auto* shared : {&tp_shared_, &ep_dense_})
+    for (const SharedRange& r : *shared)
+      sq -= be.sum_of_squares(g.flat_range(r.begin, r.end - r.begin)) * (1.0 - 1.0 / r.copies);
   return sq;
 }
 
@@ -35,6 +43,7 @@ double GradNorm::reduce(double sq, const std::string& ctx) const {
   if (partitioned_) sum_over(*dp_, " gradient norm");
   if (tp_) sum_over(*tp_, " gradient norm over tensor-parallel ranks");
   if (pipe_) sum_over(*pipe_, " gradient norm over pipeline stages");
+  if (ep_) sum_over(*ep_, " gradient norm over expert-parallel ranks");
   return sq;
 }
 

@@ -236,7 +236,7 @@ class Stage3Strategy final : public Strategy {
     trace_.end_micro_step();
   }
 
-  Tensor reduced_gradients(const std::string& ctx) override {
+  Tensor reduce_gradients(const std::string& ctx) override {
     // MiCS: each replica group reduced its own micro-batches; the shard's gradient is their sum.
     if (replicas_ && replicas_->size() > 1)
       replicas_->all_reduce(grads_part_, comm::ReduceOp::sum, ctx + " MiCS replica gradients");

@@ -71,6 +71,45 @@ void Strategy::set_pipeline_parallel(std::shared_ptr<comm::Group> pipe) {
   norm_.set_pipeline_parallel(std::move(pipe));
 }
 
+void Strategy::set_expert_parallel(std::shared_ptr<comm::Group> ep,
+                                   const std::set<std::string>& experts) {
+  if (!ep || ep->size() == 1) return;
+  DS_CHECK(!ep_, "[zero] set_expert_parallel() was already called");
+  DS_CHECK(!replicas_,
+           "[zero] MiCS (mics_shard_size) does not combine with expert parallelism here; use "
+           "plain stage 3 or autoep_size 1");
+  DS_CHECK(all_reduce_gradients_, "[zero] expert parallelism needs the gradient all-reduce");
+  ep_dense_ = optimizer_ranges_of(experts, /*complement=*/true);
+  std::vector<GradNorm::SharedRange> dense;
+  for (auto [a, z] : ep_dense_) dense.push_back({a, z, ep->size()});
+  norm_.set_expert_parallel(ep, std::move(dense));
+  // Average over every data-parallel rank: the group's (the constructor's factors, also with
+  // prescale_gradients, whose pre-division the buckets already hold) and the expert-parallel ones.
+  grad_post_scale_ /= ep->size();
+  ep_ = std::move(ep);
+}
+
+Tensor Strategy::reduced_gradients(const std::string& ctx) {
+  Tensor g = reduce_gradients(ctx);
+  if (!ep_ || ep_dense_.empty()) return g;
+  // The dense ranges, packed, summed over the expert-parallel ranks, and unpacked.
+  int64_t n = 0;
+  for (auto [a, z] : ep_dense_) n += z - a;
+  Tensor packed = Tensor::empty({n}, g.dtype(), g.device());
+  int64_t at = 0;
+  for (auto [a, z] : ep_dense_) {
+    packed.flat_range(at, z - a).copy_from(g.flat_range(a, z - a));
+    at += z - a;
+  }
+  ep_->all_reduce(packed, comm::ReduceOp::sum, ctx + " dense gradients over expert-parallel ranks");
+  at = 0;
+  for (auto [a, z] : ep_dense_) {
+    g.flat_range(a, z - a).copy_from(packed.flat_range(at, z - a));
+    at += z - a;
+  }
+  return g;
+}
+
 void Strategy::set_tensor_parallel(std::shared_ptr<comm::Group> tp,
                                    const std::map<std::string, int>& copies) {
   if (!tp || tp->size() == 1) return;

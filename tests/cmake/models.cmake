@@ -17,6 +17,17 @@ if(DS_HAVE_MPI)
   set_tests_properties(test_moe_dp_np2 PROPERTIES LABELS "distributed;families" TIMEOUT 600
     ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;DS_COMM_TIMEOUT=120;OMP_NUM_THREADS=1")
 endif()
+# Expert parallelism: one process (the all-to-all and the refusals' single-rank parts) and under
+# mpirun with 2 and 4 ranks (equality with one process, empty experts, checkpoints).
+ds_add_test(test_moe_ep LABELS families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_moe_ep.cpp)
+if(DS_HAVE_MPI)
+  foreach(np 2 4)
+    add_test(NAME test_moe_ep_np${np} COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np}
+      --oversubscribe --allow-run-as-root $<TARGET_FILE:test_moe_ep>)
+    set_tests_properties(test_moe_ep_np${np} PROPERTIES LABELS "distributed;families" TIMEOUT 900
+      ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;DS_COMM_TIMEOUT=120;OMP_NUM_THREADS=1")
+  endforeach()
+endif()
 # BERT / RoBERTa sequence classifiers against transformers (tests/fixtures/hf_families/{bert_cls,
 # roberta_cls,bert_regression}, written by tests/fixtures/generators/gen_encoder_fixture.py).
 ds_add_test(test_hf_encoders LABELS parity families SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hf_encoders.cpp)

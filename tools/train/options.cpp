@@ -188,6 +188,11 @@ void add_engine_options(Adder& opt, Options& o, Given& g) {
       "Split the model's layers into this many pipeline stages, one per group of ranks (1F1B; "
       "docs/parallelism.md). 0: the config's pipeline.stages, else 1")
       ->check(CLI::NonNegativeNumber);
+  opt("--expert_parallel_size", o.expert_parallel_size,
+      "Split the experts of a mixture-of-experts model over groups of this many data-parallel "
+      "ranks (all-to-all token dispatch; docs/parallelism.md). 0: the config's expert_parallel "
+      "section (enabled, autoep_size), else 1")
+      ->check(CLI::NonNegativeNumber);
   opt("--device", o.device,
       "Where the model trains: cpu, or cuda (cuda:0, one GPU per rank; a -DDS_WITH_CUDA=ON "
       "build): parameters, activations and gradients on the GPU, fp32 master weights and Adam "

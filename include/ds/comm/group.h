@@ -67,10 +67,11 @@ enum class OpKind : uint8_t {
   send,
   recv,
   split,
-  all_to_all
+  all_to_all,
+  all_to_all_v
 };
 const char* op_name(OpKind op);  // "all_reduce", ...
-inline constexpr int kNumOpKinds = 10;
+inline constexpr int kNumOpKinds = 11;
 
 // A deadline expired. what() names the operation, its sequence number, context and missing ranks.
 class TimeoutError : public Error {
@@ -162,6 +163,13 @@ class Group {
   // out[r * chunk, +chunk) of rank j (MPI_Alltoall). in and out must not overlap.
   Work all_to_all_async(const void* in, void* out, size_t chunk, DType dtype,
                         std::string_view context = {});
+  // Variable sizes (MPI_Alltoallv, packed): in holds send_counts[j] elements for each rank j, one
+  // run after another in rank order; out receives recv_counts[j] elements from each rank j, in
+  // rank order. recv_counts[j] must equal rank j's send_counts[rank()]: exchange the counts first
+  // (all_to_all_counts). Both vectors have size() entries; in and out must not overlap.
+  Work all_to_all_v_async(const void* in, std::vector<size_t> send_counts, void* out,
+                          std::vector<size_t> recv_counts, DType dtype,
+                          std::string_view context = {});
   // Point to point; (src, tag) pairs match in issue order. Not collective: no sequence number.
   Work send_async(const void* buf, size_t count, DType dtype, int dst, int tag,
                   std::string_view context = {});
@@ -192,6 +200,15 @@ class Group {
                   std::string_view context = {}) {
     all_to_all_async(in, out, chunk, dtype, context).wait();
   }
+  void all_to_all_v(const void* in, std::vector<size_t> send_counts, void* out,
+                    std::vector<size_t> recv_counts, DType dtype, std::string_view context = {}) {
+    all_to_all_v_async(in, std::move(send_counts), out, std::move(recv_counts), dtype, context)
+        .wait();
+  }
+  // What every rank sends this one: send_counts (size() entries, this rank's count for each rank)
+  // in, recv[j] = rank j's send_counts[rank()] out. One all_to_all of int64 (a collective).
+  std::vector<size_t> all_to_all_counts(const std::vector<size_t>& send_counts,
+                                        std::string_view context = {});
   void send(const void* buf, size_t count, DType dtype, int dst, int tag,
             std::string_view context = {}) {
     send_async(buf, count, dtype, dst, tag, context).wait();
@@ -249,6 +266,8 @@ class Group {
     ReduceOp reduce = ReduceOp::sum;
     int peer = 0;  // broadcast, reduce: root; send: destination; recv: source
     int tag = 0;
+    // all_to_all_v: elements to and from each rank (count is their larger sum).
+    std::vector<size_t> send_counts{}, recv_counts{};
     std::string context{};
     std::vector<Tensor> keep_alive{};
     int group_size = 1;    // set by issue()

@@ -121,6 +121,24 @@ class Topology {
   std::shared_ptr<Group> world_, pipe_, data_, model_, model_parallel_;
 };
 
+// Expert parallelism inside a data-parallel group (DeepSpeed's expert and expert-data groups):
+// the dp ranks are cut into dp / ep groups of `ep` consecutive ranks, each holding every expert
+// once (expert-parallel group: experts split over its ranks, tokens exchanged by all-to-all);
+// the ranks at the same position in those groups hold the same experts (expert-data-parallel
+// group: their expert gradients are summed). With dp = 4, ep = 2 (data ranks 0..3):
+//
+//   expert parallel       [0,1] [2,3]
+//   expert data parallel  [0,2] [1,3]
+//
+// Dense parameters are replicated over the whole data-parallel group.
+struct ExpertGroups {
+  std::shared_ptr<Group> expert;       // ep ranks; rank = this rank's expert slice
+  std::shared_ptr<Group> expert_data;  // dp / ep ranks holding the same experts
+};
+// Collective over `data`: two splits. Throws "[topology] ..." unless 1 <= ep and ep divides
+// data->size().
+ExpertGroups split_expert_parallel(const std::shared_ptr<Group>& data, int ep);
+
 // " (pipe 1, data 0, tensor 1)": a world rank's coordinates in the grid of the latest Topology
 // built over the whole job, or "" when there is none. The communication layer's failure reports
 // (a rank that did not arrive, exited, or never matched a send) name ranks with it, so a dead rank

@@ -58,6 +58,9 @@ struct TrainerArgs {
   // file leaves them open (absent, "auto", autotp_size 0 or 1) and must equal them otherwise.
   std::optional<int> tensor_parallel_size;    // -> tensor_parallel.autotp_size
   std::optional<int> pipeline_parallel_size;  // -> pipeline.stages
+  // ds_train's --expert_parallel_size: sets expert_parallel (enabled, autoep_size) when the file
+  // leaves it off and must equal autoep_size otherwise.
+  std::optional<int> expert_parallel_size;  // -> expert_parallel.autoep_size
 };
 
 // Everything parse_config needs besides the JSON text.
@@ -379,6 +382,16 @@ struct TensorParallelConfig {
   int size = 1;  // autotp_size; 0 and 1 both mean off
 };
 
+// "expert_parallel" (DeepSpeed 0.19's AutoEP, deepspeed/module_inject/auto_ep_config.py): the
+// experts of every MoE layer split over autoep_size consecutive data-parallel ranks
+// (nn/expert_parallel.h). The model's MoE layers come from its family (Mixtral, Qwen3-MoE), so
+// the keys by which AutoEP finds them in a PyTorch model are accepted with a warning.
+struct ExpertParallelConfig {
+  bool enabled = false;
+  int size = 1;               // autoep_size; the effective degree (1 when not enabled)
+  std::string preset_model;   // "", "mixtral" or "qwen3_moe"
+};
+
 // "pipeline" (DeepSpeed's deepspeed/runtime/config.py, get_pipeline_config). DeepSpeed parses
 // stages and partition but takes the degree and method from PipelineModule's arguments; here they
 // mean what they say: ds_train's --pipeline_parallel_size must agree with stages, and partition
@@ -424,6 +437,7 @@ struct DeepSpeedConfig {
   CommsLoggerConfig comms_logger;
   TensorParallelConfig tensor_parallel;
   PipelineConfig pipeline;
+  ExpertParallelConfig expert_parallel;
 
   // The training dtype implied by fp16/bf16.
   ds::DType training_dtype() const {

@@ -95,6 +95,17 @@ struct GPTConfig {
   bool norm_topk_prob = true;
   float router_aux_loss_coef = 0.001f;
   bool output_router_logits = false;
+  // DeepSpeed MoE's token dropping (deepspeed.moe.layer.MoE's drop_tokens, capacity_factor,
+  // eval_capacity_factor, min_capacity): with moe_drop_tokens each expert takes at most
+  // max(moe_min_capacity, ceil(k N / E x factor)) of a forward's N tokens (this rank's), first
+  // choices before second ones, each in token order; a dropped choice adds nothing and the
+  // others' weights are renormalised (norm_topk_prob). Off (the default) is dropless, as
+  // transformers computes. Training forwards use moe_capacity_factor, evaluation
+  // moe_eval_capacity_factor; generation (the KV-cache decoder) is always dropless.
+  bool moe_drop_tokens = false;
+  float moe_capacity_factor = 1.0f;
+  float moe_eval_capacity_factor = 1.0f;
+  int64_t moe_min_capacity = 4;
   // The model family (ds/models/family.h): the Hugging Face model_type an export writes ("gpt2",
   // "llama", "mistral", "qwen2", "qwen3", "glm", "glm4", "phi3"); "" = from the layout and features
   // (gpt2; qk_norm -> qwen3, qkv_bias -> qwen2, else llama).

@@ -69,6 +69,11 @@ struct BlockConfig {
   int64_t experts_per_tok = 0;
   int64_t moe_ffn_hidden = 0;
   bool norm_topk_prob = true;
+  // Token dropping (DeepSpeed MoE; models::GPTConfig::moe_drop_tokens): capacity per expert
+  // max(min_capacity, ceil(k N / E x factor)); off = dropless.
+  bool drop_tokens = false;
+  float capacity_factor = 1.0f, eval_capacity_factor = 1.0f;
+  int64_t min_capacity = 4;
   std::shared_ptr<RouterLog> router_log;
   // Tensor parallelism (tensor_parallel.h): attention heads (and K/V heads), the MLP's hidden
   // width cut over tp->size() ranks; null = none. Shapes below are then the full model's.

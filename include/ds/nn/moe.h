@@ -16,12 +16,15 @@
 // The gathers are ops::embedding of the activations (backward: a scatter-add), so gradients reach
 // the router through the softmax and the weights, and every expert's rows through one GEMM each.
 // Experts that receive no token get a zero gradient (as transformers, which skips them).
+// Dropless by default; BlockConfig::drop_tokens caps each expert's choices (DeepSpeed MoE's
+// capacity), a dropped choice then adding nothing.
 //
 // Threading: a module; one forward at a time per instance (the router log is written in forward).
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "ds/comm/group.h"
 #include "ds/nn/layers.h"
 
 namespace ds::nn {
@@ -58,8 +61,18 @@ class MoEExperts : public Module {
   const Tensor& gate_up_proj() const { return gate_up_; }  // (E, 2I, C)
   const Tensor& down_proj() const { return down_; }        // (E, C, I)
 
+  // Expert parallelism (expert_parallel.h): keeps experts [begin, end) of the layer's total
+  // (the parameters' storage is replaced in place by that slice: their handles stay valid);
+  // E above is then end - begin. Once.
+  void keep(int64_t begin, int64_t end);
+  bool sharded() const { return E_ != total_; }
+  int64_t num_experts() const { return E_; }        // held here
+  int64_t total_experts() const { return total_; }  // in the layer
+  int64_t first_expert() const { return first_; }   // global index of the first held
+
  private:
   int64_t E_, C_, I_;
+  int64_t total_, first_ = 0;
   Tensor gate_up_, down_;
   std::vector<int64_t> counts_;
 };
@@ -72,16 +85,33 @@ class MoEMLP : public FeedForward {
   Tensor forward(const Tensor& x) override;                  // (B, T, C) -> (B, T, C)
   Tensor decode(const Tensor& x, bool rows) const override;  // (1, N, C) -> (1, N, C)
 
+  // Splits the experts over `group` (expert_parallel.h): this rank keeps experts
+  // [r E / ep, (r + 1) E / ep) and forward exchanges rows with the group's ranks. Throws unless
+  // ep divides E. A group of one changes nothing. Once.
+  void set_expert_parallel(std::shared_ptr<comm::Group> group);
+
  private:
   int64_t E_, k_;
   bool norm_topk_;
+  bool drop_tokens_;  // capacity(): BlockConfig::drop_tokens and its factors
+  float capacity_factor_, eval_capacity_factor_;
+  int64_t min_capacity_;
   float dropout_;
   std::shared_ptr<Linear> gate_;
   std::shared_ptr<MoEExperts> experts_;
   std::shared_ptr<RouterLog> log_;
-  // x2 (N, C), router logits (N, E) -> (N, C); experts(xs, counts) runs the experts.
+  std::shared_ptr<comm::Group> ep_;  // set_expert_parallel(); null: every expert here
+  int64_t calls_ = 0;                // forwards under expert parallelism (names collectives)
+  // xs (M, C) sorted by expert with counts (E): through this rank's experts, or with expert
+  // parallelism through the group's (dispatch, experts, combine). (M, C), xs's order.
+  Tensor run_experts(const Tensor& xs, const std::vector<int64_t>& counts);
+  // Choices each expert keeps of `tokens` tokens' top-k; -1: every one (dropless).
+  int64_t capacity(int64_t tokens, bool training) const;
+  // x2 (N, C), router logits (N, E) -> (N, C); experts(xs, counts) runs the experts; capacity as
+  // capacity() gives it.
   template <class Experts>
-  Tensor mix(const Tensor& x2, const Tensor& logits, Experts&& experts, bool record) const;
+  Tensor mix(const Tensor& x2, const Tensor& logits, Experts&& experts, bool record,
+             int64_t capacity) const;
 };
 
 }  // namespace ds::nn

@@ -8,7 +8,7 @@
 //   ck.folder();                       // out/ckpt/global_step200 (from out/ckpt/latest)
 //   ck.verify("mp_rank_00_model_states.safetensors");  // size + XXH64 against checksums.json
 //   ck.global_steps(); ck.world_size(); ck.model_config();   // the model-states file's ds_engine
-//   ck.optimizer_files(bf16);          // mp rank -> dp rank -> file name
+//   ck.optimizer_files(bf16, ep);      // part (mp rank x ep + ep rank) -> dp rank -> file name
 //
 // What it owns:
 //   - folder/tag resolution: `path/latest` when no tag is given (read_latest_tag), a tag that must
@@ -91,14 +91,17 @@ class CheckpointReader {
   DType training_dtype();  // ds_engine.dtype: fp32, bf16 or fp16
   // ds_engine.model_parallel (tp, pp); (1, 1) when absent (a data-parallel run).
   std::pair<int, int> model_parallel();
+  // ds_engine.expert_parallel.size; 1 when absent (no expert parallelism).
+  int expert_parallel();
   // ds_engine.client_state (an empty object when absent).
   nlohmann::json client_state();
   // client_state.ds_train.model (ds_train stores its GPTConfig there); nullopt when absent.
   std::optional<nlohmann::json> model_config();
 
-  // Optimizer shard files ([bf16_]zero_pp_rank_D_mp_rank_XX_optim_states.safetensors) by mp rank,
-  // then dp rank: those checksums.json lists, and for Consolidate also those in the folder.
-  std::map<int, std::map<int, std::string>> optimizer_files(bool bf16) const;
+  // Optimizer shard files ([expp_rank_E_][bf16_]zero_pp_rank_D_mp_rank_XX_optim_states
+  // .safetensors) by part (XX * ep_size + E), then dp rank: those checksums.json lists, and for
+  // Consolidate also those in the folder.
+  std::map<int, std::map<int, std::string>> optimizer_files(bool bf16, int ep_size = 1) const;
 
  private:
   // ds_engine.<key>, an integer >= 0, in the wording of use_.

@@ -70,6 +70,7 @@ class CheckpointShards {
   // The model-parallel layout that wrote it (1 and 1 for a data-parallel run).
   int tensor_parallel() const { return tensor_parallel_; }
   int pipeline_parallel() const { return pipeline_parallel_; }
+  int expert_parallel() const { return expert_parallel_; }
   int64_t global_steps() const { return global_steps_; }
   DType training_dtype() const { return training_dtype_; }
   const std::vector<std::string>& shard_files() const { return shard_files_; }
@@ -120,7 +121,8 @@ class CheckpointShards {
   std::filesystem::path folder_;
   std::vector<ShardedParameter> params_;
   int64_t numel_ = 0;
-  int world_size_ = 1, zero_stage_ = 0, tensor_parallel_ = 1, pipeline_parallel_ = 1;
+  int world_size_ = 1, zero_stage_ = 0, tensor_parallel_ = 1, pipeline_parallel_ = 1,
+      expert_parallel_ = 1;
   int64_t global_steps_ = 0;
   DType training_dtype_ = DType::f32;
   std::vector<std::string> shard_files_;

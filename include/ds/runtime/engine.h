@@ -220,6 +220,9 @@ class Engine {
   void install_activation_stash(int tp_size);
   void install_flops_profile(int tp_size);
   void set_parallel_axes();
+  // expert_parallel.autoep_size > 1: the groups, data rank 0's weights on every rank, the MoE
+  // layers' experts split; returns the group the strategy runs over.
+  std::shared_ptr<comm::Group> split_experts();
   void wire_optimizer();
   // The 1-bit optimizers (optim/onebit.h): the gradient all-reduce on or off for the coming step
   // as the optimizer wants it, and the skip decision agreed by every rank while it is off.
@@ -245,6 +248,9 @@ class Engine {
   config::DeepSpeedConfig config_;
   InitOptions options_;
   std::shared_ptr<comm::Group> group_;
+  // expert_parallel: the expert-parallel and expert-data-parallel groups inside group_ (null
+  // without expert parallelism); the strategy runs over expert_data.
+  comm::ExpertGroups experts_;
   DType grad_dtype_ = DType::f32;
   std::unique_ptr<zero::Strategy> zero_;
   std::unique_ptr<optim::Optimizer> optimizer_;  // owns the moments of the strategy's range

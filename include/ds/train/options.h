@@ -37,6 +37,7 @@ struct Options {
   bool gradient_checkpointing = false;
   int tensor_parallel_size = 0;    // 0: the config's tensor_parallel.autotp_size, else 1
   int pipeline_parallel_size = 0;  // 0: the config's pipeline.stages, else 1
+  int expert_parallel_size = 0;    // 0: the config's expert_parallel (autoep_size), else 1
   std::string device = "cpu";      // cpu or cuda (cuda:0): where the model trains (docs/cuda.md)
   double device_memory_limit_gib = 0.0;  // --device_memory_limit: GPU memory cap, 0 = none
   bool skip_memory_check = false;

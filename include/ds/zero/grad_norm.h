@@ -43,8 +43,11 @@ class GradNorm {
   void set_tensor_parallel(std::shared_ptr<comm::Group> tp, std::vector<SharedRange> shared);
   // Pipeline parallelism beside the dp group (a group of one is ignored).
   void set_pipeline_parallel(std::shared_ptr<comm::Group> pipe);
-  // Whether the norm sums over tensor- or pipeline-parallel ranks too.
-  bool beside_other_axes() const { return tp_ != nullptr || pipe_ != nullptr; }
+  // Expert parallelism beside the (expert-data-parallel) dp group: each ep rank holds other
+  // experts; `dense` are the ranges every ep rank holds alike (counted 1/ep on each).
+  void set_expert_parallel(std::shared_ptr<comm::Group> ep, std::vector<SharedRange> dense);
+  // Whether the norm sums over tensor-, pipeline- or expert-parallel ranks too.
+  bool beside_other_axes() const { return tp_ != nullptr || pipe_ != nullptr || ep_ != nullptr; }
 
   // This rank's share of the sum of squares of g (the optimizer range, fp32 or 16-bit): shared
   // tensor-parallel parts discounted.
@@ -57,7 +60,8 @@ class GradNorm {
   bool partitioned_ = false;
   std::shared_ptr<comm::Group> tp_;    // set_tensor_parallel()
   std::shared_ptr<comm::Group> pipe_;  // set_pipeline_parallel()
-  std::vector<SharedRange> tp_shared_;
+  std::shared_ptr<comm::Group> ep_;    // set_expert_parallel()
+  std::vector<SharedRange> tp_shared_, ep_dense_;
 };
 
 }  // namespace ds::zero

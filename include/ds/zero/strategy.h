@@ -219,8 +219,9 @@ class Strategy {
   virtual void end_backward() = 0;
   // At the boundary: this rank's gradients, summed over ranks (times the pre-division factor), as
   // (optimizer_numel,) fp32 (in the accumulation dtype when offloaded(): no full fp32 copy). A
-  // collective for stage 1 (reduce-scatter).
-  virtual Tensor reduced_gradients(const std::string& ctx) = 0;
+  // collective for stage 1 (reduce-scatter), and with expert parallelism (the dense gradients'
+  // all-reduce over the expert-parallel group).
+  Tensor reduced_gradients(const std::string& ctx);
   // Sum of squares of g over every rank's range (a collective when partitioned). inf/NaN on any
   // rank reaches every rank. Deterministic: fixed tiles summed in order.
   double global_sum_of_squares(const Tensor& g, const std::string& ctx);
@@ -232,6 +233,16 @@ class Strategy {
   // before the first step.
   void set_tensor_parallel(std::shared_ptr<comm::Group> tp,
                            const std::map<std::string, int>& copies);
+  // Expert parallelism (nn/expert_parallel.h; comm/topology.h, ExpertGroups): this strategy's
+  // group is then the expert-data-parallel group, and `ep` the expert-parallel group beside it,
+  // whose ranks hold other slices of the parameters named in `experts` and the same dense
+  // parameters. The dense gradients, summed over the group, are then summed over `ep` too (one
+  // all-reduce of their ranges at reduced_gradients()), every gradient is averaged over the
+  // group x ep data-parallel ranks (each expert's gradient already holds every ep rank's tokens,
+  // sent to it by the all-to-all), and the norm counts the dense parts once and every expert
+  // slice. Call once, before the first step.
+  void set_expert_parallel(std::shared_ptr<comm::Group> ep, const std::set<std::string>& experts);
+  const std::shared_ptr<comm::Group>& expert_parallel() const { return ep_; }
   // Pipeline parallelism beside this data-parallel group: each stage holds different parameters,
   // so the norm above also sums over `pipe` (the stages; a tied weight is a parameter of one stage
   // only, so it counts once). Call once, before the first step.
@@ -313,7 +324,11 @@ class Strategy {
   nn::Module& model_;
   std::shared_ptr<comm::Group> group_;
   std::shared_ptr<comm::Group> replicas_;  // MiCS; null otherwise
+  std::shared_ptr<comm::Group> ep_;        // set_expert_parallel(); null otherwise
+  std::vector<std::pair<int64_t, int64_t>> ep_dense_;  // dense ranges of the optimizer range
   Options options_;
+  // The stage's reduction (reduced_gradients() adds the expert-parallel sum).
+  virtual Tensor reduce_gradients(const std::string& ctx) = 0;
   nn::FlatParameters flat_;
   nn::FlatParameters frozen_;  // place_frozen()
   PartitionPlan plan_;
