@@ -127,14 +127,15 @@ ds_train_args=(--train_data "$WORK/prepared" --max_steps "$STEPS" --per_device_t
   --export_hf none --no_shuffle --sample_tokens 0)
 
 # ---- ours vs torch, MoE and dense ----
-declare -A OT TT OM TM OTB OL TL
-for kind in moe dense; do OT[$kind]="" TT[$kind]="" OM[$kind]="" TM[$kind]="" OTB[$kind]=""; done
+declare -A OT TT OM TM OTB OL TL OR TR RR
+for kind in moe dense; do OT[$kind]="" TT[$kind]="" OM[$kind]="" TM[$kind]="" OTB[$kind]="" RR[$kind]=""; done
 ours() {  # round kind
   local log="$WORK/logs/${2}_ours_$1.log"
   rm -rf "$WORK/out_$2"
   run "$log" env OMP_NUM_THREADS=2 "$BUILD/tools/ds_train" --deepspeed "$WORK/ds.json" \
     --init_from "$WORK/$2" --output_dir "$WORK/out_$2" --threads 2 "${ds_train_args[@]}" >/dev/null
   OT[$2]+=" $(dstrain_steps "$log")"
+  OR[$2]=$(median <<<"$(dstrain_steps "$log")")
   OM[$2]+=" $(mem_field "$WORK/out_$2/memory.json" peak_rss_bytes)"
   OTB[$2]+=" $(mem_field "$WORK/out_$2/memory.json" peak_tensor_bytes)"
   OL[$2]=$(sed -n 's/.*step 1\/[0-9]* | loss \([0-9.]*\) .*/\1/p' "$log")
@@ -145,6 +146,7 @@ torch_side() {  # round kind
   run "$log" "$PY" "$PEER" train "$WORK/$2" --tokenizer "$WORK/tok" --text_dir "$SOTU" \
     --batch "$BATCH" --seq "$SEQ" --steps "$STEPS" --threads 2 >/dev/null
   TT[$2]+=" $(peer_steps "$log")"
+  TR[$2]=$(median <<<"$(peer_steps "$log")")
   TM[$2]+=" $(sed -n 's/.*peak_rss_mib=\([0-9]*\).*/\1/p' "$log")"
   TL[$2]=$(sed -n 's/^step 0: loss \([0-9.]*\) .*/\1/p' "$log")
   echo "  torch $2: timed $(peer_steps "$log")s, first loss ${TL[$2]} ($(grep -o 'experts_impl=[a-z_]*' "$log"))"
@@ -157,6 +159,7 @@ if [[ -n "$kinds" ]]; then
     for kind in $kinds; do
       echo "$kind round $r ($(uptime | sed 's/.*load/load/'))"
       if (( r % 2 )); then ours "$r" "$kind"; torch_side "$r" "$kind"; else torch_side "$r" "$kind"; ours "$r" "$kind"; fi
+      RR[$kind]+=" $(ratio "${TR[$kind]}" "${OR[$kind]}")"  # this round's torch / ours (medians)
     done
   done
   echo "sgemm peaks before the rounds: $PEAKS GFLOP/s (the fractions below use the largest, $PEAK)"
@@ -167,7 +170,7 @@ if [[ -n "$kinds" ]]; then
     act=$(awk -v w="$(active_gemm "$kind")" -v C=$C -v V=$V 'BEGIN { printf "%.2f", (w + C * V) / 1e6 }')
     states=$(awk -v p="$params" 'BEGIN { printf "%.0f", 16 * p * 1e6 / 2^20 }')
     acts=$("$PY" -c "import json,sys; print('%.0f' % (json.load(open(sys.argv[1]))['activations_estimate_bytes'] / 2**20))" "$WORK/out_$kind/memory.json")
-    echo "BENCH moe task=${kind}_train batch=$BATCH seq=$SEQ params_m=$params active_params_m=$act ours_step_s=$o ours_tokens_per_s=$(awk -v s="$o" -v n="$tok" 'BEGIN{printf "%.1f", n/s}') torch_step_s=$t torch_tokens_per_s=$(awk -v s="$t" -v n="$tok" 'BEGIN{printf "%.1f", n/s}') ratio_torch=$(ratio "$t" "$o") ours_peak_rss_mib=$(maxof <<<"${OM[$kind]}") ours_peak_tensor_mib=$(maxof <<<"${OTB[$kind]}") torch_peak_rss_mib=$(maxof <<<"${TM[$kind]}") formula_states_mib=$states formula_activations_mib=$acts first_loss_ours=${OL[$kind]} first_loss_torch=${TL[$kind]} $(peak_fields "$(step_gflop "$kind")" "$o" "$t")"
+    echo "BENCH moe task=${kind}_train batch=$BATCH seq=$SEQ params_m=$params active_params_m=$act ours_step_s=$o ours_tokens_per_s=$(awk -v s="$o" -v n="$tok" 'BEGIN{printf "%.1f", n/s}') torch_step_s=$t torch_tokens_per_s=$(awk -v s="$t" -v n="$tok" 'BEGIN{printf "%.1f", n/s}') ratio_torch=$(ratio "$t" "$o") ratio_per_round=$(tr ' ' ',' <<<"${RR[$kind]# }") median_round_ratio=$(median <<<"${RR[$kind]}") ours_peak_rss_mib=$(maxof <<<"${OM[$kind]}") ours_peak_tensor_mib=$(maxof <<<"${OTB[$kind]}") torch_peak_rss_mib=$(maxof <<<"${TM[$kind]}") formula_states_mib=$states formula_activations_mib=$acts first_loss_ours=${OL[$kind]} first_loss_torch=${TL[$kind]} $(peak_fields "$(step_gflop "$kind")" "$o" "$t")"
   done
   if [[ "$kinds" == *moe*dense* ]]; then
     om=$(median <<<"${OT[moe]}") od=$(median <<<"${OT[dense]}") tm=$(median <<<"${TT[moe]}") td=$(median <<<"${TT[dense]}")
