@@ -17,8 +17,8 @@
 # AdamW lr 1e-4, weight decay 0, gradient clipping 1.0, 2 threads on every side. Ours and torch
 # run interleaved (odd rounds: ours first; even rounds: torch first); each side's step times of all
 # rounds (the first step of each process not counted) give its median. Peak RSS: ds_train's
-# memory.json (peak_rss_bytes: the process's VmHWM at the end of training, before the final
-# checkpoint) and its peak tensor bytes; torch: VmHWM at the end of its steps (moe_peer.py);
+# memory.json (peak_rss_bytes: the process's peak RSS over the whole run, its final checkpoint
+# included; /usr/bin/time's %M gives the same) and its peak tensor bytes; torch: VmHWM at the end of its steps (moe_peer.py);
 # both the largest over the rounds. The formula line: 16 bytes per parameter (fp32 parameters,
 # gradients, AdamW m and v) plus ds_train's activation estimate.
 # FLOPs of a step: 6 x the active GEMM weights (attention, router, top-k experts or the dense
