@@ -205,6 +205,10 @@ TEST_P(ExpertLoraPeft, OurAdapterRoundTripsWithPeftNames) {
   EXPECT_EQ(ds::testing::host_vector(fresh->logits(ids)), ds::testing::host_vector(want));
   EXPECT_GT(max_rel(want, load_base(base_of(name))->logits(ids)), 1e-3)
       << "the adapter should move the logits";
+  // For check_moe_lora_adapter.py: our logits of the same ids, to compare with peft's.
+  if (keep)
+    safetensors::save((dir / "ds_logits.safetensors").string(),
+                      {{"input_ids", ids.to(DType::i64)}, {"logits", want}}, {{"format", "pt"}});
   if (!keep) fs::remove_all(dir);
 }
 
@@ -317,7 +321,8 @@ TEST(ExpertLoraTrain, OnlyFactorsChangeAndZeroStagesAgree) {
       losses.push_back(loss.item());
     }
     EXPECT_LT(losses.back(), 0.9 * losses.front());
-    const auto weights = e->full_weights();
+    const auto weights = e->full_weights();  // under ZeRO-3 rank 0's only
+    if (weights.empty() && g->rank() != 0) continue;
     int changed = 0;
     for (const auto& [name, t] : weights) {
       const bool lora = nn::is_lora_parameter(name);
