@@ -343,3 +343,30 @@ TEST(ExpertLoraTrain, OnlyFactorsChangeAndZeroStagesAgree) {
     }
   }
 }
+
+// The engine's expert-parallel split (2 ranks: test_lora_experts_np2) refuses experts with LoRA.
+TEST(ExpertLoraTrain, ExpertParallelEngineIsRefused) {
+  auto g = comm::world();
+  if (g->size() != 2) GTEST_SKIP() << "needs 2 ranks (test_lora_experts_np2)";
+  auto m = load_base("mixtral");
+  nn::LoraConfig c;
+  c.r = 2;
+  c.only_optimize_lora = true;
+  c.targets = {"q_proj", "experts"};
+  nn::apply_lora(*m, c);
+  runtime::InitOptions opt;
+  opt.group = g;
+  opt.log = [](const std::string&) {};
+  try {
+    runtime::initialize(m, fmt::format(R"({{"train_micro_batch_size_per_gpu": {},
+      "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3}}}},
+      "expert_parallel": {{"enabled": true, "autoep_size": 2}}}})",
+                                       kB),
+                        opt);
+    ADD_FAILURE() << "expert parallelism with LoRA on the experts accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expert parallelism with LoRA on the experts"),
+              std::string::npos)
+        << e.what();
+  }
+}
