@@ -218,7 +218,8 @@ void train_moe_lora(const fs::path& dir, const json& hf) {
   EXPECT_LT(losses.back(), losses.front()) << type << "\n" << log;
   // Only the LoRA factors trained: every other parameter in the last checkpoint is bitwise the
   // base model's, and every factor moved (B from zero), the experts' included.
-  ds::safetensors::Reader ck((run / "global_step12" / "mp_rank_00_model_states.safetensors").string());
+  ds::safetensors::Reader ck(
+      (run / "global_step12" / "mp_rank_00_model_states.safetensors").string());
   int lora_moved = 0;
   for (const auto& [name, p] : m.named_parameters()) {
     ASSERT_TRUE(ck.contains(name)) << name;
@@ -245,7 +246,8 @@ void train_moe_lora(const fs::path& dir, const json& hf) {
   EXPECT_EQ(adapter.entry(ex + "base_layer.lora_A.weight").shape,
             ds::Shape({4 * 4, c.n_embd}))  // gate_up_proj: A (r E, C)
       << type;
-  EXPECT_EQ(adapter.entry(ex + "lora_B.weight").shape, ds::Shape({c.n_embd, 4 * 4}))  // down: (C, r E)
+  EXPECT_EQ(adapter.entry(ex + "lora_B.weight").shape,
+            ds::Shape({c.n_embd, 4 * 4}))  // down: (C, r E)
       << type;
   EXPECT_TRUE(adapter.contains("base_model.model.model.layers.0.mlp.gate.lora_A.weight")) << type;
   EXPECT_FALSE(fs::exists(run / "hf_model" / "model.safetensors")) << type;
@@ -258,8 +260,8 @@ void train_moe_lora(const fs::path& dir, const json& hf) {
   ASSERT_TRUE(merged.contains("model.layers.0.mlp.experts.gate_up_proj")) << type;
   for (const auto& n : merged.names()) EXPECT_EQ(n.find("lora_"), std::string::npos) << n;
   ds::safetensors::Reader base_file((base / "model.safetensors").string());
-  for (const std::string n : {"model.layers.0.mlp.experts.gate_up_proj",
-                              "model.layers.1.mlp.experts.down_proj"}) {
+  for (const std::string n :
+       {"model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj"}) {
     const ds::Tensor a = merged.get(n), b = base_file.get(n);
     EXPECT_NE(std::memcmp(a.raw_data(), b.raw_data(), a.numel() * sizeof(float)), 0)
         << n << ": the merge left the experts as they were";
@@ -270,8 +272,7 @@ void train_moe_lora(const fs::path& dir, const json& hf) {
   // Refused at start-up: a dropout (peft's ParamWrapper has none) with expert targets.
   EXPECT_EQ(sh(train + "_x --lora_module_name q_proj,down_proj --lora_dropout 0.1", &log), 1)
       << log;
-  EXPECT_NE(log.find("target_parameters (ParamWrapper) have no dropout"), std::string::npos)
-      << log;
+  EXPECT_NE(log.find("target_parameters (ParamWrapper) have no dropout"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -84,8 +84,8 @@ std::string base_of(const std::string& fixture) {
 }
 
 fs::path scratch_dir(const std::string& what) {
-  const fs::path dir = fs::temp_directory_path() /
-                       fmt::format("ds_lora_experts_{}_{}_{}", what, comm::world()->rank(), ::getpid());
+  const fs::path dir = fs::temp_directory_path() / fmt::format("ds_lora_experts_{}_{}_{}", what,
+                                                               comm::world()->rank(), ::getpid());
   fs::remove_all(dir);
   return dir;
 }
@@ -116,8 +116,8 @@ TEST(ExpertLora, DeltaIsPeftsLayoutAndGradientsCheck) {
           EXPECT_NEAR(eff[at], W[at] + 1.5 * d, 1e-5) << e << " " << o << " " << i;
         }
   }
-  ds::testing::gradcheck(
-      [&](const std::vector<Tensor>&) { return lora(w); }, {lora.lora_A(), lora.lora_B()});
+  ds::testing::gradcheck([&](const std::vector<Tensor>&) { return lora(w); },
+                         {lora.lora_A(), lora.lora_B()});
 }
 
 // ---- against peft ----
@@ -130,7 +130,8 @@ TEST_P(ExpertLoraPeft, AdapterGivesPeftLogitsAndMergedWeights) {
   const nn::LoraConfig c = lora_from_peft(kFixtures / name / "adapter");
   const nn::LoraReport rep = nn::apply_lora(*m, c);
   const int64_t read = models::load_peft_adapter(*m, kFixtures / name / "adapter");
-  safetensors::Reader adapter((kFixtures / name / "adapter" / "adapter_model.safetensors").string());
+  safetensors::Reader adapter(
+      (kFixtures / name / "adapter" / "adapter_model.safetensors").string());
   EXPECT_EQ(read, static_cast<int64_t>(adapter.names().size()));
   safetensors::Reader ref((kFixtures / name / "reference.safetensors").string());
   m->train(false);
@@ -143,8 +144,7 @@ TEST_P(ExpertLoraPeft, AdapterGivesPeftLogitsAndMergedWeights) {
 
   // Our merge, exported as a Hugging Face folder, against merge_and_unload.
   const fs::path dir = scratch_dir(name);
-  models::export_hf(m->config(), nn::merge_lora_weights(m->named_parameters(), c.scaling()),
-                    dir);
+  models::export_hf(m->config(), nn::merge_lora_weights(m->named_parameters(), c.scaling()), dir);
   safetensors::Reader merged((dir / "model.safetensors").string());
   int checked = 0;
   for (const auto& n : ref.names()) {
@@ -184,8 +184,7 @@ TEST_P(ExpertLoraPeft, OurAdapterRoundTripsWithPeftNames) {
   EXPECT_EQ(ours["target_parameters"].size(), peft["target_parameters"].size()) << ours.dump(2);
   EXPECT_EQ(ours["target_modules"].size(), peft["target_modules"].size()) << ours.dump(2);
   safetensors::Reader mine((dir / "adapter_model.safetensors").string());
-  safetensors::Reader theirs(
-      (kFixtures / name / "adapter" / "adapter_model.safetensors").string());
+  safetensors::Reader theirs((kFixtures / name / "adapter" / "adapter_model.safetensors").string());
   auto sorted = [](std::vector<std::string> v) {
     std::sort(v.begin(), v.end());
     return v;
@@ -358,10 +357,11 @@ TEST(ExpertLoraTrain, ExpertParallelEngineIsRefused) {
   opt.group = g;
   opt.log = [](const std::string&) {};
   try {
-    runtime::initialize(m, fmt::format(R"({{"train_micro_batch_size_per_gpu": {},
+    runtime::initialize(m,
+                        fmt::format(R"({{"train_micro_batch_size_per_gpu": {},
       "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-3}}}},
       "expert_parallel": {{"enabled": true, "autoep_size": 2}}}})",
-                                       kB),
+                                    kB),
                         opt);
     ADD_FAILURE() << "expert parallelism with LoRA on the experts accepted";
   } catch (const Error& e) {

@@ -209,9 +209,8 @@ json peft_adapter_config(const GPTConfig& config, const nn::LoraConfig& lora,
 json peft_target_parameters(const GPTConfig& config, const std::vector<std::string>& weights,
                             const std::vector<std::string>& all_expert_weights) {
   const Family& family = export_family_of(config);
-  return target_modules(weights, all_expert_weights, [&](const std::string& w) {
-    return family.decoder.place(config, w).name;
-  });
+  return target_modules(weights, all_expert_weights,
+                        [&](const std::string& w) { return family.decoder.place(config, w).name; });
 }
 
 void export_peft_adapter(const GPT& model,

@@ -8,8 +8,8 @@ namespace ds::nn {
 ExpertLora::ExpertLora(int64_t experts, int64_t out, int64_t in, int64_t r, float scaling)
     : Module("ExpertLora"), E_(experts), r_(r), scaling_(scaling) {
   DS_CHECK(experts > 0 && out > 0 && in > 0 && r > 0,
-           "[lora] expert LoRA: experts {}, out {}, in {}, r {} must be positive", experts, out,
-           in, r);
+           "[lora] expert LoRA: experts {}, out {}, in {}, r {} must be positive", experts, out, in,
+           r);
   a_ = register_parameter("lora_A.weight", Tensor::zeros({r * experts, in}));
   b_ = register_parameter("lora_B.weight", Tensor::zeros({out, r * experts}));
 }

@@ -75,9 +75,10 @@ void init_lora_A(const Tensor& a, const LoraConfig& config, uint64_t k) {
   const float bound = 1.0f / std::sqrt(static_cast<float>(a.size(1)));
   float* av = a.data<float>();
   for (int64_t i = 0; i < a.numel(); ++i)
-    av[i] = bound * (2.0f * rng::uniform01(rng::hash3(config.seed, kLoraStream + k,
-                                                      static_cast<uint64_t>(i))) -
-                     1.0f);
+    av[i] =
+        bound *
+        (2.0f * rng::uniform01(rng::hash3(config.seed, kLoraStream + k, static_cast<uint64_t>(i))) -
+         1.0f);
 }
 
 // The stacked expert weights the config selects: (experts module, weight name).
@@ -187,8 +188,8 @@ std::vector<std::pair<std::string, Tensor>> merge_lora_weights(
     if (is_lora_parameter(name)) continue;
     // A Linear's "<module>.weight" has "<module>.lora_A.weight"; a stacked expert weight
     // "<experts>.gate_up_proj" has "<experts>.gate_up_proj.lora_A.weight".
-    const std::string prefix = ends_with(name, "weight") ? name.substr(0, name.size() - 6)
-                                                         : name + ".";
+    const std::string prefix =
+        ends_with(name, "weight") ? name.substr(0, name.size() - 6) : name + ".";
     auto a = lora.find(prefix + "lora_A.weight"), b = lora.find(prefix + "lora_B.weight");
     if (a == lora.end() && b == lora.end()) {
       out.emplace_back(name, t);

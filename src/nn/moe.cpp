@@ -186,8 +186,8 @@ Tensor MoEExperts::compute(const Tensor& xs, const std::vector<int64_t>& counts)
   return run(xs, counts, gu, dn);
 }
 
-Tensor MoEExperts::run(const Tensor& xs, const std::vector<int64_t>& counts,
-                       const Tensor& gate_up, const Tensor& down) const {
+Tensor MoEExperts::run(const Tensor& xs, const std::vector<int64_t>& counts, const Tensor& gate_up,
+                       const Tensor& down) const {
   DS_CHECK(static_cast<int64_t>(counts.size()) == E_, "[moe] {} expert counts for {} experts",
            counts.size(), E_);
   const Tensor h = grouped_linear(xs, gate_up, counts);  // (M, 2I): [gate | up] per row

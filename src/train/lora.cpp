@@ -130,8 +130,8 @@ LoraCounts count_lora(const models::GPTConfig& model, const nn::LoraConfig& c) {
   for (const auto& [name, m] : shapes->named_modules()) {
     if (const auto* ex = dynamic_cast<const nn::MoEExperts*>(m)) {
       for (const Tensor* w : {&ex->gate_up_proj(), &ex->down_proj()}) {
-        if (!nn::lora_selects_expert_weight(c, name, w == &ex->down_proj() ? "down_proj"
-                                                                          : "gate_up_proj"))
+        if (!nn::lora_selects_expert_weight(c, name,
+                                            w == &ex->down_proj() ? "down_proj" : "gate_up_proj"))
           continue;
         n.lora_params += c.r * w->size(0) * (w->size(1) + w->size(2));  // A (r E, in), B (out, r E)
         adapted_weights += w->numel();

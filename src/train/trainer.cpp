@@ -91,7 +91,8 @@ void Trainer::check_memory() {
   const LoraCounts lc = p.lora ? count_lora(p.model, *p.lora) : LoraCounts{};
   DS_CHECK(lc.expert_weights == 0 || p.config().expert_parallel.size <= 1,
            "[ds_train] --lora_module_name '{}' adapts {} stacked expert weights, and expert "
-           "parallelism (--expert_parallel_size / expert_parallel.autoep_size {}) is not supported with LoRA on the "
+           "parallelism (--expert_parallel_size / expert_parallel.autoep_size {}) is not supported "
+           "with LoRA on the "
            "experts (peft's lora_B interleaves the experts, so a rank's experts are not a slice "
            "of it): train without expert parallelism, or target the attention projections and "
            "routers only",

@@ -9,6 +9,11 @@
 //   dir/adapter_model.safetensors  base_model.model.<Hugging Face module>.lora_A.weight (r, in)
 //                                  and .lora_B.weight (out, r); metadata {"format": "pt"}
 //
+// so that peft.PeftModel.from_pretrained(base, dir) loads it (checked by
+// tests/fixtures/generators/gen_lora_fixture.py --check-adapter). A and B are stored as we hold
+// them for both layouts: PEFT's LoRA on GPT-2's Conv1D keeps A (r, in) and B (out, r) too; only its
+// merge transposes.
+//
 // LoRA on a mixture of experts' stacked weights (nn/expert_lora.h) is written as peft's
 // target_parameters (ParamWrapper): adapter_config.json lists them under "target_parameters"
 // (target_modules then [] if no Linear is adapted, as peft writes it), and the factors, A (r E, in)
@@ -17,10 +22,6 @@
 // ....mlp.experts.base_layer.lora_A.weight for gate_up_proj when both are (peft nests one wrapper
 // per parameter, in the module's parameter order). Checked against peft by test_lora_experts
 // (tests/fixtures/lora_moe) and tests/fixtures/generators/check_moe_lora_adapter.py.
-//
-// so that peft.PeftModel.from_pretrained(base, dir) loads it (checked by
-// tests/fixtures/generators/gen_lora_fixture.py --check-adapter). A and B are stored as we hold them for both layouts:
-// PEFT's LoRA on GPT-2's Conv1D keeps A (r, in) and B (out, r) too; only its merge transposes.
 //
 //   auto rep = nn::apply_lora(*model, lora);
 //   ... train ...
@@ -71,8 +72,9 @@ void export_peft_adapter(const GPT& model,
                          const std::string& base_model_name_or_path = "", DType dtype = DType::f32);
 
 // Fills the LoRA matrices of `model` (LoRA already applied with the adapter's r and targets,
-// expert weights included) from a PEFT adapter folder or .safetensors file; returns the number of tensors read. Throws "[peft] ..."
-// listing every missing, extra or mis-shaped tensor; nothing is written unless all match.
+// expert weights included) from a PEFT adapter folder or .safetensors file; returns the number of
+// tensors read. Throws "[peft] ..." listing every missing, extra or mis-shaped tensor; nothing is
+// written unless all match.
 int64_t load_peft_adapter(GPT& model, const std::filesystem::path& path);
 
 // ---- encoder sequence classifiers: PEFT's TaskType.SEQ_CLS adapter ----------------------------

@@ -36,7 +36,7 @@ class ExpertLora : public Module {
  public:
   // Zero-filled fp32 A (r E, in) and B (out, r E); apply_lora initialises A.
   ExpertLora(int64_t experts, int64_t out, int64_t in, int64_t r, float scaling);
-  Tensor forward(const Tensor& w) override;  // w (E, out, in) -> W_eff (E, out, in), w's dtype
+  Tensor forward(const Tensor& w) override;    // w (E, out, in) -> W_eff (E, out, in), w's dtype
   const Tensor& lora_A() const { return a_; }  // (r E, in)
   const Tensor& lora_B() const { return b_; }  // (out, r E)
   int64_t rank() const { return r_; }
