@@ -146,8 +146,8 @@ LoraReport apply_lora(Module& root, const LoraConfig& config) {
     std::string some;
     for (size_t i = 0; i < linears.size() && i < 6; ++i) some += (i ? ", " : "") + linears[i];
     DS_THROW(
-        "[lora] no Linear module name {} of lora_module_name '{}'; the model's Linear modules "
-        "are e.g. {}",
+        "[lora] no Linear module name {} of lora_module_name '{}' (nor does any select a "
+        "mixture of experts' stacked weight); the model's Linear modules are e.g. {}",
         config.peft_match ? "is, or ends in '.' and, one (PEFT's target_modules rule)"
                           : "contains any",
         fmt::join(config.targets, ","), some);
