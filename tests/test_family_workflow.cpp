@@ -8,8 +8,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -177,8 +179,9 @@ TEST_F(FamilyWorkflow, GlmModelFromPrepareThroughTrainToTheGuideRoute) {
 namespace {
 
 // One family of MoeLoraSftToPeftAdapter below: `hf` (a transformers config) saved as a Hugging Face
-// folder with the Qwen tokenizer beside it, trained with LoRA on dir/sft, its adapter and merged
-// exports checked, the expert targets refused.
+// folder with the Qwen tokenizer beside it, trained with LoRA on the attention projections, the
+// routers and the stacked experts (peft's target_parameters) on dir/sft; its adapter, checkpoint
+// and merged exports checked, the refusals (dropout, expert parallelism) too.
 void train_moe_lora(const fs::path& dir, const json& hf) {
   std::string log;
   auto sh = [&](const std::string& cmd, std::string* out) { return shell(dir, cmd, out); };
@@ -186,10 +189,8 @@ void train_moe_lora(const fs::path& dir, const json& hf) {
   const fs::path base = dir / (type + "_base"), run = dir / (type + "_run");
   models::GPTConfig c = models::hf_config_from_json(hf);
   c.seed = 3;
-  {
-    models::GPT m(c);
-    models::export_hf(m, base);
-  }
+  models::GPT m(c);
+  models::export_hf(m, base);
   for (const auto& e : fs::directory_iterator(kQwen))
     fs::copy_file(e.path(), base / e.path().filename());
   const std::string train =
@@ -200,9 +201,14 @@ void train_moe_lora(const fs::path& dir, const json& hf) {
       " --max_steps 12 --eval_steps 0 --lora_dim 4 --lora_alpha 8 --only_optimize_lora"
       " --output_dir " +
       run.string();
-  ASSERT_EQ(sh(train + " --lora_module_name q_proj,k_proj,v_proj,o_proj,gate", &log), 0) << log;
+  // The experts as PEFT users name them in target_parameters, beside the Linear targets.
+  ASSERT_EQ(sh(train + " --lora_module_name q_proj,k_proj,v_proj,o_proj,gate,"
+                       "mlp.experts.gate_up_proj,mlp.experts.down_proj",
+               &log),
+            0)
+      << log;
   EXPECT_NE(log.find("active per token: 2 of 4 experts"), std::string::npos) << log;
-  EXPECT_NE(log.find("10 modules matching"), std::string::npos) << log;
+  EXPECT_NE(log.find("14 modules matching"), std::string::npos) << log;  // 2 x (5 + 2)
   std::ifstream csv(run / "metrics" / "Train_Samples_train_loss.csv");
   std::string header, row;
   std::getline(csv, header);
@@ -210,48 +216,72 @@ void train_moe_lora(const fs::path& dir, const json& hf) {
   while (std::getline(csv, row)) losses.push_back(std::stod(row.substr(row.find(',') + 1)));
   ASSERT_EQ(losses.size(), 12u) << type;
   EXPECT_LT(losses.back(), losses.front()) << type << "\n" << log;
-  // The adapter: PEFT's names under the Hugging Face module paths, the experts untouched (not
-  // in the adapter, no merged weights written).
+  // Only the LoRA factors trained: every other parameter in the last checkpoint is bitwise the
+  // base model's, and every factor moved (B from zero), the experts' included.
+  ds::safetensors::Reader ck(
+      (run / "global_step12" / "mp_rank_00_model_states.safetensors").string());
+  int lora_moved = 0;
+  for (const auto& [name, p] : m.named_parameters()) {
+    ASSERT_TRUE(ck.contains(name)) << name;
+    const ds::Tensor t = ck.get(name);
+    EXPECT_EQ(std::memcmp(t.raw_data(), p.raw_data(), p.numel() * sizeof(float)), 0)
+        << type << ": " << name << " changed";
+  }
+  for (const auto& n : ck.names())
+    if (n.find(".lora_B.") != std::string::npos) {
+      const ds::Tensor b = ck.get(n);
+      const float* v = b.data<float>();
+      lora_moved += std::any_of(v, v + b.numel(), [](float x) { return x != 0.0f; });
+    }
+  EXPECT_EQ(lora_moved, 14) << type;
+  // The adapter: PEFT's names under the Hugging Face module paths; the experts' factors on the
+  // experts module, gate_up_proj's under base_layer (peft nests one wrapper per parameter).
   const json ac = json::parse(read(run / "hf_model" / "adapter_config.json"));
   EXPECT_EQ(ac["peft_type"], "LORA") << type;
   EXPECT_EQ(ac["r"], 4) << type;
+  EXPECT_EQ(ac["target_parameters"], json({"down_proj", "gate_up_proj"})) << ac.dump(2);
   ds::safetensors::Reader adapter((run / "hf_model" / "adapter_model.safetensors").string());
-  EXPECT_EQ(adapter.names().size(), 2u * 2 * 5) << type;  // layers x (A, B) x modules
-  EXPECT_TRUE(adapter.contains("base_model.model.model.layers.1.self_attn.o_proj.lora_B.weight"))
+  EXPECT_EQ(adapter.names().size(), 2u * 2 * 7) << type;  // layers x (A, B) x targets
+  const std::string ex = "base_model.model.model.layers.1.mlp.experts.";
+  EXPECT_EQ(adapter.entry(ex + "base_layer.lora_A.weight").shape,
+            ds::Shape({4 * 4, c.n_embd}))  // gate_up_proj: A (r E, C)
+      << type;
+  EXPECT_EQ(adapter.entry(ex + "lora_B.weight").shape,
+            ds::Shape({c.n_embd, 4 * 4}))  // down: (C, r E)
       << type;
   EXPECT_TRUE(adapter.contains("base_model.model.model.layers.0.mlp.gate.lora_A.weight")) << type;
-  for (const auto& n : adapter.names()) EXPECT_EQ(n.find("experts"), std::string::npos) << n;
   EXPECT_FALSE(fs::exists(run / "hf_model" / "model.safetensors")) << type;
 
-  // --merge_lora: a plain Hugging Face folder (experts stacked as transformers 5 saves them)
-  // that ds_serve loads as the same family.
-  ASSERT_EQ(sh(train + "_m --lora_module_name q_proj,gate --merge_lora", &log), 0) << log;
+  // --merge_lora with the experts adapted (the substring "experts" selects both): a plain Hugging
+  // Face folder whose stacked experts moved, which ds_serve loads as the same family.
+  ASSERT_EQ(sh(train + "_m --lora_module_name q_proj,gate,experts --merge_lora", &log), 0) << log;
   ds::safetensors::Reader merged(
       (dir / (type + "_run_m") / "hf_model" / "model.safetensors").string());
-  EXPECT_TRUE(merged.contains("model.layers.0.mlp.experts.gate_up_proj")) << type;
+  ASSERT_TRUE(merged.contains("model.layers.0.mlp.experts.gate_up_proj")) << type;
   for (const auto& n : merged.names()) EXPECT_EQ(n.find("lora_"), std::string::npos) << n;
+  ds::safetensors::Reader base_file((base / "model.safetensors").string());
+  for (const std::string n :
+       {"model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj"}) {
+    const ds::Tensor a = merged.get(n), b = base_file.get(n);
+    EXPECT_NE(std::memcmp(a.raw_data(), b.raw_data(), a.numel() * sizeof(float)), 0)
+        << n << ": the merge left the experts as they were";
+  }
   EXPECT_EQ(ds::serve::load_model(dir / (type + "_run_m") / "hf_model").model->config().family,
             type);
 
-  // Expert targets, by name and as PEFT's target_parameters write them: a start-up error.
-  for (const std::string t : {"q_proj,down_proj", "mlp.experts.gate_up_proj", "experts", "mlp"}) {
-    EXPECT_EQ(sh(train + "_x --lora_module_name " + t, &log), 1) << t << "\n" << log;
-    EXPECT_NE(log.find("selects the mixture-of-experts weights of 'layers.0.mlp.experts'"),
-              std::string::npos)
-        << t << "\n"
-        << log;
-    EXPECT_NE(log.find("q_proj, k_proj, v_proj, o_proj and the router gate"), std::string::npos)
-        << log;
-  }
+  // Refused at start-up: a dropout (peft's ParamWrapper has none) with expert targets.
+  EXPECT_EQ(sh(train + "_x --lora_module_name q_proj,down_proj --lora_dropout 0.1", &log), 1)
+      << log;
+  EXPECT_NE(log.find("target_parameters (ParamWrapper) have no dropout"), std::string::npos) << log;
 }
 
 }  // namespace
 
 // LoRA on a mixture of experts (docs/finetuning.md): SFT records -> ds_prepare --sft -> ds_train
-// --init_from a Mixtral / Qwen3-MoE Hugging Face folder with LoRA on the attention projections and
-// the routers (only the LoRA matrices trained) -> a PEFT adapter with the Hugging Face module names
+// --init_from a Mixtral / Qwen3-MoE Hugging Face folder with LoRA on the attention projections,
+// the routers and the stacked experts (only the LoRA matrices trained) -> a PEFT adapter with the
+// Hugging Face module names and peft's target_parameters layout for the experts
 // (tests/fixtures/generators/check_moe_lora_adapter.py checks that peft loads it as we apply it).
-// A target that selects the stacked experts (PEFT's target_parameters) is refused at start-up.
 TEST_F(FamilyWorkflow, MoeLoraSftToPeftAdapter) {
   std::string records;
   for (int i = 0; i < 24; ++i)

@@ -14,7 +14,9 @@
 #include "ds/core/safetensors.h"
 #include "ds/models/family.h"
 #include "ds/models/hf_io.h"
+#include "ds/nn/expert_lora.h"
 #include "ds/nn/layers.h"
+#include "ds/nn/moe.h"
 
 namespace ds::models {
 namespace fs = std::filesystem;
@@ -45,6 +47,45 @@ void linear_modules(const nn::Module& model, std::vector<std::string>& all,
     all.push_back(name);
     if (lin->has_lora()) lora.push_back(name);
   }
+}
+
+// The stacked expert weights of `model` with LoRA, by our parameter name
+// ("layers.0.mlp.experts.gate_up_proj"), in model order, and all of them.
+void expert_weights(const nn::Module& model, std::vector<std::string>& all,
+                    std::vector<std::string>& lora) {
+  for (const auto& [name, m] : model.named_modules()) {
+    const auto* ex = dynamic_cast<const nn::MoEExperts*>(m);
+    if (!ex) continue;
+    all.push_back(name + ".gate_up_proj");
+    all.push_back(name + ".down_proj");
+    if (ex->gate_up_lora()) lora.push_back(name + ".gate_up_proj");
+    if (ex->down_lora()) lora.push_back(name + ".down_proj");
+  }
+}
+
+// Our LoRA parameter name -> peft's, for every LoRA matrix of `model`. An expert weight's
+// ParamWrapper sits on the experts module: peft nests one wrapper per adapted parameter in the
+// module's parameter order, so with both adapted gate_up_proj's factors are under
+// "<experts>.base_layer.lora_A.weight" and down_proj's under "<experts>.lora_A.weight"; one alone
+// is under "<experts>.lora_A.weight".
+std::map<std::string, std::string> peft_names(const GPT& model) {
+  const GPTConfig& cfg = model.config();
+  const Family& family = export_family_of(cfg);
+  std::map<std::string, std::string> out;
+  for (const auto& [name, m] : model.named_modules()) {
+    const auto* ex = dynamic_cast<const nn::MoEExperts*>(m);
+    if (!ex || (!ex->gate_up_lora() && !ex->down_lora())) continue;
+    const std::string w = family.decoder.place(cfg, name + ".down_proj").name;
+    const std::string hf = kPeftPrefix + w.substr(0, w.size() - 10);  // "...mlp.experts"
+    for (const char* f : {".lora_A.weight", ".lora_B.weight"}) {
+      if (ex->gate_up_lora())
+        out[name + ".gate_up_proj" + f] = hf + (ex->down_lora() ? ".base_layer" : "") + f;
+      if (ex->down_lora()) out[name + ".down_proj" + f] = hf + f;
+    }
+  }
+  for (const auto& [name, p] : model.named_parameters())
+    if (nn::is_lora_parameter(name) && !out.count(name)) out[name] = peft_name(cfg.layout, name);
+  return out;
 }
 
 void write_text(const fs::path& path, const std::string& text) {
@@ -165,16 +206,26 @@ json peft_adapter_config(const GPTConfig& config, const nn::LoraConfig& lora,
                         base_model_name_or_path);
 }
 
+json peft_target_parameters(const GPTConfig& config, const std::vector<std::string>& weights,
+                            const std::vector<std::string>& all_expert_weights) {
+  const Family& family = export_family_of(config);
+  return target_modules(weights, all_expert_weights,
+                        [&](const std::string& w) { return family.decoder.place(config, w).name; });
+}
+
 void export_peft_adapter(const GPT& model,
                          const std::vector<std::pair<std::string, Tensor>>& named_weights,
                          const nn::LoraConfig& lora, const fs::path& dir,
                          const std::string& base_model_name_or_path, DType dtype) {
   autograd::NoGradGuard no_grad;
-  const nn::Layout layout = model.config().layout;
+  const auto names = peft_names(model);
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& [name, t] : named_weights)
-    if (nn::is_lora_parameter(name))
-      tensors.emplace_back(peft_name(layout, name), t.detach().contiguous().to(dtype));
+  for (const auto& [name, t] : named_weights) {
+    if (!nn::is_lora_parameter(name)) continue;
+    const auto it = names.find(name);
+    DS_CHECK(it != names.end(), "[peft] '{}' is not a LoRA matrix of the model", name);
+    tensors.emplace_back(it->second, t.detach().contiguous().to(dtype));
+  }
   DS_CHECK(!tensors.empty(),
            "[peft] the weights hold no LoRA matrix: apply LoRA (--lora_dim) before exporting an "
            "adapter");
@@ -197,17 +248,20 @@ void export_peft_adapter(const GPT& model,
   DS_CHECK(!ec, "[peft] cannot create '{}': {}", dir.string(), ec.message());
   // PEFT's loader requires the format metadata, as transformers does.
   safetensors::save((dir / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
-  write_text(
-      dir / "adapter_config.json",
-      peft_adapter_config(model.config(), lora, adapted, all, base_model_name_or_path).dump(2) +
-          "\n");
+  json config = peft_adapter_config(model.config(), lora, adapted, all, base_model_name_or_path);
+  std::vector<std::string> all_experts, adapted_experts;
+  expert_weights(model, all_experts, adapted_experts);
+  // peft's LoraConfig(target_parameters=...): the stacked expert weights (ParamWrapper).
+  if (!adapted_experts.empty())
+    config["target_parameters"] = peft_target_parameters(cfg, adapted_experts, all_experts);
+  write_text(dir / "adapter_config.json", config.dump(2) + "\n");
 }
 
 int64_t load_peft_adapter(GPT& model, const fs::path& path) {
-  const nn::Layout layout = model.config().layout;
+  const auto names = peft_names(model);
   std::vector<std::pair<std::string, Tensor>> want;
   for (const auto& [name, p] : model.named_parameters())
-    if (nn::is_lora_parameter(name)) want.emplace_back(peft_name(layout, name), p);
+    if (nn::is_lora_parameter(name)) want.emplace_back(names.at(name), p);
   return read_adapter(path, want);
 }
 

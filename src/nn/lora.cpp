@@ -6,6 +6,7 @@
 #include "ds/autograd/grad_mode.h"
 #include "ds/core/error.h"
 #include "ds/core/rng.h"
+#include "ds/nn/expert_lora.h"
 #include "ds/nn/layers.h"
 #include "ds/nn/moe.h"
 #include "ds/ops/ops.h"
@@ -57,29 +58,62 @@ bool is_lora_parameter(const std::string& name) {
          name == "lora_A.weight" || name == "lora_B.weight";
 }
 
-void check_lora_targets_not_experts(Module& root, const LoraConfig& config) {
+bool lora_selects_expert_weight(const LoraConfig& config, const std::string& experts,
+                                const std::string& weight) {
+  const std::string full = experts.empty() ? weight : experts + "." + weight;
+  for (const auto& t : config.targets)
+    if (lora_target_matches(config, experts, t) || t == weight || ends_with(full, "." + t))
+      return true;
+  return false;
+}
+
+namespace {
+
+// A's initialisation as PEFT's (kaiming_uniform_ with a = sqrt(5): U(-1/sqrt(in), 1/sqrt(in)))
+// from stream `k` of the config's seed; `a` (rows, in) fp32.
+void init_lora_A(const Tensor& a, const LoraConfig& config, uint64_t k) {
+  const float bound = 1.0f / std::sqrt(static_cast<float>(a.size(1)));
+  float* av = a.data<float>();
+  for (int64_t i = 0; i < a.numel(); ++i)
+    av[i] =
+        bound *
+        (2.0f * rng::uniform01(rng::hash3(config.seed, kLoraStream + k, static_cast<uint64_t>(i))) -
+         1.0f);
+}
+
+// The stacked expert weights the config selects: (experts module, weight name).
+std::vector<std::pair<MoEExperts*, std::string>> chosen_expert_weights(
+    Module& root, const LoraConfig& config, std::vector<std::string>& names) {
+  std::vector<std::pair<MoEExperts*, std::string>> out;
   for (const auto& [name, m] : root.named_modules()) {
-    if (!dynamic_cast<const MoEExperts*>(m)) continue;
-    for (const auto& t : config.targets) {
-      bool hit = lora_target_matches(config, name, t);
-      // The stacked weights by their own name, or as PEFT's target_parameters names them
-      // ("mlp.experts.gate_up_proj" matches by suffix).
-      for (const std::string leaf : {"gate_up_proj", "down_proj"})
-        hit = hit || t == leaf || ends_with(name + "." + leaf, "." + t);
-      DS_CHECK(!hit,
-               "[lora] lora_module_name '{}' selects the mixture-of-experts weights of '{}' "
-               "(stacked experts.gate_up_proj (E, 2I, C) and experts.down_proj (E, C, I), which "
-               "PEFT adapts through target_parameters): LoRA on experts is not supported. "
-               "Targets that work on this model: the attention projections q_proj, k_proj, "
-               "v_proj, o_proj and the router gate (mlp.gate)",
-               t, name);
+    auto* ex = dynamic_cast<MoEExperts*>(m);
+    if (!ex) continue;
+    for (const std::string w : {"gate_up_proj", "down_proj"}) {
+      if (!lora_selects_expert_weight(config, name, w)) continue;
+      DS_CHECK(config.dropout == 0.0f,
+               "[lora] lora_dropout {} with LoRA on the experts' {} ('{}'): peft's "
+               "target_parameters (ParamWrapper) have no dropout; give lora_dropout 0",
+               config.dropout, w, name);
+      DS_CHECK(!ex->sharded(),
+               "[lora] LoRA on the experts of '{}' with expert parallelism is not supported; "
+               "train without expert_parallel.autoep_size",
+               name);
+      const Tensor& base = w == "gate_up_proj" ? ex->gate_up_proj() : ex->down_proj();
+      DS_CHECK(base.is_materialized(),
+               "[lora] '{}.{}' holds no weight data (built under nn::PartitionedInit?); build the "
+               "model whole before applying LoRA",
+               name, w);
+      out.emplace_back(ex, w);
+      names.push_back(name + "." + w);
     }
   }
+  return out;
 }
+
+}  // namespace
 
 LoraReport apply_lora(Module& root, const LoraConfig& config) {
   config.validate();
-  check_lora_targets_not_experts(root, config);
   // Where each parameter is listed (its first owner), to tell tied weights apart.
   std::map<const TensorImpl*, std::string> listed;
   for (const auto& [name, p] : root.named_parameters()) listed.emplace(p.impl(), name);
@@ -107,12 +141,13 @@ LoraReport apply_lora(Module& root, const LoraConfig& config) {
     chosen.push_back(lin);
     rep.modules.push_back(name);
   }
-  if (chosen.empty()) {
+  const auto experts = chosen_expert_weights(root, config, rep.modules);
+  if (chosen.empty() && experts.empty()) {
     std::string some;
     for (size_t i = 0; i < linears.size() && i < 6; ++i) some += (i ? ", " : "") + linears[i];
     DS_THROW(
-        "[lora] no Linear module name {} of lora_module_name '{}'; the model's Linear modules "
-        "are e.g. {}",
+        "[lora] no Linear module name {} of lora_module_name '{}' (nor does any select a "
+        "mixture of experts' stacked weight); the model's Linear modules are e.g. {}",
         config.peft_match ? "is, or ends in '.' and, one (PEFT's target_modules rule)"
                           : "contains any",
         fmt::join(config.targets, ","), some);
@@ -121,21 +156,18 @@ LoraReport apply_lora(Module& root, const LoraConfig& config) {
   if (config.only_optimize_lora)
     for (auto& [name, p] : root.named_parameters())
       p.set_requires_grad(in_modules_to_save(config, name));
-  for (size_t k = 0; k < chosen.size(); ++k) {
-    Linear* lin = chosen[k];
-    Tensor base = lin->weight();
-    base.set_requires_grad(false);  // DeepSpeed-Chat always freezes the base weight
+  uint64_t k = 0;
+  for (Linear* lin : chosen) {
+    lin->weight().set_requires_grad(false);  // DeepSpeed-Chat always freezes the base weight
     lin->add_lora(config.r, config.scaling(), config.dropout);
-    // PEFT's kaiming_uniform_(a = sqrt(5)): bound = gain * sqrt(3 / fan_in), gain = sqrt(2 / 6).
-    const Tensor& a = lin->lora_A()->weight();  // (r, in), fresh fp32 zeros
-    const int64_t in = a.size(1);
-    const float bound = 1.0f / std::sqrt(static_cast<float>(in));
-    float* av = a.data<float>();
-    for (int64_t i = 0; i < a.numel(); ++i)
-      av[i] = bound * (2.0f * rng::uniform01(rng::hash3(config.seed, kLoraStream + k,
-                                                        static_cast<uint64_t>(i))) -
-                       1.0f);
-    rep.lora_params += a.numel() + lin->lora_B()->weight().numel();
+    init_lora_A(lin->lora_A()->weight(), config, k++);
+    rep.lora_params += lin->lora_A()->weight().numel() + lin->lora_B()->weight().numel();
+  }
+  for (const auto& [ex, w] : experts) {
+    (w == "gate_up_proj" ? ex->gate_up_proj() : ex->down_proj()).set_requires_grad(false);
+    const auto lora = ex->add_lora(w, config.r, config.scaling());
+    init_lora_A(lora->lora_A(), config, k++);
+    rep.lora_params += lora->lora_A().numel() + lora->lora_B().numel();
   }
   for (const auto& [name, p] : root.named_parameters()) {
     rep.total_params += p.numel();
@@ -154,11 +186,10 @@ std::vector<std::pair<std::string, Tensor>> merge_lora_weights(
   size_t merged = 0;
   for (const auto& [name, t] : named_weights) {
     if (is_lora_parameter(name)) continue;
-    if (!ends_with(name, "weight")) {
-      out.emplace_back(name, t);
-      continue;
-    }
-    const std::string prefix = name.substr(0, name.size() - 6);  // "<module>." or ""
+    // A Linear's "<module>.weight" has "<module>.lora_A.weight"; a stacked expert weight
+    // "<experts>.gate_up_proj" has "<experts>.gate_up_proj.lora_A.weight".
+    const std::string prefix =
+        ends_with(name, "weight") ? name.substr(0, name.size() - 6) : name + ".";
     auto a = lora.find(prefix + "lora_A.weight"), b = lora.find(prefix + "lora_B.weight");
     if (a == lora.end() && b == lora.end()) {
       out.emplace_back(name, t);
@@ -166,8 +197,18 @@ std::vector<std::pair<std::string, Tensor>> merge_lora_weights(
     }
     DS_CHECK(a != lora.end() && b != lora.end(), "[lora] {}: only one of lora_A / lora_B is there",
              prefix);
-    const Tensor& A = a->second;  // (r, in)
-    const Tensor& B = b->second;  // (out, r)
+    const Tensor& A = a->second;  // (r, in); experts: (r E, in)
+    const Tensor& B = b->second;  // (out, r); experts: (out, r E)
+    if (t.dim() == 3) {
+      DS_CHECK(B.size(0) == t.size(1) && A.size(1) == t.size(2),
+               "[lora] {}: weight {} does not match lora_A {} and lora_B {}", name,
+               shape_str(t.shape()), shape_str(A.shape()), shape_str(B.shape()));
+      const Tensor delta = expert_lora_delta(A, B, t.size(0));  // (E, out, in) fp32
+      const Tensor w = ops::add(t.to(DType::f32).contiguous(), ops::mul(delta, scaling));
+      out.emplace_back(name, w.to(t.dtype()));
+      merged += 2;
+      continue;
+    }
     DS_CHECK(t.dim() == 2 && A.dim() == 2 && B.dim() == 2 && B.size(1) == A.size(0) &&
                  B.size(0) == t.size(0) && A.size(1) == t.size(1),
              "[lora] {}: weight {} does not match lora_A {} and lora_B {}", name,

@@ -10,6 +10,7 @@
 #include "ds/autograd/grad_mode.h"
 #include "ds/autograd/node.h"
 #include "ds/core/error.h"
+#include "ds/nn/expert_lora.h"
 #include "ds/nn/expert_parallel.h"
 #include "ds/nn/grouped_linear.h"
 #include "ds/ops/ops.h"
@@ -141,6 +142,10 @@ void keep_rows(const Tensor& t, int64_t begin, int64_t end) {
 
 void MoEExperts::keep(int64_t begin, int64_t end) {
   DS_CHECK(!sharded(), "[moe] the experts were split already");
+  DS_CHECK(!gate_up_lora_ && !down_lora_,
+           "[moe] expert parallelism with LoRA on the experts is not supported: peft's layout "
+           "interleaves the experts in lora_B, so a rank's experts are not a slice of it. Train "
+           "without expert_parallel.autoep_size, or leave the experts out of --lora_module_name");
   DS_CHECK(0 <= begin && begin < end && end <= E_, "[moe] experts [{}, {}) of {}", begin, end, E_);
   DS_CHECK(gate_up_.is_materialized() && down_.is_materialized(),
            "[moe] the expert weights hold no data (built under nn::PartitionedInit?); build the "
@@ -151,17 +156,44 @@ void MoEExperts::keep(int64_t begin, int64_t end) {
   E_ = end - begin;
 }
 
+std::shared_ptr<ExpertLora> MoEExperts::add_lora(const std::string& weight, int64_t r,
+                                                 float scaling) {
+  DS_CHECK(weight == "gate_up_proj" || weight == "down_proj",
+           "[lora] the experts have no stacked weight '{}' (gate_up_proj, down_proj)", weight);
+  DS_CHECK(!sharded(),
+           "[lora] LoRA on the experts' {} with expert parallelism is not supported: peft's "
+           "layout interleaves the experts in lora_B, so a rank's experts are not a slice of it. "
+           "Train without expert_parallel.autoep_size (or leave the experts out of the targets)",
+           weight);
+  const bool gu = weight == "gate_up_proj";
+  std::shared_ptr<ExpertLora>& slot = gu ? gate_up_lora_ : down_lora_;
+  DS_CHECK(!slot, "[lora] the experts' {} already has LoRA", weight);
+  slot = register_module(weight, gu ? std::make_shared<ExpertLora>(E_, 2 * I_, C_, r, scaling)
+                                    : std::make_shared<ExpertLora>(E_, C_, I_, r, scaling));
+  return slot;
+}
+
 Tensor MoEExperts::forward(const Tensor& xs) {
-  return compute(xs, counts_);
+  // Through the LoRA modules' hooks (ZeRO-3 gathers their factors there).
+  const Tensor gu = gate_up_lora_ ? (*gate_up_lora_)(gate_up_) : gate_up_;
+  const Tensor dn = down_lora_ ? (*down_lora_)(down_) : down_;
+  return run(xs, counts_, gu, dn);
 }
 
 Tensor MoEExperts::compute(const Tensor& xs, const std::vector<int64_t>& counts) const {
+  const Tensor gu = gate_up_lora_ ? gate_up_lora_->forward(gate_up_) : gate_up_;
+  const Tensor dn = down_lora_ ? down_lora_->forward(down_) : down_;
+  return run(xs, counts, gu, dn);
+}
+
+Tensor MoEExperts::run(const Tensor& xs, const std::vector<int64_t>& counts, const Tensor& gate_up,
+                       const Tensor& down) const {
   DS_CHECK(static_cast<int64_t>(counts.size()) == E_, "[moe] {} expert counts for {} experts",
            counts.size(), E_);
-  const Tensor h = grouped_linear(xs, gate_up_, counts);  // (M, 2I): [gate | up] per row
+  const Tensor h = grouped_linear(xs, gate_up, counts);  // (M, 2I): [gate | up] per row
   const Tensor a = ops::swiglu(ops::contiguous(ops::slice(h, 1, 0, I_)),
                                ops::contiguous(ops::slice(h, 1, I_, 2 * I_)));  // (M, I)
-  return grouped_linear(a, down_, counts);                                      // (M, C)
+  return grouped_linear(a, down, counts);                                       // (M, C)
 }
 
 // ---- grouped_linear ----

@@ -8,6 +8,7 @@
 #include "ds/models/hf_io.h"
 #include "ds/models/peft_io.h"
 #include "ds/nn/layers.h"
+#include "ds/nn/moe.h"
 
 namespace ds::train {
 
@@ -124,10 +125,20 @@ LoraCounts count_lora(const models::GPTConfig& model, const nn::LoraConfig& c) {
     nn::PartitionedInit nothing_allocated;
     shapes.emplace(model, /*init=*/false);
   }
-  nn::check_lora_targets_not_experts(*shapes, c);  // at start-up, before anything is built
   LoraCounts n;
   int64_t adapted_weights = 0;
   for (const auto& [name, m] : shapes->named_modules()) {
+    if (const auto* ex = dynamic_cast<const nn::MoEExperts*>(m)) {
+      for (const Tensor* w : {&ex->gate_up_proj(), &ex->down_proj()}) {
+        if (!nn::lora_selects_expert_weight(c, name,
+                                            w == &ex->down_proj() ? "down_proj" : "gate_up_proj"))
+          continue;
+        n.lora_params += c.r * w->size(0) * (w->size(1) + w->size(2));  // A (r E, in), B (out, r E)
+        adapted_weights += w->numel();
+        ++n.expert_weights;
+      }
+      continue;
+    }
     const auto* lin = dynamic_cast<const nn::Linear*>(m);
     if (!lin) continue;
     bool match = false;

@@ -89,6 +89,14 @@ Trainer::~Trainer() = default;
 void Trainer::check_memory() {
   const RunPlan& p = plan_;
   const LoraCounts lc = p.lora ? count_lora(p.model, *p.lora) : LoraCounts{};
+  DS_CHECK(lc.expert_weights == 0 || p.config().expert_parallel.size <= 1,
+           "[ds_train] --lora_module_name '{}' adapts {} stacked expert weights, and expert "
+           "parallelism (--expert_parallel_size / expert_parallel.autoep_size {}) is not supported "
+           "with LoRA on the "
+           "experts (peft's lora_B interleaves the experts, so a rank's experts are not a slice "
+           "of it): train without expert parallelism, or target the attention projections and "
+           "routers only",
+           fmt::join(p.lora->targets, ","), lc.expert_weights, p.config().expert_parallel.size);
   if (!p.device.is_cpu()) {  // the GPU and host memory, ZeRO-Offload's way
     const GpuFitPlan g =
         plan_fit_gpu(p.model.num_parameters(), p.config(), p.activation_bytes, lc.lora_params, lc.frozen,

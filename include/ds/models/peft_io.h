@@ -10,8 +10,18 @@
 //                                  and .lora_B.weight (out, r); metadata {"format": "pt"}
 //
 // so that peft.PeftModel.from_pretrained(base, dir) loads it (checked by
-// tests/fixtures/generators/gen_lora_fixture.py --check-adapter). A and B are stored as we hold them for both layouts:
-// PEFT's LoRA on GPT-2's Conv1D keeps A (r, in) and B (out, r) too; only its merge transposes.
+// tests/fixtures/generators/gen_lora_fixture.py --check-adapter). A and B are stored as we hold
+// them for both layouts: PEFT's LoRA on GPT-2's Conv1D keeps A (r, in) and B (out, r) too; only its
+// merge transposes.
+//
+// LoRA on a mixture of experts' stacked weights (nn/expert_lora.h) is written as peft's
+// target_parameters (ParamWrapper): adapter_config.json lists them under "target_parameters"
+// (target_modules then [] if no Linear is adapted, as peft writes it), and the factors, A (r E, in)
+// and B (out, r E), sit on the experts module: base_model.model.model.layers.0.mlp.experts.
+// lora_A.weight for down_proj (or for gate_up_proj when it is the only one adapted) and
+// ....mlp.experts.base_layer.lora_A.weight for gate_up_proj when both are (peft nests one wrapper
+// per parameter, in the module's parameter order). Checked against peft by test_lora_experts
+// (tests/fixtures/lora_moe) and tests/fixtures/generators/check_moe_lora_adapter.py.
 //
 //   auto rep = nn::apply_lora(*model, lora);
 //   ... train ...
@@ -44,6 +54,14 @@ nlohmann::json peft_adapter_config(const GPTConfig& config, const nn::LoraConfig
                                    const std::vector<std::string>& all_linear_modules,
                                    const std::string& base_model_name_or_path);
 
+// adapter_config.json's target_parameters for the adapted stacked expert weights `weights` (our
+// names, "layers.0.mlp.experts.down_proj"): their last names ("down_proj", which peft matches as
+// a suffix) when that selects exactly them among `all_expert_weights`, else their full Hugging
+// Face names.
+nlohmann::json peft_target_parameters(const GPTConfig& config,
+                                      const std::vector<std::string>& weights,
+                                      const std::vector<std::string>& all_expert_weights);
+
 // Writes the adapter folder from whole weights by our names (a model's named_parameters() or
 // Strategy::full_weights(): rank 0's list under ZeRO-3); only the LoRA entries are written, in
 // `dtype`. `model` names the Linear modules (its LoRA decides the adapted ones). Throws
@@ -53,9 +71,10 @@ void export_peft_adapter(const GPT& model,
                          const nn::LoraConfig& lora, const std::filesystem::path& dir,
                          const std::string& base_model_name_or_path = "", DType dtype = DType::f32);
 
-// Fills the LoRA matrices of `model` (LoRA already applied with the adapter's r) from a PEFT
-// adapter folder or .safetensors file; returns the number of tensors read. Throws "[peft] ..."
-// listing every missing, extra or mis-shaped tensor; nothing is written unless all match.
+// Fills the LoRA matrices of `model` (LoRA already applied with the adapter's r and targets,
+// expert weights included) from a PEFT adapter folder or .safetensors file; returns the number of
+// tensors read. Throws "[peft] ..." listing every missing, extra or mis-shaped tensor; nothing is
+// written unless all match.
 int64_t load_peft_adapter(GPT& model, const std::filesystem::path& path);
 
 // ---- encoder sequence classifiers: PEFT's TaskType.SEQ_CLS adapter ----------------------------

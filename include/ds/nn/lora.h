@@ -54,24 +54,31 @@ struct LoraConfig {
 };
 
 struct LoraReport {
-  std::vector<std::string> modules;  // adapted Linear modules, in model order
+  // adapted Linear modules, in model order, then the adapted stacked expert weights
+  // ("layers.0.mlp.experts.gate_up_proj")
+  std::vector<std::string> modules;
   int64_t lora_params = 0;           // elements of all A and B
   int64_t trainable_params = 0;      // elements with requires_grad after apply_lora
   int64_t total_params = 0;          // every parameter once (tied weights once)
 };
 
-// Adds LoRA to the matching Linear modules of `root` (which must not be handed to an engine yet:
-// the engine lays out its buffers from the parameters' requires_grad at construction). Throws
-// "[lora] ..." when no Linear matches (listing a few Linear names), or when a matching Linear's
-// weight is tied to another parameter (GPT-2's LM head shares wte: exclude it from the targets).
+// Adds LoRA to the matching Linear modules of `root` and to the selected stacked expert weights
+// of its mixtures of experts (lora_selects_expert_weight; reported as "<experts>.gate_up_proj")
+// (`root` must not be handed to an engine yet: the engine lays out its buffers from the
+// parameters' requires_grad at construction). Throws "[lora] ..." when nothing matches (listing a
+// few Linear names), when a matching Linear's weight is tied to another parameter (GPT-2's LM
+// head shares wte: exclude it from the targets), or when experts are selected with a dropout
+// (PEFT's ParamWrapper has none) or after expert parallelism split them.
 LoraReport apply_lora(Module& root, const LoraConfig& config);
 
-// Throws "[lora] ..." naming the target, the experts module and the targets that work, when a
-// target selects a mixture of experts' stacked expert weights (nn::MoEExperts, by its module name
-// under the config's rule, or its gate_up_proj / down_proj by name or by the suffix PEFT's
-// target_parameters use, "mlp.experts.down_proj"): LoRA adapts Linear modules only, and silently
-// skipping the experts would train another model than the one asked for. apply_lora calls it.
-void check_lora_targets_not_experts(Module& root, const LoraConfig& config);
+// Whether the config selects the stacked expert weight `weight` ("gate_up_proj" or "down_proj")
+// of the nn::MoEExperts module `experts` ("layers.0.mlp.experts"): when a target selects the
+// experts module under the config's rule ("experts", "mlp", "layers."), equals the weight's name
+// ("down_proj"), or ends the parameter's name after a dot as PEFT's target_parameters do
+// ("mlp.experts.down_proj", "experts.gate_up_proj"). apply_lora then adds an nn::ExpertLora
+// (nn/expert_lora.h: PEFT's ParamWrapper layout, A (r E, in), B (out, r E)) to the weight.
+bool lora_selects_expert_weight(const LoraConfig& config, const std::string& experts,
+                                const std::string& weight);
 
 // Whether module `name` is selected by `target` under the config's rule (peft_match above).
 bool lora_target_matches(const LoraConfig& config, const std::string& name,
@@ -84,7 +91,8 @@ bool in_modules_to_save(const LoraConfig& config, const std::string& name);
 bool is_lora_parameter(const std::string& name);
 
 // Whole weights by name (a model's named_parameters() or a strategy's full_weights()) with the
-// LoRA matrices folded into their base weights, W + scaling * B A computed in fp32 and stored in
+// LoRA matrices folded into their base weights, W + scaling * B A (a stacked expert weight
+// (E, out, in): W + scaling * expert_lora_delta, PEFT's layout) computed in fp32 and stored in
 // W's dtype, and the LoRA entries dropped: the weights of the plain model. Throws if a LoRA
 // matrix has no base weight or the shapes disagree.
 std::vector<std::pair<std::string, Tensor>> merge_lora_weights(

@@ -22,12 +22,15 @@
 // Threading: a module; one forward at a time per instance (the router log is written in forward).
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "ds/comm/group.h"
 #include "ds/nn/layers.h"
 
 namespace ds::nn {
+
+class ExpertLora;  // nn/expert_lora.h
 
 // What the MoE layers of one forward record for the router's load-balancing loss (transformers'
 // load_balancing_loss_func). Owned by the model (models::GPT), shared with its MoE layers; layers
@@ -61,6 +64,14 @@ class MoEExperts : public Module {
   const Tensor& gate_up_proj() const { return gate_up_; }  // (E, 2I, C)
   const Tensor& down_proj() const { return down_; }        // (E, C, I)
 
+  // LoRA on one stacked weight, "gate_up_proj" or "down_proj" (nn/expert_lora.h, applied by
+  // nn::apply_lora): registers the child ExpertLora under that name; forward and compute then run
+  // the GEMMs on W + scaling * delta. Throws if the weight has LoRA already, is unknown, or the
+  // experts were split (expert parallelism). Returns the new module.
+  std::shared_ptr<ExpertLora> add_lora(const std::string& weight, int64_t r, float scaling);
+  const std::shared_ptr<ExpertLora>& gate_up_lora() const { return gate_up_lora_; }  // or null
+  const std::shared_ptr<ExpertLora>& down_lora() const { return down_lora_; }        // or null
+
   // Expert parallelism (expert_parallel.h): keeps experts [begin, end) of the layer's total
   // (the parameters' storage is replaced in place by that slice: their handles stay valid);
   // E above is then end - begin. Once.
@@ -74,7 +85,11 @@ class MoEExperts : public Module {
   int64_t E_, C_, I_;
   int64_t total_, first_ = 0;
   Tensor gate_up_, down_;
+  std::shared_ptr<ExpertLora> gate_up_lora_, down_lora_;  // null without LoRA
   std::vector<int64_t> counts_;
+  // The GEMMs on given (possibly LoRA-adapted) weights.
+  Tensor run(const Tensor& xs, const std::vector<int64_t>& counts, const Tensor& gate_up,
+             const Tensor& down) const;
 };
 
 // The MoE block's feed-forward: (B, T, C) -> (B, T, C). cfg.num_experts experts of hidden width

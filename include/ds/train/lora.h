@@ -69,6 +69,7 @@ std::string seq2seq_export_note(const std::optional<nn::LoraConfig>& lora, const
 // memory check (fit.h).
 struct LoraCounts {
   int64_t lora_params = 0, frozen = 0;
+  int64_t expert_weights = 0;  // stacked expert weights adapted (nn::lora_selects_expert_weight)
 };
 LoraCounts count_lora(const models::GPTConfig& model, const nn::LoraConfig& c);
 
