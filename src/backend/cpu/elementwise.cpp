@@ -301,7 +301,14 @@ double CpuBackend::sum_of_squares(const Tensor& x) {
       double acc = 0.0;
       const int64_t end = std::min(n, (t + 1) * kTile);
       if (f32) {
-        for (int64_t i = t * kTile; i < end; ++i) acc += static_cast<double>(g[i]) * g[i];
+        // Eight independent partial sums (one dependent add per element would not vectorise),
+        // added in a fixed order: the same result on every run.
+        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int64_t i = t * kTile;
+        for (; i + 8 <= end; i += 8)
+          for (int j = 0; j < 8; ++j) lane[j] += static_cast<double>(g[i + j]) * g[i + j];
+        for (; i < end; ++i) lane[0] += static_cast<double>(g[i]) * g[i];
+        acc = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
       } else {
         for (int64_t i = t * kTile; i < end; ++i) {
           const double v = value(i);
