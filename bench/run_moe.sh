@@ -166,7 +166,7 @@ if [[ -n "$kinds" ]]; then
   tok=$((BATCH * SEQ))
   for kind in $kinds; do
     o=$(median <<<"${OT[$kind]}") t=$(median <<<"${TT[$kind]}")
-    params=$(sed -n 's/.*: \([0-9.]*\)M parameters$/\1/p' "$WORK/logs/${kind}_ours_1.log")
+    params=$(sed -n 's/.*: \([0-9.]*\)M parameters.*/\1/p' "$WORK/logs/${kind}_ours_1.log")
     act=$(awk -v w="$(active_gemm "$kind")" -v C=$C -v V=$V 'BEGIN { printf "%.2f", (w + C * V) / 1e6 }')
     states=$(awk -v p="$params" 'BEGIN { printf "%.0f", 16 * p * 1e6 / 2^20 }')
     acts=$("$PY" -c "import json,sys; print('%.0f' % (json.load(open(sys.argv[1]))['activations_estimate_bytes'] / 2**20))" "$WORK/out_$kind/memory.json")
