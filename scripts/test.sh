@@ -114,7 +114,7 @@ if [[ "${DS_TEST_ASAN:-0}" == 1 ]]; then
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
     -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DDS_BUILD_BENCH=OFF </dev/null
   cmake --build "$ASAN_DIR" -j"$JOBS" --target test_data test_tokenizer test_monitor test_ds_train test_trainer \
-    test_offload test_hf_tokenizer test_chat_template test_to_fp32 test_sft test_lora \
+    test_offload test_hf_tokenizer test_chat_template test_to_fp32 test_sft test_lora test_lora_experts \
     test_classification test_classifier_train test_seq2seq_data test_seq2seq_train ds_train \
     ds_prepare ds_launcher ds_io </dev/null
   phase "sanitizer tests"
