@@ -490,6 +490,16 @@ TEST_F(DsTrain, ExpertParallelTrainsAsDataParallel) {
                     " --output_dir " + (dir_ / "bad").string()),
             0);
   EXPECT_NE(log_.find("disagrees with expert_parallel.autoep_size 2"), std::string::npos) << log_;
+  // AutoEP's preset must name the model's family.
+  const fs::path preset = dir_ / "preset.json";
+  std::ofstream(preset) << R"({"train_micro_batch_size_per_gpu": 2,
+    "expert_parallel": {"enabled": false, "preset_model": "qwen3_moe"}})";
+  EXPECT_NE(run(flags + " --deepspeed " + preset.string() + " --output_dir " +
+                    (dir_ / "bad2").string()),
+            0);
+  EXPECT_NE(log_.find("preset_model is 'qwen3_moe' but the model is family 'mixtral'"),
+            std::string::npos)
+      << log_;
 }
 #endif
 

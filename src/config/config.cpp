@@ -619,12 +619,12 @@ void read_expert_parallel(Section s, ExpertParallelConfig& c, const TrainerArgs&
   const int64_t size = s.integer("autoep_size", 1, {1, 1 << 16});
   const auto preset = s.opt_string("preset_model");
   if (preset) {
-    static const std::vector<std::string> kOurs = {"mixtral", "qwen3_moe"};
+    static const std::vector<std::string> kOurs = {"mixtral", "qwen2_moe", "qwen3_moe"};
     static const std::vector<std::string> kTheirs = {"qwen3_5_moe", "deepseek_v2", "deepseek_v3",
                                                      "minimax_m3"};
     DS_CHECK(std::find(kOurs.begin(), kOurs.end(), *preset) != kOurs.end(),
              "[config] {}: expert_parallel.preset_model '{}' {}; the MoE families here are "
-             "mixtral and qwen3_moe (docs/models.md)",
+             "mixtral, qwen2_moe and qwen3_moe (docs/models.md)",
              st.source, *preset,
              std::find(kTheirs.begin(), kTheirs.end(), *preset) != kTheirs.end()
                  ? "is a DeepSpeed preset for a model family deepspeed.cpp does not have"

@@ -347,6 +347,11 @@ std::shared_ptr<comm::Group> Engine::split_experts() {
            "[engine] expert_parallel.autoep_size {} must divide the data-parallel size {} (each "
            "group of {} consecutive data-parallel ranks holds every expert once)",
            ep, group_->size(), ep);
+  if (!config_.expert_parallel.preset_model.empty())
+    log(fmt::format("expert parallelism: preset_model '{}' is not checked here (the engine splits "
+                    "the MoE layers the model has; ds_train checks the preset against the model's "
+                    "family)",
+                    config_.expert_parallel.preset_model));
   experts_ = comm::split_expert_parallel(group_, ep);
   // Every rank starts from data rank 0's weights (the strategy broadcasts only within its group,
   // and the experts are cut from the whole layers next).

@@ -317,6 +317,12 @@ RunPlan plan_run(const Options& o, const Given& g, const char* builtin_config) {
     DS_CHECK(!p.lora, "[ds_train] LoRA (--lora_dim) with --tensor_parallel_size {} is not "
              "implemented yet; use --tensor_parallel_size 1", tp);
   }
+  // AutoEP's preset names the model family it expects: here the model's own family says it.
+  const std::string& preset = cfg.expert_parallel.preset_model;
+  DS_CHECK(preset.empty() || preset == mcfg.resolved_family(),
+           "[ds_train] expert_parallel.preset_model is '{}' but the model is family '{}'; set the "
+           "preset to the model's family or remove the key",
+           preset, mcfg.resolved_family());
   // Every stage, pipeline and tensor parallelism run on a device; collectives go through host
   // memory (comm/group.h: GPU-to-GPU collectives, NCCL, are not built yet).
   p.device = plan_device(o);

@@ -389,7 +389,7 @@ struct TensorParallelConfig {
 struct ExpertParallelConfig {
   bool enabled = false;
   int size = 1;               // autoep_size; the effective degree (1 when not enabled)
-  std::string preset_model;   // "", "mixtral" or "qwen3_moe"
+  std::string preset_model;   // "", "mixtral", "qwen2_moe" or "qwen3_moe" (ds_train checks it)
 };
 
 // "pipeline" (DeepSpeed's deepspeed/runtime/config.py, get_pipeline_config). DeepSpeed parses
