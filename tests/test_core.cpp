@@ -9,6 +9,7 @@
 
 #include "ds/backend/backend.h"
 #include "ds/core/allocator.h"
+#include "ds/core/block_pool.h"
 #include "ds/core/device_registry.h"
 #include "ds/core/error.h"
 #include "ds/core/tensor.h"
@@ -158,6 +159,118 @@ TEST(Allocator, LargeBlocksSplitAndMerge) {
   EXPECT_EQ(alloc->stats().bytes_in_use, 0u);
   alloc->empty_cache();
   EXPECT_EQ(alloc->stats().bytes_reserved, 0u);
+}
+
+// A system that hands out addresses it never backs (the pool never touches its memory, so a GPU's
+// cudaMalloc behaves the same), up to a capacity.
+class FakeSystem final : public SystemMemory {
+ public:
+  explicit FakeSystem(size_t capacity) : capacity_(capacity) {}
+  void* allocate(size_t n, size_t align) override {
+    if (used_ + n > capacity_) return nullptr;
+    next_ = (next_ + align - 1) / align * align;
+    void* p = reinterpret_cast<void*>(next_);
+    next_ += n;
+    used_ += n;
+    ++calls_;
+    return p;
+  }
+  void release(void*, size_t n) override { used_ -= n; }
+  [[noreturn]] void out_of_memory(size_t n, const AllocatorStats& s) override {
+    DS_THROW("fake out of memory: {} bytes, {} in use, {} reserved", n, s.bytes_in_use,
+             s.bytes_reserved);
+  }
+  size_t used_ = 0;
+  int calls_ = 0;
+
+ private:
+  size_t capacity_;
+  uintptr_t next_ = uintptr_t{1} << 44;
+};
+
+TEST(BlockPool, SplitMemoryIsReportedAsFragmentation) {
+  constexpr size_t MiB = 1u << 20;
+  FakeSystem sys(1024 * MiB);
+  BlockPool pool(sys);
+  void* big = pool.allocate(64 * MiB);
+  pool.deallocate(big, 64 * MiB);
+  EXPECT_EQ(pool.stats().bytes_inactive_split, 0u);  // whole and free: returnable
+  void* a = pool.allocate(30 * MiB);                  // carved out of the free 64 MiB
+  EXPECT_EQ(a, big);
+  AllocatorStats s = pool.stats();
+  EXPECT_EQ(s.segments, 1u);
+  EXPECT_EQ(s.bytes_reserved, 64 * MiB);
+  EXPECT_EQ(s.bytes_inactive_split, 34 * MiB);  // the rest: free, but held by a's segment
+  // The split rest is not returned by empty_cache (a lives in its segment) ...
+  pool.release_cached();
+  EXPECT_EQ(pool.stats().bytes_reserved, 64 * MiB);
+  // ... and serves a request that fits it without a new segment.
+  void* b = pool.allocate(34 * MiB);
+  EXPECT_EQ(static_cast<char*>(b), static_cast<char*>(a) + 30 * MiB);
+  EXPECT_EQ(pool.stats().bytes_inactive_split, 0u);
+  EXPECT_EQ(sys.calls_, 1);
+  pool.deallocate(a, 30 * MiB);
+  pool.deallocate(b, 34 * MiB);
+  pool.release_cached();
+  s = pool.stats();
+  EXPECT_EQ(s.bytes_reserved, 0u);
+  EXPECT_EQ(s.segments, 0u);
+  EXPECT_EQ(s.peak_bytes_reserved, 64 * MiB);
+  EXPECT_EQ(s.peak_bytes_in_use, 64 * MiB);
+  pool.reset_peak();
+  EXPECT_EQ(pool.stats().peak_bytes_reserved, 0u);
+  EXPECT_EQ(sys.used_, 0u);
+}
+
+TEST(BlockPool, ReturnsItsCacheBeforeRunningOutOfMemory) {
+  constexpr size_t MiB = 1u << 20;
+  FakeSystem sys(100 * MiB);
+  BlockPool pool(sys);
+  // A cached 60 MiB segment and a cached small block hold memory the next request needs.
+  void* x = pool.allocate(60 * MiB);
+  void* small = pool.allocate(1000);
+  pool.deallocate(x, 60 * MiB);
+  pool.deallocate(small, 1000);
+  void* y = pool.allocate(80 * MiB);  // does not fit beside the cache: the cache goes back first
+  EXPECT_NE(y, nullptr);
+  AllocatorStats s = pool.stats();
+  EXPECT_EQ(s.bytes_reserved, 80 * MiB);
+  EXPECT_EQ(s.segments, 1u);
+  // Nothing left to return: the system's error, with the pool's numbers.
+  try {
+    pool.allocate(40 * MiB);
+    ADD_FAILURE() << "expected out of memory";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fake out of memory: 41943040 bytes, 83886080 in use"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(pool.stats().bytes_in_use, 80 * MiB);  // the failed request changed nothing
+  pool.deallocate(y, 80 * MiB);
+  pool.release_cached();
+  EXPECT_EQ(sys.used_, 0u);
+}
+
+TEST(BlockPool, ForwardThenBackwardShapesReuseOneSegment) {
+  // Activations freed as 3 x 8 MiB serve gradients of 2 x 12 MiB: merged neighbours, no new
+  // memory (an exact-size cache would have reserved 48 MiB for this).
+  constexpr size_t MiB = 1u << 20;
+  FakeSystem sys(1024 * MiB);
+  BlockPool pool(sys);
+  void* whole = pool.allocate(24 * MiB);
+  pool.deallocate(whole, 24 * MiB);
+  for (int step = 0; step < 3; ++step) {
+    void* a[3];
+    for (auto& p : a) p = pool.allocate(8 * MiB);
+    for (auto& p : a) pool.deallocate(p, 8 * MiB);
+    void* g0 = pool.allocate(12 * MiB);
+    void* g1 = pool.allocate(12 * MiB);
+    pool.deallocate(g1, 12 * MiB);
+    pool.deallocate(g0, 12 * MiB);
+  }
+  EXPECT_EQ(sys.calls_, 1);
+  EXPECT_EQ(pool.stats().peak_bytes_reserved, 24 * MiB);
+  pool.release_cached();
 }
 
 TEST(Allocator, RandomLargeTrafficNeverOverlaps) {

@@ -25,7 +25,7 @@ FlatParameters flatten_parameters(Module& module, DType dtype, DType grad_dtype,
 
 FlatParameters flatten_parameters(const std::vector<std::pair<std::string, Tensor>>& named,
                                   DType dtype, DType grad_dtype, int64_t multiple_of,
-                                  bool with_grads) {
+                                  bool with_grads, std::optional<Device> on) {
   DS_CHECK(multiple_of >= 1, "[flatten] multiple_of must be >= 1, got {}", multiple_of);
   FlatParameters flat;
   for (auto& [name, p] : named) {
@@ -33,7 +33,7 @@ FlatParameters flatten_parameters(const std::vector<std::pair<std::string, Tenso
     flat.numel += p.numel();
   }
   flat.padded_numel = (flat.numel + multiple_of - 1) / multiple_of * multiple_of;
-  const Device dev = named.empty() ? kCPU : named.front().second.device();
+  const Device dev = on ? *on : named.empty() ? kCPU : named.front().second.device();
   auto pstore = Storage::allocate(static_cast<size_t>(flat.padded_numel) * dtype_size(dtype), dev);
   flat.params = Tensor::from_storage(pstore, {flat.padded_numel}, dtype);
   flat.params.zero_();
@@ -47,7 +47,8 @@ FlatParameters flatten_parameters(const std::vector<std::pair<std::string, Tenso
     const Tensor& p = named[i].second;
     const FlatEntry& e = flat.entries[i];
     Tensor dst = Tensor::from_storage(pstore, p.shape(), dtype, e.offset);
-    dst.copy_from(p);
+    // Across devices, converted where the parameter is: no staging copy in its dtype on `dev`.
+    dst.copy_from(p.device() == dev || p.dtype() == dtype ? p : p.to(dtype));
     // Rebind the parameter in place: same TensorImpl, storage now a view of the flat buffer.
     TensorImpl* impl = p.impl();
     impl->storage = Storage::view(pstore, static_cast<size_t>(e.offset) * dtype_size(dtype),

@@ -17,6 +17,7 @@
 #include "ds/autograd/grad_mode.h"
 #include "ds/comm/logger.h"
 #include "ds/core/allocator.h"
+#include "ds/core/device_registry.h"
 #include "ds/core/error.h"
 #include "ds/core/rng.h"
 #include "ds/nn/expert_parallel.h"
@@ -269,6 +270,11 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
   // would need new memory anyway (GPT-2 124M: ~540 MiB per rank that peak RSS would otherwise
   // carry).
   cpu_allocator().empty_cache();
+  // On a device, the same for the parameters' blocks freed there (frozen ones, flattened in the
+  // training dtype; the flat strategies return theirs before allocating the flat buffers).
+  if (const auto params = model_->named_parameters();
+      !params.empty() && !params.front().second.device().is_cpu())
+    device_ops(params.front().second.device()).allocator->empty_cache();
 }
 
 // The activation_checkpointing section's stash, and a line saying what it does.

@@ -13,6 +13,7 @@
 #include "buckets.h"
 #include "ds/backend/backend.h"
 #include "ds/core/error.h"
+#include "ds/core/device_registry.h"
 #include "ds/ops/ops.h"
 #include "strategies.h"
 
@@ -55,21 +56,29 @@ class FlatStrategy final : public Strategy {
       h.copy_from(t);
       return h;
     };
-    nn::FlatParameters f32 =
-        nn::flatten_parameters(trainable, DType::f32, o.grad_dtype, multiple, full_grads);
+    // A model on a device: the fp32 flat copy is made in host memory (it becomes the master
+    // weights there), the device's cache returns the parameters' own blocks, and only the
+    // training-dtype buffer and the gradients are then allocated on the device: its start-up peak
+    // is theirs, not the parameters' + an fp32 flat copy + a 16-bit copy (docs/cuda.md, "Memory").
+    const bool on_device = !device_.is_cpu();
+    nn::FlatParameters f32 = nn::flatten_parameters(
+        trainable, DType::f32, o.grad_dtype, multiple, full_grads && !on_device,
+        on_device ? std::optional<Device>(kCPU) : std::nullopt);
+    if (on_device) device_ops(device_).allocator->empty_cache();  // the allocator storage uses
     plan_ = plan_partitions(f32.numel, n);
     DS_CHECK(plan_.padded_numel == f32.padded_numel, "[zero] internal: padding plan disagrees");
     begin_ = sharded ? plan_.begin(group_->rank()) : 0;
     opt_numel_ = sharded ? plan_.partition_numel : plan_.padded_numel;
     auto range = [&](const Tensor& t) { return t.flat_range(begin_, opt_numel_); };
-    if (o.train_dtype == DType::f32) {
+    if (!on_device && o.train_dtype == DType::f32) {
       flat_ = std::move(f32);
-      master_ = device_.is_cpu() ? range(flat_.params) : host_clone(range(flat_.params));
+      master_ = range(flat_.params);
     } else {
       // Only this rank's range of the fp32 copy is kept as master weights.
-      master_ = device_.is_cpu() ? range(f32.params).clone() : host_clone(range(f32.params));
+      master_ = on_device ? host_clone(range(f32.params)) : range(f32.params).clone();
       f32 = {};
-      flat_ = nn::flatten_parameters(trainable, o.train_dtype, o.grad_dtype, multiple, full_grads);
+      flat_ = nn::flatten_parameters(trainable, o.train_dtype, o.grad_dtype, multiple, full_grads,
+                                     device_);
     }
     if (!full_grads) grads_part_ = Tensor::zeros({opt_numel_}, o.grad_dtype, device_);
     // 16-bit gradients go to the optimizer as they are: widened a chunk at a time in RAM

@@ -6,6 +6,7 @@
 // a second buffer, and each parameter's .grad becomes a view into it. Zeroing all gradients is then
 // one memset, a ZeRO partition is a range of offsets, and a checkpoint is one write.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,9 +39,13 @@ FlatParameters flatten_parameters(Module& module, DType dtype = DType::f32,
                                   bool with_grads = true);
 // The same over a chosen list of (name, parameter), in that order: ZeRO flattens only the
 // parameters that require a gradient, leaving frozen ones (LoRA's base, nn/lora.h) where they are.
+// `on`: the device the buffers go to (default: the parameters'); a parameter on another device is
+// converted to `dtype` there and copied over, so that only the flat buffers are ever allocated on
+// `on` (ZeRO's device runs keep their fp32 copy in host memory this way).
 FlatParameters flatten_parameters(const std::vector<std::pair<std::string, Tensor>>& named,
                                   DType dtype = DType::f32, DType grad_dtype = DType::f32,
-                                  int64_t multiple_of = 1, bool with_grads = true);
+                                  int64_t multiple_of = 1, bool with_grads = true,
+                                  std::optional<Device> on = std::nullopt);
 
 // The parameters of `module` (named_parameters() order) that require a gradient, and those that
 // do not (frozen).

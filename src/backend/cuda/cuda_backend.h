@@ -41,10 +41,10 @@ class CudaDeviceGuard {
   int device_ = 0;
 };
 
-// The caching device allocator (allocator.cpp): cudaMalloc'd blocks are cached by size after
-// free and handed out again (best fit among cached blocks at most twice the request), so a
-// training step after the first calls cudaMalloc no more. On out-of-memory it frees the cache and
-// retries once, then throws naming the request, the bytes in use and the bytes reserved. `limit`
+// The caching device allocator (allocator.cpp): the library's block pool (ds/core/block_pool.h)
+// over cudaMalloc: freed blocks are cached and handed out again, large ones split and merged, so
+// a training step after the first calls cudaMalloc no more. On out-of-memory it frees the cache
+// and retries once, then throws naming the request, the bytes in use, reserved and split. `limit`
 // (bytes, 0 = none; read at each cudaMalloc) caps what it reserves.
 std::unique_ptr<Allocator> new_cuda_caching_allocator(int device,
                                                       const std::atomic<uint64_t>& limit);
