@@ -82,31 +82,7 @@ class FlatStrategy final : public Strategy {
     // also covers models initialised by the caller).
     if (n > 1) group_->broadcast(flat_.params, 0, "initial weights");
 
-    if ((stage == 0 && n > 1) || stage == 2) {
-      GradientBuckets::Setup s;
-      s.stage = stage;
-      s.flat = &flat_;
-      s.plan = plan_;
-      s.bucket_numel = o.reduce_bucket_size;
-      s.comm_dtype = o.comm_dtype;
-      s.prescale = comm_prescale_;
-      s.reduce_to_owners = o.reduce_scatter;
-      s.partition_grads = grads_part_;
-      s.partition_begin = begin_;
-      s.keep_in_flight = static_cast<size_t>(reductions_in_flight());
-      s.on_final = [this](int64_t lo, int64_t hi) { gradients_final(lo, hi); };
-      buckets_.emplace(std::move(s), group_);
-    }
-    if (!device_.is_cpu())
-      downloads_.emplace(opt_numel_, HostStep::step_chunk(o.sub_group_size),
-                         [this](int64_t b, int64_t numel) {
-                           host_step_.download(optimizer_gradients(), b, numel);
-                         });
-    grad_seen_.assign(trainable.size(), 0);
-    if (buckets_ || downloads_)
-      for (size_t i = 0; i < trainable.size(); ++i)
-        trainable[i].second.add_grad_ready_hook(
-            [this, i](const Tensor& p) { on_grad_ready(static_cast<int>(i), p); });
+    install_gradient_hooks(trainable);
   }
 
   Tensor device_parameters() override {
@@ -223,6 +199,38 @@ class FlatStrategy final : public Strategy {
   }
 
  private:
+  // The gradient buckets (stage 0 with several ranks, stage 2), the downloads during backward
+  // (a model on a device) and the grad-ready hooks that drive them.
+  void install_gradient_hooks(const std::vector<std::pair<std::string, Tensor>>& trainable) {
+    const Options& o = options_;
+    const int n = group_->size(), stage = o.stage;
+    if ((stage == 0 && n > 1) || stage == 2) {
+      GradientBuckets::Setup s;
+      s.stage = stage;
+      s.flat = &flat_;
+      s.plan = plan_;
+      s.bucket_numel = o.reduce_bucket_size;
+      s.comm_dtype = o.comm_dtype;
+      s.prescale = comm_prescale_;
+      s.reduce_to_owners = o.reduce_scatter;
+      s.partition_grads = grads_part_;
+      s.partition_begin = begin_;
+      s.keep_in_flight = static_cast<size_t>(reductions_in_flight());
+      s.on_final = [this](int64_t lo, int64_t hi) { gradients_final(lo, hi); };
+      buckets_.emplace(std::move(s), group_);
+    }
+    if (!device_.is_cpu())
+      downloads_.emplace(opt_numel_, HostStep::step_chunk(o.sub_group_size),
+                         [this](int64_t b, int64_t numel) {
+                           host_step_.download(optimizer_gradients(), b, numel);
+                         });
+    grad_seen_.assign(trainable.size(), 0);
+    if (buckets_ || downloads_)
+      for (size_t i = 0; i < trainable.size(); ++i)
+        trainable[i].second.add_grad_ready_hook(
+            [this, i](const Tensor& p) { on_grad_ready(static_cast<int>(i), p); });
+  }
+
   // The gradients the optimizer steps with: (opt_numel,) on the model's device.
   Tensor optimizer_gradients() const {
     return options_.stage >= 2 ? grads_part_ : flat_.grads.flat_range(begin_, opt_numel_);
