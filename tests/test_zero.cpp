@@ -319,7 +319,8 @@ TEST_P(Zero, ModelOnADeviceTrainsAsOnTheHost) {
 // copies happen when enqueued, a gradient changed on the device after its range was sent would
 // change the step. The parameters are bitwise those of the run that downloads after backward, and
 // those of the host run, with clipping on (a grad_scale factor, never applied on the device), for
-// fp32 and bf16 training, fp32 and bf16 accumulation, with and without accumulation steps.
+// fp32, bf16 and fp16 training (the loss scale's unscaling is a grad_scale factor too), fp32 and
+// bf16 accumulation, with and without accumulation steps.
 // sub_group_size 1000 cuts the optimizer range into many pieces, not aligned with the parameters.
 TEST_P(Zero, GradientsGoDownDuringBackwardBitwise) {
   const int stage = GetParam();
@@ -333,15 +334,22 @@ TEST_P(Zero, GradientsGoDownDuringBackwardBitwise) {
     for (const auto& [name, t] : e.full_weights()) out.push_back(t.to_vector());
     return out;
   };
-  for (const std::string precision : {"fp32", "bf16"})
+  // "fp16 skips": a loss scale of 2^20 overflows the fp16 gradients of the first steps, which
+  // are skipped (zero_grads() then drops the downloads of that backward) until the scale fits.
+  for (const std::string precision : {"fp32", "bf16", "fp16", "fp16 skips"})
     for (const std::string accum : {"fp32", "bf16"})
       for (const int64_t gas : {int64_t{1}, kGas}) {
         SCOPED_TRACE(fmt::format("{} training, {} accumulation, {} micro-steps", precision, accum,
                                  gas));
-        const std::string top = fmt::format(R"("data_types": {{"grad_accum_dtype": "{}"}},)", accum);
+        const bool skips = precision == "fp16 skips";
+        const std::string top =
+            fmt::format(R"("data_types": {{"grad_accum_dtype": "{}"}}, {})", accum,
+                        skips ? R"("fp16": {"enabled": true, "initial_scale_power": 20,
+                                   "hysteresis": 1},)"
+                              : "");
         auto cfg = [&](bool on) {
           return zero_config(
-              stage, precision, kB, 0.05, 4000,
+              stage, skips ? "fp32" : precision, kB, 0.05, 4000,
               fmt::format(R"(, "overlap_comm": true, "sub_group_size": 1000,
                 "offload_optimizer": {{"download_in_backward": {}}})",
                           on ? "true" : "false"),
@@ -359,6 +367,10 @@ TEST_P(Zero, GradientsGoDownDuringBackwardBitwise) {
         const auto want = weights(*late);
         EXPECT_EQ(weights(*early), want) << "downloads during backward changed the step";
         EXPECT_EQ(weights(*host), want) << "the device run differs from the host run";
+        if (skips) {
+          EXPECT_GT(early->skipped_steps(), 0);
+          EXPECT_EQ(early->skipped_steps(), late->skipped_steps());
+        }
         EXPECT_EQ(late->strategy().offload_stats().grad_bytes_in_backward, 0);
         // Every parameter gets a gradient: the whole optimizer range went down during each of the
         // 3 boundary backwards.
