@@ -315,9 +315,9 @@ TEST_P(Zero, ModelOnADeviceTrainsAsOnTheHost) {
 }
 
 // The boundary micro-step's backward sends each range of the gradients to host memory as soon as
-// it is final (offload_optimizer.download_in_backward, on by default; docs/cuda.md): on `sim`, whose
-// copies happen when enqueued, a gradient changed on the device after its range was sent would
-// change the step. The parameters are bitwise those of the run that downloads after backward, and
+// it is final (offload_optimizer.download_in_backward, on by default; docs/cuda.md): on `sim`,
+// whose copies happen when enqueued, a gradient changed on the device after its range was sent
+// would change the step. The parameters are bitwise those of the run that downloads after backward, and
 // those of the host run, with clipping on (a grad_scale factor, never applied on the device), for
 // fp32, bf16 and fp16 training (the loss scale's unscaling is a grad_scale factor too), fp32 and
 // bf16 accumulation, with and without accumulation steps.

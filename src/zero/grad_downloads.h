@@ -5,7 +5,7 @@
 // whose gradients are final, and a piece is sent (HostStep::download) as soon as all its elements
 // are: the copy runs beside the rest of backward instead of after it.
 //
-//   BackwardDownloads d(optimizer_numel, piece, [&](int64_t b, int64_t n) { step.download(g, b, n); });
+//   BackwardDownloads d(numel, piece, [&](int64_t b, int64_t n) { step.download(g, b, n); });
 //   d.arm();                   // the boundary micro-step's backward begins
 //   d.mark_final(lo, hi);      // from the grad-ready hooks or the finished bucket reductions
 //   d.disarm();                // backward over (pieces not complete are left to the step)

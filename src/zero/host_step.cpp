@@ -101,7 +101,8 @@ void HostStep::discard_downloads() {
 
 std::vector<uint64_t> HostStep::downloads_for_step(const Tensor& grads, int64_t chunk) {
   if (!sent_.empty() && sent_from_ != grads.raw_data()) discard_downloads();
-  std::sort(sent_.begin(), sent_.end(), [](const Sent& a, const Sent& b) { return a.begin < b.begin; });
+  std::sort(sent_.begin(), sent_.end(),
+            [](const Sent& a, const Sent& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < sent_.size(); ++i)
     DS_CHECK(sent_[i - 1].begin + sent_[i - 1].numel <= sent_[i].begin,
              "[zero] internal: gradient downloads [{}, +{}) and [{}, +{}) overlap",
@@ -138,10 +139,11 @@ void HostStep::run_for_device(optim::Optimizer& opt, const Tensor& master, const
   const int64_t numel = grads.numel();
   const bool wide = grads.dtype() == DType::f32;
   prepare_download(device_params.device(), numel, grads.dtype());
-  if (train != DType::f32 && !host16_.defined())
-    host16_ = Tensor::from_storage(backend::get(device_params.device())
-                                       .host_staging(static_cast<size_t>(numel) * dtype_size(train)),
+  if (train != DType::f32 && !host16_.defined()) {
+    backend::Backend& be = backend::get(device_params.device());
+    host16_ = Tensor::from_storage(be.host_staging(static_cast<size_t>(numel) * dtype_size(train)),
                                    {numel}, train);
+  }
   const Tensor& up = train == DType::f32 ? master : host16_;  // what goes back to the GPU
   if (!opt.steps_in_slices()) {
     // Lamb's trust ratios need whole tensors: every gradient down, one step, everything up.
