@@ -626,14 +626,16 @@ TEST(ConfigRules, ZeroRefusesUntestedOptimizers) {
 TEST(ConfigRules, OffloadSchedulingKeys) {
   auto d = parse(R"({"train_batch_size": 8})");
   const auto& o = d.zero_optimization.offload_optimizer;
-  EXPECT_TRUE(o.overlap_step && o.step_in_backward && o.prefetch_in_backward);
+  EXPECT_TRUE(o.overlap_step && o.step_in_backward && o.prefetch_in_backward &&
+              o.download_in_backward);
   EXPECT_TRUE(d.aio.use_direct_io);
   auto c = parse(R"({"train_batch_size": 8, "aio": {"use_direct_io": false},
                      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
                        "nvme_path": "/tmp", "overlap_step": false, "step_in_backward": "false",
-                       "prefetch_in_backward": false}}})");
+                       "prefetch_in_backward": false, "download_in_backward": false}}})");
   const auto& f = c.zero_optimization.offload_optimizer;
-  EXPECT_FALSE(f.overlap_step || f.step_in_backward || f.prefetch_in_backward);
+  EXPECT_FALSE(f.overlap_step || f.step_in_backward || f.prefetch_in_backward ||
+               f.download_in_backward);
   EXPECT_FALSE(c.aio.use_direct_io);
   EXPECT_HAS(error_of(R"({"train_batch_size": 8, "aio": {"use_direct_io": 2}})"),
              "aio.use_direct_io");

@@ -51,7 +51,7 @@ std::pair<Tensor, Tensor> batch(int64_t first, int64_t count, int64_t vocab) {
 // `zero_extra`: more zero_optimization keys (", ..."); `top_extra`: more top-level keys ("..., ").
 std::string zero_config(int stage, const std::string& precision, int64_t micro, double clip = 0.0,
                    int64_t bucket = 4000, const std::string& zero_extra = R"(, "overlap_comm": true)",
-                   const std::string& top_extra = "") {
+                   const std::string& top_extra = "", int64_t gas = kGas) {
   const std::string prec = precision == "bf16"   ? R"("bf16": {"enabled": true},)"
                            : precision == "fp16" ? R"("fp16": {"enabled": true, "initial_scale_power": 10, "hysteresis": 1},)"
                                                  : "";
@@ -61,7 +61,7 @@ std::string zero_config(int stage, const std::string& precision, int64_t micro, 
     "zero_optimization": {{"stage": {}, "reduce_bucket_size": {}, "stage3_param_persistence_threshold": 100,
       "stage3_prefetch_bucket_size": 3000, "stage3_max_reuse_distance": 1000{}}},
     "optimizer": {{"type": "AdamW", "params": {{"lr": 5e-3, "weight_decay": 0.1}}}}}})",
-                     micro, kGas, clip, prec, top_extra, stage, bucket, zero_extra);
+                     micro, gas, clip, prec, top_extra, stage, bucket, zero_extra);
 }
 
 std::unique_ptr<runtime::Engine> make_engine(const std::string& cfg, std::shared_ptr<comm::Group> g,
@@ -86,10 +86,11 @@ std::vector<double> train(runtime::Engine& e, int steps, int64_t first_step = 0)
   const int n = e.world_size(), r = e.rank();
   const int64_t b_local = e.config().batch.train_micro_batch_size_per_gpu;
   const int64_t vocab = 64;
+  const int64_t gas = e.config().batch.gradient_accumulation_steps;
   std::vector<double> losses;
   for (int64_t s = first_step; s < first_step + steps; ++s)
-    for (int64_t m = 0; m < kGas; ++m) {
-      const int64_t base = (s * kGas + m) * b_local * n;
+    for (int64_t m = 0; m < gas; ++m) {
+      const int64_t base = (s * gas + m) * b_local * n;
       auto [x, y] = batch(base + r * b_local, b_local, vocab);
       Tensor loss = e.forward(x, y);
       e.backward(loss);
@@ -311,6 +312,73 @@ TEST_P(Zero, ModelOnADeviceTrainsAsOnTheHost) {
     }
   }
   fs::remove_all(swap);
+}
+
+// The boundary micro-step's backward sends each range of the gradients to host memory as soon as
+// it is final (offload_optimizer.download_in_backward, on by default; docs/cuda.md): on `sim`,
+// whose copies happen when enqueued, a gradient changed on the device after its range was sent
+// would change the step. The parameters are bitwise those of the run that downloads after backward, and
+// those of the host run, with clipping on (a grad_scale factor, never applied on the device), for
+// fp32, bf16 and fp16 training (the loss scale's unscaling is a grad_scale factor too), fp32 and
+// bf16 accumulation, with and without accumulation steps.
+// sub_group_size 1000 cuts the optimizer range into many pieces, not aligned with the parameters.
+TEST_P(Zero, GradientsGoDownDuringBackwardBitwise) {
+  const int stage = GetParam();
+  if (stage == 3) GTEST_SKIP() << "stage 3 has its own step (not HostStep::run_for_device)";
+  auto g = world();
+  const Device sim{DeviceType::sim, 0};
+  // Stage 1 with several ranks reduce-scatters at the step, writing the device gradients: off.
+  const bool expected_on = g->size() == 1 || stage != 1;
+  auto weights = [](runtime::Engine& e) {
+    std::vector<std::vector<float>> out;
+    for (const auto& [name, t] : e.full_weights()) out.push_back(t.to_vector());
+    return out;
+  };
+  // "fp16 skips": a loss scale of 2^20 overflows the fp16 gradients of the first steps, which
+  // are skipped (zero_grads() then drops the downloads of that backward) until the scale fits.
+  for (const std::string precision : {"fp32", "bf16", "fp16", "fp16 skips"})
+    for (const std::string accum : {"fp32", "bf16"})
+      for (const int64_t gas : {int64_t{1}, kGas}) {
+        SCOPED_TRACE(fmt::format("{} training, {} accumulation, {} micro-steps", precision, accum,
+                                 gas));
+        const bool skips = precision == "fp16 skips";
+        const std::string top =
+            fmt::format(R"("data_types": {{"grad_accum_dtype": "{}"}}, {})", accum,
+                        skips ? R"("fp16": {"enabled": true, "initial_scale_power": 20,
+                                   "hysteresis": 1},)"
+                              : "");
+        auto cfg = [&](bool on) {
+          return zero_config(
+              stage, skips ? "fp32" : precision, kB, 0.05, 4000,
+              fmt::format(R"(, "overlap_comm": true, "sub_group_size": 1000,
+                "offload_optimizer": {{"download_in_backward": {}}})",
+                          on ? "true" : "false"),
+              top, gas);
+        };
+        rng::dropout_state() = {};
+        auto host = make_engine(cfg(true), g);
+        train(*host, 3);
+        rng::dropout_state() = {};
+        auto late = make_engine(cfg(false), g, false, sim);
+        train(*late, 3);
+        rng::dropout_state() = {};
+        auto early = make_engine(cfg(true), g, false, sim);
+        train(*early, 3);
+        const auto want = weights(*late);
+        EXPECT_EQ(weights(*early), want) << "downloads during backward changed the step";
+        EXPECT_EQ(weights(*host), want) << "the device run differs from the host run";
+        if (skips) {
+          EXPECT_GT(early->skipped_steps(), 0);
+          EXPECT_EQ(early->skipped_steps(), late->skipped_steps());
+        }
+        EXPECT_EQ(late->strategy().offload_stats().grad_bytes_in_backward, 0);
+        // Every parameter gets a gradient: the whole optimizer range went down during each of the
+        // 3 boundary backwards.
+        const int64_t range = early->strategy().optimizer_numel() *
+                              static_cast<int64_t>(dtype_size(early->grad_dtype()));
+        EXPECT_EQ(early->strategy().offload_stats().grad_bytes_in_backward,
+                  expected_on ? 3 * range : 0);
+      }
 }
 
 TEST_P(Zero, Bf16MatchesOneProcessWithinRounding) {

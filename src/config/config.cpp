@@ -466,6 +466,7 @@ void read_zero(Section s, ZeroConfig& z, ParseState& st) {
     c.overlap_step = o.boolean("overlap_step", true);
     c.step_in_backward = o.boolean("step_in_backward", true);
     c.prefetch_in_backward = o.boolean("prefetch_in_backward", true);
+    c.download_in_backward = o.boolean("download_in_backward", true);
     o.finish();
   }
   {

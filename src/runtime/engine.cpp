@@ -180,6 +180,7 @@ zero::Options zero_options(const config::DeepSpeedConfig& c, DType grads, int wo
   o.overlap_step = z.offload_optimizer.overlap_step;
   o.step_in_backward = z.offload_optimizer.step_in_backward;
   o.prefetch_in_backward = z.offload_optimizer.prefetch_in_backward;
+  o.download_in_backward = z.offload_optimizer.download_in_backward;
   io::AioOptions aio;
   aio.block_size = c.aio.block_size;
   aio.queue_depth = static_cast<int>(c.aio.queue_depth);

@@ -22,7 +22,11 @@ GradientBuckets::GradientBuckets(Setup setup, std::shared_ptr<comm::Group> group
 void GradientBuckets::begin(const std::string& ctx) {
   ctx_ = ctx;
   active_ = true;
-  if (direct_) return;  // nothing to reduce: no bucket is armed
+  if (direct_) {  // nothing to reduce: no bucket is armed
+    if (s_.on_final && s_.flat->numel < s_.plan.padded_numel)
+      s_.on_final(s_.flat->numel, s_.plan.padded_numel);
+    return;
+  }
   for (size_t b = 0; b < buckets_.size(); ++b)
     pending_params_[b] = static_cast<int>(buckets_[b].params.size());
 }
@@ -35,6 +39,7 @@ void GradientBuckets::on_grad_ready(int i, const Tensor& p) {
     // would have been added (the same sum, bit for bit) without a bucket-sized staging buffer.
     ops::add_(s_.partition_grads.flat_range(e.offset - s_.partition_begin, e.numel), p.grad());
     p.set_grad({});
+    if (s_.on_final) s_.on_final(e.offset, e.offset + e.numel);
     return;
   }
   if (s_.stage == 2) {
@@ -117,15 +122,18 @@ void GradientBuckets::finish(size_t keep) {
     if (s_.stage != 2) {
       Tensor view = s_.flat->grads.flat_range(bk.begin, bk.end - bk.begin);
       if (pending.buf.raw_data() != view.raw_data()) view.copy_from(pending.buf);
+      if (s_.on_final) s_.on_final(bk.begin, bk.end);
       continue;
     }
     // Keep only this rank's part of the reduced bucket.
     const int64_t part = s_.partition_grads.numel();
     const int64_t lo = std::max(bk.begin, s_.partition_begin),
                   hi = std::min(bk.end, s_.partition_begin + part);
-    if (lo < hi)
+    if (lo < hi) {
       ops::add_(s_.partition_grads.flat_range(lo - s_.partition_begin, hi - lo),
                 pending.buf.flat_range(lo - bk.begin, hi - lo));
+      if (s_.on_final) s_.on_final(lo, hi);
+    }
     staging_[static_cast<size_t>(pending.bucket)] = Tensor();
   }
   in_flight_.erase(in_flight_.begin(), in_flight_.begin() + static_cast<std::ptrdiff_t>(done));

@@ -14,6 +14,7 @@
 // Buckets are laid from the end of the buffer (plan_buckets): backward produces the last layers'
 // gradients first. Threading: the training thread only (the hooks run inside backward).
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,11 @@ class GradientBuckets {
     Tensor partition_grads;
     int64_t partition_begin = 0;
     size_t keep_in_flight = 0;  // reductions left running while backward goes on
+    // Called with [lo, hi) of the flat buffer when those reduced gradients are final for this
+    // backward (stage 0: in flat->grads; stage 2: the part of it in partition_grads): when their
+    // bucket's reduction is added back, or, on one rank, when the gradient was added (and at
+    // begin() for the padding, which no gradient writes). May be empty.
+    std::function<void(int64_t lo, int64_t hi)> on_final;
   };
   GradientBuckets(Setup setup, std::shared_ptr<comm::Group> group);
 

@@ -7,10 +7,13 @@
 //            the boundary; updated partitions are all-gathered;
 //   stage 2  as 1, and each rank keeps gradients only for its partition: every micro-step's
 //            gradients are reduced bucket by bucket during backward (buckets.h).
+// With the model on a GPU, the boundary micro-step's backward also sends the optimizer range's
+// gradients to host memory range by range as they become final (grad_downloads.h).
 #include <algorithm>
 #include <optional>
 
 #include "buckets.h"
+#include "grad_downloads.h"
 #include "ds/backend/backend.h"
 #include "ds/core/error.h"
 #include "ds/core/device_registry.h"
@@ -88,23 +91,7 @@ class FlatStrategy final : public Strategy {
     // also covers models initialised by the caller).
     if (n > 1) group_->broadcast(flat_.params, 0, "initial weights");
 
-    if ((stage == 0 && n > 1) || stage == 2) {
-      GradientBuckets::Setup s;
-      s.stage = stage;
-      s.flat = &flat_;
-      s.plan = plan_;
-      s.bucket_numel = o.reduce_bucket_size;
-      s.comm_dtype = o.comm_dtype;
-      s.prescale = comm_prescale_;
-      s.reduce_to_owners = o.reduce_scatter;
-      s.partition_grads = grads_part_;
-      s.partition_begin = begin_;
-      s.keep_in_flight = static_cast<size_t>(reductions_in_flight());
-      buckets_.emplace(std::move(s), group_);
-      for (size_t i = 0; i < trainable.size(); ++i)
-        trainable[i].second.add_grad_ready_hook(
-            [this, i](const Tensor& p) { buckets_->on_grad_ready(static_cast<int>(i), p); });
-    }
+    install_gradient_hooks(trainable);
   }
 
   Tensor device_parameters() override {
@@ -146,12 +133,15 @@ class FlatStrategy final : public Strategy {
   void begin_backward(bool boundary, const std::string& ctx) override {
     // Stage 2 reduces every micro-step (each rank keeps only its partition); stage 0 reduces on
     // the boundary micro-step, overlapped with its backward; stage 1 reduce-scatters at the step.
-    if (buckets_ && (options_.stage == 2 || boundary) && all_reduce_gradients_)
-      buckets_->begin(ctx);
+    const bool bucketed = buckets_ && (options_.stage == 2 || boundary) && all_reduce_gradients_;
+    arm_downloads(boundary, bucketed);
+    if (bucketed) buckets_->begin(ctx);
     prefetch_optimizer_state(boundary);
   }
   void end_backward() override {
     if (buckets_ && buckets_->active()) buckets_->end();
+    // Ranges not final by now (parameters without a gradient) go down with the step.
+    if (downloads_) downloads_->disarm();
   }
 
   Tensor reduce_gradients(const std::string& ctx) override {
@@ -169,8 +159,7 @@ class FlatStrategy final : public Strategy {
         mine.copy_from(out);
       }
     }
-    Tensor g = options_.stage >= 2 ? grads_part_ : flat_.grads.flat_range(begin_, opt_numel_);
-    return g;
+    return optimizer_gradients();
   }
 
   void after_step(const std::string& ctx) override {
@@ -180,6 +169,7 @@ class FlatStrategy final : public Strategy {
   }
 
   void zero_grads() override {
+    host_step_.discard_downloads();  // after a step there are none; after a skipped one, stale
     if (flat_.grads.defined()) flat_.grads.zero_();
     if (grads_part_.defined()) grads_part_.zero_();
   }
@@ -205,6 +195,7 @@ class FlatStrategy final : public Strategy {
 
   void load_parameters(
       const std::function<void(const std::string&, const Tensor&)>& read_param) override {
+    host_step_.discard_downloads();  // gradients of the weights before the load
     for (auto& [name, p] : model_.named_parameters()) {
       if (p.device().is_cpu()) {
         read_param(name, p);
@@ -217,10 +208,100 @@ class FlatStrategy final : public Strategy {
   }
 
  private:
+  // The gradient buckets (stage 0 with several ranks, stage 2), the downloads during backward
+  // (a model on a device) and the grad-ready hooks that drive them.
+  void install_gradient_hooks(const std::vector<std::pair<std::string, Tensor>>& trainable) {
+    const Options& o = options_;
+    const int n = group_->size(), stage = o.stage;
+    if ((stage == 0 && n > 1) || stage == 2) {
+      GradientBuckets::Setup s;
+      s.stage = stage;
+      s.flat = &flat_;
+      s.plan = plan_;
+      s.bucket_numel = o.reduce_bucket_size;
+      s.comm_dtype = o.comm_dtype;
+      s.prescale = comm_prescale_;
+      s.reduce_to_owners = o.reduce_scatter;
+      s.partition_grads = grads_part_;
+      s.partition_begin = begin_;
+      s.keep_in_flight = static_cast<size_t>(reductions_in_flight());
+      s.on_final = [this](int64_t lo, int64_t hi) { gradients_final(lo, hi); };
+      buckets_.emplace(std::move(s), group_);
+    }
+    if (!device_.is_cpu())
+      downloads_.emplace(opt_numel_, HostStep::step_chunk(o.sub_group_size),
+                         [this](int64_t b, int64_t numel) {
+                           host_step_.download(optimizer_gradients(), b, numel);
+                         });
+    grad_seen_.assign(trainable.size(), 0);
+    if (buckets_ || downloads_)
+      for (size_t i = 0; i < trainable.size(); ++i)
+        trainable[i].second.add_grad_ready_hook(
+            [this, i](const Tensor& p) { on_grad_ready(static_cast<int>(i), p); });
+  }
+
+  // The gradients the optimizer steps with: (opt_numel,) on the model's device.
+  Tensor optimizer_gradients() const {
+    return options_.stage >= 2 ? grads_part_ : flat_.grads.flat_range(begin_, opt_numel_);
+  }
+
+  // Whether this backward sends its gradients down as they become final. Only where nothing
+  // changes the optimizer range's gradients on the device after backward: the step reads them
+  // unchanged, clipping and the loss scale's unscaling being grad_scale factors of the host
+  // optimizer (Engine::take_step). So not at stage 1 with several ranks (the reduce-scatter at
+  // the step writes them), nor at stage 0 with several ranks and the all-reduce off (no buckets
+  // report them final), nor with expert parallelism (the dense ranges' all-reduce at
+  // reduced_gradients()); not for whole-tensor optimizers (Lamb: HostStep copies all at once).
+  bool downloads_in_backward(bool boundary, bool bucketed) const {
+    if (!downloads_ || !boundary || !options_.download_in_backward) return false;
+    if (!optimizer_steps_in_slices_ || ep_) return false;
+    return group_->size() == 1 || (options_.stage != 1 && bucketed);
+  }
+
+  void arm_downloads(bool boundary, bool bucketed) {
+    if (!downloads_) return;
+    // Sent by a backward no step followed (the engine always steps after the boundary one).
+    host_step_.discard_downloads();
+    downloads_->disarm();
+    if (!downloads_in_backward(boundary, bucketed)) return;
+    downloads_->arm();
+    std::fill(grad_seen_.begin(), grad_seen_.end(), 0);
+    report_by_hooks_ = !bucketed;
+    // Without buckets the grad-ready hooks report; the padding has no hook and no gradient.
+    if (report_by_hooks_) gradients_final(flat_.numel, plan_.padded_numel);
+  }
+
+  // The grad-ready hook of trainable parameter i.
+  void on_grad_ready(int i, const Tensor& p) {
+    const bool tracking = downloads_ && downloads_->armed();
+    if (tracking && grad_seen_[static_cast<size_t>(i)]) {
+      // Completed twice in one backward (used in two checkpointed segments): ranges sent may
+      // change again. Everything goes down with the step instead.
+      downloads_->disarm();
+      host_step_.discard_downloads();
+    }
+    if (tracking) grad_seen_[static_cast<size_t>(i)] = 1;
+    if (buckets_) buckets_->on_grad_ready(i, p);  // a no-op unless armed
+    if (tracking && report_by_hooks_ && downloads_->armed()) {
+      const nn::FlatEntry& e = flat_.entries[static_cast<size_t>(i)];
+      gradients_final(e.offset, e.offset + e.numel);
+    }
+  }
+
+  // Flat elements [lo, hi) hold their final gradients for this backward.
+  void gradients_final(int64_t lo, int64_t hi) {
+    if (downloads_ && downloads_->armed()) downloads_->mark_final(lo - begin_, hi - begin_);
+  }
+
   Device device_ = kCPU;  // where the model's trainable parameters live
   int64_t begin_ = 0;  // the range of the flat buffer this rank optimises starts here
   Tensor grads_part_;  // stage 2: (opt_numel,) accumulated gradients of this rank's partition
   std::optional<GradientBuckets> buckets_;
+  // The model on a GPU: the gradient downloads during backward, and which parameters have
+  // completed their gradient in this backward (a second completion stops them).
+  std::optional<BackwardDownloads> downloads_;
+  std::vector<char> grad_seen_;
+  bool report_by_hooks_ = false;  // no buckets this backward: the hooks say what is final
 };
 
 }  // namespace

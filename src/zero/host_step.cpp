@@ -59,27 +59,95 @@ void HostStep::run_16bit(optim::Optimizer& opt, const Tensor& master, const Tens
   }
 }
 
+void HostStep::prepare_download(Device device, int64_t numel, DType dtype) {
+  // Page-locked where the device offers it: the copies run at the link's speed and, being
+  // page-locked, asynchronously. The gradients come down in their own dtype: 16-bit ones
+  // (data_types.grad_accum_dtype) move half the bytes and are widened on the host.
+  backend::Backend& be = backend::get(device);
+  if (!host_grads_.defined() || host_grads_.dtype() != dtype || host_grads_.numel() != numel)
+    host_grads_ = Tensor::from_storage(
+        be.host_staging(static_cast<size_t>(numel) * dtype_size(dtype)), {numel}, dtype);
+  if (!to_host_) {
+    to_host_ = be.transfer_queue();
+    to_device_ = be.transfer_queue();
+  }
+}
+
+void HostStep::download(const Tensor& grads, int64_t begin, int64_t numel) {
+  DS_CHECK(!grads.device().is_cpu() && grads.is_contiguous() && begin >= 0 && numel > 0 &&
+               begin + numel <= grads.numel(),
+           "[zero] internal: download of gradients [{}, {}) of {} on {}", begin, begin + numel,
+           grads.numel(), grads.device().str());
+  // Downloads of other gradients (a buffer no step used) are stale: the staging is reused.
+  if (!sent_.empty() && sent_from_ != grads.raw_data()) discard_downloads();
+  prepare_download(grads.device(), grads.numel(), grads.dtype());
+  sent_from_ = grads.raw_data();
+  to_host_->after_kernels();  // the kernels that made these gradients final
+  const uint64_t ticket =
+      to_host_->copy(grads.flat_range(begin, numel), host_grads_.flat_range(begin, numel));
+  sent_.push_back({begin, numel, ticket});
+  bytes_sent_in_backward_ += numel * static_cast<int64_t>(dtype_size(grads.dtype()));
+}
+
+void HostStep::discard_downloads() {
+  if (sent_.empty()) return;
+  // Waited for: the staging they write into may be written again or freed next.
+  uint64_t last = 0;
+  for (const Sent& s : sent_) last = std::max(last, s.ticket);
+  to_host_->wait(last);
+  sent_.clear();
+  sent_from_ = nullptr;
+}
+
+std::vector<uint64_t> HostStep::downloads_for_step(const Tensor& grads, int64_t chunk) {
+  if (!sent_.empty() && sent_from_ != grads.raw_data()) discard_downloads();
+  std::sort(sent_.begin(), sent_.end(),
+            [](const Sent& a, const Sent& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < sent_.size(); ++i)
+    DS_CHECK(sent_[i - 1].begin + sent_[i - 1].numel <= sent_[i].begin,
+             "[zero] internal: gradient downloads [{}, +{}) and [{}, +{}) overlap",
+             sent_[i - 1].begin, sent_[i - 1].numel, sent_[i].begin, sent_[i].numel);
+  const int64_t numel = grads.numel(), chunks = (numel + chunk - 1) / chunk;
+  std::vector<uint64_t> ready(static_cast<size_t>(chunks), 0);
+  to_host_->after_kernels();  // the gradients are final once backward's kernels are done
+  size_t s = 0;  // the first download that does not end before `at`
+  for (int64_t c = 0; c < chunks; ++c) {
+    uint64_t& wait_for = ready[static_cast<size_t>(c)];
+    const int64_t end = std::min((c + 1) * chunk, numel);
+    for (int64_t at = c * chunk; at < end;) {
+      while (s < sent_.size() && sent_[s].begin + sent_[s].numel <= at) ++s;
+      if (s < sent_.size() && sent_[s].begin <= at) {  // sent during backward
+        wait_for = std::max(wait_for, sent_[s].ticket);
+        at = std::min(end, sent_[s].begin + sent_[s].numel);
+        continue;
+      }
+      const int64_t to = std::min(end, s < sent_.size() ? sent_[s].begin : end);
+      wait_for = std::max(wait_for, to_host_->copy(grads.flat_range(at, to - at),
+                                                   host_grads_.flat_range(at, to - at)));
+      at = to;
+    }
+  }
+  sent_.clear();  // waited for by the step that follows
+  sent_from_ = nullptr;
+  return ready;
+}
+
 void HostStep::run_for_device(optim::Optimizer& opt, const Tensor& master, const Tensor& grads,
                               float grad_scale, const Tensor& device_params, DType train,
                               int64_t sub_group_size) {
   const DType out16_dtype = train != DType::f32 ? train : DType::bf16;
   const int64_t numel = grads.numel();
-  // Page-locked staging buffers where the device offers them: the copies run at the link's speed
-  // and, being page-locked, asynchronously.
-  backend::Backend& be = backend::get(device_params.device());
-  auto staging = [&](DType dt) {
-    return Tensor::from_storage(be.host_staging(static_cast<size_t>(numel) * dtype_size(dt)),
-                                {numel}, dt);
-  };
-  // The gradients come down in their own dtype: 16-bit ones (data_types.grad_accum_dtype) move
-  // half the bytes and are widened on the host, exactly, a chunk at a time.
   const bool wide = grads.dtype() == DType::f32;
-  if (!host_grads_.defined() || host_grads_.dtype() != grads.dtype())
-    host_grads_ = staging(grads.dtype());
-  if (train != DType::f32 && !host16_.defined()) host16_ = staging(train);
+  prepare_download(device_params.device(), numel, grads.dtype());
+  if (train != DType::f32 && !host16_.defined()) {
+    backend::Backend& be = backend::get(device_params.device());
+    host16_ = Tensor::from_storage(be.host_staging(static_cast<size_t>(numel) * dtype_size(train)),
+                                   {numel}, train);
+  }
   const Tensor& up = train == DType::f32 ? master : host16_;  // what goes back to the GPU
   if (!opt.steps_in_slices()) {
     // Lamb's trust ratios need whole tensors: every gradient down, one step, everything up.
+    discard_downloads();  // (none are sent for it; the copy below rewrites the staging)
     host_grads_.copy_from(grads);  // waits for the backward that produced them
     const Tensor g32 = wide ? host_grads_ : host_grads_.to(DType::f32);
     opt.step(master.data<float>(), g32.data<float>(), numel, grad_scale,
@@ -90,28 +158,18 @@ void HostStep::run_for_device(optim::Optimizer& opt, const Tensor& master, const
   // Elementwise optimizers (Adam, AdamW) step chunk by chunk while the copies run beside them:
   // chunk i+1's gradients come down and chunk i-1's parameters go up (two queues: a GPU has a
   // copy engine per direction) while the CPU steps chunk i. Slices make one step equal to a whole
-  // step(), so the results are bitwise those of the synchronous order.
-  if (!to_host_) {
-    to_host_ = be.transfer_queue();
-    to_device_ = be.transfer_queue();
-  }
+  // step(), so the results are bitwise those of the synchronous order. Ranges sent during
+  // backward (download()) are only waited for.
   opt.init_state(numel);
   const std::vector<optim::StateBuffer> bufs = opt.state_buffers();
-  const int64_t chunk = std::min(kDeviceStepChunk, sub_group_size);
-  const int64_t chunks = (numel + chunk - 1) / chunk;
-  to_host_->after_kernels();  // the gradients are final once backward's kernels are done
-  std::vector<uint64_t> arrived(static_cast<size_t>(chunks));
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t b = c * chunk, n = std::min(chunk, numel - b);
-    arrived[static_cast<size_t>(c)] =
-        to_host_->copy(grads.flat_range(b, n), host_grads_.flat_range(b, n));
-  }
+  const int64_t chunk = step_chunk(sub_group_size);
+  const std::vector<uint64_t> arrived = downloads_for_step(grads, chunk);
   opt.begin_step();
   std::vector<float*> states(bufs.size());
   const int64_t esize = static_cast<int64_t>(dtype_size(train));
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t b = c * chunk, n = std::min(chunk, numel - b);
-    to_host_->wait(arrived[static_cast<size_t>(c)]);
+  for (size_t c = 0; c < arrived.size(); ++c) {
+    const int64_t b = static_cast<int64_t>(c) * chunk, n = std::min(chunk, numel - b);
+    to_host_->wait(arrived[c]);
     for (size_t i = 0; i < bufs.size(); ++i) states[i] = bufs[i].data + b;
     void* out16 =
         train != DType::f32 ? static_cast<char*>(host16_.raw_data()) + b * esize : nullptr;
@@ -120,7 +178,8 @@ void HostStep::run_for_device(optim::Optimizer& opt, const Tensor& master, const
     to_device_->copy(up.flat_range(b, n), device_params.flat_range(b, n));
   }
   // The next forward's kernels wait for the last parameters on the GPU; the host goes on. The
-  // host buffers are next written after the next backward, which runs after those kernels.
+  // parameter staging is next written after the next backward, which runs after those kernels;
+  // the gradient staging, read above, by the next boundary backward's downloads at the earliest.
   to_device_->before_kernels();
 }
 

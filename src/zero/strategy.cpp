@@ -134,6 +134,7 @@ void Strategy::set_tensor_parallel(std::shared_ptr<comm::Group> tp,
 void Strategy::attach_optimizer(optim::Optimizer& opt,
                                 const std::function<void(const std::string&)>& log) {
   DS_CHECK(!store_, "[zero] attach_optimizer() was already called");
+  optimizer_steps_in_slices_ = opt.steps_in_slices();
   // In fp32 training the parameters are the master weights, unless they live on NVMe.
   const bool master_is_params = options_.train_dtype == DType::f32 && !params_on_nvme();
   if (options_.nvme_optimizer) {
@@ -165,6 +166,7 @@ void Strategy::initial_master(int64_t begin, int64_t numel, float* out) {
 
 Strategy::OffloadStats Strategy::offload_stats() const {
   OffloadStats o;
+  o.grad_bytes_in_backward = host_step_.bytes_sent_in_backward();
   if (!store_) return o;
   const StoreStats s = store_->stats();
   o.bytes_read = s.bytes_read;

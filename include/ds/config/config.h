@@ -230,6 +230,9 @@ struct OffloadOptimizerConfig {
   bool overlap_step = true;          // stage 3: step on a worker while the next forward runs
   bool step_in_backward = true;      // ... from the boundary backward on (no clipping, no fp16)
   bool prefetch_in_backward = true;  // read the next step's first sub-groups during backward
+  // The model on a GPU, stages 0-2: gradients go to host memory during backward as they become
+  // final (zero::Options::download_in_backward).
+  bool download_in_backward = true;
 };
 
 struct OffloadParamConfig {

@@ -117,6 +117,14 @@ struct Options {
   // prefetch_in_backward: the boundary micro-step's backward starts reading the first sub-groups
   // of the coming step's optimizer state (StateStore::prefetch; needs pipeline_read).
   bool prefetch_in_backward = true;
+  // download_in_backward: with the model on a GPU (stages 0-2, an elementwise optimizer), the
+  // boundary micro-step's backward sends each range of the optimizer range's gradients to host
+  // memory as soon as it is final (HostStep::download), so the step waits only for what backward
+  // left. DeepSpeed does the same for ZeRO-Offload (stage_1_and_2.py, copy_grads_in_partition:
+  // each reduced bucket's gradients of this rank's partition are copied non_blocking into the fp32
+  // host gradient buffer as the bucket is reduced during backward, i.e. always at stage 2, with
+  // overlap_comm at stage 1); deepspeed.cpp ties it to no other key. Off: all after backward.
+  bool download_in_backward = true;
   // offload_optimizer.device = "nvme": master weights and moments in swap files (state_store.h).
   std::optional<NvmeOffloadOptions> nvme_optimizer;
   // offload_param.device = "nvme" (stage 3): this rank's parameter pieces in a swap file.
@@ -205,6 +213,9 @@ class Strategy {
     // Steps started during backward (strategy.h): sub-groups whose gradients were final before
     // their backward ended (the worker could take them), and those it stepped before that end.
     int64_t final_in_backward = 0, stepped_in_backward = 0;
+    // Gradient bytes sent to host memory during backward (Options::download_in_backward), not
+    // NVMe traffic: the model on a GPU, stages 0-2.
+    int64_t grad_bytes_in_backward = 0;
   };
   virtual OffloadStats offload_stats() const;
 
@@ -348,6 +359,8 @@ class Strategy {
     norm_.set_partitioned(partitioned);
   }
   std::unique_ptr<StateStore> store_;  // attach_optimizer()
+  // The attached optimizer steps any slice of its range (Adam); whole-tensor ones (Lamb) do not.
+  bool optimizer_steps_in_slices_ = false;
   // True when anything is on NVMe: the optimizer then steps sub-group by sub-group, and
   // reduced_gradients() may return the accumulation dtype (widened per sub-group).
   bool offloaded() const {
