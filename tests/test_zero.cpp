@@ -381,6 +381,27 @@ TEST_P(Zero, GradientsGoDownDuringBackwardBitwise) {
       }
 }
 
+// gradient_predivide_factor f divides the gradients by f before the reduction and multiplies the
+// sum by f / N after it: the average is unchanged at any N, also N = 1 (where there is no
+// reduction, so neither scale applies). With clipping on, a gradient left f times too large would
+// be clipped differently.
+TEST_P(Zero, GradientPredivideFactorLeavesTheAverage) {
+  const int stage = GetParam();
+  auto g = world();
+  auto plain = make_engine(zero_config(stage, "fp32", kB, 0.05), g, stage == 3);
+  const auto want = train(*plain, 3);
+  auto divided = make_engine(
+      zero_config(stage, "fp32", kB, 0.05, 4000, R"(, "overlap_comm": true)",
+                  R"("gradient_predivide_factor": 4.0,)"),
+      g, stage == 3);
+  const auto got = train(*divided, 3);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_LT(rel(got[i], want[i]), 1e-5) << "micro-step " << i;
+  // Adam hardly sees a uniform scale; the gradient norm does.
+  EXPECT_LT(rel(divided->last_grad_norm(), plain->last_grad_norm()), 1e-5)
+      << divided->last_grad_norm() << " vs " << plain->last_grad_norm();
+}
+
 TEST_P(Zero, Bf16MatchesOneProcessWithinRounding) {
   const int stage = GetParam();
   auto g = world();

@@ -26,7 +26,13 @@ Strategy::Strategy(nn::Module& model, std::shared_ptr<comm::Group> group, Option
       norm_(group_) {
   // Gradients are averaged over every data-parallel rank: the group's, times MiCS's replicas.
   const int n = group_->size() * (replicas_ ? replicas_->size() : 1);
-  if (options_.prescale_gradients) {
+  if (n == 1) {
+    // No reduction: nothing is divided before it, so nothing is multiplied after it (the
+    // predivide factor left the gradients f times too large here, and their norm and clipping
+    // with them).
+    comm_prescale_ = 1.0f;
+    grad_post_scale_ = 1.0;
+  } else if (options_.prescale_gradients) {
     comm_prescale_ = static_cast<float>(1.0 / n);
     grad_post_scale_ = 1.0;
   } else {
