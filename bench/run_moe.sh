@@ -26,7 +26,7 @@
 # the causal half not subtracted), against this machine's sgemm peak measured at the start.
 # The first lines name the CPU, its flags, the GEMM path, the load (uptime) and OMP_WAIT_POLICY.
 #
-#   OMP_WAIT_POLICY=passive PYTHON_TORCH=/root/venv/bin/python bash bench/run_moe.sh
+#   OMP_WAIT_POLICY=passive PYTHON_TORCH=$VENV/bin/python bash bench/run_moe.sh
 #   PARTS="moe" ROUNDS=2 bash bench/run_moe.sh
 #
 # Environment:

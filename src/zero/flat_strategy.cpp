@@ -31,8 +31,6 @@ class FlatStrategy final : public Strategy {
     const int stage = o.stage;
     const bool sharded = stage >= 1 && n > 1;
     set_partitioned(sharded);
-    const bool full_grads = stage < 2;
-    const int64_t multiple = padding_multiple(n);
     // Flatten in fp32 first: that buffer becomes the master copy (or the parameters themselves in
     // fp32 training). For 16-bit training flatten again in the training dtype: same order and
     // offsets, values rounded to nearest even, parameters rebound to the 16-bit buffer.
@@ -52,40 +50,7 @@ class FlatStrategy final : public Strategy {
                "none",
                device_.str());
     }
-    // The master weights go up to the GPU after every step (fp32 training): page-locked there.
-    auto host_clone = [this](const Tensor& t) {
-      Tensor h = Tensor::from_storage(
-          backend::get(device_).host_staging(t.nbytes()), t.shape(), t.dtype());
-      h.copy_from(t);
-      return h;
-    };
-    // A model on a device: the fp32 flat copy is made in host memory (it becomes the master
-    // weights there), the device's cache returns the parameters' own blocks, and only the
-    // training-dtype buffer and the gradients are then allocated on the device: its start-up peak
-    // is theirs, not the parameters' + an fp32 flat copy + a 16-bit copy (docs/cuda.md, "Memory").
-    const bool on_device = !device_.is_cpu();
-    nn::FlatParameters f32 = nn::flatten_parameters(
-        trainable, DType::f32, o.grad_dtype, multiple, full_grads && !on_device,
-        on_device ? std::optional<Device>(kCPU) : std::nullopt);
-    if (on_device) device_ops(device_).allocator->empty_cache();  // the allocator storage uses
-    plan_ = plan_partitions(f32.numel, n);
-    DS_CHECK(plan_.padded_numel == f32.padded_numel, "[zero] internal: padding plan disagrees");
-    begin_ = sharded ? plan_.begin(group_->rank()) : 0;
-    opt_numel_ = sharded ? plan_.partition_numel : plan_.padded_numel;
-    auto range = [&](const Tensor& t) { return t.flat_range(begin_, opt_numel_); };
-    if (!on_device && o.train_dtype == DType::f32) {
-      flat_ = std::move(f32);
-      master_ = range(flat_.params);
-    } else {
-      // Only this rank's range of the fp32 copy is kept as master weights.
-      master_ = on_device ? host_clone(range(f32.params)) : range(f32.params).clone();
-      f32 = {};
-      flat_ = nn::flatten_parameters(trainable, o.train_dtype, o.grad_dtype, multiple, full_grads,
-                                     device_);
-    }
-    if (!full_grads) grads_part_ = Tensor::zeros({opt_numel_}, o.grad_dtype, device_);
-    // 16-bit gradients go to the optimizer as they are: widened a chunk at a time in RAM
-    // (step_16bit_gradients), on the host after the copy down from a GPU (device_optimizer_step).
+    build_flat_buffers(trainable, sharded);
 
     // Every rank starts from rank 0's weights (initialisation is rank-independent already; this
     // also covers models initialised by the caller).
@@ -210,6 +175,50 @@ class FlatStrategy final : public Strategy {
  private:
   // The gradient buckets (stage 0 with several ranks, stage 2), the downloads during backward
   // (a model on a device) and the grad-ready hooks that drive them.
+  // flat_ (the training-dtype parameters and, below stage 2, the gradients), master_ (this
+  // rank's fp32 range, in host memory), plan_, begin_, opt_numel_ and, at stage 2, grads_part_.
+  void build_flat_buffers(const std::vector<std::pair<std::string, Tensor>>& trainable,
+                          bool sharded) {
+    // The master weights go up to the GPU after every step (fp32 training): page-locked there.
+    auto host_clone = [this](const Tensor& t) {
+      Tensor h = Tensor::from_storage(
+          backend::get(device_).host_staging(t.nbytes()), t.shape(), t.dtype());
+      h.copy_from(t);
+      return h;
+    };
+    // A model on a device: the fp32 flat copy is made in host memory (it becomes the master
+    // weights there), the device's cache returns the parameters' own blocks, and only the
+    // training-dtype buffer and the gradients are then allocated on the device: its start-up peak
+    // is theirs, not the parameters' + an fp32 flat copy + a 16-bit copy (docs/cuda.md, "Memory").
+    const Options& o = options_;
+    const int n = group_->size();
+    const bool full_grads = o.stage < 2;
+    const int64_t multiple = padding_multiple(n);
+    const bool on_device = !device_.is_cpu();
+    nn::FlatParameters f32 = nn::flatten_parameters(
+        trainable, DType::f32, o.grad_dtype, multiple, full_grads && !on_device,
+        on_device ? std::optional<Device>(kCPU) : std::nullopt);
+    if (on_device) device_ops(device_).allocator->empty_cache();  // where device storage comes from
+    plan_ = plan_partitions(f32.numel, n);
+    DS_CHECK(plan_.padded_numel == f32.padded_numel, "[zero] internal: padding plan disagrees");
+    begin_ = sharded ? plan_.begin(group_->rank()) : 0;
+    opt_numel_ = sharded ? plan_.partition_numel : plan_.padded_numel;
+    auto range = [&](const Tensor& t) { return t.flat_range(begin_, opt_numel_); };
+    if (!on_device && o.train_dtype == DType::f32) {
+      flat_ = std::move(f32);
+      master_ = range(flat_.params);
+    } else {
+      // Only this rank's range of the fp32 copy is kept as master weights.
+      master_ = on_device ? host_clone(range(f32.params)) : range(f32.params).clone();
+      f32 = {};
+      flat_ = nn::flatten_parameters(trainable, o.train_dtype, o.grad_dtype, multiple, full_grads,
+                                     device_);
+    }
+    if (!full_grads) grads_part_ = Tensor::zeros({opt_numel_}, o.grad_dtype, device_);
+    // 16-bit gradients go to the optimizer as they are: widened a chunk at a time in RAM
+    // (step_16bit_gradients), on the host after the copy down from a GPU (device_optimizer_step).
+  }
+
   void install_gradient_hooks(const std::vector<std::pair<std::string, Tensor>>& trainable) {
     const Options& o = options_;
     const int n = group_->size(), stage = o.stage;

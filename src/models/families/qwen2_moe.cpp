@@ -34,10 +34,9 @@ hf::DecoderDefaults defaults() {
 
 GPTConfig read(const json& j, const std::string& type, const std::string& source) {
   std::set<std::string> handled = hf::decoder_fields();
-  handled.insert({"qkv_bias", "use_sliding_window", "sliding_window", "max_window_layers",
-                  "decoder_sparse_step", "moe_intermediate_size", "shared_expert_intermediate_size",
-                  "num_experts_per_tok", "num_experts", "num_local_experts", "norm_topk_prob",
-                  "output_router_logits", "router_aux_loss_coef", "mlp_only_layers", "layer_types"});
+  const std::set<std::string> moe = qwen_moe::fields();
+  handled.insert(moe.begin(), moe.end());
+  handled.insert({"qkv_bias", "shared_expert_intermediate_size"});
   hf::check_known_fields(j, handled, type, source);
   GPTConfig c = hf::read_decoder_fields(j, type, source, defaults());
   if (!j.contains("intermediate_size")) c.ffn_hidden = 5632;
@@ -45,38 +44,21 @@ GPTConfig read(const json& j, const std::string& type, const std::string& source
            "[hf_io] {}: partial_rotary_factor {} is not supported for model_type qwen2_moe", source,
            c.partial_rotary_factor);
   c.qkv_bias = hf::get_field<bool>(j, "qkv_bias", true, source);
-  qwen_moe::read_layers(j, c, type, source);
-  c.num_experts = hf::get_field<int64_t>(
-      j, "num_local_experts", hf::get_field<int64_t>(j, "num_experts", 60, source), source);
-  c.experts_per_tok = hf::get_field<int64_t>(j, "num_experts_per_tok", 4, source);
-  DS_CHECK(c.num_experts >= 1 && c.experts_per_tok >= 1 && c.experts_per_tok <= c.num_experts,
-           "[hf_io] {}: num_experts {} and num_experts_per_tok {} must satisfy 1 <= "
-           "num_experts_per_tok <= num_experts",
-           source, c.num_experts, c.experts_per_tok);
-  c.moe_ffn_hidden = hf::get_field<int64_t>(j, "moe_intermediate_size", 1408, source);
+  qwen_moe::read_moe(j, c, {.num_experts = 60, .experts_per_tok = 4, .moe_hidden = 1408}, type,
+                     source);
   c.shared_expert_hidden =
       hf::get_field<int64_t>(j, "shared_expert_intermediate_size", 5632, source);
-  DS_CHECK(c.moe_ffn_hidden >= 1 && c.shared_expert_hidden >= 1,
-           "[hf_io] {}: moe_intermediate_size {} and shared_expert_intermediate_size {} must be "
-           "positive",
-           source, c.moe_ffn_hidden, c.shared_expert_hidden);
-  c.norm_topk_prob = hf::get_field<bool>(j, "norm_topk_prob", false, source);
-  c.output_router_logits = hf::get_field<bool>(j, "output_router_logits", false, source);
-  c.router_aux_loss_coef = hf::get_field<float>(j, "router_aux_loss_coef", 0.001f, source);
+  DS_CHECK(c.shared_expert_hidden >= 1,
+           "[hf_io] {}: shared_expert_intermediate_size {} must be positive", source,
+           c.shared_expert_hidden);
   return c;
 }
 
 json write(const GPTConfig& c) {
   json j = hf::write_decoder_fields(c);
   j["qkv_bias"] = c.qkv_bias;
-  qwen_moe::write_layers(c, j);
-  j["moe_intermediate_size"] = c.resolved_moe_ffn_hidden();
+  qwen_moe::write_moe(c, j);
   j["shared_expert_intermediate_size"] = c.shared_expert_hidden;
-  j["num_experts"] = c.num_experts;
-  j["num_experts_per_tok"] = c.experts_per_tok;
-  j["norm_topk_prob"] = c.norm_topk_prob;
-  j["output_router_logits"] = c.output_router_logits;
-  j["router_aux_loss_coef"] = hf::shortest(c.router_aux_loss_coef);
   return j;
 }
 
@@ -91,19 +73,13 @@ void check(const GPTConfig& c) {
 }
 
 Family make() {
-  Family f;
+  Family f = qwen_moe::family();
   f.name = "qwen2_moe";
   f.model_types = {"qwen2_moe"};
   f.architecture = "Qwen2MoeForCausalLM";
-  f.decoder.layout = nn::Layout::llama;
-  f.lora_targets = {"q_proj", "v_proj"};
-  f.prefix = "model.";
   f.features = {"moe", "moe dense layers", "shared expert"};
   f.decoder.read_config = read;
   f.decoder.write_config = write;
-  f.decoder.place = qwen_moe::place;
-  f.decoder.legacy_pieces = qwen_moe::legacy_pieces;
-  f.is_buffer = qwen_moe::is_buffer;
   f.decoder.check = check;
   return f;
 }

@@ -9,6 +9,8 @@ namespace ds::models::qwen_moe {
 
 using nlohmann::json;
 
+namespace {
+
 void read_layers(const nlohmann::json& j, GPTConfig& c, const std::string& type,
                  const std::string& source) {
   c.decoder_sparse_step = hf::get_field<int64_t>(j, "decoder_sparse_step", 1, source);
@@ -42,14 +44,6 @@ void read_layers(const nlohmann::json& j, GPTConfig& c, const std::string& type,
            source, type);
 }
 
-void write_layers(const GPTConfig& c, nlohmann::json& j) {
-  j["use_sliding_window"] = false;
-  j["sliding_window"] = nullptr;
-  j["max_window_layers"] = c.n_layer;
-  j["decoder_sparse_step"] = c.decoder_sparse_step;
-  j["mlp_only_layers"] = c.mlp_only_layers;
-}
-
 HFPlace place(const GPTConfig&, const std::string& ours) {
   if (ours == "lm_head.weight") return {ours};
   return {"model." + ours};
@@ -77,6 +71,62 @@ std::vector<HFPiece> legacy_pieces(const GPTConfig& c, const std::string& ours) 
 bool is_buffer(const std::string& name) {
   static const std::regex rotary(R"((model\.)?layers\.\d+\.self_attn\.rotary_emb\.inv_freq)");
   return std::regex_match(name, rotary);
+}
+
+}  // namespace
+
+std::set<std::string> fields() {
+  return {"use_sliding_window",   "sliding_window",      "max_window_layers",
+          "decoder_sparse_step",  "mlp_only_layers",     "layer_types",
+          "moe_intermediate_size", "num_experts_per_tok", "num_experts",
+          "num_local_experts",    "norm_topk_prob",      "output_router_logits",
+          "router_aux_loss_coef"};
+}
+
+void read_moe(const json& j, GPTConfig& c, const ExpertDefaults& d, const std::string& type,
+              const std::string& source) {
+  read_layers(j, c, type, source);
+  // transformers 5 saves num_experts as num_local_experts (the configs' attribute_map); released
+  // configs say num_experts.
+  c.num_experts = hf::get_field<int64_t>(
+      j, "num_local_experts", hf::get_field<int64_t>(j, "num_experts", d.num_experts, source),
+      source);
+  c.experts_per_tok = hf::get_field<int64_t>(j, "num_experts_per_tok", d.experts_per_tok, source);
+  DS_CHECK(c.num_experts >= 1 && c.experts_per_tok >= 1 && c.experts_per_tok <= c.num_experts,
+           "[hf_io] {}: num_experts {} and num_experts_per_tok {} must satisfy 1 <= "
+           "num_experts_per_tok <= num_experts",
+           source, c.num_experts, c.experts_per_tok);
+  c.moe_ffn_hidden = hf::get_field<int64_t>(j, "moe_intermediate_size", d.moe_hidden, source);
+  DS_CHECK(c.moe_ffn_hidden >= 1, "[hf_io] {}: moe_intermediate_size {} must be positive", source,
+           c.moe_ffn_hidden);
+  c.norm_topk_prob = hf::get_field<bool>(j, "norm_topk_prob", false, source);
+  c.output_router_logits = hf::get_field<bool>(j, "output_router_logits", false, source);
+  c.router_aux_loss_coef = hf::get_field<float>(j, "router_aux_loss_coef", 0.001f, source);
+}
+
+void write_moe(const GPTConfig& c, json& j) {
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = nullptr;
+  j["max_window_layers"] = c.n_layer;
+  j["decoder_sparse_step"] = c.decoder_sparse_step;
+  j["mlp_only_layers"] = c.mlp_only_layers;
+  j["moe_intermediate_size"] = c.resolved_moe_ffn_hidden();
+  j["num_experts"] = c.num_experts;
+  j["num_experts_per_tok"] = c.experts_per_tok;
+  j["norm_topk_prob"] = c.norm_topk_prob;
+  j["output_router_logits"] = c.output_router_logits;
+  j["router_aux_loss_coef"] = hf::shortest(c.router_aux_loss_coef);
+}
+
+Family family() {
+  Family f;
+  f.decoder.layout = nn::Layout::llama;
+  f.lora_targets = {"q_proj", "v_proj"};
+  f.prefix = "model.";
+  f.decoder.place = place;
+  f.decoder.legacy_pieces = legacy_pieces;
+  f.is_buffer = is_buffer;
+  return f;
 }
 
 }  // namespace ds::models::qwen_moe
