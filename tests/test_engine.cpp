@@ -241,6 +241,24 @@ TEST_F(EngineTest, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   EXPECT_TRUE(saw) << "missing the OVERFLOW message";
 }
 
+// deepspeed.cpp's own offload_optimizer.download_in_backward only schedules a device model's
+// gradient copies: turned off for a model in host memory it is said to do nothing.
+TEST_F(EngineTest, DownloadInBackwardOffWarnsWhereItDoesNothing) {
+  const std::string key =
+      R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu",
+         "download_in_backward": false}},)";
+  auto has_warning = [](const TrainRun& r) {
+    for (const auto& l : r.log)
+      if (l.find("download_in_backward = false has no effect: the model is in host memory") !=
+          std::string::npos)
+        return true;
+    return false;
+  };
+  EXPECT_TRUE(has_warning(start(config_json("fp32", 1, 0.0, key), corpus_)));
+  EXPECT_FALSE(has_warning(start(config_json("fp32", 1, 0.0, key), corpus_, "test-gpt2",
+                                 Device{DeviceType::sim, 0})));
+}
+
 TEST_F(EngineTest, NonFiniteGradientsSkipInFp32AndRepeatedSkipsStop) {
   TrainRun r = start(config_json("fp32", 1, 1.0), corpus_);
   Tensor w = r.engine->module().parameters()[0];

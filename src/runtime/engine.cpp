@@ -256,6 +256,7 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
   apply_deprecated_offload_env(zo, zo.log);
   zero_ = zero::make_strategy(*model_, split_experts(), zo);
   set_parallel_axes();
+  warn_unused_download_key();
 
   optimizer_ =
       optim::make_optimizer(optimizer_name(config_.optimizer), optimizer_params(config_.optimizer));
@@ -276,6 +277,19 @@ Engine::Engine(std::shared_ptr<nn::Module> model, config::DeepSpeedConfig config
   if (const auto params = model_->named_parameters();
       !params.empty() && !params.front().second.device().is_cpu())
     device_ops(params.front().second.device()).allocator->empty_cache();
+}
+
+// offload_optimizer.download_in_backward schedules a device model's gradient copies at stages 0-2;
+// set to false anywhere else it would change nothing, so the user hears it.
+void Engine::warn_unused_download_key() {
+  if (config_.zero_optimization.offload_optimizer.download_in_backward) return;
+  const auto params = model_->named_parameters();
+  const bool on_device = !params.empty() && !params.front().second.device().is_cpu();
+  if (on_device && config_.zero_optimization.stage <= 2) return;
+  log(fmt::format("[engine] zero_optimization.offload_optimizer.download_in_backward = false has "
+                  "no effect: {} (it schedules the gradient copies of a model on a GPU at stages "
+                  "0-2)",
+                  on_device ? "this run is at stage 3" : "the model is in host memory"));
 }
 
 // The activation_checkpointing section's stash, and a line saying what it does.

@@ -217,6 +217,7 @@ class Engine {
   bool steps_in_backward() const;
   void set_optimizer_schedule();  // the scheduler's lr (and OneCycle's beta1) into the optimizer
   // Parts of the constructor, in its order.
+  void warn_unused_download_key();
   void install_activation_stash(int tp_size);
   void install_flops_profile(int tp_size);
   void set_parallel_axes();
